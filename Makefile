@@ -1,0 +1,64 @@
+# b2bd — `make bench` runs the main job, `make test` the tests. Both do their
+# own set-up on a fresh Debian 12 machine (apt packages, Go modules).
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/bin
+ARGS ?=
+PROTO := proto/b2b/v1/b2b.proto
+PYGEN := client/python/b2b/v1
+
+.PHONY: all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
+
+all: build
+
+# deps installs the Debian packages the build and tests need (idempotent).
+deps:
+	@deploy/scripts/deps.sh
+
+build: deps
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# The daemon must build without cgo (verbs and CUDA are then reported as unavailable).
+build-nocgo:
+	CGO_ENABLED=0 $(GO) build ./...
+
+# generate rebuilds the committed Go and Python stubs from the proto.
+generate: deps
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/protoc-gen-go google.golang.org/protobuf/cmd/protoc-gen-go
+	$(GO) build -o $(BIN)/protoc-gen-go-grpc google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	protoc -I proto \
+	  --plugin=protoc-gen-go=$(BIN)/protoc-gen-go --go_out=proto --go_opt=paths=source_relative \
+	  --plugin=protoc-gen-go-grpc=$(BIN)/protoc-gen-go-grpc --go-grpc_out=proto --go-grpc_opt=paths=source_relative \
+	  $(PROTO:proto/%=%)
+	@mkdir -p client/python
+	protoc -I proto \
+	  --python_out=client/python --pyi_out=client/python \
+	  --plugin=protoc-gen-grpc_python=$$(command -v grpc_python_plugin) --grpc_python_out=client/python \
+	  $(PROTO:proto/%=%)
+	@touch $(PYGEN)/__init__.py
+
+# check-generated fails when the committed stubs differ from what `make generate` makes.
+check-generated:
+	@deploy/scripts/check-generated.sh
+
+vet:
+	$(GO) vet ./...
+
+test: deps check-generated build-nocgo test-go test-python test-rdma
+
+test-go: deps
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+test-python: build
+	@if [ -d client/python/tests ]; then B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 -m unittest discover -s client/python/tests -v; fi
+
+test-rdma: build
+	@if [ -x deploy/rdma-testbed/test-rdma.sh ]; then deploy/rdma-testbed/test-rdma.sh; else echo "test-rdma: testbed not present yet"; fi
+
+bench: build
+	$(BIN)/b2b-bench --b2bd $(BIN)/b2bd --json bench-results.json --plot bench-results.svg $(ARGS)
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,198 @@
+// Package client is the Go API for applications that talk to their local
+// b2bd: register memory, transfer a batch of blocks to a peer, checksum.
+package client
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// Client is a connection to the local daemon.
+type Client struct {
+	cc  *grpc.ClientConn
+	api b2bv1.B2BClient
+}
+
+// maxMsg allows descriptor lists of a million blocks.
+const maxMsg = 128 << 20
+
+// Dial connects to a daemon's local API: "unix:///run/b2bd/b2bd.sock", a
+// bare socket path starting with "/", or "host:port".
+func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
+	if strings.HasPrefix(target, "/") {
+		target = "unix://" + target
+	}
+	opts = append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg), grpc.MaxCallSendMsgSize(maxMsg)),
+	}, opts...)
+	cc, err := grpc.NewClient(target, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("b2b client: dial %s: %w", target, err)
+	}
+	return &Client{cc: cc, api: b2bv1.NewB2BClient(cc)}, nil
+}
+
+// Close closes the connection.
+func (c *Client) Close() error { return c.cc.Close() }
+
+// API is the raw generated client, for calls this package does not wrap.
+func (c *Client) API() b2bv1.B2BClient { return c.api }
+
+// HostRegion is a host region mapped into this process.
+type HostRegion struct {
+	*b2bv1.Region
+	// Bytes is the region's memory, shared with the daemon.
+	Bytes []byte
+}
+
+// Unmap releases this process's mapping; the daemon keeps the region until
+// Deregister.
+func (h *HostRegion) Unmap() error {
+	if h.Bytes == nil {
+		return nil
+	}
+	err := unix.Munmap(h.Bytes)
+	h.Bytes = nil
+	return err
+}
+
+// RegisterHost asks the daemon for size bytes of shared host memory, exported
+// as export when not empty, and maps it here.
+func (c *Client) RegisterHost(ctx context.Context, size uint64, export string) (*HostRegion, error) {
+	resp, err := c.api.RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		Source:     &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: size}},
+		ExportName: export,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c.mapRegion(ctx, resp.GetRegion())
+}
+
+// ImportHostFile registers a file the caller created in the daemon's shm
+// directory, and maps it here too.
+func (c *Client) ImportHostFile(ctx context.Context, path string, offset, size uint64, export string) (*HostRegion, error) {
+	resp, err := c.api.RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		Source:     &b2bv1.RegisterRegionRequest_HostFile{HostFile: &b2bv1.HostFile{Path: path, Offset: offset, Size: size}},
+		ExportName: export,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c.mapRegion(ctx, resp.GetRegion())
+}
+
+func (c *Client) mapRegion(ctx context.Context, r *b2bv1.Region) (*HostRegion, error) {
+	f, err := os.OpenFile(r.GetShmPath(), os.O_RDWR, 0)
+	if err == nil {
+		defer f.Close()
+		var b []byte
+		b, err = unix.Mmap(int(f.Fd()), int64(r.GetShmOffset()), int(r.GetSize()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err == nil {
+			return &HostRegion{Region: r, Bytes: b}, nil
+		}
+	}
+	_, _ = c.api.DeregisterRegion(ctx, &b2bv1.DeregisterRegionRequest{RegionId: r.GetId()})
+	return nil, fmt.Errorf("b2b client: map region %s (%s): %w", r.GetId(), r.GetShmPath(), err)
+}
+
+// Deregister releases a region in the daemon.
+func (c *Client) Deregister(ctx context.Context, regionID string) error {
+	_, err := c.api.DeregisterRegion(ctx, &b2bv1.DeregisterRegionRequest{RegionId: regionID})
+	return err
+}
+
+// Export sets or clears a region's export name.
+func (c *Client) Export(ctx context.Context, regionID, name string) error {
+	_, err := c.api.ExportRegion(ctx, &b2bv1.ExportRegionRequest{RegionId: regionID, ExportName: name})
+	return err
+}
+
+// Descriptors lists blocks: block i copies Len[i] (or BlockLength) bytes from
+// Src[i] to Dst[i].
+type Descriptors struct {
+	Src, Dst, Len []uint64
+	BlockLength   uint64
+}
+
+// Transfer is one BatchTransfer.
+type Transfer struct {
+	SrcRegion string // local region ID
+	Peer      string // destination daemon's peer address
+	DstRegion string // destination export name
+	Blocks    Descriptors
+	Transport b2bv1.TransportKind // 0: the daemons choose
+}
+
+// BatchTransfer moves the blocks and returns once all landed at the peer.
+// Use ctx's deadline to bound it.
+func (c *Client) BatchTransfer(ctx context.Context, t Transfer) (*b2bv1.BatchTransferResponse, error) {
+	return c.api.BatchTransfer(ctx, &b2bv1.BatchTransferRequest{
+		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport,
+		Descriptors: &b2bv1.Descriptors{
+			SrcOffsets: Pack(t.Blocks.Src), DstOffsets: Pack(t.Blocks.Dst), Lengths: Pack(t.Blocks.Len),
+			BlockLength: t.Blocks.BlockLength,
+		},
+	})
+}
+
+// Checksum hashes blocks of a local region; perBlock also returns one digest
+// per block.
+func (c *Client) Checksum(ctx context.Context, regionID string, offsets, lengths []uint64, blockLength uint64, alg b2bv1.ChecksumAlgorithm, perBlock bool) (*b2bv1.ChecksumResponse, error) {
+	return c.api.Checksum(ctx, &b2bv1.ChecksumRequest{
+		RegionId: regionID, Offsets: Pack(offsets), Lengths: Pack(lengths), BlockLength: blockLength,
+		Algorithm: alg, PerBlock: perBlock,
+	})
+}
+
+// Status reports the daemon's transports and counters.
+func (c *Client) Status(ctx context.Context) (*b2bv1.StatusResponse, error) {
+	return c.api.Status(ctx, &b2bv1.StatusRequest{})
+}
+
+// Regions lists the daemon's regions.
+func (c *Client) Regions(ctx context.Context) ([]*b2bv1.Region, error) {
+	r, err := c.api.ListRegions(ctx, &b2bv1.ListRegionsRequest{})
+	return r.GetRegions(), err
+}
+
+// Pack encodes a descriptor array as the wire's little-endian bytes, without
+// copying on little-endian hosts (the bytes alias v).
+func Pack(v []uint64) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	if littleEndian {
+		return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 8*len(v))
+	}
+	out := make([]byte, 8*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint64(out[8*i:], x)
+	}
+	return out
+}
+
+// Unpack decodes little-endian uint64s (per-block digests, say).
+func Unpack(b []byte) []uint64 {
+	out := make([]uint64, len(b)/8)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint64(b[8*i:])
+	}
+	return out
+}
+
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()

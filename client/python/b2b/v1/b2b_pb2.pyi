@@ -1,0 +1,361 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
+
+CHECKSUM_ALGORITHM_CRC32C: ChecksumAlgorithm
+CHECKSUM_ALGORITHM_UNSPECIFIED: ChecksumAlgorithm
+CHECKSUM_ALGORITHM_XXH64: ChecksumAlgorithm
+DESCRIPTOR: _descriptor.FileDescriptor
+MEMORY_KIND_CUDA: MemoryKind
+MEMORY_KIND_HOST: MemoryKind
+MEMORY_KIND_UNSPECIFIED: MemoryKind
+TRANSPORT_KIND_TCP: TransportKind
+TRANSPORT_KIND_UNSPECIFIED: TransportKind
+TRANSPORT_KIND_VERBS: TransportKind
+
+class BatchTransferRequest(_message.Message):
+    __slots__ = ["descriptors", "dst_region", "peer", "src_region_id", "transport"]
+    DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
+    DST_REGION_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    SRC_REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    descriptors: Descriptors
+    dst_region: str
+    peer: str
+    src_region_id: str
+    transport: TransportKind
+    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ...) -> None: ...
+
+class BatchTransferResponse(_message.Message):
+    __slots__ = ["blocks", "bytes", "elapsed_ns", "segments", "transport", "work_requests"]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_NS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    WORK_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    blocks: int
+    bytes: int
+    elapsed_ns: int
+    segments: int
+    transport: TransportKind
+    work_requests: int
+    def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., elapsed_ns: _Optional[int] = ...) -> None: ...
+
+class ChecksumRequest(_message.Message):
+    __slots__ = ["algorithm", "block_length", "lengths", "offsets", "per_block", "region_id"]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    PER_BLOCK_FIELD_NUMBER: _ClassVar[int]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    algorithm: ChecksumAlgorithm
+    block_length: int
+    lengths: bytes
+    offsets: bytes
+    per_block: bool
+    region_id: str
+    def __init__(self, region_id: _Optional[str] = ..., offsets: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., block_length: _Optional[int] = ..., algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., per_block: bool = ...) -> None: ...
+
+class ChecksumResponse(_message.Message):
+    __slots__ = ["algorithm", "block_digests", "blocks", "bytes", "digest"]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    algorithm: ChecksumAlgorithm
+    block_digests: bytes
+    blocks: int
+    bytes: int
+    digest: int
+    def __init__(self, digest: _Optional[int] = ..., block_digests: _Optional[bytes] = ..., algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class ConnectVerbsRequest(_message.Message):
+    __slots__ = ["connection_id", "endpoints", "node_name", "port"]
+    CONNECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    connection_id: int
+    endpoints: _containers.RepeatedCompositeFieldContainer[VerbsEndpoint]
+    node_name: str
+    port: VerbsPort
+    def __init__(self, node_name: _Optional[str] = ..., port: _Optional[_Union[VerbsPort, _Mapping]] = ..., endpoints: _Optional[_Iterable[_Union[VerbsEndpoint, _Mapping]]] = ..., connection_id: _Optional[int] = ...) -> None: ...
+
+class ConnectVerbsResponse(_message.Message):
+    __slots__ = ["endpoints", "path_mtu", "port"]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    PATH_MTU_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    endpoints: _containers.RepeatedCompositeFieldContainer[VerbsEndpoint]
+    path_mtu: int
+    port: VerbsPort
+    def __init__(self, port: _Optional[_Union[VerbsPort, _Mapping]] = ..., endpoints: _Optional[_Iterable[_Union[VerbsEndpoint, _Mapping]]] = ..., path_mtu: _Optional[int] = ...) -> None: ...
+
+class CudaAlloc(_message.Message):
+    __slots__ = ["device", "size"]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    size: int
+    def __init__(self, device: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class CudaIpc(_message.Message):
+    __slots__ = ["device", "ipc_handle", "offset", "size"]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    ipc_handle: bytes
+    offset: int
+    size: int
+    def __init__(self, device: _Optional[int] = ..., ipc_handle: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class DeregisterRegionRequest(_message.Message):
+    __slots__ = ["region_id"]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    region_id: str
+    def __init__(self, region_id: _Optional[str] = ...) -> None: ...
+
+class DeregisterRegionResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class Descriptors(_message.Message):
+    __slots__ = ["block_length", "dst_offsets", "lengths", "src_offsets"]
+    BLOCK_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DST_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    SRC_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    block_length: int
+    dst_offsets: bytes
+    lengths: bytes
+    src_offsets: bytes
+    def __init__(self, src_offsets: _Optional[bytes] = ..., dst_offsets: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., block_length: _Optional[int] = ...) -> None: ...
+
+class ExportRegionRequest(_message.Message):
+    __slots__ = ["export_name", "region_id"]
+    EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    export_name: str
+    region_id: str
+    def __init__(self, region_id: _Optional[str] = ..., export_name: _Optional[str] = ...) -> None: ...
+
+class ExportRegionResponse(_message.Message):
+    __slots__ = ["region"]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: Region
+    def __init__(self, region: _Optional[_Union[Region, _Mapping]] = ...) -> None: ...
+
+class HandshakeRequest(_message.Message):
+    __slots__ = ["capabilities", "node_name", "protocol_version", "transports"]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    node_name: str
+    protocol_version: int
+    transports: _containers.RepeatedScalarFieldContainer[TransportKind]
+    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HandshakeResponse(_message.Message):
+    __slots__ = ["capabilities", "node_name", "protocol_version", "session_token", "tcp_data_address", "transports"]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TCP_DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    capabilities: _containers.RepeatedScalarFieldContainer[str]
+    node_name: str
+    protocol_version: int
+    session_token: bytes
+    tcp_data_address: str
+    transports: _containers.RepeatedScalarFieldContainer[TransportKind]
+    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ..., tcp_data_address: _Optional[str] = ..., session_token: _Optional[bytes] = ...) -> None: ...
+
+class HostAlloc(_message.Message):
+    __slots__ = ["size"]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    size: int
+    def __init__(self, size: _Optional[int] = ...) -> None: ...
+
+class HostFile(_message.Message):
+    __slots__ = ["offset", "path", "size"]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    path: str
+    size: int
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class ListRegionsRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class ListRegionsResponse(_message.Message):
+    __slots__ = ["regions"]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    regions: _containers.RepeatedCompositeFieldContainer[Region]
+    def __init__(self, regions: _Optional[_Iterable[_Union[Region, _Mapping]]] = ...) -> None: ...
+
+class Region(_message.Message):
+    __slots__ = ["active_batches", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "id", "kind", "registered_with", "shm_offset", "shm_path", "size"]
+    ACTIVE_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_WITH_FIELD_NUMBER: _ClassVar[int]
+    SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SHM_PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    active_batches: int
+    cuda_device: int
+    cuda_ipc_handle: bytes
+    cuda_ipc_offset: int
+    export_name: str
+    id: str
+    kind: MemoryKind
+    registered_with: _containers.RepeatedScalarFieldContainer[TransportKind]
+    shm_offset: int
+    shm_path: str
+    size: int
+    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ...) -> None: ...
+
+class RegionKey(_message.Message):
+    __slots__ = ["key", "remote_addr", "transport"]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_ADDR_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    key: int
+    remote_addr: int
+    transport: TransportKind
+    def __init__(self, transport: _Optional[_Union[TransportKind, str]] = ..., key: _Optional[int] = ..., remote_addr: _Optional[int] = ...) -> None: ...
+
+class RegisterRegionRequest(_message.Message):
+    __slots__ = ["cuda_alloc", "cuda_ipc", "export_name", "host_alloc", "host_file"]
+    CUDA_ALLOC_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
+    HOST_ALLOC_FIELD_NUMBER: _ClassVar[int]
+    HOST_FILE_FIELD_NUMBER: _ClassVar[int]
+    cuda_alloc: CudaAlloc
+    cuda_ipc: CudaIpc
+    export_name: str
+    host_alloc: HostAlloc
+    host_file: HostFile
+    def __init__(self, host_alloc: _Optional[_Union[HostAlloc, _Mapping]] = ..., host_file: _Optional[_Union[HostFile, _Mapping]] = ..., cuda_alloc: _Optional[_Union[CudaAlloc, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIpc, _Mapping]] = ..., export_name: _Optional[str] = ...) -> None: ...
+
+class RegisterRegionResponse(_message.Message):
+    __slots__ = ["region"]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    region: Region
+    def __init__(self, region: _Optional[_Union[Region, _Mapping]] = ...) -> None: ...
+
+class ResolveRegionRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ResolveRegionResponse(_message.Message):
+    __slots__ = ["keys", "kind", "name", "size"]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[RegionKey]
+    kind: MemoryKind
+    name: str
+    size: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., keys: _Optional[_Iterable[_Union[RegionKey, _Mapping]]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "max_descriptors", "node_name", "peer_address", "peers_connected", "regions", "transports", "version"]
+    BATCHES_FAILED_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    CUDA_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    MAX_DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PEERS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    batches_failed: int
+    batches_received: int
+    batches_sent: int
+    bytes_received: int
+    bytes_sent: int
+    cuda_available: bool
+    cuda_detail: str
+    max_descriptors: int
+    node_name: str
+    peer_address: str
+    peers_connected: int
+    regions: int
+    transports: _containers.RepeatedCompositeFieldContainer[TransportStatus]
+    version: str
+    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ...) -> None: ...
+
+class TransportStatus(_message.Message):
+    __slots__ = ["available", "detail", "kind"]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    available: bool
+    detail: str
+    kind: TransportKind
+    def __init__(self, kind: _Optional[_Union[TransportKind, str]] = ..., available: bool = ..., detail: _Optional[str] = ...) -> None: ...
+
+class VerbsEndpoint(_message.Message):
+    __slots__ = ["psn", "qp_num"]
+    PSN_FIELD_NUMBER: _ClassVar[int]
+    QP_NUM_FIELD_NUMBER: _ClassVar[int]
+    psn: int
+    qp_num: int
+    def __init__(self, qp_num: _Optional[int] = ..., psn: _Optional[int] = ...) -> None: ...
+
+class VerbsPort(_message.Message):
+    __slots__ = ["active_mtu", "device", "gid", "gid_index", "lid", "link_layer"]
+    ACTIVE_MTU_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    GID_FIELD_NUMBER: _ClassVar[int]
+    GID_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LID_FIELD_NUMBER: _ClassVar[int]
+    LINK_LAYER_FIELD_NUMBER: _ClassVar[int]
+    active_mtu: int
+    device: str
+    gid: bytes
+    gid_index: int
+    lid: int
+    link_layer: str
+    def __init__(self, gid: _Optional[bytes] = ..., gid_index: _Optional[int] = ..., lid: _Optional[int] = ..., active_mtu: _Optional[int] = ..., link_layer: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+
+class MemoryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class TransportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class ChecksumAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []

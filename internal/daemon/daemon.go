@@ -1,0 +1,321 @@
+// Package daemon wires b2bd together: transports, the region registry, the
+// peer manager and the gRPC services, with their listeners and shutdown.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/peer"
+	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/transport/tcp"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+	"github.com/b2bd/b2bd/server"
+)
+
+// Version is stamped at build time.
+var Version = "dev"
+
+// Config is everything the daemon is told on its command line.
+type Config struct {
+	NodeName       string
+	Socket         string // local API Unix socket
+	SocketMode     string // octal
+	APIListen      string // optional local API TCP listener
+	PeerListen     string // peer control plane
+	ShmDir         string
+	Transport      string // auto | tcp | verbs
+	MaxDescriptors int
+	DefaultTimeout time.Duration
+	ShutdownGrace  time.Duration
+	LogLevel       string
+	TCP            tcp.Config
+	Extra          ExtraTransports
+}
+
+// ExtraTransports builds optional transports (verbs) that register
+// themselves from other packages; nil when unused.
+type ExtraTransports func(kind transport.Kind, in transport.Inbound, log hclog.Logger) (transport.Transport, error)
+
+// RegisterFlags binds cfg to fs with the daemon's defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	host, _ := os.Hostname()
+	fs.StringVar(&c.NodeName, "node-name", host, "this daemon's name, sent to peers")
+	fs.StringVar(&c.Socket, "socket", "/run/b2bd/b2bd.sock", "local API Unix socket")
+	fs.StringVar(&c.SocketMode, "socket-mode", "0660", "local API socket file mode (octal)")
+	fs.StringVar(&c.APIListen, "api-listen", "", "also serve the local API on this TCP address (host:port)")
+	fs.StringVar(&c.PeerListen, "peer-listen", ":7470", "peer control-plane address (host:port)")
+	fs.StringVar(&c.TCP.Listen, "data-listen", ":7471", "TCP data-plane address (host:port)")
+	fs.IntVar(&c.TCP.Streams, "tcp-streams", tcp.DefaultStreams, "TCP data connections per peer")
+	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
+	fs.StringVar(&c.Transport, "transport", "auto", "data plane: auto (verbs when both peers have RDMA, else tcp), tcp or verbs")
+	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 1<<20, "most blocks per batch")
+	fs.DurationVar(&c.DefaultTimeout, "default-timeout", time.Minute, "deadline of a batch whose caller set none")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight batches may run on SIGTERM")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "trace, debug, info, warn or error")
+}
+
+// Daemon is one running b2bd.
+type Daemon struct {
+	cfg        Config
+	log        hclog.Logger
+	transports []transport.Transport
+	registry   *region.Registry
+	peers      *peer.Manager
+	api        *grpc.Server
+	peerSrv    *grpc.Server
+	listeners  []net.Listener
+	peerAddr   string
+	apiAddr    string
+	counters   server.Counters
+}
+
+// inbound is the registry plus counters, as the transports' receiving sides see them.
+type inbound struct {
+	reg      *region.Registry
+	counters *server.Counters
+}
+
+func (in *inbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	if in.reg == nil {
+		return memory.Memory{}, nil, fmt.Errorf("%w: daemon is starting", errs.ErrUnavailable)
+	}
+	return in.reg.Pin(k, key)
+}
+
+func (in *inbound) Landed(k transport.Kind, blocks, bytes uint64) {
+	in.counters.BatchesReceived.Add(1)
+	in.counters.BytesReceived.Add(bytes)
+}
+
+// New builds the daemon and opens its listeners; Serve runs it. On error
+// everything built so far is torn down.
+func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
+	d := &Daemon{cfg: cfg, log: log}
+	defer func() {
+		if err != nil {
+			d.teardown()
+		}
+	}()
+	in := &inbound{counters: &d.counters}
+
+	var statuses []*b2bv1.TransportStatus
+	var tcpT *tcp.Transport
+	var verbsAcc server.VerbsAcceptor
+	switch cfg.Transport {
+	case "auto", "tcp", "verbs":
+	default:
+		return nil, fmt.Errorf("%w: --transport %q: want auto, tcp or verbs", errs.ErrInvalidArgument, cfg.Transport)
+	}
+	if cfg.Transport != "tcp" {
+		vt, verr := d.buildVerbs(in)
+		st := &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_VERBS, Available: verr == nil}
+		if verr != nil {
+			st.Detail = verr.Error()
+			if cfg.Transport == "verbs" {
+				return nil, fmt.Errorf("--transport verbs: %w", verr)
+			}
+			log.Warn("verbs transport unavailable; using TCP", "reason", verr)
+		} else {
+			d.transports = append(d.transports, vt)
+			if a, ok := vt.(server.VerbsAcceptor); ok {
+				verbsAcc = a
+			}
+			if ds, ok := vt.(interface{ Describe() string }); ok {
+				st.Detail = ds.Describe()
+			}
+		}
+		statuses = append(statuses, st)
+	}
+	if cfg.Transport != "verbs" {
+		tcpT, err = tcp.New(cfg.TCP, in, log.Named("tcp"))
+		if err != nil {
+			return nil, err
+		}
+		d.transports = append(d.transports, tcpT)
+		statuses = append(statuses, &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_TCP, Available: true, Detail: "data listener " + tcpT.Addr()})
+	}
+
+	cuda, cudaWhy := loadCUDA(log.Named("gpudirect"))
+	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Transports: d.transports, CUDA: cuda, CUDAWhy: cudaWhy, Log: log.Named("region")})
+	if err != nil {
+		return nil, err
+	}
+	in.reg = d.registry
+
+	self := &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName}
+	for _, t := range d.transports {
+		self.Transports = append(self.Transports, peer.KindToProto(t.Kind()))
+	}
+	d.peers = peer.New(self, d.transports, log.Named("peer"))
+
+	peerLn, err := net.Listen("tcp", cfg.PeerListen)
+	if err != nil {
+		return nil, fmt.Errorf("listen for peers on %s: %w", cfg.PeerListen, err)
+	}
+	d.listeners = append(d.listeners, peerLn)
+	d.peerAddr = peerLn.Addr().String()
+
+	scfg := server.Config{
+		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
+		Registry: d.registry, Peers: d.peers, Transports: statuses, Verbs: verbsAcc,
+		MaxDescriptors: cfg.MaxDescriptors, DefaultTimeout: cfg.DefaultTimeout,
+		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Log: log.Named("server"),
+	}
+	if tcpT != nil {
+		scfg.TCPData, scfg.TCPToken = tcpT.Addr(), tcpT.Token()
+	}
+	srv := server.New(scfg)
+
+	// Descriptor lists of 1M entries are 24 MiB; allow them through.
+	msgMax := 64<<20 + 3*8*cfg.MaxDescriptors
+	d.api = grpc.NewServer(grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax))
+	b2bv1.RegisterB2BServer(d.api, srv.Local())
+	d.peerSrv = grpc.NewServer(grpc.MaxRecvMsgSize(16 << 20))
+	b2bv1.RegisterPeerServer(d.peerSrv, srv.Peer())
+
+	if cfg.Socket != "" {
+		ln, err := listenUnix(cfg.Socket, cfg.SocketMode)
+		if err != nil {
+			return nil, err
+		}
+		d.listeners = append(d.listeners, ln)
+		d.apiAddr = "unix://" + cfg.Socket
+	}
+	if cfg.APIListen != "" {
+		ln, err := net.Listen("tcp", cfg.APIListen)
+		if err != nil {
+			return nil, fmt.Errorf("listen for the local API on %s: %w", cfg.APIListen, err)
+		}
+		d.listeners = append(d.listeners, ln)
+		if d.apiAddr == "" {
+			d.apiAddr = ln.Addr().String()
+		}
+	}
+	return d, nil
+}
+
+func listenUnix(path, modeStr string) (net.Listener, error) {
+	mode, err := strconv.ParseUint(modeStr, 8, 32)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --socket-mode %q is not an octal mode", errs.ErrInvalidArgument, modeStr)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("create socket dir: %w", err)
+	}
+	// A socket file left by a daemon that died is removed; a live one is not.
+	if c, err := net.Dial("unix", path); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("socket %s is in use by another daemon", path)
+	}
+	_ = os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, os.FileMode(mode)); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("chmod %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// PeerAddr is the bound peer control-plane address.
+func (d *Daemon) PeerAddr() string { return d.peerAddr }
+
+// APIAddr is a dialable local API address ("unix:///path" or host:port).
+func (d *Daemon) APIAddr() string { return d.apiAddr }
+
+// Serve runs until ctx is cancelled, then stops gracefully: new calls are
+// refused, in-flight batches get ShutdownGrace to finish (or fail with their
+// deadline), then connections, regions and transports are released.
+func (d *Daemon) Serve(ctx context.Context) error {
+	errc := make(chan error, len(d.listeners))
+	for i, ln := range d.listeners {
+		srv := d.api
+		if i == 0 {
+			srv = d.peerSrv
+		}
+		go func() { errc <- srv.Serve(ln) }()
+	}
+	d.log.Info("b2bd serving", "version", Version, "node", d.cfg.NodeName, "api", d.apiAddr, "peer", d.peerAddr, "transports", d.kinds())
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		err = fmt.Errorf("serve: %w", err)
+	}
+	d.log.Info("shutting down")
+	done := make(chan struct{})
+	go func() {
+		d.api.GracefulStop()
+		d.peerSrv.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d.cfg.ShutdownGrace):
+		d.log.Warn("in-flight calls did not finish within the grace period; stopping them", "grace", d.cfg.ShutdownGrace)
+		d.api.Stop()
+		d.peerSrv.Stop()
+		<-done
+	}
+	d.teardown()
+	d.log.Info("stopped")
+	if errors.Is(err, grpc.ErrServerStopped) {
+		err = nil
+	}
+	return err
+}
+
+func (d *Daemon) kinds() string {
+	var s []string
+	for _, t := range d.transports {
+		s = append(s, string(t.Kind()))
+	}
+	return strings.Join(s, ",")
+}
+
+// teardown releases in dependency order: connections, regions (their
+// registrations first), transports, listeners.
+func (d *Daemon) teardown() {
+	if d.api != nil {
+		d.api.Stop()
+	}
+	if d.peerSrv != nil {
+		d.peerSrv.Stop()
+	}
+	if d.peers != nil {
+		d.peers.Close()
+	}
+	if d.registry != nil {
+		d.registry.Close()
+	}
+	for i := len(d.transports) - 1; i >= 0; i-- {
+		if err := d.transports[i].Close(); err != nil {
+			d.log.Warn("close transport", "transport", d.transports[i].Kind(), "error", err)
+		}
+	}
+	d.transports = nil
+	for _, ln := range d.listeners {
+		ln.Close()
+	}
+	d.listeners = nil
+	if d.cfg.Socket != "" {
+		_ = os.Remove(d.cfg.Socket)
+	}
+}

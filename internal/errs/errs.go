@@ -1,0 +1,29 @@
+// Package errs holds b2bd's domain errors. Library code wraps one of these
+// sentinels with its cause; the gRPC boundary (server.toStatus) maps them to
+// status codes in one place, using errors.Is.
+package errs
+
+import "errors"
+
+var (
+	// ErrInvalidArgument: the request itself is malformed (gRPC InvalidArgument).
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrNotFound: a named region or peer does not exist (gRPC NotFound).
+	ErrNotFound = errors.New("not found")
+	// ErrAlreadyExists: a name is taken (gRPC AlreadyExists).
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrFailedPrecondition: the system is not in a state to do this, e.g. no
+	// GPU on this host, or the region is in use (gRPC FailedPrecondition).
+	ErrFailedPrecondition = errors.New("failed precondition")
+	// ErrResourceExhausted: a configured limit is exceeded (gRPC ResourceExhausted).
+	ErrResourceExhausted = errors.New("resource exhausted")
+	// ErrUnavailable: a peer or device cannot be reached (gRPC Unavailable).
+	ErrUnavailable = errors.New("unavailable")
+	// ErrAborted: a batch was cut off mid-flight, e.g. the peer died or a
+	// work completion failed; no success is reported for it (gRPC Aborted).
+	ErrAborted = errors.New("aborted")
+	// ErrPermissionDenied: the caller may not do this (gRPC PermissionDenied).
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrUnimplemented: the build or host lacks the feature (gRPC Unimplemented).
+	ErrUnimplemented = errors.New("unimplemented")
+)

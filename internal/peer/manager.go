@@ -1,0 +1,236 @@
+// Package peer keeps the daemon's connections to other daemons: one gRPC
+// control connection per peer address (handshake done once) and one data-path
+// connection per transport, rebuilt after a failure.
+package peer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/transport"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// ProtocolVersion is the peer protocol spoken by this build.
+const ProtocolVersion = 1
+
+// Manager owns the connections to peers.
+type Manager struct {
+	self       *b2bv1.HandshakeRequest
+	transports map[transport.Kind]transport.Transport
+	dialOpts   []grpc.DialOption
+	log        hclog.Logger
+
+	mu     sync.Mutex
+	closed bool
+	peers  map[string]*state
+}
+
+type state struct {
+	addr   string
+	mu     sync.Mutex // serialises (re)connecting
+	cc     *grpc.ClientConn
+	client b2bv1.PeerClient
+	hs     *b2bv1.HandshakeResponse
+	conns  map[transport.Kind]transport.Conn
+}
+
+// New creates a manager. self is what this daemon says in its handshake.
+func New(self *b2bv1.HandshakeRequest, ts []transport.Transport, log hclog.Logger, dialOpts ...grpc.DialOption) *Manager {
+	m := &Manager{self: self, transports: map[transport.Kind]transport.Transport{}, log: log, peers: map[string]*state{}}
+	for _, t := range ts {
+		m.transports[t.Kind()] = t
+	}
+	if len(dialOpts) == 0 {
+		dialOpts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	m.dialOpts = dialOpts
+	return m
+}
+
+// Session is what a batch needs from a peer.
+type Session struct {
+	Kind    transport.Kind
+	Conn    transport.Conn
+	Control b2bv1.PeerClient
+	Name    string // the peer's node name
+}
+
+// Get returns a data connection to addr over transport want ("" = verbs when
+// both sides have it, else TCP), connecting and handshaking as needed.
+func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Session, error) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return Session{}, fmt.Errorf("%w: daemon is shutting down", errs.ErrUnavailable)
+	}
+	st := m.peers[addr]
+	if st == nil {
+		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}}
+		m.peers[addr] = st
+	}
+	m.mu.Unlock()
+
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if err := m.handshake(ctx, st); err != nil {
+		return Session{}, err
+	}
+	kind, err := m.choose(st, want)
+	if err != nil {
+		return Session{}, err
+	}
+	c := st.conns[kind]
+	if c != nil && c.Err() != nil {
+		_ = c.Close()
+		delete(st.conns, kind)
+		c = nil
+	}
+	if c == nil {
+		c, err = m.transports[kind].Connect(ctx, transport.Peer{Address: addr, Handshake: st.hs, Control: st.client})
+		if err != nil {
+			// The peer may have restarted with a new token or QP state:
+			// handshake afresh next time.
+			st.hs = nil
+			return Session{}, fmt.Errorf("peer %s: connect %s data path: %w", addr, kind, err)
+		}
+		st.conns[kind] = c
+		m.log.Info("data path connected", "peer", addr, "transport", kind)
+	}
+	return Session{Kind: kind, Conn: c, Control: st.client, Name: st.hs.GetNodeName()}, nil
+}
+
+// Broken tells the manager that a batch on s failed in a way that leaves the
+// connection unusable or the peer possibly restarted.
+func (m *Manager) Broken(addr string, s Session) {
+	m.mu.Lock()
+	st := m.peers[addr]
+	m.mu.Unlock()
+	if st == nil {
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if c := st.conns[s.Kind]; c == s.Conn {
+		_ = c.Close()
+		delete(st.conns, s.Kind)
+	}
+	st.hs = nil
+}
+
+func (m *Manager) handshake(ctx context.Context, st *state) error {
+	if st.hs != nil {
+		return nil
+	}
+	if st.cc == nil {
+		cc, err := grpc.NewClient(st.addr, m.dialOpts...)
+		if err != nil {
+			return fmt.Errorf("%w: peer %q: %v", errs.ErrInvalidArgument, st.addr, err)
+		}
+		st.cc, st.client = cc, b2bv1.NewPeerClient(cc)
+	}
+	hs, err := st.client.Handshake(ctx, m.self)
+	if err != nil {
+		err = errs.FromStatus(err)
+		return fmt.Errorf("peer %s: handshake: %w", st.addr, err)
+	}
+	if hs.GetProtocolVersion() != ProtocolVersion {
+		return fmt.Errorf("%w: peer %s speaks protocol %d, this daemon %d", errs.ErrFailedPrecondition, st.addr, hs.GetProtocolVersion(), ProtocolVersion)
+	}
+	// A new handshake means the peer may have restarted: old data paths are stale.
+	for k, c := range st.conns {
+		_ = c.Close()
+		delete(st.conns, k)
+	}
+	st.hs = hs
+	return nil
+}
+
+func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error) {
+	offers := func(k b2bv1.TransportKind) bool { return slices.Contains(st.hs.GetTransports(), k) }
+	_, haveVerbs := m.transports[transport.Verbs]
+	switch want {
+	case "":
+		if haveVerbs && offers(b2bv1.TransportKind_TRANSPORT_KIND_VERBS) {
+			return transport.Verbs, nil
+		}
+		if _, ok := m.transports[transport.TCP]; ok && offers(b2bv1.TransportKind_TRANSPORT_KIND_TCP) {
+			return transport.TCP, nil
+		}
+		return "", fmt.Errorf("%w: no transport in common with peer %s (it offers %v)", errs.ErrFailedPrecondition, st.addr, st.hs.GetTransports())
+	case transport.Verbs, transport.TCP:
+		if _, ok := m.transports[want]; !ok {
+			return "", fmt.Errorf("%w: transport %s was requested but is not available on this daemon", errs.ErrFailedPrecondition, want)
+		}
+		if !offers(KindToProto(want)) {
+			return "", fmt.Errorf("%w: transport %s was requested but peer %s does not offer it", errs.ErrFailedPrecondition, want, st.addr)
+		}
+		return want, nil
+	}
+	return "", fmt.Errorf("%w: transport %q is unknown", errs.ErrInvalidArgument, want)
+}
+
+// Connected counts peers with a live data path.
+func (m *Manager) Connected() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, st := range m.peers {
+		if st.mu.TryLock() {
+			if len(st.conns) > 0 {
+				n++
+			}
+			st.mu.Unlock()
+		}
+	}
+	return n
+}
+
+// Close drops every connection.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closed = true
+	peers := m.peers
+	m.peers = map[string]*state{}
+	m.mu.Unlock()
+	for _, st := range peers {
+		st.mu.Lock()
+		for _, c := range st.conns {
+			_ = c.Close()
+		}
+		if st.cc != nil {
+			_ = st.cc.Close()
+		}
+		st.mu.Unlock()
+	}
+}
+
+// KindToProto and KindFromProto convert transport names at the API boundary.
+func KindToProto(k transport.Kind) b2bv1.TransportKind {
+	switch k {
+	case transport.TCP:
+		return b2bv1.TransportKind_TRANSPORT_KIND_TCP
+	case transport.Verbs:
+		return b2bv1.TransportKind_TRANSPORT_KIND_VERBS
+	}
+	return b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED
+}
+
+func KindFromProto(k b2bv1.TransportKind) (transport.Kind, error) {
+	switch k {
+	case b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED:
+		return "", nil
+	case b2bv1.TransportKind_TRANSPORT_KIND_TCP:
+		return transport.TCP, nil
+	case b2bv1.TransportKind_TRANSPORT_KIND_VERBS:
+		return transport.Verbs, nil
+	}
+	return "", fmt.Errorf("%w: transport %d is not a known TransportKind", errs.ErrInvalidArgument, k)
+}

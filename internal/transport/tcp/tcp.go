@@ -1,0 +1,384 @@
+// Package tcp is the data plane for hosts without RDMA. It emulates one-sided
+// writes: the sender streams (destination offset, length) tables and payload
+// over persistent connections with vectored writes, and the receiving daemon
+// reads each block straight into the registered destination region, then
+// acknowledges once its share of the batch is in place.
+package tcp
+
+import (
+	"bufio"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// Config configures the TCP transport.
+type Config struct {
+	// Listen is the data listener's address, e.g. ":7471" or "127.0.0.1:0".
+	Listen string
+	// Streams is the number of TCP connections per peer.
+	Streams int
+	// FrameBytes is the payload per frame before the sender starts another.
+	FrameBytes int
+	// MinShareBytes: a batch uses another stream only per this many bytes, so
+	// small batches don't pay for fan-out.
+	MinShareBytes int
+}
+
+// Defaults, chosen by measurement on loopback (see README, "TCP transport").
+const (
+	DefaultStreams       = 4
+	DefaultFrameBytes    = 4 << 20
+	DefaultMinShareBytes = 1 << 20
+	// copyBelow: blocks smaller than this are copied into one staging buffer
+	// per frame instead of getting an iovec each.
+	copyBelow = 4096
+	// frameTimeout bounds how long a receiver waits for the rest of a frame.
+	frameTimeout = 60 * time.Second
+)
+
+// Transport is the TCP data plane of one daemon.
+type Transport struct {
+	cfg   Config
+	in    transport.Inbound
+	log   hclog.Logger
+	ln    net.Listener
+	token [16]byte
+
+	mu       sync.Mutex
+	closed   bool
+	inbound  map[net.Conn]struct{}
+	sessions map[uint64]*session // receiving side, by sender conn id
+	wg       sync.WaitGroup
+}
+
+// New starts the data listener.
+func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error) {
+	if cfg.Streams <= 0 {
+		cfg.Streams = DefaultStreams
+	}
+	if cfg.FrameBytes <= 0 {
+		cfg.FrameBytes = DefaultFrameBytes
+	}
+	if cfg.FrameBytes > maxPayload {
+		cfg.FrameBytes = maxPayload
+	}
+	if cfg.MinShareBytes <= 0 {
+		cfg.MinShareBytes = DefaultMinShareBytes
+	}
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: listen %s: %w", cfg.Listen, err)
+	}
+	t := &Transport{cfg: cfg, in: in, log: log, ln: ln, inbound: map[net.Conn]struct{}{}, sessions: map[uint64]*session{}}
+	if _, err := rand.Read(t.token[:]); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("tcp: session token: %w", err)
+	}
+	t.wg.Add(1)
+	go t.acceptLoop()
+	return t, nil
+}
+
+func (t *Transport) Kind() transport.Kind { return transport.TCP }
+
+// Addr is the data listener's address, advertised in the peer handshake.
+func (t *Transport) Addr() string { return t.ln.Addr().String() }
+
+// Token is presented by senders in their hello; peers learn it from the
+// handshake, so a data connection is only accepted from a daemon that
+// completed one.
+func (t *Transport) Token() []byte { return t.token[:] }
+
+// Close stops the listener and every inbound connection, and waits for them.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	for c := range t.inbound {
+		c.Close()
+	}
+	t.mu.Unlock()
+	err := t.ln.Close()
+	t.wg.Wait()
+	return err
+}
+
+type registration struct {
+	mem memory.Memory
+	key uint64
+}
+
+func (r *registration) Memory() memory.Memory        { return r.mem }
+func (r *registration) Key() transport.RemoteKey     { return transport.RemoteKey{Key: r.key} }
+func (r *registration) Close() error                 { return nil }
+func (t *Transport) newKey() (uint64, error) {
+	var b [8]byte
+	for {
+		if _, err := rand.Read(b[:]); err != nil {
+			return 0, err
+		}
+		if k := binary.LittleEndian.Uint64(b[:]); k != 0 {
+			return k, nil
+		}
+	}
+}
+
+// Register gives m a random key. GPU memory needs the staging path, which the
+// TCP transport does not have yet.
+func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
+	if m.Kind != memory.Host || m.Host == nil {
+		return nil, fmt.Errorf("%w: tcp transport: %s memory needs staging through host buffers", errs.ErrUnimplemented, m.Kind)
+	}
+	k, err := t.newKey()
+	if err != nil {
+		return nil, fmt.Errorf("tcp: region key: %w", err)
+	}
+	return &registration{mem: m, key: k}, nil
+}
+
+// ---------------------------------------------------------------------------
+// Receiving side.
+
+// session tracks the batches of one sending conn (all its streams), so the
+// receiver knows when every stream's share of a batch has landed.
+type session struct {
+	streams int
+	live    int
+	batches map[uint64]*progress
+}
+
+type progress struct {
+	done  int
+	segs  uint64
+	bytes uint64
+}
+
+func (t *Transport) acceptLoop() {
+	defer t.wg.Done()
+	for {
+		c, err := t.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			t.log.Warn("accept", "error", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			c.Close()
+			return
+		}
+		t.inbound[c] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		go func() {
+			defer t.wg.Done()
+			t.serve(c)
+			t.mu.Lock()
+			delete(t.inbound, c)
+			t.mu.Unlock()
+			c.Close()
+		}()
+	}
+}
+
+type recvErr struct {
+	status uint32
+	err    error
+}
+
+func (e *recvErr) Error() string { return e.err.Error() }
+
+func (t *Transport) serve(c net.Conn) {
+	log := t.log.With("remote", c.RemoteAddr().String())
+	var hello [helloLen]byte
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, hello[:]); err != nil {
+		log.Warn("data connection closed before its hello", "error", err)
+		return
+	}
+	le := binary.LittleEndian
+	if le.Uint32(hello[0:]) != helloMagic || le.Uint32(hello[4:]) != version ||
+		subtle.ConstantTimeCompare(hello[8:24], t.token[:]) != 1 {
+		log.Warn("data connection refused: bad magic, version or session token")
+		return
+	}
+	connID, streams := le.Uint64(hello[24:]), int(le.Uint32(hello[32:]))
+	if streams <= 0 || streams > 256 {
+		log.Warn("data connection refused: bad stream count", "streams", streams)
+		return
+	}
+	var welcome [welcomeLen]byte
+	le.PutUint32(welcome[0:], welcomeMagic)
+	if _, err := c.Write(welcome[:]); err != nil {
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+
+	t.mu.Lock()
+	s := t.sessions[connID]
+	if s == nil {
+		s = &session{streams: streams, batches: map[uint64]*progress{}}
+		t.sessions[connID] = s
+	}
+	s.live++
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		if s.live--; s.live == 0 {
+			delete(t.sessions, connID)
+		}
+		t.mu.Unlock()
+	}()
+
+	r := &receiver{t: t, c: c, br: bufio.NewReaderSize(c, 1<<20), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
+	for {
+		err := r.frame()
+		if err == nil {
+			continue
+		}
+		var re *recvErr
+		if errors.As(err, &re) {
+			log.Warn("batch refused", "error", re.err)
+			r.ack(re.status, 0, 0, re.err.Error())
+			return
+		}
+		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			log.Debug("data connection ended", "error", err)
+		}
+		return
+	}
+}
+
+type receiver struct {
+	t     *Transport
+	c     net.Conn
+	br    *bufio.Reader
+	s     *session
+	hdr   [headerLen]byte
+	ackb  [ackLen + maxAckMsg]byte
+	table []byte
+	// share: what this stream placed of the current batch so far.
+	segs, bytes uint64
+}
+
+func (r *receiver) frame() error {
+	if _, err := io.ReadFull(r.br, r.hdr[:]); err != nil {
+		return err
+	}
+	var h frameHeader
+	if !h.parse(r.hdr[:]) {
+		return &recvErr{statusBadFrame, fmt.Errorf("tcp: frame has bad magic %#x", binary.LittleEndian.Uint32(r.hdr[:]))}
+	}
+	if h.segs == 0 || h.segs > maxSegsPerFrame || h.payload > maxPayload {
+		return &recvErr{statusBadFrame, fmt.Errorf("tcp: frame of %d segments and %d bytes is outside the limits (%d, %d)", h.segs, h.payload, maxSegsPerFrame, maxPayload)}
+	}
+	_ = r.c.SetReadDeadline(time.Now().Add(frameTimeout))
+	defer r.c.SetReadDeadline(time.Time{})
+	table := r.table[:int(h.segs)*segLen]
+	if _, err := io.ReadFull(r.br, table); err != nil {
+		return err
+	}
+	mem, release, err := r.t.in.Pin(transport.TCP, h.key)
+	if err != nil {
+		return &recvErr{statusBadKey, fmt.Errorf("tcp: batch %d: destination: %w", h.batch, err)}
+	}
+	defer release()
+	if mem.Host == nil {
+		return &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: destination is %s memory, which needs staging", h.batch, mem.Kind)}
+	}
+	le := binary.LittleEndian
+	var sum uint64
+	for i := 0; i < int(h.segs); i++ {
+		off, n := le.Uint64(table[i*segLen:]), le.Uint64(table[i*segLen+8:])
+		if n == 0 || off > mem.Len || n > mem.Len-off {
+			return &recvErr{statusBadRange, fmt.Errorf("tcp: batch %d: segment %d [%d,+%d) is outside the %d-byte destination", h.batch, i, off, n, mem.Len)}
+		}
+		sum += n
+	}
+	if sum != h.payload {
+		return &recvErr{statusBadFrame, fmt.Errorf("tcp: batch %d: segments total %d bytes, header says %d", h.batch, sum, h.payload)}
+	}
+	for i := 0; i < int(h.segs); i++ {
+		off, n := le.Uint64(table[i*segLen:]), le.Uint64(table[i*segLen+8:])
+		if _, err := io.ReadFull(r.br, mem.Host[off:off+n]); err != nil {
+			return err
+		}
+	}
+	r.segs += uint64(h.segs)
+	r.bytes += h.payload
+	if h.flags&flagLast == 0 {
+		return nil
+	}
+	r.landed(h.batch)
+	err = r.ack(statusOK, h.batch, r.bytes, "")
+	r.segs, r.bytes = 0, 0
+	return err
+}
+
+// landed adds this stream's share to the batch and reports the batch once
+// every stream's share is in place.
+func (r *receiver) landed(batch uint64) {
+	t := r.t
+	t.mu.Lock()
+	p := r.s.batches[batch]
+	if p == nil {
+		p = &progress{}
+		r.s.batches[batch] = p
+	}
+	p.done++
+	p.segs += r.segs
+	p.bytes += r.bytes
+	complete := p.done >= r.s.streams
+	if complete {
+		delete(r.s.batches, batch)
+	}
+	t.mu.Unlock()
+	if complete {
+		t.in.Landed(transport.TCP, p.segs, p.bytes)
+	}
+}
+
+func (r *receiver) ack(status uint32, batch, bytes uint64, msg string) error {
+	if len(msg) > maxAckMsg {
+		msg = msg[:maxAckMsg]
+	}
+	b := r.ackb[:ackLen+len(msg)]
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], ackMagic)
+	le.PutUint32(b[4:], status)
+	le.PutUint64(b[8:], batch)
+	le.PutUint64(b[16:], bytes)
+	le.PutUint32(b[24:], uint32(len(msg)))
+	le.PutUint32(b[28:], 0)
+	copy(b[ackLen:], msg)
+	_ = r.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+	_, err := r.c.Write(b)
+	_ = r.c.SetWriteDeadline(time.Time{})
+	return err
+}
+
+// ensure interface conformance
+var _ transport.Transport = (*Transport)(nil)

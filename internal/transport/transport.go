@@ -1,0 +1,93 @@
+// Package transport defines the data plane's contract. It is shaped for
+// one-sided writes: register memory and get a key, resolve a remote region
+// (done by the control plane, which hands the key here), post a batch of
+// (local offset, remote offset, length), and wait until the receiver has the
+// whole batch. RDMA WRITE fits it directly; the TCP transport emulates it.
+package transport
+
+import (
+	"context"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/memory"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// Kind names a transport.
+type Kind string
+
+const (
+	TCP   Kind = "tcp"
+	Verbs Kind = "verbs"
+)
+
+// RemoteKey is what a peer needs to write into a registered region.
+type RemoteKey struct {
+	Key  uint64 // TCP: the registration's random token; verbs: the rkey
+	Addr uint64 // verbs: the MR's base virtual address; TCP: 0
+}
+
+// Registration is memory registered with one transport. Close releases the
+// transport's hold on it (ibv_dereg_mr, say); it is safe to call twice.
+type Registration interface {
+	Memory() memory.Memory
+	Key() RemoteKey
+	Close() error
+}
+
+// RemoteRegion is a peer's exported region as resolved over the control plane.
+type RemoteRegion struct {
+	Name string
+	Size uint64
+	Key  RemoteKey
+}
+
+// Peer is a remote daemon after a successful handshake.
+type Peer struct {
+	Address   string // the peer's control-plane address, host:port
+	Handshake *b2bv1.HandshakeResponse
+	// Control is the peer's gRPC service, for transport-specific set-up
+	// (ConnectVerbs).
+	Control b2bv1.PeerClient
+}
+
+// Stats describes how a batch went on the wire.
+type Stats struct {
+	Segments     uint64 // blocks after merging/gathering
+	WorkRequests uint64 // verbs: WRs posted; TCP: frames written
+}
+
+// Conn is an established data path to one peer.
+type Conn interface {
+	// Write copies every block of b from src into dst. It returns nil only
+	// once every byte has landed at the destination and the receiving daemon
+	// has acknowledged the batch. On error, any subset of the bytes may have
+	// landed: callers must never report success. Write honours ctx's
+	// deadline and may be called concurrently.
+	Write(ctx context.Context, src Registration, dst RemoteRegion, b *desc.Batch) (Stats, error)
+	// Err is nil while the connection is usable; once it broke, the peer
+	// manager drops it and connects afresh.
+	Err() error
+	// Close tears the connection down; safe to call twice.
+	Close() error
+}
+
+// Transport is one data-plane implementation.
+type Transport interface {
+	Kind() Kind
+	// Register makes m usable as a batch source and destination.
+	Register(m memory.Memory) (Registration, error)
+	// Connect opens a data path to p.
+	Connect(ctx context.Context, p Peer) (Conn, error)
+	// Close stops the transport, its listeners and pollers; safe to call twice.
+	Close() error
+}
+
+// Inbound is the daemon as seen by a transport's receiving side.
+type Inbound interface {
+	// Pin finds the live registration of transport k with key and keeps its
+	// memory mapped until release is called.
+	Pin(k Kind, key uint64) (m memory.Memory, release func(), err error)
+	// Landed records a batch fully placed in local memory.
+	Landed(k Kind, blocks, bytes uint64)
+}

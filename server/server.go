@@ -1,0 +1,368 @@
+// Package server implements b2bd's gRPC services: B2B, which applications
+// call on their local daemon, and Peer, which daemons call on each other.
+// Domain errors become gRPC statuses in one place, errs.ToStatus.
+package server
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/b2bd/b2bd/internal/checksum"
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/peer"
+	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/transport"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// VerbsAcceptor is the receiving half of verbs connection set-up.
+type VerbsAcceptor interface {
+	AcceptVerbs(ctx context.Context, req *b2bv1.ConnectVerbsRequest) (*b2bv1.ConnectVerbsResponse, error)
+}
+
+// Counters are the daemon's batch statistics.
+type Counters struct {
+	BatchesSent, BatchesReceived, BatchesFailed atomic.Uint64
+	BytesSent, BytesReceived                    atomic.Uint64
+}
+
+// Config is what the services need from the daemon.
+type Config struct {
+	NodeName       string
+	Version        string
+	PeerAddress    string
+	Registry       *region.Registry
+	Peers          *peer.Manager
+	Transports     []*b2bv1.TransportStatus // every transport, available or not
+	TCPData        string                   // TCP data listener address
+	TCPToken       []byte
+	Verbs          VerbsAcceptor // nil without RDMA
+	MaxDescriptors int
+	DefaultTimeout time.Duration
+	CUDAAvailable  bool
+	CUDADetail     string
+	Counters       *Counters
+	Log            hclog.Logger
+}
+
+// Server holds both services.
+type Server struct {
+	cfg Config
+}
+
+// New validates cfg and returns the services.
+func New(cfg Config) *Server {
+	if cfg.MaxDescriptors <= 0 {
+		cfg.MaxDescriptors = desc.DefaultMaxBlocks
+	}
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = time.Minute
+	}
+	if cfg.Counters == nil {
+		cfg.Counters = &Counters{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = hclog.NewNullLogger()
+	}
+	return &Server{cfg: cfg}
+}
+
+// Local is the B2B service.
+func (s *Server) Local() b2bv1.B2BServer { return &local{s: s} }
+
+// Peer is the Peer service.
+func (s *Server) Peer() b2bv1.PeerServer { return &peerService{s: s} }
+
+type local struct {
+	b2bv1.UnimplementedB2BServer
+	s *Server
+}
+
+func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionRequest) (*b2bv1.RegisterRegionResponse, error) {
+	r, err := l.register(req)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	l.s.cfg.Log.Info("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", r.Export)
+	return &b2bv1.RegisterRegionResponse{Region: regionProto(r, 0)}, nil
+}
+
+func (l *local) register(req *b2bv1.RegisterRegionRequest) (*region.Region, error) {
+	reg, name := l.s.cfg.Registry, req.GetExportName()
+	switch src := req.GetSource().(type) {
+	case *b2bv1.RegisterRegionRequest_HostAlloc:
+		return reg.AllocHost(src.HostAlloc.GetSize(), name)
+	case *b2bv1.RegisterRegionRequest_HostFile:
+		f := src.HostFile
+		return reg.ImportHost(f.GetPath(), f.GetOffset(), f.GetSize(), name)
+	case *b2bv1.RegisterRegionRequest_CudaAlloc:
+		return reg.AllocCUDA(int(src.CudaAlloc.GetDevice()), src.CudaAlloc.GetSize(), name)
+	case *b2bv1.RegisterRegionRequest_CudaIpc:
+		c := src.CudaIpc
+		if n := len(c.GetIpcHandle()); n != 64 {
+			return nil, fmt.Errorf("%w: cuda_ipc.ipc_handle is %d bytes; a CUipcMemHandle is 64", errs.ErrInvalidArgument, n)
+		}
+		return reg.ImportCUDA(int(c.GetDevice()), c.GetIpcHandle(), c.GetOffset(), c.GetSize(), name)
+	default:
+		return nil, fmt.Errorf("%w: source is not set: give host_alloc, host_file, cuda_alloc or cuda_ipc", errs.ErrInvalidArgument)
+	}
+}
+
+func (l *local) DeregisterRegion(ctx context.Context, req *b2bv1.DeregisterRegionRequest) (*b2bv1.DeregisterRegionResponse, error) {
+	if err := l.s.cfg.Registry.Deregister(req.GetRegionId()); err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return &b2bv1.DeregisterRegionResponse{}, nil
+}
+
+func (l *local) ListRegions(ctx context.Context, req *b2bv1.ListRegionsRequest) (*b2bv1.ListRegionsResponse, error) {
+	var out []*b2bv1.Region
+	for _, r := range l.s.cfg.Registry.List() {
+		out = append(out, regionProto(r.Region, r.Active))
+	}
+	return &b2bv1.ListRegionsResponse{Regions: out}, nil
+}
+
+func (l *local) ExportRegion(ctx context.Context, req *b2bv1.ExportRegionRequest) (*b2bv1.ExportRegionResponse, error) {
+	r, err := l.s.cfg.Registry.Export(req.GetRegionId(), req.GetExportName())
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return &b2bv1.ExportRegionResponse{Region: regionProto(r, 0)}, nil
+}
+
+func (l *local) BatchTransfer(ctx context.Context, req *b2bv1.BatchTransferRequest) (*b2bv1.BatchTransferResponse, error) {
+	resp, err := l.s.transfer(ctx, req)
+	if err != nil {
+		l.s.cfg.Counters.BatchesFailed.Add(1)
+		l.s.cfg.Log.Debug("batch failed", "peer", req.GetPeer(), "dst", req.GetDstRegion(), "error", err)
+		return nil, errs.ToStatus(err)
+	}
+	return resp, nil
+}
+
+func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) (*b2bv1.BatchTransferResponse, error) {
+	switch {
+	case req.GetSrcRegionId() == "":
+		return nil, fmt.Errorf("%w: src_region_id is empty", errs.ErrInvalidArgument)
+	case req.GetPeer() == "":
+		return nil, fmt.Errorf("%w: peer is empty: give the destination daemon's peer address, host:port", errs.ErrInvalidArgument)
+	case req.GetDstRegion() == "":
+		return nil, fmt.Errorf("%w: dst_region is empty: give the destination region's export name", errs.ErrInvalidArgument)
+	case req.GetDescriptors() == nil:
+		return nil, fmt.Errorf("%w: descriptors is not set", errs.ErrInvalidArgument)
+	}
+	want, err := peer.KindFromProto(req.GetTransport())
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
+		defer cancel()
+	}
+
+	src, release, err := s.cfg.Registry.Acquire(req.GetSrcRegionId(), "src_region_id")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	// Everything that can be checked locally is checked before we dial.
+	d := desc.Pool.Get().(*desc.Decoder)
+	defer desc.Pool.Put(d)
+	p := req.GetDescriptors()
+	batch, err := d.Decode(desc.Packed{SrcOffsets: p.GetSrcOffsets(), DstOffsets: p.GetDstOffsets(), Lengths: p.GetLengths(), BlockLength: p.GetBlockLength()},
+		desc.Limits{SrcSize: src.Mem.Len, DstSize: math.MaxUint64, MaxBlocks: s.cfg.MaxDescriptors})
+	if err != nil {
+		return nil, err
+	}
+
+	sess, err := s.cfg.Peers.Get(ctx, req.GetPeer(), want)
+	if err != nil {
+		return nil, err
+	}
+	reg, ok := src.Registration(sess.Kind)
+	if !ok {
+		return nil, fmt.Errorf("%w: src_region_id %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, src.ID, src.Mem.Kind, sess.Kind)
+	}
+	rr, err := sess.Control.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: req.GetDstRegion()})
+	if err != nil {
+		err = errs.FromStatus(err)
+		if !isRequestError(err) {
+			s.cfg.Peers.Broken(req.GetPeer(), sess)
+		}
+		return nil, fmt.Errorf("peer %s: resolve dst_region %q: %w", req.GetPeer(), req.GetDstRegion(), err)
+	}
+	remote := transport.RemoteRegion{Name: rr.GetName(), Size: rr.GetSize()}
+	found := false
+	for _, k := range rr.GetKeys() {
+		if k.GetTransport() == peer.KindToProto(sess.Kind) {
+			remote.Key = transport.RemoteKey{Key: k.GetKey(), Addr: k.GetRemoteAddr()}
+			found = true
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: dst_region %q on peer %s is not registered with transport %s", errs.ErrFailedPrecondition, req.GetDstRegion(), req.GetPeer(), sess.Kind)
+	}
+	if err := desc.CheckDst(batch, remote.Size); err != nil {
+		return nil, err
+	}
+
+	blocks, bytes := uint64(batch.N()), batch.Bytes()
+	merged := desc.Merge(batch)
+	start := time.Now()
+	st, err := sess.Conn.Write(ctx, reg, remote, &merged)
+	elapsed := time.Since(start)
+	if err != nil {
+		if sess.Conn.Err() != nil {
+			s.cfg.Peers.Broken(req.GetPeer(), sess)
+		}
+		return nil, fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", blocks, req.GetPeer(), req.GetDstRegion(), sess.Kind, err)
+	}
+	s.cfg.Counters.BatchesSent.Add(1)
+	s.cfg.Counters.BytesSent.Add(bytes)
+	return &b2bv1.BatchTransferResponse{
+		Blocks: blocks, Bytes: bytes, Transport: peer.KindToProto(sess.Kind),
+		Segments: st.Segments, WorkRequests: st.WorkRequests, ElapsedNs: uint64(elapsed.Nanoseconds()),
+	}, nil
+}
+
+// isRequestError: the peer refused this request, the connection is fine.
+func isRequestError(err error) bool {
+	return errsIs(err, errs.ErrNotFound, errs.ErrInvalidArgument, errs.ErrPermissionDenied, errs.ErrFailedPrecondition)
+}
+
+func (l *local) Checksum(ctx context.Context, req *b2bv1.ChecksumRequest) (*b2bv1.ChecksumResponse, error) {
+	resp, err := l.s.checksum(req)
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	return resp, nil
+}
+
+func (s *Server) checksum(req *b2bv1.ChecksumRequest) (*b2bv1.ChecksumResponse, error) {
+	r, release, err := s.cfg.Registry.Acquire(req.GetRegionId(), "region_id")
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	var alg checksum.Algorithm
+	switch req.GetAlgorithm() {
+	case b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_UNSPECIFIED, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C:
+		alg = checksum.CRC32C
+	case b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_XXH64:
+		alg = checksum.XXH64
+	default:
+		return nil, fmt.Errorf("%w: algorithm %d is not a known ChecksumAlgorithm", errs.ErrInvalidArgument, req.GetAlgorithm())
+	}
+	d := desc.Pool.Get().(*desc.Decoder)
+	defer desc.Pool.Put(d)
+	b, err := d.DecodeRanges(req.GetOffsets(), req.GetLengths(), req.GetBlockLength(), r.Mem.Len, s.cfg.MaxDescriptors)
+	if err != nil {
+		return nil, err
+	}
+	if r.Mem.Kind != memory.Host {
+		return nil, fmt.Errorf("%w: region_id %s is %s memory; checksums of GPU memory need the CUDA staging path", errs.ErrUnimplemented, r.ID, r.Mem.Kind)
+	}
+	digests := make([]uint64, b.N())
+	sum := checksum.Blocks(alg, r.Mem.Host, b.Src, b.Len, digests)
+	resp := &b2bv1.ChecksumResponse{Digest: sum, Algorithm: req.GetAlgorithm(), Blocks: uint64(b.N()), Bytes: b.Bytes()}
+	if resp.Algorithm == b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_UNSPECIFIED {
+		resp.Algorithm = b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C
+	}
+	if req.GetPerBlock() {
+		resp.BlockDigests = desc.Pack(digests)
+	}
+	return resp, nil
+}
+
+func (l *local) Status(ctx context.Context, req *b2bv1.StatusRequest) (*b2bv1.StatusResponse, error) {
+	c, cfg := l.s.cfg.Counters, l.s.cfg
+	return &b2bv1.StatusResponse{
+		Version: cfg.Version, NodeName: cfg.NodeName, PeerAddress: cfg.PeerAddress,
+		Transports: cfg.Transports, CudaAvailable: cfg.CUDAAvailable, CudaDetail: cfg.CUDADetail,
+		Regions: uint32(cfg.Registry.Len()), MaxDescriptors: uint32(cfg.MaxDescriptors),
+		BatchesSent: c.BatchesSent.Load(), BatchesReceived: c.BatchesReceived.Load(), BatchesFailed: c.BatchesFailed.Load(),
+		BytesSent: c.BytesSent.Load(), BytesReceived: c.BytesReceived.Load(),
+		PeersConnected: uint32(cfg.Peers.Connected()),
+	}, nil
+}
+
+func regionProto(r *region.Region, active int) *b2bv1.Region {
+	p := &b2bv1.Region{
+		Id: r.ID, ExportName: r.Export, Size: r.Mem.Len, ShmPath: r.ShmPath, ShmOffset: r.ShmOff,
+		CudaIpcHandle: r.IPC, CudaIpcOffset: r.IPCOff, ActiveBatches: uint32(active),
+	}
+	switch r.Mem.Kind {
+	case memory.Host:
+		p.Kind = b2bv1.MemoryKind_MEMORY_KIND_HOST
+	case memory.CUDA:
+		p.Kind = b2bv1.MemoryKind_MEMORY_KIND_CUDA
+		p.CudaDevice = int32(r.Mem.Device)
+	}
+	for _, k := range r.Transports() {
+		p.RegisteredWith = append(p.RegisteredWith, peer.KindToProto(k))
+	}
+	return p
+}
+
+// ---------------------------------------------------------------------------
+
+type peerService struct {
+	b2bv1.UnimplementedPeerServer
+	s *Server
+}
+
+func (p *peerService) Handshake(ctx context.Context, req *b2bv1.HandshakeRequest) (*b2bv1.HandshakeResponse, error) {
+	cfg := p.s.cfg
+	if v := req.GetProtocolVersion(); v != peer.ProtocolVersion {
+		return nil, errs.ToStatus(fmt.Errorf("%w: protocol_version %d is not supported; this daemon speaks %d", errs.ErrFailedPrecondition, v, peer.ProtocolVersion))
+	}
+	resp := &b2bv1.HandshakeResponse{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName, Capabilities: capabilities}
+	for _, t := range cfg.Transports {
+		if t.GetAvailable() {
+			resp.Transports = append(resp.Transports, t.GetKind())
+		}
+	}
+	if cfg.TCPData != "" {
+		resp.TcpDataAddress, resp.SessionToken = cfg.TCPData, cfg.TCPToken
+	}
+	cfg.Log.Debug("handshake", "peer", req.GetNodeName(), "transports", req.GetTransports())
+	return resp, nil
+}
+
+var capabilities = []string{"merge-adjacent", "write-with-imm-completion", "packed-descriptors"}
+
+func (p *peerService) ResolveRegion(ctx context.Context, req *b2bv1.ResolveRegionRequest) (*b2bv1.ResolveRegionResponse, error) {
+	if req.GetName() == "" {
+		return nil, errs.ToStatus(fmt.Errorf("%w: name is empty", errs.ErrInvalidArgument))
+	}
+	r, release, err := p.s.cfg.Registry.Lookup(req.GetName())
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	defer release()
+	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: regionProto(r, 0).Kind}
+	for _, k := range r.Transports() {
+		g, _ := r.Registration(k)
+		key := g.Key()
+		resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: key.Key, RemoteAddr: key.Addr})
+	}
+	return resp, nil
+}
+
+func (p *peerService) ConnectVerbs(ctx context.Context, req *b2bv1.ConnectVerbsRequest) (*b2bv1.ConnectVerbsResponse, error) {
+	if p.s.cfg.Verbs == nil {
+		return nil, errs.ToStatus(fmt.Errorf("%w: this daemon has no RDMA device", errs.ErrFailedPrecondition))
+	}
+	resp, err := p.s.cfg.Verbs.AcceptVerbs(ctx, req)
+	return resp, errs.ToStatus(err)
+}
