@@ -7,7 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/b2bd/b2bd/internal/errs"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 func TestDecodeRejects(t *testing.T) {
@@ -172,4 +175,28 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("merge changed the byte count: %d -> %d", total, m.Bytes())
 		}
 	})
+}
+
+// BenchmarkUnmarshalDecode10K is the whole cost the daemon pays per batch
+// before any byte moves: protobuf decoding of the request plus validation.
+func BenchmarkUnmarshalDecode10K(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 4))
+	p, lim := randomBatch(10000, 4096, r)
+	wire, err := proto.Marshal(&b2bv1.BatchTransferRequest{SrcRegionId: "r1", Peer: "h:1", DstRegion: "d",
+		Descriptors: &b2bv1.Descriptors{SrcOffsets: p.SrcOffsets, DstOffsets: p.DstOffsets, BlockLength: p.BlockLength}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var d Decoder
+	b.ReportAllocs()
+	for b.Loop() {
+		var req b2bv1.BatchTransferRequest
+		if err := proto.Unmarshal(wire, &req); err != nil {
+			b.Fatal(err)
+		}
+		ds := req.GetDescriptors()
+		if _, err := d.Decode(Packed{SrcOffsets: ds.SrcOffsets, DstOffsets: ds.DstOffsets, BlockLength: ds.BlockLength}, lim); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -130,7 +130,8 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		return nil
 	}
 	if st.cc == nil {
-		cc, err := grpc.NewClient(st.addr, m.dialOpts...)
+		// passthrough: the dialer resolves host:port itself, once per connection.
+		cc, err := grpc.NewClient("passthrough:///"+st.addr, m.dialOpts...)
 		if err != nil {
 			return fmt.Errorf("%w: peer %q: %v", errs.ErrInvalidArgument, st.addr, err)
 		}

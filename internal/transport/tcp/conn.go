@@ -132,11 +132,6 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 
 	// Split [0,n) into `use` contiguous shares of about total/use bytes.
 	deadline, _ := ctx.Deadline()
-	stop := context.AfterFunc(ctx, func() {
-		for _, s := range c.streams {
-			_ = s.nc.SetDeadline(time.Unix(1, 0))
-		}
-	})
 	lo, acc, posted := 0, uint64(0), 0
 	for i := 0; i < use; i++ {
 		hi := n
@@ -160,18 +155,30 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 	if posted < use {
 		first = net.ErrClosed
 	}
-	for i := 0; i < posted; i++ {
-		r := <-c.streams[i].done
-		frames += r.frames
-		if r.err != nil && first == nil {
-			first = r.err
+	// Cancellation interrupts the streams through their deadlines; the
+	// workers then report and we still collect every result.
+	cancelled := false
+	for i := 0; i < posted; {
+		select {
+		case r := <-c.streams[i].done:
+			frames += r.frames
+			if r.err != nil && first == nil {
+				first = r.err
+			}
+			i++
+		case <-ctx.Done():
+			if !cancelled {
+				cancelled = true
+				for _, s := range c.streams {
+					_ = s.nc.SetDeadline(time.Unix(1, 0))
+				}
+			}
 		}
 	}
-	stopped := stop()
 	if first != nil {
 		// A stream in an unknown state cannot carry the next batch.
 		c.fail(first)
-		if !stopped || ctx.Err() != nil {
+		if cancelled || ctx.Err() != nil {
 			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, ctx.Err())
 		}
 		var ae *ackError
@@ -211,6 +218,7 @@ type stream struct {
 	hdr   []byte   // frame header + segment table
 	small []byte   // staging for small blocks
 	iov   [][]byte // vectored write list
+	bufs  net.Buffers
 	ackb  [ackLen + maxAckMsg]byte
 }
 
@@ -307,8 +315,8 @@ func (s *stream) send(j job) (uint64, error) {
 		if runStart >= 0 {
 			iov = append(iov, small[runStart:])
 		}
-		bufs := net.Buffers(iov)
-		if _, err := bufs.WriteTo(s.nc); err != nil {
+		s.bufs = iov // a field, so WriteTo's pointer receiver does not escape a local
+		if _, err := s.bufs.WriteTo(s.nc); err != nil {
 			return frames, err
 		}
 		frames++

@@ -161,9 +161,8 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 // session tracks the batches of one sending conn (all its streams), so the
 // receiver knows when every stream's share of a batch has landed.
 type session struct {
-	streams int
 	live    int
-	batches map[uint64]*progress
+	batches map[uint64]progress
 }
 
 type progress struct {
@@ -240,7 +239,7 @@ func (t *Transport) serve(c net.Conn) {
 	t.mu.Lock()
 	s := t.sessions[connID]
 	if s == nil {
-		s = &session{streams: streams, batches: map[uint64]*progress{}}
+		s = &session{batches: map[uint64]progress{}}
 		t.sessions[connID] = s
 	}
 	s.live++
@@ -292,7 +291,7 @@ func (r *receiver) frame() error {
 	if !h.parse(r.hdr[:]) {
 		return &recvErr{statusBadFrame, fmt.Errorf("tcp: frame has bad magic %#x", binary.LittleEndian.Uint32(r.hdr[:]))}
 	}
-	if h.segs == 0 || h.segs > maxSegsPerFrame || h.payload > maxPayload {
+	if h.segs == 0 || h.segs > maxSegsPerFrame || h.payload > maxPayload || h.streams == 0 || h.streams > 256 {
 		return &recvErr{statusBadFrame, fmt.Errorf("tcp: frame of %d segments and %d bytes is outside the limits (%d, %d)", h.segs, h.payload, maxSegsPerFrame, maxPayload)}
 	}
 	_ = r.c.SetReadDeadline(time.Now().Add(frameTimeout))
@@ -332,7 +331,7 @@ func (r *receiver) frame() error {
 	if h.flags&flagLast == 0 {
 		return nil
 	}
-	r.landed(h.batch)
+	r.landed(h.batch, int(h.streams))
 	err = r.ack(statusOK, h.batch, r.bytes, "")
 	r.segs, r.bytes = 0, 0
 	return err
@@ -340,20 +339,18 @@ func (r *receiver) frame() error {
 
 // landed adds this stream's share to the batch and reports the batch once
 // every stream's share is in place.
-func (r *receiver) landed(batch uint64) {
+func (r *receiver) landed(batch uint64, streams int) {
 	t := r.t
 	t.mu.Lock()
 	p := r.s.batches[batch]
-	if p == nil {
-		p = &progress{}
-		r.s.batches[batch] = p
-	}
 	p.done++
 	p.segs += r.segs
 	p.bytes += r.bytes
-	complete := p.done >= r.s.streams
+	complete := p.done >= streams // the streams this batch used, not the session's
 	if complete {
 		delete(r.s.batches, batch)
+	} else {
+		r.s.batches[batch] = p
 	}
 	t.mu.Unlock()
 	if complete {

@@ -1,0 +1,85 @@
+"""Descriptor packing: array-likes to the wire's packed little-endian uint64 bytes.
+
+Every path is a numpy operation on the whole array (one conversion, one
+``tobytes`` copy); nothing loops over elements in Python.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import grpc
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+_U64LE = np.dtype("<u8")
+
+
+def as_u64(values: Any, name: str) -> np.ndarray:
+    """Return ``values`` as a 1-D little-endian uint64 ndarray, copying only if needed.
+
+    Accepts numpy arrays of any integer dtype, lists/tuples of ints and
+    buffer-protocol objects such as ``array.array('Q')``. Raises
+    :class:`TypeError` for non-integer data and :class:`InvalidArgumentError`
+    for a wrong shape or negative values (which uint64 cannot hold).
+    """
+    if isinstance(values, np.ndarray):
+        a = values
+    elif isinstance(values, (bytes, bytearray, memoryview, str)):
+        raise TypeError(f"{name}: expected an array of integers, got {type(values).__name__}")
+    else:
+        try:
+            a = np.asarray(values)
+        except (TypeError, ValueError) as e:  # ragged lists and the like
+            raise TypeError(f"{name}: cannot be read as an array of integers: {e}") from None
+    if a.ndim != 1:
+        raise InvalidArgumentError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{name} must be a 1-D array, got shape {a.shape}",
+        )
+    kind = a.dtype.kind
+    if kind == "u":
+        pass
+    elif kind == "i":
+        if a.size and a.min() < 0:
+            i = int(np.argmax(a < 0))
+            raise InvalidArgumentError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{name}[{i}] = {int(a[i])} is negative: offsets and lengths are uint64",
+            )
+    elif a.size == 0 and kind in "fb" and not isinstance(values, np.ndarray):
+        pass  # np.asarray([]) is float64; an empty list is just empty
+    else:
+        raise TypeError(f"{name}: expected integers, got dtype {a.dtype}")
+    if a.dtype != _U64LE:
+        a = a.astype(_U64LE)
+    return a
+
+
+def pack_u64(values: Any, name: str) -> Tuple[bytes, int]:
+    """Pack ``values`` to packed little-endian uint64 bytes; return ``(bytes, count)``."""
+    a = as_u64(values, name)
+    return a.tobytes(), a.shape[0]
+
+
+def unpack_u64(data: bytes) -> np.ndarray:
+    """Read packed little-endian uint64s as a (read-only) numpy uint64 array, without copying."""
+    return np.frombuffer(data, dtype=_U64LE)
+
+
+def check_block_size(block_size: Optional[int], name: str = "block_size") -> int:
+    """Validate a uniform block length; return it as an int (0 when ``None``)."""
+    if block_size is None:
+        return 0
+    if isinstance(block_size, (bool, np.bool_)) or not isinstance(block_size, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(block_size).__name__}")
+    v = int(block_size)
+    if v <= 0:
+        raise InvalidArgumentError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{name} is {v}: every block needs a length > 0",
+        )
+    if v >= 1 << 64:
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{name} {v} does not fit in a uint64")
+    return v

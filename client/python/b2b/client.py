@@ -1,0 +1,839 @@
+"""The b2b client: register memory with the local b2bd, move batches of blocks
+to a peer, checksum them.
+
+Mirrors the Go client (``client/client.go``). All calls are synchronous and
+thread-safe (one gRPC channel per :class:`Client`). Failures reported by the
+daemon raise :class:`~b2b.errors.B2BError` subclasses; see :mod:`b2b.errors`.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple, Union
+
+import grpc
+import numpy as np
+
+from . import _cuda
+from ._pack import check_block_size, pack_u64, unpack_u64
+from .errors import B2BError, InvalidArgumentError, NotFoundError, UnavailableError, from_rpc_error
+from .v1 import b2b_pb2 as pb
+from .v1 import b2b_pb2_grpc as pb_grpc
+
+__all__ = [
+    "Client",
+    "HostRegion",
+    "CudaRegion",
+    "RegionInfo",
+    "Descriptors",
+    "TransferResult",
+    "ChecksumResult",
+    "Status",
+    "TransportStatus",
+    "DEFAULT_SOCKET",
+    "MAX_MESSAGE_BYTES",
+]
+
+#: The daemon's default local API socket.
+DEFAULT_SOCKET = "/run/b2bd/b2bd.sock"
+
+#: gRPC message size limit, both ways: room for descriptor lists of a million blocks.
+MAX_MESSAGE_BYTES = 128 << 20
+
+_TRANSPORT_BY_NAME = {
+    "": pb.TRANSPORT_KIND_UNSPECIFIED,
+    "auto": pb.TRANSPORT_KIND_UNSPECIFIED,
+    "tcp": pb.TRANSPORT_KIND_TCP,
+    "verbs": pb.TRANSPORT_KIND_VERBS,
+}
+_TRANSPORT_NAME = {
+    pb.TRANSPORT_KIND_UNSPECIFIED: "unspecified",
+    pb.TRANSPORT_KIND_TCP: "tcp",
+    pb.TRANSPORT_KIND_VERBS: "verbs",
+}
+_MEMORY_NAME = {
+    pb.MEMORY_KIND_UNSPECIFIED: "unspecified",
+    pb.MEMORY_KIND_HOST: "host",
+    pb.MEMORY_KIND_CUDA: "cuda",
+}
+_ALGORITHM_BY_NAME = {
+    "crc32c": pb.CHECKSUM_ALGORITHM_CRC32C,
+    "xxh64": pb.CHECKSUM_ALGORITHM_XXH64,
+}
+_ALGORITHM_NAME = {
+    pb.CHECKSUM_ALGORITHM_UNSPECIFIED: "crc32c",
+    pb.CHECKSUM_ALGORITHM_CRC32C: "crc32c",
+    pb.CHECKSUM_ALGORITHM_XXH64: "xxh64",
+}
+
+
+def _invalid(msg: str) -> InvalidArgumentError:
+    return InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, msg)
+
+
+def _target(address: str) -> str:
+    """A gRPC target for a socket path, ``unix:`` URI or ``host:port``."""
+    if not isinstance(address, str) or not address:
+        raise TypeError("address must be a non-empty str: a socket path, unix:///path or host:port")
+    if address.startswith("/"):
+        return "unix://" + address
+    return address
+
+
+def _transport(t: Union[None, str, int]) -> int:
+    if t is None:
+        return pb.TRANSPORT_KIND_UNSPECIFIED
+    if isinstance(t, str):
+        try:
+            return _TRANSPORT_BY_NAME[t.lower()]
+        except KeyError:
+            raise _invalid(f"transport {t!r}: want 'tcp', 'verbs' or None (the daemons choose)") from None
+    if isinstance(t, int) and t in _TRANSPORT_NAME:
+        return int(t)
+    raise _invalid(f"transport {t!r}: want 'tcp', 'verbs', None or a TransportKind value")
+
+
+# ---------------------------------------------------------------------------
+# Plain results.
+
+
+@dataclass(frozen=True)
+class RegionInfo:
+    """A region as the daemon describes it."""
+
+    id: str
+    export_name: str
+    size: int
+    kind: str  # "host" or "cuda"
+    shm_path: str = ""
+    shm_offset: int = 0
+    cuda_device: int = 0
+    active_batches: int = 0
+    registered_with: Tuple[str, ...] = ()
+
+    @classmethod
+    def from_proto(cls, r: Any) -> "RegionInfo":
+        return cls(
+            id=r.id,
+            export_name=r.export_name,
+            size=int(r.size),
+            kind=_MEMORY_NAME.get(r.kind, str(r.kind)),
+            shm_path=r.shm_path,
+            shm_offset=int(r.shm_offset),
+            cuda_device=int(r.cuda_device),
+            active_batches=int(r.active_batches),
+            registered_with=tuple(_TRANSPORT_NAME.get(k, str(k)) for k in r.registered_with),
+        )
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    """What a finished :meth:`Client.batch_transfer` reports."""
+
+    blocks: int
+    bytes: int
+    transport: str  # "tcp" or "verbs"
+    elapsed: float  # seconds on the daemon's data path
+    segments: int = 0  # after merging adjacent blocks
+    work_requests: int = 0  # verbs: WRs posted; tcp: wire frames
+
+    @property
+    def elapsed_ns(self) -> int:
+        return int(round(self.elapsed * 1e9))
+
+
+@dataclass(frozen=True)
+class ChecksumResult:
+    """A :meth:`Client.checksum` answer.
+
+    ``block_digests`` is a read-only ``uint64`` array (one digest per block)
+    when ``per_block`` was set, else ``None``.
+    """
+
+    digest: int
+    algorithm: str
+    blocks: int
+    bytes: int
+    block_digests: Optional[np.ndarray] = None
+
+
+@dataclass(frozen=True)
+class TransportStatus:
+    kind: str
+    available: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Status:
+    """The daemon's identity, transports and counters (``StatusResponse``)."""
+
+    version: str
+    node_name: str
+    peer_address: str
+    transports: Tuple[TransportStatus, ...]
+    cuda_available: bool
+    cuda_detail: str
+    regions: int
+    batches_sent: int
+    batches_received: int
+    batches_failed: int
+    bytes_sent: int
+    bytes_received: int
+    max_descriptors: int
+    peers_connected: int
+
+    @classmethod
+    def from_proto(cls, s: Any) -> "Status":
+        return cls(
+            version=s.version,
+            node_name=s.node_name,
+            peer_address=s.peer_address,
+            transports=tuple(
+                TransportStatus(_TRANSPORT_NAME.get(t.kind, str(t.kind)), bool(t.available), t.detail)
+                for t in s.transports
+            ),
+            cuda_available=bool(s.cuda_available),
+            cuda_detail=s.cuda_detail,
+            regions=int(s.regions),
+            batches_sent=int(s.batches_sent),
+            batches_received=int(s.batches_received),
+            batches_failed=int(s.batches_failed),
+            bytes_sent=int(s.bytes_sent),
+            bytes_received=int(s.bytes_received),
+            max_descriptors=int(s.max_descriptors),
+            peers_connected=int(s.peers_connected),
+        )
+
+
+# ---------------------------------------------------------------------------
+# Descriptors.
+
+
+class Descriptors:
+    """A packed descriptor list: block ``i`` copies ``lengths[i]`` (or
+    ``block_size``) bytes from ``src_offsets[i]`` to ``dst_offsets[i]``.
+
+    Packing happens once, here (numpy, no per-element Python work); pass the
+    object to :meth:`Client.batch_transfer` as ``descriptors=`` to reuse it
+    across transfers with the same layout. Arrays may be numpy arrays of any
+    integer dtype, lists of ints or ``array.array('Q')``. Only cheap checks are
+    made (types, shapes, lengths agree, no negatives); the daemon checks bounds.
+    """
+
+    __slots__ = ("_msg", "count")
+
+    def __init__(
+        self,
+        src_offsets: Any,
+        dst_offsets: Any,
+        lengths: Any = None,
+        block_size: Optional[int] = None,
+    ) -> None:
+        src, n = pack_u64(src_offsets, "descriptors.src_offsets")
+        dst, m = pack_u64(dst_offsets, "descriptors.dst_offsets")
+        if m != n:
+            raise _invalid(
+                f"descriptors.dst_offsets has {m} entries, src_offsets has {n}: they must be equal"
+            )
+        lens = b""
+        if lengths is not None and block_size is not None:
+            raise _invalid("descriptors: lengths and block_size are both set: give one")
+        if lengths is None and block_size is None:
+            raise _invalid("descriptors: neither lengths nor block_size is set")
+        if lengths is not None:
+            lens, k = pack_u64(lengths, "descriptors.lengths")
+            if k != n:
+                raise _invalid(
+                    f"descriptors.lengths has {k} entries, src_offsets has {n}: they must be equal"
+                )
+        self._msg = pb.Descriptors(
+            src_offsets=src,
+            dst_offsets=dst,
+            lengths=lens,
+            block_length=check_block_size(block_size),
+        )
+        #: Number of blocks.
+        self.count = n
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        bl = self._msg.block_length
+        return f"Descriptors(count={self.count}, {'block_size=%d' % bl if bl else 'per-block lengths'})"
+
+
+# ---------------------------------------------------------------------------
+# Regions.
+
+
+class _Region:
+    """Common part of host and CUDA regions: identity and release."""
+
+    def __init__(self, client: "Client", info: RegionInfo, deregister_on_close: bool) -> None:
+        self._client = client
+        self._info = info
+        self._deregister_on_close = deregister_on_close
+        self._deregistered = False
+        self._closed = False
+
+    @property
+    def info(self) -> RegionInfo:
+        """The daemon's description of the region when it was registered (or last exported)."""
+        return self._info
+
+    @property
+    def id(self) -> str:
+        """The daemon-assigned region ID."""
+        return self._info.id
+
+    @property
+    def size(self) -> int:
+        """The region's size in bytes."""
+        return self._info.size
+
+    @property
+    def export_name(self) -> str:
+        """The name peers write into it by ("" when not exported)."""
+        return self._info.export_name
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def deregistered(self) -> bool:
+        """Whether this object has released the region in the daemon."""
+        return self._deregistered
+
+    def _set_info(self, info: RegionInfo) -> None:
+        self._info = info
+
+    def _on_deregistered(self) -> None:
+        self._deregistered = True
+
+    def _release_local(self) -> None:
+        """Drop this process's hold on the memory (override)."""
+
+    def close(self, deregister: Optional[bool] = None) -> None:
+        """Release the region here and, if asked, in the daemon.
+
+        ``deregister`` defaults to the ``deregister_on_close`` the region was
+        registered with (``True`` unless said otherwise). A region the daemon
+        no longer knows is not an error. Other daemon errors (for example
+        ``FailedPreconditionError`` while a batch uses the region) are raised
+        after the local mapping is released; the region then stays registered
+        and can be deregistered later with :meth:`Client.deregister`.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        dereg = self._deregister_on_close if deregister is None else deregister
+        err: Optional[B2BError] = None
+        if dereg and not self._deregistered and not self._client.closed:
+            try:
+                self._client.deregister(self)
+            except NotFoundError:
+                self._on_deregistered()
+            except B2BError as e:
+                err = e
+        self._client._forget(self)
+        self._release_local()
+        if err is not None:
+            raise err
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"{type(self).__name__}(id={self.id!r}, size={self.size}, "
+            f"export_name={self.export_name!r}, {state})"
+        )
+
+
+class HostRegion(_Region):
+    """Host memory shared with the daemon: a shared-memory file mapped
+    ``MAP_SHARED`` both here and in the daemon.
+
+    ``array`` (numpy ``uint8``) and ``memoryview`` are views of the mapping:
+    bytes written through them are what the daemon sends, and bytes a peer
+    writes show up in them once the transfer has returned.
+    """
+
+    def __init__(self, client: "Client", info: RegionInfo, mm: mmap.mmap, deregister_on_close: bool) -> None:
+        super().__init__(client, info, deregister_on_close)
+        self._mmap: Optional[mmap.mmap] = mm
+        self._array: Optional[np.ndarray] = None
+        self._view: Optional[memoryview] = None
+
+    def _live(self) -> mmap.mmap:
+        if self._mmap is None:
+            raise ValueError(f"region {self.id} is closed")
+        return self._mmap
+
+    @property
+    def mmap(self) -> mmap.mmap:
+        """The ``mmap`` object itself."""
+        return self._live()
+
+    @property
+    def array(self) -> np.ndarray:
+        """A writable numpy ``uint8`` view of the whole region (no copy)."""
+        if self._array is None:
+            self._array = np.frombuffer(self._live(), dtype=np.uint8)
+        return self._array
+
+    @property
+    def memoryview(self) -> memoryview:
+        """A writable ``memoryview`` of the whole region (no copy)."""
+        if self._view is None:
+            self._view = memoryview(self._live())
+        return self._view
+
+    @property
+    def shm_path(self) -> str:
+        return self._info.shm_path
+
+    def _release_local(self) -> None:
+        """Unmap. If views handed out earlier are still alive, the mapping
+        stays valid until the last of them is gone (it is never pulled from
+        under a live numpy array)."""
+        mm, self._mmap = self._mmap, None
+        self._array = None
+        if self._view is not None:
+            try:
+                self._view.release()
+            except BufferError:
+                pass  # a view of the view is still alive
+            self._view = None
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # outstanding exports: unmapped when the last one is collected
+
+
+class CudaRegion(_Region):
+    """A PyTorch CUDA tensor's memory, registered through a CUDA IPC handle.
+
+    The region's bytes are exactly the tensor's (``offset 0`` is its first
+    element). The object keeps the tensor alive until it is closed. GPU work
+    is not ordered against transfers by b2b: synchronise (for example
+    ``torch.cuda.synchronize()``) before a transfer reads the tensor and
+    after one writes it.
+    """
+
+    def __init__(self, client: "Client", info: RegionInfo, tensor: Any, share: _cuda.CudaShare, deregister_on_close: bool) -> None:
+        super().__init__(client, info, deregister_on_close)
+        self._tensor = tensor
+        self._share: Optional[_cuda.CudaShare] = share
+
+    @property
+    def tensor(self) -> Any:
+        """The registered tensor (``None`` once closed)."""
+        return self._tensor
+
+    @property
+    def device(self) -> int:
+        return self._info.cuda_device
+
+    @property
+    def ipc_offset(self) -> int:
+        """Byte offset of the tensor inside the allocation the IPC handle names."""
+        return self._share.offset if self._share is not None else 0
+
+    def _on_deregistered(self) -> None:
+        super()._on_deregistered()
+        # The daemon has closed its IPC mapping: hand the producer's ref count back.
+        share, self._share = self._share, None
+        if share is not None:
+            _release_ipc_counter(share)
+
+    def _release_local(self) -> None:
+        if self._deregistered:
+            self._tensor = None
+        # Still registered (deregister=False, or it failed): the daemon may map
+        # the memory, so the tensor stays referenced here.
+
+
+def _release_ipc_counter(share: _cuda.CudaShare) -> None:
+    if share.release_counter is None or not share.ref_counter_handle:
+        return
+    try:
+        share.release_counter(share.ref_counter_handle, share.ref_counter_offset)
+    except Exception as e:  # best effort, as in torch itself
+        warnings.warn(f"b2b: releasing the CUDA IPC ref counter failed: {e}", RuntimeWarning, stacklevel=3)
+
+
+RegionRef = Union[str, _Region, RegionInfo]
+
+
+def _region_id(r: RegionRef, what: str) -> str:
+    if isinstance(r, str):
+        return r
+    if isinstance(r, (_Region, RegionInfo)):
+        return r.id
+    raise TypeError(f"{what}: expected a region object or region ID str, got {type(r).__name__}")
+
+
+def _export_name(r: Union[str, _Region, RegionInfo]) -> str:
+    if isinstance(r, str):
+        return r
+    if isinstance(r, (_Region, RegionInfo)):
+        if not r.export_name:
+            raise _invalid(f"dst_region: region {r.id} is not exported: give its export name")
+        return r.export_name
+    raise TypeError(f"dst_region: expected an export name str, got {type(r).__name__}")
+
+
+# ---------------------------------------------------------------------------
+# Client.
+
+
+class Client:
+    """A connection to the local b2bd.
+
+    Args:
+        address: the daemon's local API: a Unix socket path
+            (``"/run/b2bd/b2bd.sock"``), a ``"unix:///path"`` URI, or ``"host:port"``
+            (a daemon started with ``--api-listen``).
+        timeout: deadline in seconds for control calls (registration, status,
+            checksums). Batch transfers take their own ``timeout``.
+        options: extra gRPC channel options, appended to the client's.
+
+    Use as a context manager, or call :meth:`close`. Closing the client
+    releases the regions it registered that are still open and were
+    registered with ``deregister_on_close=True``.
+    """
+
+    def __init__(
+        self,
+        address: str = DEFAULT_SOCKET,
+        *,
+        timeout: Optional[float] = 60.0,
+        options: Optional[List[Tuple[str, Any]]] = None,
+    ) -> None:
+        self.address = address
+        self.timeout = timeout
+        opts: List[Tuple[str, Any]] = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.enable_http_proxy", 0),  # a local daemon: never through a proxy
+            # Reconnect quickly to a restarted local daemon.
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        opts.extend(options or [])
+        self._channel = grpc.insecure_channel(_target(address), options=opts)
+        self._stub = pb_grpc.B2BStub(self._channel)
+        self._closed = False
+        self._lock = threading.Lock()
+        self._regions: "weakref.WeakSet[_Region]" = weakref.WeakSet()
+
+    # -- plumbing ---------------------------------------------------------
+
+    @property
+    def stub(self) -> pb_grpc.B2BStub:
+        """The raw generated stub, for calls this class does not wrap."""
+        return self._stub
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _call(self, method: Any, request: Any, timeout: Optional[float], wait_for_ready: Optional[bool] = None) -> Any:
+        if self._closed:
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+        try:
+            return method(request, timeout=timeout, wait_for_ready=wait_for_ready)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from e
+
+    def _track(self, r: _Region) -> None:
+        with self._lock:
+            self._regions.add(r)
+
+    def _forget(self, r: _Region) -> None:
+        with self._lock:
+            self._regions.discard(r)
+
+    def close(self) -> None:
+        """Release open regions registered with ``deregister_on_close`` and close the channel."""
+        if self._closed:
+            return
+        with self._lock:
+            regions = list(self._regions)
+        for r in regions:
+            if r._deregister_on_close:
+                try:
+                    r.close()
+                except B2BError as e:
+                    warnings.warn(f"b2b: releasing region {r.id} on close: {e}", RuntimeWarning, stacklevel=2)
+        self._closed = True
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.address!r}{', closed' if self._closed else ''})"
+
+    def wait_ready(self, timeout: float = 10.0) -> "Status":
+        """Wait up to ``timeout`` seconds for the daemon to answer; return its status."""
+        resp = self._call(self._stub.Status, pb.StatusRequest(), timeout, wait_for_ready=True)
+        return Status.from_proto(resp)
+
+    # -- regions ----------------------------------------------------------
+
+    def register_host(self, size: int, export_name: Optional[str] = None, *, deregister_on_close: bool = True) -> HostRegion:
+        """Ask the daemon for ``size`` bytes of shared host memory and map it here.
+
+        Args:
+            size: bytes (> 0).
+            export_name: if set, peers can write into the region under this name.
+            deregister_on_close: whether :meth:`HostRegion.close` (and leaving a
+                ``with`` block) also releases the region in the daemon.
+        """
+        size = _uint("size", size)
+        req = pb.RegisterRegionRequest(host_alloc=pb.HostAlloc(size=size), export_name=export_name or "")
+        resp = self._call(self._stub.RegisterRegion, req, self.timeout)
+        return self._map_host(resp.region, deregister_on_close)
+
+    def register_host_file(
+        self,
+        path: str,
+        offset: int = 0,
+        size: int = 0,
+        export_name: Optional[str] = None,
+        *,
+        deregister_on_close: bool = True,
+    ) -> HostRegion:
+        """Register ``[offset, offset+size)`` of an existing file in the daemon's
+        shm directory (``size`` 0: to the end of the file) and map it here.
+
+        ``path`` may be absolute or relative to the daemon's shm directory;
+        ``offset`` must be page-aligned. The daemon does not delete the file.
+        """
+        path = os.fspath(path)
+        req = pb.RegisterRegionRequest(
+            host_file=pb.HostFile(path=path, offset=_uint("offset", offset), size=_uint("size", size)),
+            export_name=export_name or "",
+        )
+        resp = self._call(self._stub.RegisterRegion, req, self.timeout)
+        return self._map_host(resp.region, deregister_on_close)
+
+    def _map_host(self, r: Any, deregister_on_close: bool) -> HostRegion:
+        info = RegionInfo.from_proto(r)
+        try:
+            fd = os.open(info.shm_path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            try:
+                mm = mmap.mmap(
+                    fd,
+                    info.size,
+                    flags=mmap.MAP_SHARED,
+                    prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                    offset=info.shm_offset,
+                )
+            finally:
+                os.close(fd)
+        except (OSError, ValueError, OverflowError) as e:
+            try:
+                self._call(self._stub.DeregisterRegion, pb.DeregisterRegionRequest(region_id=info.id), self.timeout)
+            except B2BError:
+                pass
+            raise OSError(
+                getattr(e, "errno", None) or 0,
+                f"b2b: map region {info.id} ({info.shm_path}, {info.size} bytes at {info.shm_offset}): {e}",
+            ) from e
+        region = HostRegion(self, info, mm, deregister_on_close)
+        self._track(region)
+        return region
+
+    def register_cuda(self, tensor: Any, export_name: Optional[str] = None, *, deregister_on_close: bool = True) -> CudaRegion:
+        """Register a contiguous PyTorch CUDA tensor through its CUDA IPC handle.
+
+        The region covers exactly the tensor's elements. Uses
+        ``tensor.untyped_storage()._share_cuda_()`` (PyTorch 2.x): its device,
+        IPC handle, and the storage's byte offset in the base allocation, to
+        which ``tensor.storage_offset() * tensor.element_size()`` is added.
+        Tensors from an expandable-segments allocator are refused. torch is
+        not imported by this package; the tensor's own methods are used.
+        """
+        share = _cuda.share_tensor(tensor)
+        req = pb.RegisterRegionRequest(
+            cuda_ipc=pb.CudaIpc(device=share.device, ipc_handle=share.ipc_handle, offset=share.offset, size=share.size),
+            export_name=export_name or "",
+        )
+        try:
+            resp = self._call(self._stub.RegisterRegion, req, self.timeout)
+        except BaseException:
+            _release_ipc_counter(share)  # the daemon did not keep it open
+            raise
+        region = CudaRegion(self, RegionInfo.from_proto(resp.region), tensor, share, deregister_on_close)
+        self._track(region)
+        return region
+
+    def export(self, region: RegionRef, name: Optional[str]) -> RegionInfo:
+        """Set (or with ``None``/"" clear) a region's export name."""
+        resp = self._call(
+            self._stub.ExportRegion,
+            pb.ExportRegionRequest(region_id=_region_id(region, "region"), export_name=name or ""),
+            self.timeout,
+        )
+        info = RegionInfo.from_proto(resp.region)
+        if isinstance(region, _Region):
+            region._set_info(info)
+        return info
+
+    def deregister(self, region: RegionRef) -> None:
+        """Release a region in the daemon. Fails with ``FailedPreconditionError``
+        while a batch uses it. Does not unmap a :class:`HostRegion` here (see
+        :meth:`HostRegion.close`)."""
+        self._call(
+            self._stub.DeregisterRegion,
+            pb.DeregisterRegionRequest(region_id=_region_id(region, "region")),
+            self.timeout,
+        )
+        if isinstance(region, _Region):
+            region._on_deregistered()
+
+    def list_regions(self) -> List[RegionInfo]:
+        """All regions registered with the daemon (by any client)."""
+        resp = self._call(self._stub.ListRegions, pb.ListRegionsRequest(), self.timeout)
+        return [RegionInfo.from_proto(r) for r in resp.regions]
+
+    def status(self) -> Status:
+        """The daemon's version, peer address, transports and counters."""
+        return Status.from_proto(self._call(self._stub.Status, pb.StatusRequest(), self.timeout))
+
+    # -- data -------------------------------------------------------------
+
+    def batch_transfer(
+        self,
+        src: RegionRef,
+        peer: str,
+        dst_region: Union[str, RegionInfo, _Region],
+        src_offsets: Any = None,
+        dst_offsets: Any = None,
+        lengths: Any = None,
+        block_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+        transport: Union[None, str, int] = None,
+        *,
+        descriptors: Optional[Descriptors] = None,
+    ) -> TransferResult:
+        """Write blocks of local region ``src`` into the peer's exported region.
+
+        Block ``i`` copies ``lengths[i]`` bytes (or ``block_size`` for all) from
+        ``src_offsets[i]`` in ``src`` to ``dst_offsets[i]`` in ``dst_region``.
+        Returns once every byte has landed and the peer acknowledged the batch.
+
+        Args:
+            src: the local source region (object or ID).
+            peer: the destination daemon's peer address, ``host:port``.
+            dst_region: the destination's export name (or a region object
+                carrying one).
+            src_offsets, dst_offsets, lengths: integer arrays (numpy, list,
+                ``array('Q')``), packed with numpy.
+            block_size: uniform block length, instead of ``lengths``.
+            timeout: seconds; ``None`` lets the daemon apply its default.
+            transport: ``None`` (the daemons choose), ``"tcp"`` or ``"verbs"``.
+            descriptors: a pre-packed :class:`Descriptors`, instead of the
+                arrays (reuse one across transfers of the same layout).
+        """
+        if descriptors is None:
+            descriptors = Descriptors(src_offsets, dst_offsets, lengths, block_size)
+        elif not isinstance(descriptors, Descriptors):
+            raise TypeError(f"descriptors: expected b2b.Descriptors, got {type(descriptors).__name__}")
+        elif src_offsets is not None or dst_offsets is not None or lengths is not None or block_size is not None:
+            raise TypeError("batch_transfer: give either descriptors= or the offset arrays, not both")
+        if not isinstance(peer, str):
+            raise TypeError(f"peer: expected 'host:port' str, got {type(peer).__name__}")
+        req = pb.BatchTransferRequest(
+            src_region_id=_region_id(src, "src"),
+            peer=peer,
+            dst_region=_export_name(dst_region),
+            descriptors=descriptors._msg,
+            transport=_transport(transport),
+        )
+        r = self._call(self._stub.BatchTransfer, req, timeout)
+        return TransferResult(
+            blocks=int(r.blocks),
+            bytes=int(r.bytes),
+            transport=_TRANSPORT_NAME.get(r.transport, str(r.transport)),
+            elapsed=r.elapsed_ns / 1e9,
+            segments=int(r.segments),
+            work_requests=int(r.work_requests),
+        )
+
+    def checksum(
+        self,
+        region: RegionRef,
+        offsets: Any,
+        lengths: Any = None,
+        block_size: Optional[int] = None,
+        algorithm: str = "crc32c",
+        per_block: bool = False,
+        timeout: Optional[float] = None,
+    ) -> ChecksumResult:
+        """Hash blocks of a local region, computed by the daemon.
+
+        ``digest`` covers the blocks concatenated in list order; with
+        ``per_block`` the result also carries one digest per block as a
+        numpy ``uint64`` array. ``algorithm`` is ``"crc32c"`` or ``"xxh64"``.
+        """
+        try:
+            alg = _ALGORITHM_BY_NAME[algorithm.lower()]
+        except (KeyError, AttributeError):
+            raise _invalid(f"algorithm {algorithm!r}: want 'crc32c' or 'xxh64'") from None
+        offs, n = pack_u64(offsets, "offsets")
+        lens = b""
+        if lengths is not None and block_size is not None:
+            raise _invalid("lengths and block_size are both set: give one")
+        if lengths is None and block_size is None:
+            raise _invalid("neither lengths nor block_size is set")
+        if lengths is not None:
+            lens, k = pack_u64(lengths, "lengths")
+            if k != n:
+                raise _invalid(f"lengths has {k} entries, offsets has {n}: they must be equal")
+        req = pb.ChecksumRequest(
+            region_id=_region_id(region, "region"),
+            offsets=offs,
+            lengths=lens,
+            block_length=check_block_size(block_size),
+            algorithm=alg,
+            per_block=bool(per_block),
+        )
+        r = self._call(self._stub.Checksum, req, self.timeout if timeout is None else timeout)
+        return ChecksumResult(
+            digest=int(r.digest),
+            algorithm=_ALGORITHM_NAME.get(r.algorithm, str(r.algorithm)),
+            blocks=int(r.blocks),
+            bytes=int(r.bytes),
+            block_digests=unpack_u64(r.block_digests) if per_block else None,
+        )
+
+
+def _uint(name: str, v: Any) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    v = int(v)
+    if v < 0 or v >= 1 << 64:
+        raise _invalid(f"{name} {v} is not a uint64")
+    return v
+

@@ -1,0 +1,161 @@
+"""Exceptions raised by the b2b client.
+
+Every failure the daemon reports arrives as a gRPC status (a code and a
+message that names the field, the index and the limit). :func:`from_rpc_error`
+is the one place that turns such a status into a :class:`B2BError` subclass;
+the client's local argument checks raise the same classes (with the code the
+daemon would have used), so callers catch one family of exceptions whichever
+side noticed the problem.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Type
+
+import grpc
+
+__all__ = [
+    "B2BError",
+    "NotFoundError",
+    "InvalidArgumentError",
+    "UnavailableError",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "ResourceExhaustedError",
+    "PermissionDeniedError",
+    "AbortedError",
+    "AlreadyExistsError",
+    "UnimplementedError",
+    "from_rpc_error",
+    "error_for_code",
+]
+
+
+class B2BError(Exception):
+    """A call to the daemon failed.
+
+    Attributes:
+        code: the gRPC status code (``grpc.StatusCode``).
+        message: the daemon's message (for local checks, the client's).
+    """
+
+    #: The status code this class stands for (``None`` on the base class).
+    CODE: Optional[grpc.StatusCode] = None
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        name = self.code.name if isinstance(self.code, grpc.StatusCode) else str(self.code)
+        return f"{name}: {self.message}"
+
+    def __reduce__(self):  # keep pickling (multiprocessing) working
+        return (type(self), (self.code, self.message))
+
+
+class NotFoundError(B2BError):
+    """A region, export name or file does not exist (``NOT_FOUND``)."""
+
+    CODE = grpc.StatusCode.NOT_FOUND
+
+
+class InvalidArgumentError(B2BError, ValueError):
+    """The request is malformed: a bad field, index or length (``INVALID_ARGUMENT``).
+
+    Also a :class:`ValueError`, so it reads naturally to code that validates
+    arguments itself.
+    """
+
+    CODE = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class UnavailableError(B2BError):
+    """The local daemon, a peer or a device cannot be reached (``UNAVAILABLE``)."""
+
+    CODE = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceededError(B2BError):
+    """The call's timeout passed before it finished (``DEADLINE_EXCEEDED``)."""
+
+    CODE = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class FailedPreconditionError(B2BError):
+    """Not possible in the current state, e.g. region in use, no GPU (``FAILED_PRECONDITION``)."""
+
+    CODE = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhaustedError(B2BError):
+    """A configured limit is exceeded, e.g. too many descriptors (``RESOURCE_EXHAUSTED``)."""
+
+    CODE = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class PermissionDeniedError(B2BError):
+    """The caller may not do this, e.g. a file outside the shm dir (``PERMISSION_DENIED``)."""
+
+    CODE = grpc.StatusCode.PERMISSION_DENIED
+
+
+class AbortedError(B2BError):
+    """A batch was cut off mid-flight; no success is reported for it (``ABORTED``)."""
+
+    CODE = grpc.StatusCode.ABORTED
+
+
+class AlreadyExistsError(B2BError):
+    """An export name is already taken (``ALREADY_EXISTS``)."""
+
+    CODE = grpc.StatusCode.ALREADY_EXISTS
+
+
+class UnimplementedError(B2BError):
+    """The daemon's build or host lacks the feature (``UNIMPLEMENTED``)."""
+
+    CODE = grpc.StatusCode.UNIMPLEMENTED
+
+
+_BY_CODE: Dict[grpc.StatusCode, Type[B2BError]] = {
+    cls.CODE: cls
+    for cls in (
+        NotFoundError,
+        InvalidArgumentError,
+        UnavailableError,
+        DeadlineExceededError,
+        FailedPreconditionError,
+        ResourceExhaustedError,
+        PermissionDeniedError,
+        AbortedError,
+        AlreadyExistsError,
+        UnimplementedError,
+    )
+}
+
+
+def error_for_code(code: grpc.StatusCode, message: str) -> B2BError:
+    """Build the exception for a status code: the matching subclass, else :class:`B2BError`."""
+    return _BY_CODE.get(code, B2BError)(code, message)
+
+
+def from_rpc_error(err: grpc.RpcError) -> B2BError:
+    """Map a ``grpc.RpcError`` raised by a stub call to a :class:`B2BError`.
+
+    This is the single mapping from gRPC statuses to Python exceptions.
+    """
+    code = grpc.StatusCode.UNKNOWN
+    message = str(err)
+    code_fn = getattr(err, "code", None)
+    if callable(code_fn):
+        c = code_fn()
+        if isinstance(c, grpc.StatusCode):
+            code = c
+    details_fn = getattr(err, "details", None)
+    if callable(details_fn):
+        d = details_fn()
+        if d is not None:
+            message = d
+    return error_for_code(code, message)

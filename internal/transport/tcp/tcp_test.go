@@ -1,0 +1,185 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/transport"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// keyed is a minimal Inbound: registrations by key.
+type keyed struct {
+	mu     sync.Mutex
+	regs   map[uint64]memory.Memory
+	landed atomic.Uint64
+}
+
+func (k *keyed) Pin(_ transport.Kind, key uint64) (memory.Memory, func(), error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	m, ok := k.regs[key]
+	if !ok {
+		return memory.Memory{}, nil, errs.ErrNotFound
+	}
+	return m, func() {}, nil
+}
+func (k *keyed) Landed(_ transport.Kind, _, bytes uint64) { k.landed.Add(bytes) }
+
+func hostMem(t testing.TB, n int) memory.Memory {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	return memory.Memory{Kind: memory.Host, Host: b, Len: uint64(n), DmabufFD: -1}
+}
+
+type pair struct {
+	a, b   *Transport
+	in     *keyed
+	conn   transport.Conn
+	src    transport.Registration
+	dst    transport.RemoteRegion
+	srcMem memory.Memory
+	dstMem memory.Memory
+}
+
+func newPair(t testing.TB, size int, streams int) *pair {
+	p := &pair{in: &keyed{regs: map[uint64]memory.Memory{}}}
+	// Memory first, so it is unmapped only after the transports stopped.
+	p.srcMem, p.dstMem = hostMem(t, size), hostMem(t, size)
+	var err error
+	if p.a, err = New(Config{Listen: "127.0.0.1:0", Streams: streams, MinShareBytes: 64 << 10}, &keyed{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if p.b, err = New(Config{Listen: "127.0.0.1:0"}, p.in, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.a.Close(); p.b.Close() })
+	if p.src, err = p.a.Register(p.srcMem); err != nil {
+		t.Fatal(err)
+	}
+	dreg, err := p.b.Register(p.dstMem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.in.regs[dreg.Key().Key] = p.dstMem
+	p.dst = transport.RemoteRegion{Name: "d", Size: uint64(size), Key: dreg.Key()}
+	p.conn, err = p.a.Connect(context.Background(), transport.Peer{Address: "127.0.0.1:1",
+		Handshake: &b2bv1.HandshakeResponse{TcpDataAddress: p.b.Addr(), SessionToken: p.b.Token()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.conn.Close() })
+	return p
+}
+
+func TestWriteLandsEveryBlock(t *testing.T) {
+	for _, c := range []struct {
+		blocks  int
+		size    uint64
+		streams int
+	}{{1, 1, 1}, {5000, 128, 4}, {300, 5000, 2}, {40, 1 << 20, 4}, {3, 3 << 20, 4}} {
+		slot := c.size + 32
+		p := newPair(t, int(uint64(c.blocks)*slot), c.streams)
+		r := rand.New(rand.NewPCG(uint64(c.blocks), c.size))
+		for i := range p.srcMem.Host {
+			p.srcMem.Host[i] = byte(r.Uint32())
+		}
+		b := desc.Batch{Src: make([]uint64, c.blocks), Dst: make([]uint64, c.blocks), Len: make([]uint64, c.blocks)}
+		perm := r.Perm(c.blocks)
+		for i := range c.blocks {
+			b.Src[i], b.Dst[i], b.Len[i] = uint64(i)*slot, uint64(perm[i])*slot, c.size
+		}
+		if _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); err != nil {
+			t.Fatalf("%+v: %v", c, err)
+		}
+		for i := range c.blocks {
+			if !bytes.Equal(p.srcMem.Host[b.Src[i]:b.Src[i]+c.size], p.dstMem.Host[b.Dst[i]:b.Dst[i]+c.size]) {
+				t.Fatalf("%+v: block %d differs", c, i)
+			}
+		}
+		if got, want := p.in.landed.Load(), uint64(c.blocks)*c.size; got != want {
+			t.Fatalf("%+v: receiver reported %d bytes landed, want %d", c, got, want)
+		}
+	}
+}
+
+func TestReceiverRefusals(t *testing.T) {
+	cases := []struct {
+		name string
+		mut  func(*pair, *desc.Batch)
+		want error
+	}{
+		{"unknown key", func(p *pair, b *desc.Batch) { p.dst.Key.Key ^= 1 }, errs.ErrNotFound},
+		{"range past end", func(p *pair, b *desc.Batch) { b.Dst[0] = p.dst.Size - 1 }, errs.ErrInvalidArgument},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := newPair(t, 4096, 2)
+			b := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{16}}
+			c.mut(p, &b)
+			_, err := p.conn.Write(context.Background(), p.src, p.dst, &b)
+			if !errors.Is(err, c.want) {
+				t.Fatalf("err = %v, want %v", err, c.want)
+			}
+			if p.conn.Err() == nil {
+				t.Fatal("conn still claims to be healthy after the receiver closed it")
+			}
+			if p.in.landed.Load() != 0 {
+				t.Fatal("a refused batch was reported as landed")
+			}
+		})
+	}
+}
+
+// TestDeadline: a receiver that never acks makes Write fail with the deadline.
+func TestDeadline(t *testing.T) {
+	p := newPair(t, 1<<20, 1)
+	// Stall the receiver: hold the Pin lock so it cannot place bytes.
+	p.in.mu.Lock()
+	defer p.in.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	b := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{1 << 20}}
+	start := time.Now()
+	_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want deadline exceeded", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Write took %v past a 200ms deadline", d)
+	}
+}
+
+// BenchmarkWrite10K128 is the data path for 10,000 scattered 128 B blocks:
+// it must not allocate.
+func BenchmarkWrite10K128(b *testing.B) {
+	const n, size, slot = 10000, 128, 192
+	p := newPair(b, n*slot, 4)
+	bt := desc.Batch{Src: make([]uint64, n), Dst: make([]uint64, n), Len: make([]uint64, n)}
+	perm := rand.New(rand.NewPCG(1, 1)).Perm(n)
+	for i := range n {
+		bt.Src[i], bt.Dst[i], bt.Len[i] = uint64(i)*slot, uint64(perm[i])*slot, size
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.SetBytes(n * size)
+	for b.Loop() {
+		if _, err := p.conn.Write(ctx, p.src, p.dst, &bt); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
