@@ -157,7 +157,9 @@ func TestBadInput(t *testing.T) {
 		{"zero length", xfer(func(r *b2bv1.BatchTransferRequest) {
 			r.Descriptors = &b2bv1.Descriptors{SrcOffsets: u([]uint64{0, 8}), DstOffsets: u([]uint64{0, 8}), Lengths: u([]uint64{8, 0})}
 		}), codes.InvalidArgument, "descriptors.lengths[1] is 0"},
-		{"ragged offsets", xfer(func(r *b2bv1.BatchTransferRequest) { r.Descriptors = &b2bv1.Descriptors{SrcOffsets: make([]byte, 12), DstOffsets: u([]uint64{0}), BlockLength: 8} }), codes.InvalidArgument, "descriptors.src_offsets is 12 bytes"},
+		{"ragged offsets", xfer(func(r *b2bv1.BatchTransferRequest) {
+			r.Descriptors = &b2bv1.Descriptors{SrcOffsets: make([]byte, 12), DstOffsets: u([]uint64{0}), BlockLength: 8}
+		}), codes.InvalidArgument, "descriptors.src_offsets is 12 bytes"},
 		{"count mismatch", xfer(func(r *b2bv1.BatchTransferRequest) { r.Descriptors = descs([]uint64{0, 8}, []uint64{0}, 8) }), codes.InvalidArgument, "dst_offsets has 1 entries, src_offsets has 2"},
 		{"both lengths", xfer(func(r *b2bv1.BatchTransferRequest) {
 			r.Descriptors = &b2bv1.Descriptors{SrcOffsets: u([]uint64{0}), DstOffsets: u([]uint64{0}), Lengths: u([]uint64{8}), BlockLength: 8}

@@ -58,8 +58,8 @@ func TestDecodeRejects(t *testing.T) {
 func TestDecodeAccepts(t *testing.T) {
 	var d Decoder
 	b, err := d.Decode(Packed{
-		SrcOffsets: Pack([]uint64{0, 100, 50}),
-		DstOffsets: Pack([]uint64{40, 0, 20}), // unsorted, touching but not overlapping
+		SrcOffsets:  Pack([]uint64{0, 100, 50}),
+		DstOffsets:  Pack([]uint64{40, 0, 20}), // unsorted, touching but not overlapping
 		BlockLength: 20,
 	}, Limits{SrcSize: 200, DstSize: 60})
 	if err != nil {

@@ -421,7 +421,9 @@ func (g *Registry) List() []Snapshot {
 	for _, r := range g.byID {
 		out = append(out, Snapshot{Region: r, Active: r.active})
 	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i].ID) < len(out[j].ID) || (len(out[i].ID) == len(out[j].ID) && out[i].ID < out[j].ID) })
+	sort.Slice(out, func(i, j int) bool {
+		return len(out[i].ID) < len(out[j].ID) || (len(out[i].ID) == len(out[j].ID) && out[i].ID < out[j].ID)
+	})
 	return out
 }
 

@@ -127,9 +127,9 @@ type registration struct {
 	key uint64
 }
 
-func (r *registration) Memory() memory.Memory        { return r.mem }
-func (r *registration) Key() transport.RemoteKey     { return transport.RemoteKey{Key: r.key} }
-func (r *registration) Close() error                 { return nil }
+func (r *registration) Memory() memory.Memory    { return r.mem }
+func (r *registration) Key() transport.RemoteKey { return transport.RemoteKey{Key: r.key} }
+func (r *registration) Close() error             { return nil }
 func (t *Transport) newKey() (uint64, error) {
 	var b [8]byte
 	for {
