@@ -133,13 +133,16 @@ type Transfer struct {
 	DstRegion string // destination export name
 	Blocks    Descriptors
 	Transport b2bv1.TransportKind // 0: the daemons choose
+	// Notification, when set, is delivered to the destination region's
+	// watchers after the batch landed.
+	Notification []byte
 }
 
 // BatchTransfer moves the blocks and returns once all landed at the peer.
 // Use ctx's deadline to bound it.
 func (c *Client) BatchTransfer(ctx context.Context, t Transfer) (*b2bv1.BatchTransferResponse, error) {
 	return c.api.BatchTransfer(ctx, &b2bv1.BatchTransferRequest{
-		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport,
+		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport, Notification: t.Notification,
 		Descriptors: &b2bv1.Descriptors{
 			SrcOffsets: Pack(t.Blocks.Src), DstOffsets: Pack(t.Blocks.Dst), Lengths: Pack(t.Blocks.Len),
 			BlockLength: t.Blocks.BlockLength,
@@ -196,3 +199,9 @@ var littleEndian = func() bool {
 	x := uint16(1)
 	return *(*byte)(unsafe.Pointer(&x)) == 1
 }()
+
+// Watch streams the notifications attached to batches landing in a local
+// region; each arrives after its batch's bytes are in place. Cancel ctx to stop.
+func (c *Client) Watch(ctx context.Context, regionID string) (b2bv1.B2B_WatchNotificationsClient, error) {
+	return c.api.WatchNotifications(ctx, &b2bv1.WatchNotificationsRequest{RegionId: regionID})
+}

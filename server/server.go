@@ -16,6 +16,7 @@ import (
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -49,6 +50,7 @@ type Config struct {
 	CUDAAvailable  bool
 	CUDADetail     string
 	Counters       *Counters
+	Notify         *notify.Hub
 	Log            hclog.Logger
 }
 
@@ -70,6 +72,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
+	}
+	if cfg.Notify == nil {
+		cfg.Notify = &notify.Hub{}
 	}
 	return &Server{cfg: cfg}
 }
@@ -158,6 +163,8 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 		return nil, fmt.Errorf("%w: dst_region is empty: give the destination region's export name", errs.ErrInvalidArgument)
 	case req.GetDescriptors() == nil:
 		return nil, fmt.Errorf("%w: descriptors is not set", errs.ErrInvalidArgument)
+	case len(req.GetNotification()) > MaxNotification:
+		return nil, fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(req.GetNotification()), MaxNotification)
 	}
 	want, err := peer.KindFromProto(req.GetTransport())
 	if err != nil {
@@ -226,6 +233,13 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 			s.cfg.Peers.Broken(req.GetPeer(), sess)
 		}
 		return nil, fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", blocks, req.GetPeer(), req.GetDstRegion(), sess.Kind, err)
+	}
+	if req.GetNotification() != nil {
+		_, err := sess.Control.Notify(ctx, &b2bv1.NotifyRequest{Region: req.GetDstRegion(), Sender: s.cfg.NodeName,
+			Notification: req.GetNotification(), Blocks: blocks, Bytes: bytes})
+		if err != nil {
+			return nil, fmt.Errorf("batch of %d blocks landed at %s/%s, but its notification was not delivered: %w", blocks, req.GetPeer(), req.GetDstRegion(), errs.FromStatus(err))
+		}
 	}
 	s.cfg.Counters.BatchesSent.Add(1)
 	s.cfg.Counters.BytesSent.Add(bytes)
@@ -296,6 +310,34 @@ func (l *local) Status(ctx context.Context, req *b2bv1.StatusRequest) (*b2bv1.St
 	}, nil
 }
 
+// MaxNotification bounds a batch's notification.
+const MaxNotification = 4096
+
+func (l *local) WatchNotifications(req *b2bv1.WatchNotificationsRequest, stream b2bv1.B2B_WatchNotificationsServer) error {
+	r, release, err := l.s.cfg.Registry.Acquire(req.GetRegionId(), "region_id")
+	if err != nil {
+		return errs.ToStatus(err)
+	}
+	id := r.ID
+	release() // watching does not pin the region
+	w := l.s.cfg.Notify.Subscribe(id)
+	defer l.s.cfg.Notify.Unsubscribe(w)
+	// Headers tell the client it is subscribed: batches after this are seen.
+	if err := stream.SendHeader(nil); err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case n := <-w.C:
+			if err := stream.Send(n); err != nil {
+				return err
+			}
+		}
+	}
+}
+
 func regionProto(r *region.Region, active int) *b2bv1.Region {
 	p := &b2bv1.Region{
 		Id: r.ID, ExportName: r.Export, Size: r.Mem.Len, ShmPath: r.ShmPath, ShmOffset: r.ShmOff,
@@ -357,6 +399,20 @@ func (p *peerService) ResolveRegion(ctx context.Context, req *b2bv1.ResolveRegio
 		resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: key.Key, RemoteAddr: key.Addr})
 	}
 	return resp, nil
+}
+
+func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2bv1.NotifyResponse, error) {
+	if len(req.GetNotification()) > MaxNotification {
+		return nil, errs.ToStatus(fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(req.GetNotification()), MaxNotification))
+	}
+	r, release, err := p.s.cfg.Registry.Lookup(req.GetRegion())
+	if err != nil {
+		return nil, errs.ToStatus(err)
+	}
+	release()
+	n := p.s.cfg.Notify.Publish(r.ID, &b2bv1.Notification{Region: req.GetRegion(), Sender: req.GetSender(),
+		Notification: req.GetNotification(), Blocks: req.GetBlocks(), Bytes: req.GetBytes()})
+	return &b2bv1.NotifyResponse{Delivered: uint32(n)}, nil
 }
 
 func (p *peerService) ConnectVerbs(ctx context.Context, req *b2bv1.ConnectVerbsRequest) (*b2bv1.ConnectVerbsResponse, error) {

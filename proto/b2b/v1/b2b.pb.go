@@ -1025,12 +1025,16 @@ func (x *Descriptors) GetBlockLength() uint64 {
 }
 
 type BatchTransferRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SrcRegionId   string                 `protobuf:"bytes,1,opt,name=src_region_id,json=srcRegionId,proto3" json:"src_region_id,omitempty"`
-	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`                            // the destination daemon's peer address, host:port
-	DstRegion     string                 `protobuf:"bytes,3,opt,name=dst_region,json=dstRegion,proto3" json:"dst_region,omitempty"` // the destination's export name
-	Descriptors   *Descriptors           `protobuf:"bytes,4,opt,name=descriptors,proto3" json:"descriptors,omitempty"`
-	Transport     TransportKind          `protobuf:"varint,5,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"` // UNSPECIFIED = the daemon's choice
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SrcRegionId string                 `protobuf:"bytes,1,opt,name=src_region_id,json=srcRegionId,proto3" json:"src_region_id,omitempty"`
+	Peer        string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`                            // the destination daemon's peer address, host:port
+	DstRegion   string                 `protobuf:"bytes,3,opt,name=dst_region,json=dstRegion,proto3" json:"dst_region,omitempty"` // the destination's export name
+	Descriptors *Descriptors           `protobuf:"bytes,4,opt,name=descriptors,proto3" json:"descriptors,omitempty"`
+	Transport   TransportKind          `protobuf:"varint,5,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"` // UNSPECIFIED = the daemon's choice
+	// Optional: delivered to the destination's WatchNotifications subscribers
+	// once the batch landed; BatchTransfer returns after the destination daemon
+	// accepted it. At most 4096 bytes.
+	Notification  []byte `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1098,6 +1102,13 @@ func (x *BatchTransferRequest) GetTransport() TransportKind {
 		return x.Transport
 	}
 	return TransportKind_TRANSPORT_KIND_UNSPECIFIED
+}
+
+func (x *BatchTransferRequest) GetNotification() []byte {
+	if x != nil {
+		return x.Notification
+	}
+	return nil
 }
 
 type BatchTransferResponse struct {
@@ -1346,6 +1357,134 @@ func (x *ChecksumResponse) GetBytes() uint64 {
 	return 0
 }
 
+type WatchNotificationsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"` // a local region; its current export name is watched
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchNotificationsRequest) Reset() {
+	*x = WatchNotificationsRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchNotificationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchNotificationsRequest) ProtoMessage() {}
+
+func (x *WatchNotificationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchNotificationsRequest.ProtoReflect.Descriptor instead.
+func (*WatchNotificationsRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *WatchNotificationsRequest) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+type Notification struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"` // export name the batch was written to
+	Sender        string                 `protobuf:"bytes,2,opt,name=sender,proto3" json:"sender,omitempty"` // the sending daemon's node name
+	Notification  []byte                 `protobuf:"bytes,3,opt,name=notification,proto3" json:"notification,omitempty"`
+	Blocks        uint64                 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Dropped       uint64                 `protobuf:"varint,6,opt,name=dropped,proto3" json:"dropped,omitempty"` // notifications lost before this one because the watcher fell behind
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Notification) Reset() {
+	*x = Notification{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Notification) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Notification) ProtoMessage() {}
+
+func (x *Notification) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Notification.ProtoReflect.Descriptor instead.
+func (*Notification) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Notification) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *Notification) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *Notification) GetNotification() []byte {
+	if x != nil {
+		return x.Notification
+	}
+	return nil
+}
+
+func (x *Notification) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *Notification) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Notification) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1354,7 +1493,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1505,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1518,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{18}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{20}
 }
 
 type TransportStatus struct {
@@ -1393,7 +1532,7 @@ type TransportStatus struct {
 
 func (x *TransportStatus) Reset() {
 	*x = TransportStatus{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1544,7 @@ func (x *TransportStatus) String() string {
 func (*TransportStatus) ProtoMessage() {}
 
 func (x *TransportStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1557,7 @@ func (x *TransportStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransportStatus.ProtoReflect.Descriptor instead.
 func (*TransportStatus) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{19}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *TransportStatus) GetKind() TransportKind {
@@ -1464,7 +1603,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1476,7 +1615,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1489,7 +1628,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{20}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -1602,7 +1741,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +1753,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +1766,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{21}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -1673,7 +1812,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +1824,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +1837,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{22}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -1752,7 +1891,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1903,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1916,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{23}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -1800,7 +1939,7 @@ type RegionKey struct {
 
 func (x *RegionKey) Reset() {
 	*x = RegionKey{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1951,7 @@ func (x *RegionKey) String() string {
 func (*RegionKey) ProtoMessage() {}
 
 func (x *RegionKey) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1964,7 @@ func (x *RegionKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionKey.ProtoReflect.Descriptor instead.
 func (*RegionKey) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{24}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RegionKey) GetTransport() TransportKind {
@@ -1861,7 +2000,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2012,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2025,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{25}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -1927,7 +2066,7 @@ type VerbsEndpoint struct {
 
 func (x *VerbsEndpoint) Reset() {
 	*x = VerbsEndpoint{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1939,7 +2078,7 @@ func (x *VerbsEndpoint) String() string {
 func (*VerbsEndpoint) ProtoMessage() {}
 
 func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1952,7 +2091,7 @@ func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerbsEndpoint.ProtoReflect.Descriptor instead.
 func (*VerbsEndpoint) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{26}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *VerbsEndpoint) GetQpNum() uint32 {
@@ -1983,7 +2122,7 @@ type VerbsPort struct {
 
 func (x *VerbsPort) Reset() {
 	*x = VerbsPort{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1995,7 +2134,7 @@ func (x *VerbsPort) String() string {
 func (*VerbsPort) ProtoMessage() {}
 
 func (x *VerbsPort) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2008,7 +2147,7 @@ func (x *VerbsPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerbsPort.ProtoReflect.Descriptor instead.
 func (*VerbsPort) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{27}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *VerbsPort) GetGid() []byte {
@@ -2065,7 +2204,7 @@ type ConnectVerbsRequest struct {
 
 func (x *ConnectVerbsRequest) Reset() {
 	*x = ConnectVerbsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2077,7 +2216,7 @@ func (x *ConnectVerbsRequest) String() string {
 func (*ConnectVerbsRequest) ProtoMessage() {}
 
 func (x *ConnectVerbsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2090,7 +2229,7 @@ func (x *ConnectVerbsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectVerbsRequest.ProtoReflect.Descriptor instead.
 func (*ConnectVerbsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{28}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ConnectVerbsRequest) GetNodeName() string {
@@ -2132,7 +2271,7 @@ type ConnectVerbsResponse struct {
 
 func (x *ConnectVerbsResponse) Reset() {
 	*x = ConnectVerbsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2144,7 +2283,7 @@ func (x *ConnectVerbsResponse) String() string {
 func (*ConnectVerbsResponse) ProtoMessage() {}
 
 func (x *ConnectVerbsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2157,7 +2296,7 @@ func (x *ConnectVerbsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectVerbsResponse.ProtoReflect.Descriptor instead.
 func (*ConnectVerbsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{29}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ConnectVerbsResponse) GetPort() *VerbsPort {
@@ -2177,6 +2316,126 @@ func (x *ConnectVerbsResponse) GetEndpoints() []*VerbsEndpoint {
 func (x *ConnectVerbsResponse) GetPathMtu() uint32 {
 	if x != nil {
 		return x.PathMtu
+	}
+	return 0
+}
+
+type NotifyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"` // export name
+	Sender        string                 `protobuf:"bytes,2,opt,name=sender,proto3" json:"sender,omitempty"`
+	Notification  []byte                 `protobuf:"bytes,3,opt,name=notification,proto3" json:"notification,omitempty"`
+	Blocks        uint64                 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotifyRequest) Reset() {
+	*x = NotifyRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotifyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotifyRequest) ProtoMessage() {}
+
+func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
+func (*NotifyRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *NotifyRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *NotifyRequest) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *NotifyRequest) GetNotification() []byte {
+	if x != nil {
+		return x.Notification
+	}
+	return nil
+}
+
+func (x *NotifyRequest) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *NotifyRequest) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+type NotifyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Delivered     uint32                 `protobuf:"varint,1,opt,name=delivered,proto3" json:"delivered,omitempty"` // watchers it was queued for
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotifyResponse) Reset() {
+	*x = NotifyResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotifyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotifyResponse) ProtoMessage() {}
+
+func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
+func (*NotifyResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *NotifyResponse) GetDelivered() uint32 {
+	if x != nil {
+		return x.Delivered
 	}
 	return 0
 }
@@ -2248,14 +2507,15 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\vdst_offsets\x18\x02 \x01(\fR\n" +
 	"dstOffsets\x12\x18\n" +
 	"\alengths\x18\x03 \x01(\fR\alengths\x12!\n" +
-	"\fblock_length\x18\x04 \x01(\x04R\vblockLength\"\xd9\x01\n" +
+	"\fblock_length\x18\x04 \x01(\x04R\vblockLength\"\xfd\x01\n" +
 	"\x14BatchTransferRequest\x12\"\n" +
 	"\rsrc_region_id\x18\x01 \x01(\tR\vsrcRegionId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
 	"\n" +
 	"dst_region\x18\x03 \x01(\tR\tdstRegion\x125\n" +
 	"\vdescriptors\x18\x04 \x01(\v2\x13.b2b.v1.DescriptorsR\vdescriptors\x123\n" +
-	"\ttransport\x18\x05 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\"\xda\x01\n" +
+	"\ttransport\x18\x05 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
+	"\fnotification\x18\x06 \x01(\fR\fnotification\"\xda\x01\n" +
 	"\x15BatchTransferResponse\x12\x16\n" +
 	"\x06blocks\x18\x01 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x123\n" +
@@ -2276,7 +2536,16 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\rblock_digests\x18\x02 \x01(\fR\fblockDigests\x127\n" +
 	"\talgorithm\x18\x03 \x01(\x0e2\x19.b2b.v1.ChecksumAlgorithmR\talgorithm\x12\x16\n" +
 	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
-	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\"\x0f\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\"8\n" +
+	"\x19WatchNotificationsRequest\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\"\xaa\x01\n" +
+	"\fNotification\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
+	"\x06sender\x18\x02 \x01(\tR\x06sender\x12\"\n" +
+	"\fnotification\x18\x03 \x01(\fR\fnotification\x12\x16\n" +
+	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x18\n" +
+	"\adropped\x18\x06 \x01(\x04R\adropped\"\x0f\n" +
 	"\rStatusRequest\"r\n" +
 	"\x0fTransportStatus\x12)\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x15.b2b.v1.TransportKindR\x04kind\x12\x1c\n" +
@@ -2350,7 +2619,15 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x14ConnectVerbsResponse\x12%\n" +
 	"\x04port\x18\x01 \x01(\v2\x11.b2b.v1.VerbsPortR\x04port\x123\n" +
 	"\tendpoints\x18\x02 \x03(\v2\x15.b2b.v1.VerbsEndpointR\tendpoints\x12\x19\n" +
-	"\bpath_mtu\x18\x03 \x01(\rR\apathMtu*U\n" +
+	"\bpath_mtu\x18\x03 \x01(\rR\apathMtu\"\x91\x01\n" +
+	"\rNotifyRequest\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
+	"\x06sender\x18\x02 \x01(\tR\x06sender\x12\"\n" +
+	"\fnotification\x18\x03 \x01(\fR\fnotification\x12\x16\n" +
+	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\".\n" +
+	"\x0eNotifyResponse\x12\x1c\n" +
+	"\tdelivered\x18\x01 \x01(\rR\tdelivered*U\n" +
 	"\n" +
 	"MemoryKind\x12\x1b\n" +
 	"\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -2363,7 +2640,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x11ChecksumAlgorithm\x12\"\n" +
 	"\x1eCHECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19CHECKSUM_ALGORITHM_CRC32C\x10\x01\x12\x1c\n" +
-	"\x18CHECKSUM_ALGORITHM_XXH64\x10\x022\x86\x04\n" +
+	"\x18CHECKSUM_ALGORITHM_XXH64\x10\x022\xd7\x04\n" +
 	"\x03B2B\x12O\n" +
 	"\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n" +
 	"\x10DeregisterRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12F\n" +
@@ -2371,11 +2648,13 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\fExportRegion\x12\x1b.b2b.v1.ExportRegionRequest\x1a\x1c.b2b.v1.ExportRegionResponse\x12L\n" +
 	"\rBatchTransfer\x12\x1c.b2b.v1.BatchTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12=\n" +
 	"\bChecksum\x12\x17.b2b.v1.ChecksumRequest\x1a\x18.b2b.v1.ChecksumResponse\x127\n" +
-	"\x06Status\x12\x15.b2b.v1.StatusRequest\x1a\x16.b2b.v1.StatusResponse2\xe1\x01\n" +
+	"\x06Status\x12\x15.b2b.v1.StatusRequest\x1a\x16.b2b.v1.StatusResponse\x12O\n" +
+	"\x12WatchNotifications\x12!.b2b.v1.WatchNotificationsRequest\x1a\x14.b2b.v1.Notification0\x012\x9a\x02\n" +
 	"\x04Peer\x12@\n" +
 	"\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n" +
 	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12I\n" +
-	"\fConnectVerbs\x12\x1b.b2b.v1.ConnectVerbsRequest\x1a\x1c.b2b.v1.ConnectVerbsResponseB)Z'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1b\x06proto3"
+	"\fConnectVerbs\x12\x1b.b2b.v1.ConnectVerbsRequest\x1a\x1c.b2b.v1.ConnectVerbsResponse\x127\n" +
+	"\x06Notify\x12\x15.b2b.v1.NotifyRequest\x1a\x16.b2b.v1.NotifyResponseB)Z'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1b\x06proto3"
 
 var (
 	file_b2b_v1_b2b_proto_rawDescOnce sync.Once
@@ -2390,41 +2669,45 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_b2b_v1_b2b_proto_goTypes = []any{
-	(MemoryKind)(0),                  // 0: b2b.v1.MemoryKind
-	(TransportKind)(0),               // 1: b2b.v1.TransportKind
-	(ChecksumAlgorithm)(0),           // 2: b2b.v1.ChecksumAlgorithm
-	(*HostAlloc)(nil),                // 3: b2b.v1.HostAlloc
-	(*HostFile)(nil),                 // 4: b2b.v1.HostFile
-	(*CudaAlloc)(nil),                // 5: b2b.v1.CudaAlloc
-	(*CudaIpc)(nil),                  // 6: b2b.v1.CudaIpc
-	(*RegisterRegionRequest)(nil),    // 7: b2b.v1.RegisterRegionRequest
-	(*Region)(nil),                   // 8: b2b.v1.Region
-	(*RegisterRegionResponse)(nil),   // 9: b2b.v1.RegisterRegionResponse
-	(*DeregisterRegionRequest)(nil),  // 10: b2b.v1.DeregisterRegionRequest
-	(*DeregisterRegionResponse)(nil), // 11: b2b.v1.DeregisterRegionResponse
-	(*ListRegionsRequest)(nil),       // 12: b2b.v1.ListRegionsRequest
-	(*ListRegionsResponse)(nil),      // 13: b2b.v1.ListRegionsResponse
-	(*ExportRegionRequest)(nil),      // 14: b2b.v1.ExportRegionRequest
-	(*ExportRegionResponse)(nil),     // 15: b2b.v1.ExportRegionResponse
-	(*Descriptors)(nil),              // 16: b2b.v1.Descriptors
-	(*BatchTransferRequest)(nil),     // 17: b2b.v1.BatchTransferRequest
-	(*BatchTransferResponse)(nil),    // 18: b2b.v1.BatchTransferResponse
-	(*ChecksumRequest)(nil),          // 19: b2b.v1.ChecksumRequest
-	(*ChecksumResponse)(nil),         // 20: b2b.v1.ChecksumResponse
-	(*StatusRequest)(nil),            // 21: b2b.v1.StatusRequest
-	(*TransportStatus)(nil),          // 22: b2b.v1.TransportStatus
-	(*StatusResponse)(nil),           // 23: b2b.v1.StatusResponse
-	(*HandshakeRequest)(nil),         // 24: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),        // 25: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),     // 26: b2b.v1.ResolveRegionRequest
-	(*RegionKey)(nil),                // 27: b2b.v1.RegionKey
-	(*ResolveRegionResponse)(nil),    // 28: b2b.v1.ResolveRegionResponse
-	(*VerbsEndpoint)(nil),            // 29: b2b.v1.VerbsEndpoint
-	(*VerbsPort)(nil),                // 30: b2b.v1.VerbsPort
-	(*ConnectVerbsRequest)(nil),      // 31: b2b.v1.ConnectVerbsRequest
-	(*ConnectVerbsResponse)(nil),     // 32: b2b.v1.ConnectVerbsResponse
+	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
+	(TransportKind)(0),                // 1: b2b.v1.TransportKind
+	(ChecksumAlgorithm)(0),            // 2: b2b.v1.ChecksumAlgorithm
+	(*HostAlloc)(nil),                 // 3: b2b.v1.HostAlloc
+	(*HostFile)(nil),                  // 4: b2b.v1.HostFile
+	(*CudaAlloc)(nil),                 // 5: b2b.v1.CudaAlloc
+	(*CudaIpc)(nil),                   // 6: b2b.v1.CudaIpc
+	(*RegisterRegionRequest)(nil),     // 7: b2b.v1.RegisterRegionRequest
+	(*Region)(nil),                    // 8: b2b.v1.Region
+	(*RegisterRegionResponse)(nil),    // 9: b2b.v1.RegisterRegionResponse
+	(*DeregisterRegionRequest)(nil),   // 10: b2b.v1.DeregisterRegionRequest
+	(*DeregisterRegionResponse)(nil),  // 11: b2b.v1.DeregisterRegionResponse
+	(*ListRegionsRequest)(nil),        // 12: b2b.v1.ListRegionsRequest
+	(*ListRegionsResponse)(nil),       // 13: b2b.v1.ListRegionsResponse
+	(*ExportRegionRequest)(nil),       // 14: b2b.v1.ExportRegionRequest
+	(*ExportRegionResponse)(nil),      // 15: b2b.v1.ExportRegionResponse
+	(*Descriptors)(nil),               // 16: b2b.v1.Descriptors
+	(*BatchTransferRequest)(nil),      // 17: b2b.v1.BatchTransferRequest
+	(*BatchTransferResponse)(nil),     // 18: b2b.v1.BatchTransferResponse
+	(*ChecksumRequest)(nil),           // 19: b2b.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),          // 20: b2b.v1.ChecksumResponse
+	(*WatchNotificationsRequest)(nil), // 21: b2b.v1.WatchNotificationsRequest
+	(*Notification)(nil),              // 22: b2b.v1.Notification
+	(*StatusRequest)(nil),             // 23: b2b.v1.StatusRequest
+	(*TransportStatus)(nil),           // 24: b2b.v1.TransportStatus
+	(*StatusResponse)(nil),            // 25: b2b.v1.StatusResponse
+	(*HandshakeRequest)(nil),          // 26: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 27: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 28: b2b.v1.ResolveRegionRequest
+	(*RegionKey)(nil),                 // 29: b2b.v1.RegionKey
+	(*ResolveRegionResponse)(nil),     // 30: b2b.v1.ResolveRegionResponse
+	(*VerbsEndpoint)(nil),             // 31: b2b.v1.VerbsEndpoint
+	(*VerbsPort)(nil),                 // 32: b2b.v1.VerbsPort
+	(*ConnectVerbsRequest)(nil),       // 33: b2b.v1.ConnectVerbsRequest
+	(*ConnectVerbsResponse)(nil),      // 34: b2b.v1.ConnectVerbsResponse
+	(*NotifyRequest)(nil),             // 35: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 36: b2b.v1.NotifyResponse
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	3,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -2442,38 +2725,42 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	2,  // 12: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
 	2,  // 13: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
 	1,  // 14: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
-	22, // 15: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
+	24, // 15: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
 	1,  // 16: b2b.v1.HandshakeRequest.transports:type_name -> b2b.v1.TransportKind
 	1,  // 17: b2b.v1.HandshakeResponse.transports:type_name -> b2b.v1.TransportKind
 	1,  // 18: b2b.v1.RegionKey.transport:type_name -> b2b.v1.TransportKind
 	0,  // 19: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	27, // 20: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.RegionKey
-	30, // 21: b2b.v1.ConnectVerbsRequest.port:type_name -> b2b.v1.VerbsPort
-	29, // 22: b2b.v1.ConnectVerbsRequest.endpoints:type_name -> b2b.v1.VerbsEndpoint
-	30, // 23: b2b.v1.ConnectVerbsResponse.port:type_name -> b2b.v1.VerbsPort
-	29, // 24: b2b.v1.ConnectVerbsResponse.endpoints:type_name -> b2b.v1.VerbsEndpoint
+	29, // 20: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.RegionKey
+	32, // 21: b2b.v1.ConnectVerbsRequest.port:type_name -> b2b.v1.VerbsPort
+	31, // 22: b2b.v1.ConnectVerbsRequest.endpoints:type_name -> b2b.v1.VerbsEndpoint
+	32, // 23: b2b.v1.ConnectVerbsResponse.port:type_name -> b2b.v1.VerbsPort
+	31, // 24: b2b.v1.ConnectVerbsResponse.endpoints:type_name -> b2b.v1.VerbsEndpoint
 	7,  // 25: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
 	10, // 26: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
 	12, // 27: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
 	14, // 28: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
 	17, // 29: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
 	19, // 30: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	21, // 31: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	24, // 32: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	26, // 33: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	31, // 34: b2b.v1.Peer.ConnectVerbs:input_type -> b2b.v1.ConnectVerbsRequest
-	9,  // 35: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	11, // 36: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	13, // 37: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	15, // 38: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	18, // 39: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	20, // 40: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	23, // 41: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	25, // 42: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	28, // 43: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	32, // 44: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
-	35, // [35:45] is the sub-list for method output_type
-	25, // [25:35] is the sub-list for method input_type
+	23, // 31: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	21, // 32: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	26, // 33: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	28, // 34: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	33, // 35: b2b.v1.Peer.ConnectVerbs:input_type -> b2b.v1.ConnectVerbsRequest
+	35, // 36: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	9,  // 37: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	11, // 38: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	13, // 39: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	15, // 40: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	18, // 41: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	20, // 42: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	25, // 43: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	22, // 44: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	27, // 45: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	30, // 46: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	34, // 47: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
+	36, // 48: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	37, // [37:49] is the sub-list for method output_type
+	25, // [25:37] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -2496,7 +2783,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   30,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -30,13 +30,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	B2B_RegisterRegion_FullMethodName   = "/b2b.v1.B2B/RegisterRegion"
-	B2B_DeregisterRegion_FullMethodName = "/b2b.v1.B2B/DeregisterRegion"
-	B2B_ListRegions_FullMethodName      = "/b2b.v1.B2B/ListRegions"
-	B2B_ExportRegion_FullMethodName     = "/b2b.v1.B2B/ExportRegion"
-	B2B_BatchTransfer_FullMethodName    = "/b2b.v1.B2B/BatchTransfer"
-	B2B_Checksum_FullMethodName         = "/b2b.v1.B2B/Checksum"
-	B2B_Status_FullMethodName           = "/b2b.v1.B2B/Status"
+	B2B_RegisterRegion_FullMethodName     = "/b2b.v1.B2B/RegisterRegion"
+	B2B_DeregisterRegion_FullMethodName   = "/b2b.v1.B2B/DeregisterRegion"
+	B2B_ListRegions_FullMethodName        = "/b2b.v1.B2B/ListRegions"
+	B2B_ExportRegion_FullMethodName       = "/b2b.v1.B2B/ExportRegion"
+	B2B_BatchTransfer_FullMethodName      = "/b2b.v1.B2B/BatchTransfer"
+	B2B_Checksum_FullMethodName           = "/b2b.v1.B2B/Checksum"
+	B2B_Status_FullMethodName             = "/b2b.v1.B2B/Status"
+	B2B_WatchNotifications_FullMethodName = "/b2b.v1.B2B/WatchNotifications"
 )
 
 // B2BClient is the client API for B2B service.
@@ -59,6 +60,10 @@ type B2BClient interface {
 	// Checksum hashes the listed blocks of a local region.
 	Checksum(ctx context.Context, in *ChecksumRequest, opts ...grpc.CallOption) (*ChecksumResponse, error)
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// WatchNotifications streams the notifications that senders attach to
+	// batches written into a local exported region, each delivered after its
+	// batch fully landed.
+	WatchNotifications(ctx context.Context, in *WatchNotificationsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Notification], error)
 }
 
 type b2BClient struct {
@@ -139,6 +144,25 @@ func (c *b2BClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc.
 	return out, nil
 }
 
+func (c *b2BClient) WatchNotifications(ctx context.Context, in *WatchNotificationsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Notification], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &B2B_ServiceDesc.Streams[0], B2B_WatchNotifications_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchNotificationsRequest, Notification]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type B2B_WatchNotificationsClient = grpc.ServerStreamingClient[Notification]
+
 // B2BServer is the server API for B2B service.
 // All implementations must embed UnimplementedB2BServer
 // for forward compatibility.
@@ -159,6 +183,10 @@ type B2BServer interface {
 	// Checksum hashes the listed blocks of a local region.
 	Checksum(context.Context, *ChecksumRequest) (*ChecksumResponse, error)
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// WatchNotifications streams the notifications that senders attach to
+	// batches written into a local exported region, each delivered after its
+	// batch fully landed.
+	WatchNotifications(*WatchNotificationsRequest, grpc.ServerStreamingServer[Notification]) error
 	mustEmbedUnimplementedB2BServer()
 }
 
@@ -189,6 +217,9 @@ func (UnimplementedB2BServer) Checksum(context.Context, *ChecksumRequest) (*Chec
 }
 func (UnimplementedB2BServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedB2BServer) WatchNotifications(*WatchNotificationsRequest, grpc.ServerStreamingServer[Notification]) error {
+	return status.Error(codes.Unimplemented, "method WatchNotifications not implemented")
 }
 func (UnimplementedB2BServer) mustEmbedUnimplementedB2BServer() {}
 func (UnimplementedB2BServer) testEmbeddedByValue()             {}
@@ -337,6 +368,17 @@ func _B2B_Status_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	return interceptor(ctx, in, info, handler)
 }
 
+func _B2B_WatchNotifications_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchNotificationsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(B2BServer).WatchNotifications(m, &grpc.GenericServerStream[WatchNotificationsRequest, Notification]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type B2B_WatchNotificationsServer = grpc.ServerStreamingServer[Notification]
+
 // B2B_ServiceDesc is the grpc.ServiceDesc for B2B service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -373,7 +415,13 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _B2B_Status_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchNotifications",
+			Handler:       _B2B_WatchNotifications_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "b2b/v1/b2b.proto",
 }
 
@@ -381,6 +429,7 @@ const (
 	Peer_Handshake_FullMethodName     = "/b2b.v1.Peer/Handshake"
 	Peer_ResolveRegion_FullMethodName = "/b2b.v1.Peer/ResolveRegion"
 	Peer_ConnectVerbs_FullMethodName  = "/b2b.v1.Peer/ConnectVerbs"
+	Peer_Notify_FullMethodName        = "/b2b.v1.Peer/Notify"
 )
 
 // PeerClient is the client API for Peer service.
@@ -393,6 +442,9 @@ type PeerClient interface {
 	// ConnectVerbs creates the receiver's half of a set of RC queue pairs and
 	// returns its endpoints, given the sender's.
 	ConnectVerbs(ctx context.Context, in *ConnectVerbsRequest, opts ...grpc.CallOption) (*ConnectVerbsResponse, error)
+	// Notify completes a batch that carried a notification: the sender calls it
+	// after the data path acknowledged every byte.
+	Notify(ctx context.Context, in *NotifyRequest, opts ...grpc.CallOption) (*NotifyResponse, error)
 }
 
 type peerClient struct {
@@ -433,6 +485,16 @@ func (c *peerClient) ConnectVerbs(ctx context.Context, in *ConnectVerbsRequest, 
 	return out, nil
 }
 
+func (c *peerClient) Notify(ctx context.Context, in *NotifyRequest, opts ...grpc.CallOption) (*NotifyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NotifyResponse)
+	err := c.cc.Invoke(ctx, Peer_Notify_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -443,6 +505,9 @@ type PeerServer interface {
 	// ConnectVerbs creates the receiver's half of a set of RC queue pairs and
 	// returns its endpoints, given the sender's.
 	ConnectVerbs(context.Context, *ConnectVerbsRequest) (*ConnectVerbsResponse, error)
+	// Notify completes a batch that carried a notification: the sender calls it
+	// after the data path acknowledged every byte.
+	Notify(context.Context, *NotifyRequest) (*NotifyResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -461,6 +526,9 @@ func (UnimplementedPeerServer) ResolveRegion(context.Context, *ResolveRegionRequ
 }
 func (UnimplementedPeerServer) ConnectVerbs(context.Context, *ConnectVerbsRequest) (*ConnectVerbsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ConnectVerbs not implemented")
+}
+func (UnimplementedPeerServer) Notify(context.Context, *NotifyRequest) (*NotifyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Notify not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -537,6 +605,24 @@ func _Peer_ConnectVerbs_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Notify_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NotifyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Notify(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Notify_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Notify(ctx, req.(*NotifyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -555,6 +641,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ConnectVerbs",
 			Handler:    _Peer_ConnectVerbs_Handler,
+		},
+		{
+			MethodName: "Notify",
+			Handler:    _Peer_Notify_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x62\x32\x62/v1/b2b.proto\x12\x06\x62\x32\x62.v1\"\x19\n\tHostAlloc\x12\x0c\n\x04size\x18\x01 \x01(\x04\"6\n\x08HostFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\")\n\tCudaAlloc\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\x05\x12\x0c\n\x04size\x18\x02 \x01(\x04\"K\n\x07\x43udaIpc\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\x05\x12\x12\n\nipc_handle\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\"\xd4\x01\n\x15RegisterRegionRequest\x12\'\n\nhost_alloc\x18\x01 \x01(\x0b\x32\x11.b2b.v1.HostAllocH\x00\x12%\n\thost_file\x18\x02 \x01(\x0b\x32\x10.b2b.v1.HostFileH\x00\x12\'\n\ncuda_alloc\x18\x03 \x01(\x0b\x32\x11.b2b.v1.CudaAllocH\x00\x12#\n\x08\x63uda_ipc\x18\x04 \x01(\x0b\x32\x0f.b2b.v1.CudaIpcH\x00\x12\x13\n\x0b\x65xport_name\x18\n \x01(\tB\x08\n\x06source\"\x8e\x02\n\x06Region\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x65xport_name\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12 \n\x04kind\x18\x04 \x01(\x0e\x32\x12.b2b.v1.MemoryKind\x12\x10\n\x08shm_path\x18\x05 \x01(\t\x12\x12\n\nshm_offset\x18\x06 \x01(\x04\x12\x13\n\x0b\x63uda_device\x18\x07 \x01(\x05\x12\x17\n\x0f\x63uda_ipc_handle\x18\x08 \x01(\x0c\x12\x17\n\x0f\x63uda_ipc_offset\x18\t \x01(\x04\x12\x16\n\x0e\x61\x63tive_batches\x18\n \x01(\r\x12.\n\x0fregistered_with\x18\x0b \x03(\x0e\x32\x15.b2b.v1.TransportKind\"8\n\x16RegisterRegionResponse\x12\x1e\n\x06region\x18\x01 \x01(\x0b\x32\x0e.b2b.v1.Region\",\n\x17\x44\x65registerRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65registerRegionResponse\"\x14\n\x12ListRegionsRequest\"6\n\x13ListRegionsResponse\x12\x1f\n\x07regions\x18\x01 \x03(\x0b\x32\x0e.b2b.v1.Region\"=\n\x13\x45xportRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\t\x12\x13\n\x0b\x65xport_name\x18\x02 \x01(\t\"6\n\x14\x45xportRegionResponse\x12\x1e\n\x06region\x18\x01 \x01(\x0b\x32\x0e.b2b.v1.Region\"^\n\x0b\x44\x65scriptors\x12\x13\n\x0bsrc_offsets\x18\x01 \x01(\x0c\x12\x13\n\x0b\x64st_offsets\x18\x02 \x01(\x0c\x12\x0f\n\x07lengths\x18\x03 \x01(\x0c\x12\x14\n\x0c\x62lock_length\x18\x04 \x01(\x04\"\xa3\x01\n\x14\x42\x61tchTransferRequest\x12\x15\n\rsrc_region_id\x18\x01 \x01(\t\x12\x0c\n\x04peer\x18\x02 \x01(\t\x12\x12\n\ndst_region\x18\x03 \x01(\t\x12(\n\x0b\x64\x65scriptors\x18\x04 \x01(\x0b\x32\x13.b2b.v1.Descriptors\x12(\n\ttransport\x18\x05 \x01(\x0e\x32\x15.b2b.v1.TransportKind\"\x9d\x01\n\x15\x42\x61tchTransferResponse\x12\x0e\n\x06\x62locks\x18\x01 \x01(\x04\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12(\n\ttransport\x18\x03 \x01(\x0e\x32\x15.b2b.v1.TransportKind\x12\x10\n\x08segments\x18\x04 \x01(\x04\x12\x15\n\rwork_requests\x18\x05 \x01(\x04\x12\x12\n\nelapsed_ns\x18\x06 \x01(\x04\"\x9d\x01\n\x0f\x43hecksumRequest\x12\x11\n\tregion_id\x18\x01 \x01(\t\x12\x0f\n\x07offsets\x18\x02 \x01(\x0c\x12\x0f\n\x07lengths\x18\x03 \x01(\x0c\x12\x14\n\x0c\x62lock_length\x18\x04 \x01(\x04\x12,\n\talgorithm\x18\x05 \x01(\x0e\x32\x19.b2b.v1.ChecksumAlgorithm\x12\x11\n\tper_block\x18\x06 \x01(\x08\"\x86\x01\n\x10\x43hecksumResponse\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x04\x12\x15\n\rblock_digests\x18\x02 \x01(\x0c\x12,\n\talgorithm\x18\x03 \x01(\x0e\x32\x19.b2b.v1.ChecksumAlgorithm\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\"\x0f\n\rStatusRequest\"Y\n\x0fTransportStatus\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.b2b.v1.TransportKind\x12\x11\n\tavailable\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xdb\x02\n\x0eStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x14\n\x0cpeer_address\x18\x03 \x01(\t\x12+\n\ntransports\x18\x04 \x03(\x0b\x32\x17.b2b.v1.TransportStatus\x12\x16\n\x0e\x63uda_available\x18\x05 \x01(\x08\x12\x13\n\x0b\x63uda_detail\x18\x06 \x01(\t\x12\x0f\n\x07regions\x18\x07 \x01(\r\x12\x14\n\x0c\x62\x61tches_sent\x18\x08 \x01(\x04\x12\x18\n\x10\x62\x61tches_received\x18\t \x01(\x04\x12\x12\n\nbytes_sent\x18\n \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x0b \x01(\x04\x12\x16\n\x0e\x62\x61tches_failed\x18\x0c \x01(\x04\x12\x17\n\x0fmax_descriptors\x18\r \x01(\r\x12\x17\n\x0fpeers_connected\x18\x0e \x01(\r\"\x80\x01\n\x10HandshakeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12)\n\ntransports\x18\x03 \x03(\x0e\x32\x15.b2b.v1.TransportKind\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\"\xb2\x01\n\x11HandshakeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12)\n\ntransports\x18\x03 \x03(\x0e\x32\x15.b2b.v1.TransportKind\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\x12\x18\n\x10tcp_data_address\x18\x05 \x01(\t\x12\x15\n\rsession_token\x18\x06 \x01(\x0c\"$\n\x14ResolveRegionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"W\n\tRegionKey\x12(\n\ttransport\x18\x01 \x01(\x0e\x32\x15.b2b.v1.TransportKind\x12\x0b\n\x03key\x18\x02 \x01(\x04\x12\x13\n\x0bremote_addr\x18\x03 \x01(\x04\"v\n\x15ResolveRegionResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12 \n\x04kind\x18\x03 \x01(\x0e\x32\x12.b2b.v1.MemoryKind\x12\x1f\n\x04keys\x18\x04 \x03(\x0b\x32\x11.b2b.v1.RegionKey\",\n\rVerbsEndpoint\x12\x0e\n\x06qp_num\x18\x01 \x01(\r\x12\x0b\n\x03psn\x18\x02 \x01(\r\"p\n\tVerbsPort\x12\x0b\n\x03gid\x18\x01 \x01(\x0c\x12\x11\n\tgid_index\x18\x02 \x01(\r\x12\x0b\n\x03lid\x18\x03 \x01(\r\x12\x12\n\nactive_mtu\x18\x04 \x01(\r\x12\x12\n\nlink_layer\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\"\x8a\x01\n\x13\x43onnectVerbsRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x1f\n\x04port\x18\x02 \x01(\x0b\x32\x11.b2b.v1.VerbsPort\x12(\n\tendpoints\x18\x03 \x03(\x0b\x32\x15.b2b.v1.VerbsEndpoint\x12\x15\n\rconnection_id\x18\x04 \x01(\x04\"s\n\x14\x43onnectVerbsResponse\x12\x1f\n\x04port\x18\x01 \x01(\x0b\x32\x11.b2b.v1.VerbsPort\x12(\n\tendpoints\x18\x02 \x03(\x0b\x32\x15.b2b.v1.VerbsEndpoint\x12\x10\n\x08path_mtu\x18\x03 \x01(\r*U\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_KIND_HOST\x10\x01\x12\x14\n\x10MEMORY_KIND_CUDA\x10\x02*a\n\rTransportKind\x12\x1e\n\x1aTRANSPORT_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12TRANSPORT_KIND_TCP\x10\x01\x12\x18\n\x14TRANSPORT_KIND_VERBS\x10\x02*t\n\x11\x43hecksumAlgorithm\x12\"\n\x1e\x43HECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43HECKSUM_ALGORITHM_CRC32C\x10\x01\x12\x1c\n\x18\x43HECKSUM_ALGORITHM_XXH64\x10\x02\x32\x86\x04\n\x03\x42\x32\x42\x12O\n\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n\x10\x44\x65registerRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12\x46\n\x0bListRegions\x12\x1a.b2b.v1.ListRegionsRequest\x1a\x1b.b2b.v1.ListRegionsResponse\x12I\n\x0c\x45xportRegion\x12\x1b.b2b.v1.ExportRegionRequest\x1a\x1c.b2b.v1.ExportRegionResponse\x12L\n\rBatchTransfer\x12\x1c.b2b.v1.BatchTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12=\n\x08\x43hecksum\x12\x17.b2b.v1.ChecksumRequest\x1a\x18.b2b.v1.ChecksumResponse\x12\x37\n\x06Status\x12\x15.b2b.v1.StatusRequest\x1a\x16.b2b.v1.StatusResponse2\xe1\x01\n\x04Peer\x12@\n\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12I\n\x0c\x43onnectVerbs\x12\x1b.b2b.v1.ConnectVerbsRequest\x1a\x1c.b2b.v1.ConnectVerbsResponseB)Z\'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10\x62\x32\x62/v1/b2b.proto\x12\x06\x62\x32\x62.v1\"\x19\n\tHostAlloc\x12\x0c\n\x04size\x18\x01 \x01(\x04\"6\n\x08HostFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\")\n\tCudaAlloc\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\x05\x12\x0c\n\x04size\x18\x02 \x01(\x04\"K\n\x07\x43udaIpc\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\x05\x12\x12\n\nipc_handle\x18\x02 \x01(\x0c\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\"\xd4\x01\n\x15RegisterRegionRequest\x12\'\n\nhost_alloc\x18\x01 \x01(\x0b\x32\x11.b2b.v1.HostAllocH\x00\x12%\n\thost_file\x18\x02 \x01(\x0b\x32\x10.b2b.v1.HostFileH\x00\x12\'\n\ncuda_alloc\x18\x03 \x01(\x0b\x32\x11.b2b.v1.CudaAllocH\x00\x12#\n\x08\x63uda_ipc\x18\x04 \x01(\x0b\x32\x0f.b2b.v1.CudaIpcH\x00\x12\x13\n\x0b\x65xport_name\x18\n \x01(\tB\x08\n\x06source\"\x8e\x02\n\x06Region\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x65xport_name\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12 \n\x04kind\x18\x04 \x01(\x0e\x32\x12.b2b.v1.MemoryKind\x12\x10\n\x08shm_path\x18\x05 \x01(\t\x12\x12\n\nshm_offset\x18\x06 \x01(\x04\x12\x13\n\x0b\x63uda_device\x18\x07 \x01(\x05\x12\x17\n\x0f\x63uda_ipc_handle\x18\x08 \x01(\x0c\x12\x17\n\x0f\x63uda_ipc_offset\x18\t \x01(\x04\x12\x16\n\x0e\x61\x63tive_batches\x18\n \x01(\r\x12.\n\x0fregistered_with\x18\x0b \x03(\x0e\x32\x15.b2b.v1.TransportKind\"8\n\x16RegisterRegionResponse\x12\x1e\n\x06region\x18\x01 \x01(\x0b\x32\x0e.b2b.v1.Region\",\n\x17\x44\x65registerRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65registerRegionResponse\"\x14\n\x12ListRegionsRequest\"6\n\x13ListRegionsResponse\x12\x1f\n\x07regions\x18\x01 \x03(\x0b\x32\x0e.b2b.v1.Region\"=\n\x13\x45xportRegionRequest\x12\x11\n\tregion_id\x18\x01 \x01(\t\x12\x13\n\x0b\x65xport_name\x18\x02 \x01(\t\"6\n\x14\x45xportRegionResponse\x12\x1e\n\x06region\x18\x01 \x01(\x0b\x32\x0e.b2b.v1.Region\"^\n\x0b\x44\x65scriptors\x12\x13\n\x0bsrc_offsets\x18\x01 \x01(\x0c\x12\x13\n\x0b\x64st_offsets\x18\x02 \x01(\x0c\x12\x0f\n\x07lengths\x18\x03 \x01(\x0c\x12\x14\n\x0c\x62lock_length\x18\x04 \x01(\x04\"\xb9\x01\n\x14\x42\x61tchTransferRequest\x12\x15\n\rsrc_region_id\x18\x01 \x01(\t\x12\x0c\n\x04peer\x18\x02 \x01(\t\x12\x12\n\ndst_region\x18\x03 \x01(\t\x12(\n\x0b\x64\x65scriptors\x18\x04 \x01(\x0b\x32\x13.b2b.v1.Descriptors\x12(\n\ttransport\x18\x05 \x01(\x0e\x32\x15.b2b.v1.TransportKind\x12\x14\n\x0cnotification\x18\x06 \x01(\x0c\"\x9d\x01\n\x15\x42\x61tchTransferResponse\x12\x0e\n\x06\x62locks\x18\x01 \x01(\x04\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12(\n\ttransport\x18\x03 \x01(\x0e\x32\x15.b2b.v1.TransportKind\x12\x10\n\x08segments\x18\x04 \x01(\x04\x12\x15\n\rwork_requests\x18\x05 \x01(\x04\x12\x12\n\nelapsed_ns\x18\x06 \x01(\x04\"\x9d\x01\n\x0f\x43hecksumRequest\x12\x11\n\tregion_id\x18\x01 \x01(\t\x12\x0f\n\x07offsets\x18\x02 \x01(\x0c\x12\x0f\n\x07lengths\x18\x03 \x01(\x0c\x12\x14\n\x0c\x62lock_length\x18\x04 \x01(\x04\x12,\n\talgorithm\x18\x05 \x01(\x0e\x32\x19.b2b.v1.ChecksumAlgorithm\x12\x11\n\tper_block\x18\x06 \x01(\x08\"\x86\x01\n\x10\x43hecksumResponse\x12\x0e\n\x06\x64igest\x18\x01 \x01(\x04\x12\x15\n\rblock_digests\x18\x02 \x01(\x0c\x12,\n\talgorithm\x18\x03 \x01(\x0e\x32\x19.b2b.v1.ChecksumAlgorithm\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\".\n\x19WatchNotificationsRequest\x12\x11\n\tregion_id\x18\x01 \x01(\t\"t\n\x0cNotification\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x14\n\x0cnotification\x18\x03 \x01(\x0c\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x06 \x01(\x04\"\x0f\n\rStatusRequest\"Y\n\x0fTransportStatus\x12#\n\x04kind\x18\x01 \x01(\x0e\x32\x15.b2b.v1.TransportKind\x12\x11\n\tavailable\x18\x02 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xdb\x02\n\x0eStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12\x14\n\x0cpeer_address\x18\x03 \x01(\t\x12+\n\ntransports\x18\x04 \x03(\x0b\x32\x17.b2b.v1.TransportStatus\x12\x16\n\x0e\x63uda_available\x18\x05 \x01(\x08\x12\x13\n\x0b\x63uda_detail\x18\x06 \x01(\t\x12\x0f\n\x07regions\x18\x07 \x01(\r\x12\x14\n\x0c\x62\x61tches_sent\x18\x08 \x01(\x04\x12\x18\n\x10\x62\x61tches_received\x18\t \x01(\x04\x12\x12\n\nbytes_sent\x18\n \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x0b \x01(\x04\x12\x16\n\x0e\x62\x61tches_failed\x18\x0c \x01(\x04\x12\x17\n\x0fmax_descriptors\x18\r \x01(\r\x12\x17\n\x0fpeers_connected\x18\x0e \x01(\r\"\x80\x01\n\x10HandshakeRequest\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12)\n\ntransports\x18\x03 \x03(\x0e\x32\x15.b2b.v1.TransportKind\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\"\xb2\x01\n\x11HandshakeResponse\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x11\n\tnode_name\x18\x02 \x01(\t\x12)\n\ntransports\x18\x03 \x03(\x0e\x32\x15.b2b.v1.TransportKind\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\x12\x18\n\x10tcp_data_address\x18\x05 \x01(\t\x12\x15\n\rsession_token\x18\x06 \x01(\x0c\"$\n\x14ResolveRegionRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"W\n\tRegionKey\x12(\n\ttransport\x18\x01 \x01(\x0e\x32\x15.b2b.v1.TransportKind\x12\x0b\n\x03key\x18\x02 \x01(\x04\x12\x13\n\x0bremote_addr\x18\x03 \x01(\x04\"v\n\x15ResolveRegionResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12 \n\x04kind\x18\x03 \x01(\x0e\x32\x12.b2b.v1.MemoryKind\x12\x1f\n\x04keys\x18\x04 \x03(\x0b\x32\x11.b2b.v1.RegionKey\",\n\rVerbsEndpoint\x12\x0e\n\x06qp_num\x18\x01 \x01(\r\x12\x0b\n\x03psn\x18\x02 \x01(\r\"p\n\tVerbsPort\x12\x0b\n\x03gid\x18\x01 \x01(\x0c\x12\x11\n\tgid_index\x18\x02 \x01(\r\x12\x0b\n\x03lid\x18\x03 \x01(\r\x12\x12\n\nactive_mtu\x18\x04 \x01(\r\x12\x12\n\nlink_layer\x18\x05 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x06 \x01(\t\"\x8a\x01\n\x13\x43onnectVerbsRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x1f\n\x04port\x18\x02 \x01(\x0b\x32\x11.b2b.v1.VerbsPort\x12(\n\tendpoints\x18\x03 \x03(\x0b\x32\x15.b2b.v1.VerbsEndpoint\x12\x15\n\rconnection_id\x18\x04 \x01(\x04\"s\n\x14\x43onnectVerbsResponse\x12\x1f\n\x04port\x18\x01 \x01(\x0b\x32\x11.b2b.v1.VerbsPort\x12(\n\tendpoints\x18\x02 \x03(\x0b\x32\x15.b2b.v1.VerbsEndpoint\x12\x10\n\x08path_mtu\x18\x03 \x01(\r\"d\n\rNotifyRequest\x12\x0e\n\x06region\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\x14\n\x0cnotification\x18\x03 \x01(\x0c\x12\x0e\n\x06\x62locks\x18\x04 \x01(\x04\x12\r\n\x05\x62ytes\x18\x05 \x01(\x04\"#\n\x0eNotifyResponse\x12\x11\n\tdelivered\x18\x01 \x01(\r*U\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_KIND_HOST\x10\x01\x12\x14\n\x10MEMORY_KIND_CUDA\x10\x02*a\n\rTransportKind\x12\x1e\n\x1aTRANSPORT_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12TRANSPORT_KIND_TCP\x10\x01\x12\x18\n\x14TRANSPORT_KIND_VERBS\x10\x02*t\n\x11\x43hecksumAlgorithm\x12\"\n\x1e\x43HECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x43HECKSUM_ALGORITHM_CRC32C\x10\x01\x12\x1c\n\x18\x43HECKSUM_ALGORITHM_XXH64\x10\x02\x32\xd7\x04\n\x03\x42\x32\x42\x12O\n\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n\x10\x44\x65registerRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12\x46\n\x0bListRegions\x12\x1a.b2b.v1.ListRegionsRequest\x1a\x1b.b2b.v1.ListRegionsResponse\x12I\n\x0c\x45xportRegion\x12\x1b.b2b.v1.ExportRegionRequest\x1a\x1c.b2b.v1.ExportRegionResponse\x12L\n\rBatchTransfer\x12\x1c.b2b.v1.BatchTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12=\n\x08\x43hecksum\x12\x17.b2b.v1.ChecksumRequest\x1a\x18.b2b.v1.ChecksumResponse\x12\x37\n\x06Status\x12\x15.b2b.v1.StatusRequest\x1a\x16.b2b.v1.StatusResponse\x12O\n\x12WatchNotifications\x12!.b2b.v1.WatchNotificationsRequest\x1a\x14.b2b.v1.Notification0\x01\x32\x9a\x02\n\x04Peer\x12@\n\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12I\n\x0c\x43onnectVerbs\x12\x1b.b2b.v1.ConnectVerbsRequest\x1a\x1c.b2b.v1.ConnectVerbsResponse\x12\x37\n\x06Notify\x12\x15.b2b.v1.NotifyRequest\x1a\x16.b2b.v1.NotifyResponseB)Z\'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'b2b.v1.b2b_pb2', globals())
@@ -21,12 +21,12 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z\'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1'
-  _MEMORYKIND._serialized_start=3202
-  _MEMORYKIND._serialized_end=3287
-  _TRANSPORTKIND._serialized_start=3289
-  _TRANSPORTKIND._serialized_end=3386
-  _CHECKSUMALGORITHM._serialized_start=3388
-  _CHECKSUMALGORITHM._serialized_end=3504
+  _MEMORYKIND._serialized_start=3529
+  _MEMORYKIND._serialized_end=3614
+  _TRANSPORTKIND._serialized_start=3616
+  _TRANSPORTKIND._serialized_end=3713
+  _CHECKSUMALGORITHM._serialized_start=3715
+  _CHECKSUMALGORITHM._serialized_end=3831
   _HOSTALLOC._serialized_start=28
   _HOSTALLOC._serialized_end=53
   _HOSTFILE._serialized_start=55
@@ -56,39 +56,47 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _DESCRIPTORS._serialized_start=1048
   _DESCRIPTORS._serialized_end=1142
   _BATCHTRANSFERREQUEST._serialized_start=1145
-  _BATCHTRANSFERREQUEST._serialized_end=1308
-  _BATCHTRANSFERRESPONSE._serialized_start=1311
-  _BATCHTRANSFERRESPONSE._serialized_end=1468
-  _CHECKSUMREQUEST._serialized_start=1471
-  _CHECKSUMREQUEST._serialized_end=1628
-  _CHECKSUMRESPONSE._serialized_start=1631
-  _CHECKSUMRESPONSE._serialized_end=1765
-  _STATUSREQUEST._serialized_start=1767
-  _STATUSREQUEST._serialized_end=1782
-  _TRANSPORTSTATUS._serialized_start=1784
-  _TRANSPORTSTATUS._serialized_end=1873
-  _STATUSRESPONSE._serialized_start=1876
-  _STATUSRESPONSE._serialized_end=2223
-  _HANDSHAKEREQUEST._serialized_start=2226
-  _HANDSHAKEREQUEST._serialized_end=2354
-  _HANDSHAKERESPONSE._serialized_start=2357
-  _HANDSHAKERESPONSE._serialized_end=2535
-  _RESOLVEREGIONREQUEST._serialized_start=2537
-  _RESOLVEREGIONREQUEST._serialized_end=2573
-  _REGIONKEY._serialized_start=2575
-  _REGIONKEY._serialized_end=2662
-  _RESOLVEREGIONRESPONSE._serialized_start=2664
-  _RESOLVEREGIONRESPONSE._serialized_end=2782
-  _VERBSENDPOINT._serialized_start=2784
-  _VERBSENDPOINT._serialized_end=2828
-  _VERBSPORT._serialized_start=2830
-  _VERBSPORT._serialized_end=2942
-  _CONNECTVERBSREQUEST._serialized_start=2945
-  _CONNECTVERBSREQUEST._serialized_end=3083
-  _CONNECTVERBSRESPONSE._serialized_start=3085
-  _CONNECTVERBSRESPONSE._serialized_end=3200
-  _B2B._serialized_start=3507
-  _B2B._serialized_end=4025
-  _PEER._serialized_start=4028
-  _PEER._serialized_end=4253
+  _BATCHTRANSFERREQUEST._serialized_end=1330
+  _BATCHTRANSFERRESPONSE._serialized_start=1333
+  _BATCHTRANSFERRESPONSE._serialized_end=1490
+  _CHECKSUMREQUEST._serialized_start=1493
+  _CHECKSUMREQUEST._serialized_end=1650
+  _CHECKSUMRESPONSE._serialized_start=1653
+  _CHECKSUMRESPONSE._serialized_end=1787
+  _WATCHNOTIFICATIONSREQUEST._serialized_start=1789
+  _WATCHNOTIFICATIONSREQUEST._serialized_end=1835
+  _NOTIFICATION._serialized_start=1837
+  _NOTIFICATION._serialized_end=1953
+  _STATUSREQUEST._serialized_start=1955
+  _STATUSREQUEST._serialized_end=1970
+  _TRANSPORTSTATUS._serialized_start=1972
+  _TRANSPORTSTATUS._serialized_end=2061
+  _STATUSRESPONSE._serialized_start=2064
+  _STATUSRESPONSE._serialized_end=2411
+  _HANDSHAKEREQUEST._serialized_start=2414
+  _HANDSHAKEREQUEST._serialized_end=2542
+  _HANDSHAKERESPONSE._serialized_start=2545
+  _HANDSHAKERESPONSE._serialized_end=2723
+  _RESOLVEREGIONREQUEST._serialized_start=2725
+  _RESOLVEREGIONREQUEST._serialized_end=2761
+  _REGIONKEY._serialized_start=2763
+  _REGIONKEY._serialized_end=2850
+  _RESOLVEREGIONRESPONSE._serialized_start=2852
+  _RESOLVEREGIONRESPONSE._serialized_end=2970
+  _VERBSENDPOINT._serialized_start=2972
+  _VERBSENDPOINT._serialized_end=3016
+  _VERBSPORT._serialized_start=3018
+  _VERBSPORT._serialized_end=3130
+  _CONNECTVERBSREQUEST._serialized_start=3133
+  _CONNECTVERBSREQUEST._serialized_end=3271
+  _CONNECTVERBSRESPONSE._serialized_start=3273
+  _CONNECTVERBSRESPONSE._serialized_end=3388
+  _NOTIFYREQUEST._serialized_start=3390
+  _NOTIFYREQUEST._serialized_end=3490
+  _NOTIFYRESPONSE._serialized_start=3492
+  _NOTIFYRESPONSE._serialized_end=3527
+  _B2B._serialized_start=3834
+  _B2B._serialized_end=4433
+  _PEER._serialized_start=4436
+  _PEER._serialized_end=4718
 # @@protoc_insertion_point(module_scope)

@@ -16,18 +16,20 @@ TRANSPORT_KIND_UNSPECIFIED: TransportKind
 TRANSPORT_KIND_VERBS: TransportKind
 
 class BatchTransferRequest(_message.Message):
-    __slots__ = ["descriptors", "dst_region", "peer", "src_region_id", "transport"]
+    __slots__ = ["descriptors", "dst_region", "notification", "peer", "src_region_id", "transport"]
     DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     DST_REGION_FIELD_NUMBER: _ClassVar[int]
+    NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     SRC_REGION_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     descriptors: Descriptors
     dst_region: str
+    notification: bytes
     peer: str
     src_region_id: str
     transport: TransportKind
-    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ...) -> None: ...
+    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ...) -> None: ...
 
 class BatchTransferResponse(_message.Message):
     __slots__ = ["blocks", "bytes", "elapsed_ns", "segments", "transport", "work_requests"]
@@ -207,6 +209,42 @@ class ListRegionsResponse(_message.Message):
     regions: _containers.RepeatedCompositeFieldContainer[Region]
     def __init__(self, regions: _Optional[_Iterable[_Union[Region, _Mapping]]] = ...) -> None: ...
 
+class Notification(_message.Message):
+    __slots__ = ["blocks", "bytes", "dropped", "notification", "region", "sender"]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    blocks: int
+    bytes: int
+    dropped: int
+    notification: bytes
+    region: str
+    sender: str
+    def __init__(self, region: _Optional[str] = ..., sender: _Optional[str] = ..., notification: _Optional[bytes] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class NotifyRequest(_message.Message):
+    __slots__ = ["blocks", "bytes", "notification", "region", "sender"]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    blocks: int
+    bytes: int
+    notification: bytes
+    region: str
+    sender: str
+    def __init__(self, region: _Optional[str] = ..., sender: _Optional[str] = ..., notification: _Optional[bytes] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class NotifyResponse(_message.Message):
+    __slots__ = ["delivered"]
+    DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    delivered: int
+    def __init__(self, delivered: _Optional[int] = ...) -> None: ...
+
 class Region(_message.Message):
     __slots__ = ["active_batches", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "id", "kind", "registered_with", "shm_offset", "shm_path", "size"]
     ACTIVE_BATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -350,6 +388,12 @@ class VerbsPort(_message.Message):
     lid: int
     link_layer: str
     def __init__(self, gid: _Optional[bytes] = ..., gid_index: _Optional[int] = ..., lid: _Optional[int] = ..., active_mtu: _Optional[int] = ..., link_layer: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+
+class WatchNotificationsRequest(_message.Message):
+    __slots__ = ["region_id"]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    region_id: str
+    def __init__(self, region_id: _Optional[str] = ...) -> None: ...
 
 class MemoryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

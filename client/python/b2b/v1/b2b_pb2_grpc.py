@@ -52,6 +52,11 @@ class B2BStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.StatusRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.StatusResponse.FromString,
                 )
+        self.WatchNotifications = channel.unary_stream(
+                '/b2b.v1.B2B/WatchNotifications',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.WatchNotificationsRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.Notification.FromString,
+                )
 
 
 class B2BServicer(object):
@@ -111,6 +116,15 @@ class B2BServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchNotifications(self, request, context):
+        """WatchNotifications streams the notifications that senders attach to
+        batches written into a local exported region, each delivered after its
+        batch fully landed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_B2BServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +162,11 @@ def add_B2BServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.StatusRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.StatusResponse.SerializeToString,
+            ),
+            'WatchNotifications': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchNotifications,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.WatchNotificationsRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.Notification.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -281,6 +300,23 @@ class B2B(object):
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
+    @staticmethod
+    def WatchNotifications(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/b2b.v1.B2B/WatchNotifications',
+            b2b_dot_v1_dot_b2b__pb2.WatchNotificationsRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.Notification.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
 
 class PeerStub(object):
     """---------------------------------------------------------------------------
@@ -308,6 +344,11 @@ class PeerStub(object):
                 '/b2b.v1.Peer/ConnectVerbs',
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsResponse.FromString,
+                )
+        self.Notify = channel.unary_unary(
+                '/b2b.v1.Peer/Notify',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.NotifyRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.NotifyResponse.FromString,
                 )
 
 
@@ -338,6 +379,14 @@ class PeerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Notify(self, request, context):
+        """Notify completes a batch that carried a notification: the sender calls it
+        after the data path acknowledged every byte.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -355,6 +404,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.ConnectVerbs,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsResponse.SerializeToString,
+            ),
+            'Notify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Notify,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.NotifyRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.NotifyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -417,5 +471,22 @@ class Peer(object):
         return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/ConnectVerbs',
             b2b_dot_v1_dot_b2b__pb2.ConnectVerbsRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.ConnectVerbsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Notify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/Notify',
+            b2b_dot_v1_dot_b2b__pb2.NotifyRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.NotifyResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

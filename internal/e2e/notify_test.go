@@ -1,0 +1,58 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/b2bd/b2bd/client"
+)
+
+// TestNotification: the destination's watcher hears of each batch only after
+// all of its bytes are in place, with the sender's payload and counts.
+func TestNotification(t *testing.T) {
+	a, b := startNode(t, "a"), startNode(t, "b")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n, size = 1000, 4096
+	src, err := a.c.RegisterHost(ctx, n*size, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := b.c.RegisterHost(ctx, n*size, "kv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := b.c.Watch(ctx, dst.Id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Header(); err != nil { // the stream is open once headers arrive
+		t.Fatal(err)
+	}
+	offs := make([]uint64, n)
+	for i := range offs {
+		offs[i] = uint64(n-1-i) * size
+	}
+	for round := byte(1); round <= 3; round++ {
+		for i := range src.Bytes {
+			src.Bytes[i] = round + byte(i)
+		}
+		_, err := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "kv",
+			Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}, Notification: []byte{'r', round}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Notification, []byte{'r', round}) || got.Blocks != n || got.Bytes != n*size || got.Sender != "a" || got.Region != "kv" {
+			t.Fatalf("round %d: notification %v", round, got)
+		}
+		if !bytes.Equal(src.Bytes, dst.Bytes) {
+			t.Fatalf("round %d: notified before the data landed", round)
+		}
+	}
+}
