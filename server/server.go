@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/checksum"
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
@@ -91,7 +92,7 @@ type local struct {
 }
 
 func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionRequest) (*b2bv1.RegisterRegionResponse, error) {
-	r, err := l.register(req)
+	r, err := l.register(req, caller(ctx))
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
@@ -99,14 +100,19 @@ func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionReq
 	return &b2bv1.RegisterRegionResponse{Region: regionProto(r, 0)}, nil
 }
 
-func (l *local) register(req *b2bv1.RegisterRegionRequest) (*region.Region, error) {
+func caller(ctx context.Context) region.Caller {
+	c, ok := auth.Caller(ctx)
+	return region.Caller{UID: c.UID, GID: c.GID, Known: ok}
+}
+
+func (l *local) register(req *b2bv1.RegisterRegionRequest, who region.Caller) (*region.Region, error) {
 	reg, name := l.s.cfg.Registry, req.GetExportName()
 	switch src := req.GetSource().(type) {
 	case *b2bv1.RegisterRegionRequest_HostAlloc:
-		return reg.AllocHost(src.HostAlloc.GetSize(), name)
+		return reg.AllocHost(src.HostAlloc.GetSize(), name, who)
 	case *b2bv1.RegisterRegionRequest_HostFile:
 		f := src.HostFile
-		return reg.ImportHost(f.GetPath(), f.GetOffset(), f.GetSize(), name)
+		return reg.ImportHost(f.GetPath(), f.GetOffset(), f.GetSize(), name, who)
 	case *b2bv1.RegisterRegionRequest_CudaAlloc:
 		return reg.AllocCUDA(int(src.CudaAlloc.GetDevice()), src.CudaAlloc.GetSize(), name)
 	case *b2bv1.RegisterRegionRequest_CudaIpc:

@@ -3,6 +3,8 @@ package server_test
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,10 +12,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/peer"
@@ -64,7 +68,7 @@ func newNode(t *testing.T, name string, bn bufNet) *node {
 	})
 	api, peerLn := bufconn.Listen(1<<20), bufconn.Listen(1<<20)
 	bn[name] = peerLn
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(grpc.Creds(localCaller{}))
 	b2bv1.RegisterB2BServer(gs, srv.Local())
 	ps := grpc.NewServer()
 	b2bv1.RegisterPeerServer(ps, srv.Peer())
@@ -85,6 +89,17 @@ func newNode(t *testing.T, name string, bn bufNet) *node {
 	})
 	return &node{api: b2bv1.NewB2BClient(cc), reg: reg}
 }
+
+// localCaller makes every bufconn caller a local process of uid 1000, as
+// SO_PEERCRED would on the Unix socket.
+type localCaller struct{ auth.PeerCred }
+
+const callerUID = 1000
+
+func (localCaller) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return c, auth.Local{UID: callerUID, GID: callerUID}, nil
+}
+func (l localCaller) Clone() credentials.TransportCredentials { return l }
 
 type inbound struct{ reg *region.Registry }
 
@@ -117,6 +132,27 @@ func TestBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer silent.Close()
+
+	// Files in a's shm directory for the import cases.
+	shm := a.reg.ShmDir()
+	linkOut := filepath.Join(shm, "link")
+	othersFile := filepath.Join(shm, "others")
+	subdir := filepath.Join(shm, "dir")
+	if err := os.Symlink("/etc/hostname", linkOut); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(othersFile, make([]byte, 4096), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(othersFile, 4242, 4242); err != nil {
+		t.Skipf("cannot chown (not root?): %v", err)
+	}
+	if err := os.Mkdir(subdir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	importFile := func(path string) *b2bv1.RegisterRegionRequest {
+		return &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostFile{HostFile: &b2bv1.HostFile{Path: path}}}
+	}
 
 	u := desc.Pack
 	descs := func(src, dst []uint64, l uint64) *b2bv1.Descriptors {
@@ -180,6 +216,9 @@ func TestBadInput(t *testing.T) {
 			return reg(hostAlloc(8, "dup"))()
 		}, codes.AlreadyExists, `export_name "dup" is already used`},
 		{"shm import outside dir", reg(&b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostFile{HostFile: &b2bv1.HostFile{Path: "/etc/passwd"}}}), codes.PermissionDenied, "outside the shm directory"},
+		{"shm import symlink out", reg(importFile(linkOut)), codes.PermissionDenied, "resolves to /etc/hostname, outside the shm directory"},
+		{"shm import other user's file", reg(importFile(othersFile)), codes.PermissionDenied, "belongs to uid 4242, not to the caller (uid 1000)"},
+		{"shm import directory", reg(importFile(subdir)), codes.InvalidArgument, "is not a regular file"},
 		{"shm import missing", reg(&b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostFile{HostFile: &b2bv1.HostFile{Path: "nonexistent"}}}), codes.NotFound, "does not exist"},
 		{"gpu on host without gpu", reg(&b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_CudaAlloc{CudaAlloc: &b2bv1.CudaAlloc{Size: 8}}}), codes.FailedPrecondition, "no usable GPU"},
 		{"malformed ipc handle", reg(&b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_CudaIpc{CudaIpc: &b2bv1.CudaIpc{IpcHandle: []byte{1, 2}, Size: 8}}}), codes.InvalidArgument, "cuda_ipc.ipc_handle is 2 bytes; a CUipcMemHandle is 64"},

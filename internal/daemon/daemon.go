@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 
+	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/peer"
@@ -183,7 +184,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 
 	// Descriptor lists of 1M entries are 24 MiB; allow them through.
 	msgMax := 64<<20 + 3*8*cfg.MaxDescriptors
-	d.api = grpc.NewServer(grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax))
+	d.api = grpc.NewServer(grpc.Creds(auth.PeerCred{}), grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax))
 	b2bv1.RegisterB2BServer(d.api, srv.Local())
 	d.peerSrv = grpc.NewServer(grpc.MaxRecvMsgSize(16 << 20))
 	b2bv1.RegisterPeerServer(d.peerSrv, srv.Peer())

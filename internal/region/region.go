@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -112,8 +113,16 @@ func New(cfg Config) (*Registry, error) {
 // ShmDir is the resolved shared-memory directory.
 func (g *Registry) ShmDir() string { return g.cfg.ShmDir }
 
-// AllocHost creates a shared-memory file of size bytes and maps it.
-func (g *Registry) AllocHost(size uint64, export string) (*Region, error) {
+// Caller is who asks, as the local API's socket credentials tell: regions'
+// files are handed to their caller, and imports must be the caller's own.
+type Caller struct {
+	UID, GID uint32
+	Known    bool // false for callers over TCP, whose uid the kernel cannot tell
+}
+
+// AllocHost creates a shared-memory file of size bytes, owned by the caller,
+// and maps it.
+func (g *Registry) AllocHost(size uint64, export string, who Caller) (*Region, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("%w: host_alloc.size is 0: a region needs at least one byte", errs.ErrInvalidArgument)
 	}
@@ -131,6 +140,13 @@ func (g *Registry) AllocHost(size uint64, export string) (*Region, error) {
 		return nil, fmt.Errorf("region: create %s: %w", path, err)
 	}
 	defer f.Close()
+	if who.Known && os.Geteuid() == 0 && who.UID != 0 {
+		// The daemon runs as root; the caller must be able to map the file.
+		if err := f.Chown(int(who.UID), int(who.GID)); err != nil {
+			os.Remove(path)
+			return nil, fmt.Errorf("region: hand %s to uid %d: %w", path, who.UID, err)
+		}
+	}
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
 		os.Remove(path)
 		if errors.Is(err, unix.ENOSPC) {
@@ -148,10 +164,13 @@ func (g *Registry) AllocHost(size uint64, export string) (*Region, error) {
 }
 
 // ImportHost maps [offset, offset+size) of a file that lies in the shm
-// directory. size 0 means to the end of the file.
-func (g *Registry) ImportHost(path string, offset, size uint64, export string) (*Region, error) {
+// directory and belongs to the caller. size 0 means to the end of the file.
+func (g *Registry) ImportHost(path string, offset, size uint64, export string, who Caller) (*Region, error) {
 	if err := checkName(export); err != nil {
 		return nil, err
+	}
+	if !who.Known {
+		return nil, fmt.Errorf("%w: host_file imports need the local Unix socket, where the caller's uid is known", errs.ErrPermissionDenied)
 	}
 	f, real, err := g.openInShmDir(path)
 	if err != nil {
@@ -161,6 +180,9 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export string) (
 	st, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("region: stat %s: %w", real, err)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && who.UID != 0 && sys.Uid != who.UID {
+		return nil, fmt.Errorf("%w: host_file.path %s belongs to uid %d, not to the caller (uid %d)", errs.ErrPermissionDenied, real, sys.Uid, who.UID)
 	}
 	fsize := uint64(st.Size())
 	if offset%uint64(os.Getpagesize()) != 0 {
@@ -202,14 +224,19 @@ func (g *Registry) openInShmDir(path string) (*os.File, string, error) {
 	if rel, err := filepath.Rel(g.cfg.ShmDir, real); err != nil || rel == "." || strings.HasPrefix(rel, "..") {
 		return nil, "", fmt.Errorf("%w: host_file.path %s resolves to %s, outside the shm directory %s", errs.ErrPermissionDenied, path, real, g.cfg.ShmDir)
 	}
+	pre, err := os.Stat(real)
+	if err != nil || !pre.Mode().IsRegular() {
+		return nil, "", fmt.Errorf("%w: host_file.path %s is not a regular file", errs.ErrInvalidArgument, real)
+	}
 	f, err := os.OpenFile(real, os.O_RDWR|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: host_file.path %s: %v", errs.ErrPermissionDenied, real, err)
 	}
+	// The file opened must be the one checked (no swap in between).
 	st, err := f.Stat()
-	if err != nil || !st.Mode().IsRegular() {
+	if err != nil || !os.SameFile(pre, st) {
 		f.Close()
-		return nil, "", fmt.Errorf("%w: host_file.path %s is not a regular file", errs.ErrInvalidArgument, real)
+		return nil, "", fmt.Errorf("%w: host_file.path %s changed while being opened", errs.ErrPermissionDenied, real)
 	}
 	return f, real, nil
 }
