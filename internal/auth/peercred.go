@@ -54,7 +54,7 @@ func (PeerCred) Info() credentials.ProtocolInfo {
 	return credentials.ProtocolInfo{SecurityProtocol: "peercred"}
 }
 func (p PeerCred) Clone() credentials.TransportCredentials { return p }
-func (PeerCred) OverrideServerName(string) error            { return nil }
+func (PeerCred) OverrideServerName(string) error           { return nil }
 
 // Caller returns the local caller of ctx; ok is false for TCP callers.
 func Caller(ctx context.Context) (Local, bool) {
