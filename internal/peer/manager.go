@@ -123,6 +123,9 @@ func (m *Manager) Broken(addr string, s Session) {
 		delete(st.conns, s.Kind)
 	}
 	st.hs = nil
+	if st.cc != nil {
+		st.cc.ResetConnectBackoff()
+	}
 }
 
 func (m *Manager) handshake(ctx context.Context, st *state) error {
@@ -139,6 +142,9 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	}
 	hs, err := st.client.Handshake(ctx, m.self)
 	if err != nil {
+		// A restarted peer should be reachable at the next batch, not after
+		// gRPC's exponential reconnect backoff.
+		st.cc.ResetConnectBackoff()
 		err = errs.FromStatus(err)
 		return fmt.Errorf("peer %s: handshake: %w", st.addr, err)
 	}
