@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/b2bd/b2bd/client"
 )
 
@@ -37,32 +40,43 @@ func freePort(t *testing.T) string {
 }
 
 type proc struct {
-	cmd    *exec.Cmd
-	sock   string
-	shm    string
-	peer   string
-	stderr *strings.Builder
+	bin, name string
+	cmd       *exec.Cmd
+	sock      string
+	shm       string
+	peer      string
+	data      string
+	stderr    *strings.Builder
 }
 
 func startProc(t *testing.T, bin, name string) *proc {
 	t.Helper()
 	dir := t.TempDir()
-	p := &proc{sock: filepath.Join(dir, "b2bd.sock"), shm: filepath.Join(dir, "shm"), peer: freePort(t), stderr: &strings.Builder{}}
-	p.cmd = exec.Command(bin, "--node-name", name, "--socket", p.sock, "--shm-dir", p.shm,
-		"--peer-listen", p.peer, "--data-listen", freePort(t), "--transport", "tcp", "--shutdown-grace", "10s")
+	p := &proc{bin: bin, name: name, sock: filepath.Join(dir, "b2bd.sock"), shm: filepath.Join(dir, "shm"), peer: freePort(t), data: freePort(t)}
+	p.start(t)
+	return p
+}
+
+// start (re)starts the daemon on the same socket, ports and shm dir.
+func (p *proc) start(t *testing.T) {
+	t.Helper()
+	p.stderr = &strings.Builder{}
+	p.cmd = exec.Command(p.bin, "--node-name", p.name, "--socket", p.sock, "--shm-dir", p.shm,
+		"--peer-listen", p.peer, "--data-listen", p.data, "--transport", "tcp", "--shutdown-grace", "10s")
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() })
+	cmd := p.cmd
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if c, err := net.Dial("unix", p.sock); err == nil {
 			c.Close()
-			return p
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not start:\n%s", name, p.stderr)
+			t.Fatalf("%s did not start:\n%s", p.name, p.stderr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -136,5 +150,85 @@ func TestSIGTERMDuringBatch(t *testing.T) {
 	}
 	if !strings.Contains(a.stderr.String(), "stopped") {
 		t.Errorf("no shutdown log line:\n%s", a.stderr)
+	}
+}
+
+// TestPeerKilledMidBatch: kill -9 of the destination fails the in-flight
+// batch promptly with Unavailable or Aborted; once the peer is back, the next
+// batch reconnects, re-resolves and succeeds without restarting the sender.
+func TestPeerKilledMidBatch(t *testing.T) {
+	bin := buildDaemon(t)
+	a, b := startProc(t, bin, "a"), startProc(t, bin, "b")
+	ctx := context.Background()
+	ca, err := client.Dial(a.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	const n, size = 512, 1 << 20
+	src, err := ca.RegisterHost(ctx, n*size, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Unmap()
+	newDst := func() *client.HostRegion {
+		cb, err := client.Dial(b.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cb.Close() })
+		d, err := cb.RegisterHost(ctx, n*size, "dst")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Unmap() })
+		return d
+	}
+	newDst()
+	offs := make([]uint64, n)
+	for i := range offs {
+		offs[i] = uint64(n-1-i) * size
+	}
+	xfer := func(timeout time.Duration) error {
+		c, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		_, err := ca.BatchTransfer(c, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: "dst",
+			Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}})
+		return err
+	}
+	if err := xfer(30 * time.Second); err != nil {
+		t.Fatalf("warm-up: %v", err)
+	}
+	const deadline = 5 * time.Second
+	errc := make(chan error, 1)
+	start := time.Now()
+	go func() { errc <- xfer(deadline) }()
+	time.Sleep(3 * time.Millisecond)
+	_ = b.cmd.Process.Kill()
+	_ = b.cmd.Wait()
+	err = <-errc
+	took := time.Since(start)
+	if err == nil {
+		t.Log("batch completed before the kill landed; nothing to check")
+	} else {
+		code := status.Code(err)
+		if code != codes.Unavailable && code != codes.Aborted {
+			t.Fatalf("in-flight batch failed with %v, want Unavailable or Aborted: %v", code, err)
+		}
+		if took > deadline+time.Second {
+			t.Fatalf("failure took %v, more than the deadline plus 1s", took)
+		}
+		t.Logf("killed peer detected in %v: %v", took, err)
+	}
+	b.start(t)
+	dst := newDst()
+	for i := range src.Bytes {
+		src.Bytes[i] = byte(i>>12) ^ 0x5a
+	}
+	if err := xfer(30 * time.Second); err != nil {
+		t.Fatalf("batch after the peer restarted: %v", err)
+	}
+	if string(src.Bytes) != string(dst.Bytes) {
+		t.Fatal("data after restart differs")
 	}
 }
