@@ -300,6 +300,25 @@ func (r *receiver) frame() error {
 	if _, err := io.ReadFull(r.br, table); err != nil {
 		return err
 	}
+	if err := r.place(&h, table); err != nil {
+		return err
+	}
+	r.segs += uint64(h.segs)
+	r.bytes += h.payload
+	if h.flags&flagLast == 0 {
+		return nil
+	}
+	// The pin is released by now: once the sender sees the ack, the
+	// destination may be deregistered at once.
+	r.landed(h.batch, int(h.streams))
+	err := r.ack(statusOK, h.batch, r.bytes, "")
+	r.segs, r.bytes = 0, 0
+	return err
+}
+
+// place validates the frame's table against the pinned destination, then
+// reads every segment straight into it.
+func (r *receiver) place(h *frameHeader, table []byte) error {
 	mem, release, err := r.t.in.Pin(transport.TCP, h.key)
 	if err != nil {
 		return &recvErr{statusBadKey, fmt.Errorf("tcp: batch %d: destination: %w", h.batch, err)}
@@ -326,15 +345,7 @@ func (r *receiver) frame() error {
 			return err
 		}
 	}
-	r.segs += uint64(h.segs)
-	r.bytes += h.payload
-	if h.flags&flagLast == 0 {
-		return nil
-	}
-	r.landed(h.batch, int(h.streams))
-	err = r.ack(statusOK, h.batch, r.bytes, "")
-	r.segs, r.bytes = 0, 0
-	return err
+	return nil
 }
 
 // landed adds this stream's share to the batch and reports the batch once

@@ -1281,7 +1281,9 @@ func (x *ChecksumRequest) GetPerBlock() bool {
 
 type ChecksumResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Digest of the listed blocks concatenated in list order.
+	// Digest of the whole list: the same algorithm over the per-block digests
+	// packed as little-endian uint64s in list order (so blocks hash in
+	// parallel, and one number still covers every byte and the order).
 	Digest uint64 `protobuf:"varint,1,opt,name=digest,proto3" json:"digest,omitempty"`
 	// One digest per block, packed little-endian uint64, when per_block is set.
 	BlockDigests  []byte            `protobuf:"bytes,2,opt,name=block_digests,json=blockDigests,proto3" json:"block_digests,omitempty"`
