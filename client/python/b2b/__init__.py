@@ -26,10 +26,12 @@ from .client import (
     CudaRegion,
     Descriptors,
     HostRegion,
+    Notification,
     RegionInfo,
     Status,
     TransferResult,
     TransportStatus,
+    Watch,
 )
 from .errors import (
     AbortedError,
@@ -59,6 +61,8 @@ __all__ = [
     "ChecksumResult",
     "Status",
     "TransportStatus",
+    "Notification",
+    "Watch",
     "DEFAULT_SOCKET",
     "MAX_MESSAGE_BYTES",
     "B2BError",

@@ -35,6 +35,8 @@ __all__ = [
     "ChecksumResult",
     "Status",
     "TransportStatus",
+    "Notification",
+    "Watch",
     "DEFAULT_SOCKET",
     "MAX_MESSAGE_BYTES",
 ]
@@ -152,7 +154,9 @@ class ChecksumResult:
     """A :meth:`Client.checksum` answer.
 
     ``block_digests`` is a read-only ``uint64`` array (one digest per block)
-    when ``per_block`` was set, else ``None``.
+    when ``per_block`` was set, else ``None``. ``digest`` is one number that
+    covers every listed byte and their order; b2bd computes it as the same
+    hash over the per-block digests packed as little-endian uint64s.
     """
 
     digest: int
@@ -209,6 +213,58 @@ class Status:
             max_descriptors=int(s.max_descriptors),
             peers_connected=int(s.peers_connected),
         )
+
+
+@dataclass(frozen=True)
+class Notification:
+    """A sender's note about a batch that fully landed in a watched region."""
+
+    region: str  # export name the batch was written to
+    sender: str  # the sending daemon's node name
+    notification: bytes  # the sender's payload
+    blocks: int
+    bytes: int
+    dropped: int  # notifications lost before this one because the watcher fell behind
+
+
+class Watch:
+    """An open :meth:`Client.watch` stream: iterate it to receive
+    :class:`Notification` objects as batches land. ``cancel()`` (or leaving a
+    ``with`` block) ends the iteration."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self._cancelled = False
+
+    def __iter__(self) -> "Watch":
+        return self
+
+    def __next__(self) -> Notification:
+        try:
+            n = next(self._call)
+        except grpc.RpcError as e:
+            if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
+                raise StopIteration from None
+            raise from_rpc_error(e) from e
+        return Notification(
+            region=n.region,
+            sender=n.sender,
+            notification=n.notification,
+            blocks=int(n.blocks),
+            bytes=int(n.bytes),
+            dropped=int(n.dropped),
+        )
+
+    def cancel(self) -> None:
+        """Stop watching; a pending or later ``next()`` ends the iteration."""
+        self._cancelled = True
+        self._call.cancel()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.cancel()
 
 
 # ---------------------------------------------------------------------------
@@ -530,9 +586,9 @@ class Client:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.enable_http_proxy", 0),  # a local daemon: never through a proxy
-            # Reconnect quickly to a restarted local daemon.
+            # Retry a (re)starting local daemon quickly. (Not min_reconnect_backoff_ms:
+            # gRPC also uses it as the connect timeout.)
             ("grpc.initial_reconnect_backoff_ms", 100),
-            ("grpc.min_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         opts.extend(options or [])
@@ -721,6 +777,33 @@ class Client:
         """The daemon's version, peer address, transports and counters."""
         return Status.from_proto(self._call(self._stub.Status, pb.StatusRequest(), self.timeout))
 
+    def watch(self, region: RegionRef, timeout: Optional[float] = None) -> Watch:
+        """Subscribe to the notifications senders attach to batches written
+        into a local exported region (its current export name is watched).
+
+        Returns once the daemon has confirmed the subscription, so every batch
+        that lands after this call is seen. ``timeout`` bounds the whole
+        stream (``None``: until cancelled). Usage::
+
+            with client.watch(dst) as w:
+                for n in w:
+                    print(n.sender, n.notification, n.blocks)
+        """
+        if self._closed:
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+        call = self._stub.WatchNotifications(
+            pb.WatchNotificationsRequest(region_id=_region_id(region, "region")), timeout=timeout
+        )
+        call.initial_metadata()  # the daemon sends headers once subscribed
+        if call.done():  # refused (unknown region, ...) before subscribing
+            try:
+                next(call)
+            except grpc.RpcError as e:
+                raise from_rpc_error(e) from e
+            except StopIteration:
+                pass
+        return Watch(call)
+
     # -- data -------------------------------------------------------------
 
     def batch_transfer(
@@ -736,6 +819,7 @@ class Client:
         transport: Union[None, str, int] = None,
         *,
         descriptors: Optional[Descriptors] = None,
+        notification: Optional[bytes] = None,
     ) -> TransferResult:
         """Write blocks of local region ``src`` into the peer's exported region.
 
@@ -755,6 +839,9 @@ class Client:
             transport: ``None`` (the daemons choose), ``"tcp"`` or ``"verbs"``.
             descriptors: a pre-packed :class:`Descriptors`, instead of the
                 arrays (reuse one across transfers of the same layout).
+            notification: optional non-empty payload (at most 4096 bytes)
+                delivered to the destination region's watchers (see
+                :meth:`watch`) once the batch landed.
         """
         if descriptors is None:
             descriptors = Descriptors(src_offsets, dst_offsets, lengths, block_size)
@@ -771,6 +858,10 @@ class Client:
             descriptors=descriptors._msg,
             transport=_transport(transport),
         )
+        if notification is not None:
+            if not isinstance(notification, (bytes, bytearray, memoryview)):
+                raise TypeError(f"notification: expected bytes, got {type(notification).__name__}")
+            req.notification = bytes(notification)
         r = self._call(self._stub.BatchTransfer, req, timeout)
         return TransferResult(
             blocks=int(r.blocks),
@@ -793,9 +884,11 @@ class Client:
     ) -> ChecksumResult:
         """Hash blocks of a local region, computed by the daemon.
 
-        ``digest`` covers the blocks concatenated in list order; with
-        ``per_block`` the result also carries one digest per block as a
-        numpy ``uint64`` array. ``algorithm`` is ``"crc32c"`` or ``"xxh64"``.
+        ``digest`` covers every listed byte and the block order (see
+        :class:`ChecksumResult`); with ``per_block`` the result also carries
+        one digest per block as a numpy ``uint64`` array. ``algorithm`` is
+        ``"crc32c"`` or ``"xxh64"``. Offsets may overlap; bounds are checked
+        by the daemon.
         """
         try:
             alg = _ALGORITHM_BY_NAME[algorithm.lower()]

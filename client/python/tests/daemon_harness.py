@@ -1,0 +1,152 @@
+"""Runs real b2bd daemons for the tests (and for bench_vs_go.py).
+
+Each daemon gets its own temp directory (socket, shm dir, log), the TCP
+transport, and peer/data ports picked here (bind port 0, close, pass the
+number), so that the peer address is known before it starts.
+
+The binary is ``$B2BD_BIN`` (a relative path is tried against the working
+directory, then the repository root), else ``bin/b2bd`` at the repository root
+(build it with ``make build`` or ``go build -o bin/ ./cmd/...``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import List, Optional
+
+PKG_ROOT = Path(__file__).resolve().parents[1]  # client/python
+REPO_ROOT = PKG_ROOT.parents[1]
+
+# Test the source tree's b2b, not an installed copy.
+if str(PKG_ROOT) not in sys.path:
+    sys.path.insert(0, str(PKG_ROOT))
+
+import b2b  # noqa: E402
+
+
+def b2bd_binary() -> str:
+    """Path of the b2bd binary under test; raises if it is missing."""
+    path = os.environ.get("B2BD_BIN") or str(REPO_ROOT / "bin" / "b2bd")
+    if not os.path.isabs(path):
+        # Relative to the working directory, else to the repository root.
+        path = os.path.abspath(path) if os.path.exists(path) else str(REPO_ROOT / path)
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(
+            f"b2bd binary not found at {path}: run `make build` (or `go build -o bin/ ./cmd/...`) "
+            "at the repository root, or set B2BD_BIN"
+        )
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """One b2bd process on a temp socket and loopback ports."""
+
+    def __init__(self, name: str, root: Optional[str] = None, extra_args: Optional[List[str]] = None) -> None:
+        self.name = name
+        self._own_root = root is None
+        self.root = Path(root or tempfile.mkdtemp(prefix=f"b2bd-{name}-"))
+        self.dir = self.root / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.socket = str(self.dir / "b2bd.sock")
+        self.shm_dir = str(self.dir / "shm")
+        self.log_path = self.dir / "b2bd.log"
+        self.extra_args = list(extra_args or [])
+        self.proc: Optional[subprocess.Popen] = None
+        self.peer_port = 0
+        self.data_port = 0
+
+    @property
+    def peer_address(self) -> str:
+        return f"127.0.0.1:{self.peer_port}"
+
+    def start(self, timeout: float = 20.0, attempts: int = 3) -> "Daemon":
+        """Start and wait until the socket answers Status. Retries with new
+        ports if the picked ones were taken meanwhile."""
+        binary = b2bd_binary()
+        for attempt in range(attempts):
+            self.peer_port, self.data_port = free_port(), free_port()
+            while self.data_port == self.peer_port:
+                self.data_port = free_port()
+            args = [
+                binary,
+                "--socket", self.socket,
+                "--peer-listen", self.peer_address,
+                "--data-listen", f"127.0.0.1:{self.data_port}",
+                "--shm-dir", self.shm_dir,
+                "--transport", "tcp",
+                "--node-name", self.name,
+                "--log-level", "warn",
+                "--shutdown-grace", "5s",
+            ] + self.extra_args
+            log = open(self.log_path, "ab")
+            try:
+                self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            finally:
+                log.close()
+            if self._wait_ready(timeout):
+                return self
+            if attempt + 1 < attempts and "address already in use" in self.log():
+                continue
+            break
+        raise RuntimeError(f"b2bd {self.name} did not come up; log:\n{self.log()}")
+
+    def _wait_ready(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            if os.path.exists(self.socket):
+                try:
+                    with b2b.Client(self.socket, timeout=1.0) as c:
+                        st = c.status()
+                    if st.peer_address == self.peer_address:
+                        return True
+                except b2b.B2BError:
+                    pass
+            time.sleep(0.02)
+        self.proc.kill()
+        self.proc.wait()
+        return False
+
+    def client(self, **kw) -> "b2b.Client":
+        return b2b.Client(self.socket, **kw)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, wait, return the exit code (kills it after ``timeout``)."""
+        if self.proc is None:
+            return 0
+        p, self.proc = self.proc, None
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                return -9
+        return p.returncode
+
+    def cleanup(self) -> None:
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,164 @@
+"""Unit tests that need no daemon: packing, local validation, error mapping."""
+
+from __future__ import annotations
+
+import array
+import pickle
+import time
+import unittest
+
+import daemon_harness  # noqa: F401  (puts the source tree's b2b on sys.path)
+
+import grpc
+import numpy as np
+
+import b2b
+from b2b import _pack
+from b2b.errors import from_rpc_error
+from b2b.v1 import b2b_pb2 as pb
+
+
+class PackTest(unittest.TestCase):
+    def test_types_pack_identically(self):
+        rng = np.random.default_rng(11)
+        ref = rng.integers(0, 1 << 40, 1000, dtype=np.uint64)
+        want = b"".join(int(v).to_bytes(8, "little") for v in ref)  # independent reference encoding
+        for values in (
+            ref,
+            ref.astype(">u8"),  # big-endian input is byte-swapped
+            ref.astype(np.int64),
+            ref.tolist(),
+            tuple(ref.tolist()),
+            array.array("Q", ref.tolist()),
+            ref[::-1].copy()[::-1],  # negative-stride view
+        ):
+            with self.subTest(type=type(values).__name__, dtype=getattr(values, "dtype", None)):
+                data, n = _pack.pack_u64(values, "x")
+                self.assertEqual(n, 1000)
+                self.assertEqual(data, want)
+        small = np.arange(5, dtype=np.uint32)
+        self.assertEqual(_pack.pack_u64(small, "x")[0], b"".join(i.to_bytes(8, "little") for i in range(5)))
+
+    def test_full_uint64_range(self):
+        v = np.array([0, 1, (1 << 64) - 1], dtype=np.uint64)
+        data, _ = _pack.pack_u64(v, "x")
+        self.assertEqual(data[-8:], b"\xff" * 8)
+        np.testing.assert_array_equal(_pack.unpack_u64(data), v)
+
+    def test_uint64_array_is_not_converted(self):
+        v = np.arange(10, dtype="<u8")
+        self.assertIs(_pack.as_u64(v, "x"), v)
+
+    def test_rejects(self):
+        with self.assertRaisesRegex(b2b.InvalidArgumentError, r"x\[2\] = -5 is negative"):
+            _pack.pack_u64(np.array([1, 2, -5, 4]), "x")
+        with self.assertRaisesRegex(b2b.InvalidArgumentError, "1-D"):
+            _pack.pack_u64(np.zeros((2, 3), dtype=np.uint64), "x")
+        with self.assertRaises(TypeError):
+            _pack.pack_u64(np.array([1.0, 2.0]), "x")
+        with self.assertRaises(TypeError):
+            _pack.pack_u64(b"\x00" * 8, "x")
+        with self.assertRaises(TypeError):
+            _pack.pack_u64(["a", "b"], "x")
+        self.assertEqual(_pack.pack_u64([], "x"), (b"", 0))
+
+    def test_descriptors_local_checks(self):
+        with self.assertRaisesRegex(b2b.InvalidArgumentError, "dst_offsets has 2 entries, src_offsets has 3"):
+            b2b.Descriptors([0, 1, 2], [0, 1], block_size=1)
+        with self.assertRaisesRegex(b2b.InvalidArgumentError, "lengths has 1 entries, src_offsets has 2"):
+            b2b.Descriptors([0, 8], [0, 8], lengths=[8])
+        with self.assertRaisesRegex(b2b.InvalidArgumentError, "both set"):
+            b2b.Descriptors([0], [0], lengths=[8], block_size=8)
+        with self.assertRaisesRegex(b2b.InvalidArgumentError, "neither"):
+            b2b.Descriptors([0], [0])
+        with self.assertRaisesRegex(b2b.InvalidArgumentError, "block_size is 0"):
+            b2b.Descriptors([0], [0], block_size=0)
+        with self.assertRaises(TypeError):
+            b2b.Descriptors([0], [0], block_size=8.0)
+        # An InvalidArgumentError is also a ValueError, with the gRPC code.
+        try:
+            b2b.Descriptors([0], [0, 1], block_size=1)
+        except ValueError as e:
+            self.assertEqual(e.code, grpc.StatusCode.INVALID_ARGUMENT)
+
+    def test_descriptors_message(self):
+        d = b2b.Descriptors(np.array([3, 1]), [7, 9], lengths=array.array("Q", [4, 5]))
+        self.assertEqual(len(d), 2)
+        m = pb.Descriptors.FromString(d._msg.SerializeToString())
+        np.testing.assert_array_equal(np.frombuffer(m.src_offsets, "<u8"), [3, 1])
+        np.testing.assert_array_equal(np.frombuffer(m.dst_offsets, "<u8"), [7, 9])
+        np.testing.assert_array_equal(np.frombuffer(m.lengths, "<u8"), [4, 5])
+        self.assertEqual(m.block_length, 0)
+        u = b2b.Descriptors([0], [0], block_size=4096)
+        self.assertEqual(u._msg.block_length, 4096)
+        self.assertEqual(u._msg.lengths, b"")
+
+
+class FakeRpcError(grpc.RpcError):
+    def __init__(self, code, details):
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+class ErrorMappingTest(unittest.TestCase):
+    def test_each_code_maps_to_its_class(self):
+        cases = {
+            grpc.StatusCode.NOT_FOUND: b2b.NotFoundError,
+            grpc.StatusCode.INVALID_ARGUMENT: b2b.InvalidArgumentError,
+            grpc.StatusCode.UNAVAILABLE: b2b.UnavailableError,
+            grpc.StatusCode.DEADLINE_EXCEEDED: b2b.DeadlineExceededError,
+            grpc.StatusCode.FAILED_PRECONDITION: b2b.FailedPreconditionError,
+            grpc.StatusCode.RESOURCE_EXHAUSTED: b2b.ResourceExhaustedError,
+            grpc.StatusCode.PERMISSION_DENIED: b2b.PermissionDeniedError,
+            grpc.StatusCode.ABORTED: b2b.AbortedError,
+            grpc.StatusCode.ALREADY_EXISTS: b2b.AlreadyExistsError,
+            grpc.StatusCode.UNIMPLEMENTED: b2b.UnimplementedError,
+            grpc.StatusCode.INTERNAL: b2b.B2BError,
+            grpc.StatusCode.CANCELLED: b2b.B2BError,
+        }
+        for code, cls in cases.items():
+            with self.subTest(code=code):
+                e = from_rpc_error(FakeRpcError(code, f"msg for {code.name}"))
+                self.assertIs(type(e), cls)
+                self.assertIsInstance(e, b2b.B2BError)
+                self.assertEqual(e.code, code)
+                self.assertEqual(e.message, f"msg for {code.name}")
+                self.assertEqual(str(e), f"{code.name}: msg for {code.name}")
+                e2 = pickle.loads(pickle.dumps(e))
+                self.assertIs(type(e2), cls)
+                self.assertEqual((e2.code, e2.message), (e.code, e.message))
+
+
+class AddressTest(unittest.TestCase):
+    def test_targets(self):
+        from b2b.client import _target
+
+        self.assertEqual(_target("/run/b2bd/b2bd.sock"), "unix:///run/b2bd/b2bd.sock")
+        self.assertEqual(_target("unix:///x/y.sock"), "unix:///x/y.sock")
+        self.assertEqual(_target("127.0.0.1:7400"), "127.0.0.1:7400")
+        with self.assertRaises(TypeError):
+            _target("")
+
+    def test_unreachable_daemon_is_unavailable(self):
+        with b2b.Client("/nonexistent/b2bd-test.sock", timeout=5) as c:
+            with self.assertRaises(b2b.UnavailableError) as cm:
+                c.status()
+            self.assertIn("b2bd-test.sock", cm.exception.message)
+        with self.assertRaisesRegex(b2b.UnavailableError, "closed"):
+            c.status()
+
+    def test_wait_ready_times_out(self):
+        with b2b.Client("/nonexistent/b2bd-test.sock") as c:
+            t0 = time.monotonic()
+            with self.assertRaises(b2b.DeadlineExceededError):
+                c.wait_ready(timeout=0.3)
+            self.assertGreaterEqual(time.monotonic() - t0, 0.25)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,342 @@
+// cuda_shim.h: the few CUDA driver API types and entry points b2bd uses,
+// declared by hand (no CUDA SDK at build time), and C wrappers that call
+// them through a table of pointers filled by dlsym at run time.
+//
+// Only cuda.go (cgo && linux) includes this file.
+//
+// Symbol names are the versioned ones libcuda exports for the current ABI
+// (cuda.h #defines the plain names to them): cuMemAlloc_v2, cuMemFree_v2,
+// cuMemGetAddressRange_v2, cuDeviceTotalMem_v2, cuDevicePrimaryCtxRelease_v2,
+// cuIpcOpenMemHandle_v2, cuMemHostRegister_v2, cuStreamDestroy_v2,
+// cuEventDestroy_v2, cuMemcpyHtoDAsync_v2, cuMemcpyDtoHAsync_v2. The plain
+// name of such a function is an older ABI and must not be used.
+//
+// cuMemcpyBatchAsync changed ABI in CUDA 13.0: the exported plain name
+// "cuMemcpyBatchAsync" is the CUDA 12.8 signature (9 parameters, with
+// size_t *failIdx before the stream); "cuMemcpyBatchAsync_v2" is the CUDA 13
+// signature (8 parameters, no failIdx). Both are optional.
+
+#ifndef B2B_CUDA_SHIM_H
+#define B2B_CUDA_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef int CUresult;                 // CUDA_SUCCESS = 0
+typedef int CUdevice;                 // CUdevice_v1
+typedef unsigned long long CUdeviceptr; // CUdeviceptr_v2 on 64-bit
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+
+#define B2B_IPC_HANDLE_SIZE 64 // CU_IPC_HANDLE_SIZE
+typedef struct CUipcMemHandle_st { char reserved[B2B_IPC_HANDLE_SIZE]; } CUipcMemHandle;
+
+// CUmemLocation and CUmemcpyAttributes (CUmemcpyAttributes_v1, CUDA 12.8+).
+typedef struct CUmemLocation_st { int type; int id; } CUmemLocation;
+typedef struct CUmemcpyAttributes_st {
+	int srcAccessOrder;       // CUmemcpySrcAccessOrder
+	CUmemLocation srcLocHint; // type 0 = CU_MEM_LOCATION_TYPE_INVALID: no hint
+	CUmemLocation dstLocHint;
+	unsigned int flags;       // CUmemcpyFlags
+} CUmemcpyAttributes;
+
+// Enum values from cuda.h.
+#define B2B_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define B2B_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define B2B_CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED 116
+#define B2B_CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 124
+
+#define B2B_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2
+#define B2B_CU_POINTER_ATTRIBUTE_SYNC_MEMOPS 6
+#define B2B_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL 9
+#define B2B_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR 11
+#define B2B_CU_POINTER_ATTRIBUTE_RANGE_SIZE 12
+#define B2B_CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE 15
+
+#define B2B_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 1
+#define B2B_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1
+#define B2B_CU_MEMHOSTALLOC_PORTABLE 0x01
+#define B2B_CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define B2B_CU_STREAM_NON_BLOCKING 0x1
+#define B2B_CU_EVENT_DISABLE_TIMING 0x2
+#define B2B_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM 0x1
+
+// X(name, optional, parameter list). Enum-typed parameters are declared int
+// (same size and passing convention on the supported ABIs).
+#define B2B_CU_SYMS(X) \
+	X(cuInit, 0, (unsigned int flags)) \
+	X(cuDriverGetVersion, 0, (int *version)) \
+	X(cuGetErrorName, 0, (CUresult error, const char **str)) \
+	X(cuGetErrorString, 0, (CUresult error, const char **str)) \
+	X(cuDeviceGetCount, 0, (int *count)) \
+	X(cuDeviceGet, 0, (CUdevice *device, int ordinal)) \
+	X(cuDeviceGetName, 0, (char *name, int len, CUdevice dev)) \
+	X(cuDeviceGetPCIBusId, 0, (char *pciBusId, int len, CUdevice dev)) \
+	X(cuDeviceGetAttribute, 0, (int *pi, int attrib, CUdevice dev)) \
+	X(cuDeviceTotalMem_v2, 0, (size_t *bytes, CUdevice dev)) \
+	X(cuDevicePrimaryCtxRetain, 0, (CUcontext *pctx, CUdevice dev)) \
+	X(cuDevicePrimaryCtxRelease_v2, 0, (CUdevice dev)) \
+	X(cuCtxSetCurrent, 0, (CUcontext ctx)) \
+	X(cuMemAlloc_v2, 0, (CUdeviceptr *dptr, size_t bytesize)) \
+	X(cuMemFree_v2, 0, (CUdeviceptr dptr)) \
+	X(cuMemGetAddressRange_v2, 0, (CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)) \
+	X(cuPointerGetAttribute, 0, (void *data, int attribute, CUdeviceptr ptr)) \
+	X(cuPointerSetAttribute, 0, (const void *value, int attribute, CUdeviceptr ptr)) \
+	X(cuIpcGetMemHandle, 0, (CUipcMemHandle *pHandle, CUdeviceptr dptr)) \
+	X(cuIpcOpenMemHandle_v2, 0, (CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)) \
+	X(cuIpcCloseMemHandle, 0, (CUdeviceptr dptr)) \
+	X(cuMemHostAlloc, 0, (void **pp, size_t bytesize, unsigned int flags)) \
+	X(cuMemFreeHost, 0, (void *p)) \
+	X(cuMemHostRegister_v2, 0, (void *p, size_t bytesize, unsigned int flags)) \
+	X(cuMemHostUnregister, 0, (void *p)) \
+	X(cuStreamCreate, 0, (CUstream *phStream, unsigned int flags)) \
+	X(cuStreamDestroy_v2, 0, (CUstream hStream)) \
+	X(cuStreamSynchronize, 0, (CUstream hStream)) \
+	X(cuEventCreate, 0, (CUevent *phEvent, unsigned int flags)) \
+	X(cuEventRecord, 0, (CUevent hEvent, CUstream hStream)) \
+	X(cuEventQuery, 0, (CUevent hEvent)) \
+	X(cuEventSynchronize, 0, (CUevent hEvent)) \
+	X(cuEventDestroy_v2, 0, (CUevent hEvent)) \
+	X(cuMemcpyAsync, 0, (CUdeviceptr dst, CUdeviceptr src, size_t byteCount, CUstream hStream)) \
+	X(cuMemcpyHtoDAsync_v2, 0, (CUdeviceptr dstDevice, const void *srcHost, size_t byteCount, CUstream hStream)) \
+	X(cuMemcpyDtoHAsync_v2, 0, (void *dstHost, CUdeviceptr srcDevice, size_t byteCount, CUstream hStream)) \
+	X(cuMemGetHandleForAddressRange, 1, (void *handle, CUdeviceptr dptr, size_t size, int handleType, unsigned long long flags)) \
+	X(cuMemcpyBatchAsync_v2, 1, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream)) \
+	X(cuMemcpyBatchAsync, 1, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream hStream))
+
+#define B2B_ENUM(name, opt, params) B2B_SYM_##name,
+enum { B2B_CU_SYMS(B2B_ENUM) B2B_NSYMS };
+#undef B2B_ENUM
+
+#define B2B_PFN(name, opt, params) typedef CUresult (*b2b_pfn_##name) params;
+B2B_CU_SYMS(B2B_PFN)
+#undef B2B_PFN
+
+#define B2B_NAME(name, opt, params) #name,
+static const char *const b2b_sym_names[B2B_NSYMS] = { B2B_CU_SYMS(B2B_NAME) };
+#undef B2B_NAME
+
+#define B2B_OPT(name, opt, params) opt,
+static const int b2b_sym_opt[B2B_NSYMS] = { B2B_CU_SYMS(B2B_OPT) };
+#undef B2B_OPT
+
+typedef struct b2b_tab { void *fn[B2B_NSYMS]; } b2b_tab;
+
+#define B2B_CALL(t, name) ((b2b_pfn_##name)((t)->fn[B2B_SYM_##name]))
+
+static inline int b2b_nsyms(void) { return B2B_NSYMS; }
+static inline const char *b2b_sym_name(int i) { return (i >= 0 && i < B2B_NSYMS) ? b2b_sym_names[i] : ""; }
+static inline int b2b_sym_optional(int i) { return (i >= 0 && i < B2B_NSYMS) ? b2b_sym_opt[i] : 0; }
+static inline void b2b_set(b2b_tab *t, int i, void *p) { if (i >= 0 && i < B2B_NSYMS) t->fn[i] = p; }
+static inline int b2b_has(const b2b_tab *t, int i) { return i >= 0 && i < B2B_NSYMS && t->fn[i] != NULL; }
+
+// ---- initialisation and errors -------------------------------------------
+
+static CUresult b2b_init(const b2b_tab *t) { return B2B_CALL(t, cuInit)(0); }
+
+static CUresult b2b_driver_version(const b2b_tab *t, int *v) {
+	*v = 0;
+	return B2B_CALL(t, cuDriverGetVersion)(v);
+}
+
+static void b2b_error_text(const b2b_tab *t, CUresult rc, const char **name, const char **desc) {
+	*name = NULL;
+	*desc = NULL;
+	if (B2B_CALL(t, cuGetErrorName)(rc, name) != 0) *name = NULL;
+	if (B2B_CALL(t, cuGetErrorString)(rc, desc) != 0) *desc = NULL;
+}
+
+// ---- devices ---------------------------------------------------------------
+
+static CUresult b2b_device_count(const b2b_tab *t, int *n) {
+	*n = 0;
+	return B2B_CALL(t, cuDeviceGetCount)(n);
+}
+
+// b2b_device_info fills name, bus id and total memory; *step says which call
+// failed (0 cuDeviceGet, 1 cuDeviceGetName, 2 cuDeviceGetPCIBusId,
+// 3 cuDeviceTotalMem_v2).
+static CUresult b2b_device_info(const b2b_tab *t, int ordinal, CUdevice *dev,
+		char *name, int nameLen, char *bus, int busLen, size_t *total, int *step) {
+	CUresult rc;
+	*step = 0;
+	if ((rc = B2B_CALL(t, cuDeviceGet)(dev, ordinal)) != 0) return rc;
+	*step = 1;
+	if ((rc = B2B_CALL(t, cuDeviceGetName)(name, nameLen, *dev)) != 0) return rc;
+	name[nameLen - 1] = 0;
+	*step = 2;
+	if ((rc = B2B_CALL(t, cuDeviceGetPCIBusId)(bus, busLen, *dev)) != 0) return rc;
+	bus[busLen - 1] = 0;
+	*step = 3;
+	return B2B_CALL(t, cuDeviceTotalMem_v2)(total, *dev);
+}
+
+static CUresult b2b_device_attr(const b2b_tab *t, CUdevice dev, int attr, int *v) {
+	*v = 0;
+	return B2B_CALL(t, cuDeviceGetAttribute)(v, attr, dev);
+}
+
+// ---- contexts (run on the device's worker thread) --------------------------
+
+// b2b_ctx_open retains the primary context and makes it current on this
+// thread; *step: 0 cuDeviceGet, 1 cuDevicePrimaryCtxRetain, 2 cuCtxSetCurrent.
+static CUresult b2b_ctx_open(const b2b_tab *t, int ordinal, int *step) {
+	CUdevice dev;
+	CUcontext ctx = NULL;
+	CUresult rc;
+	*step = 0;
+	if ((rc = B2B_CALL(t, cuDeviceGet)(&dev, ordinal)) != 0) return rc;
+	*step = 1;
+	if ((rc = B2B_CALL(t, cuDevicePrimaryCtxRetain)(&ctx, dev)) != 0) return rc;
+	*step = 2;
+	if ((rc = B2B_CALL(t, cuCtxSetCurrent)(ctx)) != 0) {
+		B2B_CALL(t, cuDevicePrimaryCtxRelease_v2)(dev);
+		return rc;
+	}
+	return 0;
+}
+
+static CUresult b2b_ctx_close(const b2b_tab *t, int ordinal) {
+	CUdevice dev;
+	CUresult rc;
+	B2B_CALL(t, cuCtxSetCurrent)(NULL);
+	if ((rc = B2B_CALL(t, cuDeviceGet)(&dev, ordinal)) != 0) return rc;
+	return B2B_CALL(t, cuDevicePrimaryCtxRelease_v2)(dev);
+}
+
+// ---- device memory -----------------------------------------------------------
+
+static CUresult b2b_mem_alloc(const b2b_tab *t, size_t n, CUdeviceptr *p) {
+	*p = 0;
+	return B2B_CALL(t, cuMemAlloc_v2)(p, n);
+}
+
+static CUresult b2b_mem_free(const b2b_tab *t, CUdeviceptr p) { return B2B_CALL(t, cuMemFree_v2)(p); }
+
+static CUresult b2b_addr_range(const b2b_tab *t, CUdeviceptr p, CUdeviceptr *base, size_t *size) {
+	*base = 0;
+	*size = 0;
+	return B2B_CALL(t, cuMemGetAddressRange_v2)(base, size, p);
+}
+
+// b2b_ptr_attr reads one pointer attribute into a zeroed 8-byte slot (the
+// attributes used are int, unsigned int, CUdeviceptr or size_t).
+static CUresult b2b_ptr_attr(const b2b_tab *t, CUdeviceptr p, int attr, unsigned long long *out) {
+	*out = 0;
+	return B2B_CALL(t, cuPointerGetAttribute)(out, attr, p);
+}
+
+static CUresult b2b_set_sync_memops(const b2b_tab *t, CUdeviceptr p) {
+	unsigned int one = 1;
+	return B2B_CALL(t, cuPointerSetAttribute)(&one, B2B_CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p);
+}
+
+static CUresult b2b_dmabuf_export(const b2b_tab *t, CUdeviceptr p, size_t n, unsigned long long flags, int *fd) {
+	*fd = -1;
+	if (!b2b_has(t, B2B_SYM_cuMemGetHandleForAddressRange)) return 801; // CUDA_ERROR_NOT_SUPPORTED
+	return B2B_CALL(t, cuMemGetHandleForAddressRange)(fd, p, n, B2B_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, flags);
+}
+
+// ---- IPC -----------------------------------------------------------------------
+
+static CUresult b2b_ipc_get(const b2b_tab *t, CUdeviceptr p, void *out) {
+	CUipcMemHandle h;
+	memset(&h, 0, sizeof h);
+	CUresult rc = B2B_CALL(t, cuIpcGetMemHandle)(&h, p);
+	memcpy(out, &h, sizeof h);
+	return rc;
+}
+
+static CUresult b2b_ipc_open(const b2b_tab *t, const void *in, CUdeviceptr *p) {
+	CUipcMemHandle h;
+	memcpy(&h, in, sizeof h);
+	*p = 0;
+	return B2B_CALL(t, cuIpcOpenMemHandle_v2)(p, h, B2B_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+}
+
+static CUresult b2b_ipc_close(const b2b_tab *t, CUdeviceptr p) { return B2B_CALL(t, cuIpcCloseMemHandle)(p); }
+
+// ---- host memory ---------------------------------------------------------------
+
+static CUresult b2b_host_alloc(const b2b_tab *t, size_t n, void **p) {
+	*p = NULL;
+	return B2B_CALL(t, cuMemHostAlloc)(p, n, B2B_CU_MEMHOSTALLOC_PORTABLE);
+}
+
+static CUresult b2b_host_free(const b2b_tab *t, uintptr_t p) { return B2B_CALL(t, cuMemFreeHost)((void *)p); }
+
+static CUresult b2b_host_register(const b2b_tab *t, uintptr_t p, size_t n) {
+	return B2B_CALL(t, cuMemHostRegister_v2)((void *)p, n, B2B_CU_MEMHOSTREGISTER_PORTABLE);
+}
+
+static CUresult b2b_host_unregister(const b2b_tab *t, uintptr_t p) { return B2B_CALL(t, cuMemHostUnregister)((void *)p); }
+
+// ---- streams and events ----------------------------------------------------------
+
+static CUresult b2b_stream_create(const b2b_tab *t, uintptr_t *s) {
+	CUstream h = NULL;
+	CUresult rc = B2B_CALL(t, cuStreamCreate)(&h, B2B_CU_STREAM_NON_BLOCKING);
+	*s = (uintptr_t)h;
+	return rc;
+}
+
+static CUresult b2b_stream_destroy(const b2b_tab *t, uintptr_t s) { return B2B_CALL(t, cuStreamDestroy_v2)((CUstream)s); }
+static CUresult b2b_stream_sync(const b2b_tab *t, uintptr_t s) { return B2B_CALL(t, cuStreamSynchronize)((CUstream)s); }
+
+static CUresult b2b_event_create(const b2b_tab *t, uintptr_t *e) {
+	CUevent h = NULL;
+	CUresult rc = B2B_CALL(t, cuEventCreate)(&h, B2B_CU_EVENT_DISABLE_TIMING);
+	*e = (uintptr_t)h;
+	return rc;
+}
+
+static CUresult b2b_event_record(const b2b_tab *t, uintptr_t e, uintptr_t s) { return B2B_CALL(t, cuEventRecord)((CUevent)e, (CUstream)s); }
+static CUresult b2b_event_query(const b2b_tab *t, uintptr_t e) { return B2B_CALL(t, cuEventQuery)((CUevent)e); }
+static CUresult b2b_event_sync(const b2b_tab *t, uintptr_t e) { return B2B_CALL(t, cuEventSynchronize)((CUevent)e); }
+static CUresult b2b_event_destroy(const b2b_tab *t, uintptr_t e) { return B2B_CALL(t, cuEventDestroy_v2)((CUevent)e); }
+
+// ---- copies ------------------------------------------------------------------------
+
+static CUresult b2b_htod(const b2b_tab *t, uintptr_t s, CUdeviceptr dst, uintptr_t src, size_t n) {
+	return B2B_CALL(t, cuMemcpyHtoDAsync_v2)(dst, (const void *)src, n, (CUstream)s);
+}
+
+static CUresult b2b_dtoh(const b2b_tab *t, uintptr_t s, uintptr_t dst, CUdeviceptr src, size_t n) {
+	return B2B_CALL(t, cuMemcpyDtoHAsync_v2)((void *)dst, src, n, (CUstream)s);
+}
+
+// b2b_memcpy_batch queues n copies on stream s in one call. use_batch allows
+// cuMemcpyBatchAsync. *path is 2 for cuMemcpyBatchAsync_v2, 1 for the CUDA
+// 12.8 cuMemcpyBatchAsync, 0 for the cuMemcpyAsync loop. *fail is the index
+// of the failing copy where the driver says (SIZE_MAX when unknown).
+static CUresult b2b_memcpy_batch(const b2b_tab *t, uintptr_t s, CUdeviceptr *dsts, CUdeviceptr *srcs,
+		size_t *sizes, size_t n, int use_batch, int *path, size_t *fail) {
+	CUstream st = (CUstream)s;
+	*path = 0;
+	*fail = SIZE_MAX;
+	if (n == 0) return 0;
+	if (use_batch && (b2b_has(t, B2B_SYM_cuMemcpyBatchAsync_v2) || b2b_has(t, B2B_SYM_cuMemcpyBatchAsync))) {
+		CUmemcpyAttributes attr;
+		size_t attrIdx = 0;
+		memset(&attr, 0, sizeof attr);
+		attr.srcAccessOrder = B2B_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+		if (b2b_has(t, B2B_SYM_cuMemcpyBatchAsync_v2)) {
+			*path = 2;
+			return B2B_CALL(t, cuMemcpyBatchAsync_v2)(dsts, srcs, sizes, n, &attr, &attrIdx, 1, st);
+		}
+		*path = 1;
+		return B2B_CALL(t, cuMemcpyBatchAsync)(dsts, srcs, sizes, n, &attr, &attrIdx, 1, fail, st);
+	}
+	for (size_t i = 0; i < n; i++) {
+		CUresult rc = B2B_CALL(t, cuMemcpyAsync)(dsts[i], srcs[i], sizes[i], st);
+		if (rc != 0) {
+			*fail = i;
+			return rc;
+		}
+	}
+	return 0;
+}
+
+#endif // B2B_CUDA_SHIM_H

@@ -1,0 +1,541 @@
+// Package gpudirect is b2bd's thin layer over the CUDA driver API: what the
+// daemon needs to hand GPU memory to an RDMA NIC (GPUDirect: dma-buf export,
+// SYNC_MEMOPS, pointer checks), to share it with applications (CUDA IPC), and
+// to stage blocks through copy engines (streams, events, async and batched
+// copies) — zero GPU SMs throughout.
+//
+// Shape (modelled on NVIDIA/go-nvml):
+//
+//   - libcuda.so.1 is opened at run time through internal/dl; no CUDA header
+//     or library is needed at build time. The few driver types and function
+//     signatures used are declared by hand in cuda_shim.h.
+//   - Interface is what the daemon calls; Load returns the real
+//     implementation, NewMock a hand-written in-memory one for tests.
+//   - cgo lives only in cuda.go (cgo && linux); cuda_stub.go (!cgo || !linux)
+//     makes Load report errs.ErrUnavailable, so CGO_ENABLED=0 builds work.
+//   - Every call that needs a device's context runs on that device's worker:
+//     one goroutine locked to one OS thread (runtime.LockOSThread) on which
+//     the device's primary context was retained and made current once. Calls
+//     are handed to it as pooled request structs, so the copy paths allocate
+//     nothing. Stream and event synchronisation run on the caller's thread
+//     instead, so a long wait never blocks the device's other calls.
+//   - Errors name the CUDA call, its arguments and the CUresult name, and wrap
+//     an internal/errs sentinel (through *Error) for the gRPC boundary.
+package gpudirect
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+)
+
+// DefaultLibrary is the CUDA driver library Load opens unless WithLibrary
+// names another.
+const DefaultLibrary = "libcuda.so.1"
+
+// IPCHandleSize is the size of a CUDA IPC memory handle (CU_IPC_HANDLE_SIZE).
+const IPCHandleSize = 64
+
+// Interface is the CUDA driver as b2bd uses it. Device arguments are CUDA
+// ordinals (0 .. DeviceCount()-1). Addresses are device pointers (CUdeviceptr)
+// or host virtual addresses; host memory passed to async copies must stay
+// valid, and must not be in the Go heap, until the stream has been
+// synchronised. All methods are safe for concurrent use.
+type Interface interface {
+	// DriverVersion is cuDriverGetVersion's value, e.g. 13000 for CUDA 13.0.
+	DriverVersion() int
+	// DeviceCount is the number of CUDA devices.
+	DeviceCount() int
+	// DeviceInfo describes a device (name, PCI bus id, capabilities).
+	DeviceInfo(dev int) (DeviceInfo, error)
+	// Capabilities says which optional driver entry points are in use.
+	Capabilities() Capabilities
+
+	// MemAlloc allocates size bytes of device memory (cuMemAlloc).
+	MemAlloc(dev int, size uint64) (uintptr, error)
+	// MemFree frees memory from MemAlloc (cuMemFree).
+	MemFree(dev int, ptr uintptr) error
+	// PointerInfo reads ptr's pointer attributes (cuPointerGetAttribute). A
+	// host address CUDA does not know fails with errs.ErrInvalidArgument.
+	PointerInfo(dev int, ptr uintptr) (PointerInfo, error)
+	// SetSyncMemops sets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS on the allocation
+	// holding ptr, as GPUDirect RDMA requires: synchronous memory operations
+	// on it then complete before returning, so a NIC never sees stale data.
+	SetSyncMemops(dev int, ptr uintptr) error
+	// ExportDmabuf exports [ptr, ptr+size) as a dma-buf file descriptor for
+	// ibv_reg_dmabuf_mr (cuMemGetHandleForAddressRange). The driver wants a
+	// host-page-aligned range, so the exported range is widened to page
+	// boundaries; Dmabuf.Offset is ptr's offset inside it. Fails with
+	// errs.ErrUnimplemented where the driver or device has no dma-buf support.
+	ExportDmabuf(dev int, ptr uintptr, size uint64, flags DmabufFlags) (*Dmabuf, error)
+
+	// IPCGetMemHandle returns the IPC handle of the allocation whose base is ptr.
+	IPCGetMemHandle(dev int, ptr uintptr) (IPCHandle, error)
+	// IPCOpenMemHandle maps another process's allocation into this one
+	// (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) and returns its base. A handle
+	// exported by this same process cannot be opened (a CUDA restriction).
+	IPCOpenMemHandle(dev int, h IPCHandle) (uintptr, error)
+	// IPCCloseMemHandle unmaps memory from IPCOpenMemHandle.
+	IPCCloseMemHandle(dev int, ptr uintptr) error
+
+	// HostAlloc allocates size bytes of pinned, portable host memory
+	// (cuMemHostAlloc). The slice is outside the Go heap.
+	HostAlloc(dev int, size int) ([]byte, error)
+	// HostFree frees memory from HostAlloc; b must start where it started.
+	HostFree(dev int, b []byte) error
+	// HostRegister pins existing host memory, e.g. an mmap'd region, for
+	// fast copy-engine access (cuMemHostRegister, portable).
+	HostRegister(dev int, addr uintptr, size uint64) error
+	// HostUnregister undoes HostRegister.
+	HostUnregister(dev int, addr uintptr) error
+
+	// StreamCreate creates a non-blocking stream on dev.
+	StreamCreate(dev int) (*Stream, error)
+	// StreamSynchronize waits until all work queued on s has finished.
+	StreamSynchronize(s *Stream) error
+	// StreamDestroy destroys s; destroying it twice is not an error.
+	StreamDestroy(s *Stream) error
+	// EventCreate creates an event (timing disabled) on dev.
+	EventCreate(dev int) (*Event, error)
+	// EventRecord records e on s; both must belong to the same device.
+	EventRecord(e *Event, s *Stream) error
+	// EventQuery reports whether all work captured by e has finished.
+	EventQuery(e *Event) (bool, error)
+	// EventSynchronize waits for e.
+	EventSynchronize(e *Event) error
+	// EventDestroy destroys e; destroying it twice is not an error.
+	EventDestroy(e *Event) error
+
+	// MemcpyHtoDAsync queues a host-to-device copy on s.
+	MemcpyHtoDAsync(s *Stream, dst, src uintptr, size uint64) error
+	// MemcpyDtoHAsync queues a device-to-host copy on s.
+	MemcpyDtoHAsync(s *Stream, dst, src uintptr, size uint64) error
+	// MemcpyBatchAsync queues len(sizes) copies dsts[i] <- srcs[i] of
+	// sizes[i] bytes on s, in one cgo call: cuMemcpyBatchAsync where the
+	// driver has it, else a C loop of cuMemcpyAsync. Addresses may be host or
+	// device (unified addressing). Copies within a batch are unordered.
+	MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error
+
+	// Close releases every resource still held (streams, events, IPC
+	// mappings, registrations, allocations, primary contexts). Safe twice.
+	Close() error
+}
+
+// DeviceInfo describes one CUDA device.
+type DeviceInfo struct {
+	Ordinal int
+	Name    string
+	// PCIBusID is in sysfs form, lower case: "0000:3b:00.0".
+	PCIBusID     string
+	TotalMem     uint64
+	ComputeMajor int
+	ComputeMinor int
+	// DmabufSupported is CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: device memory
+	// can be exported as dma-buf (needs NVIDIA's open kernel modules).
+	DmabufSupported bool
+	// GPUDirectRDMASupported is CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED.
+	GPUDirectRDMASupported bool
+}
+
+// Capabilities lists the optional driver features in use.
+type Capabilities struct {
+	// MemcpyBatch: MemcpyBatchAsync issues one cuMemcpyBatchAsync (CUDA
+	// 12.8+) instead of a C loop of cuMemcpyAsync.
+	MemcpyBatch bool
+	// MemcpyBatchSymbol is the entry point used: "cuMemcpyBatchAsync_v2"
+	// (CUDA 13 ABI), "cuMemcpyBatchAsync" (CUDA 12.8 ABI, with failIdx), or "".
+	MemcpyBatchSymbol string
+	// DmabufExport: the driver exports cuMemGetHandleForAddressRange (11.7+).
+	// Whether a device supports it is DeviceInfo.DmabufSupported.
+	DmabufExport bool
+}
+
+// MemoryType is CU_POINTER_ATTRIBUTE_MEMORY_TYPE's value (CUmemorytype).
+type MemoryType int
+
+const (
+	MemoryTypeHost    MemoryType = 1 // CU_MEMORYTYPE_HOST
+	MemoryTypeDevice  MemoryType = 2 // CU_MEMORYTYPE_DEVICE
+	MemoryTypeArray   MemoryType = 3 // CU_MEMORYTYPE_ARRAY
+	MemoryTypeUnified MemoryType = 4 // CU_MEMORYTYPE_UNIFIED
+)
+
+func (t MemoryType) String() string {
+	switch t {
+	case MemoryTypeHost:
+		return "host"
+	case MemoryTypeDevice:
+		return "device"
+	case MemoryTypeArray:
+		return "array"
+	case MemoryTypeUnified:
+		return "unified"
+	}
+	return fmt.Sprintf("memorytype(%d)", int(t))
+}
+
+// PointerInfo is what the driver knows about an address.
+type PointerInfo struct {
+	MemoryType MemoryType
+	Device     int     // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+	RangeStart uintptr // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: the allocation's base
+	RangeSize  uint64  // CU_POINTER_ATTRIBUTE_RANGE_SIZE
+	SyncMemops bool    // CU_POINTER_ATTRIBUTE_SYNC_MEMOPS
+	// GPUDirectRDMACapable is CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE
+	// (false where the driver predates it).
+	GPUDirectRDMACapable bool
+}
+
+// DmabufFlags are cuMemGetHandleForAddressRange flags (CUmemRangeFlags).
+type DmabufFlags uint64
+
+// DmabufMappingPCIe (CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE, CUDA
+// 12.8+) forces the dma-buf to be mapped through the PCIe BAR1, as a NIC on
+// the PCIe bus needs on systems where the default mapping is C2C.
+const DmabufMappingPCIe DmabufFlags = 1
+
+// Dmabuf is an exported dma-buf. The file descriptor belongs to the caller
+// until Close; it may be closed once ibv_reg_dmabuf_mr has taken its reference.
+type Dmabuf struct {
+	FD     int
+	Base   uintptr // the page-aligned start of the exported range
+	Len    uint64  // the page-aligned length of the exported range
+	Offset uint64  // the requested pointer's offset from Base
+
+	closeOnce sync.Once
+	closeErr  error
+	closeFD   func(fd int) error
+}
+
+// Close closes the file descriptor; safe to call twice.
+func (d *Dmabuf) Close() error {
+	if d == nil {
+		return nil
+	}
+	d.closeOnce.Do(func() {
+		if d.closeFD != nil && d.FD >= 0 {
+			d.closeErr = d.closeFD(d.FD)
+		}
+	})
+	return d.closeErr
+}
+
+// Stream is a CUDA stream created by an Interface; use it only with the
+// Interface that created it.
+type Stream struct {
+	dev   int
+	owner any
+	id    uint64
+	// mu is held shared while the stream is used off its device thread
+	// (Synchronize) and exclusively while it is destroyed.
+	mu sync.RWMutex
+	h  uintptr // CUstream; 0 once destroyed
+}
+
+// Device is the ordinal the stream belongs to.
+func (s *Stream) Device() int { return s.dev }
+
+// Event is a CUDA event created by an Interface.
+type Event struct {
+	dev   int
+	owner any
+	id    uint64
+	mu    sync.RWMutex
+	h     uintptr // CUevent; 0 once destroyed
+}
+
+// Device is the ordinal the event belongs to.
+func (e *Event) Device() int { return e.dev }
+
+var handleIDs atomic.Uint64
+
+// IPCHandle is a CUDA IPC memory handle (CUipcMemHandle).
+type IPCHandle [IPCHandleSize]byte
+
+// ParseIPCHandle validates an IPC handle received from a client. field names
+// the request field in errors (e.g. "cuda_ipc.handle"). A handle must be
+// exactly IPCHandleSize bytes and not all zeros.
+func ParseIPCHandle(field string, b []byte) (IPCHandle, error) {
+	var h IPCHandle
+	if field == "" {
+		field = "ipc_handle"
+	}
+	if len(b) != IPCHandleSize {
+		return h, fmt.Errorf("%w: %s: a CUDA IPC handle is %d bytes, got %d", errs.ErrInvalidArgument, field, IPCHandleSize, len(b))
+	}
+	copy(h[:], b)
+	if h == (IPCHandle{}) {
+		return IPCHandle{}, fmt.Errorf("%w: %s: CUDA IPC handle is all zeros", errs.ErrInvalidArgument, field)
+	}
+	return h, nil
+}
+
+// Options for Load.
+type options struct {
+	library       string
+	noMemcpyBatch bool
+}
+
+// Option configures Load.
+type Option func(*options)
+
+// WithLibrary makes Load open name instead of DefaultLibrary (tests use a
+// name that does not exist to exercise the no-driver path).
+func WithLibrary(name string) Option { return func(o *options) { o.library = name } }
+
+// WithoutMemcpyBatch makes MemcpyBatchAsync use the cuMemcpyAsync loop even
+// where the driver has cuMemcpyBatchAsync (still one cgo call per batch).
+func WithoutMemcpyBatch() Option { return func(o *options) { o.noMemcpyBatch = true } }
+
+func buildOptions(opts []Option) options {
+	o := options{library: DefaultLibrary}
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	return o
+}
+
+// ErrClosed is wrapped by calls made after Close.
+var ErrClosed = fmt.Errorf("gpudirect: driver is closed: %w", errs.ErrFailedPrecondition)
+
+// Result is a CUDA driver status code (CUresult).
+type Result int
+
+// The CUresult values the package treats specially (values from cuda.h).
+const (
+	Success                          Result = 0
+	ErrorInvalidValue                Result = 1
+	ErrorOutOfMemory                 Result = 2
+	ErrorNotInitialized              Result = 3
+	ErrorDeinitialized               Result = 4
+	ErrorStubLibrary                 Result = 34
+	ErrorDeviceUnavailable           Result = 46
+	ErrorNoDevice                    Result = 100
+	ErrorInvalidDevice               Result = 101
+	ErrorInvalidContext              Result = 201
+	ErrorAlreadyMapped               Result = 208
+	ErrorInvalidHandle               Result = 400
+	ErrorNotFound                    Result = 500
+	ErrorNotReady                    Result = 600
+	ErrorIllegalAddress              Result = 700
+	ErrorPeerAccessAlreadyEnabled    Result = 704
+	ErrorContextIsDestroyed          Result = 709
+	ErrorTooManyPeers                Result = 711
+	ErrorHostMemoryAlreadyRegistered Result = 712
+	ErrorHostMemoryNotRegistered     Result = 713
+	ErrorNotPermitted                Result = 800
+	ErrorNotSupported                Result = 801
+	ErrorSystemDriverMismatch        Result = 803
+	ErrorUnknown                     Result = 999
+)
+
+var resultNames = map[Result]string{
+	Success:                          "CUDA_SUCCESS",
+	ErrorInvalidValue:                "CUDA_ERROR_INVALID_VALUE",
+	ErrorOutOfMemory:                 "CUDA_ERROR_OUT_OF_MEMORY",
+	ErrorNotInitialized:              "CUDA_ERROR_NOT_INITIALIZED",
+	ErrorDeinitialized:               "CUDA_ERROR_DEINITIALIZED",
+	ErrorStubLibrary:                 "CUDA_ERROR_STUB_LIBRARY",
+	ErrorDeviceUnavailable:           "CUDA_ERROR_DEVICE_UNAVAILABLE",
+	ErrorNoDevice:                    "CUDA_ERROR_NO_DEVICE",
+	ErrorInvalidDevice:               "CUDA_ERROR_INVALID_DEVICE",
+	ErrorInvalidContext:              "CUDA_ERROR_INVALID_CONTEXT",
+	ErrorAlreadyMapped:               "CUDA_ERROR_ALREADY_MAPPED",
+	ErrorInvalidHandle:               "CUDA_ERROR_INVALID_HANDLE",
+	ErrorNotFound:                    "CUDA_ERROR_NOT_FOUND",
+	ErrorNotReady:                    "CUDA_ERROR_NOT_READY",
+	ErrorIllegalAddress:              "CUDA_ERROR_ILLEGAL_ADDRESS",
+	ErrorPeerAccessAlreadyEnabled:    "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+	ErrorContextIsDestroyed:          "CUDA_ERROR_CONTEXT_IS_DESTROYED",
+	ErrorTooManyPeers:                "CUDA_ERROR_TOO_MANY_PEERS",
+	ErrorHostMemoryAlreadyRegistered: "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
+	ErrorHostMemoryNotRegistered:     "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
+	ErrorNotPermitted:                "CUDA_ERROR_NOT_PERMITTED",
+	ErrorNotSupported:                "CUDA_ERROR_NOT_SUPPORTED",
+	ErrorSystemDriverMismatch:        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
+	ErrorUnknown:                     "CUDA_ERROR_UNKNOWN",
+}
+
+// String is the CUresult's name where the package knows it.
+func (r Result) String() string {
+	if n, ok := resultNames[r]; ok {
+		return n
+	}
+	return fmt.Sprintf("CUresult(%d)", int(r))
+}
+
+// Sentinel maps a CUresult to the internal/errs sentinel the gRPC boundary
+// understands.
+func (r Result) Sentinel() error {
+	switch r {
+	case ErrorInvalidValue, ErrorInvalidHandle, ErrorInvalidDevice:
+		return errs.ErrInvalidArgument
+	case ErrorOutOfMemory, ErrorTooManyPeers:
+		return errs.ErrResourceExhausted
+	case ErrorNotSupported:
+		return errs.ErrUnimplemented
+	case ErrorNotPermitted:
+		return errs.ErrPermissionDenied
+	case ErrorHostMemoryAlreadyRegistered, ErrorPeerAccessAlreadyEnabled:
+		return errs.ErrAlreadyExists
+	case ErrorHostMemoryNotRegistered, ErrorNotFound:
+		return errs.ErrNotFound
+	case ErrorInvalidContext, ErrorContextIsDestroyed, ErrorAlreadyMapped, ErrorNotReady:
+		return errs.ErrFailedPrecondition
+	default:
+		// Not initialised, no device, illegal address (a sticky context
+		// error), unknown...: the device cannot be used.
+		return errs.ErrUnavailable
+	}
+}
+
+// Error is a failed CUDA driver call's status. Calls wrap it with the call's
+// name and arguments; errors.As finds it, errors.Is matches its sentinel.
+type Error struct {
+	Result Result
+	Name   string // cuGetErrorName, e.g. "CUDA_ERROR_OUT_OF_MEMORY"
+	Desc   string // cuGetErrorString, e.g. "out of memory"
+}
+
+func (e *Error) Error() string {
+	name := e.Name
+	if name == "" {
+		name = e.Result.String()
+	}
+	if e.Desc == "" {
+		return name
+	}
+	return name + ": " + e.Desc
+}
+
+// Unwrap returns the internal/errs sentinel for the result.
+func (e *Error) Unwrap() error { return e.Result.Sentinel() }
+
+// ResultOf returns the CUresult inside err, or Success when there is none.
+func ResultOf(err error) Result {
+	var ce *Error
+	if errors.As(err, &ce) {
+		return ce.Result
+	}
+	return Success
+}
+
+// alignRange widens [addr, addr+size) to page boundaries. It reports false
+// when the range is empty, page is not a power of two, or the end overflows.
+func alignRange(addr uintptr, size, page uint64) (base uintptr, length, offset uint64, ok bool) {
+	if size == 0 || page == 0 || page&(page-1) != 0 {
+		return 0, 0, 0, false
+	}
+	a := uint64(addr)
+	end := a + size
+	if end < a {
+		return 0, 0, 0, false
+	}
+	b := a &^ (page - 1)
+	e := end + page - 1
+	if e < end {
+		return 0, 0, 0, false
+	}
+	e &^= page - 1
+	return uintptr(b), e - b, a - b, true
+}
+
+// normalizePCIBusID turns the driver's "0000:3B:00.0" (or NVML-style
+// "00000000:3B:00.0") into sysfs form "0000:3b:00.0".
+func normalizePCIBusID(s string) string {
+	if i := strings.IndexByte(s, 0); i >= 0 {
+		s = s[:i]
+	}
+	s = strings.ToLower(strings.TrimSpace(s))
+	if dom, rest, ok := strings.Cut(s, ":"); ok && len(dom) == 8 && strings.HasPrefix(dom, "0000") {
+		s = dom[4:] + ":" + rest
+	}
+	return s
+}
+
+// CheckDeviceMemory verifies that [ptr, ptr+size) is device memory of dev
+// inside one allocation, as registering it with a NIC requires.
+func CheckDeviceMemory(c Interface, dev int, ptr uintptr, size uint64) error {
+	if size == 0 {
+		return fmt.Errorf("%w: gpudirect: device memory range at %#x is empty", errs.ErrInvalidArgument, ptr)
+	}
+	pi, err := c.PointerInfo(dev, ptr)
+	if err != nil {
+		return err
+	}
+	if pi.MemoryType != MemoryTypeDevice {
+		return fmt.Errorf("%w: gpudirect: address %#x is %s memory, not device memory", errs.ErrInvalidArgument, ptr, pi.MemoryType)
+	}
+	if pi.Device != dev {
+		return fmt.Errorf("%w: gpudirect: address %#x belongs to device %d, not device %d", errs.ErrInvalidArgument, ptr, pi.Device, dev)
+	}
+	if pi.RangeSize != 0 {
+		end := uint64(ptr) + size
+		if end < uint64(ptr) || uint64(ptr) < uint64(pi.RangeStart) || end > uint64(pi.RangeStart)+pi.RangeSize {
+			return fmt.Errorf("%w: gpudirect: range [%#x, +%d) leaves its allocation [%#x, +%d)", errs.ErrInvalidArgument, ptr, size, pi.RangeStart, pi.RangeSize)
+		}
+	}
+	return nil
+}
+
+// DeviceMemory checks [ptr, ptr+size) on dev, sets SYNC_MEMOPS on it, and
+// exports it as dma-buf where the device supports that. It returns the range
+// as memory.Memory (DmabufFD -1 when not exported) and a release function
+// that closes the dma-buf (it does not free the memory); release is safe to
+// call twice.
+func DeviceMemory(c Interface, dev int, ptr uintptr, size uint64) (memory.Memory, func() error, error) {
+	return deviceMemory(c, dev, ptr, size, true)
+}
+
+// deviceMemory is DeviceMemory. With strict false (memory mapped from
+// another process through CUDA IPC), the driver refusing SYNC_MEMOPS or the
+// dma-buf export is not an error: the memory is returned without a dma-buf
+// (DmabufFD -1). On an H100 with driver 580 / CUDA 13, the export of an IPC
+// mapping fails with CUDA_ERROR_INVALID_VALUE, and the mapping reports
+// CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 0.
+func deviceMemory(c Interface, dev int, ptr uintptr, size uint64, strict bool) (memory.Memory, func() error, error) {
+	m := memory.Memory{Kind: memory.CUDA, Addr: ptr, Len: size, Device: dev, DmabufFD: -1}
+	if err := CheckDeviceMemory(c, dev, ptr, size); err != nil {
+		return memory.Memory{}, nil, err
+	}
+	if err := c.SetSyncMemops(dev, ptr); err != nil && (strict || ResultOf(err) == Success) {
+		return memory.Memory{}, nil, err
+	}
+	info, err := c.DeviceInfo(dev)
+	if err != nil {
+		return memory.Memory{}, nil, err
+	}
+	if !info.DmabufSupported || !c.Capabilities().DmabufExport {
+		return m, func() error { return nil }, nil
+	}
+	db, err := c.ExportDmabuf(dev, ptr, size, 0)
+	if err != nil {
+		if !strict && ResultOf(err) != Success {
+			return m, func() error { return nil }, nil
+		}
+		return memory.Memory{}, nil, err
+	}
+	m.DmabufFD = db.FD
+	m.DmabufOffset = db.Offset
+	return m, db.Close, nil
+}
+
+// checkBatch validates MemcpyBatchAsync's arrays.
+func checkBatch(dsts, srcs, sizes []uint64) error {
+	if len(dsts) != len(sizes) || len(srcs) != len(sizes) {
+		return fmt.Errorf("%w: gpudirect: batch copy arrays differ in length: %d destinations, %d sources, %d sizes", errs.ErrInvalidArgument, len(dsts), len(srcs), len(sizes))
+	}
+	for i, n := range sizes {
+		if n == 0 {
+			return fmt.Errorf("%w: gpudirect: batch copy %d has size 0", errs.ErrInvalidArgument, i)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,354 @@
+package gpudirect
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+)
+
+func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+func TestMockDevices(t *testing.T) {
+	m := NewMock(
+		MockDevice{Name: "A", PCIBusID: "00000000:3B:00.0", DmabufSupported: true},
+		MockDevice{Name: "B"},
+	)
+	defer m.Close()
+	if m.DeviceCount() != 2 || m.DriverVersion() != 13000 {
+		t.Fatalf("count %d version %d", m.DeviceCount(), m.DriverVersion())
+	}
+	tests := []struct {
+		dev     int
+		name    string
+		bus     string
+		dmabuf  bool
+		wantErr error
+	}{
+		{0, "A", "0000:3b:00.0", true, nil},
+		{1, "B", "0000:11:00.0", false, nil},
+		{2, "", "", false, errs.ErrInvalidArgument},
+		{-1, "", "", false, errs.ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		info, err := m.DeviceInfo(tt.dev)
+		if !errors.Is(err, tt.wantErr) {
+			t.Fatalf("DeviceInfo(%d) error %v, want %v", tt.dev, err, tt.wantErr)
+		}
+		if err == nil && (info.Name != tt.name || info.PCIBusID != tt.bus || info.DmabufSupported != tt.dmabuf) {
+			t.Errorf("DeviceInfo(%d) = %+v", tt.dev, info)
+		}
+	}
+}
+
+func TestMockMemoryAndCopies(t *testing.T) {
+	m := NewMock(MockDevice{TotalMem: 1 << 20, DmabufSupported: true})
+	d0, err := m.MemAlloc(0, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.MemAlloc(0, 2<<20); !errors.Is(err, errs.ErrResourceExhausted) || ResultOf(err) != ErrorOutOfMemory {
+		t.Fatalf("over-allocation = %v; want CUDA_ERROR_OUT_OF_MEMORY", err)
+	}
+	host, err := m.HostAlloc(0, 64<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range host {
+		host[i] = byte(i * 7)
+	}
+	s, err := m.StreamCreate(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MemcpyHtoDAsync(s, d0, addr(host), uint64(len(host))); err != nil {
+		t.Fatal(err)
+	}
+	dev, _ := m.DeviceBytes(d0, uint64(len(host)))
+	if !bytes.Equal(dev, host) {
+		t.Fatal("HtoD did not copy")
+	}
+	// Batch: reverse 16 blocks of 4 KiB from device to host.
+	back, _ := m.HostAlloc(0, 64<<10)
+	var dsts, srcs, lens []uint64
+	for i := 0; i < 16; i++ {
+		dsts = append(dsts, uint64(addr(back))+uint64(15-i)*4096)
+		srcs = append(srcs, uint64(d0)+uint64(i)*4096)
+		lens = append(lens, 4096)
+	}
+	if err := m.MemcpyBatchAsync(s, dsts, srcs, lens); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 16; i++ {
+		if !bytes.Equal(back[(15-i)*4096:(16-i)*4096], host[i*4096:(i+1)*4096]) {
+			t.Fatalf("block %d not copied", i)
+		}
+	}
+	if b, c := m.BatchStats(); b != 1 || c != 16 {
+		t.Fatalf("BatchStats = %d, %d", b, c)
+	}
+	// Copies that leave known memory fail.
+	if err := m.MemcpyDtoHAsync(s, addr(back), d0+60<<10, 8<<10); err == nil {
+		t.Fatal("copy past the allocation succeeded")
+	}
+	if err := m.MemcpyBatchAsync(s, dsts[:1], srcs, lens); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("ragged batch = %v", err)
+	}
+	// Pointer attributes.
+	pi, err := m.PointerInfo(0, d0+100)
+	if err != nil || pi.MemoryType != MemoryTypeDevice || pi.RangeStart != d0 || pi.RangeSize != 64<<10 || pi.SyncMemops {
+		t.Fatalf("PointerInfo = %+v, %v", pi, err)
+	}
+	if err := m.SetSyncMemops(0, d0); err != nil {
+		t.Fatal(err)
+	}
+	if pi, _ := m.PointerInfo(0, d0); !pi.SyncMemops {
+		t.Fatal("SYNC_MEMOPS not set")
+	}
+	if pi, err := m.PointerInfo(0, addr(host)); err != nil || pi.MemoryType != MemoryTypeHost {
+		t.Fatalf("host PointerInfo = %+v, %v", pi, err)
+	}
+	var local [8]byte
+	if _, err := m.PointerInfo(0, uintptr(unsafe.Pointer(&local))); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("unknown pointer = %v", err)
+	}
+	if err := CheckDeviceMemory(m, 0, addr(host), 10); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("CheckDeviceMemory(host) = %v", err)
+	}
+	if err := CheckDeviceMemory(m, 0, d0+4096, 64<<10); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("CheckDeviceMemory(past end) = %v", err)
+	}
+	if err := CheckDeviceMemory(m, 0, d0+4096, 4096); err != nil {
+		t.Fatal(err)
+	}
+	// dma-buf: unaligned range, offset returned.
+	db, err := m.ExportDmabuf(0, d0+100, 5000, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if db.Base != d0 || db.Offset != 100 || db.Len != 8192 {
+		t.Fatalf("dmabuf %+v", db)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal("second Close:", err)
+	}
+	// Free everything; nothing leaks.
+	if err := m.StreamDestroy(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.StreamDestroy(s); err != nil {
+		t.Fatal("second StreamDestroy:", err)
+	}
+	if err := m.MemcpyHtoDAsync(s, d0, addr(host), 1); !errors.Is(err, errs.ErrFailedPrecondition) {
+		t.Fatalf("copy on destroyed stream = %v", err)
+	}
+	for _, b := range [][]byte{host, back} {
+		if err := m.HostFree(0, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.MemFree(0, d0); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MemFree(0, d0); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("double free = %v", err)
+	}
+	if l := m.Leaks(); len(l) != 0 {
+		t.Fatalf("leaks: %v", l)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.MemAlloc(0, 1); !errors.Is(err, ErrClosed) {
+		t.Fatalf("MemAlloc after Close = %v", err)
+	}
+}
+
+func TestMockHostRegisterAndEvents(t *testing.T) {
+	m := NewMock()
+	defer m.Close()
+	// Registered memory must be live; a HostAlloc buffer stands in for mmap'd memory.
+	backing, _ := m.HostAlloc(0, 8192)
+	region := backing[4096:]
+	copy(region, "hello")
+	if err := m.HostRegister(0, addr(region), uint64(len(region))); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.HostRegister(0, addr(region), 1); !errors.Is(err, errs.ErrAlreadyExists) {
+		t.Fatalf("double register = %v", err)
+	}
+	d, _ := m.MemAlloc(0, 4096)
+	s, _ := m.StreamCreate(0)
+	e, _ := m.EventCreate(0)
+	if err := m.MemcpyHtoDAsync(s, d, addr(region), 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EventRecord(e, s); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := m.EventQuery(e); !done || err != nil {
+		t.Fatalf("EventQuery = %v, %v", done, err)
+	}
+	if err := m.EventSynchronize(e); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := m.DeviceBytes(d, 5)
+	if string(got) != "hello" {
+		t.Fatalf("device has %q", got)
+	}
+	if err := m.HostUnregister(0, addr(region)); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.HostUnregister(0, addr(region)); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("double unregister = %v", err)
+	}
+	if err := m.EventDestroy(e); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.EventDestroy(e); err != nil {
+		t.Fatal("second EventDestroy:", err)
+	}
+	other := NewMock()
+	defer other.Close()
+	s2, _ := other.StreamCreate(0)
+	if err := m.MemcpyHtoDAsync(s2, d, addr(region), 1); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("foreign stream = %v", err)
+	}
+}
+
+func TestMockFailNext(t *testing.T) {
+	m := NewMock()
+	defer m.Close()
+	m.FailNextResult("MemAlloc", ErrorOutOfMemory)
+	_, err := m.MemAlloc(0, 10)
+	if !errors.Is(err, errs.ErrResourceExhausted) || !strings.Contains(err.Error(), "CUDA_ERROR_OUT_OF_MEMORY") {
+		t.Fatalf("injected error = %v", err)
+	}
+	if _, err := m.MemAlloc(0, 10); err != nil {
+		t.Fatalf("second MemAlloc = %v; injection should be used up", err)
+	}
+	if m.Calls("MemAlloc") != 2 {
+		t.Fatalf("Calls = %d", m.Calls("MemAlloc"))
+	}
+}
+
+func TestRegionsAdapter(t *testing.T) {
+	tests := []struct {
+		name   string
+		dev    MockDevice
+		dmabuf bool
+	}{
+		{"dma-buf", MockDevice{DmabufSupported: true}, true},
+		{"no dma-buf", MockDevice{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := NewMock(tt.dev)
+			defer m.Close()
+			r := Regions{CUDA: m}
+			mem, h, free, err := r.Alloc(0, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mem.Kind != memory.CUDA || mem.Len != 1<<20 || len(h) != IPCHandleSize || (mem.DmabufFD >= 0) != tt.dmabuf {
+				t.Fatalf("Alloc = %+v, handle %d bytes", mem, len(h))
+			}
+			if pi, _ := m.PointerInfo(0, mem.Addr); !pi.SyncMemops {
+				t.Fatal("SYNC_MEMOPS not set on allocation")
+			}
+			// Import a sub-range through the handle (the mock allows same-process opens).
+			imp, release, err := r.Import(0, h, 4096+10, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (imp.DmabufFD >= 0) != tt.dmabuf || (tt.dmabuf && imp.DmabufOffset != 10) {
+				t.Fatalf("Import = %+v", imp)
+			}
+			src, _ := m.DeviceBytes(mem.Addr+4096+10, 100)
+			copy(src, "through the mapping")
+			dst, _ := m.DeviceBytes(imp.Addr, 100)
+			if !bytes.Equal(src, dst) {
+				t.Fatal("imported range does not alias the allocation")
+			}
+			for _, bad := range []struct {
+				h         []byte
+				off, size uint64
+				want      string
+			}{
+				{h[:10], 0, 1, "cuda_ipc.handle: a CUDA IPC handle is 64 bytes, got 10"},
+				{h, 1 << 20, 1, "exceeds the 1048576-byte allocation"},
+				{h, 0, 0, "cuda_ipc.size is 0"},
+			} {
+				if _, _, err := r.Import(0, bad.h, bad.off, bad.size); !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), bad.want) {
+					t.Errorf("Import(%d bytes, %d, %d) = %v; want %q", len(bad.h), bad.off, bad.size, err, bad.want)
+				}
+			}
+			for _, f := range []func() error{release, release, free, free} {
+				if err := f(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if l := m.Leaks(); len(l) != 0 {
+				t.Fatalf("leaks: %v", l)
+			}
+		})
+	}
+}
+
+func TestRegionsAllocUndoesPartialWork(t *testing.T) {
+	m := NewMock(MockDevice{DmabufSupported: true})
+	defer m.Close()
+	m.FailNextResult("IPCGetMemHandle", ErrorNotSupported)
+	if _, _, _, err := (Regions{CUDA: m}).Alloc(0, 4096); !errors.Is(err, errs.ErrUnimplemented) {
+		t.Fatalf("Alloc = %v", err)
+	}
+	if l := m.Leaks(); len(l) != 0 {
+		t.Fatalf("partial Alloc leaked: %v", l)
+	}
+}
+
+// The driver refuses dma-buf export of IPC mappings (seen on H100, CUDA 13):
+// Import then returns the memory without a dma-buf; Alloc still fails.
+func TestRegionsImportWithoutDmabuf(t *testing.T) {
+	m := NewMock(MockDevice{DmabufSupported: true})
+	defer m.Close()
+	r := Regions{CUDA: m}
+	mem, h, free, err := r.Alloc(0, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer free()
+	m.FailNextResult("ExportDmabuf", ErrorInvalidValue)
+	m.FailNextResult("SetSyncMemops", ErrorInvalidValue)
+	imp, release, err := r.Import(0, h, 0, 4096)
+	if err != nil {
+		t.Fatalf("Import = %v", err)
+	}
+	if imp.DmabufFD != -1 || imp.Len != 4096 || imp.Kind != memory.CUDA {
+		t.Fatalf("Import = %+v; want no dma-buf", imp)
+	}
+	if err := release(); err != nil {
+		t.Fatal(err)
+	}
+	m.FailNextResult("ExportDmabuf", ErrorInvalidValue)
+	if _, _, _, err := r.Alloc(0, 4096); !errors.Is(err, errs.ErrInvalidArgument) {
+		t.Fatalf("Alloc with a failing export = %v", err)
+	}
+	_ = mem
+	if err := free(); err != nil {
+		t.Fatal(err)
+	}
+	if l := m.Leaks(); len(l) != 0 {
+		t.Fatalf("leaks: %v", l)
+	}
+}
