@@ -20,6 +20,7 @@ import (
 	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -52,6 +53,7 @@ type Config struct {
 	CUDADetail     string
 	Counters       *Counters
 	Notify         *notify.Hub
+	Staging        *staging.Pool // nil without CUDA
 	Log            hclog.Logger
 }
 
@@ -289,11 +291,13 @@ func (s *Server) checksum(req *b2bv1.ChecksumRequest) (*b2bv1.ChecksumResponse, 
 	if err != nil {
 		return nil, err
 	}
-	if r.Mem.Kind != memory.Host {
-		return nil, fmt.Errorf("%w: region_id %s is %s memory; checksums of GPU memory need the CUDA staging path", errs.ErrUnimplemented, r.ID, r.Mem.Kind)
-	}
 	digests := make([]uint64, b.N())
-	sum := checksum.Blocks(alg, r.Mem.Host, b.Src, b.Len, digests)
+	if r.Mem.Kind == memory.Host {
+		checksum.Blocks(alg, r.Mem.Host, b.Src, b.Len, digests)
+	} else if err := s.checksumDevice(alg, r.Mem, b, digests); err != nil {
+		return nil, err
+	}
+	sum := checksum.Combine(alg, digests)
 	resp := &b2bv1.ChecksumResponse{Digest: sum, Algorithm: req.GetAlgorithm(), Blocks: uint64(b.N()), Bytes: b.Bytes()}
 	if resp.Algorithm == b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_UNSPECIFIED {
 		resp.Algorithm = b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C
@@ -302,6 +306,28 @@ func (s *Server) checksum(req *b2bv1.ChecksumRequest) (*b2bv1.ChecksumResponse, 
 		resp.BlockDigests = desc.Pack(digests)
 	}
 	return resp, nil
+}
+
+// checksumDevice stages GPU blocks to pinned host memory, in rounds, with
+// the copy engines, and hashes them there.
+func (s *Server) checksumDevice(alg checksum.Algorithm, mem memory.Memory, b desc.Batch, out []uint64) error {
+	if s.cfg.Staging == nil {
+		return fmt.Errorf("%w: region is %s memory and this daemon has no CUDA driver", errs.ErrFailedPrecondition, mem.Kind)
+	}
+	st, err := s.cfg.Staging.Get(mem.Device)
+	if err != nil {
+		return err
+	}
+	defer s.cfg.Staging.Put(st)
+	for lo := 0; lo < b.N(); {
+		n, hostOff, err := st.Read(mem, b.Src[lo:], b.Len[lo:])
+		if err != nil {
+			return err
+		}
+		checksum.Blocks(alg, st.Buffer(), hostOff[:n], b.Len[lo:lo+n], out[lo:lo+n])
+		lo += n
+	}
+	return nil
 }
 
 func (l *local) Status(ctx context.Context, req *b2bv1.StatusRequest) (*b2bv1.StatusResponse, error) {

@@ -30,10 +30,8 @@ func Block(a Algorithm, b []byte) uint64 {
 }
 
 // Blocks hashes mem[off[i]:off[i]+len[i]] for every i into out (len(off)
-// entries) and returns the batch digest: the same hash over the per-block
-// digests packed as little-endian uint64s, so that blocks hash in parallel
-// and one number still covers every byte and the order.
-func Blocks(a Algorithm, mem []byte, off, lens []uint64, out []uint64) uint64 {
+// entries), in parallel for large lists.
+func Blocks(a Algorithm, mem []byte, off, lens []uint64, out []uint64) {
 	n := len(off)
 	workers := min(runtime.GOMAXPROCS(0), 1+n/64)
 	var total uint64
@@ -59,8 +57,14 @@ func Blocks(a Algorithm, mem []byte, off, lens []uint64, out []uint64) uint64 {
 		}()
 	}
 	wg.Wait()
-	packed := make([]byte, 8*n)
-	for i, v := range out {
+}
+
+// Combine is the batch digest: the same hash over the per-block digests
+// packed as little-endian uint64s, so that blocks hash in parallel and one
+// number still covers every byte and the order.
+func Combine(a Algorithm, digests []uint64) uint64 {
+	packed := make([]byte, 8*len(digests))
+	for i, v := range digests {
 		binary.LittleEndian.PutUint64(packed[8*i:], v)
 	}
 	return Block(a, packed)

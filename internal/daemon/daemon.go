@@ -17,11 +17,13 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 
+	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
 	"github.com/b2bd/b2bd/internal/transport/tcp"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -83,6 +85,8 @@ type Daemon struct {
 	peerAddr   string
 	apiAddr    string
 	counters   server.Counters
+	cuda       gpudirect.Interface // nil without a GPU
+	staging    *staging.Pool
 }
 
 // inbound is the registry plus counters, as the transports' receiving sides see them.
@@ -142,8 +146,17 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		}
 		statuses = append(statuses, st)
 	}
+	cuda, cudaWhy := loadCUDA(log.Named("gpudirect"))
+	var cudaHook region.CUDA
+	if cuda != nil {
+		d.cuda = cuda
+		d.staging = &staging.Pool{CUDA: cuda}
+		cudaHook = gpudirect.Regions{CUDA: cuda}
+	}
 	if cfg.Transport != "verbs" {
-		tcpT, err = tcp.New(cfg.TCP, in, log.Named("tcp"))
+		tcfg := cfg.TCP
+		tcfg.Staging = d.staging
+		tcpT, err = tcp.New(tcfg, in, log.Named("tcp"))
 		if err != nil {
 			return nil, err
 		}
@@ -151,8 +164,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		statuses = append(statuses, &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_TCP, Available: true, Detail: "data listener " + tcpT.Addr()})
 	}
 
-	cuda, cudaWhy := loadCUDA(log.Named("gpudirect"))
-	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Transports: d.transports, CUDA: cuda, CUDAWhy: cudaWhy, Log: log.Named("region")})
+	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Transports: d.transports, CUDA: cudaHook, CUDAWhy: cudaWhy, Log: log.Named("region")})
 	if err != nil {
 		return nil, err
 	}
@@ -175,7 +187,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
 		Registry: d.registry, Peers: d.peers, Transports: statuses, Verbs: verbsAcc,
 		MaxDescriptors: cfg.MaxDescriptors, DefaultTimeout: cfg.DefaultTimeout,
-		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Log: log.Named("server"),
+		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, Log: log.Named("server"),
 	}
 	if tcpT != nil {
 		scfg.TCPData, scfg.TCPToken = tcpT.Addr(), tcpT.Token()
@@ -312,6 +324,18 @@ func (d *Daemon) teardown() {
 		}
 	}
 	d.transports = nil
+	if d.staging != nil {
+		if err := d.staging.Close(); err != nil {
+			d.log.Warn("free staging buffers", "error", err)
+		}
+		d.staging = nil
+	}
+	if d.cuda != nil {
+		if err := d.cuda.Close(); err != nil {
+			d.log.Warn("close CUDA", "error", err)
+		}
+		d.cuda = nil
+	}
 	for _, ln := range d.listeners {
 		ln.Close()
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -19,9 +19,23 @@ func (d *Daemon) buildVerbs(in transport.Inbound) (transport.Transport, error) {
 	return d.cfg.Extra(transport.Verbs, in, d.log.Named("verbs"))
 }
 
-// loadCUDA returns the GPU hook, or why there is none.
-func loadCUDA(log hclog.Logger) (region.CUDA, string) {
-	return nil, "CUDA support is not built in yet"
+// loadCUDA loads libcuda.so.1 at run time. Without it the daemon serves host
+// memory and says why GPU regions are refused.
+func loadCUDA(log hclog.Logger) (gpudirect.Interface, string) {
+	drv, err := gpudirect.Load()
+	if err != nil {
+		log.Info("no usable GPU; serving host memory only", "reason", err)
+		return nil, err.Error()
+	}
+	var names []string
+	for i := 0; i < drv.DeviceCount(); i++ {
+		if info, err := drv.DeviceInfo(i); err == nil {
+			names = append(names, fmt.Sprintf("%d:%s", i, info.Name))
+		}
+	}
+	detail := fmt.Sprintf("CUDA driver %d, devices %v", drv.DriverVersion(), names)
+	log.Info("GPU support ready", "detail", detail)
+	return drv, detail
 }
 
 // RegisterOptionalFlags adds the flags of optional transports built in.

@@ -287,13 +287,23 @@ func (g *Registry) add(r *Region, export string) (*Region, error) {
 		}
 		g.releaseMemory(r)
 	}
+	// A region is usable with every transport that can take it (GPU memory
+	// may suit TCP staging but not this host's NIC); it fails only if none can.
+	var failures []error
 	for _, t := range g.cfg.Transports {
 		reg, err := t.Register(r.Mem)
 		if err != nil {
-			undo()
-			return nil, fmt.Errorf("region: register %d bytes of %s memory with %s: %w", r.Mem.Len, r.Mem.Kind, t.Kind(), err)
+			failures = append(failures, fmt.Errorf("%s: %w", t.Kind(), err))
+			continue
 		}
 		r.regs[t.Kind()] = reg
+	}
+	if len(r.regs) == 0 && len(g.cfg.Transports) > 0 {
+		undo()
+		return nil, fmt.Errorf("region: no transport can use %d bytes of %s memory: %w", r.Mem.Len, r.Mem.Kind, errors.Join(failures...))
+	}
+	for _, f := range failures {
+		g.cfg.Log.Warn("region not usable with a transport", "kind", r.Mem.Kind, "error", f)
 	}
 	g.mu.Lock()
 	if _, taken := g.byName[export]; export != "" && taken {

@@ -14,6 +14,8 @@ import (
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -118,9 +120,67 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken: %v", errs.ErrUnavailable, c.addr, err)
 	}
 	mem := src.Memory()
-	if mem.Host == nil {
-		return transport.Stats{}, fmt.Errorf("%w: tcp: source is %s memory, which needs staging", errs.ErrUnimplemented, mem.Kind)
+	if mem.Kind == memory.CUDA {
+		return c.writeStaged(ctx, mem, dst, b)
 	}
+	return c.writeHost(ctx, mem.Host, dst, b)
+}
+
+// writeStaged sends GPU blocks in rounds that fit a pinned buffer, with two
+// buffers so that staging round k+1 overlaps sending round k.
+func (c *conn) writeStaged(ctx context.Context, mem memory.Memory, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	pool := c.t.cfg.Staging
+	if pool == nil {
+		return transport.Stats{}, fmt.Errorf("%w: tcp: source is %s memory and this daemon has no CUDA driver", errs.ErrFailedPrecondition, mem.Kind)
+	}
+	var st [2]*staging.Stager
+	for i := range st {
+		s, err := pool.Get(mem.Device)
+		if err != nil {
+			return transport.Stats{}, err
+		}
+		defer pool.Put(s)
+		st[i] = s
+	}
+	type staged struct {
+		lo, n   int
+		hostOff []uint64
+		err     error
+	}
+	stage := func(s *staging.Stager, lo int) staged {
+		n, off, err := s.Read(mem, b.Src[lo:], b.Len[lo:])
+		return staged{lo: lo, n: n, hostOff: off, err: err}
+	}
+	var total transport.Stats
+	cur := stage(st[0], 0)
+	for k := 0; ; k++ {
+		if cur.err != nil {
+			return total, cur.err
+		}
+		next := make(chan staged, 1)
+		end := cur.lo + cur.n
+		if end < b.N() {
+			go func() { next <- stage(st[(k+1)%2], end) }()
+		}
+		round := desc.Batch{Src: cur.hostOff[:cur.n], Dst: b.Dst[cur.lo:end], Len: b.Len[cur.lo:end]}
+		s, err := c.writeHost(ctx, st[k%2].Buffer(), dst, &round)
+		total.Segments += s.Segments
+		total.WorkRequests += s.WorkRequests
+		if err != nil {
+			if end < b.N() {
+				<-next // the copy in flight must finish before its buffer is reused
+			}
+			return total, err
+		}
+		if end >= b.N() {
+			return total, nil
+		}
+		cur = <-next
+	}
+}
+
+// writeHost sends blocks of host memory src.
+func (c *conn) writeHost(ctx context.Context, src []byte, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	n := b.N()
 	if n == 0 {
 		return transport.Stats{}, nil
@@ -144,7 +204,7 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 			}
 		}
 		select {
-		case c.streams[i].jobs <- job{batch: c.batch, key: dst.Key.Key, streams: uint32(use), src: mem.Host, b: b, lo: lo, hi: hi, deadline: deadline}:
+		case c.streams[i].jobs <- job{batch: c.batch, key: dst.Key.Key, streams: uint32(use), src: src, b: b, lo: lo, hi: hi, deadline: deadline}:
 			posted++
 		case <-c.quit:
 		}

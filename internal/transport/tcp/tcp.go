@@ -21,6 +21,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -35,6 +36,9 @@ type Config struct {
 	// MinShareBytes: a batch uses another stream only per this many bytes, so
 	// small batches don't pay for fan-out.
 	MinShareBytes int
+	// Staging moves GPU memory through pinned host buffers; nil on hosts
+	// without CUDA, where GPU regions cannot use this transport.
+	Staging *staging.Pool
 }
 
 // Defaults, chosen by measurement on loopback (see README, "TCP transport").
@@ -142,11 +146,14 @@ func (t *Transport) newKey() (uint64, error) {
 	}
 }
 
-// Register gives m a random key. GPU memory needs the staging path, which the
-// TCP transport does not have yet.
+// Register gives m a random key. GPU memory is accepted when the transport
+// can stage it.
 func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
-	if m.Kind != memory.Host || m.Host == nil {
-		return nil, fmt.Errorf("%w: tcp transport: %s memory needs staging through host buffers", errs.ErrUnimplemented, m.Kind)
+	switch {
+	case m.Kind == memory.Host && m.Host != nil:
+	case m.Kind == memory.CUDA && t.cfg.Staging != nil:
+	default:
+		return nil, fmt.Errorf("%w: tcp transport: %s memory needs staging through pinned host buffers, and this daemon has no CUDA driver", errs.ErrFailedPrecondition, m.Kind)
 	}
 	k, err := t.newKey()
 	if err != nil {
@@ -253,6 +260,7 @@ func (t *Transport) serve(c net.Conn) {
 	}()
 
 	r := &receiver{t: t, c: c, br: bufio.NewReaderSize(c, 1<<20), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
+	defer r.releaseStager()
 	for {
 		err := r.frame()
 		if err == nil {
@@ -281,6 +289,17 @@ type receiver struct {
 	table []byte
 	// share: what this stream placed of the current batch so far.
 	segs, bytes uint64
+	// GPU destinations: a pinned buffer held for the connection's life, and
+	// the frame's table decoded for the batched host-to-device copy.
+	stager             *staging.Stager
+	offs, lens, hostOf []uint64
+}
+
+func (r *receiver) releaseStager() {
+	if r.stager != nil {
+		r.t.cfg.Staging.Put(r.stager)
+		r.stager = nil
+	}
 }
 
 func (r *receiver) frame() error {
@@ -324,8 +343,8 @@ func (r *receiver) place(h *frameHeader, table []byte) error {
 		return &recvErr{statusBadKey, fmt.Errorf("tcp: batch %d: destination: %w", h.batch, err)}
 	}
 	defer release()
-	if mem.Host == nil {
-		return &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: destination is %s memory, which needs staging", h.batch, mem.Kind)}
+	if mem.Kind == memory.CUDA && r.t.cfg.Staging == nil {
+		return &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: destination is %s memory and this daemon has no CUDA driver", h.batch, mem.Kind)}
 	}
 	le := binary.LittleEndian
 	var sum uint64
@@ -339,11 +358,47 @@ func (r *receiver) place(h *frameHeader, table []byte) error {
 	if sum != h.payload {
 		return &recvErr{statusBadFrame, fmt.Errorf("tcp: batch %d: segments total %d bytes, header says %d", h.batch, sum, h.payload)}
 	}
+	if mem.Kind == memory.CUDA {
+		return r.placeDevice(h, table, mem)
+	}
 	for i := 0; i < int(h.segs); i++ {
 		off, n := le.Uint64(table[i*segLen:]), le.Uint64(table[i*segLen+8:])
 		if _, err := io.ReadFull(r.br, mem.Host[off:off+n]); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// placeDevice reads the frame's payload into the pinned buffer, then copies
+// every segment to the GPU in one batched copy-engine call. Writes are per
+// segment, never a covering range: that would clobber the gaps.
+func (r *receiver) placeDevice(h *frameHeader, table []byte, mem memory.Memory) error {
+	if r.stager == nil {
+		st, err := r.t.cfg.Staging.Get(mem.Device)
+		if err != nil {
+			return &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: %w", h.batch, err)}
+		}
+		r.stager = st
+	}
+	buf := r.stager.Buffer()
+	if h.payload > uint64(len(buf)) {
+		return &recvErr{statusBadFrame, fmt.Errorf("tcp: batch %d: a %d-byte frame exceeds the %d-byte staging buffer", h.batch, h.payload, len(buf))}
+	}
+	if _, err := io.ReadFull(r.br, buf[:h.payload]); err != nil {
+		return err
+	}
+	n := int(h.segs)
+	r.offs, r.lens, r.hostOf = r.offs[:0], r.lens[:0], r.hostOf[:0]
+	le := binary.LittleEndian
+	var at uint64
+	for i := 0; i < n; i++ {
+		off, l := le.Uint64(table[i*segLen:]), le.Uint64(table[i*segLen+8:])
+		r.offs, r.lens, r.hostOf = append(r.offs, off), append(r.lens, l), append(r.hostOf, at)
+		at += l
+	}
+	if err := r.stager.Write(mem, r.offs, r.lens, r.hostOf); err != nil {
+		return &recvErr{statusBadFrame, fmt.Errorf("tcp: batch %d: %w", h.batch, err)}
 	}
 	return nil
 }

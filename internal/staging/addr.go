@@ -1,0 +1,5 @@
+package staging
+
+import "unsafe"
+
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
