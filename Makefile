@@ -7,7 +7,7 @@ ARGS ?=
 PROTO := proto/b2b/v1/b2b.proto
 PYGEN := client/python/b2b/v1
 
-.PHONY: all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
+.PHONY: gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
 
 all: build
 
@@ -59,6 +59,10 @@ test-rdma: build
 
 bench: build
 	$(BIN)/b2b-bench --b2bd $(BIN)/b2bd --json bench-results.json --plot bench-results.svg $(ARGS)
+
+# gpu-check runs on a GPU machine with bin/ built here (see deploy/gpu/gpu-check.sh).
+gpu-check:
+	deploy/gpu/gpu-check.sh $(OUT)
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# gpu-check: proves b2bd on a GPU machine (no Go there: bin/ is built
+# elsewhere and carried). It
+#   1. runs the 10,000-block sweep GPU to GPU over TCP with every block verified
+#      (GPU0 -> GPU1 where there are two GPUs, GPU0 -> GPU0 otherwise);
+#   2. runs a sweep with both daemons under Nsight Compute, which must profile
+#      no kernel (sms_used is taken from that count), after a positive control
+#      showing that ncu does see a kernel when one runs;
+#   3. makes two PyTorch processes exchange a CUDA tensor's blocks through
+#      their daemons, checked with torch.equal.
+# Usage: deploy/gpu/gpu-check.sh [OUT_DIR]   (env: BIN=bin, SIZES=..., BLOCKS=10000)
+set -uo pipefail
+top=$(cd "$(dirname "$0")/../.." && pwd)
+BIN=${BIN:-$top/bin}
+OUT=${1:-${OUT:-$top/gpu-check-out}}
+mkdir -p "$OUT"
+fail=0
+step() { printf '\n=== %s\n' "$*"; }
+
+step "machine"
+nvidia-smi -L || { echo "gpu-check: no GPU (nvidia-smi failed)"; exit 1; }
+ngpu=$(nvidia-smi -L | grep -c '^GPU ')
+dst_dev=0; [ "$ngpu" -ge 2 ] && dst_dev=1
+echo "GPUs: $ngpu; source cuda:0, destination cuda:$dst_dev"
+command -v ncu >/dev/null || for d in /usr/local/cuda/bin /usr/local/cuda-*/bin /opt/nvidia/nsight-compute/*; do
+  [ -x "$d/ncu" ] && export PATH=$PATH:$d && break; done
+command -v ncu || echo "gpu-check: ncu not found"
+
+step "1. sweep GPU to GPU over TCP, every block verified"
+"$BIN/b2b-bench" --b2bd "$BIN/b2bd" --transport tcp --memory cuda --src-device 0 --dst-device "$dst_dev" \
+  ${SIZES:+--sizes "$SIZES"} ${BLOCKS:+--blocks "$BLOCKS"} \
+  --json "$OUT/gpu-sweep.json" --plot "$OUT/gpu-sweep.svg" 2>&1 | tee "$OUT/gpu-sweep.txt" || fail=1
+
+step "2a. ncu positive control: a PyTorch kernel must be seen"
+ncu --target-processes all python3 -c 'import torch; x=torch.ones(1<<20, device="cuda"); y=(x*2).sum(); torch.cuda.synchronize(); print("control kernel ran", y.item())' \
+  > "$OUT/ncu-control.txt" 2>&1
+grep -E '==PROF==|control kernel|No kernels|ERR' "$OUT/ncu-control.txt" | head -5
+if grep -q 'No kernels were profiled' "$OUT/ncu-control.txt" || ! grep -q '==PROF== Profiling' "$OUT/ncu-control.txt"; then
+  echo "gpu-check: ncu did not see the control kernel; its zero-kernel verdict below would mean nothing"
+  fail=1
+fi
+
+step "2b. sweep with both daemons under ncu: no kernel may run"
+"$BIN/b2b-bench" --b2bd "$BIN/b2bd" --transport tcp --memory cuda --src-device 0 --dst-device "$dst_dev" \
+  --ncu "$OUT" --sizes "${NCU_SIZES:-128,4096,65536,2097152}" --blocks "${NCU_BLOCKS:-2000}" \
+  --json "$OUT/gpu-ncu.json" 2>&1 | tee "$OUT/gpu-ncu.txt" || fail=1
+grep -h -E 'No kernels were profiled|==PROF== Profiling' "$OUT"/ncu-daemon-*.log 2>/dev/null | sort | uniq -c
+
+step "3. PyTorch processes exchange a CUDA tensor's blocks"
+tmp=$(mktemp -d)
+peer_a=127.0.0.1:$((20000 + RANDOM % 20000)); peer_b=127.0.0.1:$((20000 + RANDOM % 20000))
+"$BIN/b2bd" --node-name torch-a --socket "$tmp/a.sock" --shm-dir "$tmp/shm-a" --peer-listen "$peer_a" --data-listen 127.0.0.1:0 --transport tcp 2> "$OUT/torch-daemon-a.log" &
+pa=$!
+"$BIN/b2bd" --node-name torch-b --socket "$tmp/b.sock" --shm-dir "$tmp/shm-b" --peer-listen "$peer_b" --data-listen 127.0.0.1:0 --transport tcp 2> "$OUT/torch-daemon-b.log" &
+pb=$!
+for _ in $(seq 100); do [ -S "$tmp/a.sock" ] && [ -S "$tmp/b.sock" ] && break; sleep 0.1; done
+PYTHONPATH=$top/client/python PYTHONUNBUFFERED=1 python3 "$top/client/python/examples/torch_exchange.py" \
+  --src-socket "$tmp/a.sock" --dst-socket "$tmp/b.sock" --dst-peer "$peer_b" --src-device 0 --dst-device "$dst_dev" \
+  2>&1 | tee "$OUT/torch-exchange.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
+kill -TERM $pa $pb; wait $pa; ra=$?; wait $pb; rb=$?
+echo "daemons exited: $ra $rb"
+[ $ra -eq 0 ] && [ $rb -eq 0 ] || fail=1
+rm -rf "$tmp"
+
+step "verdict"
+[ $fail -eq 0 ] && echo "gpu-check: PASS" || echo "gpu-check: FAIL"
+exit $fail
