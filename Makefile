@@ -7,7 +7,7 @@ ARGS ?=
 PROTO := proto/b2b/v1/b2b.proto
 PYGEN := client/python/b2b/v1
 
-.PHONY: gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
+.PHONY: certs gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
 
 all: build
 
@@ -59,6 +59,13 @@ test-rdma: build
 
 bench: build
 	$(BIN)/b2b-bench --b2bd $(BIN)/b2bd --json bench-results.json --plot bench-results.svg $(ARGS)
+
+# certs makes a development CA and daemon certificates for mutual TLS:
+# make certs CERTS="hostA=10.0.0.1 hostB=10.0.0.2" [CERTDIR=certs]
+CERTDIR ?= certs
+CERTS ?= a b
+certs:
+	deploy/scripts/certs.sh $(CERTDIR) $(CERTS)
 
 # gpu-check runs on a GPU machine with bin/ built here (see deploy/gpu/gpu-check.sh).
 gpu-check:

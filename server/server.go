@@ -108,7 +108,7 @@ func caller(ctx context.Context) region.Caller {
 }
 
 func (l *local) register(req *b2bv1.RegisterRegionRequest, who region.Caller) (*region.Region, error) {
-	reg, name := l.s.cfg.Registry, req.GetExportName()
+	reg, name := l.s.cfg.Registry, region.Export{Name: req.GetExportName(), To: req.GetExportTo()}
 	switch src := req.GetSource().(type) {
 	case *b2bv1.RegisterRegionRequest_HostAlloc:
 		return reg.AllocHost(src.HostAlloc.GetSize(), name, who)
@@ -144,7 +144,7 @@ func (l *local) ListRegions(ctx context.Context, req *b2bv1.ListRegionsRequest) 
 }
 
 func (l *local) ExportRegion(ctx context.Context, req *b2bv1.ExportRegionRequest) (*b2bv1.ExportRegionResponse, error) {
-	r, err := l.s.cfg.Registry.Export(req.GetRegionId(), req.GetExportName())
+	r, err := l.s.cfg.Registry.SetExport(req.GetRegionId(), region.Export{Name: req.GetExportName(), To: req.GetExportTo()})
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
@@ -373,7 +373,7 @@ func (l *local) WatchNotifications(req *b2bv1.WatchNotificationsRequest, stream 
 func regionProto(r *region.Region, active int) *b2bv1.Region {
 	p := &b2bv1.Region{
 		Id: r.ID, ExportName: r.Export, Size: r.Mem.Len, ShmPath: r.ShmPath, ShmOffset: r.ShmOff,
-		CudaIpcHandle: r.IPC, CudaIpcOffset: r.IPCOff, ActiveBatches: uint32(active),
+		CudaIpcHandle: r.IPC, CudaIpcOffset: r.IPCOff, ActiveBatches: uint32(active), ExportTo: r.ExportTo,
 	}
 	switch r.Mem.Kind {
 	case memory.Host:
@@ -419,8 +419,10 @@ func (p *peerService) ResolveRegion(ctx context.Context, req *b2bv1.ResolveRegio
 	if req.GetName() == "" {
 		return nil, errs.ToStatus(fmt.Errorf("%w: name is empty", errs.ErrInvalidArgument))
 	}
-	r, release, err := p.s.cfg.Registry.Lookup(req.GetName())
+	// Keys are only ever handed to peers allowed to write the region.
+	r, release, err := p.s.cfg.Registry.Lookup(req.GetName(), auth.PeerIdentity(ctx))
 	if err != nil {
+		p.s.cfg.Log.Warn("region resolution refused", "name", req.GetName(), "peer", auth.PeerIdentity(ctx), "error", err)
 		return nil, errs.ToStatus(err)
 	}
 	defer release()
@@ -437,7 +439,7 @@ func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2
 	if len(req.GetNotification()) > MaxNotification {
 		return nil, errs.ToStatus(fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(req.GetNotification()), MaxNotification))
 	}
-	r, release, err := p.s.cfg.Registry.Lookup(req.GetRegion())
+	r, release, err := p.s.cfg.Registry.Lookup(req.GetRegion(), auth.PeerIdentity(ctx))
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}

@@ -60,7 +60,7 @@ func newNode(t *testing.T, name string, bn bufNet) *node {
 	}
 	in.reg = reg
 	self := &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: name, Transports: []b2bv1.TransportKind{b2bv1.TransportKind_TRANSPORT_KIND_TCP}}
-	pm := peer.New(self, []transport.Transport{tt}, log,
+	pm := peer.New(self, []transport.Transport{tt}, log, false,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(bn.dial))
 	srv := server.New(server.Config{
 		NodeName: name, Registry: reg, Peers: pm, TCPData: tt.Addr(), TCPToken: tt.Token(), MaxDescriptors: 1000,

@@ -49,9 +49,9 @@ grep -h -E 'No kernels were profiled|==PROF== Profiling' "$OUT"/ncu-daemon-*.log
 step "3. PyTorch processes exchange a CUDA tensor's blocks"
 tmp=$(mktemp -d)
 peer_a=127.0.0.1:$((20000 + RANDOM % 20000)); peer_b=127.0.0.1:$((20000 + RANDOM % 20000))
-"$BIN/b2bd" --node-name torch-a --socket "$tmp/a.sock" --shm-dir "$tmp/shm-a" --peer-listen "$peer_a" --data-listen 127.0.0.1:0 --transport tcp 2> "$OUT/torch-daemon-a.log" &
+"$BIN/b2bd" --node-name torch-a --socket "$tmp/a.sock" --shm-dir "$tmp/shm-a" --peer-listen "$peer_a" --data-listen 127.0.0.1:0 --transport tcp --insecure 2> "$OUT/torch-daemon-a.log" &
 pa=$!
-"$BIN/b2bd" --node-name torch-b --socket "$tmp/b.sock" --shm-dir "$tmp/shm-b" --peer-listen "$peer_b" --data-listen 127.0.0.1:0 --transport tcp 2> "$OUT/torch-daemon-b.log" &
+"$BIN/b2bd" --node-name torch-b --socket "$tmp/b.sock" --shm-dir "$tmp/shm-b" --peer-listen "$peer_b" --data-listen 127.0.0.1:0 --transport tcp --insecure 2> "$OUT/torch-daemon-b.log" &
 pb=$!
 for _ in $(seq 100); do [ -S "$tmp/a.sock" ] && [ -S "$tmp/b.sock" ] && break; sleep 0.1; done
 PYTHONPATH=$top/client/python PYTHONUNBUFFERED=1 python3 "$top/client/python/examples/torch_exchange.py" \

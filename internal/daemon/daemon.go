@@ -4,6 +4,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/auth"
@@ -46,6 +49,10 @@ type Config struct {
 	DefaultTimeout time.Duration
 	ShutdownGrace  time.Duration
 	LogLevel       string
+	TLSCert        string // peer mTLS: this daemon's certificate
+	TLSKey         string
+	TLSCA          string // the CA peers' certificates must chain to
+	Insecure       bool   // plaintext between daemons, loopback addresses only
 	TCP            tcp.Config
 	Extra          ExtraTransports
 }
@@ -70,6 +77,30 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.DefaultTimeout, "default-timeout", time.Minute, "deadline of a batch whose caller set none")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight batches may run on SIGTERM")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "trace, debug, info, warn or error")
+	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate this daemon presents to peers (mutual TLS)")
+	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&c.TLSCA, "tls-ca", "", "PEM CA bundle that peers' certificates must chain to")
+	fs.BoolVar(&c.Insecure, "insecure", false, "plaintext between daemons; refused on any address that is not loopback")
+}
+
+// security checks the peer-authentication flags and returns the TLS
+// configs, or nil for --insecure after checking every address is loopback.
+func (c *Config) security() (*auth.PeerTLS, error) {
+	if c.Insecure {
+		if c.TLSCert != "" || c.TLSKey != "" || c.TLSCA != "" {
+			return nil, fmt.Errorf("%w: --insecure and --tls-* are exclusive", errs.ErrInvalidArgument)
+		}
+		for _, a := range []struct{ flag, addr string }{{"--peer-listen", c.PeerListen}, {"--data-listen", c.TCP.Listen}, {"--api-listen", c.APIListen}} {
+			if a.addr != "" && !auth.IsLoopback(a.addr) {
+				return nil, fmt.Errorf("%w: --insecure: %s %q is not a loopback address; plaintext is only allowed on loopback (use --tls-cert/--tls-key/--tls-ca)", errs.ErrInvalidArgument, a.flag, a.addr)
+			}
+		}
+		return nil, nil
+	}
+	if c.TLSCert == "" && c.TLSKey == "" && c.TLSCA == "" {
+		return nil, fmt.Errorf("%w: daemons must authenticate each other: give --tls-cert, --tls-key and --tls-ca (make certs makes a test CA), or --insecure for plaintext on loopback addresses only", errs.ErrInvalidArgument)
+	}
+	return auth.LoadPeerTLS(c.TLSCert, c.TLSKey, c.TLSCA)
 }
 
 // Daemon is one running b2bd.
@@ -117,6 +148,10 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		}
 	}()
 	in := &inbound{counters: &d.counters}
+	peerTLS, err := cfg.security()
+	if err != nil {
+		return nil, err
+	}
 
 	var statuses []*b2bv1.TransportStatus
 	var tcpT *tcp.Transport
@@ -155,7 +190,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	}
 	if cfg.Transport != "verbs" {
 		tcfg := cfg.TCP
-		tcfg.Staging = d.staging
+		tcfg.Staging, tcfg.TLS = d.staging, peerTLS
 		tcpT, err = tcp.New(tcfg, in, log.Named("tcp"))
 		if err != nil {
 			return nil, err
@@ -174,7 +209,11 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	for _, t := range d.transports {
 		self.Transports = append(self.Transports, peer.KindToProto(t.Kind()))
 	}
-	d.peers = peer.New(self, d.transports, log.Named("peer"))
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if peerTLS != nil {
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS.Client))}
+	}
+	d.peers = peer.New(self, d.transports, log.Named("peer"), peerTLS == nil, dial...)
 
 	peerLn, err := net.Listen("tcp", cfg.PeerListen)
 	if err != nil {
@@ -198,7 +237,11 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	msgMax := 64<<20 + 3*8*cfg.MaxDescriptors
 	d.api = grpc.NewServer(grpc.Creds(auth.PeerCred{}), grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax))
 	b2bv1.RegisterB2BServer(d.api, srv.Local())
-	d.peerSrv = grpc.NewServer(grpc.MaxRecvMsgSize(16 << 20))
+	peerOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
+	if peerTLS != nil {
+		peerOpts = append(peerOpts, grpc.Creds(credentials.NewTLS(peerTLS.Server)))
+	}
+	d.peerSrv = grpc.NewServer(peerOpts...)
 	b2bv1.RegisterPeerServer(d.peerSrv, srv.Peer())
 
 	if cfg.Socket != "" {
@@ -213,6 +256,10 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		ln, err := net.Listen("tcp", cfg.APIListen)
 		if err != nil {
 			return nil, fmt.Errorf("listen for the local API on %s: %w", cfg.APIListen, err)
+		}
+		if !auth.IsLoopback(cfg.APIListen) {
+			// Off this host the API is only reachable with a peer certificate.
+			ln = tls.NewListener(ln, peerTLS.Server)
 		}
 		d.listeners = append(d.listeners, ln)
 		if d.apiAddr == "" {

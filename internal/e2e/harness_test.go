@@ -27,7 +27,7 @@ func startNode(t *testing.T, name string, mutate ...func(*daemon.Config)) *node 
 	cfg := daemon.Config{
 		NodeName: name, Socket: filepath.Join(dir, "b2bd.sock"), SocketMode: "0660",
 		PeerListen: "127.0.0.1:0", ShmDir: filepath.Join(dir, "shm"), Transport: "tcp",
-		DefaultTimeout: 20 * time.Second, ShutdownGrace: 5 * time.Second, MaxDescriptors: 1 << 20,
+		DefaultTimeout: 20 * time.Second, ShutdownGrace: 5 * time.Second, MaxDescriptors: 1 << 20, Insecure: true,
 	}
 	cfg.TCP.Listen = "127.0.0.1:0"
 	for _, m := range mutate {

@@ -62,7 +62,7 @@ func (p *proc) start(t *testing.T) {
 	t.Helper()
 	p.stderr = &strings.Builder{}
 	p.cmd = exec.Command(p.bin, "--node-name", p.name, "--socket", p.sock, "--shm-dir", p.shm,
-		"--peer-listen", p.peer, "--data-listen", p.data, "--transport", "tcp", "--shutdown-grace", "10s")
+		"--peer-listen", p.peer, "--data-listen", p.data, "--transport", "tcp", "--shutdown-grace", "10s", "--insecure")
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -27,6 +28,8 @@ type Manager struct {
 	transports map[transport.Kind]transport.Transport
 	dialOpts   []grpc.DialOption
 	log        hclog.Logger
+	// loopbackOnly: plaintext (--insecure) may only reach loopback peers.
+	loopbackOnly bool
 
 	mu     sync.Mutex
 	closed bool
@@ -42,9 +45,10 @@ type state struct {
 	conns  map[transport.Kind]transport.Conn
 }
 
-// New creates a manager. self is what this daemon says in its handshake.
-func New(self *b2bv1.HandshakeRequest, ts []transport.Transport, log hclog.Logger, dialOpts ...grpc.DialOption) *Manager {
-	m := &Manager{self: self, transports: map[transport.Kind]transport.Transport{}, log: log, peers: map[string]*state{}}
+// New creates a manager. self is what this daemon says in its handshake;
+// loopbackOnly refuses peers off this host (plaintext mode).
+func New(self *b2bv1.HandshakeRequest, ts []transport.Transport, log hclog.Logger, loopbackOnly bool, dialOpts ...grpc.DialOption) *Manager {
+	m := &Manager{self: self, transports: map[transport.Kind]transport.Transport{}, log: log, peers: map[string]*state{}, loopbackOnly: loopbackOnly}
 	for _, t := range ts {
 		m.transports[t.Kind()] = t
 	}
@@ -66,6 +70,9 @@ type Session struct {
 // Get returns a data connection to addr over transport want ("" = verbs when
 // both sides have it, else TCP), connecting and handshaking as needed.
 func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Session, error) {
+	if m.loopbackOnly && !auth.IsLoopback(addr) {
+		return Session{}, fmt.Errorf("%w: peer %s is not a loopback address, and this daemon runs --insecure (plaintext is loopback-only; configure --tls-*)", errs.ErrFailedPrecondition, addr)
+	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()

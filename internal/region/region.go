@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -29,8 +30,9 @@ const MaxNameLen = 128
 
 // Region is one registered range of memory.
 type Region struct {
-	ID      string
-	Export  string
+	ID       string
+	Export   string
+	ExportTo []string // peer identities allowed to write; empty: every authenticated peer
 	Mem     memory.Memory
 	ShmPath string // host regions: the file clients map
 	ShmOff  uint64
@@ -122,14 +124,14 @@ type Caller struct {
 
 // AllocHost creates a shared-memory file of size bytes, owned by the caller,
 // and maps it.
-func (g *Registry) AllocHost(size uint64, export string, who Caller) (*Region, error) {
+func (g *Registry) AllocHost(size uint64, export Export, who Caller) (*Region, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("%w: host_alloc.size is 0: a region needs at least one byte", errs.ErrInvalidArgument)
 	}
 	if size > 1<<46 {
 		return nil, fmt.Errorf("%w: host_alloc.size %d exceeds the limit of %d bytes", errs.ErrInvalidArgument, size, uint64(1)<<46)
 	}
-	if err := checkName(export); err != nil {
+	if err := export.check(); err != nil {
 		return nil, err
 	}
 	var rnd [8]byte
@@ -165,8 +167,8 @@ func (g *Registry) AllocHost(size uint64, export string, who Caller) (*Region, e
 
 // ImportHost maps [offset, offset+size) of a file that lies in the shm
 // directory and belongs to the caller. size 0 means to the end of the file.
-func (g *Registry) ImportHost(path string, offset, size uint64, export string, who Caller) (*Region, error) {
-	if err := checkName(export); err != nil {
+func (g *Registry) ImportHost(path string, offset, size uint64, export Export, who Caller) (*Region, error) {
+	if err := export.check(); err != nil {
 		return nil, err
 	}
 	if !who.Known {
@@ -242,14 +244,14 @@ func (g *Registry) openInShmDir(path string) (*os.File, string, error) {
 }
 
 // AllocCUDA allocates GPU memory on device.
-func (g *Registry) AllocCUDA(device int, size uint64, export string) (*Region, error) {
+func (g *Registry) AllocCUDA(device int, size uint64, export Export) (*Region, error) {
 	if g.cfg.CUDA == nil {
 		return nil, fmt.Errorf("%w: cuda_alloc: this daemon has no usable GPU: %s", errs.ErrFailedPrecondition, g.cfg.CUDAWhy)
 	}
 	if size == 0 {
 		return nil, fmt.Errorf("%w: cuda_alloc.size is 0", errs.ErrInvalidArgument)
 	}
-	if err := checkName(export); err != nil {
+	if err := export.check(); err != nil {
 		return nil, err
 	}
 	mem, ipc, free, err := g.cfg.CUDA.Alloc(device, size)
@@ -260,14 +262,14 @@ func (g *Registry) AllocCUDA(device int, size uint64, export string) (*Region, e
 }
 
 // ImportCUDA maps an application's GPU allocation through its IPC handle.
-func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, export string) (*Region, error) {
+func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, export Export) (*Region, error) {
 	if g.cfg.CUDA == nil {
 		return nil, fmt.Errorf("%w: cuda_ipc: this daemon has no usable GPU: %s", errs.ErrFailedPrecondition, g.cfg.CUDAWhy)
 	}
 	if size == 0 {
 		return nil, fmt.Errorf("%w: cuda_ipc.size is 0", errs.ErrInvalidArgument)
 	}
-	if err := checkName(export); err != nil {
+	if err := export.check(); err != nil {
 		return nil, err
 	}
 	mem, free, err := g.cfg.CUDA.Import(device, handle, offset, size)
@@ -279,7 +281,7 @@ func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, ex
 
 // add registers r with every transport and publishes it. On failure it
 // undoes the registrations and releases the memory.
-func (g *Registry) add(r *Region, export string) (*Region, error) {
+func (g *Registry) add(r *Region, export Export) (*Region, error) {
 	r.regs = make(map[transport.Kind]transport.Registration, len(g.cfg.Transports))
 	undo := func() {
 		for _, reg := range r.regs {
@@ -306,14 +308,14 @@ func (g *Registry) add(r *Region, export string) (*Region, error) {
 		g.cfg.Log.Warn("region not usable with a transport", "kind", r.Mem.Kind, "error", f)
 	}
 	g.mu.Lock()
-	if _, taken := g.byName[export]; export != "" && taken {
+	if _, taken := g.byName[export.Name]; export.Name != "" && taken {
 		g.mu.Unlock()
 		undo()
-		return nil, fmt.Errorf("%w: export_name %q is already used by another region", errs.ErrAlreadyExists, export)
+		return nil, fmt.Errorf("%w: export_name %q is already used by another region", errs.ErrAlreadyExists, export.Name)
 	}
-	if export != "" {
-		r.Export = export
-		g.byName[export] = r
+	if export.Name != "" {
+		r.Export, r.ExportTo = export.Name, export.To
+		g.byName[export.Name] = r
 	}
 	g.seq++
 	r.ID = fmt.Sprintf("r%d", g.seq)
@@ -322,7 +324,7 @@ func (g *Registry) add(r *Region, export string) (*Region, error) {
 		g.byKey[keyRef{k, reg.Key().Key}] = r
 	}
 	g.mu.Unlock()
-	g.cfg.Log.Debug("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", export)
+	g.cfg.Log.Debug("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", export.Name)
 	return r, nil
 }
 
@@ -338,11 +340,12 @@ func (g *Registry) releaseMemory(r *Region) {
 	}
 }
 
-// Export sets (or, with "", clears) a region's export name.
-func (g *Registry) Export(id, name string) (*Region, error) {
-	if err := checkName(name); err != nil {
+// SetExport sets (or, with an empty name, clears) a region's export.
+func (g *Registry) SetExport(id string, export Export) (*Region, error) {
+	if err := export.check(); err != nil {
 		return nil, err
 	}
+	name := export.Name
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	r, ok := g.byID[id]
@@ -357,9 +360,11 @@ func (g *Registry) Export(id, name string) (*Region, error) {
 	if r.Export != "" {
 		delete(g.byName, r.Export)
 	}
-	r.Export = name
+	r.Export, r.ExportTo = name, export.To
 	if name != "" {
 		g.byName[name] = r
+	} else {
+		r.ExportTo = nil
 	}
 	return r, nil
 }
@@ -376,13 +381,22 @@ func (g *Registry) Acquire(id, field string) (*Region, func(), error) {
 	return r, func() { g.done(r) }, nil
 }
 
-// Lookup finds an exported region by name, holding it until release.
-func (g *Registry) Lookup(name string) (*Region, func(), error) {
+// Lookup finds an exported region by name for the peer whose authenticated
+// identity is peer ("" when peers are not authenticated), holding it until
+// release. A region exported to named peers refuses every other peer.
+func (g *Registry) Lookup(name, peer string) (*Region, func(), error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	r, ok := g.byName[name]
 	if !ok || r.closing {
 		return nil, nil, fmt.Errorf("%w: no region is exported as %q", errs.ErrNotFound, name)
+	}
+	if len(r.ExportTo) > 0 && !slices.Contains(r.ExportTo, peer) {
+		who := peer
+		if who == "" {
+			who = "an unauthenticated peer"
+		}
+		return nil, nil, fmt.Errorf("%w: %s may not write region %q (exported to %v)", errs.ErrPermissionDenied, who, name, r.ExportTo)
 	}
 	r.active++
 	return r, func() { g.done(r) }, nil
@@ -489,6 +503,27 @@ func (g *Registry) Close() {
 	for _, r := range rs {
 		g.close(r)
 	}
+}
+
+// Export is a region's export: its name and the peers allowed to write it.
+type Export struct {
+	Name string
+	To   []string // peer identities; empty: every authenticated peer
+}
+
+func (e Export) check() error {
+	if err := checkName(e.Name); err != nil {
+		return err
+	}
+	if e.Name == "" && len(e.To) > 0 {
+		return fmt.Errorf("%w: export_to is set but export_name is empty", errs.ErrInvalidArgument)
+	}
+	for i, p := range e.To {
+		if p == "" || len(p) > 253 {
+			return fmt.Errorf("%w: export_to[%d] %q is not a peer identity (1..253 bytes)", errs.ErrInvalidArgument, i, p)
+		}
+	}
+	return nil
 }
 
 func checkName(name string) error {

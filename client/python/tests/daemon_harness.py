@@ -89,6 +89,7 @@ class Daemon:
                 "--data-listen", f"127.0.0.1:{self.data_port}",
                 "--shm-dir", self.shm_dir,
                 "--transport", "tcp",
+                "--insecure",  # plaintext between daemons: loopback only
                 "--node-name", self.name,
                 "--log-level", "warn",
                 "--shutdown-grace", "5s",

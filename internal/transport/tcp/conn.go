@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -34,7 +35,12 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		return nil, fmt.Errorf("tcp: conn id: %w", err)
 	}
 	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, quit: make(chan struct{})}
-	var d net.Dialer
+	var d interface {
+		DialContext(context.Context, string, string) (net.Conn, error)
+	} = &net.Dialer{}
+	if t.cfg.TLS != nil {
+		d = &tls.Dialer{Config: t.cfg.TLS.ClientFor(addr)}
+	}
 	for i := 0; i < t.cfg.Streams; i++ {
 		nc, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {

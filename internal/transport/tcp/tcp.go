@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"crypto/rand"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/staging"
@@ -39,6 +41,9 @@ type Config struct {
 	// Staging moves GPU memory through pinned host buffers; nil on hosts
 	// without CUDA, where GPU regions cannot use this transport.
 	Staging *staging.Pool
+	// TLS, when set, wraps every data connection in mutual TLS with the
+	// daemons' peer certificates; nil means plaintext (loopback only).
+	TLS *auth.PeerTLS
 }
 
 // Defaults, chosen by measurement on loopback (see README, "TCP transport").
@@ -88,6 +93,9 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("tcp: listen %s: %w", cfg.Listen, err)
+	}
+	if cfg.TLS != nil {
+		ln = tls.NewListener(ln, cfg.TLS.Server)
 	}
 	t := &Transport{cfg: cfg, in: in, log: log, ln: ln, inbound: map[net.Conn]struct{}{}, sessions: map[uint64]*session{}}
 	if _, err := rand.Read(t.token[:]); err != nil {

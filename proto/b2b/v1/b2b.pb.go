@@ -416,7 +416,10 @@ type RegisterRegionRequest struct {
 	//	*RegisterRegionRequest_CudaIpc
 	Source isRegisterRegionRequest_Source `protobuf_oneof:"source"`
 	// Optional: export the region under this name so peers can write into it.
-	ExportName    string `protobuf:"bytes,10,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"`
+	ExportName string `protobuf:"bytes,10,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"`
+	// Peers (their certificate identities) allowed to write the export; empty
+	// means every authenticated peer.
+	ExportTo      []string `protobuf:"bytes,11,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -501,6 +504,13 @@ func (x *RegisterRegionRequest) GetExportName() string {
 	return ""
 }
 
+func (x *RegisterRegionRequest) GetExportTo() []string {
+	if x != nil {
+		return x.ExportTo
+	}
+	return nil
+}
+
 type isRegisterRegionRequest_Source interface {
 	isRegisterRegionRequest_Source()
 }
@@ -542,6 +552,7 @@ type Region struct {
 	CudaIpcOffset  uint64                 `protobuf:"varint,9,opt,name=cuda_ipc_offset,json=cudaIpcOffset,proto3" json:"cuda_ipc_offset,omitempty"`
 	ActiveBatches  uint32                 `protobuf:"varint,10,opt,name=active_batches,json=activeBatches,proto3" json:"active_batches,omitempty"` // batches currently reading or writing it
 	RegisteredWith []TransportKind        `protobuf:"varint,11,rep,packed,name=registered_with,json=registeredWith,proto3,enum=b2b.v1.TransportKind" json:"registered_with,omitempty"`
+	ExportTo       []string               `protobuf:"bytes,12,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"` // empty: every authenticated peer
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -649,6 +660,13 @@ func (x *Region) GetActiveBatches() uint32 {
 func (x *Region) GetRegisteredWith() []TransportKind {
 	if x != nil {
 		return x.RegisteredWith
+	}
+	return nil
+}
+
+func (x *Region) GetExportTo() []string {
+	if x != nil {
+		return x.ExportTo
 	}
 	return nil
 }
@@ -861,6 +879,7 @@ type ExportRegionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
 	ExportName    string                 `protobuf:"bytes,2,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"` // empty clears the export
+	ExportTo      []string               `protobuf:"bytes,3,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`       // allowed peer identities; empty: every authenticated peer
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -907,6 +926,13 @@ func (x *ExportRegionRequest) GetExportName() string {
 		return x.ExportName
 	}
 	return ""
+}
+
+func (x *ExportRegionRequest) GetExportTo() []string {
+	if x != nil {
+		return x.ExportTo
+	}
+	return nil
 }
 
 type ExportRegionResponse struct {
@@ -2461,7 +2487,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\n" +
 	"ipc_handle\x18\x02 \x01(\fR\tipcHandle\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x12\n" +
-	"\x04size\x18\x04 \x01(\x04R\x04size\"\x89\x02\n" +
+	"\x04size\x18\x04 \x01(\x04R\x04size\"\xa6\x02\n" +
 	"\x15RegisterRegionRequest\x122\n" +
 	"\n" +
 	"host_alloc\x18\x01 \x01(\v2\x11.b2b.v1.HostAllocH\x00R\thostAlloc\x12/\n" +
@@ -2471,8 +2497,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\bcuda_ipc\x18\x04 \x01(\v2\x0f.b2b.v1.CudaIpcH\x00R\acudaIpc\x12\x1f\n" +
 	"\vexport_name\x18\n" +
 	" \x01(\tR\n" +
-	"exportNameB\b\n" +
-	"\x06source\"\x87\x03\n" +
+	"exportName\x12\x1b\n" +
+	"\texport_to\x18\v \x03(\tR\bexportToB\b\n" +
+	"\x06source\"\xa4\x03\n" +
 	"\x06Region\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vexport_name\x18\x02 \x01(\tR\n" +
@@ -2488,7 +2515,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0fcuda_ipc_offset\x18\t \x01(\x04R\rcudaIpcOffset\x12%\n" +
 	"\x0eactive_batches\x18\n" +
 	" \x01(\rR\ractiveBatches\x12>\n" +
-	"\x0fregistered_with\x18\v \x03(\x0e2\x15.b2b.v1.TransportKindR\x0eregisteredWith\"@\n" +
+	"\x0fregistered_with\x18\v \x03(\x0e2\x15.b2b.v1.TransportKindR\x0eregisteredWith\x12\x1b\n" +
+	"\texport_to\x18\f \x03(\tR\bexportTo\"@\n" +
 	"\x16RegisterRegionResponse\x12&\n" +
 	"\x06region\x18\x01 \x01(\v2\x0e.b2b.v1.RegionR\x06region\"6\n" +
 	"\x17DeregisterRegionRequest\x12\x1b\n" +
@@ -2496,11 +2524,12 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x18DeregisterRegionResponse\"\x14\n" +
 	"\x12ListRegionsRequest\"?\n" +
 	"\x13ListRegionsResponse\x12(\n" +
-	"\aregions\x18\x01 \x03(\v2\x0e.b2b.v1.RegionR\aregions\"S\n" +
+	"\aregions\x18\x01 \x03(\v2\x0e.b2b.v1.RegionR\aregions\"p\n" +
 	"\x13ExportRegionRequest\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x1f\n" +
 	"\vexport_name\x18\x02 \x01(\tR\n" +
-	"exportName\">\n" +
+	"exportName\x12\x1b\n" +
+	"\texport_to\x18\x03 \x03(\tR\bexportTo\">\n" +
 	"\x14ExportRegionResponse\x12&\n" +
 	"\x06region\x18\x01 \x01(\v2\x0e.b2b.v1.RegionR\x06region\"\x8c\x01\n" +
 	"\vDescriptors\x12\x1f\n" +

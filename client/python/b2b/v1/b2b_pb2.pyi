@@ -142,12 +142,14 @@ class Descriptors(_message.Message):
     def __init__(self, src_offsets: _Optional[bytes] = ..., dst_offsets: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., block_length: _Optional[int] = ...) -> None: ...
 
 class ExportRegionRequest(_message.Message):
-    __slots__ = ["export_name", "region_id"]
+    __slots__ = ["export_name", "export_to", "region_id"]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
     export_name: str
+    export_to: _containers.RepeatedScalarFieldContainer[str]
     region_id: str
-    def __init__(self, region_id: _Optional[str] = ..., export_name: _Optional[str] = ...) -> None: ...
+    def __init__(self, region_id: _Optional[str] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExportRegionResponse(_message.Message):
     __slots__ = ["region"]
@@ -246,12 +248,13 @@ class NotifyResponse(_message.Message):
     def __init__(self, delivered: _Optional[int] = ...) -> None: ...
 
 class Region(_message.Message):
-    __slots__ = ["active_batches", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "id", "kind", "registered_with", "shm_offset", "shm_path", "size"]
+    __slots__ = ["active_batches", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "export_to", "id", "kind", "registered_with", "shm_offset", "shm_path", "size"]
     ACTIVE_BATCHES_FIELD_NUMBER: _ClassVar[int]
     CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
     CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
     CUDA_IPC_OFFSET_FIELD_NUMBER: _ClassVar[int]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_WITH_FIELD_NUMBER: _ClassVar[int]
@@ -263,13 +266,14 @@ class Region(_message.Message):
     cuda_ipc_handle: bytes
     cuda_ipc_offset: int
     export_name: str
+    export_to: _containers.RepeatedScalarFieldContainer[str]
     id: str
     kind: MemoryKind
     registered_with: _containers.RepeatedScalarFieldContainer[TransportKind]
     shm_offset: int
     shm_path: str
     size: int
-    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegionKey(_message.Message):
     __slots__ = ["key", "remote_addr", "transport"]
@@ -282,18 +286,20 @@ class RegionKey(_message.Message):
     def __init__(self, transport: _Optional[_Union[TransportKind, str]] = ..., key: _Optional[int] = ..., remote_addr: _Optional[int] = ...) -> None: ...
 
 class RegisterRegionRequest(_message.Message):
-    __slots__ = ["cuda_alloc", "cuda_ipc", "export_name", "host_alloc", "host_file"]
+    __slots__ = ["cuda_alloc", "cuda_ipc", "export_name", "export_to", "host_alloc", "host_file"]
     CUDA_ALLOC_FIELD_NUMBER: _ClassVar[int]
     CUDA_IPC_FIELD_NUMBER: _ClassVar[int]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
     HOST_ALLOC_FIELD_NUMBER: _ClassVar[int]
     HOST_FILE_FIELD_NUMBER: _ClassVar[int]
     cuda_alloc: CudaAlloc
     cuda_ipc: CudaIpc
     export_name: str
+    export_to: _containers.RepeatedScalarFieldContainer[str]
     host_alloc: HostAlloc
     host_file: HostFile
-    def __init__(self, host_alloc: _Optional[_Union[HostAlloc, _Mapping]] = ..., host_file: _Optional[_Union[HostFile, _Mapping]] = ..., cuda_alloc: _Optional[_Union[CudaAlloc, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIpc, _Mapping]] = ..., export_name: _Optional[str] = ...) -> None: ...
+    def __init__(self, host_alloc: _Optional[_Union[HostAlloc, _Mapping]] = ..., host_file: _Optional[_Union[HostFile, _Mapping]] = ..., cuda_alloc: _Optional[_Union[CudaAlloc, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIpc, _Mapping]] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterRegionResponse(_message.Message):
     __slots__ = ["region"]

@@ -1,0 +1,189 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/b2bd/b2bd/client"
+	"github.com/b2bd/b2bd/internal/daemon"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// testCA issues certificates for daemons in tests.
+type testCA struct {
+	dir  string
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  string
+}
+
+func newCA(t *testing.T, name string) *testCA {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	ca := &testCA{dir: t.TempDir(), cert: cert, key: key}
+	ca.pem = ca.write(t, "ca.pem", "CERTIFICATE", der)
+	return ca
+}
+
+func (ca *testCA) write(t *testing.T, name, typ string, der []byte) string {
+	t.Helper()
+	p := filepath.Join(ca.dir, name)
+	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// issue returns cert and key files naming identity, valid for 127.0.0.1.
+func (ca *testCA) issue(t *testing.T, identity string) (string, string) {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: identity},
+		DNSNames: []string{identity, "localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	return ca.write(t, identity+".pem", "CERTIFICATE", der), ca.write(t, identity+"-key.pem", "EC PRIVATE KEY", kder)
+}
+
+func withTLS(t *testing.T, ca *testCA, identity string) func(*daemon.Config) {
+	cert, key := ca.issue(t, identity)
+	return func(c *daemon.Config) {
+		c.Insecure, c.TLSCert, c.TLSKey, c.TLSCA = false, cert, key, ca.pem
+	}
+}
+
+// TestTrust: mutual TLS between daemons, per-region export ACLs, and the
+// refusals a demanding operator expects.
+func TestTrust(t *testing.T) {
+	ca, rogue := newCA(t, "b2bd test CA"), newCA(t, "rogue CA")
+	a := startNode(t, "a", withTLS(t, ca, "a"))
+	b := startNode(t, "b", withTLS(t, ca, "b"))
+	c := startNode(t, "c", withTLS(t, ca, "c"))
+	m := startNode(t, "mallory", withTLS(t, rogue, "mallory"))
+	plain := startNode(t, "plain")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	const n, size = 500, 4096
+	dst, err := b.c.RegisterHost(ctx, n*size, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.API().ExportRegion(ctx, &b2bv1.ExportRegionRequest{RegionId: dst.Id, ExportName: "only-a", ExportTo: []string{"a"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.RegisterHost(ctx, n*size, "anyone"); err != nil {
+		t.Fatal(err)
+	}
+	offs := make([]uint64, n)
+	for i := range offs {
+		offs[i] = uint64(i) * size
+	}
+	send := func(from *node, region string) error {
+		src, err := from.c.RegisterHost(ctx, n*size, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Unmap()
+		for i := range src.Bytes {
+			src.Bytes[i] = byte(i*31) ^ from.d.PeerAddr()[10]
+		}
+		_, err = from.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: region,
+			Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}})
+		if err == nil && region == "only-a" && string(src.Bytes) != string(dst.Bytes) {
+			t.Fatalf("%s: transfer succeeded but data differs", region)
+		}
+		return err
+	}
+	cases := []struct {
+		name string
+		from *node
+		dst  string
+		code codes.Code
+		msg  string
+	}{
+		{"allowed peer over mTLS", a, "only-a", codes.OK, ""},
+		{"authenticated peer not in export_to", c, "only-a", codes.PermissionDenied, `c may not write region "only-a" (exported to [a])`},
+		{"any authenticated peer", c, "anyone", codes.OK, ""},
+		{"certificate from another CA", m, "anyone", codes.Unavailable, "handshake"},
+		{"plaintext peer to an mTLS daemon", plain, "anyone", codes.Unavailable, "handshake"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := send(tc.from, tc.dst)
+			st, _ := status.FromError(err)
+			if st.Code() != tc.code || !strings.Contains(st.Message(), tc.msg) {
+				t.Fatalf("got %v %q, want %v containing %q", st.Code(), st.Message(), tc.code, tc.msg)
+			}
+		})
+	}
+}
+
+// TestStartupSecurity: a daemon refuses to start without peer
+// authentication, or with plaintext on an address other than loopback.
+func TestStartupSecurity(t *testing.T) {
+	ca := newCA(t, "ca")
+	cert, key := ca.issue(t, "x")
+	base := func() daemon.Config {
+		dir := t.TempDir()
+		c := daemon.Config{Socket: filepath.Join(dir, "s"), SocketMode: "0660", PeerListen: "127.0.0.1:0", ShmDir: filepath.Join(dir, "shm"), Transport: "tcp"}
+		c.TCP.Listen = "127.0.0.1:0"
+		return c
+	}
+	cases := []struct {
+		name string
+		mut  func(*daemon.Config)
+		msg  string
+	}{
+		{"no authentication chosen", func(c *daemon.Config) {}, "daemons must authenticate each other"},
+		{"insecure on all interfaces", func(c *daemon.Config) { c.Insecure, c.PeerListen = true, ":0" }, `--peer-listen ":0" is not a loopback address`},
+		{"insecure data plane off loopback", func(c *daemon.Config) { c.Insecure, c.TCP.Listen = true, "0.0.0.0:0" }, `--data-listen "0.0.0.0:0" is not a loopback address`},
+		{"insecure and tls", func(c *daemon.Config) { c.Insecure, c.TLSCert = true, cert }, "exclusive"},
+		{"half the tls flags", func(c *daemon.Config) { c.TLSCert, c.TLSKey = cert, key }, "--tls-cert, --tls-key and --tls-ca together"},
+		{"bad ca file", func(c *daemon.Config) { c.TLSCert, c.TLSKey, c.TLSCA = cert, key, key }, "holds no PEM certificate"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base()
+			tc.mut(&c)
+			d, err := daemon.New(c, hclog.NewNullLogger())
+			if err == nil {
+				t.Fatalf("daemon started; want an error containing %q", tc.msg)
+			}
+			_ = d
+			if !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("err = %v, want %q", err, tc.msg)
+			}
+		})
+	}
+}
