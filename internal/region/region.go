@@ -33,11 +33,11 @@ type Region struct {
 	ID       string
 	Export   string
 	ExportTo []string // peer identities allowed to write; empty: every authenticated peer
-	Mem     memory.Memory
-	ShmPath string // host regions: the file clients map
-	ShmOff  uint64
-	IPC     []byte // daemon-allocated CUDA regions: the handle clients open
-	IPCOff  uint64
+	Mem      memory.Memory
+	ShmPath  string // host regions: the file clients map
+	ShmOff   uint64
+	IPC      []byte // daemon-allocated CUDA regions: the handle clients open
+	IPCOff   uint64
 
 	regs    map[transport.Kind]transport.Registration
 	release func() error // unmap / free; runs once after every transport let go
