@@ -1,0 +1,207 @@
+package bench
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultBlocks is the number of blocks per batch the sweep aims for.
+const DefaultBlocks = 10000
+
+// DefaultIters is the number of timed batches per size.
+const DefaultIters = 5
+
+// Config is everything the bench is told on its command line.
+type Config struct {
+	Sizes        []uint64 // block sizes in bytes, ascending
+	Blocks       int      // blocks per batch requested (before the memory cap)
+	Iters        int      // timed batches per size (after one warm-up)
+	Full         bool     // ignore the memory cap
+	Transport    string   // auto | tcp | verbs
+	Timeout      time.Duration
+	Seed         uint64 // 0: pick one from the clock
+	JSONPath     string
+	PlotPath     string
+	PerftestPath string
+
+	// Embedded mode: the daemon binary to start twice, and extra flags for it.
+	B2BD       string
+	DaemonArgs []string
+
+	// Two-host mode: running daemons to use instead.
+	SrcAPI, DstAPI, DstPeer string
+
+	// yardstickBytes overrides the yardstick's stream length (tests).
+	yardstickBytes uint64
+}
+
+// TwoHost reports whether the bench uses running daemons instead of starting its own.
+func (c Config) TwoHost() bool { return c.SrcAPI != "" }
+
+// DefaultSizes is every power of two from 128 B to 2 MiB (15 sizes).
+func DefaultSizes() []uint64 {
+	var s []uint64
+	for b := uint64(128); b <= 2<<20; b *= 2 {
+		s = append(s, b)
+	}
+	return s
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, " ") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// ParseFlags parses the command line. It returns flag.ErrHelp after printing
+// usage for -h.
+func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
+	cfg := Config{}
+	fs := flag.NewFlagSet("b2b-bench", flag.ContinueOnError)
+	fs.SetOutput(usageOut)
+	sizes := fs.String("sizes", "", "comma-separated block sizes in bytes, K/M suffixes allowed (default: 128 B to 2 MiB, doubling)")
+	fs.IntVar(&cfg.Blocks, "blocks", DefaultBlocks, "blocks per batch (capped to fit RAM unless --full)")
+	fs.IntVar(&cfg.Iters, "iters", DefaultIters, "timed batches per size, after one warm-up batch (below 5 only for quick runs)")
+	fs.BoolVar(&cfg.Full, "full", false, "use --blocks at every size even where both regions do not fit in RAM")
+	fs.StringVar(&cfg.Transport, "transport", "auto", "transport asked for in each batch: auto, tcp or verbs")
+	fs.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "deadline of each batch")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "random seed for layouts and data (0: from the clock; printed so a run can be repeated)")
+	fs.StringVar(&cfg.JSONPath, "json", "", "write results as JSON to this path")
+	fs.StringVar(&cfg.PlotPath, "plot", "", "write an SVG plot of GB/s and Mblocks/s to this path")
+	fs.StringVar(&cfg.PerftestPath, "perftest", "", `JSON object {"<block bytes>": ib_write_bw GB/s, ...} to compare against`)
+	fs.StringVar(&cfg.B2BD, "b2bd", "b2bd", "embedded mode: the b2bd binary to start twice")
+	daemonArgs := stringList{}
+	fs.Var(&daemonArgs, "daemon-arg", "embedded mode: extra flag for both daemons, e.g. --daemon-arg=--tcp-streams=8 (repeatable)")
+	fs.StringVar(&cfg.SrcAPI, "src-api", "", "two-host mode: the source daemon's local API (socket path, unix:///path or host:port); the bench must run on its host")
+	fs.StringVar(&cfg.DstAPI, "dst-api", "", "two-host mode: the destination daemon's local API, reachable from here (host:port)")
+	fs.StringVar(&cfg.DstPeer, "dst-peer", "", "two-host mode: the destination daemon's peer address as the source daemon reaches it (host:port)")
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments %q (flags only)", fs.Args())
+	}
+	cfg.DaemonArgs = daemonArgs
+	cfg.Sizes = DefaultSizes()
+	if *sizes != "" {
+		s, err := ParseSizes(*sizes)
+		if err != nil {
+			return Config{}, fmt.Errorf("--sizes: %w", err)
+		}
+		cfg.Sizes = s
+	}
+	return cfg, cfg.Validate()
+}
+
+// Validate checks flag combinations.
+func (c Config) Validate() error {
+	switch {
+	case c.Blocks < 1:
+		return fmt.Errorf("--blocks %d: need at least 1", c.Blocks)
+	case c.Iters < 1:
+		return fmt.Errorf("--iters %d: need at least 1 timed batch", c.Iters)
+	case c.Timeout <= 0:
+		return fmt.Errorf("--timeout %v: need a positive deadline", c.Timeout)
+	case len(c.Sizes) == 0:
+		return errors.New("--sizes: no sizes given")
+	}
+	switch c.Transport {
+	case "auto", "tcp", "verbs":
+	default:
+		return fmt.Errorf("--transport %q: want auto, tcp or verbs", c.Transport)
+	}
+	given := 0
+	for _, v := range []string{c.SrcAPI, c.DstAPI, c.DstPeer} {
+		if v != "" {
+			given++
+		}
+	}
+	if given != 0 && given != 3 {
+		return errors.New("two-host mode needs all of --src-api, --dst-api and --dst-peer")
+	}
+	if given == 0 && c.B2BD == "" {
+		return errors.New("embedded mode needs --b2bd (the daemon binary)")
+	}
+	return nil
+}
+
+// ParseSizes parses "128,4096,64K,2MiB" into ascending, distinct byte counts.
+func ParseSizes(s string) ([]uint64, error) {
+	seen := map[uint64]bool{}
+	var out []uint64
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := parseByteCount(f)
+		if err != nil {
+			return nil, err
+		}
+		if !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%q lists no sizes", s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
+
+func parseByteCount(f string) (uint64, error) {
+	mult := uint64(1)
+	num := f
+	lower := strings.ToLower(f)
+	for _, u := range []struct {
+		suffix string
+		mult   uint64
+	}{{"kib", 1 << 10}, {"mib", 1 << 20}, {"gib", 1 << 30}, {"k", 1 << 10}, {"m", 1 << 20}, {"g", 1 << 30}, {"b", 1}} {
+		if strings.HasSuffix(lower, u.suffix) {
+			mult, num = u.mult, strings.TrimSpace(f[:len(f)-len(u.suffix)])
+			break
+		}
+	}
+	v, err := strconv.ParseUint(num, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: not a whole number of bytes (suffixes K, M, G allowed)", f)
+	}
+	if v == 0 {
+		return 0, fmt.Errorf("size %q: blocks need at least one byte", f)
+	}
+	if v > (1<<40)/mult {
+		return 0, fmt.Errorf("size %q: over 1 TiB", f)
+	}
+	return v * mult, nil
+}
+
+// FormatBytes writes a byte count in the largest binary unit that divides it
+// exactly ("128 B", "4 KiB", "2 MiB"), else in bytes.
+func FormatBytes(n uint64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	default:
+		return fmt.Sprintf("%d B", n)
+	}
+}
+
+// formatGiB writes a byte count with one decimal in GiB, or MiB below 1 GiB,
+// for notes.
+func formatGiB(n uint64) string {
+	if n < 1<<30 {
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+}

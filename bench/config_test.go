@@ -1,0 +1,114 @@
+package bench
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseSizes(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []uint64
+		err  string
+	}{
+		{"128,4096", []uint64{128, 4096}, ""},
+		{"2M, 64K ,128", []uint64{128, 64 << 10, 2 << 20}, ""},
+		{"4KiB,1MiB,1g", []uint64{4 << 10, 1 << 20, 1 << 30}, ""},
+		{"128B,128", []uint64{128}, ""},
+		{"4096,4K", []uint64{4096}, ""},
+		{"", nil, "no sizes"},
+		{"0", nil, "at least one byte"},
+		{"12x", nil, "not a whole number"},
+		{"-5", nil, "not a whole number"},
+		{"2048G", nil, "over 1 TiB"},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := ParseSizes(tc.in)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("ParseSizes(%q) error = %v, want %q", tc.in, err, tc.err)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("ParseSizes(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestDefaultSizes(t *testing.T) {
+	s := DefaultSizes()
+	if len(s) != 15 || s[0] != 128 || s[14] != 2<<20 {
+		t.Fatalf("DefaultSizes() = %v, want 15 sizes from 128 B to 2 MiB", s)
+	}
+	for i := 1; i < len(s); i++ {
+		if s[i] != 2*s[i-1] {
+			t.Fatalf("sizes %d and %d do not double", s[i-1], s[i])
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		check func(Config) bool
+		err   string
+	}{
+		{"defaults", nil, func(c Config) bool {
+			return c.Blocks == 10000 && c.Iters == 5 && len(c.Sizes) == 15 && c.Transport == "auto" && !c.TwoHost() && c.Timeout == 2*time.Minute
+		}, ""},
+		{"overrides", []string{"--sizes", "4K,128", "--blocks", "500", "--iters", "2", "--transport", "tcp", "--seed", "9", "--full", "--daemon-arg=--tcp-streams=8"}, func(c Config) bool {
+			return reflect.DeepEqual(c.Sizes, []uint64{128, 4096}) && c.Blocks == 500 && c.Iters == 2 && c.Transport == "tcp" && c.Seed == 9 && c.Full &&
+				reflect.DeepEqual(c.DaemonArgs, []string{"--tcp-streams=8"})
+		}, ""},
+		{"two-host", []string{"--src-api", "/run/b2bd/b2bd.sock", "--dst-api", "10.0.0.2:7472", "--dst-peer", "10.0.0.2:7470"}, func(c Config) bool { return c.TwoHost() }, ""},
+		{"two-host incomplete", []string{"--src-api", "/run/b2bd/b2bd.sock"}, nil, "needs all of"},
+		{"bad transport", []string{"--transport", "udp"}, nil, "want auto, tcp or verbs"},
+		{"zero iters", []string{"--iters", "0"}, nil, "at least 1"},
+		{"zero blocks", []string{"--blocks", "0"}, nil, "at least 1"},
+		{"bad sizes", []string{"--sizes", "x"}, nil, "--sizes"},
+		{"stray argument", []string{"extra"}, nil, "unexpected arguments"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := ParseFlags(tc.args, io.Discard)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error = %v, want %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.check(c) {
+				t.Fatalf("config %+v", c)
+			}
+		})
+	}
+}
+
+func TestParseFlagsHelp(t *testing.T) {
+	var b strings.Builder
+	_, err := ParseFlags([]string{"-h"}, &b)
+	if !errors.Is(err, flag.ErrHelp) || !strings.Contains(b.String(), "--sizes") && !strings.Contains(b.String(), "-sizes") {
+		t.Fatalf("err %v, usage %q", err, b.String())
+	}
+}
+
+func TestFormatBytes(t *testing.T) {
+	for _, tc := range []struct {
+		n    uint64
+		want string
+	}{{128, "128 B"}, {1000, "1000 B"}, {4096, "4 KiB"}, {1536, "1536 B"}, {2 << 20, "2 MiB"}, {3 << 30, "3 GiB"}} {
+		if got := FormatBytes(tc.n); got != tc.want {
+			t.Errorf("FormatBytes(%d) = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}

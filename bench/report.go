@@ -1,0 +1,296 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// RatioMinBlock is the smallest block compared with the TCP yardstick: below
+// it, per-block costs dominate and a bulk stream is not the right measure.
+const RatioMinBlock = 256 << 10
+
+// SMs describes how many GPU streaming multiprocessors a transfer keeps busy.
+type SMs struct {
+	Count *int   // nil: not known
+	Label string // for the table
+}
+
+// SMsUsed derives the SM count from the kinds of memory a batch moves between.
+// Host memory involves no GPU; for GPU memory the count depends on the path
+// (GPUDirect RDMA uses none, staging may), which is not measured yet.
+func SMsUsed(kinds ...b2bv1.MemoryKind) SMs {
+	for _, k := range kinds {
+		if k != b2bv1.MemoryKind_MEMORY_KIND_HOST {
+			return SMs{Label: "n/a (GPU memory)"}
+		}
+	}
+	zero := 0
+	return SMs{Count: &zero, Label: "0 (host memory)"}
+}
+
+// Row is the result of one block size.
+type Row struct {
+	BlockBytes      uint64    `json:"block_bytes"`
+	Blocks          int       `json:"blocks"`
+	BlocksRequested int       `json:"blocks_requested"`
+	Capped          bool      `json:"capped"`
+	PayloadBytes    uint64    `json:"payload_bytes"`
+	Iterations      int       `json:"iterations"`
+	MedianSeconds   float64   `json:"median_seconds"`
+	P99Seconds      float64   `json:"p99_seconds"`
+	MinSeconds      float64   `json:"min_seconds"`
+	SampleSeconds   []float64 `json:"sample_seconds"`
+	GBps            float64   `json:"gbps"`
+	MblocksPerSec   float64   `json:"mblocks_per_s"`
+	SMsUsed         *int      `json:"sms_used"`
+	SMsUsedLabel    string    `json:"sms_used_label"`
+	// DaemonCPUSeconds is utime+stime of the daemons over the timed batches;
+	// nil where it cannot be read (a remote daemon).
+	DaemonCPUSeconds *float64 `json:"daemon_cpu_seconds"`
+	DaemonCPUScope   string   `json:"daemon_cpu_scope,omitempty"`
+	Transport        string   `json:"transport"`
+	// OtherCPUSeconds is CPU time that neither the daemons nor the bench used
+	// on this host during the timed batches, and StealCPUSeconds what the
+	// hypervisor took: when large, the timings are disturbed. nil where the
+	// daemons' own share is unknown.
+	OtherCPUSeconds *float64 `json:"other_cpu_seconds"`
+	StealCPUSeconds *float64 `json:"steal_cpu_seconds"`
+	// DataPathMedianSeconds is the daemon's own timing of the data path
+	// (BatchTransferResponse.elapsed_ns), without the API call around it.
+	DataPathMedianSeconds float64 `json:"data_path_median_seconds"`
+	Segments              uint64  `json:"segments"`
+	WorkRequests          uint64  `json:"work_requests"`
+	// Verified: every block's CRC32C matched on both sides.
+	Verified         bool     `json:"verified"`
+	YardstickGBps    *float64 `json:"yardstick_gbps,omitempty"`
+	RatioVsYardstick *float64 `json:"ratio_vs_yardstick,omitempty"`
+	PerftestGBps     *float64 `json:"perftest_gbps,omitempty"`
+	RatioVsPerftest  *float64 `json:"ratio_vs_perftest,omitempty"`
+	Error            string   `json:"error,omitempty"`
+	// Phases is the wall time of each step of this size, to show where a
+	// run's time goes.
+	Phases Phases `json:"phase_seconds"`
+}
+
+// Phases are wall times in seconds.
+type Phases struct {
+	Fill   float64 `json:"fill"`
+	WarmUp float64 `json:"warm_up"`
+	Timed  float64 `json:"timed"`
+	Verify float64 `json:"verify"`
+}
+
+// Report is the whole run, as written to --json.
+type Report struct {
+	Transport  string        `json:"transport"`
+	Mode       string        `json:"mode"` // "embedded" or "two-host"
+	Seed       uint64        `json:"seed"`
+	Iterations int           `json:"iterations"`
+	Yardstick  *YardstickOut `json:"yardstick,omitempty"`
+	Memory     MemoryOut     `json:"memory"`
+	Host       HostOut       `json:"host"`
+	// AllocateSeconds is how long registering both regions took (once per run).
+	AllocateSeconds float64 `json:"allocate_seconds"`
+	Rows            []Row   `json:"rows"`
+	Complete        bool    `json:"complete"` // every planned size ran and verified
+	Error           string  `json:"error,omitempty"`
+}
+
+// YardstickOut describes the TCP yardstick in the report.
+type YardstickOut struct {
+	Kind   string  `json:"kind"`
+	GBps   float64 `json:"gbps"`
+	Bytes  uint64  `json:"bytes"`
+	Trials int     `json:"trials"`
+}
+
+// MemoryOut is the memory budget in the report.
+type MemoryOut struct {
+	MemAvailableBytes uint64 `json:"mem_available_bytes"`
+	UsableBytes       uint64 `json:"usable_bytes"`
+	RegionsHere       int    `json:"regions_on_this_host"`
+}
+
+// HostOut describes the machine.
+type HostOut struct {
+	Hostname string `json:"hostname"`
+	CPUs     int    `json:"cpus"`
+}
+
+// transportName turns the wire enum into "tcp" or "verbs".
+func transportName(k b2bv1.TransportKind) string {
+	switch k {
+	case b2bv1.TransportKind_TRANSPORT_KIND_TCP:
+		return "tcp"
+	case b2bv1.TransportKind_TRANSPORT_KIND_VERBS:
+		return "verbs"
+	}
+	return strings.ToLower(strings.TrimPrefix(k.String(), "TRANSPORT_KIND_"))
+}
+
+// transportKind is the request enum for --transport.
+func transportKind(s string) b2bv1.TransportKind {
+	switch s {
+	case "tcp":
+		return b2bv1.TransportKind_TRANSPORT_KIND_TCP
+	case "verbs":
+		return b2bv1.TransportKind_TRANSPORT_KIND_VERBS
+	}
+	return b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED
+}
+
+// overallTransport is the rows' transport, or "mixed".
+func overallTransport(rows []Row) string {
+	t := ""
+	for _, r := range rows {
+		switch {
+		case r.Transport == "":
+		case t == "":
+			t = r.Transport
+		case t != r.Transport:
+			return "mixed"
+		}
+	}
+	return t
+}
+
+// WriteJSON writes the report to path, indented, atomically (a reader never
+// sees half a file).
+func WriteJSON(path string, r *Report) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode results: %w", err)
+	}
+	return writeFileAtomic(path, append(b, '\n'))
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// table prints rows as aligned columns, one row at a time so results show as
+// each size finishes.
+type table struct {
+	w        io.Writer
+	perftest bool
+}
+
+func (t *table) columns() []string {
+	c := []string{"block", "blocks", "median", "p99", "GB/s", "Mblocks/s", "SMs used", "daemon CPU s", "transport", "vs TCP"}
+	if t.perftest {
+		c = append(c, "perftest GB/s", "vs perftest")
+	}
+	return append(c, "verified")
+}
+
+// widths are fixed so rows can be printed as they come.
+var columnWidth = map[string]int{
+	"block": 8, "blocks": 8, "median": 10, "p99": 10, "GB/s": 7, "Mblocks/s": 9, "SMs used": 16,
+	"daemon CPU s": 12, "transport": 9, "vs TCP": 6, "perftest GB/s": 13, "vs perftest": 11, "verified": 8,
+}
+
+// rightAligned columns hold numbers.
+var rightAligned = map[string]bool{
+	"blocks": true, "median": true, "p99": true, "GB/s": true, "Mblocks/s": true, "daemon CPU s": true,
+	"vs TCP": true, "perftest GB/s": true, "vs perftest": true,
+}
+
+func (t *table) line(cells map[string]string) {
+	var b strings.Builder
+	for i, c := range t.columns() {
+		if i > 0 {
+			b.WriteString("  ")
+		}
+		w := columnWidth[c]
+		if rightAligned[c] {
+			fmt.Fprintf(&b, "%*s", w, cells[c])
+		} else {
+			fmt.Fprintf(&b, "%-*s", w, cells[c])
+		}
+	}
+	fmt.Fprintln(t.w, strings.TrimRight(b.String(), " "))
+}
+
+func (t *table) header() {
+	cells := map[string]string{}
+	for _, c := range t.columns() {
+		cells[c] = c
+	}
+	t.line(cells)
+}
+
+func (t *table) row(r Row) {
+	blocks := fmt.Sprint(r.Blocks)
+	if r.Capped {
+		blocks += "*"
+	}
+	cells := map[string]string{
+		"block":     FormatBytes(r.BlockBytes),
+		"blocks":    blocks,
+		"median":    formatSeconds(r.MedianSeconds),
+		"p99":       formatSeconds(r.P99Seconds),
+		"GB/s":      fmt.Sprintf("%.3f", r.GBps),
+		"Mblocks/s": fmt.Sprintf("%.3f", r.MblocksPerSec),
+		"SMs used":  r.SMsUsedLabel,
+		"transport": r.Transport,
+		"vs TCP":    "-",
+		"verified":  "no",
+	}
+	cells["daemon CPU s"] = "n/a"
+	if r.DaemonCPUSeconds != nil {
+		cells["daemon CPU s"] = fmt.Sprintf("%.2f", *r.DaemonCPUSeconds)
+		if r.DaemonCPUScope != "" && r.DaemonCPUScope != cpuScopeBoth {
+			cells["daemon CPU s"] += " (src)"
+		}
+	}
+	if r.RatioVsYardstick != nil {
+		cells["vs TCP"] = fmt.Sprintf("%.2fx", *r.RatioVsYardstick)
+	}
+	cells["perftest GB/s"], cells["vs perftest"] = "-", "-"
+	if r.PerftestGBps != nil {
+		cells["perftest GB/s"] = fmt.Sprintf("%.2f", *r.PerftestGBps)
+	}
+	if r.RatioVsPerftest != nil {
+		cells["vs perftest"] = fmt.Sprintf("%.2fx", *r.RatioVsPerftest)
+	}
+	if r.Verified {
+		cells["verified"] = "yes"
+	}
+	if r.MedianSeconds == 0 {
+		for _, c := range []string{"median", "p99", "GB/s", "Mblocks/s"} {
+			cells[c] = "-"
+		}
+	}
+	t.line(cells)
+}
+
+// formatSeconds picks ms or s so the column stays readable from 100 us to 10 s.
+func formatSeconds(s float64) string {
+	if s < 1 {
+		return fmt.Sprintf("%.3f ms", s*1e3)
+	}
+	return fmt.Sprintf("%.3f s", s)
+}
+
+// tabbed writes aligned key/value lines (the run's header).
+func tabbed(w io.Writer, pairs [][2]string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, p := range pairs {
+		fmt.Fprintf(tw, "%s\t%s\n", p[0], p[1])
+	}
+	_ = tw.Flush()
+}

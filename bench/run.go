@@ -1,0 +1,639 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/b2bd/b2bd/client"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// CPU scopes: whose CPU time a row's daemon_cpu_seconds counts.
+const (
+	cpuScopeBoth = "both daemons"
+	cpuScopeSrc  = "source daemon only"
+)
+
+// cleanupTimeout bounds releasing a size's regions, even after a cancel.
+const cleanupTimeout = 30 * time.Second
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// verifySampleBlocks: how many source blocks the bench hashes itself, to
+// check that the daemons' checksums really cover the data.
+const verifySampleBlocks = 256
+
+// endpoints are the two daemons a run talks to.
+type endpoints struct {
+	src, dst *client.Client
+	dstPeer  string // the destination's peer address, as the source daemon dials it
+	cpu      *CPUMeter
+	pair     *embeddedPair // nil in two-host mode
+	describe string        // one line for the header
+}
+
+// close stops what the run started: the daemons in embedded mode (checking
+// they exit 0), the connections in two-host mode.
+func (e *endpoints) close() error {
+	if e.pair != nil {
+		if err := e.pair.stop(); err != nil {
+			return fmt.Errorf("stopping the daemons: %w", err)
+		}
+		return nil
+	}
+	for _, c := range []*client.Client{e.src, e.dst} {
+		if c != nil {
+			_ = c.Close()
+		}
+	}
+	return nil
+}
+
+// runner holds one run's state.
+type runner struct {
+	cfg      Config
+	out      io.Writer // the table and notes
+	errOut   io.Writer // progress
+	report   *Report
+	perftest map[uint64]float64
+	yard     *Yardstick
+	bar      *progress
+	table    *table
+}
+
+// Run benchmarks b2bd as cfg says: the table goes to stdout, the progress
+// bar to stderr (terminals only), results to cfg.JSONPath and cfg.PlotPath.
+// The outputs are written even when the run fails, marked incomplete, so a
+// failure leaves its evidence.
+func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = uint64(time.Now().UnixNano()) | 1
+	}
+	host, _ := os.Hostname()
+	mode := "embedded"
+	if cfg.TwoHost() {
+		mode = "two-host"
+	}
+	r := &runner{
+		cfg: cfg, out: stdout, errOut: stderr,
+		report: &Report{Mode: mode, Seed: cfg.Seed, Iterations: cfg.Iters, Host: HostOut{Hostname: host, CPUs: runtime.NumCPU()}, Rows: []Row{}},
+	}
+	start := time.Now()
+	err := r.run(ctx)
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("interrupted: %w", err)
+	}
+	if r.bar != nil {
+		r.bar.clear()
+	}
+	r.report.Complete = err == nil
+	if err != nil {
+		r.report.Error = err.Error()
+	}
+	r.report.Transport = overallTransport(r.report.Rows)
+	if r.report.Transport == "" {
+		r.report.Transport = cfg.Transport
+	}
+	if werr := r.writeOutputs(); werr != nil {
+		err = errors.Join(err, werr)
+	}
+	fmt.Fprintf(stdout, "\ntotal time %s\n", time.Since(start).Round(100*time.Millisecond))
+	return err
+}
+
+func (r *runner) run(ctx context.Context) (err error) {
+	if r.cfg.PerftestPath != "" {
+		if r.perftest, err = LoadPerftest(r.cfg.PerftestPath); err != nil {
+			return err
+		}
+	}
+	eps, err := connect(ctx, r.cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := eps.close(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
+
+	budget, err := r.memoryBudget(ctx, eps)
+	if err != nil {
+		return err
+	}
+	plans := PlanSizes(r.cfg.Sizes, r.cfg.Blocks, r.cfg.Full, budget)
+	r.report.Memory = MemoryOut{MemAvailableBytes: budget.MemAvailable, UsableBytes: budget.Usable, RegionsHere: budget.RegionsHere}
+	stepsPerSize := r.cfg.Iters + 2 // warm-up, timed batches, verification
+	r.bar = newProgress(r.errOut, 1+len(plans)*stepsPerSize)
+	r.printHeader(ctx, eps, budget, plans)
+
+	r.bar.set("measuring the TCP loopback yardstick")
+	yardBytes := YardstickBytes(plans)
+	if r.cfg.yardstickBytes != 0 {
+		yardBytes = r.cfg.yardstickBytes
+	}
+	ys, err := MeasureTCPLoopback(ctx, yardBytes, 3)
+	if err != nil {
+		return err
+	}
+	r.yard = &ys
+	r.report.Yardstick = &YardstickOut{Kind: "tcp loopback, 1 connection, 4 MiB writes", GBps: ys.GBps, Bytes: ys.Bytes, Trials: ys.Trials}
+	r.bar.step("")
+	r.printf("yardstick  plain TCP on 127.0.0.1, 1 connection, 4 MiB writes: %.2f GB/s (best of %d x %s)\n",
+		ys.GBps, ys.Trials, formatGiB(ys.Bytes))
+
+	// One region per side, registered once and reused by every size: pools
+	// are registered once in real use too, and on a VM faulting in tens of
+	// GiB per size would cost more than the measurements.
+	r.bar.set("registering the regions")
+	allocStart := time.Now()
+	regions, err := allocate(ctx, eps, RegionBytesFor(plans), fmt.Sprintf("b2b-bench-%d-%d", os.Getpid(), r.cfg.Seed%1_000_000))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if rerr := regions.release(ctx, eps); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}()
+	r.report.AllocateSeconds = time.Since(allocStart).Seconds()
+	r.printf("regions    %s on each side, registered in %.1f s\n\n", formatGiB(regions.bytes), r.report.AllocateSeconds)
+
+	r.table = &table{w: r.out, perftest: r.perftest != nil}
+	r.bar.clear()
+	r.table.header()
+	anyCapped := false
+	for i, p := range plans {
+		row, err := r.runSize(ctx, eps, regions, p, i, len(plans))
+		r.report.Rows = append(r.report.Rows, row)
+		r.bar.clear()
+		r.table.row(row)
+		r.bar.redraw()
+		anyCapped = anyCapped || p.Capped
+		if err != nil {
+			return err
+		}
+	}
+	if anyCapped {
+		r.printf("* fewer blocks than requested, so that both regions fit in RAM (see 'capped' above; --full forces %d)\n", r.cfg.Blocks)
+	}
+	if warn := disturbanceWarning(r.report.Rows, runtime.NumCPU()); warn != "" {
+		r.printf("%s\n", warn)
+	}
+	return nil
+}
+
+// disturbedShare: when other processes or the hypervisor took more than this
+// share of the machine's CPU time during a size's timed batches, say so.
+// disturbedFloor: but not below this many CPU seconds, since /proc counts in
+// 10 ms ticks and a 20 ms window would otherwise look disturbed by one tick.
+const (
+	disturbedShare = 0.10
+	disturbedFloor = 0.05
+)
+
+// disturbanceWarning names the sizes whose timings other load disturbed.
+func disturbanceWarning(rows []Row, cpus int) string {
+	var hit []string
+	worst := 0.0
+	for _, r := range rows {
+		if r.OtherCPUSeconds == nil || r.Phases.Timed <= 0 {
+			continue
+		}
+		lost := *r.OtherCPUSeconds + *r.StealCPUSeconds
+		share := lost / (r.Phases.Timed * float64(cpus))
+		if share > disturbedShare && lost > disturbedFloor {
+			hit = append(hit, FormatBytes(r.BlockBytes))
+			worst = max(worst, share)
+		}
+	}
+	if len(hit) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("warning: other processes (or the hypervisor) used up to %.0f%% of this machine's CPU time during the timed batches of %s: those timings are disturbed (other_cpu_seconds in the JSON)",
+		100*worst, strings.Join(hit, ", "))
+}
+
+// printf writes a line of the report without tearing the progress bar.
+func (r *runner) printf(format string, args ...any) {
+	r.bar.clear()
+	fmt.Fprintf(r.out, format, args...)
+	r.bar.redraw()
+}
+
+// connect starts the embedded daemons or dials the given ones.
+func connect(ctx context.Context, cfg Config) (*endpoints, error) {
+	if !cfg.TwoHost() {
+		pair, err := startEmbedded(ctx, cfg.B2BD, cfg.DaemonArgs)
+		if err != nil {
+			return nil, fmt.Errorf("embedded daemons: %w", err)
+		}
+		return &endpoints{
+			src: pair.src.client, dst: pair.dst.client, dstPeer: pair.dst.peer, pair: pair,
+			cpu:      NewCPUMeter(cpuScopeBoth, pair.pids()...),
+			describe: fmt.Sprintf("embedded: two b2bd on 127.0.0.1 (%s, pids %d -> %d)", cfg.B2BD, pair.pids()[0], pair.pids()[1]),
+		}, nil
+	}
+	e := &endpoints{dstPeer: cfg.DstPeer}
+	var err error
+	if e.src, err = client.Dial(cfg.SrcAPI); err != nil {
+		return nil, fmt.Errorf("source daemon: %w", err)
+	}
+	if e.dst, err = client.Dial(cfg.DstAPI); err != nil {
+		_ = e.close()
+		return nil, fmt.Errorf("destination daemon: %w", err)
+	}
+	for _, d := range []struct {
+		name, addr string
+		c          *client.Client
+	}{{"source", cfg.SrcAPI, e.src}, {"destination", cfg.DstAPI, e.dst}} {
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := d.c.Status(sctx)
+		cancel()
+		if err != nil {
+			_ = e.close()
+			return nil, fmt.Errorf("%s daemon at %s does not answer: %w", d.name, d.addr, err)
+		}
+	}
+	// The source daemon runs here; if its API is a Unix socket, the kernel
+	// tells us its pid and /proc its CPU time. The destination's is remote.
+	if path := unixSocketPath(cfg.SrcAPI); path != "" {
+		if pid, err := unixSocketPeerPID(path); err == nil {
+			m := NewCPUMeter(cpuScopeSrc, pid)
+			if _, err := m.Seconds(); err == nil {
+				e.cpu = m
+			}
+		}
+	}
+	e.describe = fmt.Sprintf("two-host: source %s -> destination %s (peer %s)", cfg.SrcAPI, cfg.DstAPI, cfg.DstPeer)
+	return e, nil
+}
+
+// memoryBudget reads what this host can hold. The regions' tmpfs is found
+// by registering one page on the source daemon and looking at its file.
+func (r *runner) memoryBudget(ctx context.Context, eps *endpoints) (MemoryBudget, error) {
+	avail, err := ReadMemAvailable("/proc/meminfo")
+	if err != nil {
+		return MemoryBudget{}, err
+	}
+	regionsHere := 2
+	if r.cfg.TwoHost() {
+		regionsHere = 1
+	}
+	shmFree := uint64(0)
+	probe, err := eps.src.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}},
+	})
+	if err != nil {
+		return MemoryBudget{}, fmt.Errorf("source daemon: register a probe region: %w", err)
+	}
+	if path := probe.GetRegion().GetShmPath(); path != "" {
+		shmFree = filesystemFree(filepath.Dir(path))
+	}
+	if err := eps.src.Deregister(ctx, probe.GetRegion().GetId()); err != nil {
+		return MemoryBudget{}, fmt.Errorf("source daemon: release the probe region: %w", err)
+	}
+	return NewBudget(avail, shmFree, regionsHere), nil
+}
+
+func (r *runner) printHeader(ctx context.Context, eps *endpoints, budget MemoryBudget, plans []SizePlan) {
+	pairs := [][2]string{
+		{"b2b-bench", fmt.Sprintf("%s; transport %s requested; %d timed batches per size after 1 warm-up; seed %d", eps.describe, r.cfg.Transport, r.cfg.Iters, r.cfg.Seed)},
+	}
+	if st, err := eps.src.Status(ctx); err == nil {
+		var ts []string
+		for _, t := range st.GetTransports() {
+			name := transportName(t.GetKind())
+			if t.GetAvailable() {
+				ts = append(ts, name)
+			} else {
+				why := strings.TrimPrefix(t.GetDetail(), "unavailable: ")
+				ts = append(ts, fmt.Sprintf("%s unavailable (%s)", name, why))
+			}
+		}
+		pairs = append(pairs, [2]string{"source", fmt.Sprintf("b2bd %s on %s; transports: %s", st.GetVersion(), st.GetNodeName(), strings.Join(ts, ", "))})
+	}
+	mem := fmt.Sprintf("MemAvailable %s; regions may use %s (%d per size on this host", formatGiB(budget.MemAvailable), formatGiB(budget.Usable), budget.RegionsHere)
+	if r.cfg.TwoHost() {
+		mem += "; the destination host is assumed to hold its own"
+	}
+	pairs = append(pairs, [2]string{"memory", mem + ")"})
+	var capped, over []string
+	for _, p := range plans {
+		if p.Capped {
+			capped = append(capped, fmt.Sprintf("%s: %d blocks", FormatBytes(p.BlockBytes), p.Blocks))
+		}
+		if p.OverBudget {
+			over = append(over, fmt.Sprintf("%s needs %s", FormatBytes(p.BlockBytes), formatGiB(SlotBytes(p.BlockBytes)*uint64(p.Blocks)*uint64(budget.RegionsHere))))
+		}
+	}
+	if len(capped) > 0 {
+		pairs = append(pairs, [2]string{"capped", strings.Join(capped, ", ") + fmt.Sprintf(" (below %d so that the regions fit in RAM; --full forces %d)", r.cfg.Blocks, r.cfg.Blocks)})
+	}
+	if len(over) > 0 {
+		pairs = append(pairs, [2]string{"warning", "--full: " + strings.Join(over, ", ") + " of regions, over the " + formatGiB(budget.Usable) + " usable; expect allocation failures"})
+	}
+	if r.cfg.Iters < DefaultIters {
+		pairs = append(pairs, [2]string{"note", fmt.Sprintf("--iters %d: fewer than %d timed batches, so p99 is the slowest of very few", r.cfg.Iters, DefaultIters)})
+	}
+	r.bar.clear()
+	tabbed(r.out, pairs)
+	r.bar.redraw()
+}
+
+// regionPair is the run's source and destination regions.
+type regionPair struct {
+	bytes     uint64
+	src       *client.HostRegion
+	dstID     string
+	dstExport string
+	dstKind   b2bv1.MemoryKind
+}
+
+// RegionBytesFor is the region size every planned size fits in: its
+// blocks' slots laid end to end.
+func RegionBytesFor(plans []SizePlan) uint64 {
+	var most uint64
+	for _, p := range plans {
+		most = max(most, SlotBytes(p.BlockBytes)*uint64(p.Blocks))
+	}
+	return max(most, 4096)
+}
+
+// release unmaps and deregisters both regions.
+func (s *regionPair) release(ctx context.Context, eps *endpoints) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	var errs []error
+	if s.src != nil {
+		if err := s.src.Unmap(); err != nil {
+			errs = append(errs, fmt.Errorf("unmap the source region: %w", err))
+		}
+		if err := eps.src.Deregister(ctx, s.src.GetId()); err != nil {
+			errs = append(errs, fmt.Errorf("deregister the source region %s: %w", s.src.GetId(), err))
+		}
+	}
+	if s.dstID != "" {
+		if err := eps.dst.Deregister(ctx, s.dstID); err != nil {
+			errs = append(errs, fmt.Errorf("deregister the destination region %s: %w", s.dstID, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// allocate registers the source region (mapped here, to fill it) and the
+// destination region (exported for the source daemon, never mapped here:
+// in two-host mode it is on another machine).
+func allocate(ctx context.Context, eps *endpoints, bytes uint64, export string) (*regionPair, error) {
+	s := &regionPair{bytes: bytes}
+	var err error
+	s.src, err = eps.src.RegisterHost(ctx, bytes, "")
+	if err != nil {
+		return nil, fmt.Errorf("source region of %s: %w (the bench must run on the source daemon's host)", formatGiB(bytes), err)
+	}
+	resp, err := eps.dst.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		Source:     &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: bytes}},
+		ExportName: export,
+	})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("destination region of %s: %w", formatGiB(bytes), err), s.release(ctx, eps))
+	}
+	s.dstID, s.dstExport, s.dstKind = resp.GetRegion().GetId(), export, resp.GetRegion().GetKind()
+	return s, nil
+}
+
+// runSize runs one block size: warm-up, timed batches, verification. The
+// row is filled as far as the run got, also on error.
+func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPair, p SizePlan, index, count int) (row Row, err error) {
+	size, n := p.BlockBytes, p.Blocks
+	label := fmt.Sprintf("%s (%d/%d)", FormatBytes(size), index+1, count)
+	row = Row{
+		BlockBytes: size, Blocks: n, BlocksRequested: p.Requested, Capped: p.Capped,
+		PayloadBytes: size * uint64(n), Iterations: r.cfg.Iters,
+	}
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("size %s: %w", FormatBytes(size), err)
+			row.Error = err.Error()
+		}
+	}()
+	if n < 1 {
+		return row, fmt.Errorf("not even one block fits in the %s usable for regions", formatGiB(r.report.Memory.UsableBytes))
+	}
+	srcLayout := NewLayout(n, size, rand.New(rand.NewPCG(mix(r.cfg.Seed, size, 1), 0)))
+	dstLayout := NewLayout(n, size, rand.New(rand.NewPCG(mix(r.cfg.Seed, size, 2), 0)))
+	for _, l := range []Layout{srcLayout, dstLayout} {
+		if err := l.Check(); err != nil {
+			return row, err
+		}
+	}
+
+	if srcLayout.RegionBytes > regions.bytes || dstLayout.RegionBytes > regions.bytes {
+		return row, fmt.Errorf("layout of %d bytes exceeds the %d-byte regions", max(srcLayout.RegionBytes, dstLayout.RegionBytes), regions.bytes)
+	}
+	phase := time.Now()
+	// lap returns the seconds since the previous lap.
+	lap := func() float64 {
+		now := time.Now()
+		d := now.Sub(phase).Seconds()
+		phase = now
+		return d
+	}
+	sms := SMsUsed(regions.src.GetKind(), regions.dstKind)
+	row.SMsUsed, row.SMsUsedLabel = sms.Count, sms.Label
+
+	// Fresh data per size: what an earlier size left in the destination
+	// cannot match it.
+	r.bar.set(label + ": filling the source with random data")
+	FillRandom(regions.src.Bytes[:srcLayout.RegionBytes], mix(r.cfg.Seed, size, 3))
+	row.Phases.Fill = lap()
+
+	transfer := client.Transfer{
+		SrcRegion: regions.src.GetId(), Peer: eps.dstPeer, DstRegion: regions.dstExport, Transport: transportKind(r.cfg.Transport),
+		Blocks: client.Descriptors{Src: srcLayout.Offsets, Dst: dstLayout.Offsets, BlockLength: size},
+	}
+	batch := func(iter int) (time.Duration, *b2bv1.BatchTransferResponse, error) {
+		StampBlocks(regions.src.Bytes, srcLayout.Offsets, size, mix(r.cfg.Seed, size, 4, uint64(iter)))
+		bctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+		defer cancel()
+		start := time.Now()
+		resp, err := eps.src.BatchTransfer(bctx, transfer)
+		elapsed := time.Since(start)
+		if err != nil {
+			return 0, nil, fmt.Errorf("batch %d of %d blocks: %w", iter, n, err)
+		}
+		if resp.GetBlocks() != uint64(n) || resp.GetBytes() != row.PayloadBytes {
+			return 0, nil, fmt.Errorf("batch %d: the daemon reports %d blocks and %d bytes moved, want %d and %d", iter, resp.GetBlocks(), resp.GetBytes(), n, row.PayloadBytes)
+		}
+		return elapsed, resp, nil
+	}
+
+	r.bar.step(label + ": warm-up batch")
+	if _, _, err := batch(0); err != nil {
+		return row, fmt.Errorf("warm-up: %w", err)
+	}
+	row.Phases.WarmUp = lap()
+	cpuBefore, cpuErr := eps.cpu.Seconds()
+	hostBefore, hostErr := ReadHostCPU()
+	samples := make([]time.Duration, 0, r.cfg.Iters)
+	dataPath := make([]time.Duration, 0, r.cfg.Iters)
+	var last *b2bv1.BatchTransferResponse
+	for i := 1; i <= r.cfg.Iters; i++ {
+		r.bar.step(fmt.Sprintf("%s: batch %d/%d", label, i, r.cfg.Iters))
+		el, resp, err := batch(i)
+		if err != nil {
+			return row, err
+		}
+		samples = append(samples, el)
+		dataPath = append(dataPath, time.Duration(resp.GetElapsedNs()))
+		last = resp
+	}
+	cpuAfter, cpuErr2 := eps.cpu.Seconds()
+	hostAfter, hostErr2 := ReadHostCPU()
+	row.Phases.Timed = lap()
+	if cpuErr == nil && cpuErr2 == nil {
+		v := cpuAfter - cpuBefore
+		row.DaemonCPUSeconds, row.DaemonCPUScope = &v, eps.cpu.Scope
+		if hostErr == nil && hostErr2 == nil {
+			other := max(0, (hostAfter.Busy-hostBefore.Busy)-v-(hostAfter.Self-hostBefore.Self))
+			steal := hostAfter.Steal - hostBefore.Steal
+			row.OtherCPUSeconds, row.StealCPUSeconds = &other, &steal
+		}
+	}
+
+	sum := Summarize(samples)
+	row.MedianSeconds, row.P99Seconds, row.MinSeconds = sum.Median.Seconds(), sum.P99.Seconds(), sum.Min.Seconds()
+	for _, s := range samples {
+		row.SampleSeconds = append(row.SampleSeconds, s.Seconds())
+	}
+	row.GBps, row.MblocksPerSec = GBps(row.PayloadBytes, sum.Median), MblocksPerSec(n, sum.Median)
+	row.DataPathMedianSeconds = Summarize(dataPath).Median.Seconds()
+	row.Transport = transportName(last.GetTransport())
+	row.Segments, row.WorkRequests = last.GetSegments(), last.GetWorkRequests()
+	if r.yard != nil && r.yard.GBps > 0 && size >= RatioMinBlock {
+		y, ratio := r.yard.GBps, row.GBps/r.yard.GBps
+		row.YardstickGBps, row.RatioVsYardstick = &y, &ratio
+	}
+	if v, ok := r.perftest[size]; ok {
+		pv, ratio := v, row.GBps/v
+		row.PerftestGBps, row.RatioVsPerftest = &pv, &ratio
+	}
+
+	r.bar.step(label + ": verifying every block on both sides")
+	if err := r.verify(ctx, eps, regions, srcLayout, dstLayout); err != nil {
+		return row, fmt.Errorf("verification failed: %w", err)
+	}
+	row.Phases.Verify = lap()
+	row.Verified = true
+	return row, nil
+}
+
+// verify compares every block's CRC32C as the source and the destination
+// daemons compute it, and recomputes a sample of source blocks here so a
+// checksum that ignored the data could not pass.
+func (r *runner) verify(ctx context.Context, eps *endpoints, regions *regionPair, srcLayout, dstLayout Layout) error {
+	size := srcLayout.BlockBytes
+	vctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	alg := b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C
+	cs, err := eps.src.Checksum(vctx, regions.src.GetId(), srcLayout.Offsets, nil, size, alg, true)
+	if err != nil {
+		return fmt.Errorf("source checksum: %w", err)
+	}
+	cd, err := eps.dst.Checksum(vctx, regions.dstID, dstLayout.Offsets, nil, size, alg, true)
+	if err != nil {
+		return fmt.Errorf("destination checksum: %w", err)
+	}
+	srcDigests, dstDigests := client.Unpack(cs.GetBlockDigests()), client.Unpack(cd.GetBlockDigests())
+	if err := CompareDigests(srcDigests, dstDigests, len(srcLayout.Offsets)); err != nil {
+		var m *MismatchError
+		if errors.As(err, &m) {
+			m.SrcOffset, m.DstOffset = srcLayout.Offsets[m.Block], dstLayout.Offsets[m.Block]
+		}
+		return err
+	}
+	rng := rand.New(rand.NewPCG(mix(r.cfg.Seed, size, 5), 0))
+	for k := 0; k < min(verifySampleBlocks, len(srcDigests)); k++ {
+		i := rng.IntN(len(srcDigests))
+		off := srcLayout.Offsets[i]
+		local := uint64(crc32.Checksum(regions.src.Bytes[off:off+size], castagnoli))
+		if local != srcDigests[i] {
+			return fmt.Errorf("block %d: the source daemon's CRC32C %#x differs from the bench's own %#x over the same bytes", i, srcDigests[i], local)
+		}
+	}
+	return nil
+}
+
+// MismatchError names the first block whose digests differ.
+type MismatchError struct {
+	Block                int
+	SrcDigest, DstDigest uint64
+	SrcOffset, DstOffset uint64
+	Mismatched, Blocks   int
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("block %d (source offset %d, destination offset %d) differs: source CRC32C %#x, destination %#x; %d of %d blocks differ",
+		e.Block, e.SrcOffset, e.DstOffset, e.SrcDigest, e.DstDigest, e.Mismatched, e.Blocks)
+}
+
+// CompareDigests checks two per-block digest lists of want blocks, block by
+// block, and reports the first difference and how many differ.
+func CompareDigests(src, dst []uint64, want int) error {
+	if len(src) != want {
+		return fmt.Errorf("the source daemon returned %d block digests for %d blocks", len(src), want)
+	}
+	if len(dst) != want {
+		return fmt.Errorf("the destination daemon returned %d block digests for %d blocks", len(dst), want)
+	}
+	var first *MismatchError
+	for i := range src {
+		if src[i] == dst[i] {
+			continue
+		}
+		if first == nil {
+			first = &MismatchError{Block: i, SrcDigest: src[i], DstDigest: dst[i], Blocks: want}
+		}
+		first.Mismatched++
+	}
+	if first != nil {
+		return first
+	}
+	return nil
+}
+
+// writeOutputs writes --json and --plot.
+func (r *runner) writeOutputs() error {
+	var errs []error
+	var wrote []string
+	if r.cfg.JSONPath != "" {
+		if err := WriteJSON(r.cfg.JSONPath, r.report); err != nil {
+			errs = append(errs, err)
+		} else {
+			wrote = append(wrote, r.cfg.JSONPath)
+		}
+	}
+	if r.cfg.PlotPath != "" {
+		if err := WriteSVGFile(r.cfg.PlotPath, r.report); err != nil {
+			errs = append(errs, fmt.Errorf("plot: %w", err))
+		} else {
+			wrote = append(wrote, r.cfg.PlotPath)
+		}
+	}
+	if len(wrote) > 0 {
+		fmt.Fprintf(r.out, "\nwrote %s\n", strings.Join(wrote, ", "))
+	}
+	return errors.Join(errs...)
+}

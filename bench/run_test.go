@@ -1,0 +1,84 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// buildDaemon compiles cmd/b2bd for the end-to-end test.
+func buildDaemon(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go toolchain to build b2bd with")
+	}
+	out := filepath.Join(t.TempDir(), "b2bd")
+	cmd := exec.Command(goBin, "build", "-o", out, "github.com/b2bd/b2bd/cmd/b2bd")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build b2bd: %v\n%s", err, msg)
+	}
+	return out
+}
+
+// TestRunEmbedded runs a small sweep against two real daemons: every block
+// verified, outputs written, daemons stopped cleanly.
+func TestRunEmbedded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two daemons")
+	}
+	dir := t.TempDir()
+	cfg := Config{
+		Sizes: []uint64{128, 64 << 10}, Blocks: 300, Iters: 2, Transport: "tcp", Timeout: time.Minute, Seed: 42,
+		B2BD: buildDaemon(t), JSONPath: filepath.Join(dir, "r.json"), PlotPath: filepath.Join(dir, "r.svg"),
+		yardstickBytes: 64 << 20,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	if err := Run(ctx, cfg, &stdout, &stderr); err != nil {
+		t.Fatalf("Run: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	if stderr.Len() != 0 {
+		t.Errorf("stderr is not a terminal, yet got %q", stderr.String())
+	}
+	for _, want := range []string{"yardstick", "128 B", "64 KiB", "verified", "0 (host memory)"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	raw, err := os.ReadFile(cfg.JSONPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep Report
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Complete || rep.Transport != "tcp" || len(rep.Rows) != 2 {
+		t.Fatalf("report: complete %v transport %q rows %d", rep.Complete, rep.Transport, len(rep.Rows))
+	}
+	for _, r := range rep.Rows {
+		if !r.Verified || r.Blocks != 300 || r.MedianSeconds <= 0 || r.DaemonCPUSeconds == nil || r.Segments != 300 || len(r.SampleSeconds) != 2 {
+			t.Errorf("row %+v", r)
+		}
+	}
+	if svg, err := os.ReadFile(cfg.PlotPath); err != nil || !bytes.Contains(svg, []byte("<svg")) {
+		t.Errorf("plot: %v", err)
+	}
+}
+
+// TestRunBadDaemon reports a daemon that cannot start, with its log.
+func TestRunBadDaemon(t *testing.T) {
+	cfg := Config{Sizes: []uint64{128}, Blocks: 1, Iters: 1, Transport: "auto", Timeout: time.Second, B2BD: "/bin/false"}
+	err := Run(context.Background(), cfg, &bytes.Buffer{}, &bytes.Buffer{})
+	if err == nil || !strings.Contains(err.Error(), "exited during start-up") {
+		t.Fatalf("Run with /bin/false as the daemon: %v", err)
+	}
+}
