@@ -98,6 +98,14 @@ func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionReq
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
+	if err := ctx.Err(); err != nil {
+		// The caller gave up and will never learn the ID: release it now,
+		// or its memory would stay pinned until the daemon stops.
+		if derr := l.s.cfg.Registry.Deregister(r.ID); derr != nil {
+			l.s.cfg.Log.Warn("release abandoned region", "id", r.ID, "error", derr)
+		}
+		return nil, errs.ToStatus(fmt.Errorf("register region: caller went away: %w", err))
+	}
 	l.s.cfg.Log.Info("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", r.Export)
 	return &b2bv1.RegisterRegionResponse{Region: regionProto(r, 0)}, nil
 }
