@@ -5,6 +5,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"sync/atomic"
@@ -208,48 +209,50 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 		return nil, err
 	}
 
-	sess, err := s.cfg.Peers.Get(ctx, req.GetPeer(), want)
-	if err != nil {
-		return nil, err
-	}
-	reg, ok := src.Registration(sess.Kind)
-	if !ok {
-		return nil, fmt.Errorf("%w: src_region_id %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, src.ID, src.Mem.Kind, sess.Kind)
-	}
-	rr, err := sess.Control.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: req.GetDstRegion()})
-	if err != nil {
-		err = errs.FromStatus(err)
-		if !isRequestError(err) {
-			s.cfg.Peers.Broken(req.GetPeer(), sess)
-		}
-		return nil, fmt.Errorf("peer %s: resolve dst_region %q: %w", req.GetPeer(), req.GetDstRegion(), err)
-	}
-	remote := transport.RemoteRegion{Name: rr.GetName(), Size: rr.GetSize()}
-	found := false
-	for _, k := range rr.GetKeys() {
-		if k.GetTransport() == peer.KindToProto(sess.Kind) {
-			remote.Key = transport.RemoteKey{Key: k.GetKey(), Addr: k.GetRemoteAddr()}
-			found = true
-		}
-	}
-	if !found {
-		return nil, fmt.Errorf("%w: dst_region %q on peer %s is not registered with transport %s", errs.ErrFailedPrecondition, req.GetDstRegion(), req.GetPeer(), sess.Kind)
-	}
-	if err := desc.CheckDst(batch, remote.Size); err != nil {
-		return nil, err
-	}
-
 	blocks, bytes := uint64(batch.N()), batch.Bytes()
-	merged := desc.Merge(batch)
-	start := time.Now()
-	st, err := sess.Conn.Write(ctx, reg, remote, &merged)
-	elapsed := time.Since(start)
-	if err != nil {
+	merged := d.Merge(batch)
+	if mb := merged.Bytes(); mb != bytes {
+		// Never hand a transport less than was asked for: success would lie.
+		return nil, fmt.Errorf("batch: merged segments hold %d bytes, the descriptors %d (internal error)", mb, bytes)
+	}
+	var (
+		sess  peer.Session
+		st    transport.Stats
+		start time.Time
+	)
+	// A cached resolution can be stale (the region was re-registered): its
+	// size then misjudges the bounds, or the receiver refuses the key before
+	// placing any byte. Either way one retry with a fresh resolution is safe.
+	for attempt := 0; ; attempt++ {
+		var remote transport.RemoteRegion
+		var reg transport.Registration
+		var cached bool
+		sess, remote, reg, cached, err = s.prepare(ctx, req, want, src)
+		if err != nil {
+			return nil, err
+		}
+		if err := desc.CheckDst(batch, remote.Size); err != nil {
+			if cached && attempt == 0 { // the size may be stale, not the request wrong
+				s.cfg.Peers.Forget(req.GetPeer(), req.GetDstRegion())
+				continue
+			}
+			return nil, err
+		}
+		start = time.Now()
+		st, err = sess.Conn.Write(ctx, reg, remote, &merged)
+		if err == nil {
+			break
+		}
 		if sess.Conn.Err() != nil {
 			s.cfg.Peers.Broken(req.GetPeer(), sess)
 		}
+		if cached && attempt == 0 && errors.Is(err, errs.ErrNotFound) {
+			s.cfg.Peers.Forget(req.GetPeer(), req.GetDstRegion())
+			continue
+		}
 		return nil, fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", blocks, req.GetPeer(), req.GetDstRegion(), sess.Kind, err)
 	}
+	elapsed := time.Since(start)
 	if req.GetNotification() != nil {
 		_, err := sess.Control.Notify(ctx, &b2bv1.NotifyRequest{Region: req.GetDstRegion(), Sender: s.cfg.NodeName,
 			Notification: req.GetNotification(), Blocks: blocks, Bytes: bytes})
@@ -263,6 +266,35 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 		Blocks: blocks, Bytes: bytes, Transport: peer.KindToProto(sess.Kind),
 		Segments: st.Segments, WorkRequests: st.WorkRequests, ElapsedNs: uint64(elapsed.Nanoseconds()),
 	}, nil
+}
+
+// prepare finds the data path, the source's registration with it, and the
+// destination region's key.
+func (s *Server) prepare(ctx context.Context, req *b2bv1.BatchTransferRequest, want transport.Kind, src *region.Region) (peer.Session, transport.RemoteRegion, transport.Registration, bool, error) {
+	var none transport.RemoteRegion
+	sess, err := s.cfg.Peers.Get(ctx, req.GetPeer(), want)
+	if err != nil {
+		return sess, none, nil, false, err
+	}
+	reg, ok := src.Registration(sess.Kind)
+	if !ok {
+		return sess, none, nil, false, fmt.Errorf("%w: src_region_id %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, src.ID, src.Mem.Kind, sess.Kind)
+	}
+	rr, cached, err := s.cfg.Peers.Resolve(ctx, req.GetPeer(), sess, req.GetDstRegion())
+	if err != nil {
+		if !isRequestError(err) {
+			s.cfg.Peers.Broken(req.GetPeer(), sess)
+		}
+		return sess, none, nil, false, fmt.Errorf("peer %s: resolve dst_region %q: %w", req.GetPeer(), req.GetDstRegion(), err)
+	}
+	remote := transport.RemoteRegion{Name: rr.GetName(), Size: rr.GetSize()}
+	for _, k := range rr.GetKeys() {
+		if k.GetTransport() == peer.KindToProto(sess.Kind) {
+			remote.Key = transport.RemoteKey{Key: k.GetKey(), Addr: k.GetRemoteAddr()}
+			return sess, remote, reg, cached, nil
+		}
+	}
+	return sess, none, nil, false, fmt.Errorf("%w: dst_region %q on peer %s is not registered with transport %s", errs.ErrFailedPrecondition, req.GetDstRegion(), req.GetPeer(), sess.Kind)
 }
 
 // isRequestError: the peer refused this request, the connection is fine.

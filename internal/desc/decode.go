@@ -32,7 +32,8 @@ type Packed struct {
 // buffers between calls so that steady-state decoding does not allocate; a
 // Decoder is not safe for concurrent use (take one from a Pool).
 type Decoder struct {
-	lens  []uint64
+	merged Batch // Merge's output, reused
+	lens   []uint64
 	src   []uint64
 	dst   []uint64
 	spans []span
@@ -236,6 +237,17 @@ func Pack(v []uint64) []byte {
 		binary.LittleEndian.PutUint64(out[8*i:], x)
 	}
 	return out
+}
+
+// Merge returns b with consecutive blocks that are adjacent on both sides
+// coalesced, in the Decoder's scratch (valid until the next Merge); b itself
+// is left as the caller described it, so errors can name its indices.
+func (d *Decoder) Merge(b Batch) Batch {
+	n := b.N()
+	d.merged.Src = append(d.merged.Src[:0], b.Src...)
+	d.merged.Dst = append(d.merged.Dst[:0], b.Dst[:n]...)
+	d.merged.Len = append(d.merged.Len[:0], b.Len[:n]...)
+	return Merge(d.merged)
 }
 
 // Merge coalesces, in place, consecutive blocks that are adjacent on both

@@ -74,3 +74,43 @@ func TestTransferVerified(t *testing.T) {
 		}
 	}
 }
+
+// TestReregisteredDestination: the sender caches region resolutions; when
+// the destination re-registers the name (new key, maybe a new size), the
+// next batch must still land every byte in the new region, never report
+// success for an empty or misdirected write.
+func TestReregisteredDestination(t *testing.T) {
+	a, b := startNode(t, "a"), startNode(t, "b")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const size = 4096
+	src, err := a.c.RegisterHost(ctx, 64*size, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range src.Bytes {
+		src.Bytes[i] = byte(i * 13)
+	}
+	for round, blocks := range []int{4, 4, 64, 16} { // same size (new key), bigger, smaller
+		dst, err := b.c.RegisterHost(ctx, uint64(blocks)*size, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs := make([]uint64, blocks)
+		for i := range offs {
+			offs[i] = uint64(blocks-1-i) * size
+		}
+		resp, err := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "x",
+			Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if resp.Bytes != uint64(blocks)*size || !bytes.Equal(src.Bytes[:blocks*size], dst.Bytes) {
+			t.Fatalf("round %d: reported %d bytes; data equal: %v", round, resp.Bytes, bytes.Equal(src.Bytes[:blocks*size], dst.Bytes))
+		}
+		dst.Unmap()
+		if err := b.c.Deregister(ctx, dst.Id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -43,6 +43,9 @@ type state struct {
 	client b2bv1.PeerClient
 	hs     *b2bv1.HandshakeResponse
 	conns  map[transport.Kind]transport.Conn
+	// resolved caches region resolutions; cleared whenever the peer may have
+	// changed (new handshake, broken connection, refused key).
+	resolved map[string]*b2bv1.ResolveRegionResponse
 }
 
 // New creates a manager. self is what this daemon says in its handshake;
@@ -80,7 +83,7 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 	}
 	st := m.peers[addr]
 	if st == nil {
-		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}}
+		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}, resolved: map[string]*b2bv1.ResolveRegionResponse{}}
 		m.peers[addr] = st
 	}
 	m.mu.Unlock()
@@ -130,6 +133,7 @@ func (m *Manager) Broken(addr string, s Session) {
 		delete(st.conns, s.Kind)
 	}
 	st.hs = nil
+	clear(st.resolved)
 	if st.cc != nil {
 		st.cc.ResetConnectBackoff()
 	}
@@ -158,11 +162,13 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	if hs.GetProtocolVersion() != ProtocolVersion {
 		return fmt.Errorf("%w: peer %s speaks protocol %d, this daemon %d", errs.ErrFailedPrecondition, st.addr, hs.GetProtocolVersion(), ProtocolVersion)
 	}
-	// A new handshake means the peer may have restarted: old data paths are stale.
+	// A new handshake means the peer may have restarted: old data paths
+	// and region keys are stale.
 	for k, c := range st.conns {
 		_ = c.Close()
 		delete(st.conns, k)
 	}
+	clear(st.resolved)
 	st.hs = hs
 	return nil
 }
@@ -189,6 +195,44 @@ func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error)
 		return want, nil
 	}
 	return "", fmt.Errorf("%w: transport %q is unknown", errs.ErrInvalidArgument, want)
+}
+
+// Resolve returns the peer's export name resolved to its size and keys,
+// from the cache when it can; cached says which, so a caller whose batch is
+// refused for a stale key knows a fresh resolution may help.
+func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name string) (r *b2bv1.ResolveRegionResponse, cached bool, err error) {
+	m.mu.Lock()
+	st := m.peers[addr]
+	m.mu.Unlock()
+	if st == nil {
+		return nil, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
+	}
+	st.mu.Lock()
+	r = st.resolved[name]
+	st.mu.Unlock()
+	if r != nil {
+		return r, true, nil
+	}
+	r, err = s.Control.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
+	if err != nil {
+		return nil, false, errs.FromStatus(err)
+	}
+	st.mu.Lock()
+	st.resolved[name] = r
+	st.mu.Unlock()
+	return r, false, nil
+}
+
+// Forget drops a cached resolution.
+func (m *Manager) Forget(addr, name string) {
+	m.mu.Lock()
+	st := m.peers[addr]
+	m.mu.Unlock()
+	if st != nil {
+		st.mu.Lock()
+		delete(st.resolved, name)
+		st.mu.Unlock()
+	}
 }
 
 // Connected counts peers with a live data path.

@@ -267,7 +267,9 @@ func (t *Transport) serve(c net.Conn) {
 		t.mu.Unlock()
 	}()
 
-	r := &receiver{t: t, c: c, br: bufio.NewReaderSize(c, 1<<20), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
+	// A small read buffer: small blocks are copied out of it (one syscall for
+	// many), blocks of 64 KiB and more are read straight into the region.
+	r := &receiver{t: t, c: c, br: bufio.NewReaderSize(c, 64<<10), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
 	defer r.releaseStager()
 	for {
 		err := r.frame()
