@@ -34,10 +34,10 @@ type Packed struct {
 type Decoder struct {
 	merged Batch // Merge's output, reused
 	lens   []uint64
-	src   []uint64
-	dst   []uint64
-	spans []span
-	tmp   []span
+	src    []uint64
+	dst    []uint64
+	spans  []span
+	tmp    []span
 }
 
 // Pool hands out Decoders.
