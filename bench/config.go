@@ -37,6 +37,14 @@ type Config struct {
 	// Two-host mode: running daemons to use instead.
 	SrcAPI, DstAPI, DstPeer string
 
+	// Memory is where the blocks live: host or cuda (GPU regions allocated
+	// by the daemons on SrcDevice and DstDevice).
+	Memory               string
+	SrcDevice, DstDevice int
+	// NCUDir, in embedded mode, runs both daemons under Nsight Compute with
+	// their logs here, and takes sms_used from what ncu saw.
+	NCUDir string
+
 	// yardstickBytes overrides the yardstick's stream length (tests).
 	yardstickBytes uint64
 }
@@ -81,6 +89,10 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	fs.StringVar(&cfg.SrcAPI, "src-api", "", "two-host mode: the source daemon's local API (socket path, unix:///path or host:port); the bench must run on its host")
 	fs.StringVar(&cfg.DstAPI, "dst-api", "", "two-host mode: the destination daemon's local API, reachable from here (host:port)")
 	fs.StringVar(&cfg.DstPeer, "dst-peer", "", "two-host mode: the destination daemon's peer address as the source daemon reaches it (host:port)")
+	fs.StringVar(&cfg.Memory, "memory", "host", "where the blocks live: host or cuda")
+	fs.IntVar(&cfg.SrcDevice, "src-device", 0, "--memory cuda: the source region's GPU")
+	fs.IntVar(&cfg.DstDevice, "dst-device", 0, "--memory cuda: the destination region's GPU")
+	fs.StringVar(&cfg.NCUDir, "ncu", "", "embedded mode: run both daemons under Nsight Compute, logs in this directory; sms_used then comes from the kernels ncu saw")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}
@@ -106,6 +118,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--blocks %d: need at least 1", c.Blocks)
 	case c.Iters < 1:
 		return fmt.Errorf("--iters %d: need at least 1 timed batch", c.Iters)
+	case c.Memory != "" && c.Memory != "host" && c.Memory != "cuda":
+		return fmt.Errorf("--memory %q: want host or cuda", c.Memory)
+	case c.NCUDir != "" && c.TwoHost():
+		return fmt.Errorf("--ncu wraps the daemons the bench starts: it needs embedded mode")
 	case c.Timeout <= 0:
 		return fmt.Errorf("--timeout %v: need a positive deadline", c.Timeout)
 	case len(c.Sizes) == 0:

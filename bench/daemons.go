@@ -31,6 +31,19 @@ type daemonProc struct {
 	client  *client.Client
 	exited  chan struct{} // closed when Wait returns
 	waitErr error
+	// underNCU: cmd is ncu and the daemon its child; signals go to the child
+	// so that ncu outlives it and writes its verdict.
+	underNCU bool
+}
+
+// pid is the daemon's own process ID.
+func (d *daemonProc) pid() int {
+	if d.underNCU {
+		if c, err := daemonChild(d.cmd.Process.Pid); err == nil {
+			return c
+		}
+	}
+	return d.cmd.Process.Pid
 }
 
 // embeddedPair is two daemons on this machine, each with its own socket,
@@ -51,7 +64,7 @@ func shmParent() string {
 }
 
 // startEmbedded starts two daemons from binary and waits until both answer.
-func startEmbedded(ctx context.Context, binary string, extraArgs []string) (_ *embeddedPair, err error) {
+func startEmbedded(ctx context.Context, binary string, extraArgs []string, ncuDir string) (_ *embeddedPair, err error) {
 	path, err := exec.LookPath(binary)
 	if err != nil {
 		return nil, fmt.Errorf("b2bd binary %q: %w (build it with `make build`, or give --b2bd)", binary, err)
@@ -72,10 +85,10 @@ func startEmbedded(ctx context.Context, binary string, extraArgs []string) (_ *e
 	if wantsInsecure(extraArgs) && daemonHasFlag(ctx, path, "insecure") {
 		args = append([]string{"--insecure"}, extraArgs...)
 	}
-	if p.src, err = startDaemon(ctx, path, "bench-src", p.stateDir, p.shmDir, args); err != nil {
+	if p.src, err = startDaemon(ctx, path, "bench-src", p.stateDir, p.shmDir, args, ncuDir); err != nil {
 		return nil, err
 	}
-	if p.dst, err = startDaemon(ctx, path, "bench-dst", p.stateDir, p.shmDir, args); err != nil {
+	if p.dst, err = startDaemon(ctx, path, "bench-dst", p.stateDir, p.shmDir, args, ncuDir); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -109,7 +122,7 @@ func daemonHasFlag(ctx context.Context, binary, name string) bool {
 	return false
 }
 
-func startDaemon(ctx context.Context, binary, name, stateDir, shmDir string, extraArgs []string) (*daemonProc, error) {
+func startDaemon(ctx context.Context, binary, name, stateDir, shmDir string, extraArgs []string, ncuDir string) (*daemonProc, error) {
 	d := &daemonProc{
 		name:    name,
 		socket:  filepath.Join(stateDir, name+".sock"),
@@ -132,6 +145,13 @@ func startDaemon(ctx context.Context, binary, name, stateDir, shmDir string, ext
 	// Not exec.CommandContext: a cancelled run must still stop the daemons
 	// with SIGTERM and check their exit, not SIGKILL them.
 	d.cmd = exec.Command(binary, args...)
+	if ncuDir != "" {
+		if err := os.MkdirAll(ncuDir, 0o755); err != nil {
+			return nil, fmt.Errorf("%s: --ncu dir: %w", name, err)
+		}
+		ncuArgs := append([]string{"--target-processes", "all", "--log-file", filepath.Join(ncuDir, "ncu-daemon-"+name+".log"), binary}, args...)
+		d.cmd, d.underNCU = exec.Command("ncu", ncuArgs...), true
+	}
 	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
 	// Should the bench die without cleaning up, the daemons go with it.
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
@@ -198,7 +218,7 @@ func (d *daemonProc) stop() error {
 	select {
 	case <-d.exited:
 	default:
-		if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		if err := syscall.Kill(d.pid(), syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
 			return fmt.Errorf("%s: SIGTERM: %w", d.name, err)
 		}
 		select {
@@ -249,5 +269,5 @@ func (p *embeddedPair) stop() error {
 
 // pids lists the daemons' process IDs.
 func (p *embeddedPair) pids() []int {
-	return []int{p.src.cmd.Process.Pid, p.dst.cmd.Process.Pid}
+	return []int{p.src.pid(), p.dst.pid()}
 }

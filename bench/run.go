@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/b2bd/b2bd/client"
+	"github.com/b2bd/b2bd/gpudirect"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -68,6 +69,7 @@ type runner struct {
 	yard     *Yardstick
 	bar      *progress
 	table    *table
+	cuda     gpudirect.Interface // --memory cuda: the bench's own view of the GPUs
 }
 
 // Run benchmarks b2bd as cfg says: the table goes to stdout, the progress
@@ -102,6 +104,15 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err != nil {
 		r.report.Error = err.Error()
 	}
+	if cfg.NCUDir != "" && len(r.report.Rows) > 0 {
+		// The daemons have exited by now, so ncu has written its verdict.
+		if v, nerr := readNCU(cfg.NCUDir); nerr != nil {
+			err = errors.Join(err, fmt.Errorf("--ncu: %w", nerr))
+		} else {
+			applyNCU(r.report.Rows, v)
+			fmt.Fprintf(stdout, "ncu        %d kernels profiled in the daemons (%s); sms_used = %s\n", v.Kernels, strings.Join(v.Logs, ", "), r.report.Rows[0].SMsUsedLabel)
+		}
+	}
 	r.report.Transport = overallTransport(r.report.Rows)
 	if r.report.Transport == "" {
 		r.report.Transport = cfg.Transport
@@ -114,6 +125,12 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 }
 
 func (r *runner) run(ctx context.Context) (err error) {
+	if r.cfg.Memory == "cuda" {
+		if r.cuda, err = gpudirect.Load(); err != nil {
+			return fmt.Errorf("--memory cuda: %w", err)
+		}
+		defer r.cuda.Close()
+	}
 	if r.cfg.PerftestPath != "" {
 		if r.perftest, err = LoadPerftest(r.cfg.PerftestPath); err != nil {
 			return err
@@ -159,7 +176,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	// GiB per size would cost more than the measurements.
 	r.bar.set("registering the regions")
 	allocStart := time.Now()
-	regions, err := allocate(ctx, eps, RegionBytesFor(plans), fmt.Sprintf("b2b-bench-%d-%d", os.Getpid(), r.cfg.Seed%1_000_000))
+	regions, err := r.allocate(ctx, eps, RegionBytesFor(plans), fmt.Sprintf("b2b-bench-%d-%d", os.Getpid(), r.cfg.Seed%1_000_000))
 	if err != nil {
 		return err
 	}
@@ -236,7 +253,7 @@ func (r *runner) printf(format string, args ...any) {
 // connect starts the embedded daemons or dials the given ones.
 func connect(ctx context.Context, cfg Config) (*endpoints, error) {
 	if !cfg.TwoHost() {
-		pair, err := startEmbedded(ctx, cfg.B2BD, cfg.DaemonArgs)
+		pair, err := startEmbedded(ctx, cfg.B2BD, cfg.DaemonArgs, cfg.NCUDir)
 		if err != nil {
 			return nil, fmt.Errorf("embedded daemons: %w", err)
 		}
@@ -284,6 +301,9 @@ func connect(ctx context.Context, cfg Config) (*endpoints, error) {
 // memoryBudget reads what this host can hold. The regions' tmpfs is found
 // by registering one page on the source daemon and looking at its file.
 func (r *runner) memoryBudget(ctx context.Context, eps *endpoints) (MemoryBudget, error) {
+	if r.cuda != nil {
+		return gpuBudget(r.cuda, r.cfg.SrcDevice, r.cfg.DstDevice)
+	}
 	avail, err := ReadMemAvailable("/proc/meminfo")
 	if err != nil {
 		return MemoryBudget{}, err
@@ -356,7 +376,7 @@ func (r *runner) printHeader(ctx context.Context, eps *endpoints, budget MemoryB
 // regionPair is the run's source and destination regions.
 type regionPair struct {
 	bytes     uint64
-	src       *client.HostRegion
+	src       sourceMemory
 	dstID     string
 	dstExport string
 	dstKind   b2bv1.MemoryKind
@@ -378,11 +398,11 @@ func (s *regionPair) release(ctx context.Context, eps *endpoints) error {
 	defer cancel()
 	var errs []error
 	if s.src != nil {
-		if err := s.src.Unmap(); err != nil {
+		if err := s.src.Release(); err != nil {
 			errs = append(errs, fmt.Errorf("unmap the source region: %w", err))
 		}
-		if err := eps.src.Deregister(ctx, s.src.GetId()); err != nil {
-			errs = append(errs, fmt.Errorf("deregister the source region %s: %w", s.src.GetId(), err))
+		if err := eps.src.Deregister(ctx, s.src.ID()); err != nil {
+			errs = append(errs, fmt.Errorf("deregister the source region %s: %w", s.src.ID(), err))
 		}
 	}
 	if s.dstID != "" {
@@ -393,24 +413,39 @@ func (s *regionPair) release(ctx context.Context, eps *endpoints) error {
 	return errors.Join(errs...)
 }
 
-// allocate registers the source region (mapped here, to fill it) and the
-// destination region (exported for the source daemon, never mapped here:
-// in two-host mode it is on another machine).
-func allocate(ctx context.Context, eps *endpoints, bytes uint64, export string) (*regionPair, error) {
+// allocate registers the source region (mapped or opened here, to fill it)
+// and the destination region (exported for the source daemon, never mapped
+// here: in two-host mode it is on another machine).
+func (r *runner) allocate(ctx context.Context, eps *endpoints, bytes uint64, export string) (*regionPair, error) {
 	s := &regionPair{bytes: bytes}
-	var err error
-	s.src, err = eps.src.RegisterHost(ctx, bytes, "")
+	srcReq := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: bytes}}}
+	dstReq := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: bytes}}, ExportName: export}
+	if r.cuda != nil {
+		srcReq.Source = &b2bv1.RegisterRegionRequest_CudaAlloc{CudaAlloc: &b2bv1.CudaAlloc{Device: int32(r.cfg.SrcDevice), Size: bytes}}
+		dstReq.Source = &b2bv1.RegisterRegionRequest_CudaAlloc{CudaAlloc: &b2bv1.CudaAlloc{Device: int32(r.cfg.DstDevice), Size: bytes}}
+	}
+	resp, err := eps.src.API().RegisterRegion(ctx, srcReq)
 	if err != nil {
+		return nil, fmt.Errorf("source region of %s: %w", formatGiB(bytes), err)
+	}
+	if r.cuda != nil {
+		s.src, err = openCUDASource(r.cuda, resp.GetRegion())
+	} else {
+		var h *client.HostRegion
+		h, err = eps.src.MapHostRegion(ctx, resp.GetRegion())
+		if err == nil {
+			s.src = hostSource{h}
+		}
+	}
+	if err != nil {
+		_ = eps.src.Deregister(context.WithoutCancel(ctx), resp.GetRegion().GetId())
 		return nil, fmt.Errorf("source region of %s: %w (the bench must run on the source daemon's host)", formatGiB(bytes), err)
 	}
-	resp, err := eps.dst.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
-		Source:     &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: bytes}},
-		ExportName: export,
-	})
+	dresp, err := eps.dst.API().RegisterRegion(ctx, dstReq)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("destination region of %s: %w", formatGiB(bytes), err), s.release(ctx, eps))
 	}
-	s.dstID, s.dstExport, s.dstKind = resp.GetRegion().GetId(), export, resp.GetRegion().GetKind()
+	s.dstID, s.dstExport, s.dstKind = dresp.GetRegion().GetId(), export, dresp.GetRegion().GetKind()
 	return s, nil
 }
 
@@ -451,21 +486,25 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 		phase = now
 		return d
 	}
-	sms := SMsUsed(regions.src.GetKind(), regions.dstKind)
+	sms := SMsUsed(regions.src.Kind(), regions.dstKind)
 	row.SMsUsed, row.SMsUsedLabel = sms.Count, sms.Label
 
 	// Fresh data per size: what an earlier size left in the destination
 	// cannot match it.
 	r.bar.set(label + ": filling the source with random data")
-	FillRandom(regions.src.Bytes[:srcLayout.RegionBytes], mix(r.cfg.Seed, size, 3))
+	if err := regions.src.Fill(srcLayout.RegionBytes, mix(r.cfg.Seed, size, 3)); err != nil {
+		return row, fmt.Errorf("fill the source: %w", err)
+	}
 	row.Phases.Fill = lap()
 
 	transfer := client.Transfer{
-		SrcRegion: regions.src.GetId(), Peer: eps.dstPeer, DstRegion: regions.dstExport, Transport: transportKind(r.cfg.Transport),
+		SrcRegion: regions.src.ID(), Peer: eps.dstPeer, DstRegion: regions.dstExport, Transport: transportKind(r.cfg.Transport),
 		Blocks: client.Descriptors{Src: srcLayout.Offsets, Dst: dstLayout.Offsets, BlockLength: size},
 	}
 	batch := func(iter int) (time.Duration, *b2bv1.BatchTransferResponse, error) {
-		StampBlocks(regions.src.Bytes, srcLayout.Offsets, size, mix(r.cfg.Seed, size, 4, uint64(iter)))
+		if err := regions.src.Stamp(srcLayout.Offsets, size, mix(r.cfg.Seed, size, 4, uint64(iter))); err != nil {
+			return 0, nil, fmt.Errorf("stamp the source blocks: %w", err)
+		}
 		bctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 		defer cancel()
 		start := time.Now()
@@ -548,7 +587,7 @@ func (r *runner) verify(ctx context.Context, eps *endpoints, regions *regionPair
 	vctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	alg := b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C
-	cs, err := eps.src.Checksum(vctx, regions.src.GetId(), srcLayout.Offsets, nil, size, alg, true)
+	cs, err := eps.src.Checksum(vctx, regions.src.ID(), srcLayout.Offsets, nil, size, alg, true)
 	if err != nil {
 		return fmt.Errorf("source checksum: %w", err)
 	}
@@ -565,10 +604,14 @@ func (r *runner) verify(ctx context.Context, eps *endpoints, regions *regionPair
 		return err
 	}
 	rng := rand.New(rand.NewPCG(mix(r.cfg.Seed, size, 5), 0))
+	block := make([]byte, size)
 	for k := 0; k < min(verifySampleBlocks, len(srcDigests)); k++ {
 		i := rng.IntN(len(srcDigests))
 		off := srcLayout.Offsets[i]
-		local := uint64(crc32.Checksum(regions.src.Bytes[off:off+size], castagnoli))
+		if err := regions.src.Read(off, block); err != nil {
+			return fmt.Errorf("read source block %d: %w", i, err)
+		}
+		local := uint64(crc32.Checksum(block, castagnoli))
 		if local != srcDigests[i] {
 			return fmt.Errorf("block %d: the source daemon's CRC32C %#x differs from the bench's own %#x over the same bytes", i, srcDigests[i], local)
 		}

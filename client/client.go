@@ -93,18 +93,30 @@ func (c *Client) ImportHostFile(ctx context.Context, path string, offset, size u
 	return c.mapRegion(ctx, resp.GetRegion())
 }
 
-func (c *Client) mapRegion(ctx context.Context, r *b2bv1.Region) (*HostRegion, error) {
+// MapHostRegion maps a host region registered through the raw API. On
+// failure the region is left registered: the caller owns it.
+func (c *Client) MapHostRegion(ctx context.Context, r *b2bv1.Region) (*HostRegion, error) {
 	f, err := os.OpenFile(r.GetShmPath(), os.O_RDWR, 0)
-	if err == nil {
-		defer f.Close()
-		var b []byte
-		b, err = unix.Mmap(int(f.Fd()), int64(r.GetShmOffset()), int(r.GetSize()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-		if err == nil {
-			return &HostRegion{Region: r, Bytes: b}, nil
-		}
+	if err != nil {
+		return nil, fmt.Errorf("b2b client: open region %s (%s): %w", r.GetId(), r.GetShmPath(), err)
 	}
-	_, _ = c.api.DeregisterRegion(ctx, &b2bv1.DeregisterRegionRequest{RegionId: r.GetId()})
-	return nil, fmt.Errorf("b2b client: map region %s (%s): %w", r.GetId(), r.GetShmPath(), err)
+	defer f.Close()
+	b, err := unix.Mmap(int(f.Fd()), int64(r.GetShmOffset()), int(r.GetSize()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("b2b client: map region %s (%s): %w", r.GetId(), r.GetShmPath(), err)
+	}
+	return &HostRegion{Region: r, Bytes: b}, nil
+}
+
+// mapRegion maps a region this client just registered, releasing it in the
+// daemon if it cannot be mapped.
+func (c *Client) mapRegion(ctx context.Context, r *b2bv1.Region) (*HostRegion, error) {
+	h, err := c.MapHostRegion(ctx, r)
+	if err != nil {
+		_, _ = c.api.DeregisterRegion(ctx, &b2bv1.DeregisterRegionRequest{RegionId: r.GetId()})
+		return nil, err
+	}
+	return h, nil
 }
 
 // Deregister releases a region in the daemon.
