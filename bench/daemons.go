@@ -36,11 +36,13 @@ type daemonProc struct {
 	underNCU bool
 }
 
-// pid is the daemon's own process ID.
+// pid is the daemon's own process ID. Under ncu the process started is
+// ncu, and the daemon somewhere below it: the kernel names the process
+// listening on the daemon's socket.
 func (d *daemonProc) pid() int {
 	if d.underNCU {
-		if c, err := daemonChild(d.cmd.Process.Pid); err == nil {
-			return c
+		if p, err := unixSocketPeerPID(d.socket); err == nil {
+			return p
 		}
 	}
 	return d.cmd.Process.Pid

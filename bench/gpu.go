@@ -227,27 +227,16 @@ func readNCU(dir string) (ncuVerdict, error) {
 // assumed. A kernel seen means SMs were used (how many is not attributed).
 func applyNCU(rows []Row, v ncuVerdict) {
 	for i := range rows {
-		if v.Kernels == 0 && v.NoneSaid {
+		switch {
+		case v.Kernels == 0 && v.NoneSaid:
 			zero := 0
 			rows[i].SMsUsed, rows[i].SMsUsedLabel = &zero, "0 (ncu: no kernel in either daemon)"
-		} else {
+		case v.Kernels > 0:
 			rows[i].SMsUsed, rows[i].SMsUsedLabel = nil, "≥1 (ncu: "+strconv.Itoa(v.Kernels)+" kernels)"
+		default:
+			rows[i].SMsUsed, rows[i].SMsUsedLabel = nil, "unknown (ncu gave no verdict)"
 		}
 	}
-}
-
-// daemonChild finds the b2bd that ncu started (ncu's child), so SIGTERM
-// reaches the daemon and ncu can write its verdict when the daemon exits.
-func daemonChild(pid int) (int, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-	if err != nil {
-		return 0, err
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0, fmt.Errorf("process %d has no child", pid)
-	}
-	return strconv.Atoi(f[0])
 }
 
 func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
