@@ -90,6 +90,19 @@ type conn struct {
 	broken error
 	once   sync.Once
 	quit   chan struct{} // closed by Close: stream workers exit
+	// results of the streams in the current batch (reused, no allocation)
+	results []error
+}
+
+// anyUnclean: some stream failed otherwise than by a clean refusal.
+func anyUnclean(errs []error) bool {
+	for _, err := range errs {
+		var refused *ackError
+		if err != nil && !errors.As(err, &refused) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *conn) Err() error {
@@ -218,8 +231,10 @@ func (c *conn) writeHost(ctx context.Context, src []byte, dst transport.RemoteRe
 	}
 	var frames uint64
 	var first error
+	results := c.results[:0]
 	if posted < use {
 		first = net.ErrClosed
+		results = append(results, net.ErrClosed)
 	}
 	// Cancellation interrupts the streams through their deadlines; the
 	// workers then report and we still collect every result.
@@ -231,6 +246,7 @@ func (c *conn) writeHost(ctx context.Context, src []byte, dst transport.RemoteRe
 			if r.err != nil && first == nil {
 				first = r.err
 			}
+			results = append(results, r.err)
 			i++
 		case <-ctx.Done():
 			if !cancelled {
@@ -241,15 +257,20 @@ func (c *conn) writeHost(ctx context.Context, src []byte, dst transport.RemoteRe
 			}
 		}
 	}
+	c.results = results
 	if first != nil {
-		// A stream in an unknown state cannot carry the next batch.
-		c.fail(first)
+		// A refusal leaves every stream in step (the receiver read the whole
+		// batch); any other failure leaves a stream in an unknown state, and
+		// it cannot carry the next batch.
+		var refused *ackError
+		if !errors.As(first, &refused) || cancelled || anyUnclean(results) {
+			c.fail(first)
+		}
 		if cancelled || ctx.Err() != nil {
 			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, ctx.Err())
 		}
-		var ae *ackError
-		if errors.As(first, &ae) {
-			return transport.Stats{}, ae
+		if refused != nil {
+			return transport.Stats{}, refused
 		}
 		if errors.Is(first, os.ErrDeadlineExceeded) {
 			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, context.DeadlineExceeded)

@@ -269,6 +269,8 @@ func (t *Transport) serve(c net.Conn) {
 
 	// A small read buffer: small blocks are copied out of it (one syscall for
 	// many), blocks of 64 KiB and more are read straight into the region.
+	// A small read buffer: small blocks are copied out of it (one syscall for
+	// many), blocks of 64 KiB and more are read straight into the region.
 	r := &receiver{t: t, c: c, br: bufio.NewReaderSize(c, 64<<10), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
 	defer r.releaseStager()
 	for {
@@ -278,7 +280,8 @@ func (t *Transport) serve(c net.Conn) {
 		}
 		var re *recvErr
 		if errors.As(err, &re) {
-			log.Warn("batch refused", "error", re.err)
+			// A broken frame leaves the stream out of step: say why, then close.
+			log.Warn("data connection closed after a malformed frame", "error", re.err)
 			r.ack(re.status, 0, 0, re.err.Error())
 			return
 		}
@@ -299,6 +302,10 @@ type receiver struct {
 	table []byte
 	// share: what this stream placed of the current batch so far.
 	segs, bytes uint64
+	// refused: this batch was refused (stale key, range outside the region);
+	// the rest of its frames are read and dropped so that the stream stays in
+	// step, and the last one is answered with the refusal.
+	refused *recvErr
 	// GPU destinations: a pinned buffer held for the connection's life, and
 	// the frame's table decoded for the batched host-to-device copy.
 	stager             *staging.Stager
@@ -329,13 +336,34 @@ func (r *receiver) frame() error {
 	if _, err := io.ReadFull(r.br, table); err != nil {
 		return err
 	}
-	if err := r.place(&h, table); err != nil {
+	if r.refused == nil {
+		consumed, err := r.place(&h, table)
+		if err != nil { // declared here, re escapes only on this (rare) path
+			var re *recvErr
+			if !errors.As(err, &re) {
+				return err
+			}
+			r.refused = re
+			r.t.log.Warn("batch refused", "batch", h.batch, "error", re.err)
+		}
+		if r.refused != nil && !consumed {
+			if _, err := io.CopyN(io.Discard, r.br, int64(h.payload)); err != nil {
+				return err
+			}
+		}
+	} else if _, err := io.CopyN(io.Discard, r.br, int64(h.payload)); err != nil {
 		return err
 	}
-	r.segs += uint64(h.segs)
-	r.bytes += h.payload
+	if r.refused == nil {
+		r.segs += uint64(h.segs)
+		r.bytes += h.payload
+	}
 	if h.flags&flagLast == 0 {
 		return nil
+	}
+	if re := r.refused; re != nil {
+		r.refused, r.segs, r.bytes = nil, 0, 0
+		return r.ack(re.status, h.batch, 0, re.err.Error())
 	}
 	// The pin is released by now: once the sender sees the ack, the
 	// destination may be deregistered at once.
@@ -346,27 +374,28 @@ func (r *receiver) frame() error {
 }
 
 // place validates the frame's table against the pinned destination, then
-// reads every segment straight into it.
-func (r *receiver) place(h *frameHeader, table []byte) error {
+// reads every segment straight into it. A *recvErr refuses the batch;
+// consumed says whether the payload was read off the stream regardless.
+func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) {
 	mem, release, err := r.t.in.Pin(transport.TCP, h.key)
 	if err != nil {
-		return &recvErr{statusBadKey, fmt.Errorf("tcp: batch %d: destination: %w", h.batch, err)}
+		return false, &recvErr{statusBadKey, fmt.Errorf("tcp: batch %d: destination: %w", h.batch, err)}
 	}
 	defer release()
 	if mem.Kind == memory.CUDA && r.t.cfg.Staging == nil {
-		return &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: destination is %s memory and this daemon has no CUDA driver", h.batch, mem.Kind)}
+		return false, &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: destination is %s memory and this daemon has no CUDA driver", h.batch, mem.Kind)}
 	}
 	le := binary.LittleEndian
 	var sum uint64
 	for i := 0; i < int(h.segs); i++ {
 		off, n := le.Uint64(table[i*segLen:]), le.Uint64(table[i*segLen+8:])
 		if n == 0 || off > mem.Len || n > mem.Len-off {
-			return &recvErr{statusBadRange, fmt.Errorf("tcp: batch %d: segment %d [%d,+%d) is outside the %d-byte destination", h.batch, i, off, n, mem.Len)}
+			return false, &recvErr{statusBadRange, fmt.Errorf("tcp: batch %d: segment %d [%d,+%d) is outside the %d-byte destination", h.batch, i, off, n, mem.Len)}
 		}
 		sum += n
 	}
 	if sum != h.payload {
-		return &recvErr{statusBadFrame, fmt.Errorf("tcp: batch %d: segments total %d bytes, header says %d", h.batch, sum, h.payload)}
+		return false, fmt.Errorf("tcp: batch %d: segments total %d bytes, header says %d", h.batch, sum, h.payload)
 	}
 	if mem.Kind == memory.CUDA {
 		return r.placeDevice(h, table, mem)
@@ -374,29 +403,29 @@ func (r *receiver) place(h *frameHeader, table []byte) error {
 	for i := 0; i < int(h.segs); i++ {
 		off, n := le.Uint64(table[i*segLen:]), le.Uint64(table[i*segLen+8:])
 		if _, err := io.ReadFull(r.br, mem.Host[off:off+n]); err != nil {
-			return err
+			return true, err
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // placeDevice reads the frame's payload into the pinned buffer, then copies
 // every segment to the GPU in one batched copy-engine call. Writes are per
 // segment, never a covering range: that would clobber the gaps.
-func (r *receiver) placeDevice(h *frameHeader, table []byte, mem memory.Memory) error {
+func (r *receiver) placeDevice(h *frameHeader, table []byte, mem memory.Memory) (consumed bool, _ error) {
 	if r.stager == nil {
 		st, err := r.t.cfg.Staging.Get(mem.Device)
 		if err != nil {
-			return &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: %w", h.batch, err)}
+			return false, &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: %w", h.batch, err)}
 		}
 		r.stager = st
 	}
 	buf := r.stager.Buffer()
 	if h.payload > uint64(len(buf)) {
-		return &recvErr{statusBadFrame, fmt.Errorf("tcp: batch %d: a %d-byte frame exceeds the %d-byte staging buffer", h.batch, h.payload, len(buf))}
+		return false, &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: a %d-byte frame exceeds the %d-byte staging buffer", h.batch, h.payload, len(buf))}
 	}
 	if _, err := io.ReadFull(r.br, buf[:h.payload]); err != nil {
-		return err
+		return true, err
 	}
 	n := int(h.segs)
 	r.offs, r.lens, r.hostOf = r.offs[:0], r.lens[:0], r.hostOf[:0]
@@ -408,9 +437,9 @@ func (r *receiver) placeDevice(h *frameHeader, table []byte, mem memory.Memory) 
 		at += l
 	}
 	if err := r.stager.Write(mem, r.offs, r.lens, r.hostOf); err != nil {
-		return &recvErr{statusBadFrame, fmt.Errorf("tcp: batch %d: %w", h.batch, err)}
+		return true, &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: copy to the GPU: %w", h.batch, err)}
 	}
-	return nil
+	return true, nil
 }
 
 // landed adds this stream's share to the batch and reports the batch once

@@ -124,22 +124,33 @@ func TestReceiverRefusals(t *testing.T) {
 		want error
 	}{
 		{"unknown key", func(p *pair, b *desc.Batch) { p.dst.Key.Key ^= 1 }, errs.ErrNotFound},
-		{"range past end", func(p *pair, b *desc.Batch) { b.Dst[0] = p.dst.Size - 1 }, errs.ErrInvalidArgument},
+		{"range past end", func(p *pair, b *desc.Batch) { b.Dst[4999] = p.dst.Size - 1 }, errs.ErrInvalidArgument},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p := newPair(t, 4096, 2)
-			b := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{16}}
+			p := newPair(t, 1<<20, 2)
+			// Several frames on two streams, so the refusal must be drained.
+			b := desc.Batch{}
+			for i := uint64(0); i < 5000; i++ {
+				b.Src, b.Dst, b.Len = append(b.Src, i*128), append(b.Dst, i*128), append(b.Len, 128)
+			}
+			good := p.dst
 			c.mut(p, &b)
 			_, err := p.conn.Write(context.Background(), p.src, p.dst, &b)
 			if !errors.Is(err, c.want) {
 				t.Fatalf("err = %v, want %v", err, c.want)
 			}
-			if p.conn.Err() == nil {
-				t.Fatal("conn still claims to be healthy after the receiver closed it")
-			}
 			if p.in.landed.Load() != 0 {
 				t.Fatal("a refused batch was reported as landed")
+			}
+			// The receiver drained the refused batch, so the connection is
+			// still in step and carries the next batch.
+			if err := p.conn.Err(); err != nil {
+				t.Fatalf("a clean refusal broke the connection: %v", err)
+			}
+			ok := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{16}}
+			if _, err := p.conn.Write(context.Background(), p.src, good, &ok); err != nil {
+				t.Fatalf("next batch on the same connection: %v", err)
 			}
 		})
 	}
