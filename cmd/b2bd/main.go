@@ -30,6 +30,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "b2bd", Level: hclog.LevelFromString(cfg.LogLevel), Output: os.Stderr})
+	daemon.InstallGRPCLogger(log)
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	d, err := daemon.New(cfg, log)

@@ -219,8 +219,8 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen for peers on %s: %w", cfg.PeerListen, err)
 	}
-	d.listeners = append(d.listeners, peerLn)
 	d.peerAddr = peerLn.Addr().String()
+	d.listeners = append(d.listeners, guard(peerLn, peerTLS != nil, log.Named("peer")))
 
 	scfg := server.Config{
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,

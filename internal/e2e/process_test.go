@@ -232,3 +232,88 @@ func TestPeerKilledMidBatch(t *testing.T) {
 		t.Fatal("data after restart differs")
 	}
 }
+
+// TestGarbageOnPorts: bytes that are not our protocols, truncated or
+// oversized, on the peer and data ports get the connection closed and a log
+// line; the daemon keeps serving.
+func TestGarbageOnPorts(t *testing.T) {
+	bin := buildDaemon(t)
+	a, b := startProc(t, bin, "a"), startProc(t, bin, "b")
+	junk := make([]byte, 8<<20)
+	for i := range junk {
+		junk[i] = byte(i*7 + i>>9)
+	}
+	cases := []struct {
+		name, addr string
+		payload    []byte
+	}{
+		{"http/1 on the peer port", b.peer, []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")},
+		{"truncated http/2 preface on the peer port", b.peer, []byte("PRI * HTTP/2.0\r\n")},
+		{"8 MiB of junk on the peer port", b.peer, junk},
+		{"junk hello on the data port", b.data, junk[:40]},
+		{"truncated hello on the data port", b.data, []byte("B2BH")},
+		{"8 MiB of junk on the data port", b.data, junk},
+	}
+	for _, c := range cases {
+		conn, err := net.DialTimeout("tcp", c.addr, 2*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
+		_, _ = conn.Write(c.payload) // the daemon may close before reading it all
+		if cw, ok := conn.(*net.TCPConn); ok {
+			_ = cw.CloseWrite()
+		}
+		// The daemon must close its side (EOF or reset), not hang.
+		buf := make([]byte, 4096)
+		for {
+			if _, err := conn.Read(buf); err != nil {
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					t.Fatalf("%s: the daemon kept the connection open", c.name)
+				}
+				break
+			}
+		}
+		conn.Close()
+	}
+	// Still serving: a verified transfer from a into b.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ca, _ := client.Dial(a.sock)
+	defer ca.Close()
+	cb, _ := client.Dial(b.sock)
+	defer cb.Close()
+	src, err := ca.RegisterHost(ctx, 1<<20, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Unmap()
+	dst, err := cb.RegisterHost(ctx, 1<<20, "after-junk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Unmap()
+	for i := range src.Bytes {
+		src.Bytes[i] = byte(i)
+	}
+	if _, err := ca.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: "after-junk",
+		Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: 1 << 20}}); err != nil {
+		t.Fatalf("transfer after the junk: %v", err)
+	}
+	if string(src.Bytes) != string(dst.Bytes) {
+		t.Fatal("data differs")
+	}
+	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.cmd.Wait(); err != nil {
+		t.Fatalf("daemon exit: %v", err)
+	}
+	log := b.stderr.String()
+	for _, want := range []string{"data connection refused", "peer connection closed: not the b2bd peer protocol", "peer connection closed before its protocol preface"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("no log line mentioning %q:\n%s", want, log)
+		}
+	}
+	t.Logf("daemon log:\n%s", log)
+}

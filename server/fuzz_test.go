@@ -1,0 +1,82 @@
+package server_test
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/peer"
+	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/transport"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+	"github.com/b2bd/b2bd/server"
+)
+
+// FuzzPeerMessages feeds arbitrary bytes, as each message the Peer service
+// accepts, to the real handlers: nothing may panic, and every refusal must be
+// a gRPC status with a deliberate code.
+func FuzzPeerMessages(f *testing.F) {
+	seed := func(kind byte, m proto.Message) {
+		b, _ := proto.Marshal(m)
+		f.Add(kind, b)
+	}
+	seed(0, &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: "x", Transports: []b2bv1.TransportKind{1, 2}})
+	seed(0, &b2bv1.HandshakeRequest{ProtocolVersion: 99})
+	seed(1, &b2bv1.ResolveRegionRequest{Name: "fuzz"})
+	seed(1, &b2bv1.ResolveRegionRequest{Name: ""})
+	seed(2, &b2bv1.ConnectVerbsRequest{NodeName: "x", Endpoints: []*b2bv1.VerbsEndpoint{{QpNum: 1, Psn: 2}}, Port: &b2bv1.VerbsPort{Gid: make([]byte, 16), ActiveMtu: 1024}})
+	seed(3, &b2bv1.NotifyRequest{Region: "fuzz", Notification: []byte("n"), Blocks: 1})
+	seed(3, &b2bv1.NotifyRequest{Region: "fuzz", Notification: make([]byte, 5000)})
+	f.Add(byte(1), []byte{0xff, 0xff, 0xff})
+
+	reg, err := region.New(region.Config{ShmDir: f.TempDir()})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer reg.Close()
+	if _, err := reg.AllocHost(4096, region.Export{Name: "fuzz", To: []string{"someone"}}, region.Caller{}); err != nil {
+		f.Fatal(err)
+	}
+	pm := peer.New(&b2bv1.HandshakeRequest{}, []transport.Transport{}, nil, true)
+	srv := server.New(server.Config{NodeName: "fuzz", Registry: reg, Peers: pm, MaxDescriptors: desc.DefaultMaxBlocks}).Peer()
+	ctx := context.Background()
+	ok := map[codes.Code]bool{codes.OK: true, codes.InvalidArgument: true, codes.NotFound: true,
+		codes.PermissionDenied: true, codes.FailedPrecondition: true}
+
+	f.Fuzz(func(t *testing.T, kind byte, data []byte) {
+		var err error
+		switch kind % 4 {
+		case 0:
+			var m b2bv1.HandshakeRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			_, err = srv.Handshake(ctx, &m)
+		case 1:
+			var m b2bv1.ResolveRegionRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			_, err = srv.ResolveRegion(ctx, &m)
+		case 2:
+			var m b2bv1.ConnectVerbsRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			_, err = srv.ConnectVerbs(ctx, &m)
+		case 3:
+			var m b2bv1.NotifyRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			_, err = srv.Notify(ctx, &m)
+		}
+		if c := status.Code(err); !ok[c] {
+			t.Fatalf("message kind %d: unexpected code %v: %v", kind%4, c, err)
+		}
+	})
+}
