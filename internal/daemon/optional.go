@@ -9,6 +9,7 @@ import (
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/transport/verbs"
 )
 
 // buildVerbs constructs the RDMA transport when this build and host have one.
@@ -38,5 +39,16 @@ func loadCUDA(log hclog.Logger) (gpudirect.Interface, string) {
 	return drv, detail
 }
 
-// RegisterOptionalFlags adds the flags of optional transports built in.
-func RegisterOptionalFlags(fs *flag.FlagSet, cfg *Config) {}
+// RegisterOptionalFlags adds the RDMA transport's flags and sets cfg to build
+// it. Without cgo, libibverbs or a device, building it fails with a reason
+// and the daemon carries on with TCP (or refuses, under --transport verbs).
+func RegisterOptionalFlags(fs *flag.FlagSet, cfg *Config) {
+	vc := verbs.DefaultConfig()
+	vc.RegisterFlags(fs)
+	cfg.Extra = func(k transport.Kind, in transport.Inbound, log hclog.Logger) (transport.Transport, error) {
+		if k != transport.Verbs {
+			return nil, fmt.Errorf("%w: no optional transport %q", errs.ErrUnavailable, k)
+		}
+		return verbs.New(vc, in, log)
+	}
+}

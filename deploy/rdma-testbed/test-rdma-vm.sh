@@ -1,0 +1,163 @@
+#!/bin/bash
+# test-rdma-vm.sh - runs in both VMs of test-rdma.sh (role from B2B_ROLE); parameters in $B2B_OUT/params.env.
+#   A (10.77.0.1): ib_write_bw servers, then the destination b2bd (API on 10.77.0.1:7480 for the bench).
+#   B (10.77.0.2): ib_write_bw clients, then the source b2bd and b2b-bench (two-host mode, --transport verbs).
+# The VMs meet over the wire (TCP ports) and through files in $B2B_OUT (shared with the host).
+set -euo pipefail
+HERE=$(dirname "$(readlink -f "$0")")
+: "${B2B_ROLE:?run me through run-pair.sh}" "${B2B_PEER_IP:?}" "${B2B_SELF_IP:?}" "${B2B_OUT:?}"
+# shellcheck source=/dev/null
+. "$B2B_OUT/params.env"
+dev=${B2B_RDMA_DEV:-rxe0}
+# shellcheck disable=SC2153 # SIZES and BLOCKS come from params.env
+read -r -a sizes <<<"$SIZES"
+# shellcheck disable=SC2153
+read -r -a blocks <<<"$BLOCKS"
+log() { printf '[vm %s %s] %s\n' "$B2B_ROLE" "$(date +%T)" "$*"; }
+
+gid=$("$HERE/gid-index.sh" "$dev" 1 "$B2B_SELF_IP")
+log "dev=$dev gid_index=$gid sizes=${sizes[*]} blocks=${blocks[*]}"
+
+# ---- 1. perftest --------------------------------------------------------------------------------------------
+# One server/client pair per (size, variant), each on its own port so a client never reaches a stale server.
+# Iterations match the blocks of the size; the tuned run's -n counts per QP and must be a multiple of
+# --post_list, so it is blocks/4 rounded up to a multiple of 32.
+port=18515
+declare -A bw_default bw_tuned
+for k in "${!sizes[@]}"; do
+	s=${sizes[$k]} n=${blocks[$k]}
+	[ "$n" -lt 5 ] && n=5 # perftest's minimum
+	# shellcheck disable=SC2017 # rounding up to a multiple of 32 is the point
+	nt=$(((n + 4 * 32 - 1) / (4 * 32) * 32))
+	for variant in default tuned; do
+		args=(-d "$dev" -i 1 -x "$gid" -F -s "$s" -p "$port")
+		if [ "$variant" = tuned ]; then args+=(-n "$nt" -q 4 --post_list 32); else args+=(-n "$n"); fi
+		if [ "$B2B_ROLE" = a ]; then
+			timeout 120 ib_write_bw "${args[@]}" >/dev/null 2>&1 || log "ib_write_bw server $s $variant failed"
+		else
+			res=""
+			deadline=$((SECONDS + 60))
+			while :; do
+				rc=0
+				out=$(timeout 120 ib_write_bw "${args[@]}" "$B2B_PEER_IP" 2>&1) || rc=$?
+				if [ "$rc" != 0 ] && grep -q "Couldn't connect" <<<"$out" && [ "$SECONDS" -lt "$deadline" ]; then
+					sleep 0.3
+					continue
+				fi
+				break
+			done
+			# Result line: #bytes #iterations BW-peak BW-average MsgRate, BW in MiB/s.
+			res=$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print $4 }' <<<"$out" | tail -n 1)
+			if [ -z "$res" ]; then
+				log "ib_write_bw $s $variant: no result (rc $rc): $(tail -n 3 <<<"$out" | tr '\n' ' ')"
+				res=0
+			fi
+			gbps=$(awk -v m="$res" 'BEGIN { printf "%.6f", m * 1048576 / 1e9 }')
+			log "perftest $variant size=$s iters=$([ "$variant" = tuned ] && echo "$nt x 4 QPs" || echo "$n") ${res} MiB/s = $gbps GB/s"
+			if [ "$variant" = tuned ]; then bw_tuned[$s]=$gbps; else bw_default[$s]=$gbps; fi
+		fi
+		port=$((port + 1))
+	done
+done
+if [ "$B2B_ROLE" = b ]; then
+	json() { # json ASSOC-NAME
+		local -n m=$1
+		local sep="" s
+		printf '{'
+		for s in "${sizes[@]}"; do
+			printf '%s"%s": %s' "$sep" "$s" "${m[$s]:-0}"
+			sep=", "
+		done
+		printf '}\n'
+	}
+	json bw_default >"$B2B_OUT/perftest-default.json"
+	json bw_tuned >"$B2B_OUT/perftest-tuned.json"
+	# The bench compares against the better of the two runs.
+	declare -A bw_best
+	for s in "${sizes[@]}"; do
+		# shellcheck disable=SC2034 # read through json's nameref
+		bw_best[$s]=$(awk -v a="${bw_default[$s]:-0}" -v b="${bw_tuned[$s]:-0}" 'BEGIN { print (a > b) ? a : b }')
+	done
+	json bw_best >"$B2B_OUT/perftest.json"
+fi
+
+# ---- 2. daemons ---------------------------------------------------------------------------------------------
+certs=$B2B_OUT/certs
+daemon_args=(--node-name "$B2B_ROLE" --socket /run/b2bd.sock --shm-dir /dev/shm/b2bd
+	--peer-listen "$B2B_SELF_IP:7470" --data-listen "$B2B_SELF_IP:7471" --transport verbs --log-level warn
+	--tls-cert "$certs/$B2B_ROLE.pem" --tls-key "$certs/$B2B_ROLE-key.pem" --tls-ca "$certs/ca.pem")
+[ "$B2B_ROLE" = a ] && daemon_args+=(--api-listen "$B2B_SELF_IP:7480")
+# The verbs flags exist once the daemon has the verbs transport wired in.
+if "$B2BD" -h 2>&1 | grep -q -- '-rdma-device'; then daemon_args+=(--rdma-device "$dev"); fi
+# shellcheck disable=SC2206 # word splitting wanted
+[ -n "${DAEMON_ARGS:-}" ] && daemon_args+=($DAEMON_ARGS)
+log "starting b2bd ${daemon_args[*]}"
+"$B2BD" "${daemon_args[@]}" >"$B2B_OUT/b2bd-$B2B_ROLE.log" 2>&1 &
+dpid=$!
+# shellcheck disable=SC2317 # called from traps
+stop_daemon() {
+	kill "$dpid" 2>/dev/null || true
+	wait "$dpid" 2>/dev/null || true
+}
+trap stop_daemon EXIT
+wait_port() { # wait_port HOST PORT SECONDS
+	local deadline=$((SECONDS + $3))
+	until (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; do
+		kill -0 "$dpid" 2>/dev/null || {
+			log "b2bd exited: $(tail -n 5 "$B2B_OUT/b2bd-$B2B_ROLE.log")"
+			return 1
+		}
+		[ "$SECONDS" -ge "$deadline" ] && return 1
+		sleep 0.3
+	done
+}
+wait_port "$B2B_SELF_IP" 7470 60 || {
+	log "b2bd did not come up"
+	exit 1
+}
+
+if [ "$B2B_ROLE" = a ]; then
+	# Serve until the bench in B is done (or gave up), then stop.
+	deadline=$((SECONDS + 700))
+	until [ -e "$B2B_OUT/bench.done" ] || [ "$SECONDS" -ge "$deadline" ]; do
+		kill -0 "$dpid" 2>/dev/null || {
+			log "b2bd died: $(tail -n 5 "$B2B_OUT/b2bd-a.log")"
+			exit 1
+		}
+		sleep 0.5
+	done
+	log "bench done; stopping"
+	exit 0
+fi
+
+# ---- 3. bench (B) -------------------------------------------------------------------------------------------
+trap 'touch "$B2B_OUT/bench.done"; kill "${spid:-}" 2>/dev/null; stop_daemon' EXIT
+wait_port "$B2B_PEER_IP" 7480 120 || {
+	log "the destination daemon's API never answered"
+	exit 1
+}
+# The destination's API takes TLS with a peer certificate; socat wraps the bench's plaintext calls.
+socat TCP-LISTEN:17480,bind=127.0.0.1,reuseaddr,fork \
+	"OPENSSL:$B2B_PEER_IP:7480,cert=$certs/b.pem,key=$certs/b-key.pem,cafile=$certs/ca.pem,verify=1" 2>"$B2B_OUT/socat.log" &
+spid=$!
+wait_port 127.0.0.1 17480 30 || {
+	log "socat did not start: $(cat "$B2B_OUT/socat.log")"
+	exit 1
+}
+# One bench run per group of consecutive sizes with the same block count (each run measures its TCP
+# yardstick and registers its regions once).
+rc=0
+k=0
+while [ "$k" -lt "${#sizes[@]}" ]; do
+	n=${blocks[$k]} group=${sizes[$k]}
+	k=$((k + 1))
+	while [ "$k" -lt "${#sizes[@]}" ] && [ "${blocks[$k]}" = "$n" ]; do
+		group+=",${sizes[$k]}"
+		k=$((k + 1))
+	done
+	log "bench sizes=$group blocks=$n"
+	"$BENCH" --src-api unix:///run/b2bd.sock --dst-api 127.0.0.1:17480 --dst-peer "$B2B_PEER_IP:7470" \
+		--transport verbs --sizes "$group" --blocks "$n" --full --iters "$ITERS" --timeout 300s \
+		--perftest "$B2B_OUT/perftest.json" --json "$B2B_OUT/bench-${group%%,*}.json" 2>&1 || rc=1
+done
+exit $rc

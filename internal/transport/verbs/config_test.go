@@ -1,0 +1,58 @@
+package verbs
+
+import (
+	"errors"
+	"flag"
+	"testing"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/errs"
+)
+
+func TestConfigFlags(t *testing.T) {
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	err := fs.Parse([]string{"--rdma-device", "rxe0", "--rdma-port", "2", "--gid-index", "3", "--rdma-netdev", "eth0",
+		"--qps-per-peer", "4", "--rdma-signal-every", "8", "--rdma-max-chain", "32", "--rdma-poll-spin", "1us"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Device != "rxe0" || c.Port != 2 || c.GIDIndex != 3 || c.NetDev != "eth0" || c.QPsPerPeer != 4 ||
+		c.SignalEvery != 8 || c.MaxChain != 32 || c.PollSpin != time.Microsecond {
+		t.Fatalf("parsed %+v", c)
+	}
+	if err := c.normalize(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConfigNormalize(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*Config)
+		ok   bool
+	}{
+		{"zero value takes defaults", func(c *Config) { *c = Config{GIDIndex: -1} }, true},
+		{"defaults", func(c *Config) {}, true},
+		{"too many QPs", func(c *Config) { c.QPsPerPeer = 65 }, false},
+		{"chain longer than SQ", func(c *Config) { c.MaxChain = c.SQDepth + 1 }, false},
+		{"signal interval over half the SQ", func(c *Config) { c.SignalEvery = c.SQDepth }, false},
+		{"bad gid index", func(c *Config) { c.GIDIndex = -2 }, false},
+		{"bad retry", func(c *Config) { c.RetryCount = 8 }, false},
+		{"inline too big", func(c *Config) { c.InlineBytes = 4096 }, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tc.mod(&c)
+			err := c.normalize()
+			if tc.ok != (err == nil) || (err != nil && !errors.Is(err, errs.ErrInvalidArgument)) {
+				t.Fatalf("err = %v", err)
+			}
+			if err == nil && (c.QPsPerPeer == 0 || c.SQDepth == 0 || c.Port == 0) {
+				t.Fatalf("defaults not filled: %+v", c)
+			}
+		})
+	}
+}

@@ -1,0 +1,482 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/transport"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+	ibv "github.com/b2bd/b2bd/verbs"
+)
+
+// qpState is one RC QP of a set with its chain scratch and credits.
+type qpState struct {
+	qp    *ibv.QP
+	chain *ibv.Chain
+	psn   uint32
+	depth uint32
+	// posted is the QP's WR sequence number: WRs ever posted. Only the
+	// poster touches it (the writer holding sem on a sending set, the
+	// poller on a receiving set).
+	posted uint32
+	// done is the sequence number of the last completed signaled WR; the
+	// poller stores it, posters read it. posted-done WRs are in flight.
+	done atomic.Uint32
+}
+
+// avail is the send-queue credits left.
+func (q *qpState) avail() int { return int(q.depth) - int(q.posted-q.done.Load()) }
+
+// rxSlot accounts one in-flight batch on a receiving set.
+type rxSlot struct {
+	active  bool
+	meta    bool
+	tag     uint32
+	got     uint32 // immediates seen
+	nqp     uint32
+	blocks  uint64
+	bytes   uint64
+	metaQP  int
+	release func()
+}
+
+// qpSet is one connection's QPs, CQ and state, in either direction. A
+// sending set is the transport.Conn returned by Connect.
+type qpSet struct {
+	t      *Transport
+	id     uint64
+	peer   string
+	sender bool
+	cq     *ibv.CQ
+	qps    []*qpState
+
+	// sending side
+	sem      chan struct{} // one token: Writes (and Close) are serialised
+	tag      uint32
+	rot      int
+	cuts     []ibv.Pos // nq+1 range boundaries, preallocated
+	rangeOn  []bool
+	ctlMem   *ibv.HostMem // the meta/bye message buffer (C memory)
+	ctlMR    *ibv.MR
+	lastAck  atomic.Uint32
+	ackSig   chan struct{}
+	credSig  chan struct{}
+	broken   chan struct{}
+	failOnce sync.Once
+	err      atomic.Pointer[error]
+
+	// receiving side (poller only)
+	rx       [4]rxSlot
+	lastRecv time.Time
+	pingAt   time.Time
+	pinging  bool
+
+	destroyOnce sync.Once
+	destroyErr  error
+	closeOnce   sync.Once
+}
+
+var _ transport.Conn = (*qpSet)(nil)
+
+// newSet creates n QPs on a fresh CQ, all in INIT. On failure nothing is
+// left behind.
+func (t *Transport) newSet(n int, sender bool, peer string, id uint64) (_ *qpSet, err error) {
+	cfg := &t.cfg
+	s := &qpSet{t: t, id: id, peer: peer, sender: sender, broken: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			s.destroy()
+		}
+	}()
+	// Room for every signaled or error completion of every QP plus every
+	// SRQ receive that could complete here: the CQ can never overflow.
+	cqe := n*cfg.SQDepth + cfg.SRQDepth + 16
+	if s.cq, err = t.ctx.NewCQ(cqe, t.cch); err != nil {
+		return nil, err
+	}
+	for k := 0; k < n; k++ {
+		qc := ibv.QPConfig{SendCQ: s.cq, RecvCQ: s.cq, SRQ: t.srq, MaxSendWR: cfg.SQDepth, MaxSendSGE: t.maxSGE, MaxInline: t.inline}
+		qp, err := t.pd.NewRCQP(qc)
+		if err != nil && t.inline > 0 {
+			// Some providers reject inline data; fall back once, for good.
+			t.log.Warn("QP creation with inline data failed; disabling inline", "inline", t.inline, "error", err)
+			t.inline = 0
+			qc.MaxInline = 0
+			qp, err = t.pd.NewRCQP(qc)
+		}
+		if err != nil {
+			return nil, err
+		}
+		q := &qpState{qp: qp, psn: rand.Uint32() & 0xFFFFFF, depth: uint32(cfg.SQDepth)}
+		s.qps = append(s.qps, q)
+		if err := qp.ToInit(cfg.Port, ibv.AccessDefault); err != nil {
+			return nil, err
+		}
+		if sender {
+			if q.chain, err = ibv.NewChain(cfg.MaxChain, t.maxSGE); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if sender {
+		s.sem = make(chan struct{}, 1)
+		s.ackSig = make(chan struct{}, 1)
+		s.credSig = make(chan struct{}, 1)
+		s.cuts = make([]ibv.Pos, n+1)
+		s.rangeOn = make([]bool, n)
+		if s.ctlMem, err = ibv.AllocHost(4096); err != nil {
+			return nil, err
+		}
+		if s.ctlMR, err = t.pd.RegMR(s.ctlMem.Addr(), 4096, ibv.AccessLocalWrite); err != nil {
+			return nil, err
+		}
+	}
+	s.lastRecv = time.Now()
+	return s, nil
+}
+
+// connect moves every QP INIT → RTR → RTS against the peer's endpoints.
+func (s *qpSet) connect(peer *b2bv1.VerbsPort, eps []*b2bv1.VerbsEndpoint, mtu ibv.MTU) error {
+	t := s.t
+	// RoCE routes by GRH (GID); InfiniBand within a subnet by LID.
+	global := t.port.LinkLayer != ibv.LinkInfiniBand
+	for k, q := range s.qps {
+		ep := eps[k]
+		if ep == nil || ep.GetQpNum() == 0 {
+			return fmt.Errorf("endpoint %d has no QP number: %w", k, errs.ErrInvalidArgument)
+		}
+		err := q.qp.ToRTR(ibv.RTRAttr{
+			Port: t.cfg.Port, RemoteQPN: ep.GetQpNum(), RemotePSN: ep.GetPsn(), MTU: mtu,
+			Global: global, RemoteGID: toGID(peer.GetGid()), GIDIndex: t.gid.Index,
+			RemoteLID: uint16(peer.GetLid()), MinRNRTimer: 12,
+		})
+		if err != nil {
+			return err
+		}
+		if err := q.qp.ToRTS(ibv.RTSAttr{PSN: q.psn, Timeout: t.cfg.AckTimeout, RetryCount: t.cfg.RetryCount, RNRRetry: 7}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Err is nil while the connection is usable.
+func (s *qpSet) Err() error {
+	if p := s.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// fail breaks the set once, with the first cause. hard marks an error (as
+// opposed to a local Close), which is logged.
+func (s *qpSet) fail(err error, hard bool) {
+	s.failOnce.Do(func() {
+		s.err.Store(&err)
+		close(s.broken)
+		if hard {
+			s.t.log.Warn("verbs connection broken", "peer", s.peer, "conn", s.id, "sender", s.sender, "error", err)
+		}
+	})
+}
+
+func (s *qpSet) qpByNum(qpn uint32) *qpState {
+	for _, q := range s.qps {
+		if q.qp.Num() == qpn {
+			return q
+		}
+	}
+	return nil
+}
+
+func notify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// Write sends b from src into dst; see transport.Conn. It is serialised
+// per connection and allocates nothing on success.
+func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	var st transport.Stats
+	if err := s.Err(); err != nil {
+		return st, err
+	}
+	reg, ok := src.(*registration)
+	if !ok || reg.t != s.t {
+		return st, fmt.Errorf("verbs: write: source was not registered with this verbs transport: %w", errs.ErrInvalidArgument)
+	}
+	if reg.mr == nil || dst.Key.Key > 0xFFFFFFFF {
+		return st, fmt.Errorf("verbs: write: bad source registration or rkey %#x: %w", dst.Key.Key, errs.ErrInvalidArgument)
+	}
+	if dst.Size > 0 && dst.Key.Addr+dst.Size < dst.Key.Addr {
+		return st, fmt.Errorf("verbs: write: destination [%#x, +%d) wraps: %w", dst.Key.Addr, dst.Size, errs.ErrInvalidArgument)
+	}
+	total, err := checkBatch(b, reg.mem.Len, dst.Size)
+	if err != nil {
+		return st, err
+	}
+	select {
+	case s.sem <- struct{}{}:
+	case <-s.broken:
+		return st, s.Err()
+	case <-ctx.Done():
+		return st, fmt.Errorf("verbs: write to %s not started: %w", s.peer, ctx.Err())
+	}
+	defer func() { <-s.sem }()
+	if err := s.Err(); err != nil {
+		return st, err
+	}
+	if err := ctx.Err(); err != nil { // nothing posted yet: the conn stays usable
+		return st, fmt.Errorf("verbs: write to %s not started: %w", s.peer, err)
+	}
+	return s.write(ctx, reg, dst, b, total)
+}
+
+// waitCredit blocks until the poller returns credits, the set breaks, or
+// ctx ends (which breaks the set: WRs are in flight).
+func (s *qpSet) waitCredit(ctx context.Context, tag uint32) error {
+	select {
+	case <-s.credSig:
+		return nil
+	case <-s.broken:
+		return s.Err()
+	case <-ctx.Done():
+		return s.abandon(ctx, tag)
+	}
+}
+
+// abandon fails the set because a batch with WRs in flight ran out of time:
+// its acks and completions could otherwise confuse the next batch.
+func (s *qpSet) abandon(ctx context.Context, tag uint32) error {
+	err := fmt.Errorf("verbs: batch %d to %s cut off by its deadline with work requests in flight; connection dropped: %w (%w)", tag, s.peer, errs.ErrAborted, ctx.Err())
+	s.fail(err, true)
+	return err
+}
+
+func (s *qpSet) write(ctx context.Context, reg *registration, dst transport.RemoteRegion, b *desc.Batch, total uint64) (transport.Stats, error) {
+	var st transport.Stats
+	t := s.t
+	cfg := &t.cfg
+	s.tag = (s.tag + 1) & tagMask
+	tag := s.tag
+
+	nq := 0
+	if total > 0 {
+		want := int((total + uint64(cfg.MinQPBytes) - 1) / uint64(cfg.MinQPBytes))
+		nq = splitBatch(b.Len, total, min(len(s.qps), want), s.cuts)
+	}
+	first := s.rot % len(s.qps)
+	s.rot++
+
+	// The meta message goes first, on the first QP: the receiver then knows
+	// how many immediates make the batch, and what to account.
+	q0 := s.qps[first]
+	for q0.avail() < 1 {
+		if err := s.waitCredit(ctx, tag); err != nil {
+			return st, err
+		}
+	}
+	m := message{kind: msgMeta, tag: tag, nqp: uint32(nq), rkey: uint32(dst.Key.Key), blocks: uint64(b.N()), bytes: total}
+	m.encode(s.ctlMem.Bytes())
+	q0.posted++
+	if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
+		q0.posted--
+		s.fail(err, true)
+		return st, err
+	}
+	st.WorkRequests++
+
+	src := reg.mr
+	params := ibv.ChainParams{
+		SrcBase: src.Addr(), DstBase: dst.Key.Addr, SrcLimit: reg.mem.Len, DstLimit: dst.Size,
+		LKey: src.LKey(), RKey: uint32(dst.Key.Key), MaxWR: cfg.MaxChain, MaxSGE: t.maxSGE,
+		MaxWRBytes: t.wrBytes, MaxChainBytes: uint64(cfg.ChainBytes), SignalEvery: cfg.SignalEvery,
+	}
+	if reg.mem.Kind == memory.Host {
+		params.InlineMax = t.inline // the CPU reads inline data: never for GPU memory
+	}
+	for k := 0; k < nq; k++ {
+		q := s.qps[(first+k)%len(s.qps)]
+		q.chain.Setup(&params)
+		q.chain.Start(s.cuts[k], s.cuts[k+1], true, tag)
+		q.chain.SetSeq(q.posted)
+		s.rangeOn[k] = true
+	}
+	// Small chains waste doorbells: wait for a quarter of a chain of credits.
+	minPost := max(1, cfg.MaxChain/4)
+	for pending := nq; pending > 0; {
+		progressed := false
+		for k := 0; k < nq; k++ {
+			if !s.rangeOn[k] {
+				continue
+			}
+			q := s.qps[(first+k)%len(s.qps)]
+			a := q.avail()
+			if a < minPost {
+				continue
+			}
+			q.chain.SetMaxWR(min(cfg.MaxChain, a))
+			res, err := q.qp.PostChain(q.chain, b.Src, b.Dst, b.Len)
+			q.posted = res.Seq
+			if err != nil {
+				// The meta and maybe other chains are out: the batch cannot
+				// be taken back, so the connection goes with it.
+				err = fmt.Errorf("verbs: batch %d to %s: %w", tag, s.peer, err)
+				s.fail(err, true)
+				return st, err
+			}
+			st.WorkRequests += uint64(res.WRs)
+			st.Segments += uint64(res.SGEs)
+			if res.WRs > 0 {
+				progressed = true
+			}
+			if res.Done {
+				s.rangeOn[k] = false
+				pending--
+			}
+		}
+		if !progressed && pending > 0 {
+			if err := s.waitCredit(ctx, tag); err != nil {
+				return st, err
+			}
+		}
+	}
+	for s.lastAck.Load() != tag {
+		select {
+		case <-s.ackSig:
+		case <-s.broken:
+			return st, s.Err()
+		case <-ctx.Done():
+			return st, s.abandon(ctx, tag)
+		}
+	}
+	return st, nil
+}
+
+// Close tears the connection down: a Write in progress fails, the peer is
+// told (when the QPs still work) so it frees its half at once, and every
+// handle is destroyed. Safe to call twice.
+func (s *qpSet) Close() error {
+	s.closeOnce.Do(func() {
+		s.fail(fmt.Errorf("verbs: connection to %s closed: %w", s.peer, errs.ErrAborted), false)
+		if s.sender {
+			s.sem <- struct{}{} // waits for a Write in progress to notice
+			s.goodbye()
+		}
+		s.t.detach(s, true)
+		s.destroy()
+	})
+	return s.destroyErr
+}
+
+// goodbye tells the receiver to drop its half, on the first QP still in
+// RTS (after a failed completion the others usually are), waiting briefly
+// for the SEND to complete so destroying the QP does not cut it off.
+func (s *qpSet) goodbye() {
+	const rts = 3 // IBV_QPS_RTS
+	for _, q := range s.qps {
+		if st, err := q.qp.State(); err != nil || st != rts || q.avail() < 1 {
+			continue
+		}
+		m := message{kind: msgBye}
+		m.encode(s.ctlMem.Bytes())
+		q.posted++
+		if err := q.qp.PostSend(ibv.WRID(q.posted, ibv.KindBye, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
+			q.posted--
+			continue
+		}
+		deadline := time.Now().Add(200 * time.Millisecond)
+		for int32(q.posted-q.done.Load()) > 0 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		return
+	}
+}
+
+// destroy releases the set's handles, children first. The set must be
+// detached (or never attached). Receive completions still in the CQ are
+// returned to the SRQ, so its buffers are never lost.
+func (s *qpSet) destroy() error {
+	s.destroyOnce.Do(func() {
+		t := s.t
+		var errList []error
+		for _, q := range s.qps {
+			_ = q.qp.ToError() // flushes WRs, incl. SRQ receives this QP holds
+		}
+		if s.cq != nil && len(s.qps) > 0 {
+			s.drainCQ(20 * time.Millisecond)
+		}
+		for _, q := range s.qps {
+			errList = append(errList, q.qp.Close(), q.chain.Close())
+		}
+		if s.cq != nil {
+			s.drainCQ(0)
+		}
+		for k := range s.rx {
+			if sl := &s.rx[k]; sl.release != nil {
+				sl.release()
+				sl.release = nil
+			}
+		}
+		errList = append(errList, s.cq.Close(), s.ctlMR.Close())
+		s.ctlMem.Free()
+		s.destroyErr = errors.Join(errList...)
+		if s.destroyErr != nil {
+			t.log.Warn("verbs connection teardown", "peer", s.peer, "conn", s.id, "error", s.destroyErr)
+		}
+	})
+	return s.destroyErr
+}
+
+// isRecvID tells receive wr_ids (SRQ buffer indices) from send wr_ids,
+// which always carry a kind in bits 28..31. Error completions leave the
+// opcode undefined, so this is the only reliable test.
+func isRecvID(id uint64) bool { return id>>28 == 0 }
+
+// drainCQ polls the set's CQ until it stays empty for linger, reposting
+// receive buffers found there.
+func (s *qpSet) drainCQ(linger time.Duration) {
+	t := s.t
+	buf, err := ibv.NewWCBuf(64)
+	if err != nil {
+		return
+	}
+	defer buf.Close()
+	var idx []uint32
+	quiet := time.Now()
+	for {
+		n, err := s.cq.Poll(buf)
+		if err != nil {
+			break
+		}
+		for k := 0; k < n; k++ {
+			w := buf.At(k)
+			if isRecvID(w.WRID) {
+				idx = append(idx, uint32(w.WRID))
+			}
+		}
+		if n > 0 {
+			quiet = time.Now()
+			continue
+		}
+		if time.Since(quiet) >= linger {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if len(idx) > 0 {
+		if err := t.srq.PostRecv(idx, t.rmr.Addr(), recvBufLen, t.rmr.LKey()); err != nil {
+			t.log.Warn("repost receives after teardown", "error", err)
+		}
+	}
+}

@@ -1,0 +1,346 @@
+package verbs
+
+// TestHWPair runs the transport between the two testbed VMs without the
+// daemon: VM A (B2B_ROLE=a) is the receiver, VM B (B2B_ROLE=b) the sender.
+// A tiny TCP side channel stands in for the Peer gRPC service (it carries
+// ConnectVerbs and "verify" requests). B sweeps block sizes and transport
+// configurations (B2B_PAIR_CONFIGS), A verifies every block of every batch
+// by checksum. It prints one "PAIR" line per (config, size) for the tuning
+// table. It runs only when B2B_PAIR=1 (besides B2B_ROLE, B2B_PEER_IP and
+// B2B_RDMA_DEV), so a plain hardware test run in one VM does not wait for
+// a peer that never comes.
+//
+//	B2B_PAIR_SIZES    block sizes (default 128,4096,65536,2097152)
+//	B2B_PAIR_BLOCKS   blocks per batch at 128 B; fewer for big blocks so a
+//	                  batch stays under B2B_PAIR_MAXBYTES (default 2000, 24 MiB)
+//	B2B_PAIR_ITERS    timed batches per point (default 3)
+//	B2B_PAIR_CONFIGS  ";"-separated "qps=2,signal=16,chain=64,chainbytes=1048576,sge=16,inline=0"
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/transport"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+const pairPort = "18600"
+
+type pairMsg struct {
+	Op      string // "connect", "verify", "done"
+	Payload []byte // proto ConnectVerbsRequest/Response
+	Seed    int64
+	Size    uint64
+	N       int
+	Err     string
+	Key     uint64
+	Addr    uint64
+	DstSize uint64
+}
+
+func envInt(k string, d int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil {
+		return v
+	}
+	return d
+}
+
+// pairLayout places n blocks of sz at random distinct slots of both
+// regions; pairFill makes the source bytes from the seed. Both sides
+// compute them, so only (seed, size, n) travels.
+func pairLayout(seed int64, sz uint64, n int, region uint64) *desc.Batch {
+	r := rand.New(rand.NewSource(seed))
+	slots := int(region / sz)
+	ps, pd := r.Perm(slots), r.Perm(slots)
+	b := &desc.Batch{}
+	for i := 0; i < n; i++ {
+		b.Src, b.Dst, b.Len = append(b.Src, uint64(ps[i])*sz), append(b.Dst, uint64(pd[i])*sz), append(b.Len, sz)
+	}
+	return b
+}
+
+// pairFill is splitmix64: cheap enough for tens of MiB under emulation.
+func pairFill(seed int64, buf []byte) {
+	x := uint64(seed) * 0x9E3779B97F4A7C15
+	for k := 0; k+8 <= len(buf); k += 8 {
+		x += 0x9E3779B97F4A7C15
+		z := x
+		z = (z ^ z>>30) * 0xBF58476D1CE4E5B9
+		z = (z ^ z>>27) * 0x94D049BB133111EB
+		binary.LittleEndian.PutUint64(buf[k:], z^z>>31)
+	}
+}
+
+func TestHWPair(t *testing.T) {
+	role, peerIP := os.Getenv("B2B_ROLE"), os.Getenv("B2B_PEER_IP")
+	dev := os.Getenv("B2B_RDMA_DEV")
+	if os.Getenv("B2B_PAIR") != "1" || role == "" || dev == "" || peerIP == "" {
+		t.Skip("B2B_PAIR=1, B2B_ROLE, B2B_PEER_IP and B2B_RDMA_DEV not all set: not a two-VM pair run")
+	}
+	region := uint64(envInt("B2B_PAIR_REGION", 32<<20))
+	log := hclog.New(&hclog.LoggerOptions{Name: "verbs", Level: hclog.Warn, Output: os.Stderr})
+	if role == "a" {
+		pairReceiver(t, dev, region, log)
+	} else {
+		pairSender(t, dev, peerIP, region, log)
+	}
+}
+
+func pairReceiver(t *testing.T, dev string, region uint64, log hclog.Logger) {
+	in := &inbound{}
+	in.unpin = func() { in.unpins.Add(1) }
+	cfg := DefaultConfig()
+	cfg.Device = dev
+	tr, err := New(cfg, in, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	dm := mmapHost(t, int(region))
+	reg, err := tr.Register(dm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect := make([]byte, region)
+	ln, err := net.Listen("tcp", ":"+pairPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(120 * time.Second))
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rd, enc := json.NewDecoder(bufio.NewReader(c)), json.NewEncoder(c)
+	if err := enc.Encode(pairMsg{Op: "hello", Key: reg.Key().Key, Addr: reg.Key().Addr, DstSize: region}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var m pairMsg
+		if err := rd.Decode(&m); err != nil {
+			t.Fatalf("side channel: %v", err)
+		}
+		reply := pairMsg{Op: m.Op}
+		switch m.Op {
+		case "connect":
+			var req b2bv1.ConnectVerbsRequest
+			if err := proto.Unmarshal(m.Payload, &req); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := tr.AcceptVerbs(context.Background(), &req)
+			if err != nil {
+				reply.Err = err.Error()
+			} else {
+				reply.Payload, _ = proto.Marshal(resp)
+			}
+		case "verify":
+			pairFill(m.Seed, expect)
+			b := pairLayout(m.Seed, m.Size, m.N, region)
+			for i := range b.Src {
+				s, d, l := b.Src[i], b.Dst[i], b.Len[i]
+				if xxhash.Sum64(expect[s:s+l]) != xxhash.Sum64(dm.Host[d:d+l]) {
+					reply.Err = fmt.Sprintf("block %d (size %d, seed %d) differs", i, m.Size, m.Seed)
+					break
+				}
+			}
+			clear(dm.Host)
+		case "done":
+			t.Logf("receiver: %d batches landed, %d bytes", in.batches.Load(), in.bytes.Load())
+			enc.Encode(reply)
+			return
+		}
+		if err := enc.Encode(reply); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// sideChannel is the sender's stand-in for the Peer gRPC client.
+type sideChannel struct {
+	b2bv1.PeerClient
+	rd  *json.Decoder
+	enc *json.Encoder
+}
+
+func (s *sideChannel) call(m pairMsg) (pairMsg, error) {
+	if err := s.enc.Encode(m); err != nil {
+		return pairMsg{}, err
+	}
+	var r pairMsg
+	if err := s.rd.Decode(&r); err != nil {
+		return pairMsg{}, err
+	}
+	if r.Err != "" {
+		return r, fmt.Errorf("receiver: %s", r.Err)
+	}
+	return r, nil
+}
+
+func (s *sideChannel) ConnectVerbs(ctx context.Context, in *b2bv1.ConnectVerbsRequest, _ ...grpc.CallOption) (*b2bv1.ConnectVerbsResponse, error) {
+	b, _ := proto.Marshal(in)
+	r, err := s.call(pairMsg{Op: "connect", Payload: b})
+	if err != nil {
+		return nil, err
+	}
+	var resp b2bv1.ConnectVerbsResponse
+	return &resp, proto.Unmarshal(r.Payload, &resp)
+}
+
+func parsePairConfig(s string, dev string) (Config, error) {
+	c := DefaultConfig()
+	c.Device = dev
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return c, fmt.Errorf("%s: %w", kv, err)
+		}
+		switch k {
+		case "qps":
+			c.QPsPerPeer = n
+		case "signal":
+			c.SignalEvery = n
+		case "chain":
+			c.MaxChain = n
+		case "chainbytes":
+			c.ChainBytes = n
+		case "sge":
+			c.MaxSGE = n
+		case "inline":
+			c.InlineBytes = n
+		case "minqp":
+			c.MinQPBytes = n
+		case "spinus":
+			c.PollSpin = time.Duration(n) * time.Microsecond
+		default:
+			return c, fmt.Errorf("unknown key %q", k)
+		}
+	}
+	return c, nil
+}
+
+func pairSender(t *testing.T, dev, peerIP string, region uint64, log hclog.Logger) {
+	var c net.Conn
+	var err error
+	for deadline := time.Now().Add(120 * time.Second); ; {
+		if c, err = net.Dial("tcp", net.JoinHostPort(peerIP, pairPort)); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("receiver never answered: %v", err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	defer c.Close()
+	sc := &sideChannel{rd: json.NewDecoder(bufio.NewReader(c)), enc: json.NewEncoder(c)}
+	var hello pairMsg
+	if err := sc.rd.Decode(&hello); err != nil {
+		t.Fatal(err)
+	}
+	remote := transport.RemoteRegion{Name: "pair", Size: hello.DstSize, Key: transport.RemoteKey{Key: hello.Key, Addr: hello.Addr}}
+
+	var sizes []uint64
+	for _, f := range strings.Split(envOr("B2B_PAIR_SIZES", "128,4096,65536,2097152"), ",") {
+		v, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, v)
+	}
+	blocks := envInt("B2B_PAIR_BLOCKS", 2000)
+	maxBytes := uint64(envInt("B2B_PAIR_MAXBYTES", 16<<20))
+	iters := envInt("B2B_PAIR_ITERS", 3)
+	configs := strings.Split(envOr("B2B_PAIR_CONFIGS", "qps=2"), ";")
+
+	sm := mmapHost(t, int(region))
+	seed := int64(1)
+	for _, cs := range configs {
+		cfg, err := parsePairConfig(cs, dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := New(cfg, nil, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := tr.Register(sm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := tr.Connect(context.Background(), transport.Peer{Address: peerIP, Control: sc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sz := range sizes {
+			n := blocks
+			if uint64(n)*sz > maxBytes {
+				n = int(max(maxBytes/sz, 4))
+			}
+			if uint64(n)*sz > region/2 {
+				n = int(region / 2 / sz)
+			}
+			var best, total time.Duration
+			var st transport.Stats
+			for it := 0; it <= iters; it++ { // iteration 0 warms up
+				seed++
+				pairFill(seed, sm.Host)
+				b := pairLayout(seed, sz, n, region)
+				ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+				start := time.Now()
+				st, err = conn.Write(ctx, src, remote, b)
+				el := time.Since(start)
+				cancel()
+				if err != nil {
+					t.Fatalf("config %q size %d: %v", cs, sz, err)
+				}
+				if _, err := sc.call(pairMsg{Op: "verify", Seed: seed, Size: sz, N: n}); err != nil {
+					t.Fatalf("config %q size %d: %v", cs, sz, err)
+				}
+				if it == 0 {
+					continue
+				}
+				total += el
+				if best == 0 || el < best {
+					best = el
+				}
+			}
+			bytes := float64(uint64(n) * sz)
+			avg := total / time.Duration(iters)
+			fmt.Printf("PAIR config=%q size=%d blocks=%d wrs=%d avg_ms=%.2f best_ms=%.2f avg_MBps=%.2f best_MBps=%.2f kblocks_s=%.1f\n",
+				cs, sz, n, st.WorkRequests, avg.Seconds()*1e3, best.Seconds()*1e3, bytes/avg.Seconds()/1e6, bytes/best.Seconds()/1e6,
+				float64(n)/avg.Seconds()/1e3)
+		}
+		conn.Close()
+		src.Close()
+		tr.Close()
+	}
+	sc.call(pairMsg{Op: "done"})
+}
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}

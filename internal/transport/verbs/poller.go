@@ -1,0 +1,418 @@
+package verbs
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/transport"
+	ibv "github.com/b2bd/b2bd/verbs"
+)
+
+// poller is the transport's one completion thread: it polls every set's CQ
+// (a batch of WCs per cgo call), returns send credits, counts immediates,
+// lands batches and sends their acks, reposts SRQ receives, and reacts to
+// async events. It spins for PollSpin after the last completion, then arms
+// the CQs, re-polls (a completion may have slipped in before arming), and
+// sleeps on the completion channel: the test VMs have one or two vCPUs, so
+// a poller that only spun would starve the writers and the kernel's rxe.
+type poller struct {
+	t       *Transport
+	w       *ibv.Waiter
+	wcs     *ibv.WCBuf
+	wcCap   int
+	list    atomic.Pointer[[]*qpSet]
+	reqs    chan chan struct{}
+	quit    atomic.Bool
+	started bool
+	done    chan struct{}
+	repost  []uint32
+	async   [16]ibv.AsyncEvent
+	dying   []*qpSet
+	spin    time.Duration
+	tick    time.Duration
+	msg     message
+	now     time.Time
+}
+
+func newPoller(t *Transport) (*poller, error) {
+	w, err := ibv.NewWaiter(t.cch.FD(), t.ctx.AsyncFD())
+	if err != nil {
+		return nil, err
+	}
+	const wcCap = 64
+	wcs, err := ibv.NewWCBuf(wcCap)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	p := &poller{t: t, w: w, wcs: wcs, wcCap: wcCap, reqs: make(chan chan struct{}, 16), done: make(chan struct{}),
+		repost: make([]uint32, 0, t.cfg.SRQDepth), spin: t.cfg.PollSpin}
+	if runtime.GOMAXPROCS(0) < 2 {
+		p.spin = 0 // spinning would hold the only P and starve everything else
+	}
+	p.tick = min(max(t.cfg.KeepAlive/4, 10*time.Millisecond), time.Second)
+	empty := []*qpSet{}
+	p.list.Store(&empty)
+	return p, nil
+}
+
+func (p *poller) start() {
+	p.started = true
+	go p.run()
+}
+
+// stop ends the poller goroutine and waits for it.
+func (p *poller) stop() {
+	if !p.started || p.quit.Swap(true) {
+		if p.started {
+			<-p.done
+		}
+		return
+	}
+	p.w.Wake()
+	<-p.done
+}
+
+// sync returns once the poller has finished the loop iteration it was in,
+// so it no longer holds a set detached before the call.
+func (p *poller) sync() {
+	if !p.started || p.quit.Load() {
+		return
+	}
+	ch := make(chan struct{})
+	select {
+	case p.reqs <- ch:
+	case <-p.done:
+		return
+	}
+	p.w.Wake()
+	select {
+	case <-ch:
+	case <-p.done:
+	}
+}
+
+func (p *poller) close() error {
+	p.wcs.Close()
+	return p.w.Close()
+}
+
+func (p *poller) run() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(p.done)
+	t := p.t
+	last := time.Now()
+	for !p.quit.Load() {
+		p.serve()
+		sets := *p.list.Load()
+		if p.pollAll(sets) > 0 {
+			last = p.now
+			continue
+		}
+		if p.spin > 0 && time.Since(last) < p.spin {
+			continue
+		}
+		for _, s := range sets {
+			if err := s.cq.Arm(); err != nil {
+				p.setFailed(s, fmt.Errorf("%w (%w)", err, errs.ErrAborted))
+			}
+		}
+		if p.pollAll(sets) > 0 { // completions that came before arming
+			last = p.now
+			continue
+		}
+		ready, err := p.w.Wait(p.tick)
+		if err != nil {
+			if p.quit.Load() {
+				return
+			}
+			t.log.Error("verbs poller wait failed", "error", err)
+			time.Sleep(10 * time.Millisecond)
+		}
+		if ready&ibv.ReadyCQ != 0 {
+			t.cch.DrainEvents()
+		}
+		if ready&ibv.ReadyAsync != 0 {
+			p.handleAsync()
+		}
+		p.housekeeping(sets)
+		last = time.Now()
+	}
+}
+
+// serve acknowledges sync requests.
+func (p *poller) serve() {
+	for {
+		select {
+		case ch := <-p.reqs:
+			close(ch)
+		default:
+			return
+		}
+	}
+}
+
+// pollAll drains every CQ once; it returns the completions handled.
+func (p *poller) pollAll(sets []*qpSet) int {
+	total := 0
+	p.now = time.Now()
+	for _, s := range sets {
+		for {
+			n, err := s.cq.Poll(p.wcs)
+			if err != nil {
+				p.setFailed(s, fmt.Errorf("%w (%w)", err, errs.ErrAborted))
+				break
+			}
+			for k := 0; k < n; k++ {
+				w := p.wcs.At(k)
+				p.handle(s, &w)
+			}
+			total += n
+			if n < p.wcCap {
+				break
+			}
+		}
+	}
+	if len(p.repost) > 0 {
+		t := p.t
+		if err := t.srq.PostRecv(p.repost, t.rmr.Addr(), recvBufLen, t.rmr.LKey()); err != nil {
+			t.log.Error("verbs: reposting SRQ receives failed; receive capacity shrinks", "n", len(p.repost), "error", err)
+		}
+		p.repost = p.repost[:0]
+	}
+	if len(p.dying) > 0 {
+		p.reap()
+	}
+	return total
+}
+
+func (p *poller) handle(s *qpSet, w *ibv.WC) {
+	if isRecvID(w.WRID) {
+		p.repost = append(p.repost, uint32(w.WRID))
+		if w.Status != ibv.WCSuccess {
+			p.setFailed(s, wcError(s, w))
+			return
+		}
+		s.lastRecv = p.now
+		switch {
+		case w.Opcode == ibv.WCRecvRDMAWithIm:
+			if !s.sender {
+				p.onImm(s, w.Imm)
+			}
+		case w.HasImm():
+			if w.Imm != pingImm && s.sender {
+				s.lastAck.Store(w.Imm)
+				notify(s.ackSig)
+			}
+		default:
+			off := int(w.WRID) * recvBufLen
+			if !p.msg.decode(p.t.rmem.Bytes()[off : off+recvBufLen]) {
+				p.t.log.Warn("verbs: malformed control message ignored", "peer", s.peer, "bytes", w.ByteLen)
+				return
+			}
+			p.onMsg(s, w.QPNum)
+		}
+		return
+	}
+	q := s.qpByNum(w.QPNum)
+	seq, kind, _ := ibv.SplitWRID(w.WRID)
+	if w.Status != ibv.WCSuccess {
+		p.setFailed(s, wcError(s, w))
+		if q != nil {
+			q.done.Store(seq)
+		}
+		if s.sender {
+			notify(s.credSig)
+		}
+		return
+	}
+	if q != nil {
+		q.done.Store(seq)
+	}
+	if kind == ibv.KindPing {
+		s.pinging = false
+	}
+	if s.sender {
+		notify(s.credSig)
+	}
+}
+
+// wcError describes a failed completion: status string, QP, and what the
+// WR carried (the first block, for data).
+func wcError(s *qpSet, w *ibv.WC) error {
+	st := ibv.StatusString(w.Status)
+	if isRecvID(w.WRID) {
+		return fmt.Errorf("verbs: connection %s (%d): receive completion on QP %d failed: %s (status %d, vendor_err %#x): %w",
+			s.peer, s.id, w.QPNum, st, w.Status, w.VendorErr, errs.ErrAborted)
+	}
+	seq, kind, blk := ibv.SplitWRID(w.WRID)
+	var what string
+	switch kind {
+	case ibv.KindData:
+		what = fmt.Sprintf("RDMA WRITE starting at batch block %d (WR #%d on the QP)", blk, seq)
+	case ibv.KindMeta:
+		what = fmt.Sprintf("batch meta SEND (WR #%d)", seq)
+	case ibv.KindAck:
+		what = fmt.Sprintf("batch ack SEND (WR #%d)", seq)
+	case ibv.KindBye:
+		what = "goodbye SEND"
+	case ibv.KindPing:
+		what = "keepalive SEND"
+	default:
+		what = fmt.Sprintf("wr_id %#x", w.WRID)
+	}
+	return fmt.Errorf("verbs: work completion on QP %d to %s failed: %s (status %d, vendor_err %#x) for %s; batch aborted: %w",
+		w.QPNum, s.peer, st, w.Status, w.VendorErr, what, errs.ErrAborted)
+}
+
+// setFailed breaks a set; a receiving set is also torn down (its sender
+// will reconnect), after the current poll round.
+func (p *poller) setFailed(s *qpSet, err error) {
+	first := s.Err() == nil
+	s.fail(err, true)
+	if !s.sender && first {
+		p.dying = append(p.dying, s)
+	}
+}
+
+// reap tears down receiving sets that failed or said goodbye.
+func (p *poller) reap() {
+	for _, s := range p.dying {
+		p.t.detach(s, false)
+		s.destroy()
+	}
+	p.dying = p.dying[:0]
+}
+
+func (p *poller) slot(s *qpSet, tag uint32) *rxSlot {
+	sl := &s.rx[tag%uint32(len(s.rx))]
+	if !sl.active || sl.tag != tag {
+		if sl.release != nil {
+			sl.release() // a stale batch of an aborted sender
+		}
+		*sl = rxSlot{active: true, tag: tag}
+	}
+	return sl
+}
+
+func (p *poller) onImm(s *qpSet, tag uint32) {
+	sl := p.slot(s, tag)
+	sl.got++
+	p.maybeLand(s, sl)
+}
+
+func (p *poller) onMsg(s *qpSet, qpn uint32) {
+	m := &p.msg
+	switch m.kind {
+	case msgBye:
+		if !s.sender {
+			p.t.log.Info("verbs connection closed by peer", "peer", s.peer, "conn", s.id)
+			s.fail(fmt.Errorf("verbs: connection closed by %s: %w", s.peer, errs.ErrAborted), false)
+			p.dying = append(p.dying, s)
+		}
+	case msgMeta:
+		if s.sender {
+			return
+		}
+		sl := p.slot(s, m.tag)
+		sl.meta = true
+		sl.nqp, sl.blocks, sl.bytes = m.nqp, m.blocks, m.bytes
+		sl.metaQP = 0
+		for k, q := range s.qps {
+			if q.qp.Num() == qpn {
+				sl.metaQP = k
+			}
+		}
+		if in := p.t.in; in != nil && sl.release == nil {
+			// Keeps the region registered while the batch lands; the MR
+			// itself already guards the memory (a deregistered rkey makes
+			// the sender's WRITEs fail, never land elsewhere).
+			if _, release, err := in.Pin(transport.Verbs, uint64(m.rkey)); err == nil {
+				sl.release = release
+			}
+		}
+		p.maybeLand(s, sl)
+	}
+}
+
+// maybeLand completes a batch once its meta and every QP's immediate are
+// in: account it, unpin, and ack the sender with the tag.
+func (p *poller) maybeLand(s *qpSet, sl *rxSlot) {
+	if !sl.meta || sl.got < sl.nqp {
+		return
+	}
+	if in := p.t.in; in != nil {
+		in.Landed(transport.Verbs, sl.blocks, sl.bytes)
+	}
+	if sl.release != nil {
+		sl.release()
+		sl.release = nil
+	}
+	sl.active = false
+	q := s.qps[sl.metaQP]
+	if q.avail() < 1 {
+		p.setFailed(s, fmt.Errorf("verbs: no send credit for the ack of batch %d to %s: %w", sl.tag, s.peer, errs.ErrAborted))
+		return
+	}
+	q.posted++
+	if err := q.qp.PostSend(ibv.WRID(q.posted, ibv.KindAck, 0x0FFFFFFF), ibv.WRSendWithImm, sl.tag, 0, 0, 0, true); err != nil {
+		q.posted--
+		p.setFailed(s, err)
+	}
+}
+
+func (p *poller) handleAsync() {
+	t := p.t
+	n := t.ctx.DrainAsync(p.async[:])
+	for k := 0; k < n; k++ {
+		ev := p.async[k]
+		switch ev.Type {
+		case ibv.EventQPFatal, ibv.EventQPReqErr, ibv.EventQPAccessErr:
+			if s := t.setByQPN(ev.QPNum); s != nil {
+				p.setFailed(s, fmt.Errorf("verbs: async event %q on QP %d to %s: %w", ibv.EventString(ev.Type), ev.QPNum, s.peer, errs.ErrAborted))
+			}
+		case ibv.EventDeviceFatal:
+			t.log.Error("verbs: device fatal error; every connection fails")
+			for _, s := range *p.list.Load() {
+				p.setFailed(s, fmt.Errorf("verbs: device %s reported a fatal error: %w", t.ctx.Name(), errs.ErrAborted))
+			}
+		case ibv.EventPortErr:
+			t.log.Warn("verbs: port went down", "port", ev.Port)
+		case ibv.EventPortActive:
+			t.log.Info("verbs: port active", "port", ev.Port)
+		default:
+			t.log.Debug("verbs async event", "event", ibv.EventString(ev.Type), "qp", ev.QPNum)
+		}
+	}
+}
+
+// housekeeping probes idle receiving sets so those of a vanished sender
+// are found (the probe fails with a retry error) and freed.
+func (p *poller) housekeeping(sets []*qpSet) {
+	ka := p.t.cfg.KeepAlive
+	now := time.Now()
+	for _, s := range sets {
+		if s.sender || s.pinging || s.Err() != nil || now.Sub(s.lastRecv) < ka {
+			continue
+		}
+		q := s.qps[0]
+		if q.avail() < 1 {
+			continue
+		}
+		q.posted++
+		if err := q.qp.PostSend(ibv.WRID(q.posted, ibv.KindPing, 0x0FFFFFFF), ibv.WRSendWithImm, pingImm, 0, 0, 0, true); err != nil {
+			q.posted--
+			p.setFailed(s, err)
+			continue
+		}
+		s.pinging = true
+		s.lastRecv = now
+	}
+	if len(p.dying) > 0 {
+		p.reap()
+	}
+}

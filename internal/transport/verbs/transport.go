@@ -1,0 +1,498 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/transport"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+	ibv "github.com/b2bd/b2bd/verbs"
+)
+
+// Transport is the verbs data plane of one daemon: one device context, PD,
+// shared receive queue and poller; one QP set per connection, in each
+// direction.
+type Transport struct {
+	cfg Config
+	in  transport.Inbound
+	log hclog.Logger
+
+	ctx     *ibv.Context
+	pd      *ibv.PD
+	cch     *ibv.CompChannel
+	srq     *ibv.SRQ
+	rmem    *ibv.HostMem // SRQ receive buffers, recvBufLen each
+	rmr     *ibv.MR
+	port    ibv.PortAttr
+	gid     ibv.GIDChoice
+	maxSGE  int
+	inline  int
+	wrBytes uint64
+	node    string
+
+	p *poller
+
+	mu     sync.Mutex
+	sets   map[*qpSet]struct{}
+	byQPN  map[uint32]*qpSet
+	regs   map[*registration]struct{}
+	closed bool
+	connID atomic.Uint64
+}
+
+var _ transport.Transport = (*Transport)(nil)
+
+// New opens the configured device and starts the poller. It fails with an
+// error wrapping errs.ErrUnavailable when verbs cannot work here: no cgo,
+// no libibverbs, no device, or no active port.
+func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error) {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	if err := ibv.Load(); err != nil {
+		return nil, err
+	}
+	dev := cfg.Device
+	if dev == "" && cfg.NetDev != "" {
+		d, err := ibv.DeviceForNetDev(cfg.NetDev)
+		if err != nil {
+			return nil, err
+		}
+		dev = d
+	}
+	if dev == "" {
+		d, err := firstActive(cfg.Port)
+		if err != nil {
+			return nil, err
+		}
+		dev = d
+	}
+	t := &Transport{cfg: cfg, in: in, log: log, sets: map[*qpSet]struct{}{}, byQPN: map[uint32]*qpSet{},
+		regs: map[*registration]struct{}{}}
+	t.connID.Store(rand.Uint64() &^ (1 << 63))
+	t.node, _ = os.Hostname()
+	if err := t.open(dev); err != nil {
+		t.teardown()
+		return nil, err
+	}
+	t.log.Info("verbs transport ready", "detail", t.Describe(), "qps_per_peer", cfg.QPsPerPeer,
+		"signal_every", cfg.SignalEvery, "max_chain", cfg.MaxChain, "max_sge", t.maxSGE, "sq_depth", cfg.SQDepth)
+	return t, nil
+}
+
+// firstActive picks the first device whose port is ACTIVE.
+func firstActive(port int) (string, error) {
+	names, err := ibv.ListDevices()
+	if err != nil {
+		return "", err
+	}
+	if len(names) == 0 {
+		return "", fmt.Errorf("verbs: no RDMA device (sysfs lists %v): %w", ibv.SysfsDevices(), errs.ErrUnavailable)
+	}
+	var states []string
+	for _, n := range names {
+		c, err := ibv.Open(n)
+		if err != nil {
+			states = append(states, n+": "+err.Error())
+			continue
+		}
+		pa, err := c.QueryPort(port)
+		c.Close()
+		if err == nil && pa.State == ibv.PortActive {
+			return n, nil
+		}
+		states = append(states, fmt.Sprintf("%s port %d: %s", n, port, pa.State))
+	}
+	return "", fmt.Errorf("verbs: no device with an ACTIVE port %d (%v): %w", port, states, errs.ErrUnavailable)
+}
+
+func (t *Transport) open(dev string) error {
+	cfg := &t.cfg
+	var err error
+	if t.ctx, err = ibv.Open(dev); err != nil {
+		return err
+	}
+	if t.port, err = t.ctx.QueryPort(cfg.Port); err != nil {
+		return fmt.Errorf("%w (%w)", err, errs.ErrUnavailable)
+	}
+	if t.port.State != ibv.PortActive {
+		return fmt.Errorf("verbs: %s port %d is %s, not ACTIVE: %w", dev, cfg.Port, t.port.State, errs.ErrUnavailable)
+	}
+	table, err := ibv.ReadGIDTable(ibv.SysfsRoot, dev, cfg.Port)
+	if err != nil && t.port.LinkLayer == ibv.LinkEthernet {
+		return fmt.Errorf("%w (%w)", err, errs.ErrUnavailable)
+	}
+	if t.gid, err = ibv.SelectGID(table, t.port.LinkLayer, cfg.NetDev, cfg.GIDIndex, ibv.NetDevAddrs); err != nil {
+		return err
+	}
+	// Cross-check sysfs against the verbs GID table.
+	if g, err := t.ctx.QueryGID(cfg.Port, t.gid.Index); err == nil && g != t.gid.GID {
+		return fmt.Errorf("verbs: GID index %d reads %s via verbs but %s via sysfs: %w", t.gid.Index, g, t.gid.GID, errs.ErrUnavailable)
+	}
+	attr := t.ctx.Attr()
+	t.maxSGE = min(cfg.MaxSGE, attr.MaxSGE)
+	if t.maxSGE < 1 {
+		t.maxSGE = 1
+	}
+	if attr.MaxQPWR > 0 && cfg.SQDepth > attr.MaxQPWR {
+		return fmt.Errorf("verbs: --rdma-sq-depth %d exceeds the device's max_qp_wr %d: %w", cfg.SQDepth, attr.MaxQPWR, errs.ErrInvalidArgument)
+	}
+	if attr.MaxSRQWR > 0 && cfg.SRQDepth > attr.MaxSRQWR {
+		cfg.SRQDepth = attr.MaxSRQWR
+	}
+	t.wrBytes = uint64(cfg.MaxWRBytes)
+	if m := uint64(t.port.MaxMsgSize); m > 0 && t.wrBytes > m {
+		t.wrBytes = m
+	}
+	t.inline = cfg.InlineBytes
+	if t.pd, err = t.ctx.AllocPD(); err != nil {
+		return err
+	}
+	if t.cch, err = t.ctx.NewCompChannel(); err != nil {
+		return err
+	}
+	if t.srq, err = t.pd.NewSRQ(cfg.SRQDepth, 1); err != nil {
+		return err
+	}
+	if t.rmem, err = ibv.AllocHost(cfg.SRQDepth * recvBufLen); err != nil {
+		return err
+	}
+	if t.rmr, err = t.pd.RegMR(t.rmem.Addr(), uint64(cfg.SRQDepth*recvBufLen), ibv.AccessLocalWrite); err != nil {
+		return err
+	}
+	idx := make([]uint32, cfg.SRQDepth)
+	for k := range idx {
+		idx[k] = uint32(k)
+	}
+	if err := t.srq.PostRecv(idx, t.rmr.Addr(), recvBufLen, t.rmr.LKey()); err != nil {
+		return err
+	}
+	if t.p, err = newPoller(t); err != nil {
+		return err
+	}
+	t.p.start()
+	return nil
+}
+
+// teardown releases everything open, children first. Used by Close and by
+// New on failure.
+func (t *Transport) teardown() error {
+	var errList []error
+	// Sending sets first, while the poller runs: their goodbyes let the
+	// peers free their halves now rather than at the next keepalive.
+	t.mu.Lock()
+	var senders []*qpSet
+	for s := range t.sets {
+		if s.sender {
+			senders = append(senders, s)
+		}
+	}
+	t.mu.Unlock()
+	for _, s := range senders {
+		errList = append(errList, s.Close())
+	}
+	if t.p != nil {
+		t.p.stop()
+	}
+	t.mu.Lock()
+	sets := make([]*qpSet, 0, len(t.sets))
+	for s := range t.sets {
+		sets = append(sets, s)
+	}
+	regs := make([]*registration, 0, len(t.regs))
+	for r := range t.regs {
+		regs = append(regs, r)
+	}
+	t.mu.Unlock()
+	for _, s := range sets {
+		s.fail(fmt.Errorf("verbs: transport closed: %w", errs.ErrAborted), false)
+		t.detach(s, false)
+		errList = append(errList, s.destroy())
+	}
+	for _, r := range regs {
+		errList = append(errList, r.Close())
+	}
+	if t.p != nil {
+		errList = append(errList, t.p.close())
+	}
+	errList = append(errList, t.srq.Close(), t.rmr.Close())
+	t.rmem.Free()
+	errList = append(errList, t.cch.Close(), t.pd.Close(), t.ctx.Close())
+	return errors.Join(errList...)
+}
+
+// Kind is transport.Verbs.
+func (t *Transport) Kind() transport.Kind { return transport.Verbs }
+
+// Close stops the poller, tears down every connection and registration and
+// closes the device; safe to call twice.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	t.mu.Unlock()
+	return t.teardown()
+}
+
+// Describe names the device, port, GID and MTU for the daemon's Status.
+func (t *Transport) Describe() string {
+	s := fmt.Sprintf("%s port %d (%s, %s, MTU %s", t.ctx.Name(), t.cfg.Port, t.port.LinkLayer, t.port.State, t.port.ActiveMTU)
+	if t.port.LinkLayer == ibv.LinkInfiniBand {
+		s += fmt.Sprintf(", LID %d", t.port.LID)
+	}
+	s += fmt.Sprintf(") GID[%d] %s", t.gid.Index, t.gid.GID)
+	if t.gid.Type != "" || t.gid.NetDev != "" {
+		s += fmt.Sprintf(" (%s %s)", t.gid.Type, t.gid.NetDev)
+	}
+	return s
+}
+
+// Port is this side's VerbsPort for ConnectVerbs.
+func (t *Transport) Port() *b2bv1.VerbsPort {
+	g := t.gid.GID
+	return &b2bv1.VerbsPort{
+		Gid: g[:], GidIndex: uint32(t.gid.Index), Lid: uint32(t.port.LID),
+		ActiveMtu: uint32(t.port.ActiveMTU.Bytes()), LinkLayer: t.port.LinkLayer.String(), Device: t.ctx.Name(),
+	}
+}
+
+// registration is memory registered with the PD.
+type registration struct {
+	t    *Transport
+	mem  memory.Memory
+	mr   *ibv.MR
+	once sync.Once
+	err  error
+}
+
+func (r *registration) Memory() memory.Memory { return r.mem }
+
+// Key is the rkey and the address WRs target for offset 0.
+func (r *registration) Key() transport.RemoteKey {
+	return transport.RemoteKey{Key: uint64(r.mr.RKey()), Addr: r.mr.Addr()}
+}
+
+// Close deregisters the MR; safe twice.
+func (r *registration) Close() error {
+	r.once.Do(func() {
+		r.t.mu.Lock()
+		delete(r.t.regs, r)
+		r.t.mu.Unlock()
+		r.err = r.mr.Close()
+	})
+	return r.err
+}
+
+// Register registers m for local and remote access. Host memory uses
+// ibv_reg_mr; CUDA memory uses its dma-buf when it has one, else
+// ibv_reg_mr on the device pointer (which needs nvidia-peermem).
+func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
+	t.mu.Lock()
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("verbs: register: transport closed: %w", errs.ErrFailedPrecondition)
+	}
+	if m.Addr == 0 || m.Len == 0 {
+		return nil, fmt.Errorf("verbs: register: empty memory (addr %#x, len %d): %w", m.Addr, m.Len, errs.ErrInvalidArgument)
+	}
+	var mr *ibv.MR
+	var err error
+	switch m.Kind {
+	case memory.Host:
+		mr, err = t.pd.RegMR(m.Addr, m.Len, ibv.AccessDefault)
+	case memory.CUDA:
+		if m.DmabufFD >= 0 {
+			mr, err = t.pd.RegDmabufMR(m.DmabufFD, m.DmabufOffset, m.Len, uint64(m.Addr), ibv.AccessDefault)
+			if err != nil {
+				mr2, err2 := t.pd.RegMR(m.Addr, m.Len, ibv.AccessDefault)
+				if err2 != nil {
+					return nil, fmt.Errorf("%w: verbs: register GPU memory on device %d: ibv_reg_dmabuf_mr failed (%v; needs kernel >= 5.12, rdma-core >= 34 and a NIC driver with dma-buf support) and ibv_reg_mr on the device pointer failed (%v; needs the nvidia-peermem module: modprobe nvidia_peermem)", errs.ErrFailedPrecondition, m.Device, err, err2)
+				}
+				mr, err = mr2, nil
+			}
+		} else {
+			mr, err = t.pd.RegMR(m.Addr, m.Len, ibv.AccessDefault)
+			if err != nil {
+				err = fmt.Errorf("%w: verbs: register GPU memory on device %d, which has no dma-buf (memory imported through an IPC handle cannot export one): ibv_reg_mr on the device pointer failed (%v): load nvidia-peermem (modprobe nvidia_peermem), or allocate the region through the daemon (cuda_alloc) so it can use dma-buf", errs.ErrFailedPrecondition, m.Device, err)
+			}
+		}
+	default:
+		return nil, fmt.Errorf("verbs: register: memory kind %s: %w", m.Kind, errs.ErrInvalidArgument)
+	}
+	if err != nil {
+		return nil, err
+	}
+	r := &registration{t: t, mem: m, mr: mr}
+	t.mu.Lock()
+	t.regs[r] = struct{}{}
+	t.mu.Unlock()
+	return r, nil
+}
+
+// attach makes a set visible to the poller and async-event routing.
+func (t *Transport) attach(s *qpSet) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return fmt.Errorf("verbs: transport closed: %w", errs.ErrFailedPrecondition)
+	}
+	t.sets[s] = struct{}{}
+	for _, q := range s.qps {
+		t.byQPN[q.qp.Num()] = s
+	}
+	t.publishLocked()
+	return nil
+}
+
+// detach hides a set from the poller. With wait, it returns only once the
+// poller can no longer be touching the set's CQ (not needed when the
+// poller itself detaches, or after it stopped).
+func (t *Transport) detach(s *qpSet, wait bool) {
+	t.mu.Lock()
+	if _, ok := t.sets[s]; ok {
+		delete(t.sets, s)
+		for _, q := range s.qps {
+			if t.byQPN[q.qp.Num()] == s {
+				delete(t.byQPN, q.qp.Num())
+			}
+		}
+		t.publishLocked()
+	}
+	t.mu.Unlock()
+	if wait {
+		t.p.sync()
+	}
+}
+
+func (t *Transport) publishLocked() {
+	l := make([]*qpSet, 0, len(t.sets))
+	for s := range t.sets {
+		l = append(l, s)
+	}
+	t.p.list.Store(&l)
+}
+
+func (t *Transport) setByQPN(qpn uint32) *qpSet {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.byQPN[qpn]
+}
+
+// Connect creates QPsPerPeer RC QPs, exchanges endpoints with the peer over
+// its control plane (Peer.ConnectVerbs) and brings them to RTS.
+func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Conn, error) {
+	if p.Control == nil {
+		return nil, fmt.Errorf("verbs: connect %s: no control client: %w", p.Address, errs.ErrInvalidArgument)
+	}
+	id := t.connID.Add(1)
+	s, err := t.newSet(t.cfg.QPsPerPeer, true, p.Address, id)
+	if err != nil {
+		return nil, err
+	}
+	req := &b2bv1.ConnectVerbsRequest{NodeName: t.node, Port: t.Port(), ConnectionId: id}
+	for _, q := range s.qps {
+		req.Endpoints = append(req.Endpoints, &b2bv1.VerbsEndpoint{QpNum: q.qp.Num(), Psn: q.psn})
+	}
+	resp, err := p.Control.ConnectVerbs(ctx, req)
+	if err != nil {
+		s.destroy()
+		return nil, fmt.Errorf("verbs: ConnectVerbs to %s: %w (%w)", p.Address, err, errs.ErrUnavailable)
+	}
+	if len(resp.GetEndpoints()) != len(s.qps) {
+		s.destroy()
+		return nil, fmt.Errorf("verbs: %s answered %d endpoints for %d QPs: %w", p.Address, len(resp.GetEndpoints()), len(s.qps), errs.ErrUnavailable)
+	}
+	mtu, err := t.pathMTU(resp.GetPort(), resp.GetPathMtu())
+	if err != nil {
+		s.destroy()
+		return nil, fmt.Errorf("verbs: connect %s: %w", p.Address, err)
+	}
+	if err := s.connect(resp.GetPort(), resp.GetEndpoints(), mtu); err != nil {
+		s.destroy()
+		return nil, fmt.Errorf("verbs: connect %s: %w", p.Address, err)
+	}
+	if err := t.attach(s); err != nil {
+		s.destroy()
+		return nil, err
+	}
+	t.log.Info("verbs connection up", "peer", p.Address, "conn", id, "qps", len(s.qps), "path_mtu", mtu,
+		"remote_gid", ibv.GID(toGID(resp.GetPort().GetGid())).String())
+	return s, nil
+}
+
+// AcceptVerbs is the receiving side of Peer.ConnectVerbs: it creates one QP
+// per sender endpoint, attached to the SRQ, brings them to RTS and returns
+// their endpoints.
+func (t *Transport) AcceptVerbs(ctx context.Context, req *b2bv1.ConnectVerbsRequest) (*b2bv1.ConnectVerbsResponse, error) {
+	n := len(req.GetEndpoints())
+	if n < 1 || n > maxQPsPerConn {
+		return nil, fmt.Errorf("verbs: ConnectVerbs from %s with %d endpoints (want 1..%d): %w", req.GetNodeName(), n, maxQPsPerConn, errs.ErrInvalidArgument)
+	}
+	mtu, err := t.pathMTU(req.GetPort(), 0)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: ConnectVerbs from %s: %w", req.GetNodeName(), err)
+	}
+	s, err := t.newSet(n, false, req.GetNodeName(), req.GetConnectionId())
+	if err != nil {
+		return nil, err
+	}
+	if err := s.connect(req.GetPort(), req.GetEndpoints(), mtu); err != nil {
+		s.destroy()
+		return nil, fmt.Errorf("verbs: ConnectVerbs from %s: %w", req.GetNodeName(), err)
+	}
+	if err := t.attach(s); err != nil {
+		s.destroy()
+		return nil, err
+	}
+	resp := &b2bv1.ConnectVerbsResponse{Port: t.Port(), PathMtu: uint32(mtu.Bytes())}
+	for _, q := range s.qps {
+		resp.Endpoints = append(resp.Endpoints, &b2bv1.VerbsEndpoint{QpNum: q.qp.Num(), Psn: q.psn})
+	}
+	t.log.Info("verbs connection accepted", "peer", req.GetNodeName(), "conn", req.GetConnectionId(), "qps", n, "path_mtu", mtu)
+	return resp, nil
+}
+
+// pathMTU is the smaller of both active MTUs (and of the peer's decision,
+// when it made one); link layers must match.
+func (t *Transport) pathMTU(peer *b2bv1.VerbsPort, decided uint32) (ibv.MTU, error) {
+	if peer == nil || len(peer.GetGid()) != 16 {
+		return 0, fmt.Errorf("peer port description missing or GID not 16 bytes: %w", errs.ErrInvalidArgument)
+	}
+	if peer.GetLinkLayer() != t.port.LinkLayer.String() {
+		return 0, fmt.Errorf("link layers differ: local %s, peer %s: %w", t.port.LinkLayer, peer.GetLinkLayer(), errs.ErrInvalidArgument)
+	}
+	theirs, ok := ibv.MTUFromBytes(int(peer.GetActiveMtu()))
+	if !ok {
+		return 0, fmt.Errorf("peer active MTU %d is not 256..4096: %w", peer.GetActiveMtu(), errs.ErrInvalidArgument)
+	}
+	m := min(t.port.ActiveMTU, theirs)
+	if decided != 0 {
+		d, ok := ibv.MTUFromBytes(int(decided))
+		if !ok || d > m {
+			return 0, fmt.Errorf("peer chose path MTU %d, but min(local %s, peer %s) is %s: %w", decided, t.port.ActiveMTU, theirs, m, errs.ErrInvalidArgument)
+		}
+		m = d
+	}
+	return m, nil
+}
+
+func toGID(b []byte) (g ibv.GID) {
+	copy(g[:], b)
+	return g
+}

@@ -1,0 +1,297 @@
+// Package verbs is b2bd's cgo binding to libibverbs: device discovery, GID
+// selection, protection domains, memory regions (host and dma-buf), CQs with
+// a completion channel, SRQs, RC queue pairs, and the data path — a WR chain
+// planner and poster written in C so that one cgo call builds and posts a
+// whole chain (one ibv_post_send) and one cgo call polls a batch of
+// completions.
+//
+// libibverbs is loaded at run time with dlopen, so binaries built with cgo
+// start on hosts without rdma-core; without cgo (or off Linux) the package
+// compiles to stubs. Either way an unusable verbs stack is reported as an
+// error wrapping errs.ErrUnavailable.
+//
+// Ownership: each handle type owns one C object. Close is safe to call
+// twice; parents refuse to close while children are open (QP → CQ/SRQ →
+// MR → PD → Context), and constructors undo partial work on failure.
+// Handles are not safe for concurrent Close; the data-path calls follow
+// libibverbs' own thread-safety (post and poll may run on different
+// threads).
+package verbs
+
+import (
+	"fmt"
+	"net"
+)
+
+// MTU is an IB path MTU enum value (ibv_mtu): 1 = 256 B .. 5 = 4096 B.
+type MTU int
+
+const (
+	MTU256  MTU = 1
+	MTU512  MTU = 2
+	MTU1024 MTU = 3
+	MTU2048 MTU = 4
+	MTU4096 MTU = 5
+)
+
+// Bytes is the MTU in bytes, 0 when invalid.
+func (m MTU) Bytes() int {
+	if m < MTU256 || m > MTU4096 {
+		return 0
+	}
+	return 128 << int(m)
+}
+
+func (m MTU) String() string {
+	if b := m.Bytes(); b != 0 {
+		return fmt.Sprint(b)
+	}
+	return fmt.Sprintf("mtu(%d)", int(m))
+}
+
+// MTUFromBytes maps 256..4096 to the enum; ok is false for other values.
+func MTUFromBytes(n int) (MTU, bool) {
+	for m := MTU256; m <= MTU4096; m++ {
+		if m.Bytes() == n {
+			return m, true
+		}
+	}
+	return 0, false
+}
+
+// PortState is ibv_port_state.
+type PortState int
+
+const (
+	PortDown   PortState = 1
+	PortInit   PortState = 2
+	PortArmed  PortState = 3
+	PortActive PortState = 4
+)
+
+func (s PortState) String() string {
+	switch s {
+	case 0:
+		return "NOP"
+	case PortDown:
+		return "DOWN"
+	case PortInit:
+		return "INIT"
+	case PortArmed:
+		return "ARMED"
+	case PortActive:
+		return "ACTIVE"
+	case 5:
+		return "ACTIVE_DEFER"
+	}
+	return fmt.Sprintf("state(%d)", int(s))
+}
+
+// LinkLayer is the port's link layer.
+type LinkLayer int
+
+const (
+	LinkUnspecified LinkLayer = 0
+	LinkInfiniBand  LinkLayer = 1
+	LinkEthernet    LinkLayer = 2
+)
+
+// String matches sysfs and the proto's VerbsPort.link_layer.
+func (l LinkLayer) String() string {
+	switch l {
+	case LinkInfiniBand:
+		return "InfiniBand"
+	case LinkEthernet:
+		return "Ethernet"
+	}
+	return "Unspecified"
+}
+
+// PortAttr is the part of ibv_port_attr b2bd uses.
+type PortAttr struct {
+	State       PortState
+	MaxMTU      MTU
+	ActiveMTU   MTU
+	GIDTableLen int
+	MaxMsgSize  uint32
+	LID         uint16
+	LinkLayer   LinkLayer
+}
+
+// DeviceAttr is the part of ibv_device_attr b2bd uses.
+type DeviceAttr struct {
+	FWVersion  string
+	VendorID   uint32
+	PartID     uint32
+	MaxMRSize  uint64
+	MaxQP      int
+	MaxQPWR    int
+	MaxSGE     int
+	MaxCQ      int
+	MaxCQE     int
+	MaxMR      int
+	MaxSRQ     int
+	MaxSRQWR   int
+	MaxSRQSGE  int
+	PhysPorts  int
+	MaxQPRdAtm int
+}
+
+// Access flags for MRs and QPs (ibv_access_flags).
+type Access int
+
+const (
+	AccessLocalWrite  Access = 1
+	AccessRemoteWrite Access = 1 << 1
+	AccessRemoteRead  Access = 1 << 2
+	// AccessDefault is what b2bd registers every region with.
+	AccessDefault = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead
+)
+
+// GID is a 16-byte port GID.
+type GID [16]byte
+
+func (g GID) String() string { return net.IP(g[:]).String() }
+
+// IsZero reports an empty GID table slot.
+func (g GID) IsZero() bool { return g == GID{} }
+
+// WCStatus is ibv_wc_status.
+type WCStatus uint32
+
+// A few statuses the transport treats specially.
+const (
+	WCSuccess      WCStatus = 0
+	WCLocProtErr   WCStatus = 4
+	WCFlushErr     WCStatus = 5
+	WCRemAccessErr WCStatus = 10
+	WCRetryExcErr  WCStatus = 12
+	WCRNRRetryErr  WCStatus = 13
+)
+
+// WCOpcode is ibv_wc_opcode.
+type WCOpcode uint32
+
+const (
+	WCSend           WCOpcode = 0
+	WCRDMAWrite      WCOpcode = 1
+	WCRecv           WCOpcode = 128
+	WCRecvRDMAWithIm WCOpcode = 129
+)
+
+// WC is a work completion, copied out of C by CQ.Poll.
+type WC struct {
+	WRID      uint64
+	Status    WCStatus
+	Opcode    WCOpcode
+	QPNum     uint32
+	Imm       uint32 // host order; valid when HasImm
+	ByteLen   uint32
+	VendorErr uint32
+	Flags     uint32
+}
+
+// HasImm reports IBV_WC_WITH_IMM.
+func (w *WC) HasImm() bool { return w.Flags&2 != 0 }
+
+// IsRecv reports a receive-side completion.
+func (w *WC) IsRecv() bool { return w.Opcode&WCRecv != 0 }
+
+// WR kinds carried in wr_id bits 28..31 (see b2b.h).
+const (
+	KindData = 1
+	KindMeta = 2
+	KindAck  = 3
+	KindBye  = 4
+	KindPing = 5
+)
+
+// WRID packs a send wr_id: the QP's WR sequence number after this WR, the
+// kind, and the first batch block it carries (28 bits).
+func WRID(seq uint32, kind int, block uint32) uint64 {
+	return uint64(seq)<<32 | uint64(kind&0xF)<<28 | uint64(block&0x0FFFFFFF)
+}
+
+// SplitWRID undoes WRID.
+func SplitWRID(id uint64) (seq uint32, kind int, block uint32) {
+	return uint32(id >> 32), int(id>>28) & 0xF, uint32(id) & 0x0FFFFFFF
+}
+
+// Opcodes for QP.PostSend (ibv_wr_opcode).
+type WROpcode int
+
+const (
+	WRWrite        WROpcode = 0
+	WRWriteWithImm WROpcode = 1
+	WRSend         WROpcode = 2
+	WRSendWithImm  WROpcode = 3
+)
+
+// AsyncEvent is an acknowledged ibv_async_event.
+type AsyncEvent struct {
+	Type  int
+	QPNum uint32
+	Port  int
+}
+
+// Async event types b2bd reacts to (ibv_event_type).
+const (
+	EventQPFatal         = 1
+	EventQPReqErr        = 2
+	EventQPAccessErr     = 3
+	EventDeviceFatal     = 8
+	EventPortActive      = 9
+	EventPortErr         = 10
+	EventQPLastWQE       = 16
+	EventSRQErr          = 14
+	EventSRQLimitReached = 15
+)
+
+// Pos is a cursor inside a batch: block I at byte Off. The end of a range
+// (I, Off) is exclusive; (N, 0) is the end of a batch of N blocks.
+type Pos struct {
+	I   uint32
+	Off uint64
+}
+
+// ChainParams configures a Chain for one region pair; set once per batch.
+type ChainParams struct {
+	SrcBase, DstBase   uint64 // addresses of offset 0 (local MR, remote MR)
+	SrcLimit, DstLimit uint64 // region sizes: no WR ever leaves them
+	LKey, RKey         uint32
+	MaxWR              int    // WRs per chain (≤ the chain's capacity)
+	MaxSGE             int    // SGEs per WR (≤ capacity and the QP's max_send_sge)
+	MaxWRBytes         uint64 // a WR carries at most this (0: 2 GiB)
+	MaxChainBytes      uint64 // size-aware chain length: stop at this many bytes (0: none)
+	SignalEvery        int    // one signaled WR every K, plus each chain's last
+	InlineMax          int    // WRs up to this many bytes go inline (host memory only)
+}
+
+// ChainResult describes one planned or posted chain.
+type ChainResult struct {
+	WRs      int
+	SGEs     int
+	Signaled int
+	Bytes    uint64
+	Done     bool   // the range is fully planned/posted
+	Seq      uint32 // the QP's WR sequence number after the chain
+}
+
+// SGE is one scatter/gather element of a planned WR.
+type SGE struct {
+	Addr uint64
+	Len  uint32
+	LKey uint32
+}
+
+// WRInfo is a planned WR as the device would see it (for tests and tracing).
+type WRInfo struct {
+	WRID       uint64
+	Opcode     WROpcode
+	Signaled   bool
+	Inline     bool
+	RemoteAddr uint64
+	RKey       uint32
+	Imm        uint32 // host order
+	SGEs       []SGE
+}
