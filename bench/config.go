@@ -37,6 +37,10 @@ type Config struct {
 	// Two-host mode: running daemons to use instead.
 	SrcAPI, DstAPI, DstPeer string
 
+	// TLS for a remote daemon's API in two-host mode (its certificate must
+	// chain to TLSCA; ours is presented for mutual TLS).
+	TLSCert, TLSKey, TLSCA string
+
 	// Memory is where the blocks live: host or cuda (GPU regions allocated
 	// by the daemons on SrcDevice and DstDevice).
 	Memory               string
@@ -89,6 +93,9 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	fs.StringVar(&cfg.SrcAPI, "src-api", "", "two-host mode: the source daemon's local API (socket path, unix:///path or host:port); the bench must run on its host")
 	fs.StringVar(&cfg.DstAPI, "dst-api", "", "two-host mode: the destination daemon's local API, reachable from here (host:port)")
 	fs.StringVar(&cfg.DstPeer, "dst-peer", "", "two-host mode: the destination daemon's peer address as the source daemon reaches it (host:port)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "two-host mode: certificate to present to a remote daemon's API (mutual TLS)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "two-host mode: key of --tls-cert")
+	fs.StringVar(&cfg.TLSCA, "tls-ca", "", "two-host mode: CA the remote daemon's certificate must chain to")
 	fs.StringVar(&cfg.Memory, "memory", "host", "where the blocks live: host or cuda")
 	fs.IntVar(&cfg.SrcDevice, "src-device", 0, "--memory cuda: the source region's GPU")
 	fs.IntVar(&cfg.DstDevice, "dst-device", 0, "--memory cuda: the destination region's GPU")

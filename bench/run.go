@@ -13,8 +13,12 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/gpudirect"
+	"github.com/b2bd/b2bd/internal/auth"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -264,11 +268,25 @@ func connect(ctx context.Context, cfg Config) (*endpoints, error) {
 		}, nil
 	}
 	e := &endpoints{dstPeer: cfg.DstPeer}
+	var opts []grpc.DialOption
+	if cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSCA != "" {
+		t, err := auth.LoadPeerTLS(cfg.TLSCert, cfg.TLSKey, cfg.TLSCA)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(t.Client)))
+	}
+	dial := func(target string) (*client.Client, error) {
+		if strings.HasPrefix(target, "/") || strings.HasPrefix(target, "unix:") {
+			return client.Dial(target) // local socket: no TLS
+		}
+		return client.Dial(target, opts...)
+	}
 	var err error
-	if e.src, err = client.Dial(cfg.SrcAPI); err != nil {
+	if e.src, err = dial(cfg.SrcAPI); err != nil {
 		return nil, fmt.Errorf("source daemon: %w", err)
 	}
-	if e.dst, err = client.Dial(cfg.DstAPI); err != nil {
+	if e.dst, err = dial(cfg.DstAPI); err != nil {
 		_ = e.close()
 		return nil, fmt.Errorf("destination daemon: %w", err)
 	}

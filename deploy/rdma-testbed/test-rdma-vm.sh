@@ -88,7 +88,7 @@ daemon_args=(--node-name "$B2B_ROLE" --socket /run/b2bd.sock --shm-dir /dev/shm/
 	--tls-cert "$certs/$B2B_ROLE.pem" --tls-key "$certs/$B2B_ROLE-key.pem" --tls-ca "$certs/ca.pem")
 [ "$B2B_ROLE" = a ] && daemon_args+=(--api-listen "$B2B_SELF_IP:7480")
 # The verbs flags exist once the daemon has the verbs transport wired in.
-if "$B2BD" -h 2>&1 | grep -q -- '-rdma-device'; then daemon_args+=(--rdma-device "$dev"); fi
+daemon_args+=(--rdma-device "$dev")
 # shellcheck disable=SC2206 # word splitting wanted
 [ -n "${DAEMON_ARGS:-}" ] && daemon_args+=($DAEMON_ARGS)
 log "starting b2bd ${daemon_args[*]}"
@@ -131,22 +131,25 @@ if [ "$B2B_ROLE" = a ]; then
 fi
 
 # ---- 3. bench (B) -------------------------------------------------------------------------------------------
-trap 'touch "$B2B_OUT/bench.done"; kill "${spid:-}" 2>/dev/null; stop_daemon' EXIT
+trap 'touch "$B2B_OUT/bench.done"; stop_daemon' EXIT
 wait_port "$B2B_PEER_IP" 7480 120 || {
 	log "the destination daemon's API never answered"
 	exit 1
 }
-# The destination's API takes TLS with a peer certificate; socat wraps the bench's plaintext calls.
-socat TCP-LISTEN:17480,bind=127.0.0.1,reuseaddr,fork \
-	"OPENSSL:$B2B_PEER_IP:7480,cert=$certs/b.pem,key=$certs/b-key.pem,cafile=$certs/ca.pem,verify=1" 2>"$B2B_OUT/socat.log" &
-spid=$!
-wait_port 127.0.0.1 17480 30 || {
-	log "socat did not start: $(cat "$B2B_OUT/socat.log")"
-	exit 1
-}
+# The destination's API is only served off its host over mutual TLS: B's certificate opens it.
+tls=(--tls-cert "$certs/b.pem" --tls-key "$certs/b-key.pem" --tls-ca "$certs/ca.pem")
+rc=0
+
+# ---- 3a. end-to-end over verbs: verified transfers and the bad inputs that apply to verbs ---------------
+if [ -x "${E2E:-}" ]; then
+	log "e2e tests over verbs"
+	B2B_E2E_SRC_API=unix:///run/b2bd.sock B2B_E2E_DST_API="$B2B_PEER_IP:7480" B2B_E2E_DST_PEER="$B2B_PEER_IP:7470" \
+		B2B_E2E_TLS_CERT="$certs/b.pem" B2B_E2E_TLS_KEY="$certs/b-key.pem" B2B_E2E_TLS_CA="$certs/ca.pem" \
+		"$E2E" -test.run 'TestRemote' -test.v -test.timeout 300s 2>&1 | tee "$B2B_OUT/e2e.log" | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go' || true
+	grep -q '^PASS' "$B2B_OUT/e2e.log" || { log "e2e over verbs FAILED"; rc=1; }
+fi
 # One bench run per group of consecutive sizes with the same block count (each run measures its TCP
 # yardstick and registers its regions once).
-rc=0
 k=0
 while [ "$k" -lt "${#sizes[@]}" ]; do
 	n=${blocks[$k]} group=${sizes[$k]}
@@ -156,7 +159,7 @@ while [ "$k" -lt "${#sizes[@]}" ]; do
 		k=$((k + 1))
 	done
 	log "bench sizes=$group blocks=$n"
-	"$BENCH" --src-api unix:///run/b2bd.sock --dst-api 127.0.0.1:17480 --dst-peer "$B2B_PEER_IP:7470" \
+	"$BENCH" --src-api unix:///run/b2bd.sock --dst-api "$B2B_PEER_IP:7480" --dst-peer "$B2B_PEER_IP:7470" "${tls[@]}" \
 		--transport verbs --sizes "$group" --blocks "$n" --full --iters "$ITERS" --timeout 300s \
 		--perftest "$B2B_OUT/perftest.json" --json "$B2B_OUT/bench-${group%%,*}.json" 2>&1 || rc=1
 done
