@@ -276,11 +276,16 @@ type registration struct {
 	t    *Transport
 	mem  memory.Memory
 	mr   *ibv.MR
+	path string // how the NIC reached the memory, for logs and tests
 	once sync.Once
 	err  error
 }
 
 func (r *registration) Memory() memory.Memory { return r.mem }
+
+// Path names the registration mechanism: "ibv_reg_mr (host)",
+// "ibv_reg_dmabuf_mr" or "ibv_reg_mr (nvidia-peermem)".
+func (r *registration) Path() string { return r.path }
 
 // Key is the rkey and the address WRs target for offset 0.
 func (r *registration) Key() transport.RemoteKey {
@@ -313,13 +318,17 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	}
 	var mr *ibv.MR
 	var err error
+	path := "ibv_reg_mr (host)"
 	switch m.Kind {
 	case memory.Host:
 		mr, err = t.pd.RegMR(m.Addr, m.Len, ibv.AccessDefault)
 	case memory.CUDA:
+		path = "ibv_reg_mr (nvidia-peermem)"
 		if m.DmabufFD >= 0 {
+			path = "ibv_reg_dmabuf_mr"
 			mr, err = t.pd.RegDmabufMR(m.DmabufFD, m.DmabufOffset, m.Len, uint64(m.Addr), ibv.AccessDefault)
 			if err != nil {
+				path = "ibv_reg_mr (nvidia-peermem)"
 				mr2, err2 := t.pd.RegMR(m.Addr, m.Len, ibv.AccessDefault)
 				if err2 != nil {
 					return nil, fmt.Errorf("%w: verbs: register GPU memory on device %d: ibv_reg_dmabuf_mr failed (%v; needs kernel >= 5.12, rdma-core >= 34 and a NIC driver with dma-buf support) and ibv_reg_mr on the device pointer failed (%v; needs the nvidia-peermem module: modprobe nvidia_peermem)", errs.ErrFailedPrecondition, m.Device, err, err2)
@@ -338,7 +347,10 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &registration{t: t, mem: m, mr: mr}
+	r := &registration{t: t, mem: m, mr: mr, path: path}
+	if m.Kind == memory.CUDA {
+		t.log.Info("GPU memory registered", "device", m.Device, "bytes", m.Len, "path", path)
+	}
 	t.mu.Lock()
 	t.regs[r] = struct{}{}
 	t.mu.Unlock()
