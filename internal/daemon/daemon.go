@@ -115,6 +115,7 @@ type Daemon struct {
 	listeners  []net.Listener
 	peerAddr   string
 	apiAddr    string
+	apiTCPAddr string
 	counters   server.Counters
 	cuda       gpudirect.Interface // nil without a GPU
 	staging    *staging.Pool
@@ -259,11 +260,16 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		}
 		if !auth.IsLoopback(cfg.APIListen) {
 			// Off this host the API is only reachable with a peer certificate.
-			ln = tls.NewListener(ln, peerTLS.Server)
+			// gRPC clients insist on ALPN "h2", which credentials.NewTLS would
+			// add; this listener does TLS itself, so it says so here.
+			c := peerTLS.Server.Clone()
+			c.NextProtos = []string{"h2"}
+			ln = tls.NewListener(ln, c)
 		}
 		d.listeners = append(d.listeners, ln)
+		d.apiTCPAddr = ln.Addr().String()
 		if d.apiAddr == "" {
-			d.apiAddr = ln.Addr().String()
+			d.apiAddr = d.apiTCPAddr
 		}
 	}
 	return d, nil
@@ -299,6 +305,9 @@ func (d *Daemon) PeerAddr() string { return d.peerAddr }
 
 // APIAddr is a dialable local API address ("unix:///path" or host:port).
 func (d *Daemon) APIAddr() string { return d.apiAddr }
+
+// APITCPAddr is the bound --api-listen address, or "".
+func (d *Daemon) APITCPAddr() string { return d.apiTCPAddr }
 
 // Serve runs until ctx is cancelled, then stops gracefully: new calls are
 // refused, in-flight batches get ShutdownGrace to finish (or fail with their

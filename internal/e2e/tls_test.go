@@ -17,10 +17,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/client"
+	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/daemon"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -185,5 +188,40 @@ func TestStartupSecurity(t *testing.T) {
 				t.Fatalf("err = %v, want %q", err, tc.msg)
 			}
 		})
+	}
+}
+
+// TestRemoteAPIOverTLS: a daemon's local API served off loopback takes
+// mutual TLS, and a gRPC client with a peer certificate gets through (ALPN
+// included); one without is refused.
+func TestRemoteAPIOverTLS(t *testing.T) {
+	ca := newCA(t, "ca")
+	n := startNode(t, "api", withTLS(t, ca, "api"), func(c *daemon.Config) { c.APIListen = "0.0.0.0:0" })
+	_ = n
+	cert, key := ca.issue(t, "client")
+	tl, err := auth.LoadPeerTLS(cert, key, ca.pem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := n.d.APITCPAddr()
+	_, port, _ := net.SplitHostPort(addr)
+	target := net.JoinHostPort("127.0.0.1", port)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(target, grpc.WithTransportCredentials(credentials.NewTLS(tl.Client)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Status(ctx); err != nil {
+		t.Fatalf("status over mutual TLS: %v", err)
+	}
+	plain, err := client.Dial(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if _, err := plain.Status(ctx); status.Code(err) != codes.Unavailable {
+		t.Fatalf("plaintext client got %v, want Unavailable", err)
 	}
 }
