@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
@@ -45,8 +46,19 @@ type state struct {
 	conns  map[transport.Kind]transport.Conn
 	// resolved caches region resolutions; cleared whenever the peer may have
 	// changed (new handshake, broken connection, refused key).
-	resolved map[string]*b2bv1.ResolveRegionResponse
+	resolved map[string]resolution
 }
+
+// resolution is a cached ResolveRegion answer.
+type resolution struct {
+	r  *b2bv1.ResolveRegionResponse
+	at time.Time
+}
+
+// resolveTTL bounds how long a resolution is reused: within it a batch pays
+// no resolve round trip; after it an un-exported or re-permissioned region is
+// noticed even on transports whose keys the receiver cannot revoke (rkeys).
+const resolveTTL = time.Second
 
 // New creates a manager. self is what this daemon says in its handshake;
 // loopbackOnly refuses peers off this host (plaintext mode).
@@ -83,7 +95,7 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 	}
 	st := m.peers[addr]
 	if st == nil {
-		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}, resolved: map[string]*b2bv1.ResolveRegionResponse{}}
+		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}, resolved: map[string]resolution{}}
 		m.peers[addr] = st
 	}
 	m.mu.Unlock()
@@ -208,17 +220,17 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 		return nil, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
 	}
 	st.mu.Lock()
-	r = st.resolved[name]
+	c, ok := st.resolved[name]
 	st.mu.Unlock()
-	if r != nil {
-		return r, true, nil
+	if ok && time.Since(c.at) < resolveTTL {
+		return c.r, true, nil
 	}
 	r, err = s.Control.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
 	if err != nil {
 		return nil, false, errs.FromStatus(err)
 	}
 	st.mu.Lock()
-	st.resolved[name] = r
+	st.resolved[name] = resolution{r: r, at: time.Now()}
 	st.mu.Unlock()
 	return r, false, nil
 }

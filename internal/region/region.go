@@ -411,6 +411,11 @@ func (g *Registry) Pin(k transport.Kind, key uint64) (memory.Memory, func(), err
 	if !ok || r.closing {
 		return memory.Memory{}, nil, fmt.Errorf("%w: no live %s registration has key %#x (deregistered?)", errs.ErrNotFound, k, key)
 	}
+	if r.Export == "" {
+		// Peers may only write exported regions; un-exporting revokes a
+		// key a peer still holds.
+		return memory.Memory{}, nil, fmt.Errorf("%w: region %s is no longer exported", errs.ErrNotFound, r.ID)
+	}
 	r.active++
 	return r.Mem, func() { g.done(r) }, nil
 }
