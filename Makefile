@@ -7,7 +7,7 @@ ARGS ?=
 PROTO := proto/b2b/v1/b2b.proto
 PYGEN := client/python/b2b/v1
 
-.PHONY: certs gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
+.PHONY: test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
 
 all: build
 
@@ -53,6 +53,10 @@ test-go: deps
 
 test-python: build
 	@if [ -d client/python/tests ]; then B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 -m unittest discover -s client/python/tests -v; fi
+
+# test-faults: peer kill -9 trials and the 32-client load run (long; not part of make test).
+test-faults: deps
+	set -o pipefail; B2B_FAULTS=1 $(GO) test -count=1 -timeout 30m -v -run 'TestFault' ./internal/e2e 2>&1 | grep -E '^(FAULT|LOAD|--- |ok|FAIL|PASS)|_test.go'
 
 test-rdma: build
 	@if [ -x deploy/rdma-testbed/test-rdma.sh ]; then deploy/rdma-testbed/test-rdma.sh; else echo "test-rdma: testbed not present yet"; fi

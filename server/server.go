@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -378,7 +379,7 @@ func (l *local) Status(ctx context.Context, req *b2bv1.StatusRequest) (*b2bv1.St
 		Regions: uint32(cfg.Registry.Len()), MaxDescriptors: uint32(cfg.MaxDescriptors),
 		BatchesSent: c.BatchesSent.Load(), BatchesReceived: c.BatchesReceived.Load(), BatchesFailed: c.BatchesFailed.Load(),
 		BytesSent: c.BytesSent.Load(), BytesReceived: c.BytesReceived.Load(),
-		PeersConnected: uint32(cfg.Peers.Connected()),
+		PeersConnected: uint32(cfg.Peers.Connected()), Goroutines: uint32(runtime.NumGoroutine()),
 	}, nil
 }
 

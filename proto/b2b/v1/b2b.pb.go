@@ -1625,6 +1625,7 @@ type StatusResponse struct {
 	BatchesFailed   uint64                 `protobuf:"varint,12,opt,name=batches_failed,json=batchesFailed,proto3" json:"batches_failed,omitempty"`
 	MaxDescriptors  uint32                 `protobuf:"varint,13,opt,name=max_descriptors,json=maxDescriptors,proto3" json:"max_descriptors,omitempty"`
 	PeersConnected  uint32                 `protobuf:"varint,14,opt,name=peers_connected,json=peersConnected,proto3" json:"peers_connected,omitempty"`
+	Goroutines      uint32                 `protobuf:"varint,15,opt,name=goroutines,proto3" json:"goroutines,omitempty"` // for leak checks under load
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1753,6 +1754,13 @@ func (x *StatusResponse) GetMaxDescriptors() uint32 {
 func (x *StatusResponse) GetPeersConnected() uint32 {
 	if x != nil {
 		return x.PeersConnected
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetGoroutines() uint32 {
+	if x != nil {
+		return x.Goroutines
 	}
 	return 0
 }
@@ -2581,7 +2589,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0fTransportStatus\x12)\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x15.b2b.v1.TransportKindR\x04kind\x12\x1c\n" +
 	"\tavailable\x18\x02 \x01(\bR\tavailable\x12\x16\n" +
-	"\x06detail\x18\x03 \x01(\tR\x06detail\"\x92\x04\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"\xb2\x04\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12!\n" +
@@ -2601,7 +2609,10 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0ebytes_received\x18\v \x01(\x04R\rbytesReceived\x12%\n" +
 	"\x0ebatches_failed\x18\f \x01(\x04R\rbatchesFailed\x12'\n" +
 	"\x0fmax_descriptors\x18\r \x01(\rR\x0emaxDescriptors\x12'\n" +
-	"\x0fpeers_connected\x18\x0e \x01(\rR\x0epeersConnected\"\xb5\x01\n" +
+	"\x0fpeers_connected\x18\x0e \x01(\rR\x0epeersConnected\x12\x1e\n" +
+	"\n" +
+	"goroutines\x18\x0f \x01(\rR\n" +
+	"goroutines\"\xb5\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x125\n" +

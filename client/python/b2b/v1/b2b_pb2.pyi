@@ -330,7 +330,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "max_descriptors", "node_name", "peer_address", "peers_connected", "regions", "transports", "version"]
+    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "goroutines", "max_descriptors", "node_name", "peer_address", "peers_connected", "regions", "transports", "version"]
     BATCHES_FAILED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
@@ -338,6 +338,7 @@ class StatusResponse(_message.Message):
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
     CUDA_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     CUDA_DETAIL_FIELD_NUMBER: _ClassVar[int]
+    GOROUTINES_FIELD_NUMBER: _ClassVar[int]
     MAX_DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     PEERS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +353,7 @@ class StatusResponse(_message.Message):
     bytes_sent: int
     cuda_available: bool
     cuda_detail: str
+    goroutines: int
     max_descriptors: int
     node_name: str
     peer_address: str
@@ -359,7 +361,7 @@ class StatusResponse(_message.Message):
     regions: int
     transports: _containers.RepeatedCompositeFieldContainer[TransportStatus]
     version: str
-    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ...) -> None: ...
 
 class TransportStatus(_message.Message):
     __slots__ = ["available", "detail", "kind"]

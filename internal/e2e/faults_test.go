@@ -1,0 +1,257 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/b2bd/b2bd/client"
+)
+
+// The fault and load runs are long; `make test-faults` sets B2B_FAULTS=1.
+func needFaults(t *testing.T) {
+	if os.Getenv("B2B_FAULTS") != "1" {
+		t.Skip("B2B_FAULTS=1 not set (make test-faults)")
+	}
+}
+
+// TestFaultPeerKillTrials kills the destination daemon (kill -9) during a
+// batch, trials times: the batch must fail with Unavailable or Aborted
+// within its deadline plus 1 s, never report success for data that did not
+// land, and the next batch after a restart must succeed without restarting
+// the sender.
+func TestFaultPeerKillTrials(t *testing.T) {
+	needFaults(t)
+	const trials, deadline = 10, 5 * time.Second
+	bin := buildDaemon(t)
+	a, b := startProc(t, bin, "a"), startProc(t, bin, "b")
+	ctx := context.Background()
+	ca, err := client.Dial(a.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	const n, size = 256, 1 << 20
+	src, err := ca.RegisterHost(ctx, n*size, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Unmap()
+	offs := make([]uint64, n)
+	for i := range offs {
+		offs[i] = uint64(n-1-i) * size
+	}
+	var worst time.Duration
+	outcomes := map[codes.Code]int{}
+	for trial := 1; trial <= trials; trial++ {
+		cb, err := client.Dial(b.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst, err := cb.RegisterHost(ctx, n*size, "dst")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range src.Bytes {
+			src.Bytes[i] = byte(i>>10) + byte(trial)
+		}
+		xfer := func() error {
+			c, cancel := context.WithTimeout(ctx, deadline)
+			defer cancel()
+			_, err := ca.BatchTransfer(c, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: "dst",
+				Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}})
+			return err
+		}
+		if err := xfer(); err != nil { // warm: the data path is connected
+			t.Fatalf("trial %d warm-up: %v", trial, err)
+		}
+		errc := make(chan error, 1)
+		start := time.Now()
+		go func() { errc <- xfer() }()
+		time.Sleep(time.Duration(1+trial%5) * time.Millisecond)
+		_ = b.cmd.Process.Kill()
+		_ = b.cmd.Wait()
+		err = <-errc
+		took := time.Since(start)
+		code := status.Code(err)
+		outcomes[code]++
+		switch {
+		case err == nil:
+			// It finished before the kill: then every byte must be there.
+			if string(src.Bytes) != string(dst.Bytes) {
+				t.Fatalf("trial %d: success reported but the data differs", trial)
+			}
+		case code != codes.Unavailable && code != codes.Aborted:
+			t.Fatalf("trial %d: %v, want Unavailable or Aborted", trial, err)
+		case took > deadline+time.Second:
+			t.Fatalf("trial %d: failure took %v", trial, took)
+		}
+		worst = max(worst, took)
+		dst.Unmap()
+		cb.Close()
+		b.start(t)
+		cb, err = client.Dial(b.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d2, err := cb.RegisterHost(ctx, n*size, "dst")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := xfer(); err != nil {
+			t.Fatalf("trial %d: batch after the restart: %v", trial, err)
+		}
+		if string(src.Bytes) != string(d2.Bytes) {
+			t.Fatalf("trial %d: data after the restart differs", trial)
+		}
+		d2.Unmap()
+		if err := cb.Deregister(ctx, d2.Id); err != nil {
+			t.Fatal(err)
+		}
+		cb.Close()
+	}
+	fmt.Printf("FAULT peer kill -9 mid-batch (tcp): %d trials, outcomes %v, worst detection %v, recovery verified every trial\n", trials, outcomes, worst.Round(time.Millisecond))
+}
+
+// TestFaultLoad: 32 concurrent clients, 200 batches each of mixed sizes,
+// against one pair of daemons: zero failures, every block verified, and the
+// daemons' threads, file descriptors and regions back to their baseline.
+func TestFaultLoad(t *testing.T) {
+	needFaults(t)
+	const clients, batches = 32, 200
+	bin := buildDaemon(t)
+	a, b := startProc(t, bin, "a"), startProc(t, bin, "b")
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	ca, err := client.Dial(a.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	cb, err := client.Dial(b.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cb.Close()
+	// Baseline once the data path exists (its streams are long-lived).
+	warm := func() {
+		s, _ := ca.RegisterHost(ctx, 4096, "")
+		d, _ := cb.RegisterHost(ctx, 4096, "warm")
+		if _, err := ca.BatchTransfer(ctx, client.Transfer{SrcRegion: s.Id, Peer: b.peer, DstRegion: "warm",
+			Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: 4096}}); err != nil {
+			t.Fatal(err)
+		}
+		s.Unmap()
+		d.Unmap()
+		_ = ca.Deregister(ctx, s.Id)
+		_ = cb.Deregister(ctx, d.Id)
+	}
+	warm()
+	before := [2]resources{sample(t, a, ca), sample(t, b, cb)}
+
+	sizes := []uint64{128, 1024, 4096, 16384, 65536}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures []string
+	var moved, blocksVerified uint64
+	start := time.Now()
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fail := func(format string, args ...any) {
+				mu.Lock()
+				failures = append(failures, fmt.Sprintf("client %d: ", c)+fmt.Sprintf(format, args...))
+				mu.Unlock()
+			}
+			r := rand.New(rand.NewPCG(uint64(c), 99))
+			const slots = 64
+			region := uint64(slots) * (65536 + 64)
+			src, err := ca.RegisterHost(ctx, region, "")
+			if err != nil {
+				fail("register: %v", err)
+				return
+			}
+			name := fmt.Sprintf("load-%d", c)
+			dst, err := cb.RegisterHost(ctx, region, name)
+			if err != nil {
+				fail("register: %v", err)
+				return
+			}
+			defer func() {
+				src.Unmap()
+				dst.Unmap()
+				_ = ca.Deregister(context.Background(), src.Id)
+				_ = cb.Deregister(context.Background(), dst.Id)
+			}()
+			for i := range batches {
+				size := sizes[r.IntN(len(sizes))]
+				n := 1 + r.IntN(slots)
+				slot := size + 64
+				so, do := make([]uint64, n), make([]uint64, n)
+				for k, p := range r.Perm(slots)[:n] {
+					so[k], do[k] = uint64(k)*slot, uint64(p)*slot
+				}
+				for _, o := range so {
+					for j := o; j < o+size; j += 8 {
+						src.Bytes[j] = byte(r.Uint32())
+					}
+				}
+				if _, err := ca.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: name,
+					Blocks: client.Descriptors{Src: so, Dst: do, BlockLength: size}}); err != nil {
+					fail("batch %d: %v", i, err)
+					return
+				}
+				for k := range so {
+					if string(src.Bytes[so[k]:so[k]+size]) != string(dst.Bytes[do[k]:do[k]+size]) {
+						fail("batch %d: block %d differs", i, k)
+						return
+					}
+				}
+				mu.Lock()
+				moved += uint64(n) * size
+				blocksVerified += uint64(n)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	if len(failures) > 0 {
+		t.Fatalf("%d failures, first: %s", len(failures), failures[0])
+	}
+	time.Sleep(200 * time.Millisecond) // let closed calls settle
+	after := [2]resources{sample(t, a, ca), sample(t, b, cb)}
+	fmt.Printf("LOAD %d clients x %d batches (tcp): 0 failures, %d blocks verified, %.1f MB in %v\n", clients, batches, blocksVerified, float64(moved)/1e6, took.Round(time.Millisecond))
+	for i, name := range []string{"a (sender)", "b (receiver)"} {
+		fmt.Printf("LOAD daemon %s: before %+v, after %+v\n", name, before[i], after[i])
+		if after[i].Regions != before[i].Regions || after[i].FDs != before[i].FDs || after[i].Goroutines > before[i].Goroutines+2 {
+			t.Errorf("daemon %s did not return to its baseline: before %+v after %+v", name, before[i], after[i])
+		}
+	}
+}
+
+type resources struct{ Goroutines, FDs, Regions int }
+
+func sample(t *testing.T, p *proc, c *client.Client) resources {
+	t.Helper()
+	pid := p.cmd.Process.Pid
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	regs, err := c.Regions(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resources{Goroutines: int(st.Goroutines), FDs: len(fds), Regions: len(regs)}
+}
+
