@@ -254,4 +254,3 @@ func sample(t *testing.T, p *proc, c *client.Client) resources {
 	}
 	return resources{Goroutines: int(st.Goroutines), FDs: len(fds), Regions: len(regs)}
 }
-
