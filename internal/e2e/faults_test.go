@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/b2bd/b2bd/client"
 )
 
@@ -22,102 +19,13 @@ func needFaults(t *testing.T) {
 	}
 }
 
-// TestFaultPeerKillTrials kills the destination daemon (kill -9) during a
-// batch, trials times: the batch must fail with Unavailable or Aborted
-// within its deadline plus 1 s, never report success for data that did not
-// land, and the next batch after a restart must succeed without restarting
-// the sender.
+// TestFaultPeerKillTrials: ten kill -9 trials of the destination mid-batch
+// (killPeerTrials says what each must show), reported as a table row.
 func TestFaultPeerKillTrials(t *testing.T) {
 	needFaults(t)
-	const trials, deadline = 10, 5 * time.Second
-	bin := buildDaemon(t)
-	a, b := startProc(t, bin, "a"), startProc(t, bin, "b")
-	ctx := context.Background()
-	ca, err := client.Dial(a.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
-	const n, size = 256, 1 << 20
-	src, err := ca.RegisterHost(ctx, n*size, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Unmap()
-	offs := make([]uint64, n)
-	for i := range offs {
-		offs[i] = uint64(n-1-i) * size
-	}
-	var worst time.Duration
-	outcomes := map[codes.Code]int{}
-	for trial := 1; trial <= trials; trial++ {
-		cb, err := client.Dial(b.sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dst, err := cb.RegisterHost(ctx, n*size, "dst")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range src.Bytes {
-			src.Bytes[i] = byte(i>>10) + byte(trial)
-		}
-		xfer := func() error {
-			c, cancel := context.WithTimeout(ctx, deadline)
-			defer cancel()
-			_, err := ca.BatchTransfer(c, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: "dst",
-				Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}})
-			return err
-		}
-		if err := xfer(); err != nil { // warm: the data path is connected
-			t.Fatalf("trial %d warm-up: %v", trial, err)
-		}
-		errc := make(chan error, 1)
-		start := time.Now()
-		go func() { errc <- xfer() }()
-		time.Sleep(time.Duration(1+trial%5) * time.Millisecond)
-		_ = b.cmd.Process.Kill()
-		_ = b.cmd.Wait()
-		err = <-errc
-		took := time.Since(start)
-		code := status.Code(err)
-		outcomes[code]++
-		switch {
-		case err == nil:
-			// It finished before the kill: then every byte must be there.
-			if string(src.Bytes) != string(dst.Bytes) {
-				t.Fatalf("trial %d: success reported but the data differs", trial)
-			}
-		case code != codes.Unavailable && code != codes.Aborted:
-			t.Fatalf("trial %d: %v, want Unavailable or Aborted", trial, err)
-		case took > deadline+time.Second:
-			t.Fatalf("trial %d: failure took %v", trial, took)
-		}
-		worst = max(worst, took)
-		dst.Unmap()
-		cb.Close()
-		b.start(t)
-		cb, err = client.Dial(b.sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d2, err := cb.RegisterHost(ctx, n*size, "dst")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := xfer(); err != nil {
-			t.Fatalf("trial %d: batch after the restart: %v", trial, err)
-		}
-		if string(src.Bytes) != string(d2.Bytes) {
-			t.Fatalf("trial %d: data after the restart differs", trial)
-		}
-		d2.Unmap()
-		if err := cb.Deregister(ctx, d2.Id); err != nil {
-			t.Fatal(err)
-		}
-		cb.Close()
-	}
-	fmt.Printf("FAULT peer kill -9 mid-batch (tcp): %d trials, outcomes %v, worst detection %v, recovery verified every trial\n", trials, outcomes, worst.Round(time.Millisecond))
+	const trials = 10
+	r := killPeerTrials(t, trials)
+	fmt.Printf("FAULT peer kill -9 mid-batch (tcp): %d trials, outcomes %v, worst detection %v, recovery verified every trial\n", trials, r.outcomes, r.worst.Round(time.Millisecond))
 }
 
 // TestFaultLoad: 32 concurrent clients, 200 batches each of mixed sizes,
