@@ -114,6 +114,7 @@ type Daemon struct {
 	peerSrv    *grpc.Server
 	listeners  []net.Listener
 	peerAddr   string
+	peerLn     net.Listener // served by peerSrv; every other listener by api
 	apiAddr    string
 	apiTCPAddr string
 	counters   server.Counters
@@ -221,7 +222,8 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("listen for peers on %s: %w", cfg.PeerListen, err)
 	}
 	d.peerAddr = peerLn.Addr().String()
-	d.listeners = append(d.listeners, guard(peerLn, peerTLS != nil, log.Named("peer")))
+	d.peerLn = guard(peerLn, peerTLS != nil, log.Named("peer"))
+	d.listeners = append(d.listeners, d.peerLn)
 
 	scfg := server.Config{
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
@@ -314,9 +316,9 @@ func (d *Daemon) APITCPAddr() string { return d.apiTCPAddr }
 // deadline), then connections, regions and transports are released.
 func (d *Daemon) Serve(ctx context.Context) error {
 	errc := make(chan error, len(d.listeners))
-	for i, ln := range d.listeners {
+	for _, ln := range d.listeners {
 		srv := d.api
-		if i == 0 {
+		if ln == d.peerLn {
 			srv = d.peerSrv
 		}
 		go func() { errc <- srv.Serve(ln) }()
