@@ -34,7 +34,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if _, err := rand.Read(idb[:]); err != nil {
 		return nil, fmt.Errorf("tcp: conn id: %w", err)
 	}
-	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, quit: make(chan struct{})}
+	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, quit: make(chan struct{}), staged: make(chan staged, 1)}
 	var d interface {
 		DialContext(context.Context, string, string) (net.Conn, error)
 	} = &net.Dialer{}
@@ -90,6 +90,7 @@ type conn struct {
 	broken error
 	once   sync.Once
 	quit   chan struct{} // closed by Close: stream workers exit
+	staged chan staged   // writeStaged's next round (Write holds mu)
 	// results of the streams in the current batch (reused, no allocation)
 	results []error
 }
@@ -145,6 +146,13 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 	return c.writeHost(ctx, mem.Host, dst, b)
 }
 
+// staged is one round of GPU blocks copied into a pinned buffer.
+type staged struct {
+	lo, n   int
+	hostOff []uint64
+	err     error
+}
+
 // writeStaged sends GPU blocks in rounds that fit a pinned buffer, with two
 // buffers so that staging round k+1 overlaps sending round k.
 func (c *conn) writeStaged(ctx context.Context, mem memory.Memory, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
@@ -161,11 +169,6 @@ func (c *conn) writeStaged(ctx context.Context, mem memory.Memory, dst transport
 		defer pool.Put(s)
 		st[i] = s
 	}
-	type staged struct {
-		lo, n   int
-		hostOff []uint64
-		err     error
-	}
 	stage := func(s *staging.Stager, lo int) staged {
 		n, off, err := s.Read(mem, b.Src[lo:], b.Len[lo:])
 		return staged{lo: lo, n: n, hostOff: off, err: err}
@@ -176,7 +179,9 @@ func (c *conn) writeStaged(ctx context.Context, mem memory.Memory, dst transport
 		if cur.err != nil {
 			return total, cur.err
 		}
-		next := make(chan staged, 1)
+		// One goroutine per round of up to a pinned buffer (64 MiB), so the
+		// staging copy overlaps the send; the channel is the conn's, reused.
+		next := c.staged
 		end := cur.lo + cur.n
 		if end < b.N() {
 			go func() { next <- stage(st[(k+1)%2], end) }()
