@@ -247,7 +247,10 @@ func (m *Manager) Forget(addr, name string) {
 	}
 }
 
-// Connected counts peers with a live data path.
+// Connected counts peers with a live data path, for Status. A peer whose
+// lock is held (connecting, a handshake over the network) is skipped rather
+// than waited for, so Status never blocks on a slow peer; the count is a
+// snapshot, possibly low.
 func (m *Manager) Connected() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
