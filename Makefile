@@ -54,9 +54,15 @@ test-go: deps
 test-python: build
 	@if [ -d client/python/tests ]; then B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 -m unittest discover -s client/python/tests -v; fi
 
-# test-faults: peer kill -9 trials and the 32-client load run (long; not part of make test).
+# test-faults: on this host, over TCP: ten peer kill -9 trials, the 32-client load run, and the trust,
+# garbage, shutdown and deregistration cases by name (long; make test runs one kill trial and the rest).
+# The same faults across two hosts, over verbs and TCP, plus link down/up, run in make test-rdma.
 test-faults: deps
-	set -o pipefail; B2B_FAULTS=1 $(GO) test -count=1 -timeout 30m -v -run 'TestFault' ./internal/e2e 2>&1 | grep -E '^(FAULT|LOAD|--- |ok|FAIL|PASS)|_test.go'
+	set -o pipefail; B2B_FAULTS=1 $(GO) test -count=1 -timeout 30m -v \
+	  -run 'TestFault|TestTrust|TestStartupSecurity|TestGarbageOnPorts|TestSIGTERMDuringBatch' ./internal/e2e 2>&1 \
+	  | grep -E '^(FAULT|LOAD|ok|FAIL|PASS)|--- |_test.go'
+	set -o pipefail; $(GO) test -count=1 -v -run 'TestBadInput/shm|TestDeregisterWhileInUse' ./server 2>&1 \
+	  | grep -E '^(ok|FAIL|PASS)|--- |_test.go'
 
 test-rdma: build
 	@if [ -x deploy/rdma-testbed/test-rdma.sh ]; then deploy/rdma-testbed/test-rdma.sh; else echo "test-rdma: testbed not present yet"; fi

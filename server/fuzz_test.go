@@ -31,6 +31,8 @@ func FuzzPeerMessages(f *testing.F) {
 	seed(2, &b2bv1.ConnectVerbsRequest{NodeName: "x", Endpoints: []*b2bv1.VerbsEndpoint{{QpNum: 1, Psn: 2}}, Port: &b2bv1.VerbsPort{Gid: make([]byte, 16), ActiveMtu: 1024}})
 	seed(3, &b2bv1.NotifyRequest{Region: "fuzz", Notification: []byte("n"), Blocks: 1})
 	seed(3, &b2bv1.NotifyRequest{Region: "fuzz", Notification: make([]byte, 5000)})
+	seed(4, &b2bv1.DisconnectVerbsRequest{NodeName: "x", ConnectionId: 7})
+	seed(4, &b2bv1.DisconnectVerbsRequest{})
 	f.Add(byte(1), []byte{0xff, 0xff, 0xff})
 
 	reg, err := region.New(region.Config{ShmDir: f.TempDir()})
@@ -49,7 +51,7 @@ func FuzzPeerMessages(f *testing.F) {
 
 	f.Fuzz(func(t *testing.T, kind byte, data []byte) {
 		var err error
-		switch kind % 4 {
+		switch kind % 5 {
 		case 0:
 			var m b2bv1.HandshakeRequest
 			if proto.Unmarshal(data, &m) != nil {
@@ -74,9 +76,15 @@ func FuzzPeerMessages(f *testing.F) {
 				return
 			}
 			_, err = srv.Notify(ctx, &m)
+		case 4:
+			var m b2bv1.DisconnectVerbsRequest
+			if proto.Unmarshal(data, &m) != nil {
+				return
+			}
+			_, err = srv.DisconnectVerbs(ctx, &m)
 		}
 		if c := status.Code(err); !ok[c] {
-			t.Fatalf("message kind %d: unexpected code %v: %v", kind%4, c, err)
+			t.Fatalf("message kind %d: unexpected code %v: %v", kind%5, c, err)
 		}
 	})
 }

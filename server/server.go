@@ -8,11 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/checksum"
@@ -30,6 +32,9 @@ import (
 // VerbsAcceptor is the receiving half of verbs connection set-up.
 type VerbsAcceptor interface {
 	AcceptVerbs(ctx context.Context, req *b2bv1.ConnectVerbsRequest) (*b2bv1.ConnectVerbsResponse, error)
+	// DisconnectVerbs drops the receiving half of a sender's connection;
+	// false when there is none.
+	DisconnectVerbs(node string, id uint64) bool
 }
 
 // Counters are the daemon's batch statistics.
@@ -46,6 +51,9 @@ type Config struct {
 	Registry       *region.Registry
 	Peers          *peer.Manager
 	Transports     []*b2bv1.TransportStatus // every transport, available or not
+	// Live reports the resources of the running transports for Status;
+	// nil reports none.
+	Live map[b2bv1.TransportKind]transport.Counter
 	TCPData        string                   // TCP data listener address
 	TCPToken       []byte
 	Verbs          VerbsAcceptor // nil without RDMA
@@ -224,12 +232,21 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 	// A cached resolution can be stale (the region was re-registered): its
 	// size then misjudges the bounds, or the receiver refuses the key before
 	// placing any byte. Either way one retry with a fresh resolution is safe.
+	//
+	// A connection made before this batch may also have died unnoticed with
+	// an idle peer (restarted, or its link flapped). Writes are idempotent
+	// (the same bytes to the same places), so one retry on a fresh
+	// connection is safe too, and success still means every byte landed.
+	var firstErr error
 	for attempt := 0; ; attempt++ {
 		var remote transport.RemoteRegion
 		var reg transport.Registration
 		var cached bool
 		sess, remote, reg, cached, err = s.prepare(ctx, req, want, src)
 		if err != nil {
+			if firstErr != nil {
+				return nil, fmt.Errorf("%w (retrying on a fresh connection; the first attempt failed: %v)", err, firstErr)
+			}
 			return nil, err
 		}
 		if err := desc.CheckDst(batch, remote.Size); err != nil {
@@ -244,14 +261,24 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 		if err == nil {
 			break
 		}
-		if sess.Conn.Err() != nil {
+		broke := sess.Conn.Err() != nil
+		if broke {
 			s.cfg.Peers.Broken(req.GetPeer(), sess)
 		}
 		if cached && attempt == 0 && errors.Is(err, errs.ErrNotFound) {
 			s.cfg.Peers.Forget(req.GetPeer(), req.GetDstRegion())
 			continue
 		}
-		return nil, fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", blocks, req.GetPeer(), req.GetDstRegion(), sess.Kind, err)
+		err = fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", blocks, req.GetPeer(), req.GetDstRegion(), sess.Kind, err)
+		if broke && sess.Reused && firstErr == nil && ctx.Err() == nil {
+			s.cfg.Log.Info("batch failed on a connection made before it; retrying once on a fresh one", "peer", req.GetPeer(), "error", err)
+			firstErr = err
+			continue
+		}
+		if firstErr != nil {
+			return nil, fmt.Errorf("%w (after a retry on a fresh connection; the first attempt failed: %v)", err, firstErr)
+		}
+		return nil, err
 	}
 	elapsed := time.Since(start)
 	if req.GetNotification() != nil {
@@ -373,14 +400,38 @@ func (s *Server) checksumDevice(alg checksum.Algorithm, mem memory.Memory, b des
 
 func (l *local) Status(ctx context.Context, req *b2bv1.StatusRequest) (*b2bv1.StatusResponse, error) {
 	c, cfg := l.s.cfg.Counters, l.s.cfg
+	transports := make([]*b2bv1.TransportStatus, len(cfg.Transports))
+	for i, ts := range cfg.Transports {
+		ts = proto.Clone(ts).(*b2bv1.TransportStatus)
+		if live, ok := cfg.Live[ts.Kind]; ok {
+			r := live.Resources()
+			ts.Connections, ts.QueuePairs, ts.MemoryRegions = uint32(r.Connections), uint32(r.QueuePairs), uint32(r.MemoryRegions)
+		}
+		transports[i] = ts
+	}
 	return &b2bv1.StatusResponse{
 		Version: cfg.Version, NodeName: cfg.NodeName, PeerAddress: cfg.PeerAddress,
-		Transports: cfg.Transports, CudaAvailable: cfg.CUDAAvailable, CudaDetail: cfg.CUDADetail,
+		Transports: transports, CudaAvailable: cfg.CUDAAvailable, CudaDetail: cfg.CUDADetail, OpenFds: openFDs(),
 		Regions: uint32(cfg.Registry.Len()), MaxDescriptors: uint32(cfg.MaxDescriptors),
 		BatchesSent: c.BatchesSent.Load(), BatchesReceived: c.BatchesReceived.Load(), BatchesFailed: c.BatchesFailed.Load(),
 		BytesSent: c.BytesSent.Load(), BytesReceived: c.BytesReceived.Load(),
 		PeersConnected: uint32(cfg.Peers.Connected()), Goroutines: uint32(runtime.NumGoroutine()),
 	}, nil
+}
+
+// openFDs counts this process's open file descriptors, or 0 where
+// /proc/self/fd cannot be read.
+func openFDs() uint32 {
+	f, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return 0
+	}
+	return uint32(len(names) - 1) // less the directory itself
 }
 
 // MaxNotification bounds a batch's notification.
@@ -488,6 +539,16 @@ func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2
 	n := p.s.cfg.Notify.Publish(r.ID, &b2bv1.Notification{Region: req.GetRegion(), Sender: req.GetSender(),
 		Notification: req.GetNotification(), Blocks: req.GetBlocks(), Bytes: req.GetBytes()})
 	return &b2bv1.NotifyResponse{Delivered: uint32(n)}, nil
+}
+
+func (p *peerService) DisconnectVerbs(ctx context.Context, req *b2bv1.DisconnectVerbsRequest) (*b2bv1.DisconnectVerbsResponse, error) {
+	if p.s.cfg.Verbs == nil {
+		return nil, errs.ToStatus(fmt.Errorf("%w: this daemon has no RDMA device", errs.ErrFailedPrecondition))
+	}
+	if req.GetNodeName() == "" || req.GetConnectionId() == 0 {
+		return nil, errs.ToStatus(fmt.Errorf("%w: node_name and connection_id must both be set", errs.ErrInvalidArgument))
+	}
+	return &b2bv1.DisconnectVerbsResponse{Found: p.s.cfg.Verbs.DisconnectVerbs(req.GetNodeName(), req.GetConnectionId())}, nil
 }
 
 func (p *peerService) ConnectVerbs(ctx context.Context, req *b2bv1.ConnectVerbsRequest) (*b2bv1.ConnectVerbsResponse, error) {

@@ -1,7 +1,10 @@
 #!/bin/bash
 # test-rdma-vm.sh - runs in both VMs of test-rdma.sh (role from B2B_ROLE); parameters in $B2B_OUT/params.env.
-#   A (10.77.0.1): ib_write_bw servers, then the destination b2bd (API on 10.77.0.1:7480 for the bench).
-#   B (10.77.0.2): ib_write_bw clients, then the source b2bd and b2b-bench (two-host mode, --transport verbs).
+#   A (10.77.0.1): ib_write_bw servers; then the fault and load cases (e2e TestRemoteFaults, which runs its own
+#                  b2bd here so it can kill -9 it and take eth0 down); then the destination b2bd (API on
+#                  10.77.0.1:7480) for B's e2e tests and bench.
+#   B (10.77.0.2): ib_write_bw clients, then the source b2bd (API on 10.77.0.2:7480 for A's fault cases), and,
+#                  once A's fault cases are done, the e2e tests over verbs and b2b-bench (two-host, --transport verbs).
 # The VMs meet over the wire (TCP ports) and through files in $B2B_OUT (shared with the host).
 set -euo pipefail
 HERE=$(dirname "$(readlink -f "$0")")
@@ -81,12 +84,33 @@ if [ "$B2B_ROLE" = b ]; then
 	json bw_best >"$B2B_OUT/perftest.json"
 fi
 
-# ---- 2. daemons ---------------------------------------------------------------------------------------------
 certs=$B2B_OUT/certs
+# ---- 2. fault and load cases (A runs them against B's daemon, started below in B) -----------------------------
+if [ "$B2B_ROLE" = a ]; then
+	if [ "${FAULTS:-0}" = 1 ] && [ -x "${E2E:-}" ]; then
+		deadline=$((SECONDS + 300))
+		until (exec 3<>"/dev/tcp/$B2B_PEER_IP/7480") 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; do sleep 0.3; done
+		log "fault and load cases (TestRemoteFaults, transports ${FAULT_TRANSPORTS})"
+		frc=0
+		B2B_FAULTS_B2BD="$B2BD" B2B_FAULTS_SELF="$B2B_SELF_IP" B2B_FAULTS_REMOTE_API="$B2B_PEER_IP:7480" \
+			B2B_FAULTS_REMOTE_PEER="$B2B_PEER_IP:7470" B2B_FAULTS_NETDEV=eth0 B2B_FAULTS_RDMA_DEV="$dev" \
+			B2B_FAULTS_TRANSPORTS="$FAULT_TRANSPORTS" B2B_FAULTS_TRIALS="$FAULT_TRIALS" B2B_FAULTS_LOAD="$FAULT_LOAD" \
+			B2B_E2E_TLS_CERT="$certs/a.pem" B2B_E2E_TLS_KEY="$certs/a-key.pem" B2B_E2E_TLS_CA="$certs/ca.pem" \
+			"$E2E" -test.run '^TestRemoteFaults$' -test.v -test.timeout "${FAULT_TIMEOUT}s" >"$B2B_OUT/faults.log" 2>&1 || frc=$?
+		grep -E '^(FAULT|LOAD|--- |PASS|FAIL|ok)|_test.go' "$B2B_OUT/faults.log" || true
+		echo "$frc" >"$B2B_OUT/faults.rc"
+		[ "$frc" = 0 ] || log "fault and load cases FAILED (rc $frc; $B2B_OUT/faults.log)"
+	else
+		echo skipped >"$B2B_OUT/faults.rc"
+	fi
+fi
+
+# ---- 3. daemons ---------------------------------------------------------------------------------------------
 daemon_args=(--node-name "$B2B_ROLE" --socket /run/b2bd.sock --shm-dir /dev/shm/b2bd
 	--peer-listen "$B2B_SELF_IP:7470" --data-listen "$B2B_SELF_IP:7471" --transport auto --log-level warn
 	--tls-cert "$certs/$B2B_ROLE.pem" --tls-key "$certs/$B2B_ROLE-key.pem" --tls-ca "$certs/ca.pem")
-[ "$B2B_ROLE" = a ] && daemon_args+=(--api-listen "$B2B_SELF_IP:7480")
+# Each API is also served over mutual TLS on the wire: B's for A's fault cases, A's for B's bench.
+daemon_args+=(--api-listen "$B2B_SELF_IP:7480")
 # The verbs flags exist once the daemon has the verbs transport wired in.
 daemon_args+=(--rdma-device "$dev")
 # shellcheck disable=SC2206 # word splitting wanted
@@ -118,7 +142,7 @@ wait_port "$B2B_SELF_IP" 7470 60 || {
 
 if [ "$B2B_ROLE" = a ]; then
 	# Serve until the bench in B is done (or gave up), then stop.
-	deadline=$((SECONDS + 700))
+	deadline=$((SECONDS + 900))
 	until [ -e "$B2B_OUT/bench.done" ] || [ "$SECONDS" -ge "$deadline" ]; do
 		kill -0 "$dpid" 2>/dev/null || {
 			log "b2bd died: $(tail -n 5 "$B2B_OUT/b2bd-a.log")"
@@ -127,11 +151,15 @@ if [ "$B2B_ROLE" = a ]; then
 		sleep 0.5
 	done
 	log "bench done; stopping"
-	exit 0
+	[ "$(cat "$B2B_OUT/faults.rc")" = 0 ] || [ "$(cat "$B2B_OUT/faults.rc")" = skipped ]
+	exit $?
 fi
 
-# ---- 3. bench (B) -------------------------------------------------------------------------------------------
+# ---- 4. bench (B) -------------------------------------------------------------------------------------------
 trap 'touch "$B2B_OUT/bench.done"; stop_daemon' EXIT
+# A's fault cases use this daemon first; A's own daemon comes up after them.
+deadline=$((SECONDS + FAULT_TIMEOUT + 60))
+until [ -e "$B2B_OUT/faults.rc" ] || [ "$SECONDS" -ge "$deadline" ]; do sleep 0.5; done
 wait_port "$B2B_PEER_IP" 7480 120 || {
 	log "the destination daemon's API never answered"
 	exit 1
@@ -140,7 +168,7 @@ wait_port "$B2B_PEER_IP" 7480 120 || {
 tls=(--tls-cert "$certs/b.pem" --tls-key "$certs/b-key.pem" --tls-ca "$certs/ca.pem")
 rc=0
 
-# ---- 3a. end-to-end over verbs: verified transfers and the bad inputs that apply to verbs ---------------
+# ---- 4a. end-to-end over verbs: verified transfers and the bad inputs that apply to verbs ---------------
 if [ -x "${E2E:-}" ]; then
 	log "e2e tests over verbs"
 	B2B_E2E_SRC_API=unix:///run/b2bd.sock B2B_E2E_DST_API="$B2B_PEER_IP:7480" B2B_E2E_DST_PEER="$B2B_PEER_IP:7470" \

@@ -17,7 +17,11 @@
 #   B2B_RDMA_BATCH_BYTES  bytes per batch cap that sets the block count of big blocks (default 16 MiB)
 #   B2B_RDMA_MIN_BLOCKS   blocks per batch at least (default 4)
 #   B2B_RDMA_ITERS        timed batches per size (default 3)
-#   B2B_RDMA_TIMEOUT      whole-run limit in seconds (default 840: CI must finish in ~15 minutes)
+#   B2B_RDMA_FAULTS       1 (default) runs the fault and load cases (TestRemoteFaults) in A before the bench; 0 skips
+#   B2B_RDMA_FAULT_TRANSPORTS  transports they cover (default verbs,tcp)
+#   B2B_RDMA_FAULT_TRIALS peer-kill trials per transport (default 10)
+#   B2B_RDMA_FAULT_LOAD   load run, CLIENTSxBATCHES (default 32x200)
+#   B2B_RDMA_TIMEOUT      whole-run limit in seconds (default 3000; the fault cases may use 60% of it; CI's limit is 90 minutes)
 #   B2B_RDMA_B2BD, B2B_RDMA_BENCH   prebuilt binaries to use instead of building ./cmd/b2bd, ./cmd/b2b-bench
 #   B2B_RDMA_DAEMON_ARGS  extra b2bd flags for both daemons (e.g. "--qps-per-peer=4")
 #   B2B_RDMA_OUT          output directory (default .cache/rdma-testbed/test-rdma/<time>)
@@ -32,7 +36,8 @@ MAX_BLOCKS=${B2B_RDMA_MAX_BLOCKS:-2000}
 BATCH_BYTES=${B2B_RDMA_BATCH_BYTES:-16777216}
 MIN_BLOCKS=${B2B_RDMA_MIN_BLOCKS:-4}
 ITERS=${B2B_RDMA_ITERS:-3}
-TIMEOUT=${B2B_RDMA_TIMEOUT:-840}
+TIMEOUT=${B2B_RDMA_TIMEOUT:-3000}
+FAULTS=${B2B_RDMA_FAULTS:-1}
 OUT=${B2B_RDMA_OUT:-$CACHE/test-rdma/$(date +%Y%m%d-%H%M%S)}
 
 say() { printf '[test-rdma] %s\n' "$*" >&2; }
@@ -91,6 +96,11 @@ B2BD=$B2BD
 BENCH=$BENCH
 DAEMON_ARGS="${B2B_RDMA_DAEMON_ARGS:-}"
 E2E=$OUT/bin/e2e.test
+FAULTS=$FAULTS
+FAULT_TRANSPORTS=${B2B_RDMA_FAULT_TRANSPORTS:-verbs,tcp}
+FAULT_TRIALS=${B2B_RDMA_FAULT_TRIALS:-10}
+FAULT_LOAD=${B2B_RDMA_FAULT_LOAD:-32x200}
+FAULT_TIMEOUT=$((TIMEOUT * 6 / 10))
 EOF
 say "sizes ${SIZES} with blocks ${blocks_list[*]}, $ITERS timed batches each; output $OUT"
 
@@ -140,6 +150,18 @@ print("ratio = b2bd GB/s / ib_write_bw GB/s: default options, and tuned (-q 4 --
 print("perftest_gbps / ratio_vs_perftest use the better of the two. Emulated hardware: compare ratios only.")
 sys.exit(0 if ok else 1)
 EOF
+
+# The fault table and load figures from A's TestRemoteFaults.
+if [ "$FAULTS" = 1 ]; then
+	echo
+	echo "fault | transport | trials | outcomes | worst detection | data verified"
+	grep -E '^(FAULT|LOAD) ' "$OUT/run/faults.log" 2>/dev/null || echo "(no fault results: see $OUT/run/faults.log)"
+	if [ "$(cat "$OUT/run/faults.rc" 2>/dev/null)" != 0 ]; then
+		say "fault and load cases FAILED:"
+		grep -E -- '--- FAIL|_test.go:[0-9]+' "$OUT/run/faults.log" 2>/dev/null | head -n 20
+		rc=1
+	fi
+fi
 
 if [ "$rc" != 0 ]; then
 	for r in a b; do

@@ -225,9 +225,15 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	d.peerLn = guard(peerLn, peerTLS != nil, log.Named("peer"))
 	d.listeners = append(d.listeners, d.peerLn)
 
+	live := map[b2bv1.TransportKind]transport.Counter{}
+	for _, t := range d.transports {
+		if c, ok := t.(transport.Counter); ok {
+			live[peer.KindToProto(t.Kind())] = c
+		}
+	}
 	scfg := server.Config{
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
-		Registry: d.registry, Peers: d.peers, Transports: statuses, Verbs: verbsAcc,
+		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Verbs: verbsAcc,
 		MaxDescriptors: cfg.MaxDescriptors, DefaultTimeout: cfg.DefaultTimeout,
 		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, Log: log.Named("server"),
 	}

@@ -25,7 +25,14 @@ func TestFaultPeerKillTrials(t *testing.T) {
 	needFaults(t)
 	const trials = 10
 	r := killPeerTrials(t, trials)
-	fmt.Printf("FAULT peer kill -9 mid-batch (tcp): %d trials, outcomes %v, worst detection %v, recovery verified every trial\n", trials, r.outcomes, r.worst.Round(time.Millisecond))
+	row := newRow("peer kill -9 mid-batch (one host; the sender serves another peer meanwhile)", "tcp")
+	for code, k := range r.outcomes {
+		for range k {
+			row.add(code.String(), 0, true)
+		}
+	}
+	row.worst = r.worst
+	row.print()
 }
 
 // TestFaultLoad: 32 concurrent clients, 200 batches each of mixed sizes,
@@ -137,7 +144,7 @@ func TestFaultLoad(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond) // let closed calls settle
 	after := [2]resources{sample(t, a, ca), sample(t, b, cb)}
-	fmt.Printf("LOAD %d clients x %d batches (tcp): 0 failures, %d blocks verified, %.1f MB in %v\n", clients, batches, blocksVerified, float64(moved)/1e6, took.Round(time.Millisecond))
+	fmt.Printf("LOAD %d clients x %d batches (tcp, one host): 0 failures, %d blocks verified, %.1f MB in %v\n", clients, batches, blocksVerified, float64(moved)/1e6, took.Round(time.Millisecond))
 	for i, name := range []string{"a (sender)", "b (receiver)"} {
 		fmt.Printf("LOAD daemon %s: before %+v, after %+v\n", name, before[i], after[i])
 		if after[i].Regions != before[i].Regions || after[i].FDs != before[i].FDs || after[i].Goroutines > before[i].Goroutines+2 {

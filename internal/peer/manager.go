@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/b2bd/b2bd/internal/auth"
@@ -80,6 +81,9 @@ type Session struct {
 	Conn    transport.Conn
 	Control b2bv1.PeerClient
 	Name    string // the peer's node name
+	// Reused: Conn existed before this Get, so it may have died unnoticed
+	// with an idle peer (restarted, or its link flapped).
+	Reused bool
 }
 
 // Get returns a data connection to addr over transport want ("" = verbs when
@@ -102,10 +106,20 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	cachedHS := st.hs != nil
 	if err := m.handshake(ctx, st); err != nil {
 		return Session{}, err
 	}
 	kind, err := m.choose(st, want)
+	if err != nil && cachedHS {
+		// The peer may have restarted with other transports since the
+		// handshake: ask again before refusing.
+		st.hs = nil
+		if err := m.handshake(ctx, st); err != nil {
+			return Session{}, err
+		}
+		kind, err = m.choose(st, want)
+	}
 	if err != nil {
 		return Session{}, err
 	}
@@ -115,6 +129,7 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 		delete(st.conns, kind)
 		c = nil
 	}
+	reused := c != nil
 	if c == nil {
 		c, err = m.transports[kind].Connect(ctx, transport.Peer{Address: addr, Handshake: st.hs, Control: st.client})
 		if err != nil {
@@ -126,7 +141,7 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 		st.conns[kind] = c
 		m.log.Info("data path connected", "peer", addr, "transport", kind)
 	}
-	return Session{Kind: kind, Conn: c, Control: st.client, Name: st.hs.GetNodeName()}, nil
+	return Session{Kind: kind, Conn: c, Control: st.client, Name: st.hs.GetNodeName(), Reused: reused}, nil
 }
 
 // Broken tells the manager that a batch on s failed in a way that leaves the
@@ -163,6 +178,7 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		}
 		st.cc, st.client = cc, b2bv1.NewPeerClient(cc)
 	}
+	dialNow(ctx, st.cc)
 	hs, err := st.client.Handshake(ctx, m.self)
 	if err != nil {
 		// A restarted peer should be reachable at the next batch, not after
@@ -183,6 +199,36 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	clear(st.resolved)
 	st.hs = hs
 	return nil
+}
+
+// dialNow makes the control connection try the peer now and waits briefly
+// for the outcome. After a peer died, gRPC fails calls at once with the old
+// error until its reconnect backoff expires; a restarted peer must instead
+// be reachable by the very next batch, and a dead one still fail fast.
+func dialNow(ctx context.Context, cc *grpc.ClientConn) {
+	s := cc.GetState()
+	if s == connectivity.Ready {
+		return
+	}
+	cc.ResetConnectBackoff()
+	cc.Connect()
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	tried := false
+	for {
+		s = cc.GetState()
+		switch {
+		case s == connectivity.Ready:
+			return
+		case s == connectivity.Connecting:
+			tried = true
+		case s == connectivity.TransientFailure && tried:
+			return // this attempt failed: the call reports why
+		}
+		if !cc.WaitForStateChange(wctx, s) {
+			return
+		}
+	}
 }
 
 func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error) {

@@ -91,3 +91,16 @@ type Inbound interface {
 	// Landed records a batch fully placed in local memory.
 	Landed(k Kind, blocks, bytes uint64)
 }
+
+// Resources are a transport's live handles, reported by Status so leak
+// checks can compare them before and after load.
+type Resources struct {
+	Connections   int // TCP: accepted data streams; verbs: QP sets, both directions
+	QueuePairs    int // verbs only
+	MemoryRegions int // verbs only, the transport's own included
+}
+
+// Counter is implemented by transports that can report their Resources.
+type Counter interface {
+	Resources() Resources
+}

@@ -109,6 +109,15 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 
 func (t *Transport) Kind() transport.Kind { return transport.TCP }
 
+// Resources counts the accepted data streams; see transport.Counter.
+// Outgoing streams belong to the peer manager's sessions and show in the
+// daemon's file descriptors instead.
+func (t *Transport) Resources() transport.Resources {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return transport.Resources{Connections: len(t.inbound)}
+}
+
 // Addr is the data listener's address, advertised in the peer handshake.
 func (t *Transport) Addr() string { return t.ln.Addr().String() }
 

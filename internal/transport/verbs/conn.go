@@ -66,6 +66,7 @@ type qpSet struct {
 	rangeOn  []bool
 	ctlMem   *ibv.HostMem // the meta/bye message buffer (C memory)
 	ctlMR    *ibv.MR
+	ctl      b2bv1.PeerClient // the peer's control plane, for DisconnectVerbs
 	lastAck  atomic.Uint32
 	ackSig   chan struct{}
 	credSig  chan struct{}
@@ -91,6 +92,7 @@ var _ transport.Conn = (*qpSet)(nil)
 func (t *Transport) newSet(n int, sender bool, peer string, id uint64) (_ *qpSet, err error) {
 	cfg := &t.cfg
 	s := &qpSet{t: t, id: id, peer: peer, sender: sender, broken: make(chan struct{})}
+	t.live.sets.Add(1)
 	defer func() {
 		if err != nil {
 			s.destroy()
@@ -115,6 +117,7 @@ func (t *Transport) newSet(n int, sender bool, peer string, id uint64) (_ *qpSet
 		if err != nil {
 			return nil, err
 		}
+		t.live.qps.Add(1)
 		q := &qpState{qp: qp, psn: rand.Uint32() & 0xFFFFFF, depth: uint32(cfg.SQDepth)}
 		s.qps = append(s.qps, q)
 		if err := qp.ToInit(cfg.Port, ibv.AccessDefault); err != nil {
@@ -138,6 +141,7 @@ func (t *Transport) newSet(n int, sender bool, peer string, id uint64) (_ *qpSet
 		if s.ctlMR, err = t.pd.RegMR(s.ctlMem.Addr(), 4096, ibv.AccessLocalWrite); err != nil {
 			return nil, err
 		}
+		t.live.mrs.Add(1)
 	}
 	s.lastRecv = time.Now()
 	return s, nil
@@ -371,7 +375,9 @@ func (s *qpSet) Close() error {
 		s.fail(fmt.Errorf("verbs: connection to %s closed: %w", s.peer, errs.ErrAborted), false)
 		if s.sender {
 			s.sem <- struct{}{} // waits for a Write in progress to notice
-			s.goodbye()
+			if !s.goodbye() && s.ctl != nil {
+				s.t.disconnect(s.ctl, s.peer, s.id)
+			}
 		}
 		s.t.detach(s, true)
 		s.destroy()
@@ -381,8 +387,9 @@ func (s *qpSet) Close() error {
 
 // goodbye tells the receiver to drop its half, on the first QP still in
 // RTS (after a failed completion the others usually are), waiting briefly
-// for the SEND to complete so destroying the QP does not cut it off.
-func (s *qpSet) goodbye() {
+// for the SEND to complete so destroying the QP does not cut it off. It
+// reports whether the goodbye was delivered.
+func (s *qpSet) goodbye() bool {
 	const rts = 3 // IBV_QPS_RTS
 	for _, q := range s.qps {
 		if st, err := q.qp.State(); err != nil || st != rts || q.avail() < 1 {
@@ -399,8 +406,18 @@ func (s *qpSet) goodbye() {
 		for int32(q.posted-q.done.Load()) > 0 && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
-		return
+		// A completion alone does not say it succeeded: an error completion
+		// also breaks the set.
+		return int32(q.posted-q.done.Load()) <= 0 && s.qpOK(q)
 	}
+	return false
+}
+
+// qpOK: the QP is still in RTS (no error completion moved it out).
+func (s *qpSet) qpOK(q *qpState) bool {
+	const rts = 3 // IBV_QPS_RTS
+	st, err := q.qp.State()
+	return err == nil && st == rts
 }
 
 // destroy releases the set's handles, children first. The set must be
@@ -430,6 +447,11 @@ func (s *qpSet) destroy() error {
 		}
 		errList = append(errList, s.cq.Close(), s.ctlMR.Close())
 		s.ctlMem.Free()
+		t.live.qps.Add(-int64(len(s.qps)))
+		if s.ctlMR != nil {
+			t.live.mrs.Add(-1)
+		}
+		t.live.sets.Add(-1)
 		s.destroyErr = errors.Join(errList...)
 		if s.destroyErr != nil {
 			t.log.Warn("verbs connection teardown", "peer", s.peer, "conn", s.id, "error", s.destroyErr)

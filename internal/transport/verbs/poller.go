@@ -25,6 +25,7 @@ type poller struct {
 	wcCap   int
 	list    atomic.Pointer[[]*qpSet]
 	reqs    chan chan struct{}
+	drops   chan *qpSet // receiving sets their senders disconnected
 	quit    atomic.Bool
 	started bool
 	done    chan struct{}
@@ -48,7 +49,7 @@ func newPoller(t *Transport) (*poller, error) {
 		w.Close()
 		return nil, err
 	}
-	p := &poller{t: t, w: w, wcs: wcs, wcCap: wcCap, reqs: make(chan chan struct{}, 16), done: make(chan struct{}),
+	p := &poller{t: t, w: w, wcs: wcs, wcCap: wcCap, reqs: make(chan chan struct{}, 16), drops: make(chan *qpSet, 16), done: make(chan struct{}),
 		repost: make([]uint32, 0, t.cfg.SRQDepth), spin: t.cfg.PollSpin}
 	if runtime.GOMAXPROCS(0) < 2 {
 		p.spin = 0 // spinning would hold the only P and starve everything else
@@ -144,15 +145,27 @@ func (p *poller) run() {
 	}
 }
 
-// serve acknowledges sync requests.
+// serve acknowledges sync requests and drops disconnected sets.
 func (p *poller) serve() {
 	for {
 		select {
 		case ch := <-p.reqs:
 			close(ch)
+		case s := <-p.drops:
+			p.t.log.Info("verbs connection closed by peer over the control plane", "peer", s.peer, "conn", s.id)
+			p.setFailed(s, fmt.Errorf("verbs: connection closed by %s: %w", s.peer, errs.ErrAborted))
 		default:
 			return
 		}
+	}
+}
+
+// drop hands a receiving set to the poller to tear down.
+func (p *poller) drop(s *qpSet) {
+	select {
+	case p.drops <- s:
+		p.w.Wake()
+	case <-p.done:
 	}
 }
 

@@ -8,8 +8,11 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
@@ -47,6 +50,14 @@ type Transport struct {
 	regs   map[*registration]struct{}
 	closed bool
 	connID atomic.Uint64
+
+	// bg runs control-plane disconnects; stopBG ends them at Close.
+	bg     sync.WaitGroup
+	stopBG chan struct{}
+
+	// live counts handles as they are created and destroyed, so Status can
+	// show leaks (QP sets mid-construction or mid-teardown included).
+	live struct{ sets, qps, mrs atomic.Int64 }
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -80,7 +91,7 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 		dev = d
 	}
 	t := &Transport{cfg: cfg, in: in, log: log, sets: map[*qpSet]struct{}{}, byQPN: map[uint32]*qpSet{},
-		regs: map[*registration]struct{}{}}
+		regs: map[*registration]struct{}{}, stopBG: make(chan struct{})}
 	t.connID.Store(rand.Uint64() &^ (1 << 63))
 	t.node, _ = os.Hostname()
 	if err := t.open(dev); err != nil {
@@ -172,6 +183,7 @@ func (t *Transport) open(dev string) error {
 	if t.rmr, err = t.pd.RegMR(t.rmem.Addr(), uint64(cfg.SRQDepth*recvBufLen), ibv.AccessLocalWrite); err != nil {
 		return err
 	}
+	t.live.mrs.Add(1)
 	idx := make([]uint32, cfg.SRQDepth)
 	for k := range idx {
 		idx[k] = uint32(k)
@@ -203,6 +215,8 @@ func (t *Transport) teardown() error {
 	for _, s := range senders {
 		errList = append(errList, s.Close())
 	}
+	close(t.stopBG)
+	t.bg.Wait()
 	if t.p != nil {
 		t.p.stop()
 	}
@@ -227,10 +241,18 @@ func (t *Transport) teardown() error {
 	if t.p != nil {
 		errList = append(errList, t.p.close())
 	}
+	if t.rmr != nil {
+		t.live.mrs.Add(-1)
+	}
 	errList = append(errList, t.srq.Close(), t.rmr.Close())
 	t.rmem.Free()
 	errList = append(errList, t.cch.Close(), t.pd.Close(), t.ctx.Close())
 	return errors.Join(errList...)
+}
+
+// Resources counts the live QP sets, QPs and MRs; see transport.Counter.
+func (t *Transport) Resources() transport.Resources {
+	return transport.Resources{Connections: int(t.live.sets.Load()), QueuePairs: int(t.live.qps.Load()), MemoryRegions: int(t.live.mrs.Load())}
 }
 
 // Kind is transport.Verbs.
@@ -299,6 +321,7 @@ func (r *registration) Close() error {
 		delete(r.t.regs, r)
 		r.t.mu.Unlock()
 		r.err = r.mr.Close()
+		r.t.live.mrs.Add(-1)
 	})
 	return r.err
 }
@@ -347,6 +370,7 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.live.mrs.Add(1)
 	r := &registration{t: t, mem: m, mr: mr, path: path}
 	if m.Kind == memory.CUDA {
 		t.log.Info("GPU memory registered", "device", m.Device, "bytes", m.Len, "path", path)
@@ -417,6 +441,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if err != nil {
 		return nil, err
 	}
+	s.ctl = p.Control
 	req := &b2bv1.ConnectVerbsRequest{NodeName: t.node, Port: t.Port(), ConnectionId: id}
 	for _, q := range s.qps {
 		req.Endpoints = append(req.Endpoints, &b2bv1.VerbsEndpoint{QpNum: q.qp.Num(), Psn: q.psn})
@@ -478,6 +503,58 @@ func (t *Transport) AcceptVerbs(ctx context.Context, req *b2bv1.ConnectVerbsRequ
 	}
 	t.log.Info("verbs connection accepted", "peer", req.GetNodeName(), "conn", req.GetConnectionId(), "qps", n, "path_mtu", mtu)
 	return resp, nil
+}
+
+// DisconnectVerbs is the receiving side of Peer.DisconnectVerbs: it drops
+// the set that node connected as id, releasing what its batches pinned.
+func (t *Transport) DisconnectVerbs(node string, id uint64) bool {
+	t.mu.Lock()
+	var found *qpSet
+	for s := range t.sets {
+		if !s.sender && s.id == id && s.peer == node {
+			found = s
+			break
+		}
+	}
+	t.mu.Unlock()
+	if found == nil {
+		return false
+	}
+	t.p.drop(found)
+	return true
+}
+
+// disconnect asks a receiver over the control plane to drop its half of
+// set id, for a sender whose QPs could not carry the goodbye. While the peer
+// is unreachable (link down, daemon restarting) it retries in the
+// background, for at most a keepalive period: by then the receiver's
+// keepalive has freed the set anyway.
+func (t *Transport) disconnect(ctl b2bv1.PeerClient, peer string, id uint64) {
+	t.bg.Add(1)
+	go func() {
+		defer t.bg.Done()
+		deadline := time.Now().Add(t.cfg.KeepAlive)
+		for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := ctl.DisconnectVerbs(ctx, &b2bv1.DisconnectVerbsRequest{NodeName: t.node, ConnectionId: id})
+			cancel()
+			if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded {
+				if err != nil {
+					t.log.Debug("verbs disconnect over the control plane", "peer", peer, "conn", id, "error", err)
+				}
+				return
+			}
+			if time.Now().Add(wait).After(deadline) {
+				t.log.Debug("verbs disconnect gave up; the peer's keepalive frees the set", "peer", peer, "conn", id, "error", err)
+				return
+			}
+			select {
+			case <-t.stopBG:
+				return
+			case <-time.After(wait):
+			}
+		}
+	}()
 }
 
 // pathMTU is the smaller of both active MTUs (and of the peer's decision,

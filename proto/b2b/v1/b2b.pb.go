@@ -1550,10 +1550,16 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 }
 
 type TransportStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Kind          TransportKind          `protobuf:"varint,1,opt,name=kind,proto3,enum=b2b.v1.TransportKind" json:"kind,omitempty"`
-	Available     bool                   `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`
-	Detail        string                 `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"` // why not, or which device
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Kind      TransportKind          `protobuf:"varint,1,opt,name=kind,proto3,enum=b2b.v1.TransportKind" json:"kind,omitempty"`
+	Available bool                   `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`
+	Detail    string                 `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"` // why not, or which device
+	// Live handles, for leak checks: data connections (TCP: accepted streams;
+	// verbs: QP sets in both directions), and verbs queue pairs and memory
+	// regions (the daemon's own included).
+	Connections   uint32 `protobuf:"varint,4,opt,name=connections,proto3" json:"connections,omitempty"`
+	QueuePairs    uint32 `protobuf:"varint,5,opt,name=queue_pairs,json=queuePairs,proto3" json:"queue_pairs,omitempty"`
+	MemoryRegions uint32 `protobuf:"varint,6,opt,name=memory_regions,json=memoryRegions,proto3" json:"memory_regions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1609,6 +1615,27 @@ func (x *TransportStatus) GetDetail() string {
 	return ""
 }
 
+func (x *TransportStatus) GetConnections() uint32 {
+	if x != nil {
+		return x.Connections
+	}
+	return 0
+}
+
+func (x *TransportStatus) GetQueuePairs() uint32 {
+	if x != nil {
+		return x.QueuePairs
+	}
+	return 0
+}
+
+func (x *TransportStatus) GetMemoryRegions() uint32 {
+	if x != nil {
+		return x.MemoryRegions
+	}
+	return 0
+}
+
 type StatusResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Version         string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -1625,7 +1652,8 @@ type StatusResponse struct {
 	BatchesFailed   uint64                 `protobuf:"varint,12,opt,name=batches_failed,json=batchesFailed,proto3" json:"batches_failed,omitempty"`
 	MaxDescriptors  uint32                 `protobuf:"varint,13,opt,name=max_descriptors,json=maxDescriptors,proto3" json:"max_descriptors,omitempty"`
 	PeersConnected  uint32                 `protobuf:"varint,14,opt,name=peers_connected,json=peersConnected,proto3" json:"peers_connected,omitempty"`
-	Goroutines      uint32                 `protobuf:"varint,15,opt,name=goroutines,proto3" json:"goroutines,omitempty"` // for leak checks under load
+	Goroutines      uint32                 `protobuf:"varint,15,opt,name=goroutines,proto3" json:"goroutines,omitempty"`          // for leak checks under load
+	OpenFds         uint32                 `protobuf:"varint,16,opt,name=open_fds,json=openFds,proto3" json:"open_fds,omitempty"` // likewise; 0 where /proc/self/fd cannot be read
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1761,6 +1789,13 @@ func (x *StatusResponse) GetPeersConnected() uint32 {
 func (x *StatusResponse) GetGoroutines() uint32 {
 	if x != nil {
 		return x.Goroutines
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetOpenFds() uint32 {
+	if x != nil {
+		return x.OpenFds
 	}
 	return 0
 }
@@ -2356,6 +2391,102 @@ func (x *ConnectVerbsResponse) GetPathMtu() uint32 {
 	return 0
 }
 
+type DisconnectVerbsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeName      string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`              // the sender's, as in its ConnectVerbsRequest
+	ConnectionId  uint64                 `protobuf:"varint,2,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"` // likewise
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DisconnectVerbsRequest) Reset() {
+	*x = DisconnectVerbsRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DisconnectVerbsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DisconnectVerbsRequest) ProtoMessage() {}
+
+func (x *DisconnectVerbsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DisconnectVerbsRequest.ProtoReflect.Descriptor instead.
+func (*DisconnectVerbsRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *DisconnectVerbsRequest) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
+func (x *DisconnectVerbsRequest) GetConnectionId() uint64 {
+	if x != nil {
+		return x.ConnectionId
+	}
+	return 0
+}
+
+type DisconnectVerbsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Found         bool                   `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"` // false: already gone (or never here)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DisconnectVerbsResponse) Reset() {
+	*x = DisconnectVerbsResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DisconnectVerbsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DisconnectVerbsResponse) ProtoMessage() {}
+
+func (x *DisconnectVerbsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DisconnectVerbsResponse.ProtoReflect.Descriptor instead.
+func (*DisconnectVerbsResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DisconnectVerbsResponse) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
 type NotifyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"` // export name
@@ -2369,7 +2500,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2512,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2525,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -2441,7 +2572,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2453,7 +2584,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2466,7 +2597,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -2585,11 +2716,15 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x18\n" +
 	"\adropped\x18\x06 \x01(\x04R\adropped\"\x0f\n" +
-	"\rStatusRequest\"r\n" +
+	"\rStatusRequest\"\xdc\x01\n" +
 	"\x0fTransportStatus\x12)\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x15.b2b.v1.TransportKindR\x04kind\x12\x1c\n" +
 	"\tavailable\x18\x02 \x01(\bR\tavailable\x12\x16\n" +
-	"\x06detail\x18\x03 \x01(\tR\x06detail\"\xb2\x04\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\x12 \n" +
+	"\vconnections\x18\x04 \x01(\rR\vconnections\x12\x1f\n" +
+	"\vqueue_pairs\x18\x05 \x01(\rR\n" +
+	"queuePairs\x12%\n" +
+	"\x0ememory_regions\x18\x06 \x01(\rR\rmemoryRegions\"\xcd\x04\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12!\n" +
@@ -2612,7 +2747,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0fpeers_connected\x18\x0e \x01(\rR\x0epeersConnected\x12\x1e\n" +
 	"\n" +
 	"goroutines\x18\x0f \x01(\rR\n" +
-	"goroutines\"\xb5\x01\n" +
+	"goroutines\x12\x19\n" +
+	"\bopen_fds\x18\x10 \x01(\rR\aopenFds\"\xb5\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x125\n" +
@@ -2661,7 +2797,12 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x14ConnectVerbsResponse\x12%\n" +
 	"\x04port\x18\x01 \x01(\v2\x11.b2b.v1.VerbsPortR\x04port\x123\n" +
 	"\tendpoints\x18\x02 \x03(\v2\x15.b2b.v1.VerbsEndpointR\tendpoints\x12\x19\n" +
-	"\bpath_mtu\x18\x03 \x01(\rR\apathMtu\"\x91\x01\n" +
+	"\bpath_mtu\x18\x03 \x01(\rR\apathMtu\"Z\n" +
+	"\x16DisconnectVerbsRequest\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12#\n" +
+	"\rconnection_id\x18\x02 \x01(\x04R\fconnectionId\"/\n" +
+	"\x17DisconnectVerbsResponse\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\"\x91\x01\n" +
 	"\rNotifyRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
 	"\x06sender\x18\x02 \x01(\tR\x06sender\x12\"\n" +
@@ -2691,11 +2832,12 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\rBatchTransfer\x12\x1c.b2b.v1.BatchTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12=\n" +
 	"\bChecksum\x12\x17.b2b.v1.ChecksumRequest\x1a\x18.b2b.v1.ChecksumResponse\x127\n" +
 	"\x06Status\x12\x15.b2b.v1.StatusRequest\x1a\x16.b2b.v1.StatusResponse\x12O\n" +
-	"\x12WatchNotifications\x12!.b2b.v1.WatchNotificationsRequest\x1a\x14.b2b.v1.Notification0\x012\x9a\x02\n" +
+	"\x12WatchNotifications\x12!.b2b.v1.WatchNotificationsRequest\x1a\x14.b2b.v1.Notification0\x012\xee\x02\n" +
 	"\x04Peer\x12@\n" +
 	"\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n" +
 	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12I\n" +
-	"\fConnectVerbs\x12\x1b.b2b.v1.ConnectVerbsRequest\x1a\x1c.b2b.v1.ConnectVerbsResponse\x127\n" +
+	"\fConnectVerbs\x12\x1b.b2b.v1.ConnectVerbsRequest\x1a\x1c.b2b.v1.ConnectVerbsResponse\x12R\n" +
+	"\x0fDisconnectVerbs\x12\x1e.b2b.v1.DisconnectVerbsRequest\x1a\x1f.b2b.v1.DisconnectVerbsResponse\x127\n" +
 	"\x06Notify\x12\x15.b2b.v1.NotifyRequest\x1a\x16.b2b.v1.NotifyResponseB)Z'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1b\x06proto3"
 
 var (
@@ -2711,7 +2853,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -2748,8 +2890,10 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*VerbsPort)(nil),                 // 32: b2b.v1.VerbsPort
 	(*ConnectVerbsRequest)(nil),       // 33: b2b.v1.ConnectVerbsRequest
 	(*ConnectVerbsResponse)(nil),      // 34: b2b.v1.ConnectVerbsResponse
-	(*NotifyRequest)(nil),             // 35: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 36: b2b.v1.NotifyResponse
+	(*DisconnectVerbsRequest)(nil),    // 35: b2b.v1.DisconnectVerbsRequest
+	(*DisconnectVerbsResponse)(nil),   // 36: b2b.v1.DisconnectVerbsResponse
+	(*NotifyRequest)(nil),             // 37: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 38: b2b.v1.NotifyResponse
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	3,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -2788,21 +2932,23 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	26, // 33: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
 	28, // 34: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
 	33, // 35: b2b.v1.Peer.ConnectVerbs:input_type -> b2b.v1.ConnectVerbsRequest
-	35, // 36: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	9,  // 37: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	11, // 38: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	13, // 39: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	15, // 40: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	18, // 41: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	20, // 42: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	25, // 43: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	22, // 44: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	27, // 45: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	30, // 46: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	34, // 47: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
-	36, // 48: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	37, // [37:49] is the sub-list for method output_type
-	25, // [25:37] is the sub-list for method input_type
+	35, // 36: b2b.v1.Peer.DisconnectVerbs:input_type -> b2b.v1.DisconnectVerbsRequest
+	37, // 37: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	9,  // 38: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	11, // 39: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	13, // 40: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	15, // 41: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	18, // 42: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	20, // 43: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	25, // 44: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	22, // 45: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	27, // 46: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	30, // 47: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	34, // 48: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
+	36, // 49: b2b.v1.Peer.DisconnectVerbs:output_type -> b2b.v1.DisconnectVerbsResponse
+	38, // 50: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	38, // [38:51] is the sub-list for method output_type
+	25, // [25:38] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -2825,7 +2971,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -426,10 +426,11 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Peer_Handshake_FullMethodName     = "/b2b.v1.Peer/Handshake"
-	Peer_ResolveRegion_FullMethodName = "/b2b.v1.Peer/ResolveRegion"
-	Peer_ConnectVerbs_FullMethodName  = "/b2b.v1.Peer/ConnectVerbs"
-	Peer_Notify_FullMethodName        = "/b2b.v1.Peer/Notify"
+	Peer_Handshake_FullMethodName       = "/b2b.v1.Peer/Handshake"
+	Peer_ResolveRegion_FullMethodName   = "/b2b.v1.Peer/ResolveRegion"
+	Peer_ConnectVerbs_FullMethodName    = "/b2b.v1.Peer/ConnectVerbs"
+	Peer_DisconnectVerbs_FullMethodName = "/b2b.v1.Peer/DisconnectVerbs"
+	Peer_Notify_FullMethodName          = "/b2b.v1.Peer/Notify"
 )
 
 // PeerClient is the client API for Peer service.
@@ -442,6 +443,11 @@ type PeerClient interface {
 	// ConnectVerbs creates the receiver's half of a set of RC queue pairs and
 	// returns its endpoints, given the sender's.
 	ConnectVerbs(ctx context.Context, in *ConnectVerbsRequest, opts ...grpc.CallOption) (*ConnectVerbsResponse, error)
+	// DisconnectVerbs frees the receiver's half of a sender's QP set when the
+	// sender could not say goodbye over the QPs themselves (they are in error):
+	// the receiver then releases the regions a half-landed batch pinned now,
+	// not at its next keepalive.
+	DisconnectVerbs(ctx context.Context, in *DisconnectVerbsRequest, opts ...grpc.CallOption) (*DisconnectVerbsResponse, error)
 	// Notify completes a batch that carried a notification: the sender calls it
 	// after the data path acknowledged every byte.
 	Notify(ctx context.Context, in *NotifyRequest, opts ...grpc.CallOption) (*NotifyResponse, error)
@@ -485,6 +491,16 @@ func (c *peerClient) ConnectVerbs(ctx context.Context, in *ConnectVerbsRequest, 
 	return out, nil
 }
 
+func (c *peerClient) DisconnectVerbs(ctx context.Context, in *DisconnectVerbsRequest, opts ...grpc.CallOption) (*DisconnectVerbsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DisconnectVerbsResponse)
+	err := c.cc.Invoke(ctx, Peer_DisconnectVerbs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *peerClient) Notify(ctx context.Context, in *NotifyRequest, opts ...grpc.CallOption) (*NotifyResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(NotifyResponse)
@@ -505,6 +521,11 @@ type PeerServer interface {
 	// ConnectVerbs creates the receiver's half of a set of RC queue pairs and
 	// returns its endpoints, given the sender's.
 	ConnectVerbs(context.Context, *ConnectVerbsRequest) (*ConnectVerbsResponse, error)
+	// DisconnectVerbs frees the receiver's half of a sender's QP set when the
+	// sender could not say goodbye over the QPs themselves (they are in error):
+	// the receiver then releases the regions a half-landed batch pinned now,
+	// not at its next keepalive.
+	DisconnectVerbs(context.Context, *DisconnectVerbsRequest) (*DisconnectVerbsResponse, error)
 	// Notify completes a batch that carried a notification: the sender calls it
 	// after the data path acknowledged every byte.
 	Notify(context.Context, *NotifyRequest) (*NotifyResponse, error)
@@ -526,6 +547,9 @@ func (UnimplementedPeerServer) ResolveRegion(context.Context, *ResolveRegionRequ
 }
 func (UnimplementedPeerServer) ConnectVerbs(context.Context, *ConnectVerbsRequest) (*ConnectVerbsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ConnectVerbs not implemented")
+}
+func (UnimplementedPeerServer) DisconnectVerbs(context.Context, *DisconnectVerbsRequest) (*DisconnectVerbsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DisconnectVerbs not implemented")
 }
 func (UnimplementedPeerServer) Notify(context.Context, *NotifyRequest) (*NotifyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Notify not implemented")
@@ -605,6 +629,24 @@ func _Peer_ConnectVerbs_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_DisconnectVerbs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DisconnectVerbsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).DisconnectVerbs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_DisconnectVerbs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).DisconnectVerbs(ctx, req.(*DisconnectVerbsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Peer_Notify_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(NotifyRequest)
 	if err := dec(in); err != nil {
@@ -641,6 +683,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ConnectVerbs",
 			Handler:    _Peer_ConnectVerbs_Handler,
+		},
+		{
+			MethodName: "DisconnectVerbs",
+			Handler:    _Peer_DisconnectVerbs_Handler,
 		},
 		{
 			MethodName: "Notify",

@@ -141,6 +141,20 @@ class Descriptors(_message.Message):
     src_offsets: bytes
     def __init__(self, src_offsets: _Optional[bytes] = ..., dst_offsets: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., block_length: _Optional[int] = ...) -> None: ...
 
+class DisconnectVerbsRequest(_message.Message):
+    __slots__ = ["connection_id", "node_name"]
+    CONNECTION_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    connection_id: int
+    node_name: str
+    def __init__(self, node_name: _Optional[str] = ..., connection_id: _Optional[int] = ...) -> None: ...
+
+class DisconnectVerbsResponse(_message.Message):
+    __slots__ = ["found"]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    def __init__(self, found: bool = ...) -> None: ...
+
 class ExportRegionRequest(_message.Message):
     __slots__ = ["export_name", "export_to", "region_id"]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -330,7 +344,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "goroutines", "max_descriptors", "node_name", "peer_address", "peers_connected", "regions", "transports", "version"]
+    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "goroutines", "max_descriptors", "node_name", "open_fds", "peer_address", "peers_connected", "regions", "transports", "version"]
     BATCHES_FAILED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
@@ -341,6 +355,7 @@ class StatusResponse(_message.Message):
     GOROUTINES_FIELD_NUMBER: _ClassVar[int]
     MAX_DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FDS_FIELD_NUMBER: _ClassVar[int]
     PEERS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
@@ -356,22 +371,29 @@ class StatusResponse(_message.Message):
     goroutines: int
     max_descriptors: int
     node_name: str
+    open_fds: int
     peer_address: str
     peers_connected: int
     regions: int
     transports: _containers.RepeatedCompositeFieldContainer[TransportStatus]
     version: str
-    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ..., open_fds: _Optional[int] = ...) -> None: ...
 
 class TransportStatus(_message.Message):
-    __slots__ = ["available", "detail", "kind"]
+    __slots__ = ["available", "connections", "detail", "kind", "memory_regions", "queue_pairs"]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_PAIRS_FIELD_NUMBER: _ClassVar[int]
     available: bool
+    connections: int
     detail: str
     kind: TransportKind
-    def __init__(self, kind: _Optional[_Union[TransportKind, str]] = ..., available: bool = ..., detail: _Optional[str] = ...) -> None: ...
+    memory_regions: int
+    queue_pairs: int
+    def __init__(self, kind: _Optional[_Union[TransportKind, str]] = ..., available: bool = ..., detail: _Optional[str] = ..., connections: _Optional[int] = ..., queue_pairs: _Optional[int] = ..., memory_regions: _Optional[int] = ...) -> None: ...
 
 class VerbsEndpoint(_message.Message):
     __slots__ = ["psn", "qp_num"]

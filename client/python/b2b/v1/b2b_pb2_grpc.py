@@ -345,6 +345,11 @@ class PeerStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsResponse.FromString,
                 )
+        self.DisconnectVerbs = channel.unary_unary(
+                '/b2b.v1.Peer/DisconnectVerbs',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsResponse.FromString,
+                )
         self.Notify = channel.unary_unary(
                 '/b2b.v1.Peer/Notify',
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.NotifyRequest.SerializeToString,
@@ -379,6 +384,16 @@ class PeerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DisconnectVerbs(self, request, context):
+        """DisconnectVerbs frees the receiver's half of a sender's QP set when the
+        sender could not say goodbye over the QPs themselves (they are in error):
+        the receiver then releases the regions a half-landed batch pinned now,
+        not at its next keepalive.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Notify(self, request, context):
         """Notify completes a batch that carried a notification: the sender calls it
         after the data path acknowledged every byte.
@@ -404,6 +419,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.ConnectVerbs,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsResponse.SerializeToString,
+            ),
+            'DisconnectVerbs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DisconnectVerbs,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsResponse.SerializeToString,
             ),
             'Notify': grpc.unary_unary_rpc_method_handler(
                     servicer.Notify,
@@ -471,6 +491,23 @@ class Peer(object):
         return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/ConnectVerbs',
             b2b_dot_v1_dot_b2b__pb2.ConnectVerbsRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.ConnectVerbsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DisconnectVerbs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/DisconnectVerbs',
+            b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
