@@ -45,16 +45,16 @@ type Counters struct {
 
 // Config is what the services need from the daemon.
 type Config struct {
-	NodeName       string
-	Version        string
-	PeerAddress    string
-	Registry       *region.Registry
-	Peers          *peer.Manager
-	Transports     []*b2bv1.TransportStatus // every transport, available or not
+	NodeName    string
+	Version     string
+	PeerAddress string
+	Registry    *region.Registry
+	Peers       *peer.Manager
+	Transports  []*b2bv1.TransportStatus // every transport, available or not
 	// Live reports the resources of the running transports for Status;
 	// nil reports none.
-	Live map[b2bv1.TransportKind]transport.Counter
-	TCPData        string                   // TCP data listener address
+	Live           map[b2bv1.TransportKind]transport.Counter
+	TCPData        string // TCP data listener address
 	TCPToken       []byte
 	Verbs          VerbsAcceptor // nil without RDMA
 	MaxDescriptors int
