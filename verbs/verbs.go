@@ -491,6 +491,9 @@ func (cq *CQ) Depth() int { return cq.depth }
 
 // Arm requests an event for the next completion (ibv_req_notify_cq).
 func (cq *CQ) Arm() error {
+	if cq == nil || cq.cq == nil {
+		return fmt.Errorf("verbs: ibv_req_notify_cq on a destroyed CQ: %w", syscall.EBADF)
+	}
 	if rc := C.b2b_arm(cq.cq); rc != 0 {
 		return fmt.Errorf("verbs: ibv_req_notify_cq: %w", syscall.Errno(rc))
 	}
@@ -499,6 +502,9 @@ func (cq *CQ) Arm() error {
 
 // Poll moves up to b's capacity of completions into b; it returns how many.
 func (cq *CQ) Poll(b *WCBuf) (int, error) {
+	if cq == nil || cq.cq == nil {
+		return 0, fmt.Errorf("verbs: ibv_poll_cq on a destroyed CQ: %w", syscall.EBADF)
+	}
 	n := int(C.b2b_poll(cq.cq, b.b))
 	if n < 0 {
 		return 0, fmt.Errorf("verbs: ibv_poll_cq: %w", syscall.Errno(-n))

@@ -227,9 +227,21 @@ func (r *remoteRig) dial() {
 }
 
 func (r *remoteRig) close() {
+	log := r.local.stderr.String()
+	if dir := os.Getenv("B2B_FAULTS_LOGDIR"); dir != "" {
+		_ = os.WriteFile(filepath.Join(dir, "faults-daemon-a-"+r.kind+".log"), []byte(log), 0o644)
+	}
 	if r.t.Failed() {
-		log := r.local.stderr.String()
-		r.t.Logf("A's daemon log (last 4 KiB):\n%s", log[max(0, len(log)-4096):])
+		if i := strings.Index(log, "panic:"); i >= 0 {
+			log = log[i:]
+		} else if i := strings.Index(log, "fatal error:"); i >= 0 {
+			log = log[i:]
+		} else if i := strings.Index(log, "SIGSEGV"); i >= 0 {
+			log = log[max(0, i-200):]
+		} else {
+			log = log[max(0, len(log)-4096):]
+		}
+		r.t.Logf("A's daemon log:\n%s", log[:min(len(log), 4096)])
 	}
 	r.releaseLocal()
 	_ = r.rc.Deregister(context.Background(), r.srcID)

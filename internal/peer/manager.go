@@ -170,6 +170,14 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	if st.hs != nil {
 		return nil
 	}
+	if st.cc != nil && st.cc.GetState() == connectivity.TransientFailure {
+		// gRPC keeps a channel whose peer went away in TRANSIENT_FAILURE and
+		// fails calls at once with the old error until its reconnect backoff
+		// expires. A restarted peer must be reachable by the very next batch
+		// (and a dead one still fail fast): a fresh channel dials now.
+		_ = st.cc.Close()
+		st.cc, st.client = nil, nil
+	}
 	if st.cc == nil {
 		// passthrough: the dialer resolves host:port itself, once per connection.
 		cc, err := grpc.NewClient("passthrough:///"+st.addr, m.dialOpts...)
@@ -178,7 +186,6 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		}
 		st.cc, st.client = cc, b2bv1.NewPeerClient(cc)
 	}
-	dialNow(ctx, st.cc)
 	hs, err := st.client.Handshake(ctx, m.self)
 	if err != nil {
 		// A restarted peer should be reachable at the next batch, not after
@@ -199,36 +206,6 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	clear(st.resolved)
 	st.hs = hs
 	return nil
-}
-
-// dialNow makes the control connection try the peer now and waits briefly
-// for the outcome. After a peer died, gRPC fails calls at once with the old
-// error until its reconnect backoff expires; a restarted peer must instead
-// be reachable by the very next batch, and a dead one still fail fast.
-func dialNow(ctx context.Context, cc *grpc.ClientConn) {
-	s := cc.GetState()
-	if s == connectivity.Ready {
-		return
-	}
-	cc.ResetConnectBackoff()
-	cc.Connect()
-	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	tried := false
-	for {
-		s = cc.GetState()
-		switch {
-		case s == connectivity.Ready:
-			return
-		case s == connectivity.Connecting:
-			tried = true
-		case s == connectivity.TransientFailure && tried:
-			return // this attempt failed: the call reports why
-		}
-		if !cc.WaitForStateChange(wctx, s) {
-			return
-		}
-	}
 }
 
 func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error) {

@@ -109,14 +109,16 @@ func (p *poller) run() {
 	last := time.Now()
 	for !p.quit.Load() {
 		p.serve()
-		sets := *p.list.Load()
-		if p.pollAll(sets) > 0 {
+		// pollAll may reap (destroy) sets: each step below takes the list
+		// afresh, never a snapshot that could still hold a destroyed CQ.
+		if p.pollAll(*p.list.Load()) > 0 {
 			last = p.now
 			continue
 		}
 		if p.spin > 0 && time.Since(last) < p.spin {
 			continue
 		}
+		sets := *p.list.Load()
 		for _, s := range sets {
 			if err := s.cq.Arm(); err != nil {
 				p.setFailed(s, fmt.Errorf("%w (%w)", err, errs.ErrAborted))
@@ -140,7 +142,7 @@ func (p *poller) run() {
 		if ready&ibv.ReadyAsync != 0 {
 			p.handleAsync()
 		}
-		p.housekeeping(sets)
+		p.housekeeping(*p.list.Load())
 		last = time.Now()
 	}
 }
