@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -47,7 +48,25 @@ type proc struct {
 	shm       string
 	peer      string
 	data      string
-	stderr    *strings.Builder
+	stderr    *syncBuffer
+}
+
+// syncBuffer is a daemon's stderr, readable while the daemon writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func startProc(t *testing.T, bin, name string) *proc {
@@ -63,7 +82,7 @@ func startProc(t *testing.T, bin, name string) *proc {
 // start (re)starts the daemon on the same socket, ports and shm dir.
 func (p *proc) start(t *testing.T) {
 	t.Helper()
-	p.stderr = &strings.Builder{}
+	p.stderr = &syncBuffer{}
 	p.cmd = exec.Command(p.bin, p.args...)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
