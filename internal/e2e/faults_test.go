@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/b2bd/b2bd/client"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // The fault and load runs are long; `make test-faults` sets B2B_FAULTS=1.
@@ -69,7 +70,8 @@ func TestFaultLoad(t *testing.T) {
 		_ = cb.Deregister(ctx, d.Id)
 	}
 	warm()
-	before := [2]resources{sample(t, a, ca), sample(t, b, cb)}
+	tcp := b2bv1.TransportKind_TRANSPORT_KIND_TCP
+	before := [2]remoteSample{statusSample(t, ca, tcp), statusSample(t, cb, tcp)}
 
 	sizes := []uint64{128, 1024, 4096, 16384, 65536}
 	var wg sync.WaitGroup
@@ -143,29 +145,12 @@ func TestFaultLoad(t *testing.T) {
 		t.Fatalf("%d failures, first: %s", len(failures), failures[0])
 	}
 	time.Sleep(200 * time.Millisecond) // let closed calls settle
-	after := [2]resources{sample(t, a, ca), sample(t, b, cb)}
+	after := [2]remoteSample{statusSample(t, ca, tcp), statusSample(t, cb, tcp)}
 	fmt.Printf("LOAD %d clients x %d batches (tcp, one host): 0 failures, %d blocks verified, %.1f MB in %v\n", clients, batches, blocksVerified, float64(moved)/1e6, took.Round(time.Millisecond))
 	for i, name := range []string{"a (sender)", "b (receiver)"} {
-		fmt.Printf("LOAD daemon %s: before %+v, after %+v\n", name, before[i], after[i])
-		if after[i].Regions != before[i].Regions || after[i].FDs != before[i].FDs || after[i].Goroutines > before[i].Goroutines+2 {
-			t.Errorf("daemon %s did not return to its baseline: before %+v after %+v", name, before[i], after[i])
+		fmt.Printf("LOAD daemon %s: before %s, after %s\n", name, before[i], after[i])
+		if !after[i].sameAs(before[i]) {
+			t.Errorf("daemon %s did not return to its baseline: before %s after %s", name, before[i], after[i])
 		}
 	}
-}
-
-type resources struct{ Goroutines, FDs, Regions int }
-
-func sample(t *testing.T, p *proc, c *client.Client) resources {
-	t.Helper()
-	pid := p.cmd.Process.Pid
-	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	regs, err := c.Regions(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := c.Status(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resources{Goroutines: int(st.Goroutines), FDs: len(fds), Regions: len(regs)}
 }

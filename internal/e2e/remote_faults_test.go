@@ -205,14 +205,30 @@ func newRemoteRig(t *testing.T, bin, self, rpeer, netdev, rdev, kind string, rc 
 	for i := range r.offs {
 		r.offs[i], r.dstOffs[i] = uint64(i)*r.size, uint64(r.n-1-uint64(i))*r.size
 	}
-	resp, err := rc.API().RegisterRegion(context.Background(), &b2bv1.RegisterRegionRequest{
-		Source:     &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: r.n * r.size}},
-		ExportName: r.srcName})
-	if err != nil {
-		t.Fatalf("register B's source: %v", err)
-	}
-	r.srcID = resp.Region.Id
+	r.registerSource()
 	return r
+}
+
+// registerSource (re)creates B's source region, exported as srcName.
+func (r *remoteRig) registerSource() {
+	id, err := allocRegion(context.Background(), r.rc, r.n*r.size, r.srcName)
+	if err != nil {
+		r.t.Fatalf("register B's source: %v", err)
+	}
+	r.srcID = id
+}
+
+// allocRegion has c's daemon allocate a host region exported as name (to
+// the peers in to, or to all); for daemons whose memory this process cannot
+// map. It returns the region's ID.
+func allocRegion(ctx context.Context, c *client.Client, size uint64, name string, to ...string) (string, error) {
+	resp, err := c.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		Source:     &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: size}},
+		ExportName: name, ExportTo: to})
+	if err != nil {
+		return "", err
+	}
+	return resp.Region.Id, nil
 }
 
 func (r *remoteRig) dial() {
@@ -595,13 +611,7 @@ func (r *remoteRig) deregisterTrials(trials int) *faultRow {
 		row.add(fmt.Sprintf("%s-deregister:%s/batch:%s", side, outcome(derr), outcome(end.err)), 0, true)
 		if derr == nil {
 			if srcSide { // B's source is gone: a new one, refilled by the next prepare
-				resp, err := r.rc.API().RegisterRegion(context.Background(), &b2bv1.RegisterRegionRequest{
-					Source:     &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: r.n * r.size}},
-					ExportName: r.srcName})
-				if err != nil {
-					t.Fatal(err)
-				}
-				r.srcID = resp.Region.Id
+				r.registerSource()
 			} else {
 				r.dst.Unmap()
 				r.dst = nil
@@ -621,13 +631,11 @@ func (r *remoteRig) aclCheck() *faultRow {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	reg := func(c *client.Client, name string) string {
-		resp, err := c.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
-			Source:     &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}},
-			ExportName: name, ExportTo: []string{"someone-else"}})
+		id, err := allocRegion(ctx, c, 4096, name, "someone-else")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return resp.Region.Id
+		return id
 	}
 	remoteACL, localACL := reg(r.rc, "faults-acl-"+r.kind), reg(r.lc, "faults-acl")
 	defer func() {
@@ -704,9 +712,7 @@ func (r *remoteRig) load(clients, batches int) {
 				fail("register: %v", err)
 				return
 			}
-			rr, err := r.rc.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
-				Source:     &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: slots * slot}},
-				ExportName: rname})
+			rid, err := allocRegion(ctx, r.rc, slots*slot, rname)
 			if err != nil {
 				fail("register on B: %v", err)
 				return
@@ -716,7 +722,7 @@ func (r *remoteRig) load(clients, batches int) {
 				d.Unmap()
 				_ = r.lc.Deregister(context.Background(), l.Id)
 				_ = r.lc.Deregister(context.Background(), d.Id)
-				_ = r.rc.Deregister(context.Background(), rr.Region.Id)
+				_ = r.rc.Deregister(context.Background(), rid)
 			}()
 			for i := 0; i < batches; i += 2 {
 				size := sizes[rnd.IntN(len(sizes))]
@@ -737,7 +743,7 @@ func (r *remoteRig) load(clients, batches int) {
 				}
 				sent := 1
 				if i+1 < batches {
-					if _, err := r.rc.BatchTransfer(ctx, client.Transfer{SrcRegion: rr.Region.Id, Peer: r.self, DstRegion: dname, Transport: r.want,
+					if _, err := r.rc.BatchTransfer(ctx, client.Transfer{SrcRegion: rid, Peer: r.self, DstRegion: dname, Transport: r.want,
 						Blocks: client.Descriptors{Src: ro, Dst: do, BlockLength: size}}); err != nil {
 						fail("batch %d B → A: %v", i+1, err)
 						return

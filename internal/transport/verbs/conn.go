@@ -390,9 +390,8 @@ func (s *qpSet) Close() error {
 // for the SEND to complete so destroying the QP does not cut it off. It
 // reports whether the goodbye was delivered.
 func (s *qpSet) goodbye() bool {
-	const rts = 3 // IBV_QPS_RTS
 	for _, q := range s.qps {
-		if st, err := q.qp.State(); err != nil || st != rts || q.avail() < 1 {
+		if !s.qpOK(q) || q.avail() < 1 {
 			continue
 		}
 		m := message{kind: msgBye}
