@@ -26,4 +26,7 @@ var (
 	ErrPermissionDenied = errors.New("permission denied")
 	// ErrUnimplemented: the build or host lacks the feature (gRPC Unimplemented).
 	ErrUnimplemented = errors.New("unimplemented")
+	// ErrDataLoss: a region's memory went away under the daemon, e.g. its
+	// client truncated the backing file (gRPC DataLoss).
+	ErrDataLoss = errors.New("data loss")
 )

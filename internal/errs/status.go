@@ -43,6 +43,7 @@ var codeMap = []struct {
 	{ErrResourceExhausted, codes.ResourceExhausted},
 	{ErrPermissionDenied, codes.PermissionDenied},
 	{ErrUnimplemented, codes.Unimplemented},
+	{ErrDataLoss, codes.DataLoss},
 	{ErrAborted, codes.Aborted},
 	{ErrUnavailable, codes.Unavailable},
 }
