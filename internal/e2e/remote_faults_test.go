@@ -422,7 +422,13 @@ func (r *remoteRig) killTrials(trials int) *faultRow {
 		clear(dst.Bytes)
 		start := time.Now()
 		done := r.asyncBack(deadline)
-		time.Sleep(time.Duration(20+trial*25) * time.Millisecond)
+		// Kill once the batch is on the wire (its first bytes are in A's
+		// memory), not after a fixed sleep: on a busy machine a sleep can end
+		// while B is still resolving, and the trial would test set-up instead.
+		if !r.waitFirstBytes(done, deadline) {
+			t.Logf("trial %d: the batch ended before its first bytes were seen", trial)
+		}
+		time.Sleep(time.Duration(trial*5) * time.Millisecond) // vary the point of the kill
 		_ = r.local.cmd.Process.Kill()
 		_ = r.local.cmd.Wait()
 		killed := time.Now()
