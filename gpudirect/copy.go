@@ -44,7 +44,7 @@ func (d *driver) copy1(fn func(*request), call string, s *Stream, dst, src uintp
 		return err
 	}
 	if size == 0 {
-		return nil
+		return s.destroyedErr()
 	}
 	r := getRequest()
 	r.fn, r.p, r.obj = fn, unsafe.Pointer(d.tab), s
@@ -59,6 +59,17 @@ func (d *driver) copy1(fn func(*request), call string, s *Stream, dst, src uintp
 		return rerr
 	case rc != 0:
 		return d.callErr(C.int(rc), s.dev, "%s(dst=%#x, src=%#x, size=%d)", call, dst, src, size)
+	}
+	return nil
+}
+
+// destroyedErr is ErrStreamDestroyed once s was destroyed: a copy of
+// nothing queues nothing, but must not succeed on a destroyed stream.
+func (s *Stream) destroyedErr() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.h == 0 {
+		return ErrStreamDestroyed
 	}
 	return nil
 }
@@ -101,7 +112,7 @@ func (d *driver) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
 		return err
 	}
 	if len(sizes) == 0 {
-		return nil
+		return s.destroyedErr()
 	}
 	r := getRequest()
 	r.fn, r.p, r.obj = batchFn, unsafe.Pointer(d.tab), s

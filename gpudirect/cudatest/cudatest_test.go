@@ -352,3 +352,57 @@ func TestRegionsImportWithoutDmabuf(t *testing.T) {
 		t.Fatalf("leaks: %v", l)
 	}
 }
+
+// TestDriverAfterClose: as the real implementation, every method of the
+// test double fails with gpudirect.ErrClosed after Close, and Close twice is
+// a no-op.
+func TestDriverAfterClose(t *testing.T) {
+	m := New()
+	d, _ := m.MemAlloc(0, 4096)
+	host, _ := m.HostAlloc(0, 4096)
+	s, _ := m.StreamCreate(0)
+	e, _ := m.EventCreate(0)
+	db, err := m.ExportDmabuf(0, d, 4096, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func() error{
+		"DeviceInfo":        func() error { _, err := m.DeviceInfo(0); return err },
+		"MemAlloc":          func() error { _, err := m.MemAlloc(0, 1); return err },
+		"MemFree":           func() error { return m.MemFree(0, d) },
+		"PointerInfo":       func() error { _, err := m.PointerInfo(0, d); return err },
+		"SetSyncMemops":     func() error { return m.SetSyncMemops(0, d) },
+		"ExportDmabuf":      func() error { _, err := m.ExportDmabuf(0, d, 4096, 0); return err },
+		"IPCGetMemHandle":   func() error { _, err := m.IPCGetMemHandle(0, d); return err },
+		"IPCOpenMemHandle":  func() error { _, err := m.IPCOpenMemHandle(0, gpudirect.IPCHandle{1}); return err },
+		"IPCCloseMemHandle": func() error { return m.IPCCloseMemHandle(0, d) },
+		"HostAlloc":         func() error { _, err := m.HostAlloc(0, 1); return err },
+		"HostFree":          func() error { return m.HostFree(0, host) },
+		"HostRegister":      func() error { return m.HostRegister(0, addr(host), 1) },
+		"HostUnregister":    func() error { return m.HostUnregister(0, addr(host)) },
+		"StreamCreate":      func() error { _, err := m.StreamCreate(0); return err },
+		"StreamSynchronize": func() error { return m.StreamSynchronize(s) },
+		"StreamDestroy":     func() error { return m.StreamDestroy(s) },
+		"EventCreate":       func() error { _, err := m.EventCreate(0); return err },
+		"EventRecord":       func() error { return m.EventRecord(e, s) },
+		"EventQuery":        func() error { _, err := m.EventQuery(e); return err },
+		"EventSynchronize":  func() error { return m.EventSynchronize(e) },
+		"EventDestroy":      func() error { return m.EventDestroy(e) },
+		"MemcpyHtoDAsync":   func() error { return m.MemcpyHtoDAsync(s, d, addr(host), 0) },
+		"MemcpyDtoHAsync":   func() error { return m.MemcpyDtoHAsync(s, addr(host), d, 1) },
+		"MemcpyBatchAsync":  func() error { return m.MemcpyBatchAsync(s, nil, nil, nil) },
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, gpudirect.ErrClosed) {
+			t.Errorf("%s after Close = %v; want ErrClosed", name, err)
+		}
+	}
+	for _, f := range []func() error{m.Close, db.Close, db.Close} {
+		if err := f(); err != nil {
+			t.Errorf("second close = %v", err)
+		}
+	}
+}
