@@ -8,7 +8,7 @@
 // returns int, 0 on success or a negative error code: a CUresult negated
 // (-CUresult), or B2B_ERRNO(e) for a C library failure (errno e, offset by
 // B2B_ERRNO_BASE so that it never collides with a CUresult). Values come
-// back through out-parameters. One Go helper (driver.cuErr) turns the code
+// back through out-parameters. One Go helper (cuErr, device.go) turns the code
 // into an error naming the call, with CUDA's error name and string. The
 // table accessors (b2b_sym_*, b2b_has, b2b_set, b2b_nsyms) call nothing and
 // return what they look up.

@@ -18,10 +18,15 @@ import (
 	"github.com/b2bd/b2bd/internal/dl"
 )
 
-// The C and Go views of the IPC handle size must agree (a negative array
-// length does not compile).
-var _ [IPCHandleSize - C.B2B_IPC_HANDLE_SIZE]struct{}
-var _ [C.B2B_IPC_HANDLE_SIZE - IPCHandleSize]struct{}
+// The C and Go mirrors of the same constants must agree (a negative array
+// length does not compile): the IPC handle size, and the CUresult the shim
+// returns for a missing optional entry point.
+var (
+	_ [IPCHandleSize - C.B2B_IPC_HANDLE_SIZE]struct{}
+	_ [C.B2B_IPC_HANDLE_SIZE - IPCHandleSize]struct{}
+	_ [ErrorNotSupported - C.B2B_CUDA_ERROR_NOT_SUPPORTED]struct{}
+	_ [C.B2B_CUDA_ERROR_NOT_SUPPORTED - ErrorNotSupported]struct{}
+)
 
 // noDevice is cuErr's dev for calls not bound to a device (cuInit...).
 const noDevice = -1

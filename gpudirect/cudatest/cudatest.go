@@ -55,6 +55,16 @@ type Driver struct {
 	hostPins map[uintptr][]byte // keeps HostAlloc slices alive
 }
 
+const (
+	// firstAddr is where simulated device addresses start: high in the
+	// address space, where no Go heap or mmap'd host memory is, so a device
+	// address never aliases host memory in find.
+	firstAddr = 0x7e0000000000
+	// firstFD is the first simulated dma-buf descriptor, far above any real
+	// one, so that closing it by mistake with close(2) fails harmlessly.
+	firstFD = 1 << 20
+)
+
 type mockKind int
 
 const (
@@ -90,13 +100,13 @@ func New(devices ...Device) *Driver {
 		caps:     gpudirect.Capabilities{MemcpyBatch: true, MemcpyBatchSymbol: "cuMemcpyBatchAsync_v2", DmabufExport: true},
 		fail:     map[string][]error{},
 		calls:    map[string]int{},
-		next:     0x7e0000000000,
+		next:     firstAddr,
 		used:     make([]uint64, len(devices)),
 		ranges:   map[uintptr]*mockRange{},
 		handles:  map[gpudirect.IPCHandle]uintptr{},
 		streams:  map[*gpudirect.Stream]struct{}{},
 		events:   map[*gpudirect.Event]struct{}{},
-		nextFD:   1 << 20,
+		nextFD:   firstFD,
 		openFDs:  map[int]struct{}{},
 		hostPins: map[uintptr][]byte{},
 	}
