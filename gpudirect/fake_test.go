@@ -63,8 +63,8 @@ func TestFakeDriverVariants(t *testing.T) {
 					c.Close()
 					t.Fatal("Load succeeded")
 				}
-				if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), tt.loadErr) {
-					t.Fatalf("Load = %v; want ErrUnavailable mentioning %q", err, tt.loadErr)
+				if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), tt.loadErr) {
+					t.Fatalf("Load = %v; want ErrNoDriver mentioning %q", err, tt.loadErr)
 				}
 				t.Logf("Load: %v", err)
 				if tt.env != "" { // the driver comes up once cuInit works

@@ -23,8 +23,8 @@ func TestLoadMissingLibrary(t *testing.T) {
 				c.Close()
 				t.Fatalf("Load(%q) succeeded", tt.lib)
 			}
-			if !errors.Is(err, ErrUnavailable) {
-				t.Fatalf("Load(%q) = %v; want it to wrap ErrUnavailable", tt.lib, err)
+			if !errors.Is(err, ErrNoDriver) || !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("Load(%q) = %v; want it to wrap ErrNoDriver (an ErrUnavailable)", tt.lib, err)
 			}
 			if !strings.Contains(err.Error(), "host memory is still served") {
 				t.Errorf("Load(%q) error %q does not say the daemon keeps serving host memory", tt.lib, err)
