@@ -45,6 +45,11 @@ const IPCHandleSize = 64
 // or host virtual addresses; host memory passed to async copies must stay
 // valid, and must not be in the Go heap, until the stream has been
 // synchronised. All methods are safe for concurrent use.
+//
+// After Close, every method that returns an error returns one wrapping
+// ErrClosed (Close itself does nothing again); so does every call on a
+// stream or event after it was destroyed, but destroying it again. No call
+// after Close reaches the driver.
 type Interface interface {
 	// DriverVersion is cuDriverGetVersion's value, e.g. 13000 for CUDA 13.0.
 	DriverVersion() int
