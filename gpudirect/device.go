@@ -83,8 +83,13 @@ func cuErr(l *libcuda, dev int, rc C.int, call string, args ...any) error {
 	return fmt.Errorf("gpudirect: %s%s: %w", call, where, e)
 }
 
+// resultCode and errnoCode encode as the shim does: -CUresult, and
+// B2B_ERRNO(e).
+func resultCode(r Result) C.int       { return C.int(-r) }
+func errnoCode(e syscall.Errno) C.int { return -(C.B2B_ERRNO_BASE + C.int(e)) }
+
 // is reports whether the shim's code rc is the CUresult r.
-func is(rc C.int, r Result) bool { return rc == C.int(-r) }
+func is(rc C.int, r Result) bool { return rc == resultCode(r) }
 
 // unavailable wraps a reason why there is no usable driver.
 func unavailable(err error) error {
