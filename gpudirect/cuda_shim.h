@@ -2,7 +2,16 @@
 // declared by hand (no CUDA SDK at build time), and C wrappers that call
 // them through a table of pointers filled by dlsym at run time.
 //
-// Only cuda.go (cgo && linux) includes this file.
+// Only the cgo files of the real implementation (cgo && linux) include it.
+//
+// One return convention: every wrapper below that calls into the driver
+// returns int, 0 on success or a negative error code: a CUresult negated
+// (-CUresult), or B2B_ERRNO(e) for a C library failure (errno e, offset by
+// B2B_ERRNO_BASE so that it never collides with a CUresult). Values come
+// back through out-parameters. One Go helper (cuErr, device.go) turns the code
+// into an error naming the call, with CUDA's error name and string. The
+// table accessors (b2b_sym_*, b2b_has, b2b_set, b2b_nsyms) call nothing and
+// return what they look up.
 //
 // Symbol names are the versioned ones libcuda exports for the current ABI
 // (cuda.h #defines the plain names to them): cuMemAlloc_v2, cuMemFree_v2,
@@ -19,8 +28,10 @@
 #ifndef B2B_CUDA_SHIM_H
 #define B2B_CUDA_SHIM_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef int CUresult;                 // CUDA_SUCCESS = 0
@@ -126,195 +137,238 @@ typedef struct b2b_tab { void *fn[B2B_NSYMS]; } b2b_tab;
 
 #define B2B_CALL(t, name) ((b2b_pfn_##name)((t)->fn[B2B_SYM_##name]))
 
+// B2B_RC turns a CUresult into the shim's return convention.
+#define B2B_RC(rc) (-(int)(rc))
+
+// B2B_ERRNO_BASE offsets errno values: CUresults end below 1000 (999 is
+// CUDA_ERROR_UNKNOWN), so -(B2B_ERRNO_BASE + e) is never a negated CUresult.
+#define B2B_ERRNO_BASE 100000
+#define B2B_ERRNO(e) (-(B2B_ERRNO_BASE + (e)))
+
+// CUDA_ERROR_NOT_SUPPORTED, returned for an optional entry point the driver lacks.
+#define B2B_CUDA_ERROR_NOT_SUPPORTED 801
+
+// The hand-declared types must match the driver's ABI.
+_Static_assert(sizeof(CUipcMemHandle) == B2B_IPC_HANDLE_SIZE, "CUipcMemHandle is CU_IPC_HANDLE_SIZE bytes");
+_Static_assert(sizeof(CUmemcpyAttributes) == 24, "CUmemcpyAttributes_v1 is 24 bytes");
+_Static_assert(sizeof(CUdeviceptr) == 8, "CUdeviceptr_v2 is 64 bits");
+
 static inline int b2b_nsyms(void) { return B2B_NSYMS; }
 static inline const char *b2b_sym_name(int i) { return (i >= 0 && i < B2B_NSYMS) ? b2b_sym_names[i] : ""; }
 static inline int b2b_sym_optional(int i) { return (i >= 0 && i < B2B_NSYMS) ? b2b_sym_opt[i] : 0; }
 static inline void b2b_set(b2b_tab *t, int i, void *p) { if (i >= 0 && i < B2B_NSYMS) t->fn[i] = p; }
 static inline int b2b_has(const b2b_tab *t, int i) { return i >= 0 && i < B2B_NSYMS && t->fn[i] != NULL; }
 
-// ---- initialisation and errors -------------------------------------------
+// ---- the table, initialisation and errors -------------------------------------
 
-static CUresult b2b_init(const b2b_tab *t) { return B2B_CALL(t, cuInit)(0); }
-
-static CUresult b2b_driver_version(const b2b_tab *t, int *v) {
-	*v = 0;
-	return B2B_CALL(t, cuDriverGetVersion)(v);
+static inline int b2b_tab_new(b2b_tab **out) {
+	*out = (b2b_tab *)calloc(1, sizeof(b2b_tab));
+	return *out == NULL ? B2B_ERRNO(ENOMEM) : 0;
 }
 
-static void b2b_error_text(const b2b_tab *t, CUresult rc, const char **name, const char **desc) {
+static inline int b2b_tab_free(b2b_tab *t) {
+	free(t);
+	return 0;
+}
+
+static inline int b2b_init(const b2b_tab *t) { return B2B_RC(B2B_CALL(t, cuInit)(0)); }
+
+static inline int b2b_driver_version(const b2b_tab *t, int *v) {
+	*v = 0;
+	return B2B_RC(B2B_CALL(t, cuDriverGetVersion)(v));
+}
+
+// b2b_error_text looks up the name and description of the CUresult -rc
+// (NULL where the driver does not know it).
+static inline int b2b_error_text(const b2b_tab *t, int rc, const char **name, const char **desc) {
 	*name = NULL;
 	*desc = NULL;
-	if (B2B_CALL(t, cuGetErrorName)(rc, name) != 0) *name = NULL;
-	if (B2B_CALL(t, cuGetErrorString)(rc, desc) != 0) *desc = NULL;
+	if (B2B_CALL(t, cuGetErrorName)((CUresult)(-rc), name) != 0) *name = NULL;
+	if (B2B_CALL(t, cuGetErrorString)((CUresult)(-rc), desc) != 0) *desc = NULL;
+	return 0;
 }
 
 // ---- devices ---------------------------------------------------------------
 
-static CUresult b2b_device_count(const b2b_tab *t, int *n) {
+static inline int b2b_device_count(const b2b_tab *t, int *n) {
 	*n = 0;
-	return B2B_CALL(t, cuDeviceGetCount)(n);
+	return B2B_RC(B2B_CALL(t, cuDeviceGetCount)(n));
 }
 
 // b2b_device_info fills name, bus id and total memory; *step says which call
-// failed (0 cuDeviceGet, 1 cuDeviceGetName, 2 cuDeviceGetPCIBusId,
-// 3 cuDeviceTotalMem_v2).
-static CUresult b2b_device_info(const b2b_tab *t, int ordinal, CUdevice *dev,
+// failed (B2B_STEP_* below).
+enum { B2B_STEP_DEVICE_GET, B2B_STEP_DEVICE_NAME, B2B_STEP_PCI_BUS_ID, B2B_STEP_TOTAL_MEM };
+static inline int b2b_device_info(const b2b_tab *t, int ordinal, CUdevice *dev,
 		char *name, int nameLen, char *bus, int busLen, size_t *total, int *step) {
 	CUresult rc;
-	*step = 0;
-	if ((rc = B2B_CALL(t, cuDeviceGet)(dev, ordinal)) != 0) return rc;
-	*step = 1;
-	if ((rc = B2B_CALL(t, cuDeviceGetName)(name, nameLen, *dev)) != 0) return rc;
+	*step = B2B_STEP_DEVICE_GET;
+	if ((rc = B2B_CALL(t, cuDeviceGet)(dev, ordinal)) != 0) return B2B_RC(rc);
+	*step = B2B_STEP_DEVICE_NAME;
+	if ((rc = B2B_CALL(t, cuDeviceGetName)(name, nameLen, *dev)) != 0) return B2B_RC(rc);
 	name[nameLen - 1] = 0;
-	*step = 2;
-	if ((rc = B2B_CALL(t, cuDeviceGetPCIBusId)(bus, busLen, *dev)) != 0) return rc;
+	*step = B2B_STEP_PCI_BUS_ID;
+	if ((rc = B2B_CALL(t, cuDeviceGetPCIBusId)(bus, busLen, *dev)) != 0) return B2B_RC(rc);
 	bus[busLen - 1] = 0;
-	*step = 3;
-	return B2B_CALL(t, cuDeviceTotalMem_v2)(total, *dev);
+	*step = B2B_STEP_TOTAL_MEM;
+	return B2B_RC(B2B_CALL(t, cuDeviceTotalMem_v2)(total, *dev));
 }
 
-static CUresult b2b_device_attr(const b2b_tab *t, CUdevice dev, int attr, int *v) {
+static inline int b2b_device_attr(const b2b_tab *t, CUdevice dev, int attr, int *v) {
 	*v = 0;
-	return B2B_CALL(t, cuDeviceGetAttribute)(v, attr, dev);
+	return B2B_RC(B2B_CALL(t, cuDeviceGetAttribute)(v, attr, dev));
 }
 
 // ---- contexts (run on the device's worker thread) --------------------------
 
 // b2b_ctx_open retains the primary context and makes it current on this
-// thread; *step: 0 cuDeviceGet, 1 cuDevicePrimaryCtxRetain, 2 cuCtxSetCurrent.
-static CUresult b2b_ctx_open(const b2b_tab *t, int ordinal, int *step) {
+// thread; *step says which call failed (B2B_CTX_STEP_*).
+enum { B2B_CTX_STEP_DEVICE_GET, B2B_CTX_STEP_RETAIN, B2B_CTX_STEP_SET_CURRENT };
+static inline int b2b_ctx_open(const b2b_tab *t, int ordinal, int *step) {
 	CUdevice dev;
 	CUcontext ctx = NULL;
 	CUresult rc;
-	*step = 0;
-	if ((rc = B2B_CALL(t, cuDeviceGet)(&dev, ordinal)) != 0) return rc;
-	*step = 1;
-	if ((rc = B2B_CALL(t, cuDevicePrimaryCtxRetain)(&ctx, dev)) != 0) return rc;
-	*step = 2;
+	*step = B2B_CTX_STEP_DEVICE_GET;
+	if ((rc = B2B_CALL(t, cuDeviceGet)(&dev, ordinal)) != 0) return B2B_RC(rc);
+	*step = B2B_CTX_STEP_RETAIN;
+	if ((rc = B2B_CALL(t, cuDevicePrimaryCtxRetain)(&ctx, dev)) != 0) return B2B_RC(rc);
+	*step = B2B_CTX_STEP_SET_CURRENT;
 	if ((rc = B2B_CALL(t, cuCtxSetCurrent)(ctx)) != 0) {
 		B2B_CALL(t, cuDevicePrimaryCtxRelease_v2)(dev);
-		return rc;
+		return B2B_RC(rc);
 	}
 	return 0;
 }
 
-static CUresult b2b_ctx_close(const b2b_tab *t, int ordinal) {
+static inline int b2b_ctx_close(const b2b_tab *t, int ordinal) {
 	CUdevice dev;
 	CUresult rc;
 	B2B_CALL(t, cuCtxSetCurrent)(NULL);
-	if ((rc = B2B_CALL(t, cuDeviceGet)(&dev, ordinal)) != 0) return rc;
-	return B2B_CALL(t, cuDevicePrimaryCtxRelease_v2)(dev);
+	if ((rc = B2B_CALL(t, cuDeviceGet)(&dev, ordinal)) != 0) return B2B_RC(rc);
+	return B2B_RC(B2B_CALL(t, cuDevicePrimaryCtxRelease_v2)(dev));
 }
 
 // ---- device memory -----------------------------------------------------------
 
-static CUresult b2b_mem_alloc(const b2b_tab *t, size_t n, CUdeviceptr *p) {
+static inline int b2b_mem_alloc(const b2b_tab *t, size_t n, CUdeviceptr *p) {
 	*p = 0;
-	return B2B_CALL(t, cuMemAlloc_v2)(p, n);
+	return B2B_RC(B2B_CALL(t, cuMemAlloc_v2)(p, n));
 }
 
-static CUresult b2b_mem_free(const b2b_tab *t, CUdeviceptr p) { return B2B_CALL(t, cuMemFree_v2)(p); }
+static inline int b2b_mem_free(const b2b_tab *t, CUdeviceptr p) { return B2B_RC(B2B_CALL(t, cuMemFree_v2)(p)); }
 
-static CUresult b2b_addr_range(const b2b_tab *t, CUdeviceptr p, CUdeviceptr *base, size_t *size) {
+static inline int b2b_addr_range(const b2b_tab *t, CUdeviceptr p, CUdeviceptr *base, size_t *size) {
 	*base = 0;
 	*size = 0;
-	return B2B_CALL(t, cuMemGetAddressRange_v2)(base, size, p);
+	return B2B_RC(B2B_CALL(t, cuMemGetAddressRange_v2)(base, size, p));
 }
 
 // b2b_ptr_attr reads one pointer attribute into a zeroed 8-byte slot (the
 // attributes used are int, unsigned int, CUdeviceptr or size_t).
-static CUresult b2b_ptr_attr(const b2b_tab *t, CUdeviceptr p, int attr, unsigned long long *out) {
+static inline int b2b_ptr_attr(const b2b_tab *t, CUdeviceptr p, int attr, unsigned long long *out) {
 	*out = 0;
-	return B2B_CALL(t, cuPointerGetAttribute)(out, attr, p);
+	return B2B_RC(B2B_CALL(t, cuPointerGetAttribute)(out, attr, p));
 }
 
-static CUresult b2b_set_sync_memops(const b2b_tab *t, CUdeviceptr p) {
+static inline int b2b_set_sync_memops(const b2b_tab *t, CUdeviceptr p) {
 	unsigned int one = 1;
-	return B2B_CALL(t, cuPointerSetAttribute)(&one, B2B_CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p);
+	return B2B_RC(B2B_CALL(t, cuPointerSetAttribute)(&one, B2B_CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p));
 }
 
-static CUresult b2b_dmabuf_export(const b2b_tab *t, CUdeviceptr p, size_t n, unsigned long long flags, int *fd) {
+static inline int b2b_dmabuf_export(const b2b_tab *t, CUdeviceptr p, size_t n, unsigned long long flags, int *fd) {
 	*fd = -1;
-	if (!b2b_has(t, B2B_SYM_cuMemGetHandleForAddressRange)) return 801; // CUDA_ERROR_NOT_SUPPORTED
-	return B2B_CALL(t, cuMemGetHandleForAddressRange)(fd, p, n, B2B_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, flags);
+	if (!b2b_has(t, B2B_SYM_cuMemGetHandleForAddressRange)) return B2B_RC(B2B_CUDA_ERROR_NOT_SUPPORTED);
+	return B2B_RC(B2B_CALL(t, cuMemGetHandleForAddressRange)(fd, p, n, B2B_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, flags));
 }
 
 // ---- IPC -----------------------------------------------------------------------
 
-static CUresult b2b_ipc_get(const b2b_tab *t, CUdeviceptr p, void *out) {
+static inline int b2b_ipc_get(const b2b_tab *t, CUdeviceptr p, void *out) {
 	CUipcMemHandle h;
 	memset(&h, 0, sizeof h);
 	CUresult rc = B2B_CALL(t, cuIpcGetMemHandle)(&h, p);
 	memcpy(out, &h, sizeof h);
-	return rc;
+	return B2B_RC(rc);
 }
 
-static CUresult b2b_ipc_open(const b2b_tab *t, const void *in, CUdeviceptr *p) {
+static inline int b2b_ipc_open(const b2b_tab *t, const void *in, CUdeviceptr *p) {
 	CUipcMemHandle h;
 	memcpy(&h, in, sizeof h);
 	*p = 0;
-	return B2B_CALL(t, cuIpcOpenMemHandle_v2)(p, h, B2B_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+	return B2B_RC(B2B_CALL(t, cuIpcOpenMemHandle_v2)(p, h, B2B_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
 }
 
-static CUresult b2b_ipc_close(const b2b_tab *t, CUdeviceptr p) { return B2B_CALL(t, cuIpcCloseMemHandle)(p); }
+static inline int b2b_ipc_close(const b2b_tab *t, CUdeviceptr p) { return B2B_RC(B2B_CALL(t, cuIpcCloseMemHandle)(p)); }
 
 // ---- host memory ---------------------------------------------------------------
 
-static CUresult b2b_host_alloc(const b2b_tab *t, size_t n, void **p) {
+static inline int b2b_host_alloc(const b2b_tab *t, size_t n, void **p) {
 	*p = NULL;
-	return B2B_CALL(t, cuMemHostAlloc)(p, n, B2B_CU_MEMHOSTALLOC_PORTABLE);
+	return B2B_RC(B2B_CALL(t, cuMemHostAlloc)(p, n, B2B_CU_MEMHOSTALLOC_PORTABLE));
 }
 
-static CUresult b2b_host_free(const b2b_tab *t, uintptr_t p) { return B2B_CALL(t, cuMemFreeHost)((void *)p); }
+static inline int b2b_host_free(const b2b_tab *t, uintptr_t p) { return B2B_RC(B2B_CALL(t, cuMemFreeHost)((void *)p)); }
 
-static CUresult b2b_host_register(const b2b_tab *t, uintptr_t p, size_t n) {
-	return B2B_CALL(t, cuMemHostRegister_v2)((void *)p, n, B2B_CU_MEMHOSTREGISTER_PORTABLE);
+static inline int b2b_host_register(const b2b_tab *t, uintptr_t p, size_t n) {
+	return B2B_RC(B2B_CALL(t, cuMemHostRegister_v2)((void *)p, n, B2B_CU_MEMHOSTREGISTER_PORTABLE));
 }
 
-static CUresult b2b_host_unregister(const b2b_tab *t, uintptr_t p) { return B2B_CALL(t, cuMemHostUnregister)((void *)p); }
+static inline int b2b_host_unregister(const b2b_tab *t, uintptr_t p) { return B2B_RC(B2B_CALL(t, cuMemHostUnregister)((void *)p)); }
 
 // ---- streams and events ----------------------------------------------------------
+//
+// Streams and events share one create and one destroy wrapper, by kind.
 
-static CUresult b2b_stream_create(const b2b_tab *t, uintptr_t *s) {
-	CUstream h = NULL;
-	CUresult rc = B2B_CALL(t, cuStreamCreate)(&h, B2B_CU_STREAM_NON_BLOCKING);
-	*s = (uintptr_t)h;
-	return rc;
+enum { B2B_KIND_STREAM, B2B_KIND_EVENT };
+
+static inline int b2b_handle_create(const b2b_tab *t, int kind, uintptr_t *out) {
+	CUresult rc;
+	*out = 0;
+	if (kind == B2B_KIND_STREAM) {
+		CUstream h = NULL;
+		rc = B2B_CALL(t, cuStreamCreate)(&h, B2B_CU_STREAM_NON_BLOCKING);
+		*out = (uintptr_t)h;
+	} else {
+		CUevent h = NULL;
+		rc = B2B_CALL(t, cuEventCreate)(&h, B2B_CU_EVENT_DISABLE_TIMING);
+		*out = (uintptr_t)h;
+	}
+	return B2B_RC(rc);
 }
 
-static CUresult b2b_stream_destroy(const b2b_tab *t, uintptr_t s) { return B2B_CALL(t, cuStreamDestroy_v2)((CUstream)s); }
-static CUresult b2b_stream_sync(const b2b_tab *t, uintptr_t s) { return B2B_CALL(t, cuStreamSynchronize)((CUstream)s); }
-
-static CUresult b2b_event_create(const b2b_tab *t, uintptr_t *e) {
-	CUevent h = NULL;
-	CUresult rc = B2B_CALL(t, cuEventCreate)(&h, B2B_CU_EVENT_DISABLE_TIMING);
-	*e = (uintptr_t)h;
-	return rc;
+static inline int b2b_handle_destroy(const b2b_tab *t, int kind, uintptr_t h) {
+	if (kind == B2B_KIND_STREAM) return B2B_RC(B2B_CALL(t, cuStreamDestroy_v2)((CUstream)h));
+	return B2B_RC(B2B_CALL(t, cuEventDestroy_v2)((CUevent)h));
 }
 
-static CUresult b2b_event_record(const b2b_tab *t, uintptr_t e, uintptr_t s) { return B2B_CALL(t, cuEventRecord)((CUevent)e, (CUstream)s); }
-static CUresult b2b_event_query(const b2b_tab *t, uintptr_t e) { return B2B_CALL(t, cuEventQuery)((CUevent)e); }
-static CUresult b2b_event_sync(const b2b_tab *t, uintptr_t e) { return B2B_CALL(t, cuEventSynchronize)((CUevent)e); }
-static CUresult b2b_event_destroy(const b2b_tab *t, uintptr_t e) { return B2B_CALL(t, cuEventDestroy_v2)((CUevent)e); }
+// b2b_handle_sync waits for a stream or an event.
+static inline int b2b_handle_sync(const b2b_tab *t, int kind, uintptr_t h) {
+	if (kind == B2B_KIND_STREAM) return B2B_RC(B2B_CALL(t, cuStreamSynchronize)((CUstream)h));
+	return B2B_RC(B2B_CALL(t, cuEventSynchronize)((CUevent)h));
+}
+
+static inline int b2b_event_record(const b2b_tab *t, uintptr_t e, uintptr_t s) { return B2B_RC(B2B_CALL(t, cuEventRecord)((CUevent)e, (CUstream)s)); }
+
+// b2b_event_query returns -CUDA_ERROR_NOT_READY while the event is pending.
+static inline int b2b_event_query(const b2b_tab *t, uintptr_t e) { return B2B_RC(B2B_CALL(t, cuEventQuery)((CUevent)e)); }
 
 // ---- copies ------------------------------------------------------------------------
 
-static CUresult b2b_htod(const b2b_tab *t, uintptr_t s, CUdeviceptr dst, uintptr_t src, size_t n) {
-	return B2B_CALL(t, cuMemcpyHtoDAsync_v2)(dst, (const void *)src, n, (CUstream)s);
+static inline int b2b_htod(const b2b_tab *t, uintptr_t s, CUdeviceptr dst, uintptr_t src, size_t n) {
+	return B2B_RC(B2B_CALL(t, cuMemcpyHtoDAsync_v2)(dst, (const void *)src, n, (CUstream)s));
 }
 
-static CUresult b2b_dtoh(const b2b_tab *t, uintptr_t s, uintptr_t dst, CUdeviceptr src, size_t n) {
-	return B2B_CALL(t, cuMemcpyDtoHAsync_v2)((void *)dst, src, n, (CUstream)s);
+static inline int b2b_dtoh(const b2b_tab *t, uintptr_t s, uintptr_t dst, CUdeviceptr src, size_t n) {
+	return B2B_RC(B2B_CALL(t, cuMemcpyDtoHAsync_v2)((void *)dst, src, n, (CUstream)s));
 }
 
 // b2b_memcpy_batch queues n copies on stream s in one call. use_batch allows
-// cuMemcpyBatchAsync. *path is 2 for cuMemcpyBatchAsync_v2, 1 for the CUDA
-// 12.8 cuMemcpyBatchAsync, 0 for the cuMemcpyAsync loop. *fail is the index
-// of the failing copy where the driver says (SIZE_MAX when unknown).
-static CUresult b2b_memcpy_batch(const b2b_tab *t, uintptr_t s, CUdeviceptr *dsts, CUdeviceptr *srcs,
+// cuMemcpyBatchAsync. *path says which entry point ran (B2B_PATH_*). *fail is
+// the index of the failing copy where the driver says (SIZE_MAX when unknown).
+enum { B2B_PATH_LOOP, B2B_PATH_BATCH_12_8, B2B_PATH_BATCH_V2 };
+static inline int b2b_memcpy_batch(const b2b_tab *t, uintptr_t s, CUdeviceptr *dsts, CUdeviceptr *srcs,
 		size_t *sizes, size_t n, int use_batch, int *path, size_t *fail) {
 	CUstream st = (CUstream)s;
-	*path = 0;
+	*path = B2B_PATH_LOOP;
 	*fail = SIZE_MAX;
 	if (n == 0) return 0;
 	if (use_batch && (b2b_has(t, B2B_SYM_cuMemcpyBatchAsync_v2) || b2b_has(t, B2B_SYM_cuMemcpyBatchAsync))) {
@@ -323,17 +377,17 @@ static CUresult b2b_memcpy_batch(const b2b_tab *t, uintptr_t s, CUdeviceptr *dst
 		memset(&attr, 0, sizeof attr);
 		attr.srcAccessOrder = B2B_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
 		if (b2b_has(t, B2B_SYM_cuMemcpyBatchAsync_v2)) {
-			*path = 2;
-			return B2B_CALL(t, cuMemcpyBatchAsync_v2)(dsts, srcs, sizes, n, &attr, &attrIdx, 1, st);
+			*path = B2B_PATH_BATCH_V2;
+			return B2B_RC(B2B_CALL(t, cuMemcpyBatchAsync_v2)(dsts, srcs, sizes, n, &attr, &attrIdx, 1, st));
 		}
-		*path = 1;
-		return B2B_CALL(t, cuMemcpyBatchAsync)(dsts, srcs, sizes, n, &attr, &attrIdx, 1, fail, st);
+		*path = B2B_PATH_BATCH_12_8;
+		return B2B_RC(B2B_CALL(t, cuMemcpyBatchAsync)(dsts, srcs, sizes, n, &attr, &attrIdx, 1, fail, st));
 	}
 	for (size_t i = 0; i < n; i++) {
 		CUresult rc = B2B_CALL(t, cuMemcpyAsync)(dsts[i], srcs[i], sizes[i], st);
 		if (rc != 0) {
 			*fail = i;
-			return rc;
+			return B2B_RC(rc);
 		}
 	}
 	return 0;

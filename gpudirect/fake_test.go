@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/b2bd/b2bd/internal/errs"
 )
 
 // buildFake compiles testdata/fakecuda/fakecuda.c (a stand-in for
@@ -65,8 +63,8 @@ func TestFakeDriverVariants(t *testing.T) {
 					c.Close()
 					t.Fatal("Load succeeded")
 				}
-				if !errors.Is(err, errs.ErrUnavailable) || !strings.Contains(err.Error(), tt.loadErr) {
-					t.Fatalf("Load = %v; want ErrUnavailable mentioning %q", err, tt.loadErr)
+				if !errors.Is(err, ErrNoDriver) || !strings.Contains(err.Error(), tt.loadErr) {
+					t.Fatalf("Load = %v; want ErrNoDriver mentioning %q", err, tt.loadErr)
 				}
 				t.Logf("Load: %v", err)
 				if tt.env != "" { // the driver comes up once cuInit works
@@ -88,7 +86,7 @@ func TestFakeDriverVariants(t *testing.T) {
 				t.Fatalf("Capabilities = %+v", caps)
 			}
 			if !tt.dmabuf {
-				if _, err := c.ExportDmabuf(0, 0x200000, 4096, 0); !errors.Is(err, errs.ErrUnimplemented) {
+				if _, err := c.ExportDmabuf(0, 0x200000, 4096, 0); !errors.Is(err, ErrNotSupported) {
 					t.Fatalf("ExportDmabuf = %v; want ErrUnimplemented", err)
 				}
 			}
@@ -104,7 +102,7 @@ func TestFakeDriverVariants(t *testing.T) {
 			}
 			srcs[5] = 0x1000
 			err = c.MemcpyBatchAsync(s, dsts, srcs, lens)
-			if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), tt.failCopyAt) || !strings.Contains(err.Error(), "CUDA_ERROR_INVALID_VALUE") {
+			if !errors.Is(err, ErrInvalidValue) || !strings.Contains(err.Error(), tt.failCopyAt) || !strings.Contains(err.Error(), "CUDA_ERROR_INVALID_VALUE") {
 				t.Fatalf("bad batch = %v; want INVALID_VALUE mentioning %q", err, tt.failCopyAt)
 			}
 			t.Logf("bad batch: %v", err)

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-
-	"github.com/b2bd/b2bd/internal/errs"
 )
 
 // FuzzParseIPCHandle checks the IPC handle validator on arbitrary input: it
@@ -31,7 +29,7 @@ func FuzzParseIPCHandle(f *testing.F) {
 		if err == nil {
 			t.Fatalf("invalid input (len %d) accepted", len(b))
 		}
-		if !errors.Is(err, errs.ErrInvalidArgument) {
+		if !errors.Is(err, ErrInvalidValue) {
 			t.Fatalf("error %v does not wrap ErrInvalidArgument", err)
 		}
 		name := field

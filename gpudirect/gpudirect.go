@@ -10,9 +10,12 @@
 //     or library is needed at build time. The few driver types and function
 //     signatures used are declared by hand in cuda_shim.h.
 //   - Interface is what the daemon calls; Load returns the real
-//     implementation, NewMock a hand-written in-memory one for tests.
-//   - cgo lives only in cuda.go (cgo && linux); cuda_stub.go (!cgo || !linux)
-//     makes Load report errs.ErrUnavailable, so CGO_ENABLED=0 builds work.
+//     implementation. A hand-written in-memory one for tests lives in
+//     gpudirect/cudatest, so the daemon does not link it.
+//   - cgo lives only in the files of the real implementation, split by
+//     handle kind (driver.go, mem.go, host.go, stream.go, copy.go; build tag
+//     cgo && linux), each with a _stub.go twin (!cgo || !linux) so that
+//     CGO_ENABLED=0 builds work; there Load reports ErrNoDriver.
 //   - Every call that needs a device's context runs on that device's worker:
 //     one goroutine locked to one OS thread (runtime.LockOSThread) on which
 //     the device's primary context was retained and made current once. Calls
@@ -20,18 +23,14 @@
 //     nothing. Stream and event synchronisation run on the caller's thread
 //     instead, so a long wait never blocks the device's other calls.
 //   - Errors name the CUDA call, its arguments and the CUresult name, and wrap
-//     an internal/errs sentinel (through *Error) for the gRPC boundary.
+//     one of the package's error classes (errors.go; through *Error for a
+//     failed call). The package imports nothing of b2bd's but internal/dl:
+//     the daemon maps the classes onto its domain errors itself.
 package gpudirect
 
 import (
-	"errors"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
-
-	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/memory"
 )
 
 // DefaultLibrary is the CUDA driver library Load opens unless WithLibrary
@@ -46,6 +45,11 @@ const IPCHandleSize = 64
 // or host virtual addresses; host memory passed to async copies must stay
 // valid, and must not be in the Go heap, until the stream has been
 // synchronised. All methods are safe for concurrent use.
+//
+// After Close, every method that returns an error returns one wrapping
+// ErrClosed (Close itself does nothing again); so does every call on a
+// stream or event after it was destroyed, but destroying it again. No call
+// after Close reaches the driver.
 type Interface interface {
 	// DriverVersion is cuDriverGetVersion's value, e.g. 13000 for CUDA 13.0.
 	DriverVersion() int
@@ -61,7 +65,7 @@ type Interface interface {
 	// MemFree frees memory from MemAlloc (cuMemFree).
 	MemFree(dev int, ptr uintptr) error
 	// PointerInfo reads ptr's pointer attributes (cuPointerGetAttribute). A
-	// host address CUDA does not know fails with errs.ErrInvalidArgument.
+	// host address CUDA does not know fails with ErrInvalidValue.
 	PointerInfo(dev int, ptr uintptr) (PointerInfo, error)
 	// SetSyncMemops sets CU_POINTER_ATTRIBUTE_SYNC_MEMOPS on the allocation
 	// holding ptr, as GPUDirect RDMA requires: synchronous memory operations
@@ -71,7 +75,7 @@ type Interface interface {
 	// ibv_reg_dmabuf_mr (cuMemGetHandleForAddressRange). The driver wants a
 	// host-page-aligned range, so the exported range is widened to page
 	// boundaries; Dmabuf.Offset is ptr's offset inside it. Fails with
-	// errs.ErrUnimplemented where the driver or device has no dma-buf support.
+	// ErrNotSupported where the driver or device has no dma-buf support.
 	ExportDmabuf(dev int, ptr uintptr, size uint64, flags DmabufFlags) (*Dmabuf, error)
 
 	// IPCGetMemHandle returns the IPC handle of the allocation whose base is ptr.
@@ -199,61 +203,6 @@ type DmabufFlags uint64
 // the PCIe bus needs on systems where the default mapping is C2C.
 const DmabufMappingPCIe DmabufFlags = 1
 
-// Dmabuf is an exported dma-buf. The file descriptor belongs to the caller
-// until Close; it may be closed once ibv_reg_dmabuf_mr has taken its reference.
-type Dmabuf struct {
-	FD     int
-	Base   uintptr // the page-aligned start of the exported range
-	Len    uint64  // the page-aligned length of the exported range
-	Offset uint64  // the requested pointer's offset from Base
-
-	closeOnce sync.Once
-	closeErr  error
-	closeFD   func(fd int) error
-}
-
-// Close closes the file descriptor; safe to call twice.
-func (d *Dmabuf) Close() error {
-	if d == nil {
-		return nil
-	}
-	d.closeOnce.Do(func() {
-		if d.closeFD != nil && d.FD >= 0 {
-			d.closeErr = d.closeFD(d.FD)
-		}
-	})
-	return d.closeErr
-}
-
-// Stream is a CUDA stream created by an Interface; use it only with the
-// Interface that created it.
-type Stream struct {
-	dev   int
-	owner any
-	id    uint64
-	// mu is held shared while the stream is used off its device thread
-	// (Synchronize) and exclusively while it is destroyed.
-	mu sync.RWMutex
-	h  uintptr // CUstream; 0 once destroyed
-}
-
-// Device is the ordinal the stream belongs to.
-func (s *Stream) Device() int { return s.dev }
-
-// Event is a CUDA event created by an Interface.
-type Event struct {
-	dev   int
-	owner any
-	id    uint64
-	mu    sync.RWMutex
-	h     uintptr // CUevent; 0 once destroyed
-}
-
-// Device is the ordinal the event belongs to.
-func (e *Event) Device() int { return e.dev }
-
-var handleIDs atomic.Uint64
-
 // IPCHandle is a CUDA IPC memory handle (CUipcMemHandle).
 type IPCHandle [IPCHandleSize]byte
 
@@ -266,11 +215,11 @@ func ParseIPCHandle(field string, b []byte) (IPCHandle, error) {
 		field = "ipc_handle"
 	}
 	if len(b) != IPCHandleSize {
-		return h, fmt.Errorf("%w: %s: a CUDA IPC handle is %d bytes, got %d", errs.ErrInvalidArgument, field, IPCHandleSize, len(b))
+		return h, fmt.Errorf("%w: %s: a CUDA IPC handle is %d bytes, got %d", ErrInvalidValue, field, IPCHandleSize, len(b))
 	}
 	copy(h[:], b)
 	if h == (IPCHandle{}) {
-		return IPCHandle{}, fmt.Errorf("%w: %s: CUDA IPC handle is all zeros", errs.ErrInvalidArgument, field)
+		return IPCHandle{}, fmt.Errorf("%w: %s: CUDA IPC handle is all zeros", ErrInvalidValue, field)
 	}
 	return h, nil
 }
@@ -302,134 +251,9 @@ func buildOptions(opts []Option) options {
 	return o
 }
 
-// ErrClosed is wrapped by calls made after Close.
-var ErrClosed = fmt.Errorf("gpudirect: driver is closed: %w", errs.ErrFailedPrecondition)
-
-// Result is a CUDA driver status code (CUresult).
-type Result int
-
-// The CUresult values the package treats specially (values from cuda.h).
-const (
-	Success                          Result = 0
-	ErrorInvalidValue                Result = 1
-	ErrorOutOfMemory                 Result = 2
-	ErrorNotInitialized              Result = 3
-	ErrorDeinitialized               Result = 4
-	ErrorStubLibrary                 Result = 34
-	ErrorDeviceUnavailable           Result = 46
-	ErrorNoDevice                    Result = 100
-	ErrorInvalidDevice               Result = 101
-	ErrorInvalidContext              Result = 201
-	ErrorAlreadyMapped               Result = 208
-	ErrorInvalidHandle               Result = 400
-	ErrorNotFound                    Result = 500
-	ErrorNotReady                    Result = 600
-	ErrorIllegalAddress              Result = 700
-	ErrorPeerAccessAlreadyEnabled    Result = 704
-	ErrorContextIsDestroyed          Result = 709
-	ErrorTooManyPeers                Result = 711
-	ErrorHostMemoryAlreadyRegistered Result = 712
-	ErrorHostMemoryNotRegistered     Result = 713
-	ErrorNotPermitted                Result = 800
-	ErrorNotSupported                Result = 801
-	ErrorSystemDriverMismatch        Result = 803
-	ErrorUnknown                     Result = 999
-)
-
-var resultNames = map[Result]string{
-	Success:                          "CUDA_SUCCESS",
-	ErrorInvalidValue:                "CUDA_ERROR_INVALID_VALUE",
-	ErrorOutOfMemory:                 "CUDA_ERROR_OUT_OF_MEMORY",
-	ErrorNotInitialized:              "CUDA_ERROR_NOT_INITIALIZED",
-	ErrorDeinitialized:               "CUDA_ERROR_DEINITIALIZED",
-	ErrorStubLibrary:                 "CUDA_ERROR_STUB_LIBRARY",
-	ErrorDeviceUnavailable:           "CUDA_ERROR_DEVICE_UNAVAILABLE",
-	ErrorNoDevice:                    "CUDA_ERROR_NO_DEVICE",
-	ErrorInvalidDevice:               "CUDA_ERROR_INVALID_DEVICE",
-	ErrorInvalidContext:              "CUDA_ERROR_INVALID_CONTEXT",
-	ErrorAlreadyMapped:               "CUDA_ERROR_ALREADY_MAPPED",
-	ErrorInvalidHandle:               "CUDA_ERROR_INVALID_HANDLE",
-	ErrorNotFound:                    "CUDA_ERROR_NOT_FOUND",
-	ErrorNotReady:                    "CUDA_ERROR_NOT_READY",
-	ErrorIllegalAddress:              "CUDA_ERROR_ILLEGAL_ADDRESS",
-	ErrorPeerAccessAlreadyEnabled:    "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
-	ErrorContextIsDestroyed:          "CUDA_ERROR_CONTEXT_IS_DESTROYED",
-	ErrorTooManyPeers:                "CUDA_ERROR_TOO_MANY_PEERS",
-	ErrorHostMemoryAlreadyRegistered: "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED",
-	ErrorHostMemoryNotRegistered:     "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED",
-	ErrorNotPermitted:                "CUDA_ERROR_NOT_PERMITTED",
-	ErrorNotSupported:                "CUDA_ERROR_NOT_SUPPORTED",
-	ErrorSystemDriverMismatch:        "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH",
-	ErrorUnknown:                     "CUDA_ERROR_UNKNOWN",
-}
-
-// String is the CUresult's name where the package knows it.
-func (r Result) String() string {
-	if n, ok := resultNames[r]; ok {
-		return n
-	}
-	return fmt.Sprintf("CUresult(%d)", int(r))
-}
-
-// Sentinel maps a CUresult to the internal/errs sentinel the gRPC boundary
-// understands.
-func (r Result) Sentinel() error {
-	switch r {
-	case ErrorInvalidValue, ErrorInvalidHandle, ErrorInvalidDevice:
-		return errs.ErrInvalidArgument
-	case ErrorOutOfMemory, ErrorTooManyPeers:
-		return errs.ErrResourceExhausted
-	case ErrorNotSupported:
-		return errs.ErrUnimplemented
-	case ErrorNotPermitted:
-		return errs.ErrPermissionDenied
-	case ErrorHostMemoryAlreadyRegistered, ErrorPeerAccessAlreadyEnabled:
-		return errs.ErrAlreadyExists
-	case ErrorHostMemoryNotRegistered, ErrorNotFound:
-		return errs.ErrNotFound
-	case ErrorInvalidContext, ErrorContextIsDestroyed, ErrorAlreadyMapped, ErrorNotReady:
-		return errs.ErrFailedPrecondition
-	default:
-		// Not initialised, no device, illegal address (a sticky context
-		// error), unknown...: the device cannot be used.
-		return errs.ErrUnavailable
-	}
-}
-
-// Error is a failed CUDA driver call's status. Calls wrap it with the call's
-// name and arguments; errors.As finds it, errors.Is matches its sentinel.
-type Error struct {
-	Result Result
-	Name   string // cuGetErrorName, e.g. "CUDA_ERROR_OUT_OF_MEMORY"
-	Desc   string // cuGetErrorString, e.g. "out of memory"
-}
-
-func (e *Error) Error() string {
-	name := e.Name
-	if name == "" {
-		name = e.Result.String()
-	}
-	if e.Desc == "" {
-		return name
-	}
-	return name + ": " + e.Desc
-}
-
-// Unwrap returns the internal/errs sentinel for the result.
-func (e *Error) Unwrap() error { return e.Result.Sentinel() }
-
-// ResultOf returns the CUresult inside err, or Success when there is none.
-func ResultOf(err error) Result {
-	var ce *Error
-	if errors.As(err, &ce) {
-		return ce.Result
-	}
-	return Success
-}
-
-// alignRange widens [addr, addr+size) to page boundaries. It reports false
+// AlignRange widens [addr, addr+size) to page boundaries. It reports false
 // when the range is empty, page is not a power of two, or the end overflows.
-func alignRange(addr uintptr, size, page uint64) (base uintptr, length, offset uint64, ok bool) {
+func AlignRange(addr uintptr, size, page uint64) (base uintptr, length, offset uint64, ok bool) {
 	if size == 0 || page == 0 || page&(page-1) != 0 {
 		return 0, 0, 0, false
 	}
@@ -447,9 +271,9 @@ func alignRange(addr uintptr, size, page uint64) (base uintptr, length, offset u
 	return uintptr(b), e - b, a - b, true
 }
 
-// normalizePCIBusID turns the driver's "0000:3B:00.0" (or NVML-style
+// NormalizePCIBusID turns the driver's "0000:3B:00.0" (or NVML-style
 // "00000000:3B:00.0") into sysfs form "0000:3b:00.0".
-func normalizePCIBusID(s string) string {
+func NormalizePCIBusID(s string) string {
 	if i := strings.IndexByte(s, 0); i >= 0 {
 		s = s[:i]
 	}
@@ -460,81 +284,14 @@ func normalizePCIBusID(s string) string {
 	return s
 }
 
-// CheckDeviceMemory verifies that [ptr, ptr+size) is device memory of dev
-// inside one allocation, as registering it with a NIC requires.
-func CheckDeviceMemory(c Interface, dev int, ptr uintptr, size uint64) error {
-	if size == 0 {
-		return fmt.Errorf("%w: gpudirect: device memory range at %#x is empty", errs.ErrInvalidArgument, ptr)
-	}
-	pi, err := c.PointerInfo(dev, ptr)
-	if err != nil {
-		return err
-	}
-	if pi.MemoryType != MemoryTypeDevice {
-		return fmt.Errorf("%w: gpudirect: address %#x is %s memory, not device memory", errs.ErrInvalidArgument, ptr, pi.MemoryType)
-	}
-	if pi.Device != dev {
-		return fmt.Errorf("%w: gpudirect: address %#x belongs to device %d, not device %d", errs.ErrInvalidArgument, ptr, pi.Device, dev)
-	}
-	if pi.RangeSize != 0 {
-		end := uint64(ptr) + size
-		if end < uint64(ptr) || uint64(ptr) < uint64(pi.RangeStart) || end > uint64(pi.RangeStart)+pi.RangeSize {
-			return fmt.Errorf("%w: gpudirect: range [%#x, +%d) leaves its allocation [%#x, +%d)", errs.ErrInvalidArgument, ptr, size, pi.RangeStart, pi.RangeSize)
-		}
-	}
-	return nil
-}
-
-// DeviceMemory checks [ptr, ptr+size) on dev, sets SYNC_MEMOPS on it, and
-// exports it as dma-buf where the device supports that. It returns the range
-// as memory.Memory (DmabufFD -1 when not exported) and a release function
-// that closes the dma-buf (it does not free the memory); release is safe to
-// call twice.
-func DeviceMemory(c Interface, dev int, ptr uintptr, size uint64) (memory.Memory, func() error, error) {
-	return deviceMemory(c, dev, ptr, size, true)
-}
-
-// deviceMemory is DeviceMemory. With strict false (memory mapped from
-// another process through CUDA IPC), the driver refusing SYNC_MEMOPS or the
-// dma-buf export is not an error: the memory is returned without a dma-buf
-// (DmabufFD -1). On an H100 with driver 580 / CUDA 13, the export of an IPC
-// mapping fails with CUDA_ERROR_INVALID_VALUE, and the mapping reports
-// CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 0.
-func deviceMemory(c Interface, dev int, ptr uintptr, size uint64, strict bool) (memory.Memory, func() error, error) {
-	m := memory.Memory{Kind: memory.CUDA, Addr: ptr, Len: size, Device: dev, DmabufFD: -1}
-	if err := CheckDeviceMemory(c, dev, ptr, size); err != nil {
-		return memory.Memory{}, nil, err
-	}
-	if err := c.SetSyncMemops(dev, ptr); err != nil && (strict || ResultOf(err) == Success) {
-		return memory.Memory{}, nil, err
-	}
-	info, err := c.DeviceInfo(dev)
-	if err != nil {
-		return memory.Memory{}, nil, err
-	}
-	if !info.DmabufSupported || !c.Capabilities().DmabufExport {
-		return m, func() error { return nil }, nil
-	}
-	db, err := c.ExportDmabuf(dev, ptr, size, 0)
-	if err != nil {
-		if !strict && ResultOf(err) != Success {
-			return m, func() error { return nil }, nil
-		}
-		return memory.Memory{}, nil, err
-	}
-	m.DmabufFD = db.FD
-	m.DmabufOffset = db.Offset
-	return m, db.Close, nil
-}
-
-// checkBatch validates MemcpyBatchAsync's arrays.
-func checkBatch(dsts, srcs, sizes []uint64) error {
+// CheckBatch validates MemcpyBatchAsync's arrays (for every implementation).
+func CheckBatch(dsts, srcs, sizes []uint64) error {
 	if len(dsts) != len(sizes) || len(srcs) != len(sizes) {
-		return fmt.Errorf("%w: gpudirect: batch copy arrays differ in length: %d destinations, %d sources, %d sizes", errs.ErrInvalidArgument, len(dsts), len(srcs), len(sizes))
+		return fmt.Errorf("%w: gpudirect: batch copy arrays differ in length: %d destinations, %d sources, %d sizes", ErrInvalidValue, len(dsts), len(srcs), len(sizes))
 	}
 	for i, n := range sizes {
 		if n == 0 {
-			return fmt.Errorf("%w: gpudirect: batch copy %d has size 0", errs.ErrInvalidArgument, i)
+			return fmt.Errorf("%w: gpudirect: batch copy %d has size 0", ErrInvalidValue, i)
 		}
 	}
 	return nil

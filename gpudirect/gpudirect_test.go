@@ -5,8 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-
-	"github.com/b2bd/b2bd/internal/errs"
 )
 
 func TestLoadMissingLibrary(t *testing.T) {
@@ -25,8 +23,8 @@ func TestLoadMissingLibrary(t *testing.T) {
 				c.Close()
 				t.Fatalf("Load(%q) succeeded", tt.lib)
 			}
-			if !errors.Is(err, errs.ErrUnavailable) {
-				t.Fatalf("Load(%q) = %v; want it to wrap errs.ErrUnavailable", tt.lib, err)
+			if !errors.Is(err, ErrNoDriver) || !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("Load(%q) = %v; want it to wrap ErrNoDriver (an ErrUnavailable)", tt.lib, err)
 			}
 			if !strings.Contains(err.Error(), "host memory is still served") {
 				t.Errorf("Load(%q) error %q does not say the daemon keeps serving host memory", tt.lib, err)
@@ -65,7 +63,7 @@ func TestParseIPCHandle(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), tt.wantErr) {
+			if err == nil || !errors.Is(err, ErrInvalidValue) || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("ParseIPCHandle = %v; want ErrInvalidArgument mentioning %q", err, tt.wantErr)
 			}
 			if h != (IPCHandle{}) {
@@ -97,9 +95,9 @@ func TestAlignRange(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			base, length, off, ok := alignRange(tt.addr, tt.size, tt.page)
+			base, length, off, ok := AlignRange(tt.addr, tt.size, tt.page)
 			if ok != tt.ok || base != tt.base || length != tt.length || off != tt.off {
-				t.Fatalf("alignRange(%#x, %d, %d) = %#x, %d, %#x, %v; want %#x, %d, %#x, %v",
+				t.Fatalf("AlignRange(%#x, %d, %d) = %#x, %d, %#x, %v; want %#x, %d, %#x, %v",
 					tt.addr, tt.size, tt.page, base, length, off, ok, tt.base, tt.length, tt.off, tt.ok)
 			}
 			if ok && (uint64(base)+off != uint64(tt.addr) || off+tt.size > length || length%tt.page != 0) {
@@ -118,8 +116,8 @@ func TestNormalizePCIBusID(t *testing.T) {
 		{"", ""},
 	}
 	for _, tt := range tests {
-		if got := normalizePCIBusID(tt.in); got != tt.want {
-			t.Errorf("normalizePCIBusID(%q) = %q, want %q", tt.in, got, tt.want)
+		if got := NormalizePCIBusID(tt.in); got != tt.want {
+			t.Errorf("NormalizePCIBusID(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
 }
@@ -129,17 +127,17 @@ func TestResultSentinels(t *testing.T) {
 		r    Result
 		want error
 	}{
-		{ErrorInvalidValue, errs.ErrInvalidArgument},
-		{ErrorInvalidHandle, errs.ErrInvalidArgument},
-		{ErrorOutOfMemory, errs.ErrResourceExhausted},
-		{ErrorNotSupported, errs.ErrUnimplemented},
-		{ErrorNotPermitted, errs.ErrPermissionDenied},
-		{ErrorHostMemoryAlreadyRegistered, errs.ErrAlreadyExists},
-		{ErrorHostMemoryNotRegistered, errs.ErrNotFound},
-		{ErrorInvalidContext, errs.ErrFailedPrecondition},
-		{ErrorNoDevice, errs.ErrUnavailable},
-		{ErrorIllegalAddress, errs.ErrUnavailable},
-		{Result(12345), errs.ErrUnavailable},
+		{ErrorInvalidValue, ErrInvalidValue},
+		{ErrorInvalidHandle, ErrInvalidValue},
+		{ErrorOutOfMemory, ErrOutOfMemory},
+		{ErrorNotSupported, ErrNotSupported},
+		{ErrorNotPermitted, ErrNotPermitted},
+		{ErrorHostMemoryAlreadyRegistered, ErrAlreadyExists},
+		{ErrorHostMemoryNotRegistered, ErrNotFound},
+		{ErrorInvalidContext, ErrInvalidState},
+		{ErrorNoDevice, ErrUnavailable},
+		{ErrorIllegalAddress, ErrUnavailable},
+		{Result(12345), ErrUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.r.String(), func(t *testing.T) {
@@ -191,14 +189,14 @@ func TestCheckBatch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := checkBatch(tt.dsts, tt.srcs, tt.lens)
+			err := CheckBatch(tt.dsts, tt.srcs, tt.lens)
 			if tt.wantErr == "" {
 				if err != nil {
 					t.Fatal(err)
 				}
 				return
 			}
-			if err == nil || !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), tt.wantErr) {
+			if err == nil || !errors.Is(err, ErrInvalidValue) || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("checkBatch = %v; want ErrInvalidArgument mentioning %q", err, tt.wantErr)
 			}
 		})

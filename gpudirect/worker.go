@@ -5,8 +5,6 @@ import (
 	"runtime"
 	"sync"
 	"unsafe"
-
-	"github.com/b2bd/b2bd/internal/errs"
 )
 
 // worker runs calls on one goroutine locked to one OS thread, the thread on
@@ -99,7 +97,7 @@ func (w *worker) loop(init func() error, fini func() error, ready chan<- error) 
 func (w *worker) run(r *request) {
 	defer func() {
 		if p := recover(); p != nil {
-			r.err = fmt.Errorf("%w: gpudirect: %s: call panicked: %v", errs.ErrAborted, w.name, p)
+			r.err = fmt.Errorf("%w: gpudirect: %s: call panicked: %v", ErrAborted, w.name, p)
 		}
 	}()
 	r.fn(r)
@@ -111,7 +109,7 @@ func protect(f func() error) (err error) {
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("%w: gpudirect: panicked: %v", errs.ErrAborted, p)
+			err = fmt.Errorf("%w: gpudirect: panicked: %v", ErrAborted, p)
 		}
 	}()
 	return f()

@@ -5,8 +5,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-
-	"github.com/b2bd/b2bd/internal/errs"
 )
 
 func addFn(r *request) { r.out0 = r.a0 + r.a1 }
@@ -61,7 +59,7 @@ func TestWorkerRunsRequests(t *testing.T) {
 	if inits.Load() != 1 || finis.Load() != 1 {
 		t.Fatalf("init ran %d times, fini %d times; want 1 and 1", inits.Load(), finis.Load())
 	}
-	if err := w.do(func() {}); !errors.Is(err, ErrClosed) || !errors.Is(err, errs.ErrFailedPrecondition) {
+	if err := w.do(func() {}); !errors.Is(err, ErrClosed) || !errors.Is(err, ErrInvalidState) {
 		t.Fatalf("do after stop = %v; want ErrClosed", err)
 	}
 }
@@ -76,9 +74,9 @@ func TestWorkerInitAndFiniErrors(t *testing.T) {
 		stopErr  error
 	}{
 		{"init fails", func() error { return boom }, nil, boom, nil},
-		{"init panics", func() error { panic("init") }, nil, errs.ErrAborted, nil},
+		{"init panics", func() error { panic("init") }, nil, ErrAborted, nil},
 		{"fini fails", nil, func() error { return boom }, nil, boom},
-		{"fini panics", nil, func() error { panic("fini") }, nil, errs.ErrAborted},
+		{"fini panics", nil, func() error { panic("fini") }, nil, ErrAborted},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -105,7 +103,7 @@ func TestWorkerRecoversPanics(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.stop()
-	if err := w.do(func() { panic("bug") }); !errors.Is(err, errs.ErrAborted) {
+	if err := w.do(func() { panic("bug") }); !errors.Is(err, ErrAborted) {
 		t.Fatalf("do(panic) = %v; want ErrAborted", err)
 	}
 	ran := false

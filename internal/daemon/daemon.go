@@ -188,7 +188,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	if cuda != nil {
 		d.cuda = cuda
 		d.staging = &staging.Pool{CUDA: cuda}
-		cudaHook = gpudirect.Regions{CUDA: cuda}
+		cudaHook = staging.Regions{CUDA: cuda}
 	}
 	if cfg.Transport != "verbs" {
 		tcfg := cfg.TCP

@@ -5,7 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/b2bd/b2bd/gpudirect"
+	"github.com/b2bd/b2bd/gpudirect/cudatest"
 	"github.com/b2bd/b2bd/internal/memory"
 )
 
@@ -54,7 +54,7 @@ func TestPlanRead(t *testing.T) {
 // TestStagerRoundTrip moves random blocks device -> host -> device through
 // the pinned buffer, on the gpudirect mock (which moves real bytes).
 func TestStagerRoundTrip(t *testing.T) {
-	m := gpudirect.NewMock()
+	m := cudatest.New()
 	const size = 1 << 20
 	src, _ := m.MemAlloc(0, size)
 	dst, _ := m.MemAlloc(0, size)

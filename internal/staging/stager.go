@@ -32,12 +32,12 @@ func New(cuda gpudirect.Interface, dev int, size int) (*Stager, error) {
 	}
 	buf, err := cuda.HostAlloc(dev, size)
 	if err != nil {
-		return nil, fmt.Errorf("staging: pinned buffer of %d bytes on device %d: %w", size, dev, err)
+		return nil, DomainError(fmt.Errorf("staging: pinned buffer of %d bytes on device %d: %w", size, dev, err))
 	}
 	st, err := cuda.StreamCreate(dev)
 	if err != nil {
 		_ = cuda.HostFree(dev, buf)
-		return nil, fmt.Errorf("staging: stream on device %d: %w", dev, err)
+		return nil, DomainError(fmt.Errorf("staging: stream on device %d: %w", dev, err))
 	}
 	return &Stager{cuda: cuda, dev: dev, buf: buf, stream: st}, nil
 }
@@ -52,7 +52,7 @@ func (s *Stager) Close() error {
 		err = ferr
 	}
 	s.buf = nil
-	return err
+	return DomainError(err)
 }
 
 // Buffer is the pinned buffer.
@@ -94,10 +94,10 @@ func (s *Stager) run(mem memory.Memory, toHost bool) error {
 		return nil
 	}
 	if err := s.cuda.MemcpyBatchAsync(s.stream, s.dsts, s.srcs, s.sizes); err != nil {
-		return fmt.Errorf("staging: %d copies on device %d: %w", len(s.sizes), s.dev, err)
+		return DomainError(fmt.Errorf("staging: %d copies on device %d: %w", len(s.sizes), s.dev, err))
 	}
 	if err := s.cuda.StreamSynchronize(s.stream); err != nil {
-		return fmt.Errorf("staging: synchronise device %d: %w", s.dev, err)
+		return DomainError(fmt.Errorf("staging: synchronise device %d: %w", s.dev, err))
 	}
 	return nil
 }

@@ -7,7 +7,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/b2bd/b2bd/gpudirect"
+	"github.com/b2bd/b2bd/gpudirect/cudatest"
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
@@ -20,7 +20,7 @@ import (
 // gpudirect mock, which moves real bytes), in several rounds, and checks every
 // block.
 func TestGPUToGPU(t *testing.T) {
-	m := gpudirect.NewMock()
+	m := cudatest.New()
 	pool := &staging.Pool{CUDA: m, Size: 1 << 20} // small buffer: forces rounds
 	defer pool.Close()
 	const n, size, slot = 3000, 1000, 1024

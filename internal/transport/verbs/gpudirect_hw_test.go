@@ -24,6 +24,7 @@ import (
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -37,7 +38,7 @@ func TestHWGPUDirect(t *testing.T) {
 		t.Fatalf("B2B_GPU_RDMA=1 but CUDA is unusable: %v", err)
 	}
 	defer cuda.Close()
-	regions := gpudirect.Regions{CUDA: cuda}
+	regions := staging.Regions{CUDA: cuda}
 	const size = 64 << 20
 	alloc := func() (memory.Memory, func() error) {
 		m, _, free, err := regions.Alloc(0, size)

@@ -1,4 +1,4 @@
-package gpudirect
+package cudatest_test
 
 import (
 	"bytes"
@@ -7,16 +7,16 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/gpudirect"
+	. "github.com/b2bd/b2bd/gpudirect/cudatest"
 )
 
 func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
 
-func TestMockDevices(t *testing.T) {
-	m := NewMock(
-		MockDevice{Name: "A", PCIBusID: "00000000:3B:00.0", DmabufSupported: true},
-		MockDevice{Name: "B"},
+func TestDevices(t *testing.T) {
+	m := New(
+		Device{Name: "A", PCIBusID: "00000000:3B:00.0", DmabufSupported: true},
+		Device{Name: "B"},
 	)
 	defer m.Close()
 	if m.DeviceCount() != 2 || m.DriverVersion() != 13000 {
@@ -31,8 +31,8 @@ func TestMockDevices(t *testing.T) {
 	}{
 		{0, "A", "0000:3b:00.0", true, nil},
 		{1, "B", "0000:11:00.0", false, nil},
-		{2, "", "", false, errs.ErrInvalidArgument},
-		{-1, "", "", false, errs.ErrInvalidArgument},
+		{2, "", "", false, gpudirect.ErrInvalidValue},
+		{-1, "", "", false, gpudirect.ErrInvalidValue},
 	}
 	for _, tt := range tests {
 		info, err := m.DeviceInfo(tt.dev)
@@ -45,13 +45,13 @@ func TestMockDevices(t *testing.T) {
 	}
 }
 
-func TestMockMemoryAndCopies(t *testing.T) {
-	m := NewMock(MockDevice{TotalMem: 1 << 20, DmabufSupported: true})
+func TestDriverMemoryAndCopies(t *testing.T) {
+	m := New(Device{TotalMem: 1 << 20, DmabufSupported: true})
 	d0, err := m.MemAlloc(0, 64<<10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.MemAlloc(0, 2<<20); !errors.Is(err, errs.ErrResourceExhausted) || ResultOf(err) != ErrorOutOfMemory {
+	if _, err := m.MemAlloc(0, 2<<20); !errors.Is(err, gpudirect.ErrOutOfMemory) || gpudirect.ResultOf(err) != gpudirect.ErrorOutOfMemory {
 		t.Fatalf("over-allocation = %v; want CUDA_ERROR_OUT_OF_MEMORY", err)
 	}
 	host, err := m.HostAlloc(0, 64<<10)
@@ -95,12 +95,12 @@ func TestMockMemoryAndCopies(t *testing.T) {
 	if err := m.MemcpyDtoHAsync(s, addr(back), d0+60<<10, 8<<10); err == nil {
 		t.Fatal("copy past the allocation succeeded")
 	}
-	if err := m.MemcpyBatchAsync(s, dsts[:1], srcs, lens); !errors.Is(err, errs.ErrInvalidArgument) {
+	if err := m.MemcpyBatchAsync(s, dsts[:1], srcs, lens); !errors.Is(err, gpudirect.ErrInvalidValue) {
 		t.Fatalf("ragged batch = %v", err)
 	}
 	// Pointer attributes.
 	pi, err := m.PointerInfo(0, d0+100)
-	if err != nil || pi.MemoryType != MemoryTypeDevice || pi.RangeStart != d0 || pi.RangeSize != 64<<10 || pi.SyncMemops {
+	if err != nil || pi.MemoryType != gpudirect.MemoryTypeDevice || pi.RangeStart != d0 || pi.RangeSize != 64<<10 || pi.SyncMemops {
 		t.Fatalf("PointerInfo = %+v, %v", pi, err)
 	}
 	if err := m.SetSyncMemops(0, d0); err != nil {
@@ -109,20 +109,20 @@ func TestMockMemoryAndCopies(t *testing.T) {
 	if pi, _ := m.PointerInfo(0, d0); !pi.SyncMemops {
 		t.Fatal("SYNC_MEMOPS not set")
 	}
-	if pi, err := m.PointerInfo(0, addr(host)); err != nil || pi.MemoryType != MemoryTypeHost {
+	if pi, err := m.PointerInfo(0, addr(host)); err != nil || pi.MemoryType != gpudirect.MemoryTypeHost {
 		t.Fatalf("host PointerInfo = %+v, %v", pi, err)
 	}
 	var local [8]byte
-	if _, err := m.PointerInfo(0, uintptr(unsafe.Pointer(&local))); !errors.Is(err, errs.ErrInvalidArgument) {
+	if _, err := m.PointerInfo(0, uintptr(unsafe.Pointer(&local))); !errors.Is(err, gpudirect.ErrInvalidValue) {
 		t.Fatalf("unknown pointer = %v", err)
 	}
-	if err := CheckDeviceMemory(m, 0, addr(host), 10); !errors.Is(err, errs.ErrInvalidArgument) {
-		t.Fatalf("CheckDeviceMemory(host) = %v", err)
+	if err := gpudirect.CheckDeviceMemory(m, 0, addr(host), 10); !errors.Is(err, gpudirect.ErrInvalidValue) {
+		t.Fatalf("gpudirect.CheckDeviceMemory(host) = %v", err)
 	}
-	if err := CheckDeviceMemory(m, 0, d0+4096, 64<<10); !errors.Is(err, errs.ErrInvalidArgument) {
-		t.Fatalf("CheckDeviceMemory(past end) = %v", err)
+	if err := gpudirect.CheckDeviceMemory(m, 0, d0+4096, 64<<10); !errors.Is(err, gpudirect.ErrInvalidValue) {
+		t.Fatalf("gpudirect.CheckDeviceMemory(past end) = %v", err)
 	}
-	if err := CheckDeviceMemory(m, 0, d0+4096, 4096); err != nil {
+	if err := gpudirect.CheckDeviceMemory(m, 0, d0+4096, 4096); err != nil {
 		t.Fatal(err)
 	}
 	// dma-buf: unaligned range, offset returned.
@@ -146,7 +146,7 @@ func TestMockMemoryAndCopies(t *testing.T) {
 	if err := m.StreamDestroy(s); err != nil {
 		t.Fatal("second StreamDestroy:", err)
 	}
-	if err := m.MemcpyHtoDAsync(s, d0, addr(host), 1); !errors.Is(err, errs.ErrFailedPrecondition) {
+	if err := m.MemcpyHtoDAsync(s, d0, addr(host), 1); !errors.Is(err, gpudirect.ErrInvalidState) {
 		t.Fatalf("copy on destroyed stream = %v", err)
 	}
 	for _, b := range [][]byte{host, back} {
@@ -157,7 +157,7 @@ func TestMockMemoryAndCopies(t *testing.T) {
 	if err := m.MemFree(0, d0); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.MemFree(0, d0); !errors.Is(err, errs.ErrInvalidArgument) {
+	if err := m.MemFree(0, d0); !errors.Is(err, gpudirect.ErrInvalidValue) {
 		t.Fatalf("double free = %v", err)
 	}
 	if l := m.Leaks(); len(l) != 0 {
@@ -169,13 +169,13 @@ func TestMockMemoryAndCopies(t *testing.T) {
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.MemAlloc(0, 1); !errors.Is(err, ErrClosed) {
+	if _, err := m.MemAlloc(0, 1); !errors.Is(err, gpudirect.ErrClosed) {
 		t.Fatalf("MemAlloc after Close = %v", err)
 	}
 }
 
-func TestMockHostRegisterAndEvents(t *testing.T) {
-	m := NewMock()
+func TestDriverHostRegisterAndEvents(t *testing.T) {
+	m := New()
 	defer m.Close()
 	// Registered memory must be live; a HostAlloc buffer stands in for mmap'd memory.
 	backing, _ := m.HostAlloc(0, 8192)
@@ -184,7 +184,7 @@ func TestMockHostRegisterAndEvents(t *testing.T) {
 	if err := m.HostRegister(0, addr(region), uint64(len(region))); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.HostRegister(0, addr(region), 1); !errors.Is(err, errs.ErrAlreadyExists) {
+	if err := m.HostRegister(0, addr(region), 1); !errors.Is(err, gpudirect.ErrAlreadyExists) {
 		t.Fatalf("double register = %v", err)
 	}
 	d, _ := m.MemAlloc(0, 4096)
@@ -209,7 +209,7 @@ func TestMockHostRegisterAndEvents(t *testing.T) {
 	if err := m.HostUnregister(0, addr(region)); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.HostUnregister(0, addr(region)); !errors.Is(err, errs.ErrNotFound) {
+	if err := m.HostUnregister(0, addr(region)); !errors.Is(err, gpudirect.ErrNotFound) {
 		t.Fatalf("double unregister = %v", err)
 	}
 	if err := m.EventDestroy(e); err != nil {
@@ -218,20 +218,20 @@ func TestMockHostRegisterAndEvents(t *testing.T) {
 	if err := m.EventDestroy(e); err != nil {
 		t.Fatal("second EventDestroy:", err)
 	}
-	other := NewMock()
+	other := New()
 	defer other.Close()
 	s2, _ := other.StreamCreate(0)
-	if err := m.MemcpyHtoDAsync(s2, d, addr(region), 1); !errors.Is(err, errs.ErrInvalidArgument) {
+	if err := m.MemcpyHtoDAsync(s2, d, addr(region), 1); !errors.Is(err, gpudirect.ErrInvalidValue) {
 		t.Fatalf("foreign stream = %v", err)
 	}
 }
 
-func TestMockFailNext(t *testing.T) {
-	m := NewMock()
+func TestDriverFailNext(t *testing.T) {
+	m := New()
 	defer m.Close()
-	m.FailNextResult("MemAlloc", ErrorOutOfMemory)
+	m.FailNextResult("MemAlloc", gpudirect.ErrorOutOfMemory)
 	_, err := m.MemAlloc(0, 10)
-	if !errors.Is(err, errs.ErrResourceExhausted) || !strings.Contains(err.Error(), "CUDA_ERROR_OUT_OF_MEMORY") {
+	if !errors.Is(err, gpudirect.ErrOutOfMemory) || !strings.Contains(err.Error(), "CUDA_ERROR_OUT_OF_MEMORY") {
 		t.Fatalf("injected error = %v", err)
 	}
 	if _, err := m.MemAlloc(0, 10); err != nil {
@@ -245,22 +245,22 @@ func TestMockFailNext(t *testing.T) {
 func TestRegionsAdapter(t *testing.T) {
 	tests := []struct {
 		name   string
-		dev    MockDevice
+		dev    Device
 		dmabuf bool
 	}{
-		{"dma-buf", MockDevice{DmabufSupported: true}, true},
-		{"no dma-buf", MockDevice{}, false},
+		{"dma-buf", Device{DmabufSupported: true}, true},
+		{"no dma-buf", Device{}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := NewMock(tt.dev)
+			m := New(tt.dev)
 			defer m.Close()
-			r := Regions{CUDA: m}
+			r := gpudirect.Regions{CUDA: m}
 			mem, h, free, err := r.Alloc(0, 1<<20)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if mem.Kind != memory.CUDA || mem.Len != 1<<20 || len(h) != IPCHandleSize || (mem.DmabufFD >= 0) != tt.dmabuf {
+			if mem.Len != 1<<20 || len(h) != gpudirect.IPCHandleSize || (mem.DmabufFD >= 0) != tt.dmabuf {
 				t.Fatalf("Alloc = %+v, handle %d bytes", mem, len(h))
 			}
 			if pi, _ := m.PointerInfo(0, mem.Addr); !pi.SyncMemops {
@@ -289,7 +289,7 @@ func TestRegionsAdapter(t *testing.T) {
 				{h, 1 << 20, 1, "exceeds the 1048576-byte allocation"},
 				{h, 0, 0, "cuda_ipc.size is 0"},
 			} {
-				if _, _, err := r.Import(0, bad.h, bad.off, bad.size); !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), bad.want) {
+				if _, _, err := r.Import(0, bad.h, bad.off, bad.size); !errors.Is(err, gpudirect.ErrInvalidValue) || !strings.Contains(err.Error(), bad.want) {
 					t.Errorf("Import(%d bytes, %d, %d) = %v; want %q", len(bad.h), bad.off, bad.size, err, bad.want)
 				}
 			}
@@ -306,10 +306,10 @@ func TestRegionsAdapter(t *testing.T) {
 }
 
 func TestRegionsAllocUndoesPartialWork(t *testing.T) {
-	m := NewMock(MockDevice{DmabufSupported: true})
+	m := New(Device{DmabufSupported: true})
 	defer m.Close()
-	m.FailNextResult("IPCGetMemHandle", ErrorNotSupported)
-	if _, _, _, err := (Regions{CUDA: m}).Alloc(0, 4096); !errors.Is(err, errs.ErrUnimplemented) {
+	m.FailNextResult("IPCGetMemHandle", gpudirect.ErrorNotSupported)
+	if _, _, _, err := (gpudirect.Regions{CUDA: m}).Alloc(0, 4096); !errors.Is(err, gpudirect.ErrNotSupported) {
 		t.Fatalf("Alloc = %v", err)
 	}
 	if l := m.Leaks(); len(l) != 0 {
@@ -320,28 +320,28 @@ func TestRegionsAllocUndoesPartialWork(t *testing.T) {
 // The driver refuses dma-buf export of IPC mappings (seen on H100, CUDA 13):
 // Import then returns the memory without a dma-buf; Alloc still fails.
 func TestRegionsImportWithoutDmabuf(t *testing.T) {
-	m := NewMock(MockDevice{DmabufSupported: true})
+	m := New(Device{DmabufSupported: true})
 	defer m.Close()
-	r := Regions{CUDA: m}
+	r := gpudirect.Regions{CUDA: m}
 	mem, h, free, err := r.Alloc(0, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer free()
-	m.FailNextResult("ExportDmabuf", ErrorInvalidValue)
-	m.FailNextResult("SetSyncMemops", ErrorInvalidValue)
+	m.FailNextResult("ExportDmabuf", gpudirect.ErrorInvalidValue)
+	m.FailNextResult("SetSyncMemops", gpudirect.ErrorInvalidValue)
 	imp, release, err := r.Import(0, h, 0, 4096)
 	if err != nil {
 		t.Fatalf("Import = %v", err)
 	}
-	if imp.DmabufFD != -1 || imp.Len != 4096 || imp.Kind != memory.CUDA {
+	if imp.DmabufFD != -1 || imp.Len != 4096 {
 		t.Fatalf("Import = %+v; want no dma-buf", imp)
 	}
 	if err := release(); err != nil {
 		t.Fatal(err)
 	}
-	m.FailNextResult("ExportDmabuf", ErrorInvalidValue)
-	if _, _, _, err := r.Alloc(0, 4096); !errors.Is(err, errs.ErrInvalidArgument) {
+	m.FailNextResult("ExportDmabuf", gpudirect.ErrorInvalidValue)
+	if _, _, _, err := r.Alloc(0, 4096); !errors.Is(err, gpudirect.ErrInvalidValue) {
 		t.Fatalf("Alloc with a failing export = %v", err)
 	}
 	_ = mem
@@ -350,5 +350,59 @@ func TestRegionsImportWithoutDmabuf(t *testing.T) {
 	}
 	if l := m.Leaks(); len(l) != 0 {
 		t.Fatalf("leaks: %v", l)
+	}
+}
+
+// TestDriverAfterClose: as the real implementation, every method of the
+// test double fails with gpudirect.ErrClosed after Close, and Close twice is
+// a no-op.
+func TestDriverAfterClose(t *testing.T) {
+	m := New()
+	d, _ := m.MemAlloc(0, 4096)
+	host, _ := m.HostAlloc(0, 4096)
+	s, _ := m.StreamCreate(0)
+	e, _ := m.EventCreate(0)
+	db, err := m.ExportDmabuf(0, d, 4096, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func() error{
+		"DeviceInfo":        func() error { _, err := m.DeviceInfo(0); return err },
+		"MemAlloc":          func() error { _, err := m.MemAlloc(0, 1); return err },
+		"MemFree":           func() error { return m.MemFree(0, d) },
+		"PointerInfo":       func() error { _, err := m.PointerInfo(0, d); return err },
+		"SetSyncMemops":     func() error { return m.SetSyncMemops(0, d) },
+		"ExportDmabuf":      func() error { _, err := m.ExportDmabuf(0, d, 4096, 0); return err },
+		"IPCGetMemHandle":   func() error { _, err := m.IPCGetMemHandle(0, d); return err },
+		"IPCOpenMemHandle":  func() error { _, err := m.IPCOpenMemHandle(0, gpudirect.IPCHandle{1}); return err },
+		"IPCCloseMemHandle": func() error { return m.IPCCloseMemHandle(0, d) },
+		"HostAlloc":         func() error { _, err := m.HostAlloc(0, 1); return err },
+		"HostFree":          func() error { return m.HostFree(0, host) },
+		"HostRegister":      func() error { return m.HostRegister(0, addr(host), 1) },
+		"HostUnregister":    func() error { return m.HostUnregister(0, addr(host)) },
+		"StreamCreate":      func() error { _, err := m.StreamCreate(0); return err },
+		"StreamSynchronize": func() error { return m.StreamSynchronize(s) },
+		"StreamDestroy":     func() error { return m.StreamDestroy(s) },
+		"EventCreate":       func() error { _, err := m.EventCreate(0); return err },
+		"EventRecord":       func() error { return m.EventRecord(e, s) },
+		"EventQuery":        func() error { _, err := m.EventQuery(e); return err },
+		"EventSynchronize":  func() error { return m.EventSynchronize(e) },
+		"EventDestroy":      func() error { return m.EventDestroy(e) },
+		"MemcpyHtoDAsync":   func() error { return m.MemcpyHtoDAsync(s, d, addr(host), 0) },
+		"MemcpyDtoHAsync":   func() error { return m.MemcpyDtoHAsync(s, addr(host), d, 1) },
+		"MemcpyBatchAsync":  func() error { return m.MemcpyBatchAsync(s, nil, nil, nil) },
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, gpudirect.ErrClosed) {
+			t.Errorf("%s after Close = %v; want ErrClosed", name, err)
+		}
+	}
+	for _, f := range []func() error{m.Close, db.Close, db.Close} {
+		if err := f(); err != nil {
+			t.Errorf("second close = %v", err)
+		}
 	}
 }

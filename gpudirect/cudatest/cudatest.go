@@ -1,4 +1,7 @@
-package gpudirect
+// Package cudatest is an in-memory implementation of gpudirect.Interface
+// for tests of code that uses the CUDA layer. It lives in its own package so
+// that the daemon does not link it.
+package cudatest
 
 import (
 	"encoding/binary"
@@ -8,11 +11,11 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/gpudirect"
 )
 
-// MockDevice configures one device simulated by Mock.
-type MockDevice struct {
+// Device configures one device simulated by Driver.
+type Device struct {
 	Name                   string
 	PCIBusID               string
 	TotalMem               uint64 // 1 GiB when 0; MemAlloc beyond it fails with CUDA_ERROR_OUT_OF_MEMORY
@@ -22,7 +25,7 @@ type MockDevice struct {
 	GPUDirectRDMASupported bool
 }
 
-// Mock is a hand-written, in-memory Interface for tests of code that uses
+// Driver is a hand-written, in-memory gpudirect.Interface for tests of code that uses
 // the CUDA layer. Device memory is simulated by Go byte slices at fake device
 // addresses, so copies really move bytes: between device allocations, IPC
 // mappings, HostAlloc buffers and HostRegister'd ranges (which must be real,
@@ -31,26 +34,36 @@ type MockDevice struct {
 // process that exported it (the mock mapping aliases the allocation).
 //
 // FailNext injects errors; Calls counts calls; Leaks lists what is still held.
-type Mock struct {
+type Driver struct {
 	mu       sync.Mutex
-	devices  []MockDevice
+	devices  []Device
 	version  int
-	caps     Capabilities
+	caps     gpudirect.Capabilities
 	closed   bool
 	fail     map[string][]error
 	calls    map[string]int
 	next     uintptr
-	used     []uint64               // bytes allocated per device
-	ranges   map[uintptr]*mockRange // by base: device allocations, IPC mappings, host memory
-	handles  map[IPCHandle]uintptr  // exported handle -> allocation base
-	streams  map[*Stream]struct{}
-	events   map[*Event]struct{}
+	used     []uint64                        // bytes allocated per device
+	ranges   map[uintptr]*mockRange          // by base: device allocations, IPC mappings, host memory
+	handles  map[gpudirect.IPCHandle]uintptr // exported handle -> allocation base
+	streams  map[*gpudirect.Stream]struct{}
+	events   map[*gpudirect.Event]struct{}
 	nextFD   int
 	openFDs  map[int]struct{}
 	batches  int
 	copies   int
 	hostPins map[uintptr][]byte // keeps HostAlloc slices alive
 }
+
+const (
+	// firstAddr is where simulated device addresses start: high in the
+	// address space, where no Go heap or mmap'd host memory is, so a device
+	// address never aliases host memory in find.
+	firstAddr = 0x7e0000000000
+	// firstFD is the first simulated dma-buf descriptor, far above any real
+	// one, so that closing it by mistake with close(2) fails harmlessly.
+	firstFD = 1 << 20
+)
 
 type mockKind int
 
@@ -74,26 +87,26 @@ type mockRange struct {
 	owner      uintptr // IPC mappings: the allocation's base
 }
 
-// NewMock returns a Mock with the given devices (one default device when
+// New returns a Driver with the given devices (one default device when
 // none is given). It reports driver version 13000 and both optional
 // features (cuMemcpyBatchAsync_v2, cuMemGetHandleForAddressRange).
-func NewMock(devices ...MockDevice) *Mock {
+func New(devices ...Device) *Driver {
 	if len(devices) == 0 {
-		devices = []MockDevice{{Name: "Mock GPU", DmabufSupported: true, GPUDirectRDMASupported: true}}
+		devices = []Device{{Name: "Mock GPU", DmabufSupported: true, GPUDirectRDMASupported: true}}
 	}
-	m := &Mock{
-		devices:  make([]MockDevice, len(devices)),
+	m := &Driver{
+		devices:  make([]Device, len(devices)),
 		version:  13000,
-		caps:     Capabilities{MemcpyBatch: true, MemcpyBatchSymbol: "cuMemcpyBatchAsync_v2", DmabufExport: true},
+		caps:     gpudirect.Capabilities{MemcpyBatch: true, MemcpyBatchSymbol: "cuMemcpyBatchAsync_v2", DmabufExport: true},
 		fail:     map[string][]error{},
 		calls:    map[string]int{},
-		next:     0x7e0000000000,
+		next:     firstAddr,
 		used:     make([]uint64, len(devices)),
 		ranges:   map[uintptr]*mockRange{},
-		handles:  map[IPCHandle]uintptr{},
-		streams:  map[*Stream]struct{}{},
-		events:   map[*Event]struct{}{},
-		nextFD:   1 << 20,
+		handles:  map[gpudirect.IPCHandle]uintptr{},
+		streams:  map[*gpudirect.Stream]struct{}{},
+		events:   map[*gpudirect.Event]struct{}{},
+		nextFD:   firstFD,
 		openFDs:  map[int]struct{}{},
 		hostPins: map[uintptr][]byte{},
 	}
@@ -115,17 +128,17 @@ func NewMock(devices ...MockDevice) *Mock {
 	return m
 }
 
-// SetCapabilities overrides what Capabilities reports (and what the mock
+// SetCapabilities overrides what gpudirect.Capabilities reports (and what the mock
 // then allows: ExportDmabuf needs DmabufExport).
-func (m *Mock) SetCapabilities(c Capabilities) {
+func (m *Driver) SetCapabilities(c gpudirect.Capabilities) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.caps = c
 }
 
-// FailNext makes the next call of method (an Interface method name, e.g.
+// FailNext makes the next call of method (an gpudirect.Interface method name, e.g.
 // "MemAlloc") return err instead of doing anything. Calls queue up.
-func (m *Mock) FailNext(method string, err error) {
+func (m *Driver) FailNext(method string, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.fail[method] = append(m.fail[method], err)
@@ -133,12 +146,12 @@ func (m *Mock) FailNext(method string, err error) {
 
 // FailNextResult is FailNext with a CUDA error, wrapped as the real
 // implementation wraps it.
-func (m *Mock) FailNextResult(method string, r Result) {
-	m.FailNext(method, fmt.Errorf("gpudirect: mock %s: %w", method, &Error{Result: r}))
+func (m *Driver) FailNextResult(method string, r gpudirect.Result) {
+	m.FailNext(method, fmt.Errorf("gpudirect: mock %s: %w", method, &gpudirect.Error{Result: r}))
 }
 
 // Calls returns how often method was called.
-func (m *Mock) Calls(method string) int {
+func (m *Driver) Calls(method string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.calls[method]
@@ -146,7 +159,7 @@ func (m *Mock) Calls(method string) int {
 
 // BatchStats returns the number of MemcpyBatchAsync calls and of copies
 // they carried.
-func (m *Mock) BatchStats() (batches, copies int) {
+func (m *Driver) BatchStats() (batches, copies int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.batches, m.copies
@@ -154,7 +167,7 @@ func (m *Mock) BatchStats() (batches, copies int) {
 
 // Leaks lists everything still held: allocations, mappings, registrations,
 // streams, events and dma-buf descriptors not closed. Sorted.
-func (m *Mock) Leaks() []string {
+func (m *Driver) Leaks() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
@@ -162,10 +175,10 @@ func (m *Mock) Leaks() []string {
 		out = append(out, fmt.Sprintf("%s %#x (%d bytes) on device %d", r.kind, r.base, len(r.data), r.dev))
 	}
 	for s := range m.streams {
-		out = append(out, fmt.Sprintf("stream %d on device %d", s.id, s.dev))
+		out = append(out, fmt.Sprintf("stream %d on device %d", s.ID(), s.Device()))
 	}
 	for e := range m.events {
-		out = append(out, fmt.Sprintf("event %d on device %d", e.id, e.dev))
+		out = append(out, fmt.Sprintf("event %d on device %d", e.ID(), e.Device()))
 	}
 	for fd := range m.openFDs {
 		out = append(out, fmt.Sprintf("dma-buf fd %d", fd))
@@ -176,7 +189,7 @@ func (m *Mock) Leaks() []string {
 
 // DeviceBytes returns the simulated memory [ptr, ptr+n) of a device
 // allocation or IPC mapping; writes to it are seen by later copies.
-func (m *Mock) DeviceBytes(ptr uintptr, n uint64) ([]byte, error) {
+func (m *Driver) DeviceBytes(ptr uintptr, n uint64) ([]byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, off, err := m.find(uint64(ptr), n, true)
@@ -187,31 +200,31 @@ func (m *Mock) DeviceBytes(ptr uintptr, n uint64) ([]byte, error) {
 }
 
 // enter counts the call and returns an injected or closed error.
-func (m *Mock) enter(method string) error {
+func (m *Driver) enter(method string) error {
 	m.calls[method]++
 	if q := m.fail[method]; len(q) > 0 {
 		m.fail[method] = q[1:]
 		return q[0]
 	}
 	if m.closed {
-		return ErrClosed
+		return gpudirect.ErrClosed
 	}
 	return nil
 }
 
-func (m *Mock) checkDev(dev int) error {
+func (m *Driver) checkDev(dev int) error {
 	if dev < 0 || dev >= len(m.devices) {
-		return fmt.Errorf("%w: gpudirect: CUDA device %d does not exist (this host has %d)", errs.ErrInvalidArgument, dev, len(m.devices))
+		return fmt.Errorf("%w: gpudirect: CUDA device %d does not exist (this host has %d)", gpudirect.ErrInvalidValue, dev, len(m.devices))
 	}
 	return nil
 }
 
-func mockErr(dev int, call string, r Result) error {
-	return fmt.Errorf("gpudirect: %s on device %d: %w", call, dev, &Error{Result: r, Name: r.String()})
+func mockErr(dev int, call string, r gpudirect.Result) error {
+	return fmt.Errorf("gpudirect: %s on device %d: %w", call, dev, &gpudirect.Error{Result: r, Name: r.String()})
 }
 
 // find locates [addr, addr+n) inside one range; deviceOnly skips host ranges.
-func (m *Mock) find(addr, n uint64, deviceOnly bool) (*mockRange, uint64, error) {
+func (m *Driver) find(addr, n uint64, deviceOnly bool) (*mockRange, uint64, error) {
 	for _, r := range m.ranges {
 		if deviceOnly && r.kind != mockDevice && r.kind != mockIPC {
 			continue
@@ -221,10 +234,10 @@ func (m *Mock) find(addr, n uint64, deviceOnly bool) (*mockRange, uint64, error)
 			return r, addr - b, nil
 		}
 	}
-	return nil, 0, fmt.Errorf("%w: gpudirect: mock: [%#x, +%d) is not inside any allocation, mapping or registered host range", errs.ErrInvalidArgument, addr, n)
+	return nil, 0, fmt.Errorf("%w: gpudirect: mock: [%#x, +%d) is not inside any allocation, mapping or registered host range", gpudirect.ErrInvalidValue, addr, n)
 }
 
-func (m *Mock) bytesAt(addr, n uint64) ([]byte, error) {
+func (m *Driver) bytesAt(addr, n uint64) ([]byte, error) {
 	r, off, err := m.find(addr, n, false)
 	if err != nil {
 		return nil, err
@@ -232,7 +245,7 @@ func (m *Mock) bytesAt(addr, n uint64) ([]byte, error) {
 	return r.data[off : off+n], nil
 }
 
-func (m *Mock) newAddr(size uint64) uintptr {
+func (m *Driver) newAddr(size uint64) uintptr {
 	const align = 2 << 20
 	p := m.next
 	m.next += uintptr((size + align - 1) &^ (align - 1))
@@ -242,34 +255,34 @@ func (m *Mock) newAddr(size uint64) uintptr {
 	return p
 }
 
-func (m *Mock) DriverVersion() int { return m.version }
+func (m *Driver) DriverVersion() int { return m.version }
 
-func (m *Mock) DeviceCount() int { return len(m.devices) }
+func (m *Driver) DeviceCount() int { return len(m.devices) }
 
-func (m *Mock) Capabilities() Capabilities {
+func (m *Driver) Capabilities() gpudirect.Capabilities {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.caps
 }
 
-func (m *Mock) DeviceInfo(dev int) (DeviceInfo, error) {
+func (m *Driver) DeviceInfo(dev int) (gpudirect.DeviceInfo, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.enter("DeviceInfo"); err != nil {
-		return DeviceInfo{}, err
+	if err := m.enter("gpudirect.DeviceInfo"); err != nil {
+		return gpudirect.DeviceInfo{}, err
 	}
 	if err := m.checkDev(dev); err != nil {
-		return DeviceInfo{}, err
+		return gpudirect.DeviceInfo{}, err
 	}
 	d := m.devices[dev]
-	return DeviceInfo{
-		Ordinal: dev, Name: d.Name, PCIBusID: normalizePCIBusID(d.PCIBusID), TotalMem: d.TotalMem,
+	return gpudirect.DeviceInfo{
+		Ordinal: dev, Name: d.Name, PCIBusID: gpudirect.NormalizePCIBusID(d.PCIBusID), TotalMem: d.TotalMem,
 		ComputeMajor: d.ComputeMajor, ComputeMinor: d.ComputeMinor,
 		DmabufSupported: d.DmabufSupported, GPUDirectRDMASupported: d.GPUDirectRDMASupported,
 	}, nil
 }
 
-func (m *Mock) MemAlloc(dev int, size uint64) (uintptr, error) {
+func (m *Driver) MemAlloc(dev int, size uint64) (uintptr, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("MemAlloc"); err != nil {
@@ -279,10 +292,10 @@ func (m *Mock) MemAlloc(dev int, size uint64) (uintptr, error) {
 		return 0, err
 	}
 	if size == 0 {
-		return 0, fmt.Errorf("%w: gpudirect: cuMemAlloc_v2 on device %d: size is 0", errs.ErrInvalidArgument, dev)
+		return 0, fmt.Errorf("%w: gpudirect: cuMemAlloc_v2 on device %d: size is 0", gpudirect.ErrInvalidValue, dev)
 	}
 	if m.used[dev]+size > m.devices[dev].TotalMem || m.used[dev]+size < size {
-		return 0, mockErr(dev, fmt.Sprintf("cuMemAlloc_v2(size=%d)", size), ErrorOutOfMemory)
+		return 0, mockErr(dev, fmt.Sprintf("cuMemAlloc_v2(size=%d)", size), gpudirect.ErrorOutOfMemory)
 	}
 	p := m.newAddr(size)
 	m.used[dev] += size
@@ -290,7 +303,7 @@ func (m *Mock) MemAlloc(dev int, size uint64) (uintptr, error) {
 	return p, nil
 }
 
-func (m *Mock) MemFree(dev int, ptr uintptr) error {
+func (m *Driver) MemFree(dev int, ptr uintptr) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("MemFree"); err != nil {
@@ -301,7 +314,7 @@ func (m *Mock) MemFree(dev int, ptr uintptr) error {
 	}
 	r, ok := m.ranges[ptr]
 	if !ok || r.kind != mockDevice || r.dev != dev {
-		return fmt.Errorf("%w: gpudirect: cuMemFree_v2(%#x) on device %d: not an allocation made by MemAlloc", errs.ErrInvalidArgument, ptr, dev)
+		return fmt.Errorf("%w: gpudirect: cuMemFree_v2(%#x) on device %d: not an allocation made by MemAlloc", gpudirect.ErrInvalidValue, ptr, dev)
 	}
 	delete(m.ranges, ptr)
 	m.used[dev] -= uint64(len(r.data))
@@ -313,32 +326,32 @@ func (m *Mock) MemFree(dev int, ptr uintptr) error {
 	return nil
 }
 
-func (m *Mock) PointerInfo(dev int, ptr uintptr) (PointerInfo, error) {
+func (m *Driver) PointerInfo(dev int, ptr uintptr) (gpudirect.PointerInfo, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.enter("PointerInfo"); err != nil {
-		return PointerInfo{}, err
+	if err := m.enter("gpudirect.PointerInfo"); err != nil {
+		return gpudirect.PointerInfo{}, err
 	}
 	if err := m.checkDev(dev); err != nil {
-		return PointerInfo{}, err
+		return gpudirect.PointerInfo{}, err
 	}
 	r, _, err := m.find(uint64(ptr), 0, false)
 	if err != nil {
-		return PointerInfo{}, fmt.Errorf("address %#x is not memory CUDA knows: %w", ptr,
-			mockErr(dev, fmt.Sprintf("cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, %#x)", ptr), ErrorInvalidValue))
+		return gpudirect.PointerInfo{}, fmt.Errorf("address %#x is not memory CUDA knows: %w", ptr,
+			mockErr(dev, fmt.Sprintf("cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, %#x)", ptr), gpudirect.ErrorInvalidValue))
 	}
-	info := PointerInfo{Device: r.dev, RangeStart: r.base, RangeSize: uint64(len(r.data)), SyncMemops: r.syncMemops}
+	info := gpudirect.PointerInfo{Device: r.dev, RangeStart: r.base, RangeSize: uint64(len(r.data)), SyncMemops: r.syncMemops}
 	switch r.kind {
 	case mockDevice, mockIPC:
-		info.MemoryType = MemoryTypeDevice
+		info.MemoryType = gpudirect.MemoryTypeDevice
 		info.GPUDirectRDMACapable = m.devices[r.dev].GPUDirectRDMASupported
 	default:
-		info.MemoryType = MemoryTypeHost
+		info.MemoryType = gpudirect.MemoryTypeHost
 	}
 	return info, nil
 }
 
-func (m *Mock) SetSyncMemops(dev int, ptr uintptr) error {
+func (m *Driver) SetSyncMemops(dev int, ptr uintptr) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("SetSyncMemops"); err != nil {
@@ -349,13 +362,13 @@ func (m *Mock) SetSyncMemops(dev int, ptr uintptr) error {
 	}
 	r, _, err := m.find(uint64(ptr), 0, true)
 	if err != nil {
-		return mockErr(dev, fmt.Sprintf("cuPointerSetAttribute(CU_POINTER_ATTRIBUTE_SYNC_MEMOPS=1, %#x)", ptr), ErrorInvalidValue)
+		return mockErr(dev, fmt.Sprintf("cuPointerSetAttribute(CU_POINTER_ATTRIBUTE_SYNC_MEMOPS=1, %#x)", ptr), gpudirect.ErrorInvalidValue)
 	}
 	r.syncMemops = true
 	return nil
 }
 
-func (m *Mock) ExportDmabuf(dev int, ptr uintptr, size uint64, flags DmabufFlags) (*Dmabuf, error) {
+func (m *Driver) ExportDmabuf(dev int, ptr uintptr, size uint64, flags gpudirect.DmabufFlags) (*gpudirect.Dmabuf, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("ExportDmabuf"); err != nil {
@@ -365,25 +378,25 @@ func (m *Mock) ExportDmabuf(dev int, ptr uintptr, size uint64, flags DmabufFlags
 		return nil, err
 	}
 	if !m.caps.DmabufExport {
-		return nil, fmt.Errorf("%w: gpudirect: the CUDA driver (version %d) has no cuMemGetHandleForAddressRange", errs.ErrUnimplemented, m.version)
+		return nil, fmt.Errorf("%w: gpudirect: the CUDA driver (version %d) has no cuMemGetHandleForAddressRange", gpudirect.ErrNotSupported, m.version)
 	}
 	if !m.devices[dev].DmabufSupported {
-		return nil, fmt.Errorf("%w: gpudirect: device %d reports CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED=0", errs.ErrUnimplemented, dev)
+		return nil, fmt.Errorf("%w: gpudirect: device %d reports CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED=0", gpudirect.ErrNotSupported, dev)
 	}
-	base, length, off, ok := alignRange(ptr, size, uint64(os.Getpagesize()))
+	base, length, off, ok := gpudirect.AlignRange(ptr, size, uint64(os.Getpagesize()))
 	if !ok {
-		return nil, fmt.Errorf("%w: gpudirect: dma-buf export of [%#x, +%d) on device %d: empty or overflowing range", errs.ErrInvalidArgument, ptr, size, dev)
+		return nil, fmt.Errorf("%w: gpudirect: dma-buf export of [%#x, +%d) on device %d: empty or overflowing range", gpudirect.ErrInvalidValue, ptr, size, dev)
 	}
 	if _, _, err := m.find(uint64(ptr), size, true); err != nil {
-		return nil, mockErr(dev, fmt.Sprintf("cuMemGetHandleForAddressRange(ptr=%#x, size=%d)", base, length), ErrorInvalidValue)
+		return nil, mockErr(dev, fmt.Sprintf("cuMemGetHandleForAddressRange(ptr=%#x, size=%d)", base, length), gpudirect.ErrorInvalidValue)
 	}
 	fd := m.nextFD
 	m.nextFD++
 	m.openFDs[fd] = struct{}{}
-	return &Dmabuf{FD: fd, Base: base, Len: length, Offset: off, closeFD: m.closeFD}, nil
+	return gpudirect.NewDmabuf(fd, base, length, off, m.closeFD), nil
 }
 
-func (m *Mock) closeFD(fd int) error {
+func (m *Driver) closeFD(fd int) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -396,20 +409,20 @@ func (m *Mock) closeFD(fd int) error {
 	return nil
 }
 
-func (m *Mock) IPCGetMemHandle(dev int, ptr uintptr) (IPCHandle, error) {
+func (m *Driver) IPCGetMemHandle(dev int, ptr uintptr) (gpudirect.IPCHandle, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("IPCGetMemHandle"); err != nil {
-		return IPCHandle{}, err
+		return gpudirect.IPCHandle{}, err
 	}
 	if err := m.checkDev(dev); err != nil {
-		return IPCHandle{}, err
+		return gpudirect.IPCHandle{}, err
 	}
 	r, ok := m.ranges[ptr]
 	if !ok || r.kind != mockDevice {
-		return IPCHandle{}, mockErr(dev, fmt.Sprintf("cuIpcGetMemHandle(%#x)", ptr), ErrorInvalidValue)
+		return gpudirect.IPCHandle{}, mockErr(dev, fmt.Sprintf("cuIpcGetMemHandle(%#x)", ptr), gpudirect.ErrorInvalidValue)
 	}
-	var h IPCHandle
+	var h gpudirect.IPCHandle
 	copy(h[:], "b2bd-mock-ipc")
 	binary.LittleEndian.PutUint64(h[16:], uint64(ptr))
 	binary.LittleEndian.PutUint64(h[24:], uint64(len(r.data)))
@@ -417,7 +430,7 @@ func (m *Mock) IPCGetMemHandle(dev int, ptr uintptr) (IPCHandle, error) {
 	return h, nil
 }
 
-func (m *Mock) IPCOpenMemHandle(dev int, h IPCHandle) (uintptr, error) {
+func (m *Driver) IPCOpenMemHandle(dev int, h gpudirect.IPCHandle) (uintptr, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("IPCOpenMemHandle"); err != nil {
@@ -426,12 +439,12 @@ func (m *Mock) IPCOpenMemHandle(dev int, h IPCHandle) (uintptr, error) {
 	if err := m.checkDev(dev); err != nil {
 		return 0, err
 	}
-	if h == (IPCHandle{}) {
-		return 0, fmt.Errorf("%w: gpudirect: cuIpcOpenMemHandle_v2 on device %d: IPC handle is all zeros", errs.ErrInvalidArgument, dev)
+	if h == (gpudirect.IPCHandle{}) {
+		return 0, fmt.Errorf("%w: gpudirect: cuIpcOpenMemHandle_v2 on device %d: IPC handle is all zeros", gpudirect.ErrInvalidValue, dev)
 	}
 	base, ok := m.handles[h]
 	if !ok {
-		return 0, mockErr(dev, "cuIpcOpenMemHandle_v2(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)", ErrorInvalidValue)
+		return 0, mockErr(dev, "cuIpcOpenMemHandle_v2(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)", gpudirect.ErrorInvalidValue)
 	}
 	src := m.ranges[base]
 	p := m.newAddr(uint64(len(src.data)))
@@ -439,7 +452,7 @@ func (m *Mock) IPCOpenMemHandle(dev int, h IPCHandle) (uintptr, error) {
 	return p, nil
 }
 
-func (m *Mock) IPCCloseMemHandle(dev int, ptr uintptr) error {
+func (m *Driver) IPCCloseMemHandle(dev int, ptr uintptr) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("IPCCloseMemHandle"); err != nil {
@@ -447,13 +460,13 @@ func (m *Mock) IPCCloseMemHandle(dev int, ptr uintptr) error {
 	}
 	r, ok := m.ranges[ptr]
 	if !ok || r.kind != mockIPC || r.dev != dev {
-		return fmt.Errorf("%w: gpudirect: cuIpcCloseMemHandle(%#x) on device %d: not a mapping made by IPCOpenMemHandle", errs.ErrInvalidArgument, ptr, dev)
+		return fmt.Errorf("%w: gpudirect: cuIpcCloseMemHandle(%#x) on device %d: not a mapping made by IPCOpenMemHandle", gpudirect.ErrInvalidValue, ptr, dev)
 	}
 	delete(m.ranges, ptr)
 	return nil
 }
 
-func (m *Mock) HostAlloc(dev int, size int) ([]byte, error) {
+func (m *Driver) HostAlloc(dev int, size int) ([]byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("HostAlloc"); err != nil {
@@ -463,7 +476,7 @@ func (m *Mock) HostAlloc(dev int, size int) ([]byte, error) {
 		return nil, err
 	}
 	if size <= 0 {
-		return nil, fmt.Errorf("%w: gpudirect: cuMemHostAlloc on device %d: size %d", errs.ErrInvalidArgument, dev, size)
+		return nil, fmt.Errorf("%w: gpudirect: cuMemHostAlloc on device %d: size %d", gpudirect.ErrInvalidValue, dev, size)
 	}
 	b := make([]byte, size)
 	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
@@ -472,7 +485,7 @@ func (m *Mock) HostAlloc(dev int, size int) ([]byte, error) {
 	return b, nil
 }
 
-func (m *Mock) HostFree(dev int, b []byte) error {
+func (m *Driver) HostFree(dev int, b []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("HostFree"); err != nil {
@@ -481,7 +494,7 @@ func (m *Mock) HostFree(dev int, b []byte) error {
 	p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
 	r, ok := m.ranges[p]
 	if len(b) == 0 || !ok || r.kind != mockHostAlloc || r.dev != dev {
-		return fmt.Errorf("%w: gpudirect: cuMemFreeHost(%#x) on device %d: not memory from HostAlloc", errs.ErrInvalidArgument, p, dev)
+		return fmt.Errorf("%w: gpudirect: cuMemFreeHost(%#x) on device %d: not memory from HostAlloc", gpudirect.ErrInvalidValue, p, dev)
 	}
 	delete(m.ranges, p)
 	delete(m.hostPins, p)
@@ -495,7 +508,7 @@ func hostView(addr uintptr, n uint64) []byte {
 	return unsafe.Slice((*byte)(p), n)
 }
 
-func (m *Mock) HostRegister(dev int, addr uintptr, size uint64) error {
+func (m *Driver) HostRegister(dev int, addr uintptr, size uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("HostRegister"); err != nil {
@@ -505,16 +518,16 @@ func (m *Mock) HostRegister(dev int, addr uintptr, size uint64) error {
 		return err
 	}
 	if size == 0 || addr == 0 {
-		return fmt.Errorf("%w: gpudirect: cuMemHostRegister_v2(%#x, %d) on device %d: empty range", errs.ErrInvalidArgument, addr, size, dev)
+		return fmt.Errorf("%w: gpudirect: cuMemHostRegister_v2(%#x, %d) on device %d: empty range", gpudirect.ErrInvalidValue, addr, size, dev)
 	}
 	if _, ok := m.ranges[addr]; ok {
-		return fmt.Errorf("%w: gpudirect: cuMemHostRegister_v2(%#x) on device %d: already registered", errs.ErrAlreadyExists, addr, dev)
+		return fmt.Errorf("%w: gpudirect: cuMemHostRegister_v2(%#x) on device %d: already registered", gpudirect.ErrAlreadyExists, addr, dev)
 	}
 	m.ranges[addr] = &mockRange{kind: mockHostReg, dev: dev, base: addr, data: hostView(addr, size)}
 	return nil
 }
 
-func (m *Mock) HostUnregister(dev int, addr uintptr) error {
+func (m *Driver) HostUnregister(dev int, addr uintptr) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("HostUnregister"); err != nil {
@@ -522,37 +535,41 @@ func (m *Mock) HostUnregister(dev int, addr uintptr) error {
 	}
 	r, ok := m.ranges[addr]
 	if !ok || r.kind != mockHostReg || r.dev != dev {
-		return fmt.Errorf("%w: gpudirect: cuMemHostUnregister(%#x) on device %d: not registered with HostRegister", errs.ErrNotFound, addr, dev)
+		return fmt.Errorf("%w: gpudirect: cuMemHostUnregister(%#x) on device %d: not registered with HostRegister", gpudirect.ErrNotFound, addr, dev)
 	}
 	delete(m.ranges, addr)
 	return nil
 }
 
-func (m *Mock) stream(s *Stream) error {
+// liveStream and liveEvent: made here and not destroyed (m.mu held).
+func (m *Driver) liveStream(s *gpudirect.Stream) bool { _, ok := m.streams[s]; return ok }
+func (m *Driver) liveEvent(e *gpudirect.Event) bool   { _, ok := m.events[e]; return ok }
+
+func (m *Driver) stream(s *gpudirect.Stream) error {
 	switch {
 	case s == nil:
-		return fmt.Errorf("%w: gpudirect: nil stream", errs.ErrInvalidArgument)
-	case s.owner != any(m):
-		return fmt.Errorf("%w: gpudirect: stream was created by another Interface", errs.ErrInvalidArgument)
-	case s.h == 0:
-		return fmt.Errorf("%w: gpudirect: stream was destroyed", errs.ErrFailedPrecondition)
+		return fmt.Errorf("%w: gpudirect: nil stream", gpudirect.ErrInvalidValue)
+	case s.Owner() != any(m):
+		return fmt.Errorf("%w: gpudirect: stream was created by another gpudirect.Interface", gpudirect.ErrInvalidValue)
+	case !m.liveStream(s):
+		return gpudirect.ErrStreamDestroyed
 	}
 	return nil
 }
 
-func (m *Mock) event(e *Event) error {
+func (m *Driver) event(e *gpudirect.Event) error {
 	switch {
 	case e == nil:
-		return fmt.Errorf("%w: gpudirect: nil event", errs.ErrInvalidArgument)
-	case e.owner != any(m):
-		return fmt.Errorf("%w: gpudirect: event was created by another Interface", errs.ErrInvalidArgument)
-	case e.h == 0:
-		return fmt.Errorf("%w: gpudirect: event was destroyed", errs.ErrFailedPrecondition)
+		return fmt.Errorf("%w: gpudirect: nil event", gpudirect.ErrInvalidValue)
+	case e.Owner() != any(m):
+		return fmt.Errorf("%w: gpudirect: event was created by another gpudirect.Interface", gpudirect.ErrInvalidValue)
+	case !m.liveEvent(e):
+		return gpudirect.ErrEventDestroyed
 	}
 	return nil
 }
 
-func (m *Mock) StreamCreate(dev int) (*Stream, error) {
+func (m *Driver) StreamCreate(dev int) (*gpudirect.Stream, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("StreamCreate"); err != nil {
@@ -561,13 +578,12 @@ func (m *Mock) StreamCreate(dev int) (*Stream, error) {
 	if err := m.checkDev(dev); err != nil {
 		return nil, err
 	}
-	s := &Stream{dev: dev, owner: m, id: handleIDs.Add(1)}
-	s.h = uintptr(s.id)
+	s := gpudirect.NewStream(m, dev)
 	m.streams[s] = struct{}{}
 	return s, nil
 }
 
-func (m *Mock) StreamSynchronize(s *Stream) error {
+func (m *Driver) StreamSynchronize(s *gpudirect.Stream) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("StreamSynchronize"); err != nil {
@@ -576,24 +592,23 @@ func (m *Mock) StreamSynchronize(s *Stream) error {
 	return m.stream(s)
 }
 
-func (m *Mock) StreamDestroy(s *Stream) error {
+func (m *Driver) StreamDestroy(s *gpudirect.Stream) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("StreamDestroy"); err != nil {
 		return err
 	}
-	if s != nil && s.owner == any(m) && s.h == 0 {
+	if s != nil && s.Owner() == any(m) && !m.liveStream(s) {
 		return nil
 	}
 	if err := m.stream(s); err != nil {
 		return err
 	}
-	s.h = 0
 	delete(m.streams, s)
 	return nil
 }
 
-func (m *Mock) EventCreate(dev int) (*Event, error) {
+func (m *Driver) EventCreate(dev int) (*gpudirect.Event, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("EventCreate"); err != nil {
@@ -602,13 +617,12 @@ func (m *Mock) EventCreate(dev int) (*Event, error) {
 	if err := m.checkDev(dev); err != nil {
 		return nil, err
 	}
-	e := &Event{dev: dev, owner: m, id: handleIDs.Add(1)}
-	e.h = uintptr(e.id)
+	e := gpudirect.NewEvent(m, dev)
 	m.events[e] = struct{}{}
 	return e, nil
 }
 
-func (m *Mock) EventRecord(e *Event, s *Stream) error {
+func (m *Driver) EventRecord(e *gpudirect.Event, s *gpudirect.Stream) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("EventRecord"); err != nil {
@@ -620,13 +634,13 @@ func (m *Mock) EventRecord(e *Event, s *Stream) error {
 	if err := m.stream(s); err != nil {
 		return err
 	}
-	if e.dev != s.dev {
-		return fmt.Errorf("%w: gpudirect: cuEventRecord: event is on device %d, stream on device %d", errs.ErrInvalidArgument, e.dev, s.dev)
+	if e.Device() != s.Device() {
+		return fmt.Errorf("%w: gpudirect: cuEventRecord: event is on device %d, stream on device %d", gpudirect.ErrInvalidValue, e.Device(), s.Device())
 	}
 	return nil
 }
 
-func (m *Mock) EventQuery(e *Event) (bool, error) {
+func (m *Driver) EventQuery(e *gpudirect.Event) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("EventQuery"); err != nil {
@@ -638,7 +652,7 @@ func (m *Mock) EventQuery(e *Event) (bool, error) {
 	return true, nil
 }
 
-func (m *Mock) EventSynchronize(e *Event) error {
+func (m *Driver) EventSynchronize(e *gpudirect.Event) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("EventSynchronize"); err != nil {
@@ -647,24 +661,23 @@ func (m *Mock) EventSynchronize(e *Event) error {
 	return m.event(e)
 }
 
-func (m *Mock) EventDestroy(e *Event) error {
+func (m *Driver) EventDestroy(e *gpudirect.Event) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("EventDestroy"); err != nil {
 		return err
 	}
-	if e != nil && e.owner == any(m) && e.h == 0 {
+	if e != nil && e.Owner() == any(m) && !m.liveEvent(e) {
 		return nil
 	}
 	if err := m.event(e); err != nil {
 		return err
 	}
-	e.h = 0
 	delete(m.events, e)
 	return nil
 }
 
-func (m *Mock) copy(dst, src, size uint64) error {
+func (m *Driver) copy(dst, src, size uint64) error {
 	d, err := m.bytesAt(dst, size)
 	if err != nil {
 		return fmt.Errorf("destination: %w", err)
@@ -677,7 +690,7 @@ func (m *Mock) copy(dst, src, size uint64) error {
 	return nil
 }
 
-func (m *Mock) MemcpyHtoDAsync(s *Stream, dst, src uintptr, size uint64) error {
+func (m *Driver) MemcpyHtoDAsync(s *gpudirect.Stream, dst, src uintptr, size uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("MemcpyHtoDAsync"); err != nil {
@@ -690,15 +703,15 @@ func (m *Mock) MemcpyHtoDAsync(s *Stream, dst, src uintptr, size uint64) error {
 		return nil
 	}
 	if _, _, err := m.find(uint64(dst), size, true); err != nil {
-		return mockErr(s.dev, fmt.Sprintf("cuMemcpyHtoDAsync_v2(dst=%#x, src=%#x, size=%d)", dst, src, size), ErrorInvalidValue)
+		return mockErr(s.Device(), fmt.Sprintf("cuMemcpyHtoDAsync_v2(dst=%#x, src=%#x, size=%d)", dst, src, size), gpudirect.ErrorInvalidValue)
 	}
 	if err := m.copy(uint64(dst), uint64(src), size); err != nil {
-		return fmt.Errorf("gpudirect: cuMemcpyHtoDAsync_v2 on device %d: %w", s.dev, err)
+		return fmt.Errorf("gpudirect: cuMemcpyHtoDAsync_v2 on device %d: %w", s.Device(), err)
 	}
 	return nil
 }
 
-func (m *Mock) MemcpyDtoHAsync(s *Stream, dst, src uintptr, size uint64) error {
+func (m *Driver) MemcpyDtoHAsync(s *gpudirect.Stream, dst, src uintptr, size uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("MemcpyDtoHAsync"); err != nil {
@@ -711,15 +724,15 @@ func (m *Mock) MemcpyDtoHAsync(s *Stream, dst, src uintptr, size uint64) error {
 		return nil
 	}
 	if _, _, err := m.find(uint64(src), size, true); err != nil {
-		return mockErr(s.dev, fmt.Sprintf("cuMemcpyDtoHAsync_v2(dst=%#x, src=%#x, size=%d)", dst, src, size), ErrorInvalidValue)
+		return mockErr(s.Device(), fmt.Sprintf("cuMemcpyDtoHAsync_v2(dst=%#x, src=%#x, size=%d)", dst, src, size), gpudirect.ErrorInvalidValue)
 	}
 	if err := m.copy(uint64(dst), uint64(src), size); err != nil {
-		return fmt.Errorf("gpudirect: cuMemcpyDtoHAsync_v2 on device %d: %w", s.dev, err)
+		return fmt.Errorf("gpudirect: cuMemcpyDtoHAsync_v2 on device %d: %w", s.Device(), err)
 	}
 	return nil
 }
 
-func (m *Mock) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
+func (m *Driver) MemcpyBatchAsync(s *gpudirect.Stream, dsts, srcs, sizes []uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.enter("MemcpyBatchAsync"); err != nil {
@@ -728,21 +741,21 @@ func (m *Mock) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
 	if err := m.stream(s); err != nil {
 		return err
 	}
-	if err := checkBatch(dsts, srcs, sizes); err != nil {
+	if err := gpudirect.CheckBatch(dsts, srcs, sizes); err != nil {
 		return err
 	}
 	m.batches++
 	m.copies += len(sizes)
 	for i := range sizes {
 		if err := m.copy(dsts[i], srcs[i], sizes[i]); err != nil {
-			return fmt.Errorf("gpudirect: cuMemcpyBatchAsync_v2(count=%d) on device %d: copy %d: %w", len(sizes), s.dev, i, err)
+			return fmt.Errorf("gpudirect: cuMemcpyBatchAsync_v2(count=%d) on device %d: copy %d: %w", len(sizes), s.Device(), i, err)
 		}
 	}
 	return nil
 }
 
 // Close releases everything (as the real implementation does); safe twice.
-func (m *Mock) Close() error {
+func (m *Driver) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.calls["Close"]++
@@ -750,12 +763,6 @@ func (m *Mock) Close() error {
 		return nil
 	}
 	m.closed = true
-	for s := range m.streams {
-		s.h = 0
-	}
-	for e := range m.events {
-		e.h = 0
-	}
 	clear(m.streams)
 	clear(m.events)
 	clear(m.ranges)
@@ -766,4 +773,4 @@ func (m *Mock) Close() error {
 	return nil
 }
 
-var _ Interface = (*Mock)(nil)
+var _ gpudirect.Interface = (*Driver)(nil)

@@ -1,0 +1,139 @@
+//go:build cgo && linux
+
+package gpudirect
+
+/*
+#include "cuda_shim.h"
+
+// The copy-path wrappers neither keep Go pointers nor call back into Go.
+#cgo noescape b2b_htod
+#cgo nocallback b2b_htod
+#cgo noescape b2b_dtoh
+#cgo nocallback b2b_dtoh
+#cgo noescape b2b_memcpy_batch
+#cgo nocallback b2b_memcpy_batch
+*/
+import "C"
+
+import "unsafe"
+
+// Copies are allocation-free: pooled requests and package-level functions
+// run on the device's worker thread.
+
+func htodFn(r *request) {
+	s := r.obj.(*Stream)
+	if s.h == 0 {
+		r.err = streamKind.destroyed
+		return
+	}
+	r.rc = int32(C.b2b_htod((*C.b2b_tab)(r.p), C.uintptr_t(s.h), C.CUdeviceptr(r.a0), C.uintptr_t(r.a1), C.size_t(r.a2)))
+}
+
+func dtohFn(r *request) {
+	s := r.obj.(*Stream)
+	if s.h == 0 {
+		r.err = streamKind.destroyed
+		return
+	}
+	r.rc = int32(C.b2b_dtoh((*C.b2b_tab)(r.p), C.uintptr_t(s.h), C.uintptr_t(r.a0), C.CUdeviceptr(r.a1), C.size_t(r.a2)))
+}
+
+func (d *driver) copy1(fn func(*request), call string, s *Stream, dst, src uintptr, size uint64) error {
+	ds, err := d.handleDev(s.hd(), &streamKind)
+	if err != nil {
+		return err
+	}
+	if size == 0 {
+		return s.destroyedErr()
+	}
+	r := getRequest()
+	r.fn, r.p, r.obj = fn, unsafe.Pointer(d.tab), s
+	r.a0, r.a1, r.a2 = uint64(dst), uint64(src), size
+	err = ds.w.submit(r)
+	rc, rerr := r.rc, r.err
+	putRequest(r)
+	switch {
+	case err != nil:
+		return err
+	case rerr != nil:
+		return rerr
+	case rc != 0:
+		return d.callErr(C.int(rc), s.dev, "%s(dst=%#x, src=%#x, size=%d)", call, dst, src, size)
+	}
+	return nil
+}
+
+// destroyedErr is ErrStreamDestroyed once s was destroyed: a copy of
+// nothing queues nothing, but must not succeed on a destroyed stream.
+func (s *Stream) destroyedErr() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.h == 0 {
+		return ErrStreamDestroyed
+	}
+	return nil
+}
+
+func (d *driver) MemcpyHtoDAsync(s *Stream, dst, src uintptr, size uint64) error {
+	return d.copy1(htodFn, "cuMemcpyHtoDAsync_v2", s, dst, src, size)
+}
+
+func (d *driver) MemcpyDtoHAsync(s *Stream, dst, src uintptr, size uint64) error {
+	return d.copy1(dtohFn, "cuMemcpyDtoHAsync_v2", s, dst, src, size)
+}
+
+func batchFn(r *request) {
+	s := r.obj.(*Stream)
+	if s.h == 0 {
+		r.err = streamKind.destroyed
+		return
+	}
+	r.rc = int32(C.b2b_memcpy_batch((*C.b2b_tab)(r.p), C.uintptr_t(s.h),
+		(*C.CUdeviceptr)(unsafe.Pointer(unsafe.SliceData(r.s0))),
+		(*C.CUdeviceptr)(unsafe.Pointer(unsafe.SliceData(r.s1))),
+		(*C.size_t)(unsafe.Pointer(unsafe.SliceData(r.s2))),
+		C.size_t(len(r.s2)), C.int(r.a0),
+		(*C.int)(unsafe.Pointer(&r.i0)), (*C.size_t)(unsafe.Pointer(&r.out0))))
+}
+
+// batchCalls names b2b_memcpy_batch's paths (B2B_PATH_*).
+var batchCalls = [...]string{
+	C.B2B_PATH_LOOP:       "cuMemcpyAsync",
+	C.B2B_PATH_BATCH_12_8: "cuMemcpyBatchAsync",
+	C.B2B_PATH_BATCH_V2:   "cuMemcpyBatchAsync_v2",
+}
+
+func (d *driver) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
+	ds, err := d.handleDev(s.hd(), &streamKind)
+	if err != nil {
+		return err
+	}
+	if err := CheckBatch(dsts, srcs, sizes); err != nil {
+		return err
+	}
+	if len(sizes) == 0 {
+		return s.destroyedErr()
+	}
+	r := getRequest()
+	r.fn, r.p, r.obj = batchFn, unsafe.Pointer(d.tab), s
+	r.s0, r.s1, r.s2 = dsts, srcs, sizes
+	if d.caps.MemcpyBatch {
+		r.a0 = 1
+	}
+	err = ds.w.submit(r)
+	rc, rerr, path, fail := r.rc, r.err, r.i0, r.out0
+	putRequest(r)
+	switch {
+	case err != nil:
+		return err
+	case rerr != nil:
+		return rerr
+	case rc != 0:
+		call := batchCalls[min(max(int(path), 0), len(batchCalls)-1)]
+		if fail < uint64(len(sizes)) {
+			return d.callErr(C.int(rc), s.dev, "%s(count=%d): copy %d (dst=%#x, src=%#x, size=%d)", call, len(sizes), fail, dsts[fail], srcs[fail], sizes[fail])
+		}
+		return d.callErr(C.int(rc), s.dev, "%s(count=%d)", call, len(sizes))
+	}
+	return nil
+}
