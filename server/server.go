@@ -361,7 +361,9 @@ func (s *Server) checksum(req *b2bv1.ChecksumRequest) (*b2bv1.ChecksumResponse, 
 	}
 	digests := make([]uint64, b.N())
 	if r.Mem.Kind == memory.Host {
-		checksum.Blocks(alg, r.Mem.Host, b.Src, b.Len, digests)
+		if err := checksum.Blocks(alg, r.Mem.Host, b.Src, b.Len, digests); err != nil {
+			return nil, fmt.Errorf("checksum of region %s (%s): %w", r.ID, r.ShmPath, err)
+		}
 	} else if err := s.checksumDevice(alg, r.Mem, b, digests); err != nil {
 		return nil, err
 	}
@@ -392,7 +394,9 @@ func (s *Server) checksumDevice(alg checksum.Algorithm, mem memory.Memory, b des
 		if err != nil {
 			return err
 		}
-		checksum.Blocks(alg, st.Buffer(), hostOff[:n], b.Len[lo:lo+n], out[lo:lo+n])
+		if err := checksum.Blocks(alg, st.Buffer(), hostOff[:n], b.Len[lo:lo+n], out[lo:lo+n]); err != nil {
+			return fmt.Errorf("checksum of staged %s memory: %w", mem.Kind, err)
+		}
 		lo += n
 	}
 	return nil

@@ -42,6 +42,7 @@ type Region struct {
 	regs    map[transport.Kind]transport.Registration
 	release func() error // unmap / free; runs once after every transport let go
 	owned   bool         // the daemon created ShmPath and removes it
+	fileID  fileID       // owned: the inode the daemon created at ShmPath
 
 	active  int  // batches using the region (guarded by Registry.mu)
 	closing bool // deregistration started
@@ -156,12 +157,17 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller) (*Region, e
 		}
 		return nil, fmt.Errorf("region: fallocate %s (%d bytes): %w", path, size, err)
 	}
+	id, err := fileIDOf(f)
+	if err != nil {
+		os.Remove(path)
+		return nil, err
+	}
 	mem, unmap, err := mapFile(f, 0, size)
 	if err != nil {
 		os.Remove(path)
 		return nil, err
 	}
-	r := &Region{Mem: mem, ShmPath: path, release: unmap, owned: true}
+	r := &Region{Mem: mem, ShmPath: path, release: unmap, owned: true, fileID: id}
 	return g.add(r, export)
 }
 
@@ -336,8 +342,34 @@ func (g *Registry) releaseMemory(r *Region) {
 		r.release = nil
 	}
 	if r.owned && r.ShmPath != "" {
-		_ = os.Remove(r.ShmPath)
+		// The client may have unlinked the file and put its own at the
+		// path: only the inode the daemon created is removed.
+		if id, err := fileIDAt(r.ShmPath); err == nil && id == r.fileID {
+			_ = os.Remove(r.ShmPath)
+		} else if err == nil {
+			g.cfg.Log.Info("region file was replaced by its client; leaving the new file", "id", r.ID, "path", r.ShmPath)
+		}
 	}
+}
+
+// fileID identifies an inode.
+type fileID struct{ dev, ino uint64 }
+
+func fileIDOf(f *os.File) (fileID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fileID{}, fmt.Errorf("region: fstat %s: %w", f.Name(), err)
+	}
+	return fileID{uint64(st.Dev), st.Ino}, nil
+}
+
+// fileIDAt identifies the file at path itself (a symlink is not followed).
+func fileIDAt(path string) (fileID, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return fileID{}, fmt.Errorf("region: lstat %s: %w", path, err)
+	}
+	return fileID{uint64(st.Dev), st.Ino}, nil
 }
 
 // SetExport sets (or, with an empty name, clears) a region's export.
