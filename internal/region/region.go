@@ -38,6 +38,7 @@ type Region struct {
 	ShmOff   uint64
 	IPC      []byte // daemon-allocated CUDA regions: the handle clients open
 	IPCOff   uint64
+	Owner    Caller // who registered it: only the owner and root may act on it
 
 	regs    map[transport.Kind]transport.Registration
 	release func() error // unmap / free; runs once after every transport let go
@@ -118,9 +119,51 @@ func (g *Registry) ShmDir() string { return g.cfg.ShmDir }
 
 // Caller is who asks, as the local API's socket credentials tell: regions'
 // files are handed to their caller, and imports must be the caller's own.
+// A region belongs to the caller that registered it (see Owns).
 type Caller struct {
 	UID, GID uint32
 	Known    bool // false for callers over TCP, whose uid the kernel cannot tell
+	// Identity is a TCP caller's authenticated TLS identity (its
+	// certificate's first DNS name); "" over the plaintext loopback API.
+	Identity string
+}
+
+// Root is a caller with every right over every region.
+var Root = Caller{Known: true}
+
+func (c Caller) String() string {
+	switch {
+	case c.Known:
+		return fmt.Sprintf("uid %d", c.UID)
+	case c.Identity != "":
+		return fmt.Sprintf("TLS identity %q", c.Identity)
+	default:
+		return "an unauthenticated TCP caller"
+	}
+}
+
+// Owns reports whether who may act on a region that owner registered:
+// root on the Unix socket may act on every region; a socket caller on the
+// regions registered with its uid; a TCP caller (uid unknown) on the
+// regions registered over TCP with its TLS identity. Unauthenticated TCP
+// callers (the plaintext loopback API) share one identity, "", and never
+// reach a region registered on the socket or with a certificate.
+func (owner Caller) Owns(who Caller) bool {
+	if who.Known && who.UID == 0 {
+		return true
+	}
+	if owner.Known || who.Known {
+		return owner.Known && who.Known && owner.UID == who.UID
+	}
+	return owner.Identity == who.Identity
+}
+
+// permit checks that who may act on r; g.mu held or r immutable.
+func permit(r *Region, field string, who Caller) error {
+	if r.Owner.Owns(who) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s %s belongs to %s, not to the caller (%s)", errs.ErrPermissionDenied, field, r.ID, r.Owner, who)
 }
 
 // AllocHost creates a shared-memory file of size bytes, owned by the caller,
@@ -167,7 +210,7 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller) (*Region, e
 		os.Remove(path)
 		return nil, err
 	}
-	r := &Region{Mem: mem, ShmPath: path, release: unmap, owned: true, fileID: id}
+	r := &Region{Mem: mem, ShmPath: path, release: unmap, owned: true, fileID: id, Owner: who}
 	return g.add(r, export)
 }
 
@@ -209,7 +252,7 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 	if err != nil {
 		return nil, err
 	}
-	return g.add(&Region{Mem: mem, ShmPath: real, ShmOff: offset, release: unmap}, export)
+	return g.add(&Region{Mem: mem, ShmPath: real, ShmOff: offset, release: unmap, Owner: who}, export)
 }
 
 // openInShmDir opens path only if it resolves to a regular file inside the
@@ -250,7 +293,7 @@ func (g *Registry) openInShmDir(path string) (*os.File, string, error) {
 }
 
 // AllocCUDA allocates GPU memory on device.
-func (g *Registry) AllocCUDA(device int, size uint64, export Export) (*Region, error) {
+func (g *Registry) AllocCUDA(device int, size uint64, export Export, who Caller) (*Region, error) {
 	if g.cfg.CUDA == nil {
 		return nil, fmt.Errorf("%w: cuda_alloc: this daemon has no usable GPU: %s", errs.ErrFailedPrecondition, g.cfg.CUDAWhy)
 	}
@@ -264,11 +307,11 @@ func (g *Registry) AllocCUDA(device int, size uint64, export Export) (*Region, e
 	if err != nil {
 		return nil, err
 	}
-	return g.add(&Region{Mem: mem, IPC: ipc, release: free}, export)
+	return g.add(&Region{Mem: mem, IPC: ipc, release: free, Owner: who}, export)
 }
 
 // ImportCUDA maps an application's GPU allocation through its IPC handle.
-func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, export Export) (*Region, error) {
+func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, export Export, who Caller) (*Region, error) {
 	if g.cfg.CUDA == nil {
 		return nil, fmt.Errorf("%w: cuda_ipc: this daemon has no usable GPU: %s", errs.ErrFailedPrecondition, g.cfg.CUDAWhy)
 	}
@@ -282,7 +325,7 @@ func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, ex
 	if err != nil {
 		return nil, err
 	}
-	return g.add(&Region{Mem: mem, release: free}, export)
+	return g.add(&Region{Mem: mem, release: free, Owner: who}, export)
 }
 
 // add registers r with every transport and publishes it. On failure it
@@ -372,8 +415,9 @@ func fileIDAt(path string) (fileID, error) {
 	return fileID{uint64(st.Dev), st.Ino}, nil
 }
 
-// SetExport sets (or, with an empty name, clears) a region's export.
-func (g *Registry) SetExport(id string, export Export) (*Region, error) {
+// SetExport sets (or, with an empty name, clears) a region's export, for
+// its owner or root.
+func (g *Registry) SetExport(id string, export Export, who Caller) (*Region, error) {
 	if err := export.check(); err != nil {
 		return nil, err
 	}
@@ -383,6 +427,9 @@ func (g *Registry) SetExport(id string, export Export) (*Region, error) {
 	r, ok := g.byID[id]
 	if !ok || r.closing {
 		return nil, fmt.Errorf("%w: region_id %q is not registered", errs.ErrNotFound, id)
+	}
+	if err := permit(r, "region_id", who); err != nil {
+		return nil, err
 	}
 	if name != "" {
 		if o, taken := g.byName[name]; taken && o != r {
@@ -401,13 +448,17 @@ func (g *Registry) SetExport(id string, export Export) (*Region, error) {
 	return r, nil
 }
 
-// Acquire finds a region by ID and holds it for a batch until release.
-func (g *Registry) Acquire(id, field string) (*Region, func(), error) {
+// Acquire finds a region by ID for its owner (or root), and holds it for a
+// batch until release.
+func (g *Registry) Acquire(id, field string, who Caller) (*Region, func(), error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	r, ok := g.byID[id]
 	if !ok || r.closing {
 		return nil, nil, fmt.Errorf("%w: %s %q is not a registered region", errs.ErrNotFound, field, id)
+	}
+	if err := permit(r, field, who); err != nil {
+		return nil, nil, err
 	}
 	r.active++
 	return r, func() { g.done(r) }, nil
@@ -458,14 +509,18 @@ func (g *Registry) done(r *Region) {
 	g.mu.Unlock()
 }
 
-// Deregister releases a region. It refuses while batches use it, so memory
-// is never unmapped under a transfer.
-func (g *Registry) Deregister(id string) error {
+// Deregister releases a region for its owner (or root). It refuses while
+// batches use it, so memory is never unmapped under a transfer.
+func (g *Registry) Deregister(id string, who Caller) error {
 	g.mu.Lock()
 	r, ok := g.byID[id]
 	if !ok || r.closing {
 		g.mu.Unlock()
 		return fmt.Errorf("%w: region_id %q is not registered", errs.ErrNotFound, id)
+	}
+	if err := permit(r, "region_id", who); err != nil {
+		g.mu.Unlock()
+		return err
 	}
 	if r.active > 0 {
 		n := r.active
@@ -501,13 +556,16 @@ func (g *Registry) close(r *Region) {
 	g.cfg.Log.Debug("region released", "id", r.ID)
 }
 
-// List returns a snapshot of the regions ordered by ID, with active counts.
-func (g *Registry) List() []Snapshot {
+// List returns a snapshot of the regions who may act on (every region for
+// root), ordered by ID, with active counts.
+func (g *Registry) List(who Caller) []Snapshot {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	out := make([]Snapshot, 0, len(g.byID))
 	for _, r := range g.byID {
-		out = append(out, Snapshot{Region: r, Active: r.active})
+		if r.Owner.Owns(who) {
+			out = append(out, Snapshot{Region: r, Active: r.active})
+		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		return len(out[i].ID) < len(out[j].ID) || (len(out[i].ID) == len(out[j].ID) && out[i].ID < out[j].ID)
