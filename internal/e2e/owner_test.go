@@ -311,6 +311,13 @@ func helperClient() error {
 	if err != nil {
 		return fmt.Errorf("register and map a host region: %w", err)
 	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(r.ShmPath, &st); err != nil {
+		return err
+	}
+	if st.Mode&0o7777 != 0o660 || st.Uid != uint32(os.Getuid()) || st.Gid != uint32(os.Getgid()) {
+		return fmt.Errorf("region file %s: mode %#o uid %d gid %d; want 0660 and the caller's uid and gid", r.ShmPath, st.Mode&0o7777, st.Uid, st.Gid)
+	}
 	for i := range r.Bytes {
 		r.Bytes[i] = byte(i*31 + 7)
 	}

@@ -81,7 +81,17 @@ type Config struct {
 	CUDA       CUDA   // nil on hosts without a usable GPU
 	CUDAWhy    string // why CUDA is nil, for error messages
 	Log        hclog.Logger
+	// Group is the gid that owns ShmDir (the b2bd group), whose members may
+	// map their regions and create files to import there; 0: no group.
+	Group int
 }
+
+// Modes of the permission model (README, "Permissions"). They are applied
+// with chmod and chown, never through the umask.
+const (
+	ShmDirMode  = os.ModeDir | os.ModeSetgid | 0o770 // drwxrws---, group: Config.Group
+	ShmFileMode = 0o660                              // daemon-allocated region files, owned by the caller
+)
 
 // Registry is the set of regions of one daemon.
 type Registry struct {
@@ -98,13 +108,14 @@ type keyRef struct {
 	key uint64
 }
 
-// New creates the shm directory if needed.
+// New creates the shm directory if needed and gives it ShmDirMode and the
+// group.
 func New(cfg Config) (*Registry, error) {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
-	if err := os.MkdirAll(cfg.ShmDir, 0o770); err != nil {
-		return nil, fmt.Errorf("region: create shm dir %s: %w", cfg.ShmDir, err)
+	if err := prepareShmDir(cfg.ShmDir, cfg.Group); err != nil {
+		return nil, err
 	}
 	dir, err := filepath.EvalSymlinks(cfg.ShmDir)
 	if err != nil {
@@ -112,6 +123,60 @@ func New(cfg Config) (*Registry, error) {
 	}
 	cfg.ShmDir = dir
 	return &Registry{cfg: cfg, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: map[keyRef]*Region{}}, nil
+}
+
+// prepareShmDir creates dir (parents 0755) or checks that an existing one is
+// not a shared directory such as /dev/shm itself, then sets its group and
+// mode explicitly.
+func prepareShmDir(dir string, group int) error {
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if err := MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+			return fmt.Errorf("region: create the parent of --shm-dir %s: %w", dir, err)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("region: create --shm-dir %s: %w", dir, err)
+		}
+	case err != nil:
+		return fmt.Errorf("region: --shm-dir %s: %w", dir, err)
+	case !st.IsDir():
+		return fmt.Errorf("%w: --shm-dir %s is not a directory", errs.ErrInvalidArgument, dir)
+	case st.Mode()&(os.ModeSticky|0o002) != 0:
+		return fmt.Errorf("%w: --shm-dir %s is a shared directory (mode %v): give b2bd a directory of its own, e.g. /dev/shm/b2bd", errs.ErrInvalidArgument, dir, st.Mode())
+	}
+	if group > 0 {
+		if err := os.Chown(dir, -1, group); err != nil {
+			return fmt.Errorf("region: give --shm-dir %s to gid %d: %w", dir, group, err)
+		}
+	}
+	if err := os.Chmod(dir, ShmDirMode); err != nil {
+		return fmt.Errorf("region: chmod --shm-dir %s to %v: %w", dir, ShmDirMode, err)
+	}
+	return nil
+}
+
+// MkdirAll is os.MkdirAll with the mode applied explicitly to every
+// directory it creates, whatever the umask.
+func MkdirAll(dir string, mode os.FileMode) error {
+	if st, err := os.Stat(dir); err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := MkdirAll(parent, mode); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, mode); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil
+		}
+		return err
+	}
+	return os.Chmod(dir, mode)
 }
 
 // ShmDir is the resolved shared-memory directory.
@@ -181,17 +246,26 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller) (*Region, e
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	path := filepath.Join(g.cfg.ShmDir, "region-"+hex.EncodeToString(rnd[:]))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o660)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("region: create %s: %w", path, err)
 	}
 	defer f.Close()
-	if who.Known && os.Geteuid() == 0 && who.UID != 0 {
-		// The daemon runs as root; the caller must be able to map the file.
-		if err := f.Chown(int(who.UID), int(who.GID)); err != nil {
-			os.Remove(path)
-			return nil, fmt.Errorf("region: hand %s to uid %d: %w", path, who.UID, err)
-		}
+	// The caller must be able to map the file, and nobody else: it is handed
+	// to the caller's uid and gid (the setgid directory's group would let
+	// every member of the b2bd group in). A caller whose uid is unknown (TCP)
+	// never maps it: the daemon's own gid then.
+	uid, gid := -1, os.Getegid()
+	if who.Known && os.Geteuid() == 0 {
+		uid, gid = int(who.UID), int(who.GID)
+	}
+	if err := f.Chown(uid, gid); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("region: hand %s to uid %d gid %d: %w", path, uid, gid, err)
+	}
+	if err := f.Chmod(ShmFileMode); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("region: chmod %s to %#o: %w", path, ShmFileMode, err)
 	}
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
 		os.Remove(path)
