@@ -95,8 +95,11 @@ const (
 
 // Registry is the set of regions of one daemon.
 type Registry struct {
-	cfg    Config
-	mu     sync.Mutex
+	cfg      Config
+	instance string   // this daemon instance's random ID: its files are b2bd-<instance>-*
+	lock     *os.File // .b2bd-<instance>.lock, flocked for the daemon's lifetime
+	lockPath string
+	mu       sync.Mutex
 	seq    uint64
 	byID   map[string]*Region
 	byName map[string]*Region
@@ -122,7 +125,140 @@ func New(cfg Config) (*Registry, error) {
 		return nil, fmt.Errorf("region: resolve shm dir %s: %w", cfg.ShmDir, err)
 	}
 	cfg.ShmDir = dir
-	return &Registry{cfg: cfg, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: map[keyRef]*Region{}}, nil
+	g := &Registry{cfg: cfg, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: map[keyRef]*Region{}}
+	if err := g.lockInstance(); err != nil {
+		return nil, err
+	}
+	g.reclaim()
+	return g, nil
+}
+
+// Files in the shm directory that belong to daemon instances. An instance
+// holds flock(LOCK_EX) on its lock file for its lifetime, so a lock file
+// that can be locked belongs to a dead instance (kill -9, a crash), whose
+// region files are then reclaimed. Clients may not import files with these
+// prefixes, so reclamation never touches an import.
+const (
+	reservedPrefix = "b2bd-"  // b2bd-<instance>-region-<rand>
+	lockPrefix     = ".b2bd-" // .b2bd-<instance>.lock
+	lockSuffix     = ".lock"
+)
+
+func isReserved(name string) bool {
+	return strings.HasPrefix(name, reservedPrefix) || strings.HasPrefix(name, lockPrefix)
+}
+
+// lockInstance picks this instance's ID and takes its lock. The file is
+// locked before it gets the name other daemons look for, so that no daemon
+// starting at the same time can take it for a dead one.
+func (g *Registry) lockInstance() error {
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	g.instance = hex.EncodeToString(rnd[:])
+	final := filepath.Join(g.cfg.ShmDir, lockPrefix+g.instance+lockSuffix)
+	tmp := filepath.Join(g.cfg.ShmDir, lockPrefix+g.instance+".init")
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("region: create instance lock %s: %w", tmp, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("region: lock %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("region: publish instance lock %s: %w", final, err)
+	}
+	g.lock, g.lockPath = f, final
+	return nil
+}
+
+// reclaim removes what dead instances left in the shm directory: for every
+// lock file that this daemon can lock (its instance is gone) and that a
+// daemon of this uid made, the instance's files and then the lock file.
+func (g *Registry) reclaim() {
+	dir := g.cfg.ShmDir
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		g.cfg.Log.Warn("cannot look for files of dead daemon instances", "dir", dir, "error", err)
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, lockPrefix) || !strings.HasSuffix(name, lockSuffix) {
+			continue
+		}
+		id := strings.TrimSuffix(strings.TrimPrefix(name, lockPrefix), lockSuffix)
+		if id == g.instance || !isInstanceID(id) {
+			continue
+		}
+		dead, files, bytes, err := g.reclaimInstance(id, entries)
+		if err != nil {
+			g.cfg.Log.Warn("reclaiming a dead daemon instance's files", "instance", id, "error", err)
+		}
+		if dead {
+			g.cfg.Log.Info("reclaimed the files of a dead daemon instance", "instance", id, "dir", dir, "files", files, "bytes", bytes)
+		}
+	}
+}
+
+// reclaimInstance removes instance id's files if it is dead (its lock file
+// can be locked).
+func (g *Registry) reclaimInstance(id string, entries []os.DirEntry) (dead bool, files int, bytes int64, err error) {
+	lockPath := filepath.Join(g.cfg.ShmDir, lockPrefix+id+lockSuffix)
+	f, err := os.OpenFile(lockPath, os.O_RDWR|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return false, 0, 0, fmt.Errorf("open %s: %w", lockPath, err)
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return false, 0, 0, fmt.Errorf("fstat %s: %w", lockPath, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) {
+		// Not made by a daemon running as this uid: a client's file.
+		return false, 0, 0, fmt.Errorf("%s is not a daemon's lock file (uid %d, mode %#o); leaving it", lockPath, st.Uid, st.Mode)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return false, 0, 0, nil // alive: never touch its files
+		}
+		return false, 0, 0, fmt.Errorf("lock %s: %w", lockPath, err)
+	}
+	// Dead, and locked by us while its files go (a daemon that finds the
+	// same lock file after us finds nothing left).
+	prefix := reservedPrefix + id + "-"
+	var errsSeen []error
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		p := filepath.Join(g.cfg.ShmDir, e.Name())
+		var fst unix.Stat_t
+		if err := unix.Lstat(p, &fst); err != nil {
+			continue
+		}
+		if err := os.Remove(p); err != nil {
+			errsSeen = append(errsSeen, err)
+			continue
+		}
+		files++
+		bytes += fst.Size
+	}
+	if err := os.Remove(lockPath); err != nil {
+		errsSeen = append(errsSeen, err)
+	}
+	return true, files, bytes, errors.Join(errsSeen...)
+}
+
+func isInstanceID(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil
 }
 
 // prepareShmDir creates dir (parents 0755) or checks that an existing one is
@@ -245,7 +381,7 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller) (*Region, e
 	}
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
-	path := filepath.Join(g.cfg.ShmDir, "region-"+hex.EncodeToString(rnd[:]))
+	path := filepath.Join(g.cfg.ShmDir, reservedPrefix+g.instance+"-region-"+hex.EncodeToString(rnd[:]))
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("region: create %s: %w", path, err)
@@ -348,6 +484,11 @@ func (g *Registry) openInShmDir(path string) (*os.File, string, error) {
 	}
 	if rel, err := filepath.Rel(g.cfg.ShmDir, real); err != nil || rel == "." || strings.HasPrefix(rel, "..") {
 		return nil, "", fmt.Errorf("%w: host_file.path %s resolves to %s, outside the shm directory %s", errs.ErrPermissionDenied, path, real, g.cfg.ShmDir)
+	}
+	for _, p := range []string{path, real} {
+		if isReserved(filepath.Base(p)) {
+			return nil, "", fmt.Errorf("%w: host_file.path %s: names starting with %q or %q are reserved for the daemon's own files", errs.ErrInvalidArgument, p, reservedPrefix, lockPrefix)
+		}
 	}
 	pre, err := os.Stat(real)
 	if err != nil || !pre.Mode().IsRegular() {
@@ -660,7 +801,8 @@ func (g *Registry) Len() int {
 	return len(g.byID)
 }
 
-// Close releases every region, waiting for none: callers stop batches first.
+// Close releases every region, waiting for none: callers stop batches
+// first. Then the instance lock goes.
 func (g *Registry) Close() {
 	g.mu.Lock()
 	rs := make([]*Region, 0, len(g.byID))
@@ -668,9 +810,15 @@ func (g *Registry) Close() {
 		g.unpublish(r)
 		rs = append(rs, r)
 	}
+	lock := g.lock
+	g.lock = nil
 	g.mu.Unlock()
 	for _, r := range rs {
 		g.close(r)
+	}
+	if lock != nil {
+		_ = os.Remove(g.lockPath)
+		_ = lock.Close()
 	}
 }
 
