@@ -100,10 +100,10 @@ type Registry struct {
 	lock     *os.File // .b2bd-<instance>.lock, flocked for the daemon's lifetime
 	lockPath string
 	mu       sync.Mutex
-	seq    uint64
-	byID   map[string]*Region
-	byName map[string]*Region
-	byKey  map[keyRef]*Region
+	seq      uint64
+	byID     map[string]*Region
+	byName   map[string]*Region
+	byKey    map[keyRef]*Region
 }
 
 type keyRef struct {
