@@ -343,20 +343,20 @@ func (c Caller) String() string {
 	}
 }
 
-// Owns reports whether who may act on a region that owner registered:
-// root on the Unix socket may act on every region; a socket caller on the
-// regions registered with its uid; a TCP caller (uid unknown) on the
-// regions registered over TCP with its TLS identity. Unauthenticated TCP
-// callers (the plaintext loopback API) share one identity, "", and never
-// reach a region registered on the socket or with a certificate.
-func (owner Caller) Owns(who Caller) bool {
+// Owns reports whether who may act on a region that c registered: root on
+// the Unix socket may act on every region; a socket caller on the regions
+// registered with its uid; a TCP caller (uid unknown) on the regions
+// registered over TCP with its TLS identity. Unauthenticated TCP callers
+// (the plaintext loopback API) share one identity, "", and never reach a
+// region registered on the socket or with a certificate.
+func (c Caller) Owns(who Caller) bool {
 	if who.Known && who.UID == 0 {
 		return true
 	}
-	if owner.Known || who.Known {
-		return owner.Known && who.Known && owner.UID == who.UID
+	if c.Known || who.Known {
+		return c.Known && who.Known && c.UID == who.UID
 	}
-	return owner.Identity == who.Identity
+	return c.Identity == who.Identity
 }
 
 // permit checks that who may act on r; g.mu held or r immutable.
