@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -302,7 +303,15 @@ func resolveGroup(spec string, log hclog.Logger) (int, error) {
 			log.Warn("no --group and no group "+DefaultGroup+": only root can use the socket and the shm directory (and a client only its own files); create the group or give --group", "error", err)
 			return 0, nil
 		}
-		spec = g.Gid
+		gid, err := strconv.Atoi(g.Gid)
+		if err != nil {
+			return 0, fmt.Errorf("group %s has gid %q: %w", DefaultGroup, g.Gid, err)
+		}
+		if !canChgrp(gid) {
+			log.Warn("this daemon runs neither as root nor in group "+DefaultGroup+", so it cannot give it the socket and the shm directory; give --group", "gid", gid)
+			return 0, nil
+		}
+		return gid, nil
 	} else if _, err := strconv.ParseUint(spec, 10, 32); err != nil {
 		g, err := user.LookupGroup(spec)
 		if err != nil {
@@ -315,6 +324,15 @@ func resolveGroup(spec string, log hclog.Logger) (int, error) {
 		return 0, fmt.Errorf("%w: --group %q is not a gid", errs.ErrInvalidArgument, spec)
 	}
 	return int(gid), nil
+}
+
+// canChgrp reports whether this process may give its files to gid.
+func canChgrp(gid int) bool {
+	if os.Geteuid() == 0 || os.Getegid() == gid {
+		return true
+	}
+	groups, _ := os.Getgroups()
+	return slices.Contains(groups, gid)
 }
 
 // listenUnix listens on path with mode and, when gid > 0, that group, both
