@@ -312,7 +312,8 @@ func resolveGroup(spec string, log hclog.Logger) (int, error) {
 			return 0, nil
 		}
 		return gid, nil
-	} else if _, err := strconv.ParseUint(spec, 10, 32); err != nil {
+	}
+	if _, err := strconv.ParseUint(spec, 10, 32); err != nil {
 		g, err := user.LookupGroup(spec)
 		if err != nil {
 			return 0, fmt.Errorf("%w: --group %q: %v", errs.ErrInvalidArgument, spec, err)
