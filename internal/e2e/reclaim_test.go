@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -105,17 +106,40 @@ func TestCrashReclaim(t *testing.T) {
 		t.Fatalf("the killed daemon's region file should still be there before the restart: %v", err)
 	}
 
+	// Lock files a client could plant are never taken for a dead daemon's:
+	// one owned by another uid, and a FIFO (opening it must not hang).
+	planted := filepath.Join(shm, "b2bd-aaaaaaaaaaaaaaaa-region-x")
+	for _, p := range []string{planted, filepath.Join(shm, ".b2bd-aaaaaaaaaaaaaaaa.lock")} {
+		if err := os.WriteFile(p, mine, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, nobody, nobody); err != nil && os.Geteuid() == 0 {
+			t.Fatal(err)
+		}
+	}
+	if err := unix.Mkfifo(filepath.Join(shm, ".b2bd-bbbbbbbbbbbbbbbb.lock"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
 	// The next daemon on the directory reclaims it, and only it.
 	next := startProcIn(t, bin, "next", shm)
 	if _, err := os.Stat(gone.ShmPath); !os.IsNotExist(err) {
 		t.Fatalf("the killed daemon's region file %s survived the next daemon's start: %v\n%s", gone.ShmPath, err, next.stderr)
 	}
+	// The daemon logged before it listened, but its stderr reaches us
+	// through a pipe and a copying goroutine: wait for the line.
 	log := next.stderr.String()
-	if !strings.Contains(log, "reclaimed the files of a dead daemon instance") || !strings.Contains(log, "files=1") || !strings.Contains(log, "bytes=8388608") {
-		t.Fatalf("no log line of what was freed:\n%s", log)
+	for wait := time.Now().Add(30 * time.Second); !strings.Contains(log, "reclaimed the files of a dead daemon instance"); log = next.stderr.String() {
+		if time.Now().After(wait) {
+			t.Fatalf("no log line of what was freed:\n%s", log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(log, "files=1") || !strings.Contains(log, "bytes=8388608") {
+		t.Fatalf("the log line does not say what was freed (1 file, 8388608 bytes):\n%s", log)
 	}
 	t.Logf("next daemon:\n%s", log)
-	for _, p := range []string{kept.ShmPath, importPath} {
+	for _, p := range []string{kept.ShmPath, importPath, planted} {
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("a live daemon's file or a client's import was touched: %v", err)
 		}
@@ -124,8 +148,8 @@ func TestCrashReclaim(t *testing.T) {
 		t.Fatalf("the client's import changed: %v", err)
 	}
 	locks, _ = filepath.Glob(filepath.Join(shm, ".b2bd-*.lock"))
-	if len(locks) != 2 {
-		t.Fatalf("instance locks after the reclaim %v, want the live daemon's and the next one's", locks)
+	if len(locks) != 4 {
+		t.Fatalf("lock files after the reclaim %v, want the live daemon's, the next one's and the two planted", locks)
 	}
 	// The live daemon still serves its regions.
 	for _, r := range []*client.HostRegion{kept, imported} {

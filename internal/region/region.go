@@ -208,7 +208,9 @@ func (g *Registry) reclaim() {
 // can be locked).
 func (g *Registry) reclaimInstance(id string, entries []os.DirEntry) (dead bool, files int, bytes int64, err error) {
 	lockPath := filepath.Join(g.cfg.ShmDir, lockPrefix+id+lockSuffix)
-	f, err := os.OpenFile(lockPath, os.O_RDWR|unix.O_NOFOLLOW, 0)
+	// Read-only and non-blocking: flock needs no more, and a FIFO a client
+	// put under that name must not hang the daemon's start.
+	f, err := os.OpenFile(lockPath, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return false, 0, 0, fmt.Errorf("open %s: %w", lockPath, err)
 	}
@@ -218,8 +220,10 @@ func (g *Registry) reclaimInstance(id string, entries []os.DirEntry) (dead bool,
 		return false, 0, 0, fmt.Errorf("fstat %s: %w", lockPath, err)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) {
-		// Not made by a daemon running as this uid: a client's file.
-		return false, 0, 0, fmt.Errorf("%s is not a daemon's lock file (uid %d, mode %#o); leaving it", lockPath, st.Uid, st.Mode)
+		// Not made by a daemon running as this uid (a client's file, or
+		// another uid's daemon): never acted on.
+		g.cfg.Log.Debug("not a lock file of this daemon's uid; leaving it", "path", lockPath, "uid", st.Uid, "mode", fmt.Sprintf("%#o", st.Mode))
+		return false, 0, 0, nil
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		if errors.Is(err, unix.EWOULDBLOCK) {
