@@ -104,14 +104,15 @@ type local struct {
 }
 
 func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionRequest) (*b2bv1.RegisterRegionResponse, error) {
-	r, err := l.register(req, caller(ctx))
+	who := caller(ctx)
+	r, err := l.register(req, who)
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller gave up and will never learn the ID: release it now,
 		// or its memory would stay pinned until the daemon stops.
-		if derr := l.s.cfg.Registry.Deregister(r.ID); derr != nil {
+		if derr := l.s.cfg.Registry.Deregister(r.ID, who); derr != nil {
 			l.s.cfg.Log.Warn("release abandoned region", "id", r.ID, "error", derr)
 		}
 		return nil, errs.ToStatus(fmt.Errorf("register region: caller went away: %w", err))
@@ -120,9 +121,15 @@ func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionReq
 	return &b2bv1.RegisterRegionResponse{Region: regionProto(r, 0)}, nil
 }
 
+// caller is who calls the local API: its uid on the Unix socket, else its
+// authenticated TLS identity ("" on the plaintext loopback API). Regions
+// belong to it (region.Caller.Owns).
 func caller(ctx context.Context) region.Caller {
 	c, ok := auth.Caller(ctx)
-	return region.Caller{UID: c.UID, GID: c.GID, Known: ok}
+	if !ok {
+		return region.Caller{Identity: auth.PeerIdentity(ctx)}
+	}
+	return region.Caller{UID: c.UID, GID: c.GID, Known: true}
 }
 
 func (l *local) register(req *b2bv1.RegisterRegionRequest, who region.Caller) (*region.Region, error) {
@@ -134,20 +141,20 @@ func (l *local) register(req *b2bv1.RegisterRegionRequest, who region.Caller) (*
 		f := src.HostFile
 		return reg.ImportHost(f.GetPath(), f.GetOffset(), f.GetSize(), name, who)
 	case *b2bv1.RegisterRegionRequest_CudaAlloc:
-		return reg.AllocCUDA(int(src.CudaAlloc.GetDevice()), src.CudaAlloc.GetSize(), name)
+		return reg.AllocCUDA(int(src.CudaAlloc.GetDevice()), src.CudaAlloc.GetSize(), name, who)
 	case *b2bv1.RegisterRegionRequest_CudaIpc:
 		c := src.CudaIpc
 		if n := len(c.GetIpcHandle()); n != 64 {
 			return nil, fmt.Errorf("%w: cuda_ipc.ipc_handle is %d bytes; a CUipcMemHandle is 64", errs.ErrInvalidArgument, n)
 		}
-		return reg.ImportCUDA(int(c.GetDevice()), c.GetIpcHandle(), c.GetOffset(), c.GetSize(), name)
+		return reg.ImportCUDA(int(c.GetDevice()), c.GetIpcHandle(), c.GetOffset(), c.GetSize(), name, who)
 	default:
 		return nil, fmt.Errorf("%w: source is not set: give host_alloc, host_file, cuda_alloc or cuda_ipc", errs.ErrInvalidArgument)
 	}
 }
 
 func (l *local) DeregisterRegion(ctx context.Context, req *b2bv1.DeregisterRegionRequest) (*b2bv1.DeregisterRegionResponse, error) {
-	if err := l.s.cfg.Registry.Deregister(req.GetRegionId()); err != nil {
+	if err := l.s.cfg.Registry.Deregister(req.GetRegionId(), caller(ctx)); err != nil {
 		return nil, errs.ToStatus(err)
 	}
 	return &b2bv1.DeregisterRegionResponse{}, nil
@@ -155,14 +162,14 @@ func (l *local) DeregisterRegion(ctx context.Context, req *b2bv1.DeregisterRegio
 
 func (l *local) ListRegions(ctx context.Context, req *b2bv1.ListRegionsRequest) (*b2bv1.ListRegionsResponse, error) {
 	var out []*b2bv1.Region
-	for _, r := range l.s.cfg.Registry.List() {
+	for _, r := range l.s.cfg.Registry.List(caller(ctx)) {
 		out = append(out, regionProto(r.Region, r.Active))
 	}
 	return &b2bv1.ListRegionsResponse{Regions: out}, nil
 }
 
 func (l *local) ExportRegion(ctx context.Context, req *b2bv1.ExportRegionRequest) (*b2bv1.ExportRegionResponse, error) {
-	r, err := l.s.cfg.Registry.SetExport(req.GetRegionId(), region.Export{Name: req.GetExportName(), To: req.GetExportTo()})
+	r, err := l.s.cfg.Registry.SetExport(req.GetRegionId(), region.Export{Name: req.GetExportName(), To: req.GetExportTo()}, caller(ctx))
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
@@ -202,7 +209,7 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 		defer cancel()
 	}
 
-	src, release, err := s.cfg.Registry.Acquire(req.GetSrcRegionId(), "src_region_id")
+	src, release, err := s.cfg.Registry.Acquire(req.GetSrcRegionId(), "src_region_id", caller(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -331,15 +338,15 @@ func isRequestError(err error) bool {
 }
 
 func (l *local) Checksum(ctx context.Context, req *b2bv1.ChecksumRequest) (*b2bv1.ChecksumResponse, error) {
-	resp, err := l.s.checksum(req)
+	resp, err := l.s.checksum(req, caller(ctx))
 	if err != nil {
 		return nil, errs.ToStatus(err)
 	}
 	return resp, nil
 }
 
-func (s *Server) checksum(req *b2bv1.ChecksumRequest) (*b2bv1.ChecksumResponse, error) {
-	r, release, err := s.cfg.Registry.Acquire(req.GetRegionId(), "region_id")
+func (s *Server) checksum(req *b2bv1.ChecksumRequest, who region.Caller) (*b2bv1.ChecksumResponse, error) {
+	r, release, err := s.cfg.Registry.Acquire(req.GetRegionId(), "region_id", who)
 	if err != nil {
 		return nil, err
 	}
@@ -361,7 +368,9 @@ func (s *Server) checksum(req *b2bv1.ChecksumRequest) (*b2bv1.ChecksumResponse, 
 	}
 	digests := make([]uint64, b.N())
 	if r.Mem.Kind == memory.Host {
-		checksum.Blocks(alg, r.Mem.Host, b.Src, b.Len, digests)
+		if err := checksum.Blocks(alg, r.Mem.Host, b.Src, b.Len, digests); err != nil {
+			return nil, fmt.Errorf("checksum of region %s (%s): %w", r.ID, r.ShmPath, err)
+		}
 	} else if err := s.checksumDevice(alg, r.Mem, b, digests); err != nil {
 		return nil, err
 	}
@@ -392,7 +401,9 @@ func (s *Server) checksumDevice(alg checksum.Algorithm, mem memory.Memory, b des
 		if err != nil {
 			return err
 		}
-		checksum.Blocks(alg, st.Buffer(), hostOff[:n], b.Len[lo:lo+n], out[lo:lo+n])
+		if err := checksum.Blocks(alg, st.Buffer(), hostOff[:n], b.Len[lo:lo+n], out[lo:lo+n]); err != nil {
+			return fmt.Errorf("checksum of staged %s memory: %w", mem.Kind, err)
+		}
 		lo += n
 	}
 	return nil
@@ -438,7 +449,7 @@ func openFDs() uint32 {
 const MaxNotification = 4096
 
 func (l *local) WatchNotifications(req *b2bv1.WatchNotificationsRequest, stream b2bv1.B2B_WatchNotificationsServer) error {
-	r, release, err := l.s.cfg.Registry.Acquire(req.GetRegionId(), "region_id")
+	r, release, err := l.s.cfg.Registry.Acquire(req.GetRegionId(), "region_id", caller(stream.Context()))
 	if err != nil {
 		return errs.ToStatus(err)
 	}

@@ -241,7 +241,7 @@ func TestBadInput(t *testing.T) {
 		})
 	}
 	// Nothing above may have moved a byte or left a batch holding a region.
-	for _, r := range a.reg.List() {
+	for _, r := range a.reg.List(region.Root) {
 		if r.Active != 0 {
 			t.Errorf("region %s still has %d active batches", r.ID, r.Active)
 		}
@@ -256,7 +256,7 @@ func TestDeregisterWhileInUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, release, err := n.reg.Acquire(r.Region.Id, "src_region_id")
+	_, release, err := n.reg.Acquire(r.Region.Id, "src_region_id", region.Root)
 	if err != nil {
 		t.Fatal(err)
 	}

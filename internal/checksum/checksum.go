@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/b2bd/b2bd/internal/memguard"
 )
 
 // Algorithm selects the hash.
@@ -30,8 +32,11 @@ func Block(a Algorithm, b []byte) uint64 {
 }
 
 // Blocks hashes mem[off[i]:off[i]+len[i]] for every i into out (len(off)
-// entries), in parallel for large lists.
-func Blocks(a Algorithm, mem []byte, off, lens []uint64, out []uint64) {
+// entries), in parallel for large lists. mem may be a client's shared
+// mapping: a fault on it (the client truncated the backing file) is returned
+// as an error wrapping memguard.ErrFault, in whichever worker it happened,
+// instead of killing the process.
+func Blocks(a Algorithm, mem []byte, off, lens []uint64, out []uint64) error {
 	n := len(off)
 	workers := min(runtime.GOMAXPROCS(0), 1+n/64)
 	var total uint64
@@ -41,7 +46,19 @@ func Blocks(a Algorithm, mem []byte, off, lens []uint64, out []uint64) {
 	if total < 4<<20 {
 		workers = 1
 	}
+	hash := func(lo, hi int) error {
+		// SetPanicOnFault is per goroutine: every worker guards itself.
+		return memguard.Do(func() {
+			for i := lo; i < hi; i++ {
+				out[i] = Block(a, mem[off[i]:off[i]+lens[i]])
+			}
+		})
+	}
+	if workers == 1 {
+		return hash(0, n)
+	}
 	var wg sync.WaitGroup
+	errc := make(chan error, workers)
 	per := (n + workers - 1) / workers
 	for w := 0; w < workers; w++ {
 		lo, hi := w*per, min(n, (w+1)*per)
@@ -51,12 +68,14 @@ func Blocks(a Algorithm, mem []byte, off, lens []uint64, out []uint64) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := lo; i < hi; i++ {
-				out[i] = Block(a, mem[off[i]:off[i]+lens[i]])
+			if err := hash(lo, hi); err != nil {
+				errc <- err
 			}
 		}()
 	}
 	wg.Wait()
+	close(errc)
+	return <-errc // the first fault, or nil
 }
 
 // Combine is the batch digest: the same hash over the per-block digests

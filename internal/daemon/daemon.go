@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -41,6 +43,7 @@ type Config struct {
 	NodeName       string
 	Socket         string // local API Unix socket
 	SocketMode     string // octal
+	Group          string // group of the socket and the shm dir: name or gid; "": b2bd if it exists
 	APIListen      string // optional local API TCP listener
 	PeerListen     string // peer control plane
 	ShmDir         string
@@ -67,6 +70,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeName, "node-name", host, "this daemon's name, sent to peers")
 	fs.StringVar(&c.Socket, "socket", "/run/b2bd/b2bd.sock", "local API Unix socket")
 	fs.StringVar(&c.SocketMode, "socket-mode", "0660", "local API socket file mode (octal)")
+	fs.StringVar(&c.Group, "group", "", "group (name or gid) owning the socket and --shm-dir, whose members may use b2bd (default b2bd if that group exists)")
 	fs.StringVar(&c.APIListen, "api-listen", "", "also serve the local API on this TCP address (host:port)")
 	fs.StringVar(&c.PeerListen, "peer-listen", ":7470", "peer control-plane address (host:port)")
 	fs.StringVar(&c.TCP.Listen, "data-listen", ":7471", "TCP data-plane address (host:port)")
@@ -201,7 +205,11 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		statuses = append(statuses, &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_TCP, Available: true, Detail: "data listener " + tcpT.Addr()})
 	}
 
-	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Transports: d.transports, CUDA: cudaHook, CUDAWhy: cudaWhy, Log: log.Named("region")})
+	gid, err := resolveGroup(cfg.Group, log)
+	if err != nil {
+		return nil, err
+	}
+	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Group: gid, Transports: d.transports, CUDA: cudaHook, CUDAWhy: cudaWhy, Log: log.Named("region")})
 	if err != nil {
 		return nil, err
 	}
@@ -254,7 +262,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	b2bv1.RegisterPeerServer(d.peerSrv, srv.Peer())
 
 	if cfg.Socket != "" {
-		ln, err := listenUnix(cfg.Socket, cfg.SocketMode)
+		ln, err := listenUnix(cfg.Socket, cfg.SocketMode, gid)
 		if err != nil {
 			return nil, err
 		}
@@ -283,13 +291,60 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	return d, nil
 }
 
-func listenUnix(path, modeStr string) (net.Listener, error) {
-	mode, err := strconv.ParseUint(modeStr, 8, 32)
-	if err != nil {
-		return nil, fmt.Errorf("%w: --socket-mode %q is not an octal mode", errs.ErrInvalidArgument, modeStr)
+// DefaultGroup owns the socket and the shm directory when --group is not given.
+const DefaultGroup = "b2bd"
+
+// resolveGroup turns --group into a gid; 0 means no group. Without --group
+// it is DefaultGroup if that exists, else none, with a warning.
+func resolveGroup(spec string, log hclog.Logger) (int, error) {
+	if spec == "" {
+		g, err := user.LookupGroup(DefaultGroup)
+		if err != nil {
+			log.Warn("no --group and no group "+DefaultGroup+": only root can use the socket and the shm directory (and a client only its own files); create the group or give --group", "error", err)
+			return 0, nil
+		}
+		gid, err := strconv.Atoi(g.Gid)
+		if err != nil {
+			return 0, fmt.Errorf("group %s has gid %q: %w", DefaultGroup, g.Gid, err)
+		}
+		if !canChgrp(gid) {
+			log.Warn("this daemon runs neither as root nor in group "+DefaultGroup+", so it cannot give it the socket and the shm directory; give --group", "gid", gid)
+			return 0, nil
+		}
+		return gid, nil
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("create socket dir: %w", err)
+	if _, err := strconv.ParseUint(spec, 10, 32); err != nil {
+		g, err := user.LookupGroup(spec)
+		if err != nil {
+			return 0, fmt.Errorf("%w: --group %q: %v", errs.ErrInvalidArgument, spec, err)
+		}
+		spec = g.Gid
+	}
+	gid, err := strconv.ParseUint(spec, 10, 31)
+	if err != nil {
+		return 0, fmt.Errorf("%w: --group %q is not a gid", errs.ErrInvalidArgument, spec)
+	}
+	return int(gid), nil
+}
+
+// canChgrp reports whether this process may give its files to gid.
+func canChgrp(gid int) bool {
+	if os.Geteuid() == 0 || os.Getegid() == gid {
+		return true
+	}
+	groups, _ := os.Getgroups()
+	return slices.Contains(groups, gid)
+}
+
+// listenUnix listens on path with mode and, when gid > 0, that group, both
+// set explicitly (the umask does not matter).
+func listenUnix(path, modeStr string, gid int) (net.Listener, error) {
+	mode, err := strconv.ParseUint(modeStr, 8, 32)
+	if err != nil || mode > 0o777 {
+		return nil, fmt.Errorf("%w: --socket-mode %q is not an octal permission mode (0000..0777)", errs.ErrInvalidArgument, modeStr)
+	}
+	if err := region.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("create socket dir %s: %w", filepath.Dir(path), err)
 	}
 	// A socket file left by a daemon that died is removed; a live one is not.
 	if c, err := net.Dial("unix", path); err == nil {
@@ -300,6 +355,12 @@ func listenUnix(path, modeStr string) (net.Listener, error) {
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if gid > 0 {
+		if err := os.Chown(path, -1, gid); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("give socket %s to gid %d: %w", path, gid, err)
+		}
 	}
 	if err := os.Chmod(path, os.FileMode(mode)); err != nil {
 		ln.Close()

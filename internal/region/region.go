@@ -38,10 +38,12 @@ type Region struct {
 	ShmOff   uint64
 	IPC      []byte // daemon-allocated CUDA regions: the handle clients open
 	IPCOff   uint64
+	Owner    Caller // who registered it: only the owner and root may act on it
 
 	regs    map[transport.Kind]transport.Registration
 	release func() error // unmap / free; runs once after every transport let go
 	owned   bool         // the daemon created ShmPath and removes it
+	fileID  fileID       // owned: the inode the daemon created at ShmPath
 
 	active  int  // batches using the region (guarded by Registry.mu)
 	closing bool // deregistration started
@@ -79,16 +81,29 @@ type Config struct {
 	CUDA       CUDA   // nil on hosts without a usable GPU
 	CUDAWhy    string // why CUDA is nil, for error messages
 	Log        hclog.Logger
+	// Group is the gid that owns ShmDir (the b2bd group), whose members may
+	// map their regions and create files to import there; 0: no group.
+	Group int
 }
+
+// Modes of the permission model (README, "Permissions"). They are applied
+// with chmod and chown, never through the umask.
+const (
+	ShmDirMode  = os.ModeDir | os.ModeSetgid | 0o770 // drwxrws---, group: Config.Group
+	ShmFileMode = 0o660                              // daemon-allocated region files, owned by the caller
+)
 
 // Registry is the set of regions of one daemon.
 type Registry struct {
-	cfg    Config
-	mu     sync.Mutex
-	seq    uint64
-	byID   map[string]*Region
-	byName map[string]*Region
-	byKey  map[keyRef]*Region
+	cfg      Config
+	instance string   // this daemon instance's random ID: its files are b2bd-<instance>-*
+	lock     *os.File // .b2bd-<instance>.lock, flocked for the daemon's lifetime
+	lockPath string
+	mu       sync.Mutex
+	seq      uint64
+	byID     map[string]*Region
+	byName   map[string]*Region
+	byKey    map[keyRef]*Region
 }
 
 type keyRef struct {
@@ -96,20 +111,212 @@ type keyRef struct {
 	key uint64
 }
 
-// New creates the shm directory if needed.
+// New creates the shm directory if needed and gives it ShmDirMode and the
+// group.
 func New(cfg Config) (*Registry, error) {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
-	if err := os.MkdirAll(cfg.ShmDir, 0o770); err != nil {
-		return nil, fmt.Errorf("region: create shm dir %s: %w", cfg.ShmDir, err)
+	if err := prepareShmDir(cfg.ShmDir, cfg.Group); err != nil {
+		return nil, err
 	}
 	dir, err := filepath.EvalSymlinks(cfg.ShmDir)
 	if err != nil {
 		return nil, fmt.Errorf("region: resolve shm dir %s: %w", cfg.ShmDir, err)
 	}
 	cfg.ShmDir = dir
-	return &Registry{cfg: cfg, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: map[keyRef]*Region{}}, nil
+	g := &Registry{cfg: cfg, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: map[keyRef]*Region{}}
+	if err := g.lockInstance(); err != nil {
+		return nil, err
+	}
+	g.reclaim()
+	return g, nil
+}
+
+// Files in the shm directory that belong to daemon instances. An instance
+// holds flock(LOCK_EX) on its lock file for its lifetime, so a lock file
+// that can be locked belongs to a dead instance (kill -9, a crash), whose
+// region files are then reclaimed. Clients may not import files with these
+// prefixes, so reclamation never touches an import.
+const (
+	reservedPrefix = "b2bd-"  // b2bd-<instance>-region-<rand>
+	lockPrefix     = ".b2bd-" // .b2bd-<instance>.lock
+	lockSuffix     = ".lock"
+)
+
+func isReserved(name string) bool {
+	return strings.HasPrefix(name, reservedPrefix) || strings.HasPrefix(name, lockPrefix)
+}
+
+// lockInstance picks this instance's ID and takes its lock. The file is
+// locked before it gets the name other daemons look for, so that no daemon
+// starting at the same time can take it for a dead one.
+func (g *Registry) lockInstance() error {
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	g.instance = hex.EncodeToString(rnd[:])
+	final := filepath.Join(g.cfg.ShmDir, lockPrefix+g.instance+lockSuffix)
+	tmp := filepath.Join(g.cfg.ShmDir, lockPrefix+g.instance+".init")
+	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("region: create instance lock %s: %w", tmp, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("region: lock %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("region: publish instance lock %s: %w", final, err)
+	}
+	g.lock, g.lockPath = f, final
+	return nil
+}
+
+// reclaim removes what dead instances left in the shm directory: for every
+// lock file that this daemon can lock (its instance is gone) and that a
+// daemon of this uid made, the instance's files and then the lock file.
+func (g *Registry) reclaim() {
+	dir := g.cfg.ShmDir
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		g.cfg.Log.Warn("cannot look for files of dead daemon instances", "dir", dir, "error", err)
+		return
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, lockPrefix) || !strings.HasSuffix(name, lockSuffix) {
+			continue
+		}
+		id := strings.TrimSuffix(strings.TrimPrefix(name, lockPrefix), lockSuffix)
+		if id == g.instance || !isInstanceID(id) {
+			continue
+		}
+		dead, files, bytes, err := g.reclaimInstance(id, entries)
+		if err != nil {
+			g.cfg.Log.Warn("reclaiming a dead daemon instance's files", "instance", id, "error", err)
+		}
+		if dead {
+			g.cfg.Log.Info("reclaimed the files of a dead daemon instance", "instance", id, "dir", dir, "files", files, "bytes", bytes)
+		}
+	}
+}
+
+// reclaimInstance removes instance id's files if it is dead (its lock file
+// can be locked).
+func (g *Registry) reclaimInstance(id string, entries []os.DirEntry) (dead bool, files int, bytes int64, err error) {
+	lockPath := filepath.Join(g.cfg.ShmDir, lockPrefix+id+lockSuffix)
+	// Read-only and non-blocking: flock needs no more, and a FIFO a client
+	// put under that name must not hang the daemon's start.
+	f, err := os.OpenFile(lockPath, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false, 0, 0, fmt.Errorf("open %s: %w", lockPath, err)
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return false, 0, 0, fmt.Errorf("fstat %s: %w", lockPath, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) {
+		// Not made by a daemon running as this uid (a client's file, or
+		// another uid's daemon): never acted on.
+		g.cfg.Log.Debug("not a lock file of this daemon's uid; leaving it", "path", lockPath, "uid", st.Uid, "mode", fmt.Sprintf("%#o", st.Mode))
+		return false, 0, 0, nil
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return false, 0, 0, nil // alive: never touch its files
+		}
+		return false, 0, 0, fmt.Errorf("lock %s: %w", lockPath, err)
+	}
+	// Dead, and locked by us while its files go (a daemon that finds the
+	// same lock file after us finds nothing left).
+	prefix := reservedPrefix + id + "-"
+	var errsSeen []error
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		p := filepath.Join(g.cfg.ShmDir, e.Name())
+		var fst unix.Stat_t
+		if err := unix.Lstat(p, &fst); err != nil {
+			continue
+		}
+		if err := os.Remove(p); err != nil {
+			errsSeen = append(errsSeen, err)
+			continue
+		}
+		files++
+		bytes += fst.Size
+	}
+	if err := os.Remove(lockPath); err != nil {
+		errsSeen = append(errsSeen, err)
+	}
+	return true, files, bytes, errors.Join(errsSeen...)
+}
+
+func isInstanceID(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil
+}
+
+// prepareShmDir creates dir (parents 0755) or checks that an existing one is
+// not a shared directory such as /dev/shm itself, then sets its group and
+// mode explicitly.
+func prepareShmDir(dir string, group int) error {
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if err := MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+			return fmt.Errorf("region: create the parent of --shm-dir %s: %w", dir, err)
+		}
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("region: create --shm-dir %s: %w", dir, err)
+		}
+	case err != nil:
+		return fmt.Errorf("region: --shm-dir %s: %w", dir, err)
+	case !st.IsDir():
+		return fmt.Errorf("%w: --shm-dir %s is not a directory", errs.ErrInvalidArgument, dir)
+	case st.Mode()&(os.ModeSticky|0o002) != 0:
+		return fmt.Errorf("%w: --shm-dir %s is a shared directory (mode %v): give b2bd a directory of its own, e.g. /dev/shm/b2bd", errs.ErrInvalidArgument, dir, st.Mode())
+	}
+	if group > 0 {
+		if err := os.Chown(dir, -1, group); err != nil {
+			return fmt.Errorf("region: give --shm-dir %s to gid %d: %w", dir, group, err)
+		}
+	}
+	if err := os.Chmod(dir, ShmDirMode); err != nil {
+		return fmt.Errorf("region: chmod --shm-dir %s to %v: %w", dir, ShmDirMode, err)
+	}
+	return nil
+}
+
+// MkdirAll is os.MkdirAll with the mode applied explicitly to every
+// directory it creates, whatever the umask.
+func MkdirAll(dir string, mode os.FileMode) error {
+	if st, err := os.Stat(dir); err == nil {
+		if !st.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := MkdirAll(parent, mode); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, mode); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil
+		}
+		return err
+	}
+	return os.Chmod(dir, mode)
 }
 
 // ShmDir is the resolved shared-memory directory.
@@ -117,9 +324,51 @@ func (g *Registry) ShmDir() string { return g.cfg.ShmDir }
 
 // Caller is who asks, as the local API's socket credentials tell: regions'
 // files are handed to their caller, and imports must be the caller's own.
+// A region belongs to the caller that registered it (see Owns).
 type Caller struct {
 	UID, GID uint32
 	Known    bool // false for callers over TCP, whose uid the kernel cannot tell
+	// Identity is a TCP caller's authenticated TLS identity (its
+	// certificate's first DNS name); "" over the plaintext loopback API.
+	Identity string
+}
+
+// Root is a caller with every right over every region.
+var Root = Caller{Known: true}
+
+func (c Caller) String() string {
+	switch {
+	case c.Known:
+		return fmt.Sprintf("uid %d", c.UID)
+	case c.Identity != "":
+		return fmt.Sprintf("TLS identity %q", c.Identity)
+	default:
+		return "an unauthenticated TCP caller"
+	}
+}
+
+// Owns reports whether who may act on a region that c registered: root on
+// the Unix socket may act on every region; a socket caller on the regions
+// registered with its uid; a TCP caller (uid unknown) on the regions
+// registered over TCP with its TLS identity. Unauthenticated TCP callers
+// (the plaintext loopback API) share one identity, "", and never reach a
+// region registered on the socket or with a certificate.
+func (c Caller) Owns(who Caller) bool {
+	if who.Known && who.UID == 0 {
+		return true
+	}
+	if c.Known || who.Known {
+		return c.Known && who.Known && c.UID == who.UID
+	}
+	return c.Identity == who.Identity
+}
+
+// permit checks that who may act on r; g.mu held or r immutable.
+func permit(r *Region, field string, who Caller) error {
+	if r.Owner.Owns(who) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s %s belongs to %s, not to the caller (%s)", errs.ErrPermissionDenied, field, r.ID, r.Owner, who)
 }
 
 // AllocHost creates a shared-memory file of size bytes, owned by the caller,
@@ -136,18 +385,27 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller) (*Region, e
 	}
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
-	path := filepath.Join(g.cfg.ShmDir, "region-"+hex.EncodeToString(rnd[:]))
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o660)
+	path := filepath.Join(g.cfg.ShmDir, reservedPrefix+g.instance+"-region-"+hex.EncodeToString(rnd[:]))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("region: create %s: %w", path, err)
 	}
 	defer f.Close()
-	if who.Known && os.Geteuid() == 0 && who.UID != 0 {
-		// The daemon runs as root; the caller must be able to map the file.
-		if err := f.Chown(int(who.UID), int(who.GID)); err != nil {
-			os.Remove(path)
-			return nil, fmt.Errorf("region: hand %s to uid %d: %w", path, who.UID, err)
-		}
+	// The caller must be able to map the file, and nobody else: it is handed
+	// to the caller's uid and gid (the setgid directory's group would let
+	// every member of the b2bd group in). A caller whose uid is unknown (TCP)
+	// never maps it: the daemon's own gid then.
+	uid, gid := -1, os.Getegid()
+	if who.Known && os.Geteuid() == 0 {
+		uid, gid = int(who.UID), int(who.GID)
+	}
+	if err := f.Chown(uid, gid); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("region: hand %s to uid %d gid %d: %w", path, uid, gid, err)
+	}
+	if err := f.Chmod(ShmFileMode); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("region: chmod %s to %#o: %w", path, ShmFileMode, err)
 	}
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
 		os.Remove(path)
@@ -156,12 +414,17 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller) (*Region, e
 		}
 		return nil, fmt.Errorf("region: fallocate %s (%d bytes): %w", path, size, err)
 	}
+	id, err := fileIDOf(f)
+	if err != nil {
+		os.Remove(path)
+		return nil, err
+	}
 	mem, unmap, err := mapFile(f, 0, size)
 	if err != nil {
 		os.Remove(path)
 		return nil, err
 	}
-	r := &Region{Mem: mem, ShmPath: path, release: unmap, owned: true}
+	r := &Region{Mem: mem, ShmPath: path, release: unmap, owned: true, fileID: id, Owner: who}
 	return g.add(r, export)
 }
 
@@ -203,7 +466,7 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 	if err != nil {
 		return nil, err
 	}
-	return g.add(&Region{Mem: mem, ShmPath: real, ShmOff: offset, release: unmap}, export)
+	return g.add(&Region{Mem: mem, ShmPath: real, ShmOff: offset, release: unmap, Owner: who}, export)
 }
 
 // openInShmDir opens path only if it resolves to a regular file inside the
@@ -226,6 +489,11 @@ func (g *Registry) openInShmDir(path string) (*os.File, string, error) {
 	if rel, err := filepath.Rel(g.cfg.ShmDir, real); err != nil || rel == "." || strings.HasPrefix(rel, "..") {
 		return nil, "", fmt.Errorf("%w: host_file.path %s resolves to %s, outside the shm directory %s", errs.ErrPermissionDenied, path, real, g.cfg.ShmDir)
 	}
+	for _, p := range []string{path, real} {
+		if isReserved(filepath.Base(p)) {
+			return nil, "", fmt.Errorf("%w: host_file.path %s: names starting with %q or %q are reserved for the daemon's own files", errs.ErrInvalidArgument, p, reservedPrefix, lockPrefix)
+		}
+	}
 	pre, err := os.Stat(real)
 	if err != nil || !pre.Mode().IsRegular() {
 		return nil, "", fmt.Errorf("%w: host_file.path %s is not a regular file", errs.ErrInvalidArgument, real)
@@ -244,7 +512,7 @@ func (g *Registry) openInShmDir(path string) (*os.File, string, error) {
 }
 
 // AllocCUDA allocates GPU memory on device.
-func (g *Registry) AllocCUDA(device int, size uint64, export Export) (*Region, error) {
+func (g *Registry) AllocCUDA(device int, size uint64, export Export, who Caller) (*Region, error) {
 	if g.cfg.CUDA == nil {
 		return nil, fmt.Errorf("%w: cuda_alloc: this daemon has no usable GPU: %s", errs.ErrFailedPrecondition, g.cfg.CUDAWhy)
 	}
@@ -258,11 +526,11 @@ func (g *Registry) AllocCUDA(device int, size uint64, export Export) (*Region, e
 	if err != nil {
 		return nil, err
 	}
-	return g.add(&Region{Mem: mem, IPC: ipc, release: free}, export)
+	return g.add(&Region{Mem: mem, IPC: ipc, release: free, Owner: who}, export)
 }
 
 // ImportCUDA maps an application's GPU allocation through its IPC handle.
-func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, export Export) (*Region, error) {
+func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, export Export, who Caller) (*Region, error) {
 	if g.cfg.CUDA == nil {
 		return nil, fmt.Errorf("%w: cuda_ipc: this daemon has no usable GPU: %s", errs.ErrFailedPrecondition, g.cfg.CUDAWhy)
 	}
@@ -276,7 +544,7 @@ func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, ex
 	if err != nil {
 		return nil, err
 	}
-	return g.add(&Region{Mem: mem, release: free}, export)
+	return g.add(&Region{Mem: mem, release: free, Owner: who}, export)
 }
 
 // add registers r with every transport and publishes it. On failure it
@@ -336,12 +604,39 @@ func (g *Registry) releaseMemory(r *Region) {
 		r.release = nil
 	}
 	if r.owned && r.ShmPath != "" {
-		_ = os.Remove(r.ShmPath)
+		// The client may have unlinked the file and put its own at the
+		// path: only the inode the daemon created is removed.
+		if id, err := fileIDAt(r.ShmPath); err == nil && id == r.fileID {
+			_ = os.Remove(r.ShmPath)
+		} else if err == nil {
+			g.cfg.Log.Info("region file was replaced by its client; leaving the new file", "id", r.ID, "path", r.ShmPath)
+		}
 	}
 }
 
-// SetExport sets (or, with an empty name, clears) a region's export.
-func (g *Registry) SetExport(id string, export Export) (*Region, error) {
+// fileID identifies an inode.
+type fileID struct{ dev, ino uint64 }
+
+func fileIDOf(f *os.File) (fileID, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fileID{}, fmt.Errorf("region: fstat %s: %w", f.Name(), err)
+	}
+	return fileID{uint64(st.Dev), st.Ino}, nil
+}
+
+// fileIDAt identifies the file at path itself (a symlink is not followed).
+func fileIDAt(path string) (fileID, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return fileID{}, fmt.Errorf("region: lstat %s: %w", path, err)
+	}
+	return fileID{uint64(st.Dev), st.Ino}, nil
+}
+
+// SetExport sets (or, with an empty name, clears) a region's export, for
+// its owner or root.
+func (g *Registry) SetExport(id string, export Export, who Caller) (*Region, error) {
 	if err := export.check(); err != nil {
 		return nil, err
 	}
@@ -351,6 +646,9 @@ func (g *Registry) SetExport(id string, export Export) (*Region, error) {
 	r, ok := g.byID[id]
 	if !ok || r.closing {
 		return nil, fmt.Errorf("%w: region_id %q is not registered", errs.ErrNotFound, id)
+	}
+	if err := permit(r, "region_id", who); err != nil {
+		return nil, err
 	}
 	if name != "" {
 		if o, taken := g.byName[name]; taken && o != r {
@@ -369,13 +667,17 @@ func (g *Registry) SetExport(id string, export Export) (*Region, error) {
 	return r, nil
 }
 
-// Acquire finds a region by ID and holds it for a batch until release.
-func (g *Registry) Acquire(id, field string) (*Region, func(), error) {
+// Acquire finds a region by ID for its owner (or root), and holds it for a
+// batch until release.
+func (g *Registry) Acquire(id, field string, who Caller) (*Region, func(), error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	r, ok := g.byID[id]
 	if !ok || r.closing {
 		return nil, nil, fmt.Errorf("%w: %s %q is not a registered region", errs.ErrNotFound, field, id)
+	}
+	if err := permit(r, field, who); err != nil {
+		return nil, nil, err
 	}
 	r.active++
 	return r, func() { g.done(r) }, nil
@@ -426,14 +728,18 @@ func (g *Registry) done(r *Region) {
 	g.mu.Unlock()
 }
 
-// Deregister releases a region. It refuses while batches use it, so memory
-// is never unmapped under a transfer.
-func (g *Registry) Deregister(id string) error {
+// Deregister releases a region for its owner (or root). It refuses while
+// batches use it, so memory is never unmapped under a transfer.
+func (g *Registry) Deregister(id string, who Caller) error {
 	g.mu.Lock()
 	r, ok := g.byID[id]
 	if !ok || r.closing {
 		g.mu.Unlock()
 		return fmt.Errorf("%w: region_id %q is not registered", errs.ErrNotFound, id)
+	}
+	if err := permit(r, "region_id", who); err != nil {
+		g.mu.Unlock()
+		return err
 	}
 	if r.active > 0 {
 		n := r.active
@@ -469,13 +775,16 @@ func (g *Registry) close(r *Region) {
 	g.cfg.Log.Debug("region released", "id", r.ID)
 }
 
-// List returns a snapshot of the regions ordered by ID, with active counts.
-func (g *Registry) List() []Snapshot {
+// List returns a snapshot of the regions who may act on (every region for
+// root), ordered by ID, with active counts.
+func (g *Registry) List(who Caller) []Snapshot {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	out := make([]Snapshot, 0, len(g.byID))
 	for _, r := range g.byID {
-		out = append(out, Snapshot{Region: r, Active: r.active})
+		if r.Owner.Owns(who) {
+			out = append(out, Snapshot{Region: r, Active: r.active})
+		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		return len(out[i].ID) < len(out[j].ID) || (len(out[i].ID) == len(out[j].ID) && out[i].ID < out[j].ID)
@@ -496,7 +805,8 @@ func (g *Registry) Len() int {
 	return len(g.byID)
 }
 
-// Close releases every region, waiting for none: callers stop batches first.
+// Close releases every region, waiting for none: callers stop batches
+// first. Then the instance lock goes.
 func (g *Registry) Close() {
 	g.mu.Lock()
 	rs := make([]*Region, 0, len(g.byID))
@@ -504,9 +814,15 @@ func (g *Registry) Close() {
 		g.unpublish(r)
 		rs = append(rs, r)
 	}
+	lock := g.lock
+	g.lock = nil
 	g.mu.Unlock()
 	for _, r := range rs {
 		g.close(r)
+	}
+	if lock != nil {
+		_ = os.Remove(g.lockPath)
+		_ = lock.Close()
 	}
 }
 
