@@ -357,6 +357,9 @@ func (g *Registry) SetExport(id string, export Export) (*Region, error) {
 			return nil, fmt.Errorf("%w: export_name %q is already used by region %s", errs.ErrAlreadyExists, name, o.ID)
 		}
 	}
+	if err := g.revokeIfNarrowed(r, export); err != nil {
+		return nil, err
+	}
 	if r.Export != "" {
 		delete(g.byName, r.Export)
 	}

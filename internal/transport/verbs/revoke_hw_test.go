@@ -194,8 +194,21 @@ func TestHWRevokeOnNarrowedExport(t *testing.T) {
 		}
 	}
 
+	mrs := func(want int64) {
+		t.Helper()
+		if n := rp.b.live.mrs.Load(); n != want {
+			t.Fatalf("receiver holds %d MRs, want %d", n, want)
+		}
+	}
 	land(rp.remote)
 	old := rp.remote
+	mrs(2) // the SRQ buffers' and the region's
+	// A batch landing through the old key (between its meta and its ack)
+	// holds the old MR: the narrowing does not cut it off.
+	hreg, held := rp.b.useRKey(uint32(old.Key.Key))
+	if held == nil {
+		t.Fatal("the region's MR is not found by its rkey")
+	}
 	// Narrowed: every authenticated peer -> one other identity.
 	if _, err := rp.g.SetExport(rp.dst.ID, region.Export{Name: "dst", To: []string{"someone-else"}}); err != nil {
 		t.Fatal(err)
@@ -204,6 +217,17 @@ func TestHWRevokeOnNarrowedExport(t *testing.T) {
 	if cur.Key == old.Key {
 		t.Fatalf("narrowing the export kept the rkey %#x", old.Key.Key)
 	}
+	mrs(3) // the old MR waits for the batch holding it
+	// A new batch with the old key while the old MR drains: the registry no
+	// longer pins the key, so it is refused (never success).
+	r.Read(rp.sm.Host)
+	if _, err := rp.conn.Write(ctx, rp.src, old, b); !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("a batch with the old key while it drains: got %v, want a NotFound refusal", err)
+	} else {
+		t.Logf("while the old MR drains: %v", err)
+	}
+	hreg.done(held) // the held batch ends: the old MR goes
+	mrs(2)
 	refused(old)
 	rp.connect(t) // the failed completion broke the connection
 	land(cur)
