@@ -1,17 +1,23 @@
 #!/bin/bash
-# hw-verbs.sh - runs the verbs transport's hardware tests (internal/transport/verbs, TestHW*) in VM A of the
-# testbed; VM B only powers off. The tests connect two transports on A's rxe0 in one process (loopback).
+# hw-verbs.sh - runs the verbs transport's hardware tests (internal/transport/verbs, TestHW*) in the testbed.
 #
 #   CGO_ENABLED=1 GOAMD64=v1 go test -c -o bin/verbs.test ./internal/transport/verbs
-#   B2B_HW_TEST=$PWD/bin/verbs.test B2B_HW_RUN='^TestHW(Refused|Revoke|DeadlineStops)' \
-#       deploy/rdma-testbed/run-pair.sh "$PWD/deploy/rdma-testbed/hw-verbs.sh" "$PWD/deploy/rdma-testbed/hw-verbs.sh"
+#   mkdir -p OUT; echo "B2B_HW_RUN='^TestHW(Refused|Revoke|DeadlineStops)'" > OUT/hw.env
+#   deploy/rdma-testbed/run-pair.sh "$PWD/deploy/rdma-testbed/hw-verbs.sh" "$PWD/deploy/rdma-testbed/hw-verbs.sh" --out OUT
 #
-# run-pair.sh passes no environment of its own choosing into the VMs, so the test binary and the -test.run
-# pattern come from $B2B_OUT/hw.env when present (written by the caller), else from the defaults below.
+# The VMs get no environment from the caller, so settings come from $B2B_OUT/hw.env when present:
+#   B2B_HW_TEST  the test binary (default <repo>/bin/verbs.test)
+#   B2B_HW_RUN   -test.run pattern (default ^TestHW)
+#   B2B_HW_PAIR  1: both VMs run the binary (two-host tests such as TestHWPair, with B2B_PAIR=1 and any
+#                B2B_PAIR_* settings from hw.env); otherwise only A runs it (loopback tests on A's rxe0)
+#                and B powers off at once.
 set -euo pipefail
 : "${B2B_ROLE:?run me through run-pair.sh}" "${B2B_OUT:?}"
-[ "$B2B_ROLE" = a ] || exit 0
+set -a
+# shellcheck source=/dev/null
 [ -f "$B2B_OUT/hw.env" ] && . "$B2B_OUT/hw.env"
+set +a
+[ "$B2B_ROLE" = a ] || [ "${B2B_HW_PAIR:-0}" = 1 ] || exit 0
 bin=${B2B_HW_TEST:-$(dirname "$(readlink -f "$0")")/../../bin/verbs.test}
 run=${B2B_HW_RUN:-^TestHW}
 echo "[hw-verbs] $bin -test.run '$run'"
