@@ -282,10 +282,11 @@ func wcError(s *qpSet, w *ibv.WC) error {
 	}
 	if kind == ibv.KindData && w.Status == ibv.WCRemAccessErr {
 		// Bounds are checked before posting, so the remote NIC refused the
-		// rkey itself: deregistered, or revoked by a narrowed export. NotFound
-		// lets the caller drop a cached key and resolve the region afresh.
-		return fmt.Errorf("verbs: work completion on QP %d to %s failed: %s (status %d, vendor_err %#x) for %s: the destination's rkey is no longer valid there (region deregistered, or its export narrowed and the key revoked); batch aborted: %w (%w)",
-			w.QPNum, s.peer, st, w.Status, w.VendorErr, what, errs.ErrNotFound, errs.ErrAborted)
+		// rkey itself: deregistered, or revoked by a narrowed export. Still
+		// Aborted (the connection broke; the peer manager forgets the
+		// peer's resolved keys with it, so the next attempt resolves afresh).
+		return fmt.Errorf("verbs: work completion on QP %d to %s failed: %s (status %d, vendor_err %#x) for %s: the destination's rkey is not valid there (region deregistered, or its export narrowed and the key revoked); batch aborted: %w",
+			w.QPNum, s.peer, st, w.Status, w.VendorErr, what, errs.ErrAborted)
 	}
 	return fmt.Errorf("verbs: work completion on QP %d to %s failed: %s (status %d, vendor_err %#x) for %s; batch aborted: %w",
 		w.QPNum, s.peer, st, w.Status, w.VendorErr, what, errs.ErrAborted)
