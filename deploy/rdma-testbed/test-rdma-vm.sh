@@ -173,7 +173,7 @@ if [ -x "${E2E:-}" ]; then
 	log "e2e tests over verbs"
 	B2B_E2E_SRC_API=unix:///run/b2bd.sock B2B_E2E_DST_API="$B2B_PEER_IP:7480" B2B_E2E_DST_PEER="$B2B_PEER_IP:7470" \
 		B2B_E2E_TLS_CERT="$certs/b.pem" B2B_E2E_TLS_KEY="$certs/b-key.pem" B2B_E2E_TLS_CA="$certs/ca.pem" \
-		"$E2E" -test.run '^TestRemote$' -test.v -test.timeout 300s 2>&1 | tee "$B2B_OUT/e2e.log" | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go' || true
+		"$E2E" -test.run '^(TestRemote|TestRemoteRevoke|TestRemoteDeadline)$' -test.v -test.timeout 300s 2>&1 | tee "$B2B_OUT/e2e.log" | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go' || true
 	grep -q '^PASS' "$B2B_OUT/e2e.log" || { log "e2e over verbs FAILED"; rc=1; }
 fi
 # One bench run per group of consecutive sizes with the same block count (each run measures its TCP

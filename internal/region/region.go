@@ -655,6 +655,9 @@ func (g *Registry) SetExport(id string, export Export, who Caller) (*Region, err
 			return nil, fmt.Errorf("%w: export_name %q is already used by region %s", errs.ErrAlreadyExists, name, o.ID)
 		}
 	}
+	if err := g.revokeIfNarrowed(r, export); err != nil {
+		return nil, err
+	}
 	if r.Export != "" {
 		delete(g.byName, r.Export)
 	}

@@ -35,6 +35,17 @@ type Registration interface {
 	Close() error
 }
 
+// Rekeyer is implemented by registrations whose remote key can be replaced,
+// which revokes the old one: the registry rekeys a region when its export
+// narrows or is removed, so a peer that resolved the key before cannot keep
+// writing with it.
+type Rekeyer interface {
+	// Rekey gives the registration a new key (Key returns it from now on)
+	// and returns the old one. The old key stops working once the batches
+	// using it have ended (at once when none does); they are not cut off.
+	Rekey() (old RemoteKey, err error)
+}
+
 // RemoteRegion is a peer's exported region as resolved over the control plane.
 type RemoteRegion struct {
 	Name string

@@ -46,6 +46,26 @@ type rxSlot struct {
 	bytes   uint64
 	metaQP  int
 	release func()
+	// reg/mr: the destination MR held from the meta to the ack, so a Rekey
+	// retires it only once the batch is done.
+	reg *registration
+	mr  *mrRef
+	// refused: the destination could not be pinned when the meta arrived;
+	// the batch is acked with refuseBit and never accounted as landed.
+	refused bool
+	why     error
+}
+
+// unpin releases what the slot holds: the registry's pin and the MR.
+func (sl *rxSlot) unpin() {
+	if sl.release != nil {
+		sl.release()
+		sl.release = nil
+	}
+	if sl.mr != nil {
+		sl.reg.done(sl.mr)
+		sl.reg, sl.mr = nil, nil
+	}
 }
 
 // qpSet is one connection's QPs, CQ and state, in either direction. A
@@ -219,8 +239,8 @@ func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst trans
 	if !ok || reg.t != s.t {
 		return st, fmt.Errorf("verbs: write: source was not registered with this verbs transport: %w", errs.ErrInvalidArgument)
 	}
-	if reg.mr == nil || dst.Key.Key > 0xFFFFFFFF {
-		return st, fmt.Errorf("verbs: write: bad source registration or rkey %#x: %w", dst.Key.Key, errs.ErrInvalidArgument)
+	if dst.Key.Key > 0xFFFFFFFF {
+		return st, fmt.Errorf("verbs: write: bad rkey %#x: %w", dst.Key.Key, errs.ErrInvalidArgument)
 	}
 	if dst.Size > 0 && dst.Key.Addr+dst.Size < dst.Key.Addr {
 		return st, fmt.Errorf("verbs: write: destination [%#x, +%d) wraps: %w", dst.Key.Addr, dst.Size, errs.ErrInvalidArgument)
@@ -243,7 +263,14 @@ func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst trans
 	if err := ctx.Err(); err != nil { // nothing posted yet: the conn stays usable
 		return st, fmt.Errorf("verbs: write to %s not started: %w", s.peer, err)
 	}
-	return s.write(ctx, reg, dst, b, total)
+	// The source MR is held for the batch: a Rekey of the source region
+	// retires it only once this batch stopped posting from it.
+	ref := reg.use()
+	if ref == nil {
+		return st, fmt.Errorf("verbs: write: source registration closed: %w", errs.ErrFailedPrecondition)
+	}
+	defer reg.done(ref)
+	return s.write(ctx, ref.mr, reg.mem, dst, b, total)
 }
 
 // waitCredit blocks until the poller returns credits, the set breaks, or
@@ -260,18 +287,54 @@ func (s *qpSet) waitCredit(ctx context.Context, tag uint32) error {
 }
 
 // abandon fails the set because a batch with WRs in flight ran out of time:
-// its acks and completions could otherwise confuse the next batch.
+// its acks and completions could otherwise confuse the next batch. Before
+// the caller hears of it, every QP of the set goes to ERROR (see halt), so
+// the NIC sends none of the WRITEs still queued: a batch reported as failed
+// does not go on landing behind the caller's back. The set stays broken; the
+// peer manager replaces it for the next batch.
 func (s *qpSet) abandon(ctx context.Context, tag uint32) error {
-	err := fmt.Errorf("verbs: batch %d to %s cut off by its deadline with work requests in flight; connection dropped: %w (%w)", tag, s.peer, errs.ErrAborted, ctx.Err())
+	err := fmt.Errorf("verbs: batch %d to %s cut off by its deadline with work requests in flight; QPs stopped and connection dropped: %w (%w)", tag, s.peer, errs.ErrAborted, ctx.Err())
 	s.fail(err, true)
+	s.halt()
 	return err
 }
 
-func (s *qpSet) write(ctx context.Context, reg *registration, dst transport.RemoteRegion, b *desc.Batch, total uint64) (transport.Stats, error) {
+// haltWait bounds how long halt waits for the flushed completions.
+const haltWait = time.Second
+
+// halt moves every QP of a sending set to ERROR (ibv_modify_qp IBV_QPS_ERR)
+// and waits, at most haltWait, until the poller has seen a completion for
+// every WR posted: each WR the NIC had not finished completes with
+// IBV_WC_WR_FLUSH_ERR (flushed WRs complete even when unsignaled), which
+// returns its credit. Once the requester flushed, it transmits nothing more.
+// What it can no longer take back are packets it already put on the wire
+// before the transition: those still reach the receiver (whose QP is in
+// RTS) within one network delay; in the test VMs that is far under the
+// flush wait, on a real fabric microseconds.
+func (s *qpSet) halt() {
+	for _, q := range s.qps {
+		if err := q.qp.ToError(); err != nil {
+			s.t.log.Warn("verbs: moving a QP to ERROR after a deadline failed", "peer", s.peer, "conn", s.id, "qp", q.qp.Num(), "error", err)
+		}
+	}
+	deadline := time.Now().Add(haltWait)
+	for _, q := range s.qps {
+		for int32(q.posted-q.done.Load()) > 0 {
+			if time.Now().After(deadline) {
+				s.t.log.Warn("verbs: flushed completions still missing after a deadline", "peer", s.peer, "conn", s.id, "qp", q.qp.Num(),
+					"in_flight", int32(q.posted-q.done.Load()))
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst transport.RemoteRegion, b *desc.Batch, total uint64) (transport.Stats, error) {
 	var st transport.Stats
 	t := s.t
 	cfg := &t.cfg
-	s.tag = (s.tag + 1) & tagMask
+	s.tag = nextTag(s.tag)
 	tag := s.tag
 
 	nq := 0
@@ -300,13 +363,12 @@ func (s *qpSet) write(ctx context.Context, reg *registration, dst transport.Remo
 	}
 	st.WorkRequests++
 
-	src := reg.mr
 	params := ibv.ChainParams{
-		SrcBase: src.Addr(), DstBase: dst.Key.Addr, SrcLimit: reg.mem.Len, DstLimit: dst.Size,
+		SrcBase: src.Addr(), DstBase: dst.Key.Addr, SrcLimit: mem.Len, DstLimit: dst.Size,
 		LKey: src.LKey(), RKey: uint32(dst.Key.Key), MaxWR: cfg.MaxChain, MaxSGE: t.maxSGE,
 		MaxWRBytes: t.wrBytes, MaxChainBytes: uint64(cfg.ChainBytes), SignalEvery: cfg.SignalEvery,
 	}
-	if reg.mem.Kind == memory.Host {
+	if mem.Kind == memory.Host {
 		params.InlineMax = t.inline // the CPU reads inline data: never for GPU memory
 	}
 	for k := 0; k < nq; k++ {
@@ -355,7 +417,17 @@ func (s *qpSet) write(ctx context.Context, reg *registration, dst transport.Remo
 			}
 		}
 	}
-	for s.lastAck.Load() != tag {
+	for {
+		a := s.lastAck.Load()
+		if a == tag {
+			break
+		}
+		if a == tag|refuseBit {
+			// Every immediate of the batch arrived, so nothing of it is left
+			// in flight: the connection stays usable.
+			return st, fmt.Errorf("verbs: batch %d to %s refused by the receiver: destination region %q (rkey %#x) is no longer registered or exported there (deregistered, un-exported, or its key revoked): %w",
+				tag, s.peer, dst.Name, dst.Key.Key, errs.ErrNotFound)
+		}
 		select {
 		case <-s.ackSig:
 		case <-s.broken:
@@ -439,10 +511,7 @@ func (s *qpSet) destroy() error {
 			s.drainCQ(0)
 		}
 		for k := range s.rx {
-			if sl := &s.rx[k]; sl.release != nil {
-				sl.release()
-				sl.release = nil
-			}
+			s.rx[k].unpin()
 		}
 		errList = append(errList, s.cq.Close(), s.ctlMR.Close())
 		s.ctlMem.Free()

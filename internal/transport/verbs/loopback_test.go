@@ -40,15 +40,26 @@ func (f fakePeer) ConnectVerbs(ctx context.Context, in *b2bv1.ConnectVerbsReques
 	return f.t.AcceptVerbs(ctx, in)
 }
 
+// DisconnectVerbs: a sender whose QPs are in error (a cut-off batch) tells
+// the receiver over the control plane.
+func (f fakePeer) DisconnectVerbs(ctx context.Context, in *b2bv1.DisconnectVerbsRequest, _ ...grpc.CallOption) (*b2bv1.DisconnectVerbsResponse, error) {
+	f.t.DisconnectVerbs(in.GetNodeName(), in.GetConnectionId())
+	return &b2bv1.DisconnectVerbsResponse{}, nil
+}
+
 // inbound counts landed batches and pins. Its release func is made once,
 // so the benchmark's allocation count is the transport's alone.
 type inbound struct {
 	batches, blocks, bytes atomic.Uint64
 	pins, unpins           atomic.Int64
 	unpin                  func()
+	refuse                 atomic.Bool // Pin fails, as for a deregistered or un-exported region
 }
 
 func (in *inbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	if in.refuse.Load() {
+		return memory.Memory{}, nil, fmt.Errorf("test inbound: no live %s registration has key %#x: %w", k, key, errs.ErrNotFound)
+	}
 	in.pins.Add(1)
 	return memory.Memory{}, in.unpin, nil
 }

@@ -15,12 +15,16 @@ package verbs
 //	                  batch stays under B2B_PAIR_MAXBYTES (default 2000, 24 MiB)
 //	B2B_PAIR_ITERS    timed batches per point (default 3)
 //	B2B_PAIR_CONFIGS  ";"-separated "qps=2,signal=16,chain=64,chainbytes=1048576,sge=16,inline=0"
+//	B2B_PAIR_MODE     "deadline": instead of the sweep, pairDeadline (a batch
+//	                  cut off by its deadline stops landing; first config)
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand"
 	"net"
@@ -33,9 +37,12 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -162,6 +169,12 @@ func pairReceiver(t *testing.T, dev string, region uint64, log hclog.Logger) {
 				}
 			}
 			clear(dm.Host)
+		case "digest": // xxhash of every MiB of the region, for "did anything change"
+			for off := 0; off < len(dm.Host); off += 1 << 20 {
+				reply.Payload = binary.LittleEndian.AppendUint64(reply.Payload, xxhash.Sum64(dm.Host[off:min(off+1<<20, len(dm.Host))]))
+			}
+		case "clear":
+			clear(dm.Host)
 		case "done":
 			t.Logf("receiver: %d batches landed, %d bytes", in.batches.Load(), in.bytes.Load())
 			enc.Encode(reply)
@@ -204,6 +217,13 @@ func (s *sideChannel) ConnectVerbs(ctx context.Context, in *b2bv1.ConnectVerbsRe
 	return &resp, proto.Unmarshal(r.Payload, &resp)
 }
 
+// DisconnectVerbs: the side channel is strictly request/answer, so a
+// disconnect from the transport's background goroutine is not carried; the
+// receiver's keepalive frees the set instead.
+func (s *sideChannel) DisconnectVerbs(context.Context, *b2bv1.DisconnectVerbsRequest, ...grpc.CallOption) (*b2bv1.DisconnectVerbsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "not over the pair side channel")
+}
+
 func parsePairConfig(s string, dev string) (Config, error) {
 	c := DefaultConfig()
 	c.Device = dev
@@ -231,6 +251,8 @@ func parsePairConfig(s string, dev string) (Config, error) {
 			c.InlineBytes = n
 		case "minqp":
 			c.MinQPBytes = n
+		case "sq":
+			c.SQDepth = n
 		case "spinus":
 			c.PollSpin = time.Duration(n) * time.Microsecond
 		default:
@@ -274,6 +296,15 @@ func pairSender(t *testing.T, dev, peerIP string, region uint64, log hclog.Logge
 	configs := strings.Split(envOr("B2B_PAIR_CONFIGS", "qps=2"), ";")
 
 	sm := mmapHost(t, int(region))
+	if os.Getenv("B2B_PAIR_MODE") == "deadline" {
+		cfg, err := parsePairConfig(configs[0], dev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pairDeadline(t, cfg, sc, remote, sm, region, sizes[0], peerIP, log)
+		sc.call(pairMsg{Op: "done"})
+		return
+	}
 	seed := int64(1)
 	for _, cs := range configs {
 		cfg, err := parsePairConfig(cs, dev)
@@ -343,4 +374,87 @@ func envOr(k, d string) string {
 		return v
 	}
 	return d
+}
+
+// pairDeadline: a batch far bigger than the send queues (B2B_PAIR_SIZES'
+// first size per block, one WR each; "sq=64" in the config keeps the queues
+// short so the writer waits for credits, where it looks at the deadline),
+// cut off by a
+// 150 ms deadline between two hosts (acks take a network round trip, so WRs
+// are really in flight), fails with DeadlineExceeded; the receiver's bytes
+// sampled right after the error and 2 s later are the same (the QPs were
+// moved to ERROR before the error was returned); the next batch, on a fresh
+// connection, lands every block.
+func pairDeadline(t *testing.T, cfg Config, sc *sideChannel, remote transport.RemoteRegion, sm memory.Memory, region, sz uint64, peerIP string, log hclog.Logger) {
+	tr, err := New(cfg, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	src, err := tr.Register(sm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	connect := func() transport.Conn {
+		c, err := tr.Connect(context.Background(), transport.Peer{Address: peerIP, Control: sc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	conn := connect()
+	const seed = 77
+	n := int(region / sz)
+	pairFill(seed, sm.Host)
+	b := pairLayout(seed, sz, n, region) // one WR per block, scattered
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	start := time.Now()
+	_, err = conn.Write(ctx, src, remote, b)
+	el := time.Since(start)
+	cancel()
+	d1, derr := sc.call(pairMsg{Op: "digest"})
+	if err == nil {
+		t.Skipf("%d bytes landed within the 150 ms deadline (%v): the link is too fast for this test", region, el)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want DeadlineExceeded", err)
+	}
+	if derr != nil {
+		t.Fatal(derr)
+	}
+	t.Logf("cut off after %v: %v", el, err)
+	time.Sleep(2 * time.Second)
+	d2, err := sc.call(pairMsg{Op: "digest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := 0
+	for k := 0; k+8 <= len(d1.Payload); k += 8 {
+		if !bytes.Equal(d1.Payload[k:k+8], d2.Payload[k:k+8]) {
+			changed++
+		}
+	}
+	fmt.Printf("DEADLINE cut_off_after_ms=%.0f mib_changed_after_error=%d of %d\n", el.Seconds()*1e3, changed, len(d1.Payload)/8)
+	if changed > 0 {
+		t.Fatalf("%d of %d MiB of the destination changed in the 2 s after DeadlineExceeded was returned: WRITEs went on landing", changed, len(d1.Payload)/8)
+	}
+	if conn.Err() == nil {
+		t.Fatal("the connection is still marked usable after a cut-off batch")
+	}
+	conn.Close()
+	if _, err := sc.call(pairMsg{Op: "clear"}); err != nil {
+		t.Fatal(err)
+	}
+	conn = connect()
+	defer conn.Close()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Second)
+	defer cancel2()
+	if _, err := conn.Write(ctx2, src, remote, b); err != nil {
+		t.Fatalf("the batch after the cut-off one: %v", err)
+	}
+	if _, err := sc.call(pairMsg{Op: "verify", Seed: seed, Size: sz, N: n}); err != nil {
+		t.Fatalf("the batch after the cut-off one: %v", err)
+	}
+	t.Logf("the next batch landed and verified all %d blocks", n)
 }

@@ -280,6 +280,14 @@ func wcError(s *qpSet, w *ibv.WC) error {
 	default:
 		what = fmt.Sprintf("wr_id %#x", w.WRID)
 	}
+	if kind == ibv.KindData && w.Status == ibv.WCRemAccessErr {
+		// Bounds are checked before posting, so the remote NIC refused the
+		// rkey itself: deregistered, or revoked by a narrowed export. Still
+		// Aborted (the connection broke; the peer manager forgets the
+		// peer's resolved keys with it, so the next attempt resolves afresh).
+		return fmt.Errorf("verbs: work completion on QP %d to %s failed: %s (status %d, vendor_err %#x) for %s: the destination's rkey is not valid there (region deregistered, or its export narrowed and the key revoked); batch aborted: %w",
+			w.QPNum, s.peer, st, w.Status, w.VendorErr, what, errs.ErrAborted)
+	}
 	return fmt.Errorf("verbs: work completion on QP %d to %s failed: %s (status %d, vendor_err %#x) for %s; batch aborted: %w",
 		w.QPNum, s.peer, st, w.Status, w.VendorErr, what, errs.ErrAborted)
 }
@@ -306,9 +314,7 @@ func (p *poller) reap() {
 func (p *poller) slot(s *qpSet, tag uint32) *rxSlot {
 	sl := &s.rx[tag%uint32(len(s.rx))]
 	if !sl.active || sl.tag != tag {
-		if sl.release != nil {
-			sl.release() // a stale batch of an aborted sender
-		}
+		sl.unpin() // a stale batch of an aborted sender
 		*sl = rxSlot{active: true, tag: tag}
 	}
 	return sl
@@ -342,12 +348,33 @@ func (p *poller) onMsg(s *qpSet, qpn uint32) {
 				sl.metaQP = k
 			}
 		}
-		if in := p.t.in; in != nil && sl.release == nil {
-			// Keeps the region registered while the batch lands; the MR
-			// itself already guards the memory (a deregistered rkey makes
-			// the sender's WRITEs fail, never land elsewhere).
+		if in := p.t.in; in != nil && sl.release == nil && !sl.refused {
+			// The pin keeps the region registered from here to the ack (it
+			// is released right before the ack is posted, so a sender that
+			// saw the ack may deregister at once). A destination that cannot
+			// be pinned (deregistered, un-exported, key revoked) refuses the
+			// batch: the ack carries refuseBit and the sender fails it with
+			// NotFound; it is never accounted or acked as landed.
+			//
+			// Ordering: the meta SEND goes first on one QP, but WRITEs on
+			// the batch's other QPs may land before the poller sees it, so
+			// the pin cannot cover them. The MR guards that window: while it
+			// is registered, those bytes land in the region's own memory (a
+			// batch then refused still reports failure, never success);
+			// once it is deregistered (Deregister, or a revoked key whose
+			// batches drained), the WRITEs fail at the NIC with a remote
+			// access error and never land anywhere.
+			//
+			// The MR is held first, then the region pinned: a Rekey that
+			// comes between makes the pin fail (the key left the registry),
+			// and one that comes after finds the MR in use and keeps it
+			// registered until this batch is acked.
+			sl.reg, sl.mr = p.t.useRKey(m.rkey)
 			if _, release, err := in.Pin(transport.Verbs, uint64(m.rkey)); err == nil {
 				sl.release = release
+			} else {
+				sl.unpin()
+				sl.refused, sl.why = true, err
 			}
 		}
 		p.maybeLand(s, sl)
@@ -360,21 +387,22 @@ func (p *poller) maybeLand(s *qpSet, sl *rxSlot) {
 	if !sl.meta || sl.got < sl.nqp {
 		return
 	}
-	if in := p.t.in; in != nil {
+	imm := sl.tag
+	if sl.refused {
+		imm |= refuseBit
+		p.t.log.Info("verbs: batch refused: its destination cannot be pinned", "peer", s.peer, "conn", s.id, "tag", sl.tag, "error", sl.why)
+	} else if in := p.t.in; in != nil {
 		in.Landed(transport.Verbs, sl.blocks, sl.bytes)
 	}
-	if sl.release != nil {
-		sl.release()
-		sl.release = nil
-	}
-	sl.active = false
+	sl.unpin()
+	sl.active, sl.why = false, nil
 	q := s.qps[sl.metaQP]
 	if q.avail() < 1 {
 		p.setFailed(s, fmt.Errorf("verbs: no send credit for the ack of batch %d to %s: %w", sl.tag, s.peer, errs.ErrAborted))
 		return
 	}
 	q.posted++
-	if err := q.qp.PostSend(ibv.WRID(q.posted, ibv.KindAck, 0x0FFFFFFF), ibv.WRSendWithImm, sl.tag, 0, 0, 0, true); err != nil {
+	if err := q.qp.PostSend(ibv.WRID(q.posted, ibv.KindAck, 0x0FFFFFFF), ibv.WRSendWithImm, imm, 0, 0, 0, true); err != nil {
 		q.posted--
 		p.setFailed(s, err)
 	}

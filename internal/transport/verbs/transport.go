@@ -48,6 +48,7 @@ type Transport struct {
 	sets   map[*qpSet]struct{}
 	byQPN  map[uint32]*qpSet
 	regs   map[*registration]struct{}
+	byRKey map[uint32]*registration // every live MR's rkey, retired ones included
 	closed bool
 	connID atomic.Uint64
 
@@ -91,7 +92,7 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 		dev = d
 	}
 	t := &Transport{cfg: cfg, in: in, log: log, sets: map[*qpSet]struct{}{}, byQPN: map[uint32]*qpSet{},
-		regs: map[*registration]struct{}{}, stopBG: make(chan struct{})}
+		regs: map[*registration]struct{}{}, byRKey: map[uint32]*registration{}, stopBG: make(chan struct{})}
 	t.connID.Store(rand.Uint64() &^ (1 << 63))
 	t.node, _ = os.Hostname()
 	if err := t.open(dev); err != nil {
@@ -293,15 +294,33 @@ func (t *Transport) Port() *b2bv1.VerbsPort {
 	}
 }
 
-// registration is memory registered with the PD.
+// registration is memory registered with the PD. Its MR can be replaced
+// (Rekey, when the region's export narrows): the old MR, whose rkey peers
+// may still hold, is retired and deregistered once the batches using it
+// drained, so a batch in flight on it is never cut, and new resolutions get
+// the new key.
 type registration struct {
 	t    *Transport
 	mem  memory.Memory
-	mr   *ibv.MR
 	path string // how the NIC reached the memory, for logs and tests
-	once sync.Once
-	err  error
+
+	mu     sync.Mutex
+	cur    *mrRef
+	old    []*mrRef // retired by Rekey, still in use
+	closed bool
+	err    error
 }
+
+// mrRef is one MR of a registration and the batches using it: sending
+// batches post with its lkey, receiving ones land through its rkey (from
+// the meta to the ack). Guarded by registration.mu.
+type mrRef struct {
+	mr      *ibv.MR
+	users   int
+	retired bool
+}
+
+var _ transport.Rekeyer = (*registration)(nil)
 
 func (r *registration) Memory() memory.Memory { return r.mem }
 
@@ -309,21 +328,168 @@ func (r *registration) Memory() memory.Memory { return r.mem }
 // "ibv_reg_dmabuf_mr" or "ibv_reg_mr (nvidia-peermem)".
 func (r *registration) Path() string { return r.path }
 
-// Key is the rkey and the address WRs target for offset 0.
+// Key is the current rkey and the address WRs target for offset 0.
 func (r *registration) Key() transport.RemoteKey {
-	return transport.RemoteKey{Key: uint64(r.mr.RKey()), Addr: r.mr.Addr()}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return mrKey(r.cur.mr)
 }
 
-// Close deregisters the MR; safe twice.
+func mrKey(mr *ibv.MR) transport.RemoteKey {
+	return transport.RemoteKey{Key: uint64(mr.RKey()), Addr: mr.Addr()}
+}
+
+// use holds the current MR for a sending batch; nil once closed.
+func (r *registration) use() *mrRef {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.cur.users++
+	return r.cur
+}
+
+// useRKey holds the MR with rkey (current or retired but not yet
+// deregistered) for a receiving batch; nil when there is none.
+func (r *registration) useRKey(rkey uint32) *mrRef {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	if r.cur.mr.RKey() == rkey {
+		r.cur.users++
+		return r.cur
+	}
+	for _, m := range r.old {
+		if m.mr.RKey() == rkey {
+			m.users++
+			return m
+		}
+	}
+	return nil
+}
+
+// done releases a use; a retired MR goes with its last user.
+func (r *registration) done(m *mrRef) {
+	r.mu.Lock()
+	m.users--
+	var gone *mrRef
+	if m.retired && m.users == 0 && !r.closed {
+		for k, o := range r.old {
+			if o == m {
+				r.old = append(r.old[:k], r.old[k+1:]...)
+				gone = m
+				break
+			}
+		}
+	}
+	r.mu.Unlock()
+	if gone != nil {
+		r.t.retire(r, gone)
+	}
+}
+
+// retire deregisters a retired MR: its rkey stops working at the NIC.
+func (t *Transport) retire(r *registration, m *mrRef) {
+	rkey := m.mr.RKey()
+	t.mu.Lock()
+	if t.byRKey[rkey] == r {
+		delete(t.byRKey, rkey)
+	}
+	t.mu.Unlock()
+	if err := m.mr.Close(); err != nil {
+		t.log.Warn("verbs: deregistering a revoked MR failed", "rkey", rkey, "error", err)
+	}
+	t.live.mrs.Add(-1)
+	t.log.Debug("verbs: revoked rkey deregistered", "rkey", rkey)
+}
+
+// Rekey registers the memory afresh (new MR: new rkey and lkey) and retires
+// the old MR, which is deregistered at once when no batch uses it, else when
+// the last one ends: from then on a WRITE with the old rkey fails at the NIC
+// with a remote access error. It returns the old key; see transport.Rekeyer.
+func (r *registration) Rekey() (transport.RemoteKey, error) {
+	t := r.t
+	mr, _, err := t.regMR(r.mem)
+	if err != nil {
+		return transport.RemoteKey{}, fmt.Errorf("verbs: re-register %d bytes to revoke the rkey: %w", r.mem.Len, err)
+	}
+	t.live.mrs.Add(1)
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		_ = mr.Close()
+		t.live.mrs.Add(-1)
+		return transport.RemoteKey{}, fmt.Errorf("verbs: rekey: registration closed: %w", errs.ErrFailedPrecondition)
+	}
+	old := r.cur
+	r.cur = &mrRef{mr: mr}
+	old.retired = true
+	idle := old.users == 0
+	if !idle {
+		r.old = append(r.old, old)
+	}
+	r.mu.Unlock()
+	t.mu.Lock()
+	t.byRKey[mr.RKey()] = r
+	t.mu.Unlock()
+	key := mrKey(old.mr)
+	if idle {
+		t.retire(r, old)
+	}
+	t.log.Debug("verbs: registration rekeyed", "old_rkey", key.Key, "new_rkey", mr.RKey(), "old_in_use", !idle)
+	return key, nil
+}
+
+// Close deregisters every MR of the registration; safe twice. Callers make
+// sure no batch uses it (the registry refuses to deregister a region in use;
+// the transport destroys its QP sets first).
 func (r *registration) Close() error {
-	r.once.Do(func() {
-		r.t.mu.Lock()
-		delete(r.t.regs, r)
-		r.t.mu.Unlock()
-		r.err = r.mr.Close()
-		r.t.live.mrs.Add(-1)
-	})
-	return r.err
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return r.err
+	}
+	r.closed = true
+	mrs := append([]*mrRef{r.cur}, r.old...)
+	r.old = nil
+	r.mu.Unlock()
+	t := r.t
+	t.mu.Lock()
+	delete(t.regs, r)
+	for _, m := range mrs {
+		if t.byRKey[m.mr.RKey()] == r {
+			delete(t.byRKey, m.mr.RKey())
+		}
+	}
+	t.mu.Unlock()
+	var errList []error
+	for _, m := range mrs {
+		errList = append(errList, m.mr.Close())
+		t.live.mrs.Add(-1)
+	}
+	err := errors.Join(errList...)
+	r.mu.Lock()
+	r.err = err
+	r.mu.Unlock()
+	return err
+}
+
+// useRKey finds the registration whose MR has rkey and holds that MR for a
+// receiving batch; nil when no live MR has it.
+func (t *Transport) useRKey(rkey uint32) (*registration, *mrRef) {
+	t.mu.Lock()
+	r := t.byRKey[rkey]
+	t.mu.Unlock()
+	if r == nil {
+		return nil, nil
+	}
+	if m := r.useRKey(rkey); m != nil {
+		return r, m
+	}
+	return nil, nil
 }
 
 // Register registers m for local and remote access. Host memory uses
@@ -339,6 +505,24 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	if m.Addr == 0 || m.Len == 0 {
 		return nil, fmt.Errorf("verbs: register: empty memory (addr %#x, len %d): %w", m.Addr, m.Len, errs.ErrInvalidArgument)
 	}
+	mr, path, err := t.regMR(m)
+	if err != nil {
+		return nil, err
+	}
+	t.live.mrs.Add(1)
+	r := &registration{t: t, mem: m, cur: &mrRef{mr: mr}, path: path}
+	if m.Kind == memory.CUDA {
+		t.log.Info("GPU memory registered", "device", m.Device, "bytes", m.Len, "path", path)
+	}
+	t.mu.Lock()
+	t.regs[r] = struct{}{}
+	t.byRKey[mr.RKey()] = r
+	t.mu.Unlock()
+	return r, nil
+}
+
+// regMR registers m with the PD and names the path it took.
+func (t *Transport) regMR(m memory.Memory) (*ibv.MR, string, error) {
 	var mr *ibv.MR
 	var err error
 	path := "ibv_reg_mr (host)"
@@ -354,7 +538,7 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 				path = "ibv_reg_mr (nvidia-peermem)"
 				mr2, err2 := t.pd.RegMR(m.Addr, m.Len, ibv.AccessDefault)
 				if err2 != nil {
-					return nil, fmt.Errorf("%w: verbs: register GPU memory on device %d: ibv_reg_dmabuf_mr failed (%v; needs kernel >= 5.12, rdma-core >= 34 and a NIC driver with dma-buf support) and ibv_reg_mr on the device pointer failed (%v; needs the nvidia-peermem module: modprobe nvidia_peermem)", errs.ErrFailedPrecondition, m.Device, err, err2)
+					return nil, "", fmt.Errorf("%w: verbs: register GPU memory on device %d: ibv_reg_dmabuf_mr failed (%v; needs kernel >= 5.12, rdma-core >= 34 and a NIC driver with dma-buf support) and ibv_reg_mr on the device pointer failed (%v; needs the nvidia-peermem module: modprobe nvidia_peermem)", errs.ErrFailedPrecondition, m.Device, err, err2)
 				}
 				mr, err = mr2, nil
 			}
@@ -365,20 +549,12 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 			}
 		}
 	default:
-		return nil, fmt.Errorf("verbs: register: memory kind %s: %w", m.Kind, errs.ErrInvalidArgument)
+		return nil, "", fmt.Errorf("verbs: register: memory kind %s: %w", m.Kind, errs.ErrInvalidArgument)
 	}
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	t.live.mrs.Add(1)
-	r := &registration{t: t, mem: m, mr: mr, path: path}
-	if m.Kind == memory.CUDA {
-		t.log.Info("GPU memory registered", "device", m.Device, "bytes", m.Len, "path", path)
-	}
-	t.mu.Lock()
-	t.regs[r] = struct{}{}
-	t.mu.Unlock()
-	return r, nil
+	return mr, path, nil
 }
 
 // attach makes a set visible to the poller and async-event routing.

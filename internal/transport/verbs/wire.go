@@ -23,11 +23,18 @@ const (
 	msgMeta = 1
 	msgBye  = 2
 
-	// pingImm is the immediate of a keepalive probe (SEND_WITH_IMM); batch
-	// tags stay below it.
+	// pingImm is the immediate of a keepalive probe (SEND_WITH_IMM). Batch
+	// tags run 1..tagMask-1, so neither an ack (the tag) nor a refusal (the
+	// tag | refuseBit) is ever mistaken for it.
 	pingImm = 0xFFFFFFFF
 	tagMask = 0x7FFFFFFF
+	// refuseBit marks an ack that refuses its batch: the receiver could not
+	// pin the destination (deregistered, un-exported, or its key revoked).
+	refuseBit = 0x80000000
 )
+
+// nextTag is the tag after t, in 1..tagMask-1.
+func nextTag(t uint32) uint32 { return t%(tagMask-1) + 1 }
 
 type message struct {
 	kind   uint8
@@ -65,7 +72,7 @@ func (m *message) decode(b []byte) bool {
 	m.bytes = binary.LittleEndian.Uint64(b[32:])
 	switch m.kind {
 	case msgMeta:
-		return m.nqp <= maxQPsPerConn && m.tag <= tagMask
+		return m.nqp <= maxQPsPerConn && m.tag < tagMask
 	case msgBye:
 		return true
 	}

@@ -5,7 +5,7 @@ import "testing"
 func TestMessageRoundTrip(t *testing.T) {
 	for _, m := range []message{
 		{kind: msgMeta, tag: 7, nqp: 4, rkey: 0xdeadbeef, blocks: 10000, bytes: 1 << 40},
-		{kind: msgMeta, tag: tagMask, nqp: 0},
+		{kind: msgMeta, tag: tagMask - 1, nqp: 0},
 		{kind: msgBye},
 	} {
 		var b [recvBufLen]byte
@@ -27,7 +27,7 @@ func FuzzMessageDecode(f *testing.F) {
 		if !m.decode(data) {
 			return
 		}
-		if m.kind == msgMeta && (m.nqp > maxQPsPerConn || m.tag > tagMask) {
+		if m.kind == msgMeta && (m.nqp > maxQPsPerConn || m.tag >= tagMask) {
 			t.Fatalf("accepted %+v", m)
 		}
 		var b [recvBufLen]byte
@@ -37,4 +37,19 @@ func FuzzMessageDecode(f *testing.F) {
 			t.Fatalf("%+v does not round-trip", m)
 		}
 	})
+}
+
+// Tags stay in 1..tagMask-1, so an ack (tag), a refusal (tag|refuseBit) and
+// the keepalive immediate (pingImm) never collide.
+func TestNextTag(t *testing.T) {
+	for _, tc := range []struct{ in, want uint32 }{{0, 1}, {1, 2}, {tagMask - 2, tagMask - 1}, {tagMask - 1, 1}} {
+		if got := nextTag(tc.in); got != tc.want {
+			t.Errorf("nextTag(%#x) = %#x, want %#x", tc.in, got, tc.want)
+		}
+	}
+	for _, tag := range []uint32{1, tagMask - 1} {
+		if tag|refuseBit == pingImm || tag == pingImm || tag&refuseBit != 0 {
+			t.Fatalf("tag %#x collides", tag)
+		}
+	}
 }

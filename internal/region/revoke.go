@@ -1,0 +1,63 @@
+package region
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// narrows reports whether changing a region's export from (oldName, oldTo)
+// to e takes write access away from some peer: the export is removed, or
+// the new set of peers is not a superset of the old one (an empty set is
+// every authenticated peer). A region that was not exported has no peer to
+// revoke; a rename alone keeps the same peers.
+func narrows(oldName string, oldTo []string, e Export) bool {
+	if oldName == "" {
+		return false
+	}
+	if e.Name == "" {
+		return true
+	}
+	if len(e.To) == 0 {
+		return false
+	}
+	if len(oldTo) == 0 {
+		return true
+	}
+	for _, p := range oldTo {
+		if !slices.Contains(e.To, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// revokeIfNarrowed rekeys r's registrations (those whose transport can,
+// transport.Rekeyer) when export e narrows r's current export, and moves the
+// key index to the new keys: a peer that resolved the region before keeps a
+// key that no longer pins (its batches are refused) and, once the batches
+// using the old key drained, no longer works at the NIC. g.mu held; runs
+// before the export changes, so a failure leaves the export as it was (keys
+// already replaced stay replaced: peers allowed to write resolve afresh).
+func (g *Registry) revokeIfNarrowed(r *Region, e Export) error {
+	if !narrows(r.Export, r.ExportTo, e) {
+		return nil
+	}
+	for k, reg := range r.regs {
+		rk, ok := reg.(transport.Rekeyer)
+		if !ok {
+			continue
+		}
+		old, err := rk.Rekey()
+		if err != nil {
+			return fmt.Errorf("region %s: narrowing its export needs a new %s key, which failed: %w", r.ID, k, err)
+		}
+		if g.byKey[keyRef{k, old.Key}] == r {
+			delete(g.byKey, keyRef{k, old.Key})
+		}
+		g.byKey[keyRef{k, reg.Key().Key}] = r
+		g.cfg.Log.Info("export narrowed: key revoked", "id", r.ID, "transport", k, "old_key", old.Key, "new_key", reg.Key().Key)
+	}
+	return nil
+}

@@ -1,0 +1,75 @@
+package verbs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand"
+	"testing"
+	"time"
+)
+
+// A batch cut off by its deadline with WRs in flight leaves the QPs in
+// ERROR before DeadlineExceeded is returned: no byte lands afterwards, and
+// the next batch (on a fresh connection) lands every block.
+func TestHWDeadlineStopsWrites(t *testing.T) {
+	dev := hwDevice(t)
+	const size = 64 << 20
+	p := newPair(t, testConfig(dev), size)
+	r := rand.New(rand.NewSource(10))
+	r.Read(p.sm.Host)
+	// 4 KiB blocks scattered on both sides: one WR each, 4096 per QP, far
+	// more than a send queue holds, so the writer waits for credits and
+	// meets the deadline with full send queues. (With 64 WRs of 1 MiB every
+	// WR fits at once and rxe does much of the work inside ibv_post_send:
+	// the batch was out before the writer ever looked at the deadline.)
+	b := layout(r, size/4096, []uint64{4096}, "random", size)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := p.conn.Write(ctx, p.src, p.remote, b)
+	el := time.Since(start)
+	snap := bytes.Clone(p.dm.Host)
+	if err == nil {
+		t.Skipf("64 MiB landed within the 150 ms deadline (%v): this device is too fast for the test", el)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want DeadlineExceeded", err)
+	}
+	t.Logf("cut off after %v: %v", el, err)
+	time.Sleep(2 * time.Second)
+	changed, first := 0, -1
+	for k := range snap {
+		if snap[k] != p.dm.Host[k] {
+			if first < 0 {
+				first = k
+			}
+			changed++
+		}
+	}
+	if changed > 0 {
+		t.Fatalf("%d bytes (first at offset %d) changed in the 2 s after DeadlineExceeded was returned", changed, first)
+	}
+	landedBefore := 0
+	for k := range snap {
+		if snap[k] != 0 {
+			landedBefore++
+		}
+	}
+	t.Logf("%d non-zero bytes had landed before the error; none after", landedBefore)
+	if p.conn.Err() == nil {
+		t.Fatal("the connection is still marked usable after a cut-off batch")
+	}
+	// The next batch, on a fresh connection, lands every block.
+	p.conn.Close()
+	p.connect(t)
+	clear(p.dm.Host)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Second)
+	defer cancel2()
+	if _, err := p.conn.Write(ctx2, p.src, p.remote, b); err != nil {
+		t.Fatal(err)
+	}
+	verify(t, p, b)
+	// The receiver freed the cut-off set (told over the control plane).
+	waitSets(t, p.b, 1, 10*time.Second)
+}
