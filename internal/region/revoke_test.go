@@ -95,26 +95,26 @@ func TestSetExportRevokesKeys(t *testing.T) {
 	if !pins(k0) {
 		t.Fatal("the first key does not pin")
 	}
-	if _, err := g.SetExport(r.ID, Export{Name: "kv", To: []string{"b"}}); err != nil { // narrowed
+	if _, err := g.SetExport(r.ID, Export{Name: "kv", To: []string{"b"}}, Root); err != nil { // narrowed
 		t.Fatal(err)
 	}
 	k1 := key()
 	if k1 == k0 || pins(k0) || !pins(k1) {
 		t.Fatalf("after narrowing: key %d -> %d, old pins %v, new pins %v", k0, k1, pins(k0), pins(k1))
 	}
-	if _, err := g.SetExport(r.ID, Export{Name: "kv"}); err != nil { // widened
+	if _, err := g.SetExport(r.ID, Export{Name: "kv"}, Root); err != nil { // widened
 		t.Fatal(err)
 	}
 	if key() != k1 {
 		t.Fatal("widening the export changed the key")
 	}
-	if _, err := g.SetExport(r.ID, Export{Name: "kv2"}); err != nil { // renamed
+	if _, err := g.SetExport(r.ID, Export{Name: "kv2"}, Root); err != nil { // renamed
 		t.Fatal(err)
 	}
 	if key() != k1 {
 		t.Fatal("renaming the export changed the key")
 	}
-	if _, err := g.SetExport(r.ID, Export{}); err != nil { // removed
+	if _, err := g.SetExport(r.ID, Export{}, Root); err != nil { // removed
 		t.Fatal(err)
 	}
 	k2 := key()
@@ -122,11 +122,11 @@ func TestSetExportRevokesKeys(t *testing.T) {
 		t.Fatalf("after removal: key %d -> %d, old pins %v", k1, k2, pins(k1))
 	}
 	// A failed rekey refuses the narrowing and leaves the export as it was.
-	if _, err := g.SetExport(r.ID, Export{Name: "kv"}); err != nil {
+	if _, err := g.SetExport(r.ID, Export{Name: "kv"}, Root); err != nil {
 		t.Fatal(err)
 	}
 	tr.fail = true
-	if _, err := g.SetExport(r.ID, Export{Name: "kv", To: []string{"b"}}); err == nil {
+	if _, err := g.SetExport(r.ID, Export{Name: "kv", To: []string{"b"}}, Root); err == nil {
 		t.Fatal("narrowing succeeded although the key could not be revoked")
 	}
 	if _, release, err := g.Lookup("kv", "c"); err != nil {
@@ -134,7 +134,7 @@ func TestSetExportRevokesKeys(t *testing.T) {
 	} else {
 		release()
 	}
-	if err := g.Deregister(r.ID); err != nil {
+	if err := g.Deregister(r.ID, Root); err != nil {
 		t.Fatal(err)
 	}
 	if pins(key()) {

@@ -210,7 +210,7 @@ func TestHWRevokeOnNarrowedExport(t *testing.T) {
 		t.Fatal("the region's MR is not found by its rkey")
 	}
 	// Narrowed: every authenticated peer -> one other identity.
-	if _, err := rp.g.SetExport(rp.dst.ID, region.Export{Name: "dst", To: []string{"someone-else"}}); err != nil {
+	if _, err := rp.g.SetExport(rp.dst.ID, region.Export{Name: "dst", To: []string{"someone-else"}}, region.Root); err != nil {
 		t.Fatal(err)
 	}
 	cur := rp.resolve(t)
@@ -233,7 +233,7 @@ func TestHWRevokeOnNarrowedExport(t *testing.T) {
 	land(cur)
 
 	// Widened back to everyone: the key stays.
-	if _, err := rp.g.SetExport(rp.dst.ID, region.Export{Name: "dst"}); err != nil {
+	if _, err := rp.g.SetExport(rp.dst.ID, region.Export{Name: "dst"}, region.Root); err != nil {
 		t.Fatal(err)
 	}
 	if k := rp.resolve(t).Key; k != cur.Key {
@@ -242,12 +242,12 @@ func TestHWRevokeOnNarrowedExport(t *testing.T) {
 	land(cur)
 
 	// Removed: the key goes too.
-	if _, err := rp.g.SetExport(rp.dst.ID, region.Export{}); err != nil {
+	if _, err := rp.g.SetExport(rp.dst.ID, region.Export{}, region.Root); err != nil {
 		t.Fatal(err)
 	}
 	refused(cur)
 	rp.connect(t)
-	if err := rp.g.Deregister(rp.dst.ID); err != nil {
+	if err := rp.g.Deregister(rp.dst.ID, region.Root); err != nil {
 		t.Fatalf("deregister after the revocation: %v", err)
 	}
 	if n := rp.b.Resources().MemoryRegions; n != 1 { // the SRQ buffers' MR only
