@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"runtime"
 	"sync/atomic"
@@ -213,7 +212,7 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 	defer desc.Pool.Put(d)
 	p := req.GetDescriptors()
 	batch, err := d.Decode(desc.Packed{SrcOffsets: p.GetSrcOffsets(), DstOffsets: p.GetDstOffsets(), Lengths: p.GetLengths(), BlockLength: p.GetBlockLength()},
-		desc.Limits{SrcSize: src.Mem.Len, DstSize: math.MaxUint64, MaxBlocks: s.cfg.MaxDescriptors})
+		desc.Limits{SrcSize: src.Mem.Len, DstSize: desc.UnknownSize, MaxBlocks: s.cfg.MaxDescriptors})
 	if err != nil {
 		return nil, err
 	}
