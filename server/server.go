@@ -169,8 +169,17 @@ func (l *local) ExportRegion(ctx context.Context, req *b2bv1.ExportRegionRequest
 }
 
 func (l *local) BatchTransfer(ctx context.Context, req *b2bv1.BatchTransferRequest) (*b2bv1.BatchTransferResponse, error) {
+	// Every batch has a deadline: the caller's, else --default-timeout.
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.s.cfg.DefaultTimeout)
+		defer cancel()
+	}
 	resp, err := l.s.transfer(ctx, req)
 	if err != nil {
+		// The caller's deadline or cancellation is the outcome when it is
+		// what ended the batch, whatever phase it cut off (errs.ForCaller).
+		err = errs.ForCaller(ctx, err)
 		l.s.cfg.Counters.BatchesFailed.Add(1)
 		l.s.cfg.Log.Debug("batch failed", "peer", req.GetPeer(), "dst", req.GetDstRegion(), "error", err)
 		return nil, errs.ToStatus(err)
@@ -194,11 +203,6 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 	want, err := peer.KindFromProto(req.GetTransport())
 	if err != nil {
 		return nil, err
-	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
-		defer cancel()
 	}
 
 	src, release, err := s.cfg.Registry.Acquire(req.GetSrcRegionId(), "src_region_id")

@@ -45,7 +45,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		nc, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			c.Close()
-			return nil, fmt.Errorf("%w: tcp: dial data stream %d to %s: %v", errs.ErrUnavailable, i, addr, err)
+			return nil, fmt.Errorf("%w: tcp: dial data stream %d to %s: %w", errs.ErrUnavailable, i, addr, err)
 		}
 		if tc, ok := nc.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
@@ -54,7 +54,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		c.streams = append(c.streams, s)
 		if err := s.hello(ctx, hs.GetSessionToken(), c.id, t.cfg.Streams, i); err != nil {
 			c.Close()
-			return nil, fmt.Errorf("%w: tcp: hello on data stream %d to %s: %v", errs.ErrUnavailable, i, addr, err)
+			return nil, fmt.Errorf("%w: tcp: hello on data stream %d to %s: %w", errs.ErrUnavailable, i, addr, err)
 		}
 		go s.loop()
 	}
@@ -137,7 +137,7 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.Err(); err != nil {
-		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken: %v", errs.ErrUnavailable, c.addr, err)
+		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken: %w", errs.ErrUnavailable, c.addr, err)
 	}
 	mem := src.Memory()
 	if mem.Kind == memory.CUDA {
@@ -280,7 +280,7 @@ func (c *conn) writeHost(ctx context.Context, src []byte, dst transport.RemoteRe
 		if errors.Is(first, os.ErrDeadlineExceeded) {
 			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, context.DeadlineExceeded)
 		}
-		return transport.Stats{}, fmt.Errorf("%w: tcp: batch %d to %s cut off: %v", errs.ErrAborted, c.batch, c.addr, first)
+		return transport.Stats{}, fmt.Errorf("%w: tcp: batch %d to %s cut off: %w", errs.ErrAborted, c.batch, c.addr, first)
 	}
 	return transport.Stats{Segments: uint64(n), WorkRequests: frames}, nil
 }
