@@ -19,6 +19,7 @@ import (
 	"github.com/b2bd/b2bd/internal/checksum"
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/peer"
@@ -272,8 +273,12 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 			s.cfg.Peers.Forget(req.GetPeer(), req.GetDstRegion())
 			continue
 		}
+		if memguard.IsFault(err) { // our source's memory went away under the send
+			err = fmt.Errorf("src_region_id %s: %w", src.ID, err)
+		}
 		err = fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", blocks, req.GetPeer(), req.GetDstRegion(), sess.Kind, err)
-		if broke && sess.Reused && firstErr == nil && ctx.Err() == nil {
+		// A fault on our own source memory would fault again: no retry.
+		if broke && sess.Reused && firstErr == nil && ctx.Err() == nil && !memguard.IsFault(err) {
 			s.cfg.Log.Info("batch failed on a connection made before it; retrying once on a fresh one", "peer", req.GetPeer(), "error", err)
 			firstErr = err
 			continue

@@ -15,6 +15,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -274,6 +275,11 @@ func (c *conn) writeHost(ctx context.Context, src []byte, dst transport.RemoteRe
 		if cancelled || ctx.Err() != nil {
 			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, ctx.Err())
 		}
+		for _, err := range results {
+			if memguard.IsFault(err) {
+				return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, err)
+			}
+		}
 		if refused != nil {
 			return transport.Stats{}, refused
 		}
@@ -384,37 +390,59 @@ func (s *stream) send(j job) (uint64, error) {
 		}
 		hdr := s.hdr[:headerLen+(k-i)*segLen]
 		h.put(hdr)
-		le := binary.LittleEndian
-		iov, small := append(s.iov[:0], hdr), s.small[:0]
-		runStart := -1 // start of the current run of small blocks in `small`
-		for x := i; x < k; x++ {
-			off, n := b.Src[x], b.Len[x]
-			le.PutUint64(hdr[headerLen+(x-i)*segLen:], b.Dst[x])
-			le.PutUint64(hdr[headerLen+(x-i)*segLen+8:], n)
-			if n < copyBelow && uint64(len(small))+n <= uint64(cap(small)) {
-				if runStart < 0 {
-					runStart = len(small)
-				}
-				small = append(small, j.src[off:off+n]...)
-				continue
-			}
-			if runStart >= 0 {
-				iov = append(iov, small[runStart:])
-				runStart = -1
-			}
-			iov = append(iov, j.src[off:off+n])
+		// The source's memory belongs to a client that may truncate its
+		// file: the staging copy (and TLS's encryption) fault in Go, the
+		// writev with EFAULT. Either way the frame is cut short and the
+		// stream out of step: the batch fails with DataLoss and the conn is
+		// failed by Write, so the next batch gets a fresh one.
+		var werr error
+		ferr := memguard.Do(func() {
+			s.frame(&j, i, k, hdr)
+			_, werr = s.bufs.WriteTo(s.nc)
+		})
+		if ferr == nil && werr != nil && memguard.IsFault(werr) {
+			ferr = fmt.Errorf("%w (%w): writev: %w", memguard.ErrFault, errs.ErrDataLoss, werr)
 		}
-		if runStart >= 0 {
-			iov = append(iov, small[runStart:])
+		if ferr != nil {
+			return frames, fmt.Errorf("source memory of segments %d..%d: %w", i, k-1, ferr)
 		}
-		s.bufs = iov // a field, so WriteTo's pointer receiver does not escape a local
-		if _, err := s.bufs.WriteTo(s.nc); err != nil {
-			return frames, err
+		if werr != nil {
+			return frames, werr
 		}
 		frames++
 		i = k
 	}
 	return frames, s.readAck(j.batch)
+}
+
+// frame fills the frame's segment table and its write list, blocks [i,k)
+// of the job, into s.bufs; small blocks are copied into s.small.
+func (s *stream) frame(j *job, i, k int, hdr []byte) {
+	b := j.b
+	le := binary.LittleEndian
+	iov, small := append(s.iov[:0], hdr), s.small[:0]
+	runStart := -1 // start of the current run of small blocks in `small`
+	for x := i; x < k; x++ {
+		off, n := b.Src[x], b.Len[x]
+		le.PutUint64(hdr[headerLen+(x-i)*segLen:], b.Dst[x])
+		le.PutUint64(hdr[headerLen+(x-i)*segLen+8:], n)
+		if n < copyBelow && uint64(len(small))+n <= uint64(cap(small)) {
+			if runStart < 0 {
+				runStart = len(small)
+			}
+			small = append(small, j.src[off:off+n]...)
+			continue
+		}
+		if runStart >= 0 {
+			iov = append(iov, small[runStart:])
+			runStart = -1
+		}
+		iov = append(iov, j.src[off:off+n])
+	}
+	if runStart >= 0 {
+		iov = append(iov, small[runStart:])
+	}
+	s.bufs = iov // a field, so WriteTo's pointer receiver does not escape a local
 }
 
 // ackError is the receiver's refusal of a batch.
@@ -434,6 +462,8 @@ func (e *ackError) Unwrap() error {
 		return errs.ErrInvalidArgument
 	case statusUnsupported:
 		return errs.ErrUnimplemented
+	case statusDataLoss:
+		return errs.ErrDataLoss
 	default:
 		return errs.ErrAborted
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -56,6 +57,10 @@ const (
 	copyBelow = 4096
 	// frameTimeout bounds how long a receiver waits for the rest of a frame.
 	frameTimeout = 60 * time.Second
+	// recvBuf is the receiver's read buffer: small blocks are copied out of
+	// it (one system call for many), larger ones read straight into the
+	// region.
+	recvBuf = 64 << 10
 )
 
 // Transport is the TCP data plane of one daemon.
@@ -300,7 +305,8 @@ func (t *Transport) serve(c net.Conn) {
 
 	// A small read buffer: small blocks are copied out of it (one syscall for
 	// many), blocks of 64 KiB and more are read straight into the region.
-	r := &receiver{t: t, c: c, br: bufio.NewReaderSize(c, 64<<10), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
+	_, direct := c.(*net.TCPConn)
+	r := &receiver{t: t, c: c, direct: direct, br: bufio.NewReaderSize(c, recvBuf), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
 	defer r.releaseStager()
 	// A stream that ends inside a share cut that batch off: count its share
 	// as done (failed), so the batch's pin goes once the other streams are
@@ -336,13 +342,16 @@ func (t *Transport) serve(c net.Conn) {
 }
 
 type receiver struct {
-	t     *Transport
-	c     net.Conn
-	br    *bufio.Reader
-	s     *session
-	hdr   [headerLen]byte
-	ackb  [ackLen + maxAckMsg]byte
-	table []byte
+	t *Transport
+	c net.Conn
+	// direct: c is plain TCP, whose Read leaves p to the kernel (never
+	// touched in Go); under TLS, reads go through br.
+	direct bool
+	br     *bufio.Reader
+	s      *session
+	hdr    [headerLen]byte
+	ackb   [ackLen + maxAckMsg]byte
+	table  []byte
 	// share: what this stream placed of the current batch so far.
 	segs, bytes uint64
 	// inShare: a frame of batch (of streams streams) was read and its last
@@ -484,13 +493,61 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 	if mem.Kind == memory.CUDA {
 		return r.placeDevice(h, table, mem)
 	}
-	for i := 0; i < int(h.segs); i++ {
-		off, n := le.Uint64(table[i*segLen:]), le.Uint64(table[i*segLen+8:])
-		if _, err := io.ReadFull(r.br, mem.Host[off:off+n]); err != nil {
+	// The destination's memory belongs to a client that may truncate its
+	// file: a copy out of the read buffer faults in Go, a read(2) straight
+	// into the region fails with EFAULT. Bytes are counted as they are
+	// consumed off the stream (see read), so that after a fault the rest of
+	// the frame is drained exactly and the stream stays in step; the batch is
+	// then refused with statusDataLoss.
+	var (
+		seg        int
+		done, got  uint64 // payload bytes consumed by whole segments; of segment seg
+		rerr, ferr error
+	)
+	ferr = memguard.Do(func() {
+		for seg = 0; seg < int(h.segs); seg++ {
+			off, n := le.Uint64(table[seg*segLen:]), le.Uint64(table[seg*segLen+8:])
+			dst := mem.Host[off : off+n]
+			for got = 0; got < n; {
+				k, err := r.read(dst[got:])
+				got += uint64(k)
+				if err != nil {
+					rerr = err
+					return
+				}
+			}
+			done += n
+		}
+	})
+	if ferr == nil && rerr != nil && memguard.IsFault(rerr) {
+		ferr = fmt.Errorf("%w (%w): read: %w", memguard.ErrFault, errs.ErrDataLoss, rerr)
+	}
+	if ferr != nil {
+		off, n := le.Uint64(table[seg*segLen:]), le.Uint64(table[seg*segLen+8:])
+		if _, err := io.CopyN(io.Discard, r.br, int64(h.payload-done-got)); err != nil {
 			return true, err
 		}
+		return true, &recvErr{statusDataLoss, fmt.Errorf("tcp: batch %d: destination region (key %#x, %d bytes) segment %d [%d,+%d): %w", h.batch, h.key, mem.Len, seg, off, n, ferr)}
 	}
-	return true, nil
+	if rerr == io.EOF {
+		rerr = io.ErrUnexpectedEOF
+	}
+	return true, rerr
+}
+
+// read reads the next bytes of the stream into p, region memory, such that
+// a fault on p never loses count of consumed bytes: a fault panics inside a
+// copy that has not yet been counted as consumed (bufio and crypto/tls
+// advance only after their copy), and a plaintext read(2) straight into p
+// returns EFAULT having consumed nothing. bufio's own direct read is not
+// used: it reads p's last byte after the read(2) consumed it, which faults
+// with those bytes gone from the stream and not counted.
+func (r *receiver) read(p []byte) (int, error) {
+	if r.direct && r.br.Buffered() == 0 && len(p) >= recvBuf {
+		return r.c.Read(p)
+	}
+	// Under the buffer's size, bufio fills its buffer and copies out.
+	return r.br.Read(p[:min(len(p), recvBuf-1)])
 }
 
 // placeDevice reads the frame's payload into the pinned buffer, then copies
