@@ -346,6 +346,9 @@ func (s *stream) hello(ctx context.Context, token []byte, id uint64, streams, in
 	}
 	_ = s.nc.SetDeadline(dl)
 	defer s.nc.SetDeadline(time.Time{})
+	// A cancelled caller cuts the hello short too, not only a deadline.
+	stop := context.AfterFunc(ctx, func() { _ = s.nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	if _, err := s.nc.Write(b[:]); err != nil {
 		return err
 	}
