@@ -138,7 +138,9 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.Err(); err != nil {
-		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken: %w", errs.ErrUnavailable, c.addr, err)
+		// The cause is an earlier batch's (maybe its source's fault): named,
+		// not wrapped, so that it does not classify this batch.
+		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken: %v", errs.ErrUnavailable, c.addr, err)
 	}
 	mem := src.Memory()
 	if mem.Kind == memory.CUDA {
