@@ -270,6 +270,9 @@ func TestDeadlineEveryPhase(t *testing.T) {
 				case "deadline":
 					bctx, bcancel = context.WithTimeout(ctx, batchTimeout)
 				case "cancel":
+					// A caller deadline far off, so that the daemon's default
+					// timeout does not race the cancel.
+					bctx, bcancel = context.WithTimeout(ctx, time.Minute)
 					time.AfterFunc(batchTimeout, bcancel)
 				}
 				defer bcancel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -80,7 +81,7 @@ func classOf(e error) (codes.Code, bool) {
 }
 
 // ForCaller applies the caller rule at an RPC boundary: when the caller's
-// ctx is done as the call fails, its deadline or cancellation is the
+// ctx is done (or its deadline has passed) as the call fails, its deadline or cancellation is the
 // outcome (DeadlineExceeded or Canceled), whatever the failure looked like
 // on the way (a dial or read cut off by the deadline shows as an i/o
 // timeout, a peer as Unavailable); the message keeps the cause. Otherwise
@@ -91,7 +92,14 @@ func ForCaller(ctx context.Context, err error) error {
 	}
 	ce := ctx.Err()
 	if ce == nil {
-		return err
+		// A deadline that passed may not show in ctx.Err() yet (its timer
+		// fires a moment later), while a dial or read cut off by that same
+		// deadline already failed: the deadline is the outcome then too.
+		d, ok := ctx.Deadline()
+		if !ok || time.Now().Before(d) {
+			return err
+		}
+		ce = context.DeadlineExceeded
 	}
 	want := codes.Canceled
 	if errors.Is(ce, context.DeadlineExceeded) {

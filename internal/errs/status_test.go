@@ -53,6 +53,13 @@ func TestCodeOutermostClassWins(t *testing.T) {
 	}
 }
 
+// lateCtx is a context whose deadline has passed but whose timer has not
+// fired yet: Err is still nil, as for a moment after any deadline.
+type lateCtx struct{ context.Context }
+
+func (lateCtx) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+func (lateCtx) Err() error                  { return nil }
+
 func TestForCallerDeadlineOrCancelWins(t *testing.T) {
 	expired, cancel1 := context.WithDeadline(context.Background(), time.Unix(1, 0))
 	defer cancel1()
@@ -72,6 +79,7 @@ func TestForCallerDeadlineOrCancelWins(t *testing.T) {
 		{"expired ctx: aborted", expired, fmt.Errorf("%w: cut off", ErrAborted), codes.DeadlineExceeded},
 		{"expired ctx: already deadline", expired, fmt.Errorf("w: %w", context.DeadlineExceeded), codes.DeadlineExceeded},
 		{"canceled ctx", canceled, dial, codes.Canceled},
+		{"deadline passed, timer not fired yet", lateCtx{live}, dial, codes.DeadlineExceeded},
 		{"canceled ctx: error says deadline", canceled, fmt.Errorf("w: %w", context.DeadlineExceeded), codes.Canceled},
 	}
 	for _, c := range cases {
