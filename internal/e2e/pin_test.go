@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -73,7 +74,8 @@ func TestBatchHoldsDestination(t *testing.T) {
 				src.Bytes[i] = byte(r.Uint32())
 			}
 			for round := 0; round < 3; round++ {
-				dst, err := b.c.RegisterHost(ctx, dstSize, "held")
+				name := fmt.Sprintf("held%d", round)
+				dst, err := b.c.RegisterHost(ctx, dstSize, name)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -89,13 +91,18 @@ func TestBatchHoldsDestination(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					// Only once the batch holds the region (its first frame
-					// arrived): before that a deregistration is legitimate.
-					for activeBatches(ctx, t, b, dst.Id) == 0 {
+					// Only once the batch holds the region, i.e. its first
+					// frame is being placed (block 0's bytes show in our
+					// mapping): before that a deregistration is legitimate.
+					// (active_batches > 0 alone would also count the peer's
+					// momentary hold while it resolves the name.)
+					first := dst.Bytes[dstOff[0] : dstOff[0]+64]
+					for bytes.Count(first, []byte{0}) == len(first) {
 						select {
 						case <-stop:
 							return
 						default:
+							runtime.Gosched()
 						}
 					}
 					mu.Lock()
@@ -127,7 +134,7 @@ func TestBatchHoldsDestination(t *testing.T) {
 						}
 					}
 				}()
-				_, terr := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "held",
+				_, terr := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: name,
 					Blocks: client.Descriptors{Src: srcOff, Dst: dstOff, BlockLength: size}})
 				close(stop)
 				wg.Wait()
@@ -176,14 +183,20 @@ func TestCutBatchReleasesDestination(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			for i := range src.Bytes {
+				src.Bytes[i] = byte(r.Uint32() | 1)
+			}
 			dst, err := b.c.RegisterHost(ctx, dstSize, "cut")
 			if err != nil {
 				t.Fatal(err)
 			}
 			bctx, bcancel := context.WithCancel(ctx)
 			go func() {
-				// Cancel once the batch holds the destination.
-				for activeBatches(ctx, t, b, dst.Id) == 0 && bctx.Err() == nil {
+				// Cancel once the batch holds the destination: its first
+				// frame is being placed.
+				first := dst.Bytes[dstOff[0] : dstOff[0]+64]
+				for bytes.Count(first, []byte{0}) == len(first) && bctx.Err() == nil {
+					runtime.Gosched()
 				}
 				bcancel()
 			}()
