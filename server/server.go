@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"runtime"
 	"sync/atomic"
@@ -20,6 +19,7 @@ import (
 	"github.com/b2bd/b2bd/internal/checksum"
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/peer"
@@ -177,8 +177,17 @@ func (l *local) ExportRegion(ctx context.Context, req *b2bv1.ExportRegionRequest
 }
 
 func (l *local) BatchTransfer(ctx context.Context, req *b2bv1.BatchTransferRequest) (*b2bv1.BatchTransferResponse, error) {
+	// Every batch has a deadline: the caller's, else --default-timeout.
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.s.cfg.DefaultTimeout)
+		defer cancel()
+	}
 	resp, err := l.s.transfer(ctx, req)
 	if err != nil {
+		// The caller's deadline or cancellation is the outcome when it is
+		// what ended the batch, whatever phase it cut off (errs.ForCaller).
+		err = errs.ForCaller(ctx, err)
 		l.s.cfg.Counters.BatchesFailed.Add(1)
 		l.s.cfg.Log.Debug("batch failed", "peer", req.GetPeer(), "dst", req.GetDstRegion(), "error", err)
 		return nil, errs.ToStatus(err)
@@ -203,11 +212,6 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 	if err != nil {
 		return nil, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
-		defer cancel()
-	}
 
 	src, release, err := s.cfg.Registry.Acquire(req.GetSrcRegionId(), "src_region_id", caller(ctx))
 	if err != nil {
@@ -220,7 +224,7 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 	defer desc.Pool.Put(d)
 	p := req.GetDescriptors()
 	batch, err := d.Decode(desc.Packed{SrcOffsets: p.GetSrcOffsets(), DstOffsets: p.GetDstOffsets(), Lengths: p.GetLengths(), BlockLength: p.GetBlockLength()},
-		desc.Limits{SrcSize: src.Mem.Len, DstSize: math.MaxUint64, MaxBlocks: s.cfg.MaxDescriptors})
+		desc.Limits{SrcSize: src.Mem.Len, DstSize: desc.UnknownSize, MaxBlocks: s.cfg.MaxDescriptors})
 	if err != nil {
 		return nil, err
 	}
@@ -276,8 +280,12 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 			s.cfg.Peers.Forget(req.GetPeer(), req.GetDstRegion())
 			continue
 		}
+		if memguard.IsFault(err) { // our source's memory went away under the send
+			err = fmt.Errorf("src_region_id %s: %w", src.ID, err)
+		}
 		err = fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", blocks, req.GetPeer(), req.GetDstRegion(), sess.Kind, err)
-		if broke && sess.Reused && firstErr == nil && ctx.Err() == nil {
+		// A fault on our own source memory would fault again: no retry.
+		if broke && sess.Reused && firstErr == nil && ctx.Err() == nil && !memguard.IsFault(err) {
 			s.cfg.Log.Info("batch failed on a connection made before it; retrying once on a fresh one", "peer", req.GetPeer(), "error", err)
 			firstErr = err
 			continue

@@ -3,6 +3,7 @@ package desc
 import (
 	"encoding/binary"
 	"fmt"
+	"math"
 	"sync"
 	"unsafe"
 
@@ -12,10 +13,15 @@ import (
 // DefaultMaxBlocks is the default limit on descriptors per batch.
 const DefaultMaxBlocks = 1 << 20
 
+// UnknownSize is Limits.DstSize while the destination's size is not known
+// yet (before the peer resolved it): only offset+length overflow is checked
+// then, and CheckDst checks the real bound later.
+const UnknownSize = math.MaxUint64
+
 // Limits are the sizes a batch is validated against.
 type Limits struct {
 	SrcSize   uint64 // bytes in the source region
-	DstSize   uint64 // bytes in the destination region
+	DstSize   uint64 // bytes in the destination region, or UnknownSize
 	MaxBlocks int    // descriptors per batch
 }
 
@@ -43,7 +49,12 @@ type Decoder struct {
 // Pool hands out Decoders.
 var Pool = sync.Pool{New: func() any { return new(Decoder) }}
 
-type span struct{ off, end uint64 }
+// span is a destination range and its descriptor index, kept through the
+// sort so that an overlap names the blocks the caller gave.
+type span struct {
+	off, end uint64
+	idx      int
+}
 
 // Decode validates p against lim. The returned Batch aliases p's bytes when
 // they are suitably aligned, else the Decoder's scratch: it is valid until the
@@ -112,6 +123,9 @@ func (d *Decoder) validate(b Batch, lim Limits) error {
 		if s > lim.SrcSize || l > lim.SrcSize-s { // overflow-safe: s+l > size
 			return fmt.Errorf("%w: descriptors.src_offsets[%d] = %d with length %d runs past the source region's %d bytes", errs.ErrInvalidArgument, i, s, l, lim.SrcSize)
 		}
+		if lim.DstSize == UnknownSize && l > UnknownSize-t {
+			return fmt.Errorf("%w: descriptors.dst_offsets[%d] = %d with length %d overflows 64 bits (the destination region's size is not known yet)", errs.ErrInvalidArgument, i, t, l)
+		}
 		if t > lim.DstSize || l > lim.DstSize-t {
 			return fmt.Errorf("%w: descriptors.dst_offsets[%d] = %d with length %d runs past the destination region's %d bytes", errs.ErrInvalidArgument, i, t, l, lim.DstSize)
 		}
@@ -138,7 +152,7 @@ func (d *Decoder) checkOverlap(b Batch) error {
 	spans, tmp := d.spans[:n], d.tmp[:n]
 	var all uint64
 	for i := range spans {
-		spans[i] = span{b.Dst[i], b.Dst[i] + b.Len[i]}
+		spans[i] = span{b.Dst[i], b.Dst[i] + b.Len[i], i}
 		all |= b.Dst[i]
 	}
 	radixSort(spans, tmp, all)
@@ -146,20 +160,10 @@ func (d *Decoder) checkOverlap(b Batch) error {
 		if spans[i].off < spans[i-1].end {
 			a, c := spans[i-1], spans[i]
 			return fmt.Errorf("%w: descriptors.dst_offsets: destination ranges [%d,%d) and [%d,%d) overlap (blocks %d and %d): a batch may write each destination byte once",
-				errs.ErrInvalidArgument, a.off, a.end, c.off, c.end, indexOf(b, a), indexOf(b, c))
+				errs.ErrInvalidArgument, a.off, a.end, c.off, c.end, a.idx, c.idx)
 		}
 	}
 	return nil
-}
-
-// indexOf finds a span's descriptor index; only used to word an error.
-func indexOf(b Batch, s span) int {
-	for i := range b.Dst {
-		if b.Dst[i] == s.off && b.Dst[i]+b.Len[i] == s.end {
-			return i
-		}
-	}
-	return -1
 }
 
 // radixSort sorts by off with 8-bit LSD passes, skipping bytes where every

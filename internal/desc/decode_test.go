@@ -39,7 +39,10 @@ func TestDecodeRejects(t *testing.T) {
 		{"dst overflow", Packed{SrcOffsets: u(0), DstOffsets: u(8), Lengths: u(math.MaxUint64)}, lim, errs.ErrInvalidArgument, "src_offsets[0] = 0 with length 18446744073709551615"},
 		{"dst overflow wrap", Packed{SrcOffsets: u(0), DstOffsets: u(math.MaxUint64), Lengths: u(2)}, lim, errs.ErrInvalidArgument, "dst_offsets[0]"},
 		{"overlap unsorted", Packed{SrcOffsets: u(0, 0, 0), DstOffsets: u(100, 0, 96), BlockLength: 8}, lim, errs.ErrInvalidArgument, "[96,104) and [100,108) overlap (blocks 2 and 0)"},
-		{"duplicate dst", Packed{SrcOffsets: u(0, 8), DstOffsets: u(16, 16), BlockLength: 8}, lim, errs.ErrInvalidArgument, "overlap"},
+		{"duplicate dst", Packed{SrcOffsets: u(0, 8), DstOffsets: u(16, 16), BlockLength: 8}, lim, errs.ErrInvalidArgument, "[16,24) and [16,24) overlap (blocks 0 and 1)"},
+		{"duplicate dst unsorted", Packed{SrcOffsets: u(0, 8, 16), DstOffsets: u(40, 8, 40), BlockLength: 8}, lim, errs.ErrInvalidArgument, "[40,48) and [40,48) overlap (blocks 0 and 2)"},
+		{"duplicate dst among many", Packed{SrcOffsets: u(0, 0, 0, 0), DstOffsets: u(24, 0, 24, 8), BlockLength: 8}, Limits{SrcSize: 64, DstSize: 64}, errs.ErrInvalidArgument, "(blocks 0 and 2)"},
+		{"dst size unknown, overflow", Packed{SrcOffsets: u(0), DstOffsets: u(math.MaxUint64 - 1), Lengths: u(4)}, Limits{SrcSize: 64, DstSize: UnknownSize}, errs.ErrInvalidArgument, "dst_offsets[0] = 18446744073709551614 with length 4 overflows 64 bits (the destination region's size is not known yet)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -52,6 +55,36 @@ func TestDecodeRejects(t *testing.T) {
 				t.Fatalf("err = %q, want it to contain %q", err, c.msg)
 			}
 		})
+	}
+}
+
+// TestDstSizeNeverPrintedUnknown: a bound checked before the peer told the
+// destination's size must not print the placeholder as a size.
+func TestDstSizeNeverPrintedUnknown(t *testing.T) {
+	cases := []struct {
+		name string
+		p    Packed
+		msg  string
+	}{
+		{"wrap", Packed{SrcOffsets: Pack([]uint64{0}), DstOffsets: Pack([]uint64{math.MaxUint64}), Lengths: Pack([]uint64{2})}, "size is not known yet"},
+		{"max offset", Packed{SrcOffsets: Pack([]uint64{0}), DstOffsets: Pack([]uint64{math.MaxUint64 - 7}), BlockLength: 8}, "size is not known yet"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var d Decoder
+			_, err := d.Decode(c.p, Limits{SrcSize: 64, DstSize: UnknownSize})
+			if !errors.Is(err, errs.ErrInvalidArgument) {
+				t.Fatalf("err = %v, want InvalidArgument", err)
+			}
+			if strings.Contains(err.Error(), "region's 18446744073709551615") || !strings.Contains(err.Error(), c.msg) {
+				t.Fatalf("err = %q, want it to contain %q and no placeholder size", err, c.msg)
+			}
+		})
+	}
+	// Once the size is known, CheckDst names it.
+	err := CheckDst(Batch{Src: []uint64{0}, Dst: []uint64{60}, Len: []uint64{8}}, 64)
+	if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), "dst_offsets[0] = 60 with length 8 runs past the destination region's 64 bytes") {
+		t.Fatalf("CheckDst: %v", err)
 	}
 }
 

@@ -1,6 +1,8 @@
 // Package errs holds b2bd's domain errors. Library code wraps one of these
-// sentinels with its cause; the gRPC boundary (server.toStatus) maps them to
-// status codes in one place, using errors.Is.
+// sentinels with its cause (%w); the gRPC boundary maps them to status codes
+// in one place, ToStatus/Code: the outermost class in the wrap tree wins, and
+// at BatchTransfer the caller's own deadline or cancellation wins over all
+// (ForCaller).
 package errs
 
 import "errors"

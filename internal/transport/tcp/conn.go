@@ -15,6 +15,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -45,7 +46,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		nc, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			c.Close()
-			return nil, fmt.Errorf("%w: tcp: dial data stream %d to %s: %v", errs.ErrUnavailable, i, addr, err)
+			return nil, fmt.Errorf("%w: tcp: dial data stream %d to %s: %w", errs.ErrUnavailable, i, addr, err)
 		}
 		if tc, ok := nc.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
@@ -54,7 +55,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		c.streams = append(c.streams, s)
 		if err := s.hello(ctx, hs.GetSessionToken(), c.id, t.cfg.Streams, i); err != nil {
 			c.Close()
-			return nil, fmt.Errorf("%w: tcp: hello on data stream %d to %s: %v", errs.ErrUnavailable, i, addr, err)
+			return nil, fmt.Errorf("%w: tcp: hello on data stream %d to %s: %w", errs.ErrUnavailable, i, addr, err)
 		}
 		go s.loop()
 	}
@@ -137,6 +138,8 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.Err(); err != nil {
+		// The cause is an earlier batch's (maybe its source's fault): named,
+		// not wrapped, so that it does not classify this batch.
 		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken: %v", errs.ErrUnavailable, c.addr, err)
 	}
 	mem := src.Memory()
@@ -274,13 +277,18 @@ func (c *conn) writeHost(ctx context.Context, src []byte, dst transport.RemoteRe
 		if cancelled || ctx.Err() != nil {
 			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, ctx.Err())
 		}
+		for _, err := range results {
+			if memguard.IsFault(err) {
+				return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, err)
+			}
+		}
 		if refused != nil {
 			return transport.Stats{}, refused
 		}
 		if errors.Is(first, os.ErrDeadlineExceeded) {
 			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, context.DeadlineExceeded)
 		}
-		return transport.Stats{}, fmt.Errorf("%w: tcp: batch %d to %s cut off: %v", errs.ErrAborted, c.batch, c.addr, first)
+		return transport.Stats{}, fmt.Errorf("%w: tcp: batch %d to %s cut off: %w", errs.ErrAborted, c.batch, c.addr, first)
 	}
 	return transport.Stats{Segments: uint64(n), WorkRequests: frames}, nil
 }
@@ -340,6 +348,9 @@ func (s *stream) hello(ctx context.Context, token []byte, id uint64, streams, in
 	}
 	_ = s.nc.SetDeadline(dl)
 	defer s.nc.SetDeadline(time.Time{})
+	// A cancelled caller cuts the hello short too, not only a deadline.
+	stop := context.AfterFunc(ctx, func() { _ = s.nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	if _, err := s.nc.Write(b[:]); err != nil {
 		return err
 	}
@@ -384,37 +395,59 @@ func (s *stream) send(j job) (uint64, error) {
 		}
 		hdr := s.hdr[:headerLen+(k-i)*segLen]
 		h.put(hdr)
-		le := binary.LittleEndian
-		iov, small := append(s.iov[:0], hdr), s.small[:0]
-		runStart := -1 // start of the current run of small blocks in `small`
-		for x := i; x < k; x++ {
-			off, n := b.Src[x], b.Len[x]
-			le.PutUint64(hdr[headerLen+(x-i)*segLen:], b.Dst[x])
-			le.PutUint64(hdr[headerLen+(x-i)*segLen+8:], n)
-			if n < copyBelow && uint64(len(small))+n <= uint64(cap(small)) {
-				if runStart < 0 {
-					runStart = len(small)
-				}
-				small = append(small, j.src[off:off+n]...)
-				continue
-			}
-			if runStart >= 0 {
-				iov = append(iov, small[runStart:])
-				runStart = -1
-			}
-			iov = append(iov, j.src[off:off+n])
+		// The source's memory belongs to a client that may truncate its
+		// file: the staging copy (and TLS's encryption) fault in Go, the
+		// writev with EFAULT. Either way the frame is cut short and the
+		// stream out of step: the batch fails with DataLoss and the conn is
+		// failed by Write, so the next batch gets a fresh one.
+		var werr error
+		ferr := memguard.Do(func() {
+			s.frame(&j, i, k, hdr)
+			_, werr = s.bufs.WriteTo(s.nc)
+		})
+		if ferr == nil && werr != nil && memguard.IsFault(werr) {
+			ferr = fmt.Errorf("%w (%w): writev: %w", memguard.ErrFault, errs.ErrDataLoss, werr)
 		}
-		if runStart >= 0 {
-			iov = append(iov, small[runStart:])
+		if ferr != nil {
+			return frames, fmt.Errorf("source memory of segments %d..%d: %w", i, k-1, ferr)
 		}
-		s.bufs = iov // a field, so WriteTo's pointer receiver does not escape a local
-		if _, err := s.bufs.WriteTo(s.nc); err != nil {
-			return frames, err
+		if werr != nil {
+			return frames, werr
 		}
 		frames++
 		i = k
 	}
 	return frames, s.readAck(j.batch)
+}
+
+// frame fills the frame's segment table and its write list, blocks [i,k)
+// of the job, into s.bufs; small blocks are copied into s.small.
+func (s *stream) frame(j *job, i, k int, hdr []byte) {
+	b := j.b
+	le := binary.LittleEndian
+	iov, small := append(s.iov[:0], hdr), s.small[:0]
+	runStart := -1 // start of the current run of small blocks in `small`
+	for x := i; x < k; x++ {
+		off, n := b.Src[x], b.Len[x]
+		le.PutUint64(hdr[headerLen+(x-i)*segLen:], b.Dst[x])
+		le.PutUint64(hdr[headerLen+(x-i)*segLen+8:], n)
+		if n < copyBelow && uint64(len(small))+n <= uint64(cap(small)) {
+			if runStart < 0 {
+				runStart = len(small)
+			}
+			small = append(small, j.src[off:off+n]...)
+			continue
+		}
+		if runStart >= 0 {
+			iov = append(iov, small[runStart:])
+			runStart = -1
+		}
+		iov = append(iov, j.src[off:off+n])
+	}
+	if runStart >= 0 {
+		iov = append(iov, small[runStart:])
+	}
+	s.bufs = iov // a field, so WriteTo's pointer receiver does not escape a local
 }
 
 // ackError is the receiver's refusal of a batch.
@@ -434,6 +467,8 @@ func (e *ackError) Unwrap() error {
 		return errs.ErrInvalidArgument
 	case statusUnsupported:
 		return errs.ErrUnimplemented
+	case statusDataLoss:
+		return errs.ErrDataLoss
 	default:
 		return errs.ErrAborted
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -56,6 +57,10 @@ const (
 	copyBelow = 4096
 	// frameTimeout bounds how long a receiver waits for the rest of a frame.
 	frameTimeout = 60 * time.Second
+	// recvBuf is the receiver's read buffer: small blocks are copied out of
+	// it (one system call for many), larger ones read straight into the
+	// region.
+	recvBuf = 64 << 10
 )
 
 // Transport is the TCP data plane of one daemon.
@@ -183,7 +188,10 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 // Receiving side.
 
 // session tracks the batches of one sending conn (all its streams), so the
-// receiver knows when every stream's share of a batch has landed.
+// receiver knows when every stream's share of a batch has landed. It also
+// holds each batch's pin on its destination, from the batch's first frame on
+// any stream until every stream's share is done (landed, refused or cut
+// off), so that the destination cannot be deregistered mid-batch.
 type session struct {
 	live    int
 	batches map[uint64]progress
@@ -193,6 +201,13 @@ type progress struct {
 	done  int
 	segs  uint64
 	bytes uint64
+	// The batch's pin on its destination (release == nil: none yet).
+	key     uint64
+	mem     memory.Memory
+	release func()
+	// failed: some stream's share was refused or cut off; the batch is not
+	// reported as landed.
+	failed bool
 }
 
 func (t *Transport) acceptLoop() {
@@ -269,19 +284,38 @@ func (t *Transport) serve(c net.Conn) {
 	s.live++
 	t.mu.Unlock()
 	defer func() {
+		var releases []func()
 		t.mu.Lock()
 		if s.live--; s.live == 0 {
 			delete(t.sessions, connID)
+			// The sender's conn is gone: its unfinished batches never
+			// complete, so their pins go now.
+			for b, p := range s.batches {
+				if p.release != nil {
+					releases = append(releases, p.release)
+				}
+				delete(s.batches, b)
+			}
 		}
 		t.mu.Unlock()
+		for _, release := range releases {
+			release()
+		}
 	}()
 
 	// A small read buffer: small blocks are copied out of it (one syscall for
 	// many), blocks of 64 KiB and more are read straight into the region.
-	// A small read buffer: small blocks are copied out of it (one syscall for
-	// many), blocks of 64 KiB and more are read straight into the region.
-	r := &receiver{t: t, c: c, br: bufio.NewReaderSize(c, 64<<10), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
+	_, direct := c.(*net.TCPConn)
+	r := &receiver{t: t, c: c, direct: direct, br: bufio.NewReaderSize(c, recvBuf), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
 	defer r.releaseStager()
+	// A stream that ends inside a share cut that batch off: count its share
+	// as done (failed), so the batch's pin goes once the other streams are
+	// done too, not only when the whole session ends.
+	defer func() {
+		if r.inShare {
+			r.finish(r.batch, int(r.streams), false)
+		}
+	}()
 	for {
 		err := r.frame()
 		if err == nil {
@@ -291,7 +325,13 @@ func (t *Transport) serve(c net.Conn) {
 		if errors.As(err, &re) {
 			// A broken frame leaves the stream out of step: say why, then close.
 			log.Warn("data connection closed after a malformed frame", "error", re.err)
-			r.ack(re.status, 0, 0, re.err.Error())
+			batch := uint64(0)
+			if r.inShare {
+				batch = r.batch
+				r.finish(r.batch, int(r.streams), false)
+				r.inShare = false
+			}
+			r.ack(re.status, batch, 0, re.err.Error())
 			return
 		}
 		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
@@ -302,15 +342,23 @@ func (t *Transport) serve(c net.Conn) {
 }
 
 type receiver struct {
-	t     *Transport
-	c     net.Conn
-	br    *bufio.Reader
-	s     *session
-	hdr   [headerLen]byte
-	ackb  [ackLen + maxAckMsg]byte
-	table []byte
+	t *Transport
+	c net.Conn
+	// direct: c is plain TCP, whose Read leaves p to the kernel (never
+	// touched in Go); under TLS, reads go through br.
+	direct bool
+	br     *bufio.Reader
+	s      *session
+	hdr    [headerLen]byte
+	ackb   [ackLen + maxAckMsg]byte
+	table  []byte
 	// share: what this stream placed of the current batch so far.
 	segs, bytes uint64
+	// inShare: a frame of batch (of streams streams) was read and its last
+	// frame was not yet.
+	inShare bool
+	batch   uint64
+	streams uint32
 	// refused: this batch was refused (stale key, range outside the region);
 	// the rest of its frames are read and dropped so that the stream stays in
 	// step, and the last one is answered with the refusal.
@@ -339,6 +387,10 @@ func (r *receiver) frame() error {
 	if h.segs == 0 || h.segs > maxSegsPerFrame || h.payload > maxPayload || h.streams == 0 || h.streams > 256 {
 		return &recvErr{statusBadFrame, fmt.Errorf("tcp: frame of %d segments and %d bytes is outside the limits (%d, %d)", h.segs, h.payload, maxSegsPerFrame, maxPayload)}
 	}
+	if r.inShare && (h.batch != r.batch || h.streams != r.streams) {
+		return &recvErr{statusBadFrame, fmt.Errorf("tcp: frame of batch %d (%d streams) inside the share of batch %d (%d streams)", h.batch, h.streams, r.batch, r.streams)}
+	}
+	r.inShare, r.batch, r.streams = true, h.batch, h.streams
 	_ = r.c.SetReadDeadline(time.Now().Add(frameTimeout))
 	defer r.c.SetReadDeadline(time.Time{})
 	table := r.table[:int(h.segs)*segLen]
@@ -370,27 +422,59 @@ func (r *receiver) frame() error {
 	if h.flags&flagLast == 0 {
 		return nil
 	}
+	r.inShare = false
 	if re := r.refused; re != nil {
 		r.refused, r.segs, r.bytes = nil, 0, 0
+		r.finish(h.batch, int(h.streams), false)
 		return r.ack(re.status, h.batch, 0, re.err.Error())
 	}
-	// The pin is released by now: once the sender sees the ack, the
-	// destination may be deregistered at once.
-	r.landed(h.batch, int(h.streams))
+	// finish releases the batch's pin if this was its last share: once the
+	// sender has every ack, the destination may be deregistered at once.
+	r.finish(h.batch, int(h.streams), true)
 	err := r.ack(statusOK, h.batch, r.bytes, "")
 	r.segs, r.bytes = 0, 0
 	return err
+}
+
+// hold returns the destination of the frame's batch, pinned for the whole
+// batch: the first frame of the batch on any of the session's streams pins
+// it, and finish releases it once every stream's share is done.
+func (r *receiver) hold(h *frameHeader) (memory.Memory, error) {
+	t, s := r.t, r.s
+	t.mu.Lock()
+	p := s.batches[h.batch]
+	t.mu.Unlock()
+	if p.release == nil {
+		mem, release, err := t.in.Pin(transport.TCP, h.key)
+		if err != nil {
+			return memory.Memory{}, err
+		}
+		t.mu.Lock()
+		p = s.batches[h.batch]
+		if p.release == nil {
+			p.key, p.mem, p.release = h.key, mem, release
+			s.batches[h.batch] = p
+			release = nil
+		}
+		t.mu.Unlock()
+		if release != nil { // another stream pinned it meanwhile
+			release()
+		}
+	}
+	if p.key != h.key {
+		return memory.Memory{}, fmt.Errorf("%w: key %#x differs from the key %#x of the batch's earlier frames", errs.ErrInvalidArgument, h.key, p.key)
+	}
+	return p.mem, nil
 }
 
 // place validates the frame's table against the pinned destination, then
 // reads every segment straight into it. A *recvErr refuses the batch;
 // consumed says whether the payload was read off the stream regardless.
 func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) {
-	mem, release, err := r.t.in.Pin(transport.TCP, h.key)
+	mem, err := r.hold(h)
 	if err != nil {
 		return false, &recvErr{statusBadKey, fmt.Errorf("tcp: batch %d: destination: %w", h.batch, err)}
 	}
-	defer release()
 	if mem.Kind == memory.CUDA && r.t.cfg.Staging == nil {
 		return false, &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: destination is %s memory and this daemon has no CUDA driver", h.batch, mem.Kind)}
 	}
@@ -409,13 +493,61 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 	if mem.Kind == memory.CUDA {
 		return r.placeDevice(h, table, mem)
 	}
-	for i := 0; i < int(h.segs); i++ {
-		off, n := le.Uint64(table[i*segLen:]), le.Uint64(table[i*segLen+8:])
-		if _, err := io.ReadFull(r.br, mem.Host[off:off+n]); err != nil {
+	// The destination's memory belongs to a client that may truncate its
+	// file: a copy out of the read buffer faults in Go, a read(2) straight
+	// into the region fails with EFAULT. Bytes are counted as they are
+	// consumed off the stream (see read), so that after a fault the rest of
+	// the frame is drained exactly and the stream stays in step; the batch is
+	// then refused with statusDataLoss.
+	var (
+		seg        int
+		done, got  uint64 // payload bytes consumed by whole segments; of segment seg
+		rerr, ferr error
+	)
+	ferr = memguard.Do(func() {
+		for seg = 0; seg < int(h.segs); seg++ {
+			off, n := le.Uint64(table[seg*segLen:]), le.Uint64(table[seg*segLen+8:])
+			dst := mem.Host[off : off+n]
+			for got = 0; got < n; {
+				k, err := r.read(dst[got:])
+				got += uint64(k)
+				if err != nil {
+					rerr = err
+					return
+				}
+			}
+			done += n
+		}
+	})
+	if ferr == nil && rerr != nil && memguard.IsFault(rerr) {
+		ferr = fmt.Errorf("%w (%w): read: %w", memguard.ErrFault, errs.ErrDataLoss, rerr)
+	}
+	if ferr != nil {
+		off, n := le.Uint64(table[seg*segLen:]), le.Uint64(table[seg*segLen+8:])
+		if _, err := io.CopyN(io.Discard, r.br, int64(h.payload-done-got)); err != nil {
 			return true, err
 		}
+		return true, &recvErr{statusDataLoss, fmt.Errorf("tcp: batch %d: destination region (key %#x, %d bytes) segment %d [%d,+%d): %w", h.batch, h.key, mem.Len, seg, off, n, ferr)}
 	}
-	return true, nil
+	if rerr == io.EOF {
+		rerr = io.ErrUnexpectedEOF
+	}
+	return true, rerr
+}
+
+// read reads the next bytes of the stream into p, region memory, such that
+// a fault on p never loses count of consumed bytes: a fault panics inside a
+// copy that has not yet been counted as consumed (bufio and crypto/tls
+// advance only after their copy), and a plaintext read(2) straight into p
+// returns EFAULT having consumed nothing. bufio's own direct read is not
+// used: it reads p's last byte after the read(2) consumed it, which faults
+// with those bytes gone from the stream and not counted.
+func (r *receiver) read(p []byte) (int, error) {
+	if r.direct && r.br.Buffered() == 0 && len(p) >= recvBuf {
+		return r.c.Read(p)
+	}
+	// Under the buffer's size, bufio fills its buffer and copies out.
+	return r.br.Read(p[:min(len(p), recvBuf-1)])
 }
 
 // placeDevice reads the frame's payload into the pinned buffer, then copies
@@ -451,15 +583,20 @@ func (r *receiver) placeDevice(h *frameHeader, table []byte, mem memory.Memory) 
 	return true, nil
 }
 
-// landed adds this stream's share to the batch and reports the batch once
-// every stream's share is in place.
-func (r *receiver) landed(batch uint64, streams int) {
+// finish adds this stream's share to the batch (ok: placed; else refused or
+// cut off). Once every stream's share is done it releases the batch's pin
+// and, if every share was placed, reports the batch as landed.
+func (r *receiver) finish(batch uint64, streams int, ok bool) {
 	t := r.t
 	t.mu.Lock()
 	p := r.s.batches[batch]
 	p.done++
-	p.segs += r.segs
-	p.bytes += r.bytes
+	if ok {
+		p.segs += r.segs
+		p.bytes += r.bytes
+	} else {
+		p.failed = true
+	}
 	complete := p.done >= streams // the streams this batch used, not the session's
 	if complete {
 		delete(r.s.batches, batch)
@@ -467,7 +604,13 @@ func (r *receiver) landed(batch uint64, streams int) {
 		r.s.batches[batch] = p
 	}
 	t.mu.Unlock()
-	if complete {
+	if !complete {
+		return
+	}
+	if p.release != nil {
+		p.release()
+	}
+	if !p.failed {
 		t.in.Landed(transport.TCP, p.segs, p.bytes)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -24,6 +26,10 @@ type keyed struct {
 	mu     sync.Mutex
 	regs   map[uint64]memory.Memory
 	landed atomic.Uint64
+	// pins held now, and Pin calls so far; unpin is made once, so that
+	// pinning does not allocate.
+	pins, pinCalls atomic.Int64
+	unpin          func()
 }
 
 func (k *keyed) Pin(_ transport.Kind, key uint64) (memory.Memory, func(), error) {
@@ -33,7 +39,12 @@ func (k *keyed) Pin(_ transport.Kind, key uint64) (memory.Memory, func(), error)
 	if !ok {
 		return memory.Memory{}, nil, errs.ErrNotFound
 	}
-	return m, func() {}, nil
+	if k.unpin == nil {
+		k.unpin = func() { k.pins.Add(-1) }
+	}
+	k.pins.Add(1)
+	k.pinCalls.Add(1)
+	return m, k.unpin, nil
 }
 func (k *keyed) Landed(_ transport.Kind, _, bytes uint64) { k.landed.Add(bytes) }
 
@@ -143,6 +154,11 @@ func TestReceiverRefusals(t *testing.T) {
 			if p.in.landed.Load() != 0 {
 				t.Fatal("a refused batch was reported as landed")
 			}
+			// Every stream's share is done before the last ack: no pin is
+			// left behind by the refusal.
+			if n := p.in.pins.Load(); n != 0 {
+				t.Fatalf("%d pins held after the refusal was acked", n)
+			}
 			// The receiver drained the refused batch, so the connection is
 			// still in step and carries the next batch.
 			if err := p.conn.Err(); err != nil {
@@ -153,6 +169,32 @@ func TestReceiverRefusals(t *testing.T) {
 				t.Fatalf("next batch on the same connection: %v", err)
 			}
 		})
+	}
+}
+
+// TestBatchPinnedOnce: the receiver pins a batch's destination once, at its
+// first frame, and holds it until every stream's share is in place (it used
+// to pin per frame, so the region could be deregistered between frames);
+// nothing is held once the sender has its acks.
+func TestBatchPinnedOnce(t *testing.T) {
+	for _, streams := range []int{1, 4} {
+		p := newPair(t, 64<<20, streams)
+		// 64 MiB in 1 MiB blocks: 16 frames of 4 MiB.
+		b := desc.Batch{}
+		for i := uint64(0); i < 64; i++ {
+			b.Src, b.Dst, b.Len = append(b.Src, i<<20), append(b.Dst, (63-i)<<20), append(b.Len, 1<<20)
+		}
+		for round := 1; round <= 2; round++ {
+			if _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); err != nil {
+				t.Fatal(err)
+			}
+			if n := p.in.pinCalls.Load(); n < 1 || n > int64(round*streams) {
+				t.Fatalf("streams %d, round %d: %d Pin calls so far, want 1..%d per batch (one per batch, or one per stream in a race)", streams, round, n, streams)
+			}
+			if n := p.in.pins.Load(); n != 0 {
+				t.Fatalf("streams %d: %d pins held after the batch was acked", streams, n)
+			}
+		}
 	}
 }
 
@@ -192,5 +234,91 @@ func BenchmarkWrite10K128(b *testing.B) {
 		if _, err := p.conn.Write(ctx, p.src, p.dst, &bt); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// truncatable maps n bytes of a memfd, shared, and returns a function that
+// truncates the file: the mapping's pages then raise SIGBUS, as when a
+// client truncates its region's shm file.
+func truncatable(t testing.TB, n int) (memory.Memory, func()) {
+	fd, err := unix.MemfdCreate("b2b-test", 0)
+	if err != nil {
+		t.Skipf("memfd_create: %v", err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Ftruncate(fd, int64(n)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	return memory.Memory{Kind: memory.Host, Host: b, Len: uint64(n), DmabufFD: -1}, func() {
+		if err := unix.Ftruncate(fd, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestTruncatedMemory: a fault on the source fails the batch with DataLoss
+// and fails the conn (its stream is out of step); a fault on the
+// destination is refused with DataLoss after the frame is drained, so the
+// same conn carries the next batch. Neither kills the process.
+func TestTruncatedMemory(t *testing.T) {
+	const size = 8 << 20
+	for _, blk := range []uint64{128, 256 << 10} {
+		b := desc.Batch{}
+		for i := uint64(0); i < size/blk/2; i++ {
+			b.Src, b.Dst, b.Len = append(b.Src, 2*i*blk), append(b.Dst, 2*i*blk), append(b.Len, blk)
+		}
+		t.Run(fmt.Sprintf("destination/%d", blk), func(t *testing.T) {
+			p := newPair(t, size, 2)
+			mem, truncate := truncatable(t, size)
+			reg, err := p.b.Register(mem)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.in.mu.Lock()
+			p.in.regs[reg.Key().Key] = mem
+			p.in.mu.Unlock()
+			truncate()
+			bad := transport.RemoteRegion{Name: "t", Size: size, Key: reg.Key()}
+			_, err = p.conn.Write(context.Background(), p.src, bad, &b)
+			if !errors.Is(err, errs.ErrDataLoss) {
+				t.Fatalf("err = %v, want DataLoss", err)
+			}
+			if err := p.conn.Err(); err != nil {
+				t.Fatalf("a fault at the receiver broke the connection: %v", err)
+			}
+			if n := p.in.pins.Load(); n != 0 {
+				t.Fatalf("%d pins held after the fault", n)
+			}
+			for i := range p.srcMem.Host {
+				p.srcMem.Host[i] = byte(i * 7)
+			}
+			if _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); err != nil {
+				t.Fatalf("next batch on the same connection: %v", err)
+			}
+			if !bytes.Equal(p.srcMem.Host[:blk], p.dstMem.Host[:blk]) {
+				t.Fatal("next batch did not land")
+			}
+		})
+		t.Run(fmt.Sprintf("source/%d", blk), func(t *testing.T) {
+			p := newPair(t, size, 2)
+			mem, truncate := truncatable(t, size)
+			src, err := p.a.Register(mem)
+			if err != nil {
+				t.Fatal(err)
+			}
+			truncate()
+			_, err = p.conn.Write(context.Background(), src, p.dst, &b)
+			if !errors.Is(err, errs.ErrDataLoss) || !memguard.IsFault(err) {
+				t.Fatalf("err = %v, want a DataLoss fault", err)
+			}
+			if p.conn.Err() == nil {
+				t.Fatal("the conn is out of step after a cut frame, yet not failed")
+			}
+		})
 	}
 }

@@ -41,6 +41,9 @@ const (
 	statusBadRange
 	statusBadFrame
 	statusUnsupported
+	// statusDataLoss: the destination's memory faulted while the frame was
+	// read into it (its client truncated the region's file).
+	statusDataLoss
 )
 
 type frameHeader struct {
