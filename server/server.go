@@ -244,10 +244,13 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 	// size then misjudges the bounds, or the receiver refuses the key before
 	// placing any byte. Either way one retry with a fresh resolution is safe.
 	//
-	// A connection made before this batch may also have died unnoticed with
-	// an idle peer (restarted, or its link flapped). Writes are idempotent
-	// (the same bytes to the same places), so one retry on a fresh
-	// connection is safe too, and success still means every byte landed.
+	// A connection may also break under the batch: made before it, it may
+	// have died unnoticed with an idle peer (restarted, or its link flapped);
+	// fresh, the wire may fail it (Soft-RoCE under load NAKs a WRITE with
+	// "remote invalid request" now and then). Writes are idempotent (the
+	// same bytes to the same places), so one retry on a fresh connection is
+	// safe, and success still means every byte landed and was acknowledged.
+	// A dead peer costs the retry one refused dial.
 	var firstErr error
 	for attempt := 0; ; attempt++ {
 		var remote transport.RemoteRegion
@@ -285,8 +288,8 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 		}
 		err = fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", blocks, req.GetPeer(), req.GetDstRegion(), sess.Kind, err)
 		// A fault on our own source memory would fault again: no retry.
-		if broke && sess.Reused && firstErr == nil && ctx.Err() == nil && !memguard.IsFault(err) {
-			s.cfg.Log.Info("batch failed on a connection made before it; retrying once on a fresh one", "peer", req.GetPeer(), "error", err)
+		if broke && firstErr == nil && ctx.Err() == nil && !memguard.IsFault(err) {
+			s.cfg.Log.Info("batch broke its connection; retrying once on a fresh one", "peer", req.GetPeer(), "reused", sess.Reused, "error", err)
 			firstErr = err
 			continue
 		}
