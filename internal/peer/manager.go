@@ -155,10 +155,16 @@ func (m *Manager) Broken(addr string, s Session) {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if c := st.conns[s.Kind]; c == s.Conn {
-		_ = c.Close()
-		delete(st.conns, s.Kind)
+	if c := st.conns[s.Kind]; c != s.Conn {
+		// Another batch on the same connection already reported it, and a
+		// fresh one may be carrying retries by now: forgetting the handshake
+		// again would make the next Get handshake anew and close that fresh
+		// connection under them (32 concurrent batches hit by one failed
+		// WRITE then failed their retries with "connection closed").
+		return
 	}
+	_ = s.Conn.Close()
+	delete(st.conns, s.Kind)
 	st.hs = nil
 	clear(st.resolved)
 	if st.cc != nil {

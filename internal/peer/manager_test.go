@@ -1,0 +1,119 @@
+package peer
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/transport"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// fakePeer answers handshakes and counts them.
+type fakePeer struct {
+	b2bv1.UnimplementedPeerServer
+	handshakes atomic.Int32
+}
+
+func (f *fakePeer) Handshake(context.Context, *b2bv1.HandshakeRequest) (*b2bv1.HandshakeResponse, error) {
+	f.handshakes.Add(1)
+	return &b2bv1.HandshakeResponse{ProtocolVersion: ProtocolVersion, NodeName: "fake",
+		Transports: []b2bv1.TransportKind{b2bv1.TransportKind_TRANSPORT_KIND_TCP}}, nil
+}
+
+// fakeTransport hands out fakeConns.
+type fakeTransport struct{ connects atomic.Int32 }
+
+func (t *fakeTransport) Kind() transport.Kind { return transport.TCP }
+func (t *fakeTransport) Register(memory.Memory) (transport.Registration, error) {
+	return nil, nil
+}
+func (t *fakeTransport) Connect(context.Context, transport.Peer) (transport.Conn, error) {
+	t.connects.Add(1)
+	return &fakeConn{}, nil
+}
+func (t *fakeTransport) Close() error { return nil }
+
+type fakeConn struct{ closed atomic.Bool }
+
+func (c *fakeConn) Write(context.Context, transport.Registration, transport.RemoteRegion, *desc.Batch) (transport.Stats, error) {
+	return transport.Stats{}, nil
+}
+func (c *fakeConn) Err() error {
+	if c.closed.Load() {
+		return net.ErrClosed
+	}
+	return nil
+}
+func (c *fakeConn) Close() error { c.closed.Store(true); return nil }
+
+func newTestManager(t *testing.T) (*Manager, *fakePeer, *fakeTransport) {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	fp := &fakePeer{}
+	b2bv1.RegisterPeerServer(srv, fp)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	ft := &fakeTransport{}
+	m := New(&b2bv1.HandshakeRequest{ProtocolVersion: ProtocolVersion, NodeName: "me"}, []transport.Transport{ft}, hclog.NewNullLogger(), false,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return lis.Dial() }))
+	t.Cleanup(func() { m.Close() })
+	return m, fp, ft
+}
+
+// TestBrokenByStaleSession: several batches share a connection and all fail
+// on it. The first report replaces it; later reports about the same, already
+// replaced, connection must leave the fresh one (carrying retries) alone.
+func TestBrokenByStaleSession(t *testing.T) {
+	ctx := context.Background()
+	const addr = "127.0.0.1:7470"
+	for _, tc := range []struct {
+		name    string
+		reports int // batches that saw the old connection fail
+	}{
+		{"one batch", 1},
+		{"many batches", 32},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, fp, ft := newTestManager(t)
+			old, err := m.Get(ctx, addr, transport.TCP)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Broken(addr, old) // the first failure: the connection goes
+			if !old.Conn.(*fakeConn).closed.Load() {
+				t.Fatal("the broken connection was not closed")
+			}
+			fresh, err := m.Get(ctx, addr, transport.TCP) // a retry connects afresh
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fresh.Conn == old.Conn {
+				t.Fatal("Get returned the broken connection")
+			}
+			for i := 1; i < tc.reports; i++ {
+				m.Broken(addr, old) // the other batches report the same old connection
+			}
+			again, err := m.Get(ctx, addr, transport.TCP) // another batch's retry
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fresh.Conn.(*fakeConn).closed.Load() || again.Conn != fresh.Conn {
+				t.Fatalf("reports about a replaced connection closed the fresh one (connects %d, handshakes %d)", ft.connects.Load(), fp.handshakes.Load())
+			}
+			if got := ft.connects.Load(); got != 2 {
+				t.Fatalf("%d connects, want 2 (the first and one fresh)", got)
+			}
+		})
+	}
+}
