@@ -52,7 +52,6 @@ struct b2bv_lib {
 #undef B2BV_FIELD
 
 extern struct b2bv_lib b2bv_lib;
-#define B b2bv_lib
 
 /*
  * b2bv_rc normalises what a libibverbs call or a provider op returned:

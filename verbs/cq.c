@@ -8,12 +8,12 @@
 
 int b2bv_create_comp_channel(struct ibv_context *c, struct ibv_comp_channel **out)
 {
-	return B2BV_NEW(out, B.create_comp_channel(c));
+	return B2BV_NEW(out, b2bv_lib.create_comp_channel(c));
 }
 
 int b2bv_destroy_comp_channel(struct ibv_comp_channel *ch)
 {
-	return B2BV_CALL(NULL, B.destroy_comp_channel(ch));
+	return B2BV_CALL(NULL, b2bv_lib.destroy_comp_channel(ch));
 }
 
 int b2bv_comp_fd(struct ibv_comp_channel *ch) { return ch->fd; }
@@ -25,9 +25,9 @@ int b2bv_drain_cq_events(struct ibv_comp_channel *ch, int *n)
 	for (;;) {
 		struct ibv_cq *cq;
 		void *ctx;
-		if (B.get_cq_event(ch, &cq, &ctx) != 0)
+		if (b2bv_lib.get_cq_event(ch, &cq, &ctx) != 0)
 			break;
-		B.ack_cq_events(cq, 1);
+		b2bv_lib.ack_cq_events(cq, 1);
 		k++;
 	}
 	*n = k;
@@ -37,10 +37,10 @@ int b2bv_drain_cq_events(struct ibv_comp_channel *ch, int *n)
 int b2bv_create_cq(struct ibv_context *c, int cqe, struct ibv_comp_channel *ch,
 		   struct ibv_cq **out)
 {
-	return B2BV_NEW(out, B.create_cq(c, cqe, NULL, ch, 0));
+	return B2BV_NEW(out, b2bv_lib.create_cq(c, cqe, NULL, ch, 0));
 }
 
-int b2bv_destroy_cq(struct ibv_cq *cq) { return B2BV_CALL(NULL, B.destroy_cq(cq)); }
+int b2bv_destroy_cq(struct ibv_cq *cq) { return B2BV_CALL(NULL, b2bv_lib.destroy_cq(cq)); }
 
 int b2bv_wcbuf_new(int cap, struct b2bv_wcbuf **out)
 {

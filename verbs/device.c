@@ -10,22 +10,22 @@
 int b2bv_get_device_list(struct ibv_device ***out, int *n)
 {
 	*n = 0;
-	return B2BV_NEW(out, B.get_device_list(n));
+	return B2BV_NEW(out, b2bv_lib.get_device_list(n));
 }
 
-void b2bv_free_device_list(struct ibv_device **l) { B.free_device_list(l); }
-const char *b2bv_device_name(struct ibv_device *d) { return B.get_device_name(d); }
+void b2bv_free_device_list(struct ibv_device **l) { b2bv_lib.free_device_list(l); }
+const char *b2bv_device_name(struct ibv_device *d) { return b2bv_lib.get_device_name(d); }
 
 int b2bv_open_device(struct ibv_device *d, struct ibv_context **out)
 {
-	return B2BV_NEW(out, B.open_device(d));
+	return B2BV_NEW(out, b2bv_lib.open_device(d));
 }
 
-int b2bv_close_device(struct ibv_context *c) { return B2BV_CALL(NULL, B.close_device(c)); }
+int b2bv_close_device(struct ibv_context *c) { return B2BV_CALL(NULL, b2bv_lib.close_device(c)); }
 
 int b2bv_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 {
-	return B2BV_CALL(NULL, B.query_device(c, a));
+	return B2BV_CALL(NULL, b2bv_lib.query_device(c, a));
 }
 
 /* Mirrors verbs.h's ___ibv_query_port: prefer the extended op. */
@@ -34,7 +34,7 @@ int b2bv_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_attr *a
 	struct verbs_context *vctx = verbs_get_ctx_op(c, query_port);
 	if (!vctx) {
 		memset(a, 0, sizeof(*a));
-		return B2BV_CALL(NULL, B.query_port(c, port, (struct _compat_ibv_port_attr *)a));
+		return B2BV_CALL(NULL, b2bv_lib.query_port(c, port, (struct _compat_ibv_port_attr *)a));
 	}
 	return B2BV_CALL(NULL, vctx->query_port(c, port, a, sizeof(*a)));
 }
@@ -42,7 +42,7 @@ int b2bv_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_attr *a
 int b2bv_query_gid(struct ibv_context *c, uint8_t port, int index, uint8_t *gid16)
 {
 	union ibv_gid g;
-	int rc = B2BV_CALL(NULL, B.query_gid(c, port, index, &g));
+	int rc = B2BV_CALL(NULL, b2bv_lib.query_gid(c, port, index, &g));
 	if (rc == 0)
 		memcpy(gid16, g.raw, 16);
 	return rc;
@@ -69,7 +69,7 @@ int b2bv_drain_async(struct ibv_context *c, struct b2bv_async *out, int cap, int
 	int k = 0;
 	while (k < cap) {
 		struct ibv_async_event ev;
-		if (B.get_async_event(c, &ev) != 0)
+		if (b2bv_lib.get_async_event(c, &ev) != 0)
 			break;
 		struct b2bv_async *o = &out[k++];
 		memset(o, 0, sizeof(*o));
@@ -97,7 +97,7 @@ int b2bv_drain_async(struct ibv_context *c, struct b2bv_async *out, int cap, int
 		default:
 			break;
 		}
-		B.ack_async_event(&ev);
+		b2bv_lib.ack_async_event(&ev);
 	}
 	*n = k;
 	return 0;

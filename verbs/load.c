@@ -41,10 +41,10 @@ int b2bv_set_sym(int k, void *p)
 	return 0;
 }
 
-int b2bv_have_dmabuf(void) { return B.reg_dmabuf_mr != NULL; }
+int b2bv_have_dmabuf(void) { return b2bv_lib.reg_dmabuf_mr != NULL; }
 
-const char *b2bv_wc_status_str(int s) { return B.wc_status_str((enum ibv_wc_status)s); }
-const char *b2bv_event_type_str(int t) { return B.event_type_str((enum ibv_event_type)t); }
+const char *b2bv_wc_status_str(int s) { return b2bv_lib.wc_status_str((enum ibv_wc_status)s); }
+const char *b2bv_event_type_str(int t) { return b2bv_lib.event_type_str((enum ibv_event_type)t); }
 
 /* The Go side mirrors these enum values as constants (types.go). */
 _Static_assert(IBV_WC_RECV == 128 && IBV_WC_RECV_RDMA_WITH_IMM == 129, "wc opcodes");

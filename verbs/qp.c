@@ -24,7 +24,7 @@ int b2bv_create_rc_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
 	/* Without an SRQ the QP gets a one-entry RQ it never uses. */
 	a.cap.max_recv_wr = srq ? 0 : 1;
 	a.cap.max_recv_sge = srq ? 0 : 1;
-	int rc = B2BV_NEW(out, B.create_qp(pd, &a));
+	int rc = B2BV_NEW(out, b2bv_lib.create_qp(pd, &a));
 	if (rc == 0 && caps3) {
 		/* The provider may round up: report what we really got. */
 		caps3[0] = a.cap.max_send_wr;
@@ -34,7 +34,7 @@ int b2bv_create_rc_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq,
 	return rc;
 }
 
-int b2bv_destroy_qp(struct ibv_qp *qp) { return B2BV_CALL(NULL, B.destroy_qp(qp)); }
+int b2bv_destroy_qp(struct ibv_qp *qp) { return B2BV_CALL(NULL, b2bv_lib.destroy_qp(qp)); }
 uint32_t b2bv_qp_num(struct ibv_qp *qp) { return qp->qp_num; }
 
 int b2bv_qp_to_init(struct ibv_qp *qp, uint8_t port, int access, int *raw)
@@ -45,7 +45,7 @@ int b2bv_qp_to_init(struct ibv_qp *qp, uint8_t port, int access, int *raw)
 	a.pkey_index = B2BV_PKEY_INDEX;
 	a.port_num = port;
 	a.qp_access_flags = access;
-	return B2BV_CALL(raw, B.modify_qp(qp, &a,
+	return B2BV_CALL(raw, b2bv_lib.modify_qp(qp, &a,
 					  IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 						  IBV_QP_ACCESS_FLAGS));
 }
@@ -77,7 +77,7 @@ int b2bv_qp_to_rtr(struct ibv_qp *qp, uint8_t port, uint32_t dest_qpn,
 		a.ah_attr.grh.traffic_class = 0;
 		a.ah_attr.grh.flow_label = 0;
 	}
-	return B2BV_CALL(raw, B.modify_qp(qp, &a,
+	return B2BV_CALL(raw, b2bv_lib.modify_qp(qp, &a,
 					  IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 						  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 						  IBV_QP_MAX_DEST_RD_ATOMIC |
@@ -95,7 +95,7 @@ int b2bv_qp_to_rts(struct ibv_qp *qp, uint32_t sq_psn, uint8_t timeout,
 	a.retry_cnt = retry_cnt;
 	a.rnr_retry = rnr_retry;
 	a.max_rd_atomic = B2BV_RD_ATOMIC;
-	return B2BV_CALL(raw, B.modify_qp(qp, &a,
+	return B2BV_CALL(raw, b2bv_lib.modify_qp(qp, &a,
 					  IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
 						  IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 						  IBV_QP_MAX_QP_RD_ATOMIC));
@@ -106,7 +106,7 @@ int b2bv_qp_to_err(struct ibv_qp *qp, int *raw)
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_ERR;
-	return B2BV_CALL(raw, B.modify_qp(qp, &a, IBV_QP_STATE));
+	return B2BV_CALL(raw, b2bv_lib.modify_qp(qp, &a, IBV_QP_STATE));
 }
 
 int b2bv_qp_state(struct ibv_qp *qp, int *state)
@@ -114,7 +114,7 @@ int b2bv_qp_state(struct ibv_qp *qp, int *state)
 	struct ibv_qp_attr a;
 	struct ibv_qp_init_attr ia;
 	*state = 0;
-	int rc = B2BV_CALL(NULL, B.query_qp(qp, &a, IBV_QP_STATE, &ia));
+	int rc = B2BV_CALL(NULL, b2bv_lib.query_qp(qp, &a, IBV_QP_STATE, &ia));
 	if (rc == 0)
 		*state = (int)a.qp_state;
 	return rc;

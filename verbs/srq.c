@@ -12,10 +12,10 @@ int b2bv_create_srq(struct ibv_pd *pd, uint32_t max_wr, uint32_t max_sge,
 	memset(&a, 0, sizeof(a));
 	a.attr.max_wr = max_wr;
 	a.attr.max_sge = max_sge;
-	return B2BV_NEW(out, B.create_srq(pd, &a));
+	return B2BV_NEW(out, b2bv_lib.create_srq(pd, &a));
 }
 
-int b2bv_destroy_srq(struct ibv_srq *srq) { return B2BV_CALL(NULL, B.destroy_srq(srq)); }
+int b2bv_destroy_srq(struct ibv_srq *srq) { return B2BV_CALL(NULL, b2bv_lib.destroy_srq(srq)); }
 
 int b2bv_srq_post(struct ibv_srq *srq, const uint32_t *idx, int n, uint64_t base,
 		  uint32_t buf_len, uint32_t lkey, int *raw)
