@@ -11,8 +11,16 @@
 // error wrapping ErrUnavailable.
 //
 // Ownership: each handle type owns one C object. Close is safe to call
-// twice; parents refuse to close while children are open (QP → CQ/SRQ →
-// MR → PD → Context), and constructors undo partial work on failure.
+// twice (and on nil); every other method of a closed or nil handle returns
+// an error wrapping ErrClosed, or a zero value where it returns no error.
+// Parents refuse to close while children are open (QP → CQ/SRQ → MR → PD →
+// Context), and constructors undo partial work on failure.
+//
+// Layout: one Go file per handle kind (device.go: Context; mr.go: PD, MR;
+// cq.go: CompChannel, CQ, WCBuf; srq.go; qp.go; chain.go; hostmem.go),
+// each with a C twin (device.c, ...) and a _stub.go twin for builds
+// without cgo; load.go/load.c hold loading and the one error helper
+// (callErr), errors.go the sentinel errors.
 // Handles are not safe for concurrent Close; the data-path calls follow
 // libibverbs' own thread-safety (post and poll may run on different
 // threads).
