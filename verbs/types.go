@@ -5,7 +5,7 @@
 // whole chain (one ibv_post_send) and one cgo call polls a batch of
 // completions.
 //
-// libibverbs is loaded at run time with dlopen, so binaries built with cgo
+// libibverbs is loaded at run time through internal/dl (dlopen), so binaries built with cgo
 // start on hosts without rdma-core; without cgo (or off Linux) the package
 // compiles to stubs. Either way an unusable verbs stack is reported as an
 // error wrapping ErrUnavailable.
@@ -14,16 +14,15 @@
 // twice (and on nil); every other method of a closed or nil handle returns
 // an error wrapping ErrClosed, or a zero value where it returns no error.
 // Parents refuse to close while children are open (QP → CQ/SRQ → MR → PD →
-// Context), and constructors undo partial work on failure.
+// Context), and constructors undo partial work on failure. Handles are not
+// safe for concurrent Close; the data-path calls follow libibverbs' own
+// thread-safety (post and poll may run on different threads).
 //
 // Layout: one Go file per handle kind (device.go: Context; mr.go: PD, MR;
 // cq.go: CompChannel, CQ, WCBuf; srq.go; qp.go; chain.go; hostmem.go),
 // each with a C twin (device.c, ...) and a _stub.go twin for builds
 // without cgo; load.go/load.c hold loading and the one error helper
 // (callErr), errors.go the sentinel errors.
-// Handles are not safe for concurrent Close; the data-path calls follow
-// libibverbs' own thread-safety (post and poll may run on different
-// threads).
 package verbs
 
 import (
