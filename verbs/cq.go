@@ -4,6 +4,8 @@ package verbs
 
 /*
 #cgo nocallback b2bv_poll
+#cgo noescape b2bv_drain_cq_events
+#cgo nocallback b2bv_drain_cq_events
 #cgo noescape b2bv_arm
 #cgo nocallback b2bv_arm
 #include "b2bv.h"

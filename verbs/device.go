@@ -3,6 +3,8 @@
 package verbs
 
 /*
+#cgo noescape b2bv_drain_async
+#cgo nocallback b2bv_drain_async
 #include "b2bv.h"
 */
 import "C"
