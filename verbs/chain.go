@@ -3,13 +3,11 @@
 package verbs
 
 /*
-#cgo noescape b2b_plan
-#cgo nocallback b2b_plan
-#cgo noescape b2b_post_chain
-#cgo nocallback b2b_post_chain
-#cgo nocallback b2b_poll
-#cgo nocallback b2b_post_send1
-#include "b2b.h"
+#cgo noescape b2bv_plan
+#cgo nocallback b2bv_plan
+#cgo noescape b2bv_post_chain
+#cgo nocallback b2bv_post_chain
+#include "b2bv.h"
 */
 import "C"
 
@@ -17,15 +15,13 @@ import (
 	"fmt"
 	"syscall"
 	"unsafe"
-
-	"github.com/b2bd/b2bd/internal/errs"
 )
 
 // Chain is a preallocated C array of RDMA WRITE WRs and their SGEs, plus the
 // planner's request and cursor. One Chain serves one QP (it is not safe for
 // concurrent use); planning and posting never allocate.
 type Chain struct {
-	c      *C.struct_b2b_chain
+	c      *C.struct_b2bv_chain
 	capWR  int
 	capSGE int
 	wrs    []C.struct_ibv_send_wr
@@ -35,21 +31,39 @@ type Chain struct {
 // device (the planner is pure), so it works in tests on any host with cgo.
 func NewChain(capWR, capSGE int) (*Chain, error) {
 	if capWR <= 0 || capSGE <= 0 || capWR > 1<<16 || capSGE > 1<<10 {
-		return nil, fmt.Errorf("verbs: chain of %d WRs x %d SGEs: %w", capWR, capSGE, errs.ErrInvalidArgument)
+		return nil, fmt.Errorf("verbs: chain of %d WRs x %d SGEs: %w", capWR, capSGE, ErrInvalidArgument)
 	}
-	c := C.b2b_chain_new(C.uint32_t(capWR), C.uint32_t(capSGE))
-	if c == nil {
-		return nil, fmt.Errorf("verbs: chain of %d WRs x %d SGEs: %w", capWR, capSGE, syscall.ENOMEM)
+	var c *C.struct_b2bv_chain
+	if rc := C.b2bv_chain_new(C.uint32_t(capWR), C.uint32_t(capSGE), &c); rc != 0 {
+		return nil, callErr(rc, 0, fmt.Sprintf("chain of %d WRs x %d SGEs", capWR, capSGE), "", nil)
 	}
 	return &Chain{c: c, capWR: capWR, capSGE: capSGE, wrs: unsafe.Slice(c.wr, capWR)}, nil
 }
 
-// Cap is the chain's capacity.
-func (ch *Chain) Cap() (wrs, sges int) { return ch.capWR, ch.capSGE }
+func (ch *Chain) chain() *C.struct_b2bv_chain {
+	if ch == nil {
+		return nil
+	}
+	return ch.c
+}
 
-// Setup sets the per-batch parameters (regions, keys, limits).
+// Cap is the chain's capacity (0, 0 once closed).
+func (ch *Chain) Cap() (wrs, sges int) {
+	if ch.chain() == nil {
+		return 0, 0
+	}
+	return ch.capWR, ch.capSGE
+}
+
+// Setup sets the per-batch parameters (regions, keys, limits). On a closed
+// chain it does nothing (Plan and PostChain then report ErrClosed); so do
+// SetMaxWR, Start and SetSeq.
 func (ch *Chain) Setup(p *ChainParams) {
-	r := &ch.c.req
+	c := ch.chain()
+	if c == nil {
+		return
+	}
+	r := &c.req
 	r.src_base = C.uint64_t(p.SrcBase)
 	r.dst_base = C.uint64_t(p.DstBase)
 	r.src_limit = C.uint64_t(p.SrcLimit)
@@ -65,7 +79,11 @@ func (ch *Chain) Setup(p *ChainParams) {
 }
 
 // SetMaxWR caps the next chain's length (e.g. to the SQ credits left).
-func (ch *Chain) SetMaxWR(n int) { ch.c.req.max_wr = C.uint32_t(clampInt(n, 0, ch.capWR)) }
+func (ch *Chain) SetMaxWR(n int) {
+	if c := ch.chain(); c != nil {
+		c.req.max_wr = C.uint32_t(clampInt(n, 0, ch.capWR))
+	}
+}
 
 func clampInt(v, lo, hi int) int {
 	if v < lo {
@@ -80,7 +98,11 @@ func clampInt(v, lo, hi int) int {
 // Start sets the range [from, to) of the batch the next chains cover. When
 // immLast is set, the range's last WR is RDMA_WRITE_WITH_IMM carrying imm.
 func (ch *Chain) Start(from, to Pos, immLast bool, imm uint32) {
-	r := &ch.c.req
+	c := ch.chain()
+	if c == nil {
+		return
+	}
+	r := &c.req
 	r.i = C.uint32_t(from.I)
 	r.off = C.uint64_t(from.Off)
 	r.end_i = C.uint32_t(to.I)
@@ -88,29 +110,46 @@ func (ch *Chain) Start(from, to Pos, immLast bool, imm uint32) {
 	r.imm = C.uint32_t(imm)
 	r.flags = 0
 	if immLast {
-		r.flags = C.B2B_PLAN_IMM_LAST
+		r.flags = C.B2BV_PLAN_IMM_LAST
 	}
 }
 
-// Cursor is where the next chain starts.
-func (ch *Chain) Cursor() Pos { return Pos{I: uint32(ch.c.req.i), Off: uint64(ch.c.req.off)} }
+// Cursor is where the next chain starts (zero once closed).
+func (ch *Chain) Cursor() Pos {
+	c := ch.chain()
+	if c == nil {
+		return Pos{}
+	}
+	return Pos{I: uint32(c.req.i), Off: uint64(c.req.off)}
+}
 
-// Seq is the QP WR sequence number the next chain continues from.
-func (ch *Chain) Seq() uint32 { return uint32(ch.c.req.seq) }
+// Seq is the QP WR sequence number the next chain continues from (0 once
+// closed).
+func (ch *Chain) Seq() uint32 {
+	c := ch.chain()
+	if c == nil {
+		return 0
+	}
+	return uint32(c.req.seq)
+}
 
 // SetSeq sets the sequence number (the QP's posted count).
-func (ch *Chain) SetSeq(s uint32) { ch.c.req.seq = C.uint32_t(s) }
+func (ch *Chain) SetSeq(s uint32) {
+	if c := ch.chain(); c != nil {
+		c.req.seq = C.uint32_t(s)
+	}
+}
 
 func arrays(src, dst, lens []uint64) (*C.uint64_t, *C.uint64_t, *C.uint64_t, C.uint32_t, error) {
 	n := len(src)
 	if len(dst) != n || len(lens) != n {
-		return nil, nil, nil, 0, fmt.Errorf("verbs: batch arrays differ in length (%d, %d, %d): %w", len(src), len(dst), len(lens), errs.ErrInvalidArgument)
+		return nil, nil, nil, 0, fmt.Errorf("verbs: batch arrays differ in length (%d, %d, %d): %w", len(src), len(dst), len(lens), ErrInvalidArgument)
 	}
 	if n == 0 {
 		return nil, nil, nil, 0, nil
 	}
 	if n > 1<<28 {
-		return nil, nil, nil, 0, fmt.Errorf("verbs: batch of %d blocks: %w", n, errs.ErrInvalidArgument)
+		return nil, nil, nil, 0, fmt.Errorf("verbs: batch of %d blocks: %w", n, ErrInvalidArgument)
 	}
 	return (*C.uint64_t)(unsafe.Pointer(&src[0])), (*C.uint64_t)(unsafe.Pointer(&dst[0])),
 		(*C.uint64_t)(unsafe.Pointer(&lens[0])), C.uint32_t(n), nil
@@ -122,31 +161,40 @@ func (ch *Chain) result() ChainResult {
 		Bytes: uint64(r.bytes), Done: r.done != 0, Seq: uint32(ch.c.req.seq)}
 }
 
+// planErr describes a failed b2bv_plan or b2bv_post_chain (see
+// struct b2bv_plan_res for the out-parameters).
 func (ch *Chain) planErr(rc C.int, qpn uint32) error {
-	switch rc {
-	case C.B2B_EBOUNDS:
-		return fmt.Errorf("verbs: block %d lies outside the source (%d bytes) or destination (%d bytes) region; nothing posted: %w",
-			uint32(ch.c.res.bad_block), uint64(ch.c.req.src_limit), uint64(ch.c.req.dst_limit), errs.ErrInvalidArgument)
-	case C.B2B_EARG:
-		return fmt.Errorf("verbs: chain request invalid (cursor %d+%d, end %d+%d, max_wr %d, max_sge %d): %w",
-			uint32(ch.c.req.i), uint64(ch.c.req.off), uint32(ch.c.req.end_i), uint64(ch.c.req.end_off),
-			uint32(ch.c.req.max_wr), uint32(ch.c.req.max_sge), errs.ErrInvalidArgument)
-	case C.B2B_EPOST:
-		return fmt.Errorf("verbs: ibv_post_send on QP %d accepted %d of %d WRs: %w (send queue full or QP not in RTS): %w",
-			qpn, uint32(ch.c.res.posted), uint32(ch.c.res.n_wr), syscall.Errno(ch.c.res.post_errno), errs.ErrAborted)
+	c := ch.c
+	if c.res.post_failed != 0 {
+		return callErr(rc, C.int(c.res.post_raw),
+			fmt.Sprintf("ibv_post_send on QP %d accepted %d of %d WRs", qpn, uint32(c.res.bad_wr), uint32(c.res.n_wr)),
+			postHint, ErrAborted)
 	}
-	return fmt.Errorf("verbs: planner returned %d: %w", int(rc), errs.ErrInvalidArgument)
+	switch syscall.Errno(-rc) {
+	case syscall.ERANGE:
+		return fmt.Errorf("verbs: block %d lies outside the source (%d bytes) or destination (%d bytes) region; nothing posted: %w",
+			uint32(c.res.bad_block), uint64(c.req.src_limit), uint64(c.req.dst_limit), ErrInvalidArgument)
+	case syscall.EINVAL:
+		return fmt.Errorf("verbs: chain request invalid (cursor %d+%d, end %d+%d, max_wr %d, max_sge %d): %w",
+			uint32(c.req.i), uint64(c.req.off), uint32(c.req.end_i), uint64(c.req.end_off),
+			uint32(c.req.max_wr), uint32(c.req.max_sge), ErrInvalidArgument)
+	}
+	return callErr(rc, 0, "chain planner", "", ErrInvalidArgument)
 }
 
 // Plan builds the next chain without posting it and advances the cursor, as
 // PostChain would. It is the production planner, exposed for tests,
 // benchmarks and dry runs; inspect the result with WR.
 func (ch *Chain) Plan(src, dst, lens []uint64) (ChainResult, error) {
+	c := ch.chain()
+	if c == nil {
+		return ChainResult{}, errClosed("plan: chain")
+	}
 	s, d, l, n, err := arrays(src, dst, lens)
 	if err != nil {
 		return ChainResult{}, err
 	}
-	if rc := C.b2b_plan(ch.c, s, d, l, n, 1); rc != C.B2B_OK {
+	if rc := C.b2bv_plan(c, s, d, l, n, 1); rc != 0 {
 		return ChainResult{}, ch.planErr(rc, 0)
 	}
 	return ch.result(), nil
@@ -156,14 +204,22 @@ func (ch *Chain) Plan(src, dst, lens []uint64) (ChainResult, error) {
 // ibv_post_send, in one cgo call. On a post failure the result's Seq still
 // counts the WRs the device accepted.
 func (q *QP) PostChain(ch *Chain, src, dst, lens []uint64) (ChainResult, error) {
+	h := q.qp()
+	if h == nil {
+		return ChainResult{}, errClosed("post chain: QP")
+	}
+	c := ch.chain()
+	if c == nil {
+		return ChainResult{}, errClosed("post chain: chain")
+	}
 	s, d, l, n, err := arrays(src, dst, lens)
 	if err != nil {
 		return ChainResult{}, err
 	}
-	if rc := C.b2b_post_chain(q.q, ch.c, s, d, l, n); rc != C.B2B_OK {
+	if rc := C.b2bv_post_chain(h, c, s, d, l, n); rc != 0 {
 		res := ch.result()
-		if rc == C.B2B_EPOST {
-			res.WRs = int(ch.c.res.posted)
+		if c.res.post_failed != 0 {
+			res.WRs = int(c.res.bad_wr)
 		} else {
 			res = ChainResult{Seq: res.Seq}
 		}
@@ -175,7 +231,7 @@ func (q *QP) PostChain(ch *Chain, src, dst, lens []uint64) (ChainResult, error) 
 // WR copies planned WR j of the last chain out of C memory (it allocates;
 // not for the data path).
 func (ch *Chain) WR(j int) WRInfo {
-	if j < 0 || j >= int(ch.c.res.n_wr) {
+	if ch.chain() == nil || j < 0 || j >= int(ch.c.res.n_wr) {
 		return WRInfo{}
 	}
 	w := &ch.wrs[j]
@@ -185,10 +241,10 @@ func (ch *Chain) WR(j int) WRInfo {
 		Signaled: w.send_flags&C.IBV_SEND_SIGNALED != 0,
 		Inline:   w.send_flags&C.IBV_SEND_INLINE != 0,
 	}
-	info.RemoteAddr = uint64(C.b2b_wr_remote(ch.c, C.uint32_t(j)))
-	info.RKey = uint32(C.b2b_wr_rkey(ch.c, C.uint32_t(j)))
+	info.RemoteAddr = uint64(C.b2bv_wr_remote(ch.c, C.uint32_t(j)))
+	info.RKey = uint32(C.b2bv_wr_rkey(ch.c, C.uint32_t(j)))
 	if info.Opcode == WRWriteWithImm {
-		info.Imm = uint32(C.b2b_wr_imm(ch.c, C.uint32_t(j)))
+		info.Imm = uint32(C.b2bv_wr_imm(ch.c, C.uint32_t(j)))
 	}
 	sg := unsafe.Slice(w.sg_list, int(w.num_sge))
 	for _, s := range sg {
@@ -197,10 +253,10 @@ func (ch *Chain) WR(j int) WRInfo {
 	return info
 }
 
-// Close frees the chain; safe twice.
+// Close frees the chain; safe twice and on nil.
 func (ch *Chain) Close() error {
 	if ch != nil && ch.c != nil {
-		C.b2b_chain_free(ch.c)
+		C.b2bv_chain_free(ch.c)
 		ch.c, ch.wrs = nil, nil
 	}
 	return nil

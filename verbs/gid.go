@@ -11,8 +11,6 @@ import (
 	"strings"
 
 	"github.com/Mellanox/rdmamap"
-
-	"github.com/b2bd/b2bd/internal/errs"
 )
 
 // SysfsRoot is where the kernel exposes RDMA devices; tests point it at a
@@ -111,7 +109,7 @@ func DeviceForNetDev(netdev string) (string, error) {
 		if err == nil {
 			err = errors.New("no RDMA device")
 		}
-		return "", fmt.Errorf("verbs: RDMA device for netdev %s: %w (%w)", netdev, err, errs.ErrUnavailable)
+		return "", fmt.Errorf("verbs: RDMA device for netdev %s: %w (%w)", netdev, err, ErrUnavailable)
 	}
 	return d, nil
 }
@@ -164,12 +162,12 @@ func SelectGID(table []GIDEntry, ll LinkLayer, netdev string, want int, addrs Ad
 		for _, e := range table {
 			if e.Index == want {
 				if ll == LinkEthernet && netdev != "" && e.NetDev != "" && e.NetDev != netdev {
-					return GIDChoice{}, fmt.Errorf("verbs: GID index %d belongs to netdev %s, not %s: %w", want, e.NetDev, netdev, errs.ErrInvalidArgument)
+					return GIDChoice{}, fmt.Errorf("verbs: GID index %d belongs to netdev %s, not %s: %w", want, e.NetDev, netdev, ErrInvalidArgument)
 				}
 				return GIDChoice{Index: e.Index, GID: e.GID, Type: e.Type, NetDev: e.NetDev, Reason: "configured"}, nil
 			}
 		}
-		return GIDChoice{}, fmt.Errorf("verbs: GID index %d is empty or absent (populated: %s): %w", want, describeTable(table), errs.ErrInvalidArgument)
+		return GIDChoice{}, fmt.Errorf("verbs: GID index %d is empty or absent (populated: %s): %w", want, describeTable(table), ErrInvalidArgument)
 	}
 	if ll == LinkInfiniBand {
 		for _, e := range table {
@@ -177,7 +175,7 @@ func SelectGID(table []GIDEntry, ll LinkLayer, netdev string, want int, addrs Ad
 				return GIDChoice{Index: 0, GID: e.GID, Type: e.Type, Reason: "InfiniBand port GID (LID-routed)"}, nil
 			}
 		}
-		return GIDChoice{}, fmt.Errorf("verbs: InfiniBand port has no GID 0: %w", errs.ErrUnavailable)
+		return GIDChoice{}, fmt.Errorf("verbs: InfiniBand port has no GID 0: %w", ErrUnavailable)
 	}
 	best, bestRank := -1, 0
 	reasons := [...]string{"", "link-local RoCE v2 GID", "RoCE v2 GID of a global IPv6 address on %s", "RoCE v2 GID of IPv4 address %s on %s"}
@@ -226,7 +224,7 @@ func SelectGID(table []GIDEntry, ll LinkLayer, netdev string, want int, addrs Ad
 			where = "netdev " + netdev
 		}
 		return GIDChoice{}, fmt.Errorf("verbs: no usable RoCE v2 GID for %s (populated: %s); give the netdev an IP address or pass --gid-index: %w",
-			where, describeTable(table), errs.ErrUnavailable)
+			where, describeTable(table), ErrUnavailable)
 	}
 	e := table[best]
 	return GIDChoice{Index: e.Index, GID: e.GID, Type: e.Type, NetDev: e.NetDev, Reason: reason}, nil

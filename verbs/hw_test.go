@@ -160,6 +160,61 @@ func TestHWHandleErrors(t *testing.T) {
 		t.Fatal("dma-buf MR with fd -1 succeeded")
 	}
 	t.Logf("RTR error: %v", err)
+
+	// A post the device refuses (the QP is not in RTS) is Aborted and names
+	// the call; a provider's own negative value shows as "provider returned".
+	if err := q.PostSend(WRID(1, KindPing, 0), WRSend, 0, 0, 0, 0, true); !errors.Is(err, errs.ErrAborted) ||
+		!strings.Contains(err.Error(), "ibv_post_send on QP") {
+		t.Fatalf("post on a QP in INIT: %v", err)
+	} else {
+		t.Logf("post on a QP in INIT: %v", err)
+	}
+	if st, err := q.State(); err != nil || st != QPStateInit {
+		t.Fatalf("State = %d, %v; want INIT", st, err)
+	}
+
+	// Every method of a handle closed for real reports ErrClosed; Close
+	// twice is a no-op.
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cq2, err := r.ctx.NewCQ(16, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srq, err := r.pd.NewSRQ(16, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr, err := r.pd.RegMR(r.src.Addr(), 4096, AccessDefault)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := NewChain(4, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	for _, c := range []interface{ Close() error }{q, cq2, srq, mr} {
+		if err := c.Close(); err != nil {
+			t.Fatalf("%T.Close: %v", c, err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatalf("second %T.Close: %v", c, err)
+		}
+	}
+	_, stErr := q.State()
+	_, pollErr := cq2.Poll(r.wcs)
+	_, chainErr := q.PostChain(ch, []uint64{0}, []uint64{0}, []uint64{8})
+	for name, err := range map[string]error{
+		"QP.ToInit": q.ToInit(1, AccessDefault), "QP.ToError": q.ToError(), "QP.State": stErr,
+		"QP.PostSend": q.PostSend(1, WRSend, 0, 0, 0, 0, true), "QP.PostChain": chainErr,
+		"CQ.Arm": cq2.Arm(), "CQ.Poll": pollErr, "SRQ.PostRecv": srq.PostRecv([]uint32{0}, uint64(r.src.Addr()), 64, 0),
+	} {
+		if !errors.Is(err, ErrClosed) || !errors.Is(err, errs.ErrFailedPrecondition) {
+			t.Errorf("%s after Close: %v; want ErrClosed", name, err)
+		}
+	}
 }
 
 // drain polls until the QP's posted WRs are all complete; it returns the

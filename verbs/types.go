@@ -5,17 +5,24 @@
 // whole chain (one ibv_post_send) and one cgo call polls a batch of
 // completions.
 //
-// libibverbs is loaded at run time with dlopen, so binaries built with cgo
+// libibverbs is loaded at run time through internal/dl (dlopen), so binaries built with cgo
 // start on hosts without rdma-core; without cgo (or off Linux) the package
 // compiles to stubs. Either way an unusable verbs stack is reported as an
-// error wrapping errs.ErrUnavailable.
+// error wrapping ErrUnavailable.
 //
 // Ownership: each handle type owns one C object. Close is safe to call
-// twice; parents refuse to close while children are open (QP → CQ/SRQ →
-// MR → PD → Context), and constructors undo partial work on failure.
-// Handles are not safe for concurrent Close; the data-path calls follow
-// libibverbs' own thread-safety (post and poll may run on different
-// threads).
+// twice (and on nil); every other method of a closed or nil handle returns
+// an error wrapping ErrClosed, or a zero value where it returns no error.
+// Parents refuse to close while children are open (QP → CQ/SRQ → MR → PD →
+// Context), and constructors undo partial work on failure. Handles are not
+// safe for concurrent Close; the data-path calls follow libibverbs' own
+// thread-safety (post and poll may run on different threads).
+//
+// Layout: one Go file per handle kind (device.go: Context; mr.go: PD, MR;
+// cq.go: CompChannel, CQ, WCBuf; srq.go; qp.go; chain.go; hostmem.go),
+// each with a C twin (device.c, ...) and a _stub.go twin for builds
+// without cgo; load.go/load.c hold loading and the one error helper
+// (callErr), errors.go the sentinel errors.
 package verbs
 
 import (
@@ -191,13 +198,16 @@ type WC struct {
 	Flags     uint32
 }
 
+// WCWithImm is IBV_WC_WITH_IMM in WC.Flags.
+const WCWithImm = 2
+
 // HasImm reports IBV_WC_WITH_IMM.
-func (w *WC) HasImm() bool { return w.Flags&2 != 0 }
+func (w *WC) HasImm() bool { return w.Flags&WCWithImm != 0 }
 
 // IsRecv reports a receive-side completion.
 func (w *WC) IsRecv() bool { return w.Opcode&WCRecv != 0 }
 
-// WR kinds carried in wr_id bits 28..31 (see b2b.h).
+// WR kinds carried in wr_id bits 28..31 (see b2bv.h).
 const (
 	KindData = 1
 	KindMeta = 2
@@ -209,13 +219,21 @@ const (
 // WRID packs a send wr_id: the QP's WR sequence number after this WR, the
 // kind, and the first batch block it carries (28 bits).
 func WRID(seq uint32, kind int, block uint32) uint64 {
-	return uint64(seq)<<32 | uint64(kind&0xF)<<28 | uint64(block&0x0FFFFFFF)
+	return uint64(seq)<<wridSeqShift | uint64(kind&wridKindMask)<<wridKindShift | uint64(block&wridBlockMask)
 }
 
 // SplitWRID undoes WRID.
 func SplitWRID(id uint64) (seq uint32, kind int, block uint32) {
-	return uint32(id >> 32), int(id>>28) & 0xF, uint32(id) & 0x0FFFFFFF
+	return uint32(id >> wridSeqShift), int(id>>wridKindShift) & wridKindMask, uint32(id) & wridBlockMask
 }
+
+// wr_id fields, as B2BV_WRID in b2bv.h.
+const (
+	wridSeqShift  = 32
+	wridKindShift = 28
+	wridKindMask  = 0xF
+	wridBlockMask = 0x0FFFFFFF
+)
 
 // Opcodes for QP.PostSend (ibv_wr_opcode).
 type WROpcode int
@@ -294,4 +312,51 @@ type WRInfo struct {
 	RKey       uint32
 	Imm        uint32 // host order
 	SGEs       []SGE
+}
+
+// QPState is ibv_qp_state, as QP.State returns it (an int, for the
+// callers that compare it).
+const (
+	QPStateReset = 0
+	QPStateInit  = 1
+	QPStateRTR   = 2
+	QPStateRTS   = 3 // IBV_QPS_RTS: the only state that sends
+	QPStateSQD   = 4
+	QPStateSQE   = 5
+	QPStateErr   = 6
+)
+
+// QPConfig describes an RC QP.
+type QPConfig struct {
+	SendCQ, RecvCQ *CQ
+	SRQ            *SRQ // receives come from the SRQ (nil: a one-entry RQ)
+	MaxSendWR      int
+	MaxSendSGE     int
+	MaxInline      int
+}
+
+// QPCaps is what the provider granted.
+type QPCaps struct {
+	MaxSendWR, MaxSendSGE, MaxInline int
+}
+
+// RTRAttr is the remote side as INIT→RTR needs it.
+type RTRAttr struct {
+	Port        int
+	RemoteQPN   uint32
+	RemotePSN   uint32
+	MTU         MTU
+	Global      bool // RoCE: always (GRH with the remote GID)
+	RemoteGID   GID
+	GIDIndex    int // our source GID index
+	RemoteLID   uint16
+	MinRNRTimer int
+}
+
+// RTSAttr is what RTR → RTS needs.
+type RTSAttr struct {
+	PSN        uint32
+	Timeout    int // 4.096 µs * 2^Timeout per retry
+	RetryCount int
+	RNRRetry   int // 7 = infinite
 }

@@ -9,21 +9,21 @@ package dl
 
 // dlerror is thread-local, and a goroutine may move between OS threads
 // between two cgo calls, so each wrapper reads it in the same call.
-static void *b2b_dlopen(const char *name, int flags, const char **err) {
+static void *b2bdl_dlopen(const char *name, int flags, const char **err) {
 	dlerror();
 	void *h = dlopen(name, flags);
 	if (h == NULL) *err = dlerror();
 	return h;
 }
 
-static void *b2b_dlsym(void *h, const char *sym, const char **err) {
+static void *b2bdl_dlsym(void *h, const char *sym, const char **err) {
 	dlerror();
 	void *p = dlsym(h, sym);
 	if (p == NULL) *err = dlerror();
 	return p;
 }
 
-static int b2b_dlclose(void *h, const char **err) {
+static int b2bdl_dlclose(void *h, const char **err) {
 	dlerror();
 	int rc = dlclose(h);
 	if (rc != 0) *err = dlerror();
@@ -48,14 +48,21 @@ type Library struct {
 // Open loads the named library with RTLD_NOW|RTLD_LOCAL (every symbol is
 // resolved now, nothing leaks into the global namespace). name is searched
 // the usual way (LD_LIBRARY_PATH, ld.so.cache, ...).
-func Open(name string) (*Library, error) {
+func Open(name string) (*Library, error) { return open(name, C.RTLD_NOW|C.RTLD_LOCAL) }
+
+// OpenGlobal loads the named library with RTLD_NOW|RTLD_GLOBAL: its symbols
+// join the global namespace, for a library whose plugins bind to it by name
+// (libibverbs and its providers).
+func OpenGlobal(name string) (*Library, error) { return open(name, C.RTLD_NOW|C.RTLD_GLOBAL) }
+
+func open(name string, flags C.int) (*Library, error) {
 	if name == "" {
 		return nil, &Error{Op: "dlopen", Library: name, Msg: "empty library name"}
 	}
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	var cerr *C.char
-	h := C.b2b_dlopen(cname, C.RTLD_NOW|C.RTLD_LOCAL, &cerr)
+	h := C.b2bdl_dlopen(cname, flags, &cerr)
 	if h == nil {
 		return nil, &Error{Op: "dlopen", Library: name, Msg: errText(cerr)}
 	}
@@ -75,7 +82,7 @@ func (l *Library) Sym(symbol string) (unsafe.Pointer, error) {
 	csym := C.CString(symbol)
 	defer C.free(unsafe.Pointer(csym))
 	var cerr *C.char
-	p := C.b2b_dlsym(l.handle, csym, &cerr)
+	p := C.b2bdl_dlsym(l.handle, csym, &cerr)
 	if p == nil {
 		return nil, &Error{Op: "dlsym", Library: l.name, Symbol: symbol, Msg: errText(cerr)}
 	}
@@ -93,7 +100,7 @@ func (l *Library) Close() error {
 	h := l.handle
 	l.handle = nil
 	var cerr *C.char
-	if C.b2b_dlclose(h, &cerr) != 0 {
+	if C.b2bdl_dlclose(h, &cerr) != 0 {
 		return &Error{Op: "dlclose", Library: l.name, Msg: errText(cerr)}
 	}
 	return nil

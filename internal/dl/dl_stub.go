@@ -12,6 +12,9 @@ func Open(name string) (*Library, error) {
 	return nil, &Error{Op: "dlopen", Library: name, Msg: "not supported in this build", Err: ErrUnsupported}
 }
 
+// OpenGlobal always fails in this build.
+func OpenGlobal(name string) (*Library, error) { return Open(name) }
+
 // Name is the name the library was opened with.
 func (l *Library) Name() string { return l.name }
 

@@ -21,6 +21,15 @@ func TestOpen(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l, err := Open(tt.lib)
+			if tt.wantErr == "" {
+				g, gerr := OpenGlobal(tt.lib)
+				if gerr != nil {
+					t.Fatalf("OpenGlobal(%q): %v", tt.lib, gerr)
+				}
+				if err := g.Close(); err != nil {
+					t.Fatalf("Close: %v", err)
+				}
+			}
 			if tt.wantErr != "" {
 				if err == nil {
 					l.Close()

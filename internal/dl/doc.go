@@ -1,6 +1,6 @@
 // Package dl loads shared libraries at run time (dlopen/dlsym/dlclose), so
 // that b2bd links against no vendor library at build time: the CUDA driver
-// and similar libraries are looked up when the daemon starts, and their
+// and libibverbs (package verbs) are looked up when the daemon starts, and their
 // absence is an ordinary, reportable condition.
 //
 // The cgo implementation is in dl.go (cgo && linux); dl_stub.go (!cgo ||
