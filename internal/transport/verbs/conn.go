@@ -486,9 +486,8 @@ func (s *qpSet) goodbye() bool {
 
 // qpOK: the QP is still in RTS (no error completion moved it out).
 func (s *qpSet) qpOK(q *qpState) bool {
-	const rts = 3 // IBV_QPS_RTS
 	st, err := q.qp.State()
-	return err == nil && st == rts
+	return err == nil && st == ibv.QPStateRTS
 }
 
 // destroy releases the set's handles, children first. The set must be
