@@ -222,8 +222,17 @@ func TestDeadlineEveryPhase(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	srcOff, srcSize := layout(bigN, bigSize, r)
 	dstOff, dstSize := layout(bigN, bigSize, r)
-	src, dst := registerPair(ctx, t, a.c, b.c, srcSize, dstSize, "dl")
-	fill(src.Bytes, func(int) byte { return byte(r.Uint32()) })
+	src, err := a.c.RegisterHost(ctx, srcSize, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range src.Bytes {
+		src.Bytes[i] = byte(r.Uint32())
+	}
+	dst, err := b.c.RegisterHost(ctx, dstSize, "dl")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	phases := []struct {
 		name  string
