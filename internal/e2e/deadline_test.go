@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"math/rand/v2"
@@ -313,13 +312,10 @@ func checkNext(ctx context.Context, t *testing.T, a, b *node, src, dst *client.H
 	for i := range n {
 		src.Bytes[srcOff[i]] ^= 0xff // fresh content each time
 	}
-	if _, err := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "dl",
-		Blocks: client.Descriptors{Src: srcOff[:n], Dst: dstOff[:n], BlockLength: size}}); err != nil {
+	if _, err := transfer(ctx, a.c, src.Id, b.d.PeerAddr(), "dl", srcOff[:n], dstOff[:n], size); err != nil {
 		t.Fatalf("next batch: %v", err)
 	}
-	for i := range n {
-		if !bytes.Equal(src.Bytes[srcOff[i]:srcOff[i]+size], dst.Bytes[dstOff[i]:dstOff[i]+size]) {
-			t.Fatalf("next batch: block %d differs", i)
-		}
+	if i := badBlock(src.Bytes, dst.Bytes, srcOff[:n], dstOff[:n], size); i >= 0 {
+		t.Fatalf("next batch: block %d differs", i)
 	}
 }

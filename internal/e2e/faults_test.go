@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/b2bd/b2bd/client"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -42,26 +41,14 @@ func TestFaultPeerKillTrials(t *testing.T) {
 func TestFaultLoad(t *testing.T) {
 	needFaults(t)
 	const clients, batches = 32, 200
-	bin := buildDaemon(t)
-	a, b := startProc(t, bin, "a"), startProc(t, bin, "b")
+	_, b, ca, cb := startProcPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	ca, err := client.Dial(a.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
-	cb, err := client.Dial(b.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cb.Close()
 	// Baseline once the data path exists (its streams are long-lived).
 	warm := func() {
 		s, _ := ca.RegisterHost(ctx, 4096, "")
 		d, _ := cb.RegisterHost(ctx, 4096, "warm")
-		if _, err := ca.BatchTransfer(ctx, client.Transfer{SrcRegion: s.Id, Peer: b.peer, DstRegion: "warm",
-			Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: 4096}}); err != nil {
+		if _, err := transfer(ctx, ca, s.Id, b.peer, "warm", []uint64{0}, []uint64{0}, 4096); err != nil {
 			t.Fatal(err)
 		}
 		s.Unmap()
@@ -121,16 +108,13 @@ func TestFaultLoad(t *testing.T) {
 						src.Bytes[j] = byte(r.Uint32())
 					}
 				}
-				if _, err := ca.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: name,
-					Blocks: client.Descriptors{Src: so, Dst: do, BlockLength: size}}); err != nil {
+				if _, err := transfer(ctx, ca, src.Id, b.peer, name, so, do, size); err != nil {
 					fail("batch %d: %v", i, err)
 					return
 				}
-				for k := range so {
-					if string(src.Bytes[so[k]:so[k]+size]) != string(dst.Bytes[do[k]:do[k]+size]) {
-						fail("batch %d: block %d differs", i, k)
-						return
-					}
+				if k := badBlock(src.Bytes, dst.Bytes, so, do, size); k >= 0 {
+					fail("batch %d: block %d differs", i, k)
+					return
 				}
 				mu.Lock()
 				moved += uint64(n) * size

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"math/rand/v2"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/daemon"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // node is one real daemon on real sockets, inside the test process.
@@ -79,4 +81,96 @@ func layout(n int, size uint64, r *rand.Rand) (offs []uint64, regionSize uint64)
 		offs[i] = uint64(p) * slot
 	}
 	return offs, uint64(n) * slot
+}
+
+// dialSock connects a client to the daemon listening on sock; the client is
+// closed when the test ends.
+func dialSock(t *testing.T, sock string) *client.Client {
+	t.Helper()
+	c, err := client.Dial(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// startProcPair builds b2bd and starts two daemon processes, a and b, with
+// a client on each.
+func startProcPair(t *testing.T) (a, b *proc, ca, cb *client.Client) {
+	t.Helper()
+	bin := buildDaemon(t)
+	a, b = startProc(t, bin, "a"), startProc(t, bin, "b")
+	return a, b, dialSock(t, a.sock), dialSock(t, b.sock)
+}
+
+// registerPair registers a source region of srcSize bytes through cs and a
+// destination region of dstSize bytes exported as name through cd, both
+// mapped here.
+func registerPair(ctx context.Context, t *testing.T, cs, cd *client.Client, srcSize, dstSize uint64, name string) (src, dst *client.HostRegion) {
+	t.Helper()
+	src, err := cs.RegisterHost(ctx, srcSize, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err = cd.RegisterHost(ctx, dstSize, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src, dst
+}
+
+// fill sets every byte of b, in order, to f of its index.
+func fill(b []byte, f func(i int) byte) {
+	for i := range b {
+		b[i] = f(i)
+	}
+}
+
+// transfer sends the blocks of size bytes at srcOff of region srcID, through
+// c, to dstOff of the region that peer exports as dst.
+func transfer(ctx context.Context, c *client.Client, srcID, peer, dst string, srcOff, dstOff []uint64, size uint64) (*b2bv1.BatchTransferResponse, error) {
+	return c.BatchTransfer(ctx, client.Transfer{SrcRegion: srcID, Peer: peer, DstRegion: dst,
+		Blocks: client.Descriptors{Src: srcOff, Dst: dstOff, BlockLength: size}})
+}
+
+// badBlock is the index of the first block of size bytes whose bytes at
+// srcOff[i] in src differ from those at dstOff[i] in dst, or -1 when every
+// block matches.
+func badBlock(src, dst []byte, srcOff, dstOff []uint64, size uint64) int {
+	for i := range srcOff {
+		if !bytes.Equal(src[srcOff[i]:srcOff[i]+size], dst[dstOff[i]:dstOff[i]+size]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// release unmaps host regions registered through c and deregisters them.
+func release(ctx context.Context, t *testing.T, c *client.Client, rs ...*client.HostRegion) {
+	t.Helper()
+	for _, r := range rs {
+		r.Unmap()
+		if err := c.Deregister(ctx, r.Id); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// strided is n offsets stride bytes apart, from 0 up.
+func strided(n int, stride uint64) []uint64 {
+	offs := make([]uint64, n)
+	for i := range offs {
+		offs[i] = uint64(i) * stride
+	}
+	return offs
+}
+
+// reversed is n offsets stride bytes apart, from the highest down to 0.
+func reversed(n int, stride uint64) []uint64 {
+	offs := make([]uint64, n)
+	for i := range offs {
+		offs[i] = uint64(n-1-i) * stride
+	}
+	return offs
 }

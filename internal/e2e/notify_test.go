@@ -16,14 +16,7 @@ func TestNotification(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const n, size = 1000, 4096
-	src, err := a.c.RegisterHost(ctx, n*size, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := b.c.RegisterHost(ctx, n*size, "kv")
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, dst := registerPair(ctx, t, a.c, b.c, n*size, n*size, "kv")
 	w, err := b.c.Watch(ctx, dst.Id)
 	if err != nil {
 		t.Fatal(err)
@@ -31,14 +24,9 @@ func TestNotification(t *testing.T) {
 	if _, err := w.Header(); err != nil { // the stream is open once headers arrive
 		t.Fatal(err)
 	}
-	offs := make([]uint64, n)
-	for i := range offs {
-		offs[i] = uint64(n-1-i) * size
-	}
+	offs := reversed(n, size)
 	for round := byte(1); round <= 3; round++ {
-		for i := range src.Bytes {
-			src.Bytes[i] = round + byte(i)
-		}
+		fill(src.Bytes, func(i int) byte { return round + byte(i) })
 		_, err := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "kv",
 			Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}, Notification: []byte{'r', round}})
 		if err != nil {

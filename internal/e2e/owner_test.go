@@ -105,16 +105,7 @@ func TestHelperProcess(t *testing.T) {
 	if mode == "" {
 		t.Skip("helper process for the ownership and permission tests")
 	}
-	var err error
-	switch mode {
-	case "intruder":
-		err = helperIntruder()
-	case "client":
-		err = helperClient()
-	default:
-		err = fmt.Errorf("unknown helper mode %q", mode)
-	}
-	if err != nil {
+	if err := helperRun(mode); err != nil {
 		fmt.Printf("HELPER FAILED (uid %d): %v\n", os.Getuid(), err)
 		os.Exit(1)
 	}
@@ -122,11 +113,8 @@ func TestHelperProcess(t *testing.T) {
 	os.Exit(0)
 }
 
-// helperIntruder acts on another uid's region B2B_REGION: every call must
-// be refused with PermissionDenied naming the region, and ListRegions must
-// not show it. It registers a region of its own (exported as
-// B2B_OWN_EXPORT) and leaves it registered.
-func helperIntruder() error {
+// helperRun dials B2B_SOCK and runs the helper mode on that client.
+func helperRun(mode string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := client.Dial(os.Getenv("B2B_SOCK"))
@@ -134,6 +122,20 @@ func helperIntruder() error {
 		return err
 	}
 	defer c.Close()
+	switch mode {
+	case "intruder":
+		return helperIntruder(ctx, c)
+	case "client":
+		return helperClient(ctx, c)
+	}
+	return fmt.Errorf("unknown helper mode %q", mode)
+}
+
+// helperIntruder acts on another uid's region B2B_REGION: every call must
+// be refused with PermissionDenied naming the region, and ListRegions must
+// not show it. It registers a region of its own (exported as
+// B2B_OWN_EXPORT) and leaves it registered.
+func helperIntruder(ctx context.Context, c *client.Client) error {
 	victim := os.Getenv("B2B_REGION")
 	denied := func(what string, err error) error {
 		if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), victim) {
@@ -146,10 +148,9 @@ func helperIntruder() error {
 	errsSeen = append(errsSeen,
 		denied("DeregisterRegion", c.Deregister(ctx, victim)),
 		denied("ExportRegion", c.Export(ctx, victim, "stolen")))
-	_, err = c.Checksum(ctx, victim, []uint64{0}, nil, 4096, 0, false)
+	_, err := c.Checksum(ctx, victim, []uint64{0}, nil, 4096, 0, false)
 	errsSeen = append(errsSeen, denied("Checksum", err))
-	_, err = c.BatchTransfer(ctx, client.Transfer{SrcRegion: victim, Peer: "127.0.0.1:1", DstRegion: "anywhere",
-		Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: 4096}})
+	_, err = transfer(ctx, c, victim, "127.0.0.1:1", "anywhere", []uint64{0}, []uint64{0}, 4096)
 	errsSeen = append(errsSeen, denied("BatchTransfer from", err))
 	w, err := c.Watch(ctx, victim)
 	if err == nil {
@@ -295,14 +296,7 @@ func TestRegionOwnershipOverTLS(t *testing.T) {
 // helperClient is a non-root application end to end: it registers a host
 // region on B2B_SOCK, maps and fills it, sends it to B2B_PEER's export
 // B2B_DST, checksums it and deregisters it; it prints the digest.
-func helperClient() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := client.Dial(os.Getenv("B2B_SOCK"))
-	if err != nil {
-		return err
-	}
-	defer c.Close()
+func helperClient(ctx context.Context, c *client.Client) error {
 	size, err := strconv.ParseUint(os.Getenv("B2B_SIZE"), 10, 64)
 	if err != nil {
 		return err
@@ -318,11 +312,8 @@ func helperClient() error {
 	if st.Mode&0o7777 != 0o660 || st.Uid != uint32(os.Getuid()) || st.Gid != uint32(os.Getgid()) {
 		return fmt.Errorf("region file %s: mode %#o uid %d gid %d; want 0660 and the caller's uid and gid", r.ShmPath, st.Mode&0o7777, st.Uid, st.Gid)
 	}
-	for i := range r.Bytes {
-		r.Bytes[i] = byte(i*31 + 7)
-	}
-	if _, err := c.BatchTransfer(ctx, client.Transfer{SrcRegion: r.Id, Peer: os.Getenv("B2B_PEER"), DstRegion: os.Getenv("B2B_DST"),
-		Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: size}}); err != nil {
+	fill(r.Bytes, func(i int) byte { return byte(i*31 + 7) })
+	if _, err := transfer(ctx, c, r.Id, os.Getenv("B2B_PEER"), os.Getenv("B2B_DST"), []uint64{0}, []uint64{0}, size); err != nil {
 		return fmt.Errorf("transfer: %w", err)
 	}
 	sum, err := c.Checksum(ctx, r.Id, []uint64{0}, nil, size, 0, false)

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/daemon"
 )
 
@@ -70,9 +69,7 @@ func TestBatchHoldsDestination(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			for i := range src.Bytes {
-				src.Bytes[i] = byte(r.Uint32())
-			}
+			fill(src.Bytes, func(int) byte { return byte(r.Uint32()) })
 			for round := 0; round < 3; round++ {
 				name := fmt.Sprintf("held%d", round)
 				dst, err := b.c.RegisterHost(ctx, dstSize, name)
@@ -134,8 +131,7 @@ func TestBatchHoldsDestination(t *testing.T) {
 						}
 					}
 				}()
-				_, terr := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: name,
-					Blocks: client.Descriptors{Src: srcOff, Dst: dstOff, BlockLength: size}})
+				_, terr := transfer(ctx, a.c, src.Id, b.d.PeerAddr(), name, srcOff, dstOff, size)
 				close(stop)
 				wg.Wait()
 				if len(wrong) > 0 {
@@ -144,10 +140,8 @@ func TestBatchHoldsDestination(t *testing.T) {
 				if terr != nil {
 					t.Fatalf("round %d: batch: %v", round, terr)
 				}
-				for i := range n {
-					if !bytes.Equal(src.Bytes[srcOff[i]:srcOff[i]+size], dst.Bytes[dstOff[i]:dstOff[i]+size]) {
-						t.Fatalf("round %d: block %d differs", round, i)
-					}
+				if i := badBlock(src.Bytes, dst.Bytes, srcOff, dstOff, size); i >= 0 {
+					t.Fatalf("round %d: block %d differs", round, i)
 				}
 				t.Logf("round %d: %d deregistrations refused during the batch (watcher saw it in flight: %v)", round, refused, inFlight)
 				if gone {
@@ -179,17 +173,8 @@ func TestCutBatchReleasesDestination(t *testing.T) {
 			r := rand.New(rand.NewPCG(9, uint64(streams)))
 			srcOff, srcSize := layout(n, size, r)
 			dstOff, dstSize := layout(n, size, r)
-			src, err := a.c.RegisterHost(ctx, srcSize, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			for i := range src.Bytes {
-				src.Bytes[i] = byte(r.Uint32() | 1)
-			}
-			dst, err := b.c.RegisterHost(ctx, dstSize, "cut")
-			if err != nil {
-				t.Fatal(err)
-			}
+			src, dst := registerPair(ctx, t, a.c, b.c, srcSize, dstSize, "cut")
+			fill(src.Bytes, func(int) byte { return byte(r.Uint32() | 1) })
 			bctx, bcancel := context.WithCancel(ctx)
 			go func() {
 				// Cancel once the batch holds the destination: its first
@@ -200,14 +185,12 @@ func TestCutBatchReleasesDestination(t *testing.T) {
 				}
 				bcancel()
 			}()
-			_, err = a.c.BatchTransfer(bctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "cut",
-				Blocks: client.Descriptors{Src: srcOff, Dst: dstOff, BlockLength: size}})
+			_, err := transfer(bctx, a.c, src.Id, b.d.PeerAddr(), "cut", srcOff, dstOff, size)
 			bcancel()
 			t.Logf("cut batch: %v", err)
 			waitIdle(ctx, t, b, dst.Id)
 			// The daemons still work, and the destination can go.
-			resp, err := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "cut",
-				Blocks: client.Descriptors{Src: srcOff[:8], Dst: dstOff[:8], BlockLength: size}})
+			resp, err := transfer(ctx, a.c, src.Id, b.d.PeerAddr(), "cut", srcOff[:8], dstOff[:8], size)
 			if err != nil || resp.Bytes != 8*size {
 				t.Fatalf("next batch: %v %v", resp, err)
 			}

@@ -71,8 +71,15 @@ func (s *syncBuffer) String() string {
 
 func startProc(t *testing.T, bin, name string) *proc {
 	t.Helper()
+	return startProcIn(t, bin, name, filepath.Join(t.TempDir(), "shm"))
+}
+
+// startProcIn starts a daemon process whose shm directory is shm (which
+// other daemons may share).
+func startProcIn(t *testing.T, bin, name, shm string) *proc {
+	t.Helper()
 	dir := t.TempDir()
-	p := &proc{bin: bin, name: name, sock: filepath.Join(dir, "b2bd.sock"), shm: filepath.Join(dir, "shm"), peer: freePort(t), data: freePort(t)}
+	p := &proc{bin: bin, name: name, sock: filepath.Join(dir, "b2bd.sock"), shm: shm, peer: freePort(t), data: freePort(t)}
 	p.args = []string{"--node-name", p.name, "--socket", p.sock, "--shm-dir", p.shm,
 		"--peer-listen", p.peer, "--data-listen", p.data, "--transport", "tcp", "--shutdown-grace", "10s", "--insecure"}
 	p.start(t)
@@ -106,42 +113,18 @@ func (p *proc) start(t *testing.T) {
 // TestSIGTERMDuringBatch: a daemon told to stop while a batch is in flight
 // lets the batch finish (or fail cleanly), releases its regions and exits 0.
 func TestSIGTERMDuringBatch(t *testing.T) {
-	bin := buildDaemon(t)
-	a, b := startProc(t, bin, "a"), startProc(t, bin, "b")
+	a, b, ca, cb := startProcPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ca, err := client.Dial(a.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
-	cb, err := client.Dial(b.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cb.Close()
 	const n, size = 256, 1 << 20
-	src, err := ca.RegisterHost(ctx, n*size*2, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, dst := registerPair(ctx, t, ca, cb, n*size*2, n*size*2, "dst")
 	defer src.Unmap()
-	dst, err := cb.RegisterHost(ctx, n*size*2, "dst")
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer dst.Unmap()
-	for i := range src.Bytes {
-		src.Bytes[i] = byte(i * 7)
-	}
-	offs := make([]uint64, n)
-	for i := range offs {
-		offs[i] = uint64(i) * 2 * size
-	}
+	fill(src.Bytes, func(i int) byte { return byte(i * 7) })
+	offs := strided(n, 2*size)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := ca.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: "dst",
-			Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}})
+		_, err := transfer(ctx, ca, src.Id, b.peer, "dst", offs, offs, size)
 		errc <- err
 	}()
 	time.Sleep(5 * time.Millisecond)
@@ -154,11 +137,8 @@ func TestSIGTERMDuringBatch(t *testing.T) {
 	}
 	if batchErr == nil {
 		// Success is only reported for data that landed: check every block.
-		for i := range n {
-			o := offs[i]
-			if string(src.Bytes[o:o+size]) != string(dst.Bytes[o:o+size]) {
-				t.Fatalf("batch reported success but block %d differs", i)
-			}
+		if i := badBlock(src.Bytes, dst.Bytes, offs, offs, size); i >= 0 {
+			t.Fatalf("batch reported success but block %d differs", i)
 		}
 	} else {
 		t.Logf("in-flight batch failed cleanly: %v", batchErr)
@@ -200,17 +180,9 @@ func killPeerTrials(t *testing.T, trials int) killReport {
 	bin := buildDaemon(t)
 	a, b, c := startProc(t, bin, "a"), startProc(t, bin, "b"), startProc(t, bin, "c")
 	ctx := context.Background()
-	ca, err := client.Dial(a.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
+	ca := dialSock(t, a.sock)
 	// c is another peer of a's: it must keep being served while b is dead.
-	cc, err := client.Dial(c.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := dialSock(t, c.sock)
 	other, err := cc.RegisterHost(ctx, 4096, "other")
 	if err != nil {
 		t.Fatal(err)
@@ -222,15 +194,11 @@ func killPeerTrials(t *testing.T, trials int) killReport {
 		t.Fatal(err)
 	}
 	defer src.Unmap()
-	offs := make([]uint64, n)
-	for i := range offs {
-		offs[i] = uint64(n-1-i) * size
-	}
+	offs := reversed(n, size)
 	xfer := func() error {
 		c, cancel := context.WithTimeout(ctx, deadline)
 		defer cancel()
-		_, err := ca.BatchTransfer(c, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: "dst",
-			Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}})
+		_, err := transfer(c, ca, src.Id, b.peer, "dst", offs, offs, size)
 		return err
 	}
 	// withDst registers the destination on b, runs f, and releases it.
@@ -251,9 +219,7 @@ func killPeerTrials(t *testing.T, trials int) killReport {
 	rep := killReport{outcomes: map[codes.Code]int{}}
 	for trial := 1; trial <= trials; trial++ {
 		withDst(func(dst *client.HostRegion) {
-			for i := range src.Bytes {
-				src.Bytes[i] = byte(i>>10) + byte(trial)
-			}
+			fill(src.Bytes, func(i int) byte { return byte(i>>10) + byte(trial) })
 			if err := xfer(); err != nil { // warm: the data path is connected
 				t.Fatalf("trial %d warm-up: %v", trial, err)
 			}
@@ -283,8 +249,7 @@ func killPeerTrials(t *testing.T, trials int) killReport {
 			// While b is down, a still serves its other peers.
 			clear(other.Bytes)
 			c2, cancel := context.WithTimeout(ctx, deadline)
-			_, err = ca.BatchTransfer(c2, client.Transfer{SrcRegion: src.Id, Peer: c.peer, DstRegion: "other",
-				Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: 4096}})
+			_, err = transfer(c2, ca, src.Id, c.peer, "other", []uint64{0}, []uint64{0}, 4096)
 			cancel()
 			if err != nil {
 				t.Fatalf("trial %d: batch to another peer while b is dead: %v", trial, err)
@@ -352,25 +317,12 @@ func TestGarbageOnPorts(t *testing.T) {
 	// Still serving: a verified transfer from a into b.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ca, _ := client.Dial(a.sock)
-	defer ca.Close()
-	cb, _ := client.Dial(b.sock)
-	defer cb.Close()
-	src, err := ca.RegisterHost(ctx, 1<<20, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, cb := dialSock(t, a.sock), dialSock(t, b.sock)
+	src, dst := registerPair(ctx, t, ca, cb, 1<<20, 1<<20, "after-junk")
 	defer src.Unmap()
-	dst, err := cb.RegisterHost(ctx, 1<<20, "after-junk")
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer dst.Unmap()
-	for i := range src.Bytes {
-		src.Bytes[i] = byte(i)
-	}
-	if _, err := ca.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: "after-junk",
-		Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: 1 << 20}}); err != nil {
+	fill(src.Bytes, func(i int) byte { return byte(i) })
+	if _, err := transfer(ctx, ca, src.Id, b.peer, "after-junk", []uint64{0}, []uint64{0}, 1<<20); err != nil {
 		t.Fatalf("transfer after the junk: %v", err)
 	}
 	if string(src.Bytes) != string(dst.Bytes) {
@@ -400,11 +352,7 @@ func TestPeerRestartedWhileIdle(t *testing.T) {
 	a, b := startProc(t, bin, "a"), startProc(t, bin, "b")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ca, err := client.Dial(a.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
+	ca := dialSock(t, a.sock)
 	const size = 1 << 20
 	src, err := ca.RegisterHost(ctx, size, "")
 	if err != nil {
@@ -422,11 +370,8 @@ func TestPeerRestartedWhileIdle(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer dst.Unmap()
-		for i := range src.Bytes {
-			src.Bytes[i] = byte(i*3 + round)
-		}
-		if _, err := ca.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: "dst",
-			Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: size}}); err != nil {
+		fill(src.Bytes, func(i int) byte { return byte(i*3 + round) })
+		if _, err := transfer(ctx, ca, src.Id, b.peer, "dst", []uint64{0}, []uint64{0}, size); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		if string(src.Bytes) != string(dst.Bytes) {

@@ -16,18 +16,6 @@ import (
 	"github.com/b2bd/b2bd/client"
 )
 
-// startProcIn starts a daemon process whose shm directory is shm (shared
-// with other daemons).
-func startProcIn(t *testing.T, bin, name, shm string) *proc {
-	t.Helper()
-	dir := t.TempDir()
-	p := &proc{bin: bin, name: name, sock: filepath.Join(dir, "b2bd.sock"), shm: shm, peer: freePort(t), data: freePort(t)}
-	p.args = []string{"--node-name", p.name, "--socket", p.sock, "--shm-dir", p.shm,
-		"--peer-listen", p.peer, "--data-listen", p.data, "--transport", "tcp", "--shutdown-grace", "10s", "--insecure"}
-	p.start(t)
-	return p
-}
-
 // TestCrashReclaim: the region files of a daemon killed with kill -9 are
 // freed by the next daemon on the same shm directory, which logs what it
 // freed; a live daemon sharing the directory keeps its files, and a
@@ -38,18 +26,9 @@ func TestCrashReclaim(t *testing.T) {
 	shm := filepath.Join(t.TempDir(), "shm")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	dial := func(p *proc) *client.Client {
-		c, err := client.Dial(p.sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-
 	// A live daemon with a region and a client's import.
 	live := startProcIn(t, bin, "live", shm)
-	cl := dial(live)
+	cl := dialSock(t, live.sock)
 	kept, err := cl.RegisterHost(ctx, 1<<20, "")
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +68,7 @@ func TestCrashReclaim(t *testing.T) {
 
 	// A daemon with a region is killed.
 	dead := startProcIn(t, bin, "dead", shm)
-	cd := dial(dead)
+	cd := dialSock(t, dead.sock)
 	const lost = 8 << 20
 	gone, err := cd.RegisterHost(ctx, lost, "")
 	if err != nil {

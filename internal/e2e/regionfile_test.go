@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/b2bd/b2bd/client"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -19,20 +18,9 @@ import (
 // or during a Checksum) gets DataLoss naming the region; the daemon survives
 // and keeps serving another region's checksum and a transfer.
 func TestRegionFileTruncated(t *testing.T) {
-	bin := buildDaemon(t)
-	a, b := startProc(t, bin, "a"), startProc(t, bin, "b")
+	a, b, ca, cb := startProcPair(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ca, err := client.Dial(a.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
-	cb, err := client.Dial(b.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cb.Close()
 	alive := func(what string) {
 		t.Helper()
 		if _, err := ca.Status(ctx); err != nil {
@@ -57,10 +45,7 @@ func TestRegionFileTruncated(t *testing.T) {
 		}
 		return r.Id
 	}
-	many := make([]uint64, 4096) // 16 MiB in 4 KiB blocks: hashed by several workers
-	for i := range many {
-		many[i] = uint64(i) * 4096
-	}
+	many := strided(4096, 4096) // 16 MiB in 4 KiB blocks: hashed by several workers
 	for _, tc := range []struct {
 		name   string
 		offs   []uint64
@@ -120,25 +105,15 @@ func TestRegionFileTruncated(t *testing.T) {
 	})
 
 	// Others keep being served: a checksum and a verified transfer.
-	src, err := ca.RegisterHost(ctx, 1<<20, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, dst := registerPair(ctx, t, ca, cb, 1<<20, 1<<20, "dst")
 	defer src.Unmap()
-	dst, err := cb.RegisterHost(ctx, 1<<20, "dst")
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer dst.Unmap()
-	for i := range src.Bytes {
-		src.Bytes[i] = byte(i*13 + 1)
-	}
+	fill(src.Bytes, func(i int) byte { return byte(i*13 + 1) })
 	sa, err := ca.Checksum(ctx, src.Id, []uint64{0}, nil, 1<<20, 0, false)
 	if err != nil {
 		t.Fatalf("checksum of a healthy region after the faults: %v", err)
 	}
-	if _, err := ca.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.peer, DstRegion: "dst",
-		Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: 1 << 20}}); err != nil {
+	if _, err := transfer(ctx, ca, src.Id, b.peer, "dst", []uint64{0}, []uint64{0}, 1<<20); err != nil {
 		t.Fatalf("transfer after the faults: %v", err)
 	}
 	sb, err := cb.Checksum(ctx, dst.Id, []uint64{0}, nil, 1<<20, 0, false)
@@ -155,20 +130,14 @@ func TestRegionFileReplaced(t *testing.T) {
 	a := startProc(t, bin, "a")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ca, err := client.Dial(a.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ca.Close()
+	ca := dialSock(t, a.sock)
 	const size = 1 << 20
 	r, err := ca.RegisterHost(ctx, size, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Unmap()
-	for i := range r.Bytes {
-		r.Bytes[i] = byte(i * 7)
-	}
+	fill(r.Bytes, func(i int) byte { return byte(i * 7) })
 	before, err := ca.Checksum(ctx, r.Id, []uint64{0}, nil, size, 0, false)
 	if err != nil {
 		t.Fatal(err)

@@ -3,18 +3,14 @@ package e2e
 import (
 	"context"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/client"
-	"github.com/b2bd/b2bd/internal/auth"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -24,28 +20,7 @@ import (
 // this process maps), B2B_E2E_DST_API and B2B_E2E_DST_PEER, and B2B_E2E_TLS_*
 // for the remote API; without them it is skipped.
 func TestRemote(t *testing.T) {
-	srcAPI, dstAPI, peer := os.Getenv("B2B_E2E_SRC_API"), os.Getenv("B2B_E2E_DST_API"), os.Getenv("B2B_E2E_DST_PEER")
-	if srcAPI == "" || dstAPI == "" || peer == "" {
-		t.Skip("B2B_E2E_SRC_API, B2B_E2E_DST_API and B2B_E2E_DST_PEER are not set (make test-rdma sets them)")
-	}
-	var opts []grpc.DialOption
-	if c := os.Getenv("B2B_E2E_TLS_CERT"); c != "" {
-		tl, err := auth.LoadPeerTLS(c, os.Getenv("B2B_E2E_TLS_KEY"), os.Getenv("B2B_E2E_TLS_CA"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(tl.Client)))
-	}
-	src, err := client.Dial(srcAPI)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := client.Dial(dstAPI, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dst.Close()
+	src, dst, peer := remoteClients(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 

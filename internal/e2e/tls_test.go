@@ -108,21 +108,15 @@ func TestTrust(t *testing.T) {
 	if _, err := b.c.RegisterHost(ctx, n*size, "anyone"); err != nil {
 		t.Fatal(err)
 	}
-	offs := make([]uint64, n)
-	for i := range offs {
-		offs[i] = uint64(i) * size
-	}
+	offs := strided(n, size)
 	send := func(from *node, region string) error {
 		src, err := from.c.RegisterHost(ctx, n*size, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer src.Unmap()
-		for i := range src.Bytes {
-			src.Bytes[i] = byte(i*31) ^ from.d.PeerAddr()[10]
-		}
-		_, err = from.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: region,
-			Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}})
+		fill(src.Bytes, func(i int) byte { return byte(i*31) ^ from.d.PeerAddr()[10] })
+		_, err = transfer(ctx, from.c, src.Id, b.d.PeerAddr(), region, offs, offs, size)
 		if err == nil && region == "only-a" && string(src.Bytes) != string(dst.Bytes) {
 			t.Fatalf("%s: transfer succeeded but data differs", region)
 		}

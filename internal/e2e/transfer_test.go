@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/b2bd/b2bd/client"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -26,31 +25,17 @@ func TestTransferVerified(t *testing.T) {
 		}
 		srcOff, srcSize := layout(n, size, r)
 		dstOff, dstSize := layout(n, size, r)
-		src, err := a.c.RegisterHost(ctx, srcSize, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		dst, err := b.c.RegisterHost(ctx, dstSize, "dst")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range src.Bytes {
-			src.Bytes[i] = byte(r.Uint32())
-		}
-		resp, err := a.c.BatchTransfer(ctx, client.Transfer{
-			SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "dst",
-			Blocks: client.Descriptors{Src: srcOff, Dst: dstOff, BlockLength: size},
-		})
+		src, dst := registerPair(ctx, t, a.c, b.c, srcSize, dstSize, "dst")
+		fill(src.Bytes, func(int) byte { return byte(r.Uint32()) })
+		resp, err := transfer(ctx, a.c, src.Id, b.d.PeerAddr(), "dst", srcOff, dstOff, size)
 		if err != nil {
 			t.Fatalf("size %d: %v", size, err)
 		}
 		if resp.Blocks != uint64(n) || resp.Bytes != uint64(n)*size {
 			t.Fatalf("size %d: response %v", size, resp)
 		}
-		for i := range n {
-			if !bytes.Equal(src.Bytes[srcOff[i]:srcOff[i]+size], dst.Bytes[dstOff[i]:dstOff[i]+size]) {
-				t.Fatalf("size %d: block %d differs", size, i)
-			}
+		if i := badBlock(src.Bytes, dst.Bytes, srcOff, dstOff, size); i >= 0 {
+			t.Fatalf("size %d: block %d differs", size, i)
 		}
 		cs, err := a.c.Checksum(ctx, src.Id, srcOff, nil, size, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, true)
 		if err != nil {
@@ -63,15 +48,8 @@ func TestTransferVerified(t *testing.T) {
 		if cs.Digest != cd.Digest || !bytes.Equal(cs.BlockDigests, cd.BlockDigests) {
 			t.Fatalf("size %d: checksums differ", size)
 		}
-		for _, h := range []*client.HostRegion{src, dst} {
-			h.Unmap()
-		}
-		if err := a.c.Deregister(ctx, src.Id); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.c.Deregister(ctx, dst.Id); err != nil {
-			t.Fatal(err)
-		}
+		release(ctx, t, a.c, src)
+		release(ctx, t, b.c, dst)
 	}
 }
 
@@ -88,29 +66,20 @@ func TestReregisteredDestination(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range src.Bytes {
-		src.Bytes[i] = byte(i * 13)
-	}
+	fill(src.Bytes, func(i int) byte { return byte(i * 13) })
 	for round, blocks := range []int{4, 4, 64, 16} { // same size (new key), bigger, smaller
 		dst, err := b.c.RegisterHost(ctx, uint64(blocks)*size, "x")
 		if err != nil {
 			t.Fatal(err)
 		}
-		offs := make([]uint64, blocks)
-		for i := range offs {
-			offs[i] = uint64(blocks-1-i) * size
-		}
-		resp, err := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "x",
-			Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}})
+		offs := reversed(blocks, size)
+		resp, err := transfer(ctx, a.c, src.Id, b.d.PeerAddr(), "x", offs, offs, size)
 		if err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		if resp.Bytes != uint64(blocks)*size || !bytes.Equal(src.Bytes[:blocks*size], dst.Bytes) {
 			t.Fatalf("round %d: reported %d bytes; data equal: %v", round, resp.Bytes, bytes.Equal(src.Bytes[:blocks*size], dst.Bytes))
 		}
-		dst.Unmap()
-		if err := b.c.Deregister(ctx, dst.Id); err != nil {
-			t.Fatal(err)
-		}
+		release(ctx, t, b.c, dst)
 	}
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -12,8 +11,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/b2bd/b2bd/client"
 )
 
 // A client that truncates (or replaces) its region's shm file while it is
@@ -72,14 +69,7 @@ func testTruncate(t *testing.T, source bool) {
 			srcOff, srcSize := layout(c.n, c.size, r)
 			dstOff, dstSize := layout(c.n, c.size, r)
 			name := fmt.Sprintf("trunc%d", ci)
-			src, err := a.c.RegisterHost(ctx, srcSize, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			dst, err := b.c.RegisterHost(ctx, dstSize, name)
-			if err != nil {
-				t.Fatal(err)
-			}
+			src, dst := registerPair(ctx, t, a.c, b.c, srcSize, dstSize, name)
 			// Remember what the source holds; after a truncation neither this
 			// process nor the daemon can read it there again.
 			want := make([]byte, len(src.Bytes))
@@ -107,8 +97,7 @@ func testTruncate(t *testing.T, source bool) {
 			} else {
 				takenAway <- takeAway(path, c.unlink)
 			}
-			resp, terr := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: name,
-				Blocks: client.Descriptors{Src: srcOff, Dst: dstOff, BlockLength: c.size}})
+			resp, terr := transfer(ctx, a.c, src.Id, b.d.PeerAddr(), name, srcOff, dstOff, c.size)
 			if err := <-takenAway; err != nil {
 				t.Fatal(err)
 			}
@@ -125,10 +114,8 @@ func testTruncate(t *testing.T, source bool) {
 					if !source {
 						dstBytes = victimBytes // the daemon's mapping is of the old file, as is ours
 					}
-					for i := range c.n {
-						if !bytes.Equal(want[srcOff[i]:srcOff[i]+c.size], dstBytes[dstOff[i]:dstOff[i]+c.size]) {
-							t.Fatalf("batch reported success but block %d did not land", i)
-						}
+					if i := badBlock(want, dstBytes, srcOff, dstOff, c.size); i >= 0 {
+						t.Fatalf("batch reported success but block %d did not land", i)
 					}
 				}
 			case status.Code(terr) == codes.DataLoss:
@@ -165,14 +152,8 @@ func testTruncate(t *testing.T, source bool) {
 			if victimBytes != nil && c.unlink {
 				victim.Unmap()
 			}
-			src.Unmap()
-			dst.Unmap()
-			if err := a.c.Deregister(ctx, src.Id); err != nil {
-				t.Fatal(err)
-			}
-			if err := b.c.Deregister(ctx, dst.Id); err != nil {
-				t.Fatal(err)
-			}
+			release(ctx, t, a.c, src)
+			release(ctx, t, b.c, dst)
 		})
 	}
 }
@@ -183,32 +164,14 @@ func checkHealthy(ctx context.Context, t *testing.T, a, b *node, r *rand.Rand) {
 	const n, size = 3000, 512
 	srcOff, srcSize := layout(n, size, r)
 	dstOff, dstSize := layout(n, size, r)
-	src, err := a.c.RegisterHost(ctx, srcSize, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dst, err := b.c.RegisterHost(ctx, dstSize, "healthy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range src.Bytes {
-		src.Bytes[i] = byte(r.Uint32())
-	}
-	if _, err := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "healthy",
-		Blocks: client.Descriptors{Src: srcOff, Dst: dstOff, BlockLength: size}}); err != nil {
+	src, dst := registerPair(ctx, t, a.c, b.c, srcSize, dstSize, "healthy")
+	fill(src.Bytes, func(int) byte { return byte(r.Uint32()) })
+	if _, err := transfer(ctx, a.c, src.Id, b.d.PeerAddr(), "healthy", srcOff, dstOff, size); err != nil {
 		t.Fatalf("next batch between other regions: %v", err)
 	}
-	for i := range n {
-		if !bytes.Equal(src.Bytes[srcOff[i]:srcOff[i]+size], dst.Bytes[dstOff[i]:dstOff[i]+size]) {
-			t.Fatalf("next batch between other regions: block %d differs", i)
-		}
+	if i := badBlock(src.Bytes, dst.Bytes, srcOff, dstOff, size); i >= 0 {
+		t.Fatalf("next batch between other regions: block %d differs", i)
 	}
-	src.Unmap()
-	dst.Unmap()
-	if err := a.c.Deregister(ctx, src.Id); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.c.Deregister(ctx, dst.Id); err != nil {
-		t.Fatal(err)
-	}
+	release(ctx, t, a.c, src)
+	release(ctx, t, b.c, dst)
 }
