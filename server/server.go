@@ -1,6 +1,6 @@
 // Package server implements b2bd's gRPC services: B2B, which applications
 // call on their local daemon, and Peer, which daemons call on each other.
-// Domain errors become gRPC statuses in one place, errs.ToStatus.
+// Domain errors become gRPC statuses in one place, grpcstatus.ToStatus.
 package server
 
 import (
@@ -19,6 +19,7 @@ import (
 	"github.com/b2bd/b2bd/internal/checksum"
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/notify"
@@ -107,7 +108,7 @@ func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionReq
 	who := caller(ctx)
 	r, err := l.register(req, who)
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcstatus.ToStatus(err)
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller gave up and will never learn the ID: release it now,
@@ -115,7 +116,7 @@ func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionReq
 		if derr := l.s.cfg.Registry.Deregister(r.ID, who); derr != nil {
 			l.s.cfg.Log.Warn("release abandoned region", "id", r.ID, "error", derr)
 		}
-		return nil, errs.ToStatus(fmt.Errorf("register region: caller went away: %w", err))
+		return nil, grpcstatus.ToStatus(fmt.Errorf("register region: caller went away: %w", err))
 	}
 	l.s.cfg.Log.Info("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", r.Export)
 	return &b2bv1.RegisterRegionResponse{Region: regionProto(r, 0)}, nil
@@ -155,7 +156,7 @@ func (l *local) register(req *b2bv1.RegisterRegionRequest, who region.Caller) (*
 
 func (l *local) DeregisterRegion(ctx context.Context, req *b2bv1.DeregisterRegionRequest) (*b2bv1.DeregisterRegionResponse, error) {
 	if err := l.s.cfg.Registry.Deregister(req.GetRegionId(), caller(ctx)); err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcstatus.ToStatus(err)
 	}
 	return &b2bv1.DeregisterRegionResponse{}, nil
 }
@@ -171,7 +172,7 @@ func (l *local) ListRegions(ctx context.Context, req *b2bv1.ListRegionsRequest) 
 func (l *local) ExportRegion(ctx context.Context, req *b2bv1.ExportRegionRequest) (*b2bv1.ExportRegionResponse, error) {
 	r, err := l.s.cfg.Registry.SetExport(req.GetRegionId(), region.Export{Name: req.GetExportName(), To: req.GetExportTo()}, caller(ctx))
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcstatus.ToStatus(err)
 	}
 	return &b2bv1.ExportRegionResponse{Region: regionProto(r, 0)}, nil
 }
@@ -190,7 +191,7 @@ func (l *local) BatchTransfer(ctx context.Context, req *b2bv1.BatchTransferReque
 		err = errs.ForCaller(ctx, err)
 		l.s.cfg.Counters.BatchesFailed.Add(1)
 		l.s.cfg.Log.Debug("batch failed", "peer", req.GetPeer(), "dst", req.GetDstRegion(), "error", err)
-		return nil, errs.ToStatus(err)
+		return nil, grpcstatus.ToStatus(err)
 	}
 	return resp, nil
 }
@@ -303,7 +304,7 @@ func (s *Server) transfer(ctx context.Context, req *b2bv1.BatchTransferRequest) 
 		_, err := sess.Control.Notify(ctx, &b2bv1.NotifyRequest{Region: req.GetDstRegion(), Sender: s.cfg.NodeName,
 			Notification: req.GetNotification(), Blocks: blocks, Bytes: bytes})
 		if err != nil {
-			return nil, fmt.Errorf("batch of %d blocks landed at %s/%s, but its notification was not delivered: %w", blocks, req.GetPeer(), req.GetDstRegion(), errs.FromStatus(err))
+			return nil, fmt.Errorf("batch of %d blocks landed at %s/%s, but its notification was not delivered: %w", blocks, req.GetPeer(), req.GetDstRegion(), grpcstatus.FromStatus(err))
 		}
 	}
 	s.cfg.Counters.BatchesSent.Add(1)
@@ -351,7 +352,7 @@ func isRequestError(err error) bool {
 func (l *local) Checksum(ctx context.Context, req *b2bv1.ChecksumRequest) (*b2bv1.ChecksumResponse, error) {
 	resp, err := l.s.checksum(req, caller(ctx))
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcstatus.ToStatus(err)
 	}
 	return resp, nil
 }
@@ -462,7 +463,7 @@ const MaxNotification = 4096
 func (l *local) WatchNotifications(req *b2bv1.WatchNotificationsRequest, stream b2bv1.B2B_WatchNotificationsServer) error {
 	r, release, err := l.s.cfg.Registry.Acquire(req.GetRegionId(), "region_id", caller(stream.Context()))
 	if err != nil {
-		return errs.ToStatus(err)
+		return grpcstatus.ToStatus(err)
 	}
 	id := r.ID
 	release() // watching does not pin the region
@@ -512,7 +513,7 @@ type peerService struct {
 func (p *peerService) Handshake(ctx context.Context, req *b2bv1.HandshakeRequest) (*b2bv1.HandshakeResponse, error) {
 	cfg := p.s.cfg
 	if v := req.GetProtocolVersion(); v != peer.ProtocolVersion {
-		return nil, errs.ToStatus(fmt.Errorf("%w: protocol_version %d is not supported; this daemon speaks %d", errs.ErrFailedPrecondition, v, peer.ProtocolVersion))
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: protocol_version %d is not supported; this daemon speaks %d", errs.ErrFailedPrecondition, v, peer.ProtocolVersion))
 	}
 	resp := &b2bv1.HandshakeResponse{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName, Capabilities: capabilities}
 	for _, t := range cfg.Transports {
@@ -531,13 +532,13 @@ var capabilities = []string{"merge-adjacent", "write-with-imm-completion", "pack
 
 func (p *peerService) ResolveRegion(ctx context.Context, req *b2bv1.ResolveRegionRequest) (*b2bv1.ResolveRegionResponse, error) {
 	if req.GetName() == "" {
-		return nil, errs.ToStatus(fmt.Errorf("%w: name is empty", errs.ErrInvalidArgument))
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: name is empty", errs.ErrInvalidArgument))
 	}
 	// Keys are only ever handed to peers allowed to write the region.
 	r, release, err := p.s.cfg.Registry.Lookup(req.GetName(), auth.PeerIdentity(ctx))
 	if err != nil {
 		p.s.cfg.Log.Warn("region resolution refused", "name", req.GetName(), "peer", auth.PeerIdentity(ctx), "error", err)
-		return nil, errs.ToStatus(err)
+		return nil, grpcstatus.ToStatus(err)
 	}
 	defer release()
 	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: regionProto(r, 0).Kind}
@@ -551,11 +552,11 @@ func (p *peerService) ResolveRegion(ctx context.Context, req *b2bv1.ResolveRegio
 
 func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2bv1.NotifyResponse, error) {
 	if len(req.GetNotification()) > MaxNotification {
-		return nil, errs.ToStatus(fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(req.GetNotification()), MaxNotification))
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(req.GetNotification()), MaxNotification))
 	}
 	r, release, err := p.s.cfg.Registry.Lookup(req.GetRegion(), auth.PeerIdentity(ctx))
 	if err != nil {
-		return nil, errs.ToStatus(err)
+		return nil, grpcstatus.ToStatus(err)
 	}
 	release()
 	n := p.s.cfg.Notify.Publish(r.ID, &b2bv1.Notification{Region: req.GetRegion(), Sender: req.GetSender(),
@@ -565,18 +566,18 @@ func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2
 
 func (p *peerService) DisconnectVerbs(ctx context.Context, req *b2bv1.DisconnectVerbsRequest) (*b2bv1.DisconnectVerbsResponse, error) {
 	if p.s.cfg.Verbs == nil {
-		return nil, errs.ToStatus(fmt.Errorf("%w: this daemon has no RDMA device", errs.ErrFailedPrecondition))
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: this daemon has no RDMA device", errs.ErrFailedPrecondition))
 	}
 	if req.GetNodeName() == "" || req.GetConnectionId() == 0 {
-		return nil, errs.ToStatus(fmt.Errorf("%w: node_name and connection_id must both be set", errs.ErrInvalidArgument))
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: node_name and connection_id must both be set", errs.ErrInvalidArgument))
 	}
 	return &b2bv1.DisconnectVerbsResponse{Found: p.s.cfg.Verbs.DisconnectVerbs(req.GetNodeName(), req.GetConnectionId())}, nil
 }
 
 func (p *peerService) ConnectVerbs(ctx context.Context, req *b2bv1.ConnectVerbsRequest) (*b2bv1.ConnectVerbsResponse, error) {
 	if p.s.cfg.Verbs == nil {
-		return nil, errs.ToStatus(fmt.Errorf("%w: this daemon has no RDMA device", errs.ErrFailedPrecondition))
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: this daemon has no RDMA device", errs.ErrFailedPrecondition))
 	}
 	resp, err := p.s.cfg.Verbs.AcceptVerbs(ctx, req)
-	return resp, errs.ToStatus(err)
+	return resp, grpcstatus.ToStatus(err)
 }

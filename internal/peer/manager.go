@@ -17,6 +17,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -191,7 +192,7 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		// A restarted peer should be reachable at the next batch, not after
 		// gRPC's exponential reconnect backoff.
 		st.cc.ResetConnectBackoff()
-		err = errs.FromStatus(err)
+		err = grpcstatus.FromStatus(err)
 		return fmt.Errorf("peer %s: handshake: %w", st.addr, err)
 	}
 	if hs.GetProtocolVersion() != ProtocolVersion {
@@ -250,7 +251,7 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 	}
 	r, err = s.Control.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
 	if err != nil {
-		return nil, false, errs.FromStatus(err)
+		return nil, false, grpcstatus.FromStatus(err)
 	}
 	st.mu.Lock()
 	st.resolved[name] = resolution{r: r, at: time.Now()}
