@@ -161,7 +161,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 
 	var statuses []*b2bv1.TransportStatus
 	var tcpT *tcp.Transport
-	var verbsAcc server.VerbsAcceptor
+	var verbsAcc transport.VerbsAcceptor
 	switch cfg.Transport {
 	case "auto", "tcp", "verbs":
 	default:
@@ -178,7 +178,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 			log.Warn("verbs transport unavailable; using TCP", "reason", verr)
 		} else {
 			d.transports = append(d.transports, vt)
-			if a, ok := vt.(server.VerbsAcceptor); ok {
+			if a, ok := vt.(transport.VerbsAcceptor); ok {
 				verbsAcc = a
 			}
 			if ds, ok := vt.(interface{ Describe() string }); ok {
@@ -243,7 +243,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
 		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Verbs: verbsAcc,
 		MaxDescriptors: cfg.MaxDescriptors, DefaultTimeout: cfg.DefaultTimeout,
-		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, Log: log.Named("server"),
+		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, OpenFDs: openFDs, Log: log.Named("server"),
 	}
 	if tcpT != nil {
 		scfg.TCPData, scfg.TCPToken = tcpT.Addr(), tcpT.Token()
@@ -289,6 +289,21 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		}
 	}
 	return d, nil
+}
+
+// openFDs counts this process's open file descriptors, or 0 where
+// /proc/self/fd cannot be read; Status reports it for leak checks.
+func openFDs() uint32 {
+	f, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return 0
+	}
+	return uint32(len(names) - 1) // less the directory itself
 }
 
 // DefaultGroup owns the socket and the shm directory when --group is not given.
