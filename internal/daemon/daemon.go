@@ -25,12 +25,12 @@ import (
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
 	"github.com/b2bd/b2bd/internal/transport/tcp"
+	"github.com/b2bd/b2bd/internal/transport/verbs"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 	"github.com/b2bd/b2bd/server"
 )
@@ -57,12 +57,10 @@ type Config struct {
 	TLSCA          string // the CA peers' certificates must chain to
 	Insecure       bool   // plaintext between daemons, loopback addresses only
 	TCP            tcp.Config
-	Extra          ExtraTransports
+	// Verbs configures the RDMA transport; nil: none (RegisterOptionalFlags
+	// sets it with the verbs flags).
+	Verbs *verbs.Config
 }
-
-// ExtraTransports builds optional transports (verbs) that register
-// themselves from other packages; nil when unused.
-type ExtraTransports func(kind transport.Kind, in transport.Inbound, log hclog.Logger) (transport.Transport, error)
 
 // RegisterFlags binds cfg to fs with the daemon's defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
@@ -126,17 +124,12 @@ type Daemon struct {
 	staging    *staging.Pool
 }
 
-// inbound is the registry plus counters, as the transports' receiving sides see them.
+// inbound is the registry's key index plus counters, as the transports'
+// receiving sides see them. It exists before the transports and the
+// registry; the registry fills the index in (region.Config.Pins).
 type inbound struct {
-	reg      *region.Registry
+	*region.Pins
 	counters *server.Counters
-}
-
-func (in *inbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
-	if in.reg == nil {
-		return memory.Memory{}, nil, fmt.Errorf("%w: daemon is starting", errs.ErrUnavailable)
-	}
-	return in.reg.Pin(k, key)
 }
 
 func (in *inbound) Landed(k transport.Kind, blocks, bytes uint64) {
@@ -153,7 +146,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 			d.teardown()
 		}
 	}()
-	in := &inbound{counters: &d.counters}
+	in := &inbound{Pins: region.NewPins(), counters: &d.counters}
 	peerTLS, err := cfg.security()
 	if err != nil {
 		return nil, err
@@ -209,11 +202,10 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Group: gid, Transports: d.transports, CUDA: cudaHook, CUDAWhy: cudaWhy, Log: log.Named("region")})
+	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Group: gid, Transports: d.transports, Pins: in.Pins, CUDA: cudaHook, CUDAWhy: cudaWhy, Log: log.Named("region")})
 	if err != nil {
 		return nil, err
 	}
-	in.reg = d.registry
 
 	self := &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName}
 	for _, t := range d.transports {
