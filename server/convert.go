@@ -88,8 +88,10 @@ func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
 			resp.Transports = append(resp.Transports, t.GetKind())
 		}
 	}
-	if cfg.TCPData != "" {
-		resp.TcpDataAddress, resp.SessionToken = cfg.TCPData, cfg.TCPToken
+	for _, a := range cfg.Adverts {
+		if a.TCP.Addr != "" {
+			resp.TcpDataAddress, resp.SessionToken = a.TCP.Addr, a.TCP.Token
+		}
 	}
 	return resp
 }

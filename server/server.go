@@ -37,9 +37,10 @@ type Config struct {
 	Transports  []*b2bv1.TransportStatus // every transport, available or not
 	// Live reports the resources of the running transports for Status;
 	// nil reports none.
-	Live           map[b2bv1.TransportKind]transport.Counter
-	TCPData        string // TCP data listener address
-	TCPToken       []byte
+	Live map[b2bv1.TransportKind]transport.Counter
+	// Adverts are the running transports' own parameters (the TCP data
+	// listener and token), told to peers in the handshake.
+	Adverts        []transport.Advert
 	Verbs          transport.VerbsAcceptor // nil without RDMA
 	MaxDescriptors int
 	DefaultTimeout time.Duration

@@ -174,8 +174,8 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 			if a, ok := vt.(transport.VerbsAcceptor); ok {
 				verbsAcc = a
 			}
-			if ds, ok := vt.(interface{ Describe() string }); ok {
-				st.Detail = ds.Describe()
+			if a, ok := vt.(transport.Advertiser); ok {
+				st.Detail = a.Advertise().Detail
 			}
 		}
 		statuses = append(statuses, st)
@@ -195,7 +195,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 			return nil, err
 		}
 		d.transports = append(d.transports, tcpT)
-		statuses = append(statuses, &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_TCP, Available: true, Detail: "data listener " + tcpT.Addr()})
+		statuses = append(statuses, &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_TCP, Available: true, Detail: tcpT.Advertise().Detail})
 	}
 
 	gid, err := resolveGroup(cfg.Group, log)
@@ -226,19 +226,20 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	d.listeners = append(d.listeners, d.peerLn)
 
 	live := map[b2bv1.TransportKind]transport.Counter{}
+	var adverts []transport.Advert
 	for _, t := range d.transports {
 		if c, ok := t.(transport.Counter); ok {
 			live[peer.KindToProto(t.Kind())] = c
 		}
+		if a, ok := t.(transport.Advertiser); ok {
+			adverts = append(adverts, a.Advertise())
+		}
 	}
 	scfg := server.Config{
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
-		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Verbs: verbsAcc,
+		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Verbs: verbsAcc,
 		MaxDescriptors: cfg.MaxDescriptors, DefaultTimeout: cfg.DefaultTimeout,
 		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, OpenFDs: openFDs, Log: log.Named("server"),
-	}
-	if tcpT != nil {
-		scfg.TCPData, scfg.TCPToken = tcpT.Addr(), tcpT.Token()
 	}
 	srv := server.New(scfg)
 

@@ -72,6 +72,19 @@ type TCPEndpoint struct {
 	Token []byte // the session token a data stream presents (16 bytes)
 }
 
+// Advert is what a transport advertises about itself: to peers in the
+// handshake (TCP's data endpoint) and in the daemon's Status (Detail).
+type Advert struct {
+	Kind   Kind
+	Detail string      // device, port, GID or listener, for Status
+	TCP    TCPEndpoint // TCP: the data listener and session token; zero otherwise
+}
+
+// Advertiser is implemented by transports that advertise parameters.
+type Advertiser interface {
+	Advertise() Advert
+}
+
 // Signal is a peer's control plane as the transports use it. Errors carry
 // internal/errs classes (a peer's NotFound stays NotFound, an unreachable
 // peer is ErrUnavailable).

@@ -63,6 +63,9 @@ var codeMap = []struct {
 // FromStatus turns a peer's gRPC status back into a domain error, so that a
 // NotFound from the destination daemon stays NotFound for our caller.
 func FromStatus(err error) error {
+	if err == nil {
+		return nil
+	}
 	st, ok := status.FromError(err)
 	if !ok {
 		return err

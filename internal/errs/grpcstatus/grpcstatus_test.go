@@ -113,3 +113,9 @@ func TestClassMatchesCode(t *testing.T) {
 		}
 	}
 }
+
+func TestFromStatusNil(t *testing.T) {
+	if err := FromStatus(nil); err != nil {
+		t.Fatalf("FromStatus(nil) = %v", err)
+	}
+}

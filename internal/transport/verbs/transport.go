@@ -269,6 +269,12 @@ func (t *Transport) Close() error {
 	return t.teardown()
 }
 
+// Advertise describes the transport for the daemon's Status; peers learn
+// its port parameters at ConnectVerbs.
+func (t *Transport) Advertise() transport.Advert {
+	return transport.Advert{Kind: transport.Verbs, Detail: t.Describe()}
+}
+
 // Describe names the device, port, GID and MTU for the daemon's Status.
 func (t *Transport) Describe() string {
 	s := fmt.Sprintf("%s port %d (%s, %s, MTU %s", t.ctx.Name(), t.cfg.Port, t.port.LinkLayer, t.port.State, t.port.ActiveMTU)
