@@ -21,7 +21,6 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/notify"
-	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -29,19 +28,20 @@ import (
 // MaxNotification bounds a batch's notification.
 const MaxNotification = 4096
 
-// Peers is the peer manager (peer.Manager) as a batch uses it.
+// Peers is the peer manager (internal/peer's Manager, over gRPC) as a batch
+// uses it; this package sees no wire types.
 type Peers interface {
 	// Get returns a data path to addr over want ("" = the best in common).
-	Get(ctx context.Context, addr string, want transport.Kind) (peer.Session, error)
+	Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error)
 	// Resolve resolves the peer's export name; cached says it came from
 	// the cache (and may be stale).
-	Resolve(ctx context.Context, addr string, s peer.Session, name string) (peer.Resolved, bool, error)
+	Resolve(ctx context.Context, addr string, s transport.Session, name string) (transport.Resolution, bool, error)
 	// Forget drops a cached resolution.
 	Forget(addr, name string)
 	// Broken drops s's connection and what the manager knows of the peer.
-	Broken(addr string, s peer.Session)
+	Broken(addr string, s transport.Session)
 	// Notify hands a landed batch's notification to the peer.
-	Notify(ctx context.Context, s peer.Session, n notify.Notification) error
+	Notify(ctx context.Context, addr string, n notify.Notification) error
 }
 
 // Counters are the daemon's batch statistics.
@@ -225,7 +225,7 @@ func (s *Service) Plan(r Request) (*Plan, error) {
 // memory would fault again, and a caller that gave up wants no retry.
 func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 	var (
-		sess     peer.Session
+		sess     transport.Session
 		st       transport.Stats
 		start    time.Time
 		err      error
@@ -278,7 +278,7 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 	}
 	elapsed := time.Since(start)
 	if p.notification != nil {
-		err := s.cfg.Peers.Notify(ctx, sess, notify.Notification{Region: p.dst, Sender: s.cfg.NodeName,
+		err := s.cfg.Peers.Notify(ctx, p.peer, notify.Notification{Region: p.dst, Sender: s.cfg.NodeName,
 			Notification: p.notification, Blocks: p.blocks, Bytes: p.bytes})
 		if err != nil {
 			return Result{}, fmt.Errorf("batch of %d blocks landed at %s/%s, but its notification was not delivered: %w", p.blocks, p.peer, p.dst, err)
@@ -291,7 +291,7 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 
 // prepare finds the data path, the source's registration with it, and the
 // destination region's key.
-func (s *Service) prepare(ctx context.Context, p *Plan) (peer.Session, transport.RemoteRegion, transport.Registration, bool, error) {
+func (s *Service) prepare(ctx context.Context, p *Plan) (transport.Session, transport.RemoteRegion, transport.Registration, bool, error) {
 	var none transport.RemoteRegion
 	sess, err := s.cfg.Peers.Get(ctx, p.peer, p.want)
 	if err != nil {

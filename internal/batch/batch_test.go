@@ -15,7 +15,6 @@ import (
 	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/notify"
-	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -90,24 +89,24 @@ type fakePeers struct {
 	notified                        []notify.Notification
 }
 
-func (f *fakePeers) Get(ctx context.Context, addr string, want transport.Kind) (peer.Session, error) {
+func (f *fakePeers) Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error) {
 	c := f.conns[min(f.gets, len(f.conns)-1)]
 	f.gets++
-	return peer.Session{Kind: transport.TCP, Conn: c, Name: "b", Reused: f.gets == 1}, nil
+	return transport.Session{Kind: transport.TCP, Conn: c, Name: "b", Reused: f.gets == 1}, nil
 }
 
-func (f *fakePeers) Resolve(ctx context.Context, addr string, s peer.Session, name string) (peer.Resolved, bool, error) {
+func (f *fakePeers) Resolve(ctx context.Context, addr string, s transport.Session, name string) (transport.Resolution, bool, error) {
 	a := f.answers[min(f.resolves, len(f.answers)-1)]
 	f.resolves++
 	if a.err != nil {
-		return peer.Resolved{}, false, a.err
+		return transport.Resolution{}, false, a.err
 	}
-	return peer.Resolved{Name: name, Size: a.size, Keys: map[transport.Kind]transport.RemoteKey{transport.TCP: {Key: 7}}}, a.cached, nil
+	return transport.Resolution{Name: name, Size: a.size, Keys: map[transport.Kind]transport.RemoteKey{transport.TCP: {Key: 7}}}, a.cached, nil
 }
 
-func (f *fakePeers) Forget(addr, name string)           { f.forgets++ }
-func (f *fakePeers) Broken(addr string, s peer.Session) { f.broken++ }
-func (f *fakePeers) Notify(ctx context.Context, s peer.Session, n notify.Notification) error {
+func (f *fakePeers) Forget(addr, name string)                { f.forgets++ }
+func (f *fakePeers) Broken(addr string, s transport.Session) { f.broken++ }
+func (f *fakePeers) Notify(ctx context.Context, addr string, n notify.Notification) error {
 	f.notified = append(f.notified, n)
 	return f.notifyErr
 }
@@ -271,7 +270,7 @@ type deadlineProbe struct {
 	t *testing.T
 }
 
-func (d deadlineProbe) Get(ctx context.Context, addr string, want transport.Kind) (peer.Session, error) {
+func (d deadlineProbe) Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error) {
 	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > time.Minute {
 		d.t.Errorf("deadline %v %v, want DefaultTimeout (1m)", dl, ok)
 	}

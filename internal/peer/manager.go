@@ -60,11 +60,7 @@ type resolution struct {
 
 // Resolved is a peer's export name resolved: its size and its key with each
 // transport it is registered with.
-type Resolved struct {
-	Name string
-	Size uint64
-	Keys map[transport.Kind]transport.RemoteKey
-}
+type Resolved = transport.Resolution
 
 // resolveTTL bounds how long a resolution is reused: within it a batch pays
 // no resolve round trip; after it an un-exported or re-permissioned region is
@@ -86,16 +82,7 @@ func New(self *b2bv1.HandshakeRequest, ts []transport.Transport, log hclog.Logge
 }
 
 // Session is what a batch needs from a peer.
-type Session struct {
-	Kind transport.Kind
-	Conn transport.Conn
-	Name string // the peer's node name
-	// Reused: Conn existed before this Get, so it may have died unnoticed
-	// with an idle peer (restarted, or its link flapped).
-	Reused bool
-
-	ctl b2bv1.PeerClient // the peer's control plane (Resolve, Notify)
-}
+type Session = transport.Session
 
 // Get returns a data connection to addr over transport want ("" = verbs when
 // both sides have it, else TCP), connecting and handshaking as needed.
@@ -152,7 +139,7 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 		st.conns[kind] = c
 		m.log.Info("data path connected", "peer", addr, "transport", kind)
 	}
-	return Session{Kind: kind, Conn: c, ctl: st.client, Name: st.hs.GetNodeName(), Reused: reused}, nil
+	return Session{Kind: kind, Conn: c, Name: st.hs.GetNodeName(), Reused: reused}, nil
 }
 
 // Broken tells the manager that a batch on s failed in a way that leaves the
@@ -255,11 +242,15 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 	}
 	st.mu.Lock()
 	c, ok := st.resolved[name]
+	ctl := st.client
 	st.mu.Unlock()
 	if ok && time.Since(c.at) < resolveTTL {
 		return c.r, true, nil
 	}
-	resp, err := s.ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
+	if ctl == nil {
+		return r, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
+	}
+	resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
 	if err != nil {
 		return r, false, grpcstatus.FromStatus(err)
 	}
@@ -270,11 +261,28 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 	return r, false, nil
 }
 
-// Notify hands n to the peer of s (Peer.Notify), for its watchers.
-func (m *Manager) Notify(ctx context.Context, s Session, n notify.Notification) error {
-	_, err := s.ctl.Notify(ctx, &b2bv1.NotifyRequest{Region: n.Region, Sender: n.Sender,
+// Notify hands n to the peer at addr (Peer.Notify), for its watchers.
+func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification) error {
+	ctl := m.client(addr)
+	if ctl == nil {
+		return fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
+	}
+	_, err := ctl.Notify(ctx, &b2bv1.NotifyRequest{Region: n.Region, Sender: n.Sender,
 		Notification: n.Notification, Blocks: n.Blocks, Bytes: n.Bytes})
 	return grpcstatus.FromStatus(err)
+}
+
+// client is the peer's control-plane client, nil when it has none.
+func (m *Manager) client(addr string) b2bv1.PeerClient {
+	m.mu.Lock()
+	st := m.peers[addr]
+	m.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.client
 }
 
 // Forget drops a cached resolution.

@@ -137,6 +137,25 @@ type VerbsAccept struct {
 	Endpoints []VerbsEndpoint
 }
 
+// Session is a live data path to one peer, as the peer manager hands it out
+// for a batch.
+type Session struct {
+	Kind Kind
+	Conn Conn
+	Name string // the peer's node name
+	// Reused: Conn existed before this session was handed out, so it may
+	// have died unnoticed with an idle peer (restarted, or its link flapped).
+	Reused bool
+}
+
+// Resolution is a peer's export name resolved over the control plane: its
+// size and its key with each transport it is registered with.
+type Resolution struct {
+	Name string
+	Size uint64
+	Keys map[Kind]RemoteKey
+}
+
 // Stats describes how a batch went on the wire.
 type Stats struct {
 	Segments     uint64 // blocks after merging/gathering
