@@ -17,7 +17,6 @@ import (
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -189,7 +188,7 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		// A restarted peer should be reachable at the next batch, not after
 		// gRPC's exponential reconnect backoff.
 		st.cc.ResetConnectBackoff()
-		err = grpcstatus.FromStatus(err)
+		err = fromRPC(ctx, err)
 		return fmt.Errorf("peer %s: handshake: %w", st.addr, err)
 	}
 	if hs.GetProtocolVersion() != ProtocolVersion {
@@ -252,7 +251,7 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 	}
 	resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
 	if err != nil {
-		return r, false, grpcstatus.FromStatus(err)
+		return r, false, fromRPC(ctx, err)
 	}
 	r = resolvedFromProto(resp)
 	st.mu.Lock()
@@ -269,7 +268,7 @@ func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification
 	}
 	_, err := ctl.Notify(ctx, &b2bv1.NotifyRequest{Region: n.Region, Sender: n.Sender,
 		Notification: n.Notification, Blocks: n.Blocks, Bytes: n.Bytes})
-	return grpcstatus.FromStatus(err)
+	return fromRPC(ctx, err)
 }
 
 // client is the peer's control-plane client, nil when it has none.
