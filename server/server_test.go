@@ -63,7 +63,7 @@ func newNode(t *testing.T, name string, bn bufNet) *node {
 	pm := peer.New(self, []transport.Transport{tt}, log, false,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(bn.dial))
 	srv := server.New(server.Config{
-		NodeName: name, Registry: reg, Peers: pm, TCPData: tt.Addr(), TCPToken: tt.Token(), MaxDescriptors: 1000,
+		NodeName: name, Registry: reg, Peers: pm, Adverts: []transport.Advert{tt.Advertise()}, MaxDescriptors: 1000,
 		Transports: []*b2bv1.TransportStatus{{Kind: b2bv1.TransportKind_TRANSPORT_KIND_TCP, Available: true}},
 	})
 	api, peerLn := bufconn.Listen(1<<20), bufconn.Listen(1<<20)

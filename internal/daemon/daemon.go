@@ -25,12 +25,12 @@ import (
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
 	"github.com/b2bd/b2bd/internal/transport/tcp"
+	"github.com/b2bd/b2bd/internal/transport/verbs"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 	"github.com/b2bd/b2bd/server"
 )
@@ -57,12 +57,10 @@ type Config struct {
 	TLSCA          string // the CA peers' certificates must chain to
 	Insecure       bool   // plaintext between daemons, loopback addresses only
 	TCP            tcp.Config
-	Extra          ExtraTransports
+	// Verbs configures the RDMA transport; nil: none (RegisterOptionalFlags
+	// sets it with the verbs flags).
+	Verbs *verbs.Config
 }
-
-// ExtraTransports builds optional transports (verbs) that register
-// themselves from other packages; nil when unused.
-type ExtraTransports func(kind transport.Kind, in transport.Inbound, log hclog.Logger) (transport.Transport, error)
 
 // RegisterFlags binds cfg to fs with the daemon's defaults.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
@@ -126,17 +124,12 @@ type Daemon struct {
 	staging    *staging.Pool
 }
 
-// inbound is the registry plus counters, as the transports' receiving sides see them.
+// inbound is the registry's key index plus counters, as the transports'
+// receiving sides see them. It exists before the transports and the
+// registry; the registry fills the index in (region.Config.Pins).
 type inbound struct {
-	reg      *region.Registry
+	*region.Pins
 	counters *server.Counters
-}
-
-func (in *inbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
-	if in.reg == nil {
-		return memory.Memory{}, nil, fmt.Errorf("%w: daemon is starting", errs.ErrUnavailable)
-	}
-	return in.reg.Pin(k, key)
 }
 
 func (in *inbound) Landed(k transport.Kind, blocks, bytes uint64) {
@@ -153,7 +146,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 			d.teardown()
 		}
 	}()
-	in := &inbound{counters: &d.counters}
+	in := &inbound{Pins: region.NewPins(), counters: &d.counters}
 	peerTLS, err := cfg.security()
 	if err != nil {
 		return nil, err
@@ -161,7 +154,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 
 	var statuses []*b2bv1.TransportStatus
 	var tcpT *tcp.Transport
-	var verbsAcc server.VerbsAcceptor
+	var verbsAcc transport.VerbsAcceptor
 	switch cfg.Transport {
 	case "auto", "tcp", "verbs":
 	default:
@@ -178,11 +171,11 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 			log.Warn("verbs transport unavailable; using TCP", "reason", verr)
 		} else {
 			d.transports = append(d.transports, vt)
-			if a, ok := vt.(server.VerbsAcceptor); ok {
+			if a, ok := vt.(transport.VerbsAcceptor); ok {
 				verbsAcc = a
 			}
-			if ds, ok := vt.(interface{ Describe() string }); ok {
-				st.Detail = ds.Describe()
+			if a, ok := vt.(transport.Advertiser); ok {
+				st.Detail = a.Advertise().Detail
 			}
 		}
 		statuses = append(statuses, st)
@@ -202,18 +195,17 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 			return nil, err
 		}
 		d.transports = append(d.transports, tcpT)
-		statuses = append(statuses, &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_TCP, Available: true, Detail: "data listener " + tcpT.Addr()})
+		statuses = append(statuses, &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_TCP, Available: true, Detail: tcpT.Advertise().Detail})
 	}
 
 	gid, err := resolveGroup(cfg.Group, log)
 	if err != nil {
 		return nil, err
 	}
-	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Group: gid, Transports: d.transports, CUDA: cudaHook, CUDAWhy: cudaWhy, Log: log.Named("region")})
+	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Group: gid, Transports: d.transports, Pins: in.Pins, CUDA: cudaHook, CUDAWhy: cudaWhy, Log: log.Named("region")})
 	if err != nil {
 		return nil, err
 	}
-	in.reg = d.registry
 
 	self := &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName}
 	for _, t := range d.transports {
@@ -234,19 +226,20 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	d.listeners = append(d.listeners, d.peerLn)
 
 	live := map[b2bv1.TransportKind]transport.Counter{}
+	var adverts []transport.Advert
 	for _, t := range d.transports {
 		if c, ok := t.(transport.Counter); ok {
 			live[peer.KindToProto(t.Kind())] = c
 		}
+		if a, ok := t.(transport.Advertiser); ok {
+			adverts = append(adverts, a.Advertise())
+		}
 	}
 	scfg := server.Config{
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
-		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Verbs: verbsAcc,
+		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Verbs: verbsAcc,
 		MaxDescriptors: cfg.MaxDescriptors, DefaultTimeout: cfg.DefaultTimeout,
-		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, Log: log.Named("server"),
-	}
-	if tcpT != nil {
-		scfg.TCPData, scfg.TCPToken = tcpT.Addr(), tcpT.Token()
+		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, OpenFDs: openFDs, Log: log.Named("server"),
 	}
 	srv := server.New(scfg)
 
@@ -289,6 +282,21 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		}
 	}
 	return d, nil
+}
+
+// openFDs counts this process's open file descriptors, or 0 where
+// /proc/self/fd cannot be read; Status reports it for leak checks.
+func openFDs() uint32 {
+	f, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return 0
+	}
+	return uint32(len(names) - 1) // less the directory itself
 }
 
 // DefaultGroup owns the socket and the shm directory when --group is not given.

@@ -14,10 +14,10 @@ import (
 
 // buildVerbs constructs the RDMA transport when this build and host have one.
 func (d *Daemon) buildVerbs(in transport.Inbound) (transport.Transport, error) {
-	if d.cfg.Extra == nil {
+	if d.cfg.Verbs == nil {
 		return nil, fmt.Errorf("%w: verbs transport not built in", errs.ErrUnavailable)
 	}
-	return d.cfg.Extra(transport.Verbs, in, d.log.Named("verbs"))
+	return verbs.New(*d.cfg.Verbs, in, d.log.Named("verbs"))
 }
 
 // loadCUDA loads libcuda.so.1 at run time. Without it the daemon serves host
@@ -39,16 +39,11 @@ func loadCUDA(log hclog.Logger) (gpudirect.Interface, string) {
 	return drv, detail
 }
 
-// RegisterOptionalFlags adds the RDMA transport's flags and sets cfg to build
-// it. Without cgo, libibverbs or a device, building it fails with a reason
+// RegisterOptionalFlags adds the RDMA transport's flags and sets cfg.Verbs,
+// so the daemon builds it. Without cgo, libibverbs or a device, building it fails with a reason
 // and the daemon carries on with TCP (or refuses, under --transport verbs).
 func RegisterOptionalFlags(fs *flag.FlagSet, cfg *Config) {
 	vc := verbs.DefaultConfig()
 	vc.RegisterFlags(fs)
-	cfg.Extra = func(k transport.Kind, in transport.Inbound, log hclog.Logger) (transport.Transport, error) {
-		if k != transport.Verbs {
-			return nil, fmt.Errorf("%w: no optional transport %q", errs.ErrUnavailable, k)
-		}
-		return verbs.New(vc, in, log)
-	}
+	cfg.Verbs = &vc
 }

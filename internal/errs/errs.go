@@ -1,8 +1,8 @@
-// Package errs holds b2bd's domain errors. Library code wraps one of these
-// sentinels with its cause (%w); the gRPC boundary maps them to status codes
-// in one place, ToStatus/Code: the outermost class in the wrap tree wins, and
-// at BatchTransfer the caller's own deadline or cancellation wins over all
-// (ForCaller).
+// Package errs holds b2bd's domain errors, free of gRPC. Library code wraps
+// one of these sentinels with its cause (%w); Class says which class an error
+// is (the outermost class in the wrap tree wins), and at BatchTransfer the
+// caller's own deadline or cancellation wins over all (ForCaller). The gRPC
+// boundary maps classes to status codes in one place, internal/errs/grpcstatus.
 package errs
 
 import "errors"

@@ -3,11 +3,18 @@
 // and what it missed is counted and reported with its next notification.
 package notify
 
-import (
-	"sync"
+import "sync"
 
-	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
-)
+// Notification is a batch's notification as its destination's watchers get
+// it (the wire type, b2bv1.Notification, is made from it at the RPC layer).
+type Notification struct {
+	Region       string // the export name the batch was sent to
+	Sender       string // the sending daemon's node name
+	Notification []byte
+	Blocks       uint64
+	Bytes        uint64
+	Dropped      uint64 // notifications this watcher missed before this one
+}
 
 // QueueLen is how many notifications a watcher may fall behind.
 const QueueLen = 1024
@@ -20,7 +27,7 @@ type Hub struct {
 
 // Watcher receives one region's notifications.
 type Watcher struct {
-	C       chan *b2bv1.Notification
+	C       chan Notification
 	region  string
 	mu      sync.Mutex
 	dropped uint64
@@ -28,7 +35,7 @@ type Watcher struct {
 
 // Subscribe starts watching regionID; call Unsubscribe when done.
 func (h *Hub) Subscribe(regionID string) *Watcher {
-	w := &Watcher{C: make(chan *b2bv1.Notification, QueueLen), region: regionID}
+	w := &Watcher{C: make(chan Notification, QueueLen), region: regionID}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.watchers == nil {
@@ -52,17 +59,14 @@ func (h *Hub) Unsubscribe(w *Watcher) {
 }
 
 // Publish queues n for every watcher of regionID and returns how many got it.
-func (h *Hub) Publish(regionID string, n *b2bv1.Notification) int {
+func (h *Hub) Publish(regionID string, n Notification) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delivered := 0
 	for w := range h.watchers[regionID] {
 		w.mu.Lock()
 		m := n
-		if w.dropped > 0 {
-			m = &b2bv1.Notification{Region: n.Region, Sender: n.Sender, Notification: n.Notification,
-				Blocks: n.Blocks, Bytes: n.Bytes, Dropped: w.dropped}
-		}
+		m.Dropped = w.dropped
 		select {
 		case w.C <- m:
 			w.dropped = 0

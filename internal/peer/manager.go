@@ -17,6 +17,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -52,9 +53,13 @@ type state struct {
 
 // resolution is a cached ResolveRegion answer.
 type resolution struct {
-	r  *b2bv1.ResolveRegionResponse
+	r  Resolved
 	at time.Time
 }
+
+// Resolved is a peer's export name resolved: its size and its key with each
+// transport it is registered with.
+type Resolved = transport.Resolution
 
 // resolveTTL bounds how long a resolution is reused: within it a batch pays
 // no resolve round trip; after it an un-exported or re-permissioned region is
@@ -76,15 +81,7 @@ func New(self *b2bv1.HandshakeRequest, ts []transport.Transport, log hclog.Logge
 }
 
 // Session is what a batch needs from a peer.
-type Session struct {
-	Kind    transport.Kind
-	Conn    transport.Conn
-	Control b2bv1.PeerClient
-	Name    string // the peer's node name
-	// Reused: Conn existed before this Get, so it may have died unnoticed
-	// with an idle peer (restarted, or its link flapped).
-	Reused bool
-}
+type Session = transport.Session
 
 // Get returns a data connection to addr over transport want ("" = verbs when
 // both sides have it, else TCP), connecting and handshaking as needed.
@@ -131,7 +128,7 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 	}
 	reused := c != nil
 	if c == nil {
-		c, err = m.transports[kind].Connect(ctx, transport.Peer{Address: addr, Handshake: st.hs, Control: st.client})
+		c, err = m.transports[kind].Connect(ctx, peerOf(addr, st.hs, st.client))
 		if err != nil {
 			// The peer may have restarted with a new token or QP state:
 			// handshake afresh next time.
@@ -141,7 +138,7 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 		st.conns[kind] = c
 		m.log.Info("data path connected", "peer", addr, "transport", kind)
 	}
-	return Session{Kind: kind, Conn: c, Control: st.client, Name: st.hs.GetNodeName(), Reused: reused}, nil
+	return Session{Kind: kind, Conn: c, Name: st.hs.GetNodeName(), Reused: reused}, nil
 }
 
 // Broken tells the manager that a batch on s failed in a way that leaves the
@@ -197,7 +194,7 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		// A restarted peer should be reachable at the next batch, not after
 		// gRPC's exponential reconnect backoff.
 		st.cc.ResetConnectBackoff()
-		err = errs.FromStatus(err)
+		err = fromRPC(ctx, err)
 		return fmt.Errorf("peer %s: handshake: %w", st.addr, err)
 	}
 	if hs.GetProtocolVersion() != ProtocolVersion {
@@ -241,27 +238,56 @@ func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error)
 // Resolve returns the peer's export name resolved to its size and keys,
 // from the cache when it can; cached says which, so a caller whose batch is
 // refused for a stale key knows a fresh resolution may help.
-func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name string) (r *b2bv1.ResolveRegionResponse, cached bool, err error) {
+func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name string) (r Resolved, cached bool, err error) {
 	m.mu.Lock()
 	st := m.peers[addr]
 	m.mu.Unlock()
 	if st == nil {
-		return nil, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
+		return r, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
 	}
 	st.mu.Lock()
 	c, ok := st.resolved[name]
+	ctl := st.client
 	st.mu.Unlock()
 	if ok && time.Since(c.at) < resolveTTL {
 		return c.r, true, nil
 	}
-	r, err = s.Control.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
-	if err != nil {
-		return nil, false, errs.FromStatus(err)
+	if ctl == nil {
+		return r, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
 	}
+	resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
+	if err != nil {
+		return r, false, fromRPC(ctx, err)
+	}
+	r = resolvedFromProto(resp)
 	st.mu.Lock()
 	st.resolved[name] = resolution{r: r, at: time.Now()}
 	st.mu.Unlock()
 	return r, false, nil
+}
+
+// Notify hands n to the peer at addr (Peer.Notify), for its watchers.
+func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification) error {
+	ctl := m.client(addr)
+	if ctl == nil {
+		return fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
+	}
+	_, err := ctl.Notify(ctx, &b2bv1.NotifyRequest{Region: n.Region, Sender: n.Sender,
+		Notification: n.Notification, Blocks: n.Blocks, Bytes: n.Bytes})
+	return fromRPC(ctx, err)
+}
+
+// client is the peer's control-plane client, nil when it has none.
+func (m *Manager) client(addr string) b2bv1.PeerClient {
+	m.mu.Lock()
+	st := m.peers[addr]
+	m.mu.Unlock()
+	if st == nil {
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.client
 }
 
 // Forget drops a cached resolution.

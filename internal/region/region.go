@@ -81,6 +81,9 @@ type Config struct {
 	CUDA       CUDA   // nil on hosts without a usable GPU
 	CUDAWhy    string // why CUDA is nil, for error messages
 	Log        hclog.Logger
+	// Pins is the key index the transports' receiving sides pin through,
+	// made before them (NewPins); nil: New makes one. One registry per Pins.
+	Pins *Pins
 	// Group is the gid that owns ShmDir (the b2bd group), whose members may
 	// map their regions and create files to import there; 0: no group.
 	Group int
@@ -99,12 +102,27 @@ type Registry struct {
 	instance string   // this daemon instance's random ID: its files are b2bd-<instance>-*
 	lock     *os.File // .b2bd-<instance>.lock, flocked for the daemon's lifetime
 	lockPath string
-	mu       sync.Mutex
+	mu       *sync.Mutex // pins.mu: one lock for the regions and their keys
+	pins     *Pins
 	seq      uint64
 	byID     map[string]*Region
 	byName   map[string]*Region
-	byKey    map[keyRef]*Region
+	byKey    map[keyRef]*Region // pins.byKey
 }
+
+// Pins is the index of live registrations by transport key: the receiving
+// side of every transport pins its destination through it
+// (transport.Inbound's Pin). The daemon makes it first and hands it to the
+// transports and then to the registry (Config.Pins), which fills it in as
+// regions are registered, so neither needs the other to exist first and
+// nothing is bound after construction. It shares the registry's lock.
+type Pins struct {
+	mu    sync.Mutex
+	byKey map[keyRef]*Region
+}
+
+// NewPins returns an empty key index.
+func NewPins() *Pins { return &Pins{byKey: map[keyRef]*Region{}} }
 
 type keyRef struct {
 	k   transport.Kind
@@ -125,7 +143,10 @@ func New(cfg Config) (*Registry, error) {
 		return nil, fmt.Errorf("region: resolve shm dir %s: %w", cfg.ShmDir, err)
 	}
 	cfg.ShmDir = dir
-	g := &Registry{cfg: cfg, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: map[keyRef]*Region{}}
+	if cfg.Pins == nil {
+		cfg.Pins = NewPins()
+	}
+	g := &Registry{cfg: cfg, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey}
 	if err := g.lockInstance(); err != nil {
 		return nil, err
 	}
@@ -707,12 +728,17 @@ func (g *Registry) Lookup(name, peer string) (*Region, func(), error) {
 	return r, func() { g.done(r) }, nil
 }
 
-// Pin implements transport.Inbound: the receiving side of a transport holds
-// the destination while it places bytes.
+// Pin is Pins.Pin on the registry's key index.
 func (g *Registry) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	r, ok := g.byKey[keyRef{k, key}]
+	return g.pins.Pin(k, key)
+}
+
+// Pin implements transport.Inbound's Pin: the receiving side of a transport
+// holds the destination while it places bytes.
+func (p *Pins) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.byKey[keyRef{k, key}]
 	if !ok || r.closing {
 		return memory.Memory{}, nil, fmt.Errorf("%w: no live %s registration has key %#x (deregistered?)", errs.ErrNotFound, k, key)
 	}
@@ -722,7 +748,13 @@ func (g *Registry) Pin(k transport.Kind, key uint64) (memory.Memory, func(), err
 		return memory.Memory{}, nil, fmt.Errorf("%w: region %s is no longer exported", errs.ErrNotFound, r.ID)
 	}
 	r.active++
-	return r.Mem, func() { g.done(r) }, nil
+	return r.Mem, func() { p.done(r) }, nil
+}
+
+func (p *Pins) done(r *Region) {
+	p.mu.Lock()
+	r.active--
+	p.mu.Unlock()
 }
 
 func (g *Registry) done(r *Region) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/gpudirect/cudatest"
-	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/memory"
 )
 
@@ -44,7 +44,7 @@ func TestDomainError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got := DomainError(tt.err)
-			if c := errs.Code(got); c != tt.want {
+			if c := grpcstatus.Code(got); c != tt.want {
 				t.Errorf("Code(%v) = %v, want %v", got, c, tt.want)
 			}
 			if got.Error() != tt.err.Error() {
@@ -76,12 +76,12 @@ func TestRegionsAdapter(t *testing.T) {
 	if err != nil || imp.Addr == 0 || imp.Len != 100 {
 		t.Fatalf("Import = %+v, %v", imp, err)
 	}
-	if _, _, err := r.Import(0, h[:10], 0, 1); errs.Code(err) != codes.InvalidArgument {
-		t.Fatalf("Import(short handle) = %v (%v)", err, errs.Code(err))
+	if _, _, err := r.Import(0, h[:10], 0, 1); grpcstatus.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Import(short handle) = %v (%v)", err, grpcstatus.Code(err))
 	}
 	m.FailNextResult("MemAlloc", gpudirect.ErrorOutOfMemory)
-	if _, _, _, err := r.Alloc(0, 4096); errs.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("Alloc(out of memory) = %v (%v)", err, errs.Code(err))
+	if _, _, _, err := r.Alloc(0, 4096); grpcstatus.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Alloc(out of memory) = %v (%v)", err, grpcstatus.Code(err))
 	}
 	for _, f := range []func() error{release, release, free, free} {
 		if err := f(); err != nil {

@@ -10,7 +10,6 @@ import (
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/memory"
-	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // Kind names a transport.
@@ -53,13 +52,108 @@ type RemoteRegion struct {
 	Key  RemoteKey
 }
 
-// Peer is a remote daemon after a successful handshake.
+// Peer is a remote daemon after a successful handshake, as the transports
+// need it: what it advertised, and its control plane for set-up that a
+// transport does over it (Signal). No wire types: internal/peer converts.
 type Peer struct {
-	Address   string // the peer's control-plane address, host:port
-	Handshake *b2bv1.HandshakeResponse
-	// Control is the peer's gRPC service, for transport-specific set-up
-	// (ConnectVerbs).
-	Control b2bv1.PeerClient
+	Address string // the peer's control-plane address, host:port
+	Node    string // the peer's node name
+	// TCP is the peer's TCP data listener and session token; zero when it
+	// offers none.
+	TCP TCPEndpoint
+	// Signal carries transport-specific set-up over the peer's control
+	// plane (ConnectVerbs, DisconnectVerbs); nil where there is none.
+	Signal Signal
+}
+
+// TCPEndpoint is what a peer advertises for its TCP data plane.
+type TCPEndpoint struct {
+	Addr  string // host:port; a wildcard host means the peer's control-plane host
+	Token []byte // the session token a data stream presents (16 bytes)
+}
+
+// Advert is what a transport advertises about itself: to peers in the
+// handshake (TCP's data endpoint) and in the daemon's Status (Detail).
+type Advert struct {
+	Kind   Kind
+	Detail string      // device, port, GID or listener, for Status
+	TCP    TCPEndpoint // TCP: the data listener and session token; zero otherwise
+}
+
+// Advertiser is implemented by transports that advertise parameters.
+type Advertiser interface {
+	Advertise() Advert
+}
+
+// Signal is a peer's control plane as the transports use it. Errors carry
+// internal/errs classes (a peer's NotFound stays NotFound, an unreachable
+// peer is ErrUnavailable).
+type Signal interface {
+	// ConnectVerbs hands the peer our half of a verbs connection and returns
+	// its half (Peer.ConnectVerbs).
+	ConnectVerbs(ctx context.Context, req VerbsConnect) (VerbsAccept, error)
+	// DisconnectVerbs asks the peer to drop the receiving half of connection
+	// id made by node (Peer.DisconnectVerbs).
+	DisconnectVerbs(ctx context.Context, node string, id uint64) error
+}
+
+// VerbsAcceptor is the receiving half of verbs connection set-up, served by
+// the verbs transport behind the Peer service.
+type VerbsAcceptor interface {
+	AcceptVerbs(ctx context.Context, req VerbsConnect) (VerbsAccept, error)
+	// DisconnectVerbs drops the receiving half of a sender's connection;
+	// false when there is none.
+	DisconnectVerbs(node string, id uint64) bool
+}
+
+// VerbsPort describes one side's RDMA port for connection set-up.
+type VerbsPort struct {
+	GID       []byte // 16 bytes
+	GIDIndex  uint32
+	LID       uint32
+	ActiveMTU uint32 // bytes
+	LinkLayer string
+	Device    string
+}
+
+// VerbsEndpoint is one QP's half of an RC connection.
+type VerbsEndpoint struct {
+	QPN, PSN uint32
+}
+
+// VerbsConnect is a sender's half of a verbs connection.
+type VerbsConnect struct {
+	Node      string // the sender's node name
+	Port      VerbsPort
+	ConnID    uint64
+	Endpoints []VerbsEndpoint
+}
+
+// VerbsAccept is the receiver's half: its port, the path MTU it chose, and
+// one endpoint per sender endpoint.
+type VerbsAccept struct {
+	Port      VerbsPort
+	PathMTU   uint32 // bytes
+	Endpoints []VerbsEndpoint
+}
+
+// Session is a live data path to one peer, as the peer manager hands it out
+// for a batch.
+type Session struct {
+	Kind Kind
+	Conn Conn
+	Name string // the peer's node name
+	// Reused: Conn existed before this session was handed out, so it may
+	// have died unnoticed with an idle peer (restarted, or its link flapped).
+	Reused bool
+}
+
+// Resolution is a peer's export name resolved over the control plane: its
+// size and its key with each transport it is registered with.
+type Resolution struct {
+	Name string
+	Size uint64
+	Keys map[Kind]RemoteKey
 }
 
 // Stats describes how a batch went on the wire.

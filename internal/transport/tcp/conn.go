@@ -23,11 +23,10 @@ import (
 
 // Connect dials the peer's data listener with Config.Streams connections.
 func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Conn, error) {
-	hs := p.Handshake
-	if hs == nil || hs.GetTcpDataAddress() == "" || len(hs.GetSessionToken()) != 16 {
+	if p.TCP.Addr == "" || len(p.TCP.Token) != 16 {
 		return nil, fmt.Errorf("%w: tcp: peer %s offered no TCP data address or session token", errs.ErrUnavailable, p.Address)
 	}
-	addr, err := dataAddress(p.Address, hs.GetTcpDataAddress())
+	addr, err := dataAddress(p.Address, p.TCP.Addr)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +52,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		}
 		s := newStream(c, nc, t.cfg.FrameBytes)
 		c.streams = append(c.streams, s)
-		if err := s.hello(ctx, hs.GetSessionToken(), c.id, t.cfg.Streams, i); err != nil {
+		if err := s.hello(ctx, p.TCP.Token, c.id, t.cfg.Streams, i); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("%w: tcp: hello on data stream %d to %s: %w", errs.ErrUnavailable, i, addr, err)
 		}

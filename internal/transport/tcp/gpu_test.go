@@ -13,7 +13,6 @@ import (
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
-	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // TestGPUToGPU stages GPU blocks through pinned buffers on both sides (on the
@@ -53,7 +52,7 @@ func TestGPUToGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.regs[dreg.Key().Key] = dstMem
-	c, err := a.Connect(context.Background(), transport.Peer{Handshake: &b2bv1.HandshakeResponse{TcpDataAddress: b.Addr(), SessionToken: b.Token()}})
+	c, err := a.Connect(context.Background(), transport.Peer{TCP: transport.TCPEndpoint{Addr: b.Addr(), Token: b.Token()}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,6 +131,11 @@ func (t *Transport) Addr() string { return t.ln.Addr().String() }
 // completed one.
 func (t *Transport) Token() []byte { return t.token[:] }
 
+// Advertise tells peers (handshake) the data listener and session token.
+func (t *Transport) Advertise() transport.Advert {
+	return transport.Advert{Kind: transport.TCP, Detail: "data listener " + t.Addr(), TCP: transport.TCPEndpoint{Addr: t.Addr(), Token: t.Token()}}
+}
+
 // Close stops the listener and every inbound connection, and waits for them.
 func (t *Transport) Close() error {
 	t.mu.Lock()

@@ -18,7 +18,6 @@ import (
 	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
-	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // keyed is a minimal Inbound: registrations by key.
@@ -89,7 +88,7 @@ func newPair(t testing.TB, size int, streams int) *pair {
 	p.in.regs[dreg.Key().Key] = p.dstMem
 	p.dst = transport.RemoteRegion{Name: "d", Size: uint64(size), Key: dreg.Key()}
 	p.conn, err = p.a.Connect(context.Background(), transport.Peer{Address: "127.0.0.1:1",
-		Handshake: &b2bv1.HandshakeResponse{TcpDataAddress: p.b.Addr(), SessionToken: p.b.Token()}})
+		TCP: transport.TCPEndpoint{Addr: p.b.Addr(), Token: p.b.Token()}})
 	if err != nil {
 		t.Fatal(err)
 	}

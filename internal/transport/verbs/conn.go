@@ -13,7 +13,6 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
-	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 	ibv "github.com/b2bd/b2bd/verbs"
 )
 
@@ -86,7 +85,7 @@ type qpSet struct {
 	rangeOn  []bool
 	ctlMem   *ibv.HostMem // the meta/bye message buffer (C memory)
 	ctlMR    *ibv.MR
-	ctl      b2bv1.PeerClient // the peer's control plane, for DisconnectVerbs
+	ctl      transport.Signal // the peer's control plane, for DisconnectVerbs
 	lastAck  atomic.Uint32
 	ackSig   chan struct{}
 	credSig  chan struct{}
@@ -168,19 +167,19 @@ func (t *Transport) newSet(n int, sender bool, peer string, id uint64) (_ *qpSet
 }
 
 // connect moves every QP INIT → RTR → RTS against the peer's endpoints.
-func (s *qpSet) connect(peer *b2bv1.VerbsPort, eps []*b2bv1.VerbsEndpoint, mtu ibv.MTU) error {
+func (s *qpSet) connect(peer transport.VerbsPort, eps []transport.VerbsEndpoint, mtu ibv.MTU) error {
 	t := s.t
 	// RoCE routes by GRH (GID); InfiniBand within a subnet by LID.
 	global := t.port.LinkLayer != ibv.LinkInfiniBand
 	for k, q := range s.qps {
 		ep := eps[k]
-		if ep == nil || ep.GetQpNum() == 0 {
+		if ep.QPN == 0 {
 			return fmt.Errorf("endpoint %d has no QP number: %w", k, errs.ErrInvalidArgument)
 		}
 		err := q.qp.ToRTR(ibv.RTRAttr{
-			Port: t.cfg.Port, RemoteQPN: ep.GetQpNum(), RemotePSN: ep.GetPsn(), MTU: mtu,
-			Global: global, RemoteGID: toGID(peer.GetGid()), GIDIndex: t.gid.Index,
-			RemoteLID: uint16(peer.GetLid()), MinRNRTimer: 12,
+			Port: t.cfg.Port, RemoteQPN: ep.QPN, RemotePSN: ep.PSN, MTU: mtu,
+			Global: global, RemoteGID: toGID(peer.GID), GIDIndex: t.gid.Index,
+			RemoteLID: uint16(peer.LID), MinRNRTimer: 12,
 		})
 		if err != nil {
 			return err

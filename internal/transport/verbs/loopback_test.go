@@ -20,31 +20,27 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc"
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
-	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
-// fakePeer routes ConnectVerbs to a local Transport; the other Peer RPCs
-// are not used by the transport (the embedded nil interface stands in).
+// fakePeer routes ConnectVerbs to a local Transport.
 type fakePeer struct {
-	b2bv1.PeerClient
 	t *Transport
 }
 
-func (f fakePeer) ConnectVerbs(ctx context.Context, in *b2bv1.ConnectVerbsRequest, _ ...grpc.CallOption) (*b2bv1.ConnectVerbsResponse, error) {
+func (f fakePeer) ConnectVerbs(ctx context.Context, in transport.VerbsConnect) (transport.VerbsAccept, error) {
 	return f.t.AcceptVerbs(ctx, in)
 }
 
 // DisconnectVerbs: a sender whose QPs are in error (a cut-off batch) tells
 // the receiver over the control plane.
-func (f fakePeer) DisconnectVerbs(ctx context.Context, in *b2bv1.DisconnectVerbsRequest, _ ...grpc.CallOption) (*b2bv1.DisconnectVerbsResponse, error) {
-	f.t.DisconnectVerbs(in.GetNodeName(), in.GetConnectionId())
-	return &b2bv1.DisconnectVerbsResponse{}, nil
+func (f fakePeer) DisconnectVerbs(ctx context.Context, node string, id uint64) error {
+	f.t.DisconnectVerbs(node, id)
+	return nil
 }
 
 // inbound counts landed batches and pins. Its release func is made once,
@@ -133,7 +129,7 @@ func (p *pair) connect(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := p.a.Connect(ctx, transport.Peer{Address: "loopback", Control: fakePeer{t: p.b}})
+	c, err := p.a.Connect(ctx, transport.Peer{Address: "loopback", Signal: fakePeer{t: p.b}})
 	if err != nil {
 		t.Fatal(err)
 	}

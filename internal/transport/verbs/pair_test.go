@@ -36,15 +36,11 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
-	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 const pairPort = "18600"
@@ -148,15 +144,15 @@ func pairReceiver(t *testing.T, dev string, region uint64, log hclog.Logger) {
 		reply := pairMsg{Op: m.Op}
 		switch m.Op {
 		case "connect":
-			var req b2bv1.ConnectVerbsRequest
-			if err := proto.Unmarshal(m.Payload, &req); err != nil {
+			var req transport.VerbsConnect
+			if err := json.Unmarshal(m.Payload, &req); err != nil {
 				t.Fatal(err)
 			}
-			resp, err := tr.AcceptVerbs(context.Background(), &req)
+			resp, err := tr.AcceptVerbs(context.Background(), req)
 			if err != nil {
 				reply.Err = err.Error()
 			} else {
-				reply.Payload, _ = proto.Marshal(resp)
+				reply.Payload, _ = json.Marshal(resp)
 			}
 		case "verify":
 			pairFill(m.Seed, expect)
@@ -186,9 +182,8 @@ func pairReceiver(t *testing.T, dev string, region uint64, log hclog.Logger) {
 	}
 }
 
-// sideChannel is the sender's stand-in for the Peer gRPC client.
+// sideChannel is the sender's stand-in for the peer's control plane.
 type sideChannel struct {
-	b2bv1.PeerClient
 	rd  *json.Decoder
 	enc *json.Encoder
 }
@@ -207,21 +202,21 @@ func (s *sideChannel) call(m pairMsg) (pairMsg, error) {
 	return r, nil
 }
 
-func (s *sideChannel) ConnectVerbs(ctx context.Context, in *b2bv1.ConnectVerbsRequest, _ ...grpc.CallOption) (*b2bv1.ConnectVerbsResponse, error) {
-	b, _ := proto.Marshal(in)
+func (s *sideChannel) ConnectVerbs(ctx context.Context, in transport.VerbsConnect) (transport.VerbsAccept, error) {
+	b, _ := json.Marshal(in)
 	r, err := s.call(pairMsg{Op: "connect", Payload: b})
 	if err != nil {
-		return nil, err
+		return transport.VerbsAccept{}, err
 	}
-	var resp b2bv1.ConnectVerbsResponse
-	return &resp, proto.Unmarshal(r.Payload, &resp)
+	var resp transport.VerbsAccept
+	return resp, json.Unmarshal(r.Payload, &resp)
 }
 
 // DisconnectVerbs: the side channel is strictly request/answer, so a
 // disconnect from the transport's background goroutine is not carried; the
 // receiver's keepalive frees the set instead.
-func (s *sideChannel) DisconnectVerbs(context.Context, *b2bv1.DisconnectVerbsRequest, ...grpc.CallOption) (*b2bv1.DisconnectVerbsResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "not over the pair side channel")
+func (s *sideChannel) DisconnectVerbs(context.Context, string, uint64) error {
+	return fmt.Errorf("%w: not over the pair side channel", errs.ErrUnimplemented)
 }
 
 func parsePairConfig(s string, dev string) (Config, error) {
@@ -319,7 +314,7 @@ func pairSender(t *testing.T, dev, peerIP string, region uint64, log hclog.Logge
 		if err != nil {
 			t.Fatal(err)
 		}
-		conn, err := tr.Connect(context.Background(), transport.Peer{Address: peerIP, Control: sc})
+		conn, err := tr.Connect(context.Background(), transport.Peer{Address: peerIP, Signal: sc})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -397,7 +392,7 @@ func pairDeadline(t *testing.T, cfg Config, sc *sideChannel, remote transport.Re
 	}
 	defer src.Close()
 	connect := func() transport.Conn {
-		c, err := tr.Connect(context.Background(), transport.Peer{Address: peerIP, Control: sc})
+		c, err := tr.Connect(context.Background(), transport.Peer{Address: peerIP, Signal: sc})
 		if err != nil {
 			t.Fatal(err)
 		}

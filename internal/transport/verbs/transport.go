@@ -11,13 +11,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
-	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 	ibv "github.com/b2bd/b2bd/verbs"
 )
 
@@ -272,6 +269,12 @@ func (t *Transport) Close() error {
 	return t.teardown()
 }
 
+// Advertise describes the transport for the daemon's Status; peers learn
+// its port parameters at ConnectVerbs.
+func (t *Transport) Advertise() transport.Advert {
+	return transport.Advert{Kind: transport.Verbs, Detail: t.Describe()}
+}
+
 // Describe names the device, port, GID and MTU for the daemon's Status.
 func (t *Transport) Describe() string {
 	s := fmt.Sprintf("%s port %d (%s, %s, MTU %s", t.ctx.Name(), t.cfg.Port, t.port.LinkLayer, t.port.State, t.port.ActiveMTU)
@@ -286,12 +289,21 @@ func (t *Transport) Describe() string {
 }
 
 // Port is this side's VerbsPort for ConnectVerbs.
-func (t *Transport) Port() *b2bv1.VerbsPort {
+func (t *Transport) Port() transport.VerbsPort {
 	g := t.gid.GID
-	return &b2bv1.VerbsPort{
-		Gid: g[:], GidIndex: uint32(t.gid.Index), Lid: uint32(t.port.LID),
-		ActiveMtu: uint32(t.port.ActiveMTU.Bytes()), LinkLayer: t.port.LinkLayer.String(), Device: t.ctx.Name(),
+	return transport.VerbsPort{
+		GID: g[:], GIDIndex: uint32(t.gid.Index), LID: uint32(t.port.LID),
+		ActiveMTU: uint32(t.port.ActiveMTU.Bytes()), LinkLayer: t.port.LinkLayer.String(), Device: t.ctx.Name(),
 	}
+}
+
+// endpoints are s's QPs' halves of their connections.
+func (s *qpSet) endpoints() []transport.VerbsEndpoint {
+	eps := make([]transport.VerbsEndpoint, len(s.qps))
+	for i, q := range s.qps {
+		eps[i] = transport.VerbsEndpoint{QPN: q.qp.Num(), PSN: q.psn}
+	}
+	return eps
 }
 
 // registration is memory registered with the PD. Its MR can be replaced
@@ -609,7 +621,7 @@ func (t *Transport) setByQPN(qpn uint32) *qpSet {
 // Connect creates QPsPerPeer RC QPs, exchanges endpoints with the peer over
 // its control plane (Peer.ConnectVerbs) and brings them to RTS.
 func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Conn, error) {
-	if p.Control == nil {
+	if p.Signal == nil {
 		return nil, fmt.Errorf("verbs: connect %s: no control client: %w", p.Address, errs.ErrInvalidArgument)
 	}
 	id := t.connID.Add(1)
@@ -617,26 +629,22 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if err != nil {
 		return nil, err
 	}
-	s.ctl = p.Control
-	req := &b2bv1.ConnectVerbsRequest{NodeName: t.node, Port: t.Port(), ConnectionId: id}
-	for _, q := range s.qps {
-		req.Endpoints = append(req.Endpoints, &b2bv1.VerbsEndpoint{QpNum: q.qp.Num(), Psn: q.psn})
-	}
-	resp, err := p.Control.ConnectVerbs(ctx, req)
+	s.ctl = p.Signal
+	resp, err := p.Signal.ConnectVerbs(ctx, transport.VerbsConnect{Node: t.node, Port: t.Port(), ConnID: id, Endpoints: s.endpoints()})
 	if err != nil {
 		s.destroy()
 		return nil, fmt.Errorf("verbs: ConnectVerbs to %s: %w (%w)", p.Address, err, errs.ErrUnavailable)
 	}
-	if len(resp.GetEndpoints()) != len(s.qps) {
+	if len(resp.Endpoints) != len(s.qps) {
 		s.destroy()
-		return nil, fmt.Errorf("verbs: %s answered %d endpoints for %d QPs: %w", p.Address, len(resp.GetEndpoints()), len(s.qps), errs.ErrUnavailable)
+		return nil, fmt.Errorf("verbs: %s answered %d endpoints for %d QPs: %w", p.Address, len(resp.Endpoints), len(s.qps), errs.ErrUnavailable)
 	}
-	mtu, err := t.pathMTU(resp.GetPort(), resp.GetPathMtu())
+	mtu, err := t.pathMTU(resp.Port, resp.PathMTU)
 	if err != nil {
 		s.destroy()
 		return nil, fmt.Errorf("verbs: connect %s: %w", p.Address, err)
 	}
-	if err := s.connect(resp.GetPort(), resp.GetEndpoints(), mtu); err != nil {
+	if err := s.connect(resp.Port, resp.Endpoints, mtu); err != nil {
 		s.destroy()
 		return nil, fmt.Errorf("verbs: connect %s: %w", p.Address, err)
 	}
@@ -645,40 +653,37 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		return nil, err
 	}
 	t.log.Info("verbs connection up", "peer", p.Address, "conn", id, "qps", len(s.qps), "path_mtu", mtu,
-		"remote_gid", ibv.GID(toGID(resp.GetPort().GetGid())).String())
+		"remote_gid", ibv.GID(toGID(resp.Port.GID)).String())
 	return s, nil
 }
 
 // AcceptVerbs is the receiving side of Peer.ConnectVerbs: it creates one QP
 // per sender endpoint, attached to the SRQ, brings them to RTS and returns
 // their endpoints.
-func (t *Transport) AcceptVerbs(ctx context.Context, req *b2bv1.ConnectVerbsRequest) (*b2bv1.ConnectVerbsResponse, error) {
-	n := len(req.GetEndpoints())
+func (t *Transport) AcceptVerbs(ctx context.Context, req transport.VerbsConnect) (transport.VerbsAccept, error) {
+	var none transport.VerbsAccept
+	n := len(req.Endpoints)
 	if n < 1 || n > maxQPsPerConn {
-		return nil, fmt.Errorf("verbs: ConnectVerbs from %s with %d endpoints (want 1..%d): %w", req.GetNodeName(), n, maxQPsPerConn, errs.ErrInvalidArgument)
+		return none, fmt.Errorf("verbs: ConnectVerbs from %s with %d endpoints (want 1..%d): %w", req.Node, n, maxQPsPerConn, errs.ErrInvalidArgument)
 	}
-	mtu, err := t.pathMTU(req.GetPort(), 0)
+	mtu, err := t.pathMTU(req.Port, 0)
 	if err != nil {
-		return nil, fmt.Errorf("verbs: ConnectVerbs from %s: %w", req.GetNodeName(), err)
+		return none, fmt.Errorf("verbs: ConnectVerbs from %s: %w", req.Node, err)
 	}
-	s, err := t.newSet(n, false, req.GetNodeName(), req.GetConnectionId())
+	s, err := t.newSet(n, false, req.Node, req.ConnID)
 	if err != nil {
-		return nil, err
+		return none, err
 	}
-	if err := s.connect(req.GetPort(), req.GetEndpoints(), mtu); err != nil {
+	if err := s.connect(req.Port, req.Endpoints, mtu); err != nil {
 		s.destroy()
-		return nil, fmt.Errorf("verbs: ConnectVerbs from %s: %w", req.GetNodeName(), err)
+		return none, fmt.Errorf("verbs: ConnectVerbs from %s: %w", req.Node, err)
 	}
 	if err := t.attach(s); err != nil {
 		s.destroy()
-		return nil, err
+		return none, err
 	}
-	resp := &b2bv1.ConnectVerbsResponse{Port: t.Port(), PathMtu: uint32(mtu.Bytes())}
-	for _, q := range s.qps {
-		resp.Endpoints = append(resp.Endpoints, &b2bv1.VerbsEndpoint{QpNum: q.qp.Num(), Psn: q.psn})
-	}
-	t.log.Info("verbs connection accepted", "peer", req.GetNodeName(), "conn", req.GetConnectionId(), "qps", n, "path_mtu", mtu)
-	return resp, nil
+	t.log.Info("verbs connection accepted", "peer", req.Node, "conn", req.ConnID, "qps", n, "path_mtu", mtu)
+	return transport.VerbsAccept{Port: t.Port(), PathMTU: uint32(mtu.Bytes()), Endpoints: s.endpoints()}, nil
 }
 
 // DisconnectVerbs is the receiving side of Peer.DisconnectVerbs: it drops
@@ -705,16 +710,16 @@ func (t *Transport) DisconnectVerbs(node string, id uint64) bool {
 // is unreachable (link down, daemon restarting) it retries in the
 // background, for at most a keepalive period: by then the receiver's
 // keepalive has freed the set anyway.
-func (t *Transport) disconnect(ctl b2bv1.PeerClient, peer string, id uint64) {
+func (t *Transport) disconnect(ctl transport.Signal, peer string, id uint64) {
 	t.bg.Add(1)
 	go func() {
 		defer t.bg.Done()
 		deadline := time.Now().Add(t.cfg.KeepAlive)
 		for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_, err := ctl.DisconnectVerbs(ctx, &b2bv1.DisconnectVerbsRequest{NodeName: t.node, ConnectionId: id})
+			err := ctl.DisconnectVerbs(ctx, t.node, id)
 			cancel()
-			if c := status.Code(err); c != codes.Unavailable && c != codes.DeadlineExceeded {
+			if c := errs.Class(err); c != errs.ErrUnavailable && c != context.DeadlineExceeded {
 				if err != nil {
 					t.log.Debug("verbs disconnect over the control plane", "peer", peer, "conn", id, "error", err)
 				}
@@ -735,16 +740,16 @@ func (t *Transport) disconnect(ctl b2bv1.PeerClient, peer string, id uint64) {
 
 // pathMTU is the smaller of both active MTUs (and of the peer's decision,
 // when it made one); link layers must match.
-func (t *Transport) pathMTU(peer *b2bv1.VerbsPort, decided uint32) (ibv.MTU, error) {
-	if peer == nil || len(peer.GetGid()) != 16 {
+func (t *Transport) pathMTU(peer transport.VerbsPort, decided uint32) (ibv.MTU, error) {
+	if len(peer.GID) != 16 {
 		return 0, fmt.Errorf("peer port description missing or GID not 16 bytes: %w", errs.ErrInvalidArgument)
 	}
-	if peer.GetLinkLayer() != t.port.LinkLayer.String() {
-		return 0, fmt.Errorf("link layers differ: local %s, peer %s: %w", t.port.LinkLayer, peer.GetLinkLayer(), errs.ErrInvalidArgument)
+	if peer.LinkLayer != t.port.LinkLayer.String() {
+		return 0, fmt.Errorf("link layers differ: local %s, peer %s: %w", t.port.LinkLayer, peer.LinkLayer, errs.ErrInvalidArgument)
 	}
-	theirs, ok := ibv.MTUFromBytes(int(peer.GetActiveMtu()))
+	theirs, ok := ibv.MTUFromBytes(int(peer.ActiveMTU))
 	if !ok {
-		return 0, fmt.Errorf("peer active MTU %d is not 256..4096: %w", peer.GetActiveMtu(), errs.ErrInvalidArgument)
+		return 0, fmt.Errorf("peer active MTU %d is not 256..4096: %w", peer.ActiveMTU, errs.ErrInvalidArgument)
 	}
 	m := min(t.port.ActiveMTU, theirs)
 	if decided != 0 {

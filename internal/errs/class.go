@@ -5,24 +5,28 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
-// ToStatus is the one place where domain errors become gRPC statuses. The
-// message is the wrapped error's text, which names the field and the limit.
-func ToStatus(err error) error {
-	if err == nil {
-		return nil
-	}
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	return status.Error(Code(err), err.Error())
+// Classes are the domain classes, in the order an error that claims several
+// (through an Is method) is classified: the first it matches wins. The gRPC
+// mapping (internal/errs/grpcstatus) gives each one code.
+var Classes = []error{
+	context.DeadlineExceeded,
+	context.Canceled,
+	ErrInvalidArgument,
+	ErrNotFound,
+	ErrAlreadyExists,
+	ErrFailedPrecondition,
+	ErrResourceExhausted,
+	ErrPermissionDenied,
+	ErrUnimplemented,
+	ErrDataLoss,
+	ErrAborted,
+	ErrUnavailable,
 }
 
-// Code classifies err. The rule, in one place:
+// Class classifies err: the class (one of Classes) it belongs to, or nil for
+// an error of no class. The rule, in one place:
 //
 //   - The outermost domain class in err's wrap tree wins. The tree is walked
 //     breadth-first from err itself, following Unwrap() error and the
@@ -32,11 +36,9 @@ func ToStatus(err error) error {
 //   - context.DeadlineExceeded and context.Canceled are classes like the
 //     others here; ForCaller makes the caller's own deadline or cancellation
 //     win over everything at the RPC boundary.
-//
-// An error without any class is Internal.
-func Code(err error) codes.Code {
+func Class(err error) error {
 	if err == nil {
-		return codes.OK
+		return nil
 	}
 	// Breadth-first, outermost first; a small fixed queue covers every
 	// realistic chain without allocating, and deeper trees fall back to a
@@ -45,7 +47,7 @@ func Code(err error) codes.Code {
 	queue := append(buf[:0], err)
 	for i := 0; i < len(queue) && i < maxWalk; i++ {
 		e := queue[i]
-		if c, ok := classOf(e); ok {
+		if c := classOf(e); c != nil {
 			return c
 		}
 		switch u := e.(type) {
@@ -61,23 +63,23 @@ func Code(err error) codes.Code {
 			}
 		}
 	}
-	return codes.Internal
+	return nil
 }
 
-// maxWalk bounds Code's walk, against a pathological (or cyclic) tree.
+// maxWalk bounds Class's walk, against a pathological (or cyclic) tree.
 const maxWalk = 1024
 
 // classOf says whether e itself (not what it wraps) is one of the classes.
-func classOf(e error) (codes.Code, bool) {
-	for _, m := range codeMap {
-		if e == m.err {
-			return m.code, true
+func classOf(e error) error {
+	for _, c := range Classes {
+		if e == c {
+			return c
 		}
-		if x, ok := e.(interface{ Is(error) bool }); ok && x.Is(m.err) {
-			return m.code, true
+		if x, ok := e.(interface{ Is(error) bool }); ok && x.Is(c) {
+			return c
 		}
 	}
-	return 0, false
+	return nil
 }
 
 // ForCaller applies the caller rule at an RPC boundary: when the caller's
@@ -85,7 +87,7 @@ func classOf(e error) (codes.Code, bool) {
 // outcome (DeadlineExceeded or Canceled), whatever the failure looked like
 // on the way (a dial or read cut off by the deadline shows as an i/o
 // timeout, a peer as Unavailable); the message keeps the cause. Otherwise
-// err is returned unchanged and Code's outermost-class rule applies.
+// err is returned unchanged and Class's outermost-class rule applies.
 func ForCaller(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
@@ -101,51 +103,19 @@ func ForCaller(ctx context.Context, err error) error {
 		}
 		ce = context.DeadlineExceeded
 	}
-	want := codes.Canceled
+	want := context.Canceled
 	if errors.Is(ce, context.DeadlineExceeded) {
-		want = codes.DeadlineExceeded
+		want = context.DeadlineExceeded
 	}
-	if Code(err) == want {
+	if Class(err) == want {
 		return err
 	}
 	return fmt.Errorf("%w: %w", ce, err)
 }
 
-var codeMap = []struct {
-	err  error
-	code codes.Code
-}{
-	{context.DeadlineExceeded, codes.DeadlineExceeded},
-	{context.Canceled, codes.Canceled},
-	{ErrInvalidArgument, codes.InvalidArgument},
-	{ErrNotFound, codes.NotFound},
-	{ErrAlreadyExists, codes.AlreadyExists},
-	{ErrFailedPrecondition, codes.FailedPrecondition},
-	{ErrResourceExhausted, codes.ResourceExhausted},
-	{ErrPermissionDenied, codes.PermissionDenied},
-	{ErrUnimplemented, codes.Unimplemented},
-	{ErrDataLoss, codes.DataLoss},
-	{ErrAborted, codes.Aborted},
-	{ErrUnavailable, codes.Unavailable},
-}
-
-// FromStatus turns a peer's gRPC status back into a domain error, so that a
-// NotFound from the destination daemon stays NotFound for our caller.
-func FromStatus(err error) error {
-	st, ok := status.FromError(err)
-	if !ok {
-		return err
-	}
-	for _, m := range codeMap {
-		if m.code == st.Code() {
-			return wrapped{m.err, st.Message()}
-		}
-	}
-	if st.Code() == codes.Unknown || st.Code() == codes.Internal {
-		return wrapped{ErrAborted, st.Message()}
-	}
-	return wrapped{ErrUnavailable, st.Message()}
-}
+// Wrap returns an error whose text is msg and whose class is class; for
+// errors that come back from a peer, whose text is the peer's.
+func Wrap(class error, msg string) error { return wrapped{class, msg} }
 
 type wrapped struct {
 	kind error

@@ -1,0 +1,326 @@
+// Package batch owns a batch from its decoded descriptors to "landed and
+// notified": the source region, descriptor validation and merging, the
+// peer's data path and the destination's key, the retry policy, and the
+// notification. The RPC layer (server/) only converts and maps errors.
+//
+// A batch is planned once (Plan: validated, merged, the source held) and run
+// (Run: resolve, write, notify); Transfer is both, for BatchTransfer. The
+// split is shaped for prepared transfers, one plan posted many times.
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memguard"
+	"github.com/b2bd/b2bd/internal/notify"
+	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// MaxNotification bounds a batch's notification.
+const MaxNotification = 4096
+
+// Peers is the peer manager (internal/peer's Manager, over gRPC) as a batch
+// uses it; this package sees no wire types.
+type Peers interface {
+	// Get returns a data path to addr over want ("" = the best in common).
+	Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error)
+	// Resolve resolves the peer's export name; cached says it came from
+	// the cache (and may be stale).
+	Resolve(ctx context.Context, addr string, s transport.Session, name string) (transport.Resolution, bool, error)
+	// Forget drops a cached resolution.
+	Forget(addr, name string)
+	// Broken drops s's connection and what the manager knows of the peer.
+	Broken(addr string, s transport.Session)
+	// Notify hands a landed batch's notification to the peer.
+	Notify(ctx context.Context, addr string, n notify.Notification) error
+}
+
+// Counters are the daemon's batch statistics.
+type Counters struct {
+	BatchesSent, BatchesReceived, BatchesFailed atomic.Uint64
+	BytesSent, BytesReceived                    atomic.Uint64
+}
+
+// Config is what the batch service needs from the daemon.
+type Config struct {
+	NodeName       string // sent with notifications
+	Registry       *region.Registry
+	Peers          Peers
+	MaxDescriptors int
+	DefaultTimeout time.Duration // a batch's deadline when its caller set none
+	Counters       *Counters
+	Log            hclog.Logger
+}
+
+// Service sends batches.
+type Service struct {
+	cfg Config
+}
+
+// New fills cfg's defaults and returns the service.
+func New(cfg Config) *Service {
+	if cfg.MaxDescriptors <= 0 {
+		cfg.MaxDescriptors = desc.DefaultMaxBlocks
+	}
+	if cfg.DefaultTimeout <= 0 {
+		cfg.DefaultTimeout = time.Minute
+	}
+	if cfg.Counters == nil {
+		cfg.Counters = &Counters{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = hclog.NewNullLogger()
+	}
+	return &Service{cfg: cfg}
+}
+
+// Counters returns the service's counters.
+func (s *Service) Counters() *Counters { return s.cfg.Counters }
+
+// MaxDescriptors is the most blocks a batch may have.
+func (s *Service) MaxDescriptors() int { return s.cfg.MaxDescriptors }
+
+// Request is one batch as the caller gave it.
+type Request struct {
+	Src    string        // the source region's ID
+	Caller region.Caller // who asks: the source region must be theirs
+	Peer   string        // the destination daemon's peer address
+	Dst    string        // the destination region's export name
+	// Transport forces a transport; "" lets the peer manager choose.
+	Transport transport.Kind
+	// BadTransport is set by the RPC layer when the wire value names no
+	// transport; it is reported after the field checks.
+	BadTransport error
+	Descriptors  *desc.Packed // nil: not set
+	Notification []byte       // nil: none
+}
+
+// Result describes a batch that landed (and was notified).
+type Result struct {
+	Blocks, Bytes uint64 // as the caller described them
+	Kind          transport.Kind
+	Stats         transport.Stats
+	Elapsed       time.Duration // the write, from post to acknowledgement
+}
+
+// Plan is a batch validated and merged once, ready to run: the source
+// region (held until Close), the peer, the destination name, the segments.
+type Plan struct {
+	peer, dst    string
+	want         transport.Kind
+	notification []byte
+	src          *region.Region
+	release      func()
+	d            *desc.Decoder
+	batch        desc.Batch // as decoded; its destinations are checked against each resolution
+	merged       desc.Batch // what the transport writes
+	blocks       uint64
+	bytes        uint64
+}
+
+// Close releases the plan's source region and scratch memory.
+func (p *Plan) Close() {
+	if p.release != nil {
+		p.release()
+		p.release = nil
+	}
+	if p.d != nil {
+		desc.Pool.Put(p.d)
+		p.d = nil
+	}
+}
+
+// Transfer plans and runs one batch under the caller's deadline, else
+// DefaultTimeout. On failure the caller's deadline or cancellation is the
+// outcome when it is what ended the batch, whatever phase it cut off
+// (errs.ForCaller).
+func (s *Service) Transfer(ctx context.Context, r Request) (Result, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
+		defer cancel()
+	}
+	res, err := s.transfer(ctx, r)
+	if err != nil {
+		err = errs.ForCaller(ctx, err)
+		s.cfg.Counters.BatchesFailed.Add(1)
+		s.cfg.Log.Debug("batch failed", "peer", r.Peer, "dst", r.Dst, "error", err)
+	}
+	return res, err
+}
+
+func (s *Service) transfer(ctx context.Context, r Request) (Result, error) {
+	p, err := s.Plan(r)
+	if err != nil {
+		return Result{}, err
+	}
+	defer p.Close()
+	return s.Run(ctx, p)
+}
+
+// Plan validates r and everything about it that can be checked locally,
+// before anything is dialled: the fields, the source region (held), the
+// descriptors against the source and the limits; then merges them.
+func (s *Service) Plan(r Request) (*Plan, error) {
+	switch {
+	case r.Src == "":
+		return nil, fmt.Errorf("%w: src_region_id is empty", errs.ErrInvalidArgument)
+	case r.Peer == "":
+		return nil, fmt.Errorf("%w: peer is empty: give the destination daemon's peer address, host:port", errs.ErrInvalidArgument)
+	case r.Dst == "":
+		return nil, fmt.Errorf("%w: dst_region is empty: give the destination region's export name", errs.ErrInvalidArgument)
+	case r.Descriptors == nil:
+		return nil, fmt.Errorf("%w: descriptors is not set", errs.ErrInvalidArgument)
+	case len(r.Notification) > MaxNotification:
+		return nil, fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(r.Notification), MaxNotification)
+	case r.BadTransport != nil:
+		return nil, r.BadTransport
+	}
+	p := &Plan{peer: r.Peer, dst: r.Dst, want: r.Transport, notification: r.Notification}
+	var err error
+	p.src, p.release, err = s.cfg.Registry.Acquire(r.Src, "src_region_id", r.Caller)
+	if err != nil {
+		return nil, err
+	}
+	p.d = desc.Pool.Get().(*desc.Decoder)
+	p.batch, err = p.d.Decode(*r.Descriptors, desc.Limits{SrcSize: p.src.Mem.Len, DstSize: desc.UnknownSize, MaxBlocks: s.cfg.MaxDescriptors})
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	p.blocks, p.bytes = uint64(p.batch.N()), p.batch.Bytes()
+	p.merged = p.d.Merge(p.batch)
+	if mb := p.merged.Bytes(); mb != p.bytes {
+		p.Close()
+		// Never hand a transport less than was asked for: success would lie.
+		return nil, fmt.Errorf("batch: merged segments hold %d bytes, the descriptors %d (internal error)", mb, p.bytes)
+	}
+	return p, nil
+}
+
+// Run sends p to its peer and returns once every byte landed, the receiving
+// daemon acknowledged the batch, and its notification (if any) was
+// delivered.
+//
+// A cached resolution can be stale (the region was re-registered): its
+// size then misjudges the bounds, or the receiver refuses the key before
+// placing any byte. Either way one retry with a fresh resolution is safe.
+//
+// A connection may also break under the batch: made before it, it may
+// have died unnoticed with an idle peer (restarted, or its link flapped);
+// fresh, the wire may fail it (Soft-RoCE under load NAKs a WRITE with
+// "remote invalid request" now and then). Writes are idempotent (the
+// same bytes to the same places), so one retry on a fresh connection is
+// safe, and success still means every byte landed and was acknowledged.
+// A dead peer costs the retry one refused dial. A fault on our own source
+// memory would fault again, and a caller that gave up wants no retry.
+func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
+	var (
+		sess     transport.Session
+		st       transport.Stats
+		start    time.Time
+		err      error
+		firstErr error
+	)
+	for attempt := 0; ; attempt++ {
+		var remote transport.RemoteRegion
+		var reg transport.Registration
+		var cached bool
+		sess, remote, reg, cached, err = s.prepare(ctx, p)
+		if err != nil {
+			if firstErr != nil {
+				return Result{}, fmt.Errorf("%w (retrying on a fresh connection; the first attempt failed: %v)", err, firstErr)
+			}
+			return Result{}, err
+		}
+		if err := desc.CheckDst(p.batch, remote.Size); err != nil {
+			if cached && attempt == 0 { // the size may be stale, not the request wrong
+				s.cfg.Peers.Forget(p.peer, p.dst)
+				continue
+			}
+			return Result{}, err
+		}
+		start = time.Now()
+		st, err = sess.Conn.Write(ctx, reg, remote, &p.merged)
+		if err == nil {
+			break
+		}
+		broke := sess.Conn.Err() != nil
+		if broke {
+			s.cfg.Peers.Broken(p.peer, sess)
+		}
+		if cached && attempt == 0 && errors.Is(err, errs.ErrNotFound) {
+			s.cfg.Peers.Forget(p.peer, p.dst)
+			continue
+		}
+		if memguard.IsFault(err) { // our source's memory went away under the send
+			err = fmt.Errorf("src_region_id %s: %w", p.src.ID, err)
+		}
+		err = fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", p.blocks, p.peer, p.dst, sess.Kind, err)
+		if broke && firstErr == nil && ctx.Err() == nil && !memguard.IsFault(err) {
+			s.cfg.Log.Info("batch broke its connection; retrying once on a fresh one", "peer", p.peer, "reused", sess.Reused, "error", err)
+			firstErr = err
+			continue
+		}
+		if firstErr != nil {
+			return Result{}, fmt.Errorf("%w (after a retry on a fresh connection; the first attempt failed: %v)", err, firstErr)
+		}
+		return Result{}, err
+	}
+	elapsed := time.Since(start)
+	if p.notification != nil {
+		err := s.cfg.Peers.Notify(ctx, p.peer, notify.Notification{Region: p.dst, Sender: s.cfg.NodeName,
+			Notification: p.notification, Blocks: p.blocks, Bytes: p.bytes})
+		if err != nil {
+			return Result{}, fmt.Errorf("batch of %d blocks landed at %s/%s, but its notification was not delivered: %w", p.blocks, p.peer, p.dst, err)
+		}
+	}
+	s.cfg.Counters.BatchesSent.Add(1)
+	s.cfg.Counters.BytesSent.Add(p.bytes)
+	return Result{Blocks: p.blocks, Bytes: p.bytes, Kind: sess.Kind, Stats: st, Elapsed: elapsed}, nil
+}
+
+// prepare finds the data path, the source's registration with it, and the
+// destination region's key.
+func (s *Service) prepare(ctx context.Context, p *Plan) (transport.Session, transport.RemoteRegion, transport.Registration, bool, error) {
+	var none transport.RemoteRegion
+	sess, err := s.cfg.Peers.Get(ctx, p.peer, p.want)
+	if err != nil {
+		return sess, none, nil, false, err
+	}
+	reg, ok := p.src.Registration(sess.Kind)
+	if !ok {
+		return sess, none, nil, false, fmt.Errorf("%w: src_region_id %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, p.src.ID, p.src.Mem.Kind, sess.Kind)
+	}
+	rr, cached, err := s.cfg.Peers.Resolve(ctx, p.peer, sess, p.dst)
+	if err != nil {
+		if !isRequestError(err) {
+			s.cfg.Peers.Broken(p.peer, sess)
+		}
+		return sess, none, nil, false, fmt.Errorf("peer %s: resolve dst_region %q: %w", p.peer, p.dst, err)
+	}
+	key, ok := rr.Keys[sess.Kind]
+	if !ok {
+		return sess, none, nil, false, fmt.Errorf("%w: dst_region %q on peer %s is not registered with transport %s", errs.ErrFailedPrecondition, p.dst, p.peer, sess.Kind)
+	}
+	return sess, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key}, reg, cached, nil
+}
+
+// isRequestError: the peer refused this request, the connection is fine.
+func isRequestError(err error) bool {
+	for _, t := range []error{errs.ErrNotFound, errs.ErrInvalidArgument, errs.ErrPermissionDenied, errs.ErrFailedPrecondition} {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,132 @@
+package server
+
+import (
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/b2bd/b2bd/internal/batch"
+	"github.com/b2bd/b2bd/internal/checksum"
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/notify"
+	"github.com/b2bd/b2bd/internal/peer"
+	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/transport"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// Conversions between the wire API and the domain, in one place.
+
+func exportOf(name string, to []string) region.Export { return region.Export{Name: name, To: to} }
+
+func transferRequest(req *b2bv1.BatchTransferRequest, who region.Caller) batch.Request {
+	r := batch.Request{Src: req.GetSrcRegionId(), Caller: who, Peer: req.GetPeer(), Dst: req.GetDstRegion(), Notification: req.GetNotification()}
+	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	if p := req.GetDescriptors(); p != nil {
+		r.Descriptors = &desc.Packed{SrcOffsets: p.GetSrcOffsets(), DstOffsets: p.GetDstOffsets(), Lengths: p.GetLengths(), BlockLength: p.GetBlockLength()}
+	}
+	return r
+}
+
+func transferResponse(r batch.Result) *b2bv1.BatchTransferResponse {
+	return &b2bv1.BatchTransferResponse{
+		Blocks: r.Blocks, Bytes: r.Bytes, Transport: peer.KindToProto(r.Kind),
+		Segments: r.Stats.Segments, WorkRequests: r.Stats.WorkRequests, ElapsedNs: uint64(r.Elapsed.Nanoseconds()),
+	}
+}
+
+func checksumAlgorithm(a b2bv1.ChecksumAlgorithm) (checksum.Algorithm, error) {
+	switch a {
+	case b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_UNSPECIFIED, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C:
+		return checksum.CRC32C, nil
+	case b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_XXH64:
+		return checksum.XXH64, nil
+	}
+	return 0, fmt.Errorf("%w: algorithm %d is not a known ChecksumAlgorithm", errs.ErrInvalidArgument, a)
+}
+
+func checksumResponse(req *b2bv1.ChecksumRequest, alg checksum.Algorithm, b desc.Batch, digests []uint64) *b2bv1.ChecksumResponse {
+	resp := &b2bv1.ChecksumResponse{Digest: checksum.Combine(alg, digests), Algorithm: req.GetAlgorithm(), Blocks: uint64(b.N()), Bytes: b.Bytes()}
+	if resp.Algorithm == b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_UNSPECIFIED {
+		resp.Algorithm = b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C
+	}
+	if req.GetPerBlock() {
+		resp.BlockDigests = desc.Pack(digests)
+	}
+	return resp
+}
+
+func transportStatuses(all []*b2bv1.TransportStatus, live map[b2bv1.TransportKind]transport.Counter) []*b2bv1.TransportStatus {
+	out := make([]*b2bv1.TransportStatus, len(all))
+	for i, ts := range all {
+		ts = proto.Clone(ts).(*b2bv1.TransportStatus)
+		if l, ok := live[ts.Kind]; ok {
+			r := l.Resources()
+			ts.Connections, ts.QueuePairs, ts.MemoryRegions = uint32(r.Connections), uint32(r.QueuePairs), uint32(r.MemoryRegions)
+		}
+		out[i] = ts
+	}
+	return out
+}
+
+func notificationOf(req *b2bv1.NotifyRequest) notify.Notification {
+	return notify.Notification{Region: req.GetRegion(), Sender: req.GetSender(), Notification: req.GetNotification(), Blocks: req.GetBlocks(), Bytes: req.GetBytes()}
+}
+
+func notificationProto(n notify.Notification) *b2bv1.Notification {
+	return &b2bv1.Notification{Region: n.Region, Sender: n.Sender, Notification: n.Notification, Blocks: n.Blocks, Bytes: n.Bytes, Dropped: n.Dropped}
+}
+
+var capabilities = []string{"merge-adjacent", "write-with-imm-completion", "packed-descriptors"}
+
+func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
+	resp := &b2bv1.HandshakeResponse{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName, Capabilities: capabilities}
+	for _, t := range cfg.Transports {
+		if t.GetAvailable() {
+			resp.Transports = append(resp.Transports, t.GetKind())
+		}
+	}
+	for _, a := range cfg.Adverts {
+		if a.TCP.Addr != "" {
+			resp.TcpDataAddress, resp.SessionToken = a.TCP.Addr, a.TCP.Token
+		}
+	}
+	return resp
+}
+
+func resolveResponse(r *region.Region) *b2bv1.ResolveRegionResponse {
+	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: memoryKind(r.Mem.Kind)}
+	for _, k := range r.Transports() {
+		g, _ := r.Registration(k)
+		key := g.Key()
+		resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: key.Key, RemoteAddr: key.Addr})
+	}
+	return resp
+}
+
+func memoryKind(k memory.Kind) b2bv1.MemoryKind {
+	switch k {
+	case memory.Host:
+		return b2bv1.MemoryKind_MEMORY_KIND_HOST
+	case memory.CUDA:
+		return b2bv1.MemoryKind_MEMORY_KIND_CUDA
+	}
+	return b2bv1.MemoryKind_MEMORY_KIND_UNSPECIFIED
+}
+
+func regionProto(r *region.Region, active int) *b2bv1.Region {
+	p := &b2bv1.Region{
+		Id: r.ID, ExportName: r.Export, Size: r.Mem.Len, ShmPath: r.ShmPath, ShmOffset: r.ShmOff,
+		CudaIpcHandle: r.IPC, CudaIpcOffset: r.IPCOff, ActiveBatches: uint32(active), ExportTo: r.ExportTo,
+		Kind: memoryKind(r.Mem.Kind),
+	}
+	if r.Mem.Kind == memory.CUDA {
+		p.CudaDevice = int32(r.Mem.Device)
+	}
+	for _, k := range r.Transports() {
+		p.RegisteredWith = append(p.RegisteredWith, peer.KindToProto(k))
+	}
+	return p
+}
