@@ -54,12 +54,13 @@ test-go: deps
 test-python: build
 	@if [ -d client/python/tests ]; then B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 -m unittest discover -s client/python/tests -v; fi
 
-# test-faults: on this host, over TCP: ten peer kill -9 trials, the 32-client load run, and the trust,
-# garbage, shutdown and deregistration cases by name (long; make test runs one kill trial and the rest).
+# test-faults: on this host, over TCP: ten peer kill -9 trials, the 32-client load run, and by name the
+# trust, garbage, shutdown, deregistration, ownership, non-root, crash-reclaim, truncated-file, held-region
+# and deadline-per-phase cases (make test runs one kill trial and all the rest).
 # The same faults across two hosts, over verbs and TCP, plus link down/up, run in make test-rdma.
 test-faults: deps
 	set -o pipefail; B2B_FAULTS=1 $(GO) test -count=1 -timeout 30m -v \
-	  -run 'TestFault|TestTrust|TestStartupSecurity|TestGarbageOnPorts|TestSIGTERMDuringBatch' ./internal/e2e 2>&1 \
+	  -run 'TestFault|TestTrust|TestStartupSecurity|TestGarbageOnPorts|TestSIGTERMDuringBatch|TestRegionFile|TestRegionOwnership|TestNonRootClient|TestCrashReclaim|TestTruncate|TestBatchHoldsDestination|TestCutBatchReleasesDestination|TestDeadlineEveryPhase|TestPeerRestartedWhileIdle' ./internal/e2e 2>&1 \
 	  | grep -E '^(FAULT|LOAD|ok|FAIL|PASS)|--- |_test.go'
 	set -o pipefail; $(GO) test -count=1 -v -run 'TestBadInput/shm|TestDeregisterWhileInUse' ./server 2>&1 \
 	  | grep -E '^(ok|FAIL|PASS)|--- |_test.go'
