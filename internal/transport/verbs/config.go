@@ -76,6 +76,14 @@ type Config struct {
 	// KeepAlive: a receiving QP set idle this long is probed; a dead sender's
 	// set is then torn down.
 	KeepAlive time.Duration
+	// StallTimeout: a batch whose connection shows no progress this long (no
+	// work completion, good or failed, and no acknowledgement) is cut off and
+	// the connection dropped, so the caller can retry on a fresh one before
+	// its deadline. The NIC's own retries fail a dead path far sooner (about
+	// 0.5 s at the defaults); this guards against a path that neither
+	// completes nor fails, as Soft-RoCE did once under CPU starvation after
+	// link flaps (WRs in flight for 60 s, until the batch's deadline).
+	StallTimeout time.Duration
 }
 
 // Defaults. The data-path ones were chosen on the Soft-RoCE testbed with
@@ -119,6 +127,9 @@ const (
 	// vanished peer never failed), while 6 is finite everywhere.
 	DefaultRetryCount = 6
 	DefaultKeepAlive  = 30 * time.Second
+	// DefaultStallTimeout is ten times the NIC's retry budget at the
+	// defaults (7 tries x 67 ms), rounded up.
+	DefaultStallTimeout = 5 * time.Second
 
 	// maxQPsPerConn bounds QPsPerPeer and a peer's ConnectVerbs request.
 	maxQPsPerConn = 64
@@ -132,7 +143,7 @@ func DefaultConfig() Config {
 		ChainBytes: DefaultChainBytes, SQDepth: DefaultSQDepth, SRQDepth: DefaultSRQDepth,
 		MaxSGE: DefaultMaxSGE, MaxWRBytes: DefaultMaxWRBytes, MinQPBytes: DefaultMinQPBytes,
 		InlineBytes: DefaultInlineBytes, PollSpin: DefaultPollSpin, AckTimeout: DefaultAckTimeout,
-		RetryCount: DefaultRetryCount, KeepAlive: DefaultKeepAlive,
+		RetryCount: DefaultRetryCount, KeepAlive: DefaultKeepAlive, StallTimeout: DefaultStallTimeout,
 	}
 }
 
@@ -157,6 +168,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.AckTimeout, "rdma-ack-timeout", c.AckTimeout, "QP ACK timeout exponent (4.096us * 2^n)")
 	fs.IntVar(&c.RetryCount, "rdma-retry-count", c.RetryCount, "QP transport retries (1-7; rxe treats 7 as infinite)")
 	fs.DurationVar(&c.KeepAlive, "rdma-keepalive", c.KeepAlive, "probe receiving connections idle this long")
+	fs.DurationVar(&c.StallTimeout, "rdma-stall-timeout", c.StallTimeout, "cut off a batch whose connection shows no progress (no completion, no ack) this long, so it is retried on a fresh one")
 }
 
 // normalize fills zero fields with defaults and rejects nonsense.
@@ -184,6 +196,9 @@ func (c *Config) normalize() error {
 	}
 	if c.KeepAlive == 0 {
 		c.KeepAlive = d.KeepAlive
+	}
+	if c.StallTimeout == 0 {
+		c.StallTimeout = d.StallTimeout
 	}
 	bad := func(f string, args ...any) error {
 		return fmt.Errorf("verbs: config: "+f+": %w", append(args, errs.ErrInvalidArgument)...)
@@ -217,7 +232,7 @@ func (c *Config) normalize() error {
 		return bad("--rdma-ack-timeout %d", c.AckTimeout)
 	case c.RetryCount < 1 || c.RetryCount > 7:
 		return bad("--rdma-retry-count %d", c.RetryCount)
-	case c.PollSpin < 0 || c.KeepAlive < 0:
+	case c.PollSpin < 0 || c.KeepAlive < 0 || c.StallTimeout < 0:
 		return bad("negative duration")
 	}
 	return nil

@@ -78,20 +78,23 @@ type qpSet struct {
 	qps    []*qpState
 
 	// sending side
-	sem      chan struct{} // one token: Writes (and Close) are serialised
-	tag      uint32
-	rot      int
-	cuts     []ibv.Pos // nq+1 range boundaries, preallocated
-	rangeOn  []bool
-	ctlMem   *ibv.HostMem // the meta/bye message buffer (C memory)
-	ctlMR    *ibv.MR
-	ctl      transport.Signal // the peer's control plane, for DisconnectVerbs
-	lastAck  atomic.Uint32
-	ackSig   chan struct{}
-	credSig  chan struct{}
-	broken   chan struct{}
-	failOnce sync.Once
-	err      atomic.Pointer[error]
+	sem     chan struct{} // one token: Writes (and Close) are serialised
+	tag     uint32
+	rot     int
+	cuts    []ibv.Pos // nq+1 range boundaries, preallocated
+	rangeOn []bool
+	ctlMem  *ibv.HostMem // the meta/bye message buffer (C memory)
+	ctlMR   *ibv.MR
+	ctl     transport.Signal // the peer's control plane, for DisconnectVerbs
+	lastAck atomic.Uint32
+	ackSig  chan struct{}
+	credSig chan struct{}
+	// stallTimer bounds each wait of a batch for progress (one per set,
+	// reused: Writes are serialised, and the data path allocates nothing).
+	stallTimer *time.Timer
+	broken     chan struct{}
+	failOnce   sync.Once
+	err        atomic.Pointer[error]
 
 	// receiving side (poller only)
 	rx       [4]rxSlot
@@ -152,6 +155,8 @@ func (t *Transport) newSet(n int, sender bool, peer string, id uint64) (_ *qpSet
 		s.sem = make(chan struct{}, 1)
 		s.ackSig = make(chan struct{}, 1)
 		s.credSig = make(chan struct{}, 1)
+		s.stallTimer = time.NewTimer(time.Hour)
+		s.stallTimer.Stop()
 		s.cuts = make([]ibv.Pos, n+1)
 		s.rangeOn = make([]bool, n)
 		if s.ctlMem, err = ibv.AllocHost(4096); err != nil {
@@ -272,17 +277,51 @@ func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst trans
 	return s.write(ctx, ref.mr, reg.mem, dst, b, total)
 }
 
-// waitCredit blocks until the poller returns credits, the set breaks, or
-// ctx ends (which breaks the set: WRs are in flight).
+// waitCredit blocks until the poller returns credits, the set breaks, ctx
+// ends, or the connection stalls (the last two break the set: WRs are in
+// flight).
 func (s *qpSet) waitCredit(ctx context.Context, tag uint32) error {
-	select {
-	case <-s.credSig:
-		return nil
-	case <-s.broken:
-		return s.Err()
-	case <-ctx.Done():
-		return s.abandon(ctx, tag)
+	return s.await(ctx, tag, s.credSig)
+}
+
+// await waits for sig. Every wait of a batch is bounded by StallTimeout of
+// no progress (see progress); a connection that stalls is cut off like a
+// batch past its deadline, and the caller retries on a fresh one.
+func (s *qpSet) await(ctx context.Context, tag uint32, sig <-chan struct{}) error {
+	p0 := s.progress()
+	s.stallTimer.Reset(s.t.cfg.StallTimeout)
+	defer s.stallTimer.Stop()
+	for {
+		select {
+		case <-sig:
+			return nil
+		case <-s.broken:
+			return s.Err()
+		case <-ctx.Done():
+			return s.abandon(ctx, tag)
+		case <-s.stallTimer.C:
+			if p := s.progress(); p != p0 { // moved, though not for this wait yet
+				p0 = p
+				s.stallTimer.Reset(s.t.cfg.StallTimeout)
+				continue
+			}
+			err := fmt.Errorf("verbs: batch %d to %s made no progress for %v (no work completion, good or failed, and no acknowledgement); QPs stopped and connection dropped: %w",
+				tag, s.peer, s.t.cfg.StallTimeout, errs.ErrAborted)
+			s.fail(err, true)
+			s.halt()
+			return err
+		}
 	}
+}
+
+// progress counts what a sending set sees move: completions on every QP
+// and the receiver's acknowledgements.
+func (s *qpSet) progress() uint64 {
+	p := uint64(s.lastAck.Load())
+	for _, q := range s.qps {
+		p += uint64(q.done.Load())
+	}
+	return p
 }
 
 // abandon fails the set because a batch with WRs in flight ran out of time:
@@ -427,12 +466,8 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 			return st, fmt.Errorf("verbs: batch %d to %s refused by the receiver: destination region %q (rkey %#x) is no longer registered or exported there (deregistered, un-exported, or its key revoked): %w",
 				tag, s.peer, dst.Name, dst.Key.Key, errs.ErrNotFound)
 		}
-		select {
-		case <-s.ackSig:
-		case <-s.broken:
-			return st, s.Err()
-		case <-ctx.Done():
-			return st, s.abandon(ctx, tag)
+		if err := s.await(ctx, tag, s.ackSig); err != nil {
+			return st, err
 		}
 	}
 	return st, nil
