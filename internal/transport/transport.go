@@ -7,6 +7,7 @@ package transport
 
 import (
 	"context"
+	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/memory"
@@ -160,6 +161,12 @@ type Resolution struct {
 type Stats struct {
 	Segments     uint64 // blocks after merging/gathering
 	WorkRequests uint64 // verbs: WRs posted; TCP: frames written
+	// Plan is the time spent building the batch's work (verbs: WR chains;
+	// TCP: frame headers) inside Write; 0 for a prepared write.
+	Plan time.Duration
+	// Post is the time spent handing the work to the NIC or the sockets;
+	// Write's remaining time is the wire and the acknowledgement.
+	Post time.Duration
 }
 
 // Conn is an established data path to one peer.
@@ -174,6 +181,28 @@ type Conn interface {
 	// manager drops it and connects afresh.
 	Err() error
 	// Close tears the connection down; safe to call twice.
+	Close() error
+}
+
+// Preparer is implemented by Conns that can build a batch's work once and
+// post it many times (prepared transfers).
+type Preparer interface {
+	// Prepare builds b's work from src into dst for this connection. b is
+	// not retained: the Prepared keeps what it needs (in C memory for
+	// verbs). The result is bound to this Conn; once the Conn broke, the
+	// caller prepares again on a fresh one.
+	Prepare(src Registration, dst RemoteRegion, b *desc.Batch) (Prepared, error)
+}
+
+// Prepared is a batch's work built once for one Conn.
+type Prepared interface {
+	// Write posts the prepared batch, with Conn.Write's contract: nil only
+	// once every byte landed and the receiver acknowledged it. Writes of one
+	// Prepared may be called concurrently (they are serialised on the Conn)
+	// and allocate nothing.
+	Write(ctx context.Context) (Stats, error)
+	// Close frees the prepared work; safe to call twice, and safe while a
+	// Write is in flight (the work is freed when it ends).
 	Close() error
 }
 

@@ -1145,6 +1145,7 @@ type BatchTransferResponse struct {
 	Segments      uint64                 `protobuf:"varint,4,opt,name=segments,proto3" json:"segments,omitempty"`                             // after merging adjacent blocks
 	WorkRequests  uint64                 `protobuf:"varint,5,opt,name=work_requests,json=workRequests,proto3" json:"work_requests,omitempty"` // verbs: WRs posted; tcp: wire frames
 	ElapsedNs     uint64                 `protobuf:"varint,6,opt,name=elapsed_ns,json=elapsedNs,proto3" json:"elapsed_ns,omitempty"`          // time on the data path, measured by the daemon
+	Phases        *PhaseTimings          `protobuf:"bytes,7,opt,name=phases,proto3" json:"phases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1221,6 +1222,612 @@ func (x *BatchTransferResponse) GetElapsedNs() uint64 {
 	return 0
 }
 
+func (x *BatchTransferResponse) GetPhases() *PhaseTimings {
+	if x != nil {
+		return x.Phases
+	}
+	return nil
+}
+
+// PhaseTimings says where a call's time went inside the daemon, in
+// nanoseconds. A phase a call skipped (a prepared submit does not decode,
+// validate or plan) is 0.
+type PhaseTimings struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DecodeNs      uint64                 `protobuf:"varint,1,opt,name=decode_ns,json=decodeNs,proto3" json:"decode_ns,omitempty"`       // receive and decode the request (descriptors unpacked)
+	ValidateNs    uint64                 `protobuf:"varint,2,opt,name=validate_ns,json=validateNs,proto3" json:"validate_ns,omitempty"` // fields, regions, descriptor bounds and overlaps
+	ResolveNs     uint64                 `protobuf:"varint,3,opt,name=resolve_ns,json=resolveNs,proto3" json:"resolve_ns,omitempty"`    // the data path to the peer and the destination's key
+	PlanNs        uint64                 `protobuf:"varint,4,opt,name=plan_ns,json=planNs,proto3" json:"plan_ns,omitempty"`             // merge, split across QPs, build the work requests
+	PostNs        uint64                 `protobuf:"varint,5,opt,name=post_ns,json=postNs,proto3" json:"post_ns,omitempty"`             // hand the work to the NIC (verbs) or the sockets (TCP)
+	WireNs        uint64                 `protobuf:"varint,6,opt,name=wire_ns,json=wireNs,proto3" json:"wire_ns,omitempty"`             // wait until every byte landed and the ack came back
+	NotifyNs      uint64                 `protobuf:"varint,7,opt,name=notify_ns,json=notifyNs,proto3" json:"notify_ns,omitempty"`       // deliver the notification
+	TotalNs       uint64                 `protobuf:"varint,8,opt,name=total_ns,json=totalNs,proto3" json:"total_ns,omitempty"`          // the handler's whole time, first to last
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PhaseTimings) Reset() {
+	*x = PhaseTimings{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PhaseTimings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PhaseTimings) ProtoMessage() {}
+
+func (x *PhaseTimings) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PhaseTimings.ProtoReflect.Descriptor instead.
+func (*PhaseTimings) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *PhaseTimings) GetDecodeNs() uint64 {
+	if x != nil {
+		return x.DecodeNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetValidateNs() uint64 {
+	if x != nil {
+		return x.ValidateNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetResolveNs() uint64 {
+	if x != nil {
+		return x.ResolveNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetPlanNs() uint64 {
+	if x != nil {
+		return x.PlanNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetPostNs() uint64 {
+	if x != nil {
+		return x.PostNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetWireNs() uint64 {
+	if x != nil {
+		return x.WireNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetNotifyNs() uint64 {
+	if x != nil {
+		return x.NotifyNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetTotalNs() uint64 {
+	if x != nil {
+		return x.TotalNs
+	}
+	return 0
+}
+
+// PrepareTransferRequest is a BatchTransferRequest to plan once.
+type PrepareTransferRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SrcRegionId   string                 `protobuf:"bytes,1,opt,name=src_region_id,json=srcRegionId,proto3" json:"src_region_id,omitempty"`
+	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	DstRegion     string                 `protobuf:"bytes,3,opt,name=dst_region,json=dstRegion,proto3" json:"dst_region,omitempty"`
+	Descriptors   *Descriptors           `protobuf:"bytes,4,opt,name=descriptors,proto3" json:"descriptors,omitempty"`
+	Transport     TransportKind          `protobuf:"varint,5,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
+	Notification  []byte                 `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"` // sent with every submit of the plan
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareTransferRequest) Reset() {
+	*x = PrepareTransferRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareTransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareTransferRequest) ProtoMessage() {}
+
+func (x *PrepareTransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareTransferRequest.ProtoReflect.Descriptor instead.
+func (*PrepareTransferRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PrepareTransferRequest) GetSrcRegionId() string {
+	if x != nil {
+		return x.SrcRegionId
+	}
+	return ""
+}
+
+func (x *PrepareTransferRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *PrepareTransferRequest) GetDstRegion() string {
+	if x != nil {
+		return x.DstRegion
+	}
+	return ""
+}
+
+func (x *PrepareTransferRequest) GetDescriptors() *Descriptors {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+func (x *PrepareTransferRequest) GetTransport() TransportKind {
+	if x != nil {
+		return x.Transport
+	}
+	return TransportKind_TRANSPORT_KIND_UNSPECIFIED
+}
+
+func (x *PrepareTransferRequest) GetNotification() []byte {
+	if x != nil {
+		return x.Notification
+	}
+	return nil
+}
+
+type PrepareTransferResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Handle        uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"` // names the plan for its owner; never 0
+	Blocks        uint64                 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes         uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Transport     TransportKind          `protobuf:"varint,4,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
+	Segments      uint64                 `protobuf:"varint,5,opt,name=segments,proto3" json:"segments,omitempty"`
+	WorkRequests  uint64                 `protobuf:"varint,6,opt,name=work_requests,json=workRequests,proto3" json:"work_requests,omitempty"` // verbs: WRs built per submit
+	Phases        *PhaseTimings          `protobuf:"bytes,7,opt,name=phases,proto3" json:"phases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareTransferResponse) Reset() {
+	*x = PrepareTransferResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareTransferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareTransferResponse) ProtoMessage() {}
+
+func (x *PrepareTransferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareTransferResponse.ProtoReflect.Descriptor instead.
+func (*PrepareTransferResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *PrepareTransferResponse) GetHandle() uint64 {
+	if x != nil {
+		return x.Handle
+	}
+	return 0
+}
+
+func (x *PrepareTransferResponse) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *PrepareTransferResponse) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *PrepareTransferResponse) GetTransport() TransportKind {
+	if x != nil {
+		return x.Transport
+	}
+	return TransportKind_TRANSPORT_KIND_UNSPECIFIED
+}
+
+func (x *PrepareTransferResponse) GetSegments() uint64 {
+	if x != nil {
+		return x.Segments
+	}
+	return 0
+}
+
+func (x *PrepareTransferResponse) GetWorkRequests() uint64 {
+	if x != nil {
+		return x.WorkRequests
+	}
+	return 0
+}
+
+func (x *PrepareTransferResponse) GetPhases() *PhaseTimings {
+	if x != nil {
+		return x.Phases
+	}
+	return nil
+}
+
+type SubmitTransferRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Handle        uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubmitTransferRequest) Reset() {
+	*x = SubmitTransferRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubmitTransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubmitTransferRequest) ProtoMessage() {}
+
+func (x *SubmitTransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubmitTransferRequest.ProtoReflect.Descriptor instead.
+func (*SubmitTransferRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SubmitTransferRequest) GetHandle() uint64 {
+	if x != nil {
+		return x.Handle
+	}
+	return 0
+}
+
+type ReleaseTransferRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Handle        uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseTransferRequest) Reset() {
+	*x = ReleaseTransferRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseTransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseTransferRequest) ProtoMessage() {}
+
+func (x *ReleaseTransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseTransferRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseTransferRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ReleaseTransferRequest) GetHandle() uint64 {
+	if x != nil {
+		return x.Handle
+	}
+	return 0
+}
+
+type ReleaseTransferResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseTransferResponse) Reset() {
+	*x = ReleaseTransferResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseTransferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseTransferResponse) ProtoMessage() {}
+
+func (x *ReleaseTransferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseTransferResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseTransferResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{21}
+}
+
+type SubmitStreamRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tag           uint64                 `protobuf:"varint,1,opt,name=tag,proto3" json:"tag,omitempty"` // the caller's, echoed in the response
+	Handle        uint64                 `protobuf:"varint,2,opt,name=handle,proto3" json:"handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubmitStreamRequest) Reset() {
+	*x = SubmitStreamRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubmitStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubmitStreamRequest) ProtoMessage() {}
+
+func (x *SubmitStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubmitStreamRequest.ProtoReflect.Descriptor instead.
+func (*SubmitStreamRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SubmitStreamRequest) GetTag() uint64 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
+}
+
+func (x *SubmitStreamRequest) GetHandle() uint64 {
+	if x != nil {
+		return x.Handle
+	}
+	return 0
+}
+
+type SubmitStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Tag   uint64                 `protobuf:"varint,1,opt,name=tag,proto3" json:"tag,omitempty"`
+	// Set when the submit succeeded.
+	Result *BatchTransferResponse `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	// Set when it failed: the gRPC status code and message a unary
+	// SubmitTransfer would have returned.
+	Code          uint32 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubmitStreamResponse) Reset() {
+	*x = SubmitStreamResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubmitStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubmitStreamResponse) ProtoMessage() {}
+
+func (x *SubmitStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubmitStreamResponse.ProtoReflect.Descriptor instead.
+func (*SubmitStreamResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SubmitStreamResponse) GetTag() uint64 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
+}
+
+func (x *SubmitStreamResponse) GetResult() *BatchTransferResponse {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *SubmitStreamResponse) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *SubmitStreamResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type PingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PingRequest) Reset() {
+	*x = PingRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PingRequest) ProtoMessage() {}
+
+func (x *PingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
+func (*PingRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{24}
+}
+
+type PingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PingResponse) Reset() {
+	*x = PingResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PingResponse) ProtoMessage() {}
+
+func (x *PingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
+func (*PingResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{25}
+}
+
 type ChecksumRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
@@ -1235,7 +1842,7 @@ type ChecksumRequest struct {
 
 func (x *ChecksumRequest) Reset() {
 	*x = ChecksumRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[16]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1247,7 +1854,7 @@ func (x *ChecksumRequest) String() string {
 func (*ChecksumRequest) ProtoMessage() {}
 
 func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[16]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1260,7 +1867,7 @@ func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumRequest.ProtoReflect.Descriptor instead.
 func (*ChecksumRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{16}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ChecksumRequest) GetRegionId() string {
@@ -1322,7 +1929,7 @@ type ChecksumResponse struct {
 
 func (x *ChecksumResponse) Reset() {
 	*x = ChecksumResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[17]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1941,7 @@ func (x *ChecksumResponse) String() string {
 func (*ChecksumResponse) ProtoMessage() {}
 
 func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[17]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1954,7 @@ func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumResponse.ProtoReflect.Descriptor instead.
 func (*ChecksumResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{17}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ChecksumResponse) GetDigest() uint64 {
@@ -1394,7 +2001,7 @@ type WatchNotificationsRequest struct {
 
 func (x *WatchNotificationsRequest) Reset() {
 	*x = WatchNotificationsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +2013,7 @@ func (x *WatchNotificationsRequest) String() string {
 func (*WatchNotificationsRequest) ProtoMessage() {}
 
 func (x *WatchNotificationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +2026,7 @@ func (x *WatchNotificationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchNotificationsRequest.ProtoReflect.Descriptor instead.
 func (*WatchNotificationsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{18}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchNotificationsRequest) GetRegionId() string {
@@ -1443,7 +2050,7 @@ type Notification struct {
 
 func (x *Notification) Reset() {
 	*x = Notification{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +2062,7 @@ func (x *Notification) String() string {
 func (*Notification) ProtoMessage() {}
 
 func (x *Notification) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +2075,7 @@ func (x *Notification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notification.ProtoReflect.Descriptor instead.
 func (*Notification) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{19}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Notification) GetRegion() string {
@@ -1521,7 +2128,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +2140,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +2153,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{20}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{30}
 }
 
 type TransportStatus struct {
@@ -1566,7 +2173,7 @@ type TransportStatus struct {
 
 func (x *TransportStatus) Reset() {
 	*x = TransportStatus{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1578,7 +2185,7 @@ func (x *TransportStatus) String() string {
 func (*TransportStatus) ProtoMessage() {}
 
 func (x *TransportStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1591,7 +2198,7 @@ func (x *TransportStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransportStatus.ProtoReflect.Descriptor instead.
 func (*TransportStatus) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{21}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *TransportStatus) GetKind() TransportKind {
@@ -1660,7 +2267,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +2279,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +2292,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{22}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -1812,7 +2419,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1824,7 +2431,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1837,7 +2444,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{23}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -1883,7 +2490,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2502,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2515,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{24}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -1962,7 +2569,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1974,7 +2581,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1987,7 +2594,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{25}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -2010,7 +2617,7 @@ type RegionKey struct {
 
 func (x *RegionKey) Reset() {
 	*x = RegionKey{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2629,7 @@ func (x *RegionKey) String() string {
 func (*RegionKey) ProtoMessage() {}
 
 func (x *RegionKey) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2642,7 @@ func (x *RegionKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionKey.ProtoReflect.Descriptor instead.
 func (*RegionKey) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{26}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RegionKey) GetTransport() TransportKind {
@@ -2071,7 +2678,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2690,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2703,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{27}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -2137,7 +2744,7 @@ type VerbsEndpoint struct {
 
 func (x *VerbsEndpoint) Reset() {
 	*x = VerbsEndpoint{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2149,7 +2756,7 @@ func (x *VerbsEndpoint) String() string {
 func (*VerbsEndpoint) ProtoMessage() {}
 
 func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2162,7 +2769,7 @@ func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerbsEndpoint.ProtoReflect.Descriptor instead.
 func (*VerbsEndpoint) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{28}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *VerbsEndpoint) GetQpNum() uint32 {
@@ -2193,7 +2800,7 @@ type VerbsPort struct {
 
 func (x *VerbsPort) Reset() {
 	*x = VerbsPort{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +2812,7 @@ func (x *VerbsPort) String() string {
 func (*VerbsPort) ProtoMessage() {}
 
 func (x *VerbsPort) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +2825,7 @@ func (x *VerbsPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerbsPort.ProtoReflect.Descriptor instead.
 func (*VerbsPort) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{29}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *VerbsPort) GetGid() []byte {
@@ -2275,7 +2882,7 @@ type ConnectVerbsRequest struct {
 
 func (x *ConnectVerbsRequest) Reset() {
 	*x = ConnectVerbsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2287,7 +2894,7 @@ func (x *ConnectVerbsRequest) String() string {
 func (*ConnectVerbsRequest) ProtoMessage() {}
 
 func (x *ConnectVerbsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2300,7 +2907,7 @@ func (x *ConnectVerbsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectVerbsRequest.ProtoReflect.Descriptor instead.
 func (*ConnectVerbsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{30}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ConnectVerbsRequest) GetNodeName() string {
@@ -2342,7 +2949,7 @@ type ConnectVerbsResponse struct {
 
 func (x *ConnectVerbsResponse) Reset() {
 	*x = ConnectVerbsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2354,7 +2961,7 @@ func (x *ConnectVerbsResponse) String() string {
 func (*ConnectVerbsResponse) ProtoMessage() {}
 
 func (x *ConnectVerbsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2367,7 +2974,7 @@ func (x *ConnectVerbsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectVerbsResponse.ProtoReflect.Descriptor instead.
 func (*ConnectVerbsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{31}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ConnectVerbsResponse) GetPort() *VerbsPort {
@@ -2401,7 +3008,7 @@ type DisconnectVerbsRequest struct {
 
 func (x *DisconnectVerbsRequest) Reset() {
 	*x = DisconnectVerbsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2413,7 +3020,7 @@ func (x *DisconnectVerbsRequest) String() string {
 func (*DisconnectVerbsRequest) ProtoMessage() {}
 
 func (x *DisconnectVerbsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2426,7 +3033,7 @@ func (x *DisconnectVerbsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisconnectVerbsRequest.ProtoReflect.Descriptor instead.
 func (*DisconnectVerbsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DisconnectVerbsRequest) GetNodeName() string {
@@ -2452,7 +3059,7 @@ type DisconnectVerbsResponse struct {
 
 func (x *DisconnectVerbsResponse) Reset() {
 	*x = DisconnectVerbsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2464,7 +3071,7 @@ func (x *DisconnectVerbsResponse) String() string {
 func (*DisconnectVerbsResponse) ProtoMessage() {}
 
 func (x *DisconnectVerbsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2477,7 +3084,7 @@ func (x *DisconnectVerbsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisconnectVerbsResponse.ProtoReflect.Descriptor instead.
 func (*DisconnectVerbsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DisconnectVerbsResponse) GetFound() bool {
@@ -2500,7 +3107,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +3119,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +3132,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{34}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -2572,7 +3179,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2584,7 +3191,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2597,7 +3204,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -2685,7 +3292,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"dst_region\x18\x03 \x01(\tR\tdstRegion\x125\n" +
 	"\vdescriptors\x18\x04 \x01(\v2\x13.b2b.v1.DescriptorsR\vdescriptors\x123\n" +
 	"\ttransport\x18\x05 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
-	"\fnotification\x18\x06 \x01(\fR\fnotification\"\xda\x01\n" +
+	"\fnotification\x18\x06 \x01(\fR\fnotification\"\x88\x02\n" +
 	"\x15BatchTransferResponse\x12\x16\n" +
 	"\x06blocks\x18\x01 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x123\n" +
@@ -2693,7 +3300,50 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\bsegments\x18\x04 \x01(\x04R\bsegments\x12#\n" +
 	"\rwork_requests\x18\x05 \x01(\x04R\fworkRequests\x12\x1d\n" +
 	"\n" +
-	"elapsed_ns\x18\x06 \x01(\x04R\telapsedNs\"\xdb\x01\n" +
+	"elapsed_ns\x18\x06 \x01(\x04R\telapsedNs\x12,\n" +
+	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\"\xee\x01\n" +
+	"\fPhaseTimings\x12\x1b\n" +
+	"\tdecode_ns\x18\x01 \x01(\x04R\bdecodeNs\x12\x1f\n" +
+	"\vvalidate_ns\x18\x02 \x01(\x04R\n" +
+	"validateNs\x12\x1d\n" +
+	"\n" +
+	"resolve_ns\x18\x03 \x01(\x04R\tresolveNs\x12\x17\n" +
+	"\aplan_ns\x18\x04 \x01(\x04R\x06planNs\x12\x17\n" +
+	"\apost_ns\x18\x05 \x01(\x04R\x06postNs\x12\x17\n" +
+	"\awire_ns\x18\x06 \x01(\x04R\x06wireNs\x12\x1b\n" +
+	"\tnotify_ns\x18\a \x01(\x04R\bnotifyNs\x12\x19\n" +
+	"\btotal_ns\x18\b \x01(\x04R\atotalNs\"\xff\x01\n" +
+	"\x16PrepareTransferRequest\x12\"\n" +
+	"\rsrc_region_id\x18\x01 \x01(\tR\vsrcRegionId\x12\x12\n" +
+	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
+	"\n" +
+	"dst_region\x18\x03 \x01(\tR\tdstRegion\x125\n" +
+	"\vdescriptors\x18\x04 \x01(\v2\x13.b2b.v1.DescriptorsR\vdescriptors\x123\n" +
+	"\ttransport\x18\x05 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
+	"\fnotification\x18\x06 \x01(\fR\fnotification\"\x83\x02\n" +
+	"\x17PrepareTransferResponse\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12\x16\n" +
+	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x123\n" +
+	"\ttransport\x18\x04 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\x1a\n" +
+	"\bsegments\x18\x05 \x01(\x04R\bsegments\x12#\n" +
+	"\rwork_requests\x18\x06 \x01(\x04R\fworkRequests\x12,\n" +
+	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\"/\n" +
+	"\x15SubmitTransferRequest\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\x04R\x06handle\"0\n" +
+	"\x16ReleaseTransferRequest\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\x04R\x06handle\"\x19\n" +
+	"\x17ReleaseTransferResponse\"?\n" +
+	"\x13SubmitStreamRequest\x12\x10\n" +
+	"\x03tag\x18\x01 \x01(\x04R\x03tag\x12\x16\n" +
+	"\x06handle\x18\x02 \x01(\x04R\x06handle\"\x8d\x01\n" +
+	"\x14SubmitStreamResponse\x12\x10\n" +
+	"\x03tag\x18\x01 \x01(\x04R\x03tag\x125\n" +
+	"\x06result\x18\x02 \x01(\v2\x1d.b2b.v1.BatchTransferResponseR\x06result\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"\r\n" +
+	"\vPingRequest\"\x0e\n" +
+	"\fPingResponse\"\xdb\x01\n" +
 	"\x0fChecksumRequest\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x18\n" +
 	"\aoffsets\x18\x02 \x01(\fR\aoffsets\x12\x18\n" +
@@ -2823,7 +3473,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x11ChecksumAlgorithm\x12\"\n" +
 	"\x1eCHECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19CHECKSUM_ALGORITHM_CRC32C\x10\x01\x12\x1c\n" +
-	"\x18CHECKSUM_ALGORITHM_XXH64\x10\x022\xd7\x04\n" +
+	"\x18CHECKSUM_ALGORITHM_XXH64\x10\x022\xd1\a\n" +
 	"\x03B2B\x12O\n" +
 	"\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n" +
 	"\x10DeregisterRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12F\n" +
@@ -2832,7 +3482,12 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\rBatchTransfer\x12\x1c.b2b.v1.BatchTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12=\n" +
 	"\bChecksum\x12\x17.b2b.v1.ChecksumRequest\x1a\x18.b2b.v1.ChecksumResponse\x127\n" +
 	"\x06Status\x12\x15.b2b.v1.StatusRequest\x1a\x16.b2b.v1.StatusResponse\x12O\n" +
-	"\x12WatchNotifications\x12!.b2b.v1.WatchNotificationsRequest\x1a\x14.b2b.v1.Notification0\x012\xee\x02\n" +
+	"\x12WatchNotifications\x12!.b2b.v1.WatchNotificationsRequest\x1a\x14.b2b.v1.Notification0\x01\x12R\n" +
+	"\x0fPrepareTransfer\x12\x1e.b2b.v1.PrepareTransferRequest\x1a\x1f.b2b.v1.PrepareTransferResponse\x12N\n" +
+	"\x0eSubmitTransfer\x12\x1d.b2b.v1.SubmitTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12R\n" +
+	"\x0fReleaseTransfer\x12\x1e.b2b.v1.ReleaseTransferRequest\x1a\x1f.b2b.v1.ReleaseTransferResponse\x12M\n" +
+	"\fSubmitStream\x12\x1b.b2b.v1.SubmitStreamRequest\x1a\x1c.b2b.v1.SubmitStreamResponse(\x010\x01\x121\n" +
+	"\x04Ping\x12\x13.b2b.v1.PingRequest\x1a\x14.b2b.v1.PingResponse2\xee\x02\n" +
 	"\x04Peer\x12@\n" +
 	"\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n" +
 	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12I\n" +
@@ -2853,7 +3508,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -2874,26 +3529,36 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*Descriptors)(nil),               // 16: b2b.v1.Descriptors
 	(*BatchTransferRequest)(nil),      // 17: b2b.v1.BatchTransferRequest
 	(*BatchTransferResponse)(nil),     // 18: b2b.v1.BatchTransferResponse
-	(*ChecksumRequest)(nil),           // 19: b2b.v1.ChecksumRequest
-	(*ChecksumResponse)(nil),          // 20: b2b.v1.ChecksumResponse
-	(*WatchNotificationsRequest)(nil), // 21: b2b.v1.WatchNotificationsRequest
-	(*Notification)(nil),              // 22: b2b.v1.Notification
-	(*StatusRequest)(nil),             // 23: b2b.v1.StatusRequest
-	(*TransportStatus)(nil),           // 24: b2b.v1.TransportStatus
-	(*StatusResponse)(nil),            // 25: b2b.v1.StatusResponse
-	(*HandshakeRequest)(nil),          // 26: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 27: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 28: b2b.v1.ResolveRegionRequest
-	(*RegionKey)(nil),                 // 29: b2b.v1.RegionKey
-	(*ResolveRegionResponse)(nil),     // 30: b2b.v1.ResolveRegionResponse
-	(*VerbsEndpoint)(nil),             // 31: b2b.v1.VerbsEndpoint
-	(*VerbsPort)(nil),                 // 32: b2b.v1.VerbsPort
-	(*ConnectVerbsRequest)(nil),       // 33: b2b.v1.ConnectVerbsRequest
-	(*ConnectVerbsResponse)(nil),      // 34: b2b.v1.ConnectVerbsResponse
-	(*DisconnectVerbsRequest)(nil),    // 35: b2b.v1.DisconnectVerbsRequest
-	(*DisconnectVerbsResponse)(nil),   // 36: b2b.v1.DisconnectVerbsResponse
-	(*NotifyRequest)(nil),             // 37: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 38: b2b.v1.NotifyResponse
+	(*PhaseTimings)(nil),              // 19: b2b.v1.PhaseTimings
+	(*PrepareTransferRequest)(nil),    // 20: b2b.v1.PrepareTransferRequest
+	(*PrepareTransferResponse)(nil),   // 21: b2b.v1.PrepareTransferResponse
+	(*SubmitTransferRequest)(nil),     // 22: b2b.v1.SubmitTransferRequest
+	(*ReleaseTransferRequest)(nil),    // 23: b2b.v1.ReleaseTransferRequest
+	(*ReleaseTransferResponse)(nil),   // 24: b2b.v1.ReleaseTransferResponse
+	(*SubmitStreamRequest)(nil),       // 25: b2b.v1.SubmitStreamRequest
+	(*SubmitStreamResponse)(nil),      // 26: b2b.v1.SubmitStreamResponse
+	(*PingRequest)(nil),               // 27: b2b.v1.PingRequest
+	(*PingResponse)(nil),              // 28: b2b.v1.PingResponse
+	(*ChecksumRequest)(nil),           // 29: b2b.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),          // 30: b2b.v1.ChecksumResponse
+	(*WatchNotificationsRequest)(nil), // 31: b2b.v1.WatchNotificationsRequest
+	(*Notification)(nil),              // 32: b2b.v1.Notification
+	(*StatusRequest)(nil),             // 33: b2b.v1.StatusRequest
+	(*TransportStatus)(nil),           // 34: b2b.v1.TransportStatus
+	(*StatusResponse)(nil),            // 35: b2b.v1.StatusResponse
+	(*HandshakeRequest)(nil),          // 36: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 37: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 38: b2b.v1.ResolveRegionRequest
+	(*RegionKey)(nil),                 // 39: b2b.v1.RegionKey
+	(*ResolveRegionResponse)(nil),     // 40: b2b.v1.ResolveRegionResponse
+	(*VerbsEndpoint)(nil),             // 41: b2b.v1.VerbsEndpoint
+	(*VerbsPort)(nil),                 // 42: b2b.v1.VerbsPort
+	(*ConnectVerbsRequest)(nil),       // 43: b2b.v1.ConnectVerbsRequest
+	(*ConnectVerbsResponse)(nil),      // 44: b2b.v1.ConnectVerbsResponse
+	(*DisconnectVerbsRequest)(nil),    // 45: b2b.v1.DisconnectVerbsRequest
+	(*DisconnectVerbsResponse)(nil),   // 46: b2b.v1.DisconnectVerbsResponse
+	(*NotifyRequest)(nil),             // 47: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 48: b2b.v1.NotifyResponse
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	3,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -2908,50 +3573,66 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	16, // 9: b2b.v1.BatchTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
 	1,  // 10: b2b.v1.BatchTransferRequest.transport:type_name -> b2b.v1.TransportKind
 	1,  // 11: b2b.v1.BatchTransferResponse.transport:type_name -> b2b.v1.TransportKind
-	2,  // 12: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
-	2,  // 13: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
-	1,  // 14: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
-	24, // 15: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
-	1,  // 16: b2b.v1.HandshakeRequest.transports:type_name -> b2b.v1.TransportKind
-	1,  // 17: b2b.v1.HandshakeResponse.transports:type_name -> b2b.v1.TransportKind
-	1,  // 18: b2b.v1.RegionKey.transport:type_name -> b2b.v1.TransportKind
-	0,  // 19: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	29, // 20: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.RegionKey
-	32, // 21: b2b.v1.ConnectVerbsRequest.port:type_name -> b2b.v1.VerbsPort
-	31, // 22: b2b.v1.ConnectVerbsRequest.endpoints:type_name -> b2b.v1.VerbsEndpoint
-	32, // 23: b2b.v1.ConnectVerbsResponse.port:type_name -> b2b.v1.VerbsPort
-	31, // 24: b2b.v1.ConnectVerbsResponse.endpoints:type_name -> b2b.v1.VerbsEndpoint
-	7,  // 25: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	10, // 26: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	12, // 27: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	14, // 28: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	17, // 29: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	19, // 30: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	23, // 31: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	21, // 32: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	26, // 33: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	28, // 34: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	33, // 35: b2b.v1.Peer.ConnectVerbs:input_type -> b2b.v1.ConnectVerbsRequest
-	35, // 36: b2b.v1.Peer.DisconnectVerbs:input_type -> b2b.v1.DisconnectVerbsRequest
-	37, // 37: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	9,  // 38: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	11, // 39: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	13, // 40: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	15, // 41: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	18, // 42: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	20, // 43: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	25, // 44: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	22, // 45: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	27, // 46: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	30, // 47: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	34, // 48: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
-	36, // 49: b2b.v1.Peer.DisconnectVerbs:output_type -> b2b.v1.DisconnectVerbsResponse
-	38, // 50: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	38, // [38:51] is the sub-list for method output_type
-	25, // [25:38] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	19, // 12: b2b.v1.BatchTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
+	16, // 13: b2b.v1.PrepareTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
+	1,  // 14: b2b.v1.PrepareTransferRequest.transport:type_name -> b2b.v1.TransportKind
+	1,  // 15: b2b.v1.PrepareTransferResponse.transport:type_name -> b2b.v1.TransportKind
+	19, // 16: b2b.v1.PrepareTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
+	18, // 17: b2b.v1.SubmitStreamResponse.result:type_name -> b2b.v1.BatchTransferResponse
+	2,  // 18: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
+	2,  // 19: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
+	1,  // 20: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
+	34, // 21: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
+	1,  // 22: b2b.v1.HandshakeRequest.transports:type_name -> b2b.v1.TransportKind
+	1,  // 23: b2b.v1.HandshakeResponse.transports:type_name -> b2b.v1.TransportKind
+	1,  // 24: b2b.v1.RegionKey.transport:type_name -> b2b.v1.TransportKind
+	0,  // 25: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	39, // 26: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.RegionKey
+	42, // 27: b2b.v1.ConnectVerbsRequest.port:type_name -> b2b.v1.VerbsPort
+	41, // 28: b2b.v1.ConnectVerbsRequest.endpoints:type_name -> b2b.v1.VerbsEndpoint
+	42, // 29: b2b.v1.ConnectVerbsResponse.port:type_name -> b2b.v1.VerbsPort
+	41, // 30: b2b.v1.ConnectVerbsResponse.endpoints:type_name -> b2b.v1.VerbsEndpoint
+	7,  // 31: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	10, // 32: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	12, // 33: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	14, // 34: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	17, // 35: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	29, // 36: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	33, // 37: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	31, // 38: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	20, // 39: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	22, // 40: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	23, // 41: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	25, // 42: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	27, // 43: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	36, // 44: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	38, // 45: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	43, // 46: b2b.v1.Peer.ConnectVerbs:input_type -> b2b.v1.ConnectVerbsRequest
+	45, // 47: b2b.v1.Peer.DisconnectVerbs:input_type -> b2b.v1.DisconnectVerbsRequest
+	47, // 48: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	9,  // 49: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	11, // 50: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	13, // 51: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	15, // 52: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	18, // 53: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	30, // 54: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	35, // 55: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	32, // 56: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	21, // 57: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	18, // 58: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	24, // 59: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	26, // 60: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	28, // 61: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	37, // 62: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	40, // 63: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	44, // 64: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
+	46, // 65: b2b.v1.Peer.DisconnectVerbs:output_type -> b2b.v1.DisconnectVerbsResponse
+	48, // 66: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	49, // [49:67] is the sub-list for method output_type
+	31, // [31:49] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -2971,7 +3652,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   36,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -38,6 +38,11 @@ const (
 	B2B_Checksum_FullMethodName           = "/b2b.v1.B2B/Checksum"
 	B2B_Status_FullMethodName             = "/b2b.v1.B2B/Status"
 	B2B_WatchNotifications_FullMethodName = "/b2b.v1.B2B/WatchNotifications"
+	B2B_PrepareTransfer_FullMethodName    = "/b2b.v1.B2B/PrepareTransfer"
+	B2B_SubmitTransfer_FullMethodName     = "/b2b.v1.B2B/SubmitTransfer"
+	B2B_ReleaseTransfer_FullMethodName    = "/b2b.v1.B2B/ReleaseTransfer"
+	B2B_SubmitStream_FullMethodName       = "/b2b.v1.B2B/SubmitStream"
+	B2B_Ping_FullMethodName               = "/b2b.v1.B2B/Ping"
 )
 
 // B2BClient is the client API for B2B service.
@@ -64,6 +69,29 @@ type B2BClient interface {
 	// batches written into a local exported region, each delivered after its
 	// batch fully landed.
 	WatchNotifications(ctx context.Context, in *WatchNotificationsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Notification], error)
+	// PrepareTransfer does once what every BatchTransfer of the same layout
+	// repeats: it validates, merges and splits the descriptors, resolves the
+	// destination, connects, and builds the data path's work (over verbs, the
+	// WR chains in C memory). It returns a handle for SubmitTransfer. The plan
+	// holds its source region (deregistering it fails with FailedPrecondition)
+	// until ReleaseTransfer, or until the client's connection is gone. Plans per
+	// client are limited (ResourceExhausted).
+	PrepareTransfer(ctx context.Context, in *PrepareTransferRequest, opts ...grpc.CallOption) (*PrepareTransferResponse, error)
+	// SubmitTransfer runs a prepared plan. Like BatchTransfer it returns only
+	// after every byte landed and the destination daemon acknowledged it. A
+	// plan whose peer restarted, or whose destination was re-registered or
+	// re-exported since, fails with FailedPrecondition: prepare it again.
+	SubmitTransfer(ctx context.Context, in *SubmitTransferRequest, opts ...grpc.CallOption) (*BatchTransferResponse, error)
+	// ReleaseTransfer frees a plan. A plan with submits in flight is freed when
+	// they end.
+	ReleaseTransfer(ctx context.Context, in *ReleaseTransferRequest, opts ...grpc.CallOption) (*ReleaseTransferResponse, error)
+	// SubmitStream runs many submits on one stream: each request carries the
+	// caller's tag, each response the same tag, in completion order, so a
+	// pipeline of batches pays a call's fixed cost once.
+	SubmitStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubmitStreamRequest, SubmitStreamResponse], error)
+	// Ping does nothing: the floor of a call on this connection, which the
+	// bench measures next to SubmitTransfer.
+	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
 }
 
 type b2BClient struct {
@@ -163,6 +191,59 @@ func (c *b2BClient) WatchNotifications(ctx context.Context, in *WatchNotificatio
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type B2B_WatchNotificationsClient = grpc.ServerStreamingClient[Notification]
 
+func (c *b2BClient) PrepareTransfer(ctx context.Context, in *PrepareTransferRequest, opts ...grpc.CallOption) (*PrepareTransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PrepareTransferResponse)
+	err := c.cc.Invoke(ctx, B2B_PrepareTransfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) SubmitTransfer(ctx context.Context, in *SubmitTransferRequest, opts ...grpc.CallOption) (*BatchTransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchTransferResponse)
+	err := c.cc.Invoke(ctx, B2B_SubmitTransfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) ReleaseTransfer(ctx context.Context, in *ReleaseTransferRequest, opts ...grpc.CallOption) (*ReleaseTransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseTransferResponse)
+	err := c.cc.Invoke(ctx, B2B_ReleaseTransfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) SubmitStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubmitStreamRequest, SubmitStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &B2B_ServiceDesc.Streams[1], B2B_SubmitStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SubmitStreamRequest, SubmitStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type B2B_SubmitStreamClient = grpc.BidiStreamingClient[SubmitStreamRequest, SubmitStreamResponse]
+
+func (c *b2BClient) Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PingResponse)
+	err := c.cc.Invoke(ctx, B2B_Ping_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // B2BServer is the server API for B2B service.
 // All implementations must embed UnimplementedB2BServer
 // for forward compatibility.
@@ -187,6 +268,29 @@ type B2BServer interface {
 	// batches written into a local exported region, each delivered after its
 	// batch fully landed.
 	WatchNotifications(*WatchNotificationsRequest, grpc.ServerStreamingServer[Notification]) error
+	// PrepareTransfer does once what every BatchTransfer of the same layout
+	// repeats: it validates, merges and splits the descriptors, resolves the
+	// destination, connects, and builds the data path's work (over verbs, the
+	// WR chains in C memory). It returns a handle for SubmitTransfer. The plan
+	// holds its source region (deregistering it fails with FailedPrecondition)
+	// until ReleaseTransfer, or until the client's connection is gone. Plans per
+	// client are limited (ResourceExhausted).
+	PrepareTransfer(context.Context, *PrepareTransferRequest) (*PrepareTransferResponse, error)
+	// SubmitTransfer runs a prepared plan. Like BatchTransfer it returns only
+	// after every byte landed and the destination daemon acknowledged it. A
+	// plan whose peer restarted, or whose destination was re-registered or
+	// re-exported since, fails with FailedPrecondition: prepare it again.
+	SubmitTransfer(context.Context, *SubmitTransferRequest) (*BatchTransferResponse, error)
+	// ReleaseTransfer frees a plan. A plan with submits in flight is freed when
+	// they end.
+	ReleaseTransfer(context.Context, *ReleaseTransferRequest) (*ReleaseTransferResponse, error)
+	// SubmitStream runs many submits on one stream: each request carries the
+	// caller's tag, each response the same tag, in completion order, so a
+	// pipeline of batches pays a call's fixed cost once.
+	SubmitStream(grpc.BidiStreamingServer[SubmitStreamRequest, SubmitStreamResponse]) error
+	// Ping does nothing: the floor of a call on this connection, which the
+	// bench measures next to SubmitTransfer.
+	Ping(context.Context, *PingRequest) (*PingResponse, error)
 	mustEmbedUnimplementedB2BServer()
 }
 
@@ -220,6 +324,21 @@ func (UnimplementedB2BServer) Status(context.Context, *StatusRequest) (*StatusRe
 }
 func (UnimplementedB2BServer) WatchNotifications(*WatchNotificationsRequest, grpc.ServerStreamingServer[Notification]) error {
 	return status.Error(codes.Unimplemented, "method WatchNotifications not implemented")
+}
+func (UnimplementedB2BServer) PrepareTransfer(context.Context, *PrepareTransferRequest) (*PrepareTransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PrepareTransfer not implemented")
+}
+func (UnimplementedB2BServer) SubmitTransfer(context.Context, *SubmitTransferRequest) (*BatchTransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SubmitTransfer not implemented")
+}
+func (UnimplementedB2BServer) ReleaseTransfer(context.Context, *ReleaseTransferRequest) (*ReleaseTransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseTransfer not implemented")
+}
+func (UnimplementedB2BServer) SubmitStream(grpc.BidiStreamingServer[SubmitStreamRequest, SubmitStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method SubmitStream not implemented")
+}
+func (UnimplementedB2BServer) Ping(context.Context, *PingRequest) (*PingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Ping not implemented")
 }
 func (UnimplementedB2BServer) mustEmbedUnimplementedB2BServer() {}
 func (UnimplementedB2BServer) testEmbeddedByValue()             {}
@@ -379,6 +498,85 @@ func _B2B_WatchNotifications_Handler(srv interface{}, stream grpc.ServerStream) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type B2B_WatchNotificationsServer = grpc.ServerStreamingServer[Notification]
 
+func _B2B_PrepareTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrepareTransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).PrepareTransfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_PrepareTransfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).PrepareTransfer(ctx, req.(*PrepareTransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_SubmitTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SubmitTransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).SubmitTransfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_SubmitTransfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).SubmitTransfer(ctx, req.(*SubmitTransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_ReleaseTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseTransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).ReleaseTransfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_ReleaseTransfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).ReleaseTransfer(ctx, req.(*ReleaseTransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_SubmitStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(B2BServer).SubmitStream(&grpc.GenericServerStream[SubmitStreamRequest, SubmitStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type B2B_SubmitStreamServer = grpc.BidiStreamingServer[SubmitStreamRequest, SubmitStreamResponse]
+
+func _B2B_Ping_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).Ping(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_Ping_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).Ping(ctx, req.(*PingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // B2B_ServiceDesc is the grpc.ServiceDesc for B2B service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -414,12 +612,34 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Status",
 			Handler:    _B2B_Status_Handler,
 		},
+		{
+			MethodName: "PrepareTransfer",
+			Handler:    _B2B_PrepareTransfer_Handler,
+		},
+		{
+			MethodName: "SubmitTransfer",
+			Handler:    _B2B_SubmitTransfer_Handler,
+		},
+		{
+			MethodName: "ReleaseTransfer",
+			Handler:    _B2B_ReleaseTransfer_Handler,
+		},
+		{
+			MethodName: "Ping",
+			Handler:    _B2B_Ping_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "WatchNotifications",
 			Handler:       _B2B_WatchNotifications_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "SubmitStream",
+			Handler:       _B2B_SubmitStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "b2b/v1/b2b.proto",

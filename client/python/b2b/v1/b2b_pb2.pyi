@@ -32,20 +32,22 @@ class BatchTransferRequest(_message.Message):
     def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ...) -> None: ...
 
 class BatchTransferResponse(_message.Message):
-    __slots__ = ["blocks", "bytes", "elapsed_ns", "segments", "transport", "work_requests"]
+    __slots__ = ["blocks", "bytes", "elapsed_ns", "phases", "segments", "transport", "work_requests"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_NS_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     WORK_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     blocks: int
     bytes: int
     elapsed_ns: int
+    phases: PhaseTimings
     segments: int
     transport: TransportKind
     work_requests: int
-    def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., elapsed_ns: _Optional[int] = ...) -> None: ...
+    def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., elapsed_ns: _Optional[int] = ..., phases: _Optional[_Union[PhaseTimings, _Mapping]] = ...) -> None: ...
 
 class ChecksumRequest(_message.Message):
     __slots__ = ["algorithm", "block_length", "lengths", "offsets", "per_block", "region_id"]
@@ -261,6 +263,68 @@ class NotifyResponse(_message.Message):
     delivered: int
     def __init__(self, delivered: _Optional[int] = ...) -> None: ...
 
+class PhaseTimings(_message.Message):
+    __slots__ = ["decode_ns", "notify_ns", "plan_ns", "post_ns", "resolve_ns", "total_ns", "validate_ns", "wire_ns"]
+    DECODE_NS_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_NS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_NS_FIELD_NUMBER: _ClassVar[int]
+    POST_NS_FIELD_NUMBER: _ClassVar[int]
+    RESOLVE_NS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_NS_FIELD_NUMBER: _ClassVar[int]
+    WIRE_NS_FIELD_NUMBER: _ClassVar[int]
+    decode_ns: int
+    notify_ns: int
+    plan_ns: int
+    post_ns: int
+    resolve_ns: int
+    total_ns: int
+    validate_ns: int
+    wire_ns: int
+    def __init__(self, decode_ns: _Optional[int] = ..., validate_ns: _Optional[int] = ..., resolve_ns: _Optional[int] = ..., plan_ns: _Optional[int] = ..., post_ns: _Optional[int] = ..., wire_ns: _Optional[int] = ..., notify_ns: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
+
+class PingRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class PingResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class PrepareTransferRequest(_message.Message):
+    __slots__ = ["descriptors", "dst_region", "notification", "peer", "src_region_id", "transport"]
+    DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
+    DST_REGION_FIELD_NUMBER: _ClassVar[int]
+    NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    SRC_REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    descriptors: Descriptors
+    dst_region: str
+    notification: bytes
+    peer: str
+    src_region_id: str
+    transport: TransportKind
+    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ...) -> None: ...
+
+class PrepareTransferResponse(_message.Message):
+    __slots__ = ["blocks", "bytes", "handle", "phases", "segments", "transport", "work_requests"]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    WORK_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    blocks: int
+    bytes: int
+    handle: int
+    phases: PhaseTimings
+    segments: int
+    transport: TransportKind
+    work_requests: int
+    def __init__(self, handle: _Optional[int] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., phases: _Optional[_Union[PhaseTimings, _Mapping]] = ...) -> None: ...
+
 class Region(_message.Message):
     __slots__ = ["active_batches", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "export_to", "id", "kind", "registered_with", "shm_offset", "shm_path", "size"]
     ACTIVE_BATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -321,6 +385,16 @@ class RegisterRegionResponse(_message.Message):
     region: Region
     def __init__(self, region: _Optional[_Union[Region, _Mapping]] = ...) -> None: ...
 
+class ReleaseTransferRequest(_message.Message):
+    __slots__ = ["handle"]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    def __init__(self, handle: _Optional[int] = ...) -> None: ...
+
+class ReleaseTransferResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
 class ResolveRegionRequest(_message.Message):
     __slots__ = ["name"]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -378,6 +452,32 @@ class StatusResponse(_message.Message):
     transports: _containers.RepeatedCompositeFieldContainer[TransportStatus]
     version: str
     def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ..., open_fds: _Optional[int] = ...) -> None: ...
+
+class SubmitStreamRequest(_message.Message):
+    __slots__ = ["handle", "tag"]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    tag: int
+    def __init__(self, tag: _Optional[int] = ..., handle: _Optional[int] = ...) -> None: ...
+
+class SubmitStreamResponse(_message.Message):
+    __slots__ = ["code", "message", "result", "tag"]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    result: BatchTransferResponse
+    tag: int
+    def __init__(self, tag: _Optional[int] = ..., result: _Optional[_Union[BatchTransferResponse, _Mapping]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SubmitTransferRequest(_message.Message):
+    __slots__ = ["handle"]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    def __init__(self, handle: _Optional[int] = ...) -> None: ...
 
 class TransportStatus(_message.Message):
     __slots__ = ["available", "connections", "detail", "kind", "memory_regions", "queue_pairs"]

@@ -57,6 +57,31 @@ class B2BStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.WatchNotificationsRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.Notification.FromString,
                 )
+        self.PrepareTransfer = channel.unary_unary(
+                '/b2b.v1.B2B/PrepareTransfer',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.PrepareTransferRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.PrepareTransferResponse.FromString,
+                )
+        self.SubmitTransfer = channel.unary_unary(
+                '/b2b.v1.B2B/SubmitTransfer',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.SubmitTransferRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.FromString,
+                )
+        self.ReleaseTransfer = channel.unary_unary(
+                '/b2b.v1.B2B/ReleaseTransfer',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.ReleaseTransferRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.ReleaseTransferResponse.FromString,
+                )
+        self.SubmitStream = channel.stream_stream(
+                '/b2b.v1.B2B/SubmitStream',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.SubmitStreamRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.SubmitStreamResponse.FromString,
+                )
+        self.Ping = channel.unary_unary(
+                '/b2b.v1.B2B/Ping',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.PingRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.PingResponse.FromString,
+                )
 
 
 class B2BServicer(object):
@@ -125,6 +150,54 @@ class B2BServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareTransfer(self, request, context):
+        """PrepareTransfer does once what every BatchTransfer of the same layout
+        repeats: it validates, merges and splits the descriptors, resolves the
+        destination, connects, and builds the data path's work (over verbs, the
+        WR chains in C memory). It returns a handle for SubmitTransfer. The plan
+        holds its source region (deregistering it fails with FailedPrecondition)
+        until ReleaseTransfer, or until the client's connection is gone. Plans per
+        client are limited (ResourceExhausted).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitTransfer(self, request, context):
+        """SubmitTransfer runs a prepared plan. Like BatchTransfer it returns only
+        after every byte landed and the destination daemon acknowledged it. A
+        plan whose peer restarted, or whose destination was re-registered or
+        re-exported since, fails with FailedPrecondition: prepare it again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseTransfer(self, request, context):
+        """ReleaseTransfer frees a plan. A plan with submits in flight is freed when
+        they end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitStream(self, request_iterator, context):
+        """SubmitStream runs many submits on one stream: each request carries the
+        caller's tag, each response the same tag, in completion order, so a
+        pipeline of batches pays a call's fixed cost once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ping(self, request, context):
+        """Ping does nothing: the floor of a call on this connection, which the
+        bench measures next to SubmitTransfer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_B2BServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -167,6 +240,31 @@ def add_B2BServicer_to_server(servicer, server):
                     servicer.WatchNotifications,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.WatchNotificationsRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.Notification.SerializeToString,
+            ),
+            'PrepareTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareTransfer,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.PrepareTransferRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.PrepareTransferResponse.SerializeToString,
+            ),
+            'SubmitTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitTransfer,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.SubmitTransferRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.SerializeToString,
+            ),
+            'ReleaseTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseTransfer,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.ReleaseTransferRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.ReleaseTransferResponse.SerializeToString,
+            ),
+            'SubmitStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SubmitStream,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.SubmitStreamRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.SubmitStreamResponse.SerializeToString,
+            ),
+            'Ping': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ping,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.PingRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.PingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +412,91 @@ class B2B(object):
         return grpc.experimental.unary_stream(request, target, '/b2b.v1.B2B/WatchNotifications',
             b2b_dot_v1_dot_b2b__pb2.WatchNotificationsRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.Notification.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PrepareTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/PrepareTransfer',
+            b2b_dot_v1_dot_b2b__pb2.PrepareTransferRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.PrepareTransferResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SubmitTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/SubmitTransfer',
+            b2b_dot_v1_dot_b2b__pb2.SubmitTransferRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReleaseTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/ReleaseTransfer',
+            b2b_dot_v1_dot_b2b__pb2.ReleaseTransferRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.ReleaseTransferResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def SubmitStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/b2b.v1.B2B/SubmitStream',
+            b2b_dot_v1_dot_b2b__pb2.SubmitStreamRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.SubmitStreamResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def Ping(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/Ping',
+            b2b_dot_v1_dot_b2b__pb2.PingRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.PingResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
