@@ -115,10 +115,10 @@ func (e *Env) exists(parts ...string) bool {
 
 // host is what several checks share, read once.
 type host struct {
-	env   *Env
-	ports []port
+	env     *Env
+	ports   []port
 	rdmaErr error // reading /sys/class/infiniband failed (not: it is absent)
-	gpus  []pciDev
+	gpus    []pciDev
 }
 
 // Run runs every host check.

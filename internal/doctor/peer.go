@@ -29,10 +29,10 @@ import (
 
 // PeerOptions says how to reach and test a peer daemon.
 type PeerOptions struct {
-	Addr     string         // the peer's --peer-listen address, host:port
-	TLS      *auth.PeerTLS  // this host's peer certificate; nil with Insecure
-	Insecure bool           // plaintext, loopback only
-	Socket   string         // the local daemon's API, for the round trip
+	Addr     string        // the peer's --peer-listen address, host:port
+	TLS      *auth.PeerTLS // this host's peer certificate; nil with Insecure
+	Insecure bool          // plaintext, loopback only
+	Socket   string        // the local daemon's API, for the round trip
 	// PeerExport is a region the peer exports that the round trip may
 	// overwrite (its first RoundTripBytes); PeerAPI is the peer daemon's
 	// local API, through which the round trip registers its own region and
