@@ -67,6 +67,10 @@ func Peer(ctx context.Context, o PeerOptions) []Result {
 	out = append(out, tlsR)
 	hs, tr := checkTransports(ctx, o, pfx+"transports", tlsR.Status != Fail)
 	out = append(out, tr)
+	if hs == nil {
+		out = append(out, res(pfx+"round-trip", tr.Status, "fix the transports check first", "not run: no handshake with the peer"))
+		return out
+	}
 	out = append(out, checkRoundTrip(ctx, o, pfx+"round-trip", hs))
 	return out
 }
@@ -171,10 +175,7 @@ func kindName(k b2bv1.TransportKind) string {
 
 const roundTripHint = "give --peer-api ADDR (the peer daemon's local API: the check registers, compares and removes its own region there) or --peer-export NAME (a region the peer exports that this check may overwrite, its first 64 KiB)"
 
-func checkRoundTrip(ctx context.Context, o PeerOptions, c string, hs *b2bv1.HandshakeResponse) Result {
-	if hs == nil {
-		return res(c, Fail, "fix the transports check first", "not run: no handshake with the peer")
-	}
+func checkRoundTrip(ctx context.Context, o PeerOptions, c string, _ *b2bv1.HandshakeResponse) Result {
 	if o.Socket == "" {
 		return res(c, Warn, "give --socket, the local daemon's API", "not run: no local daemon to send through")
 	}
