@@ -43,6 +43,17 @@ func LoadFile(fs *flag.FlagSet, path string, skip ...string) error {
 // refused naming the key, the file and the line. Nothing is set unless the
 // whole file is valid.
 func Apply(fs *flag.FlagSet, name string, data []byte, skip ...string) error {
+	return apply(fs, name, data, false, skip)
+}
+
+// ApplyKnown is Apply for a program that reads the daemon's file but has
+// only some of its flags (b2bd doctor): keys fs lacks are skipped, not
+// refused; the keys it has are checked and applied as Apply does.
+func ApplyKnown(fs *flag.FlagSet, name string, data []byte, skip ...string) error {
+	return apply(fs, name, data, true, skip)
+}
+
+func apply(fs *flag.FlagSet, name string, data []byte, ignoreUnknown bool, skip []string) error {
 	if len(data) > MaxSize {
 		return fmt.Errorf("%w: config %s is %d bytes, over the limit of %d", errs.ErrInvalidArgument, name, len(data), MaxSize)
 	}
@@ -68,6 +79,9 @@ func Apply(fs *flag.FlagSet, name string, data []byte, skip ...string) error {
 		f := fs.Lookup(k)
 		if _, ok := doc[k].(map[string]any); ok {
 			return fmt.Errorf("%w: %s: key %q is a table; keys are flat flag names (no [sections] or dotted keys)", errs.ErrInvalidArgument, where, k)
+		}
+		if f == nil && ignoreUnknown {
+			continue
 		}
 		if f == nil || contains(skip, k) {
 			return fmt.Errorf("%w: %s: unknown key %q (a key is a flag name without its leading dashes, e.g. tcp-streams; see -help)", errs.ErrInvalidArgument, where, k)

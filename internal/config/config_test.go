@@ -138,3 +138,21 @@ func FuzzApply(f *testing.F) {
 		}
 	})
 }
+
+func TestApplyKnown(t *testing.T) {
+	var v vals
+	fs := newFS(&v)
+	if err := fs.Parse([]string{"-node-name", "cli"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplyKnown(fs, "f", []byte("tcp-streams = 9\nother-daemon-flag = \"x\"\nnode-name = \"file\"\n"), "config"); err != nil {
+		t.Fatal(err)
+	}
+	if v.streams != 9 || v.name != "cli" {
+		t.Fatalf("%+v", v)
+	}
+	err := ApplyKnown(newFS(&v), "f", []byte("other = 1\ninsecure = \"yes\"\n"))
+	if err == nil || !strings.Contains(err.Error(), `f line 2: key "insecure"`) {
+		t.Fatalf("err = %v", err)
+	}
+}

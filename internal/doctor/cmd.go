@@ -6,11 +6,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/b2bd/b2bd/internal/auth"
+	"github.com/b2bd/b2bd/internal/config"
 )
+
+// daemonKeys are doctor's flags that mean the same as the daemon's.
+var daemonKeys = map[string]bool{"socket": true, "shm-dir": true, "group": true, "rdma-device": true, "rdma-netdev": true,
+	"tls-cert": true, "tls-key": true, "tls-ca": true, "insecure": true}
 
 // ErrFailed is returned by Command when a check failed (exit status 1).
 var ErrFailed = errors.New("doctor: a check failed")
@@ -45,11 +51,33 @@ func Command(ctx context.Context, prog string, args []string, stdout, stderr io.
 	fs.StringVar(&o.PeerAPI, "peer-api", "", "peer round trip: the peer daemon's local API, to register a scratch region there and compare checksums")
 	fs.StringVar(&o.PeerExport, "peer-export", "", "peer round trip: a region the peer exports that may be overwritten (first 64 KiB); contents are not compared")
 	fs.DurationVar(&o.Timeout, "timeout", 5*time.Second, "peer checks: timeout per step")
+	cfgFile := fs.String("config", "", "the daemon's TOML config: its socket, shm-dir, group, rdma-device, rdma-netdev, tls-* and insecure apply here (flags override it)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return err
+	}
+	if *cfgFile != "" {
+		data, err := os.ReadFile(*cfgFile)
+		if err != nil {
+			return fmt.Errorf("doctor: %w", err)
+		}
+		// Only the daemon's own keys; doctor's other flags are not config.
+		sub := flag.NewFlagSet("config", flag.ContinueOnError)
+		fs.VisitAll(func(f *flag.Flag) {
+			if daemonKeys[f.Name] {
+				sub.Var(f.Value, f.Name, f.Usage)
+			}
+		})
+		fs.Visit(func(f *flag.Flag) {
+			if daemonKeys[f.Name] {
+				_ = sub.Set(f.Name, f.Value.String()) // marks it set: the command line wins
+			}
+		})
+		if err := config.ApplyKnown(sub, *cfgFile, data); err != nil {
+			return fmt.Errorf("doctor: %w", err)
+		}
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("doctor: unexpected argument %q", fs.Arg(0))

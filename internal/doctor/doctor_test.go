@@ -390,3 +390,47 @@ func FuzzACSCtrl(f *testing.F) {
 		}
 	})
 }
+
+// TestCommandConfig: doctor reads the daemon's config for the settings it
+// shares (here --shm-dir), skips the daemon's other keys, and lets its own
+// command line win.
+func TestCommandConfig(t *testing.T) {
+	tr := healthy(t)
+	if err := os.Chmod(filepath.Join(tr.root, "dev/shm/b2bd"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(tr.root, "srv/regions"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "b2bd.toml")
+	if err := os.WriteFile(cfg, []byte("shm-dir = \"/srv/regions\"\ntcp-streams = 4\npeer-listen = \":7470\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	shm := func(args ...string) Result {
+		t.Helper()
+		var out, errb bytes.Buffer
+		_ = Command(context.Background(), "b2bd", append([]string{"--json", "--root", tr.root}, args...), &out, &errb)
+		var rep Report
+		if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+			t.Fatalf("json: %v (stderr %s)", err, errb.String())
+		}
+		return byCheck(rep.Checks)["shm-dir"]
+	}
+	if r := shm(); r.Status != Fail || !strings.Contains(r.Detail, "/dev/shm/b2bd is drwxrwxrwx") {
+		t.Errorf("default shm dir: %+v", r)
+	}
+	if r := shm("--config", cfg); strings.Contains(r.Detail, "/dev/shm/b2bd") || r.Status == Fail {
+		t.Errorf("with --config: %+v", r)
+	}
+	if r := shm("--config", cfg, "--shm-dir", "/dev/shm/b2bd"); r.Status != Fail {
+		t.Errorf("command line over --config: %+v", r)
+	}
+	if err := os.WriteFile(cfg, []byte("insecure = \"no\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	err := Command(context.Background(), "b2bd", []string{"--config", cfg}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), `key "insecure"`) {
+		t.Fatalf("bad config: %v", err)
+	}
+}
