@@ -12,26 +12,40 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/b2bd/b2bd/internal/config"
 	"github.com/b2bd/b2bd/internal/daemon"
+	"github.com/b2bd/b2bd/internal/doctor"
 )
 
 func main() {
 	if err := run(context.Background(), os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "b2bd:", err)
+		if !errors.Is(err, doctor.ErrFailed) {
+			fmt.Fprintln(os.Stderr, "b2bd:", err)
+		}
 		os.Exit(1)
 	}
 }
 
 func run(ctx context.Context, args []string) error {
+	if len(args) > 0 && args[0] == "doctor" {
+		return doctor.Command(ctx, "b2bd", args[1:], os.Stdout, os.Stderr)
+	}
 	var cfg daemon.Config
+	var cfgFile string
 	fs := flag.NewFlagSet("b2bd", flag.ContinueOnError)
 	cfg.RegisterFlags(fs)
 	daemon.RegisterOptionalFlags(fs, &cfg)
+	fs.StringVar(&cfgFile, "config", "", "TOML file whose keys are these flags' names (e.g. deploy/b2bd.toml); flags on the command line override it")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return err
+	}
+	if cfgFile != "" {
+		if err := config.LoadFile(fs, cfgFile, "config"); err != nil {
+			return err
+		}
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "b2bd", Level: hclog.LevelFromString(cfg.LogLevel), Output: os.Stderr})
 	daemon.InstallGRPCLogger(log)

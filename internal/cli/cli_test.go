@@ -1,0 +1,315 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/b2bd/b2bd/client"
+	"github.com/b2bd/b2bd/internal/daemon"
+)
+
+type node struct {
+	d    *daemon.Daemon
+	sock string
+}
+
+// startNode runs a real daemon (TCP, plaintext on loopback) in this process.
+func startNode(t *testing.T, name string) *node {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := daemon.Config{
+		NodeName: name, Socket: filepath.Join(dir, "b2bd.sock"), SocketMode: "0660",
+		PeerListen: "127.0.0.1:0", ShmDir: filepath.Join(dir, "shm"), Transport: "tcp",
+		DefaultTimeout: 20 * time.Second, ShutdownGrace: 5 * time.Second, MaxDescriptors: 1 << 20, Insecure: true,
+	}
+	cfg.TCP.Listen = "127.0.0.1:0"
+	d, err := daemon.New(cfg, hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.Warn, Output: os.Stderr}))
+	if err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s exit: %v", name, err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("%s did not stop", name)
+		}
+	})
+	return &node{d: d, sock: cfg.Socket}
+}
+
+// ctl runs b2bctl and returns its stdout.
+func ctl(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := Main(ctx, args, IO{Stdout: &out, Stderr: &errb})
+	if errb.Len() > 0 {
+		t.Logf("b2bctl %s: stderr: %s", strings.Join(args, " "), errb.String())
+	}
+	return out.String(), err
+}
+
+func ctlJSON[T any](t *testing.T, args ...string) T {
+	t.Helper()
+	s, err := ctl(t, args...)
+	if err != nil {
+		t.Fatalf("b2bctl: %v", err)
+	}
+	var v T
+	if err := json.Unmarshal([]byte(s), &v); err != nil {
+		t.Fatalf("json %q: %v", s, err)
+	}
+	return v
+}
+
+func mapRegion(t *testing.T, sock, id string) []byte {
+	t.Helper()
+	c, err := client.Dial(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rs, err := c.Regions(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		if r.GetId() == id {
+			h, err := c.MapHostRegion(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = h.Unmap() })
+			return h.Bytes
+		}
+	}
+	t.Fatalf("no region %s", id)
+	return nil
+}
+
+// TestTransferVerified is `b2bctl transfer --blocks 10000 --size 4096
+// --verify` between two real daemons; the test then compares every byte
+// itself.
+func TestTransferVerified(t *testing.T) {
+	a, b := startNode(t, "a"), startNode(t, "b")
+	const n, size, gap = 10000, 4096, 64
+	regionSize := fmt.Sprint(n * (size + gap))
+	src := ctlJSON[RegionJSON](t, "--socket", a.sock, "register", "--size", regionSize, "--fill", "random", "--json")
+	dst := ctlJSON[RegionJSON](t, "--socket", b.sock, "register", "--json", "--size", regionSize, "--export", "dst")
+	if src.ID == "" || dst.Export != "dst" || dst.Size != n*(size+gap) {
+		t.Fatalf("regions %+v %+v", src, dst)
+	}
+	res := ctlJSON[TransferResult](t, "--socket", a.sock, "transfer", "--json",
+		"--blocks", fmt.Sprint(n), "--size", fmt.Sprint(size), "--gap", fmt.Sprint(gap),
+		"--src", src.ID, "--peer", b.d.PeerAddr(), "--dst", "dst", "--verify", "--dst-socket", b.sock, "--repeat", "2")
+	if res.Verified == nil || !*res.Verified || res.Mismatched != 0 || res.BlocksPerBatch != n || res.BytesPerBatch != n*size || res.Batches != 2 || res.Transport != "tcp" {
+		t.Fatalf("result %+v", res)
+	}
+	sb, db := mapRegion(t, a.sock, src.ID), mapRegion(t, b.sock, dst.ID)
+	zero := make([]byte, gap)
+	for i := 0; i < n; i++ {
+		off := i * (size + gap)
+		if !bytes.Equal(sb[off:off+size], db[off:off+size]) {
+			t.Fatalf("block %d differs", i)
+		}
+		if !bytes.Equal(db[off+size:off+size+gap], zero) {
+			t.Fatalf("gap after block %d was written", i)
+		}
+	}
+	if bytes.Equal(sb[:size], make([]byte, size)) {
+		t.Fatal("source block 0 is all zero: --fill random did nothing")
+	}
+	st := ctlJSON[map[string]any](t, "--socket", a.sock, "status", "--json")
+	if st["batches_sent"].(float64) != 2 || st["bytes_sent"].(float64) != 2*n*size {
+		t.Fatalf("status %v", st)
+	}
+	regs := ctlJSON[[]RegionJSON](t, "--json", "--socket", b.sock, "regions")
+	if len(regs) != 1 || regs[0].ID != dst.ID || regs[0].Export != "dst" {
+		t.Fatalf("regions %+v", regs)
+	}
+	// Tables for people.
+	out, err := ctl(t, "--socket", b.sock, "regions")
+	if err != nil || !strings.Contains(out, "EXPORT") || !strings.Contains(out, dst.ID) {
+		t.Fatalf("regions table %q %v", out, err)
+	}
+}
+
+func TestTransferToOwnPeerRefused(t *testing.T) {
+	a := startNode(t, "a")
+	src := ctlJSON[RegionJSON](t, "--socket", a.sock, "register", "--size", "8192", "--json")
+	_, err := ctl(t, "--socket", a.sock, "transfer", "--blocks", "2", "--size", "4096", "--src", src.ID, "--peer", a.d.PeerAddr(), "--dst", "nothing")
+	if err == nil || !strings.Contains(err.Error(), "batch 1 of 1") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// TestChecksumFindsCorruption transfers blocks from a descriptor file,
+// corrupts one landed block, and checks that checksum --per-block on both
+// sides tells exactly that block apart, and that transfer --verify fails.
+func TestChecksumFindsCorruption(t *testing.T) {
+	a, b := startNode(t, "a"), startNode(t, "b")
+	src := ctlJSON[RegionJSON](t, "--socket", a.sock, "register", "--size", "65536", "--fill", "random", "--json")
+	dst := ctlJSON[RegionJSON](t, "--socket", b.sock, "register", "--size", "65536", "--export", "d", "--json")
+	desc := filepath.Join(t.TempDir(), "blocks.txt")
+	if err := os.WriteFile(desc, []byte("# src dst len\n0 0x8000 4096\n8192 0 100\n\n16384 4096 4096 # last\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := ctlJSON[TransferResult](t, "--socket", a.sock, "transfer", "--json", "--descriptors", desc, "--src", src.ID, "--peer", b.d.PeerAddr(), "--dst", "d", "--verify", "--dst-socket", b.sock)
+	if res.Verified == nil || !*res.Verified || res.BlocksPerBatch != 3 || res.BytesPerBatch != 4096+100+4096 {
+		t.Fatalf("result %+v", res)
+	}
+	mapRegion(t, b.sock, dst.ID)[4096+7] ^= 0xff // block 2 as landed
+	type sum struct {
+		Digest string   `json:"digest"`
+		Blocks uint64   `json:"blocks"`
+		Per    []string `json:"block_digests"`
+	}
+	x := ctlJSON[sum](t, "--socket", a.sock, "checksum", "--json", "--per-block", "--region", src.ID, "--descriptors", desc)
+	y := ctlJSON[sum](t, "--socket", b.sock, "checksum", "--json", "--per-block", "--region", dst.ID, "--descriptors", desc, "--column", "dst")
+	if x.Blocks != 3 || len(x.Per) != 3 || len(y.Per) != 3 || x.Per[0] != y.Per[0] || x.Per[1] != y.Per[1] || x.Per[2] == y.Per[2] || x.Digest == y.Digest {
+		t.Fatalf("checksums %+v %+v", x, y)
+	}
+	// --verify alone (re-sending repairs the block, so corrupt the source).
+	mapRegion(t, a.sock, src.ID)[8192] ^= 0xff
+	if err := os.WriteFile(desc, []byte("0 0x8000 4096\n8192 0 100\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctl(t, "--socket", a.sock, "transfer", "--descriptors", desc, "--src", src.ID, "--peer", b.d.PeerAddr(), "--dst", "d", "--verify", "--dst-socket", b.sock); err != nil {
+		t.Fatalf("verified re-send: %v", err)
+	}
+}
+
+func TestWatch(t *testing.T) {
+	a, b := startNode(t, "a"), startNode(t, "b")
+	src := ctlJSON[RegionJSON](t, "--socket", a.sock, "register", "--size", "4096", "--json")
+	dst := ctlJSON[RegionJSON](t, "--socket", b.sock, "register", "--size", "4096", "--export", "w", "--json")
+	got := make(chan string, 1)
+	go func() {
+		out, err := ctl(t, "--socket", b.sock, "watch", "--json", "--count", "1", "--region", dst.ID)
+		if err != nil {
+			out = "error: " + err.Error()
+		}
+		got <- out
+	}()
+	// The watcher subscribes asynchronously: send until it has seen one.
+	for {
+		if _, err := ctl(t, "--socket", a.sock, "transfer", "--blocks", "1", "--size", "4096", "--src", src.ID, "--peer", b.d.PeerAddr(), "--dst", "w", "--notify", "hello"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case out := <-got:
+			var m map[string]any
+			if err := json.Unmarshal([]byte(out), &m); err != nil {
+				t.Fatalf("watch output %q: %v", out, err)
+			}
+			if m["notification"] != "hello" || m["sender"] != "a" || m["blocks"].(float64) != 1 || m["region"] != "w" {
+				t.Fatalf("notification %v", m)
+			}
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no command"},
+		{[]string{"frob"}, `unknown command "frob"`},
+		{[]string{"transfer", "--blocks", "1", "--size", "1"}, "--src, --peer, --dst required"},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--blocks", "0", "--size", "1"}, "--blocks and --size must be > 0"},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--verify"}, "--verify needs exactly one"},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--transport", "udp"}, `--transport "udp"`},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--blocks", "3", "--size", "1", "--descriptors", "x"}, "not both"},
+		{[]string{"register"}, "--size is required"},
+		{[]string{"register", "--size", "1", "--fill", "ones"}, `--fill "ones"`},
+		{[]string{"checksum"}, "--region is required"},
+		{[]string{"watch"}, "--region is required"},
+		{[]string{"deregister"}, "at least one region"},
+	} {
+		_, err := ctl(t, tc.args...)
+		if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want usage error with %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestParseDescriptors(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Blocks
+		err  string
+	}{
+		{in: "1 2 3\n0x10 0x20 0x30 # c\n", want: Blocks{Src: []uint64{1, 16}, Dst: []uint64{2, 32}, Len: []uint64{3, 48}}},
+		{in: "# only\n\n", err: "no blocks"},
+		{in: "1 2\n", err: "line 1: want 3 fields"},
+		{in: "\n1 2 x\n", err: `line 2: field length "x"`},
+		{in: "-1 2 3\n", err: "field src_offset"},
+		{in: "1 2 0\n", err: "line 1: length is 0"},
+		{in: "18446744073709551616 0 1\n", err: "not an unsigned 64-bit"},
+	} {
+		got, err := ParseDescriptors(strings.NewReader(tc.in), "f")
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "descriptors f") {
+				t.Errorf("%q: err %v, want %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%q: got %v %v", tc.in, got, err)
+		}
+	}
+}
+
+func TestGenerate(t *testing.T) {
+	b, err := Generate(3, 4096, 64)
+	if err != nil || fmt.Sprint(b.Src) != "[0 4160 8320]" || fmt.Sprint(b.Dst) != fmt.Sprint(b.Src) || b.Uniform() != 4096 || b.Bytes() != 3*4096 {
+		t.Fatalf("%v %v", b, err)
+	}
+	if _, err := Generate(4, 1<<62, 1<<62); err == nil || !strings.Contains(err.Error(), "overflows") {
+		t.Fatalf("overflow: %v", err)
+	}
+}
+
+func FuzzParseDescriptors(f *testing.F) {
+	for _, s := range []string{"1 2 3\n", "0x1 0x2 0x3 # x\n", "1 2\n", "\n\n# c", "1 2 0", "9 9 18446744073709551615\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b, err := ParseDescriptors(strings.NewReader(s), "fuzz")
+		if err != nil {
+			if !errors.Is(err, ErrUsage) {
+				t.Fatalf("error %v is not ErrUsage", err)
+			}
+			return
+		}
+		if len(b.Src) == 0 || len(b.Src) != len(b.Dst) || len(b.Src) != len(b.Len) {
+			t.Fatalf("lengths %d %d %d", len(b.Src), len(b.Dst), len(b.Len))
+		}
+		for _, l := range b.Len {
+			if l == 0 {
+				t.Fatal("zero length accepted")
+			}
+		}
+	})
+}
