@@ -25,6 +25,9 @@ import (
 //	prepared_us      SubmitTransfer, client-observed
 //	prepared/adhoc   their ratio (target <= 0.5)
 //	nonwire_us       the daemon's own time in a submit: total_ns - wire_ns (target <= 50)
+//	submit_decode_us of which receiving and unmarshalling the request
+//	submit_wire_us   a submit's wire_ns
+//	adhoc_nonwire_us the daemon's own time in a BatchTransfer
 //	submit-wire/ping SubmitTransfer less its wire_ns, over the floor (target <= 1.2)
 //	stream_us        per submit, 64 in flight on one SubmitStream
 //
@@ -100,7 +103,7 @@ func BenchmarkPrepared(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	var ping, adhoc, prep, nonwire, overWire, adhocNonwire []float64
+	var ping, adhoc, prep, nonwire, overWire, adhocNonwire, decode, wire []float64
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -125,6 +128,8 @@ func BenchmarkPrepared(b *testing.B) {
 		ph := rp.GetPhases()
 		nonwire = append(nonwire, float64(ph.GetTotalNs()-ph.GetWireNs())/1e3)
 		overWire = append(overWire, us(t3.Sub(t2))-float64(ph.GetWireNs())/1e3)
+		decode = append(decode, float64(ph.GetDecodeNs())/1e3)
+		wire = append(wire, float64(ph.GetWireNs())/1e3)
 		pa := ra.GetPhases()
 		adhocNonwire = append(adhocNonwire, float64(pa.GetTotalNs()-pa.GetWireNs())/1e3)
 	}
@@ -165,6 +170,8 @@ func BenchmarkPrepared(b *testing.B) {
 	b.ReportMetric(med(prep)/med(adhoc), "prepared/adhoc")
 	b.ReportMetric(med(nonwire), "nonwire_us")
 	b.ReportMetric(med(adhocNonwire), "adhoc_nonwire_us")
+	b.ReportMetric(med(decode), "submit_decode_us")
+	b.ReportMetric(med(wire), "submit_wire_us")
 	b.ReportMetric(med(overWire)/med(ping), "submit-wire/ping")
 	b.ReportMetric(streamUS, "stream_us")
 	b.ReportMetric(0, "ns/op")
