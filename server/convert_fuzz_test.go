@@ -78,4 +78,3 @@ func FuzzPrepareRequest(f *testing.F) {
 		t.Fatalf("refusal without a domain class: %v", err)
 	})
 }
-
