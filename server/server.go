@@ -8,6 +8,8 @@ package server
 import (
 	"context"
 	"math/rand/v2"
+	"net"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -64,6 +66,10 @@ type Config struct {
 type Server struct {
 	cfg     Config
 	batches *batch.Service
+
+	rawMu     sync.Mutex
+	raw       map[net.Conn]struct{} // raw submit connections (raw.go)
+	rawClosed bool
 }
 
 // New validates cfg and returns the services.
@@ -92,7 +98,10 @@ func New(cfg Config) *Server {
 
 // Close frees every prepared plan and refuses new ones (daemon shutdown,
 // before the registry closes); safe to call twice.
-func (s *Server) Close() { s.batches.Close() }
+func (s *Server) Close() {
+	s.closeRaw()
+	s.batches.Close()
+}
 
 // Plans counts the prepared plans held.
 func (s *Server) Plans() int { return s.batches.Plans() }

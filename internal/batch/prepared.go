@@ -273,12 +273,13 @@ func notFound(h uint64) error {
 	return fmt.Errorf("%w: plan %d: no such prepared transfer for this client (released, never prepared, or another client's)", errs.ErrNotFound, h)
 }
 
-// acquire finds o's plan h and counts a submit in flight on it.
-func (s *Service) acquire(h uint64, o Owner) (*prepared, bool) {
+// acquire finds o's plan h and counts a submit in flight on it; anyConn:
+// a plan of o.Caller made on any connection.
+func (s *Service) acquire(h uint64, o Owner, anyConn bool) (*prepared, bool) {
 	s.plans.mu.RLock()
 	pp := s.plans.byID[h]
 	s.plans.mu.RUnlock()
-	if pp == nil || pp.owner != o {
+	if pp == nil || pp.owner.Caller != o.Caller || !anyConn && pp.owner.Conn != o.Conn {
 		return nil, false
 	}
 	pp.mu.Lock()
@@ -311,8 +312,19 @@ func (pp *prepared) free() {
 // Run. It allocates nothing on success when ctx has a deadline (without one
 // it runs under DefaultTimeout).
 func (s *Service) Submit(ctx context.Context, o Owner, h uint64) (Result, error) {
+	return s.submitAs(ctx, o, h, false)
+}
+
+// SubmitByCaller is Submit for a plan that who made on any of its
+// connections: the raw submit socket, which is a connection of its own,
+// uses the plans its caller prepared over gRPC.
+func (s *Service) SubmitByCaller(ctx context.Context, who region.Caller, h uint64) (Result, error) {
+	return s.submitAs(ctx, Owner{Caller: who}, h, true)
+}
+
+func (s *Service) submitAs(ctx context.Context, o Owner, h uint64, anyConn bool) (Result, error) {
 	start := time.Now()
-	pp, ok := s.acquire(h, o)
+	pp, ok := s.acquire(h, o, anyConn)
 	if !ok {
 		s.cfg.Counters.BatchesFailed.Add(1)
 		return Result{}, notFound(h)

@@ -50,7 +50,8 @@ type Config struct {
 	ShmDir         string
 	Transport      string // auto | tcp | verbs
 	MaxDescriptors int
-	MaxPlans       int // prepared plans per client identity
+	MaxPlans       int    // prepared plans per client identity
+	SubmitSocket   string // optional raw submit socket (server/raw.go)
 	DefaultTimeout time.Duration
 	ShutdownGrace  time.Duration
 	LogLevel       string
@@ -79,6 +80,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Transport, "transport", "auto", "data plane: auto (verbs when both peers have RDMA, else tcp), tcp or verbs")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 1<<20, "most blocks per batch")
 	fs.IntVar(&c.MaxPlans, "max-plans", batch.DefaultMaxPlans, "most prepared transfers (PrepareTransfer) one client identity may hold")
+	fs.StringVar(&c.SubmitSocket, "submit-socket", "", "also accept submits of prepared transfers on this Unix socket, without gRPC (opt-in; client.DialSubmit)")
 	fs.DurationVar(&c.DefaultTimeout, "default-timeout", time.Minute, "deadline of a batch whose caller set none")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight batches may run on SIGTERM")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "trace, debug, info, warn or error")
@@ -116,6 +118,7 @@ type Daemon struct {
 	registry   *region.Registry
 	peers      *peer.Manager
 	srv        *server.Server
+	submitLn   net.Listener // --submit-socket, served by srv.ServeSubmit
 	api        *grpc.Server
 	peerSrv    *grpc.Server
 	listeners  []net.Listener
@@ -268,6 +271,12 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		d.listeners = append(d.listeners, ln)
 		d.apiAddr = "unix://" + cfg.Socket
 	}
+	if cfg.SubmitSocket != "" {
+		d.submitLn, err = listenUnix(cfg.SubmitSocket, cfg.SocketMode, gid)
+		if err != nil {
+			return nil, err
+		}
+	}
 	if cfg.APIListen != "" {
 		ln, err := net.Listen("tcp", cfg.APIListen)
 		if err != nil {
@@ -404,6 +413,9 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		}
 		go func() { errc <- srv.Serve(ln) }()
 	}
+	if d.submitLn != nil {
+		go func() { _ = d.srv.ServeSubmit(d.submitLn) }()
+	}
 	d.log.Info("b2bd serving", "version", Version, "node", d.cfg.NodeName, "api", d.apiAddr, "peer", d.peerAddr, "transports", d.kinds())
 	var err error
 	select {
@@ -450,6 +462,9 @@ func (d *Daemon) teardown() {
 	}
 	if d.peerSrv != nil {
 		d.peerSrv.Stop()
+	}
+	if d.submitLn != nil {
+		d.submitLn.Close()
 	}
 	if d.srv != nil {
 		d.srv.Close() // prepared plans hold regions and connections

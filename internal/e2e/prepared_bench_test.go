@@ -30,6 +30,9 @@ import (
 //	adhoc_nonwire_us the daemon's own time in a BatchTransfer
 //	submit-wire/ping SubmitTransfer less its wire_ns, over the floor (target <= 1.2)
 //	stream_us        per submit, 64 in flight on one SubmitStream
+//	raw_us           a submit on the raw submit socket (--submit-socket), client-observed
+//	raw-wire_us      the same less its wire time
+//	raw-wire/ping    that over the gRPC floor
 //
 // go test -run XXX -bench BenchmarkPrepared -benchtime 200x ./internal/e2e/
 func BenchmarkPrepared(b *testing.B) {
@@ -44,7 +47,8 @@ func BenchmarkPrepared(b *testing.B) {
 		dir := b.TempDir()
 		sock, peer = filepath.Join(dir, "b2bd.sock"), freeAddr(b)
 		c := exec.Command(bin, "--node-name", name, "--socket", sock, "--shm-dir", filepath.Join(dir, "shm"),
-			"--peer-listen", peer, "--data-listen", freeAddr(b), "--transport", "tcp", "--insecure", "--log-level", "warn")
+			"--peer-listen", peer, "--data-listen", freeAddr(b), "--transport", "tcp", "--insecure", "--log-level", "warn",
+			"--submit-socket", filepath.Join(dir, "submit.sock"))
 		if err := c.Start(); err != nil {
 			b.Fatal(err)
 		}
@@ -91,6 +95,11 @@ func BenchmarkPrepared(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	raw, err := client.DialSubmit(filepath.Join(filepath.Dir(sa), "submit.sock"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer raw.Close()
 	// Warm up: connections, caches, the first page faults.
 	for i := 0; i < 20; i++ {
 		if _, err := ca.BatchTransfer(ctx, tr); err != nil {
@@ -102,8 +111,11 @@ func BenchmarkPrepared(b *testing.B) {
 		if err := ca.Ping(ctx); err != nil {
 			b.Fatal(err)
 		}
+		if _, err := raw.Submit(plan); err != nil {
+			b.Fatal(err)
+		}
 	}
-	var ping, adhoc, prep, nonwire, overWire, adhocNonwire, decode, wire []float64
+	var ping, adhoc, prep, nonwire, overWire, adhocNonwire, decode, wire, rawT, rawOver []float64
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -122,6 +134,13 @@ func BenchmarkPrepared(b *testing.B) {
 			b.Fatal(err)
 		}
 		t3 := time.Now()
+		rr, err := raw.Submit(plan)
+		if err != nil {
+			b.Fatal(err)
+		}
+		t4 := time.Now()
+		rawT = append(rawT, us(t4.Sub(t3)))
+		rawOver = append(rawOver, us(t4.Sub(t3)-rr.Wire))
 		ping = append(ping, us(t1.Sub(t0)))
 		adhoc = append(adhoc, us(t2.Sub(t1)))
 		prep = append(prep, us(t3.Sub(t2)))
@@ -174,6 +193,9 @@ func BenchmarkPrepared(b *testing.B) {
 	b.ReportMetric(med(wire), "submit_wire_us")
 	b.ReportMetric(med(overWire)/med(ping), "submit-wire/ping")
 	b.ReportMetric(streamUS, "stream_us")
+	b.ReportMetric(med(rawT), "raw_us")
+	b.ReportMetric(med(rawOver), "raw-wire_us")
+	b.ReportMetric(med(rawOver)/med(ping), "raw-wire/ping")
 	b.ReportMetric(0, "ns/op")
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -379,4 +380,49 @@ func TestPreparedPeerRestart(t *testing.T) {
 	}
 	release(ctx, t, a.c, p.src)
 	release(ctx, t, b2.c, dst)
+}
+
+func TestRawSubmitSocket(t *testing.T) {
+	var sock string
+	a := startNode(t, "a", func(c *daemon.Config) {
+		sock = filepath.Join(filepath.Dir(c.Socket), "submit.sock")
+		c.SubmitSocket = sock
+	})
+	b := startNode(t, "b")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := newPreparedSetup(ctx, t, a, b, 1000, 128, 12)
+	defer release(ctx, t, b.c, p.dst)
+	plan, err := a.c.Prepare(ctx, p.tr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := client.DialSubmit(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	r := rand.New(rand.NewPCG(5, 5))
+	for i := 0; i < 20; i++ {
+		fill(p.src.Bytes, func(int) byte { return byte(r.Uint32()) })
+		res, err := raw.Submit(plan)
+		if err != nil {
+			t.Fatalf("submit %d: %v", i, err)
+		}
+		if res.Blocks != 1000 || res.Bytes != 128000 || res.Wire <= 0 || res.Total < res.Wire {
+			t.Fatalf("submit %d: %+v", i, res)
+		}
+		p.checkBlocks(ctx, t, a, b)
+	}
+	_, err = raw.Submit(&client.Plan{Handle: plan.Handle ^ 1})
+	wantCode(t, err, codes.NotFound, "no such prepared transfer")
+	if _, err := raw.Submit(plan); err != nil { // the socket goes on after a refusal
+		t.Fatal(err)
+	}
+	if err := plan.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = raw.Submit(plan)
+	wantCode(t, err, codes.NotFound, "no such prepared transfer")
+	release(ctx, t, a.c, p.src)
 }
