@@ -159,6 +159,13 @@ func (s *Service) prepare1(ctx context.Context, r Request, o Owner) (PlanInfo, e
 		s.unreserve(o.Caller)
 		return PlanInfo{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		// The caller went away (its connection may have closed, and its
+		// plans been released, before this one was in the table): it will
+		// never learn the handle, so the plan goes now.
+		_ = s.Release(o, pp.handle)
+		return PlanInfo{}, fmt.Errorf("prepare: caller went away: %w", err)
+	}
 	return PlanInfo{Handle: pp.handle, Blocks: p.blocks, Bytes: p.bytes, Kind: b.sess.Kind,
 		Segments: uint64(p.merged.N()), WorkRequests: b.wrs, Phases: ph}, nil
 }

@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -408,5 +409,24 @@ func BenchmarkSubmit(b *testing.B) {
 		if _, err := s.Submit(ctx, o, info.Handle); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestPrepareCallerGone: a caller that went away while its plan was being
+// made never learns the handle; the plan is not kept.
+func TestPrepareCallerGone(t *testing.T) {
+	fp := &fakePeers{conns: []*fakeConn{{}}, answers: []answer{{size: regionSize}}}
+	s, req := rig(t, fp)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the fakes do not look at ctx: the plan is made, then dropped
+	_, err := s.Prepare(ctx, req, ownerOf(req))
+	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "caller went away") {
+		t.Fatalf("err = %v", err)
+	}
+	if s.Plans() != 0 {
+		t.Fatalf("%d plans kept", s.Plans())
+	}
+	if err := s.cfg.Registry.Deregister(req.Src, req.Caller); err != nil {
+		t.Fatalf("the dropped plan still holds the source: %v", err)
 	}
 }
