@@ -46,7 +46,7 @@ type PlanInfo struct {
 	Blocks, Bytes uint64
 	Kind          transport.Kind
 	Segments      uint64 // after merging
-	WorkRequests  uint64 // as the transport built them; 0 when it does not prepare
+	WorkRequests  uint64 // as the transport built them; 0 when it does not say
 	Phases        Phases
 }
 
@@ -73,7 +73,7 @@ type binding struct {
 	reg    transport.Registration
 	remote transport.RemoteRegion
 	prep   transport.Prepared // nil: the connection does not prepare; Conn.Write of the merged batch
-	wrs    uint64
+	wrs    uint64             // the work requests prep built, when it says (a WorkRequests() uint64 method)
 }
 
 func (b *binding) write(ctx context.Context, p *Plan) (transport.Stats, error) {
@@ -261,6 +261,9 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 			return nil, fmt.Errorf("prepare batch of %d blocks to %s/%s over %s: %w", p.blocks, p.peer, p.dst, sess.Kind, err)
 		}
 		ph.Plan += time.Since(t1)
+		if w, ok := b.prep.(interface{ WorkRequests() uint64 }); ok {
+			b.wrs = w.WorkRequests()
+		}
 	}
 	return b, nil
 }
