@@ -21,11 +21,12 @@ import (
 type fakePeer struct {
 	b2bv1.UnimplementedPeerServer
 	handshakes atomic.Int32
+	instance   atomic.Uint64 // sent as the handshake's instance_id
 }
 
 func (f *fakePeer) Handshake(context.Context, *b2bv1.HandshakeRequest) (*b2bv1.HandshakeResponse, error) {
 	f.handshakes.Add(1)
-	return &b2bv1.HandshakeResponse{ProtocolVersion: ProtocolVersion, NodeName: "fake",
+	return &b2bv1.HandshakeResponse{ProtocolVersion: ProtocolVersion, NodeName: "fake", InstanceId: f.instance.Load(),
 		Transports: []b2bv1.TransportKind{b2bv1.TransportKind_TRANSPORT_KIND_TCP}}, nil
 }
 
@@ -115,5 +116,36 @@ func TestBrokenByStaleSession(t *testing.T) {
 				t.Fatalf("%d connects, want 2 (the first and one fresh)", got)
 			}
 		})
+	}
+}
+
+// TestInstance: the peer's instance ID is known after a handshake, kept when
+// the connection breaks (so a plan can still compare it), and replaced by
+// the next handshake's.
+func TestInstance(t *testing.T) {
+	ctx := context.Background()
+	const addr = "127.0.0.1:7470"
+	m, fp, _ := newTestManager(t)
+	if got := m.Instance(addr); got != 0 {
+		t.Fatalf("instance %d before any handshake", got)
+	}
+	fp.instance.Store(11)
+	s, err := m.Get(ctx, addr, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Instance(addr); got != 11 {
+		t.Fatalf("instance %d, want 11", got)
+	}
+	fp.instance.Store(12) // the peer restarted
+	m.Broken(addr, s)
+	if got := m.Instance(addr); got != 11 {
+		t.Fatalf("instance %d after Broken, want the last known 11", got)
+	}
+	if _, err := m.Get(ctx, addr, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got, hs := m.Instance(addr), fp.handshakes.Load(); got != 12 || hs != 2 {
+		t.Fatalf("instance %d after %d handshakes, want 12 after 2", got, hs)
 	}
 }
