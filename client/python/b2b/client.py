@@ -830,6 +830,11 @@ class Client:
             # gRPC also uses it as the connect timeout.)
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000),
+            # A connection of its own: the daemon ties prepared plans to the
+            # client's connection (only it may submit them; they are freed
+            # when it closes). gRPC would otherwise share one connection
+            # between all channels of a process with the same target.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         opts.extend(options or [])
         self._channel = grpc.insecure_channel(_target(address), options=opts)
