@@ -6,11 +6,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
@@ -434,9 +438,119 @@ func BenchmarkPreparedWrite10K128(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.SetBytes(n * size)
+	defer cpuPerByte(b, n*size)()
 	for b.Loop() {
 		if _, err := pr.Write(ctx); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkWriteLarge is the bench's large rows on the transport alone:
+// 64 blocks of 256 KiB or 2 MiB at random slots (256 MiB of source and
+// destination when 2 MiB), ad hoc, with the default frame and share sizes
+// and `streams` streams. Compare with BenchmarkPlainTCP.
+func BenchmarkWriteLarge(b *testing.B) {
+	for _, size := range []uint64{256 << 10, 2 << 20} {
+		for _, streams := range []int{1, 2, 4} {
+			b.Run(fmt.Sprintf("%dKiB/streams=%d", size>>10, streams), func(b *testing.B) {
+				const n = 64
+				p := newPairCfg(b, int(n*2*size), Config{Listen: "127.0.0.1:0", Streams: streams})
+				fill(rand.New(rand.NewPCG(1, 2)), p.srcMem.Host)
+				clear(p.dstMem.Host) // first touch outside the timing
+				bt := scattered(rand.New(rand.NewPCG(1, 1)), n, size, 2*size)
+				ctx := context.Background()
+				b.SetBytes(int64(n * size))
+				defer cpuPerByte(b, n*size)()
+				for b.Loop() {
+					if _, err := p.conn.Write(ctx, p.src, p.dst, &bt); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkPlainTCP is the yardstick: one loopback TCP connection, 4 MiB
+// writes and reads, 16 MiB per op; "hot" from and into one 4 MiB buffer
+// (the bench's yardstick), "region" walking 128 MiB on both sides as
+// b2bd's regions do.
+func BenchmarkPlainTCP(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		span int
+	}{{"hot", 4 << 20}, {"region", 128 << 20}} {
+		b.Run(c.name, func(b *testing.B) { plainTCP(b, c.span) })
+	}
+}
+
+func plainTCP(b *testing.B, span int) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	const chunk, per = 4 << 20, 16 << 20
+	src, dst := hostMem(b, span).Host, hostMem(b, span).Host
+	fill(rand.New(rand.NewPCG(1, 2)), src)
+	clear(dst)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var got, at int
+		for {
+			k, err := c.Read(dst[at : at+chunk])
+			if err != nil {
+				return
+			}
+			if at += k; at+chunk > span {
+				at = 0
+			}
+			if got += k; got >= per {
+				got -= per
+				c.Write([]byte{1})
+			}
+		}
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	one := make([]byte, 1)
+	b.SetBytes(per)
+	defer cpuPerByte(b, per)()
+	at := 0
+	for b.Loop() {
+		for i := 0; i < per/chunk; i++ {
+			if _, err := c.Write(src[at : at+chunk]); err != nil {
+				b.Fatal(err)
+			}
+			if at += chunk; at+chunk > span {
+				at = 0
+			}
+		}
+		if _, err := io.ReadFull(c, one); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// cpuPerByte reports the process's CPU time (user and system, both sides of
+// the loopback) per byte moved: unlike wall time, it hardly depends on what
+// else the machine runs.
+func cpuPerByte(b *testing.B, perOp uint64) func() {
+	cpu := func() time.Duration {
+		var ru unix.Rusage
+		_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	start := cpu()
+	return func() {
+		b.ReportMetric(float64(cpu()-start)/float64(uint64(b.N)*perOp), "cpu-ns/B")
 	}
 }
