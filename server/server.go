@@ -94,6 +94,9 @@ func New(cfg Config) *Server {
 // before the registry closes); safe to call twice.
 func (s *Server) Close() { s.batches.Close() }
 
+// Plans counts the prepared plans held.
+func (s *Server) Plans() int { return s.batches.Plans() }
+
 // Local is the B2B service.
 func (s *Server) Local() b2bv1.B2BServer { return &local{s: s} }
 

@@ -42,6 +42,9 @@ func (n bufNet) dial(ctx context.Context, addr string) (net.Conn, error) {
 type node struct {
 	api b2bv1.B2BClient
 	reg *region.Registry
+	srv *server.Server
+	// dial opens another client connection to the local API.
+	dial func() *grpc.ClientConn
 }
 
 // newNode wires one daemon's services over bufconn, with a real TCP data
@@ -68,26 +71,31 @@ func newNode(t *testing.T, name string, bn bufNet) *node {
 	})
 	api, peerLn := bufconn.Listen(1<<20), bufconn.Listen(1<<20)
 	bn[name] = peerLn
-	gs := grpc.NewServer(grpc.Creds(localCaller{}))
+	gs := grpc.NewServer(grpc.Creds(localCaller{}), grpc.StatsHandler(srv.StatsHandler()))
 	b2bv1.RegisterB2BServer(gs, srv.Local())
 	ps := grpc.NewServer()
 	b2bv1.RegisterPeerServer(ps, srv.Peer())
 	go gs.Serve(api)
 	go ps.Serve(peerLn)
-	cc, err := grpc.NewClient("passthrough:///api", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return api.DialContext(ctx) }))
-	if err != nil {
-		t.Fatal(err)
+	dial := func() *grpc.ClientConn {
+		cc, err := grpc.NewClient("passthrough:///api", grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return api.DialContext(ctx) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cc
 	}
+	cc := dial()
 	t.Cleanup(func() {
 		cc.Close()
 		gs.Stop()
 		ps.Stop()
+		srv.Close()
 		pm.Close()
 		reg.Close()
 		tt.Close()
 	})
-	return &node{api: b2bv1.NewB2BClient(cc), reg: reg}
+	return &node{api: b2bv1.NewB2BClient(cc), reg: reg, srv: srv, dial: dial}
 }
 
 // localCaller makes every bufconn caller a local process of uid 1000, as

@@ -386,6 +386,9 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		if broke && firstErr == nil && ctx.Err() == nil && !fault {
 			firstErr = err
 			nb, rerr := s.rebound(ctx, pp, b, &ph)
+			if st := pp.stale.Load(); st != nil {
+				return Result{}, st.err // the news that matters: prepare again
+			}
 			if rerr != nil {
 				return Result{}, fmt.Errorf("%w (preparing again on a fresh connection; the first attempt failed: %v)", rerr, firstErr)
 			}
