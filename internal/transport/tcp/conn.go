@@ -240,8 +240,8 @@ func (c *conn) limits() planLimits {
 // run sends plan p of source memory src over its streams, one share per
 // stream, and waits for every stream's ack. Stats.Plan is the time from
 // start to the first post (for a prepared plan, pass the time of the call:
-// near 0), Stats.Post until the last stream wrote its last frame. c.mu is
-// held.
+// near 0), Stats.Post the longest a stream spent handing its frames over
+// (staging and write lists; see result.post). c.mu is held.
 func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (transport.Stats, error) {
 	use := len(p.shares)
 	if use == 0 {
@@ -263,7 +263,7 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 	}
 	var frames uint64
 	var first error
-	var sent time.Time
+	var post time.Duration
 	results := c.results[:0]
 	if posted < use {
 		first = net.ErrClosed
@@ -276,9 +276,7 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 		select {
 		case r := <-c.streams[i].done:
 			frames += r.frames
-			if r.sent.After(sent) {
-				sent = r.sent
-			}
+			post = max(post, r.post)
 			if r.err != nil && first == nil {
 				first = r.err
 			}
@@ -318,11 +316,7 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 		}
 		return transport.Stats{}, fmt.Errorf("%w: tcp: batch %d to %s cut off: %w", errs.ErrAborted, c.batch, c.addr, first)
 	}
-	st := transport.Stats{Segments: p.segs, WorkRequests: frames, Plan: postStart.Sub(start)}
-	if sent.After(postStart) {
-		st.Post = sent.Sub(postStart)
-	}
-	return st, nil
+	return transport.Stats{Segments: p.segs, WorkRequests: frames, Plan: postStart.Sub(start), Post: post}, nil
 }
 
 type job struct {
@@ -335,8 +329,11 @@ type job struct {
 
 type result struct {
 	frames uint64
-	sent   time.Time // after the share's last frame was written
-	err    error
+	// post: the time the stream spent handing its frames over: staging the
+	// small blocks and laying out the write lists. The socket writes
+	// themselves are the wire: on a blocked socket they wait for the receiver.
+	post time.Duration
+	err  error
 }
 
 // stream is one data connection with its own worker goroutine and buffers,
@@ -422,8 +419,10 @@ func (s *stream) send(j *job) result {
 		// stream out of step: the batch fails with DataLoss and the conn is
 		// failed by Write, so the next batch gets a fresh one.
 		var werr error
+		t0 := time.Now()
 		ferr := memguard.Do(func() {
 			s.frame(p, fr, j.src, hdr)
+			r.post += time.Since(t0)
 			_, werr = s.bufs.WriteTo(s.nc)
 		})
 		if ferr == nil && werr != nil && memguard.IsFault(werr) {
@@ -439,7 +438,6 @@ func (s *stream) send(j *job) result {
 		}
 		r.frames++
 	}
-	r.sent = time.Now()
 	r.err = s.readAck(j.batch)
 	return r
 }
