@@ -554,3 +554,18 @@ func cpuPerByte(b *testing.B, perOp uint64) func() {
 		b.ReportMetric(float64(cpu()-start)/float64(uint64(b.N)*perOp), "cpu-ns/B")
 	}
 }
+
+// BenchmarkPlan10K128 is the ad hoc path's planning alone: bounds, split,
+// headers, tables and write lists of 10,000 scattered 128 B blocks.
+func BenchmarkPlan10K128(b *testing.B) {
+	bt := scattered(rand.New(rand.NewPCG(1, 1)), 10000, 128, 192)
+	lim := planLimits{streams: 4, minShare: DefaultMinShareBytes, frameBytes: DefaultFrameBytes, smallCap: DefaultFrameBytes}
+	var p plan
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := checkBounds(&bt, 10000*192, 10000*192); err != nil {
+			b.Fatal(err)
+		}
+		p.build(&bt, 1, lim)
+	}
+}
