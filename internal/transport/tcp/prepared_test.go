@@ -549,9 +549,15 @@ func cpuPerByte(b *testing.B, perOp uint64) func() {
 		_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
 		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
-	start := cpu()
+	switches := func() int64 {
+		var ru unix.Rusage
+		_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+		return ru.Nvcsw + ru.Nivcsw
+	}
+	start, sw := cpu(), switches()
 	return func() {
 		b.ReportMetric(float64(cpu()-start)/float64(uint64(b.N)*perOp), "cpu-ns/B")
+		b.ReportMetric(float64(switches()-sw)/float64(b.N), "ctxsw/op")
 	}
 }
 
