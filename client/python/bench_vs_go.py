@@ -13,6 +13,13 @@ Reports the median (and p10/p90/min) of ``--iters`` timed transfers after
               part no client can shave off;
 * status   -- an empty Status RPC, the per-call floor of gRPC itself.
 
+Prepared transfers: the same batch planned once (``Client.prepare``), then
+``--iters`` timed ``submit()`` calls interleaved with empty ``ping()`` calls
+(the floor of a call); ``gobench/`` (the Go client, built with ``go build``
+unless ``--gobench`` names a binary) times Go's prepared ``Submit`` and
+``Ping`` against the same daemons in the same run, and the ratio
+python/go of the prepared submit is printed (acceptance: at most 1.3).
+
 The layout matches cmd/b2b-bench: each block at the start of a random slot
 of block + min(block, 4096) bytes, so no two blocks merge.
 
@@ -89,11 +96,27 @@ def run_python(args, a: b2b.Client, b: b2b.Client, peer: str) -> dict:
             a.status()
             status.append(time.perf_counter() - t0)
         # Verify the last batch: per-block checksums on both sides, and the bytes.
-        cs = a.checksum(src, so, block_size=bs, per_block=True)
-        cd = b.checksum(dst, do, block_size=bs, per_block=True)
-        ok = bool(np.array_equal(cs.block_digests, cd.block_digests))
-        cols = np.arange(bs, dtype=np.int64)
-        ok = ok and bool(np.array_equal(src.array[so.astype(np.int64)[:, None] + cols], dst.array[do.astype(np.int64)[:, None] + cols]))
+        ok = verify(a, b, src, dst, so, do, bs)
+        # Prepared: plan once, then submit() interleaved with ping().
+        sub, ping, sub_daemon = [], [], []
+        with a.prepare(src, peer, name, descriptors=d, transport=args.transport, timeout=60) as plan:
+            for _ in range(args.warmup):
+                plan.submit()
+                a.ping(timeout=60)
+            for _ in range(args.iters):
+                t0 = time.perf_counter()
+                r = plan.submit()
+                t1 = time.perf_counter()
+                a.ping(timeout=60)
+                t2 = time.perf_counter()
+                sub.append(t1 - t0)
+                ping.append(t2 - t1)
+                if r.phases is not None:
+                    sub_daemon.append(r.phases.total_ns / 1e9)
+            src.array[:] = rng.integers(0, 256, src_size, dtype=np.uint8)
+            r = plan.submit()
+            assert r.blocks == n and r.bytes == n * bs, r
+            ok = ok and verify(a, b, src, dst, so, do, bs)
     return {
         "blocks": n,
         "block_size": bs,
@@ -107,7 +130,35 @@ def run_python(args, a: b2b.Client, b: b2b.Client, peer: str) -> dict:
         "daemon_data_path": summary(daemon),
         "api_call": summary(api),
         "status_rpc": summary(status),
+        "prepared_submit": summary(sub),
+        "prepared_submit_daemon": summary(sub_daemon) if sub_daemon else None,
+        "ping": summary(ping),
     }
+
+
+def verify(a, b, src, dst, so, do, bs) -> bool:
+    cs = a.checksum(src, so, block_size=bs, per_block=True)
+    cd = b.checksum(dst, do, block_size=bs, per_block=True)
+    ok = bool(np.array_equal(cs.block_digests, cd.block_digests)) and len(cs.block_digests) == len(so)
+    cols = np.arange(bs, dtype=np.int64)
+    return ok and bool(np.array_equal(src.array[so.astype(np.int64)[:, None] + cols], dst.array[do.astype(np.int64)[:, None] + cols]))
+
+
+def gobench_binary(args, tmp: str) -> str:
+    if args.gobench:
+        return args.gobench
+    out = os.path.join(tmp, "gobench")
+    subprocess.run(["go", "build", "-o", out, "./client/python/gobench"], cwd=os.path.dirname(os.path.dirname(HERE)), check=True)
+    return out
+
+
+def run_gobench(args, exe: str, src_api: str, dst_api: str, peer: str) -> dict:
+    cmd = [exe, "--src-api", src_api, "--dst-api", dst_api, "--dst-peer", peer, "--blocks", str(args.blocks),
+           "--block-size", str(args.block_size), "--iters", str(args.iters), "--warmup", str(args.warmup), "--seed", str(args.seed)]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
+    return json.loads(p.stdout)
 
 
 def run_go(args, src_api: str, dst_api: str, peer: str) -> dict:
@@ -142,6 +193,8 @@ def main() -> int:
     p.add_argument("--dst-peer")
     p.add_argument("--b2bd", help="start two daemons with this binary instead (loopback, TCP)")
     p.add_argument("--go-bench", help="also run this b2b-bench binary against the same daemons")
+    p.add_argument("--gobench", help="the prepared-submit Go timer (default: go build ./client/python/gobench)")
+    p.add_argument("--no-go-prepared", action="store_true", help="skip the Go prepared comparison")
     p.add_argument("--blocks", type=int, default=10_000)
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--iters", type=int, default=20)
@@ -164,8 +217,10 @@ def main() -> int:
             p.error("give --src-socket, --dst-socket and --dst-peer, or --b2bd")
         src_api, dst_api, peer = args.src_socket, args.dst_socket, args.dst_peer
 
-    results = {"python": [], "go": []}
+    results = {"python": [], "go": [], "go_prepared": []}
+    tmp = tempfile.mkdtemp(prefix="bench-vs-go-")
     try:
+        gobench = None if args.no_go_prepared else gobench_binary(args, tmp)
         with b2b.Client(src_api) as a, b2b.Client(dst_api) as b:
             for _ in range(args.rounds):
                 py = run_python(args, a, b, peer)
@@ -178,6 +233,23 @@ def main() -> int:
                     f"(p10 {py['total']['p10_us']:.1f}, p90 {py['total']['p90_us']:.1f})\n"
                     f"  daemon data path {dm:9.1f} us; plain batch_transfer() call {api:.1f} us; empty Status RPC {st:.1f} us"
                 )
+                ps, pp = py["prepared_submit"], py["ping"]
+                pd = py["prepared_submit_daemon"]
+                print(
+                    f"python prepared: submit median {ps['median_us']:9.1f} us (p10 {ps['p10_us']:.1f}, p90 {ps['p90_us']:.1f})"
+                    f"{'' if pd is None else ', daemon %.1f us' % pd['median_us']}; ping {pp['median_us']:.1f} us"
+                    f" -> submit/ping = {ps['median_us'] / pp['median_us']:.2f}"
+                )
+                if gobench:
+                    gp = run_gobench(args, gobench, src_api, dst_api, peer)
+                    results["go_prepared"].append(gp)
+                    ratio = ps["median_us"] / gp["submit"]["median_us"]
+                    print(
+                        f"go prepared:     submit median {gp['submit']['median_us']:9.1f} us (p10 {gp['submit']['p10_us']:.1f}, "
+                        f"p90 {gp['submit']['p90_us']:.1f}), daemon {gp['submit_daemon_us']:.1f} us; ping {gp['ping']['median_us']:.1f} us; "
+                        f"ad hoc {gp['adhoc']['median_us']:.1f} us; verified={gp['verified']}\n"
+                        f"  -> python/go prepared submit = {ratio:.2f} (target <= 1.3)"
+                    )
                 if args.go_bench:
                     go = run_go(args, src_api, dst_api, peer)
                     results["go"].append(go)
@@ -187,6 +259,9 @@ def main() -> int:
                     else:
                         print(f"go: could not read a median from b2b-bench's JSON: {go}")
     finally:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
         codes = [d.stop() for d in daemons]
         for d in daemons:
             d.cleanup()
@@ -195,7 +270,8 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
-    return 0 if all(r["verified"] for r in results["python"]) else 1
+    ok = all(r["verified"] for r in results["python"]) and all(r["verified"] for r in results["go_prepared"])
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -14,14 +14,24 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple, Union
+import itertools
+import queue
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import grpc
 import numpy as np
 
 from . import _cuda
 from ._pack import check_block_size, pack_u64, unpack_u64
-from .errors import B2BError, InvalidArgumentError, NotFoundError, UnavailableError, from_rpc_error
+from .errors import (
+    B2BError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    UnavailableError,
+    error_for_code,
+    from_rpc_error,
+)
 from .v1 import b2b_pb2 as pb
 from .v1 import b2b_pb2_grpc as pb_grpc
 
@@ -37,6 +47,10 @@ __all__ = [
     "TransportStatus",
     "Notification",
     "Watch",
+    "PhaseTimings",
+    "PreparedTransfer",
+    "SubmitStream",
+    "StreamResult",
     "DEFAULT_SOCKET",
     "MAX_MESSAGE_BYTES",
 ]
@@ -134,8 +148,35 @@ class RegionInfo:
 
 
 @dataclass(frozen=True)
+class PhaseTimings:
+    """Where a call's time went inside the daemon, in nanoseconds
+    (``PhaseTimings`` in the proto). A phase the call skipped is 0: a
+    prepared submit does not decode, validate or plan."""
+
+    decode_ns: int = 0  # receive and decode the request
+    validate_ns: int = 0  # fields, regions, descriptor bounds and overlaps
+    resolve_ns: int = 0  # the data path to the peer and the destination's key
+    plan_ns: int = 0  # merge, split, build the work requests / frames
+    post_ns: int = 0  # hand the work to the NIC or the sockets
+    wire_ns: int = 0  # wait until every byte landed and the ack came back
+    notify_ns: int = 0  # deliver the notification
+    total_ns: int = 0  # the handler's whole time
+
+    @classmethod
+    def from_proto(cls, p: Any) -> "PhaseTimings":
+        return cls(
+            int(p.decode_ns), int(p.validate_ns), int(p.resolve_ns), int(p.plan_ns),
+            int(p.post_ns), int(p.wire_ns), int(p.notify_ns), int(p.total_ns),
+        )
+
+    def as_dict(self) -> Dict[str, int]:
+        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
 class TransferResult:
-    """What a finished :meth:`Client.batch_transfer` reports."""
+    """What a finished :meth:`Client.batch_transfer` or
+    :meth:`PreparedTransfer.submit` reports."""
 
     blocks: int
     bytes: int
@@ -143,10 +184,23 @@ class TransferResult:
     elapsed: float  # seconds on the daemon's data path
     segments: int = 0  # after merging adjacent blocks
     work_requests: int = 0  # verbs: WRs posted; tcp: wire frames
+    phases: Optional[PhaseTimings] = None  # the daemon's breakdown, when it sent one
 
     @property
     def elapsed_ns(self) -> int:
         return int(round(self.elapsed * 1e9))
+
+    @classmethod
+    def from_proto(cls, r: Any) -> "TransferResult":
+        return cls(
+            int(r.blocks),
+            int(r.bytes),
+            _TRANSPORT_NAME.get(r.transport, str(r.transport)),
+            r.elapsed_ns / 1e9,
+            int(r.segments),
+            int(r.work_requests),
+            PhaseTimings.from_proto(r.phases) if r.HasField("phases") else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -554,6 +608,192 @@ def _export_name(r: Union[str, _Region, RegionInfo]) -> str:
 
 
 # ---------------------------------------------------------------------------
+# Prepared transfers.
+
+_STATUS_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class PreparedTransfer:
+    """A batch layout the daemon validated, merged and planned once
+    (:meth:`Client.prepare`); :meth:`submit` runs it again and again.
+
+    The plan pins its source region in the daemon until :meth:`release` (or
+    leaving a ``with`` block, or the client's connection closing). A submit
+    of a plan whose peer restarted, or whose destination was re-registered or
+    re-exported, raises ``FailedPreconditionError``: prepare it again.
+
+    Attributes mirror ``PrepareTransferResponse``: ``handle``, ``blocks``,
+    ``bytes``, ``transport``, ``segments``, ``work_requests`` and ``phases``
+    (the preparation's own :class:`PhaseTimings`).
+    """
+
+    __slots__ = (
+        "_client", "_req", "_submit", "_released", "handle", "blocks", "bytes",
+        "transport", "segments", "work_requests", "phases", "timeout", "__weakref__",
+    )
+
+    def __init__(self, client: "Client", r: Any, timeout: Optional[float]) -> None:
+        self._client = client
+        self.handle = int(r.handle)
+        self.blocks = int(r.blocks)
+        self.bytes = int(r.bytes)
+        self.transport = _TRANSPORT_NAME.get(r.transport, str(r.transport))
+        self.segments = int(r.segments)
+        self.work_requests = int(r.work_requests)
+        self.phases = PhaseTimings.from_proto(r.phases) if r.HasField("phases") else None
+        #: Default deadline of :meth:`submit`, seconds (``None``: the daemon's default).
+        self.timeout = timeout
+        # The request is serialised once; submit hands these bytes to gRPC.
+        self._req = pb.SubmitTransferRequest(handle=self.handle).SerializeToString()
+        self._submit = client._submit_raw
+        self._released = False
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def submit(self, timeout: Optional[float] = None) -> TransferResult:
+        """Run the plan: returns once every byte landed at the peer and its
+        daemon acknowledged the batch (as :meth:`Client.batch_transfer`).
+        ``timeout`` defaults to the one given to :meth:`Client.prepare`."""
+        if self._released:
+            raise FailedPreconditionError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"prepared transfer {self.handle} was released: prepare it again"
+            )
+        try:
+            r = self._submit(self._req, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from e
+        except ValueError as e:  # the channel was closed
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"b2b client is closed: {e}") from e
+        return TransferResult.from_proto(r)
+
+    def release(self) -> None:
+        """Free the plan in the daemon (its source region is let go); a
+        second call does nothing. A plan with submits in flight is freed when
+        they end."""
+        if self._released:
+            return
+        self._released = True
+        if self._client.closed:
+            return  # the daemon frees the plans of a closed connection
+        self._client._call(self._client._stub.ReleaseTransfer, pb.ReleaseTransferRequest(handle=self.handle), self._client.timeout)
+
+    def __enter__(self) -> "PreparedTransfer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.release()
+        except NotFoundError:
+            pass  # already gone in the daemon (its connection was reset)
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "live"
+        return (
+            f"PreparedTransfer(handle={self.handle}, blocks={self.blocks}, bytes={self.bytes}, "
+            f"transport={self.transport!r}, {state})"
+        )
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """One completion of a :class:`SubmitStream`: the caller's ``tag`` and
+    either ``result`` or ``error`` (what a unary submit would have raised)."""
+
+    tag: int
+    result: Optional[TransferResult] = None
+    error: Optional[B2BError] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def get(self) -> TransferResult:
+        """The result, or raise the error."""
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+_END = object()
+
+
+class SubmitStream:
+    """Many submits on one ``SubmitStream`` call (:meth:`Client.submit_stream`).
+
+    :meth:`submit` queues a plan under a tag and returns at once; iterate the
+    stream (or call :meth:`next_result`) for :class:`StreamResult` objects in
+    completion order, tags matched to the submits. :meth:`done_sending` ends
+    the requests; the iteration then ends after the last result. ``close()``
+    (or leaving a ``with`` block) cancels what is still in flight.
+    """
+
+    def __init__(self, client: "Client", timeout: Optional[float]) -> None:
+        if client.closed:
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+        self._q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._call = client._stream_raw(iter(self._q.get, _END), timeout=timeout)
+        self._tags = itertools.count(1)
+        self._sending = True
+        self._closed = False
+
+    def submit(self, plan: PreparedTransfer, tag: Optional[int] = None) -> int:
+        """Queue a submit of ``plan``; returns its tag (``tag``, or the next
+        of 1, 2, ... when ``None``)."""
+        if not self._sending:
+            raise FailedPreconditionError(grpc.StatusCode.FAILED_PRECONDITION, "submit stream: done_sending was called")
+        if plan._released:
+            raise FailedPreconditionError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"prepared transfer {plan.handle} was released: prepare it again"
+            )
+        if tag is None:
+            tag = next(self._tags)
+        self._q.put(pb.SubmitStreamRequest(tag=tag, handle=plan.handle).SerializeToString())
+        return tag
+
+    def done_sending(self) -> None:
+        """No more submits: the daemon answers those in flight, then ends the stream."""
+        if self._sending:
+            self._sending = False
+            self._q.put(_END)
+
+    def next_result(self) -> StreamResult:
+        """The next completion (blocks); ``StopIteration`` once the stream ended."""
+        try:
+            r = next(self._call)
+        except grpc.RpcError as e:
+            if self._closed and e.code() == grpc.StatusCode.CANCELLED:
+                raise StopIteration from None
+            raise from_rpc_error(e) from e
+        if r.code:
+            code = _STATUS_BY_VALUE.get(r.code, grpc.StatusCode.UNKNOWN)
+            return StreamResult(int(r.tag), None, error_for_code(code, r.message))
+        return StreamResult(int(r.tag), TransferResult.from_proto(r.result))
+
+    def __iter__(self) -> "SubmitStream":
+        return self
+
+    def __next__(self) -> StreamResult:
+        return self.next_result()
+
+    def close(self) -> None:
+        """Stop sending and cancel the call (results not yet read are lost)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.done_sending()
+        self._call.cancel()
+
+    def __enter__(self) -> "SubmitStream":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------
 # Client.
 
 
@@ -590,10 +830,27 @@ class Client:
             # gRPC also uses it as the connect timeout.)
             ("grpc.initial_reconnect_backoff_ms", 100),
             ("grpc.max_reconnect_backoff_ms", 2000),
+            # A connection of its own: the daemon ties prepared plans to the
+            # client's connection (only it may submit them; they are freed
+            # when it closes). gRPC would otherwise share one connection
+            # between all channels of a process with the same target.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
         opts.extend(options or [])
         self._channel = grpc.insecure_channel(_target(address), options=opts)
         self._stub = pb_grpc.B2BStub(self._channel)
+        # The submit paths take requests serialised once, in advance (bytes
+        # pass through a None serializer): a submit is the gRPC call alone.
+        self._submit_raw = self._channel.unary_unary(
+            "/b2b.v1.B2B/SubmitTransfer",
+            request_serializer=None,
+            response_deserializer=pb.BatchTransferResponse.FromString,
+        )
+        self._stream_raw = self._channel.stream_stream(
+            "/b2b.v1.B2B/SubmitStream",
+            request_serializer=None,
+            response_deserializer=pb.SubmitStreamResponse.FromString,
+        )
         self._closed = False
         self._lock = threading.Lock()
         self._regions: "weakref.WeakSet[_Region]" = weakref.WeakSet()
@@ -843,12 +1100,7 @@ class Client:
                 delivered to the destination region's watchers (see
                 :meth:`watch`) once the batch landed.
         """
-        if descriptors is None:
-            descriptors = Descriptors(src_offsets, dst_offsets, lengths, block_size)
-        elif not isinstance(descriptors, Descriptors):
-            raise TypeError(f"descriptors: expected b2b.Descriptors, got {type(descriptors).__name__}")
-        elif src_offsets is not None or dst_offsets is not None or lengths is not None or block_size is not None:
-            raise TypeError("batch_transfer: give either descriptors= or the offset arrays, not both")
+        descriptors = _descriptors(descriptors, src_offsets, dst_offsets, lengths, block_size, "batch_transfer")
         if not isinstance(peer, str):
             raise TypeError(f"peer: expected 'host:port' str, got {type(peer).__name__}")
         req = pb.BatchTransferRequest(
@@ -863,14 +1115,92 @@ class Client:
                 raise TypeError(f"notification: expected bytes, got {type(notification).__name__}")
             req.notification = bytes(notification)
         r = self._call(self._stub.BatchTransfer, req, timeout)
-        return TransferResult(
-            blocks=int(r.blocks),
-            bytes=int(r.bytes),
-            transport=_TRANSPORT_NAME.get(r.transport, str(r.transport)),
-            elapsed=r.elapsed_ns / 1e9,
-            segments=int(r.segments),
-            work_requests=int(r.work_requests),
+        return TransferResult.from_proto(r)
+
+    # -- prepared transfers -----------------------------------------------
+
+    def prepare(
+        self,
+        src: RegionRef,
+        peer: str,
+        dst_region: Union[str, RegionInfo, _Region],
+        src_offsets: Any = None,
+        dst_offsets: Any = None,
+        lengths: Any = None,
+        block_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+        transport: Union[None, str, int] = None,
+        *,
+        descriptors: Optional[Descriptors] = None,
+        notification: Optional[bytes] = None,
+    ) -> PreparedTransfer:
+        """Plan a batch once (validate, merge, split, resolve, connect, build
+        the data path's work) and return a :class:`PreparedTransfer` whose
+        :meth:`~PreparedTransfer.submit` runs it. Arguments as
+        :meth:`batch_transfer`; ``timeout`` bounds the preparation and is the
+        default deadline of every submit. Usage::
+
+            with client.prepare(src, peer, "kv", so, do, block_size=4096) as plan:
+                for step in range(steps):
+                    plan.submit()
+        """
+        descriptors = _descriptors(descriptors, src_offsets, dst_offsets, lengths, block_size, "prepare")
+        if not isinstance(peer, str):
+            raise TypeError(f"peer: expected 'host:port' str, got {type(peer).__name__}")
+        req = pb.PrepareTransferRequest(
+            src_region_id=_region_id(src, "src"),
+            peer=peer,
+            dst_region=_export_name(dst_region),
+            descriptors=descriptors._msg,
+            transport=_transport(transport),
         )
+        if notification is not None:
+            if not isinstance(notification, (bytes, bytearray, memoryview)):
+                raise TypeError(f"notification: expected bytes, got {type(notification).__name__}")
+            req.notification = bytes(notification)
+        r = self._call(self._stub.PrepareTransfer, req, self.timeout if timeout is None else timeout)
+        return PreparedTransfer(self, r, timeout)
+
+    def submit_stream(self, timeout: Optional[float] = None) -> SubmitStream:
+        """Open a ``SubmitStream``: many submits in flight on one call, each
+        result tagged (see :class:`SubmitStream`). ``timeout`` bounds the
+        whole stream."""
+        return SubmitStream(self, timeout)
+
+    def pipeline(
+        self, plans: Iterable[PreparedTransfer], depth: int = 8, timeout: Optional[float] = None
+    ) -> Iterator[StreamResult]:
+        """Submit every plan of ``plans`` on one stream with up to ``depth`` in
+        flight; yield a :class:`StreamResult` per plan, in completion order,
+        its ``tag`` the plan's index in ``plans``. A failed submit is a result
+        with ``error`` set (``result.get()`` raises it); the others go on."""
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise _invalid(f"depth {depth!r}: want an int >= 1")
+        with self.submit_stream(timeout) as s:
+            it = iter(plans)
+            tag = inflight = 0
+            for plan in itertools.islice(it, depth):
+                s.submit(plan, tag)
+                tag += 1
+                inflight += 1
+            if inflight < depth:
+                s.done_sending()
+            while inflight:
+                r = s.next_result()
+                inflight -= 1
+                if s._sending:
+                    plan = next(it, None)
+                    if plan is None:
+                        s.done_sending()
+                    else:
+                        s.submit(plan, tag)
+                        tag += 1
+                        inflight += 1
+                yield r
+
+    def ping(self, timeout: Optional[float] = None) -> None:
+        """An empty call: the floor of a call on this connection."""
+        self._call(self._stub.Ping, pb.PingRequest(), self.timeout if timeout is None else timeout)
 
     def checksum(
         self,
@@ -920,6 +1250,16 @@ class Client:
             bytes=int(r.bytes),
             block_digests=unpack_u64(r.block_digests) if per_block else None,
         )
+
+
+def _descriptors(d: Any, src_offsets: Any, dst_offsets: Any, lengths: Any, block_size: Any, what: str) -> Descriptors:
+    if d is None:
+        return Descriptors(src_offsets, dst_offsets, lengths, block_size)
+    if not isinstance(d, Descriptors):
+        raise TypeError(f"descriptors: expected b2b.Descriptors, got {type(d).__name__}")
+    if src_offsets is not None or dst_offsets is not None or lengths is not None or block_size is not None:
+        raise TypeError(f"{what}: give either descriptors= or the offset arrays, not both")
+    return d
 
 
 def _uint(name: str, v: Any) -> int:

@@ -162,3 +162,51 @@ class AddressTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class PreparedUnitTest(unittest.TestCase):
+    """The prepared-transfer helpers that need no daemon."""
+
+    def test_transfer_result_phases(self):
+        r = pb.BatchTransferResponse(blocks=3, bytes=384, transport=pb.TRANSPORT_KIND_TCP, elapsed_ns=1500, segments=2, work_requests=1)
+        t = b2b.TransferResult.from_proto(r)
+        self.assertEqual((t.blocks, t.bytes, t.transport, t.segments, t.work_requests), (3, 384, "tcp", 2, 1))
+        self.assertEqual(t.elapsed_ns, 1500)
+        self.assertIsNone(t.phases)  # a daemon that sent none
+        r.phases.CopyFrom(pb.PhaseTimings(decode_ns=1, validate_ns=2, resolve_ns=3, plan_ns=4, post_ns=5, wire_ns=6, notify_ns=7, total_ns=28))
+        p = b2b.TransferResult.from_proto(r).phases
+        self.assertEqual(
+            p.as_dict(),
+            {"decode_ns": 1, "validate_ns": 2, "resolve_ns": 3, "plan_ns": 4, "post_ns": 5, "wire_ns": 6, "notify_ns": 7, "total_ns": 28},
+        )
+
+    def test_stream_result(self):
+        ok = b2b.StreamResult(4, b2b.TransferResult(1, 2, "tcp", 0.0))
+        self.assertTrue(ok.ok)
+        self.assertEqual(ok.get().bytes, 2)
+        bad = b2b.StreamResult(5, None, b2b.error_for_code(grpc.StatusCode.NOT_FOUND, "plan 9: no such prepared transfer"))
+        self.assertFalse(bad.ok)
+        with self.assertRaises(b2b.NotFoundError) as cm:
+            bad.get()
+        self.assertIn("plan 9", str(cm.exception))
+
+    def test_submit_request_serialised_once(self):
+        # A plan's submit sends bytes prepared once: they decode to its handle.
+        c = b2b.Client("/nonexistent/b2bd.sock")
+        try:
+            p = b2b.PreparedTransfer(c, pb.PrepareTransferResponse(handle=1 << 63, blocks=2, bytes=256), None)
+            self.assertEqual(pb.SubmitTransferRequest.FromString(p._req).handle, 1 << 63)
+            self.assertEqual((p.blocks, p.bytes, p.released), (2, 256, False))
+            c.close()
+            p.release()  # a closed client: the daemon frees the plan itself
+            self.assertTrue(p.released)
+            with self.assertRaises(b2b.FailedPreconditionError):
+                p.submit()
+        finally:
+            c.close()
+
+    def test_pipeline_depth(self):
+        with b2b.Client("/nonexistent/b2bd.sock") as c:
+            for depth in (0, -1, 1.5, True):
+                with self.subTest(depth=depth), self.assertRaises(b2b.InvalidArgumentError):
+                    list(c.pipeline([], depth=depth))

@@ -34,7 +34,8 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if _, err := rand.Read(idb[:]); err != nil {
 		return nil, fmt.Errorf("tcp: conn id: %w", err)
 	}
-	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, quit: make(chan struct{}), staged: make(chan staged, 1)}
+	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, quit: make(chan struct{}), staged: make(chan staged, 1),
+		smallCap: min(t.cfg.FrameBytes, maxSegsPerFrame*copyBelow)}
 	var d interface {
 		DialContext(context.Context, string, string) (net.Conn, error)
 	} = &net.Dialer{}
@@ -50,7 +51,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		if tc, ok := nc.(*net.TCPConn); ok {
 			_ = tc.SetNoDelay(true)
 		}
-		s := newStream(c, nc, t.cfg.FrameBytes)
+		s := newStream(c, nc)
 		c.streams = append(c.streams, s)
 		if err := s.hello(ctx, p.TCP.Token, c.id, t.cfg.Streams, i); err != nil {
 			c.Close()
@@ -93,6 +94,10 @@ type conn struct {
 	staged chan staged   // writeStaged's next round (Write holds mu)
 	// results of the streams in the current batch (reused, no allocation)
 	results []error
+	// scratch is the ad hoc batch's plan, rebuilt by every Write (mu held).
+	scratch plan
+	// smallCap is each stream's staging buffer for small blocks.
+	smallCap int
 }
 
 // anyUnclean: some stream failed otherwise than by a clean refusal.
@@ -192,6 +197,8 @@ func (c *conn) writeStaged(ctx context.Context, mem memory.Memory, dst transport
 		s, err := c.writeHost(ctx, st[k%2].Buffer(), dst, &round)
 		total.Segments += s.Segments
 		total.WorkRequests += s.WorkRequests
+		total.Plan += s.Plan
+		total.Post += s.Post
 		if err != nil {
 			if end < b.N() {
 				<-next // the copy in flight must finish before its buffer is reused
@@ -205,39 +212,58 @@ func (c *conn) writeStaged(ctx context.Context, mem memory.Memory, dst transport
 	}
 }
 
-// writeHost sends blocks of host memory src.
+// writeHost sends blocks of host memory src: it builds the batch's plan in
+// the conn's scratch plan (reused, so nothing is allocated), then runs it.
 func (c *conn) writeHost(ctx context.Context, src []byte, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
-	n := b.N()
-	if n == 0 {
+	if b.N() == 0 {
 		return transport.Stats{}, nil
 	}
-	total := b.Bytes()
-	use := int(total / uint64(c.t.cfg.MinShareBytes))
-	use = max(1, min(use, len(c.streams), n))
-	c.batch++
+	t0 := time.Now()
+	if err := checkBounds(b, uint64(len(src)), dst.Size); err != nil {
+		return transport.Stats{}, err
+	}
+	c.scratch.build(b, dst.Key.Key, c.limits())
+	st, err := c.run(ctx, &c.scratch, src, t0)
+	c.scratch.trim()
+	return st, err
+}
 
-	// Split [0,n) into `use` contiguous shares of about total/use bytes.
+func (c *conn) limits() planLimits {
+	return planLimits{
+		streams:    len(c.streams),
+		minShare:   uint64(c.t.cfg.MinShareBytes),
+		frameBytes: uint64(c.t.cfg.FrameBytes),
+		smallCap:   uint64(c.smallCap),
+	}
+}
+
+// run sends plan p of source memory src over its streams, one share per
+// stream, and waits for every stream's ack. Stats.Plan is the time from
+// start to the first post (for a prepared plan, pass the time of the call:
+// near 0), Stats.Post the longest a stream spent handing its frames over
+// (staging and write lists; see result.post). c.mu is held.
+func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (transport.Stats, error) {
+	use := len(p.shares)
+	if use == 0 {
+		return transport.Stats{Plan: time.Since(start)}, nil
+	}
+	c.batch++
 	deadline, _ := ctx.Deadline()
-	lo, acc, posted := 0, uint64(0), 0
+	postStart := time.Now()
+	posted := 0
 	for i := 0; i < use; i++ {
-		hi := n
-		if i < use-1 {
-			target := total * uint64(i+1) / uint64(use)
-			hi = lo
-			for hi < n-(use-1-i) && (acc < target || hi == lo) {
-				acc += b.Len[hi]
-				hi++
-			}
-		}
 		select {
-		case c.streams[i].jobs <- job{batch: c.batch, key: dst.Key.Key, streams: uint32(use), src: src, b: b, lo: lo, hi: hi, deadline: deadline}:
+		case c.streams[i].jobs <- job{batch: c.batch, p: p, share: i, src: src, deadline: deadline}:
 			posted++
 		case <-c.quit:
 		}
-		lo = hi
+		if posted <= i {
+			break
+		}
 	}
 	var frames uint64
 	var first error
+	var post time.Duration
 	results := c.results[:0]
 	if posted < use {
 		first = net.ErrClosed
@@ -250,6 +276,7 @@ func (c *conn) writeHost(ctx context.Context, src []byte, dst transport.RemoteRe
 		select {
 		case r := <-c.streams[i].done:
 			frames += r.frames
+			post = max(post, r.post)
 			if r.err != nil && first == nil {
 				first = r.err
 			}
@@ -289,22 +316,24 @@ func (c *conn) writeHost(ctx context.Context, src []byte, dst transport.RemoteRe
 		}
 		return transport.Stats{}, fmt.Errorf("%w: tcp: batch %d to %s cut off: %w", errs.ErrAborted, c.batch, c.addr, first)
 	}
-	return transport.Stats{Segments: uint64(n), WorkRequests: frames}, nil
+	return transport.Stats{Segments: p.segs, WorkRequests: frames, Plan: postStart.Sub(start), Post: post}, nil
 }
 
 type job struct {
 	batch    uint64
-	key      uint64
-	streams  uint32
+	p        *plan
+	share    int
 	src      []byte
-	b        *desc.Batch
-	lo, hi   int
 	deadline time.Time
 }
 
 type result struct {
 	frames uint64
-	err    error
+	// post: the time the stream spent handing its frames over: staging the
+	// small blocks and laying out the write lists. The socket writes
+	// themselves are the wire: on a blocked socket they wait for the receiver.
+	post time.Duration
+	err  error
 }
 
 // stream is one data connection with its own worker goroutine and buffers,
@@ -314,20 +343,18 @@ type stream struct {
 	nc    net.Conn
 	jobs  chan job
 	done  chan result
-	hdr   []byte   // frame header + segment table
 	small []byte   // staging for small blocks
 	iov   [][]byte // vectored write list
 	bufs  net.Buffers
 	ackb  [ackLen + maxAckMsg]byte
 }
 
-func newStream(c *conn, nc net.Conn, frameBytes int) *stream {
+func newStream(c *conn, nc net.Conn) *stream {
 	return &stream{
 		c: c, nc: nc,
 		jobs:  make(chan job),
 		done:  make(chan result, 1),
-		hdr:   make([]byte, headerLen+maxSegsPerFrame*segLen),
-		small: make([]byte, 0, min(frameBytes, maxSegsPerFrame*copyBelow)),
+		small: make([]byte, c.smallCap),
 		iov:   make([][]byte, 0, maxSegsPerFrame+1),
 	}
 }
@@ -367,84 +394,68 @@ func (s *stream) loop() {
 	for {
 		select {
 		case j := <-s.jobs:
-			f, err := s.send(j)
-			s.done <- result{frames: f, err: err}
+			r := s.send(&j)
+			s.done <- r
 		case <-s.c.quit:
 			return
 		}
 	}
 }
 
-// send writes the job's share as frames of up to FrameBytes payload and
-// maxSegsPerFrame segments, then reads the receiver's ack.
-func (s *stream) send(j job) (uint64, error) {
+// send writes the job's share of its plan, frame by frame, then reads the
+// receiver's ack.
+func (s *stream) send(j *job) result {
 	_ = s.nc.SetDeadline(j.deadline)
-	b, frameBytes := j.b, uint64(s.c.t.cfg.FrameBytes)
-	var frames uint64
-	for i := j.lo; i < j.hi; {
-		// Pick the frame's segments.
-		k, payload := i, uint64(0)
-		for k < j.hi && k-i < maxSegsPerFrame && (payload == 0 || payload+b.Len[k] <= frameBytes) {
-			payload += b.Len[k]
-			k++
-		}
-		h := frameHeader{batch: j.batch, key: j.key, segs: uint32(k - i), streams: j.streams, payload: payload}
-		if k == j.hi {
-			h.flags = flagLast
-		}
-		hdr := s.hdr[:headerLen+(k-i)*segLen]
-		h.put(hdr)
+	p := j.p
+	sh := p.shares[j.share]
+	var r result
+	for f := sh.lo; f < sh.hi; f++ {
+		fr := &p.frames[f]
+		hdr := p.hdr[fr.hdrLo:fr.hdrHi]
+		binary.LittleEndian.PutUint64(hdr[8:], j.batch)
 		// The source's memory belongs to a client that may truncate its
 		// file: the staging copy (and TLS's encryption) fault in Go, the
 		// writev with EFAULT. Either way the frame is cut short and the
 		// stream out of step: the batch fails with DataLoss and the conn is
 		// failed by Write, so the next batch gets a fresh one.
 		var werr error
+		t0 := time.Now()
 		ferr := memguard.Do(func() {
-			s.frame(&j, i, k, hdr)
+			s.frame(p, fr, j.src, hdr)
+			r.post += time.Since(t0)
 			_, werr = s.bufs.WriteTo(s.nc)
 		})
 		if ferr == nil && werr != nil && memguard.IsFault(werr) {
 			ferr = fmt.Errorf("%w (%w): writev: %w", memguard.ErrFault, errs.ErrDataLoss, werr)
 		}
 		if ferr != nil {
-			return frames, fmt.Errorf("source memory of segments %d..%d: %w", i, k-1, ferr)
+			r.err = fmt.Errorf("source memory of segments %d..%d: %w", fr.blk.lo, fr.blk.hi-1, ferr)
+			return r
 		}
 		if werr != nil {
-			return frames, werr
+			r.err = werr
+			return r
 		}
-		frames++
-		i = k
+		r.frames++
 	}
-	return frames, s.readAck(j.batch)
+	r.err = s.readAck(j.batch)
+	return r
 }
 
-// frame fills the frame's segment table and its write list, blocks [i,k)
-// of the job, into s.bufs; small blocks are copied into s.small.
-func (s *stream) frame(j *job, i, k int, hdr []byte) {
-	b := j.b
-	le := binary.LittleEndian
-	iov, small := append(s.iov[:0], hdr), s.small[:0]
-	runStart := -1 // start of the current run of small blocks in `small`
-	for x := i; x < k; x++ {
-		off, n := b.Src[x], b.Len[x]
-		le.PutUint64(hdr[headerLen+(x-i)*segLen:], b.Dst[x])
-		le.PutUint64(hdr[headerLen+(x-i)*segLen+8:], n)
-		if n < copyBelow && uint64(len(small))+n <= uint64(cap(small)) {
-			if runStart < 0 {
-				runStart = len(small)
-			}
-			small = append(small, j.src[off:off+n]...)
-			continue
-		}
-		if runStart >= 0 {
-			iov = append(iov, small[runStart:])
-			runStart = -1
-		}
-		iov = append(iov, j.src[off:off+n])
+// frame stages the frame's small blocks and fills its write list into
+// s.bufs.
+func (s *stream) frame(p *plan, fr *pframe, src, hdr []byte) {
+	small := s.small
+	for _, c := range p.copies[fr.cp.lo:fr.cp.hi] {
+		copy(small[c.at:c.at+c.n], src[c.src:c.src+c.n])
 	}
-	if runStart >= 0 {
-		iov = append(iov, small[runStart:])
+	iov := append(s.iov[:0], hdr)
+	for _, pc := range p.pieces[fr.pc.lo:fr.pc.hi] {
+		if pc.staged {
+			iov = append(iov, small[pc.off:pc.off+pc.n])
+		} else {
+			iov = append(iov, src[pc.off:pc.off+pc.n])
+		}
 	}
 	s.bufs = iov // a field, so WriteTo's pointer receiver does not escape a local
 }

@@ -61,7 +61,10 @@ const (
 	// recvBuf is the receiver's read buffer: small blocks are copied out of
 	// it (one system call for many), larger ones read straight into the
 	// region.
-	recvBuf = 64 << 10
+	recvBuf = 256 << 10
+	// directRead: the rest of a block at least this long is read straight
+	// into the region (plaintext), not through the read buffer.
+	directRead = 64 << 10
 )
 
 // Transport is the TCP data plane of one daemon.
@@ -524,10 +527,29 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 		done, got  uint64 // payload bytes consumed by whole segments; of segment seg
 		rerr, ferr error
 	)
+	//
+	// Segments that lie whole in the read buffer are copied out of a view of
+	// it (Peek) in a tight loop, and the view is consumed (Discard) only
+	// before the next read and after the frame: pend counts the bytes placed
+	// from the view and not yet consumed, so that done+got is always the
+	// payload placed, and after a fault pend bytes are consumed first.
+	var pend int
 	ferr = memguard.Do(func() {
+		var view []byte
 		for seg = 0; seg < int(h.segs); seg++ {
 			off, n := le.Uint64(table[seg*segLen:]), le.Uint64(table[seg*segLen+8:])
 			dst := mem.Host[off : off+n]
+			if n <= uint64(len(view)-pend) {
+				copy(dst, view[pend:])
+				pend += int(n)
+				done += n
+				continue
+			}
+			if pend > 0 {
+				_, _ = r.br.Discard(pend)
+				pend = 0
+			}
+			view = nil
 			for got = 0; got < n; {
 				k, err := r.read(dst[got:])
 				got += uint64(k)
@@ -536,7 +558,16 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 					return
 				}
 			}
+			got = 0
 			done += n
+			// The next segments may lie in what the read buffered.
+			if b := r.br.Buffered(); b > 0 {
+				view, _ = r.br.Peek(b)
+			}
+		}
+		if pend > 0 {
+			_, _ = r.br.Discard(pend)
+			pend = 0
 		}
 	})
 	if ferr == nil && rerr != nil && memguard.IsFault(rerr) {
@@ -544,6 +575,9 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 	}
 	if ferr != nil {
 		off, n := le.Uint64(table[seg*segLen:]), le.Uint64(table[seg*segLen+8:])
+		if pend > 0 {
+			_, _ = r.br.Discard(pend)
+		}
 		if _, err := io.CopyN(io.Discard, r.br, int64(h.payload-done-got)); err != nil {
 			return true, err
 		}
@@ -563,7 +597,7 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 // used: it reads p's last byte after the read(2) consumed it, which faults
 // with those bytes gone from the stream and not counted.
 func (r *receiver) read(p []byte) (int, error) {
-	if r.direct && r.br.Buffered() == 0 && len(p) >= recvBuf {
+	if r.direct && r.br.Buffered() == 0 && len(p) >= directRead {
 		return r.c.Read(p)
 	}
 	// Under the buffer's size, bufio fills its buffer and copies out.

@@ -67,11 +67,16 @@ type pair struct {
 }
 
 func newPair(t testing.TB, size int, streams int) *pair {
+	return newPairCfg(t, size, Config{Listen: "127.0.0.1:0", Streams: streams, MinShareBytes: 64 << 10})
+}
+
+// newPairCfg is newPair with the sender's Config.
+func newPairCfg(t testing.TB, size int, cfg Config) *pair {
 	p := &pair{in: &keyed{regs: map[uint64]memory.Memory{}}}
 	// Memory first, so it is unmapped only after the transports stopped.
 	p.srcMem, p.dstMem = hostMem(t, size), hostMem(t, size)
 	var err error
-	if p.a, err = New(Config{Listen: "127.0.0.1:0", Streams: streams, MinShareBytes: 64 << 10}, &keyed{}, nil); err != nil {
+	if p.a, err = New(cfg, &keyed{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if p.b, err = New(Config{Listen: "127.0.0.1:0"}, p.in, nil); err != nil {
@@ -229,6 +234,7 @@ func BenchmarkWrite10K128(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.SetBytes(n * size)
+	defer cpuPerByte(b, n*size)()
 	for b.Loop() {
 		if _, err := p.conn.Write(ctx, p.src, p.dst, &bt); err != nil {
 			b.Fatal(err)
