@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -27,11 +28,16 @@ func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("b2bd", flag.ContinueOnError)
 	cfg.RegisterFlags(fs)
 	daemon.RegisterOptionalFlags(fs, &cfg)
+	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return err
+	}
+	if *version {
+		fmt.Printf("b2bd %s %s %s/%s\n", daemon.Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		return nil
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "b2bd", Level: hclog.LevelFromString(cfg.LogLevel), Output: os.Stderr})
 	daemon.InstallGRPCLogger(log)
