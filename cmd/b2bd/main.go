@@ -35,6 +35,9 @@ func run(ctx context.Context, args []string) error {
 		}
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unknown command or argument %q (b2bd takes flags only; see b2bd --help)", fs.Arg(0))
+	}
 	if *version {
 		fmt.Printf("b2bd %s %s %s/%s\n", daemon.Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return nil
