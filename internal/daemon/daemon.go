@@ -62,6 +62,10 @@ type Config struct {
 	MetricsListen  string // optional Prometheus /metrics (and /healthz) HTTP address
 	HealthListen   string // optional plaintext health-only address (grpc.health.v1 and HTTP /healthz)
 	TCP            tcp.Config
+	// Phases reads a successful batch's phase durations from its response
+	// for b2bd_batch_phase_duration_seconds (with --metrics-listen); nil:
+	// none. See docs/observe-deploy.md for wiring it to the phases message.
+	Phases metrics.PhaseObserver
 	// Verbs configures the RDMA transport; nil: none (RegisterOptionalFlags
 	// sets it with the verbs flags).
 	Verbs *verbs.Config

@@ -14,10 +14,6 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-// PhaseObserver, when set before New, reads batches' phase durations from
-// their responses for the b2bd_batch_phase_duration_seconds histogram.
-var PhaseObserver metrics.PhaseObserver
-
 // buildObservability opens --metrics-listen and --health-listen (so that a
 // bad address fails at start) and builds the metrics over the daemon's
 // state. d.registry and d.transports are built by now.
@@ -32,7 +28,7 @@ func (d *Daemon) buildObservability() error {
 			},
 			Regions:    func() []metrics.RegionStats { return regionStats(reg) },
 			Transports: func() []metrics.TransportStats { return transportStats(ts) },
-			Phases:     PhaseObserver,
+			Phases:     d.cfg.Phases,
 		})
 		ln, err := net.Listen("tcp", d.cfg.MetricsListen)
 		if err != nil {
