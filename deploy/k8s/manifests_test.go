@@ -400,7 +400,6 @@ func TestManifests(t *testing.T) {
 	}
 }
 
-
 func hasCap(cs []corev1.Capability, c corev1.Capability) bool {
 	for _, x := range cs {
 		if x == c {
