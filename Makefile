@@ -6,8 +6,11 @@ BIN := $(CURDIR)/bin
 ARGS ?=
 PROTO := proto/b2b/v1/b2b.proto
 PYGEN := client/python/b2b/v1
+# VERSION is stamped into the binaries (b2bd --version) and names the .deb.
+VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo 0)
+LDFLAGS := -X github.com/b2bd/b2bd/internal/daemon.Version=$(VERSION)
 
-.PHONY: test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
+.PHONY: deb test-deb test-deploy test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
 
 all: build
 
@@ -16,7 +19,7 @@ deps:
 	@deploy/scripts/deps.sh
 
 build: deps
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # The daemon must build without cgo (verbs and CUDA are then reported as unavailable).
 build-nocgo:
@@ -45,7 +48,7 @@ check-generated:
 vet:
 	$(GO) vet ./...
 
-test: deps check-generated build-nocgo test-go test-python test-rdma
+test: deps check-generated build-nocgo test-go test-deploy test-python test-rdma
 
 test-go: deps
 	$(GO) vet ./...
@@ -70,6 +73,22 @@ test-rdma: build
 
 bench: build
 	$(BIN)/b2b-bench --b2bd $(BIN)/b2bd --json bench-results.json --plot bench-results.svg $(ARGS)
+
+# deb builds bin/b2bd_$(VERSION)_<arch>.deb with dpkg-deb (deploy/deb/build.sh).
+deb: deps
+	@mkdir -p $(BIN)
+	deploy/deb/build.sh $(VERSION) $(BIN)
+
+# test-deb builds the .deb, checks it with lintian (no errors) and installs,
+# runs, verifies (systemd-analyze) and purges it on this machine (root).
+test-deb: deb
+	deploy/deb/test-deb.sh $(BIN)/b2bd_$(VERSION)_$$(dpkg --print-architecture).deb $(VERSION)
+
+# test-deploy: the systemd unit passes systemd-analyze verify, and every
+# Kubernetes manifest decodes strictly into k8s.io/api types.
+test-deploy: deps
+	deploy/systemd/verify.sh
+	$(GO) test -count=1 ./deploy/k8s/...
 
 # certs makes a development CA and daemon certificates for mutual TLS:
 # make certs CERTS="hostA=10.0.0.1 hostB=10.0.0.2" [CERTDIR=certs]

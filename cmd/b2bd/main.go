@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -36,11 +37,19 @@ func run(ctx context.Context, args []string) error {
 	cfg.RegisterFlags(fs)
 	daemon.RegisterOptionalFlags(fs, &cfg)
 	fs.StringVar(&cfgFile, "config", "", "TOML file whose keys are these flags' names (e.g. deploy/b2bd.toml); flags on the command line override it")
+	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
 		}
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unknown command or argument %q (b2bd takes flags only, or the subcommand doctor; see b2bd --help)", fs.Arg(0))
+	}
+	if *version {
+		fmt.Printf("b2bd %s %s %s/%s\n", daemon.Version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		return nil
 	}
 	if cfgFile != "" {
 		if err := config.LoadFile(fs, cfgFile, "config"); err != nil {

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -26,6 +27,8 @@ import (
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/batch"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/health"
+	"github.com/b2bd/b2bd/internal/metrics"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/staging"
@@ -59,7 +62,13 @@ type Config struct {
 	TLSKey         string
 	TLSCA          string // the CA peers' certificates must chain to
 	Insecure       bool   // plaintext between daemons, loopback addresses only
+	MetricsListen  string // optional Prometheus /metrics (and /healthz) HTTP address
+	HealthListen   string // optional plaintext health-only address (grpc.health.v1 and HTTP /healthz)
 	TCP            tcp.Config
+	// Phases reads a successful batch's phase durations from its response
+	// for b2bd_batch_phase_duration_seconds (with --metrics-listen); nil:
+	// none. See docs/observe-deploy.md for wiring it to the phases message.
+	Phases metrics.PhaseObserver
 	// Verbs configures the RDMA transport; nil: none (RegisterOptionalFlags
 	// sets it with the verbs flags).
 	Verbs *verbs.Config
@@ -88,6 +97,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&c.TLSCA, "tls-ca", "", "PEM CA bundle that peers' certificates must chain to")
 	fs.BoolVar(&c.Insecure, "insecure", false, "plaintext between daemons; refused on any address that is not loopback")
+	fs.StringVar(&c.MetricsListen, "metrics-listen", "", "serve Prometheus metrics on http://host:port/metrics (and /healthz); off when empty")
+	fs.StringVar(&c.HealthListen, "health-listen", "", "plaintext health-only address (host:port) serving grpc.health.v1 and HTTP /healthz, for probes that cannot do TLS; off when empty")
 }
 
 // security checks the peer-authentication flags and returns the TLS
@@ -129,6 +140,12 @@ type Daemon struct {
 	counters   server.Counters
 	cuda       gpudirect.Interface // nil without a GPU
 	staging    *staging.Pool
+	health     *health.Health
+	metrics    *metrics.Metrics // nil without --metrics-listen
+	// The optional HTTP listeners (--metrics-listen, --health-listen):
+	// served by Serve, stopped after the gRPC servers drained.
+	metricsLn, healthLn   net.Listener
+	metricsSrv, healthSrv *http.Server
 }
 
 // inbound is the registry's key index plus counters, as the transports'
@@ -253,15 +270,25 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 
 	// Descriptor lists of 1M entries are 24 MiB; allow them through.
 	msgMax := 64<<20 + 3*8*cfg.MaxDescriptors
-	d.api = grpc.NewServer(grpc.Creds(auth.PeerCred{}), grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax),
-		grpc.StatsHandler(srv.StatsHandler()))
+	apiOpts := []grpc.ServerOption{grpc.Creds(auth.PeerCred{}), grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax),
+		grpc.StatsHandler(srv.StatsHandler())}
+	d.health = health.New()
+	if err := d.buildObservability(); err != nil {
+		return nil, err
+	}
+	if d.metrics != nil {
+		apiOpts = append(apiOpts, grpc.ChainUnaryInterceptor(d.metrics.UnaryInterceptor()))
+	}
+	d.api = grpc.NewServer(apiOpts...)
 	b2bv1.RegisterB2BServer(d.api, srv.Local())
+	d.health.Register(d.api)
 	peerOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
 	if peerTLS != nil {
 		peerOpts = append(peerOpts, grpc.Creds(credentials.NewTLS(peerTLS.Server)))
 	}
 	d.peerSrv = grpc.NewServer(peerOpts...)
 	b2bv1.RegisterPeerServer(d.peerSrv, srv.Peer())
+	d.health.Register(d.peerSrv)
 
 	if cfg.Socket != "" {
 		ln, err := listenUnix(cfg.Socket, cfg.SocketMode, gid)
@@ -401,6 +428,19 @@ func (d *Daemon) APIAddr() string { return d.apiAddr }
 // APITCPAddr is the bound --api-listen address, or "".
 func (d *Daemon) APITCPAddr() string { return d.apiTCPAddr }
 
+// MetricsAddr is the bound --metrics-listen address, or "".
+func (d *Daemon) MetricsAddr() string { return addrOf(d.metricsLn) }
+
+// HealthAddr is the bound --health-listen address, or "".
+func (d *Daemon) HealthAddr() string { return addrOf(d.healthLn) }
+
+func addrOf(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}
+
 // Serve runs until ctx is cancelled, then stops gracefully: new calls are
 // refused, in-flight batches get ShutdownGrace to finish (or fail with their
 // deadline), then connections, regions and transports are released.
@@ -416,12 +456,24 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	if d.submitLn != nil {
 		go func() { _ = d.srv.ServeSubmit(d.submitLn) }()
 	}
-	d.log.Info("b2bd serving", "version", Version, "node", d.cfg.NodeName, "api", d.apiAddr, "peer", d.peerAddr, "transports", d.kinds())
+	d.serveHTTP()
+	d.log.Info("b2bd serving", "version", Version, "node", d.cfg.NodeName, "api", d.apiAddr, "peer", d.peerAddr,
+		"transports", d.kinds(), "metrics", d.MetricsAddr(), "health", d.HealthAddr())
+	if sent, nerr := sdNotify("READY=1\nSTATUS=serving"); nerr != nil {
+		d.log.Warn("tell systemd we are ready", "error", nerr)
+	} else if sent {
+		d.log.Debug("told systemd READY=1")
+	}
 	var err error
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
 		err = fmt.Errorf("serve: %w", err)
+	}
+	// Probes see NOT_SERVING from here on, while in-flight batches finish.
+	d.health.Drain()
+	if _, nerr := sdNotify("STOPPING=1\nSTATUS=draining"); nerr != nil {
+		d.log.Warn("tell systemd we are stopping", "error", nerr)
 	}
 	d.log.Info("shutting down")
 	done := make(chan struct{})
@@ -438,6 +490,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		d.peerSrv.Stop()
 		<-done
 	}
+	d.stopHTTP()
 	d.teardown()
 	d.log.Info("stopped")
 	if errors.Is(err, grpc.ErrServerStopped) {
@@ -493,6 +546,7 @@ func (d *Daemon) teardown() {
 		}
 		d.cuda = nil
 	}
+	d.stopHTTP()
 	for _, ln := range d.listeners {
 		ln.Close()
 	}
