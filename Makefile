@@ -48,7 +48,7 @@ check-generated:
 vet:
 	$(GO) vet ./...
 
-test: deps check-generated build-nocgo test-go test-deploy test-python test-rdma
+test: deps check-generated build-nocgo test-go test-deploy test-deb test-python test-rdma
 
 test-go: deps
 	$(GO) vet ./...

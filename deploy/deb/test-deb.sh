@@ -9,10 +9,10 @@
 set -euo pipefail
 deb=$1 version=$2
 fail() { echo "test-deb: FAIL: $*" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || fail "needs root (dpkg -i)"
+sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo" # dpkg -i needs root; CI may run as a sudoer
 if ! command -v lintian >/dev/null; then
 	echo "test-deb: installing lintian"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q lintian >/dev/null
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q lintian >/dev/null
 fi
 if dpkg -s b2bd >/dev/null 2>&1; then
 	fail "a b2bd package is already installed here; refusing to replace it"
@@ -29,13 +29,13 @@ echo "lintian: $(grep -c '^E: ' <<<"$lint" || true) errors, $(grep -c '^W: ' <<<
 group_before=no
 getent group b2bd >/dev/null && group_before=yes
 cleanup() {
-	if dpkg -s b2bd >/dev/null 2>&1; then dpkg --purge b2bd >/dev/null 2>&1 || true; fi
-	if [ "$group_before" = no ] && getent group b2bd >/dev/null; then delgroup --system --quiet b2bd || true; fi
+	if dpkg -s b2bd >/dev/null 2>&1; then $sudo dpkg --purge b2bd >/dev/null 2>&1 || true; fi
+	if [ "$group_before" = no ] && getent group b2bd >/dev/null; then $sudo delgroup --system --quiet b2bd || true; fi
 }
 trap cleanup EXIT
 
 echo "+ dpkg -i $deb"
-dpkg -i "$deb"
+$sudo dpkg -i "$deb"
 files=$(dpkg -L b2bd)
 for f in /usr/bin/b2bd /lib/systemd/system/b2bd.service /etc/b2bd/b2bd.toml /usr/share/doc/b2bd/copyright \
 	/usr/share/doc/b2bd/changelog.gz /usr/share/man/man8/b2bd.8.gz; do
@@ -73,7 +73,7 @@ msgs=$(systemd-analyze verify /lib/systemd/system/b2bd.service 2>&1) || { echo "
 echo "systemd-analyze verify: OK"
 
 echo "+ dpkg --purge b2bd"
-dpkg --purge b2bd
+$sudo dpkg --purge b2bd
 dpkg -s b2bd >/dev/null 2>&1 && fail "b2bd still known to dpkg after purge"
 left=0
 while read -r f; do
