@@ -14,7 +14,10 @@
 #   3. makes two PyTorch processes exchange a CUDA tensor's blocks through
 #      their daemons (transport auto: local, since they share the host),
 #      checked with torch.equal.
-# Usage: deploy/gpu/gpu-check.sh [OUT_DIR]   (env: BIN=bin, SIZES=..., BLOCKS=10000)
+# Usage: deploy/gpu/gpu-check.sh [OUT_DIR]
+#   env: BIN=bin, SIZES=..., BLOCKS=10000, ITERS=5, TRANSPORTS="local tcp",
+#        NCU_TRANSPORTS="local tcp", LOCAL_STREAMS (daemons' --local-streams),
+#        TORCH_TRANSPORT=auto
 set -uo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${BIN:-$top/bin}
@@ -43,6 +46,7 @@ for tr in ${TRANSPORTS:-local tcp}; do
   step "1. sweep GPU to GPU over $tr, every block verified"
   "$BIN/b2b-bench" --b2bd "$BIN/b2bd" --transport "$tr" --memory cuda --src-device 0 --dst-device "$dst_dev" \
     ${SIZES:+--sizes "$SIZES"} ${BLOCKS:+--blocks "$BLOCKS"} ${ITERS:+--iters "$ITERS"} \
+    ${LOCAL_STREAMS:+--daemon-arg=--local-streams=$LOCAL_STREAMS} \
     --json "$OUT/gpu-sweep-$tr.json" --plot "$OUT/gpu-sweep-$tr.svg" 2>&1 | tee "$OUT/gpu-sweep-$tr.txt" || fail=1
 done
 step "1c. side by side (median ms; raw = rawbatch's batch column)"

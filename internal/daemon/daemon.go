@@ -49,6 +49,7 @@ type Config struct {
 	PeerListen     string // peer control plane
 	ShmDir         string
 	Transport      string // auto | tcp | verbs | local
+	LocalStreams   int    // local transport: streams per GPU batch
 	MaxDescriptors int
 	DefaultTimeout time.Duration
 	ShutdownGrace  time.Duration
@@ -75,6 +76,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TCP.Listen, "data-listen", ":7471", "TCP data-plane address (host:port)")
 	fs.IntVar(&c.TCP.Streams, "tcp-streams", tcp.DefaultStreams, "TCP data connections per peer")
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
+	fs.IntVar(&c.LocalStreams, "local-streams", 1, "local transport: streams a large GPU batch is spread over (1 to 8; a share of 1 MiB at least each)")
 	fs.StringVar(&c.Transport, "transport", "auto", "data plane: auto (local when the peer proves it is on this host, else verbs when both peers have RDMA, else tcp), tcp, verbs or local (same host only: shared memory and CUDA IPC)")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 1<<20, "most blocks per batch")
 	fs.DurationVar(&c.DefaultTimeout, "default-timeout", time.Minute, "deadline of a batch whose caller set none")
@@ -490,7 +492,7 @@ func (d *Daemon) teardown() {
 // with --transport auto a failure only leaves it out.
 func (d *Daemon) buildLocal(in *inbound, gid int, cuda gpudirect.Interface) (*b2bv1.TransportStatus, error) {
 	st := &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_LOCAL}
-	lt, err := samehost.New(samehost.Config{Dir: d.cfg.ShmDir, Group: gid, Node: d.cfg.NodeName, CUDA: cuda}, in, d.log.Named("local"))
+	lt, err := samehost.New(samehost.Config{Dir: d.cfg.ShmDir, Group: gid, Node: d.cfg.NodeName, CUDA: cuda, Streams: d.cfg.LocalStreams}, in, d.log.Named("local"))
 	if err != nil {
 		if d.cfg.Transport == "local" {
 			return nil, fmt.Errorf("--transport local: %w", err)

@@ -47,7 +47,7 @@ type Conn struct {
 	broken  error
 	closed  bool
 	cache   map[uint64]*remote
-	streams map[int]*gpudirect.Stream
+	streams map[int][]*gpudirect.Stream
 	req     [requestSize]byte
 	rep     [replySize]byte
 	oob     []byte
@@ -71,7 +71,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if err != nil {
 		return nil, fmt.Errorf("%w: samehost: dial %s: %v", errs.ErrUnavailable, p.Local.Socket, err)
 	}
-	c := &Conn{t: t, peer: p, c: nc.(*net.UnixConn), cache: map[uint64]*remote{}, streams: map[int]*gpudirect.Stream{},
+	c := &Conn{t: t, peer: p, c: nc.(*net.UnixConn), cache: map[uint64]*remote{}, streams: map[int][]*gpudirect.Stream{},
 		oob: make([]byte, unix.CmsgSpace(4)), msg: make([]byte, 0, 256)}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.c.SetDeadline(dl)
@@ -193,8 +193,10 @@ func (c *Conn) Close() error {
 		delete(c.cache, k)
 	}
 	if cu := c.t.cfg.CUDA; cu != nil {
-		for d, s := range c.streams {
-			err = errors.Join(err, cu.StreamDestroy(s))
+		for d, ss := range c.streams {
+			for _, s := range ss {
+				err = errors.Join(err, cu.StreamDestroy(s))
+			}
 			delete(c.streams, d)
 		}
 	}
@@ -408,13 +410,19 @@ func (c *Conn) copy(sm memory.Memory, rm *remote, b *desc.Batch) error {
 	if rm.kind == kindHost {
 		dev = sm.Device
 	}
-	s := c.streams[dev]
-	if s == nil {
-		var err error
-		if s, err = cu.StreamCreate(dev); err != nil {
-			return fmt.Errorf("samehost: stream on device %d: %w", dev, staging.DomainError(err))
+	ss := c.streams[dev]
+	if len(ss) == 0 {
+		for i := 0; i < c.t.cfg.Streams; i++ {
+			s, err := cu.StreamCreate(dev)
+			if err != nil {
+				for _, s := range ss {
+					_ = cu.StreamDestroy(s)
+				}
+				return fmt.Errorf("samehost: stream on device %d: %w", dev, staging.DomainError(err))
+			}
+			ss = append(ss, s)
 		}
-		c.streams[dev] = s
+		c.streams[dev] = ss
 	}
 	var srcBase, dstBase uint64
 	if sm.Kind == memory.Host {
@@ -437,13 +445,49 @@ func (c *Conn) copy(sm memory.Memory, rm *remote, b *desc.Batch) error {
 		srcs[i] = srcBase + b.Src[i]
 		sizes[i] = b.Len[i]
 	}
-	if err := cu.MemcpyBatchAsync(s, dsts, srcs, sizes); err != nil {
-		return fmt.Errorf("samehost: copy %d blocks on device %d: %w", n, dev, staging.DomainError(err))
+	// Shares of about equal bytes, one per stream, each one batched call.
+	k := min(len(ss), n)
+	if total := b.Bytes(); total/MinSplit < uint64(k) {
+		k = max(1, int(total/MinSplit))
 	}
-	if err := cu.StreamSynchronize(s); err != nil {
-		return fmt.Errorf("samehost: wait for %d block copies on device %d: %w", n, dev, staging.DomainError(err))
+	var qerr error
+	queued := 0
+	lo := 0
+	for j := 0; j < k && lo < n; j++ {
+		hi := n
+		if j < k-1 {
+			hi = shareEnd(sizes, lo, b.Bytes()/uint64(k))
+		}
+		if err := cu.MemcpyBatchAsync(ss[j], dsts[lo:hi], srcs[lo:hi], sizes[lo:hi]); err != nil {
+			qerr = fmt.Errorf("samehost: copy blocks %d..%d on device %d: %w", lo, hi-1, dev, staging.DomainError(err))
+			break
+		}
+		queued++
+		lo = hi
 	}
-	return nil
+	// Wait for every stream that took work, even after a failure: the
+	// destination must not be let go with copies still in flight.
+	for j := 0; j < queued; j++ {
+		if err := cu.StreamSynchronize(ss[j]); err != nil && qerr == nil {
+			qerr = fmt.Errorf("samehost: wait for %d block copies on device %d: %w", n, dev, staging.DomainError(err))
+		}
+	}
+	return qerr
+}
+
+// shareEnd returns the end of the share starting at lo that carries about
+// want bytes (at least one block, leaving at least one for later shares).
+func shareEnd(sizes []uint64, lo int, want uint64) int {
+	var acc uint64
+	i := lo
+	for i < len(sizes)-1 {
+		acc += sizes[i]
+		i++
+		if acc >= want {
+			break
+		}
+	}
+	return i
 }
 
 // copyHost copies every block with the CPU; a fault on either mapping (a

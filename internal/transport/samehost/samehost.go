@@ -44,7 +44,17 @@ type Config struct {
 	Node string
 	// CUDA is the GPU driver; nil: host regions only.
 	CUDA gpudirect.Interface
+	// Streams is how many streams (copy-engine queues) a GPU batch is
+	// spread over, by bytes, once it carries at least MinSplit bytes per
+	// stream; 0 or 1: one stream, one cuMemcpyBatchAsync.
+	Streams int
 }
+
+// MinSplit is the least share of a batch worth a stream of its own.
+const MinSplit = 1 << 20
+
+// MaxStreams bounds Config.Streams.
+const MaxStreams = 8
 
 // Transport is the same-host transport.
 type Transport struct {
@@ -68,6 +78,12 @@ type Transport struct {
 func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
+	}
+	if cfg.Streams < 0 || cfg.Streams > MaxStreams {
+		return nil, fmt.Errorf("%w: --local-streams %d: want 1 to %d", errs.ErrInvalidArgument, cfg.Streams, MaxStreams)
+	}
+	if cfg.Streams == 0 {
+		cfg.Streams = 1
 	}
 	if cfg.Dir == "" {
 		return nil, fmt.Errorf("%w: samehost: no directory for the socket and token", errs.ErrInvalidArgument)
