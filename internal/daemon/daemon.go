@@ -76,7 +76,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TCP.Listen, "data-listen", ":7471", "TCP data-plane address (host:port)")
 	fs.IntVar(&c.TCP.Streams, "tcp-streams", tcp.DefaultStreams, "TCP data connections per peer")
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
-	fs.IntVar(&c.LocalStreams, "local-streams", 1, "local transport: streams a large GPU batch is spread over (1 to 8; a share of 1 MiB at least each)")
+	fs.IntVar(&c.LocalStreams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (1 to 8; a share of 1 MiB at least each)")
 	fs.StringVar(&c.Transport, "transport", "auto", "data plane: auto (local when the peer proves it is on this host, else verbs when both peers have RDMA, else tcp), tcp, verbs or local (same host only: shared memory and CUDA IPC)")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 1<<20, "most blocks per batch")
 	fs.DurationVar(&c.DefaultTimeout, "default-timeout", time.Minute, "deadline of a batch whose caller set none")
