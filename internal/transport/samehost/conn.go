@@ -86,7 +86,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		_ = c.c.Close()
 		return nil, fmt.Errorf("%w: samehost: hello to %s: %v", errs.ErrUnavailable, p.Local.Socket, err)
 	}
-	r, msg, _, err := c.readReply()
+	r, msg, _, err := c.readReply(false)
 	if err == nil && r.status != statusOK {
 		err = fmt.Errorf("%w: samehost: %s refused the connection: %s", statusErr(r.status), p.Local.Socket, msg)
 	}
@@ -102,9 +102,17 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	return c, nil
 }
 
-// readReply reads one reply; fd is -1 unless one came.
-func (c *Conn) readReply() (reply, []byte, int, error) {
-	n, oobn, _, _, err := c.c.ReadMsgUnix(c.rep[:], c.oob)
+// readReply reads one reply; fd is -1 unless one came. Only a reply that
+// may carry a descriptor (wantFD) is read with recvmsg, which allocates; a
+// descriptor sent with any other is closed by the kernel.
+func (c *Conn) readReply(wantFD bool) (reply, []byte, int, error) {
+	var n, oobn int
+	var err error
+	if wantFD {
+		n, oobn, _, _, err = c.c.ReadMsgUnix(c.rep[:], c.oob)
+	} else {
+		n, err = io.ReadFull(c.c, c.rep[:])
+	}
 	fd := -1
 	if oobn > 0 {
 		if msgs, perr := unix.ParseSocketControlMessage(c.oob[:oobn]); perr == nil {
@@ -138,12 +146,15 @@ func (c *Conn) readReply() (reply, []byte, int, error) {
 		closeFD()
 		return reply{}, nil, -1, c.fail(err)
 	}
-	if r.fds == 1 && fd < 0 {
+	if wantFD && r.fds == 1 && fd < 0 {
 		return reply{}, nil, -1, c.fail(fmt.Errorf("%w: the reply announced a descriptor that did not come", errs.ErrInvalidArgument))
 	}
 	c.msg = c.msg[:0]
 	if r.msgLen > 0 {
-		c.msg = append(c.msg, make([]byte, r.msgLen)...)
+		if cap(c.msg) < int(r.msgLen) {
+			c.msg = make([]byte, 0, r.msgLen)
+		}
+		c.msg = c.msg[:r.msgLen]
 		if _, err := io.ReadFull(c.c, c.msg); err != nil {
 			closeFD()
 			return reply{}, nil, -1, c.fail(fmt.Errorf("read reply message: %w", err))
@@ -264,7 +275,7 @@ func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transp
 	if err := c.send(opBegin, flags, key, 0, 0); err != nil {
 		return st, c.ctxErr(ctx, err)
 	}
-	r, msg, fd, err := c.readReply()
+	r, msg, fd, err := c.readReply(flags&flagMap != 0)
 	if err != nil {
 		return st, c.ctxErr(ctx, err)
 	}
@@ -306,7 +317,7 @@ func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transp
 	if err := c.send(opEnd, 0, key, uint64(b.N()), b.Bytes()); err != nil {
 		return st, c.ctxErr(ctx, err)
 	}
-	r, msg, _, err = c.readReply()
+	r, msg, _, err = c.readReply(false)
 	if err != nil {
 		return st, c.ctxErr(ctx, err)
 	}
@@ -328,7 +339,7 @@ func (c *Conn) abort() error {
 	if err := c.send(opAbort, 0, 0, 0, 0); err != nil {
 		return err
 	}
-	_, _, _, err := c.readReply()
+	_, _, _, err := c.readReply(false)
 	return err
 }
 
