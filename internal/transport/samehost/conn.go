@@ -306,7 +306,7 @@ func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transp
 		return st, err
 	}
 	t0 := time.Now()
-	err = c.copy(sm, rm, b)
+	err = c.copy(ctx, sm, rm, b)
 	st.Post = time.Since(t0)
 	st.Segments = uint64(b.N())
 	st.WorkRequests = 1
@@ -409,9 +409,9 @@ func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory) (*remote
 
 // copy moves the blocks: host to host with the CPU (contained faults),
 // anything touching a GPU with one batched copy-engine call.
-func (c *Conn) copy(sm memory.Memory, rm *remote, b *desc.Batch) error {
+func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.Batch) error {
 	if sm.Kind == memory.Host && rm.kind == kindHost {
-		return copyHost(rm.host, sm.Host, b)
+		return copyHost(ctx, rm.host, sm.Host, b)
 	}
 	cu := c.t.cfg.CUDA
 	if cu == nil {
@@ -501,13 +501,38 @@ func shareEnd(sizes []uint64, lo int, want uint64) int {
 	return i
 }
 
+// hostChunk is how many bytes the CPU copies between looks at the deadline.
+const hostChunk = 16 << 20
+
 // copyHost copies every block with the CPU; a fault on either mapping (a
-// file shrunk under it) fails the batch instead of the process.
-func copyHost(dst, src []byte, b *desc.Batch) error {
-	return memguard.Do(func() {
+// file shrunk under it) fails the batch instead of the process, and the
+// caller's deadline is looked at every hostChunk bytes, so a slow copy (a
+// destination whose pages are first touched, memory pressure) ends with
+// DeadlineExceeded instead of holding both regions past it.
+func copyHost(ctx context.Context, dst, src []byte, b *desc.Batch) error {
+	var cerr error
+	ferr := memguard.Do(func() {
+		var since uint64
 		for i, n := range b.Len {
 			s, d := b.Src[i], b.Dst[i]
-			copy(dst[d:d+n], src[s:s+n])
+			for n > 0 {
+				k := min(n, hostChunk)
+				copy(dst[d:d+k], src[s:s+k])
+				s, d, n = s+k, d+k, n-k
+				if since += k; since >= hostChunk {
+					since = 0
+					if cerr = ctx.Err(); cerr != nil {
+						return
+					}
+				}
+			}
 		}
 	})
+	if ferr != nil {
+		return ferr
+	}
+	if cerr != nil {
+		return fmt.Errorf("samehost: host copy cut off: %w", cerr)
+	}
+	return nil
 }

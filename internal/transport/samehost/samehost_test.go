@@ -328,3 +328,28 @@ func BenchmarkWrite10K128(b *testing.B) {
 		}
 	}
 }
+
+func TestHostCopyHonoursDeadline(t *testing.T) {
+	p := newPair(t, 64<<20)
+	b := &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{64 << 20}}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	// The pin and the begin reply come first; a context already done is
+	// refused before any byte moves.
+	_, err := p.conn.Write(ctx, p.src, transport.RemoteRegion{Name: "d", Size: 64 << 20, Key: p.dst.Key()}, b)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("write under a cancelled context: %v", err)
+	}
+	// copyHost itself stops after its first chunk.
+	dst, src := make([]byte, 64<<20), make([]byte, 64<<20)
+	fill(src, 1)
+	if err := copyHost(ctx, dst, src, b); !errors.Is(err, context.Canceled) {
+		t.Fatalf("copyHost: %v", err)
+	}
+	if dst[hostChunk-1] != src[hostChunk-1] || dst[hostChunk] == src[hostChunk] && src[hostChunk] != 0 {
+		t.Fatalf("copyHost copied other than exactly the first chunk")
+	}
+	if _, _, _, pins := p.in.snap(); pins != 0 {
+		t.Fatalf("%d pins held", pins)
+	}
+}
