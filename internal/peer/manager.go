@@ -46,9 +46,10 @@ type state struct {
 	client b2bv1.PeerClient
 	hs     *b2bv1.HandshakeResponse
 	conns  map[transport.Kind]transport.Conn
-	// sameHost is nil when the handshake proved the peer shares this host
-	// (the local transport's check), else why not.
-	sameHost error
+	// sameHost: the last handshake proved the peer shares this host (the
+	// local transport's check); notLocal says why not otherwise.
+	sameHost bool
+	notLocal error
 	// resolved caches region resolutions; cleared whenever the peer may have
 	// changed (new handshake, broken connection, refused key).
 	resolved map[string]resolution
@@ -211,7 +212,8 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	}
 	clear(st.resolved)
 	st.hs = hs
-	st.sameHost = m.reachesLocally(st)
+	st.notLocal = m.reachesLocally(st)
+	st.sameHost = st.notLocal == nil
 	return nil
 }
 
@@ -244,7 +246,7 @@ func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error)
 	_, haveVerbs := m.transports[transport.Verbs]
 	switch want {
 	case "":
-		if st.sameHost == nil {
+		if st.sameHost {
 			return transport.Local, nil
 		}
 		if haveVerbs && offers(b2bv1.TransportKind_TRANSPORT_KIND_VERBS) {
@@ -263,8 +265,8 @@ func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error)
 		}
 		return want, nil
 	case transport.Local:
-		if st.sameHost != nil {
-			return "", fmt.Errorf("transport local was requested but peer %s cannot use it: %w", st.addr, st.sameHost)
+		if !st.sameHost {
+			return "", fmt.Errorf("transport local was requested but peer %s cannot use it: %w", st.addr, st.notLocal)
 		}
 		return want, nil
 	}

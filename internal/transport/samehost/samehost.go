@@ -20,8 +20,11 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -99,9 +102,10 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 	if err != nil {
 		return nil, fmt.Errorf("samehost: resolve %s: %w", cfg.Dir, err)
 	}
+	reclaimStale(dir, log)
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
-	base := filepath.Join(dir, ".b2bd-local-"+hex.EncodeToString(rnd[:]))
+	base := filepath.Join(dir, filePrefix+hex.EncodeToString(rnd[:]))
 	t := &Transport{cfg: cfg, in: in, log: log, regs: map[uint64]*registration{}, conns: map[*serverConn]struct{}{}, busIDs: map[string]int{}}
 	t.token, err = newToken(base+".token", cfg.Group)
 	if err != nil {
@@ -337,4 +341,29 @@ func (t *Transport) lookup(key uint64) *registration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.regs[key]
+}
+
+// filePrefix names the transport's files in the shm dir: <prefix><rand>.sock
+// and <prefix><rand>.token (the registry's reserved ".b2bd-" prefix, so
+// clients cannot import them).
+const filePrefix = ".b2bd-local-"
+
+// reclaimStale removes the socket and token of daemons that died without
+// closing (kill -9): a socket nobody listens on refuses connections.
+func reclaimStale(dir string, log hclog.Logger) {
+	socks, _ := filepath.Glob(filepath.Join(dir, filePrefix+"*.sock"))
+	for _, s := range socks {
+		c, err := net.DialTimeout("unix", s, time.Second)
+		if err == nil {
+			_ = c.Close()
+			continue
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			continue
+		}
+		tok := strings.TrimSuffix(s, ".sock") + ".token"
+		_ = os.Remove(s)
+		_ = os.Remove(tok)
+		log.Info("removed the local-transport files of a dead daemon", "socket", s)
+	}
 }

@@ -353,3 +353,39 @@ func TestHostCopyHonoursDeadline(t *testing.T) {
 		t.Fatalf("%d pins held", pins)
 	}
 }
+
+func TestReclaimStale(t *testing.T) {
+	dir := t.TempDir()
+	// A dead daemon's files: a socket bound but never listened on refuses.
+	dead := filepath.Join(dir, filePrefix+"dead.sock")
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: dead}); err != nil {
+		t.Fatal(err)
+	}
+	_ = unix.Close(fd)
+	if err := os.WriteFile(filepath.Join(dir, filePrefix+"dead.token"), make([]byte, TokenSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	live, err := New(Config{Dir: dir, Node: "live"}, &fakeInbound{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	if _, err := os.Stat(dead); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("dead socket left: %v", err)
+	}
+	// A second daemon in the same dir leaves the live one's files alone.
+	other, err := New(Config{Dir: dir, Node: "other"}, &fakeInbound{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for _, p := range []string{live.Endpoint().Socket, live.Endpoint().TokenPath} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("live daemon's file removed: %v", err)
+		}
+	}
+}
