@@ -81,7 +81,7 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	fs.IntVar(&cfg.Blocks, "blocks", DefaultBlocks, "blocks per batch (capped to fit RAM unless --full)")
 	fs.IntVar(&cfg.Iters, "iters", DefaultIters, "timed batches per size, after one warm-up batch (below 5 only for quick runs)")
 	fs.BoolVar(&cfg.Full, "full", false, "use --blocks at every size even where both regions do not fit in RAM")
-	fs.StringVar(&cfg.Transport, "transport", "auto", "transport asked for in each batch: auto, tcp or verbs")
+	fs.StringVar(&cfg.Transport, "transport", "auto", "transport asked for in each batch: auto, tcp, verbs or local")
 	fs.DurationVar(&cfg.Timeout, "timeout", 2*time.Minute, "deadline of each batch")
 	fs.Uint64Var(&cfg.Seed, "seed", 0, "random seed for layouts and data (0: from the clock; printed so a run can be repeated)")
 	fs.StringVar(&cfg.JSONPath, "json", "", "write results as JSON to this path")
@@ -135,9 +135,9 @@ func (c Config) Validate() error {
 		return errors.New("--sizes: no sizes given")
 	}
 	switch c.Transport {
-	case "auto", "tcp", "verbs":
+	case "auto", "tcp", "verbs", "local":
 	default:
-		return fmt.Errorf("--transport %q: want auto, tcp or verbs", c.Transport)
+		return fmt.Errorf("--transport %q: want auto, tcp, verbs or local", c.Transport)
 	}
 	given := 0
 	for _, v := range []string{c.SrcAPI, c.DstAPI, c.DstPeer} {

@@ -70,7 +70,7 @@ func TestParseFlags(t *testing.T) {
 		}, ""},
 		{"two-host", []string{"--src-api", "/run/b2bd/b2bd.sock", "--dst-api", "10.0.0.2:7472", "--dst-peer", "10.0.0.2:7470"}, func(c Config) bool { return c.TwoHost() }, ""},
 		{"two-host incomplete", []string{"--src-api", "/run/b2bd/b2bd.sock"}, nil, "needs all of"},
-		{"bad transport", []string{"--transport", "udp"}, nil, "want auto, tcp or verbs"},
+		{"bad transport", []string{"--transport", "udp"}, nil, "want auto, tcp, verbs or local"},
 		{"zero iters", []string{"--iters", "0"}, nil, "at least 1"},
 		{"zero blocks", []string{"--blocks", "0"}, nil, "at least 1"},
 		{"bad sizes", []string{"--sizes", "x"}, nil, "--sizes"},

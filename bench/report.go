@@ -130,6 +130,8 @@ func transportName(k b2bv1.TransportKind) string {
 		return "tcp"
 	case b2bv1.TransportKind_TRANSPORT_KIND_VERBS:
 		return "verbs"
+	case b2bv1.TransportKind_TRANSPORT_KIND_LOCAL:
+		return "local"
 	}
 	return strings.ToLower(strings.TrimPrefix(k.String(), "TRANSPORT_KIND_"))
 }
@@ -141,6 +143,8 @@ func transportKind(s string) b2bv1.TransportKind {
 		return b2bv1.TransportKind_TRANSPORT_KIND_TCP
 	case "verbs":
 		return b2bv1.TransportKind_TRANSPORT_KIND_VERBS
+	case "local":
+		return b2bv1.TransportKind_TRANSPORT_KIND_LOCAL
 	}
 	return b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED
 }

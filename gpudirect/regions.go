@@ -156,6 +156,10 @@ func (a Regions) Import(device int, handle []byte, offset, size uint64) (DeviceR
 	if err != nil {
 		return undo(err)
 	}
-	release := once(func() error { return errors.Join(closeDmabuf(), a.CUDA.IPCCloseMemHandle(device, base)) })
+	rememberImport(a.CUDA, device, base, h)
+	release := once(func() error {
+		forgetImport(a.CUDA, device, base)
+		return errors.Join(closeDmabuf(), a.CUDA.IPCCloseMemHandle(device, base))
+	})
 	return m, release, nil
 }

@@ -118,6 +118,9 @@ func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
 		if a.TCP.Addr != "" {
 			resp.TcpDataAddress, resp.SessionToken = a.TCP.Addr, a.TCP.Token
 		}
+		if l := a.Local; l.Socket != "" {
+			resp.Local = &b2bv1.LocalEndpoint{BootId: l.BootID, Socket: l.Socket, TokenPath: l.TokenPath, TokenDigest: l.TokenDigest}
+		}
 	}
 	return resp
 }

@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # gpu-check: proves b2bd on a GPU machine (no Go there: bin/ is built
 # elsewhere and carried). It
-#   1. runs the 10,000-block sweep GPU to GPU over TCP with every block verified
-#      (GPU0 -> GPU1 where there are two GPUs, GPU0 -> GPU0 otherwise);
-#   2. runs a sweep with both daemons under Nsight Compute, which must profile
-#      no kernel (sms_used is taken from that count), after a positive control
-#      showing that ncu does see a kernel when one runs;
+#   0. measures the yardstick: a raw cudaMemcpyBatchAsync of the same 10,000
+#      blocks (deploy/gpu/rawbatch.cu, built with nvcc there), beside the other
+#      copy strategies (per-block copies, host staging, covering range);
+#   1. runs the 10,000-block sweep GPU to GPU over the same-host path (local:
+#      CUDA IPC + copy engines) and over TCP, in the same run, every block
+#      verified (GPU0 -> GPU1 where there are two GPUs, GPU0 -> GPU0 otherwise),
+#      and prints them side by side with the yardstick;
+#   2. runs a sweep over each transport with both daemons under Nsight Compute,
+#      which must profile no kernel (sms_used is taken from that count), after
+#      a positive control showing that ncu does see a kernel when one runs;
 #   3. makes two PyTorch processes exchange a CUDA tensor's blocks through
-#      their daemons, checked with torch.equal.
-# Usage: deploy/gpu/gpu-check.sh [OUT_DIR]   (env: BIN=bin, SIZES=..., BLOCKS=10000)
+#      their daemons (transport auto: local, since they share the host),
+#      checked with torch.equal.
+# Usage: deploy/gpu/gpu-check.sh [OUT_DIR]
+#   env: BIN=bin, SIZES=..., BLOCKS=10000, ITERS=5, TRANSPORTS="local tcp",
+#        NCU_TRANSPORTS="local tcp", LOCAL_STREAMS (daemons' --local-streams),
+#        TORCH_TRANSPORT=auto
 set -uo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${BIN:-$top/bin}
@@ -26,10 +35,50 @@ command -v ncu >/dev/null || for d in /usr/local/cuda/bin /usr/local/cuda-*/bin 
   [ -x "$d/ncu" ] && export PATH=$PATH:$d && break; done
 command -v ncu || echo "gpu-check: ncu not found"
 
-step "1. sweep GPU to GPU over TCP, every block verified"
-"$BIN/b2b-bench" --b2bd "$BIN/b2bd" --transport tcp --memory cuda --src-device 0 --dst-device "$dst_dev" \
-  ${SIZES:+--sizes "$SIZES"} ${BLOCKS:+--blocks "$BLOCKS"} \
-  --json "$OUT/gpu-sweep.json" --plot "$OUT/gpu-sweep.svg" 2>&1 | tee "$OUT/gpu-sweep.txt" || fail=1
+step "0. yardstick: raw copy-engine batch GPU0 -> GPU$dst_dev (rawbatch.cu)"
+if command -v nvcc >/dev/null && nvcc -O2 -o "$OUT/rawbatch" "$top/deploy/gpu/rawbatch.cu" 2> "$OUT/rawbatch-build.txt"; then
+  "$OUT/rawbatch" "${BLOCKS:-10000}" 2>&1 | tee "$OUT/rawbatch.txt" || fail=1
+else
+  echo "gpu-check: nvcc missing or rawbatch.cu did not build:"; cat "$OUT/rawbatch-build.txt" 2>/dev/null
+fi
+
+for tr in ${TRANSPORTS:-local tcp}; do
+  step "1. sweep GPU to GPU over $tr, every block verified"
+  "$BIN/b2b-bench" --b2bd "$BIN/b2bd" --transport "$tr" --memory cuda --src-device 0 --dst-device "$dst_dev" \
+    ${SIZES:+--sizes "$SIZES"} ${BLOCKS:+--blocks "$BLOCKS"} ${ITERS:+--iters "$ITERS"} \
+    ${LOCAL_STREAMS:+--daemon-arg=--local-streams=$LOCAL_STREAMS} \
+    --json "$OUT/gpu-sweep-$tr.json" --plot "$OUT/gpu-sweep-$tr.svg" 2>&1 | tee "$OUT/gpu-sweep-$tr.txt" || fail=1
+done
+step "1c. side by side (median ms; raw = rawbatch's batch column)"
+python3 - "$OUT" <<'PY' || true
+import json, sys, os
+out = sys.argv[1]
+raw = {}
+try:
+    for line in open(os.path.join(out, "rawbatch.txt")):
+        f = line.split()
+        if f and f[0].isdigit():
+            raw[int(f[0])] = float(f[1])
+except OSError:
+    pass
+rows = {}
+for tr in ("local", "tcp"):
+    try:
+        rep = json.load(open(os.path.join(out, f"gpu-sweep-{tr}.json")))
+    except OSError:
+        continue
+    for r in rep["rows"]:
+        rows.setdefault(r["block_bytes"], {})[tr] = r
+print(f"{'block':>9} {'local ms':>10} {'tcp ms':>10} {'tcp/local':>10} {'raw ms':>8} {'local/raw':>10} {'verified':>9}")
+for b in sorted(rows):
+    l, t = rows[b].get("local"), rows[b].get("tcp")
+    lm = l["median_seconds"] * 1e3 if l and l.get("median_seconds") else None
+    tm = t["median_seconds"] * 1e3 if t and t.get("median_seconds") else None
+    rm = raw.get(b)
+    f = lambda v, p=3: "-" if v is None else f"{v:.{p}f}"
+    ver = "/".join(("yes" if x and x.get("verified") else "no") for x in (l, t))
+    print(f"{b:>9} {f(lm):>10} {f(tm):>10} {f(tm / lm if lm and tm else None, 2):>10} {f(rm):>8} {f(lm / rm if lm and rm else None, 2):>10} {ver:>9}")
+PY
 
 step "2a. ncu positive control: a PyTorch kernel must be seen"
 ncu --target-processes all python3 -c 'import torch; x=torch.ones(1<<20, device="cuda"); y=(x*2).sum(); torch.cuda.synchronize(); print("control kernel ran", y.item())' \
@@ -40,18 +89,21 @@ if grep -q 'No kernels were profiled' "$OUT/ncu-control.txt" || ! grep -q '==PRO
   fail=1
 fi
 
-step "2b. sweep with both daemons under ncu: no kernel may run"
-"$BIN/b2b-bench" --b2bd "$BIN/b2bd" --transport tcp --memory cuda --src-device 0 --dst-device "$dst_dev" \
-  --ncu "$OUT" --sizes "${NCU_SIZES:-128,4096,65536,2097152}" --blocks "${NCU_BLOCKS:-2000}" \
-  --json "$OUT/gpu-ncu.json" 2>&1 | tee "$OUT/gpu-ncu.txt" || fail=1
-grep -h -E 'No kernels were profiled|==PROF== Profiling' "$OUT"/ncu-daemon-*.log 2>/dev/null | sort | uniq -c
+for tr in ${NCU_TRANSPORTS:-local tcp}; do
+  step "2b. sweep over $tr with both daemons under ncu: no kernel may run"
+  mkdir -p "$OUT/ncu-$tr"
+  "$BIN/b2b-bench" --b2bd "$BIN/b2bd" --transport "$tr" --memory cuda --src-device 0 --dst-device "$dst_dev" \
+    --ncu "$OUT/ncu-$tr" --sizes "${NCU_SIZES:-128,4096,65536,2097152}" --blocks "${NCU_BLOCKS:-2000}" \
+    --json "$OUT/gpu-ncu-$tr.json" 2>&1 | tee "$OUT/gpu-ncu-$tr.txt" || fail=1
+  grep -h -E 'No kernels were profiled|==PROF== Profiling' "$OUT/ncu-$tr"/ncu-daemon-*.log 2>/dev/null | sort | uniq -c
+done
 
 step "3. PyTorch processes exchange a CUDA tensor's blocks"
 tmp=$(mktemp -d)
 peer_a=127.0.0.1:$((20000 + RANDOM % 20000)); peer_b=127.0.0.1:$((20000 + RANDOM % 20000))
-"$BIN/b2bd" --node-name torch-a --socket "$tmp/a.sock" --shm-dir "$tmp/shm-a" --peer-listen "$peer_a" --data-listen 127.0.0.1:0 --transport tcp --insecure 2> "$OUT/torch-daemon-a.log" &
+"$BIN/b2bd" --node-name torch-a --socket "$tmp/a.sock" --shm-dir "$tmp/shm-a" --peer-listen "$peer_a" --data-listen 127.0.0.1:0 --transport "${TORCH_TRANSPORT:-auto}" --insecure 2> "$OUT/torch-daemon-a.log" &
 pa=$!
-"$BIN/b2bd" --node-name torch-b --socket "$tmp/b.sock" --shm-dir "$tmp/shm-b" --peer-listen "$peer_b" --data-listen 127.0.0.1:0 --transport tcp --insecure 2> "$OUT/torch-daemon-b.log" &
+"$BIN/b2bd" --node-name torch-b --socket "$tmp/b.sock" --shm-dir "$tmp/shm-b" --peer-listen "$peer_b" --data-listen 127.0.0.1:0 --transport "${TORCH_TRANSPORT:-auto}" --insecure 2> "$OUT/torch-daemon-b.log" &
 pb=$!
 for _ in $(seq 100); do [ -S "$tmp/a.sock" ] && [ -S "$tmp/b.sock" ] && break; sleep 0.1; done
 PYTHONPATH=$top/client/python PYTHONUNBUFFERED=1 python3 "$top/client/python/examples/torch_exchange.py" \

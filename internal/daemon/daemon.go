@@ -33,6 +33,7 @@ import (
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/transport/samehost"
 	"github.com/b2bd/b2bd/internal/transport/tcp"
 	"github.com/b2bd/b2bd/internal/transport/verbs"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -51,7 +52,8 @@ type Config struct {
 	APIListen      string // optional local API TCP listener
 	PeerListen     string // peer control plane
 	ShmDir         string
-	Transport      string // auto | tcp | verbs
+	Transport      string // auto | tcp | verbs | local
+	LocalStreams   int    // local transport: streams per GPU batch
 	MaxDescriptors int
 	MaxPlans       int    // prepared plans per client identity
 	SubmitSocket   string // optional raw submit socket (server/raw.go)
@@ -86,7 +88,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TCP.Listen, "data-listen", ":7471", "TCP data-plane address (host:port)")
 	fs.IntVar(&c.TCP.Streams, "tcp-streams", tcp.DefaultStreams, "TCP data connections per peer")
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
-	fs.StringVar(&c.Transport, "transport", "auto", "data plane: auto (verbs when both peers have RDMA, else tcp), tcp or verbs")
+	fs.IntVar(&c.LocalStreams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (1 to 8; a share of 1 MiB at least each)")
+	fs.StringVar(&c.Transport, "transport", "auto", "data plane: auto (local when the peer proves it is on this host, else verbs when both peers have RDMA, else tcp), tcp, verbs or local (same host only: shared memory and CUDA IPC)")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 1<<20, "most blocks per batch")
 	fs.IntVar(&c.MaxPlans, "max-plans", batch.DefaultMaxPlans, "most prepared transfers (PrepareTransfer) one client identity may hold")
 	fs.StringVar(&c.SubmitSocket, "submit-socket", "", "also accept submits of prepared transfers on this Unix socket, without gRPC (opt-in; client.DialSubmit)")
@@ -180,11 +183,11 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	var tcpT *tcp.Transport
 	var verbsAcc transport.VerbsAcceptor
 	switch cfg.Transport {
-	case "auto", "tcp", "verbs":
+	case "auto", "tcp", "verbs", "local":
 	default:
-		return nil, fmt.Errorf("%w: --transport %q: want auto, tcp or verbs", errs.ErrInvalidArgument, cfg.Transport)
+		return nil, fmt.Errorf("%w: --transport %q: want auto, tcp, verbs or local", errs.ErrInvalidArgument, cfg.Transport)
 	}
-	if cfg.Transport != "tcp" {
+	if cfg.Transport == "auto" || cfg.Transport == "verbs" {
 		vt, verr := d.buildVerbs(in)
 		st := &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_VERBS, Available: verr == nil}
 		if verr != nil {
@@ -211,7 +214,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		d.staging = &staging.Pool{CUDA: cuda}
 		cudaHook = staging.Regions{CUDA: cuda}
 	}
-	if cfg.Transport != "verbs" {
+	if cfg.Transport == "auto" || cfg.Transport == "tcp" {
 		tcfg := cfg.TCP
 		tcfg.Staging, tcfg.TLS = d.staging, peerTLS
 		tcpT, err = tcp.New(tcfg, in, log.Named("tcp"))
@@ -225,6 +228,13 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	gid, err := resolveGroup(cfg.Group, log)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Transport == "auto" || cfg.Transport == "local" {
+		st, err := d.buildLocal(in, gid, cuda)
+		if err != nil {
+			return nil, err
+		}
+		statuses = append(statuses, st)
 	}
 	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Group: gid, Transports: d.transports, Pins: in.Pins, CUDA: cudaHook, CUDAWhy: cudaWhy, Log: log.Named("region")})
 	if err != nil {
@@ -554,4 +564,22 @@ func (d *Daemon) teardown() {
 	if d.cfg.Socket != "" {
 		_ = os.Remove(d.cfg.Socket)
 	}
+}
+
+// buildLocal adds the same-host transport (internal/transport/samehost);
+// with --transport auto a failure only leaves it out.
+func (d *Daemon) buildLocal(in *inbound, gid int, cuda gpudirect.Interface) (*b2bv1.TransportStatus, error) {
+	st := &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_LOCAL}
+	lt, err := samehost.New(samehost.Config{Dir: d.cfg.ShmDir, Group: gid, Node: d.cfg.NodeName, CUDA: cuda, Streams: d.cfg.LocalStreams}, in, d.log.Named("local"))
+	if err != nil {
+		if d.cfg.Transport == "local" {
+			return nil, fmt.Errorf("--transport local: %w", err)
+		}
+		d.log.Warn("local transport unavailable", "reason", err)
+		st.Detail = err.Error()
+		return st, nil
+	}
+	d.transports = append(d.transports, lt)
+	st.Available, st.Detail = true, lt.Advertise().Detail
+	return st, nil
 }

@@ -19,6 +19,9 @@ func peerOf(addr string, hs *b2bv1.HandshakeResponse, c b2bv1.PeerClient) transp
 	if hs.GetTcpDataAddress() != "" {
 		p.TCP = transport.TCPEndpoint{Addr: hs.GetTcpDataAddress(), Token: hs.GetSessionToken()}
 	}
+	if l := hs.GetLocal(); l != nil {
+		p.Local = transport.LocalEndpoint{BootID: l.GetBootId(), Socket: l.GetSocket(), TokenPath: l.GetTokenPath(), TokenDigest: l.GetTokenDigest()}
+	}
 	return p
 }
 

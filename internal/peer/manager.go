@@ -51,6 +51,10 @@ type state struct {
 	// made under to notice a restarted peer without a round trip.
 	instance atomic.Uint64
 	conns    map[transport.Kind]transport.Conn
+	// sameHost: the last handshake proved the peer shares this host (the
+	// local transport's check); notLocal says why not otherwise.
+	sameHost bool
+	notLocal error
 	// resolved caches region resolutions; cleared whenever the peer may have
 	// changed (new handshake, broken connection, refused key).
 	resolved map[string]resolution
@@ -214,7 +218,33 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	clear(st.resolved)
 	st.hs = hs
 	st.instance.Store(hs.GetInstanceId())
+	st.notLocal = m.reachesLocally(st)
+	st.sameHost = st.notLocal == nil
 	return nil
+}
+
+// localReacher is the same-host transport's proof check.
+type localReacher interface {
+	Reaches(ep transport.LocalEndpoint) error
+}
+
+// reachesLocally checks, once per handshake, whether the peer proved it
+// shares this host; nil when it did.
+func (m *Manager) reachesLocally(st *state) error {
+	lt, ok := m.transports[transport.Local].(localReacher)
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: this daemon has no local transport", errs.ErrFailedPrecondition)
+	case !slices.Contains(st.hs.GetTransports(), b2bv1.TransportKind_TRANSPORT_KIND_LOCAL) || st.hs.GetLocal() == nil:
+		return fmt.Errorf("%w: peer %s does not offer the local transport", errs.ErrFailedPrecondition, st.addr)
+	}
+	err := lt.Reaches(peerOf(st.addr, st.hs, nil).Local)
+	if err == nil {
+		m.log.Info("peer is on this host: the local transport is usable", "peer", st.addr)
+	} else {
+		m.log.Debug("peer is not provably on this host", "peer", st.addr, "reason", err)
+	}
+	return err
 }
 
 // Instance is the instance ID the peer at addr gave in its last handshake
@@ -235,6 +265,9 @@ func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error)
 	_, haveVerbs := m.transports[transport.Verbs]
 	switch want {
 	case "":
+		if st.sameHost {
+			return transport.Local, nil
+		}
 		if haveVerbs && offers(b2bv1.TransportKind_TRANSPORT_KIND_VERBS) {
 			return transport.Verbs, nil
 		}
@@ -248,6 +281,11 @@ func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error)
 		}
 		if !offers(KindToProto(want)) {
 			return "", fmt.Errorf("%w: transport %s was requested but peer %s does not offer it", errs.ErrFailedPrecondition, want, st.addr)
+		}
+		return want, nil
+	case transport.Local:
+		if !st.sameHost {
+			return "", fmt.Errorf("transport local was requested but peer %s cannot use it: %w", st.addr, st.notLocal)
 		}
 		return want, nil
 	}
@@ -366,6 +404,8 @@ func KindToProto(k transport.Kind) b2bv1.TransportKind {
 		return b2bv1.TransportKind_TRANSPORT_KIND_TCP
 	case transport.Verbs:
 		return b2bv1.TransportKind_TRANSPORT_KIND_VERBS
+	case transport.Local:
+		return b2bv1.TransportKind_TRANSPORT_KIND_LOCAL
 	}
 	return b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED
 }
@@ -378,6 +418,8 @@ func KindFromProto(k b2bv1.TransportKind) (transport.Kind, error) {
 		return transport.TCP, nil
 	case b2bv1.TransportKind_TRANSPORT_KIND_VERBS:
 		return transport.Verbs, nil
+	case b2bv1.TransportKind_TRANSPORT_KIND_LOCAL:
+		return transport.Local, nil
 	}
 	return "", fmt.Errorf("%w: transport %d is not a known TransportKind", errs.ErrInvalidArgument, k)
 }

@@ -19,6 +19,9 @@ type Kind string
 const (
 	TCP   Kind = "tcp"
 	Verbs Kind = "verbs"
+	// Local is the same-host path (internal/transport/samehost): shared
+	// memory for host regions, CUDA IPC and copy engines for GPU regions.
+	Local Kind = "local"
 )
 
 // RemoteKey is what a peer needs to write into a registered region.
@@ -62,6 +65,9 @@ type Peer struct {
 	// TCP is the peer's TCP data listener and session token; zero when it
 	// offers none.
 	TCP TCPEndpoint
+	// Local is the peer's same-host endpoint (with its proof); zero when it
+	// offers none.
+	Local LocalEndpoint
 	// Signal carries transport-specific set-up over the peer's control
 	// plane (ConnectVerbs, DisconnectVerbs); nil where there is none.
 	Signal Signal
@@ -73,12 +79,24 @@ type TCPEndpoint struct {
 	Token []byte // the session token a data stream presents (16 bytes)
 }
 
+// LocalEndpoint is what a daemon advertises for the same-host path: its
+// boot ID, its Unix socket, and the file holding its secret token with the
+// token's digest (never the token itself). internal/transport/samehost
+// checks it.
+type LocalEndpoint struct {
+	BootID      string
+	Socket      string
+	TokenPath   string
+	TokenDigest []byte
+}
+
 // Advert is what a transport advertises about itself: to peers in the
 // handshake (TCP's data endpoint) and in the daemon's Status (Detail).
 type Advert struct {
 	Kind   Kind
-	Detail string      // device, port, GID or listener, for Status
-	TCP    TCPEndpoint // TCP: the data listener and session token; zero otherwise
+	Detail string        // device, port, GID or listener, for Status
+	TCP    TCPEndpoint   // TCP: the data listener and session token; zero otherwise
+	Local  LocalEndpoint // local: the same-host endpoint; zero otherwise
 }
 
 // Advertiser is implemented by transports that advertise parameters.

@@ -66,11 +66,13 @@ _TRANSPORT_BY_NAME = {
     "auto": pb.TRANSPORT_KIND_UNSPECIFIED,
     "tcp": pb.TRANSPORT_KIND_TCP,
     "verbs": pb.TRANSPORT_KIND_VERBS,
+    "local": pb.TRANSPORT_KIND_LOCAL,
 }
 _TRANSPORT_NAME = {
     pb.TRANSPORT_KIND_UNSPECIFIED: "unspecified",
     pb.TRANSPORT_KIND_TCP: "tcp",
     pb.TRANSPORT_KIND_VERBS: "verbs",
+    pb.TRANSPORT_KIND_LOCAL: "local",
 }
 _MEMORY_NAME = {
     pb.MEMORY_KIND_UNSPECIFIED: "unspecified",

@@ -44,7 +44,7 @@ def main() -> int:
     p.add_argument("--blocks", type=int, default=10_000)
     p.add_argument("--block-size", type=int, default=4096)
     p.add_argument("--gap", type=int, default=64, help="bytes between slots, so no blocks merge")
-    p.add_argument("--transport", choices=["tcp", "verbs"], default=None, help="default: the daemons choose")
+    p.add_argument("--transport", choices=["tcp", "verbs", "local"], default=None, help="default: the daemons choose")
     p.add_argument("--export-name", default=f"transfer-10k-{os.getpid()}")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--timeout", type=float, default=60.0)

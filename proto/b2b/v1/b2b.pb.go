@@ -89,6 +89,10 @@ const (
 	TransportKind_TRANSPORT_KIND_UNSPECIFIED TransportKind = 0 // let the daemons choose (verbs if both can, else TCP)
 	TransportKind_TRANSPORT_KIND_TCP         TransportKind = 1
 	TransportKind_TRANSPORT_KIND_VERBS       TransportKind = 2
+	// Same host: shared memory for host regions, CUDA IPC and copy engines for
+	// GPU regions. Offered only between daemons that proved they share a host
+	// (HandshakeResponse.local).
+	TransportKind_TRANSPORT_KIND_LOCAL TransportKind = 3
 )
 
 // Enum value maps for TransportKind.
@@ -97,11 +101,13 @@ var (
 		0: "TRANSPORT_KIND_UNSPECIFIED",
 		1: "TRANSPORT_KIND_TCP",
 		2: "TRANSPORT_KIND_VERBS",
+		3: "TRANSPORT_KIND_LOCAL",
 	}
 	TransportKind_value = map[string]int32{
 		"TRANSPORT_KIND_UNSPECIFIED": 0,
 		"TRANSPORT_KIND_TCP":         1,
 		"TRANSPORT_KIND_VERBS":       2,
+		"TRANSPORT_KIND_LOCAL":       3,
 	}
 )
 
@@ -2486,7 +2492,9 @@ type HandshakeResponse struct {
 	SessionToken   []byte `protobuf:"bytes,6,opt,name=session_token,json=sessionToken,proto3" json:"session_token,omitempty"`
 	// Random and non-zero, set once per daemon start: a peer that sees it change
 	// knows this daemon restarted (its prepared plans to it are stale).
-	InstanceId    uint64 `protobuf:"varint,7,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	InstanceId uint64 `protobuf:"varint,7,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// Same-host data plane (TRANSPORT_KIND_LOCAL); unset when not offered.
+	Local         *LocalEndpoint `protobuf:"bytes,8,opt,name=local,proto3" json:"local,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2570,6 +2578,87 @@ func (x *HandshakeResponse) GetInstanceId() uint64 {
 	return 0
 }
 
+func (x *HandshakeResponse) GetLocal() *LocalEndpoint {
+	if x != nil {
+		return x.Local
+	}
+	return nil
+}
+
+// LocalEndpoint is how a daemon on the same host reaches this one. The proof
+// that the peer shares the host: boot_id equals the reader's own
+// /proc/sys/kernel/random/boot_id, AND the file token_path, which the reader
+// opens on its own host, holds a secret whose SHA-256 (with the domain prefix
+// "b2bd-local-token\x00") is token_digest. The secret itself never crosses the
+// network: the sender presents it on socket, which checks it.
+type LocalEndpoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BootId        string                 `protobuf:"bytes,1,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
+	Socket        string                 `protobuf:"bytes,2,opt,name=socket,proto3" json:"socket,omitempty"` // a Unix socket inside the daemon's shm dir
+	TokenPath     string                 `protobuf:"bytes,3,opt,name=token_path,json=tokenPath,proto3" json:"token_path,omitempty"`
+	TokenDigest   []byte                 `protobuf:"bytes,4,opt,name=token_digest,json=tokenDigest,proto3" json:"token_digest,omitempty"` // 32 bytes
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LocalEndpoint) Reset() {
+	*x = LocalEndpoint{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LocalEndpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LocalEndpoint) ProtoMessage() {}
+
+func (x *LocalEndpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LocalEndpoint.ProtoReflect.Descriptor instead.
+func (*LocalEndpoint) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *LocalEndpoint) GetBootId() string {
+	if x != nil {
+		return x.BootId
+	}
+	return ""
+}
+
+func (x *LocalEndpoint) GetSocket() string {
+	if x != nil {
+		return x.Socket
+	}
+	return ""
+}
+
+func (x *LocalEndpoint) GetTokenPath() string {
+	if x != nil {
+		return x.TokenPath
+	}
+	return ""
+}
+
+func (x *LocalEndpoint) GetTokenDigest() []byte {
+	if x != nil {
+		return x.TokenDigest
+	}
+	return nil
+}
+
 type ResolveRegionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2579,7 +2668,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2591,7 +2680,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2604,7 +2693,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -2627,7 +2716,7 @@ type RegionKey struct {
 
 func (x *RegionKey) Reset() {
 	*x = RegionKey{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2639,7 +2728,7 @@ func (x *RegionKey) String() string {
 func (*RegionKey) ProtoMessage() {}
 
 func (x *RegionKey) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2652,7 +2741,7 @@ func (x *RegionKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionKey.ProtoReflect.Descriptor instead.
 func (*RegionKey) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RegionKey) GetTransport() TransportKind {
@@ -2688,7 +2777,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2700,7 +2789,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2713,7 +2802,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -2754,7 +2843,7 @@ type VerbsEndpoint struct {
 
 func (x *VerbsEndpoint) Reset() {
 	*x = VerbsEndpoint{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2766,7 +2855,7 @@ func (x *VerbsEndpoint) String() string {
 func (*VerbsEndpoint) ProtoMessage() {}
 
 func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2779,7 +2868,7 @@ func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerbsEndpoint.ProtoReflect.Descriptor instead.
 func (*VerbsEndpoint) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *VerbsEndpoint) GetQpNum() uint32 {
@@ -2810,7 +2899,7 @@ type VerbsPort struct {
 
 func (x *VerbsPort) Reset() {
 	*x = VerbsPort{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2822,7 +2911,7 @@ func (x *VerbsPort) String() string {
 func (*VerbsPort) ProtoMessage() {}
 
 func (x *VerbsPort) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2835,7 +2924,7 @@ func (x *VerbsPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerbsPort.ProtoReflect.Descriptor instead.
 func (*VerbsPort) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *VerbsPort) GetGid() []byte {
@@ -2892,7 +2981,7 @@ type ConnectVerbsRequest struct {
 
 func (x *ConnectVerbsRequest) Reset() {
 	*x = ConnectVerbsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2904,7 +2993,7 @@ func (x *ConnectVerbsRequest) String() string {
 func (*ConnectVerbsRequest) ProtoMessage() {}
 
 func (x *ConnectVerbsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2917,7 +3006,7 @@ func (x *ConnectVerbsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectVerbsRequest.ProtoReflect.Descriptor instead.
 func (*ConnectVerbsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ConnectVerbsRequest) GetNodeName() string {
@@ -2959,7 +3048,7 @@ type ConnectVerbsResponse struct {
 
 func (x *ConnectVerbsResponse) Reset() {
 	*x = ConnectVerbsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2971,7 +3060,7 @@ func (x *ConnectVerbsResponse) String() string {
 func (*ConnectVerbsResponse) ProtoMessage() {}
 
 func (x *ConnectVerbsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2984,7 +3073,7 @@ func (x *ConnectVerbsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectVerbsResponse.ProtoReflect.Descriptor instead.
 func (*ConnectVerbsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ConnectVerbsResponse) GetPort() *VerbsPort {
@@ -3018,7 +3107,7 @@ type DisconnectVerbsRequest struct {
 
 func (x *DisconnectVerbsRequest) Reset() {
 	*x = DisconnectVerbsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3030,7 +3119,7 @@ func (x *DisconnectVerbsRequest) String() string {
 func (*DisconnectVerbsRequest) ProtoMessage() {}
 
 func (x *DisconnectVerbsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3043,7 +3132,7 @@ func (x *DisconnectVerbsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisconnectVerbsRequest.ProtoReflect.Descriptor instead.
 func (*DisconnectVerbsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DisconnectVerbsRequest) GetNodeName() string {
@@ -3069,7 +3158,7 @@ type DisconnectVerbsResponse struct {
 
 func (x *DisconnectVerbsResponse) Reset() {
 	*x = DisconnectVerbsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3081,7 +3170,7 @@ func (x *DisconnectVerbsResponse) String() string {
 func (*DisconnectVerbsResponse) ProtoMessage() {}
 
 func (x *DisconnectVerbsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3094,7 +3183,7 @@ func (x *DisconnectVerbsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisconnectVerbsResponse.ProtoReflect.Descriptor instead.
 func (*DisconnectVerbsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DisconnectVerbsResponse) GetFound() bool {
@@ -3117,7 +3206,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3129,7 +3218,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3142,7 +3231,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -3189,7 +3278,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3201,7 +3290,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3214,7 +3303,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -3415,7 +3504,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\n" +
 	"transports\x18\x03 \x03(\x0e2\x15.b2b.v1.TransportKindR\n" +
 	"transports\x12\"\n" +
-	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\"\xa6\x02\n" +
+	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\"\xd3\x02\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x125\n" +
@@ -3426,7 +3515,14 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x10tcp_data_address\x18\x05 \x01(\tR\x0etcpDataAddress\x12#\n" +
 	"\rsession_token\x18\x06 \x01(\fR\fsessionToken\x12\x1f\n" +
 	"\vinstance_id\x18\a \x01(\x04R\n" +
-	"instanceId\"*\n" +
+	"instanceId\x12+\n" +
+	"\x05local\x18\b \x01(\v2\x15.b2b.v1.LocalEndpointR\x05local\"\x82\x01\n" +
+	"\rLocalEndpoint\x12\x17\n" +
+	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x16\n" +
+	"\x06socket\x18\x02 \x01(\tR\x06socket\x12\x1d\n" +
+	"\n" +
+	"token_path\x18\x03 \x01(\tR\ttokenPath\x12!\n" +
+	"\ftoken_digest\x18\x04 \x01(\fR\vtokenDigest\"*\n" +
 	"\x14ResolveRegionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"s\n" +
 	"\tRegionKey\x123\n" +
@@ -3477,11 +3573,12 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"MemoryKind\x12\x1b\n" +
 	"\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10MEMORY_KIND_HOST\x10\x01\x12\x14\n" +
-	"\x10MEMORY_KIND_CUDA\x10\x02*a\n" +
+	"\x10MEMORY_KIND_CUDA\x10\x02*{\n" +
 	"\rTransportKind\x12\x1e\n" +
 	"\x1aTRANSPORT_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12TRANSPORT_KIND_TCP\x10\x01\x12\x18\n" +
-	"\x14TRANSPORT_KIND_VERBS\x10\x02*t\n" +
+	"\x14TRANSPORT_KIND_VERBS\x10\x02\x12\x18\n" +
+	"\x14TRANSPORT_KIND_LOCAL\x10\x03*t\n" +
 	"\x11ChecksumAlgorithm\x12\"\n" +
 	"\x1eCHECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19CHECKSUM_ALGORITHM_CRC32C\x10\x01\x12\x1c\n" +
@@ -3520,7 +3617,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -3560,17 +3657,18 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*StatusResponse)(nil),            // 35: b2b.v1.StatusResponse
 	(*HandshakeRequest)(nil),          // 36: b2b.v1.HandshakeRequest
 	(*HandshakeResponse)(nil),         // 37: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 38: b2b.v1.ResolveRegionRequest
-	(*RegionKey)(nil),                 // 39: b2b.v1.RegionKey
-	(*ResolveRegionResponse)(nil),     // 40: b2b.v1.ResolveRegionResponse
-	(*VerbsEndpoint)(nil),             // 41: b2b.v1.VerbsEndpoint
-	(*VerbsPort)(nil),                 // 42: b2b.v1.VerbsPort
-	(*ConnectVerbsRequest)(nil),       // 43: b2b.v1.ConnectVerbsRequest
-	(*ConnectVerbsResponse)(nil),      // 44: b2b.v1.ConnectVerbsResponse
-	(*DisconnectVerbsRequest)(nil),    // 45: b2b.v1.DisconnectVerbsRequest
-	(*DisconnectVerbsResponse)(nil),   // 46: b2b.v1.DisconnectVerbsResponse
-	(*NotifyRequest)(nil),             // 47: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 48: b2b.v1.NotifyResponse
+	(*LocalEndpoint)(nil),             // 38: b2b.v1.LocalEndpoint
+	(*ResolveRegionRequest)(nil),      // 39: b2b.v1.ResolveRegionRequest
+	(*RegionKey)(nil),                 // 40: b2b.v1.RegionKey
+	(*ResolveRegionResponse)(nil),     // 41: b2b.v1.ResolveRegionResponse
+	(*VerbsEndpoint)(nil),             // 42: b2b.v1.VerbsEndpoint
+	(*VerbsPort)(nil),                 // 43: b2b.v1.VerbsPort
+	(*ConnectVerbsRequest)(nil),       // 44: b2b.v1.ConnectVerbsRequest
+	(*ConnectVerbsResponse)(nil),      // 45: b2b.v1.ConnectVerbsResponse
+	(*DisconnectVerbsRequest)(nil),    // 46: b2b.v1.DisconnectVerbsRequest
+	(*DisconnectVerbsResponse)(nil),   // 47: b2b.v1.DisconnectVerbsResponse
+	(*NotifyRequest)(nil),             // 48: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 49: b2b.v1.NotifyResponse
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	3,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -3597,54 +3695,55 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	34, // 21: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
 	1,  // 22: b2b.v1.HandshakeRequest.transports:type_name -> b2b.v1.TransportKind
 	1,  // 23: b2b.v1.HandshakeResponse.transports:type_name -> b2b.v1.TransportKind
-	1,  // 24: b2b.v1.RegionKey.transport:type_name -> b2b.v1.TransportKind
-	0,  // 25: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	39, // 26: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.RegionKey
-	42, // 27: b2b.v1.ConnectVerbsRequest.port:type_name -> b2b.v1.VerbsPort
-	41, // 28: b2b.v1.ConnectVerbsRequest.endpoints:type_name -> b2b.v1.VerbsEndpoint
-	42, // 29: b2b.v1.ConnectVerbsResponse.port:type_name -> b2b.v1.VerbsPort
-	41, // 30: b2b.v1.ConnectVerbsResponse.endpoints:type_name -> b2b.v1.VerbsEndpoint
-	7,  // 31: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	10, // 32: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	12, // 33: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	14, // 34: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	17, // 35: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	29, // 36: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	33, // 37: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	31, // 38: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	20, // 39: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	22, // 40: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	23, // 41: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	25, // 42: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	27, // 43: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	36, // 44: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	38, // 45: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	43, // 46: b2b.v1.Peer.ConnectVerbs:input_type -> b2b.v1.ConnectVerbsRequest
-	45, // 47: b2b.v1.Peer.DisconnectVerbs:input_type -> b2b.v1.DisconnectVerbsRequest
-	47, // 48: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	9,  // 49: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	11, // 50: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	13, // 51: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	15, // 52: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	18, // 53: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	30, // 54: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	35, // 55: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	32, // 56: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	21, // 57: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	18, // 58: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	24, // 59: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	26, // 60: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	28, // 61: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	37, // 62: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	40, // 63: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	44, // 64: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
-	46, // 65: b2b.v1.Peer.DisconnectVerbs:output_type -> b2b.v1.DisconnectVerbsResponse
-	48, // 66: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	49, // [49:67] is the sub-list for method output_type
-	31, // [31:49] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	38, // 24: b2b.v1.HandshakeResponse.local:type_name -> b2b.v1.LocalEndpoint
+	1,  // 25: b2b.v1.RegionKey.transport:type_name -> b2b.v1.TransportKind
+	0,  // 26: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	40, // 27: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.RegionKey
+	43, // 28: b2b.v1.ConnectVerbsRequest.port:type_name -> b2b.v1.VerbsPort
+	42, // 29: b2b.v1.ConnectVerbsRequest.endpoints:type_name -> b2b.v1.VerbsEndpoint
+	43, // 30: b2b.v1.ConnectVerbsResponse.port:type_name -> b2b.v1.VerbsPort
+	42, // 31: b2b.v1.ConnectVerbsResponse.endpoints:type_name -> b2b.v1.VerbsEndpoint
+	7,  // 32: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	10, // 33: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	12, // 34: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	14, // 35: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	17, // 36: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	29, // 37: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	33, // 38: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	31, // 39: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	20, // 40: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	22, // 41: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	23, // 42: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	25, // 43: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	27, // 44: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	36, // 45: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	39, // 46: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	44, // 47: b2b.v1.Peer.ConnectVerbs:input_type -> b2b.v1.ConnectVerbsRequest
+	46, // 48: b2b.v1.Peer.DisconnectVerbs:input_type -> b2b.v1.DisconnectVerbsRequest
+	48, // 49: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	9,  // 50: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	11, // 51: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	13, // 52: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	15, // 53: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	18, // 54: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	30, // 55: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	35, // 56: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	32, // 57: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	21, // 58: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	18, // 59: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	24, // 60: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	26, // 61: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	28, // 62: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	37, // 63: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	41, // 64: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	45, // 65: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
+	47, // 66: b2b.v1.Peer.DisconnectVerbs:output_type -> b2b.v1.DisconnectVerbsResponse
+	49, // 67: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	50, // [50:68] is the sub-list for method output_type
+	32, // [32:50] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -3664,7 +3763,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   46,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

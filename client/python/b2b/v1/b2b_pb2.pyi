@@ -11,6 +11,7 @@ DESCRIPTOR: _descriptor.FileDescriptor
 MEMORY_KIND_CUDA: MemoryKind
 MEMORY_KIND_HOST: MemoryKind
 MEMORY_KIND_UNSPECIFIED: MemoryKind
+TRANSPORT_KIND_LOCAL: TransportKind
 TRANSPORT_KIND_TCP: TransportKind
 TRANSPORT_KIND_UNSPECIFIED: TransportKind
 TRANSPORT_KIND_VERBS: TransportKind
@@ -186,9 +187,10 @@ class HandshakeRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ["capabilities", "instance_id", "node_name", "protocol_version", "session_token", "tcp_data_address", "transports"]
+    __slots__ = ["capabilities", "instance_id", "local", "node_name", "protocol_version", "session_token", "tcp_data_address", "transports"]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -196,12 +198,13 @@ class HandshakeResponse(_message.Message):
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     capabilities: _containers.RepeatedScalarFieldContainer[str]
     instance_id: int
+    local: LocalEndpoint
     node_name: str
     protocol_version: int
     session_token: bytes
     tcp_data_address: str
     transports: _containers.RepeatedScalarFieldContainer[TransportKind]
-    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ..., tcp_data_address: _Optional[str] = ..., session_token: _Optional[bytes] = ..., instance_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ..., tcp_data_address: _Optional[str] = ..., session_token: _Optional[bytes] = ..., instance_id: _Optional[int] = ..., local: _Optional[_Union[LocalEndpoint, _Mapping]] = ...) -> None: ...
 
 class HostAlloc(_message.Message):
     __slots__ = ["size"]
@@ -228,6 +231,18 @@ class ListRegionsResponse(_message.Message):
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     regions: _containers.RepeatedCompositeFieldContainer[Region]
     def __init__(self, regions: _Optional[_Iterable[_Union[Region, _Mapping]]] = ...) -> None: ...
+
+class LocalEndpoint(_message.Message):
+    __slots__ = ["boot_id", "socket", "token_digest", "token_path"]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SOCKET_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_PATH_FIELD_NUMBER: _ClassVar[int]
+    boot_id: str
+    socket: str
+    token_digest: bytes
+    token_path: str
+    def __init__(self, boot_id: _Optional[str] = ..., socket: _Optional[str] = ..., token_path: _Optional[str] = ..., token_digest: _Optional[bytes] = ...) -> None: ...
 
 class Notification(_message.Message):
     __slots__ = ["blocks", "bytes", "dropped", "notification", "region", "sender"]

@@ -1,0 +1,538 @@
+package samehost
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/b2bd/b2bd/gpudirect"
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memguard"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/staging"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// maxCached bounds the destinations a connection keeps mapped.
+const maxCached = 256
+
+// remote is a peer's destination as this sender maps it.
+type remote struct {
+	kind uint32
+	size uint64
+	mm   []byte // host: the whole mmap (page-aligned), unmapped on eviction
+	host []byte // host: the region's bytes
+	base uintptr
+	dptr uintptr // CUDA: the region's start in this process
+	dev  int     // CUDA: the device the handle was opened on
+}
+
+// Conn is a data path to one peer daemon on this host. Batches on it are
+// serialised.
+type Conn struct {
+	t    *Transport
+	peer transport.Peer
+
+	mu      sync.Mutex
+	c       *net.UnixConn
+	broken  error
+	closed  bool
+	cache   map[uint64]*remote
+	streams map[int][]*gpudirect.Stream
+	req     [requestSize]byte
+	rep     [replySize]byte
+	oob     []byte
+	msg     []byte
+	handle  [gpudirect.IPCHandleSize]byte
+	dsts    []uint64
+	srcs    []uint64
+	sizes   []uint64
+}
+
+// Connect opens the data path to p, which must have proved it is on this
+// host (Verify), and checks that the daemon behind the socket knows the
+// token and answers with p's node name.
+func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Conn, error) {
+	tok, err := Verify(p.Local)
+	if err != nil {
+		return nil, fmt.Errorf("samehost: peer %s is not reachable on this host: %w", p.Address, err)
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", p.Local.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("%w: samehost: dial %s: %v", errs.ErrUnavailable, p.Local.Socket, err)
+	}
+	c := &Conn{t: t, peer: p, c: nc.(*net.UnixConn), cache: map[uint64]*remote{}, streams: map[int][]*gpudirect.Stream{},
+		oob: make([]byte, unix.CmsgSpace(4)), msg: make([]byte, 0, 256)}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.c.SetDeadline(dl)
+	}
+	var h hello
+	copy(h.token[:], tok)
+	h.node = t.cfg.Node
+	if len(h.node) > maxNode {
+		h.node = h.node[:maxNode]
+	}
+	if _, err := c.c.Write(h.marshal()); err != nil {
+		_ = c.c.Close()
+		return nil, fmt.Errorf("%w: samehost: hello to %s: %v", errs.ErrUnavailable, p.Local.Socket, err)
+	}
+	r, msg, _, err := c.readReply(false)
+	if err == nil && r.status != statusOK {
+		err = fmt.Errorf("%w: samehost: %s refused the connection: %s", statusErr(r.status), p.Local.Socket, msg)
+	}
+	if err == nil && p.Node != "" && string(msg) != p.Node {
+		err = fmt.Errorf("%w: samehost: the daemon at %s is %q, not the peer %q that advertised it", errs.ErrFailedPrecondition, p.Local.Socket, msg, p.Node)
+	}
+	if err != nil {
+		_ = c.c.Close()
+		return nil, err
+	}
+	_ = c.c.SetDeadline(time.Time{})
+	t.nconns.Add(1)
+	return c, nil
+}
+
+// readReply reads one reply; fd is -1 unless one came. Only a reply that
+// may carry a descriptor (wantFD) is read with recvmsg, which allocates; a
+// descriptor sent with any other is closed by the kernel.
+func (c *Conn) readReply(wantFD bool) (reply, []byte, int, error) {
+	var n, oobn int
+	var err error
+	if wantFD {
+		n, oobn, _, _, err = c.c.ReadMsgUnix(c.rep[:], c.oob)
+	} else {
+		n, err = io.ReadFull(c.c, c.rep[:])
+	}
+	fd := -1
+	if oobn > 0 {
+		if msgs, perr := unix.ParseSocketControlMessage(c.oob[:oobn]); perr == nil {
+			for _, m := range msgs {
+				if fds, ferr := unix.ParseUnixRights(&m); ferr == nil {
+					for _, f := range fds {
+						if fd < 0 {
+							fd = f
+						} else {
+							_ = unix.Close(f)
+						}
+					}
+				}
+			}
+		}
+	}
+	closeFD := func() {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+	}
+	if err == nil && n < replySize {
+		_, err = io.ReadFull(c.c, c.rep[n:])
+	}
+	if err != nil {
+		closeFD()
+		return reply{}, nil, -1, c.fail(fmt.Errorf("read reply: %w", err))
+	}
+	r, err := parseReply(c.rep[:])
+	if err != nil {
+		closeFD()
+		return reply{}, nil, -1, c.fail(err)
+	}
+	if wantFD && r.fds == 1 && fd < 0 {
+		return reply{}, nil, -1, c.fail(fmt.Errorf("%w: the reply announced a descriptor that did not come", errs.ErrInvalidArgument))
+	}
+	c.msg = c.msg[:0]
+	if r.msgLen > 0 {
+		if cap(c.msg) < int(r.msgLen) {
+			c.msg = make([]byte, 0, r.msgLen)
+		}
+		c.msg = c.msg[:r.msgLen]
+		if _, err := io.ReadFull(c.c, c.msg); err != nil {
+			closeFD()
+			return reply{}, nil, -1, c.fail(fmt.Errorf("read reply message: %w", err))
+		}
+	}
+	return r, c.msg, fd, nil
+}
+
+// fail marks the connection broken.
+func (c *Conn) fail(err error) error {
+	if c.broken == nil {
+		c.broken = fmt.Errorf("%w: samehost connection to %s: %v", errs.ErrAborted, c.peer.Local.Socket, err)
+	}
+	return c.broken
+}
+
+func (c *Conn) send(op, flags uint32, key, a, b uint64) error {
+	r := request{op: op, flags: flags, key: key, a: a, b: b}
+	r.put(c.req[:])
+	if _, err := c.c.Write(c.req[:]); err != nil {
+		return c.fail(fmt.Errorf("write request: %w", err))
+	}
+	return nil
+}
+
+// Err is nil while the connection is usable.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("%w: samehost connection is closed", errs.ErrUnavailable)
+	}
+	return c.broken
+}
+
+// Close unmaps every cached destination and closes the socket.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	var err error
+	for k, r := range c.cache {
+		err = errors.Join(err, c.unmap(r))
+		delete(c.cache, k)
+	}
+	if cu := c.t.cfg.CUDA; cu != nil {
+		for d, ss := range c.streams {
+			for _, s := range ss {
+				err = errors.Join(err, cu.StreamDestroy(s))
+			}
+			delete(c.streams, d)
+		}
+	}
+	err = errors.Join(err, c.c.Close())
+	c.t.nconns.Add(-1)
+	return err
+}
+
+func (c *Conn) unmap(r *remote) error {
+	switch {
+	case r.mm != nil:
+		err := unix.Munmap(r.mm)
+		r.mm, r.host = nil, nil
+		return err
+	case r.base != 0:
+		err := c.t.cfg.CUDA.IPCCloseMemHandle(r.dev, r.base)
+		r.base, r.dptr = 0, 0
+		return staging.DomainError(err)
+	}
+	return nil
+}
+
+func (c *Conn) drop(key uint64) {
+	if r := c.cache[key]; r != nil {
+		if err := c.unmap(r); err != nil {
+			c.t.log.Warn("samehost: unmap a destination", "error", err)
+		}
+		delete(c.cache, key)
+	}
+}
+
+// Write copies b from src into dst: begin (pin, and the memory when not
+// cached), the copies, end (the receiver records the landing).
+func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	var st transport.Stats
+	if b.N() == 0 {
+		return st, nil
+	}
+	sm := src.Memory()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return st, fmt.Errorf("%w: samehost connection is closed", errs.ErrUnavailable)
+	}
+	if c.broken != nil {
+		return st, c.broken
+	}
+	if err := ctx.Err(); err != nil {
+		return st, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.c.SetDeadline(dl)
+		defer c.c.SetDeadline(time.Time{})
+	}
+	key := dst.Key.Key
+	rm := c.cache[key]
+	if rm != nil && rm.kind == kindCUDA && sm.Kind == memory.CUDA && rm.dev != sm.Device {
+		c.drop(key) // opened on another device: open again on the source's
+		rm = nil
+	}
+	var flags uint32
+	if rm == nil {
+		flags = flagMap
+	}
+	if err := c.send(opBegin, flags, key, 0, 0); err != nil {
+		return st, c.ctxErr(ctx, err)
+	}
+	r, msg, fd, err := c.readReply(flags&flagMap != 0)
+	if err != nil {
+		return st, c.ctxErr(ctx, err)
+	}
+	if r.status != statusOK {
+		// A refused key (deregistered, un-exported, rekeyed) drops what we
+		// mapped for it.
+		c.drop(key)
+		return st, fmt.Errorf("%w: samehost: peer refused dst_region %q: %s", statusErr(r.status), dst.Name, msg)
+	}
+	if rm == nil {
+		rm, err = c.mapRemote(r, msg, fd, sm)
+		if err != nil {
+			_ = c.abort()
+			return st, err
+		}
+		if len(c.cache) >= maxCached {
+			for k := range c.cache {
+				c.drop(k)
+				break
+			}
+		}
+		c.cache[key] = rm
+	} else if fd >= 0 {
+		_ = unix.Close(fd)
+	}
+	if err := checkBounds(b, sm.Len, rm.size); err != nil {
+		_ = c.abort()
+		return st, err
+	}
+	t0 := time.Now()
+	err = c.copy(ctx, sm, rm, b)
+	st.Post = time.Since(t0)
+	st.Segments = uint64(b.N())
+	st.WorkRequests = 1
+	if err != nil {
+		_ = c.abort()
+		return st, err
+	}
+	if err := c.send(opEnd, 0, key, uint64(b.N()), b.Bytes()); err != nil {
+		return st, c.ctxErr(ctx, err)
+	}
+	r, msg, _, err = c.readReply(false)
+	if err != nil {
+		return st, c.ctxErr(ctx, err)
+	}
+	if r.status != statusOK {
+		return st, c.fail(fmt.Errorf("end refused: %s", msg))
+	}
+	return st, nil
+}
+
+// ctxErr prefers the caller's deadline over the I/O error it caused.
+func (c *Conn) ctxErr(ctx context.Context, err error) error {
+	if ce := ctx.Err(); ce != nil {
+		return fmt.Errorf("samehost: %w (%v)", ce, err)
+	}
+	return err
+}
+
+func (c *Conn) abort() error {
+	if err := c.send(opAbort, 0, 0, 0, 0); err != nil {
+		return err
+	}
+	_, _, _, err := c.readReply(false)
+	return err
+}
+
+// checkBounds re-checks the batch against both regions' real sizes.
+func checkBounds(b *desc.Batch, srcLen, dstLen uint64) error {
+	for i := range b.Len {
+		n := b.Len[i]
+		if s := b.Src[i]; s > srcLen || n > srcLen-s {
+			return fmt.Errorf("%w: block %d: source [%d, +%d) leaves the %d-byte region", errs.ErrInvalidArgument, i, s, n, srcLen)
+		}
+		if d := b.Dst[i]; d > dstLen || n > dstLen-d {
+			return fmt.Errorf("%w: block %d: destination [%d, +%d) leaves the %d-byte region", errs.ErrInvalidArgument, i, d, n, dstLen)
+		}
+	}
+	return nil
+}
+
+// mapRemote maps the destination the begin reply handed over.
+func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory) (*remote, error) {
+	rm := &remote{kind: r.kind, size: r.size}
+	switch r.kind {
+	case kindHost:
+		if fd < 0 {
+			return nil, c.fail(fmt.Errorf("%w: host destination came without its descriptor", errs.ErrInvalidArgument))
+		}
+		defer unix.Close(fd)
+		page := uint64(os.Getpagesize())
+		off := r.offset &^ (page - 1)
+		delta := r.offset - off
+		if r.size == 0 || r.size > 1<<46 {
+			return nil, fmt.Errorf("%w: samehost: destination size %d", errs.ErrInvalidArgument, r.size)
+		}
+		mm, err := unix.Mmap(fd, int64(off), int(delta+r.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			return nil, fmt.Errorf("%w: samehost: map the destination (%d bytes at %d): %v", errs.ErrFailedPrecondition, r.size, r.offset, err)
+		}
+		rm.mm, rm.host = mm, mm[delta:delta+r.size]
+		return rm, nil
+	case kindCUDA:
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+		cu := c.t.cfg.CUDA
+		if cu == nil {
+			return nil, fmt.Errorf("%w: samehost: the destination is GPU memory and this daemon has no CUDA driver", errs.ErrFailedPrecondition)
+		}
+		dev := sm.Device
+		if sm.Kind != memory.CUDA {
+			d, ok := c.t.busIDs[string(msg)]
+			if !ok {
+				return nil, fmt.Errorf("%w: samehost: the destination's GPU %q is not visible to this daemon", errs.ErrFailedPrecondition, msg)
+			}
+			dev = d
+		}
+		if _, err := io.ReadFull(c.c, c.handle[:]); err != nil {
+			return nil, c.fail(fmt.Errorf("read IPC handle: %w", err))
+		}
+		base, err := cu.IPCOpenMemHandle(dev, gpudirect.IPCHandle(c.handle))
+		if err != nil {
+			return nil, fmt.Errorf("samehost: open the destination's IPC handle on device %d: %w", dev, staging.DomainError(err))
+		}
+		rm.base, rm.dptr, rm.dev = base, base+uintptr(r.offset), dev
+		return rm, nil
+	}
+	return nil, c.fail(fmt.Errorf("%w: reply memory kind %d", errs.ErrInvalidArgument, r.kind))
+}
+
+// copy moves the blocks: host to host with the CPU (contained faults),
+// anything touching a GPU with one batched copy-engine call.
+func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.Batch) error {
+	if sm.Kind == memory.Host && rm.kind == kindHost {
+		return copyHost(ctx, rm.host, sm.Host, b)
+	}
+	cu := c.t.cfg.CUDA
+	if cu == nil {
+		return fmt.Errorf("%w: samehost: GPU copy without a CUDA driver", errs.ErrFailedPrecondition)
+	}
+	dev := rm.dev
+	if rm.kind == kindHost {
+		dev = sm.Device
+	}
+	ss := c.streams[dev]
+	if len(ss) == 0 {
+		for i := 0; i < c.t.cfg.Streams; i++ {
+			s, err := cu.StreamCreate(dev)
+			if err != nil {
+				for _, s := range ss {
+					_ = cu.StreamDestroy(s)
+				}
+				return fmt.Errorf("samehost: stream on device %d: %w", dev, staging.DomainError(err))
+			}
+			ss = append(ss, s)
+		}
+		c.streams[dev] = ss
+	}
+	var srcBase, dstBase uint64
+	if sm.Kind == memory.Host {
+		srcBase = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(sm.Host))))
+	} else {
+		srcBase = uint64(sm.Addr)
+	}
+	if rm.kind == kindHost {
+		dstBase = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(rm.host))))
+	} else {
+		dstBase = uint64(rm.dptr)
+	}
+	n := b.N()
+	if cap(c.dsts) < n {
+		c.dsts, c.srcs, c.sizes = make([]uint64, n), make([]uint64, n), make([]uint64, n)
+	}
+	dsts, srcs, sizes := c.dsts[:n], c.srcs[:n], c.sizes[:n]
+	for i := 0; i < n; i++ {
+		dsts[i] = dstBase + b.Dst[i]
+		srcs[i] = srcBase + b.Src[i]
+		sizes[i] = b.Len[i]
+	}
+	// Shares of about equal bytes, one per stream, each one batched call.
+	k := min(len(ss), n)
+	if total := b.Bytes(); total/MinSplit < uint64(k) {
+		k = max(1, int(total/MinSplit))
+	}
+	var qerr error
+	queued := 0
+	lo := 0
+	for j := 0; j < k && lo < n; j++ {
+		hi := n
+		if j < k-1 {
+			hi = shareEnd(sizes, lo, b.Bytes()/uint64(k))
+		}
+		if err := cu.MemcpyBatchAsync(ss[j], dsts[lo:hi], srcs[lo:hi], sizes[lo:hi]); err != nil {
+			qerr = fmt.Errorf("samehost: copy blocks %d..%d on device %d: %w", lo, hi-1, dev, staging.DomainError(err))
+			break
+		}
+		queued++
+		lo = hi
+	}
+	// Wait for every stream that took work, even after a failure: the
+	// destination must not be let go with copies still in flight.
+	for j := 0; j < queued; j++ {
+		if err := cu.StreamSynchronize(ss[j]); err != nil && qerr == nil {
+			qerr = fmt.Errorf("samehost: wait for %d block copies on device %d: %w", n, dev, staging.DomainError(err))
+		}
+	}
+	return qerr
+}
+
+// shareEnd returns the end of the share starting at lo that carries about
+// want bytes (at least one block, leaving at least one for later shares).
+func shareEnd(sizes []uint64, lo int, want uint64) int {
+	var acc uint64
+	i := lo
+	for i < len(sizes)-1 {
+		acc += sizes[i]
+		i++
+		if acc >= want {
+			break
+		}
+	}
+	return i
+}
+
+// hostChunk is how many bytes the CPU copies between looks at the deadline.
+const hostChunk = 16 << 20
+
+// copyHost copies every block with the CPU; a fault on either mapping (a
+// file shrunk under it) fails the batch instead of the process, and the
+// caller's deadline is looked at every hostChunk bytes, so a slow copy (a
+// destination whose pages are first touched, memory pressure) ends with
+// DeadlineExceeded instead of holding both regions past it.
+func copyHost(ctx context.Context, dst, src []byte, b *desc.Batch) error {
+	var cerr error
+	ferr := memguard.Do(func() {
+		var since uint64
+		for i, n := range b.Len {
+			s, d := b.Src[i], b.Dst[i]
+			for n > 0 {
+				k := min(n, hostChunk)
+				copy(dst[d:d+k], src[s:s+k])
+				s, d, n = s+k, d+k, n-k
+				if since += k; since >= hostChunk {
+					since = 0
+					if cerr = ctx.Err(); cerr != nil {
+						return
+					}
+				}
+			}
+		}
+	})
+	if ferr != nil {
+		return ferr
+	}
+	if cerr != nil {
+		return fmt.Errorf("samehost: host copy cut off: %w", cerr)
+	}
+	return nil
+}

@@ -1,0 +1,96 @@
+package samehost
+
+import (
+	"bytes"
+	"testing"
+)
+
+func TestParseMapsLine(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		ok   bool
+		want mapping
+	}{
+		{"7f0000000000-7f0000100000 rw-s 00002000 00:1a 12345                      /dev/shm/b2bd/b2bd-x-region-1",
+			true, mapping{start: 0x7f0000000000, end: 0x7f0000100000, offset: 0x2000, major: 0, minor: 0x1a, inode: 12345, path: "/dev/shm/b2bd/b2bd-x-region-1"}},
+		{"00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/dbus-daemon", true,
+			mapping{start: 0x400000, end: 0x452000, major: 8, minor: 2, inode: 173521, path: "/usr/bin/dbus-daemon"}},
+		{"7ffd1000-7ffd2000 rw-p 00000000 00:00 0", true, mapping{start: 0x7ffd1000, end: 0x7ffd2000}},
+		{"7ffd1000-7ffd2000 rw-p 00000000 00:00 0    [stack]", true, mapping{start: 0x7ffd1000, end: 0x7ffd2000, path: "[stack]"}},
+		{"", false, mapping{}},
+		{"7ffd2000-7ffd1000 rw-p 00000000 00:00 0", false, mapping{}},
+		{"7ffd1000 rw-p 00000000 00:00 0", false, mapping{}},
+		{"7ffd1000-7ffd2000 rw-p 00000000 0000 0", false, mapping{}},
+		{"7ffd1000-7ffd2000 rw-p zz 00:00 0", false, mapping{}},
+		{"7ffd1000-7ffd2000 rw-p 00000000 00:00 -1", false, mapping{}},
+	} {
+		m, err := parseMapsLine([]byte(tc.line))
+		if (err == nil) != tc.ok {
+			t.Fatalf("%q: err %v, want ok=%v", tc.line, err, tc.ok)
+		}
+		if tc.ok && m != tc.want {
+			t.Fatalf("%q: got %+v, want %+v", tc.line, m, tc.want)
+		}
+	}
+}
+
+func TestFindMappingOfOwnRegion(t *testing.T) {
+	m := shmRegion(t, t.TempDir(), 1<<16)
+	f, off, err := openBacking(memory4(m, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if off != 4096 {
+		t.Fatalf("offset %d, want 4096", off)
+	}
+	if _, _, err := openBacking(memory4(m, 1<<16)); err == nil {
+		t.Fatal("a range past the mapping was accepted")
+	}
+}
+
+func FuzzParseMapsLine(f *testing.F) {
+	f.Add([]byte("7f0000000000-7f0000100000 rw-s 00002000 00:1a 12345   /dev/shm/x"))
+	f.Add([]byte("0-1 r 0 0:0 0"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := parseMapsLine(b)
+		if err == nil && m.end <= m.start {
+			t.Fatalf("accepted an empty range: %+v", m)
+		}
+	})
+}
+
+func FuzzWire(f *testing.F) {
+	var rq [requestSize]byte
+	(&request{op: opBegin, flags: flagMap, key: 7}).put(rq[:])
+	f.Add(rq[:])
+	var rp [replySize]byte
+	(&reply{status: statusOK, kind: kindHost, size: 9, fds: 1}).put(rp[:])
+	f.Add(rp[:])
+	f.Add((&hello{node: "n"}).marshal()[:helloFixed])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if r, err := parseRequest(b); err == nil {
+			var out [requestSize]byte
+			r.put(out[:])
+			if !bytes.Equal(out[:], b) {
+				t.Fatalf("request does not round-trip")
+			}
+		}
+		if r, err := parseReply(b); err == nil {
+			if r.msgLen > maxMsg || r.fds > 1 || r.status > statusDenied {
+				t.Fatalf("reply out of bounds accepted: %+v", r)
+			}
+		}
+		var h hello
+		if n, err := parseHelloFixed(b, &h); err == nil && n > maxNode {
+			t.Fatalf("node length %d accepted", n)
+		}
+	})
+}
+
+func FuzzCheckEndpoint(f *testing.F) {
+	f.Add("0a1b2c3d-0000-4000-8000-0123456789ab", "/dev/shm/b2bd/.b2bd-local-1.sock", "/dev/shm/b2bd/.b2bd-local-1.token", make([]byte, 32))
+	f.Fuzz(func(t *testing.T, boot, sock, tok string, dig []byte) {
+		_ = CheckEndpoint(endpoint(boot, sock, tok, dig))
+	})
+}

@@ -1,0 +1,369 @@
+// Package samehost is the same-host data path (transport kind "local"):
+// between two daemons that proved they share a host (proof.go), the sender
+// writes straight into the receiver's memory. Host regions: the receiver
+// hands the sender its region file's descriptor over a Unix socket
+// (SCM_RIGHTS) and the sender maps it and copies. GPU regions: the receiver
+// hands the sender a CUDA IPC handle and the sender copies with copy engines
+// (one cuMemcpyBatchAsync per batch on a stream; never a kernel). Every
+// batch pins the destination key on the receiver first (begin), so the
+// registry's export rules and revocation (rekeying) apply batch by batch:
+// the sender's cached mapping is only used between a granted pin and the
+// receiver's acknowledgement (end), and a refused pin drops it.
+package samehost
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/b2bd/b2bd/gpudirect"
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/staging"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// Config configures the transport.
+type Config struct {
+	// Dir holds the Unix socket and the token file: the daemon's shm dir
+	// (0770, the b2bd group), so only the daemon's user, root and the group
+	// reach them.
+	Dir string
+	// Group is the gid given to the token file and the socket; 0: none.
+	Group int
+	// Node is this daemon's node name, checked by the peer at connection.
+	Node string
+	// CUDA is the GPU driver; nil: host regions only.
+	CUDA gpudirect.Interface
+	// Streams is how many streams (copy-engine queues) a GPU batch is
+	// spread over, by bytes, once it carries at least MinSplit bytes per
+	// stream; 0 or 1: one stream, one cuMemcpyBatchAsync.
+	Streams int
+}
+
+// MinSplit is the least share of a batch worth a stream of its own.
+const MinSplit = 1 << 20
+
+// MaxStreams bounds Config.Streams.
+const MaxStreams = 8
+
+// Transport is the same-host transport.
+type Transport struct {
+	cfg    Config
+	in     transport.Inbound
+	log    hclog.Logger
+	ln     *net.UnixListener
+	token  []byte
+	ep     transport.LocalEndpoint
+	busIDs map[string]int // CUDA: PCI bus id -> this process's ordinal
+
+	mu     sync.Mutex
+	closed bool
+	regs   map[uint64]*registration // by key
+	conns  map[*serverConn]struct{}
+	wg     sync.WaitGroup
+	nconns atomic.Int64 // live connections, both directions
+}
+
+// New creates the token file and the socket in cfg.Dir and starts serving.
+func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error) {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	if cfg.Streams < 0 || cfg.Streams > MaxStreams {
+		return nil, fmt.Errorf("%w: --local-streams %d: want 1 to %d", errs.ErrInvalidArgument, cfg.Streams, MaxStreams)
+	}
+	if cfg.Streams == 0 {
+		cfg.Streams = 1
+	}
+	if cfg.Dir == "" {
+		return nil, fmt.Errorf("%w: samehost: no directory for the socket and token", errs.ErrInvalidArgument)
+	}
+	boot, err := BootID()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("samehost: create %s: %w", cfg.Dir, err)
+	}
+	dir, err := filepath.EvalSymlinks(cfg.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("samehost: resolve %s: %w", cfg.Dir, err)
+	}
+	reclaimStale(dir, log)
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	base := filepath.Join(dir, filePrefix+hex.EncodeToString(rnd[:]))
+	t := &Transport{cfg: cfg, in: in, log: log, regs: map[uint64]*registration{}, conns: map[*serverConn]struct{}{}, busIDs: map[string]int{}}
+	t.token, err = newToken(base+".token", cfg.Group)
+	if err != nil {
+		return nil, err
+	}
+	sock := base + ".sock"
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		_ = os.Remove(base + ".token")
+		return nil, fmt.Errorf("samehost: listen on %s: %w", sock, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if cfg.Group > 0 {
+		_ = os.Chown(sock, -1, cfg.Group)
+	}
+	if err := os.Chmod(sock, 0o660); err != nil {
+		_ = ln.Close()
+		_ = os.Remove(base + ".token")
+		return nil, fmt.Errorf("samehost: chmod %s: %w", sock, err)
+	}
+	t.ln = ln
+	t.ep = transport.LocalEndpoint{BootID: boot, Socket: sock, TokenPath: base + ".token", TokenDigest: Digest(t.token)}
+	if cfg.CUDA != nil {
+		for i := 0; i < cfg.CUDA.DeviceCount(); i++ {
+			if di, err := cfg.CUDA.DeviceInfo(i); err == nil {
+				t.busIDs[di.PCIBusID] = i
+			}
+		}
+	}
+	t.wg.Add(1)
+	go t.serve()
+	return t, nil
+}
+
+// Kind is transport.Local.
+func (t *Transport) Kind() transport.Kind { return transport.Local }
+
+// Advertise implements transport.Advertiser.
+func (t *Transport) Advertise() transport.Advert {
+	return transport.Advert{Kind: transport.Local, Detail: "socket " + t.ep.Socket + ", boot " + t.ep.BootID, Local: t.ep}
+}
+
+// Endpoint is what this daemon advertises.
+func (t *Transport) Endpoint() transport.LocalEndpoint { return t.ep }
+
+// Reaches reports whether the peer that advertised ep is on this host (nil)
+// or why not.
+func (t *Transport) Reaches(ep transport.LocalEndpoint) error {
+	_, err := Verify(ep)
+	return err
+}
+
+// Resources implements transport.Counter.
+func (t *Transport) Resources() transport.Resources {
+	return transport.Resources{Connections: int(t.nconns.Load())}
+}
+
+// Close stops serving, drops every connection and removes the files.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	conns := make([]*serverConn, 0, len(t.conns))
+	for c := range t.conns {
+		conns = append(conns, c)
+	}
+	t.mu.Unlock()
+	err := t.ln.Close()
+	for _, c := range conns {
+		_ = c.c.Close()
+	}
+	t.wg.Wait()
+	if rerr := os.Remove(t.ep.TokenPath); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+		err = errors.Join(err, rerr)
+	}
+	if err != nil && errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+// ---- registrations ---------------------------------------------------------
+
+type registration struct {
+	t   *Transport
+	mem memory.Memory
+
+	mu  sync.Mutex
+	key uint64
+	// What a peer needs to reach the memory; shareErr says why it cannot.
+	file      *os.File // host: the region's file
+	fileOff   uint64   // host: the region's offset in it
+	handle    gpudirect.IPCHandle
+	handleOff uint64
+	busID     string
+	shareErr  error
+	closed    bool
+}
+
+func randomKey() uint64 {
+	var b [8]byte
+	for {
+		_, _ = rand.Read(b[:])
+		if k := binary.LittleEndian.Uint64(b[:]); k != 0 {
+			return k
+		}
+	}
+}
+
+// Register makes m usable as a source and a destination. A region a peer
+// cannot reach (not a file mapping; device memory the driver will not
+// share) still registers, as a source; a peer's batch into it is refused
+// with the reason.
+func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
+	r := &registration{t: t, mem: m}
+	switch m.Kind {
+	case memory.Host:
+		r.file, r.fileOff, r.shareErr = openBacking(m)
+	case memory.CUDA:
+		if t.cfg.CUDA == nil {
+			return nil, fmt.Errorf("%w: samehost: GPU memory needs the CUDA driver, which this daemon has not loaded", errs.ErrFailedPrecondition)
+		}
+		h, off, err := gpudirect.ShareHandle(t.cfg.CUDA, m.Device, m.Addr, m.Len)
+		if err != nil {
+			r.shareErr = staging.DomainError(err)
+		} else {
+			r.handle, r.handleOff = h, off
+			if di, err := t.cfg.CUDA.DeviceInfo(m.Device); err == nil {
+				r.busID = di.PCIBusID
+			}
+		}
+	default:
+		return nil, fmt.Errorf("%w: samehost: memory kind %v", errs.ErrInvalidArgument, m.Kind)
+	}
+	if r.shareErr != nil {
+		t.log.Debug("region registered as a source only", "kind", m.Kind, "reason", r.shareErr)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		if r.file != nil {
+			_ = r.file.Close()
+		}
+		return nil, fmt.Errorf("%w: samehost transport is closed", errs.ErrUnavailable)
+	}
+	r.key = randomKey()
+	for t.regs[r.key] != nil {
+		r.key = randomKey()
+	}
+	t.regs[r.key] = r
+	return r, nil
+}
+
+// openBacking opens the file mapped at m and checks it is the mapped inode.
+func openBacking(m memory.Memory) (*os.File, uint64, error) {
+	mp, err := findMapping(m.Addr, m.Len)
+	if err != nil {
+		return nil, 0, err
+	}
+	if mp.inode == 0 || mp.path == "" || mp.path[0] != '/' {
+		return nil, 0, fmt.Errorf("%w: samehost: %#x is not a file mapping (%q)", errs.ErrInvalidArgument, m.Addr, mp.path)
+	}
+	f, err := os.OpenFile(mp.path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("samehost: open the region's file %s: %w", mp.path, err)
+	}
+	if err := sameInode(f, mp); err != nil {
+		_ = f.Close()
+		return nil, 0, err
+	}
+	return f, mp.offset + uint64(m.Addr-mp.start), nil
+}
+
+func (r *registration) Memory() memory.Memory { return r.mem }
+
+func (r *registration) Key() transport.RemoteKey {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return transport.RemoteKey{Key: r.key}
+}
+
+// Rekey implements transport.Rekeyer: the old key stops pinning at once
+// (the registry drops it from its index), so a sender's next batch with it
+// is refused and its cached mapping dropped.
+func (r *registration) Rekey() (transport.RemoteKey, error) {
+	t := r.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return transport.RemoteKey{}, fmt.Errorf("%w: samehost registration is closed", errs.ErrNotFound)
+	}
+	old := r.key
+	k := randomKey()
+	for t.regs[k] != nil {
+		k = randomKey()
+	}
+	delete(t.regs, old)
+	r.key = k
+	t.regs[k] = r
+	return transport.RemoteKey{Key: old}, nil
+}
+
+func (r *registration) Close() error {
+	t := r.t
+	t.mu.Lock()
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		t.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	if t.regs[r.key] == r {
+		delete(t.regs, r.key)
+	}
+	f := r.file
+	r.file = nil
+	r.mu.Unlock()
+	t.mu.Unlock()
+	if f != nil {
+		return f.Close()
+	}
+	return nil
+}
+
+// lookup is the registration holding key, for the server.
+func (t *Transport) lookup(key uint64) *registration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.regs[key]
+}
+
+// filePrefix names the transport's files in the shm dir: <prefix><rand>.sock
+// and <prefix><rand>.token (the registry's reserved ".b2bd-" prefix, so
+// clients cannot import them).
+const filePrefix = ".b2bd-local-"
+
+// reclaimStale removes the socket and token of daemons that died without
+// closing (kill -9): a socket nobody listens on refuses connections.
+func reclaimStale(dir string, log hclog.Logger) {
+	socks, _ := filepath.Glob(filepath.Join(dir, filePrefix+"*.sock"))
+	for _, s := range socks {
+		c, err := net.DialTimeout("unix", s, time.Second)
+		if err == nil {
+			_ = c.Close()
+			continue
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			continue
+		}
+		tok := strings.TrimSuffix(s, ".sock") + ".token"
+		_ = os.Remove(s)
+		_ = os.Remove(tok)
+		log.Info("removed the local-transport files of a dead daemon", "socket", s)
+	}
+}
