@@ -115,6 +115,7 @@ type MemoryOut struct {
 	MemAvailableBytes uint64 `json:"mem_available_bytes"`
 	UsableBytes       uint64 `json:"usable_bytes"`
 	RegionsHere       int    `json:"regions_on_this_host"`
+	Limit             string `json:"limit"` // what set usable_bytes
 }
 
 // HostOut describes the machine.

@@ -155,7 +155,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 		return err
 	}
 	plans := PlanSizes(r.cfg.Sizes, r.cfg.Blocks, r.cfg.Full, budget)
-	r.report.Memory = MemoryOut{MemAvailableBytes: budget.MemAvailable, UsableBytes: budget.Usable, RegionsHere: budget.RegionsHere}
+	r.report.Memory = MemoryOut{MemAvailableBytes: budget.MemAvailable, UsableBytes: budget.Usable, RegionsHere: budget.RegionsHere, Limit: budget.Limit}
 	stepsPerSize := r.cfg.Iters + 2 // warm-up, timed batches, verification
 	r.bar = newProgress(r.errOut, 1+len(plans)*stepsPerSize)
 	r.printHeader(ctx, eps, budget, plans)
@@ -363,7 +363,7 @@ func (r *runner) printHeader(ctx context.Context, eps *endpoints, budget MemoryB
 		}
 		pairs = append(pairs, [2]string{"source", fmt.Sprintf("b2bd %s on %s; transports: %s", st.GetVersion(), st.GetNodeName(), strings.Join(ts, ", "))})
 	}
-	mem := fmt.Sprintf("MemAvailable %s; regions may use %s (%d per size on this host", formatGiB(budget.MemAvailable), formatGiB(budget.Usable), budget.RegionsHere)
+	mem := fmt.Sprintf("MemAvailable %s; regions may use %s (%s; %d per size on this host", formatGiB(budget.MemAvailable), formatGiB(budget.Usable), budget.Limit, budget.RegionsHere)
 	if r.cfg.TwoHost() {
 		mem += "; the destination host is assumed to hold its own"
 	}
