@@ -76,9 +76,13 @@ func TestParsePerftest(t *testing.T) {
 		{"not an object", `[1,2]`, nil, "JSON object"},
 		{"bad key", `{"4K": 1}`, nil, "not a block size"},
 		{"zero rate", `{"4096": 0}`, nil, "not a positive rate"},
+		{"named run", `{"run": "tuned", "gbps": {"4096": 3.5}}`, map[uint64]float64{4096: 3.5}, ""},
+		{"named run without rates", `{"run": "tuned"}`, nil, `"gbps": missing`},
+		{"named run, bad rate", `{"run": "tuned", "gbps": {"4096": -1}}`, nil, "not a positive rate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParsePerftest([]byte(tc.in))
+			p, err := ParsePerftest([]byte(tc.in))
+			got := p.GBps
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err = %v, want %q", err, tc.err)
@@ -87,6 +91,9 @@ func TestParsePerftest(t *testing.T) {
 			}
 			if err != nil || len(got) != len(tc.want) {
 				t.Fatalf("got %v, %v", got, err)
+			}
+			if strings.Contains(tc.in, `"run"`) != (p.Run == "tuned") {
+				t.Errorf("run %q from %s", p.Run, tc.in)
 			}
 			for k, v := range tc.want {
 				if got[k] != v {
