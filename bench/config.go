@@ -51,7 +51,8 @@ type Config struct {
 	// their logs here, and takes sms_used from what ncu saw.
 	NCUDir string
 
-	// AdHoc runs each batch as one BatchTransfer (descriptors sent, decoded,
+	// AdHoc runs each batch as one BatchTransfer (a Config with neither
+	// mode set runs ad hoc only) (descriptors sent, decoded,
 	// validated and planned every time). PreparedUpTo runs sizes up to it
 	// also as PrepareTransfer once + SubmitTransfer per batch (0: never).
 	AdHoc        bool
@@ -215,8 +216,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--memory %q: want host or cuda", c.Memory)
 	case c.NCUDir != "" && c.TwoHost():
 		return fmt.Errorf("--ncu wraps the daemons the bench starts: it needs embedded mode")
-	case !c.AdHoc && c.PreparedUpTo == 0:
-		return errors.New("--mode: neither adhoc nor prepared")
 	case c.PingCalls < 0:
 		return fmt.Errorf("--ping-calls %d: want 0 or more", c.PingCalls)
 	case c.Timeout <= 0:

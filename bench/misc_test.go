@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"strings"
@@ -226,5 +227,28 @@ func TestWantsInsecure(t *testing.T) {
 		if got := wantsInsecure(tc.args); got != tc.want {
 			t.Errorf("wantsInsecure(%q) = %v, want %v", tc.args, got, tc.want)
 		}
+	}
+}
+
+// TestMeasureTCPStream: the streaming yardstick delivers the source's bytes
+// in order into the destination, cycling through both (a length that is not
+// a multiple of the 4 MiB chunk included), and reports the buffers it used.
+func TestMeasureTCPStream(t *testing.T) {
+	for _, n := range []int{4096 + 5, yardstickChunk + 3, 2*yardstickChunk + 1} {
+		src, dst := make([]byte, n), make([]byte, n)
+		FillRandom(src, uint64(n))
+		ys, err := MeasureTCPStream(context.Background(), src, dst, uint64(2*n), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(src, dst) {
+			t.Fatalf("%d bytes: the destination differs from the source after whole cycles", n)
+		}
+		if ys.GBps <= 0 || ys.Bytes != uint64(2*n) || ys.Trials != 2 || ys.SrcBytes != uint64(n) || ys.DstBytes != uint64(n) {
+			t.Fatalf("%d bytes: %+v", n, ys)
+		}
+	}
+	if _, err := MeasureTCPStream(context.Background(), nil, make([]byte, 1), 1, 1); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Fatalf("empty source: %v", err)
 	}
 }

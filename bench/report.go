@@ -324,8 +324,11 @@ func (t *table) row(r Row) {
 		"vs cached": "-",
 		"verified":  "no",
 	}
-	if r.AdHoc != nil {
+	switch {
+	case r.AdHoc != nil:
 		cells["ad hoc"] = formatSeconds(r.AdHoc.MedianSeconds)
+	case r.Mode != "prepared" && r.MedianSeconds > 0: // a row from before the modes
+		cells["ad hoc"] = formatSeconds(r.MedianSeconds)
 	}
 	if r.Prepared != nil {
 		cells["prepared"] = formatSeconds(r.Prepared.MedianSeconds)

@@ -92,6 +92,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	if !cfg.AdHoc && cfg.PreparedUpTo == 0 {
+		cfg.AdHoc = true
+	}
 	if cfg.Seed == 0 {
 		cfg.Seed = uint64(time.Now().UnixNano()) | 1
 	}
