@@ -30,13 +30,14 @@ log "dev=$dev gid_index=$gid sizes=${sizes[*]} blocks=${blocks[*]}"
 # --post_list, so it is blocks/4 rounded up to a multiple of 32.
 REPS=${REPS:-3}
 mkdir -p "$B2B_OUT/pt"
-perftest_args() { # perftest_args SIZE BLOCKS VARIANT PORT -> prints the args, one a line
+# (No process substitution in here: the VMs' chroot has no /dev/fd.)
+perftest_args() { # perftest_args SIZE BLOCKS VARIANT PORT -> sets pt_args
 	local s=$1 n=$2 variant=$3 port=$4
 	[ "$n" -lt 5 ] && n=5 # perftest's minimum
 	# shellcheck disable=SC2017 # rounding up to a multiple of 32 is the point
 	local nt=$(((n + 4 * 32 - 1) / (4 * 32) * 32))
-	printf '%s\n' -d "$dev" -i 1 -x "$gid" -F -s "$s" -p "$port"
-	if [ "$variant" = tuned ]; then printf '%s\n' -n "$nt" -q 4 --post_list 32; else printf '%s\n' -n "$n"; fi
+	pt_args=(-d "$dev" -i 1 -x "$gid" -F -s "$s" -p "$port")
+	if [ "$variant" = tuned ]; then pt_args+=(-n "$nt" -q 4 --post_list 32); else pt_args+=(-n "$n"); fi
 }
 perftest_server() { # perftest_server SIZE BLOCKS VARIANT PORT: waits for B's request, then serves once
 	local deadline=$((SECONDS + 900))
@@ -44,16 +45,16 @@ perftest_server() { # perftest_server SIZE BLOCKS VARIANT PORT: waits for B's re
 		[ -e "$B2B_OUT/bench.done" ] || [ "$SECONDS" -ge "$deadline" ] && return 1
 		sleep 0.2
 	done
-	mapfile -t args < <(perftest_args "$@")
-	timeout 120 ib_write_bw "${args[@]}" >/dev/null 2>&1 || log "ib_write_bw server $1 $3 failed"
+	perftest_args "$@"
+	timeout 120 ib_write_bw "${pt_args[@]}" >/dev/null 2>&1 || log "ib_write_bw server $1 $3 failed"
 }
 perftest_client() { # perftest_client SIZE BLOCKS VARIANT PORT -> prints GB/s (0 on failure)
-	mapfile -t args < <(perftest_args "$@")
+	perftest_args "$@"
 	touch "$B2B_OUT/pt/$4.go"
 	local out rc res deadline=$((SECONDS + 120))
 	while :; do
 		rc=0
-		out=$(timeout 120 ib_write_bw "${args[@]}" "$B2B_PEER_IP" 2>&1) || rc=$?
+		out=$(timeout 120 ib_write_bw "${pt_args[@]}" "$B2B_PEER_IP" 2>&1) || rc=$?
 		if [ "$rc" != 0 ] && grep -q "Couldn't connect" <<<"$out" && [ "$SECONDS" -lt "$deadline" ]; then
 			sleep 0.3
 			continue
@@ -63,7 +64,7 @@ perftest_client() { # perftest_client SIZE BLOCKS VARIANT PORT -> prints GB/s (0
 	# Result line: #bytes #iterations BW-peak BW-average MsgRate, BW in MiB/s.
 	res=$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print $4 }' <<<"$out" | tail -n 1)
 	if [ -z "$res" ]; then
-		log "ib_write_bw $1 $3: no result (rc $rc): $(tail -n 3 <<<"$out" | tr '\n' ' ')"
+		log "ib_write_bw $1 $3: no result (rc $rc): $(tail -n 3 <<<"$out" | tr '\n' ' ')" >&2
 		res=0
 	fi
 	awk -v m="$res" 'BEGIN { printf "%.6f", m * 1048576 / 1e9 }'
