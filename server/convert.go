@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -34,6 +35,31 @@ func transferResponse(r batch.Result) *b2bv1.BatchTransferResponse {
 	return &b2bv1.BatchTransferResponse{
 		Blocks: r.Blocks, Bytes: r.Bytes, Transport: peer.KindToProto(r.Kind),
 		Segments: r.Stats.Segments, WorkRequests: r.Stats.WorkRequests, ElapsedNs: uint64(r.Elapsed.Nanoseconds()),
+		Phases: phasesProto(r.Phases),
+	}
+}
+
+func phasesProto(p batch.Phases) *b2bv1.PhaseTimings {
+	ns := func(d time.Duration) uint64 { return uint64(max(d, 0)) }
+	return &b2bv1.PhaseTimings{
+		DecodeNs: ns(p.Decode), ValidateNs: ns(p.Validate), ResolveNs: ns(p.Resolve), PlanNs: ns(p.Plan),
+		PostNs: ns(p.Post), WireNs: ns(p.Wire), NotifyNs: ns(p.Notify), TotalNs: ns(p.Total),
+	}
+}
+
+func prepareRequest(req *b2bv1.PrepareTransferRequest, who region.Caller) batch.Request {
+	r := batch.Request{Src: req.GetSrcRegionId(), Caller: who, Peer: req.GetPeer(), Dst: req.GetDstRegion(), Notification: req.GetNotification()}
+	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	if p := req.GetDescriptors(); p != nil {
+		r.Descriptors = &desc.Packed{SrcOffsets: p.GetSrcOffsets(), DstOffsets: p.GetDstOffsets(), Lengths: p.GetLengths(), BlockLength: p.GetBlockLength()}
+	}
+	return r
+}
+
+func prepareResponse(i batch.PlanInfo) *b2bv1.PrepareTransferResponse {
+	return &b2bv1.PrepareTransferResponse{
+		Handle: i.Handle, Blocks: i.Blocks, Bytes: i.Bytes, Transport: peer.KindToProto(i.Kind),
+		Segments: i.Segments, WorkRequests: i.WorkRequests, Phases: phasesProto(i.Phases),
 	}
 }
 
@@ -82,7 +108,7 @@ func notificationProto(n notify.Notification) *b2bv1.Notification {
 var capabilities = []string{"merge-adjacent", "write-with-imm-completion", "packed-descriptors"}
 
 func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
-	resp := &b2bv1.HandshakeResponse{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName, Capabilities: capabilities}
+	resp := &b2bv1.HandshakeResponse{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName, Capabilities: capabilities, InstanceId: cfg.InstanceID}
 	for _, t := range cfg.Transports {
 		if t.GetAvailable() {
 			resp.Transports = append(resp.Transports, t.GetKind())

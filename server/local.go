@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"time"
 
 	"github.com/b2bd/b2bd/internal/checksum"
 	"github.com/b2bd/b2bd/internal/desc"
@@ -81,10 +82,12 @@ func (l *local) ExportRegion(ctx context.Context, req *b2bv1.ExportRegionRequest
 }
 
 func (l *local) BatchTransfer(ctx context.Context, req *b2bv1.BatchTransferRequest) (*b2bv1.BatchTransferResponse, error) {
+	entry := time.Now()
 	res, err := l.s.batches.Transfer(ctx, transferRequest(req, caller(ctx)))
 	if err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}
+	stamp(&res.Phases, begun(ctx, entry), entry)
 	return transferResponse(res), nil
 }
 

@@ -7,6 +7,7 @@ package server
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -43,6 +44,7 @@ type Config struct {
 	Adverts        []transport.Advert
 	Verbs          transport.VerbsAcceptor // nil without RDMA
 	MaxDescriptors int
+	MaxPlans       int // prepared plans per client identity; 0: batch.DefaultMaxPlans
 	DefaultTimeout time.Duration
 	CUDAAvailable  bool
 	CUDADetail     string
@@ -52,7 +54,10 @@ type Config struct {
 	// OpenFDs counts the process's open file descriptors for Status; nil
 	// reports 0.
 	OpenFDs func() uint32
-	Log     hclog.Logger
+	// InstanceID names this start of the daemon in handshakes (peers'
+	// prepared plans go stale when it changes); 0: New picks a random one.
+	InstanceID uint64
+	Log        hclog.Logger
 }
 
 // Server holds both services.
@@ -69,6 +74,9 @@ func New(cfg Config) *Server {
 	if cfg.Notify == nil {
 		cfg.Notify = &notify.Hub{}
 	}
+	for cfg.InstanceID == 0 {
+		cfg.InstanceID = rand.Uint64()
+	}
 	if cfg.OpenFDs == nil {
 		cfg.OpenFDs = func() uint32 { return 0 }
 	}
@@ -76,11 +84,15 @@ func New(cfg Config) *Server {
 	if cfg.Peers != nil {
 		peers = cfg.Peers
 	}
-	b := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors,
+	b := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans,
 		DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Log: cfg.Log})
 	cfg.Counters, cfg.MaxDescriptors = b.Counters(), b.MaxDescriptors()
 	return &Server{cfg: cfg, batches: b}
 }
+
+// Close frees every prepared plan and refuses new ones (daemon shutdown,
+// before the registry closes); safe to call twice.
+func (s *Server) Close() { s.batches.Close() }
 
 // Local is the B2B service.
 func (s *Server) Local() b2bv1.B2BServer { return &local{s: s} }

@@ -42,6 +42,9 @@ type Peers interface {
 	Broken(addr string, s transport.Session)
 	// Notify hands a landed batch's notification to the peer.
 	Notify(ctx context.Context, addr string, n notify.Notification) error
+	// Instance is the peer's instance ID from its last handshake (a new one
+	// per daemon start), 0 when unknown; it makes no call.
+	Instance(addr string) uint64
 }
 
 // Counters are the daemon's batch statistics.
@@ -56,6 +59,8 @@ type Config struct {
 	Registry       *region.Registry
 	Peers          Peers
 	MaxDescriptors int
+	// MaxPlans limits the prepared plans per client identity (0: DefaultMaxPlans).
+	MaxPlans       int
 	DefaultTimeout time.Duration // a batch's deadline when its caller set none
 	Counters       *Counters
 	Log            hclog.Logger
@@ -63,7 +68,9 @@ type Config struct {
 
 // Service sends batches.
 type Service struct {
-	cfg Config
+	cfg      Config
+	plans    plans
+	maxPlans atomic.Int64
 }
 
 // New fills cfg's defaults and returns the service.
@@ -80,7 +87,9 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
-	return &Service{cfg: cfg}
+	s := &Service{cfg: cfg}
+	s.SetMaxPlans(cfg.MaxPlans)
+	return s
 }
 
 // Counters returns the service's counters.
@@ -110,6 +119,30 @@ type Result struct {
 	Kind          transport.Kind
 	Stats         transport.Stats
 	Elapsed       time.Duration // the write, from post to acknowledgement
+	Phases        Phases
+}
+
+// Phases says where a call's time went. A phase the call skipped is 0.
+// Decode (receiving and unmarshalling the request) is measured by the RPC
+// layer, which also sets Total from the call's first byte when it knows it.
+type Phases struct {
+	Decode   time.Duration // receive and unmarshal the request
+	Validate time.Duration // fields, the source region, descriptor bounds and overlaps
+	Resolve  time.Duration // the data path to the peer and the destination's key and bounds
+	Plan     time.Duration // merge, and the transport's building of its work
+	Post     time.Duration // handing the work to the NIC or the sockets
+	Wire     time.Duration // until every byte landed and the ack came back
+	Notify   time.Duration // delivering the notification
+	Total    time.Duration // the whole call
+}
+
+// write splits a write's time into plan, post and wire.
+func (ph *Phases) write(st transport.Stats, d time.Duration) {
+	ph.Plan += st.Plan
+	ph.Post += st.Post
+	if w := d - st.Plan - st.Post; w > 0 {
+		ph.Wire += w
+	}
 }
 
 // Plan is a batch validated and merged once, ready to run: the source
@@ -125,6 +158,8 @@ type Plan struct {
 	merged       desc.Batch // what the transport writes
 	blocks       uint64
 	bytes        uint64
+	// validate and merge are how long Plan took for each.
+	validate, merge time.Duration
 }
 
 // Close releases the plan's source region and scratch memory.
@@ -149,7 +184,9 @@ func (s *Service) Transfer(ctx context.Context, r Request) (Result, error) {
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
 		defer cancel()
 	}
+	start := time.Now()
 	res, err := s.transfer(ctx, r)
+	res.Phases.Total = time.Since(start)
 	if err != nil {
 		err = errs.ForCaller(ctx, err)
 		s.cfg.Counters.BatchesFailed.Add(1)
@@ -164,7 +201,9 @@ func (s *Service) transfer(ctx context.Context, r Request) (Result, error) {
 		return Result{}, err
 	}
 	defer p.Close()
-	return s.Run(ctx, p)
+	res, err := s.Run(ctx, p)
+	res.Phases.Validate, res.Phases.Plan = p.validate, res.Phases.Plan+p.merge
+	return res, err
 }
 
 // Plan validates r and everything about it that can be checked locally,
@@ -185,6 +224,7 @@ func (s *Service) Plan(r Request) (*Plan, error) {
 	case r.BadTransport != nil:
 		return nil, r.BadTransport
 	}
+	t0 := time.Now()
 	p := &Plan{peer: r.Peer, dst: r.Dst, want: r.Transport, notification: r.Notification}
 	var err error
 	p.src, p.release, err = s.cfg.Registry.Acquire(r.Src, "src_region_id", r.Caller)
@@ -198,12 +238,15 @@ func (s *Service) Plan(r Request) (*Plan, error) {
 		return nil, err
 	}
 	p.blocks, p.bytes = uint64(p.batch.N()), p.batch.Bytes()
+	t1 := time.Now()
+	p.validate = t1.Sub(t0)
 	p.merged = p.d.Merge(p.batch)
 	if mb := p.merged.Bytes(); mb != p.bytes {
 		p.Close()
 		// Never hand a transport less than was asked for: success would lie.
 		return nil, fmt.Errorf("batch: merged segments hold %d bytes, the descriptors %d (internal error)", mb, p.bytes)
 	}
+	p.merge = time.Since(t1)
 	return p, nil
 }
 
@@ -230,8 +273,10 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		start    time.Time
 		err      error
 		firstErr error
+		ph       Phases
 	)
 	for attempt := 0; ; attempt++ {
+		t0 := time.Now()
 		var remote transport.RemoteRegion
 		var reg transport.Registration
 		var cached bool
@@ -250,7 +295,9 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 			return Result{}, err
 		}
 		start = time.Now()
+		ph.Resolve += start.Sub(t0)
 		st, err = sess.Conn.Write(ctx, reg, remote, &p.merged)
+		ph.write(st, time.Since(start))
 		if err == nil {
 			break
 		}
@@ -277,16 +324,27 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		return Result{}, err
 	}
 	elapsed := time.Since(start)
-	if p.notification != nil {
-		err := s.cfg.Peers.Notify(ctx, p.peer, notify.Notification{Region: p.dst, Sender: s.cfg.NodeName,
-			Notification: p.notification, Blocks: p.blocks, Bytes: p.bytes})
-		if err != nil {
-			return Result{}, fmt.Errorf("batch of %d blocks landed at %s/%s, but its notification was not delivered: %w", p.blocks, p.peer, p.dst, err)
-		}
+	if err := s.notify(ctx, p, &ph); err != nil {
+		return Result{}, err
 	}
 	s.cfg.Counters.BatchesSent.Add(1)
 	s.cfg.Counters.BytesSent.Add(p.bytes)
-	return Result{Blocks: p.blocks, Bytes: p.bytes, Kind: sess.Kind, Stats: st, Elapsed: elapsed}, nil
+	return Result{Blocks: p.blocks, Bytes: p.bytes, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: ph}, nil
+}
+
+// notify delivers p's notification, if it has one, timing it into ph.
+func (s *Service) notify(ctx context.Context, p *Plan, ph *Phases) error {
+	if p.notification == nil {
+		return nil
+	}
+	t0 := time.Now()
+	err := s.cfg.Peers.Notify(ctx, p.peer, notify.Notification{Region: p.dst, Sender: s.cfg.NodeName,
+		Notification: p.notification, Blocks: p.blocks, Bytes: p.bytes})
+	ph.Notify = time.Since(t0)
+	if err != nil {
+		return fmt.Errorf("batch of %d blocks landed at %s/%s, but its notification was not delivered: %w", p.blocks, p.peer, p.dst, err)
+	}
+	return nil
 }
 
 // prepare finds the data path, the source's registration with it, and the

@@ -46,10 +46,21 @@ type fakeConn struct {
 	breaks bool
 	writes int
 	err    error
+	keys   []uint64 // the destination key of each write
+	// entered, when set, is told of each write, which then waits for gate.
+	entered chan struct{}
+	gate    chan struct{}
 }
 
 func (c *fakeConn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	if c.entered != nil {
+		c.entered <- struct{}{}
+		<-c.gate
+	}
 	c.mu.Lock()
+	if c.keys != nil {
+		c.keys = append(c.keys, dst.Key.Key)
+	}
 	defer c.mu.Unlock()
 	c.writes++
 	var err error
@@ -76,46 +87,81 @@ type answer struct {
 	size   uint64
 	cached bool
 	err    error
+	key    uint64 // 0: 7
 }
 
 // fakePeers hands out conns in order (the last one again when they run
 // out) and resolutions in order (likewise).
 type fakePeers struct {
+	mu        sync.Mutex
 	conns     []*fakeConn
 	answers   []answer
 	notifyErr error
+	// insts are the peer's instance IDs, the i-th set by the i-th Get (the
+	// last one again when they run out); none: Instance is 0.
+	insts    []uint64
+	instance uint64
+	// wrap, when set, turns the conn a Get hands out into another Conn
+	// (a Preparer, say).
+	wrap func(*fakeConn) transport.Conn
 
 	gets, resolves, forgets, broken int
 	notified                        []notify.Notification
 }
 
 func (f *fakePeers) Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	c := f.conns[min(f.gets, len(f.conns)-1)]
+	if len(f.insts) > 0 {
+		f.instance = f.insts[min(f.gets, len(f.insts)-1)]
+	}
 	f.gets++
-	return transport.Session{Kind: transport.TCP, Conn: c, Name: "b", Reused: f.gets == 1}, nil
+	var conn transport.Conn = c
+	if f.wrap != nil {
+		conn = f.wrap(c)
+	}
+	return transport.Session{Kind: transport.TCP, Conn: conn, Name: "b", Reused: f.gets == 1}, nil
 }
 
 func (f *fakePeers) Resolve(ctx context.Context, addr string, s transport.Session, name string) (transport.Resolution, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	a := f.answers[min(f.resolves, len(f.answers)-1)]
 	f.resolves++
 	if a.err != nil {
 		return transport.Resolution{}, false, a.err
 	}
-	return transport.Resolution{Name: name, Size: a.size, Keys: map[transport.Kind]transport.RemoteKey{transport.TCP: {Key: 7}}}, a.cached, nil
+	key := a.key
+	if key == 0 {
+		key = 7
+	}
+	return transport.Resolution{Name: name, Size: a.size, Keys: map[transport.Kind]transport.RemoteKey{transport.TCP: {Key: key}}}, a.cached, nil
 }
 
-func (f *fakePeers) Forget(addr, name string)                { f.forgets++ }
-func (f *fakePeers) Broken(addr string, s transport.Session) { f.broken++ }
+func (f *fakePeers) Forget(addr, name string) { f.mu.Lock(); f.forgets++; f.mu.Unlock() }
+func (f *fakePeers) Broken(addr string, s transport.Session) {
+	f.mu.Lock()
+	f.broken++
+	f.mu.Unlock()
+}
 func (f *fakePeers) Notify(ctx context.Context, addr string, n notify.Notification) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.notified = append(f.notified, n)
 	return f.notifyErr
+}
+func (f *fakePeers) Instance(addr string) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.instance
 }
 
 const regionSize = 1 << 20
 
 // rig is a batch service over a real registry (one host source region of
 // regionSize) and fp.
-func rig(t *testing.T, fp *fakePeers) (*Service, Request) {
+func rig(t testing.TB, fp *fakePeers) (*Service, Request) {
 	t.Helper()
 	reg, err := region.New(region.Config{ShmDir: t.TempDir(), Transports: []transport.Transport{fakeTransport{}}, CUDAWhy: "no GPU in this test"})
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/auth"
+	"github.com/b2bd/b2bd/internal/batch"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
@@ -49,6 +50,7 @@ type Config struct {
 	ShmDir         string
 	Transport      string // auto | tcp | verbs
 	MaxDescriptors int
+	MaxPlans       int // prepared plans per client identity
 	DefaultTimeout time.Duration
 	ShutdownGrace  time.Duration
 	LogLevel       string
@@ -76,6 +78,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
 	fs.StringVar(&c.Transport, "transport", "auto", "data plane: auto (verbs when both peers have RDMA, else tcp), tcp or verbs")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 1<<20, "most blocks per batch")
+	fs.IntVar(&c.MaxPlans, "max-plans", batch.DefaultMaxPlans, "most prepared transfers (PrepareTransfer) one client identity may hold")
 	fs.DurationVar(&c.DefaultTimeout, "default-timeout", time.Minute, "deadline of a batch whose caller set none")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight batches may run on SIGTERM")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "trace, debug, info, warn or error")
@@ -112,6 +115,7 @@ type Daemon struct {
 	transports []transport.Transport
 	registry   *region.Registry
 	peers      *peer.Manager
+	srv        *server.Server
 	api        *grpc.Server
 	peerSrv    *grpc.Server
 	listeners  []net.Listener
@@ -238,14 +242,16 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	scfg := server.Config{
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
 		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Verbs: verbsAcc,
-		MaxDescriptors: cfg.MaxDescriptors, DefaultTimeout: cfg.DefaultTimeout,
+		MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, DefaultTimeout: cfg.DefaultTimeout,
 		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, OpenFDs: openFDs, Log: log.Named("server"),
 	}
 	srv := server.New(scfg)
+	d.srv = srv
 
 	// Descriptor lists of 1M entries are 24 MiB; allow them through.
 	msgMax := 64<<20 + 3*8*cfg.MaxDescriptors
-	d.api = grpc.NewServer(grpc.Creds(auth.PeerCred{}), grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax))
+	d.api = grpc.NewServer(grpc.Creds(auth.PeerCred{}), grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax),
+		grpc.StatsHandler(srv.StatsHandler()))
 	b2bv1.RegisterB2BServer(d.api, srv.Local())
 	peerOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
 	if peerTLS != nil {
@@ -444,6 +450,9 @@ func (d *Daemon) teardown() {
 	}
 	if d.peerSrv != nil {
 		d.peerSrv.Stop()
+	}
+	if d.srv != nil {
+		d.srv.Close() // prepared plans hold regions and connections
 	}
 	if d.peers != nil {
 		d.peers.Close()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -45,7 +46,11 @@ type state struct {
 	cc     *grpc.ClientConn
 	client b2bv1.PeerClient
 	hs     *b2bv1.HandshakeResponse
-	conns  map[transport.Kind]transport.Conn
+	// instance is the peer's instance ID from its last handshake, kept
+	// when hs is dropped: prepared plans compare it to the one they were
+	// made under to notice a restarted peer without a round trip.
+	instance atomic.Uint64
+	conns    map[transport.Kind]transport.Conn
 	// resolved caches region resolutions; cleared whenever the peer may have
 	// changed (new handshake, broken connection, refused key).
 	resolved map[string]resolution
@@ -208,7 +213,21 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	}
 	clear(st.resolved)
 	st.hs = hs
+	st.instance.Store(hs.GetInstanceId())
 	return nil
+}
+
+// Instance is the instance ID the peer at addr gave in its last handshake
+// (set once per daemon start), 0 when it never answered one. It takes no
+// lock but the manager's map lock and makes no call.
+func (m *Manager) Instance(addr string) uint64 {
+	m.mu.Lock()
+	st := m.peers[addr]
+	m.mu.Unlock()
+	if st == nil {
+		return 0
+	}
+	return st.instance.Load()
 }
 
 func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error) {

@@ -779,7 +779,7 @@ func (g *Registry) Deregister(id string, who Caller) error {
 	if r.active > 0 {
 		n := r.active
 		g.mu.Unlock()
-		return fmt.Errorf("%w: region %s is in use by %d batch(es); retry when they finish", errs.ErrFailedPrecondition, id, n)
+		return fmt.Errorf("%w: region %s is in use by %d batch(es) or prepared plan(s); retry when they finish, or release the plans (ReleaseTransfer)", errs.ErrFailedPrecondition, id, n)
 	}
 	g.unpublish(r)
 	g.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -155,12 +156,24 @@ func (t *Transport) Close() error {
 
 type registration struct {
 	mem memory.Memory
-	key uint64
+	key atomic.Uint64
+	t   *Transport
 }
 
 func (r *registration) Memory() memory.Memory    { return r.mem }
-func (r *registration) Key() transport.RemoteKey { return transport.RemoteKey{Key: r.key} }
+func (r *registration) Key() transport.RemoteKey { return transport.RemoteKey{Key: r.key.Load()} }
 func (r *registration) Close() error             { return nil }
+
+// Rekey gives the registration a new random key (transport.Rekeyer): the
+// receiver pins by key through the registry's index, which moves to the new
+// one, so a batch under the old key is refused before a byte is placed.
+func (r *registration) Rekey() (transport.RemoteKey, error) {
+	k, err := r.t.newKey()
+	if err != nil {
+		return transport.RemoteKey{}, fmt.Errorf("tcp: new region key: %w", err)
+	}
+	return transport.RemoteKey{Key: r.key.Swap(k)}, nil
+}
 func (t *Transport) newKey() (uint64, error) {
 	var b [8]byte
 	for {
@@ -186,7 +199,9 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tcp: region key: %w", err)
 	}
-	return &registration{mem: m, key: k}, nil
+	r := &registration{mem: m, t: t}
+	r.key.Store(k)
+	return r, nil
 }
 
 // ---------------------------------------------------------------------------

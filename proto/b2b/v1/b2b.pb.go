@@ -2484,8 +2484,11 @@ type HandshakeResponse struct {
 	// TCP data plane: where to connect, and the session token to present.
 	TcpDataAddress string `protobuf:"bytes,5,opt,name=tcp_data_address,json=tcpDataAddress,proto3" json:"tcp_data_address,omitempty"`
 	SessionToken   []byte `protobuf:"bytes,6,opt,name=session_token,json=sessionToken,proto3" json:"session_token,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Random and non-zero, set once per daemon start: a peer that sees it change
+	// knows this daemon restarted (its prepared plans to it are stale).
+	InstanceId    uint64 `protobuf:"varint,7,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandshakeResponse) Reset() {
@@ -2558,6 +2561,13 @@ func (x *HandshakeResponse) GetSessionToken() []byte {
 		return x.SessionToken
 	}
 	return nil
+}
+
+func (x *HandshakeResponse) GetInstanceId() uint64 {
+	if x != nil {
+		return x.InstanceId
+	}
+	return 0
 }
 
 type ResolveRegionRequest struct {
@@ -3405,7 +3415,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\n" +
 	"transports\x18\x03 \x03(\x0e2\x15.b2b.v1.TransportKindR\n" +
 	"transports\x12\"\n" +
-	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\"\x85\x02\n" +
+	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\"\xa6\x02\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x125\n" +
@@ -3414,7 +3424,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"transports\x12\"\n" +
 	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\x12(\n" +
 	"\x10tcp_data_address\x18\x05 \x01(\tR\x0etcpDataAddress\x12#\n" +
-	"\rsession_token\x18\x06 \x01(\fR\fsessionToken\"*\n" +
+	"\rsession_token\x18\x06 \x01(\fR\fsessionToken\x12\x1f\n" +
+	"\vinstance_id\x18\a \x01(\x04R\n" +
+	"instanceId\"*\n" +
 	"\x14ResolveRegionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"s\n" +
 	"\tRegionKey\x123\n" +

@@ -186,20 +186,22 @@ class HandshakeRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ["capabilities", "node_name", "protocol_version", "session_token", "tcp_data_address", "transports"]
+    __slots__ = ["capabilities", "instance_id", "node_name", "protocol_version", "session_token", "tcp_data_address", "transports"]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TCP_DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     capabilities: _containers.RepeatedScalarFieldContainer[str]
+    instance_id: int
     node_name: str
     protocol_version: int
     session_token: bytes
     tcp_data_address: str
     transports: _containers.RepeatedScalarFieldContainer[TransportKind]
-    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ..., tcp_data_address: _Optional[str] = ..., session_token: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ..., tcp_data_address: _Optional[str] = ..., session_token: _Optional[bytes] = ..., instance_id: _Optional[int] = ...) -> None: ...
 
 class HostAlloc(_message.Message):
     __slots__ = ["size"]

@@ -1,0 +1,506 @@
+package batch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memguard"
+	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// Prepared transfers: a batch validated, merged, resolved and (where the
+// connection is a transport.Preparer) built once, then submitted many times.
+//
+// A plan holds its source region from Prepare to Release, so deregistering
+// the source fails with FailedPrecondition. It goes stale, and every later
+// submit fails with FailedPrecondition saying to prepare it again, when its
+// peer restarted (the peer's instance ID changed), or the destination no
+// longer takes its key (re-registered, deregistered, or its export changed:
+// the registry's Rekey revokes the old key, so the receiver refuses it
+// before placing a byte). A broken connection is not staleness: the plan
+// is prepared again on a fresh connection once, transparently, with the
+// same retry rules as Run.
+
+// DefaultMaxPlans is the default limit of plans per client identity.
+const DefaultMaxPlans = 4096
+
+// Owner is who holds a plan: the calling identity and its connection to
+// the local API. Only the owner may submit or release a plan; plans of a
+// connection that closed are released (ReleaseConn).
+type Owner struct {
+	Caller region.Caller
+	Conn   uint64 // the client connection's ID; 0: unknown (never released with a connection)
+}
+
+// PlanInfo describes a prepared plan.
+type PlanInfo struct {
+	Handle        uint64 // never 0
+	Blocks, Bytes uint64
+	Kind          transport.Kind
+	Segments      uint64 // after merging
+	WorkRequests  uint64 // as the transport built them; 0 when it does not prepare
+	Phases        Phases
+}
+
+// prepared is one plan in the table.
+type prepared struct {
+	handle   uint64
+	owner    Owner
+	p        *Plan
+	instance uint64 // the peer's instance ID when prepared
+
+	bind    atomic.Pointer[binding]
+	stale   atomic.Pointer[staleness]
+	rebind  sync.Mutex // serialises re-preparing on a fresh connection
+	mu      sync.Mutex // guards the rest
+	active  int        // submits in flight
+	dropped bool       // released: no new submits; freed when active is 0
+}
+
+type staleness struct{ err error }
+
+// binding is a plan bound to one connection.
+type binding struct {
+	sess   transport.Session
+	reg    transport.Registration
+	remote transport.RemoteRegion
+	prep   transport.Prepared // nil: the connection does not prepare; Conn.Write of the merged batch
+	wrs    uint64
+}
+
+func (b *binding) write(ctx context.Context, p *Plan) (transport.Stats, error) {
+	if b.prep != nil {
+		return b.prep.Write(ctx)
+	}
+	return b.sess.Conn.Write(ctx, b.reg, b.remote, &p.merged)
+}
+
+func (b *binding) close() {
+	if b != nil && b.prep != nil {
+		_ = b.prep.Close()
+	}
+}
+
+// plans is the table of prepared plans.
+type plans struct {
+	mu      sync.RWMutex
+	byID    map[uint64]*prepared
+	perUser map[region.Caller]int
+	closed  bool
+}
+
+// SetMaxPlans sets the limit of plans per client identity (<= 0: the default).
+func (s *Service) SetMaxPlans(n int) {
+	if n <= 0 {
+		n = DefaultMaxPlans
+	}
+	s.maxPlans.Store(int64(n))
+}
+
+// Plans counts the plans held, for tests and Status.
+func (s *Service) Plans() int {
+	s.plans.mu.RLock()
+	defer s.plans.mu.RUnlock()
+	return len(s.plans.byID)
+}
+
+// Prepare plans r once for o: it validates r, holds the source region,
+// decodes and merges the descriptors, gets the data path, resolves the
+// destination (afresh), checks the bounds, and has the connection build the
+// batch's work when it can. The plan is o's until Release.
+func (s *Service) Prepare(ctx context.Context, r Request, o Owner) (PlanInfo, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
+		defer cancel()
+	}
+	start := time.Now()
+	info, err := s.prepare1(ctx, r, o)
+	info.Phases.Total = time.Since(start)
+	if err != nil {
+		err = errs.ForCaller(ctx, err)
+		s.cfg.Log.Debug("prepare failed", "peer", r.Peer, "dst", r.Dst, "error", err)
+	}
+	return info, err
+}
+
+func (s *Service) prepare1(ctx context.Context, r Request, o Owner) (PlanInfo, error) {
+	if err := s.reserve(o.Caller); err != nil {
+		return PlanInfo{}, err
+	}
+	p, err := s.Plan(r)
+	if err != nil {
+		s.unreserve(o.Caller)
+		return PlanInfo{}, err
+	}
+	pp := &prepared{owner: o, p: p, instance: s.cfg.Peers.Instance(p.peer)}
+	ph := Phases{Validate: p.validate, Plan: p.merge}
+	b, err := s.bind(ctx, pp, &ph, false)
+	if err != nil {
+		p.Close()
+		s.unreserve(o.Caller)
+		return PlanInfo{}, err
+	}
+	if pp.instance == 0 { // the handshake happened in bind
+		pp.instance = s.cfg.Peers.Instance(p.peer)
+	}
+	pp.bind.Store(b)
+	if err := s.insert(pp); err != nil {
+		b.close()
+		p.Close()
+		s.unreserve(o.Caller)
+		return PlanInfo{}, err
+	}
+	return PlanInfo{Handle: pp.handle, Blocks: p.blocks, Bytes: p.bytes, Kind: b.sess.Kind,
+		Segments: uint64(p.merged.N()), WorkRequests: b.wrs, Phases: ph}, nil
+}
+
+// reserve counts a plan against who's limit.
+func (s *Service) reserve(who region.Caller) error {
+	s.plans.mu.Lock()
+	defer s.plans.mu.Unlock()
+	if s.plans.closed {
+		return fmt.Errorf("%w: daemon is shutting down", errs.ErrUnavailable)
+	}
+	if max := int(s.maxPlans.Load()); s.plans.perUser[who] >= max {
+		return fmt.Errorf("%w: this client holds %d prepared plans, the limit (--max-plans) is %d: release some (ReleaseTransfer)", errs.ErrResourceExhausted, s.plans.perUser[who], max)
+	}
+	if s.plans.perUser == nil {
+		s.plans.perUser = map[region.Caller]int{}
+	}
+	s.plans.perUser[who]++
+	return nil
+}
+
+func (s *Service) unreserve(who region.Caller) {
+	s.plans.mu.Lock()
+	defer s.plans.mu.Unlock()
+	s.unreserveLocked(who)
+}
+
+func (s *Service) unreserveLocked(who region.Caller) {
+	if n := s.plans.perUser[who]; n > 1 {
+		s.plans.perUser[who] = n - 1
+	} else {
+		delete(s.plans.perUser, who)
+	}
+}
+
+// insert gives pp a fresh random handle and puts it in the table.
+func (s *Service) insert(pp *prepared) error {
+	s.plans.mu.Lock()
+	defer s.plans.mu.Unlock()
+	if s.plans.closed {
+		return fmt.Errorf("%w: daemon is shutting down", errs.ErrUnavailable)
+	}
+	if s.plans.byID == nil {
+		s.plans.byID = map[uint64]*prepared{}
+	}
+	for {
+		h := rand.Uint64()
+		if _, dup := s.plans.byID[h]; h != 0 && !dup {
+			pp.handle = h
+			s.plans.byID[h] = pp
+			return nil
+		}
+	}
+}
+
+// bind gets a data path for pp's plan, resolves its destination afresh,
+// checks the bounds and builds the work. again: pp was bound before, and
+// a destination whose key or size changed since makes it stale.
+func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool) (*binding, error) {
+	p := pp.p
+	t0 := time.Now()
+	s.cfg.Peers.Forget(p.peer, p.dst)
+	sess, remote, reg, _, err := s.prepare(ctx, p)
+	if again && pp.instance != 0 {
+		if inst := s.cfg.Peers.Instance(p.peer); inst != pp.instance {
+			return nil, pp.markStale(fmt.Errorf("its peer %s restarted", p.peer))
+		}
+	}
+	if err != nil {
+		if again && errors.Is(err, errs.ErrNotFound) {
+			return nil, pp.markStale(err)
+		}
+		return nil, err
+	}
+	if again {
+		old := pp.bind.Load()
+		if remote.Key != old.remote.Key || remote.Size != old.remote.Size || sess.Kind != old.sess.Kind {
+			return nil, pp.markStale(fmt.Errorf("dst_region %q on peer %s was re-registered or its export changed", p.dst, p.peer))
+		}
+	}
+	if err := desc.CheckDst(p.batch, remote.Size); err != nil {
+		return nil, err
+	}
+	t1 := time.Now()
+	ph.Resolve += t1.Sub(t0)
+	b := &binding{sess: sess, reg: reg, remote: remote}
+	if pr, ok := sess.Conn.(transport.Preparer); ok {
+		b.prep, err = pr.Prepare(reg, remote, &p.merged)
+		if err != nil {
+			if sess.Conn.Err() != nil {
+				s.cfg.Peers.Broken(p.peer, sess)
+			}
+			return nil, fmt.Errorf("prepare batch of %d blocks to %s/%s over %s: %w", p.blocks, p.peer, p.dst, sess.Kind, err)
+		}
+		ph.Plan += time.Since(t1)
+	}
+	return b, nil
+}
+
+// markStale records why pp is stale and returns the error every submit of
+// it gets from now on.
+func (pp *prepared) markStale(why error) error {
+	st := &staleness{err: fmt.Errorf("%w: plan %d is stale: %w; prepare it again", errs.ErrFailedPrecondition, pp.handle, why)}
+	if !pp.stale.CompareAndSwap(nil, st) {
+		st = pp.stale.Load()
+	}
+	return st.err
+}
+
+// notFound is the error for a handle that o does not hold.
+func notFound(h uint64) error {
+	return fmt.Errorf("%w: plan %d: no such prepared transfer for this client (released, never prepared, or another client's)", errs.ErrNotFound, h)
+}
+
+// acquire finds o's plan h and counts a submit in flight on it.
+func (s *Service) acquire(h uint64, o Owner) (*prepared, bool) {
+	s.plans.mu.RLock()
+	pp := s.plans.byID[h]
+	s.plans.mu.RUnlock()
+	if pp == nil || pp.owner != o {
+		return nil, false
+	}
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	if pp.dropped {
+		return nil, false
+	}
+	pp.active++
+	return pp, true
+}
+
+// done ends a submit of pp, freeing it when it was released meanwhile.
+func (pp *prepared) done() {
+	pp.mu.Lock()
+	pp.active--
+	free := pp.dropped && pp.active == 0
+	pp.mu.Unlock()
+	if free {
+		pp.free()
+	}
+}
+
+func (pp *prepared) free() {
+	pp.bind.Swap(nil).close()
+	pp.p.Close()
+}
+
+// Submit runs o's plan h and returns once every byte landed, the receiver
+// acknowledged the batch and its notification (if any) was delivered, like
+// Run. It allocates nothing on success when ctx has a deadline (without one
+// it runs under DefaultTimeout).
+func (s *Service) Submit(ctx context.Context, o Owner, h uint64) (Result, error) {
+	start := time.Now()
+	pp, ok := s.acquire(h, o)
+	if !ok {
+		s.cfg.Counters.BatchesFailed.Add(1)
+		return Result{}, notFound(h)
+	}
+	defer pp.done()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
+		defer cancel()
+	}
+	res, err := s.submit(ctx, pp)
+	res.Phases.Total = time.Since(start)
+	if err != nil {
+		err = errs.ForCaller(ctx, err)
+		s.cfg.Counters.BatchesFailed.Add(1)
+		s.cfg.Log.Debug("submit failed", "plan", h, "peer", pp.p.peer, "dst", pp.p.dst, "error", err)
+	}
+	return res, err
+}
+
+func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
+	p := pp.p
+	if st := pp.stale.Load(); st != nil {
+		return Result{}, st.err
+	}
+	if pp.instance != 0 {
+		if inst := s.cfg.Peers.Instance(p.peer); inst != 0 && inst != pp.instance {
+			return Result{}, pp.markStale(fmt.Errorf("its peer %s restarted", p.peer))
+		}
+	}
+	var (
+		ph       Phases
+		st       transport.Stats
+		firstErr error
+		start    time.Time
+	)
+	b := pp.bind.Load()
+	if b == nil { // freed under us: only at shutdown
+		return Result{}, fmt.Errorf("%w: plan %d was released", errs.ErrNotFound, pp.handle)
+	}
+	for {
+		if b.sess.Conn.Err() != nil && firstErr == nil {
+			// The connection broke since the last submit: prepare on a
+			// fresh one (the one retry this submit gets).
+			firstErr = fmt.Errorf("connection broke before the submit: %w", b.sess.Conn.Err())
+			nb, err := s.rebound(ctx, pp, b, &ph)
+			if err != nil {
+				return Result{}, err
+			}
+			b = nb
+		}
+		var err error
+		start = time.Now()
+		st, err = b.write(ctx, p)
+		ph.write(st, time.Since(start))
+		if err == nil {
+			break
+		}
+		broke := b.sess.Conn.Err() != nil
+		if broke {
+			s.cfg.Peers.Broken(p.peer, b.sess)
+		}
+		fault := memguard.IsFault(err)
+		if fault { // our source's memory went away under the send
+			err = fmt.Errorf("src_region_id %s: %w", p.src.ID, err)
+		}
+		if !broke && errors.Is(err, errs.ErrNotFound) { // the receiver refused the key
+			return Result{}, pp.markStale(fmt.Errorf("dst_region %q on peer %s refused its key (re-registered, deregistered or its export changed): %w", p.dst, p.peer, err))
+		}
+		err = fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", p.blocks, p.peer, p.dst, b.sess.Kind, err)
+		if broke && firstErr == nil && ctx.Err() == nil && !fault {
+			firstErr = err
+			nb, rerr := s.rebound(ctx, pp, b, &ph)
+			if st := pp.stale.Load(); st != nil {
+				return Result{}, st.err // the news that matters: prepare again
+			}
+			if rerr != nil {
+				return Result{}, fmt.Errorf("%w (preparing again on a fresh connection; the first attempt failed: %v)", rerr, firstErr)
+			}
+			b = nb
+			continue
+		}
+		if firstErr != nil {
+			return Result{}, fmt.Errorf("%w (after preparing again on a fresh connection; the first attempt failed: %v)", err, firstErr)
+		}
+		return Result{}, err
+	}
+	elapsed := time.Since(start)
+	if err := s.notify(ctx, p, &ph); err != nil {
+		return Result{}, err
+	}
+	s.cfg.Counters.BatchesSent.Add(1)
+	s.cfg.Counters.BytesSent.Add(p.bytes)
+	return Result{Blocks: p.blocks, Bytes: p.bytes, Kind: b.sess.Kind, Stats: st, Elapsed: elapsed, Phases: ph}, nil
+}
+
+// rebound returns pp's binding on a fresh connection, made by this submit
+// or by a concurrent one that found old broken too.
+func (s *Service) rebound(ctx context.Context, pp *prepared, old *binding, ph *Phases) (*binding, error) {
+	pp.rebind.Lock()
+	defer pp.rebind.Unlock()
+	if st := pp.stale.Load(); st != nil {
+		return nil, st.err
+	}
+	if cur := pp.bind.Load(); cur != old {
+		if cur == nil {
+			return nil, fmt.Errorf("%w: plan %d was released", errs.ErrNotFound, pp.handle)
+		}
+		return cur, nil
+	}
+	nb, err := s.bind(ctx, pp, ph, true)
+	if err != nil {
+		return nil, err
+	}
+	if !pp.bind.CompareAndSwap(old, nb) { // freed meanwhile
+		nb.close()
+		return nil, fmt.Errorf("%w: plan %d was released", errs.ErrNotFound, pp.handle)
+	}
+	old.close() // a Prepared is freed once its writes in flight end
+	return nb, nil
+}
+
+// Release frees o's plan h; a plan with submits in flight is freed when
+// they end. Someone else's handle is NotFound.
+func (s *Service) Release(o Owner, h uint64) error {
+	s.plans.mu.Lock()
+	pp := s.plans.byID[h]
+	if pp == nil || pp.owner != o {
+		s.plans.mu.Unlock()
+		return notFound(h)
+	}
+	s.dropLocked(pp)
+	s.plans.mu.Unlock()
+	pp.drop()
+	return nil
+}
+
+// dropLocked takes pp out of the table; the caller then calls pp.drop.
+func (s *Service) dropLocked(pp *prepared) {
+	delete(s.plans.byID, pp.handle)
+	s.unreserveLocked(pp.owner.Caller)
+}
+
+// drop marks pp released and frees it unless submits are in flight.
+func (pp *prepared) drop() {
+	pp.mu.Lock()
+	pp.dropped = true
+	free := pp.active == 0
+	pp.mu.Unlock()
+	if free {
+		pp.free()
+	}
+}
+
+// ReleaseConn frees every plan made over the client connection conn (its
+// connection closed); it returns how many.
+func (s *Service) ReleaseConn(conn uint64) int {
+	if conn == 0 {
+		return 0
+	}
+	return s.releaseIf(func(o Owner) bool { return o.Conn == conn })
+}
+
+// ReleaseOwner frees every plan o holds.
+func (s *Service) ReleaseOwner(o Owner) int {
+	return s.releaseIf(func(x Owner) bool { return x == o })
+}
+
+// Close frees every plan and refuses new ones (daemon shutdown).
+func (s *Service) Close() {
+	s.plans.mu.Lock()
+	s.plans.closed = true
+	s.plans.mu.Unlock()
+	s.releaseIf(func(Owner) bool { return true })
+}
+
+func (s *Service) releaseIf(match func(Owner) bool) int {
+	var drop []*prepared
+	s.plans.mu.Lock()
+	for _, pp := range s.plans.byID {
+		if match(pp.owner) {
+			s.dropLocked(pp)
+			drop = append(drop, pp)
+		}
+	}
+	s.plans.mu.Unlock()
+	for _, pp := range drop {
+		pp.drop()
+	}
+	return len(drop)
+}

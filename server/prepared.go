@@ -1,0 +1,200 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
+
+	"github.com/b2bd/b2bd/internal/batch"
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// StreamInFlight bounds the submits one SubmitStream runs at once; with that
+// many in flight the stream reads no more requests until one ends
+// (backpressure through HTTP/2 flow control).
+const StreamInFlight = 64
+
+// StatsHandler is the local API server's stats.Handler (grpc.StatsHandler):
+// it gives each client connection an ID, frees that connection's prepared
+// plans when it closes, and stamps each call's first moment so handlers can
+// report the time spent receiving and decoding the request.
+func (s *Server) StatsHandler() stats.Handler { return &statsHandler{s: s} }
+
+type statsHandler struct {
+	s    *Server
+	next atomic.Uint64
+}
+
+type connKey struct{}
+
+// connCtx carries a client connection's ID; Value returns the *connCtx
+// itself (no allocation per lookup).
+type connCtx struct {
+	context.Context
+	id uint64
+}
+
+func (c *connCtx) Value(k any) any {
+	if k == (connKey{}) {
+		return c
+	}
+	return c.Context.Value(k)
+}
+
+type beginKey struct{}
+
+// beginCtx carries when a call began (its headers arrived).
+type beginCtx struct {
+	context.Context
+	at time.Time
+}
+
+func (c *beginCtx) Value(k any) any {
+	if k == (beginKey{}) {
+		return c
+	}
+	return c.Context.Value(k)
+}
+
+func (h *statsHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return &connCtx{Context: ctx, id: h.next.Add(1)}
+}
+
+func (h *statsHandler) HandleConn(ctx context.Context, cs stats.ConnStats) {
+	if _, ok := cs.(*stats.ConnEnd); !ok {
+		return
+	}
+	if id := connID(ctx); id != 0 {
+		if n := h.s.batches.ReleaseConn(id); n > 0 {
+			h.s.cfg.Log.Debug("client connection closed; its prepared plans are released", "plans", n)
+		}
+	}
+}
+
+func (h *statsHandler) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	return &beginCtx{Context: ctx, at: time.Now()}
+}
+
+func (h *statsHandler) HandleRPC(context.Context, stats.RPCStats) {}
+
+// connID is the client connection's ID, 0 without the stats handler.
+func connID(ctx context.Context) uint64 {
+	if c, ok := ctx.Value(connKey{}).(*connCtx); ok {
+		return c.id
+	}
+	return 0
+}
+
+// begun is when the call began; entry (the handler's first moment) without
+// the stats handler.
+func begun(ctx context.Context, entry time.Time) time.Time {
+	if c, ok := ctx.Value(beginKey{}).(*beginCtx); ok {
+		return c.at
+	}
+	return entry
+}
+
+// owner is who holds the plans made on this call's connection.
+func owner(ctx context.Context) batch.Owner {
+	return batch.Owner{Caller: caller(ctx), Conn: connID(ctx)}
+}
+
+func (l *local) PrepareTransfer(ctx context.Context, req *b2bv1.PrepareTransferRequest) (*b2bv1.PrepareTransferResponse, error) {
+	entry := time.Now()
+	info, err := l.s.batches.Prepare(ctx, prepareRequest(req, caller(ctx)), owner(ctx))
+	if err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	stamp(&info.Phases, begun(ctx, entry), entry)
+	return prepareResponse(info), nil
+}
+
+func (l *local) SubmitTransfer(ctx context.Context, req *b2bv1.SubmitTransferRequest) (*b2bv1.BatchTransferResponse, error) {
+	entry := time.Now()
+	res, err := l.s.batches.Submit(ctx, owner(ctx), req.GetHandle())
+	if err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	stamp(&res.Phases, begun(ctx, entry), entry)
+	return transferResponse(res), nil
+}
+
+func (l *local) ReleaseTransfer(ctx context.Context, req *b2bv1.ReleaseTransferRequest) (*b2bv1.ReleaseTransferResponse, error) {
+	if err := l.s.batches.Release(owner(ctx), req.GetHandle()); err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	return &b2bv1.ReleaseTransferResponse{}, nil
+}
+
+var pong = &b2bv1.PingResponse{}
+
+// Ping does nothing: the floor of a call.
+func (l *local) Ping(context.Context, *b2bv1.PingRequest) (*b2bv1.PingResponse, error) {
+	return pong, nil
+}
+
+// SubmitStream runs submits as they arrive, at most StreamInFlight at once,
+// and answers each with its tag as it ends. A failed submit is answered
+// with its code and message; the stream goes on.
+func (l *local) SubmitStream(stream b2bv1.B2B_SubmitStreamServer) error {
+	ctx := stream.Context()
+	o := owner(ctx)
+	var (
+		wg      sync.WaitGroup
+		sendMu  sync.Mutex
+		sendErr error
+	)
+	slots := make(chan struct{}, StreamInFlight)
+	defer wg.Wait()
+	for {
+		req, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			wg.Wait()
+			sendMu.Lock()
+			defer sendMu.Unlock()
+			return sendErr
+		}
+		if err != nil {
+			return err
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		wg.Add(1)
+		go func(tag, handle uint64) {
+			defer wg.Done()
+			entry := time.Now()
+			res, err := l.s.batches.Submit(ctx, o, handle)
+			resp := &b2bv1.SubmitStreamResponse{Tag: tag}
+			if err != nil {
+				st := status.Convert(grpcstatus.ToStatus(err))
+				resp.Code, resp.Message = uint32(st.Code()), st.Message()
+			} else {
+				stamp(&res.Phases, entry, entry)
+				resp.Result = transferResponse(res)
+			}
+			<-slots
+			sendMu.Lock()
+			if sendErr == nil {
+				sendErr = stream.Send(resp)
+			}
+			sendMu.Unlock()
+		}(req.GetTag(), req.GetHandle())
+	}
+}
+
+// stamp sets the phases the RPC layer measures: receive and decode (from
+// the call's first moment to the handler's), and the total.
+func stamp(ph *batch.Phases, begin, entry time.Time) {
+	ph.Decode += entry.Sub(begin)
+	ph.Total = time.Since(begin)
+}
