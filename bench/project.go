@@ -49,7 +49,8 @@ type ProjectionRow struct {
 	Blocks     int
 	WRs        uint64 // WRITEs the batch needs (its segments after merging)
 	// Ours is the daemon's and the API's time outside the wire, measured:
-	// call - the daemon's wire phase; nil where that mode did not run.
+	// the median of call - the daemon's wire phase; nil where that mode did
+	// not run.
 	OursAdHoc, OursPrepared *float64
 	// OursFrom says how Ours was derived.
 	OursFrom     string
@@ -71,8 +72,11 @@ func ours(m *ModeOut, row Row) (*float64, string) {
 		return nil, ""
 	}
 	if m.Phases != nil {
-		v := max(0, m.MedianSeconds-m.Phases.Wire)
-		return &v, "call - wire phase"
+		v := m.Phases.CallLessWire
+		if v == 0 { // a report from before call_less_wire
+			v = max(0, m.MedianSeconds-m.Phases.Wire)
+		}
+		return &v, "median over the timed calls of (call as the client timed it - the daemon's wire phase)"
 	}
 	v := max(0, m.MedianSeconds-row.DataPathMedianSeconds)
 	return &v, "call - data path (no phases reported)"

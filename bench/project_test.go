@@ -5,6 +5,9 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
+
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 func TestCX7Wire(t *testing.T) {
@@ -52,9 +55,33 @@ func TestProject(t *testing.T) {
 	}
 	var b bytes.Buffer
 	WriteProjection(&b, &Report{Rows: []Row{row}}, DefaultCX7)
-	for _, want := range []string{"| 128 B | 10000 | 10000 | 2000 us | 100 us |", "op rate", "call - wire phase"} {
+	for _, want := range []string{"| 128 B | 10000 | 10000 | 2000 us | 100 us |", "op rate", "call as the client timed it - the daemon's wire phase"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("projection lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+func TestPhaseSamples(t *testing.T) {
+	var p phaseSamples
+	if p.out() != nil {
+		t.Fatal("no calls, yet phases")
+	}
+	p.add(nil, time.Millisecond) // a daemon that reports none: not counted
+	p.add(&b2bv1.PhaseTimings{}, time.Millisecond)
+	if p.out() != nil {
+		t.Fatal("calls without phases counted")
+	}
+	for i, call := range []time.Duration{1000, 3000, 2000} { // ns
+		w := uint64(100 * (i + 1))
+		p.add(&b2bv1.PhaseTimings{DecodeNs: 10, WireNs: w, TotalNs: w + 50}, call)
+	}
+	got := p.out()
+	want := PhaseOut{Decode: 10e-9, Wire: 200e-9, Total: 250e-9, Outside: 1650e-9, NonWire: 50e-9, CallLessWire: 1700e-9}
+	// Outside: calls 1000, 3000, 2000 less totals 150, 250, 350 = 850, 2750, 1650.
+	// CallLessWire: calls less wires 100, 200, 300 = 900, 2800, 1700.
+	if math.Abs(got.Decode-want.Decode) > 1e-15 || math.Abs(got.Wire-want.Wire) > 1e-15 || math.Abs(got.Total-want.Total) > 1e-15 ||
+		math.Abs(got.Outside-want.Outside) > 1e-15 || math.Abs(got.NonWire-want.NonWire) > 1e-15 || math.Abs(got.CallLessWire-want.CallLessWire) > 1e-15 {
+		t.Fatalf("phases %+v, want %+v", *got, want)
 	}
 }

@@ -129,6 +129,9 @@ type PhaseOut struct {
 	// NonWire is Total - Wire (medians of the per-call differences): the
 	// daemon's own work.
 	NonWire float64 `json:"non_wire"`
+	// CallLessWire is the median of (call - wire): everything but the wire,
+	// as the client sees it (the CX7 projection's "ours").
+	CallLessWire float64 `json:"call_less_wire"`
 }
 
 // Phases are wall times in seconds.
