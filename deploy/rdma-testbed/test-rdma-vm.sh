@@ -31,18 +31,25 @@ log "dev=$dev gid_index=$gid sizes=${sizes[*]} blocks=${blocks[*]}"
 # set (A B A B ...), so drift of this emulated machine hits both sides alike. One server/client pair per (size,
 # round, variant), each on its own port so a client never reaches a stale server; A starts each server only once
 # B has asked for it (a file in $B2B_OUT/pt), since B's bench runs take a variable time in between.
-# Iterations match the blocks of the size; the tuned run's -n counts per QP and must be a multiple of
-# --post_list, so it is blocks/4 rounded up to a multiple of 32.
+# Iterations match the blocks of the size. The tuned run's -n counts per QP and must be a multiple of
+# --post_list: it is blocks/4 rounded up, with --post_list 32, or the per-QP count itself when that is
+# below 32 (at least 5, perftest's minimum, so test-rdma.sh's blocks are at least 20), so that both runs move
+# the bench's bytes (a fixed --post_list 32 made the tuned run move 128 messages, 4-16x a bench batch of 8-32
+# big blocks, and compared a stream with a batch).
 REPS=${REPS:-3}
 mkdir -p "$B2B_OUT/pt"
 # (No process substitution in here: the VMs' chroot has no /dev/fd.)
 perftest_args() { # perftest_args SIZE BLOCKS VARIANT PORT -> sets pt_args
 	local s=$1 n=$2 variant=$3 port=$4
 	[ "$n" -lt 5 ] && n=5 # perftest's minimum
-	# shellcheck disable=SC2017 # rounding up to a multiple of 32 is the point
-	local nt=$(((n + 4 * 32 - 1) / (4 * 32) * 32))
+	local nq=$(((n + 3) / 4)) # per QP, at least perftest's minimum
+	[ "$nq" -lt 5 ] && nq=5
+	local pl=32
+	[ "$nq" -lt "$pl" ] && pl=$nq
+	# shellcheck disable=SC2017 # rounding up to a multiple of the post list is the point
+	local nt=$(((nq + pl - 1) / pl * pl))
 	pt_args=(-d "$dev" -i 1 -x "$gid" -F -s "$s" -p "$port")
-	if [ "$variant" = tuned ]; then pt_args+=(-n "$nt" -q 4 --post_list 32); else pt_args+=(-n "$n"); fi
+	if [ "$variant" = tuned ]; then pt_args+=(-n "$nt" -q 4 --post_list "$pl"); else pt_args+=(-n "$n"); fi
 }
 perftest_server() { # perftest_server SIZE BLOCKS VARIANT PORT: waits for B's request, then serves once
 	local deadline=$((SECONDS + 900))

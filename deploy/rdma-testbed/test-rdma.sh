@@ -16,7 +16,7 @@
 #   B2B_RDMA_SIZES        block sizes (default every power of two from 128 B to 2 MiB)
 #   B2B_RDMA_MAX_BLOCKS   blocks per batch for small blocks (default 2000)
 #   B2B_RDMA_BATCH_BYTES  bytes per batch cap that sets the block count of big blocks (default 16 MiB)
-#   B2B_RDMA_MIN_BLOCKS   blocks per batch at least (default 4)
+#   B2B_RDMA_MIN_BLOCKS   blocks per batch at least (default 20: the tuned ib_write_bw's least, 4 QPs x 5)
 #   B2B_RDMA_ITERS        timed batches per size and round (default 3)
 #   B2B_RDMA_REPS         rounds per size, each ib_write_bw default, tuned, then the bench (default 3)
 #   B2B_RDMA_SMP          vCPUs per VM (default 1; 2 gives rxe a CPU besides the daemon's)
@@ -38,7 +38,7 @@ CACHE=${B2B_TESTBED_CACHE:-$REPO/.cache/rdma-testbed}
 SIZES=${B2B_RDMA_SIZES:-128,256,512,1024,2048,4096,8192,16384,32768,65536,131072,262144,524288,1048576,2097152}
 MAX_BLOCKS=${B2B_RDMA_MAX_BLOCKS:-2000}
 BATCH_BYTES=${B2B_RDMA_BATCH_BYTES:-16777216}
-MIN_BLOCKS=${B2B_RDMA_MIN_BLOCKS:-4}
+MIN_BLOCKS=${B2B_RDMA_MIN_BLOCKS:-20}
 ITERS=${B2B_RDMA_ITERS:-3}
 TIMEOUT=${B2B_RDMA_TIMEOUT:-3000}
 FAULTS=${B2B_RDMA_FAULTS:-1}
