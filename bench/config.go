@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -49,8 +51,81 @@ type Config struct {
 	// their logs here, and takes sms_used from what ncu saw.
 	NCUDir string
 
+	// AdHoc runs each batch as one BatchTransfer (a Config with neither
+	// mode set runs ad hoc only) (descriptors sent, decoded,
+	// validated and planned every time). PreparedUpTo runs sizes up to it
+	// also as PrepareTransfer once + SubmitTransfer per batch (0: never).
+	AdHoc        bool
+	PreparedUpTo uint64
+	// Breakdown prints the daemon's per-phase medians after the table.
+	Breakdown bool
+	// Yardsticks are the TCP yardsticks to measure: YardstickStream,
+	// YardstickCached, or none.
+	Yardsticks []string
+	// PingCalls is how many empty Ping calls measure the floor.
+	PingCalls int
+	// ProjectCX7 is a bench JSON to turn into the ConnectX-7 projection
+	// table (no daemons are started).
+	ProjectCX7 string
+
 	// yardstickBytes overrides the yardstick's stream length (tests).
 	yardstickBytes uint64
+}
+
+// DefaultPreparedUpTo: by default prepared runs next to ad hoc up to 64 KiB.
+// Above it the call's fixed cost is under a few percent of the batch (a
+// 10,000 x 128 KiB batch moves 1.3 GB), so a second column there would only
+// double the run's longest rows.
+const DefaultPreparedUpTo = 64 << 10
+
+// DefaultPingCalls is the number of empty calls whose median is the floor.
+const DefaultPingCalls = 200
+
+// ParseModes reads --mode: a comma-separated subset of adhoc and prepared.
+// It returns whether ad hoc runs and the largest size prepared runs at.
+// Both given explicitly run at every size; "" is the default (ad hoc
+// everywhere, prepared up to DefaultPreparedUpTo).
+func ParseModes(s string) (adHoc bool, preparedUpTo uint64, err error) {
+	if strings.TrimSpace(s) == "" {
+		return true, DefaultPreparedUpTo, nil
+	}
+	for _, f := range strings.Split(s, ",") {
+		switch strings.TrimSpace(f) {
+		case "adhoc", "ad-hoc":
+			adHoc = true
+		case "prepared":
+			preparedUpTo = math.MaxUint64
+		case "":
+		default:
+			return false, 0, fmt.Errorf("%q: want adhoc, prepared or both, comma-separated", f)
+		}
+	}
+	if !adHoc && preparedUpTo == 0 {
+		return false, 0, fmt.Errorf("%q names no mode", s)
+	}
+	return adHoc, preparedUpTo, nil
+}
+
+// ParseYardsticks reads --yardstick: stream, cached, both comma-separated,
+// or none.
+func ParseYardsticks(s string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		switch f = strings.TrimSpace(f); f {
+		case YardstickStream, YardstickCached:
+			if !slices.Contains(out, f) {
+				out = append(out, f)
+			}
+		case "none":
+			if s != "none" {
+				return nil, fmt.Errorf("%q: none cannot be combined", s)
+			}
+			return nil, nil
+		default:
+			return nil, fmt.Errorf("%q: want stream, cached, both comma-separated, or none", f)
+		}
+	}
+	return out, nil
 }
 
 // TwoHost reports whether the bench uses running daemons instead of starting its own.
@@ -100,8 +175,20 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	fs.IntVar(&cfg.SrcDevice, "src-device", 0, "--memory cuda: the source region's GPU")
 	fs.IntVar(&cfg.DstDevice, "dst-device", 0, "--memory cuda: the destination region's GPU")
 	fs.StringVar(&cfg.NCUDir, "ncu", "", "embedded mode: run both daemons under Nsight Compute, logs in this directory; sms_used then comes from the kernels ncu saw")
+	modes := fs.String("mode", "", "adhoc, prepared, or adhoc,prepared (default: ad hoc at every size, prepared too up to 64 KiB; naming both runs both everywhere)")
+	fs.BoolVar(&cfg.Breakdown, "breakdown", false, "print the daemon's per-phase medians (decode, validate, resolve, plan, post, wire, notify) per size and mode")
+	yard := fs.String("yardstick", "stream,cached", "TCP yardsticks: stream (from and into regions as large as the bench's), cached (4 MiB buffers), both comma-separated, or none")
+	fs.IntVar(&cfg.PingCalls, "ping-calls", DefaultPingCalls, "empty Ping calls whose median is the floor printed in the header (0: skip)")
+	fs.StringVar(&cfg.ProjectCX7, "project-cx7", "", "print the ConnectX-7 projection table (markdown) from this bench JSON and exit; starts no daemons")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
+	}
+	var err error
+	if cfg.AdHoc, cfg.PreparedUpTo, err = ParseModes(*modes); err != nil {
+		return Config{}, fmt.Errorf("--mode %w", err)
+	}
+	if cfg.Yardsticks, err = ParseYardsticks(*yard); err != nil {
+		return Config{}, fmt.Errorf("--yardstick %w", err)
 	}
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("unexpected arguments %q (flags only)", fs.Args())
@@ -129,6 +216,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--memory %q: want host or cuda", c.Memory)
 	case c.NCUDir != "" && c.TwoHost():
 		return fmt.Errorf("--ncu wraps the daemons the bench starts: it needs embedded mode")
+	case c.PingCalls < 0:
+		return fmt.Errorf("--ping-calls %d: want 0 or more", c.PingCalls)
 	case c.Timeout <= 0:
 		return fmt.Errorf("--timeout %v: need a positive deadline", c.Timeout)
 	case len(c.Sizes) == 0:

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -75,6 +76,19 @@ func TestParseFlags(t *testing.T) {
 		{"zero blocks", []string{"--blocks", "0"}, nil, "at least 1"},
 		{"bad sizes", []string{"--sizes", "x"}, nil, "--sizes"},
 		{"stray argument", []string{"extra"}, nil, "unexpected arguments"},
+		{"default modes", nil, func(c Config) bool {
+			return c.AdHoc && c.PreparedUpTo == DefaultPreparedUpTo && reflect.DeepEqual(c.Yardsticks, []string{YardstickStream, YardstickCached}) && c.PingCalls == DefaultPingCalls
+		}, ""},
+		{"both modes everywhere", []string{"--mode", "adhoc,prepared"}, func(c Config) bool { return c.AdHoc && c.PreparedUpTo == math.MaxUint64 }, ""},
+		{"ad hoc only", []string{"--mode", "adhoc", "--yardstick", "none", "--breakdown"}, func(c Config) bool {
+			return c.AdHoc && c.PreparedUpTo == 0 && c.Yardsticks == nil && c.Breakdown
+		}, ""},
+		{"prepared only", []string{"--mode", "prepared"}, func(c Config) bool { return !c.AdHoc && c.PreparedUpTo == math.MaxUint64 }, ""},
+		{"bad mode", []string{"--mode", "fast"}, nil, `--mode "fast": want adhoc, prepared`},
+		{"empty mode list", []string{"--mode", ","}, nil, "names no mode"},
+		{"bad yardstick", []string{"--yardstick", "udp"}, nil, `--yardstick "udp": want stream, cached`},
+		{"none combined", []string{"--yardstick", "none,stream"}, nil, "none cannot be combined"},
+		{"negative ping calls", []string{"--ping-calls", "-1"}, nil, "--ping-calls -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := ParseFlags(tc.args, io.Discard)
@@ -111,4 +125,44 @@ func TestFormatBytes(t *testing.T) {
 			t.Errorf("FormatBytes(%d) = %q, want %q", tc.n, got, tc.want)
 		}
 	}
+}
+
+// FuzzParseModes: any input either parses to at least one mode or fails with
+// an error naming what it got.
+func FuzzParseModes(f *testing.F) {
+	for _, s := range []string{"", "adhoc", "prepared", "adhoc,prepared", ",", "x", "adhoc,,x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		adHoc, upTo, err := ParseModes(s)
+		if err != nil {
+			if adHoc || upTo != 0 {
+				t.Fatalf("%q: error %v with a result", s, err)
+			}
+			return
+		}
+		if !adHoc && upTo == 0 {
+			t.Fatalf("%q: no mode and no error", s)
+		}
+	})
+}
+
+// FuzzParseYardsticks: any input parses to known kinds (each once) or fails.
+func FuzzParseYardsticks(f *testing.F) {
+	for _, s := range []string{"stream", "cached", "stream,cached", "none", "none,stream", "", "x"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := ParseYardsticks(s)
+		if err != nil {
+			return
+		}
+		seen := map[string]bool{}
+		for _, k := range got {
+			if (k != YardstickStream && k != YardstickCached) || seen[k] {
+				t.Fatalf("%q: parsed to %q", s, got)
+			}
+			seen[k] = true
+		}
+	})
 }

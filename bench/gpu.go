@@ -178,7 +178,7 @@ func gpuBudget(cuda gpudirect.Interface, src, dst int) (MemoryBudget, error) {
 	if src == dst {
 		here = 2
 	}
-	b := MemoryBudget{MemAvailable: total, Headroom: max(uint64(4<<30), total/10), RegionsHere: here}
+	b := MemoryBudget{MemAvailable: total, Headroom: max(uint64(4<<30), total/10), RegionsHere: here, Limit: "GPU memory less a tenth, at least 4 GiB"}
 	if total > b.Headroom {
 		b.Usable = total - b.Headroom
 	}

@@ -8,22 +8,37 @@ import (
 const gib = uint64(1) << 30
 
 func TestNewBudget(t *testing.T) {
+	const mib = uint64(1) << 20
+	share := func(avail uint64) uint64 { return (avail - 512*mib) / 5 * 2 }
 	for _, tc := range []struct {
-		name          string
-		avail, shm    uint64
-		regions       int
-		headroom, use uint64
+		name       string
+		avail, shm uint64
+		regions    int
+		use        uint64
+		limit      string
 	}{
-		{"24 GiB machine: a tenth kept", 22 * gib, 0, 2, 22 * gib / 10, 22*gib - 22*gib/10},
-		{"small machine: 2 GiB kept", 8 * gib, 0, 2, 2 * gib, 6 * gib},
-		{"tmpfs smaller than RAM", 22 * gib, 8 * gib, 2, 22 * gib / 10, 8*gib - 256<<20},
-		{"nothing free", 1 * gib, 0, 2, 2 * gib, 0},
-		{"tmpfs full", 22 * gib, 100 << 20, 2, 22 * gib / 10, 0},
+		// The development VM: 22.8 GiB available; 40% above 512 MiB is
+		// 8.9 GiB for both regions, 4.5 GiB per side (3.9 GiB ran clean).
+		{"24 GiB machine", 23961608 << 10, 24 * gib, 2, share(23961608 << 10), "40% of MemAvailable"},
+		// A 2 GiB VM with about 1.7 GiB available: 480 MiB, not "0.0 MiB usable".
+		{"2 GiB VM", 1740 * mib, 1024 * mib, 2, share(1740 * mib), "40% of MemAvailable"},
+		{"2 GiB VM, two-host (one region)", 1740 * mib, 0, 1, share(1740 * mib), "40% of MemAvailable"},
+		{"big host: 8 GiB per region", 500 * gib, 0, 2, 16 * gib, "at most 8.0 GiB per region"},
+		{"big host, two-host mode", 500 * gib, 0, 1, 8 * gib, "at most 8.0 GiB per region"},
+		{"tmpfs smaller than the share", 22 * gib, 2 * gib, 2, 2*gib - 256*mib, "tmpfs has 2.0 GiB free"},
+		{"below the fixed headroom", 400 * mib, 0, 2, 0, "40% of MemAvailable"},
+		{"tmpfs full", 22 * gib, 100 * mib, 2, 0, "tmpfs has 100.0 MiB free"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := NewBudget(tc.avail, tc.shm, tc.regions)
-			if b.Headroom != tc.headroom || b.Usable != tc.use {
-				t.Fatalf("headroom %d usable %d, want %d and %d", b.Headroom, b.Usable, tc.headroom, tc.use)
+			if b.Usable != tc.use {
+				t.Fatalf("usable %d (%s), want %d", b.Usable, formatGiB(b.Usable), tc.use)
+			}
+			if b.Headroom+b.Usable != tc.avail {
+				t.Fatalf("headroom %d + usable %d != available %d", b.Headroom, b.Usable, tc.avail)
+			}
+			if !strings.Contains(b.Limit, tc.limit) {
+				t.Fatalf("limit %q, want it to say %q", b.Limit, tc.limit)
 			}
 		})
 	}
@@ -41,17 +56,29 @@ func TestPlanSizesOn24GiB(t *testing.T) {
 		if need > b.Usable {
 			t.Errorf("%s: %d blocks need %d bytes, over the %d usable", FormatBytes(p.BlockBytes), p.Blocks, need, b.Usable)
 		}
-		// 10,000 x 1 MiB on each side is 21.05e9 bytes, just inside the
-		// 22.08e9 usable; 2 MiB needs twice that.
-		wantCapped := p.BlockBytes >= 2<<20
+		// 10,000 x 256 KiB on each side is 2.6 GiB, inside the 4.45 GiB
+		// per side; 512 KiB needs 5.1 GiB.
+		wantCapped := p.BlockBytes >= 512<<10
 		if p.Capped != wantCapped {
 			t.Errorf("%s: capped = %v, want %v (blocks %d)", FormatBytes(p.BlockBytes), p.Capped, wantCapped, p.Blocks)
 		}
-		if p.Capped && (p.Blocks >= 10000 || p.Blocks < 4000) {
-			t.Errorf("%s: capped to %d blocks, want between 4000 and 9999", FormatBytes(p.BlockBytes), p.Blocks)
+		if p.Capped && p.Blocks*int(p.BlockBytes>>20+1) < 2000 {
+			t.Errorf("%s: capped to %d blocks, want at least 2000 MiB of blocks", FormatBytes(p.BlockBytes), p.Blocks)
 		}
 		if !p.Capped && p.Blocks != 10000 {
 			t.Errorf("%s: %d blocks, want 10000", FormatBytes(p.BlockBytes), p.Blocks)
+		}
+	}
+}
+
+func TestPlanSizesOn2GiBVM(t *testing.T) {
+	b := NewBudget(1740<<20, 1<<30, 2)
+	for _, p := range PlanSizes(DefaultSizes(), 10000, false, b) {
+		if p.Blocks < 100 {
+			t.Errorf("%s: %d blocks in a 2 GiB VM, want at least 100", FormatBytes(p.BlockBytes), p.Blocks)
+		}
+		if need := SlotBytes(p.BlockBytes) * uint64(p.Blocks) * 2; need > b.Usable {
+			t.Errorf("%s: %d blocks need %d bytes, over the %d usable", FormatBytes(p.BlockBytes), p.Blocks, need, b.Usable)
 		}
 	}
 }

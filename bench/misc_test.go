@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"strings"
@@ -76,9 +77,13 @@ func TestParsePerftest(t *testing.T) {
 		{"not an object", `[1,2]`, nil, "JSON object"},
 		{"bad key", `{"4K": 1}`, nil, "not a block size"},
 		{"zero rate", `{"4096": 0}`, nil, "not a positive rate"},
+		{"named run", `{"run": "tuned", "gbps": {"4096": 3.5}}`, map[uint64]float64{4096: 3.5}, ""},
+		{"named run without rates", `{"run": "tuned"}`, nil, `"gbps": missing`},
+		{"named run, bad rate", `{"run": "tuned", "gbps": {"4096": -1}}`, nil, "not a positive rate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := ParsePerftest([]byte(tc.in))
+			p, err := ParsePerftest([]byte(tc.in))
+			got := p.GBps
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err = %v, want %q", err, tc.err)
@@ -87,6 +92,9 @@ func TestParsePerftest(t *testing.T) {
 			}
 			if err != nil || len(got) != len(tc.want) {
 				t.Fatalf("got %v, %v", got, err)
+			}
+			if strings.Contains(tc.in, `"run"`) != (p.Run == "tuned") {
+				t.Errorf("run %q from %s", p.Run, tc.in)
 			}
 			for k, v := range tc.want {
 				if got[k] != v {
@@ -219,5 +227,28 @@ func TestWantsInsecure(t *testing.T) {
 		if got := wantsInsecure(tc.args); got != tc.want {
 			t.Errorf("wantsInsecure(%q) = %v, want %v", tc.args, got, tc.want)
 		}
+	}
+}
+
+// TestMeasureTCPStream: the streaming yardstick delivers the source's bytes
+// in order into the destination, cycling through both (a length that is not
+// a multiple of the 4 MiB chunk included), and reports the buffers it used.
+func TestMeasureTCPStream(t *testing.T) {
+	for _, n := range []int{4096 + 5, yardstickChunk + 3, 2*yardstickChunk + 1} {
+		src, dst := make([]byte, n), make([]byte, n)
+		FillRandom(src, uint64(n))
+		ys, err := MeasureTCPStream(context.Background(), src, dst, uint64(2*n), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(src, dst) {
+			t.Fatalf("%d bytes: the destination differs from the source after whole cycles", n)
+		}
+		if ys.GBps <= 0 || ys.Bytes != uint64(2*n) || ys.Trials != 2 || ys.SrcBytes != uint64(n) || ys.DstBytes != uint64(n) {
+			t.Fatalf("%d bytes: %+v", n, ys)
+		}
+	}
+	if _, err := MeasureTCPStream(context.Background(), nil, make([]byte, 1), 1, 1); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Fatalf("empty source: %v", err)
 	}
 }

@@ -7,22 +7,50 @@ import (
 	"strconv"
 )
 
-// LoadPerftest reads the RDMA test script's ib_write_bw results: a JSON
-// object mapping block size in bytes (string keys) to GB/s.
-func LoadPerftest(path string) (map[uint64]float64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("--perftest: %w", err)
-	}
-	m, err := ParsePerftest(b)
-	if err != nil {
-		return nil, fmt.Errorf("--perftest %s: %w", path, err)
-	}
-	return m, nil
+// Perftest is an ib_write_bw run to compare with: its name (which run,
+// e.g. "default" or "tuned (-q 4 --post_list 32)") and GB/s per block size.
+type Perftest struct {
+	Run  string
+	GBps map[uint64]float64
 }
 
-// ParsePerftest decodes {"4096": 12.5, ...}.
-func ParsePerftest(b []byte) (map[uint64]float64, error) {
+// LoadPerftest reads the RDMA test script's ib_write_bw results: a JSON
+// object mapping block size in bytes (string keys) to GB/s.
+func LoadPerftest(path string) (Perftest, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Perftest{}, fmt.Errorf("--perftest: %w", err)
+	}
+	p, err := ParsePerftest(b)
+	if err != nil {
+		return Perftest{}, fmt.Errorf("--perftest %s: %w", path, err)
+	}
+	if p.Run == "" {
+		p.Run = path
+	}
+	return p, nil
+}
+
+// ParsePerftest decodes {"run": "tuned", "gbps": {"4096": 12.5, ...}}, or
+// the bare {"4096": 12.5, ...} (the run then unnamed).
+func ParsePerftest(b []byte) (Perftest, error) {
+	var named struct {
+		Run  *string        `json:"run"`
+		GBps map[string]any `json:"gbps"`
+	}
+	if err := json.Unmarshal(b, &named); err == nil && named.Run != nil {
+		if named.GBps == nil {
+			return Perftest{}, fmt.Errorf(`"gbps": missing (want an object of block size to GB/s)`)
+		}
+		inner, _ := json.Marshal(named.GBps)
+		m, err := parsePerftestRates(inner)
+		return Perftest{Run: *named.Run, GBps: m}, err
+	}
+	m, err := parsePerftestRates(b)
+	return Perftest{GBps: m}, err
+}
+
+func parsePerftestRates(b []byte) (map[uint64]float64, error) {
 	var raw map[string]float64
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return nil, fmt.Errorf("want a JSON object of block size (bytes, as a string) to GB/s: %w", err)

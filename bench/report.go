@@ -72,10 +72,66 @@ type Row struct {
 	RatioVsYardstick *float64 `json:"ratio_vs_yardstick,omitempty"`
 	PerftestGBps     *float64 `json:"perftest_gbps,omitempty"`
 	RatioVsPerftest  *float64 `json:"ratio_vs_perftest,omitempty"`
-	Error            string   `json:"error,omitempty"`
+	// RatioVsYardstickCached is GB/s over the cached (4 MiB buffer) yardstick.
+	YardstickCachedGBps    *float64 `json:"yardstick_cached_gbps,omitempty"`
+	RatioVsYardstickCached *float64 `json:"ratio_vs_yardstick_cached,omitempty"`
+	// PerftestRun names the ib_write_bw run ratio_vs_perftest is against.
+	PerftestRun string `json:"perftest_run,omitempty"`
+	Error       string `json:"error,omitempty"`
+	// Mode is the mode the top-level timings (median_seconds, gbps, ...)
+	// come from: "adhoc" (one BatchTransfer per batch) unless --mode
+	// prepared alone.
+	Mode string `json:"mode"`
+	// DaemonPhases are the ad hoc batches' per-phase medians as the daemon
+	// reports them (BatchTransferResponse.phases); nil when the daemon
+	// reports none.
+	DaemonPhases *PhaseOut `json:"phases"`
+	// AdHoc and Prepared are each mode's results; nil where not run.
+	AdHoc    *ModeOut `json:"adhoc,omitempty"`
+	Prepared *ModeOut `json:"prepared,omitempty"`
+	// PreparedNote says why a prepared run is missing (daemon without it).
+	PreparedNote string `json:"prepared_note,omitempty"`
 	// Phases is the wall time of each step of this size, to show where a
 	// run's time goes.
 	Phases Phases `json:"phase_seconds"`
+}
+
+// ModeOut is one mode's timed batches at one size.
+type ModeOut struct {
+	MedianSeconds float64   `json:"median_seconds"`
+	P99Seconds    float64   `json:"p99_seconds"`
+	MinSeconds    float64   `json:"min_seconds"`
+	SampleSeconds []float64 `json:"sample_seconds"`
+	GBps          float64   `json:"gbps"`
+	MblocksPerSec float64   `json:"mblocks_per_s"`
+	// Phases are the per-phase medians the daemon reported; nil if none.
+	Phases *PhaseOut `json:"phases"`
+	// PrepareSeconds and PreparePhases: the one PrepareTransfer (prepared only).
+	PrepareSeconds *float64  `json:"prepare_seconds,omitempty"`
+	PreparePhases  *PhaseOut `json:"prepare_phases,omitempty"`
+	Verified       bool      `json:"verified"`
+}
+
+// PhaseOut is where a call's time went inside the daemon (medians of each
+// phase over the timed batches, seconds), and the part of the client's
+// call the daemon did not see (gRPC, the client library, wake-ups).
+type PhaseOut struct {
+	Decode   float64 `json:"decode"`
+	Validate float64 `json:"validate"`
+	Resolve  float64 `json:"resolve"`
+	Plan     float64 `json:"plan"`
+	Post     float64 `json:"post"`
+	Wire     float64 `json:"wire"`
+	Notify   float64 `json:"notify"`
+	Total    float64 `json:"total"` // the handler's whole time
+	// Outside is the median of (call as the client timed it - total).
+	Outside float64 `json:"outside"`
+	// NonWire is Total - Wire (medians of the per-call differences): the
+	// daemon's own work.
+	NonWire float64 `json:"non_wire"`
+	// CallLessWire is the median of (call - wire): everything but the wire,
+	// as the client sees it (the CX7 projection's "ours").
+	CallLessWire float64 `json:"call_less_wire"`
 }
 
 // Phases are wall times in seconds.
@@ -97,17 +153,26 @@ type Report struct {
 	Host       HostOut       `json:"host"`
 	// AllocateSeconds is how long registering both regions took (once per run).
 	AllocateSeconds float64 `json:"allocate_seconds"`
-	Rows            []Row   `json:"rows"`
-	Complete        bool    `json:"complete"` // every planned size ran and verified
-	Error           string  `json:"error,omitempty"`
+	// PingFloorSeconds is the median of PingCalls empty Ping calls on the
+	// source daemon's connection (nil: not measured or not implemented).
+	PingFloorSeconds *float64 `json:"ping_floor_seconds"`
+	PingCalls        int      `json:"ping_calls"`
+	// YardstickCached is the 4 MiB-buffer yardstick; Yardstick is the
+	// streaming one when measured (the one ratio_vs_yardstick is against).
+	YardstickCached *YardstickOut `json:"yardstick_cached,omitempty"`
+	Rows            []Row         `json:"rows"`
+	Complete        bool          `json:"complete"` // every planned size ran and verified
+	Error           string        `json:"error,omitempty"`
 }
 
 // YardstickOut describes the TCP yardstick in the report.
 type YardstickOut struct {
-	Kind   string  `json:"kind"`
-	GBps   float64 `json:"gbps"`
-	Bytes  uint64  `json:"bytes"`
-	Trials int     `json:"trials"`
+	Kind     string  `json:"kind"`
+	SrcBytes uint64  `json:"src_bytes"`
+	DstBytes uint64  `json:"dst_bytes"`
+	GBps     float64 `json:"gbps"`
+	Bytes    uint64  `json:"bytes"`
+	Trials   int     `json:"trials"`
 }
 
 // MemoryOut is the memory budget in the report.
@@ -115,6 +180,7 @@ type MemoryOut struct {
 	MemAvailableBytes uint64 `json:"mem_available_bytes"`
 	UsableBytes       uint64 `json:"usable_bytes"`
 	RegionsHere       int    `json:"regions_on_this_host"`
+	Limit             string `json:"limit"` // what set usable_bytes
 }
 
 // HostOut describes the machine.
@@ -191,10 +257,19 @@ func writeFileAtomic(path string, data []byte) error {
 type table struct {
 	w        io.Writer
 	perftest bool
+	prepared bool // a prepared column
+	cached   bool // a column for the cached yardstick beside the streaming one
 }
 
 func (t *table) columns() []string {
-	c := []string{"block", "blocks", "median", "p99", "GB/s", "Mblocks/s", "SMs used", "daemon CPU s", "transport", "vs TCP"}
+	c := []string{"block", "blocks", "ad hoc"}
+	if t.prepared {
+		c = append(c, "prepared")
+	}
+	c = append(c, "p99", "GB/s", "Mblocks/s", "SMs used", "daemon CPU s", "transport", "vs TCP")
+	if t.cached {
+		c = append(c, "vs cached")
+	}
 	if t.perftest {
 		c = append(c, "perftest GB/s", "vs perftest")
 	}
@@ -203,14 +278,14 @@ func (t *table) columns() []string {
 
 // widths are fixed so rows can be printed as they come.
 var columnWidth = map[string]int{
-	"block": 8, "blocks": 8, "median": 10, "p99": 10, "GB/s": 7, "Mblocks/s": 9, "SMs used": 16,
-	"daemon CPU s": 12, "transport": 9, "vs TCP": 6, "perftest GB/s": 13, "vs perftest": 11, "verified": 8,
+	"block": 8, "blocks": 8, "ad hoc": 10, "prepared": 10, "p99": 10, "GB/s": 7, "Mblocks/s": 9, "SMs used": 16,
+	"daemon CPU s": 12, "transport": 9, "vs TCP": 6, "vs cached": 9, "perftest GB/s": 13, "vs perftest": 11, "verified": 8,
 }
 
 // rightAligned columns hold numbers.
 var rightAligned = map[string]bool{
-	"blocks": true, "median": true, "p99": true, "GB/s": true, "Mblocks/s": true, "daemon CPU s": true,
-	"vs TCP": true, "perftest GB/s": true, "vs perftest": true,
+	"blocks": true, "ad hoc": true, "prepared": true, "p99": true, "GB/s": true, "Mblocks/s": true, "daemon CPU s": true,
+	"vs TCP": true, "vs cached": true, "perftest GB/s": true, "vs perftest": true,
 }
 
 func (t *table) line(cells map[string]string) {
@@ -245,14 +320,25 @@ func (t *table) row(r Row) {
 	cells := map[string]string{
 		"block":     FormatBytes(r.BlockBytes),
 		"blocks":    blocks,
-		"median":    formatSeconds(r.MedianSeconds),
+		"ad hoc":    "-",
+		"prepared":  "-",
 		"p99":       formatSeconds(r.P99Seconds),
 		"GB/s":      fmt.Sprintf("%.3f", r.GBps),
 		"Mblocks/s": fmt.Sprintf("%.3f", r.MblocksPerSec),
 		"SMs used":  r.SMsUsedLabel,
 		"transport": r.Transport,
 		"vs TCP":    "-",
+		"vs cached": "-",
 		"verified":  "no",
+	}
+	switch {
+	case r.AdHoc != nil:
+		cells["ad hoc"] = formatSeconds(r.AdHoc.MedianSeconds)
+	case r.Mode != "prepared" && r.MedianSeconds > 0: // a row from before the modes
+		cells["ad hoc"] = formatSeconds(r.MedianSeconds)
+	}
+	if r.Prepared != nil {
+		cells["prepared"] = formatSeconds(r.Prepared.MedianSeconds)
 	}
 	cells["daemon CPU s"] = "n/a"
 	if r.DaemonCPUSeconds != nil {
@@ -263,6 +349,9 @@ func (t *table) row(r Row) {
 	}
 	if r.RatioVsYardstick != nil {
 		cells["vs TCP"] = fmt.Sprintf("%.2fx", *r.RatioVsYardstick)
+	}
+	if r.RatioVsYardstickCached != nil {
+		cells["vs cached"] = fmt.Sprintf("%.2fx", *r.RatioVsYardstickCached)
 	}
 	cells["perftest GB/s"], cells["vs perftest"] = "-", "-"
 	if r.PerftestGBps != nil {
@@ -275,12 +364,52 @@ func (t *table) row(r Row) {
 		cells["verified"] = "yes"
 	}
 	if r.MedianSeconds == 0 {
-		for _, c := range []string{"median", "p99", "GB/s", "Mblocks/s"} {
+		for _, c := range []string{"p99", "GB/s", "Mblocks/s"} {
 			cells[c] = "-"
 		}
 	}
 	t.line(cells)
 }
+
+// printBreakdown writes, per size and mode, the daemon's per-phase medians
+// in microseconds: where a call's time goes. "outside" is the client's call
+// less the daemon's handler time (gRPC both ways, the client, wake-ups);
+// "non-wire" is the daemon's time less waiting for the wire and the ack.
+func printBreakdown(w io.Writer, rows []Row, floor *float64) {
+	fmt.Fprintln(w, "breakdown  per-phase medians in us (the daemon's own timings; 'outside' = call - daemon total; 'x floor' = call / empty Ping)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "block\tmode\tcall\toutside\tdecode\tvalidate\tresolve\tplan\tpost\twire\tnotify\tdaemon total\tnon-wire\tx floor\t")
+	us := func(s float64) string { return fmt.Sprintf("%.1f", s*1e6) }
+	for _, r := range rows {
+		for _, m := range []struct {
+			name string
+			out  *ModeOut
+		}{{"adhoc", r.AdHoc}, {"prepared", r.Prepared}} {
+			if m.out == nil {
+				continue
+			}
+			xf := "-"
+			if floor != nil && *floor > 0 {
+				xf = fmt.Sprintf("%.2f", m.out.MedianSeconds / *floor)
+			}
+			p := m.out.Phases
+			if p == nil {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\t\n", FormatBytes(r.BlockBytes), m.name, us(m.out.MedianSeconds), xf)
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", FormatBytes(r.BlockBytes), m.name,
+				us(m.out.MedianSeconds), us(p.Outside), us(p.Decode), us(p.Validate), us(p.Resolve), us(p.Plan), us(p.Post),
+				us(p.Wire), us(p.Notify), us(p.Total), us(p.NonWire), xf)
+		}
+	}
+	_ = tw.Flush()
+	if len(rows) > 0 && rows[0].AdHoc != nil && rows[0].AdHoc.Phases == nil {
+		fmt.Fprintln(w, "(the daemon reports no phase timings: '-')")
+	}
+}
+
+// formatMicros writes seconds as microseconds.
+func formatMicros(s float64) string { return fmt.Sprintf("%.1f us", s*1e6) }
 
 // formatSeconds picks ms or s so the column stays readable from 100 us to 10 s.
 func formatSeconds(s float64) string {

@@ -10,11 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/gpudirect"
@@ -69,11 +72,16 @@ type runner struct {
 	out      io.Writer // the table and notes
 	errOut   io.Writer // progress
 	report   *Report
-	perftest map[uint64]float64
-	yard     *Yardstick
-	bar      *progress
-	table    *table
-	cuda     gpudirect.Interface // --memory cuda: the bench's own view of the GPUs
+	perftest Perftest
+	yard     *Yardstick // the streaming one if measured, else the cached one
+	// yardCached is the cached yardstick when the streaming one was measured too.
+	yardCached *Yardstick
+	// noPrepare is set once the daemon answered PrepareTransfer with
+	// Unimplemented: prepared mode is skipped from then on.
+	noPrepare string
+	bar       *progress
+	table     *table
+	cuda      gpudirect.Interface // --memory cuda: the bench's own view of the GPUs
 }
 
 // Run benchmarks b2bd as cfg says: the table goes to stdout, the progress
@@ -83,6 +91,9 @@ type runner struct {
 func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
+	}
+	if !cfg.AdHoc && cfg.PreparedUpTo == 0 {
+		cfg.AdHoc = true
 	}
 	if cfg.Seed == 0 {
 		cfg.Seed = uint64(time.Now().UnixNano()) | 1
@@ -155,25 +166,20 @@ func (r *runner) run(ctx context.Context) (err error) {
 		return err
 	}
 	plans := PlanSizes(r.cfg.Sizes, r.cfg.Blocks, r.cfg.Full, budget)
-	r.report.Memory = MemoryOut{MemAvailableBytes: budget.MemAvailable, UsableBytes: budget.Usable, RegionsHere: budget.RegionsHere}
-	stepsPerSize := r.cfg.Iters + 2 // warm-up, timed batches, verification
-	r.bar = newProgress(r.errOut, 1+len(plans)*stepsPerSize)
+	r.report.Memory = MemoryOut{MemAvailableBytes: budget.MemAvailable, UsableBytes: budget.Usable, RegionsHere: budget.RegionsHere, Limit: budget.Limit}
+	steps := 1
+	for _, p := range plans {
+		modes := 0
+		if r.cfg.AdHoc {
+			modes++
+		}
+		if p.BlockBytes <= r.cfg.PreparedUpTo {
+			modes++
+		}
+		steps += modes * (r.cfg.Iters + 2) // warm-up, timed batches, verification
+	}
+	r.bar = newProgress(r.errOut, steps)
 	r.printHeader(ctx, eps, budget, plans)
-
-	r.bar.set("measuring the TCP loopback yardstick")
-	yardBytes := YardstickBytes(plans)
-	if r.cfg.yardstickBytes != 0 {
-		yardBytes = r.cfg.yardstickBytes
-	}
-	ys, err := MeasureTCPLoopback(ctx, yardBytes, 3)
-	if err != nil {
-		return err
-	}
-	r.yard = &ys
-	r.report.Yardstick = &YardstickOut{Kind: "tcp loopback, 1 connection, 4 MiB writes", GBps: ys.GBps, Bytes: ys.Bytes, Trials: ys.Trials}
-	r.bar.step("")
-	r.printf("yardstick  plain TCP on 127.0.0.1, 1 connection, 4 MiB writes: %.2f GB/s (best of %d x %s)\n",
-		ys.GBps, ys.Trials, formatGiB(ys.Bytes))
 
 	// One region per side, registered once and reused by every size: pools
 	// are registered once in real use too, and on a VM faulting in tens of
@@ -190,9 +196,28 @@ func (r *runner) run(ctx context.Context) (err error) {
 		}
 	}()
 	r.report.AllocateSeconds = time.Since(allocStart).Seconds()
-	r.printf("regions    %s on each side, registered in %.1f s\n\n", formatGiB(regions.bytes), r.report.AllocateSeconds)
+	r.printf("regions    %s on each side, registered in %.1f s\n", formatGiB(regions.bytes), r.report.AllocateSeconds)
 
-	r.table = &table{w: r.out, perftest: r.perftest != nil}
+	if err := r.measureYardsticks(ctx, eps, regions, plans); err != nil {
+		return err
+	}
+	r.bar.set("measuring the floor: empty Ping calls")
+	floor, ok, err := MeasurePingFloor(ctx, eps.src.API(), r.cfg.PingCalls)
+	if err != nil {
+		return err
+	}
+	switch {
+	case ok:
+		secs := floor.Seconds()
+		r.report.PingFloorSeconds, r.report.PingCalls = &secs, r.cfg.PingCalls
+		r.printf("floor      empty Ping on the source daemon's connection: %s (median of %d calls)\n", formatMicros(secs), r.cfg.PingCalls)
+	case r.cfg.PingCalls > 0:
+		r.printf("floor      n/a: the daemon does not implement Ping\n")
+	}
+	r.bar.step("")
+	r.printf("\n")
+
+	r.table = &table{w: r.out, perftest: r.perftest.GBps != nil, prepared: r.cfg.PreparedUpTo > 0, cached: r.yardCached != nil}
 	r.bar.clear()
 	r.table.header()
 	anyCapped := false
@@ -206,6 +231,13 @@ func (r *runner) run(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
+	}
+	if r.noPrepare != "" {
+		r.printf("note: prepared mode skipped: %s\n", r.noPrepare)
+	}
+	if r.cfg.Breakdown {
+		r.printf("\n")
+		printBreakdown(r.out, r.report.Rows, r.report.PingFloorSeconds)
 	}
 	if anyCapped {
 		r.printf("* fewer blocks than requested, so that both regions fit in RAM (see 'capped' above; --full forces %d)\n", r.cfg.Blocks)
@@ -245,6 +277,73 @@ func disturbanceWarning(rows []Row, cpus int) string {
 	}
 	return fmt.Sprintf("warning: other processes (or the hypervisor) used up to %.0f%% of this machine's CPU time during the timed batches of %s: those timings are disturbed (other_cpu_seconds in the JSON)",
 		100*worst, strings.Join(hit, ", "))
+}
+
+// measureYardsticks measures the TCP yardsticks --yardstick asks for. The
+// streaming one reads the bench's source region (filled first, so every page
+// is real) and, in embedded mode, writes into the destination region mapped
+// here; in two-host mode or with GPU memory it falls back to what it can
+// reach and says so.
+func (r *runner) measureYardsticks(ctx context.Context, eps *endpoints, regions *regionPair, plans []SizePlan) error {
+	if len(r.cfg.Yardsticks) == 0 {
+		r.printf("yardstick  none (--yardstick none)\n")
+		return nil
+	}
+	bytes := YardstickBytes(plans)
+	if r.cfg.yardstickBytes != 0 {
+		bytes = r.cfg.yardstickBytes
+	}
+	const trials = 3
+	out := func(ys Yardstick, kind string) *YardstickOut {
+		return &YardstickOut{Kind: kind, GBps: ys.GBps, Bytes: ys.Bytes, Trials: ys.Trials, SrcBytes: ys.SrcBytes, DstBytes: ys.DstBytes}
+	}
+	if slices.Contains(r.cfg.Yardsticks, YardstickCached) {
+		r.bar.set("measuring the TCP loopback yardstick (cached buffers)")
+		ys, err := MeasureTCPLoopback(ctx, bytes, trials)
+		if err != nil {
+			return err
+		}
+		kind := "tcp loopback, 1 connection, 4 MiB writes from and into 4 MiB buffers (in cache)"
+		r.report.YardstickCached = out(ys, kind)
+		r.yardCached = &ys
+		r.printf("yardstick  cached: plain TCP on 127.0.0.1, 1 connection, 4 MiB writes, 4 MiB buffers: %.2f GB/s (best of %d x %s)\n",
+			ys.GBps, ys.Trials, formatGiB(ys.Bytes))
+	}
+	if slices.Contains(r.cfg.Yardsticks, YardstickStream) {
+		hs, ok := regions.src.(hostSource)
+		if !ok {
+			r.printf("yardstick  stream: n/a (the source is GPU memory; the cached yardstick is the reference)\n")
+		} else {
+			r.bar.set("measuring the TCP loopback yardstick (streaming the regions)")
+			if err := hs.Fill(regions.bytes, mix(r.cfg.Seed, 0x7a4d)); err != nil {
+				return fmt.Errorf("yardstick: fill the source region: %w", err)
+			}
+			dst, where := []byte(nil), ""
+			if eps.pair != nil && regions.dstRegion != nil {
+				if m, err := eps.dst.MapHostRegion(ctx, regions.dstRegion); err == nil {
+					defer func() { _ = m.Unmap() }()
+					dst, where = m.Bytes, "the destination region"
+				}
+			}
+			if dst == nil {
+				dst, where = make([]byte, yardstickChunk), "a 4 MiB buffer (the destination region is not mapped here)"
+			}
+			ys, err := MeasureTCPStream(ctx, hs.r.Bytes[:regions.bytes], dst, bytes, trials)
+			if err != nil {
+				return err
+			}
+			kind := fmt.Sprintf("tcp loopback, 1 connection, 4 MiB writes from the %s source region into %s", formatGiB(ys.SrcBytes), where)
+			r.report.Yardstick = out(ys, kind)
+			r.yard = &ys
+			r.printf("yardstick  stream: the same, from the %s source region into %s: %.2f GB/s (best of %d x %s)\n",
+				formatGiB(ys.SrcBytes), where, ys.GBps, ys.Trials, formatGiB(ys.Bytes))
+		}
+	}
+	if r.yard == nil && r.yardCached != nil {
+		r.yard, r.yardCached = r.yardCached, nil
+		r.report.Yardstick, r.report.YardstickCached = r.report.YardstickCached, nil
+	}
+	return nil
 }
 
 // printf writes a line of the report without tearing the progress bar.
@@ -363,7 +462,7 @@ func (r *runner) printHeader(ctx context.Context, eps *endpoints, budget MemoryB
 		}
 		pairs = append(pairs, [2]string{"source", fmt.Sprintf("b2bd %s on %s; transports: %s", st.GetVersion(), st.GetNodeName(), strings.Join(ts, ", "))})
 	}
-	mem := fmt.Sprintf("MemAvailable %s; regions may use %s (%d per size on this host", formatGiB(budget.MemAvailable), formatGiB(budget.Usable), budget.RegionsHere)
+	mem := fmt.Sprintf("MemAvailable %s; regions may use %s (%s; %d per size on this host", formatGiB(budget.MemAvailable), formatGiB(budget.Usable), budget.Limit, budget.RegionsHere)
 	if r.cfg.TwoHost() {
 		mem += "; the destination host is assumed to hold its own"
 	}
@@ -398,6 +497,7 @@ type regionPair struct {
 	dstID     string
 	dstExport string
 	dstKind   b2bv1.MemoryKind
+	dstRegion *b2bv1.Region
 }
 
 // RegionBytesFor is the region size every planned size fits in: its
@@ -464,6 +564,7 @@ func (r *runner) allocate(ctx context.Context, eps *endpoints, bytes uint64, exp
 		return nil, errors.Join(fmt.Errorf("destination region of %s: %w", formatGiB(bytes), err), s.release(ctx, eps))
 	}
 	s.dstID, s.dstExport, s.dstKind = dresp.GetRegion().GetId(), export, dresp.GetRegion().GetKind()
+	s.dstRegion = dresp.GetRegion()
 	return s, nil
 }
 
@@ -519,63 +620,128 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 		SrcRegion: regions.src.ID(), Peer: eps.dstPeer, DstRegion: regions.dstExport, Transport: transportKind(r.cfg.Transport),
 		Blocks: client.Descriptors{Src: srcLayout.Offsets, Dst: dstLayout.Offsets, BlockLength: size},
 	}
-	batch := func(iter int) (time.Duration, *b2bv1.BatchTransferResponse, error) {
-		if err := regions.src.Stamp(srcLayout.Offsets, size, mix(r.cfg.Seed, size, 4, uint64(iter))); err != nil {
-			return 0, nil, fmt.Errorf("stamp the source blocks: %w", err)
+	// call is one batch of a mode, timed by the caller.
+	type call = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error)
+	var dataPath []time.Duration
+	// runMode runs a mode's warm-up, timed batches and verification.
+	runMode := func(name string, do call, meterCPU bool) (*ModeOut, *b2bv1.BatchTransferResponse, error) {
+		mode := &ModeOut{}
+		var phases phaseSamples
+		batch := func(iter int) (time.Duration, *b2bv1.BatchTransferResponse, error) {
+			if err := regions.src.Stamp(srcLayout.Offsets, size, mix(r.cfg.Seed, size, 4, uint64(iter), uint64(len(name)))); err != nil {
+				return 0, nil, fmt.Errorf("stamp the source blocks: %w", err)
+			}
+			bctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+			defer cancel()
+			start := time.Now()
+			resp, err := do(bctx)
+			elapsed := time.Since(start)
+			if err != nil {
+				return 0, nil, fmt.Errorf("%s batch %d of %d blocks: %w", name, iter, n, err)
+			}
+			if resp.GetBlocks() != uint64(n) || resp.GetBytes() != row.PayloadBytes {
+				return 0, nil, fmt.Errorf("%s batch %d: the daemon reports %d blocks and %d bytes moved, want %d and %d", name, iter, resp.GetBlocks(), resp.GetBytes(), n, row.PayloadBytes)
+			}
+			return elapsed, resp, nil
 		}
-		bctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-		defer cancel()
-		start := time.Now()
-		resp, err := eps.src.BatchTransfer(bctx, transfer)
-		elapsed := time.Since(start)
-		if err != nil {
-			return 0, nil, fmt.Errorf("batch %d of %d blocks: %w", iter, n, err)
+		r.bar.step(fmt.Sprintf("%s: %s warm-up batch", label, name))
+		if _, _, err := batch(0); err != nil {
+			return mode, nil, fmt.Errorf("warm-up: %w", err)
 		}
-		if resp.GetBlocks() != uint64(n) || resp.GetBytes() != row.PayloadBytes {
-			return 0, nil, fmt.Errorf("batch %d: the daemon reports %d blocks and %d bytes moved, want %d and %d", iter, resp.GetBlocks(), resp.GetBytes(), n, row.PayloadBytes)
+		row.Phases.WarmUp += lap()
+		var cpuBefore, cpuAfter float64
+		var hostBefore, hostAfter HostCPU
+		var cpuErr, hostErr error
+		if meterCPU {
+			cpuBefore, cpuErr = eps.cpu.Seconds()
+			hostBefore, hostErr = ReadHostCPU()
 		}
-		return elapsed, resp, nil
+		samples := make([]time.Duration, 0, r.cfg.Iters)
+		var last *b2bv1.BatchTransferResponse
+		for i := 1; i <= r.cfg.Iters; i++ {
+			r.bar.step(fmt.Sprintf("%s: %s batch %d/%d", label, name, i, r.cfg.Iters))
+			el, resp, err := batch(i)
+			if err != nil {
+				return mode, nil, err
+			}
+			samples = append(samples, el)
+			phases.add(resp.GetPhases(), el)
+			if name == "adhoc" || !r.cfg.AdHoc {
+				dataPath = append(dataPath, time.Duration(resp.GetElapsedNs()))
+			}
+			last = resp
+		}
+		if meterCPU {
+			var cpuErr2, hostErr2 error
+			cpuAfter, cpuErr2 = eps.cpu.Seconds()
+			hostAfter, hostErr2 = ReadHostCPU()
+			if cpuErr == nil && cpuErr2 == nil {
+				v := cpuAfter - cpuBefore
+				row.DaemonCPUSeconds, row.DaemonCPUScope = &v, eps.cpu.Scope
+				if hostErr == nil && hostErr2 == nil {
+					other := max(0, (hostAfter.Busy-hostBefore.Busy)-v-(hostAfter.Self-hostBefore.Self))
+					steal := hostAfter.Steal - hostBefore.Steal
+					row.OtherCPUSeconds, row.StealCPUSeconds = &other, &steal
+				}
+			}
+		}
+		row.Phases.Timed += lap()
+		sum := Summarize(samples)
+		mode.MedianSeconds, mode.P99Seconds, mode.MinSeconds = sum.Median.Seconds(), sum.P99.Seconds(), sum.Min.Seconds()
+		for _, s := range samples {
+			mode.SampleSeconds = append(mode.SampleSeconds, s.Seconds())
+		}
+		mode.GBps, mode.MblocksPerSec = GBps(row.PayloadBytes, sum.Median), MblocksPerSec(n, sum.Median)
+		mode.Phases = phases.out()
+
+		r.bar.step(fmt.Sprintf("%s: verifying every block on both sides (%s)", label, name))
+		if err := r.verify(ctx, eps, regions, srcLayout, dstLayout); err != nil {
+			return mode, last, fmt.Errorf("%s: verification failed: %w", name, err)
+		}
+		row.Phases.Verify += lap()
+		mode.Verified = true
+		return mode, last, nil
 	}
 
-	r.bar.step(label + ": warm-up batch")
-	if _, _, err := batch(0); err != nil {
-		return row, fmt.Errorf("warm-up: %w", err)
-	}
-	row.Phases.WarmUp = lap()
-	cpuBefore, cpuErr := eps.cpu.Seconds()
-	hostBefore, hostErr := ReadHostCPU()
-	samples := make([]time.Duration, 0, r.cfg.Iters)
-	dataPath := make([]time.Duration, 0, r.cfg.Iters)
 	var last *b2bv1.BatchTransferResponse
-	for i := 1; i <= r.cfg.Iters; i++ {
-		r.bar.step(fmt.Sprintf("%s: batch %d/%d", label, i, r.cfg.Iters))
-		el, resp, err := batch(i)
+	if r.cfg.AdHoc {
+		row.AdHoc, last, err = runMode("adhoc", func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) {
+			return eps.src.BatchTransfer(ctx, transfer)
+		}, true)
 		if err != nil {
 			return row, err
 		}
-		samples = append(samples, el)
-		dataPath = append(dataPath, time.Duration(resp.GetElapsedNs()))
-		last = resp
 	}
-	cpuAfter, cpuErr2 := eps.cpu.Seconds()
-	hostAfter, hostErr2 := ReadHostCPU()
-	row.Phases.Timed = lap()
-	if cpuErr == nil && cpuErr2 == nil {
-		v := cpuAfter - cpuBefore
-		row.DaemonCPUSeconds, row.DaemonCPUScope = &v, eps.cpu.Scope
-		if hostErr == nil && hostErr2 == nil {
-			other := max(0, (hostAfter.Busy-hostBefore.Busy)-v-(hostAfter.Self-hostBefore.Self))
-			steal := hostAfter.Steal - hostBefore.Steal
-			row.OtherCPUSeconds, row.StealCPUSeconds = &other, &steal
+	if size <= r.cfg.PreparedUpTo && r.noPrepare == "" {
+		prep, err := r.runPrepared(ctx, eps, transfer, func(do call) (*ModeOut, *b2bv1.BatchTransferResponse, error) {
+			return runMode("prepared", do, !r.cfg.AdHoc)
+		})
+		switch {
+		case errors.Is(err, errNoPrepare):
+			r.noPrepare = err.Error()
+		case err != nil:
+			return row, err
+		default:
+			row.Prepared = prep.mode
+			if last == nil {
+				last = prep.last
+			}
 		}
 	}
-
-	sum := Summarize(samples)
-	row.MedianSeconds, row.P99Seconds, row.MinSeconds = sum.Median.Seconds(), sum.P99.Seconds(), sum.Min.Seconds()
-	for _, s := range samples {
-		row.SampleSeconds = append(row.SampleSeconds, s.Seconds())
+	if size <= r.cfg.PreparedUpTo && r.noPrepare != "" {
+		row.PreparedNote = r.noPrepare
 	}
-	row.GBps, row.MblocksPerSec = GBps(row.PayloadBytes, sum.Median), MblocksPerSec(n, sum.Median)
+	primary, mode := row.AdHoc, "adhoc"
+	if primary == nil {
+		primary, mode = row.Prepared, "prepared"
+	}
+	if primary == nil {
+		return row, errors.New("no mode ran")
+	}
+	row.Mode = mode
+	row.MedianSeconds, row.P99Seconds, row.MinSeconds = primary.MedianSeconds, primary.P99Seconds, primary.MinSeconds
+	row.SampleSeconds, row.GBps, row.MblocksPerSec = primary.SampleSeconds, primary.GBps, primary.MblocksPerSec
+	row.DaemonPhases = primary.Phases
 	row.DataPathMedianSeconds = Summarize(dataPath).Median.Seconds()
 	row.Transport = transportName(last.GetTransport())
 	row.Segments, row.WorkRequests = last.GetSegments(), last.GetWorkRequests()
@@ -583,18 +749,64 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 		y, ratio := r.yard.GBps, row.GBps/r.yard.GBps
 		row.YardstickGBps, row.RatioVsYardstick = &y, &ratio
 	}
-	if v, ok := r.perftest[size]; ok {
+	if r.yardCached != nil && r.yardCached.GBps > 0 && size >= RatioMinBlock {
+		y, ratio := r.yardCached.GBps, row.GBps/r.yardCached.GBps
+		row.YardstickCachedGBps, row.RatioVsYardstickCached = &y, &ratio
+	}
+	if v, ok := r.perftest.GBps[size]; ok {
 		pv, ratio := v, row.GBps/v
-		row.PerftestGBps, row.RatioVsPerftest = &pv, &ratio
+		row.PerftestGBps, row.RatioVsPerftest, row.PerftestRun = &pv, &ratio, r.perftest.Run
 	}
-
-	r.bar.step(label + ": verifying every block on both sides")
-	if err := r.verify(ctx, eps, regions, srcLayout, dstLayout); err != nil {
-		return row, fmt.Errorf("verification failed: %w", err)
-	}
-	row.Phases.Verify = lap()
-	row.Verified = true
+	row.Verified = (row.AdHoc == nil || row.AdHoc.Verified) && (row.Prepared == nil || row.Prepared.Verified)
 	return row, nil
+}
+
+// preparedRun is a prepared mode's result and its last response.
+type preparedRun struct {
+	mode *ModeOut
+	last *b2bv1.BatchTransferResponse
+}
+
+// runPrepared prepares the transfer once, runs the mode's batches as
+// SubmitTransfer of the handle, and releases it. A daemon without
+// PrepareTransfer gives errNoPrepare.
+func (r *runner) runPrepared(ctx context.Context, eps *endpoints, t client.Transfer,
+	run func(do func(ctx context.Context) (*b2bv1.BatchTransferResponse, error)) (*ModeOut, *b2bv1.BatchTransferResponse, error),
+) (out preparedRun, err error) {
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	req := &b2bv1.PrepareTransferRequest{
+		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport,
+		Descriptors: &b2bv1.Descriptors{
+			SrcOffsets: client.Pack(t.Blocks.Src), DstOffsets: client.Pack(t.Blocks.Dst), BlockLength: t.Blocks.BlockLength,
+		},
+	}
+	start := time.Now()
+	resp, err := eps.src.API().PrepareTransfer(pctx, req)
+	el := time.Since(start)
+	if status.Code(err) == codes.Unimplemented {
+		return preparedRun{}, fmt.Errorf("%w (%v)", errNoPrepare, status.Convert(err).Message())
+	}
+	if err != nil {
+		return preparedRun{}, fmt.Errorf("prepare: %w", err)
+	}
+	handle := resp.GetHandle()
+	defer func() {
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer rcancel()
+		if _, rerr := eps.src.API().ReleaseTransfer(rctx, &b2bv1.ReleaseTransferRequest{Handle: handle}); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("release the prepared transfer %d: %w", handle, rerr))
+		}
+	}()
+	sub := &b2bv1.SubmitTransferRequest{Handle: handle}
+	mode, last, rerr := run(func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) {
+		return eps.src.API().SubmitTransfer(ctx, sub)
+	})
+	if mode != nil {
+		secs := el.Seconds()
+		mode.PrepareSeconds, mode.PreparePhases = &secs, phaseOutOf(resp.GetPhases(), el)
+	}
+	return preparedRun{mode: mode, last: last}, rerr
 }
 
 // verify compares every block's CRC32C as the source and the destination

@@ -37,7 +37,8 @@ func TestRunEmbedded(t *testing.T) {
 	cfg := Config{
 		Sizes: []uint64{128, 64 << 10}, Blocks: 300, Iters: 2, Transport: "tcp", Timeout: time.Minute, Seed: 42,
 		B2BD: buildDaemon(t), JSONPath: filepath.Join(dir, "r.json"), PlotPath: filepath.Join(dir, "r.svg"),
-		yardstickBytes: 64 << 20,
+		yardstickBytes: 64 << 20, AdHoc: true, PreparedUpTo: DefaultPreparedUpTo, Yardsticks: []string{YardstickStream, YardstickCached},
+		PingCalls: 20, Breakdown: true,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -48,7 +49,7 @@ func TestRunEmbedded(t *testing.T) {
 	if stderr.Len() != 0 {
 		t.Errorf("stderr is not a terminal, yet got %q", stderr.String())
 	}
-	for _, want := range []string{"yardstick", "128 B", "64 KiB", "verified", "0 (host memory)"} {
+	for _, want := range []string{"yardstick  cached", "yardstick  stream", "floor", "ad hoc", "prepared", "breakdown", "128 B", "64 KiB", "verified", "0 (host memory)"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
 		}
@@ -67,6 +68,19 @@ func TestRunEmbedded(t *testing.T) {
 	for _, r := range rep.Rows {
 		if !r.Verified || r.Blocks != 300 || r.MedianSeconds <= 0 || r.DaemonCPUSeconds == nil || r.Segments != 300 || len(r.SampleSeconds) != 2 {
 			t.Errorf("row %+v", r)
+		}
+		if r.Mode != "adhoc" || r.AdHoc == nil || !r.AdHoc.Verified || r.AdHoc.MedianSeconds != r.MedianSeconds {
+			t.Errorf("%d B: ad hoc result %+v, mode %q", r.BlockBytes, r.AdHoc, r.Mode)
+		}
+		// Both sizes are up to 64 KiB, so prepared runs too: verified, or
+		// skipped because this daemon lacks PrepareTransfer (said in the row).
+		switch {
+		case r.Prepared != nil:
+			if !r.Prepared.Verified || len(r.Prepared.SampleSeconds) != 2 || r.Prepared.PrepareSeconds == nil {
+				t.Errorf("%d B: prepared result %+v", r.BlockBytes, r.Prepared)
+			}
+		case !strings.Contains(r.PreparedNote, "does not implement PrepareTransfer"):
+			t.Errorf("%d B: no prepared result and note %q", r.BlockBytes, r.PreparedNote)
 		}
 	}
 	if svg, err := os.ReadFile(cfg.PlotPath); err != nil || !bytes.Contains(svg, []byte("<svg")) {

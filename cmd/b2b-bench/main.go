@@ -32,5 +32,8 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if cfg.ProjectCX7 != "" {
+		return bench.ProjectCX7File(cfg.ProjectCX7, os.Stdout)
+	}
 	return bench.Run(ctx, cfg, os.Stdout, os.Stderr)
 }

@@ -2,11 +2,12 @@
 # test-rdma.sh - the RDMA end-to-end check (`make test-rdma`, CI on every change).
 #
 # Boots the two-VM Soft-RoCE testbed (run-pair.sh) and, over rxe0 between the VMs:
-#   1. ib_write_bw (perftest) for each block size with an iteration count matching the blocks: default
-#      options, and a tuned run (-q 4 --post_list 32);
-#   2. b2bd in each VM with --transport verbs (A = destination 10.77.0.1, B = source 10.77.0.2);
-#   3. b2b-bench in B, two-host mode, one batch of N blocks per size (every block verified by the bench);
-# then prints per size: b2bd GB/s, perftest GB/s (default and tuned) and the ratio b2bd / best perftest.
+#   1. b2bd in each VM with --transport verbs (A = destination 10.77.0.1, B = source 10.77.0.2);
+#   2. per block size, B2B_RDMA_REPS rounds of: ib_write_bw (perftest) with an iteration count matching the
+#      blocks, default options; ib_write_bw tuned (-q 4 --post_list 32); b2b-bench in B, two-host mode,
+#      batches of N blocks (every block verified). Interleaved (A B A B A B) so drift hits both alike;
+# then prints per size the median ratio b2bd / ib_write_bw of the rounds and its spread (min-max), against
+# the default and the tuned run of the same round, and writes them to rdma-summary.json.
 # Absolute numbers are those of an emulated machine (TCG, 1 vCPU per VM); only the ratios mean something.
 #
 #   deploy/rdma-testbed/test-rdma.sh
@@ -15,8 +16,11 @@
 #   B2B_RDMA_SIZES        block sizes (default every power of two from 128 B to 2 MiB)
 #   B2B_RDMA_MAX_BLOCKS   blocks per batch for small blocks (default 2000)
 #   B2B_RDMA_BATCH_BYTES  bytes per batch cap that sets the block count of big blocks (default 16 MiB)
-#   B2B_RDMA_MIN_BLOCKS   blocks per batch at least (default 4)
-#   B2B_RDMA_ITERS        timed batches per size (default 3)
+#   B2B_RDMA_MIN_BLOCKS   blocks per batch at least (default 20: the tuned ib_write_bw's least, 4 QPs x 5)
+#   B2B_RDMA_ITERS        timed batches per size and round (default 3)
+#   B2B_RDMA_REPS         rounds per size, each ib_write_bw default, tuned, then the bench (default 3)
+#   B2B_RDMA_SMP          vCPUs per VM (default 1; 2 gives rxe a CPU besides the daemon's)
+#   B2B_RDMA_E2E          1 (default) runs the e2e tests over verbs in B before the bench; 0 skips
 #   B2B_RDMA_FAULTS       1 (default) runs the fault and load cases (TestRemoteFaults) in A before the bench; 0 skips
 #   B2B_RDMA_FAULT_TRANSPORTS  transports they cover (default verbs,tcp)
 #   B2B_RDMA_FAULT_TRIALS peer-kill trials per transport (default 10)
@@ -34,10 +38,12 @@ CACHE=${B2B_TESTBED_CACHE:-$REPO/.cache/rdma-testbed}
 SIZES=${B2B_RDMA_SIZES:-128,256,512,1024,2048,4096,8192,16384,32768,65536,131072,262144,524288,1048576,2097152}
 MAX_BLOCKS=${B2B_RDMA_MAX_BLOCKS:-2000}
 BATCH_BYTES=${B2B_RDMA_BATCH_BYTES:-16777216}
-MIN_BLOCKS=${B2B_RDMA_MIN_BLOCKS:-4}
+MIN_BLOCKS=${B2B_RDMA_MIN_BLOCKS:-20}
 ITERS=${B2B_RDMA_ITERS:-3}
 TIMEOUT=${B2B_RDMA_TIMEOUT:-3000}
 FAULTS=${B2B_RDMA_FAULTS:-1}
+REPS=${B2B_RDMA_REPS:-3}
+SMP=${B2B_RDMA_SMP:-1}
 OUT=${B2B_RDMA_OUT:-$CACHE/test-rdma/$(date +%Y%m%d-%H%M%S)}
 
 say() { printf '[test-rdma] %s\n' "$*" >&2; }
@@ -92,6 +98,8 @@ cat >"$OUT/run/params.env" <<EOF
 SIZES="${SIZES//,/ }"
 BLOCKS="${blocks_list[*]}"
 ITERS=$ITERS
+REPS=$REPS
+E2E_TESTS=${B2B_RDMA_E2E:-1}
 B2BD=$B2BD
 BENCH=$BENCH
 DAEMON_ARGS="${B2B_RDMA_DAEMON_ARGS:-}"
@@ -102,52 +110,71 @@ FAULT_TRIALS=${B2B_RDMA_FAULT_TRIALS:-10}
 FAULT_LOAD=${B2B_RDMA_FAULT_LOAD:-32x200}
 FAULT_TIMEOUT=$((TIMEOUT * 6 / 10))
 EOF
-say "sizes ${SIZES} with blocks ${blocks_list[*]}, $ITERS timed batches each; output $OUT"
+say "sizes ${SIZES} with blocks ${blocks_list[*]}, $REPS rounds of $ITERS timed batches each; smp $SMP; output $OUT"
 
 rc=0
 B2B_TESTBED_QUIET=${B2B_TESTBED_QUIET:-1} "$HERE/run-pair.sh" "$HERE/test-rdma-vm.sh" "$HERE/test-rdma-vm.sh" \
-	--out "$OUT/run" --timeout "$TIMEOUT" --grace 30 || rc=$?
+	--out "$OUT/run" --timeout "$TIMEOUT" --grace 30 --smp "$SMP" || rc=$?
 
 # The table, from what the VMs left in the output directory.
-python3 - "$OUT/run" "$SIZES" <<'EOF' || rc=1
-import json, os, sys
-out, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
+python3 - "$OUT/run" "$SIZES" "$REPS" "$SMP" <<'EOF' || rc=1
+import json, os, statistics, sys
+out, sizes, reps, smp = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
 def load(name):
     try:
         with open(os.path.join(out, name)) as f:
             return json.load(f)
     except (OSError, ValueError):
         return {}
-pdef, ptun = load("perftest-default.json"), load("perftest-tuned.json")
-rows = {}
-for name in sorted(os.listdir(out)):
-    if name.startswith("bench-") and name.endswith(".json"):
-        rep = load(name)
-        for r in rep.get("rows", []):
-            rows[r["block_bytes"]] = r
-        if rep.get("error"):
-            print("bench %s: %s" % (name, rep["error"]))
-hdr = "%10s %7s %10s %8s %10s %13s %10s %11s %9s %9s" % ("block", "blocks", "b2bd GB/s", "WRs", "transport",
-      "perftest GB/s", "ratio", "tuned GB/s", "ratio", "verified")
+def spread(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "samples": xs} if xs else None
+summary = {"smp": smp, "rounds": reps, "order": "per size, per round: ib_write_bw default, ib_write_bw tuned, b2b-bench",
+           "ratio": "b2bd GB/s / ib_write_bw GB/s of the same round", "sizes": []}
+hdr = "%10s %7s %6s %10s %22s %22s %9s" % ("block", "blocks", "rounds", "b2bd GB/s", "vs default: med (min-max)",
+      "vs tuned: med (min-max)", "verified")
 print(hdr)
 print("-" * len(hdr))
 ok = True
 for s in sizes:
-    r = rows.get(s, {"error": "no bench result"})
-    g = r.get("gbps")
-    pd, pt = pdef.get(str(s)), ptun.get(str(s))
-    ratio = lambda p: "%.2f" % (g / p) if g and p else "-"
-    fmt = lambda x: "%.4f" % x if x else "-"
-    verified = bool(r.get("verified"))
-    transport = r.get("transport", "-")
-    if not verified or transport != "verbs" or r.get("error"):
-        ok = False
-    print("%10d %7s %10s %8s %10s %13s %10s %11s %9s %9s" % (s, r.get("blocks", "-"), fmt(g), r.get("work_requests", "-"),
-          transport, fmt(pd), ratio(pd), fmt(pt), ratio(pt), "yes" if verified else "NO"))
-    if r.get("error"):
-        print("           error: %s" % r["error"])
-print("ratio = b2bd GB/s / ib_write_bw GB/s: default options, and tuned (-q 4 --post_list 32); the bench JSON's")
-print("perftest_gbps / ratio_vs_perftest use the better of the two. Emulated hardware: compare ratios only.")
+    b2b, pdef, ptun, rdef, rtun, verified, errors, blocks = [], [], [], [], [], True, [], "-"
+    for r in range(1, reps + 1):
+        rep = load("bench-%d-r%d.json" % (s, r))
+        row = next((x for x in rep.get("rows", []) if x.get("block_bytes") == s), None)
+        if rep.get("error"):
+            errors.append("round %d: %s" % (r, rep["error"]))
+        if row is None or not row.get("verified") or row.get("transport") != "verbs" or row.get("error"):
+            verified = False
+            if row is None and not rep.get("error"):
+                errors.append("round %d: no bench result" % r)
+            continue
+        blocks = row.get("blocks", "-")
+        g = row["gbps"]
+        d = load("perftest-default-%d-r%d.json" % (s, r)).get("gbps", {}).get(str(s), 0)
+        t = load("perftest-tuned-%d-r%d.json" % (s, r)).get("gbps", {}).get(str(s), 0)
+        b2b.append(g)
+        if d:
+            pdef.append(d)
+            rdef.append(g / d)
+        if t:
+            ptun.append(t)
+            rtun.append(g / t)
+    ok = ok and verified and not errors
+    sd, st = spread(rdef), spread(rtun)
+    summary["sizes"].append({"block_bytes": s, "blocks": blocks, "b2bd_gbps": b2b, "perftest_default_gbps": pdef,
+        "perftest_tuned_gbps": ptun,
+        "ratio_vs_default": dict(sd, against="ib_write_bw default options, the same round") if sd else None,
+        "ratio_vs_tuned": dict(st, against="ib_write_bw -q 4 --post_list min(32, per-QP count), the same round") if st else None,
+        "verified": verified, "errors": errors})
+    f = lambda x: "%.2f (%.2f-%.2f)" % (x["median"], x["min"], x["max"]) if x else "-"
+    print("%10d %7s %6d %10s %22s %22s %9s" % (s, blocks, len(b2b), "%.4f" % statistics.median(b2b) if b2b else "-",
+          f(sd), f(st), "yes" if verified else "NO"))
+    for e in errors:
+        print("           error: %s" % e)
+with open(os.path.join(out, "rdma-summary.json"), "w") as fh:
+    json.dump(summary, fh, indent=2)
+print("ratio = b2bd GB/s / ib_write_bw GB/s of the same round (default options; tuned = -q 4 --post_list up to 32),")
+print("median of the rounds and (min-max); each bench JSON's ratio_vs_perftest is against its round's default run")
+print("(perftest_run). Emulated hardware (smp=%d per VM): compare ratios only. Summary: %s/rdma-summary.json" % (smp, out))
 sys.exit(0 if ok else 1)
 EOF
 
