@@ -63,6 +63,10 @@ type Config struct {
 	// MinQPBytes: a batch uses one QP per this many bytes (at least one), up
 	// to QPsPerPeer, so tiny batches do not pay for several immediates.
 	MinQPBytes int
+	// PostThreads: OS threads that post the QP shares of a prepared batch
+	// in parallel (the writer's own included); 1 posts them one after the
+	// other. See DefaultPostThreads.
+	PostThreads int
 	// InlineBytes: WRs up to this size go inline (host memory only; 0 off).
 	InlineBytes int
 	// PollSpin: how long the poller busy-polls after the last completion
@@ -120,6 +124,8 @@ const (
 	DefaultMaxWRBytes  = 1 << 20
 	DefaultMinQPBytes  = 64 << 10
 	DefaultInlineBytes = 0
+	// DefaultPostThreads: see the measurements in prepared.go.
+	DefaultPostThreads = 1
 	DefaultPollSpin    = 20 * time.Microsecond
 	DefaultAckTimeout  = 14 // ~67 ms per try: a dead peer is declared after ~0.5 s
 	// DefaultRetryCount is 6, not the usual 7: Soft-RoCE (rxe) treats
@@ -142,7 +148,7 @@ func DefaultConfig() Config {
 		QPsPerPeer: DefaultQPsPerPeer, SignalEvery: DefaultSignalEvery, MaxChain: DefaultMaxChain,
 		ChainBytes: DefaultChainBytes, SQDepth: DefaultSQDepth, SRQDepth: DefaultSRQDepth,
 		MaxSGE: DefaultMaxSGE, MaxWRBytes: DefaultMaxWRBytes, MinQPBytes: DefaultMinQPBytes,
-		InlineBytes: DefaultInlineBytes, PollSpin: DefaultPollSpin, AckTimeout: DefaultAckTimeout,
+		InlineBytes: DefaultInlineBytes, PostThreads: DefaultPostThreads, PollSpin: DefaultPollSpin, AckTimeout: DefaultAckTimeout,
 		RetryCount: DefaultRetryCount, KeepAlive: DefaultKeepAlive, StallTimeout: DefaultStallTimeout,
 	}
 }
@@ -164,6 +170,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxWRBytes, "rdma-max-wr-bytes", c.MaxWRBytes, "largest single RDMA WRITE; bigger blocks are cut")
 	fs.IntVar(&c.MinQPBytes, "rdma-min-qp-bytes", c.MinQPBytes, "a batch uses one more QP per this many bytes")
 	fs.IntVar(&c.InlineBytes, "rdma-inline", c.InlineBytes, "send WRs of at most this many bytes inline (host memory; 0: off)")
+	fs.IntVar(&c.PostThreads, "rdma-post-threads", c.PostThreads, "threads posting the QP shares of a prepared transfer in parallel (1: one after the other)")
 	fs.DurationVar(&c.PollSpin, "rdma-poll-spin", c.PollSpin, "busy-poll this long before sleeping on the completion channel")
 	fs.IntVar(&c.AckTimeout, "rdma-ack-timeout", c.AckTimeout, "QP ACK timeout exponent (4.096us * 2^n)")
 	fs.IntVar(&c.RetryCount, "rdma-retry-count", c.RetryCount, "QP transport retries (1-7; rxe treats 7 as infinite)")
@@ -190,6 +197,7 @@ func (c *Config) normalize() error {
 	def(&c.MaxWRBytes, d.MaxWRBytes)
 	def(&c.MinQPBytes, d.MinQPBytes)
 	def(&c.AckTimeout, d.AckTimeout)
+	def(&c.PostThreads, d.PostThreads)
 	def(&c.RetryCount, d.RetryCount)
 	if c.PollSpin == 0 {
 		c.PollSpin = d.PollSpin
@@ -228,6 +236,8 @@ func (c *Config) normalize() error {
 		return bad("--rdma-min-qp-bytes %d", c.MinQPBytes)
 	case c.InlineBytes < 0 || c.InlineBytes > 1024:
 		return bad("--rdma-inline %d not in 0..1024", c.InlineBytes)
+	case c.PostThreads < 1 || c.PostThreads > maxQPsPerConn:
+		return bad("--rdma-post-threads %d not in 1..%d", c.PostThreads, maxQPsPerConn)
 	case c.AckTimeout < 1 || c.AckTimeout > 31:
 		return bad("--rdma-ack-timeout %d", c.AckTimeout)
 	case c.RetryCount < 1 || c.RetryCount > 7:
