@@ -207,7 +207,11 @@ func (s *qpSet) writePrepared(ctx context.Context, p *prepared, st transport.Sta
 		q := s.qps[(first+k)%len(s.qps)]
 		p.plan.Start(k, q.posted)
 		j := &p.jobs[k]
-		j.q, j.tag, j.maxWR, j.maxBytes, j.minPost = q, tag, cfg.MaxChain, uint64(cfg.ChainBytes), minPost
+		// A chain takes every free credit (no MaxChain cap: the WRs are
+		// built, so a longer list costs only its patching, and one cgo call
+		// less per MaxChain WRs), still ending at ChainBytes so big blocks
+		// reach the wire early.
+		j.q, j.tag, j.maxWR, j.maxBytes, j.minPost = q, tag, cfg.SQDepth, uint64(cfg.ChainBytes), minPost
 	}
 	for pending := nq; pending > 0; {
 		t0 := time.Now()
