@@ -391,3 +391,36 @@ func BenchmarkHWPreparedWrite(b *testing.B) {
 	}
 	b.ReportMetric(float64(post.Nanoseconds())/float64(wrs), "post-ns/WR")
 }
+
+// Prepare validates like Write: blocks outside either region and foreign
+// registrations are InvalidArgument, and the connection stays usable.
+func TestHWPreparedBadInput(t *testing.T) {
+	dev := hwDevice(t)
+	p := newPair(t, testConfig(dev), 1<<20)
+	pp := p.conn.(transport.Preparer)
+	for _, tc := range []struct {
+		name string
+		src  transport.Registration
+		b    *desc.Batch
+	}{
+		{"dst past the region", p.src, &desc.Batch{Src: []uint64{0}, Dst: []uint64{1<<20 - 10}, Len: []uint64{64}}},
+		{"src past the registration", p.src, &desc.Batch{Src: []uint64{1 << 20}, Dst: []uint64{0}, Len: []uint64{1}}},
+		{"ragged arrays", p.src, &desc.Batch{Src: []uint64{0, 1}, Dst: []uint64{0}, Len: []uint64{1}}},
+		{"foreign registration", p.dst, &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{1}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := pp.Prepare(tc.src, p.remote, tc.b); !errors.Is(err, errs.ErrInvalidArgument) {
+				t.Fatalf("got %v, want InvalidArgument", err)
+			}
+		})
+	}
+	if err := p.conn.Err(); err != nil {
+		t.Fatal(err)
+	}
+	b := &desc.Batch{Src: []uint64{0}, Dst: []uint64{4096}, Len: []uint64{4096}}
+	rand.New(rand.NewSource(31)).Read(p.sm.Host[:4096])
+	if _, err := prepare(t, p, b).Write(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	verify(t, p, b)
+}
