@@ -437,6 +437,12 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 				pending--
 			}
 		}
+		if pending > 0 && ctx.Err() != nil {
+			// Providers that do the send work inside ibv_post_send (rxe) may
+			// never run out of credits, so the deadline is checked between
+			// rounds too, not only while waiting.
+			return st, s.abandon(ctx, tag)
+		}
 		if !progressed && pending > 0 {
 			if err := s.waitCredit(ctx, tag); err != nil {
 				return st, err
