@@ -215,6 +215,7 @@ func (s *qpSet) writePrepared(ctx context.Context, p *prepared, st transport.Sta
 		// of 10,000 x 128 B, where rxe does the send work inside
 		// ibv_post_send.)
 		j.q, j.tag, j.maxWR, j.maxBytes, j.minPost = q, tag, cfg.MaxChain, uint64(cfg.ChainBytes), minPost
+		j.ctx = ctx
 	}
 	for pending := nq; pending > 0; {
 		t0 := time.Now()
@@ -244,6 +245,9 @@ func (s *qpSet) writePrepared(ctx context.Context, p *prepared, st transport.Sta
 			}
 		}
 	}
+	for k := range p.jobs {
+		p.jobs[k].ctx = nil // not kept past the Write
+	}
 	return st, s.awaitAck(ctx, tag, &p.dst)
 }
 
@@ -253,7 +257,8 @@ func (s *qpSet) writePrepared(ctx context.Context, p *prepared, st transport.Sta
 type postJob struct {
 	plan     *ibv.Plan
 	k        int
-	q        *qpState // nil: patch only (benchmarks)
+	q        *qpState        // nil: patch only (benchmarks)
+	ctx      context.Context // checked before every chain but the first
 	tag      uint32
 	maxWR    int
 	maxBytes uint64
@@ -275,6 +280,12 @@ func (j *postJob) runnable() bool {
 func (j *postJob) run() {
 	j.wrs, j.err = 0, nil
 	for j.runnable() {
+		// rxe does the send work inside ibv_post_send and never runs out of
+		// credits, so without this a share is posted to its end whatever
+		// the deadline; the caller abandons the batch when ctx ended.
+		if j.wrs > 0 && j.ctx != nil && j.ctx.Err() != nil {
+			return
+		}
 		n := j.maxWR
 		var posted int
 		var err error
