@@ -213,7 +213,8 @@ func (s *qpSet) writePrepared(ctx context.Context, p *prepared, st transport.Sta
 		// WRs, but were slower in the one Soft-RoCE run that compared them, 454
 		// against 364 ms per batch
 		// of 10,000 x 128 B, where rxe does the send work inside
-		// ibv_post_send.)
+		// ibv_post_send; capped at MaxChain, the next run gave 292 against
+		// 306 ms.)
 		j.q, j.tag, j.maxWR, j.maxBytes, j.minPost = q, tag, cfg.MaxChain, uint64(cfg.ChainBytes), minPost
 		j.ctx = ctx
 	}
