@@ -115,6 +115,8 @@ struct b2bv_plan_res {
 	uint32_t bad_wr;     /* post_failed: WRs the device accepted before it */
 	int32_t post_raw;    /* post_failed: ibv_post_send's own return value */
 	uint32_t pad;
+	uint64_t plan_ns;    /* b2bv_post_chain: time spent planning */
+	uint64_t post_ns;    /* b2bv_post_chain: time spent in ibv_post_send */
 };
 
 /* A preallocated chain: WRs, SGEs (max_sge per WR) and the request/result. */
@@ -125,6 +127,43 @@ struct b2bv_chain {
 	struct ibv_sge *sge;
 	uint32_t cap_wr;
 	uint32_t cap_sge;
+};
+
+/*
+ * A prepared plan (prep.c): a batch planned once, each QP's share into its
+ * own WR array (chained, the last WR WRITE_WITH_IMM and signaled, one WR
+ * signaled every signal_every) with packed SGEs. A share is posted in
+ * sub-ranges from its cursor (next, seq); Go sets the cursor per submit.
+ */
+enum { B2BV_PPLAN_MAX_SHARES = 256 };
+
+struct b2bv_pshare {
+	struct ibv_send_wr *wr;
+	struct ibv_sge *sge;
+	uint32_t *wrbytes; /* payload bytes of each WR */
+	uint64_t bytes;    /* payload bytes of the share */
+	uint64_t bytes_posted; /* the last post's payload bytes */
+	uint32_t n_wr;
+	uint32_t n_sge;
+	/* cursor: the next WR to post and the QP's sequence number before it */
+	uint32_t next;
+	uint32_t seq;
+	/* the last post: WRs the device accepted; post_failed/post_raw as in b2bv_plan_res */
+	uint32_t posted;
+	uint32_t post_failed;
+	int32_t post_raw;
+	uint32_t pad;
+};
+
+struct b2bv_pplan {
+	uint64_t src_base; /* the source base the SGEs are stamped with */
+	uint64_t n_wr, n_sge, bytes;
+	uint32_t lkey;     /* the lkey the SGEs are stamped with */
+	uint32_t nshare;
+	uint32_t signal_every;
+	uint32_t pad;
+	struct b2bv_pshare *shares; /* = share, for Go (cgo cannot index a flexible array) */
+	struct b2bv_pshare share[];
 };
 
 /* A compact work completion, copied out of struct ibv_wc. */
@@ -253,6 +292,20 @@ int b2bv_post_chain(struct ibv_qp *qp, struct b2bv_chain *ch, const uint64_t *sr
 uint64_t b2bv_wr_remote(const struct b2bv_chain *ch, uint32_t j);
 uint32_t b2bv_wr_rkey(const struct b2bv_chain *ch, uint32_t j);
 uint32_t b2bv_wr_imm(const struct b2bv_chain *ch, uint32_t j);
+
+/* Prepared plans (prep.c). cuts holds nq+1 (block, offset) pairs. */
+int b2bv_pplan_build(const struct b2bv_plan *r, const uint64_t *src, const uint64_t *dst,
+		     const uint64_t *len, uint32_t n, const uint64_t *cuts, uint32_t nq,
+		     struct b2bv_pplan **out, uint32_t *bad_block);
+void b2bv_pplan_free(struct b2bv_pplan *p);
+void b2bv_pplan_restamp(struct b2bv_pplan *p, uint32_t lkey, uint64_t src_base);
+/* Posts share q from its cursor: at most max_wr WRs, stopping once max_bytes
+ * (0: no cap) are reached; qp NULL patches without posting (benchmarks). */
+int b2bv_pplan_post(struct ibv_qp *qp, struct b2bv_pplan *p, uint32_t q, uint32_t max_wr,
+		    uint64_t max_bytes, uint32_t tag);
+uint64_t b2bv_pwr_remote(const struct b2bv_pplan *p, uint32_t q, uint32_t j);
+uint32_t b2bv_pwr_rkey(const struct b2bv_pplan *p, uint32_t q, uint32_t j);
+uint32_t b2bv_pwr_imm(const struct b2bv_pplan *p, uint32_t q, uint32_t j);
 
 /* C (non-Go-heap) memory for control buffers and tests (hostmem.c). */
 int b2bv_alloc(size_t n, void **out);

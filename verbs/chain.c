@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int b2bv_chain_new(uint32_t cap_wr, uint32_t cap_sge, struct b2bv_chain **out)
 {
@@ -230,7 +231,11 @@ int b2bv_plan(struct b2bv_chain *ch, const uint64_t *src, const uint64_t *dst,
 int b2bv_post_chain(struct ibv_qp *qp, struct b2bv_chain *ch, const uint64_t *src,
 		    const uint64_t *dst, const uint64_t *len, uint32_t n)
 {
+	struct timespec t0, t1, t2;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	int rc = b2bv_plan(ch, src, dst, len, n, 0);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	ch->res.plan_ns = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec));
 	if (rc != 0 || ch->res.n_wr == 0) {
 		if (rc == 0) {
 			ch->req.i = ch->res.next_i;
@@ -241,6 +246,8 @@ int b2bv_post_chain(struct ibv_qp *qp, struct b2bv_chain *ch, const uint64_t *sr
 	struct ibv_send_wr *bad = NULL;
 	int raw = 0;
 	rc = B2BV_CALL(&raw, ibv_post_send(qp, ch->wr, &bad));
+	clock_gettime(CLOCK_MONOTONIC, &t2);
+	ch->res.post_ns = (uint64_t)((t2.tv_sec - t1.tv_sec) * 1000000000ll + (t2.tv_nsec - t1.tv_nsec));
 	if (rc) {
 		uint32_t posted = 0;
 		if (bad && bad >= ch->wr && bad < ch->wr + ch->res.n_wr)

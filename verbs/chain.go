@@ -158,7 +158,8 @@ func arrays(src, dst, lens []uint64) (*C.uint64_t, *C.uint64_t, *C.uint64_t, C.u
 func (ch *Chain) result() ChainResult {
 	r := &ch.c.res
 	return ChainResult{WRs: int(r.n_wr), SGEs: int(r.n_sge), Signaled: int(r.n_signaled),
-		Bytes: uint64(r.bytes), Done: r.done != 0, Seq: uint32(ch.c.req.seq)}
+		Bytes: uint64(r.bytes), Done: r.done != 0, Seq: uint32(ch.c.req.seq),
+		PlanNs: int64(r.plan_ns), PostNs: int64(r.post_ns)}
 }
 
 // planErr describes a failed b2bv_plan or b2bv_post_chain (see

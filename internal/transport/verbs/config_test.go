@@ -14,12 +14,12 @@ func TestConfigFlags(t *testing.T) {
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	c.RegisterFlags(fs)
 	err := fs.Parse([]string{"--rdma-device", "rxe0", "--rdma-port", "2", "--gid-index", "3", "--rdma-netdev", "eth0",
-		"--qps-per-peer", "4", "--rdma-signal-every", "8", "--rdma-max-chain", "32", "--rdma-poll-spin", "1us"})
+		"--qps-per-peer", "4", "--rdma-signal-every", "8", "--rdma-max-chain", "32", "--rdma-poll-spin", "1us", "--rdma-post-threads", "3"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Device != "rxe0" || c.Port != 2 || c.GIDIndex != 3 || c.NetDev != "eth0" || c.QPsPerPeer != 4 ||
-		c.SignalEvery != 8 || c.MaxChain != 32 || c.PollSpin != time.Microsecond {
+		c.SignalEvery != 8 || c.MaxChain != 32 || c.PollSpin != time.Microsecond || c.PostThreads != 3 {
 		t.Fatalf("parsed %+v", c)
 	}
 	if err := c.normalize(); err != nil {
@@ -41,6 +41,9 @@ func TestConfigNormalize(t *testing.T) {
 		{"bad gid index", func(c *Config) { c.GIDIndex = -2 }, false},
 		{"bad retry", func(c *Config) { c.RetryCount = 8 }, false},
 		{"inline too big", func(c *Config) { c.InlineBytes = 4096 }, false},
+		{"post threads", func(c *Config) { c.PostThreads = 4 }, true},
+		{"too many post threads", func(c *Config) { c.PostThreads = 65 }, false},
+		{"negative post threads", func(c *Config) { c.PostThreads = -1 }, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -383,23 +383,9 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 	first := s.rot % len(s.qps)
 	s.rot++
 
-	// The meta message goes first, on the first QP: the receiver then knows
-	// how many immediates make the batch, and what to account.
-	q0 := s.qps[first]
-	for q0.avail() < 1 {
-		if err := s.waitCredit(ctx, tag); err != nil {
-			return st, err
-		}
-	}
-	m := message{kind: msgMeta, tag: tag, nqp: uint32(nq), rkey: uint32(dst.Key.Key), blocks: uint64(b.N()), bytes: total}
-	m.encode(s.ctlMem.Bytes())
-	q0.posted++
-	if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
-		q0.posted--
-		s.fail(err, true)
+	if err := s.postMeta(ctx, &st, first, tag, nq, uint32(dst.Key.Key), uint64(b.N()), total); err != nil {
 		return st, err
 	}
-	st.WorkRequests++
 
 	params := ibv.ChainParams{
 		SrcBase: src.Addr(), DstBase: dst.Key.Addr, SrcLimit: mem.Len, DstLimit: dst.Size,
@@ -432,6 +418,8 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 			q.chain.SetMaxWR(min(cfg.MaxChain, a))
 			res, err := q.qp.PostChain(q.chain, b.Src, b.Dst, b.Len)
 			q.posted = res.Seq
+			st.Plan += time.Duration(res.PlanNs)
+			st.Post += time.Duration(res.PostNs)
 			if err != nil {
 				// The meta and maybe other chains are out: the batch cannot
 				// be taken back, so the connection goes with it.
@@ -449,28 +437,63 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 				pending--
 			}
 		}
+		if pending > 0 && ctx.Err() != nil {
+			// Providers that do the send work inside ibv_post_send (rxe) may
+			// never run out of credits, so the deadline is checked between
+			// rounds too, not only while waiting.
+			return st, s.abandon(ctx, tag)
+		}
 		if !progressed && pending > 0 {
 			if err := s.waitCredit(ctx, tag); err != nil {
 				return st, err
 			}
 		}
 	}
+	return st, s.awaitAck(ctx, tag, &dst)
+}
+
+// postMeta posts the batch's meta message on QP first, ahead of its data:
+// the receiver then knows how many immediates make the batch, and what to
+// account. It counts the WR and its time in st.
+func (s *qpSet) postMeta(ctx context.Context, st *transport.Stats, first int, tag uint32, nq int, rkey uint32, blocks, bytes uint64) error {
+	q0 := s.qps[first]
+	for q0.avail() < 1 {
+		if err := s.waitCredit(ctx, tag); err != nil {
+			return err
+		}
+	}
+	t0 := time.Now()
+	m := message{kind: msgMeta, tag: tag, nqp: uint32(nq), rkey: rkey, blocks: blocks, bytes: bytes}
+	m.encode(s.ctlMem.Bytes())
+	q0.posted++
+	if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
+		q0.posted--
+		s.fail(err, true)
+		return err
+	}
+	st.Post += time.Since(t0)
+	st.WorkRequests++
+	return nil
+}
+
+// awaitAck waits for the receiver's acknowledgement of batch tag; a refusal
+// is ErrNotFound.
+func (s *qpSet) awaitAck(ctx context.Context, tag uint32, dst *transport.RemoteRegion) error {
 	for {
 		a := s.lastAck.Load()
 		if a == tag {
-			break
+			return nil
 		}
 		if a == tag|refuseBit {
 			// Every immediate of the batch arrived, so nothing of it is left
 			// in flight: the connection stays usable.
-			return st, fmt.Errorf("verbs: batch %d to %s refused by the receiver: destination region %q (rkey %#x) is no longer registered or exported there (deregistered, un-exported, or its key revoked): %w",
+			return fmt.Errorf("verbs: batch %d to %s refused by the receiver: destination region %q (rkey %#x) is no longer registered or exported there (deregistered, un-exported, or its key revoked): %w",
 				tag, s.peer, dst.Name, dst.Key.Key, errs.ErrNotFound)
 		}
 		if err := s.await(ctx, tag, s.ackSig); err != nil {
-			return st, err
+			return err
 		}
 	}
-	return st, nil
 }
 
 // Close tears the connection down: a Write in progress fails, the peer is

@@ -226,8 +226,11 @@ func TestHWLoopbackSweep(t *testing.T) {
 			if got := p.in.batches.Load(); got != before+1 {
 				t.Fatalf("Landed called %d times, want 1", got-before)
 			}
-			t.Logf("%d blocks, %d bytes: %d WRs, %d SGEs, %v (%.1f MB/s)", b.N(), b.Bytes(), st.WorkRequests, st.Segments, el,
-				float64(b.Bytes())/el.Seconds()/1e6)
+			if st.Plan <= 0 || st.Post <= 0 || st.Plan+st.Post > el {
+				t.Fatalf("phase times plan %v post %v of a %v write", st.Plan, st.Post, el)
+			}
+			t.Logf("%d blocks, %d bytes: %d WRs, %d SGEs, %v (%.1f MB/s; plan %v, post %v)", b.N(), b.Bytes(), st.WorkRequests, st.Segments, el,
+				float64(b.Bytes())/el.Seconds()/1e6, st.Plan, st.Post)
 			if tc.mode == "adjacent" && st.WorkRequests > 64 {
 				t.Fatalf("adjacent blocks took %d WRs", st.WorkRequests)
 			}

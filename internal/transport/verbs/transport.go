@@ -40,6 +40,8 @@ type Transport struct {
 	node    string
 
 	p *poller
+	// posters posts the shares of prepared batches in parallel.
+	posters *posters
 
 	mu     sync.Mutex
 	sets   map[*qpSet]struct{}
@@ -193,6 +195,7 @@ func (t *Transport) open(dev string) error {
 		return err
 	}
 	t.p.start()
+	t.posters = newPosters(cfg.PostThreads)
 	return nil
 }
 
@@ -213,6 +216,7 @@ func (t *Transport) teardown() error {
 	for _, s := range senders {
 		errList = append(errList, s.Close())
 	}
+	t.posters.close()
 	close(t.stopBG)
 	t.bg.Wait()
 	if t.p != nil {
