@@ -56,6 +56,9 @@ type Conn struct {
 	dsts    []uint64
 	srcs    []uint64
 	sizes   []uint64
+	// hostPool copies a large host batch's shares in parallel (one CPU
+	// thread moves ~5 GB/s; TCP's streams beat that); started on first use.
+	hostPool *hostPool
 }
 
 // Connect opens the data path to p, which must have proved it is on this
@@ -211,6 +214,8 @@ func (c *Conn) Close() error {
 			delete(c.streams, d)
 		}
 	}
+	c.hostPool.close()
+	c.hostPool = nil
 	err = errors.Join(err, c.c.Close())
 	c.t.nconns.Add(-1)
 	return err
@@ -411,7 +416,17 @@ func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory) (*remote
 // anything touching a GPU with one batched copy-engine call.
 func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.Batch) error {
 	if sm.Kind == memory.Host && rm.kind == kindHost {
-		return copyHost(ctx, rm.host, sm.Host, b)
+		k := c.t.cfg.Streams
+		if total := b.Bytes(); total/MinSplit < uint64(k) {
+			k = max(1, int(total/MinSplit))
+		}
+		if k <= 1 || b.N() < 2 {
+			return copyHost(ctx, rm.host, sm.Host, b, 0, b.N())
+		}
+		if c.hostPool == nil {
+			c.hostPool = newHostPool(c.t.cfg.Streams)
+		}
+		return c.hostPool.run(ctx, rm.host, sm.Host, b, k)
 	}
 	cu := c.t.cfg.CUDA
 	if cu == nil {
@@ -509,12 +524,12 @@ const hostChunk = 16 << 20
 // caller's deadline is looked at every hostChunk bytes, so a slow copy (a
 // destination whose pages are first touched, memory pressure) ends with
 // DeadlineExceeded instead of holding both regions past it.
-func copyHost(ctx context.Context, dst, src []byte, b *desc.Batch) error {
+func copyHost(ctx context.Context, dst, src []byte, b *desc.Batch, lo, hi int) error {
 	var cerr error
 	ferr := memguard.Do(func() {
 		var since uint64
-		for i, n := range b.Len {
-			s, d := b.Src[i], b.Dst[i]
+		for i := lo; i < hi; i++ {
+			n, s, d := b.Len[i], b.Src[i], b.Dst[i]
 			for n > 0 {
 				k := min(n, hostChunk)
 				copy(dst[d:d+k], src[s:s+k])
@@ -535,4 +550,72 @@ func copyHost(ctx context.Context, dst, src []byte, b *desc.Batch) error {
 		return fmt.Errorf("samehost: host copy cut off: %w", cerr)
 	}
 	return nil
+}
+
+// hostPool is a connection's CPU copy workers: a batch is cut into shares
+// of about equal bytes (blocks whole), each copied by one worker under its
+// own memguard. Batches on a Conn are serialised, so one set of tasks is
+// reused and a batch allocates nothing.
+type hostPool struct {
+	work  chan *hostTask
+	tasks []hostTask
+	wg    sync.WaitGroup
+}
+
+type hostTask struct {
+	ctx      context.Context
+	dst, src []byte
+	b        *desc.Batch
+	lo, hi   int
+	err      error
+	wg       *sync.WaitGroup
+}
+
+func newHostPool(n int) *hostPool {
+	p := &hostPool{work: make(chan *hostTask, n), tasks: make([]hostTask, n)}
+	for i := 0; i < n; i++ {
+		go func() {
+			for t := range p.work {
+				t.err = copyHost(t.ctx, t.dst, t.src, t.b, t.lo, t.hi)
+				t.wg.Done()
+			}
+		}()
+	}
+	return p
+}
+
+// run copies b in k shares (k ≤ the pool's size) and returns the first
+// share's error, after every share ended.
+func (p *hostPool) run(ctx context.Context, dst, src []byte, b *desc.Batch, k int) error {
+	k = min(k, len(p.tasks))
+	want := b.Bytes() / uint64(k)
+	lo, n := 0, 0
+	for j := 0; j < k && lo < b.N(); j++ {
+		hi := b.N()
+		if j < k-1 {
+			hi = shareEnd(b.Len, lo, want)
+		}
+		p.tasks[j] = hostTask{ctx: ctx, dst: dst, src: src, b: b, lo: lo, hi: hi, wg: &p.wg}
+		lo, n = hi, n+1
+	}
+	p.wg.Add(n)
+	for j := 0; j < n; j++ {
+		p.work <- &p.tasks[j]
+	}
+	p.wg.Wait()
+	var err error
+	for j := 0; j < n; j++ {
+		if err == nil {
+			err = p.tasks[j].err
+		}
+		p.tasks[j] = hostTask{} // drop the references to the batch and the regions
+	}
+	return err
+}
+
+// close stops the workers; safe on nil.
+func (p *hostPool) close() {
+	if p != nil {
+		close(p.work)
+	}
 }

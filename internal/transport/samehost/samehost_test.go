@@ -152,7 +152,8 @@ func TestWriteHostVerified(t *testing.T) {
 	}{
 		{"128B", 1000, 128},
 		{"4KiB", 200, 4096},
-		{"1MiB", 4, 1 << 20},
+		{"1MiB", 4, 1 << 20},     // 4 MiB: copied in parallel shares
+		{"64KiB", 300, 64 << 10}, // ~19 MiB over the pool, shares of unequal block counts
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			region := int(2 * uint64(tc.blocks) * tc.size)
@@ -343,7 +344,7 @@ func TestHostCopyHonoursDeadline(t *testing.T) {
 	// copyHost itself stops after its first chunk.
 	dst, src := make([]byte, 64<<20), make([]byte, 64<<20)
 	fill(src, 1)
-	if err := copyHost(ctx, dst, src, b); !errors.Is(err, context.Canceled) {
+	if err := copyHost(ctx, dst, src, b, 0, b.N()); !errors.Is(err, context.Canceled) {
 		t.Fatalf("copyHost: %v", err)
 	}
 	if dst[hostChunk-1] != src[hostChunk-1] || dst[hostChunk] == src[hostChunk] && src[hostChunk] != 0 {
