@@ -65,6 +65,12 @@ func transportStatuses(all []*b2bv1.TransportStatus, live map[b2bv1.TransportKin
 		if l, ok := live[ts.Kind]; ok {
 			r := l.Resources()
 			ts.Connections, ts.QueuePairs, ts.MemoryRegions = uint32(r.Connections), uint32(r.QueuePairs), uint32(r.MemoryRegions)
+			if rr, ok := l.(transport.RailReporter); ok {
+				for _, x := range rr.RailStatus() {
+					ts.Rails = append(ts.Rails, &b2bv1.RailStatus{Rail: uint32(x.Rail), Device: x.Device, Detail: x.Detail, Up: x.Up,
+						LastError: x.LastError, Failovers: x.Failovers, Reconnects: x.Reconnects, BytesSent: x.BytesSent})
+				}
+			}
 		}
 		out[i] = ts
 	}
@@ -92,6 +98,7 @@ func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
 		if a.TCP.Addr != "" {
 			resp.TcpDataAddress, resp.SessionToken = a.TCP.Addr, a.TCP.Token
 		}
+		resp.VerbsRails = append(resp.VerbsRails, peer.VerbsRailsToProto(a.Rails)...)
 	}
 	return resp
 }
@@ -102,6 +109,11 @@ func resolveResponse(r *region.Region) *b2bv1.ResolveRegionResponse {
 		g, _ := r.Registration(k)
 		key := g.Key()
 		resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: key.Key, RemoteAddr: key.Addr})
+		for i, rk := range key.Rails { // several rails: one key each, rail 0 (above) first
+			if i > 0 {
+				resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: rk.Key, RemoteAddr: rk.Addr, Rail: uint32(i)})
+			}
+		}
 	}
 	return resp
 }
@@ -127,6 +139,13 @@ func regionProto(r *region.Region, active int) *b2bv1.Region {
 	}
 	for _, k := range r.Transports() {
 		p.RegisteredWith = append(p.RegisteredWith, peer.KindToProto(k))
+		g, _ := r.Registration(k)
+		if rr, ok := g.(transport.RailRegistrations); ok {
+			for _, x := range rr.RailRegistrations() {
+				p.Rails = append(p.Rails, &b2bv1.RailRegistration{Rail: uint32(x.Rail), Device: x.Device, Rkey: x.Key.Key,
+					Path: x.Path, Affinity: x.Affinity, Preferred: x.Preferred})
+			}
+		}
 	}
 	return p
 }

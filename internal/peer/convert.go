@@ -19,6 +19,9 @@ func peerOf(addr string, hs *b2bv1.HandshakeResponse, c b2bv1.PeerClient) transp
 	if hs.GetTcpDataAddress() != "" {
 		p.TCP = transport.TCPEndpoint{Addr: hs.GetTcpDataAddress(), Token: hs.GetSessionToken()}
 	}
+	for _, r := range hs.GetVerbsRails() {
+		p.Rails = append(p.Rails, transport.VerbsRail{Index: int(r.GetRail()), Port: VerbsPortFromProto(r.GetPort())})
+	}
 	return p
 }
 
@@ -66,6 +69,7 @@ func fromRPC(ctx context.Context, err error) error {
 
 func resolvedFromProto(r *b2bv1.ResolveRegionResponse) Resolved {
 	out := Resolved{Name: r.GetName(), Size: r.GetSize(), Keys: make(map[transport.Kind]transport.RemoteKey, len(r.GetKeys()))}
+	var rails []transport.RemoteKey // verbs keys by rail, when the peer has several
 	for _, k := range r.GetKeys() {
 		kind, err := KindFromProto(k.GetTransport())
 		if err != nil || kind == "" {
@@ -74,6 +78,17 @@ func resolvedFromProto(r *b2bv1.ResolveRegionResponse) Resolved {
 		if _, dup := out.Keys[kind]; !dup { // the first key given for a transport wins
 			out.Keys[kind] = transport.RemoteKey{Key: k.GetKey(), Addr: k.GetRemoteAddr()}
 		}
+		if kind == transport.Verbs && k.GetRail() < maxRails {
+			for len(rails) <= int(k.GetRail()) {
+				rails = append(rails, transport.RemoteKey{})
+			}
+			rails[k.GetRail()] = transport.RemoteKey{Key: k.GetKey(), Addr: k.GetRemoteAddr()}
+		}
+	}
+	if len(rails) > 1 {
+		k := out.Keys[transport.Verbs]
+		k.Rails = rails
+		out.Keys[transport.Verbs] = k
 	}
 	return out
 }
@@ -106,11 +121,24 @@ func endpointsFromProto(eps []*b2bv1.VerbsEndpoint) []transport.VerbsEndpoint {
 }
 
 func VerbsConnectToProto(r transport.VerbsConnect) *b2bv1.ConnectVerbsRequest {
-	return &b2bv1.ConnectVerbsRequest{NodeName: r.Node, Port: VerbsPortToProto(r.Port), ConnectionId: r.ConnID, Endpoints: endpointsToProto(r.Endpoints)}
+	return &b2bv1.ConnectVerbsRequest{NodeName: r.Node, Port: VerbsPortToProto(r.Port), ConnectionId: r.ConnID, Endpoints: endpointsToProto(r.Endpoints), Rail: uint32(r.Rail)}
 }
 
 func VerbsConnectFromProto(r *b2bv1.ConnectVerbsRequest) transport.VerbsConnect {
-	return transport.VerbsConnect{Node: r.GetNodeName(), Port: VerbsPortFromProto(r.GetPort()), ConnID: r.GetConnectionId(), Endpoints: endpointsFromProto(r.GetEndpoints())}
+	return transport.VerbsConnect{Node: r.GetNodeName(), Port: VerbsPortFromProto(r.GetPort()), ConnID: r.GetConnectionId(), Endpoints: endpointsFromProto(r.GetEndpoints()), Rail: int(min(r.GetRail(), maxRails))}
+}
+
+// maxRails bounds the rail indices taken from a peer (keys, connect
+// requests); a larger index is refused by the rails transport.
+const maxRails = 64
+
+// VerbsRailsToProto lists rails for the handshake.
+func VerbsRailsToProto(rs []transport.VerbsRail) []*b2bv1.VerbsRail {
+	var out []*b2bv1.VerbsRail
+	for _, r := range rs {
+		out = append(out, &b2bv1.VerbsRail{Rail: uint32(r.Index), Port: VerbsPortToProto(r.Port)})
+	}
+	return out
 }
 
 func VerbsAcceptToProto(r transport.VerbsAccept) *b2bv1.ConnectVerbsResponse {

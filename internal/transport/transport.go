@@ -25,6 +25,10 @@ const (
 type RemoteKey struct {
 	Key  uint64 // TCP: the registration's random token; verbs: the rkey
 	Addr uint64 // verbs: the MR's base virtual address; TCP: 0
+	// Rails: verbs over several RDMA devices (internal/transport/rails):
+	// the region's key on each of the owner's rails, indexed by rail
+	// (Rails[0] equals Key and Addr); nil with one device.
+	Rails []RemoteKey
 }
 
 // Registration is memory registered with one transport. Close releases the
@@ -65,6 +69,16 @@ type Peer struct {
 	// Signal carries transport-specific set-up over the peer's control
 	// plane (ConnectVerbs, DisconnectVerbs); nil where there is none.
 	Signal Signal
+	// Rails are the peer's RDMA devices when it has several (empty: one,
+	// connected without naming it).
+	Rails []VerbsRail
+}
+
+// VerbsRail is one of a daemon's RDMA devices as its handshake advertises
+// it: the rail's index (what VerbsConnect.Rail names) and its port.
+type VerbsRail struct {
+	Index int
+	Port  VerbsPort
 }
 
 // TCPEndpoint is what a peer advertises for its TCP data plane.
@@ -79,6 +93,8 @@ type Advert struct {
 	Kind   Kind
 	Detail string      // device, port, GID or listener, for Status
 	TCP    TCPEndpoint // TCP: the data listener and session token; zero otherwise
+	// Rails: verbs over several RDMA devices: every rail, for the handshake.
+	Rails []VerbsRail
 }
 
 // Advertiser is implemented by transports that advertise parameters.
@@ -128,6 +144,9 @@ type VerbsConnect struct {
 	Port      VerbsPort
 	ConnID    uint64
 	Endpoints []VerbsEndpoint
+	// Rail is the receiver's rail to connect to (its VerbsRail.Index); 0
+	// when it has one.
+	Rail int
 }
 
 // VerbsAccept is the receiver's half: its port, the path MTU it chose, and
@@ -237,4 +256,37 @@ type Resources struct {
 // Counter is implemented by transports that can report their Resources.
 type Counter interface {
 	Resources() Resources
+}
+
+// RailStatus is one rail (RDMA device) of a transport over several, for
+// the daemon's Status.
+type RailStatus struct {
+	Rail       int
+	Device     string
+	Detail     string // port, GID, MTU, PCI address, NUMA node
+	Up         bool
+	LastError  string
+	Failovers  uint64 // batch shares moved off this rail
+	Reconnects uint64 // times it came back after a failure
+	BytesSent  uint64 // batch bytes it carried and saw acknowledged
+}
+
+// RailReporter is implemented by transports over several rails.
+type RailReporter interface {
+	RailStatus() []RailStatus
+}
+
+// RailRegistration is a registration's MR on one rail.
+type RailRegistration struct {
+	Rail      int
+	Device    string
+	Key       RemoteKey
+	Path      string // ibv_reg_mr (host), ibv_reg_dmabuf_mr, ...
+	Affinity  string // the rail's tier for this memory
+	Preferred bool   // batches from this memory stripe over it while it is up
+}
+
+// RailRegistrations is implemented by registrations over several rails.
+type RailRegistrations interface {
+	RailRegistrations() []RailRegistration
 }
