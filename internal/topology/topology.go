@@ -225,6 +225,9 @@ func ParseDevicePath(p string) (Device, error) {
 
 // Between is the tier of NIC n for memory on GPU g.
 func Between(g, n Device) Tier {
+	if len(g.Chain) == 0 || len(n.Chain) == 0 { // not found in sysfs
+		return numaTier(g.NUMA, n.NUMA)
+	}
 	// Shared PCI bridges: the chains' common prefix, not counting the
 	// endpoints themselves.
 	a, b := g.Chain[:len(g.Chain)-1], n.Chain[:len(n.Chain)-1]
