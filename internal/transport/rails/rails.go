@@ -394,3 +394,44 @@ func (ri railInbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), 
 func (ri railInbound) Landed(k transport.Kind, blocks, bytes uint64) {
 	ri.t.in.Landed(k, blocks, bytes)
 }
+
+// Devices turns --rdma-device into the rails' devices: "auto" is every
+// device whose port is ACTIVE (sysfs), in name order; else a comma list.
+// One name or none means no rails (the plain verbs transport).
+func Devices(spec string, port int, s topology.Sysfs) ([]string, error) {
+	spec = strings.TrimSpace(spec)
+	if spec != "auto" {
+		var out []string
+		for _, d := range strings.Split(spec, ",") {
+			if d = strings.TrimSpace(d); d != "" {
+				if strings.ContainsAny(d, "/ ") {
+					return nil, fmt.Errorf("--rdma-device %q: %q is not a device name: %w", spec, d, errs.ErrInvalidArgument)
+				}
+				out = append(out, d)
+			}
+		}
+		return out, nil
+	}
+	root := s.Root
+	if root == "" {
+		root = "/"
+	}
+	ents, err := os.ReadDir(filepath.Join(root, "sys/class/infiniband"))
+	if err != nil {
+		return nil, fmt.Errorf("--rdma-device auto: no RDMA device in sysfs: %w (%w)", err, errs.ErrUnavailable)
+	}
+	var out, states []string
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(root, "sys/class/infiniband", e.Name(), "ports", fmt.Sprint(port), "state"))
+		st := strings.TrimSpace(string(b))
+		if err == nil && strings.Contains(st, "ACTIVE") {
+			out = append(out, e.Name())
+		} else {
+			states = append(states, e.Name()+": "+st)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--rdma-device auto: no device with an ACTIVE port %d (%s): %w", port, strings.Join(states, ", "), errs.ErrUnavailable)
+	}
+	return out, nil
+}

@@ -1,0 +1,388 @@
+// Package railvm holds the two-rail trials of the Soft-RoCE testbed
+// (deploy/rdma-testbed/test-rails.sh): they run in VM A against two local
+// daemons (one over both rails, one over rxe0 only) and the two-rail daemon
+// of VM B. Skipped unless B2B_RAILS_A2 is set.
+package railvm
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/b2bd/b2bd/client"
+	"github.com/b2bd/b2bd/internal/auth"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+type env struct {
+	a2, a1     *client.Client // local daemons: two rails, one rail
+	b          *client.Client // the remote daemon's API
+	peer       string         // the remote daemon's peer address
+	a1peer     string
+	src2, src1 *client.HostRegion
+	dstID      string
+	size       uint64
+}
+
+const dstName = "rails-dst"
+
+func setup(t *testing.T) *env {
+	a2 := os.Getenv("B2B_RAILS_A2")
+	if a2 == "" {
+		t.Skip("B2B_RAILS_A2 not set: runs in the testbed (deploy/rdma-testbed/test-rails.sh)")
+	}
+	e := &env{peer: os.Getenv("B2B_RAILS_B_PEER"), size: 96 << 20}
+	var err error
+	if e.a2, err = client.Dial(a2); err != nil {
+		t.Fatal(err)
+	}
+	if e.a1, err = client.Dial(os.Getenv("B2B_RAILS_A1")); err != nil {
+		t.Fatal(err)
+	}
+	tl, err := auth.LoadPeerTLS(os.Getenv("B2B_E2E_TLS_CERT"), os.Getenv("B2B_E2E_TLS_KEY"), os.Getenv("B2B_E2E_TLS_CA"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.b, err = client.Dial(os.Getenv("B2B_RAILS_B_API"), grpc.WithTransportCredentials(credentials.NewTLS(tl.Client))); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		resp, err := e.b.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+			Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: e.size}}, ExportName: dstName})
+		if err == nil {
+			e.dstID = resp.Region.Id
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("register the destination at B: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	for _, p := range []struct {
+		c *client.Client
+		r **client.HostRegion
+	}{{e.a2, &e.src2}, {e.a1, &e.src1}} {
+		r, err := p.c.RegisterHost(ctx, e.size, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		*p.r = r
+		fill(r.Bytes)
+	}
+	t.Cleanup(func() {
+		e.b.Deregister(context.Background(), e.dstID)
+		e.a2.Close()
+		e.a1.Close()
+		e.b.Close()
+	})
+	return e
+}
+
+func fill(b []byte) {
+	for i := 0; i+8 <= len(b); i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], rand.Uint64())
+	}
+}
+
+// layout is n blocks of l bytes, destinations in reverse order.
+func layout(n int, l uint64) (src, dst []uint64) {
+	src, dst = make([]uint64, n), make([]uint64, n)
+	for i := range src {
+		src[i], dst[i] = uint64(i)*l, uint64(n-1-i)*l
+	}
+	return src, dst
+}
+
+// verify compares every block's CRC32C on both sides.
+func (e *env) verify(t *testing.T, c *client.Client, srcID string, src, dst []uint64, l uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	a, err := c.Checksum(ctx, srcID, src, nil, l, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, true)
+	if err != nil {
+		t.Fatalf("checksum source: %v", err)
+	}
+	b, err := e.b.Checksum(ctx, e.dstID, dst, nil, l, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, true)
+	if err != nil {
+		t.Fatalf("checksum destination: %v", err)
+	}
+	if len(a.BlockDigests) != len(b.BlockDigests) || len(a.BlockDigests) != 8*len(src) {
+		t.Fatalf("digests: %d and %d bytes for %d blocks", len(a.BlockDigests), len(b.BlockDigests), len(src))
+	}
+	for i := range src {
+		if !slices.Equal(a.BlockDigests[8*i:8*i+8], b.BlockDigests[8*i:8*i+8]) {
+			t.Fatalf("block %d of %d (%d bytes) differs at the destination", i, len(src), l)
+		}
+	}
+}
+
+func (e *env) send(ctx context.Context, c *client.Client, srcID string, src, dst []uint64, l uint64) (*b2bv1.BatchTransferResponse, error) {
+	return c.BatchTransfer(ctx, client.Transfer{SrcRegion: srcID, Peer: e.peer, DstRegion: dstName,
+		Blocks: client.Descriptors{Src: src, Dst: dst, BlockLength: l}, Transport: b2bv1.TransportKind_TRANSPORT_KIND_VERBS})
+}
+
+func rails(t *testing.T, c *client.Client) []*b2bv1.RailStatus {
+	t.Helper()
+	st, err := c.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ts := range st.Transports {
+		if ts.Kind == b2bv1.TransportKind_TRANSPORT_KIND_VERBS {
+			return ts.Rails
+		}
+	}
+	return nil
+}
+
+func logRails(t *testing.T, what string, rs []*b2bv1.RailStatus) {
+	for _, r := range rs {
+		t.Logf("RAILS %s rail %d %s up=%v sent=%d failovers=%d reconnects=%d last_error=%q detail=%q", what, r.Rail, r.Device, r.Up, r.BytesSent, r.Failovers, r.Reconnects, r.LastError, r.Detail)
+	}
+}
+
+func ip(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %v: %v: %s", args, err, out)
+	}
+	t.Logf("RAILS ip %s", strings.Join(args, " "))
+}
+
+// waitUp waits until every rail of c is up again.
+func waitUp(t *testing.T, c *client.Client, d time.Duration) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for {
+		all := true
+		for _, r := range rails(t, c) {
+			all = all && r.Up
+		}
+		if all {
+			return
+		}
+		if time.Now().After(end) {
+			logRails(t, "not back", rails(t, c))
+			t.Fatalf("rails not all up after %v", d)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func TestRails(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+
+	t.Run("affinity", func(t *testing.T) {
+		regs, err := e.a2.Regions(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range regs {
+			if r.Id != e.src2.Id {
+				continue
+			}
+			if len(r.Rails) != 2 {
+				t.Fatalf("source region on %d rails: %v", len(r.Rails), r.Rails)
+			}
+			for _, x := range r.Rails {
+				t.Logf("RAILS affinity region %s rail %d %s rkey %#x path %q tier %q preferred %v", r.Id, x.Rail, x.Device, x.Rkey, x.Path, x.Affinity, x.Preferred)
+			}
+		}
+		rs := rails(t, e.a2)
+		logRails(t, "status", rs)
+		if len(rs) != 2 || !rs[0].Up || !rs[1].Up {
+			t.Fatalf("want two rails up: %v", rs)
+		}
+	})
+
+	t.Run("stripe", func(t *testing.T) {
+		before := rails(t, e.a2)
+		// Mixed: small blocks whole, big ones cut; every block verified.
+		for _, c := range []struct {
+			n int
+			l uint64
+		}{{2000, 4096}, {256, 65536}, {12, 2 << 20}} {
+			src, dst := layout(c.n, c.l)
+			fill(e.src2.Bytes)
+			tc, cancel := context.WithTimeout(ctx, 5*time.Minute)
+			resp, err := e.send(tc, e.a2, e.src2.Id, src, dst, c.l)
+			cancel()
+			if err != nil {
+				t.Fatalf("%d x %d: %v", c.n, c.l, err)
+			}
+			e.verify(t, e.a2, e.src2.Id, src, dst, c.l)
+			t.Logf("RAILS stripe %d x %d B: OK, %d WRs, %v, every block verified", c.n, c.l, resp.WorkRequests, time.Duration(resp.ElapsedNs))
+		}
+		after := rails(t, e.a2)
+		logRails(t, "after stripe", after)
+		for i := range after {
+			if after[i].BytesSent <= before[i].BytesSent {
+				t.Fatalf("rail %d carried nothing", i)
+			}
+		}
+	})
+
+	t.Run("pull-one-wire", func(t *testing.T) {
+		for attempt := 1; ; attempt++ {
+			before := rails(t, e.a2)
+			src, dst := layout(int(e.size>>20), 1<<20)
+			fill(e.src2.Bytes)
+			tc, cancel := context.WithTimeout(ctx, 3*time.Minute)
+			done := make(chan error, 1)
+			start := time.Now()
+			go func() {
+				_, err := e.send(tc, e.a2, e.src2.Id, src, dst, 1<<20)
+				done <- err
+			}()
+			time.Sleep(time.Duration(attempt) * 400 * time.Millisecond)
+			ip(t, "link", "set", "eth1", "down")
+			err := <-done
+			cancel()
+			el := time.Since(start)
+			after := rails(t, e.a2)
+			logRails(t, "after pull", after)
+			if err != nil {
+				ip(t, "link", "set", "eth1", "up")
+				t.Fatalf("batch with one wire pulled: %v (after %v)", err, el)
+			}
+			e.verify(t, e.a2, e.src2.Id, src, dst, 1<<20)
+			moved := after[1].Failovers - before[1].Failovers
+			t.Logf("RAILS pull-one-wire attempt %d: %d x 1 MiB OK in %v, every block verified; rail 1 failovers +%d, rail 0 carried %d bytes",
+				attempt, len(src), el, moved, after[0].BytesSent-before[0].BytesSent)
+			ip(t, "link", "set", "eth1", "up")
+			waitUp(t, e.a2, 90*time.Second)
+			if moved > 0 {
+				break
+			}
+			if attempt == 3 {
+				t.Fatal("the batch finished before the wire was pulled three times")
+			}
+			t.Logf("RAILS the batch landed before the pull; again, pulling earlier")
+		}
+	})
+
+	t.Run("pull-both-wires", func(t *testing.T) {
+		src, dst := layout(int(e.size>>20), 1<<20)
+		dl := 30 * time.Second
+		tc, cancel := context.WithTimeout(ctx, dl)
+		defer cancel()
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			_, err := e.send(tc, e.a2, e.src2.Id, src, dst, 1<<20)
+			done <- err
+		}()
+		time.Sleep(300 * time.Millisecond)
+		ip(t, "link", "set", "eth1", "down")
+		ip(t, "link", "set", "eth0", "down")
+		err := <-done
+		el := time.Since(start)
+		ip(t, "link", "set", "eth0", "up")
+		ip(t, "link", "set", "eth1", "up")
+		st, _ := status.FromError(err)
+		t.Logf("RAILS pull-both-wires: code %v after %v (deadline %v): %s", st.Code(), el.Round(time.Millisecond), dl, st.Message())
+		if err == nil {
+			t.Fatal("batch succeeded with both wires pulled")
+		}
+		if el >= dl {
+			t.Fatalf("answered at %v, not before the deadline %v", el, dl)
+		}
+		waitUp(t, e.a2, 2*time.Minute)
+		// The next batch lands again.
+		end := time.Now().Add(2 * time.Minute)
+		for {
+			fill(e.src2.Bytes)
+			tc, cancel := context.WithTimeout(ctx, time.Minute)
+			_, err := e.send(tc, e.a2, e.src2.Id, src[:16], dst[:16], 1<<20)
+			cancel()
+			if err == nil {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("no batch lands after the wires came back: %v", err)
+			}
+			time.Sleep(time.Second)
+		}
+		e.verify(t, e.a2, e.src2.Id, src[:16], dst[:16], 1<<20)
+		t.Logf("RAILS pull-both-wires: recovery batch after the wires came back OK, verified")
+	})
+
+	t.Run("sweep", func(t *testing.T) {
+		sizes := []uint64{4096, 65536, 262144, 1 << 20, 2 << 20}
+		if s := os.Getenv("B2B_RAILS_SIZES"); s != "" {
+			sizes = nil
+			for _, f := range strings.Split(s, ",") {
+				v, err := strconv.ParseUint(f, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sizes = append(sizes, v)
+			}
+		}
+		iters := 3
+		type row struct {
+			Size         uint64  `json:"size"`
+			Blocks       int     `json:"blocks"`
+			OneRailGBps  float64 `json:"one_rail_gbps"`
+			TwoRailsGBps float64 `json:"two_rails_gbps"`
+			Ratio        float64 `json:"ratio"`
+		}
+		var out []row
+		for _, l := range sizes {
+			n := int(min(uint64(2000), (24<<20)/l))
+			src, dst := layout(n, l)
+			var best [2]time.Duration
+			for it := 0; it < iters; it++ {
+				for k, c := range []struct {
+					c  *client.Client
+					id string
+				}{{e.a1, e.src1.Id}, {e.a2, e.src2.Id}} {
+					tc, cancel := context.WithTimeout(ctx, 5*time.Minute)
+					resp, err := e.send(tc, c.c, c.id, src, dst, l)
+					cancel()
+					if err != nil {
+						t.Fatalf("sweep %d x %d over %d rail(s): %v", n, l, k+1, err)
+					}
+					d := time.Duration(resp.ElapsedNs)
+					if best[k] == 0 || d < best[k] {
+						best[k] = d
+					}
+					if it == iters-1 {
+						e.verify(t, c.c, c.id, src, dst, l)
+					}
+				}
+			}
+			bytes := float64(uint64(n) * l)
+			r := row{Size: l, Blocks: n, OneRailGBps: bytes / best[0].Seconds() / 1e9, TwoRailsGBps: bytes / best[1].Seconds() / 1e9}
+			r.Ratio = r.TwoRailsGBps / r.OneRailGBps
+			out = append(out, r)
+			t.Logf("RAILS sweep size %d blocks %d: one rail %.4f GB/s, two rails %.4f GB/s, ratio %.2fx (best of %d, verified)", l, n, r.OneRailGBps, r.TwoRailsGBps, r.Ratio, iters)
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Size < out[j].Size })
+		if d := os.Getenv("B2B_OUT"); d != "" {
+			b, _ := json.MarshalIndent(out, "", "  ")
+			if err := os.WriteFile(filepath.Join(d, "rails-sweep.json"), b, 0o644); err != nil {
+				t.Log(err)
+			}
+		}
+		_ = fmt.Sprint
+	})
+}
