@@ -23,6 +23,7 @@ type pair struct {
 	mu       sync.Mutex
 	c        transport.Conn // nil while down
 	err      error          // why it went down
+	isDown   bool           // counted in r.downPairs
 	retrying bool
 }
 
@@ -196,6 +197,15 @@ func (c *conn) dial(ctx context.Context, p *pair) (transport.Conn, error) {
 // the background and starts reconnecting.
 func (c *conn) down(p *pair, old transport.Conn, why error) {
 	p.mu.Lock()
+	select {
+	case <-c.closed: // Close dropped every pair already
+		p.mu.Unlock()
+		if old != nil {
+			_ = old.Close()
+		}
+		return
+	default:
+	}
 	if p.c != old {
 		p.mu.Unlock()
 		return // already replaced
@@ -203,8 +213,11 @@ func (c *conn) down(p *pair, old transport.Conn, why error) {
 	p.c, p.err = nil, why
 	start := !p.retrying
 	p.retrying = true
+	if !p.isDown {
+		p.isDown = true
+		p.r.pairDown(why)
+	}
 	p.mu.Unlock()
-	p.r.setDown(why)
 	c.t.log.Warn("rail down for this peer; retrying in the background", "peer", c.peer.Address, "rail", p.r.idx, "device", p.r.name, "error", why)
 	c.bg.Add(1)
 	go func() {
@@ -249,9 +262,12 @@ func (c *conn) retry(p *pair) {
 		default:
 		}
 		p.c, p.err, p.retrying = nc, nil, false
+		if p.isDown {
+			p.isDown = false
+			p.r.pairUp()
+		}
 		p.mu.Unlock()
 		p.r.reconnects.Add(1)
-		p.r.setUp()
 		c.t.log.Info("rail back for this peer", "peer", c.peer.Address, "rail", p.r.idx, "device", p.r.name)
 		return
 	}
@@ -292,6 +308,10 @@ func (c *conn) Close() error {
 			p.mu.Lock()
 			pc := p.c
 			p.c = nil
+			if p.isDown {
+				p.isDown = false
+				p.r.pairUp()
+			}
 			p.mu.Unlock()
 			if pc != nil {
 				el = append(el, pc.Close())

@@ -127,18 +127,21 @@ type rail struct {
 	sent       atomic.Uint64
 	mu         sync.Mutex
 	lastErr    string
-	down       bool // a connection on it failed and has not come back
+	downPairs  int // peer connections on it that failed and have not come back
 }
 
-func (r *rail) setDown(err error) {
+// pairDown and pairUp count a pair on this rail going down and coming back
+// (or being dropped while down).
+func (r *rail) pairDown(err error) {
 	r.mu.Lock()
-	r.down, r.lastErr = true, err.Error()
+	r.downPairs++
+	r.lastErr = err.Error()
 	r.mu.Unlock()
 }
 
-func (r *rail) setUp() {
+func (r *rail) pairUp() {
 	r.mu.Lock()
-	r.down = false
+	r.downPairs--
 	r.mu.Unlock()
 }
 
@@ -271,7 +274,9 @@ func (t *Transport) monitor() {
 				if active {
 					t.log.Info("rail port ACTIVE again", "rail", r.idx, "device", r.name)
 				} else {
-					r.setDown(fmt.Errorf("port %d of %s is not ACTIVE", t.cfg.Port, r.name))
+					r.mu.Lock()
+					r.lastErr = fmt.Sprintf("port %d of %s is not ACTIVE", t.cfg.Port, r.name)
+					r.mu.Unlock()
 					t.log.Warn("rail port not ACTIVE; new batches avoid it", "rail", r.idx, "device", r.name)
 				}
 			}
@@ -315,7 +320,7 @@ func (t *Transport) RailStatus() []transport.RailStatus {
 	out := make([]transport.RailStatus, len(t.rails))
 	for i, r := range t.rails {
 		r.mu.Lock()
-		out[i] = transport.RailStatus{Rail: i, Device: r.name, Detail: t.detail(r), Up: !r.down && !r.portDown.Load(), LastError: r.lastErr,
+		out[i] = transport.RailStatus{Rail: i, Device: r.name, Detail: t.detail(r), Up: r.downPairs == 0 && !r.portDown.Load(), LastError: r.lastErr,
 			Failovers: r.failovers.Load(), Reconnects: r.reconnects.Load(), BytesSent: r.sent.Load()}
 		r.mu.Unlock()
 	}
