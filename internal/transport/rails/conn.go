@@ -46,6 +46,40 @@ type conn struct {
 	closeOnce sync.Once
 	closed    chan struct{}
 	bg        sync.WaitGroup
+	// work feeds one worker goroutine per pair with the shares of striped
+	// batches beyond their first (which the caller writes itself): no
+	// goroutine, and so no allocation, per batch. enq (read-held while
+	// queueing) lets Close stop the queueing before the workers drain.
+	work []chan jobRef
+	enq  sync.RWMutex
+	shut bool
+}
+
+// jobRef is one share of a Write for a worker.
+type jobRef struct {
+	ws *writeState
+	k  int
+}
+
+// worker writes the shares queued for one pair until the conn closes, then
+// the ones still queued (their Writes fail at once on closed connections).
+func (c *conn) worker(ch chan jobRef) {
+	defer c.bg.Done()
+	for {
+		select {
+		case r := <-ch:
+			runJob(r.ws, r.k, true)
+		case <-c.closed:
+			for {
+				select {
+				case r := <-ch:
+					runJob(r.ws, r.k, true)
+				default:
+					return
+				}
+			}
+		}
+	}
 }
 
 var _ transport.Conn = (*conn)(nil)
@@ -141,6 +175,14 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		return nil, fmt.Errorf("rails: connect %s: no control client: %w", p.Address, errs.ErrInvalidArgument)
 	}
 	c := &conn{t: t, peer: p, pairs: t.pairRails(p.Rails), closed: make(chan struct{})}
+	c.work = make([]chan jobRef, len(c.pairs))
+	for i, pr := range c.pairs {
+		if pr != nil {
+			c.work[i] = make(chan jobRef, 64)
+			c.bg.Add(1)
+			go c.worker(c.work[i])
+		}
+	}
 	var wg sync.WaitGroup
 	errl := make([]error, len(c.pairs))
 	for i, pr := range c.pairs {
@@ -300,6 +342,9 @@ func (c *conn) Err() error {
 func (c *conn) Close() error {
 	var el []error
 	c.closeOnce.Do(func() {
+		c.enq.Lock()
+		c.shut = true
+		c.enq.Unlock()
 		close(c.closed)
 		for _, p := range c.pairs {
 			if p == nil {
@@ -330,6 +375,11 @@ type writeState struct {
 	jobs   []job
 	redo   []desc.Batch
 	failed []string
+	// for the jobs of a round
+	wg  sync.WaitGroup
+	ctx context.Context
+	reg *registration
+	dst transport.RemoteRegion
 }
 
 // job is one share on one pair.
@@ -383,7 +433,7 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 				ws.jobs = append(ws.jobs, job{p: ws.pick[k], c: ws.conns[k], b: shares[k], bytes: sizes[k]})
 			}
 		}
-		c.run(ctx, ws.jobs, reg, dst)
+		c.run(ctx, ws, reg, dst)
 		ws.redo = ws.redo[:0]
 		var stop error
 		for k := range ws.jobs {
@@ -483,33 +533,43 @@ func (c *conn) noRail(ws *writeState, ctx context.Context) error {
 }
 
 // run writes every job, all but the first on their own goroutines, and
-// waits for all of them.
-func (c *conn) run(ctx context.Context, jobs []job, reg *registration, dst transport.RemoteRegion) {
-	one := func(j *job) {
-		d := dst
-		switch {
-		case dst.Key.Rails != nil && j.p.remote < len(dst.Key.Rails):
-			d.Key = dst.Key.Rails[j.p.remote]
-		case dst.Key.Rails == nil && j.p.remote == 0:
-			d.Key = transport.RemoteKey{Key: dst.Key.Key, Addr: dst.Key.Addr}
-		default:
-			j.err = fmt.Errorf("rails: destination %q has no key for peer rail %d: %w", dst.Name, j.p.remote, errs.ErrFailedPrecondition)
-			return
+// waits for all of them. What the jobs share lives in ws (pooled), so a
+// striped batch allocates nothing here.
+func (c *conn) run(ctx context.Context, ws *writeState, reg *registration, dst transport.RemoteRegion) {
+	ws.ctx, ws.reg, ws.dst = ctx, reg, dst
+	c.enq.RLock()
+	for k := 1; k < len(ws.jobs); k++ {
+		ws.wg.Add(1)
+		if !c.shut {
+			select {
+			case c.work[ws.jobs[k].p.r.idx] <- jobRef{ws, k}:
+				continue
+			default:
+			}
 		}
-		j.st, j.err = j.c.Write(ctx, reg.regs[j.p.r.idx], d, &j.b)
+		go runJob(ws, k, true) // queue full, or closed: a goroutine of its own
 	}
-	if len(jobs) == 1 {
-		one(&jobs[0])
+	c.enq.RUnlock()
+	runJob(ws, 0, false)
+	ws.wg.Wait()
+	ws.ctx, ws.reg = nil, nil
+}
+
+func runJob(ws *writeState, k int, async bool) {
+	if async {
+		defer ws.wg.Done()
+	}
+	j := &ws.jobs[k]
+	dst := ws.dst
+	d := dst
+	switch {
+	case dst.Key.Rails != nil && j.p.remote < len(dst.Key.Rails):
+		d.Key = dst.Key.Rails[j.p.remote]
+	case dst.Key.Rails == nil && j.p.remote == 0:
+		d.Key = transport.RemoteKey{Key: dst.Key.Key, Addr: dst.Key.Addr}
+	default:
+		j.err = fmt.Errorf("rails: destination %q has no key for peer rail %d: %w", dst.Name, j.p.remote, errs.ErrFailedPrecondition)
 		return
 	}
-	var wg sync.WaitGroup
-	for k := 1; k < len(jobs); k++ {
-		wg.Add(1)
-		go func(j *job) {
-			defer wg.Done()
-			one(j)
-		}(&jobs[k])
-	}
-	one(&jobs[0])
-	wg.Wait()
+	j.st, j.err = j.c.Write(ws.ctx, ws.reg.regs[j.p.r.idx], d, &j.b)
 }
