@@ -315,27 +315,18 @@ func (c *conn) retry(p *pair) {
 	}
 }
 
-// Err is nil while any pair is up or coming back; once none is, the peer
-// manager replaces the conn.
+// Err is nil until the conn is closed. A conn whose every rail is down
+// stays: its rails reconnect in the background, and meanwhile a batch fails
+// at once with Unavailable naming them (noRail), instead of a retry on a
+// fresh connection that would wait on the same dead wires (with the control
+// plane on one of them, until the caller's deadline).
 func (c *conn) Err() error {
 	select {
 	case <-c.closed:
 		return fmt.Errorf("rails: connection to %s closed: %w", c.peer.Address, errs.ErrAborted)
 	default:
 	}
-	var el []string
-	for _, p := range c.pairs {
-		if p == nil {
-			continue
-		}
-		if p.up() != nil {
-			return nil
-		}
-		p.mu.Lock()
-		el = append(el, fmt.Sprintf("rail %d (%s): %v", p.r.idx, p.r.name, p.err))
-		p.mu.Unlock()
-	}
-	return fmt.Errorf("rails: every rail to %s is down: %s: %w", c.peer.Address, strings.Join(el, "; "), errs.ErrUnavailable)
+	return nil
 }
 
 // Close closes every pair and stops the reconnects; safe twice.

@@ -210,9 +210,29 @@ func TestNoRailLeft(t *testing.T) {
 	if time.Since(start) > time.Second {
 		t.Fatalf("took %v", time.Since(start))
 	}
-	if g.conn.Err() == nil {
-		t.Fatal("conn with no rail left reports no error")
+	if g.conn.Err() != nil {
+		t.Fatalf("conn with no rail left reports %v; it should heal in place", g.conn.Err())
 	}
+	// While the rails stay bad a batch fails at once; once they work again
+	// the background retries bring them back and batches land.
+	start = time.Now()
+	if _, err := g.conn.Write(ctx, g.sreg, g.remote, b); errs.Class(err) != errs.ErrUnavailable || time.Since(start) > 100*time.Millisecond {
+		t.Fatalf("batch with every rail down: %v after %v", err, time.Since(start))
+	}
+	g.f.rails["a0"].fault.Store(int32(ok))
+	g.f.rails["a1"].fault.Store(int32(ok))
+	deadline := time.Now().Add(5 * time.Second)
+	for !g.a.RailStatus()[0].Up || !g.a.RailStatus()[1].Up {
+		if time.Now().After(deadline) {
+			t.Fatalf("rails did not come back: %+v", g.a.RailStatus())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	clear(g.dst)
+	if _, err := g.conn.Write(context.Background(), g.sreg, g.remote, b); err != nil {
+		t.Fatal(err)
+	}
+	g.verify(t, b)
 }
 
 func TestRequestErrorIsNotARailFault(t *testing.T) {

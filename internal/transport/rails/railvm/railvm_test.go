@@ -58,7 +58,8 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.b, err = client.Dial(os.Getenv("B2B_RAILS_B_API"), grpc.WithTransportCredentials(credentials.NewTLS(tl.Client))); err != nil {
+	if e.b, err = client.Dial(os.Getenv("B2B_RAILS_B_API"), grpc.WithTransportCredentials(credentials.NewTLS(tl.Client)),
+		grpc.WithDefaultCallOptions(grpc.WaitForReady(true))); err != nil { // B is reached over eth0, which a trial takes down
 		t.Fatal(err)
 	}
 	ctx := context.Background()
