@@ -56,14 +56,16 @@ fi
 rc=0
 daemon a2 --peer-listen "$B2B_SELF_IP:7470" --data-listen "$B2B_SELF_IP:7471" --rdma-device "$B2B_RDMA_DEV,$B2B_RDMA_DEV2" ${DAEMON_ARGS:-}
 daemon a1 --peer-listen "$B2B_SELF_IP:7570" --data-listen "$B2B_SELF_IP:7571" --rdma-device "$B2B_RDMA_DEV" ${DAEMON_ARGS:-}
-{ wait_port "$B2B_SELF_IP" 7470 120 && wait_port "$B2B_SELF_IP" 7570 120; } || {
+# The slice policy's alternative: two rails with half the QPs each (as many QPs in flight as one rail).
+daemon a3 --peer-listen "$B2B_SELF_IP:7670" --data-listen "$B2B_SELF_IP:7671" --rdma-device "$B2B_RDMA_DEV,$B2B_RDMA_DEV2" --qps-per-peer 2 ${DAEMON_ARGS:-}
+{ wait_port "$B2B_SELF_IP" 7470 120 && wait_port "$B2B_SELF_IP" 7570 120 && wait_port "$B2B_SELF_IP" 7670 120; } || {
 	log "local daemons did not come up: $(tail -n 5 "$B2B_OUT"/b2bd-a*.log)"
 	touch "$B2B_OUT/a.done"
 	exit 1
 }
 wait_port "$B2B_PEER_IP" 7480 300 || { log "b2bd b not reachable"; touch "$B2B_OUT/a.done"; exit 1; }
 log "trials: $RAILS_RUN"
-B2B_RAILS_A2=/run/b2bd-a2.sock B2B_RAILS_A1=/run/b2bd-a1.sock B2B_RAILS_B_API="$B2B_PEER_IP:7480" \
+B2B_RAILS_A2=/run/b2bd-a2.sock B2B_RAILS_A1=/run/b2bd-a1.sock B2B_RAILS_A3=/run/b2bd-a3.sock B2B_RAILS_B_API="$B2B_PEER_IP:7480" \
 	B2B_RAILS_B_PEER="$B2B_PEER_IP:7470" B2B_RAILS_SIZES="$SIZES" \
 	B2B_E2E_TLS_CERT="$certs/a.pem" B2B_E2E_TLS_KEY="$certs/a-key.pem" B2B_E2E_TLS_CA="$certs/ca.pem" \
 	"$RAILVM" -test.run "$RAILS_RUN" -test.v -test.timeout "${VM_TIMEOUT:-2400}s" >"$B2B_OUT/rails.log" 2>&1 || rc=$?

@@ -56,9 +56,10 @@ if [ -f "$OUT/run/rails-sweep.json" ]; then
 	python3 - "$OUT/run/rails-sweep.json" <<'EOT' || true
 import json, sys
 rows = json.load(open(sys.argv[1]))
-print("%10s %7s %14s %15s %7s" % ("block", "blocks", "1 rail GB/s", "2 rails GB/s", "ratio"))
+print("%10s %7s %14s %15s %7s %22s %7s" % ("block", "blocks", "1 rail GB/s", "2 rails GB/s", "ratio", "2 rails, 2 QPs GB/s", "ratio"))
 for r in rows:
-    print("%10d %7d %14.4f %15.4f %6.2fx" % (r["size"], r["blocks"], r["one_rail_gbps"], r["two_rails_gbps"], r["ratio"]))
+    print("%10d %7d %14.4f %15.4f %6.2fx %22.4f %6.2fx" % (r["size"], r["blocks"], r["one_rail_gbps"], r["two_rails_gbps"], r["ratio"],
+          r.get("two_rails_half_qps_gbps", 0), r.get("ratio_half_qps", 0)))
 print("same run, same VMs, every block verified; emulated hardware: compare the ratios only")
 EOT
 fi

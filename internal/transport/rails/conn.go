@@ -273,7 +273,8 @@ func (c *conn) down(p *pair, old transport.Conn, why error) {
 	}()
 }
 
-// retry reconnects p until it works or the conn is closed.
+// retry reconnects p until it works (here, or in a batch's revive) or the
+// conn is closed.
 func (c *conn) retry(p *pair) {
 	wait := c.t.cfg.Retry
 	for {
@@ -283,6 +284,13 @@ func (c *conn) retry(p *pair) {
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 16*c.t.cfg.Retry)
+		p.mu.Lock()
+		if p.c != nil { // a batch's revive brought it back
+			p.retrying = false
+			p.mu.Unlock()
+			return
+		}
+		p.mu.Unlock()
 		if p.r.portDown.Load() {
 			continue
 		}
@@ -295,24 +303,77 @@ func (c *conn) retry(p *pair) {
 			p.mu.Unlock()
 			continue
 		}
-		p.mu.Lock()
-		select {
-		case <-c.closed:
-			p.mu.Unlock()
-			_ = nc.Close()
-			return
-		default:
-		}
-		p.c, p.err, p.retrying = nc, nil, false
-		if p.isDown {
-			p.isDown = false
-			p.r.pairUp()
-		}
-		p.mu.Unlock()
-		p.r.reconnects.Add(1)
-		c.t.log.Info("rail back for this peer", "peer", c.peer.Address, "rail", p.r.idx, "device", p.r.name)
+		c.install(p, nc, true)
 		return
 	}
+}
+
+// reviveWait bounds a batch's own reconnect attempt when no rail is left.
+const reviveWait = 3 * time.Second
+
+// revive reconnects, in parallel and within ctx (at most reviveWait), every
+// pair that is down while its port is ACTIVE; it returns how many are up.
+func (c *conn) revive(ctx context.Context) int {
+	ctx, cancel := context.WithTimeout(ctx, reviveWait)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	n := 0
+	for _, p := range c.pairs {
+		if p == nil || p.r.portDown.Load() || p.up() != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nc, err := c.dial(ctx, p)
+			if err != nil {
+				p.mu.Lock()
+				p.err = err
+				p.mu.Unlock()
+				return
+			}
+			if c.install(p, nc, false) {
+				mu.Lock()
+				n++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return n
+}
+
+// install makes nc p's connection if p is still down and the conn open;
+// else it closes nc. It reports whether nc was installed. The retry
+// goroutine (fromRetry) ends its duty under the same lock, so a pair that
+// goes down again right after starts a new one.
+func (c *conn) install(p *pair, nc transport.Conn, fromRetry bool) bool {
+	p.mu.Lock()
+	if fromRetry {
+		p.retrying = false
+	}
+	select {
+	case <-c.closed:
+		p.mu.Unlock()
+		_ = nc.Close()
+		return false
+	default:
+	}
+	if p.c != nil {
+		p.mu.Unlock()
+		_ = nc.Close()
+		return false
+	}
+	p.c, p.err = nc, nil
+	if p.isDown {
+		p.isDown = false
+		p.r.pairUp()
+	}
+	p.mu.Unlock()
+	p.r.reconnects.Add(1)
+	c.t.log.Info("rail back for this peer", "peer", c.peer.Address, "rail", p.r.idx, "device", p.r.name)
+	return true
 }
 
 // Err is nil until the conn is closed. A conn whose every rail is down
@@ -398,9 +459,17 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 	round := 0
 	ws.sc[0].reset()
 	ws.redo = append(ws.redo[:0], *b)
+	revived := false
 	for len(ws.redo) > 0 {
 		c.pick(ws, reg)
 		if len(ws.pick) == 0 {
+			// Every rail failed (on an emulated testbed both may NAK or time
+			// out at once under load): reconnect those whose port is ACTIVE,
+			// once, as a retry on a fresh connection would.
+			if !revived && ctx.Err() == nil && c.revive(ctx) > 0 {
+				revived = true
+				continue
+			}
 			return st, c.noRail(ws, ctx)
 		}
 		n := len(ws.pick)

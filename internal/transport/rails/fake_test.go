@@ -42,6 +42,7 @@ type fakeRail struct {
 	writes, conns, accepted atomic.Int64
 	keys                    atomic.Uint32
 	closed                  atomic.Bool
+	failN                   atomic.Int32 // the next failN writes fail after half their share (transient)
 	unstall                 chan struct{}
 }
 
@@ -152,6 +153,9 @@ func (c *fakeConn) Write(ctx context.Context, src transport.Registration, dst tr
 		return transport.Stats{}, err
 	}
 	f := fault(c.from.fault.Load())
+	if c.from.failN.Add(-1) >= 0 {
+		f = half
+	}
 	switch f {
 	case refuse:
 		return breakIt("retry counter exceeded")

@@ -216,7 +216,7 @@ func TestNoRailLeft(t *testing.T) {
 	// While the rails stay bad a batch fails at once; once they work again
 	// the background retries bring them back and batches land.
 	start = time.Now()
-	if _, err := g.conn.Write(ctx, g.sreg, g.remote, b); errs.Class(err) != errs.ErrUnavailable || time.Since(start) > 100*time.Millisecond {
+	if _, err := g.conn.Write(ctx, g.sreg, g.remote, b); errs.Class(err) != errs.ErrUnavailable || time.Since(start) > time.Second {
 		t.Fatalf("batch with every rail down: %v after %v", err, time.Since(start))
 	}
 	g.f.rails["a0"].fault.Store(int32(ok))
@@ -233,6 +233,24 @@ func TestNoRailLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.verify(t, b)
+}
+
+// Both rails fail under one batch (the testbed saw both time out at once
+// under load): the batch reconnects them once itself and lands.
+func TestBothRailsFailOnce(t *testing.T) {
+	g := newRig(t, 16<<20, Config{})
+	g.a.cfg.Retry = time.Hour // only the batch's own revive can bring them back
+	b := batch(100, 16<<20)
+	g.f.rails["a0"].failN.Store(1)
+	g.f.rails["a1"].failN.Store(1)
+	if _, err := g.conn.Write(context.Background(), g.sreg, g.remote, b); err != nil {
+		t.Fatal(err)
+	}
+	g.verify(t, b)
+	st := g.a.RailStatus()
+	if st[0].Failovers != 1 || st[1].Failovers != 1 || st[0].Reconnects != 1 || st[1].Reconnects != 1 || !st[0].Up || !st[1].Up {
+		t.Fatalf("%+v", st)
+	}
 }
 
 func TestRequestErrorIsNotARailFault(t *testing.T) {

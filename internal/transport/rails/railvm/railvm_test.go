@@ -31,6 +31,8 @@ import (
 
 type env struct {
 	a2, a1     *client.Client // local daemons: two rails, one rail
+	a3         *client.Client // optional: two rails with half the QPs each (same QPs in all as a1)
+	src3       *client.HostRegion
 	b          *client.Client // the remote daemon's API
 	peer       string         // the remote daemon's peer address
 	a1peer     string
@@ -53,6 +55,11 @@ func setup(t *testing.T) *env {
 	}
 	if e.a1, err = client.Dial(os.Getenv("B2B_RAILS_A1")); err != nil {
 		t.Fatal(err)
+	}
+	if a3 := os.Getenv("B2B_RAILS_A3"); a3 != "" {
+		if e.a3, err = client.Dial(a3); err != nil {
+			t.Fatal(err)
+		}
 	}
 	tl, err := auth.LoadPeerTLS(os.Getenv("B2B_E2E_TLS_CERT"), os.Getenv("B2B_E2E_TLS_KEY"), os.Getenv("B2B_E2E_TLS_CA"))
 	if err != nil {
@@ -79,7 +86,10 @@ func setup(t *testing.T) *env {
 	for _, p := range []struct {
 		c *client.Client
 		r **client.HostRegion
-	}{{e.a2, &e.src2}, {e.a1, &e.src1}} {
+	}{{e.a2, &e.src2}, {e.a1, &e.src1}, {e.a3, &e.src3}} {
+		if p.c == nil {
+			continue
+		}
 		r, err := p.c.RegisterHost(ctx, e.size, "")
 		if err != nil {
 			t.Fatal(err)
@@ -91,6 +101,9 @@ func setup(t *testing.T) *env {
 		e.b.Deregister(context.Background(), e.dstID)
 		e.a2.Close()
 		e.a1.Close()
+		if e.a3 != nil {
+			e.a3.Close()
+		}
 		e.b.Close()
 	})
 	return e
@@ -345,22 +358,30 @@ func TestRails(t *testing.T) {
 			OneRailGBps  float64 `json:"one_rail_gbps"`
 			TwoRailsGBps float64 `json:"two_rails_gbps"`
 			Ratio        float64 `json:"ratio"`
+			// two rails with half the QPs per rail (the same QPs in all as one rail)
+			TwoRailsHalfQPsGBps float64 `json:"two_rails_half_qps_gbps,omitempty"`
+			RatioHalfQPs        float64 `json:"ratio_half_qps,omitempty"`
+		}
+		type daemon struct {
+			c  *client.Client
+			id string
+		}
+		ds := []daemon{{e.a1, e.src1.Id}, {e.a2, e.src2.Id}}
+		if e.a3 != nil {
+			ds = append(ds, daemon{e.a3, e.src3.Id})
 		}
 		var out []row
 		for _, l := range sizes {
 			n := int(min(uint64(2000), (24<<20)/l))
 			src, dst := layout(n, l)
-			var best [2]time.Duration
+			var best [3]time.Duration
 			for it := 0; it < iters; it++ {
-				for k, c := range []struct {
-					c  *client.Client
-					id string
-				}{{e.a1, e.src1.Id}, {e.a2, e.src2.Id}} {
+				for k, c := range ds {
 					tc, cancel := context.WithTimeout(ctx, 5*time.Minute)
 					resp, err := e.send(tc, c.c, c.id, src, dst, l)
 					cancel()
 					if err != nil {
-						t.Fatalf("sweep %d x %d over %d rail(s): %v", n, l, k+1, err)
+						t.Fatalf("sweep %d x %d on daemon %d: %v", n, l, k, err)
 					}
 					d := time.Duration(resp.ElapsedNs)
 					if best[k] == 0 || d < best[k] {
@@ -374,8 +395,13 @@ func TestRails(t *testing.T) {
 			bytes := float64(uint64(n) * l)
 			r := row{Size: l, Blocks: n, OneRailGBps: bytes / best[0].Seconds() / 1e9, TwoRailsGBps: bytes / best[1].Seconds() / 1e9}
 			r.Ratio = r.TwoRailsGBps / r.OneRailGBps
+			if best[2] > 0 {
+				r.TwoRailsHalfQPsGBps = bytes / best[2].Seconds() / 1e9
+				r.RatioHalfQPs = r.TwoRailsHalfQPsGBps / r.OneRailGBps
+			}
 			out = append(out, r)
-			t.Logf("RAILS sweep size %d blocks %d: one rail %.4f GB/s, two rails %.4f GB/s, ratio %.2fx (best of %d, verified)", l, n, r.OneRailGBps, r.TwoRailsGBps, r.Ratio, iters)
+			t.Logf("RAILS sweep size %d blocks %d: one rail %.4f GB/s, two rails %.4f GB/s, ratio %.2fx; two rails half the QPs each %.4f GB/s, ratio %.2fx (best of %d, verified)",
+				l, n, r.OneRailGBps, r.TwoRailsGBps, r.Ratio, r.TwoRailsHalfQPsGBps, r.RatioHalfQPs, iters)
 		}
 		sort.Slice(out, func(i, j int) bool { return out[i].Size < out[j].Size })
 		if d := os.Getenv("B2B_OUT"); d != "" {
