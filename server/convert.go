@@ -109,9 +109,11 @@ func resolveResponse(r *region.Region) *b2bv1.ResolveRegionResponse {
 		g, _ := r.Registration(k)
 		key := g.Key()
 		resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: key.Key, RemoteAddr: key.Addr})
-		for i, rk := range key.Rails { // several rails: one key each, rail 0 (above) first
-			if i > 0 {
-				resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: rk.Key, RemoteAddr: rk.Addr, Rail: uint32(i)})
+		if rr, ok := g.(transport.RailRegistrations); ok { // several rails: one key each, rail 0 (above) first
+			for _, x := range rr.RailRegistrations() {
+				if x.Rail > 0 {
+					resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: x.Key.Key, RemoteAddr: x.Key.Addr, Rail: uint32(x.Rail)})
+				}
 			}
 		}
 	}

@@ -86,9 +86,7 @@ func resolvedFromProto(r *b2bv1.ResolveRegionResponse) Resolved {
 		}
 	}
 	if len(rails) > 1 {
-		k := out.Keys[transport.Verbs]
-		k.Rails = rails
-		out.Keys[transport.Verbs] = k
+		out.RailKeys = rails
 	}
 	return out
 }

@@ -25,10 +25,6 @@ const (
 type RemoteKey struct {
 	Key  uint64 // TCP: the registration's random token; verbs: the rkey
 	Addr uint64 // verbs: the MR's base virtual address; TCP: 0
-	// Rails: verbs over several RDMA devices (internal/transport/rails):
-	// the region's key on each of the owner's rails, indexed by rail
-	// (Rails[0] equals Key and Addr); nil with one device.
-	Rails []RemoteKey
 }
 
 // Registration is memory registered with one transport. Close releases the
@@ -55,6 +51,10 @@ type RemoteRegion struct {
 	Name string
 	Size uint64
 	Key  RemoteKey
+	// Rails: verbs to a peer with several RDMA devices
+	// (internal/transport/rails): the region's key on each of the peer's
+	// rails, by rail index (Rails[0] is Key); nil with one device.
+	Rails []RemoteKey
 }
 
 // Peer is a remote daemon after a successful handshake, as the transports
@@ -174,6 +174,9 @@ type Resolution struct {
 	Name string
 	Size uint64
 	Keys map[Kind]RemoteKey
+	// RailKeys: the verbs key on each of the peer's rails, by rail index,
+	// when it has several (RailKeys[0] is Keys[Verbs]); nil otherwise.
+	RailKeys []RemoteKey
 }
 
 // Stats describes how a batch went on the wire.

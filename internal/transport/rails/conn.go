@@ -623,10 +623,9 @@ func runJob(ws *writeState, k int, async bool) {
 	dst := ws.dst
 	d := dst
 	switch {
-	case dst.Key.Rails != nil && j.p.remote < len(dst.Key.Rails):
-		d.Key = dst.Key.Rails[j.p.remote]
-	case dst.Key.Rails == nil && j.p.remote == 0:
-		d.Key = transport.RemoteKey{Key: dst.Key.Key, Addr: dst.Key.Addr}
+	case dst.Rails != nil && j.p.remote < len(dst.Rails):
+		d.Key, d.Rails = dst.Rails[j.p.remote], nil
+	case dst.Rails == nil && j.p.remote == 0:
 	default:
 		j.err = fmt.Errorf("rails: destination %q has no key for peer rail %d: %w", dst.Name, j.p.remote, errs.ErrFailedPrecondition)
 		return

@@ -67,7 +67,7 @@ func newRig(t *testing.T, size int, cfg Config) *rig {
 		t.Fatal(err)
 	}
 	g.reg.add(g.dreg.Key().Key, hostMem(g.dst))
-	g.remote = transport.RemoteRegion{Name: "dst", Size: uint64(size), Key: g.dreg.Key()}
+	g.remote = transport.RemoteRegion{Name: "dst", Size: uint64(size), Key: g.dreg.Key(), Rails: railKeys(g.dreg)}
 	if g.conn, err = g.a.Connect(context.Background(), transport.Peer{Address: "b", Signal: loopSignal{g.b}, Rails: g.b.Advertise().Rails}); err != nil {
 		t.Fatal(err)
 	}
@@ -77,6 +77,15 @@ func newRig(t *testing.T, size int, cfg Config) *rig {
 		g.b.Close()
 	})
 	return g
+}
+
+// railKeys is a registration's key on each rail, as a peer resolves them.
+func railKeys(r transport.Registration) []transport.RemoteKey {
+	var out []transport.RemoteKey
+	for _, x := range r.(transport.RailRegistrations).RailRegistrations() {
+		out = append(out, x.Key)
+	}
+	return out
 }
 
 // batch is n blocks of mixed sizes (128 B to 2 MiB) at random disjoint
@@ -257,7 +266,7 @@ func TestRequestErrorIsNotARailFault(t *testing.T) {
 	g := newRig(t, 16<<20, Config{})
 	b := batch(50, 16<<20)
 	bad := g.remote
-	bad.Key.Rails = []transport.RemoteKey{{Key: 0xdead00, Addr: bad.Key.Addr}, {Key: 0xbeef00, Addr: bad.Key.Addr}}
+	bad.Rails = []transport.RemoteKey{{Key: 0xdead00, Addr: bad.Key.Addr}, {Key: 0xbeef00, Addr: bad.Key.Addr}}
 	_, err := g.conn.Write(context.Background(), g.sreg, bad, b)
 	if errs.Class(err) != errs.ErrNotFound {
 		t.Fatalf("error %v, want NotFound", err)
@@ -288,7 +297,7 @@ func TestDeadline(t *testing.T) {
 
 func TestRekeyAndPin(t *testing.T) {
 	g := newRig(t, 1<<20, Config{})
-	old := g.dreg.Key()
+	old := transport.RemoteRegion{Key: g.dreg.Key(), Rails: railKeys(g.dreg)}
 	in1 := railInbound{t: g.b, rail: 1}
 	if _, _, err := in1.Pin(transport.Verbs, old.Rails[1].Key); err != nil {
 		t.Fatalf("rail 1 key: %v", err)
@@ -297,17 +306,17 @@ func TestRekeyAndPin(t *testing.T) {
 		t.Fatalf("rail 0's key on rail 1: %v, want NotFound", err)
 	}
 	was, err := g.dreg.(transport.Rekeyer).Rekey()
-	if err != nil || was.Key != old.Key {
+	if err != nil || was != old.Key {
 		t.Fatal(was, err)
 	}
-	nk := g.dreg.Key()
-	if nk.Rails[1].Key == old.Rails[1].Key || nk.Key != nk.Rails[0].Key {
+	nk := transport.RemoteRegion{Key: g.dreg.Key(), Rails: railKeys(g.dreg)}
+	if nk.Rails[1].Key == old.Rails[1].Key || nk.Key != nk.Rails[0] {
 		t.Fatalf("rekeyed %+v from %+v", nk, old)
 	}
 	if _, _, err := in1.Pin(transport.Verbs, old.Rails[1].Key); errs.Class(err) != errs.ErrNotFound {
 		t.Fatalf("old rail 1 key after rekey: %v, want NotFound", err)
 	}
-	g.reg.add(nk.Key, hostMem(g.dst))
+	g.reg.add(nk.Key.Key, hostMem(g.dst))
 	if _, _, err := in1.Pin(transport.Verbs, nk.Rails[1].Key); err != nil {
 		t.Fatalf("new rail 1 key: %v", err)
 	}

@@ -25,7 +25,7 @@ type registration struct {
 	npref int
 
 	mu     sync.Mutex
-	key    transport.RemoteKey
+	keys   []transport.RemoteKey // by rail; keys[0] is the registration's Key
 	closed bool
 	err    error
 }
@@ -51,8 +51,8 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	}
 	r.rank()
 	t.mu.Lock()
-	r.key = r.buildKey()
-	t.mapKeys(r.key, true)
+	r.keys = r.buildKeys()
+	t.mapKeys(r.keys, true)
 	t.mu.Unlock()
 	return r, nil
 }
@@ -121,34 +121,33 @@ func (r *registration) rank() {
 	t.log.Info("rails chosen for a region (* = striped over)", args...)
 }
 
-func (r *registration) buildKey() transport.RemoteKey {
-	k := transport.RemoteKey{Rails: make([]transport.RemoteKey, len(r.regs))}
+func (r *registration) buildKeys() []transport.RemoteKey {
+	k := make([]transport.RemoteKey, len(r.regs))
 	for i, g := range r.regs {
-		k.Rails[i] = g.Key()
+		k[i] = g.Key()
 	}
-	k.Key, k.Addr = k.Rails[0].Key, k.Rails[0].Addr
 	return k
 }
 
-// mapKeys adds (or removes) the translation of k's rail keys to its rail-0
+// mapKeys adds (or removes) the translation of each rail's key to the rail-0
 // key for the receiving side. t.mu held.
-func (t *Transport) mapKeys(k transport.RemoteKey, add bool) {
-	for i := 1; i < len(k.Rails); i++ {
+func (t *Transport) mapKeys(k []transport.RemoteKey, add bool) {
+	for i := 1; i < len(k); i++ {
 		if add {
-			t.keys[i][uint32(k.Rails[i].Key)] = k.Key
-		} else if t.keys[i][uint32(k.Rails[i].Key)] == k.Key {
-			delete(t.keys[i], uint32(k.Rails[i].Key))
+			t.keys[i][uint32(k[i].Key)] = k[0].Key
+		} else if t.keys[i][uint32(k[i].Key)] == k[0].Key {
+			delete(t.keys[i], uint32(k[i].Key))
 		}
 	}
 }
 
 func (r *registration) Memory() memory.Memory { return r.mem }
 
-// Key is rail 0's key with every rail's key in Rails.
+// Key is rail 0's key (the registry's); RailRegistrations has every rail's.
 func (r *registration) Key() transport.RemoteKey {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.key
+	return r.keys[0]
 }
 
 // Rekey gives every rail a new MR (see transport.Rekeyer) and returns the
@@ -167,17 +166,17 @@ func (r *registration) Rekey() (transport.RemoteKey, error) {
 	}
 	t := r.t
 	r.mu.Lock()
-	old := r.key
-	r.key = r.buildKey()
+	old := r.keys
+	r.keys = r.buildKeys()
 	t.mu.Lock()
 	t.mapKeys(old, false)
-	t.mapKeys(r.key, true)
+	t.mapKeys(r.keys, true)
 	t.mu.Unlock()
 	r.mu.Unlock()
 	if len(el) > 0 {
-		return old, fmt.Errorf("rails: rekey: %w", errors.Join(el...))
+		return old[0], fmt.Errorf("rails: rekey: %w", errors.Join(el...))
 	}
-	return old, nil
+	return old[0], nil
 }
 
 // Close deregisters the memory on every rail; safe twice.
@@ -190,7 +189,7 @@ func (r *registration) Close() error {
 	r.closed = true
 	t := r.t
 	t.mu.Lock()
-	t.mapKeys(r.key, false)
+	t.mapKeys(r.keys, false)
 	t.mu.Unlock()
 	r.mu.Unlock()
 	var el []error
@@ -207,11 +206,11 @@ func (r *registration) Close() error {
 // RailRegistrations lists the MR on each rail; see transport.RailRegistrations.
 func (r *registration) RailRegistrations() []transport.RailRegistration {
 	r.mu.Lock()
-	key := r.key
+	keys := r.keys
 	r.mu.Unlock()
 	out := make([]transport.RailRegistration, len(r.regs))
 	for i, g := range r.regs {
-		x := transport.RailRegistration{Rail: i, Device: r.t.rails[i].name, Key: key.Rails[i], Affinity: r.tier[i].String()}
+		x := transport.RailRegistration{Rail: i, Device: r.t.rails[i].name, Key: keys[i], Affinity: r.tier[i].String()}
 		if p, ok := g.(interface{ Path() string }); ok {
 			x.Path = p.Path()
 		}
