@@ -98,5 +98,5 @@ func RegisterOptionalFlags(fs *flag.FlagSet, cfg *Config) {
 	}
 	fs.StringVar(&cfg.Rails.Map, "rdma-rail-map", "", "pair rails with the peer's by device name: local=peer,... (default: by subnet / GID prefix)")
 	fs.IntVar(&cfg.Rails.StripeRails, "rdma-stripe-rails", 0, "stripe a batch over at most this many rails (0: every rail of the region's best affinity tier)")
-	fs.Uint64Var(&cfg.Rails.StripeMin, "rdma-stripe-min", rails.DefaultStripeMin, "a batch of fewer bytes goes whole on one rail")
+	fs.Uint64Var(&cfg.Rails.StripeMin, "rdma-stripe-min", rails.DefaultStripeMin, "a batch of fewer bytes goes whole on one rail (of the region's best tier)")
 }
