@@ -91,6 +91,12 @@ func transportStatuses(all []*b2bv1.TransportStatus, live map[b2bv1.TransportKin
 		if l, ok := live[ts.Kind]; ok {
 			r := l.Resources()
 			ts.Connections, ts.QueuePairs, ts.MemoryRegions = uint32(r.Connections), uint32(r.QueuePairs), uint32(r.MemoryRegions)
+			if rr, ok := l.(transport.RailReporter); ok {
+				for _, x := range rr.RailStatus() {
+					ts.Rails = append(ts.Rails, &b2bv1.RailStatus{Rail: uint32(x.Rail), Device: x.Device, Detail: x.Detail, Up: x.Up,
+						LastError: x.LastError, Failovers: x.Failovers, Reconnects: x.Reconnects, BytesSent: x.BytesSent})
+				}
+			}
 		}
 		out[i] = ts
 	}
@@ -121,6 +127,7 @@ func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
 		if l := a.Local; l.Socket != "" {
 			resp.Local = &b2bv1.LocalEndpoint{BootId: l.BootID, Socket: l.Socket, TokenPath: l.TokenPath, TokenDigest: l.TokenDigest}
 		}
+		resp.VerbsRails = append(resp.VerbsRails, peer.VerbsRailsToProto(a.Rails)...)
 	}
 	return resp
 }
@@ -131,6 +138,13 @@ func resolveResponse(r *region.Region) *b2bv1.ResolveRegionResponse {
 		g, _ := r.Registration(k)
 		key := g.Key()
 		resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: key.Key, RemoteAddr: key.Addr})
+		if rr, ok := g.(transport.RailRegistrations); ok { // several rails: one key each, rail 0 (above) first
+			for _, x := range rr.RailRegistrations() {
+				if x.Rail > 0 {
+					resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: x.Key.Key, RemoteAddr: x.Key.Addr, Rail: uint32(x.Rail)})
+				}
+			}
+		}
 	}
 	return resp
 }
@@ -156,6 +170,13 @@ func regionProto(r *region.Region, active int) *b2bv1.Region {
 	}
 	for _, k := range r.Transports() {
 		p.RegisteredWith = append(p.RegisteredWith, peer.KindToProto(k))
+		g, _ := r.Registration(k)
+		if rr, ok := g.(transport.RailRegistrations); ok {
+			for _, x := range rr.RailRegistrations() {
+				p.Rails = append(p.Rails, &b2bv1.RailRegistration{Rail: uint32(x.Rail), Device: x.Device, Rkey: x.Key.Key,
+					Path: x.Path, Affinity: x.Affinity, Preferred: x.Preferred})
+			}
+		}
 	}
 	return p
 }

@@ -13,7 +13,7 @@
 #
 # Kernel command line parameters (run-pair.sh sets them; no spaces allowed in values):
 #   b2b_role=a|b  b2b_ip=10.77.0.1/24  b2b_peer=10.77.0.2  b2b_script=/abs/script  b2b_out=/abs/outdir
-#   b2b_run=RUNID  [b2b_dev=rxe0] [b2b_mtu=1500] [b2b_rootcache=none]  [b2b_expose=/tmp/x:/run/y]  (host paths under a VM-private overlay
+#   b2b_run=RUNID  [b2b_dev=rxe0] [b2b_mtu=1500] [b2b_ip2=10.78.0.1/24 b2b_peer2=10.78.0.2] [b2b_rootcache=none]  [b2b_expose=/tmp/x:/run/y]  (host paths under a VM-private overlay
 #   such as /tmp that must stay visible, read-only, inside the VM)
 #
 # Exit codes written to <role>.rc by the testbed itself (the script's own code otherwise):
@@ -67,6 +67,30 @@ run_guest() {
 		sleep 0.1
 	done
 	msg "$dev up on eth0 ($b2b_ip)"
+	if [ -n "${b2b_ip2:-}" ]; then
+		# The second wire (run-pair.sh --wires 2): eth1, rxe1.
+		n=0
+		until [ -e /sys/class/net/eth1 ]; do
+			n=$((n + 1))
+			[ "$n" -gt 100 ] && return 96
+			sleep 0.1
+		done
+		ip addr add "$b2b_ip2" dev eth1 || return 96
+		if [ -n "${b2b_mtu:-}" ]; then ip link set eth1 mtu "$b2b_mtu" || return 96; fi
+		ip link set eth1 up || return 96
+		rdma link add rxe1 type rxe netdev eth1 || return 97
+		n=0
+		until grep -q ACTIVE /sys/class/infiniband/rxe1/ports/1/state 2>/dev/null; do
+			n=$((n + 1))
+			if [ "$n" -gt 100 ]; then
+				msg "rxe1 port 1 not ACTIVE after 10 s"
+				return 97
+			fi
+			sleep 0.1
+		done
+		msg "rxe1 up on eth1 ($b2b_ip2)"
+		export B2B_RDMA_DEV2=rxe1 B2B_SELF_IP2="${b2b_ip2%/*}" B2B_PEER_IP2="$b2b_peer2"
+	fi
 	export B2B_ROLE="$role" B2B_SELF_IP="${b2b_ip%/*}" B2B_PEER_IP="$b2b_peer" B2B_RDMA_DEV="$dev"
 	export B2B_OUT="$out" B2B_RUN_ID="$b2b_run"
 	if [ ! -f "$b2b_script" ]; then
@@ -179,7 +203,7 @@ stage1() {
 	out_mounted=1
 
 	cp /init "$ROOT/tmp/.b2b-init.sh" || fail "copy stage 2"
-	export b2b_role b2b_ip b2b_peer b2b_script b2b_out b2b_run b2b_dev b2b_mtu
+	export b2b_role b2b_ip b2b_peer b2b_script b2b_out b2b_run b2b_dev b2b_mtu b2b_ip2 b2b_peer2
 	msg "chroot into the host root"
 	chroot "$ROOT" /bin/sh /tmp/.b2b-init.sh stage2 || msg "stage 2 exited with $?"
 	[ -f "$ROOT$b2b_out/$b2b_role.rc" ] || fail "stage 2 wrote no exit code"

@@ -3,7 +3,7 @@
 # device rxe0 on eth0, run SCRIPT_A in A and SCRIPT_B in B, wait for both to power off, report.
 #
 #   deploy/rdma-testbed/run-pair.sh SCRIPT_A SCRIPT_B [--timeout SECONDS] [--out DIR] [--mem MiB] [--smp N]
-#                                                     [--grace SECONDS] [--mtu BYTES]
+#                                                     [--grace SECONDS] [--mtu BYTES] [--wires 1|2]
 #
 #   SCRIPT_A/B  absolute host paths (the VMs see the host's root, read-only, at the same paths). Executable
 #               files run directly (mind the shebang); others run with bash. Each gets:
@@ -17,6 +17,9 @@
 #   --smp N     vCPUs per VM (default 1: measured faster than 2 on a 2-core host, see README.md).
 #   --grace S   once one VM has failed, how long the other may still run (default 60).
 #   --mtu B     eth0 MTU in the VMs (default 1500, which gives rxe an active MTU of 1024; 4200 gives 4096).
+#   --wires N   1 (default) or 2: a second virtual wire (its own QEMU socket) between eth1 of both VMs,
+#               10.78.0.1/24 (A) and 10.78.0.2/24 (B), with Soft-RoCE device rxe1 on it; the scripts then also
+#               get B2B_RDMA_DEV2=rxe1 B2B_SELF_IP2 B2B_PEER_IP2. Two RDMA devices, two wires: rails.
 #
 # Exit status: 0 both scripts exited 0; 1 a script failed; 124 timeout; 2 usage; 3 QEMU could not start.
 # Environment: B2B_TESTBED_CACHE (see setup.sh), B2B_TESTBED_QUIET=1 (do not print the consoles on success).
@@ -29,13 +32,14 @@ CACHE=${B2B_TESTBED_CACHE:-$REPO/.cache/rdma-testbed}
 # Defaults. SMP=1 (measured, perftest-smoke.sh, 5 alternated pairs on the 2-core host): -smp 1 per VM took
 # 16-42 s in total against 38-81 s for -smp 2, and ib_write_bw 65536 B averaged 5-21 MB/s against 6-11 MB/s;
 # two VMs of 2 vCPUs oversubscribe 2 host cores under TCG. See README.md.
-TIMEOUT=900 OUT="" MEM=2048 SMP=1 GRACE=60 MTU=""
+TIMEOUT=900 OUT="" MEM=2048 SMP=1 GRACE=60 MTU="" WIRES=1
 # CPU model: plain qemu64 measured faster than -cpu max under TCG (ib_write_bw 65536 B about 23 MB/s vs 15;
 # with max, glibc and the kernel pick AVX code paths that TCG emulates slowly). Go binaries must be built for
 # GOAMD64=v1 (the default) to run on qemu64.
 CPU=${B2B_TESTBED_CPU:-qemu64}
 IP_A=10.77.0.1 IP_B=10.77.0.2 PREFIX=24
 MAC_A=52:54:00:77:00:01 MAC_B=52:54:00:77:00:02
+IP2_A=10.78.0.1 IP2_B=10.78.0.2 MAC2_A=52:54:00:78:00:01 MAC2_B=52:54:00:78:00:02
 
 usage() { # usage [EXIT_CODE]
 	sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}" >&2
@@ -56,6 +60,8 @@ while [ $# -gt 0 ]; do
 	--smp) SMP=${2:?}; shift 2 ;;
 	--grace) GRACE=${2:?}; shift 2 ;;
 	--mtu) MTU=${2:?}; shift 2 ;;
+	--wires) WIRES=${2:?}; shift 2 ;;
+	--wires=*) WIRES=${1#*=}; shift ;;
 	--timeout=*) TIMEOUT=${1#*=}; shift ;;
 	--out=*) OUT=${1#*=}; shift ;;
 	--mem=*) MEM=${1#*=}; shift ;;
@@ -69,6 +75,7 @@ while [ $# -gt 0 ]; do
 done
 [ "${#scripts[@]}" = 2 ] || usage
 [ -z "$MTU" ] || [[ $MTU =~ ^[1-9][0-9]*$ ]] || die "--mtu wants a positive integer, got '$MTU'"
+[[ $WIRES =~ ^[12]$ ]] || die "--wires wants 1 or 2, got '$WIRES'"
 for v in TIMEOUT MEM SMP GRACE; do
 	[[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "--${v,,} wants a positive integer, got '${!v}'"
 done
@@ -138,10 +145,15 @@ cleanup() {
 trap cleanup EXIT
 trap 'say "interrupted"; cleanup; exit 130' INT TERM HUP
 
-start_qemu() { # start_qemu ROLE NETDEV_SPEC MAC SELF_IP PEER_IP SCRIPT
-	local role=$1 netdev=$2 mac=$3 ip=$4 peer=$5 script=$6
+start_qemu() { # start_qemu ROLE NETDEV_SPEC MAC SELF_IP PEER_IP SCRIPT [NETDEV2_SPEC MAC2 SELF_IP2 PEER_IP2]
+	local role=$1 netdev=$2 mac=$3 ip=$4 peer=$5 script=$6 netdev2=${7:-} mac2=${8:-} ip2=${9:-} peer2=${10:-}
 	local append="console=ttyS0 quiet panic=-1 mitigations=off no_timer_check"
 	append+=" b2b_role=$role b2b_ip=$ip/$PREFIX b2b_peer=$peer b2b_script=$script b2b_out=$OUT b2b_run=$RUN_ID"
+	local wire2=()
+	if [ -n "$netdev2" ]; then
+		append+=" b2b_ip2=$ip2/$PREFIX b2b_peer2=$peer2"
+		wire2=(-netdev "socket,id=n1,$netdev2" -device "virtio-net-pci,netdev=n1,mac=$mac2,romfile=")
+	fi
 	[ -n "$expose_arg" ] && append+=" $expose_arg"
 	[ -n "$MTU" ] && append+=" b2b_mtu=$MTU"
 	[ -n "${B2B_TESTBED_CMDLINE:-}" ] && append+=" $B2B_TESTBED_CMDLINE"
@@ -158,6 +170,7 @@ start_qemu() { # start_qemu ROLE NETDEV_SPEC MAC SELF_IP PEER_IP SCRIPT
 		-virtfs "local,path=$OUT,mount_tag=out,security_model=none" \
 		-netdev "socket,id=n0,$netdev" \
 		-device "virtio-net-pci,netdev=n0,mac=$mac,romfile=" \
+		"${wire2[@]}" \
 		"${extra[@]}" \
 		</dev/null >"$OUT/$role.qemu" 2>&1 &
 }
@@ -173,11 +186,17 @@ started=0
 for attempt in 1 2 3 4 5 6 7 8 9 10; do
 	PORT=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
 	port_in_use "$PORT" && continue
-	start_qemu a "listen=127.0.0.1:$PORT" "$MAC_A" "$IP_A" "$IP_B" "${scripts[0]}"
+	wire2_a=() PORT2=""
+	if [ "$WIRES" = 2 ]; then
+		PORT2=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+		{ [ "$PORT2" = "$PORT" ] || port_in_use "$PORT2"; } && continue
+		wire2_a=("listen=127.0.0.1:$PORT2" "$MAC2_A" "$IP2_A" "$IP2_B")
+	fi
+	start_qemu a "listen=127.0.0.1:$PORT" "$MAC_A" "$IP_A" "$IP_B" "${scripts[0]}" "${wire2_a[@]}"
 	PID_A=$!
 	for _ in $(seq 100); do
 		if ! kill -0 "$PID_A" 2>/dev/null; then break; fi
-		if listener_pid_ok "$PORT" "$PID_A"; then
+		if listener_pid_ok "$PORT" "$PID_A" && { [ -z "$PORT2" ] || listener_pid_ok "$PORT2" "$PID_A"; }; then
 			started=1
 			break
 		fi
@@ -198,7 +217,9 @@ for attempt in 1 2 3 4 5 6 7 8 9 10; do
 	die "QEMU A failed to start: $(cat "$OUT/a.qemu")" 3
 done
 [ "$started" = 1 ] || die "no free port found for the VM wire" 3
-start_qemu b "connect=127.0.0.1:$PORT" "$MAC_B" "$IP_B" "$IP_A" "${scripts[1]}"
+wire2_b=()
+[ "$WIRES" = 2 ] && wire2_b=("connect=127.0.0.1:$PORT2" "$MAC2_B" "$IP2_B" "$IP2_A")
+start_qemu b "connect=127.0.0.1:$PORT" "$MAC_B" "$IP_B" "$IP_A" "${scripts[1]}" "${wire2_b[@]}"
 PID_B=$!
 say "VM A pid $PID_A (listen 127.0.0.1:$PORT), VM B pid $PID_B"
 

@@ -190,6 +190,8 @@ if [ "$FAULTS" = 1 ]; then
 	fi
 fi
 
+B2B_RAILS_OUT="$OUT/rails" B2B_RDMA_B2BD="$B2BD" "$HERE/test-rails.sh" || rc=1 # two RDMA devices per VM (rails)
+
 if [ "$rc" != 0 ]; then
 	for r in a b; do
 		[ -f "$OUT/run/$r.log" ] && { echo "----- VM ${r^^} log -----"; tail -n 60 "$OUT/run/$r.log"; }

@@ -370,7 +370,11 @@ func (s *Service) prepare(ctx context.Context, p *Plan) (transport.Session, tran
 	if !ok {
 		return sess, none, nil, false, fmt.Errorf("%w: dst_region %q on peer %s is not registered with transport %s", errs.ErrFailedPrecondition, p.dst, p.peer, sess.Kind)
 	}
-	return sess, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key}, reg, cached, nil
+	remote := transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key}
+	if sess.Kind == transport.Verbs {
+		remote.Rails = rr.RailKeys // the peer's key per RDMA device (rails); nil with one
+	}
+	return sess, remote, reg, cached, nil
 }
 
 // isRequestError: the peer refused this request, the connection is fine.

@@ -74,6 +74,8 @@ type Config struct {
 	// Verbs configures the RDMA transport; nil: none (RegisterOptionalFlags
 	// sets it with the verbs flags).
 	Verbs *verbs.Config
+	// Rails configures the RDMA transport over several devices.
+	Rails RailsConfig
 }
 
 // RegisterFlags binds cfg to fs with the daemon's defaults.

@@ -8,16 +8,61 @@ import (
 
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/topology"
 	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/transport/rails"
 	"github.com/b2bd/b2bd/internal/transport/verbs"
 )
 
-// buildVerbs constructs the RDMA transport when this build and host have one.
+// RailsConfig is the multi-device (rails) part of the command line; see
+// docs/topology.md.
+type RailsConfig struct {
+	Map         string // --rdma-rail-map
+	StripeRails int    // --rdma-stripe-rails
+	StripeMin   uint64 // --rdma-stripe-min
+}
+
+// buildVerbs constructs the RDMA transport when this build and host have
+// one: the plain verbs transport for one device, the rails transport over
+// several (--rdma-device a,b or auto with more than one active port).
 func (d *Daemon) buildVerbs(in transport.Inbound) (transport.Transport, error) {
 	if d.cfg.Verbs == nil {
 		return nil, fmt.Errorf("%w: verbs transport not built in", errs.ErrUnavailable)
 	}
-	return verbs.New(*d.cfg.Verbs, in, d.log.Named("verbs"))
+	vc := *d.cfg.Verbs
+	port := vc.Port
+	if port == 0 {
+		port = verbs.DefaultPort
+	}
+	devs, err := rails.Devices(vc.Device, port, topology.Sysfs{})
+	if err != nil {
+		return nil, err
+	}
+	if len(devs) <= 1 {
+		if len(devs) == 1 {
+			vc.Device = devs[0]
+		}
+		return verbs.New(vc, in, d.log.Named("verbs"))
+	}
+	m, err := rails.ParseMap(d.cfg.Rails.Map)
+	if err != nil {
+		return nil, err
+	}
+	vc.NetDev = "" // each rail's GID comes from its own netdev
+	rc := rails.Config{Devices: devs, Port: port, Map: m, MaxRails: d.cfg.Rails.StripeRails, StripeMin: d.cfg.Rails.StripeMin,
+		GPUBusID: func(dev int) (string, error) {
+			if d.cuda == nil {
+				return "", fmt.Errorf("no CUDA driver: %w", errs.ErrFailedPrecondition)
+			}
+			info, err := d.cuda.DeviceInfo(dev)
+			return info.PCIBusID, err
+		}}
+	log := d.log.Named("verbs")
+	return rails.New(rc, in, log, func(dev string, rin transport.Inbound) (rails.Rail, error) {
+		c := vc
+		c.Device = dev
+		return verbs.New(c, rin, log.Named(dev))
+	})
 }
 
 // loadCUDA loads libcuda.so.1 at run time. Without it the daemon serves host
@@ -46,4 +91,12 @@ func RegisterOptionalFlags(fs *flag.FlagSet, cfg *Config) {
 	vc := verbs.DefaultConfig()
 	vc.RegisterFlags(fs)
 	cfg.Verbs = &vc
+	// --rdma-device is the verbs package's flag; it also takes a list or
+	// auto here (buildVerbs), which the usage line says.
+	if f := fs.Lookup("rdma-device"); f != nil {
+		f.Usage = "RDMA device(s): one name (e.g. mlx5_0), a comma list (one rail each, batches striped over them), or auto (every device with an active port); empty: the device of --rdma-netdev, else the first with an active port"
+	}
+	fs.StringVar(&cfg.Rails.Map, "rdma-rail-map", "", "pair rails with the peer's by device name: local=peer,... (default: by subnet / GID prefix)")
+	fs.IntVar(&cfg.Rails.StripeRails, "rdma-stripe-rails", 0, "stripe a batch over at most this many rails (0: every rail of the region's best affinity tier)")
+	fs.Uint64Var(&cfg.Rails.StripeMin, "rdma-stripe-min", rails.DefaultStripeMin, "a batch of fewer bytes goes whole on one rail (of the region's best tier)")
 }

@@ -22,6 +22,9 @@ func peerOf(addr string, hs *b2bv1.HandshakeResponse, c b2bv1.PeerClient) transp
 	if l := hs.GetLocal(); l != nil {
 		p.Local = transport.LocalEndpoint{BootID: l.GetBootId(), Socket: l.GetSocket(), TokenPath: l.GetTokenPath(), TokenDigest: l.GetTokenDigest()}
 	}
+	for _, r := range hs.GetVerbsRails() {
+		p.Rails = append(p.Rails, transport.VerbsRail{Index: int(r.GetRail()), Port: VerbsPortFromProto(r.GetPort())})
+	}
 	return p
 }
 
@@ -69,6 +72,7 @@ func fromRPC(ctx context.Context, err error) error {
 
 func resolvedFromProto(r *b2bv1.ResolveRegionResponse) Resolved {
 	out := Resolved{Name: r.GetName(), Size: r.GetSize(), Keys: make(map[transport.Kind]transport.RemoteKey, len(r.GetKeys()))}
+	var rails []transport.RemoteKey // verbs keys by rail, when the peer has several
 	for _, k := range r.GetKeys() {
 		kind, err := KindFromProto(k.GetTransport())
 		if err != nil || kind == "" {
@@ -77,6 +81,15 @@ func resolvedFromProto(r *b2bv1.ResolveRegionResponse) Resolved {
 		if _, dup := out.Keys[kind]; !dup { // the first key given for a transport wins
 			out.Keys[kind] = transport.RemoteKey{Key: k.GetKey(), Addr: k.GetRemoteAddr()}
 		}
+		if kind == transport.Verbs && k.GetRail() < maxRails {
+			for len(rails) <= int(k.GetRail()) {
+				rails = append(rails, transport.RemoteKey{})
+			}
+			rails[k.GetRail()] = transport.RemoteKey{Key: k.GetKey(), Addr: k.GetRemoteAddr()}
+		}
+	}
+	if len(rails) > 1 {
+		out.RailKeys = rails
 	}
 	return out
 }
@@ -109,11 +122,24 @@ func endpointsFromProto(eps []*b2bv1.VerbsEndpoint) []transport.VerbsEndpoint {
 }
 
 func VerbsConnectToProto(r transport.VerbsConnect) *b2bv1.ConnectVerbsRequest {
-	return &b2bv1.ConnectVerbsRequest{NodeName: r.Node, Port: VerbsPortToProto(r.Port), ConnectionId: r.ConnID, Endpoints: endpointsToProto(r.Endpoints)}
+	return &b2bv1.ConnectVerbsRequest{NodeName: r.Node, Port: VerbsPortToProto(r.Port), ConnectionId: r.ConnID, Endpoints: endpointsToProto(r.Endpoints), Rail: uint32(r.Rail)}
 }
 
 func VerbsConnectFromProto(r *b2bv1.ConnectVerbsRequest) transport.VerbsConnect {
-	return transport.VerbsConnect{Node: r.GetNodeName(), Port: VerbsPortFromProto(r.GetPort()), ConnID: r.GetConnectionId(), Endpoints: endpointsFromProto(r.GetEndpoints())}
+	return transport.VerbsConnect{Node: r.GetNodeName(), Port: VerbsPortFromProto(r.GetPort()), ConnID: r.GetConnectionId(), Endpoints: endpointsFromProto(r.GetEndpoints()), Rail: int(min(r.GetRail(), maxRails))}
+}
+
+// maxRails bounds the rail indices taken from a peer (keys, connect
+// requests); a larger index is refused by the rails transport.
+const maxRails = 64
+
+// VerbsRailsToProto lists rails for the handshake.
+func VerbsRailsToProto(rs []transport.VerbsRail) []*b2bv1.VerbsRail {
+	var out []*b2bv1.VerbsRail
+	for _, r := range rs {
+		out = append(out, &b2bv1.VerbsRail{Rail: uint32(r.Index), Port: VerbsPortToProto(r.Port)})
+	}
+	return out
 }
 
 func VerbsAcceptToProto(r transport.VerbsAccept) *b2bv1.ConnectVerbsResponse {

@@ -54,6 +54,10 @@ type RemoteRegion struct {
 	Name string
 	Size uint64
 	Key  RemoteKey
+	// Rails: verbs to a peer with several RDMA devices
+	// (internal/transport/rails): the region's key on each of the peer's
+	// rails, by rail index (Rails[0] is Key); nil with one device.
+	Rails []RemoteKey
 }
 
 // Peer is a remote daemon after a successful handshake, as the transports
@@ -71,6 +75,16 @@ type Peer struct {
 	// Signal carries transport-specific set-up over the peer's control
 	// plane (ConnectVerbs, DisconnectVerbs); nil where there is none.
 	Signal Signal
+	// Rails are the peer's RDMA devices when it has several (empty: one,
+	// connected without naming it).
+	Rails []VerbsRail
+}
+
+// VerbsRail is one of a daemon's RDMA devices as its handshake advertises
+// it: the rail's index (what VerbsConnect.Rail names) and its port.
+type VerbsRail struct {
+	Index int
+	Port  VerbsPort
 }
 
 // TCPEndpoint is what a peer advertises for its TCP data plane.
@@ -97,6 +111,8 @@ type Advert struct {
 	Detail string        // device, port, GID or listener, for Status
 	TCP    TCPEndpoint   // TCP: the data listener and session token; zero otherwise
 	Local  LocalEndpoint // local: the same-host endpoint; zero otherwise
+	// Rails: verbs over several RDMA devices: every rail, for the handshake.
+	Rails []VerbsRail
 }
 
 // Advertiser is implemented by transports that advertise parameters.
@@ -146,6 +162,9 @@ type VerbsConnect struct {
 	Port      VerbsPort
 	ConnID    uint64
 	Endpoints []VerbsEndpoint
+	// Rail is the receiver's rail to connect to (its VerbsRail.Index); 0
+	// when it has one.
+	Rail int
 }
 
 // VerbsAccept is the receiver's half: its port, the path MTU it chose, and
@@ -173,6 +192,9 @@ type Resolution struct {
 	Name string
 	Size uint64
 	Keys map[Kind]RemoteKey
+	// RailKeys: the verbs key on each of the peer's rails, by rail index,
+	// when it has several (RailKeys[0] is Keys[Verbs]); nil otherwise.
+	RailKeys []RemoteKey
 }
 
 // Stats describes how a batch went on the wire.
@@ -255,4 +277,37 @@ type Resources struct {
 // Counter is implemented by transports that can report their Resources.
 type Counter interface {
 	Resources() Resources
+}
+
+// RailStatus is one rail (RDMA device) of a transport over several, for
+// the daemon's Status.
+type RailStatus struct {
+	Rail       int
+	Device     string
+	Detail     string // port, GID, MTU, PCI address, NUMA node
+	Up         bool
+	LastError  string
+	Failovers  uint64 // batch shares moved off this rail
+	Reconnects uint64 // times it came back after a failure
+	BytesSent  uint64 // batch bytes it carried and saw acknowledged
+}
+
+// RailReporter is implemented by transports over several rails.
+type RailReporter interface {
+	RailStatus() []RailStatus
+}
+
+// RailRegistration is a registration's MR on one rail.
+type RailRegistration struct {
+	Rail      int
+	Device    string
+	Key       RemoteKey
+	Path      string // ibv_reg_mr (host), ibv_reg_dmabuf_mr, ...
+	Affinity  string // the rail's tier for this memory
+	Preferred bool   // batches from this memory stripe over it while it is up
+}
+
+// RailRegistrations is implemented by registrations over several rails.
+type RailRegistrations interface {
+	RailRegistrations() []RailRegistration
 }

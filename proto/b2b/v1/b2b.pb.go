@@ -559,8 +559,11 @@ type Region struct {
 	ActiveBatches  uint32                 `protobuf:"varint,10,opt,name=active_batches,json=activeBatches,proto3" json:"active_batches,omitempty"` // batches currently reading or writing it
 	RegisteredWith []TransportKind        `protobuf:"varint,11,rep,packed,name=registered_with,json=registeredWith,proto3,enum=b2b.v1.TransportKind" json:"registered_with,omitempty"`
 	ExportTo       []string               `protobuf:"bytes,12,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"` // empty: every authenticated peer
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// verbs with several RDMA devices (rails): the region's MR on each rail,
+	// and the rails a batch from it prefers (GPU-NIC affinity).
+	Rails         []*RailRegistration `protobuf:"bytes,13,rep,name=rails,proto3" json:"rails,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Region) Reset() {
@@ -677,6 +680,98 @@ func (x *Region) GetExportTo() []string {
 	return nil
 }
 
+func (x *Region) GetRails() []*RailRegistration {
+	if x != nil {
+		return x.Rails
+	}
+	return nil
+}
+
+// RailRegistration is a region's memory registration on one rail.
+type RailRegistration struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rail          uint32                 `protobuf:"varint,1,opt,name=rail,proto3" json:"rail,omitempty"`    // the rail's index on this daemon
+	Device        string                 `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"` // the RDMA device, e.g. mlx5_0
+	Rkey          uint64                 `protobuf:"varint,3,opt,name=rkey,proto3" json:"rkey,omitempty"`
+	Path          string                 `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`            // how the NIC reaches the memory (ibv_reg_mr, ibv_reg_dmabuf_mr)
+	Affinity      string                 `protobuf:"bytes,5,opt,name=affinity,proto3" json:"affinity,omitempty"`    // the rail's tier for this memory, e.g. "same PCIe switch"
+	Preferred     bool                   `protobuf:"varint,6,opt,name=preferred,proto3" json:"preferred,omitempty"` // batches from this region stripe over the preferred rails while they are up
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RailRegistration) Reset() {
+	*x = RailRegistration{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RailRegistration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RailRegistration) ProtoMessage() {}
+
+func (x *RailRegistration) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RailRegistration.ProtoReflect.Descriptor instead.
+func (*RailRegistration) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RailRegistration) GetRail() uint32 {
+	if x != nil {
+		return x.Rail
+	}
+	return 0
+}
+
+func (x *RailRegistration) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *RailRegistration) GetRkey() uint64 {
+	if x != nil {
+		return x.Rkey
+	}
+	return 0
+}
+
+func (x *RailRegistration) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *RailRegistration) GetAffinity() string {
+	if x != nil {
+		return x.Affinity
+	}
+	return ""
+}
+
+func (x *RailRegistration) GetPreferred() bool {
+	if x != nil {
+		return x.Preferred
+	}
+	return false
+}
+
 type RegisterRegionResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Region        *Region                `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
@@ -686,7 +781,7 @@ type RegisterRegionResponse struct {
 
 func (x *RegisterRegionResponse) Reset() {
 	*x = RegisterRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[6]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +793,7 @@ func (x *RegisterRegionResponse) String() string {
 func (*RegisterRegionResponse) ProtoMessage() {}
 
 func (x *RegisterRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[6]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +806,7 @@ func (x *RegisterRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRegionResponse.ProtoReflect.Descriptor instead.
 func (*RegisterRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{6}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RegisterRegionResponse) GetRegion() *Region {
@@ -730,7 +825,7 @@ type DeregisterRegionRequest struct {
 
 func (x *DeregisterRegionRequest) Reset() {
 	*x = DeregisterRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[7]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -742,7 +837,7 @@ func (x *DeregisterRegionRequest) String() string {
 func (*DeregisterRegionRequest) ProtoMessage() {}
 
 func (x *DeregisterRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[7]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -755,7 +850,7 @@ func (x *DeregisterRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterRegionRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{7}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeregisterRegionRequest) GetRegionId() string {
@@ -773,7 +868,7 @@ type DeregisterRegionResponse struct {
 
 func (x *DeregisterRegionResponse) Reset() {
 	*x = DeregisterRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[8]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -785,7 +880,7 @@ func (x *DeregisterRegionResponse) String() string {
 func (*DeregisterRegionResponse) ProtoMessage() {}
 
 func (x *DeregisterRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[8]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -798,7 +893,7 @@ func (x *DeregisterRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterRegionResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{8}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{9}
 }
 
 type ListRegionsRequest struct {
@@ -809,7 +904,7 @@ type ListRegionsRequest struct {
 
 func (x *ListRegionsRequest) Reset() {
 	*x = ListRegionsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[9]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +916,7 @@ func (x *ListRegionsRequest) String() string {
 func (*ListRegionsRequest) ProtoMessage() {}
 
 func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[9]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +929,7 @@ func (x *ListRegionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsRequest.ProtoReflect.Descriptor instead.
 func (*ListRegionsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{9}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{10}
 }
 
 type ListRegionsResponse struct {
@@ -846,7 +941,7 @@ type ListRegionsResponse struct {
 
 func (x *ListRegionsResponse) Reset() {
 	*x = ListRegionsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[10]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +953,7 @@ func (x *ListRegionsResponse) String() string {
 func (*ListRegionsResponse) ProtoMessage() {}
 
 func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[10]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +966,7 @@ func (x *ListRegionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRegionsResponse.ProtoReflect.Descriptor instead.
 func (*ListRegionsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{10}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListRegionsResponse) GetRegions() []*Region {
@@ -892,7 +987,7 @@ type ExportRegionRequest struct {
 
 func (x *ExportRegionRequest) Reset() {
 	*x = ExportRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[11]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +999,7 @@ func (x *ExportRegionRequest) String() string {
 func (*ExportRegionRequest) ProtoMessage() {}
 
 func (x *ExportRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[11]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1012,7 @@ func (x *ExportRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRegionRequest.ProtoReflect.Descriptor instead.
 func (*ExportRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{11}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExportRegionRequest) GetRegionId() string {
@@ -950,7 +1045,7 @@ type ExportRegionResponse struct {
 
 func (x *ExportRegionResponse) Reset() {
 	*x = ExportRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[12]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1057,7 @@ func (x *ExportRegionResponse) String() string {
 func (*ExportRegionResponse) ProtoMessage() {}
 
 func (x *ExportRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[12]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1070,7 @@ func (x *ExportRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExportRegionResponse.ProtoReflect.Descriptor instead.
 func (*ExportRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{12}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExportRegionResponse) GetRegion() *Region {
@@ -1000,7 +1095,7 @@ type Descriptors struct {
 
 func (x *Descriptors) Reset() {
 	*x = Descriptors{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[13]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1107,7 @@ func (x *Descriptors) String() string {
 func (*Descriptors) ProtoMessage() {}
 
 func (x *Descriptors) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[13]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1120,7 @@ func (x *Descriptors) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Descriptors.ProtoReflect.Descriptor instead.
 func (*Descriptors) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{13}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Descriptors) GetSrcOffsets() []byte {
@@ -1073,7 +1168,7 @@ type BatchTransferRequest struct {
 
 func (x *BatchTransferRequest) Reset() {
 	*x = BatchTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[14]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1180,7 @@ func (x *BatchTransferRequest) String() string {
 func (*BatchTransferRequest) ProtoMessage() {}
 
 func (x *BatchTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[14]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1193,7 @@ func (x *BatchTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchTransferRequest.ProtoReflect.Descriptor instead.
 func (*BatchTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{14}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BatchTransferRequest) GetSrcRegionId() string {
@@ -1158,7 +1253,7 @@ type BatchTransferResponse struct {
 
 func (x *BatchTransferResponse) Reset() {
 	*x = BatchTransferResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[15]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1170,7 +1265,7 @@ func (x *BatchTransferResponse) String() string {
 func (*BatchTransferResponse) ProtoMessage() {}
 
 func (x *BatchTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[15]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1183,7 +1278,7 @@ func (x *BatchTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchTransferResponse.ProtoReflect.Descriptor instead.
 func (*BatchTransferResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{15}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BatchTransferResponse) GetBlocks() uint64 {
@@ -1254,7 +1349,7 @@ type PhaseTimings struct {
 
 func (x *PhaseTimings) Reset() {
 	*x = PhaseTimings{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[16]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1266,7 +1361,7 @@ func (x *PhaseTimings) String() string {
 func (*PhaseTimings) ProtoMessage() {}
 
 func (x *PhaseTimings) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[16]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1279,7 +1374,7 @@ func (x *PhaseTimings) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PhaseTimings.ProtoReflect.Descriptor instead.
 func (*PhaseTimings) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{16}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PhaseTimings) GetDecodeNs() uint64 {
@@ -1353,7 +1448,7 @@ type PrepareTransferRequest struct {
 
 func (x *PrepareTransferRequest) Reset() {
 	*x = PrepareTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[17]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1460,7 @@ func (x *PrepareTransferRequest) String() string {
 func (*PrepareTransferRequest) ProtoMessage() {}
 
 func (x *PrepareTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[17]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1473,7 @@ func (x *PrepareTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareTransferRequest.ProtoReflect.Descriptor instead.
 func (*PrepareTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{17}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PrepareTransferRequest) GetSrcRegionId() string {
@@ -1438,7 +1533,7 @@ type PrepareTransferResponse struct {
 
 func (x *PrepareTransferResponse) Reset() {
 	*x = PrepareTransferResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1545,7 @@ func (x *PrepareTransferResponse) String() string {
 func (*PrepareTransferResponse) ProtoMessage() {}
 
 func (x *PrepareTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[18]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1558,7 @@ func (x *PrepareTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrepareTransferResponse.ProtoReflect.Descriptor instead.
 func (*PrepareTransferResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{18}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PrepareTransferResponse) GetHandle() uint64 {
@@ -1524,7 +1619,7 @@ type SubmitTransferRequest struct {
 
 func (x *SubmitTransferRequest) Reset() {
 	*x = SubmitTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1536,7 +1631,7 @@ func (x *SubmitTransferRequest) String() string {
 func (*SubmitTransferRequest) ProtoMessage() {}
 
 func (x *SubmitTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[19]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1549,7 +1644,7 @@ func (x *SubmitTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitTransferRequest.ProtoReflect.Descriptor instead.
 func (*SubmitTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{19}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SubmitTransferRequest) GetHandle() uint64 {
@@ -1568,7 +1663,7 @@ type ReleaseTransferRequest struct {
 
 func (x *ReleaseTransferRequest) Reset() {
 	*x = ReleaseTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +1675,7 @@ func (x *ReleaseTransferRequest) String() string {
 func (*ReleaseTransferRequest) ProtoMessage() {}
 
 func (x *ReleaseTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[20]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +1688,7 @@ func (x *ReleaseTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseTransferRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{20}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReleaseTransferRequest) GetHandle() uint64 {
@@ -1611,7 +1706,7 @@ type ReleaseTransferResponse struct {
 
 func (x *ReleaseTransferResponse) Reset() {
 	*x = ReleaseTransferResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1623,7 +1718,7 @@ func (x *ReleaseTransferResponse) String() string {
 func (*ReleaseTransferResponse) ProtoMessage() {}
 
 func (x *ReleaseTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1636,7 +1731,7 @@ func (x *ReleaseTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseTransferResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseTransferResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{21}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{22}
 }
 
 type SubmitStreamRequest struct {
@@ -1649,7 +1744,7 @@ type SubmitStreamRequest struct {
 
 func (x *SubmitStreamRequest) Reset() {
 	*x = SubmitStreamRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1661,7 +1756,7 @@ func (x *SubmitStreamRequest) String() string {
 func (*SubmitStreamRequest) ProtoMessage() {}
 
 func (x *SubmitStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1674,7 +1769,7 @@ func (x *SubmitStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitStreamRequest.ProtoReflect.Descriptor instead.
 func (*SubmitStreamRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{22}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SubmitStreamRequest) GetTag() uint64 {
@@ -1706,7 +1801,7 @@ type SubmitStreamResponse struct {
 
 func (x *SubmitStreamResponse) Reset() {
 	*x = SubmitStreamResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1813,7 @@ func (x *SubmitStreamResponse) String() string {
 func (*SubmitStreamResponse) ProtoMessage() {}
 
 func (x *SubmitStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1826,7 @@ func (x *SubmitStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitStreamResponse.ProtoReflect.Descriptor instead.
 func (*SubmitStreamResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{23}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SubmitStreamResponse) GetTag() uint64 {
@@ -1770,7 +1865,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1782,7 +1877,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1795,7 +1890,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{24}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{25}
 }
 
 type PingResponse struct {
@@ -1806,7 +1901,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +1913,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +1926,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{25}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{26}
 }
 
 type ChecksumRequest struct {
@@ -1848,7 +1943,7 @@ type ChecksumRequest struct {
 
 func (x *ChecksumRequest) Reset() {
 	*x = ChecksumRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +1955,7 @@ func (x *ChecksumRequest) String() string {
 func (*ChecksumRequest) ProtoMessage() {}
 
 func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +1968,7 @@ func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumRequest.ProtoReflect.Descriptor instead.
 func (*ChecksumRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{26}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ChecksumRequest) GetRegionId() string {
@@ -1935,7 +2030,7 @@ type ChecksumResponse struct {
 
 func (x *ChecksumResponse) Reset() {
 	*x = ChecksumResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2042,7 @@ func (x *ChecksumResponse) String() string {
 func (*ChecksumResponse) ProtoMessage() {}
 
 func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2055,7 @@ func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumResponse.ProtoReflect.Descriptor instead.
 func (*ChecksumResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{27}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ChecksumResponse) GetDigest() uint64 {
@@ -2007,7 +2102,7 @@ type WatchNotificationsRequest struct {
 
 func (x *WatchNotificationsRequest) Reset() {
 	*x = WatchNotificationsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2019,7 +2114,7 @@ func (x *WatchNotificationsRequest) String() string {
 func (*WatchNotificationsRequest) ProtoMessage() {}
 
 func (x *WatchNotificationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2032,7 +2127,7 @@ func (x *WatchNotificationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchNotificationsRequest.ProtoReflect.Descriptor instead.
 func (*WatchNotificationsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{28}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchNotificationsRequest) GetRegionId() string {
@@ -2056,7 +2151,7 @@ type Notification struct {
 
 func (x *Notification) Reset() {
 	*x = Notification{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2163,7 @@ func (x *Notification) String() string {
 func (*Notification) ProtoMessage() {}
 
 func (x *Notification) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2176,7 @@ func (x *Notification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notification.ProtoReflect.Descriptor instead.
 func (*Notification) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{29}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Notification) GetRegion() string {
@@ -2134,7 +2229,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2146,7 +2241,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2159,7 +2254,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{30}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{31}
 }
 
 type TransportStatus struct {
@@ -2173,13 +2268,15 @@ type TransportStatus struct {
 	Connections   uint32 `protobuf:"varint,4,opt,name=connections,proto3" json:"connections,omitempty"`
 	QueuePairs    uint32 `protobuf:"varint,5,opt,name=queue_pairs,json=queuePairs,proto3" json:"queue_pairs,omitempty"`
 	MemoryRegions uint32 `protobuf:"varint,6,opt,name=memory_regions,json=memoryRegions,proto3" json:"memory_regions,omitempty"`
+	// verbs with several RDMA devices: one entry per rail.
+	Rails         []*RailStatus `protobuf:"bytes,7,rep,name=rails,proto3" json:"rails,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TransportStatus) Reset() {
 	*x = TransportStatus{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2191,7 +2288,7 @@ func (x *TransportStatus) String() string {
 func (*TransportStatus) ProtoMessage() {}
 
 func (x *TransportStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2204,7 +2301,7 @@ func (x *TransportStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransportStatus.ProtoReflect.Descriptor instead.
 func (*TransportStatus) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{31}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *TransportStatus) GetKind() TransportKind {
@@ -2249,6 +2346,114 @@ func (x *TransportStatus) GetMemoryRegions() uint32 {
 	return 0
 }
 
+func (x *TransportStatus) GetRails() []*RailStatus {
+	if x != nil {
+		return x.Rails
+	}
+	return nil
+}
+
+// RailStatus is one RDMA device (rail) of the verbs transport.
+type RailStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rail          uint32                 `protobuf:"varint,1,opt,name=rail,proto3" json:"rail,omitempty"`
+	Device        string                 `protobuf:"bytes,2,opt,name=device,proto3" json:"device,omitempty"`
+	Detail        string                 `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`                         // port, GID, MTU, PCI address and NUMA node
+	Up            bool                   `protobuf:"varint,4,opt,name=up,proto3" json:"up,omitempty"`                                // false while the port is down or every peer connection on it failed
+	LastError     string                 `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`  // why it last went down
+	Failovers     uint64                 `protobuf:"varint,6,opt,name=failovers,proto3" json:"failovers,omitempty"`                  // batch shares moved off this rail to the others
+	Reconnects    uint64                 `protobuf:"varint,7,opt,name=reconnects,proto3" json:"reconnects,omitempty"`                // times it came back after a failure
+	BytesSent     uint64                 `protobuf:"varint,8,opt,name=bytes_sent,json=bytesSent,proto3" json:"bytes_sent,omitempty"` // batch bytes this rail carried and saw acknowledged
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RailStatus) Reset() {
+	*x = RailStatus{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RailStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RailStatus) ProtoMessage() {}
+
+func (x *RailStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RailStatus.ProtoReflect.Descriptor instead.
+func (*RailStatus) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *RailStatus) GetRail() uint32 {
+	if x != nil {
+		return x.Rail
+	}
+	return 0
+}
+
+func (x *RailStatus) GetDevice() string {
+	if x != nil {
+		return x.Device
+	}
+	return ""
+}
+
+func (x *RailStatus) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *RailStatus) GetUp() bool {
+	if x != nil {
+		return x.Up
+	}
+	return false
+}
+
+func (x *RailStatus) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *RailStatus) GetFailovers() uint64 {
+	if x != nil {
+		return x.Failovers
+	}
+	return 0
+}
+
+func (x *RailStatus) GetReconnects() uint64 {
+	if x != nil {
+		return x.Reconnects
+	}
+	return 0
+}
+
+func (x *RailStatus) GetBytesSent() uint64 {
+	if x != nil {
+		return x.BytesSent
+	}
+	return 0
+}
+
 type StatusResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Version         string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -2273,7 +2478,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2285,7 +2490,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2298,7 +2503,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -2425,7 +2630,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2642,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2655,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -2494,14 +2699,17 @@ type HandshakeResponse struct {
 	// knows this daemon restarted (its prepared plans to it are stale).
 	InstanceId uint64 `protobuf:"varint,7,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	// Same-host data plane (TRANSPORT_KIND_LOCAL); unset when not offered.
-	Local         *LocalEndpoint `protobuf:"bytes,8,opt,name=local,proto3" json:"local,omitempty"`
+	Local *LocalEndpoint `protobuf:"bytes,8,opt,name=local,proto3" json:"local,omitempty"`
+	// verbs with several RDMA devices: every rail, so the sender can pair its
+	// rails with ours by reachability. Empty: one rail, connect without one.
+	VerbsRails    []*VerbsRail `protobuf:"bytes,9,rep,name=verbs_rails,json=verbsRails,proto3" json:"verbs_rails,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2513,7 +2721,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2526,7 +2734,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{34}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -2585,6 +2793,13 @@ func (x *HandshakeResponse) GetLocal() *LocalEndpoint {
 	return nil
 }
 
+func (x *HandshakeResponse) GetVerbsRails() []*VerbsRail {
+	if x != nil {
+		return x.VerbsRails
+	}
+	return nil
+}
+
 // LocalEndpoint is how a daemon on the same host reaches this one. The proof
 // that the peer shares the host: boot_id equals the reader's own
 // /proc/sys/kernel/random/boot_id, AND the file token_path, which the reader
@@ -2603,7 +2818,7 @@ type LocalEndpoint struct {
 
 func (x *LocalEndpoint) Reset() {
 	*x = LocalEndpoint{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2615,7 +2830,7 @@ func (x *LocalEndpoint) String() string {
 func (*LocalEndpoint) ProtoMessage() {}
 
 func (x *LocalEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2628,7 +2843,7 @@ func (x *LocalEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LocalEndpoint.ProtoReflect.Descriptor instead.
 func (*LocalEndpoint) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *LocalEndpoint) GetBootId() string {
@@ -2659,6 +2874,59 @@ func (x *LocalEndpoint) GetTokenDigest() []byte {
 	return nil
 }
 
+// VerbsRail is one RDMA device of a daemon as peers see it.
+type VerbsRail struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rail          uint32                 `protobuf:"varint,1,opt,name=rail,proto3" json:"rail,omitempty"`
+	Port          *VerbsPort             `protobuf:"bytes,2,opt,name=port,proto3" json:"port,omitempty"` // GID, MTU, link layer, device name
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerbsRail) Reset() {
+	*x = VerbsRail{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerbsRail) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerbsRail) ProtoMessage() {}
+
+func (x *VerbsRail) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerbsRail.ProtoReflect.Descriptor instead.
+func (*VerbsRail) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *VerbsRail) GetRail() uint32 {
+	if x != nil {
+		return x.Rail
+	}
+	return 0
+}
+
+func (x *VerbsRail) GetPort() *VerbsPort {
+	if x != nil {
+		return x.Port
+	}
+	return nil
+}
+
 type ResolveRegionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2668,7 +2936,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2680,7 +2948,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2693,7 +2961,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -2708,15 +2976,19 @@ type RegionKey struct {
 	Transport TransportKind          `protobuf:"varint,1,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
 	// TCP: a random token naming this registration of the region.
 	// verbs: the rkey in the low 32 bits.
-	Key           uint64 `protobuf:"varint,2,opt,name=key,proto3" json:"key,omitempty"`
-	RemoteAddr    uint64 `protobuf:"varint,3,opt,name=remote_addr,json=remoteAddr,proto3" json:"remote_addr,omitempty"` // verbs: the MR's virtual base address
+	Key        uint64 `protobuf:"varint,2,opt,name=key,proto3" json:"key,omitempty"`
+	RemoteAddr uint64 `protobuf:"varint,3,opt,name=remote_addr,json=remoteAddr,proto3" json:"remote_addr,omitempty"` // verbs: the MR's virtual base address
+	// verbs with several RDMA devices: the receiver's rail this key belongs
+	// to (one key per rail; rail 0 first, so a reader that takes the first
+	// key of a transport gets rail 0's).
+	Rail          uint32 `protobuf:"varint,4,opt,name=rail,proto3" json:"rail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegionKey) Reset() {
 	*x = RegionKey{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2728,7 +3000,7 @@ func (x *RegionKey) String() string {
 func (*RegionKey) ProtoMessage() {}
 
 func (x *RegionKey) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2741,7 +3013,7 @@ func (x *RegionKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionKey.ProtoReflect.Descriptor instead.
 func (*RegionKey) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RegionKey) GetTransport() TransportKind {
@@ -2765,6 +3037,13 @@ func (x *RegionKey) GetRemoteAddr() uint64 {
 	return 0
 }
 
+func (x *RegionKey) GetRail() uint32 {
+	if x != nil {
+		return x.Rail
+	}
+	return 0
+}
+
 type ResolveRegionResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2777,7 +3056,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2789,7 +3068,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2802,7 +3081,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -2843,7 +3122,7 @@ type VerbsEndpoint struct {
 
 func (x *VerbsEndpoint) Reset() {
 	*x = VerbsEndpoint{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2855,7 +3134,7 @@ func (x *VerbsEndpoint) String() string {
 func (*VerbsEndpoint) ProtoMessage() {}
 
 func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2868,7 +3147,7 @@ func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerbsEndpoint.ProtoReflect.Descriptor instead.
 func (*VerbsEndpoint) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *VerbsEndpoint) GetQpNum() uint32 {
@@ -2899,7 +3178,7 @@ type VerbsPort struct {
 
 func (x *VerbsPort) Reset() {
 	*x = VerbsPort{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2911,7 +3190,7 @@ func (x *VerbsPort) String() string {
 func (*VerbsPort) ProtoMessage() {}
 
 func (x *VerbsPort) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2924,7 +3203,7 @@ func (x *VerbsPort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerbsPort.ProtoReflect.Descriptor instead.
 func (*VerbsPort) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *VerbsPort) GetGid() []byte {
@@ -2975,13 +3254,14 @@ type ConnectVerbsRequest struct {
 	Port          *VerbsPort             `protobuf:"bytes,2,opt,name=port,proto3" json:"port,omitempty"`
 	Endpoints     []*VerbsEndpoint       `protobuf:"bytes,3,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	ConnectionId  uint64                 `protobuf:"varint,4,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"` // sender-chosen, names this QP set in logs and teardown
+	Rail          uint32                 `protobuf:"varint,5,opt,name=rail,proto3" json:"rail,omitempty"`                                     // the receiver's rail (HandshakeResponse.verbs_rails) to connect; 0 with one
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ConnectVerbsRequest) Reset() {
 	*x = ConnectVerbsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2993,7 +3273,7 @@ func (x *ConnectVerbsRequest) String() string {
 func (*ConnectVerbsRequest) ProtoMessage() {}
 
 func (x *ConnectVerbsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3006,7 +3286,7 @@ func (x *ConnectVerbsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectVerbsRequest.ProtoReflect.Descriptor instead.
 func (*ConnectVerbsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ConnectVerbsRequest) GetNodeName() string {
@@ -3037,6 +3317,13 @@ func (x *ConnectVerbsRequest) GetConnectionId() uint64 {
 	return 0
 }
 
+func (x *ConnectVerbsRequest) GetRail() uint32 {
+	if x != nil {
+		return x.Rail
+	}
+	return 0
+}
+
 type ConnectVerbsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Port          *VerbsPort             `protobuf:"bytes,1,opt,name=port,proto3" json:"port,omitempty"`
@@ -3048,7 +3335,7 @@ type ConnectVerbsResponse struct {
 
 func (x *ConnectVerbsResponse) Reset() {
 	*x = ConnectVerbsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3060,7 +3347,7 @@ func (x *ConnectVerbsResponse) String() string {
 func (*ConnectVerbsResponse) ProtoMessage() {}
 
 func (x *ConnectVerbsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3073,7 +3360,7 @@ func (x *ConnectVerbsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnectVerbsResponse.ProtoReflect.Descriptor instead.
 func (*ConnectVerbsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ConnectVerbsResponse) GetPort() *VerbsPort {
@@ -3107,7 +3394,7 @@ type DisconnectVerbsRequest struct {
 
 func (x *DisconnectVerbsRequest) Reset() {
 	*x = DisconnectVerbsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3119,7 +3406,7 @@ func (x *DisconnectVerbsRequest) String() string {
 func (*DisconnectVerbsRequest) ProtoMessage() {}
 
 func (x *DisconnectVerbsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3132,7 +3419,7 @@ func (x *DisconnectVerbsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisconnectVerbsRequest.ProtoReflect.Descriptor instead.
 func (*DisconnectVerbsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DisconnectVerbsRequest) GetNodeName() string {
@@ -3158,7 +3445,7 @@ type DisconnectVerbsResponse struct {
 
 func (x *DisconnectVerbsResponse) Reset() {
 	*x = DisconnectVerbsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3170,7 +3457,7 @@ func (x *DisconnectVerbsResponse) String() string {
 func (*DisconnectVerbsResponse) ProtoMessage() {}
 
 func (x *DisconnectVerbsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3183,7 +3470,7 @@ func (x *DisconnectVerbsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DisconnectVerbsResponse.ProtoReflect.Descriptor instead.
 func (*DisconnectVerbsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DisconnectVerbsResponse) GetFound() bool {
@@ -3206,7 +3493,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3218,7 +3505,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3231,7 +3518,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -3278,7 +3565,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3290,7 +3577,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3303,7 +3590,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -3344,7 +3631,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	" \x01(\tR\n" +
 	"exportName\x12\x1b\n" +
 	"\texport_to\x18\v \x03(\tR\bexportToB\b\n" +
-	"\x06source\"\xa4\x03\n" +
+	"\x06source\"\xd4\x03\n" +
 	"\x06Region\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vexport_name\x18\x02 \x01(\tR\n" +
@@ -3361,7 +3648,15 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0eactive_batches\x18\n" +
 	" \x01(\rR\ractiveBatches\x12>\n" +
 	"\x0fregistered_with\x18\v \x03(\x0e2\x15.b2b.v1.TransportKindR\x0eregisteredWith\x12\x1b\n" +
-	"\texport_to\x18\f \x03(\tR\bexportTo\"@\n" +
+	"\texport_to\x18\f \x03(\tR\bexportTo\x12.\n" +
+	"\x05rails\x18\r \x03(\v2\x18.b2b.v1.RailRegistrationR\x05rails\"\xa0\x01\n" +
+	"\x10RailRegistration\x12\x12\n" +
+	"\x04rail\x18\x01 \x01(\rR\x04rail\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\tR\x06device\x12\x12\n" +
+	"\x04rkey\x18\x03 \x01(\x04R\x04rkey\x12\x12\n" +
+	"\x04path\x18\x04 \x01(\tR\x04path\x12\x1a\n" +
+	"\baffinity\x18\x05 \x01(\tR\baffinity\x12\x1c\n" +
+	"\tpreferred\x18\x06 \x01(\bR\tpreferred\"@\n" +
 	"\x16RegisterRegionResponse\x12&\n" +
 	"\x06region\x18\x01 \x01(\v2\x0e.b2b.v1.RegionR\x06region\"6\n" +
 	"\x17DeregisterRegionRequest\x12\x1b\n" +
@@ -3465,7 +3760,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x18\n" +
 	"\adropped\x18\x06 \x01(\x04R\adropped\"\x0f\n" +
-	"\rStatusRequest\"\xdc\x01\n" +
+	"\rStatusRequest\"\x86\x02\n" +
 	"\x0fTransportStatus\x12)\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x15.b2b.v1.TransportKindR\x04kind\x12\x1c\n" +
 	"\tavailable\x18\x02 \x01(\bR\tavailable\x12\x16\n" +
@@ -3473,7 +3768,22 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\vconnections\x18\x04 \x01(\rR\vconnections\x12\x1f\n" +
 	"\vqueue_pairs\x18\x05 \x01(\rR\n" +
 	"queuePairs\x12%\n" +
-	"\x0ememory_regions\x18\x06 \x01(\rR\rmemoryRegions\"\xcd\x04\n" +
+	"\x0ememory_regions\x18\x06 \x01(\rR\rmemoryRegions\x12(\n" +
+	"\x05rails\x18\a \x03(\v2\x12.b2b.v1.RailStatusR\x05rails\"\xdc\x01\n" +
+	"\n" +
+	"RailStatus\x12\x12\n" +
+	"\x04rail\x18\x01 \x01(\rR\x04rail\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\tR\x06device\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x0e\n" +
+	"\x02up\x18\x04 \x01(\bR\x02up\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError\x12\x1c\n" +
+	"\tfailovers\x18\x06 \x01(\x04R\tfailovers\x12\x1e\n" +
+	"\n" +
+	"reconnects\x18\a \x01(\x04R\n" +
+	"reconnects\x12\x1d\n" +
+	"\n" +
+	"bytes_sent\x18\b \x01(\x04R\tbytesSent\"\xcd\x04\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12!\n" +
@@ -3504,7 +3814,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\n" +
 	"transports\x18\x03 \x03(\x0e2\x15.b2b.v1.TransportKindR\n" +
 	"transports\x12\"\n" +
-	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\"\xd3\x02\n" +
+	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\"\x87\x03\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x125\n" +
@@ -3516,20 +3826,26 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\rsession_token\x18\x06 \x01(\fR\fsessionToken\x12\x1f\n" +
 	"\vinstance_id\x18\a \x01(\x04R\n" +
 	"instanceId\x12+\n" +
-	"\x05local\x18\b \x01(\v2\x15.b2b.v1.LocalEndpointR\x05local\"\x82\x01\n" +
+	"\x05local\x18\b \x01(\v2\x15.b2b.v1.LocalEndpointR\x05local\x122\n" +
+	"\vverbs_rails\x18\t \x03(\v2\x11.b2b.v1.VerbsRailR\n" +
+	"verbsRails\"\x82\x01\n" +
 	"\rLocalEndpoint\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x16\n" +
 	"\x06socket\x18\x02 \x01(\tR\x06socket\x12\x1d\n" +
 	"\n" +
 	"token_path\x18\x03 \x01(\tR\ttokenPath\x12!\n" +
-	"\ftoken_digest\x18\x04 \x01(\fR\vtokenDigest\"*\n" +
+	"\ftoken_digest\x18\x04 \x01(\fR\vtokenDigest\"F\n" +
+	"\tVerbsRail\x12\x12\n" +
+	"\x04rail\x18\x01 \x01(\rR\x04rail\x12%\n" +
+	"\x04port\x18\x02 \x01(\v2\x11.b2b.v1.VerbsPortR\x04port\"*\n" +
 	"\x14ResolveRegionRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"s\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x87\x01\n" +
 	"\tRegionKey\x123\n" +
 	"\ttransport\x18\x01 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\x04R\x03key\x12\x1f\n" +
 	"\vremote_addr\x18\x03 \x01(\x04R\n" +
-	"remoteAddr\"\x8e\x01\n" +
+	"remoteAddr\x12\x12\n" +
+	"\x04rail\x18\x04 \x01(\rR\x04rail\"\x8e\x01\n" +
 	"\x15ResolveRegionResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12&\n" +
@@ -3546,12 +3862,13 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"active_mtu\x18\x04 \x01(\rR\tactiveMtu\x12\x1d\n" +
 	"\n" +
 	"link_layer\x18\x05 \x01(\tR\tlinkLayer\x12\x16\n" +
-	"\x06device\x18\x06 \x01(\tR\x06device\"\xb3\x01\n" +
+	"\x06device\x18\x06 \x01(\tR\x06device\"\xc7\x01\n" +
 	"\x13ConnectVerbsRequest\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12%\n" +
 	"\x04port\x18\x02 \x01(\v2\x11.b2b.v1.VerbsPortR\x04port\x123\n" +
 	"\tendpoints\x18\x03 \x03(\v2\x15.b2b.v1.VerbsEndpointR\tendpoints\x12#\n" +
-	"\rconnection_id\x18\x04 \x01(\x04R\fconnectionId\"\x8d\x01\n" +
+	"\rconnection_id\x18\x04 \x01(\x04R\fconnectionId\x12\x12\n" +
+	"\x04rail\x18\x05 \x01(\rR\x04rail\"\x8d\x01\n" +
 	"\x14ConnectVerbsResponse\x12%\n" +
 	"\x04port\x18\x01 \x01(\v2\x11.b2b.v1.VerbsPortR\x04port\x123\n" +
 	"\tendpoints\x18\x02 \x03(\v2\x15.b2b.v1.VerbsEndpointR\tendpoints\x12\x19\n" +
@@ -3617,7 +3934,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -3628,47 +3945,50 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*CudaIpc)(nil),                   // 6: b2b.v1.CudaIpc
 	(*RegisterRegionRequest)(nil),     // 7: b2b.v1.RegisterRegionRequest
 	(*Region)(nil),                    // 8: b2b.v1.Region
-	(*RegisterRegionResponse)(nil),    // 9: b2b.v1.RegisterRegionResponse
-	(*DeregisterRegionRequest)(nil),   // 10: b2b.v1.DeregisterRegionRequest
-	(*DeregisterRegionResponse)(nil),  // 11: b2b.v1.DeregisterRegionResponse
-	(*ListRegionsRequest)(nil),        // 12: b2b.v1.ListRegionsRequest
-	(*ListRegionsResponse)(nil),       // 13: b2b.v1.ListRegionsResponse
-	(*ExportRegionRequest)(nil),       // 14: b2b.v1.ExportRegionRequest
-	(*ExportRegionResponse)(nil),      // 15: b2b.v1.ExportRegionResponse
-	(*Descriptors)(nil),               // 16: b2b.v1.Descriptors
-	(*BatchTransferRequest)(nil),      // 17: b2b.v1.BatchTransferRequest
-	(*BatchTransferResponse)(nil),     // 18: b2b.v1.BatchTransferResponse
-	(*PhaseTimings)(nil),              // 19: b2b.v1.PhaseTimings
-	(*PrepareTransferRequest)(nil),    // 20: b2b.v1.PrepareTransferRequest
-	(*PrepareTransferResponse)(nil),   // 21: b2b.v1.PrepareTransferResponse
-	(*SubmitTransferRequest)(nil),     // 22: b2b.v1.SubmitTransferRequest
-	(*ReleaseTransferRequest)(nil),    // 23: b2b.v1.ReleaseTransferRequest
-	(*ReleaseTransferResponse)(nil),   // 24: b2b.v1.ReleaseTransferResponse
-	(*SubmitStreamRequest)(nil),       // 25: b2b.v1.SubmitStreamRequest
-	(*SubmitStreamResponse)(nil),      // 26: b2b.v1.SubmitStreamResponse
-	(*PingRequest)(nil),               // 27: b2b.v1.PingRequest
-	(*PingResponse)(nil),              // 28: b2b.v1.PingResponse
-	(*ChecksumRequest)(nil),           // 29: b2b.v1.ChecksumRequest
-	(*ChecksumResponse)(nil),          // 30: b2b.v1.ChecksumResponse
-	(*WatchNotificationsRequest)(nil), // 31: b2b.v1.WatchNotificationsRequest
-	(*Notification)(nil),              // 32: b2b.v1.Notification
-	(*StatusRequest)(nil),             // 33: b2b.v1.StatusRequest
-	(*TransportStatus)(nil),           // 34: b2b.v1.TransportStatus
-	(*StatusResponse)(nil),            // 35: b2b.v1.StatusResponse
-	(*HandshakeRequest)(nil),          // 36: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 37: b2b.v1.HandshakeResponse
-	(*LocalEndpoint)(nil),             // 38: b2b.v1.LocalEndpoint
-	(*ResolveRegionRequest)(nil),      // 39: b2b.v1.ResolveRegionRequest
-	(*RegionKey)(nil),                 // 40: b2b.v1.RegionKey
-	(*ResolveRegionResponse)(nil),     // 41: b2b.v1.ResolveRegionResponse
-	(*VerbsEndpoint)(nil),             // 42: b2b.v1.VerbsEndpoint
-	(*VerbsPort)(nil),                 // 43: b2b.v1.VerbsPort
-	(*ConnectVerbsRequest)(nil),       // 44: b2b.v1.ConnectVerbsRequest
-	(*ConnectVerbsResponse)(nil),      // 45: b2b.v1.ConnectVerbsResponse
-	(*DisconnectVerbsRequest)(nil),    // 46: b2b.v1.DisconnectVerbsRequest
-	(*DisconnectVerbsResponse)(nil),   // 47: b2b.v1.DisconnectVerbsResponse
-	(*NotifyRequest)(nil),             // 48: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 49: b2b.v1.NotifyResponse
+	(*RailRegistration)(nil),          // 9: b2b.v1.RailRegistration
+	(*RegisterRegionResponse)(nil),    // 10: b2b.v1.RegisterRegionResponse
+	(*DeregisterRegionRequest)(nil),   // 11: b2b.v1.DeregisterRegionRequest
+	(*DeregisterRegionResponse)(nil),  // 12: b2b.v1.DeregisterRegionResponse
+	(*ListRegionsRequest)(nil),        // 13: b2b.v1.ListRegionsRequest
+	(*ListRegionsResponse)(nil),       // 14: b2b.v1.ListRegionsResponse
+	(*ExportRegionRequest)(nil),       // 15: b2b.v1.ExportRegionRequest
+	(*ExportRegionResponse)(nil),      // 16: b2b.v1.ExportRegionResponse
+	(*Descriptors)(nil),               // 17: b2b.v1.Descriptors
+	(*BatchTransferRequest)(nil),      // 18: b2b.v1.BatchTransferRequest
+	(*BatchTransferResponse)(nil),     // 19: b2b.v1.BatchTransferResponse
+	(*PhaseTimings)(nil),              // 20: b2b.v1.PhaseTimings
+	(*PrepareTransferRequest)(nil),    // 21: b2b.v1.PrepareTransferRequest
+	(*PrepareTransferResponse)(nil),   // 22: b2b.v1.PrepareTransferResponse
+	(*SubmitTransferRequest)(nil),     // 23: b2b.v1.SubmitTransferRequest
+	(*ReleaseTransferRequest)(nil),    // 24: b2b.v1.ReleaseTransferRequest
+	(*ReleaseTransferResponse)(nil),   // 25: b2b.v1.ReleaseTransferResponse
+	(*SubmitStreamRequest)(nil),       // 26: b2b.v1.SubmitStreamRequest
+	(*SubmitStreamResponse)(nil),      // 27: b2b.v1.SubmitStreamResponse
+	(*PingRequest)(nil),               // 28: b2b.v1.PingRequest
+	(*PingResponse)(nil),              // 29: b2b.v1.PingResponse
+	(*ChecksumRequest)(nil),           // 30: b2b.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),          // 31: b2b.v1.ChecksumResponse
+	(*WatchNotificationsRequest)(nil), // 32: b2b.v1.WatchNotificationsRequest
+	(*Notification)(nil),              // 33: b2b.v1.Notification
+	(*StatusRequest)(nil),             // 34: b2b.v1.StatusRequest
+	(*TransportStatus)(nil),           // 35: b2b.v1.TransportStatus
+	(*RailStatus)(nil),                // 36: b2b.v1.RailStatus
+	(*StatusResponse)(nil),            // 37: b2b.v1.StatusResponse
+	(*HandshakeRequest)(nil),          // 38: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 39: b2b.v1.HandshakeResponse
+	(*LocalEndpoint)(nil),             // 40: b2b.v1.LocalEndpoint
+	(*VerbsRail)(nil),                 // 41: b2b.v1.VerbsRail
+	(*ResolveRegionRequest)(nil),      // 42: b2b.v1.ResolveRegionRequest
+	(*RegionKey)(nil),                 // 43: b2b.v1.RegionKey
+	(*ResolveRegionResponse)(nil),     // 44: b2b.v1.ResolveRegionResponse
+	(*VerbsEndpoint)(nil),             // 45: b2b.v1.VerbsEndpoint
+	(*VerbsPort)(nil),                 // 46: b2b.v1.VerbsPort
+	(*ConnectVerbsRequest)(nil),       // 47: b2b.v1.ConnectVerbsRequest
+	(*ConnectVerbsResponse)(nil),      // 48: b2b.v1.ConnectVerbsResponse
+	(*DisconnectVerbsRequest)(nil),    // 49: b2b.v1.DisconnectVerbsRequest
+	(*DisconnectVerbsResponse)(nil),   // 50: b2b.v1.DisconnectVerbsResponse
+	(*NotifyRequest)(nil),             // 51: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 52: b2b.v1.NotifyResponse
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	3,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -3677,73 +3997,77 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	6,  // 3: b2b.v1.RegisterRegionRequest.cuda_ipc:type_name -> b2b.v1.CudaIpc
 	0,  // 4: b2b.v1.Region.kind:type_name -> b2b.v1.MemoryKind
 	1,  // 5: b2b.v1.Region.registered_with:type_name -> b2b.v1.TransportKind
-	8,  // 6: b2b.v1.RegisterRegionResponse.region:type_name -> b2b.v1.Region
-	8,  // 7: b2b.v1.ListRegionsResponse.regions:type_name -> b2b.v1.Region
-	8,  // 8: b2b.v1.ExportRegionResponse.region:type_name -> b2b.v1.Region
-	16, // 9: b2b.v1.BatchTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
-	1,  // 10: b2b.v1.BatchTransferRequest.transport:type_name -> b2b.v1.TransportKind
-	1,  // 11: b2b.v1.BatchTransferResponse.transport:type_name -> b2b.v1.TransportKind
-	19, // 12: b2b.v1.BatchTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
-	16, // 13: b2b.v1.PrepareTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
-	1,  // 14: b2b.v1.PrepareTransferRequest.transport:type_name -> b2b.v1.TransportKind
-	1,  // 15: b2b.v1.PrepareTransferResponse.transport:type_name -> b2b.v1.TransportKind
-	19, // 16: b2b.v1.PrepareTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
-	18, // 17: b2b.v1.SubmitStreamResponse.result:type_name -> b2b.v1.BatchTransferResponse
-	2,  // 18: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
-	2,  // 19: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
-	1,  // 20: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
-	34, // 21: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
-	1,  // 22: b2b.v1.HandshakeRequest.transports:type_name -> b2b.v1.TransportKind
-	1,  // 23: b2b.v1.HandshakeResponse.transports:type_name -> b2b.v1.TransportKind
-	38, // 24: b2b.v1.HandshakeResponse.local:type_name -> b2b.v1.LocalEndpoint
-	1,  // 25: b2b.v1.RegionKey.transport:type_name -> b2b.v1.TransportKind
-	0,  // 26: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	40, // 27: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.RegionKey
-	43, // 28: b2b.v1.ConnectVerbsRequest.port:type_name -> b2b.v1.VerbsPort
-	42, // 29: b2b.v1.ConnectVerbsRequest.endpoints:type_name -> b2b.v1.VerbsEndpoint
-	43, // 30: b2b.v1.ConnectVerbsResponse.port:type_name -> b2b.v1.VerbsPort
-	42, // 31: b2b.v1.ConnectVerbsResponse.endpoints:type_name -> b2b.v1.VerbsEndpoint
-	7,  // 32: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	10, // 33: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	12, // 34: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	14, // 35: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	17, // 36: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	29, // 37: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	33, // 38: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	31, // 39: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	20, // 40: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	22, // 41: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	23, // 42: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	25, // 43: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	27, // 44: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	36, // 45: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	39, // 46: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	44, // 47: b2b.v1.Peer.ConnectVerbs:input_type -> b2b.v1.ConnectVerbsRequest
-	46, // 48: b2b.v1.Peer.DisconnectVerbs:input_type -> b2b.v1.DisconnectVerbsRequest
-	48, // 49: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	9,  // 50: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	11, // 51: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	13, // 52: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	15, // 53: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	18, // 54: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	30, // 55: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	35, // 56: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	32, // 57: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	21, // 58: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	18, // 59: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	24, // 60: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	26, // 61: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	28, // 62: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	37, // 63: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	41, // 64: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	45, // 65: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
-	47, // 66: b2b.v1.Peer.DisconnectVerbs:output_type -> b2b.v1.DisconnectVerbsResponse
-	49, // 67: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	50, // [50:68] is the sub-list for method output_type
-	32, // [32:50] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	9,  // 6: b2b.v1.Region.rails:type_name -> b2b.v1.RailRegistration
+	8,  // 7: b2b.v1.RegisterRegionResponse.region:type_name -> b2b.v1.Region
+	8,  // 8: b2b.v1.ListRegionsResponse.regions:type_name -> b2b.v1.Region
+	8,  // 9: b2b.v1.ExportRegionResponse.region:type_name -> b2b.v1.Region
+	17, // 10: b2b.v1.BatchTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
+	1,  // 11: b2b.v1.BatchTransferRequest.transport:type_name -> b2b.v1.TransportKind
+	1,  // 12: b2b.v1.BatchTransferResponse.transport:type_name -> b2b.v1.TransportKind
+	20, // 13: b2b.v1.BatchTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
+	17, // 14: b2b.v1.PrepareTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
+	1,  // 15: b2b.v1.PrepareTransferRequest.transport:type_name -> b2b.v1.TransportKind
+	1,  // 16: b2b.v1.PrepareTransferResponse.transport:type_name -> b2b.v1.TransportKind
+	20, // 17: b2b.v1.PrepareTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
+	19, // 18: b2b.v1.SubmitStreamResponse.result:type_name -> b2b.v1.BatchTransferResponse
+	2,  // 19: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
+	2,  // 20: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
+	1,  // 21: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
+	36, // 22: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
+	35, // 23: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
+	1,  // 24: b2b.v1.HandshakeRequest.transports:type_name -> b2b.v1.TransportKind
+	1,  // 25: b2b.v1.HandshakeResponse.transports:type_name -> b2b.v1.TransportKind
+	40, // 26: b2b.v1.HandshakeResponse.local:type_name -> b2b.v1.LocalEndpoint
+	41, // 27: b2b.v1.HandshakeResponse.verbs_rails:type_name -> b2b.v1.VerbsRail
+	46, // 28: b2b.v1.VerbsRail.port:type_name -> b2b.v1.VerbsPort
+	1,  // 29: b2b.v1.RegionKey.transport:type_name -> b2b.v1.TransportKind
+	0,  // 30: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	43, // 31: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.RegionKey
+	46, // 32: b2b.v1.ConnectVerbsRequest.port:type_name -> b2b.v1.VerbsPort
+	45, // 33: b2b.v1.ConnectVerbsRequest.endpoints:type_name -> b2b.v1.VerbsEndpoint
+	46, // 34: b2b.v1.ConnectVerbsResponse.port:type_name -> b2b.v1.VerbsPort
+	45, // 35: b2b.v1.ConnectVerbsResponse.endpoints:type_name -> b2b.v1.VerbsEndpoint
+	7,  // 36: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	11, // 37: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	13, // 38: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	15, // 39: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	18, // 40: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	30, // 41: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	34, // 42: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	32, // 43: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	21, // 44: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	23, // 45: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	24, // 46: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	26, // 47: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	28, // 48: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	38, // 49: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	42, // 50: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	47, // 51: b2b.v1.Peer.ConnectVerbs:input_type -> b2b.v1.ConnectVerbsRequest
+	49, // 52: b2b.v1.Peer.DisconnectVerbs:input_type -> b2b.v1.DisconnectVerbsRequest
+	51, // 53: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	10, // 54: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	12, // 55: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	14, // 56: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	16, // 57: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	19, // 58: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	31, // 59: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	37, // 60: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	33, // 61: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	22, // 62: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	19, // 63: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	25, // 64: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	27, // 65: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	29, // 66: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	39, // 67: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	44, // 68: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	48, // 69: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
+	50, // 70: b2b.v1.Peer.DisconnectVerbs:output_type -> b2b.v1.DisconnectVerbsResponse
+	52, // 71: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	54, // [54:72] is the sub-list for method output_type
+	36, // [36:54] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -3763,7 +4087,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   47,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

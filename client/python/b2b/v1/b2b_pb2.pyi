@@ -81,16 +81,18 @@ class ChecksumResponse(_message.Message):
     def __init__(self, digest: _Optional[int] = ..., block_digests: _Optional[bytes] = ..., algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ConnectVerbsRequest(_message.Message):
-    __slots__ = ["connection_id", "endpoints", "node_name", "port"]
+    __slots__ = ["connection_id", "endpoints", "node_name", "port", "rail"]
     CONNECTION_ID_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
     connection_id: int
     endpoints: _containers.RepeatedCompositeFieldContainer[VerbsEndpoint]
     node_name: str
     port: VerbsPort
-    def __init__(self, node_name: _Optional[str] = ..., port: _Optional[_Union[VerbsPort, _Mapping]] = ..., endpoints: _Optional[_Iterable[_Union[VerbsEndpoint, _Mapping]]] = ..., connection_id: _Optional[int] = ...) -> None: ...
+    rail: int
+    def __init__(self, node_name: _Optional[str] = ..., port: _Optional[_Union[VerbsPort, _Mapping]] = ..., endpoints: _Optional[_Iterable[_Union[VerbsEndpoint, _Mapping]]] = ..., connection_id: _Optional[int] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class ConnectVerbsResponse(_message.Message):
     __slots__ = ["endpoints", "path_mtu", "port"]
@@ -187,7 +189,7 @@ class HandshakeRequest(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ["capabilities", "instance_id", "local", "node_name", "protocol_version", "session_token", "tcp_data_address", "transports"]
+    __slots__ = ["capabilities", "instance_id", "local", "node_name", "protocol_version", "session_token", "tcp_data_address", "transports", "verbs_rails"]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     LOCAL_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +198,7 @@ class HandshakeResponse(_message.Message):
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TCP_DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    VERBS_RAILS_FIELD_NUMBER: _ClassVar[int]
     capabilities: _containers.RepeatedScalarFieldContainer[str]
     instance_id: int
     local: LocalEndpoint
@@ -204,7 +207,8 @@ class HandshakeResponse(_message.Message):
     session_token: bytes
     tcp_data_address: str
     transports: _containers.RepeatedScalarFieldContainer[TransportKind]
-    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ..., tcp_data_address: _Optional[str] = ..., session_token: _Optional[bytes] = ..., instance_id: _Optional[int] = ..., local: _Optional[_Union[LocalEndpoint, _Mapping]] = ...) -> None: ...
+    verbs_rails: _containers.RepeatedCompositeFieldContainer[VerbsRail]
+    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ..., tcp_data_address: _Optional[str] = ..., session_token: _Optional[bytes] = ..., instance_id: _Optional[int] = ..., local: _Optional[_Union[LocalEndpoint, _Mapping]] = ..., verbs_rails: _Optional[_Iterable[_Union[VerbsRail, _Mapping]]] = ...) -> None: ...
 
 class HostAlloc(_message.Message):
     __slots__ = ["size"]
@@ -342,8 +346,44 @@ class PrepareTransferResponse(_message.Message):
     work_requests: int
     def __init__(self, handle: _Optional[int] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., phases: _Optional[_Union[PhaseTimings, _Mapping]] = ...) -> None: ...
 
+class RailRegistration(_message.Message):
+    __slots__ = ["affinity", "device", "path", "preferred", "rail", "rkey"]
+    AFFINITY_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    RKEY_FIELD_NUMBER: _ClassVar[int]
+    affinity: str
+    device: str
+    path: str
+    preferred: bool
+    rail: int
+    rkey: int
+    def __init__(self, rail: _Optional[int] = ..., device: _Optional[str] = ..., rkey: _Optional[int] = ..., path: _Optional[str] = ..., affinity: _Optional[str] = ..., preferred: bool = ...) -> None: ...
+
+class RailStatus(_message.Message):
+    __slots__ = ["bytes_sent", "detail", "device", "failovers", "last_error", "rail", "reconnects", "up"]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    FAILOVERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    RECONNECTS_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    bytes_sent: int
+    detail: str
+    device: str
+    failovers: int
+    last_error: str
+    rail: int
+    reconnects: int
+    up: bool
+    def __init__(self, rail: _Optional[int] = ..., device: _Optional[str] = ..., detail: _Optional[str] = ..., up: bool = ..., last_error: _Optional[str] = ..., failovers: _Optional[int] = ..., reconnects: _Optional[int] = ..., bytes_sent: _Optional[int] = ...) -> None: ...
+
 class Region(_message.Message):
-    __slots__ = ["active_batches", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "export_to", "id", "kind", "registered_with", "shm_offset", "shm_path", "size"]
+    __slots__ = ["active_batches", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "export_to", "id", "kind", "rails", "registered_with", "shm_offset", "shm_path", "size"]
     ACTIVE_BATCHES_FIELD_NUMBER: _ClassVar[int]
     CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
     CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +392,7 @@ class Region(_message.Message):
     EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    RAILS_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_WITH_FIELD_NUMBER: _ClassVar[int]
     SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -364,21 +405,24 @@ class Region(_message.Message):
     export_to: _containers.RepeatedScalarFieldContainer[str]
     id: str
     kind: MemoryKind
+    rails: _containers.RepeatedCompositeFieldContainer[RailRegistration]
     registered_with: _containers.RepeatedScalarFieldContainer[TransportKind]
     shm_offset: int
     shm_path: str
     size: int
-    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[_Union[RailRegistration, _Mapping]]] = ...) -> None: ...
 
 class RegionKey(_message.Message):
-    __slots__ = ["key", "remote_addr", "transport"]
+    __slots__ = ["key", "rail", "remote_addr", "transport"]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
     REMOTE_ADDR_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     key: int
+    rail: int
     remote_addr: int
     transport: TransportKind
-    def __init__(self, transport: _Optional[_Union[TransportKind, str]] = ..., key: _Optional[int] = ..., remote_addr: _Optional[int] = ...) -> None: ...
+    def __init__(self, transport: _Optional[_Union[TransportKind, str]] = ..., key: _Optional[int] = ..., remote_addr: _Optional[int] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class RegisterRegionRequest(_message.Message):
     __slots__ = ["cuda_alloc", "cuda_ipc", "export_name", "export_to", "host_alloc", "host_file"]
@@ -497,20 +541,22 @@ class SubmitTransferRequest(_message.Message):
     def __init__(self, handle: _Optional[int] = ...) -> None: ...
 
 class TransportStatus(_message.Message):
-    __slots__ = ["available", "connections", "detail", "kind", "memory_regions", "queue_pairs"]
+    __slots__ = ["available", "connections", "detail", "kind", "memory_regions", "queue_pairs", "rails"]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_REGIONS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    RAILS_FIELD_NUMBER: _ClassVar[int]
     available: bool
     connections: int
     detail: str
     kind: TransportKind
     memory_regions: int
     queue_pairs: int
-    def __init__(self, kind: _Optional[_Union[TransportKind, str]] = ..., available: bool = ..., detail: _Optional[str] = ..., connections: _Optional[int] = ..., queue_pairs: _Optional[int] = ..., memory_regions: _Optional[int] = ...) -> None: ...
+    rails: _containers.RepeatedCompositeFieldContainer[RailStatus]
+    def __init__(self, kind: _Optional[_Union[TransportKind, str]] = ..., available: bool = ..., detail: _Optional[str] = ..., connections: _Optional[int] = ..., queue_pairs: _Optional[int] = ..., memory_regions: _Optional[int] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ...) -> None: ...
 
 class VerbsEndpoint(_message.Message):
     __slots__ = ["psn", "qp_num"]
@@ -535,6 +581,14 @@ class VerbsPort(_message.Message):
     lid: int
     link_layer: str
     def __init__(self, gid: _Optional[bytes] = ..., gid_index: _Optional[int] = ..., lid: _Optional[int] = ..., active_mtu: _Optional[int] = ..., link_layer: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
+
+class VerbsRail(_message.Message):
+    __slots__ = ["port", "rail"]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    port: VerbsPort
+    rail: int
+    def __init__(self, rail: _Optional[int] = ..., port: _Optional[_Union[VerbsPort, _Mapping]] = ...) -> None: ...
 
 class WatchNotificationsRequest(_message.Message):
     __slots__ = ["region_id"]
