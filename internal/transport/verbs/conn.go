@@ -239,17 +239,7 @@ func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst trans
 	if err := s.Err(); err != nil {
 		return st, err
 	}
-	reg, ok := src.(*registration)
-	if !ok || reg.t != s.t {
-		return st, fmt.Errorf("verbs: write: source was not registered with this verbs transport: %w", errs.ErrInvalidArgument)
-	}
-	if dst.Key.Key > 0xFFFFFFFF {
-		return st, fmt.Errorf("verbs: write: bad rkey %#x: %w", dst.Key.Key, errs.ErrInvalidArgument)
-	}
-	if dst.Size > 0 && dst.Key.Addr+dst.Size < dst.Key.Addr {
-		return st, fmt.Errorf("verbs: write: destination [%#x, +%d) wraps: %w", dst.Key.Addr, dst.Size, errs.ErrInvalidArgument)
-	}
-	total, err := checkBatch(b, reg.mem.Len, dst.Size)
+	reg, total, err := s.checkArgs("write", src, dst, b)
 	if err != nil {
 		return st, err
 	}
@@ -275,6 +265,27 @@ func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst trans
 	}
 	defer reg.done(ref)
 	return s.write(ctx, ref.mr, reg.mem, dst, b, total)
+}
+
+// checkArgs checks a Write's or a Prepare's arguments (op names which):
+// the source is ours, the rkey and the destination range are sane, and
+// every block lies inside both regions. It returns the batch's bytes.
+func (s *qpSet) checkArgs(op string, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (*registration, uint64, error) {
+	reg, ok := src.(*registration)
+	if !ok || reg.t != s.t {
+		return nil, 0, fmt.Errorf("verbs: %s: source was not registered with this verbs transport: %w", op, errs.ErrInvalidArgument)
+	}
+	if dst.Key.Key > 0xFFFFFFFF {
+		return nil, 0, fmt.Errorf("verbs: %s: bad rkey %#x: %w", op, dst.Key.Key, errs.ErrInvalidArgument)
+	}
+	if dst.Size > 0 && dst.Key.Addr+dst.Size < dst.Key.Addr {
+		return nil, 0, fmt.Errorf("verbs: %s: destination [%#x, +%d) wraps: %w", op, dst.Key.Addr, dst.Size, errs.ErrInvalidArgument)
+	}
+	total, err := checkBatch(b, reg.mem.Len, dst.Size)
+	if err != nil {
+		return nil, 0, err
+	}
+	return reg, total, nil
 }
 
 // waitCredit blocks until the poller returns credits, the set breaks, ctx

@@ -53,17 +53,7 @@ func (s *qpSet) Prepare(src transport.Registration, dst transport.RemoteRegion, 
 	if !s.sender {
 		return nil, fmt.Errorf("verbs: prepare: not a sending connection: %w", errs.ErrInvalidArgument)
 	}
-	reg, ok := src.(*registration)
-	if !ok || reg.t != s.t {
-		return nil, fmt.Errorf("verbs: prepare: source was not registered with this verbs transport: %w", errs.ErrInvalidArgument)
-	}
-	if dst.Key.Key > 0xFFFFFFFF {
-		return nil, fmt.Errorf("verbs: prepare: bad rkey %#x: %w", dst.Key.Key, errs.ErrInvalidArgument)
-	}
-	if dst.Size > 0 && dst.Key.Addr+dst.Size < dst.Key.Addr {
-		return nil, fmt.Errorf("verbs: prepare: destination [%#x, +%d) wraps: %w", dst.Key.Addr, dst.Size, errs.ErrInvalidArgument)
-	}
-	total, err := checkBatch(b, reg.mem.Len, dst.Size)
+	reg, total, err := s.checkArgs("prepare", src, dst, b)
 	if err != nil {
 		return nil, err
 	}
