@@ -210,16 +210,34 @@ func TestMetricsAfterTransfers(t *testing.T) {
 		t.Fatalf("batch to an unknown export: %v, want NotFound", err)
 	}
 
+	// Two prepared submits of the first layout count as batches too, with
+	// their phases.
+	plan, err := a.c.Prepare(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "kv",
+		Blocks: client.Descriptors{Src: srcOff, Dst: srcOff, BlockLength: size}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; k < 2; k++ {
+		if _, err := plan.Submit(ctx); err != nil {
+			t.Fatalf("submit %d: %v", k, err)
+		}
+	}
+	if err := plan.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
 	fa := scrape(t, a.d.MetricsAddr())
 	check(t, "sender", fa, []want{
-		{"b2bd_batches_total", []string{"transport", "tcp", "outcome", "ok"}, 3},
-		{"b2bd_batch_blocks_total", []string{"transport", "tcp", "outcome", "ok"}, 300},
-		{"b2bd_batch_bytes_total", []string{"transport", "tcp", "outcome", "ok"}, 1228800},
+		{"b2bd_batches_total", []string{"transport", "tcp", "outcome", "ok"}, 5},
+		{"b2bd_batch_blocks_total", []string{"transport", "tcp", "outcome", "ok"}, 500},
+		{"b2bd_batch_bytes_total", []string{"transport", "tcp", "outcome", "ok"}, 2048000},
+		{"b2bd_batch_phase_duration_seconds", []string{"transport", "tcp", "phase", "wire"}, 5},
+		{"b2bd_api_requests_total", []string{"method", "SubmitTransfer", "code", "OK"}, 2},
 		{"b2bd_batches_total", []string{"transport", "auto", "outcome", "error"}, 1},
 		{"b2bd_batch_blocks_total", []string{"transport", "auto", "outcome", "error"}, 100},
 		{"b2bd_batch_bytes_total", []string{"transport", "auto", "outcome", "error"}, 409600},
 		{"b2bd_batch_errors_total", []string{"transport", "auto", "code", "NotFound"}, 1},
-		{"b2bd_batch_duration_seconds", []string{"transport", "tcp", "outcome", "ok", "size_class", "le_4KiB"}, 3},
+		{"b2bd_batch_duration_seconds", []string{"transport", "tcp", "outcome", "ok", "size_class", "le_4KiB"}, 5},
 		{"b2bd_batch_duration_seconds", []string{"transport", "auto", "outcome", "error", "size_class", "le_4KiB"}, 1},
 		{"b2bd_batches_in_flight", nil, 0},
 		{"b2bd_api_requests_total", []string{"method", "BatchTransfer", "code", "OK"}, 3},
@@ -235,8 +253,8 @@ func TestMetricsAfterTransfers(t *testing.T) {
 	})
 	fb := scrape(t, b.d.MetricsAddr())
 	check(t, "receiver", fb, []want{
-		{"b2bd_received_batches_total", nil, 3},
-		{"b2bd_received_bytes_total", nil, 1228800},
+		{"b2bd_received_batches_total", nil, 5},
+		{"b2bd_received_bytes_total", nil, 2048000},
 		{"b2bd_regions", []string{"kind", "host"}, 1},
 		{"b2bd_region_bytes", []string{"kind", "host"}, float64(dstSize)},
 		{"b2bd_transport_connections", []string{"transport", "tcp"}, 4}, // --tcp-streams' default, accepted from a
