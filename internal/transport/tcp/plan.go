@@ -52,6 +52,9 @@ func (p *plan) reset() {
 	*p = plan{shares: p.shares[:0], frames: p.frames[:0], hdr: p.hdr[:0], pieces: p.pieces[:0], copies: p.copies[:0]}
 }
 
+// minShareBlocks is the blocks per extra stream (see build).
+const minShareBlocks = 2048
+
 // planLimits are the conn's parameters a plan is built with.
 type planLimits struct {
 	streams    int    // streams available
@@ -91,7 +94,11 @@ func (p *plan) build(b *desc.Batch, key uint64, lim planLimits) {
 	}
 	total := b.Bytes()
 	p.bytes = total
-	use := int(total / max(lim.minShare, 1))
+	// Another stream per minShare bytes, or per minShareBlocks blocks: many
+	// small blocks cost CPU per block (the sender's gather, the receiver's
+	// scatter), which more streams spread over more cores, while the bytes
+	// alone would keep them on one.
+	use := int(max(total/max(lim.minShare, 1), uint64(n/minShareBlocks)))
 	use = max(1, min(use, lim.streams, n))
 	p.streams = uint32(use)
 	// Split [0,n) into `use` contiguous shares of about total/use bytes.
