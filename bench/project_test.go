@@ -34,28 +34,31 @@ func TestCX7Wire(t *testing.T) {
 func TestProject(t *testing.T) {
 	row := sampleRow(128) // 10,000 blocks, median 10 ms
 	row.Segments, row.Mode = 10000, "adhoc"
-	row.AdHoc = &ModeOut{MedianSeconds: 2.4e-3, Phases: &PhaseOut{Wire: 0.4e-3, Total: 2.2e-3}}
-	row.Prepared = &ModeOut{MedianSeconds: 0.5e-3, Phases: &PhaseOut{Wire: 0.4e-3, Total: 0.45e-3}}
+	// ours = non-wire phases + the floor, less TCP's post (its payload gather).
+	row.AdHoc = &ModeOut{MedianSeconds: 2.4e-3, Phases: &PhaseOut{Wire: 0.4e-3, Total: 2.2e-3, NonWire: 1.8e-3, Post: 0.05e-3}}
+	row.Prepared = &ModeOut{MedianSeconds: 0.5e-3, Phases: &PhaseOut{Wire: 0.4e-3, Total: 0.45e-3, NonWire: 0.1e-3, Post: 0.05e-3}}
 	legacy := sampleRow(1 << 20) // a report from before the modes: no phases
 	legacy.DataPathMedianSeconds = 0.008
-	rows := Project(&Report{Rows: []Row{row, legacy}}, DefaultCX7)
+	floor := 0.25e-3
+	rep := &Report{Transport: "tcp", PingFloorSeconds: &floor, Rows: []Row{row, legacy}}
+	rows := Project(rep, DefaultCX7)
 	if len(rows) != 2 {
 		t.Fatalf("%d rows", len(rows))
 	}
 	p := rows[0]
 	wire, _ := DefaultCX7.Wire(1_280_000, 10000)
-	if math.Abs(*p.OursAdHoc-2.0e-3) > 1e-12 || math.Abs(*p.OursPrepared-0.1e-3) > 1e-12 || p.Wire != wire {
+	if math.Abs(*p.OursAdHoc-2.0e-3) > 1e-12 || math.Abs(*p.OursPrepared-0.3e-3) > 1e-12 || p.Wire != wire {
 		t.Fatalf("ours %g / %g, wire %g", *p.OursAdHoc, *p.OursPrepared, p.Wire)
 	}
-	if math.Abs(*p.SharePrepare-0.1e-3/(0.1e-3+wire)) > 1e-12 || math.Abs(*p.TotalAdHoc-(2.0e-3+wire)) > 1e-12 {
+	if math.Abs(*p.SharePrepare-0.3e-3/(0.3e-3+wire)) > 1e-12 || math.Abs(*p.TotalAdHoc-(2.0e-3+wire)) > 1e-12 {
 		t.Fatalf("share %g total %g", *p.SharePrepare, *p.TotalAdHoc)
 	}
 	if l := rows[1]; l.OursPrepared != nil || math.Abs(*l.OursAdHoc-0.002) > 1e-12 || !strings.Contains(l.OursFrom, "no phases") {
 		t.Fatalf("legacy row %+v", l)
 	}
 	var b bytes.Buffer
-	WriteProjection(&b, &Report{Rows: []Row{row}}, DefaultCX7)
-	for _, want := range []string{"| 128 B | 10000 | 10000 | 2000 us | 100 us |", "op rate", "call as the client timed it - the daemon's wire phase"} {
+	WriteProjection(&b, &Report{Transport: "tcp", PingFloorSeconds: &floor, Rows: []Row{row}}, DefaultCX7)
+	for _, want := range []string{"| 128 B | 10000 | 10000 | 2000 us | 300 us |", "op rate", "non-wire phases", "less TCP's post"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("projection lacks %q:\n%s", want, b.String())
 		}
