@@ -15,7 +15,7 @@ Reports the median (and p10/p90/min) of ``--iters`` timed transfers after
 
 Prepared transfers: the same batch planned once (``Client.prepare``), then
 ``--iters`` timed ``submit()`` calls interleaved with empty ``ping()`` calls
-(the floor of a call); ``gobench/`` (the Go client, built with ``go build``
+(the floor of a call); ``cmd/b2b-gobench`` (the Go client, built with ``go build``
 unless ``--gobench`` names a binary) times Go's prepared ``Submit`` and
 ``Ping`` against the same daemons in the same run, and the ratio
 python/go of the prepared submit is printed (acceptance: at most 1.3).
@@ -148,7 +148,7 @@ def gobench_binary(args, tmp: str) -> str:
     if args.gobench:
         return args.gobench
     out = os.path.join(tmp, "gobench")
-    subprocess.run(["go", "build", "-o", out, "./client/python/gobench"], cwd=os.path.dirname(os.path.dirname(HERE)), check=True)
+    subprocess.run(["go", "build", "-o", out, "./cmd/b2b-gobench"], cwd=os.path.dirname(os.path.dirname(HERE)), check=True)
     return out
 
 
@@ -193,7 +193,7 @@ def main() -> int:
     p.add_argument("--dst-peer")
     p.add_argument("--b2bd", help="start two daemons with this binary instead (loopback, TCP)")
     p.add_argument("--go-bench", help="also run this b2b-bench binary against the same daemons")
-    p.add_argument("--gobench", help="the prepared-submit Go timer (default: go build ./client/python/gobench)")
+    p.add_argument("--gobench", help="the prepared-submit Go timer (default: go build ./cmd/b2b-gobench)")
     p.add_argument("--no-go-prepared", action="store_true", help="skip the Go prepared comparison")
     p.add_argument("--blocks", type=int, default=10_000)
     p.add_argument("--block-size", type=int, default=128)
