@@ -12,6 +12,20 @@ import (
 	"unsafe"
 )
 
+// untrack runs release on the device's thread if key is one of the
+// allocations or registrations in m, then forgets it; known is false (and
+// nothing is released) for a key m does not hold, so a caller's double free
+// or stray pointer never reaches the driver.
+func (ds *devState) untrack(m map[uintptr]uint64, key uintptr, release func() C.int) (rc C.int, known bool, err error) {
+	err = ds.w.do(func() {
+		if _, known = m[key]; known {
+			rc = release()
+			delete(m, key)
+		}
+	})
+	return rc, known, err
+}
+
 // Pinned host memory: allocated by the driver (HostAlloc, the staging
 // buffers) or registered (HostRegister, e.g. an mmap'd region), so that the
 // copy engines reach it without a bounce.
@@ -54,15 +68,8 @@ func (d *driver) HostFree(dev int, b []byte) error {
 	if err != nil {
 		return err
 	}
-	var rc C.int
-	known := true
-	if err := ds.w.do(func() {
-		if _, known = ds.hostAllocs[p]; !known {
-			return
-		}
-		rc = C.b2b_host_free(d.tab, C.uintptr_t(p))
-		delete(ds.hostAllocs, p)
-	}); err != nil {
+	rc, known, err := ds.untrack(ds.hostAllocs, p, func() C.int { return C.b2b_host_free(d.tab, C.uintptr_t(p)) })
+	if err != nil {
 		return err
 	}
 	if !known {
@@ -105,15 +112,8 @@ func (d *driver) HostUnregister(dev int, addr uintptr) error {
 	if err != nil {
 		return err
 	}
-	var rc C.int
-	known := true
-	if err := ds.w.do(func() {
-		if _, known = ds.hostRegs[addr]; !known {
-			return
-		}
-		rc = C.b2b_host_unregister(d.tab, C.uintptr_t(addr))
-		delete(ds.hostRegs, addr)
-	}); err != nil {
+	rc, known, err := ds.untrack(ds.hostRegs, addr, func() C.int { return C.b2b_host_unregister(d.tab, C.uintptr_t(addr)) })
+	if err != nil {
 		return err
 	}
 	if !known {

@@ -46,15 +46,8 @@ func (d *driver) MemFree(dev int, ptr uintptr) error {
 	if err != nil {
 		return err
 	}
-	var rc C.int
-	known := true
-	if err := ds.w.do(func() {
-		if _, known = ds.allocs[ptr]; !known {
-			return
-		}
-		rc = C.b2b_mem_free(d.tab, C.CUdeviceptr(ptr))
-		delete(ds.allocs, ptr)
-	}); err != nil {
+	rc, known, err := ds.untrack(ds.allocs, ptr, func() C.int { return C.b2b_mem_free(d.tab, C.CUdeviceptr(ptr)) })
+	if err != nil {
 		return err
 	}
 	if !known {

@@ -309,10 +309,7 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 			s.cfg.Peers.Forget(p.peer, p.dst)
 			continue
 		}
-		if memguard.IsFault(err) { // our source's memory went away under the send
-			err = fmt.Errorf("src_region_id %s: %w", p.src.ID, err)
-		}
-		err = fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", p.blocks, p.peer, p.dst, sess.Kind, err)
+		err = p.writeFailed(sess.Kind, err)
 		if broke && firstErr == nil && ctx.Err() == nil && !memguard.IsFault(err) {
 			s.cfg.Log.Info("batch broke its connection; retrying once on a fresh one", "peer", p.peer, "reused", sess.Reused, "error", err)
 			firstErr = err
@@ -323,13 +320,28 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		}
 		return Result{}, err
 	}
+	return s.landed(ctx, p, sess.Kind, st, start, ph)
+}
+
+// landed ends a batch whose last write attempt began at start and
+// succeeded: it delivers the notification and counts the batch.
+func (s *Service) landed(ctx context.Context, p *Plan, kind transport.Kind, st transport.Stats, start time.Time, ph Phases) (Result, error) {
 	elapsed := time.Since(start)
 	if err := s.notify(ctx, p, &ph); err != nil {
 		return Result{}, err
 	}
 	s.cfg.Counters.BatchesSent.Add(1)
 	s.cfg.Counters.BytesSent.Add(p.bytes)
-	return Result{Blocks: p.blocks, Bytes: p.bytes, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: ph}, nil
+	return Result{Blocks: p.blocks, Bytes: p.bytes, Kind: kind, Stats: st, Elapsed: elapsed, Phases: ph}, nil
+}
+
+// writeFailed says which batch failed a write and, when the source's
+// memory went away under the send, that the source region is to blame.
+func (p *Plan) writeFailed(kind transport.Kind, err error) error {
+	if memguard.IsFault(err) {
+		err = fmt.Errorf("src_region_id %s: %w", p.src.ID, err)
+	}
+	return fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", p.blocks, p.peer, p.dst, kind, err)
 }
 
 // notify delivers p's notification, if it has one, timing it into ph.

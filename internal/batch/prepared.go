@@ -398,13 +398,10 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 			s.cfg.Peers.Broken(p.peer, b.sess)
 		}
 		fault := memguard.IsFault(err)
-		if fault { // our source's memory went away under the send
-			err = fmt.Errorf("src_region_id %s: %w", p.src.ID, err)
-		}
-		if !broke && errors.Is(err, errs.ErrNotFound) { // the receiver refused the key
+		if !broke && !fault && errors.Is(err, errs.ErrNotFound) { // the receiver refused the key
 			return Result{}, pp.markStale(fmt.Errorf("dst_region %q on peer %s refused its key (re-registered, deregistered or its export changed): %w", p.dst, p.peer, err))
 		}
-		err = fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", p.blocks, p.peer, p.dst, b.sess.Kind, err)
+		err = p.writeFailed(b.sess.Kind, err)
 		if broke && firstErr == nil && ctx.Err() == nil && !fault {
 			firstErr = err
 			nb, rerr := s.rebound(ctx, pp, b, &ph)
@@ -422,13 +419,7 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		}
 		return Result{}, err
 	}
-	elapsed := time.Since(start)
-	if err := s.notify(ctx, p, &ph); err != nil {
-		return Result{}, err
-	}
-	s.cfg.Counters.BatchesSent.Add(1)
-	s.cfg.Counters.BytesSent.Add(p.bytes)
-	return Result{Blocks: p.blocks, Bytes: p.bytes, Kind: b.sess.Kind, Stats: st, Elapsed: elapsed, Phases: ph}, nil
+	return s.landed(ctx, p, b.sess.Kind, st, start, ph)
 }
 
 // rebound returns pp's binding on a fresh connection, made by this submit

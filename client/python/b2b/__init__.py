@@ -18,73 +18,12 @@ numpy. Errors are :class:`B2BError` subclasses carrying the gRPC code and the
 daemon's message.
 """
 
-from .client import (
-    DEFAULT_SOCKET,
-    MAX_MESSAGE_BYTES,
-    ChecksumResult,
-    Client,
-    CudaRegion,
-    Descriptors,
-    HostRegion,
-    Notification,
-    PhaseTimings,
-    PreparedTransfer,
-    RegionInfo,
-    Status,
-    StreamResult,
-    SubmitStream,
-    TransferResult,
-    TransportStatus,
-    Watch,
-)
-from .errors import (
-    AbortedError,
-    AlreadyExistsError,
-    B2BError,
-    DeadlineExceededError,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    UnavailableError,
-    UnimplementedError,
-    error_for_code,
-    from_rpc_error,
-)
+from . import client as _client
+from . import errors as _errors
+from .client import *  # noqa: F401,F403 - the names in client.__all__
+from .errors import *  # noqa: F401,F403 - the names in errors.__all__
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Client",
-    "HostRegion",
-    "CudaRegion",
-    "RegionInfo",
-    "Descriptors",
-    "TransferResult",
-    "ChecksumResult",
-    "Status",
-    "TransportStatus",
-    "Notification",
-    "Watch",
-    "PhaseTimings",
-    "PreparedTransfer",
-    "SubmitStream",
-    "StreamResult",
-    "DEFAULT_SOCKET",
-    "MAX_MESSAGE_BYTES",
-    "B2BError",
-    "NotFoundError",
-    "InvalidArgumentError",
-    "UnavailableError",
-    "DeadlineExceededError",
-    "FailedPreconditionError",
-    "ResourceExhaustedError",
-    "PermissionDeniedError",
-    "AbortedError",
-    "AlreadyExistsError",
-    "UnimplementedError",
-    "from_rpc_error",
-    "error_for_code",
-    "__version__",
-]
+# One list per module, kept there; the package exports their union.
+__all__ = [*_client.__all__, *_errors.__all__, "__version__"]

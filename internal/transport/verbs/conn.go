@@ -232,6 +232,30 @@ func notify(c chan struct{}) {
 	}
 }
 
+// acquireWrite waits for the set's one write at a time (what names the caller's
+// write in errors); releaseWrite ends it. Nothing is posted before it returns
+// nil, so a refusal leaves the connection usable.
+func (s *qpSet) acquireWrite(ctx context.Context, what string) error {
+	select {
+	case s.sem <- struct{}{}:
+	case <-s.broken:
+		return s.Err()
+	case <-ctx.Done():
+		return fmt.Errorf("verbs: %s to %s not started: %w", what, s.peer, ctx.Err())
+	}
+	if err := s.Err(); err != nil {
+		s.releaseWrite()
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		s.releaseWrite()
+		return fmt.Errorf("verbs: %s to %s not started: %w", what, s.peer, err)
+	}
+	return nil
+}
+
+func (s *qpSet) releaseWrite() { <-s.sem }
+
 // Write sends b from src into dst; see transport.Conn. It is serialised
 // per connection and allocates nothing on success.
 func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
@@ -243,20 +267,10 @@ func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst trans
 	if err != nil {
 		return st, err
 	}
-	select {
-	case s.sem <- struct{}{}:
-	case <-s.broken:
-		return st, s.Err()
-	case <-ctx.Done():
-		return st, fmt.Errorf("verbs: write to %s not started: %w", s.peer, ctx.Err())
-	}
-	defer func() { <-s.sem }()
-	if err := s.Err(); err != nil {
+	if err := s.acquireWrite(ctx, "write"); err != nil {
 		return st, err
 	}
-	if err := ctx.Err(); err != nil { // nothing posted yet: the conn stays usable
-		return st, fmt.Errorf("verbs: write to %s not started: %w", s.peer, err)
-	}
+	defer s.releaseWrite()
 	// The source MR is held for the batch: a Rekey of the source region
 	// retires it only once this batch stopped posting from it.
 	ref := reg.use()

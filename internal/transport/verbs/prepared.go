@@ -150,20 +150,10 @@ func (p *prepared) Write(ctx context.Context) (transport.Stats, error) {
 	if err := s.Err(); err != nil {
 		return st, err
 	}
-	select {
-	case s.sem <- struct{}{}:
-	case <-s.broken:
-		return st, s.Err()
-	case <-ctx.Done():
-		return st, fmt.Errorf("verbs: prepared write to %s not started: %w", s.peer, ctx.Err())
-	}
-	defer func() { <-s.sem }()
-	if err := s.Err(); err != nil {
+	if err := s.acquireWrite(ctx, "prepared write"); err != nil {
 		return st, err
 	}
-	if err := ctx.Err(); err != nil {
-		return st, fmt.Errorf("verbs: prepared write to %s not started: %w", s.peer, err)
-	}
+	defer s.releaseWrite()
 	ref := p.reg.use()
 	if ref == nil {
 		return st, fmt.Errorf("verbs: prepared write: source registration closed: %w", errs.ErrFailedPrecondition)
