@@ -176,11 +176,15 @@ func (l *local) SubmitStream(stream b2bv1.B2B_SubmitStreamServer) error {
 			res, err := l.s.batches.Submit(ctx, o, handle)
 			resp := &b2bv1.SubmitStreamResponse{Tag: tag}
 			if err != nil {
-				st := status.Convert(grpcstatus.ToStatus(err))
+				err = grpcstatus.ToStatus(err)
+				st := status.Convert(err)
 				resp.Code, resp.Message = uint32(st.Code()), st.Message()
 			} else {
 				stamp(&res.Phases, entry, entry)
 				resp.Result = transferResponse(res)
+			}
+			if obs := l.s.observeSubmit; obs != nil {
+				obs(resp.Result, err, time.Since(entry).Seconds())
 			}
 			<-slots
 			sendMu.Lock()

@@ -8,12 +8,14 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/region"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // The raw submit socket (opt-in, --submit-socket) is SubmitStream without
@@ -101,7 +103,15 @@ func (s *Server) serveRaw(c net.Conn) {
 		wg.Add(1)
 		go func(tag, h uint64) {
 			defer wg.Done()
+			entry := time.Now()
 			res, err := s.batches.SubmitByCaller(ctx, who, h)
+			if obs := s.observeSubmit; obs != nil { // with metrics on: off the 0-alloc path otherwise
+				var resp *b2bv1.BatchTransferResponse
+				if err == nil {
+					resp = transferResponse(res)
+				}
+				obs(resp, grpcstatus.ToStatus(err), time.Since(entry).Seconds())
+			}
 			var buf [RawAnswerLen + 256]byte
 			out := buf[:RawAnswerLen]
 			le.PutUint64(out[0:], tag)

@@ -70,7 +70,20 @@ type Server struct {
 	rawMu     sync.Mutex
 	raw       map[net.Conn]struct{} // raw submit connections (raw.go)
 	rawClosed bool
+
+	// observeSubmit sees each submit that no unary interceptor sees (one
+	// on a SubmitStream or the raw socket); nil: none. Set before serving.
+	observeSubmit SubmitObserver
 }
+
+// SubmitObserver is told of a submit's result (nil on error), error and
+// duration in seconds.
+type SubmitObserver func(res *b2bv1.BatchTransferResponse, err error, seconds float64)
+
+// ObserveSubmits has fn told of every submit made on a SubmitStream or the
+// raw submit socket: the unary calls' interceptor does not see them. Call
+// it before serving.
+func (s *Server) ObserveSubmits(fn SubmitObserver) { s.observeSubmit = fn }
 
 // New validates cfg and returns the services.
 func New(cfg Config) *Server {

@@ -290,6 +290,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	}
 	if d.metrics != nil {
 		apiOpts = append(apiOpts, grpc.ChainUnaryInterceptor(d.metrics.UnaryInterceptor()))
+		srv.ObserveSubmits(d.metrics.ObserveSubmit)
 	}
 	d.api = grpc.NewServer(apiOpts...)
 	b2bv1.RegisterB2BServer(d.api, srv.Local())

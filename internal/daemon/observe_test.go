@@ -161,10 +161,13 @@ func check(t *testing.T, who string, fams map[string]*dto.MetricFamily, ws []wan
 }
 
 // TestMetricsAfterTransfers: three verified batches of 100 blocks of 4 KiB
-// and one that fails (unknown destination) leave exact counts in both
-// daemons' /metrics.
+// and one that fails (unknown destination), then six prepared submits (two
+// unary, three on a SubmitStream, one on the raw submit socket) and one that
+// fails (unknown plan) leave exact counts in both daemons' /metrics.
 func TestMetricsAfterTransfers(t *testing.T) {
-	a, b := startNode(t, "a"), startNode(t, "b")
+	submitSock := filepath.Join(t.TempDir(), "submit.sock")
+	a := startNode(t, "a", func(c *daemon.Config) { c.SubmitSocket = submitSock })
+	b := startNode(t, "b")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const blocks, size = 100, 4096
@@ -222,23 +225,63 @@ func TestMetricsAfterTransfers(t *testing.T) {
 			t.Fatalf("submit %d: %v", k, err)
 		}
 	}
+	// So do submits that no unary interceptor sees: three on a stream
+	// (and one there for a plan that does not exist) and one on the raw
+	// submit socket.
+	st, err := a.c.OpenStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; k < 3; k++ {
+		if _, err := st.Submit(plan); err != nil {
+			t.Fatalf("stream submit %d: %v", k, err)
+		}
+	}
+	if _, err := st.Submit(&client.Plan{Handle: plan.Handle + 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	var streamOK, streamNotFound int
+	for r := range st.Results() {
+		switch {
+		case r.Err == nil:
+			streamOK++
+		case status.Code(r.Err) == codes.NotFound:
+			streamNotFound++
+		default:
+			t.Errorf("stream submit %d: %v", r.Tag, r.Err)
+		}
+	}
+	if streamOK != 3 || streamNotFound != 1 {
+		t.Fatalf("stream: %d ok and %d NotFound, want 3 and 1", streamOK, streamNotFound)
+	}
+	raw, err := client.DialSubmit(submitSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Submit(plan); err != nil {
+		t.Fatalf("raw submit: %v", err)
+	}
+	raw.Close()
 	if err := plan.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 
 	fa := scrape(t, a.d.MetricsAddr())
 	check(t, "sender", fa, []want{
-		{"b2bd_batches_total", []string{"transport", "tcp", "outcome", "ok"}, 5},
-		{"b2bd_batch_blocks_total", []string{"transport", "tcp", "outcome", "ok"}, 500},
-		{"b2bd_batch_bytes_total", []string{"transport", "tcp", "outcome", "ok"}, 2048000},
-		{"b2bd_batch_phase_duration_seconds", []string{"transport", "tcp", "phase", "wire"}, 5},
+		{"b2bd_batches_total", []string{"transport", "tcp", "outcome", "ok"}, 9},
+		{"b2bd_batch_blocks_total", []string{"transport", "tcp", "outcome", "ok"}, 900},
+		{"b2bd_batch_bytes_total", []string{"transport", "tcp", "outcome", "ok"}, 3686400},
+		{"b2bd_batch_phase_duration_seconds", []string{"transport", "tcp", "phase", "wire"}, 9},
 		{"b2bd_api_requests_total", []string{"method", "SubmitTransfer", "code", "OK"}, 2},
-		{"b2bd_batches_total", []string{"transport", "auto", "outcome", "error"}, 1},
+		{"b2bd_batches_total", []string{"transport", "auto", "outcome", "error"}, 2},
 		{"b2bd_batch_blocks_total", []string{"transport", "auto", "outcome", "error"}, 100},
 		{"b2bd_batch_bytes_total", []string{"transport", "auto", "outcome", "error"}, 409600},
-		{"b2bd_batch_errors_total", []string{"transport", "auto", "code", "NotFound"}, 1},
-		{"b2bd_batch_duration_seconds", []string{"transport", "tcp", "outcome", "ok", "size_class", "le_4KiB"}, 5},
-		{"b2bd_batch_duration_seconds", []string{"transport", "auto", "outcome", "error", "size_class", "le_4KiB"}, 1},
+		{"b2bd_batch_duration_seconds", []string{"transport", "tcp", "outcome", "ok", "size_class", "le_4KiB"}, 9},
+		{"b2bd_batch_errors_total", []string{"transport", "auto", "code", "NotFound"}, 2}, // the export, the stream's unknown plan
+		{"b2bd_batch_duration_seconds", []string{"transport", "auto", "outcome", "error", "size_class", "le_4KiB"}, 2},
 		{"b2bd_batches_in_flight", nil, 0},
 		{"b2bd_api_requests_total", []string{"method", "BatchTransfer", "code", "OK"}, 3},
 		{"b2bd_api_requests_total", []string{"method", "BatchTransfer", "code", "NotFound"}, 1},
@@ -253,8 +296,8 @@ func TestMetricsAfterTransfers(t *testing.T) {
 	})
 	fb := scrape(t, b.d.MetricsAddr())
 	check(t, "receiver", fb, []want{
-		{"b2bd_received_batches_total", nil, 5},
-		{"b2bd_received_bytes_total", nil, 2048000},
+		{"b2bd_received_batches_total", nil, 9},
+		{"b2bd_received_bytes_total", nil, 3686400},
 		{"b2bd_regions", []string{"kind", "host"}, 1},
 		{"b2bd_region_bytes", []string{"kind", "host"}, float64(dstSize)},
 		{"b2bd_transport_connections", []string{"transport", "tcp"}, 4}, // --tcp-streams' default, accepted from a

@@ -249,6 +249,13 @@ func (m *Metrics) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
+// ObserveSubmit counts a prepared submit that no unary interceptor saw
+// (one on a SubmitStream or the raw submit socket) as the interceptor
+// counts a SubmitTransfer call: resp is nil when err is not.
+func (m *Metrics) ObserveSubmit(resp *b2bv1.BatchTransferResponse, err error, seconds float64) {
+	m.observeBatch(nil, resp, err, seconds)
+}
+
 func (m *Metrics) observeBatch(req *b2bv1.BatchTransferRequest, resp *b2bv1.BatchTransferResponse, err error, seconds float64) {
 	if err == nil && resp != nil {
 		tr := TransportLabel(resp.GetTransport())
