@@ -2,13 +2,6 @@ package doctor
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -21,62 +14,15 @@ import (
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/daemon"
+	"github.com/b2bd/b2bd/internal/testca"
 )
-
-type ca struct {
-	dir  string
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  string
-}
-
-func newCA(t *testing.T) *ca {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(365 * 24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	c := &ca{dir: t.TempDir(), cert: cert, key: key}
-	c.pem = c.write(t, "ca.pem", "CERTIFICATE", der)
-	return c
-}
-
-func (c *ca) write(t *testing.T, name, typ string, der []byte) string {
-	t.Helper()
-	p := filepath.Join(c.dir, name)
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-func (c *ca) issue(t *testing.T, id string) (cert, key string) {
-	t.Helper()
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: id},
-		DNSNames: []string{id, "localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(180 * 24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &k.PublicKey, c.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalECPrivateKey(k)
-	return c.write(t, id+".pem", "CERTIFICATE", der), c.write(t, id+"-key.pem", "EC PRIVATE KEY", kder)
-}
 
 type node struct {
 	d    *daemon.Daemon
 	sock string
 }
 
-func startNode(t *testing.T, name string, tlsFrom *ca) *node {
+func startNode(t *testing.T, name string, tlsFrom *testca.CA) *node {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := daemon.Config{
@@ -87,8 +33,8 @@ func startNode(t *testing.T, name string, tlsFrom *ca) *node {
 	cfg.TCP.Listen = "127.0.0.1:0"
 	if tlsFrom != nil {
 		cfg.Insecure = false
-		cfg.TLSCert, cfg.TLSKey = tlsFrom.issue(t, name)
-		cfg.TLSCA = tlsFrom.pem
+		cfg.TLSCert, cfg.TLSKey = tlsFrom.Issue(t, name)
+		cfg.TLSCA = tlsFrom.PEM
 	}
 	d, err := daemon.New(cfg, hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.Error, Output: os.Stderr}))
 	if err != nil {
@@ -215,11 +161,11 @@ func TestPeerInsecure(t *testing.T) {
 }
 
 func TestPeerTLS(t *testing.T) {
-	good := newCA(t)
+	good := testca.New(t, "test CA")
 	a, b := startNode(t, "a", good), startNode(t, "b", good)
 	ctx := context.Background()
-	cert, key := good.issue(t, "doctor")
-	pt, err := auth.LoadPeerTLS(cert, key, good.pem)
+	cert, key := good.Issue(t, "doctor")
+	pt, err := auth.LoadPeerTLS(cert, key, good.PEM)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,9 +173,9 @@ func TestPeerTLS(t *testing.T) {
 	checkPeer(t, Peer(ctx, o), map[string]want{"reachable": {Pass, "TCP"}, "tls": {Pass, `peer certificate "b" trusted`},
 		"transports": {Warn, "offers tcp"}, "round-trip": {Pass, "per-block checksums match"}})
 
-	other := newCA(t)
-	cert, key = other.issue(t, "stranger")
-	pt2, err := auth.LoadPeerTLS(cert, key, other.pem)
+	other := testca.New(t, "test CA")
+	cert, key = other.Issue(t, "stranger")
+	pt2, err := auth.LoadPeerTLS(cert, key, other.PEM)
 	if err != nil {
 		t.Fatal(err)
 	}

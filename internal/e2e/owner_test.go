@@ -24,6 +24,7 @@ import (
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/daemon"
+	"github.com/b2bd/b2bd/internal/testca"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -239,12 +240,12 @@ func TestRegionOwnership(t *testing.T) {
 // region belongs to the caller's certificate identity; another identity is
 // refused, and neither reaches a region registered on the socket.
 func TestRegionOwnershipOverTLS(t *testing.T) {
-	ca := newCA(t, "ca")
+	ca := testca.New(t, "ca")
 	n := startNode(t, "api", withTLS(t, ca, "api"), func(c *daemon.Config) { c.APIListen = "0.0.0.0:0" })
 	_, port, _ := net.SplitHostPort(n.d.APITCPAddr())
 	dial := func(identity string) *client.Client {
-		cert, key := ca.issue(t, identity)
-		tl, err := auth.LoadPeerTLS(cert, key, ca.pem)
+		cert, key := ca.Issue(t, identity)
+		tl, err := auth.LoadPeerTLS(cert, key, ca.PEM)
 		if err != nil {
 			t.Fatal(err)
 		}

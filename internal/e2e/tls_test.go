@@ -2,15 +2,7 @@ package e2e
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,70 +17,21 @@ import (
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/daemon"
+	"github.com/b2bd/b2bd/internal/testca"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
-// testCA issues certificates for daemons in tests.
-type testCA struct {
-	dir  string
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  string
-}
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	ca := &testCA{dir: t.TempDir(), cert: cert, key: key}
-	ca.pem = ca.write(t, "ca.pem", "CERTIFICATE", der)
-	return ca
-}
-
-func (ca *testCA) write(t *testing.T, name, typ string, der []byte) string {
-	t.Helper()
-	p := filepath.Join(ca.dir, name)
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-// issue returns cert and key files naming identity, valid for 127.0.0.1.
-func (ca *testCA) issue(t *testing.T, identity string) (string, string) {
-	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: identity},
-		DNSNames: []string{identity, "localhost"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, _ := x509.MarshalECPrivateKey(key)
-	return ca.write(t, identity+".pem", "CERTIFICATE", der), ca.write(t, identity+"-key.pem", "EC PRIVATE KEY", kder)
-}
-
-func withTLS(t *testing.T, ca *testCA, identity string) func(*daemon.Config) {
-	cert, key := ca.issue(t, identity)
+func withTLS(t *testing.T, ca *testca.CA, identity string) func(*daemon.Config) {
+	cert, key := ca.Issue(t, identity)
 	return func(c *daemon.Config) {
-		c.Insecure, c.TLSCert, c.TLSKey, c.TLSCA = false, cert, key, ca.pem
+		c.Insecure, c.TLSCert, c.TLSKey, c.TLSCA = false, cert, key, ca.PEM
 	}
 }
 
 // TestTrust: mutual TLS between daemons, per-region export ACLs, and the
 // refusals a demanding operator expects.
 func TestTrust(t *testing.T) {
-	ca, rogue := newCA(t, "b2bd test CA"), newCA(t, "rogue CA")
+	ca, rogue := testca.New(t, "b2bd test CA"), testca.New(t, "rogue CA")
 	a := startNode(t, "a", withTLS(t, ca, "a"))
 	b := startNode(t, "b", withTLS(t, ca, "b"))
 	c := startNode(t, "c", withTLS(t, ca, "c"))
@@ -149,8 +92,8 @@ func TestTrust(t *testing.T) {
 // TestStartupSecurity: a daemon refuses to start without peer
 // authentication, or with plaintext on an address other than loopback.
 func TestStartupSecurity(t *testing.T) {
-	ca := newCA(t, "ca")
-	cert, key := ca.issue(t, "x")
+	ca := testca.New(t, "ca")
+	cert, key := ca.Issue(t, "x")
 	base := func() daemon.Config {
 		dir := t.TempDir()
 		c := daemon.Config{Socket: filepath.Join(dir, "s"), SocketMode: "0660", PeerListen: "127.0.0.1:0", ShmDir: filepath.Join(dir, "shm"), Transport: "tcp"}
@@ -189,11 +132,11 @@ func TestStartupSecurity(t *testing.T) {
 // mutual TLS, and a gRPC client with a peer certificate gets through (ALPN
 // included); one without is refused.
 func TestRemoteAPIOverTLS(t *testing.T) {
-	ca := newCA(t, "ca")
+	ca := testca.New(t, "ca")
 	n := startNode(t, "api", withTLS(t, ca, "api"), func(c *daemon.Config) { c.APIListen = "0.0.0.0:0" })
 	_ = n
-	cert, key := ca.issue(t, "client")
-	tl, err := auth.LoadPeerTLS(cert, key, ca.pem)
+	cert, key := ca.Issue(t, "client")
+	tl, err := auth.LoadPeerTLS(cert, key, ca.PEM)
 	if err != nil {
 		t.Fatal(err)
 	}
