@@ -146,6 +146,27 @@ func badBlock(src, dst []byte, srcOff, dstOff []uint64, size uint64) int {
 	return -1
 }
 
+// sameBlocks fails t unless the blocks of size bytes at srcOff of src (on
+// ca's daemon) equal those at dstOff of dst (on cb's), byte for byte here
+// and by both daemons' CRC32C per block.
+func sameBlocks(ctx context.Context, t *testing.T, ca, cb *client.Client, src, dst *client.HostRegion, srcOff, dstOff []uint64, size uint64) {
+	t.Helper()
+	if i := badBlock(src.Bytes, dst.Bytes, srcOff, dstOff, size); i >= 0 {
+		t.Fatalf("block %d of %d B differs", i, size)
+	}
+	cs, err := ca.Checksum(ctx, src.Id, srcOff, nil, size, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cd, err := cb.Checksum(ctx, dst.Id, dstOff, nil, size, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs.Digest != cd.Digest || !bytes.Equal(cs.BlockDigests, cd.BlockDigests) || cs.Blocks != uint64(len(srcOff)) {
+		t.Fatalf("blocks of %d B: checksums differ: %x/%x over %d blocks", size, cs.Digest, cd.Digest, cs.Blocks)
+	}
+}
+
 // release unmaps host regions registered through c and deregisters them.
 func release(ctx context.Context, t *testing.T, c *client.Client, rs ...*client.HostRegion) {
 	t.Helper()

@@ -45,20 +45,7 @@ func (n *node) peerOf(b *node) string { return b.d.PeerAddr() }
 // daemons' per-block checksums.
 func (p *preparedSetup) checkBlocks(ctx context.Context, t *testing.T, a, b *node) {
 	t.Helper()
-	if i := badBlock(p.src.Bytes, p.dst.Bytes, p.srcOff, p.dstOff, p.size); i >= 0 {
-		t.Fatalf("block %d differs", i)
-	}
-	cs, err := a.c.Checksum(ctx, p.src.Id, p.srcOff, nil, p.size, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cd, err := b.c.Checksum(ctx, p.dst.Id, p.dstOff, nil, p.size, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cs.Digest != cd.Digest || !bytes.Equal(cs.BlockDigests, cd.BlockDigests) || cs.Blocks != uint64(len(p.srcOff)) {
-		t.Fatalf("checksums differ: %x/%x over %d blocks", cs.Digest, cd.Digest, cs.Blocks)
-	}
+	sameBlocks(ctx, t, a.c, b.c, p.src, p.dst, p.srcOff, p.dstOff, p.size)
 }
 
 func wantCode(t *testing.T, err error, code codes.Code, msg string) {

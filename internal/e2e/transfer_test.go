@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // TestTransferVerified moves 10,000 random blocks of several sizes between
@@ -34,20 +33,7 @@ func TestTransferVerified(t *testing.T) {
 		if resp.Blocks != uint64(n) || resp.Bytes != uint64(n)*size {
 			t.Fatalf("size %d: response %v", size, resp)
 		}
-		if i := badBlock(src.Bytes, dst.Bytes, srcOff, dstOff, size); i >= 0 {
-			t.Fatalf("size %d: block %d differs", size, i)
-		}
-		cs, err := a.c.Checksum(ctx, src.Id, srcOff, nil, size, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cd, err := b.c.Checksum(ctx, dst.Id, dstOff, nil, size, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cs.Digest != cd.Digest || !bytes.Equal(cs.BlockDigests, cd.BlockDigests) {
-			t.Fatalf("size %d: checksums differ", size)
-		}
+		sameBlocks(ctx, t, a.c, b.c, src, dst, srcOff, dstOff, size)
 		release(ctx, t, a.c, src)
 		release(ctx, t, b.c, dst)
 	}
