@@ -38,13 +38,19 @@ import (
 //	raw-wire/ping    that over the gRPC floor
 //
 // go test -run XXX -bench BenchmarkPrepared -benchtime 200x ./internal/e2e/
+// (B2BD_BIN=path/to/b2bd e2e.test -test.run XXX -test.bench BenchmarkPrepared ...
+// where there is no Go toolchain)
 func BenchmarkPrepared(b *testing.B) {
 	const n, size = 10000, 128
-	bin := filepath.Join(b.TempDir(), "b2bd")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/b2bd/b2bd/cmd/b2bd")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("build b2bd: %v\n%s", err, out)
+	// B2BD_BIN names a prebuilt daemon (a host without Go, e.g. a GPU host).
+	bin := os.Getenv("B2BD_BIN")
+	if bin == "" {
+		bin = filepath.Join(b.TempDir(), "b2bd")
+		cmd := exec.Command("go", "build", "-o", bin, "github.com/b2bd/b2bd/cmd/b2bd")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("build b2bd: %v\n%s", err, out)
+		}
 	}
 	start := func(name string) (sock, peer string) {
 		dir := b.TempDir()
