@@ -37,7 +37,12 @@ log "dev=$dev gid_index=$gid sizes=${sizes[*]} blocks=${blocks[*]}"
 # the bench's bytes (a fixed --post_list 32 made the tuned run move 128 messages, 4-16x a bench batch of 8-32
 # big blocks, and compared a stream with a batch).
 REPS=${REPS:-3}
+MODES=${MODES:-}
 mkdir -p "$B2B_OUT/pt"
+# Mirrored rounds (A B C C B A): odd rounds run ib_write_bw default, tuned, then the bench; even rounds the
+# bench, tuned, then default. A drift within a pair of rounds, or a cost one step leaves to the next (the
+# previous bench's clean-up in the daemons, a cold cache), then falls on both sides alike.
+round_variants() { if (($1 % 2)); then echo default tuned; else echo tuned default; fi; }
 # (No process substitution in here: the VMs' chroot has no /dev/fd.)
 perftest_args() { # perftest_args SIZE BLOCKS VARIANT PORT -> sets pt_args
 	local s=$1 n=$2 variant=$3 port=$4
@@ -143,7 +148,7 @@ if [ "$B2B_ROLE" = a ]; then
 	port=18515
 	for k in "${!sizes[@]}"; do
 		for ((rep = 1; rep <= REPS; rep++)); do
-			for variant in default tuned; do
+			for variant in $(round_variants "$rep"); do
 				perftest_server "${sizes[$k]}" "${blocks[$k]}" "$variant" "$port" || break 3
 				port=$((port + 1))
 			done
@@ -183,14 +188,25 @@ if [ "${E2E_TESTS:-1}" = 1 ] && [ -x "${E2E:-}" ]; then
 		"$E2E" -test.run '^(TestRemote|TestRemoteRevoke|TestRemoteDeadline)$' -test.v -test.timeout 300s 2>&1 | tee "$B2B_OUT/e2e.log" | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go' || true
 	grep -q '^PASS' "$B2B_OUT/e2e.log" || { log "e2e over verbs FAILED"; rc=1; }
 fi
-# Per size, REPS rounds of ib_write_bw default, ib_write_bw tuned, b2b-bench (A B A B A B): each bench JSON's
-# ratio_vs_perftest is against the default run of its own round (perftest_run says so); test-rdma.sh takes the
-# median and spread of the per-round ratios against both runs.
+# Per size, REPS mirrored rounds (odd: ib_write_bw default, tuned, bench; even: bench, tuned, default).
+# test-rdma.sh takes each bench against the two ib_write_bw runs of its own round (their median and spread
+# over the rounds). The bench runs its default modes (MODES empty): ad hoc and prepared up to 64 KiB, ad hoc
+# above.
+bench_args=()
+[ -n "$MODES" ] && bench_args+=(--mode "$MODES")
+run_bench() { # of size $s, $n blocks, round $rep
+	log "bench size=$s blocks=$n round=$rep"
+	"$BENCH" --src-api unix:///run/b2bd.sock --dst-api "$B2B_PEER_IP:7480" --dst-peer "$B2B_PEER_IP:7470" "${tls[@]}" \
+		--transport verbs --sizes "$s" --blocks "$n" --full --iters "$ITERS" --timeout 300s "${bench_args[@]}" \
+		--yardstick none --ping-calls 20 --json "$B2B_OUT/bench-$s-r$rep.json" 2>&1 || rc=1
+}
 port=18515
+t0=$SECONDS
 for k in "${!sizes[@]}"; do
 	s=${sizes[$k]} n=${blocks[$k]}
 	for ((rep = 1; rep <= REPS; rep++)); do
-		for variant in default tuned; do
+		if ((rep % 2 == 0)); then run_bench; fi
+		for variant in $(round_variants "$rep"); do
 			g=$(perftest_client "$s" "$n" "$variant" "$port")
 			log "perftest $variant size=$s round=$rep $g GB/s"
 			# A failed run (0) is left out: the bench then has nothing to compare with in that round.
@@ -199,11 +215,9 @@ for k in "${!sizes[@]}"; do
 			printf '{"run": "ib_write_bw %s, round %d", "gbps": {%s}}\n' "$variant" "$rep" "$rate" >"$B2B_OUT/perftest-$variant-$s-r$rep.json"
 			port=$((port + 1))
 		done
-		log "bench size=$s blocks=$n round=$rep"
-		"$BENCH" --src-api unix:///run/b2bd.sock --dst-api "$B2B_PEER_IP:7480" --dst-peer "$B2B_PEER_IP:7470" "${tls[@]}" \
-			--transport verbs --sizes "$s" --blocks "$n" --full --iters "$ITERS" --timeout 300s --mode adhoc \
-			--yardstick none --ping-calls 20 \
-			--perftest "$B2B_OUT/perftest-default-$s-r$rep.json" --json "$B2B_OUT/bench-$s-r$rep.json" 2>&1 || rc=1
+		if ((rep % 2)); then run_bench; fi
 	done
 done
+log "comparison (ib_write_bw and bench, ${#sizes[@]} sizes x $REPS rounds) took $((SECONDS - t0)) s"
+echo "$((SECONDS - t0))" >"$B2B_OUT/comparison.seconds"
 exit $rc
