@@ -27,10 +27,10 @@ ip neigh replace "$B2B_PEER_IP" lladdr "$peer_mac" dev eth0 nud permanent 2>/dev
 log "dev=$dev gid_index=$gid sizes=${sizes[*]} blocks=${blocks[*]}"
 
 # ---- perftest, interleaved with the bench (section 4) --------------------------------------------------------
-# At each size, REPS rounds of: ib_write_bw default, ib_write_bw tuned (-q 4 --post_list 32), one b2b-bench batch
-# set (A B A B ...), so drift of this emulated machine hits both sides alike. One server/client pair per (size,
-# round, variant), each on its own port so a client never reaches a stale server; A starts each server only once
-# B has asked for it (a file in $B2B_OUT/pt), since B's bench runs take a variable time in between.
+# At each size, REPS rounds of ib_write_bw default, ib_write_bw tuned (-q 4 --post_list 32) and one b2b-bench
+# batch set, mirrored (see round_variants), so drift of this emulated machine hits both sides alike. One
+# server/client pair per (size, round, variant), each on its own port so a client never reaches a stale server;
+# A starts each server as soon as the one before it ended, so it is waiting in accept() when B's client comes.
 # Iterations match the blocks of the size. The tuned run's -n counts per QP and must be a multiple of
 # --post_list: it is blocks/4 rounded up, with --post_list 32, or the per-QP count itself when that is
 # below 32 (at least 5, perftest's minimum, so test-rdma.sh's blocks are at least 20), so that both runs move
@@ -38,7 +38,6 @@ log "dev=$dev gid_index=$gid sizes=${sizes[*]} blocks=${blocks[*]}"
 # big blocks, and compared a stream with a batch).
 REPS=${REPS:-3}
 MODES=${MODES:-}
-mkdir -p "$B2B_OUT/pt"
 # Mirrored rounds (A B C C B A): odd rounds run ib_write_bw default, tuned, then the bench; even rounds the
 # bench, tuned, then default. A drift within a pair of rounds, or a cost one step leaves to the next (the
 # previous bench's clean-up in the daemons, a cold cache), then falls on both sides alike.
@@ -56,18 +55,26 @@ perftest_args() { # perftest_args SIZE BLOCKS VARIANT PORT -> sets pt_args
 	pt_args=(-d "$dev" -i 1 -x "$gid" -F -s "$s" -p "$port")
 	if [ "$variant" = tuned ]; then pt_args+=(-n "$nt" -q 4 --post_list "$pl"); else pt_args+=(-n "$n"); fi
 }
-perftest_server() { # perftest_server SIZE BLOCKS VARIANT PORT: waits for B's request, then serves once
-	local deadline=$((SECONDS + 900))
-	until [ -e "$B2B_OUT/pt/$4.go" ]; do
-		[ -e "$B2B_OUT/bench.done" ] || [ "$SECONDS" -ge "$deadline" ] && return 1
+perftest_server() { # perftest_server SIZE BLOCKS VARIANT PORT: serves once; returns 1 once B's bench is done
+	# Started as soon as the previous run ended, so it waits in accept() (idle) by the time B's client comes:
+	# the client then does not wait for a server's start-up under emulation (about 1 s a run).
+	[ -e "$B2B_OUT/bench.done" ] && return 1
+	perftest_args "$@"
+	timeout 600 ib_write_bw "${pt_args[@]}" >/dev/null 2>&1 &
+	local pid=$! src=0
+	while kill -0 "$pid" 2>/dev/null; do
+		if [ -e "$B2B_OUT/bench.done" ]; then
+			kill "$pid" 2>/dev/null || true
+			wait "$pid" 2>/dev/null || true
+			return 1
+		fi
 		sleep 0.2
 	done
-	perftest_args "$@"
-	timeout 120 ib_write_bw "${pt_args[@]}" >/dev/null 2>&1 || log "ib_write_bw server $1 $3 failed"
+	wait "$pid" || src=$?
+	[ "$src" = 0 ] || log "ib_write_bw server $1 $3 failed (rc $src)"
 }
 perftest_client() { # perftest_client SIZE BLOCKS VARIANT PORT -> prints GB/s (0 on failure)
 	perftest_args "$@"
-	touch "$B2B_OUT/pt/$4.go"
 	local out rc res deadline=$((SECONDS + 120))
 	while :; do
 		rc=0
