@@ -3,11 +3,13 @@
 #
 # Boots the two-VM Soft-RoCE testbed (run-pair.sh) and, over rxe0 between the VMs:
 #   1. b2bd in each VM with --transport verbs (A = destination 10.77.0.1, B = source 10.77.0.2);
-#   2. per block size, B2B_RDMA_REPS rounds of: ib_write_bw (perftest) with an iteration count matching the
-#      blocks, default options; ib_write_bw tuned (-q 4 --post_list 32); b2b-bench in B, two-host mode,
-#      batches of N blocks (every block verified). Interleaved (A B A B A B) so drift hits both alike;
+#   2. per block size, B2B_RDMA_REPS mirrored rounds (odd: ib_write_bw default options, ib_write_bw tuned
+#      (-q 4 --post_list up to 32), b2b-bench; even: b2b-bench, tuned, default), each moving the bench's bytes
+#      (iteration counts match the blocks); the bench in B, two-host mode, batches of N blocks (every block
+#      verified), its default modes (ad hoc; prepared too up to 64 KiB);
 # then prints per size the median ratio b2bd / ib_write_bw of the rounds and its spread (min-max), against
-# the default and the tuned run of the same round, and writes them to rdma-summary.json.
+# the default and the tuned run of the same round, b2bd being per round the better of the modes the bench ran
+# (each mode's own median ratios too), and writes them to rdma-summary.json.
 # Absolute numbers are those of an emulated machine (TCG, 1 vCPU per VM); only the ratios mean something.
 #
 #   deploy/rdma-testbed/test-rdma.sh
@@ -18,7 +20,8 @@
 #   B2B_RDMA_BATCH_BYTES  bytes per batch cap that sets the block count of big blocks (default 16 MiB)
 #   B2B_RDMA_MIN_BLOCKS   blocks per batch at least (default 20: the tuned ib_write_bw's least, 4 QPs x 5)
 #   B2B_RDMA_ITERS        timed batches per size and round (default 3)
-#   B2B_RDMA_REPS         rounds per size, each ib_write_bw default, tuned, then the bench (default 3)
+#   B2B_RDMA_REPS         rounds per size, mirrored: default, tuned, bench; bench, tuned, default; ... (default 5)
+#   B2B_RDMA_MODES        the bench's --mode (default empty: its default, ad hoc and prepared up to 64 KiB)
 #   B2B_RDMA_SMP          vCPUs per VM (default 1; 2 gives rxe a CPU besides the daemon's)
 #   B2B_RDMA_E2E          1 (default) runs the e2e tests over verbs in B before the bench; 0 skips
 #   B2B_RDMA_FAULTS       1 (default) runs the fault and load cases (TestRemoteFaults) in A before the bench; 0 skips
