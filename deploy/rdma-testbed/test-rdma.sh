@@ -20,7 +20,7 @@
 #   B2B_RDMA_BATCH_BYTES  bytes per batch cap that sets the block count of big blocks (default 16 MiB)
 #   B2B_RDMA_MIN_BLOCKS   blocks per batch at least (default 20: the tuned ib_write_bw's least, 4 QPs x 5)
 #   B2B_RDMA_ITERS        timed batches per size and round (default 3)
-#   B2B_RDMA_REPS         rounds per size, mirrored: default, tuned, bench; bench, tuned, default; ... (default 5)
+#   B2B_RDMA_REPS         rounds per size, mirrored: default, tuned, bench; bench, tuned, default; ... (default 4)
 #   B2B_RDMA_MODES        the bench's --mode (default empty: its default, ad hoc and prepared up to 64 KiB)
 #   B2B_RDMA_SMP          vCPUs per VM (default 1; 2 gives rxe a CPU besides the daemon's)
 #   B2B_RDMA_E2E          1 (default) runs the e2e tests over verbs in B before the bench; 0 skips
@@ -46,7 +46,7 @@ MIN_BLOCKS=${B2B_RDMA_MIN_BLOCKS:-20}
 ITERS=${B2B_RDMA_ITERS:-3}
 TIMEOUT=${B2B_RDMA_TIMEOUT:-3000}
 FAULTS=${B2B_RDMA_FAULTS:-1}
-REPS=${B2B_RDMA_REPS:-5}
+REPS=${B2B_RDMA_REPS:-4}
 MODES=${B2B_RDMA_MODES:-}
 # The bench's default: prepared next to ad hoc up to this size (bench.DefaultPreparedUpTo).
 PREPARED_UP_TO=65536
