@@ -36,7 +36,7 @@ log "dev=$dev gid_index=$gid sizes=${sizes[*]} blocks=${blocks[*]}"
 # below 32 (at least 5, perftest's minimum, so test-rdma.sh's blocks are at least 20), so that both runs move
 # the bench's bytes (a fixed --post_list 32 made the tuned run move 128 messages, 4-16x a bench batch of 8-32
 # big blocks, and compared a stream with a batch).
-REPS=${REPS:-3}
+REPS=${REPS:-4}
 MODES=${MODES:-}
 # Mirrored rounds (A B C C B A): odd rounds run ib_write_bw default, tuned, then the bench; even rounds the
 # bench, tuned, then default. A drift within a pair of rounds, or a cost one step leaves to the next (the
