@@ -27,17 +27,21 @@ ip neigh replace "$B2B_PEER_IP" lladdr "$peer_mac" dev eth0 nud permanent 2>/dev
 log "dev=$dev gid_index=$gid sizes=${sizes[*]} blocks=${blocks[*]}"
 
 # ---- perftest, interleaved with the bench (section 4) --------------------------------------------------------
-# At each size, REPS rounds of: ib_write_bw default, ib_write_bw tuned (-q 4 --post_list 32), one b2b-bench batch
-# set (A B A B ...), so drift of this emulated machine hits both sides alike. One server/client pair per (size,
-# round, variant), each on its own port so a client never reaches a stale server; A starts each server only once
-# B has asked for it (a file in $B2B_OUT/pt), since B's bench runs take a variable time in between.
+# At each size, REPS rounds of ib_write_bw default, ib_write_bw tuned (-q 4 --post_list 32) and one b2b-bench
+# batch set, mirrored (see round_variants), so drift of this emulated machine hits both sides alike. One
+# server/client pair per (size, round, variant), each on its own port so a client never reaches a stale server;
+# A starts each server as soon as the one before it ended, so it is waiting in accept() when B's client comes.
 # Iterations match the blocks of the size. The tuned run's -n counts per QP and must be a multiple of
 # --post_list: it is blocks/4 rounded up, with --post_list 32, or the per-QP count itself when that is
 # below 32 (at least 5, perftest's minimum, so test-rdma.sh's blocks are at least 20), so that both runs move
 # the bench's bytes (a fixed --post_list 32 made the tuned run move 128 messages, 4-16x a bench batch of 8-32
 # big blocks, and compared a stream with a batch).
-REPS=${REPS:-3}
-mkdir -p "$B2B_OUT/pt"
+REPS=${REPS:-4}
+MODES=${MODES:-}
+# Mirrored rounds (A B C C B A): odd rounds run ib_write_bw default, tuned, then the bench; even rounds the
+# bench, tuned, then default. A drift within a pair of rounds, or a cost one step leaves to the next (the
+# previous bench's clean-up in the daemons, a cold cache), then falls on both sides alike.
+round_variants() { if (($1 % 2)); then echo default tuned; else echo tuned default; fi; }
 # (No process substitution in here: the VMs' chroot has no /dev/fd.)
 perftest_args() { # perftest_args SIZE BLOCKS VARIANT PORT -> sets pt_args
 	local s=$1 n=$2 variant=$3 port=$4
@@ -51,18 +55,19 @@ perftest_args() { # perftest_args SIZE BLOCKS VARIANT PORT -> sets pt_args
 	pt_args=(-d "$dev" -i 1 -x "$gid" -F -s "$s" -p "$port")
 	if [ "$variant" = tuned ]; then pt_args+=(-n "$nt" -q 4 --post_list "$pl"); else pt_args+=(-n "$n"); fi
 }
-perftest_server() { # perftest_server SIZE BLOCKS VARIANT PORT: waits for B's request, then serves once
-	local deadline=$((SECONDS + 900))
-	until [ -e "$B2B_OUT/pt/$4.go" ]; do
-		[ -e "$B2B_OUT/bench.done" ] || [ "$SECONDS" -ge "$deadline" ] && return 1
-		sleep 0.2
-	done
+perftest_server() { # perftest_server SIZE BLOCKS VARIANT PORT: serves once
+	# Started as soon as the previous run ended, so it waits in accept() (idle) by the time B's client comes:
+	# the client then does not wait for a server's start-up under emulation. No polling here while it runs:
+	# the only poller in A is the 1 Hz bench.done check below, the same while ib_write_bw and the bench run.
 	perftest_args "$@"
-	timeout 120 ib_write_bw "${pt_args[@]}" >/dev/null 2>&1 || log "ib_write_bw server $1 $3 failed"
+	timeout 600 ib_write_bw "${pt_args[@]}" >/dev/null 2>&1 &
+	echo $! >/tmp/b2b-perftest-server.pid
+	local src=0
+	wait $! || src=$?
+	[ "$src" = 0 ] || log "ib_write_bw server $1 $3 failed (rc $src)"
 }
 perftest_client() { # perftest_client SIZE BLOCKS VARIANT PORT -> prints GB/s (0 on failure)
 	perftest_args "$@"
-	touch "$B2B_OUT/pt/$4.go"
 	local out rc res deadline=$((SECONDS + 120))
 	while :; do
 		rc=0
@@ -139,24 +144,32 @@ wait_port "$B2B_SELF_IP" 7470 60 || {
 }
 
 if [ "$B2B_ROLE" = a ]; then
-	# ib_write_bw servers in the order B asks for them (section 4), then serve until B's bench is done.
-	port=18515
-	for k in "${!sizes[@]}"; do
-		for ((rep = 1; rep <= REPS; rep++)); do
-			for variant in default tuned; do
-				perftest_server "${sizes[$k]}" "${blocks[$k]}" "$variant" "$port" || break 3
-				port=$((port + 1))
+	# ib_write_bw servers in the order B asks for them (section 4), in the background; here, until B's bench
+	# is done, a 1 Hz check (uniform over ib_write_bw's runs and the bench's, so it costs both alike).
+	(
+		port=18515
+		for k in "${!sizes[@]}"; do
+			for ((rep = 1; rep <= REPS; rep++)); do
+				for variant in $(round_variants "$rep"); do
+					perftest_server "${sizes[$k]}" "${blocks[$k]}" "$variant" "$port"
+					port=$((port + 1))
+				done
 			done
 		done
-	done
-	deadline=$((SECONDS + 900))
+	) &
+	servers=$!
+	deadline=$((SECONDS + 7200))
 	until [ -e "$B2B_OUT/bench.done" ] || [ "$SECONDS" -ge "$deadline" ]; do
 		kill -0 "$dpid" 2>/dev/null || {
 			log "b2bd died: $(tail -n 5 "$B2B_OUT/b2bd-a.log")"
 			exit 1
 		}
-		sleep 0.5
+		sleep 1
 	done
+	# B is done: a server still waiting (B failed early) goes; timeout passes the TERM on to ib_write_bw.
+	kill "$servers" 2>/dev/null || true
+	[ -f /tmp/b2b-perftest-server.pid ] && kill "$(cat /tmp/b2b-perftest-server.pid)" 2>/dev/null || true
+	wait "$servers" 2>/dev/null || true
 	log "bench done; stopping"
 	[ "$(cat "$B2B_OUT/faults.rc")" = 0 ] || [ "$(cat "$B2B_OUT/faults.rc")" = skipped ]
 	exit $?
@@ -183,14 +196,25 @@ if [ "${E2E_TESTS:-1}" = 1 ] && [ -x "${E2E:-}" ]; then
 		"$E2E" -test.run '^(TestRemote|TestRemoteRevoke|TestRemoteDeadline)$' -test.v -test.timeout 300s 2>&1 | tee "$B2B_OUT/e2e.log" | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go' || true
 	grep -q '^PASS' "$B2B_OUT/e2e.log" || { log "e2e over verbs FAILED"; rc=1; }
 fi
-# Per size, REPS rounds of ib_write_bw default, ib_write_bw tuned, b2b-bench (A B A B A B): each bench JSON's
-# ratio_vs_perftest is against the default run of its own round (perftest_run says so); test-rdma.sh takes the
-# median and spread of the per-round ratios against both runs.
+# Per size, REPS mirrored rounds (odd: ib_write_bw default, tuned, bench; even: bench, tuned, default).
+# test-rdma.sh takes each bench against the two ib_write_bw runs of its own round (their median and spread
+# over the rounds). The bench runs its default modes (MODES empty): ad hoc and prepared up to 64 KiB, ad hoc
+# above.
+bench_args=()
+[ -n "$MODES" ] && bench_args+=(--mode "$MODES")
+run_bench() { # of size $s, $n blocks, round $rep
+	log "bench size=$s blocks=$n round=$rep"
+	"$BENCH" --src-api unix:///run/b2bd.sock --dst-api "$B2B_PEER_IP:7480" --dst-peer "$B2B_PEER_IP:7470" "${tls[@]}" \
+		--transport verbs --sizes "$s" --blocks "$n" --full --iters "$ITERS" --timeout 300s "${bench_args[@]}" \
+		--yardstick none --ping-calls 20 --json "$B2B_OUT/bench-$s-r$rep.json" 2>&1 || rc=1
+}
 port=18515
+t0=$SECONDS
 for k in "${!sizes[@]}"; do
 	s=${sizes[$k]} n=${blocks[$k]}
 	for ((rep = 1; rep <= REPS; rep++)); do
-		for variant in default tuned; do
+		if ((rep % 2 == 0)); then run_bench; fi
+		for variant in $(round_variants "$rep"); do
 			g=$(perftest_client "$s" "$n" "$variant" "$port")
 			log "perftest $variant size=$s round=$rep $g GB/s"
 			# A failed run (0) is left out: the bench then has nothing to compare with in that round.
@@ -199,11 +223,9 @@ for k in "${!sizes[@]}"; do
 			printf '{"run": "ib_write_bw %s, round %d", "gbps": {%s}}\n' "$variant" "$rep" "$rate" >"$B2B_OUT/perftest-$variant-$s-r$rep.json"
 			port=$((port + 1))
 		done
-		log "bench size=$s blocks=$n round=$rep"
-		"$BENCH" --src-api unix:///run/b2bd.sock --dst-api "$B2B_PEER_IP:7480" --dst-peer "$B2B_PEER_IP:7470" "${tls[@]}" \
-			--transport verbs --sizes "$s" --blocks "$n" --full --iters "$ITERS" --timeout 300s --mode adhoc \
-			--yardstick none --ping-calls 20 \
-			--perftest "$B2B_OUT/perftest-default-$s-r$rep.json" --json "$B2B_OUT/bench-$s-r$rep.json" 2>&1 || rc=1
+		if ((rep % 2)); then run_bench; fi
 	done
 done
+log "comparison (ib_write_bw and bench, ${#sizes[@]} sizes x $REPS rounds) took $((SECONDS - t0)) s"
+echo "$((SECONDS - t0))" >"$B2B_OUT/comparison.seconds"
 exit $rc
