@@ -252,3 +252,56 @@ func TestMeasureTCPStream(t *testing.T) {
 		t.Fatalf("empty source: %v", err)
 	}
 }
+
+// TestYardstickLinkTrials: one connection serves trials of different
+// lengths, each from the front of the source into the front of the
+// destination (as a batch of those bytes uses the regions' fronts), bytes
+// past the trial untouched; Close is idempotent and a trial after it fails.
+func TestYardstickLinkTrials(t *testing.T) {
+	const n = 3*yardstickChunk + 7
+	src, dst := make([]byte, n), make([]byte, n)
+	FillRandom(src, 99)
+	ctx := context.Background()
+	l, err := OpenYardstick(ctx, src, dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		bytes uint64
+	}{
+		{"one byte", 1},
+		{"below a chunk", 4096 + 5},
+		{"two chunks and a bit", 2*yardstickChunk + 11},
+		{"all of it", n},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clear(dst)
+			el, err := l.Trial(ctx, tc.bytes)
+			if err != nil || el <= 0 {
+				t.Fatalf("Trial(%d) = %v, %v", tc.bytes, el, err)
+			}
+			if !bytes.Equal(dst[:tc.bytes], src[:tc.bytes]) {
+				t.Fatalf("the first %d bytes differ", tc.bytes)
+			}
+			if bytes.ContainsFunc(dst[tc.bytes:], func(r rune) bool { return r != 0 }) {
+				t.Fatalf("bytes past the trial's %d were written", tc.bytes)
+			}
+		})
+	}
+	if _, err := l.Trial(ctx, 0); err == nil {
+		t.Error("a trial of 0 bytes was accepted")
+	}
+	if err := l.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := l.Trial(ctx, 1); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Fatalf("Trial after Close: %v", err)
+	}
+	if _, err := OpenYardstick(ctx, src, nil); err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Fatalf("empty destination: %v", err)
+	}
+}

@@ -14,7 +14,7 @@ import (
 
 // phaseSamples collects the daemon's phase timings of a mode's timed calls.
 type phaseSamples struct {
-	decode, validate, resolve, plan, post, wire, notify, total, outside, nonWire, notWire []time.Duration
+	decode, validate, resolve, plan, post, wire, notify, total, outside, nonWire, notWire, control []time.Duration
 }
 
 // add records one call: the daemon's phases (nil or all zero: the daemon
@@ -36,6 +36,8 @@ func (p *phaseSamples) add(ph *b2bv1.PhaseTimings, call time.Duration) {
 	p.outside = append(p.outside, max(0, call-ns(ph.GetTotalNs())))
 	p.nonWire = append(p.nonWire, max(0, ns(ph.GetTotalNs())-ns(ph.GetWireNs())))
 	p.notWire = append(p.notWire, max(0, call-ns(ph.GetWireNs())))
+	// As internal/e2e's BenchmarkPrepared: not clamped.
+	p.control = append(p.control, call-ns(ph.GetWireNs())-ns(ph.GetPostNs()))
 }
 
 // out is each phase's median, or nil when no call reported phases.
@@ -47,7 +49,7 @@ func (p *phaseSamples) out() *PhaseOut {
 	return &PhaseOut{
 		Decode: m(p.decode), Validate: m(p.validate), Resolve: m(p.resolve), Plan: m(p.plan), Post: m(p.post),
 		Wire: m(p.wire), Notify: m(p.notify), Total: m(p.total), Outside: m(p.outside), NonWire: m(p.nonWire),
-		CallLessWire: m(p.notWire),
+		CallLessWire: m(p.notWire), Control: m(p.control),
 	}
 }
 

@@ -67,14 +67,25 @@ type Row struct {
 	Segments              uint64  `json:"segments"`
 	WorkRequests          uint64  `json:"work_requests"`
 	// Verified: every block's CRC32C matched on both sides.
-	Verified         bool     `json:"verified"`
-	YardstickGBps    *float64 `json:"yardstick_gbps,omitempty"`
-	RatioVsYardstick *float64 `json:"ratio_vs_yardstick,omitempty"`
-	PerftestGBps     *float64 `json:"perftest_gbps,omitempty"`
-	RatioVsPerftest  *float64 `json:"ratio_vs_perftest,omitempty"`
-	// RatioVsYardstickCached is GB/s over the cached (4 MiB buffer) yardstick.
-	YardstickCachedGBps    *float64 `json:"yardstick_cached_gbps,omitempty"`
-	RatioVsYardstickCached *float64 `json:"ratio_vs_yardstick_cached,omitempty"`
+	Verified bool `json:"verified"`
+	// GBpsMin and GBpsMax are the slowest and the fastest of the timed
+	// batches (gbps is their median).
+	GBpsMin float64 `json:"gbps_min"`
+	GBpsMax float64 `json:"gbps_max"`
+	// The TCP yardstick, interleaved with the timed batches of sizes from
+	// RatioMinBlock up: one trial before each batch, moving the batch's
+	// bytes (YardstickTrialBytes) from the same source region into the same
+	// destination region over one kept-open connection. YardstickGBps is
+	// the trials' median rate, and RatioVsYardstick the batches' median rate
+	// over it: median with median, in the same run.
+	YardstickGBps          *float64  `json:"yardstick_gbps,omitempty"`
+	YardstickMinGBps       *float64  `json:"yardstick_min_gbps,omitempty"`
+	YardstickMaxGBps       *float64  `json:"yardstick_max_gbps,omitempty"`
+	YardstickSampleSeconds []float64 `json:"yardstick_sample_seconds,omitempty"`
+	YardstickTrialBytes    uint64    `json:"yardstick_trial_bytes,omitempty"`
+	RatioVsYardstick       *float64  `json:"ratio_vs_yardstick,omitempty"`
+	PerftestGBps           *float64  `json:"perftest_gbps,omitempty"`
+	RatioVsPerftest        *float64  `json:"ratio_vs_perftest,omitempty"`
 	// PerftestRun names the ib_write_bw run ratio_vs_perftest is against.
 	PerftestRun string `json:"perftest_run,omitempty"`
 	Error       string `json:"error,omitempty"`
@@ -110,6 +121,17 @@ type ModeOut struct {
 	PrepareSeconds *float64  `json:"prepare_seconds,omitempty"`
 	PreparePhases  *PhaseOut `json:"prepare_phases,omitempty"`
 	Verified       bool      `json:"verified"`
+	// PingMedianSeconds is the median of the empty Pings made on the same
+	// connection just before each timed call (the same-run floor);
+	// CallOverFloor is the calls' median over it, and ControlOverFloor the
+	// median of (call - wire - post) over it: the call's cost beyond moving
+	// the payload (post over TCP is the CPU gathering it, which a NIC does by
+	// DMA; over verbs it is the WR post), as internal/e2e's BenchmarkPrepared
+	// takes its submit-wire-post/ping. nil where the daemon has no Ping (or
+	// reports no phases, for ControlOverFloor).
+	PingMedianSeconds *float64 `json:"ping_median_seconds,omitempty"`
+	CallOverFloor     *float64 `json:"call_over_floor,omitempty"`
+	ControlOverFloor  *float64 `json:"control_over_floor,omitempty"`
 }
 
 // PhaseOut is where a call's time went inside the daemon (medians of each
@@ -132,6 +154,9 @@ type PhaseOut struct {
 	// CallLessWire is the median of (call - wire): everything but the wire,
 	// as the client sees it (the CX7 projection's "ours").
 	CallLessWire float64 `json:"call_less_wire"`
+	// Control is the median of (call - wire - post): the call less moving
+	// the payload.
+	Control float64 `json:"control"`
 }
 
 // Phases are wall times in seconds.
@@ -140,6 +165,9 @@ type Phases struct {
 	WarmUp float64 `json:"warm_up"`
 	Timed  float64 `json:"timed"`
 	Verify float64 `json:"verify"`
+	// Yardstick is the part of Timed spent in the interleaved yardstick
+	// trials (and WarmUp's one).
+	Yardstick float64 `json:"yardstick"`
 }
 
 // Report is the whole run, as written to --json.
@@ -157,8 +185,10 @@ type Report struct {
 	// source daemon's connection (nil: not measured or not implemented).
 	PingFloorSeconds *float64 `json:"ping_floor_seconds"`
 	PingCalls        int      `json:"ping_calls"`
-	// YardstickCached is the 4 MiB-buffer yardstick; Yardstick is the
-	// streaming one when measured (the one ratio_vs_yardstick is against).
+	// YardstickCached is the 4 MiB-buffer yardstick, measured once before the
+	// sweep (best of its trials), for context; Yardstick describes the one
+	// interleaved with each size's batches (the rows hold its rates and
+	// ratio_vs_yardstick).
 	YardstickCached *YardstickOut `json:"yardstick_cached,omitempty"`
 	Rows            []Row         `json:"rows"`
 	Complete        bool          `json:"complete"` // every planned size ran and verified
@@ -167,12 +197,17 @@ type Report struct {
 
 // YardstickOut describes the TCP yardstick in the report.
 type YardstickOut struct {
-	Kind     string  `json:"kind"`
-	SrcBytes uint64  `json:"src_bytes"`
-	DstBytes uint64  `json:"dst_bytes"`
-	GBps     float64 `json:"gbps"`
-	Bytes    uint64  `json:"bytes"`
-	Trials   int     `json:"trials"`
+	Kind     string `json:"kind"`
+	SrcBytes uint64 `json:"src_bytes"`
+	DstBytes uint64 `json:"dst_bytes"`
+	// GBps is the best trial and Bytes each trial's length (the one-off
+	// cached yardstick); 0 for the interleaved one, whose rates and trial
+	// lengths are per row.
+	GBps  float64 `json:"gbps,omitempty"`
+	Bytes uint64  `json:"bytes,omitempty"`
+	// Trials: in all (one-off), or per size (interleaved: one per timed batch).
+	Trials      int  `json:"trials"`
+	Interleaved bool `json:"interleaved"`
 }
 
 // MemoryOut is the memory budget in the report.
@@ -258,7 +293,6 @@ type table struct {
 	w        io.Writer
 	perftest bool
 	prepared bool // a prepared column
-	cached   bool // a column for the cached yardstick beside the streaming one
 }
 
 func (t *table) columns() []string {
@@ -266,10 +300,7 @@ func (t *table) columns() []string {
 	if t.prepared {
 		c = append(c, "prepared")
 	}
-	c = append(c, "p99", "GB/s", "Mblocks/s", "SMs used", "daemon CPU s", "transport", "vs TCP")
-	if t.cached {
-		c = append(c, "vs cached")
-	}
+	c = append(c, "p99", "GB/s", "GB/s min-max", "Mblocks/s", "SMs used", "daemon CPU s", "transport", "TCP GB/s", "TCP min-max", "vs TCP")
 	if t.perftest {
 		c = append(c, "perftest GB/s", "vs perftest")
 	}
@@ -279,13 +310,13 @@ func (t *table) columns() []string {
 // widths are fixed so rows can be printed as they come.
 var columnWidth = map[string]int{
 	"block": 8, "blocks": 8, "ad hoc": 10, "prepared": 10, "p99": 10, "GB/s": 7, "Mblocks/s": 9, "SMs used": 16,
-	"daemon CPU s": 12, "transport": 9, "vs TCP": 6, "vs cached": 9, "perftest GB/s": 13, "vs perftest": 11, "verified": 8,
+	"daemon CPU s": 12, "transport": 9, "vs TCP": 6, "GB/s min-max": 12, "TCP GB/s": 8, "TCP min-max": 11, "perftest GB/s": 13, "vs perftest": 11, "verified": 8,
 }
 
 // rightAligned columns hold numbers.
 var rightAligned = map[string]bool{
 	"blocks": true, "ad hoc": true, "prepared": true, "p99": true, "GB/s": true, "Mblocks/s": true, "daemon CPU s": true,
-	"vs TCP": true, "vs cached": true, "perftest GB/s": true, "vs perftest": true,
+	"vs TCP": true, "GB/s min-max": true, "TCP GB/s": true, "TCP min-max": true, "perftest GB/s": true, "vs perftest": true,
 }
 
 func (t *table) line(cells map[string]string) {
@@ -318,18 +349,20 @@ func (t *table) row(r Row) {
 		blocks += "*"
 	}
 	cells := map[string]string{
-		"block":     FormatBytes(r.BlockBytes),
-		"blocks":    blocks,
-		"ad hoc":    "-",
-		"prepared":  "-",
-		"p99":       formatSeconds(r.P99Seconds),
-		"GB/s":      fmt.Sprintf("%.3f", r.GBps),
-		"Mblocks/s": fmt.Sprintf("%.3f", r.MblocksPerSec),
-		"SMs used":  r.SMsUsedLabel,
-		"transport": r.Transport,
-		"vs TCP":    "-",
-		"vs cached": "-",
-		"verified":  "no",
+		"block":        FormatBytes(r.BlockBytes),
+		"blocks":       blocks,
+		"ad hoc":       "-",
+		"prepared":     "-",
+		"p99":          formatSeconds(r.P99Seconds),
+		"GB/s":         fmt.Sprintf("%.3f", r.GBps),
+		"Mblocks/s":    fmt.Sprintf("%.3f", r.MblocksPerSec),
+		"SMs used":     r.SMsUsedLabel,
+		"transport":    r.Transport,
+		"vs TCP":       "-",
+		"verified":     "no",
+		"TCP GB/s":     "-",
+		"TCP min-max":  "-",
+		"GB/s min-max": "-",
 	}
 	switch {
 	case r.AdHoc != nil:
@@ -350,8 +383,14 @@ func (t *table) row(r Row) {
 	if r.RatioVsYardstick != nil {
 		cells["vs TCP"] = fmt.Sprintf("%.2fx", *r.RatioVsYardstick)
 	}
-	if r.RatioVsYardstickCached != nil {
-		cells["vs cached"] = fmt.Sprintf("%.2fx", *r.RatioVsYardstickCached)
+	if r.GBpsMax > 0 {
+		cells["GB/s min-max"] = fmt.Sprintf("%.2f-%.2f", r.GBpsMin, r.GBpsMax)
+	}
+	if r.YardstickGBps != nil {
+		cells["TCP GB/s"] = fmt.Sprintf("%.3f", *r.YardstickGBps)
+	}
+	if r.YardstickMinGBps != nil && r.YardstickMaxGBps != nil {
+		cells["TCP min-max"] = fmt.Sprintf("%.2f-%.2f", *r.YardstickMinGBps, *r.YardstickMaxGBps)
 	}
 	cells["perftest GB/s"], cells["vs perftest"] = "-", "-"
 	if r.PerftestGBps != nil {
@@ -364,7 +403,7 @@ func (t *table) row(r Row) {
 		cells["verified"] = "yes"
 	}
 	if r.MedianSeconds == 0 {
-		for _, c := range []string{"p99", "GB/s", "Mblocks/s"} {
+		for _, c := range []string{"p99", "GB/s", "Mblocks/s", "GB/s min-max"} {
 			cells[c] = "-"
 		}
 	}
@@ -374,12 +413,24 @@ func (t *table) row(r Row) {
 // printBreakdown writes, per size and mode, the daemon's per-phase medians
 // in microseconds: where a call's time goes. "outside" is the client's call
 // less the daemon's handler time (gRPC both ways, the client, wake-ups);
-// "non-wire" is the daemon's time less waiting for the wire and the ack.
+// "non-wire" is the daemon's time less waiting for the wire and the ack;
+// "ping" the median of the empty Pings interleaved with the timed calls,
+// "x floor" the call over it and "ctl x floor" the median of (call - wire -
+// post) over it. Without interleaved Pings, "x floor" falls back to the
+// run's floor measured before the sweep.
 func printBreakdown(w io.Writer, rows []Row, floor *float64) {
-	fmt.Fprintln(w, "breakdown  per-phase medians in us (the daemon's own timings; 'outside' = call - daemon total; 'x floor' = call / empty Ping)")
+	fmt.Fprintln(w, "breakdown  per-phase medians in us (the daemon's own timings; 'outside' = call - daemon total; 'ping' = median of the empty Pings made just before each timed call;")
+	fmt.Fprintln(w, "           'x floor' = call / ping; 'ctl x floor' = median of (call - wire - post) / ping, post being TCP's payload gather (a NIC's DMA) or the verbs post)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "block\tmode\tcall\toutside\tdecode\tvalidate\tresolve\tplan\tpost\twire\tnotify\tdaemon total\tnon-wire\tx floor\t")
+	fmt.Fprintln(tw, "block\tmode\tcall\tping\toutside\tdecode\tvalidate\tresolve\tplan\tpost\twire\tnotify\tdaemon total\tnon-wire\tx floor\tctl x floor\t")
 	us := func(s float64) string { return fmt.Sprintf("%.1f", s*1e6) }
+	opt := func(v *float64, f func(float64) string) string {
+		if v == nil {
+			return "-"
+		}
+		return f(*v)
+	}
+	x2 := func(v float64) string { return fmt.Sprintf("%.2f", v) }
 	for _, r := range rows {
 		for _, m := range []struct {
 			name string
@@ -388,18 +439,19 @@ func printBreakdown(w io.Writer, rows []Row, floor *float64) {
 			if m.out == nil {
 				continue
 			}
-			xf := "-"
-			if floor != nil && *floor > 0 {
-				xf = fmt.Sprintf("%.2f", m.out.MedianSeconds / *floor)
+			xf := opt(m.out.CallOverFloor, x2)
+			if m.out.CallOverFloor == nil && floor != nil && *floor > 0 {
+				xf = fmt.Sprintf("%.2f (run floor)", m.out.MedianSeconds / *floor)
 			}
+			ping, ctl := opt(m.out.PingMedianSeconds, us), opt(m.out.ControlOverFloor, x2)
 			p := m.out.Phases
 			if p == nil {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\t\n", FormatBytes(r.BlockBytes), m.name, us(m.out.MedianSeconds), xf)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\t%s\t\n", FormatBytes(r.BlockBytes), m.name, us(m.out.MedianSeconds), ping, xf, ctl)
 				continue
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", FormatBytes(r.BlockBytes), m.name,
-				us(m.out.MedianSeconds), us(p.Outside), us(p.Decode), us(p.Validate), us(p.Resolve), us(p.Plan), us(p.Post),
-				us(p.Wire), us(p.Notify), us(p.Total), us(p.NonWire), xf)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", FormatBytes(r.BlockBytes), m.name,
+				us(m.out.MedianSeconds), ping, us(p.Outside), us(p.Decode), us(p.Validate), us(p.Resolve), us(p.Plan), us(p.Post),
+				us(p.Wire), us(p.Notify), us(p.Total), us(p.NonWire), xf, ctl)
 		}
 	}
 	_ = tw.Flush()

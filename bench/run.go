@@ -73,9 +73,12 @@ type runner struct {
 	errOut   io.Writer // progress
 	report   *Report
 	perftest Perftest
-	yard     *Yardstick // the streaming one if measured, else the cached one
-	// yardCached is the cached yardstick when the streaming one was measured too.
-	yardCached *Yardstick
+	// yard is the yardstick connection interleaved with the timed batches
+	// of sizes from RatioMinBlock up; nil: none (--yardstick none).
+	yard *YardstickLink
+	// noPing is set once the daemon answered Ping with Unimplemented: the
+	// timed calls are then made without interleaved Pings.
+	noPing bool
 	// noPrepare is set once the daemon answered PrepareTransfer with
 	// Unimplemented: prepared mode is skipped from then on.
 	noPrepare string
@@ -198,9 +201,15 @@ func (r *runner) run(ctx context.Context) (err error) {
 	r.report.AllocateSeconds = time.Since(allocStart).Seconds()
 	r.printf("regions    %s on each side, registered in %.1f s\n", formatGiB(regions.bytes), r.report.AllocateSeconds)
 
-	if err := r.measureYardsticks(ctx, eps, regions, plans); err != nil {
+	closeYard, err := r.measureYardsticks(ctx, eps, regions, plans)
+	if err != nil {
 		return err
 	}
+	defer func() {
+		if cerr := closeYard(); cerr != nil {
+			err = errors.Join(err, cerr)
+		}
+	}()
 	r.bar.set("measuring the floor: empty Ping calls")
 	floor, ok, err := MeasurePingFloor(ctx, eps.src.API(), r.cfg.PingCalls)
 	if err != nil {
@@ -217,7 +226,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 	r.bar.step("")
 	r.printf("\n")
 
-	r.table = &table{w: r.out, perftest: r.perftest.GBps != nil, prepared: r.cfg.PreparedUpTo > 0, cached: r.yardCached != nil}
+	r.table = &table{w: r.out, perftest: r.perftest.GBps != nil, prepared: r.cfg.PreparedUpTo > 0}
 	r.bar.clear()
 	r.table.header()
 	anyCapped := false
@@ -279,71 +288,86 @@ func disturbanceWarning(rows []Row, cpus int) string {
 		100*worst, strings.Join(hit, ", "))
 }
 
-// measureYardsticks measures the TCP yardsticks --yardstick asks for. The
-// streaming one reads the bench's source region (filled first, so every page
-// is real) and, in embedded mode, writes into the destination region mapped
-// here; in two-host mode or with GPU memory it falls back to what it can
-// reach and says so.
-func (r *runner) measureYardsticks(ctx context.Context, eps *endpoints, regions *regionPair, plans []SizePlan) error {
+// measureYardsticks measures the one-off cached yardstick (--yardstick
+// cached, for context) and opens the connection of the yardstick that is
+// interleaved with each size's timed batches: from the bench's source region
+// into, in embedded mode, the destination region mapped here. In two-host
+// mode or with GPU memory it falls back to what it can reach and says so;
+// with --yardstick cached alone, it streams 4 MiB buffers. The returned
+// function closes what it opened.
+func (r *runner) measureYardsticks(ctx context.Context, eps *endpoints, regions *regionPair, plans []SizePlan) (func() error, error) {
+	var closers []func() error
+	closeAll := func() error {
+		var errs []error
+		for i := len(closers) - 1; i >= 0; i-- {
+			errs = append(errs, closers[i]())
+		}
+		return errors.Join(errs...)
+	}
 	if len(r.cfg.Yardsticks) == 0 {
 		r.printf("yardstick  none (--yardstick none)\n")
-		return nil
+		return closeAll, nil
 	}
 	bytes := YardstickBytes(plans)
 	if r.cfg.yardstickBytes != 0 {
 		bytes = r.cfg.yardstickBytes
 	}
 	const trials = 3
-	out := func(ys Yardstick, kind string) *YardstickOut {
-		return &YardstickOut{Kind: kind, GBps: ys.GBps, Bytes: ys.Bytes, Trials: ys.Trials, SrcBytes: ys.SrcBytes, DstBytes: ys.DstBytes}
-	}
 	if slices.Contains(r.cfg.Yardsticks, YardstickCached) {
 		r.bar.set("measuring the TCP loopback yardstick (cached buffers)")
 		ys, err := MeasureTCPLoopback(ctx, bytes, trials)
 		if err != nil {
-			return err
+			return closeAll, err
 		}
-		kind := "tcp loopback, 1 connection, 4 MiB writes from and into 4 MiB buffers (in cache)"
-		r.report.YardstickCached = out(ys, kind)
-		r.yardCached = &ys
-		r.printf("yardstick  cached: plain TCP on 127.0.0.1, 1 connection, 4 MiB writes, 4 MiB buffers: %.2f GB/s (best of %d x %s)\n",
+		r.report.YardstickCached = &YardstickOut{
+			Kind: "tcp loopback, 1 connection, 4 MiB writes from and into 4 MiB buffers (in cache), once before the sweep",
+			GBps: ys.GBps, Bytes: ys.Bytes, Trials: ys.Trials, SrcBytes: ys.SrcBytes, DstBytes: ys.DstBytes,
+		}
+		r.printf("yardstick  cached, for context only: plain TCP on 127.0.0.1, 1 connection, 4 MiB writes, 4 MiB buffers: %.2f GB/s (best of %d x %s, once before the sweep)\n",
 			ys.GBps, ys.Trials, formatGiB(ys.Bytes))
 	}
-	if slices.Contains(r.cfg.Yardsticks, YardstickStream) {
-		hs, ok := regions.src.(hostSource)
-		if !ok {
-			r.printf("yardstick  stream: n/a (the source is GPU memory; the cached yardstick is the reference)\n")
-		} else {
-			r.bar.set("measuring the TCP loopback yardstick (streaming the regions)")
-			if err := hs.Fill(regions.bytes, mix(r.cfg.Seed, 0x7a4d)); err != nil {
-				return fmt.Errorf("yardstick: fill the source region: %w", err)
-			}
-			dst, where := []byte(nil), ""
-			if eps.pair != nil && regions.dstRegion != nil {
-				if m, err := eps.dst.MapHostRegion(ctx, regions.dstRegion); err == nil {
-					defer func() { _ = m.Unmap() }()
-					dst, where = m.Bytes, "the destination region"
-				}
-			}
-			if dst == nil {
-				dst, where = make([]byte, yardstickChunk), "a 4 MiB buffer (the destination region is not mapped here)"
-			}
-			ys, err := MeasureTCPStream(ctx, hs.r.Bytes[:regions.bytes], dst, bytes, trials)
-			if err != nil {
-				return err
-			}
-			kind := fmt.Sprintf("tcp loopback, 1 connection, 4 MiB writes from the %s source region into %s", formatGiB(ys.SrcBytes), where)
-			r.report.Yardstick = out(ys, kind)
-			r.yard = &ys
-			r.printf("yardstick  stream: the same, from the %s source region into %s: %.2f GB/s (best of %d x %s)\n",
-				formatGiB(ys.SrcBytes), where, ys.GBps, ys.Trials, formatGiB(ys.Bytes))
+	anyCompared := false
+	for _, p := range plans {
+		anyCompared = anyCompared || p.BlockBytes >= RatioMinBlock
+	}
+	if !anyCompared {
+		return closeAll, nil
+	}
+	var src, dst []byte
+	var from, into string
+	if hs, ok := regions.src.(hostSource); ok && slices.Contains(r.cfg.Yardsticks, YardstickStream) {
+		src, from = hs.r.Bytes[:regions.bytes], "the source region"
+	} else {
+		src, from = make([]byte, yardstickChunk), "a 4 MiB buffer"
+		FillRandom(src, 0x5eed)
+		if slices.Contains(r.cfg.Yardsticks, YardstickStream) {
+			from += " (the source is GPU memory)"
 		}
 	}
-	if r.yard == nil && r.yardCached != nil {
-		r.yard, r.yardCached = r.yardCached, nil
-		r.report.Yardstick, r.report.YardstickCached = r.report.YardstickCached, nil
+	if eps.pair != nil && regions.dstRegion != nil && slices.Contains(r.cfg.Yardsticks, YardstickStream) {
+		if m, err := eps.dst.MapHostRegion(ctx, regions.dstRegion); err == nil {
+			closers = append(closers, m.Unmap)
+			dst, into = m.Bytes, "the destination region"
+		}
 	}
-	return nil
+	if dst == nil {
+		dst, into = make([]byte, yardstickChunk), "a 4 MiB buffer"
+		if slices.Contains(r.cfg.Yardsticks, YardstickStream) {
+			into += " (the destination region is not mapped here)"
+		}
+	}
+	link, err := OpenYardstick(ctx, src, dst)
+	if err != nil {
+		return closeAll, err
+	}
+	closers = append(closers, link.Close)
+	r.yard = link
+	kind := fmt.Sprintf("tcp loopback, 1 connection kept open, 4 MiB writes from %s into %s; per size from %s, one trial of the batch's bytes before each batch",
+		from, into, FormatBytes(RatioMinBlock))
+	r.report.Yardstick = &YardstickOut{Kind: kind, SrcBytes: uint64(len(src)), DstBytes: uint64(len(dst)), Trials: r.cfg.Iters, Interleaved: true}
+	r.printf("yardstick  'vs TCP': plain TCP on 127.0.0.1, 1 connection, 4 MiB writes from %s into %s, one trial of the batch's bytes before each batch\n", from, into)
+	r.printf("           (from %s up), in the same run: the median of b2bd's timed batches over the median of the trials\n", FormatBytes(RatioMinBlock))
+	return closeAll, nil
 }
 
 // printf writes a line of the report without tearing the progress bar.
@@ -624,15 +648,51 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 	type call = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error)
 	var dataPath []time.Duration
 	// runMode runs a mode's warm-up, timed batches and verification.
+	primaryName := "adhoc"
+	if !r.cfg.AdHoc {
+		primaryName = "prepared"
+	}
+	// The yardstick trials interleaved with the primary mode's batches, and
+	// those batches: the ratio's two sides.
+	var yardSamples, ourSamples []time.Duration
 	runMode := func(name string, do call, meterCPU bool) (*ModeOut, *b2bv1.BatchTransferResponse, error) {
 		mode := &ModeOut{}
 		var phases phaseSamples
+		var pings []time.Duration
+		withYard := r.yard != nil && size >= RatioMinBlock && name == primaryName
 		batch := func(iter int) (time.Duration, *b2bv1.BatchTransferResponse, error) {
+			if withYard {
+				// One yardstick trial of the batch's bytes, from and into the
+				// memory the batch uses, just before it.
+				el, err := r.yard.Trial(ctx, row.PayloadBytes)
+				if err != nil {
+					return 0, nil, fmt.Errorf("%s batch %d: %w", name, iter, err)
+				}
+				row.Phases.Yardstick += el.Seconds()
+				if iter > 0 {
+					yardSamples = append(yardSamples, el)
+				}
+			}
 			if err := regions.src.Stamp(srcLayout.Offsets, size, mix(r.cfg.Seed, size, 4, uint64(iter), uint64(len(name)))); err != nil {
 				return 0, nil, fmt.Errorf("stamp the source blocks: %w", err)
 			}
 			bctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 			defer cancel()
+			if !r.noPing {
+				// An empty call on the same connection just before: the
+				// same-run floor this call is compared with.
+				pstart := time.Now()
+				_, perr := eps.src.API().Ping(bctx, &b2bv1.PingRequest{})
+				pel := time.Since(pstart)
+				switch {
+				case status.Code(perr) == codes.Unimplemented:
+					r.noPing = true
+				case perr != nil:
+					return 0, nil, fmt.Errorf("%s batch %d: the Ping before it: %w", name, iter, perr)
+				case iter > 0:
+					pings = append(pings, pel)
+				}
+			}
 			start := time.Now()
 			resp, err := do(bctx)
 			elapsed := time.Since(start)
@@ -693,6 +753,19 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 		}
 		mode.GBps, mode.MblocksPerSec = GBps(row.PayloadBytes, sum.Median), MblocksPerSec(n, sum.Median)
 		mode.Phases = phases.out()
+		if len(pings) > 0 {
+			pm := Summarize(pings).Median.Seconds()
+			mode.PingMedianSeconds = &pm
+			if v, ok := OverFloor(samples, pings); ok {
+				mode.CallOverFloor = &v
+			}
+			if v, ok := OverFloor(phases.control, pings); ok {
+				mode.ControlOverFloor = &v
+			}
+		}
+		if name == primaryName {
+			ourSamples = samples
+		}
 
 		r.bar.step(fmt.Sprintf("%s: verifying every block on both sides (%s)", label, name))
 		if err := r.verify(ctx, eps, regions, srcLayout, dstLayout); err != nil {
@@ -745,13 +818,15 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 	row.DataPathMedianSeconds = Summarize(dataPath).Median.Seconds()
 	row.Transport = transportName(last.GetTransport())
 	row.Segments, row.WorkRequests = last.GetSegments(), last.GetWorkRequests()
-	if r.yard != nil && r.yard.GBps > 0 && size >= RatioMinBlock {
-		y, ratio := r.yard.GBps, row.GBps/r.yard.GBps
-		row.YardstickGBps, row.RatioVsYardstick = &y, &ratio
-	}
-	if r.yardCached != nil && r.yardCached.GBps > 0 && size >= RatioMinBlock {
-		y, ratio := r.yardCached.GBps, row.GBps/r.yardCached.GBps
-		row.YardstickCachedGBps, row.RatioVsYardstickCached = &y, &ratio
+	ours := RatesOf(row.PayloadBytes, ourSamples)
+	row.GBpsMin, row.GBpsMax = ours.Min, ours.Max
+	if ratio, ok := MedianRatio(ourSamples, yardSamples); ok {
+		y := RatesOf(row.PayloadBytes, yardSamples)
+		row.YardstickGBps, row.YardstickMinGBps, row.YardstickMaxGBps = &y.Median, &y.Min, &y.Max
+		row.RatioVsYardstick, row.YardstickTrialBytes = &ratio, row.PayloadBytes
+		for _, s := range yardSamples {
+			row.YardstickSampleSeconds = append(row.YardstickSampleSeconds, s.Seconds())
+		}
 	}
 	if v, ok := r.perftest.GBps[size]; ok {
 		pv, ratio := v, row.GBps/v

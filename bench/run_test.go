@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -35,7 +36,7 @@ func TestRunEmbedded(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cfg := Config{
-		Sizes: []uint64{128, 64 << 10}, Blocks: 300, Iters: 2, Transport: "tcp", Timeout: time.Minute, Seed: 42,
+		Sizes: []uint64{128, 64 << 10, RatioMinBlock}, Blocks: 300, Iters: 2, Transport: "tcp", Timeout: time.Minute, Seed: 42,
 		B2BD: buildDaemon(t), JSONPath: filepath.Join(dir, "r.json"), PlotPath: filepath.Join(dir, "r.svg"),
 		yardstickBytes: 64 << 20, AdHoc: true, PreparedUpTo: DefaultPreparedUpTo, Yardsticks: []string{YardstickStream, YardstickCached},
 		PingCalls: 20, Breakdown: true,
@@ -49,7 +50,7 @@ func TestRunEmbedded(t *testing.T) {
 	if stderr.Len() != 0 {
 		t.Errorf("stderr is not a terminal, yet got %q", stderr.String())
 	}
-	for _, want := range []string{"yardstick  cached", "yardstick  stream", "floor", "ad hoc", "prepared", "breakdown", "128 B", "64 KiB", "verified", "0 (host memory)"} {
+	for _, want := range []string{"yardstick  cached", "yardstick  'vs TCP'", "from the source region into the destination region", "floor", "ad hoc", "prepared", "breakdown", "ctl x floor", "TCP min-max", "128 B", "64 KiB", "verified", "0 (host memory)"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
 		}
@@ -62,7 +63,7 @@ func TestRunEmbedded(t *testing.T) {
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if !rep.Complete || rep.Transport != "tcp" || len(rep.Rows) != 2 {
+	if !rep.Complete || rep.Transport != "tcp" || len(rep.Rows) != 3 {
 		t.Fatalf("report: complete %v transport %q rows %d", rep.Complete, rep.Transport, len(rep.Rows))
 	}
 	for _, r := range rep.Rows {
@@ -72,6 +73,35 @@ func TestRunEmbedded(t *testing.T) {
 		if r.Mode != "adhoc" || r.AdHoc == nil || !r.AdHoc.Verified || r.AdHoc.MedianSeconds != r.MedianSeconds {
 			t.Errorf("%d B: ad hoc result %+v, mode %q", r.BlockBytes, r.AdHoc, r.Mode)
 		}
+		if r.AdHoc.PingMedianSeconds == nil || *r.AdHoc.PingMedianSeconds <= 0 || r.AdHoc.CallOverFloor == nil || r.AdHoc.ControlOverFloor == nil || *r.AdHoc.ControlOverFloor <= 0 {
+			t.Errorf("%d B: ad hoc floor figures %+v", r.BlockBytes, r.AdHoc)
+		}
+		if r.GBpsMin <= 0 || r.GBpsMin > r.GBps || r.GBps > r.GBpsMax {
+			t.Errorf("%d B: GB/s min %v median %v max %v", r.BlockBytes, r.GBpsMin, r.GBps, r.GBpsMax)
+		}
+		// The yardstick runs beside the sizes from RatioMinBlock up: one
+		// trial of the batch's bytes per timed batch, median with median.
+		if r.BlockBytes < RatioMinBlock {
+			if r.RatioVsYardstick != nil || r.YardstickGBps != nil {
+				t.Errorf("%d B: compared with the yardstick below %d B", r.BlockBytes, RatioMinBlock)
+			}
+			continue
+		}
+		if r.RatioVsYardstick == nil || r.YardstickGBps == nil || len(r.YardstickSampleSeconds) != 2 || r.YardstickTrialBytes != r.PayloadBytes ||
+			*r.YardstickMinGBps > *r.YardstickGBps || *r.YardstickGBps > *r.YardstickMaxGBps {
+			t.Fatalf("%d B: yardstick %+v", r.BlockBytes, r)
+		}
+		if want := r.GBps / *r.YardstickGBps; math.Abs(*r.RatioVsYardstick-want) > 1e-9*want {
+			t.Errorf("%d B: ratio %v, want %v (median over median)", r.BlockBytes, *r.RatioVsYardstick, want)
+		}
+		if r.Phases.Yardstick <= 0 {
+			t.Errorf("%d B: yardstick phase %v", r.BlockBytes, r.Phases.Yardstick)
+		}
+	}
+	if rep.Yardstick == nil || !rep.Yardstick.Interleaved || rep.YardstickCached == nil || rep.YardstickCached.GBps <= 0 {
+		t.Errorf("report yardsticks %+v, cached %+v", rep.Yardstick, rep.YardstickCached)
+	}
+	for _, r := range rep.Rows[:2] {
 		// Both sizes are up to 64 KiB, so prepared runs too: verified, or
 		// skipped because this daemon lacks PrepareTransfer (said in the row).
 		switch {

@@ -55,3 +55,37 @@ func MblocksPerSec(blocks int, d time.Duration) float64 {
 	}
 	return float64(blocks) / d.Seconds() / 1e6
 }
+
+// Rates are the GB/s of equal transfers of bytes each: at the median time,
+// and at the slowest (Min) and fastest (Max). Empty input gives zeros.
+type Rates struct {
+	Median, Min, Max float64
+}
+
+// RatesOf summarizes the times of transfers of bytes each as rates.
+func RatesOf(bytes uint64, samples []time.Duration) Rates {
+	s := Summarize(samples)
+	return Rates{Median: GBps(bytes, s.Median), Min: GBps(bytes, s.Max), Max: GBps(bytes, s.Min)}
+}
+
+// MedianRatio compares two sets of transfers of the same bytes, taken in
+// the same run: our median rate over theirs. ok is false when either side
+// has no samples or a zero median.
+func MedianRatio(ours, theirs []time.Duration) (ratio float64, ok bool) {
+	a, b := Summarize(ours).Median, Summarize(theirs).Median
+	if a <= 0 || b <= 0 {
+		return 0, false
+	}
+	return float64(b) / float64(a), true
+}
+
+// OverFloor is the median of xs over the median of floor (both taken in
+// the same run, e.g. calls and the Pings interleaved with them). ok is false
+// when either is empty or floor's median is not positive.
+func OverFloor(xs, floor []time.Duration) (ratio float64, ok bool) {
+	f := Summarize(floor).Median
+	if len(xs) == 0 || f <= 0 {
+		return 0, false
+	}
+	return float64(Summarize(xs).Median) / float64(f), true
+}

@@ -107,6 +107,7 @@ func renderSVG(b *bytes.Buffer, rep *Report) {
 	gb := series{name: "b2bd BatchTransfer (median)", color: colorB2BD, marker: "circle"}
 	rate := series{name: "b2bd BatchTransfer (median)", color: colorRate, marker: "circle"}
 	perf := series{name: "ib_write_bw (perftest)", color: colorPerf, marker: "square", dashed: true}
+	yard := series{name: "TCP loopback yardstick, 1 connection, interleaved (median)", color: colorYard, marker: "square", dashed: true}
 	for _, r := range rows {
 		bytesPer := float64(r.BlockBytes) * float64(r.Blocks)
 		gbp := point{x: float64(r.BlockBytes), y: r.GBps, hollow: r.Capped}
@@ -118,6 +119,13 @@ func renderSVG(b *bytes.Buffer, rep *Report) {
 		}
 		gb.points = append(gb.points, gbp)
 		rate.points = append(rate.points, rp)
+		if r.YardstickGBps != nil {
+			yp := point{x: float64(r.BlockBytes), y: *r.YardstickGBps}
+			if r.YardstickMinGBps != nil && r.YardstickMaxGBps != nil && *r.YardstickMinGBps > 0 {
+				yp.lo, yp.hi, yp.hasWhisker = *r.YardstickMinGBps, *r.YardstickMaxGBps, true
+			}
+			yard.points = append(yard.points, yp)
+		}
 		if r.PerftestGBps != nil {
 			perf.points = append(perf.points, point{x: float64(r.BlockBytes), y: *r.PerftestGBps})
 		}
@@ -125,6 +133,9 @@ func renderSVG(b *bytes.Buffer, rep *Report) {
 	top := &panel{title: "Throughput", yLabel: "GB/s (1e9 bytes/s, log scale)", top: panelTop1, bot: panelBot1, series: []series{gb}}
 	if len(perf.points) > 0 {
 		top.series = append(top.series, perf)
+	}
+	if len(yard.points) > 0 {
+		top.series = append(top.series, yard)
 	}
 	if rep.Yardstick != nil && rep.Yardstick.GBps > 0 {
 		top.hline = &hline{y: rep.Yardstick.GBps, name: fmt.Sprintf("TCP loopback yardstick, 1 stream (%.2f GB/s)", rep.Yardstick.GBps), color: colorYard}

@@ -59,59 +59,120 @@ func MeasureTCPLoopback(ctx context.Context, bytes uint64, trials int) (Yardstic
 }
 
 // MeasureTCPStream streams bytes over one TCP connection on 127.0.0.1,
-// trials times, and returns the best rate. The writer sends src in 4 MiB
-// writes, front to back and round again; the reader reads into dst the same
-// way, so with buffers larger than the caches every byte crosses DRAM twice,
-// as a daemon's does. Each trial ends when the reader has every byte and has
-// said so, so the rate counts delivery, not buffering.
-func MeasureTCPStream(ctx context.Context, src, dst []byte, bytes uint64, trials int) (Yardstick, error) {
-	if len(src) == 0 || len(dst) == 0 {
-		return Yardstick{}, errors.New("yardstick: empty source or destination buffer")
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// trials times, and returns the best rate (see YardstickLink.Trial).
+func MeasureTCPStream(ctx context.Context, src, dst []byte, bytes uint64, trials int) (ys Yardstick, err error) {
+	l, err := OpenYardstick(ctx, src, dst)
 	if err != nil {
-		return Yardstick{}, fmt.Errorf("yardstick: listen: %w", err)
+		return Yardstick{}, err
 	}
-	defer ln.Close()
-	readerDone := make(chan error, 1)
-	go func() { readerDone <- yardstickReader(ln, dst, bytes, trials) }()
-
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", ln.Addr().String())
-	if err != nil {
-		return Yardstick{}, fmt.Errorf("yardstick: dial: %w", err)
-	}
-	defer c.Close()
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-
+	defer func() {
+		if cerr := l.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
 	best := time.Duration(0)
-	var ack [1]byte
-	off := 0
 	for t := 0; t < trials; t++ {
-		start := time.Now()
-		for left := bytes; left > 0; {
-			if off >= len(src) {
-				off = 0
-			}
-			n := min(left, uint64(yardstickChunk), uint64(len(src)-off))
-			if _, err := c.Write(src[off : off+int(n)]); err != nil {
-				return Yardstick{}, yardstickErr(ctx, "write", err)
-			}
-			off += int(n)
-			left -= n
+		el, err := l.Trial(ctx, bytes)
+		if err != nil {
+			return Yardstick{}, err
 		}
-		if _, err := io.ReadFull(c, ack[:]); err != nil {
-			return Yardstick{}, yardstickErr(ctx, "wait for the reader", err)
-		}
-		if el := time.Since(start); best == 0 || el < best {
+		if best == 0 || el < best {
 			best = el
 		}
 	}
-	if err := <-readerDone; err != nil {
-		return Yardstick{}, err
-	}
 	return Yardstick{GBps: GBps(bytes, best), Bytes: bytes, Trials: trials, SrcBytes: uint64(len(src)), DstBytes: uint64(len(dst))}, nil
+}
+
+// YardstickLink is one TCP loopback connection, set up once and kept for
+// many trials, so that a trial times only the stream: the bench interleaves
+// its trials with b2bd's timed batches of the same bytes.
+type YardstickLink struct {
+	ln       net.Listener
+	c        net.Conn
+	src, dst []byte
+	want     chan uint64   // a trial's length, to the reader
+	done     chan error    // the reader's end
+	dead     chan struct{} // closed when the reader has returned
+	closed   bool
+}
+
+// OpenYardstick connects a writer streaming from src with a reader writing
+// into dst over one TCP connection on 127.0.0.1.
+func OpenYardstick(ctx context.Context, src, dst []byte) (*YardstickLink, error) {
+	if len(src) == 0 || len(dst) == 0 {
+		return nil, errors.New("yardstick: empty source or destination buffer")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("yardstick: listen: %w", err)
+	}
+	l := &YardstickLink{ln: ln, src: src, dst: dst, want: make(chan uint64, 1), done: make(chan error, 1), dead: make(chan struct{})}
+	go func() {
+		l.done <- yardstickReader(ln, dst, l.want)
+		close(l.dead)
+	}()
+	var d net.Dialer
+	if l.c, err = d.DialContext(ctx, "tcp", ln.Addr().String()); err != nil {
+		close(l.want)
+		_ = ln.Close()
+		<-l.done
+		return nil, fmt.Errorf("yardstick: dial: %w", err)
+	}
+	return l, nil
+}
+
+// Trial streams bytes from the front of src into the front of dst (round
+// again when bytes exceeds a buffer) in 4 MiB writes, and returns the time
+// from the first write to the reader's acknowledgement that it holds every
+// byte: delivery, not buffering. With buffers larger than the caches every
+// byte crosses DRAM twice, as a daemon's does.
+func (l *YardstickLink) Trial(ctx context.Context, bytes uint64) (time.Duration, error) {
+	if l.closed {
+		return 0, errors.New("yardstick: trial on a closed link")
+	}
+	if bytes == 0 {
+		return 0, errors.New("yardstick: trial of 0 bytes")
+	}
+	stop := context.AfterFunc(ctx, func() { _ = l.c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var ack [1]byte
+	start := time.Now()
+	select {
+	case l.want <- bytes:
+	case <-l.dead:
+		return 0, errors.New("yardstick: the reader has stopped")
+	case <-ctx.Done():
+		return 0, fmt.Errorf("yardstick: %w", ctx.Err())
+	}
+	off := 0
+	for left := bytes; left > 0; {
+		if off >= len(l.src) {
+			off = 0
+		}
+		n := min(left, uint64(yardstickChunk), uint64(len(l.src)-off))
+		if _, err := l.c.Write(l.src[off : off+int(n)]); err != nil {
+			return 0, yardstickErr(ctx, "write", err)
+		}
+		off += int(n)
+		left -= n
+	}
+	if _, err := io.ReadFull(l.c, ack[:]); err != nil {
+		return 0, yardstickErr(ctx, "wait for the reader", err)
+	}
+	return time.Since(start), nil
+}
+
+// Close ends the connection and waits for the reader; idempotent.
+func (l *YardstickLink) Close() error {
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	close(l.want)
+	err := <-l.done
+	_ = l.c.Close()
+	_ = l.ln.Close()
+	return err
 }
 
 func yardstickErr(ctx context.Context, what string, err error) error {
@@ -121,22 +182,23 @@ func yardstickErr(ctx context.Context, what string, err error) error {
 	return fmt.Errorf("yardstick: %s: %w", what, err)
 }
 
-// yardstickReader accepts one connection and, per trial, reads bytes bytes
-// into buf (front to back and round again) and answers with one byte.
-func yardstickReader(ln net.Listener, buf []byte, bytes uint64, trials int) error {
+// yardstickReader accepts one connection and, per length received on want,
+// reads that many bytes into the front of buf (round again past its end)
+// and answers with one byte. It returns when want is closed or on an error,
+// closing the connection so that the writer stops too.
+func yardstickReader(ln net.Listener, buf []byte, want <-chan uint64) error {
 	c, err := ln.Accept()
 	if err != nil {
 		return fmt.Errorf("yardstick: accept: %w", err)
 	}
 	defer c.Close()
-	off := 0
-	for t := 0; t < trials; t++ {
+	for bytes := range want {
+		off := 0
 		for left := bytes; left > 0; {
 			if off >= len(buf) {
 				off = 0
 			}
-			want := min(left, uint64(yardstickChunk), uint64(len(buf)-off))
-			n, err := c.Read(buf[off : off+int(want)])
+			n, err := c.Read(buf[off : off+int(min(left, uint64(yardstickChunk), uint64(len(buf)-off)))])
 			if err != nil {
 				if errors.Is(err, io.EOF) {
 					return fmt.Errorf("yardstick: stream ended %d bytes short", left)
