@@ -73,7 +73,7 @@ type Row struct {
 	GBpsMin float64 `json:"gbps_min"`
 	GBpsMax float64 `json:"gbps_max"`
 	// The TCP yardstick, interleaved with the timed batches of sizes from
-	// RatioMinBlock up: one trial before each batch, moving the batch's
+	// RatioMinBlock up: one trial next to each batch (T B, B T, ...), moving the batch's
 	// bytes (YardstickTrialBytes) from the same source region into the same
 	// destination region over one kept-open connection. YardstickGBps is
 	// the trials' median rate, and RatioVsYardstick the batches' median rate

@@ -362,10 +362,10 @@ func (r *runner) measureYardsticks(ctx context.Context, eps *endpoints, regions 
 	}
 	closers = append(closers, link.Close)
 	r.yard = link
-	kind := fmt.Sprintf("tcp loopback, 1 connection kept open, 4 MiB writes from %s into %s; per size from %s, one trial of the batch's bytes before each batch",
+	kind := fmt.Sprintf("tcp loopback, 1 connection kept open, 4 MiB writes from %s into %s; per size from %s, one trial of the batch's bytes next to each batch (T B, B T, ...)",
 		from, into, FormatBytes(RatioMinBlock))
 	r.report.Yardstick = &YardstickOut{Kind: kind, SrcBytes: uint64(len(src)), DstBytes: uint64(len(dst)), Trials: r.cfg.Iters, Interleaved: true}
-	r.printf("yardstick  'vs TCP': plain TCP on 127.0.0.1, 1 connection, 4 MiB writes from %s into %s, one trial of the batch's bytes before each batch\n", from, into)
+	r.printf("yardstick  'vs TCP': plain TCP on 127.0.0.1, 1 connection, 4 MiB writes from %s into %s, one trial of the batch's bytes next to each batch (T B, B T, ...)\n", from, into)
 	r.printf("           (from %s up), in the same run: the median of b2bd's timed batches over the median of the trials\n", FormatBytes(RatioMinBlock))
 	return closeAll, nil
 }
@@ -660,17 +660,26 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 		var phases phaseSamples
 		var pings []time.Duration
 		withYard := r.yard != nil && size >= RatioMinBlock && name == primaryName
+		// One yardstick trial of the batch's bytes, from and into the memory
+		// the batch uses, next to each batch: before it on even iterations
+		// and after it on odd ones (T B, B T, T B, ...), so that whatever one
+		// leaves behind (a trial's aftermath measurably slows the daemons'
+		// next call on this 2-core machine) falls on both sides alike.
+		trial := func(iter int) error {
+			el, err := r.yard.Trial(ctx, row.PayloadBytes)
+			if err != nil {
+				return fmt.Errorf("%s batch %d: yardstick trial: %w", name, iter, err)
+			}
+			row.Phases.Yardstick += el.Seconds()
+			if iter > 0 {
+				yardSamples = append(yardSamples, el)
+			}
+			return nil
+		}
 		batch := func(iter int) (time.Duration, *b2bv1.BatchTransferResponse, error) {
-			if withYard {
-				// One yardstick trial of the batch's bytes, from and into the
-				// memory the batch uses, just before it.
-				el, err := r.yard.Trial(ctx, row.PayloadBytes)
-				if err != nil {
-					return 0, nil, fmt.Errorf("%s batch %d: %w", name, iter, err)
-				}
-				row.Phases.Yardstick += el.Seconds()
-				if iter > 0 {
-					yardSamples = append(yardSamples, el)
+			if withYard && iter%2 == 0 {
+				if err := trial(iter); err != nil {
+					return 0, nil, err
 				}
 			}
 			if err := regions.src.Stamp(srcLayout.Offsets, size, mix(r.cfg.Seed, size, 4, uint64(iter), uint64(len(name)))); err != nil {
@@ -701,6 +710,11 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 			}
 			if resp.GetBlocks() != uint64(n) || resp.GetBytes() != row.PayloadBytes {
 				return 0, nil, fmt.Errorf("%s batch %d: the daemon reports %d blocks and %d bytes moved, want %d and %d", name, iter, resp.GetBlocks(), resp.GetBytes(), n, row.PayloadBytes)
+			}
+			if withYard && iter%2 == 1 {
+				if err := trial(iter); err != nil {
+					return 0, nil, err
+				}
 			}
 			return elapsed, resp, nil
 		}
