@@ -661,10 +661,12 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 		var pings []time.Duration
 		withYard := r.yard != nil && size >= RatioMinBlock && name == primaryName
 		// One yardstick trial of the batch's bytes, from and into the memory
-		// the batch uses, next to each batch: before it on even iterations
-		// and after it on odd ones (T B, B T, T B, ...), so that whatever one
-		// leaves behind (a trial's aftermath measurably slows the daemons'
-		// next call on this 2-core machine) falls on both sides alike.
+		// the batch uses, next to each batch, in mirrored order (... T B,
+		// B T, T B), so that whatever one leaves behind (a trial's aftermath
+		// measurably slows the daemons' next call on this 2-core machine)
+		// falls on both sides alike. The last batch's trial comes first: a
+		// trial after it would overwrite the blocks verified next.
+		trialFirst := func(iter int) bool { return (r.cfg.Iters-iter)%2 == 0 }
 		trial := func(iter int) error {
 			el, err := r.yard.Trial(ctx, row.PayloadBytes)
 			if err != nil {
@@ -677,7 +679,7 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 			return nil
 		}
 		batch := func(iter int) (time.Duration, *b2bv1.BatchTransferResponse, error) {
-			if withYard && iter%2 == 0 {
+			if withYard && trialFirst(iter) {
 				if err := trial(iter); err != nil {
 					return 0, nil, err
 				}
@@ -711,7 +713,7 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 			if resp.GetBlocks() != uint64(n) || resp.GetBytes() != row.PayloadBytes {
 				return 0, nil, fmt.Errorf("%s batch %d: the daemon reports %d blocks and %d bytes moved, want %d and %d", name, iter, resp.GetBlocks(), resp.GetBytes(), n, row.PayloadBytes)
 			}
-			if withYard && iter%2 == 1 {
+			if withYard && !trialFirst(iter) {
 				if err := trial(iter); err != nil {
 					return 0, nil, err
 				}

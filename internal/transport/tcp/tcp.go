@@ -62,8 +62,8 @@ const (
 	// it (one system call for many), larger ones read straight into the
 	// region.
 	recvBuf = 256 << 10
-	// directRead: the rest of a block at least this long is read straight
-	// into the region (plaintext), not through the read buffer.
+	// directRead: a block at least this long is read straight into the
+	// region (plaintext), all of it, not through the read buffer.
 	directRead = 64 << 10
 )
 
@@ -551,7 +551,7 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 			}
 			view = nil
 			for got = 0; got < n; {
-				k, err := r.read(dst[got:])
+				k, err := r.read(dst[got:], n >= directRead)
 				got += uint64(k)
 				if err != nil {
 					rerr = err
@@ -596,8 +596,13 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 // returns EFAULT having consumed nothing. bufio's own direct read is not
 // used: it reads p's last byte after the read(2) consumed it, which faults
 // with those bytes gone from the stream and not counted.
-func (r *receiver) read(p []byte) (int, error) {
-	if r.direct && r.br.Buffered() == 0 && len(p) >= directRead {
+//
+// large says p is (the rest of) a block of at least directRead bytes: its
+// tail, however short, is read straight in too. Through the buffer, a tail
+// left by a partial read(2) would fill the buffer with up to recvBuf bytes
+// of the blocks after it, and each of those bytes would be copied twice.
+func (r *receiver) read(p []byte, large bool) (int, error) {
+	if r.direct && r.br.Buffered() == 0 && (large || len(p) >= directRead) {
 		return r.c.Read(p)
 	}
 	// Under the buffer's size, bufio fills its buffer and copies out.
