@@ -69,7 +69,7 @@ func TestRunEmbedded(t *testing.T) {
 		t.Fatalf("report: complete %v transport %q rows %d", rep.Complete, rep.Transport, len(rep.Rows))
 	}
 	for _, r := range rep.Rows {
-		if !r.Verified || r.Blocks != 300 || r.MedianSeconds <= 0 || r.DaemonCPUSeconds == nil || r.Segments != 300 || len(r.SampleSeconds) != 2 {
+		if !r.Verified || r.Blocks != 300 || r.MedianSeconds <= 0 || r.DaemonCPUSeconds == nil || r.Segments != 300 || len(r.SampleSeconds) != cfg.Iters {
 			t.Errorf("row %+v", r)
 		}
 		if r.Mode != "adhoc" || r.AdHoc == nil || !r.AdHoc.Verified || r.AdHoc.MedianSeconds != r.MedianSeconds {
