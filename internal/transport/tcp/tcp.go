@@ -382,6 +382,10 @@ type receiver struct {
 	inShare bool
 	batch   uint64
 	streams uint32
+	// largeFrames: the last frame's blocks averaged directRead or more, so
+	// the next frame's header and table are read without read-ahead (which
+	// would pull up to recvBuf bytes of its payload through a second copy).
+	largeFrames bool
 	// refused: this batch was refused (stale key, range outside the region);
 	// the rest of its frames are read and dropped so that the stream stays in
 	// step, and the last one is answered with the refusal.
@@ -392,6 +396,18 @@ type receiver struct {
 	offs, lens, hostOf []uint64
 }
 
+// meta is where a frame's header and table are read from: the buffer,
+// which reads ahead into the payload so that small blocks cost one system
+// call for many; or, after a frame of large blocks with nothing buffered,
+// the connection itself, so that the payload is read once, straight into
+// the region.
+func (r *receiver) meta() io.Reader {
+	if r.direct && r.largeFrames && r.br.Buffered() == 0 {
+		return r.c
+	}
+	return r.br
+}
+
 func (r *receiver) releaseStager() {
 	if r.stager != nil {
 		r.t.cfg.Staging.Put(r.stager)
@@ -400,7 +416,7 @@ func (r *receiver) releaseStager() {
 }
 
 func (r *receiver) frame() error {
-	if _, err := io.ReadFull(r.br, r.hdr[:]); err != nil {
+	if _, err := io.ReadFull(r.meta(), r.hdr[:]); err != nil {
 		return err
 	}
 	var h frameHeader
@@ -417,7 +433,8 @@ func (r *receiver) frame() error {
 	_ = r.c.SetReadDeadline(time.Now().Add(frameTimeout))
 	defer r.c.SetReadDeadline(time.Time{})
 	table := r.table[:int(h.segs)*segLen]
-	if _, err := io.ReadFull(r.br, table); err != nil {
+	r.largeFrames = h.payload/uint64(h.segs) >= directRead
+	if _, err := io.ReadFull(r.meta(), table); err != nil {
 		return err
 	}
 	if r.refused == nil {
