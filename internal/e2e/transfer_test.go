@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
-
 )
 
 // TestTransferVerified moves 10,000 random blocks of several sizes between
