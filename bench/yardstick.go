@@ -169,8 +169,10 @@ func (l *YardstickLink) Close() error {
 	}
 	l.closed = true
 	close(l.want)
-	err := <-l.done
+	// Closed before waiting: a reader stuck in the middle of a trial that
+	// was cut short (its writer stopped by the context) then sees EOF.
 	_ = l.c.Close()
+	err := <-l.done
 	_ = l.ln.Close()
 	return err
 }
