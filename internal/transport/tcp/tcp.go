@@ -329,7 +329,8 @@ func (t *Transport) serve(c net.Conn) {
 	// A small read buffer: small blocks are copied out of it (one syscall for
 	// many), blocks of 64 KiB and more are read straight into the region.
 	_, direct := c.(*net.TCPConn)
-	r := &receiver{t: t, c: c, direct: direct, br: bufio.NewReaderSize(c, recvBuf), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
+	lw := newLowWater(c)
+	r := &receiver{t: t, c: c, lw: lw, direct: direct, br: bufio.NewReaderSize(lw, recvBuf), s: s, table: make([]byte, maxSegsPerFrame*segLen)}
 	defer r.releaseStager()
 	// A stream that ends inside a share cut that batch off: count its share
 	// as done (failed), so the batch's pin goes once the other streams are
@@ -370,11 +371,14 @@ type receiver struct {
 	// direct: c is plain TCP, whose Read leaves p to the kernel (never
 	// touched in Go); under TLS, reads go through br.
 	direct bool
-	br     *bufio.Reader
-	s      *session
-	hdr    [headerLen]byte
-	ackb   [ackLen + maxAckMsg]byte
-	table  []byte
+	// lw reads c for br and for straight reads, setting the socket's
+	// low-water mark for each.
+	lw    *lowWater
+	br    *bufio.Reader
+	s     *session
+	hdr   [headerLen]byte
+	ackb  [ackLen + maxAckMsg]byte
+	table []byte
 	// share: what this stream placed of the current batch so far.
 	segs, bytes uint64
 	// inShare: a frame of batch (of streams streams) was read and its last
@@ -403,7 +407,7 @@ type receiver struct {
 // the region.
 func (r *receiver) meta() io.Reader {
 	if r.direct && r.largeFrames && r.br.Buffered() == 0 {
-		return r.c
+		return r.lw
 	}
 	return r.br
 }
@@ -620,7 +624,7 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 // of the blocks after it, and each of those bytes would be copied twice.
 func (r *receiver) read(p []byte, large bool) (int, error) {
 	if r.direct && r.br.Buffered() == 0 && (large || len(p) >= directRead) {
-		return r.c.Read(p)
+		return r.lw.readBlock(p)
 	}
 	// Under the buffer's size, bufio fills its buffer and copies out.
 	return r.br.Read(p[:min(len(p), recvBuf-1)])
