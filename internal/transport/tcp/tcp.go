@@ -622,6 +622,8 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 // tail, however short, is read straight in too. Through the buffer, a tail
 // left by a partial read(2) would fill the buffer with up to recvBuf bytes
 // of the blocks after it, and each of those bytes would be copied twice.
+// A straight read sets the socket's low-water mark to the rest of the block
+// (lowWater.readBlock), so the reader wakes once per block.
 func (r *receiver) read(p []byte, large bool) (int, error) {
 	if r.direct && r.br.Buffered() == 0 && (large || len(p) >= directRead) {
 		return r.lw.readBlock(p)
