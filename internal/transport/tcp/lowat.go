@@ -26,6 +26,12 @@ type lowWater struct {
 	c   net.Conn
 	rc  syscall.RawConn // nil: marks are not set
 	cur int             // the mark set on the socket
+	// set is made once so that setting a mark allocates nothing (a closure
+	// made per call would escape into RawConn.Control); want and serr are
+	// its argument and result.
+	set  func(fd uintptr)
+	want int
+	serr error
 }
 
 func newLowWater(c net.Conn) *lowWater {
@@ -35,6 +41,7 @@ func newLowWater(c net.Conn) *lowWater {
 			w.rc = rc
 		}
 	}
+	w.set = func(fd uintptr) { w.serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, w.want) }
 	return w
 }
 
@@ -62,14 +69,12 @@ func (w *lowWater) mark(n int) error {
 	if w.rc == nil || n == w.cur {
 		return nil
 	}
-	var serr error
-	if err := w.rc.Control(func(fd uintptr) {
-		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, n)
-	}); err != nil {
+	w.want, w.serr = n, nil
+	if err := w.rc.Control(w.set); err != nil {
 		return fmt.Errorf("tcp: set SO_RCVLOWAT=%d: %w", n, err)
 	}
-	if serr != nil {
-		return fmt.Errorf("tcp: set SO_RCVLOWAT=%d: %w", n, serr)
+	if w.serr != nil {
+		return fmt.Errorf("tcp: set SO_RCVLOWAT=%d: %w", n, w.serr)
 	}
 	w.cur = n
 	return nil

@@ -140,3 +140,23 @@ func TestLowWater(t *testing.T) {
 		})
 	}
 }
+
+// TestLowWaterAllocatesNothing: setting marks is on the data path (twice per
+// frame of large blocks).
+func TestLowWaterAllocatesNothing(t *testing.T) {
+	_, server := tcpPair(t)
+	w := newLowWater(server)
+	marks := []int{64 << 10, 1, 1 << 20, 300 << 10, 1}
+	if a := testing.AllocsPerRun(100, func() {
+		for _, m := range marks {
+			if err := w.mark(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}); a != 0 {
+		t.Fatalf("%v allocations per %d marks", a, len(marks))
+	}
+	if m := socketLowWater(t, server); m != 1 {
+		t.Fatalf("mark %d after the last mark(1)", m)
+	}
+}
