@@ -30,6 +30,7 @@ from .errors import (
     NotFoundError,
     UnavailableError,
     error_for_code,
+    deadline_after,
     from_rpc_error,
 )
 from .v1 import b2b_pb2 as pb
@@ -288,8 +289,9 @@ class Watch:
     :class:`Notification` objects as batches land. ``cancel()`` (or leaving a
     ``with`` block) ends the iteration."""
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, deadline: Optional[float] = None) -> None:
         self._call = call
+        self._deadline = deadline
         self._cancelled = False
 
     def __iter__(self) -> "Watch":
@@ -301,7 +303,7 @@ class Watch:
         except grpc.RpcError as e:
             if self._cancelled and e.code() == grpc.StatusCode.CANCELLED:
                 raise StopIteration from None
-            raise from_rpc_error(e) from e
+            raise from_rpc_error(e, self._deadline) from e
         return Notification(
             region=n.region,
             sender=n.sender,
@@ -662,10 +664,12 @@ class PreparedTransfer:
             raise FailedPreconditionError(
                 grpc.StatusCode.FAILED_PRECONDITION, f"prepared transfer {self.handle} was released: prepare it again"
             )
+        timeout = self.timeout if timeout is None else timeout
+        deadline = deadline_after(timeout)
         try:
-            r = self._submit(self._req, timeout=self.timeout if timeout is None else timeout)
+            r = self._submit(self._req, timeout=timeout)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from e
+            raise from_rpc_error(e, deadline) from e
         except ValueError as e:  # the channel was closed
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, f"b2b client is closed: {e}") from e
         return TransferResult.from_proto(r)
@@ -736,6 +740,7 @@ class SubmitStream:
         if client.closed:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
         self._q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._deadline = deadline_after(timeout)
         self._call = client._stream_raw(iter(self._q.get, _END), timeout=timeout)
         self._tags = itertools.count(1)
         self._sending = True
@@ -768,7 +773,7 @@ class SubmitStream:
         except grpc.RpcError as e:
             if self._closed and e.code() == grpc.StatusCode.CANCELLED:
                 raise StopIteration from None
-            raise from_rpc_error(e) from e
+            raise from_rpc_error(e, self._deadline) from e
         if r.code:
             code = _STATUS_BY_VALUE.get(r.code, grpc.StatusCode.UNKNOWN)
             return StreamResult(int(r.tag), None, error_for_code(code, r.message))
@@ -871,10 +876,11 @@ class Client:
     def _call(self, method: Any, request: Any, timeout: Optional[float], wait_for_ready: Optional[bool] = None) -> Any:
         if self._closed:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+        deadline = deadline_after(timeout)
         try:
             return method(request, timeout=timeout, wait_for_ready=wait_for_ready)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from e
+            raise from_rpc_error(e, deadline) from e
 
     def _track(self, r: _Region) -> None:
         with self._lock:
@@ -1050,6 +1056,7 @@ class Client:
         """
         if self._closed:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+        deadline = deadline_after(timeout)
         call = self._stub.WatchNotifications(
             pb.WatchNotificationsRequest(region_id=_region_id(region, "region")), timeout=timeout
         )
@@ -1058,10 +1065,10 @@ class Client:
             try:
                 next(call)
             except grpc.RpcError as e:
-                raise from_rpc_error(e) from e
+                raise from_rpc_error(e, deadline) from e
             except StopIteration:
                 pass
-        return Watch(call)
+        return Watch(call, deadline)
 
     # -- data -------------------------------------------------------------
 

@@ -10,6 +10,7 @@ side noticed the problem.
 
 from __future__ import annotations
 
+import time
 from typing import Dict, Optional, Type
 
 import grpc
@@ -28,6 +29,7 @@ __all__ = [
     "UnimplementedError",
     "from_rpc_error",
     "error_for_code",
+    "deadline_after",
 ]
 
 
@@ -141,10 +143,16 @@ def error_for_code(code: grpc.StatusCode, message: str) -> B2BError:
     return _BY_CODE.get(code, B2BError)(code, message)
 
 
-def from_rpc_error(err: grpc.RpcError) -> B2BError:
+def from_rpc_error(err: grpc.RpcError, deadline: Optional[float] = None) -> B2BError:
     """Map a ``grpc.RpcError`` raised by a stub call to a :class:`B2BError`.
 
     This is the single mapping from gRPC statuses to Python exceptions.
+    ``deadline`` is the call's deadline on :func:`time.monotonic`'s clock, if
+    it had one: a grpc-go daemon resets a stream with ``RST_STREAM(CANCEL)``
+    when the deadline it was sent expires, and that reset can reach this
+    process before gRPC's own timer fires, which reports it as ``CANCELLED``.
+    A ``CANCELLED`` that arrives once the deadline has passed is therefore
+    reported as ``DEADLINE_EXCEEDED``, as grpc-go's client does.
     """
     code = grpc.StatusCode.UNKNOWN
     message = str(err)
@@ -158,4 +166,15 @@ def from_rpc_error(err: grpc.RpcError) -> B2BError:
         d = details_fn()
         if d is not None:
             message = d
+    if code == grpc.StatusCode.CANCELLED and deadline is not None and time.monotonic() >= deadline:
+        code = grpc.StatusCode.DEADLINE_EXCEEDED
+        message = f"deadline exceeded (the daemon reset the call at its deadline: {message})"
     return error_for_code(code, message)
+
+
+def deadline_after(timeout: Optional[float]) -> Optional[float]:
+    """The :func:`time.monotonic` deadline of a call given ``timeout`` seconds (``None``: no deadline).
+
+    Taken before the call starts, so it is never later than gRPC's own deadline.
+    """
+    return None if timeout is None else time.monotonic() + timeout

@@ -133,6 +133,25 @@ class ErrorMappingTest(unittest.TestCase):
                 self.assertIs(type(e2), cls)
                 self.assertEqual((e2.code, e2.message), (e.code, e.message))
 
+    def test_cancelled_after_the_deadline_is_deadline_exceeded(self):
+        # grpc-go resets a stream with RST_STREAM(CANCEL) at the deadline it was
+        # sent; gRPC Python may report that as CANCELLED before its own timer fires.
+        now = time.monotonic()
+        cases = [
+            ("no deadline", grpc.StatusCode.CANCELLED, None, b2b.B2BError, grpc.StatusCode.CANCELLED),
+            ("deadline ahead", grpc.StatusCode.CANCELLED, now + 3600, b2b.B2BError, grpc.StatusCode.CANCELLED),
+            ("deadline passed", grpc.StatusCode.CANCELLED, now - 0.001, b2b.DeadlineExceededError,
+             grpc.StatusCode.DEADLINE_EXCEEDED),
+            ("deadline passed, other code", grpc.StatusCode.ABORTED, now - 1, b2b.AbortedError,
+             grpc.StatusCode.ABORTED),
+        ]
+        for name, code, deadline, cls, want in cases:
+            with self.subTest(name):
+                e = from_rpc_error(FakeRpcError(code, "Received RST_STREAM with error code 8"), deadline)
+                self.assertIs(type(e), cls)
+                self.assertEqual(e.code, want)
+                self.assertIn("Received RST_STREAM with error code 8", e.message)
+
 
 class AddressTest(unittest.TestCase):
     def test_targets(self):
