@@ -202,11 +202,33 @@ fi
 # above.
 bench_args=()
 [ -n "$MODES" ] && bench_args+=(--mode "$MODES")
+# rxe's port counters around each run (B, the sender): data packets sent, acks received, and the requester's
+# retransmissions (completer_retry_err) and NAKs (rcvd_seq_err, rcvd_rnr_err), so a slow round shows whether the
+# wire lost packets. Written as one line per run to counters.log; only counters that moved.
+hwc=/sys/class/infiniband/$dev/ports/1/hw_counters
+declare -A snap_prev=() snap_cur=()
+snap() { # the counters now in snap_cur, the previous snap in snap_prev (no forks: the VM is emulated)
+	local f v k
+	snap_prev=()
+	for k in "${!snap_cur[@]}"; do snap_prev[$k]=${snap_cur[$k]}; done
+	for f in "$hwc"/*; do read -r v 2>/dev/null <"$f" && snap_cur[${f##*/}]=$v; done
+	return 0 # a device without counters is not a failure
+}
+counters() { # counters LABEL: the moves since the last snap, one line appended to counters.log
+	local k out=""
+	snap
+	for k in "${!snap_cur[@]}"; do
+		[ -n "${snap_prev[$k]:-}" ] && [ "${snap_cur[$k]}" != "${snap_prev[$k]}" ] && out+=" $k=+$((snap_cur[$k] - snap_prev[$k]))"
+	done
+	printf '%s%s\n' "$1" "$out" >>"$B2B_OUT/counters.log"
+}
 run_bench() { # of size $s, $n blocks, round $rep
 	log "bench size=$s blocks=$n round=$rep"
+	snap
 	"$BENCH" --src-api unix:///run/b2bd.sock --dst-api "$B2B_PEER_IP:7480" --dst-peer "$B2B_PEER_IP:7470" "${tls[@]}" \
 		--transport verbs --sizes "$s" --blocks "$n" --full --iters "$ITERS" --timeout 300s "${bench_args[@]}" \
 		--yardstick none --ping-calls 20 --json "$B2B_OUT/bench-$s-r$rep.json" 2>&1 || rc=1
+	counters "bench size=$s round=$rep"
 }
 port=18515
 t0=$SECONDS
@@ -215,7 +237,9 @@ for k in "${!sizes[@]}"; do
 	for ((rep = 1; rep <= REPS; rep++)); do
 		if ((rep % 2 == 0)); then run_bench; fi
 		for variant in $(round_variants "$rep"); do
+			snap
 			g=$(perftest_client "$s" "$n" "$variant" "$port")
+			counters "perftest $variant size=$s round=$rep"
 			log "perftest $variant size=$s round=$rep $g GB/s"
 			# A failed run (0) is left out: the bench then has nothing to compare with in that round.
 			rate="\"$s\": $g"

@@ -206,6 +206,33 @@ for s in sizes:
           "yes" if verified else "NO"))
     for e in errors:
         print("           error: %s" % e)
+# The sender's rxe counters per run (test-rdma-vm.sh's counters.log): a retransmission timeout
+# (completer_retry_err) stalls a QP for the ACK timeout (~67 ms at 14), so a round that hit them is slow for
+# reasons of the emulated wire, not of the program; per size, timeouts per million data packets sent.
+wire = {}
+try:
+    with open(os.path.join(out, "counters.log")) as fh:
+        for line in fh:
+            f = line.split()
+            if len(f) < 3:
+                continue
+            who = "b2bd" if f[0] == "bench" else "ib_write_bw " + f[1]
+            size = next((int(x[5:]) for x in f if x.startswith("size=")), None)
+            moved = {k: int(v.lstrip("+")) for k, v in (x.split("=", 1) for x in f if "=+" in x)}
+            w = wire.setdefault(size, {}).setdefault(who, {"runs": 0, "sent_pkts": 0, "retry_timeouts": 0})
+            w["runs"] += 1
+            w["sent_pkts"] += moved.get("sent_pkts", 0)
+            w["retry_timeouts"] += moved.get("completer_retry_err", 0)
+except OSError:
+    pass
+if wire:
+    print("retransmission timeouts of the sender's rxe (completer_retry_err) per million packets sent:")
+    for e in summary["sizes"]:
+        w = wire.get(e["block_bytes"], {})
+        e["wire"] = w
+        print("%8d  %s" % (e["block_bytes"], "   ".join("%s %.1f (%d in %d pkts)" % (
+            who, 1e6 * v["retry_timeouts"] / v["sent_pkts"] if v["sent_pkts"] else 0, v["retry_timeouts"], v["sent_pkts"])
+            for who, v in sorted(w.items()))))
 with open(os.path.join(out, "rdma-summary.json"), "w") as fh:
     json.dump(summary, fh, indent=2)
 print("ratio = b2bd GB/s / ib_write_bw GB/s of the same round (default options; tuned = -q 4 --post_list up to 32),")
