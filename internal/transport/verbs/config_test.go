@@ -59,3 +59,38 @@ func TestConfigNormalize(t *testing.T) {
 		})
 	}
 }
+
+func TestFitSendQueue(t *testing.T) {
+	tests := []struct {
+		name              string
+		sq, maxQPWR       int
+		wantFitted, isErr bool
+		wantSQ, wantChain int
+		wantSignal        int
+	}{
+		{"device unknown", DefaultSQDepth, 0, false, false, DefaultSQDepth, DefaultMaxChain, DefaultSignalEvery},
+		{"device deep enough", DefaultSQDepth, 32768, false, false, DefaultSQDepth, DefaultMaxChain, DefaultSignalEvery},
+		{"default too deep: fitted", DefaultSQDepth, 1024, true, false, 1024, min(DefaultMaxChain, 1024), min(DefaultSignalEvery, 512)},
+		{"default far too deep: chain and signal shrink", DefaultSQDepth, 128, true, false, 128, 128, 64},
+		{"asked-for depth too deep: refused", 4096, 1024, false, true, 4096, DefaultMaxChain, DefaultSignalEvery},
+		{"device queue below the floor: refused", DefaultSQDepth, 4, false, true, DefaultSQDepth, DefaultMaxChain, DefaultSignalEvery},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.SQDepth = tc.sq
+			fitted, err := fitSendQueue(&c, tc.maxQPWR)
+			if fitted != tc.wantFitted || (err != nil) != tc.isErr || (err != nil && !errors.Is(err, errs.ErrInvalidArgument)) {
+				t.Fatalf("fitted %v, err %v; want fitted %v, error %v", fitted, err, tc.wantFitted, tc.isErr)
+			}
+			if c.SQDepth != tc.wantSQ || c.MaxChain != tc.wantChain || c.SignalEvery != tc.wantSignal {
+				t.Fatalf("sq %d chain %d signal %d; want %d %d %d", c.SQDepth, c.MaxChain, c.SignalEvery, tc.wantSQ, tc.wantChain, tc.wantSignal)
+			}
+			if err == nil {
+				if err := c.normalize(); err != nil {
+					t.Fatalf("fitted config does not validate: %v", err)
+				}
+			}
+		})
+	}
+}

@@ -98,8 +98,8 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 		t.teardown()
 		return nil, err
 	}
-	t.log.Info("verbs transport ready", "detail", t.Describe(), "qps_per_peer", cfg.QPsPerPeer,
-		"signal_every", cfg.SignalEvery, "max_chain", cfg.MaxChain, "max_sge", t.maxSGE, "sq_depth", cfg.SQDepth)
+	t.log.Info("verbs transport ready", "detail", t.Describe(), "qps_per_peer", t.cfg.QPsPerPeer,
+		"signal_every", t.cfg.SignalEvery, "max_chain", t.cfg.MaxChain, "max_sge", t.maxSGE, "sq_depth", t.cfg.SQDepth)
 	return t, nil
 }
 
@@ -157,8 +157,11 @@ func (t *Transport) open(dev string) error {
 	if t.maxSGE < 1 {
 		t.maxSGE = 1
 	}
-	if attr.MaxQPWR > 0 && cfg.SQDepth > attr.MaxQPWR {
-		return fmt.Errorf("verbs: --rdma-sq-depth %d exceeds the device's max_qp_wr %d: %w", cfg.SQDepth, attr.MaxQPWR, errs.ErrInvalidArgument)
+	if fitted, err := fitSendQueue(cfg, attr.MaxQPWR); err != nil {
+		return err
+	} else if fitted {
+		t.log.Info("send queue default deeper than the device allows: using the device's max_qp_wr",
+			"default", DefaultSQDepth, "max_qp_wr", attr.MaxQPWR, "max_chain", cfg.MaxChain, "signal_every", cfg.SignalEvery)
 	}
 	if attr.MaxSRQWR > 0 && cfg.SRQDepth > attr.MaxSRQWR {
 		cfg.SRQDepth = attr.MaxSRQWR
@@ -769,4 +772,22 @@ func (t *Transport) pathMTU(peer transport.VerbsPort, decided uint32) (ibv.MTU, 
 func toGID(b []byte) (g ibv.GID) {
 	copy(g[:], b)
 	return g
+}
+
+// fitSendQueue checks the send queue depth against the device's max_qp_wr
+// (0: unknown). The default is deep (a QP's whole share of a 10,000-block
+// batch), so a device with a smaller queue gets its largest, with chains and
+// signalling that fit it (fitted); a depth the operator asked for that the
+// device cannot give is refused.
+func fitSendQueue(cfg *Config, maxQPWR int) (fitted bool, err error) {
+	if maxQPWR <= 0 || cfg.SQDepth <= maxQPWR {
+		return false, nil
+	}
+	if cfg.SQDepth != DefaultSQDepth || maxQPWR < 8 {
+		return false, fmt.Errorf("verbs: --rdma-sq-depth %d exceeds the device's max_qp_wr %d: %w", cfg.SQDepth, maxQPWR, errs.ErrInvalidArgument)
+	}
+	cfg.SQDepth = maxQPWR
+	cfg.MaxChain = min(cfg.MaxChain, cfg.SQDepth)
+	cfg.SignalEvery = max(1, min(cfg.SignalEvery, cfg.SQDepth/2))
+	return true, nil
 }
