@@ -134,9 +134,11 @@ type Config struct {
 // QP's whole share of such a batch is posted at once; rxe then sends from
 // its own context instead of inside ibv_post_send (post phase 300 -> 47 ms
 // per batch, source daemon CPU halved), and a one-vCPU VM takes 32 instead
-// of 512 completion wake-ups per batch: 1.01 and 1.15 in two runs, and
-// 1.05-1.48 at 128 B-8 KiB in the second (deploy/rdma-testbed/README.md).
-// A real NIC gains too: fewer CQEs, one doorbell per 256 WRs.
+// of 512 completion wake-ups per batch: 1.01 and 1.15 in two short runs,
+// then 1.10 (0.98-1.26) in a fresh-clone make test where every size was at
+// or above 1.02 (deploy/rdma-testbed/README.md). A real NIC gains too:
+// fewer CQEs, one doorbell per 256 WRs. A device whose max_qp_wr is smaller
+// gets its largest (fitSendQueue).
 const (
 	DefaultPort        = 1
 	DefaultQPsPerPeer  = 4
