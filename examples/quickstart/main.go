@@ -61,13 +61,13 @@ func run(srcAPI, dstAPI, peer string) error {
 	// The receiver exports a region under a name; the sender's region is
 	// daemon-allocated shared memory, mapped here as src.Bytes.
 	export := fmt.Sprintf("quickstart-go-%d", os.Getpid())
-	dst, err := b.RegisterHost(ctx, blocks*stride, export)
+	dst, err := b.RegisterHost(ctx, blocks*stride, export) // on the receiving daemon
 	if err != nil {
 		return fmt.Errorf("register the destination: %w", err)
 	}
 	defer b.Deregister(context.Background(), dst.Id)
 	defer dst.Unmap()
-	src, err := a.RegisterHost(ctx, blocks*stride, "")
+	src, err := a.RegisterHost(ctx, blocks*stride, "") // on the sending daemon; mapped here as src.Bytes
 	if err != nil {
 		return fmt.Errorf("register the source: %w", err)
 	}
