@@ -10,7 +10,7 @@ PYGEN := client/python/b2b/v1
 VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo 0)
 LDFLAGS := -X github.com/b2bd/b2bd/internal/daemon.Version=$(VERSION)
 
-.PHONY: deb test-deb test-deploy test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
+.PHONY: test-quickstart deb test-deb test-deploy test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
 
 all: build
 
@@ -48,7 +48,7 @@ check-generated:
 vet:
 	$(GO) vet ./...
 
-test: deps check-generated build-nocgo test-go test-deploy test-deb test-python test-rdma
+test: deps check-generated build-nocgo test-go test-deploy test-deb test-python test-quickstart test-rdma
 
 test-go: deps
 	$(GO) vet ./...
@@ -56,6 +56,12 @@ test-go: deps
 
 test-python: build
 	@if [ -d client/python/tests ]; then B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 -m unittest discover -s client/python/tests -v; fi
+
+# test-quickstart runs the README's quick start as written (examples/quickstart/quickstart.sh):
+# two loopback daemons, register, 10,000 gapped blocks by b2bctl, Go and Python, all verified.
+# go test ./examples/quickstart (in test-go) checks that the README's snippets match its files.
+test-quickstart: build
+	examples/quickstart/quickstart.sh
 
 # test-faults: on this host, over TCP: ten peer kill -9 trials, the 32-client load run, and by name the
 # trust, garbage, shutdown, deregistration, ownership, non-root, crash-reclaim, truncated-file, held-region

@@ -22,8 +22,10 @@ from . import client as _client
 from . import errors as _errors
 from .client import *  # noqa: F401,F403 - the names in client.__all__
 from .errors import *  # noqa: F401,F403 - the names in errors.__all__
+from . import views as _views
+from .views import *  # noqa: F401,F403 - as_array, as_tensor, block_offsets
 
 __version__ = "0.1.0"
 
 # One list per module, kept there; the package exports their union.
-__all__ = [*_client.__all__, *_errors.__all__, "__version__"]
+__all__ = [*_client.__all__, *_errors.__all__, *_views.__all__, "__version__"]

@@ -14,6 +14,7 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
+import ipaddress
 import itertools
 import queue
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
@@ -102,6 +103,69 @@ def _target(address: str) -> str:
     if address.startswith("/"):
         return "unix://" + address
     return address
+
+
+def _host_port(address: str) -> Optional[Tuple[str, str]]:
+    """(host, port) of a ``host:port`` or ``[v6]:port`` address; None for a
+    Unix socket path or URI."""
+    if address.startswith("/") or address.startswith("unix:"):
+        return None
+    rest = address.split("://", 1)[1] if "://" in address else address  # dns:///host:port
+    rest = rest.lstrip("/")
+    if rest.startswith("["):
+        host, _, port = rest[1:].partition("]")
+        return host, port.lstrip(":")
+    host, sep, port = rest.rpartition(":")
+    return (host, port) if sep else (rest, "")
+
+
+def _is_loopback(host: str) -> bool:
+    """As the daemon's auth.IsLoopback: "localhost" or a loopback IP literal."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _read_pem(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise _invalid(f"{what} {path!r}: cannot read it: {e.strerror or e}") from None
+
+
+def _tls_credentials(
+    address: str, ca: Optional[str], cert: Optional[str], key: Optional[str], server_name: Optional[str]
+) -> Optional[grpc.ChannelCredentials]:
+    """Mutual-TLS credentials for a TCP address, as the Go client's
+    auth.LoadPeerTLS + ClientFor; None for plaintext (a socket, or loopback)."""
+    given = {"tls_ca": ca, "tls_cert": cert, "tls_key": key}
+    hp = _host_port(address)
+    if not any(given.values()):
+        if server_name:
+            raise _invalid("tls_server_name is set without tls_ca, tls_cert and tls_key")
+        if hp is not None and not _is_loopback(hp[0]):
+            raise _invalid(
+                f"address {address!r} is not loopback: b2bd serves its API off loopback only over mutual TLS; "
+                "give tls_ca, tls_cert and tls_key (the daemon's --tls-* files or a certificate from the same CA)"
+            )
+        return None
+    missing = [k for k, v in given.items() if not v]
+    if missing:
+        raise _invalid(f"TLS needs tls_ca, tls_cert and tls_key together: {', '.join(missing)} missing")
+    if hp is None:
+        raise _invalid(
+            f"address {address!r} is a Unix socket: TLS applies to a host:port address (--api-listen); "
+            "drop tls_ca, tls_cert and tls_key"
+        )
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(ca, "tls_ca"),
+        private_key=_read_pem(key, "tls_key"),
+        certificate_chain=_read_pem(cert, "tls_cert"),
+    )
 
 
 def _transport(t: Union[None, str, int]) -> int:
@@ -814,6 +878,16 @@ class Client:
         timeout: deadline in seconds for control calls (registration, status,
             checksums). Batch transfers take their own ``timeout``.
         options: extra gRPC channel options, appended to the client's.
+        tls_ca, tls_cert, tls_key: PEM file paths, all three together, for a
+            daemon's ``--api-listen`` off loopback, which takes mutual TLS
+            only (the daemon's ``--tls-*`` files, or a client certificate from
+            the same CA): the daemon's certificate is checked against
+            ``tls_ca`` and must name the host in ``address`` (or
+            ``tls_server_name``); ours is checked by the daemon, and regions
+            registered over it belong to our certificate's identity. Not for a
+            Unix socket, where the kernel says who calls.
+        tls_server_name: the name the daemon's certificate must carry, when it
+            is not the host in ``address`` (an IP address, say).
 
     Use as a context manager, or call :meth:`close`. Closing the client
     releases the regions it registered that are still open and were
@@ -826,7 +900,13 @@ class Client:
         *,
         timeout: Optional[float] = 60.0,
         options: Optional[List[Tuple[str, Any]]] = None,
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+        tls_server_name: Optional[str] = None,
     ) -> None:
+        target = _target(address)
+        creds = _tls_credentials(address, tls_ca, tls_cert, tls_key, tls_server_name)
         self.address = address
         self.timeout = timeout
         opts: List[Tuple[str, Any]] = [
@@ -843,8 +923,13 @@ class Client:
             # between all channels of a process with the same target.
             ("grpc.use_local_subchannel_pool", 1),
         ]
+        if creds is not None and tls_server_name:
+            opts.append(("grpc.ssl_target_name_override", tls_server_name))
         opts.extend(options or [])
-        self._channel = grpc.insecure_channel(_target(address), options=opts)
+        if creds is None:
+            self._channel = grpc.insecure_channel(target, options=opts)
+        else:
+            self._channel = grpc.secure_channel(target, creds, options=opts)
         self._stub = pb_grpc.B2BStub(self._channel)
         # The submit paths take requests serialised once, in advance (bytes
         # pass through a None serializer): a submit is the gRPC call alone.
