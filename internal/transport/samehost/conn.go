@@ -326,11 +326,15 @@ func (c *Conn) begin(ctx context.Context, dst transport.RemoteRegion, sm memory.
 		return nil, fmt.Errorf("%w: samehost: peer refused dst_region %q: %s", statusErr(r.status), dst.Name, msg)
 	}
 	if rm == nil {
+		t0 := time.Now()
 		rm, err = c.mapRemote(r, msg, fd, sm)
 		if err != nil {
 			_ = c.abort()
 			return nil, err
 		}
+		// Once per (connection, destination): the one-off cost of a batch
+		// that was not warmed (Warm, PrepareTransfer), named.
+		c.t.log.Debug("samehost: mapped a destination", "dst_region", dst.Name, "bytes", rm.size, "took", time.Since(t0))
 		if len(c.cache) >= maxCached {
 			for k := range c.cache {
 				c.drop(k)
