@@ -132,6 +132,14 @@ type ModeOut struct {
 	PingMedianSeconds *float64 `json:"ping_median_seconds,omitempty"`
 	CallOverFloor     *float64 `json:"call_over_floor,omitempty"`
 	ControlOverFloor  *float64 `json:"control_over_floor,omitempty"`
+	// FirstSeconds is the mode's first (untimed warm-up) batch at this size,
+	// and FirstPhases the daemon's phases of it; FirstOverMedian is it over
+	// MedianSeconds (the steady state). The run's first row holds the first
+	// batch on the region pair and transport: a one-off cost (a lazy
+	// mapping, a connection, a staging buffer) shows there.
+	FirstSeconds    float64   `json:"first_seconds"`
+	FirstPhases     *PhaseOut `json:"first_phases,omitempty"`
+	FirstOverMedian *float64  `json:"first_over_median,omitempty"`
 }
 
 // PhaseOut is where a call's time went inside the daemon (medians of each
@@ -300,7 +308,7 @@ func (t *table) columns() []string {
 	if t.prepared {
 		c = append(c, "prepared")
 	}
-	c = append(c, "p99", "GB/s", "GB/s min-max", "Mblocks/s", "SMs used", "daemon CPU s", "transport", "TCP GB/s", "TCP min-max", "vs TCP")
+	c = append(c, "1st batch", "1st x", "p99", "GB/s", "GB/s min-max", "Mblocks/s", "SMs used", "daemon CPU s", "transport", "TCP GB/s", "TCP min-max", "vs TCP")
 	if t.perftest {
 		c = append(c, "perftest GB/s", "vs perftest")
 	}
@@ -309,13 +317,13 @@ func (t *table) columns() []string {
 
 // widths are fixed so rows can be printed as they come.
 var columnWidth = map[string]int{
-	"block": 8, "blocks": 8, "ad hoc": 10, "prepared": 10, "p99": 10, "GB/s": 7, "Mblocks/s": 9, "SMs used": 16,
+	"block": 8, "blocks": 8, "ad hoc": 10, "prepared": 10, "1st batch": 10, "1st x": 7, "p99": 10, "GB/s": 7, "Mblocks/s": 9, "SMs used": 16,
 	"daemon CPU s": 12, "transport": 9, "vs TCP": 6, "GB/s min-max": 12, "TCP GB/s": 8, "TCP min-max": 11, "perftest GB/s": 13, "vs perftest": 11, "verified": 8,
 }
 
 // rightAligned columns hold numbers.
 var rightAligned = map[string]bool{
-	"blocks": true, "ad hoc": true, "prepared": true, "p99": true, "GB/s": true, "Mblocks/s": true, "daemon CPU s": true,
+	"blocks": true, "ad hoc": true, "prepared": true, "1st batch": true, "1st x": true, "p99": true, "GB/s": true, "Mblocks/s": true, "daemon CPU s": true,
 	"vs TCP": true, "GB/s min-max": true, "TCP GB/s": true, "TCP min-max": true, "perftest GB/s": true, "vs perftest": true,
 }
 
@@ -373,6 +381,13 @@ func (t *table) row(r Row) {
 	if r.Prepared != nil {
 		cells["prepared"] = formatSeconds(r.Prepared.MedianSeconds)
 	}
+	cells["1st batch"], cells["1st x"] = "-", "-"
+	if m := r.primaryMode(); m != nil && m.FirstSeconds > 0 {
+		cells["1st batch"] = formatSeconds(m.FirstSeconds)
+		if m.FirstOverMedian != nil {
+			cells["1st x"] = fmt.Sprintf("%.2fx", *m.FirstOverMedian)
+		}
+	}
 	cells["daemon CPU s"] = "n/a"
 	if r.DaemonCPUSeconds != nil {
 		cells["daemon CPU s"] = fmt.Sprintf("%.2f", *r.DaemonCPUSeconds)
@@ -410,6 +425,14 @@ func (t *table) row(r Row) {
 	t.line(cells)
 }
 
+// primaryMode is the mode the row's top-level timings come from, or nil.
+func (r Row) primaryMode() *ModeOut {
+	if r.Mode == "prepared" {
+		return r.Prepared
+	}
+	return r.AdHoc
+}
+
 // printBreakdown writes, per size and mode, the daemon's per-phase medians
 // in microseconds: where a call's time goes. "outside" is the client's call
 // less the daemon's handler time (gRPC both ways, the client, wake-ups);
@@ -420,7 +443,8 @@ func (t *table) row(r Row) {
 // run's floor measured before the sweep.
 func printBreakdown(w io.Writer, rows []Row, floor *float64) {
 	fmt.Fprintln(w, "breakdown  per-phase medians in us (the daemon's own timings; 'outside' = call - daemon total; 'ping' = median of the empty Pings made just before each timed call;")
-	fmt.Fprintln(w, "           'x floor' = call / ping; 'ctl x floor' = median of (call - wire - post) / ping, post being TCP's payload gather (a NIC's DMA) or the verbs post)")
+	fmt.Fprintln(w, "           'x floor' = call / ping; 'ctl x floor' = median of (call - wire - post) / ping, post being TCP's payload gather (a NIC's DMA) or the verbs post;")
+	fmt.Fprintln(w, "           '<mode> 1st' = that mode's first (warm-up) batch at the size, one call, not a median)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "block\tmode\tcall\tping\toutside\tdecode\tvalidate\tresolve\tplan\tpost\twire\tnotify\tdaemon total\tnon-wire\tx floor\tctl x floor\t")
 	us := func(s float64) string { return fmt.Sprintf("%.1f", s*1e6) }
@@ -452,6 +476,12 @@ func printBreakdown(w io.Writer, rows []Row, floor *float64) {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", FormatBytes(r.BlockBytes), m.name,
 				us(m.out.MedianSeconds), ping, us(p.Outside), us(p.Decode), us(p.Validate), us(p.Resolve), us(p.Plan), us(p.Post),
 				us(p.Wire), us(p.Notify), us(p.Total), us(p.NonWire), xf, ctl)
+			// The warm-up batch, not a median: a one-off cost shows here.
+			if f := m.out.FirstPhases; f != nil {
+				fmt.Fprintf(tw, "%s\t%s 1st\t%s\t-\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t-\t-\t\n", FormatBytes(r.BlockBytes), m.name,
+					us(m.out.FirstSeconds), us(f.Outside), us(f.Decode), us(f.Validate), us(f.Resolve), us(f.Plan), us(f.Post),
+					us(f.Wire), us(f.Notify), us(f.Total), us(f.NonWire))
+			}
 		}
 	}
 	_ = tw.Flush()

@@ -141,6 +141,51 @@ func TestTableRow(t *testing.T) {
 	}
 }
 
+// TestFirstBatchShown: the first batch and its ratio to the steady-state
+// median are in the table (from the row's primary mode), the breakdown
+// (one line per mode) and the JSON.
+func TestFirstBatchShown(t *testing.T) {
+	r := sampleRow(4096)
+	r.Mode = "adhoc"
+	r.AdHoc = &ModeOut{MedianSeconds: 0.002, FirstSeconds: 0.25, FirstOverMedian: f64(125),
+		Phases: &PhaseOut{Post: 0.001, Total: 0.0015}, FirstPhases: &PhaseOut{Post: 0.24, Total: 0.245}}
+	r.Prepared = &ModeOut{MedianSeconds: 0.001, FirstSeconds: 0.0011, FirstOverMedian: f64(1.1),
+		Phases: &PhaseOut{Total: 0.0009}, FirstPhases: &PhaseOut{Total: 0.001}}
+	var b strings.Builder
+	tb := &table{w: &b, prepared: true}
+	tb.header()
+	tb.row(r)
+	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
+	if !strings.Contains(lines[0], "1st batch") || !strings.Contains(lines[0], "1st x") {
+		t.Errorf("header %q lacks the first-batch columns", lines[0])
+	}
+	if !strings.Contains(lines[1], "250.000 ms") || !strings.Contains(lines[1], "125.00x") {
+		t.Errorf("row %q lacks the first batch (250.000 ms, 125.00x)", lines[1])
+	}
+	b.Reset()
+	printBreakdown(&b, []Row{r}, nil)
+	for _, want := range []string{"adhoc 1st  250000.0", "240000.0", "prepared 1st"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("breakdown lacks %q:\n%s", want, b.String())
+		}
+	}
+	raw, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		AdHoc map[string]any `json:"adhoc"`
+	}
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"first_seconds", "first_over_median", "first_phases"} {
+		if _, ok := got.AdHoc[k]; !ok {
+			t.Errorf("adhoc JSON lacks %q: %s", k, raw)
+		}
+	}
+}
+
 func TestOverallTransport(t *testing.T) {
 	for _, tc := range []struct {
 		rows []Row

@@ -721,9 +721,11 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 			return elapsed, resp, nil
 		}
 		r.bar.step(fmt.Sprintf("%s: %s warm-up batch", label, name))
-		if _, _, err := batch(0); err != nil {
+		firstEl, firstResp, err := batch(0)
+		if err != nil {
 			return mode, nil, fmt.Errorf("warm-up: %w", err)
 		}
+		mode.FirstSeconds, mode.FirstPhases = firstEl.Seconds(), phaseOutOf(firstResp.GetPhases(), firstEl)
 		row.Phases.WarmUp += lap()
 		var cpuBefore, cpuAfter float64
 		var hostBefore, hostAfter HostCPU
@@ -768,6 +770,10 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 			mode.SampleSeconds = append(mode.SampleSeconds, s.Seconds())
 		}
 		mode.GBps, mode.MblocksPerSec = GBps(row.PayloadBytes, sum.Median), MblocksPerSec(n, sum.Median)
+		if sum.Median > 0 {
+			v := mode.FirstSeconds / sum.Median.Seconds()
+			mode.FirstOverMedian = &v
+		}
 		mode.Phases = phases.out()
 		if len(pings) > 0 {
 			pm := Summarize(pings).Median.Seconds()

@@ -52,7 +52,7 @@ func TestRunEmbedded(t *testing.T) {
 	if stderr.Len() != 0 {
 		t.Errorf("stderr is not a terminal, yet got %q", stderr.String())
 	}
-	for _, want := range []string{"yardstick  cached", "yardstick  'vs TCP'", "from the source region into the destination region", "floor", "ad hoc", "prepared", "breakdown", "ctl x floor", "TCP min-max", "128 B", "64 KiB", "verified", "0 (host memory)"} {
+	for _, want := range []string{"yardstick  cached", "yardstick  'vs TCP'", "from the source region into the destination region", "floor", "ad hoc", "prepared", "breakdown", "ctl x floor", "TCP min-max", "1st batch", "1st x", "adhoc 1st", "prepared 1st", "128 B", "64 KiB", "verified", "0 (host memory)"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
 		}
@@ -77,6 +77,16 @@ func TestRunEmbedded(t *testing.T) {
 		}
 		if r.AdHoc.PingMedianSeconds == nil || *r.AdHoc.PingMedianSeconds <= 0 || r.AdHoc.CallOverFloor == nil || r.AdHoc.ControlOverFloor == nil || *r.AdHoc.ControlOverFloor <= 0 {
 			t.Errorf("%d B: ad hoc floor figures %+v", r.BlockBytes, r.AdHoc)
+		}
+		// The first (warm-up) batch against the steady state, per mode.
+		for name, m := range map[string]*ModeOut{"adhoc": r.AdHoc, "prepared": r.Prepared} {
+			if m == nil {
+				continue
+			}
+			if m.FirstSeconds <= 0 || m.FirstPhases == nil || m.FirstPhases.Total <= 0 || m.FirstOverMedian == nil ||
+				math.Abs(*m.FirstOverMedian-m.FirstSeconds/m.MedianSeconds) > 1e-9**m.FirstOverMedian {
+				t.Errorf("%d B %s: first batch %v s, phases %+v, over median %v (median %v s)", r.BlockBytes, name, m.FirstSeconds, m.FirstPhases, m.FirstOverMedian, m.MedianSeconds)
+			}
 		}
 		if r.GBpsMin <= 0 || r.GBpsMin > r.GBps || r.GBps > r.GBpsMax {
 			t.Errorf("%d B: GB/s min %v median %v max %v", r.BlockBytes, r.GBpsMin, r.GBps, r.GBpsMax)

@@ -3,6 +3,7 @@ package staging
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/errs"
@@ -103,12 +104,63 @@ func (s *Stager) run(mem memory.Memory, toHost bool) error {
 }
 
 // Pool keeps stagers per device so that the data path reuses pinned buffers.
+// Pinned host memory is slow to allocate (cuMemHostAlloc of 64 MiB takes
+// tens to hundreds of milliseconds), so the transports Reserve what a
+// device's batches need when a region on it registers: a batch's first run
+// then allocates nothing.
 type Pool struct {
 	CUDA gpudirect.Interface
 	Size int
 	mu   sync.Mutex
 	free map[int][]*Stager
 	all  []*Stager
+	// made counts the stagers allocated, for tests and Status.
+	made atomic.Int64
+}
+
+// Allocations is how many stagers (pinned buffers) the pool has allocated.
+func (p *Pool) Allocations() int64 { return p.made.Load() }
+
+// Reserve makes sure the pool holds at least n stagers for dev (free or in
+// use), allocating the missing ones now, so that Get on the data path finds
+// one ready. Safe to call again: a device already holding n allocates
+// nothing.
+func (p *Pool) Reserve(dev, n int) error {
+	for {
+		p.mu.Lock()
+		have := 0
+		for _, s := range p.all {
+			if s.dev == dev {
+				have++
+			}
+		}
+		p.mu.Unlock()
+		if have >= n {
+			return nil
+		}
+		s, err := p.alloc(dev)
+		if err != nil {
+			return fmt.Errorf("reserve %d pinned staging buffers on device %d (%d held): %w", n, dev, have, err)
+		}
+		p.Put(s)
+	}
+}
+
+// alloc makes a stager and records it.
+func (p *Pool) alloc(dev int) (*Stager, error) {
+	size := p.Size
+	if size <= 0 {
+		size = DefaultBuffer
+	}
+	s, err := New(p.CUDA, dev, size)
+	if err != nil {
+		return nil, err
+	}
+	p.made.Add(1)
+	p.mu.Lock()
+	p.all = append(p.all, s)
+	p.mu.Unlock()
+	return s, nil
 }
 
 // Get returns a stager for dev.
@@ -121,18 +173,7 @@ func (p *Pool) Get(dev int) (*Stager, error) {
 		return s, nil
 	}
 	p.mu.Unlock()
-	size := p.Size
-	if size <= 0 {
-		size = DefaultBuffer
-	}
-	s, err := New(p.CUDA, dev, size)
-	if err != nil {
-		return nil, err
-	}
-	p.mu.Lock()
-	p.all = append(p.all, s)
-	p.mu.Unlock()
-	return s, nil
+	return p.alloc(dev)
 }
 
 // Put returns s for reuse.

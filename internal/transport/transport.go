@@ -234,6 +234,14 @@ type Preparer interface {
 	Prepare(src Registration, dst RemoteRegion, b *desc.Batch) (Prepared, error)
 }
 
+// Warmer is implemented by Conns whose first batch into a destination sets
+// up something per destination (the same-host path maps it into the
+// sender); Warm does that set-up now, so that the first batch costs what
+// the later ones do. Prepare does it too where a Conn is both.
+type Warmer interface {
+	Warm(ctx context.Context, src Registration, dst RemoteRegion) error
+}
+
 // Prepared is a batch's work built once for one Conn.
 type Prepared interface {
 	// Write posts the prepared batch, with Conn.Write's contract: nil only

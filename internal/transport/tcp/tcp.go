@@ -189,6 +189,11 @@ func (t *Transport) newKey() (uint64, error) {
 	}
 }
 
+// stagersPerDevice is how many pinned buffers a device's GPU regions need
+// for one batch each way at a time: writeStaged's two, and one for each of
+// a peer's streams that lands frames here.
+func stagersPerDevice(streams int) int { return 2 + streams }
+
 // Register gives m a random key. GPU memory is accepted when the transport
 // can stage it.
 func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
@@ -197,6 +202,15 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	case m.Kind == memory.CUDA && t.cfg.Staging != nil:
 	default:
 		return nil, fmt.Errorf("%w: tcp transport: %s memory needs staging through pinned host buffers, and this daemon has no CUDA driver", errs.ErrFailedPrecondition, m.Kind)
+	}
+	if m.Kind == memory.CUDA {
+		// The pinned buffers this device's batches take, allocated now and
+		// not by the first batch (pinning 64 MiB takes tens to hundreds of
+		// ms): a sender's two (writeStaged's double buffer) and one per
+		// receiving stream (a peer with as many streams as this daemon).
+		if err := t.cfg.Staging.Reserve(m.Device, stagersPerDevice(t.cfg.Streams)); err != nil {
+			return nil, fmt.Errorf("tcp: register GPU memory on device %d: %w", m.Device, err)
+		}
 	}
 	k, err := t.newKey()
 	if err != nil {
