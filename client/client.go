@@ -34,6 +34,10 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 	}
 	opts = append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// The daemon ties the regions this client registers (and its
+		// prepared plans) to its connection: an idle channel must not
+		// close it (gRPC's default closes it after 30 idle minutes).
+		grpc.WithIdleTimeout(0),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg), grpc.MaxCallSendMsgSize(maxMsg)),
 	}, opts...)
 	cc, err := grpc.NewClient(target, opts...)
@@ -67,13 +71,33 @@ func (h *HostRegion) Unmap() error {
 	return err
 }
 
+// RegisterOption changes how a region is registered.
+type RegisterOption func(*b2bv1.RegisterRegionRequest)
+
+// Persist keeps the region registered after this client is gone, until
+// Deregister or the daemon stops. Without it a region is leased to this
+// client: when the process's last connection to the daemon closes (Close,
+// exit, crash, kill -9), the daemon deregisters it and frees its memory,
+// after the batches using it end.
+func Persist() RegisterOption {
+	return func(r *b2bv1.RegisterRegionRequest) { r.Persist = true }
+}
+
+func registerRequest(r *b2bv1.RegisterRegionRequest, opts []RegisterOption) *b2bv1.RegisterRegionRequest {
+	for _, o := range opts {
+		o(r)
+	}
+	return r
+}
+
 // RegisterHost asks the daemon for size bytes of shared host memory, exported
-// as export when not empty, and maps it here.
-func (c *Client) RegisterHost(ctx context.Context, size uint64, export string) (*HostRegion, error) {
-	resp, err := c.api.RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+// as export when not empty, and maps it here. The region is leased to this
+// client unless opts has Persist.
+func (c *Client) RegisterHost(ctx context.Context, size uint64, export string, opts ...RegisterOption) (*HostRegion, error) {
+	resp, err := c.api.RegisterRegion(ctx, registerRequest(&b2bv1.RegisterRegionRequest{
 		Source:     &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: size}},
 		ExportName: export,
-	})
+	}, opts))
 	if err != nil {
 		return nil, err
 	}
@@ -81,12 +105,13 @@ func (c *Client) RegisterHost(ctx context.Context, size uint64, export string) (
 }
 
 // ImportHostFile registers a file the caller created in the daemon's shm
-// directory, and maps it here too.
-func (c *Client) ImportHostFile(ctx context.Context, path string, offset, size uint64, export string) (*HostRegion, error) {
-	resp, err := c.api.RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+// directory, and maps it here too. Leased to this client unless opts has
+// Persist (the file itself stays either way: it is the caller's).
+func (c *Client) ImportHostFile(ctx context.Context, path string, offset, size uint64, export string, opts ...RegisterOption) (*HostRegion, error) {
+	resp, err := c.api.RegisterRegion(ctx, registerRequest(&b2bv1.RegisterRegionRequest{
 		Source:     &b2bv1.RegisterRegionRequest_HostFile{HostFile: &b2bv1.HostFile{Path: path, Offset: offset, Size: size}},
 		ExportName: export,
-	})
+	}, opts))
 	if err != nil {
 		return nil, err
 	}

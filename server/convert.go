@@ -163,7 +163,8 @@ func regionProto(r *region.Region, active int) *b2bv1.Region {
 	p := &b2bv1.Region{
 		Id: r.ID, ExportName: r.Export, Size: r.Mem.Len, ShmPath: r.ShmPath, ShmOffset: r.ShmOff,
 		CudaIpcHandle: r.IPC, CudaIpcOffset: r.IPCOff, ActiveBatches: uint32(active), ExportTo: r.ExportTo,
-		Kind: memoryKind(r.Mem.Kind),
+		Kind: memoryKind(r.Mem.Kind), Owner: r.Owner.String(), Pid: r.PID, Persist: r.Persist,
+		AgeNs: uint64(max(time.Since(r.Created), 0)),
 	}
 	if r.Mem.Kind == memory.CUDA {
 		p.CudaDevice = int32(r.Mem.Device)

@@ -21,7 +21,7 @@ type local struct {
 
 func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionRequest) (*b2bv1.RegisterRegionResponse, error) {
 	who := caller(ctx)
-	r, err := l.register(req, who)
+	r, err := l.register(req, who, lease(ctx, req.GetPersist()))
 	if err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}
@@ -33,26 +33,26 @@ func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionReq
 		}
 		return nil, grpcstatus.ToStatus(fmt.Errorf("register region: caller went away: %w", err))
 	}
-	l.s.cfg.Log.Info("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", r.Export)
+	l.s.cfg.Log.Info("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", r.Export, "owner", r.Owner.String(), "pid", r.PID, "persist", r.Persist)
 	return &b2bv1.RegisterRegionResponse{Region: regionProto(r, 0)}, nil
 }
 
-func (l *local) register(req *b2bv1.RegisterRegionRequest, who region.Caller) (*region.Region, error) {
+func (l *local) register(req *b2bv1.RegisterRegionRequest, who region.Caller, lease region.Lease) (*region.Region, error) {
 	reg, name := l.s.cfg.Registry, exportOf(req.GetExportName(), req.GetExportTo())
 	switch src := req.GetSource().(type) {
 	case *b2bv1.RegisterRegionRequest_HostAlloc:
-		return reg.AllocHost(src.HostAlloc.GetSize(), name, who)
+		return reg.AllocHost(src.HostAlloc.GetSize(), name, who, lease)
 	case *b2bv1.RegisterRegionRequest_HostFile:
 		f := src.HostFile
-		return reg.ImportHost(f.GetPath(), f.GetOffset(), f.GetSize(), name, who)
+		return reg.ImportHost(f.GetPath(), f.GetOffset(), f.GetSize(), name, who, lease)
 	case *b2bv1.RegisterRegionRequest_CudaAlloc:
-		return reg.AllocCUDA(int(src.CudaAlloc.GetDevice()), src.CudaAlloc.GetSize(), name, who)
+		return reg.AllocCUDA(int(src.CudaAlloc.GetDevice()), src.CudaAlloc.GetSize(), name, who, lease)
 	case *b2bv1.RegisterRegionRequest_CudaIpc:
 		c := src.CudaIpc
 		if n := len(c.GetIpcHandle()); n != 64 {
 			return nil, fmt.Errorf("%w: cuda_ipc.ipc_handle is %d bytes; a CUipcMemHandle is 64", errs.ErrInvalidArgument, n)
 		}
-		return reg.ImportCUDA(int(c.GetDevice()), c.GetIpcHandle(), c.GetOffset(), c.GetSize(), name, who)
+		return reg.ImportCUDA(int(c.GetDevice()), c.GetIpcHandle(), c.GetOffset(), c.GetSize(), name, who, lease)
 	default:
 		return nil, fmt.Errorf("%w: source is not set: give host_alloc, host_file, cuda_alloc or cuda_ipc", errs.ErrInvalidArgument)
 	}
@@ -117,7 +117,9 @@ func (l *local) Checksum(ctx context.Context, req *b2bv1.ChecksumRequest) (*b2bv
 
 func (l *local) Status(ctx context.Context, req *b2bv1.StatusRequest) (*b2bv1.StatusResponse, error) {
 	c, cfg := l.s.cfg.Counters, l.s.cfg
+	persistent, holders := cfg.Registry.Leases()
 	return &b2bv1.StatusResponse{
+		PersistentRegions: uint32(persistent), LeaseHolders: uint32(holders),
 		Version: cfg.Version, NodeName: cfg.NodeName, PeerAddress: cfg.PeerAddress,
 		Transports: transportStatuses(cfg.Transports, cfg.Live), CudaAvailable: cfg.CUDAAvailable, CudaDetail: cfg.CUDADetail, OpenFds: cfg.OpenFDs(),
 		Regions: uint32(cfg.Registry.Len()), MaxDescriptors: uint32(cfg.MaxDescriptors),

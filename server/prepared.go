@@ -22,9 +22,11 @@ import (
 const StreamInFlight = 64
 
 // StatsHandler is the local API server's stats.Handler (grpc.StatsHandler):
-// it gives each client connection an ID, frees that connection's prepared
-// plans when it closes, and stamps each call's first moment so handlers can
-// report the time spent receiving and decoding the request.
+// it gives each client connection an ID and joins it to its client (leases.go),
+// frees that connection's prepared plans when it closes, and the client's
+// leased regions when its last connection closes, and stamps each call's
+// first moment so handlers can report the time spent receiving and decoding
+// the request.
 func (s *Server) StatsHandler() stats.Handler { return &statsHandler{s: s} }
 
 type statsHandler struct {
@@ -38,7 +40,8 @@ type connKey struct{}
 // itself (no allocation per lookup).
 type connCtx struct {
 	context.Context
-	id uint64
+	id     uint64
+	client *client // the client the connection belongs to (leases.go)
 }
 
 func (c *connCtx) Value(k any) any {
@@ -64,18 +67,23 @@ func (c *beginCtx) Value(k any) any {
 }
 
 func (h *statsHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return &connCtx{Context: ctx, id: h.next.Add(1)}
+	return &connCtx{Context: ctx, id: h.next.Add(1), client: h.s.clients.join(ctx)}
 }
 
 func (h *statsHandler) HandleConn(ctx context.Context, cs stats.ConnStats) {
 	if _, ok := cs.(*stats.ConnEnd); !ok {
 		return
 	}
-	if id := connID(ctx); id != 0 {
-		if n := h.s.batches.ReleaseConn(id); n > 0 {
-			h.s.cfg.Log.Debug("client connection closed; its prepared plans are released", "plans", n)
-		}
+	c, ok := ctx.Value(connKey{}).(*connCtx)
+	if !ok {
+		return
 	}
+	if n := h.s.batches.ReleaseConn(c.id); n > 0 {
+		h.s.cfg.Log.Debug("client connection closed; its prepared plans are released", "plans", n)
+	}
+	// After the plans: a plan holds its source, which would keep a leased
+	// region of this client draining.
+	h.s.leave(c.client)
 }
 
 func (h *statsHandler) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {

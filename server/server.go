@@ -66,6 +66,7 @@ type Config struct {
 type Server struct {
 	cfg     Config
 	batches *batch.Service
+	clients clients // lease holders (leases.go)
 
 	rawMu     sync.Mutex
 	raw       map[net.Conn]struct{} // raw submit connections (raw.go)

@@ -335,11 +335,19 @@ func (s *Service) landed(ctx context.Context, p *Plan, kind transport.Kind, st t
 	return Result{Blocks: p.blocks, Bytes: p.bytes, Kind: kind, Stats: st, Elapsed: elapsed, Phases: ph}, nil
 }
 
-// writeFailed says which batch failed a write and, when the source's
-// memory went away under the send, that the source region is to blame.
+// writeFailed says which batch failed a write and, when a region's memory
+// went away under it, which region: the side the fault itself carries
+// (memguard.SideOf), whichever transport saw it.
 func (p *Plan) writeFailed(kind transport.Kind, err error) error {
 	if memguard.IsFault(err) {
-		err = fmt.Errorf("src_region_id %s: %w", p.src.ID, err)
+		switch memguard.SideOf(err) {
+		case memguard.Source:
+			err = fmt.Errorf("src_region_id %s: %w", p.src.ID, err)
+		case memguard.Destination:
+			err = fmt.Errorf("dst_region %q on %s: %w", p.dst, p.peer, err)
+		default:
+			err = fmt.Errorf("src_region_id %s or dst_region %q on %s: %w", p.src.ID, p.dst, p.peer, err)
+		}
 	}
 	return fmt.Errorf("batch of %d blocks to %s/%s over %s: %w", p.blocks, p.peer, p.dst, kind, err)
 }

@@ -259,14 +259,30 @@ func TestRetryOnBrokenConnection(t *testing.T) {
 	})
 }
 
+// TestNoRetryOnMemoryFault: a fault fails the batch without a retry, and
+// the message names the region of the side the fault carries, and not the
+// other one.
 func TestNoRetryOnMemoryFault(t *testing.T) {
-	fault := fmt.Errorf("tcp: send: %w", fmt.Errorf("%w (%w) at 0x1000", memguard.ErrFault, errs.ErrDataLoss))
-	c := &fakeConn{errs: []error{fault}, breaks: true}
-	fp := &fakePeers{conns: []*fakeConn{c, {}}, answers: []answer{{size: regionSize}}}
-	s, req := rig(t, fp)
-	_, err := s.Transfer(context.Background(), req)
-	if errs.Class(err) != errs.ErrDataLoss || fp.gets != 1 || !strings.Contains(err.Error(), "src_region_id "+req.Src+": ") {
-		t.Fatalf("err %v (%v), gets %d", err, errs.Class(err), fp.gets)
+	for _, tc := range []struct {
+		side          memguard.Side
+		blamed, spare string
+	}{
+		{memguard.Source, "src_region_id r1: ", `dst_region "kv"`},
+		{memguard.Destination, `dst_region "kv" on b:7470: `, "src_region_id"},
+	} {
+		t.Run(tc.side.String(), func(t *testing.T) {
+			fault := fmt.Errorf("tcp: send: %w", &memguard.Fault{Side: tc.side, Addr: 0x1000})
+			c := &fakeConn{errs: []error{fault}, breaks: true}
+			fp := &fakePeers{conns: []*fakeConn{c, {}}, answers: []answer{{size: regionSize}}}
+			s, req := rig(t, fp)
+			_, err := s.Transfer(context.Background(), req)
+			if errs.Class(err) != errs.ErrDataLoss || fp.gets != 1 {
+				t.Fatalf("err %v (%v), gets %d", err, errs.Class(err), fp.gets)
+			}
+			if msg := err.Error(); !strings.Contains(msg, tc.blamed) || strings.Contains(msg, tc.spare) {
+				t.Fatalf("message %q: want it to name %q and not %q", msg, tc.blamed, tc.spare)
+			}
+		})
 	}
 }
 

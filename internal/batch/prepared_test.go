@@ -196,7 +196,7 @@ func TestSubmitStale(t *testing.T) {
 
 func TestSubmitRetry(t *testing.T) {
 	cut := fmt.Errorf("%w: tcp: connection reset by peer", errs.ErrAborted)
-	fault := fmt.Errorf("tcp: send: %w", fmt.Errorf("%w (%w) at 0x1000", memguard.ErrFault, errs.ErrDataLoss))
+	fault := fmt.Errorf("tcp: send: %w", &memguard.Fault{Side: memguard.Source, Addr: 0x1000})
 	for _, tc := range []struct {
 		name     string
 		conns    []*fakeConn

@@ -48,7 +48,7 @@ func Blocks(a Algorithm, mem []byte, off, lens []uint64, out []uint64) error {
 	}
 	hash := func(lo, hi int) error {
 		// SetPanicOnFault is per goroutine: every worker guards itself.
-		return memguard.Do(func() {
+		return memguard.Do(memguard.Unknown, func() {
 			for i := lo; i < hi; i++ {
 				out[i] = Block(a, mem[off[i]:off[i]+lens[i]])
 			}

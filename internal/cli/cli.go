@@ -267,11 +267,16 @@ type RegionJSON struct {
 	CUDADevice     int32    `json:"cuda_device,omitempty"`
 	ActiveBatches  uint32   `json:"active_batches"`
 	RegisteredWith []string `json:"registered_with"`
+	Owner          string   `json:"owner"`
+	PID            int32    `json:"pid,omitempty"` // the registering process; 0: unknown (TCP)
+	AgeSeconds     float64  `json:"age_seconds"`
+	Persist        bool     `json:"persist"` // false: goes with its client's last connection
 }
 
 func regionJSON(r *b2bv1.Region) RegionJSON {
 	out := RegionJSON{ID: r.GetId(), Export: r.GetExportName(), ExportTo: r.GetExportTo(), Size: r.GetSize(), Kind: memName(r.GetKind()),
-		ShmPath: r.GetShmPath(), CUDADevice: r.GetCudaDevice(), ActiveBatches: r.GetActiveBatches(), RegisteredWith: []string{}}
+		ShmPath: r.GetShmPath(), CUDADevice: r.GetCudaDevice(), ActiveBatches: r.GetActiveBatches(), RegisteredWith: []string{},
+		Owner: r.GetOwner(), PID: r.GetPid(), AgeSeconds: time.Duration(r.GetAgeNs()).Seconds(), Persist: r.GetPersist()}
 	for _, k := range r.GetRegisteredWith() {
 		out.RegisteredWith = append(out.RegisteredWith, kindName(k))
 	}
@@ -307,9 +312,18 @@ func runRegions(ctx context.Context, g *globals, args []string) error {
 		} else if len(r.ExportTo) > 0 {
 			exp += " (to " + strings.Join(r.ExportTo, ",") + ")"
 		}
-		rows = append(rows, []string{r.ID, exp, human(r.Size), r.Kind, fmt.Sprint(r.ActiveBatches), strings.Join(r.RegisteredWith, ",")})
+		pid, lease := "-", "client"
+		if r.PID > 0 {
+			pid = fmt.Sprint(r.PID)
+		}
+		if r.Persist {
+			lease = "persist"
+		}
+		age := (time.Duration(r.AgeSeconds * float64(time.Second))).Round(time.Second)
+		rows = append(rows, []string{r.ID, exp, human(r.Size), r.Kind, fmt.Sprint(r.ActiveBatches), strings.Join(r.RegisteredWith, ","),
+			r.Owner, pid, age.String(), lease})
 	}
-	return table(g.Stdout, []string{"ID", "EXPORT", "SIZE", "KIND", "ACTIVE", "TRANSPORTS"}, rows)
+	return table(g.Stdout, []string{"ID", "EXPORT", "SIZE", "KIND", "ACTIVE", "TRANSPORTS", "OWNER", "PID", "AGE", "LEASE"}, rows)
 }
 
 func runRegister(ctx context.Context, g *globals, args []string) error {
@@ -331,7 +345,8 @@ func runRegister(ctx context.Context, g *globals, args []string) error {
 	if err != nil {
 		return err
 	}
-	req := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: *size}}, ExportName: *export}
+	// b2bctl exits at once: its region must outlive it (no lease).
+	req := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: *size}}, ExportName: *export, Persist: true}
 	if *exportTo != "" {
 		req.ExportTo = strings.Split(*exportTo, ",")
 	}

@@ -142,12 +142,12 @@ func TestTransferVerified(t *testing.T) {
 		t.Fatalf("status %v", st)
 	}
 	regs := ctlJSON[[]RegionJSON](t, "--json", "--socket", b.sock, "regions")
-	if len(regs) != 1 || regs[0].ID != dst.ID || regs[0].Export != "dst" {
-		t.Fatalf("regions %+v", regs)
+	if len(regs) != 1 || regs[0].ID != dst.ID || regs[0].Export != "dst" || !regs[0].Persist || regs[0].Owner == "" || regs[0].PID == 0 {
+		t.Fatalf("regions %+v (b2bctl register persists; owner and pid shown)", regs)
 	}
 	// Tables for people.
 	out, err := ctl(t, "--socket", b.sock, "regions")
-	if err != nil || !strings.Contains(out, "EXPORT") || !strings.Contains(out, dst.ID) {
+	if err != nil || !strings.Contains(out, "EXPORT") || !strings.Contains(out, dst.ID) || !strings.Contains(out, "OWNER") || !strings.Contains(out, "persist") {
 		t.Fatalf("regions table %q %v", out, err)
 	}
 }

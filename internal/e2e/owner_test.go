@@ -161,9 +161,10 @@ func helperIntruder(ctx context.Context, c *client.Client) error {
 	if err := errors.Join(errsSeen...); err != nil {
 		return err
 	}
-	// Not mapped here: that is TestNonRootClient's business.
+	// Not mapped here: that is TestNonRootClient's business. It persists:
+	// the test looks for it after this process exits.
 	resp, err := c.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
-		Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}}, ExportName: os.Getenv("B2B_OWN_EXPORT")})
+		Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}}, ExportName: os.Getenv("B2B_OWN_EXPORT"), Persist: true})
 	if err != nil {
 		return fmt.Errorf("register its own region: %w", err)
 	}

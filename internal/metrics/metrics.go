@@ -9,7 +9,7 @@
 //
 // Names follow Prometheus' rules: the b2bd_ prefix, base units (seconds,
 // bytes), _total on counters, and labels with a bounded set of values
-// (transport: tcp, verbs, auto; outcome: ok, error; code: the 17 gRPC codes;
+// (transport: tcp, verbs, local, auto; outcome: ok, error; code: the 17 gRPC codes;
 // size_class: 4 classes; kind: host, cuda; method: the registered methods).
 package metrics
 
@@ -64,18 +64,27 @@ func SizeClass(blocks, bytes uint64) string {
 	}
 }
 
-// TransportLabel is the transport label of a proto transport kind:
-// unspecified (a failed batch that let the daemon choose) is "auto".
+// TransportLabel is the transport label of a proto transport kind: the
+// kind's own name in lower case (tcp, verbs, local, ...), derived from the
+// enum so that a kind added to the API is never counted as another.
+// Unspecified (a failed batch that let the daemon choose) and values
+// outside the enum are "auto"; the label's values stay a fixed set.
 func TransportLabel(k b2bv1.TransportKind) string {
-	switch k {
-	case b2bv1.TransportKind_TRANSPORT_KIND_TCP:
-		return "tcp"
-	case b2bv1.TransportKind_TRANSPORT_KIND_VERBS:
-		return "verbs"
-	default:
-		return "auto"
+	if l, ok := transportLabels[k]; ok {
+		return l
 	}
+	return "auto"
 }
+
+var transportLabels = func() map[b2bv1.TransportKind]string {
+	m := map[b2bv1.TransportKind]string{}
+	for v, name := range b2bv1.TransportKind_name {
+		if k := b2bv1.TransportKind(v); k != b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED {
+			m[k] = strings.ToLower(strings.TrimPrefix(name, "TRANSPORT_KIND_"))
+		}
+	}
+	return m
+}()
 
 // Phase is one timed phase of a batch.
 type Phase struct {

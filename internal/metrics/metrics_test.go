@@ -34,16 +34,50 @@ func TestSizeClass(t *testing.T) {
 	}
 }
 
+// TestTransportLabel: every transport kind the API names is labelled by
+// its own name (a batch over the same-host path is "local", not "auto");
+// only the daemon's choice and values outside the enum are not a transport.
 func TestTransportLabel(t *testing.T) {
 	for k, want := range map[b2bv1.TransportKind]string{
 		b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED: "auto",
 		b2bv1.TransportKind_TRANSPORT_KIND_TCP:         "tcp",
 		b2bv1.TransportKind_TRANSPORT_KIND_VERBS:       "verbs",
+		b2bv1.TransportKind_TRANSPORT_KIND_LOCAL:       "local",
 		b2bv1.TransportKind(99):                        "auto",
 	} {
 		if got := TransportLabel(k); got != want {
 			t.Errorf("TransportLabel(%v) = %s, want %s", k, got, want)
 		}
+	}
+	// A kind added to the proto gets a label of its own without a change here.
+	seen := map[string]b2bv1.TransportKind{}
+	for v := range b2bv1.TransportKind_name {
+		k := b2bv1.TransportKind(v)
+		l := TransportLabel(k)
+		if o, dup := seen[l]; dup {
+			t.Errorf("TransportLabel(%v) = TransportLabel(%v) = %q", k, o, l)
+		}
+		seen[l] = k
+	}
+}
+
+// TestLocalBatchCounted: a batch the same-host path carried counts under
+// transport="local".
+func TestLocalBatchCounted(t *testing.T) {
+	m := New(Sources{Version: "t"})
+	ic := m.UnaryInterceptor()
+	req := &b2bv1.BatchTransferRequest{Descriptors: &b2bv1.Descriptors{SrcOffsets: pack(0, 4096), BlockLength: 4096}}
+	local := func(context.Context, any) (any, error) {
+		return &b2bv1.BatchTransferResponse{Blocks: 2, Bytes: 8192, Transport: b2bv1.TransportKind_TRANSPORT_KIND_LOCAL}, nil
+	}
+	if _, err := ic(context.Background(), req, &grpc.UnaryServerInfo{FullMethod: "/b2b.v1.B2B/BatchTransfer"}, local); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(m.batches.WithLabelValues("local", OutcomeOK)); got != 1 {
+		t.Errorf(`b2bd_batches_total{transport="local",outcome="ok"} = %v, want 1`, got)
+	}
+	if got := testutil.ToFloat64(m.batches.WithLabelValues("auto", OutcomeOK)); got != 0 {
+		t.Errorf(`b2bd_batches_total{transport="auto",outcome="ok"} = %v, want 0: a batch that landed had a transport`, got)
 	}
 }
 

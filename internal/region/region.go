@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -38,15 +39,42 @@ type Region struct {
 	ShmOff   uint64
 	IPC      []byte // daemon-allocated CUDA regions: the handle clients open
 	IPCOff   uint64
-	Owner    Caller // who registered it: only the owner and root may act on it
+	Owner    Caller    // who registered it: only the owner and root may act on it
+	PID      int32     // the registering process (SO_PEERCRED); 0: unknown
+	Persist  bool      // not leased: stays until Deregister (see Lease)
+	Created  time.Time // when it was registered
 
 	regs    map[transport.Kind]transport.Registration
 	release func() error // unmap / free; runs once after every transport let go
 	owned   bool         // the daemon created ShmPath and removes it
 	fileID  fileID       // owned: the inode the daemon created at ShmPath
 
-	active  int  // batches using the region (guarded by Registry.mu)
-	closing bool // deregistration started
+	active  int    // batches using the region (guarded by Registry.mu)
+	closing bool   // deregistration started
+	client  uint64 // the lease's holder (Lease.Client); 0: persistent
+	drain   bool   // its lease ended while in use: released when active drops to 0
+}
+
+// Lease ties a region to the client that registered it: when the client
+// is gone (Registry.Expire), so is the region. The server gives each client
+// (a process on the Unix socket, a connection over TCP) its ID.
+type Lease struct {
+	Client uint64 // the holder; 0: none, the region persists until Deregister
+	PID    int32  // the registering process, as SO_PEERCRED told; 0: unknown
+}
+
+// Holder describes who holds r, for listings and for the messages of
+// whoever collides with it.
+func (r *Region) Holder(now time.Time) string {
+	h := fmt.Sprintf("region %s, owner %s", r.ID, r.Owner)
+	if r.PID > 0 {
+		h += fmt.Sprintf(", pid %d", r.PID)
+	}
+	h += fmt.Sprintf(", registered %s ago", now.Sub(r.Created).Round(time.Millisecond))
+	if r.Persist {
+		return h + ", persistent (stays until deregistered)"
+	}
+	return h + ", leased to its client (goes when the client's last connection closes)"
 }
 
 // Registration returns the region's registration with transport k.
@@ -108,6 +136,10 @@ type Registry struct {
 	byID     map[string]*Region
 	byName   map[string]*Region
 	byKey    map[keyRef]*Region // pins.byKey
+	// draining are regions whose lease ended while batches used them:
+	// unpublished, released when the last batch lets go.
+	draining map[*Region]struct{}
+	drained  sync.WaitGroup // releases of drained regions under way
 }
 
 // Pins is the index of live registrations by transport key: the receiving
@@ -119,6 +151,7 @@ type Registry struct {
 type Pins struct {
 	mu    sync.Mutex
 	byKey map[keyRef]*Region
+	g     *Registry // set by New: releases a drained region
 }
 
 // NewPins returns an empty key index.
@@ -146,7 +179,9 @@ func New(cfg Config) (*Registry, error) {
 	if cfg.Pins == nil {
 		cfg.Pins = NewPins()
 	}
-	g := &Registry{cfg: cfg, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey}
+	g := &Registry{cfg: cfg, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey,
+		draining: map[*Region]struct{}{}}
+	cfg.Pins.g = g
 	if err := g.lockInstance(); err != nil {
 		return nil, err
 	}
@@ -394,7 +429,8 @@ func permit(r *Region, field string, who Caller) error {
 
 // AllocHost creates a shared-memory file of size bytes, owned by the caller,
 // and maps it.
-func (g *Registry) AllocHost(size uint64, export Export, who Caller) (*Region, error) {
+// A lease (at most one; none: the region persists) ties it to its client.
+func (g *Registry) AllocHost(size uint64, export Export, who Caller, lease ...Lease) (*Region, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("%w: host_alloc.size is 0: a region needs at least one byte", errs.ErrInvalidArgument)
 	}
@@ -446,12 +482,12 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller) (*Region, e
 		return nil, err
 	}
 	r := &Region{Mem: mem, ShmPath: path, release: unmap, owned: true, fileID: id, Owner: who}
-	return g.add(r, export)
+	return g.add(r, export, lease)
 }
 
 // ImportHost maps [offset, offset+size) of a file that lies in the shm
 // directory and belongs to the caller. size 0 means to the end of the file.
-func (g *Registry) ImportHost(path string, offset, size uint64, export Export, who Caller) (*Region, error) {
+func (g *Registry) ImportHost(path string, offset, size uint64, export Export, who Caller, lease ...Lease) (*Region, error) {
 	if err := export.check(); err != nil {
 		return nil, err
 	}
@@ -487,7 +523,7 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 	if err != nil {
 		return nil, err
 	}
-	return g.add(&Region{Mem: mem, ShmPath: real, ShmOff: offset, release: unmap, Owner: who}, export)
+	return g.add(&Region{Mem: mem, ShmPath: real, ShmOff: offset, release: unmap, Owner: who}, export, lease)
 }
 
 // openInShmDir opens path only if it resolves to a regular file inside the
@@ -533,7 +569,7 @@ func (g *Registry) openInShmDir(path string) (*os.File, string, error) {
 }
 
 // AllocCUDA allocates GPU memory on device.
-func (g *Registry) AllocCUDA(device int, size uint64, export Export, who Caller) (*Region, error) {
+func (g *Registry) AllocCUDA(device int, size uint64, export Export, who Caller, lease ...Lease) (*Region, error) {
 	if g.cfg.CUDA == nil {
 		return nil, fmt.Errorf("%w: cuda_alloc: this daemon has no usable GPU: %s", errs.ErrFailedPrecondition, g.cfg.CUDAWhy)
 	}
@@ -547,11 +583,11 @@ func (g *Registry) AllocCUDA(device int, size uint64, export Export, who Caller)
 	if err != nil {
 		return nil, err
 	}
-	return g.add(&Region{Mem: mem, IPC: ipc, release: free, Owner: who}, export)
+	return g.add(&Region{Mem: mem, IPC: ipc, release: free, Owner: who}, export, lease)
 }
 
 // ImportCUDA maps an application's GPU allocation through its IPC handle.
-func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, export Export, who Caller) (*Region, error) {
+func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, export Export, who Caller, lease ...Lease) (*Region, error) {
 	if g.cfg.CUDA == nil {
 		return nil, fmt.Errorf("%w: cuda_ipc: this daemon has no usable GPU: %s", errs.ErrFailedPrecondition, g.cfg.CUDAWhy)
 	}
@@ -565,12 +601,17 @@ func (g *Registry) ImportCUDA(device int, handle []byte, offset, size uint64, ex
 	if err != nil {
 		return nil, err
 	}
-	return g.add(&Region{Mem: mem, release: free, Owner: who}, export)
+	return g.add(&Region{Mem: mem, release: free, Owner: who}, export, lease)
 }
 
 // add registers r with every transport and publishes it. On failure it
 // undoes the registrations and releases the memory.
-func (g *Registry) add(r *Region, export Export) (*Region, error) {
+func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error) {
+	r.Persist, r.Created = true, time.Now()
+	if len(lease) > 0 {
+		r.PID, r.client = lease[0].PID, lease[0].Client
+		r.Persist = r.client == 0
+	}
 	r.regs = make(map[transport.Kind]transport.Registration, len(g.cfg.Transports))
 	undo := func() {
 		for _, reg := range r.regs {
@@ -597,10 +638,11 @@ func (g *Registry) add(r *Region, export Export) (*Region, error) {
 		g.cfg.Log.Warn("region not usable with a transport", "kind", r.Mem.Kind, "error", f)
 	}
 	g.mu.Lock()
-	if _, taken := g.byName[export.Name]; export.Name != "" && taken {
+	if o, taken := g.byName[export.Name]; export.Name != "" && taken {
+		err := nameTaken(export.Name, o)
 		g.mu.Unlock()
 		undo()
-		return nil, fmt.Errorf("%w: export_name %q is already used by another region", errs.ErrAlreadyExists, export.Name)
+		return nil, err
 	}
 	if export.Name != "" {
 		r.Export, r.ExportTo = export.Name, export.To
@@ -615,6 +657,11 @@ func (g *Registry) add(r *Region, export Export) (*Region, error) {
 	g.mu.Unlock()
 	g.cfg.Log.Debug("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", export.Name)
 	return r, nil
+}
+
+// nameTaken is the refusal of export name, held by o; g.mu held.
+func nameTaken(name string, o *Region) error {
+	return fmt.Errorf("%w: export_name %q is already used by %s: deregister it (b2bctl deregister %s) or pick another name", errs.ErrAlreadyExists, name, o.Holder(time.Now()), o.ID)
 }
 
 func (g *Registry) releaseMemory(r *Region) {
@@ -673,7 +720,7 @@ func (g *Registry) SetExport(id string, export Export, who Caller) (*Region, err
 	}
 	if name != "" {
 		if o, taken := g.byName[name]; taken && o != r {
-			return nil, fmt.Errorf("%w: export_name %q is already used by region %s", errs.ErrAlreadyExists, name, o.ID)
+			return nil, nameTaken(name, o)
 		}
 	}
 	if err := g.revokeIfNarrowed(r, export); err != nil {
@@ -751,16 +798,77 @@ func (p *Pins) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) 
 	return r.Mem, func() { p.done(r) }, nil
 }
 
+// done ends one use of r; the last use of a region whose lease ended
+// releases it (in its own goroutine: the caller may hold a transport's
+// locks, which releasing the registrations takes).
 func (p *Pins) done(r *Region) {
 	p.mu.Lock()
 	r.active--
+	last := r.active == 0 && r.drain
+	if last {
+		r.drain = false
+		delete(p.g.draining, r)
+	}
+	if last {
+		p.g.drained.Add(1) // under the lock: Close waits for it
+	}
 	p.mu.Unlock()
+	if last {
+		go func() {
+			defer p.g.drained.Done()
+			p.g.cfg.Log.Info("region of a gone client released after its last batch", "id", r.ID, "owner", r.Owner.String(), "pid", r.PID)
+			p.g.close(r)
+		}()
+	}
 }
 
-func (g *Registry) done(r *Region) {
+func (g *Registry) done(r *Region) { g.pins.done(r) }
+
+// Expire ends the leases of client (its last connection closed): its
+// regions are unpublished now (their names free, their keys refused) and
+// released, at once if no batch or plan uses them, else when the last one
+// lets go. It returns how many were released now and how many later.
+func (g *Registry) Expire(client uint64) (now, later int) {
+	if client == 0 {
+		return 0, 0
+	}
+	var free []*Region
 	g.mu.Lock()
-	r.active--
+	for _, r := range g.byID {
+		if r.client != client || r.Persist {
+			continue
+		}
+		g.unpublish(r)
+		if r.active == 0 {
+			free = append(free, r)
+			continue
+		}
+		r.drain = true
+		g.draining[r] = struct{}{}
+		later++
+	}
 	g.mu.Unlock()
+	for _, r := range free {
+		g.cfg.Log.Info("client gone; its region is released", "id", r.ID, "owner", r.Owner.String(), "pid", r.PID, "export", r.Export)
+		g.close(r)
+	}
+	return len(free), later
+}
+
+// Leases counts the regions that persist and the distinct clients holding
+// the others' leases.
+func (g *Registry) Leases() (persistent, holders int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	seen := map[uint64]struct{}{}
+	for _, r := range g.byID {
+		if r.Persist {
+			persistent++
+		} else {
+			seen[r.client] = struct{}{}
+		}
+	}
+	return persistent, len(seen)
 }
 
 // Deregister releases a region for its owner (or root). It refuses while
@@ -849,12 +957,19 @@ func (g *Registry) Close() {
 		g.unpublish(r)
 		rs = append(rs, r)
 	}
+	for r := range g.draining {
+		// Leases that ended under a batch: callers stopped batches first.
+		r.drain = false
+		rs = append(rs, r)
+	}
+	clear(g.draining)
 	lock := g.lock
 	g.lock = nil
 	g.mu.Unlock()
 	for _, r := range rs {
 		g.close(r)
 	}
+	g.drained.Wait()
 	if lock != nil {
 		_ = os.Remove(g.lockPath)
 		_ = lock.Close()

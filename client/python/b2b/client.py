@@ -198,6 +198,10 @@ class RegionInfo:
     cuda_device: int = 0
     active_batches: int = 0
     registered_with: Tuple[str, ...] = ()
+    owner: str = ""  # "uid 1000", or a TLS identity over TCP
+    pid: int = 0  # the registering process (0: unknown, a TCP caller)
+    age_ns: int = 0  # since it was registered
+    persist: bool = False  # False: released when its client's last connection closes
 
     @classmethod
     def from_proto(cls, r: Any) -> "RegionInfo":
@@ -211,6 +215,10 @@ class RegionInfo:
             cuda_device=int(r.cuda_device),
             active_batches=int(r.active_batches),
             registered_with=tuple(_TRANSPORT_NAME.get(k, str(k)) for k in r.registered_with),
+            owner=r.owner,
+            pid=int(r.pid),
+            age_ns=int(r.age_ns),
+            persist=bool(r.persist),
         )
 
 
@@ -868,6 +876,11 @@ class SubmitStream:
 # Client.
 
 
+def _dereg_default(deregister_on_close: Optional[bool], persist: bool) -> bool:
+    """A region that is to persist is not released by closing it, unless asked."""
+    return (not persist) if deregister_on_close is None else bool(deregister_on_close)
+
+
 class Client:
     """A connection to the local b2bd.
 
@@ -892,6 +905,11 @@ class Client:
     Use as a context manager, or call :meth:`close`. Closing the client
     releases the regions it registered that are still open and were
     registered with ``deregister_on_close=True``.
+
+    Regions are leased to this process: unless registered with
+    ``persist=True``, the daemon releases them when the process's last
+    connection to it closes, so a client that crashes or is killed leaves
+    nothing registered behind.
     """
 
     def __init__(
@@ -922,6 +940,10 @@ class Client:
             # when it closes). gRPC would otherwise share one connection
             # between all channels of a process with the same target.
             ("grpc.use_local_subchannel_pool", 1),
+            # The daemon also leases the regions registered here to this
+            # process's connections: an idle channel must keep its
+            # connection (gRPC's default drops it after 30 idle minutes).
+            ("grpc.client_idle_timeout_ms", 2**31 - 1),
         ]
         if creds is not None and tls_server_name:
             opts.append(("grpc.ssl_target_name_override", tls_server_name))
@@ -1006,19 +1028,30 @@ class Client:
 
     # -- regions ----------------------------------------------------------
 
-    def register_host(self, size: int, export_name: Optional[str] = None, *, deregister_on_close: bool = True) -> HostRegion:
+    def register_host(
+        self,
+        size: int,
+        export_name: Optional[str] = None,
+        *,
+        persist: bool = False,
+        deregister_on_close: Optional[bool] = None,
+    ) -> HostRegion:
         """Ask the daemon for ``size`` bytes of shared host memory and map it here.
 
         Args:
             size: bytes (> 0).
             export_name: if set, peers can write into the region under this name.
+            persist: keep the region registered after this process's
+                connections to the daemon close (exit, crash, kill); by default
+                it is leased to them and released with the last one.
             deregister_on_close: whether :meth:`HostRegion.close` (and leaving a
-                ``with`` block) also releases the region in the daemon.
+                ``with`` block) also releases the region in the daemon; by
+                default, unless ``persist``.
         """
         size = _uint("size", size)
-        req = pb.RegisterRegionRequest(host_alloc=pb.HostAlloc(size=size), export_name=export_name or "")
+        req = pb.RegisterRegionRequest(host_alloc=pb.HostAlloc(size=size), export_name=export_name or "", persist=bool(persist))
         resp = self._call(self._stub.RegisterRegion, req, self.timeout)
-        return self._map_host(resp.region, deregister_on_close)
+        return self._map_host(resp.region, _dereg_default(deregister_on_close, persist))
 
     def register_host_file(
         self,
@@ -1027,21 +1060,24 @@ class Client:
         size: int = 0,
         export_name: Optional[str] = None,
         *,
-        deregister_on_close: bool = True,
+        persist: bool = False,
+        deregister_on_close: Optional[bool] = None,
     ) -> HostRegion:
         """Register ``[offset, offset+size)`` of an existing file in the daemon's
         shm directory (``size`` 0: to the end of the file) and map it here.
 
         ``path`` may be absolute or relative to the daemon's shm directory;
         ``offset`` must be page-aligned. The daemon does not delete the file.
+        ``persist`` and ``deregister_on_close`` as in :meth:`register_host`.
         """
         path = os.fspath(path)
         req = pb.RegisterRegionRequest(
             host_file=pb.HostFile(path=path, offset=_uint("offset", offset), size=_uint("size", size)),
             export_name=export_name or "",
+            persist=bool(persist),
         )
         resp = self._call(self._stub.RegisterRegion, req, self.timeout)
-        return self._map_host(resp.region, deregister_on_close)
+        return self._map_host(resp.region, _dereg_default(deregister_on_close, persist))
 
     def _map_host(self, r: Any, deregister_on_close: bool) -> HostRegion:
         info = RegionInfo.from_proto(r)
@@ -1070,7 +1106,14 @@ class Client:
         self._track(region)
         return region
 
-    def register_cuda(self, tensor: Any, export_name: Optional[str] = None, *, deregister_on_close: bool = True) -> CudaRegion:
+    def register_cuda(
+        self,
+        tensor: Any,
+        export_name: Optional[str] = None,
+        *,
+        persist: bool = False,
+        deregister_on_close: Optional[bool] = None,
+    ) -> CudaRegion:
         """Register a contiguous PyTorch CUDA tensor through its CUDA IPC handle.
 
         The region covers exactly the tensor's elements. Uses
@@ -1079,11 +1122,14 @@ class Client:
         which ``tensor.storage_offset() * tensor.element_size()`` is added.
         Tensors from an expandable-segments allocator are refused. torch is
         not imported by this package; the tensor's own methods are used.
+        ``persist`` and ``deregister_on_close`` as in :meth:`register_host`.
         """
+        deregister_on_close = _dereg_default(deregister_on_close, persist)
         share = _cuda.share_tensor(tensor)
         req = pb.RegisterRegionRequest(
             cuda_ipc=pb.CudaIpc(device=share.device, ipc_handle=share.ipc_handle, offset=share.offset, size=share.size),
             export_name=export_name or "",
+            persist=bool(persist),
         )
         try:
             resp = self._call(self._stub.RegisterRegion, req, self.timeout)

@@ -603,7 +603,7 @@ const hostChunk = 16 << 20
 // DeadlineExceeded instead of holding both regions past it.
 func copyHost(ctx context.Context, dst, src []byte, b *desc.Batch, lo, hi int) error {
 	var cerr error
-	ferr := memguard.Do(func() {
+	ferr := memguard.DoCopy(dst, src, func() {
 		var since uint64
 		for i := lo; i < hi; i++ {
 			n, s, d := b.Len[i], b.Src[i], b.Dst[i]

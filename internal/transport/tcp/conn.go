@@ -420,13 +420,13 @@ func (s *stream) send(j *job) result {
 		// failed by Write, so the next batch gets a fresh one.
 		var werr error
 		t0 := time.Now()
-		ferr := memguard.Do(func() {
+		ferr := memguard.Do(memguard.Source, func() {
 			s.frame(p, fr, j.src, hdr)
 			r.post += time.Since(t0)
 			_, werr = s.bufs.WriteTo(s.nc)
 		})
 		if ferr == nil && werr != nil && memguard.IsFault(werr) {
-			ferr = fmt.Errorf("%w (%w): writev: %w", memguard.ErrFault, errs.ErrDataLoss, werr)
+			ferr = memguard.Syscall(memguard.Source, "writev", werr)
 		}
 		if ferr != nil {
 			r.err = fmt.Errorf("source memory of segments %d..%d: %w", fr.blk.lo, fr.blk.hi-1, ferr)
@@ -478,7 +478,7 @@ func (e *ackError) Unwrap() error {
 	case statusUnsupported:
 		return errs.ErrUnimplemented
 	case statusDataLoss:
-		return errs.ErrDataLoss
+		return memguard.At(memguard.Destination) // DataLoss, on the destination's side
 	default:
 		return errs.ErrAborted
 	}

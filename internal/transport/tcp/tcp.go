@@ -569,7 +569,7 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 	// from the view and not yet consumed, so that done+got is always the
 	// payload placed, and after a fault pend bytes are consumed first.
 	var pend int
-	ferr = memguard.Do(func() {
+	ferr = memguard.Do(memguard.Destination, func() {
 		var view []byte
 		for seg = 0; seg < int(h.segs); seg++ {
 			off, n := le.Uint64(table[seg*segLen:]), le.Uint64(table[seg*segLen+8:])
@@ -606,7 +606,7 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 		}
 	})
 	if ferr == nil && rerr != nil && memguard.IsFault(rerr) {
-		ferr = fmt.Errorf("%w (%w): read: %w", memguard.ErrFault, errs.ErrDataLoss, rerr)
+		ferr = memguard.Syscall(memguard.Destination, "read", rerr)
 	}
 	if ferr != nil {
 		off, n := le.Uint64(table[seg*segLen:]), le.Uint64(table[seg*segLen+8:])

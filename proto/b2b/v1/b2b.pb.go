@@ -425,7 +425,13 @@ type RegisterRegionRequest struct {
 	ExportName string `protobuf:"bytes,10,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"`
 	// Peers (their certificate identities) allowed to write the export; empty
 	// means every authenticated peer.
-	ExportTo      []string `protobuf:"bytes,11,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
+	ExportTo []string `protobuf:"bytes,11,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
+	// false (the default): the region is leased to the registering client.
+	// When the client's last connection to the daemon closes (it exited or
+	// crashed), the daemon deregisters the region, once the batches using it
+	// end, and frees its memory. true: the region stays until
+	// DeregisterRegion or the daemon stops (b2bctl register sets it).
+	Persist       bool `protobuf:"varint,12,opt,name=persist,proto3" json:"persist,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -517,6 +523,13 @@ func (x *RegisterRegionRequest) GetExportTo() []string {
 	return nil
 }
 
+func (x *RegisterRegionRequest) GetPersist() bool {
+	if x != nil {
+		return x.Persist
+	}
+	return false
+}
+
 type isRegisterRegionRequest_Source interface {
 	isRegisterRegionRequest_Source()
 }
@@ -561,7 +574,17 @@ type Region struct {
 	ExportTo       []string               `protobuf:"bytes,12,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"` // empty: every authenticated peer
 	// verbs with several RDMA devices (rails): the region's MR on each rail,
 	// and the rails a batch from it prefers (GPU-NIC affinity).
-	Rails         []*RailRegistration `protobuf:"bytes,13,rep,name=rails,proto3" json:"rails,omitempty"`
+	Rails []*RailRegistration `protobuf:"bytes,13,rep,name=rails,proto3" json:"rails,omitempty"`
+	// Who registered it: "uid 1000" on the Unix socket, a TLS identity over
+	// --api-listen. Only the owner (and root) may act on the region.
+	Owner string `protobuf:"bytes,14,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The registering process, as the socket's SO_PEERCRED told; 0: unknown
+	// (a TCP caller).
+	Pid   int32  `protobuf:"varint,15,opt,name=pid,proto3" json:"pid,omitempty"`
+	AgeNs uint64 `protobuf:"varint,16,opt,name=age_ns,json=ageNs,proto3" json:"age_ns,omitempty"` // time since it was registered
+	// false: leased to its client and deregistered when the client's last
+	// connection closes; true: stays until DeregisterRegion.
+	Persist       bool `protobuf:"varint,17,opt,name=persist,proto3" json:"persist,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -685,6 +708,34 @@ func (x *Region) GetRails() []*RailRegistration {
 		return x.Rails
 	}
 	return nil
+}
+
+func (x *Region) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *Region) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *Region) GetAgeNs() uint64 {
+	if x != nil {
+		return x.AgeNs
+	}
+	return 0
+}
+
+func (x *Region) GetPersist() bool {
+	if x != nil {
+		return x.Persist
+	}
+	return false
 }
 
 // RailRegistration is a region's memory registration on one rail.
@@ -2472,8 +2523,12 @@ type StatusResponse struct {
 	PeersConnected  uint32                 `protobuf:"varint,14,opt,name=peers_connected,json=peersConnected,proto3" json:"peers_connected,omitempty"`
 	Goroutines      uint32                 `protobuf:"varint,15,opt,name=goroutines,proto3" json:"goroutines,omitempty"`          // for leak checks under load
 	OpenFds         uint32                 `protobuf:"varint,16,opt,name=open_fds,json=openFds,proto3" json:"open_fds,omitempty"` // likewise; 0 where /proc/self/fd cannot be read
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Of regions: those that persist (registered with persist), and the
+	// clients whose connections hold the others' leases.
+	PersistentRegions uint32 `protobuf:"varint,17,opt,name=persistent_regions,json=persistentRegions,proto3" json:"persistent_regions,omitempty"`
+	LeaseHolders      uint32 `protobuf:"varint,18,opt,name=lease_holders,json=leaseHolders,proto3" json:"lease_holders,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -2614,6 +2669,20 @@ func (x *StatusResponse) GetGoroutines() uint32 {
 func (x *StatusResponse) GetOpenFds() uint32 {
 	if x != nil {
 		return x.OpenFds
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetPersistentRegions() uint32 {
+	if x != nil {
+		return x.PersistentRegions
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetLeaseHolders() uint32 {
+	if x != nil {
+		return x.LeaseHolders
 	}
 	return 0
 }
@@ -3619,7 +3688,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\n" +
 	"ipc_handle\x18\x02 \x01(\fR\tipcHandle\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x12\n" +
-	"\x04size\x18\x04 \x01(\x04R\x04size\"\xa6\x02\n" +
+	"\x04size\x18\x04 \x01(\x04R\x04size\"\xc0\x02\n" +
 	"\x15RegisterRegionRequest\x122\n" +
 	"\n" +
 	"host_alloc\x18\x01 \x01(\v2\x11.b2b.v1.HostAllocH\x00R\thostAlloc\x12/\n" +
@@ -3630,8 +3699,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\vexport_name\x18\n" +
 	" \x01(\tR\n" +
 	"exportName\x12\x1b\n" +
-	"\texport_to\x18\v \x03(\tR\bexportToB\b\n" +
-	"\x06source\"\xd4\x03\n" +
+	"\texport_to\x18\v \x03(\tR\bexportTo\x12\x18\n" +
+	"\apersist\x18\f \x01(\bR\apersistB\b\n" +
+	"\x06source\"\xad\x04\n" +
 	"\x06Region\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vexport_name\x18\x02 \x01(\tR\n" +
@@ -3649,7 +3719,11 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	" \x01(\rR\ractiveBatches\x12>\n" +
 	"\x0fregistered_with\x18\v \x03(\x0e2\x15.b2b.v1.TransportKindR\x0eregisteredWith\x12\x1b\n" +
 	"\texport_to\x18\f \x03(\tR\bexportTo\x12.\n" +
-	"\x05rails\x18\r \x03(\v2\x18.b2b.v1.RailRegistrationR\x05rails\"\xa0\x01\n" +
+	"\x05rails\x18\r \x03(\v2\x18.b2b.v1.RailRegistrationR\x05rails\x12\x14\n" +
+	"\x05owner\x18\x0e \x01(\tR\x05owner\x12\x10\n" +
+	"\x03pid\x18\x0f \x01(\x05R\x03pid\x12\x15\n" +
+	"\x06age_ns\x18\x10 \x01(\x04R\x05ageNs\x12\x18\n" +
+	"\apersist\x18\x11 \x01(\bR\apersist\"\xa0\x01\n" +
 	"\x10RailRegistration\x12\x12\n" +
 	"\x04rail\x18\x01 \x01(\rR\x04rail\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x12\n" +
@@ -3783,7 +3857,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"reconnects\x18\a \x01(\x04R\n" +
 	"reconnects\x12\x1d\n" +
 	"\n" +
-	"bytes_sent\x18\b \x01(\x04R\tbytesSent\"\xcd\x04\n" +
+	"bytes_sent\x18\b \x01(\x04R\tbytesSent\"\xa1\x05\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12!\n" +
@@ -3807,7 +3881,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\n" +
 	"goroutines\x18\x0f \x01(\rR\n" +
 	"goroutines\x12\x19\n" +
-	"\bopen_fds\x18\x10 \x01(\rR\aopenFds\"\xb5\x01\n" +
+	"\bopen_fds\x18\x10 \x01(\rR\aopenFds\x12-\n" +
+	"\x12persistent_regions\x18\x11 \x01(\rR\x11persistentRegions\x12#\n" +
+	"\rlease_holders\x18\x12 \x01(\rR\fleaseHolders\"\xb5\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x125\n" +

@@ -383,8 +383,9 @@ class RailStatus(_message.Message):
     def __init__(self, rail: _Optional[int] = ..., device: _Optional[str] = ..., detail: _Optional[str] = ..., up: bool = ..., last_error: _Optional[str] = ..., failovers: _Optional[int] = ..., reconnects: _Optional[int] = ..., bytes_sent: _Optional[int] = ...) -> None: ...
 
 class Region(_message.Message):
-    __slots__ = ["active_batches", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "export_to", "id", "kind", "rails", "registered_with", "shm_offset", "shm_path", "size"]
+    __slots__ = ["active_batches", "age_ns", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "export_to", "id", "kind", "owner", "persist", "pid", "rails", "registered_with", "shm_offset", "shm_path", "size"]
     ACTIVE_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    AGE_NS_FIELD_NUMBER: _ClassVar[int]
     CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
     CUDA_IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
     CUDA_IPC_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -392,12 +393,16 @@ class Region(_message.Message):
     EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
     RAILS_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_WITH_FIELD_NUMBER: _ClassVar[int]
     SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     active_batches: int
+    age_ns: int
     cuda_device: int
     cuda_ipc_handle: bytes
     cuda_ipc_offset: int
@@ -405,12 +410,15 @@ class Region(_message.Message):
     export_to: _containers.RepeatedScalarFieldContainer[str]
     id: str
     kind: MemoryKind
+    owner: str
+    persist: bool
+    pid: int
     rails: _containers.RepeatedCompositeFieldContainer[RailRegistration]
     registered_with: _containers.RepeatedScalarFieldContainer[TransportKind]
     shm_offset: int
     shm_path: str
     size: int
-    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[_Union[RailRegistration, _Mapping]]] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[_Union[RailRegistration, _Mapping]]] = ..., owner: _Optional[str] = ..., pid: _Optional[int] = ..., age_ns: _Optional[int] = ..., persist: bool = ...) -> None: ...
 
 class RegionKey(_message.Message):
     __slots__ = ["key", "rail", "remote_addr", "transport"]
@@ -425,20 +433,22 @@ class RegionKey(_message.Message):
     def __init__(self, transport: _Optional[_Union[TransportKind, str]] = ..., key: _Optional[int] = ..., remote_addr: _Optional[int] = ..., rail: _Optional[int] = ...) -> None: ...
 
 class RegisterRegionRequest(_message.Message):
-    __slots__ = ["cuda_alloc", "cuda_ipc", "export_name", "export_to", "host_alloc", "host_file"]
+    __slots__ = ["cuda_alloc", "cuda_ipc", "export_name", "export_to", "host_alloc", "host_file", "persist"]
     CUDA_ALLOC_FIELD_NUMBER: _ClassVar[int]
     CUDA_IPC_FIELD_NUMBER: _ClassVar[int]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
     HOST_ALLOC_FIELD_NUMBER: _ClassVar[int]
     HOST_FILE_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_FIELD_NUMBER: _ClassVar[int]
     cuda_alloc: CudaAlloc
     cuda_ipc: CudaIpc
     export_name: str
     export_to: _containers.RepeatedScalarFieldContainer[str]
     host_alloc: HostAlloc
     host_file: HostFile
-    def __init__(self, host_alloc: _Optional[_Union[HostAlloc, _Mapping]] = ..., host_file: _Optional[_Union[HostFile, _Mapping]] = ..., cuda_alloc: _Optional[_Union[CudaAlloc, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIpc, _Mapping]] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ...) -> None: ...
+    persist: bool
+    def __init__(self, host_alloc: _Optional[_Union[HostAlloc, _Mapping]] = ..., host_file: _Optional[_Union[HostFile, _Mapping]] = ..., cuda_alloc: _Optional[_Union[CudaAlloc, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIpc, _Mapping]] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ..., persist: bool = ...) -> None: ...
 
 class RegisterRegionResponse(_message.Message):
     __slots__ = ["region"]
@@ -479,7 +489,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "goroutines", "max_descriptors", "node_name", "open_fds", "peer_address", "peers_connected", "regions", "transports", "version"]
+    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "goroutines", "lease_holders", "max_descriptors", "node_name", "open_fds", "peer_address", "peers_connected", "persistent_regions", "regions", "transports", "version"]
     BATCHES_FAILED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
@@ -488,11 +498,13 @@ class StatusResponse(_message.Message):
     CUDA_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     CUDA_DETAIL_FIELD_NUMBER: _ClassVar[int]
     GOROUTINES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_HOLDERS_FIELD_NUMBER: _ClassVar[int]
     MAX_DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     OPEN_FDS_FIELD_NUMBER: _ClassVar[int]
     PEERS_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_REGIONS_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -504,15 +516,17 @@ class StatusResponse(_message.Message):
     cuda_available: bool
     cuda_detail: str
     goroutines: int
+    lease_holders: int
     max_descriptors: int
     node_name: str
     open_fds: int
     peer_address: str
     peers_connected: int
+    persistent_regions: int
     regions: int
     transports: _containers.RepeatedCompositeFieldContainer[TransportStatus]
     version: str
-    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ..., open_fds: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ..., open_fds: _Optional[int] = ..., persistent_regions: _Optional[int] = ..., lease_holders: _Optional[int] = ...) -> None: ...
 
 class SubmitStreamRequest(_message.Message):
     __slots__ = ["handle", "tag"]
