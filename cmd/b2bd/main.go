@@ -33,9 +33,7 @@ func run(ctx context.Context, args []string) error {
 	}
 	var cfg daemon.Config
 	var cfgFile string
-	fs := flag.NewFlagSet("b2bd", flag.ContinueOnError)
-	cfg.RegisterFlags(fs)
-	daemon.RegisterOptionalFlags(fs, &cfg)
+	fs := daemon.NewFlagSet("b2bd", &cfg)
 	fs.StringVar(&cfgFile, "config", "", "TOML file whose keys are these flags' names (e.g. deploy/b2bd.toml); flags on the command line override it")
 	version := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -55,6 +53,9 @@ func run(ctx context.Context, args []string) error {
 		if err := config.LoadFile(fs, cfgFile, "config"); err != nil {
 			return err
 		}
+	}
+	if err := daemon.CheckFlags(fs, &cfg); err != nil {
+		return err
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "b2bd", Level: hclog.LevelFromString(cfg.LogLevel), Output: os.Stderr})
 	daemon.InstallGRPCLogger(log)

@@ -155,6 +155,9 @@ func valueString(f *flag.Flag, v any) (string, error) {
 			return strconv.FormatInt(x, 10), nil
 		case "uint":
 			if x < 0 {
+				if r, ok := f.Value.(*Ranged); ok {
+					return "", fmt.Errorf("%d is negative: %w", x, outOfRange(r.rule))
+				}
 				return "", fmt.Errorf("%d is negative; want an integer >= 0", x)
 			}
 			return strconv.FormatInt(x, 10), nil
@@ -217,6 +220,12 @@ func tomlType(v any) string {
 // kinds by parsing, for others by setting a fresh value of the same kind when
 // one can be made, else deferring to Set.
 func check(f *flag.Flag, s string) error {
+	// A flag with a documented range (Ranges.Bind) checks it here too.
+	if v, ok := f.Value.(interface{ Validate(string) error }); ok {
+		if err := v.Validate(s); err != nil {
+			return err
+		}
+	}
 	switch kind(f) {
 	case "bool":
 		_, err := strconv.ParseBool(s)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/config"
+	"github.com/b2bd/b2bd/internal/daemon"
 )
 
 // daemonKeys are doctor's flags that mean the same as the daemon's.
@@ -58,6 +59,7 @@ func Command(ctx context.Context, prog string, args []string, stdout, stderr io.
 		}
 		return err
 	}
+	var cfgCheck *Result
 	if *cfgFile != "" {
 		data, err := os.ReadFile(*cfgFile)
 		if err != nil {
@@ -78,6 +80,8 @@ func Command(ctx context.Context, prog string, args []string, stdout, stderr io.
 		if err := config.ApplyKnown(sub, *cfgFile, data); err != nil {
 			return fmt.Errorf("doctor: %w", err)
 		}
+		r := checkDaemonConfig(fs, *cfgFile, data)
+		cfgCheck = &r
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("doctor: unexpected argument %q", fs.Arg(0))
@@ -87,6 +91,9 @@ func Command(ctx context.Context, prog string, args []string, stdout, stderr io.
 		env.PortMTU = VerbsPortMTU
 	}
 	results := Run(env)
+	if cfgCheck != nil {
+		results = append([]Result{*cfgCheck}, results...)
+	}
 	if len(peers) > 0 {
 		switch {
 		case o.Insecure && (cert != "" || key != "" || ca != ""):
@@ -112,8 +119,38 @@ func Command(ctx context.Context, prog string, args []string, stdout, stderr io.
 	if err != nil {
 		return err
 	}
+	if cfgCheck != nil && cfgCheck.Status == Fail {
+		return fmt.Errorf("%w: config: %s", ErrFailed, cfgCheck.Detail)
+	}
 	if n := Summarize(results).Fail; n > 0 {
 		return fmt.Errorf("%w: %d of %d", ErrFailed, n, len(results))
 	}
 	return nil
+}
+
+// checkDaemonConfig runs on the daemon's config file the check b2bd runs at
+// start (daemon.NewFlagSet, config.Apply, daemon.CheckFlags), with doctor's
+// command-line flags that are the daemon's (--socket, --tls-*, ...) on the
+// daemon's command line: a file b2bd refuses fails here, with its message.
+func checkDaemonConfig(doctorFlags *flag.FlagSet, name string, data []byte) Result {
+	var cfg daemon.Config
+	dfs := daemon.NewFlagSet("b2bd", &cfg)
+	dfs.SetOutput(io.Discard)
+	var args []string
+	doctorFlags.Visit(func(f *flag.Flag) {
+		if daemonKeys[f.Name] && dfs.Lookup(f.Name) != nil {
+			args = append(args, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	err := dfs.Parse(args)
+	if err == nil {
+		err = config.Apply(dfs, name, data, "config")
+	}
+	if err == nil {
+		err = daemon.CheckFlags(dfs, &cfg)
+	}
+	if err != nil {
+		return res("config", Fail, "fix the file (b2bd --help gives each key's range)", "b2bd would refuse %s: %v", name, err)
+	}
+	return res("config", Pass, "", "%s: every key known and in its range; b2bd would start with it", name)
 }
