@@ -176,7 +176,7 @@ func runTransfer(fs *pflag.FlagSet) runner {
 	src := fs.String("src", "", "local source region ID (required)")
 	peer := fs.String("peer", "", "the destination daemon's peer address, host:port (required)")
 	dst := fs.String("dst", "", "the destination's export name (required)")
-	repeat := fs.Int("repeat", 1, "send the batch this many times")
+	repeat := fs.Int("repeat", 1, "send the batch this many times; the report gives each batch's median and p99 time, and the total")
 	tr := fs.String("transport", transport.Auto, "data path: "+transport.NamesList()+" (auto: the daemons choose; local: same host only)")
 	timeout := fs.Duration("timeout", time.Minute, "deadline per batch")
 	verify := fs.Bool("verify", false, "compare every block's checksum on both sides (needs --dst-socket or --dst-api)")
