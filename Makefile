@@ -10,7 +10,7 @@ PYGEN := client/python/b2b/v1
 VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo 0)
 LDFLAGS := -X github.com/b2bd/b2bd/internal/daemon.Version=$(VERSION)
 
-.PHONY: test-quickstart deb test-deb test-deploy test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
+.PHONY: test-quickstart man deb test-deb test-deploy test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-go test-python test-rdma bench vet fmt clean
 
 all: build
 
@@ -81,6 +81,13 @@ test-rdma: build
 # same-host path, which the TCP yardstick does not compare with); ARGS="--transport local" measures that.
 bench: build
 	$(BIN)/b2b-bench --b2bd $(BIN)/b2bd --transport tcp --json bench-results.json --plot bench-results.svg $(ARGS)
+
+# man writes the man pages of b2bd (section 8) and b2bctl (section 1), one per
+# command, into bin/man (cmd/b2b-man, from the cobra command trees; the .deb
+# has them too). Shell completions: bin/b2bctl completion bash (or zsh, fish).
+man:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/b2b-man ./cmd/b2b-man
+	$(BIN)/b2b-man $(BIN)/man
 
 # deb builds bin/b2bd_$(VERSION)_<arch>.deb with dpkg-deb (deploy/deb/build.sh).
 deb: deps

@@ -3,6 +3,9 @@
 # else bin/b2bctl when built) and packs them with the systemd unit, the
 # default config, man pages, copyright and changelog into
 # OUTDIR/b2bd_VERSION_ARCH.deb with dpkg-deb. Run from the repository root.
+# The man pages (one per command: b2bd.8, b2bd-doctor.8, b2bctl.1,
+# b2bctl-transfer.1, ...) come from the commands' cobra trees (cmd/b2b-man),
+# the bash completions from `b2bd completion bash` and `b2bctl completion bash`.
 set -euo pipefail
 version=$1 out=$2
 arch=$(dpkg --print-architecture)
@@ -11,25 +14,23 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 root=$stage/root
 mkdir -p "$root/DEBIAN" "$root/usr/bin" "$root/lib/systemd/system" "$root/etc/b2bd" \
-	"$root/usr/share/doc/b2bd" "$root/usr/share/man/man8" "$root/usr/share/man/man1"
+	"$root/usr/share/doc/b2bd" "$root/usr/share/man/man8" "$root/usr/share/man/man1" \
+	"$root/usr/share/bash-completion/completions"
 
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
 ldflags="-s -w -X github.com/b2bd/b2bd/internal/daemon.Version=$version"
 gobuild() { go build -trimpath -buildmode=pie -ldflags "$ldflags" -o "$1" "$2"; }
 gobuild "$root/usr/bin/b2bd" ./cmd/b2bd
-"$here/mkman.sh" b2bd 8 "$root/usr/bin/b2bd" "batch-to-batch block transfer daemon" >"$root/usr/share/man/man8/b2bd.8"
-if [ -d cmd/b2bctl ]; then
-	gobuild "$root/usr/bin/b2bctl" ./cmd/b2bctl
-elif [ -x bin/b2bctl ]; then
-	install -m 0755 bin/b2bctl "$root/usr/bin/b2bctl"
-fi
-if [ -x "$root/usr/bin/b2bctl" ]; then
-	"$here/mkman.sh" b2bctl 1 "$root/usr/bin/b2bctl" "command-line client of the local b2bd daemon" >"$root/usr/share/man/man1/b2bctl.1"
-else
-	echo "build.sh: no cmd/b2bctl or bin/b2bctl; packaging b2bd alone" >&2
-	rmdir "$root/usr/share/man/man1"
-fi
+gobuild "$root/usr/bin/b2bctl" ./cmd/b2bctl
+gobuild "$stage/b2b-man" ./cmd/b2b-man
+"$stage/b2b-man" "$stage/man"
+install -m 0644 "$stage"/man/*.8 "$root/usr/share/man/man8/"
+install -m 0644 "$stage"/man/*.1 "$root/usr/share/man/man1/"
 gzip -9n "$root"/usr/share/man/man*/*
+for prog in b2bd b2bctl; do
+	"$root/usr/bin/$prog" completion bash >"$root/usr/share/bash-completion/completions/$prog"
+	chmod 0644 "$root/usr/share/bash-completion/completions/$prog"
+done
 
 install -m 0644 deploy/systemd/b2bd.service "$root/lib/systemd/system/b2bd.service"
 conf=deploy/b2bd.toml

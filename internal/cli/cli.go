@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,6 +14,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/doctor"
@@ -29,24 +31,26 @@ type IO struct {
 	Stdout, Stderr io.Writer
 }
 
+// runner runs a command once cobra has parsed its flags; args are the
+// positional arguments.
+type runner func(ctx context.Context, g *globals, args []string) error
+
 type command struct {
 	name, args, help string
-	run              func(ctx context.Context, g *globals, args []string) error
+	// define adds the command's flags to fs and returns what runs it.
+	define func(fs *pflag.FlagSet) runner
+	// positional says whether the command takes arguments (deregister).
+	positional bool
 }
 
-var commands []command
-
-func init() {
-	commands = []command{
-		{"status", "", "the daemon's version, transports and counters", runStatus},
-		{"regions", "", "list registered regions", runRegions},
-		{"register", "--size N [--export NAME] [--fill zero|random]", "register a host region (it stays until deregister)", runRegister},
-		{"deregister", "REGION...", "release regions", runDeregister},
-		{"transfer", "--src REGION --peer HOST:PORT --dst EXPORT (--blocks N --size B [--gap G] | --descriptors FILE) [--repeat N] [--verify --dst-socket S]", "send a batch of blocks to a peer", runTransfer},
-		{"checksum", "--region REGION [--blocks N --size B [--gap G] | --descriptors FILE [--column src|dst]] [--per-block]", "hash blocks of a local region", runChecksum},
-		{"watch", "--region REGION", "print the notifications of batches landing in a region", runWatch},
-		{"doctor", "[--json] [--peer HOST:PORT ...]", "check this host (and peers) for b2bd", nil},
-	}
+var commands = []command{
+	{name: "status", help: "the daemon's version, transports and counters", define: runStatus},
+	{name: "regions", help: "list registered regions", define: runRegions},
+	{name: "register", args: "--size N [--export NAME] [--fill zero|random]", help: "register a host region (it stays until deregister)", define: runRegister},
+	{name: "deregister", args: "REGION...", help: "release regions", define: runDeregister, positional: true},
+	{name: "transfer", args: "--src REGION --peer HOST:PORT --dst EXPORT (--blocks N --size B [--gap G] | --descriptors FILE) [--repeat N] [--verify --dst-socket S]", help: "send a batch of blocks to a peer", define: runTransfer},
+	{name: "checksum", args: "--region REGION [--blocks N --size B [--gap G] | --descriptors FILE [--column src|dst]] [--per-block]", help: "hash blocks of a local region", define: runChecksum},
+	{name: "watch", args: "--region REGION", help: "print the notifications of batches landing in a region (it must be exported)", define: runWatch},
 }
 
 // globals are the flags every command takes.
@@ -55,19 +59,6 @@ type globals struct {
 	socket string
 	json   bool
 	c      *client.Client
-}
-
-func (g *globals) register(fs *flag.FlagSet) {
-	// A command's flags start from what the global ones said.
-	def := g.socket
-	if def == "" {
-		def = os.Getenv("B2BD_SOCKET")
-	}
-	if def == "" {
-		def = "/run/b2bd/b2bd.sock"
-	}
-	fs.StringVar(&g.socket, "socket", def, "the daemon's local API: socket path, unix:///path or host:port (env B2BD_SOCKET)")
-	fs.BoolVar(&g.json, "json", g.json, "print JSON")
 }
 
 func (g *globals) dial() (*client.Client, error) {
@@ -89,71 +80,106 @@ func (g *globals) close() {
 	}
 }
 
+// NewCommand is b2bctl's command tree (cobra): the global flags, one
+// command per entry of commands, doctor, and cobra's help and completion.
+// cmd/b2b-man makes the man pages from it.
+func NewCommand(io IO) *cobra.Command {
+	g := &globals{IO: io}
+	root := &cobra.Command{
+		Use:   "b2bctl",
+		Short: "command-line client of the local b2bd daemon",
+		Long: `b2bctl talks to the local b2bd over its API socket: status, regions, register,
+deregister, transfer, checksum and watch print tables for people, or JSON with --json;
+doctor checks this host (and peers) for b2bd. The socket is --socket, else
+$B2BD_SOCKET, else /run/b2bd/b2bd.sock.`,
+		SilenceUsage:      true,
+		SilenceErrors:     true,
+		DisableAutoGenTag: true,
+		Args:              cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return fmt.Errorf("%w: unknown command %q (b2bctl --help lists them)", ErrUsage, args[0])
+			}
+			_ = cmd.Usage()
+			return fmt.Errorf("%w: no command", ErrUsage)
+		},
+	}
+	def := os.Getenv("B2BD_SOCKET")
+	if def == "" {
+		def = "/run/b2bd/b2bd.sock"
+	}
+	root.PersistentFlags().StringVar(&g.socket, "socket", def, "the daemon's local API: socket path, unix:///path or host:port (env B2BD_SOCKET)")
+	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON")
+	root.SetOut(io.Stdout)
+	root.SetErr(io.Stderr)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %v", ErrUsage, err) })
+	for _, c := range commands {
+		cmd := &cobra.Command{Use: c.name, Short: c.help, Args: cobra.NoArgs, SilenceUsage: true, SilenceErrors: true}
+		if c.args != "" {
+			cmd.Use = c.name + " " + c.args
+		}
+		if c.positional {
+			cmd.Args = cobra.ArbitraryArgs
+		}
+		run := c.define(cmd.Flags())
+		cmd.RunE = func(cmd *cobra.Command, args []string) error {
+			defer g.close()
+			return run(cmd.Context(), g, args)
+		}
+		root.AddCommand(cmd)
+	}
+	root.AddCommand(doctor.NewCommand("b2bctl"))
+	return root
+}
+
 // Main runs b2bctl with args (without the program name).
 func Main(ctx context.Context, args []string, io IO) error {
-	g := &globals{IO: io}
-	top := flag.NewFlagSet("b2bctl", flag.ContinueOnError)
-	top.SetOutput(io.Stderr)
-	g.register(top)
-	top.Usage = func() { usage(io.Stderr) }
-	if err := top.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
+	root := NewCommand(io)
+	root.SetArgs(LongFlags(root, args))
+	err := root.ExecuteContext(ctx)
+	if err != nil && !errors.Is(err, ErrUsage) && isCobraUsage(err) {
+		err = fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	return err
+}
+
+// isCobraUsage tells cobra's own command-line errors (an argument to a
+// command that takes none) from a command's failure.
+func isCobraUsage(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "unknown command") || strings.Contains(msg, "accepts 0 arg(s)") || strings.HasPrefix(msg, "unknown flag")
+}
+
+// LongFlags rewrites -name to --name for every multi-letter flag name of
+// root's tree: package flag, which b2bd and b2bctl used before cobra, took
+// long flags with one dash, and scripts may still give them so.
+func LongFlags(root *cobra.Command, args []string) []string {
+	names := map[string]bool{"help": true, "version": true}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, fs := range []*pflag.FlagSet{c.Flags(), c.PersistentFlags()} {
+			fs.VisitAll(func(f *pflag.Flag) { names[f.Name] = true })
 		}
-		return fmt.Errorf("%w: %v", ErrUsage, err)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
 	}
-	if top.NArg() == 0 {
-		usage(io.Stderr)
-		return fmt.Errorf("%w: no command", ErrUsage)
-	}
-	name, rest := top.Arg(0), top.Args()[1:]
-	if name == "doctor" {
-		return doctor.Command(ctx, "b2bctl", rest, io.Stdout, io.Stderr)
-	}
-	if name == "help" {
-		usage(io.Stdout)
-		return nil
-	}
-	for _, c := range commands {
-		if c.name == name {
-			defer g.close()
-			err := c.run(ctx, g, rest)
-			if errors.Is(err, flag.ErrHelp) {
-				return nil
+	walk(root)
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a == "--" {
+			copy(out[i:], args[i:])
+			break
+		}
+		out[i] = a
+		if len(a) > 2 && a[0] == '-' && a[1] != '-' {
+			name, _, _ := strings.Cut(a[1:], "=")
+			if len(name) > 1 && names[name] {
+				out[i] = "-" + a
 			}
-			return err
 		}
 	}
-	usage(io.Stderr)
-	return fmt.Errorf("%w: unknown command %q", ErrUsage, name)
-}
-
-func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: b2bctl [--socket S] [--json] COMMAND [flags]   (COMMAND -h for its flags)")
-	for _, c := range commands {
-		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.help)
-		if c.args != "" {
-			fmt.Fprintf(w, "  %-10s   %s\n", "", c.args)
-		}
-	}
-}
-
-// flags makes a command's FlagSet with the global flags.
-func (g *globals) flags(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("b2bctl "+name, flag.ContinueOnError)
-	fs.SetOutput(g.Stderr)
-	g.register(fs)
-	return fs
-}
-
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", ErrUsage, err)
-	}
-	return nil
+	return out
 }
 
 func (g *globals) emit(v any) error {
@@ -198,39 +224,37 @@ func human(n uint64) string {
 	return fmt.Sprintf("%.1f %ciB", v, u[i])
 }
 
-func runStatus(ctx context.Context, g *globals, args []string) error {
-	fs := g.flags("status")
-	if err := parse(fs, args); err != nil {
-		return err
+func runStatus(fs *pflag.FlagSet) runner {
+	return func(ctx context.Context, g *globals, args []string) error {
+		c, err := g.dial()
+		if err != nil {
+			return err
+		}
+		st, err := c.Status(ctx)
+		if err != nil {
+			return fmt.Errorf("status: %w", err)
+		}
+		if g.json {
+			return g.emit(statusJSON(st))
+		}
+		w := g.Stdout
+		fmt.Fprintf(w, "node %s, version %s, peer address %s\n", st.GetNodeName(), st.GetVersion(), st.GetPeerAddress())
+		cuda := "no"
+		if st.GetCudaAvailable() {
+			cuda = "yes"
+		}
+		fmt.Fprintf(w, "CUDA: %s (%s)\n", cuda, st.GetCudaDetail())
+		fmt.Fprintf(w, "regions %d, peers connected %d, max descriptors %d, goroutines %d, open fds %d\n",
+			st.GetRegions(), st.GetPeersConnected(), st.GetMaxDescriptors(), st.GetGoroutines(), st.GetOpenFds())
+		fmt.Fprintf(w, "sent %d batches (%s), received %d batches (%s), failed %d\n\n",
+			st.GetBatchesSent(), human(st.GetBytesSent()), st.GetBatchesReceived(), human(st.GetBytesReceived()), st.GetBatchesFailed())
+		var rows [][]string
+		for _, t := range st.GetTransports() {
+			rows = append(rows, []string{kindName(t.GetKind()), fmt.Sprint(t.GetAvailable()), fmt.Sprint(t.GetConnections()),
+				fmt.Sprint(t.GetQueuePairs()), fmt.Sprint(t.GetMemoryRegions()), t.GetDetail()})
+		}
+		return table(w, []string{"TRANSPORT", "AVAILABLE", "CONNS", "QPS", "MRS", "DETAIL"}, rows)
 	}
-	c, err := g.dial()
-	if err != nil {
-		return err
-	}
-	st, err := c.Status(ctx)
-	if err != nil {
-		return fmt.Errorf("status: %w", err)
-	}
-	if g.json {
-		return g.emit(statusJSON(st))
-	}
-	w := g.Stdout
-	fmt.Fprintf(w, "node %s, version %s, peer address %s\n", st.GetNodeName(), st.GetVersion(), st.GetPeerAddress())
-	cuda := "no"
-	if st.GetCudaAvailable() {
-		cuda = "yes"
-	}
-	fmt.Fprintf(w, "CUDA: %s (%s)\n", cuda, st.GetCudaDetail())
-	fmt.Fprintf(w, "regions %d, peers connected %d, max descriptors %d, goroutines %d, open fds %d\n",
-		st.GetRegions(), st.GetPeersConnected(), st.GetMaxDescriptors(), st.GetGoroutines(), st.GetOpenFds())
-	fmt.Fprintf(w, "sent %d batches (%s), received %d batches (%s), failed %d\n\n",
-		st.GetBatchesSent(), human(st.GetBytesSent()), st.GetBatchesReceived(), human(st.GetBytesReceived()), st.GetBatchesFailed())
-	var rows [][]string
-	for _, t := range st.GetTransports() {
-		rows = append(rows, []string{kindName(t.GetKind()), fmt.Sprint(t.GetAvailable()), fmt.Sprint(t.GetConnections()),
-			fmt.Sprint(t.GetQueuePairs()), fmt.Sprint(t.GetMemoryRegions()), t.GetDetail()})
-	}
-	return table(w, []string{"TRANSPORT", "AVAILABLE", "CONNS", "QPS", "MRS", "DETAIL"}, rows)
 }
 
 type transportJSON struct {
@@ -283,160 +307,176 @@ func regionJSON(r *b2bv1.Region) RegionJSON {
 	return out
 }
 
-func runRegions(ctx context.Context, g *globals, args []string) error {
-	fs := g.flags("regions")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	c, err := g.dial()
-	if err != nil {
-		return err
-	}
-	rs, err := c.Regions(ctx)
-	if err != nil {
-		return fmt.Errorf("list regions: %w", err)
-	}
-	sort.Slice(rs, func(a, b int) bool { return rs[a].GetId() < rs[b].GetId() })
-	out := []RegionJSON{}
-	for _, r := range rs {
-		out = append(out, regionJSON(r))
-	}
-	if g.json {
-		return g.emit(out)
-	}
-	var rows [][]string
-	for _, r := range out {
-		exp := r.Export
-		if exp == "" {
-			exp = "-"
-		} else if len(r.ExportTo) > 0 {
-			exp += " (to " + strings.Join(r.ExportTo, ",") + ")"
+func runRegions(fs *pflag.FlagSet) runner {
+	return func(ctx context.Context, g *globals, args []string) error {
+		c, err := g.dial()
+		if err != nil {
+			return err
 		}
-		pid, lease := "-", "client"
-		if r.PID > 0 {
-			pid = fmt.Sprint(r.PID)
+		rs, err := c.Regions(ctx)
+		if err != nil {
+			return fmt.Errorf("list regions: %w", err)
 		}
-		if r.Persist {
-			lease = "persist"
+		sort.Slice(rs, func(a, b int) bool { return rs[a].GetId() < rs[b].GetId() })
+		out := []RegionJSON{}
+		for _, r := range rs {
+			out = append(out, regionJSON(r))
 		}
-		age := (time.Duration(r.AgeSeconds * float64(time.Second))).Round(time.Second)
-		rows = append(rows, []string{r.ID, exp, human(r.Size), r.Kind, fmt.Sprint(r.ActiveBatches), strings.Join(r.RegisteredWith, ","),
-			r.Owner, pid, age.String(), lease})
+		if g.json {
+			return g.emit(out)
+		}
+		var rows [][]string
+		for _, r := range out {
+			exp := r.Export
+			if exp == "" {
+				exp = "-"
+			} else if len(r.ExportTo) > 0 {
+				exp += " (to " + strings.Join(r.ExportTo, ",") + ")"
+			}
+			pid, lease := "-", "client"
+			if r.PID > 0 {
+				pid = fmt.Sprint(r.PID)
+			}
+			if r.Persist {
+				lease = "persist"
+			}
+			age := (time.Duration(r.AgeSeconds * float64(time.Second))).Round(time.Second)
+			rows = append(rows, []string{r.ID, exp, human(r.Size), r.Kind, fmt.Sprint(r.ActiveBatches), strings.Join(r.RegisteredWith, ","),
+				r.Owner, pid, age.String(), lease})
+		}
+		return table(g.Stdout, []string{"ID", "EXPORT", "SIZE", "KIND", "ACTIVE", "TRANSPORTS", "OWNER", "PID", "AGE", "LEASE"}, rows)
 	}
-	return table(g.Stdout, []string{"ID", "EXPORT", "SIZE", "KIND", "ACTIVE", "TRANSPORTS", "OWNER", "PID", "AGE", "LEASE"}, rows)
 }
 
-func runRegister(ctx context.Context, g *globals, args []string) error {
-	fs := g.flags("register")
+func runRegister(fs *pflag.FlagSet) runner {
 	size := fs.Uint64("size", 0, "bytes (required)")
 	export := fs.String("export", "", "export the region under this name, so peers can write it")
 	exportTo := fs.String("export-to", "", "comma-separated peer identities allowed to write the export (default: every authenticated peer)")
 	fill := fs.String("fill", "zero", "initial contents: zero or random")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if *size == 0 {
-		return fmt.Errorf("%w: register: --size is required and must be > 0", ErrUsage)
-	}
-	if *fill != "zero" && *fill != "random" {
-		return fmt.Errorf("%w: register: --fill %q: want zero or random", ErrUsage, *fill)
-	}
-	c, err := g.dial()
-	if err != nil {
-		return err
-	}
-	// b2bctl exits at once: its region must outlive it (no lease).
-	req := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: *size}}, ExportName: *export, Persist: true}
-	if *exportTo != "" {
-		req.ExportTo = strings.Split(*exportTo, ",")
-	}
-	resp, err := c.API().RegisterRegion(ctx, req)
-	if err != nil {
-		return fmt.Errorf("register: %w", err)
-	}
-	r := resp.GetRegion()
-	if *fill == "random" {
-		h, err := c.MapHostRegion(ctx, r)
+	return func(ctx context.Context, g *globals, args []string) error {
+		if *size == 0 {
+			return fmt.Errorf("%w: register: --size is required and must be > 0", ErrUsage)
+		}
+		if *fill != "zero" && *fill != "random" {
+			return fmt.Errorf("%w: register: --fill %q: want zero or random", ErrUsage, *fill)
+		}
+		c, err := g.dial()
 		if err != nil {
-			_ = c.Deregister(ctx, r.GetId())
 			return err
 		}
-		fillRandom(h.Bytes, uint64(time.Now().UnixNano()))
-		if err := h.Unmap(); err != nil {
-			return fmt.Errorf("unmap: %w", err)
+		// b2bctl exits at once: its region must outlive it (no lease).
+		req := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: *size}}, ExportName: *export, Persist: true}
+		if *exportTo != "" {
+			req.ExportTo = strings.Split(*exportTo, ",")
 		}
-	}
-	if g.json {
-		return g.emit(regionJSON(r))
-	}
-	fmt.Fprintln(g.Stdout, r.GetId())
-	return nil
-}
-
-func runDeregister(ctx context.Context, g *globals, args []string) error {
-	fs := g.flags("deregister")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() == 0 {
-		return fmt.Errorf("%w: deregister: name at least one region ID", ErrUsage)
-	}
-	c, err := g.dial()
-	if err != nil {
-		return err
-	}
-	for _, id := range fs.Args() {
-		if err := c.Deregister(ctx, id); err != nil {
-			return fmt.Errorf("deregister %s: %w", id, err)
-		}
-	}
-	return nil
-}
-
-func runWatch(ctx context.Context, g *globals, args []string) error {
-	fs := g.flags("watch")
-	region := fs.String("region", "", "local region ID (required)")
-	count := fs.Int("count", 0, "stop after this many notifications (0: until interrupted)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if *region == "" {
-		return fmt.Errorf("%w: watch: --region is required", ErrUsage)
-	}
-	c, err := g.dial()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := c.Watch(ctx, *region)
-	if err != nil {
-		return fmt.Errorf("watch: %w", err)
-	}
-	for n := 0; *count == 0 || n < *count; n++ {
-		m, err := st.Recv()
+		resp, err := c.API().RegisterRegion(ctx, req)
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+			return fmt.Errorf("register: %w", err)
+		}
+		r := resp.GetRegion()
+		if *fill == "random" {
+			h, err := c.MapHostRegion(ctx, r)
+			if err != nil {
+				_ = c.Deregister(ctx, r.GetId())
+				return err
 			}
-			return fmt.Errorf("watch: %w", err)
+			fillRandom(h.Bytes, uint64(time.Now().UnixNano()))
+			if err := h.Unmap(); err != nil {
+				return fmt.Errorf("unmap: %w", err)
+			}
 		}
 		if g.json {
-			if err := json.NewEncoder(g.Stdout).Encode(map[string]any{
-				"region": m.GetRegion(), "sender": m.GetSender(), "notification": string(m.GetNotification()),
-				"blocks": m.GetBlocks(), "bytes": m.GetBytes(), "dropped": m.GetDropped(),
-			}); err != nil {
-				return fmt.Errorf("write: %w", err)
-			}
-			continue
+			return g.emit(regionJSON(r))
 		}
-		fmt.Fprintf(g.Stdout, "%s %s from %s: %d blocks, %s: %q", time.Now().Format(time.RFC3339), m.GetRegion(), m.GetSender(), m.GetBlocks(), human(m.GetBytes()), m.GetNotification())
-		if d := m.GetDropped(); d > 0 {
-			fmt.Fprintf(g.Stdout, " (%d dropped before)", d)
-		}
-		fmt.Fprintln(g.Stdout)
+		fmt.Fprintln(g.Stdout, r.GetId())
+		return nil
 	}
-	return nil
+}
+
+func runDeregister(fs *pflag.FlagSet) runner {
+	return func(ctx context.Context, g *globals, args []string) error {
+		if len(args) == 0 {
+			return fmt.Errorf("%w: deregister: name at least one region ID", ErrUsage)
+		}
+		c, err := g.dial()
+		if err != nil {
+			return err
+		}
+		for _, id := range args {
+			if err := c.Deregister(ctx, id); err != nil {
+				return fmt.Errorf("deregister %s: %w", id, err)
+			}
+		}
+		return nil
+	}
+}
+
+func runWatch(fs *pflag.FlagSet) runner {
+	region := fs.String("region", "", "local region ID (required)")
+	count := fs.Int("count", 0, "stop after this many notifications (0: until interrupted)")
+	return func(ctx context.Context, g *globals, args []string) error {
+		if *region == "" {
+			return fmt.Errorf("%w: watch: --region is required", ErrUsage)
+		}
+		c, err := g.dial()
+		if err != nil {
+			return err
+		}
+		if err := watchable(ctx, c, *region); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		st, err := c.Watch(ctx, *region)
+		if err != nil {
+			return fmt.Errorf("watch: %w", err)
+		}
+		for n := 0; *count == 0 || n < *count; n++ {
+			m, err := st.Recv()
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("watch: %w", err)
+			}
+			if g.json {
+				if err := json.NewEncoder(g.Stdout).Encode(map[string]any{
+					"region": m.GetRegion(), "sender": m.GetSender(), "notification": string(m.GetNotification()),
+					"blocks": m.GetBlocks(), "bytes": m.GetBytes(), "dropped": m.GetDropped(),
+				}); err != nil {
+					return fmt.Errorf("write: %w", err)
+				}
+				continue
+			}
+			fmt.Fprintf(g.Stdout, "%s %s from %s: %d blocks, %s: %q", time.Now().Format(time.RFC3339), m.GetRegion(), m.GetSender(), m.GetBlocks(), human(m.GetBytes()), m.GetNotification())
+			if d := m.GetDropped(); d > 0 {
+				fmt.Fprintf(g.Stdout, " (%d dropped before)", d)
+			}
+			fmt.Fprintln(g.Stdout)
+		}
+		return nil
+	}
+}
+
+// watchable refuses to watch a region that no notification can reach.
+// Notifications come with batches from peers, and a peer names the
+// destination by its export (Peer.Notify looks the export name up), so a
+// region without one is never notified; the daemon would take the
+// subscription and the watch would wait forever without a word.
+func watchable(ctx context.Context, c *client.Client, id string) error {
+	rs, err := c.Regions(ctx)
+	if err != nil {
+		return fmt.Errorf("watch: list regions: %w", err)
+	}
+	for _, r := range rs {
+		if r.GetId() == id {
+			if r.GetExportName() == "" {
+				return fmt.Errorf("watch: region %s is not exported, so no batch can land in it and nothing would ever be printed: register it with --export NAME (peers send to the export name)", id)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("watch: no region %q on this daemon (b2bctl regions lists them)", id)
 }
 
 // fillRandom fills b with a fast xorshift stream (test data, not secrets).

@@ -313,3 +313,115 @@ func FuzzParseDescriptors(f *testing.F) {
 		}
 	})
 }
+
+// TestTransportNames: b2bctl takes every transport name the daemon takes
+// (auto, tcp, verbs, local), and a refusal lists them all.
+func TestTransportNames(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	for _, name := range []string{"auto", "tcp", "verbs", "local"} {
+		_, err := ctl(t, "--socket", sock, "transfer", "--transport", name, "--timeout", "5s",
+			"--src", "r", "--peer", "127.0.0.1:1", "--dst", "d", "--blocks", "1", "--size", "1")
+		if err == nil || errors.Is(err, ErrUsage) || strings.Contains(err.Error(), "--transport") {
+			t.Errorf("--transport %s: err = %v; want it taken (and the batch to fail on the missing daemon)", name, err)
+		}
+	}
+	_, err := ctl(t, "transfer", "--transport", "udp", "--src", "r", "--peer", "127.0.0.1:1", "--dst", "d", "--blocks", "1", "--size", "1")
+	if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "want auto, tcp, verbs or local") {
+		t.Errorf("--transport udp: err = %v", err)
+	}
+}
+
+// TestWatchUnexported: a region without an export can never be a batch's
+// destination, so nothing would ever notify it; watch says so at once
+// instead of waiting forever.
+func TestWatchUnexported(t *testing.T) {
+	a := startNode(t, "a")
+	r := ctlJSON[RegionJSON](t, "--socket", a.sock, "register", "--size", "4096", "--json")
+	var out, errb bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // bounds the old hang
+	defer cancel()
+	err := Main(ctx, []string{"--socket", a.sock, "watch", "--region", r.ID}, IO{Stdout: &out, Stderr: &errb})
+	if err == nil || !strings.Contains(err.Error(), "not exported") || !strings.Contains(err.Error(), r.ID) || ctx.Err() != nil {
+		t.Fatalf("watch of an unexported region: err = %v (ctx %v)", err, ctx.Err())
+	}
+	_, err = ctl(t, "--socket", a.sock, "watch", "--region", "no-such-region")
+	if err == nil || !strings.Contains(err.Error(), "no-such-region") {
+		t.Fatalf("watch of a missing region: err = %v", err)
+	}
+}
+
+// TestTransferRepeatStats: --repeat reports each batch's median and p99
+// (and the total), in JSON and in the table.
+func TestTransferRepeatStats(t *testing.T) {
+	a, b := startNode(t, "a"), startNode(t, "b")
+	src := ctlJSON[RegionJSON](t, "--socket", a.sock, "register", "--size", "65536", "--json")
+	ctlJSON[RegionJSON](t, "--socket", b.sock, "register", "--size", "65536", "--export", "d", "--json")
+	args := []string{"--socket", a.sock, "transfer", "--blocks", "16", "--size", "1024", "--gap", "1024", "--repeat", "7",
+		"--src", src.ID, "--peer", b.d.PeerAddr(), "--dst", "d"}
+	res := ctlJSON[TransferResult](t, append(args, "--json")...)
+	if res.Batches != 7 || res.BatchMedianSeconds <= 0 || res.BatchP99Seconds < res.BatchMedianSeconds || res.BatchP99Seconds > res.WallSeconds {
+		t.Fatalf("result %+v: want 0 < median <= p99 <= wall", res)
+	}
+	out, err := ctl(t, args...)
+	if err != nil || !strings.Contains(out, "MEDIAN") || !strings.Contains(out, "P99") || !strings.Contains(out, "TOTAL") {
+		t.Fatalf("table %q %v", out, err)
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		var d []time.Duration
+		for _, x := range v {
+			d = append(d, time.Duration(x)*time.Millisecond)
+		}
+		return d
+	}
+	for _, tc := range []struct {
+		in   []time.Duration
+		p    int
+		want time.Duration
+	}{
+		{nil, 50, 0},
+		{ms(7), 99, 7 * time.Millisecond},
+		{ms(5, 1, 3), 50, 3 * time.Millisecond},
+		{ms(4, 1, 3, 2), 50, 2 * time.Millisecond},
+		{ms(1, 2, 3, 4, 5, 6, 7, 8, 9, 100), 99, 100 * time.Millisecond},
+		{ms(1, 2, 3, 4, 5, 6, 7, 8, 9, 100), 50, 5 * time.Millisecond},
+	} {
+		if got := percentile(tc.in, tc.p); got != tc.want {
+			t.Errorf("percentile(%v, %d) = %v, want %v", tc.in, tc.p, got, tc.want)
+		}
+	}
+}
+
+// TestHelpListsFlags: every command's help shows its own flags and the
+// global ones (what the man pages are made from), and one-dash long flags
+// still work as they did with package flag.
+func TestHelpListsFlags(t *testing.T) {
+	for cmd, want := range map[string][]string{
+		"transfer": {"--gap", "--repeat", "--transport", "auto, tcp, verbs or local", "--socket"},
+		"watch":    {"--region", "--count", "--json"},
+		"doctor":   {"--config", "--peer", "--rdma-netdev"},
+	} {
+		out, err := ctl(t, cmd, "--help")
+		if err != nil {
+			t.Fatalf("%s --help: %v", cmd, err)
+		}
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				t.Errorf("%s --help lacks %q:\n%s", cmd, w, out)
+			}
+		}
+	}
+	out, err := ctl(t, "--help")
+	if err != nil || !strings.Contains(out, "doctor") || !strings.Contains(out, "completion") {
+		t.Fatalf("--help: %v\n%s", err, out)
+	}
+	if _, err := ctl(t, "-socket", "/nonexistent/b2bd.sock", "watch"); !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), "--region is required") {
+		t.Fatalf("one-dash flags: %v", err)
+	}
+	out, err = ctl(t, "completion", "bash")
+	if err != nil || !strings.Contains(out, "__start_b2bctl") {
+		t.Fatalf("completion bash: %v", err)
+	}
+}

@@ -4,20 +4,22 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/auth"
+	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -124,7 +126,7 @@ type blockFlags struct {
 	descriptors string
 }
 
-func (bf *blockFlags) register(fs *flag.FlagSet) {
+func (bf *blockFlags) register(fs *pflag.FlagSet) {
 	fs.IntVar(&bf.n, "blocks", 0, "generate this many blocks")
 	fs.Uint64Var(&bf.size, "size", 0, "bytes per generated block")
 	fs.Uint64Var(&bf.gap, "gap", 0, "bytes between generated blocks (0: contiguous, which the daemon merges)")
@@ -150,29 +152,32 @@ func (bf *blockFlags) load(stdin io.Reader) (Blocks, error) {
 
 // TransferResult is what transfer prints.
 type TransferResult struct {
-	Batches         int     `json:"batches"`
-	BlocksPerBatch  uint64  `json:"blocks_per_batch"`
-	BytesPerBatch   uint64  `json:"bytes_per_batch"`
-	Transport       string  `json:"transport"`
-	Segments        uint64  `json:"segments"`
-	WorkRequests    uint64  `json:"work_requests"`
-	WallSeconds     float64 `json:"wall_seconds"`
-	DataPathSeconds float64 `json:"data_path_seconds"`
-	GBps            float64 `json:"gb_per_s"`
-	Verified        *bool   `json:"verified,omitempty"`
-	Digest          string  `json:"digest,omitempty"`
-	Mismatched      int     `json:"mismatched_blocks,omitempty"`
+	Batches        int     `json:"batches"`
+	BlocksPerBatch uint64  `json:"blocks_per_batch"`
+	BytesPerBatch  uint64  `json:"bytes_per_batch"`
+	Transport      string  `json:"transport"`
+	Segments       uint64  `json:"segments"`
+	WorkRequests   uint64  `json:"work_requests"`
+	WallSeconds    float64 `json:"wall_seconds"`
+	// BatchMedianSeconds and BatchP99Seconds are over the --repeat batches,
+	// each timed from the call to its response (WallSeconds is the total).
+	BatchMedianSeconds float64 `json:"batch_median_seconds"`
+	BatchP99Seconds    float64 `json:"batch_p99_seconds"`
+	DataPathSeconds    float64 `json:"data_path_seconds"`
+	GBps               float64 `json:"gb_per_s"`
+	Verified           *bool   `json:"verified,omitempty"`
+	Digest             string  `json:"digest,omitempty"`
+	Mismatched         int     `json:"mismatched_blocks,omitempty"`
 }
 
-func runTransfer(ctx context.Context, g *globals, args []string) error {
-	fs := g.flags("transfer")
+func runTransfer(fs *pflag.FlagSet) runner {
 	var bf blockFlags
 	bf.register(fs)
 	src := fs.String("src", "", "local source region ID (required)")
 	peer := fs.String("peer", "", "the destination daemon's peer address, host:port (required)")
 	dst := fs.String("dst", "", "the destination's export name (required)")
-	repeat := fs.Int("repeat", 1, "send the batch this many times")
-	tr := fs.String("transport", "auto", "auto, tcp or verbs")
+	repeat := fs.Int("repeat", 1, "send the batch this many times; the report gives each batch's median and p99 time, and the total")
+	tr := fs.String("transport", transport.Auto, "data path: "+transport.NamesList()+" (auto: the daemons choose; local: same host only)")
 	timeout := fs.Duration("timeout", time.Minute, "deadline per batch")
 	verify := fs.Bool("verify", false, "compare every block's checksum on both sides (needs --dst-socket or --dst-api)")
 	dstSocket := fs.String("dst-socket", "", "--verify: the destination daemon's API socket")
@@ -181,90 +186,123 @@ func runTransfer(ctx context.Context, g *globals, args []string) error {
 	key := fs.String("tls-key", "", "--dst-api off this host: its key")
 	ca := fs.String("tls-ca", "", "--dst-api off this host: the CA")
 	note := fs.String("notify", "", "notification delivered to the destination's watchers after the last batch")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	var missing []string
-	for _, m := range []struct{ name, v string }{{"--src", *src}, {"--peer", *peer}, {"--dst", *dst}} {
-		if m.v == "" {
-			missing = append(missing, m.name)
+	return func(ctx context.Context, g *globals, args []string) error {
+		var missing []string
+		for _, m := range []struct{ name, v string }{{"--src", *src}, {"--peer", *peer}, {"--dst", *dst}} {
+			if m.v == "" {
+				missing = append(missing, m.name)
+			}
 		}
-	}
-	if len(missing) > 0 {
-		return fmt.Errorf("%w: transfer: %s required", ErrUsage, strings.Join(missing, ", "))
-	}
-	if *repeat < 1 {
-		return fmt.Errorf("%w: transfer: --repeat %d must be >= 1", ErrUsage, *repeat)
-	}
-	kind, ok := map[string]b2bv1.TransportKind{"auto": 0, "tcp": b2bv1.TransportKind_TRANSPORT_KIND_TCP, "verbs": b2bv1.TransportKind_TRANSPORT_KIND_VERBS}[*tr]
-	if !ok {
-		return fmt.Errorf("%w: transfer: --transport %q: want auto, tcp or verbs", ErrUsage, *tr)
-	}
-	if *verify && (*dstSocket == "") == (*dstAPI == "") {
-		return fmt.Errorf("%w: transfer: --verify needs exactly one of --dst-socket and --dst-api", ErrUsage)
-	}
-	blocks, err := bf.load(os.Stdin)
-	if err != nil {
-		return err
-	}
-	c, err := g.dial()
-	if err != nil {
-		return err
-	}
-	t := client.Transfer{SrcRegion: *src, Peer: *peer, DstRegion: *dst, Transport: kind, Blocks: client.Descriptors{Src: blocks.Src, Dst: blocks.Dst}}
-	if u := blocks.Uniform(); u != 0 {
-		t.Blocks.BlockLength = u
-	} else {
-		t.Blocks.Len = blocks.Len
-	}
-	res := TransferResult{Batches: *repeat, BlocksPerBatch: uint64(len(blocks.Src)), BytesPerBatch: blocks.Bytes()}
-	bar := newBar(g.Stderr, *repeat)
-	start := time.Now()
-	var dataNS uint64
-	for i := 0; i < *repeat; i++ {
-		if i == *repeat-1 && *note != "" {
-			t.Notification = []byte(*note)
+		if len(missing) > 0 {
+			return fmt.Errorf("%w: transfer: %s required", ErrUsage, strings.Join(missing, ", "))
 		}
-		bctx, cancel := context.WithTimeout(ctx, *timeout)
-		r, err := c.BatchTransfer(bctx, t)
-		cancel()
+		if *repeat < 1 {
+			return fmt.Errorf("%w: transfer: --repeat %d must be >= 1", ErrUsage, *repeat)
+		}
+		kind, err := transportKind(*tr)
 		if err != nil {
-			bar.done()
-			return fmt.Errorf("transfer: batch %d of %d: %w", i+1, *repeat, err)
+			return fmt.Errorf("%w: transfer: --%v", ErrUsage, err)
 		}
-		dataNS += r.GetElapsedNs()
-		res.Transport, res.Segments, res.WorkRequests = kindName(r.GetTransport()), r.GetSegments(), r.GetWorkRequests()
-		bar.step(i+1, float64(uint64(i+1)*res.BytesPerBatch)/time.Since(start).Seconds())
-	}
-	bar.done()
-	res.WallSeconds = time.Since(start).Seconds()
-	res.DataPathSeconds = float64(dataNS) / 1e9
-	if res.WallSeconds > 0 {
-		res.GBps = float64(res.BytesPerBatch) * float64(*repeat) / res.WallSeconds / 1e9
-	}
-	if *verify {
-		ok, digest, bad, err := verifyBlocks(ctx, c, *src, *dst, *dstSocket, *dstAPI, *cert, *key, *ca, blocks)
+		if *verify && (*dstSocket == "") == (*dstAPI == "") {
+			return fmt.Errorf("%w: transfer: --verify needs exactly one of --dst-socket and --dst-api", ErrUsage)
+		}
+		blocks, err := bf.load(os.Stdin)
 		if err != nil {
 			return err
 		}
-		res.Verified, res.Digest, res.Mismatched = &ok, fmt.Sprintf("%#016x", digest), bad
-	}
-	if g.json {
-		if err := g.emit(res); err != nil {
+		c, err := g.dial()
+		if err != nil {
 			return err
 		}
-	} else {
-		rows := [][]string{{fmt.Sprint(res.Batches), fmt.Sprint(res.BlocksPerBatch), human(res.BytesPerBatch), res.Transport,
-			fmt.Sprint(res.Segments), fmt.Sprint(res.WorkRequests), fmt.Sprintf("%.3fs", res.WallSeconds), fmt.Sprintf("%.3f", res.GBps), verifiedStr(res)}}
-		if err := table(g.Stdout, []string{"BATCHES", "BLOCKS", "BYTES/BATCH", "TRANSPORT", "SEGMENTS", "WRS", "WALL", "GB/s", "VERIFIED"}, rows); err != nil {
-			return err
+		perBatch := make([]time.Duration, 0, *repeat)
+		t := client.Transfer{SrcRegion: *src, Peer: *peer, DstRegion: *dst, Transport: kind, Blocks: client.Descriptors{Src: blocks.Src, Dst: blocks.Dst}}
+		if u := blocks.Uniform(); u != 0 {
+			t.Blocks.BlockLength = u
+		} else {
+			t.Blocks.Len = blocks.Len
 		}
+		res := TransferResult{Batches: *repeat, BlocksPerBatch: uint64(len(blocks.Src)), BytesPerBatch: blocks.Bytes()}
+		bar := newBar(g.Stderr, *repeat)
+		start := time.Now()
+		var dataNS uint64
+		for i := 0; i < *repeat; i++ {
+			if i == *repeat-1 && *note != "" {
+				t.Notification = []byte(*note)
+			}
+			bctx, cancel := context.WithTimeout(ctx, *timeout)
+			t0 := time.Now()
+			r, err := c.BatchTransfer(bctx, t)
+			perBatch = append(perBatch, time.Since(t0))
+			cancel()
+			if err != nil {
+				bar.done()
+				return fmt.Errorf("transfer: batch %d of %d: %w", i+1, *repeat, err)
+			}
+			dataNS += r.GetElapsedNs()
+			res.Transport, res.Segments, res.WorkRequests = kindName(r.GetTransport()), r.GetSegments(), r.GetWorkRequests()
+			bar.step(i+1, float64(uint64(i+1)*res.BytesPerBatch)/time.Since(start).Seconds())
+		}
+		bar.done()
+		res.WallSeconds = time.Since(start).Seconds()
+		res.DataPathSeconds = float64(dataNS) / 1e9
+		res.BatchMedianSeconds, res.BatchP99Seconds = percentile(perBatch, 50).Seconds(), percentile(perBatch, 99).Seconds()
+		if res.WallSeconds > 0 {
+			res.GBps = float64(res.BytesPerBatch) * float64(*repeat) / res.WallSeconds / 1e9
+		}
+		if *verify {
+			ok, digest, bad, err := verifyBlocks(ctx, c, *src, *dst, *dstSocket, *dstAPI, *cert, *key, *ca, blocks)
+			if err != nil {
+				return err
+			}
+			res.Verified, res.Digest, res.Mismatched = &ok, fmt.Sprintf("%#016x", digest), bad
+		}
+		if g.json {
+			if err := g.emit(res); err != nil {
+				return err
+			}
+		} else {
+			rows := [][]string{{fmt.Sprint(res.Batches), fmt.Sprint(res.BlocksPerBatch), human(res.BytesPerBatch), res.Transport,
+				fmt.Sprint(res.Segments), fmt.Sprint(res.WorkRequests), ms(res.BatchMedianSeconds), ms(res.BatchP99Seconds),
+				fmt.Sprintf("%.3fs", res.WallSeconds), fmt.Sprintf("%.3f", res.GBps), verifiedStr(res)}}
+			if err := table(g.Stdout, []string{"BATCHES", "BLOCKS", "BYTES/BATCH", "TRANSPORT", "SEGMENTS", "WRS", "MEDIAN/BATCH", "P99/BATCH", "TOTAL", "GB/s", "VERIFIED"}, rows); err != nil {
+				return err
+			}
+		}
+		if res.Verified != nil && !*res.Verified {
+			return fmt.Errorf("transfer: verification failed: %d of %d blocks differ", res.Mismatched, len(blocks.Src))
+		}
+		return nil
 	}
-	if res.Verified != nil && !*res.Verified {
-		return fmt.Errorf("transfer: verification failed: %d of %d blocks differ", res.Mismatched, len(blocks.Src))
-	}
-	return nil
 }
+
+// transportKind is the batch's transport for a name of transport.Names.
+func transportKind(name string) (b2bv1.TransportKind, error) {
+	if err := transport.CheckName(name); err != nil {
+		return 0, err
+	}
+	switch name {
+	case string(transport.TCP):
+		return b2bv1.TransportKind_TRANSPORT_KIND_TCP, nil
+	case string(transport.Verbs):
+		return b2bv1.TransportKind_TRANSPORT_KIND_VERBS, nil
+	case string(transport.Local):
+		return b2bv1.TransportKind_TRANSPORT_KIND_LOCAL, nil
+	}
+	return b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED, nil // auto
+}
+
+// percentile is the p-th percentile of d (nearest rank), 0 for none.
+func percentile(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	rank := (p*len(s) + 99) / 100 // ceil(p/100 * n), 1-based
+	return s[max(rank, 1)-1]
+}
+
+func ms(sec float64) string { return fmt.Sprintf("%.3fms", sec*1e3) }
 
 func verifiedStr(r TransferResult) string {
 	switch {
@@ -341,79 +379,77 @@ func verifyBlocks(ctx context.Context, c *client.Client, src, export, dstSocket,
 	return bad == 0 && a.GetDigest() == z.GetDigest(), a.GetDigest(), bad, nil
 }
 
-func runChecksum(ctx context.Context, g *globals, args []string) error {
-	fs := g.flags("checksum")
+func runChecksum(fs *pflag.FlagSet) runner {
 	var bf blockFlags
 	bf.register(fs)
 	region := fs.String("region", "", "local region ID (required)")
 	column := fs.String("column", "src", "with --descriptors: hash the src or the dst offsets")
 	alg := fs.String("algorithm", "xxh64", "xxh64 or crc32c")
 	perBlock := fs.Bool("per-block", false, "print every block's digest too")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if *region == "" {
-		return fmt.Errorf("%w: checksum: --region is required", ErrUsage)
-	}
-	a, ok := map[string]b2bv1.ChecksumAlgorithm{"xxh64": b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_XXH64, "crc32c": b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C}[*alg]
-	if !ok {
-		return fmt.Errorf("%w: checksum: --algorithm %q: want xxh64 or crc32c", ErrUsage, *alg)
-	}
-	c, err := g.dial()
-	if err != nil {
-		return err
-	}
-	var offs, lens []uint64
-	var bl uint64
-	if bf.n == 0 && bf.descriptors == "" {
-		// The whole region, as one block.
-		rs, err := c.Regions(ctx)
-		if err != nil {
-			return fmt.Errorf("checksum: %w", err)
+	return func(ctx context.Context, g *globals, args []string) error {
+		if *region == "" {
+			return fmt.Errorf("%w: checksum: --region is required", ErrUsage)
 		}
-		for _, r := range rs {
-			if r.GetId() == *region {
-				offs, bl = []uint64{0}, r.GetSize()
-			}
+		a, ok := map[string]b2bv1.ChecksumAlgorithm{"xxh64": b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_XXH64, "crc32c": b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C}[*alg]
+		if !ok {
+			return fmt.Errorf("%w: checksum: --algorithm %q: want xxh64 or crc32c", ErrUsage, *alg)
 		}
-		if offs == nil {
-			return fmt.Errorf("checksum: no region %q", *region)
-		}
-	} else {
-		b, err := bf.load(os.Stdin)
+		c, err := g.dial()
 		if err != nil {
 			return err
 		}
-		offs = b.Src
-		if *column == "dst" {
-			offs = b.Dst
-		} else if *column != "src" {
-			return fmt.Errorf("%w: checksum: --column %q: want src or dst", ErrUsage, *column)
+		var offs, lens []uint64
+		var bl uint64
+		if bf.n == 0 && bf.descriptors == "" {
+			// The whole region, as one block.
+			rs, err := c.Regions(ctx)
+			if err != nil {
+				return fmt.Errorf("checksum: %w", err)
+			}
+			for _, r := range rs {
+				if r.GetId() == *region {
+					offs, bl = []uint64{0}, r.GetSize()
+				}
+			}
+			if offs == nil {
+				return fmt.Errorf("checksum: no region %q", *region)
+			}
+		} else {
+			b, err := bf.load(os.Stdin)
+			if err != nil {
+				return err
+			}
+			offs = b.Src
+			if *column == "dst" {
+				offs = b.Dst
+			} else if *column != "src" {
+				return fmt.Errorf("%w: checksum: --column %q: want src or dst", ErrUsage, *column)
+			}
+			if bl = b.Uniform(); bl == 0 {
+				lens = b.Len
+			}
 		}
-		if bl = b.Uniform(); bl == 0 {
-			lens = b.Len
+		r, err := c.Checksum(ctx, *region, offs, lens, bl, a, *perBlock)
+		if err != nil {
+			return fmt.Errorf("checksum: %w", err)
 		}
+		out := map[string]any{"algorithm": *alg, "digest": fmt.Sprintf("%#016x", r.GetDigest()), "blocks": r.GetBlocks(), "bytes": r.GetBytes()}
+		var per []string
+		for _, d := range client.Unpack(r.GetBlockDigests()) {
+			per = append(per, fmt.Sprintf("%#016x", d))
+		}
+		if *perBlock {
+			out["block_digests"] = per
+		}
+		if g.json {
+			return g.emit(out)
+		}
+		fmt.Fprintf(g.Stdout, "%s %#016x  %d blocks, %s\n", *alg, r.GetDigest(), r.GetBlocks(), human(r.GetBytes()))
+		for i, d := range per {
+			fmt.Fprintf(g.Stdout, "%8d %s\n", i, d)
+		}
+		return nil
 	}
-	r, err := c.Checksum(ctx, *region, offs, lens, bl, a, *perBlock)
-	if err != nil {
-		return fmt.Errorf("checksum: %w", err)
-	}
-	out := map[string]any{"algorithm": *alg, "digest": fmt.Sprintf("%#016x", r.GetDigest()), "blocks": r.GetBlocks(), "bytes": r.GetBytes()}
-	var per []string
-	for _, d := range client.Unpack(r.GetBlockDigests()) {
-		per = append(per, fmt.Sprintf("%#016x", d))
-	}
-	if *perBlock {
-		out["block_digests"] = per
-	}
-	if g.json {
-		return g.emit(out)
-	}
-	fmt.Fprintf(g.Stdout, "%s %#016x  %d blocks, %s\n", *alg, r.GetDigest(), r.GetBlocks(), human(r.GetBytes()))
-	for i, d := range per {
-		fmt.Fprintf(g.Stdout, "%8d %s\n", i, d)
-	}
-	return nil
 }
 
 // bar is a progress bar on stderr, drawn only when stderr is a terminal.

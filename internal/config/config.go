@@ -29,11 +29,19 @@ const MaxSize = 1 << 20
 
 // LoadFile reads path and applies it to fs (see Apply).
 func LoadFile(fs *flag.FlagSet, path string, skip ...string) error {
+	return LoadFileChanged(fs, path, nil, skip...)
+}
+
+// LoadFileChanged is LoadFile for a flag set that another parser filled
+// (pflag, through AddGoFlagSet, sets the values without fs knowing):
+// changed says which flags the command line gave, and they win over the
+// file. A nil changed asks fs (fs.Visit).
+func LoadFileChanged(fs *flag.FlagSet, path string, changed func(name string) bool, skip ...string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
-	return Apply(fs, path, data, skip...)
+	return apply(fs, path, data, false, changed, skip)
 }
 
 // Apply sets, from the TOML document data (named name in errors), every flag
@@ -43,17 +51,17 @@ func LoadFile(fs *flag.FlagSet, path string, skip ...string) error {
 // refused naming the key, the file and the line. Nothing is set unless the
 // whole file is valid.
 func Apply(fs *flag.FlagSet, name string, data []byte, skip ...string) error {
-	return apply(fs, name, data, false, skip)
+	return apply(fs, name, data, false, nil, skip)
 }
 
 // ApplyKnown is Apply for a program that reads the daemon's file but has
 // only some of its flags (b2bd doctor): keys fs lacks are skipped, not
 // refused; the keys it has are checked and applied as Apply does.
 func ApplyKnown(fs *flag.FlagSet, name string, data []byte, skip ...string) error {
-	return apply(fs, name, data, true, skip)
+	return apply(fs, name, data, true, nil, skip)
 }
 
-func apply(fs *flag.FlagSet, name string, data []byte, ignoreUnknown bool, skip []string) error {
+func apply(fs *flag.FlagSet, name string, data []byte, ignoreUnknown bool, changed func(string) bool, skip []string) error {
 	if len(data) > MaxSize {
 		return fmt.Errorf("%w: config %s is %d bytes, over the limit of %d", errs.ErrInvalidArgument, name, len(data), MaxSize)
 	}
@@ -65,8 +73,11 @@ func apply(fs *flag.FlagSet, name string, data []byte, ignoreUnknown bool, skip 
 		}
 		return fmt.Errorf("%w: config %s: %w", errs.ErrInvalidArgument, name, err)
 	}
-	onCmdline := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { onCmdline[f.Name] = true })
+	if changed == nil {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		changed = func(name string) bool { return set[name] }
+	}
 	keys := make([]string, 0, len(doc))
 	for k := range doc {
 		keys = append(keys, k)
@@ -95,7 +106,7 @@ func apply(fs *flag.FlagSet, name string, data []byte, ignoreUnknown bool, skip 
 		if err := check(f, s); err != nil {
 			return fmt.Errorf("%w: %s: key %q: bad value %q: %v", errs.ErrInvalidArgument, where, k, s, err)
 		}
-		if !onCmdline[k] {
+		if !changed(k) {
 			sets = append(sets, set{k, s})
 		}
 	}
@@ -155,6 +166,9 @@ func valueString(f *flag.Flag, v any) (string, error) {
 			return strconv.FormatInt(x, 10), nil
 		case "uint":
 			if x < 0 {
+				if r, ok := f.Value.(*Ranged); ok {
+					return "", fmt.Errorf("%d is negative: %w", x, outOfRange(r.rule))
+				}
 				return "", fmt.Errorf("%d is negative; want an integer >= 0", x)
 			}
 			return strconv.FormatInt(x, 10), nil
@@ -217,6 +231,12 @@ func tomlType(v any) string {
 // kinds by parsing, for others by setting a fresh value of the same kind when
 // one can be made, else deferring to Set.
 func check(f *flag.Flag, s string) error {
+	// A flag with a documented range (Ranges.Bind) checks it here too.
+	if v, ok := f.Value.(interface{ Validate(string) error }); ok {
+		if err := v.Validate(s); err != nil {
+			return err
+		}
+	}
 	switch kind(f) {
 	case "bool":
 		_, err := strconv.ParseBool(s)

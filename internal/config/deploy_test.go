@@ -38,10 +38,11 @@ func render(fs *flag.FlagSet) []byte {
 	var b bytes.Buffer
 	b.WriteString(`# b2bd configuration (TOML): b2bd --config /etc/b2bd/b2bd.toml
 #
-# Every key is a b2bd flag name (b2bd -help lists them) and takes the flag's
-# type: true/false, an integer, or a string ("30s" for durations). A flag given
-# on the command line overrides the file. An unknown key or a bad value is
-# refused at start, naming the key and the line. Every line below is commented
+# Every key is a b2bd flag name (b2bd --help lists them) and takes the flag's
+# type: true/false, an integer, or a string ("30s" for durations), within the
+# range shown. A flag given on the command line overrides the file. An unknown
+# key or a value outside its range is refused at start (and by b2bd doctor
+# --config), naming the key, the value, the range and the line. Every line below is commented
 # out and shows the default; uncomment and change what you need.
 #
 # Generated from the flags: go test ./internal/config -run TestDeployConfig -update

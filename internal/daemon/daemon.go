@@ -26,6 +26,8 @@ import (
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/batch"
+	"github.com/b2bd/b2bd/internal/config"
+	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/health"
 	"github.com/b2bd/b2bd/internal/metrics"
@@ -78,7 +80,8 @@ type Config struct {
 	Rails RailsConfig
 }
 
-// RegisterFlags binds cfg to fs with the daemon's defaults.
+// RegisterFlags binds cfg to fs with the daemon's defaults, and each flag
+// to its documented range in flagRanges (setting a flag checks it).
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	host, _ := os.Hostname()
 	fs.StringVar(&c.NodeName, "node-name", host, "this daemon's name, sent to peers")
@@ -90,38 +93,127 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.TCP.Listen, "data-listen", ":7471", "TCP data-plane address (host:port)")
 	fs.IntVar(&c.TCP.Streams, "tcp-streams", tcp.DefaultStreams, "TCP data connections per peer")
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
-	fs.IntVar(&c.LocalStreams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (1 to 8; a share of 1 MiB at least each)")
-	fs.StringVar(&c.Transport, "transport", "auto", "data plane: auto (local when the peer proves it is on this host, else verbs when both peers have RDMA, else tcp), tcp, verbs or local (same host only: shared memory and CUDA IPC)")
-	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 1<<20, "most blocks per batch")
+	fs.IntVar(&c.LocalStreams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (a share of 1 MiB at least each)")
+	fs.StringVar(&c.Transport, "transport", transport.Auto, "data plane: auto (local when the peer proves it is on this host, else verbs when both peers have RDMA, else tcp), tcp, verbs or local (same host only: shared memory and CUDA IPC)")
+	fs.IntVar(&c.MaxDescriptors, "max-descriptors", desc.DefaultMaxBlocks, "most blocks per batch")
 	fs.IntVar(&c.MaxPlans, "max-plans", batch.DefaultMaxPlans, "most prepared transfers (PrepareTransfer) one client identity may hold")
 	fs.StringVar(&c.SubmitSocket, "submit-socket", "", "also accept submits of prepared transfers on this Unix socket, without gRPC (opt-in; client.DialSubmit)")
 	fs.DurationVar(&c.DefaultTimeout, "default-timeout", time.Minute, "deadline of a batch whose caller set none")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight batches may run on SIGTERM")
-	fs.StringVar(&c.LogLevel, "log-level", "info", "trace, debug, info, warn or error")
+	fs.StringVar(&c.LogLevel, "log-level", "info", "log detail")
 	fs.StringVar(&c.TLSCert, "tls-cert", "", "PEM certificate this daemon presents to peers (mutual TLS)")
 	fs.StringVar(&c.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&c.TLSCA, "tls-ca", "", "PEM CA bundle that peers' certificates must chain to")
 	fs.BoolVar(&c.Insecure, "insecure", false, "plaintext between daemons; refused on any address that is not loopback")
 	fs.StringVar(&c.MetricsListen, "metrics-listen", "", "serve Prometheus metrics on http://host:port/metrics (and /healthz); off when empty")
 	fs.StringVar(&c.HealthListen, "health-listen", "", "plaintext health-only address (host:port) serving grpc.health.v1 and HTTP /healthz, for probes that cannot do TLS; off when empty")
+	bindRanges(fs, flagRanges)
+}
+
+// flagRanges is the documented range of every flag RegisterFlags defines
+// (RegisterOptionalFlags has its own table, verbsRanges). Setting a flag, on
+// the command line or as a --config key, checks it; CheckFlags refuses a
+// flag set with a flag no table names, so a new flag cannot go without one.
+// The usage text shows each range (withRange).
+var flagRanges = config.Ranges{
+	"node-name":       config.Text{Min: 1, Max: 255},
+	"socket":          config.Path(true),
+	"socket-mode":     config.Octal{Max: 0o777},
+	"group":           config.Text{Min: 0, Max: config.PathMax},
+	"api-listen":      config.HostPort{Optional: true},
+	"peer-listen":     config.HostPort{},
+	"data-listen":     config.HostPort{},
+	"tcp-streams":     config.Int{Min: 1, Max: 64},
+	"shm-dir":         config.Path(false),
+	"local-streams":   config.Int{Min: 1, Max: samehost.MaxStreams},
+	"transport":       config.OneOf(transport.Names),
+	"max-descriptors": config.Int{Min: 1, Max: 1 << 24},
+	"max-plans":       config.Int{Min: 1, Max: 1 << 20},
+	"submit-socket":   config.Path(true),
+	"default-timeout": config.Duration{Min: time.Millisecond, Max: 24 * time.Hour},
+	"shutdown-grace":  config.Duration{Min: 0, Max: time.Hour},
+	"log-level":       config.OneOf{"trace", "debug", "info", "warn", "error"},
+	"tls-cert":        config.Path(true),
+	"tls-key":         config.Path(true),
+	"tls-ca":          config.Path(true),
+	"insecure":        config.Bool{},
+	"metrics-listen":  config.HostPort{Optional: true},
+	"health-listen":   config.HostPort{Optional: true},
+}
+
+// bindRanges binds table's rules to fs and adds each range to its flag's
+// usage. A row naming no flag is a bug that TestRangeTables catches;
+// CheckFlags then refuses the flags left unbound.
+func bindRanges(fs *flag.FlagSet, table config.Ranges) {
+	_ = table.Bind(fs)
+	for name, rule := range table {
+		if f := fs.Lookup(name); f != nil && !strings.Contains(f.Usage, "(range: ") {
+			f.Usage += " (range: " + rule.String() + ")"
+		}
+	}
+}
+
+// NewFlagSet is b2bd's whole flag set (RegisterFlags and
+// RegisterOptionalFlags) bound to cfg, less --config.
+func NewFlagSet(name string, cfg *Config) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	RegisterOptionalFlags(fs, cfg)
+	return fs
+}
+
+// CheckFlags is the check b2bd and b2bd doctor --config run once the
+// command line and the file are in: every flag is in its documented range
+// (and has one), then the limits between flags. It opens no file.
+func CheckFlags(fs *flag.FlagSet, cfg *Config) error {
+	if err := config.Check(fs); err != nil {
+		return fmt.Errorf("%w: %w", errs.ErrInvalidArgument, err)
+	}
+	if err := cfg.checkSecurity(); err != nil {
+		return err
+	}
+	if v := cfg.Verbs; v != nil {
+		switch {
+		case v.MaxChain > v.SQDepth:
+			return fmt.Errorf("%w: --rdma-max-chain %d is out of range: want 1 to --rdma-sq-depth (%d)", errs.ErrInvalidArgument, v.MaxChain, v.SQDepth)
+		case v.SignalEvery > v.SQDepth/2:
+			return fmt.Errorf("%w: --rdma-signal-every %d is out of range: want 1 to --rdma-sq-depth/2 (%d)", errs.ErrInvalidArgument, v.SignalEvery, v.SQDepth/2)
+		}
+	}
+	return nil
+}
+
+// checkSecurity is security's part that reads no file: the flags agree.
+func (c *Config) checkSecurity() error {
+	anyTLS := c.TLSCert != "" || c.TLSKey != "" || c.TLSCA != ""
+	if c.Insecure {
+		if anyTLS {
+			return fmt.Errorf("%w: --insecure and --tls-* are exclusive", errs.ErrInvalidArgument)
+		}
+		for _, a := range []struct{ flag, addr string }{{"--peer-listen", c.PeerListen}, {"--data-listen", c.TCP.Listen}, {"--api-listen", c.APIListen}} {
+			if a.addr != "" && !auth.IsLoopback(a.addr) {
+				return fmt.Errorf("%w: --insecure: %s %q is not a loopback address; plaintext is only allowed on loopback (use --tls-cert/--tls-key/--tls-ca)", errs.ErrInvalidArgument, a.flag, a.addr)
+			}
+		}
+		return nil
+	}
+	if !anyTLS {
+		return fmt.Errorf("%w: daemons must authenticate each other: give --tls-cert, --tls-key and --tls-ca (make certs makes a test CA), or --insecure for plaintext on loopback addresses only", errs.ErrInvalidArgument)
+	}
+	if c.TLSCert == "" || c.TLSKey == "" || c.TLSCA == "" {
+		return fmt.Errorf("%w: --tls-cert %q, --tls-key %q, --tls-ca %q: give all three (mutual TLS needs this host's certificate, its key and the CA)", errs.ErrInvalidArgument, c.TLSCert, c.TLSKey, c.TLSCA)
+	}
+	return nil
 }
 
 // security checks the peer-authentication flags and returns the TLS
 // configs, or nil for --insecure after checking every address is loopback.
 func (c *Config) security() (*auth.PeerTLS, error) {
-	if c.Insecure {
-		if c.TLSCert != "" || c.TLSKey != "" || c.TLSCA != "" {
-			return nil, fmt.Errorf("%w: --insecure and --tls-* are exclusive", errs.ErrInvalidArgument)
-		}
-		for _, a := range []struct{ flag, addr string }{{"--peer-listen", c.PeerListen}, {"--data-listen", c.TCP.Listen}, {"--api-listen", c.APIListen}} {
-			if a.addr != "" && !auth.IsLoopback(a.addr) {
-				return nil, fmt.Errorf("%w: --insecure: %s %q is not a loopback address; plaintext is only allowed on loopback (use --tls-cert/--tls-key/--tls-ca)", errs.ErrInvalidArgument, a.flag, a.addr)
-			}
-		}
-		return nil, nil
+	if err := c.checkSecurity(); err != nil {
+		return nil, err
 	}
-	if c.TLSCert == "" && c.TLSKey == "" && c.TLSCA == "" {
-		return nil, fmt.Errorf("%w: daemons must authenticate each other: give --tls-cert, --tls-key and --tls-ca (make certs makes a test CA), or --insecure for plaintext on loopback addresses only", errs.ErrInvalidArgument)
+	if c.Insecure {
+		return nil, nil
 	}
 	return auth.LoadPeerTLS(c.TLSCert, c.TLSKey, c.TLSCA)
 }
@@ -184,10 +276,8 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	var statuses []*b2bv1.TransportStatus
 	var tcpT *tcp.Transport
 	var verbsAcc transport.VerbsAcceptor
-	switch cfg.Transport {
-	case "auto", "tcp", "verbs", "local":
-	default:
-		return nil, fmt.Errorf("%w: --transport %q: want auto, tcp, verbs or local", errs.ErrInvalidArgument, cfg.Transport)
+	if err := transport.CheckName(cfg.Transport); err != nil {
+		return nil, fmt.Errorf("%w: --%w", errs.ErrInvalidArgument, err)
 	}
 	if cfg.Transport == "auto" || cfg.Transport == "verbs" {
 		vt, verr := d.buildVerbs(in)

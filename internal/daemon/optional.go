@@ -3,10 +3,12 @@ package daemon
 import (
 	"flag"
 	"fmt"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/b2bd/b2bd/gpudirect"
+	"github.com/b2bd/b2bd/internal/config"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/topology"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -99,4 +101,38 @@ func RegisterOptionalFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.Rails.Map, "rdma-rail-map", "", "pair rails with the peer's by device name: local=peer,... (default: by subnet / GID prefix)")
 	fs.IntVar(&cfg.Rails.StripeRails, "rdma-stripe-rails", 0, "stripe a batch over at most this many rails (0: every rail of the region's best affinity tier)")
 	fs.Uint64Var(&cfg.Rails.StripeMin, "rdma-stripe-min", rails.DefaultStripeMin, "a batch of fewer bytes goes whole on one rail (of the region's best tier)")
+	bindRanges(fs, verbsRanges)
+}
+
+// verbsRanges is the documented range of every flag RegisterOptionalFlags
+// defines (the verbs package's and the rails'); see flagRanges. The limits
+// between flags (--rdma-max-chain and --rdma-signal-every against
+// --rdma-sq-depth) are CheckFlags'.
+var verbsRanges = config.Ranges{
+	"rdma-device":        config.Text{Min: 0, Max: 1024},
+	"rdma-port":          config.Int{Min: 1, Max: 255},
+	"gid-index":          config.Int{Min: -1, Max: 255}, // ibv_ah_attr's sgid_index is 8 bits
+	"rdma-netdev":        config.Text{Min: 0, Max: 15},  // IFNAMSIZ less the NUL
+	"qps-per-peer":       config.Int{Min: 1, Max: 64},
+	"rdma-signal-every":  config.Int{Min: 1, Max: 1 << 15},
+	"rdma-max-chain":     config.Int{Min: 1, Max: 1 << 16},
+	"rdma-chain-bytes":   config.Int{Min: 1, Max: 1 << 30},
+	"rdma-sq-depth":      config.Int{Min: 8, Max: 1 << 16},
+	"rdma-srq-depth":     config.Int{Min: 16, Max: 1 << 16},
+	"rdma-max-sge":       config.Int{Min: 1, Max: 256},
+	"rdma-max-wr-bytes":  config.Int{Min: 1, Max: 1 << 30},
+	"rdma-min-qp-bytes":  config.Int{Min: 1, Max: 1 << 40},
+	"rdma-inline":        config.Int{Min: 0, Max: 1024},
+	"rdma-post-threads":  config.Int{Min: 1, Max: 64},
+	"rdma-poll-spin":     config.Duration{Min: 0, Max: time.Second},
+	"rdma-ack-timeout":   config.Int{Min: 1, Max: 31},
+	"rdma-retry-count":   config.Int{Min: 1, Max: 7},
+	"rdma-keepalive":     config.Duration{Min: time.Second, Max: 24 * time.Hour},
+	"rdma-stall-timeout": config.Duration{Min: 100 * time.Millisecond, Max: time.Hour},
+	"rdma-rail-map": config.Func{Desc: "pairs local=peer,... of device names, or empty", Parse: func(s string) error {
+		_, err := rails.ParseMap(s)
+		return err
+	}},
+	"rdma-stripe-rails": config.Int{Min: 0, Max: 64},
+	"rdma-stripe-min":   config.Uint{Min: 0, Max: 1 << 40},
 }

@@ -434,3 +434,50 @@ func TestCommandConfig(t *testing.T) {
 		t.Fatalf("bad config: %v", err)
 	}
 }
+
+// TestCommandConfigRanges: b2bd doctor --config runs the daemon's own check,
+// so a file the daemon refuses (a key outside its range, a key doctor has no
+// flag for, flags that disagree) fails doctor, naming the key, the value and
+// the range; a file the daemon takes passes the config check.
+func TestCommandConfigRanges(t *testing.T) {
+	tr := healthy(t)
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name, file string
+		want       []string // empty: the config check passes
+	}{
+		{"local-streams", "insecure = true\npeer-listen = \"127.0.0.1:7470\"\ndata-listen = \"127.0.0.1:7471\"\nlocal-streams = 99\n", []string{`"local-streams"`, `"99"`, "1 to 8"}},
+		{"tcp-streams", "insecure = true\ntcp-streams = -3\n", []string{`"tcp-streams"`, `"-3"`, "1 to 64"}},
+		{"max-descriptors", "max-descriptors = 0\n", []string{`"max-descriptors"`, `"0"`, "1 to 16777216"}},
+		{"transport", "transport = \"rdma\"\n", []string{`"transport"`, `"rdma"`, "auto, tcp, verbs, local"}},
+		{"no security", "shm-dir = \"/srv/regions\"\n", []string{"must authenticate each other"}},
+		{"good", "insecure = true\npeer-listen = \"127.0.0.1:7470\"\ndata-listen = \"127.0.0.1:7471\"\nlocal-streams = 8\ntcp-streams = 2\n", nil},
+	} {
+		cfg := filepath.Join(dir, tc.name+".toml")
+		if err := os.WriteFile(cfg, []byte(tc.file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		var out, errb bytes.Buffer
+		err := Command(context.Background(), "b2bd", []string{"--json", "--root", tr.root, "--config", cfg}, &out, &errb)
+		var rep Report
+		if jerr := json.Unmarshal(out.Bytes(), &rep); jerr != nil {
+			t.Fatalf("%s: json: %v (err %v, stderr %s)", tc.name, jerr, err, errb.String())
+		}
+		r, ok := byCheck(rep.Checks)["config"]
+		if tc.want == nil {
+			if !ok || r.Status != Pass {
+				t.Errorf("%s: config check %+v (present %v), want pass", tc.name, r, ok)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrFailed) || r.Status != Fail {
+			t.Errorf("%s: err %v, config check %+v; want a failed config check", tc.name, err, r)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(r.Detail, w) || !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: detail %q / err %v lack %q", tc.name, r.Detail, err, w)
+			}
+		}
+	}
+}

@@ -175,10 +175,12 @@ def _transport(t: Union[None, str, int]) -> int:
         try:
             return _TRANSPORT_BY_NAME[t.lower()]
         except KeyError:
-            raise _invalid(f"transport {t!r}: want 'tcp', 'verbs' or None (the daemons choose)") from None
+            raise _invalid(
+                f"transport {t!r}: want 'auto', 'tcp', 'verbs', 'local' or None (None and 'auto': the daemons choose)"
+            ) from None
     if isinstance(t, int) and t in _TRANSPORT_NAME:
         return int(t)
-    raise _invalid(f"transport {t!r}: want 'tcp', 'verbs', None or a TransportKind value")
+    raise _invalid(f"transport {t!r}: want 'auto', 'tcp', 'verbs', 'local', None or a TransportKind value")
 
 
 # ---------------------------------------------------------------------------
