@@ -55,18 +55,23 @@ type Config struct {
 	Transport      string // auto | tcp | verbs | local
 	LocalStreams   int    // local transport: streams per GPU batch
 	MaxDescriptors int
-	MaxPlans       int    // prepared plans per client identity
-	SubmitSocket   string // optional raw submit socket (server/raw.go)
-	DefaultTimeout time.Duration
-	ShutdownGrace  time.Duration
-	LogLevel       string
-	TLSCert        string // peer mTLS: this daemon's certificate
-	TLSKey         string
-	TLSCA          string // the CA peers' certificates must chain to
-	Insecure       bool   // plaintext between daemons, loopback addresses only
-	MetricsListen  string // optional Prometheus /metrics (and /healthz) HTTP address
-	HealthListen   string // optional plaintext health-only address (grpc.health.v1 and HTTP /healthz)
-	TCP            tcp.Config
+	MaxPlans       int // prepared plans per client identity
+	// PeerIdleTimeout closes a peer's connections once unused this long;
+	// MaxPeers caps the peers kept at once (internal/peer.Limits). Zero:
+	// the default; the flags refuse values out of range.
+	PeerIdleTimeout time.Duration
+	MaxPeers        int
+	SubmitSocket    string // optional raw submit socket (server/raw.go)
+	DefaultTimeout  time.Duration
+	ShutdownGrace   time.Duration
+	LogLevel        string
+	TLSCert         string // peer mTLS: this daemon's certificate
+	TLSKey          string
+	TLSCA           string // the CA peers' certificates must chain to
+	Insecure        bool   // plaintext between daemons, loopback addresses only
+	MetricsListen   string // optional Prometheus /metrics (and /healthz) HTTP address
+	HealthListen    string // optional plaintext health-only address (grpc.health.v1 and HTTP /healthz)
+	TCP             tcp.Config
 	// Phases reads a successful batch's phase durations from its response
 	// for b2bd_batch_phase_duration_seconds (with --metrics-listen); nil:
 	// none. See docs/observe-deploy.md for wiring it to the phases message.
@@ -88,6 +93,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.APIListen, "api-listen", "", "also serve the local API on this TCP address (host:port)")
 	fs.StringVar(&c.PeerListen, "peer-listen", ":7470", "peer control-plane address (host:port)")
 	fs.StringVar(&c.TCP.Listen, "data-listen", ":7471", "TCP data-plane address (host:port)")
+	// Per-peer state is bounded: idle peers are closed, and peers capped.
+	c.PeerIdleTimeout, c.MaxPeers = peer.DefaultIdleTimeout, peer.DefaultMaxPeers
+	fs.Var(&boundedDuration{p: &c.PeerIdleTimeout, name: "peer-idle-timeout", min: minPeerIdleTimeout, max: maxPeerIdleTimeout}, "peer-idle-timeout",
+		"close a peer's connections once nothing used them this long (1s to 24h); the next batch reconnects")
+	fs.Var(&boundedInt{p: &c.MaxPeers, name: "max-peers", min: 1, max: maxMaxPeers}, "max-peers",
+		"most peers this daemon keeps connections to at once (1 to 65536); a batch to one more is refused with ResourceExhausted")
 	fs.IntVar(&c.TCP.Streams, "tcp-streams", tcp.DefaultStreams, "TCP data connections per peer")
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
 	fs.IntVar(&c.LocalStreams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (1 to 8; a share of 1 MiB at least each)")
@@ -251,7 +262,11 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	if peerTLS != nil {
 		dial = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS.Client))}
 	}
+	if err := cfg.checkPeerLimits(); err != nil {
+		return nil, err
+	}
 	d.peers = peer.New(self, d.transports, log.Named("peer"), peerTLS == nil, dial...)
+	d.peers.SetLimits(peer.Limits{IdleTimeout: cfg.PeerIdleTimeout, MaxPeers: cfg.MaxPeers})
 
 	peerLn, err := net.Listen("tcp", cfg.PeerListen)
 	if err != nil {
