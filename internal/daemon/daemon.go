@@ -273,6 +273,9 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("listen for peers on %s: %w", cfg.PeerListen, err)
 	}
 	d.peerAddr = peerLn.Addr().String()
+	if tcpT != nil {
+		tcpT.SetPeerAddr(d.peerAddr) // named to a gRPC client that dials the data port
+	}
 	d.peerLn = guard(peerLn, peerTLS != nil, log.Named("peer"))
 	d.listeners = append(d.listeners, d.peerLn)
 
