@@ -44,7 +44,7 @@ func preparedPair(t *testing.T, a, b *node) (*b2bv1.Region, *b2bv1.Region, *b2bv
 	for i, p := range r.Perm(100) {
 		srcOff[i], dstOff[p] = uint64(i)*256, uint64(i)*320
 	}
-	req := &b2bv1.PrepareTransferRequest{SrcRegionId: sr.GetRegion().GetId(), Peer: "b", DstRegion: "dst",
+	req := &b2bv1.PrepareTransferRequest{SrcRegionId: sr.GetRegion().GetId(), Peer: "b:7470", DstRegion: "dst",
 		Descriptors: &b2bv1.Descriptors{SrcOffsets: desc.Pack(srcOff), DstOffsets: desc.Pack(dstOff), BlockLength: 128}}
 	return sr.GetRegion(), dr.GetRegion(), req
 }
@@ -117,10 +117,10 @@ func TestPreparedRPCs(t *testing.T) {
 	}
 
 	// Bad input is refused with the field named, as BatchTransfer does.
-	bad := &b2bv1.PrepareTransferRequest{SrcRegionId: "r999", Peer: "b", DstRegion: "dst", Descriptors: req.GetDescriptors()}
+	bad := &b2bv1.PrepareTransferRequest{SrcRegionId: "r999", Peer: "b:7470", DstRegion: "dst", Descriptors: req.GetDescriptors()}
 	_, err = a.api.PrepareTransfer(ctx, bad)
 	wantStatus(t, err, codes.NotFound, `src_region_id "r999"`)
-	_, err = a.api.PrepareTransfer(ctx, &b2bv1.PrepareTransferRequest{SrcRegionId: "r1", Peer: "b", DstRegion: "dst"})
+	_, err = a.api.PrepareTransfer(ctx, &b2bv1.PrepareTransferRequest{SrcRegionId: "r1", Peer: "b:7470", DstRegion: "dst"})
 	wantStatus(t, err, codes.InvalidArgument, "descriptors is not set")
 	if n := a.srv.Plans(); n != 0 {
 		t.Fatalf("%d plans left", n)

@@ -29,10 +29,12 @@ import (
 )
 
 // bufNet routes peer addresses to in-memory gRPC listeners.
+// bufNet is the nodes' peer listeners by node name; a peer address is
+// name:7470 (the manager takes host:port only).
 type bufNet map[string]*bufconn.Listener
 
 func (n bufNet) dial(ctx context.Context, addr string) (net.Conn, error) {
-	if l, ok := n[addr]; ok {
+	if l, ok := n[strings.TrimSuffix(addr, ":7470")]; ok {
 		return l.DialContext(ctx)
 	}
 	var d net.Dialer
@@ -169,7 +171,7 @@ func TestBadInput(t *testing.T) {
 	good := descs([]uint64{0}, []uint64{0}, 64)
 	xfer := func(mut func(*b2bv1.BatchTransferRequest)) func() error {
 		return func() error {
-			r := &b2bv1.BatchTransferRequest{SrcRegionId: src.Id, Peer: "b", DstRegion: "dst", Descriptors: good}
+			r := &b2bv1.BatchTransferRequest{SrcRegionId: src.Id, Peer: "b:7470", DstRegion: "dst", Descriptors: good}
 			mut(r)
 			c, cancel := context.WithTimeout(ctx, 2*time.Second)
 			defer cancel()

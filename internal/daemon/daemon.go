@@ -57,18 +57,23 @@ type Config struct {
 	Transport      string // auto | tcp | verbs | local
 	LocalStreams   int    // local transport: streams per GPU batch
 	MaxDescriptors int
-	MaxPlans       int    // prepared plans per client identity
-	SubmitSocket   string // optional raw submit socket (server/raw.go)
-	DefaultTimeout time.Duration
-	ShutdownGrace  time.Duration
-	LogLevel       string
-	TLSCert        string // peer mTLS: this daemon's certificate
-	TLSKey         string
-	TLSCA          string // the CA peers' certificates must chain to
-	Insecure       bool   // plaintext between daemons, loopback addresses only
-	MetricsListen  string // optional Prometheus /metrics (and /healthz) HTTP address
-	HealthListen   string // optional plaintext health-only address (grpc.health.v1 and HTTP /healthz)
-	TCP            tcp.Config
+	MaxPlans       int // prepared plans per client identity
+	// PeerIdleTimeout closes a peer's connections once unused this long;
+	// MaxPeers caps the peers kept at once (internal/peer.Limits). Zero:
+	// the default; the flags refuse values out of range.
+	PeerIdleTimeout time.Duration
+	MaxPeers        int
+	SubmitSocket    string // optional raw submit socket (server/raw.go)
+	DefaultTimeout  time.Duration
+	ShutdownGrace   time.Duration
+	LogLevel        string
+	TLSCert         string // peer mTLS: this daemon's certificate
+	TLSKey          string
+	TLSCA           string // the CA peers' certificates must chain to
+	Insecure        bool   // plaintext between daemons, loopback addresses only
+	MetricsListen   string // optional Prometheus /metrics (and /healthz) HTTP address
+	HealthListen    string // optional plaintext health-only address (grpc.health.v1 and HTTP /healthz)
+	TCP             tcp.Config
 	// Phases reads a successful batch's phase durations from its response
 	// for b2bd_batch_phase_duration_seconds (with --metrics-listen); nil:
 	// none. See docs/observe-deploy.md for wiring it to the phases message.
@@ -91,6 +96,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.APIListen, "api-listen", "", "also serve the local API on this TCP address (host:port)")
 	fs.StringVar(&c.PeerListen, "peer-listen", ":7470", "peer control-plane address (host:port)")
 	fs.StringVar(&c.TCP.Listen, "data-listen", ":7471", "TCP data-plane address (host:port)")
+	// Per-peer state is bounded: idle peers are closed, and peers capped.
+	fs.DurationVar(&c.PeerIdleTimeout, "peer-idle-timeout", peer.DefaultIdleTimeout,
+		"close a peer's connections once nothing used them this long; the next batch reconnects")
+	fs.IntVar(&c.MaxPeers, "max-peers", peer.DefaultMaxPeers,
+		"most peers this daemon keeps connections to at once; a batch to one more is refused with ResourceExhausted")
 	fs.IntVar(&c.TCP.Streams, "tcp-streams", tcp.DefaultStreams, "TCP data connections per peer")
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
 	fs.IntVar(&c.LocalStreams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (a share of 1 MiB at least each)")
@@ -116,29 +126,31 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // flag set with a flag no table names, so a new flag cannot go without one.
 // The usage text shows each range (withRange).
 var flagRanges = config.Ranges{
-	"node-name":       config.Text{Min: 1, Max: 255},
-	"socket":          config.Path(true),
-	"socket-mode":     config.Octal{Max: 0o777},
-	"group":           config.Text{Min: 0, Max: config.PathMax},
-	"api-listen":      config.HostPort{Optional: true},
-	"peer-listen":     config.HostPort{},
-	"data-listen":     config.HostPort{},
-	"tcp-streams":     config.Int{Min: 1, Max: 64},
-	"shm-dir":         config.Path(false),
-	"local-streams":   config.Int{Min: 1, Max: samehost.MaxStreams},
-	"transport":       config.OneOf(transport.Names),
-	"max-descriptors": config.Int{Min: 1, Max: 1 << 24},
-	"max-plans":       config.Int{Min: 1, Max: 1 << 20},
-	"submit-socket":   config.Path(true),
-	"default-timeout": config.Duration{Min: time.Millisecond, Max: 24 * time.Hour},
-	"shutdown-grace":  config.Duration{Min: 0, Max: time.Hour},
-	"log-level":       config.OneOf{"trace", "debug", "info", "warn", "error"},
-	"tls-cert":        config.Path(true),
-	"tls-key":         config.Path(true),
-	"tls-ca":          config.Path(true),
-	"insecure":        config.Bool{},
-	"metrics-listen":  config.HostPort{Optional: true},
-	"health-listen":   config.HostPort{Optional: true},
+	"node-name":         config.Text{Min: 1, Max: 255},
+	"socket":            config.Path(true),
+	"socket-mode":       config.Octal{Max: 0o777},
+	"group":             config.Text{Min: 0, Max: config.PathMax},
+	"api-listen":        config.HostPort{Optional: true},
+	"peer-listen":       config.HostPort{},
+	"data-listen":       config.HostPort{},
+	"peer-idle-timeout": config.Duration{Min: minPeerIdleTimeout, Max: maxPeerIdleTimeout},
+	"max-peers":         config.Int{Min: 1, Max: maxMaxPeers},
+	"tcp-streams":       config.Int{Min: 1, Max: 64},
+	"shm-dir":           config.Path(false),
+	"local-streams":     config.Int{Min: 1, Max: samehost.MaxStreams},
+	"transport":         config.OneOf(transport.Names),
+	"max-descriptors":   config.Int{Min: 1, Max: 1 << 24},
+	"max-plans":         config.Int{Min: 1, Max: 1 << 20},
+	"submit-socket":     config.Path(true),
+	"default-timeout":   config.Duration{Min: time.Millisecond, Max: 24 * time.Hour},
+	"shutdown-grace":    config.Duration{Min: 0, Max: time.Hour},
+	"log-level":         config.OneOf{"trace", "debug", "info", "warn", "error"},
+	"tls-cert":          config.Path(true),
+	"tls-key":           config.Path(true),
+	"tls-ca":            config.Path(true),
+	"insecure":          config.Bool{},
+	"metrics-listen":    config.HostPort{Optional: true},
+	"health-listen":     config.HostPort{Optional: true},
 }
 
 // bindRanges binds table's rules to fs and adds each range to its flag's
@@ -341,13 +353,20 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	if peerTLS != nil {
 		dial = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(peerTLS.Client))}
 	}
+	if err := cfg.checkPeerLimits(); err != nil {
+		return nil, err
+	}
 	d.peers = peer.New(self, d.transports, log.Named("peer"), peerTLS == nil, dial...)
+	d.peers.SetLimits(peer.Limits{IdleTimeout: cfg.PeerIdleTimeout, MaxPeers: cfg.MaxPeers})
 
 	peerLn, err := net.Listen("tcp", cfg.PeerListen)
 	if err != nil {
 		return nil, fmt.Errorf("listen for peers on %s: %w", cfg.PeerListen, err)
 	}
 	d.peerAddr = peerLn.Addr().String()
+	if tcpT != nil {
+		tcpT.SetPeerAddr(d.peerAddr) // named to a gRPC client that dials the data port
+	}
 	d.peerLn = guard(peerLn, peerTLS != nil, log.Named("peer"))
 	d.listeners = append(d.listeners, d.peerLn)
 

@@ -35,14 +35,68 @@ type Manager struct {
 	// loopbackOnly: plaintext (--insecure) may only reach loopback peers.
 	loopbackOnly bool
 
+	// idleNanos and maxPeers are Limits, settable while running.
+	idleNanos atomic.Int64
+	maxPeers  atomic.Int64
+
 	mu     sync.Mutex
 	closed bool
 	peers  map[string]*state
+	// reapStop is the running reaper's stop channel, nil when none runs:
+	// a reaper runs only while peers are kept, so a daemon with none holds
+	// no goroutine for them.
+	reapStop chan struct{}
 }
 
+// Limits bound what the manager keeps for peers.
+type Limits struct {
+	// IdleTimeout: a peer with nothing in flight and no prepared plan for
+	// this long has its control and data connections closed and is
+	// forgotten; the next batch to it connects afresh. <= 0: the default.
+	IdleTimeout time.Duration
+	// MaxPeers caps the peers kept at once; a batch to another peer is
+	// refused with ResourceExhausted. <= 0: the default.
+	MaxPeers int
+}
+
+// Defaults of Limits (b2bd's --peer-idle-timeout and --max-peers).
+const (
+	DefaultIdleTimeout = 5 * time.Minute
+	DefaultMaxPeers    = 1024
+)
+
+// SetLimits sets the idle timeout and the peer cap; zero fields take the
+// defaults. Peers kept already count against a lowered cap.
+func (m *Manager) SetLimits(l Limits) {
+	if l.IdleTimeout <= 0 {
+		l.IdleTimeout = DefaultIdleTimeout
+	}
+	if l.MaxPeers <= 0 {
+		l.MaxPeers = DefaultMaxPeers
+	}
+	m.idleNanos.Store(int64(l.IdleTimeout))
+	m.maxPeers.Store(int64(l.MaxPeers))
+}
+
+func (m *Manager) idleTimeout() time.Duration { return time.Duration(m.idleNanos.Load()) }
+
 type state struct {
-	addr   string
-	mu     sync.Mutex // serialises (re)connecting
+	addr string
+	// busy counts what uses the peer now: manager calls in progress,
+	// writes in flight on its data connections and live prepared plans
+	// (trackedConn); lastUse is when the last of them ended (UnixNano). A
+	// peer is idle while busy is 0, and reaped once idle long enough. busy
+	// is raised under Manager.mu, so the reaper, which holds it, never
+	// takes a peer that a caller has just looked up.
+	busy    atomic.Int64
+	lastUse atomic.Int64
+	// sniff is the control connection's last raw TCP connection, to say
+	// what answered when a handshake fails (not a b2bd peer port).
+	sniff atomic.Pointer[sniffConn]
+
+	mu sync.Mutex // serialises (re)connecting
+	// up: the last handshake succeeded; a change is logged once.
+	up     bool
 	cc     *grpc.ClientConn
 	client b2bv1.PeerClient
 	hs     *b2bv1.HandshakeResponse
@@ -78,7 +132,11 @@ const resolveTTL = time.Second
 // New creates a manager. self is what this daemon says in its handshake;
 // loopbackOnly refuses peers off this host (plaintext mode).
 func New(self *b2bv1.HandshakeRequest, ts []transport.Transport, log hclog.Logger, loopbackOnly bool, dialOpts ...grpc.DialOption) *Manager {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
 	m := &Manager{self: self, transports: map[transport.Kind]transport.Transport{}, log: log, peers: map[string]*state{}, loopbackOnly: loopbackOnly}
+	m.SetLimits(Limits{})
 	for _, t := range ts {
 		m.transports[t.Kind()] = t
 	}
@@ -95,23 +153,145 @@ type Session = transport.Session
 // Get returns a data connection to addr over transport want ("" = verbs when
 // both sides have it, else TCP), connecting and handshaking as needed.
 func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Session, error) {
+	if err := CheckAddr(addr); err != nil {
+		return Session{}, err
+	}
 	if m.loopbackOnly && !auth.IsLoopback(addr) {
 		return Session{}, fmt.Errorf("%w: peer %s is not a loopback address, and this daemon runs --insecure (plaintext is loopback-only; configure --tls-*)", errs.ErrFailedPrecondition, addr)
 	}
+	st, err := m.acquire(addr, true)
+	if err != nil {
+		return Session{}, err
+	}
+	defer m.release(st)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	s, err := m.get(ctx, st, want)
+	if err != nil {
+		m.dropUnused(st)
+	}
+	return s, err
+}
+
+// acquire finds addr's state, creating it when create is set, and counts a
+// use of it (release ends it); nil, nil when there is none to find.
+func (m *Manager) acquire(addr string, create bool) (*state, error) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.closed {
-		m.mu.Unlock()
-		return Session{}, fmt.Errorf("%w: daemon is shutting down", errs.ErrUnavailable)
+		return nil, fmt.Errorf("%w: daemon is shutting down", errs.ErrUnavailable)
 	}
 	st := m.peers[addr]
 	if st == nil {
+		if !create {
+			return nil, nil
+		}
+		if max := m.maxPeers.Load(); int64(len(m.peers)) >= max {
+			return nil, fmt.Errorf("%w: peer %s: this daemon keeps connections to %d peers, the limit (--max-peers) is %d; a peer is dropped after --peer-idle-timeout (%s) unused",
+				errs.ErrResourceExhausted, addr, len(m.peers), max, m.idleTimeout())
+		}
 		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}, resolved: map[string]resolution{}}
 		m.peers[addr] = st
+		if m.reapStop == nil {
+			m.reapStop = make(chan struct{})
+			go m.reapLoop(m.reapStop)
+		}
+	}
+	st.busy.Add(1)
+	return st, nil
+}
+
+// release ends a use of st counted by acquire (or by a tracked write).
+func (m *Manager) release(st *state) { st.done() }
+
+func (st *state) done() {
+	st.lastUse.Store(time.Now().UnixNano())
+	st.busy.Add(-1)
+}
+
+// dropUnused forgets st, whose Get failed, when nothing else uses it: a
+// peer that never answered keeps no connection, goroutine or redial behind
+// it. The caller holds st.mu and one use of st.
+func (m *Manager) dropUnused(st *state) {
+	if st.hs != nil || len(st.conns) > 0 {
+		return
+	}
+	m.mu.Lock()
+	drop := st.busy.Load() == 1 && m.peers[st.addr] == st
+	if drop {
+		delete(m.peers, st.addr)
+		m.stopReaperIfEmpty()
 	}
 	m.mu.Unlock()
+	if drop {
+		st.closeLocked()
+	}
+}
 
-	st.mu.Lock()
-	defer st.mu.Unlock()
+// closeLocked closes st's data connections, then its control connection
+// (a data connection may say goodbye over it). The caller holds st.mu.
+func (st *state) closeLocked() {
+	for k, c := range st.conns {
+		_ = c.Close()
+		delete(st.conns, k)
+	}
+	if st.cc != nil {
+		_ = st.cc.Close()
+		st.cc, st.client = nil, nil
+	}
+	st.hs = nil
+}
+
+// stopReaperIfEmpty ends the reaper once no peer is kept; the next new
+// peer starts another. The caller holds m.mu.
+func (m *Manager) stopReaperIfEmpty() {
+	if len(m.peers) == 0 && m.reapStop != nil {
+		close(m.reapStop)
+		m.reapStop = nil
+	}
+}
+
+// reapLoop closes idle peers until stop is closed: no peer is left, or the
+// manager closed. It checks every eighth of the idle timeout, so a peer
+// goes between 1 and 1.125 timeouts after its last use.
+func (m *Manager) reapLoop(stop chan struct{}) {
+	for {
+		idle := m.idleTimeout()
+		t := time.NewTimer(min(max(idle/8, 10*time.Millisecond), 10*time.Second))
+		select {
+		case <-stop:
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		m.reap(time.Now(), idle)
+	}
+}
+
+// reap closes and forgets every peer idle for idle or longer at now.
+func (m *Manager) reap(now time.Time, idle time.Duration) {
+	var gone []*state
+	m.mu.Lock()
+	for addr, st := range m.peers {
+		if st.busy.Load() == 0 && now.Sub(time.Unix(0, st.lastUse.Load())) >= idle && st.mu.TryLock() {
+			delete(m.peers, addr)
+			gone = append(gone, st)
+		}
+	}
+	m.stopReaperIfEmpty()
+	m.mu.Unlock()
+	for _, st := range gone {
+		if st.up {
+			m.log.Info("peer idle: its connections are closed until the next batch", "peer", st.addr, "idle_timeout", idle)
+		}
+		st.closeLocked()
+		st.mu.Unlock()
+	}
+}
+
+// get is Get's work on st, whose lock the caller holds.
+func (m *Manager) get(ctx context.Context, st *state, want transport.Kind) (Session, error) {
+	addr := st.addr
 	cachedHS := st.hs != nil
 	if err := m.handshake(ctx, st); err != nil {
 		return Session{}, err
@@ -144,6 +324,7 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 			st.hs = nil
 			return Session{}, fmt.Errorf("peer %s: connect %s data path: %w", addr, kind, err)
 		}
+		c = track(c, st)
 		st.conns[kind] = c
 		m.log.Info("data path connected", "peer", addr, "transport", kind)
 	}
@@ -153,12 +334,11 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 // Broken tells the manager that a batch on s failed in a way that leaves the
 // connection unusable or the peer possibly restarted.
 func (m *Manager) Broken(addr string, s Session) {
-	m.mu.Lock()
-	st := m.peers[addr]
-	m.mu.Unlock()
+	st, _ := m.acquire(addr, false)
 	if st == nil {
 		return
 	}
+	defer m.release(st)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if c := st.conns[s.Kind]; c != s.Conn {
@@ -191,8 +371,12 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		st.cc, st.client = nil, nil
 	}
 	if st.cc == nil {
-		// passthrough: the dialer resolves host:port itself, once per connection.
-		cc, err := grpc.NewClient("passthrough:///"+st.addr, m.dialOpts...)
+		// passthrough: the dialer resolves host:port itself, once per
+		// connection. The sniffing dialer comes first, so a dialer of the
+		// caller's (tests: bufconn) replaces it.
+		st.sniff.Store(nil)
+		opts := append([]grpc.DialOption{grpc.WithContextDialer(st.dial)}, m.dialOpts...)
+		cc, err := grpc.NewClient("passthrough:///"+st.addr, opts...)
 		if err != nil {
 			return fmt.Errorf("%w: peer %q: %v", errs.ErrInvalidArgument, st.addr, err)
 		}
@@ -200,14 +384,30 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	}
 	hs, err := st.client.Handshake(ctx, m.self)
 	if err != nil {
-		// A restarted peer should be reachable at the next batch, not after
-		// gRPC's exponential reconnect backoff.
-		st.cc.ResetConnectBackoff()
 		err = fromRPC(ctx, err)
+		if why := st.sniffed(); why != "" {
+			err = fmt.Errorf("%w: peer %q is not a b2bd peer port: %s; give the destination daemon's --peer-listen address (default port %d) (%v)",
+				errs.ErrFailedPrecondition, st.addr, why, DefaultPort, err)
+		}
+		// No channel is kept for a peer that failed: gRPC would redial it
+		// in the background, with a warning each time, until the daemon
+		// stops. A restarted peer is dialled afresh by the next batch.
+		_ = st.cc.Close()
+		st.cc, st.client = nil, nil
+		if st.up {
+			m.log.Warn("peer unreachable", "peer", st.addr, "error", err)
+			st.up = false
+		} else {
+			m.log.Debug("peer handshake failed", "peer", st.addr, "error", err)
+		}
 		return fmt.Errorf("peer %s: handshake: %w", st.addr, err)
 	}
 	if hs.GetProtocolVersion() != ProtocolVersion {
 		return fmt.Errorf("%w: peer %s speaks protocol %d, this daemon %d", errs.ErrFailedPrecondition, st.addr, hs.GetProtocolVersion(), ProtocolVersion)
+	}
+	if !st.up {
+		m.log.Info("peer connected", "peer", st.addr, "node", hs.GetNodeName())
+		st.up = true
 	}
 	// A new handshake means the peer may have restarted: old data paths
 	// and region keys are stale.
@@ -296,12 +496,14 @@ func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error)
 // from the cache when it can; cached says which, so a caller whose batch is
 // refused for a stale key knows a fresh resolution may help.
 func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name string) (r Resolved, cached bool, err error) {
-	m.mu.Lock()
-	st := m.peers[addr]
-	m.mu.Unlock()
+	st, err := m.acquire(addr, false)
 	if st == nil {
-		return r, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
+		if err == nil {
+			err = fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
+		}
+		return r, false, err
 	}
+	defer m.release(st)
 	st.mu.Lock()
 	c, ok := st.resolved[name]
 	ctl := st.client
@@ -325,26 +527,23 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 
 // Notify hands n to the peer at addr (Peer.Notify), for its watchers.
 func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification) error {
-	ctl := m.client(addr)
+	st, err := m.acquire(addr, false)
+	if st == nil {
+		if err == nil {
+			err = fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
+		}
+		return err
+	}
+	defer m.release(st)
+	st.mu.Lock()
+	ctl := st.client
+	st.mu.Unlock()
 	if ctl == nil {
 		return fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
 	}
-	_, err := ctl.Notify(ctx, &b2bv1.NotifyRequest{Region: n.Region, Sender: n.Sender,
+	_, err = ctl.Notify(ctx, &b2bv1.NotifyRequest{Region: n.Region, Sender: n.Sender,
 		Notification: n.Notification, Blocks: n.Blocks, Bytes: n.Bytes})
 	return fromRPC(ctx, err)
-}
-
-// client is the peer's control-plane client, nil when it has none.
-func (m *Manager) client(addr string) b2bv1.PeerClient {
-	m.mu.Lock()
-	st := m.peers[addr]
-	m.mu.Unlock()
-	if st == nil {
-		return nil
-	}
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	return st.client
 }
 
 // Forget drops a cached resolution.
@@ -384,17 +583,20 @@ func (m *Manager) Close() {
 	m.closed = true
 	peers := m.peers
 	m.peers = map[string]*state{}
+	m.stopReaperIfEmpty()
 	m.mu.Unlock()
 	for _, st := range peers {
 		st.mu.Lock()
-		for _, c := range st.conns {
-			_ = c.Close()
-		}
-		if st.cc != nil {
-			_ = st.cc.Close()
-		}
+		st.closeLocked()
 		st.mu.Unlock()
 	}
+}
+
+// Peers counts the peers kept now (connected or being connected).
+func (m *Manager) Peers() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.peers)
 }
 
 // KindToProto and KindFromProto convert transport names at the API boundary.

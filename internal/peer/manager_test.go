@@ -92,7 +92,7 @@ func TestBrokenByStaleSession(t *testing.T) {
 				t.Fatal(err)
 			}
 			m.Broken(addr, old) // the first failure: the connection goes
-			if !old.Conn.(*fakeConn).closed.Load() {
+			if !old.Conn.(*trackedConn).Conn.(*fakeConn).closed.Load() {
 				t.Fatal("the broken connection was not closed")
 			}
 			fresh, err := m.Get(ctx, addr, transport.TCP) // a retry connects afresh
@@ -109,7 +109,7 @@ func TestBrokenByStaleSession(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if fresh.Conn.(*fakeConn).closed.Load() || again.Conn != fresh.Conn {
+			if fresh.Conn.(*trackedConn).Conn.(*fakeConn).closed.Load() || again.Conn != fresh.Conn {
 				t.Fatalf("reports about a replaced connection closed the fresh one (connects %d, handshakes %d)", ft.connects.Load(), fp.handshakes.Load())
 			}
 			if got := ft.connects.Load(); got != 2 {

@@ -7,6 +7,7 @@ package tcp
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/rand"
 	"crypto/subtle"
 	"crypto/tls"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
@@ -80,6 +82,11 @@ type Transport struct {
 	inbound  map[net.Conn]struct{}
 	sessions map[uint64]*session // receiving side, by sender conn id
 	wg       sync.WaitGroup
+	// peerAddr is the daemon's peer port; wrongPort and wrongSrv answer
+	// gRPC clients that dialled this data port instead (wrongport.go).
+	peerAddr  string
+	wrongPort *connListener
+	wrongSrv  *grpc.Server
 }
 
 // New starts the data listener.
@@ -104,7 +111,12 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 		return nil, fmt.Errorf("tcp: listen %s: %w", cfg.Listen, err)
 	}
 	if cfg.TLS != nil {
-		ln = tls.NewListener(ln, cfg.TLS.Server)
+		// "h2" too: a gRPC client that dialled this port by mistake
+		// insists on it, and then learns which port it wanted
+		// (wrongport.go); data connections negotiate no protocol.
+		srv := cfg.TLS.Server.Clone()
+		srv.NextProtos = append(srv.NextProtos, "h2")
+		ln = tls.NewListener(ln, srv)
 	}
 	t := &Transport{cfg: cfg, in: in, log: log, ln: ln, inbound: map[net.Conn]struct{}{}, sessions: map[uint64]*session{}}
 	if _, err := rand.Read(t.token[:]); err != nil {
@@ -151,8 +163,12 @@ func (t *Transport) Close() error {
 	for c := range t.inbound {
 		c.Close()
 	}
+	wrongSrv := t.wrongSrv
 	t.mu.Unlock()
 	err := t.ln.Close()
+	if wrongSrv != nil {
+		wrongSrv.Stop() // closes its listener and connections
+	}
 	t.wg.Wait()
 	return err
 }
@@ -270,11 +286,13 @@ func (t *Transport) acceptLoop() {
 		t.mu.Unlock()
 		go func() {
 			defer t.wg.Done()
-			t.serve(c)
+			handedOff := t.serve(c)
 			t.mu.Lock()
 			delete(t.inbound, c)
 			t.mu.Unlock()
-			c.Close()
+			if !handedOff {
+				c.Close()
+			}
 		}()
 	}
 }
@@ -286,29 +304,43 @@ type recvErr struct {
 
 func (e *recvErr) Error() string { return e.err.Error() }
 
-func (t *Transport) serve(c net.Conn) {
+// serve runs an inbound data connection; handedOff: c went to another
+// owner (a gRPC client on the wrong port), which closes it.
+func (t *Transport) serve(c net.Conn) (handedOff bool) {
 	log := t.log.With("remote", c.RemoteAddr().String())
 	var hello [helloLen]byte
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.ReadFull(c, hello[:]); err != nil {
+	// The first 4 bytes alone tell a gRPC client (the HTTP/2 preface) from
+	// a hello, before waiting for the rest of either.
+	if _, err := io.ReadFull(c, hello[:len(http2Prefix)]); err != nil {
 		log.Warn("data connection closed before its hello", "error", err)
-		return
+		return false
+	}
+	if string(hello[:len(http2Prefix)]) == http2Prefix {
+		log.Info("a gRPC client dialled the data port; answering that the peer port is another")
+		_ = c.SetReadDeadline(time.Time{})
+		t.serveWrongPort(c, bytes.Clone(hello[:len(http2Prefix)]))
+		return true
+	}
+	if _, err := io.ReadFull(c, hello[len(http2Prefix):]); err != nil {
+		log.Warn("data connection closed before its hello", "error", err)
+		return false
 	}
 	le := binary.LittleEndian
 	if le.Uint32(hello[0:]) != helloMagic || le.Uint32(hello[4:]) != version ||
 		subtle.ConstantTimeCompare(hello[8:24], t.token[:]) != 1 {
 		log.Warn("data connection refused: bad magic, version or session token")
-		return
+		return false
 	}
 	connID, streams := le.Uint64(hello[24:]), int(le.Uint32(hello[32:]))
 	if streams <= 0 || streams > 256 {
 		log.Warn("data connection refused: bad stream count", "streams", streams)
-		return
+		return false
 	}
 	var welcome [welcomeLen]byte
 	le.PutUint32(welcome[0:], welcomeMagic)
 	if _, err := c.Write(welcome[:]); err != nil {
-		return
+		return false
 	}
 	_ = c.SetReadDeadline(time.Time{})
 
@@ -370,12 +402,12 @@ func (t *Transport) serve(c net.Conn) {
 				r.inShare = false
 			}
 			r.ack(re.status, batch, 0, re.err.Error())
-			return
+			return false
 		}
 		if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 			log.Debug("data connection ended", "error", err)
 		}
-		return
+		return false
 	}
 }
 

@@ -1,0 +1,158 @@
+package peer
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// track wraps a peer's data connection so that the peer counts as busy
+// while a write is in flight on it or a batch prepared on it lives, and is
+// never reaped then. The wrapper adds two atomic adds and a clock read per
+// write, and no allocation.
+func track(c transport.Conn, st *state) transport.Conn {
+	tc := &trackedConn{Conn: c, st: st}
+	if p, ok := c.(transport.Preparer); ok {
+		return &trackedPreparer{trackedConn: tc, p: p}
+	}
+	return tc
+}
+
+type trackedConn struct {
+	transport.Conn
+	st *state
+}
+
+func (c *trackedConn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	c.st.busy.Add(1)
+	defer c.st.done()
+	return c.Conn.Write(ctx, src, dst, b)
+}
+
+// trackedPreparer is a trackedConn whose connection prepares batches.
+type trackedPreparer struct {
+	*trackedConn
+	p transport.Preparer
+}
+
+func (c *trackedPreparer) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
+	p, err := c.p.Prepare(src, dst, b)
+	if err != nil {
+		return nil, err
+	}
+	c.st.busy.Add(1) // until Close: a live plan keeps its peer
+	tp := &trackedPrepared{Prepared: p, st: c.st}
+	if w, ok := p.(workRequester); ok {
+		return &trackedPreparedWR{trackedPrepared: tp, w: w}, nil
+	}
+	return tp, nil
+}
+
+type workRequester interface{ WorkRequests() uint64 }
+
+type trackedPrepared struct {
+	transport.Prepared
+	st     *state
+	closed atomic.Bool
+}
+
+func (p *trackedPrepared) Write(ctx context.Context) (transport.Stats, error) {
+	p.st.busy.Add(1)
+	defer p.st.done()
+	return p.Prepared.Write(ctx)
+}
+
+func (p *trackedPrepared) Close() error {
+	if p.closed.CompareAndSwap(false, true) {
+		p.st.done()
+	}
+	return p.Prepared.Close()
+}
+
+// trackedPreparedWR keeps the prepared work's WorkRequests visible.
+type trackedPreparedWR struct {
+	*trackedPrepared
+	w workRequester
+}
+
+func (p *trackedPreparedWR) WorkRequests() uint64 { return p.w.WorkRequests() }
+
+// dial is the control connection's dialer: plain TCP, remembering the
+// first bytes the other end sends, so that a failed handshake can say what
+// answered instead of a daemon (sniffed).
+func (st *state) dial(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &sniffConn{Conn: c}
+	st.sniff.Store(s)
+	return s, nil
+}
+
+// sniffLen is how much of the first answer is kept.
+const sniffLen = 24
+
+type sniffConn struct {
+	net.Conn
+	mu    sync.Mutex
+	first []byte
+}
+
+func (c *sniffConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	if k := min(n, sniffLen-len(c.first)); k > 0 {
+		c.first = append(c.first, p[:k]...)
+	}
+	c.mu.Unlock()
+	return n, err
+}
+
+// sniffed says what answered on the control connection when it is plainly
+// not gRPC: "" when it looked like HTTP/2 or TLS, or said nothing.
+func (st *state) sniffed() string {
+	c := st.sniff.Load()
+	if c == nil {
+		return ""
+	}
+	c.mu.Lock()
+	first := string(c.first)
+	c.mu.Unlock()
+	return describeAnswer(first)
+}
+
+// describeAnswer names a server by the first bytes it sent on a gRPC
+// connection: "" for what a daemon sends (an HTTP/2 SETTINGS frame in
+// plaintext, a TLS record under TLS) or too little to judge.
+func describeAnswer(first string) string {
+	switch {
+	case len(first) == 0:
+		return ""
+	case first[0] == 0x16 || first[0] == 0x15: // TLS handshake or alert record
+		return ""
+	case len(first) < 4:
+		return ""
+	case first[3] == 0x4 && first[0] == 0: // an HTTP/2 SETTINGS frame
+		return ""
+	case strings.HasPrefix(first, "HTTP/"):
+		return fmt.Sprintf("it answered HTTP/1 (%q), not gRPC: a web server?", firstLine(first))
+	case strings.HasPrefix(first, "SSH-"):
+		return fmt.Sprintf("it answered %q: an SSH server", firstLine(first))
+	}
+	return fmt.Sprintf("it answered %q, which is not gRPC (HTTP/2)", first)
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexAny(s, "\r\n"); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
