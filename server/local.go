@@ -135,6 +135,11 @@ func (l *local) WatchNotifications(req *b2bv1.WatchNotificationsRequest, stream 
 		return grpcstatus.ToStatus(err)
 	}
 	release() // watching does not pin the region
+	if l.s.cfg.Registry.ExportName(r.ID) == "" {
+		// Peers notify a region by its export name: an unexported region
+		// would never see one, and the watcher would wait for ever.
+		return grpcstatus.ToStatus(fmt.Errorf("%w: region_id %q is not exported, so no peer can notify it: export it (ExportRegion, or register with export_name) before watching", errs.ErrFailedPrecondition, r.ID))
+	}
 	w := l.s.cfg.Notify.Subscribe(r.ID)
 	defer l.s.cfg.Notify.Unsubscribe(w)
 	// Headers tell the client it is subscribed: batches after this are seen.

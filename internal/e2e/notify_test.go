@@ -3,8 +3,12 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/client"
 )
@@ -42,5 +46,25 @@ func TestNotification(t *testing.T) {
 		if !bytes.Equal(src.Bytes, dst.Bytes) {
 			t.Fatalf("round %d: notified before the data landed", round)
 		}
+	}
+}
+
+// TestWatchUnexportedRefused: peers notify a region by its export name, so a
+// watch on an unexported region could never hear anything. The daemon says
+// so at once (FailedPrecondition naming the region) instead of a silent wait.
+func TestWatchUnexportedRefused(t *testing.T) {
+	b := startNode(t, "b")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := b.c.RegisterHost(ctx, 4096, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := b.c.Watch(ctx, r.Id)
+	if err == nil {
+		_, err = w.Recv()
+	}
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), r.Id) || !strings.Contains(err.Error(), "not exported") {
+		t.Fatalf("watch of unexported %s: %v, want FailedPrecondition naming it and 'not exported'", r.Id, err)
 	}
 }

@@ -754,6 +754,17 @@ func (g *Registry) Acquire(id, field string, who Caller) (*Region, func(), error
 	return r, func() { g.done(r) }, nil
 }
 
+// ExportName is the name region id is exported under, "" when it is not
+// exported (or not registered), read under the registry's lock.
+func (g *Registry) ExportName(id string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if r, ok := g.byID[id]; ok {
+		return r.Export
+	}
+	return ""
+}
+
 // Lookup finds an exported region by name for the peer whose authenticated
 // identity is peer ("" when peers are not authenticated), holding it until
 // release. A region exported to named peers refuses every other peer.
