@@ -117,7 +117,7 @@ type Config struct {
 	Group int
 }
 
-// Modes of the permission model (README, "Permissions"). They are applied
+// Modes of the permission model (docs/architecture.md, "Permissions"). They are applied
 // with chmod and chown, never through the umask.
 const (
 	ShmDirMode  = os.ModeDir | os.ModeSetgid | 0o770 // drwxrws---, group: Config.Group

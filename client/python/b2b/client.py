@@ -257,7 +257,7 @@ class TransferResult:
 
     blocks: int
     bytes: int
-    transport: str  # "tcp" or "verbs"
+    transport: str  # the transport that carried it: "tcp", "verbs" or "local"
     elapsed: float  # seconds on the daemon's data path
     segments: int = 0  # after merging adjacent blocks
     work_requests: int = 0  # verbs: WRs posted; tcp: wire frames

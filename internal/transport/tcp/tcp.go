@@ -50,7 +50,7 @@ type Config struct {
 	TLS *auth.PeerTLS
 }
 
-// Defaults, chosen by measurement on loopback (see README, "TCP transport").
+// Defaults, chosen by measurement on loopback (docs/architecture.md, "TCP transport").
 const (
 	DefaultStreams       = 4
 	DefaultFrameBytes    = 4 << 20
