@@ -1,0 +1,165 @@
+package transport
+
+import (
+	"cmp"
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+)
+
+// Ops are the one-sided operations a driver carries.
+type Ops uint
+
+const (
+	// OpWrite: Conn.Write places local blocks in a peer's region.
+	OpWrite Ops = 1 << iota
+	// OpRead: a peer's blocks are fetched into local memory (RDMA READ;
+	// declared by drivers that gain it).
+	OpRead
+)
+
+// Caps is what a driver can do, declared once, so that the peer manager
+// picks a kind by comparing capabilities instead of naming kinds.
+type Caps struct {
+	// Rank orders the kinds both sides offer: the highest usable one is
+	// chosen.
+	Rank int
+	// SameHostOnly: the kind reaches daemons on this host only.
+	SameHostOnly bool
+	// Memory are the memory kinds a batch may come from or land in.
+	Memory []memory.Kind
+	// Ops are the operations its Conns carry.
+	Ops Ops
+	// Prepared: its Conns implement Preparer.
+	Prepared bool
+}
+
+// Env is what the daemon hands every driver's New: the receiving side's
+// Inbound, a logger, the node's name, and daemon-wide services (a staging
+// pool, peer TLS, the CUDA driver) by the type a driver asks for, so that
+// this struct does not grow a field per kind.
+type Env struct {
+	Inbound Inbound
+	Log     hclog.Logger
+	Node    string
+	// Service returns the daemon's service of the same type as want
+	// (a *staging.Pool, say), or nil; nil Service means none.
+	Service func(want any) any
+}
+
+// Driver is one transport kind as it registers itself from its package's
+// init (one line: `func init() { _ = transport.Register(driver) }`); the
+// daemon builds every registered driver the configuration enables.
+type Driver struct {
+	Kind Kind
+	// Flags adds the kind's flags (which config files also set) to fs;
+	// nil when it has none. New reads the values they parsed into.
+	Flags func(fs *flag.FlagSet)
+	// New starts the transport.
+	New  func(env Env) (Transport, error)
+	Caps Caps
+	// Usable says whether t (a transport New returned) can reach the peer
+	// whose advert for this kind is advert (opaque bytes only this kind
+	// parses); the error says why not, for the peer manager's record. nil:
+	// usable whenever both sides offer the kind.
+	Usable func(t Transport, advert []byte) error
+}
+
+// Registry holds registered drivers. Most code uses the process-wide one
+// through Register and Registered; tests make their own.
+type Registry struct {
+	mu      sync.Mutex
+	drivers map[Kind]Driver
+	// failed keeps every refused registration: an init cannot act on an
+	// error, so Registered returns them and the daemon refuses to start.
+	failed []error
+}
+
+// Register adds d. A second driver of the same kind, an empty kind or a
+// nil New is refused with ErrAlreadyExists or ErrInvalidArgument; the
+// error is also kept for Registered, so an init that drops it loses
+// nothing. No panic: the daemon reports it at start.
+func (r *Registry) Register(d Driver) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var err error
+	switch {
+	case d.Kind == "":
+		err = fmt.Errorf("%w: transport driver with an empty kind", errs.ErrInvalidArgument)
+	case d.New == nil:
+		err = fmt.Errorf("%w: transport driver %q has no New", errs.ErrInvalidArgument, d.Kind)
+	default:
+		if _, dup := r.drivers[d.Kind]; dup {
+			err = fmt.Errorf("%w: transport driver %q is registered twice", errs.ErrAlreadyExists, d.Kind)
+		}
+	}
+	if err != nil {
+		r.failed = append(r.failed, err)
+		return err
+	}
+	if r.drivers == nil {
+		r.drivers = map[Kind]Driver{}
+	}
+	d.Caps.Memory = slices.Clone(d.Caps.Memory)
+	r.drivers[d.Kind] = d
+	return nil
+}
+
+// Registered returns the drivers, highest rank first (ties by kind, so the
+// order is stable), and every registration that was refused.
+func (r *Registry) Registered() ([]Driver, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Driver, 0, len(r.drivers))
+	for _, d := range r.drivers {
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b Driver) int {
+		if c := cmp.Compare(b.Caps.Rank, a.Caps.Rank); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Kind, b.Kind)
+	})
+	return out, errors.Join(r.failed...)
+}
+
+// Lookup returns the driver of kind k.
+func (r *Registry) Lookup(k Kind) (Driver, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	d, ok := r.drivers[k]
+	return d, ok
+}
+
+var drivers Registry
+
+// Register adds d to the process-wide registry; see Registry.Register.
+func Register(d Driver) error { return drivers.Register(d) }
+
+// Registered returns the process-wide registry's drivers by rank, and any
+// refused registration; see Registry.Registered.
+func Registered() ([]Driver, error) { return drivers.Registered() }
+
+// Lookup returns the process-wide registry's driver of kind k.
+func Lookup(k Kind) (Driver, bool) { return drivers.Lookup(k) }
+
+// Supports says whether the driver moves memory of kind m.
+func (c Caps) Supports(m memory.Kind) bool { return slices.Contains(c.Memory, m) }
+
+// CheckUsable runs d.Usable (usable when it is nil).
+func (d Driver) CheckUsable(t Transport, advert []byte) error {
+	if d.Usable == nil {
+		return nil
+	}
+	if err := d.Usable(t, advert); err != nil {
+		return fmt.Errorf("transport %s: not usable for this peer: %w", d.Kind, err)
+	}
+	return nil
+}
