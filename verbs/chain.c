@@ -33,8 +33,6 @@ int b2bv_chain_new(uint32_t cap_wr, uint32_t cap_sge, struct b2bv_chain **out)
 	}
 	ch->cap_wr = cap_wr;
 	ch->cap_sge = cap_sge;
-	for (uint32_t j = 0; j < cap_wr; j++)
-		ch->wr[j].sg_list = &ch->sge[(size_t)j * cap_sge];
 	*out = ch;
 	return 0;
 }
