@@ -247,9 +247,7 @@ func (ch *Chain) WR(j int) WRInfo {
 	}
 	info.RemoteAddr = uint64(C.b2bv_wr_remote(ch.c, C.uint32_t(j)))
 	info.RKey = uint32(C.b2bv_wr_rkey(ch.c, C.uint32_t(j)))
-	if info.Opcode == WRWriteWithImm {
-		info.Imm = uint32(C.b2bv_wr_imm(ch.c, C.uint32_t(j)))
-	}
+	info.Imm = uint32(C.b2bv_wr_imm(ch.c, C.uint32_t(j))) // 0 unless a WRITE_WITH_IMM
 	sg := unsafe.Slice(w.sg_list, int(w.num_sge))
 	for _, s := range sg {
 		info.SGEs = append(info.SGEs, SGE{Addr: uint64(s.addr), Len: uint32(s.length), LKey: uint32(s.lkey)})

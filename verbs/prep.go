@@ -215,9 +215,7 @@ func (pl *Plan) WR(k, j int) WRInfo {
 	}
 	info.RemoteAddr = uint64(C.b2bv_pwr_remote(pl.p, C.uint32_t(k), C.uint32_t(j)))
 	info.RKey = uint32(C.b2bv_pwr_rkey(pl.p, C.uint32_t(k), C.uint32_t(j)))
-	if info.Opcode == WRWriteWithImm {
-		info.Imm = uint32(C.b2bv_pwr_imm(pl.p, C.uint32_t(k), C.uint32_t(j)))
-	}
+	info.Imm = uint32(C.b2bv_pwr_imm(pl.p, C.uint32_t(k), C.uint32_t(j))) // 0 unless a WRITE_WITH_IMM
 	for _, s := range unsafe.Slice(w.sg_list, int(w.num_sge)) {
 		info.SGEs = append(info.SGEs, SGE{Addr: uint64(s.addr), Len: uint32(s.length), LKey: uint32(s.lkey)})
 	}
