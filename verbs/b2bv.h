@@ -129,16 +129,13 @@ struct b2bv_plan_res {
 	uint64_t post_ns;    /* b2bv_post_chain: time spent in ibv_post_send */
 };
 
-/*
- * A preallocated chain: WRs, their packed SGEs (room for max_sge per WR),
- * each WR's payload bytes, and the request/result.
- */
+/* A preallocated chain: WRs, their SGEs (cap_sge fixed slots per WR) and
+ * the request/result. */
 struct b2bv_chain {
 	struct b2bv_plan req;
 	struct b2bv_plan_res res;
 	struct ibv_send_wr *wr;
 	struct ibv_sge *sge;
-	uint32_t *wrbytes;
 	uint32_t cap_wr;
 	uint32_t cap_sge;
 };
@@ -219,7 +216,7 @@ struct b2bv_async {
 enum {
 	B2BV_PKEY_INDEX = 0,
 	B2BV_HOP_LIMIT = 64,    /* RoCE v2 GRH hop limit */
-	B2BV_RD_ATOMIC = 1,     /* b2bd issues no RDMA READ or atomics */
+	B2BV_RD_ATOMIC = 1,     /* no RDMA READ posted yet (issue 24: from the device limits) */
 	B2BV_PSN_MASK = 0xFFFFFF, /* PSNs are 24 bits */
 };
 

@@ -23,16 +23,17 @@ int b2bv_chain_new(uint32_t cap_wr, uint32_t cap_sge, struct b2bv_chain **out)
 		return -ENOMEM;
 	ch->wr = calloc(cap_wr, sizeof(*ch->wr));
 	ch->sge = calloc((size_t)cap_wr * cap_sge, sizeof(*ch->sge));
-	ch->wrbytes = calloc(cap_wr, sizeof(*ch->wrbytes));
-	if (!ch->wr || !ch->sge || !ch->wrbytes) {
+	if (!ch->wr || !ch->sge) {
 		free(ch->wr);
 		free(ch->sge);
-		free(ch->wrbytes);
 		free(ch);
 		return -ENOMEM;
 	}
 	ch->cap_wr = cap_wr;
 	ch->cap_sge = cap_sge;
+	/* Fixed SGE slots, cap_sge per WR: the planner fills, never re-points, them. */
+	for (uint32_t j = 0; j < cap_wr; j++)
+		ch->wr[j].sg_list = &ch->sge[(size_t)j * cap_sge];
 	*out = ch;
 	return 0;
 }
@@ -43,7 +44,6 @@ void b2bv_chain_free(struct b2bv_chain *ch)
 		return;
 	free(ch->wr);
 	free(ch->sge);
-	free(ch->wrbytes);
 	free(ch);
 }
 

@@ -72,13 +72,21 @@ struct span {
 /* Where WRs go, their limits, and (out) what was planned. */
 struct wrs {
 	struct ibv_send_wr *wr; /* room for max_wr WRs */
-	struct ibv_sge *sge;    /* room for max_wr * max_sge SGEs, packed */
-	uint32_t *wrbytes;      /* each WR's payload bytes */
+	struct ibv_sge *sge;    /* packed: room for max_wr * max_sge SGEs */
+	uint32_t *wrbytes;      /* each WR's payload bytes (NULL: not kept) */
 	uint64_t wrcap;         /* bytes per WR */
 	uint64_t max_bytes;     /* stop once this many are planned (0: no cap) */
 	uint32_t max_wr, max_sge;
 	uint32_t signal_every;
 	uint32_t seq, seq_step; /* wr_id sequence numbers: seq += seq_step per WR */
+	int check;              /* bounds-check each block touched (0: all checked before) */
+	/*
+	 * packed: each WR's SGEs follow the last WR's in sge, and the WR is
+	 * pointed at them (a prepared plan's exact-size arrays); else each WR
+	 * keeps the fixed slots its sg_list already points to (a chain's,
+	 * assigned once: one store less per WR in the hot loop).
+	 */
+	int packed;
 	/* out */
 	uint32_t n_wr, n_sge, n_signaled, bad_block;
 	uint64_t bytes;
@@ -97,20 +105,35 @@ struct wrs {
  *  - WR j is signaled when (j+1) % signal_every == 0, and the last WR
  *    always is, so every posted WR's credit comes back; the last WR ends
  *    the list.
- * Every block touched is bounds-checked against both regions (-ERANGE,
- * o->bad_block). Returns 1 when the cursor reached the end (the cursor is
- * then exactly the end), 0 when WRs remain, or -ERANGE. Inlined into both
- * entry points, so its loop runs on locals.
+ * With o->check, every block touched is bounds-checked against both
+ * regions (-ERANGE, o->bad_block); a prepared plan checks them all first.
+ * Returns 1 when the cursor reached the end (the cursor is then exactly
+ * the end), 0 when WRs remain, or -ERANGE. Inlined into both entry
+ * points, where check, wrbytes and seq_step are constants: the branches
+ * one entry does not need fold away, and the loop runs on locals.
  */
 static inline __attribute__((always_inline)) int plan_span(const struct sides *s, struct span *c,
 							   struct wrs *o)
 {
-	const uint64_t *loc = s->loc, *rem = s->rem, *len = s->len;
+	/*
+	 * Everything the loop reads, in locals: the WRs and SGEs it stores are
+	 * 64-bit fields too, and the block arrays are declared restrict, so the
+	 * compiler need not reload any of it after each store.
+	 */
+	const uint64_t *restrict loc = s->loc, *restrict rem = s->rem, *restrict len = s->len;
+	const uint64_t loc_base = s->loc_base, rem_base = s->rem_base;
+	const uint64_t loc_limit = s->loc_limit, rem_limit = s->rem_limit;
+	const uint32_t lkey = s->lkey, rkey = s->rkey, op = s->op, inline_max = s->inline_max;
+	struct ibv_send_wr *restrict wrs = o->wr;
+	struct ibv_sge *restrict sges = o->sge;
+	uint32_t *restrict wrbytes = o->wrbytes;
 	const uint64_t wrcap = o->wrcap, max_bytes = o->max_bytes;
-	const uint32_t maxwr = o->max_wr, maxsge = o->max_sge, k = o->signal_every;
+	const uint32_t maxwr = o->max_wr, maxsge = o->max_sge, k = o->signal_every, seq_step = o->seq_step;
 	uint32_t i = c->i, end_i = c->end_i;
 	uint64_t off = c->off, end_off = c->end_off;
+	const int check = o->check, packed = o->packed;
 	uint32_t nwr = 0, nsge = 0, nsig = 0, seq = o->seq;
+	uint32_t to_signal = k; /* WRs until the next signaled one: no division per WR */
 	uint64_t bytes = 0;
 
 	/* LIMIT(x): where block x stops inside this range. */
@@ -127,13 +150,13 @@ static inline __attribute__((always_inline)) int plan_span(const struct sides *s
 		}
 		if (AT_END(i, off))
 			break;
-		if (!in_range(loc[i], len[i], s->loc_limit) || !in_range(rem[i], len[i], s->rem_limit)) {
+		if (check && (!in_range(loc[i], len[i], loc_limit) || !in_range(rem[i], len[i], rem_limit))) {
 			o->bad_block = i;
 			return -ERANGE;
 		}
 
-		struct ibv_send_wr *wr = &o->wr[nwr];
-		struct ibv_sge *sg = &o->sge[nsge];
+		struct ibv_send_wr *wr = &wrs[nwr];
+		struct ibv_sge *sg = packed ? &sges[nsge] : wr->sg_list;
 		uint64_t take = LIMIT(i) - off;
 		if (take > wrcap)
 			take = wrcap;
@@ -141,9 +164,9 @@ static inline __attribute__((always_inline)) int plan_span(const struct sides *s
 		uint64_t remote = rem[i] + off;
 		uint64_t loc_end = loc[i] + off + take; /* offsets, for merging */
 		uint64_t rem_end = remote + take;
-		sg[0].addr = s->loc_base + loc[i] + off;
+		sg[0].addr = loc_base + loc[i] + off;
 		sg[0].length = (uint32_t)take;
-		sg[0].lkey = s->lkey;
+		sg[0].lkey = lkey;
 		uint32_t ns = 1;
 		uint64_t wb = take;
 		off += take;
@@ -159,16 +182,16 @@ static inline __attribute__((always_inline)) int plan_span(const struct sides *s
 			uint64_t p = LIMIT(j);
 			if (rem[j] != rem_end || wb + p > wrcap)
 				break;
-			if (!in_range(loc[j], len[j], s->loc_limit) || !in_range(rem[j], len[j], s->rem_limit)) {
+			if (check && (!in_range(loc[j], len[j], loc_limit) || !in_range(rem[j], len[j], rem_limit))) {
 				o->bad_block = j;
 				return -ERANGE;
 			}
 			if (loc[j] == loc_end) {
 				sg[ns - 1].length += (uint32_t)p; /* merge */
 			} else if (ns < maxsge) {
-				sg[ns].addr = s->loc_base + loc[j];
+				sg[ns].addr = loc_base + loc[j];
 				sg[ns].length = (uint32_t)p;
-				sg[ns].lkey = s->lkey;
+				sg[ns].lkey = lkey;
 				ns++; /* gather (WRITE) or scatter (READ) */
 			} else {
 				break;
@@ -180,23 +203,26 @@ static inline __attribute__((always_inline)) int plan_span(const struct sides *s
 			off = p;
 		}
 
-		wr->sg_list = sg;
+		if (packed)
+			wr->sg_list = sg;
 		wr->num_sge = (int)ns;
-		wr->opcode = s->op;
+		wr->opcode = op;
 		wr->send_flags = 0;
-		if (s->inline_max && wb <= s->inline_max)
+		if (inline_max && wb <= inline_max)
 			wr->send_flags |= IBV_SEND_INLINE;
-		wr->wr.rdma.remote_addr = s->rem_base + remote;
-		wr->wr.rdma.rkey = s->rkey;
+		wr->wr.rdma.remote_addr = rem_base + remote;
+		wr->wr.rdma.rkey = rkey;
 		wr->imm_data = 0;
-		seq += o->seq_step;
+		seq += seq_step;
 		wr->wr_id = B2BV_WRID(seq, B2BV_KIND_DATA, first);
-		if ((nwr + 1) % k == 0) {
+		if (--to_signal == 0) { /* (nwr + 1) % k == 0 */
 			wr->send_flags |= IBV_SEND_SIGNALED;
 			nsig++;
+			to_signal = k;
 		}
 		wr->next = wr + 1;
-		o->wrbytes[nwr] = (uint32_t)wb;
+		if (wrbytes) /* a constant once inlined: no test in the loop */
+			wrbytes[nwr] = (uint32_t)wb;
 		nwr++;
 		nsge += ns;
 		bytes += wb;
@@ -216,7 +242,7 @@ static inline __attribute__((always_inline)) int plan_span(const struct sides *s
 #undef AT_END
 
 	if (nwr > 0) {
-		struct ibv_send_wr *last = &o->wr[nwr - 1];
+		struct ibv_send_wr *last = &wrs[nwr - 1];
 		last->next = NULL;
 		if (!(last->send_flags & IBV_SEND_SIGNALED)) {
 			last->send_flags |= IBV_SEND_SIGNALED;
@@ -273,7 +299,7 @@ int b2bv_plan(struct b2bv_chain *ch, const uint64_t *src, const uint64_t *dst,
 	struct wrs o = {
 		.wr = ch->wr,
 		.sge = ch->sge,
-		.wrbytes = ch->wrbytes,
+		.wrbytes = NULL, /* posting a chain needs no per-WR bytes */
 		.wrcap = wr_cap(r),
 		.max_bytes = r->max_chain_bytes,
 		.max_wr = maxwr,
@@ -281,6 +307,7 @@ int b2bv_plan(struct b2bv_chain *ch, const uint64_t *src, const uint64_t *dst,
 		.signal_every = r->signal_every ? r->signal_every : 1,
 		.seq = r->seq,
 		.seq_step = 1,
+		.check = 1, /* lazily: a chain may cover a small part of a big batch */
 	};
 	int done = plan_span(&s, &c, &o);
 	if (done < 0) {
@@ -398,11 +425,9 @@ int b2bv_pplan_build(const struct b2bv_plan *r, const uint64_t *src, const uint6
 			.max_wr = UINT32_MAX, /* bound[q] is the real limit */
 			.max_sge = maxsge,
 			.signal_every = k,
+			.packed = 1,
 		};
-		if (plan_span(&s, &c, &o) < 0) { /* the blocks were checked above */
-			free(p);
-			return -EINVAL;
-		}
+		plan_span(&s, &c, &o); /* cannot fail: every block was checked above */
 		if (o.n_wr > 0 && r->op == IBV_WR_RDMA_WRITE)
 			wrs[o.n_wr - 1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
 		sh->wr = wrs;
