@@ -109,8 +109,8 @@ struct wrs {
  * regions (-ERANGE, o->bad_block); a prepared plan checks them all first.
  * Returns 1 when the cursor reached the end (the cursor is then exactly
  * the end), 0 when WRs remain, or -ERANGE. Inlined into both entry
- * points, where check, wrbytes and seq_step are constants: the branches
- * one entry does not need fold away, and the loop runs on locals.
+ * points, where check, packed, wrbytes and seq_step are constants: the
+ * branches one entry does not need fold away, and the loop runs on locals.
  */
 static inline __attribute__((always_inline)) int plan_span(const struct sides *s, struct span *c,
 							   struct wrs *o)
