@@ -23,8 +23,10 @@
  *
  * Files: load.c (symbol table), device.c (device list, context, ports,
  * async events), mr.c (PD, MR), cq.c (completion channel, CQ, poll
- * buffers), srq.c, qp.c (QP, state transitions, single sends), chain.c (the
- * WR chain planner and poster), hostmem.c.
+ * buffers), srq.c, qp.c (QP, state transitions, single sends), plan.c (the
+ * one WR planner, for ad hoc chains and prepared plans, RDMA WRITE and
+ * READ), chain.c (chains: storage and posting), prep.c (prepared plans:
+ * storage and posting), hostmem.c.
  */
 #ifndef B2BV_H
 #define B2BV_H
@@ -64,17 +66,24 @@ enum {
 
 /* Planner flags. */
 enum {
-	B2BV_PLAN_IMM_LAST = 1, /* the range's last WR is RDMA_WRITE_WITH_IMM */
+	B2BV_PLAN_IMM_LAST = 1, /* the range's last WR is RDMA_WRITE_WITH_IMM (WRITE only) */
 };
 
 /*
  * One chain request. Go fills it in C memory (no Go pointers, no escape) and
  * the planner advances the cursor (i, off) and seq when the chain is
  * committed (posted, or planned in plan-only mode).
+ *
+ * src and dst name the direction the bytes move in, whatever the opcode:
+ * with IBV_WR_RDMA_WRITE the source is local (SGEs, lkey) and the
+ * destination remote (remote_addr, rkey); with IBV_WR_RDMA_READ the source
+ * is remote and the destination local. lkey is always the local MR's, rkey
+ * the remote's. A WR's remote range is always contiguous; its SGEs gather
+ * local pieces (WRITE) or scatter into them (READ).
  */
 struct b2bv_plan {
-	uint64_t src_base;  /* local address of src offset 0 (MR address or iova) */
-	uint64_t dst_base;  /* remote address of dst offset 0 */
+	uint64_t src_base;  /* address of src offset 0 (local MR address or iova for WRITE, remote for READ) */
+	uint64_t dst_base;  /* address of dst offset 0 (remote for WRITE, local for READ) */
 	uint64_t src_limit; /* bytes of the source region */
 	uint64_t dst_limit; /* bytes of the destination region */
 	uint64_t max_wr_bytes;    /* one WR carries at most this many bytes */
@@ -92,6 +101,7 @@ struct b2bv_plan {
 	uint32_t imm;          /* immediate for the last WR (host order) */
 	uint32_t flags;
 	uint32_t seq; /* the QP's WR sequence number before this chain */
+	uint32_t op;  /* IBV_WR_RDMA_WRITE (0) or IBV_WR_RDMA_READ; READ never goes inline */
 };
 
 /*
@@ -119,7 +129,8 @@ struct b2bv_plan_res {
 	uint64_t post_ns;    /* b2bv_post_chain: time spent in ibv_post_send */
 };
 
-/* A preallocated chain: WRs, SGEs (max_sge per WR) and the request/result. */
+/* A preallocated chain: WRs, their SGEs (cap_sge fixed slots per WR) and
+ * the request/result. */
 struct b2bv_chain {
 	struct b2bv_plan req;
 	struct b2bv_plan_res res;
@@ -130,10 +141,11 @@ struct b2bv_chain {
 };
 
 /*
- * A prepared plan (prep.c): a batch planned once, each QP's share into its
- * own WR array (chained, the last WR WRITE_WITH_IMM and signaled, one WR
- * signaled every signal_every) with packed SGEs. A share is posted in
- * sub-ranges from its cursor (next, seq); Go sets the cursor per submit.
+ * A prepared plan (plan.c builds it, prep.c posts it): a batch planned
+ * once, each QP's share into its own WR array (chained, the last WR
+ * signaled, one WR signaled every signal_every; a WRITE plan's last WR is
+ * WRITE_WITH_IMM) with packed SGEs. A share is posted in sub-ranges from
+ * its cursor (next, seq); Go sets the cursor per submit.
  */
 enum { B2BV_PPLAN_MAX_SHARES = 256 };
 
@@ -156,12 +168,12 @@ struct b2bv_pshare {
 };
 
 struct b2bv_pplan {
-	uint64_t src_base; /* the source base the SGEs are stamped with */
+	uint64_t loc_base; /* the local base the SGEs are stamped with (src for WRITE, dst for READ) */
 	uint64_t n_wr, n_sge, bytes;
 	uint32_t lkey;     /* the lkey the SGEs are stamped with */
 	uint32_t nshare;
 	uint32_t signal_every;
-	uint32_t pad;
+	uint32_t op;       /* IBV_WR_RDMA_WRITE or IBV_WR_RDMA_READ */
 	struct b2bv_pshare *shares; /* = share, for Go (cgo cannot index a flexible array) */
 	struct b2bv_pshare share[];
 };
@@ -204,7 +216,7 @@ struct b2bv_async {
 enum {
 	B2BV_PKEY_INDEX = 0,
 	B2BV_HOP_LIMIT = 64,    /* RoCE v2 GRH hop limit */
-	B2BV_RD_ATOMIC = 1,     /* b2bd issues no RDMA READ or atomics */
+	B2BV_RD_ATOMIC = 1,     /* no RDMA READ posted yet (issue 24: from the device limits) */
 	B2BV_PSN_MASK = 0xFFFFFF, /* PSNs are 24 bits */
 };
 
@@ -281,7 +293,7 @@ int b2bv_qp_state(struct ibv_qp *qp, int *state);
 int b2bv_post_send1(struct ibv_qp *qp, uint64_t wr_id, int opcode, uint32_t imm,
 		    uint64_t addr, uint32_t len, uint32_t lkey, int flags, int *raw);
 
-/* Chains: planning and posting (chain.c). */
+/* Chains (chain.c) and the planner (plan.c). */
 int b2bv_chain_new(uint32_t cap_wr, uint32_t cap_sge, struct b2bv_chain **out);
 void b2bv_chain_free(struct b2bv_chain *ch);
 int b2bv_plan(struct b2bv_chain *ch, const uint64_t *src, const uint64_t *dst,
@@ -293,12 +305,13 @@ uint64_t b2bv_wr_remote(const struct b2bv_chain *ch, uint32_t j);
 uint32_t b2bv_wr_rkey(const struct b2bv_chain *ch, uint32_t j);
 uint32_t b2bv_wr_imm(const struct b2bv_chain *ch, uint32_t j);
 
-/* Prepared plans (prep.c). cuts holds nq+1 (block, offset) pairs. */
+/* Prepared plans (built in plan.c, posted in prep.c). cuts holds nq+1
+ * (block, offset) pairs. */
 int b2bv_pplan_build(const struct b2bv_plan *r, const uint64_t *src, const uint64_t *dst,
 		     const uint64_t *len, uint32_t n, const uint64_t *cuts, uint32_t nq,
 		     struct b2bv_pplan **out, uint32_t *bad_block);
 void b2bv_pplan_free(struct b2bv_pplan *p);
-void b2bv_pplan_restamp(struct b2bv_pplan *p, uint32_t lkey, uint64_t src_base);
+void b2bv_pplan_restamp(struct b2bv_pplan *p, uint32_t lkey, uint64_t loc_base);
 /* Posts share q from its cursor: at most max_wr WRs, stopping once max_bytes
  * (0: no cap) are reached; qp NULL patches without posting (benchmarks). */
 int b2bv_pplan_post(struct ibv_qp *qp, struct b2bv_pplan *p, uint32_t q, uint32_t max_wr,

@@ -17,8 +17,8 @@ import (
 	"unsafe"
 )
 
-// Chain is a preallocated C array of RDMA WRITE WRs and their SGEs, plus the
-// planner's request and cursor. One Chain serves one QP (it is not safe for
+// Chain is a preallocated C array of RDMA WRITE or READ WRs and their SGEs,
+// plus the planner's request and cursor. One Chain serves one QP (it is not safe for
 // concurrent use); planning and posting never allocate.
 type Chain struct {
 	c      *C.struct_b2bv_chain
@@ -64,6 +64,7 @@ func (ch *Chain) Setup(p *ChainParams) {
 		return
 	}
 	r := &c.req
+	r.op = C.uint32_t(p.Op)
 	r.src_base = C.uint64_t(p.SrcBase)
 	r.dst_base = C.uint64_t(p.DstBase)
 	r.src_limit = C.uint64_t(p.SrcLimit)
@@ -96,7 +97,8 @@ func clampInt(v, lo, hi int) int {
 }
 
 // Start sets the range [from, to) of the batch the next chains cover. When
-// immLast is set, the range's last WR is RDMA_WRITE_WITH_IMM carrying imm.
+// immLast is set, the range's last WR is RDMA_WRITE_WITH_IMM carrying imm
+// (WRITE only: planning a READ with immLast is refused).
 func (ch *Chain) Start(from, to Pos, immLast bool, imm uint32) {
 	c := ch.chain()
 	if c == nil {
@@ -176,9 +178,10 @@ func (ch *Chain) planErr(rc C.int, qpn uint32) error {
 		return fmt.Errorf("verbs: block %d lies outside the source (%d bytes) or destination (%d bytes) region; nothing posted: %w",
 			uint32(c.res.bad_block), uint64(c.req.src_limit), uint64(c.req.dst_limit), ErrInvalidArgument)
 	case syscall.EINVAL:
-		return fmt.Errorf("verbs: chain request invalid (cursor %d+%d, end %d+%d, max_wr %d, max_sge %d): %w",
+		return fmt.Errorf("verbs: chain request invalid (op %d, immediate %v, cursor %d+%d, end %d+%d, max_wr %d, max_sge %d; ops: WRITE %d or READ %d without immediate): %w",
+			uint32(c.req.op), c.req.flags&C.B2BV_PLAN_IMM_LAST != 0,
 			uint32(c.req.i), uint64(c.req.off), uint32(c.req.end_i), uint64(c.req.end_off),
-			uint32(c.req.max_wr), uint32(c.req.max_sge), ErrInvalidArgument)
+			uint32(c.req.max_wr), uint32(c.req.max_sge), WRWrite, WRRead, ErrInvalidArgument)
 	}
 	return callErr(rc, 0, "chain planner", "", ErrInvalidArgument)
 }
@@ -244,9 +247,7 @@ func (ch *Chain) WR(j int) WRInfo {
 	}
 	info.RemoteAddr = uint64(C.b2bv_wr_remote(ch.c, C.uint32_t(j)))
 	info.RKey = uint32(C.b2bv_wr_rkey(ch.c, C.uint32_t(j)))
-	if info.Opcode == WRWriteWithImm {
-		info.Imm = uint32(C.b2bv_wr_imm(ch.c, C.uint32_t(j)))
-	}
+	info.Imm = uint32(C.b2bv_wr_imm(ch.c, C.uint32_t(j))) // 0 unless a WRITE_WITH_IMM
 	sg := unsafe.Slice(w.sg_list, int(w.num_sge))
 	for _, s := range sg {
 		info.SGEs = append(info.SGEs, SGE{Addr: uint64(s.addr), Len: uint32(s.length), LKey: uint32(s.lkey)})

@@ -34,9 +34,11 @@ type Plan struct {
 const MaxPlanShares = C.B2BV_PPLAN_MAX_SHARES
 
 // NewPlan plans blocks src/dst/lens, cut into len(cuts)-1 shares at cuts
-// (from Pos{} to Pos{I: len(src)}), with p's regions, keys, SGE and WR
+// (from Pos{} to Pos{I: len(src)}), with p's op, regions, keys, SGE and WR
 // limits, SignalEvery and InlineMax (MaxWR and MaxChainBytes apply at post
-// time instead, see PostPlan). One cgo call; it needs no device.
+// time instead, see PostPlan). It is the same planner as Chain's: each
+// share's WRs are those one unbounded chain over the share would carry.
+// One cgo call; it needs no device.
 func NewPlan(p *ChainParams, src, dst, lens []uint64, cuts []Pos) (*Plan, error) {
 	s, d, l, n, err := arrays(src, dst, lens)
 	if err != nil {
@@ -46,6 +48,9 @@ func NewPlan(p *ChainParams, src, dst, lens []uint64, cuts []Pos) (*Plan, error)
 	if nq < 0 || nq > MaxPlanShares {
 		return nil, fmt.Errorf("verbs: plan of %d shares (max %d): %w", nq, MaxPlanShares, ErrInvalidArgument)
 	}
+	if p.Op != WRWrite && p.Op != WRRead {
+		return nil, fmt.Errorf("verbs: plan with op %d (want WRWrite %d or WRRead %d): %w", p.Op, WRWrite, WRRead, ErrInvalidArgument)
+	}
 	if p.MaxSGE < 1 || p.MaxSGE > 1<<10 {
 		return nil, fmt.Errorf("verbs: plan with MaxSGE %d (want 1..1024): %w", p.MaxSGE, ErrInvalidArgument)
 	}
@@ -54,6 +59,7 @@ func NewPlan(p *ChainParams, src, dst, lens []uint64, cuts []Pos) (*Plan, error)
 		cut[2*k], cut[2*k+1] = uint64(c.I), c.Off
 	}
 	var r C.struct_b2bv_plan
+	r.op = C.uint32_t(p.Op)
 	r.src_base = C.uint64_t(p.SrcBase)
 	r.dst_base = C.uint64_t(p.DstBase)
 	r.src_limit = C.uint64_t(p.SrcLimit)
@@ -140,13 +146,14 @@ func (pl *Plan) Seq(k int) uint32 {
 	return uint32(pl.shares[k].seq)
 }
 
-// Restamp rewrites every SGE for a new source MR (lkey, and the base
-// address its offsets are relative to), in one cgo call.
-func (pl *Plan) Restamp(lkey uint32, srcBase uint64) {
+// Restamp rewrites every SGE for a new local MR (the source of a WRITE
+// plan, the destination of a READ plan): its lkey, and the base address the
+// local offsets are relative to, in one cgo call.
+func (pl *Plan) Restamp(lkey uint32, localBase uint64) {
 	if pl == nil || pl.p == nil {
 		return
 	}
-	C.b2bv_pplan_restamp(pl.p, C.uint32_t(lkey), C.uint64_t(srcBase))
+	C.b2bv_pplan_restamp(pl.p, C.uint32_t(lkey), C.uint64_t(localBase))
 }
 
 // LKey is the lkey the plan's SGEs carry.
@@ -159,7 +166,7 @@ func (pl *Plan) LKey() uint32 {
 
 // PostPlan posts share k of pl from its cursor with one ibv_post_send: at
 // most maxWR WRs, ending once maxBytes (0: no cap) are carried; the last
-// WR posted is signaled, and when it is the share's last, carries tag as
+// WR posted is signaled, and when it is a WRITE share's last, carries tag as
 // its immediate. It returns the WRs the device accepted and their bytes;
 // the cursor and sequence number advance by those.
 func (q *QP) PostPlan(pl *Plan, k int, maxWR int, maxBytes uint64, tag uint32) (int, uint64, error) {
@@ -208,9 +215,7 @@ func (pl *Plan) WR(k, j int) WRInfo {
 	}
 	info.RemoteAddr = uint64(C.b2bv_pwr_remote(pl.p, C.uint32_t(k), C.uint32_t(j)))
 	info.RKey = uint32(C.b2bv_pwr_rkey(pl.p, C.uint32_t(k), C.uint32_t(j)))
-	if info.Opcode == WRWriteWithImm {
-		info.Imm = uint32(C.b2bv_pwr_imm(pl.p, C.uint32_t(k), C.uint32_t(j)))
-	}
+	info.Imm = uint32(C.b2bv_pwr_imm(pl.p, C.uint32_t(k), C.uint32_t(j))) // 0 unless a WRITE_WITH_IMM
 	for _, s := range unsafe.Slice(w.sg_list, int(w.num_sge)) {
 		info.SGEs = append(info.SGEs, SGE{Addr: uint64(s.addr), Len: uint32(s.length), LKey: uint32(s.lkey)})
 	}

@@ -4,161 +4,26 @@ package verbs
 
 import (
 	"errors"
-	"fmt"
 	"testing"
 
 	"github.com/b2bd/b2bd/internal/errs"
 )
 
-func mustPlan(t testing.TB, p ChainParams, src, dst, lens []uint64, cuts []Pos) *Plan {
-	t.Helper()
-	pl, err := NewPlan(&p, src, dst, lens, cuts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pl.Close() })
-	return pl
-}
-
-// checkPlan compares every share of pl with what the ad hoc chain planner
-// builds for the same range in one unbounded chain (same WRs, SGEs,
-// addresses, lengths, keys, inline flags), checks the static signaled
-// pattern, the list links, and that the share maps exactly its bytes.
-func checkPlan(t testing.TB, pl *Plan, p ChainParams, src, dst, lens []uint64, cuts []Pos) {
-	t.Helper()
-	if pl.Shares() != len(cuts)-1 {
-		t.Fatalf("%d shares, want %d", pl.Shares(), len(cuts)-1)
-	}
-	k := max(p.SignalEvery, 1)
-	var totWR, totSGE int
-	var totBytes uint64
-	for q := 0; q < pl.Shares(); q++ {
-		wrs, sges, bytes := pl.ShareSize(q)
-		totWR, totSGE, totBytes = totWR+wrs, totSGE+sges, totBytes+bytes
-		ref := p
-		// Room for exactly the plan's WRs: a reference that needs more does
-		// not finish.
-		ref.MaxWR, ref.MaxChainBytes = max(wrs, 1), 0
-		ch := mustChain(t, max(wrs, 1), max(p.MaxSGE, 1))
-		ch.Setup(&ref)
-		ch.Start(cuts[q], cuts[q+1], false, 0)
-		res, err := ch.Plan(src, dst, lens)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !res.Done {
-			t.Fatalf("reference planner did not finish share %d", q)
-		}
-		if res.WRs != wrs || res.SGEs != sges || res.Bytes != bytes {
-			t.Fatalf("share %d: %d WRs %d SGEs %d bytes, reference %d %d %d", q, wrs, sges, bytes, res.WRs, res.SGEs, res.Bytes)
-		}
-		var got []run
-		for j := 0; j < wrs; j++ {
-			w, r := pl.WR(q, j), ch.WR(j)
-			_, kind, blk := SplitWRID(w.WRID)
-			_, _, rblk := SplitWRID(r.WRID)
-			if kind != KindData || blk != rblk {
-				t.Fatalf("share %d WR %d: kind %d block %d, want data block %d", q, j, kind, blk, rblk)
-			}
-			if w.RemoteAddr != r.RemoteAddr || w.RKey != p.RKey || w.Inline != r.Inline || fmt.Sprint(w.SGEs) != fmt.Sprint(r.SGEs) {
-				t.Fatalf("share %d WR %d:\n got %+v\nwant %+v", q, j, w, r)
-			}
-			wantSig := (j+1)%k == 0 || j == wrs-1
-			if w.Signaled != wantSig {
-				t.Fatalf("share %d WR %d/%d signaled=%v, want %v (K=%d)", q, j, wrs, w.Signaled, wantSig, k)
-			}
-			wantOp := WRWrite
-			if j == wrs-1 {
-				wantOp = WRWriteWithImm
-			}
-			if w.Opcode != wantOp {
-				t.Fatalf("share %d WR %d opcode %d, want %d", q, j, w.Opcode, wantOp)
-			}
-			if (j < wrs-1) != pl.WRNext(q, j) {
-				t.Fatalf("share %d WR %d: list link broken (last=%v)", q, j, j == wrs-1)
-			}
-			off := w.RemoteAddr - p.DstBase
-			for _, s := range w.SGEs {
-				if s.LKey != p.LKey {
-					t.Fatalf("share %d WR %d SGE lkey %#x", q, j, s.LKey)
-				}
-				got = append(got, run{off, s.Addr - p.SrcBase, uint64(s.Len)})
-				off += uint64(s.Len)
-			}
-		}
-		if want := expected(src, dst, lens, cuts[q], cuts[q+1]); fmt.Sprint(coalesce(got)) != fmt.Sprint(want) {
-			t.Fatalf("share %d maps\n got %v\nwant %v", q, coalesce(got), want)
-		}
-	}
-	if w, s, b := pl.Totals(); w != totWR || s != totSGE || b != totBytes {
-		t.Fatalf("totals %d %d %d, shares sum to %d %d %d", w, s, b, totWR, totSGE, totBytes)
-	}
-}
-
-// cutsEven cuts n blocks into nq ranges at block boundaries (some empty).
-func cutsEven(n, nq int) []Pos {
-	c := make([]Pos, nq+1)
-	for q := 0; q <= nq; q++ {
-		c[q] = Pos{I: uint32(n * q / nq)}
-	}
-	return c
-}
-
-func TestPlanBuildTable(t *testing.T) {
-	rs, rd, rl, rsize := randomBatch(500, 128, 7)
-	adj := func(n int, sz uint64) (s, d, l []uint64) {
-		for i := 0; i < n; i++ {
-			s, d, l = append(s, uint64(i)*sz), append(d, uint64(i)*sz), append(l, sz)
-		}
-		return
-	}
-	as, ad, al := adj(100, 4096)
-	// gather: contiguous destinations, sources every other slot.
-	var gs, gd, gl []uint64
-	for i := 0; i < 50; i++ {
-		gs, gd, gl = append(gs, uint64(i)*1024), append(gd, uint64(i)*512), append(gl, 512)
-	}
-	big := []uint64{0, 3 << 20}
-	bigL := []uint64{3 << 20, 1 << 20}
-	cases := []struct {
-		name           string
-		src, dst, lens []uint64
-		cuts           []Pos
-		edit           func(*ChainParams)
-		wantWR         int
-	}{
-		{"random 128 B, 4 shares", rs, rd, rl, cutsEven(500, 4), nil, 500},
-		{"random, signal every 1", rs, rd, rl, cutsEven(500, 3), func(p *ChainParams) { p.SignalEvery = 1 }, 500},
-		{"random, inline", rs, rd, rl, cutsEven(500, 2), func(p *ChainParams) { p.InlineMax = 256 }, 500},
-		{"adjacent merge", as, ad, al, cutsEven(100, 1), nil, 1},
-		{"adjacent, wr cap 64 KiB", as, ad, al, cutsEven(100, 2), func(p *ChainParams) { p.MaxWRBytes = 64 << 10 }, 8},
-		{"gather 4 SGEs", gs, gd, gl, cutsEven(50, 1), nil, 13},
-		{"big blocks cut mid-block", big, []uint64{0, 3 << 20}, bigL, []Pos{{}, {I: 0, Off: 2 << 20}, {I: 1, Off: 4096}, {I: 2}}, nil, 5},
-		{"no shares", nil, nil, nil, []Pos{{}}, nil, 0},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			p := baseParams()
-			p.SrcLimit, p.DstLimit = max(rsize, 8<<20), max(rsize, 8<<20)
-			if tc.edit != nil {
-				tc.edit(&p)
-			}
-			pl := mustPlan(t, p, tc.src, tc.dst, tc.lens, tc.cuts)
-			checkPlan(t, pl, p, tc.src, tc.dst, tc.lens, tc.cuts)
-			if w, _, _ := pl.Totals(); w != tc.wantWR {
-				t.Fatalf("%d WRs, want %d", w, tc.wantWR)
-			}
-		})
-	}
-}
-
 // TestPlanPatch posts shares in sub-ranges without a QP: wr_ids carry the
 // running sequence numbers, each sub-range's last WR is signaled only while
 // posted (the static pattern is restored), the immediate is the tag, and a
-// second submit re-patches them all.
+// second submit re-patches them all. A READ share's last WR stays a plain
+// READ and carries no immediate.
 func TestPlanPatch(t *testing.T) {
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) { testPlanPatch(t, op.op) })
+	}
+}
+
+func testPlanPatch(t *testing.T, op WROpcode) {
 	src, dst, lens, size := randomBatch(1000, 128, 3)
 	p := baseParams()
+	p.Op = op
 	p.SrcLimit, p.DstLimit = size, size
 	cuts := cutsEven(1000, 3)
 	pl := mustPlan(t, p, src, dst, lens, cuts)
@@ -194,8 +59,12 @@ func TestPlanPatch(t *testing.T) {
 					t.Fatalf("WR %d link not restored", j)
 				}
 			}
-			if last := pl.WR(q, n-1); last.Opcode != WRWriteWithImm || last.Imm != tag {
-				t.Fatalf("share %d last WR opcode %d imm %#x, want imm %#x", q, last.Opcode, last.Imm, tag)
+			wantOp, wantImm := WRWriteWithImm, tag
+			if op == WRRead {
+				wantOp, wantImm = WRRead, 0
+			}
+			if last := pl.WR(q, n-1); last.Opcode != wantOp || last.Imm != wantImm {
+				t.Fatalf("share %d last WR opcode %d imm %#x, want %d %#x", q, last.Opcode, last.Imm, wantOp, wantImm)
 			}
 		}
 	}
@@ -209,19 +78,31 @@ func TestPlanPatch(t *testing.T) {
 	}
 }
 
+// TestPlanRestamp: a new local MR (the source of a WRITE plan, the
+// destination of a READ plan) restamps every SGE's lkey and address.
 func TestPlanRestamp(t *testing.T) {
-	src, dst, lens, size := randomBatch(300, 256, 4)
-	p := baseParams()
-	p.SrcLimit, p.DstLimit = size, size
-	cuts := cutsEven(300, 2)
-	pl := mustPlan(t, p, src, dst, lens, cuts)
-	p2 := p
-	p2.LKey, p2.SrcBase = 0xabcdef, p.SrcBase+0x7000
-	pl.Restamp(p2.LKey, p2.SrcBase)
-	if pl.LKey() != p2.LKey {
-		t.Fatalf("lkey %#x", pl.LKey())
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) {
+			src, dst, lens, size := randomBatch(300, 256, 4)
+			p := baseParams()
+			p.Op = op.op
+			p.SrcLimit, p.DstLimit = size, size
+			cuts := cutsEven(300, 2)
+			pl := mustPlan(t, p, src, dst, lens, cuts)
+			p2 := p
+			p2.LKey = 0xabcdef
+			local := &p2.SrcBase
+			if op.op == WRRead {
+				local = &p2.DstBase
+			}
+			*local += 0x7000
+			pl.Restamp(p2.LKey, *local)
+			if pl.LKey() != p2.LKey {
+				t.Fatalf("lkey %#x", pl.LKey())
+			}
+			checkPlan(t, pl, p2, src, dst, lens, cuts)
+		})
 	}
-	checkPlan(t, pl, p2, src, dst, lens, cuts)
 }
 
 func TestPlanBuildErrors(t *testing.T) {
@@ -274,13 +155,14 @@ func contains(s, sub string) bool {
 	return false
 }
 
-// FuzzPlanBuild: for arbitrary block lists, cuts and limits, the prepared
-// plan builder matches the chain planner share by share (see checkPlan),
+// FuzzPlanBuild: for arbitrary block lists, cuts, limits and either op, the
+// prepared plan matches the ad hoc chains share by share (see checkPlan),
 // or refuses out-of-range blocks and bad cuts with ErrInvalidArgument.
 func FuzzPlanBuild(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, uint8(4), uint16(0), uint8(3), uint8(2), uint8(0))
 	f.Add([]byte{0, 0, 0, 0, 255, 255, 0, 1}, uint8(1), uint16(7), uint8(1), uint8(1), uint8(3))
 	f.Add(make([]byte, 64), uint8(30), uint16(300), uint8(16), uint8(5), uint8(0x85))
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, uint8(4), uint16(0), uint8(3), uint8(0x82), uint8(0))
 	f.Fuzz(func(t *testing.T, data []byte, maxSGE uint8, maxWRBytes uint16, sig uint8, nq uint8, cut uint8) {
 		const limit = 1 << 16
 		var src, dst, lens []uint64
@@ -303,6 +185,9 @@ func FuzzPlanBuild(f *testing.F) {
 		p.MaxWRBytes = uint64(maxWRBytes % 512)
 		p.SignalEvery = int(sig%8) + 1
 		p.InlineMax = int(cut % 4 * 16)
+		if nq&0x80 != 0 {
+			p.Op = WRRead
+		}
 		n := uint32(len(src))
 		shares := int(nq%6) + 1
 		cuts := []Pos{{}}

@@ -182,6 +182,7 @@ type WCOpcode uint32
 const (
 	WCSend           WCOpcode = 0
 	WCRDMAWrite      WCOpcode = 1
+	WCRDMARead       WCOpcode = 2
 	WCRecv           WCOpcode = 128
 	WCRecvRDMAWithIm WCOpcode = 129
 )
@@ -243,6 +244,7 @@ const (
 	WRWriteWithImm WROpcode = 1
 	WRSend         WROpcode = 2
 	WRSendWithImm  WROpcode = 3
+	WRRead         WROpcode = 4 // IBV_WR_RDMA_READ
 )
 
 // AsyncEvent is an acknowledged ibv_async_event.
@@ -272,17 +274,26 @@ type Pos struct {
 	Off uint64
 }
 
-// ChainParams configures a Chain for one region pair; set once per batch.
+// ChainParams configures a Chain or a Plan for one region pair; set once
+// per batch.
+//
+// Src and Dst name the direction bytes move in, as a batch's Src and Dst
+// arrays do: with Op WRWrite (the zero value) the source is the local MR
+// and the destination the remote one; with WRRead the source is remote and
+// the destination local. LKey is always the local MR's, RKey the remote's.
+// Either way a WR reads or writes one contiguous remote range, and its
+// SGEs gather from (WRITE) or scatter into (READ) local pieces.
 type ChainParams struct {
-	SrcBase, DstBase   uint64 // addresses of offset 0 (local MR, remote MR)
-	SrcLimit, DstLimit uint64 // region sizes: no WR ever leaves them
+	Op                 WROpcode // WRWrite or WRRead
+	SrcBase, DstBase   uint64   // addresses of offset 0 (WRITE: local MR, remote MR; READ: remote, local)
+	SrcLimit, DstLimit uint64   // region sizes: no WR ever leaves them
 	LKey, RKey         uint32
 	MaxWR              int    // WRs per chain (≤ the chain's capacity)
 	MaxSGE             int    // SGEs per WR (≤ capacity and the QP's max_send_sge)
 	MaxWRBytes         uint64 // a WR carries at most this (0: 2 GiB)
 	MaxChainBytes      uint64 // size-aware chain length: stop at this many bytes (0: none)
 	SignalEvery        int    // one signaled WR every K, plus each chain's last
-	InlineMax          int    // WRs up to this many bytes go inline (host memory only)
+	InlineMax          int    // WRITEs up to this many bytes go inline (host memory only; never READs)
 }
 
 // ChainResult describes one planned or posted chain.
