@@ -165,7 +165,7 @@ def load(n):
 ncu, probe = load("sm-ncu.json"), load("sm-probe.json")
 key = lambda c: (c["path"], c["transport"], c["block_bytes"])
 nc = {key(c): c for c in ncu["cases"]}
-print(f"{'path':<14} {'transport':<9} {'block':>7} {'carried by':>10} {'ncu kernels':>11} {'probe: took ms':>14} {'spin left ms':>12} {'max gap us':>10}  verdict")
+print(f"{'path':<14} {'transport':<9} {'block':>7} {'carried by':>10} {'ncu kernels':>11} {'probe: took ms':>14} {'spin left ms':>12} {'SM stalls':>9}  verdict")
 bad = 0
 for c in probe["cases"]:
     n = nc.get(key(c), {})
@@ -174,9 +174,9 @@ for c in probe["cases"]:
     bad += not ok
     f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"
     print(f"{c['path']:<14} {c['transport']:<9} {c['block_bytes']:>7} {c.get('carried_by', '-'):>10} {('-' if k is None else k):>11} "
-          f"{f(c.get('took_ms'), 2):>14} {f(c.get('spin_left_ms')):>12} {f(c.get('maxgap_us')):>10}  {'0 SMs (both proofs)' if ok else 'FAIL'}")
+          f"{f(c.get('took_ms'), 2):>14} {f(c.get('spin_left_ms')):>12} {len(c.get('gaps_in_window', [])):>9}  {'0 SMs (both proofs)' if ok else 'FAIL'}")
 for c in probe.get("controls", []):
-    print(f"  {c['name']:<40} took {c['took_ms']:.2f} ms, max gap {c['maxgap_us']:.1f} us, caught as expected: {c['ok']}")
+    print(f"  {c['name']:<40} took {c['took_ms']:.2f} ms, SM stalls in its window {c.get('gaps_in_window')}, caught as expected: {c['ok']}")
 if not probe["cases"] or bad or not probe.get("pass") or not ncu.get("pass"):
     print("gpu-check: zero SMs NOT proven both ways for every path")
     sys.exit(1)

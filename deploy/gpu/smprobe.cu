@@ -18,9 +18,14 @@
 //              in-process positive control (a 1-block kernel on another stream
 //              of GPU 0, which must wait for the spin: every slot is taken),
 //              and when all ended prints
-//              "done spin_end=T control_done=T resident=0|1 maxgap_us=F gap_blocks=N blocks=N"
+//              "done launched=T spin_end=T control_launched=T control_done=T resident=0|1
+//               maxgap_us=F gap_blocks=N blocks=N gaps=DEV/BLOCK@OFF:LEN,..."
 //              (spin_end: the first GPU's spin end, as the host saw it;
-//              gap_blocks: blocks whose largest gap was at least --gap-us)
+//              gap_blocks: blocks whose largest gap was at least --gap-us;
+//              gaps: the first gaps >= --gap-us of the first and last block of
+//              each GPU, offset from the block's start and length in us).
+//              The in-process control is launched at mid-spin, after the half
+//              in which a batch must end.
 //   "quit"
 // Build: nvcc -O2 -o smprobe smprobe.cu     Run: ./smprobe [--ms 400] [--devices 0,1] [--gap-us 100]
 #include <cuda_runtime.h>
@@ -38,16 +43,26 @@ static double mono() { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); 
 
 __device__ __forceinline__ unsigned long long gtimer() { unsigned long long t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
 
-__global__ void spin(unsigned long long ns, unsigned int *started, unsigned long long *maxgap) {
+#define KGAPS 16
+// Each block spins for ns and keeps its largest gap between two timer reads
+// and (thread 0) the first KGAPS gaps of at least thr ns: start offset from
+// the block's start and length, in microseconds.
+__global__ void spin(unsigned long long ns, unsigned long long thr, unsigned int *started, unsigned long long *maxgap, unsigned int *gaps) {
 	unsigned long long t0 = gtimer(), last = t0, mx = 0;
+	unsigned int ng = 0;
 	if (threadIdx.x == 0) { atomicAdd(started, 1u); __threadfence_system(); }
 	for (;;) {
-		unsigned long long t = gtimer();
-		if (t - last > mx) mx = t - last;
+		unsigned long long t = gtimer(), g = t - last;
+		if (g > mx) mx = g;
+		if (g >= thr && threadIdx.x == 0 && ng < KGAPS) {
+			gaps[(blockIdx.x * KGAPS + ng) * 2] = (unsigned int)((last - t0) / 1000);
+			gaps[(blockIdx.x * KGAPS + ng) * 2 + 1] = (unsigned int)(g / 1000);
+			ng++;
+		}
 		last = t;
 		if (t - t0 >= ns) break;
 	}
-	if (threadIdx.x == 0) maxgap[blockIdx.x] = mx;
+	if (threadIdx.x == 0) { maxgap[blockIdx.x] = mx; for (unsigned int i = ng; i < KGAPS; i++) gaps[(blockIdx.x * KGAPS + i) * 2 + 1] = 0; }
 }
 
 __global__ void control(int *p) { if (p) *p += 1; }
@@ -58,7 +73,9 @@ struct Dev {
 	cudaEvent_t spinDone, ctlDone;
 	unsigned int *started_h, *started_d;
 	unsigned long long *gap_d;
+	unsigned int *gl_d;
 	std::vector<unsigned long long> gap_h;
+	std::vector<unsigned int> gl_h;
 };
 
 int main(int argc, char **argv) {
@@ -73,6 +90,7 @@ int main(int argc, char **argv) {
 	}
 	if (ids.empty()) ids.push_back(0);
 	setvbuf(stdout, nullptr, _IOLBF, 0);
+	unsigned long long thr = (unsigned long long)(gap_us * 1000);
 	std::vector<Dev> devs(ids.size());
 	for (size_t k = 0; k < ids.size(); k++) {
 		Dev &d = devs[k];
@@ -92,8 +110,10 @@ int main(int argc, char **argv) {
 		CK(cudaHostGetDevicePointer(&d.started_d, d.started_h, 0));
 		CK(cudaMalloc(&d.gap_d, d.grid * sizeof(unsigned long long)));
 		d.gap_h.resize(d.grid);
+		CK(cudaMalloc(&d.gl_d, d.grid * KGAPS * 2 * sizeof(unsigned int)));
+		d.gl_h.resize(d.grid * KGAPS * 2);
 		// warm up both kernels (module load, first launch)
-		spin<<<d.grid, d.threads, 0, d.spin>>>(1000000ull, d.started_d, d.gap_d);
+		spin<<<d.grid, d.threads, 0, d.spin>>>(1000000ull, thr, d.started_d, d.gap_d, d.gl_d);
 		control<<<1, 1, 0, d.ctl>>>(nullptr);
 		CK(cudaDeviceSynchronize());
 		printf("ready dev=%d sms=%d blocks_per_sm=%d threads=%d grid=%d max_threads_per_sm=%d max_blocks_per_sm=%d name=\"%s\"\n",
@@ -104,10 +124,11 @@ int main(int argc, char **argv) {
 	while (fgets(line, sizeof line, stdin)) {
 		if (!strncmp(line, "quit", 4)) break;
 		if (strncmp(line, "spin", 4)) { printf("error unknown command\n"); continue; }
+		double launched = mono();
 		for (Dev &d : devs) {
 			CK(cudaSetDevice(d.id));
 			*(volatile unsigned int *)d.started_h = 0;
-			spin<<<d.grid, d.threads, 0, d.spin>>>((unsigned long long)(ms * 1e6), d.started_d, d.gap_d);
+			spin<<<d.grid, d.threads, 0, d.spin>>>((unsigned long long)(ms * 1e6), thr, d.started_d, d.gap_d, d.gl_d);
 			CK(cudaGetLastError());
 			CK(cudaEventRecord(d.spinDone, d.spin));
 		}
@@ -119,7 +140,12 @@ int main(int argc, char **argv) {
 			}
 		double spinning = mono();
 		printf("spinning %.6f\n", spinning);
+		// The in-process control goes in at mid-spin: after the first half,
+		// in which a batch must end, so that nothing it causes is blamed on
+		// the batch.
 		Dev &c = devs[0];
+		while (mono() < spinning + ms / 2000) usleep(100);
+		double ctlLaunched = mono();
 		CK(cudaSetDevice(c.id));
 		control<<<1, 1, 0, c.ctl>>>(nullptr);
 		CK(cudaEventRecord(c.ctlDone, c.ctl));
@@ -140,6 +166,7 @@ int main(int argc, char **argv) {
 		for (Dev &d : devs) {
 			CK(cudaSetDevice(d.id));
 			CK(cudaMemcpy(d.gap_h.data(), d.gap_d, d.grid * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+			CK(cudaMemcpy(d.gl_h.data(), d.gl_d, d.gl_h.size() * sizeof(unsigned int), cudaMemcpyDeviceToHost));
 			for (unsigned long long g : d.gap_h) {
 				double us = g / 1e3;
 				if (us > maxgap) maxgap = us;
@@ -147,8 +174,19 @@ int main(int argc, char **argv) {
 				blocks++;
 			}
 		}
-		printf("done spin_end=%.6f control_done=%.6f resident=%d maxgap_us=%.1f gap_blocks=%d blocks=%d\n",
-			spinEnd, ctlDone, resident ? 1 : 0, maxgap, gapBlocks, blocks);
+		// gaps=off:len,... (us) of block 0 and of the last block of every GPU
+		std::string gl;
+		for (Dev &d : devs)
+			for (int b : {0, d.grid - 1})
+				for (int i = 0; i < KGAPS; i++) {
+					unsigned int off = d.gl_h[(b * KGAPS + i) * 2], len = d.gl_h[(b * KGAPS + i) * 2 + 1];
+					if (!len) break;
+					char buf[64];
+					snprintf(buf, sizeof buf, "%s%d/%d@%u:%u", gl.empty() ? "" : ",", d.id, b, off, len);
+					gl += buf;
+				}
+		printf("done launched=%.6f spin_end=%.6f control_launched=%.6f control_done=%.6f resident=%d maxgap_us=%.1f gap_blocks=%d blocks=%d gaps=%s\n",
+			launched, spinEnd, ctlLaunched, ctlDone, resident ? 1 : 0, maxgap, gapBlocks, blocks, gl.empty() ? "-" : gl.c_str());
 	}
 	return 0;
 }

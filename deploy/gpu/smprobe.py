@@ -169,21 +169,30 @@ def main():
             t0 = float(line[1])
             action()
             t1 = time.monotonic()
-            done = dict(kv.split("=") for kv in probe.stdout.readline().split()[1:])
-            spin_end, ctl = float(done["spin_end"]), float(done["control_done"])
+            done = dict(kv.split("=", 1) for kv in probe.stdout.readline().split()[1:])
+            spin_end, ctl, ctl0 = float(done["spin_end"]), float(done["control_done"]), float(done["control_launched"])
             sec = args.ms / 1e3
+            # A gap (another context time-sliced onto the SMs) counts against
+            # the action when it starts before the action ended: offsets are
+            # from each block's start, which is after the launch.
+            window_us = (t1 - float(done["launched"])) * 1e6 + 500
+            gaps = [] if done["gaps"] == "-" else [g.split("@") for g in done["gaps"].split(",")]
+            gaps = [(w, int(ol.split(":")[0]), int(ol.split(":")[1])) for w, ol in gaps]
             r = {"took_ms": (t1 - t0) * 1e3, "spin_left_ms": (spin_end - t1) * 1e3,
                  "maxgap_us": float(done["maxgap_us"]), "gap_blocks": int(done["gap_blocks"]), "blocks": int(done["blocks"]),
-                 "resident": done["resident"] == "1", "control_waited": (ctl - t0) >= 0.9 * sec}
-            r["preempted"] = r["gap_blocks"] * 2 >= r["blocks"]
+                 "resident": done["resident"] == "1", "control_waited": ctl >= spin_end - 0.1 * sec and ctl - ctl0 >= 0.2 * sec,
+                 "gaps": done["gaps"], "window_us": window_us}
+            r["gaps_in_window"] = [f"{w}@{o}:{l}" for w, o, l in gaps if o <= window_us]
+            r["preempted"] = bool(r["gaps_in_window"])
             r["early"] = (t1 - t0) <= 0.5 * sec
             r["sm_free"] = r["early"] and not r["preempted"] and r["resident"]
             return r
 
         def verdict_line(name, r):
             v = "0 SMs" if r["sm_free"] else ("used SMs (preempted)" if r["preempted"] else "used SMs or inconclusive (waited)")
-            return (f"{name:<34} took {r['took_ms']:8.2f} ms, spin left {r['spin_left_ms']:7.1f} ms, max gap {r['maxgap_us']:8.1f} us "
-                    f"({r['gap_blocks']}/{r['blocks']} blocks), in-process control waited: {r['control_waited']} -> {v}")
+            return (f"{name:<34} took {r['took_ms']:8.2f} ms, spin left {r['spin_left_ms']:7.1f} ms, "
+                    f"SM stalls in its window: {' '.join(r['gaps_in_window']) or 'none'} (all: {r['gaps']}), "
+                    f"in-process control waited: {r['control_waited']} -> {v}")
 
         if args.mode == "probe":
             # Positive control: a kernel of another process's context (PyTorch here, like a daemon's).

@@ -9,27 +9,32 @@ import (
 // host buffer), hop by hop, and returns the destination.
 func simulate(t testing.TB, p *ChunkPlan, dev []byte, host []byte, half uint64) {
 	t.Helper()
-	lo := 0
-	for k, hi := range p.Ends {
-		if hi <= lo {
-			t.Fatalf("chunk %d is empty (ends %v)", k, p.Ends)
-		}
-		var bytesIn uint64
-		for j := lo; j < hi; j++ {
-			h := p.Host[j]
-			if want := uint64(k%2) * half; h < want || h+p.Len[j] > want+half {
-				t.Fatalf("chunk %d piece %d [%d,+%d) leaves its half [%d,+%d)", k, j, h, p.Len[j], want, half)
-			}
-			bytesIn += p.Len[j]
-			copy(host[h:h+p.Len[j]], dev[p.Src[j]:p.Src[j]+p.Len[j]])
-		}
-		for j := lo; j < hi; j++ {
-			copy(dev[p.Dst[j]:p.Dst[j]+p.Len[j]], host[p.Host[j]:p.Host[j]+p.Len[j]])
-		}
-		lo = hi
+	if len(p.InEnds) != len(p.OutEnds) {
+		t.Fatalf("%d first-hop chunks, %d second-hop chunks", len(p.InEnds), len(p.OutEnds))
 	}
-	if lo != len(p.Len) {
-		t.Fatalf("chunks cover %d pieces of %d", lo, len(p.Len))
+	inLo, outLo := 0, 0
+	inHalf := func(k int, h, n uint64, what string) {
+		if want := uint64(k%2) * half; h < want || h+n > want+half {
+			t.Fatalf("chunk %d %s copy [%d,+%d) leaves its half [%d,+%d)", k, what, h, n, want, half)
+		}
+	}
+	for k := range p.InEnds {
+		inHi, outHi := p.InEnds[k], p.OutEnds[k]
+		if inHi <= inLo || outHi <= outLo {
+			t.Fatalf("chunk %d is empty (ends %v / %v)", k, p.InEnds, p.OutEnds)
+		}
+		for j := inLo; j < inHi; j++ {
+			inHalf(k, p.InHost[j], p.InLen[j], "first-hop")
+			copy(host[p.InHost[j]:p.InHost[j]+p.InLen[j]], dev[p.InSrc[j]:p.InSrc[j]+p.InLen[j]])
+		}
+		for j := outLo; j < outHi; j++ {
+			inHalf(k, p.OutHost[j], p.OutLen[j], "second-hop")
+			copy(dev[p.OutDst[j]:p.OutDst[j]+p.OutLen[j]], host[p.OutHost[j]:p.OutHost[j]+p.OutLen[j]])
+		}
+		inLo, outLo = inHi, outHi
+	}
+	if inLo != len(p.InLen) || outLo != len(p.OutLen) {
+		t.Fatalf("chunks cover %d/%d first-hop and %d/%d second-hop copies", inLo, len(p.InLen), outLo, len(p.OutLen))
 	}
 }
 
@@ -75,21 +80,27 @@ func TestPlanChunks(t *testing.T) {
 			for i := range tc.lens {
 				copy(want[dst[i]:dst[i]+tc.lens[i]], dev[src[i]:src[i]+tc.lens[i]])
 			}
-			var p ChunkPlan
-			PlanChunks(&p, 0, 0, src, dst, tc.lens, 0, tc.half, tc.chunk)
-			if len(p.Ends) != tc.chunks {
-				t.Fatalf("%d chunks, want %d (ends %v)", len(p.Ends), tc.chunks, p.Ends)
-			}
-			var got uint64
-			for _, l := range p.Len {
-				got += l
-			}
-			if got != total {
-				t.Fatalf("pieces carry %d bytes, want %d", got, total)
-			}
-			simulate(t, &p, dev, make([]byte, 2*tc.half), tc.half)
-			if !bytes.Equal(dev, want) {
-				t.Fatal("staged copy differs from a direct copy")
+			for _, planner := range []struct {
+				name string
+				plan func(*ChunkPlan, uint64, uint64, []uint64, []uint64, []uint64, uint64, uint64, uint64)
+			}{{"PlanChunks", PlanChunks}, {"PlanStaged", PlanStaged}} {
+				dev := append([]byte(nil), dev...)
+				var p ChunkPlan
+				planner.plan(&p, 0, 0, src, dst, tc.lens, 0, tc.half, tc.chunk)
+				if planner.name == "PlanChunks" && len(p.InEnds) != tc.chunks {
+					t.Fatalf("%s: %d chunks, want %d (ends %v)", planner.name, len(p.InEnds), tc.chunks, p.InEnds)
+				}
+				var got uint64
+				for _, l := range p.OutLen {
+					got += l
+				}
+				if got != total {
+					t.Fatalf("%s: second hop carries %d bytes, want %d", planner.name, got, total)
+				}
+				simulate(t, &p, dev, make([]byte, 2*tc.half), tc.half)
+				if !bytes.Equal(dev, want) {
+					t.Fatalf("%s: staged copy differs from a direct copy", planner.name)
+				}
 			}
 		})
 	}
@@ -98,11 +109,27 @@ func TestPlanChunks(t *testing.T) {
 func TestPlanChunksBases(t *testing.T) {
 	var p ChunkPlan
 	PlanChunks(&p, 1000, 5000, []uint64{0, 8}, []uint64{16, 0}, []uint64{8, 8}, 9000, 8, 8)
-	want := ChunkPlan{Src: []uint64{1000, 1008}, Dst: []uint64{5016, 5000}, Host: []uint64{9000, 9008}, Len: []uint64{8, 8}, Ends: []int{1, 2}}
-	for i := range want.Src {
-		if p.Src[i] != want.Src[i] || p.Dst[i] != want.Dst[i] || p.Host[i] != want.Host[i] || p.Len[i] != want.Len[i] {
-			t.Fatalf("piece %d: got %d->%d via %d (%d B), want %d->%d via %d (%d B)", i, p.Src[i], p.Dst[i], p.Host[i], p.Len[i], want.Src[i], want.Dst[i], want.Host[i], want.Len[i])
+	wantSrc, wantDst, wantHost := []uint64{1000, 1008}, []uint64{5016, 5000}, []uint64{9000, 9008}
+	for i := range wantSrc {
+		if p.InSrc[i] != wantSrc[i] || p.OutDst[i] != wantDst[i] || p.InHost[i] != wantHost[i] || p.OutHost[i] != wantHost[i] || p.InLen[i] != 8 {
+			t.Fatalf("piece %d: got %d->%d via %d/%d (%d B), want %d->%d via %d (8 B)", i, p.InSrc[i], p.OutDst[i], p.InHost[i], p.OutHost[i], p.InLen[i], wantSrc[i], wantDst[i], wantHost[i])
 		}
+	}
+}
+
+// TestPlanStagedCovers: dense small blocks take one covering first-hop copy
+// per chunk (what makes staging no slower than TCP at 128 B), while the
+// second hop stays per block.
+func TestPlanStagedCovers(t *testing.T) {
+	const n, size = 1000, 128
+	src, dst, lens := make([]uint64, n), make([]uint64, n), make([]uint64, n)
+	for i := range lens {
+		src[i], dst[i], lens[i] = uint64(2*i)*size, uint64(2*(n-1-i)+1)*size, size
+	}
+	var p ChunkPlan
+	PlanStaged(&p, 0, 0, src, dst, lens, 0, 1<<20, 1<<20)
+	if len(p.InLen) != 1 || len(p.OutLen) != n {
+		t.Fatalf("%d first-hop and %d second-hop copies; want 1 covering copy and %d", len(p.InLen), len(p.OutLen), n)
 	}
 }
 
@@ -146,11 +173,14 @@ func FuzzPlanChunks(f *testing.F) {
 		for i := range lens {
 			copy(want[dst[i]:dst[i]+lens[i]], dev[src[i]:src[i]+lens[i]])
 		}
-		var p ChunkPlan
-		PlanChunks(&p, 0, 0, src, dst, lens, 0, uint64(half), uint64(chunk))
-		simulate(t, &p, dev, make([]byte, 2*uint64(half)), uint64(half))
-		if !bytes.Equal(dev, want) {
-			t.Fatal("staged copy differs from a direct copy")
+		for _, plan := range []func(*ChunkPlan, uint64, uint64, []uint64, []uint64, []uint64, uint64, uint64, uint64){PlanChunks, PlanStaged} {
+			dev := append([]byte(nil), dev...)
+			var p ChunkPlan
+			plan(&p, 0, 0, src, dst, lens, 0, uint64(half), uint64(chunk))
+			simulate(t, &p, dev, make([]byte, 2*uint64(half)), uint64(half))
+			if !bytes.Equal(dev, want) {
+				t.Fatal("staged copy differs from a direct copy")
+			}
 		}
 	})
 }

@@ -126,7 +126,7 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 	half := uint64(len(s.buf) / 2)
 	host := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf))))
 	p := &s.plan
-	staging.PlanChunks(p, srcBase, dstBase, b.Src, b.Dst, b.Len, host, half, staging.ChunkBytes(b.Bytes(), half))
+	staging.PlanStaged(p, srcBase, dstBase, b.Src, b.Dst, b.Len, host, half, staging.ChunkBytes(b.Bytes(), half))
 	var pending [2]bool // an H2D hop from that half may still run
 	wait := func(h int) error {
 		if !pending[h] {
@@ -139,29 +139,30 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 		return nil
 	}
 	var err error
-	lo := 0
-	for k, hi := range p.Ends {
+	inLo, outLo := 0, 0
+	for k := range p.InEnds {
+		inHi, outHi := p.InEnds[k], p.OutEnds[k]
 		h := k % 2
 		if err = wait(h); err != nil {
 			break
 		}
 		if err = ctx.Err(); err != nil {
-			err = fmt.Errorf("samehost: staged copy cut off after %d of %d chunks: %w", k, len(p.Ends), err)
+			err = fmt.Errorf("samehost: staged copy cut off after %d of %d chunks: %w", k, len(p.InEnds), err)
 			break
 		}
-		if err = cu.MemcpyBatchAsync(s.d2h, p.Host[lo:hi], p.Src[lo:hi], p.Len[lo:hi]); err == nil {
+		if err = cu.MemcpyBatchAsync(s.d2h, p.InHost[inLo:inHi], p.InSrc[inLo:inHi], p.InLen[inLo:inHi]); err == nil {
 			err = cu.StreamSynchronize(s.d2h)
 		}
 		if err != nil {
-			err = fmt.Errorf("samehost: staged copy, device-to-host hop of %d pieces on device %d: %w", hi-lo, s.dev, staging.DomainError(err))
+			err = fmt.Errorf("samehost: staged copy, device-to-host hop of %d copies on device %d: %w", inHi-inLo, s.dev, staging.DomainError(err))
 			break
 		}
-		if err = cu.MemcpyBatchAsync(s.h2d[h], p.Dst[lo:hi], p.Host[lo:hi], p.Len[lo:hi]); err != nil {
-			err = fmt.Errorf("samehost: staged copy, host-to-device hop of %d pieces on device %d: %w", hi-lo, s.dev, staging.DomainError(err))
+		if err = cu.MemcpyBatchAsync(s.h2d[h], p.OutDst[outLo:outHi], p.OutHost[outLo:outHi], p.OutLen[outLo:outHi]); err != nil {
+			err = fmt.Errorf("samehost: staged copy, host-to-device hop of %d copies on device %d: %w", outHi-outLo, s.dev, staging.DomainError(err))
 			break
 		}
 		pending[h] = true
-		lo = hi
+		inLo, outLo = inHi, outHi
 	}
 	for h := range pending {
 		if werr := wait(h); err == nil {
