@@ -52,6 +52,7 @@ type Driver struct {
 	openFDs  map[int]struct{}
 	batches  int
 	copies   int
+	kinds    CopyKinds
 	hostPins map[uintptr][]byte // keeps HostAlloc slices alive
 }
 
@@ -163,6 +164,52 @@ func (m *Driver) BatchStats() (batches, copies int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.batches, m.copies
+}
+
+// CopyKinds counts batched copies by where their ends lie.
+type CopyKinds struct {
+	// SameDevice: device memory to device memory of one physical device
+	// (an IPC mapping counts as the device that allocated it): what the
+	// real driver runs on SMs.
+	SameDevice int
+	// CrossDevice: device memory to another device's memory.
+	CrossDevice                            int
+	HostToDevice, DeviceToHost, HostToHost int
+}
+
+// Copies returns the batched copies so far by kind.
+func (m *Driver) Copies() CopyKinds {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.kinds
+}
+
+// physDev is the device that holds r's memory (m.mu held).
+func (m *Driver) physDev(r *mockRange) int {
+	if r.kind == mockIPC {
+		if o := m.ranges[r.owner]; o != nil {
+			return o.dev
+		}
+	}
+	return r.dev
+}
+
+// count classifies one copy (m.mu held).
+func (m *Driver) count(dst, src, size uint64) {
+	rd, _, derr := m.find(dst, size, true)
+	rs, _, serr := m.find(src, size, true)
+	switch {
+	case derr == nil && serr == nil && m.physDev(rd) == m.physDev(rs):
+		m.kinds.SameDevice++
+	case derr == nil && serr == nil:
+		m.kinds.CrossDevice++
+	case derr == nil:
+		m.kinds.HostToDevice++
+	case serr == nil:
+		m.kinds.DeviceToHost++
+	default:
+		m.kinds.HostToHost++
+	}
 }
 
 // Leaks lists everything still held: allocations, mappings, registrations,
@@ -747,6 +794,7 @@ func (m *Driver) MemcpyBatchAsync(s *gpudirect.Stream, dsts, srcs, sizes []uint6
 	m.batches++
 	m.copies += len(sizes)
 	for i := range sizes {
+		m.count(dsts[i], srcs[i], sizes[i])
 		if err := m.copy(dsts[i], srcs[i], sizes[i]); err != nil {
 			return fmt.Errorf("gpudirect: cuMemcpyBatchAsync_v2(count=%d) on device %d: copy %d: %w", len(sizes), s.Device(), i, err)
 		}

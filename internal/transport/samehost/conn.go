@@ -34,6 +34,7 @@ type remote struct {
 	base uintptr
 	dptr uintptr // CUDA: the region's start in this process
 	dev  int     // CUDA: the device the handle was opened on
+	home int     // CUDA: the device that holds the memory; -1: not visible here
 }
 
 // Conn is a data path to one peer daemon on this host. Batches on it are
@@ -454,12 +455,15 @@ func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory) (*remote
 			return nil, fmt.Errorf("%w: samehost: the destination is GPU memory and this daemon has no CUDA driver", errs.ErrFailedPrecondition)
 		}
 		dev := sm.Device
+		home, visible := c.t.busIDs[string(msg)]
+		if !visible {
+			home = -1
+		}
 		if sm.Kind != memory.CUDA {
-			d, ok := c.t.busIDs[string(msg)]
-			if !ok {
+			if !visible {
 				return nil, fmt.Errorf("%w: samehost: the destination's GPU %q is not visible to this daemon", errs.ErrFailedPrecondition, msg)
 			}
-			dev = d
+			dev = home
 		}
 		if _, err := io.ReadFull(c.c, c.handle[:]); err != nil {
 			return nil, c.fail(fmt.Errorf("read IPC handle: %w", err))
@@ -468,7 +472,7 @@ func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory) (*remote
 		if err != nil {
 			return nil, fmt.Errorf("samehost: open the destination's IPC handle on device %d: %w", dev, staging.DomainError(err))
 		}
-		rm.base, rm.dptr, rm.dev = base, base+uintptr(r.offset), dev
+		rm.base, rm.dptr, rm.dev, rm.home = base, base+uintptr(r.offset), dev, home
 		return rm, nil
 	}
 	return nil, c.fail(fmt.Errorf("%w: reply memory kind %d", errs.ErrInvalidArgument, r.kind))
@@ -493,6 +497,14 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 	cu := c.t.cfg.CUDA
 	if cu == nil {
 		return fmt.Errorf("%w: samehost: GPU copy without a CUDA driver", errs.ErrFailedPrecondition)
+	}
+	if sm.Kind == memory.CUDA && rm.kind == kindCUDA && rm.home == sm.Device && !c.t.cfg.SameDeviceDirect {
+		// One GPU: its device-to-device copies would run on SMs (stage.go).
+		s, err := c.t.stageFor(sm.Device)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errs.ErrFailedPrecondition, err)
+		}
+		return copyStaged(ctx, cu, s, uint64(sm.Addr), uint64(rm.dptr), b)
 	}
 	dev := rm.dev
 	if rm.kind == kindHost {

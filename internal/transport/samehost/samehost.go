@@ -51,7 +51,17 @@ type Config struct {
 	// spread over, by bytes, once it carries at least MinSplit bytes per
 	// stream; 0 or 1: one stream, one cuMemcpyBatchAsync.
 	Streams int
+	// StageBytes is the pinned host buffer per device that same-device GPU
+	// batches are staged through (two halves); 0: DefaultStageBytes.
+	StageBytes int
+	// SameDeviceDirect copies same-device GPU batches directly (device to
+	// device) instead of staging them: faster for large blocks, but the
+	// driver runs those copies as kernels on the SMs.
+	SameDeviceDirect bool
 }
+
+// DefaultStageBytes is Config.StageBytes' default: two 32 MiB halves.
+const DefaultStageBytes = 64 << 20
 
 // MinSplit is the least share of a batch worth a stream of its own.
 const MinSplit = 1 << 20
@@ -75,6 +85,11 @@ type Transport struct {
 	conns  map[*serverConn]struct{}
 	wg     sync.WaitGroup
 	nconns atomic.Int64 // live connections, both directions
+
+	// Same-device staging, per device (stage.go): made at registration.
+	stageMu  sync.Mutex
+	stages   map[int]*stage
+	stageErr map[int]error
 }
 
 // New creates the token file and the socket in cfg.Dir and starts serving.
@@ -87,6 +102,12 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 	}
 	if cfg.Streams == 0 {
 		cfg.Streams = 1
+	}
+	if cfg.StageBytes < 0 || (cfg.StageBytes > 0 && cfg.StageBytes < 2*staging.MinStagedChunk) {
+		return nil, fmt.Errorf("%w: samehost: staging buffer %d bytes: want 0 (default %d) or at least %d", errs.ErrInvalidArgument, cfg.StageBytes, DefaultStageBytes, 2*staging.MinStagedChunk)
+	}
+	if cfg.StageBytes == 0 {
+		cfg.StageBytes = DefaultStageBytes
 	}
 	if cfg.Dir == "" {
 		return nil, fmt.Errorf("%w: samehost: no directory for the socket and token", errs.ErrInvalidArgument)
@@ -106,7 +127,8 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
 	base := filepath.Join(dir, filePrefix+hex.EncodeToString(rnd[:]))
-	t := &Transport{cfg: cfg, in: in, log: log, regs: map[uint64]*registration{}, conns: map[*serverConn]struct{}{}, busIDs: map[string]int{}}
+	t := &Transport{cfg: cfg, in: in, log: log, regs: map[uint64]*registration{}, conns: map[*serverConn]struct{}{}, busIDs: map[string]int{},
+		stages: map[int]*stage{}, stageErr: map[int]error{}}
 	t.token, err = newToken(base+".token", cfg.Group)
 	if err != nil {
 		return nil, err
@@ -145,7 +167,7 @@ func (t *Transport) Kind() transport.Kind { return transport.Local }
 
 // Advertise implements transport.Advertiser.
 func (t *Transport) Advertise() transport.Advert {
-	return transport.Advert{Kind: transport.Local, Detail: "socket " + t.ep.Socket + ", boot " + t.ep.BootID, Local: t.ep}
+	return transport.Advert{Kind: transport.Local, Detail: "socket " + t.ep.Socket + ", boot " + t.ep.BootID + t.routes(), Local: t.ep}
 }
 
 // Endpoint is what this daemon advertises.
@@ -181,6 +203,12 @@ func (t *Transport) Close() error {
 		_ = c.c.Close()
 	}
 	t.wg.Wait()
+	t.stageMu.Lock()
+	for d, s := range t.stages {
+		err = errors.Join(err, s.close(t.cfg.CUDA))
+		delete(t.stages, d)
+	}
+	t.stageMu.Unlock()
 	if rerr := os.Remove(t.ep.TokenPath); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
 		err = errors.Join(err, rerr)
 	}
@@ -231,6 +259,7 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 		if t.cfg.CUDA == nil {
 			return nil, fmt.Errorf("%w: samehost: GPU memory needs the CUDA driver, which this daemon has not loaded", errs.ErrFailedPrecondition)
 		}
+		t.ensureStage(m.Device)
 		h, off, err := gpudirect.ShareHandle(t.cfg.CUDA, m.Device, m.Addr, m.Len)
 		if err != nil {
 			r.shareErr = staging.DomainError(err)

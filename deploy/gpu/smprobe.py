@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""Zero SMs, proven per path two independent ways (gpu-check steps 4 and 5).
+
+Starts two b2bd daemons on this host (transport auto, so both the local
+path and TCP are built) and moves 10,000 gapped blocks over every memory
+kind and path: cuda0->cuda0 (same device), host->cuda0, cuda0->host, and
+cuda0->cuda1 where there are two GPUs; each over local and over tcp.
+
+--mode ncu:   both daemons run under Nsight Compute; for each path the
+              kernels ncu profiled in the daemons while it ran are counted
+              (must be 0), and ncu's exit verdict is read.
+--mode probe: for each path a batch starts the moment smprobe (smprobe.cu)
+              holds every SM slot of every GPU for --ms ms. The batch used no
+              SMs when it finished in the first half of the spin and no other
+              context was time-sliced onto the SMs meanwhile (no gap in the
+              spin's globaltimer reads). Two positive controls must be caught,
+              or the probe cannot tell and fails: a 1-block kernel in
+              smprobe's own process (must wait for the spin), and a 1-block
+              PyTorch kernel in this process (another context, like a daemon).
+
+Writes a JSON report (--json) and prints one line per case; exit 1 when a
+path or a control fails.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+class Daemons:
+    def __init__(self, bin_dir, tmp, ncu_dir=None):
+        self.tmp, self.procs, self.logs, self.peers, self.socks = tmp, [], [], [], []
+        for name in ("a", "b"):
+            peer = f"127.0.0.1:{random.randint(20000, 40000)}"
+            sock = os.path.join(tmp, f"{name}.sock")
+            args = [os.path.join(bin_dir, "b2bd"), "--node-name", f"probe-{name}", "--socket", sock,
+                    "--shm-dir", os.path.join(tmp, f"shm-{name}"), "--peer-listen", peer,
+                    "--data-listen", "127.0.0.1:0", "--transport", "auto", "--insecure"]
+            logf = os.path.join(ncu_dir or tmp, f"daemon-{name}.log")
+            if ncu_dir:
+                args = ["ncu", "--target-processes", "all", "--log-file", os.path.join(ncu_dir, f"ncu-daemon-{name}.log")] + args
+            self.procs.append(subprocess.Popen(args, stdout=open(logf, "w"), stderr=subprocess.STDOUT, start_new_session=True))
+            self.logs.append(os.path.join(ncu_dir, f"ncu-daemon-{name}.log") if ncu_dir else logf)
+            self.peers.append(peer)
+            self.socks.append(sock)
+        deadline = time.time() + 120
+        while not all(os.path.exists(s) for s in self.socks):
+            if time.time() > deadline or any(p.poll() is not None for p in self.procs):
+                raise RuntimeError(f"daemons did not start; logs in {self.logs}")
+            time.sleep(0.1)
+
+    def stop(self):
+        rcs = []
+        for p in self.procs:
+            # Under ncu, signal the daemon (ncu's child) so ncu outlives it and writes its verdict.
+            kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+            targets = [int(k) for k in kids] or [p.pid]
+            for t in targets:
+                try:
+                    os.kill(t, signal.SIGTERM)
+                except OSError:
+                    pass
+        for p in self.procs:
+            try:
+                rcs.append(p.wait(60))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rcs.append(-9)
+        return rcs
+
+
+def prof_count(path):
+    try:
+        return len(re.findall(r'==PROF== Profiling "', open(path, errors="replace").read()))
+    except OSError:
+        return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--mode", choices=("ncu", "probe"), required=True)
+    ap.add_argument("--smprobe", help="--mode probe: the built smprobe")
+    ap.add_argument("--ncu-dir", help="--mode ncu: where the daemons' ncu logs go")
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--blocks", type=int, default=10000)
+    ap.add_argument("--sizes", default="4096,65536")
+    ap.add_argument("--transports", default="local,tcp")
+    ap.add_argument("--ms", type=float, default=400)
+    ap.add_argument("--gap-us", type=float, default=100)
+    args = ap.parse_args()
+
+    import b2b
+    from b2b.v1 import b2b_pb2 as pb
+    import torch
+
+    ngpu = torch.cuda.device_count()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    transports = args.transports.split(",")
+    region = 2 * args.blocks * max(sizes)
+    paths = [("cuda0->cuda0", ("cuda", 0), ("cuda", 0)), ("host->cuda0", ("host", 0), ("cuda", 0)),
+             ("cuda0->host", ("cuda", 0), ("host", 0))]
+    if ngpu >= 2:
+        paths.append(("cuda0->cuda1", ("cuda", 0), ("cuda", 1)))
+
+    tmp = tempfile.mkdtemp(prefix="smprobe-")
+    if args.ncu_dir:
+        os.makedirs(args.ncu_dir, exist_ok=True)
+    d = Daemons(args.bin, tmp, args.ncu_dir if args.mode == "ncu" else None)
+    ca, cb = b2b.Client(d.socks[0], timeout=120), b2b.Client(d.socks[1], timeout=120)
+    report = {"mode": args.mode, "gpus": ngpu, "blocks": args.blocks, "spin_ms": args.ms, "cases": [], "controls": []}
+    fail = False
+    probe = None
+    try:
+        def reg(c, kind, dev, name):
+            if kind == "host":
+                req = pb.RegisterRegionRequest(host_alloc=pb.HostAlloc(size=region), export_name=name or "")
+            else:
+                req = pb.RegisterRegionRequest(cuda_alloc=pb.CudaAlloc(device=dev, size=region), export_name=name or "")
+            return c._call(c._stub.RegisterRegion, req, 120).region.id
+
+        srcs = {("host", 0): reg(ca, "host", 0, None)}
+        dsts = {("host", 0): "dst-host"}
+        reg(cb, "host", 0, "dst-host")
+        for g in range(min(ngpu, 2)):
+            srcs[("cuda", g)] = reg(ca, "cuda", g, None)
+            dsts[("cuda", g)] = f"dst-cuda{g}"
+            reg(cb, "cuda", g, f"dst-cuda{g}")
+        st = ca._call(ca._stub.Status, pb.StatusRequest(), 30)
+        report["local_detail"] = next((t.detail for t in st.transports if t.kind == pb.TRANSPORT_KIND_LOCAL), "")
+        log("local transport:", report["local_detail"])
+
+        if args.mode == "probe":
+            probe = subprocess.Popen([args.smprobe, "--ms", str(args.ms), "--gap-us", str(args.gap_us),
+                                      "--devices", ",".join(str(g) for g in range(min(ngpu, 2)))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            while True:
+                line = probe.stdout.readline()
+                if not line:
+                    raise RuntimeError("smprobe exited before it was ready")
+                log("smprobe:", line.strip())
+                if line.startswith("ready dev="):
+                    report.setdefault("devices", []).append(line.strip())
+                if line.strip() == "ready":
+                    break
+            xs = torch.zeros(1, device="cuda:0")
+            xs += 1
+            torch.cuda.synchronize()
+
+        def spin(action):
+            """Run action() the moment every SM slot is held; judge it."""
+            probe.stdin.write("spin\n")
+            probe.stdin.flush()
+            line = probe.stdout.readline().split()
+            assert line[0] == "spinning", line
+            t0 = float(line[1])
+            action()
+            t1 = time.monotonic()
+            done = dict(kv.split("=", 1) for kv in probe.stdout.readline().split()[1:])
+            spin_end, ctl, ctl0 = float(done["spin_end"]), float(done["control_done"]), float(done["control_launched"])
+            sec = args.ms / 1e3
+            # A gap (another context time-sliced onto the SMs) counts against
+            # the action when it starts before the action ended: offsets are
+            # from each block's start, which is after the launch.
+            window_us = (t1 - float(done["launched"])) * 1e6 + 500
+            gaps = [] if done["gaps"] == "-" else [g.split("@") for g in done["gaps"].split(",")]
+            gaps = [(w, int(ol.split(":")[0]), int(ol.split(":")[1])) for w, ol in gaps]
+            r = {"took_ms": (t1 - t0) * 1e3, "spin_left_ms": (spin_end - t1) * 1e3,
+                 "maxgap_us": float(done["maxgap_us"]), "gap_blocks": int(done["gap_blocks"]), "blocks": int(done["blocks"]),
+                 "resident": done["resident"] == "1", "control_waited": ctl >= spin_end - 0.1 * sec and ctl - ctl0 >= 0.2 * sec,
+                 "gaps": done["gaps"], "window_us": window_us}
+            r["gaps_in_window"] = [f"{w}@{o}:{l}" for w, o, l in gaps if o <= window_us]
+            r["preempted"] = bool(r["gaps_in_window"])
+            r["early"] = (t1 - t0) <= 0.5 * sec
+            r["sm_free"] = r["early"] and not r["preempted"] and r["resident"]
+            return r
+
+        def verdict_line(name, r):
+            v = "0 SMs" if r["sm_free"] else ("used SMs (preempted)" if r["preempted"] else "used SMs or inconclusive (waited)")
+            return (f"{name:<34} took {r['took_ms']:8.2f} ms, spin left {r['spin_left_ms']:7.1f} ms, "
+                    f"SM stalls in its window: {' '.join(r['gaps_in_window']) or 'none'} (all: {r['gaps']}), "
+                    f"in-process control waited: {r['control_waited']} -> {v}")
+
+        if args.mode == "probe":
+            # Positive control: a kernel of another process's context (PyTorch here, like a daemon's).
+            def torch_kernel():
+                xs.add_(1)
+                torch.cuda.synchronize()
+            for _ in range(2):
+                r = spin(torch_kernel)
+                r["name"] = "control: 1-block kernel, other process"
+                r["ok"] = (not r["sm_free"]) and r["control_waited"] and r["resident"]
+                report["controls"].append(r)
+                log(verdict_line(r["name"], r), "| control caught" if r["ok"] else "| CONTROL NOT CAUGHT: the probe cannot tell")
+                fail |= not r["ok"]
+            r = spin(lambda: None)
+            r["name"] = "control: nothing (the spin alone)"
+            r["ok"] = r["sm_free"] and r["control_waited"]
+            report["controls"].append(r)
+            log(verdict_line(r["name"], r), "| quiet" if r["ok"] else "| NOT QUIET: gaps without any other work")
+            fail |= not r["ok"]
+
+        for pname, sk, dk in paths:
+            for tr in transports:
+                for size in sizes:
+                    n = args.blocks
+                    so = (np.arange(n, dtype=np.uint64) * 2) * np.uint64(size)
+                    do = (np.arange(n - 1, -1, -1, dtype=np.uint64) * 2 + 1) * np.uint64(size)
+
+                    def batch():
+                        return ca.batch_transfer(srcs[sk], d.peers[1], dsts[dk], so, do, block_size=size, timeout=120, transport=tr)
+                    case = {"path": pname, "transport": tr, "block_bytes": size, "blocks": n}
+                    try:
+                        for _ in range(2):
+                            res = batch()  # warm-up: connections, mappings
+                        case["carried_by"] = res.transport
+                        if args.mode == "ncu":
+                            before = sum(prof_count(l) for l in d.logs)
+                            t0 = time.monotonic()
+                            for _ in range(3):
+                                batch()
+                            case["ms"] = (time.monotonic() - t0) / 3 * 1e3
+                            case["ncu_kernels"] = sum(prof_count(l) for l in d.logs) - before
+                            case["ok"] = case["ncu_kernels"] == 0
+                            log(f"{pname:<14} {tr:<5} {size:>7} B: {case['ms']:8.2f} ms/batch, ncu kernels in the daemons: {case['ncu_kernels']}")
+                        else:
+                            r = spin(batch)
+                            case.update(r)
+                            case["ok"] = r["sm_free"]
+                            log(verdict_line(f"{pname} {tr} {size} B", r))
+                    except Exception as e:  # a path that fails is reported, and fails the check
+                        case["error"], case["ok"] = str(e), False
+                        log(f"{pname} {tr} {size} B: ERROR {e}")
+                    fail |= not case["ok"]
+                    report["cases"].append(case)
+    finally:
+        if probe:
+            try:
+                probe.stdin.write("quit\n")
+                probe.stdin.flush()
+                probe.wait(30)
+            except Exception:
+                probe.kill()
+        ca.close()
+        cb.close()
+        rcs = d.stop()
+        report["daemon_exit"] = rcs
+        if args.mode == "ncu":
+            texts = [open(l, errors="replace").read() if os.path.exists(l) else "" for l in d.logs]
+            report["ncu_total_kernels"] = sum(prof_count(l) for l in d.logs)
+            report["ncu_no_kernels_said"] = all("No kernels were profiled" in t for t in texts)
+            log(f"ncu: {report['ncu_total_kernels']} kernels in the daemons in all; "
+                f"'No kernels were profiled' in both logs: {report['ncu_no_kernels_said']}")
+            fail |= report["ncu_total_kernels"] != 0 or not report["ncu_no_kernels_said"]
+        shutil.rmtree(tmp, ignore_errors=True)
+    report["pass"] = not fail
+    json.dump(report, open(args.json, "w"), indent=1)
+    log(f"smprobe.py --mode {args.mode}: {'PASS' if not fail else 'FAIL'}")
+    return 1 if fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

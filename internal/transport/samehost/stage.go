@@ -1,0 +1,173 @@
+package samehost
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/b2bd/b2bd/gpudirect"
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/staging"
+)
+
+// Same-device GPU batches (source and destination on one physical GPU) are
+// staged through pinned host memory: the driver runs device-to-device
+// copies within one GPU as kernels on the SMs, whatever the API (measured
+// with a kernel holding every SM: deploy/gpu/smprobe.cu), while
+// device-to-host and host-to-device copies run on the copy engines. Each
+// chunk goes device -> host (one batched copy on the D2H stream), then
+// host -> device (one batched copy on the H2D stream of its buffer half),
+// so the second hop of chunk k overlaps the first hop of chunk k+1.
+
+// stage is one device's staging buffer and streams, shared by every
+// connection of the transport (a batch holds it for its copies).
+type stage struct {
+	mu   sync.Mutex
+	dev  int
+	buf  []byte
+	d2h  *gpudirect.Stream
+	h2d  [2]*gpudirect.Stream
+	plan staging.ChunkPlan
+}
+
+// routeStaged and routeDirect name a same-device batch's path in Status.
+const (
+	routeStaged = "same-GPU batches: staged through pinned host memory (device->host->device, copy engines, 0 SMs)"
+	routeDirect = "same-GPU batches: direct device copies (configured: the driver runs them on SMs)"
+	routeCross  = "GPU-to-GPU batches: direct peer copies (copy engines, 0 SMs)"
+)
+
+// ensureStage allocates dev's staging buffer and streams once, when the
+// first GPU region of dev registers: never in a batch. A failure is kept
+// and reported by Status and by the same-device batches that needed it.
+func (t *Transport) ensureStage(dev int) {
+	if t.cfg.SameDeviceDirect || t.cfg.CUDA == nil {
+		return
+	}
+	t.stageMu.Lock()
+	defer t.stageMu.Unlock()
+	if t.stages[dev] != nil || t.stageErr[dev] != nil {
+		return
+	}
+	s, err := newStage(t.cfg.CUDA, dev, t.cfg.StageBytes)
+	if err != nil {
+		t.stageErr[dev] = err
+		t.log.Warn("no staging buffer: same-device GPU batches on this device will be refused", "device", dev, "error", err)
+		return
+	}
+	t.stages[dev] = s
+}
+
+func newStage(cu gpudirect.Interface, dev, size int) (*stage, error) {
+	size &^= 1
+	buf, err := cu.HostAlloc(dev, size)
+	if err != nil {
+		return nil, fmt.Errorf("samehost: pinned staging buffer of %d bytes on device %d: %w", size, dev, staging.DomainError(err))
+	}
+	s := &stage{dev: dev, buf: buf}
+	for _, p := range []**gpudirect.Stream{&s.d2h, &s.h2d[0], &s.h2d[1]} {
+		if *p, err = cu.StreamCreate(dev); err != nil {
+			_ = s.close(cu)
+			return nil, fmt.Errorf("samehost: staging stream on device %d: %w", dev, staging.DomainError(err))
+		}
+	}
+	return s, nil
+}
+
+func (s *stage) close(cu gpudirect.Interface) error {
+	var err error
+	for _, st := range []*gpudirect.Stream{s.d2h, s.h2d[0], s.h2d[1]} {
+		if st != nil {
+			if e := cu.StreamDestroy(st); e != nil && err == nil {
+				err = e
+			}
+		}
+	}
+	if s.buf != nil {
+		if e := cu.HostFree(s.dev, s.buf); e != nil && err == nil {
+			err = e
+		}
+		s.buf = nil
+	}
+	return staging.DomainError(err)
+}
+
+// stageFor is dev's stage, or why there is none.
+func (t *Transport) stageFor(dev int) (*stage, error) {
+	t.stageMu.Lock()
+	defer t.stageMu.Unlock()
+	if s := t.stages[dev]; s != nil {
+		return s, nil
+	}
+	if err := t.stageErr[dev]; err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("samehost: no staging buffer on device %d: no GPU region of that device is registered with this daemon", dev)
+}
+
+// routes says which path a same-device and a cross-device GPU batch take.
+func (t *Transport) routes() string {
+	if t.cfg.CUDA == nil {
+		return ""
+	}
+	if t.cfg.SameDeviceDirect {
+		return "; " + routeDirect + "; " + routeCross
+	}
+	return "; " + routeStaged + "; " + routeCross
+}
+
+// copyStaged moves b from srcBase to dstBase on one device through s, in
+// chunks over the two buffer halves. It waits for every copy it queued,
+// also after a failure, before the buffer or the destination is let go.
+func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, dstBase uint64, b *desc.Batch) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	half := uint64(len(s.buf) / 2)
+	host := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf))))
+	p := &s.plan
+	staging.PlanStaged(p, srcBase, dstBase, b.Src, b.Dst, b.Len, host, half, staging.ChunkBytes(b.Bytes(), half))
+	var pending [2]bool // an H2D hop from that half may still run
+	wait := func(h int) error {
+		if !pending[h] {
+			return nil
+		}
+		pending[h] = false
+		if err := cu.StreamSynchronize(s.h2d[h]); err != nil {
+			return fmt.Errorf("samehost: staged copy, host-to-device hop on device %d: %w", s.dev, staging.DomainError(err))
+		}
+		return nil
+	}
+	var err error
+	inLo, outLo := 0, 0
+	for k := range p.InEnds {
+		inHi, outHi := p.InEnds[k], p.OutEnds[k]
+		h := k % 2
+		if err = wait(h); err != nil {
+			break
+		}
+		if err = ctx.Err(); err != nil {
+			err = fmt.Errorf("samehost: staged copy cut off after %d of %d chunks: %w", k, len(p.InEnds), err)
+			break
+		}
+		if err = cu.MemcpyBatchAsync(s.d2h, p.InHost[inLo:inHi], p.InSrc[inLo:inHi], p.InLen[inLo:inHi]); err == nil {
+			err = cu.StreamSynchronize(s.d2h)
+		}
+		if err != nil {
+			err = fmt.Errorf("samehost: staged copy, device-to-host hop of %d copies on device %d: %w", inHi-inLo, s.dev, staging.DomainError(err))
+			break
+		}
+		if err = cu.MemcpyBatchAsync(s.h2d[h], p.OutDst[outLo:outHi], p.OutHost[outLo:outHi], p.OutLen[outLo:outHi]); err != nil {
+			err = fmt.Errorf("samehost: staged copy, host-to-device hop of %d copies on device %d: %w", outHi-outLo, s.dev, staging.DomainError(err))
+			break
+		}
+		pending[h] = true
+		inLo, outLo = inHi, outHi
+	}
+	for h := range pending {
+		if werr := wait(h); err == nil {
+			err = werr
+		}
+	}
+	return err
+}
