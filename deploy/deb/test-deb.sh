@@ -78,6 +78,8 @@ dpkg -s b2bd >/dev/null 2>&1 && fail "b2bd still known to dpkg after purge"
 left=0
 while read -r f; do
 	case "$f" in /. | /usr | /usr/bin | /usr/share | /usr/share/doc | /usr/share/man | /usr/share/man/man* | /lib | /lib/systemd | /lib/systemd/system | /etc) continue ;; esac
+	# A directory other packages own too (/usr/share/bash-completion/completions) stays.
+	if [ -d "$f" ] && [ ! -L "$f" ] && dpkg -S "$f" >/dev/null 2>&1; then continue; fi
 	if [ -e "$f" ]; then echo "left after purge: $f" >&2; left=1; fi
 done <<<"$files"
 for d in /etc/b2bd /run/b2bd; do [ -e "$d" ] && { echo "left after purge: $d" >&2; left=1; }; done
