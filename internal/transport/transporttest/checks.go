@@ -286,6 +286,11 @@ func testCutOff(t *testing.T, f Factory, cancel bool) {
 		t.Fatalf("err = %v: class %v, want %v", err, got, want)
 	}
 	resume()
+	// A conn the cut left broken is closed, as the peer manager drops it;
+	// the receiver may hold its pin until then.
+	if r.conn.Err() != nil {
+		_ = r.conn.Close()
+	}
 	if err := r.rin.settle(10 * time.Second); err != nil {
 		t.Fatalf("after the cut-off: %v", err)
 	}
