@@ -127,8 +127,10 @@ func testLands(t *testing.T, f Factory) {
 				if got, want := r.rin.landedBytes.Load()-before, l.b.Bytes(); got != want {
 					t.Fatalf("round %d: the receiver counted %d bytes landed, want %d", round, got, want)
 				}
-				if st.Segments == 0 || st.Segments > uint64(l.b.N()) {
-					t.Fatalf("round %d: Stats.Segments = %d for %d blocks", round, st.Segments, l.b.N())
+				// Merging lowers the count, striping a block over rails
+				// raises it; none is wrong, no segment at all is.
+				if st.Segments == 0 {
+					t.Fatalf("round %d: Stats.Segments = 0 for %d blocks", round, l.b.N())
 				}
 				if n := r.rin.Held(); n != 0 {
 					t.Fatalf("round %d: %d pins held after Write returned", round, n)
@@ -153,7 +155,9 @@ func refusals() []refusal {
 	return []refusal{
 		{"source past its end", func(r *rig, b *desc.Batch, _ *transport.RemoteRegion, _ transport.Registration) {
 			b.Src[len(b.Src)-1] = 1 << 40
-		}, errs.ErrInvalidArgument, true},
+			// Any subset may land on an error (Conn.Write): a striping
+			// transport checks each share where it is posted.
+		}, errs.ErrInvalidArgument, false},
 		{"destination past the region's size", func(r *rig, b *desc.Batch, dst *transport.RemoteRegion, _ transport.Registration) {
 			b.Dst[len(b.Dst)-1] = dst.Size - 1
 		}, errs.ErrInvalidArgument, false},
@@ -165,6 +169,7 @@ func refusals() []refusal {
 		}, errs.ErrInvalidArgument, false},
 		{"unknown key", func(r *rig, b *desc.Batch, dst *transport.RemoteRegion, _ transport.Registration) {
 			dst.Key.Key ^= 0x5a5a0000
+			dst.Rails = append([]transport.RemoteKey(nil), dst.Rails...)
 			for i := range dst.Rails {
 				dst.Rails[i].Key ^= 0x5a5a0000
 			}
@@ -206,7 +211,7 @@ func testRefusals(t *testing.T, f Factory) {
 				t.Fatal("the refused batch wrote into the destination")
 			}
 			if got := r.rin.landedBytes.Load(); got != 0 {
-				t.Fatalf("a refused batch was counted as landed (%d bytes)", got)
+				gap(t, f, GapLandedOnRefusal, fmt.Sprintf("a refused batch was counted as landed (%d bytes)", got))
 			}
 			if err := r.rin.settle(10 * time.Second); err != nil {
 				t.Fatalf("after the refusal: %v", err)
@@ -254,7 +259,11 @@ func testCutOff(t *testing.T, f Factory, cancel bool) {
 	for i := range uint64(n) {
 		b.Src, b.Dst, b.Len = append(b.Src, i*blk), append(b.Dst, i*blk), append(b.Len, blk)
 	}
-	resume := r.rin.Stall()
+	stall, entered := r.rin.Stall, (<-chan struct{})(r.rin.entered)
+	if r.p.Stall != nil {
+		stall, entered = r.p.Stall, nil
+	}
+	resume := stall()
 	defer resume()
 	var (
 		ctx  context.Context
@@ -266,8 +275,8 @@ func testCutOff(t *testing.T, f Factory, cancel bool) {
 		want = context.Canceled
 		go func() {
 			select {
-			case <-r.rin.entered: // the receiver is stalled: cancel now
-			case <-time.After(10 * time.Second): // or it never pins (its own design): cancel anyway
+			case <-entered: // the receiver is stalled: cancel now
+			case <-time.After(50 * time.Millisecond): // or it never pins (its own design): cancel anyway
 			}
 			stop()
 		}()
@@ -297,10 +306,7 @@ func testCutOff(t *testing.T, f Factory, cancel bool) {
 	if late, first := diff(snap, db); late > 0 {
 		msg := fmt.Sprintf("%d destination bytes (first at offset %d) changed after Write answered %v; the receiver counted %d more bytes landed",
 			late, first, errs.Class(err), r.rin.landedBytes.Load()-landed)
-		if f.LateBytes != "" {
-			t.Skipf("%s (known gap: %s)", msg, f.LateBytes)
-		}
-		t.Fatal(msg)
+		gap(t, f, GapLateBytes, msg)
 	}
 	r.fresh(t)
 	poisoned(db)
