@@ -268,6 +268,21 @@ func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transp
 		_ = c.c.SetDeadline(dl)
 		defer c.c.SetDeadline(time.Time{})
 	}
+	// Cancellation cuts a wait for the receiver short too, not only the
+	// deadline (a receiver stalled before its reply held Write forever).
+	if ctx.Done() != nil {
+		cut := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() {
+			_ = c.c.SetDeadline(time.Unix(1, 0))
+			close(cut)
+		})
+		defer func() {
+			if !stop() {
+				<-cut // it ran: undo it before the next Write
+				_ = c.c.SetDeadline(time.Time{})
+			}
+		}()
+	}
 	key := dst.Key.Key
 	rm, err := c.begin(ctx, dst, sm)
 	if err != nil {
@@ -393,7 +408,12 @@ func (c *Conn) Warm(ctx context.Context, src transport.Registration, dst transpo
 
 // ctxErr prefers the caller's deadline over the I/O error it caused.
 func (c *Conn) ctxErr(ctx context.Context, err error) error {
-	if ce := ctx.Err(); ce != nil {
+	ce := ctx.Err()
+	if d, ok := ctx.Deadline(); ce == nil && ok && !time.Now().Before(d) {
+		// The socket's deadline fired before ctx's timer did.
+		ce = context.DeadlineExceeded
+	}
+	if ce != nil {
 		return fmt.Errorf("samehost: %w (%v)", ce, err)
 	}
 	return err
