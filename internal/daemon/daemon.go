@@ -287,7 +287,6 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 
 	var statuses []*b2bv1.TransportStatus
 	var tcpT *tcp.Transport
-	var verbsAcc transport.VerbsAcceptor
 	if err := transport.CheckName(cfg.Transport); err != nil {
 		return nil, fmt.Errorf("%w: --%w", errs.ErrInvalidArgument, err)
 	}
@@ -302,9 +301,6 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 			log.Warn("verbs transport unavailable; using TCP", "reason", verr)
 		} else {
 			d.transports = append(d.transports, vt)
-			if a, ok := vt.(transport.VerbsAcceptor); ok {
-				verbsAcc = a
-			}
 			if a, ok := vt.(transport.Advertiser); ok {
 				st.Detail = a.Advertise().Detail
 			}
@@ -347,7 +343,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 
 	self := &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName}
 	for _, t := range d.transports {
-		self.Transports = append(self.Transports, peer.KindToProto(t.Kind()))
+		self.Kinds = append(self.Kinds, string(t.Kind()))
 	}
 	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if peerTLS != nil {
@@ -372,17 +368,23 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 
 	live := map[b2bv1.TransportKind]transport.Counter{}
 	var adverts []transport.Advert
+	signals := map[transport.Kind]transport.SignalHandler{}
 	for _, t := range d.transports {
 		if c, ok := t.(transport.Counter); ok {
 			live[peer.KindToProto(t.Kind())] = c
 		}
-		if a, ok := t.(transport.Advertiser); ok {
-			adverts = append(adverts, a.Advertise())
+		a := transport.Advert{Kind: t.Kind()} // offered, with nothing to say
+		if ad, ok := t.(transport.Advertiser); ok {
+			a = ad.Advertise()
+		}
+		adverts = append(adverts, a)
+		if h, ok := t.(transport.SignalHandler); ok {
+			signals[t.Kind()] = h
 		}
 	}
 	scfg := server.Config{
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
-		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Verbs: verbsAcc,
+		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Signals: signals,
 		MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, DefaultTimeout: cfg.DefaultTimeout,
 		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, OpenFDs: openFDs, Log: log.Named("server"),
 	}

@@ -85,7 +85,7 @@ func TestPeerInsecure(t *testing.T) {
 	base := PeerOptions{Addr: b.d.PeerAddr(), Insecure: true, Socket: a.sock}
 	reach := want{Pass, "TCP connect in"}
 	tlsW := want{Warn, "plaintext (--insecure) on loopback"}
-	tr := want{Warn, `peer "b" (protocol 1) offers tcp, TCP data at`}
+	tr := want{Warn, `peer "b" (protocol 2) offers tcp`}
 
 	o := base
 	o.PeerAPI = b.sock

@@ -23,8 +23,9 @@ import (
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
-// ProtocolVersion is the peer protocol spoken by this build.
-const ProtocolVersion = 1
+// ProtocolVersion is the peer protocol spoken by this build. 2: transports
+// are kinds with opaque adverts, keys and signals (issue 22).
+const ProtocolVersion = 2
 
 // Manager owns the connections to peers.
 type Manager struct {
@@ -317,7 +318,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind) (Sess
 	}
 	reused := c != nil
 	if c == nil {
-		c, err = m.transports[kind].Connect(ctx, peerOf(addr, st.hs, st.client))
+		c, err = m.transports[kind].Connect(ctx, peerOf(addr, kind, st.hs, st.client))
 		if err != nil {
 			// The peer may have restarted with a new token or QP state:
 			// handshake afresh next time.
@@ -425,20 +426,21 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 
 // localReacher is the same-host transport's proof check.
 type localReacher interface {
-	Reaches(ep transport.LocalEndpoint) error
+	Reaches(advert []byte) error
 }
 
 // reachesLocally checks, once per handshake, whether the peer proved it
 // shares this host; nil when it did.
 func (m *Manager) reachesLocally(st *state) error {
 	lt, ok := m.transports[transport.Local].(localReacher)
+	adv, offered := st.hs.GetAdverts()[string(transport.Local)]
 	switch {
 	case !ok:
 		return fmt.Errorf("%w: this daemon has no local transport", errs.ErrFailedPrecondition)
-	case !slices.Contains(st.hs.GetTransports(), b2bv1.TransportKind_TRANSPORT_KIND_LOCAL) || st.hs.GetLocal() == nil:
+	case !offered:
 		return fmt.Errorf("%w: peer %s does not offer the local transport", errs.ErrFailedPrecondition, st.addr)
 	}
-	err := lt.Reaches(peerOf(st.addr, st.hs, nil).Local)
+	err := lt.Reaches(adv)
 	if err == nil {
 		m.log.Info("peer is on this host: the local transport is usable", "peer", st.addr)
 	} else {
@@ -461,25 +463,25 @@ func (m *Manager) Instance(addr string) uint64 {
 }
 
 func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error) {
-	offers := func(k b2bv1.TransportKind) bool { return slices.Contains(st.hs.GetTransports(), k) }
+	offers := func(k transport.Kind) bool { _, ok := st.hs.GetAdverts()[string(k)]; return ok }
 	_, haveVerbs := m.transports[transport.Verbs]
 	switch want {
 	case "":
 		if st.sameHost {
 			return transport.Local, nil
 		}
-		if haveVerbs && offers(b2bv1.TransportKind_TRANSPORT_KIND_VERBS) {
+		if haveVerbs && offers(transport.Verbs) {
 			return transport.Verbs, nil
 		}
-		if _, ok := m.transports[transport.TCP]; ok && offers(b2bv1.TransportKind_TRANSPORT_KIND_TCP) {
+		if _, ok := m.transports[transport.TCP]; ok && offers(transport.TCP) {
 			return transport.TCP, nil
 		}
-		return "", fmt.Errorf("%w: no transport in common with peer %s (it offers %v)", errs.ErrFailedPrecondition, st.addr, st.hs.GetTransports())
+		return "", fmt.Errorf("%w: no transport in common with peer %s (it offers %v)", errs.ErrFailedPrecondition, st.addr, offered(st.hs))
 	case transport.Verbs, transport.TCP:
 		if _, ok := m.transports[want]; !ok {
 			return "", fmt.Errorf("%w: transport %s was requested but is not available on this daemon", errs.ErrFailedPrecondition, want)
 		}
-		if !offers(KindToProto(want)) {
+		if !offers(want) {
 			return "", fmt.Errorf("%w: transport %s was requested but peer %s does not offer it", errs.ErrFailedPrecondition, want, st.addr)
 		}
 		return want, nil
@@ -490,6 +492,16 @@ func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error)
 		return want, nil
 	}
 	return "", fmt.Errorf("%w: transport %q is unknown", errs.ErrInvalidArgument, want)
+}
+
+// offered lists the kinds the peer's handshake offers, sorted.
+func offered(hs *b2bv1.HandshakeResponse) []string {
+	out := make([]string, 0, len(hs.GetAdverts()))
+	for k := range hs.GetAdverts() {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Resolve returns the peer's export name resolved to its size and keys,
