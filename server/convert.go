@@ -141,6 +141,8 @@ func resolveResponse(r *region.Region) *b2bv1.ResolveRegionResponse {
 			}
 			if len(key.Devices) <= 1 {
 				key.Devices = nil
+			} else {
+				key.Devices[0] = key.Key // device 0's key is the registration's
 			}
 		}
 		resp.Keys[string(k)] = transport.MarshalRegionKey(key)

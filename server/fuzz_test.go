@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -93,4 +94,37 @@ func (echoSignal) HandleSignal(ctx context.Context, payload []byte) ([]byte, err
 		return nil, fmt.Errorf("%w: empty", errs.ErrInvalidArgument)
 	}
 	return payload, nil
+}
+
+// TestPeerSignal: Signal hands the payload to its kind's handler and
+// returns the answer; a kind without one, or a name over the limit, is
+// refused with the code and the reason.
+func TestPeerSignal(t *testing.T) {
+	reg, err := region.New(region.Config{ShmDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	pm := peer.New(&b2bv1.HandshakeRequest{}, []transport.Transport{}, nil, true)
+	srv := server.New(server.Config{NodeName: "n", Registry: reg, Peers: pm, MaxDescriptors: desc.DefaultMaxBlocks,
+		Signals: map[transport.Kind]transport.SignalHandler{"echo": echoSignal{}}}).Peer()
+	ctx := context.Background()
+	resp, err := srv.Signal(ctx, &b2bv1.SignalRequest{Kind: "echo", Payload: []byte("hello")})
+	if err != nil || string(resp.GetPayload()) != "hello" {
+		t.Fatalf("echo: %q, %v", resp.GetPayload(), err)
+	}
+	for _, c := range []struct {
+		req  *b2bv1.SignalRequest
+		code codes.Code
+		msg  string
+	}{
+		{&b2bv1.SignalRequest{Kind: "verbs", Payload: []byte("x")}, codes.FailedPrecondition, `kind "verbs": this daemon runs no transport of that kind`},
+		{&b2bv1.SignalRequest{Kind: "echo"}, codes.InvalidArgument, "empty"},
+		{&b2bv1.SignalRequest{Kind: strings.Repeat("k", 65)}, codes.InvalidArgument, "kind is 65 bytes, over the limit of 64"},
+	} {
+		_, err := srv.Signal(ctx, c.req)
+		if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), c.msg) {
+			t.Errorf("Signal(%.20q): %v, want %v %q", c.req.GetKind(), err, c.code, c.msg)
+		}
+	}
 }

@@ -55,6 +55,9 @@ func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2
 // Signal hands a peer's set-up message to the same kind here, which alone
 // reads it (verbs: a QP set's connect or disconnect).
 func (p *peerService) Signal(ctx context.Context, req *b2bv1.SignalRequest) (*b2bv1.SignalResponse, error) {
+	if n := len(req.GetKind()); n > maxKindName {
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: kind is %d bytes, over the limit of %d", errs.ErrInvalidArgument, n, maxKindName))
+	}
 	h, ok := p.s.cfg.Signals[transport.Kind(req.GetKind())]
 	if !ok {
 		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: kind %q: this daemon runs no transport of that kind that takes signals", errs.ErrFailedPrecondition, req.GetKind()))
@@ -66,3 +69,7 @@ func (p *peerService) Signal(ctx context.Context, req *b2bv1.SignalRequest) (*b2
 	}
 	return &b2bv1.SignalResponse{Payload: out}, nil
 }
+
+// maxKindName bounds a kind named by a peer (Signal), so a refusal never
+// echoes more.
+const maxKindName = 64
