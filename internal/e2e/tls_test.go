@@ -109,7 +109,7 @@ func TestStartupSecurity(t *testing.T) {
 		{"insecure on all interfaces", func(c *daemon.Config) { c.Insecure, c.PeerListen = true, ":0" }, `--peer-listen ":0" is not a loopback address`},
 		{"insecure data plane off loopback", func(c *daemon.Config) { c.Insecure, c.KindFlags["data-listen"] = true, "0.0.0.0:0" }, `--data-listen "0.0.0.0:0" is not a loopback address`},
 		{"insecure and tls", func(c *daemon.Config) { c.Insecure, c.TLSCert = true, cert }, "exclusive"},
-		{"half the tls flags", func(c *daemon.Config) { c.TLSCert, c.TLSKey = cert, key }, "--tls-cert, --tls-key and --tls-ca together"},
+		{"half the tls flags", func(c *daemon.Config) { c.TLSCert, c.TLSKey = cert, key }, "give all three"},
 		{"bad ca file", func(c *daemon.Config) { c.TLSCert, c.TLSKey, c.TLSCA = cert, key, key }, "holds no PEM certificate"},
 	}
 	for _, tc := range cases {
