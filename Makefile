@@ -5,6 +5,7 @@ GO ?= go
 BIN := $(CURDIR)/bin
 ARGS ?=
 PROTO := proto/b2b/v1/b2b.proto
+TPROTO := proto/b2b/transport/verbs/v1/verbs.proto proto/b2b/transport/tcp/v1/tcp.proto proto/b2b/transport/local/v1/local.proto
 PYGEN := client/python/b2b/v1
 # VERSION is stamped into the binaries (b2bd --version) and names the .deb.
 VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo 0)
@@ -34,6 +35,10 @@ generate: deps
 	  --plugin=protoc-gen-go=$(BIN)/protoc-gen-go --go_out=proto --go_opt=paths=source_relative \
 	  --plugin=protoc-gen-go-grpc=$(BIN)/protoc-gen-go-grpc --go-grpc_out=proto --go-grpc_opt=paths=source_relative \
 	  $(PROTO:proto/%=%)
+	# Each transport's own messages (Go only: the clients never see them).
+	protoc -I proto \
+	  --plugin=protoc-gen-go=$(BIN)/protoc-gen-go --go_out=proto --go_opt=paths=source_relative \
+	  $(TPROTO:proto/%=%)
 	@mkdir -p client/python
 	protoc -I proto \
 	  --python_out=client/python --pyi_out=client/python \

@@ -114,37 +114,38 @@ func notificationProto(n notify.Notification) *b2bv1.Notification {
 var capabilities = []string{"merge-adjacent", "write-with-imm-completion", "packed-descriptors"}
 
 func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
-	resp := &b2bv1.HandshakeResponse{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName, Capabilities: capabilities, InstanceId: cfg.InstanceID}
-	for _, t := range cfg.Transports {
-		if t.GetAvailable() {
-			resp.Transports = append(resp.Transports, t.GetKind())
-		}
-	}
+	resp := &b2bv1.HandshakeResponse{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName, Capabilities: capabilities, InstanceId: cfg.InstanceID,
+		Adverts: make(map[string][]byte, len(cfg.Adverts))}
 	for _, a := range cfg.Adverts {
-		if a.TCP.Addr != "" {
-			resp.TcpDataAddress, resp.SessionToken = a.TCP.Addr, a.TCP.Token
-		}
-		if l := a.Local; l.Socket != "" {
-			resp.Local = &b2bv1.LocalEndpoint{BootId: l.BootID, Socket: l.Socket, TokenPath: l.TokenPath, TokenDigest: l.TokenDigest}
-		}
-		resp.VerbsRails = append(resp.VerbsRails, peer.VerbsRailsToProto(a.Rails)...)
+		resp.Adverts[string(a.Kind)] = a.Data
 	}
 	return resp
 }
 
+// resolveResponse lists the region's key with each transport, in the
+// encoding every kind reads (transport.MarshalRegionKey): a kind over
+// several devices (rails) gives its key on each, device 0 first.
 func resolveResponse(r *region.Region) *b2bv1.ResolveRegionResponse {
-	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: memoryKind(r.Mem.Kind)}
+	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: memoryKind(r.Mem.Kind), Keys: map[string][]byte{}}
 	for _, k := range r.Transports() {
 		g, _ := r.Registration(k)
-		key := g.Key()
-		resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: key.Key, RemoteAddr: key.Addr})
-		if rr, ok := g.(transport.RailRegistrations); ok { // several rails: one key each, rail 0 (above) first
+		key := transport.RegionKey{Key: g.Key()}
+		if rr, ok := g.(transport.RailRegistrations); ok {
 			for _, x := range rr.RailRegistrations() {
-				if x.Rail > 0 {
-					resp.Keys = append(resp.Keys, &b2bv1.RegionKey{Transport: peer.KindToProto(k), Key: x.Key.Key, RemoteAddr: x.Key.Addr, Rail: uint32(x.Rail)})
+				for len(key.Devices) <= x.Rail && x.Rail < transport.MaxDevices {
+					key.Devices = append(key.Devices, transport.RemoteKey{})
+				}
+				if x.Rail < transport.MaxDevices {
+					key.Devices[x.Rail] = x.Key
 				}
 			}
+			if len(key.Devices) <= 1 {
+				key.Devices = nil
+			} else {
+				key.Devices[0] = key.Key // device 0's key is the registration's
+			}
 		}
+		resp.Keys[string(k)] = transport.MarshalRegionKey(key)
 	}
 	return resp
 }

@@ -2,6 +2,8 @@ package server_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -9,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -24,15 +27,14 @@ func FuzzPeerMessages(f *testing.F) {
 		b, _ := proto.Marshal(m)
 		f.Add(kind, b)
 	}
-	seed(0, &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: "x", Transports: []b2bv1.TransportKind{1, 2}})
+	seed(0, &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: "x", Kinds: []string{"tcp", "verbs"}})
 	seed(0, &b2bv1.HandshakeRequest{ProtocolVersion: 99})
 	seed(1, &b2bv1.ResolveRegionRequest{Name: "fuzz"})
 	seed(1, &b2bv1.ResolveRegionRequest{Name: ""})
-	seed(2, &b2bv1.ConnectVerbsRequest{NodeName: "x", Endpoints: []*b2bv1.VerbsEndpoint{{QpNum: 1, Psn: 2}}, Port: &b2bv1.VerbsPort{Gid: make([]byte, 16), ActiveMtu: 1024}})
+	seed(2, &b2bv1.SignalRequest{Kind: "verbs", Payload: []byte{0x0a, 0x00}})
+	seed(2, &b2bv1.SignalRequest{Kind: "echo", Payload: []byte("x")})
 	seed(3, &b2bv1.NotifyRequest{Region: "fuzz", Notification: []byte("n"), Blocks: 1})
 	seed(3, &b2bv1.NotifyRequest{Region: "fuzz", Notification: make([]byte, 5000)})
-	seed(4, &b2bv1.DisconnectVerbsRequest{NodeName: "x", ConnectionId: 7})
-	seed(4, &b2bv1.DisconnectVerbsRequest{})
 	f.Add(byte(1), []byte{0xff, 0xff, 0xff})
 
 	reg, err := region.New(region.Config{ShmDir: f.TempDir()})
@@ -44,14 +46,15 @@ func FuzzPeerMessages(f *testing.F) {
 		f.Fatal(err)
 	}
 	pm := peer.New(&b2bv1.HandshakeRequest{}, []transport.Transport{}, nil, true)
-	srv := server.New(server.Config{NodeName: "fuzz", Registry: reg, Peers: pm, MaxDescriptors: desc.DefaultMaxBlocks}).Peer()
+	srv := server.New(server.Config{NodeName: "fuzz", Registry: reg, Peers: pm, MaxDescriptors: desc.DefaultMaxBlocks,
+		Signals: map[transport.Kind]transport.SignalHandler{"echo": echoSignal{}}}).Peer()
 	ctx := context.Background()
 	ok := map[codes.Code]bool{codes.OK: true, codes.InvalidArgument: true, codes.NotFound: true,
 		codes.PermissionDenied: true, codes.FailedPrecondition: true}
 
 	f.Fuzz(func(t *testing.T, kind byte, data []byte) {
 		var err error
-		switch kind % 5 {
+		switch kind % 4 {
 		case 0:
 			var m b2bv1.HandshakeRequest
 			if proto.Unmarshal(data, &m) != nil {
@@ -65,26 +68,63 @@ func FuzzPeerMessages(f *testing.F) {
 			}
 			_, err = srv.ResolveRegion(ctx, &m)
 		case 2:
-			var m b2bv1.ConnectVerbsRequest
+			var m b2bv1.SignalRequest
 			if proto.Unmarshal(data, &m) != nil {
 				return
 			}
-			_, err = srv.ConnectVerbs(ctx, &m)
+			_, err = srv.Signal(ctx, &m)
 		case 3:
 			var m b2bv1.NotifyRequest
 			if proto.Unmarshal(data, &m) != nil {
 				return
 			}
 			_, err = srv.Notify(ctx, &m)
-		case 4:
-			var m b2bv1.DisconnectVerbsRequest
-			if proto.Unmarshal(data, &m) != nil {
-				return
-			}
-			_, err = srv.DisconnectVerbs(ctx, &m)
 		}
 		if c := status.Code(err); !ok[c] {
-			t.Fatalf("message kind %d: unexpected code %v: %v", kind%5, c, err)
+			t.Fatalf("message kind %d: unexpected code %v: %v", kind%4, c, err)
 		}
 	})
+}
+
+// echoSignal answers a signal with its payload, or refuses an empty one.
+type echoSignal struct{}
+
+func (echoSignal) HandleSignal(ctx context.Context, payload []byte) ([]byte, error) {
+	if len(payload) == 0 {
+		return nil, fmt.Errorf("%w: empty", errs.ErrInvalidArgument)
+	}
+	return payload, nil
+}
+
+// TestPeerSignal: Signal hands the payload to its kind's handler and
+// returns the answer; a kind without one, or a name over the limit, is
+// refused with the code and the reason.
+func TestPeerSignal(t *testing.T) {
+	reg, err := region.New(region.Config{ShmDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	pm := peer.New(&b2bv1.HandshakeRequest{}, []transport.Transport{}, nil, true)
+	srv := server.New(server.Config{NodeName: "n", Registry: reg, Peers: pm, MaxDescriptors: desc.DefaultMaxBlocks,
+		Signals: map[transport.Kind]transport.SignalHandler{"echo": echoSignal{}}}).Peer()
+	ctx := context.Background()
+	resp, err := srv.Signal(ctx, &b2bv1.SignalRequest{Kind: "echo", Payload: []byte("hello")})
+	if err != nil || string(resp.GetPayload()) != "hello" {
+		t.Fatalf("echo: %q, %v", resp.GetPayload(), err)
+	}
+	for _, c := range []struct {
+		req  *b2bv1.SignalRequest
+		code codes.Code
+		msg  string
+	}{
+		{&b2bv1.SignalRequest{Kind: "verbs", Payload: []byte("x")}, codes.FailedPrecondition, `kind "verbs": this daemon runs no transport of that kind`},
+		{&b2bv1.SignalRequest{Kind: "echo"}, codes.InvalidArgument, "empty"},
+		{&b2bv1.SignalRequest{Kind: strings.Repeat("k", 65)}, codes.InvalidArgument, "kind is 65 bytes, over the limit of 64"},
+	} {
+		_, err := srv.Signal(ctx, c.req)
+		if status.Code(err) != c.code || !strings.Contains(status.Convert(err).Message(), c.msg) {
+			t.Errorf("Signal(%.20q): %v, want %v %q", c.req.GetKind(), err, c.code, c.msg)
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/peer"
+	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -20,7 +21,7 @@ func (p *peerService) Handshake(ctx context.Context, req *b2bv1.HandshakeRequest
 	if v := req.GetProtocolVersion(); v != peer.ProtocolVersion {
 		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: protocol_version %d is not supported; this daemon speaks %d", errs.ErrFailedPrecondition, v, peer.ProtocolVersion))
 	}
-	p.s.cfg.Log.Debug("handshake", "peer", req.GetNodeName(), "transports", req.GetTransports())
+	p.s.cfg.Log.Debug("handshake", "peer", req.GetNodeName(), "transports", req.GetKinds())
 	return handshakeResponse(p.s.cfg), nil
 }
 
@@ -51,25 +52,24 @@ func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2
 	return &b2bv1.NotifyResponse{Delivered: uint32(n)}, nil
 }
 
-func (p *peerService) DisconnectVerbs(ctx context.Context, req *b2bv1.DisconnectVerbsRequest) (*b2bv1.DisconnectVerbsResponse, error) {
-	if p.s.cfg.Verbs == nil {
-		return nil, grpcstatus.ToStatus(errNoVerbs)
+// Signal hands a peer's set-up message to the same kind here, which alone
+// reads it (verbs: a QP set's connect or disconnect).
+func (p *peerService) Signal(ctx context.Context, req *b2bv1.SignalRequest) (*b2bv1.SignalResponse, error) {
+	if n := len(req.GetKind()); n > maxKindName {
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: kind is %d bytes, over the limit of %d", errs.ErrInvalidArgument, n, maxKindName))
 	}
-	if req.GetNodeName() == "" || req.GetConnectionId() == 0 {
-		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: node_name and connection_id must both be set", errs.ErrInvalidArgument))
+	h, ok := p.s.cfg.Signals[transport.Kind(req.GetKind())]
+	if !ok {
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: kind %q: this daemon runs no transport of that kind that takes signals", errs.ErrFailedPrecondition, req.GetKind()))
 	}
-	return &b2bv1.DisconnectVerbsResponse{Found: p.s.cfg.Verbs.DisconnectVerbs(req.GetNodeName(), req.GetConnectionId())}, nil
-}
-
-func (p *peerService) ConnectVerbs(ctx context.Context, req *b2bv1.ConnectVerbsRequest) (*b2bv1.ConnectVerbsResponse, error) {
-	if p.s.cfg.Verbs == nil {
-		return nil, grpcstatus.ToStatus(errNoVerbs)
-	}
-	resp, err := p.s.cfg.Verbs.AcceptVerbs(ctx, peer.VerbsConnectFromProto(req))
+	out, err := h.HandleSignal(ctx, req.GetPayload())
 	if err != nil {
+		p.s.cfg.Log.Debug("peer signal refused", "kind", req.GetKind(), "peer", auth.PeerIdentity(ctx), "error", err)
 		return nil, grpcstatus.ToStatus(err)
 	}
-	return peer.VerbsAcceptToProto(resp), nil
+	return &b2bv1.SignalResponse{Payload: out}, nil
 }
 
-var errNoVerbs = fmt.Errorf("%w: this daemon has no RDMA device", errs.ErrFailedPrecondition)
+// maxKindName bounds a kind named by a peer (Signal), so a refusal never
+// echoes more.
+const maxKindName = 64

@@ -43,8 +43,12 @@ type Config struct {
 	Live map[b2bv1.TransportKind]transport.Counter
 	// Adverts are the running transports' own parameters (the TCP data
 	// listener and token), told to peers in the handshake.
-	Adverts        []transport.Advert
-	Verbs          transport.VerbsAcceptor // nil without RDMA
+	// Every running transport's is here, one per kind (a kind without
+	// parameters has an empty Data): a kind absent is not offered.
+	Adverts []transport.Advert
+	// Signals answer the Peer service's Signal for the kinds that take
+	// set-up messages from peers (verbs: QP sets), by kind.
+	Signals        map[transport.Kind]transport.SignalHandler
 	MaxDescriptors int
 	MaxPlans       int // prepared plans per client identity; 0: batch.DefaultMaxPlans
 	DefaultTimeout time.Duration

@@ -64,7 +64,7 @@ func newNode(t *testing.T, name string, bn bufNet) *node {
 		t.Fatal(err)
 	}
 	in.reg = reg
-	self := &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: name, Transports: []b2bv1.TransportKind{b2bv1.TransportKind_TRANSPORT_KIND_TCP}}
+	self := &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: name, Kinds: []string{"tcp"}}
 	pm := peer.New(self, []transport.Transport{tt}, log, false,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(bn.dial))
 	srv := server.New(server.Config{

@@ -188,7 +188,7 @@ func daemonFlags() *flag.FlagSet {
 	var cfg daemon.Config
 	fs := flag.NewFlagSet("b2bd", flag.ContinueOnError)
 	cfg.RegisterFlags(fs)
-	daemon.RegisterOptionalFlags(fs, &cfg)
+	daemon.RegisterKindFlags(fs, &cfg)
 	return fs
 }
 

@@ -390,10 +390,9 @@ func (s *Service) prepare(ctx context.Context, p *Plan) (transport.Session, tran
 	if !ok {
 		return sess, none, nil, false, fmt.Errorf("%w: dst_region %q on peer %s is not registered with transport %s", errs.ErrFailedPrecondition, p.dst, p.peer, sess.Kind)
 	}
-	remote := transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key}
-	if sess.Kind == transport.Verbs {
-		remote.Rails = rr.RailKeys // the peer's key per RDMA device (rails); nil with one
-	}
+	// Devices: the peer's key on each of its devices, for a kind over
+	// several (verbs rails); nil with one.
+	remote := transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}
 	return sess, remote, reg, cached, nil
 }
 

@@ -136,7 +136,7 @@ func (f *fakePeers) Resolve(ctx context.Context, addr string, s transport.Sessio
 	if key == 0 {
 		key = 7
 	}
-	return transport.Resolution{Name: name, Size: a.size, Keys: map[transport.Kind]transport.RemoteKey{transport.TCP: {Key: key}}}, a.cached, nil
+	return transport.Resolution{Name: name, Size: a.size, Keys: map[transport.Kind]transport.RegionKey{transport.TCP: {Key: transport.RemoteKey{Key: key}}}}, a.cached, nil
 }
 
 func (f *fakePeers) Forget(addr, name string) { f.mu.Lock(); f.forgets++; f.mu.Unlock() }

@@ -77,7 +77,7 @@ func TestDaemonConfigOrder(t *testing.T) {
 	if err != nil || cfg == nil {
 		t.Fatalf("start: %v", err)
 	}
-	if cfg.TCP.Streams != 3 || cfg.ShutdownGrace != 2*time.Second || !cfg.Insecure || cfg.LocalStreams != 4 || cfg.Verbs == nil {
+	if cfg.KindFlag("tcp-streams") != "3" || cfg.ShutdownGrace != 2*time.Second || !cfg.Insecure || cfg.KindFlag("local-streams") != "4" || cfg.KindFlag("rdma-sq-depth") == "" {
 		t.Fatalf("config %+v", cfg)
 	}
 	if cfg, out, err := b2bd(t, "--version"); err != nil || cfg != nil || !strings.HasPrefix(out, "b2bd ") {

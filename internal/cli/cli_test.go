@@ -32,7 +32,7 @@ func startNode(t *testing.T, name string) *node {
 		PeerListen: "127.0.0.1:0", ShmDir: filepath.Join(dir, "shm"), Transport: "tcp",
 		DefaultTimeout: 20 * time.Second, ShutdownGrace: 5 * time.Second, MaxDescriptors: 1 << 20, Insecure: true,
 	}
-	cfg.TCP.Listen = "127.0.0.1:0"
+	cfg.KindFlags = map[string]string{"data-listen": "127.0.0.1:0"}
 	d, err := daemon.New(cfg, hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.Warn, Output: os.Stderr}))
 	if err != nil {
 		t.Fatalf("start %s: %v", name, err)

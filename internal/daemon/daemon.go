@@ -35,9 +35,6 @@ import (
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
-	"github.com/b2bd/b2bd/internal/transport/samehost"
-	"github.com/b2bd/b2bd/internal/transport/tcp"
-	"github.com/b2bd/b2bd/internal/transport/verbs"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 	"github.com/b2bd/b2bd/server"
 )
@@ -54,8 +51,7 @@ type Config struct {
 	APIListen      string // optional local API TCP listener
 	PeerListen     string // peer control plane
 	ShmDir         string
-	Transport      string // auto | tcp | verbs | local
-	LocalStreams   int    // local transport: streams per GPU batch
+	Transport      string // auto, or a registered kind (transport.Names)
 	MaxDescriptors int
 	MaxPlans       int // prepared plans per client identity
 	// PeerIdleTimeout closes a peer's connections once unused this long;
@@ -73,16 +69,17 @@ type Config struct {
 	Insecure        bool   // plaintext between daemons, loopback addresses only
 	MetricsListen   string // optional Prometheus /metrics (and /healthz) HTTP address
 	HealthListen    string // optional plaintext health-only address (grpc.health.v1 and HTTP /healthz)
-	TCP             tcp.Config
 	// Phases reads a successful batch's phase durations from its response
 	// for b2bd_batch_phase_duration_seconds (with --metrics-listen); nil:
 	// none. See docs/observe-deploy.md for wiring it to the phases message.
 	Phases metrics.PhaseObserver
-	// Verbs configures the RDMA transport; nil: none (RegisterOptionalFlags
-	// sets it with the verbs flags).
-	Verbs *verbs.Config
-	// Rails configures the RDMA transport over several devices.
-	Rails RailsConfig
+	// Kinds are the registered transports' settings, bound to their flags
+	// by RegisterKindFlags; nil: every kind's defaults (New makes them).
+	Kinds *KindSettings
+	// KindFlags sets transport flags by name ("data-listen":
+	// "127.0.0.1:0"), checked against their ranges, for a Config built
+	// without b2bd's flag set (tests, programs embedding the daemon).
+	KindFlags map[string]string
 }
 
 // RegisterFlags binds cfg to fs with the daemon's defaults, and each flag
@@ -95,15 +92,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Group, "group", "", "group (name or gid) owning the socket and --shm-dir, whose members may use b2bd (default b2bd if that group exists)")
 	fs.StringVar(&c.APIListen, "api-listen", "", "also serve the local API on this TCP address (host:port)")
 	fs.StringVar(&c.PeerListen, "peer-listen", ":7470", "peer control-plane address (host:port)")
-	fs.StringVar(&c.TCP.Listen, "data-listen", ":7471", "TCP data-plane address (host:port)")
 	// Per-peer state is bounded: idle peers are closed, and peers capped.
 	fs.DurationVar(&c.PeerIdleTimeout, "peer-idle-timeout", peer.DefaultIdleTimeout,
 		"close a peer's connections once nothing used them this long; the next batch reconnects")
 	fs.IntVar(&c.MaxPeers, "max-peers", peer.DefaultMaxPeers,
 		"most peers this daemon keeps connections to at once; a batch to one more is refused with ResourceExhausted")
-	fs.IntVar(&c.TCP.Streams, "tcp-streams", tcp.DefaultStreams, "TCP data connections per peer")
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
-	fs.IntVar(&c.LocalStreams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (a share of 1 MiB at least each)")
 	fs.StringVar(&c.Transport, "transport", transport.Auto, "data plane: auto (local when the peer proves it is on this host, else verbs when both peers have RDMA, else tcp), tcp, verbs or local (same host only: shared memory and CUDA IPC)")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", desc.DefaultMaxBlocks, "most blocks per batch")
 	fs.IntVar(&c.MaxPlans, "max-plans", batch.DefaultMaxPlans, "most prepared transfers (PrepareTransfer) one client identity may hold")
@@ -121,7 +115,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 }
 
 // flagRanges is the documented range of every flag RegisterFlags defines
-// (RegisterOptionalFlags has its own table, verbsRanges). Setting a flag, on
+// (each transport's are its driver's Ranges). Setting a flag, on
 // the command line or as a --config key, checks it; CheckFlags refuses a
 // flag set with a flag no table names, so a new flag cannot go without one.
 // The usage text shows each range (withRange).
@@ -132,12 +126,9 @@ var flagRanges = config.Ranges{
 	"group":             config.Text{Min: 0, Max: config.PathMax},
 	"api-listen":        config.HostPort{Optional: true},
 	"peer-listen":       config.HostPort{},
-	"data-listen":       config.HostPort{},
 	"peer-idle-timeout": config.Duration{Min: minPeerIdleTimeout, Max: maxPeerIdleTimeout},
 	"max-peers":         config.Int{Min: 1, Max: maxMaxPeers},
-	"tcp-streams":       config.Int{Min: 1, Max: 64},
 	"shm-dir":           config.Path(false),
-	"local-streams":     config.Int{Min: 1, Max: samehost.MaxStreams},
 	"transport":         config.OneOf(transport.Names),
 	"max-descriptors":   config.Int{Min: 1, Max: 1 << 24},
 	"max-plans":         config.Int{Min: 1, Max: 1 << 20},
@@ -166,11 +157,11 @@ func bindRanges(fs *flag.FlagSet, table config.Ranges) {
 }
 
 // NewFlagSet is b2bd's whole flag set (RegisterFlags and
-// RegisterOptionalFlags) bound to cfg, less --config.
+// RegisterKindFlags) bound to cfg, less --config.
 func NewFlagSet(name string, cfg *Config) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	cfg.RegisterFlags(fs)
-	RegisterOptionalFlags(fs, cfg)
+	RegisterKindFlags(fs, cfg)
 	return fs
 }
 
@@ -184,15 +175,7 @@ func CheckFlags(fs *flag.FlagSet, cfg *Config) error {
 	if err := cfg.checkSecurity(); err != nil {
 		return err
 	}
-	if v := cfg.Verbs; v != nil {
-		switch {
-		case v.MaxChain > v.SQDepth:
-			return fmt.Errorf("%w: --rdma-max-chain %d is out of range: want 1 to --rdma-sq-depth (%d)", errs.ErrInvalidArgument, v.MaxChain, v.SQDepth)
-		case v.SignalEvery > v.SQDepth/2:
-			return fmt.Errorf("%w: --rdma-signal-every %d is out of range: want 1 to --rdma-sq-depth/2 (%d)", errs.ErrInvalidArgument, v.SignalEvery, v.SQDepth/2)
-		}
-	}
-	return nil
+	return cfg.Kinds.check()
 }
 
 // checkSecurity is security's part that reads no file: the flags agree.
@@ -202,7 +185,12 @@ func (c *Config) checkSecurity() error {
 		if anyTLS {
 			return fmt.Errorf("%w: --insecure and --tls-* are exclusive", errs.ErrInvalidArgument)
 		}
-		for _, a := range []struct{ flag, addr string }{{"--peer-listen", c.PeerListen}, {"--data-listen", c.TCP.Listen}, {"--api-listen", c.APIListen}} {
+		listens := []struct{ flag, addr string }{{"--peer-listen", c.PeerListen}}
+		for _, name := range c.Kinds.listens() {
+			listens = append(listens, struct{ flag, addr string }{"--" + name, c.Kinds.value(name)})
+		}
+		listens = append(listens, struct{ flag, addr string }{"--api-listen", c.APIListen})
+		for _, a := range listens {
 			if a.addr != "" && !auth.IsLoopback(a.addr) {
 				return fmt.Errorf("%w: --insecure: %s %q is not a loopback address; plaintext is only allowed on loopback (use --tls-cert/--tls-key/--tls-ca)", errs.ErrInvalidArgument, a.flag, a.addr)
 			}
@@ -280,36 +268,16 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		}
 	}()
 	in := &inbound{Pins: region.NewPins(), counters: &d.counters}
+	if err := d.cfg.ensureKinds(); err != nil {
+		return nil, err
+	}
+	cfg = d.cfg
 	peerTLS, err := cfg.security()
 	if err != nil {
 		return nil, err
 	}
-
-	var statuses []*b2bv1.TransportStatus
-	var tcpT *tcp.Transport
-	var verbsAcc transport.VerbsAcceptor
 	if err := transport.CheckName(cfg.Transport); err != nil {
 		return nil, fmt.Errorf("%w: --%w", errs.ErrInvalidArgument, err)
-	}
-	if cfg.Transport == "auto" || cfg.Transport == "verbs" {
-		vt, verr := d.buildVerbs(in)
-		st := &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_VERBS, Available: verr == nil}
-		if verr != nil {
-			st.Detail = verr.Error()
-			if cfg.Transport == "verbs" {
-				return nil, fmt.Errorf("--transport verbs: %w", verr)
-			}
-			log.Warn("verbs transport unavailable; using TCP", "reason", verr)
-		} else {
-			d.transports = append(d.transports, vt)
-			if a, ok := vt.(transport.VerbsAcceptor); ok {
-				verbsAcc = a
-			}
-			if a, ok := vt.(transport.Advertiser); ok {
-				st.Detail = a.Advertise().Detail
-			}
-		}
-		statuses = append(statuses, st)
 	}
 	cuda, cudaWhy := loadCUDA(log.Named("gpudirect"))
 	var cudaHook region.CUDA
@@ -318,27 +286,24 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		d.staging = &staging.Pool{CUDA: cuda}
 		cudaHook = staging.Regions{CUDA: cuda}
 	}
-	if cfg.Transport == "auto" || cfg.Transport == "tcp" {
-		tcfg := cfg.TCP
-		tcfg.Staging, tcfg.TLS = d.staging, peerTLS
-		tcpT, err = tcp.New(tcfg, in, log.Named("tcp"))
-		if err != nil {
-			return nil, err
-		}
-		d.transports = append(d.transports, tcpT)
-		statuses = append(statuses, &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_TCP, Available: true, Detail: tcpT.Advertise().Detail})
-	}
-
 	gid, err := resolveGroup(cfg.Group, log)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Transport == "auto" || cfg.Transport == "local" {
-		st, err := d.buildLocal(in, gid, cuda)
-		if err != nil {
-			return nil, err
-		}
-		statuses = append(statuses, st)
+	// The peer listener comes first: a transport may name its address
+	// (TCP tells a gRPC client that dialled the data port where to go).
+	peerLn, err := net.Listen("tcp", cfg.PeerListen)
+	if err != nil {
+		return nil, fmt.Errorf("listen for peers on %s: %w", cfg.PeerListen, err)
+	}
+	d.peerAddr = peerLn.Addr().String()
+	d.peerLn = guard(peerLn, peerTLS != nil, log.Named("peer"))
+	d.listeners = append(d.listeners, d.peerLn)
+
+	statuses, err := d.buildTransports(in, transport.Env{Node: cfg.NodeName, PeerAddr: d.peerAddr, ShmDir: cfg.ShmDir, Group: gid,
+		TLS: peerTLS, CUDA: cuda, Staging: d.staging})
+	if err != nil {
+		return nil, err
 	}
 	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Group: gid, Transports: d.transports, Pins: in.Pins, CUDA: cudaHook, CUDAWhy: cudaWhy, Log: log.Named("region")})
 	if err != nil {
@@ -347,7 +312,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 
 	self := &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName}
 	for _, t := range d.transports {
-		self.Transports = append(self.Transports, peer.KindToProto(t.Kind()))
+		self.Kinds = append(self.Kinds, string(t.Kind()))
 	}
 	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if peerTLS != nil {
@@ -359,30 +324,25 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	d.peers = peer.New(self, d.transports, log.Named("peer"), peerTLS == nil, dial...)
 	d.peers.SetLimits(peer.Limits{IdleTimeout: cfg.PeerIdleTimeout, MaxPeers: cfg.MaxPeers})
 
-	peerLn, err := net.Listen("tcp", cfg.PeerListen)
-	if err != nil {
-		return nil, fmt.Errorf("listen for peers on %s: %w", cfg.PeerListen, err)
-	}
-	d.peerAddr = peerLn.Addr().String()
-	if tcpT != nil {
-		tcpT.SetPeerAddr(d.peerAddr) // named to a gRPC client that dials the data port
-	}
-	d.peerLn = guard(peerLn, peerTLS != nil, log.Named("peer"))
-	d.listeners = append(d.listeners, d.peerLn)
-
 	live := map[b2bv1.TransportKind]transport.Counter{}
 	var adverts []transport.Advert
+	signals := map[transport.Kind]transport.SignalHandler{}
 	for _, t := range d.transports {
 		if c, ok := t.(transport.Counter); ok {
 			live[peer.KindToProto(t.Kind())] = c
 		}
-		if a, ok := t.(transport.Advertiser); ok {
-			adverts = append(adverts, a.Advertise())
+		a := transport.Advert{Kind: t.Kind()} // offered, with nothing to say
+		if ad, ok := t.(transport.Advertiser); ok {
+			a = ad.Advertise()
+		}
+		adverts = append(adverts, a)
+		if h, ok := t.(transport.SignalHandler); ok {
+			signals[t.Kind()] = h
 		}
 	}
 	scfg := server.Config{
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
-		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Verbs: verbsAcc,
+		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Signals: signals,
 		MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, DefaultTimeout: cfg.DefaultTimeout,
 		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, OpenFDs: openFDs, Log: log.Named("server"),
 	}
@@ -676,22 +636,4 @@ func (d *Daemon) teardown() {
 	if d.cfg.Socket != "" {
 		_ = os.Remove(d.cfg.Socket)
 	}
-}
-
-// buildLocal adds the same-host transport (internal/transport/samehost);
-// with --transport auto a failure only leaves it out.
-func (d *Daemon) buildLocal(in *inbound, gid int, cuda gpudirect.Interface) (*b2bv1.TransportStatus, error) {
-	st := &b2bv1.TransportStatus{Kind: b2bv1.TransportKind_TRANSPORT_KIND_LOCAL}
-	lt, err := samehost.New(samehost.Config{Dir: d.cfg.ShmDir, Group: gid, Node: d.cfg.NodeName, CUDA: cuda, Streams: d.cfg.LocalStreams}, in, d.log.Named("local"))
-	if err != nil {
-		if d.cfg.Transport == "local" {
-			return nil, fmt.Errorf("--transport local: %w", err)
-		}
-		d.log.Warn("local transport unavailable", "reason", err)
-		st.Detail = err.Error()
-		return st, nil
-	}
-	d.transports = append(d.transports, lt)
-	st.Available, st.Detail = true, lt.Advertise().Detail
-	return st, nil
 }

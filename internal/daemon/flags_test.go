@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/b2bd/b2bd/internal/config"
+	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // daemonFlagSet is b2bd's flag set as cmd/b2bd builds it (less --config).
@@ -15,7 +16,10 @@ func daemonFlagSet() (*flag.FlagSet, *Config) {
 	fs := NewFlagSet("b2bd", cfg)
 	fs.SetOutput(nopWriter{})
 	// The security flags must agree for CheckFlags to reach the ranges.
-	cfg.Insecure, cfg.PeerListen, cfg.TCP.Listen = true, "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Insecure, cfg.PeerListen = true, "127.0.0.1:0"
+	if err := fs.Set("data-listen", "127.0.0.1:0"); err != nil {
+		panic(err)
+	}
 	return fs, cfg
 }
 
@@ -180,7 +184,15 @@ func TestFlagCrossChecks(t *testing.T) {
 // added without a row is refused by CheckFlags.
 func TestRangeTables(t *testing.T) {
 	fs, cfg := daemonFlagSet()
-	for _, table := range []config.Ranges{flagRanges, verbsRanges} {
+	tables := []config.Ranges{flagRanges}
+	drivers, err := transport.Registered()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range drivers {
+		tables = append(tables, d.Ranges)
+	}
+	for _, table := range tables {
 		if err := table.Bind(fs); err != nil {
 			t.Error(err)
 		}

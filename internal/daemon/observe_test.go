@@ -47,7 +47,7 @@ func startNode(t *testing.T, name string, mutate ...func(*daemon.Config)) *testN
 		DefaultTimeout: 20 * time.Second, ShutdownGrace: 10 * time.Second, MaxDescriptors: 1 << 20, Insecure: true,
 		MetricsListen: "127.0.0.1:0", HealthListen: "127.0.0.1:0",
 	}
-	cfg.TCP.Listen = "127.0.0.1:0"
+	cfg.KindFlags = map[string]string{"data-listen": "127.0.0.1:0"}
 	for _, m := range mutate {
 		m(&cfg)
 	}
@@ -469,7 +469,7 @@ func TestObservabilityListenErrors(t *testing.T) {
 			cfg := daemon.Config{NodeName: "x", Socket: filepath.Join(dir, "s.sock"), SocketMode: "0660",
 				PeerListen: "127.0.0.1:0", ShmDir: filepath.Join(dir, "shm"), Transport: "tcp", Insecure: true,
 				DefaultTimeout: time.Second, ShutdownGrace: time.Second, MaxDescriptors: 16}
-			cfg.TCP.Listen = "127.0.0.1:0"
+			cfg.KindFlags = map[string]string{"data-listen": "127.0.0.1:0"}
 			if tc.flag == "--metrics-listen" {
 				cfg.MetricsListen = tc.addr
 			} else {

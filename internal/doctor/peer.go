@@ -152,25 +152,19 @@ func checkTransports(ctx context.Context, o PeerOptions, c string, tlsOK bool) (
 		}
 		return nil, res(c, Fail, "check that the address is a b2bd --peer-listen port (not --data-listen or the API)", "handshake failed: %v", err)
 	}
-	var names []string
-	for _, t := range hs.GetTransports() {
-		names = append(names, kindName(t))
+	names := make([]string, 0, len(hs.GetAdverts()))
+	for k := range hs.GetAdverts() {
+		names = append(names, k)
 	}
+	slices.Sort(names)
 	d := fmt.Sprintf("peer %q (protocol %d) offers %s", hs.GetNodeName(), hs.GetProtocolVersion(), strings.Join(names, ", "))
-	if a := hs.GetTcpDataAddress(); a != "" {
-		d += ", TCP data at " + a
-	}
 	if len(names) == 0 {
 		return hs, res(c, Fail, "check the peer's log: its transports failed to start", "%s nothing", strings.TrimSuffix(d, " offers "))
 	}
-	if !slices.Contains(hs.GetTransports(), b2bv1.TransportKind_TRANSPORT_KIND_VERBS) {
+	if !slices.Contains(names, "verbs") {
 		return hs, res(c, Warn, "for RDMA run doctor on the peer: it needs an active RDMA port (and --transport auto or verbs)", "%s; no verbs, so batches to it use TCP", d)
 	}
 	return hs, res(c, Pass, "", "%s", d)
-}
-
-func kindName(k b2bv1.TransportKind) string {
-	return strings.ToLower(strings.TrimPrefix(k.String(), "TRANSPORT_KIND_"))
 }
 
 const roundTripHint = "give --peer-api ADDR (the peer daemon's local API: the check registers, compares and removes its own region there) or --peer-export NAME (a region the peer exports that this check may overwrite, its first 64 KiB)"
@@ -242,7 +236,7 @@ func checkRoundTrip(ctx context.Context, o PeerOptions, c string, _ *b2bv1.Hands
 		return res(c, Fail, "see both daemons' logs; run doctor on the peer too", "transfer %d x %d B to %s/%s failed: %v", RoundTripBlocks, RoundTripBlock, o.Addr, export, err)
 	}
 	took := time.Since(start)
-	sent := fmt.Sprintf("%d blocks x %d B over %s in %s", br.GetBlocks(), RoundTripBlock, kindName(br.GetTransport()), took.Round(time.Microsecond))
+	sent := fmt.Sprintf("%d blocks x %d B over %s in %s", br.GetBlocks(), RoundTripBlock, strings.ToLower(strings.TrimPrefix(br.GetTransport().String(), "TRANSPORT_KIND_")), took.Round(time.Microsecond))
 	if remote == nil {
 		return res(c, Warn, "give --peer-api to compare checksums on both sides", "%s, acknowledged by the peer; contents not compared (no --peer-api)", sent)
 	}

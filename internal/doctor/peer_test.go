@@ -30,7 +30,7 @@ func startNode(t *testing.T, name string, tlsFrom *testca.CA) *node {
 		PeerListen: "127.0.0.1:0", ShmDir: filepath.Join(dir, "shm"), Transport: "tcp",
 		DefaultTimeout: 20 * time.Second, ShutdownGrace: 5 * time.Second, MaxDescriptors: 1 << 20, Insecure: true,
 	}
-	cfg.TCP.Listen = "127.0.0.1:0"
+	cfg.KindFlags = map[string]string{"data-listen": "127.0.0.1:0"}
 	if tlsFrom != nil {
 		cfg.Insecure = false
 		cfg.TLSCert, cfg.TLSKey = tlsFrom.Issue(t, name)
@@ -85,7 +85,7 @@ func TestPeerInsecure(t *testing.T) {
 	base := PeerOptions{Addr: b.d.PeerAddr(), Insecure: true, Socket: a.sock}
 	reach := want{Pass, "TCP connect in"}
 	tlsW := want{Warn, "plaintext (--insecure) on loopback"}
-	tr := want{Warn, `peer "b" (protocol 1) offers tcp, TCP data at`}
+	tr := want{Warn, `peer "b" (protocol 2) offers tcp`}
 
 	o := base
 	o.PeerAPI = b.sock

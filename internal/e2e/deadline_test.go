@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"google.golang.org/protobuf/proto"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/daemon"
+	"github.com/b2bd/b2bd/internal/peer"
+	tcpv1 "github.com/b2bd/b2bd/proto/b2b/transport/tcp/v1"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -49,8 +52,13 @@ func (f *fakePeer) hold(ctx context.Context, what string) error {
 
 func (f *fakePeer) Handshake(ctx context.Context, req *b2bv1.HandshakeRequest) (*b2bv1.HandshakeResponse, error) {
 	resp, err := f.real.Handshake(ctx, req)
-	if err == nil && f.dataAddr != "" {
-		resp.TcpDataAddress = f.dataAddr
+	if err == nil && f.dataAddr != "" { // the tcp advert names f's data address instead
+		var a tcpv1.Advert
+		if err := proto.Unmarshal(resp.GetAdverts()["tcp"], &a); err != nil {
+			return nil, err
+		}
+		a.DataAddress = f.dataAddr
+		resp.Adverts["tcp"], _ = proto.Marshal(&a)
 	}
 	return resp, err
 }
@@ -211,11 +219,15 @@ func TestDeadlineEveryPhase(t *testing.T) {
 	}
 	defer cc.Close()
 	realPeer := b2bv1.NewPeerClient(cc)
-	hs, err := realPeer.Handshake(ctx, &b2bv1.HandshakeRequest{ProtocolVersion: 1, NodeName: "probe"})
+	hs, err := realPeer.Handshake(ctx, &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: "probe"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dataAddr := hs.GetTcpDataAddress()
+	var tcpAdvert tcpv1.Advert
+	if err := proto.Unmarshal(hs.GetAdverts()["tcp"], &tcpAdvert); err != nil {
+		t.Fatal(err)
+	}
+	dataAddr := tcpAdvert.GetDataAddress()
 
 	// Big enough to fill the socket buffers of a stalled proxy many times.
 	const bigN, bigSize = 64, 1 << 20

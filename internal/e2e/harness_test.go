@@ -31,7 +31,7 @@ func startNode(t *testing.T, name string, mutate ...func(*daemon.Config)) *node 
 		PeerListen: "127.0.0.1:0", ShmDir: filepath.Join(dir, "shm"), Transport: "tcp",
 		DefaultTimeout: 20 * time.Second, ShutdownGrace: 5 * time.Second, MaxDescriptors: 1 << 20, Insecure: true,
 	}
-	cfg.TCP.Listen = "127.0.0.1:0"
+	cfg.KindFlags = map[string]string{"data-listen": "127.0.0.1:0"}
 	for _, m := range mutate {
 		m(&cfg)
 	}

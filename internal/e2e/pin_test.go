@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -56,7 +57,7 @@ func waitIdle(ctx context.Context, t *testing.T, n *node, id string) {
 func TestBatchHoldsDestination(t *testing.T) {
 	for _, streams := range []int{1, 4} {
 		t.Run(fmt.Sprintf("streams=%d", streams), func(t *testing.T) {
-			a := startNode(t, "a", func(c *daemon.Config) { c.TCP.Streams = streams })
+			a := startNode(t, "a", func(c *daemon.Config) { c.KindFlags["tcp-streams"] = strconv.Itoa(streams) })
 			b := startNode(t, "b")
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -170,7 +171,7 @@ func TestBatchHoldsDestination(t *testing.T) {
 func TestCutBatchReleasesDestination(t *testing.T) {
 	for _, streams := range []int{1, 4} {
 		t.Run(fmt.Sprintf("streams=%d", streams), func(t *testing.T) {
-			a := startNode(t, "a", func(c *daemon.Config) { c.TCP.Streams = streams })
+			a := startNode(t, "a", func(c *daemon.Config) { c.KindFlags["tcp-streams"] = strconv.Itoa(streams) })
 			b := startNode(t, "b")
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()

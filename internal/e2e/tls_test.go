@@ -97,7 +97,7 @@ func TestStartupSecurity(t *testing.T) {
 	base := func() daemon.Config {
 		dir := t.TempDir()
 		c := daemon.Config{Socket: filepath.Join(dir, "s"), SocketMode: "0660", PeerListen: "127.0.0.1:0", ShmDir: filepath.Join(dir, "shm"), Transport: "tcp"}
-		c.TCP.Listen = "127.0.0.1:0"
+		c.KindFlags = map[string]string{"data-listen": "127.0.0.1:0"}
 		return c
 	}
 	cases := []struct {
@@ -107,9 +107,9 @@ func TestStartupSecurity(t *testing.T) {
 	}{
 		{"no authentication chosen", func(c *daemon.Config) {}, "daemons must authenticate each other"},
 		{"insecure on all interfaces", func(c *daemon.Config) { c.Insecure, c.PeerListen = true, ":0" }, `--peer-listen ":0" is not a loopback address`},
-		{"insecure data plane off loopback", func(c *daemon.Config) { c.Insecure, c.TCP.Listen = true, "0.0.0.0:0" }, `--data-listen "0.0.0.0:0" is not a loopback address`},
+		{"insecure data plane off loopback", func(c *daemon.Config) { c.Insecure, c.KindFlags["data-listen"] = true, "0.0.0.0:0" }, `--data-listen "0.0.0.0:0" is not a loopback address`},
 		{"insecure and tls", func(c *daemon.Config) { c.Insecure, c.TLSCert = true, cert }, "exclusive"},
-		{"half the tls flags", func(c *daemon.Config) { c.TLSCert, c.TLSKey = cert, key }, "give all three (mutual TLS needs this host's certificate, its key and the CA)"},
+		{"half the tls flags", func(c *daemon.Config) { c.TLSCert, c.TLSKey = cert, key }, "give all three"},
 		{"bad ca file", func(c *daemon.Config) { c.TLSCert, c.TLSKey, c.TLSCA = cert, key, key }, "holds no PEM certificate"},
 	}
 	for _, tc := range cases {

@@ -4,9 +4,11 @@
 package peer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,15 +25,21 @@ import (
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
-// ProtocolVersion is the peer protocol spoken by this build.
-const ProtocolVersion = 1
+// ProtocolVersion is the peer protocol spoken by this build. 2: transports
+// are kinds with opaque adverts, keys and signals (issue 22).
+const ProtocolVersion = 2
 
 // Manager owns the connections to peers.
 type Manager struct {
 	self       *b2bv1.HandshakeRequest
 	transports map[transport.Kind]transport.Transport
-	dialOpts   []grpc.DialOption
-	log        hclog.Logger
+	// ranked are the kinds of transports, highest rank first: the order
+	// in which an automatic choice tries them.
+	ranked []transport.Kind
+	// driver finds a kind's capabilities (transport.Lookup).
+	driver   func(transport.Kind) (transport.Driver, bool)
+	dialOpts []grpc.DialOption
+	log      hclog.Logger
 	// loopbackOnly: plaintext (--insecure) may only reach loopback peers.
 	loopbackOnly bool
 
@@ -105,10 +113,10 @@ type state struct {
 	// made under to notice a restarted peer without a round trip.
 	instance atomic.Uint64
 	conns    map[transport.Kind]transport.Conn
-	// sameHost: the last handshake proved the peer shares this host (the
-	// local transport's check); notLocal says why not otherwise.
-	sameHost bool
-	notLocal error
+	// unusable says, per kind both sides offer, why it cannot reach the
+	// peer (its driver's Usable, run once per handshake); a kind absent
+	// is usable.
+	unusable map[transport.Kind]error
 	// resolved caches region resolutions; cleared whenever the peer may have
 	// changed (new handshake, broken connection, refused key).
 	resolved map[string]resolution
@@ -140,11 +148,33 @@ func New(self *b2bv1.HandshakeRequest, ts []transport.Transport, log hclog.Logge
 	for _, t := range ts {
 		m.transports[t.Kind()] = t
 	}
+	m.SetDrivers(transport.Lookup)
 	if len(dialOpts) == 0 {
 		dialOpts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
 	m.dialOpts = dialOpts
 	return m
+}
+
+// SetDrivers sets where the manager finds each kind's capabilities (rank
+// and Usable): the process-wide registry by default; tests give their own.
+// A kind without a driver ranks 0 and is usable whenever both offer it.
+func (m *Manager) SetDrivers(lookup func(transport.Kind) (transport.Driver, bool)) {
+	m.driver = lookup
+	m.ranked = m.ranked[:0]
+	for k := range m.transports {
+		m.ranked = append(m.ranked, k)
+	}
+	rank := func(k transport.Kind) int {
+		d, _ := lookup(k)
+		return d.Caps.Rank
+	}
+	slices.SortFunc(m.ranked, func(a, b transport.Kind) int {
+		if c := cmp.Compare(rank(b), rank(a)); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
 }
 
 // Session is what a batch needs from a peer.
@@ -317,7 +347,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind) (Sess
 	}
 	reused := c != nil
 	if c == nil {
-		c, err = m.transports[kind].Connect(ctx, peerOf(addr, st.hs, st.client))
+		c, err = m.transports[kind].Connect(ctx, peerOf(addr, kind, st.hs, st.client))
 		if err != nil {
 			// The peer may have restarted with a new token or QP state:
 			// handshake afresh next time.
@@ -418,33 +448,29 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	clear(st.resolved)
 	st.hs = hs
 	st.instance.Store(hs.GetInstanceId())
-	st.notLocal = m.reachesLocally(st)
-	st.sameHost = st.notLocal == nil
+	st.unusable = m.usable(st)
 	return nil
 }
 
-// localReacher is the same-host transport's proof check.
-type localReacher interface {
-	Reaches(ep transport.LocalEndpoint) error
-}
-
-// reachesLocally checks, once per handshake, whether the peer proved it
-// shares this host; nil when it did.
-func (m *Manager) reachesLocally(st *state) error {
-	lt, ok := m.transports[transport.Local].(localReacher)
-	switch {
-	case !ok:
-		return fmt.Errorf("%w: this daemon has no local transport", errs.ErrFailedPrecondition)
-	case !slices.Contains(st.hs.GetTransports(), b2bv1.TransportKind_TRANSPORT_KIND_LOCAL) || st.hs.GetLocal() == nil:
-		return fmt.Errorf("%w: peer %s does not offer the local transport", errs.ErrFailedPrecondition, st.addr)
+// usable runs, once per handshake, the Usable check of every kind both
+// sides offer (the same-host proof, say) and returns why each that failed
+// cannot reach the peer.
+func (m *Manager) usable(st *state) map[transport.Kind]error {
+	out := map[transport.Kind]error{}
+	for _, k := range m.ranked {
+		adv, offered := st.hs.GetAdverts()[string(k)]
+		d, ok := m.driver(k)
+		if !offered || !ok || d.Usable == nil {
+			continue
+		}
+		if err := d.Usable(m.transports[k], adv); err != nil {
+			out[k] = err
+			m.log.Debug("transport cannot reach the peer", "peer", st.addr, "transport", k, "reason", err)
+		} else if d.Caps.SameHostOnly {
+			m.log.Info("peer is on this host: its same-host transport is usable", "peer", st.addr, "transport", k)
+		}
 	}
-	err := lt.Reaches(peerOf(st.addr, st.hs, nil).Local)
-	if err == nil {
-		m.log.Info("peer is on this host: the local transport is usable", "peer", st.addr)
-	} else {
-		m.log.Debug("peer is not provably on this host", "peer", st.addr, "reason", err)
-	}
-	return err
+	return out
 }
 
 // Instance is the instance ID the peer at addr gave in its last handshake
@@ -460,36 +486,57 @@ func (m *Manager) Instance(addr string) uint64 {
 	return st.instance.Load()
 }
 
+// choose picks the data path to st's peer: want when it names one, else
+// the highest-ranked kind both sides offer that can reach the peer. Why
+// each kind was passed over is in the error when none is left, and in a
+// debug log otherwise.
 func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error) {
-	offers := func(k b2bv1.TransportKind) bool { return slices.Contains(st.hs.GetTransports(), k) }
-	_, haveVerbs := m.transports[transport.Verbs]
-	switch want {
-	case "":
-		if st.sameHost {
-			return transport.Local, nil
-		}
-		if haveVerbs && offers(b2bv1.TransportKind_TRANSPORT_KIND_VERBS) {
-			return transport.Verbs, nil
-		}
-		if _, ok := m.transports[transport.TCP]; ok && offers(b2bv1.TransportKind_TRANSPORT_KIND_TCP) {
-			return transport.TCP, nil
-		}
-		return "", fmt.Errorf("%w: no transport in common with peer %s (it offers %v)", errs.ErrFailedPrecondition, st.addr, st.hs.GetTransports())
-	case transport.Verbs, transport.TCP:
+	if want != "" {
 		if _, ok := m.transports[want]; !ok {
+			if _, known := m.driver(want); !known && transport.CheckName(string(want)) != nil {
+				return "", fmt.Errorf("%w: transport %q is unknown", errs.ErrInvalidArgument, want)
+			}
 			return "", fmt.Errorf("%w: transport %s was requested but is not available on this daemon", errs.ErrFailedPrecondition, want)
 		}
-		if !offers(KindToProto(want)) {
-			return "", fmt.Errorf("%w: transport %s was requested but peer %s does not offer it", errs.ErrFailedPrecondition, want, st.addr)
-		}
-		return want, nil
-	case transport.Local:
-		if !st.sameHost {
-			return "", fmt.Errorf("transport local was requested but peer %s cannot use it: %w", st.addr, st.notLocal)
+		if err := m.reaches(st, want); err != nil {
+			return "", fmt.Errorf("transport %s was requested but peer %s cannot use it: %w", want, st.addr, err)
 		}
 		return want, nil
 	}
-	return "", fmt.Errorf("%w: transport %q is unknown", errs.ErrInvalidArgument, want)
+	var why []string
+	for _, k := range m.ranked {
+		err := m.reaches(st, k)
+		if err == nil {
+			if len(why) > 0 {
+				m.log.Debug("transport chosen", "peer", st.addr, "transport", k, "passed_over", strings.Join(why, "; "))
+			}
+			return k, nil
+		}
+		why = append(why, fmt.Sprintf("%s: %v", k, err))
+	}
+	return "", fmt.Errorf("%w: no transport in common with peer %s (it offers %v; %s)", errs.ErrFailedPrecondition, st.addr, offered(st.hs), strings.Join(why, "; "))
+}
+
+// reaches says why kind k (one this daemon runs) cannot carry batches to
+// st's peer, or nil: the peer must offer it, and its Usable check passed.
+func (m *Manager) reaches(st *state, k transport.Kind) error {
+	if _, ok := st.hs.GetAdverts()[string(k)]; !ok {
+		return fmt.Errorf("%w: peer %s does not offer it", errs.ErrFailedPrecondition, st.addr)
+	}
+	if err := st.unusable[k]; err != nil {
+		return err
+	}
+	return nil
+}
+
+// offered lists the kinds the peer's handshake offers, sorted.
+func offered(hs *b2bv1.HandshakeResponse) []string {
+	out := make([]string, 0, len(hs.GetAdverts()))
+	for k := range hs.GetAdverts() {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Resolve returns the peer's export name resolved to its size and keys,

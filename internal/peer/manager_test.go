@@ -27,7 +27,7 @@ type fakePeer struct {
 func (f *fakePeer) Handshake(context.Context, *b2bv1.HandshakeRequest) (*b2bv1.HandshakeResponse, error) {
 	f.handshakes.Add(1)
 	return &b2bv1.HandshakeResponse{ProtocolVersion: ProtocolVersion, NodeName: "fake", InstanceId: f.instance.Load(),
-		Transports: []b2bv1.TransportKind{b2bv1.TransportKind_TRANSPORT_KIND_TCP}}, nil
+		Adverts: map[string][]byte{"tcp": nil}}, nil
 }
 
 // fakeTransport hands out fakeConns.

@@ -10,8 +10,12 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/b2bd/b2bd/gpudirect"
+	"github.com/b2bd/b2bd/internal/auth"
+	"github.com/b2bd/b2bd/internal/config"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/staging"
 )
 
 // Ops are the one-sided operations a driver carries.
@@ -42,26 +46,52 @@ type Caps struct {
 }
 
 // Env is what the daemon hands every driver's New: the receiving side's
-// Inbound, a logger, the node's name, and daemon-wide services (a staging
-// pool, peer TLS, the CUDA driver) by the type a driver asks for, so that
-// this struct does not grow a field per kind.
+// Inbound, a logger, the node's name, the settings the driver's Flags
+// returned, and the daemon-wide services a transport may use. Its fields
+// are daemon-wide, never one kind's.
 type Env struct {
 	Inbound Inbound
 	Log     hclog.Logger
 	Node    string
-	// Service returns the daemon's service of the same type as want
-	// (a *staging.Pool, say), or nil; nil Service means none.
-	Service func(want any) any
+	// Settings is what Flags returned, with the parsed values (nil when
+	// the driver has no Flags).
+	Settings any
+	// PeerAddr is this daemon's bound peer control-plane address.
+	PeerAddr string
+	// ShmDir and Group: the directory of the daemon's shared-memory files
+	// and the group owning them (0: none).
+	ShmDir string
+	Group  int
+	// TLS is the daemons' mutual TLS; nil: plaintext on loopback.
+	TLS *auth.PeerTLS
+	// CUDA is the GPU driver and Staging its pinned host buffers; nil
+	// without a GPU.
+	CUDA    gpudirect.Interface
+	Staging *staging.Pool
 }
 
 // Driver is one transport kind as it registers itself from its package's
 // init (one line: `func init() { _ = transport.Register(driver) }`); the
-// daemon builds every registered driver the configuration enables.
+// daemon builds every registered driver the configuration enables, and
+// names no kind itself (internal/daemon/builtins.go imports the drivers).
 type Driver struct {
 	Kind Kind
-	// Flags adds the kind's flags (which config files also set) to fs;
-	// nil when it has none. New reads the values they parsed into.
-	Flags func(fs *flag.FlagSet)
+	// Flags adds the kind's flags (which config files also set) to fs,
+	// bound to a fresh settings value with the kind's defaults, and returns
+	// it; New finds it in Env.Settings. nil when the kind has none.
+	Flags func(fs *flag.FlagSet) any
+	// Ranges is the documented range of every flag Flags adds (the daemon
+	// refuses a flag without one); Check the limits between them, given
+	// Flags' settings once parsed (nil: none).
+	Ranges config.Ranges
+	Check  func(settings any) error
+	// Listens names the flags holding addresses the kind listens on:
+	// plaintext daemons (--insecure) keep them on loopback.
+	Listens []string
+	// Required: with --transport auto, the daemon refuses to start
+	// without this kind (TCP, the fallback every peer has); otherwise a
+	// kind that fails to start is left out and reported in Status.
+	Required bool
 	// New starts the transport.
 	New  func(env Env) (Transport, error)
 	Caps Caps

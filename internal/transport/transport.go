@@ -26,8 +26,8 @@ const (
 
 // RemoteKey is what a peer needs to write into a registered region.
 type RemoteKey struct {
-	Key  uint64 // TCP: the registration's random token; verbs: the rkey
-	Addr uint64 // verbs: the MR's base virtual address; TCP: 0
+	Key  uint64 // the kind's key: a random token, or an rkey
+	Addr uint64 // the registration's base address where the kind needs it; else 0
 }
 
 // Registration is memory registered with one transport. Close releases the
@@ -54,65 +54,37 @@ type RemoteRegion struct {
 	Name string
 	Size uint64
 	Key  RemoteKey
-	// Rails: verbs to a peer with several RDMA devices
-	// (internal/transport/rails): the region's key on each of the peer's
-	// rails, by rail index (Rails[0] is Key); nil with one device.
-	Rails []RemoteKey
+	// Devices: a kind over several devices (verbs over several RDMA
+	// devices, internal/transport/rails): the region's key on each of the
+	// peer's devices, by index (Devices[0] is Key); nil with one.
+	Devices []RemoteKey
 }
 
-// Peer is a remote daemon after a successful handshake, as the transports
-// need it: what it advertised, and its control plane for set-up that a
-// transport does over it (Signal). No wire types: internal/peer converts.
+// Peer is a remote daemon after a successful handshake, as one transport
+// needs it: its addresses, its advert for this transport's kind (opaque
+// bytes that only this kind parses), and its control plane for set-up the
+// kind does over it (Signal). No wire types: internal/peer converts.
 type Peer struct {
 	Address string // the peer's control-plane address, host:port
 	Node    string // the peer's node name
-	// TCP is the peer's TCP data listener and session token; zero when it
-	// offers none.
-	TCP TCPEndpoint
-	// Local is the peer's same-host endpoint (with its proof); zero when it
-	// offers none.
-	Local LocalEndpoint
-	// Signal carries transport-specific set-up over the peer's control
-	// plane (ConnectVerbs, DisconnectVerbs); nil where there is none.
+	// Advert is what the peer's transport of this kind advertised in its
+	// handshake (Advert.Data there); empty when it advertised nothing.
+	Advert []byte
+	// Signal carries this kind's set-up messages to the same kind on the
+	// peer (Peer.Signal); nil where there is none.
 	Signal Signal
-	// Rails are the peer's RDMA devices when it has several (empty: one,
-	// connected without naming it).
-	Rails []VerbsRail
-}
-
-// VerbsRail is one of a daemon's RDMA devices as its handshake advertises
-// it: the rail's index (what VerbsConnect.Rail names) and its port.
-type VerbsRail struct {
-	Index int
-	Port  VerbsPort
-}
-
-// TCPEndpoint is what a peer advertises for its TCP data plane.
-type TCPEndpoint struct {
-	Addr  string // host:port; a wildcard host means the peer's control-plane host
-	Token []byte // the session token a data stream presents (16 bytes)
-}
-
-// LocalEndpoint is what a daemon advertises for the same-host path: its
-// boot ID, its Unix socket, and the file holding its secret token with the
-// token's digest (never the token itself). internal/transport/samehost
-// checks it.
-type LocalEndpoint struct {
-	BootID      string
-	Socket      string
-	TokenPath   string
-	TokenDigest []byte
 }
 
 // Advert is what a transport advertises about itself: to peers in the
-// handshake (TCP's data endpoint) and in the daemon's Status (Detail).
+// handshake (Data, in the kind's own message) and in the daemon's Status
+// (Detail).
 type Advert struct {
 	Kind   Kind
-	Detail string        // device, port, GID or listener, for Status
-	TCP    TCPEndpoint   // TCP: the data listener and session token; zero otherwise
-	Local  LocalEndpoint // local: the same-host endpoint; zero otherwise
-	// Rails: verbs over several RDMA devices: every rail, for the handshake.
-	Rails []VerbsRail
+	Detail string // device, port, GID or listener, for Status
+	// Data is handed to the same kind on every peer as Peer.Advert: TCP's
+	// data listener and token, the same-host proof, the RDMA devices. The
+	// kind versions it (proto/b2b/transport/<kind>/).
+	Data []byte
 }
 
 // Advertiser is implemented by transports that advertise parameters.
@@ -120,59 +92,18 @@ type Advertiser interface {
 	Advertise() Advert
 }
 
-// Signal is a peer's control plane as the transports use it. Errors carry
+// Signal sends payload, a message of the transport's own kind, to the same
+// kind on the peer (its SignalHandler) and returns the answer. Errors carry
 // internal/errs classes (a peer's NotFound stays NotFound, an unreachable
 // peer is ErrUnavailable).
-type Signal interface {
-	// ConnectVerbs hands the peer our half of a verbs connection and returns
-	// its half (Peer.ConnectVerbs).
-	ConnectVerbs(ctx context.Context, req VerbsConnect) (VerbsAccept, error)
-	// DisconnectVerbs asks the peer to drop the receiving half of connection
-	// id made by node (Peer.DisconnectVerbs).
-	DisconnectVerbs(ctx context.Context, node string, id uint64) error
-}
+type Signal func(ctx context.Context, payload []byte) ([]byte, error)
 
-// VerbsAcceptor is the receiving half of verbs connection set-up, served by
-// the verbs transport behind the Peer service.
-type VerbsAcceptor interface {
-	AcceptVerbs(ctx context.Context, req VerbsConnect) (VerbsAccept, error)
-	// DisconnectVerbs drops the receiving half of a sender's connection;
-	// false when there is none.
-	DisconnectVerbs(node string, id uint64) bool
-}
-
-// VerbsPort describes one side's RDMA port for connection set-up.
-type VerbsPort struct {
-	GID       []byte // 16 bytes
-	GIDIndex  uint32
-	LID       uint32
-	ActiveMTU uint32 // bytes
-	LinkLayer string
-	Device    string
-}
-
-// VerbsEndpoint is one QP's half of an RC connection.
-type VerbsEndpoint struct {
-	QPN, PSN uint32
-}
-
-// VerbsConnect is a sender's half of a verbs connection.
-type VerbsConnect struct {
-	Node      string // the sender's node name
-	Port      VerbsPort
-	ConnID    uint64
-	Endpoints []VerbsEndpoint
-	// Rail is the receiver's rail to connect to (its VerbsRail.Index); 0
-	// when it has one.
-	Rail int
-}
-
-// VerbsAccept is the receiver's half: its port, the path MTU it chose, and
-// one endpoint per sender endpoint.
-type VerbsAccept struct {
-	Port      VerbsPort
-	PathMTU   uint32 // bytes
-	Endpoints []VerbsEndpoint
+// SignalHandler is implemented by transports that answer their kind's
+// Signal from peers: the receiving half of set-up over the control plane
+// (verbs: creating and dropping QP sets). The peer's node name is inside
+// payload, as the kind defines it. Errors carry internal/errs classes.
+type SignalHandler interface {
+	HandleSignal(ctx context.Context, payload []byte) ([]byte, error)
 }
 
 // Session is a live data path to one peer, as the peer manager hands it out
@@ -191,10 +122,14 @@ type Session struct {
 type Resolution struct {
 	Name string
 	Size uint64
-	Keys map[Kind]RemoteKey
-	// RailKeys: the verbs key on each of the peer's rails, by rail index,
-	// when it has several (RailKeys[0] is Keys[Verbs]); nil otherwise.
-	RailKeys []RemoteKey
+	Keys map[Kind]RegionKey
+}
+
+// RegionKey is a region's key with one transport: its key, and on a kind
+// over several devices the key on each (Devices[0] is Key); nil with one.
+type RegionKey struct {
+	Key     RemoteKey
+	Devices []RemoteKey
 }
 
 // Stats describes how a batch went on the wire.

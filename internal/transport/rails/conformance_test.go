@@ -46,7 +46,7 @@ func TestConformance(t *testing.T) {
 			}
 			return &transporttest.Pair{Sender: a, Receiver: b,
 				Connect: func(ctx context.Context) (transport.Conn, error) {
-					return a.Connect(ctx, transport.Peer{Address: "b", Signal: loopSignal{b}, Rails: b.Advertise().Rails})
+					return a.Connect(ctx, transport.Peer{Address: "b", Signal: b.HandleSignal, Advert: b.Advertise().Data})
 				},
 				// The fake places bytes without waiting on the receiver's
 				// Pin, as a NIC does: stall the fake devices instead.
@@ -65,7 +65,7 @@ func TestConformance(t *testing.T) {
 					for _, k := range railKeys(reg) {
 						mrLen.Store(k.Key, reg.Memory().Len)
 					}
-					return transport.RemoteRegion{Name: "conformance", Size: size, Key: reg.Key(), Rails: railKeys(reg)}
+					return transport.RemoteRegion{Name: "conformance", Size: size, Key: reg.Key(), Devices: railKeys(reg)}
 				}}
 		},
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/transport/verbs"
 )
 
 // pair is one of our rails connected to one of the peer's.
@@ -84,23 +85,11 @@ func (c *conn) worker(ch chan jobRef) {
 
 var _ transport.Conn = (*conn)(nil)
 
-// railSignal is the peer's control plane for one pair: ConnectVerbs names
-// the peer's rail, so its acceptor routes to that device's transport.
-type railSignal struct {
-	transport.Signal
-	rail int
-}
-
-func (s railSignal) ConnectVerbs(ctx context.Context, req transport.VerbsConnect) (transport.VerbsAccept, error) {
-	req.Rail = s.rail
-	return s.Signal.ConnectVerbs(ctx, req)
-}
-
 // reachable: our rail r can reach the peer's rail pr (the configured map
 // decides where it names r; else the link layers match and the peer's GID
 // is in one of r's subnets (RoCE) or shares r's GID prefix (InfiniBand);
 // a rail whose subnets are unknown is tried).
-func (t *Transport) reachable(r *rail, pr transport.VerbsRail) bool {
+func (t *Transport) reachable(r *rail, pr verbs.RailAdvert) bool {
 	if want, ok := t.cfg.Map[r.name]; ok {
 		return pr.Port.Device == want
 	}
@@ -130,7 +119,7 @@ func (t *Transport) reachable(r *rail, pr transport.VerbsRail) bool {
 // reachable rail of the peer's not taken yet (its own index first), else
 // shares one. A peer that advertises no rails has one device: our first
 // rail that the map allows pairs with it.
-func (t *Transport) pairRails(peer []transport.VerbsRail) []*pair {
+func (t *Transport) pairRails(peer []verbs.RailAdvert) []*pair {
 	out := make([]*pair, len(t.rails))
 	if len(peer) == 0 {
 		for _, r := range t.rails {
@@ -174,7 +163,11 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if p.Signal == nil {
 		return nil, fmt.Errorf("rails: connect %s: no control client: %w", p.Address, errs.ErrInvalidArgument)
 	}
-	c := &conn{t: t, peer: p, pairs: t.pairRails(p.Rails), closed: make(chan struct{})}
+	peerRails, err := verbs.ParseAdvert(p.Advert)
+	if err != nil {
+		return nil, fmt.Errorf("rails: connect %s: %w", p.Address, err)
+	}
+	c := &conn{t: t, peer: p, pairs: t.pairRails(peerRails), closed: make(chan struct{})}
 	c.work = make([]chan jobRef, len(c.pairs))
 	for i, pr := range c.pairs {
 		if pr != nil {
@@ -230,8 +223,8 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 
 func (c *conn) dial(ctx context.Context, p *pair) (transport.Conn, error) {
 	q := c.peer
-	q.Rails = nil
-	q.Signal = railSignal{Signal: c.peer.Signal, rail: p.remote}
+	q.Advert = nil
+	q.Signal = verbs.WithRail(c.peer.Signal, p.remote) // the peer routes the connect to that rail
 	return p.r.t.Connect(ctx, q)
 }
 
@@ -623,9 +616,9 @@ func runJob(ws *writeState, k int, async bool) {
 	dst := ws.dst
 	d := dst
 	switch {
-	case dst.Rails != nil && j.p.remote < len(dst.Rails):
-		d.Key, d.Rails = dst.Rails[j.p.remote], nil
-	case dst.Rails == nil && j.p.remote == 0:
+	case dst.Devices != nil && j.p.remote < len(dst.Devices):
+		d.Key, d.Devices = dst.Devices[j.p.remote], nil
+	case dst.Devices == nil && j.p.remote == 0:
 	default:
 		j.err = fmt.Errorf("rails: destination %q has no key for peer rail %d: %w", dst.Name, j.p.remote, errs.ErrFailedPrecondition)
 		return

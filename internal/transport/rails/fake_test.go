@@ -12,6 +12,7 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/transport/verbs"
 )
 
 // fabric joins fake rails: a connection writes straight into the memory the
@@ -65,8 +66,8 @@ func (r *fakeRail) Describe() string     { return "fake " + r.name }
 func (r *fakeRail) Resources() transport.Resources {
 	return transport.Resources{Connections: int(r.conns.Load())}
 }
-func (r *fakeRail) Port() transport.VerbsPort {
-	return transport.VerbsPort{GID: r.ip.To16(), ActiveMTU: 1024, LinkLayer: "Ethernet", Device: r.name}
+func (r *fakeRail) Port() verbs.Port {
+	return verbs.Port{GID: r.ip.To16(), ActiveMTU: 1024, LinkLayer: "Ethernet", Device: r.name}
 }
 func (r *fakeRail) Close() error { r.closed.Store(true); return nil }
 
@@ -94,9 +95,9 @@ func (r *fakeRail) Register(m memory.Memory) (transport.Registration, error) {
 	return g, nil
 }
 
-func (r *fakeRail) AcceptVerbs(ctx context.Context, req transport.VerbsConnect) (transport.VerbsAccept, error) {
+func (r *fakeRail) AcceptVerbs(ctx context.Context, req verbs.ConnectRequest) (verbs.Accept, error) {
 	r.accepted.Add(1)
-	return transport.VerbsAccept{Port: r.Port(), PathMTU: 1024, Endpoints: req.Endpoints}, nil
+	return verbs.Accept{Port: r.Port(), PathMTU: 1024, Endpoints: req.Endpoints}, nil
 }
 func (r *fakeRail) DisconnectVerbs(node string, id uint64) bool { return false }
 
@@ -106,7 +107,7 @@ func (r *fakeRail) Connect(ctx context.Context, p transport.Peer) (transport.Con
 	if fault(r.fault.Load()) == refuse {
 		return nil, fmt.Errorf("fake %s: port down: %w", r.name, errs.ErrUnavailable)
 	}
-	acc, err := p.Signal.ConnectVerbs(ctx, transport.VerbsConnect{Node: "a", Port: r.Port(), Endpoints: []transport.VerbsEndpoint{{QPN: 1}}})
+	acc, err := verbs.CallConnect(ctx, p.Signal, verbs.ConnectRequest{Node: "a", Port: r.Port(), Endpoints: []verbs.Endpoint{{QPN: 1}}})
 	if err != nil {
 		return nil, err
 	}
@@ -224,14 +225,5 @@ func (g *registry) add(key uint64, m memory.Memory) {
 	g.byKey[key] = m
 	g.mu.Unlock()
 }
-
-// loopSignal is a peer's control plane in-process: ConnectVerbs goes to
-// the peer's rails acceptor.
-type loopSignal struct{ peer *Transport }
-
-func (s loopSignal) ConnectVerbs(ctx context.Context, req transport.VerbsConnect) (transport.VerbsAccept, error) {
-	return s.peer.AcceptVerbs(ctx, req)
-}
-func (s loopSignal) DisconnectVerbs(ctx context.Context, node string, id uint64) error { return nil }
 
 var _ = time.Second

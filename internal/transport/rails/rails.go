@@ -3,7 +3,7 @@
 // and poller, layered so the verbs package itself is unchanged.
 //
 //   - Register registers memory with every rail (one MR each); the region's
-//     remote key carries one key per rail (transport.RemoteKey.Rails), and
+//     remote key carries one key per rail (transport.RemoteRegion.Devices), and
 //     the rails it prefers come from its GPU–NIC or NUMA affinity
 //     (internal/topology), logged and shown in ListRegions.
 //   - Connect pairs this daemon's rails with the peer's by reachability
@@ -44,15 +44,16 @@ import (
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/topology"
 	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/transport/verbs"
 )
 
 // Rail is what this package needs of one device's transport; the verbs
 // transport provides it.
 type Rail interface {
 	transport.Transport
-	transport.VerbsAcceptor
+	verbs.Acceptor
 	transport.Counter
-	Port() transport.VerbsPort
+	Port() verbs.Port
 	Describe() string
 }
 
@@ -96,7 +97,7 @@ const (
 	DefaultStripeMin = 1 << 20
 	DefaultRetry     = time.Second
 	DefaultMonitor   = 250 * time.Millisecond
-	maxRails         = 64
+	maxRails         = verbs.MaxRails
 )
 
 // ParseMap reads --rdma-rail-map: "local=peer" pairs separated by commas.
@@ -168,7 +169,8 @@ type Transport struct {
 
 var (
 	_ transport.Transport     = (*Transport)(nil)
-	_ transport.VerbsAcceptor = (*Transport)(nil)
+	_ verbs.Acceptor          = (*Transport)(nil)
+	_ transport.SignalHandler = (*Transport)(nil)
 	_ transport.Counter       = (*Transport)(nil)
 	_ transport.RailReporter  = (*Transport)(nil)
 	_ transport.Advertiser    = (*Transport)(nil)
@@ -313,10 +315,12 @@ func (t *Transport) Kind() transport.Kind { return transport.Verbs }
 func (t *Transport) Advertise() transport.Advert {
 	a := transport.Advert{Kind: transport.Verbs}
 	var d []string
+	var adv []verbs.RailAdvert
 	for _, r := range t.rails {
-		a.Rails = append(a.Rails, transport.VerbsRail{Index: r.idx, Port: r.t.Port()})
+		adv = append(adv, verbs.RailAdvert{Index: r.idx, Port: r.t.Port()})
 		d = append(d, fmt.Sprintf("rail %d: %s", r.idx, t.detail(r)))
 	}
+	a.Data = verbs.MarshalAdvert(adv)
 	a.Detail = fmt.Sprintf("%d rails: %s", len(t.rails), strings.Join(d, "; "))
 	return a
 }
@@ -345,10 +349,16 @@ func (t *Transport) Resources() transport.Resources {
 	return s
 }
 
-// AcceptVerbs routes a peer's ConnectVerbs to the rail it names.
-func (t *Transport) AcceptVerbs(ctx context.Context, req transport.VerbsConnect) (transport.VerbsAccept, error) {
+// HandleSignal answers a peer's verbs signal: a connect goes to the rail
+// it names, a disconnect to whichever rail has the set.
+func (t *Transport) HandleSignal(ctx context.Context, payload []byte) ([]byte, error) {
+	return verbs.ServeSignal(ctx, payload, t)
+}
+
+// AcceptVerbs routes a peer's connect to the rail it names.
+func (t *Transport) AcceptVerbs(ctx context.Context, req verbs.ConnectRequest) (verbs.Accept, error) {
 	if req.Rail < 0 || req.Rail >= len(t.rails) {
-		return transport.VerbsAccept{}, fmt.Errorf("rails: ConnectVerbs from %s for rail %d, but this daemon has rails 0..%d: %w", req.Node, req.Rail, len(t.rails)-1, errs.ErrInvalidArgument)
+		return verbs.Accept{}, fmt.Errorf("rails: connect from %s for rail %d, but this daemon has rails 0..%d: %w", req.Node, req.Rail, len(t.rails)-1, errs.ErrInvalidArgument)
 	}
 	return t.rails[req.Rail].t.AcceptVerbs(ctx, req)
 }

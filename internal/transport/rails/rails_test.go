@@ -16,6 +16,7 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/transport/verbs"
 )
 
 var ips = map[string]string{"a0": "10.77.0.1", "a1": "10.78.0.1", "b0": "10.77.0.2", "b1": "10.78.0.2"}
@@ -67,8 +68,8 @@ func newRig(t *testing.T, size int, cfg Config) *rig {
 		t.Fatal(err)
 	}
 	g.reg.add(g.dreg.Key().Key, hostMem(g.dst))
-	g.remote = transport.RemoteRegion{Name: "dst", Size: uint64(size), Key: g.dreg.Key(), Rails: railKeys(g.dreg)}
-	if g.conn, err = g.a.Connect(context.Background(), transport.Peer{Address: "b", Signal: loopSignal{g.b}, Rails: g.b.Advertise().Rails}); err != nil {
+	g.remote = transport.RemoteRegion{Name: "dst", Size: uint64(size), Key: g.dreg.Key(), Devices: railKeys(g.dreg)}
+	if g.conn, err = g.a.Connect(context.Background(), transport.Peer{Address: "b", Signal: g.b.HandleSignal, Advert: g.b.Advertise().Data}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -266,7 +267,7 @@ func TestRequestErrorIsNotARailFault(t *testing.T) {
 	g := newRig(t, 16<<20, Config{})
 	b := batch(50, 16<<20)
 	bad := g.remote
-	bad.Rails = []transport.RemoteKey{{Key: 0xdead00, Addr: bad.Key.Addr}, {Key: 0xbeef00, Addr: bad.Key.Addr}}
+	bad.Devices = []transport.RemoteKey{{Key: 0xdead00, Addr: bad.Key.Addr}, {Key: 0xbeef00, Addr: bad.Key.Addr}}
 	_, err := g.conn.Write(context.Background(), g.sreg, bad, b)
 	if errs.Class(err) != errs.ErrNotFound {
 		t.Fatalf("error %v, want NotFound", err)
@@ -297,55 +298,55 @@ func TestDeadline(t *testing.T) {
 
 func TestRekeyAndPin(t *testing.T) {
 	g := newRig(t, 1<<20, Config{})
-	old := transport.RemoteRegion{Key: g.dreg.Key(), Rails: railKeys(g.dreg)}
+	old := transport.RemoteRegion{Key: g.dreg.Key(), Devices: railKeys(g.dreg)}
 	in1 := railInbound{t: g.b, rail: 1}
-	if _, _, err := in1.Pin(transport.Verbs, old.Rails[1].Key); err != nil {
+	if _, _, err := in1.Pin(transport.Verbs, old.Devices[1].Key); err != nil {
 		t.Fatalf("rail 1 key: %v", err)
 	}
-	if _, _, err := in1.Pin(transport.Verbs, old.Rails[0].Key); errs.Class(err) != errs.ErrNotFound {
+	if _, _, err := in1.Pin(transport.Verbs, old.Devices[0].Key); errs.Class(err) != errs.ErrNotFound {
 		t.Fatalf("rail 0's key on rail 1: %v, want NotFound", err)
 	}
 	was, err := g.dreg.(transport.Rekeyer).Rekey()
 	if err != nil || was != old.Key {
 		t.Fatal(was, err)
 	}
-	nk := transport.RemoteRegion{Key: g.dreg.Key(), Rails: railKeys(g.dreg)}
-	if nk.Rails[1].Key == old.Rails[1].Key || nk.Key != nk.Rails[0] {
+	nk := transport.RemoteRegion{Key: g.dreg.Key(), Devices: railKeys(g.dreg)}
+	if nk.Devices[1].Key == old.Devices[1].Key || nk.Key != nk.Devices[0] {
 		t.Fatalf("rekeyed %+v from %+v", nk, old)
 	}
-	if _, _, err := in1.Pin(transport.Verbs, old.Rails[1].Key); errs.Class(err) != errs.ErrNotFound {
+	if _, _, err := in1.Pin(transport.Verbs, old.Devices[1].Key); errs.Class(err) != errs.ErrNotFound {
 		t.Fatalf("old rail 1 key after rekey: %v, want NotFound", err)
 	}
 	g.reg.add(nk.Key.Key, hostMem(g.dst))
-	if _, _, err := in1.Pin(transport.Verbs, nk.Rails[1].Key); err != nil {
+	if _, _, err := in1.Pin(transport.Verbs, nk.Devices[1].Key); err != nil {
 		t.Fatalf("new rail 1 key: %v", err)
 	}
 	regs := g.dreg.(transport.RailRegistrations).RailRegistrations()
-	if len(regs) != 2 || regs[1].Device != "b1" || regs[1].Key.Key != nk.Rails[1].Key || regs[1].Path != "fake_reg_mr" || !regs[0].Preferred || !regs[1].Preferred {
+	if len(regs) != 2 || regs[1].Device != "b1" || regs[1].Key.Key != nk.Devices[1].Key || regs[1].Path != "fake_reg_mr" || !regs[0].Preferred || !regs[1].Preferred {
 		t.Fatalf("rail registrations %+v", regs)
 	}
 	g.dreg.Close()
-	if _, _, err := in1.Pin(transport.Verbs, nk.Rails[1].Key); errs.Class(err) != errs.ErrNotFound {
+	if _, _, err := in1.Pin(transport.Verbs, nk.Devices[1].Key); errs.Class(err) != errs.ErrNotFound {
 		t.Fatalf("rail 1 key after close: %v", err)
 	}
 }
 
 func TestPairRails(t *testing.T) {
-	mk := func(idx int, dev, ip string) transport.VerbsRail {
-		return transport.VerbsRail{Index: idx, Port: transport.VerbsPort{GID: net.ParseIP(ip).To16(), LinkLayer: "Ethernet", Device: dev}}
+	mk := func(idx int, dev, ip string) verbs.RailAdvert {
+		return verbs.RailAdvert{Index: idx, Port: verbs.Port{GID: net.ParseIP(ip).To16(), LinkLayer: "Ethernet", Device: dev}}
 	}
 	cases := []struct {
 		name string
 		m    map[string]string
-		peer []transport.VerbsRail
+		peer []verbs.RailAdvert
 		want []int // peer rail per local rail, -1 none
 	}{
-		{"by subnet", nil, []transport.VerbsRail{mk(0, "b0", "10.77.0.2"), mk(1, "b1", "10.78.0.2")}, []int{0, 1}},
-		{"by subnet, crossed", nil, []transport.VerbsRail{mk(0, "b0", "10.78.0.2"), mk(1, "b1", "10.77.0.2")}, []int{1, 0}},
-		{"one reachable", nil, []transport.VerbsRail{mk(0, "b0", "10.77.0.2"), mk(1, "b1", "10.99.0.2")}, []int{0, -1}},
-		{"no peer rail on a1's subnet", nil, []transport.VerbsRail{mk(0, "b0", "10.77.0.2"), mk(1, "b1", "10.77.0.3")}, []int{0, -1}},
-		{"a peer rail shared by two of ours (map)", map[string]string{"a1": "b0"}, []transport.VerbsRail{mk(0, "b0", "10.77.0.2")}, []int{0, 0}},
-		{"map wins over subnets", map[string]string{"a0": "b1", "a1": "b0"}, []transport.VerbsRail{mk(0, "b0", "10.77.0.2"), mk(1, "b1", "10.78.0.2")}, []int{1, 0}},
+		{"by subnet", nil, []verbs.RailAdvert{mk(0, "b0", "10.77.0.2"), mk(1, "b1", "10.78.0.2")}, []int{0, 1}},
+		{"by subnet, crossed", nil, []verbs.RailAdvert{mk(0, "b0", "10.78.0.2"), mk(1, "b1", "10.77.0.2")}, []int{1, 0}},
+		{"one reachable", nil, []verbs.RailAdvert{mk(0, "b0", "10.77.0.2"), mk(1, "b1", "10.99.0.2")}, []int{0, -1}},
+		{"no peer rail on a1's subnet", nil, []verbs.RailAdvert{mk(0, "b0", "10.77.0.2"), mk(1, "b1", "10.77.0.3")}, []int{0, -1}},
+		{"a peer rail shared by two of ours (map)", map[string]string{"a1": "b0"}, []verbs.RailAdvert{mk(0, "b0", "10.77.0.2")}, []int{0, 0}},
+		{"map wins over subnets", map[string]string{"a0": "b1", "a1": "b0"}, []verbs.RailAdvert{mk(0, "b0", "10.77.0.2"), mk(1, "b1", "10.78.0.2")}, []int{1, 0}},
 		{"peer without rails: rail 0 only", nil, nil, []int{0, -1}},
 	}
 	g := newRig(t, 4096, Config{})

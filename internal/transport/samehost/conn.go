@@ -42,6 +42,7 @@ type remote struct {
 type Conn struct {
 	t    *Transport
 	peer transport.Peer
+	sock string // the peer's socket (its advert's)
 
 	mu      sync.Mutex
 	c       *net.UnixConn
@@ -66,16 +67,16 @@ type Conn struct {
 // host (Verify), and checks that the daemon behind the socket knows the
 // token and answers with p's node name.
 func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Conn, error) {
-	tok, err := Verify(p.Local)
+	ep, tok, err := verifyAdvert(p.Advert)
 	if err != nil {
 		return nil, fmt.Errorf("samehost: peer %s is not reachable on this host: %w", p.Address, err)
 	}
 	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", p.Local.Socket)
+	nc, err := d.DialContext(ctx, "unix", ep.Socket)
 	if err != nil {
-		return nil, fmt.Errorf("%w: samehost: dial %s: %v", errs.ErrUnavailable, p.Local.Socket, err)
+		return nil, fmt.Errorf("%w: samehost: dial %s: %v", errs.ErrUnavailable, ep.Socket, err)
 	}
-	c := &Conn{t: t, peer: p, c: nc.(*net.UnixConn), cache: map[uint64]*remote{}, streams: map[int][]*gpudirect.Stream{},
+	c := &Conn{t: t, peer: p, sock: ep.Socket, c: nc.(*net.UnixConn), cache: map[uint64]*remote{}, streams: map[int][]*gpudirect.Stream{},
 		oob: make([]byte, unix.CmsgSpace(4)), msg: make([]byte, 0, 256)}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.c.SetDeadline(dl)
@@ -88,14 +89,14 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	}
 	if _, err := c.c.Write(h.marshal()); err != nil {
 		_ = c.c.Close()
-		return nil, fmt.Errorf("%w: samehost: hello to %s: %v", errs.ErrUnavailable, p.Local.Socket, err)
+		return nil, fmt.Errorf("%w: samehost: hello to %s: %v", errs.ErrUnavailable, ep.Socket, err)
 	}
 	r, msg, _, err := c.readReply(false)
 	if err == nil && r.status != statusOK {
-		err = fmt.Errorf("%w: samehost: %s refused the connection: %s", statusErr(r.status), p.Local.Socket, msg)
+		err = fmt.Errorf("%w: samehost: %s refused the connection: %s", statusErr(r.status), ep.Socket, msg)
 	}
 	if err == nil && p.Node != "" && string(msg) != p.Node {
-		err = fmt.Errorf("%w: samehost: the daemon at %s is %q, not the peer %q that advertised it", errs.ErrFailedPrecondition, p.Local.Socket, msg, p.Node)
+		err = fmt.Errorf("%w: samehost: the daemon at %s is %q, not the peer %q that advertised it", errs.ErrFailedPrecondition, ep.Socket, msg, p.Node)
 	}
 	if err != nil {
 		_ = c.c.Close()
@@ -170,7 +171,7 @@ func (c *Conn) readReply(wantFD bool) (reply, []byte, int, error) {
 // fail marks the connection broken.
 func (c *Conn) fail(err error) error {
 	if c.broken == nil {
-		c.broken = fmt.Errorf("%w: samehost connection to %s: %v", errs.ErrAborted, c.peer.Local.Socket, err)
+		c.broken = fmt.Errorf("%w: samehost connection to %s: %v", errs.ErrAborted, c.sock, err)
 	}
 	return c.broken
 }

@@ -54,7 +54,7 @@ func newGPUPair(t *testing.T, devices, srcDev, dstDev int, size uint64, cfg Conf
 	if g.src, err = send.Register(alloc(srcDev)); err != nil {
 		t.Fatal(err)
 	}
-	peer := transport.Peer{Address: "local", Node: "recv", Local: recv.Endpoint()}
+	peer := transport.Peer{Address: "local", Node: "recv", Advert: MarshalEndpoint(recv.Endpoint())}
 	if g.conn, err = send.Connect(context.Background(), peer); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"unsafe"
 
 	"github.com/b2bd/b2bd/internal/memory"
-	"github.com/b2bd/b2bd/internal/transport"
 )
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
@@ -21,6 +20,6 @@ func memory4(m memory.Memory, off uint64) memory.Memory {
 	return m
 }
 
-func endpoint(boot, sock, tok string, dig []byte) transport.LocalEndpoint {
-	return transport.LocalEndpoint{BootID: boot, Socket: sock, TokenPath: tok, TokenDigest: dig}
+func endpoint(boot, sock, tok string, dig []byte) Endpoint {
+	return Endpoint{BootID: boot, Socket: sock, TokenPath: tok, TokenDigest: dig}
 }

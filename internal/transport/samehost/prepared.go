@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -27,6 +29,8 @@ type prepared struct {
 	src transport.Registration
 	dst transport.RemoteRegion
 	b   desc.Batch
+	// closed: Write after Close is refused, as every transport's plan is.
+	closed atomic.Bool
 }
 
 // Prepare implements transport.Preparer: it warms dst (Warm) and keeps a
@@ -41,8 +45,15 @@ func (c *Conn) Prepare(src transport.Registration, dst transport.RemoteRegion, b
 }
 
 func (p *prepared) Write(ctx context.Context) (transport.Stats, error) {
+	if p.closed.Load() {
+		return transport.Stats{}, fmt.Errorf("%w: samehost: prepared transfer to %q was released", errs.ErrFailedPrecondition, p.dst.Name)
+	}
 	return p.c.Write(ctx, p.src, p.dst, &p.b)
 }
 
-// Close has nothing to free: the mapping belongs to the Conn's cache.
-func (p *prepared) Close() error { return nil }
+// Close frees nothing (the mapping belongs to the Conn's cache); it only
+// stops later Writes.
+func (p *prepared) Close() error {
+	p.closed.Store(true)
+	return nil
+}

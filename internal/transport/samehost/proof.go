@@ -13,7 +13,6 @@ import (
 	"strings"
 
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // The same-host proof. A daemon writes a random token into a file of its
@@ -110,7 +109,7 @@ func newToken(path string, gid int) ([]byte, error) {
 }
 
 // CheckEndpoint validates an advertised endpoint's fields (shape only).
-func CheckEndpoint(ep transport.LocalEndpoint) error {
+func CheckEndpoint(ep Endpoint) error {
 	if err := checkBootID("local.boot_id", ep.BootID); err != nil {
 		return err
 	}
@@ -135,7 +134,7 @@ func CheckEndpoint(ep transport.LocalEndpoint) error {
 // Verify checks that ep was advertised by a daemon on this host (see the
 // proof above) and returns its token, which the sender presents on the
 // daemon's socket. Errors say why the peer is not taken as local.
-func Verify(ep transport.LocalEndpoint) ([]byte, error) {
+func Verify(ep Endpoint) ([]byte, error) {
 	if err := CheckEndpoint(ep); err != nil {
 		return nil, err
 	}

@@ -76,7 +76,7 @@ type Transport struct {
 	log    hclog.Logger
 	ln     *net.UnixListener
 	token  []byte
-	ep     transport.LocalEndpoint
+	ep     Endpoint
 	busIDs map[string]int // CUDA: PCI bus id -> this process's ordinal
 
 	mu     sync.Mutex
@@ -149,7 +149,7 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 		return nil, fmt.Errorf("samehost: chmod %s: %w", sock, err)
 	}
 	t.ln = ln
-	t.ep = transport.LocalEndpoint{BootID: boot, Socket: sock, TokenPath: base + ".token", TokenDigest: Digest(t.token)}
+	t.ep = Endpoint{BootID: boot, Socket: sock, TokenPath: base + ".token", TokenDigest: Digest(t.token)}
 	if cfg.CUDA != nil {
 		for i := 0; i < cfg.CUDA.DeviceCount(); i++ {
 			if di, err := cfg.CUDA.DeviceInfo(i); err == nil {
@@ -167,16 +167,16 @@ func (t *Transport) Kind() transport.Kind { return transport.Local }
 
 // Advertise implements transport.Advertiser.
 func (t *Transport) Advertise() transport.Advert {
-	return transport.Advert{Kind: transport.Local, Detail: "socket " + t.ep.Socket + ", boot " + t.ep.BootID + t.routes(), Local: t.ep}
+	return transport.Advert{Kind: transport.Local, Detail: "socket " + t.ep.Socket + ", boot " + t.ep.BootID + t.routes(), Data: MarshalEndpoint(t.ep)}
 }
 
 // Endpoint is what this daemon advertises.
-func (t *Transport) Endpoint() transport.LocalEndpoint { return t.ep }
+func (t *Transport) Endpoint() Endpoint { return t.ep }
 
-// Reaches reports whether the peer that advertised ep is on this host (nil)
-// or why not.
-func (t *Transport) Reaches(ep transport.LocalEndpoint) error {
-	_, err := Verify(ep)
+// Reaches reports whether the peer whose local advert is advert is on
+// this host (nil) or why not: the same-host proof.
+func (t *Transport) Reaches(advert []byte) error {
+	_, _, err := verifyAdvert(advert)
 	return err
 }
 

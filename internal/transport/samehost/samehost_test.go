@@ -118,7 +118,7 @@ func newPair(t testing.TB, size int) *pair {
 	if p.src, err = p.send.Register(shmRegion(t, dir, size)); err != nil {
 		t.Fatal(err)
 	}
-	p.peer = transport.Peer{Address: "local", Node: "recv", Local: p.recv.Endpoint()}
+	p.peer = transport.Peer{Address: "local", Node: "recv", Advert: MarshalEndpoint(p.recv.Endpoint())}
 	if p.conn, err = p.send.Connect(context.Background(), p.peer); err != nil {
 		t.Fatal(err)
 	}
@@ -254,19 +254,25 @@ func TestConnectRefused(t *testing.T) {
 	ep := p.recv.Endpoint()
 	for _, tc := range []struct {
 		name string
-		edit func(*transport.Peer)
+		edit func(*transport.Peer, *Endpoint)
 		want string
 	}{
-		{"other boot", func(q *transport.Peer) { q.Local.BootID = "00000000-0000-0000-0000-000000000000" }, "boot ID"},
-		{"wrong digest", func(q *transport.Peer) { q.Local.TokenDigest = Digest([]byte("guess")) }, "does not match"},
-		{"unreadable token", func(q *transport.Peer) { q.Local.TokenPath = "/nonexistent/b2bd.token" }, "cannot be read"},
-		{"relative socket", func(q *transport.Peer) { q.Local.Socket = "b2bd.sock" }, "clean absolute path"},
-		{"node mismatch", func(q *transport.Peer) { q.Node = "someone-else" }, "not the peer"},
+		{"other boot", func(q *transport.Peer, e *Endpoint) { e.BootID = "00000000-0000-0000-0000-000000000000" }, "boot ID"},
+		{"wrong digest", func(q *transport.Peer, e *Endpoint) { e.TokenDigest = Digest([]byte("guess")) }, "does not match"},
+		{"unreadable token", func(q *transport.Peer, e *Endpoint) { e.TokenPath = "/nonexistent/b2bd.token" }, "cannot be read"},
+		{"relative socket", func(q *transport.Peer, e *Endpoint) { e.Socket = "b2bd.sock" }, "clean absolute path"},
+		{"node mismatch", func(q *transport.Peer, e *Endpoint) { q.Node = "someone-else" }, "not the peer"},
+		{"advert not a local advert", func(q *transport.Peer, e *Endpoint) { q.Advert = []byte{0xff} }, "local advert"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			q := transport.Peer{Address: "x", Node: "recv", Local: ep}
-			q.Local.TokenDigest = append([]byte(nil), ep.TokenDigest...)
-			tc.edit(&q)
+			e := ep
+			e.TokenDigest = append([]byte(nil), ep.TokenDigest...)
+			q := transport.Peer{Address: "x", Node: "recv"}
+			q.Advert = MarshalEndpoint(e)
+			tc.edit(&q, &e)
+			if q.Advert[0] != 0xff {
+				q.Advert = MarshalEndpoint(e)
+			}
 			c, err := p.send.Connect(context.Background(), q)
 			if err == nil {
 				_ = c.Close()

@@ -33,7 +33,7 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			return &transporttest.Pair{Sender: a, Receiver: b, Connect: func(ctx context.Context) (transport.Conn, error) {
-				return a.Connect(ctx, transport.Peer{Address: "127.0.0.1:1", TCP: transport.TCPEndpoint{Addr: b.Addr(), Token: b.Token()}})
+				return a.Connect(ctx, transport.Peer{Address: "127.0.0.1:1", Advert: MarshalAdvert(b.Addr(), b.Token())})
 			}}
 		},
 	})

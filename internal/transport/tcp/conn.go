@@ -23,10 +23,14 @@ import (
 
 // Connect dials the peer's data listener with Config.Streams connections.
 func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Conn, error) {
-	if p.TCP.Addr == "" || len(p.TCP.Token) != 16 {
+	ep, err := parseAdvert(p.Advert)
+	if err != nil {
+		return nil, fmt.Errorf("tcp: peer %s: %w", p.Address, err)
+	}
+	if ep.GetDataAddress() == "" || len(ep.GetSessionToken()) != 16 {
 		return nil, fmt.Errorf("%w: tcp: peer %s offered no TCP data address or session token", errs.ErrUnavailable, p.Address)
 	}
-	addr, err := dataAddress(p.Address, p.TCP.Addr)
+	addr, err := dataAddress(p.Address, ep.GetDataAddress())
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +57,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		}
 		s := newStream(c, nc)
 		c.streams = append(c.streams, s)
-		if err := s.hello(ctx, p.TCP.Token, c.id, t.cfg.Streams, i); err != nil {
+		if err := s.hello(ctx, ep.GetSessionToken(), c.id, t.cfg.Streams, i); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("%w: tcp: hello on data stream %d to %s: %w", errs.ErrUnavailable, i, addr, err)
 		}

@@ -52,7 +52,7 @@ func TestGPUToGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.regs[dreg.Key().Key] = dstMem
-	c, err := a.Connect(context.Background(), transport.Peer{TCP: transport.TCPEndpoint{Addr: b.Addr(), Token: b.Token()}})
+	c, err := a.Connect(context.Background(), transport.Peer{Advert: MarshalAdvert(b.Addr(), b.Token())})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestGPUFirstBatchAllocatesNoStaging(t *testing.T) {
 			t.Fatal(err)
 		}
 		in.regs[dreg.Key().Key] = dstMem
-		c, err := a.Connect(context.Background(), transport.Peer{TCP: transport.TCPEndpoint{Addr: b.Addr(), Token: b.Token()}})
+		c, err := a.Connect(context.Background(), transport.Peer{Advert: MarshalAdvert(b.Addr(), b.Token())})
 		if err != nil {
 			t.Fatal(err)
 		}

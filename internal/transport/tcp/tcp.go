@@ -149,7 +149,7 @@ func (t *Transport) Token() []byte { return t.token[:] }
 
 // Advertise tells peers (handshake) the data listener and session token.
 func (t *Transport) Advertise() transport.Advert {
-	return transport.Advert{Kind: transport.TCP, Detail: "data listener " + t.Addr(), TCP: transport.TCPEndpoint{Addr: t.Addr(), Token: t.Token()}}
+	return transport.Advert{Kind: transport.TCP, Detail: "data listener " + t.Addr(), Data: marshalAdvert(t.Addr(), t.Token())}
 }
 
 // Close stops the listener and every inbound connection, and waits for them.

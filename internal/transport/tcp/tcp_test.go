@@ -93,7 +93,7 @@ func newPairCfg(t testing.TB, size int, cfg Config) *pair {
 	p.in.regs[dreg.Key().Key] = p.dstMem
 	p.dst = transport.RemoteRegion{Name: "d", Size: uint64(size), Key: dreg.Key()}
 	p.conn, err = p.a.Connect(context.Background(), transport.Peer{Address: "127.0.0.1:1",
-		TCP: transport.TCPEndpoint{Addr: p.b.Addr(), Token: p.b.Token()}})
+		Advert: MarshalAdvert(p.b.Addr(), p.b.Token())})
 	if err != nil {
 		t.Fatal(err)
 	}

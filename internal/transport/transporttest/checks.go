@@ -169,9 +169,9 @@ func refusals() []refusal {
 		}, errs.ErrInvalidArgument, false},
 		{"unknown key", func(r *rig, b *desc.Batch, dst *transport.RemoteRegion, _ transport.Registration) {
 			dst.Key.Key ^= 0x5a5a0000
-			dst.Rails = append([]transport.RemoteKey(nil), dst.Rails...)
-			for i := range dst.Rails {
-				dst.Rails[i].Key ^= 0x5a5a0000
+			dst.Devices = append([]transport.RemoteKey(nil), dst.Devices...)
+			for i := range dst.Devices {
+				dst.Devices[i].Key ^= 0x5a5a0000
 			}
 		}, errs.ErrNotFound, true},
 		{"deregistered region", func(r *rig, b *desc.Batch, dst *transport.RemoteRegion, reg transport.Registration) {

@@ -33,7 +33,7 @@ func TestHWConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			return &transporttest.Pair{Sender: a, Receiver: b, Connect: func(ctx context.Context) (transport.Conn, error) {
-				return a.Connect(ctx, transport.Peer{Address: "loopback", Signal: fakePeer{t: b}})
+				return a.Connect(ctx, transport.Peer{Address: "loopback", Signal: b.HandleSignal})
 			}}
 		},
 	})

@@ -172,7 +172,7 @@ func (t *Transport) newSet(n int, sender bool, peer string, id uint64) (_ *qpSet
 }
 
 // connect moves every QP INIT → RTR → RTS against the peer's endpoints.
-func (s *qpSet) connect(peer transport.VerbsPort, eps []transport.VerbsEndpoint, mtu ibv.MTU) error {
+func (s *qpSet) connect(peer Port, eps []Endpoint, mtu ibv.MTU) error {
 	t := s.t
 	// RoCE routes by GRH (GID); InfiniBand within a subnet by LID.
 	global := t.port.LinkLayer != ibv.LinkInfiniBand

@@ -27,22 +27,6 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-// fakePeer routes ConnectVerbs to a local Transport.
-type fakePeer struct {
-	t *Transport
-}
-
-func (f fakePeer) ConnectVerbs(ctx context.Context, in transport.VerbsConnect) (transport.VerbsAccept, error) {
-	return f.t.AcceptVerbs(ctx, in)
-}
-
-// DisconnectVerbs: a sender whose QPs are in error (a cut-off batch) tells
-// the receiver over the control plane.
-func (f fakePeer) DisconnectVerbs(ctx context.Context, node string, id uint64) error {
-	f.t.DisconnectVerbs(node, id)
-	return nil
-}
-
 // inbound counts landed batches and pins. Its release func is made once,
 // so the benchmark's allocation count is the transport's alone.
 type inbound struct {
@@ -129,7 +113,7 @@ func (p *pair) connect(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := p.a.Connect(ctx, transport.Peer{Address: "loopback", Signal: fakePeer{t: p.b}})
+	c, err := p.a.Connect(ctx, transport.Peer{Address: "loopback", Signal: p.b.HandleSignal})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"google.golang.org/protobuf/proto"
 	"math/rand"
 	"net"
 	"os"
@@ -41,13 +42,14 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
+	verbsv1 "github.com/b2bd/b2bd/proto/b2b/transport/verbs/v1"
 )
 
 const pairPort = "18600"
 
 type pairMsg struct {
 	Op      string // "connect", "verify", "done"
-	Payload []byte // proto ConnectVerbsRequest/Response
+	Payload []byte // a verbs signal and its reply (proto/b2b/transport/verbs/v1)
 	Seed    int64
 	Size    uint64
 	N       int
@@ -143,16 +145,12 @@ func pairReceiver(t *testing.T, dev string, region uint64, log hclog.Logger) {
 		}
 		reply := pairMsg{Op: m.Op}
 		switch m.Op {
-		case "connect":
-			var req transport.VerbsConnect
-			if err := json.Unmarshal(m.Payload, &req); err != nil {
-				t.Fatal(err)
-			}
-			resp, err := tr.AcceptVerbs(context.Background(), req)
+		case "signal":
+			resp, err := tr.HandleSignal(context.Background(), m.Payload)
 			if err != nil {
 				reply.Err = err.Error()
 			} else {
-				reply.Payload, _ = json.Marshal(resp)
+				reply.Payload = resp
 			}
 		case "verify":
 			pairFill(m.Seed, expect)
@@ -202,21 +200,20 @@ func (s *sideChannel) call(m pairMsg) (pairMsg, error) {
 	return r, nil
 }
 
-func (s *sideChannel) ConnectVerbs(ctx context.Context, in transport.VerbsConnect) (transport.VerbsAccept, error) {
-	b, _ := json.Marshal(in)
-	r, err := s.call(pairMsg{Op: "connect", Payload: b})
-	if err != nil {
-		return transport.VerbsAccept{}, err
+// signal carries the transport's connect signal to the receiver. A
+// disconnect from the transport's background goroutine is refused: the side
+// channel is strictly request/answer, so the receiver's keepalive frees the
+// set instead.
+func (s *sideChannel) signal(ctx context.Context, payload []byte) ([]byte, error) {
+	var m verbsv1.Signal
+	if err := proto.Unmarshal(payload, &m); err != nil || m.GetConnect() == nil {
+		return nil, fmt.Errorf("%w: only connect goes over the pair side channel", errs.ErrUnimplemented)
 	}
-	var resp transport.VerbsAccept
-	return resp, json.Unmarshal(r.Payload, &resp)
-}
-
-// DisconnectVerbs: the side channel is strictly request/answer, so a
-// disconnect from the transport's background goroutine is not carried; the
-// receiver's keepalive frees the set instead.
-func (s *sideChannel) DisconnectVerbs(context.Context, string, uint64) error {
-	return fmt.Errorf("%w: not over the pair side channel", errs.ErrUnimplemented)
+	r, err := s.call(pairMsg{Op: "signal", Payload: payload})
+	if err != nil {
+		return nil, err
+	}
+	return r.Payload, nil
 }
 
 func parsePairConfig(s string, dev string) (Config, error) {
@@ -314,7 +311,7 @@ func pairSender(t *testing.T, dev, peerIP string, region uint64, log hclog.Logge
 		if err != nil {
 			t.Fatal(err)
 		}
-		conn, err := tr.Connect(context.Background(), transport.Peer{Address: peerIP, Signal: sc})
+		conn, err := tr.Connect(context.Background(), transport.Peer{Address: peerIP, Signal: sc.signal})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,7 +389,7 @@ func pairDeadline(t *testing.T, cfg Config, sc *sideChannel, remote transport.Re
 	}
 	defer src.Close()
 	connect := func() transport.Conn {
-		c, err := tr.Connect(context.Background(), transport.Peer{Address: peerIP, Signal: sc})
+		c, err := tr.Connect(context.Background(), transport.Peer{Address: peerIP, Signal: sc.signal})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -142,7 +142,7 @@ func (rp *revokePair) connect(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := rp.a.Connect(ctx, transport.Peer{Address: "loopback", Signal: fakePeer{t: rp.b}})
+	c, err := rp.a.Connect(ctx, transport.Peer{Address: "loopback", Signal: rp.b.HandleSignal})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -277,9 +277,9 @@ func (t *Transport) Close() error {
 }
 
 // Advertise describes the transport for the daemon's Status; peers learn
-// its port parameters at ConnectVerbs.
+// its port parameters at connect (Data lists no rail: one device).
 func (t *Transport) Advertise() transport.Advert {
-	return transport.Advert{Kind: transport.Verbs, Detail: t.Describe()}
+	return transport.Advert{Kind: transport.Verbs, Detail: t.Describe(), Data: MarshalAdvert(nil)}
 }
 
 // Describe names the device, port, GID and MTU for the daemon's Status.
@@ -295,20 +295,20 @@ func (t *Transport) Describe() string {
 	return s
 }
 
-// Port is this side's VerbsPort for ConnectVerbs.
-func (t *Transport) Port() transport.VerbsPort {
+// Port is this side's Port for connect signals.
+func (t *Transport) Port() Port {
 	g := t.gid.GID
-	return transport.VerbsPort{
+	return Port{
 		GID: g[:], GIDIndex: uint32(t.gid.Index), LID: uint32(t.port.LID),
 		ActiveMTU: uint32(t.port.ActiveMTU.Bytes()), LinkLayer: t.port.LinkLayer.String(), Device: t.ctx.Name(),
 	}
 }
 
 // endpoints are s's QPs' halves of their connections.
-func (s *qpSet) endpoints() []transport.VerbsEndpoint {
-	eps := make([]transport.VerbsEndpoint, len(s.qps))
+func (s *qpSet) endpoints() []Endpoint {
+	eps := make([]Endpoint, len(s.qps))
 	for i, q := range s.qps {
-		eps[i] = transport.VerbsEndpoint{QPN: q.qp.Num(), PSN: q.psn}
+		eps[i] = Endpoint{QPN: q.qp.Num(), PSN: q.psn}
 	}
 	return eps
 }
@@ -626,7 +626,7 @@ func (t *Transport) setByQPN(qpn uint32) *qpSet {
 }
 
 // Connect creates QPsPerPeer RC QPs, exchanges endpoints with the peer over
-// its control plane (Peer.ConnectVerbs) and brings them to RTS.
+// its control plane (a connect signal) and brings them to RTS.
 func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Conn, error) {
 	if p.Signal == nil {
 		return nil, fmt.Errorf("verbs: connect %s: no control client: %w", p.Address, errs.ErrInvalidArgument)
@@ -637,10 +637,10 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		return nil, err
 	}
 	s.ctl = p.Signal
-	resp, err := p.Signal.ConnectVerbs(ctx, transport.VerbsConnect{Node: t.node, Port: t.Port(), ConnID: id, Endpoints: s.endpoints()})
+	resp, err := CallConnect(ctx, p.Signal, ConnectRequest{Node: t.node, Port: t.Port(), ConnID: id, Endpoints: s.endpoints()})
 	if err != nil {
 		s.destroy()
-		return nil, fmt.Errorf("verbs: ConnectVerbs to %s: %w (%w)", p.Address, err, errs.ErrUnavailable)
+		return nil, fmt.Errorf("verbs: connect signal to %s: %w (%w)", p.Address, err, errs.ErrUnavailable)
 	}
 	if len(resp.Endpoints) != len(s.qps) {
 		s.destroy()
@@ -664,11 +664,11 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	return s, nil
 }
 
-// AcceptVerbs is the receiving side of Peer.ConnectVerbs: it creates one QP
+// AcceptVerbs is the receiving side of a peer's connect signal: it creates one QP
 // per sender endpoint, attached to the SRQ, brings them to RTS and returns
 // their endpoints.
-func (t *Transport) AcceptVerbs(ctx context.Context, req transport.VerbsConnect) (transport.VerbsAccept, error) {
-	var none transport.VerbsAccept
+func (t *Transport) AcceptVerbs(ctx context.Context, req ConnectRequest) (Accept, error) {
+	var none Accept
 	n := len(req.Endpoints)
 	if n < 1 || n > maxQPsPerConn {
 		return none, fmt.Errorf("verbs: ConnectVerbs from %s with %d endpoints (want 1..%d): %w", req.Node, n, maxQPsPerConn, errs.ErrInvalidArgument)
@@ -690,10 +690,16 @@ func (t *Transport) AcceptVerbs(ctx context.Context, req transport.VerbsConnect)
 		return none, err
 	}
 	t.log.Info("verbs connection accepted", "peer", req.Node, "conn", req.ConnID, "qps", n, "path_mtu", mtu)
-	return transport.VerbsAccept{Port: t.Port(), PathMTU: uint32(mtu.Bytes()), Endpoints: s.endpoints()}, nil
+	return Accept{Port: t.Port(), PathMTU: uint32(mtu.Bytes()), Endpoints: s.endpoints()}, nil
 }
 
-// DisconnectVerbs is the receiving side of Peer.DisconnectVerbs: it drops
+// HandleSignal answers a peer's verbs signal (connect, disconnect); see
+// transport.SignalHandler.
+func (t *Transport) HandleSignal(ctx context.Context, payload []byte) ([]byte, error) {
+	return ServeSignal(ctx, payload, t)
+}
+
+// DisconnectVerbs is the receiving side of a peer's disconnect signal: it drops
 // the set that node connected as id, releasing what its batches pinned.
 func (t *Transport) DisconnectVerbs(node string, id uint64) bool {
 	t.mu.Lock()
@@ -724,7 +730,7 @@ func (t *Transport) disconnect(ctl transport.Signal, peer string, id uint64) {
 		deadline := time.Now().Add(t.cfg.KeepAlive)
 		for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			err := ctl.DisconnectVerbs(ctx, t.node, id)
+			err := callDisconnect(ctx, ctl, t.node, id)
 			cancel()
 			if c := errs.Class(err); c != errs.ErrUnavailable && c != context.DeadlineExceeded {
 				if err != nil {
@@ -747,7 +753,7 @@ func (t *Transport) disconnect(ctl transport.Signal, peer string, id uint64) {
 
 // pathMTU is the smaller of both active MTUs (and of the peer's decision,
 // when it made one); link layers must match.
-func (t *Transport) pathMTU(peer transport.VerbsPort, decided uint32) (ibv.MTU, error) {
+func (t *Transport) pathMTU(peer Port, decided uint32) (ibv.MTU, error) {
 	if len(peer.GID) != 16 {
 		return 0, fmt.Errorf("peer port description missing or GID not 16 bytes: %w", errs.ErrInvalidArgument)
 	}

@@ -2691,8 +2691,8 @@ type HandshakeRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	NodeName        string                 `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
-	Transports      []TransportKind        `protobuf:"varint,3,rep,packed,name=transports,proto3,enum=b2b.v1.TransportKind" json:"transports,omitempty"`
 	Capabilities    []string               `protobuf:"bytes,4,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Kinds           []string               `protobuf:"bytes,5,rep,name=kinds,proto3" json:"kinds,omitempty"` // the transports this daemon runs
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -2741,16 +2741,16 @@ func (x *HandshakeRequest) GetNodeName() string {
 	return ""
 }
 
-func (x *HandshakeRequest) GetTransports() []TransportKind {
+func (x *HandshakeRequest) GetCapabilities() []string {
 	if x != nil {
-		return x.Transports
+		return x.Capabilities
 	}
 	return nil
 }
 
-func (x *HandshakeRequest) GetCapabilities() []string {
+func (x *HandshakeRequest) GetKinds() []string {
 	if x != nil {
-		return x.Capabilities
+		return x.Kinds
 	}
 	return nil
 }
@@ -2759,19 +2759,15 @@ type HandshakeResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	NodeName        string                 `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
-	Transports      []TransportKind        `protobuf:"varint,3,rep,packed,name=transports,proto3,enum=b2b.v1.TransportKind" json:"transports,omitempty"`
 	Capabilities    []string               `protobuf:"bytes,4,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
-	// TCP data plane: where to connect, and the session token to present.
-	TcpDataAddress string `protobuf:"bytes,5,opt,name=tcp_data_address,json=tcpDataAddress,proto3" json:"tcp_data_address,omitempty"`
-	SessionToken   []byte `protobuf:"bytes,6,opt,name=session_token,json=sessionToken,proto3" json:"session_token,omitempty"`
 	// Random and non-zero, set once per daemon start: a peer that sees it change
 	// knows this daemon restarted (its prepared plans to it are stale).
 	InstanceId uint64 `protobuf:"varint,7,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
-	// Same-host data plane (TRANSPORT_KIND_LOCAL); unset when not offered.
-	Local *LocalEndpoint `protobuf:"bytes,8,opt,name=local,proto3" json:"local,omitempty"`
-	// verbs with several RDMA devices: every rail, so the sender can pair its
-	// rails with ours by reachability. Empty: one rail, connect without one.
-	VerbsRails    []*VerbsRail `protobuf:"bytes,9,rep,name=verbs_rails,json=verbsRails,proto3" json:"verbs_rails,omitempty"`
+	// Every transport this daemon offers, by kind, with its advert: what the
+	// same kind on the peer needs to connect (TCP: its data listener and
+	// session token), in that kind's own message. A kind absent here is not
+	// offered.
+	Adverts       map[string][]byte `protobuf:"bytes,10,rep,name=adverts,proto3" json:"adverts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2820,30 +2816,9 @@ func (x *HandshakeResponse) GetNodeName() string {
 	return ""
 }
 
-func (x *HandshakeResponse) GetTransports() []TransportKind {
-	if x != nil {
-		return x.Transports
-	}
-	return nil
-}
-
 func (x *HandshakeResponse) GetCapabilities() []string {
 	if x != nil {
 		return x.Capabilities
-	}
-	return nil
-}
-
-func (x *HandshakeResponse) GetTcpDataAddress() string {
-	if x != nil {
-		return x.TcpDataAddress
-	}
-	return ""
-}
-
-func (x *HandshakeResponse) GetSessionToken() []byte {
-	if x != nil {
-		return x.SessionToken
 	}
 	return nil
 }
@@ -2855,143 +2830,9 @@ func (x *HandshakeResponse) GetInstanceId() uint64 {
 	return 0
 }
 
-func (x *HandshakeResponse) GetLocal() *LocalEndpoint {
+func (x *HandshakeResponse) GetAdverts() map[string][]byte {
 	if x != nil {
-		return x.Local
-	}
-	return nil
-}
-
-func (x *HandshakeResponse) GetVerbsRails() []*VerbsRail {
-	if x != nil {
-		return x.VerbsRails
-	}
-	return nil
-}
-
-// LocalEndpoint is how a daemon on the same host reaches this one. The proof
-// that the peer shares the host: boot_id equals the reader's own
-// /proc/sys/kernel/random/boot_id, AND the file token_path, which the reader
-// opens on its own host, holds a secret whose SHA-256 (with the domain prefix
-// "b2bd-local-token\x00") is token_digest. The secret itself never crosses the
-// network: the sender presents it on socket, which checks it.
-type LocalEndpoint struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	BootId        string                 `protobuf:"bytes,1,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`
-	Socket        string                 `protobuf:"bytes,2,opt,name=socket,proto3" json:"socket,omitempty"` // a Unix socket inside the daemon's shm dir
-	TokenPath     string                 `protobuf:"bytes,3,opt,name=token_path,json=tokenPath,proto3" json:"token_path,omitempty"`
-	TokenDigest   []byte                 `protobuf:"bytes,4,opt,name=token_digest,json=tokenDigest,proto3" json:"token_digest,omitempty"` // 32 bytes
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *LocalEndpoint) Reset() {
-	*x = LocalEndpoint{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *LocalEndpoint) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*LocalEndpoint) ProtoMessage() {}
-
-func (x *LocalEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use LocalEndpoint.ProtoReflect.Descriptor instead.
-func (*LocalEndpoint) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
-}
-
-func (x *LocalEndpoint) GetBootId() string {
-	if x != nil {
-		return x.BootId
-	}
-	return ""
-}
-
-func (x *LocalEndpoint) GetSocket() string {
-	if x != nil {
-		return x.Socket
-	}
-	return ""
-}
-
-func (x *LocalEndpoint) GetTokenPath() string {
-	if x != nil {
-		return x.TokenPath
-	}
-	return ""
-}
-
-func (x *LocalEndpoint) GetTokenDigest() []byte {
-	if x != nil {
-		return x.TokenDigest
-	}
-	return nil
-}
-
-// VerbsRail is one RDMA device of a daemon as peers see it.
-type VerbsRail struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rail          uint32                 `protobuf:"varint,1,opt,name=rail,proto3" json:"rail,omitempty"`
-	Port          *VerbsPort             `protobuf:"bytes,2,opt,name=port,proto3" json:"port,omitempty"` // GID, MTU, link layer, device name
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *VerbsRail) Reset() {
-	*x = VerbsRail{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *VerbsRail) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*VerbsRail) ProtoMessage() {}
-
-func (x *VerbsRail) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use VerbsRail.ProtoReflect.Descriptor instead.
-func (*VerbsRail) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
-}
-
-func (x *VerbsRail) GetRail() uint32 {
-	if x != nil {
-		return x.Rail
-	}
-	return 0
-}
-
-func (x *VerbsRail) GetPort() *VerbsPort {
-	if x != nil {
-		return x.Port
+		return x.Adverts
 	}
 	return nil
 }
@@ -3005,7 +2846,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3017,7 +2858,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3030,7 +2871,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -3040,92 +2881,22 @@ func (x *ResolveRegionRequest) GetName() string {
 	return ""
 }
 
-type RegionKey struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Transport TransportKind          `protobuf:"varint,1,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
-	// TCP: a random token naming this registration of the region.
-	// verbs: the rkey in the low 32 bits.
-	Key        uint64 `protobuf:"varint,2,opt,name=key,proto3" json:"key,omitempty"`
-	RemoteAddr uint64 `protobuf:"varint,3,opt,name=remote_addr,json=remoteAddr,proto3" json:"remote_addr,omitempty"` // verbs: the MR's virtual base address
-	// verbs with several RDMA devices: the receiver's rail this key belongs
-	// to (one key per rail; rail 0 first, so a reader that takes the first
-	// key of a transport gets rail 0's).
-	Rail          uint32 `protobuf:"varint,4,opt,name=rail,proto3" json:"rail,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *RegionKey) Reset() {
-	*x = RegionKey{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *RegionKey) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*RegionKey) ProtoMessage() {}
-
-func (x *RegionKey) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use RegionKey.ProtoReflect.Descriptor instead.
-func (*RegionKey) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
-}
-
-func (x *RegionKey) GetTransport() TransportKind {
-	if x != nil {
-		return x.Transport
-	}
-	return TransportKind_TRANSPORT_KIND_UNSPECIFIED
-}
-
-func (x *RegionKey) GetKey() uint64 {
-	if x != nil {
-		return x.Key
-	}
-	return 0
-}
-
-func (x *RegionKey) GetRemoteAddr() uint64 {
-	if x != nil {
-		return x.RemoteAddr
-	}
-	return 0
-}
-
-func (x *RegionKey) GetRail() uint32 {
-	if x != nil {
-		return x.Rail
-	}
-	return 0
-}
-
 type ResolveRegionResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
-	Kind          MemoryKind             `protobuf:"varint,3,opt,name=kind,proto3,enum=b2b.v1.MemoryKind" json:"kind,omitempty"`
-	Keys          []*RegionKey           `protobuf:"bytes,4,rep,name=keys,proto3" json:"keys,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Size  uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Kind  MemoryKind             `protobuf:"varint,3,opt,name=kind,proto3,enum=b2b.v1.MemoryKind" json:"kind,omitempty"`
+	// The region's key with each transport it is registered with, by kind:
+	// the writer's key on each of the receiver's devices (see
+	// internal/transport/keys.go for the encoding), read by the same kind.
+	Keys          map[string][]byte `protobuf:"bytes,5,rep,name=keys,proto3" json:"keys,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3137,7 +2908,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3150,7 +2921,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -3174,36 +2945,36 @@ func (x *ResolveRegionResponse) GetKind() MemoryKind {
 	return MemoryKind_MEMORY_KIND_UNSPECIFIED
 }
 
-func (x *ResolveRegionResponse) GetKeys() []*RegionKey {
+func (x *ResolveRegionResponse) GetKeys() map[string][]byte {
 	if x != nil {
 		return x.Keys
 	}
 	return nil
 }
 
-type VerbsEndpoint struct {
+type SignalRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	QpNum         uint32                 `protobuf:"varint,1,opt,name=qp_num,json=qpNum,proto3" json:"qp_num,omitempty"`
-	Psn           uint32                 `protobuf:"varint,2,opt,name=psn,proto3" json:"psn,omitempty"`
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"` // the transport the payload is for
+	Payload       []byte                 `protobuf:"bytes,2,opt,name=payload,proto3" json:"payload,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *VerbsEndpoint) Reset() {
-	*x = VerbsEndpoint{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+func (x *SignalRequest) Reset() {
+	*x = SignalRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *VerbsEndpoint) String() string {
+func (x *SignalRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*VerbsEndpoint) ProtoMessage() {}
+func (*SignalRequest) ProtoMessage() {}
 
-func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+func (x *SignalRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3214,135 +2985,47 @@ func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use VerbsEndpoint.ProtoReflect.Descriptor instead.
-func (*VerbsEndpoint) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
+// Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
+func (*SignalRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
 }
 
-func (x *VerbsEndpoint) GetQpNum() uint32 {
+func (x *SignalRequest) GetKind() string {
 	if x != nil {
-		return x.QpNum
-	}
-	return 0
-}
-
-func (x *VerbsEndpoint) GetPsn() uint32 {
-	if x != nil {
-		return x.Psn
-	}
-	return 0
-}
-
-type VerbsPort struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Gid           []byte                 `protobuf:"bytes,1,opt,name=gid,proto3" json:"gid,omitempty"` // 16 bytes
-	GidIndex      uint32                 `protobuf:"varint,2,opt,name=gid_index,json=gidIndex,proto3" json:"gid_index,omitempty"`
-	Lid           uint32                 `protobuf:"varint,3,opt,name=lid,proto3" json:"lid,omitempty"`                              // InfiniBand
-	ActiveMtu     uint32                 `protobuf:"varint,4,opt,name=active_mtu,json=activeMtu,proto3" json:"active_mtu,omitempty"` // bytes: 256..4096
-	LinkLayer     string                 `protobuf:"bytes,5,opt,name=link_layer,json=linkLayer,proto3" json:"link_layer,omitempty"`  // "Ethernet" or "InfiniBand"
-	Device        string                 `protobuf:"bytes,6,opt,name=device,proto3" json:"device,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *VerbsPort) Reset() {
-	*x = VerbsPort{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *VerbsPort) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*VerbsPort) ProtoMessage() {}
-
-func (x *VerbsPort) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use VerbsPort.ProtoReflect.Descriptor instead.
-func (*VerbsPort) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
-}
-
-func (x *VerbsPort) GetGid() []byte {
-	if x != nil {
-		return x.Gid
-	}
-	return nil
-}
-
-func (x *VerbsPort) GetGidIndex() uint32 {
-	if x != nil {
-		return x.GidIndex
-	}
-	return 0
-}
-
-func (x *VerbsPort) GetLid() uint32 {
-	if x != nil {
-		return x.Lid
-	}
-	return 0
-}
-
-func (x *VerbsPort) GetActiveMtu() uint32 {
-	if x != nil {
-		return x.ActiveMtu
-	}
-	return 0
-}
-
-func (x *VerbsPort) GetLinkLayer() string {
-	if x != nil {
-		return x.LinkLayer
+		return x.Kind
 	}
 	return ""
 }
 
-func (x *VerbsPort) GetDevice() string {
+func (x *SignalRequest) GetPayload() []byte {
 	if x != nil {
-		return x.Device
+		return x.Payload
 	}
-	return ""
+	return nil
 }
 
-type ConnectVerbsRequest struct {
+type SignalResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeName      string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
-	Port          *VerbsPort             `protobuf:"bytes,2,opt,name=port,proto3" json:"port,omitempty"`
-	Endpoints     []*VerbsEndpoint       `protobuf:"bytes,3,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
-	ConnectionId  uint64                 `protobuf:"varint,4,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"` // sender-chosen, names this QP set in logs and teardown
-	Rail          uint32                 `protobuf:"varint,5,opt,name=rail,proto3" json:"rail,omitempty"`                                     // the receiver's rail (HandshakeResponse.verbs_rails) to connect; 0 with one
+	Payload       []byte                 `protobuf:"bytes,1,opt,name=payload,proto3" json:"payload,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *ConnectVerbsRequest) Reset() {
-	*x = ConnectVerbsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+func (x *SignalResponse) Reset() {
+	*x = SignalResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *ConnectVerbsRequest) String() string {
+func (x *SignalResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*ConnectVerbsRequest) ProtoMessage() {}
+func (*SignalResponse) ProtoMessage() {}
 
-func (x *ConnectVerbsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+func (x *SignalResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3353,200 +3036,16 @@ func (x *ConnectVerbsRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use ConnectVerbsRequest.ProtoReflect.Descriptor instead.
-func (*ConnectVerbsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
+// Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
+func (*SignalResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
 }
 
-func (x *ConnectVerbsRequest) GetNodeName() string {
+func (x *SignalResponse) GetPayload() []byte {
 	if x != nil {
-		return x.NodeName
-	}
-	return ""
-}
-
-func (x *ConnectVerbsRequest) GetPort() *VerbsPort {
-	if x != nil {
-		return x.Port
+		return x.Payload
 	}
 	return nil
-}
-
-func (x *ConnectVerbsRequest) GetEndpoints() []*VerbsEndpoint {
-	if x != nil {
-		return x.Endpoints
-	}
-	return nil
-}
-
-func (x *ConnectVerbsRequest) GetConnectionId() uint64 {
-	if x != nil {
-		return x.ConnectionId
-	}
-	return 0
-}
-
-func (x *ConnectVerbsRequest) GetRail() uint32 {
-	if x != nil {
-		return x.Rail
-	}
-	return 0
-}
-
-type ConnectVerbsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Port          *VerbsPort             `protobuf:"bytes,1,opt,name=port,proto3" json:"port,omitempty"`
-	Endpoints     []*VerbsEndpoint       `protobuf:"bytes,2,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
-	PathMtu       uint32                 `protobuf:"varint,3,opt,name=path_mtu,json=pathMtu,proto3" json:"path_mtu,omitempty"` // min of both active MTUs, used by both sides
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ConnectVerbsResponse) Reset() {
-	*x = ConnectVerbsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ConnectVerbsResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ConnectVerbsResponse) ProtoMessage() {}
-
-func (x *ConnectVerbsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ConnectVerbsResponse.ProtoReflect.Descriptor instead.
-func (*ConnectVerbsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
-}
-
-func (x *ConnectVerbsResponse) GetPort() *VerbsPort {
-	if x != nil {
-		return x.Port
-	}
-	return nil
-}
-
-func (x *ConnectVerbsResponse) GetEndpoints() []*VerbsEndpoint {
-	if x != nil {
-		return x.Endpoints
-	}
-	return nil
-}
-
-func (x *ConnectVerbsResponse) GetPathMtu() uint32 {
-	if x != nil {
-		return x.PathMtu
-	}
-	return 0
-}
-
-type DisconnectVerbsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeName      string                 `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`              // the sender's, as in its ConnectVerbsRequest
-	ConnectionId  uint64                 `protobuf:"varint,2,opt,name=connection_id,json=connectionId,proto3" json:"connection_id,omitempty"` // likewise
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *DisconnectVerbsRequest) Reset() {
-	*x = DisconnectVerbsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *DisconnectVerbsRequest) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*DisconnectVerbsRequest) ProtoMessage() {}
-
-func (x *DisconnectVerbsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use DisconnectVerbsRequest.ProtoReflect.Descriptor instead.
-func (*DisconnectVerbsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
-}
-
-func (x *DisconnectVerbsRequest) GetNodeName() string {
-	if x != nil {
-		return x.NodeName
-	}
-	return ""
-}
-
-func (x *DisconnectVerbsRequest) GetConnectionId() uint64 {
-	if x != nil {
-		return x.ConnectionId
-	}
-	return 0
-}
-
-type DisconnectVerbsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Found         bool                   `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"` // false: already gone (or never here)
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *DisconnectVerbsResponse) Reset() {
-	*x = DisconnectVerbsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *DisconnectVerbsResponse) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*DisconnectVerbsResponse) ProtoMessage() {}
-
-func (x *DisconnectVerbsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use DisconnectVerbsResponse.ProtoReflect.Descriptor instead.
-func (*DisconnectVerbsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
-}
-
-func (x *DisconnectVerbsResponse) GetFound() bool {
-	if x != nil {
-		return x.Found
-	}
-	return false
 }
 
 type NotifyRequest struct {
@@ -3562,7 +3061,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3574,7 +3073,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3587,7 +3086,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -3634,7 +3133,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3646,7 +3145,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3659,7 +3158,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -3883,77 +3382,39 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"goroutines\x12\x19\n" +
 	"\bopen_fds\x18\x10 \x01(\rR\aopenFds\x12-\n" +
 	"\x12persistent_regions\x18\x11 \x01(\rR\x11persistentRegions\x12#\n" +
-	"\rlease_holders\x18\x12 \x01(\rR\fleaseHolders\"\xb5\x01\n" +
+	"\rlease_holders\x18\x12 \x01(\rR\fleaseHolders\"\x9a\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
-	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x125\n" +
-	"\n" +
-	"transports\x18\x03 \x03(\x0e2\x15.b2b.v1.TransportKindR\n" +
-	"transports\x12\"\n" +
-	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\"\x87\x03\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\"\n" +
+	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\x12\x14\n" +
+	"\x05kinds\x18\x05 \x03(\tR\x05kindsJ\x04\b\x03\x10\x04\"\xbc\x02\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
-	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x125\n" +
-	"\n" +
-	"transports\x18\x03 \x03(\x0e2\x15.b2b.v1.TransportKindR\n" +
-	"transports\x12\"\n" +
-	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\x12(\n" +
-	"\x10tcp_data_address\x18\x05 \x01(\tR\x0etcpDataAddress\x12#\n" +
-	"\rsession_token\x18\x06 \x01(\fR\fsessionToken\x12\x1f\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\"\n" +
+	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\x12\x1f\n" +
 	"\vinstance_id\x18\a \x01(\x04R\n" +
-	"instanceId\x12+\n" +
-	"\x05local\x18\b \x01(\v2\x15.b2b.v1.LocalEndpointR\x05local\x122\n" +
-	"\vverbs_rails\x18\t \x03(\v2\x11.b2b.v1.VerbsRailR\n" +
-	"verbsRails\"\x82\x01\n" +
-	"\rLocalEndpoint\x12\x17\n" +
-	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x16\n" +
-	"\x06socket\x18\x02 \x01(\tR\x06socket\x12\x1d\n" +
-	"\n" +
-	"token_path\x18\x03 \x01(\tR\ttokenPath\x12!\n" +
-	"\ftoken_digest\x18\x04 \x01(\fR\vtokenDigest\"F\n" +
-	"\tVerbsRail\x12\x12\n" +
-	"\x04rail\x18\x01 \x01(\rR\x04rail\x12%\n" +
-	"\x04port\x18\x02 \x01(\v2\x11.b2b.v1.VerbsPortR\x04port\"*\n" +
+	"instanceId\x12@\n" +
+	"\aadverts\x18\n" +
+	" \x03(\v2&.b2b.v1.HandshakeResponse.AdvertsEntryR\aadverts\x1a:\n" +
+	"\fAdvertsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01J\x04\b\x03\x10\x04J\x04\b\x05\x10\x06J\x04\b\x06\x10\aJ\x04\b\b\x10\tJ\x04\b\t\x10\n" +
+	"\"*\n" +
 	"\x14ResolveRegionRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x87\x01\n" +
-	"\tRegionKey\x123\n" +
-	"\ttransport\x18\x01 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\x04R\x03key\x12\x1f\n" +
-	"\vremote_addr\x18\x03 \x01(\x04R\n" +
-	"remoteAddr\x12\x12\n" +
-	"\x04rail\x18\x04 \x01(\rR\x04rail\"\x8e\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xe3\x01\n" +
 	"\x15ResolveRegionResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12&\n" +
-	"\x04kind\x18\x03 \x01(\x0e2\x12.b2b.v1.MemoryKindR\x04kind\x12%\n" +
-	"\x04keys\x18\x04 \x03(\v2\x11.b2b.v1.RegionKeyR\x04keys\"8\n" +
-	"\rVerbsEndpoint\x12\x15\n" +
-	"\x06qp_num\x18\x01 \x01(\rR\x05qpNum\x12\x10\n" +
-	"\x03psn\x18\x02 \x01(\rR\x03psn\"\xa2\x01\n" +
-	"\tVerbsPort\x12\x10\n" +
-	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x1b\n" +
-	"\tgid_index\x18\x02 \x01(\rR\bgidIndex\x12\x10\n" +
-	"\x03lid\x18\x03 \x01(\rR\x03lid\x12\x1d\n" +
-	"\n" +
-	"active_mtu\x18\x04 \x01(\rR\tactiveMtu\x12\x1d\n" +
-	"\n" +
-	"link_layer\x18\x05 \x01(\tR\tlinkLayer\x12\x16\n" +
-	"\x06device\x18\x06 \x01(\tR\x06device\"\xc7\x01\n" +
-	"\x13ConnectVerbsRequest\x12\x1b\n" +
-	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12%\n" +
-	"\x04port\x18\x02 \x01(\v2\x11.b2b.v1.VerbsPortR\x04port\x123\n" +
-	"\tendpoints\x18\x03 \x03(\v2\x15.b2b.v1.VerbsEndpointR\tendpoints\x12#\n" +
-	"\rconnection_id\x18\x04 \x01(\x04R\fconnectionId\x12\x12\n" +
-	"\x04rail\x18\x05 \x01(\rR\x04rail\"\x8d\x01\n" +
-	"\x14ConnectVerbsResponse\x12%\n" +
-	"\x04port\x18\x01 \x01(\v2\x11.b2b.v1.VerbsPortR\x04port\x123\n" +
-	"\tendpoints\x18\x02 \x03(\v2\x15.b2b.v1.VerbsEndpointR\tendpoints\x12\x19\n" +
-	"\bpath_mtu\x18\x03 \x01(\rR\apathMtu\"Z\n" +
-	"\x16DisconnectVerbsRequest\x12\x1b\n" +
-	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12#\n" +
-	"\rconnection_id\x18\x02 \x01(\x04R\fconnectionId\"/\n" +
-	"\x17DisconnectVerbsResponse\x12\x14\n" +
-	"\x05found\x18\x01 \x01(\bR\x05found\"\x91\x01\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x12.b2b.v1.MemoryKindR\x04kind\x12;\n" +
+	"\x04keys\x18\x05 \x03(\v2'.b2b.v1.ResolveRegionResponse.KeysEntryR\x04keys\x1a7\n" +
+	"\tKeysEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01J\x04\b\x04\x10\x05\"=\n" +
+	"\rSignalRequest\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x18\n" +
+	"\apayload\x18\x02 \x01(\fR\apayload\"*\n" +
+	"\x0eSignalResponse\x12\x18\n" +
+	"\apayload\x18\x01 \x01(\fR\apayload\"\x91\x01\n" +
 	"\rNotifyRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
 	"\x06sender\x18\x02 \x01(\tR\x06sender\x12\"\n" +
@@ -3989,12 +3450,11 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0eSubmitTransfer\x12\x1d.b2b.v1.SubmitTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12R\n" +
 	"\x0fReleaseTransfer\x12\x1e.b2b.v1.ReleaseTransferRequest\x1a\x1f.b2b.v1.ReleaseTransferResponse\x12M\n" +
 	"\fSubmitStream\x12\x1b.b2b.v1.SubmitStreamRequest\x1a\x1c.b2b.v1.SubmitStreamResponse(\x010\x01\x121\n" +
-	"\x04Ping\x12\x13.b2b.v1.PingRequest\x1a\x14.b2b.v1.PingResponse2\xee\x02\n" +
+	"\x04Ping\x12\x13.b2b.v1.PingRequest\x1a\x14.b2b.v1.PingResponse2\x88\x02\n" +
 	"\x04Peer\x12@\n" +
 	"\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n" +
-	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12I\n" +
-	"\fConnectVerbs\x12\x1b.b2b.v1.ConnectVerbsRequest\x1a\x1c.b2b.v1.ConnectVerbsResponse\x12R\n" +
-	"\x0fDisconnectVerbs\x12\x1e.b2b.v1.DisconnectVerbsRequest\x1a\x1f.b2b.v1.DisconnectVerbsResponse\x127\n" +
+	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x127\n" +
+	"\x06Signal\x12\x15.b2b.v1.SignalRequest\x1a\x16.b2b.v1.SignalResponse\x127\n" +
 	"\x06Notify\x12\x15.b2b.v1.NotifyRequest\x1a\x16.b2b.v1.NotifyResponseB)Z'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1b\x06proto3"
 
 var (
@@ -4010,7 +3470,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -4052,19 +3512,14 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*StatusResponse)(nil),            // 37: b2b.v1.StatusResponse
 	(*HandshakeRequest)(nil),          // 38: b2b.v1.HandshakeRequest
 	(*HandshakeResponse)(nil),         // 39: b2b.v1.HandshakeResponse
-	(*LocalEndpoint)(nil),             // 40: b2b.v1.LocalEndpoint
-	(*VerbsRail)(nil),                 // 41: b2b.v1.VerbsRail
-	(*ResolveRegionRequest)(nil),      // 42: b2b.v1.ResolveRegionRequest
-	(*RegionKey)(nil),                 // 43: b2b.v1.RegionKey
-	(*ResolveRegionResponse)(nil),     // 44: b2b.v1.ResolveRegionResponse
-	(*VerbsEndpoint)(nil),             // 45: b2b.v1.VerbsEndpoint
-	(*VerbsPort)(nil),                 // 46: b2b.v1.VerbsPort
-	(*ConnectVerbsRequest)(nil),       // 47: b2b.v1.ConnectVerbsRequest
-	(*ConnectVerbsResponse)(nil),      // 48: b2b.v1.ConnectVerbsResponse
-	(*DisconnectVerbsRequest)(nil),    // 49: b2b.v1.DisconnectVerbsRequest
-	(*DisconnectVerbsResponse)(nil),   // 50: b2b.v1.DisconnectVerbsResponse
-	(*NotifyRequest)(nil),             // 51: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 52: b2b.v1.NotifyResponse
+	(*ResolveRegionRequest)(nil),      // 40: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 41: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 42: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 43: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 44: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 45: b2b.v1.NotifyResponse
+	nil,                               // 46: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 47: b2b.v1.ResolveRegionResponse.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	3,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -4091,59 +3546,48 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	1,  // 21: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
 	36, // 22: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
 	35, // 23: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
-	1,  // 24: b2b.v1.HandshakeRequest.transports:type_name -> b2b.v1.TransportKind
-	1,  // 25: b2b.v1.HandshakeResponse.transports:type_name -> b2b.v1.TransportKind
-	40, // 26: b2b.v1.HandshakeResponse.local:type_name -> b2b.v1.LocalEndpoint
-	41, // 27: b2b.v1.HandshakeResponse.verbs_rails:type_name -> b2b.v1.VerbsRail
-	46, // 28: b2b.v1.VerbsRail.port:type_name -> b2b.v1.VerbsPort
-	1,  // 29: b2b.v1.RegionKey.transport:type_name -> b2b.v1.TransportKind
-	0,  // 30: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	43, // 31: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.RegionKey
-	46, // 32: b2b.v1.ConnectVerbsRequest.port:type_name -> b2b.v1.VerbsPort
-	45, // 33: b2b.v1.ConnectVerbsRequest.endpoints:type_name -> b2b.v1.VerbsEndpoint
-	46, // 34: b2b.v1.ConnectVerbsResponse.port:type_name -> b2b.v1.VerbsPort
-	45, // 35: b2b.v1.ConnectVerbsResponse.endpoints:type_name -> b2b.v1.VerbsEndpoint
-	7,  // 36: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	11, // 37: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	13, // 38: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	15, // 39: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	18, // 40: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	30, // 41: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	34, // 42: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	32, // 43: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	21, // 44: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	23, // 45: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	24, // 46: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	26, // 47: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	28, // 48: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	38, // 49: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	42, // 50: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	47, // 51: b2b.v1.Peer.ConnectVerbs:input_type -> b2b.v1.ConnectVerbsRequest
-	49, // 52: b2b.v1.Peer.DisconnectVerbs:input_type -> b2b.v1.DisconnectVerbsRequest
-	51, // 53: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	10, // 54: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	12, // 55: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	14, // 56: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	16, // 57: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	19, // 58: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	31, // 59: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	37, // 60: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	33, // 61: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	22, // 62: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	19, // 63: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	25, // 64: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	27, // 65: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	29, // 66: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	39, // 67: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	44, // 68: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	48, // 69: b2b.v1.Peer.ConnectVerbs:output_type -> b2b.v1.ConnectVerbsResponse
-	50, // 70: b2b.v1.Peer.DisconnectVerbs:output_type -> b2b.v1.DisconnectVerbsResponse
-	52, // 71: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	54, // [54:72] is the sub-list for method output_type
-	36, // [36:54] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	46, // 24: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	0,  // 25: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	47, // 26: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	7,  // 27: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	11, // 28: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	13, // 29: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	15, // 30: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	18, // 31: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	30, // 32: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	34, // 33: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	32, // 34: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	21, // 35: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	23, // 36: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	24, // 37: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	26, // 38: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	28, // 39: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	38, // 40: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	40, // 41: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	42, // 42: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	44, // 43: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	10, // 44: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	12, // 45: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	14, // 46: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	16, // 47: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	19, // 48: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	31, // 49: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	37, // 50: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	33, // 51: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	22, // 52: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	19, // 53: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	25, // 54: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	27, // 55: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	29, // 56: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	39, // 57: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	41, // 58: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	43, // 59: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	45, // 60: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	44, // [44:61] is the sub-list for method output_type
+	27, // [27:44] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -4163,7 +3607,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   50,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

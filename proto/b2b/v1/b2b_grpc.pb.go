@@ -646,11 +646,10 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Peer_Handshake_FullMethodName       = "/b2b.v1.Peer/Handshake"
-	Peer_ResolveRegion_FullMethodName   = "/b2b.v1.Peer/ResolveRegion"
-	Peer_ConnectVerbs_FullMethodName    = "/b2b.v1.Peer/ConnectVerbs"
-	Peer_DisconnectVerbs_FullMethodName = "/b2b.v1.Peer/DisconnectVerbs"
-	Peer_Notify_FullMethodName          = "/b2b.v1.Peer/Notify"
+	Peer_Handshake_FullMethodName     = "/b2b.v1.Peer/Handshake"
+	Peer_ResolveRegion_FullMethodName = "/b2b.v1.Peer/ResolveRegion"
+	Peer_Signal_FullMethodName        = "/b2b.v1.Peer/Signal"
+	Peer_Notify_FullMethodName        = "/b2b.v1.Peer/Notify"
 )
 
 // PeerClient is the client API for Peer service.
@@ -660,14 +659,13 @@ type PeerClient interface {
 	Handshake(ctx context.Context, in *HandshakeRequest, opts ...grpc.CallOption) (*HandshakeResponse, error)
 	// ResolveRegion maps an export name to its size and per-transport keys.
 	ResolveRegion(ctx context.Context, in *ResolveRegionRequest, opts ...grpc.CallOption) (*ResolveRegionResponse, error)
-	// ConnectVerbs creates the receiver's half of a set of RC queue pairs and
-	// returns its endpoints, given the sender's.
-	ConnectVerbs(ctx context.Context, in *ConnectVerbsRequest, opts ...grpc.CallOption) (*ConnectVerbsResponse, error)
-	// DisconnectVerbs frees the receiver's half of a sender's QP set when the
-	// sender could not say goodbye over the QPs themselves (they are in error):
-	// the receiver then releases the regions a half-landed batch pinned now,
-	// not at its next keepalive.
-	DisconnectVerbs(ctx context.Context, in *DisconnectVerbsRequest, opts ...grpc.CallOption) (*DisconnectVerbsResponse, error)
+	// Signal carries one transport's set-up message (verbs: a QP set's
+	// connect and disconnect) to the same transport on this daemon and
+	// returns its answer. Only that transport reads the payload; it versions
+	// it in its own proto package (proto/b2b/transport/<kind>/). A kind this
+	// daemon does not run, or one that takes no signals, is refused with
+	// FailedPrecondition.
+	Signal(ctx context.Context, in *SignalRequest, opts ...grpc.CallOption) (*SignalResponse, error)
 	// Notify completes a batch that carried a notification: the sender calls it
 	// after the data path acknowledged every byte.
 	Notify(ctx context.Context, in *NotifyRequest, opts ...grpc.CallOption) (*NotifyResponse, error)
@@ -701,20 +699,10 @@ func (c *peerClient) ResolveRegion(ctx context.Context, in *ResolveRegionRequest
 	return out, nil
 }
 
-func (c *peerClient) ConnectVerbs(ctx context.Context, in *ConnectVerbsRequest, opts ...grpc.CallOption) (*ConnectVerbsResponse, error) {
+func (c *peerClient) Signal(ctx context.Context, in *SignalRequest, opts ...grpc.CallOption) (*SignalResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(ConnectVerbsResponse)
-	err := c.cc.Invoke(ctx, Peer_ConnectVerbs_FullMethodName, in, out, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-func (c *peerClient) DisconnectVerbs(ctx context.Context, in *DisconnectVerbsRequest, opts ...grpc.CallOption) (*DisconnectVerbsResponse, error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(DisconnectVerbsResponse)
-	err := c.cc.Invoke(ctx, Peer_DisconnectVerbs_FullMethodName, in, out, cOpts...)
+	out := new(SignalResponse)
+	err := c.cc.Invoke(ctx, Peer_Signal_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -738,14 +726,13 @@ type PeerServer interface {
 	Handshake(context.Context, *HandshakeRequest) (*HandshakeResponse, error)
 	// ResolveRegion maps an export name to its size and per-transport keys.
 	ResolveRegion(context.Context, *ResolveRegionRequest) (*ResolveRegionResponse, error)
-	// ConnectVerbs creates the receiver's half of a set of RC queue pairs and
-	// returns its endpoints, given the sender's.
-	ConnectVerbs(context.Context, *ConnectVerbsRequest) (*ConnectVerbsResponse, error)
-	// DisconnectVerbs frees the receiver's half of a sender's QP set when the
-	// sender could not say goodbye over the QPs themselves (they are in error):
-	// the receiver then releases the regions a half-landed batch pinned now,
-	// not at its next keepalive.
-	DisconnectVerbs(context.Context, *DisconnectVerbsRequest) (*DisconnectVerbsResponse, error)
+	// Signal carries one transport's set-up message (verbs: a QP set's
+	// connect and disconnect) to the same transport on this daemon and
+	// returns its answer. Only that transport reads the payload; it versions
+	// it in its own proto package (proto/b2b/transport/<kind>/). A kind this
+	// daemon does not run, or one that takes no signals, is refused with
+	// FailedPrecondition.
+	Signal(context.Context, *SignalRequest) (*SignalResponse, error)
 	// Notify completes a batch that carried a notification: the sender calls it
 	// after the data path acknowledged every byte.
 	Notify(context.Context, *NotifyRequest) (*NotifyResponse, error)
@@ -765,11 +752,8 @@ func (UnimplementedPeerServer) Handshake(context.Context, *HandshakeRequest) (*H
 func (UnimplementedPeerServer) ResolveRegion(context.Context, *ResolveRegionRequest) (*ResolveRegionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveRegion not implemented")
 }
-func (UnimplementedPeerServer) ConnectVerbs(context.Context, *ConnectVerbsRequest) (*ConnectVerbsResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method ConnectVerbs not implemented")
-}
-func (UnimplementedPeerServer) DisconnectVerbs(context.Context, *DisconnectVerbsRequest) (*DisconnectVerbsResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method DisconnectVerbs not implemented")
+func (UnimplementedPeerServer) Signal(context.Context, *SignalRequest) (*SignalResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Signal not implemented")
 }
 func (UnimplementedPeerServer) Notify(context.Context, *NotifyRequest) (*NotifyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Notify not implemented")
@@ -831,38 +815,20 @@ func _Peer_ResolveRegion_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Peer_ConnectVerbs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(ConnectVerbsRequest)
+func _Peer_Signal_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SignalRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(PeerServer).ConnectVerbs(ctx, in)
+		return srv.(PeerServer).Signal(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: Peer_ConnectVerbs_FullMethodName,
+		FullMethod: Peer_Signal_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(PeerServer).ConnectVerbs(ctx, req.(*ConnectVerbsRequest))
-	}
-	return interceptor(ctx, in, info, handler)
-}
-
-func _Peer_DisconnectVerbs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(DisconnectVerbsRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(PeerServer).DisconnectVerbs(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Peer_DisconnectVerbs_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(PeerServer).DisconnectVerbs(ctx, req.(*DisconnectVerbsRequest))
+		return srv.(PeerServer).Signal(ctx, req.(*SignalRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -901,12 +867,8 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Peer_ResolveRegion_Handler,
 		},
 		{
-			MethodName: "ConnectVerbs",
-			Handler:    _Peer_ConnectVerbs_Handler,
-		},
-		{
-			MethodName: "DisconnectVerbs",
-			Handler:    _Peer_DisconnectVerbs_Handler,
+			MethodName: "Signal",
+			Handler:    _Peer_Signal_Handler,
 		},
 		{
 			MethodName: "Notify",

@@ -80,30 +80,6 @@ class ChecksumResponse(_message.Message):
     digest: int
     def __init__(self, digest: _Optional[int] = ..., block_digests: _Optional[bytes] = ..., algorithm: _Optional[_Union[ChecksumAlgorithm, str]] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
-class ConnectVerbsRequest(_message.Message):
-    __slots__ = ["connection_id", "endpoints", "node_name", "port", "rail"]
-    CONNECTION_ID_FIELD_NUMBER: _ClassVar[int]
-    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
-    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
-    PORT_FIELD_NUMBER: _ClassVar[int]
-    RAIL_FIELD_NUMBER: _ClassVar[int]
-    connection_id: int
-    endpoints: _containers.RepeatedCompositeFieldContainer[VerbsEndpoint]
-    node_name: str
-    port: VerbsPort
-    rail: int
-    def __init__(self, node_name: _Optional[str] = ..., port: _Optional[_Union[VerbsPort, _Mapping]] = ..., endpoints: _Optional[_Iterable[_Union[VerbsEndpoint, _Mapping]]] = ..., connection_id: _Optional[int] = ..., rail: _Optional[int] = ...) -> None: ...
-
-class ConnectVerbsResponse(_message.Message):
-    __slots__ = ["endpoints", "path_mtu", "port"]
-    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
-    PATH_MTU_FIELD_NUMBER: _ClassVar[int]
-    PORT_FIELD_NUMBER: _ClassVar[int]
-    endpoints: _containers.RepeatedCompositeFieldContainer[VerbsEndpoint]
-    path_mtu: int
-    port: VerbsPort
-    def __init__(self, port: _Optional[_Union[VerbsPort, _Mapping]] = ..., endpoints: _Optional[_Iterable[_Union[VerbsEndpoint, _Mapping]]] = ..., path_mtu: _Optional[int] = ...) -> None: ...
-
 class CudaAlloc(_message.Message):
     __slots__ = ["device", "size"]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -146,20 +122,6 @@ class Descriptors(_message.Message):
     src_offsets: bytes
     def __init__(self, src_offsets: _Optional[bytes] = ..., dst_offsets: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., block_length: _Optional[int] = ...) -> None: ...
 
-class DisconnectVerbsRequest(_message.Message):
-    __slots__ = ["connection_id", "node_name"]
-    CONNECTION_ID_FIELD_NUMBER: _ClassVar[int]
-    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
-    connection_id: int
-    node_name: str
-    def __init__(self, node_name: _Optional[str] = ..., connection_id: _Optional[int] = ...) -> None: ...
-
-class DisconnectVerbsResponse(_message.Message):
-    __slots__ = ["found"]
-    FOUND_FIELD_NUMBER: _ClassVar[int]
-    found: bool
-    def __init__(self, found: bool = ...) -> None: ...
-
 class ExportRegionRequest(_message.Message):
     __slots__ = ["export_name", "export_to", "region_id"]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -177,38 +139,37 @@ class ExportRegionResponse(_message.Message):
     def __init__(self, region: _Optional[_Union[Region, _Mapping]] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ["capabilities", "node_name", "protocol_version", "transports"]
+    __slots__ = ["capabilities", "kinds", "node_name", "protocol_version"]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
-    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     capabilities: _containers.RepeatedScalarFieldContainer[str]
+    kinds: _containers.RepeatedScalarFieldContainer[str]
     node_name: str
     protocol_version: int
-    transports: _containers.RepeatedScalarFieldContainer[TransportKind]
-    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ["capabilities", "instance_id", "local", "node_name", "protocol_version", "session_token", "tcp_data_address", "transports", "verbs_rails"]
+    __slots__ = ["adverts", "capabilities", "instance_id", "node_name", "protocol_version"]
+    class AdvertsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    ADVERTS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
-    LOCAL_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
-    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
-    TCP_DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
-    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
-    VERBS_RAILS_FIELD_NUMBER: _ClassVar[int]
+    adverts: _containers.ScalarMap[str, bytes]
     capabilities: _containers.RepeatedScalarFieldContainer[str]
     instance_id: int
-    local: LocalEndpoint
     node_name: str
     protocol_version: int
-    session_token: bytes
-    tcp_data_address: str
-    transports: _containers.RepeatedScalarFieldContainer[TransportKind]
-    verbs_rails: _containers.RepeatedCompositeFieldContainer[VerbsRail]
-    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., capabilities: _Optional[_Iterable[str]] = ..., tcp_data_address: _Optional[str] = ..., session_token: _Optional[bytes] = ..., instance_id: _Optional[int] = ..., local: _Optional[_Union[LocalEndpoint, _Mapping]] = ..., verbs_rails: _Optional[_Iterable[_Union[VerbsRail, _Mapping]]] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., instance_id: _Optional[int] = ..., adverts: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
 
 class HostAlloc(_message.Message):
     __slots__ = ["size"]
@@ -235,18 +196,6 @@ class ListRegionsResponse(_message.Message):
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     regions: _containers.RepeatedCompositeFieldContainer[Region]
     def __init__(self, regions: _Optional[_Iterable[_Union[Region, _Mapping]]] = ...) -> None: ...
-
-class LocalEndpoint(_message.Message):
-    __slots__ = ["boot_id", "socket", "token_digest", "token_path"]
-    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
-    SOCKET_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_DIGEST_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_PATH_FIELD_NUMBER: _ClassVar[int]
-    boot_id: str
-    socket: str
-    token_digest: bytes
-    token_path: str
-    def __init__(self, boot_id: _Optional[str] = ..., socket: _Optional[str] = ..., token_path: _Optional[str] = ..., token_digest: _Optional[bytes] = ...) -> None: ...
 
 class Notification(_message.Message):
     __slots__ = ["blocks", "bytes", "dropped", "notification", "region", "sender"]
@@ -420,18 +369,6 @@ class Region(_message.Message):
     size: int
     def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[_Union[RailRegistration, _Mapping]]] = ..., owner: _Optional[str] = ..., pid: _Optional[int] = ..., age_ns: _Optional[int] = ..., persist: bool = ...) -> None: ...
 
-class RegionKey(_message.Message):
-    __slots__ = ["key", "rail", "remote_addr", "transport"]
-    KEY_FIELD_NUMBER: _ClassVar[int]
-    RAIL_FIELD_NUMBER: _ClassVar[int]
-    REMOTE_ADDR_FIELD_NUMBER: _ClassVar[int]
-    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
-    key: int
-    rail: int
-    remote_addr: int
-    transport: TransportKind
-    def __init__(self, transport: _Optional[_Union[TransportKind, str]] = ..., key: _Optional[int] = ..., remote_addr: _Optional[int] = ..., rail: _Optional[int] = ...) -> None: ...
-
 class RegisterRegionRequest(_message.Message):
     __slots__ = ["cuda_alloc", "cuda_ipc", "export_name", "export_to", "host_alloc", "host_file", "persist"]
     CUDA_ALLOC_FIELD_NUMBER: _ClassVar[int]
@@ -474,15 +411,36 @@ class ResolveRegionRequest(_message.Message):
 
 class ResolveRegionResponse(_message.Message):
     __slots__ = ["keys", "kind", "name", "size"]
+    class KeysEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     KEYS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
-    keys: _containers.RepeatedCompositeFieldContainer[RegionKey]
+    keys: _containers.ScalarMap[str, bytes]
     kind: MemoryKind
     name: str
     size: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., keys: _Optional[_Iterable[_Union[RegionKey, _Mapping]]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., keys: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class SignalRequest(_message.Message):
+    __slots__ = ["kind", "payload"]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    payload: bytes
+    def __init__(self, kind: _Optional[str] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class SignalResponse(_message.Message):
+    __slots__ = ["payload"]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = []
@@ -571,38 +529,6 @@ class TransportStatus(_message.Message):
     queue_pairs: int
     rails: _containers.RepeatedCompositeFieldContainer[RailStatus]
     def __init__(self, kind: _Optional[_Union[TransportKind, str]] = ..., available: bool = ..., detail: _Optional[str] = ..., connections: _Optional[int] = ..., queue_pairs: _Optional[int] = ..., memory_regions: _Optional[int] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ...) -> None: ...
-
-class VerbsEndpoint(_message.Message):
-    __slots__ = ["psn", "qp_num"]
-    PSN_FIELD_NUMBER: _ClassVar[int]
-    QP_NUM_FIELD_NUMBER: _ClassVar[int]
-    psn: int
-    qp_num: int
-    def __init__(self, qp_num: _Optional[int] = ..., psn: _Optional[int] = ...) -> None: ...
-
-class VerbsPort(_message.Message):
-    __slots__ = ["active_mtu", "device", "gid", "gid_index", "lid", "link_layer"]
-    ACTIVE_MTU_FIELD_NUMBER: _ClassVar[int]
-    DEVICE_FIELD_NUMBER: _ClassVar[int]
-    GID_FIELD_NUMBER: _ClassVar[int]
-    GID_INDEX_FIELD_NUMBER: _ClassVar[int]
-    LID_FIELD_NUMBER: _ClassVar[int]
-    LINK_LAYER_FIELD_NUMBER: _ClassVar[int]
-    active_mtu: int
-    device: str
-    gid: bytes
-    gid_index: int
-    lid: int
-    link_layer: str
-    def __init__(self, gid: _Optional[bytes] = ..., gid_index: _Optional[int] = ..., lid: _Optional[int] = ..., active_mtu: _Optional[int] = ..., link_layer: _Optional[str] = ..., device: _Optional[str] = ...) -> None: ...
-
-class VerbsRail(_message.Message):
-    __slots__ = ["port", "rail"]
-    PORT_FIELD_NUMBER: _ClassVar[int]
-    RAIL_FIELD_NUMBER: _ClassVar[int]
-    port: VerbsPort
-    rail: int
-    def __init__(self, rail: _Optional[int] = ..., port: _Optional[_Union[VerbsPort, _Mapping]] = ...) -> None: ...
 
 class WatchNotificationsRequest(_message.Message):
     __slots__ = ["region_id"]

@@ -523,15 +523,10 @@ class PeerStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.FromString,
                 )
-        self.ConnectVerbs = channel.unary_unary(
-                '/b2b.v1.Peer/ConnectVerbs',
-                request_serializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsRequest.SerializeToString,
-                response_deserializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsResponse.FromString,
-                )
-        self.DisconnectVerbs = channel.unary_unary(
-                '/b2b.v1.Peer/DisconnectVerbs',
-                request_serializer=b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsRequest.SerializeToString,
-                response_deserializer=b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsResponse.FromString,
+        self.Signal = channel.unary_unary(
+                '/b2b.v1.Peer/Signal',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.SignalRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.SignalResponse.FromString,
                 )
         self.Notify = channel.unary_unary(
                 '/b2b.v1.Peer/Notify',
@@ -559,19 +554,13 @@ class PeerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ConnectVerbs(self, request, context):
-        """ConnectVerbs creates the receiver's half of a set of RC queue pairs and
-        returns its endpoints, given the sender's.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def DisconnectVerbs(self, request, context):
-        """DisconnectVerbs frees the receiver's half of a sender's QP set when the
-        sender could not say goodbye over the QPs themselves (they are in error):
-        the receiver then releases the regions a half-landed batch pinned now,
-        not at its next keepalive.
+    def Signal(self, request, context):
+        """Signal carries one transport's set-up message (verbs: a QP set's
+        connect and disconnect) to the same transport on this daemon and
+        returns its answer. Only that transport reads the payload; it versions
+        it in its own proto package (proto/b2b/transport/<kind>/). A kind this
+        daemon does not run, or one that takes no signals, is refused with
+        FailedPrecondition.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -598,15 +587,10 @@ def add_PeerServicer_to_server(servicer, server):
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.SerializeToString,
             ),
-            'ConnectVerbs': grpc.unary_unary_rpc_method_handler(
-                    servicer.ConnectVerbs,
-                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsRequest.FromString,
-                    response_serializer=b2b_dot_v1_dot_b2b__pb2.ConnectVerbsResponse.SerializeToString,
-            ),
-            'DisconnectVerbs': grpc.unary_unary_rpc_method_handler(
-                    servicer.DisconnectVerbs,
-                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsRequest.FromString,
-                    response_serializer=b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsResponse.SerializeToString,
+            'Signal': grpc.unary_unary_rpc_method_handler(
+                    servicer.Signal,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.SignalRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.SignalResponse.SerializeToString,
             ),
             'Notify': grpc.unary_unary_rpc_method_handler(
                     servicer.Notify,
@@ -661,7 +645,7 @@ class Peer(object):
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
     @staticmethod
-    def ConnectVerbs(request,
+    def Signal(request,
             target,
             options=(),
             channel_credentials=None,
@@ -671,26 +655,9 @@ class Peer(object):
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/ConnectVerbs',
-            b2b_dot_v1_dot_b2b__pb2.ConnectVerbsRequest.SerializeToString,
-            b2b_dot_v1_dot_b2b__pb2.ConnectVerbsResponse.FromString,
-            options, channel_credentials,
-            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
-
-    @staticmethod
-    def DisconnectVerbs(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/DisconnectVerbs',
-            b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsRequest.SerializeToString,
-            b2b_dot_v1_dot_b2b__pb2.DisconnectVerbsResponse.FromString,
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/Signal',
+            b2b_dot_v1_dot_b2b__pb2.SignalRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.SignalResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

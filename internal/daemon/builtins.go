@@ -1,0 +1,10 @@
+package daemon
+
+// The transports this daemon is built with: each package registers its
+// driver from init (transport.Register). This list is the one place that
+// names the kinds; the daemon builds whatever registered.
+import (
+	_ "github.com/b2bd/b2bd/internal/transport/rails" // verbs: one RDMA device, or several (rails)
+	_ "github.com/b2bd/b2bd/internal/transport/samehost"
+	_ "github.com/b2bd/b2bd/internal/transport/tcp"
+)
