@@ -118,13 +118,14 @@ func TestFakeDriverVariants(t *testing.T) {
 // host-to-device batch goes in chunks of H2DChunk copies, each behind a
 // copy-engine primer, at every block size: an H100 runs small host-to-device
 // copies queued on an idle stream on its compute engine (cuda_shim.h). The
-// other directions stay one call; without cuMemcpyBatchAsync, the loop.
+// other directions, and copies from pageable host memory, stay one call;
+// without cuMemcpyBatchAsync, the loop.
 func TestBatchPathByDirection(t *testing.T) {
 	tests := []struct {
 		name       string
 		defines    []string
 		opts       []Option
-		from, to   string // "host", "reg" (registered host memory) or "dev"
+		from, to   string // "host", "reg" (registered), "pageable" (unknown to the driver) or "dev"
 		n, bs      int
 		wantPath   string // "primed", "one call" or "loop"
 		wantChunks uint64
@@ -134,6 +135,7 @@ func TestBatchPathByDirection(t *testing.T) {
 		{"HtoD 64 KiB", nil, nil, "host", "dev", 257, 65536, "primed", 2},
 		{"HtoD one block", nil, nil, "host", "dev", 1, 128, "primed", 1},
 		{"HtoD registered host memory", nil, nil, "reg", "dev", 600, 512, "primed", 3},
+		{"HtoD pageable host memory", []string{"-DFAKE_PAGEABLE"}, nil, "pageable", "dev", 1000, 128, "one call", 0},
 		{"HtoD CUDA 12.8 ABI", []string{"-DFAKE_CUDA_12080"}, nil, "host", "dev", 1000, 128, "primed", 4},
 		{"DtoH 128 B", nil, nil, "dev", "host", 1000, 128, "one call", 0},
 		{"DtoH 64 KiB", nil, nil, "dev", "host", 100, 65536, "one call", 0},
@@ -157,9 +159,11 @@ func TestBatchPathByDirection(t *testing.T) {
 				switch kind {
 				case "dev":
 					return uint64(must(c.MemAlloc(0, uint64(2*size)))(t)), nil
-				case "reg":
+				case "reg", "pageable":
 					b := make([]byte, 2*size)
-					ok(t, c.HostRegister(0, addr(b), uint64(len(b))))
+					if kind == "reg" {
+						ok(t, c.HostRegister(0, addr(b), uint64(len(b))))
+					}
 					t.Cleanup(func() { runtime.KeepAlive(b) })
 					return uint64(addr(b)), b
 				}
