@@ -15,7 +15,10 @@ package gpudirect
 */
 import "C"
 
-import "unsafe"
+import (
+	"sync/atomic"
+	"unsafe"
+)
 
 // Copies are allocation-free: pooled requests and package-level functions
 // run on the device's worker thread.
@@ -92,8 +95,8 @@ func batchFn(r *request) {
 		(*C.CUdeviceptr)(unsafe.Pointer(unsafe.SliceData(r.s0))),
 		(*C.CUdeviceptr)(unsafe.Pointer(unsafe.SliceData(r.s1))),
 		(*C.size_t)(unsafe.Pointer(unsafe.SliceData(r.s2))),
-		C.size_t(len(r.s2)), C.int(r.a0),
-		(*C.int)(unsafe.Pointer(&r.i0)), (*C.size_t)(unsafe.Pointer(&r.out0))))
+		C.size_t(len(r.s2)), C.int(r.a0), C.CUdeviceptr(r.a1), C.uintptr_t(r.a2),
+		(*C.int)(unsafe.Pointer(&r.i0)), (*C.size_t)(unsafe.Pointer(&r.out0)), (*C.size_t)(unsafe.Pointer(&r.out1))))
 }
 
 // batchCalls names b2b_memcpy_batch's paths (B2B_PATH_*).
@@ -101,6 +104,16 @@ var batchCalls = [...]string{
 	C.B2B_PATH_LOOP:       "cuMemcpyAsync",
 	C.B2B_PATH_BATCH_12_8: "cuMemcpyBatchAsync",
 	C.B2B_PATH_BATCH_V2:   "cuMemcpyBatchAsync_v2",
+	C.B2B_PATH_PRIMER:     "cuMemcpyHtoDAsync_v2 (the copy-engine primer of a host-to-device chunk)",
+}
+
+// H2DChunk is how many copies of a host-to-device batch go behind one
+// copy-engine primer (cuda_shim.h says why).
+const H2DChunk = C.B2B_H2D_CHUNK
+
+// batchStats counts MemcpyBatchAsync calls by the path they took.
+type batchStats struct {
+	oneCall, primed, primedChunks, loop atomic.Uint64
 }
 
 func (d *driver) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
@@ -117,11 +130,12 @@ func (d *driver) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
 	r := getRequest()
 	r.fn, r.p, r.obj = batchFn, unsafe.Pointer(d.tab), s
 	r.s0, r.s1, r.s2 = dsts, srcs, sizes
+	r.a0, r.a1, r.a2 = 0, ds.primerDev, ds.primerHost
 	if d.caps.MemcpyBatch {
 		r.a0 = 1
 	}
 	err = ds.w.submit(r)
-	rc, rerr, path, fail := r.rc, r.err, r.i0, r.out0
+	rc, rerr, path, fail, chunks := r.rc, r.err, r.i0, r.out0, r.out1
 	putRequest(r)
 	switch {
 	case err != nil:
@@ -135,5 +149,25 @@ func (d *driver) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
 		}
 		return d.callErr(C.int(rc), s.dev, "%s(count=%d)", call, len(sizes))
 	}
+	switch {
+	case chunks > 0:
+		d.stats.primed.Add(1)
+		d.stats.primedChunks.Add(chunks)
+	case path == C.B2B_PATH_LOOP:
+		d.stats.loop.Add(1)
+	default:
+		d.stats.oneCall.Add(1)
+	}
 	return nil
+}
+
+// pathCounts is a snapshot of batchStats (tests).
+type pathCounts struct{ oneCall, primed, primedChunks, loop uint64 }
+
+func (b *batchStats) snapshot() pathCounts {
+	return pathCounts{b.oneCall.Load(), b.primed.Load(), b.primedChunks.Load(), b.loop.Load()}
+}
+
+func (p pathCounts) minus(q pathCounts) pathCounts {
+	return pathCounts{p.oneCall - q.oneCall, p.primed - q.primed, p.primedChunks - q.primedChunks, p.loop - q.loop}
 }

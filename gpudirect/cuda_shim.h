@@ -361,27 +361,114 @@ static inline int b2b_dtoh(const b2b_tab *t, uintptr_t s, uintptr_t dst, CUdevic
 	return B2B_RC(B2B_CALL(t, cuMemcpyDtoHAsync_v2)((void *)dst, src, n, (CUstream)s));
 }
 
+// ---- host-to-device batches on the copy engines only ---------------------------
+//
+// Measured on an H100 with a kernel of another process holding every SM
+// (deploy/gpu/h2dprobe.cu beside smprobe.cu; docs/samehost.md): a
+// host-to-device copy under 32 KiB queued on an IDLE stream is carried by
+// the compute engine, not a copy engine: the driver time-slices this
+// context onto the SMs, stalling every block of the other kernel for
+// ~0.4 ms (one cuMemcpyBatchAsync of 10,000 such copies: 1-11 stalls,
+// 1-7 ms). Queued behind pending copy-engine work, the same copies run on
+// the copy engines (0 stalls at 128 B to 64 KiB), and in chunks of 256
+// they are also faster than one call of 10,000 (H100: 4 KiB 8 vs 12.6 ms,
+// 64 KiB 12.1 vs 17 ms). So a host-to-device batch goes in chunks of
+// B2B_H2D_CHUNK copies, each queued right behind a B2B_PRIMER_BYTES copy
+// (on the copy engines by its size) from a pinned scratch to a device
+// scratch, which is still pending when the chunk is queued. The other
+// directions stay one call: device-to-host copies never use the compute
+// engine; same-device device-to-device copies always do (samehost stages
+// them through host memory). From pageable host memory the driver stages
+// each call itself, on the compute engine whatever is pending: chunks only
+// multiply its waits for a time slice (H100: 10 -> 97 ms for 10,000 x 128 B
+// beside a kernel holding every SM), so such a batch stays one call.
+#define B2B_H2D_CHUNK 256
+#define B2B_PRIMER_BYTES 65536
+#define B2B_CU_MEMORYTYPE_HOST 1
+#define B2B_CU_MEMORYTYPE_DEVICE 2
+
+// b2b_primer_alloc makes the primer's two scratch buffers on the current
+// context's device; nothing is left allocated on failure.
+static inline int b2b_primer_alloc(const b2b_tab *t, CUdeviceptr *dev, uintptr_t *host) {
+	void *h = NULL;
+	CUresult rc;
+	*dev = 0;
+	*host = 0;
+	if ((rc = B2B_CALL(t, cuMemAlloc_v2)(dev, B2B_PRIMER_BYTES)) != 0) {
+		*dev = 0;
+		return B2B_RC(rc);
+	}
+	if ((rc = B2B_CALL(t, cuMemHostAlloc)(&h, B2B_PRIMER_BYTES, B2B_CU_MEMHOSTALLOC_PORTABLE)) != 0) {
+		B2B_CALL(t, cuMemFree_v2)(*dev);
+		*dev = 0;
+		return B2B_RC(rc);
+	}
+	memset(h, 0, B2B_PRIMER_BYTES);
+	*host = (uintptr_t)h;
+	return 0;
+}
+
+static inline int b2b_primer_free(const b2b_tab *t, CUdeviceptr dev, uintptr_t host) {
+	CUresult rc = 0, rc2 = 0;
+	if (dev) rc = B2B_CALL(t, cuMemFree_v2)(dev);
+	if (host) rc2 = B2B_CALL(t, cuMemFreeHost)((void *)host);
+	return B2B_RC(rc ? rc : rc2);
+}
+
+// b2b_mem_type is p's CUmemorytype: B2B_CU_MEMORYTYPE_HOST (pinned or
+// registered host memory), B2B_CU_MEMORYTYPE_DEVICE, or 0 where the driver
+// does not know p (pageable host memory).
+static inline unsigned int b2b_mem_type(const b2b_tab *t, CUdeviceptr p) {
+	unsigned long long v = 0;
+	if (B2B_CALL(t, cuPointerGetAttribute)(&v, B2B_CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p) != 0) return 0;
+	return (unsigned int)v;
+}
+
 // b2b_memcpy_batch queues n copies on stream s in one call. use_batch allows
-// cuMemcpyBatchAsync. *path says which entry point ran (B2B_PATH_*). *fail is
-// the index of the failing copy where the driver says (SIZE_MAX when unknown).
-enum { B2B_PATH_LOOP, B2B_PATH_BATCH_12_8, B2B_PATH_BATCH_V2 };
+// cuMemcpyBatchAsync. A batch from pinned host to device memory (by its
+// first copy) with a primer (primer_dev != 0) goes in primed chunks (above); *chunks counts
+// them (0: one call, or the loop). *path says which entry point ran last
+// (B2B_PATH_*). *fail is the index of the failing copy where the driver
+// says (SIZE_MAX when unknown).
+enum { B2B_PATH_LOOP, B2B_PATH_BATCH_12_8, B2B_PATH_BATCH_V2, B2B_PATH_PRIMER };
 static inline int b2b_memcpy_batch(const b2b_tab *t, uintptr_t s, CUdeviceptr *dsts, CUdeviceptr *srcs,
-		size_t *sizes, size_t n, int use_batch, int *path, size_t *fail) {
+		size_t *sizes, size_t n, int use_batch, CUdeviceptr primer_dev, uintptr_t primer_host,
+		int *path, size_t *fail, size_t *chunks) {
 	CUstream st = (CUstream)s;
 	*path = B2B_PATH_LOOP;
 	*fail = SIZE_MAX;
+	*chunks = 0;
 	if (n == 0) return 0;
 	if (use_batch && (b2b_has(t, B2B_SYM_cuMemcpyBatchAsync_v2) || b2b_has(t, B2B_SYM_cuMemcpyBatchAsync))) {
 		CUmemcpyAttributes attr;
 		size_t attrIdx = 0;
+		int v2 = b2b_has(t, B2B_SYM_cuMemcpyBatchAsync_v2);
+		int h2d = primer_dev != 0 && b2b_mem_type(t, dsts[0]) == B2B_CU_MEMORYTYPE_DEVICE &&
+			b2b_mem_type(t, srcs[0]) == B2B_CU_MEMORYTYPE_HOST;
+		size_t step = h2d ? B2B_H2D_CHUNK : n;
 		memset(&attr, 0, sizeof attr);
 		attr.srcAccessOrder = B2B_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
-		if (b2b_has(t, B2B_SYM_cuMemcpyBatchAsync_v2)) {
-			*path = B2B_PATH_BATCH_V2;
-			return B2B_RC(B2B_CALL(t, cuMemcpyBatchAsync_v2)(dsts, srcs, sizes, n, &attr, &attrIdx, 1, st));
+		for (size_t lo = 0; lo < n; lo += step) {
+			size_t c = n - lo < step ? n - lo : step, f = SIZE_MAX;
+			CUresult rc;
+			if (h2d) {
+				*path = B2B_PATH_PRIMER;
+				if ((rc = B2B_CALL(t, cuMemcpyHtoDAsync_v2)(primer_dev, (const void *)primer_host, B2B_PRIMER_BYTES, st)) != 0) return B2B_RC(rc);
+				(*chunks)++;
+			}
+			if (v2) {
+				*path = B2B_PATH_BATCH_V2;
+				rc = B2B_CALL(t, cuMemcpyBatchAsync_v2)(dsts + lo, srcs + lo, sizes + lo, c, &attr, &attrIdx, 1, st);
+			} else {
+				*path = B2B_PATH_BATCH_12_8;
+				rc = B2B_CALL(t, cuMemcpyBatchAsync)(dsts + lo, srcs + lo, sizes + lo, c, &attr, &attrIdx, 1, &f, st);
+			}
+			if (rc != 0) {
+				if (f < c) *fail = lo + f;
+				return B2B_RC(rc);
+			}
 		}
-		*path = B2B_PATH_BATCH_12_8;
-		return B2B_RC(B2B_CALL(t, cuMemcpyBatchAsync)(dsts, srcs, sizes, n, &attr, &attrIdx, 1, fail, st));
+		return 0;
 	}
 	for (size_t i = 0; i < n; i++) {
 		CUresult rc = B2B_CALL(t, cuMemcpyAsync)(dsts[i], srcs[i], sizes[i], st);

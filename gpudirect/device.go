@@ -191,6 +191,8 @@ type driver struct {
 	closed atomic.Bool
 	devs   []atomic.Pointer[devState]
 
+	stats batchStats
+
 	// syncFallbacks counts synchronisations that had to be re-run on the
 	// device thread because the driver wanted a current context.
 	syncFallbacks atomic.Uint64
@@ -206,6 +208,11 @@ type devState struct {
 	hostRegs   map[uintptr]uint64
 	ipcOpen    map[uintptr]int // CUDA returns the same pointer (refcounted) when a handle is opened again
 	handles    map[*handle]*handleKind
+
+	// The copy-engine primer's scratch (0: none, primerErr says why):
+	// host-to-device batches queue their chunks behind it (cuda_shim.h).
+	primerDev, primerHost uint64
+	primerErr             error
 }
 
 // callErr is cuErr for this driver's calls on dev.
@@ -265,7 +272,15 @@ func (d *driver) device(dev int) (*devState, error) {
 			C.B2B_CTX_STEP_RETAIN:      "cuDevicePrimaryCtxRetain",
 			C.B2B_CTX_STEP_SET_CURRENT: "cuCtxSetCurrent",
 		}
-		return d.callErr(rc, dev, calls[min(int(step), len(calls)-1)])
+		if err := d.callErr(rc, dev, calls[min(int(step), len(calls)-1)]); err != nil {
+			return err
+		}
+		// Without its scratch, host-to-device batches go unprimed (one call).
+		var pd C.CUdeviceptr
+		var ph C.uintptr_t
+		ds.primerErr = d.callErr(C.b2b_primer_alloc(d.tab, &pd, &ph), dev, "the copy-engine primer's scratch (%d bytes)", C.B2B_PRIMER_BYTES)
+		ds.primerDev, ds.primerHost = uint64(pd), uint64(ph)
+		return nil
 	}
 	w, err := startWorker(fmt.Sprintf("device %d", dev), open, func() error { return d.releaseAll(ds) })
 	if err != nil {
@@ -306,6 +321,8 @@ func (d *driver) releaseAll(ds *devState) error {
 	for p := range ds.allocs {
 		note(C.b2b_mem_free(d.tab, C.CUdeviceptr(p)), "cuMemFree_v2(%#x)", p)
 	}
+	note(C.b2b_primer_free(d.tab, C.CUdeviceptr(ds.primerDev), C.uintptr_t(ds.primerHost)), "freeing the copy-engine primer's scratch")
+	ds.primerDev, ds.primerHost = 0, 0
 	clear(ds.handles)
 	clear(ds.ipcOpen)
 	clear(ds.hostRegs)

@@ -3,10 +3,13 @@
 package gpudirect
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -107,5 +110,139 @@ func TestFakeDriverVariants(t *testing.T) {
 			}
 			t.Logf("bad batch: %v", err)
 		})
+	}
+}
+
+// TestBatchPathByDirection: which path MemcpyBatchAsync takes, by direction
+// and block size, on the fake driver (the real C path selection). A
+// host-to-device batch goes in chunks of H2DChunk copies, each behind a
+// copy-engine primer, at every block size: an H100 runs small host-to-device
+// copies queued on an idle stream on its compute engine (cuda_shim.h). The
+// other directions, and copies from pageable host memory, stay one call;
+// without cuMemcpyBatchAsync, the loop.
+func TestBatchPathByDirection(t *testing.T) {
+	tests := []struct {
+		name       string
+		defines    []string
+		opts       []Option
+		from, to   string // "host", "reg" (registered), "pageable" (unknown to the driver) or "dev"
+		n, bs      int
+		wantPath   string // "primed", "one call" or "loop"
+		wantChunks uint64
+	}{
+		{"HtoD 128 B", nil, nil, "host", "dev", 1000, 128, "primed", 4},
+		{"HtoD 4 KiB", nil, nil, "host", "dev", 256, 4096, "primed", 1},
+		{"HtoD 64 KiB", nil, nil, "host", "dev", 257, 65536, "primed", 2},
+		{"HtoD one block", nil, nil, "host", "dev", 1, 128, "primed", 1},
+		{"HtoD registered host memory", nil, nil, "reg", "dev", 600, 512, "primed", 3},
+		{"HtoD pageable host memory", []string{"-DFAKE_PAGEABLE"}, nil, "pageable", "dev", 1000, 128, "one call", 0},
+		{"HtoD CUDA 12.8 ABI", []string{"-DFAKE_CUDA_12080"}, nil, "host", "dev", 1000, 128, "primed", 4},
+		{"DtoH 128 B", nil, nil, "dev", "host", 1000, 128, "one call", 0},
+		{"DtoH 64 KiB", nil, nil, "dev", "host", 100, 65536, "one call", 0},
+		{"DtoD 4 KiB", nil, nil, "dev", "dev", 1000, 4096, "one call", 0},
+		{"HtoH 128 B", nil, nil, "host", "host", 1000, 128, "one call", 0},
+		{"HtoD without cuMemcpyBatchAsync", nil, []Option{WithoutMemcpyBatch()}, "host", "dev", 1000, 128, "loop", 0},
+		{"HtoD old driver", []string{"-DFAKE_OLD"}, nil, "host", "dev", 1000, 128, "loop", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load(append([]Option{WithLibrary(buildFake(t, tt.defines...))}, tt.opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			d := c.(*driver)
+			size := tt.n * tt.bs
+			s := must(c.StreamCreate(0))(t)
+			// buf returns a buffer of kind and, for host memory, its bytes.
+			buf := func(kind string) (uint64, []byte) {
+				switch kind {
+				case "dev":
+					return uint64(must(c.MemAlloc(0, uint64(2*size)))(t)), nil
+				case "reg", "pageable":
+					b := make([]byte, 2*size)
+					if kind == "reg" {
+						ok(t, c.HostRegister(0, addr(b), uint64(len(b))))
+					}
+					t.Cleanup(func() { runtime.KeepAlive(b) })
+					return uint64(addr(b)), b
+				}
+				b := must(c.HostAlloc(0, 2*size))(t)
+				return uint64(addr(b)), b
+			}
+			src, srcBytes := buf(tt.from)
+			dst, dstBytes := buf(tt.to)
+			pattern := make([]byte, 2*size)
+			for i := range pattern {
+				pattern[i] = byte(i*7 + 1)
+			}
+			if srcBytes != nil {
+				copy(srcBytes, pattern)
+			} else {
+				pinned := must(c.HostAlloc(0, len(pattern)))(t)
+				copy(pinned, pattern)
+				ok(t, c.MemcpyHtoDAsync(s, uintptr(src), addr(pinned), uint64(len(pinned))))
+				ok(t, c.StreamSynchronize(s))
+			}
+			// Blocks at even source slots go to odd destination slots, reversed.
+			dsts, srcs, lens := make([]uint64, tt.n), make([]uint64, tt.n), make([]uint64, tt.n)
+			for i := range lens {
+				srcs[i] = src + uint64(2*i*tt.bs)
+				dsts[i] = dst + uint64((2*(tt.n-1-i)+1)*tt.bs)
+				lens[i] = uint64(tt.bs)
+			}
+			before := d.stats.snapshot()
+			ok(t, c.MemcpyBatchAsync(s, dsts, srcs, lens))
+			ok(t, c.StreamSynchronize(s))
+			got := d.stats.snapshot().minus(before)
+			want := pathCounts{}
+			switch tt.wantPath {
+			case "primed":
+				want.primed, want.primedChunks = 1, tt.wantChunks
+			case "one call":
+				want.oneCall = 1
+			case "loop":
+				want.loop = 1
+			}
+			if got != want {
+				t.Fatalf("%s %d x %d B: paths %+v; want %+v", tt.name, tt.n, tt.bs, got, want)
+			}
+			out := dstBytes
+			if out == nil {
+				out = must(c.HostAlloc(0, 2*size))(t)
+				ok(t, c.MemcpyDtoHAsync(s, addr(out), uintptr(dst), uint64(len(out))))
+				ok(t, c.StreamSynchronize(s))
+			}
+			for i := 0; i < tt.n; i++ {
+				so, do := 2*i*tt.bs, (2*(tt.n-1-i)+1)*tt.bs
+				if !bytes.Equal(out[do:do+tt.bs], pattern[so:so+tt.bs]) {
+					t.Fatalf("block %d: destination differs from the source", i)
+				}
+			}
+		})
+	}
+}
+
+// TestPrimedBatchFailIndex: a bad copy in a later chunk is named by its
+// index in the whole batch (CUDA 12.8 ABI, which reports it).
+func TestPrimedBatchFailIndex(t *testing.T) {
+	c, err := Load(WithLibrary(buildFake(t, "-DFAKE_CUDA_12080")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := must(c.StreamCreate(0))(t)
+	h := must(c.HostAlloc(0, 1<<20))(t)
+	d := must(c.MemAlloc(0, 1<<20))(t)
+	n := 3*H2DChunk + 10
+	dsts, srcs, lens := make([]uint64, n), make([]uint64, n), make([]uint64, n)
+	for i := range lens {
+		dsts[i], srcs[i], lens[i] = uint64(d)+uint64(i)*64, uint64(addr(h))+uint64(i)*64, 64
+	}
+	bad := 2*H2DChunk + 7
+	srcs[bad] = 0x1000
+	err = c.MemcpyBatchAsync(s, dsts, srcs, lens)
+	if want := fmt.Sprintf("cuMemcpyBatchAsync(count=%d): copy %d", n, bad); !errors.Is(err, ErrInvalidValue) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("bad batch = %v; want INVALID_VALUE mentioning %q", err, want)
 	}
 }

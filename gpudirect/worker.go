@@ -34,6 +34,7 @@ type request struct {
 	rc   int32  // CUresult
 	i0   int32  // e.g. which batch path ran
 	out0 uint64 // e.g. the failing index of a batch
+	out1 uint64 // e.g. the primed chunks of a batch
 	err  error
 
 	done chan struct{}

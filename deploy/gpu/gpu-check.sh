@@ -27,7 +27,7 @@
 # Usage: deploy/gpu/gpu-check.sh [OUT_DIR]
 #   env: BIN=bin, SIZES=..., BLOCKS=10000, ITERS=5, TRANSPORTS="local tcp",
 #        NCU_TRANSPORTS="local tcp", LOCAL_STREAMS (daemons' --local-streams),
-#        TORCH_TRANSPORT=auto, PROBE_SIZES=4096,65536, PROBE_MS=400
+#        TORCH_TRANSPORT=auto, PROBE_SIZES=128,4096,65536, PROBE_MS=400
 set -uo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${BIN:-$top/bin}
@@ -141,13 +141,13 @@ rm -rf "$tmp"
 export PYTHONPATH=$top/client/python PYTHONUNBUFFERED=1
 step "4a. zero SMs, proof 1 of 2, per path: ncu counts the daemons' kernels"
 python3 "$top/deploy/gpu/smprobe.py" --bin "$BIN" --mode ncu --ncu-dir "$OUT/ncu-paths" --json "$OUT/sm-ncu.json" \
-  --sizes "${PROBE_SIZES:-4096,65536}" 2>&1 | tee "$OUT/sm-ncu.txt"
+  --sizes "${PROBE_SIZES:-128,4096,65536}" 2>&1 | tee "$OUT/sm-ncu.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 
 step "4b. zero SMs, proof 2 of 2, per path: occupancy probe (smprobe.cu holds every SM slot)"
 if nvcc -O2 -o "$OUT/smprobe" "$top/deploy/gpu/smprobe.cu" 2> "$OUT/smprobe-build.txt"; then
   python3 "$top/deploy/gpu/smprobe.py" --bin "$BIN" --mode probe --smprobe "$OUT/smprobe" --json "$OUT/sm-probe.json" \
-    --sizes "${PROBE_SIZES:-4096,65536}" --ms "${PROBE_MS:-400}" 2>&1 | tee "$OUT/sm-probe.txt"
+    --sizes "${PROBE_SIZES:-128,4096,65536}" --ms "${PROBE_MS:-400}" 2>&1 | tee "$OUT/sm-probe.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 else
   echo "gpu-check: smprobe.cu did not build (the occupancy proof is required):"; cat "$OUT/smprobe-build.txt"; fail=1

@@ -8,7 +8,8 @@
 //
 // Variants: -DFAKE_CUDA_12080 exports the CUDA 12.8 cuMemcpyBatchAsync (with
 // failIdx) instead of cuMemcpyBatchAsync_v2; -DFAKE_OLD exports neither nor
-// cuMemGetHandleForAddressRange; -DFAKE_BROKEN lacks cuMemAlloc_v2.
+// cuMemGetHandleForAddressRange; -DFAKE_BROKEN lacks cuMemAlloc_v2;
+// -DFAKE_PAGEABLE copies from memory it does not know (pageable host memory).
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -231,7 +232,12 @@ static int known(uintptr_t p, size_t n) {
 static CUresult copy(uintptr_t d, uintptr_t s, size_t n, void *st) {
 	struct handle *h = st;
 	if (!h || h->magic != 0x5757) return INVALID_HANDLE;
-	if (!known(d, n) || !known(s, n)) return INVALID_VALUE;
+	if (!known(d, n)) return INVALID_VALUE;
+#ifdef FAKE_PAGEABLE
+	if (!known(s, n) && s < 0x10000) return INVALID_VALUE; // memory it does not know is pageable host memory
+#else
+	if (!known(s, n)) return INVALID_VALUE;
+#endif
 	memmove((void *)d, (const void *)s, n);
 	return OK;
 }

@@ -15,7 +15,8 @@ import (
 // staged through pinned host memory: the driver runs device-to-device
 // copies within one GPU as kernels on the SMs, whatever the API (measured
 // with a kernel holding every SM: deploy/gpu/smprobe.cu), while
-// device-to-host and host-to-device copies run on the copy engines. Each
+// device-to-host and host-to-device copies run on the copy engines (the
+// latter in primed chunks: gpudirect's cuda_shim.h says why). Each
 // chunk goes device -> host (one batched copy on the D2H stream), then
 // host -> device (one batched copy on the H2D stream of its buffer half),
 // so the second hop of chunk k overlaps the first hop of chunk k+1.
@@ -33,7 +34,7 @@ type stage struct {
 
 // routeStaged and routeDirect name a same-device batch's path in Status.
 const (
-	routeStaged = "same-GPU batches: staged through pinned host memory (device->host->device, copy engines, 0 SMs)"
+	routeStaged = "same-GPU batches: staged through pinned host memory (device->host batch, then host->device in primed chunks of 256: copy engines, 0 SMs)"
 	routeDirect = "same-GPU batches: direct device copies (configured: the driver runs them on SMs)"
 	routeCross  = "GPU-to-GPU batches: direct peer copies (copy engines, 0 SMs)"
 )
