@@ -218,14 +218,20 @@ func (w *Planner) clear(ids []uint32) {
 	}
 }
 
-// Expand appends the runs of ids, validated for p, to runs and returns the
-// extended slice; once runs has grown to a request's size it allocates
+// Expand appends every run of ids, validated for p, to runs and returns
+// the extended slice; once runs has grown to a request's size it allocates
 // nothing. Runs come segment-major: every run of segment group 0, then
 // group 1, and so on. That order keeps one (source region, destination
 // region) pair, and so one key pair, per stretch of work requests; lets
 // rails split the work into contiguous stretches; and maps a failed stretch
 // back to ids of one group. Within a group, runs follow the request's order.
 func (p *Pair) Expand(runs []Run, ids IDs) []Run {
+	var c Cursor
+	return p.ExpandFrom(runs, ids, &c, p.NumRuns(ids))
+}
+
+// NumRuns is the number of runs ids expand to.
+func (p *Pair) NumRuns(ids IDs) int {
 	total := 0
 	for g := range p.groups {
 		if p.groups[g].mergeable {
@@ -234,39 +240,69 @@ func (p *Pair) Expand(runs []Run, ids IDs) []Run {
 			total += len(ids.Src)
 		}
 	}
+	return total
+}
+
+// Cursor is a position in a request's expansion (the zero Cursor is its
+// start), so that a transport can expand a chunk, post it, and go on: a
+// chunk of a few hundred runs stays in the first-level cache instead of
+// writing a 3 MB list per request.
+type Cursor struct{ group, entry int }
+
+// Done says whether c has passed the last run of p's groups.
+func (c *Cursor) Done(p *Pair) bool { return c.group >= len(p.groups) }
+
+// ExpandFrom appends at most limit runs of ids, from c on, in Expand's order,
+// and advances c past them.
+func (p *Pair) ExpandFrom(runs []Run, ids IDs, c *Cursor, limit int) []Run {
 	base := len(runs)
-	runs = slices.Grow(runs, total)[:base+total]
-	out := runs[base:]
+	runs = slices.Grow(runs, limit)
+	out := runs[base : base+limit]
 	k := 0
-	for g := range p.groups {
+	src := ids.Src
+	dst := ids.Dst[:len(src)]
+	for k < limit && c.group < len(p.groups) {
+		g := c.group
 		gr := &p.groups[g]
 		if gr.mergeable {
-			for _, r := range ids.runs {
-				out[k] = Run{
-					SrcOff:    gr.srcBase + uint64(ids.Src[r.first])*gr.srcStride,
-					DstOff:    gr.dstBase + uint64(ids.Dst[r.first])*gr.dstStride,
+			idr := ids.runs[c.entry:min(len(ids.runs), c.entry+limit-k)]
+			o := out[k : k+len(idr)]
+			for i, r := range idr {
+				o[i] = Run{
+					SrcOff:    gr.srcBase + uint64(src[r.first])*gr.srcStride,
+					DstOff:    gr.dstBase + uint64(dst[r.first])*gr.dstStride,
 					Len:       uint64(r.count) * gr.blockLen,
 					SrcRegion: gr.srcRegion, DstRegion: gr.dstRegion,
 					Group: uint32(g), First: r.first,
 				}
-				k++
+			}
+			k += len(idr)
+			c.entry += len(idr)
+			if c.entry == len(ids.runs) {
+				c.group, c.entry = g+1, 0
 			}
 			continue
 		}
-		dst := ids.Dst[:len(ids.Src)]
-		o := out[k : k+len(ids.Src)]
-		for i, s := range ids.Src {
+		j0 := c.entry
+		j1 := min(len(src), j0+limit-k)
+		o := out[k : k+j1-j0]
+		s, d := src[j0:j1], dst[j0:j1]
+		for i := range o {
 			o[i] = Run{
-				SrcOff:    gr.srcBase + uint64(s)*gr.srcStride,
-				DstOff:    gr.dstBase + uint64(dst[i])*gr.dstStride,
+				SrcOff:    gr.srcBase + uint64(s[i])*gr.srcStride,
+				DstOff:    gr.dstBase + uint64(d[i])*gr.dstStride,
 				Len:       gr.blockLen,
 				SrcRegion: gr.srcRegion, DstRegion: gr.dstRegion,
-				Group: uint32(g), First: uint32(i),
+				Group: uint32(g), First: uint32(j0 + i),
 			}
 		}
-		k += len(ids.Src)
+		k += j1 - j0
+		c.entry = j1
+		if c.entry == len(src) {
+			c.group, c.entry = g+1, 0
+		}
 	}
-	return runs
+	return runs[:base+k]
 }
 
 // Plan validates req and appends its runs: Validate, then Expand.

@@ -477,6 +477,21 @@ func TestExpandMatchesNaive(t *testing.T) {
 			merged++
 		}
 		checkAgainstNaive(t, p, req, runs, r)
+		// Expanded chunk by chunk, the runs are the same.
+		ids, _ := w.Validate(p, req)
+		var c Cursor
+		chunk := 1 + r.IntN(7)
+		var chunked []Run
+		for !c.Done(p) {
+			before := len(chunked)
+			chunked = p.ExpandFrom(chunked, ids, &c, chunk)
+			if n := len(chunked) - before; n == 0 || n > chunk {
+				t.Fatalf("iteration %d: a chunk of %d gave %d runs", iter, chunk, n)
+			}
+		}
+		if !slices.Equal(chunked, runs) {
+			t.Fatalf("iteration %d: chunks of %d give other runs than Expand", iter, chunk)
+		}
 	}
 	if merged < 50 {
 		t.Fatalf("only %d of 400 requests merged anything: the generator does not exercise merging", merged)
