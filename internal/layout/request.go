@@ -267,14 +267,16 @@ func (p *Pair) ExpandFrom(runs []Run, ids IDs, c *Cursor, limit int) []Run {
 		if gr.mergeable {
 			idr := ids.runs[c.entry:min(len(ids.runs), c.entry+limit-k)]
 			o := out[k : k+len(idr)]
-			for i, r := range idr {
-				o[i] = Run{
-					SrcOff:    gr.srcBase + uint64(src[r.first])*gr.srcStride,
-					DstOff:    gr.dstBase + uint64(dst[r.first])*gr.dstStride,
-					Len:       uint64(r.count) * gr.blockLen,
-					SrcRegion: gr.srcRegion, DstRegion: gr.dstRegion,
-					Group: uint32(g), First: r.first,
-				}
+			o = o[:len(idr)]
+			sb, ss, db, ds, bl := gr.srcBase, gr.srcStride, gr.dstBase, gr.dstStride, gr.blockLen
+			sr, dr, gi := gr.srcRegion, gr.dstRegion, uint32(g)
+			for i, x := range idr {
+				r := &o[i]
+				r.SrcOff = sb + uint64(src[x.first])*ss
+				r.DstOff = db + uint64(dst[x.first])*ds
+				r.Len = uint64(x.count) * bl
+				r.SrcRegion, r.DstRegion = sr, dr
+				r.Group, r.First = gi, x.first
 			}
 			k += len(idr)
 			c.entry += len(idr)
@@ -287,14 +289,19 @@ func (p *Pair) ExpandFrom(runs []Run, ids IDs, c *Cursor, limit int) []Run {
 		j1 := min(len(src), j0+limit-k)
 		o := out[k : k+j1-j0]
 		s, d := src[j0:j1], dst[j0:j1]
-		for i := range o {
-			o[i] = Run{
-				SrcOff:    gr.srcBase + uint64(s[i])*gr.srcStride,
-				DstOff:    gr.dstBase + uint64(d[i])*gr.dstStride,
-				Len:       gr.blockLen,
-				SrcRegion: gr.srcRegion, DstRegion: gr.dstRegion,
-				Group: uint32(g), First: uint32(j0 + i),
-			}
+		d = d[:len(s)]
+		o = o[:len(s)]
+		// The group's fields in locals and stores field by field: the
+		// compiler keeps them in registers and writes each run once.
+		sb, ss, db, ds, bl := gr.srcBase, gr.srcStride, gr.dstBase, gr.dstStride, gr.blockLen
+		sr, dr, gi := gr.srcRegion, gr.dstRegion, uint32(g)
+		for i := range s {
+			r := &o[i]
+			r.SrcOff = sb + uint64(s[i])*ss
+			r.DstOff = db + uint64(d[i])*ds
+			r.Len = bl
+			r.SrcRegion, r.DstRegion = sr, dr
+			r.Group, r.First = gi, uint32(j0+i)
 		}
 		k += j1 - j0
 		c.entry = j1
