@@ -181,3 +181,22 @@ func BenchmarkKVDescriptors(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkKVValidate: validation alone (decode, range, unique), the Go
+// side's whole per-request cost when the poster expands from the templates.
+func BenchmarkKVValidate(b *testing.B) {
+	s := kvShapes[0]
+	p := NewPairT(b, stridedLayout(b, "prefill", s.segs, kvBlock, s.stride, uint64(s.pool)),
+		stridedLayout(b, "decode", s.segs, kvBlock, s.stride, uint64(s.pool)), Limits{})
+	var reqs []Request
+	for _, r := range s.requests(rand.New(rand.NewPCG(1, 1)), 16) {
+		reqs = append(reqs, Request{SrcIDs: PackIDs(r[0]), DstIDs: PackIDs(r[1])})
+	}
+	var w Planner
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := w.Validate(p, reqs[i%len(reqs)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
