@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"slices"
 
 	"github.com/hashicorp/go-hclog"
@@ -49,7 +50,7 @@ func RegisterKindFlags(fs *flag.FlagSet, cfg *Config) {
 func (c *Config) ensureKinds() error {
 	if c.Kinds == nil {
 		fs := flag.NewFlagSet("b2bd", flag.ContinueOnError)
-		fs.SetOutput(discard{})
+		fs.SetOutput(io.Discard)
 		RegisterKindFlags(fs, c)
 	}
 	names := make([]string, 0, len(c.KindFlags))
@@ -68,10 +69,6 @@ func (c *Config) ensureKinds() error {
 	c.KindFlags = nil // applied once
 	return c.Kinds.err
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // check runs every driver's limits between its flags.
 func (k *KindSettings) check() error {
