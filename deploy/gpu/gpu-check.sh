@@ -140,6 +140,7 @@ rm -rf "$tmp"
 
 export PYTHONPATH=$top/client/python PYTHONUNBUFFERED=1
 step "4a. zero SMs, proof 1 of 2, per path: ncu counts the daemons' kernels"
+python3 "$top/deploy/gpu/smprobe_verdict_test.py" || fail=1 # the verdict's own table test
 python3 "$top/deploy/gpu/smprobe.py" --bin "$BIN" --mode ncu --ncu-dir "$OUT/ncu-paths" --json "$OUT/sm-ncu.json" \
   --sizes "${PROBE_SIZES:-128,4096,65536}" 2>&1 | tee "$OUT/sm-ncu.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1

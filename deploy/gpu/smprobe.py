@@ -8,7 +8,15 @@ cuda0->cuda1 where there are two GPUs; each over local and over tcp.
 
 --mode ncu:   both daemons run under Nsight Compute; for each path the
               kernels ncu profiled in the daemons while it ran are counted
-              (must be 0), and ncu's exit verdict is read.
+              (must be 0). The daemons are stopped with SIGTERM sent to the
+              b2bd process itself (found by SO_PEERCRED on its socket, as
+              b2b-bench does), never to ncu, so ncu sees them exit. PASS needs,
+              from the logs alone: a positive control (ncu over one PyTorch
+              kernel) counted by the same parser, and for each daemon a log
+              where ncu attached to that pid and saw it exit, with no ==ERROR==
+              and 0 kernels. ncu's exit code is recorded, not judged (its
+              meaning is not documented where we looked; it was 9 when the old
+              stop signalled ncu's children). A missing or cut log is FAIL.
 --mode probe: for each path a batch starts the moment smprobe (smprobe.cu)
               holds every SM slot of every GPU for --ms ms. The batch used no
               SMs when it finished in the first half of the spin and no other
@@ -28,6 +36,8 @@ import random
 import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -43,6 +53,7 @@ def log(*a):
 class Daemons:
     def __init__(self, bin_dir, tmp, ncu_dir=None):
         self.tmp, self.procs, self.logs, self.peers, self.socks = tmp, [], [], [], []
+        self.ncu = bool(ncu_dir)
         for name in ("a", "b"):
             peer = f"127.0.0.1:{random.randint(20000, 40000)}"
             sock = os.path.join(tmp, f"{name}.sock")
@@ -62,24 +73,118 @@ class Daemons:
                 raise RuntimeError(f"daemons did not start; logs in {self.logs}")
             time.sleep(0.1)
 
-    def stop(self):
-        rcs = []
-        for p in self.procs:
-            # Under ncu, signal the daemon (ncu's child) so ncu outlives it and writes its verdict.
-            kids = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
-            targets = [int(k) for k in kids] or [p.pid]
-            for t in targets:
-                try:
-                    os.kill(t, signal.SIGTERM)
-                except OSError:
-                    pass
-        for p in self.procs:
+    def daemon_pids(self):
+        """The b2bd processes themselves (under ncu they are not our children):
+        the peer of each daemon's API socket, as b2b-bench finds them."""
+        pids = []
+        for p, sock in zip(self.procs, self.socks):
             try:
-                rcs.append(p.wait(60))
+                pids.append(peer_pid(sock))
+            except OSError:
+                pids.append(None if self.ncu else p.pid)
+        return pids
+
+    def stop(self):
+        """SIGTERM each daemon (b2bd drains and exits 0) and wait for ncu to
+        write its summary. Never signals ncu itself unless the daemon did not
+        exit: a stop that needed that is reported (killed), and makes the ncu
+        verdict FAIL, as the log may be cut short."""
+        pids = self.daemon_pids()
+        out = []
+        for p, pid in zip(self.procs, pids):
+            r = {"daemon_pid": pid, "rc": None, "killed": False}
+            if pid is None:
+                r["error"] = "daemon pid not found (its socket did not answer)"
+            else:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError as e:
+                    r["error"] = f"SIGTERM {pid}: {e}"
+            out.append(r)
+        for p, r in zip(self.procs, out):
+            try:
+                r["rc"] = p.wait(120)
             except subprocess.TimeoutExpired:
-                p.kill()
-                rcs.append(-9)
-        return rcs
+                r["killed"] = True
+                p.terminate()
+                try:
+                    r["rc"] = p.wait(30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    r["rc"] = p.wait()
+        return out
+
+
+def peer_pid(sock_path):
+    """The pid of the process listening on a Unix socket (SO_PEERCRED)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(10)
+        s.connect(sock_path)
+        pid, _, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        return pid
+    finally:
+        s.close()
+
+
+NCU_CONNECTED = re.compile(r"^==PROF== Connected to process (\d+)", re.M)
+NCU_DISCONNECTED = re.compile(r"^==PROF== Disconnected from process (\d+)", re.M)
+NCU_PROFILING = re.compile(r'^==PROF== Profiling "', re.M)
+NCU_ERROR = re.compile(r"^==ERROR==.*$", re.M)
+
+
+def parse_ncu_log(path):
+    """What one ncu log says. complete: ncu attached to a process and saw it
+    exit (every Connected has its Disconnected), so its kernel count covers
+    the process's whole life."""
+    try:
+        text = open(path, errors="replace").read()
+    except OSError as e:
+        return {"path": path, "exists": False, "error": str(e), "complete": False, "kernels": None}
+    conn, disc = NCU_CONNECTED.findall(text), NCU_DISCONNECTED.findall(text)
+    return {"path": path, "exists": True, "connected": conn, "disconnected": disc,
+            "kernels": len(NCU_PROFILING.findall(text)), "errors": NCU_ERROR.findall(text),
+            "no_kernels_said": "No kernels were profiled" in text,
+            "complete": bool(conn) and set(conn) <= set(disc)}
+
+
+def ncu_verdict(control, daemons, stops):
+    """PASS only when the positive control shows this ncu's log format is
+    parsed (a kernel counted in a complete log) and every daemon's log is
+    complete, without errors, with 0 kernels, after a clean SIGTERM stop.
+    ncu's exit code is recorded, not judged: the log is the evidence."""
+    why = []
+    if not (control.get("complete") and (control.get("kernels") or 0) >= 1):
+        why.append(f"positive control not parsed (log {control.get('path')}: complete={control.get('complete')}, "
+                   f"kernels={control.get('kernels')}): a zero below would mean nothing")
+    for lg, st in zip(daemons, stops):
+        name = os.path.basename(lg["path"])
+        if not lg.get("exists"):
+            why.append(f"{name}: missing ({lg.get('error')})")
+            continue
+        if not lg["complete"]:
+            why.append(f"{name}: incomplete (connected {lg['connected']}, disconnected {lg['disconnected']})")
+        if lg["errors"]:
+            why.append(f"{name}: ncu errors {lg['errors'][:3]}")
+        if lg["kernels"] != 0:
+            why.append(f"{name}: {lg['kernels']} kernels profiled")
+        if st.get("killed") or st.get("error"):
+            why.append(f"{name}: the daemon was not stopped cleanly ({st})")
+        if st.get("daemon_pid") is not None and str(st["daemon_pid"]) not in lg["connected"]:
+            why.append(f"{name}: ncu never attached to the daemon (pid {st['daemon_pid']}, attached {lg['connected']})")
+    return not why, why
+
+
+def ncu_control(ncu_dir):
+    """Positive control: ncu over a process that runs one real kernel."""
+    path = os.path.join(ncu_dir, "ncu-control.log")
+    code = ('import torch; x = torch.ones(1 << 20, device="cuda"); y = (x * 2).sum(); '
+            'torch.cuda.synchronize(); print("control kernel ran", y.item())')
+    r = subprocess.run(["ncu", "--target-processes", "all", "--log-file", path, sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=600)
+    out = parse_ncu_log(path)
+    out["rc"] = r.returncode
+    return out
 
 
 def prof_count(path):
@@ -119,6 +224,11 @@ def main():
     tmp = tempfile.mkdtemp(prefix="smprobe-")
     if args.ncu_dir:
         os.makedirs(args.ncu_dir, exist_ok=True)
+    report_control = None
+    if args.mode == "ncu":
+        report_control = ncu_control(args.ncu_dir)
+        log(f"ncu positive control: {report_control['kernels']} kernel(s) profiled, log complete: "
+            f"{report_control['complete']}, ncu exit {report_control['rc']}")
     d = Daemons(args.bin, tmp, args.ncu_dir if args.mode == "ncu" else None)
     ca, cb = b2b.Client(d.socks[0], timeout=120), b2b.Client(d.socks[1], timeout=120)
     report = {"mode": args.mode, "gpus": ngpu, "blocks": args.blocks, "spin_ms": args.ms, "cases": [], "controls": []}
@@ -256,15 +366,21 @@ def main():
                 probe.kill()
         ca.close()
         cb.close()
-        rcs = d.stop()
-        report["daemon_exit"] = rcs
+        stops = d.stop()
+        report["daemon_stop"] = stops
+        report["daemon_exit"] = [s["rc"] for s in stops]
         if args.mode == "ncu":
-            texts = [open(l, errors="replace").read() if os.path.exists(l) else "" for l in d.logs]
-            report["ncu_total_kernels"] = sum(prof_count(l) for l in d.logs)
-            report["ncu_no_kernels_said"] = all("No kernels were profiled" in t for t in texts)
-            log(f"ncu: {report['ncu_total_kernels']} kernels in the daemons in all; "
-                f"'No kernels were profiled' in both logs: {report['ncu_no_kernels_said']}")
-            fail |= report["ncu_total_kernels"] != 0 or not report["ncu_no_kernels_said"]
+            logs = [parse_ncu_log(l) for l in d.logs]
+            ok, why = ncu_verdict(report_control, logs, stops)
+            report["ncu_control"], report["ncu_logs"], report["ncu_ok"], report["ncu_why"] = report_control, logs, ok, why
+            report["ncu_total_kernels"] = sum(l["kernels"] or 0 for l in logs)
+            report["ncu_no_kernels_said"] = all(l.get("no_kernels_said") for l in logs)
+            log(f"ncu: {report['ncu_total_kernels']} kernels in the daemons in all; logs complete: "
+                f"{[l['complete'] for l in logs]}; 'No kernels were profiled' in both: {report['ncu_no_kernels_said']}; "
+                f"ncu exit codes {report['daemon_exit']} (recorded, not judged)")
+            for w in why:
+                log("ncu verdict:", w)
+            fail |= not ok
         shutil.rmtree(tmp, ignore_errors=True)
     report["pass"] = not fail
     json.dump(report, open(args.json, "w"), indent=1)

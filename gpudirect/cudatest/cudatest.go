@@ -54,6 +54,9 @@ type Driver struct {
 	copies   int
 	kinds    CopyKinds
 	hostPins map[uintptr][]byte // keeps HostAlloc slices alive
+	// pageable: host memory CUDA does not know may be copied (as the real
+	// driver does, staging it itself); off, such a copy fails.
+	pageable bool
 }
 
 const (
@@ -137,6 +140,25 @@ func (m *Driver) SetCapabilities(c gpudirect.Capabilities) {
 	m.caps = c
 }
 
+// SetPageableHost lets copies use host memory that is neither HostAlloc'd
+// nor HostRegister'd (pageable memory, which the real driver accepts and
+// stages itself); the caller vouches that such addresses are live memory
+// outside the Go heap. Copies() counts them in PageableHostSide.
+func (m *Driver) SetPageableHost(on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.pageable = on
+}
+
+// HostRegistered reports whether [addr, addr+n) lies in one HostRegister'd
+// range.
+func (m *Driver) HostRegistered(addr uintptr, n uint64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, _, err := m.find(uint64(addr), n, false)
+	return err == nil && r.kind == mockHostReg
+}
+
 // FailNext makes the next call of method (an gpudirect.Interface method name, e.g.
 // "MemAlloc") return err instead of doing anything. Calls queue up.
 func (m *Driver) FailNext(method string, err error) {
@@ -175,6 +197,11 @@ type CopyKinds struct {
 	// CrossDevice: device memory to another device's memory.
 	CrossDevice                            int
 	HostToDevice, DeviceToHost, HostToHost int
+	// PinnedHostSide and PageableHostSide split the host-to-device and
+	// device-to-host copies by their host end: HostAlloc'd or
+	// HostRegister'd (what the copy engines reach directly), or pageable
+	// (SetPageableHost; the real driver stages it on the compute engine).
+	PinnedHostSide, PageableHostSide int
 }
 
 // Copies returns the batched copies so far by kind.
@@ -205,10 +232,21 @@ func (m *Driver) count(dst, src, size uint64) {
 		m.kinds.CrossDevice++
 	case derr == nil:
 		m.kinds.HostToDevice++
+		m.countHostSide(src, size)
 	case serr == nil:
 		m.kinds.DeviceToHost++
+		m.countHostSide(dst, size)
 	default:
 		m.kinds.HostToHost++
+	}
+}
+
+// countHostSide counts a host end by whether CUDA knows it (m.mu held).
+func (m *Driver) countHostSide(addr, size uint64) {
+	if _, _, err := m.find(addr, size, false); err == nil {
+		m.kinds.PinnedHostSide++
+	} else {
+		m.kinds.PageableHostSide++
 	}
 }
 
@@ -286,6 +324,11 @@ func (m *Driver) find(addr, n uint64, deviceOnly bool) (*mockRange, uint64, erro
 
 func (m *Driver) bytesAt(addr, n uint64) ([]byte, error) {
 	r, off, err := m.find(addr, n, false)
+	// Pageable host memory: anything outside the simulated device
+	// addresses [firstAddr, m.next).
+	if err != nil && m.pageable && addr != 0 && addr+n > addr && (addr+n <= firstAddr || addr >= uint64(m.next)) {
+		return hostView(uintptr(addr), n), nil
+	}
 	if err != nil {
 		return nil, err
 	}

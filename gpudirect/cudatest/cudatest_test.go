@@ -7,6 +7,8 @@ import (
 	"testing"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/b2bd/b2bd/gpudirect"
 	. "github.com/b2bd/b2bd/gpudirect/cudatest"
 )
@@ -404,5 +406,67 @@ func TestDriverAfterClose(t *testing.T) {
 		if err := f(); err != nil {
 			t.Errorf("second close = %v", err)
 		}
+	}
+}
+
+// TestHostSideCounted: a batch copy's host end is counted pinned when it is
+// HostRegister'd (or HostAlloc'd) and pageable otherwise; pageable memory
+// is refused unless SetPageableHost allows it.
+func TestHostSideCounted(t *testing.T) {
+	tests := []struct {
+		name         string
+		register     bool
+		pageable     bool
+		wantErr      bool
+		wantPinned   int
+		wantPageable int
+	}{
+		{"registered", true, false, false, 2, 0},
+		{"pageable refused", false, false, true, 0, 1}, // counted, then refused
+		{"pageable allowed", false, true, false, 0, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := New()
+			defer m.Close()
+			m.SetPageableHost(tt.pageable)
+			// Host memory outside the Go heap, as the mock's contract asks.
+			hb, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unix.Munmap(hb)
+			if tt.register {
+				if err := m.HostRegister(0, addr(hb), uint64(len(hb))); err != nil {
+					t.Fatal(err)
+				}
+				if !m.HostRegistered(addr(hb), 128) {
+					t.Fatal("HostRegistered = false after HostRegister")
+				}
+				defer m.HostUnregister(0, addr(hb))
+			} else if m.HostRegistered(addr(hb), 128) {
+				t.Fatal("HostRegistered = true without HostRegister")
+			}
+			d, err := m.MemAlloc(0, 4096)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := m.StreamCreate(0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			copy(hb, "pinned?")
+			err = m.MemcpyBatchAsync(s, []uint64{uint64(d), uint64(addr(hb)) + 256}, []uint64{uint64(addr(hb)), uint64(d)}, []uint64{128, 128})
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("MemcpyBatchAsync = %v; want error %v", err, tt.wantErr)
+			}
+			k := m.Copies()
+			if k.PinnedHostSide != tt.wantPinned || k.PageableHostSide != tt.wantPageable {
+				t.Fatalf("copies %+v: want %d pinned and %d pageable host ends", k, tt.wantPinned, tt.wantPageable)
+			}
+			if !tt.wantErr && string(hb[256:263]) != "pinned?" {
+				t.Fatalf("round trip through the device gave %q", hb[256:263])
+			}
+		})
 	}
 }

@@ -35,6 +35,7 @@ type remote struct {
 	dptr uintptr // CUDA: the region's start in this process
 	dev  int     // CUDA: the device the handle was opened on
 	home int     // CUDA: the device that holds the memory; -1: not visible here
+	pin  hostPin // host: mm registered with the driver for GPU-to-host batches
 }
 
 // Conn is a data path to one peer daemon on this host. Batches on it are
@@ -223,10 +224,14 @@ func (c *Conn) Close() error {
 	return err
 }
 
+// munmap unmaps a destination (a test checks what is still registered then).
+var munmap = unix.Munmap
+
 func (c *Conn) unmap(r *remote) error {
 	switch {
 	case r.mm != nil:
-		err := unix.Munmap(r.mm)
+		err := c.t.unpin(&r.pin) // never leave the driver a registration of unmapped memory
+		err = errors.Join(err, munmap(r.mm))
 		r.mm, r.host = nil, nil
 		return err
 	case r.base != 0:
@@ -293,6 +298,7 @@ func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transp
 		_ = c.abort()
 		return st, err
 	}
+	c.pinHostSide(src, sm, rm)
 	t0 := time.Now()
 	err = c.copy(ctx, sm, rm, b)
 	st.Post = time.Since(t0)
@@ -390,6 +396,7 @@ func (c *Conn) Warm(ctx context.Context, src transport.Registration, dst transpo
 	if err != nil {
 		return err
 	}
+	c.pinHostSide(src, sm, rm)
 	if sm.Kind == memory.Host && rm.kind == kindHost {
 		if c.hostPool == nil && c.t.cfg.Streams > 1 {
 			c.hostPool = newHostPool(c.t.cfg.Streams)

@@ -90,6 +90,11 @@ type Transport struct {
 	stageMu  sync.Mutex
 	stages   map[int]*stage
 	stageErr map[int]error
+
+	// Host memory the driver refused to register (pin.go).
+	pinMu    sync.Mutex
+	pinFails int
+	pinErr   error
 }
 
 // New creates the token file and the socket in cfg.Dir and starts serving.
@@ -234,6 +239,7 @@ type registration struct {
 	busID     string
 	shareErr  error
 	closed    bool
+	pin       hostPin // host: registered with the driver as a host-to-GPU source
 }
 
 func randomKey() uint64 {
@@ -357,12 +363,14 @@ func (r *registration) Close() error {
 	}
 	f := r.file
 	r.file = nil
+	// Before the registry unmaps the memory.
+	err := t.unpin(&r.pin)
 	r.mu.Unlock()
 	t.mu.Unlock()
 	if f != nil {
-		return f.Close()
+		err = errors.Join(err, f.Close())
 	}
-	return nil
+	return err
 }
 
 // lookup is the registration holding key, for the server.

@@ -113,9 +113,9 @@ func (t *Transport) routes() string {
 		return ""
 	}
 	if t.cfg.SameDeviceDirect {
-		return "; " + routeDirect + "; " + routeCross
+		return "; " + routeDirect + "; " + routeCross + t.hostRoute()
 	}
-	return "; " + routeStaged + "; " + routeCross
+	return "; " + routeStaged + "; " + routeCross + t.hostRoute()
 }
 
 // copyStaged moves b from srcBase to dstBase on one device through s, in
