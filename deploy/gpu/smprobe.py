@@ -50,6 +50,13 @@ def log(*a):
     print(*a, flush=True)
 
 
+# Host regions live in --shm-dir, which must be tmpfs as in production
+# (/dev/shm/b2bd): the kernel refuses long-term pins (cuMemHostRegister:
+# CUDA_ERROR_INVALID_VALUE) of file pages on a disk file system, and host-GPU
+# batches over local then run from pageable memory, on the SMs.
+SHM_ROOT = "/dev/shm"
+
+
 class Daemons:
     def __init__(self, bin_dir, tmp, ncu_dir=None):
         self.tmp, self.procs, self.logs, self.peers, self.socks = tmp, [], [], [], []
@@ -58,7 +65,7 @@ class Daemons:
             peer = f"127.0.0.1:{random.randint(20000, 40000)}"
             sock = os.path.join(tmp, f"{name}.sock")
             args = [os.path.join(bin_dir, "b2bd"), "--node-name", f"probe-{name}", "--socket", sock,
-                    "--shm-dir", os.path.join(tmp, f"shm-{name}"), "--peer-listen", peer,
+                    "--shm-dir", os.path.join(SHM_ROOT, os.path.basename(tmp), f"shm-{name}"), "--peer-listen", peer,
                     "--data-listen", "127.0.0.1:0", "--transport", "auto", "--insecure"]
             logf = os.path.join(ncu_dir or tmp, f"daemon-{name}.log")
             if ncu_dir:
@@ -135,8 +142,10 @@ NCU_ERROR = re.compile(r"^==ERROR==.*$", re.M)
 
 def parse_ncu_log(path):
     """What one ncu log says. complete: ncu attached to a process and saw it
-    exit (every Connected has its Disconnected), so its kernel count covers
-    the process's whole life."""
+    exit, so its kernel count covers the process's whole life: every
+    Connected has its Disconnected, or, for a process that launched no
+    kernel, ncu's closing "No kernels were profiled" (seen on CUDA 13's ncu:
+    it then prints no Disconnected line)."""
     try:
         text = open(path, errors="replace").read()
     except OSError as e:
@@ -145,7 +154,7 @@ def parse_ncu_log(path):
     return {"path": path, "exists": True, "connected": conn, "disconnected": disc,
             "kernels": len(NCU_PROFILING.findall(text)), "errors": NCU_ERROR.findall(text),
             "no_kernels_said": "No kernels were profiled" in text,
-            "complete": bool(conn) and set(conn) <= set(disc)}
+            "complete": bool(conn) and (set(conn) <= set(disc) or "==WARNING== No kernels were profiled" in text)}
 
 
 def ncu_verdict(control, daemons, stops):
@@ -382,6 +391,7 @@ def main():
                 log("ncu verdict:", w)
             fail |= not ok
         shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(os.path.join(SHM_ROOT, os.path.basename(tmp)), ignore_errors=True)
     report["pass"] = not fail
     json.dump(report, open(args.json, "w"), indent=1)
     log(f"smprobe.py --mode {args.mode}: {'PASS' if not fail else 'FAIL'}")

@@ -27,6 +27,7 @@ def main():
     cases = [
         ("zero kernels, complete", ctl, good, clean, True),
         ("zero kernels, no summary line but complete", ctl, log("n.log", conn + disc), clean, True),
+        ("zero kernels as CUDA 13's ncu logs it (no Disconnected)", ctl, log("w.log", conn + "==WARNING== No kernels were profiled.\n"), clean, True),
         ("control not parsed", log("e0.log", ""), good, clean, False),
         ("control saw no kernel", log("c0.log", "==PROF== Connected to process 10 (p)\n==PROF== Disconnected from process 10\n"), good, clean, False),
         ("log cut short", ctl, log("b.log", conn), clean, False),
