@@ -154,7 +154,7 @@ func (h *host) checkShm() Result {
 		return res(c, Warn, "check that the directory (or its parent) exists and is readable", "cannot statfs %s: %v", dir, err)
 	}
 	if fs.Type != Tmpfs {
-		return res(c, Warn, "point --shm-dir at tmpfs (/dev/shm/b2bd) so region memory is RAM, not a disk file",
+		return res(c, Warn, "point --shm-dir at tmpfs (/dev/shm/b2bd) so region memory is RAM, not a disk file, and can be pinned for host-GPU copies (the kernel refuses to pin disk-file pages: such batches then run pageable, on the SMs)",
 			"%s is not on tmpfs (statfs type %#x): %s", dir, fs.Type, strings.Join(notes, "; "))
 	}
 	if fs.Free < minShmFree {
