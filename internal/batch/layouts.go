@@ -113,7 +113,10 @@ func (ls *Layouts) Register(name string, segs []layout.Segment, numBlocks uint64
 		e.release = append(e.release, rel)
 	}
 	l, err := layout.New(name, e.Segments, func(id string) (uint64, error) {
-		return held[id].Mem.Len, nil
+		if r := held[id]; r != nil {
+			return r.Mem.Len, nil
+		}
+		return 0, fmt.Errorf("%w: region %q is not registered", errs.ErrNotFound, id)
 	}, layout.Limits{})
 	if err != nil {
 		return fail(err)
