@@ -71,6 +71,7 @@ type Service struct {
 	cfg      Config
 	plans    plans
 	maxPlans atomic.Int64
+	layouts  *Layouts
 }
 
 // New fills cfg's defaults and returns the service.
@@ -87,7 +88,7 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
-	s := &Service{cfg: cfg}
+	s := &Service{cfg: cfg, layouts: NewLayouts(cfg.Registry)}
 	s.SetMaxPlans(cfg.MaxPlans)
 	return s
 }

@@ -500,6 +500,7 @@ func (s *Service) Close() {
 	s.plans.closed = true
 	s.plans.mu.Unlock()
 	s.releaseIf(func(Owner) bool { return true })
+	s.layouts.Close()
 }
 
 func (s *Service) releaseIf(match func(Owner) bool) int {

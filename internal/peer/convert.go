@@ -2,10 +2,12 @@ package peer
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
+	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -73,4 +75,32 @@ func resolvedFromProto(r *b2bv1.ResolveRegionResponse) Resolved {
 		out.Keys[transport.Kind(kind)] = k
 	}
 	return out
+}
+
+// layoutFromProto rebuilds a peer's layout and validates it as a local one
+// is (segments inside the sizes the peer gave, no overlaps), so a batch
+// never trusts the peer's geometry; region names are the export names.
+func layoutFromProto(r *b2bv1.ResolveLayoutResponse) (*transport.LayoutResolution, error) {
+	regions := r.GetRegions()
+	byName := make(map[string]Resolved, len(regions))
+	segs := make([]layout.Segment, len(r.GetSegments()))
+	for i, s := range r.GetSegments() {
+		if int(s.GetRegion()) >= len(regions) {
+			return nil, fmt.Errorf("%w: segments[%d].region = %d, but the layout has %d regions", errs.ErrInvalidArgument, i, s.GetRegion(), len(regions))
+		}
+		g := regions[s.GetRegion()]
+		if _, ok := byName[g.GetName()]; !ok {
+			byName[g.GetName()] = resolvedFromProto(&b2bv1.ResolveRegionResponse{Name: g.GetName(), Size: g.GetSize(), Keys: g.GetKeys()})
+		}
+		segs[i] = layout.Segment{Region: g.GetName(), Offset: s.GetOffset(), BlockLen: s.GetBlockLen(), Stride: s.GetStride(), NumBlocks: r.GetNumBlocks()}
+	}
+	l, err := layout.New(r.GetName(), segs, func(name string) (uint64, error) { return byName[name].Size, nil }, layout.Limits{})
+	if err != nil {
+		return nil, err
+	}
+	out := &transport.LayoutResolution{Layout: l}
+	for _, g := range l.Regions() {
+		out.Regions = append(out.Regions, byName[g.Name])
+	}
+	return out, nil
 }

@@ -120,6 +120,14 @@ type state struct {
 	// resolved caches region resolutions; cleared whenever the peer may have
 	// changed (new handshake, broken connection, refused key).
 	resolved map[string]resolution
+	// layouts caches layout resolutions, cleared with resolved.
+	layouts map[string]layoutResolution
+}
+
+// layoutResolution is a cached ResolveLayout answer.
+type layoutResolution struct {
+	r  *transport.LayoutResolution
+	at time.Time
 }
 
 // resolution is a cached ResolveRegion answer.
@@ -220,7 +228,7 @@ func (m *Manager) acquire(addr string, create bool) (*state, error) {
 			return nil, fmt.Errorf("%w: peer %s: this daemon keeps connections to %d peers, the limit (--max-peers) is %d; a peer is dropped after --peer-idle-timeout (%s) unused",
 				errs.ErrResourceExhausted, addr, len(m.peers), max, m.idleTimeout())
 		}
-		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}, resolved: map[string]resolution{}}
+		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}, resolved: map[string]resolution{}, layouts: map[string]layoutResolution{}}
 		m.peers[addr] = st
 		if m.reapStop == nil {
 			m.reapStop = make(chan struct{})
@@ -383,6 +391,7 @@ func (m *Manager) Broken(addr string, s Session) {
 	delete(st.conns, s.Kind)
 	st.hs = nil
 	clear(st.resolved)
+	clear(st.layouts)
 	if st.cc != nil {
 		st.cc.ResetConnectBackoff()
 	}
@@ -446,6 +455,7 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		delete(st.conns, k)
 	}
 	clear(st.resolved)
+	clear(st.layouts)
 	st.hs = hs
 	st.instance.Store(hs.GetInstanceId())
 	st.unusable = m.usable(st)
@@ -570,6 +580,55 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 	st.resolved[name] = resolution{r: r, at: time.Now()}
 	st.mu.Unlock()
 	return r, false, nil
+}
+
+// ResolveLayout returns the peer's exported layout resolved (its segments,
+// validated, and its regions' keys), from the cache when it can, like
+// Resolve: a restarted peer (new handshake), a broken connection or
+// ForgetLayout (a refused key) drop it, and it lives at most resolveTTL.
+func (m *Manager) ResolveLayout(ctx context.Context, addr, name string) (r *transport.LayoutResolution, cached bool, err error) {
+	st, err := m.acquire(addr, false)
+	if st == nil {
+		if err == nil {
+			err = fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
+		}
+		return nil, false, err
+	}
+	defer m.release(st)
+	st.mu.Lock()
+	c, ok := st.layouts[name]
+	ctl := st.client
+	st.mu.Unlock()
+	if ok && time.Since(c.at) < resolveTTL {
+		return c.r, true, nil
+	}
+	if ctl == nil {
+		return nil, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
+	}
+	resp, err := ctl.ResolveLayout(ctx, &b2bv1.ResolveLayoutRequest{Name: name})
+	if err != nil {
+		return nil, false, fromRPC(ctx, err)
+	}
+	r, err = layoutFromProto(resp)
+	if err != nil {
+		return nil, false, fmt.Errorf("peer %s answered a layout b2bd cannot use: %w", addr, err)
+	}
+	st.mu.Lock()
+	st.layouts[name] = layoutResolution{r: r, at: time.Now()}
+	st.mu.Unlock()
+	return r, false, nil
+}
+
+// ForgetLayout drops a cached layout resolution.
+func (m *Manager) ForgetLayout(addr, name string) {
+	m.mu.Lock()
+	st := m.peers[addr]
+	m.mu.Unlock()
+	if st != nil {
+		st.mu.Lock()
+		delete(st.layouts, name)
+		st.mu.Unlock()
+	}
 }
 
 // Notify hands n to the peer at addr (Peer.Notify), for its watchers.

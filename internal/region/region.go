@@ -53,6 +53,9 @@ type Region struct {
 	closing bool   // deregistration started
 	client  uint64 // the lease's holder (Lease.Client); 0: persistent
 	drain   bool   // its lease ended while in use: released when active drops to 0
+	// heldBy names the holders (layouts) counted in active, for the
+	// refusal of a deregistration (guarded by Registry.mu).
+	heldBy map[string]int
 }
 
 // Lease ties a region to the client that registered it: when the client
@@ -754,6 +757,34 @@ func (g *Registry) Acquire(id, field string, who Caller) (*Region, func(), error
 	return r, func() { g.done(r) }, nil
 }
 
+// Hold is Acquire for a long-lived holder (a layout, named in holder as
+// the refusal of a deregistration should name it, e.g. `layout "kv"`): the
+// region stays registered until release.
+func (g *Registry) Hold(id, field string, who Caller, holder string) (*Region, func(), error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r, ok := g.byID[id]
+	if !ok || r.closing {
+		return nil, nil, fmt.Errorf("%w: %s %q is not a registered region", errs.ErrNotFound, field, id)
+	}
+	if err := permit(r, field, who); err != nil {
+		return nil, nil, err
+	}
+	r.active++
+	if r.heldBy == nil {
+		r.heldBy = map[string]int{}
+	}
+	r.heldBy[holder]++
+	return r, func() {
+		g.mu.Lock()
+		if r.heldBy[holder]--; r.heldBy[holder] <= 0 {
+			delete(r.heldBy, holder)
+		}
+		g.mu.Unlock()
+		g.done(r)
+	}, nil
+}
+
 // ExportName is the name region id is exported under, "" when it is not
 // exported (or not registered), read under the registry's lock.
 func (g *Registry) ExportName(id string) string {
@@ -894,6 +925,15 @@ func (g *Registry) Deregister(id string, who Caller) error {
 	if err := permit(r, "region_id", who); err != nil {
 		g.mu.Unlock()
 		return err
+	}
+	if len(r.heldBy) > 0 {
+		names := make([]string, 0, len(r.heldBy))
+		for h := range r.heldBy {
+			names = append(names, h)
+		}
+		sort.Strings(names)
+		g.mu.Unlock()
+		return fmt.Errorf("%w: region %s is held by %s: deregister it first", errs.ErrFailedPrecondition, id, strings.Join(names, ", "))
 	}
 	if r.active > 0 {
 		n := r.active

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/memory"
 )
 
@@ -123,6 +124,15 @@ type Resolution struct {
 	Name string
 	Size uint64
 	Keys map[Kind]RegionKey
+}
+
+// LayoutResolution is a peer's exported layout resolved over the control
+// plane: the layout (validated against its regions' sizes; its region names
+// are the regions' export names) and each region's resolution, by
+// Layout.Regions() index.
+type LayoutResolution struct {
+	Layout  *layout.Layout
+	Regions []Resolution
 }
 
 // RegionKey is a region's key with one transport: its key, and on a kind

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import ipaddress
 import itertools
 import queue
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+import struct
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
@@ -1258,6 +1259,56 @@ class Client:
             req.notification = bytes(notification)
         r = self._call(self._stub.BatchTransfer, req, timeout)
         return TransferResult.from_proto(r)
+
+    # -- layouts and block-id transfers (docs/kv.md) -------------------------
+
+    def register_layout(
+        self,
+        name: str,
+        segments: Sequence[Tuple[RegionRef, int, int, int]],
+        num_blocks: int,
+        export_name: str = "",
+        export_to: Sequence[str] = (),
+        timeout: Optional[float] = None,
+    ) -> Any:
+        """Register a block table: ``segments`` are ``(region, offset,
+        block_len, stride)``; block ``b`` of a segment is the ``block_len``
+        bytes at ``offset + b*stride``. Returns the daemon's ``Layout``."""
+        req = pb.RegisterLayoutRequest(name=name, num_blocks=num_blocks, export_name=export_name, export_to=list(export_to))
+        for region, offset, block_len, stride in segments:
+            req.segments.add(region_id=_region_id(region, "segments"), offset=offset, block_len=block_len, stride=stride)
+        return self._call(self._stub.RegisterLayout, req, timeout).layout
+
+    def deregister_layout(self, name: str, timeout: Optional[float] = None) -> None:
+        """Release a layout and its hold on its regions."""
+        self._call(self._stub.DeregisterLayout, pb.DeregisterLayoutRequest(name=name), timeout)
+
+    def transfer_blocks(
+        self,
+        local_layout: str,
+        peer: str,
+        remote_layout: str,
+        local_ids: Sequence[int],
+        remote_ids: Sequence[int],
+        timeout: Optional[float] = None,
+        transport: Union[None, str, int] = None,
+        *,
+        notification: Optional[bytes] = None,
+    ) -> TransferResult:
+        """Move block ``local_ids[i]`` of every segment of ``local_layout`` to
+        block ``remote_ids[i]`` of the peer's exported ``remote_layout``.
+        Returns once every byte landed and was acknowledged."""
+        req = pb.TransferBlocksRequest(
+            local_layout=local_layout,
+            peer=peer,
+            remote_layout=remote_layout,
+            local_ids=struct.pack("<%dI" % len(local_ids), *local_ids),
+            remote_ids=struct.pack("<%dI" % len(remote_ids), *remote_ids),
+            transport=_transport(transport),
+        )
+        if notification is not None:
+            req.notification = bytes(notification)
+        return TransferResult.from_proto(self._call(self._stub.TransferBlocks, req, timeout))
 
     # -- prepared transfers -----------------------------------------------
 

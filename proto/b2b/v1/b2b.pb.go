@@ -2687,6 +2687,532 @@ func (x *StatusResponse) GetLeaseHolders() uint32 {
 	return 0
 }
 
+// LayoutSegment is one strided array of blocks in a region: block b is the
+// block_len bytes at offset + b*stride.
+type LayoutSegment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
+	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	BlockLen      uint64                 `protobuf:"varint,3,opt,name=block_len,json=blockLen,proto3" json:"block_len,omitempty"`
+	Stride        uint64                 `protobuf:"varint,4,opt,name=stride,proto3" json:"stride,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LayoutSegment) Reset() {
+	*x = LayoutSegment{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LayoutSegment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LayoutSegment) ProtoMessage() {}
+
+func (x *LayoutSegment) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LayoutSegment.ProtoReflect.Descriptor instead.
+func (*LayoutSegment) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *LayoutSegment) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+func (x *LayoutSegment) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *LayoutSegment) GetBlockLen() uint64 {
+	if x != nil {
+		return x.BlockLen
+	}
+	return 0
+}
+
+func (x *LayoutSegment) GetStride() uint64 {
+	if x != nil {
+		return x.Stride
+	}
+	return 0
+}
+
+type RegisterLayoutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // the layout's local name
+	Segments      []*LayoutSegment       `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
+	NumBlocks     uint64                 `protobuf:"varint,3,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`   // blocks per segment; ids are below it
+	ExportName    string                 `protobuf:"bytes,4,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"` // empty: not exported
+	ExportTo      []string               `protobuf:"bytes,5,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`       // allowed peer identities; empty: every authenticated peer
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterLayoutRequest) Reset() {
+	*x = RegisterLayoutRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterLayoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterLayoutRequest) ProtoMessage() {}
+
+func (x *RegisterLayoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterLayoutRequest.ProtoReflect.Descriptor instead.
+func (*RegisterLayoutRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *RegisterLayoutRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RegisterLayoutRequest) GetSegments() []*LayoutSegment {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+func (x *RegisterLayoutRequest) GetNumBlocks() uint64 {
+	if x != nil {
+		return x.NumBlocks
+	}
+	return 0
+}
+
+func (x *RegisterLayoutRequest) GetExportName() string {
+	if x != nil {
+		return x.ExportName
+	}
+	return ""
+}
+
+func (x *RegisterLayoutRequest) GetExportTo() []string {
+	if x != nil {
+		return x.ExportTo
+	}
+	return nil
+}
+
+type Layout struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Segments      []*LayoutSegment       `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
+	NumBlocks     uint64                 `protobuf:"varint,3,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`
+	ExportName    string                 `protobuf:"bytes,4,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"`
+	ExportTo      []string               `protobuf:"bytes,5,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Layout) Reset() {
+	*x = Layout{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Layout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Layout) ProtoMessage() {}
+
+func (x *Layout) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Layout.ProtoReflect.Descriptor instead.
+func (*Layout) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *Layout) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Layout) GetSegments() []*LayoutSegment {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+func (x *Layout) GetNumBlocks() uint64 {
+	if x != nil {
+		return x.NumBlocks
+	}
+	return 0
+}
+
+func (x *Layout) GetExportName() string {
+	if x != nil {
+		return x.ExportName
+	}
+	return ""
+}
+
+func (x *Layout) GetExportTo() []string {
+	if x != nil {
+		return x.ExportTo
+	}
+	return nil
+}
+
+type RegisterLayoutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Layout        *Layout                `protobuf:"bytes,1,opt,name=layout,proto3" json:"layout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterLayoutResponse) Reset() {
+	*x = RegisterLayoutResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterLayoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterLayoutResponse) ProtoMessage() {}
+
+func (x *RegisterLayoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterLayoutResponse.ProtoReflect.Descriptor instead.
+func (*RegisterLayoutResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *RegisterLayoutResponse) GetLayout() *Layout {
+	if x != nil {
+		return x.Layout
+	}
+	return nil
+}
+
+type DeregisterLayoutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeregisterLayoutRequest) Reset() {
+	*x = DeregisterLayoutRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeregisterLayoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeregisterLayoutRequest) ProtoMessage() {}
+
+func (x *DeregisterLayoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeregisterLayoutRequest.ProtoReflect.Descriptor instead.
+func (*DeregisterLayoutRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DeregisterLayoutRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeregisterLayoutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeregisterLayoutResponse) Reset() {
+	*x = DeregisterLayoutResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeregisterLayoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeregisterLayoutResponse) ProtoMessage() {}
+
+func (x *DeregisterLayoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeregisterLayoutResponse.ProtoReflect.Descriptor instead.
+func (*DeregisterLayoutResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
+}
+
+type ListLayoutsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLayoutsRequest) Reset() {
+	*x = ListLayoutsRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLayoutsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLayoutsRequest) ProtoMessage() {}
+
+func (x *ListLayoutsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLayoutsRequest.ProtoReflect.Descriptor instead.
+func (*ListLayoutsRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
+}
+
+type ListLayoutsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Layouts       []*Layout              `protobuf:"bytes,1,rep,name=layouts,proto3" json:"layouts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLayoutsResponse) Reset() {
+	*x = ListLayoutsResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLayoutsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLayoutsResponse) ProtoMessage() {}
+
+func (x *ListLayoutsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLayoutsResponse.ProtoReflect.Descriptor instead.
+func (*ListLayoutsResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ListLayoutsResponse) GetLayouts() []*Layout {
+	if x != nil {
+		return x.Layouts
+	}
+	return nil
+}
+
+type TransferBlocksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LocalLayout   string                 `protobuf:"bytes,1,opt,name=local_layout,json=localLayout,proto3" json:"local_layout,omitempty"`     // a local layout's name
+	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`                                      // the destination daemon's peer address, host:port
+	RemoteLayout  string                 `protobuf:"bytes,3,opt,name=remote_layout,json=remoteLayout,proto3" json:"remote_layout,omitempty"`  // the peer's layout export name
+	LocalIds      []byte                 `protobuf:"bytes,4,opt,name=local_ids,json=localIds,proto3" json:"local_ids,omitempty"`              // packed little-endian uint32
+	RemoteIds     []byte                 `protobuf:"bytes,5,opt,name=remote_ids,json=remoteIds,proto3" json:"remote_ids,omitempty"`           // packed little-endian uint32, unique
+	Notification  []byte                 `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`                      // as BatchTransfer's
+	TimeoutMs     uint64                 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`          // 0: the daemon's default
+	Transport     TransportKind          `protobuf:"varint,8,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"` // UNSPECIFIED = the daemon's choice
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferBlocksRequest) Reset() {
+	*x = TransferBlocksRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferBlocksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferBlocksRequest) ProtoMessage() {}
+
+func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferBlocksRequest.ProtoReflect.Descriptor instead.
+func (*TransferBlocksRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *TransferBlocksRequest) GetLocalLayout() string {
+	if x != nil {
+		return x.LocalLayout
+	}
+	return ""
+}
+
+func (x *TransferBlocksRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *TransferBlocksRequest) GetRemoteLayout() string {
+	if x != nil {
+		return x.RemoteLayout
+	}
+	return ""
+}
+
+func (x *TransferBlocksRequest) GetLocalIds() []byte {
+	if x != nil {
+		return x.LocalIds
+	}
+	return nil
+}
+
+func (x *TransferBlocksRequest) GetRemoteIds() []byte {
+	if x != nil {
+		return x.RemoteIds
+	}
+	return nil
+}
+
+func (x *TransferBlocksRequest) GetNotification() []byte {
+	if x != nil {
+		return x.Notification
+	}
+	return nil
+}
+
+func (x *TransferBlocksRequest) GetTimeoutMs() uint64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *TransferBlocksRequest) GetTransport() TransportKind {
+	if x != nil {
+		return x.Transport
+	}
+	return TransportKind_TRANSPORT_KIND_UNSPECIFIED
+}
+
 type HandshakeRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
@@ -2699,7 +3225,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2711,7 +3237,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2724,7 +3250,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -2774,7 +3300,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2786,7 +3312,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2799,7 +3325,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -2846,7 +3372,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2858,7 +3384,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2871,7 +3397,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -2896,7 +3422,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2908,7 +3434,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2921,7 +3447,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -2962,7 +3488,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3500,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3513,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SignalRequest) GetKind() string {
@@ -3013,7 +3539,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3025,7 +3551,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3038,7 +3564,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SignalResponse) GetPayload() []byte {
@@ -3061,7 +3587,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3073,7 +3599,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3086,7 +3612,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -3133,7 +3659,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3145,7 +3671,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3158,7 +3684,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -3166,6 +3692,247 @@ func (x *NotifyResponse) GetDelivered() uint32 {
 		return x.Delivered
 	}
 	return 0
+}
+
+type ResolveLayoutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveLayoutRequest) Reset() {
+	*x = ResolveLayoutRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveLayoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveLayoutRequest) ProtoMessage() {}
+
+func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveLayoutRequest.ProtoReflect.Descriptor instead.
+func (*ResolveLayoutRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *ResolveLayoutRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ResolvedLayoutRegion is a region a resolved layout uses.
+type ResolvedLayoutRegion struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // the region's export name
+	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Keys          map[string][]byte      `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // as ResolveRegionResponse.keys
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolvedLayoutRegion) Reset() {
+	*x = ResolvedLayoutRegion{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolvedLayoutRegion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolvedLayoutRegion) ProtoMessage() {}
+
+func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolvedLayoutRegion.ProtoReflect.Descriptor instead.
+func (*ResolvedLayoutRegion) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *ResolvedLayoutRegion) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ResolvedLayoutRegion) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *ResolvedLayoutRegion) GetKeys() map[string][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type ResolvedSegment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Region        uint32                 `protobuf:"varint,1,opt,name=region,proto3" json:"region,omitempty"` // index into ResolveLayoutResponse.regions
+	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	BlockLen      uint64                 `protobuf:"varint,3,opt,name=block_len,json=blockLen,proto3" json:"block_len,omitempty"`
+	Stride        uint64                 `protobuf:"varint,4,opt,name=stride,proto3" json:"stride,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolvedSegment) Reset() {
+	*x = ResolvedSegment{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolvedSegment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolvedSegment) ProtoMessage() {}
+
+func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolvedSegment.ProtoReflect.Descriptor instead.
+func (*ResolvedSegment) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *ResolvedSegment) GetRegion() uint32 {
+	if x != nil {
+		return x.Region
+	}
+	return 0
+}
+
+func (x *ResolvedSegment) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *ResolvedSegment) GetBlockLen() uint64 {
+	if x != nil {
+		return x.BlockLen
+	}
+	return 0
+}
+
+func (x *ResolvedSegment) GetStride() uint64 {
+	if x != nil {
+		return x.Stride
+	}
+	return 0
+}
+
+type ResolveLayoutResponse struct {
+	state         protoimpl.MessageState  `protogen:"open.v1"`
+	Name          string                  `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	NumBlocks     uint64                  `protobuf:"varint,2,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`
+	Regions       []*ResolvedLayoutRegion `protobuf:"bytes,3,rep,name=regions,proto3" json:"regions,omitempty"`
+	Segments      []*ResolvedSegment      `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveLayoutResponse) Reset() {
+	*x = ResolveLayoutResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveLayoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveLayoutResponse) ProtoMessage() {}
+
+func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveLayoutResponse.ProtoReflect.Descriptor instead.
+func (*ResolveLayoutResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *ResolveLayoutResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ResolveLayoutResponse) GetNumBlocks() uint64 {
+	if x != nil {
+		return x.NumBlocks
+	}
+	return 0
+}
+
+func (x *ResolveLayoutResponse) GetRegions() []*ResolvedLayoutRegion {
+	if x != nil {
+		return x.Regions
+	}
+	return nil
+}
+
+func (x *ResolveLayoutResponse) GetSegments() []*ResolvedSegment {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
 }
 
 var File_b2b_v1_b2b_proto protoreflect.FileDescriptor
@@ -3382,7 +4149,47 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"goroutines\x12\x19\n" +
 	"\bopen_fds\x18\x10 \x01(\rR\aopenFds\x12-\n" +
 	"\x12persistent_regions\x18\x11 \x01(\rR\x11persistentRegions\x12#\n" +
-	"\rlease_holders\x18\x12 \x01(\rR\fleaseHolders\"\x9a\x01\n" +
+	"\rlease_holders\x18\x12 \x01(\rR\fleaseHolders\"y\n" +
+	"\rLayoutSegment\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1b\n" +
+	"\tblock_len\x18\x03 \x01(\x04R\bblockLen\x12\x16\n" +
+	"\x06stride\x18\x04 \x01(\x04R\x06stride\"\xbb\x01\n" +
+	"\x15RegisterLayoutRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
+	"\bsegments\x18\x02 \x03(\v2\x15.b2b.v1.LayoutSegmentR\bsegments\x12\x1d\n" +
+	"\n" +
+	"num_blocks\x18\x03 \x01(\x04R\tnumBlocks\x12\x1f\n" +
+	"\vexport_name\x18\x04 \x01(\tR\n" +
+	"exportName\x12\x1b\n" +
+	"\texport_to\x18\x05 \x03(\tR\bexportTo\"\xac\x01\n" +
+	"\x06Layout\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
+	"\bsegments\x18\x02 \x03(\v2\x15.b2b.v1.LayoutSegmentR\bsegments\x12\x1d\n" +
+	"\n" +
+	"num_blocks\x18\x03 \x01(\x04R\tnumBlocks\x12\x1f\n" +
+	"\vexport_name\x18\x04 \x01(\tR\n" +
+	"exportName\x12\x1b\n" +
+	"\texport_to\x18\x05 \x03(\tR\bexportTo\"@\n" +
+	"\x16RegisterLayoutResponse\x12&\n" +
+	"\x06layout\x18\x01 \x01(\v2\x0e.b2b.v1.LayoutR\x06layout\"-\n" +
+	"\x17DeregisterLayoutRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x1a\n" +
+	"\x18DeregisterLayoutResponse\"\x14\n" +
+	"\x12ListLayoutsRequest\"?\n" +
+	"\x13ListLayoutsResponse\x12(\n" +
+	"\alayouts\x18\x01 \x03(\v2\x0e.b2b.v1.LayoutR\alayouts\"\xa7\x02\n" +
+	"\x15TransferBlocksRequest\x12!\n" +
+	"\flocal_layout\x18\x01 \x01(\tR\vlocalLayout\x12\x12\n" +
+	"\x04peer\x18\x02 \x01(\tR\x04peer\x12#\n" +
+	"\rremote_layout\x18\x03 \x01(\tR\fremoteLayout\x12\x1b\n" +
+	"\tlocal_ids\x18\x04 \x01(\fR\blocalIds\x12\x1d\n" +
+	"\n" +
+	"remote_ids\x18\x05 \x01(\fR\tremoteIds\x12\"\n" +
+	"\fnotification\x18\x06 \x01(\fR\fnotification\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\a \x01(\x04R\ttimeoutMs\x123\n" +
+	"\ttransport\x18\b \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\"\x9a\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\"\n" +
@@ -3422,7 +4229,27 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\".\n" +
 	"\x0eNotifyResponse\x12\x1c\n" +
-	"\tdelivered\x18\x01 \x01(\rR\tdelivered*U\n" +
+	"\tdelivered\x18\x01 \x01(\rR\tdelivered\"*\n" +
+	"\x14ResolveLayoutRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xb3\x01\n" +
+	"\x14ResolvedLayoutRegion\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12:\n" +
+	"\x04keys\x18\x03 \x03(\v2&.b2b.v1.ResolvedLayoutRegion.KeysEntryR\x04keys\x1a7\n" +
+	"\tKeysEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"v\n" +
+	"\x0fResolvedSegment\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1b\n" +
+	"\tblock_len\x18\x03 \x01(\x04R\bblockLen\x12\x16\n" +
+	"\x06stride\x18\x04 \x01(\x04R\x06stride\"\xb7\x01\n" +
+	"\x15ResolveLayoutResponse\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"num_blocks\x18\x02 \x01(\x04R\tnumBlocks\x126\n" +
+	"\aregions\x18\x03 \x03(\v2\x1c.b2b.v1.ResolvedLayoutRegionR\aregions\x123\n" +
+	"\bsegments\x18\x04 \x03(\v2\x17.b2b.v1.ResolvedSegmentR\bsegments*U\n" +
 	"\n" +
 	"MemoryKind\x12\x1b\n" +
 	"\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +
@@ -3436,7 +4263,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x11ChecksumAlgorithm\x12\"\n" +
 	"\x1eCHECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19CHECKSUM_ALGORITHM_CRC32C\x10\x01\x12\x1c\n" +
-	"\x18CHECKSUM_ALGORITHM_XXH64\x10\x022\xd1\a\n" +
+	"\x18CHECKSUM_ALGORITHM_XXH64\x10\x022\x91\n" +
+	"\n" +
 	"\x03B2B\x12O\n" +
 	"\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n" +
 	"\x10DeregisterRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12F\n" +
@@ -3450,10 +4278,15 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0eSubmitTransfer\x12\x1d.b2b.v1.SubmitTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12R\n" +
 	"\x0fReleaseTransfer\x12\x1e.b2b.v1.ReleaseTransferRequest\x1a\x1f.b2b.v1.ReleaseTransferResponse\x12M\n" +
 	"\fSubmitStream\x12\x1b.b2b.v1.SubmitStreamRequest\x1a\x1c.b2b.v1.SubmitStreamResponse(\x010\x01\x121\n" +
-	"\x04Ping\x12\x13.b2b.v1.PingRequest\x1a\x14.b2b.v1.PingResponse2\x88\x02\n" +
+	"\x04Ping\x12\x13.b2b.v1.PingRequest\x1a\x14.b2b.v1.PingResponse\x12O\n" +
+	"\x0eRegisterLayout\x12\x1d.b2b.v1.RegisterLayoutRequest\x1a\x1e.b2b.v1.RegisterLayoutResponse\x12U\n" +
+	"\x10DeregisterLayout\x12\x1f.b2b.v1.DeregisterLayoutRequest\x1a .b2b.v1.DeregisterLayoutResponse\x12F\n" +
+	"\vListLayouts\x12\x1a.b2b.v1.ListLayoutsRequest\x1a\x1b.b2b.v1.ListLayoutsResponse\x12N\n" +
+	"\x0eTransferBlocks\x12\x1d.b2b.v1.TransferBlocksRequest\x1a\x1d.b2b.v1.BatchTransferResponse2\xd6\x02\n" +
 	"\x04Peer\x12@\n" +
 	"\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n" +
-	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x127\n" +
+	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12L\n" +
+	"\rResolveLayout\x12\x1c.b2b.v1.ResolveLayoutRequest\x1a\x1d.b2b.v1.ResolveLayoutResponse\x127\n" +
 	"\x06Signal\x12\x15.b2b.v1.SignalRequest\x1a\x16.b2b.v1.SignalResponse\x127\n" +
 	"\x06Notify\x12\x15.b2b.v1.NotifyRequest\x1a\x16.b2b.v1.NotifyResponseB)Z'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1b\x06proto3"
 
@@ -3470,7 +4303,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -3510,16 +4343,30 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*TransportStatus)(nil),           // 35: b2b.v1.TransportStatus
 	(*RailStatus)(nil),                // 36: b2b.v1.RailStatus
 	(*StatusResponse)(nil),            // 37: b2b.v1.StatusResponse
-	(*HandshakeRequest)(nil),          // 38: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 39: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 40: b2b.v1.ResolveRegionRequest
-	(*ResolveRegionResponse)(nil),     // 41: b2b.v1.ResolveRegionResponse
-	(*SignalRequest)(nil),             // 42: b2b.v1.SignalRequest
-	(*SignalResponse)(nil),            // 43: b2b.v1.SignalResponse
-	(*NotifyRequest)(nil),             // 44: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 45: b2b.v1.NotifyResponse
-	nil,                               // 46: b2b.v1.HandshakeResponse.AdvertsEntry
-	nil,                               // 47: b2b.v1.ResolveRegionResponse.KeysEntry
+	(*LayoutSegment)(nil),             // 38: b2b.v1.LayoutSegment
+	(*RegisterLayoutRequest)(nil),     // 39: b2b.v1.RegisterLayoutRequest
+	(*Layout)(nil),                    // 40: b2b.v1.Layout
+	(*RegisterLayoutResponse)(nil),    // 41: b2b.v1.RegisterLayoutResponse
+	(*DeregisterLayoutRequest)(nil),   // 42: b2b.v1.DeregisterLayoutRequest
+	(*DeregisterLayoutResponse)(nil),  // 43: b2b.v1.DeregisterLayoutResponse
+	(*ListLayoutsRequest)(nil),        // 44: b2b.v1.ListLayoutsRequest
+	(*ListLayoutsResponse)(nil),       // 45: b2b.v1.ListLayoutsResponse
+	(*TransferBlocksRequest)(nil),     // 46: b2b.v1.TransferBlocksRequest
+	(*HandshakeRequest)(nil),          // 47: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 48: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 49: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 50: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 51: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 52: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 53: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 54: b2b.v1.NotifyResponse
+	(*ResolveLayoutRequest)(nil),      // 55: b2b.v1.ResolveLayoutRequest
+	(*ResolvedLayoutRegion)(nil),      // 56: b2b.v1.ResolvedLayoutRegion
+	(*ResolvedSegment)(nil),           // 57: b2b.v1.ResolvedSegment
+	(*ResolveLayoutResponse)(nil),     // 58: b2b.v1.ResolveLayoutResponse
+	nil,                               // 59: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 60: b2b.v1.ResolveRegionResponse.KeysEntry
+	nil,                               // 61: b2b.v1.ResolvedLayoutRegion.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	3,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -3546,48 +4393,66 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	1,  // 21: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
 	36, // 22: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
 	35, // 23: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
-	46, // 24: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
-	0,  // 25: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	47, // 26: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
-	7,  // 27: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	11, // 28: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	13, // 29: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	15, // 30: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	18, // 31: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	30, // 32: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	34, // 33: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	32, // 34: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	21, // 35: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	23, // 36: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	24, // 37: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	26, // 38: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	28, // 39: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	38, // 40: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	40, // 41: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	42, // 42: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	44, // 43: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	10, // 44: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	12, // 45: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	14, // 46: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	16, // 47: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	19, // 48: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	31, // 49: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	37, // 50: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	33, // 51: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	22, // 52: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	19, // 53: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	25, // 54: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	27, // 55: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	29, // 56: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	39, // 57: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	41, // 58: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	43, // 59: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	45, // 60: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	44, // [44:61] is the sub-list for method output_type
-	27, // [27:44] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	38, // 24: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
+	38, // 25: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
+	40, // 26: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
+	40, // 27: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
+	1,  // 28: b2b.v1.TransferBlocksRequest.transport:type_name -> b2b.v1.TransportKind
+	59, // 29: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	0,  // 30: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	60, // 31: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	61, // 32: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
+	56, // 33: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
+	57, // 34: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
+	7,  // 35: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	11, // 36: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	13, // 37: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	15, // 38: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	18, // 39: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	30, // 40: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	34, // 41: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	32, // 42: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	21, // 43: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	23, // 44: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	24, // 45: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	26, // 46: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	28, // 47: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	39, // 48: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
+	42, // 49: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
+	44, // 50: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
+	46, // 51: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
+	47, // 52: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	49, // 53: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	55, // 54: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	51, // 55: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	53, // 56: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	10, // 57: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	12, // 58: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	14, // 59: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	16, // 60: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	19, // 61: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	31, // 62: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	37, // 63: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	33, // 64: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	22, // 65: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	19, // 66: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	25, // 67: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	27, // 68: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	29, // 69: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	41, // 70: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	43, // 71: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	45, // 72: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	19, // 73: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	48, // 74: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	50, // 75: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	58, // 76: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	52, // 77: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	54, // 78: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	57, // [57:79] is the sub-list for method output_type
+	35, // [35:57] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -3607,7 +4472,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   45,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

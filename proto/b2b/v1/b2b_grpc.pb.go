@@ -43,6 +43,10 @@ const (
 	B2B_ReleaseTransfer_FullMethodName    = "/b2b.v1.B2B/ReleaseTransfer"
 	B2B_SubmitStream_FullMethodName       = "/b2b.v1.B2B/SubmitStream"
 	B2B_Ping_FullMethodName               = "/b2b.v1.B2B/Ping"
+	B2B_RegisterLayout_FullMethodName     = "/b2b.v1.B2B/RegisterLayout"
+	B2B_DeregisterLayout_FullMethodName   = "/b2b.v1.B2B/DeregisterLayout"
+	B2B_ListLayouts_FullMethodName        = "/b2b.v1.B2B/ListLayouts"
+	B2B_TransferBlocks_FullMethodName     = "/b2b.v1.B2B/TransferBlocks"
 )
 
 // B2BClient is the client API for B2B service.
@@ -92,6 +96,21 @@ type B2BClient interface {
 	// Ping does nothing: the floor of a call on this connection, which the
 	// bench measures next to SubmitTransfer.
 	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
+	// RegisterLayout registers a block table (docs/kv.md): a named, ordered
+	// list of segments over local regions, every segment num_blocks long.
+	// Block id b means block b of every segment. The layout holds its regions:
+	// deregistering one fails with FailedPrecondition naming the layout.
+	// With export_name set, peers may resolve it (Peer.ResolveLayout), and
+	// write into it, when they are in export_to (empty: every peer).
+	RegisterLayout(ctx context.Context, in *RegisterLayoutRequest, opts ...grpc.CallOption) (*RegisterLayoutResponse, error)
+	// DeregisterLayout releases a layout and the hold on its regions.
+	DeregisterLayout(ctx context.Context, in *DeregisterLayoutRequest, opts ...grpc.CallOption) (*DeregisterLayoutResponse, error)
+	ListLayouts(ctx context.Context, in *ListLayoutsRequest, opts ...grpc.CallOption) (*ListLayoutsResponse, error)
+	// TransferBlocks moves block local_ids[i] of every segment of
+	// local_layout to block remote_ids[i] of the matching segment of the
+	// peer's exported remote_layout. Like BatchTransfer it returns only once
+	// every byte landed and was acknowledged.
+	TransferBlocks(ctx context.Context, in *TransferBlocksRequest, opts ...grpc.CallOption) (*BatchTransferResponse, error)
 }
 
 type b2BClient struct {
@@ -244,6 +263,46 @@ func (c *b2BClient) Ping(ctx context.Context, in *PingRequest, opts ...grpc.Call
 	return out, nil
 }
 
+func (c *b2BClient) RegisterLayout(ctx context.Context, in *RegisterLayoutRequest, opts ...grpc.CallOption) (*RegisterLayoutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegisterLayoutResponse)
+	err := c.cc.Invoke(ctx, B2B_RegisterLayout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) DeregisterLayout(ctx context.Context, in *DeregisterLayoutRequest, opts ...grpc.CallOption) (*DeregisterLayoutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeregisterLayoutResponse)
+	err := c.cc.Invoke(ctx, B2B_DeregisterLayout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) ListLayouts(ctx context.Context, in *ListLayoutsRequest, opts ...grpc.CallOption) (*ListLayoutsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLayoutsResponse)
+	err := c.cc.Invoke(ctx, B2B_ListLayouts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) TransferBlocks(ctx context.Context, in *TransferBlocksRequest, opts ...grpc.CallOption) (*BatchTransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BatchTransferResponse)
+	err := c.cc.Invoke(ctx, B2B_TransferBlocks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // B2BServer is the server API for B2B service.
 // All implementations must embed UnimplementedB2BServer
 // for forward compatibility.
@@ -291,6 +350,21 @@ type B2BServer interface {
 	// Ping does nothing: the floor of a call on this connection, which the
 	// bench measures next to SubmitTransfer.
 	Ping(context.Context, *PingRequest) (*PingResponse, error)
+	// RegisterLayout registers a block table (docs/kv.md): a named, ordered
+	// list of segments over local regions, every segment num_blocks long.
+	// Block id b means block b of every segment. The layout holds its regions:
+	// deregistering one fails with FailedPrecondition naming the layout.
+	// With export_name set, peers may resolve it (Peer.ResolveLayout), and
+	// write into it, when they are in export_to (empty: every peer).
+	RegisterLayout(context.Context, *RegisterLayoutRequest) (*RegisterLayoutResponse, error)
+	// DeregisterLayout releases a layout and the hold on its regions.
+	DeregisterLayout(context.Context, *DeregisterLayoutRequest) (*DeregisterLayoutResponse, error)
+	ListLayouts(context.Context, *ListLayoutsRequest) (*ListLayoutsResponse, error)
+	// TransferBlocks moves block local_ids[i] of every segment of
+	// local_layout to block remote_ids[i] of the matching segment of the
+	// peer's exported remote_layout. Like BatchTransfer it returns only once
+	// every byte landed and was acknowledged.
+	TransferBlocks(context.Context, *TransferBlocksRequest) (*BatchTransferResponse, error)
 	mustEmbedUnimplementedB2BServer()
 }
 
@@ -339,6 +413,18 @@ func (UnimplementedB2BServer) SubmitStream(grpc.BidiStreamingServer[SubmitStream
 }
 func (UnimplementedB2BServer) Ping(context.Context, *PingRequest) (*PingResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Ping not implemented")
+}
+func (UnimplementedB2BServer) RegisterLayout(context.Context, *RegisterLayoutRequest) (*RegisterLayoutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegisterLayout not implemented")
+}
+func (UnimplementedB2BServer) DeregisterLayout(context.Context, *DeregisterLayoutRequest) (*DeregisterLayoutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeregisterLayout not implemented")
+}
+func (UnimplementedB2BServer) ListLayouts(context.Context, *ListLayoutsRequest) (*ListLayoutsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListLayouts not implemented")
+}
+func (UnimplementedB2BServer) TransferBlocks(context.Context, *TransferBlocksRequest) (*BatchTransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TransferBlocks not implemented")
 }
 func (UnimplementedB2BServer) mustEmbedUnimplementedB2BServer() {}
 func (UnimplementedB2BServer) testEmbeddedByValue()             {}
@@ -577,6 +663,78 @@ func _B2B_Ping_Handler(srv interface{}, ctx context.Context, dec func(interface{
 	return interceptor(ctx, in, info, handler)
 }
 
+func _B2B_RegisterLayout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterLayoutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).RegisterLayout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_RegisterLayout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).RegisterLayout(ctx, req.(*RegisterLayoutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_DeregisterLayout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeregisterLayoutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).DeregisterLayout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_DeregisterLayout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).DeregisterLayout(ctx, req.(*DeregisterLayoutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_ListLayouts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLayoutsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).ListLayouts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_ListLayouts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).ListLayouts(ctx, req.(*ListLayoutsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_TransferBlocks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferBlocksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).TransferBlocks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_TransferBlocks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).TransferBlocks(ctx, req.(*TransferBlocksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // B2B_ServiceDesc is the grpc.ServiceDesc for B2B service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -628,6 +786,22 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Ping",
 			Handler:    _B2B_Ping_Handler,
 		},
+		{
+			MethodName: "RegisterLayout",
+			Handler:    _B2B_RegisterLayout_Handler,
+		},
+		{
+			MethodName: "DeregisterLayout",
+			Handler:    _B2B_DeregisterLayout_Handler,
+		},
+		{
+			MethodName: "ListLayouts",
+			Handler:    _B2B_ListLayouts_Handler,
+		},
+		{
+			MethodName: "TransferBlocks",
+			Handler:    _B2B_TransferBlocks_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -648,6 +822,7 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 const (
 	Peer_Handshake_FullMethodName     = "/b2b.v1.Peer/Handshake"
 	Peer_ResolveRegion_FullMethodName = "/b2b.v1.Peer/ResolveRegion"
+	Peer_ResolveLayout_FullMethodName = "/b2b.v1.Peer/ResolveLayout"
 	Peer_Signal_FullMethodName        = "/b2b.v1.Peer/Signal"
 	Peer_Notify_FullMethodName        = "/b2b.v1.Peer/Notify"
 )
@@ -659,6 +834,9 @@ type PeerClient interface {
 	Handshake(ctx context.Context, in *HandshakeRequest, opts ...grpc.CallOption) (*HandshakeResponse, error)
 	// ResolveRegion maps an export name to its size and per-transport keys.
 	ResolveRegion(ctx context.Context, in *ResolveRegionRequest, opts ...grpc.CallOption) (*ResolveRegionResponse, error)
+	// ResolveLayout maps a layout's export name to its segments and, for each
+	// region they use, its size and per-transport keys (as ResolveRegion's).
+	ResolveLayout(ctx context.Context, in *ResolveLayoutRequest, opts ...grpc.CallOption) (*ResolveLayoutResponse, error)
 	// Signal carries one transport's set-up message (verbs: a QP set's
 	// connect and disconnect) to the same transport on this daemon and
 	// returns its answer. Only that transport reads the payload; it versions
@@ -699,6 +877,16 @@ func (c *peerClient) ResolveRegion(ctx context.Context, in *ResolveRegionRequest
 	return out, nil
 }
 
+func (c *peerClient) ResolveLayout(ctx context.Context, in *ResolveLayoutRequest, opts ...grpc.CallOption) (*ResolveLayoutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolveLayoutResponse)
+	err := c.cc.Invoke(ctx, Peer_ResolveLayout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *peerClient) Signal(ctx context.Context, in *SignalRequest, opts ...grpc.CallOption) (*SignalResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SignalResponse)
@@ -726,6 +914,9 @@ type PeerServer interface {
 	Handshake(context.Context, *HandshakeRequest) (*HandshakeResponse, error)
 	// ResolveRegion maps an export name to its size and per-transport keys.
 	ResolveRegion(context.Context, *ResolveRegionRequest) (*ResolveRegionResponse, error)
+	// ResolveLayout maps a layout's export name to its segments and, for each
+	// region they use, its size and per-transport keys (as ResolveRegion's).
+	ResolveLayout(context.Context, *ResolveLayoutRequest) (*ResolveLayoutResponse, error)
 	// Signal carries one transport's set-up message (verbs: a QP set's
 	// connect and disconnect) to the same transport on this daemon and
 	// returns its answer. Only that transport reads the payload; it versions
@@ -751,6 +942,9 @@ func (UnimplementedPeerServer) Handshake(context.Context, *HandshakeRequest) (*H
 }
 func (UnimplementedPeerServer) ResolveRegion(context.Context, *ResolveRegionRequest) (*ResolveRegionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveRegion not implemented")
+}
+func (UnimplementedPeerServer) ResolveLayout(context.Context, *ResolveLayoutRequest) (*ResolveLayoutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolveLayout not implemented")
 }
 func (UnimplementedPeerServer) Signal(context.Context, *SignalRequest) (*SignalResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Signal not implemented")
@@ -815,6 +1009,24 @@ func _Peer_ResolveRegion_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_ResolveLayout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveLayoutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ResolveLayout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ResolveLayout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ResolveLayout(ctx, req.(*ResolveLayoutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Peer_Signal_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SignalRequest)
 	if err := dec(in); err != nil {
@@ -865,6 +1077,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResolveRegion",
 			Handler:    _Peer_ResolveRegion_Handler,
+		},
+		{
+			MethodName: "ResolveLayout",
+			Handler:    _Peer_ResolveLayout_Handler,
 		},
 		{
 			MethodName: "Signal",

@@ -100,6 +100,16 @@ class CudaIpc(_message.Message):
     size: int
     def __init__(self, device: _Optional[int] = ..., ipc_handle: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
+class DeregisterLayoutRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeregisterLayoutResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
 class DeregisterRegionRequest(_message.Message):
     __slots__ = ["region_id"]
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +196,42 @@ class HostFile(_message.Message):
     path: str
     size: int
     def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class Layout(_message.Message):
+    __slots__ = ["export_name", "export_to", "name", "num_blocks", "segments"]
+    EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    export_name: str
+    export_to: _containers.RepeatedScalarFieldContainer[str]
+    name: str
+    num_blocks: int
+    segments: _containers.RepeatedCompositeFieldContainer[LayoutSegment]
+    def __init__(self, name: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[LayoutSegment, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LayoutSegment(_message.Message):
+    __slots__ = ["block_len", "offset", "region_id", "stride"]
+    BLOCK_LEN_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    block_len: int
+    offset: int
+    region_id: str
+    stride: int
+    def __init__(self, region_id: _Optional[str] = ..., offset: _Optional[int] = ..., block_len: _Optional[int] = ..., stride: _Optional[int] = ...) -> None: ...
+
+class ListLayoutsRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
+class ListLayoutsResponse(_message.Message):
+    __slots__ = ["layouts"]
+    LAYOUTS_FIELD_NUMBER: _ClassVar[int]
+    layouts: _containers.RepeatedCompositeFieldContainer[Layout]
+    def __init__(self, layouts: _Optional[_Iterable[_Union[Layout, _Mapping]]] = ...) -> None: ...
 
 class ListRegionsRequest(_message.Message):
     __slots__ = []
@@ -369,6 +415,26 @@ class Region(_message.Message):
     size: int
     def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[_Union[RailRegistration, _Mapping]]] = ..., owner: _Optional[str] = ..., pid: _Optional[int] = ..., age_ns: _Optional[int] = ..., persist: bool = ...) -> None: ...
 
+class RegisterLayoutRequest(_message.Message):
+    __slots__ = ["export_name", "export_to", "name", "num_blocks", "segments"]
+    EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    export_name: str
+    export_to: _containers.RepeatedScalarFieldContainer[str]
+    name: str
+    num_blocks: int
+    segments: _containers.RepeatedCompositeFieldContainer[LayoutSegment]
+    def __init__(self, name: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[LayoutSegment, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RegisterLayoutResponse(_message.Message):
+    __slots__ = ["layout"]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    layout: Layout
+    def __init__(self, layout: _Optional[_Union[Layout, _Mapping]] = ...) -> None: ...
+
 class RegisterRegionRequest(_message.Message):
     __slots__ = ["cuda_alloc", "cuda_ipc", "export_name", "export_to", "host_alloc", "host_file", "persist"]
     CUDA_ALLOC_FIELD_NUMBER: _ClassVar[int]
@@ -403,6 +469,24 @@ class ReleaseTransferResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
+class ResolveLayoutRequest(_message.Message):
+    __slots__ = ["name"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ResolveLayoutResponse(_message.Message):
+    __slots__ = ["name", "num_blocks", "regions", "segments"]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    num_blocks: int
+    regions: _containers.RepeatedCompositeFieldContainer[ResolvedLayoutRegion]
+    segments: _containers.RepeatedCompositeFieldContainer[ResolvedSegment]
+    def __init__(self, name: _Optional[str] = ..., num_blocks: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[ResolvedLayoutRegion, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[ResolvedSegment, _Mapping]]] = ...) -> None: ...
+
 class ResolveRegionRequest(_message.Message):
     __slots__ = ["name"]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -427,6 +511,35 @@ class ResolveRegionResponse(_message.Message):
     name: str
     size: int
     def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., keys: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class ResolvedLayoutRegion(_message.Message):
+    __slots__ = ["keys", "name", "size"]
+    class KeysEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.ScalarMap[str, bytes]
+    name: str
+    size: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., keys: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+
+class ResolvedSegment(_message.Message):
+    __slots__ = ["block_len", "offset", "region", "stride"]
+    BLOCK_LEN_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_FIELD_NUMBER: _ClassVar[int]
+    block_len: int
+    offset: int
+    region: int
+    stride: int
+    def __init__(self, region: _Optional[int] = ..., offset: _Optional[int] = ..., block_len: _Optional[int] = ..., stride: _Optional[int] = ...) -> None: ...
 
 class SignalRequest(_message.Message):
     __slots__ = ["kind", "payload"]
@@ -511,6 +624,26 @@ class SubmitTransferRequest(_message.Message):
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     handle: int
     def __init__(self, handle: _Optional[int] = ...) -> None: ...
+
+class TransferBlocksRequest(_message.Message):
+    __slots__ = ["local_ids", "local_layout", "notification", "peer", "remote_ids", "remote_layout", "timeout_ms", "transport"]
+    LOCAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_IDS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    local_ids: bytes
+    local_layout: str
+    notification: bytes
+    peer: str
+    remote_ids: bytes
+    remote_layout: str
+    timeout_ms: int
+    transport: TransportKind
+    def __init__(self, local_layout: _Optional[str] = ..., peer: _Optional[str] = ..., remote_layout: _Optional[str] = ..., local_ids: _Optional[bytes] = ..., remote_ids: _Optional[bytes] = ..., notification: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ...) -> None: ...
 
 class TransportStatus(_message.Message):
     __slots__ = ["available", "connections", "detail", "kind", "memory_regions", "queue_pairs", "rails"]

@@ -82,6 +82,26 @@ class B2BStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.PingRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.PingResponse.FromString,
                 )
+        self.RegisterLayout = channel.unary_unary(
+                '/b2b.v1.B2B/RegisterLayout',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.RegisterLayoutRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.RegisterLayoutResponse.FromString,
+                )
+        self.DeregisterLayout = channel.unary_unary(
+                '/b2b.v1.B2B/DeregisterLayout',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.DeregisterLayoutRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.DeregisterLayoutResponse.FromString,
+                )
+        self.ListLayouts = channel.unary_unary(
+                '/b2b.v1.B2B/ListLayouts',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.ListLayoutsRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.ListLayoutsResponse.FromString,
+                )
+        self.TransferBlocks = channel.unary_unary(
+                '/b2b.v1.B2B/TransferBlocks',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.TransferBlocksRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.FromString,
+                )
 
 
 class B2BServicer(object):
@@ -198,6 +218,41 @@ class B2BServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterLayout(self, request, context):
+        """RegisterLayout registers a block table (docs/kv.md): a named, ordered
+        list of segments over local regions, every segment num_blocks long.
+        Block id b means block b of every segment. The layout holds its regions:
+        deregistering one fails with FailedPrecondition naming the layout.
+        With export_name set, peers may resolve it (Peer.ResolveLayout), and
+        write into it, when they are in export_to (empty: every peer).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeregisterLayout(self, request, context):
+        """DeregisterLayout releases a layout and the hold on its regions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLayouts(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransferBlocks(self, request, context):
+        """TransferBlocks moves block local_ids[i] of every segment of
+        local_layout to block remote_ids[i] of the matching segment of the
+        peer's exported remote_layout. Like BatchTransfer it returns only once
+        every byte landed and was acknowledged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_B2BServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +320,26 @@ def add_B2BServicer_to_server(servicer, server):
                     servicer.Ping,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.PingRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.PingResponse.SerializeToString,
+            ),
+            'RegisterLayout': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterLayout,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.RegisterLayoutRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.RegisterLayoutResponse.SerializeToString,
+            ),
+            'DeregisterLayout': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterLayout,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.DeregisterLayoutRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.DeregisterLayoutResponse.SerializeToString,
+            ),
+            'ListLayouts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLayouts,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.ListLayoutsRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.ListLayoutsResponse.SerializeToString,
+            ),
+            'TransferBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.TransferBlocks,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.TransferBlocksRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -500,6 +575,74 @@ class B2B(object):
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
+    @staticmethod
+    def RegisterLayout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/RegisterLayout',
+            b2b_dot_v1_dot_b2b__pb2.RegisterLayoutRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.RegisterLayoutResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DeregisterLayout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/DeregisterLayout',
+            b2b_dot_v1_dot_b2b__pb2.DeregisterLayoutRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.DeregisterLayoutResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListLayouts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/ListLayouts',
+            b2b_dot_v1_dot_b2b__pb2.ListLayoutsRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.ListLayoutsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def TransferBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/TransferBlocks',
+            b2b_dot_v1_dot_b2b__pb2.TransferBlocksRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
 
 class PeerStub(object):
     """---------------------------------------------------------------------------
@@ -522,6 +665,11 @@ class PeerStub(object):
                 '/b2b.v1.Peer/ResolveRegion',
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.FromString,
+                )
+        self.ResolveLayout = channel.unary_unary(
+                '/b2b.v1.Peer/ResolveLayout',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveLayoutRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.ResolveLayoutResponse.FromString,
                 )
         self.Signal = channel.unary_unary(
                 '/b2b.v1.Peer/Signal',
@@ -549,6 +697,14 @@ class PeerServicer(object):
 
     def ResolveRegion(self, request, context):
         """ResolveRegion maps an export name to its size and per-transport keys.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveLayout(self, request, context):
+        """ResolveLayout maps a layout's export name to its segments and, for each
+        region they use, its size and per-transport keys (as ResolveRegion's).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -586,6 +742,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.ResolveRegion,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.SerializeToString,
+            ),
+            'ResolveLayout': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveLayout,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.ResolveLayoutRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveLayoutResponse.SerializeToString,
             ),
             'Signal': grpc.unary_unary_rpc_method_handler(
                     servicer.Signal,
@@ -641,6 +802,23 @@ class Peer(object):
         return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/ResolveRegion',
             b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ResolveLayout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/ResolveLayout',
+            b2b_dot_v1_dot_b2b__pb2.ResolveLayoutRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.ResolveLayoutResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

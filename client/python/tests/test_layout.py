@@ -1,0 +1,72 @@
+"""Block-id transfers (register_layout / transfer_blocks) between two real daemons."""
+
+from __future__ import annotations
+
+import unittest
+
+import daemon_harness
+
+import numpy as np
+
+import b2b
+
+SEGMENTS, POOL, BLOCK = 4, 64, 1024
+
+
+class LayoutTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.da = daemon_harness.Daemon("a").start()
+        try:
+            cls.db = daemon_harness.Daemon("b").start()
+        except BaseException:
+            cls.da.stop()
+            cls.da.cleanup()
+            raise
+        cls.a = cls.da.client(timeout=30)
+        cls.b = cls.db.client(timeout=30)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.a.close()
+        cls.b.close()
+        problems = []
+        for d in (cls.da, cls.db):
+            code = d.stop()
+            if code != 0:
+                problems.append(f"b2bd {d.name} exited with {code}; log:\n{d.log()}")
+            d.cleanup()
+        if problems:
+            raise AssertionError("\n".join(problems))
+
+    def test_blocks_land_at_other_ids(self):
+        rng = np.random.default_rng(23)
+        srcs = [self.a.register_host(POOL * BLOCK) for _ in range(SEGMENTS)]
+        dsts = [self.b.register_host(POOL * BLOCK, f"py-kv-{i}") for i in range(SEGMENTS)]
+        try:
+            for s in srcs:
+                s.memoryview[:] = rng.integers(0, 256, POOL * BLOCK, dtype=np.uint8).tobytes()
+            self.a.register_layout("py-src", [(s, 0, BLOCK, BLOCK) for s in srcs], POOL)
+            self.b.register_layout("py-dst", [(d, 0, BLOCK, BLOCK) for d in dsts], POOL, export_name="py-dst")
+            src_ids = [int(x) for x in rng.permutation(POOL)[:16]]
+            dst_ids = [int(x) for x in rng.permutation(POOL)[:16]]
+            r = self.a.transfer_blocks("py-src", self.db.peer_address, "py-dst", src_ids, dst_ids)
+            self.assertEqual(r.blocks, 16 * SEGMENTS)
+            for s, d in zip(srcs, dsts):
+                for i, j in zip(src_ids, dst_ids):
+                    self.assertEqual(bytes(d.memoryview[j * BLOCK:(j + 1) * BLOCK]), bytes(s.memoryview[i * BLOCK:(i + 1) * BLOCK]))
+            with self.assertRaises(b2b.InvalidArgumentError) as cm:
+                self.a.transfer_blocks("py-src", self.db.peer_address, "py-dst", [1, 2], [5, 5])
+            self.assertIn("remote_ids[1]", str(cm.exception))
+        finally:
+            for c, name in ((self.a, "py-src"), (self.b, "py-dst")):
+                try:
+                    c.deregister_layout(name)
+                except b2b.NotFoundError:
+                    pass
+            for r in srcs + dsts:
+                r.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,120 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/auth"
+	"github.com/b2bd/b2bd/internal/batch"
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
+	"github.com/b2bd/b2bd/internal/layout"
+	"github.com/b2bd/b2bd/internal/peer"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// maxTransferTimeout bounds TransferBlocks' timeout_ms.
+const maxTransferTimeout = time.Hour
+
+func (l *local) RegisterLayout(ctx context.Context, req *b2bv1.RegisterLayoutRequest) (*b2bv1.RegisterLayoutResponse, error) {
+	segs := make([]layout.Segment, len(req.GetSegments()))
+	for i, s := range req.GetSegments() {
+		segs[i] = layout.Segment{Region: s.GetRegionId(), Offset: s.GetOffset(), BlockLen: s.GetBlockLen(), Stride: s.GetStride()}
+	}
+	e, err := l.s.batches.Layouts().Register(req.GetName(), segs, req.GetNumBlocks(), exportOf(req.GetExportName(), req.GetExportTo()), caller(ctx))
+	if err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	l.s.cfg.Log.Info("layout registered", "name", e.Name, "segments", len(e.Segments), "num_blocks", e.NumBlocks, "export", e.Export)
+	return &b2bv1.RegisterLayoutResponse{Layout: layoutProto(e)}, nil
+}
+
+func (l *local) DeregisterLayout(ctx context.Context, req *b2bv1.DeregisterLayoutRequest) (*b2bv1.DeregisterLayoutResponse, error) {
+	if err := l.s.batches.Layouts().Deregister(req.GetName(), caller(ctx)); err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	return &b2bv1.DeregisterLayoutResponse{}, nil
+}
+
+func (l *local) ListLayouts(ctx context.Context, req *b2bv1.ListLayoutsRequest) (*b2bv1.ListLayoutsResponse, error) {
+	var out []*b2bv1.Layout
+	for _, e := range l.s.batches.Layouts().List(caller(ctx)) {
+		out = append(out, layoutProto(e))
+	}
+	return &b2bv1.ListLayoutsResponse{Layouts: out}, nil
+}
+
+func (l *local) TransferBlocks(ctx context.Context, req *b2bv1.TransferBlocksRequest) (*b2bv1.BatchTransferResponse, error) {
+	entry := time.Now()
+	if ms := req.GetTimeoutMs(); ms > 0 {
+		if time.Duration(ms) > maxTransferTimeout/time.Millisecond {
+			return nil, grpcstatus.ToStatus(fmt.Errorf("%w: timeout_ms is %d, over the limit of %d", errs.ErrInvalidArgument, ms, maxTransferTimeout.Milliseconds()))
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
+		defer cancel()
+	}
+	r := batch.BlocksRequest{Local: req.GetLocalLayout(), Caller: caller(ctx), Peer: req.GetPeer(), Remote: req.GetRemoteLayout(),
+		LocalIDs: req.GetLocalIds(), RemoteIDs: req.GetRemoteIds(), Notification: req.GetNotification()}
+	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	res, err := l.s.batches.TransferBlocks(ctx, r)
+	if err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	stamp(&res.Phases, begun(ctx, entry), entry)
+	return transferResponse(res), nil
+}
+
+// ResolveLayout hands a peer allowed to write the layout its segments and
+// its regions' keys. Each region must itself be exported to the peer: the
+// receiving side writes only exported regions, and keys go only to peers
+// allowed to write them.
+func (p *peerService) ResolveLayout(ctx context.Context, req *b2bv1.ResolveLayoutRequest) (*b2bv1.ResolveLayoutResponse, error) {
+	if req.GetName() == "" {
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: name is empty", errs.ErrInvalidArgument))
+	}
+	who := auth.PeerIdentity(ctx)
+	e, err := p.s.batches.Layouts().Lookup(req.GetName(), who)
+	if err != nil {
+		p.s.cfg.Log.Warn("layout resolution refused", "name", req.GetName(), "peer", who, "error", err)
+		return nil, grpcstatus.ToStatus(err)
+	}
+	resp := &b2bv1.ResolveLayoutResponse{Name: e.Export, NumBlocks: e.NumBlocks}
+	for i, r := range e.Regions() {
+		name := p.s.cfg.Registry.ExportName(r.ID)
+		if name == "" {
+			return nil, grpcstatus.ToStatus(fmt.Errorf("%w: layout %q: segment %d's region is not exported: peers write only exported regions", errs.ErrFailedPrecondition, req.GetName(), firstSegment(e, i)))
+		}
+		reg, release, err := p.s.cfg.Registry.Lookup(name, who)
+		if err != nil {
+			return nil, grpcstatus.ToStatus(fmt.Errorf("layout %q: segment %d's region: %w", req.GetName(), firstSegment(e, i), err))
+		}
+		rr := resolveResponse(reg)
+		release()
+		resp.Regions = append(resp.Regions, &b2bv1.ResolvedLayoutRegion{Name: rr.GetName(), Size: rr.GetSize(), Keys: rr.GetKeys()})
+	}
+	for i := 0; i < e.Layout.NumSegments(); i++ {
+		s := e.Layout.Segment(i)
+		resp.Segments = append(resp.Segments, &b2bv1.ResolvedSegment{Region: e.Layout.Template(i).Region, Offset: s.Offset, BlockLen: s.BlockLen, Stride: s.Stride})
+	}
+	return resp, nil
+}
+
+// firstSegment is the first segment of e in its region index ri.
+func firstSegment(e *batch.Entry, ri int) int {
+	for i := 0; i < e.Layout.NumSegments(); i++ {
+		if int(e.Layout.Template(i).Region) == ri {
+			return i
+		}
+	}
+	return -1
+}
+
+func layoutProto(e *batch.Entry) *b2bv1.Layout {
+	out := &b2bv1.Layout{Name: e.Name, NumBlocks: e.NumBlocks, ExportName: e.Export, ExportTo: e.ExportTo}
+	for _, s := range e.Segments {
+		out.Segments = append(out.Segments, &b2bv1.LayoutSegment{RegionId: s.Region, Offset: s.Offset, BlockLen: s.BlockLen, Stride: s.Stride})
+	}
+	return out
+}
