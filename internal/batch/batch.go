@@ -180,18 +180,26 @@ func (p *Plan) Close() {
 // outcome when it is what ended the batch, whatever phase it cut off
 // (errs.ForCaller).
 func (s *Service) Transfer(ctx context.Context, r Request) (Result, error) {
+	return s.bounded(ctx, func(ctx context.Context) (Result, error) { return s.transfer(ctx, r) }, "batch failed", "peer", r.Peer, "dst", r.Dst)
+}
+
+// bounded runs one transfer under the caller's deadline, else
+// DefaultTimeout, times it whole, and on failure reports the caller's own
+// deadline or cancel when that is what ended it (errs.ForCaller), counted
+// and logged with msg and kv.
+func (s *Service) bounded(ctx context.Context, run func(context.Context) (Result, error), msg string, kv ...any) (Result, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
 		defer cancel()
 	}
 	start := time.Now()
-	res, err := s.transfer(ctx, r)
+	res, err := run(ctx)
 	res.Phases.Total = time.Since(start)
 	if err != nil {
 		err = errs.ForCaller(ctx, err)
 		s.cfg.Counters.BatchesFailed.Add(1)
-		s.cfg.Log.Debug("batch failed", "peer", r.Peer, "dst", r.Dst, "error", err)
+		s.cfg.Log.Debug(msg, append(kv, "error", err)...)
 	}
 	return res, err
 }

@@ -63,20 +63,7 @@ func (s *Service) Layouts() *Layouts { return s.layouts }
 // segment landed and was acknowledged, and the notification (to watchers of
 // the remote layout's first region) was delivered.
 func (s *Service) TransferBlocks(ctx context.Context, r BlocksRequest) (Result, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
-		defer cancel()
-	}
-	start := time.Now()
-	res, err := s.transferBlocks(ctx, r)
-	res.Phases.Total = time.Since(start)
-	if err != nil {
-		err = errs.ForCaller(ctx, err)
-		s.cfg.Counters.BatchesFailed.Add(1)
-		s.cfg.Log.Debug("block transfer failed", "peer", r.Peer, "remote_layout", r.Remote, "error", err)
-	}
-	return res, err
+	return s.bounded(ctx, func(ctx context.Context) (Result, error) { return s.transferBlocks(ctx, r) }, "block transfer failed", "peer", r.Peer, "remote_layout", r.Remote)
 }
 
 func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, error) {
