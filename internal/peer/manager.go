@@ -119,20 +119,15 @@ type state struct {
 	unusable map[transport.Kind]error
 	// resolved caches region resolutions; cleared whenever the peer may have
 	// changed (new handshake, broken connection, refused key).
-	resolved map[string]resolution
+	resolved map[string]cacheEntry[Resolved]
 	// layouts caches layout resolutions, cleared with resolved.
-	layouts map[string]layoutResolution
+	layouts map[string]cacheEntry[*transport.LayoutResolution]
 }
 
-// layoutResolution is a cached ResolveLayout answer.
-type layoutResolution struct {
-	r  *transport.LayoutResolution
-	at time.Time
-}
-
-// resolution is a cached ResolveRegion answer.
-type resolution struct {
-	r  Resolved
+// cacheEntry is a resolution (ResolveRegion's or ResolveLayout's) and when it
+// was made.
+type cacheEntry[T any] struct {
+	r  T
 	at time.Time
 }
 
@@ -228,7 +223,7 @@ func (m *Manager) acquire(addr string, create bool) (*state, error) {
 			return nil, fmt.Errorf("%w: peer %s: this daemon keeps connections to %d peers, the limit (--max-peers) is %d; a peer is dropped after --peer-idle-timeout (%s) unused",
 				errs.ErrResourceExhausted, addr, len(m.peers), max, m.idleTimeout())
 		}
-		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}, resolved: map[string]resolution{}, layouts: map[string]layoutResolution{}}
+		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}, resolved: map[string]cacheEntry[Resolved]{}, layouts: map[string]cacheEntry[*transport.LayoutResolution]{}}
 		m.peers[addr] = st
 		if m.reapStop == nil {
 			m.reapStop = make(chan struct{})
@@ -553,6 +548,38 @@ func offered(hs *b2bv1.HandshakeResponse) []string {
 // from the cache when it can; cached says which, so a caller whose batch is
 // refused for a stale key knows a fresh resolution may help.
 func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name string) (r Resolved, cached bool, err error) {
+	return resolveCached(ctx, m, addr, name, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
+		func(ctl b2bv1.PeerClient) (Resolved, error) {
+			resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
+			if err != nil {
+				return r, fromRPC(ctx, err)
+			}
+			return resolvedFromProto(resp), nil
+		})
+}
+
+// ResolveLayout returns the peer's exported layout resolved (its segments,
+// validated, and its regions' keys), from the cache when it can, like
+// Resolve: a restarted peer (new handshake), a broken connection or
+// ForgetLayout (a refused key) drop it, and it lives at most resolveTTL.
+func (m *Manager) ResolveLayout(ctx context.Context, addr, name string) (r *transport.LayoutResolution, cached bool, err error) {
+	return resolveCached(ctx, m, addr, name, func(st *state) map[string]cacheEntry[*transport.LayoutResolution] { return st.layouts },
+		func(ctl b2bv1.PeerClient) (*transport.LayoutResolution, error) {
+			resp, err := ctl.ResolveLayout(ctx, &b2bv1.ResolveLayoutRequest{Name: name})
+			if err != nil {
+				return nil, fromRPC(ctx, err)
+			}
+			r, err := layoutFromProto(resp)
+			if err != nil {
+				return nil, fmt.Errorf("peer %s answered a layout b2bd cannot use: %w", addr, err)
+			}
+			return r, nil
+		})
+}
+
+// resolveCached answers name from the peer's cache (of) while the entry is
+// younger than resolveTTL, else asks the peer (fetch) and caches the answer.
+func resolveCached[T any](ctx context.Context, m *Manager, addr, name string, of func(*state) map[string]cacheEntry[T], fetch func(b2bv1.PeerClient) (T, error)) (r T, hit bool, err error) {
 	st, err := m.acquire(addr, false)
 	if st == nil {
 		if err == nil {
@@ -562,7 +589,7 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 	}
 	defer m.release(st)
 	st.mu.Lock()
-	c, ok := st.resolved[name]
+	c, ok := of(st)[name]
 	ctl := st.client
 	st.mu.Unlock()
 	if ok && time.Since(c.at) < resolveTTL {
@@ -571,50 +598,11 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 	if ctl == nil {
 		return r, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
 	}
-	resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
-	if err != nil {
-		return r, false, fromRPC(ctx, err)
-	}
-	r = resolvedFromProto(resp)
-	st.mu.Lock()
-	st.resolved[name] = resolution{r: r, at: time.Now()}
-	st.mu.Unlock()
-	return r, false, nil
-}
-
-// ResolveLayout returns the peer's exported layout resolved (its segments,
-// validated, and its regions' keys), from the cache when it can, like
-// Resolve: a restarted peer (new handshake), a broken connection or
-// ForgetLayout (a refused key) drop it, and it lives at most resolveTTL.
-func (m *Manager) ResolveLayout(ctx context.Context, addr, name string) (r *transport.LayoutResolution, cached bool, err error) {
-	st, err := m.acquire(addr, false)
-	if st == nil {
-		if err == nil {
-			err = fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
-		}
-		return nil, false, err
-	}
-	defer m.release(st)
-	st.mu.Lock()
-	c, ok := st.layouts[name]
-	ctl := st.client
-	st.mu.Unlock()
-	if ok && time.Since(c.at) < resolveTTL {
-		return c.r, true, nil
-	}
-	if ctl == nil {
-		return nil, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
-	}
-	resp, err := ctl.ResolveLayout(ctx, &b2bv1.ResolveLayoutRequest{Name: name})
-	if err != nil {
-		return nil, false, fromRPC(ctx, err)
-	}
-	r, err = layoutFromProto(resp)
-	if err != nil {
-		return nil, false, fmt.Errorf("peer %s answered a layout b2bd cannot use: %w", addr, err)
+	if r, err = fetch(ctl); err != nil {
+		return r, false, err
 	}
 	st.mu.Lock()
-	st.layouts[name] = layoutResolution{r: r, at: time.Now()}
+	of(st)[name] = cacheEntry[T]{r: r, at: time.Now()}
 	st.mu.Unlock()
 	return r, false, nil
 }
