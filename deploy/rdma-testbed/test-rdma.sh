@@ -29,6 +29,7 @@
 #   B2B_RDMA_FAULT_TRIALS peer-kill trials per transport (default 10)
 #   B2B_RDMA_FAULT_LOAD   load run, CLIENTSxBATCHES (default 32x200)
 #   B2B_RDMA_TIMEOUT      whole-run limit in seconds (default 3000; the fault cases may use 60% of it; CI's limit is 90 minutes)
+#   B2B_RDMA_CONFORMANCE  1 (default) runs the transport conformance suite over verbs (TestHWConformance) in A
 #   B2B_RDMA_RAILS        1 (default) runs test-rails.sh (two RDMA devices per VM) after the table; 0 skips
 #   B2B_RDMA_B2BD, B2B_RDMA_BENCH   prebuilt binaries to use instead of building ./cmd/b2bd, ./cmd/b2b-bench
 #   B2B_RDMA_DAEMON_ARGS  extra b2bd flags for both daemons (e.g. "--qps-per-peer=4")
@@ -254,6 +255,28 @@ if [ "$FAULTS" = 1 ]; then
 	if [ "$(cat "$OUT/run/faults.rc" 2>/dev/null)" != 0 ]; then
 		say "fault and load cases FAILED:"
 		grep -E -- '--- FAIL|_test.go:[0-9]+' "$OUT/run/faults.log" 2>/dev/null | head -n 20
+		rc=1
+	fi
+fi
+
+# The transport contract's conformance suite (internal/transport/transporttest) over verbs:
+# TestHWConformance between two verbs transports on VM A's rxe0 (hw-verbs.sh; B powers off at once).
+if [ "${B2B_RDMA_CONFORMANCE:-1}" = 1 ]; then
+	conf=$OUT/conformance
+	mkdir -p "$conf"
+	if (cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go test -c -o "$OUT/bin/verbs.test" ./internal/transport/verbs); then
+		printf "B2B_HW_TEST=%s\nB2B_HW_RUN='^TestHWConformance\$'\n" "$OUT/bin/verbs.test" >"$conf/hw.env"
+		B2B_TESTBED_QUIET=1 "$HERE/run-pair.sh" "$HERE/hw-verbs.sh" "$HERE/hw-verbs.sh" --out "$conf" --timeout 900 --grace 30 || {
+			say "verbs conformance suite FAILED:"
+			grep -E -- '--- FAIL|_test.go:[0-9]+|checks.go:[0-9]+' "$conf/hw-verbs-a.log" 2>/dev/null | head -n 20
+			rc=1
+		}
+		echo
+		echo "conformance suite over verbs (TestHWConformance, $conf/hw-verbs-a.log):"
+		grep -E -- '^(--- |    --- )(PASS|FAIL|SKIP)|KNOWN GAP' "$conf/hw-verbs-a.log" 2>/dev/null || echo "(no result)"
+		grep -q -- '--- PASS: TestHWConformance' "$conf/hw-verbs-a.log" 2>/dev/null || { say "verbs conformance suite did not pass"; rc=1; }
+	else
+		say "build of the verbs tests failed"
 		rc=1
 	fi
 fi

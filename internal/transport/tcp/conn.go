@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
@@ -91,6 +92,10 @@ type conn struct {
 
 	mu     sync.Mutex // one batch at a time on a conn
 	batch  uint64
+	// cut is the batch a cancellation cut off: a stream worker that sets
+	// its job's deadline after Write's past deadline re-cuts itself, so a
+	// caller's cancel (no deadline) cannot be undone by that race.
+	cut atomic.Uint64
 	errMu  sync.Mutex
 	broken error
 	once   sync.Once
@@ -289,6 +294,7 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 		case <-ctx.Done():
 			if !cancelled {
 				cancelled = true
+				c.cut.Store(c.batch)
 				for _, s := range c.streams {
 					_ = s.nc.SetDeadline(time.Unix(1, 0))
 				}
@@ -410,6 +416,9 @@ func (s *stream) loop() {
 // receiver's ack.
 func (s *stream) send(j *job) result {
 	_ = s.nc.SetDeadline(j.deadline)
+	if s.c.cut.Load() == j.batch { // cancelled before the deadline above was set
+		_ = s.nc.SetDeadline(time.Unix(1, 0))
+	}
 	p := j.p
 	sh := p.shares[j.share]
 	var r result

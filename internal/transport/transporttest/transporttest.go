@@ -104,6 +104,10 @@ const (
 	// GapLandedOnRefusal: part of a refused batch is counted by
 	// Inbound.Landed.
 	GapLandedOnRefusal = "landed on refusal"
+	// GapRefusedAsAborted: a refusal the receiver's NIC makes (a stale or
+	// revoked key, a region smaller than resolved) reaches the sender as
+	// one remote access error, Aborted, not the receiver's own class.
+	GapRefusedAsAborted = "refused as aborted"
 )
 
 // gap fails t with msg or, when the factory declared the check a known

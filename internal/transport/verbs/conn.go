@@ -356,7 +356,9 @@ func (s *qpSet) progress() uint64 {
 // does not go on landing behind the caller's back. The set stays broken; the
 // peer manager replaces it for the next batch.
 func (s *qpSet) abandon(ctx context.Context, tag uint32) error {
-	err := fmt.Errorf("verbs: batch %d to %s cut off by its deadline with work requests in flight; QPs stopped and connection dropped: %w (%w)", tag, s.peer, errs.ErrAborted, ctx.Err())
+	// The caller's deadline or cancel is the outcome (outermost class); the
+	// connection is gone too (Aborted, its Err).
+	err := fmt.Errorf("verbs: batch %d to %s cut off by its deadline with work requests in flight: %w (QPs stopped and connection dropped: %w)", tag, s.peer, ctx.Err(), errs.ErrAborted)
 	s.fail(err, true)
 	s.halt()
 	return err
