@@ -90,12 +90,12 @@ type conn struct {
 	addr    string
 	streams []*stream
 
-	mu     sync.Mutex // one batch at a time on a conn
-	batch  uint64
+	mu    sync.Mutex // one batch at a time on a conn
+	batch uint64
 	// cut is the batch a cancellation cut off: a stream worker that sets
 	// its job's deadline after Write's past deadline re-cuts itself, so a
 	// caller's cancel (no deadline) cannot be undone by that race.
-	cut atomic.Uint64
+	cut    atomic.Uint64
 	errMu  sync.Mutex
 	broken error
 	once   sync.Once

@@ -24,7 +24,7 @@ func TestHWConformance(t *testing.T) {
 		// The remote NIC refuses a bad rkey with one status (IBV_WC_REM_ACCESS_ERR) whatever the receiver
 		// would have said; the QPs are then in error and the batch layer retries on a fresh connection
 		// after resolving again, so the caller sees the receiver's own answer.
-		Gaps: map[string]string{transporttest.GapRefusedAsAborted: "verbs: a remote access error is all the sender learns of a refused key"},
+		Gaps:   map[string]string{transporttest.GapRefusedAsAborted: "verbs: a remote access error is all the sender learns of a refused key"},
 		Memory: mmapHost,
 		New: func(t testing.TB, send, recv transport.Inbound) *transporttest.Pair {
 			a, err := New(testConfig(dev), send, log.Named("a"))
