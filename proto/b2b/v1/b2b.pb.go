@@ -187,6 +187,61 @@ func (ChecksumAlgorithm) EnumDescriptor() ([]byte, []int) {
 	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{2}
 }
 
+type TransferState int32
+
+const (
+	TransferState_TRANSFER_STATE_UNSPECIFIED TransferState = 0
+	TransferState_TRANSFER_STATE_RUNNING     TransferState = 1
+	TransferState_TRANSFER_STATE_DONE        TransferState = 2 // every byte landed and was acknowledged
+	TransferState_TRANSFER_STATE_FAILED      TransferState = 3 // code and message say why
+	TransferState_TRANSFER_STATE_CANCELLED   TransferState = 4 // by CancelTransfer, or its client went away
+)
+
+// Enum value maps for TransferState.
+var (
+	TransferState_name = map[int32]string{
+		0: "TRANSFER_STATE_UNSPECIFIED",
+		1: "TRANSFER_STATE_RUNNING",
+		2: "TRANSFER_STATE_DONE",
+		3: "TRANSFER_STATE_FAILED",
+		4: "TRANSFER_STATE_CANCELLED",
+	}
+	TransferState_value = map[string]int32{
+		"TRANSFER_STATE_UNSPECIFIED": 0,
+		"TRANSFER_STATE_RUNNING":     1,
+		"TRANSFER_STATE_DONE":        2,
+		"TRANSFER_STATE_FAILED":      3,
+		"TRANSFER_STATE_CANCELLED":   4,
+	}
+)
+
+func (x TransferState) Enum() *TransferState {
+	p := new(TransferState)
+	*p = x
+	return p
+}
+
+func (x TransferState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TransferState) Descriptor() protoreflect.EnumDescriptor {
+	return file_b2b_v1_b2b_proto_enumTypes[3].Descriptor()
+}
+
+func (TransferState) Type() protoreflect.EnumType {
+	return &file_b2b_v1_b2b_proto_enumTypes[3]
+}
+
+func (x TransferState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TransferState.Descriptor instead.
+func (TransferState) EnumDescriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{3}
+}
+
 type HostAlloc struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Size          uint64                 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"` // bytes; the daemon creates a shared-memory file of this size
@@ -3213,6 +3268,455 @@ func (x *TransferBlocksRequest) GetTransport() TransportKind {
 	return TransportKind_TRANSPORT_KIND_UNSPECIFIED
 }
 
+// StartTransferRequest is one transfer of any kind, to run asynchronously.
+type StartTransferRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Transfer:
+	//
+	//	*StartTransferRequest_Batch
+	//	*StartTransferRequest_Submit
+	//	*StartTransferRequest_Blocks
+	Transfer isStartTransferRequest_Transfer `protobuf_oneof:"transfer"`
+	// The transfer's deadline, from its start; 0: the request's own
+	// (TransferBlocksRequest.timeout_ms), else the daemon's default.
+	TimeoutMs     uint64 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartTransferRequest) Reset() {
+	*x = StartTransferRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartTransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartTransferRequest) ProtoMessage() {}
+
+func (x *StartTransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartTransferRequest.ProtoReflect.Descriptor instead.
+func (*StartTransferRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *StartTransferRequest) GetTransfer() isStartTransferRequest_Transfer {
+	if x != nil {
+		return x.Transfer
+	}
+	return nil
+}
+
+func (x *StartTransferRequest) GetBatch() *BatchTransferRequest {
+	if x != nil {
+		if x, ok := x.Transfer.(*StartTransferRequest_Batch); ok {
+			return x.Batch
+		}
+	}
+	return nil
+}
+
+func (x *StartTransferRequest) GetSubmit() *SubmitTransferRequest {
+	if x != nil {
+		if x, ok := x.Transfer.(*StartTransferRequest_Submit); ok {
+			return x.Submit
+		}
+	}
+	return nil
+}
+
+func (x *StartTransferRequest) GetBlocks() *TransferBlocksRequest {
+	if x != nil {
+		if x, ok := x.Transfer.(*StartTransferRequest_Blocks); ok {
+			return x.Blocks
+		}
+	}
+	return nil
+}
+
+func (x *StartTransferRequest) GetTimeoutMs() uint64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type isStartTransferRequest_Transfer interface {
+	isStartTransferRequest_Transfer()
+}
+
+type StartTransferRequest_Batch struct {
+	Batch *BatchTransferRequest `protobuf:"bytes,1,opt,name=batch,proto3,oneof"`
+}
+
+type StartTransferRequest_Submit struct {
+	Submit *SubmitTransferRequest `protobuf:"bytes,2,opt,name=submit,proto3,oneof"`
+}
+
+type StartTransferRequest_Blocks struct {
+	Blocks *TransferBlocksRequest `protobuf:"bytes,3,opt,name=blocks,proto3,oneof"`
+}
+
+func (*StartTransferRequest_Batch) isStartTransferRequest_Transfer() {}
+
+func (*StartTransferRequest_Submit) isStartTransferRequest_Transfer() {}
+
+func (*StartTransferRequest_Blocks) isStartTransferRequest_Transfer() {}
+
+type StartTransferResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransferId    uint64                 `protobuf:"varint,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"` // never 0
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartTransferResponse) Reset() {
+	*x = StartTransferResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartTransferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartTransferResponse) ProtoMessage() {}
+
+func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartTransferResponse.ProtoReflect.Descriptor instead.
+func (*StartTransferResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *StartTransferResponse) GetTransferId() uint64 {
+	if x != nil {
+		return x.TransferId
+	}
+	return 0
+}
+
+type TransferOutcome struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransferId    uint64                 `protobuf:"varint,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	State         TransferState          `protobuf:"varint,2,opt,name=state,proto3,enum=b2b.v1.TransferState" json:"state,omitempty"`
+	Code          uint32                 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"` // FAILED and CANCELLED: the google.rpc.Code
+	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Result        *BatchTransferResponse `protobuf:"bytes,5,opt,name=result,proto3" json:"result,omitempty"` // DONE: what moved, and the phases
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferOutcome) Reset() {
+	*x = TransferOutcome{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferOutcome) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferOutcome) ProtoMessage() {}
+
+func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferOutcome.ProtoReflect.Descriptor instead.
+func (*TransferOutcome) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *TransferOutcome) GetTransferId() uint64 {
+	if x != nil {
+		return x.TransferId
+	}
+	return 0
+}
+
+func (x *TransferOutcome) GetState() TransferState {
+	if x != nil {
+		return x.State
+	}
+	return TransferState_TRANSFER_STATE_UNSPECIFIED
+}
+
+func (x *TransferOutcome) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *TransferOutcome) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *TransferOutcome) GetResult() *BatchTransferResponse {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+type WaitTransferRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransferId    uint64                 `protobuf:"varint,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	TimeoutMs     uint64                 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"` // 0: until it ends (or the call's own deadline)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitTransferRequest) Reset() {
+	*x = WaitTransferRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitTransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitTransferRequest) ProtoMessage() {}
+
+func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitTransferRequest.ProtoReflect.Descriptor instead.
+func (*WaitTransferRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *WaitTransferRequest) GetTransferId() uint64 {
+	if x != nil {
+		return x.TransferId
+	}
+	return 0
+}
+
+func (x *WaitTransferRequest) GetTimeoutMs() uint64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type PollTransfersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransferIds   []uint64               `protobuf:"varint,1,rep,packed,name=transfer_ids,json=transferIds,proto3" json:"transfer_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PollTransfersRequest) Reset() {
+	*x = PollTransfersRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PollTransfersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PollTransfersRequest) ProtoMessage() {}
+
+func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PollTransfersRequest.ProtoReflect.Descriptor instead.
+func (*PollTransfersRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *PollTransfersRequest) GetTransferIds() []uint64 {
+	if x != nil {
+		return x.TransferIds
+	}
+	return nil
+}
+
+type PollTransfersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Outcomes      []*TransferOutcome     `protobuf:"bytes,1,rep,name=outcomes,proto3" json:"outcomes,omitempty"` // in the order asked
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PollTransfersResponse) Reset() {
+	*x = PollTransfersResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PollTransfersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PollTransfersResponse) ProtoMessage() {}
+
+func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PollTransfersResponse.ProtoReflect.Descriptor instead.
+func (*PollTransfersResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *PollTransfersResponse) GetOutcomes() []*TransferOutcome {
+	if x != nil {
+		return x.Outcomes
+	}
+	return nil
+}
+
+type CancelTransferRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransferId    uint64                 `protobuf:"varint,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelTransferRequest) Reset() {
+	*x = CancelTransferRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelTransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelTransferRequest) ProtoMessage() {}
+
+func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelTransferRequest.ProtoReflect.Descriptor instead.
+func (*CancelTransferRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *CancelTransferRequest) GetTransferId() uint64 {
+	if x != nil {
+		return x.TransferId
+	}
+	return 0
+}
+
+type WatchTransfersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchTransfersRequest) Reset() {
+	*x = WatchTransfersRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchTransfersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchTransfersRequest) ProtoMessage() {}
+
+func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchTransfersRequest.ProtoReflect.Descriptor instead.
+func (*WatchTransfersRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
+}
+
 type HandshakeRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
@@ -3225,7 +3729,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3237,7 +3741,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3250,7 +3754,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -3300,7 +3804,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3312,7 +3816,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3325,7 +3829,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -3372,7 +3876,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3384,7 +3888,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3397,7 +3901,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -3422,7 +3926,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3434,7 +3938,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3447,7 +3951,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -3488,7 +3992,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3500,7 +4004,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3513,7 +4017,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SignalRequest) GetKind() string {
@@ -3539,7 +4043,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3551,7 +4055,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3564,7 +4068,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SignalResponse) GetPayload() []byte {
@@ -3587,7 +4091,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3599,7 +4103,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3612,7 +4116,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -3659,7 +4163,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3671,7 +4175,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3684,7 +4188,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -3703,7 +4207,7 @@ type ResolveLayoutRequest struct {
 
 func (x *ResolveLayoutRequest) Reset() {
 	*x = ResolveLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3715,7 +4219,7 @@ func (x *ResolveLayoutRequest) String() string {
 func (*ResolveLayoutRequest) ProtoMessage() {}
 
 func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3728,7 +4232,7 @@ func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutRequest.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ResolveLayoutRequest) GetName() string {
@@ -3750,7 +4254,7 @@ type ResolvedLayoutRegion struct {
 
 func (x *ResolvedLayoutRegion) Reset() {
 	*x = ResolvedLayoutRegion{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3762,7 +4266,7 @@ func (x *ResolvedLayoutRegion) String() string {
 func (*ResolvedLayoutRegion) ProtoMessage() {}
 
 func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3775,7 +4279,7 @@ func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedLayoutRegion.ProtoReflect.Descriptor instead.
 func (*ResolvedLayoutRegion) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ResolvedLayoutRegion) GetName() string {
@@ -3811,7 +4315,7 @@ type ResolvedSegment struct {
 
 func (x *ResolvedSegment) Reset() {
 	*x = ResolvedSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3823,7 +4327,7 @@ func (x *ResolvedSegment) String() string {
 func (*ResolvedSegment) ProtoMessage() {}
 
 func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3836,7 +4340,7 @@ func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedSegment.ProtoReflect.Descriptor instead.
 func (*ResolvedSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ResolvedSegment) GetRegion() uint32 {
@@ -3879,7 +4383,7 @@ type ResolveLayoutResponse struct {
 
 func (x *ResolveLayoutResponse) Reset() {
 	*x = ResolveLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3891,7 +4395,7 @@ func (x *ResolveLayoutResponse) String() string {
 func (*ResolveLayoutResponse) ProtoMessage() {}
 
 func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3904,7 +4408,7 @@ func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutResponse.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ResolveLayoutResponse) GetName() string {
@@ -4189,7 +4693,38 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\fnotification\x18\x06 \x01(\fR\fnotification\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\a \x01(\x04R\ttimeoutMs\x123\n" +
-	"\ttransport\x18\b \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\"\x9a\x01\n" +
+	"\ttransport\x18\b \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\"\xe9\x01\n" +
+	"\x14StartTransferRequest\x124\n" +
+	"\x05batch\x18\x01 \x01(\v2\x1c.b2b.v1.BatchTransferRequestH\x00R\x05batch\x127\n" +
+	"\x06submit\x18\x02 \x01(\v2\x1d.b2b.v1.SubmitTransferRequestH\x00R\x06submit\x127\n" +
+	"\x06blocks\x18\x03 \x01(\v2\x1d.b2b.v1.TransferBlocksRequestH\x00R\x06blocks\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x04 \x01(\x04R\ttimeoutMsB\n" +
+	"\n" +
+	"\btransfer\"8\n" +
+	"\x15StartTransferResponse\x12\x1f\n" +
+	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
+	"transferId\"\xc4\x01\n" +
+	"\x0fTransferOutcome\x12\x1f\n" +
+	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
+	"transferId\x12+\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x15.b2b.v1.TransferStateR\x05state\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x125\n" +
+	"\x06result\x18\x05 \x01(\v2\x1d.b2b.v1.BatchTransferResponseR\x06result\"U\n" +
+	"\x13WaitTransferRequest\x12\x1f\n" +
+	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
+	"transferId\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\x04R\ttimeoutMs\"9\n" +
+	"\x14PollTransfersRequest\x12!\n" +
+	"\ftransfer_ids\x18\x01 \x03(\x04R\vtransferIds\"L\n" +
+	"\x15PollTransfersResponse\x123\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.b2b.v1.TransferOutcomeR\boutcomes\"8\n" +
+	"\x15CancelTransferRequest\x12\x1f\n" +
+	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
+	"transferId\"\x17\n" +
+	"\x15WatchTransfersRequest\"\x9a\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\"\n" +
@@ -4263,8 +4798,13 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x11ChecksumAlgorithm\x12\"\n" +
 	"\x1eCHECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19CHECKSUM_ALGORITHM_CRC32C\x10\x01\x12\x1c\n" +
-	"\x18CHECKSUM_ALGORITHM_XXH64\x10\x022\x91\n" +
-	"\n" +
+	"\x18CHECKSUM_ALGORITHM_XXH64\x10\x02*\x9d\x01\n" +
+	"\rTransferState\x12\x1e\n" +
+	"\x1aTRANSFER_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16TRANSFER_STATE_RUNNING\x10\x01\x12\x17\n" +
+	"\x13TRANSFER_STATE_DONE\x10\x02\x12\x19\n" +
+	"\x15TRANSFER_STATE_FAILED\x10\x03\x12\x1c\n" +
+	"\x18TRANSFER_STATE_CANCELLED\x10\x042\x89\r\n" +
 	"\x03B2B\x12O\n" +
 	"\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n" +
 	"\x10DeregisterRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12F\n" +
@@ -4282,7 +4822,12 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0eRegisterLayout\x12\x1d.b2b.v1.RegisterLayoutRequest\x1a\x1e.b2b.v1.RegisterLayoutResponse\x12U\n" +
 	"\x10DeregisterLayout\x12\x1f.b2b.v1.DeregisterLayoutRequest\x1a .b2b.v1.DeregisterLayoutResponse\x12F\n" +
 	"\vListLayouts\x12\x1a.b2b.v1.ListLayoutsRequest\x1a\x1b.b2b.v1.ListLayoutsResponse\x12N\n" +
-	"\x0eTransferBlocks\x12\x1d.b2b.v1.TransferBlocksRequest\x1a\x1d.b2b.v1.BatchTransferResponse2\xd6\x02\n" +
+	"\x0eTransferBlocks\x12\x1d.b2b.v1.TransferBlocksRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12L\n" +
+	"\rStartTransfer\x12\x1c.b2b.v1.StartTransferRequest\x1a\x1d.b2b.v1.StartTransferResponse\x12D\n" +
+	"\fWaitTransfer\x12\x1b.b2b.v1.WaitTransferRequest\x1a\x17.b2b.v1.TransferOutcome\x12L\n" +
+	"\rPollTransfers\x12\x1c.b2b.v1.PollTransfersRequest\x1a\x1d.b2b.v1.PollTransfersResponse\x12H\n" +
+	"\x0eCancelTransfer\x12\x1d.b2b.v1.CancelTransferRequest\x1a\x17.b2b.v1.TransferOutcome\x12J\n" +
+	"\x0eWatchTransfers\x12\x1d.b2b.v1.WatchTransfersRequest\x1a\x17.b2b.v1.TransferOutcome0\x012\xd6\x02\n" +
 	"\x04Peer\x12@\n" +
 	"\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n" +
 	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12L\n" +
@@ -4302,157 +4847,182 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 	return file_b2b_v1_b2b_proto_rawDescData
 }
 
-var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
 	(ChecksumAlgorithm)(0),            // 2: b2b.v1.ChecksumAlgorithm
-	(*HostAlloc)(nil),                 // 3: b2b.v1.HostAlloc
-	(*HostFile)(nil),                  // 4: b2b.v1.HostFile
-	(*CudaAlloc)(nil),                 // 5: b2b.v1.CudaAlloc
-	(*CudaIpc)(nil),                   // 6: b2b.v1.CudaIpc
-	(*RegisterRegionRequest)(nil),     // 7: b2b.v1.RegisterRegionRequest
-	(*Region)(nil),                    // 8: b2b.v1.Region
-	(*RailRegistration)(nil),          // 9: b2b.v1.RailRegistration
-	(*RegisterRegionResponse)(nil),    // 10: b2b.v1.RegisterRegionResponse
-	(*DeregisterRegionRequest)(nil),   // 11: b2b.v1.DeregisterRegionRequest
-	(*DeregisterRegionResponse)(nil),  // 12: b2b.v1.DeregisterRegionResponse
-	(*ListRegionsRequest)(nil),        // 13: b2b.v1.ListRegionsRequest
-	(*ListRegionsResponse)(nil),       // 14: b2b.v1.ListRegionsResponse
-	(*ExportRegionRequest)(nil),       // 15: b2b.v1.ExportRegionRequest
-	(*ExportRegionResponse)(nil),      // 16: b2b.v1.ExportRegionResponse
-	(*Descriptors)(nil),               // 17: b2b.v1.Descriptors
-	(*BatchTransferRequest)(nil),      // 18: b2b.v1.BatchTransferRequest
-	(*BatchTransferResponse)(nil),     // 19: b2b.v1.BatchTransferResponse
-	(*PhaseTimings)(nil),              // 20: b2b.v1.PhaseTimings
-	(*PrepareTransferRequest)(nil),    // 21: b2b.v1.PrepareTransferRequest
-	(*PrepareTransferResponse)(nil),   // 22: b2b.v1.PrepareTransferResponse
-	(*SubmitTransferRequest)(nil),     // 23: b2b.v1.SubmitTransferRequest
-	(*ReleaseTransferRequest)(nil),    // 24: b2b.v1.ReleaseTransferRequest
-	(*ReleaseTransferResponse)(nil),   // 25: b2b.v1.ReleaseTransferResponse
-	(*SubmitStreamRequest)(nil),       // 26: b2b.v1.SubmitStreamRequest
-	(*SubmitStreamResponse)(nil),      // 27: b2b.v1.SubmitStreamResponse
-	(*PingRequest)(nil),               // 28: b2b.v1.PingRequest
-	(*PingResponse)(nil),              // 29: b2b.v1.PingResponse
-	(*ChecksumRequest)(nil),           // 30: b2b.v1.ChecksumRequest
-	(*ChecksumResponse)(nil),          // 31: b2b.v1.ChecksumResponse
-	(*WatchNotificationsRequest)(nil), // 32: b2b.v1.WatchNotificationsRequest
-	(*Notification)(nil),              // 33: b2b.v1.Notification
-	(*StatusRequest)(nil),             // 34: b2b.v1.StatusRequest
-	(*TransportStatus)(nil),           // 35: b2b.v1.TransportStatus
-	(*RailStatus)(nil),                // 36: b2b.v1.RailStatus
-	(*StatusResponse)(nil),            // 37: b2b.v1.StatusResponse
-	(*LayoutSegment)(nil),             // 38: b2b.v1.LayoutSegment
-	(*RegisterLayoutRequest)(nil),     // 39: b2b.v1.RegisterLayoutRequest
-	(*Layout)(nil),                    // 40: b2b.v1.Layout
-	(*RegisterLayoutResponse)(nil),    // 41: b2b.v1.RegisterLayoutResponse
-	(*DeregisterLayoutRequest)(nil),   // 42: b2b.v1.DeregisterLayoutRequest
-	(*DeregisterLayoutResponse)(nil),  // 43: b2b.v1.DeregisterLayoutResponse
-	(*ListLayoutsRequest)(nil),        // 44: b2b.v1.ListLayoutsRequest
-	(*ListLayoutsResponse)(nil),       // 45: b2b.v1.ListLayoutsResponse
-	(*TransferBlocksRequest)(nil),     // 46: b2b.v1.TransferBlocksRequest
-	(*HandshakeRequest)(nil),          // 47: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 48: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 49: b2b.v1.ResolveRegionRequest
-	(*ResolveRegionResponse)(nil),     // 50: b2b.v1.ResolveRegionResponse
-	(*SignalRequest)(nil),             // 51: b2b.v1.SignalRequest
-	(*SignalResponse)(nil),            // 52: b2b.v1.SignalResponse
-	(*NotifyRequest)(nil),             // 53: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 54: b2b.v1.NotifyResponse
-	(*ResolveLayoutRequest)(nil),      // 55: b2b.v1.ResolveLayoutRequest
-	(*ResolvedLayoutRegion)(nil),      // 56: b2b.v1.ResolvedLayoutRegion
-	(*ResolvedSegment)(nil),           // 57: b2b.v1.ResolvedSegment
-	(*ResolveLayoutResponse)(nil),     // 58: b2b.v1.ResolveLayoutResponse
-	nil,                               // 59: b2b.v1.HandshakeResponse.AdvertsEntry
-	nil,                               // 60: b2b.v1.ResolveRegionResponse.KeysEntry
-	nil,                               // 61: b2b.v1.ResolvedLayoutRegion.KeysEntry
+	(TransferState)(0),                // 3: b2b.v1.TransferState
+	(*HostAlloc)(nil),                 // 4: b2b.v1.HostAlloc
+	(*HostFile)(nil),                  // 5: b2b.v1.HostFile
+	(*CudaAlloc)(nil),                 // 6: b2b.v1.CudaAlloc
+	(*CudaIpc)(nil),                   // 7: b2b.v1.CudaIpc
+	(*RegisterRegionRequest)(nil),     // 8: b2b.v1.RegisterRegionRequest
+	(*Region)(nil),                    // 9: b2b.v1.Region
+	(*RailRegistration)(nil),          // 10: b2b.v1.RailRegistration
+	(*RegisterRegionResponse)(nil),    // 11: b2b.v1.RegisterRegionResponse
+	(*DeregisterRegionRequest)(nil),   // 12: b2b.v1.DeregisterRegionRequest
+	(*DeregisterRegionResponse)(nil),  // 13: b2b.v1.DeregisterRegionResponse
+	(*ListRegionsRequest)(nil),        // 14: b2b.v1.ListRegionsRequest
+	(*ListRegionsResponse)(nil),       // 15: b2b.v1.ListRegionsResponse
+	(*ExportRegionRequest)(nil),       // 16: b2b.v1.ExportRegionRequest
+	(*ExportRegionResponse)(nil),      // 17: b2b.v1.ExportRegionResponse
+	(*Descriptors)(nil),               // 18: b2b.v1.Descriptors
+	(*BatchTransferRequest)(nil),      // 19: b2b.v1.BatchTransferRequest
+	(*BatchTransferResponse)(nil),     // 20: b2b.v1.BatchTransferResponse
+	(*PhaseTimings)(nil),              // 21: b2b.v1.PhaseTimings
+	(*PrepareTransferRequest)(nil),    // 22: b2b.v1.PrepareTransferRequest
+	(*PrepareTransferResponse)(nil),   // 23: b2b.v1.PrepareTransferResponse
+	(*SubmitTransferRequest)(nil),     // 24: b2b.v1.SubmitTransferRequest
+	(*ReleaseTransferRequest)(nil),    // 25: b2b.v1.ReleaseTransferRequest
+	(*ReleaseTransferResponse)(nil),   // 26: b2b.v1.ReleaseTransferResponse
+	(*SubmitStreamRequest)(nil),       // 27: b2b.v1.SubmitStreamRequest
+	(*SubmitStreamResponse)(nil),      // 28: b2b.v1.SubmitStreamResponse
+	(*PingRequest)(nil),               // 29: b2b.v1.PingRequest
+	(*PingResponse)(nil),              // 30: b2b.v1.PingResponse
+	(*ChecksumRequest)(nil),           // 31: b2b.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),          // 32: b2b.v1.ChecksumResponse
+	(*WatchNotificationsRequest)(nil), // 33: b2b.v1.WatchNotificationsRequest
+	(*Notification)(nil),              // 34: b2b.v1.Notification
+	(*StatusRequest)(nil),             // 35: b2b.v1.StatusRequest
+	(*TransportStatus)(nil),           // 36: b2b.v1.TransportStatus
+	(*RailStatus)(nil),                // 37: b2b.v1.RailStatus
+	(*StatusResponse)(nil),            // 38: b2b.v1.StatusResponse
+	(*LayoutSegment)(nil),             // 39: b2b.v1.LayoutSegment
+	(*RegisterLayoutRequest)(nil),     // 40: b2b.v1.RegisterLayoutRequest
+	(*Layout)(nil),                    // 41: b2b.v1.Layout
+	(*RegisterLayoutResponse)(nil),    // 42: b2b.v1.RegisterLayoutResponse
+	(*DeregisterLayoutRequest)(nil),   // 43: b2b.v1.DeregisterLayoutRequest
+	(*DeregisterLayoutResponse)(nil),  // 44: b2b.v1.DeregisterLayoutResponse
+	(*ListLayoutsRequest)(nil),        // 45: b2b.v1.ListLayoutsRequest
+	(*ListLayoutsResponse)(nil),       // 46: b2b.v1.ListLayoutsResponse
+	(*TransferBlocksRequest)(nil),     // 47: b2b.v1.TransferBlocksRequest
+	(*StartTransferRequest)(nil),      // 48: b2b.v1.StartTransferRequest
+	(*StartTransferResponse)(nil),     // 49: b2b.v1.StartTransferResponse
+	(*TransferOutcome)(nil),           // 50: b2b.v1.TransferOutcome
+	(*WaitTransferRequest)(nil),       // 51: b2b.v1.WaitTransferRequest
+	(*PollTransfersRequest)(nil),      // 52: b2b.v1.PollTransfersRequest
+	(*PollTransfersResponse)(nil),     // 53: b2b.v1.PollTransfersResponse
+	(*CancelTransferRequest)(nil),     // 54: b2b.v1.CancelTransferRequest
+	(*WatchTransfersRequest)(nil),     // 55: b2b.v1.WatchTransfersRequest
+	(*HandshakeRequest)(nil),          // 56: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 57: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 58: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 59: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 60: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 61: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 62: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 63: b2b.v1.NotifyResponse
+	(*ResolveLayoutRequest)(nil),      // 64: b2b.v1.ResolveLayoutRequest
+	(*ResolvedLayoutRegion)(nil),      // 65: b2b.v1.ResolvedLayoutRegion
+	(*ResolvedSegment)(nil),           // 66: b2b.v1.ResolvedSegment
+	(*ResolveLayoutResponse)(nil),     // 67: b2b.v1.ResolveLayoutResponse
+	nil,                               // 68: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 69: b2b.v1.ResolveRegionResponse.KeysEntry
+	nil,                               // 70: b2b.v1.ResolvedLayoutRegion.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
-	3,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
-	4,  // 1: b2b.v1.RegisterRegionRequest.host_file:type_name -> b2b.v1.HostFile
-	5,  // 2: b2b.v1.RegisterRegionRequest.cuda_alloc:type_name -> b2b.v1.CudaAlloc
-	6,  // 3: b2b.v1.RegisterRegionRequest.cuda_ipc:type_name -> b2b.v1.CudaIpc
+	4,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
+	5,  // 1: b2b.v1.RegisterRegionRequest.host_file:type_name -> b2b.v1.HostFile
+	6,  // 2: b2b.v1.RegisterRegionRequest.cuda_alloc:type_name -> b2b.v1.CudaAlloc
+	7,  // 3: b2b.v1.RegisterRegionRequest.cuda_ipc:type_name -> b2b.v1.CudaIpc
 	0,  // 4: b2b.v1.Region.kind:type_name -> b2b.v1.MemoryKind
 	1,  // 5: b2b.v1.Region.registered_with:type_name -> b2b.v1.TransportKind
-	9,  // 6: b2b.v1.Region.rails:type_name -> b2b.v1.RailRegistration
-	8,  // 7: b2b.v1.RegisterRegionResponse.region:type_name -> b2b.v1.Region
-	8,  // 8: b2b.v1.ListRegionsResponse.regions:type_name -> b2b.v1.Region
-	8,  // 9: b2b.v1.ExportRegionResponse.region:type_name -> b2b.v1.Region
-	17, // 10: b2b.v1.BatchTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
+	10, // 6: b2b.v1.Region.rails:type_name -> b2b.v1.RailRegistration
+	9,  // 7: b2b.v1.RegisterRegionResponse.region:type_name -> b2b.v1.Region
+	9,  // 8: b2b.v1.ListRegionsResponse.regions:type_name -> b2b.v1.Region
+	9,  // 9: b2b.v1.ExportRegionResponse.region:type_name -> b2b.v1.Region
+	18, // 10: b2b.v1.BatchTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
 	1,  // 11: b2b.v1.BatchTransferRequest.transport:type_name -> b2b.v1.TransportKind
 	1,  // 12: b2b.v1.BatchTransferResponse.transport:type_name -> b2b.v1.TransportKind
-	20, // 13: b2b.v1.BatchTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
-	17, // 14: b2b.v1.PrepareTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
+	21, // 13: b2b.v1.BatchTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
+	18, // 14: b2b.v1.PrepareTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
 	1,  // 15: b2b.v1.PrepareTransferRequest.transport:type_name -> b2b.v1.TransportKind
 	1,  // 16: b2b.v1.PrepareTransferResponse.transport:type_name -> b2b.v1.TransportKind
-	20, // 17: b2b.v1.PrepareTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
-	19, // 18: b2b.v1.SubmitStreamResponse.result:type_name -> b2b.v1.BatchTransferResponse
+	21, // 17: b2b.v1.PrepareTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
+	20, // 18: b2b.v1.SubmitStreamResponse.result:type_name -> b2b.v1.BatchTransferResponse
 	2,  // 19: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
 	2,  // 20: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
 	1,  // 21: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
-	36, // 22: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
-	35, // 23: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
-	38, // 24: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
-	38, // 25: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
-	40, // 26: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
-	40, // 27: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
+	37, // 22: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
+	36, // 23: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
+	39, // 24: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
+	39, // 25: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
+	41, // 26: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
+	41, // 27: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
 	1,  // 28: b2b.v1.TransferBlocksRequest.transport:type_name -> b2b.v1.TransportKind
-	59, // 29: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
-	0,  // 30: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	60, // 31: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
-	61, // 32: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
-	56, // 33: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
-	57, // 34: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
-	7,  // 35: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	11, // 36: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	13, // 37: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	15, // 38: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	18, // 39: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	30, // 40: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	34, // 41: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	32, // 42: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	21, // 43: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	23, // 44: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	24, // 45: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	26, // 46: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	28, // 47: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	39, // 48: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
-	42, // 49: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
-	44, // 50: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
-	46, // 51: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
-	47, // 52: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	49, // 53: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	55, // 54: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
-	51, // 55: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	53, // 56: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	10, // 57: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	12, // 58: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	14, // 59: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	16, // 60: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	19, // 61: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	31, // 62: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	37, // 63: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	33, // 64: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	22, // 65: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	19, // 66: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	25, // 67: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	27, // 68: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	29, // 69: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	41, // 70: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	43, // 71: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	45, // 72: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	19, // 73: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	48, // 74: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	50, // 75: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	58, // 76: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	52, // 77: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	54, // 78: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	57, // [57:79] is the sub-list for method output_type
-	35, // [35:57] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	19, // 29: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
+	24, // 30: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
+	47, // 31: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
+	3,  // 32: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
+	20, // 33: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
+	50, // 34: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
+	68, // 35: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	0,  // 36: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	69, // 37: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	70, // 38: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
+	65, // 39: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
+	66, // 40: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
+	8,  // 41: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	12, // 42: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	14, // 43: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	16, // 44: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	19, // 45: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	31, // 46: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	35, // 47: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	33, // 48: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	22, // 49: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	24, // 50: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	25, // 51: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	27, // 52: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	29, // 53: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	40, // 54: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
+	43, // 55: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
+	45, // 56: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
+	47, // 57: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
+	48, // 58: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
+	51, // 59: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
+	52, // 60: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
+	54, // 61: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
+	55, // 62: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
+	56, // 63: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	58, // 64: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	64, // 65: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	60, // 66: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	62, // 67: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	11, // 68: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	13, // 69: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	15, // 70: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	17, // 71: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	20, // 72: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	32, // 73: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	38, // 74: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	34, // 75: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	23, // 76: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	20, // 77: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	26, // 78: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	28, // 79: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	30, // 80: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	42, // 81: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	44, // 82: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	46, // 83: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	20, // 84: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	49, // 85: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	50, // 86: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	53, // 87: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	50, // 88: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	50, // 89: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	57, // 90: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	59, // 91: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	67, // 92: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	61, // 93: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	63, // 94: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	68, // [68:95] is the sub-list for method output_type
+	41, // [41:68] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -4466,13 +5036,18 @@ func file_b2b_v1_b2b_proto_init() {
 		(*RegisterRegionRequest_CudaAlloc)(nil),
 		(*RegisterRegionRequest_CudaIpc)(nil),
 	}
+	file_b2b_v1_b2b_proto_msgTypes[44].OneofWrappers = []any{
+		(*StartTransferRequest_Batch)(nil),
+		(*StartTransferRequest_Submit)(nil),
+		(*StartTransferRequest_Blocks)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   59,
+			NumEnums:      4,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

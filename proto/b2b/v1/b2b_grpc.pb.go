@@ -47,6 +47,11 @@ const (
 	B2B_DeregisterLayout_FullMethodName   = "/b2b.v1.B2B/DeregisterLayout"
 	B2B_ListLayouts_FullMethodName        = "/b2b.v1.B2B/ListLayouts"
 	B2B_TransferBlocks_FullMethodName     = "/b2b.v1.B2B/TransferBlocks"
+	B2B_StartTransfer_FullMethodName      = "/b2b.v1.B2B/StartTransfer"
+	B2B_WaitTransfer_FullMethodName       = "/b2b.v1.B2B/WaitTransfer"
+	B2B_PollTransfers_FullMethodName      = "/b2b.v1.B2B/PollTransfers"
+	B2B_CancelTransfer_FullMethodName     = "/b2b.v1.B2B/CancelTransfer"
+	B2B_WatchTransfers_FullMethodName     = "/b2b.v1.B2B/WatchTransfers"
 )
 
 // B2BClient is the client API for B2B service.
@@ -111,6 +116,27 @@ type B2BClient interface {
 	// peer's exported remote_layout. Like BatchTransfer it returns only once
 	// every byte landed and was acknowledged.
 	TransferBlocks(ctx context.Context, in *TransferBlocksRequest, opts ...grpc.CallOption) (*BatchTransferResponse, error)
+	// Async handles (docs/kv.md). StartTransfer begins any kind of transfer
+	// (a batch, a prepared submit or a block transfer) and returns its id at
+	// once, after the request's fields were checked. The transfer belongs to
+	// the calling client: when the client is gone, its transfers are
+	// cancelled and their ids freed. In-flight transfers per client are
+	// bounded (--max-transfers-per-client; ResourceExhausted names it).
+	StartTransfer(ctx context.Context, in *StartTransferRequest, opts ...grpc.CallOption) (*StartTransferResponse, error)
+	// WaitTransfer waits until the transfer ended or timeout_ms passed, and
+	// returns its outcome (state RUNNING when the wait timed out). An ended
+	// outcome is reported once: after that its id is unknown (NotFound).
+	WaitTransfer(ctx context.Context, in *WaitTransferRequest, opts ...grpc.CallOption) (*TransferOutcome, error)
+	// PollTransfers returns the outcome of each named transfer at once, without
+	// waiting; ended ones are reported once, as WaitTransfer's.
+	PollTransfers(ctx context.Context, in *PollTransfersRequest, opts ...grpc.CallOption) (*PollTransfersResponse, error)
+	// CancelTransfer stops a transfer and returns only once no byte of it can
+	// land any more (verbs: its QPs moved to error and drained; tcp and local:
+	// the writers stopped). A transfer that already ended keeps its outcome.
+	CancelTransfer(ctx context.Context, in *CancelTransferRequest, opts ...grpc.CallOption) (*TransferOutcome, error)
+	// WatchTransfers streams the outcome of each of this client's transfers as
+	// it ends (each reported once, here or by Wait/Poll, whichever is first).
+	WatchTransfers(ctx context.Context, in *WatchTransfersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TransferOutcome], error)
 }
 
 type b2BClient struct {
@@ -303,6 +329,65 @@ func (c *b2BClient) TransferBlocks(ctx context.Context, in *TransferBlocksReques
 	return out, nil
 }
 
+func (c *b2BClient) StartTransfer(ctx context.Context, in *StartTransferRequest, opts ...grpc.CallOption) (*StartTransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartTransferResponse)
+	err := c.cc.Invoke(ctx, B2B_StartTransfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) WaitTransfer(ctx context.Context, in *WaitTransferRequest, opts ...grpc.CallOption) (*TransferOutcome, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferOutcome)
+	err := c.cc.Invoke(ctx, B2B_WaitTransfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) PollTransfers(ctx context.Context, in *PollTransfersRequest, opts ...grpc.CallOption) (*PollTransfersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PollTransfersResponse)
+	err := c.cc.Invoke(ctx, B2B_PollTransfers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) CancelTransfer(ctx context.Context, in *CancelTransferRequest, opts ...grpc.CallOption) (*TransferOutcome, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferOutcome)
+	err := c.cc.Invoke(ctx, B2B_CancelTransfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) WatchTransfers(ctx context.Context, in *WatchTransfersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TransferOutcome], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &B2B_ServiceDesc.Streams[2], B2B_WatchTransfers_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchTransfersRequest, TransferOutcome]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type B2B_WatchTransfersClient = grpc.ServerStreamingClient[TransferOutcome]
+
 // B2BServer is the server API for B2B service.
 // All implementations must embed UnimplementedB2BServer
 // for forward compatibility.
@@ -365,6 +450,27 @@ type B2BServer interface {
 	// peer's exported remote_layout. Like BatchTransfer it returns only once
 	// every byte landed and was acknowledged.
 	TransferBlocks(context.Context, *TransferBlocksRequest) (*BatchTransferResponse, error)
+	// Async handles (docs/kv.md). StartTransfer begins any kind of transfer
+	// (a batch, a prepared submit or a block transfer) and returns its id at
+	// once, after the request's fields were checked. The transfer belongs to
+	// the calling client: when the client is gone, its transfers are
+	// cancelled and their ids freed. In-flight transfers per client are
+	// bounded (--max-transfers-per-client; ResourceExhausted names it).
+	StartTransfer(context.Context, *StartTransferRequest) (*StartTransferResponse, error)
+	// WaitTransfer waits until the transfer ended or timeout_ms passed, and
+	// returns its outcome (state RUNNING when the wait timed out). An ended
+	// outcome is reported once: after that its id is unknown (NotFound).
+	WaitTransfer(context.Context, *WaitTransferRequest) (*TransferOutcome, error)
+	// PollTransfers returns the outcome of each named transfer at once, without
+	// waiting; ended ones are reported once, as WaitTransfer's.
+	PollTransfers(context.Context, *PollTransfersRequest) (*PollTransfersResponse, error)
+	// CancelTransfer stops a transfer and returns only once no byte of it can
+	// land any more (verbs: its QPs moved to error and drained; tcp and local:
+	// the writers stopped). A transfer that already ended keeps its outcome.
+	CancelTransfer(context.Context, *CancelTransferRequest) (*TransferOutcome, error)
+	// WatchTransfers streams the outcome of each of this client's transfers as
+	// it ends (each reported once, here or by Wait/Poll, whichever is first).
+	WatchTransfers(*WatchTransfersRequest, grpc.ServerStreamingServer[TransferOutcome]) error
 	mustEmbedUnimplementedB2BServer()
 }
 
@@ -425,6 +531,21 @@ func (UnimplementedB2BServer) ListLayouts(context.Context, *ListLayoutsRequest) 
 }
 func (UnimplementedB2BServer) TransferBlocks(context.Context, *TransferBlocksRequest) (*BatchTransferResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TransferBlocks not implemented")
+}
+func (UnimplementedB2BServer) StartTransfer(context.Context, *StartTransferRequest) (*StartTransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartTransfer not implemented")
+}
+func (UnimplementedB2BServer) WaitTransfer(context.Context, *WaitTransferRequest) (*TransferOutcome, error) {
+	return nil, status.Error(codes.Unimplemented, "method WaitTransfer not implemented")
+}
+func (UnimplementedB2BServer) PollTransfers(context.Context, *PollTransfersRequest) (*PollTransfersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PollTransfers not implemented")
+}
+func (UnimplementedB2BServer) CancelTransfer(context.Context, *CancelTransferRequest) (*TransferOutcome, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelTransfer not implemented")
+}
+func (UnimplementedB2BServer) WatchTransfers(*WatchTransfersRequest, grpc.ServerStreamingServer[TransferOutcome]) error {
+	return status.Error(codes.Unimplemented, "method WatchTransfers not implemented")
 }
 func (UnimplementedB2BServer) mustEmbedUnimplementedB2BServer() {}
 func (UnimplementedB2BServer) testEmbeddedByValue()             {}
@@ -735,6 +856,89 @@ func _B2B_TransferBlocks_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _B2B_StartTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartTransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).StartTransfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_StartTransfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).StartTransfer(ctx, req.(*StartTransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_WaitTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitTransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).WaitTransfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_WaitTransfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).WaitTransfer(ctx, req.(*WaitTransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_PollTransfers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PollTransfersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).PollTransfers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_PollTransfers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).PollTransfers(ctx, req.(*PollTransfersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_CancelTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelTransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).CancelTransfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_CancelTransfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).CancelTransfer(ctx, req.(*CancelTransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_WatchTransfers_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchTransfersRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(B2BServer).WatchTransfers(m, &grpc.GenericServerStream[WatchTransfersRequest, TransferOutcome]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type B2B_WatchTransfersServer = grpc.ServerStreamingServer[TransferOutcome]
+
 // B2B_ServiceDesc is the grpc.ServiceDesc for B2B service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -802,6 +1006,22 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "TransferBlocks",
 			Handler:    _B2B_TransferBlocks_Handler,
 		},
+		{
+			MethodName: "StartTransfer",
+			Handler:    _B2B_StartTransfer_Handler,
+		},
+		{
+			MethodName: "WaitTransfer",
+			Handler:    _B2B_WaitTransfer_Handler,
+		},
+		{
+			MethodName: "PollTransfers",
+			Handler:    _B2B_PollTransfers_Handler,
+		},
+		{
+			MethodName: "CancelTransfer",
+			Handler:    _B2B_CancelTransfer_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -814,6 +1034,11 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _B2B_SubmitStream_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "WatchTransfers",
+			Handler:       _B2B_WatchTransfers_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "b2b/v1/b2b.proto",

@@ -11,6 +11,11 @@ DESCRIPTOR: _descriptor.FileDescriptor
 MEMORY_KIND_CUDA: MemoryKind
 MEMORY_KIND_HOST: MemoryKind
 MEMORY_KIND_UNSPECIFIED: MemoryKind
+TRANSFER_STATE_CANCELLED: TransferState
+TRANSFER_STATE_DONE: TransferState
+TRANSFER_STATE_FAILED: TransferState
+TRANSFER_STATE_RUNNING: TransferState
+TRANSFER_STATE_UNSPECIFIED: TransferState
 TRANSPORT_KIND_LOCAL: TransportKind
 TRANSPORT_KIND_TCP: TransportKind
 TRANSPORT_KIND_UNSPECIFIED: TransportKind
@@ -49,6 +54,12 @@ class BatchTransferResponse(_message.Message):
     transport: TransportKind
     work_requests: int
     def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., elapsed_ns: _Optional[int] = ..., phases: _Optional[_Union[PhaseTimings, _Mapping]] = ...) -> None: ...
+
+class CancelTransferRequest(_message.Message):
+    __slots__ = ["transfer_id"]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: int
+    def __init__(self, transfer_id: _Optional[int] = ...) -> None: ...
 
 class ChecksumRequest(_message.Message):
     __slots__ = ["algorithm", "block_length", "lengths", "offsets", "per_block", "region_id"]
@@ -307,6 +318,18 @@ class PingResponse(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
 
+class PollTransfersRequest(_message.Message):
+    __slots__ = ["transfer_ids"]
+    TRANSFER_IDS_FIELD_NUMBER: _ClassVar[int]
+    transfer_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, transfer_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PollTransfersResponse(_message.Message):
+    __slots__ = ["outcomes"]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedCompositeFieldContainer[TransferOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[TransferOutcome, _Mapping]]] = ...) -> None: ...
+
 class PrepareTransferRequest(_message.Message):
     __slots__ = ["descriptors", "dst_region", "notification", "peer", "src_region_id", "transport"]
     DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
@@ -555,6 +578,24 @@ class SignalResponse(_message.Message):
     payload: bytes
     def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
 
+class StartTransferRequest(_message.Message):
+    __slots__ = ["batch", "blocks", "submit", "timeout_ms"]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    batch: BatchTransferRequest
+    blocks: TransferBlocksRequest
+    submit: SubmitTransferRequest
+    timeout_ms: int
+    def __init__(self, batch: _Optional[_Union[BatchTransferRequest, _Mapping]] = ..., submit: _Optional[_Union[SubmitTransferRequest, _Mapping]] = ..., blocks: _Optional[_Union[TransferBlocksRequest, _Mapping]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class StartTransferResponse(_message.Message):
+    __slots__ = ["transfer_id"]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    transfer_id: int
+    def __init__(self, transfer_id: _Optional[int] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
@@ -645,6 +686,20 @@ class TransferBlocksRequest(_message.Message):
     transport: TransportKind
     def __init__(self, local_layout: _Optional[str] = ..., peer: _Optional[str] = ..., remote_layout: _Optional[str] = ..., local_ids: _Optional[bytes] = ..., remote_ids: _Optional[bytes] = ..., notification: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ...) -> None: ...
 
+class TransferOutcome(_message.Message):
+    __slots__ = ["code", "message", "result", "state", "transfer_id"]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    result: BatchTransferResponse
+    state: TransferState
+    transfer_id: int
+    def __init__(self, transfer_id: _Optional[int] = ..., state: _Optional[_Union[TransferState, str]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., result: _Optional[_Union[BatchTransferResponse, _Mapping]] = ...) -> None: ...
+
 class TransportStatus(_message.Message):
     __slots__ = ["available", "connections", "detail", "kind", "memory_regions", "queue_pairs", "rails"]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
@@ -663,11 +718,23 @@ class TransportStatus(_message.Message):
     rails: _containers.RepeatedCompositeFieldContainer[RailStatus]
     def __init__(self, kind: _Optional[_Union[TransportKind, str]] = ..., available: bool = ..., detail: _Optional[str] = ..., connections: _Optional[int] = ..., queue_pairs: _Optional[int] = ..., memory_regions: _Optional[int] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ...) -> None: ...
 
+class WaitTransferRequest(_message.Message):
+    __slots__ = ["timeout_ms", "transfer_id"]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    timeout_ms: int
+    transfer_id: int
+    def __init__(self, transfer_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
 class WatchNotificationsRequest(_message.Message):
     __slots__ = ["region_id"]
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
     region_id: str
     def __init__(self, region_id: _Optional[str] = ...) -> None: ...
+
+class WatchTransfersRequest(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
 
 class MemoryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
@@ -676,4 +743,7 @@ class TransportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class ChecksumAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class TransferState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

@@ -102,6 +102,31 @@ class B2BStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.TransferBlocksRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.FromString,
                 )
+        self.StartTransfer = channel.unary_unary(
+                '/b2b.v1.B2B/StartTransfer',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.StartTransferRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.StartTransferResponse.FromString,
+                )
+        self.WaitTransfer = channel.unary_unary(
+                '/b2b.v1.B2B/WaitTransfer',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.WaitTransferRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.TransferOutcome.FromString,
+                )
+        self.PollTransfers = channel.unary_unary(
+                '/b2b.v1.B2B/PollTransfers',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.PollTransfersRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.PollTransfersResponse.FromString,
+                )
+        self.CancelTransfer = channel.unary_unary(
+                '/b2b.v1.B2B/CancelTransfer',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.CancelTransferRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.TransferOutcome.FromString,
+                )
+        self.WatchTransfers = channel.unary_stream(
+                '/b2b.v1.B2B/WatchTransfers',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.WatchTransfersRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.TransferOutcome.FromString,
+                )
 
 
 class B2BServicer(object):
@@ -253,6 +278,52 @@ class B2BServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartTransfer(self, request, context):
+        """Async handles (docs/kv.md). StartTransfer begins any kind of transfer
+        (a batch, a prepared submit or a block transfer) and returns its id at
+        once, after the request's fields were checked. The transfer belongs to
+        the calling client: when the client is gone, its transfers are
+        cancelled and their ids freed. In-flight transfers per client are
+        bounded (--max-transfers-per-client; ResourceExhausted names it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitTransfer(self, request, context):
+        """WaitTransfer waits until the transfer ended or timeout_ms passed, and
+        returns its outcome (state RUNNING when the wait timed out). An ended
+        outcome is reported once: after that its id is unknown (NotFound).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PollTransfers(self, request, context):
+        """PollTransfers returns the outcome of each named transfer at once, without
+        waiting; ended ones are reported once, as WaitTransfer's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelTransfer(self, request, context):
+        """CancelTransfer stops a transfer and returns only once no byte of it can
+        land any more (verbs: its QPs moved to error and drained; tcp and local:
+        the writers stopped). A transfer that already ended keeps its outcome.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchTransfers(self, request, context):
+        """WatchTransfers streams the outcome of each of this client's transfers as
+        it ends (each reported once, here or by Wait/Poll, whichever is first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_B2BServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -340,6 +411,31 @@ def add_B2BServicer_to_server(servicer, server):
                     servicer.TransferBlocks,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.TransferBlocksRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.SerializeToString,
+            ),
+            'StartTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartTransfer,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.StartTransferRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.StartTransferResponse.SerializeToString,
+            ),
+            'WaitTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitTransfer,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.WaitTransferRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.TransferOutcome.SerializeToString,
+            ),
+            'PollTransfers': grpc.unary_unary_rpc_method_handler(
+                    servicer.PollTransfers,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.PollTransfersRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.PollTransfersResponse.SerializeToString,
+            ),
+            'CancelTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTransfer,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.CancelTransferRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.TransferOutcome.SerializeToString,
+            ),
+            'WatchTransfers': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchTransfers,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.WatchTransfersRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.TransferOutcome.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -640,6 +736,91 @@ class B2B(object):
         return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/TransferBlocks',
             b2b_dot_v1_dot_b2b__pb2.TransferBlocksRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StartTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/StartTransfer',
+            b2b_dot_v1_dot_b2b__pb2.StartTransferRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.StartTransferResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WaitTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/WaitTransfer',
+            b2b_dot_v1_dot_b2b__pb2.WaitTransferRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.TransferOutcome.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PollTransfers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/PollTransfers',
+            b2b_dot_v1_dot_b2b__pb2.PollTransfersRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.PollTransfersResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CancelTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/CancelTransfer',
+            b2b_dot_v1_dot_b2b__pb2.CancelTransferRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.TransferOutcome.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WatchTransfers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/b2b.v1.B2B/WatchTransfers',
+            b2b_dot_v1_dot_b2b__pb2.WatchTransfersRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.TransferOutcome.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
