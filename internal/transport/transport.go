@@ -169,6 +169,35 @@ type Conn interface {
 	Close() error
 }
 
+// Access is what a key lets a peer do with a region: write into it, read
+// from it, or both (issue 24's read grants).
+type Access uint8
+
+const (
+	AccessWrite Access = 1 << iota
+	AccessRead
+)
+
+// Reader is implemented by Conns that can pull (issue 24): copy blocks of a
+// peer's exported region into local memory. The peer's region is the
+// source, so b.Src holds offsets in src and b.Dst offsets in dst.
+type Reader interface {
+	// Read copies every block of b from the peer's region src into the
+	// local registration dst. It returns nil only once every byte is in
+	// place in dst. On error any subset may have landed. Once Read
+	// returned, error or not, no byte of it lands in dst any more (verbs:
+	// the QPs are moved to error and drained first). It honours ctx and
+	// may be called concurrently.
+	Read(ctx context.Context, dst Registration, src RemoteRegion, b *desc.Batch) (Stats, error)
+}
+
+// AccessKeyer is implemented by Registrations whose key depends on what it
+// allows (verbs: one MR per access set, so that a read-only grant's rkey
+// cannot WRITE). Key() stays the write key.
+type AccessKeyer interface {
+	KeyFor(a Access) (RemoteKey, error)
+}
+
 // Preparer is implemented by Conns that can build a batch's work once and
 // post it many times (prepared transfers).
 type Preparer interface {
