@@ -174,11 +174,15 @@ def main() -> int:
                 summary["async"] = {"blocks": ar.blocks, "ms": (time.perf_counter() - t0) * 1e3, "done": hnd.done()}
             except b2b.UnimplementedError as e:
                 summary["async"] = f"unimplemented: {e.message}"
+            except b2b.B2BError as e:  # a real failure of the async path: reported, and the run fails
+                summary["async"] = f"failed: {e}"
+                summary["async_failed"] = True
             lay.close()
         go.put("check")
         res = result.get(timeout=1800)
         summary.update(res)
-        ok = bool(res.get("verified")) and summary.get("blocks") == args.layers * args.request
+        ok = (bool(res.get("verified")) and summary.get("blocks") == args.layers * args.request
+              and not summary.get("async_failed"))
     except BaseException as e:
         summary["error"] = f"{type(e).__name__}: {e}"
         go.put("stop")

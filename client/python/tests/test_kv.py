@@ -212,6 +212,16 @@ class KVTest(unittest.TestCase):
         with self.assertRaises(b2b.InvalidArgumentError) as cm:
             bad.wait(timeout=30)
         self.assertIn("remote_ids[1]", str(cm.exception))
+        self.assertTrue(bad.failed)
+        # A cancel is answered only once the transfer has ended: either it won the race
+        # (its result stands) or it was cancelled (wait raises CANCELLED). Never "running".
+        c = ls.transfer_blocks(self.db.peer_address, "kv-async-dst", list(range(POOL)), list(range(POOL)), wait=False)
+        c.cancel()
+        self.assertTrue(c.done())
+        try:
+            self.assertEqual(c.wait().blocks, POOL * len(src))
+        except b2b.B2BError as e:
+            self.assertEqual(e.code, grpc.StatusCode.CANCELLED, str(e))
 
 
 # ---------------------------------------------------------------------------
