@@ -62,7 +62,7 @@ run() { # $1 = name, then the command; its output goes to OUT/$1.txt
 
 for tr in ${TRANSPORTS:-local tcp}; do
   step "daemons over $tr"
-  if ! start_daemons "$tr"; then fail=1; continue; fi
+  if ! start_daemons "$tr"; then fail=1; stop_daemons; continue; fi
   common=(--src-socket "$tmp/a.sock" --dst-socket "$tmp/b.sock" --dst-peer "$peer_b" --transport "$tr")
   for pair in $pairs; do
     s=${pair%:*}; d=${pair#*:}
