@@ -153,6 +153,17 @@ func (ls *Layouts) Deregister(name string, who region.Caller) error {
 		ls.mu.Unlock()
 		return fmt.Errorf("%w: layout %q belongs to %s, not %s", errs.ErrPermissionDenied, name, e.Owner, who)
 	}
+	if e.Export != "" {
+		// Peers cache a resolved layout until a key is refused: revoke
+		// its regions' keys, so that no peer goes on writing by this
+		// layout's geometry once it is gone. On failure the layout stays.
+		for _, r := range e.regions {
+			if err := ls.reg.Rekey(r.ID, fmt.Sprintf("exported layout %q deregistered", name)); err != nil {
+				ls.mu.Unlock()
+				return fmt.Errorf("deregister layout %q: revoking the keys peers resolved: %w", name, err)
+			}
+		}
+	}
 	delete(ls.byName, name)
 	if e.Export != "" {
 		delete(ls.byExport, e.Export)

@@ -272,3 +272,47 @@ func TestTransferBlocksRefusals(t *testing.T) {
 		t.Fatalf("deregister after the layout went: %v", err)
 	}
 }
+
+// TestLayoutReregisteredIsResolvedAfresh: peers cache a resolved layout
+// with no age limit, so deregistering an exported layout must revoke what
+// they cached. The receiver re-registers its export name with the segments
+// in reverse region order; the sender's next transfer, at once, must land
+// by the new geometry, not the cached one.
+func TestLayoutReregisteredIsResolvedAfresh(t *testing.T) {
+	a, b := startNode(t, "a", autoTransport), startNode(t, "b", autoTransport)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r := rand.New(rand.NewPCG(31, 3))
+	for _, kind := range []b2bv1.TransportKind{b2bv1.TransportKind_TRANSPORT_KIND_TCP, b2bv1.TransportKind_TRANSPORT_KIND_LOCAL} {
+		t.Run(kind.String(), func(t *testing.T) {
+			ln, rn := "src-"+kind.String(), "dst-"+kind.String()
+			src := registerKV(ctx, t, a.c, "", false, ln, "", func(int) byte { return byte(r.Uint32()) })
+			dst := registerKV(ctx, t, b.c, rn+"-r", true, rn, rn, func(int) byte { return kvUntouch })
+			srcIDs, dstIDs := kvIDs(r, 16)
+			send := func() {
+				t.Helper()
+				if _, err := a.c.TransferBlocks(ctx, client.Blocks{LocalLayout: ln, Peer: b.d.PeerAddr(), RemoteLayout: rn, LocalIDs: srcIDs, RemoteIDs: dstIDs, Transport: kind}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			send() // the sender now caches rn
+			checkKV(t, src, dst, srcIDs, dstIDs)
+			if err := b.c.DeregisterLayout(ctx, rn); err != nil {
+				t.Fatal(err)
+			}
+			var rev kvSide
+			var segs []client.Segment
+			for i := kvSegments - 1; i >= 0; i-- {
+				reg := dst.regions[i]
+				fill(reg.Bytes, func(int) byte { return kvUntouch })
+				rev.regions = append(rev.regions, reg)
+				segs = append(segs, client.Segment{RegionID: reg.Id, BlockLen: kvBlock, Stride: kvBlock})
+			}
+			if _, err := b.c.RegisterLayout(ctx, client.Layout{Name: rn, Segments: segs, NumBlocks: kvPool, Export: rn}); err != nil {
+				t.Fatal(err)
+			}
+			send()
+			checkKV(t, src, rev, srcIDs, dstIDs)
+		})
+	}
+}

@@ -135,10 +135,19 @@ type cacheEntry[T any] struct {
 // transport it is registered with.
 type Resolved = transport.Resolution
 
-// resolveTTL bounds how long a resolution is reused: within it a batch pays
-// no resolve round trip; after it an un-exported or re-permissioned region is
-// noticed even on transports whose keys the receiver cannot revoke (rkeys).
+// resolveTTL bounds how long a region resolution is reused: within it a
+// batch pays no resolve round trip; after it an un-exported or
+// re-permissioned region is noticed even on transports whose keys the
+// receiver cannot revoke (rkeys).
 const resolveTTL = time.Second
+
+// layoutTTL: a layout resolution is kept until it fails (0: no age limit).
+// A layout's geometry changes only by deregistering it, which rekeys its
+// regions (batch.Layouts.Deregister), so a stale resolution's key is
+// refused (ForgetLayout) or breaks the connection (its cache is dropped);
+// a restarted peer drops it at the handshake. A request then pays no
+// resolve round trip however far apart requests come.
+const layoutTTL = 0
 
 // New creates a manager. self is what this daemon says in its handshake;
 // loopbackOnly refuses peers off this host (plaintext mode).
@@ -548,7 +557,7 @@ func offered(hs *b2bv1.HandshakeResponse) []string {
 // from the cache when it can; cached says which, so a caller whose batch is
 // refused for a stale key knows a fresh resolution may help.
 func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name string) (r Resolved, cached bool, err error) {
-	return resolveCached(ctx, m, addr, name, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
+	return resolveCached(ctx, m, addr, name, resolveTTL, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
 		func(ctl b2bv1.PeerClient) (Resolved, error) {
 			resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
 			if err != nil {
@@ -561,9 +570,9 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 // ResolveLayout returns the peer's exported layout resolved (its segments,
 // validated, and its regions' keys), from the cache when it can, like
 // Resolve: a restarted peer (new handshake), a broken connection or
-// ForgetLayout (a refused key) drop it, and it lives at most resolveTTL.
+// ForgetLayout (a refused key) drop it; it has no age limit (layoutTTL).
 func (m *Manager) ResolveLayout(ctx context.Context, addr, name string) (r *transport.LayoutResolution, cached bool, err error) {
-	return resolveCached(ctx, m, addr, name, func(st *state) map[string]cacheEntry[*transport.LayoutResolution] { return st.layouts },
+	return resolveCached(ctx, m, addr, name, layoutTTL, func(st *state) map[string]cacheEntry[*transport.LayoutResolution] { return st.layouts },
 		func(ctl b2bv1.PeerClient) (*transport.LayoutResolution, error) {
 			resp, err := ctl.ResolveLayout(ctx, &b2bv1.ResolveLayoutRequest{Name: name})
 			if err != nil {
@@ -578,8 +587,8 @@ func (m *Manager) ResolveLayout(ctx context.Context, addr, name string) (r *tran
 }
 
 // resolveCached answers name from the peer's cache (of) while the entry is
-// younger than resolveTTL, else asks the peer (fetch) and caches the answer.
-func resolveCached[T any](ctx context.Context, m *Manager, addr, name string, of func(*state) map[string]cacheEntry[T], fetch func(b2bv1.PeerClient) (T, error)) (r T, hit bool, err error) {
+// younger than ttl (0: any age), else asks the peer (fetch) and caches it.
+func resolveCached[T any](ctx context.Context, m *Manager, addr, name string, ttl time.Duration, of func(*state) map[string]cacheEntry[T], fetch func(b2bv1.PeerClient) (T, error)) (r T, hit bool, err error) {
 	st, err := m.acquire(addr, false)
 	if st == nil {
 		if err == nil {
@@ -592,7 +601,7 @@ func resolveCached[T any](ctx context.Context, m *Manager, addr, name string, of
 	c, ok := of(st)[name]
 	ctl := st.client
 	st.mu.Unlock()
-	if ok && time.Since(c.at) < resolveTTL {
+	if ok && (ttl == 0 || time.Since(c.at) < ttl) {
 		return c.r, true, nil
 	}
 	if ctl == nil {

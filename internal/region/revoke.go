@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -44,6 +45,26 @@ func (g *Registry) revokeIfNarrowed(r *Region, e Export) error {
 	if !narrows(r.Export, r.ExportTo, e) {
 		return nil
 	}
+	return g.rekey(r, "export narrowed")
+}
+
+// Rekey gives every registration of region id that can take one a new key
+// (transport.Rekeyer), revoking the keys peers resolved before: a
+// deregistered exported layout rekeys its regions, so that peers' cached
+// resolutions of it are refused at the receiver (and resolved afresh)
+// instead of writing by a geometry that no longer holds.
+func (g *Registry) Rekey(id, why string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r, ok := g.byID[id]
+	if !ok {
+		return fmt.Errorf("%w: region_id %q is not registered", errs.ErrNotFound, id)
+	}
+	return g.rekey(r, why)
+}
+
+// rekey replaces r's keys and moves the key index to them; g.mu held.
+func (g *Registry) rekey(r *Region, why string) error {
 	for k, reg := range r.regs {
 		rk, ok := reg.(transport.Rekeyer)
 		if !ok {
@@ -51,13 +72,13 @@ func (g *Registry) revokeIfNarrowed(r *Region, e Export) error {
 		}
 		old, err := rk.Rekey()
 		if err != nil {
-			return fmt.Errorf("region %s: narrowing its export needs a new %s key, which failed: %w", r.ID, k, err)
+			return fmt.Errorf("region %s: %s: a new %s key failed: %w", r.ID, why, k, err)
 		}
 		if g.byKey[keyRef{k, old.Key}] == r {
 			delete(g.byKey, keyRef{k, old.Key})
 		}
 		g.byKey[keyRef{k, reg.Key().Key}] = r
-		g.cfg.Log.Info("export narrowed: key revoked", "id", r.ID, "transport", k, "old_key", old.Key, "new_key", reg.Key().Key)
+		g.cfg.Log.Info("key revoked", "why", why, "id", r.ID, "transport", k, "old_key", old.Key, "new_key", reg.Key().Key)
 	}
 	return nil
 }
