@@ -21,12 +21,15 @@ type Layout struct {
 	NumBlocks uint64
 	Export    string   // "": not exported
 	ExportTo  []string // peer identities; empty: every peer
+	// Persist keeps the layout after this client is gone (see Persist for
+	// regions); without it the daemon deregisters it then.
+	Persist bool
 }
 
 // RegisterLayout registers l with the daemon; its regions are held until
 // DeregisterLayout.
 func (c *Client) RegisterLayout(ctx context.Context, l Layout) (*b2bv1.Layout, error) {
-	req := &b2bv1.RegisterLayoutRequest{Name: l.Name, NumBlocks: l.NumBlocks, ExportName: l.Export, ExportTo: l.ExportTo}
+	req := &b2bv1.RegisterLayoutRequest{Name: l.Name, NumBlocks: l.NumBlocks, ExportName: l.Export, ExportTo: l.ExportTo, Persist: l.Persist}
 	for _, s := range l.Segments {
 		req.Segments = append(req.Segments, &b2bv1.LayoutSegment{RegionId: s.RegionID, Offset: s.Offset, BlockLen: s.BlockLen, Stride: s.Stride})
 	}
@@ -66,4 +69,13 @@ func PackIDs(ids []uint32) []byte {
 		binary.LittleEndian.PutUint32(out[4*i:], x)
 	}
 	return out
+}
+
+// ListLayouts lists this caller's layouts.
+func (c *Client) ListLayouts(ctx context.Context) ([]*b2bv1.Layout, error) {
+	resp, err := c.api.ListLayouts(ctx, &b2bv1.ListLayoutsRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetLayouts(), nil
 }

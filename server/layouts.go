@@ -22,7 +22,7 @@ func (l *local) RegisterLayout(ctx context.Context, req *b2bv1.RegisterLayoutReq
 	for i, s := range req.GetSegments() {
 		segs[i] = layout.Segment{Region: s.GetRegionId(), Offset: s.GetOffset(), BlockLen: s.GetBlockLen(), Stride: s.GetStride()}
 	}
-	e, err := l.s.batches.Layouts().Register(req.GetName(), segs, req.GetNumBlocks(), exportOf(req.GetExportName(), req.GetExportTo()), caller(ctx))
+	e, err := l.s.batches.Layouts().Register(req.GetName(), segs, req.GetNumBlocks(), exportOf(req.GetExportName(), req.GetExportTo()), caller(ctx), lease(ctx, req.GetPersist()))
 	if err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}
@@ -112,7 +112,7 @@ func firstSegment(e *batch.Entry, ri int) int {
 }
 
 func layoutProto(e *batch.Entry) *b2bv1.Layout {
-	out := &b2bv1.Layout{Name: e.Name, NumBlocks: e.NumBlocks, ExportName: e.Export, ExportTo: e.ExportTo}
+	out := &b2bv1.Layout{Name: e.Name, NumBlocks: e.NumBlocks, ExportName: e.Export, ExportTo: e.ExportTo, Persist: e.Lease.Client == 0}
 	for _, s := range e.Segments {
 		out.Segments = append(out.Segments, &b2bv1.LayoutSegment{RegionId: s.Region, Offset: s.Offset, BlockLen: s.BlockLen, Stride: s.Stride})
 	}

@@ -72,6 +72,10 @@ func (s *Server) leave(c *client) {
 	if c == nil || !s.clients.leave(c) {
 		return
 	}
+	// Layouts first: their holds would keep the client's regions mapped.
+	if n, err := s.batches.Layouts().Expire(c.id); n > 0 || err != nil {
+		s.cfg.Log.Info("client gone; its leased layouts are deregistered", "pid", c.pid, "layouts", n, "error", err)
+	}
 	if now, later := s.cfg.Registry.Expire(c.id); now+later > 0 {
 		s.cfg.Log.Info("client gone; its leased regions are released", "pid", c.pid, "released", now, "after_their_batches", later)
 	}

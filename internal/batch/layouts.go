@@ -31,6 +31,7 @@ type Entry struct {
 	Export    string
 	ExportTo  []string
 	Owner     region.Caller
+	Lease     region.Lease // Client 0: persists until DeregisterLayout
 	NumBlocks uint64
 	Segments  []layout.Segment // Region: the region's ID
 	Layout    *layout.Layout
@@ -73,7 +74,7 @@ func NewLayouts(reg *region.Registry) *Layouts {
 
 // Register validates and registers a layout of segs (Region: region IDs,
 // NumBlocks ignored: numBlocks applies to all), holding its regions.
-func (ls *Layouts) Register(name string, segs []layout.Segment, numBlocks uint64, export region.Export, who region.Caller) (*Entry, error) {
+func (ls *Layouts) Register(name string, segs []layout.Segment, numBlocks uint64, export region.Export, who region.Caller, lease region.Lease) (*Entry, error) {
 	if len(export.Name) > region.MaxNameLen {
 		return nil, fmt.Errorf("%w: export_name is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(export.Name), region.MaxNameLen)
 	}
@@ -90,7 +91,7 @@ func (ls *Layouts) Register(name string, segs []layout.Segment, numBlocks uint64
 	if export.Name != "" && etaken {
 		return nil, fmt.Errorf("%w: export_name: a layout is exported as %q", errs.ErrAlreadyExists, export.Name)
 	}
-	e := &Entry{Name: name, Export: export.Name, ExportTo: slices.Clone(export.To), Owner: who, NumBlocks: numBlocks}
+	e := &Entry{Name: name, Export: export.Name, ExportTo: slices.Clone(export.To), Owner: who, Lease: lease, NumBlocks: numBlocks}
 	e.Segments = make([]layout.Segment, len(segs))
 	held := map[string]*region.Region{}
 	fail := func(err error) (*Entry, error) {
@@ -153,12 +154,50 @@ func (ls *Layouts) Deregister(name string, who region.Caller) error {
 		ls.mu.Unlock()
 		return fmt.Errorf("%w: layout %q belongs to %s, not %s", errs.ErrPermissionDenied, name, e.Owner, who)
 	}
+	return ls.remove(e) // unlocks
+}
+
+// Expire deregisters the layouts leased to client (region.Lease.Client),
+// whose last connection closed, and returns how many went. The server calls
+// it before the region registry's Expire, so that the layouts' holds no
+// longer keep the client's regions mapped.
+func (ls *Layouts) Expire(client uint64) (n int, err error) {
+	if client == 0 {
+		return 0, nil
+	}
+	ls.mu.Lock()
+	var gone []*Entry
+	for _, e := range ls.byName {
+		if e.Lease.Client == client {
+			gone = append(gone, e)
+		}
+	}
+	ls.mu.Unlock()
+	for _, e := range gone {
+		ls.mu.Lock()
+		if ls.byName[e.Name] != e {
+			ls.mu.Unlock()
+			continue
+		}
+		if rerr := ls.remove(e); rerr != nil {
+			err = rerr
+			continue
+		}
+		n++
+	}
+	return n, err
+}
+
+// remove drops e, which is registered, and releases its holds; ls.mu is
+// held on entry and released.
+func (ls *Layouts) remove(e *Entry) error {
+	name := e.Name
 	if e.Export != "" {
 		// Peers cache a resolved layout until a key is refused: revoke
 		// its regions' keys, so that no peer goes on writing by this
 		// layout's geometry once it is gone. On failure the layout stays.
 		for _, r := range e.regions {
-			if err := ls.reg.Rekey(r.ID, fmt.Sprintf("exported layout %q deregistered", name)); err != nil {
+			if err := ls.reg.Rekey(r, fmt.Sprintf("exported layout %q deregistered", name)); err != nil {
 				ls.mu.Unlock()
 				return fmt.Errorf("deregister layout %q: revoking the keys peers resolved: %w", name, err)
 			}

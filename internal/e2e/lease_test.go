@@ -207,3 +207,67 @@ func TestRegionLeaseEndsWithConnection(t *testing.T) {
 		t.Fatalf("name of a closed connection's region: %v", err)
 	}
 }
+
+// TestLayoutDiesWithItsClient: a layout is leased like its regions. When
+// its client's connection closes, the layout goes (its name is free, its
+// export resolves no more) and its hold no longer keeps the regions'
+// memory: their files are removed. A persistent layout stays.
+func TestLayoutDiesWithItsClient(t *testing.T) {
+	n := startNode(t, "a", func(c *daemon.Config) { c.APIListen = "127.0.0.1:0" })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	first, err := client.Dial(n.d.APITCPAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := dialSock(t, n.d.APITCPAddr())
+	reg := func(c *client.Client, name string, persist bool) *client.HostRegion {
+		t.Helper()
+		r, err := c.RegisterHost(ctx, 4096, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := client.Layout{Name: name, NumBlocks: 4, Export: name + "-x", Persist: persist,
+			Segments: []client.Segment{{RegionID: r.Id, BlockLen: 1024, Stride: 1024}}}
+		if _, err := c.RegisterLayout(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	gone := reg(first, "leased", false)
+	kept := reg(first, "kept", true)
+	path := gone.ShmPath
+	gone.Unmap()
+	first.Close()
+	for {
+		_, err := os.Stat(path)
+		if errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("region file %s of a gone client's layout is still there: %v", path, err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	ls, err := second.ListLayouts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for _, l := range ls {
+		names[l.GetName()] = true
+	}
+	if names["leased"] || !names["kept"] {
+		t.Fatalf("layouts after the client left: %v; want kept only", names)
+	}
+	_ = kept
+	r2, err := second.RegisterHost(ctx, 4096, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.RegisterLayout(ctx, client.Layout{Name: "leased", NumBlocks: 4, Export: "leased-x",
+		Segments: []client.Segment{{RegionID: r2.Id, BlockLen: 1024, Stride: 1024}}}); err != nil {
+		t.Fatalf("the gone client's layout name and export: %v", err)
+	}
+}

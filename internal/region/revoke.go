@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -53,13 +52,11 @@ func (g *Registry) revokeIfNarrowed(r *Region, e Export) error {
 // deregistered exported layout rekeys its regions, so that peers' cached
 // resolutions of it are refused at the receiver (and resolved afresh)
 // instead of writing by a geometry that no longer holds.
-func (g *Registry) Rekey(id, why string) error {
+// A region already unpublished (its client gone, held by a layout) is
+// rekeyed too, but its new keys are not indexed: it takes no more writes.
+func (g *Registry) Rekey(r *Region, why string) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	r, ok := g.byID[id]
-	if !ok {
-		return fmt.Errorf("%w: region_id %q is not registered", errs.ErrNotFound, id)
-	}
 	return g.rekey(r, why)
 }
 
@@ -77,7 +74,9 @@ func (g *Registry) rekey(r *Region, why string) error {
 		if g.byKey[keyRef{k, old.Key}] == r {
 			delete(g.byKey, keyRef{k, old.Key})
 		}
-		g.byKey[keyRef{k, reg.Key().Key}] = r
+		if !r.closing {
+			g.byKey[keyRef{k, reg.Key().Key}] = r
+		}
 		g.cfg.Log.Info("key revoked", "why", why, "id", r.ID, "transport", k, "old_key", old.Key, "new_key", reg.Key().Key)
 	}
 	return nil

@@ -1284,11 +1284,14 @@ class Client:
         export_name: str = "",
         export_to: Sequence[str] = (),
         timeout: Optional[float] = None,
+        persist: bool = False,
     ) -> Any:
         """Register a block table: ``segments`` are ``(region, offset,
         block_len, stride)``; block ``b`` of a segment is the ``block_len``
-        bytes at ``offset + b*stride``. Returns the daemon's ``Layout``."""
-        req = pb.RegisterLayoutRequest(name=name, num_blocks=num_blocks, export_name=export_name, export_to=list(export_to))
+        bytes at ``offset + b*stride``. Returns the daemon's ``Layout``.
+        Like regions, the layout is leased to this client (deregistered when
+        it is gone) unless ``persist``."""
+        req = pb.RegisterLayoutRequest(name=name, num_blocks=num_blocks, export_name=export_name, export_to=list(export_to), persist=persist)
         for region, offset, block_len, stride in segments:
             req.segments.add(region_id=_region_id(region, "segments"), offset=offset, block_len=block_len, stride=stride)
         return self._call(self._stub.RegisterLayout, req, timeout).layout

@@ -239,6 +239,7 @@ class Layout:
         self._owned = owned  # regions this layout registered (and releases)
         self._children: List["Layout"] = []
         self._closed = False
+        self.persist = False  # set by register(); views follow their parent
         segs = []
         for b, (region, base) in zip(blocks, bases):
             off, blen = _slice(b, heads)
@@ -268,6 +269,7 @@ class Layout:
             self.num_blocks,
             export_name=self.export_name,
             export_to=self.export_to,
+            persist=self.persist,
         )
 
     def view(self, name: str, heads: Tuple[int, int], export_name: Optional[str] = None,
@@ -277,6 +279,7 @@ class Layout:
         more tensor parallelism (docs/kv.md, "Several layouts may view the
         same regions"). Closed with this layout."""
         child = Layout(self.client, name, self._blocks, self._bases, [], heads, export_name or "", export_to)
+        child.persist = self.persist
         _export_regions(self.client, child.regions, export_name or "", export_to)
         child._register()
         self._children.append(child)
@@ -418,6 +421,7 @@ def register(
                 r = _host_region(client, b)
                 bases.append((r, int(r.array.ctypes.data)))
         layout = Layout(client, name, blocks, bases, owned, heads, export_name or "", export_to)
+        layout.persist = persist
         _export_regions(client, layout.regions, export_name or "", export_to)
         layout._register()
     except BaseException:

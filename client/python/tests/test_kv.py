@@ -269,7 +269,7 @@ class FakeClient:
         self.registered.append(r)
         return r
 
-    def register_layout(self, name, segments, num_blocks, export_name="", export_to=()):
+    def register_layout(self, name, segments, num_blocks, export_name="", export_to=(), persist=False):
         self.layouts.append((name, [(s[0].id,) + tuple(s[1:]) for s in segments], num_blocks, export_name))
 
     def deregister_layout(self, name):

@@ -2813,12 +2813,15 @@ func (x *LayoutSegment) GetStride() uint64 {
 }
 
 type RegisterLayoutRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // the layout's local name
-	Segments      []*LayoutSegment       `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
-	NumBlocks     uint64                 `protobuf:"varint,3,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`   // blocks per segment; ids are below it
-	ExportName    string                 `protobuf:"bytes,4,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"` // empty: not exported
-	ExportTo      []string               `protobuf:"bytes,5,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`       // allowed peer identities; empty: every authenticated peer
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // the layout's local name
+	Segments   []*LayoutSegment       `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
+	NumBlocks  uint64                 `protobuf:"varint,3,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`   // blocks per segment; ids are below it
+	ExportName string                 `protobuf:"bytes,4,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"` // empty: not exported
+	ExportTo   []string               `protobuf:"bytes,5,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`       // allowed peer identities; empty: every authenticated peer
+	// As RegisterRegionRequest.persist: without it the layout is leased to
+	// the calling client and deregistered when the client is gone.
+	Persist       bool `protobuf:"varint,6,opt,name=persist,proto3" json:"persist,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2888,6 +2891,13 @@ func (x *RegisterLayoutRequest) GetExportTo() []string {
 	return nil
 }
 
+func (x *RegisterLayoutRequest) GetPersist() bool {
+	if x != nil {
+		return x.Persist
+	}
+	return false
+}
+
 type Layout struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -2895,6 +2905,7 @@ type Layout struct {
 	NumBlocks     uint64                 `protobuf:"varint,3,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`
 	ExportName    string                 `protobuf:"bytes,4,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"`
 	ExportTo      []string               `protobuf:"bytes,5,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
+	Persist       bool                   `protobuf:"varint,6,opt,name=persist,proto3" json:"persist,omitempty"` // not leased to its client
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2962,6 +2973,13 @@ func (x *Layout) GetExportTo() []string {
 		return x.ExportTo
 	}
 	return nil
+}
+
+func (x *Layout) GetPersist() bool {
+	if x != nil {
+		return x.Persist
+	}
+	return false
 }
 
 type RegisterLayoutResponse struct {
@@ -4658,7 +4676,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1b\n" +
 	"\tblock_len\x18\x03 \x01(\x04R\bblockLen\x12\x16\n" +
-	"\x06stride\x18\x04 \x01(\x04R\x06stride\"\xbb\x01\n" +
+	"\x06stride\x18\x04 \x01(\x04R\x06stride\"\xd5\x01\n" +
 	"\x15RegisterLayoutRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
 	"\bsegments\x18\x02 \x03(\v2\x15.b2b.v1.LayoutSegmentR\bsegments\x12\x1d\n" +
@@ -4666,7 +4684,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"num_blocks\x18\x03 \x01(\x04R\tnumBlocks\x12\x1f\n" +
 	"\vexport_name\x18\x04 \x01(\tR\n" +
 	"exportName\x12\x1b\n" +
-	"\texport_to\x18\x05 \x03(\tR\bexportTo\"\xac\x01\n" +
+	"\texport_to\x18\x05 \x03(\tR\bexportTo\x12\x18\n" +
+	"\apersist\x18\x06 \x01(\bR\apersist\"\xc6\x01\n" +
 	"\x06Layout\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
 	"\bsegments\x18\x02 \x03(\v2\x15.b2b.v1.LayoutSegmentR\bsegments\x12\x1d\n" +
@@ -4674,7 +4693,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"num_blocks\x18\x03 \x01(\x04R\tnumBlocks\x12\x1f\n" +
 	"\vexport_name\x18\x04 \x01(\tR\n" +
 	"exportName\x12\x1b\n" +
-	"\texport_to\x18\x05 \x03(\tR\bexportTo\"@\n" +
+	"\texport_to\x18\x05 \x03(\tR\bexportTo\x12\x18\n" +
+	"\apersist\x18\x06 \x01(\bR\apersist\"@\n" +
 	"\x16RegisterLayoutResponse\x12&\n" +
 	"\x06layout\x18\x01 \x01(\v2\x0e.b2b.v1.LayoutR\x06layout\"-\n" +
 	"\x17DeregisterLayoutRequest\x12\x12\n" +

@@ -209,18 +209,20 @@ class HostFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Layout(_message.Message):
-    __slots__ = ["export_name", "export_to", "name", "num_blocks", "segments"]
+    __slots__ = ["export_name", "export_to", "name", "num_blocks", "persist", "segments"]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     export_name: str
     export_to: _containers.RepeatedScalarFieldContainer[str]
     name: str
     num_blocks: int
+    persist: bool
     segments: _containers.RepeatedCompositeFieldContainer[LayoutSegment]
-    def __init__(self, name: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[LayoutSegment, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[LayoutSegment, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ..., persist: bool = ...) -> None: ...
 
 class LayoutSegment(_message.Message):
     __slots__ = ["block_len", "offset", "region_id", "stride"]
@@ -439,18 +441,20 @@ class Region(_message.Message):
     def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[_Union[RailRegistration, _Mapping]]] = ..., owner: _Optional[str] = ..., pid: _Optional[int] = ..., age_ns: _Optional[int] = ..., persist: bool = ...) -> None: ...
 
 class RegisterLayoutRequest(_message.Message):
-    __slots__ = ["export_name", "export_to", "name", "num_blocks", "segments"]
+    __slots__ = ["export_name", "export_to", "name", "num_blocks", "persist", "segments"]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     export_name: str
     export_to: _containers.RepeatedScalarFieldContainer[str]
     name: str
     num_blocks: int
+    persist: bool
     segments: _containers.RepeatedCompositeFieldContainer[LayoutSegment]
-    def __init__(self, name: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[LayoutSegment, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[LayoutSegment, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ..., persist: bool = ...) -> None: ...
 
 class RegisterLayoutResponse(_message.Message):
     __slots__ = ["layout"]
