@@ -35,6 +35,32 @@ type BlockScratch struct {
 	Src, Dst, Len []uint64
 }
 
+// Expand fills sc.Runs with w's runs and sc.Src, Dst and Len with their
+// offsets and lengths (desc.Batch arrays), allocating only to grow.
+func (sc *BlockScratch) Expand(w *BlockWrite) {
+	sc.Runs = w.Pair.Expand(sc.Runs[:0], w.IDs)
+	n := len(sc.Runs)
+	if cap(sc.Src) < n {
+		sc.Src, sc.Dst, sc.Len = make([]uint64, n), make([]uint64, n), make([]uint64, n)
+	}
+	sc.Src, sc.Dst, sc.Len = sc.Src[:n], sc.Dst[:n], sc.Len[:n]
+	for i := range sc.Runs {
+		r := &sc.Runs[i]
+		sc.Src[i], sc.Dst[i], sc.Len[i] = r.SrcOff, r.DstOff, r.Len
+	}
+}
+
+// StretchEnd is the end of the stretch starting at run from: the runs
+// sharing its (source region, destination region) pair.
+func (sc *BlockScratch) StretchEnd(from int) int {
+	sr, dr := sc.Runs[from].SrcRegion, sc.Runs[from].DstRegion
+	to := from + 1
+	for to < len(sc.Runs) && sc.Runs[to].SrcRegion == sr && sc.Runs[to].DstRegion == dr {
+		to++
+	}
+	return to
+}
+
 // BlockWriter is implemented by Conns that move a whole block-id request in
 // one go: they expand the pair's templates themselves (in chunks, from
 // layout.Pair.ExpandFrom, or from their own copy of the templates), post
@@ -75,28 +101,23 @@ func WriteBlocks(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch) (
 	if bw, ok := c.(BlockWriter); ok {
 		return bw.WriteBlocks(ctx, w, sc)
 	}
-	return writeStretches(ctx, c, w, sc)
+	return WriteStretches(ctx, c, w, sc)
 }
 
 // stretch is runs[from:to], one (source region, destination region) pair.
 type stretch struct{ from, to int }
 
-func writeStretches(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch) (Stats, error) {
+// WriteStretches is WriteBlocks' path for Conns without BlockWriter, for
+// a BlockWriter to fall back on (GPU memory, say): one Write per stretch.
+func WriteStretches(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch) (Stats, error) {
 	t0 := time.Now()
-	sc.Runs = w.Pair.Expand(sc.Runs[:0], w.IDs)
-	n := len(sc.Runs)
-	if cap(sc.Src) < n {
-		sc.Src, sc.Dst, sc.Len = make([]uint64, n), make([]uint64, n), make([]uint64, n)
-	}
-	src, dst, ln := sc.Src[:n], sc.Dst[:n], sc.Len[:n]
+	sc.Expand(w)
+	src, dst, ln := sc.Src, sc.Dst, sc.Len
 	var stretches []stretch
-	for i := range sc.Runs {
-		r := &sc.Runs[i]
-		src[i], dst[i], ln[i] = r.SrcOff, r.DstOff, r.Len
-		if i == 0 || r.SrcRegion != sc.Runs[i-1].SrcRegion || r.DstRegion != sc.Runs[i-1].DstRegion {
-			stretches = append(stretches, stretch{from: i})
-		}
-		stretches[len(stretches)-1].to = i + 1
+	for from := 0; from < len(sc.Runs); {
+		to := sc.StretchEnd(from)
+		stretches = append(stretches, stretch{from, to})
+		from = to
 	}
 	plan := time.Since(t0)
 	one := func(ctx context.Context, s stretch) (Stats, error) {
