@@ -7,6 +7,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
+	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -34,9 +35,8 @@ type blockState struct {
 // WriteBlocks implements transport.BlockWriter: it expands the pair in
 // chunks, pins each destination region on first use, copies every run and
 // reports each region's landing at the end. It allocates nothing once its
-// scratch has grown (the receiver's Pin aside). Unlike Write, a receiver
-// stalled in Pin is not cut off by ctx (a test kind); ctx is looked at
-// between chunks, before any further byte is placed.
+// scratch has grown, under a ctx that cannot end (see pin). ctx is looked
+// at between chunks, before any further byte is placed.
 func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
 	var st transport.Stats
 	if err := c.Err(); err != nil {
@@ -72,7 +72,7 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 			p := &pins[r.DstRegion]
 			if p.release == nil {
 				d := w.Dst[r.DstRegion]
-				m, release, err := c.to.in.Pin(Kind, d.Key.Key)
+				m, release, err := c.pin(ctx, d.Key.Key)
 				if err != nil {
 					return st, &transport.StretchError{Group: r.Group, SrcRegion: r.SrcRegion, DstRegion: r.DstRegion,
 						Err: fmt.Errorf("memtest: destination %q: %w", d.Name, err)}
@@ -97,4 +97,35 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 		}
 	}
 	return st, nil
+}
+
+// pin pins key on the receiver. A ctx that can end waits for Pin in a
+// goroutine (as Write does), so that a stalled receiver is cut off and a
+// late pin released; one that cannot (the benchmark's) calls Pin directly
+// and allocates nothing.
+func (c *conn) pin(ctx context.Context, key uint64) (memory.Memory, func(), error) {
+	if ctx.Done() == nil {
+		return c.to.in.Pin(Kind, key)
+	}
+	type pinned struct {
+		m       memory.Memory
+		release func()
+		err     error
+	}
+	done := make(chan pinned, 1)
+	go func() {
+		m, release, err := c.to.in.Pin(Kind, key)
+		done <- pinned{m, release, err}
+	}()
+	select {
+	case p := <-done:
+		return p.m, p.release, p.err
+	case <-ctx.Done():
+		go func() {
+			if p := <-done; p.err == nil {
+				p.release()
+			}
+		}()
+		return memory.Memory{}, nil, fmt.Errorf("memtest: waiting for the receiver: %w", ctx.Err())
+	}
 }

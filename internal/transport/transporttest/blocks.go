@@ -1,13 +1,16 @@
 package transporttest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/b2bd/b2bd/internal/errs"
 	kvlayout "github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -161,5 +164,80 @@ func testBlocks(t *testing.T, f Factory) {
 				t.Fatalf("%d pins held after WriteBlocks returned", n)
 			}
 		})
+	}
+}
+
+// testBlocksCancel: a block write over 3 regions is cancelled while the
+// receiver is stalled in Pin; it must answer Canceled, and no byte may
+// land once it answered (compared after the receiver was let go and
+// finished with everything it began).
+func testBlocksCancel(t *testing.T, f Factory) {
+	r := start(t, f)
+	const nreg, per = 3, 2
+	ss, size := kvSegs(nreg, per, false)
+	l, err := kvlayout.New("l", ss, func(string) (uint64, error) { return size, nil }, kvlayout.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := kvlayout.NewPair(l, l, kvlayout.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 5))
+	w := transport.BlockWrite{Pair: pair}
+	var dbuf [][]byte
+	for i := 0; i < nreg; i++ {
+		reg, b := r.source(t, int(size))
+		fill(rng, b)
+		_, rr, db := r.dest(t, int(size))
+		poisoned(db)
+		w.Src, w.Dst, dbuf = append(w.Src, reg), append(w.Dst, rr), append(dbuf, db)
+	}
+	var ids []uint32
+	for _, p := range rng.Perm(kvPool) {
+		ids = append(ids, uint32(p))
+	}
+	var pl kvlayout.Planner
+	if w.IDs, err = pl.Validate(pair, kvlayout.Request{SrcIDs: kvlayout.PackIDs(ids), DstIDs: kvlayout.PackIDs(ids)}); err != nil {
+		t.Fatal(err)
+	}
+	stall, entered := r.rin.Stall, (<-chan struct{})(r.rin.entered)
+	if r.p.Stall != nil {
+		stall, entered = r.p.Stall, nil
+	}
+	resume := stall()
+	defer resume()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() {
+		select {
+		case <-entered:
+		case <-time.After(50 * time.Millisecond): // a kind that never pins: cancel anyway
+		}
+		stop()
+	}()
+	var sc transport.BlockScratch
+	_, err = transport.WriteBlocks(ctx, r.conn, &w, &sc)
+	var snap [][]byte
+	for _, db := range dbuf {
+		snap = append(snap, bytes.Clone(db))
+	}
+	if err == nil {
+		t.Fatal("WriteBlocks succeeded while the receiver was stalled")
+	}
+	if got := errs.Class(err); got != context.Canceled {
+		t.Fatalf("err = %v: class %v, want %v", err, got, context.Canceled)
+	}
+	resume()
+	if r.conn.Err() != nil {
+		_ = r.conn.Close()
+	}
+	if err := r.rin.settle(10 * time.Second); err != nil {
+		t.Fatalf("after the cancel: %v", err)
+	}
+	for i := range dbuf {
+		if late, first := diff(snap[i], dbuf[i]); late > 0 {
+			gap(t, f, GapLateBytes, fmt.Sprintf("%d bytes of destination region %d (first at offset %d) changed after WriteBlocks answered", late, i, first))
+		}
 	}
 }

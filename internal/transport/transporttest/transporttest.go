@@ -138,6 +138,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("Prepared", func(t *testing.T) { testPrepared(t, f) })
 	t.Run("Rekey", func(t *testing.T) { testRekey(t, f) })
 	t.Run("Blocks", func(t *testing.T) { testBlocks(t, f) })
+	t.Run("BlocksCancel", func(t *testing.T) { testBlocksCancel(t, f) })
 }
 
 // rig is one started Pair with the suite's Inbounds and a conn.
