@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -21,18 +22,22 @@ import (
 // (total - wire). It is a measurement, not a check: it runs only with
 // B2B_KV_PHASES=1 (it registers 2.6 GiB).
 //
-//	B2B_KV_PHASES=1 go test -count=1 -run TestKVPhases -v ./internal/e2e/
+//	B2B_KV_PHASES=1 [B2B_KV_BLOCK=64] go test -count=1 -run TestKVPhases -v ./internal/e2e/
 func TestKVPhases(t *testing.T) {
 	if os.Getenv("B2B_KV_PHASES") == "" {
 		t.Skip("a measurement: set B2B_KV_PHASES=1")
 	}
 	const (
-		segs  = 160
-		pool  = 1024
-		block = 8 << 10
-		req   = 512
-		runs  = 10
+		segs = 160
+		pool = 1024
+		req  = 512
+		runs = 10
 	)
+	// B2B_KV_BLOCK=64 shrinks the bytes so that fixed costs show.
+	block := 8 << 10
+	if v, err := strconv.Atoi(os.Getenv("B2B_KV_BLOCK")); err == nil && v > 0 {
+		block = v
+	}
 	a, b := startNode(t, "a", autoTransport), startNode(t, "b", autoTransport)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -52,7 +57,7 @@ func TestKVPhases(t *testing.T) {
 			}
 			fill(reg.Bytes, func(i int) byte { return byte(i*7 + r) })
 			for k := 0; k < per; k++ {
-				ss = append(ss, client.Segment{RegionID: reg.Id, Offset: uint64(k * pool * block), BlockLen: block, Stride: block})
+				ss = append(ss, client.Segment{RegionID: reg.Id, Offset: uint64(k * pool * block), BlockLen: uint64(block), Stride: uint64(block)})
 			}
 		}
 		le := ""
