@@ -100,12 +100,21 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 	for i := range bs.plans[:k] {
 		bs.plans[i].trim()
 	}
-	var pe *pipeErr
-	if err != nil && errors.As(err, &pe) && pe.k < k {
-		r := &sc.Runs[bs.from[pe.k]]
-		err = &transport.StretchError{Group: r.Group, SrcRegion: r.SrcRegion, DstRegion: r.DstRegion, Err: err}
+	if err != nil {
+		err = bs.stretchErr(err, sc, k)
 	}
 	return st, err
+}
+
+// stretchErr names the stretch a pipelined failure happened in (apart, so
+// that the success path allocates nothing).
+func (bs *blockState) stretchErr(err error, sc *transport.BlockScratch, k int) error {
+	var pe *pipeErr
+	if errors.As(err, &pe) && pe.k < k {
+		r := &sc.Runs[bs.from[pe.k]]
+		return &transport.StretchError{Group: r.Group, SrcRegion: r.SrcRegion, DstRegion: r.DstRegion, Err: err}
+	}
+	return err
 }
 
 // runPipe sends the plans as consecutive batches over the streams and
