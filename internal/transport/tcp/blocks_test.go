@@ -3,10 +3,13 @@ package tcp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -90,5 +93,33 @@ func TestWriteBlocksAllocatesNothing(t *testing.T) {
 		}
 	}); a != 0 {
 		t.Fatalf("%v allocations per block write", a)
+	}
+}
+
+// TestWriteBlocksRefusal: a destination region the receiver no longer
+// knows fails the block write with NotFound, names its stretch, leaves no
+// pin behind, and fails the conn (later batches' acks may be unread).
+func TestWriteBlocksRefusal(t *testing.T) {
+	p, w, _ := blockRig(t)
+	p.in.mu.Lock()
+	delete(p.in.regs, w.Dst[2].Key.Key)
+	p.in.mu.Unlock()
+	var sc transport.BlockScratch
+	_, err := transport.WriteBlocks(context.Background(), p.conn, w, &sc)
+	if !errors.Is(err, errs.ErrNotFound) {
+		t.Fatalf("err = %v, want NotFound", err)
+	}
+	var se *transport.StretchError
+	if !errors.As(err, &se) || se.DstRegion != 2 {
+		t.Fatalf("err = %v (%#v): want a StretchError naming destination region 2", err, se)
+	}
+	if p.conn.Err() == nil {
+		t.Fatal("the conn carries on after a failed pipelined write")
+	}
+	p.conn.Close()
+	for deadline := time.Now().Add(5 * time.Second); p.in.pins.Load() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d pins held after the refused block write", p.in.pins.Load())
+		}
 	}
 }
