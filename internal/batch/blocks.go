@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/memguard"
@@ -39,20 +38,14 @@ type BlocksRequest struct {
 // blockScratch is a request's reusable memory: its runs and the descriptor
 // arrays each (source region, destination region) stretch is written from.
 type blockScratch struct {
-	runs          []layout.Run
-	src, dst, len []uint64
-	regions       []*region.Region
-	releases      []func()
+	bs       transport.BlockScratch
+	srcs     []transport.Registration
+	dsts     []transport.RemoteRegion
+	regions  []*region.Region
+	releases []func()
 }
 
 var blockScratches = sync.Pool{New: func() any { return new(blockScratch) }}
-
-// stretch is a maximal sequence of runs (segment-major) sharing one
-// (source region, destination region) pair: one Conn.Write.
-type stretch struct {
-	from, to       int // runs[from:to]
-	srcReg, dstReg uint32
-}
 
 // Layouts is the service's layout registry.
 func (s *Service) Layouts() *Layouts { return s.layouts }
@@ -157,65 +150,67 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	}
 	t2 := time.Now()
 	ph.Validate += t2.Sub(t1)
-	sc.runs = pair.Expand(sc.runs[:0], ids)
+	defer layout.Planners.Put(w) // ids alias its scratch: no use after the write
 	blocks := uint64(ids.N()) * uint64(e.Layout.NumSegments())
-	layout.Planners.Put(w) // ids alias its scratch: no use after this
-	n := len(sc.runs)
-	if cap(sc.src) < n {
-		sc.src, sc.dst, sc.len = make([]uint64, n), make([]uint64, n), make([]uint64, n)
-	}
-	src, dst, ln := sc.src[:n], sc.dst[:n], sc.len[:n]
 	var total uint64
-	for i := range sc.runs {
-		run := &sc.runs[i]
-		src[i], dst[i], ln[i] = run.SrcOff, run.DstOff, run.Len
-		total += run.Len
+	for g := 0; g < pair.NumGroups(); g++ {
+		_, _, bl := pair.Group(g)
+		total += bl * uint64(ids.N())
+	}
+	// The transport's view of the request: each source region's
+	// registration and each destination region's key with this kind.
+	sc.srcs, sc.dsts = sc.srcs[:0], sc.dsts[:0]
+	for _, reg := range sc.regions {
+		rg, ok := reg.Registration(sess.Kind)
+		if !ok {
+			return res, cached, false, fmt.Errorf("%w: local_layout %q: region %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, r.Local, reg.ID, reg.Mem.Kind, sess.Kind)
+		}
+		sc.srcs = append(sc.srcs, rg)
+	}
+	for _, rr := range rl.Regions {
+		key, ok := rr.Keys[sess.Kind]
+		if !ok {
+			return res, cached, false, fmt.Errorf("%w: remote_layout %q: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, r.Remote, rr.Name, sess.Kind)
+		}
+		sc.dsts = append(sc.dsts, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices})
 	}
 	ph.Plan += time.Since(t2)
 
-	// One Write per stretch, in order: every byte acknowledged before the
-	// next, and before success.
+	// Every stretch in one go (transport.BlockWriter where the kind has
+	// one, else concurrent Writes): every byte acknowledged before success.
 	wstart := time.Now()
-	var st transport.Stats
-	for from := 0; from < n; {
-		sr, dr := sc.runs[from].SrcRegion, sc.runs[from].DstRegion
-		to := from + 1
-		for to < n && sc.runs[to].SrcRegion == sr && sc.runs[to].DstRegion == dr {
-			to++
+	bw := transport.BlockWrite{Pair: pair, IDs: ids, Src: sc.srcs, Dst: sc.dsts}
+	st, werr := transport.WriteBlocks(ctx, sess.Conn, &bw, &sc.bs)
+	clear(sc.srcs)
+	if werr != nil {
+		broke := sess.Conn.Err() != nil
+		if broke {
+			s.cfg.Peers.Broken(r.Peer, sess)
 		}
-		if err := ctx.Err(); err != nil {
-			return res, cached, false, err
+		stale := cached && errors.Is(werr, errs.ErrNotFound)
+		if stale {
+			lp.ForgetLayout(r.Peer, r.Remote)
 		}
-		b := desc.Batch{Src: src[from:to], Dst: dst[from:to], Len: ln[from:to]}
-		ws, werr := s.writeStretch(ctx, sess, sc.regions[sr], rl.Regions[dr], &b)
-		st.Segments += ws.Segments
-		st.WorkRequests += ws.WorkRequests
-		st.Plan += ws.Plan
-		st.Post += ws.Post
-		if werr != nil {
-			broke := sess.Conn.Err() != nil
-			if broke {
-				s.cfg.Peers.Broken(r.Peer, sess)
-			}
-			stale := cached && errors.Is(werr, errs.ErrNotFound)
-			if stale {
-				lp.ForgetLayout(r.Peer, r.Remote)
-			}
-			g := sc.runs[from].Group
-			first, nseg, _ := pair.Group(int(g))
-			werr = fmt.Errorf("local_layout %q segments %d..%d (region %s) to remote_layout %q on %s (region %q) over %s: %w",
-				r.Local, first, first+nseg-1, sc.regions[sr].ID, r.Remote, r.Peer, rl.Regions[dr].Name, sess.Kind, werr)
-			retry = stale || (broke && ctx.Err() == nil && !memguard.IsFault(werr))
-			return res, cached, retry, werr
+		where := ""
+		var se *transport.StretchError
+		if errors.As(werr, &se) && int(se.Group) < pair.NumGroups() && int(se.SrcRegion) < len(sc.regions) && int(se.DstRegion) < len(rl.Regions) {
+			first, nseg, _ := pair.Group(int(se.Group))
+			where = fmt.Sprintf(" segments %d..%d (region %s) to", first, first+nseg-1, sc.regions[se.SrcRegion].ID)
+			where2 := fmt.Sprintf(" (region %q)", rl.Regions[se.DstRegion].Name)
+			werr = fmt.Errorf("local_layout %q%s remote_layout %q on %s%s over %s: %w", r.Local, where, r.Remote, r.Peer, where2, sess.Kind, werr)
+		} else {
+			werr = fmt.Errorf("local_layout %q to remote_layout %q on %s over %s: %w", r.Local, r.Remote, r.Peer, sess.Kind, werr)
 		}
-		from = to
+		retry = stale || (broke && ctx.Err() == nil && !memguard.IsFault(werr))
+		return res, cached, retry, werr
 	}
+	n := st.Segments
 	elapsed := time.Since(wstart)
 	ph.write(st, elapsed)
 	if r.Notification != nil {
 		tn := time.Now()
 		err := s.cfg.Peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,
-			Notification: r.Notification, Blocks: uint64(n), Bytes: total})
+			Notification: r.Notification, Blocks: n, Bytes: total})
 		ph.Notify = time.Since(tn)
 		if err != nil {
 			return res, false, false, fmt.Errorf("blocks landed at %s/%s, but the notification was not delivered: %w", r.Peer, r.Remote, err)
@@ -224,19 +219,6 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	s.cfg.Counters.BatchesSent.Add(1)
 	s.cfg.Counters.BytesSent.Add(total)
 	return Result{Blocks: blocks, Bytes: total, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: *ph}, cached, false, nil
-}
-
-// writeStretch writes one stretch from src into the remote region rr.
-func (s *Service) writeStretch(ctx context.Context, sess transport.Session, src *region.Region, rr transport.Resolution, b *desc.Batch) (transport.Stats, error) {
-	reg, ok := src.Registration(sess.Kind)
-	if !ok {
-		return transport.Stats{}, fmt.Errorf("%w: region %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, src.ID, src.Mem.Kind, sess.Kind)
-	}
-	key, ok := rr.Keys[sess.Kind]
-	if !ok {
-		return transport.Stats{}, fmt.Errorf("%w: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, rr.Name, sess.Kind)
-	}
-	return sess.Conn.Write(ctx, reg, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}, b)
 }
 
 // firstSegmentOf is the first segment of l in region index ri.

@@ -35,6 +35,15 @@ func (c *trackedConn) Write(ctx context.Context, src transport.Registration, dst
 	return c.Conn.Write(ctx, src, dst, b)
 }
 
+// WriteBlocks keeps the kind's transport.BlockWriter visible through the
+// wrapper (else every block write would take the generic path): it runs
+// the kind's, or the generic path on the kind's Conn, as one busy write.
+func (c *trackedConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
+	c.st.busy.Add(1)
+	defer c.st.done()
+	return transport.WriteBlocks(ctx, c.Conn, w, sc)
+}
+
 // trackedPreparer is a trackedConn whose connection prepares batches.
 type trackedPreparer struct {
 	*trackedConn

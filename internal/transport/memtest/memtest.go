@@ -89,6 +89,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 type conn struct {
 	to     *Transport
 	closed atomic.Bool
+	bs     blockState
 }
 
 func (c *conn) Err() error {

@@ -59,6 +59,9 @@ type Conn struct {
 	dsts    []uint64
 	srcs    []uint64
 	sizes   []uint64
+	// pendingEnd: WriteBlocks sent a stretch's end and has not read its
+	// reply yet; begin reads it first (blocks.go).
+	pendingEnd bool
 	// hostPool copies a large host batch's shares in parallel (one CPU
 	// thread moves ~5 GB/s; TCP's streams beat that); started on first use.
 	hostPool *hostPool
@@ -337,6 +340,11 @@ func (c *Conn) begin(ctx context.Context, dst transport.RemoteRegion, sm memory.
 	}
 	if err := c.send(opBegin, flags, key, 0, 0); err != nil {
 		return nil, c.ctxErr(ctx, err)
+	}
+	if c.pendingEnd {
+		if err := c.endReply(); err != nil {
+			return nil, c.ctxErr(ctx, err)
+		}
 	}
 	r, msg, fd, err := c.readReply(flags&flagMap != 0)
 	if err != nil {

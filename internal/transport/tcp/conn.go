@@ -107,6 +107,8 @@ type conn struct {
 	scratch plan
 	// smallCap is each stream's staging buffer for small blocks.
 	smallCap int
+	// blocks is WriteBlocks' reusable memory (blocks.go).
+	blocks blockState
 }
 
 // anyUnclean: some stream failed otherwise than by a clean refusal.
@@ -330,6 +332,7 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 }
 
 type job struct {
+	pipe     *pipeJob // a block write's batches (blocks.go); else one batch
 	batch    uint64
 	p        *plan
 	share    int
@@ -404,7 +407,12 @@ func (s *stream) loop() {
 	for {
 		select {
 		case j := <-s.jobs:
-			r := s.send(&j)
+			var r result
+			if j.pipe != nil {
+				r = s.sendPipe(&j)
+			} else {
+				r = s.send(&j)
+			}
 			s.done <- r
 		case <-s.c.quit:
 			return

@@ -16,7 +16,10 @@
 //   - Close twice on transport, conn, registration and prepared;
 //   - prepared plans land every block and allocate nothing per Write;
 //   - Rekey: the old key is refused, the new one works;
-//   - concurrent Writes on one conn.
+//   - concurrent Writes on one conn;
+//   - block-id writes (transport.WriteBlocks) over several regions, with
+//     merges, fused segments and repeated source ids, through the kind's
+//     BlockWriter where it has one.
 //
 // Optional behaviours are found by type assertion; the Factory declares
 // which it has (Expect), so one that is missing, or present and undeclared,
@@ -46,6 +49,8 @@ const (
 	Count
 	// Advertise: the Transport implements transport.Advertiser.
 	Advertise
+	// Blocks: the Conns implement transport.BlockWriter.
+	Blocks
 )
 
 func (o Optional) String() string {
@@ -53,7 +58,7 @@ func (o Optional) String() string {
 	for _, x := range []struct {
 		o    Optional
 		name string
-	}{{Prepare, "Preparer"}, {Rekey, "Rekeyer"}, {Count, "Counter"}, {Advertise, "Advertiser"}} {
+	}{{Prepare, "Preparer"}, {Rekey, "Rekeyer"}, {Count, "Counter"}, {Advertise, "Advertiser"}, {Blocks, "BlockWriter"}} {
 		if o&x.o != 0 {
 			s = append(s, x.name)
 		}
@@ -132,6 +137,8 @@ func Run(t *testing.T, f Factory) {
 	t.Run("ConcurrentWrites", func(t *testing.T) { testConcurrent(t, f) })
 	t.Run("Prepared", func(t *testing.T) { testPrepared(t, f) })
 	t.Run("Rekey", func(t *testing.T) { testRekey(t, f) })
+	t.Run("Blocks", func(t *testing.T) { testBlocks(t, f) })
+	t.Run("BlocksCancel", func(t *testing.T) { testBlocksCancel(t, f) })
 }
 
 // rig is one started Pair with the suite's Inbounds and a conn.

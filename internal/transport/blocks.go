@@ -1,0 +1,181 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/layout"
+)
+
+// BlockWrite is a validated block-id request (docs/kv.md) as a Conn moves
+// it: block IDs.Src[i] of every segment of Pair.Src() to block IDs.Dst[i]
+// of the matching segment of Pair.Dst(). The daemon has validated the ids
+// against the pair (layout.Planner.Validate) and the layouts against the
+// regions' sizes; a transport still checks every run against the memory it
+// really writes. Nothing in it may be retained after the call: IDs alias a
+// pooled Planner's scratch.
+type BlockWrite struct {
+	Pair *layout.Pair
+	IDs  layout.IDs
+	// Src are the sources' registrations with this Conn's kind, by
+	// Pair.Src().Regions() index; Dst the destinations' keys, by
+	// Pair.Dst().Regions() index.
+	Src []Registration
+	Dst []RemoteRegion
+}
+
+// BlockScratch is a block write's reusable memory: one per caller at a
+// time (the daemon pools them), so that a request allocates nothing once
+// it has grown to the request's size.
+type BlockScratch struct {
+	Runs          []layout.Run
+	Src, Dst, Len []uint64
+}
+
+// Expand fills sc.Runs with w's runs and sc.Src, Dst and Len with their
+// offsets and lengths (desc.Batch arrays), allocating only to grow.
+func (sc *BlockScratch) Expand(w *BlockWrite) {
+	sc.Runs = w.Pair.Expand(sc.Runs[:0], w.IDs)
+	n := len(sc.Runs)
+	if cap(sc.Src) < n {
+		sc.Src, sc.Dst, sc.Len = make([]uint64, n), make([]uint64, n), make([]uint64, n)
+	}
+	sc.Src, sc.Dst, sc.Len = sc.Src[:n], sc.Dst[:n], sc.Len[:n]
+	for i := range sc.Runs {
+		r := &sc.Runs[i]
+		sc.Src[i], sc.Dst[i], sc.Len[i] = r.SrcOff, r.DstOff, r.Len
+	}
+}
+
+// StretchEnd is the end of the stretch starting at run from: the runs
+// sharing its (source region, destination region) pair.
+func (sc *BlockScratch) StretchEnd(from int) int {
+	sr, dr := sc.Runs[from].SrcRegion, sc.Runs[from].DstRegion
+	to := from + 1
+	for to < len(sc.Runs) && sc.Runs[to].SrcRegion == sr && sc.Runs[to].DstRegion == dr {
+		to++
+	}
+	return to
+}
+
+// BlockWriter is implemented by Conns that move a whole block-id request in
+// one go: they expand the pair's templates themselves (in chunks, from
+// layout.Pair.ExpandFrom, or from their own copy of the templates), post
+// every (source region, destination region) stretch without waiting for one
+// before the next, and wait once for every acknowledgement at the end.
+// WriteBlocks has Conn.Write's contract: nil only once every byte landed
+// and was acknowledged; on error any subset may have landed, and once it
+// returned no byte of it lands any more (stop posting; verbs: QPs to error
+// and drained). It honours ctx. A failure names its stretch with a
+// *StretchError.
+type BlockWriter interface {
+	WriteBlocks(ctx context.Context, w *BlockWrite, sc *BlockScratch) (Stats, error)
+}
+
+// StretchError is a block write's failure in one stretch: a run of group
+// Group (Pair.Group) from source region SrcRegion to destination region
+// DstRegion (indices into the layouts' Regions).
+type StretchError struct {
+	Group, SrcRegion, DstRegion uint32
+	Err                         error
+}
+
+func (e *StretchError) Error() string { return e.Err.Error() }
+func (e *StretchError) Unwrap() error { return e.Err }
+
+// MaxConcurrentStretches bounds the Writes WriteBlocks issues at once for a
+// Conn without BlockWriter.
+const MaxConcurrentStretches = 8
+
+// WriteBlocks moves w over c: through c's BlockWriter when it has one;
+// else it expands w into sc, cuts the runs into stretches and Writes them,
+// up to MaxConcurrentStretches at a time (a Conn that serialises its
+// Writes takes them one after the other). On the first failure the other
+// Writes are cancelled, and WriteBlocks returns once all have returned, so
+// the no-byte-after-failure rule of Write carries over. Stats are summed
+// over the Writes (Plan includes the expansion).
+func WriteBlocks(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch) (Stats, error) {
+	if bw, ok := c.(BlockWriter); ok {
+		return bw.WriteBlocks(ctx, w, sc)
+	}
+	return WriteStretches(ctx, c, w, sc)
+}
+
+// stretch is runs[from:to], one (source region, destination region) pair.
+type stretch struct{ from, to int }
+
+// WriteStretches is WriteBlocks' path for Conns without BlockWriter, for
+// a BlockWriter to fall back on (GPU memory, say): one Write per stretch.
+func WriteStretches(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch) (Stats, error) {
+	t0 := time.Now()
+	sc.Expand(w)
+	src, dst, ln := sc.Src, sc.Dst, sc.Len
+	var stretches []stretch
+	for from := 0; from < len(sc.Runs); {
+		to := sc.StretchEnd(from)
+		stretches = append(stretches, stretch{from, to})
+		from = to
+	}
+	plan := time.Since(t0)
+	one := func(ctx context.Context, s stretch) (Stats, error) {
+		r := &sc.Runs[s.from]
+		if int(r.SrcRegion) >= len(w.Src) || int(r.DstRegion) >= len(w.Dst) {
+			return Stats{}, &StretchError{Group: r.Group, SrcRegion: r.SrcRegion, DstRegion: r.DstRegion,
+				Err: fmt.Errorf("transport: block write: region index (source %d, destination %d) beyond the %d sources and %d destinations given", r.SrcRegion, r.DstRegion, len(w.Src), len(w.Dst))}
+		}
+		b := desc.Batch{Src: src[s.from:s.to], Dst: dst[s.from:s.to], Len: ln[s.from:s.to]}
+		st, err := c.Write(ctx, w.Src[r.SrcRegion], w.Dst[r.DstRegion], &b)
+		if err != nil {
+			err = &StretchError{Group: r.Group, SrcRegion: r.SrcRegion, DstRegion: r.DstRegion, Err: err}
+		}
+		return st, err
+	}
+	if len(stretches) == 1 {
+		st, err := one(ctx, stretches[0])
+		st.Plan += plan
+		return st, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu    sync.Mutex
+		total = Stats{Plan: plan}
+		first error
+		next  int
+		wg    sync.WaitGroup
+	)
+	work := func() {
+		defer wg.Done()
+		for {
+			mu.Lock()
+			if first != nil || next == len(stretches) {
+				mu.Unlock()
+				return
+			}
+			s := stretches[next]
+			next++
+			mu.Unlock()
+			st, err := one(ctx, s)
+			mu.Lock()
+			total.Segments += st.Segments
+			total.WorkRequests += st.WorkRequests
+			total.Plan += st.Plan
+			total.Post += st.Post
+			if err != nil && first == nil {
+				first = err
+				cancel() // the others stop; each Write honours ctx
+			}
+			mu.Unlock()
+		}
+	}
+	k := min(len(stretches), MaxConcurrentStretches)
+	wg.Add(k)
+	for i := 0; i < k; i++ {
+		go work()
+	}
+	wg.Wait()
+	return total, first
+}
