@@ -26,18 +26,24 @@ type Transport struct {
 	in  transport.Inbound
 	log hclog.Logger
 
-	ctx     *ibv.Context
-	pd      *ibv.PD
-	cch     *ibv.CompChannel
-	srq     *ibv.SRQ
-	rmem    *ibv.HostMem // SRQ receive buffers, recvBufLen each
-	rmr     *ibv.MR
-	port    ibv.PortAttr
-	gid     ibv.GIDChoice
-	maxSGE  int
-	inline  int
-	wrBytes uint64
-	node    string
+	ctx    *ibv.Context
+	pd     *ibv.PD
+	cch    *ibv.CompChannel
+	srq    *ibv.SRQ
+	rmem   *ibv.HostMem // SRQ receive buffers, recvBufLen each
+	rmr    *ibv.MR
+	port   ibv.PortAttr
+	gid    ibv.GIDChoice
+	maxSGE int
+	// maxSGERd: SGEs per RDMA READ WR (the device's max_sge_rd, at most maxSGE).
+	maxSGERd int
+	// rdInit and rdDest: each QP's max_rd_atomic (READs it keeps
+	// outstanding) and max_dest_rd_atomic (peer READs it answers at once),
+	// the device's max_qp_init_rd_atom and max_qp_rd_atom (at most 255).
+	rdInit, rdDest int
+	inline         int
+	wrBytes        uint64
+	node           string
 
 	p *poller
 	// posters posts the shares of prepared batches in parallel.
@@ -157,6 +163,7 @@ func (t *Transport) open(dev string) error {
 	if t.maxSGE < 1 {
 		t.maxSGE = 1
 	}
+	t.maxSGERd, t.rdInit, t.rdDest = readLimits(attr, t.maxSGE)
 	if fitted, err := fitSendQueue(cfg, attr.MaxQPWR); err != nil {
 		return err
 	} else if fitted {
@@ -292,7 +299,22 @@ func (t *Transport) Describe() string {
 	if t.gid.Type != "" || t.gid.NetDev != "" {
 		s += fmt.Sprintf(" (%s %s)", t.gid.Type, t.gid.NetDev)
 	}
-	return s
+	return s + fmt.Sprintf(" rd_atomic %d/%d max_sge_rd %d", t.rdInit, t.rdDest, t.maxSGERd)
+}
+
+// readLimits derives the RDMA READ parameters from the device's limits:
+// SGEs per READ WR (max_sge_rd, at most maxSGE; devices that report 0
+// get maxSGE), and each QP's max_rd_atomic and max_dest_rd_atomic
+// (max_qp_init_rd_atom and max_qp_rd_atom: a deeper READ pipeline is what
+// lets READs keep the wire busy; at least 1, at most 255, the attribute's
+// width).
+func readLimits(a ibv.DeviceAttr, maxSGE int) (sgeRd, rdInit, rdDest int) {
+	sgeRd = maxSGE
+	if a.MaxSGERd > 0 {
+		sgeRd = min(sgeRd, a.MaxSGERd)
+	}
+	clamp := func(v int) int { return min(max(v, 1), 255) }
+	return sgeRd, clamp(a.MaxQPInitRdAtm), clamp(a.MaxQPRdAtm)
 }
 
 // Port is this side's Port for connect signals.
