@@ -156,8 +156,14 @@ if [ "$B2B_ROLE" = a ]; then
 	# ib_write_bw servers in the order B asks for them (section 4), in the background; here, until B's bench
 	# is done, a 1 Hz check (uniform over ib_write_bw's runs and the bench's, so it costs both alike).
 	if [ "$READ" = 1 ] && [ "$READ_DRIVER" = harness ]; then
-		# The READ harness's source: its region and read key, served to each of B's sinks.
-		B2B_READ_SOURCE=1 B2B_RDMA_DEV="$dev" "$VERBS_TEST" -test.run '^TestHWReadSource$' -test.v -test.timeout 7200s \
+		# The READ harness's source: its region and read key, served to each of B's sinks. The region holds the
+		# biggest batch with a quarter to spare (its blocks take random slots), at least 32 MiB.
+		read_region=$((32 << 20))
+		for k in "${!sizes[@]}"; do
+			b=$((sizes[k] * blocks[k] * 5 / 4 + (1 << 20)))
+			[ "$b" -gt "$read_region" ] && read_region=$b
+		done
+		B2B_READ_SOURCE=1 B2B_READ_REGION="$read_region" B2B_RDMA_DEV="$dev" "$VERBS_TEST" -test.run '^TestHWReadSource$' -test.v -test.timeout 7200s \
 			>"$B2B_OUT/read-source.log" 2>&1 &
 		read_source=$!
 	fi
