@@ -63,7 +63,7 @@ func (s *qpSet) read(ctx context.Context, dst *ibv.MR, mem memory.Memory, src tr
 		Op:      ibv.WRRead,
 		SrcBase: src.Key.Addr, DstBase: dst.Addr(), SrcLimit: src.Size, DstLimit: mem.Len,
 		LKey: dst.LKey(), RKey: uint32(src.Key.Key), MaxWR: cfg.MaxChain, MaxSGE: t.maxSGERd,
-		MaxWRBytes: t.wrBytes, MaxChainBytes: uint64(cfg.ChainBytes), SignalEvery: cfg.SignalEvery,
+		MaxWRBytes: min(t.wrBytes, uint64(cfg.ReadWRBytes)), MaxChainBytes: uint64(cfg.ChainBytes), SignalEvery: cfg.SignalEvery,
 	}
 	for k := 0; k < nq; k++ {
 		q := s.qps[(first+k)%len(s.qps)]

@@ -163,7 +163,7 @@ func (t *Transport) open(dev string) error {
 	if t.maxSGE < 1 {
 		t.maxSGE = 1
 	}
-	t.maxSGERd, t.rdInit, t.rdDest = readLimits(attr, t.maxSGE)
+	t.maxSGERd, t.rdInit, t.rdDest = readLimits(attr, t.maxSGE, cfg.ReadDepth)
 	if fitted, err := fitSendQueue(cfg, attr.MaxQPWR); err != nil {
 		return err
 	} else if fitted {
@@ -304,17 +304,17 @@ func (t *Transport) Describe() string {
 
 // readLimits derives the RDMA READ parameters from the device's limits:
 // SGEs per READ WR (max_sge_rd, at most maxSGE; devices that report 0
-// get maxSGE), and each QP's max_rd_atomic and max_dest_rd_atomic
-// (max_qp_init_rd_atom and max_qp_rd_atom: a deeper READ pipeline is what
-// lets READs keep the wire busy; at least 1, at most 255, the attribute's
-// width).
-func readLimits(a ibv.DeviceAttr, maxSGE int) (sgeRd, rdInit, rdDest int) {
+// get maxSGE), and each QP's max_rd_atomic (max_qp_init_rd_atom, at most
+// depth, Config.ReadDepth) and max_dest_rd_atomic (max_qp_rd_atom: the
+// responder answers as many as the device can). Each at least 1, at most
+// 255 (the attribute's width).
+func readLimits(a ibv.DeviceAttr, maxSGE, depth int) (sgeRd, rdInit, rdDest int) {
 	sgeRd = maxSGE
 	if a.MaxSGERd > 0 {
 		sgeRd = min(sgeRd, a.MaxSGERd)
 	}
 	clamp := func(v int) int { return min(max(v, 1), 255) }
-	return sgeRd, clamp(a.MaxQPInitRdAtm), clamp(a.MaxQPRdAtm)
+	return sgeRd, clamp(min(a.MaxQPInitRdAtm, depth)), clamp(a.MaxQPRdAtm)
 }
 
 // Port is this side's Port for connect signals.
