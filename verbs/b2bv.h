@@ -42,6 +42,7 @@ enum {
 	B2BV_KIND_ACK = 3,
 	B2BV_KIND_BYE = 4,
 	B2BV_KIND_PING = 5,
+	B2BV_KIND_READ = 6, /* an RDMA READ's data WR (B2BV_KIND_DATA is a WRITE's) */
 };
 
 /* wr_id fields (mirrored by WRID/SplitWRID in types.go). */
@@ -216,7 +217,7 @@ struct b2bv_async {
 enum {
 	B2BV_PKEY_INDEX = 0,
 	B2BV_HOP_LIMIT = 64,    /* RoCE v2 GRH hop limit */
-	B2BV_RD_ATOMIC = 1,     /* no RDMA READ posted yet (issue 24: from the device limits) */
+	B2BV_RD_ATOMIC_MIN = 1, /* what max_rd_atomic 0 (not given) stands for */
 	B2BV_PSN_MASK = 0xFFFFFF, /* PSNs are 24 bits */
 };
 
@@ -285,9 +286,9 @@ int b2bv_qp_to_init(struct ibv_qp *qp, uint8_t port, int access, int *raw);
 int b2bv_qp_to_rtr(struct ibv_qp *qp, uint8_t port, uint32_t dest_qpn,
 		   uint32_t rq_psn, int mtu, int is_global, uint64_t dgid_hi,
 		   uint64_t dgid_lo, uint8_t sgid_index, uint16_t dlid,
-		   uint8_t min_rnr_timer, int *raw);
+		   uint8_t min_rnr_timer, uint8_t max_dest_rd_atomic, int *raw);
 int b2bv_qp_to_rts(struct ibv_qp *qp, uint32_t sq_psn, uint8_t timeout,
-		   uint8_t retry_cnt, uint8_t rnr_retry, int *raw);
+		   uint8_t retry_cnt, uint8_t rnr_retry, uint8_t max_rd_atomic, int *raw);
 int b2bv_qp_to_err(struct ibv_qp *qp, int *raw);
 int b2bv_qp_state(struct ibv_qp *qp, int *state);
 int b2bv_post_send1(struct ibv_qp *qp, uint64_t wr_id, int opcode, uint32_t imm,

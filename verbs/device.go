@@ -94,21 +94,23 @@ func Open(name string) (*Context, error) {
 		return nil, callErr(rc, 0, fmt.Sprintf("ibv_query_device(%s)", name), "", nil)
 	}
 	ctx.attr = DeviceAttr{
-		FWVersion:  C.GoString(&a.fw_ver[0]),
-		VendorID:   uint32(a.vendor_id),
-		PartID:     uint32(a.vendor_part_id),
-		MaxMRSize:  uint64(a.max_mr_size),
-		MaxQP:      int(a.max_qp),
-		MaxQPWR:    int(a.max_qp_wr),
-		MaxSGE:     int(a.max_sge),
-		MaxCQ:      int(a.max_cq),
-		MaxCQE:     int(a.max_cqe),
-		MaxMR:      int(a.max_mr),
-		MaxSRQ:     int(a.max_srq),
-		MaxSRQWR:   int(a.max_srq_wr),
-		MaxSRQSGE:  int(a.max_srq_sge),
-		PhysPorts:  int(a.phys_port_cnt),
-		MaxQPRdAtm: int(a.max_qp_rd_atom),
+		FWVersion:      C.GoString(&a.fw_ver[0]),
+		VendorID:       uint32(a.vendor_id),
+		PartID:         uint32(a.vendor_part_id),
+		MaxMRSize:      uint64(a.max_mr_size),
+		MaxQP:          int(a.max_qp),
+		MaxQPWR:        int(a.max_qp_wr),
+		MaxSGE:         int(a.max_sge),
+		MaxCQ:          int(a.max_cq),
+		MaxCQE:         int(a.max_cqe),
+		MaxMR:          int(a.max_mr),
+		MaxSRQ:         int(a.max_srq),
+		MaxSRQWR:       int(a.max_srq_wr),
+		MaxSRQSGE:      int(a.max_srq_sge),
+		PhysPorts:      int(a.phys_port_cnt),
+		MaxQPRdAtm:     int(a.max_qp_rd_atom),
+		MaxQPInitRdAtm: int(a.max_qp_init_rd_atom),
+		MaxSGERd:       int(a.max_sge_rd),
 	}
 	if err := setNonblock(C.b2bv_async_fd(c), "async fd"); err != nil {
 		C.b2bv_close_device(c)

@@ -124,6 +124,8 @@ static inline __attribute__((always_inline)) int plan_span(const struct sides *s
 	const uint64_t loc_base = s->loc_base, rem_base = s->rem_base;
 	const uint64_t loc_limit = s->loc_limit, rem_limit = s->rem_limit;
 	const uint32_t lkey = s->lkey, rkey = s->rkey, op = s->op, inline_max = s->inline_max;
+	/* the wr_id kind names the opcode: an error completion's opcode is undefined */
+	const uint32_t kind = op == IBV_WR_RDMA_READ ? B2BV_KIND_READ : B2BV_KIND_DATA;
 	struct ibv_send_wr *restrict wrs = o->wr;
 	struct ibv_sge *restrict sges = o->sge;
 	uint32_t *restrict wrbytes = o->wrbytes;
@@ -214,7 +216,7 @@ static inline __attribute__((always_inline)) int plan_span(const struct sides *s
 		wr->wr.rdma.rkey = rkey;
 		wr->imm_data = 0;
 		seq += seq_step;
-		wr->wr_id = B2BV_WRID(seq, B2BV_KIND_DATA, first);
+		wr->wr_id = B2BV_WRID(seq, kind, first);
 		if (--to_signal == 0) { /* (nwr + 1) % k == 0 */
 			wr->send_flags |= IBV_SEND_SIGNALED;
 			nsig++;

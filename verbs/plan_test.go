@@ -153,7 +153,7 @@ func planAll(t testing.TB, ch *Chain, c planCase, src, dst, lens []uint64) (plan
 			w := ch.WR(j)
 			seq++
 			gs, kind, blk := SplitWRID(w.WRID)
-			if gs != seq || kind != KindData {
+			if gs != seq || kind != DataKind(c.p.Op) {
 				t.Fatalf("WR %d: wr_id seq %d kind %d, want seq %d data", j, gs, kind, seq)
 			}
 			if int(blk) >= len(src) {
@@ -261,7 +261,7 @@ func checkPlan(t testing.TB, pl *Plan, p ChainParams, src, dst, lens []uint64, c
 			what := fmt.Sprintf("share %d WR %d", q, j)
 			_, kind, blk := SplitWRID(w.WRID)
 			_, _, rblk := SplitWRID(r.WRID)
-			if kind != KindData || blk != rblk {
+			if kind != DataKind(p.Op) || blk != rblk {
 				t.Fatalf("%s: kind %d block %d, want data block %d", what, kind, blk, rblk)
 			}
 			if w.RemoteAddr != r.RemoteAddr || w.Inline != r.Inline || fmt.Sprint(w.SGEs) != fmt.Sprint(r.SGEs) {

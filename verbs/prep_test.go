@@ -49,7 +49,7 @@ func testPlanPatch(t *testing.T, op WROpcode) {
 			for j := 0; j < n; j++ {
 				w := pl.WR(q, j)
 				seq, kind, _ := SplitWRID(w.WRID)
-				if seq != seq0+uint32(j)+1 || kind != KindData {
+				if seq != seq0+uint32(j)+1 || kind != DataKind(p.Op) {
 					t.Fatalf("submit %d share %d WR %d: seq %d kind %d, want %d", submit, q, j, seq, kind, seq0+uint32(j)+1)
 				}
 				if w.Signaled != ((j+1)%p.SignalEvery == 0 || j == n-1) {

@@ -53,7 +53,7 @@ int b2bv_qp_to_init(struct ibv_qp *qp, uint8_t port, int access, int *raw)
 int b2bv_qp_to_rtr(struct ibv_qp *qp, uint8_t port, uint32_t dest_qpn,
 		   uint32_t rq_psn, int mtu, int is_global, uint64_t dgid_hi,
 		   uint64_t dgid_lo, uint8_t sgid_index, uint16_t dlid,
-		   uint8_t min_rnr_timer, int *raw)
+		   uint8_t min_rnr_timer, uint8_t max_dest_rd_atomic, int *raw)
 {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
@@ -61,7 +61,8 @@ int b2bv_qp_to_rtr(struct ibv_qp *qp, uint8_t port, uint32_t dest_qpn,
 	a.path_mtu = (enum ibv_mtu)mtu;
 	a.dest_qp_num = dest_qpn;
 	a.rq_psn = rq_psn & B2BV_PSN_MASK;
-	a.max_dest_rd_atomic = B2BV_RD_ATOMIC;
+	/* READs of the peer this QP answers at once (responder resources) */
+	a.max_dest_rd_atomic = max_dest_rd_atomic ? max_dest_rd_atomic : B2BV_RD_ATOMIC_MIN;
 	a.min_rnr_timer = min_rnr_timer;
 	a.ah_attr.port_num = port;
 	a.ah_attr.dlid = dlid;
@@ -85,7 +86,7 @@ int b2bv_qp_to_rtr(struct ibv_qp *qp, uint8_t port, uint32_t dest_qpn,
 }
 
 int b2bv_qp_to_rts(struct ibv_qp *qp, uint32_t sq_psn, uint8_t timeout,
-		   uint8_t retry_cnt, uint8_t rnr_retry, int *raw)
+		   uint8_t retry_cnt, uint8_t rnr_retry, uint8_t max_rd_atomic, int *raw)
 {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
@@ -94,7 +95,8 @@ int b2bv_qp_to_rts(struct ibv_qp *qp, uint32_t sq_psn, uint8_t timeout,
 	a.timeout = timeout;
 	a.retry_cnt = retry_cnt;
 	a.rnr_retry = rnr_retry;
-	a.max_rd_atomic = B2BV_RD_ATOMIC;
+	/* READs this QP keeps outstanding at once (initiator depth) */
+	a.max_rd_atomic = max_rd_atomic ? max_rd_atomic : B2BV_RD_ATOMIC_MIN;
 	return B2BV_CALL(raw, b2bv_lib.modify_qp(qp, &a,
 					  IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
 						  IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |

@@ -110,7 +110,7 @@ func (q *QP) ToRTR(a RTRAttr) error {
 	var raw C.int
 	if rc := C.b2bv_qp_to_rtr(h, C.uint8_t(a.Port), C.uint32_t(a.RemoteQPN), C.uint32_t(a.RemotePSN),
 		C.int(a.MTU), glob, C.uint64_t(hi), C.uint64_t(lo), C.uint8_t(a.GIDIndex), C.uint16_t(a.RemoteLID),
-		C.uint8_t(a.MinRNRTimer), &raw); rc != 0 {
+		C.uint8_t(a.MinRNRTimer), C.uint8_t(clampInt(a.MaxDestRdAtomic, 0, 255)), &raw); rc != 0 {
 		return callErr(rc, raw, fmt.Sprintf("QP %d INIT→RTR (remote QPN %d, remote PSN %d, path MTU %s, local GID index %d, remote GID %s, remote LID %d, global %t)",
 			q.num, a.RemoteQPN, a.RemotePSN, a.MTU, a.GIDIndex, a.RemoteGID, a.RemoteLID, a.Global), "", nil)
 	}
@@ -124,7 +124,7 @@ func (q *QP) ToRTS(a RTSAttr) error {
 		return errClosed("QP RTR→RTS: QP")
 	}
 	var raw C.int
-	if rc := C.b2bv_qp_to_rts(h, C.uint32_t(a.PSN), C.uint8_t(a.Timeout), C.uint8_t(a.RetryCount), C.uint8_t(a.RNRRetry), &raw); rc != 0 {
+	if rc := C.b2bv_qp_to_rts(h, C.uint32_t(a.PSN), C.uint8_t(a.Timeout), C.uint8_t(a.RetryCount), C.uint8_t(a.RNRRetry), C.uint8_t(clampInt(a.MaxRdAtomic, 0, 255)), &raw); rc != 0 {
 		return callErr(rc, raw, fmt.Sprintf("QP %d RTR→RTS (PSN %d, timeout %d, retry %d, rnr_retry %d)",
 			q.num, a.PSN, a.Timeout, a.RetryCount, a.RNRRetry), "", nil)
 	}

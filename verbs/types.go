@@ -141,7 +141,11 @@ type DeviceAttr struct {
 	MaxSRQWR   int
 	MaxSRQSGE  int
 	PhysPorts  int
-	MaxQPRdAtm int
+	MaxQPRdAtm int // max_qp_rd_atom: READs a QP answers at once as the responder
+	// MaxQPInitRdAtm is max_qp_init_rd_atom: READs a QP keeps outstanding
+	// as the initiator.
+	MaxQPInitRdAtm int
+	MaxSGERd       int // max_sge_rd: SGEs of one RDMA READ WR (0: not reported)
 }
 
 // Access flags for MRs and QPs (ibv_access_flags).
@@ -215,7 +219,17 @@ const (
 	KindAck  = 3
 	KindBye  = 4
 	KindPing = 5
+	KindRead = 6 // an RDMA READ's data WR (KindData is a WRITE's)
 )
+
+// DataKind is the wr_id kind of op's data WRs: KindRead for WRRead, else
+// KindData.
+func DataKind(op WROpcode) int {
+	if op == WRRead {
+		return KindRead
+	}
+	return KindData
+}
 
 // WRID packs a send wr_id: the QP's WR sequence number after this WR, the
 // kind, and the first batch block it carries (28 bits).
@@ -365,6 +379,9 @@ type RTRAttr struct {
 	GIDIndex    int // our source GID index
 	RemoteLID   uint16
 	MinRNRTimer int
+	// MaxDestRdAtomic is max_dest_rd_atomic, the peer's READs this QP
+	// answers at once (0: 1).
+	MaxDestRdAtomic int
 }
 
 // RTSAttr is what RTR → RTS needs.
@@ -373,4 +390,7 @@ type RTSAttr struct {
 	Timeout    int // 4.096 µs * 2^Timeout per retry
 	RetryCount int
 	RNRRetry   int // 7 = infinite
+	// MaxRdAtomic is max_rd_atomic, the READs this QP keeps outstanding
+	// (0: 1).
+	MaxRdAtomic int
 }

@@ -55,23 +55,32 @@ perftest_args() { # perftest_args SIZE BLOCKS VARIANT PORT -> sets pt_args
 	pt_args=(-d "$dev" -i 1 -x "$gid" -F -s "$s" -p "$port")
 	if [ "$variant" = tuned ]; then pt_args+=(-n "$nt" -q 4 --post_list "$pl"); else pt_args+=(-n "$n"); fi
 }
+# READ (issue 24): with READ=1 each round also runs ib_read_bw default and tuned (the same options) and a b2bd
+# READ batch set, mirrored the same way, right after the round's WRITE triple; B is ib_read_bw's client, so B
+# reads A's memory, as b2bd's READ does. Until b2b-bench pulls through the daemons (--op read), READ_DRIVER=harness
+# drives the verbs transport's Conn.Read directly (TestHWReadSource in A for the whole comparison,
+# TestHWReadSink in B per size and round: the same transport code and defaults as the daemon's); READ_DRIVER=bench
+# is the hook for `b2b-bench --op read`.
+READ=${READ:-0}
+READ_DRIVER=${READ_DRIVER:-harness}
+pt_tool=ib_write_bw # perftest_server/perftest_client run this one
 perftest_server() { # perftest_server SIZE BLOCKS VARIANT PORT: serves once
 	# Started as soon as the previous run ended, so it waits in accept() (idle) by the time B's client comes:
 	# the client then does not wait for a server's start-up under emulation. No polling here while it runs:
 	# the only poller in A is the 1 Hz bench.done check below, the same while ib_write_bw and the bench run.
 	perftest_args "$@"
-	timeout 600 ib_write_bw "${pt_args[@]}" >/dev/null 2>&1 &
+	timeout 600 "$pt_tool" "${pt_args[@]}" >/dev/null 2>&1 &
 	echo $! >/tmp/b2b-perftest-server.pid
 	local src=0
 	wait $! || src=$?
-	[ "$src" = 0 ] || log "ib_write_bw server $1 $3 failed (rc $src)"
+	[ "$src" = 0 ] || log "$pt_tool server $1 $3 failed (rc $src)"
 }
 perftest_client() { # perftest_client SIZE BLOCKS VARIANT PORT -> prints GB/s (0 on failure)
 	perftest_args "$@"
 	local out rc res deadline=$((SECONDS + 120))
 	while :; do
 		rc=0
-		out=$(timeout 120 ib_write_bw "${pt_args[@]}" "$B2B_PEER_IP" 2>&1) || rc=$?
+		out=$(timeout 120 "$pt_tool" "${pt_args[@]}" "$B2B_PEER_IP" 2>&1) || rc=$?
 		if [ "$rc" != 0 ] && grep -q "Couldn't connect" <<<"$out" && [ "$SECONDS" -lt "$deadline" ]; then
 			sleep 0.3
 			continue
@@ -81,7 +90,7 @@ perftest_client() { # perftest_client SIZE BLOCKS VARIANT PORT -> prints GB/s (0
 	# Result line: #bytes #iterations BW-peak BW-average MsgRate, BW in MiB/s.
 	res=$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print $4 }' <<<"$out" | tail -n 1)
 	if [ -z "$res" ]; then
-		log "ib_write_bw $1 $3: no result (rc $rc): $(tail -n 3 <<<"$out" | tr '\n' ' ')" >&2
+		log "$pt_tool $1 $3: no result (rc $rc): $(tail -n 3 <<<"$out" | tr '\n' ' ')" >&2
 		res=0
 	fi
 	awk -v m="$res" 'BEGIN { printf "%.6f", m * 1048576 / 1e9 }'
@@ -146,12 +155,29 @@ wait_port "$B2B_SELF_IP" 7470 60 || {
 if [ "$B2B_ROLE" = a ]; then
 	# ib_write_bw servers in the order B asks for them (section 4), in the background; here, until B's bench
 	# is done, a 1 Hz check (uniform over ib_write_bw's runs and the bench's, so it costs both alike).
+	if [ "$READ" = 1 ] && [ "$READ_DRIVER" = harness ]; then
+		# The READ harness's source: its region and read key, served to each of B's sinks. The region holds the
+		# biggest batch with a quarter to spare (its blocks take random slots), at least 32 MiB.
+		read_region=$((32 << 20))
+		for k in "${!sizes[@]}"; do
+			b=$((sizes[k] * blocks[k] * 5 / 4 + (1 << 20)))
+			[ "$b" -gt "$read_region" ] && read_region=$b
+		done
+		B2B_READ_SOURCE=1 B2B_READ_REGION="$read_region" B2B_RDMA_DEV="$dev" "$VERBS_TEST" -test.run '^TestHWReadSource$' -test.v -test.timeout 7200s \
+			>"$B2B_OUT/read-source.log" 2>&1 &
+		read_source=$!
+	fi
 	(
 		port=18515
 		for k in "${!sizes[@]}"; do
 			for ((rep = 1; rep <= REPS; rep++)); do
 				for variant in $(round_variants "$rep"); do
-					perftest_server "${sizes[$k]}" "${blocks[$k]}" "$variant" "$port"
+					pt_tool=ib_write_bw perftest_server "${sizes[$k]}" "${blocks[$k]}" "$variant" "$port"
+					port=$((port + 1))
+				done
+				[ "$READ" = 1 ] || continue
+				for variant in $(round_variants "$rep"); do
+					pt_tool=ib_read_bw perftest_server "${sizes[$k]}" "${blocks[$k]}" "$variant" "$port"
 					port=$((port + 1))
 				done
 			done
@@ -170,6 +196,10 @@ if [ "$B2B_ROLE" = a ]; then
 	kill "$servers" 2>/dev/null || true
 	[ -f /tmp/b2b-perftest-server.pid ] && kill "$(cat /tmp/b2b-perftest-server.pid)" 2>/dev/null || true
 	wait "$servers" 2>/dev/null || true
+	if [ -n "${read_source:-}" ]; then
+		kill "$read_source" 2>/dev/null || true # B told it "done"; this only catches a B that failed early
+		wait "$read_source" 2>/dev/null || true
+	fi
 	log "bench done; stopping"
 	[ "$(cat "$B2B_OUT/faults.rc")" = 0 ] || [ "$(cat "$B2B_OUT/faults.rc")" = skipped ]
 	exit $?
@@ -230,26 +260,54 @@ run_bench() { # of size $s, $n blocks, round $rep
 		--yardstick none --ping-calls 20 --json "$B2B_OUT/bench-$s-r$rep.json" 2>&1 || rc=1
 	counters "bench size=$s round=$rep"
 }
+run_read() { # b2bd READ of size $s, $n blocks, round $rep (see READ_DRIVER)
+	log "read size=$s blocks=$n round=$rep"
+	snap
+	if [ "$READ_DRIVER" = bench ]; then
+		# The hook for the daemons' pull: b2b-bench --op read writes its usual JSON (rows carry op).
+		"$BENCH" --src-api unix:///run/b2bd.sock --dst-api "$B2B_PEER_IP:7480" --dst-peer "$B2B_PEER_IP:7470" "${tls[@]}" \
+			--transport verbs --sizes "$s" --blocks "$n" --full --iters "$ITERS" --timeout 300s --mode adhoc --op read \
+			--yardstick none --ping-calls 20 --json "$B2B_OUT/read-$s-r$rep.json" 2>&1 || rc=1
+	else
+		B2B_READ_SINK=1 B2B_RDMA_DEV="$dev" B2B_READ_SIZE="$s" B2B_READ_BLOCKS="$n" B2B_READ_ITERS="$ITERS" \
+			B2B_READ_JSON="$B2B_OUT/read-$s-r$rep.json" "$VERBS_TEST" -test.run '^TestHWReadSink$' -test.v -test.timeout 600s \
+			>>"$B2B_OUT/read-sink.log" 2>&1 || rc=1
+	fi
+	counters "bench-read size=$s round=$rep"
+}
+perftest_round() { # perftest_round TOOL OP: the round's default and tuned runs of TOOL, results as perftest-OP-...
+	local tool=$1 op=$2 variant g rate
+	for variant in $(round_variants "$rep"); do
+		snap
+		g=$(pt_tool=$tool perftest_client "$s" "$n" "$variant" "$port")
+		counters "perftest-$op $variant size=$s round=$rep"
+		log "$tool $variant size=$s round=$rep $g GB/s"
+		# A failed run (0) is left out: the bench then has nothing to compare with in that round.
+		rate="\"$s\": $g"
+		[ "$g" = 0.000000 ] && rate=""
+		printf '{"run": "%s %s, round %d", "gbps": {%s}}\n' "$tool" "$variant" "$rep" "$rate" >"$B2B_OUT/$3-$variant-$s-r$rep.json"
+		port=$((port + 1))
+	done
+}
 port=18515
 t0=$SECONDS
 for k in "${!sizes[@]}"; do
 	s=${sizes[$k]} n=${blocks[$k]}
 	for ((rep = 1; rep <= REPS; rep++)); do
 		if ((rep % 2 == 0)); then run_bench; fi
-		for variant in $(round_variants "$rep"); do
-			snap
-			g=$(perftest_client "$s" "$n" "$variant" "$port")
-			counters "perftest $variant size=$s round=$rep"
-			log "perftest $variant size=$s round=$rep $g GB/s"
-			# A failed run (0) is left out: the bench then has nothing to compare with in that round.
-			rate="\"$s\": $g"
-			[ "$g" = 0.000000 ] && rate=""
-			printf '{"run": "ib_write_bw %s, round %d", "gbps": {%s}}\n' "$variant" "$rep" "$rate" >"$B2B_OUT/perftest-$variant-$s-r$rep.json"
-			port=$((port + 1))
-		done
+		perftest_round ib_write_bw write perftest
 		if ((rep % 2)); then run_bench; fi
+		[ "$READ" = 1 ] || continue
+		# The same round's READ triple, mirrored as the WRITE one.
+		if ((rep % 2 == 0)); then run_read; fi
+		perftest_round ib_read_bw read perftest-read
+		if ((rep % 2)); then run_read; fi
 	done
 done
+if [ "$READ" = 1 ] && [ "$READ_DRIVER" = harness ]; then
+	B2B_READ_SINK=1 B2B_READ_DONE=1 B2B_RDMA_DEV="$dev" B2B_READ_JSON=/dev/null "$VERBS_TEST" -test.run '^TestHWReadSink$' \
+		>>"$B2B_OUT/read-sink.log" 2>&1 || log "could not tell the READ source the comparison is over"
+fi
 log "comparison (ib_write_bw and bench, ${#sizes[@]} sizes x $REPS rounds) took $((SECONDS - t0)) s"
 echo "$((SECONDS - t0))" >"$B2B_OUT/comparison.seconds"
 

@@ -21,6 +21,11 @@
 #   B2B_RDMA_MIN_BLOCKS   blocks per batch at least (default 20: the tuned ib_write_bw's least, 4 QPs x 5)
 #   B2B_RDMA_ITERS        timed batches per size and round (default 3)
 #   B2B_RDMA_REPS         rounds per size, mirrored: default, tuned, bench; bench, tuned, default; ... (default 4)
+#   B2B_RDMA_READ         1 (default): each round also compares b2bd's RDMA READ with ib_read_bw default and tuned
+#                         (the same options), mirrored after the round's WRITE triple; ratios in rdma-summary.json's
+#                         "read" entries (op "read"); 0 skips
+#   B2B_RDMA_READ_DRIVER  harness (default: the verbs transport's Conn.Read driven by its TestHWReadSource/Sink, until
+#                         the daemons pull) or bench (b2b-bench --op read, once it exists)
 #   B2B_RDMA_MODES        the bench's --mode (default empty: its default, ad hoc and prepared up to 64 KiB)
 #   B2B_RDMA_SMP          vCPUs per VM (default 1; 2 gives rxe a CPU besides the daemon's)
 #   B2B_RDMA_E2E          1 (default) runs the e2e tests over verbs in B before the bench; 0 skips
@@ -76,6 +81,9 @@ if [ -z "$B2BD" ] || [ -z "$BENCH" ]; then
 	say "building b2bd and b2b-bench"
 	(cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go build -o "$OUT/bin/" ./cmd/b2bd ./cmd/b2b-bench) || die "build failed"
 	(cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go test -c -o "$OUT/bin/e2e.test" ./internal/e2e) || die "build of the e2e tests failed"
+fi
+if [ ! -x "$OUT/bin/verbs.test" ]; then # the READ harness and the conformance suite
+	(cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go test -c -o "$OUT/bin/verbs.test" ./internal/transport/verbs) || die "build of the verbs tests failed"
 	B2BD=${B2BD:-$OUT/bin/b2bd}
 	BENCH=${BENCH:-$OUT/bin/b2b-bench}
 fi
@@ -116,6 +124,9 @@ B2BD=$B2BD
 BENCH=$BENCH
 DAEMON_ARGS="${B2B_RDMA_DAEMON_ARGS:-}"
 E2E=$OUT/bin/e2e.test
+VERBS_TEST=$OUT/bin/verbs.test
+READ=${B2B_RDMA_READ:-1}
+READ_DRIVER=${B2B_RDMA_READ_DRIVER:-harness}
 FAULTS=$FAULTS
 FAULT_TRANSPORTS=${B2B_RDMA_FAULT_TRANSPORTS:-verbs,tcp}
 FAULT_TRIALS=${B2B_RDMA_FAULT_TRIALS:-10}
@@ -212,6 +223,59 @@ for s in sizes:
           "yes" if verified else "NO"))
     for e in errors:
         print("           error: %s" % e)
+# READ (issue 24): b2bd's READ batches against ib_read_bw default and tuned of the same round.
+read_entries = []
+rd_hdr = "%8s %6s %3s %9s %21s %21s %3s" % ("block", "blocks", "rds", "read GB/s", "vs default med(min-max)", "vs tuned med(min-max)", "ok")
+for s in sizes:
+    if not any(os.path.exists(os.path.join(out, "perftest-read-%s-%d-r%d.json" % (v, s, r))) for v in ("default", "tuned") for r in range(1, reps + 1)):
+        continue
+    gb, rdef, rtun, pdef, ptun, errors, verified, blocks = [], [], [], [], [], [], True, "-"
+    for r in range(1, reps + 1):
+        rep = load("read-%d-r%d.json" % (s, r))
+        if "rows" in rep:  # b2b-bench --op read (READ_DRIVER=bench)
+            row = next((x for x in rep.get("rows", []) if x.get("block_bytes") == s and x.get("op", "read") == "read"), None) or {}
+            res = {"gbps": (row.get("adhoc") or {}).get("gbps") or row.get("gbps"), "verified": row.get("verified"),
+                   "blocks": row.get("blocks"), "error": row.get("error") or rep.get("error")}
+        else:
+            res = rep
+        if res.get("error") or not res.get("verified") or not res.get("gbps"):
+            verified = False
+            errors.append("round %d: %s" % (r, res.get("error") or "no verified READ result"))
+            continue
+        blocks = res.get("blocks", "-")
+        g = res["gbps"]
+        gb.append(g)
+        d = load("perftest-read-default-%d-r%d.json" % (s, r)).get("gbps", {}).get(str(s), 0)
+        t = load("perftest-read-tuned-%d-r%d.json" % (s, r)).get("gbps", {}).get(str(s), 0)
+        if d:
+            pdef.append(d)
+            rdef.append(g / d)
+        if t:
+            ptun.append(t)
+            rtun.append(g / t)
+    ok = ok and verified and not errors
+    sd, st = spread(rdef), spread(rtun)
+    read_entries.append({"op": "read", "block_bytes": s, "blocks": blocks, "b2bd_gbps": gb,
+        "perftest_default_gbps": pdef, "perftest_tuned_gbps": ptun,
+        "ratio_vs_default": dict(sd, against="ib_read_bw default options, the same round") if sd else None,
+        "ratio_vs_tuned": dict(st, against="ib_read_bw -q 4 --post_list min(32, per-QP count), the same round") if st else None,
+        "verified": verified, "errors": errors})
+if read_entries:
+    summary["read"] = read_entries
+    summary["read_driver"] = os.environ.get("B2B_RDMA_READ_DRIVER", "harness")
+    print()
+    print("READ: b2bd (%s) / ib_read_bw of the same round" % summary["read_driver"])
+    print(rd_hdr)
+    print("-" * len(rd_hdr))
+    for e in read_entries:
+        f = lambda x: "%.2f (%.2f-%.2f)" % (x["median"], x["min"], x["max"]) if x else "-"
+        print("%8d %6s %3d %9s %21s %21s %3s" % (e["block_bytes"], e["blocks"], len(e["b2bd_gbps"]),
+              "%.4f" % statistics.median(e["b2bd_gbps"]) if e["b2bd_gbps"] else "-", f(e["ratio_vs_default"]),
+              f(e["ratio_vs_tuned"]), "yes" if e["verified"] else "NO"))
+        for x in e["errors"]:
+            print("           error: %s" % x)
+for e in summary["sizes"]:
+    e["op"] = "write"
 # The sender's rxe counters per run (test-rdma-vm.sh's counters.log): a retransmission timeout
 # (completer_retry_err) stalls a QP for the ACK timeout (~67 ms at 14), so a round that hit them is slow for
 # reasons of the emulated wire, not of the program; per size, timeouts per million data packets sent.
@@ -222,7 +286,7 @@ try:
             f = line.split()
             if len(f) < 3:
                 continue
-            who = "b2bd" if f[0] == "bench" else "ib_write_bw " + f[1]
+            who = {"bench": "b2bd", "bench-read": "b2bd read", "perftest-read": "ib_read_bw " + f[1]}.get(f[0], "ib_write_bw " + f[1])
             size = next((int(x[5:]) for x in f if x.startswith("size=")), None)
             moved = {k: int(v.lstrip("+")) for k, v in (x.split("=", 1) for x in f if "=+" in x)}
             w = wire.setdefault(size, {}).setdefault(who, {"runs": 0, "sent_pkts": 0, "retry_timeouts": 0})
@@ -278,8 +342,10 @@ fi
 if [ "${B2B_RDMA_CONFORMANCE:-1}" = 1 ]; then
 	conf=$OUT/conformance
 	mkdir -p "$conf"
-	if (cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go test -c -o "$OUT/bin/verbs.test" ./internal/transport/verbs); then
-		printf "B2B_HW_TEST=%s\nB2B_HW_RUN='^TestHWConformance\$'\n" "$OUT/bin/verbs.test" >"$conf/hw.env"
+	if [ -x "$OUT/bin/verbs.test" ] || (cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go test -c -o "$OUT/bin/verbs.test" ./internal/transport/verbs); then
+		# With the conformance suite, the READ hardware tests (issue 24): checksums at several sizes, a read-only
+		# rkey that cannot WRITE (a hand-made WRITE fails at the NIC), a deadline mid-READ, per-access MRs.
+		printf "B2B_HW_TEST=%s\nB2B_HW_RUN='^(TestHWConformance|TestHWRead|TestHWReadOnlyKeyRefusesWrite|TestHWReadDeadline|TestHWKeyForRekey)\$'\n" "$OUT/bin/verbs.test" >"$conf/hw.env"
 		B2B_TESTBED_QUIET=1 "$HERE/run-pair.sh" "$HERE/hw-verbs.sh" "$HERE/hw-verbs.sh" --out "$conf" --timeout 900 --grace 30 || {
 			say "verbs conformance suite FAILED:"
 			grep -E -- '--- FAIL|_test.go:[0-9]+|checks.go:[0-9]+' "$conf/hw-verbs-a.log" 2>/dev/null | head -n 20
@@ -288,7 +354,9 @@ if [ "${B2B_RDMA_CONFORMANCE:-1}" = 1 ]; then
 		echo
 		echo "conformance suite over verbs (TestHWConformance, $conf/hw-verbs-a.log):"
 		grep -E -- '^(--- |    --- )(PASS|FAIL|SKIP)|KNOWN GAP' "$conf/hw-verbs-a.log" 2>/dev/null || echo "(no result)"
-		grep -q -- '--- PASS: TestHWConformance' "$conf/hw-verbs-a.log" 2>/dev/null || { say "verbs conformance suite did not pass"; rc=1; }
+		for tst in TestHWConformance TestHWRead TestHWReadOnlyKeyRefusesWrite TestHWReadDeadline TestHWKeyForRekey; do
+			grep -q -- "--- PASS: $tst " "$conf/hw-verbs-a.log" 2>/dev/null || { say "verbs hardware test $tst did not pass"; rc=1; }
+		done
 	else
 		say "build of the verbs tests failed"
 		rc=1

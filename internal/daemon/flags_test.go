@@ -73,6 +73,8 @@ var rangeCases = []struct {
 	{"rdma-srq-depth", []string{"15", "0", "65537"}, []string{"16", "65536"}, "16 to 65536"},
 	{"rdma-max-sge", []string{"0", "257"}, []string{"1", "256"}, "1 to 256"},
 	{"rdma-max-wr-bytes", []string{"0", "1073741825"}, []string{"1", "1073741824"}, "1 to 1073741824"},
+	{"rdma-read-depth", []string{"0", "256"}, []string{"1", "255"}, "1 to 255"},
+	{"rdma-read-wr-bytes", []string{"0", "1073741825"}, []string{"1", "1073741824"}, "1 to 1073741824"},
 	{"rdma-min-qp-bytes", []string{"0", "-1"}, []string{"1", "1099511627776"}, "1 to 1099511627776"},
 	{"rdma-inline", []string{"-1", "1025"}, []string{"0", "1024"}, "0 to 1024"},
 	{"rdma-post-threads", []string{"0", "65"}, []string{"1", "64"}, "1 to 64"},

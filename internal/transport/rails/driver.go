@@ -68,6 +68,8 @@ var ranges = config.Ranges{
 	"rdma-srq-depth":     config.Int{Min: 16, Max: 1 << 16},
 	"rdma-max-sge":       config.Int{Min: 1, Max: 256},
 	"rdma-max-wr-bytes":  config.Int{Min: 1, Max: 1 << 30},
+	"rdma-read-depth":    config.Int{Min: 1, Max: 255},
+	"rdma-read-wr-bytes": config.Int{Min: 1, Max: 1 << 30},
 	"rdma-min-qp-bytes":  config.Int{Min: 1, Max: 1 << 40},
 	"rdma-inline":        config.Int{Min: 0, Max: 1024},
 	"rdma-post-threads":  config.Int{Min: 1, Max: 64},

@@ -73,6 +73,15 @@ type Config struct {
 	MaxSGE int
 	// MaxWRBytes: the most one WR carries; bigger blocks are cut.
 	MaxWRBytes int
+	// ReadDepth: RDMA READs a QP keeps outstanding (its max_rd_atomic),
+	// capped by the device's max_qp_init_rd_atom; ReadWRBytes: the most one
+	// READ carries. Together they bound the READ response bytes in flight
+	// per QP (ReadDepth x ReadWRBytes): unlike a WRITE's, a READ's
+	// responses are not paced by the requester's window, and on Soft-RoCE
+	// 128 outstanding 1 MiB READs (rxe's limit x MaxWRBytes) flooded the
+	// wire until a READ ran out of retries.
+	ReadDepth   int
+	ReadWRBytes int
 	// MinQPBytes: a batch uses one QP per this many bytes (at least one), up
 	// to QPsPerPeer, so tiny batches do not pay for several immediates.
 	MinQPBytes int
@@ -149,6 +158,8 @@ const (
 	DefaultSRQDepth    = 1024
 	DefaultMaxSGE      = 16
 	DefaultMaxWRBytes  = 1 << 20
+	DefaultReadDepth   = 16 // ConnectX's max_qp_rd_atom: what most responders answer at once
+	DefaultReadWRBytes = 64 << 10
 	DefaultMinQPBytes  = 64 << 10
 	DefaultInlineBytes = 0
 	// DefaultPostThreads is 1, by measurement. Plan-only (no NIC), one
@@ -187,6 +198,7 @@ func DefaultConfig() Config {
 		QPsPerPeer: DefaultQPsPerPeer, SignalEvery: DefaultSignalEvery, MaxChain: DefaultMaxChain,
 		ChainBytes: DefaultChainBytes, SQDepth: DefaultSQDepth, SRQDepth: DefaultSRQDepth,
 		MaxSGE: DefaultMaxSGE, MaxWRBytes: DefaultMaxWRBytes, MinQPBytes: DefaultMinQPBytes,
+		ReadDepth: DefaultReadDepth, ReadWRBytes: DefaultReadWRBytes,
 		InlineBytes: DefaultInlineBytes, PostThreads: DefaultPostThreads, PollSpin: DefaultPollSpin, AckTimeout: DefaultAckTimeout,
 		RetryCount: DefaultRetryCount, KeepAlive: DefaultKeepAlive, StallTimeout: DefaultStallTimeout,
 	}
@@ -207,6 +219,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SRQDepth, "rdma-srq-depth", c.SRQDepth, "shared receive queue depth")
 	fs.IntVar(&c.MaxSGE, "rdma-max-sge", c.MaxSGE, "SGEs per work request for gathering blocks (capped by the device)")
 	fs.IntVar(&c.MaxWRBytes, "rdma-max-wr-bytes", c.MaxWRBytes, "largest single RDMA WRITE; bigger blocks are cut")
+	fs.IntVar(&c.ReadDepth, "rdma-read-depth", c.ReadDepth, "RDMA READs a QP keeps outstanding (max_rd_atomic; capped by the device)")
+	fs.IntVar(&c.ReadWRBytes, "rdma-read-wr-bytes", c.ReadWRBytes, "largest single RDMA READ; bigger ranges are cut")
 	fs.IntVar(&c.MinQPBytes, "rdma-min-qp-bytes", c.MinQPBytes, "a batch uses one more QP per this many bytes")
 	fs.IntVar(&c.InlineBytes, "rdma-inline", c.InlineBytes, "send WRs of at most this many bytes inline (host memory; 0: off)")
 	fs.IntVar(&c.PostThreads, "rdma-post-threads", c.PostThreads, "threads posting the QP shares of a prepared transfer in parallel (1: one after the other)")
@@ -234,6 +248,8 @@ func (c *Config) normalize() error {
 	def(&c.SRQDepth, d.SRQDepth)
 	def(&c.MaxSGE, d.MaxSGE)
 	def(&c.MaxWRBytes, d.MaxWRBytes)
+	def(&c.ReadDepth, d.ReadDepth)
+	def(&c.ReadWRBytes, d.ReadWRBytes)
 	def(&c.MinQPBytes, d.MinQPBytes)
 	def(&c.AckTimeout, d.AckTimeout)
 	def(&c.PostThreads, d.PostThreads)
@@ -269,6 +285,10 @@ func (c *Config) normalize() error {
 		return bad("--rdma-max-sge %d", c.MaxSGE)
 	case c.MaxWRBytes < 1 || c.MaxWRBytes > 1<<30:
 		return bad("--rdma-max-wr-bytes %d", c.MaxWRBytes)
+	case c.ReadDepth < 1 || c.ReadDepth > 255:
+		return bad("--rdma-read-depth %d not in 1..255", c.ReadDepth)
+	case c.ReadWRBytes < 1 || c.ReadWRBytes > 1<<30:
+		return bad("--rdma-read-wr-bytes %d", c.ReadWRBytes)
 	case c.ChainBytes < 1:
 		return bad("--rdma-chain-bytes %d", c.ChainBytes)
 	case c.MinQPBytes < 1:

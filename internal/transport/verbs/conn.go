@@ -107,7 +107,10 @@ type qpSet struct {
 	closeOnce   sync.Once
 }
 
-var _ transport.Conn = (*qpSet)(nil)
+var (
+	_ transport.Conn   = (*qpSet)(nil)
+	_ transport.Reader = (*qpSet)(nil)
+)
 
 // newSet creates n QPs on a fresh CQ, all in INIT. On failure nothing is
 // left behind.
@@ -184,12 +187,12 @@ func (s *qpSet) connect(peer Port, eps []Endpoint, mtu ibv.MTU) error {
 		err := q.qp.ToRTR(ibv.RTRAttr{
 			Port: t.cfg.Port, RemoteQPN: ep.QPN, RemotePSN: ep.PSN, MTU: mtu,
 			Global: global, RemoteGID: toGID(peer.GID), GIDIndex: t.gid.Index,
-			RemoteLID: uint16(peer.LID), MinRNRTimer: 12,
+			RemoteLID: uint16(peer.LID), MinRNRTimer: 12, MaxDestRdAtomic: t.rdDest,
 		})
 		if err != nil {
 			return err
 		}
-		if err := q.qp.ToRTS(ibv.RTSAttr{PSN: q.psn, Timeout: t.cfg.AckTimeout, RetryCount: t.cfg.RetryCount, RNRRetry: 7}); err != nil {
+		if err := q.qp.ToRTS(ibv.RTSAttr{PSN: q.psn, Timeout: t.cfg.AckTimeout, RetryCount: t.cfg.RetryCount, RNRRetry: 7, MaxRdAtomic: t.rdInit}); err != nil {
 			return err
 		}
 	}
@@ -263,7 +266,7 @@ func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst trans
 	if err := s.Err(); err != nil {
 		return st, err
 	}
-	reg, total, err := s.checkArgs("write", src, dst, b)
+	reg, total, err := s.checkArgs("write", src, dst, b, false)
 	if err != nil {
 		return st, err
 	}
@@ -281,21 +284,30 @@ func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst trans
 	return s.write(ctx, ref.mr, reg.mem, dst, b, total)
 }
 
-// checkArgs checks a Write's or a Prepare's arguments (op names which):
-// the source is ours, the rkey and the destination range are sane, and
-// every block lies inside both regions. It returns the batch's bytes.
-func (s *qpSet) checkArgs(op string, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (*registration, uint64, error) {
-	reg, ok := src.(*registration)
+// checkArgs checks a Write's, a Read's or a Prepare's arguments (op names
+// which): the local registration is ours, the rkey and the remote range are
+// sane, and every block lies inside both regions (with read, b.Src indexes
+// the remote region and b.Dst the local one). It returns the batch's bytes.
+func (s *qpSet) checkArgs(op string, local transport.Registration, remote transport.RemoteRegion, b *desc.Batch, read bool) (*registration, uint64, error) {
+	side, rside := "source", "destination"
+	if read {
+		side, rside = rside, side
+	}
+	reg, ok := local.(*registration)
 	if !ok || reg.t != s.t {
-		return nil, 0, fmt.Errorf("verbs: %s: source was not registered with this verbs transport: %w", op, errs.ErrInvalidArgument)
+		return nil, 0, fmt.Errorf("verbs: %s: %s was not registered with this verbs transport: %w", op, side, errs.ErrInvalidArgument)
 	}
-	if dst.Key.Key > 0xFFFFFFFF {
-		return nil, 0, fmt.Errorf("verbs: %s: bad rkey %#x: %w", op, dst.Key.Key, errs.ErrInvalidArgument)
+	if remote.Key.Key > 0xFFFFFFFF {
+		return nil, 0, fmt.Errorf("verbs: %s: bad rkey %#x: %w", op, remote.Key.Key, errs.ErrInvalidArgument)
 	}
-	if dst.Size > 0 && dst.Key.Addr+dst.Size < dst.Key.Addr {
-		return nil, 0, fmt.Errorf("verbs: %s: destination [%#x, +%d) wraps: %w", op, dst.Key.Addr, dst.Size, errs.ErrInvalidArgument)
+	if remote.Size > 0 && remote.Key.Addr+remote.Size < remote.Key.Addr {
+		return nil, 0, fmt.Errorf("verbs: %s: %s [%#x, +%d) wraps: %w", op, rside, remote.Key.Addr, remote.Size, errs.ErrInvalidArgument)
 	}
-	total, err := checkBatch(b, reg.mem.Len, dst.Size)
+	srcLen, dstLen := reg.mem.Len, remote.Size
+	if read {
+		srcLen, dstLen = dstLen, srcLen
+	}
+	total, err := checkBatch(b, srcLen, dstLen)
 	if err != nil {
 		return nil, 0, err
 	}

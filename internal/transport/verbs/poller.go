@@ -269,6 +269,8 @@ func wcError(s *qpSet, w *ibv.WC) error {
 	switch kind {
 	case ibv.KindData:
 		what = fmt.Sprintf("RDMA WRITE starting at batch block %d (WR #%d on the QP)", blk, seq)
+	case ibv.KindRead:
+		what = fmt.Sprintf("RDMA READ starting at batch block %d (WR #%d on the QP)", blk, seq)
 	case ibv.KindMeta:
 		what = fmt.Sprintf("batch meta SEND (WR #%d)", seq)
 	case ibv.KindAck:
@@ -279,6 +281,10 @@ func wcError(s *qpSet, w *ibv.WC) error {
 		what = "keepalive SEND"
 	default:
 		what = fmt.Sprintf("wr_id %#x", w.WRID)
+	}
+	if kind == ibv.KindRead && w.Status == ibv.WCRemAccessErr {
+		return fmt.Errorf("verbs: work completion on QP %d to %s failed: %s (status %d, vendor_err %#x) for %s: the source's rkey is not valid there for READ (region deregistered, its read grant narrowed and the key revoked, or a key that grants no READ); batch aborted: %w",
+			w.QPNum, s.peer, st, w.Status, w.VendorErr, what, errs.ErrAborted)
 	}
 	if kind == ibv.KindData && w.Status == ibv.WCRemAccessErr {
 		// Bounds are checked before posting, so the remote NIC refused the

@@ -53,7 +53,7 @@ func (s *qpSet) Prepare(src transport.Registration, dst transport.RemoteRegion, 
 	if !s.sender {
 		return nil, fmt.Errorf("verbs: prepare: not a sending connection: %w", errs.ErrInvalidArgument)
 	}
-	reg, total, err := s.checkArgs("prepare", src, dst, b)
+	reg, total, err := s.checkArgs("prepare", src, dst, b, false)
 	if err != nil {
 		return nil, err
 	}

@@ -26,18 +26,24 @@ type Transport struct {
 	in  transport.Inbound
 	log hclog.Logger
 
-	ctx     *ibv.Context
-	pd      *ibv.PD
-	cch     *ibv.CompChannel
-	srq     *ibv.SRQ
-	rmem    *ibv.HostMem // SRQ receive buffers, recvBufLen each
-	rmr     *ibv.MR
-	port    ibv.PortAttr
-	gid     ibv.GIDChoice
-	maxSGE  int
-	inline  int
-	wrBytes uint64
-	node    string
+	ctx    *ibv.Context
+	pd     *ibv.PD
+	cch    *ibv.CompChannel
+	srq    *ibv.SRQ
+	rmem   *ibv.HostMem // SRQ receive buffers, recvBufLen each
+	rmr    *ibv.MR
+	port   ibv.PortAttr
+	gid    ibv.GIDChoice
+	maxSGE int
+	// maxSGERd: SGEs per RDMA READ WR (the device's max_sge_rd, at most maxSGE).
+	maxSGERd int
+	// rdInit and rdDest: each QP's max_rd_atomic (READs it keeps
+	// outstanding) and max_dest_rd_atomic (peer READs it answers at once),
+	// the device's max_qp_init_rd_atom and max_qp_rd_atom (at most 255).
+	rdInit, rdDest int
+	inline         int
+	wrBytes        uint64
+	node           string
 
 	p *poller
 	// posters posts the shares of prepared batches in parallel.
@@ -157,6 +163,7 @@ func (t *Transport) open(dev string) error {
 	if t.maxSGE < 1 {
 		t.maxSGE = 1
 	}
+	t.maxSGERd, t.rdInit, t.rdDest = readLimits(attr, t.maxSGE, cfg.ReadDepth)
 	if fitted, err := fitSendQueue(cfg, attr.MaxQPWR); err != nil {
 		return err
 	} else if fitted {
@@ -292,7 +299,22 @@ func (t *Transport) Describe() string {
 	if t.gid.Type != "" || t.gid.NetDev != "" {
 		s += fmt.Sprintf(" (%s %s)", t.gid.Type, t.gid.NetDev)
 	}
-	return s
+	return s + fmt.Sprintf(" rd_atomic %d/%d max_sge_rd %d", t.rdInit, t.rdDest, t.maxSGERd)
+}
+
+// readLimits derives the RDMA READ parameters from the device's limits:
+// SGEs per READ WR (max_sge_rd, at most maxSGE; devices that report 0
+// get maxSGE), and each QP's max_rd_atomic (max_qp_init_rd_atom, at most
+// depth, Config.ReadDepth) and max_dest_rd_atomic (max_qp_rd_atom: the
+// responder answers as many as the device can). Each at least 1, at most
+// 255 (the attribute's width).
+func readLimits(a ibv.DeviceAttr, maxSGE, depth int) (sgeRd, rdInit, rdDest int) {
+	sgeRd = maxSGE
+	if a.MaxSGERd > 0 {
+		sgeRd = min(sgeRd, a.MaxSGERd)
+	}
+	clamp := func(v int) int { return min(max(v, 1), 255) }
+	return sgeRd, clamp(min(a.MaxQPInitRdAtm, depth)), clamp(a.MaxQPRdAtm)
 }
 
 // Port is this side's Port for connect signals.
@@ -323,11 +345,36 @@ type registration struct {
 	mem  memory.Memory
 	path string // how the NIC reached the memory, for logs and tests
 
-	mu     sync.Mutex
-	cur    *mrRef
+	mu  sync.Mutex
+	cur *mrRef // the write MR (transport.AccessWrite): Key's
+	// acc are the MRs of the other access sets, made when KeyFor first
+	// asks (and again after a Rekey retired them): accRead remote READ
+	// only, accReadWrite both.
+	acc    [accSets]*mrRef
 	old    []*mrRef // retired by Rekey, still in use
 	closed bool
 	err    error
+}
+
+// Indices of registration.acc.
+const (
+	accRead = iota
+	accReadWrite
+	accSets
+)
+
+// accessFlags are the ibv access flags of the MR for a: remote WRITE keys
+// cannot READ and remote READ keys cannot WRITE, so each grant's rkey allows
+// exactly what was granted. LOCAL_WRITE goes with REMOTE_WRITE (verbs
+// requires it) and lets the write MR be a READ's local destination.
+func accessFlags(a transport.Access) ibv.Access {
+	switch a {
+	case transport.AccessWrite:
+		return ibv.AccessLocalWrite | ibv.AccessRemoteWrite
+	case transport.AccessRead:
+		return ibv.AccessRemoteRead
+	}
+	return ibv.AccessLocalWrite | ibv.AccessRemoteWrite | ibv.AccessRemoteRead
 }
 
 // mrRef is one MR of a registration and the batches using it: sending
@@ -337,9 +384,72 @@ type mrRef struct {
 	mr      *ibv.MR
 	users   int
 	retired bool
+	write   bool // allows remote WRITE: receiving batches may land through it
 }
 
-var _ transport.Rekeyer = (*registration)(nil)
+var (
+	_ transport.Rekeyer     = (*registration)(nil)
+	_ transport.AccessKeyer = (*registration)(nil)
+)
+
+// KeyFor is the key of the registration's MR for access a: the write MR's
+// (Key) for AccessWrite; for AccessRead (remote READ only) and for both, an
+// MR of its own, registered on first use and kept until Rekey or Close.
+func (r *registration) KeyFor(a transport.Access) (transport.RemoteKey, error) {
+	var k int
+	switch a {
+	case transport.AccessWrite:
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.closed {
+			return transport.RemoteKey{}, fmt.Errorf("verbs: key for write: registration closed: %w", errs.ErrFailedPrecondition)
+		}
+		return mrKey(r.cur.mr), nil
+	case transport.AccessRead:
+		k = accRead
+	case transport.AccessRead | transport.AccessWrite:
+		k = accReadWrite
+	default:
+		return transport.RemoteKey{}, fmt.Errorf("verbs: key for access %#x (want write %#x, read %#x or both): %w",
+			a, transport.AccessWrite, transport.AccessRead, errs.ErrInvalidArgument)
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return transport.RemoteKey{}, fmt.Errorf("verbs: key for access %#x: registration closed: %w", a, errs.ErrFailedPrecondition)
+	}
+	if m := r.acc[k]; m != nil {
+		r.mu.Unlock()
+		return mrKey(m.mr), nil
+	}
+	r.mu.Unlock()
+	t := r.t
+	mr, _, err := t.regMR(r.mem, accessFlags(a))
+	if err != nil {
+		return transport.RemoteKey{}, fmt.Errorf("verbs: register an MR for access %#x (%d bytes): %w", a, r.mem.Len, err)
+	}
+	t.live.mrs.Add(1)
+	r.mu.Lock()
+	if r.closed || r.acc[k] != nil { // closed, or another caller was first
+		closed, m := r.closed, r.acc[k]
+		r.mu.Unlock()
+		_ = mr.Close()
+		t.live.mrs.Add(-1)
+		if closed {
+			return transport.RemoteKey{}, fmt.Errorf("verbs: key for access %#x: registration closed: %w", a, errs.ErrFailedPrecondition)
+		}
+		return mrKey(m.mr), nil
+	}
+	ref := &mrRef{mr: mr, write: a&transport.AccessWrite != 0}
+	r.acc[k] = ref
+	r.mu.Unlock()
+	if ref.write {
+		t.mu.Lock()
+		t.byRKey[mr.RKey()] = r
+		t.mu.Unlock()
+	}
+	return mrKey(mr), nil
+}
 
 func (r *registration) Memory() memory.Memory { return r.mem }
 
@@ -381,8 +491,12 @@ func (r *registration) useRKey(rkey uint32) *mrRef {
 		r.cur.users++
 		return r.cur
 	}
+	if m := r.acc[accReadWrite]; m != nil && m.mr.RKey() == rkey {
+		m.users++
+		return m
+	}
 	for _, m := range r.old {
-		if m.mr.RKey() == rkey {
+		if m.write && m.mr.RKey() == rkey {
 			m.users++
 			return m
 		}
@@ -428,10 +542,14 @@ func (t *Transport) retire(r *registration, m *mrRef) {
 // Rekey registers the memory afresh (new MR: new rkey and lkey) and retires
 // the old MR, which is deregistered at once when no batch uses it, else when
 // the last one ends: from then on a WRITE with the old rkey fails at the NIC
-// with a remote access error. It returns the old key; see transport.Rekeyer.
+// with a remote access error. The MRs of the other access sets (KeyFor) are
+// retired the same way and made afresh, with new rkeys, when KeyFor next
+// asks: a READ with an old read key fails at the NIC too (a READ in flight
+// on it is cut: the peer's NIC holds no use of ours). It returns the old
+// write key; see transport.Rekeyer.
 func (r *registration) Rekey() (transport.RemoteKey, error) {
 	t := r.t
-	mr, _, err := t.regMR(r.mem)
+	mr, _, err := t.regMR(r.mem, accessFlags(transport.AccessWrite))
 	if err != nil {
 		return transport.RemoteKey{}, fmt.Errorf("verbs: re-register %d bytes to revoke the rkey: %w", r.mem.Len, err)
 	}
@@ -444,19 +562,28 @@ func (r *registration) Rekey() (transport.RemoteKey, error) {
 		return transport.RemoteKey{}, fmt.Errorf("verbs: rekey: registration closed: %w", errs.ErrFailedPrecondition)
 	}
 	old := r.cur
-	r.cur = &mrRef{mr: mr}
-	old.retired = true
-	idle := old.users == 0
-	if !idle {
-		r.old = append(r.old, old)
+	r.cur = &mrRef{mr: mr, write: true}
+	var gone []*mrRef // retired and unused: deregistered now
+	for _, m := range []*mrRef{old, r.acc[accRead], r.acc[accReadWrite]} {
+		if m == nil {
+			continue
+		}
+		m.retired = true
+		if m.users == 0 {
+			gone = append(gone, m)
+		} else {
+			r.old = append(r.old, m)
+		}
 	}
+	r.acc = [accSets]*mrRef{}
+	idle := old.users == 0
 	r.mu.Unlock()
 	t.mu.Lock()
 	t.byRKey[mr.RKey()] = r
 	t.mu.Unlock()
 	key := mrKey(old.mr)
-	if idle {
-		t.retire(r, old)
+	for _, m := range gone {
+		t.retire(r, m)
 	}
 	t.log.Debug("verbs: registration rekeyed", "old_rkey", key.Key, "new_rkey", mr.RKey(), "old_in_use", !idle)
 	return key, nil
@@ -473,7 +600,12 @@ func (r *registration) Close() error {
 	}
 	r.closed = true
 	mrs := append([]*mrRef{r.cur}, r.old...)
-	r.old = nil
+	for _, m := range r.acc {
+		if m != nil {
+			mrs = append(mrs, m)
+		}
+	}
+	r.old, r.acc = nil, [accSets]*mrRef{}
 	r.mu.Unlock()
 	t := r.t
 	t.mu.Lock()
@@ -524,12 +656,12 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	if m.Addr == 0 || m.Len == 0 {
 		return nil, fmt.Errorf("verbs: register: empty memory (addr %#x, len %d): %w", m.Addr, m.Len, errs.ErrInvalidArgument)
 	}
-	mr, path, err := t.regMR(m)
+	mr, path, err := t.regMR(m, accessFlags(transport.AccessWrite))
 	if err != nil {
 		return nil, err
 	}
 	t.live.mrs.Add(1)
-	r := &registration{t: t, mem: m, cur: &mrRef{mr: mr}, path: path}
+	r := &registration{t: t, mem: m, cur: &mrRef{mr: mr, write: true}, path: path}
 	if m.Kind == memory.CUDA {
 		t.log.Info("GPU memory registered", "device", m.Device, "bytes", m.Len, "path", path)
 	}
@@ -540,29 +672,29 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	return r, nil
 }
 
-// regMR registers m with the PD and names the path it took.
-func (t *Transport) regMR(m memory.Memory) (*ibv.MR, string, error) {
+// regMR registers m with the PD for access and names the path it took.
+func (t *Transport) regMR(m memory.Memory, access ibv.Access) (*ibv.MR, string, error) {
 	var mr *ibv.MR
 	var err error
 	path := "ibv_reg_mr (host)"
 	switch m.Kind {
 	case memory.Host:
-		mr, err = t.pd.RegMR(m.Addr, m.Len, ibv.AccessDefault)
+		mr, err = t.pd.RegMR(m.Addr, m.Len, access)
 	case memory.CUDA:
 		path = "ibv_reg_mr (nvidia-peermem)"
 		if m.DmabufFD >= 0 {
 			path = "ibv_reg_dmabuf_mr"
-			mr, err = t.pd.RegDmabufMR(m.DmabufFD, m.DmabufOffset, m.Len, uint64(m.Addr), ibv.AccessDefault)
+			mr, err = t.pd.RegDmabufMR(m.DmabufFD, m.DmabufOffset, m.Len, uint64(m.Addr), access)
 			if err != nil {
 				path = "ibv_reg_mr (nvidia-peermem)"
-				mr2, err2 := t.pd.RegMR(m.Addr, m.Len, ibv.AccessDefault)
+				mr2, err2 := t.pd.RegMR(m.Addr, m.Len, access)
 				if err2 != nil {
 					return nil, "", fmt.Errorf("%w: verbs: register GPU memory on device %d: ibv_reg_dmabuf_mr failed (%v; needs kernel >= 5.12, rdma-core >= 34 and a NIC driver with dma-buf support) and ibv_reg_mr on the device pointer failed (%v; needs the nvidia-peermem module: modprobe nvidia_peermem)", errs.ErrFailedPrecondition, m.Device, err, err2)
 				}
 				mr, err = mr2, nil
 			}
 		} else {
-			mr, err = t.pd.RegMR(m.Addr, m.Len, ibv.AccessDefault)
+			mr, err = t.pd.RegMR(m.Addr, m.Len, access)
 			if err != nil {
 				err = fmt.Errorf("%w: verbs: register GPU memory on device %d, which has no dma-buf (memory imported through an IPC handle cannot export one): ibv_reg_mr on the device pointer failed (%v): load nvidia-peermem (modprobe nvidia_peermem), or allocate the region through the daemon (cuda_alloc) so it can use dma-buf", errs.ErrFailedPrecondition, m.Device, err)
 			}
