@@ -6,6 +6,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
 )
 
 // plan is a host batch's wire work, built once: the split into one share per
@@ -25,6 +26,11 @@ type plan struct {
 	copies  []copyOp // every frame's small blocks to stage
 	segs    uint64   // blocks
 	bytes   uint64
+	// A read plan (read.go): the caller's batch (Dst: our offsets), the
+	// destination and the peer's region name; read == nil: a write.
+	read     *desc.Batch
+	readMem  memory.Memory
+	readName string
 }
 
 type span struct{ lo, hi int }

@@ -46,6 +46,9 @@ const (
 	Count
 	// Advertise: the Transport implements transport.Advertiser.
 	Advertise
+	// Read: the Conns implement transport.Reader (pulls), checked by the
+	// Read* checks.
+	Read
 )
 
 func (o Optional) String() string {
@@ -53,7 +56,7 @@ func (o Optional) String() string {
 	for _, x := range []struct {
 		o    Optional
 		name string
-	}{{Prepare, "Preparer"}, {Rekey, "Rekeyer"}, {Count, "Counter"}, {Advertise, "Advertiser"}} {
+	}{{Prepare, "Preparer"}, {Rekey, "Rekeyer"}, {Count, "Counter"}, {Advertise, "Advertiser"}, {Read, "Reader"}} {
 		if o&x.o != 0 {
 			s = append(s, x.name)
 		}
@@ -132,6 +135,10 @@ func Run(t *testing.T, f Factory) {
 	t.Run("ConcurrentWrites", func(t *testing.T) { testConcurrent(t, f) })
 	t.Run("Prepared", func(t *testing.T) { testPrepared(t, f) })
 	t.Run("Rekey", func(t *testing.T) { testRekey(t, f) })
+	t.Run("ReadLandsEveryBlock", func(t *testing.T) { testReadLands(t, f) })
+	t.Run("ReadRefusals", func(t *testing.T) { testReadRefusals(t, f) })
+	t.Run("ReadDeadline", func(t *testing.T) { testReadCutOff(t, f, false) })
+	t.Run("ReadCancel", func(t *testing.T) { testReadCutOff(t, f, true) })
 }
 
 // rig is one started Pair with the suite's Inbounds and a conn.
