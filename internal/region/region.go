@@ -159,7 +159,7 @@ type Pins struct {
 	// byReadKey indexes the registrations' read keys (transport.AccessKeyer):
 	// a read pins only through it, a write only through byKey.
 	byReadKey map[keyRef]*Region
-	g     *Registry // set by New: releases a drained region
+	g         *Registry // set by New: releases a drained region
 }
 
 // NewPins returns an empty key index.

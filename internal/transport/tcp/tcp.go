@@ -451,7 +451,7 @@ type receiver struct {
 	// out is where a pull's response is copied from the source region
 	// before it is sent (read.go), grown on first use.
 	out []byte
-	c net.Conn
+	c   net.Conn
 	// direct: c is plain TCP, whose Read leaves p to the kernel (never
 	// touched in Go); under TLS, reads go through br.
 	direct bool

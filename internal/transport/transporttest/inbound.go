@@ -18,8 +18,8 @@ import (
 type Inbound struct {
 	kind transport.Kind
 
-	mu    sync.Mutex
-	regs  map[uint64]memory.Memory
+	mu   sync.Mutex
+	regs map[uint64]memory.Memory
 	// reads index the registrations' read keys (PinRead), as the registry
 	// does for exports with readers.
 	reads map[uint64]memory.Memory
