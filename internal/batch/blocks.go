@@ -34,6 +34,11 @@ type BlocksRequest struct {
 	Transport    transport.Kind
 	BadTransport error
 	Notification []byte
+	// Op: OpRead copies block RemoteIDs[i] of the peer's layout into block
+	// LocalIDs[i] of the local one; LocalIDs must then be unique and
+	// RemoteIDs may repeat.
+	Op    Op
+	BadOp error
 }
 
 // blockScratch is a request's reusable memory: its runs and the descriptor
@@ -78,6 +83,13 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 		return Result{}, fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(r.Notification), MaxNotification)
 	case r.BadTransport != nil:
 		return Result{}, r.BadTransport
+	case r.BadOp != nil:
+		return Result{}, r.BadOp
+	}
+	if r.Op == OpRead {
+		if _, ok := s.cfg.Peers.(ReadPeers); !ok {
+			return Result{}, fmt.Errorf("%w: this daemon's peer manager resolves no read grants", errs.ErrUnimplemented)
+		}
 	}
 	lp, ok := s.cfg.Peers.(LayoutPeers)
 	if !ok {
@@ -136,21 +148,35 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	if err != nil {
 		return res, false, false, err
 	}
-	rl, cached, err := lp.ResolveLayout(ctx, r.Peer, r.Remote)
+	var rl *transport.LayoutResolution
+	if r.Op == OpRead {
+		rl, cached, err = s.cfg.Peers.(ReadPeers).ResolveLayoutFor(ctx, r.Peer, r.Remote, transport.AccessRead)
+	} else {
+		rl, cached, err = lp.ResolveLayout(ctx, r.Peer, r.Remote)
+	}
 	if err != nil {
 		if !isRequestError(err) {
 			s.cfg.Peers.Broken(r.Peer, sess)
 		}
-		return res, false, false, fmt.Errorf("peer %s: resolve remote_layout %q: %w", r.Peer, r.Remote, err)
+		return res, false, false, fmt.Errorf("peer %s: resolve remote_layout %q for %s: %w", r.Peer, r.Remote, r.Op, err)
 	}
 	t1 := time.Now()
 	ph.Resolve += t1.Sub(t0)
-	pair, err := e.pair(rl.Layout)
+	var pair *layout.Pair
+	if r.Op == OpRead {
+		pair, err = e.readPair(rl.Layout)
+	} else {
+		pair, err = e.pair(rl.Layout)
+	}
 	if err != nil {
 		return res, cached, false, fmt.Errorf("local_layout %q and remote_layout %q: %w", r.Local, r.Remote, err)
 	}
 	w := layout.Planners.Get().(*layout.Planner)
-	ids, err := w.Validate(pair, layout.Request{SrcIDs: r.LocalIDs, DstIDs: r.RemoteIDs, SrcField: "local_ids", DstField: "remote_ids"})
+	lreq := layout.Request{SrcIDs: r.LocalIDs, DstIDs: r.RemoteIDs, SrcField: "local_ids", DstField: "remote_ids"}
+	if r.Op == OpRead { // the local layout is the destination: its ids must be unique
+		lreq = layout.Request{SrcIDs: r.RemoteIDs, DstIDs: r.LocalIDs, SrcField: "remote_ids", DstField: "local_ids"}
+	}
+	ids, err := w.Validate(pair, lreq)
 	if err != nil {
 		layout.Planners.Put(w)
 		return res, cached, false, err
@@ -187,7 +213,13 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 			return res, cached, false, err
 		}
 		b := desc.Batch{Src: src[from:to], Dst: dst[from:to], Len: ln[from:to]}
-		ws, werr := s.writeStretch(ctx, sess, sc.regions[sr], rl.Regions[dr], &b)
+		var ws transport.Stats
+		var werr error
+		if r.Op == OpRead { // runs from the peer's region sr into our region dr
+			ws, werr = s.readStretch(ctx, sess, sc.regions[dr], rl.Regions[sr], &b)
+		} else {
+			ws, werr = s.writeStretch(ctx, sess, sc.regions[sr], rl.Regions[dr], &b)
+		}
 		st.Segments += ws.Segments
 		st.WorkRequests += ws.WorkRequests
 		st.Plan += ws.Plan
@@ -199,12 +231,21 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 			}
 			stale := cached && errors.Is(werr, errs.ErrNotFound)
 			if stale {
-				lp.ForgetLayout(r.Peer, r.Remote)
+				if r.Op == OpRead {
+					s.cfg.Peers.(ReadPeers).ForgetLayoutFor(r.Peer, r.Remote, transport.AccessRead)
+				} else {
+					lp.ForgetLayout(r.Peer, r.Remote)
+				}
 			}
 			g := sc.runs[from].Group
 			first, nseg, _ := pair.Group(int(g))
-			werr = fmt.Errorf("local_layout %q segments %d..%d (region %s) to remote_layout %q on %s (region %q) over %s: %w",
-				r.Local, first, first+nseg-1, sc.regions[sr].ID, r.Remote, r.Peer, rl.Regions[dr].Name, sess.Kind, werr)
+			if r.Op == OpRead {
+				werr = fmt.Errorf("read of remote_layout %q on %s (region %q) into local_layout %q segments %d..%d (region %s) over %s: %w",
+					r.Remote, r.Peer, rl.Regions[sr].Name, r.Local, first, first+nseg-1, sc.regions[dr].ID, sess.Kind, werr)
+			} else {
+				werr = fmt.Errorf("local_layout %q segments %d..%d (region %s) to remote_layout %q on %s (region %q) over %s: %w",
+					r.Local, first, first+nseg-1, sc.regions[sr].ID, r.Remote, r.Peer, rl.Regions[dr].Name, sess.Kind, werr)
+			}
 			retry = stale || (broke && ctx.Err() == nil && !memguard.IsFault(werr))
 			return res, cached, retry, werr
 		}
@@ -221,8 +262,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 			return res, false, false, fmt.Errorf("blocks landed at %s/%s, but the notification was not delivered: %w", r.Peer, r.Remote, err)
 		}
 	}
-	s.cfg.Counters.BatchesSent.Add(1)
-	s.cfg.Counters.BytesSent.Add(total)
+	s.count(r.Op, total)
 	return Result{Blocks: blocks, Bytes: total, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: *ph}, cached, false, nil
 }
 
@@ -237,6 +277,19 @@ func (s *Service) writeStretch(ctx context.Context, sess transport.Session, src 
 		return transport.Stats{}, fmt.Errorf("%w: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, rr.Name, sess.Kind)
 	}
 	return sess.Conn.Write(ctx, reg, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}, b)
+}
+
+// readStretch pulls one stretch from the peer's region rr into dst.
+func (s *Service) readStretch(ctx context.Context, sess transport.Session, dst *region.Region, rr transport.Resolution, b *desc.Batch) (transport.Stats, error) {
+	reg, ok := dst.Registration(sess.Kind)
+	if !ok {
+		return transport.Stats{}, fmt.Errorf("%w: region %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, dst.ID, dst.Mem.Kind, sess.Kind)
+	}
+	key, ok := rr.Keys[sess.Kind]
+	if !ok {
+		return transport.Stats{}, fmt.Errorf("%w: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, rr.Name, sess.Kind)
+	}
+	return readOn(ctx, sess, reg, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}, b)
 }
 
 // firstSegmentOf is the first segment of l in region index ri.
