@@ -249,7 +249,28 @@ func (s *Service) bounded(ctx context.Context, run func(context.Context) (Result
 	return res, err
 }
 
+// pullMargin: a pull's data path must end before the caller's deadline
+// fires, since the caller's daemon writes the caller's own memory: gRPC
+// answers DeadlineExceeded at the client's deadline whether or not the
+// handler stopped, and the handler's deadline (the propagated timeout) is
+// a little later. So a pull runs under the caller's deadline less this,
+// which covers the propagation and the data path's cut (a copy chunk, a
+// socket read), and nothing of it lands after the caller's answer.
+const pullMargin = 20 * time.Millisecond
+
+// early bounds a pull (op OpRead) by the caller's deadline less
+// pullMargin; a write keeps ctx.
+func early(ctx context.Context, op Op) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if op != OpRead || !ok {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, d.Add(-pullMargin))
+}
+
 func (s *Service) transfer(ctx context.Context, r Request) (Result, error) {
+	ctx, cancel := early(ctx, r.Op)
+	defer cancel()
 	p, err := s.Plan(r)
 	if err != nil {
 		return Result{}, err

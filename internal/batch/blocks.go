@@ -72,6 +72,8 @@ func (s *Service) TransferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 }
 
 func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, error) {
+	ctx, cancel := early(ctx, r.Op)
+	defer cancel()
 	switch {
 	case r.Local == "":
 		return Result{}, fmt.Errorf("%w: local_layout is empty", errs.ErrInvalidArgument)

@@ -346,7 +346,9 @@ func (s *Service) submitAs(ctx context.Context, o Owner, h uint64, anyConn bool)
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
 		defer cancel()
 	}
-	res, err := s.submit(ctx, pp)
+	sctx, scancel := early(ctx, pp.p.op)
+	res, err := s.submit(sctx, pp)
+	scancel()
 	res.Phases.Total = time.Since(start)
 	if err != nil {
 		err = errs.ForCaller(ctx, err)

@@ -683,7 +683,7 @@ func shareEnd(sizes []uint64, lo int, want uint64) int {
 }
 
 // hostChunk is how many bytes the CPU copies between looks at the deadline.
-const hostChunk = 16 << 20
+const hostChunk = 4 << 20
 
 // copyHost copies every block with the CPU; a fault on either mapping (a
 // file shrunk under it) fails the batch instead of the process, and the

@@ -409,7 +409,7 @@ func (s *stream) loop() {
 		select {
 		case j := <-s.jobs:
 			var r result
-			if j.p.read != nil {
+			if j.p.read {
 				r = s.pull(&j)
 			} else {
 				r = s.send(&j)

@@ -67,9 +67,9 @@ func (c *conn) Read(ctx context.Context, dst transport.Registration, src transpo
 		h := c.scratch.hdr[c.scratch.frames[i].hdrLo:]
 		le.PutUint32(h[4:], le.Uint32(h[4:])|flagRead)
 	}
-	c.scratch.read, c.scratch.readMem, c.scratch.readName = b, mem, src.Name
+	c.scratch.read, c.scratch.readMem, c.scratch.readName = true, mem, src.Name
 	st, err := c.run(ctx, &c.scratch, nil, t0)
-	c.scratch.read, c.scratch.readMem = nil, memory.Memory{}
+	c.scratch.read, c.scratch.readMem = false, memory.Memory{}
 	c.scratch.trim()
 	return st, err
 }
@@ -112,8 +112,8 @@ func (s *stream) pull(j *job) result {
 		table := s.rtable[:int(h.segs)*segLen]
 		for x := fr.blk.lo; x < fr.blk.hi; x++ {
 			t := (x - fr.blk.lo) * segLen
-			le.PutUint64(table[t:], p.read.Dst[x])
-			le.PutUint64(table[t+8:], p.read.Len[x])
+			le.PutUint64(table[t:], p.used.Src[x]) // built swapped: Src are ours
+			le.PutUint64(table[t+8:], p.used.Len[x])
 		}
 		if _, err := s.rx.placeIn(&h, table, p.readMem); err != nil {
 			var re *recvErr
