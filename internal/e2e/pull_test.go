@@ -536,3 +536,56 @@ func TestPullLoad(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // a poll interval, not a synchronisation
 	}
 }
+
+// TestPullBlocks: TransferBlocks with op READ copies block remote_ids[i] of
+// every segment of the peer's layout into block local_ids[i] of ours;
+// remote ids may repeat, local ids may not; a layout without readers
+// refuses with PermissionDenied.
+func TestPullBlocks(t *testing.T) {
+	for _, k := range pullKinds {
+		t.Run(k.name, func(t *testing.T) {
+			a, b := startNode(t, "a", k.cfg), startNode(t, "b", k.cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var remote kvSide
+			var segs []client.Segment
+			for i := 0; i < kvSegments; i++ {
+				r, err := b.c.RegisterHost(ctx, kvPool*kvBlock, fmt.Sprintf("prefill%d", i), client.Readers("*"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				fill(r.Bytes, func(j int) byte { return byte(j>>12) ^ byte(i*31) | 1 })
+				remote.regions = append(remote.regions, r)
+				segs = append(segs, client.Segment{RegionID: r.Id, BlockLen: kvBlock, Stride: kvBlock})
+			}
+			if _, err := b.c.RegisterLayout(ctx, client.Layout{Name: "prefill", Segments: segs, NumBlocks: kvPool, Export: "prefill", Readers: []string{"*"}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.c.RegisterLayout(ctx, client.Layout{Name: "wo", Segments: segs, NumBlocks: kvPool, Export: "wo"}); err != nil {
+				t.Fatal(err)
+			}
+			local := registerKV(ctx, t, a.c, "", false, "decode", "", func(int) byte { return kvUntouch })
+			r := rand.New(rand.NewPCG(24, 9))
+			localIDs, remoteIDs := kvIDs(r, 64)
+			remoteIDs[1] = remoteIDs[0] // a remote block read into two local ones
+			_, err := a.c.TransferBlocks(ctx, client.Blocks{LocalLayout: "decode", Peer: b.d.PeerAddr(), RemoteLayout: "prefill",
+				LocalIDs: localIDs, RemoteIDs: remoteIDs, Transport: k.kind, Op: opRead})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkKV(t, remote, local, remoteIDs, localIDs)
+			dup := append([]uint32(nil), localIDs...)
+			dup[1] = dup[0]
+			_, err = a.c.TransferBlocks(ctx, client.Blocks{LocalLayout: "decode", Peer: b.d.PeerAddr(), RemoteLayout: "prefill",
+				LocalIDs: dup, RemoteIDs: remoteIDs, Transport: k.kind, Op: opRead})
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "local_ids") {
+				t.Fatalf("repeated local ids: %v, want InvalidArgument naming local_ids", err)
+			}
+			_, err = a.c.TransferBlocks(ctx, client.Blocks{LocalLayout: "decode", Peer: b.d.PeerAddr(), RemoteLayout: "wo",
+				LocalIDs: localIDs, RemoteIDs: remoteIDs, Transport: k.kind, Op: opRead})
+			if status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("pull from a layout without readers: %v, want PermissionDenied", err)
+			}
+		})
+	}
+}
