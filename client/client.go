@@ -83,6 +83,22 @@ func Persist() RegisterOption {
 	return func(r *b2bv1.RegisterRegionRequest) { r.Persist = true }
 }
 
+// Readers lets the named peers read (pull from) the region's export;
+// "*" grants every authenticated peer. Without it an export is write-only.
+func Readers(peers ...string) RegisterOption {
+	return func(r *b2bv1.RegisterRegionRequest) { r.Readers = append(r.Readers, peers...) }
+}
+
+// ReadOnly exports the region with no writers (combine with Readers).
+func ReadOnly() RegisterOption {
+	return func(r *b2bv1.RegisterRegionRequest) { r.ReadOnly = true }
+}
+
+// ExportTo limits the region's writers to the named peers.
+func ExportTo(peers ...string) RegisterOption {
+	return func(r *b2bv1.RegisterRegionRequest) { r.ExportTo = append(r.ExportTo, peers...) }
+}
+
 func registerRequest(r *b2bv1.RegisterRegionRequest, opts []RegisterOption) *b2bv1.RegisterRegionRequest {
 	for _, o := range opts {
 		o(r)
@@ -173,13 +189,16 @@ type Transfer struct {
 	// Notification, when set, is delivered to the destination region's
 	// watchers after the batch landed.
 	Notification []byte
+	// Op: b2bv1.TransferOp_TRANSFER_OP_READ pulls: the peer's DstRegion
+	// blocks (at Blocks.Dst) are copied into SrcRegion (at Blocks.Src).
+	Op b2bv1.TransferOp
 }
 
 // BatchTransfer moves the blocks and returns once all landed at the peer.
 // Use ctx's deadline to bound it.
 func (c *Client) BatchTransfer(ctx context.Context, t Transfer) (*b2bv1.BatchTransferResponse, error) {
 	return c.api.BatchTransfer(ctx, &b2bv1.BatchTransferRequest{
-		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport, Notification: t.Notification,
+		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport, Notification: t.Notification, Op: t.Op,
 		Descriptors: &b2bv1.Descriptors{
 			SrcOffsets: Pack(t.Blocks.Src), DstOffsets: Pack(t.Blocks.Dst), Lengths: Pack(t.Blocks.Len),
 			BlockLength: t.Blocks.BlockLength,

@@ -24,12 +24,14 @@ type Layout struct {
 	// Persist keeps the layout after this client is gone (see Persist for
 	// regions); without it the daemon deregisters it then.
 	Persist bool
+	Readers   []string // peers that may read it; "*": every peer; empty: none
+	ReadOnly  bool     // no peer may write it
 }
 
 // RegisterLayout registers l with the daemon; its regions are held until
 // DeregisterLayout.
 func (c *Client) RegisterLayout(ctx context.Context, l Layout) (*b2bv1.Layout, error) {
-	req := &b2bv1.RegisterLayoutRequest{Name: l.Name, NumBlocks: l.NumBlocks, ExportName: l.Export, ExportTo: l.ExportTo, Persist: l.Persist}
+	req := &b2bv1.RegisterLayoutRequest{Name: l.Name, NumBlocks: l.NumBlocks, ExportName: l.Export, ExportTo: l.ExportTo, Readers: l.Readers, ReadOnly: l.ReadOnly, Persist: l.Persist}
 	for _, s := range l.Segments {
 		req.Segments = append(req.Segments, &b2bv1.LayoutSegment{RegionId: s.RegionID, Offset: s.Offset, BlockLen: s.BlockLen, Stride: s.Stride})
 	}
@@ -54,12 +56,15 @@ type Blocks struct {
 	LocalIDs, RemoteIDs             []uint32
 	Notification                    []byte
 	Transport                       b2bv1.TransportKind
+	// Op READ pulls: block RemoteIDs[i] of the peer's layout into block
+	// LocalIDs[i] (LocalIDs unique, RemoteIDs may repeat).
+	Op b2bv1.TransferOp
 }
 
 // TransferBlocks runs b and returns once every byte landed.
 func (c *Client) TransferBlocks(ctx context.Context, b Blocks) (*b2bv1.BatchTransferResponse, error) {
 	return c.api.TransferBlocks(ctx, &b2bv1.TransferBlocksRequest{LocalLayout: b.LocalLayout, Peer: b.Peer, RemoteLayout: b.RemoteLayout,
-		LocalIds: PackIDs(b.LocalIDs), RemoteIds: PackIDs(b.RemoteIDs), Notification: b.Notification, Transport: b.Transport})
+		LocalIds: PackIDs(b.LocalIDs), RemoteIds: PackIDs(b.RemoteIDs), Notification: b.Notification, Transport: b.Transport, Op: b.Op})
 }
 
 // PackIDs encodes block ids as packed little-endian uint32s.

@@ -20,11 +20,37 @@ import (
 
 // Conversions between the wire API and the domain, in one place.
 
-func exportOf(name string, to []string) region.Export { return region.Export{Name: name, To: to} }
+func exportOf(name string, to, readers []string, readOnly bool) region.Export {
+	return region.Export{Name: name, To: to, Readers: readers, ReadOnly: readOnly}
+}
+
+// opOf is a transfer's op; a value the wire names no op for is refused
+// after the field checks (BadOp).
+func opOf(op b2bv1.TransferOp) (batch.Op, error) {
+	switch op {
+	case b2bv1.TransferOp_TRANSFER_OP_WRITE:
+		return batch.OpWrite, nil
+	case b2bv1.TransferOp_TRANSFER_OP_READ:
+		return batch.OpRead, nil
+	}
+	return 0, fmt.Errorf("%w: op %d is not a TransferOp (0 WRITE, 1 READ)", errs.ErrInvalidArgument, op)
+}
+
+// accessOf is the access a peer's resolution asks for.
+func accessOf(a b2bv1.Access) (transport.Access, error) {
+	switch a {
+	case b2bv1.Access_ACCESS_WRITE:
+		return transport.AccessWrite, nil
+	case b2bv1.Access_ACCESS_READ:
+		return transport.AccessRead, nil
+	}
+	return 0, fmt.Errorf("%w: access %d is not an Access (0 WRITE, 1 READ)", errs.ErrInvalidArgument, a)
+}
 
 func transferRequest(req *b2bv1.BatchTransferRequest, who region.Caller) batch.Request {
 	r := batch.Request{Src: req.GetSrcRegionId(), Caller: who, Peer: req.GetPeer(), Dst: req.GetDstRegion(), Notification: req.GetNotification()}
 	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	r.Op, r.BadOp = opOf(req.GetOp())
 	if p := req.GetDescriptors(); p != nil {
 		r.Descriptors = &desc.Packed{SrcOffsets: p.GetSrcOffsets(), DstOffsets: p.GetDstOffsets(), Lengths: p.GetLengths(), BlockLength: p.GetBlockLength()}
 	}
@@ -50,6 +76,7 @@ func phasesProto(p batch.Phases) *b2bv1.PhaseTimings {
 func prepareRequest(req *b2bv1.PrepareTransferRequest, who region.Caller) batch.Request {
 	r := batch.Request{Src: req.GetSrcRegionId(), Caller: who, Peer: req.GetPeer(), Dst: req.GetDstRegion(), Notification: req.GetNotification()}
 	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	r.Op, r.BadOp = opOf(req.GetOp())
 	if p := req.GetDescriptors(); p != nil {
 		r.Descriptors = &desc.Packed{SrcOffsets: p.GetSrcOffsets(), DstOffsets: p.GetDstOffsets(), Lengths: p.GetLengths(), BlockLength: p.GetBlockLength()}
 	}
@@ -125,11 +152,23 @@ func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
 // resolveResponse lists the region's key with each transport, in the
 // encoding every kind reads (transport.MarshalRegionKey): a kind over
 // several devices (rails) gives its key on each, device 0 first.
-func resolveResponse(r *region.Region) *b2bv1.ResolveRegionResponse {
+//
+// a is the access the peer was granted: it gets that access's key only (a
+// read key where the registration has one, transport.AccessKeyer), never
+// the other's. A kind whose registration cannot key a read apart (verbs
+// until its read MR exists) hands its one key for both.
+func resolveResponse(r *region.Region, a transport.Access) *b2bv1.ResolveRegionResponse {
 	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: memoryKind(r.Mem.Kind), Keys: map[string][]byte{}}
 	for _, k := range r.Transports() {
 		g, _ := r.Registration(k)
 		key := transport.RegionKey{Key: g.Key()}
+		if a == transport.AccessRead {
+			rk, ok := r.ReadKey(k)
+			if !ok {
+				continue
+			}
+			key.Key = rk
+		}
 		if rr, ok := g.(transport.RailRegistrations); ok {
 			for _, x := range rr.RailRegistrations() {
 				for len(key.Devices) <= x.Rail && x.Rail < transport.MaxDevices {
@@ -139,7 +178,9 @@ func resolveResponse(r *region.Region) *b2bv1.ResolveRegionResponse {
 					key.Devices[x.Rail] = x.Key
 				}
 			}
-			if len(key.Devices) <= 1 {
+			if len(key.Devices) <= 1 || a == transport.AccessRead {
+				// Per-rail keys are write keys: a pull over rails would need
+				// each rail's read key (not offered yet).
 				key.Devices = nil
 			} else {
 				key.Devices[0] = key.Key // device 0's key is the registration's
@@ -163,7 +204,7 @@ func memoryKind(k memory.Kind) b2bv1.MemoryKind {
 func regionProto(r *region.Region, active int) *b2bv1.Region {
 	p := &b2bv1.Region{
 		Id: r.ID, ExportName: r.Export, Size: r.Mem.Len, ShmPath: r.ShmPath, ShmOffset: r.ShmOff,
-		CudaIpcHandle: r.IPC, CudaIpcOffset: r.IPCOff, ActiveBatches: uint32(active), ExportTo: r.ExportTo,
+		CudaIpcHandle: r.IPC, CudaIpcOffset: r.IPCOff, ActiveBatches: uint32(active), ExportTo: r.ExportTo, Readers: r.Readers, ReadOnly: r.ReadOnly,
 		Kind: memoryKind(r.Mem.Kind), Owner: r.Owner.String(), Pid: r.PID, Persist: r.Persist,
 		AgeNs: uint64(max(time.Since(r.Created), 0)),
 	}

@@ -22,7 +22,7 @@ func (l *local) RegisterLayout(ctx context.Context, req *b2bv1.RegisterLayoutReq
 	for i, s := range req.GetSegments() {
 		segs[i] = layout.Segment{Region: s.GetRegionId(), Offset: s.GetOffset(), BlockLen: s.GetBlockLen(), Stride: s.GetStride()}
 	}
-	e, err := l.s.batches.Layouts().Register(req.GetName(), segs, req.GetNumBlocks(), exportOf(req.GetExportName(), req.GetExportTo()), caller(ctx), lease(ctx, req.GetPersist()))
+	e, err := l.s.batches.Layouts().Register(req.GetName(), segs, req.GetNumBlocks(), exportOf(req.GetExportName(), req.GetExportTo(), req.GetReaders(), req.GetReadOnly()), caller(ctx), lease(ctx, req.GetPersist()))
 	if err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}
@@ -58,6 +58,7 @@ func (l *local) TransferBlocks(ctx context.Context, req *b2bv1.TransferBlocksReq
 	r := batch.BlocksRequest{Local: req.GetLocalLayout(), Caller: caller(ctx), Peer: req.GetPeer(), Remote: req.GetRemoteLayout(),
 		LocalIDs: req.GetLocalIds(), RemoteIDs: req.GetRemoteIds(), Notification: req.GetNotification()}
 	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	r.Op, r.BadOp = opOf(req.GetOp())
 	res, err := l.s.batches.TransferBlocks(ctx, r)
 	if err != nil {
 		return nil, grpcstatus.ToStatus(err)
@@ -75,7 +76,11 @@ func (p *peerService) ResolveLayout(ctx context.Context, req *b2bv1.ResolveLayou
 		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: name is empty", errs.ErrInvalidArgument))
 	}
 	who := auth.PeerIdentity(ctx)
-	e, err := p.s.batches.Layouts().Lookup(req.GetName(), who)
+	a, err := accessOf(req.GetAccess())
+	if err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	e, err := p.s.batches.Layouts().LookupFor(req.GetName(), who, a)
 	if err != nil {
 		p.s.cfg.Log.Warn("layout resolution refused", "name", req.GetName(), "peer", who, "error", err)
 		return nil, grpcstatus.ToStatus(err)
@@ -86,11 +91,11 @@ func (p *peerService) ResolveLayout(ctx context.Context, req *b2bv1.ResolveLayou
 		if name == "" {
 			return nil, grpcstatus.ToStatus(fmt.Errorf("%w: layout %q: segment %d's region is not exported: peers write only exported regions", errs.ErrFailedPrecondition, req.GetName(), firstSegment(e, i)))
 		}
-		reg, release, err := p.s.cfg.Registry.Lookup(name, who)
+		reg, release, err := p.s.cfg.Registry.LookupFor(name, who, a)
 		if err != nil {
 			return nil, grpcstatus.ToStatus(fmt.Errorf("layout %q: segment %d's region: %w", req.GetName(), firstSegment(e, i), err))
 		}
-		rr := resolveResponse(reg)
+		rr := resolveResponse(reg, a)
 		release()
 		resp.Regions = append(resp.Regions, &b2bv1.ResolvedLayoutRegion{Name: rr.GetName(), Size: rr.GetSize(), Keys: rr.GetKeys()})
 	}
@@ -112,7 +117,7 @@ func firstSegment(e *batch.Entry, ri int) int {
 }
 
 func layoutProto(e *batch.Entry) *b2bv1.Layout {
-	out := &b2bv1.Layout{Name: e.Name, NumBlocks: e.NumBlocks, ExportName: e.Export, ExportTo: e.ExportTo, Persist: e.Lease.Client == 0}
+	out := &b2bv1.Layout{Name: e.Name, NumBlocks: e.NumBlocks, ExportName: e.Export, ExportTo: e.ExportTo, Readers: e.Readers, ReadOnly: e.ReadOnly, Persist: e.Lease.Client == 0}
 	for _, s := range e.Segments {
 		out.Segments = append(out.Segments, &b2bv1.LayoutSegment{RegionId: s.Region, Offset: s.Offset, BlockLen: s.BlockLen, Stride: s.Stride})
 	}

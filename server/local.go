@@ -38,7 +38,7 @@ func (l *local) RegisterRegion(ctx context.Context, req *b2bv1.RegisterRegionReq
 }
 
 func (l *local) register(req *b2bv1.RegisterRegionRequest, who region.Caller, lease region.Lease) (*region.Region, error) {
-	reg, name := l.s.cfg.Registry, exportOf(req.GetExportName(), req.GetExportTo())
+	reg, name := l.s.cfg.Registry, exportOf(req.GetExportName(), req.GetExportTo(), req.GetReaders(), req.GetReadOnly())
 	switch src := req.GetSource().(type) {
 	case *b2bv1.RegisterRegionRequest_HostAlloc:
 		return reg.AllocHost(src.HostAlloc.GetSize(), name, who, lease)
@@ -74,7 +74,7 @@ func (l *local) ListRegions(ctx context.Context, req *b2bv1.ListRegionsRequest) 
 }
 
 func (l *local) ExportRegion(ctx context.Context, req *b2bv1.ExportRegionRequest) (*b2bv1.ExportRegionResponse, error) {
-	r, err := l.s.cfg.Registry.SetExport(req.GetRegionId(), exportOf(req.GetExportName(), req.GetExportTo()), caller(ctx))
+	r, err := l.s.cfg.Registry.SetExport(req.GetRegionId(), exportOf(req.GetExportName(), req.GetExportTo(), req.GetReaders(), req.GetReadOnly()), caller(ctx))
 	if err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}

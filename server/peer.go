@@ -29,23 +29,33 @@ func (p *peerService) ResolveRegion(ctx context.Context, req *b2bv1.ResolveRegio
 	if req.GetName() == "" {
 		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: name is empty", errs.ErrInvalidArgument))
 	}
-	// Keys are only ever handed to peers allowed to write the region.
-	r, release, err := p.s.cfg.Registry.Lookup(req.GetName(), auth.PeerIdentity(ctx))
+	a, err := accessOf(req.GetAccess())
 	if err != nil {
-		p.s.cfg.Log.Warn("region resolution refused", "name", req.GetName(), "peer", auth.PeerIdentity(ctx), "error", err)
+		return nil, grpcstatus.ToStatus(err)
+	}
+	// Keys are only ever handed to peers granted the access they ask for,
+	// and only that access's key.
+	r, release, err := p.s.cfg.Registry.LookupFor(req.GetName(), auth.PeerIdentity(ctx), a)
+	if err != nil {
+		p.s.cfg.Log.Warn("region resolution refused", "name", req.GetName(), "peer", auth.PeerIdentity(ctx), "access", a, "error", err)
 		return nil, grpcstatus.ToStatus(err)
 	}
 	defer release()
-	return resolveResponse(r), nil
+	return resolveResponse(r, a), nil
 }
 
 func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2bv1.NotifyResponse, error) {
 	if len(req.GetNotification()) > MaxNotification {
 		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(req.GetNotification()), MaxNotification))
 	}
+	// A writer notifies after its batch landed, a reader after its pull
+	// (the owner may reuse the blocks): either grant may notify.
 	r, release, err := p.s.cfg.Registry.Lookup(req.GetRegion(), auth.PeerIdentity(ctx))
 	if err != nil {
-		return nil, grpcstatus.ToStatus(err)
+		var rerr error
+		if r, release, rerr = p.s.cfg.Registry.LookupFor(req.GetRegion(), auth.PeerIdentity(ctx), transport.AccessRead); rerr != nil {
+			return nil, grpcstatus.ToStatus(err)
+		}
 	}
 	release()
 	n := p.s.cfg.Notify.Publish(r.ID, notificationOf(req))

@@ -47,6 +47,41 @@ type Peers interface {
 	Instance(addr string) uint64
 }
 
+// ReadPeers is what pulls (issue 24) need of the peer manager beyond
+// Peers: resolutions for an access, each carrying only the key that access
+// is granted, and cached apart.
+type ReadPeers interface {
+	ResolveFor(ctx context.Context, addr string, s transport.Session, name string, a transport.Access) (transport.Resolution, bool, error)
+	ForgetFor(addr, name string, a transport.Access)
+	ResolveLayoutFor(ctx context.Context, addr, name string, a transport.Access) (*transport.LayoutResolution, bool, error)
+	ForgetLayoutFor(addr, name string, a transport.Access)
+}
+
+// Op is a transfer's direction.
+type Op uint8
+
+const (
+	// OpWrite copies local blocks into the peer's export (push).
+	OpWrite Op = iota
+	// OpRead copies the peer's exported blocks into local ones (pull).
+	OpRead
+)
+
+func (o Op) String() string {
+	if o == OpRead {
+		return "read"
+	}
+	return "write"
+}
+
+// access is the grant o needs on the peer's export.
+func (o Op) access() transport.Access {
+	if o == OpRead {
+		return transport.AccessRead
+	}
+	return transport.AccessWrite
+}
+
 // Counters are the daemon's batch statistics.
 type Counters struct {
 	BatchesSent, BatchesReceived, BatchesFailed atomic.Uint64
@@ -112,6 +147,12 @@ type Request struct {
 	BadTransport error
 	Descriptors  *desc.Packed // nil: not set
 	Notification []byte       // nil: none
+	// Op: OpRead pulls the peer's Dst blocks (at the descriptors'
+	// dst_offsets) into Src (at src_offsets), which is then the
+	// destination: its ranges must not overlap.
+	Op Op
+	// BadOp is set by the RPC layer when the wire value names no op.
+	BadOp error
 }
 
 // Result describes a batch that landed (and was notified).
@@ -151,14 +192,18 @@ func (ph *Phases) write(st transport.Stats, d time.Duration) {
 type Plan struct {
 	peer, dst    string
 	want         transport.Kind
+	op           Op
 	notification []byte
 	src          *region.Region
 	release      func()
 	d            *desc.Decoder
-	batch        desc.Batch // as decoded; its destinations are checked against each resolution
-	merged       desc.Batch // what the transport writes
-	blocks       uint64
-	bytes        uint64
+	// batch is as decoded; its remote side is checked against each
+	// resolution. A pull's is swapped: Src the peer's offsets, Dst ours
+	// (transport.Reader's convention).
+	batch  desc.Batch
+	merged desc.Batch // what the transport writes or reads
+	blocks uint64
+	bytes  uint64
 	// validate and merge are how long Plan took for each.
 	validate, merge time.Duration
 }
@@ -204,7 +249,28 @@ func (s *Service) bounded(ctx context.Context, run func(context.Context) (Result
 	return res, err
 }
 
+// pullMargin: a pull's data path must end before the caller's deadline
+// fires, since the caller's daemon writes the caller's own memory: gRPC
+// answers DeadlineExceeded at the client's deadline whether or not the
+// handler stopped, and the handler's deadline (the propagated timeout) is
+// a little later. So a pull runs under the caller's deadline less this,
+// which covers the propagation and the data path's cut (a copy chunk, a
+// socket read), and nothing of it lands after the caller's answer.
+const pullMargin = 20 * time.Millisecond
+
+// early bounds a pull (op OpRead) by the caller's deadline less
+// pullMargin; a write keeps ctx.
+func early(ctx context.Context, op Op) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if op != OpRead || !ok {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, d.Add(-pullMargin))
+}
+
 func (s *Service) transfer(ctx context.Context, r Request) (Result, error) {
+	ctx, cancel := early(ctx, r.Op)
+	defer cancel()
 	p, err := s.Plan(r)
 	if err != nil {
 		return Result{}, err
@@ -232,16 +298,30 @@ func (s *Service) Plan(r Request) (*Plan, error) {
 		return nil, fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(r.Notification), MaxNotification)
 	case r.BadTransport != nil:
 		return nil, r.BadTransport
+	case r.BadOp != nil:
+		return nil, r.BadOp
+	}
+	if r.Op == OpRead {
+		if _, ok := s.cfg.Peers.(ReadPeers); !ok {
+			return nil, fmt.Errorf("%w: this daemon's peer manager resolves no read grants", errs.ErrUnimplemented)
+		}
 	}
 	t0 := time.Now()
-	p := &Plan{peer: r.Peer, dst: r.Dst, want: r.Transport, notification: r.Notification}
+	p := &Plan{peer: r.Peer, dst: r.Dst, want: r.Transport, op: r.Op, notification: r.Notification}
 	var err error
 	p.src, p.release, err = s.cfg.Registry.Acquire(r.Src, "src_region_id", r.Caller)
 	if err != nil {
 		return nil, err
 	}
 	p.d = desc.Pool.Get().(*desc.Decoder)
-	p.batch, err = p.d.Decode(*r.Descriptors, desc.Limits{SrcSize: p.src.Mem.Len, DstSize: desc.UnknownSize, MaxBlocks: s.cfg.MaxDescriptors})
+	if r.Op == OpRead {
+		// The local region is the destination: decoded swapped, so that
+		// its ranges are checked for overlaps and against its size.
+		pk := desc.Packed{SrcOffsets: r.Descriptors.DstOffsets, DstOffsets: r.Descriptors.SrcOffsets, Lengths: r.Descriptors.Lengths, BlockLength: r.Descriptors.BlockLength}
+		p.batch, err = p.d.Decode(pk, desc.Limits{SrcSize: desc.UnknownSize, DstSize: p.src.Mem.Len, MaxBlocks: s.cfg.MaxDescriptors, Swapped: true})
+	} else {
+		p.batch, err = p.d.Decode(*r.Descriptors, desc.Limits{SrcSize: p.src.Mem.Len, DstSize: desc.UnknownSize, MaxBlocks: s.cfg.MaxDescriptors})
+	}
 	if err != nil {
 		p.Close()
 		return nil, err
@@ -296,16 +376,16 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 			}
 			return Result{}, err
 		}
-		if err := desc.CheckDst(p.batch, remote.Size); err != nil {
+		if err := p.checkRemote(remote.Size); err != nil {
 			if cached && attempt == 0 { // the size may be stale, not the request wrong
-				s.cfg.Peers.Forget(p.peer, p.dst)
+				s.forget(p.peer, p.dst, p.op)
 				continue
 			}
 			return Result{}, err
 		}
 		start = time.Now()
 		ph.Resolve += start.Sub(t0)
-		st, err = sess.Conn.Write(ctx, reg, remote, &p.merged)
+		st, err = p.move(ctx, sess, reg, remote)
 		ph.write(st, time.Since(start))
 		if err == nil {
 			break
@@ -315,7 +395,7 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 			s.cfg.Peers.Broken(p.peer, sess)
 		}
 		if cached && attempt == 0 && errors.Is(err, errs.ErrNotFound) {
-			s.cfg.Peers.Forget(p.peer, p.dst)
+			s.forget(p.peer, p.dst, p.op)
 			continue
 		}
 		err = p.writeFailed(sess.Kind, err)
@@ -339,8 +419,7 @@ func (s *Service) landed(ctx context.Context, p *Plan, kind transport.Kind, st t
 	if err := s.notify(ctx, p, &ph); err != nil {
 		return Result{}, err
 	}
-	s.cfg.Counters.BatchesSent.Add(1)
-	s.cfg.Counters.BytesSent.Add(p.bytes)
+	s.count(p.op, p.bytes)
 	return Result{Blocks: p.blocks, Bytes: p.bytes, Kind: kind, Stats: st, Elapsed: elapsed, Phases: ph}, nil
 }
 
@@ -348,6 +427,9 @@ func (s *Service) landed(ctx context.Context, p *Plan, kind transport.Kind, st t
 // went away under it, which region: the side the fault itself carries
 // (memguard.SideOf), whichever transport saw it.
 func (p *Plan) writeFailed(kind transport.Kind, err error) error {
+	if p.op == OpRead {
+		return p.readFailed(kind, err)
+	}
 	if memguard.IsFault(err) {
 		switch memguard.SideOf(err) {
 		case memguard.Source:
@@ -388,12 +470,12 @@ func (s *Service) prepare(ctx context.Context, p *Plan) (transport.Session, tran
 	if !ok {
 		return sess, none, nil, false, fmt.Errorf("%w: src_region_id %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, p.src.ID, p.src.Mem.Kind, sess.Kind)
 	}
-	rr, cached, err := s.cfg.Peers.Resolve(ctx, p.peer, sess, p.dst)
+	rr, cached, err := s.resolve(ctx, p.peer, sess, p.dst, p.op)
 	if err != nil {
 		if !isRequestError(err) {
 			s.cfg.Peers.Broken(p.peer, sess)
 		}
-		return sess, none, nil, false, fmt.Errorf("peer %s: resolve dst_region %q: %w", p.peer, p.dst, err)
+		return sess, none, nil, false, fmt.Errorf("peer %s: resolve dst_region %q for %s: %w", p.peer, p.dst, p.op, err)
 	}
 	key, ok := rr.Keys[sess.Kind]
 	if !ok {
@@ -413,4 +495,80 @@ func isRequestError(err error) bool {
 		}
 	}
 	return false
+}
+
+// resolve resolves the peer's export name for op's access.
+func (s *Service) resolve(ctx context.Context, peer string, sess transport.Session, name string, op Op) (transport.Resolution, bool, error) {
+	if op == OpRead {
+		return s.cfg.Peers.(ReadPeers).ResolveFor(ctx, peer, sess, name, transport.AccessRead)
+	}
+	return s.cfg.Peers.Resolve(ctx, peer, sess, name)
+}
+
+// forget drops the cached resolution op used.
+func (s *Service) forget(peer, name string, op Op) {
+	if op == OpRead {
+		s.cfg.Peers.(ReadPeers).ForgetFor(peer, name, transport.AccessRead)
+		return
+	}
+	s.cfg.Peers.Forget(peer, name)
+}
+
+// count counts a finished transfer: a write as sent, a pull as received.
+func (s *Service) count(op Op, bytes uint64) {
+	if op == OpRead {
+		s.cfg.Counters.BatchesReceived.Add(1)
+		s.cfg.Counters.BytesReceived.Add(bytes)
+		return
+	}
+	s.cfg.Counters.BatchesSent.Add(1)
+	s.cfg.Counters.BytesSent.Add(bytes)
+}
+
+// checkRemote checks the plan's remote ranges against the peer's region
+// size as resolved: a write's destinations, a pull's sources.
+func (p *Plan) checkRemote(size uint64) error {
+	if p.op == OpRead {
+		return desc.CheckSrc(p.batch, size, "dst_offsets")
+	}
+	return desc.CheckDst(p.batch, size)
+}
+
+// move runs the plan's merged batch once on sess: Conn.Write, or Read for
+// a pull, refused with FailedPrecondition naming a kind that cannot pull.
+func (p *Plan) move(ctx context.Context, sess transport.Session, reg transport.Registration, remote transport.RemoteRegion) (transport.Stats, error) {
+	if p.op != OpRead {
+		return sess.Conn.Write(ctx, reg, remote, &p.merged)
+	}
+	return readOn(ctx, sess, reg, remote, &p.merged)
+}
+
+// readOn pulls b from remote into reg over sess.
+func readOn(ctx context.Context, sess transport.Session, reg transport.Registration, remote transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	rd, ok := sess.Conn.(transport.Reader)
+	if ok {
+		if cr, can := sess.Conn.(interface{ CanRead() bool }); can && !cr.CanRead() {
+			ok = false
+		}
+	}
+	if !ok {
+		return transport.Stats{}, fmt.Errorf("%w: transport %s cannot read (pull); choose another transport, or push (op WRITE)", errs.ErrFailedPrecondition, sess.Kind)
+	}
+	return rd.Read(ctx, reg, remote, b)
+}
+
+// readFailed is writeFailed for a pull: a fault on the source is the
+// peer's region, on the destination ours.
+func (p *Plan) readFailed(kind transport.Kind, err error) error {
+	if memguard.IsFault(err) {
+		switch memguard.SideOf(err) {
+		case memguard.Source:
+			err = fmt.Errorf("dst_region %q on %s (the pull's source): %w", p.dst, p.peer, err)
+		case memguard.Destination:
+			err = fmt.Errorf("src_region_id %s (the pull's destination): %w", p.src.ID, err)
+		default:
+			err = fmt.Errorf("dst_region %q on %s or src_region_id %s: %w", p.dst, p.peer, p.src.ID, err)
+		}
+	}
+	return fmt.Errorf("read of %d blocks from %s/%s over %s into %s: %w", p.blocks, p.peer, p.dst, kind, p.src.ID, err)
 }

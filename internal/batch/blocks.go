@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/memguard"
@@ -33,6 +34,11 @@ type BlocksRequest struct {
 	Transport    transport.Kind
 	BadTransport error
 	Notification []byte
+	// Op: OpRead copies block RemoteIDs[i] of the peer's layout into block
+	// LocalIDs[i] of the local one; LocalIDs must then be unique and
+	// RemoteIDs may repeat.
+	Op    Op
+	BadOp error
 }
 
 // blockScratch is a request's reusable memory: its runs and the descriptor
@@ -60,6 +66,8 @@ func (s *Service) TransferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 }
 
 func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, error) {
+	ctx, cancel := early(ctx, r.Op)
+	defer cancel()
 	switch {
 	case r.Local == "":
 		return Result{}, fmt.Errorf("%w: local_layout is empty", errs.ErrInvalidArgument)
@@ -71,6 +79,13 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 		return Result{}, fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(r.Notification), MaxNotification)
 	case r.BadTransport != nil:
 		return Result{}, r.BadTransport
+	case r.BadOp != nil:
+		return Result{}, r.BadOp
+	}
+	if r.Op == OpRead {
+		if _, ok := s.cfg.Peers.(ReadPeers); !ok {
+			return Result{}, fmt.Errorf("%w: this daemon's peer manager resolves no read grants", errs.ErrUnimplemented)
+		}
 	}
 	lp, ok := s.cfg.Peers.(LayoutPeers)
 	if !ok {
@@ -129,21 +144,35 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	if err != nil {
 		return res, false, false, err
 	}
-	rl, cached, err := lp.ResolveLayout(ctx, r.Peer, r.Remote)
+	var rl *transport.LayoutResolution
+	if r.Op == OpRead {
+		rl, cached, err = s.cfg.Peers.(ReadPeers).ResolveLayoutFor(ctx, r.Peer, r.Remote, transport.AccessRead)
+	} else {
+		rl, cached, err = lp.ResolveLayout(ctx, r.Peer, r.Remote)
+	}
 	if err != nil {
 		if !isRequestError(err) {
 			s.cfg.Peers.Broken(r.Peer, sess)
 		}
-		return res, false, false, fmt.Errorf("peer %s: resolve remote_layout %q: %w", r.Peer, r.Remote, err)
+		return res, false, false, fmt.Errorf("peer %s: resolve remote_layout %q for %s: %w", r.Peer, r.Remote, r.Op, err)
 	}
 	t1 := time.Now()
 	ph.Resolve += t1.Sub(t0)
-	pair, err := e.pair(rl.Layout)
+	var pair *layout.Pair
+	if r.Op == OpRead {
+		pair, err = e.readPair(rl.Layout)
+	} else {
+		pair, err = e.pair(rl.Layout)
+	}
 	if err != nil {
 		return res, cached, false, fmt.Errorf("local_layout %q and remote_layout %q: %w", r.Local, r.Remote, err)
 	}
 	w := layout.Planners.Get().(*layout.Planner)
-	ids, err := w.Validate(pair, layout.Request{SrcIDs: r.LocalIDs, DstIDs: r.RemoteIDs, SrcField: "local_ids", DstField: "remote_ids"})
+	lreq := layout.Request{SrcIDs: r.LocalIDs, DstIDs: r.RemoteIDs, SrcField: "local_ids", DstField: "remote_ids"}
+	if r.Op == OpRead { // the local layout is the destination: its ids must be unique
+		lreq = layout.Request{SrcIDs: r.RemoteIDs, DstIDs: r.LocalIDs, SrcField: "remote_ids", DstField: "local_ids"}
+	}
+	ids, err := w.Validate(pair, lreq)
 	if err != nil {
 		layout.Planners.Put(w)
 		return res, cached, false, err
@@ -156,6 +185,9 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	for g := 0; g < pair.NumGroups(); g++ {
 		_, _, bl := pair.Group(g)
 		total += bl * uint64(ids.N())
+	}
+	if r.Op == OpRead {
+		return s.readBlocks(ctx, e, sc, r, ph, sess, rl, pair, ids, cached, blocks, total, t2)
 	}
 	// The transport's view of the request: each source region's
 	// registration and each destination region's key with this kind.
@@ -216,9 +248,77 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 			return res, false, false, fmt.Errorf("blocks landed at %s/%s, but the notification was not delivered: %w", r.Peer, r.Remote, err)
 		}
 	}
-	s.cfg.Counters.BatchesSent.Add(1)
-	s.cfg.Counters.BytesSent.Add(total)
+	s.count(r.Op, total)
 	return Result{Blocks: blocks, Bytes: total, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: *ph}, cached, false, nil
+}
+
+// readBlocks is blocksAttempt's pull: pair's sources are the peer's
+// regions and its destinations ours. Each (remote region, local region)
+// stretch is one Conn.Read, in order: every byte in place before the next,
+// and before success.
+func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r BlocksRequest, ph *Phases, sess transport.Session,
+	rl *transport.LayoutResolution, pair *layout.Pair, ids layout.IDs, cached bool, blocks, total uint64, t2 time.Time) (res Result, _, retry bool, err error) {
+	bw := transport.BlockWrite{Pair: pair, IDs: ids}
+	sc.bs.Expand(&bw)
+	ph.Plan += time.Since(t2)
+	wstart := time.Now()
+	var st transport.Stats
+	runs := sc.bs.Runs
+	for from := 0; from < len(runs); {
+		to := sc.bs.StretchEnd(from)
+		sr, dr := runs[from].SrcRegion, runs[from].DstRegion
+		if err := ctx.Err(); err != nil {
+			return res, cached, false, err
+		}
+		b := desc.Batch{Src: sc.bs.Src[from:to], Dst: sc.bs.Dst[from:to], Len: sc.bs.Len[from:to]}
+		ws, werr := s.readStretch(ctx, sess, sc.regions[dr], rl.Regions[sr], &b)
+		st.Segments += ws.Segments
+		st.WorkRequests += ws.WorkRequests
+		st.Plan += ws.Plan
+		st.Post += ws.Post
+		if werr != nil {
+			broke := sess.Conn.Err() != nil
+			if broke {
+				s.cfg.Peers.Broken(r.Peer, sess)
+			}
+			stale := cached && errors.Is(werr, errs.ErrNotFound)
+			if stale {
+				s.cfg.Peers.(ReadPeers).ForgetLayoutFor(r.Peer, r.Remote, transport.AccessRead)
+			}
+			first, nseg, _ := pair.Group(int(runs[from].Group))
+			werr = fmt.Errorf("read of remote_layout %q on %s (region %q) into local_layout %q segments %d..%d (region %s) over %s: %w",
+				r.Remote, r.Peer, rl.Regions[sr].Name, r.Local, first, first+nseg-1, sc.regions[dr].ID, sess.Kind, werr)
+			retry = stale || (broke && ctx.Err() == nil && !memguard.IsFault(werr))
+			return res, cached, retry, werr
+		}
+		from = to
+	}
+	elapsed := time.Since(wstart)
+	ph.write(st, elapsed)
+	if r.Notification != nil {
+		tn := time.Now()
+		err := s.cfg.Peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,
+			Notification: r.Notification, Blocks: st.Segments, Bytes: total})
+		ph.Notify = time.Since(tn)
+		if err != nil {
+			return res, false, false, fmt.Errorf("blocks were pulled from %s/%s, but the notification was not delivered: %w", r.Peer, r.Remote, err)
+		}
+	}
+	s.count(r.Op, total)
+	return Result{Blocks: blocks, Bytes: total, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: *ph}, cached, false, nil
+}
+
+// readStretch pulls one stretch from the peer's region rr into dst.
+func (s *Service) readStretch(ctx context.Context, sess transport.Session, dst *region.Region, rr transport.Resolution, b *desc.Batch) (transport.Stats, error) {
+	reg, ok := dst.Registration(sess.Kind)
+	if !ok {
+		return transport.Stats{}, fmt.Errorf("%w: region %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, dst.ID, dst.Mem.Kind, sess.Kind)
+	}
+	key, ok := rr.Keys[sess.Kind]
+	if !ok {
+		return transport.Stats{}, fmt.Errorf("%w: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, rr.Name, sess.Kind)
+	}
+	return readOn(ctx, sess, reg, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}, b)
 }
 
 // firstSegmentOf is the first segment of l in region index ri.

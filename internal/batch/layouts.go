@@ -9,6 +9,7 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // Layouts is the daemon's registry of block tables (docs/kv.md), next to
@@ -30,6 +31,8 @@ type Entry struct {
 	Name      string
 	Export    string
 	ExportTo  []string
+	Readers   []string // peers allowed to read it (region.AnyPeer: every one)
+	ReadOnly  bool     // no peer may write it
 	Owner     region.Caller
 	Lease     region.Lease // Client 0: persists until DeregisterLayout
 	NumBlocks uint64
@@ -40,6 +43,7 @@ type Entry struct {
 
 	pairMu sync.Mutex
 	pairs  map[*layout.Layout]*layout.Pair // by remote layout (peer.ResolveLayout's cache)
+	rpairs map[*layout.Layout]*layout.Pair // pulls: (remote, e), by remote layout
 }
 
 // maxPairs bounds an entry's cache of pairs: remote layouts are re-resolved
@@ -64,6 +68,25 @@ func (e *Entry) pair(dst *layout.Layout) (*layout.Pair, error) {
 	return p, nil
 }
 
+// readPair returns the pair (src, e) of a pull from the peer's layout src,
+// built once per resolved remote layout.
+func (e *Entry) readPair(src *layout.Layout) (*layout.Pair, error) {
+	e.pairMu.Lock()
+	defer e.pairMu.Unlock()
+	if p, ok := e.rpairs[src]; ok {
+		return p, nil
+	}
+	p, err := layout.NewPair(src, e.Layout, layout.Limits{})
+	if err != nil {
+		return nil, err
+	}
+	if e.rpairs == nil || len(e.rpairs) >= maxPairs {
+		e.rpairs = map[*layout.Layout]*layout.Pair{}
+	}
+	e.rpairs[src] = p
+	return p, nil
+}
+
 // Regions are the layout's regions, by Layout.Regions() index.
 func (e *Entry) Regions() []*region.Region { return e.regions }
 
@@ -81,6 +104,9 @@ func (ls *Layouts) Register(name string, segs []layout.Segment, numBlocks uint64
 	if export.Name == "" && len(export.To) > 0 {
 		return nil, fmt.Errorf("%w: export_to is set but export_name is empty", errs.ErrInvalidArgument)
 	}
+	if err := export.CheckGrants(); err != nil {
+		return nil, err
+	}
 	ls.mu.Lock()
 	_, taken := ls.byName[name]
 	_, etaken := ls.byExport[export.Name]
@@ -91,7 +117,7 @@ func (ls *Layouts) Register(name string, segs []layout.Segment, numBlocks uint64
 	if export.Name != "" && etaken {
 		return nil, fmt.Errorf("%w: export_name: a layout is exported as %q", errs.ErrAlreadyExists, export.Name)
 	}
-	e := &Entry{Name: name, Export: export.Name, ExportTo: slices.Clone(export.To), Owner: who, Lease: lease, NumBlocks: numBlocks}
+	e := &Entry{Name: name, Export: export.Name, ExportTo: slices.Clone(export.To), Readers: slices.Clone(export.Readers), ReadOnly: export.ReadOnly, Owner: who, Lease: lease, NumBlocks: numBlocks}
 	e.Segments = make([]layout.Segment, len(segs))
 	held := map[string]*region.Region{}
 	fail := func(err error) (*Entry, error) {
@@ -197,7 +223,7 @@ func (ls *Layouts) remove(e *Entry) error {
 		// its regions' keys, so that no peer goes on writing by this
 		// layout's geometry once it is gone. On failure the layout stays.
 		for _, r := range e.regions {
-			if err := ls.reg.Rekey(r, fmt.Sprintf("exported layout %q deregistered", name)); err != nil {
+			if err := ls.reg.Rekey(r, fmt.Sprintf("exported layout %q deregistered", name), len(e.Readers) > 0); err != nil {
 				ls.mu.Unlock()
 				return fmt.Errorf("deregister layout %q: revoking the keys peers resolved: %w", name, err)
 			}
@@ -231,18 +257,20 @@ func (ls *Layouts) Get(name, field string, who region.Caller) (*Entry, error) {
 // Lookup finds an exported layout by its export name for the peer whose
 // authenticated identity is peer ("" when peers are not authenticated).
 func (ls *Layouts) Lookup(name, peer string) (*Entry, error) {
+	return ls.LookupFor(name, peer, transport.AccessWrite)
+}
+
+// LookupFor is Lookup for access a (the layout's writers or its readers).
+func (ls *Layouts) LookupFor(name, peer string, a transport.Access) (*Entry, error) {
 	ls.mu.Lock()
 	e, ok := ls.byExport[name]
 	ls.mu.Unlock()
 	if !ok {
 		return nil, fmt.Errorf("%w: no layout is exported as %q", errs.ErrNotFound, name)
 	}
-	if len(e.ExportTo) > 0 && !slices.Contains(e.ExportTo, peer) {
-		who := peer
-		if who == "" {
-			who = "an unauthenticated peer"
-		}
-		return nil, fmt.Errorf("%w: %s may not write layout %q (exported to %v)", errs.ErrPermissionDenied, who, name, e.ExportTo)
+	ex := region.Export{Name: e.Export, To: e.ExportTo, Readers: e.Readers, ReadOnly: e.ReadOnly}
+	if err := region.Grants(ex, peer, a, "layout", name); err != nil {
+		return nil, err
 	}
 	return e, nil
 }

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/region"
@@ -80,7 +79,7 @@ func (b *binding) write(ctx context.Context, p *Plan) (transport.Stats, error) {
 	if b.prep != nil {
 		return b.prep.Write(ctx)
 	}
-	return b.sess.Conn.Write(ctx, b.reg, b.remote, &p.merged)
+	return p.move(ctx, b.sess, b.reg, b.remote)
 }
 
 func (b *binding) close() {
@@ -227,7 +226,7 @@ func (s *Service) insert(pp *prepared) error {
 func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool) (*binding, error) {
 	p := pp.p
 	t0 := time.Now()
-	s.cfg.Peers.Forget(p.peer, p.dst)
+	s.forget(p.peer, p.dst, p.op)
 	sess, remote, reg, _, err := s.prepare(ctx, p)
 	if again && pp.instance != 0 {
 		if inst := s.cfg.Peers.Instance(p.peer); inst != pp.instance {
@@ -246,13 +245,15 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 			return nil, pp.markStale(fmt.Errorf("dst_region %q on peer %s was re-registered or its export changed", p.dst, p.peer))
 		}
 	}
-	if err := desc.CheckDst(p.batch, remote.Size); err != nil {
+	if err := p.checkRemote(remote.Size); err != nil {
 		return nil, err
 	}
 	t1 := time.Now()
 	ph.Resolve += t1.Sub(t0)
 	b := &binding{sess: sess, reg: reg, remote: remote}
-	if pr, ok := sess.Conn.(transport.Preparer); ok {
+	if pr, ok := sess.Conn.(transport.Preparer); ok && p.op == OpWrite {
+		// A pull's plan is the validated, merged batch and its binding:
+		// each submit reads it (no transport builds read work ahead yet).
 		b.prep, err = pr.Prepare(reg, remote, &p.merged)
 		if err != nil {
 			if sess.Conn.Err() != nil {
@@ -345,7 +346,9 @@ func (s *Service) submitAs(ctx context.Context, o Owner, h uint64, anyConn bool)
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
 		defer cancel()
 	}
-	res, err := s.submit(ctx, pp)
+	sctx, scancel := early(ctx, pp.p.op)
+	res, err := s.submit(sctx, pp)
+	scancel()
 	res.Phases.Total = time.Since(start)
 	if err != nil {
 		err = errs.ForCaller(ctx, err)

@@ -46,9 +46,9 @@ type command struct {
 var commands = []command{
 	{name: "status", help: "the daemon's version, transports and counters", define: runStatus},
 	{name: "regions", help: "list registered regions", define: runRegions},
-	{name: "register", args: "--size N [--export NAME] [--fill zero|random]", help: "register a host region (it stays until deregister)", define: runRegister},
+	{name: "register", args: "--size N [--export NAME [--readers PEERS]] [--fill zero|random]", help: "register a host region (it stays until deregister)", define: runRegister},
 	{name: "deregister", args: "REGION...", help: "release regions", define: runDeregister, positional: true},
-	{name: "transfer", args: "--src REGION --peer HOST:PORT --dst EXPORT (--blocks N --size B [--gap G] | --descriptors FILE) [--repeat N] [--verify --dst-socket S]", help: "send a batch of blocks to a peer", define: runTransfer},
+	{name: "transfer", args: "--src REGION --peer HOST:PORT --dst EXPORT (--blocks N --size B [--gap G] | --descriptors FILE) [--op write|read] [--repeat N] [--verify --dst-socket S]", help: "send a batch of blocks to a peer, or pull one from it (--op read)", define: runTransfer},
 	{name: "checksum", args: "--region REGION [--blocks N --size B [--gap G] | --descriptors FILE [--column src|dst]] [--per-block]", help: "hash blocks of a local region", define: runChecksum},
 	{name: "watch", args: "--region REGION", help: "print the notifications of batches landing in a region (it must be exported)", define: runWatch},
 }
@@ -352,6 +352,8 @@ func runRegister(fs *pflag.FlagSet) runner {
 	size := fs.Uint64("size", 0, "bytes (required)")
 	export := fs.String("export", "", "export the region under this name, so peers can write it")
 	exportTo := fs.String("export-to", "", "comma-separated peer identities allowed to write the export (default: every authenticated peer)")
+	readers := fs.String("readers", "", `comma-separated peer identities allowed to read (pull from) the export; "*": every authenticated peer (default: none)`)
+	readOnly := fs.Bool("read-only", false, "no peer may write the export (with --readers: a read-only export)")
 	fill := fs.String("fill", "zero", "initial contents: zero or random")
 	return func(ctx context.Context, g *globals, args []string) error {
 		if *size == 0 {
@@ -369,6 +371,10 @@ func runRegister(fs *pflag.FlagSet) runner {
 		if *exportTo != "" {
 			req.ExportTo = strings.Split(*exportTo, ",")
 		}
+		if *readers != "" {
+			req.Readers = strings.Split(*readers, ",")
+		}
+		req.ReadOnly = *readOnly
 		resp, err := c.API().RegisterRegion(ctx, req)
 		if err != nil {
 			return fmt.Errorf("register: %w", err)

@@ -152,6 +152,7 @@ func (bf *blockFlags) load(stdin io.Reader) (Blocks, error) {
 
 // TransferResult is what transfer prints.
 type TransferResult struct {
+	Op             string  `json:"op"` // write (push) or read (pull)
 	Batches        int     `json:"batches"`
 	BlocksPerBatch uint64  `json:"blocks_per_batch"`
 	BytesPerBatch  uint64  `json:"bytes_per_batch"`
@@ -186,6 +187,7 @@ func runTransfer(fs *pflag.FlagSet) runner {
 	key := fs.String("tls-key", "", "--dst-api off this host: its key")
 	ca := fs.String("tls-ca", "", "--dst-api off this host: the CA")
 	note := fs.String("notify", "", "notification delivered to the destination's watchers after the last batch")
+	opName := fs.String("op", "write", "write: push --src's blocks into the peer's --dst; read: pull the peer's --dst blocks into --src (the export must list this daemon in its readers)")
 	return func(ctx context.Context, g *globals, args []string) error {
 		var missing []string
 		for _, m := range []struct{ name, v string }{{"--src", *src}, {"--peer", *peer}, {"--dst", *dst}} {
@@ -203,6 +205,14 @@ func runTransfer(fs *pflag.FlagSet) runner {
 		if err != nil {
 			return fmt.Errorf("%w: transfer: --%v", ErrUsage, err)
 		}
+		var op b2bv1.TransferOp
+		switch *opName {
+		case "write":
+		case "read":
+			op = b2bv1.TransferOp_TRANSFER_OP_READ
+		default:
+			return fmt.Errorf("%w: transfer: --op %q: want write or read", ErrUsage, *opName)
+		}
 		if *verify && (*dstSocket == "") == (*dstAPI == "") {
 			return fmt.Errorf("%w: transfer: --verify needs exactly one of --dst-socket and --dst-api", ErrUsage)
 		}
@@ -215,13 +225,13 @@ func runTransfer(fs *pflag.FlagSet) runner {
 			return err
 		}
 		perBatch := make([]time.Duration, 0, *repeat)
-		t := client.Transfer{SrcRegion: *src, Peer: *peer, DstRegion: *dst, Transport: kind, Blocks: client.Descriptors{Src: blocks.Src, Dst: blocks.Dst}}
+		t := client.Transfer{SrcRegion: *src, Peer: *peer, DstRegion: *dst, Transport: kind, Op: op, Blocks: client.Descriptors{Src: blocks.Src, Dst: blocks.Dst}}
 		if u := blocks.Uniform(); u != 0 {
 			t.Blocks.BlockLength = u
 		} else {
 			t.Blocks.Len = blocks.Len
 		}
-		res := TransferResult{Batches: *repeat, BlocksPerBatch: uint64(len(blocks.Src)), BytesPerBatch: blocks.Bytes()}
+		res := TransferResult{Op: *opName, Batches: *repeat, BlocksPerBatch: uint64(len(blocks.Src)), BytesPerBatch: blocks.Bytes()}
 		bar := newBar(g.Stderr, *repeat)
 		start := time.Now()
 		var dataNS uint64

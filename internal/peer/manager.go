@@ -557,9 +557,33 @@ func offered(hs *b2bv1.HandshakeResponse) []string {
 // from the cache when it can; cached says which, so a caller whose batch is
 // refused for a stale key knows a fresh resolution may help.
 func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name string) (r Resolved, cached bool, err error) {
-	return resolveCached(ctx, m, addr, name, resolveTTL, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
+	return m.ResolveFor(ctx, addr, s, name, transport.AccessWrite)
+}
+
+// cacheKey is name's entry in a peer's resolution caches for access a:
+// a write resolution under the name itself, a read one apart (export
+// names cannot hold a NUL), since each carries its own key.
+func cacheKey(name string, a transport.Access) string {
+	if a == transport.AccessRead {
+		return name + "\x00read"
+	}
+	return name
+}
+
+// accessProto is a as the Peer service names it.
+func accessProto(a transport.Access) b2bv1.Access {
+	if a == transport.AccessRead {
+		return b2bv1.Access_ACCESS_READ
+	}
+	return b2bv1.Access_ACCESS_WRITE
+}
+
+// ResolveFor is Resolve for access a (AccessWrite or AccessRead): the
+// peer hands out only the key its grant for a allows, cached apart.
+func (m *Manager) ResolveFor(ctx context.Context, addr string, s Session, name string, a transport.Access) (r Resolved, cached bool, err error) {
+	return resolveCached(ctx, m, addr, cacheKey(name, a), resolveTTL, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
 		func(ctl b2bv1.PeerClient) (Resolved, error) {
-			resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name})
+			resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name, Access: accessProto(a)})
 			if err != nil {
 				return r, fromRPC(ctx, err)
 			}
@@ -572,9 +596,14 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 // Resolve: a restarted peer (new handshake), a broken connection or
 // ForgetLayout (a refused key) drop it; it has no age limit (layoutTTL).
 func (m *Manager) ResolveLayout(ctx context.Context, addr, name string) (r *transport.LayoutResolution, cached bool, err error) {
-	return resolveCached(ctx, m, addr, name, layoutTTL, func(st *state) map[string]cacheEntry[*transport.LayoutResolution] { return st.layouts },
+	return m.ResolveLayoutFor(ctx, addr, name, transport.AccessWrite)
+}
+
+// ResolveLayoutFor is ResolveLayout for access a, cached apart.
+func (m *Manager) ResolveLayoutFor(ctx context.Context, addr, name string, a transport.Access) (r *transport.LayoutResolution, cached bool, err error) {
+	return resolveCached(ctx, m, addr, cacheKey(name, a), layoutTTL, func(st *state) map[string]cacheEntry[*transport.LayoutResolution] { return st.layouts },
 		func(ctl b2bv1.PeerClient) (*transport.LayoutResolution, error) {
-			resp, err := ctl.ResolveLayout(ctx, &b2bv1.ResolveLayoutRequest{Name: name})
+			resp, err := ctl.ResolveLayout(ctx, &b2bv1.ResolveLayoutRequest{Name: name, Access: accessProto(a)})
 			if err != nil {
 				return nil, fromRPC(ctx, err)
 			}
@@ -618,12 +647,17 @@ func resolveCached[T any](ctx context.Context, m *Manager, addr, name string, tt
 
 // ForgetLayout drops a cached layout resolution.
 func (m *Manager) ForgetLayout(addr, name string) {
+	m.ForgetLayoutFor(addr, name, transport.AccessWrite)
+}
+
+// ForgetLayoutFor drops a cached layout resolution for access a.
+func (m *Manager) ForgetLayoutFor(addr, name string, a transport.Access) {
 	m.mu.Lock()
 	st := m.peers[addr]
 	m.mu.Unlock()
 	if st != nil {
 		st.mu.Lock()
-		delete(st.layouts, name)
+		delete(st.layouts, cacheKey(name, a))
 		st.mu.Unlock()
 	}
 }
@@ -650,13 +684,16 @@ func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification
 }
 
 // Forget drops a cached resolution.
-func (m *Manager) Forget(addr, name string) {
+func (m *Manager) Forget(addr, name string) { m.ForgetFor(addr, name, transport.AccessWrite) }
+
+// ForgetFor drops a cached resolution for access a.
+func (m *Manager) ForgetFor(addr, name string, a transport.Access) {
 	m.mu.Lock()
 	st := m.peers[addr]
 	m.mu.Unlock()
 	if st != nil {
 		st.mu.Lock()
-		delete(st.resolved, name)
+		delete(st.resolved, cacheKey(name, a))
 		st.mu.Unlock()
 	}
 }

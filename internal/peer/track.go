@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -42,6 +43,24 @@ func (c *trackedConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, 
 	c.st.busy.Add(1)
 	defer c.st.done()
 	return transport.WriteBlocks(ctx, c.Conn, w, sc)
+}
+
+// Read forwards a pull to the connection, counted busy like a write; a
+// kind that cannot pull is refused with FailedPrecondition naming it.
+func (c *trackedConn) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	rd, ok := c.Conn.(transport.Reader)
+	if !ok {
+		return transport.Stats{}, fmt.Errorf("%w: transport %T cannot read (pull): use another transport, or push (op WRITE)", errs.ErrFailedPrecondition, c.Conn)
+	}
+	c.st.busy.Add(1)
+	defer c.st.done()
+	return rd.Read(ctx, dst, src, b)
+}
+
+// CanRead says whether the wrapped connection pulls.
+func (c *trackedConn) CanRead() bool {
+	_, ok := c.Conn.(transport.Reader)
+	return ok
 }
 
 // trackedPreparer is a trackedConn whose connection prepares batches.

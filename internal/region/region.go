@@ -34,6 +34,8 @@ type Region struct {
 	ID       string
 	Export   string
 	ExportTo []string // peer identities allowed to write; empty: every authenticated peer
+	Readers  []string // peer identities allowed to read; "*": every authenticated peer; empty: none
+	ReadOnly bool     // no peer may write it (ExportTo is then empty)
 	Mem      memory.Memory
 	ShmPath  string // host regions: the file clients map
 	ShmOff   uint64
@@ -154,11 +156,14 @@ type Registry struct {
 type Pins struct {
 	mu    sync.Mutex
 	byKey map[keyRef]*Region
-	g     *Registry // set by New: releases a drained region
+	// byReadKey indexes the registrations' read keys (transport.AccessKeyer):
+	// a read pins only through it, a write only through byKey.
+	byReadKey map[keyRef]*Region
+	g         *Registry // set by New: releases a drained region
 }
 
 // NewPins returns an empty key index.
-func NewPins() *Pins { return &Pins{byKey: map[keyRef]*Region{}} }
+func NewPins() *Pins { return &Pins{byKey: map[keyRef]*Region{}, byReadKey: map[keyRef]*Region{}} }
 
 type keyRef struct {
 	k   transport.Kind
@@ -648,7 +653,7 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 		return nil, err
 	}
 	if export.Name != "" {
-		r.Export, r.ExportTo = export.Name, export.To
+		r.Export, r.ExportTo, r.Readers, r.ReadOnly = export.Name, export.To, export.Readers, export.ReadOnly
 		g.byName[export.Name] = r
 	}
 	g.seq++
@@ -656,6 +661,9 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 	g.byID[r.ID] = r
 	for k, reg := range r.regs {
 		g.byKey[keyRef{k, reg.Key().Key}] = r
+		if rk, ok := readKeyOf(reg); ok {
+			g.pins.byReadKey[keyRef{k, rk.Key}] = r
+		}
 	}
 	g.mu.Unlock()
 	g.cfg.Log.Debug("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", export.Name)
@@ -732,11 +740,11 @@ func (g *Registry) SetExport(id string, export Export, who Caller) (*Region, err
 	if r.Export != "" {
 		delete(g.byName, r.Export)
 	}
-	r.Export, r.ExportTo = name, export.To
+	r.Export, r.ExportTo, r.Readers, r.ReadOnly = name, export.To, export.Readers, export.ReadOnly
 	if name != "" {
 		g.byName[name] = r
 	} else {
-		r.ExportTo = nil
+		r.ExportTo, r.Readers, r.ReadOnly = nil, nil, false
 	}
 	return r, nil
 }
@@ -797,24 +805,95 @@ func (g *Registry) ExportName(id string) string {
 }
 
 // Lookup finds an exported region by name for the peer whose authenticated
-// identity is peer ("" when peers are not authenticated), holding it until
-// release. A region exported to named peers refuses every other peer.
+// identity is peer ("" when peers are not authenticated) to write into,
+// holding it until release. A region exported to named peers refuses every
+// other peer.
 func (g *Registry) Lookup(name, peer string) (*Region, func(), error) {
+	return g.LookupFor(name, peer, transport.AccessWrite)
+}
+
+// LookupFor is Lookup for access a: AccessRead needs the peer among the
+// export's readers ("*": every peer), AccessWrite among its writers
+// (export_to; empty: every peer) and the export not read-only.
+func (g *Registry) LookupFor(name, peer string, a transport.Access) (*Region, func(), error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	r, ok := g.byName[name]
 	if !ok || r.closing {
 		return nil, nil, fmt.Errorf("%w: no region is exported as %q", errs.ErrNotFound, name)
 	}
-	if len(r.ExportTo) > 0 && !slices.Contains(r.ExportTo, peer) {
-		who := peer
-		if who == "" {
-			who = "an unauthenticated peer"
-		}
-		return nil, nil, fmt.Errorf("%w: %s may not write region %q (exported to %v)", errs.ErrPermissionDenied, who, name, r.ExportTo)
+	if err := Grants(ExportOf(r), peer, a, "region", name); err != nil {
+		return nil, nil, err
 	}
 	r.active++
 	return r, func() { g.done(r) }, nil
+}
+
+// ExportOf is r's export as set; g.mu held by the caller where it matters.
+func ExportOf(r *Region) Export {
+	return Export{Name: r.Export, To: r.ExportTo, Readers: r.Readers, ReadOnly: r.ReadOnly}
+}
+
+// Grants says whether export e lets peer (its authenticated identity, ""
+// when peers are not authenticated) have access a to the thing named
+// name (what: "region", "layout"); the refusal wraps ErrPermissionDenied.
+func Grants(e Export, peer string, a transport.Access, what, name string) error {
+	who := peer
+	if who == "" {
+		who = "an unauthenticated peer"
+	}
+	if a&transport.AccessWrite != 0 {
+		if e.ReadOnly {
+			return fmt.Errorf("%w: %s may not write %s %q (exported read-only)", errs.ErrPermissionDenied, who, what, name)
+		}
+		if len(e.To) > 0 && !slices.Contains(e.To, peer) {
+			return fmt.Errorf("%w: %s may not write %s %q (exported to %v)", errs.ErrPermissionDenied, who, what, name, e.To)
+		}
+	}
+	if a&transport.AccessRead != 0 && !readable(e.Readers, peer) {
+		if len(e.Readers) == 0 {
+			return fmt.Errorf("%w: %s may not read %s %q (its export grants no readers; set readers)", errs.ErrPermissionDenied, who, what, name)
+		}
+		return fmt.Errorf("%w: %s may not read %s %q (readers %v)", errs.ErrPermissionDenied, who, what, name, e.Readers)
+	}
+	return nil
+}
+
+// readable: readers grants peer.
+func readable(readers []string, peer string) bool {
+	return slices.Contains(readers, AnyPeer) || (len(readers) > 0 && slices.Contains(readers, peer))
+}
+
+// AnyPeer in an export's readers grants every authenticated peer.
+const AnyPeer = "*"
+
+// readKeyOf is reg's read key where it has one of its own
+// (transport.AccessKeyer), distinct from its write key.
+func readKeyOf(reg transport.Registration) (transport.RemoteKey, bool) {
+	ak, ok := reg.(transport.AccessKeyer)
+	if !ok {
+		return transport.RemoteKey{}, false
+	}
+	k, err := ak.KeyFor(transport.AccessRead)
+	if err != nil || k.Key == reg.Key().Key {
+		return transport.RemoteKey{}, false
+	}
+	return k, true
+}
+
+// ReadKey is r's key for reads with transport k: its own read key where the
+// registration has one (transport.AccessKeyer), else its key.
+func (r *Region) ReadKey(k transport.Kind) (transport.RemoteKey, bool) {
+	reg, ok := r.regs[k]
+	if !ok {
+		return transport.RemoteKey{}, false
+	}
+	if ak, ok := reg.(transport.AccessKeyer); ok {
+		if rk, err := ak.KeyFor(transport.AccessRead); err == nil {
+			return rk, true
+		}
+	}
+	return reg.Key(), true
 }
 
 // Pin is Pins.Pin on the registry's key index.
@@ -835,6 +914,34 @@ func (p *Pins) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) 
 		// Peers may only write exported regions; un-exporting revokes a
 		// key a peer still holds.
 		return memory.Memory{}, nil, fmt.Errorf("%w: region %s is no longer exported", errs.ErrNotFound, r.ID)
+	}
+	if r.ReadOnly {
+		return memory.Memory{}, nil, fmt.Errorf("%w: region %q is exported read-only", errs.ErrNotFound, r.Export)
+	}
+	r.active++
+	return r.Mem, func() { p.done(r) }, nil
+}
+
+// PinRead is Pins.PinRead on the registry's key index.
+func (g *Registry) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	return g.pins.PinRead(k, key)
+}
+
+// PinRead implements transport.ReadPinner: the serving side of a pull holds
+// the source while it sends. Only a read key pins, and only while the
+// region is exported with readers.
+func (p *Pins) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.byReadKey[keyRef{k, key}]
+	if !ok || r.closing {
+		return memory.Memory{}, nil, fmt.Errorf("%w: no live %s registration has read key %#x (deregistered, or its readers narrowed?)", errs.ErrNotFound, k, key)
+	}
+	if r.Export == "" {
+		return memory.Memory{}, nil, fmt.Errorf("%w: region %s is no longer exported", errs.ErrNotFound, r.ID)
+	}
+	if len(r.Readers) == 0 {
+		return memory.Memory{}, nil, fmt.Errorf("%w: region %q no longer grants reads", errs.ErrNotFound, r.Export)
 	}
 	r.active++
 	return r.Mem, func() { p.done(r) }, nil
@@ -955,6 +1062,9 @@ func (g *Registry) unpublish(r *Region) {
 	}
 	for k, reg := range r.regs {
 		delete(g.byKey, keyRef{k, reg.Key().Key})
+		if rk, ok := readKeyOf(reg); ok {
+			delete(g.pins.byReadKey, keyRef{k, rk.Key})
+		}
 	}
 }
 
@@ -1027,10 +1137,13 @@ func (g *Registry) Close() {
 	}
 }
 
-// Export is a region's export: its name and the peers allowed to write it.
+// Export is a region's export: its name, the peers allowed to write it and
+// those allowed to read it.
 type Export struct {
-	Name string
-	To   []string // peer identities; empty: every authenticated peer
+	Name     string
+	To       []string // writers: peer identities; empty: every authenticated peer
+	Readers  []string // readers: peer identities, or AnyPeer; empty: none
+	ReadOnly bool     // no writers at all (To must be empty)
 }
 
 func (e Export) check() error {
@@ -1040,13 +1153,42 @@ func (e Export) check() error {
 	if e.Name == "" && len(e.To) > 0 {
 		return fmt.Errorf("%w: export_to is set but export_name is empty", errs.ErrInvalidArgument)
 	}
+	return e.checkGrants()
+}
+
+// checkGrants checks the export's writers and readers.
+func (e Export) checkGrants() error {
+	if e.Name == "" && len(e.Readers) > 0 {
+		return fmt.Errorf("%w: readers is set but export_name is empty", errs.ErrInvalidArgument)
+	}
+	if e.Name == "" && e.ReadOnly {
+		return fmt.Errorf("%w: read_only is set but export_name is empty", errs.ErrInvalidArgument)
+	}
+	if e.ReadOnly && len(e.To) > 0 {
+		return fmt.Errorf("%w: read_only is set and export_to names %d writers: a read-only export has none", errs.ErrInvalidArgument, len(e.To))
+	}
 	for i, p := range e.To {
-		if p == "" || len(p) > 253 {
-			return fmt.Errorf("%w: export_to[%d] %q is not a peer identity (1..253 bytes)", errs.ErrInvalidArgument, i, p)
+		if p == "" || len(p) > 253 || p == AnyPeer {
+			return fmt.Errorf("%w: export_to[%d] %q is not a peer identity (1..253 bytes; empty export_to means every peer)", errs.ErrInvalidArgument, i, p)
 		}
+	}
+	for i, p := range e.Readers {
+		if p == "" || len(p) > 253 {
+			return fmt.Errorf("%w: readers[%d] %q is not a peer identity (1..253 bytes, or \"*\" for every authenticated peer)", errs.ErrInvalidArgument, i, p)
+		}
+	}
+	if len(e.Readers) > maxGrants || len(e.To) > maxGrants {
+		return fmt.Errorf("%w: export_to has %d and readers %d peers, over the limit of %d", errs.ErrInvalidArgument, len(e.To), len(e.Readers), maxGrants)
 	}
 	return nil
 }
+
+// CheckGrants validates an export's grants (for layouts, whose names the
+// layout registry checks).
+func (e Export) CheckGrants() error { return e.checkGrants() }
+
+// maxGrants bounds the peers an export names per access.
+const maxGrants = 1024
 
 func checkName(name string) error {
 	if len(name) > MaxNameLen {

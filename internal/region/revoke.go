@@ -41,7 +41,12 @@ func narrows(oldName string, oldTo []string, e Export) bool {
 // before the export changes, so a failure leaves the export as it was (keys
 // already replaced stay replaced: peers allowed to write resolve afresh).
 func (g *Registry) revokeIfNarrowed(r *Region, e Export) error {
-	if !narrows(r.Export, r.ExportTo, e) {
+	if narrowsReaders(r.Export, r.Readers, e) {
+		if err := g.rekeyReads(r); err != nil {
+			return err
+		}
+	}
+	if !narrows(r.Export, r.ExportTo, e) && !(r.Export != "" && !r.ReadOnly && e.ReadOnly) {
 		return nil
 	}
 	return g.rekey(r, "export narrowed")
@@ -52,11 +57,17 @@ func (g *Registry) revokeIfNarrowed(r *Region, e Export) error {
 // deregistered exported layout rekeys its regions, so that peers' cached
 // resolutions of it are refused at the receiver (and resolved afresh)
 // instead of writing by a geometry that no longer holds.
+// With reads, its read keys are replaced too (the layout had readers).
 // A region already unpublished (its client gone, held by a layout) is
 // rekeyed too, but its new keys are not indexed: it takes no more writes.
-func (g *Registry) Rekey(r *Region, why string) error {
+func (g *Registry) Rekey(r *Region, why string, reads bool) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if reads {
+		if err := g.rekeyReads(r); err != nil {
+			return err
+		}
+	}
 	return g.rekey(r, why)
 }
 
@@ -78,6 +89,72 @@ func (g *Registry) rekey(r *Region, why string) error {
 			g.byKey[keyRef{k, reg.Key().Key}] = r
 		}
 		g.cfg.Log.Info("key revoked", "why", why, "id", r.ID, "transport", k, "old_key", old.Key, "new_key", reg.Key().Key)
+	}
+	return nil
+}
+
+// narrowsReaders reports whether changing a region's export from (oldName,
+// oldReaders) to e takes read access away from some peer: the export is
+// removed, or a reader (or AnyPeer) of the old set is missing from the new
+// one, which AnyPeer covers.
+func narrowsReaders(oldName string, oldReaders []string, e Export) bool {
+	if oldName == "" || len(oldReaders) == 0 {
+		return false
+	}
+	if e.Name == "" {
+		return true
+	}
+	if slices.Contains(e.Readers, AnyPeer) {
+		return false
+	}
+	for _, p := range oldReaders {
+		if !slices.Contains(e.Readers, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// rekeyReads gives r's registrations that key reads apart
+// (transport.AccessRekeyer) new read keys and moves the read index; a kind
+// whose read key is its write key (or an MR of its own, verbs) is rekeyed
+// whole (transport.Rekeyer), as narrowing the writers does. g.mu held.
+func (g *Registry) rekeyReads(r *Region) error {
+	for k, reg := range r.regs {
+		if ar, ok := reg.(transport.AccessRekeyer); ok {
+			old, err := ar.RekeyFor(transport.AccessRead)
+			if err != nil {
+				return fmt.Errorf("region %s: narrowing its readers needs a new %s read key, which failed: %w", r.ID, k, err)
+			}
+			if g.pins.byReadKey[keyRef{k, old.Key}] == r {
+				delete(g.pins.byReadKey, keyRef{k, old.Key})
+			}
+			if rk, ok := readKeyOf(reg); ok {
+				g.pins.byReadKey[keyRef{k, rk.Key}] = r
+			}
+			g.cfg.Log.Info("readers narrowed: read key revoked", "id", r.ID, "transport", k, "old_key", old.Key)
+			continue
+		}
+		rk, ok := reg.(transport.Rekeyer)
+		if !ok {
+			continue
+		}
+		oldRead, hadRead := readKeyOf(reg)
+		old, err := rk.Rekey()
+		if err != nil {
+			return fmt.Errorf("region %s: narrowing its readers needs a new %s key, which failed: %w", r.ID, k, err)
+		}
+		if g.byKey[keyRef{k, old.Key}] == r {
+			delete(g.byKey, keyRef{k, old.Key})
+		}
+		g.byKey[keyRef{k, reg.Key().Key}] = r
+		if hadRead && g.pins.byReadKey[keyRef{k, oldRead.Key}] == r {
+			delete(g.pins.byReadKey, keyRef{k, oldRead.Key})
+		}
+		if nk, ok := readKeyOf(reg); ok {
+			g.pins.byReadKey[keyRef{k, nk.Key}] = r
+		}
+		g.cfg.Log.Info("readers narrowed: key revoked", "id", r.ID, "transport", k, "old_key", old.Key)
 	}
 	return nil
 }

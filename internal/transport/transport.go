@@ -293,3 +293,32 @@ type RailRegistration struct {
 type RailRegistrations interface {
 	RailRegistrations() []RailRegistration
 }
+
+// ReadPinner is implemented by Inbounds that serve pulls: the receiving
+// side of a kind that answers reads (tcp's read frames, the same-host
+// path's read begin) pins the source through it, by the region's read key.
+// A write key never pins for a read, nor a read key for a write (Pin), so
+// a key is only ever good for the operation it was granted for.
+type ReadPinner interface {
+	PinRead(k Kind, key uint64) (m memory.Memory, release func(), err error)
+}
+
+// AccessRekeyer is implemented by registrations whose key for one access
+// can be replaced alone (tcp and local: random tokens per access). The
+// registry rekeys the read key when an export's readers narrow.
+type AccessRekeyer interface {
+	RekeyFor(a Access) (old RemoteKey, err error)
+}
+
+// String names an access for messages.
+func (a Access) String() string {
+	switch a {
+	case AccessWrite:
+		return "write"
+	case AccessRead:
+		return "read"
+	case AccessWrite | AccessRead:
+		return "read and write"
+	}
+	return "no access"
+}

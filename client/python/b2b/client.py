@@ -183,6 +183,23 @@ def _transport(t: Union[None, str, int]) -> int:
     raise _invalid(f"transport {t!r}: want 'auto', 'tcp', 'verbs', 'local', None or a TransportKind value")
 
 
+def _op(op: Union[None, str, int]) -> int:
+    """A transfer's direction: "write" (push, the default) or "read" (pull)."""
+    if op is None or op == "write":
+        return pb.TRANSFER_OP_WRITE
+    if op == "read":
+        return pb.TRANSFER_OP_READ
+    if isinstance(op, int) and op in (pb.TRANSFER_OP_WRITE, pb.TRANSFER_OP_READ):
+        return int(op)
+    raise _invalid(f"op {op!r}: want 'write' (push) or 'read' (pull)")
+
+
+def _grants(readers: Sequence[str]) -> List[str]:
+    if isinstance(readers, str):
+        raise TypeError("readers: expected a sequence of peer identities (or ['*']), got a str")
+    return list(readers)
+
+
 # ---------------------------------------------------------------------------
 # Plain results.
 
@@ -1037,12 +1054,17 @@ class Client:
         *,
         persist: bool = False,
         deregister_on_close: Optional[bool] = None,
+        readers: Sequence[str] = (),
+        read_only: bool = False,
     ) -> HostRegion:
         """Ask the daemon for ``size`` bytes of shared host memory and map it here.
 
         Args:
             size: bytes (> 0).
             export_name: if set, peers can write into the region under this name.
+            readers: peers that may also read (pull from) the export; ``["*"]``:
+                every authenticated peer. Empty (the default): write-only.
+            read_only: no peer may write the export.
             persist: keep the region registered after this process's
                 connections to the daemon close (exit, crash, kill); by default
                 it is leased to them and released with the last one.
@@ -1051,7 +1073,13 @@ class Client:
                 default, unless ``persist``.
         """
         size = _uint("size", size)
-        req = pb.RegisterRegionRequest(host_alloc=pb.HostAlloc(size=size), export_name=export_name or "", persist=bool(persist))
+        req = pb.RegisterRegionRequest(
+            host_alloc=pb.HostAlloc(size=size),
+            export_name=export_name or "",
+            persist=bool(persist),
+            readers=_grants(readers),
+            read_only=bool(read_only),
+        )
         resp = self._call(self._stub.RegisterRegion, req, self.timeout)
         return self._map_host(resp.region, _dereg_default(deregister_on_close, persist))
 
@@ -1156,12 +1184,27 @@ class Client:
         self._track(region)
         return region
 
-    def export(self, region: RegionRef, name: Optional[str], export_to: Sequence[str] = ()) -> RegionInfo:
+    def export(
+        self,
+        region: RegionRef,
+        name: Optional[str],
+        export_to: Sequence[str] = (),
+        *,
+        readers: Sequence[str] = (),
+        read_only: bool = False,
+    ) -> RegionInfo:
         """Set (or with ``None``/"" clear) a region's export name; ``export_to``
-        lists the peer identities allowed to write it (empty: every peer)."""
+        lists the peer identities allowed to write it (empty: every peer), and
+        ``readers`` who may read it (narrowing either revokes the old key)."""
         resp = self._call(
             self._stub.ExportRegion,
-            pb.ExportRegionRequest(region_id=_region_id(region, "region"), export_name=name or "", export_to=list(export_to)),
+            pb.ExportRegionRequest(
+                region_id=_region_id(region, "region"),
+                export_name=name or "",
+                export_to=list(export_to),
+                readers=_grants(readers),
+                read_only=bool(read_only),
+            ),
             self.timeout,
         )
         info = RegionInfo.from_proto(resp.region)
@@ -1234,8 +1277,11 @@ class Client:
         *,
         descriptors: Optional[Descriptors] = None,
         notification: Optional[bytes] = None,
+        op: Union[None, str, int] = None,
     ) -> TransferResult:
-        """Write blocks of local region ``src`` into the peer's exported region.
+        """Write blocks of local region ``src`` into the peer's exported region
+        (``op="read"``: pull the peer's blocks at ``dst_offsets`` into ``src``
+        at ``src_offsets``; the export must grant this daemon read access).
 
         Block ``i`` copies ``lengths[i]`` bytes (or ``block_size`` for all) from
         ``src_offsets[i]`` in ``src`` to ``dst_offsets[i]`` in ``dst_region``.
@@ -1266,6 +1312,7 @@ class Client:
             dst_region=_export_name(dst_region),
             descriptors=descriptors._msg,
             transport=_transport(transport),
+            op=_op(op),
         )
         if notification is not None:
             if not isinstance(notification, (bytes, bytearray, memoryview)):
@@ -1285,13 +1332,24 @@ class Client:
         export_to: Sequence[str] = (),
         timeout: Optional[float] = None,
         persist: bool = False,
+        *,
+        readers: Sequence[str] = (),
+        read_only: bool = False,
     ) -> Any:
         """Register a block table: ``segments`` are ``(region, offset,
         block_len, stride)``; block ``b`` of a segment is the ``block_len``
         bytes at ``offset + b*stride``. Returns the daemon's ``Layout``.
         Like regions, the layout is leased to this client (deregistered when
         it is gone) unless ``persist``."""
-        req = pb.RegisterLayoutRequest(name=name, num_blocks=num_blocks, export_name=export_name, export_to=list(export_to), persist=persist)
+        req = pb.RegisterLayoutRequest(
+            name=name,
+            num_blocks=num_blocks,
+            export_name=export_name,
+            export_to=list(export_to),
+            readers=_grants(readers),
+            read_only=bool(read_only),
+            persist=persist,
+        )
         for region, offset, block_len, stride in segments:
             req.segments.add(region_id=_region_id(region, "segments"), offset=offset, block_len=block_len, stride=stride)
         return self._call(self._stub.RegisterLayout, req, timeout).layout
@@ -1311,11 +1369,13 @@ class Client:
         transport: Union[None, str, int] = None,
         *,
         notification: Optional[bytes] = None,
+        op: Union[None, str, int] = None,
     ) -> TransferResult:
         """Move block ``local_ids[i]`` of every segment of ``local_layout`` to
-        block ``remote_ids[i]`` of the peer's exported ``remote_layout``.
-        Ids are lists, numpy arrays or torch integer tensors, packed as
-        little-endian uint32 by numpy (no Python loop). Returns once every
+        block ``remote_ids[i]`` of the peer's exported ``remote_layout``
+        (``op="read"``: the other way, a pull; ``local_ids`` must then be
+        unique). Ids are lists, numpy arrays or torch integer tensors, packed
+        as little-endian uint32 by numpy (no Python loop). Returns once every
         byte landed and was acknowledged."""
         req = pb.TransferBlocksRequest(
             local_layout=local_layout,
@@ -1324,6 +1384,7 @@ class Client:
             local_ids=pack_u32(local_ids, "local_ids")[0],
             remote_ids=pack_u32(remote_ids, "remote_ids")[0],
             transport=_transport(transport),
+            op=_op(op),
         )
         if notification is not None:
             req.notification = bytes(notification)
@@ -1345,6 +1406,7 @@ class Client:
         *,
         descriptors: Optional[Descriptors] = None,
         notification: Optional[bytes] = None,
+        op: Union[None, str, int] = None,
     ) -> PreparedTransfer:
         """Plan a batch once (validate, merge, split, resolve, connect, build
         the data path's work) and return a :class:`PreparedTransfer` whose
@@ -1365,6 +1427,7 @@ class Client:
             dst_region=_export_name(dst_region),
             descriptors=descriptors._msg,
             transport=_transport(transport),
+            op=_op(op),
         )
         if notification is not None:
             if not isinstance(notification, (bytes, bytearray, memoryview)):

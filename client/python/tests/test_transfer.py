@@ -151,6 +151,31 @@ class TransferTest(TwoDaemons):
         self.assertEqual(after_a.batches_sent - before_a.batches_sent, 1)
         self.assertEqual(after_a.bytes_sent - before_a.bytes_sent, n * size)
 
+    def test_pull_op_read_verified(self):
+        """op="read" pulls the peer's blocks (at dst offsets) into the local
+        region (at src offsets); an export without readers refuses it."""
+        n, size = 2000, 4096
+        lo, local_size = layout(n, size, self.rng)
+        ro, remote_size = layout(n, size, self.rng)
+        with self.a.register_host(local_size) as local, self.b.register_host(
+            remote_size, "pull-src", readers=["*"]
+        ) as remote, self.b.register_host(remote_size, "pull-wo") as write_only:
+            self.random_fill(remote)
+            r = self.a.batch_transfer(local, self.peer_b, "pull-src", lo, ro, block_size=size, op="read")
+            self.assertEqual((r.blocks, r.bytes, r.transport), (n, n * size, "tcp"))
+            # The remote is the source: compare its blocks with the local ones.
+            self.assert_blocks_equal_across(remote, ro, local, lo, size)
+            local.array[:] = 0
+            with self.assertRaises(b2b.PermissionDeniedError):
+                self.a.batch_transfer(local, self.peer_b, "pull-wo", lo, ro, block_size=size, op="read")
+            self.assertFalse(local.array.any())
+            with self.assertRaises(b2b.InvalidArgumentError):
+                self.a.batch_transfer(local, self.peer_b, "pull-src", lo, ro, block_size=size, op="sideways")
+
+    def assert_blocks_equal_across(self, src, so, dst, do, size):
+        lengths = np.full(len(so), size, dtype=np.uint64)
+        np.testing.assert_array_equal(gather(dst.array, do, lengths), gather(src.array, so, lengths))
+
     def test_receiver_counters(self):
         with self.a.register_host(1 << 16) as src, self.b.register_host(1 << 16, "count-dst") as dst:
             before = self.b.status()

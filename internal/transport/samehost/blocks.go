@@ -76,7 +76,7 @@ func (c *Conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 		if err := ctx.Err(); err != nil {
 			return fail(err)
 		}
-		rm, err := c.begin(ctx, dst, sm) // reads the previous stretch's end reply first
+		rm, err := c.begin(ctx, dst, sm, false) // reads the previous stretch's end reply first
 		if err != nil {
 			return fail(err)
 		}
@@ -87,7 +87,7 @@ func (c *Conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 		}
 		c.pinHostSide(src, sm, rm)
 		t1 := time.Now()
-		err = c.copy(ctx, sm, rm, &b)
+		err = c.copy(ctx, sm, rm, &b, false)
 		st.Post += time.Since(t1)
 		st.Segments += uint64(b.N())
 		st.WorkRequests++

@@ -36,6 +36,7 @@ type remote struct {
 	dev  int     // CUDA: the device the handle was opened on
 	home int     // CUDA: the device that holds the memory; -1: not visible here
 	pin  hostPin // host: mm registered with the driver for GPU-to-host batches
+	read bool    // mapped for pulls (host: read-only), by its read key
 }
 
 // Conn is a data path to one peer daemon on this host. Batches on it are
@@ -257,6 +258,22 @@ func (c *Conn) drop(key uint64) {
 // Write copies b from src into dst: begin (pin, and the memory when not
 // cached), the copies, end (the receiver records the landing).
 func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	return c.transfer(ctx, src, dst, b, false)
+}
+
+var _ transport.Reader = (*Conn)(nil)
+
+// Read implements transport.Reader: the copy runs the other way, from the
+// peer's region (mapped read-only by its read key) into dst. It returns
+// after the copies ended (GPU: the streams synchronised), so no byte lands
+// after it.
+func (c *Conn) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	return c.transfer(ctx, dst, src, b, true)
+}
+
+// transfer is Write (read false: local to the peer's region rr) and Read
+// (read: rr to local; b.Src are then rr's offsets).
+func (c *Conn) transfer(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch, read bool) (transport.Stats, error) {
 	var st transport.Stats
 	if b.N() == 0 {
 		return st, nil
@@ -293,17 +310,21 @@ func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transp
 		}()
 	}
 	key := dst.Key.Key
-	rm, err := c.begin(ctx, dst, sm)
+	rm, err := c.begin(ctx, dst, sm, read)
 	if err != nil {
 		return st, err
 	}
-	if err := checkBounds(b, sm.Len, rm.size); err != nil {
+	srcLen, dstLen := sm.Len, rm.size
+	if read {
+		srcLen, dstLen = rm.size, sm.Len
+	}
+	if err := checkBounds(b, srcLen, dstLen); err != nil {
 		_ = c.abort()
 		return st, err
 	}
 	c.pinHostSide(src, sm, rm)
 	t0 := time.Now()
-	err = c.copy(ctx, sm, rm, b)
+	err = c.copy(ctx, sm, rm, b, read)
 	st.Post = time.Since(t0)
 	st.Segments = uint64(b.N())
 	st.WorkRequests = 1
@@ -311,7 +332,11 @@ func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transp
 		_ = c.abort()
 		return st, err
 	}
-	if err := c.send(opEnd, 0, key, uint64(b.N()), b.Bytes()); err != nil {
+	var endFlags uint32
+	if read {
+		endFlags = flagRead
+	}
+	if err := c.send(opEnd, endFlags, key, uint64(b.N()), b.Bytes()); err != nil {
 		return st, c.ctxErr(ctx, err)
 	}
 	r, msg, _, err := c.readReply(false)
@@ -327,9 +352,13 @@ func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transp
 // begin pins dst on the receiver and returns its mapping in this process,
 // made (and cached) when not cached yet. On success the pin is held until
 // the caller's end or abort. c.mu is held.
-func (c *Conn) begin(ctx context.Context, dst transport.RemoteRegion, sm memory.Memory) (*remote, error) {
+func (c *Conn) begin(ctx context.Context, dst transport.RemoteRegion, sm memory.Memory, read bool) (*remote, error) {
 	key := dst.Key.Key
 	rm := c.cache[key]
+	if rm != nil && rm.read != read {
+		c.drop(key) // never a read-only mapping for a write, nor the reverse
+		rm = nil
+	}
 	if rm != nil && rm.kind == kindCUDA && sm.Kind == memory.CUDA && rm.dev != sm.Device {
 		c.drop(key) // opened on another device: open again on the source's
 		rm = nil
@@ -337,6 +366,9 @@ func (c *Conn) begin(ctx context.Context, dst transport.RemoteRegion, sm memory.
 	var flags uint32
 	if rm == nil {
 		flags = flagMap
+	}
+	if read {
+		flags |= flagRead
 	}
 	if err := c.send(opBegin, flags, key, 0, 0); err != nil {
 		return nil, c.ctxErr(ctx, err)
@@ -354,11 +386,14 @@ func (c *Conn) begin(ctx context.Context, dst transport.RemoteRegion, sm memory.
 		// A refused key (deregistered, un-exported, rekeyed) drops what we
 		// mapped for it.
 		c.drop(key)
+		if read {
+			return nil, fmt.Errorf("%w: samehost: peer refused the read of region %q: %s", statusErr(r.status), dst.Name, msg)
+		}
 		return nil, fmt.Errorf("%w: samehost: peer refused dst_region %q: %s", statusErr(r.status), dst.Name, msg)
 	}
 	if rm == nil {
 		t0 := time.Now()
-		rm, err = c.mapRemote(r, msg, fd, sm)
+		rm, err = c.mapRemote(r, msg, fd, sm, read)
 		if err != nil {
 			_ = c.abort()
 			return nil, err
@@ -400,7 +435,7 @@ func (c *Conn) Warm(ctx context.Context, src transport.Registration, dst transpo
 		_ = c.c.SetDeadline(dl)
 		defer c.c.SetDeadline(time.Time{})
 	}
-	rm, err := c.begin(ctx, dst, sm)
+	rm, err := c.begin(ctx, dst, sm, false)
 	if err != nil {
 		return err
 	}
@@ -458,8 +493,8 @@ func checkBounds(b *desc.Batch, srcLen, dstLen uint64) error {
 }
 
 // mapRemote maps the destination the begin reply handed over.
-func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory) (*remote, error) {
-	rm := &remote{kind: r.kind, size: r.size}
+func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory, read bool) (*remote, error) {
+	rm := &remote{kind: r.kind, size: r.size, read: read}
 	switch r.kind {
 	case kindHost:
 		if fd < 0 {
@@ -476,7 +511,11 @@ func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory) (*remote
 		// maps regions populated), but this fresh mapping has no page-table
 		// entries; made here in one call they cost a quarter of what the
 		// copy's page faults would (35 ms against 150 ms for 512 MiB).
-		mm, err := unix.Mmap(fd, int64(off), int(delta+r.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+		prot := unix.PROT_READ | unix.PROT_WRITE
+		if read { // a pull's source: this daemon cannot write it by mistake
+			prot = unix.PROT_READ
+		}
+		mm, err := unix.Mmap(fd, int64(off), int(delta+r.size), prot, unix.MAP_SHARED|unix.MAP_POPULATE)
 		if err != nil {
 			return nil, fmt.Errorf("%w: samehost: map the destination (%d bytes at %d): %v", errs.ErrFailedPrecondition, r.size, r.offset, err)
 		}
@@ -516,19 +555,23 @@ func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory) (*remote
 
 // copy moves the blocks: host to host with the CPU (contained faults),
 // anything touching a GPU with one batched copy-engine call.
-func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.Batch) error {
+func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.Batch, read bool) error {
 	if sm.Kind == memory.Host && rm.kind == kindHost {
+		dst, src := rm.host, sm.Host
+		if read { // a pull: the copy runs the other way
+			dst, src = sm.Host, rm.host
+		}
 		k := c.t.cfg.Streams
 		if total := b.Bytes(); total/MinSplit < uint64(k) {
 			k = max(1, int(total/MinSplit))
 		}
 		if k <= 1 || b.N() < 2 {
-			return copyHost(ctx, rm.host, sm.Host, b, 0, b.N())
+			return copyHost(ctx, dst, src, b, 0, b.N())
 		}
 		if c.hostPool == nil {
 			c.hostPool = newHostPool(c.t.cfg.Streams)
 		}
-		return c.hostPool.run(ctx, rm.host, sm.Host, b, k)
+		return c.hostPool.run(ctx, dst, src, b, k)
 	}
 	cu := c.t.cfg.CUDA
 	if cu == nil {
@@ -539,6 +582,9 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 		s, err := c.t.stageFor(sm.Device)
 		if err != nil {
 			return fmt.Errorf("%w: %v", errs.ErrFailedPrecondition, err)
+		}
+		if read {
+			return copyStaged(ctx, cu, s, uint64(rm.dptr), uint64(sm.Addr), b)
 		}
 		return copyStaged(ctx, cu, s, uint64(sm.Addr), uint64(rm.dptr), b)
 	}
@@ -560,6 +606,9 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 		dstBase = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(rm.host))))
 	} else {
 		dstBase = uint64(rm.dptr)
+	}
+	if read { // a pull: the peer's region is the source
+		srcBase, dstBase = dstBase, srcBase
 	}
 	n := b.N()
 	if cap(c.dsts) < n {
@@ -642,7 +691,7 @@ func shareEnd(sizes []uint64, lo int, want uint64) int {
 }
 
 // hostChunk is how many bytes the CPU copies between looks at the deadline.
-const hostChunk = 16 << 20
+const hostChunk = 4 << 20
 
 // copyHost copies every block with the CPU; a fault on either mapping (a
 // file shrunk under it) fails the batch instead of the process, and the

@@ -231,6 +231,9 @@ type registration struct {
 
 	mu  sync.Mutex
 	key uint64
+	// readKey pins the region for pulls only (flagRead), key for writes
+	// only: both index t.regs.
+	readKey uint64
 	// What a peer needs to reach the memory; shareErr says why it cannot.
 	file      *os.File // host: the region's file
 	fileOff   uint64   // host: the region's offset in it
@@ -294,6 +297,11 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 		r.key = randomKey()
 	}
 	t.regs[r.key] = r
+	r.readKey = randomKey()
+	for t.regs[r.readKey] != nil {
+		r.readKey = randomKey()
+	}
+	t.regs[r.readKey] = r
 	return r, nil
 }
 
@@ -348,6 +356,46 @@ func (r *registration) Rekey() (transport.RemoteKey, error) {
 	return transport.RemoteKey{Key: old}, nil
 }
 
+// KeyFor implements transport.AccessKeyer: the write or the read key.
+func (r *registration) KeyFor(a transport.Access) (transport.RemoteKey, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch a {
+	case transport.AccessWrite:
+		return transport.RemoteKey{Key: r.key}, nil
+	case transport.AccessRead:
+		return transport.RemoteKey{Key: r.readKey}, nil
+	}
+	return transport.RemoteKey{}, fmt.Errorf("%w: samehost: no single key grants %s", errs.ErrInvalidArgument, a)
+}
+
+// RekeyFor implements transport.AccessRekeyer.
+func (r *registration) RekeyFor(a transport.Access) (transport.RemoteKey, error) {
+	if a == transport.AccessWrite {
+		return r.Rekey()
+	}
+	if a != transport.AccessRead {
+		return transport.RemoteKey{}, fmt.Errorf("%w: samehost: rekey %s", errs.ErrInvalidArgument, a)
+	}
+	t := r.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return transport.RemoteKey{}, fmt.Errorf("%w: samehost registration is closed", errs.ErrNotFound)
+	}
+	old := r.readKey
+	k := randomKey()
+	for t.regs[k] != nil {
+		k = randomKey()
+	}
+	delete(t.regs, old)
+	r.readKey = k
+	t.regs[k] = r
+	return transport.RemoteKey{Key: old}, nil
+}
+
 func (r *registration) Close() error {
 	t := r.t
 	t.mu.Lock()
@@ -360,6 +408,9 @@ func (r *registration) Close() error {
 	r.closed = true
 	if t.regs[r.key] == r {
 		delete(t.regs, r.key)
+	}
+	if t.regs[r.readKey] == r {
+		delete(t.regs, r.readKey)
 	}
 	f := r.file
 	r.file = nil

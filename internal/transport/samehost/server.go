@@ -174,7 +174,21 @@ func (t *Transport) serveRequest(sc *serverConn, req request) error {
 			sc.release()
 			sc.release = nil
 		}
-		mem, release, err := t.in.Pin(transport.Local, req.key)
+		var (
+			mem     memory.Memory
+			release func()
+			err     error
+		)
+		if req.flags&flagRead != 0 {
+			rp, ok := t.in.(transport.ReadPinner)
+			if !ok {
+				err = fmt.Errorf("%w: samehost: this daemon serves no reads", errs.ErrUnimplemented)
+			} else {
+				mem, release, err = rp.PinRead(transport.Local, req.key)
+			}
+		} else {
+			mem, release, err = t.in.Pin(transport.Local, req.key)
+		}
 		if err != nil {
 			return t.reply(sc, reply{status: statusOf(err)}, err.Error(), -1, nil)
 		}
@@ -227,7 +241,9 @@ func (t *Transport) serveRequest(sc *serverConn, req request) error {
 		// shared pages; GPU: its stream was synchronised) before it asks.
 		sc.release()
 		sc.release = nil
-		t.in.Landed(transport.Local, req.a, req.b)
+		if req.flags&flagRead == 0 {
+			t.in.Landed(transport.Local, req.a, req.b)
+		}
 		return t.reply(sc, reply{status: statusOK}, "", -1, nil)
 	default: // opAbort
 		if sc.release != nil {

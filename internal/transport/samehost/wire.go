@@ -33,6 +33,10 @@ const (
 	opAbort = 3
 
 	flagMap = 1
+	// flagRead: a pull (begin: the key is the source's read key, pinned
+	// with ReadPinner; a host source is mapped read-only; end: nothing
+	// landed here, so nothing is counted).
+	flagRead = 2
 
 	statusOK       = 0
 	statusNotFound = 1
@@ -68,7 +72,7 @@ func parseRequest(b []byte) (request, error) {
 	if r.op < opBegin || r.op > opAbort {
 		return request{}, fmt.Errorf("%w: samehost request op %d is not begin (1), end (2) or abort (3)", errs.ErrInvalidArgument, r.op)
 	}
-	if r.flags&^flagMap != 0 {
+	if r.flags&^(flagMap|flagRead) != 0 {
 		return request{}, fmt.Errorf("%w: samehost request flags %#x has unknown bits", errs.ErrInvalidArgument, r.flags)
 	}
 	return r, nil

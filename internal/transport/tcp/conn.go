@@ -360,6 +360,10 @@ type stream struct {
 	iov   [][]byte // vectored write list
 	bufs  net.Buffers
 	ackb  [ackLen + maxAckMsg]byte
+	// rx places pulled bytes (read.go), made on the first pull; rtable is
+	// its per-frame table.
+	rx     *receiver
+	rtable []byte
 }
 
 func newStream(c *conn, nc net.Conn) *stream {
@@ -410,11 +414,16 @@ func (s *stream) loop() {
 			var r result
 			if j.pipe != nil {
 				r = s.sendPipe(&j)
+			} else if j.p.read {
+				r = s.pull(&j)
 			} else {
 				r = s.send(&j)
 			}
 			s.done <- r
 		case <-s.c.quit:
+			if s.rx != nil {
+				s.rx.releaseStager()
+			}
 			return
 		}
 	}
@@ -485,9 +494,17 @@ func (s *stream) frame(p *plan, fr *pframe, src, hdr []byte) {
 type ackError struct {
 	status uint32
 	msg    string
+	// read: the peer refused a pull from its region named region.
+	read   bool
+	region string
 }
 
-func (e *ackError) Error() string { return "tcp: receiver refused the batch: " + e.msg }
+func (e *ackError) Error() string {
+	if e.read {
+		return fmt.Sprintf("tcp: the peer refused the read of region %q: %s", e.region, e.msg)
+	}
+	return "tcp: receiver refused the batch: " + e.msg
+}
 
 // Unwrap maps the receiver's status to the domain error the caller reports.
 func (e *ackError) Unwrap() error {
@@ -499,6 +516,9 @@ func (e *ackError) Unwrap() error {
 	case statusUnsupported:
 		return errs.ErrUnimplemented
 	case statusDataLoss:
+		if e.read { // the peer's region is a pull's source
+			return memguard.At(memguard.Source)
+		}
 		return memguard.At(memguard.Destination) // DataLoss, on the destination's side
 	default:
 		return errs.ErrAborted

@@ -6,6 +6,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
 )
 
 // plan is a host batch's wire work, built once: the split into one share per
@@ -25,6 +26,15 @@ type plan struct {
 	copies  []copyOp // every frame's small blocks to stage
 	segs    uint64   // blocks
 	bytes   uint64
+	// used is the batch the frames were built from: the caller's, or it
+	// with blocks over a frame's payload cut into pieces (split, reused).
+	used  desc.Batch
+	split desc.Batch
+	// A read plan (read.go): built from the swapped batch, so used.Src are
+	// our offsets; the destination and the peer's region name.
+	read     bool
+	readMem  memory.Memory
+	readName string
 }
 
 type span struct{ lo, hi int }
@@ -49,7 +59,8 @@ type copyOp struct{ src, at, n uint64 }
 
 // reset empties p keeping its capacity.
 func (p *plan) reset() {
-	*p = plan{shares: p.shares[:0], frames: p.frames[:0], hdr: p.hdr[:0], pieces: p.pieces[:0], copies: p.copies[:0]}
+	*p = plan{shares: p.shares[:0], frames: p.frames[:0], hdr: p.hdr[:0], pieces: p.pieces[:0], copies: p.copies[:0],
+		split: desc.Batch{Src: p.split.Src[:0], Dst: p.split.Dst[:0], Len: p.split.Len[:0]}}
 }
 
 // minShareBlocks is the blocks per extra stream (see build).
@@ -87,6 +98,8 @@ func checkBounds(b *desc.Batch, srcLen, dstSize uint64) error {
 // build fills p (reset first) with b's work for key.
 func (p *plan) build(b *desc.Batch, key uint64, lim planLimits) {
 	p.reset()
+	b = p.splitLarge(b, lim.frameBytes)
+	p.used = *b
 	n := b.N()
 	p.key, p.segs = key, uint64(n)
 	if n == 0 {
@@ -118,6 +131,34 @@ func (p *plan) build(b *desc.Batch, key uint64, lim planLimits) {
 		p.shares = append(p.shares, span{f0, len(p.frames)})
 		lo = hi
 	}
+}
+
+// splitLarge returns b, or, when a block is longer than max (merging
+// makes such blocks of adjacent ones), b with those blocks cut into pieces
+// of at most max bytes in p.split: a frame never carries more than the
+// receiver's limit (maxPayload; a pull's server, maxReadFrame).
+func (p *plan) splitLarge(b *desc.Batch, max uint64) *desc.Batch {
+	if max == 0 {
+		return b
+	}
+	over := false
+	for _, l := range b.Len {
+		if l > max {
+			over = true
+			break
+		}
+	}
+	if !over {
+		return b
+	}
+	s := &p.split
+	for i, l := range b.Len {
+		for at := uint64(0); at < l; at += max {
+			k := min(max, l-at)
+			s.Src, s.Dst, s.Len = append(s.Src, b.Src[i]+at), append(s.Dst, b.Dst[i]+at), append(s.Len, k)
+		}
+	}
+	return s
 }
 
 // share adds the frames of blocks [lo,hi): up to frameBytes of payload and
@@ -195,7 +236,8 @@ const maxScratchSegs = 1 << 17
 
 // trim drops a scratch plan's buffers after a huge batch.
 func (p *plan) trim() {
-	if cap(p.hdr) > maxScratchSegs*segLen*2 || cap(p.copies) > maxScratchSegs || cap(p.pieces) > maxScratchSegs {
+	p.used = desc.Batch{}
+	if cap(p.hdr) > maxScratchSegs*segLen*2 || cap(p.copies) > maxScratchSegs || cap(p.pieces) > maxScratchSegs || cap(p.split.Src) > maxScratchSegs {
 		*p = plan{}
 	}
 }

@@ -57,6 +57,7 @@ func (c *conn) Prepare(src transport.Registration, dst transport.RemoteRegion, b
 		}
 		pr.src = mem.Host
 		pr.p.build(b, dst.Key.Key, c.limits())
+		pr.p.used = desc.Batch{} // b is not retained (a write's frames do not need it)
 	default:
 		return nil, fmt.Errorf("%w: tcp: source is %s memory without a host mapping", errs.ErrFailedPrecondition, mem.Kind)
 	}

@@ -176,7 +176,37 @@ func (t *Transport) Close() error {
 type registration struct {
 	mem memory.Memory
 	key atomic.Uint64
-	t   *Transport
+	// readKey is the token a peer reads the region with: distinct from key,
+	// so a writer's token never reads and a reader's never writes (the
+	// registry indexes each for its own operation).
+	readKey atomic.Uint64
+	t       *Transport
+}
+
+// KeyFor implements transport.AccessKeyer: the write or the read token.
+func (r *registration) KeyFor(a transport.Access) (transport.RemoteKey, error) {
+	switch a {
+	case transport.AccessWrite:
+		return r.Key(), nil
+	case transport.AccessRead:
+		return transport.RemoteKey{Key: r.readKey.Load()}, nil
+	}
+	return transport.RemoteKey{}, fmt.Errorf("%w: tcp: no single key grants %s", errs.ErrInvalidArgument, a)
+}
+
+// RekeyFor implements transport.AccessRekeyer.
+func (r *registration) RekeyFor(a transport.Access) (transport.RemoteKey, error) {
+	if a == transport.AccessWrite {
+		return r.Rekey()
+	}
+	if a != transport.AccessRead {
+		return transport.RemoteKey{}, fmt.Errorf("%w: tcp: rekey %s", errs.ErrInvalidArgument, a)
+	}
+	k, err := r.t.newKey()
+	if err != nil {
+		return transport.RemoteKey{}, fmt.Errorf("tcp: new region read key: %w", err)
+	}
+	return transport.RemoteKey{Key: r.readKey.Swap(k)}, nil
 }
 
 func (r *registration) Memory() memory.Memory    { return r.mem }
@@ -232,8 +262,13 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tcp: region key: %w", err)
 	}
+	rk, err := t.newKey()
+	if err != nil {
+		return nil, fmt.Errorf("tcp: region read key: %w", err)
+	}
 	r := &registration{mem: m, t: t}
 	r.key.Store(k)
+	r.readKey.Store(rk)
 	return r, nil
 }
 
@@ -413,7 +448,10 @@ func (t *Transport) serve(c net.Conn) (handedOff bool) {
 
 type receiver struct {
 	t *Transport
-	c net.Conn
+	// out is where a pull's response is copied from the source region
+	// before it is sent (read.go), grown on first use.
+	out []byte
+	c   net.Conn
 	// direct: c is plain TCP, whose Read leaves p to the kernel (never
 	// touched in Go); under TLS, reads go through br.
 	direct bool
@@ -475,6 +513,12 @@ func (r *receiver) frame() error {
 	}
 	if h.segs == 0 || h.segs > maxSegsPerFrame || h.payload > maxPayload || h.streams == 0 || h.streams > 256 {
 		return &recvErr{statusBadFrame, fmt.Errorf("tcp: frame of %d segments and %d bytes is outside the limits (%d, %d)", h.segs, h.payload, maxSegsPerFrame, maxPayload)}
+	}
+	if h.flags&flagRead != 0 {
+		if r.inShare {
+			return &recvErr{statusBadFrame, fmt.Errorf("tcp: read request inside the share of batch %d", r.batch)}
+		}
+		return r.serveRead(&h)
 	}
 	if r.inShare && (h.batch != r.batch || h.streams != r.streams) {
 		return &recvErr{statusBadFrame, fmt.Errorf("tcp: frame of batch %d (%d streams) inside the share of batch %d (%d streams)", h.batch, h.streams, r.batch, r.streams)}
@@ -565,6 +609,14 @@ func (r *receiver) place(h *frameHeader, table []byte) (consumed bool, _ error) 
 	if err != nil {
 		return false, &recvErr{statusBadKey, fmt.Errorf("tcp: batch %d: destination: %w", h.batch, err)}
 	}
+	return r.placeIn(h, table, mem)
+}
+
+// placeIn validates the frame's table (destination offset, length) against
+// mem, then reads the frame's payload off the stream straight into mem: a
+// peer's write frame into a pinned region here, or a pull's response into
+// the puller's own region (read.go).
+func (r *receiver) placeIn(h *frameHeader, table []byte, mem memory.Memory) (consumed bool, _ error) {
 	if mem.Kind == memory.CUDA && r.t.cfg.Staging == nil {
 		return false, &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: destination is %s memory and this daemon has no CUDA driver", h.batch, mem.Kind)}
 	}

@@ -327,3 +327,21 @@ func TestTruncatedMemory(t *testing.T) {
 		})
 	}
 }
+
+// TestSegmentOverFrameLimit: one block longer than the receiver's frame
+// limit (maxPayload; merging makes such blocks of adjacent ones) is cut
+// into frames and lands whole, pushed and pulled.
+func TestSegmentOverFrameLimit(t *testing.T) {
+	const size = maxPayload + 5<<20
+	p := newPairCfg(t, size, Config{Listen: "127.0.0.1:0", Streams: 2, FrameBytes: maxPayload})
+	for i := range p.srcMem.Host {
+		p.srcMem.Host[i] = byte(i*7 + i>>20)
+	}
+	b := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{size}}
+	if _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); err != nil {
+		t.Fatalf("write of one %d-byte block: %v", size, err)
+	}
+	if !bytes.Equal(p.srcMem.Host, p.dstMem.Host) {
+		t.Fatal("the block differs at the destination")
+	}
+}

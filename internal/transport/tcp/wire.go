@@ -27,6 +27,14 @@ const (
 	ackLen     = 32
 
 	flagLast = 1 // the last frame of this stream's share of the batch
+	// flagRead: a pull's request (read.go): segs x (source offset u64,
+	// length u64) in the region whose read key is key, and no payload; the
+	// receiver answers with an ack whose bytes is payload, followed by
+	// those bytes in table order, or with a refusal and no bytes.
+	flagRead = 2
+	// maxReadFrame bounds the bytes one read request may ask for (the
+	// server copies them into a buffer of its own before sending).
+	maxReadFrame = 16 << 20
 
 	// maxSegsPerFrame and maxPayload bound what a receiver buffers per frame.
 	maxSegsPerFrame = 4096

@@ -18,8 +18,11 @@ import (
 type Inbound struct {
 	kind transport.Kind
 
-	mu    sync.Mutex
-	regs  map[uint64]memory.Memory
+	mu   sync.Mutex
+	regs map[uint64]memory.Memory
+	// reads index the registrations' read keys (PinRead), as the registry
+	// does for exports with readers.
+	reads map[uint64]memory.Memory
 	held  int // pins not yet released
 	inPin int // Pin calls waiting at the gate
 	gate  chan struct{}
@@ -35,7 +38,7 @@ type Inbound struct {
 }
 
 func newInbound(k transport.Kind) *Inbound {
-	in := &Inbound{kind: k, regs: map[uint64]memory.Memory{}, entered: make(chan struct{}, 64)}
+	in := &Inbound{kind: k, regs: map[uint64]memory.Memory{}, reads: map[uint64]memory.Memory{}, entered: make(chan struct{}, 64)}
 	in.unpin = func() {
 		in.mu.Lock()
 		in.held--
@@ -46,6 +49,15 @@ func newInbound(k transport.Kind) *Inbound {
 
 // Pin implements transport.Inbound.
 func (in *Inbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	return in.pin(k, key, false)
+}
+
+// PinRead implements transport.ReadPinner: only read keys pin.
+func (in *Inbound) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	return in.pin(k, key, true)
+}
+
+func (in *Inbound) pin(k transport.Kind, key uint64, read bool) (memory.Memory, func(), error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if k != in.kind && in.wrongKind == nil {
@@ -63,7 +75,11 @@ func (in *Inbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), err
 		in.mu.Lock()
 		in.inPin--
 	}
-	m, ok := in.regs[key]
+	regs := in.regs
+	if read {
+		regs = in.reads
+	}
+	m, ok := regs[key]
 	if !ok {
 		return memory.Memory{}, nil, fmt.Errorf("transporttest inbound: no live %s registration has key %#x: %w", k, key, errs.ErrNotFound)
 	}
@@ -94,6 +110,13 @@ func (in *Inbound) add(key uint64, m memory.Memory) {
 func (in *Inbound) remove(key uint64) {
 	in.mu.Lock()
 	delete(in.regs, key)
+	delete(in.reads, key)
+	in.mu.Unlock()
+}
+
+func (in *Inbound) addRead(key uint64, m memory.Memory) {
+	in.mu.Lock()
+	in.reads[key] = m
 	in.mu.Unlock()
 }
 

@@ -51,6 +51,9 @@ const (
 	Advertise
 	// Blocks: the Conns implement transport.BlockWriter.
 	Blocks
+	// Read: the Conns implement transport.Reader (pulls), checked by the
+	// Read* checks.
+	Read
 )
 
 func (o Optional) String() string {
@@ -58,7 +61,7 @@ func (o Optional) String() string {
 	for _, x := range []struct {
 		o    Optional
 		name string
-	}{{Prepare, "Preparer"}, {Rekey, "Rekeyer"}, {Count, "Counter"}, {Advertise, "Advertiser"}, {Blocks, "BlockWriter"}} {
+	}{{Prepare, "Preparer"}, {Rekey, "Rekeyer"}, {Count, "Counter"}, {Advertise, "Advertiser"}, {Blocks, "BlockWriter"}, {Read, "Reader"}} {
 		if o&x.o != 0 {
 			s = append(s, x.name)
 		}
@@ -139,6 +142,10 @@ func Run(t *testing.T, f Factory) {
 	t.Run("Rekey", func(t *testing.T) { testRekey(t, f) })
 	t.Run("Blocks", func(t *testing.T) { testBlocks(t, f) })
 	t.Run("BlocksCancel", func(t *testing.T) { testBlocksCancel(t, f) })
+	t.Run("ReadLandsEveryBlock", func(t *testing.T) { testReadLands(t, f) })
+	t.Run("ReadRefusals", func(t *testing.T) { testReadRefusals(t, f) })
+	t.Run("ReadDeadline", func(t *testing.T) { testReadCutOff(t, f, false) })
+	t.Run("ReadCancel", func(t *testing.T) { testReadCutOff(t, f, true) })
 }
 
 // rig is one started Pair with the suite's Inbounds and a conn.

@@ -138,6 +138,105 @@ func (TransportKind) EnumDescriptor() ([]byte, []int) {
 	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{1}
 }
 
+// TransferOp says which way a transfer moves bytes (docs/pull.md).
+type TransferOp int32
+
+const (
+	// WRITE (the default): the caller's local blocks are copied into the
+	// peer's exported blocks (push).
+	TransferOp_TRANSFER_OP_WRITE TransferOp = 0
+	// READ: the peer's exported blocks are copied into the caller's local
+	// blocks (pull). The export must grant the caller read access (readers).
+	TransferOp_TRANSFER_OP_READ TransferOp = 1
+)
+
+// Enum value maps for TransferOp.
+var (
+	TransferOp_name = map[int32]string{
+		0: "TRANSFER_OP_WRITE",
+		1: "TRANSFER_OP_READ",
+	}
+	TransferOp_value = map[string]int32{
+		"TRANSFER_OP_WRITE": 0,
+		"TRANSFER_OP_READ":  1,
+	}
+)
+
+func (x TransferOp) Enum() *TransferOp {
+	p := new(TransferOp)
+	*p = x
+	return p
+}
+
+func (x TransferOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TransferOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_b2b_v1_b2b_proto_enumTypes[2].Descriptor()
+}
+
+func (TransferOp) Type() protoreflect.EnumType {
+	return &file_b2b_v1_b2b_proto_enumTypes[2]
+}
+
+func (x TransferOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TransferOp.Descriptor instead.
+func (TransferOp) EnumDescriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{2}
+}
+
+// Access is what a resolution asks for: the key to write into an export,
+// or the key to read from it. Each is granted separately.
+type Access int32
+
+const (
+	Access_ACCESS_WRITE Access = 0 // the default, as before reads existed
+	Access_ACCESS_READ  Access = 1
+)
+
+// Enum value maps for Access.
+var (
+	Access_name = map[int32]string{
+		0: "ACCESS_WRITE",
+		1: "ACCESS_READ",
+	}
+	Access_value = map[string]int32{
+		"ACCESS_WRITE": 0,
+		"ACCESS_READ":  1,
+	}
+)
+
+func (x Access) Enum() *Access {
+	p := new(Access)
+	*p = x
+	return p
+}
+
+func (x Access) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Access) Descriptor() protoreflect.EnumDescriptor {
+	return file_b2b_v1_b2b_proto_enumTypes[3].Descriptor()
+}
+
+func (Access) Type() protoreflect.EnumType {
+	return &file_b2b_v1_b2b_proto_enumTypes[3]
+}
+
+func (x Access) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Access.Descriptor instead.
+func (Access) EnumDescriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{3}
+}
+
 type ChecksumAlgorithm int32
 
 const (
@@ -171,11 +270,11 @@ func (x ChecksumAlgorithm) String() string {
 }
 
 func (ChecksumAlgorithm) Descriptor() protoreflect.EnumDescriptor {
-	return file_b2b_v1_b2b_proto_enumTypes[2].Descriptor()
+	return file_b2b_v1_b2b_proto_enumTypes[4].Descriptor()
 }
 
 func (ChecksumAlgorithm) Type() protoreflect.EnumType {
-	return &file_b2b_v1_b2b_proto_enumTypes[2]
+	return &file_b2b_v1_b2b_proto_enumTypes[4]
 }
 
 func (x ChecksumAlgorithm) Number() protoreflect.EnumNumber {
@@ -184,7 +283,7 @@ func (x ChecksumAlgorithm) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChecksumAlgorithm.Descriptor instead.
 func (ChecksumAlgorithm) EnumDescriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{2}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{4}
 }
 
 type TransferState int32
@@ -226,11 +325,11 @@ func (x TransferState) String() string {
 }
 
 func (TransferState) Descriptor() protoreflect.EnumDescriptor {
-	return file_b2b_v1_b2b_proto_enumTypes[3].Descriptor()
+	return file_b2b_v1_b2b_proto_enumTypes[5].Descriptor()
 }
 
 func (TransferState) Type() protoreflect.EnumType {
-	return &file_b2b_v1_b2b_proto_enumTypes[3]
+	return &file_b2b_v1_b2b_proto_enumTypes[5]
 }
 
 func (x TransferState) Number() protoreflect.EnumNumber {
@@ -239,7 +338,7 @@ func (x TransferState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use TransferState.Descriptor instead.
 func (TransferState) EnumDescriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{3}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{5}
 }
 
 type HostAlloc struct {
@@ -481,6 +580,12 @@ type RegisterRegionRequest struct {
 	// Peers (their certificate identities) allowed to write the export; empty
 	// means every authenticated peer.
 	ExportTo []string `protobuf:"bytes,11,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
+	// Peers (their certificate identities) allowed to read the export (pull
+	// from it); "*": every authenticated peer; empty (the default): none.
+	Readers []string `protobuf:"bytes,13,rep,name=readers,proto3" json:"readers,omitempty"`
+	// true: no peer may write the export (export_to must then be empty); with
+	// readers, a read-only export.
+	ReadOnly bool `protobuf:"varint,14,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
 	// false (the default): the region is leased to the registering client.
 	// When the client's last connection to the daemon closes (it exited or
 	// crashed), the daemon deregisters the region, once the batches using it
@@ -578,6 +683,20 @@ func (x *RegisterRegionRequest) GetExportTo() []string {
 	return nil
 }
 
+func (x *RegisterRegionRequest) GetReaders() []string {
+	if x != nil {
+		return x.Readers
+	}
+	return nil
+}
+
+func (x *RegisterRegionRequest) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
 func (x *RegisterRegionRequest) GetPersist() bool {
 	if x != nil {
 		return x.Persist
@@ -639,7 +758,9 @@ type Region struct {
 	AgeNs uint64 `protobuf:"varint,16,opt,name=age_ns,json=ageNs,proto3" json:"age_ns,omitempty"` // time since it was registered
 	// false: leased to its client and deregistered when the client's last
 	// connection closes; true: stays until DeregisterRegion.
-	Persist       bool `protobuf:"varint,17,opt,name=persist,proto3" json:"persist,omitempty"`
+	Persist       bool     `protobuf:"varint,17,opt,name=persist,proto3" json:"persist,omitempty"`
+	Readers       []string `protobuf:"bytes,18,rep,name=readers,proto3" json:"readers,omitempty"`                    // peers allowed to read; "*": every authenticated peer
+	ReadOnly      bool     `protobuf:"varint,19,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"` // no peer may write it
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -789,6 +910,20 @@ func (x *Region) GetAgeNs() uint64 {
 func (x *Region) GetPersist() bool {
 	if x != nil {
 		return x.Persist
+	}
+	return false
+}
+
+func (x *Region) GetReaders() []string {
+	if x != nil {
+		return x.Readers
+	}
+	return nil
+}
+
+func (x *Region) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
 	}
 	return false
 }
@@ -1087,6 +1222,8 @@ type ExportRegionRequest struct {
 	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"`
 	ExportName    string                 `protobuf:"bytes,2,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"` // empty clears the export
 	ExportTo      []string               `protobuf:"bytes,3,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`       // allowed peer identities; empty: every authenticated peer
+	Readers       []string               `protobuf:"bytes,4,rep,name=readers,proto3" json:"readers,omitempty"`                         // peers allowed to read; "*": every authenticated peer; empty: none
+	ReadOnly      bool                   `protobuf:"varint,5,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`      // no peer may write it (export_to must be empty)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1140,6 +1277,20 @@ func (x *ExportRegionRequest) GetExportTo() []string {
 		return x.ExportTo
 	}
 	return nil
+}
+
+func (x *ExportRegionRequest) GetReaders() []string {
+	if x != nil {
+		return x.Readers
+	}
+	return nil
+}
+
+func (x *ExportRegionRequest) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
 }
 
 type ExportRegionResponse struct {
@@ -1267,7 +1418,12 @@ type BatchTransferRequest struct {
 	// Optional: delivered to the destination's WatchNotifications subscribers
 	// once the batch landed; BatchTransfer returns after the destination daemon
 	// accepted it. At most 4096 bytes.
-	Notification  []byte `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`
+	Notification []byte `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`
+	// WRITE (default): src_region_id's blocks go to the peer's dst_region.
+	// READ: the peer's dst_region blocks (at descriptors' dst_offsets) are
+	// copied into src_region_id (at src_offsets): the local region is the
+	// destination, so its ranges must not overlap.
+	Op            TransferOp `protobuf:"varint,7,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1342,6 +1498,13 @@ func (x *BatchTransferRequest) GetNotification() []byte {
 		return x.Notification
 	}
 	return nil
+}
+
+func (x *BatchTransferRequest) GetOp() TransferOp {
+	if x != nil {
+		return x.Op
+	}
+	return TransferOp_TRANSFER_OP_WRITE
 }
 
 type BatchTransferResponse struct {
@@ -1547,7 +1710,8 @@ type PrepareTransferRequest struct {
 	DstRegion     string                 `protobuf:"bytes,3,opt,name=dst_region,json=dstRegion,proto3" json:"dst_region,omitempty"`
 	Descriptors   *Descriptors           `protobuf:"bytes,4,opt,name=descriptors,proto3" json:"descriptors,omitempty"`
 	Transport     TransportKind          `protobuf:"varint,5,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
-	Notification  []byte                 `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"` // sent with every submit of the plan
+	Notification  []byte                 `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`     // sent with every submit of the plan
+	Op            TransferOp             `protobuf:"varint,7,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"` // as BatchTransferRequest's
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1622,6 +1786,13 @@ func (x *PrepareTransferRequest) GetNotification() []byte {
 		return x.Notification
 	}
 	return nil
+}
+
+func (x *PrepareTransferRequest) GetOp() TransferOp {
+	if x != nil {
+		return x.Op
+	}
+	return TransferOp_TRANSFER_OP_WRITE
 }
 
 type PrepareTransferResponse struct {
@@ -2819,9 +2990,11 @@ type RegisterLayoutRequest struct {
 	NumBlocks  uint64                 `protobuf:"varint,3,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`   // blocks per segment; ids are below it
 	ExportName string                 `protobuf:"bytes,4,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"` // empty: not exported
 	ExportTo   []string               `protobuf:"bytes,5,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`       // allowed peer identities; empty: every authenticated peer
+	Readers    []string               `protobuf:"bytes,6,rep,name=readers,proto3" json:"readers,omitempty"`                         // peers allowed to read; "*": every authenticated peer; empty: none
+	ReadOnly   bool                   `protobuf:"varint,7,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`      // no peer may write it
 	// As RegisterRegionRequest.persist: without it the layout is leased to
 	// the calling client and deregistered when the client is gone.
-	Persist       bool `protobuf:"varint,6,opt,name=persist,proto3" json:"persist,omitempty"`
+	Persist       bool `protobuf:"varint,8,opt,name=persist,proto3" json:"persist,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2891,6 +3064,20 @@ func (x *RegisterLayoutRequest) GetExportTo() []string {
 	return nil
 }
 
+func (x *RegisterLayoutRequest) GetReaders() []string {
+	if x != nil {
+		return x.Readers
+	}
+	return nil
+}
+
+func (x *RegisterLayoutRequest) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
 func (x *RegisterLayoutRequest) GetPersist() bool {
 	if x != nil {
 		return x.Persist
@@ -2905,7 +3092,9 @@ type Layout struct {
 	NumBlocks     uint64                 `protobuf:"varint,3,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`
 	ExportName    string                 `protobuf:"bytes,4,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"`
 	ExportTo      []string               `protobuf:"bytes,5,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"`
-	Persist       bool                   `protobuf:"varint,6,opt,name=persist,proto3" json:"persist,omitempty"` // not leased to its client
+	Readers       []string               `protobuf:"bytes,6,rep,name=readers,proto3" json:"readers,omitempty"`
+	ReadOnly      bool                   `protobuf:"varint,7,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	Persist       bool                   `protobuf:"varint,8,opt,name=persist,proto3" json:"persist,omitempty"` // not leased to its client
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2973,6 +3162,20 @@ func (x *Layout) GetExportTo() []string {
 		return x.ExportTo
 	}
 	return nil
+}
+
+func (x *Layout) GetReaders() []string {
+	if x != nil {
+		return x.Readers
+	}
+	return nil
+}
+
+func (x *Layout) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
 }
 
 func (x *Layout) GetPersist() bool {
@@ -3187,15 +3390,19 @@ func (x *ListLayoutsResponse) GetLayouts() []*Layout {
 }
 
 type TransferBlocksRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LocalLayout   string                 `protobuf:"bytes,1,opt,name=local_layout,json=localLayout,proto3" json:"local_layout,omitempty"`     // a local layout's name
-	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`                                      // the destination daemon's peer address, host:port
-	RemoteLayout  string                 `protobuf:"bytes,3,opt,name=remote_layout,json=remoteLayout,proto3" json:"remote_layout,omitempty"`  // the peer's layout export name
-	LocalIds      []byte                 `protobuf:"bytes,4,opt,name=local_ids,json=localIds,proto3" json:"local_ids,omitempty"`              // packed little-endian uint32
-	RemoteIds     []byte                 `protobuf:"bytes,5,opt,name=remote_ids,json=remoteIds,proto3" json:"remote_ids,omitempty"`           // packed little-endian uint32, unique
-	Notification  []byte                 `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`                      // as BatchTransfer's
-	TimeoutMs     uint64                 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`          // 0: the daemon's default
-	Transport     TransportKind          `protobuf:"varint,8,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"` // UNSPECIFIED = the daemon's choice
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	LocalLayout  string                 `protobuf:"bytes,1,opt,name=local_layout,json=localLayout,proto3" json:"local_layout,omitempty"`     // a local layout's name
+	Peer         string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`                                      // the destination daemon's peer address, host:port
+	RemoteLayout string                 `protobuf:"bytes,3,opt,name=remote_layout,json=remoteLayout,proto3" json:"remote_layout,omitempty"`  // the peer's layout export name
+	LocalIds     []byte                 `protobuf:"bytes,4,opt,name=local_ids,json=localIds,proto3" json:"local_ids,omitempty"`              // packed little-endian uint32
+	RemoteIds    []byte                 `protobuf:"bytes,5,opt,name=remote_ids,json=remoteIds,proto3" json:"remote_ids,omitempty"`           // packed little-endian uint32; unique for WRITE
+	Notification []byte                 `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`                      // as BatchTransfer's
+	TimeoutMs    uint64                 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`          // 0: the daemon's default
+	Transport    TransportKind          `protobuf:"varint,8,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"` // UNSPECIFIED = the daemon's choice
+	// READ: block remote_ids[i] of the peer's layout is copied into block
+	// local_ids[i] of local_layout; local_ids must then be unique and
+	// remote_ids may repeat.
+	Op            TransferOp `protobuf:"varint,9,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3284,6 +3491,13 @@ func (x *TransferBlocksRequest) GetTransport() TransportKind {
 		return x.Transport
 	}
 	return TransportKind_TRANSPORT_KIND_UNSPECIFIED
+}
+
+func (x *TransferBlocksRequest) GetOp() TransferOp {
+	if x != nil {
+		return x.Op
+	}
+	return TransferOp_TRANSFER_OP_WRITE
 }
 
 // StartTransferRequest is one transfer of any kind, to run asynchronously.
@@ -3886,8 +4100,11 @@ func (x *HandshakeResponse) GetAdverts() map[string][]byte {
 }
 
 type ResolveRegionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The key asked for: a peer without that grant gets PermissionDenied and
+	// no key.
+	Access        Access `protobuf:"varint,2,opt,name=access,proto3,enum=b2b.v1.Access" json:"access,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3927,6 +4144,13 @@ func (x *ResolveRegionRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *ResolveRegionRequest) GetAccess() Access {
+	if x != nil {
+		return x.Access
+	}
+	return Access_ACCESS_WRITE
 }
 
 type ResolveRegionResponse struct {
@@ -4219,6 +4443,7 @@ func (x *NotifyResponse) GetDelivered() uint32 {
 type ResolveLayoutRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Access        Access                 `protobuf:"varint,2,opt,name=access,proto3,enum=b2b.v1.Access" json:"access,omitempty"` // as ResolveRegionRequest's
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4258,6 +4483,13 @@ func (x *ResolveLayoutRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *ResolveLayoutRequest) GetAccess() Access {
+	if x != nil {
+		return x.Access
+	}
+	return Access_ACCESS_WRITE
 }
 
 // ResolvedLayoutRegion is a region a resolved layout uses.
@@ -4476,7 +4708,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\n" +
 	"ipc_handle\x18\x02 \x01(\fR\tipcHandle\x12\x16\n" +
 	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x12\n" +
-	"\x04size\x18\x04 \x01(\x04R\x04size\"\xc0\x02\n" +
+	"\x04size\x18\x04 \x01(\x04R\x04size\"\xf7\x02\n" +
 	"\x15RegisterRegionRequest\x122\n" +
 	"\n" +
 	"host_alloc\x18\x01 \x01(\v2\x11.b2b.v1.HostAllocH\x00R\thostAlloc\x12/\n" +
@@ -4488,8 +4720,10 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	" \x01(\tR\n" +
 	"exportName\x12\x1b\n" +
 	"\texport_to\x18\v \x03(\tR\bexportTo\x12\x18\n" +
+	"\areaders\x18\r \x03(\tR\areaders\x12\x1b\n" +
+	"\tread_only\x18\x0e \x01(\bR\breadOnly\x12\x18\n" +
 	"\apersist\x18\f \x01(\bR\apersistB\b\n" +
-	"\x06source\"\xad\x04\n" +
+	"\x06source\"\xe4\x04\n" +
 	"\x06Region\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vexport_name\x18\x02 \x01(\tR\n" +
@@ -4511,7 +4745,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x05owner\x18\x0e \x01(\tR\x05owner\x12\x10\n" +
 	"\x03pid\x18\x0f \x01(\x05R\x03pid\x12\x15\n" +
 	"\x06age_ns\x18\x10 \x01(\x04R\x05ageNs\x12\x18\n" +
-	"\apersist\x18\x11 \x01(\bR\apersist\"\xa0\x01\n" +
+	"\apersist\x18\x11 \x01(\bR\apersist\x12\x18\n" +
+	"\areaders\x18\x12 \x03(\tR\areaders\x12\x1b\n" +
+	"\tread_only\x18\x13 \x01(\bR\breadOnly\"\xa0\x01\n" +
 	"\x10RailRegistration\x12\x12\n" +
 	"\x04rail\x18\x01 \x01(\rR\x04rail\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x12\n" +
@@ -4526,12 +4762,14 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x18DeregisterRegionResponse\"\x14\n" +
 	"\x12ListRegionsRequest\"?\n" +
 	"\x13ListRegionsResponse\x12(\n" +
-	"\aregions\x18\x01 \x03(\v2\x0e.b2b.v1.RegionR\aregions\"p\n" +
+	"\aregions\x18\x01 \x03(\v2\x0e.b2b.v1.RegionR\aregions\"\xa7\x01\n" +
 	"\x13ExportRegionRequest\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x1f\n" +
 	"\vexport_name\x18\x02 \x01(\tR\n" +
 	"exportName\x12\x1b\n" +
-	"\texport_to\x18\x03 \x03(\tR\bexportTo\">\n" +
+	"\texport_to\x18\x03 \x03(\tR\bexportTo\x12\x18\n" +
+	"\areaders\x18\x04 \x03(\tR\areaders\x12\x1b\n" +
+	"\tread_only\x18\x05 \x01(\bR\breadOnly\">\n" +
 	"\x14ExportRegionResponse\x12&\n" +
 	"\x06region\x18\x01 \x01(\v2\x0e.b2b.v1.RegionR\x06region\"\x8c\x01\n" +
 	"\vDescriptors\x12\x1f\n" +
@@ -4540,7 +4778,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\vdst_offsets\x18\x02 \x01(\fR\n" +
 	"dstOffsets\x12\x18\n" +
 	"\alengths\x18\x03 \x01(\fR\alengths\x12!\n" +
-	"\fblock_length\x18\x04 \x01(\x04R\vblockLength\"\xfd\x01\n" +
+	"\fblock_length\x18\x04 \x01(\x04R\vblockLength\"\xa1\x02\n" +
 	"\x14BatchTransferRequest\x12\"\n" +
 	"\rsrc_region_id\x18\x01 \x01(\tR\vsrcRegionId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
@@ -4548,7 +4786,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"dst_region\x18\x03 \x01(\tR\tdstRegion\x125\n" +
 	"\vdescriptors\x18\x04 \x01(\v2\x13.b2b.v1.DescriptorsR\vdescriptors\x123\n" +
 	"\ttransport\x18\x05 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
-	"\fnotification\x18\x06 \x01(\fR\fnotification\"\x88\x02\n" +
+	"\fnotification\x18\x06 \x01(\fR\fnotification\x12\"\n" +
+	"\x02op\x18\a \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"\x88\x02\n" +
 	"\x15BatchTransferResponse\x12\x16\n" +
 	"\x06blocks\x18\x01 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x123\n" +
@@ -4568,7 +4807,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\apost_ns\x18\x05 \x01(\x04R\x06postNs\x12\x17\n" +
 	"\awire_ns\x18\x06 \x01(\x04R\x06wireNs\x12\x1b\n" +
 	"\tnotify_ns\x18\a \x01(\x04R\bnotifyNs\x12\x19\n" +
-	"\btotal_ns\x18\b \x01(\x04R\atotalNs\"\xff\x01\n" +
+	"\btotal_ns\x18\b \x01(\x04R\atotalNs\"\xa3\x02\n" +
 	"\x16PrepareTransferRequest\x12\"\n" +
 	"\rsrc_region_id\x18\x01 \x01(\tR\vsrcRegionId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
@@ -4576,7 +4815,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"dst_region\x18\x03 \x01(\tR\tdstRegion\x125\n" +
 	"\vdescriptors\x18\x04 \x01(\v2\x13.b2b.v1.DescriptorsR\vdescriptors\x123\n" +
 	"\ttransport\x18\x05 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
-	"\fnotification\x18\x06 \x01(\fR\fnotification\"\x83\x02\n" +
+	"\fnotification\x18\x06 \x01(\fR\fnotification\x12\"\n" +
+	"\x02op\x18\a \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"\x83\x02\n" +
 	"\x17PrepareTransferResponse\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
@@ -4676,7 +4916,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1b\n" +
 	"\tblock_len\x18\x03 \x01(\x04R\bblockLen\x12\x16\n" +
-	"\x06stride\x18\x04 \x01(\x04R\x06stride\"\xd5\x01\n" +
+	"\x06stride\x18\x04 \x01(\x04R\x06stride\"\x8c\x02\n" +
 	"\x15RegisterLayoutRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
 	"\bsegments\x18\x02 \x03(\v2\x15.b2b.v1.LayoutSegmentR\bsegments\x12\x1d\n" +
@@ -4685,7 +4925,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\vexport_name\x18\x04 \x01(\tR\n" +
 	"exportName\x12\x1b\n" +
 	"\texport_to\x18\x05 \x03(\tR\bexportTo\x12\x18\n" +
-	"\apersist\x18\x06 \x01(\bR\apersist\"\xc6\x01\n" +
+	"\areaders\x18\x06 \x03(\tR\areaders\x12\x1b\n" +
+	"\tread_only\x18\a \x01(\bR\breadOnly\x12\x18\n" +
+	"\apersist\x18\b \x01(\bR\apersist\"\xfd\x01\n" +
 	"\x06Layout\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
 	"\bsegments\x18\x02 \x03(\v2\x15.b2b.v1.LayoutSegmentR\bsegments\x12\x1d\n" +
@@ -4694,7 +4936,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\vexport_name\x18\x04 \x01(\tR\n" +
 	"exportName\x12\x1b\n" +
 	"\texport_to\x18\x05 \x03(\tR\bexportTo\x12\x18\n" +
-	"\apersist\x18\x06 \x01(\bR\apersist\"@\n" +
+	"\areaders\x18\x06 \x03(\tR\areaders\x12\x1b\n" +
+	"\tread_only\x18\a \x01(\bR\breadOnly\x12\x18\n" +
+	"\apersist\x18\b \x01(\bR\apersist\"@\n" +
 	"\x16RegisterLayoutResponse\x12&\n" +
 	"\x06layout\x18\x01 \x01(\v2\x0e.b2b.v1.LayoutR\x06layout\"-\n" +
 	"\x17DeregisterLayoutRequest\x12\x12\n" +
@@ -4702,7 +4946,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x18DeregisterLayoutResponse\"\x14\n" +
 	"\x12ListLayoutsRequest\"?\n" +
 	"\x13ListLayoutsResponse\x12(\n" +
-	"\alayouts\x18\x01 \x03(\v2\x0e.b2b.v1.LayoutR\alayouts\"\xa7\x02\n" +
+	"\alayouts\x18\x01 \x03(\v2\x0e.b2b.v1.LayoutR\alayouts\"\xcb\x02\n" +
 	"\x15TransferBlocksRequest\x12!\n" +
 	"\flocal_layout\x18\x01 \x01(\tR\vlocalLayout\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12#\n" +
@@ -4713,7 +4957,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\fnotification\x18\x06 \x01(\fR\fnotification\x12\x1d\n" +
 	"\n" +
 	"timeout_ms\x18\a \x01(\x04R\ttimeoutMs\x123\n" +
-	"\ttransport\x18\b \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\"\xe9\x01\n" +
+	"\ttransport\x18\b \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
+	"\x02op\x18\t \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"\xe9\x01\n" +
 	"\x14StartTransferRequest\x124\n" +
 	"\x05batch\x18\x01 \x01(\v2\x1c.b2b.v1.BatchTransferRequestH\x00R\x05batch\x127\n" +
 	"\x06submit\x18\x02 \x01(\v2\x1d.b2b.v1.SubmitTransferRequestH\x00R\x06submit\x127\n" +
@@ -4761,9 +5006,10 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\fAdvertsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01J\x04\b\x03\x10\x04J\x04\b\x05\x10\x06J\x04\b\x06\x10\aJ\x04\b\b\x10\tJ\x04\b\t\x10\n" +
-	"\"*\n" +
+	"\"R\n" +
 	"\x14ResolveRegionRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xe3\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
+	"\x06access\x18\x02 \x01(\x0e2\x0e.b2b.v1.AccessR\x06access\"\xe3\x01\n" +
 	"\x15ResolveRegionResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12&\n" +
@@ -4784,9 +5030,10 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\".\n" +
 	"\x0eNotifyResponse\x12\x1c\n" +
-	"\tdelivered\x18\x01 \x01(\rR\tdelivered\"*\n" +
+	"\tdelivered\x18\x01 \x01(\rR\tdelivered\"R\n" +
 	"\x14ResolveLayoutRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xb3\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
+	"\x06access\x18\x02 \x01(\x0e2\x0e.b2b.v1.AccessR\x06access\"\xb3\x01\n" +
 	"\x14ResolvedLayoutRegion\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12:\n" +
@@ -4814,7 +5061,14 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x1aTRANSPORT_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12TRANSPORT_KIND_TCP\x10\x01\x12\x18\n" +
 	"\x14TRANSPORT_KIND_VERBS\x10\x02\x12\x18\n" +
-	"\x14TRANSPORT_KIND_LOCAL\x10\x03*t\n" +
+	"\x14TRANSPORT_KIND_LOCAL\x10\x03*9\n" +
+	"\n" +
+	"TransferOp\x12\x15\n" +
+	"\x11TRANSFER_OP_WRITE\x10\x00\x12\x14\n" +
+	"\x10TRANSFER_OP_READ\x10\x01*+\n" +
+	"\x06Access\x12\x10\n" +
+	"\fACCESS_WRITE\x10\x00\x12\x0f\n" +
+	"\vACCESS_READ\x10\x01*t\n" +
 	"\x11ChecksumAlgorithm\x12\"\n" +
 	"\x1eCHECKSUM_ALGORITHM_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19CHECKSUM_ALGORITHM_CRC32C\x10\x01\x12\x1c\n" +
@@ -4867,182 +5121,189 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 	return file_b2b_v1_b2b_proto_rawDescData
 }
 
-var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
-	(ChecksumAlgorithm)(0),            // 2: b2b.v1.ChecksumAlgorithm
-	(TransferState)(0),                // 3: b2b.v1.TransferState
-	(*HostAlloc)(nil),                 // 4: b2b.v1.HostAlloc
-	(*HostFile)(nil),                  // 5: b2b.v1.HostFile
-	(*CudaAlloc)(nil),                 // 6: b2b.v1.CudaAlloc
-	(*CudaIpc)(nil),                   // 7: b2b.v1.CudaIpc
-	(*RegisterRegionRequest)(nil),     // 8: b2b.v1.RegisterRegionRequest
-	(*Region)(nil),                    // 9: b2b.v1.Region
-	(*RailRegistration)(nil),          // 10: b2b.v1.RailRegistration
-	(*RegisterRegionResponse)(nil),    // 11: b2b.v1.RegisterRegionResponse
-	(*DeregisterRegionRequest)(nil),   // 12: b2b.v1.DeregisterRegionRequest
-	(*DeregisterRegionResponse)(nil),  // 13: b2b.v1.DeregisterRegionResponse
-	(*ListRegionsRequest)(nil),        // 14: b2b.v1.ListRegionsRequest
-	(*ListRegionsResponse)(nil),       // 15: b2b.v1.ListRegionsResponse
-	(*ExportRegionRequest)(nil),       // 16: b2b.v1.ExportRegionRequest
-	(*ExportRegionResponse)(nil),      // 17: b2b.v1.ExportRegionResponse
-	(*Descriptors)(nil),               // 18: b2b.v1.Descriptors
-	(*BatchTransferRequest)(nil),      // 19: b2b.v1.BatchTransferRequest
-	(*BatchTransferResponse)(nil),     // 20: b2b.v1.BatchTransferResponse
-	(*PhaseTimings)(nil),              // 21: b2b.v1.PhaseTimings
-	(*PrepareTransferRequest)(nil),    // 22: b2b.v1.PrepareTransferRequest
-	(*PrepareTransferResponse)(nil),   // 23: b2b.v1.PrepareTransferResponse
-	(*SubmitTransferRequest)(nil),     // 24: b2b.v1.SubmitTransferRequest
-	(*ReleaseTransferRequest)(nil),    // 25: b2b.v1.ReleaseTransferRequest
-	(*ReleaseTransferResponse)(nil),   // 26: b2b.v1.ReleaseTransferResponse
-	(*SubmitStreamRequest)(nil),       // 27: b2b.v1.SubmitStreamRequest
-	(*SubmitStreamResponse)(nil),      // 28: b2b.v1.SubmitStreamResponse
-	(*PingRequest)(nil),               // 29: b2b.v1.PingRequest
-	(*PingResponse)(nil),              // 30: b2b.v1.PingResponse
-	(*ChecksumRequest)(nil),           // 31: b2b.v1.ChecksumRequest
-	(*ChecksumResponse)(nil),          // 32: b2b.v1.ChecksumResponse
-	(*WatchNotificationsRequest)(nil), // 33: b2b.v1.WatchNotificationsRequest
-	(*Notification)(nil),              // 34: b2b.v1.Notification
-	(*StatusRequest)(nil),             // 35: b2b.v1.StatusRequest
-	(*TransportStatus)(nil),           // 36: b2b.v1.TransportStatus
-	(*RailStatus)(nil),                // 37: b2b.v1.RailStatus
-	(*StatusResponse)(nil),            // 38: b2b.v1.StatusResponse
-	(*LayoutSegment)(nil),             // 39: b2b.v1.LayoutSegment
-	(*RegisterLayoutRequest)(nil),     // 40: b2b.v1.RegisterLayoutRequest
-	(*Layout)(nil),                    // 41: b2b.v1.Layout
-	(*RegisterLayoutResponse)(nil),    // 42: b2b.v1.RegisterLayoutResponse
-	(*DeregisterLayoutRequest)(nil),   // 43: b2b.v1.DeregisterLayoutRequest
-	(*DeregisterLayoutResponse)(nil),  // 44: b2b.v1.DeregisterLayoutResponse
-	(*ListLayoutsRequest)(nil),        // 45: b2b.v1.ListLayoutsRequest
-	(*ListLayoutsResponse)(nil),       // 46: b2b.v1.ListLayoutsResponse
-	(*TransferBlocksRequest)(nil),     // 47: b2b.v1.TransferBlocksRequest
-	(*StartTransferRequest)(nil),      // 48: b2b.v1.StartTransferRequest
-	(*StartTransferResponse)(nil),     // 49: b2b.v1.StartTransferResponse
-	(*TransferOutcome)(nil),           // 50: b2b.v1.TransferOutcome
-	(*WaitTransferRequest)(nil),       // 51: b2b.v1.WaitTransferRequest
-	(*PollTransfersRequest)(nil),      // 52: b2b.v1.PollTransfersRequest
-	(*PollTransfersResponse)(nil),     // 53: b2b.v1.PollTransfersResponse
-	(*CancelTransferRequest)(nil),     // 54: b2b.v1.CancelTransferRequest
-	(*WatchTransfersRequest)(nil),     // 55: b2b.v1.WatchTransfersRequest
-	(*HandshakeRequest)(nil),          // 56: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 57: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 58: b2b.v1.ResolveRegionRequest
-	(*ResolveRegionResponse)(nil),     // 59: b2b.v1.ResolveRegionResponse
-	(*SignalRequest)(nil),             // 60: b2b.v1.SignalRequest
-	(*SignalResponse)(nil),            // 61: b2b.v1.SignalResponse
-	(*NotifyRequest)(nil),             // 62: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 63: b2b.v1.NotifyResponse
-	(*ResolveLayoutRequest)(nil),      // 64: b2b.v1.ResolveLayoutRequest
-	(*ResolvedLayoutRegion)(nil),      // 65: b2b.v1.ResolvedLayoutRegion
-	(*ResolvedSegment)(nil),           // 66: b2b.v1.ResolvedSegment
-	(*ResolveLayoutResponse)(nil),     // 67: b2b.v1.ResolveLayoutResponse
-	nil,                               // 68: b2b.v1.HandshakeResponse.AdvertsEntry
-	nil,                               // 69: b2b.v1.ResolveRegionResponse.KeysEntry
-	nil,                               // 70: b2b.v1.ResolvedLayoutRegion.KeysEntry
+	(TransferOp)(0),                   // 2: b2b.v1.TransferOp
+	(Access)(0),                       // 3: b2b.v1.Access
+	(ChecksumAlgorithm)(0),            // 4: b2b.v1.ChecksumAlgorithm
+	(TransferState)(0),                // 5: b2b.v1.TransferState
+	(*HostAlloc)(nil),                 // 6: b2b.v1.HostAlloc
+	(*HostFile)(nil),                  // 7: b2b.v1.HostFile
+	(*CudaAlloc)(nil),                 // 8: b2b.v1.CudaAlloc
+	(*CudaIpc)(nil),                   // 9: b2b.v1.CudaIpc
+	(*RegisterRegionRequest)(nil),     // 10: b2b.v1.RegisterRegionRequest
+	(*Region)(nil),                    // 11: b2b.v1.Region
+	(*RailRegistration)(nil),          // 12: b2b.v1.RailRegistration
+	(*RegisterRegionResponse)(nil),    // 13: b2b.v1.RegisterRegionResponse
+	(*DeregisterRegionRequest)(nil),   // 14: b2b.v1.DeregisterRegionRequest
+	(*DeregisterRegionResponse)(nil),  // 15: b2b.v1.DeregisterRegionResponse
+	(*ListRegionsRequest)(nil),        // 16: b2b.v1.ListRegionsRequest
+	(*ListRegionsResponse)(nil),       // 17: b2b.v1.ListRegionsResponse
+	(*ExportRegionRequest)(nil),       // 18: b2b.v1.ExportRegionRequest
+	(*ExportRegionResponse)(nil),      // 19: b2b.v1.ExportRegionResponse
+	(*Descriptors)(nil),               // 20: b2b.v1.Descriptors
+	(*BatchTransferRequest)(nil),      // 21: b2b.v1.BatchTransferRequest
+	(*BatchTransferResponse)(nil),     // 22: b2b.v1.BatchTransferResponse
+	(*PhaseTimings)(nil),              // 23: b2b.v1.PhaseTimings
+	(*PrepareTransferRequest)(nil),    // 24: b2b.v1.PrepareTransferRequest
+	(*PrepareTransferResponse)(nil),   // 25: b2b.v1.PrepareTransferResponse
+	(*SubmitTransferRequest)(nil),     // 26: b2b.v1.SubmitTransferRequest
+	(*ReleaseTransferRequest)(nil),    // 27: b2b.v1.ReleaseTransferRequest
+	(*ReleaseTransferResponse)(nil),   // 28: b2b.v1.ReleaseTransferResponse
+	(*SubmitStreamRequest)(nil),       // 29: b2b.v1.SubmitStreamRequest
+	(*SubmitStreamResponse)(nil),      // 30: b2b.v1.SubmitStreamResponse
+	(*PingRequest)(nil),               // 31: b2b.v1.PingRequest
+	(*PingResponse)(nil),              // 32: b2b.v1.PingResponse
+	(*ChecksumRequest)(nil),           // 33: b2b.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),          // 34: b2b.v1.ChecksumResponse
+	(*WatchNotificationsRequest)(nil), // 35: b2b.v1.WatchNotificationsRequest
+	(*Notification)(nil),              // 36: b2b.v1.Notification
+	(*StatusRequest)(nil),             // 37: b2b.v1.StatusRequest
+	(*TransportStatus)(nil),           // 38: b2b.v1.TransportStatus
+	(*RailStatus)(nil),                // 39: b2b.v1.RailStatus
+	(*StatusResponse)(nil),            // 40: b2b.v1.StatusResponse
+	(*LayoutSegment)(nil),             // 41: b2b.v1.LayoutSegment
+	(*RegisterLayoutRequest)(nil),     // 42: b2b.v1.RegisterLayoutRequest
+	(*Layout)(nil),                    // 43: b2b.v1.Layout
+	(*RegisterLayoutResponse)(nil),    // 44: b2b.v1.RegisterLayoutResponse
+	(*DeregisterLayoutRequest)(nil),   // 45: b2b.v1.DeregisterLayoutRequest
+	(*DeregisterLayoutResponse)(nil),  // 46: b2b.v1.DeregisterLayoutResponse
+	(*ListLayoutsRequest)(nil),        // 47: b2b.v1.ListLayoutsRequest
+	(*ListLayoutsResponse)(nil),       // 48: b2b.v1.ListLayoutsResponse
+	(*TransferBlocksRequest)(nil),     // 49: b2b.v1.TransferBlocksRequest
+	(*StartTransferRequest)(nil),      // 50: b2b.v1.StartTransferRequest
+	(*StartTransferResponse)(nil),     // 51: b2b.v1.StartTransferResponse
+	(*TransferOutcome)(nil),           // 52: b2b.v1.TransferOutcome
+	(*WaitTransferRequest)(nil),       // 53: b2b.v1.WaitTransferRequest
+	(*PollTransfersRequest)(nil),      // 54: b2b.v1.PollTransfersRequest
+	(*PollTransfersResponse)(nil),     // 55: b2b.v1.PollTransfersResponse
+	(*CancelTransferRequest)(nil),     // 56: b2b.v1.CancelTransferRequest
+	(*WatchTransfersRequest)(nil),     // 57: b2b.v1.WatchTransfersRequest
+	(*HandshakeRequest)(nil),          // 58: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 59: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 60: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 61: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 62: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 63: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 64: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 65: b2b.v1.NotifyResponse
+	(*ResolveLayoutRequest)(nil),      // 66: b2b.v1.ResolveLayoutRequest
+	(*ResolvedLayoutRegion)(nil),      // 67: b2b.v1.ResolvedLayoutRegion
+	(*ResolvedSegment)(nil),           // 68: b2b.v1.ResolvedSegment
+	(*ResolveLayoutResponse)(nil),     // 69: b2b.v1.ResolveLayoutResponse
+	nil,                               // 70: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 71: b2b.v1.ResolveRegionResponse.KeysEntry
+	nil,                               // 72: b2b.v1.ResolvedLayoutRegion.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
-	4,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
-	5,  // 1: b2b.v1.RegisterRegionRequest.host_file:type_name -> b2b.v1.HostFile
-	6,  // 2: b2b.v1.RegisterRegionRequest.cuda_alloc:type_name -> b2b.v1.CudaAlloc
-	7,  // 3: b2b.v1.RegisterRegionRequest.cuda_ipc:type_name -> b2b.v1.CudaIpc
+	6,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
+	7,  // 1: b2b.v1.RegisterRegionRequest.host_file:type_name -> b2b.v1.HostFile
+	8,  // 2: b2b.v1.RegisterRegionRequest.cuda_alloc:type_name -> b2b.v1.CudaAlloc
+	9,  // 3: b2b.v1.RegisterRegionRequest.cuda_ipc:type_name -> b2b.v1.CudaIpc
 	0,  // 4: b2b.v1.Region.kind:type_name -> b2b.v1.MemoryKind
 	1,  // 5: b2b.v1.Region.registered_with:type_name -> b2b.v1.TransportKind
-	10, // 6: b2b.v1.Region.rails:type_name -> b2b.v1.RailRegistration
-	9,  // 7: b2b.v1.RegisterRegionResponse.region:type_name -> b2b.v1.Region
-	9,  // 8: b2b.v1.ListRegionsResponse.regions:type_name -> b2b.v1.Region
-	9,  // 9: b2b.v1.ExportRegionResponse.region:type_name -> b2b.v1.Region
-	18, // 10: b2b.v1.BatchTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
+	12, // 6: b2b.v1.Region.rails:type_name -> b2b.v1.RailRegistration
+	11, // 7: b2b.v1.RegisterRegionResponse.region:type_name -> b2b.v1.Region
+	11, // 8: b2b.v1.ListRegionsResponse.regions:type_name -> b2b.v1.Region
+	11, // 9: b2b.v1.ExportRegionResponse.region:type_name -> b2b.v1.Region
+	20, // 10: b2b.v1.BatchTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
 	1,  // 11: b2b.v1.BatchTransferRequest.transport:type_name -> b2b.v1.TransportKind
-	1,  // 12: b2b.v1.BatchTransferResponse.transport:type_name -> b2b.v1.TransportKind
-	21, // 13: b2b.v1.BatchTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
-	18, // 14: b2b.v1.PrepareTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
-	1,  // 15: b2b.v1.PrepareTransferRequest.transport:type_name -> b2b.v1.TransportKind
-	1,  // 16: b2b.v1.PrepareTransferResponse.transport:type_name -> b2b.v1.TransportKind
-	21, // 17: b2b.v1.PrepareTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
-	20, // 18: b2b.v1.SubmitStreamResponse.result:type_name -> b2b.v1.BatchTransferResponse
-	2,  // 19: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
-	2,  // 20: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
-	1,  // 21: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
-	37, // 22: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
-	36, // 23: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
-	39, // 24: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
-	39, // 25: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
-	41, // 26: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
-	41, // 27: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
-	1,  // 28: b2b.v1.TransferBlocksRequest.transport:type_name -> b2b.v1.TransportKind
-	19, // 29: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
-	24, // 30: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
-	47, // 31: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
-	3,  // 32: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
-	20, // 33: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
-	50, // 34: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
-	68, // 35: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
-	0,  // 36: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	69, // 37: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
-	70, // 38: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
-	65, // 39: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
-	66, // 40: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
-	8,  // 41: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	12, // 42: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	14, // 43: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	16, // 44: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	19, // 45: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	31, // 46: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	35, // 47: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	33, // 48: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	22, // 49: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	24, // 50: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	25, // 51: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	27, // 52: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	29, // 53: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	40, // 54: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
-	43, // 55: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
-	45, // 56: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
-	47, // 57: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
-	48, // 58: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
-	51, // 59: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
-	52, // 60: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
-	54, // 61: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
-	55, // 62: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
-	56, // 63: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	58, // 64: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	64, // 65: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
-	60, // 66: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	62, // 67: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	11, // 68: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	13, // 69: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	15, // 70: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	17, // 71: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	20, // 72: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	32, // 73: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	38, // 74: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	34, // 75: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	23, // 76: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	20, // 77: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	26, // 78: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	28, // 79: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	30, // 80: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	42, // 81: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	44, // 82: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	46, // 83: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	20, // 84: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	49, // 85: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
-	50, // 86: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
-	53, // 87: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
-	50, // 88: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
-	50, // 89: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
-	57, // 90: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	59, // 91: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	67, // 92: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	61, // 93: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	63, // 94: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	68, // [68:95] is the sub-list for method output_type
-	41, // [41:68] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	2,  // 12: b2b.v1.BatchTransferRequest.op:type_name -> b2b.v1.TransferOp
+	1,  // 13: b2b.v1.BatchTransferResponse.transport:type_name -> b2b.v1.TransportKind
+	23, // 14: b2b.v1.BatchTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
+	20, // 15: b2b.v1.PrepareTransferRequest.descriptors:type_name -> b2b.v1.Descriptors
+	1,  // 16: b2b.v1.PrepareTransferRequest.transport:type_name -> b2b.v1.TransportKind
+	2,  // 17: b2b.v1.PrepareTransferRequest.op:type_name -> b2b.v1.TransferOp
+	1,  // 18: b2b.v1.PrepareTransferResponse.transport:type_name -> b2b.v1.TransportKind
+	23, // 19: b2b.v1.PrepareTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
+	22, // 20: b2b.v1.SubmitStreamResponse.result:type_name -> b2b.v1.BatchTransferResponse
+	4,  // 21: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
+	4,  // 22: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
+	1,  // 23: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
+	39, // 24: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
+	38, // 25: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
+	41, // 26: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
+	41, // 27: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
+	43, // 28: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
+	43, // 29: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
+	1,  // 30: b2b.v1.TransferBlocksRequest.transport:type_name -> b2b.v1.TransportKind
+	2,  // 31: b2b.v1.TransferBlocksRequest.op:type_name -> b2b.v1.TransferOp
+	21, // 32: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
+	26, // 33: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
+	49, // 34: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
+	5,  // 35: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
+	22, // 36: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
+	52, // 37: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
+	70, // 38: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	3,  // 39: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
+	0,  // 40: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	71, // 41: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	3,  // 42: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
+	72, // 43: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
+	67, // 44: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
+	68, // 45: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
+	10, // 46: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	14, // 47: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	16, // 48: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	18, // 49: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	21, // 50: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	33, // 51: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	37, // 52: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	35, // 53: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	24, // 54: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	26, // 55: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	27, // 56: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	29, // 57: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	31, // 58: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	42, // 59: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
+	45, // 60: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
+	47, // 61: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
+	49, // 62: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
+	50, // 63: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
+	53, // 64: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
+	54, // 65: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
+	56, // 66: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
+	57, // 67: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
+	58, // 68: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	60, // 69: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	66, // 70: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	62, // 71: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	64, // 72: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	13, // 73: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	15, // 74: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	17, // 75: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	19, // 76: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	22, // 77: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	34, // 78: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	40, // 79: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	36, // 80: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	25, // 81: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	22, // 82: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	28, // 83: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	30, // 84: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	32, // 85: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	44, // 86: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	46, // 87: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	48, // 88: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	22, // 89: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	51, // 90: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	52, // 91: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	55, // 92: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	52, // 93: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	52, // 94: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	59, // 95: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	61, // 96: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	69, // 97: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	63, // 98: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	65, // 99: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	73, // [73:100] is the sub-list for method output_type
+	46, // [46:73] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -5066,7 +5327,7 @@ func file_b2b_v1_b2b_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
-			NumEnums:      4,
+			NumEnums:      6,
 			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   2,

@@ -4,6 +4,8 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Mapping, Optional as _Optional, Union as _Union
 
+ACCESS_READ: Access
+ACCESS_WRITE: Access
 CHECKSUM_ALGORITHM_CRC32C: ChecksumAlgorithm
 CHECKSUM_ALGORITHM_UNSPECIFIED: ChecksumAlgorithm
 CHECKSUM_ALGORITHM_XXH64: ChecksumAlgorithm
@@ -11,6 +13,8 @@ DESCRIPTOR: _descriptor.FileDescriptor
 MEMORY_KIND_CUDA: MemoryKind
 MEMORY_KIND_HOST: MemoryKind
 MEMORY_KIND_UNSPECIFIED: MemoryKind
+TRANSFER_OP_READ: TransferOp
+TRANSFER_OP_WRITE: TransferOp
 TRANSFER_STATE_CANCELLED: TransferState
 TRANSFER_STATE_DONE: TransferState
 TRANSFER_STATE_FAILED: TransferState
@@ -22,20 +26,22 @@ TRANSPORT_KIND_UNSPECIFIED: TransportKind
 TRANSPORT_KIND_VERBS: TransportKind
 
 class BatchTransferRequest(_message.Message):
-    __slots__ = ["descriptors", "dst_region", "notification", "peer", "src_region_id", "transport"]
+    __slots__ = ["descriptors", "dst_region", "notification", "op", "peer", "src_region_id", "transport"]
     DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     DST_REGION_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     SRC_REGION_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     descriptors: Descriptors
     dst_region: str
     notification: bytes
+    op: TransferOp
     peer: str
     src_region_id: str
     transport: TransportKind
-    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ..., op: _Optional[_Union[TransferOp, str]] = ...) -> None: ...
 
 class BatchTransferResponse(_message.Message):
     __slots__ = ["blocks", "bytes", "elapsed_ns", "phases", "segments", "transport", "work_requests"]
@@ -144,14 +150,18 @@ class Descriptors(_message.Message):
     def __init__(self, src_offsets: _Optional[bytes] = ..., dst_offsets: _Optional[bytes] = ..., lengths: _Optional[bytes] = ..., block_length: _Optional[int] = ...) -> None: ...
 
 class ExportRegionRequest(_message.Message):
-    __slots__ = ["export_name", "export_to", "region_id"]
+    __slots__ = ["export_name", "export_to", "read_only", "readers", "region_id"]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
     export_name: str
     export_to: _containers.RepeatedScalarFieldContainer[str]
+    read_only: bool
+    readers: _containers.RepeatedScalarFieldContainer[str]
     region_id: str
-    def __init__(self, region_id: _Optional[str] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, region_id: _Optional[str] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ..., readers: _Optional[_Iterable[str]] = ..., read_only: bool = ...) -> None: ...
 
 class ExportRegionResponse(_message.Message):
     __slots__ = ["region"]
@@ -209,20 +219,24 @@ class HostFile(_message.Message):
     def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Layout(_message.Message):
-    __slots__ = ["export_name", "export_to", "name", "num_blocks", "persist", "segments"]
+    __slots__ = ["export_name", "export_to", "name", "num_blocks", "persist", "read_only", "readers", "segments"]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PERSIST_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     export_name: str
     export_to: _containers.RepeatedScalarFieldContainer[str]
     name: str
     num_blocks: int
     persist: bool
+    read_only: bool
+    readers: _containers.RepeatedScalarFieldContainer[str]
     segments: _containers.RepeatedCompositeFieldContainer[LayoutSegment]
-    def __init__(self, name: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[LayoutSegment, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ..., persist: bool = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[LayoutSegment, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ..., readers: _Optional[_Iterable[str]] = ..., read_only: bool = ..., persist: bool = ...) -> None: ...
 
 class LayoutSegment(_message.Message):
     __slots__ = ["block_len", "offset", "region_id", "stride"]
@@ -333,20 +347,22 @@ class PollTransfersResponse(_message.Message):
     def __init__(self, outcomes: _Optional[_Iterable[_Union[TransferOutcome, _Mapping]]] = ...) -> None: ...
 
 class PrepareTransferRequest(_message.Message):
-    __slots__ = ["descriptors", "dst_region", "notification", "peer", "src_region_id", "transport"]
+    __slots__ = ["descriptors", "dst_region", "notification", "op", "peer", "src_region_id", "transport"]
     DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     DST_REGION_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     SRC_REGION_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     descriptors: Descriptors
     dst_region: str
     notification: bytes
+    op: TransferOp
     peer: str
     src_region_id: str
     transport: TransportKind
-    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ..., op: _Optional[_Union[TransferOp, str]] = ...) -> None: ...
 
 class PrepareTransferResponse(_message.Message):
     __slots__ = ["blocks", "bytes", "handle", "phases", "segments", "transport", "work_requests"]
@@ -403,7 +419,7 @@ class RailStatus(_message.Message):
     def __init__(self, rail: _Optional[int] = ..., device: _Optional[str] = ..., detail: _Optional[str] = ..., up: bool = ..., last_error: _Optional[str] = ..., failovers: _Optional[int] = ..., reconnects: _Optional[int] = ..., bytes_sent: _Optional[int] = ...) -> None: ...
 
 class Region(_message.Message):
-    __slots__ = ["active_batches", "age_ns", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "export_to", "id", "kind", "owner", "persist", "pid", "rails", "registered_with", "shm_offset", "shm_path", "size"]
+    __slots__ = ["active_batches", "age_ns", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "export_to", "id", "kind", "owner", "persist", "pid", "rails", "read_only", "readers", "registered_with", "shm_offset", "shm_path", "size"]
     ACTIVE_BATCHES_FIELD_NUMBER: _ClassVar[int]
     AGE_NS_FIELD_NUMBER: _ClassVar[int]
     CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -417,6 +433,8 @@ class Region(_message.Message):
     PERSIST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RAILS_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_WITH_FIELD_NUMBER: _ClassVar[int]
     SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -434,27 +452,33 @@ class Region(_message.Message):
     persist: bool
     pid: int
     rails: _containers.RepeatedCompositeFieldContainer[RailRegistration]
+    read_only: bool
+    readers: _containers.RepeatedScalarFieldContainer[str]
     registered_with: _containers.RepeatedScalarFieldContainer[TransportKind]
     shm_offset: int
     shm_path: str
     size: int
-    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[_Union[RailRegistration, _Mapping]]] = ..., owner: _Optional[str] = ..., pid: _Optional[int] = ..., age_ns: _Optional[int] = ..., persist: bool = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[_Union[RailRegistration, _Mapping]]] = ..., owner: _Optional[str] = ..., pid: _Optional[int] = ..., age_ns: _Optional[int] = ..., persist: bool = ..., readers: _Optional[_Iterable[str]] = ..., read_only: bool = ...) -> None: ...
 
 class RegisterLayoutRequest(_message.Message):
-    __slots__ = ["export_name", "export_to", "name", "num_blocks", "persist", "segments"]
+    __slots__ = ["export_name", "export_to", "name", "num_blocks", "persist", "read_only", "readers", "segments"]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     EXPORT_TO_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PERSIST_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     export_name: str
     export_to: _containers.RepeatedScalarFieldContainer[str]
     name: str
     num_blocks: int
     persist: bool
+    read_only: bool
+    readers: _containers.RepeatedScalarFieldContainer[str]
     segments: _containers.RepeatedCompositeFieldContainer[LayoutSegment]
-    def __init__(self, name: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[LayoutSegment, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ..., persist: bool = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[LayoutSegment, _Mapping]]] = ..., num_blocks: _Optional[int] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ..., readers: _Optional[_Iterable[str]] = ..., read_only: bool = ..., persist: bool = ...) -> None: ...
 
 class RegisterLayoutResponse(_message.Message):
     __slots__ = ["layout"]
@@ -463,7 +487,7 @@ class RegisterLayoutResponse(_message.Message):
     def __init__(self, layout: _Optional[_Union[Layout, _Mapping]] = ...) -> None: ...
 
 class RegisterRegionRequest(_message.Message):
-    __slots__ = ["cuda_alloc", "cuda_ipc", "export_name", "export_to", "host_alloc", "host_file", "persist"]
+    __slots__ = ["cuda_alloc", "cuda_ipc", "export_name", "export_to", "host_alloc", "host_file", "persist", "read_only", "readers"]
     CUDA_ALLOC_FIELD_NUMBER: _ClassVar[int]
     CUDA_IPC_FIELD_NUMBER: _ClassVar[int]
     EXPORT_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -471,6 +495,8 @@ class RegisterRegionRequest(_message.Message):
     HOST_ALLOC_FIELD_NUMBER: _ClassVar[int]
     HOST_FILE_FIELD_NUMBER: _ClassVar[int]
     PERSIST_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     cuda_alloc: CudaAlloc
     cuda_ipc: CudaIpc
     export_name: str
@@ -478,7 +504,9 @@ class RegisterRegionRequest(_message.Message):
     host_alloc: HostAlloc
     host_file: HostFile
     persist: bool
-    def __init__(self, host_alloc: _Optional[_Union[HostAlloc, _Mapping]] = ..., host_file: _Optional[_Union[HostFile, _Mapping]] = ..., cuda_alloc: _Optional[_Union[CudaAlloc, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIpc, _Mapping]] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ..., persist: bool = ...) -> None: ...
+    read_only: bool
+    readers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, host_alloc: _Optional[_Union[HostAlloc, _Mapping]] = ..., host_file: _Optional[_Union[HostFile, _Mapping]] = ..., cuda_alloc: _Optional[_Union[CudaAlloc, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIpc, _Mapping]] = ..., export_name: _Optional[str] = ..., export_to: _Optional[_Iterable[str]] = ..., readers: _Optional[_Iterable[str]] = ..., read_only: bool = ..., persist: bool = ...) -> None: ...
 
 class RegisterRegionResponse(_message.Message):
     __slots__ = ["region"]
@@ -497,10 +525,12 @@ class ReleaseTransferResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ResolveLayoutRequest(_message.Message):
-    __slots__ = ["name"]
+    __slots__ = ["access", "name"]
+    ACCESS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    access: Access
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., access: _Optional[_Union[Access, str]] = ...) -> None: ...
 
 class ResolveLayoutResponse(_message.Message):
     __slots__ = ["name", "num_blocks", "regions", "segments"]
@@ -515,10 +545,12 @@ class ResolveLayoutResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., num_blocks: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[ResolvedLayoutRegion, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[ResolvedSegment, _Mapping]]] = ...) -> None: ...
 
 class ResolveRegionRequest(_message.Message):
-    __slots__ = ["name"]
+    __slots__ = ["access", "name"]
+    ACCESS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    access: Access
     name: str
-    def __init__(self, name: _Optional[str] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., access: _Optional[_Union[Access, str]] = ...) -> None: ...
 
 class ResolveRegionResponse(_message.Message):
     __slots__ = ["keys", "kind", "name", "size"]
@@ -671,10 +703,11 @@ class SubmitTransferRequest(_message.Message):
     def __init__(self, handle: _Optional[int] = ...) -> None: ...
 
 class TransferBlocksRequest(_message.Message):
-    __slots__ = ["local_ids", "local_layout", "notification", "peer", "remote_ids", "remote_layout", "timeout_ms", "transport"]
+    __slots__ = ["local_ids", "local_layout", "notification", "op", "peer", "remote_ids", "remote_layout", "timeout_ms", "transport"]
     LOCAL_IDS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     REMOTE_IDS_FIELD_NUMBER: _ClassVar[int]
     REMOTE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -683,12 +716,13 @@ class TransferBlocksRequest(_message.Message):
     local_ids: bytes
     local_layout: str
     notification: bytes
+    op: TransferOp
     peer: str
     remote_ids: bytes
     remote_layout: str
     timeout_ms: int
     transport: TransportKind
-    def __init__(self, local_layout: _Optional[str] = ..., peer: _Optional[str] = ..., remote_layout: _Optional[str] = ..., local_ids: _Optional[bytes] = ..., remote_ids: _Optional[bytes] = ..., notification: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ...) -> None: ...
+    def __init__(self, local_layout: _Optional[str] = ..., peer: _Optional[str] = ..., remote_layout: _Optional[str] = ..., local_ids: _Optional[bytes] = ..., remote_ids: _Optional[bytes] = ..., notification: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., op: _Optional[_Union[TransferOp, str]] = ...) -> None: ...
 
 class TransferOutcome(_message.Message):
     __slots__ = ["code", "message", "result", "state", "transfer_id"]
@@ -744,6 +778,12 @@ class MemoryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class TransportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class TransferOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = []
+
+class Access(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []
 
 class ChecksumAlgorithm(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
