@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/memguard"
@@ -47,6 +46,8 @@ type blockScratch struct {
 	bs       transport.BlockScratch
 	srcs     []transport.Registration
 	dsts     []transport.RemoteRegion
+	rsrcs    []transport.RemoteRegion // a pull's: the peer's regions
+	rdsts    []transport.Registration // a pull's: ours
 	regions  []*region.Region
 	releases []func()
 }
@@ -253,45 +254,50 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 }
 
 // readBlocks is blocksAttempt's pull: pair's sources are the peer's
-// regions and its destinations ours. Each (remote region, local region)
-// stretch is one Conn.Read, in order: every byte in place before the next,
-// and before success.
+// regions and its destinations ours. Every stretch in one go
+// (transport.BlockReader where the kind has one, else concurrent Reads):
+// every byte in place before success.
 func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r BlocksRequest, ph *Phases, sess transport.Session,
 	rl *transport.LayoutResolution, pair *layout.Pair, ids layout.IDs, cached bool, blocks, total uint64, t2 time.Time) (res Result, _, retry bool, err error) {
-	bw := transport.BlockWrite{Pair: pair, IDs: ids}
-	sc.bs.Expand(&bw)
+	sc.rsrcs, sc.rdsts = sc.rsrcs[:0], sc.rdsts[:0]
+	for _, rr := range rl.Regions {
+		key, ok := rr.Keys[sess.Kind]
+		if !ok {
+			return res, cached, false, fmt.Errorf("%w: remote_layout %q: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, r.Remote, rr.Name, sess.Kind)
+		}
+		sc.rsrcs = append(sc.rsrcs, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices})
+	}
+	for _, reg := range sc.regions {
+		rg, ok := reg.Registration(sess.Kind)
+		if !ok {
+			return res, cached, false, fmt.Errorf("%w: local_layout %q: region %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, r.Local, reg.ID, reg.Mem.Kind, sess.Kind)
+		}
+		sc.rdsts = append(sc.rdsts, rg)
+	}
 	ph.Plan += time.Since(t2)
 	wstart := time.Now()
-	var st transport.Stats
-	runs := sc.bs.Runs
-	for from := 0; from < len(runs); {
-		to := sc.bs.StretchEnd(from)
-		sr, dr := runs[from].SrcRegion, runs[from].DstRegion
-		if err := ctx.Err(); err != nil {
-			return res, cached, false, err
+	br := transport.BlockRead{Pair: pair, IDs: ids, Src: sc.rsrcs, Dst: sc.rdsts}
+	st, werr := transport.ReadBlocks(ctx, sess.Conn, &br, &sc.bs)
+	clear(sc.rdsts)
+	if werr != nil {
+		broke := sess.Conn.Err() != nil
+		if broke {
+			s.cfg.Peers.Broken(r.Peer, sess)
 		}
-		b := desc.Batch{Src: sc.bs.Src[from:to], Dst: sc.bs.Dst[from:to], Len: sc.bs.Len[from:to]}
-		ws, werr := s.readStretch(ctx, sess, sc.regions[dr], rl.Regions[sr], &b)
-		st.Segments += ws.Segments
-		st.WorkRequests += ws.WorkRequests
-		st.Plan += ws.Plan
-		st.Post += ws.Post
-		if werr != nil {
-			broke := sess.Conn.Err() != nil
-			if broke {
-				s.cfg.Peers.Broken(r.Peer, sess)
-			}
-			stale := cached && errors.Is(werr, errs.ErrNotFound)
-			if stale {
-				s.cfg.Peers.(ReadPeers).ForgetLayoutFor(r.Peer, r.Remote, transport.AccessRead)
-			}
-			first, nseg, _ := pair.Group(int(runs[from].Group))
+		stale := cached && errors.Is(werr, errs.ErrNotFound)
+		if stale {
+			s.cfg.Peers.(ReadPeers).ForgetLayoutFor(r.Peer, r.Remote, transport.AccessRead)
+		}
+		var se *transport.StretchError
+		if errors.As(werr, &se) && int(se.Group) < pair.NumGroups() && int(se.SrcRegion) < len(rl.Regions) && int(se.DstRegion) < len(sc.regions) {
+			first, nseg, _ := pair.Group(int(se.Group))
 			werr = fmt.Errorf("read of remote_layout %q on %s (region %q) into local_layout %q segments %d..%d (region %s) over %s: %w",
-				r.Remote, r.Peer, rl.Regions[sr].Name, r.Local, first, first+nseg-1, sc.regions[dr].ID, sess.Kind, werr)
-			retry = stale || (broke && ctx.Err() == nil && !memguard.IsFault(werr))
-			return res, cached, retry, werr
+				r.Remote, r.Peer, rl.Regions[se.SrcRegion].Name, r.Local, first, first+nseg-1, sc.regions[se.DstRegion].ID, sess.Kind, werr)
+		} else {
+			werr = fmt.Errorf("read of remote_layout %q on %s into local_layout %q over %s: %w", r.Remote, r.Peer, r.Local, sess.Kind, werr)
 		}
-		from = to
+		retry = stale || (broke && ctx.Err() == nil && !memguard.IsFault(werr))
+		return res, cached, retry, werr
 	}
 	elapsed := time.Since(wstart)
 	ph.write(st, elapsed)
@@ -306,19 +312,6 @@ func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r 
 	}
 	s.count(r.Op, total)
 	return Result{Blocks: blocks, Bytes: total, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: *ph}, cached, false, nil
-}
-
-// readStretch pulls one stretch from the peer's region rr into dst.
-func (s *Service) readStretch(ctx context.Context, sess transport.Session, dst *region.Region, rr transport.Resolution, b *desc.Batch) (transport.Stats, error) {
-	reg, ok := dst.Registration(sess.Kind)
-	if !ok {
-		return transport.Stats{}, fmt.Errorf("%w: region %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, dst.ID, dst.Mem.Kind, sess.Kind)
-	}
-	key, ok := rr.Keys[sess.Kind]
-	if !ok {
-		return transport.Stats{}, fmt.Errorf("%w: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, rr.Name, sess.Kind)
-	}
-	return readOn(ctx, sess, reg, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}, b)
 }
 
 // firstSegmentOf is the first segment of l in region index ri.

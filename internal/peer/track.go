@@ -45,6 +45,14 @@ func (c *trackedConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, 
 	return transport.WriteBlocks(ctx, c.Conn, w, sc)
 }
 
+// ReadBlocks keeps the kind's transport.BlockReader visible through the
+// wrapper, as WriteBlocks does for writes.
+func (c *trackedConn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *transport.BlockScratch) (transport.Stats, error) {
+	c.st.busy.Add(1)
+	defer c.st.done()
+	return transport.ReadBlocks(ctx, c.Conn, r, sc)
+}
+
 // Read forwards a pull to the connection, counted busy like a write; a
 // kind that cannot pull is refused with FailedPrecondition naming it.
 func (c *trackedConn) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
 )
 
@@ -112,26 +113,88 @@ type stretch struct{ from, to int }
 func WriteStretches(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch) (Stats, error) {
 	t0 := time.Now()
 	sc.Expand(w)
-	src, dst, ln := sc.Src, sc.Dst, sc.Len
+	plan := time.Since(t0)
+	return runStretches(ctx, sc, plan, func(ctx context.Context, r *layout.Run, b *desc.Batch) (Stats, error) {
+		if int(r.SrcRegion) >= len(w.Src) || int(r.DstRegion) >= len(w.Dst) {
+			return Stats{}, fmt.Errorf("transport: block write: region index (source %d, destination %d) beyond the %d sources and %d destinations given", r.SrcRegion, r.DstRegion, len(w.Src), len(w.Dst))
+		}
+		return c.Write(ctx, w.Src[r.SrcRegion], w.Dst[r.DstRegion], b)
+	})
+}
+
+// BlockRead is one block-id pull (issue 24), the mirror of BlockWrite:
+// block IDs.Src(i) of every segment of the peer's layout Pair.Src() is
+// copied into block IDs.Dst(i) of the matching segment of our Pair.Dst().
+// The same rules hold: validated, not retained.
+type BlockRead struct {
+	Pair *layout.Pair
+	IDs  layout.IDs
+	// Src are the peer's regions' keys with this Conn's kind, by
+	// Pair.Src().Regions() index; Dst our registrations, by
+	// Pair.Dst().Regions() index.
+	Src []RemoteRegion
+	Dst []Registration
+}
+
+// BlockReader is implemented by Conns that pull a whole block-id request
+// in one go, as BlockWriter pushes one, with Reader's contract: nil only
+// once every byte is in place; once it returned no byte of it lands any
+// more. A failure names its stretch with a *StretchError.
+type BlockReader interface {
+	ReadBlocks(ctx context.Context, r *BlockRead, sc *BlockScratch) (Stats, error)
+}
+
+// ReadBlocks pulls r over c: through c's BlockReader when it has one; else
+// one Reader.Read per stretch, up to MaxConcurrentStretches at a time,
+// with WriteBlocks' failure rules. A Conn that cannot pull is refused
+// with ErrFailedPrecondition.
+func ReadBlocks(ctx context.Context, c Conn, r *BlockRead, sc *BlockScratch) (Stats, error) {
+	if br, ok := c.(BlockReader); ok {
+		return br.ReadBlocks(ctx, r, sc)
+	}
+	return ReadStretches(ctx, c, r, sc)
+}
+
+// ReadStretches is ReadBlocks' path for Conns without BlockReader.
+func ReadStretches(ctx context.Context, c Conn, r *BlockRead, sc *BlockScratch) (Stats, error) {
+	rd, ok := c.(Reader)
+	if !ok {
+		return Stats{}, fmt.Errorf("%w: transport %T cannot read (pull)", errs.ErrFailedPrecondition, c)
+	}
+	t0 := time.Now()
+	sc.Expand(&BlockWrite{Pair: r.Pair, IDs: r.IDs})
+	plan := time.Since(t0)
+	return runStretches(ctx, sc, plan, func(ctx context.Context, run *layout.Run, b *desc.Batch) (Stats, error) {
+		if int(run.SrcRegion) >= len(r.Src) || int(run.DstRegion) >= len(r.Dst) {
+			return Stats{}, fmt.Errorf("transport: block read: region index (source %d, destination %d) beyond the %d sources and %d destinations given", run.SrcRegion, run.DstRegion, len(r.Src), len(r.Dst))
+		}
+		return rd.Read(ctx, r.Dst[run.DstRegion], r.Src[run.SrcRegion], b)
+	})
+}
+
+// runStretches cuts sc's expanded runs into stretches and runs one per
+// stretch, up to MaxConcurrentStretches at a time. On the first failure
+// the others are cancelled, and it returns once all have returned, so the
+// no-byte-after-failure rule of each call carries over. Stats are summed
+// (Plan includes plan, the expansion).
+func runStretches(ctx context.Context, sc *BlockScratch, plan time.Duration, call func(context.Context, *layout.Run, *desc.Batch) (Stats, error)) (Stats, error) {
 	var stretches []stretch
 	for from := 0; from < len(sc.Runs); {
 		to := sc.StretchEnd(from)
 		stretches = append(stretches, stretch{from, to})
 		from = to
 	}
-	plan := time.Since(t0)
 	one := func(ctx context.Context, s stretch) (Stats, error) {
 		r := &sc.Runs[s.from]
-		if int(r.SrcRegion) >= len(w.Src) || int(r.DstRegion) >= len(w.Dst) {
-			return Stats{}, &StretchError{Group: r.Group, SrcRegion: r.SrcRegion, DstRegion: r.DstRegion,
-				Err: fmt.Errorf("transport: block write: region index (source %d, destination %d) beyond the %d sources and %d destinations given", r.SrcRegion, r.DstRegion, len(w.Src), len(w.Dst))}
-		}
-		b := desc.Batch{Src: src[s.from:s.to], Dst: dst[s.from:s.to], Len: ln[s.from:s.to]}
-		st, err := c.Write(ctx, w.Src[r.SrcRegion], w.Dst[r.DstRegion], &b)
+		b := desc.Batch{Src: sc.Src[s.from:s.to], Dst: sc.Dst[s.from:s.to], Len: sc.Len[s.from:s.to]}
+		st, err := call(ctx, r, &b)
 		if err != nil {
 			err = &StretchError{Group: r.Group, SrcRegion: r.SrcRegion, DstRegion: r.DstRegion, Err: err}
 		}
 		return st, err
+	}
+	if len(stretches) == 0 {
+		return Stats{Plan: plan}, nil
 	}
 	if len(stretches) == 1 {
 		st, err := one(ctx, stretches[0])
@@ -166,7 +229,7 @@ func WriteStretches(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch
 			total.Post += st.Post
 			if err != nil && first == nil {
 				first = err
-				cancel() // the others stop; each Write honours ctx
+				cancel() // the others stop; each call honours ctx
 			}
 			mu.Unlock()
 		}
