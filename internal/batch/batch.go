@@ -294,6 +294,14 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		var cached bool
 		sess, remote, reg, cached, err = s.prepare(ctx, p)
 		if err != nil {
+			// A connection that broke under this batch's resolve
+			// (another batch, cut off, broke it) is retried once on a
+			// fresh one, as a Write that broke it is.
+			if firstErr == nil && sess.Conn != nil && ctx.Err() == nil && errs.Class(err) == errs.ErrUnavailable {
+				s.cfg.Log.Info("batch's connection broke before its write; retrying once on a fresh one", "peer", p.peer, "error", err)
+				firstErr = err
+				continue
+			}
 			if firstErr != nil {
 				return Result{}, fmt.Errorf("%w (retrying on a fresh connection; the first attempt failed: %v)", err, firstErr)
 			}
