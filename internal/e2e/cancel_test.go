@@ -42,6 +42,9 @@ type cancelRig struct {
 	s            *client.HostRegion
 	dstID, dstEx string
 	per          int // transfers per round: the region holds per slots
+	// window: each cancel comes at a random moment in [0, window) after
+	// the round's transfers were started; wide enough that some end first.
+	window time.Duration
 }
 
 type cancelCounts struct{ done, cancelled, failed int }
@@ -85,7 +88,7 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 		}
 		delays := make([]time.Duration, n)
 		for i := range delays {
-			delays[i] = time.Duration(rng.Int64N(int64(3 * time.Millisecond)))
+			delays[i] = time.Duration(rng.Int64N(int64(r.window)))
 		}
 		hs := make([]*client.TransferHandle, n)
 		for i := range hs {
@@ -215,7 +218,7 @@ func TestCancelUnderLoad(t *testing.T) {
 			ctx := context.Background()
 			size := uint64(per * cancelBlocks * cancelBlock)
 			s, d := registerPair(ctx, t, a.c, b.c, size, size, "cancel-dst")
-			cancelUnderLoad(t, cancelRig{src: a.c, dst: b.c, peer: b.d.PeerAddr(), kind: tc.kind, s: s, dstID: d.Id, dstEx: "cancel-dst", per: per},
+			cancelUnderLoad(t, cancelRig{src: a.c, dst: b.c, peer: b.d.PeerAddr(), kind: tc.kind, s: s, dstID: d.Id, dstEx: "cancel-dst", per: per, window: 3 * time.Millisecond},
 				cancelCount(t, 1000), 2023)
 		})
 	}
@@ -223,12 +226,14 @@ func TestCancelUnderLoad(t *testing.T) {
 
 // TestRemoteCancelUnderLoad is the same over verbs between the Soft-RoCE
 // testbed's VMs (make test-rdma; B2B_E2E_CANCEL_N sets the count there).
+// The emulated wire is slow: cancels are spread over 200 ms, so that some
+// transfers end first (with 3 ms, 7 of 1,000 did).
 func TestRemoteCancelUnderLoad(t *testing.T) {
 	src, dst, peer := remoteClients(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const per = 50
 	s, dstID := remoteRegions(t, ctx, src, dst, per*cancelBlocks*cancelBlock, "e2e-cancel")
-	cancelUnderLoad(t, cancelRig{src: src, dst: dst, peer: peer, kind: b2bv1.TransportKind_TRANSPORT_KIND_VERBS, s: s, dstID: dstID, dstEx: "e2e-cancel", per: per},
+	cancelUnderLoad(t, cancelRig{src: src, dst: dst, peer: peer, kind: b2bv1.TransportKind_TRANSPORT_KIND_VERBS, s: s, dstID: dstID, dstEx: "e2e-cancel", per: per, window: 200 * time.Millisecond},
 		cancelCount(t, 1000), 2023)
 }
