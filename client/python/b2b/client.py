@@ -1414,12 +1414,12 @@ class Client:
                 delivered to the destination region's watchers (see
                 :meth:`watch`) once the batch landed.
         """
-        req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "batch_transfer")
+        req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "batch_transfer", op)
         r = self._call(self._stub.BatchTransfer, req, timeout)
         return TransferResult.from_proto(r)
 
     def _batch_request(
-        self, src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, what
+        self, src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, what, op=None
     ) -> Any:
         descriptors = _descriptors(descriptors, src_offsets, dst_offsets, lengths, block_size, what)
         if not isinstance(peer, str):
@@ -1452,11 +1452,12 @@ class Client:
         *,
         descriptors: Optional[Descriptors] = None,
         notification: Optional[bytes] = None,
+        op: Union[None, str, int] = None,
     ) -> "Transfer":
         """:meth:`batch_transfer`, started async: returns a :class:`Transfer`
         handle at once (bad input is refused here). ``timeout`` bounds the
         transfer from its start (``None``: the daemon's default)."""
-        req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "start_transfer")
+        req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "start_transfer", op)
         return self._start(pb.StartTransferRequest(batch=req), timeout)
 
     def start_submit(self, plan: "PreparedTransfer", timeout: Optional[float] = None) -> "Transfer":
