@@ -1,0 +1,154 @@
+package trigger
+
+import (
+	"bytes"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SpinMode says when the watcher may spin.
+type SpinMode int
+
+const (
+	// SpinAuto spins while a CPU is free (CPUFree), else polls.
+	SpinAuto SpinMode = iota
+	// SpinAlways spins while any trigger is armed.
+	SpinAlways
+	// SpinNever always polls.
+	SpinNever
+)
+
+// DefaultPoll is the poll period when no CPU is free to spin. Chosen by
+// BenchmarkLag (docs/kv.md, "Layer streaming"): a nanosleep on the
+// watcher's own thread with its timer slack at 1 ns wakes within a few µs
+// of the period, which time.Sleep (the runtime's timers) does not below a
+// millisecond; 20 µs keeps the median lag near 15 µs for about 2% of a core.
+const DefaultPoll = 20 * time.Microsecond
+
+// Policy configures a Watcher.
+type Policy struct {
+	Spin SpinMode
+	// Poll is the period of a scan when not spinning; 0: DefaultPoll.
+	Poll time.Duration
+	// CheckEvery is how often SpinAuto asks CPUFree again while armed;
+	// 0: 10 ms.
+	CheckEvery time.Duration
+	// CPUFree reports whether a CPU is free for the watcher to spin on;
+	// spinning says whether the watcher is spinning now (its own thread is
+	// then one of the busy ones). nil: ProcsRunningFree.
+	CPUFree func(spinning bool) bool
+	// TimerSleep sleeps with the runtime's timers instead of nanosleep on
+	// a locked thread (the benchmark's comparison).
+	TimerSleep bool
+}
+
+func (p Policy) withDefaults() Policy {
+	if p.Poll <= 0 {
+		p.Poll = DefaultPoll
+	}
+	if p.CheckEvery <= 0 {
+		p.CheckEvery = 10 * time.Millisecond
+	}
+	if p.CPUFree == nil {
+		p.CPUFree = ProcsRunningFree
+	}
+	return p
+}
+
+// ProcsRunningFree reports whether this host has a CPU that no runnable
+// thread wants: the kernel's count of runnable threads (the fourth field
+// of /proc/loadavg, "running/total"), less the watcher's own thread when
+// it is spinning, is below the CPUs this process may use. Unknown (no
+// /proc): not free.
+func ProcsRunningFree(spinning bool) bool {
+	running, ok := procsRunning()
+	if !ok {
+		return false
+	}
+	if spinning {
+		running--
+	}
+	return running < runtime.NumCPU()
+}
+
+func procsRunning() (int, bool) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	return parseLoadavg(b)
+}
+
+// parseLoadavg reads the runnable count from /proc/loadavg's text, e.g.
+// "0.52 0.58 0.59 3/1024 12345".
+func parseLoadavg(b []byte) (int, bool) {
+	f := bytes.Fields(b)
+	if len(f) < 4 {
+		return 0, false
+	}
+	r, _, ok := bytes.Cut(f[3], []byte("/"))
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(string(r))
+	return n, err == nil && n >= 0
+}
+
+// run is the watcher's goroutine: it scans until no trigger is armed.
+func (w *Watcher) run(stopped chan struct{}) {
+	defer close(stopped)
+	p := w.policy
+	if !p.TimerSleep {
+		// The poll's nanosleep needs a thread of its own with a fine timer
+		// slack (50 µs by default); the thread dies with the goroutine
+		// (no UnlockOSThread), so the slack never leaks to other work.
+		runtime.LockOSThread()
+		_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
+	}
+	var out []due
+	spinning := false
+	var checked time.Time
+	for {
+		var more bool
+		out, more = w.scan(out)
+		if !more {
+			return
+		}
+		switch p.Spin {
+		case SpinAlways:
+			spinning = true
+		case SpinNever:
+			spinning = false
+		default:
+			if now := time.Now(); now.Sub(checked) >= p.CheckEvery {
+				spinning, checked = p.CPUFree(spinning), now
+			}
+		}
+		if spinning {
+			w.spins.Add(1)
+			runtime.Gosched()
+			continue
+		}
+		w.polls.Add(1)
+		w.sleep(p)
+	}
+}
+
+// sleep waits one poll period, or less when a trigger was armed.
+func (w *Watcher) sleep(p Policy) {
+	if p.TimerSleep || p.Poll >= time.Millisecond {
+		t := time.NewTimer(p.Poll)
+		select {
+		case <-t.C:
+		case <-w.wake:
+			t.Stop()
+		}
+		return
+	}
+	ts := unix.NsecToTimespec(p.Poll.Nanoseconds())
+	_ = unix.Nanosleep(&ts, nil)
+}
