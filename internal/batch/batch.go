@@ -135,10 +135,20 @@ type Phases struct {
 	Wire     time.Duration // until every byte landed and the ack came back
 	Notify   time.Duration // delivering the notification
 	Total    time.Duration // the whole call
+	// Triggered transfers: the time armed until the watcher saw the
+	// counter's value, and when it saw it.
+	Armed       time.Duration
+	TriggerSeen time.Time
+	// Posted is when the first write began (zero: none did).
+	Posted time.Time
 }
 
-// write splits a write's time into plan, post and wire.
-func (ph *Phases) write(st transport.Stats, d time.Duration) {
+// write splits a write that began at start into plan, post and wire.
+func (ph *Phases) write(st transport.Stats, start time.Time) {
+	d := time.Since(start)
+	if ph.Posted.IsZero() {
+		ph.Posted = start
+	}
 	ph.Plan += st.Plan
 	ph.Post += st.Post
 	if w := d - st.Plan - st.Post; w > 0 {
@@ -306,7 +316,7 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		start = time.Now()
 		ph.Resolve += start.Sub(t0)
 		st, err = sess.Conn.Write(ctx, reg, remote, &p.merged)
-		ph.write(st, time.Since(start))
+		ph.write(st, start)
 		if err == nil {
 			break
 		}

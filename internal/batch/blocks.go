@@ -211,7 +211,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 		from = to
 	}
 	elapsed := time.Since(wstart)
-	ph.write(st, elapsed)
+	ph.write(st, wstart)
 	if r.Notification != nil {
 		tn := time.Now()
 		err := s.cfg.Peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,
