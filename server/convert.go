@@ -44,7 +44,7 @@ func phasesProto(p batch.Phases) *b2bv1.PhaseTimings {
 	return &b2bv1.PhaseTimings{
 		DecodeNs: ns(p.Decode), ValidateNs: ns(p.Validate), ResolveNs: ns(p.Resolve), PlanNs: ns(p.Plan),
 		PostNs: ns(p.Post), WireNs: ns(p.Wire), NotifyNs: ns(p.Notify), TotalNs: ns(p.Total),
-		ArmedNs: ns(p.Armed), TriggerSeenUnixNs: unixNs(p.TriggerSeen), PostedUnixNs: unixNs(p.Posted),
+		ArmedNs: ns(p.Armed), TriggerSeenUnixNs: unixNs(p.TriggerSeen), PostedUnixNs: unixNs(p.Posted), LandedUnixNs: unixNs(p.Landed),
 	}
 }
 

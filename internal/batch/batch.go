@@ -139,13 +139,15 @@ type Phases struct {
 	// counter's value, and when it saw it.
 	Armed       time.Duration
 	TriggerSeen time.Time
-	// Posted is when the first write began (zero: none did).
-	Posted time.Time
+	// Posted is when the first write began, Landed when the last ended
+	// acknowledged (zero: none did).
+	Posted, Landed time.Time
 }
 
 // write splits a write that began at start into plan, post and wire.
 func (ph *Phases) write(st transport.Stats, start time.Time) {
-	d := time.Since(start)
+	ph.Landed = time.Now()
+	d := ph.Landed.Sub(start)
 	if ph.Posted.IsZero() {
 		ph.Posted = start
 	}

@@ -1452,11 +1452,13 @@ type PhaseTimings struct {
 	// Triggered transfers (StartTransferRequest.after): the time armed, from
 	// the start until the watcher saw the counter's value; and, as wall-clock
 	// times (CLOCK_REALTIME, Unix ns, comparable with time.time_ns() on the
-	// same host), when the watcher saw the value and when the first work
-	// was handed to the transport. posted_unix_ns is set on every transfer.
+	// same host), when the watcher saw the value, when the first work was
+	// handed to the transport, and when the last write was acknowledged
+	// (every byte had landed). The last two are set on every transfer.
 	ArmedNs           uint64 `protobuf:"varint,9,opt,name=armed_ns,json=armedNs,proto3" json:"armed_ns,omitempty"`
 	TriggerSeenUnixNs uint64 `protobuf:"varint,10,opt,name=trigger_seen_unix_ns,json=triggerSeenUnixNs,proto3" json:"trigger_seen_unix_ns,omitempty"`
 	PostedUnixNs      uint64 `protobuf:"varint,11,opt,name=posted_unix_ns,json=postedUnixNs,proto3" json:"posted_unix_ns,omitempty"`
+	LandedUnixNs      uint64 `protobuf:"varint,12,opt,name=landed_unix_ns,json=landedUnixNs,proto3" json:"landed_unix_ns,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -1564,6 +1566,13 @@ func (x *PhaseTimings) GetTriggerSeenUnixNs() uint64 {
 func (x *PhaseTimings) GetPostedUnixNs() uint64 {
 	if x != nil {
 		return x.PostedUnixNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetLandedUnixNs() uint64 {
+	if x != nil {
+		return x.LandedUnixNs
 	}
 	return 0
 }
@@ -4648,7 +4657,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\rwork_requests\x18\x05 \x01(\x04R\fworkRequests\x12\x1d\n" +
 	"\n" +
 	"elapsed_ns\x18\x06 \x01(\x04R\telapsedNs\x12,\n" +
-	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\"\xe0\x02\n" +
+	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\"\x86\x03\n" +
 	"\fPhaseTimings\x12\x1b\n" +
 	"\tdecode_ns\x18\x01 \x01(\x04R\bdecodeNs\x12\x1f\n" +
 	"\vvalidate_ns\x18\x02 \x01(\x04R\n" +
@@ -4663,7 +4672,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\barmed_ns\x18\t \x01(\x04R\aarmedNs\x12/\n" +
 	"\x14trigger_seen_unix_ns\x18\n" +
 	" \x01(\x04R\x11triggerSeenUnixNs\x12$\n" +
-	"\x0eposted_unix_ns\x18\v \x01(\x04R\fpostedUnixNs\"\xff\x01\n" +
+	"\x0eposted_unix_ns\x18\v \x01(\x04R\fpostedUnixNs\x12$\n" +
+	"\x0elanded_unix_ns\x18\f \x01(\x04R\flandedUnixNs\"\xff\x01\n" +
 	"\x16PrepareTransferRequest\x12\"\n" +
 	"\rsrc_region_id\x18\x01 \x01(\tR\vsrcRegionId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +

@@ -291,9 +291,10 @@ class NotifyResponse(_message.Message):
     def __init__(self, delivered: _Optional[int] = ...) -> None: ...
 
 class PhaseTimings(_message.Message):
-    __slots__ = ["armed_ns", "decode_ns", "notify_ns", "plan_ns", "post_ns", "posted_unix_ns", "resolve_ns", "total_ns", "trigger_seen_unix_ns", "validate_ns", "wire_ns"]
+    __slots__ = ["armed_ns", "decode_ns", "landed_unix_ns", "notify_ns", "plan_ns", "post_ns", "posted_unix_ns", "resolve_ns", "total_ns", "trigger_seen_unix_ns", "validate_ns", "wire_ns"]
     ARMED_NS_FIELD_NUMBER: _ClassVar[int]
     DECODE_NS_FIELD_NUMBER: _ClassVar[int]
+    LANDED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     NOTIFY_NS_FIELD_NUMBER: _ClassVar[int]
     PLAN_NS_FIELD_NUMBER: _ClassVar[int]
     POSTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +306,7 @@ class PhaseTimings(_message.Message):
     WIRE_NS_FIELD_NUMBER: _ClassVar[int]
     armed_ns: int
     decode_ns: int
+    landed_unix_ns: int
     notify_ns: int
     plan_ns: int
     post_ns: int
@@ -314,7 +316,7 @@ class PhaseTimings(_message.Message):
     trigger_seen_unix_ns: int
     validate_ns: int
     wire_ns: int
-    def __init__(self, decode_ns: _Optional[int] = ..., validate_ns: _Optional[int] = ..., resolve_ns: _Optional[int] = ..., plan_ns: _Optional[int] = ..., post_ns: _Optional[int] = ..., wire_ns: _Optional[int] = ..., notify_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., armed_ns: _Optional[int] = ..., trigger_seen_unix_ns: _Optional[int] = ..., posted_unix_ns: _Optional[int] = ...) -> None: ...
+    def __init__(self, decode_ns: _Optional[int] = ..., validate_ns: _Optional[int] = ..., resolve_ns: _Optional[int] = ..., plan_ns: _Optional[int] = ..., post_ns: _Optional[int] = ..., wire_ns: _Optional[int] = ..., notify_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., armed_ns: _Optional[int] = ..., trigger_seen_unix_ns: _Optional[int] = ..., posted_unix_ns: _Optional[int] = ..., landed_unix_ns: _Optional[int] = ...) -> None: ...
 
 class PingRequest(_message.Message):
     __slots__ = []
