@@ -239,12 +239,21 @@ class PhaseTimings:
     wire_ns: int = 0  # wait until every byte landed and the ack came back
     notify_ns: int = 0  # deliver the notification
     total_ns: int = 0  # the handler's whole time
+    # Triggered transfers (b2b.stream): the time armed; and wall-clock
+    # times (Unix ns, as time.time_ns() on the daemon's host) when the
+    # watcher saw the counter's value, the first write was posted, and the
+    # last was acknowledged (every byte landed). The last two on every transfer.
+    armed_ns: int = 0
+    trigger_seen_unix_ns: int = 0
+    posted_unix_ns: int = 0
+    landed_unix_ns: int = 0
 
     @classmethod
     def from_proto(cls, p: Any) -> "PhaseTimings":
         return cls(
             int(p.decode_ns), int(p.validate_ns), int(p.resolve_ns), int(p.plan_ns),
             int(p.post_ns), int(p.wire_ns), int(p.notify_ns), int(p.total_ns),
+            int(p.armed_ns), int(p.trigger_seen_unix_ns), int(p.posted_unix_ns), int(p.landed_unix_ns),
         )
 
     def as_dict(self) -> Dict[str, int]:
