@@ -24,6 +24,7 @@ from .client import *  # noqa: F401,F403 - the names in client.__all__
 from .errors import *  # noqa: F401,F403 - the names in errors.__all__
 from . import views as _views
 from .views import *  # noqa: F401,F403 - as_array, as_tensor, block_offsets
+from . import kv  # noqa: F401 - b2b.kv: KV-cache tensors to layouts (docs/kv.md)
 
 __version__ = "0.1.0"
 

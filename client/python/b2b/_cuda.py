@@ -131,3 +131,117 @@ def share_tensor(tensor: Any) -> CudaShare:
         ref_counter_offset=ref_off,
         release_counter=getattr(type(storage), "_release_ipc_counter_cuda", None),
     )
+
+
+# ---------------------------------------------------------------------------
+# Allocations: which cudaMalloc block a device pointer lies in (b2b.kv).
+
+_libcuda: Any = None
+
+
+def _driver() -> Any:
+    """libcuda, loaded at run time as the daemon loads it (nothing links it)."""
+    global _libcuda
+    if _libcuda is not None:
+        return _libcuda
+    import ctypes  # noqa: PLC0415
+
+    lib = None
+    for name in ("libcuda.so.1", "libcuda.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    if lib is None:
+        raise OSError("b2b.kv: libcuda.so.1 (the CUDA driver) could not be loaded; CUDA tensors need it")
+    u64p, szp = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t)
+    lib.cuInit.argtypes = [ctypes.c_uint]
+    lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    lib.cuCtxPushCurrent_v2.argtypes = [ctypes.c_void_p]
+    lib.cuCtxPopCurrent_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    lib.cuMemGetAddressRange_v2.argtypes = [u64p, szp, ctypes.c_uint64]
+    release = getattr(lib, "cuDevicePrimaryCtxRelease_v2", None) or lib.cuDevicePrimaryCtxRelease
+    release.argtypes = [ctypes.c_int]
+    lib.b2b_release = release
+    _check(lib, lib.cuInit(0), "cuInit")
+    _libcuda = lib
+    return lib
+
+
+def _check(lib: Any, rc: int, what: str) -> None:
+    if rc == 0:
+        return
+    import ctypes  # noqa: PLC0415
+
+    name = ctypes.c_char_p()
+    try:
+        lib.cuGetErrorName(rc, ctypes.byref(name))
+    except Exception:  # an old driver: the number alone
+        pass
+    label = name.value.decode() if name.value else "CUresult"
+    raise OSError(f"b2b.kv: {what} failed: {label} ({rc})")
+
+
+def address_range(device: int, ptr: int) -> Tuple[int, int]:
+    """``(base, size)`` of the allocation holding device pointer ``ptr``
+    (``cuMemGetAddressRange``), with ``device``'s primary context pushed for
+    the call, so that it works from any thread."""
+    import ctypes  # noqa: PLC0415
+
+    cu = _driver()
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    _check(cu, cu.cuDeviceGet(ctypes.byref(dev), int(device)), f"cuDeviceGet({device})")
+    _check(cu, cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), f"cuDevicePrimaryCtxRetain({device})")
+    try:
+        _check(cu, cu.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")
+        try:
+            base, size = ctypes.c_uint64(), ctypes.c_size_t()
+            _check(cu, cu.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr)),
+                   f"cuMemGetAddressRange({ptr:#x} on device {device})")
+            return int(base.value), int(size.value)
+        finally:
+            popped = ctypes.c_void_p()
+            cu.cuCtxPopCurrent_v2(ctypes.byref(popped))
+    finally:
+        cu.b2b_release(dev)
+
+
+def share_range(tensor: Any, alloc_base: int, start: int, size: int) -> CudaShare:
+    """Share ``[start, start+size)`` (device addresses) of the allocation at
+    ``alloc_base`` (from :func:`address_range`) through the IPC handle of
+    ``tensor``'s storage, which lies in that allocation.
+
+    The driver says where the allocation is; PyTorch's handle names its own
+    base block, at ``storage.data_ptr() - storage_offset_bytes``. The two must
+    agree, or the offset sent would point elsewhere: refused, naming both.
+    """
+    if not hasattr(tensor, "untyped_storage"):
+        raise _invalid("cuda tensor: b2b.kv needs PyTorch 2.0 or newer (Tensor.untyped_storage)")
+    storage = tensor.untyped_storage()
+    share: Tuple[Any, ...] = storage._share_cuda_()
+    if len(share) < 4:
+        raise _invalid(f"cuda tensor: _share_cuda_ returned {len(share)} fields, expected 8")
+    device, handle, _storage_size, storage_offset_bytes = share[:4]
+    if handle is None:
+        raise _invalid("cuda tensor: its storage has no memory to share")
+    torch_base = int(storage.data_ptr()) - int(storage_offset_bytes)
+    if torch_base != alloc_base:
+        raise _invalid(
+            f"cuda tensor: cuMemGetAddressRange puts its allocation at {alloc_base:#x}, but PyTorch's IPC "
+            f"handle names a block at {torch_base:#x}; b2b.kv cannot tell which memory the handle opens"
+        )
+    if start < alloc_base or size <= 0:
+        raise _invalid(f"cuda tensor: range [{start:#x}, +{size}) is not inside the allocation at {alloc_base:#x}")
+    ref_h = share[4] if len(share) > 4 else None
+    ref_off = int(share[5]) if len(share) > 5 and share[5] is not None else 0
+    return CudaShare(
+        device=int(device),
+        ipc_handle=ipc_mem_handle(handle),
+        offset=start - alloc_base,
+        size=size,
+        ref_counter_handle=ref_h if ref_h else None,
+        ref_counter_offset=ref_off,
+        release_counter=getattr(type(storage), "_release_ipc_counter_cuda", None),
+    )

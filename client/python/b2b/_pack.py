@@ -83,3 +83,55 @@ def check_block_size(block_size: Optional[int], name: str = "block_size") -> int
     if v >= 1 << 64:
         raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{name} {v} does not fit in a uint64")
     return v
+
+
+_U32LE = np.dtype("<u4")
+
+
+def as_u32(values: Any, name: str) -> np.ndarray:
+    """Return block ids as a 1-D little-endian uint32 ndarray, copying only if needed.
+
+    Accepts numpy arrays and lists of ints, and torch integer tensors (CPU
+    or CUDA: moved to the host first). Ids must fit a uint32; whether they
+    are below a layout's ``num_blocks`` is the daemon's check. Raises
+    :class:`TypeError` for non-integer data and :class:`InvalidArgumentError`
+    naming the index and value otherwise.
+    """
+    if hasattr(values, "detach") and hasattr(values, "cpu") and hasattr(values, "numpy"):
+        values = values.detach().cpu().numpy()  # a torch tensor: one copy to the host at most
+    if isinstance(values, np.ndarray):
+        a = values
+    elif isinstance(values, (bytes, bytearray, memoryview, str)):
+        raise TypeError(f"{name}: expected an array of integer ids, got {type(values).__name__}")
+    else:
+        try:
+            a = np.asarray(values)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"{name}: cannot be read as an array of integers: {e}") from None
+    if a.ndim != 1:
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{name} must be a 1-D array of ids, got shape {a.shape}")
+    kind = a.dtype.kind
+    if a.size == 0 and kind in "fb" and not isinstance(values, np.ndarray):
+        return np.empty(0, dtype=_U32LE)  # np.asarray([]) is float64
+    if kind not in "iu":
+        raise TypeError(f"{name}: expected integer ids, got dtype {a.dtype}")
+    if a.size and a.dtype.itemsize >= 4 and (kind == "i" or a.dtype.itemsize > 4):
+        bad = (a < 0) | (a > 0xFFFFFFFF) if kind == "i" else a > 0xFFFFFFFF
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise InvalidArgumentError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{name}[{i}] = {int(a[i])} does not fit a uint32 block id (0 to {0xFFFFFFFF})",
+            )
+    elif a.size and kind == "i" and (a < 0).any():
+        i = int(np.argmax(a < 0))
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{name}[{i}] = {int(a[i])} is negative: block ids are uint32")
+    if a.dtype != _U32LE:
+        a = a.astype(_U32LE)
+    return a
+
+
+def pack_u32(values: Any, name: str) -> Tuple[bytes, int]:
+    """Pack block ids to packed little-endian uint32 bytes; return ``(bytes, count)``."""
+    a = as_u32(values, name)
+    return a.tobytes(), a.shape[0]

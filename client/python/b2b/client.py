@@ -17,14 +17,13 @@ from dataclasses import dataclass
 import ipaddress
 import itertools
 import queue
-import struct
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
 
 from . import _cuda
-from ._pack import check_block_size, pack_u64, unpack_u64
+from ._pack import check_block_size, pack_u32, pack_u64, unpack_u64
 from .errors import (
     B2BError,
     FailedPreconditionError,
@@ -1137,10 +1136,24 @@ class Client:
         ``persist`` and ``deregister_on_close`` as in :meth:`register_host`.
         """
         deregister_on_close = _dereg_default(deregister_on_close, persist)
-        share = _cuda.share_tensor(tensor)
+        return self._register_cuda_share(tensor, _cuda.share_tensor(tensor), export_name, (), persist, deregister_on_close)
+
+    def _register_cuda_share(
+        self,
+        keep: Any,
+        share: _cuda.CudaShare,
+        export_name: Optional[str],
+        export_to: Sequence[str],
+        persist: bool,
+        deregister_on_close: bool,
+    ) -> CudaRegion:
+        """Register the CUDA IPC range ``share`` names; the region keeps
+        ``keep`` (the tensor or tensors over that memory) alive. ``b2b.kv``
+        registers a whole allocation shared by several tensors this way."""
         req = pb.RegisterRegionRequest(
             cuda_ipc=pb.CudaIpc(device=share.device, ipc_handle=share.ipc_handle, offset=share.offset, size=share.size),
             export_name=export_name or "",
+            export_to=list(export_to),
             persist=bool(persist),
         )
         try:
@@ -1148,15 +1161,16 @@ class Client:
         except BaseException:
             _release_ipc_counter(share)  # the daemon did not keep it open
             raise
-        region = CudaRegion(self, RegionInfo.from_proto(resp.region), tensor, share, deregister_on_close)
+        region = CudaRegion(self, RegionInfo.from_proto(resp.region), keep, share, deregister_on_close)
         self._track(region)
         return region
 
-    def export(self, region: RegionRef, name: Optional[str]) -> RegionInfo:
-        """Set (or with ``None``/"" clear) a region's export name."""
+    def export(self, region: RegionRef, name: Optional[str], export_to: Sequence[str] = ()) -> RegionInfo:
+        """Set (or with ``None``/"" clear) a region's export name; ``export_to``
+        lists the peer identities allowed to write it (empty: every peer)."""
         resp = self._call(
             self._stub.ExportRegion,
-            pb.ExportRegionRequest(region_id=_region_id(region, "region"), export_name=name or ""),
+            pb.ExportRegionRequest(region_id=_region_id(region, "region"), export_name=name or "", export_to=list(export_to)),
             self.timeout,
         )
         info = RegionInfo.from_proto(resp.region)
@@ -1297,8 +1311,8 @@ class Client:
         local_layout: str,
         peer: str,
         remote_layout: str,
-        local_ids: Sequence[int],
-        remote_ids: Sequence[int],
+        local_ids: Any,
+        remote_ids: Any,
         timeout: Optional[float] = None,
         transport: Union[None, str, int] = None,
         *,
@@ -1306,13 +1320,15 @@ class Client:
     ) -> TransferResult:
         """Move block ``local_ids[i]`` of every segment of ``local_layout`` to
         block ``remote_ids[i]`` of the peer's exported ``remote_layout``.
-        Returns once every byte landed and was acknowledged."""
+        Ids are lists, numpy arrays or torch integer tensors, packed as
+        little-endian uint32 by numpy (no Python loop). Returns once every
+        byte landed and was acknowledged."""
         req = pb.TransferBlocksRequest(
             local_layout=local_layout,
             peer=peer,
             remote_layout=remote_layout,
-            local_ids=struct.pack("<%dI" % len(local_ids), *local_ids),
-            remote_ids=struct.pack("<%dI" % len(remote_ids), *remote_ids),
+            local_ids=pack_u32(local_ids, "local_ids")[0],
+            remote_ids=pack_u32(remote_ids, "remote_ids")[0],
             transport=_transport(transport),
         )
         if notification is not None:
