@@ -72,6 +72,10 @@ func (s *Server) leave(c *client) {
 	if c == nil || !s.clients.leave(c) {
 		return
 	}
+	// Its transfers first: a running one holds its source region.
+	if n := s.batches.Transfers().ReleaseClient(c.id); n > 0 {
+		s.cfg.Log.Info("client gone; its transfers are cancelled and their ids freed", "pid", c.pid, "transfers", n)
+	}
 	if now, later := s.cfg.Registry.Expire(c.id); now+later > 0 {
 		s.cfg.Log.Info("client gone; its leased regions are released", "pid", c.pid, "released", now, "after_their_batches", later)
 	}

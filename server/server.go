@@ -52,6 +52,7 @@ type Config struct {
 	Signals        map[transport.Kind]transport.SignalHandler
 	MaxDescriptors int
 	MaxPlans       int // prepared plans per client identity; 0: batch.DefaultMaxPlans
+	MaxTransfers   int // async transfers per client; 0: batch.DefaultMaxTransfers
 	DefaultTimeout time.Duration
 	CUDAAvailable  bool
 	CUDADetail     string
@@ -113,7 +114,7 @@ func New(cfg Config) *Server {
 	if cfg.Peers != nil {
 		peers = cfg.Peers
 	}
-	b := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans,
+	b := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers,
 		DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Log: cfg.Log})
 	cfg.Counters, cfg.MaxDescriptors = b.Counters(), b.MaxDescriptors()
 	return &Server{cfg: cfg, batches: b, triggers: trigger.New(cfg.Triggers)}

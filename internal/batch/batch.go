@@ -60,7 +60,9 @@ type Config struct {
 	Peers          Peers
 	MaxDescriptors int
 	// MaxPlans limits the prepared plans per client identity (0: DefaultMaxPlans).
-	MaxPlans       int
+	MaxPlans int
+	// MaxTransfers limits the async transfers per client (0: DefaultMaxTransfers).
+	MaxTransfers   int
 	DefaultTimeout time.Duration // a batch's deadline when its caller set none
 	Counters       *Counters
 	Log            hclog.Logger
@@ -72,6 +74,7 @@ type Service struct {
 	plans    plans
 	maxPlans atomic.Int64
 	layouts  *Layouts
+	async    *Transfers
 }
 
 // New fills cfg's defaults and returns the service.
@@ -88,7 +91,7 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
-	s := &Service{cfg: cfg, layouts: NewLayouts(cfg.Registry)}
+	s := &Service{cfg: cfg, layouts: NewLayouts(cfg.Registry), async: NewTransfers(cfg.MaxTransfers)}
 	s.SetMaxPlans(cfg.MaxPlans)
 	return s
 }
@@ -303,6 +306,14 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		var cached bool
 		sess, remote, reg, cached, err = s.prepare(ctx, p)
 		if err != nil {
+			// A connection that broke under this batch's resolve
+			// (another batch, cut off, broke it) is retried once on a
+			// fresh one, as a Write that broke it is.
+			if firstErr == nil && sess.Conn != nil && ctx.Err() == nil && errs.Class(err) == errs.ErrUnavailable {
+				s.cfg.Log.Info("batch's connection broke before its write; retrying once on a fresh one", "peer", p.peer, "error", err)
+				firstErr = err
+				continue
+			}
 			if firstErr != nil {
 				return Result{}, fmt.Errorf("%w (retrying on a fresh connection; the first attempt failed: %v)", err, firstErr)
 			}

@@ -496,6 +496,8 @@ func (s *Service) ReleaseOwner(o Owner) int {
 
 // Close frees every plan and refuses new ones (daemon shutdown).
 func (s *Service) Close() {
+	// First: a running transfer may hold a plan or a layout's regions.
+	s.async.Close()
 	s.plans.mu.Lock()
 	s.plans.closed = true
 	s.plans.mu.Unlock()

@@ -119,7 +119,7 @@ class ErrorMappingTest(unittest.TestCase):
             grpc.StatusCode.ALREADY_EXISTS: b2b.AlreadyExistsError,
             grpc.StatusCode.UNIMPLEMENTED: b2b.UnimplementedError,
             grpc.StatusCode.INTERNAL: b2b.B2BError,
-            grpc.StatusCode.CANCELLED: b2b.B2BError,
+            grpc.StatusCode.CANCELLED: b2b.CancelledError,
         }
         for code, cls in cases.items():
             with self.subTest(code=code):
@@ -138,8 +138,8 @@ class ErrorMappingTest(unittest.TestCase):
         # sent; gRPC Python may report that as CANCELLED before its own timer fires.
         now = time.monotonic()
         cases = [
-            ("no deadline", grpc.StatusCode.CANCELLED, None, b2b.B2BError, grpc.StatusCode.CANCELLED),
-            ("deadline ahead", grpc.StatusCode.CANCELLED, now + 3600, b2b.B2BError, grpc.StatusCode.CANCELLED),
+            ("no deadline", grpc.StatusCode.CANCELLED, None, b2b.CancelledError, grpc.StatusCode.CANCELLED),
+            ("deadline ahead", grpc.StatusCode.CANCELLED, now + 3600, b2b.CancelledError, grpc.StatusCode.CANCELLED),
             ("deadline passed", grpc.StatusCode.CANCELLED, now - 0.001, b2b.DeadlineExceededError,
              grpc.StatusCode.DEADLINE_EXCEEDED),
             ("deadline passed, other code", grpc.StatusCode.ABORTED, now - 1, b2b.AbortedError,

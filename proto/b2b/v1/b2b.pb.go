@@ -2620,6 +2620,10 @@ type StatusResponse struct {
 	// clients whose connections hold the others' leases.
 	PersistentRegions uint32 `protobuf:"varint,17,opt,name=persistent_regions,json=persistentRegions,proto3" json:"persistent_regions,omitempty"`
 	LeaseHolders      uint32 `protobuf:"varint,18,opt,name=lease_holders,json=leaseHolders,proto3" json:"lease_holders,omitempty"`
+	// Async transfers (StartTransfer): those running, and those the table
+	// holds, running or ended and not yet reported; both 0 at rest.
+	TransfersInFlight uint32 `protobuf:"varint,19,opt,name=transfers_in_flight,json=transfersInFlight,proto3" json:"transfers_in_flight,omitempty"`
+	TransfersHeld     uint32 `protobuf:"varint,20,opt,name=transfers_held,json=transfersHeld,proto3" json:"transfers_held,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -2776,6 +2780,20 @@ func (x *StatusResponse) GetPersistentRegions() uint32 {
 func (x *StatusResponse) GetLeaseHolders() uint32 {
 	if x != nil {
 		return x.LeaseHolders
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetTransfersInFlight() uint32 {
+	if x != nil {
+		return x.TransfersInFlight
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetTransfersHeld() uint32 {
+	if x != nil {
+		return x.TransfersHeld
 	}
 	return 0
 }
@@ -4750,7 +4768,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"reconnects\x18\a \x01(\x04R\n" +
 	"reconnects\x12\x1d\n" +
 	"\n" +
-	"bytes_sent\x18\b \x01(\x04R\tbytesSent\"\xa1\x05\n" +
+	"bytes_sent\x18\b \x01(\x04R\tbytesSent\"\xf8\x05\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12!\n" +
@@ -4776,7 +4794,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"goroutines\x12\x19\n" +
 	"\bopen_fds\x18\x10 \x01(\rR\aopenFds\x12-\n" +
 	"\x12persistent_regions\x18\x11 \x01(\rR\x11persistentRegions\x12#\n" +
-	"\rlease_holders\x18\x12 \x01(\rR\fleaseHolders\"y\n" +
+	"\rlease_holders\x18\x12 \x01(\rR\fleaseHolders\x12.\n" +
+	"\x13transfers_in_flight\x18\x13 \x01(\rR\x11transfersInFlight\x12%\n" +
+	"\x0etransfers_held\x18\x14 \x01(\rR\rtransfersHeld\"y\n" +
 	"\rLayoutSegment\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1b\n" +

@@ -611,7 +611,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "goroutines", "lease_holders", "max_descriptors", "node_name", "open_fds", "peer_address", "peers_connected", "persistent_regions", "regions", "transports", "version"]
+    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "goroutines", "lease_holders", "max_descriptors", "node_name", "open_fds", "peer_address", "peers_connected", "persistent_regions", "regions", "transfers_held", "transfers_in_flight", "transports", "version"]
     BATCHES_FAILED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
@@ -628,6 +628,8 @@ class StatusResponse(_message.Message):
     PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PERSISTENT_REGIONS_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_HELD_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     batches_failed: int
@@ -646,9 +648,11 @@ class StatusResponse(_message.Message):
     peers_connected: int
     persistent_regions: int
     regions: int
+    transfers_held: int
+    transfers_in_flight: int
     transports: _containers.RepeatedCompositeFieldContainer[TransportStatus]
     version: str
-    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ..., open_fds: _Optional[int] = ..., persistent_regions: _Optional[int] = ..., lease_holders: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ..., open_fds: _Optional[int] = ..., persistent_regions: _Optional[int] = ..., lease_holders: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ..., transfers_held: _Optional[int] = ...) -> None: ...
 
 class SubmitStreamRequest(_message.Message):
     __slots__ = ["handle", "tag"]
