@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -19,9 +18,6 @@ import (
 // with `after` waits in the trigger watcher until its counter reaches the
 // value, then runs. The counter is a word of a host region of the
 // caller's, held (not deregistrable) while the transfer lives.
-
-// runFunc is a transfer as the async table runs it.
-type runFunc func(ctx context.Context) (batch.Result, error)
 
 // counterOf checks after and holds its counter's region; release lets go.
 func (s *Server) counterOf(after *b2bv1.TransferTrigger, who region.Caller) (trigger.Counter, func(), error) {
@@ -51,18 +47,13 @@ func (s *Server) counterOf(after *b2bv1.TransferTrigger, who region.Caller) (tri
 	return trigger.Counter{Name: name, Word: (*uint64)(unsafe.Pointer(&m.Host[off]))}, release, nil
 }
 
-// triggered wraps run so that it waits for after's counter first. The
-// returned release must run if the wrapped function never does (the start
-// was refused); the wrapped function releases on its own.
-func (s *Server) triggered(after *b2bv1.TransferTrigger, who region.Caller, run runFunc) (runFunc, func(), error) {
-	c, release, err := s.counterOf(after, who)
-	if err != nil {
-		return nil, nil, err
-	}
-	value := after.GetValue()
-	once := sync.OnceFunc(release)
+// gated wraps run so that it waits for c to reach value first, under the
+// transfer's context (its deadline and CancelTransfer), then runs it and
+// reports the trigger's times. release (run at most once) lets go of the
+// counter's region when the transfer ends.
+func (s *Server) gated(c trigger.Counter, value uint64, release func(), run batch.RunFunc) batch.RunFunc {
 	return func(ctx context.Context) (batch.Result, error) {
-		defer once()
+		defer release()
 		armed := time.Now()
 		seen, err := s.triggers.Wait(ctx, c, value)
 		if err != nil {
@@ -71,5 +62,5 @@ func (s *Server) triggered(after *b2bv1.TransferTrigger, who region.Caller, run 
 		res, err := run(ctx)
 		res.Phases.Armed, res.Phases.TriggerSeen = seen.Sub(armed), seen
 		return res, err
-	}, once, nil
+	}
 }

@@ -102,6 +102,9 @@ func (s *Service) Counters() *Counters { return s.cfg.Counters }
 // MaxDescriptors is the most blocks a batch may have.
 func (s *Service) MaxDescriptors() int { return s.cfg.MaxDescriptors }
 
+// DefaultTimeout is a transfer's deadline when its caller set none.
+func (s *Service) DefaultTimeout() time.Duration { return s.cfg.DefaultTimeout }
+
 // Request is one batch as the caller gave it.
 type Request struct {
 	Src    string        // the source region's ID

@@ -1478,6 +1478,7 @@ class Client:
         *,
         notification: Optional[bytes] = None,
         wait: bool = True,
+        after: Optional[Tuple[Any, int]] = None,
     ) -> Union[TransferResult, "Transfer"]:
         """Move block ``local_ids[i]`` of every segment of ``local_layout`` to
         block ``remote_ids[i]`` of the peer's exported ``remote_layout``.
@@ -1485,7 +1486,9 @@ class Client:
         little-endian uint32 by numpy (no Python loop). Returns once every
         byte landed and was acknowledged; with ``wait=False``, returns a
         :class:`Transfer` handle at once (``timeout`` then bounds the
-        transfer from its start)."""
+        transfer from its start). ``after=(counter, L)`` (a
+        :class:`b2b.stream.Counter`): the daemon posts it only once the
+        counter reaches ``L``; it implies ``wait=False``."""
         req = pb.TransferBlocksRequest(
             local_layout=local_layout,
             peer=peer,
@@ -1496,6 +1499,12 @@ class Client:
         )
         if notification is not None:
             req.notification = bytes(notification)
+        if after is not None:
+            from .stream import trigger_proto  # stream imports this module
+
+            start = pb.StartTransferRequest(blocks=req)
+            start.after.CopyFrom(trigger_proto(after))
+            return self._start(start, timeout)
         if not wait:
             return self._start(pb.StartTransferRequest(blocks=req), timeout)
         return TransferResult.from_proto(self._call(self._stub.TransferBlocks, req, timeout))
