@@ -184,6 +184,8 @@ class TriggeredTransferTest(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        cls.a.deregister_layout("trig-src")
+        cls.b.deregister_layout("trig-dst")
         cls.a.close()
         cls.b.close()
         problems = []
@@ -242,7 +244,8 @@ class TriggeredTransferTest(unittest.TestCase):
             c.set(1)
             # A later transfer on the same counter fires: the cancelled one
             # would have fired first, in the same scan.
-            self.start(c, 1, [7]).wait(timeout=20)
+            # Client.transfer_blocks(after=) starts the same kind of transfer.
+            self.a.transfer_blocks("trig-src", self.db.peer_address, "trig-dst", [7], [7], after=(c, 1)).wait(timeout=20)
             self.assertFalse(self.landed([5, 6]))
             self.assertTrue(self.landed([7]))
 
