@@ -103,13 +103,12 @@ func parseLoadavg(b []byte) (int, bool) {
 func (w *Watcher) run(stopped chan struct{}) {
 	defer close(stopped)
 	p := w.policy
-	if !p.TimerSleep {
-		// The poll's nanosleep needs a thread of its own with a fine timer
-		// slack (50 µs by default); the thread dies with the goroutine
-		// (no UnlockOSThread), so the slack never leaks to other work.
-		runtime.LockOSThread()
-		_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
-	}
+	// A poll's nanosleep needs a thread of its own with a fine timer slack
+	// (50 µs by default). The thread is locked only while polling: a
+	// spinning goroutine that is locked would hand its thread over on every
+	// Gosched that finds other work.
+	var t pollThread
+	defer t.release()
 	var out []due
 	spinning := false
 	var checked time.Time
@@ -130,13 +129,42 @@ func (w *Watcher) run(stopped chan struct{}) {
 			}
 		}
 		if spinning {
+			t.release()
 			w.spins.Add(1)
 			runtime.Gosched()
 			continue
 		}
+		if !p.TimerSleep {
+			t.acquire()
+		}
 		w.polls.Add(1)
 		w.sleep(p)
 	}
+}
+
+// pollThread is the watcher's locked thread while it polls.
+type pollThread struct{ locked bool }
+
+func (t *pollThread) acquire() {
+	if t.locked {
+		return
+	}
+	runtime.LockOSThread()
+	_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
+	t.locked = true
+}
+
+// release gives the thread back with its default slack (0 restores it);
+// if that fails the thread stays locked and dies with the goroutine.
+func (t *pollThread) release() {
+	if !t.locked {
+		return
+	}
+	if err := unix.Prctl(unix.PR_SET_TIMERSLACK, 0, 0, 0, 0); err != nil {
+		return
+	}
+	runtime.UnlockOSThread()
+	t.locked = false
 }
 
 // sleep waits one poll period, or less when a trigger was armed.
