@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -68,8 +69,18 @@ type Config struct {
 	// table (no daemons are started).
 	ProjectCX7 string
 
+	// Workload is what is measured: WorkloadSweep (the block-size sweep) or
+	// WorkloadKV (a KV-cache request, descriptors against block ids).
+	Workload string
+	// KV is the --workload kv request's shape; Repeat its timed requests.
+	KV     KVShape
+	Repeat int
+
 	// yardstickBytes overrides the yardstick's stream length (tests).
 	yardstickBytes uint64
+	// kvAfterRequest, when set, runs after each KV request and before its
+	// verification (tests: corrupt a block and see verification catch it).
+	kvAfterRequest func(ctx context.Context, eps *endpoints, pools *kvPools, mode string, req KVRequest) error
 }
 
 // DefaultPreparedUpTo: by default prepared runs next to ad hoc up to 64 KiB.
@@ -179,6 +190,13 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	fs.BoolVar(&cfg.Breakdown, "breakdown", false, "print the daemon's per-phase medians (decode, validate, resolve, plan, post, wire, notify) per size and mode")
 	yard := fs.String("yardstick", "stream,cached", "TCP yardsticks: stream (from and into regions as large as the bench's), cached (4 MiB buffers), both comma-separated, or none")
 	fs.IntVar(&cfg.PingCalls, "ping-calls", DefaultPingCalls, "empty Ping calls whose median is the floor printed in the header (0: skip)")
+	fs.StringVar(&cfg.Workload, "workload", WorkloadSweep, "sweep (block sizes, the default) or kv (one KV-cache request moved as descriptors and as block ids; see --kv-*)")
+	fs.IntVar(&cfg.KV.Segments, "kv-segments", DefaultKVSegments, "--workload kv: segments (per-layer K and V tensors) per layout")
+	kvBlock := fs.String("kv-block", "8KiB", "--workload kv: bytes per block of a segment (K, M suffixes allowed)")
+	fs.IntVar(&cfg.KV.Pool, "kv-pool", DefaultKVPool, "--workload kv: blocks per segment (the pool's num_blocks)")
+	fs.IntVar(&cfg.KV.Request, "kv-request", DefaultKVRequest, "--workload kv: block ids per request, drawn at random without repeats (seeded), local and remote drawn apart")
+	kvRegions := fs.String("kv-regions", KVRegionsSegment, "--workload kv: segment (one region per segment, as vLLM's per-layer tensors) or one (one region holding every segment)")
+	fs.IntVar(&cfg.Repeat, "repeat", DefaultKVRepeat, "--workload kv: timed requests per mode (medians of these), after one warm-up each")
 	fs.StringVar(&cfg.ProjectCX7, "project-cx7", "", "print the ConnectX-7 projection table (markdown) from this bench JSON and exit; starts no daemons")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
@@ -194,6 +212,16 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 		return Config{}, fmt.Errorf("unexpected arguments %q (flags only)", fs.Args())
 	}
 	cfg.DaemonArgs = daemonArgs
+	if cfg.KV.Block, err = parseByteCount(*kvBlock); err != nil {
+		return Config{}, fmt.Errorf("--kv-block: %w", err)
+	}
+	switch *kvRegions {
+	case KVRegionsSegment:
+		cfg.KV.PerSegmentRegions = true
+	case KVRegionsOne:
+	default:
+		return Config{}, fmt.Errorf("--kv-regions %q: want %s or %s", *kvRegions, KVRegionsSegment, KVRegionsOne)
+	}
 	cfg.Sizes = DefaultSizes()
 	if *sizes != "" {
 		s, err := ParseSizes(*sizes)
@@ -222,6 +250,21 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--timeout %v: need a positive deadline", c.Timeout)
 	case len(c.Sizes) == 0:
 		return errors.New("--sizes: no sizes given")
+	}
+	switch c.Workload {
+	case "", WorkloadSweep:
+	case WorkloadKV:
+		if c.Repeat < 1 {
+			return fmt.Errorf("--repeat %d: need at least 1 timed request", c.Repeat)
+		}
+		if c.Memory == "cuda" {
+			return errors.New("--workload kv: host memory only (--memory cuda is not supported yet)")
+		}
+		if err := c.KV.Validate(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("--workload %q: want %s or %s", c.Workload, WorkloadSweep, WorkloadKV)
 	}
 	switch c.Transport {
 	case "auto", "tcp", "verbs", "local":

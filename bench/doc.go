@@ -29,6 +29,14 @@
 //   - Yardstick: one TCP connection on 127.0.0.1 with 4 MiB writes, best of
 //     three, at least 1 GiB; b2bd's GB/s is divided by it from 256 KiB up.
 //
+// --workload kv (kv.go, kvrun.go) measures one KV-cache request instead:
+// --kv-segments segments x --kv-request block ids (drawn without repeats
+// from a pool of --kv-pool blocks per segment), moved as one BatchTransfer
+// of descriptors over a region spanning the pool and as one TransferBlocks
+// between two registered layouts, interleaved per repeat. Every block of
+// every segment is verified after each request, and the daemon's non-wire
+// phases of the two modes are compared (docs/kv.md).
+//
 // Run writes the table to stdout, a progress bar to stderr when it is a
 // terminal, and optionally JSON and an SVG plot.
 package bench

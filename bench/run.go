@@ -101,6 +101,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if cfg.Seed == 0 {
 		cfg.Seed = uint64(time.Now().UnixNano()) | 1
 	}
+	if cfg.Workload == WorkloadKV {
+		return runKV(ctx, cfg, stdout, stderr)
+	}
 	host, _ := os.Hostname()
 	mode := "embedded"
 	if cfg.TwoHost() {

@@ -1,5 +1,7 @@
 // Command b2b-bench measures b2bd: batches of discrete blocks between two
-// daemons, swept over block sizes, every block verified. See package bench.
+// daemons, swept over block sizes, every block verified; or, with
+// --workload kv, a KV-cache request as descriptors and as block ids. See
+// package bench.
 package main
 
 import (

@@ -253,4 +253,15 @@ for k in "${!sizes[@]}"; do
 done
 log "comparison (ib_write_bw and bench, ${#sizes[@]} sizes x $REPS rounds) took $((SECONDS - t0)) s"
 echo "$((SECONDS - t0))" >"$B2B_OUT/comparison.seconds"
+
+# ---- 4b. a KV request over verbs: descriptors against block ids, every block of every segment verified ----
+if [ "${KV:-1}" = 1 ]; then
+	read -r -a kv_args <<<"$KV_ARGS"
+	log "bench --workload kv ${kv_args[*]}"
+	"$BENCH" --src-api unix:///run/b2bd.sock --dst-api "$B2B_PEER_IP:7480" --dst-peer "$B2B_PEER_IP:7470" "${tls[@]}" \
+		--transport verbs --workload kv "${kv_args[@]}" --timeout 300s --json "$B2B_OUT/bench-kv.json" >"$B2B_OUT/bench-kv.txt" 2>&1 || {
+		log "bench --workload kv FAILED"
+		rc=1
+	}
+fi
 exit $rc

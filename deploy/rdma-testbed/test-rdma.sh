@@ -33,6 +33,9 @@
 #   B2B_RDMA_TIMEOUT      whole-run limit in seconds (default 3000; the fault cases may use 60% of it; CI's limit is 90 minutes)
 #   B2B_RDMA_CONFORMANCE  1 (default) runs the transport conformance suite over verbs (TestHWConformance) in A
 #   B2B_RDMA_RAILS        1 (default) runs test-rails.sh (two RDMA devices per VM) after the table; 0 skips
+#   B2B_RDMA_KV           1 (default) runs one KV request over verbs after the table (b2b-bench --workload kv,
+#                         descriptors against block ids, every block verified); 0 skips
+#   B2B_RDMA_KV_ARGS      its size (default "--kv-segments 16 --kv-pool 256 --kv-request 64 --repeat 3")
 #   B2B_RDMA_B2BD, B2B_RDMA_BENCH   prebuilt binaries to use instead of building ./cmd/b2bd, ./cmd/b2b-bench
 #   B2B_RDMA_DAEMON_ARGS  extra b2bd flags for both daemons (e.g. "--qps-per-peer=4")
 #   B2B_RDMA_OUT          output directory (default .cache/rdma-testbed/test-rdma/<time>)
@@ -122,6 +125,8 @@ FAULT_TRANSPORTS=${B2B_RDMA_FAULT_TRANSPORTS:-verbs,tcp}
 FAULT_TRIALS=${B2B_RDMA_FAULT_TRIALS:-10}
 FAULT_LOAD=${B2B_RDMA_FAULT_LOAD:-32x200}
 FAULT_TIMEOUT=$((TIMEOUT * 6 / 10))
+KV=${B2B_RDMA_KV:-1}
+KV_ARGS="${B2B_RDMA_KV_ARGS:---kv-segments 16 --kv-pool 256 --kv-request 64 --repeat 3}"
 EOF
 say "sizes ${SIZES} with blocks ${blocks_list[*]}, $REPS rounds of $ITERS timed batches each; smp $SMP; output $OUT"
 
@@ -250,6 +255,15 @@ except OSError:
 print("Emulated hardware (smp=%d per VM): compare ratios only. Summary: %s/rdma-summary.json" % (smp, out))
 sys.exit(0 if ok else 1)
 EOF
+
+# The KV request over verbs (VM B, section 4b): both modes' table and the non-wire ratio.
+if [ "${B2B_RDMA_KV:-1}" = 1 ]; then
+	echo
+	echo "KV request over verbs ($OUT/run/bench-kv.txt):"
+	sed -n '/^ *mode /,/^ratio/p' "$OUT/run/bench-kv.txt" 2>/dev/null || echo "(no result)"
+	python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if r["complete"] and all(x["verified"] for x in r["rows"]) else 1)' \
+		"$OUT/run/bench-kv.json" 2>/dev/null || { say "KV request over verbs FAILED or not verified"; rc=1; }
+fi
 
 # The fault table and load figures from A's TestRemoteFaults.
 if [ "$FAULTS" = 1 ]; then
