@@ -257,6 +257,10 @@ def main():
                 res["lag_post_us"] = [(o.phases.posted_unix_ns - t_vis[l]) / 1e3 for l, o in enumerate(outs)]
                 res["lag_post_gpu_us"] = [(o.phases.posted_unix_ns - t_gpu[l]) / 1e3 for l, o in enumerate(outs)]
                 res["vis_after_gpu_us"] = [(t_vis[l] - t_gpu[l]) / 1e3 for l in range(N)]
+                # Inside the daemon, from the trigger to the post: the transfer's
+                # goroutine waking, validation, resolution (cached 1 s), plan.
+                res["seen_to_post_us"] = [(o.phases.posted_unix_ns - o.phases.trigger_seen_unix_ns) / 1e3 for o in outs]
+                res["resolve_us"] = [o.phases.resolve_ns / 1e3 for o in outs]
                 res["early_posts"] = sum(1 for l, o in enumerate(outs) if o.phases.trigger_seen_unix_ns < t_gpu[l] - window)
             return res
 
@@ -284,7 +288,7 @@ def main():
                  "tail_a_ms": statistics.median(ta), "tail_b_ms": statistics.median(tb),
                  "ratio": statistics.median(ta) / statistics.median(tb),
                  "early_posts": sum(r.get("early_posts", 0) for r in runs), "runs": runs}
-            for key in ("lag_seen_us", "lag_post_us", "lag_post_gpu_us", "vis_after_gpu_us"):
+            for key in ("lag_seen_us", "lag_post_us", "lag_post_gpu_us", "vis_after_gpu_us", "seen_to_post_us", "resolve_us"):
                 xs = lag(key)
                 c[key] = {"p50": pct(xs, 50), "p99": pct(xs, 99), "min": min(xs), "max": max(xs), "n": len(xs)}
             c["meets_ratio"] = c["ratio"] <= 0.25
@@ -297,6 +301,8 @@ def main():
                 f"->post p50 {c['lag_post_us']['p50']:.1f} us p99 {c['lag_post_us']['p99']:.1f}; "
                 f"gpu event->post p50 {c['lag_post_gpu_us']['p50']:.1f} us p99 {c['lag_post_gpu_us']['p99']:.1f} "
                 f"(host saw the write {c['vis_after_gpu_us']['p50']:.1f} us after the event, p50); early posts: {c['early_posts']}")
+            log(f"{'':>14}  in the daemon: seen->post p50 {c['seen_to_post_us']['p50']:.1f} us p99 {c['seen_to_post_us']['p99']:.1f} "
+                f"(resolve p50 {c['resolve_us']['p50']:.1f} us, max {c['resolve_us']['max']:.1f})")
             if c["early_posts"]:
                 fail = True
         counter.close()
