@@ -389,18 +389,25 @@ func (s *Service) Transfers() *Transfers { return s.async }
 // StartBatch plans r now (its fields, source region and descriptors are
 // checked, the source held), and starts its run in the table for client:
 // bad input is refused here, not reported later as a failed transfer.
-func (s *Service) StartBatch(client uint64, timeout time.Duration, r Request) (uint64, error) {
+// wrap, if given, wraps the run (a trigger that waits before it).
+func (s *Service) StartBatch(client uint64, timeout time.Duration, r Request, wrap ...func(RunFunc) RunFunc) (uint64, error) {
 	p, err := s.Plan(r)
 	if err != nil {
 		return 0, err
 	}
-	id, err := s.async.Start(client, timeout, func(ctx context.Context) (Result, error) {
-		defer p.Close()
+	run := func(ctx context.Context) (Result, error) {
 		return s.bounded(ctx, func(ctx context.Context) (Result, error) {
 			res, err := s.Run(ctx, p)
 			res.Phases.Validate, res.Phases.Plan = p.validate, res.Phases.Plan+p.merge
 			return res, err
 		}, "batch failed", "peer", r.Peer, "dst", r.Dst)
+	}
+	for _, w := range wrap {
+		run = w(run)
+	}
+	id, err := s.async.Start(client, timeout, func(ctx context.Context) (Result, error) {
+		defer p.Close()
+		return run(ctx)
 	})
 	if err != nil {
 		p.Close()

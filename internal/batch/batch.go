@@ -137,6 +137,9 @@ func (s *Service) Counters() *Counters { return s.cfg.Counters }
 // MaxDescriptors is the most blocks a batch may have.
 func (s *Service) MaxDescriptors() int { return s.cfg.MaxDescriptors }
 
+// DefaultTimeout is a transfer's deadline when its caller set none.
+func (s *Service) DefaultTimeout() time.Duration { return s.cfg.DefaultTimeout }
+
 // Request is one batch as the caller gave it.
 type Request struct {
 	Src    string        // the source region's ID
@@ -179,10 +182,22 @@ type Phases struct {
 	Wire     time.Duration // until every byte landed and the ack came back
 	Notify   time.Duration // delivering the notification
 	Total    time.Duration // the whole call
+	// Triggered transfers: the time armed until the watcher saw the
+	// counter's value, and when it saw it.
+	Armed       time.Duration
+	TriggerSeen time.Time
+	// Posted is when the first write began, Landed when the last ended
+	// acknowledged (zero: none did).
+	Posted, Landed time.Time
 }
 
-// write splits a write's time into plan, post and wire.
-func (ph *Phases) write(st transport.Stats, d time.Duration) {
+// write splits a write that began at start into plan, post and wire.
+func (ph *Phases) write(st transport.Stats, start time.Time) {
+	ph.Landed = time.Now()
+	d := ph.Landed.Sub(start)
+	if ph.Posted.IsZero() {
+		ph.Posted = start
+	}
 	ph.Plan += st.Plan
 	ph.Post += st.Post
 	if w := d - st.Plan - st.Post; w > 0 {
@@ -397,7 +412,7 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		start = time.Now()
 		ph.Resolve += start.Sub(t0)
 		st, err = p.move(ctx, sess, reg, remote)
-		ph.write(st, time.Since(start))
+		ph.write(st, start)
 		if err == nil {
 			break
 		}

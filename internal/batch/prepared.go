@@ -392,7 +392,7 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		var err error
 		start = time.Now()
 		st, err = b.write(ctx, p)
-		ph.write(st, time.Since(start))
+		ph.write(st, start)
 		if err == nil {
 			break
 		}

@@ -256,12 +256,21 @@ class PhaseTimings:
     wire_ns: int = 0  # wait until every byte landed and the ack came back
     notify_ns: int = 0  # deliver the notification
     total_ns: int = 0  # the handler's whole time
+    # Triggered transfers (b2b.stream): the time armed; and wall-clock
+    # times (Unix ns, as time.time_ns() on the daemon's host) when the
+    # watcher saw the counter's value, the first write was posted, and the
+    # last was acknowledged (every byte landed). The last two on every transfer.
+    armed_ns: int = 0
+    trigger_seen_unix_ns: int = 0
+    posted_unix_ns: int = 0
+    landed_unix_ns: int = 0
 
     @classmethod
     def from_proto(cls, p: Any) -> "PhaseTimings":
         return cls(
             int(p.decode_ns), int(p.validate_ns), int(p.resolve_ns), int(p.plan_ns),
             int(p.post_ns), int(p.wire_ns), int(p.notify_ns), int(p.total_ns),
+            int(p.armed_ns), int(p.trigger_seen_unix_ns), int(p.posted_unix_ns), int(p.landed_unix_ns),
         )
 
     def as_dict(self) -> Dict[str, int]:
@@ -1532,6 +1541,7 @@ class Client:
         notification: Optional[bytes] = None,
         op: Union[None, str, int] = None,
         wait: bool = True,
+        after: Optional[Tuple[Any, int]] = None,
     ) -> Union[TransferResult, "Transfer"]:
         """Move block ``local_ids[i]`` of every segment of ``local_layout`` to
         block ``remote_ids[i]`` of the peer's exported ``remote_layout``
@@ -1540,7 +1550,9 @@ class Client:
         as little-endian uint32 by numpy (no Python loop). Returns once every
         byte landed and was acknowledged; with ``wait=False``, returns a
         :class:`Transfer` handle at once (``timeout`` then bounds the transfer
-        from its start)."""
+        from its start). ``after=(counter, L)`` (a
+        :class:`b2b.stream.Counter`): the daemon posts it only once the
+        counter reaches ``L``; it implies ``wait=False``."""
         req = pb.TransferBlocksRequest(
             local_layout=local_layout,
             peer=peer,
@@ -1552,6 +1564,12 @@ class Client:
         )
         if notification is not None:
             req.notification = bytes(notification)
+        if after is not None:
+            from .stream import trigger_proto  # stream imports this module
+
+            start = pb.StartTransferRequest(blocks=req)
+            start.after.CopyFrom(trigger_proto(after))
+            return self._start(start, timeout)
         if not wait:
             return self._start(pb.StartTransferRequest(blocks=req), timeout)
         return TransferResult.from_proto(self._call(self._stub.TransferBlocks, req, timeout))
