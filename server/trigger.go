@@ -47,20 +47,26 @@ func (s *Server) counterOf(after *b2bv1.TransferTrigger, who region.Caller) (tri
 	return trigger.Counter{Name: name, Word: (*uint64)(unsafe.Pointer(&m.Host[off]))}, release, nil
 }
 
-// gated wraps run so that it waits for c to reach value first, under the
-// transfer's context (its deadline and CancelTransfer), then runs it and
-// reports the trigger's times. release (run at most once) lets go of the
+// gated wraps run so that its post waits for c to reach value, under the
+// transfer's context (its deadline and CancelTransfer): the run validates,
+// resolves and plans first and waits at the gate (batch.WithGate) just
+// before it posts, so a fired trigger costs only the post. It reports the
+// trigger's times. release (run at most once) lets go of the
 // counter's region when the transfer ends.
 func (s *Server) gated(c trigger.Counter, value uint64, release func(), run batch.RunFunc) batch.RunFunc {
 	return func(ctx context.Context) (batch.Result, error) {
 		defer release()
-		armed := time.Now()
-		seen, err := s.triggers.Wait(ctx, c, value)
-		if err != nil {
-			return batch.Result{}, err // nothing was posted
+		// The run plans first and waits at the gate just before its post.
+		var armed, seen time.Time
+		res, err := run(batch.WithGate(ctx, func(ctx context.Context) error {
+			armed = time.Now()
+			var err error
+			seen, err = s.triggers.Wait(ctx, c, value)
+			return err // an error: nothing was posted
+		}))
+		if !seen.IsZero() {
+			res.Phases.Armed, res.Phases.TriggerSeen = seen.Sub(armed), seen
 		}
-		res, err := run(ctx)
-		res.Phases.Armed, res.Phases.TriggerSeen = seen.Sub(armed), seen
 		return res, err
 	}
 }

@@ -409,8 +409,11 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 			}
 			return Result{}, err
 		}
+		ph.Resolve += time.Since(t0)
+		if err := passGate(ctx); err != nil {
+			return Result{}, err
+		}
 		start = time.Now()
-		ph.Resolve += start.Sub(t0)
 		st, err = p.move(ctx, sess, reg, remote)
 		ph.write(st, start)
 		if err == nil {

@@ -211,6 +211,9 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 
 	// Every stretch in one go (transport.BlockWriter where the kind has
 	// one, else concurrent Writes): every byte acknowledged before success.
+	if err := passGate(ctx); err != nil {
+		return res, cached, false, err
+	}
 	wstart := time.Now()
 	bw := transport.BlockWrite{Pair: pair, IDs: ids, Src: sc.srcs, Dst: sc.dsts}
 	st, werr := transport.WriteBlocks(ctx, sess.Conn, &bw, &sc.bs)
@@ -275,6 +278,9 @@ func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r 
 		sc.rdsts = append(sc.rdsts, rg)
 	}
 	ph.Plan += time.Since(t2)
+	if err := passGate(ctx); err != nil {
+		return res, cached, false, err
+	}
 	wstart := time.Now()
 	br := transport.BlockRead{Pair: pair, IDs: ids, Src: sc.rsrcs, Dst: sc.rdsts}
 	st, werr := transport.ReadBlocks(ctx, sess.Conn, &br, &sc.bs)

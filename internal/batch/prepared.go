@@ -389,6 +389,9 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 			}
 			b = nb
 		}
+		if err := passGate(ctx); err != nil {
+			return Result{}, err
+		}
 		var err error
 		start = time.Now()
 		st, err = b.write(ctx, p)

@@ -1107,6 +1107,7 @@ class Client:
         self._closed = False
         self._lock = threading.Lock()
         self._regions: "weakref.WeakSet[_Region]" = weakref.WeakSet()
+        self._layouts: set = set()  # leased layouts this client registered
 
     # -- plumbing ---------------------------------------------------------
 
@@ -1141,7 +1142,15 @@ class Client:
         if self._closed:
             return
         with self._lock:
-            regions = list(self._regions)
+            regions, layouts = list(self._regions), sorted(self._layouts)
+        # Layouts first: they hold their regions in the daemon.
+        for name in layouts:
+            try:
+                self.deregister_layout(name)
+            except NotFoundError:
+                pass
+            except B2BError as e:
+                warnings.warn(f"b2b: releasing layout {name!r} on close: {e}", RuntimeWarning, stacklevel=2)
         for r in regions:
             if r._deregister_on_close:
                 try:
@@ -1522,11 +1531,17 @@ class Client:
         )
         for region, offset, block_len, stride in segments:
             req.segments.add(region_id=_region_id(region, "segments"), offset=offset, block_len=block_len, stride=stride)
-        return self._call(self._stub.RegisterLayout, req, timeout).layout
+        layout = self._call(self._stub.RegisterLayout, req, timeout).layout
+        if not persist:
+            with self._lock:
+                self._layouts.add(name)
+        return layout
 
     def deregister_layout(self, name: str, timeout: Optional[float] = None) -> None:
         """Release a layout and its hold on its regions."""
         self._call(self._stub.DeregisterLayout, pb.DeregisterLayoutRequest(name=name), timeout)
+        with self._lock:
+            self._layouts.discard(name)
 
     def transfer_blocks(
         self,
