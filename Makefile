@@ -61,6 +61,8 @@ test-go: deps
 
 test-python: build
 	@if [ -d client/python/tests ]; then B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 -m unittest discover -s client/python/tests -v; fi
+	/usr/bin/python3 deploy/gpu/smprobe_verdict_test.py
+	B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 deploy/gpu/layer_check_test.py
 
 # test-quickstart runs the README's quick start as written (examples/quickstart/quickstart.sh):
 # two loopback daemons, register, 10,000 gapped blocks by b2bctl, Go and Python, all verified.

@@ -23,11 +23,14 @@
 #         in the first half of the spin with no other context time-sliced onto
 #         the SMs; positive controls (a 1-block kernel in the probe's process,
 #         one in another process) must be caught, or the probe fails.
+#      Each path also runs as a triggered transfer (after=(counter, v), the
+#      counter written during the spin by the host and by mark_layer_done).
 #      gpu-check fails if either proof fails for any path.
 # Usage: deploy/gpu/gpu-check.sh [OUT_DIR]
 #   env: BIN=bin, SIZES=..., BLOCKS=10000, ITERS=5, TRANSPORTS="local tcp",
 #        NCU_TRANSPORTS="local tcp", LOCAL_STREAMS (daemons' --local-streams),
-#        TORCH_TRANSPORT=auto, PROBE_SIZES=128,4096,65536, PROBE_MS=400
+#        TORCH_TRANSPORT=auto, PROBE_SIZES=128,4096,65536, PROBE_MS=400,
+#        PROBE_CASES=all (plain, triggered), PROBE_TRIGGER_SIZES=4096
 set -uo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${BIN:-$top/bin}
@@ -142,47 +145,21 @@ export PYTHONPATH=$top/client/python PYTHONUNBUFFERED=1
 step "4a. zero SMs, proof 1 of 2, per path: ncu counts the daemons' kernels"
 python3 "$top/deploy/gpu/smprobe_verdict_test.py" || fail=1 # the verdict's own table test
 python3 "$top/deploy/gpu/smprobe.py" --bin "$BIN" --mode ncu --ncu-dir "$OUT/ncu-paths" --json "$OUT/sm-ncu.json" \
-  --sizes "${PROBE_SIZES:-128,4096,65536}" 2>&1 | tee "$OUT/sm-ncu.txt"
+  --sizes "${PROBE_SIZES:-128,4096,65536}" --cases "${PROBE_CASES:-all}" --trigger-sizes "${PROBE_TRIGGER_SIZES:-4096}" 2>&1 | tee "$OUT/sm-ncu.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 
 step "4b. zero SMs, proof 2 of 2, per path: occupancy probe (smprobe.cu holds every SM slot)"
 if nvcc -O2 -o "$OUT/smprobe" "$top/deploy/gpu/smprobe.cu" 2> "$OUT/smprobe-build.txt"; then
   python3 "$top/deploy/gpu/smprobe.py" --bin "$BIN" --mode probe --smprobe "$OUT/smprobe" --json "$OUT/sm-probe.json" \
-    --sizes "${PROBE_SIZES:-128,4096,65536}" --ms "${PROBE_MS:-400}" 2>&1 | tee "$OUT/sm-probe.txt"
+    --sizes "${PROBE_SIZES:-128,4096,65536}" --ms "${PROBE_MS:-400}" \
+    --cases "${PROBE_CASES:-all}" --trigger-sizes "${PROBE_TRIGGER_SIZES:-4096}" 2>&1 | tee "$OUT/sm-probe.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || fail=1
 else
   echo "gpu-check: smprobe.cu did not build (the occupancy proof is required):"; cat "$OUT/smprobe-build.txt"; fail=1
 fi
 
-step "4c. zero SMs per path: both proofs"
-python3 - "$OUT" <<'PY' || fail=1
-import json, os, sys
-out = sys.argv[1]
-def load(n):
-    try:
-        return json.load(open(os.path.join(out, n)))
-    except OSError:
-        return {"cases": [], "controls": []}
-ncu, probe = load("sm-ncu.json"), load("sm-probe.json")
-key = lambda c: (c["path"], c["transport"], c["block_bytes"])
-nc = {key(c): c for c in ncu["cases"]}
-print(f"{'path':<14} {'transport':<9} {'block':>7} {'carried by':>10} {'ncu kernels':>11} {'probe: took ms':>14} {'spin left ms':>12} {'SM stalls':>9}  verdict")
-bad = 0
-for c in probe["cases"]:
-    n = nc.get(key(c), {})
-    k = n.get("ncu_kernels")
-    ok = bool(c.get("ok")) and n.get("ok") is True
-    bad += not ok
-    f = lambda v, p=1: "-" if v is None else f"{v:.{p}f}"
-    print(f"{c['path']:<14} {c['transport']:<9} {c['block_bytes']:>7} {c.get('carried_by', '-'):>10} {('-' if k is None else k):>11} "
-          f"{f(c.get('took_ms'), 2):>14} {f(c.get('spin_left_ms')):>12} {len(c.get('gaps_in_window', [])):>9}  {'0 SMs (both proofs)' if ok else 'FAIL'}")
-for c in probe.get("controls", []):
-    print(f"  {c['name']:<40} took {c['took_ms']:.2f} ms, SM stalls in its window {c.get('gaps_in_window')}, caught as expected: {c['ok']}")
-if not probe["cases"] or bad or not probe.get("pass") or not ncu.get("pass"):
-    print("gpu-check: zero SMs NOT proven both ways for every path")
-    sys.exit(1)
-print("gpu-check: zero SMs proven both ways for every path")
-PY
+step "4c. zero SMs per path (plain and triggered batches): both proofs"
+python3 "$top/deploy/gpu/smprobe.py" summarize "$OUT/sm-ncu.json" "$OUT/sm-probe.json" || fail=1
 
 step "verdict"
 [ $fail -eq 0 ] && echo "gpu-check: PASS" || echo "gpu-check: FAIL"

@@ -97,6 +97,7 @@ def main():
     ap.add_argument("--ncu", default="", help="run the daemons under ncu, logs in this directory")
     ap.add_argument("--json", default="layer-stream.json")
     args = ap.parse_args()
+    smprobe.exit_on_sigterm()  # timeout(1)'s SIGTERM still stops the daemons (finally below)
 
     import torch
     import b2b
