@@ -27,6 +27,9 @@ OUT=${1:?usage: layer-check.sh OUT_DIR}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH=$top/client/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# register_cuda refuses tensors of an expandable-segments allocator (as kv-check.sh)
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:False}
+export B2BD_BIN=$BIN/b2bd # layer_check_test.py's live check
 deadline=$((SECONDS + ${TOTAL_S:-500}))
 fail=0
 : > "$OUT/steps.txt"

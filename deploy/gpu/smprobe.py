@@ -554,7 +554,7 @@ def main():
         def trigger_line(t):
             f = lambda v: "-" if v is None else f"{v:.1f}"
             vis = t.get("visible_ms_into_spin")
-            return (f" | after({t['writer']}): write visible {'-' if vis is None else f'{vis:.2f}'} ms into the spin, "
+            return (f" | after({t['writer']}): " + ("" if vis is None else f"write visible {vis:.2f} ms into the spin, ") +
                     f"write->seen {f(t.get('write_to_seen_us'))} us, ->post {f(t.get('write_to_post_us'))} us, "
                     f"armed before the write: {t.get('armed_before_write')}")
 
