@@ -347,16 +347,8 @@ def summarize_main(argv):
 
 
 def start_batch_after(c, src, peer, dst, so, do, size, transport, after, timeout):
-    """StartTransfer of a batch with after=(counter, value): Client.start_transfer
-    when it takes after=, else the same request built here (the client's
-    own request builder, plus the trigger)."""
-    import inspect
-    from b2b import stream
-    from b2b.v1 import b2b_pb2 as pb
-    if "after" in inspect.signature(c.start_transfer).parameters:
-        return c.start_transfer(src, peer, dst, so, do, block_size=size, timeout=timeout, transport=transport, after=after)
-    req = c._batch_request(src, peer, dst, so, do, None, size, transport, None, None, "start_transfer")
-    return c._start(pb.StartTransferRequest(batch=req, after=stream.trigger_proto(after)), timeout)
+    """StartTransfer of a batch with after=(counter, value)."""
+    return c.start_transfer(src, peer, dst, so, do, block_size=size, timeout=timeout, transport=transport, after=after)
 
 
 def exit_on_sigterm():

@@ -1471,12 +1471,20 @@ class Client:
         descriptors: Optional[Descriptors] = None,
         notification: Optional[bytes] = None,
         op: Union[None, str, int] = None,
+        after: Optional[Tuple[Any, int]] = None,
     ) -> "Transfer":
         """:meth:`batch_transfer`, started async: returns a :class:`Transfer`
         handle at once (bad input is refused here). ``timeout`` bounds the
-        transfer from its start (``None``: the daemon's default)."""
+        transfer from its start (``None``: the daemon's default).
+        ``after=(counter, L)`` (a :class:`b2b.stream.Counter`): the daemon
+        posts it only once the counter reaches ``L``."""
         req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "start_transfer", op)
-        return self._start(pb.StartTransferRequest(batch=req), timeout)
+        start = pb.StartTransferRequest(batch=req)
+        if after is not None:
+            from .stream import trigger_proto  # stream imports this module
+
+            start.after.CopyFrom(trigger_proto(after))
+        return self._start(start, timeout)
 
     def start_submit(self, plan: "PreparedTransfer", timeout: Optional[float] = None) -> "Transfer":
         """A submit of a prepared plan, started async (see :class:`Transfer`)."""
