@@ -81,7 +81,7 @@ func TestWriteBlocksAllocatesNothing(t *testing.T) {
 	if _, err := bw.WriteBlocks(ctx, w, &sc); err != nil { // warm-up
 		t.Fatal(err)
 	}
-	for _, r := range sc.Runs {
+	for _, r := range w.Pair.Expand(nil, w.IDs) {
 		got := dbufs[r.DstRegion][r.DstOff : r.DstOff+r.Len]
 		if !bytes.Equal(got, p.srcMem.Host[r.SrcOff:r.SrcOff+r.Len]) {
 			t.Fatalf("run %+v did not land", r)

@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -81,12 +80,7 @@ func (s *stream) pull(j *job) result {
 	if s.c.cut.Load() == j.batch {
 		_ = s.nc.SetDeadline(time.Unix(1, 0))
 	}
-	if s.rx == nil {
-		_, direct := s.nc.(*net.TCPConn)
-		lw := newLowWater(s.nc)
-		s.rx = &receiver{t: s.c.t, c: s.nc, lw: lw, direct: direct, br: bufio.NewReaderSize(lw, recvBuf)}
-		s.rtable = make([]byte, maxSegsPerFrame*segLen)
-	}
+	s.ensureRx()
 	p := j.p
 	sh := p.shares[j.share]
 	le := binary.LittleEndian
