@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
@@ -174,8 +173,9 @@ func (r *receiver) serveRead(h *frameHeader) error {
 	le.PutUint32(b[24:], 0)
 	le.PutUint32(b[28:], 0)
 	_ = r.c.SetWriteDeadline(time.Now().Add(frameTimeout))
-	bufs := net.Buffers{b, r.out[:h.payload]}
-	_, err = bufs.WriteTo(r.c)
+	r.outa = [2][]byte{b, r.out[:h.payload]}
+	r.outv = r.outa[:]
+	_, err = r.outv.WriteTo(r.c)
 	_ = r.c.SetWriteDeadline(time.Time{})
 	return err
 }
