@@ -503,7 +503,7 @@ type receiver struct {
 	// (WriteTo consumes it: it is refilled from outa.)
 	outv net.Buffers
 	outa [2][]byte
-	c   net.Conn
+	c    net.Conn
 	// direct: c is plain TCP, whose Read leaves p to the kernel (never
 	// touched in Go); under TLS, reads go through br.
 	direct bool
