@@ -352,3 +352,48 @@ func PackIDs(ids []uint32) []byte {
 	}
 	return out
 }
+
+// GroupRuns is the number of runs group g expands to for ids: one per
+// run of consecutive ids when its blocks merge, else one per id.
+func (p *Pair) GroupRuns(ids IDs, g int) int {
+	if p.groups[g].mergeable {
+		return len(ids.runs)
+	}
+	return len(ids.Src)
+}
+
+// GroupRegions are group g's source and destination regions (indices
+// into the layouts' Regions).
+func (p *Pair) GroupRegions(g int) (src, dst uint32) {
+	gr := &p.groups[g]
+	return gr.srcRegion, gr.dstRegion
+}
+
+// GroupEnds bound group g's runs for any validated request: every run of
+// it lies below srcEnd in its source region and below dstEnd in its
+// destination region (the extents of its last blocks). A transport checks
+// these against its memory once per group, not once per run.
+func (p *Pair) GroupEnds(g int) (srcEnd, dstEnd uint64) {
+	gr := &p.groups[g]
+	return gr.srcBase + (p.src.numBlocks-1)*gr.srcStride + gr.blockLen,
+		gr.dstBase + (p.dst.numBlocks-1)*gr.dstStride + gr.blockLen
+}
+
+// GroupBytes is the bytes group g moves for ids.
+func (p *Pair) GroupBytes(ids IDs, g int) uint64 {
+	return uint64(len(ids.Src)) * p.groups[g].blockLen
+}
+
+// Seek is the cursor at run `run` of the expansion counted from the start
+// of group g (run may reach into later groups).
+func (p *Pair) Seek(ids IDs, g, run int) Cursor {
+	for g < len(p.groups) {
+		n := p.GroupRuns(ids, g)
+		if run < n {
+			return Cursor{group: g, entry: run}
+		}
+		run -= n
+		g++
+	}
+	return Cursor{group: g}
+}

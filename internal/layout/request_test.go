@@ -535,3 +535,60 @@ func randomRequest(r *rand.Rand, n, nbSrc, nbDst int) Request {
 	}
 	return Request{SrcIDs: PackIDs(s), DstIDs: PackIDs(d)}
 }
+
+// TestSeekAndGroupHelpers: expanding from Seek(g, k) yields the runs of
+// Expand from the k-th run of group g on, and every run lies below its
+// group's ends, for merging and non-merging groups alike.
+func TestSeekAndGroupHelpers(t *testing.T) {
+	size := func(string) (uint64, error) { return 1 << 20, nil }
+	mk := func(name string, stride uint64) *Layout {
+		segs := []Segment{
+			{Region: "a", Offset: 0, BlockLen: 64, Stride: stride, NumBlocks: 32},
+			{Region: "b", Offset: 4096, BlockLen: 64, Stride: 64, NumBlocks: 32},
+			{Region: "b", Offset: 8192, BlockLen: 32, Stride: 32, NumBlocks: 32},
+		}
+		l, err := New(name, segs, size, Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	for _, stride := range []uint64{64, 128} {
+		p, err := NewPair(mk("s", stride), mk("d", 64), Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var w Planner
+		src := []uint32{3, 4, 5, 9, 10, 31, 0}
+		dst := []uint32{7, 8, 9, 1, 2, 30, 31}
+		ids, err := w.Validate(p, Request{SrcIDs: PackIDs(src), DstIDs: PackIDs(dst)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := p.Expand(nil, ids)
+		total := 0
+		for g := 0; g < p.NumGroups(); g++ {
+			total += p.GroupRuns(ids, g)
+		}
+		if total != len(all) {
+			t.Fatalf("stride %d: GroupRuns sum %d, Expand made %d runs", stride, total, len(all))
+		}
+		for i, r := range all {
+			se, de := p.GroupEnds(int(r.Group))
+			sr, dr := p.GroupRegions(int(r.Group))
+			if r.SrcOff+r.Len > se || r.DstOff+r.Len > de || sr != r.SrcRegion || dr != r.DstRegion {
+				t.Fatalf("stride %d: run %d %+v outside its group's ends (%d, %d) or regions (%d, %d)", stride, i, r, se, de, sr, dr)
+			}
+		}
+		for g, base := 0, 0; g < p.NumGroups(); g++ {
+			for k := 0; k <= len(all)-base; k++ {
+				c := p.Seek(ids, g, k)
+				got := p.ExpandFrom(nil, ids, &c, len(all))
+				if !slices.Equal(got, all[base+k:]) {
+					t.Fatalf("stride %d: Seek(%d, %d) expands %v, want %v", stride, g, k, got, all[base+k:])
+				}
+			}
+			base += p.GroupRuns(ids, g)
+		}
+	}
+}

@@ -242,3 +242,21 @@ func runStretches(ctx context.Context, sc *BlockScratch, plan time.Duration, cal
 	wg.Wait()
 	return total, first
 }
+
+// ExpandChunk fills sc.Runs with at most limit runs of ids from c on, and
+// sc.Src, Dst and Len with their offsets and lengths, allocating only to
+// grow: a transport that copies chunk by chunk expands the request as it
+// goes, not all of it before the first byte.
+func (sc *BlockScratch) ExpandChunk(p *layout.Pair, ids layout.IDs, c *layout.Cursor, limit int) desc.Batch {
+	sc.Runs = p.ExpandFrom(sc.Runs[:0], ids, c, limit)
+	n := len(sc.Runs)
+	if cap(sc.Src) < n {
+		sc.Src, sc.Dst, sc.Len = make([]uint64, n), make([]uint64, n), make([]uint64, n)
+	}
+	sc.Src, sc.Dst, sc.Len = sc.Src[:n], sc.Dst[:n], sc.Len[:n]
+	for i := range sc.Runs {
+		r := &sc.Runs[i]
+		sc.Src[i], sc.Dst[i], sc.Len[i] = r.SrcOff, r.DstOff, r.Len
+	}
+	return desc.Batch{Src: sc.Src, Dst: sc.Dst, Len: sc.Len}
+}

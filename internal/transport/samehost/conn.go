@@ -63,6 +63,9 @@ type Conn struct {
 	// pendingEnd: WriteBlocks sent a stretch's end and has not read its
 	// reply yet; begin reads it first (blocks.go).
 	pendingEnd bool
+	// chunk is a block request's current chunk (blocks.go): a field, as
+	// the copy hands it to its workers, so that it is not made per chunk.
+	chunk desc.Batch
 	// hostPool copies a large host batch's shares in parallel (one CPU
 	// thread moves ~5 GB/s; TCP's streams beat that); started on first use.
 	hostPool *hostPool

@@ -29,6 +29,7 @@ type fakeInbound struct {
 	batches  uint64
 	blocks   uint64
 	bytes    uint64
+	unpin    func() // made once, so that pinning allocates nothing
 }
 
 func (f *fakeInbound) add(r transport.Registration) {
@@ -50,7 +51,10 @@ func (f *fakeInbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), 
 				return memory.Memory{}, nil, fmt.Errorf("%w: region is no longer exported", errs.ErrNotFound)
 			}
 			f.pinned++
-			return r.Memory(), func() { f.mu.Lock(); f.pinned--; f.mu.Unlock() }, nil
+			if f.unpin == nil {
+				f.unpin = func() { f.mu.Lock(); f.pinned--; f.mu.Unlock() }
+			}
+			return r.Memory(), f.unpin, nil
 		}
 	}
 	return memory.Memory{}, nil, fmt.Errorf("%w: no live %s registration has key %#x", errs.ErrNotFound, k, key)

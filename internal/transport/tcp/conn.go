@@ -386,7 +386,7 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 }
 
 type job struct {
-	pipe     *pipeJob // a block write's batches (blocks.go); else one batch
+	blocks   *blockJob // a block request's batches (blocks.go); else one batch
 	batch    uint64
 	p        *plan
 	share    int
@@ -418,6 +418,8 @@ type stream struct {
 	// its per-frame table.
 	rx     *receiver
 	rtable []byte
+	// blk is the stream's part of block requests (blocks.go).
+	blk streamBlocks
 }
 
 func newStream(c *conn, nc net.Conn) *stream {
@@ -466,8 +468,8 @@ func (s *stream) loop() {
 		select {
 		case j := <-s.jobs:
 			var r result
-			if j.pipe != nil {
-				r = s.sendPipe(&j)
+			if j.blocks != nil {
+				r = s.sendBlocks(&j)
 			} else if j.p.read {
 				r = s.pull(&j)
 			} else {

@@ -1,13 +1,11 @@
 package tcp
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
@@ -81,12 +79,7 @@ func (s *stream) pull(j *job) result {
 	if s.c.cut.Load() == j.batch {
 		_ = s.nc.SetDeadline(time.Unix(1, 0))
 	}
-	if s.rx == nil {
-		_, direct := s.nc.(*net.TCPConn)
-		lw := newLowWater(s.nc)
-		s.rx = &receiver{t: s.c.t, c: s.nc, lw: lw, direct: direct, br: bufio.NewReaderSize(lw, recvBuf)}
-		s.rtable = make([]byte, maxSegsPerFrame*segLen)
-	}
+	s.ensureRx()
 	p := j.p
 	sh := p.shares[j.share]
 	le := binary.LittleEndian
@@ -180,8 +173,9 @@ func (r *receiver) serveRead(h *frameHeader) error {
 	le.PutUint32(b[24:], 0)
 	le.PutUint32(b[28:], 0)
 	_ = r.c.SetWriteDeadline(time.Now().Add(frameTimeout))
-	bufs := net.Buffers{b, r.out[:h.payload]}
-	_, err = bufs.WriteTo(r.c)
+	r.outa = [2][]byte{b, r.out[:h.payload]}
+	r.outv = r.outa[:]
+	_, err = r.outv.WriteTo(r.c)
 	_ = r.c.SetWriteDeadline(time.Time{})
 	return err
 }

@@ -498,7 +498,12 @@ type receiver struct {
 	// out is where a pull's response is copied from the source region
 	// before it is sent (read.go), grown on first use.
 	out []byte
-	c   net.Conn
+	// outv is the response's write list: a field, so that WriteTo's
+	// pointer receiver does not make a local escape per answer.
+	// (WriteTo consumes it: it is refilled from outa.)
+	outv net.Buffers
+	outa [2][]byte
+	c    net.Conn
 	// direct: c is plain TCP, whose Read leaves p to the kernel (never
 	// touched in Go); under TLS, reads go through br.
 	direct bool

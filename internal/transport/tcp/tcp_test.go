@@ -47,6 +47,12 @@ func (k *keyed) Pin(_ transport.Kind, key uint64) (memory.Memory, func(), error)
 }
 func (k *keyed) Landed(_ transport.Kind, _, bytes uint64) { k.landed.Add(bytes) }
 
+// PinRead serves pulls from the same regions (the tests' read tokens are
+// their keys).
+func (k *keyed) PinRead(kind transport.Kind, key uint64) (memory.Memory, func(), error) {
+	return k.Pin(kind, key)
+}
+
 func hostMem(t testing.TB, n int) memory.Memory {
 	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {

@@ -241,3 +241,108 @@ func testBlocksCancel(t *testing.T, f Factory) {
 		}
 	}
 }
+
+// testBlocksRead pulls block-id requests with transport.ReadBlocks (the
+// kind's BlockReader, else one Read per stretch): the peer's 3 regions
+// into 3 of ours, fused and separate segments, merging runs and repeated
+// source ids, every block of every segment checked and every other byte
+// of ours untouched.
+func testBlocksRead(t *testing.T, f Factory) {
+	r := start(t, f)
+	r.reader(t)
+	cases := []struct {
+		name             string
+		srcFused, dstFus bool
+		ids              func(rng *rand.Rand) (src, dst []uint32)
+	}{
+		{"merges", false, false, func(rng *rand.Rand) ([]uint32, []uint32) {
+			var s, d []uint32
+			for i := uint32(0); i < 20; i++ {
+				s, d = append(s, 5+i), append(d, 40+i)
+			}
+			return append(s, 1, 63), append(d, 2, 0)
+		}},
+		{"repeated sources, fused", true, true, func(rng *rand.Rand) ([]uint32, []uint32) {
+			var s, d []uint32
+			for i, p := range rng.Perm(kvPool)[:40] {
+				s, d = append(s, uint32(i%5)), append(d, uint32(p))
+			}
+			return s, d
+		}},
+		{"separate to fused, every block", false, true, func(rng *rand.Rand) ([]uint32, []uint32) {
+			var s, d []uint32
+			for i, p := range rng.Perm(kvPool) {
+				s, d = append(s, uint32(i)), append(d, uint32(p))
+			}
+			return s, d
+		}},
+	}
+	rng := rand.New(rand.NewPCG(24, 1))
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r.fresh(t)
+			const nreg, per = 3, 2
+			ss, ssize := kvSegs(nreg, per, c.srcFused)
+			ds, dsize := kvSegs(nreg, per, c.dstFus)
+			sl, err := kvlayout.New("peer", ss, func(string) (uint64, error) { return ssize, nil }, kvlayout.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dl, err := kvlayout.New("ours", ds, func(string) (uint64, error) { return dsize, nil }, kvlayout.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pair, err := kvlayout.NewPair(sl, dl, kvlayout.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rd := transport.BlockRead{Pair: pair}
+			var sbuf, dbuf [][]byte
+			for i := 0; i < nreg; i++ {
+				_, rr, sb := r.readable(t, int(ssize))
+				fill(rng, sb)
+				rd.Src, sbuf = append(rd.Src, rr), append(sbuf, sb)
+				reg, db := r.source(t, int(dsize))
+				poisoned(db)
+				rd.Dst, dbuf = append(rd.Dst, reg), append(dbuf, db)
+			}
+			srcIDs, dstIDs := c.ids(rng)
+			var pl kvlayout.Planner
+			if rd.IDs, err = pl.Validate(pair, kvlayout.Request{SrcIDs: kvlayout.PackIDs(srcIDs), DstIDs: kvlayout.PackIDs(dstIDs)}); err != nil {
+				t.Fatal(err)
+			}
+			var sc transport.BlockScratch
+			st, err := transport.ReadBlocks(context.Background(), r.conn, &rd, &sc)
+			if err != nil {
+				t.Fatalf("ReadBlocks: %v", err)
+			}
+			if st.Segments == 0 {
+				t.Fatal("ReadBlocks reported no blocks")
+			}
+			covered := make([][]bool, nreg)
+			for i := range covered {
+				covered[i] = make([]bool, dsize)
+			}
+			for k := range ss {
+				stl, dt := sl.Template(k), dl.Template(k)
+				for i := range srcIDs {
+					so := stl.Base + uint64(srcIDs[i])*stl.Stride
+					do := dt.Base + uint64(dstIDs[i])*dt.Stride
+					if !bytes.Equal(dbuf[dt.Region][do:do+kvBlock], sbuf[stl.Region][so:so+kvBlock]) {
+						t.Fatalf("segment %d entry %d (block %d -> %d): our block differs from the peer's", k, i, srcIDs[i], dstIDs[i])
+					}
+					for x := do; x < do+kvBlock; x++ {
+						covered[dt.Region][x] = true
+					}
+				}
+			}
+			for ri := range dbuf {
+				for x, cv := range covered[ri] {
+					if !cv && dbuf[ri][x] != poison {
+						t.Fatalf("our region %d byte %d, outside every target block, was written", ri, x)
+					}
+				}
+			}
+		})
+	}
+}
