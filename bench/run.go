@@ -477,6 +477,7 @@ func (r *runner) memoryBudget(ctx context.Context, eps *endpoints) (MemoryBudget
 func (r *runner) printHeader(ctx context.Context, eps *endpoints, budget MemoryBudget, plans []SizePlan) {
 	pairs := [][2]string{
 		{"b2b-bench", fmt.Sprintf("%s; transport %s requested; %d timed batches per size after 1 warm-up; seed %d", eps.describe, r.cfg.Transport, r.cfg.Iters, r.cfg.Seed)},
+		{"op", opsLabel(r.cfg.ops())},
 	}
 	if st, err := eps.src.Status(ctx); err == nil {
 		var ts []string
@@ -517,6 +518,17 @@ func (r *runner) printHeader(ctx context.Context, eps *endpoints, budget MemoryB
 	r.bar.clear()
 	tabbed(r.out, pairs)
 	r.bar.redraw()
+}
+
+// opsLabel says in the header what the batches do.
+func opsLabel(ops []string) string {
+	switch {
+	case len(ops) > 1:
+		return "write and read, interleaved in the same rounds (W R, R W, ...); a read pulls the destination daemon's blocks into the source daemon's region, which one untimed write per size seeds"
+	case ops[0] == OpRead:
+		return "read: the source daemon pulls the destination daemon's blocks into its region (one untimed write per size seeds them)"
+	}
+	return "write: the source daemon pushes its blocks into the destination daemon's region"
 }
 
 // regionPair is the run's source and destination regions.
@@ -567,6 +579,11 @@ func (r *runner) allocate(ctx context.Context, eps *endpoints, bytes uint64, exp
 	s := &regionPair{bytes: bytes}
 	srcReq := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: bytes}}}
 	dstReq := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: bytes}}, ExportName: export}
+	if slices.Contains(r.cfg.ops(), OpRead) {
+		// Reads pull from it: every peer may read (the source daemon's
+		// identity is not known here in two-host mode).
+		dstReq.Readers = []string{"*"}
+	}
 	if r.cuda != nil {
 		srcReq.Source = &b2bv1.RegisterRegionRequest_CudaAlloc{CudaAlloc: &b2bv1.CudaAlloc{Device: int32(r.cfg.SrcDevice), Size: bytes}}
 		dstReq.Source = &b2bv1.RegisterRegionRequest_CudaAlloc{CudaAlloc: &b2bv1.CudaAlloc{Device: int32(r.cfg.DstDevice), Size: bytes}}
