@@ -40,7 +40,10 @@ type KVReport struct {
 	// PullOverPush is, with --op both, the reads' non_wire_seconds over the
 	// writes' (medians) in blocks mode (by block id), and
 	// PullOverPushDescriptors the same in descriptors mode.
+	// PullOverPushControl leaves post out (blocks mode): over tcp a pull's
+	// post is its request frames' writes, which wait on the serving side.
 	PullOverPush            *float64 `json:"non_wire_ratio_pull_over_push_blocks,omitempty"`
+	PullOverPushControl     *float64 `json:"control_ratio_pull_over_push_blocks,omitempty"`
 	PullOverPushDescriptors *float64 `json:"non_wire_ratio_pull_over_push_descriptors,omitempty"`
 	Rows                    []KVRow  `json:"rows"`
 	Complete                bool     `json:"complete"`
@@ -273,6 +276,7 @@ func kvRun(ctx context.Context, cfg Config, rep *KVReport, out io.Writer) (err e
 		rd, rb := rep.Rows[2], rep.Rows[3]
 		rep.ReadNonWireRatio = ratio(rb.NonWireSeconds, rd.NonWireSeconds)
 		rep.PullOverPush = ratio(rb.NonWireSeconds, b.NonWireSeconds)
+		rep.PullOverPushControl = ratio(rb.ControlSeconds, b.ControlSeconds)
 		rep.PullOverPushDescriptors = ratio(rd.NonWireSeconds, d.NonWireSeconds)
 	}
 	fmt.Fprintln(out)
@@ -441,8 +445,11 @@ func printKV(w io.Writer, rep *KVReport) {
 	}
 	if rep.PullOverPush != nil {
 		fmt.Fprintf(w, "ratio      pull / push by block id (blocks mode), the daemon's non-wire time, same run: %.3fx", *rep.PullOverPush)
+		if rep.PullOverPushControl != nil {
+			fmt.Fprintf(w, " (without post: %.3fx)", *rep.PullOverPushControl)
+		}
 		if rep.PullOverPushDescriptors != nil {
-			fmt.Fprintf(w, " (descriptors: %.3fx)", *rep.PullOverPushDescriptors)
+			fmt.Fprintf(w, "; descriptors: %.3fx", *rep.PullOverPushDescriptors)
 		}
 		fmt.Fprintln(w)
 	}
