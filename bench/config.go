@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // DefaultBlocks is the number of blocks per batch the sweep aims for.
@@ -69,6 +71,10 @@ type Config struct {
 	// table (no daemons are started).
 	ProjectCX7 string
 
+	// Ops are what each batch does: OpWrite (push), OpRead (pull), or both,
+	// interleaved in the same rounds; nil: write only.
+	Ops []string
+
 	// Workload is what is measured: WorkloadSweep (the block-size sweep) or
 	// WorkloadKV (a KV-cache request, descriptors against block ids).
 	Workload string
@@ -76,6 +82,10 @@ type Config struct {
 	KV     KVShape
 	Repeat int
 
+	// afterBatch, when set, runs after each sweep batch (op, iter: 0 the
+	// warm-up) and before the verification that follows the last (tests:
+	// corrupt a block and see verification catch it).
+	afterBatch func(ctx context.Context, eps *endpoints, regions *regionPair, op string, iter int, src, dst Layout) error
 	// yardstickBytes overrides the yardstick's stream length (tests).
 	yardstickBytes uint64
 	// kvAfterRequest, when set, runs after each KV request and before its
@@ -115,6 +125,50 @@ func ParseModes(s string) (adHoc bool, preparedUpTo uint64, err error) {
 		return false, 0, fmt.Errorf("%q names no mode", s)
 	}
 	return adHoc, preparedUpTo, nil
+}
+
+// Ops: what a batch does.
+const (
+	OpWrite = "write" // push: the local region is the source
+	OpRead  = "read"  // pull: the local region is the destination
+)
+
+// ParseOps reads --op: write, read or both (write and read interleaved in
+// the same rounds, write first).
+func ParseOps(s string) ([]string, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case OpWrite, "":
+		return []string{OpWrite}, nil
+	case OpRead:
+		return []string{OpRead}, nil
+	case "both":
+		return []string{OpWrite, OpRead}, nil
+	}
+	return nil, fmt.Errorf("%q: want write, read or both", s)
+}
+
+// ops is the run's ops, write alone by default.
+func (c Config) ops() []string {
+	if len(c.Ops) == 0 {
+		return []string{OpWrite}
+	}
+	return c.Ops
+}
+
+// opKind is an op's protobuf value.
+func opKind(op string) b2bv1.TransferOp {
+	if op == OpRead {
+		return b2bv1.TransferOp_TRANSFER_OP_READ
+	}
+	return b2bv1.TransferOp_TRANSFER_OP_WRITE
+}
+
+// opName is a protobuf op's name in rows.
+func opName(op b2bv1.TransferOp) string {
+	if op == b2bv1.TransferOp_TRANSFER_OP_READ {
+		return OpRead
+	}
+	return OpWrite
 }
 
 // ParseYardsticks reads --yardstick: stream, cached, both comma-separated,
@@ -186,6 +240,7 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	fs.IntVar(&cfg.SrcDevice, "src-device", 0, "--memory cuda: the source region's GPU")
 	fs.IntVar(&cfg.DstDevice, "dst-device", 0, "--memory cuda: the destination region's GPU")
 	fs.StringVar(&cfg.NCUDir, "ncu", "", "embedded mode: run both daemons under Nsight Compute, logs in this directory; sms_used then comes from the kernels ncu saw")
+	op := fs.String("op", OpWrite, "write (push), read (pull the peer's blocks into the local region) or both (interleaved in the same rounds); rows carry op")
 	modes := fs.String("mode", "", "adhoc, prepared, or adhoc,prepared (default: ad hoc at every size, prepared too up to 64 KiB; naming both runs both everywhere)")
 	fs.BoolVar(&cfg.Breakdown, "breakdown", false, "print the daemon's per-phase medians (decode, validate, resolve, plan, post, wire, notify) per size and mode")
 	yard := fs.String("yardstick", "stream,cached", "TCP yardsticks: stream (from and into regions as large as the bench's), cached (4 MiB buffers), both comma-separated, or none")
@@ -204,6 +259,9 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	var err error
 	if cfg.AdHoc, cfg.PreparedUpTo, err = ParseModes(*modes); err != nil {
 		return Config{}, fmt.Errorf("--mode %w", err)
+	}
+	if cfg.Ops, err = ParseOps(*op); err != nil {
+		return Config{}, fmt.Errorf("--op %w", err)
 	}
 	if cfg.Yardsticks, err = ParseYardsticks(*yard); err != nil {
 		return Config{}, fmt.Errorf("--yardstick %w", err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,4 +166,53 @@ func FuzzParseYardsticks(f *testing.F) {
 			seen[k] = true
 		}
 	})
+}
+
+func TestParseOps(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    []string
+		wantErr string
+	}{
+		{in: "write", want: []string{OpWrite}},
+		{in: "", want: []string{OpWrite}},
+		{in: "read", want: []string{OpRead}},
+		{in: " READ ", want: []string{OpRead}},
+		{in: "both", want: []string{OpWrite, OpRead}},
+		{in: "pull", wantErr: `"pull": want write, read or both`},
+		{in: "write,read", wantErr: "want write, read or both"},
+	} {
+		got, err := ParseOps(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("ParseOps(%q) = %v, %v; want error %q", tc.in, got, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("ParseOps(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
+	}
+	// The flag: default write; a bad value names the flag.
+	for _, tc := range []struct {
+		args    []string
+		want    []string
+		wantErr string
+	}{
+		{args: nil, want: []string{OpWrite}},
+		{args: []string{"--op", "both"}, want: []string{OpWrite, OpRead}},
+		{args: []string{"--op=read", "--workload", "kv"}, want: []string{OpRead}},
+		{args: []string{"--op", "sideways"}, wantErr: `--op "sideways"`},
+	} {
+		cfg, err := ParseFlags(tc.args, io.Discard)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("ParseFlags(%q): %v; want error %q", tc.args, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(cfg.ops(), tc.want) {
+			t.Errorf("ParseFlags(%q): ops %v, %v; want %v", tc.args, cfg.ops(), err, tc.want)
+		}
+	}
 }

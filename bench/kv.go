@@ -206,9 +206,9 @@ func shmDirOf(ctx context.Context, c *client.Client) (string, error) {
 }
 
 // allocKVSide registers one side's pool. mapHere maps it into the bench
-// (the source, which the bench fills). exportPrefix, when set, exports
-// every region (the destination).
-func allocKVSide(ctx context.Context, c *client.Client, s KVShape, name, exportPrefix string, mapHere bool) (_ *kvSide, err error) {
+// (the local side, which the bench fills). exportPrefix, when set, exports
+// every region (the remote side), readable by readers.
+func allocKVSide(ctx context.Context, c *client.Client, s KVShape, name, exportPrefix string, readers []string, mapHere bool) (_ *kvSide, err error) {
 	p := &kvSide{c: c}
 	defer func() {
 		if err != nil {
@@ -230,7 +230,11 @@ func allocKVSide(ctx context.Context, c *client.Client, s KVShape, name, exportP
 		return resp.GetRegion(), nil
 	}
 	hostAlloc := func(size uint64, export string) *b2bv1.RegisterRegionRequest {
-		return &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: size}}, ExportName: export}
+		req := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: size}}, ExportName: export}
+		if export != "" {
+			req.Readers = readers
+		}
+		return req
 	}
 	mapRegion := func(r *b2bv1.Region) ([]byte, error) {
 		h, err := c.MapHostRegion(ctx, r)
@@ -244,7 +248,7 @@ func allocKVSide(ctx context.Context, c *client.Client, s KVShape, name, exportP
 	if s.PerSegmentRegions && seg%uint64(os.Getpagesize()) == 0 {
 		// Try one file, imported whole and per segment.
 		if dir, derr := shmDirOf(ctx, c); derr == nil && dir != "" {
-			if ferr := p.importFile(ctx, s, dir, name, exp); ferr == nil {
+			if ferr := p.importFile(ctx, s, dir, name, exp, readers); ferr == nil {
 				p.aliased = true
 			}
 		}
@@ -283,7 +287,7 @@ func allocKVSide(ctx context.Context, c *client.Client, s KVShape, name, exportP
 // importFile makes a file of the pool's size in the daemon's shm directory
 // and imports it whole (the span) and per segment. Any failure (a remote
 // daemon refuses host_file) undoes what it did.
-func (p *kvSide) importFile(ctx context.Context, s KVShape, dir, name string, exp func(string) string) (err error) {
+func (p *kvSide) importFile(ctx context.Context, s KVShape, dir, name string, exp func(string) string, readers []string) (err error) {
 	path := filepath.Join(dir, fmt.Sprintf("kvbench-%d-%s", os.Getpid(), name))
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -308,9 +312,13 @@ func (p *kvSide) importFile(ctx context.Context, s KVShape, dir, name string, ex
 		return terr
 	}
 	imp := func(off, size uint64, export string) (*b2bv1.Region, error) {
-		resp, err := p.c.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		req := &b2bv1.RegisterRegionRequest{
 			Source: &b2bv1.RegisterRegionRequest_HostFile{HostFile: &b2bv1.HostFile{Path: path, Offset: off, Size: size}}, ExportName: export,
-		})
+		}
+		if export != "" {
+			req.Readers = readers
+		}
+		resp, err := p.c.API().RegisterRegion(ctx, req)
 		return resp.GetRegion(), err
 	}
 	if p.span, err = imp(0, s.PoolBytes(), p.spanExport); err != nil {
@@ -329,9 +337,12 @@ func (p *kvSide) importFile(ctx context.Context, s KVShape, dir, name string, ex
 }
 
 // registerLayout registers the side's blocks layout, exported as export
-// when set.
-func (p *kvSide) registerLayout(ctx context.Context, s KVShape, name, export string) error {
+// when set, readable by readers.
+func (p *kvSide) registerLayout(ctx context.Context, s KVShape, name, export string, readers []string) error {
 	l := client.Layout{Name: name, NumBlocks: uint64(s.Pool), Export: export}
+	if export != "" {
+		l.Readers = readers
+	}
 	for k := 0; k < s.Segments; k++ {
 		id, off := p.segRegion(s, k)
 		l.Segments = append(l.Segments, client.Segment{RegionID: id, Offset: off, BlockLen: s.Block, Stride: s.Block})
@@ -446,21 +457,35 @@ func compareKV(mode string, q KVRequest, want, got []uint64) error {
 // wrote, in every segment, from the regions mode wrote into, and compares
 // them with the source blocks' digests the bench computed as it filled them.
 func verifyKV(ctx context.Context, p *kvSide, s KVShape, mode string, q KVRequest, want []uint64, timeout time.Duration) error {
+	return verifyKVSide(ctx, p, s, mode, q, want, timeout, false)
+}
+
+// verifyKVSide checks a request's destination blocks against want: the
+// remote side's (ids q.Remote) after a write, or with local, the local
+// side's (ids q.Local) after a read.
+func verifyKVSide(ctx context.Context, p *kvSide, s KVShape, mode string, q KVRequest, want []uint64, timeout time.Duration, local bool) error {
+	ids := q.Remote
+	if local {
+		ids = q.Local
+	}
 	vctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	alg := b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C
 	got := make([]uint64, 0, len(want))
 	if mode == KVModeDescriptors || p.segs == nil {
 		// One call over the span: the segment-major destination offsets.
-		_, dst := q.Descriptors(s)
+		src, dst := q.Descriptors(s)
+		if local {
+			dst = src
+		}
 		cs, err := p.c.Checksum(vctx, p.span.GetId(), dst, nil, s.Block, alg, true)
 		if err != nil {
 			return fmt.Errorf("%s: destination checksum: %w", mode, err)
 		}
 		got = append(got, client.Unpack(cs.GetBlockDigests())...)
 	} else {
-		offs := make([]uint64, len(q.Remote))
-		for i, id := range q.Remote {
+		offs := make([]uint64, len(ids))
+		for i, id := range ids {
 			offs[i] = uint64(id) * s.Block
 		}
 		for k := 0; k < s.Segments; k++ {

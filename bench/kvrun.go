@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -32,11 +33,21 @@ type KVReport struct {
 	NonWirePhases string `json:"non_wire_phases"`
 	// NonWireRatio is blocks' non_wire_seconds over descriptors' (medians),
 	// and ControlRatio the same without post.
-	NonWireRatio *float64 `json:"non_wire_ratio_blocks_over_descriptors,omitempty"`
-	ControlRatio *float64 `json:"control_ratio_blocks_over_descriptors,omitempty"`
-	Rows         []KVRow  `json:"rows"`
-	Complete     bool     `json:"complete"`
-	Error        string   `json:"error,omitempty"`
+	// With both ops they are the writes'; the reads' are apart.
+	NonWireRatio     *float64 `json:"non_wire_ratio_blocks_over_descriptors,omitempty"`
+	ControlRatio     *float64 `json:"control_ratio_blocks_over_descriptors,omitempty"`
+	ReadNonWireRatio *float64 `json:"read_non_wire_ratio_blocks_over_descriptors,omitempty"`
+	// PullOverPush is, with --op both, the reads' non_wire_seconds over the
+	// writes' (medians) in blocks mode (by block id), and
+	// PullOverPushDescriptors the same in descriptors mode.
+	// PullOverPushControl leaves post out (blocks mode): over tcp a pull's
+	// post is its request frames' writes, which wait on the serving side.
+	PullOverPush            *float64 `json:"non_wire_ratio_pull_over_push_blocks,omitempty"`
+	PullOverPushControl     *float64 `json:"control_ratio_pull_over_push_blocks,omitempty"`
+	PullOverPushDescriptors *float64 `json:"non_wire_ratio_pull_over_push_descriptors,omitempty"`
+	Rows                    []KVRow  `json:"rows"`
+	Complete                bool     `json:"complete"`
+	Error                   string   `json:"error,omitempty"`
 }
 
 // KVShapeOut is the request's shape in the report.
@@ -57,6 +68,7 @@ type KVShapeOut struct {
 // KVRow is one mode's requests.
 type KVRow struct {
 	Workload   string    `json:"workload"` // "kv"
+	Op         string    `json:"op"`       // "write" (push) or "read" (pull)
 	Mode       string    `json:"mode"`     // "descriptors" or "blocks"
 	Transport  string    `json:"transport"`
 	Blocks     int       `json:"blocks"`
@@ -184,7 +196,11 @@ func kvRun(ctx context.Context, cfg Config, rep *KVReport, out io.Writer) (err e
 	tag := fmt.Sprintf("b2b-bench-kv-%d-%d", os.Getpid(), cfg.Seed%1_000_000)
 	pools := &kvPools{shape: s}
 	astart := time.Now()
-	if pools.src, err = allocKVSide(ctx, eps.src, s, "kv-src", "", true); err != nil {
+	var readers []string // the remote side's readers: every peer, when reads are measured
+	if slices.Contains(cfg.ops(), OpRead) {
+		readers = []string{"*"}
+	}
+	if pools.src, err = allocKVSide(ctx, eps.src, s, "kv-src", "", nil, true); err != nil {
 		return fmt.Errorf("source pool: %w", err)
 	}
 	defer func() {
@@ -192,7 +208,7 @@ func kvRun(ctx context.Context, cfg Config, rep *KVReport, out io.Writer) (err e
 			err = errors.Join(err, rerr)
 		}
 	}()
-	if pools.dst, err = allocKVSide(ctx, eps.dst, s, "kv-dst", tag, false); err != nil {
+	if pools.dst, err = allocKVSide(ctx, eps.dst, s, "kv-dst", tag, readers, false); err != nil {
 		return fmt.Errorf("destination pool: %w", err)
 	}
 	defer func() {
@@ -200,10 +216,10 @@ func kvRun(ctx context.Context, cfg Config, rep *KVReport, out io.Writer) (err e
 			err = errors.Join(err, rerr)
 		}
 	}()
-	if err := pools.src.registerLayout(ctx, s, tag+"-src", ""); err != nil {
+	if err := pools.src.registerLayout(ctx, s, tag+"-src", "", nil); err != nil {
 		return fmt.Errorf("source: %w", err)
 	}
-	if err := pools.dst.registerLayout(ctx, s, tag+"-dst", tag+"-layout"); err != nil {
+	if err := pools.dst.registerLayout(ctx, s, tag+"-dst", tag+"-layout", readers); err != nil {
 		return fmt.Errorf("destination: %w", err)
 	}
 	rep.KV.SrcSharedMemory, rep.KV.DstSharedMemory = pools.src.aliased, pools.dst.aliased
@@ -219,36 +235,49 @@ func kvRun(ctx context.Context, cfg Config, rep *KVReport, out io.Writer) (err e
 	fmt.Fprintf(out, "%-11s%s\n", "pools", fmt.Sprintf("%s per side, registered in %.1f s; both modes move source: %s; destination: %s",
 		formatGiB(s.PoolBytes()), time.Since(astart).Seconds(), shared(pools.src), shared(pools.dst)))
 
-	desc := &kvMode{row: KVRow{Mode: KVModeDescriptors}}
-	blk := &kvMode{row: KVRow{Mode: KVModeBlocks}}
+	// One mode per op and kind of request: writes first, descriptors
+	// before blocks; each repeat runs them all, in mirrored order.
+	var modes []*kvMode
+	for _, op := range cfg.ops() {
+		modes = append(modes, &kvMode{row: KVRow{Op: op, Mode: KVModeDescriptors}}, &kvMode{row: KVRow{Op: op, Mode: KVModeBlocks}})
+	}
 	kind := transportKind(cfg.Transport)
 	for iter := 0; iter <= cfg.Repeat; iter++ {
 		q, err := NewKVRequest(s.Pool, s.Request, mix(cfg.Seed, 7, uint64(iter)))
 		if err != nil {
 			return err
 		}
-		order := []*kvMode{desc, blk}
+		order := slices.Clone(modes)
 		if iter%2 == 1 {
-			order = []*kvMode{blk, desc}
+			slices.Reverse(order)
 		}
 		for mi, m := range order {
-			err := kvRequest(ctx, cfg, eps, pools, m, q, iter, mix(cfg.Seed, 8, uint64(iter), uint64(mi), uint64(len(m.row.Mode))), kind)
+			err := kvRequest(ctx, cfg, eps, pools, m, q, iter, mix(cfg.Seed, 8, uint64(iter), uint64(mi), uint64(len(m.row.Mode)), uint64(len(m.row.Op))), kind)
 			if err != nil {
 				m.row.Error = err.Error()
-				rep.Rows = kvRows(cfg, desc, blk)
-				return fmt.Errorf("%s request %d: %w", m.row.Mode, iter, err)
+				rep.Rows = kvRows(cfg, modes...)
+				return fmt.Errorf("%s %s request %d: %w", m.row.Op, m.row.Mode, iter, err)
 			}
 		}
 	}
-	rep.Rows = kvRows(cfg, desc, blk)
+	rep.Rows = kvRows(cfg, modes...)
 	rep.Transport = rep.Rows[0].Transport
-	if d, b := rep.Rows[0], rep.Rows[1]; d.NonWireSeconds > 0 {
-		v := b.NonWireSeconds / d.NonWireSeconds
-		rep.NonWireRatio = &v
-		if d.ControlSeconds > 0 {
-			c := b.ControlSeconds / d.ControlSeconds
-			rep.ControlRatio = &c
+	ratio := func(num, den float64) *float64 {
+		if den <= 0 {
+			return nil
 		}
+		v := num / den
+		return &v
+	}
+	// Rows: per op, descriptors then blocks.
+	d, b := rep.Rows[0], rep.Rows[1]
+	rep.NonWireRatio, rep.ControlRatio = ratio(b.NonWireSeconds, d.NonWireSeconds), ratio(b.ControlSeconds, d.ControlSeconds)
+	if len(rep.Rows) == 4 {
+		rd, rb := rep.Rows[2], rep.Rows[3]
+		rep.ReadNonWireRatio = ratio(rb.NonWireSeconds, rd.NonWireSeconds)
+		rep.PullOverPush = ratio(rb.NonWireSeconds, b.NonWireSeconds)
+		rep.PullOverPushControl = ratio(rb.ControlSeconds, b.ControlSeconds)
+		rep.PullOverPushDescriptors = ratio(rd.NonWireSeconds, d.NonWireSeconds)
 	}
 	fmt.Fprintln(out)
 	printKV(out, rep)
@@ -259,20 +288,37 @@ func kvRun(ctx context.Context, cfg Config, rep *KVReport, out io.Writer) (err e
 // is the warm-up (recorded as first_*, not in the medians).
 func kvRequest(ctx context.Context, cfg Config, eps *endpoints, pools *kvPools, m *kvMode, q KVRequest, iter int, seed uint64, kind b2bv1.TransportKind) error {
 	s := pools.shape
+	read := m.row.Op == OpRead
 	f0 := time.Now()
 	want := fillKV(pools.src, s, m.row.Mode, q, seed)
-	fill := time.Since(f0)
-	var do func(ctx context.Context) (*b2bv1.BatchTransferResponse, error)
-	switch m.row.Mode {
-	case KVModeDescriptors:
-		src, dst := q.Descriptors(s)
-		t := client.Transfer{SrcRegion: pools.src.span.GetId(), Peer: eps.dstPeer, DstRegion: pools.dst.spanExport, Transport: kind,
-			Blocks: client.Descriptors{Src: src, Dst: dst, BlockLength: s.Block}}
-		do = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) { return eps.src.BatchTransfer(ctx, t) }
-	default:
-		b := client.Blocks{LocalLayout: pools.src.layout, Peer: eps.dstPeer, RemoteLayout: pools.dst.export, LocalIDs: q.Local, RemoteIDs: q.Remote, Transport: kind}
-		do = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) { return eps.src.TransferBlocks(ctx, b) }
+	call := func(op string) func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) {
+		switch m.row.Mode {
+		case KVModeDescriptors:
+			src, dst := q.Descriptors(s)
+			t := client.Transfer{SrcRegion: pools.src.span.GetId(), Peer: eps.dstPeer, DstRegion: pools.dst.spanExport, Transport: kind,
+				Blocks: client.Descriptors{Src: src, Dst: dst, BlockLength: s.Block}, Op: opKind(op)}
+			return func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) { return eps.src.BatchTransfer(ctx, t) }
+		default:
+			b := client.Blocks{LocalLayout: pools.src.layout, Peer: eps.dstPeer, RemoteLayout: pools.dst.export, LocalIDs: q.Local, RemoteIDs: q.Remote,
+				Transport: kind, Op: opKind(op)}
+			return func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) { return eps.src.TransferBlocks(ctx, b) }
+		}
 	}
+	if read {
+		// A read's source is the remote pool: one untimed push of this
+		// request's blocks puts known data at the remote ids; then the
+		// local blocks are overwritten with other data, which the read
+		// must replace.
+		sctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+		_, err := call(OpWrite)(sctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("seeding the remote blocks for the read (one write): %w", err)
+		}
+		fillKV(pools.src, s, m.row.Mode, q, ^seed)
+	}
+	fill := time.Since(f0)
+	do := call(m.row.Op)
 	bctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	var cpu0 float64
@@ -302,7 +348,11 @@ func kvRequest(ctx context.Context, cfg Config, eps *endpoints, pools *kvPools, 
 		}
 	}
 	v0 := time.Now()
-	if err := verifyKV(ctx, pools.dst, s, m.row.Mode, q, want, cfg.Timeout); err != nil {
+	dstSide := pools.dst
+	if read {
+		dstSide = pools.src
+	}
+	if err := verifyKVSide(ctx, dstSide, s, m.row.Mode, q, want, cfg.Timeout, read); err != nil {
 		return fmt.Errorf("verification failed: %w", err)
 	}
 	m.row.VerifiedRequests++
@@ -326,7 +376,7 @@ func kvRequest(ctx context.Context, cfg Config, eps *endpoints, pools *kvPools, 
 	return nil
 }
 
-// kvRows turns the modes' samples into rows (descriptors first).
+// kvRows turns the modes' samples into rows (per op, descriptors first).
 func kvRows(cfg Config, modes ...*kvMode) []KVRow {
 	s := cfg.KV
 	var rows []KVRow
@@ -366,7 +416,7 @@ func kvRows(cfg Config, modes ...*kvMode) []KVRow {
 func printKV(w io.Writer, rep *KVReport) {
 	ms := func(s float64) string { return fmt.Sprintf("%.3f", s*1e3) }
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "mode\tblocks\tcall ms\tp99 ms\tGB/s\tdecode\tvalidate\tresolve\tplan\tpost\twire\tnon-wire ms\tw/o post\t1st non-wire\tmerged runs\ttransport\tverified\t")
+	fmt.Fprintln(tw, "op\tmode\tblocks\tcall ms\tp99 ms\tGB/s\tdecode\tvalidate\tresolve\tplan\tpost\twire\tnon-wire ms\tw/o post\t1st non-wire\tmerged runs\ttransport\tverified\t")
 	for _, r := range rep.Rows {
 		p := r.Phases
 		if p == nil {
@@ -376,7 +426,7 @@ func printKV(w io.Writer, rep *KVReport) {
 		if r.Verified {
 			verified = fmt.Sprintf("yes (%d/%d)", r.VerifiedRequests, rep.Iterations+1)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t\n", r.Mode, r.Blocks, ms(r.Median), ms(r.P99), r.GBps,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%.3f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t\n", kvOp(r), r.Mode, r.Blocks, ms(r.Median), ms(r.P99), r.GBps,
 			ms(p.Decode), ms(p.Validate), ms(p.Resolve), ms(p.Plan), ms(p.Post), ms(p.Wire), ms(r.NonWireSeconds), ms(r.ControlSeconds), ms(r.FirstNonWireSeconds),
 			r.Segments, r.Transport, verified)
 	}
@@ -384,10 +434,31 @@ func printKV(w io.Writer, rep *KVReport) {
 	fmt.Fprintf(w, "           phases: the daemon's medians in ms over the timed requests; non-wire = median of %s\n", KVNonWirePhases)
 	fmt.Fprintln(w, "           'w/o post' leaves post out too: over tcp and local, post is the CPU moving the payload (a NIC's DMA over verbs), which both modes pay")
 	if rep.NonWireRatio != nil {
-		fmt.Fprintf(w, "ratio      blocks / descriptors, the daemon's non-wire time: %.3fx", *rep.NonWireRatio)
+		fmt.Fprintf(w, "ratio      blocks / descriptors, the daemon's non-wire time (%s): %.3fx", kvOp(rep.Rows[0]), *rep.NonWireRatio)
 		if rep.ControlRatio != nil {
 			fmt.Fprintf(w, " (without post: %.3fx)", *rep.ControlRatio)
 		}
 		fmt.Fprintf(w, " for %d blocks of %s\n", rep.Rows[0].Blocks, FormatBytes(rep.KV.BlockBytes))
 	}
+	if rep.ReadNonWireRatio != nil {
+		fmt.Fprintf(w, "ratio      blocks / descriptors, the daemon's non-wire time (read): %.3fx\n", *rep.ReadNonWireRatio)
+	}
+	if rep.PullOverPush != nil {
+		fmt.Fprintf(w, "ratio      pull / push by block id (blocks mode), the daemon's non-wire time, same run: %.3fx", *rep.PullOverPush)
+		if rep.PullOverPushControl != nil {
+			fmt.Fprintf(w, " (without post: %.3fx)", *rep.PullOverPushControl)
+		}
+		if rep.PullOverPushDescriptors != nil {
+			fmt.Fprintf(w, "; descriptors: %.3fx", *rep.PullOverPushDescriptors)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// kvOp is a row's op; rows from before pulls are writes.
+func kvOp(r KVRow) string {
+	if r.Op == "" {
+		return OpWrite
+	}
+	return r.Op
 }

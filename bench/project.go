@@ -97,7 +97,7 @@ func ours(m *ModeOut, row Row, rep *Report) (*float64, string) {
 func Project(rep *Report, m CX7Model) []ProjectionRow {
 	var out []ProjectionRow
 	for _, r := range rep.Rows {
-		if r.MedianSeconds <= 0 {
+		if r.MedianSeconds <= 0 || r.Op == OpRead { // the model is of writes
 			continue
 		}
 		adhoc := r.AdHoc

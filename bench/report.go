@@ -34,8 +34,11 @@ func SMsUsed(kinds ...b2bv1.MemoryKind) SMs {
 	return SMs{Count: &zero, Label: "0 (host memory)"}
 }
 
-// Row is the result of one block size.
+// Row is the result of one block size and op.
 type Row struct {
+	// Op is what the row's batches did: "write" (push) or "read" (pull);
+	// empty in reports from before pulls (writes).
+	Op              string    `json:"op"`
 	BlockBytes      uint64    `json:"block_bytes"`
 	Blocks          int       `json:"blocks"`
 	BlocksRequested int       `json:"blocks_requested"`
@@ -304,7 +307,7 @@ type table struct {
 }
 
 func (t *table) columns() []string {
-	c := []string{"block", "blocks", "ad hoc"}
+	c := []string{"block", "op", "blocks", "ad hoc"}
 	if t.prepared {
 		c = append(c, "prepared")
 	}
@@ -317,7 +320,7 @@ func (t *table) columns() []string {
 
 // widths are fixed so rows can be printed as they come.
 var columnWidth = map[string]int{
-	"block": 8, "blocks": 8, "ad hoc": 10, "prepared": 10, "1st batch": 10, "1st x": 7, "p99": 10, "GB/s": 7, "Mblocks/s": 9, "SMs used": 16,
+	"block": 8, "op": 5, "blocks": 8, "ad hoc": 10, "prepared": 10, "1st batch": 10, "1st x": 7, "p99": 10, "GB/s": 7, "Mblocks/s": 9, "SMs used": 16,
 	"daemon CPU s": 12, "transport": 9, "vs TCP": 6, "GB/s min-max": 12, "TCP GB/s": 8, "TCP min-max": 11, "perftest GB/s": 13, "vs perftest": 11, "verified": 8,
 }
 
@@ -358,6 +361,7 @@ func (t *table) row(r Row) {
 	}
 	cells := map[string]string{
 		"block":        FormatBytes(r.BlockBytes),
+		"op":           r.opOrWrite(),
 		"blocks":       blocks,
 		"ad hoc":       "-",
 		"prepared":     "-",
@@ -425,6 +429,14 @@ func (t *table) row(r Row) {
 	t.line(cells)
 }
 
+// opOrWrite is the row's op; rows from before pulls are writes.
+func (r Row) opOrWrite() string {
+	if r.Op == "" {
+		return OpWrite
+	}
+	return r.Op
+}
+
 // primaryMode is the mode the row's top-level timings come from, or nil.
 func (r Row) primaryMode() *ModeOut {
 	if r.Mode == "prepared" {
@@ -462,6 +474,9 @@ func printBreakdown(w io.Writer, rows []Row, floor *float64) {
 		}{{"adhoc", r.AdHoc}, {"prepared", r.Prepared}} {
 			if m.out == nil {
 				continue
+			}
+			if r.Op == OpRead {
+				m.name += " read"
 			}
 			xf := opt(m.out.CallOverFloor, x2)
 			if m.out.CallOverFloor == nil && floor != nil && *floor > 0 {

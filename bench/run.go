@@ -182,7 +182,7 @@ func (r *runner) run(ctx context.Context) (err error) {
 		if p.BlockBytes <= r.cfg.PreparedUpTo {
 			modes++
 		}
-		steps += modes * (r.cfg.Iters + 2) // warm-up, timed batches, verification
+		steps += modes * len(r.cfg.ops()) * (r.cfg.Iters + 2) // warm-up, timed batches, verification
 	}
 	r.bar = newProgress(r.errOut, steps)
 	r.printHeader(ctx, eps, budget, plans)
@@ -234,10 +234,12 @@ func (r *runner) run(ctx context.Context) (err error) {
 	r.table.header()
 	anyCapped := false
 	for i, p := range plans {
-		row, err := r.runSize(ctx, eps, regions, p, i, len(plans))
-		r.report.Rows = append(r.report.Rows, row)
+		rows, err := r.runSize(ctx, eps, regions, p, i, len(plans))
+		r.report.Rows = append(r.report.Rows, rows...)
 		r.bar.clear()
-		r.table.row(row)
+		for _, row := range rows {
+			r.table.row(row)
+		}
 		r.bar.redraw()
 		anyCapped = anyCapped || p.Capped
 		if err != nil {
@@ -475,6 +477,7 @@ func (r *runner) memoryBudget(ctx context.Context, eps *endpoints) (MemoryBudget
 func (r *runner) printHeader(ctx context.Context, eps *endpoints, budget MemoryBudget, plans []SizePlan) {
 	pairs := [][2]string{
 		{"b2b-bench", fmt.Sprintf("%s; transport %s requested; %d timed batches per size after 1 warm-up; seed %d", eps.describe, r.cfg.Transport, r.cfg.Iters, r.cfg.Seed)},
+		{"op", opsLabel(r.cfg.ops())},
 	}
 	if st, err := eps.src.Status(ctx); err == nil {
 		var ts []string
@@ -515,6 +518,17 @@ func (r *runner) printHeader(ctx context.Context, eps *endpoints, budget MemoryB
 	r.bar.clear()
 	tabbed(r.out, pairs)
 	r.bar.redraw()
+}
+
+// opsLabel says in the header what the batches do.
+func opsLabel(ops []string) string {
+	switch {
+	case len(ops) > 1:
+		return "write and read, interleaved in the same rounds (W R, R W, ...); a read pulls the destination daemon's blocks into the source daemon's region, which one untimed write per size seeds"
+	case ops[0] == OpRead:
+		return "read: the source daemon pulls the destination daemon's blocks into its region (one untimed write per size seeds them)"
+	}
+	return "write: the source daemon pushes its blocks into the destination daemon's region"
 }
 
 // regionPair is the run's source and destination regions.
@@ -565,6 +579,11 @@ func (r *runner) allocate(ctx context.Context, eps *endpoints, bytes uint64, exp
 	s := &regionPair{bytes: bytes}
 	srcReq := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: bytes}}}
 	dstReq := &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: bytes}}, ExportName: export}
+	if slices.Contains(r.cfg.ops(), OpRead) {
+		// Reads pull from it: every peer may read (the source daemon's
+		// identity is not known here in two-host mode).
+		dstReq.Readers = []string{"*"}
+	}
 	if r.cuda != nil {
 		srcReq.Source = &b2bv1.RegisterRegionRequest_CudaAlloc{CudaAlloc: &b2bv1.CudaAlloc{Device: int32(r.cfg.SrcDevice), Size: bytes}}
 		dstReq.Source = &b2bv1.RegisterRegionRequest_CudaAlloc{CudaAlloc: &b2bv1.CudaAlloc{Device: int32(r.cfg.DstDevice), Size: bytes}}
@@ -595,34 +614,48 @@ func (r *runner) allocate(ctx context.Context, eps *endpoints, bytes uint64, exp
 	return s, nil
 }
 
-// runSize runs one block size: warm-up, timed batches, verification. The
-// row is filled as far as the run got, also on error.
-func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPair, p SizePlan, index, count int) (row Row, err error) {
+// runSize runs one block size for every op of the run: warm-up, timed
+// batches, verification. With both ops, write and read alternate in the same
+// rounds (W R, R W, ..., the last round W R), so that whatever one leaves
+// behind falls on both alike. It returns one row per op, filled as far as the
+// run got, also on error.
+func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPair, p SizePlan, index, count int) (rows []Row, err error) {
 	size, n := p.BlockBytes, p.Blocks
 	label := fmt.Sprintf("%s (%d/%d)", FormatBytes(size), index+1, count)
-	row = Row{
-		BlockBytes: size, Blocks: n, BlocksRequested: p.Requested, Capped: p.Capped,
-		PayloadBytes: size * uint64(n), Iterations: r.cfg.Iters,
+	ops := r.cfg.ops()
+	rows = make([]Row, len(ops))
+	for k, op := range ops {
+		rows[k] = Row{
+			BlockBytes: size, Blocks: n, BlocksRequested: p.Requested, Capped: p.Capped,
+			PayloadBytes: size * uint64(n), Iterations: r.cfg.Iters, Op: op,
+		}
 	}
+	// wall is this size's wall time per step, the same in every op's row.
+	var wall Phases
 	defer func() {
+		for k := range rows {
+			rows[k].Phases = wall
+			if err != nil {
+				rows[k].Error = fmt.Sprintf("size %s: %v", FormatBytes(size), err)
+			}
+		}
 		if err != nil {
 			err = fmt.Errorf("size %s: %w", FormatBytes(size), err)
-			row.Error = err.Error()
 		}
 	}()
 	if n < 1 {
-		return row, fmt.Errorf("not even one block fits in the %s usable for regions", formatGiB(r.report.Memory.UsableBytes))
+		return rows, fmt.Errorf("not even one block fits in the %s usable for regions", formatGiB(r.report.Memory.UsableBytes))
 	}
 	srcLayout := NewLayout(n, size, rand.New(rand.NewPCG(mix(r.cfg.Seed, size, 1), 0)))
 	dstLayout := NewLayout(n, size, rand.New(rand.NewPCG(mix(r.cfg.Seed, size, 2), 0)))
 	for _, l := range []Layout{srcLayout, dstLayout} {
 		if err := l.Check(); err != nil {
-			return row, err
+			return rows, err
 		}
 	}
 
 	if srcLayout.RegionBytes > regions.bytes || dstLayout.RegionBytes > regions.bytes {
-		return row, fmt.Errorf("layout of %d bytes exceeds the %d-byte regions", max(srcLayout.RegionBytes, dstLayout.RegionBytes), regions.bytes)
+		return rows, fmt.Errorf("layout of %d bytes exceeds the %d-byte regions", max(srcLayout.RegionBytes, dstLayout.RegionBytes), regions.bytes)
 	}
 	phase := time.Now()
 	// lap returns the seconds since the previous lap.
@@ -633,65 +666,125 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 		return d
 	}
 	sms := SMsUsed(regions.src.Kind(), regions.dstKind)
-	row.SMsUsed, row.SMsUsedLabel = sms.Count, sms.Label
+	for k := range rows {
+		rows[k].SMsUsed, rows[k].SMsUsedLabel = sms.Count, sms.Label
+	}
 
 	// Fresh data per size: what an earlier size left in the destination
 	// cannot match it.
 	r.bar.set(label + ": filling the source with random data")
 	if err := regions.src.Fill(srcLayout.RegionBytes, mix(r.cfg.Seed, size, 3)); err != nil {
-		return row, fmt.Errorf("fill the source: %w", err)
+		return rows, fmt.Errorf("fill the source: %w", err)
 	}
-	row.Phases.Fill = lap()
+	transfers := make([]client.Transfer, len(ops))
+	for k, op := range ops {
+		transfers[k] = client.Transfer{
+			SrcRegion: regions.src.ID(), Peer: eps.dstPeer, DstRegion: regions.dstExport, Transport: transportKind(r.cfg.Transport),
+			Blocks: client.Descriptors{Src: srcLayout.Offsets, Dst: dstLayout.Offsets, BlockLength: size}, Op: opKind(op),
+		}
+	}
+	hasRead := slices.Contains(ops, OpRead)
+	if hasRead {
+		// A read's source is the peer's region: one untimed push gives it
+		// this size's random blocks, so that what a read brings is known
+		// data at the peer's offsets, not zeros.
+		r.bar.set(label + ": seeding the peer's region for the reads (one untimed write)")
+		seed := transfers[0]
+		seed.Op = opKind(OpWrite)
+		sctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+		_, err := eps.src.BatchTransfer(sctx, seed)
+		cancel()
+		if err != nil {
+			return rows, fmt.Errorf("seeding the peer's region for the reads (one write): %w", err)
+		}
+	}
+	wall.Fill = lap()
 
-	transfer := client.Transfer{
-		SrcRegion: regions.src.ID(), Peer: eps.dstPeer, DstRegion: regions.dstExport, Transport: transportKind(r.cfg.Transport),
-		Blocks: client.Descriptors{Src: srcLayout.Offsets, Dst: dstLayout.Offsets, BlockLength: size},
-	}
 	// call is one batch of a mode, timed by the caller.
 	type call = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error)
-	var dataPath []time.Duration
-	// runMode runs a mode's warm-up, timed batches and verification.
 	primaryName := "adhoc"
 	if !r.cfg.AdHoc {
 		primaryName = "prepared"
 	}
-	// The yardstick trials interleaved with the primary mode's batches, and
-	// those batches: the ratio's two sides.
-	var yardSamples, ourSamples []time.Duration
-	runMode := func(name string, do call, meterCPU bool) (*ModeOut, *b2bv1.BatchTransferResponse, error) {
-		mode := &ModeOut{}
-		var phases phaseSamples
-		var pings []time.Duration
+	// Per op: the daemon's data-path timings of the primary mode, and its
+	// batches, which the yardstick trials are compared with.
+	dataPath := make([][]time.Duration, len(ops))
+	ourSamples := make([][]time.Duration, len(ops))
+	var yardSamples []time.Duration
+	// opState is one op's batches in one mode.
+	type opState struct {
+		mode    *ModeOut
+		phases  phaseSamples
+		pings   []time.Duration
+		samples []time.Duration
+		last    *b2bv1.BatchTransferResponse
+		// CPU seconds over the timed batches (each Ping and call).
+		daemonCPU, otherCPU, stealCPU float64
+		cpuOK, hostOK                 bool
+	}
+	// runMode runs a mode's warm-up round, timed rounds and verification,
+	// each round running every op once (dos[k] is op k's call).
+	runMode := func(name string, dos []call, meterCPU bool) ([]*opState, error) {
+		states := make([]*opState, len(ops))
+		for k := range states {
+			states[k] = &opState{mode: &ModeOut{}, cpuOK: meterCPU, hostOK: meterCPU}
+		}
 		withYard := r.yard != nil && size >= RatioMinBlock && name == primaryName
 		// One yardstick trial of the batch's bytes, from and into the memory
-		// the batch uses, next to each batch, in mirrored order (... T B,
-		// B T, T B), so that whatever one leaves behind (a trial's aftermath
-		// measurably slows the daemons' next call on this 2-core machine)
-		// falls on both sides alike. The last batch's trial comes first: a
-		// trial after it would overwrite the blocks verified next.
+		// the batch uses, next to each round's first op's batch, in mirrored
+		// order (... T B, B T, T B), so that whatever one leaves behind (a
+		// trial's aftermath measurably slows the daemons' next call on this
+		// 2-core machine) falls on both sides alike. The last round's trial
+		// comes first: a trial after it would overwrite the blocks verified
+		// next. Rounds with several ops mirror their order the same way.
 		trialFirst := func(iter int) bool { return (r.cfg.Iters-iter)%2 == 0 }
 		trial := func(iter int) error {
-			el, err := r.yard.Trial(ctx, row.PayloadBytes)
+			el, err := r.yard.Trial(ctx, rows[0].PayloadBytes)
 			if err != nil {
 				return fmt.Errorf("%s batch %d: yardstick trial: %w", name, iter, err)
 			}
-			row.Phases.Yardstick += el.Seconds()
+			wall.Yardstick += el.Seconds()
 			if iter > 0 {
 				yardSamples = append(yardSamples, el)
 			}
 			return nil
 		}
-		batch := func(iter int) (time.Duration, *b2bv1.BatchTransferResponse, error) {
-			if withYard && trialFirst(iter) {
+		last := r.cfg.Iters
+		batch := func(k, iter int) (time.Duration, *b2bv1.BatchTransferResponse, error) {
+			op, st := ops[k], states[k]
+			what := fmt.Sprintf("%s %s batch %d", name, op, iter)
+			if withYard && k == 0 && trialFirst(iter) {
 				if err := trial(iter); err != nil {
 					return 0, nil, err
 				}
 			}
-			if err := regions.src.Stamp(srcLayout.Offsets, size, mix(r.cfg.Seed, size, 4, uint64(iter), uint64(len(name)))); err != nil {
-				return 0, nil, fmt.Errorf("stamp the source blocks: %w", err)
+			if iter == last && hasRead {
+				// The verified batch: fresh data over the whole local
+				// layout, which neither side holds yet, so only a batch
+				// that moved every byte of every block can pass. (A write
+				// pushes it; a read overwrites it with the peer's.)
+				fstart := time.Now()
+				if err := regions.src.Fill(srcLayout.RegionBytes, mix(r.cfg.Seed, size, 6, uint64(k), uint64(len(name)))); err != nil {
+					return 0, nil, fmt.Errorf("%s: refill the local region: %w", what, err)
+				}
+				wall.Fill += time.Since(fstart).Seconds()
+				phase = phase.Add(time.Since(fstart))
+			} else if err := regions.src.Stamp(srcLayout.Offsets, size, mix(r.cfg.Seed, size, 4, uint64(iter), uint64(len(name)), uint64(k))); err != nil {
+				// A write's stamp is new data to carry; a read's is what
+				// the read must overwrite.
+				return 0, nil, fmt.Errorf("stamp the local blocks: %w", err)
 			}
 			bctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 			defer cancel()
+			var cpuBefore, cpuAfter float64
+			var hostBefore, hostAfter HostCPU
+			metered := st.cpuOK && iter > 0
+			if metered {
+				var cerr, herr error
+				cpuBefore, cerr = eps.cpu.Seconds()
+				hostBefore, herr = ReadHostCPU()
+				st.cpuOK, st.hostOK = cerr == nil, st.hostOK && herr == nil
+			}
 			if !r.noPing {
 				// An empty call on the same connection just before: the
 				// same-run floor this call is compared with.
@@ -702,211 +795,264 @@ func (r *runner) runSize(ctx context.Context, eps *endpoints, regions *regionPai
 				case status.Code(perr) == codes.Unimplemented:
 					r.noPing = true
 				case perr != nil:
-					return 0, nil, fmt.Errorf("%s batch %d: the Ping before it: %w", name, iter, perr)
+					return 0, nil, fmt.Errorf("%s: the Ping before it: %w", what, perr)
 				case iter > 0:
-					pings = append(pings, pel)
+					st.pings = append(st.pings, pel)
 				}
 			}
 			start := time.Now()
-			resp, err := do(bctx)
+			resp, err := dos[k](bctx)
 			elapsed := time.Since(start)
 			if err != nil {
-				return 0, nil, fmt.Errorf("%s batch %d of %d blocks: %w", name, iter, n, err)
+				return 0, nil, fmt.Errorf("%s of %d blocks: %w", what, n, err)
 			}
-			if resp.GetBlocks() != uint64(n) || resp.GetBytes() != row.PayloadBytes {
-				return 0, nil, fmt.Errorf("%s batch %d: the daemon reports %d blocks and %d bytes moved, want %d and %d", name, iter, resp.GetBlocks(), resp.GetBytes(), n, row.PayloadBytes)
+			if metered && st.cpuOK {
+				var cerr, herr error
+				cpuAfter, cerr = eps.cpu.Seconds()
+				hostAfter, herr = ReadHostCPU()
+				st.cpuOK, st.hostOK = cerr == nil, st.hostOK && herr == nil
+				if st.cpuOK {
+					v := cpuAfter - cpuBefore
+					st.daemonCPU += v
+					if st.hostOK {
+						st.otherCPU += max(0, (hostAfter.Busy-hostBefore.Busy)-v-(hostAfter.Self-hostBefore.Self))
+						st.stealCPU += hostAfter.Steal - hostBefore.Steal
+					}
+				}
 			}
-			if withYard && !trialFirst(iter) {
+			if resp.GetBlocks() != uint64(n) || resp.GetBytes() != rows[k].PayloadBytes {
+				return 0, nil, fmt.Errorf("%s: the daemon reports %d blocks and %d bytes moved, want %d and %d", what, resp.GetBlocks(), resp.GetBytes(), n, rows[k].PayloadBytes)
+			}
+			if r.cfg.afterBatch != nil {
+				if err := r.cfg.afterBatch(ctx, eps, regions, op, iter, srcLayout, dstLayout); err != nil {
+					return 0, nil, fmt.Errorf("%s: test hook: %w", what, err)
+				}
+			}
+			if withYard && k == 0 && !trialFirst(iter) {
 				if err := trial(iter); err != nil {
 					return 0, nil, err
 				}
 			}
 			return elapsed, resp, nil
 		}
-		r.bar.step(fmt.Sprintf("%s: %s warm-up batch", label, name))
-		firstEl, firstResp, err := batch(0)
-		if err != nil {
-			return mode, nil, fmt.Errorf("warm-up: %w", err)
-		}
-		mode.FirstSeconds, mode.FirstPhases = firstEl.Seconds(), phaseOutOf(firstResp.GetPhases(), firstEl)
-		row.Phases.WarmUp += lap()
-		var cpuBefore, cpuAfter float64
-		var hostBefore, hostAfter HostCPU
-		var cpuErr, hostErr error
-		if meterCPU {
-			cpuBefore, cpuErr = eps.cpu.Seconds()
-			hostBefore, hostErr = ReadHostCPU()
-		}
-		samples := make([]time.Duration, 0, r.cfg.Iters)
-		var last *b2bv1.BatchTransferResponse
-		for i := 1; i <= r.cfg.Iters; i++ {
-			r.bar.step(fmt.Sprintf("%s: %s batch %d/%d", label, name, i, r.cfg.Iters))
-			el, resp, err := batch(i)
-			if err != nil {
-				return mode, nil, err
+		for iter := 0; iter <= last; iter++ {
+			for j := range ops {
+				k := j
+				if !trialFirst(iter) {
+					k = len(ops) - 1 - j
+				}
+				st := states[k]
+				if iter == 0 {
+					r.bar.step(fmt.Sprintf("%s: %s %s warm-up batch", label, name, ops[k]))
+				} else {
+					r.bar.step(fmt.Sprintf("%s: %s %s batch %d/%d", label, name, ops[k], iter, r.cfg.Iters))
+				}
+				el, resp, err := batch(k, iter)
+				if err != nil {
+					if iter == 0 {
+						err = fmt.Errorf("warm-up: %w", err)
+					}
+					return states, err
+				}
+				if iter == 0 {
+					st.mode.FirstSeconds, st.mode.FirstPhases = el.Seconds(), phaseOutOf(resp.GetPhases(), el)
+				} else {
+					st.samples = append(st.samples, el)
+					st.phases.add(resp.GetPhases(), el)
+					if name == primaryName {
+						dataPath[k] = append(dataPath[k], time.Duration(resp.GetElapsedNs()))
+					}
+					st.last = resp
+				}
+				if iter == last {
+					wall.Timed += lap()
+					r.bar.step(fmt.Sprintf("%s: verifying every block on both sides (%s %s)", label, name, ops[k]))
+					if err := r.verify(ctx, eps, regions, srcLayout, dstLayout); err != nil {
+						return states, fmt.Errorf("%s %s: verification failed: %w", name, ops[k], err)
+					}
+					wall.Verify += lap()
+					st.mode.Verified = true
+				}
 			}
-			samples = append(samples, el)
-			phases.add(resp.GetPhases(), el)
-			if name == "adhoc" || !r.cfg.AdHoc {
-				dataPath = append(dataPath, time.Duration(resp.GetElapsedNs()))
+			if iter == 0 {
+				wall.WarmUp += lap()
 			}
-			last = resp
 		}
-		if meterCPU {
-			var cpuErr2, hostErr2 error
-			cpuAfter, cpuErr2 = eps.cpu.Seconds()
-			hostAfter, hostErr2 = ReadHostCPU()
-			if cpuErr == nil && cpuErr2 == nil {
-				v := cpuAfter - cpuBefore
-				row.DaemonCPUSeconds, row.DaemonCPUScope = &v, eps.cpu.Scope
-				if hostErr == nil && hostErr2 == nil {
-					other := max(0, (hostAfter.Busy-hostBefore.Busy)-v-(hostAfter.Self-hostBefore.Self))
-					steal := hostAfter.Steal - hostBefore.Steal
-					row.OtherCPUSeconds, row.StealCPUSeconds = &other, &steal
+		for k, st := range states {
+			mode, samples := st.mode, st.samples
+			sum := Summarize(samples)
+			mode.MedianSeconds, mode.P99Seconds, mode.MinSeconds = sum.Median.Seconds(), sum.P99.Seconds(), sum.Min.Seconds()
+			for _, s := range samples {
+				mode.SampleSeconds = append(mode.SampleSeconds, s.Seconds())
+			}
+			mode.GBps, mode.MblocksPerSec = GBps(rows[k].PayloadBytes, sum.Median), MblocksPerSec(n, sum.Median)
+			if sum.Median > 0 {
+				v := mode.FirstSeconds / sum.Median.Seconds()
+				mode.FirstOverMedian = &v
+			}
+			mode.Phases = st.phases.out()
+			if len(st.pings) > 0 {
+				pm := Summarize(st.pings).Median.Seconds()
+				mode.PingMedianSeconds = &pm
+				if v, ok := OverFloor(samples, st.pings); ok {
+					mode.CallOverFloor = &v
+				}
+				if v, ok := OverFloor(st.phases.control, st.pings); ok {
+					mode.ControlOverFloor = &v
+				}
+			}
+			if name == primaryName {
+				ourSamples[k] = samples
+			}
+			if meterCPU && st.cpuOK {
+				cpu := st.daemonCPU
+				rows[k].DaemonCPUSeconds, rows[k].DaemonCPUScope = &cpu, eps.cpu.Scope
+				if st.hostOK {
+					other, steal := st.otherCPU, st.stealCPU
+					rows[k].OtherCPUSeconds, rows[k].StealCPUSeconds = &other, &steal
 				}
 			}
 		}
-		row.Phases.Timed += lap()
-		sum := Summarize(samples)
-		mode.MedianSeconds, mode.P99Seconds, mode.MinSeconds = sum.Median.Seconds(), sum.P99.Seconds(), sum.Min.Seconds()
-		for _, s := range samples {
-			mode.SampleSeconds = append(mode.SampleSeconds, s.Seconds())
-		}
-		mode.GBps, mode.MblocksPerSec = GBps(row.PayloadBytes, sum.Median), MblocksPerSec(n, sum.Median)
-		if sum.Median > 0 {
-			v := mode.FirstSeconds / sum.Median.Seconds()
-			mode.FirstOverMedian = &v
-		}
-		mode.Phases = phases.out()
-		if len(pings) > 0 {
-			pm := Summarize(pings).Median.Seconds()
-			mode.PingMedianSeconds = &pm
-			if v, ok := OverFloor(samples, pings); ok {
-				mode.CallOverFloor = &v
-			}
-			if v, ok := OverFloor(phases.control, pings); ok {
-				mode.ControlOverFloor = &v
-			}
-		}
-		if name == primaryName {
-			ourSamples = samples
-		}
-
-		r.bar.step(fmt.Sprintf("%s: verifying every block on both sides (%s)", label, name))
-		if err := r.verify(ctx, eps, regions, srcLayout, dstLayout); err != nil {
-			return mode, last, fmt.Errorf("%s: verification failed: %w", name, err)
-		}
-		row.Phases.Verify += lap()
-		mode.Verified = true
-		return mode, last, nil
+		return states, nil
 	}
 
-	var last *b2bv1.BatchTransferResponse
+	lasts := make([]*b2bv1.BatchTransferResponse, len(ops))
 	if r.cfg.AdHoc {
-		row.AdHoc, last, err = runMode("adhoc", func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) {
-			return eps.src.BatchTransfer(ctx, transfer)
-		}, true)
+		dos := make([]call, len(ops))
+		for k := range ops {
+			t := transfers[k]
+			dos[k] = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) { return eps.src.BatchTransfer(ctx, t) }
+		}
+		states, err := runMode("adhoc", dos, true)
+		for k, st := range states {
+			rows[k].AdHoc, lasts[k] = st.mode, st.last
+		}
 		if err != nil {
-			return row, err
+			return rows, err
 		}
 	}
 	if size <= r.cfg.PreparedUpTo && r.noPrepare == "" {
-		prep, err := r.runPrepared(ctx, eps, transfer, func(do call) (*ModeOut, *b2bv1.BatchTransferResponse, error) {
-			return runMode("prepared", do, !r.cfg.AdHoc)
+		prep, err := r.runPrepared(ctx, eps, transfers, func(dos []call) ([]*ModeOut, []*b2bv1.BatchTransferResponse, error) {
+			states, err := runMode("prepared", dos, !r.cfg.AdHoc)
+			modes, lasts := make([]*ModeOut, len(states)), make([]*b2bv1.BatchTransferResponse, len(states))
+			for k, st := range states {
+				modes[k], lasts[k] = st.mode, st.last
+			}
+			return modes, lasts, err
 		})
 		switch {
 		case errors.Is(err, errNoPrepare):
 			r.noPrepare = err.Error()
-		case err != nil:
-			return row, err
 		default:
-			row.Prepared = prep.mode
-			if last == nil {
-				last = prep.last
+			for k := range prep.modes {
+				rows[k].Prepared = prep.modes[k]
+				if lasts[k] == nil {
+					lasts[k] = prep.lasts[k]
+				}
+			}
+			if err != nil {
+				return rows, err
 			}
 		}
 	}
-	if size <= r.cfg.PreparedUpTo && r.noPrepare != "" {
-		row.PreparedNote = r.noPrepare
-	}
-	primary, mode := row.AdHoc, "adhoc"
-	if primary == nil {
-		primary, mode = row.Prepared, "prepared"
-	}
-	if primary == nil {
-		return row, errors.New("no mode ran")
-	}
-	row.Mode = mode
-	row.MedianSeconds, row.P99Seconds, row.MinSeconds = primary.MedianSeconds, primary.P99Seconds, primary.MinSeconds
-	row.SampleSeconds, row.GBps, row.MblocksPerSec = primary.SampleSeconds, primary.GBps, primary.MblocksPerSec
-	row.DaemonPhases = primary.Phases
-	row.DataPathMedianSeconds = Summarize(dataPath).Median.Seconds()
-	row.Transport = transportName(last.GetTransport())
-	row.Segments, row.WorkRequests = last.GetSegments(), last.GetWorkRequests()
-	ours := RatesOf(row.PayloadBytes, ourSamples)
-	row.GBpsMin, row.GBpsMax = ours.Min, ours.Max
-	if ratio, ok := MedianRatio(ourSamples, yardSamples); ok {
-		y := RatesOf(row.PayloadBytes, yardSamples)
-		row.YardstickGBps, row.YardstickMinGBps, row.YardstickMaxGBps = &y.Median, &y.Min, &y.Max
-		row.RatioVsYardstick, row.YardstickTrialBytes = &ratio, row.PayloadBytes
-		for _, s := range yardSamples {
-			row.YardstickSampleSeconds = append(row.YardstickSampleSeconds, s.Seconds())
+	for k := range rows {
+		row := &rows[k]
+		if size <= r.cfg.PreparedUpTo && r.noPrepare != "" {
+			row.PreparedNote = r.noPrepare
 		}
+		primary, mode := row.AdHoc, "adhoc"
+		if primary == nil {
+			primary, mode = row.Prepared, "prepared"
+		}
+		if primary == nil {
+			return rows, errors.New("no mode ran")
+		}
+		row.Mode = mode
+		row.MedianSeconds, row.P99Seconds, row.MinSeconds = primary.MedianSeconds, primary.P99Seconds, primary.MinSeconds
+		row.SampleSeconds, row.GBps, row.MblocksPerSec = primary.SampleSeconds, primary.GBps, primary.MblocksPerSec
+		row.DaemonPhases = primary.Phases
+		row.DataPathMedianSeconds = Summarize(dataPath[k]).Median.Seconds()
+		row.Transport = transportName(lasts[k].GetTransport())
+		row.Segments, row.WorkRequests = lasts[k].GetSegments(), lasts[k].GetWorkRequests()
+		ours := RatesOf(row.PayloadBytes, ourSamples[k])
+		row.GBpsMin, row.GBpsMax = ours.Min, ours.Max
+		if ratio, ok := MedianRatio(ourSamples[k], yardSamples); ok {
+			y := RatesOf(row.PayloadBytes, yardSamples)
+			row.YardstickGBps, row.YardstickMinGBps, row.YardstickMaxGBps = &y.Median, &y.Min, &y.Max
+			row.RatioVsYardstick, row.YardstickTrialBytes = &ratio, row.PayloadBytes
+			row.YardstickSampleSeconds = nil
+			for _, s := range yardSamples {
+				row.YardstickSampleSeconds = append(row.YardstickSampleSeconds, s.Seconds())
+			}
+		}
+		// --perftest holds ib_write_bw rates: writes only.
+		if v, ok := r.perftest.GBps[size]; ok && row.Op == OpWrite {
+			pv, ratio := v, row.GBps/v
+			row.PerftestGBps, row.RatioVsPerftest, row.PerftestRun = &pv, &ratio, r.perftest.Run
+		}
+		row.Verified = (row.AdHoc == nil || row.AdHoc.Verified) && (row.Prepared == nil || row.Prepared.Verified)
 	}
-	if v, ok := r.perftest.GBps[size]; ok {
-		pv, ratio := v, row.GBps/v
-		row.PerftestGBps, row.RatioVsPerftest, row.PerftestRun = &pv, &ratio, r.perftest.Run
-	}
-	row.Verified = (row.AdHoc == nil || row.AdHoc.Verified) && (row.Prepared == nil || row.Prepared.Verified)
-	return row, nil
+	return rows, nil
 }
 
-// preparedRun is a prepared mode's result and its last response.
+// preparedRun is a prepared mode's results and last responses, one per op.
 type preparedRun struct {
-	mode *ModeOut
-	last *b2bv1.BatchTransferResponse
+	modes []*ModeOut
+	lasts []*b2bv1.BatchTransferResponse
 }
 
-// runPrepared prepares the transfer once, runs the mode's batches as
-// SubmitTransfer of the handle, and releases it. A daemon without
-// PrepareTransfer gives errNoPrepare.
-func (r *runner) runPrepared(ctx context.Context, eps *endpoints, t client.Transfer,
-	run func(do func(ctx context.Context) (*b2bv1.BatchTransferResponse, error)) (*ModeOut, *b2bv1.BatchTransferResponse, error),
+// runPrepared prepares each transfer once (one per op), runs the mode's
+// batches as SubmitTransfer of the handles, and releases them. A daemon
+// without PrepareTransfer gives errNoPrepare.
+func (r *runner) runPrepared(ctx context.Context, eps *endpoints, ts []client.Transfer,
+	run func(dos []func(ctx context.Context) (*b2bv1.BatchTransferResponse, error)) ([]*ModeOut, []*b2bv1.BatchTransferResponse, error),
 ) (out preparedRun, err error) {
 	pctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	req := &b2bv1.PrepareTransferRequest{
-		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport,
-		Descriptors: &b2bv1.Descriptors{
-			SrcOffsets: client.Pack(t.Blocks.Src), DstOffsets: client.Pack(t.Blocks.Dst), BlockLength: t.Blocks.BlockLength,
-		},
-	}
-	start := time.Now()
-	resp, err := eps.src.API().PrepareTransfer(pctx, req)
-	el := time.Since(start)
-	if status.Code(err) == codes.Unimplemented {
-		return preparedRun{}, fmt.Errorf("%w (%v)", errNoPrepare, status.Convert(err).Message())
-	}
-	if err != nil {
-		return preparedRun{}, fmt.Errorf("prepare: %w", err)
-	}
-	handle := resp.GetHandle()
+	var handles []uint64
 	defer func() {
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer rcancel()
-		if _, rerr := eps.src.API().ReleaseTransfer(rctx, &b2bv1.ReleaseTransferRequest{Handle: handle}); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("release the prepared transfer %d: %w", handle, rerr))
+		for _, h := range handles {
+			if _, rerr := eps.src.API().ReleaseTransfer(rctx, &b2bv1.ReleaseTransferRequest{Handle: h}); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("release the prepared transfer %d: %w", h, rerr))
+			}
 		}
 	}()
-	sub := &b2bv1.SubmitTransferRequest{Handle: handle}
-	mode, last, rerr := run(func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) {
-		return eps.src.API().SubmitTransfer(ctx, sub)
-	})
-	if mode != nil {
-		secs := el.Seconds()
-		mode.PrepareSeconds, mode.PreparePhases = &secs, phaseOutOf(resp.GetPhases(), el)
+	dos := make([]func(ctx context.Context) (*b2bv1.BatchTransferResponse, error), len(ts))
+	prepSecs := make([]float64, len(ts))
+	prepPhases := make([]*PhaseOut, len(ts))
+	for k, t := range ts {
+		req := &b2bv1.PrepareTransferRequest{
+			SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport, Op: t.Op,
+			Descriptors: &b2bv1.Descriptors{
+				SrcOffsets: client.Pack(t.Blocks.Src), DstOffsets: client.Pack(t.Blocks.Dst), BlockLength: t.Blocks.BlockLength,
+			},
+		}
+		start := time.Now()
+		resp, err := eps.src.API().PrepareTransfer(pctx, req)
+		el := time.Since(start)
+		if status.Code(err) == codes.Unimplemented {
+			return preparedRun{}, fmt.Errorf("%w (%v)", errNoPrepare, status.Convert(err).Message())
+		}
+		if err != nil {
+			return preparedRun{}, fmt.Errorf("prepare (%s): %w", opName(t.Op), err)
+		}
+		handles = append(handles, resp.GetHandle())
+		prepSecs[k], prepPhases[k] = el.Seconds(), phaseOutOf(resp.GetPhases(), el)
+		sub := &b2bv1.SubmitTransferRequest{Handle: resp.GetHandle()}
+		dos[k] = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) {
+			return eps.src.API().SubmitTransfer(ctx, sub)
+		}
 	}
-	return preparedRun{mode: mode, last: last}, rerr
+	modes, lasts, rerr := run(dos)
+	for k, mode := range modes {
+		if mode != nil {
+			secs := prepSecs[k]
+			mode.PrepareSeconds, mode.PreparePhases = &secs, prepPhases[k]
+		}
+	}
+	return preparedRun{modes: modes, lasts: lasts}, rerr
 }
 
 // verify compares every block's CRC32C as the source and the destination

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -136,5 +138,88 @@ func TestRunBadDaemon(t *testing.T) {
 	err := Run(context.Background(), cfg, &bytes.Buffer{}, &bytes.Buffer{})
 	if err == nil || !strings.Contains(err.Error(), "exited during start-up") {
 		t.Fatalf("Run with /bin/false as the daemon: %v", err)
+	}
+}
+
+// TestRunOps runs the sweep with --op read and both against two real
+// daemons: every row carries its op and verifies, and a local block
+// corrupted after the last pull (the verified one) is caught.
+func TestRunOps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two daemons")
+	}
+	b2bd := buildDaemon(t)
+	const corruptBlock = 7
+	for _, tc := range []struct {
+		name    string
+		ops     []string
+		corrupt bool // flip a byte of a local block after the verified read
+		wantOps []string
+	}{
+		{name: "read", ops: []string{OpRead}, wantOps: []string{OpRead, OpRead}},
+		{name: "both", ops: []string{OpWrite, OpRead}, wantOps: []string{OpWrite, OpRead, OpWrite, OpRead}},
+		{name: "read corrupted", ops: []string{OpRead}, corrupt: true},
+		{name: "both corrupted", ops: []string{OpWrite, OpRead}, corrupt: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := Config{
+				Sizes: []uint64{128, 4096}, Blocks: 200, Iters: 3, Transport: "tcp", Timeout: time.Minute, Seed: 7,
+				B2BD: b2bd, JSONPath: filepath.Join(dir, "r.json"), AdHoc: true, PreparedUpTo: DefaultPreparedUpTo, Ops: tc.ops,
+			}
+			corrupted := 0
+			if tc.corrupt {
+				cfg.afterBatch = func(ctx context.Context, eps *endpoints, regions *regionPair, op string, iter int, src, dst Layout) error {
+					if op != OpRead || iter != cfg.Iters {
+						return nil
+					}
+					hs, ok := regions.src.(hostSource)
+					if !ok {
+						return errors.New("the local region is not mapped here")
+					}
+					hs.r.Bytes[src.Offsets[corruptBlock]+src.BlockBytes/2] ^= 0x5a
+					corrupted++
+					return nil
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var stdout bytes.Buffer
+			err := Run(ctx, cfg, &stdout, &bytes.Buffer{})
+			if tc.corrupt {
+				var m *MismatchError
+				if !errors.As(err, &m) || !strings.Contains(err.Error(), "adhoc read: verification failed") {
+					t.Fatalf("a local block corrupted after the pull passed verification: %v", err)
+				}
+				if corrupted != 1 || m.Block != corruptBlock || m.Mismatched != 1 {
+					t.Errorf("mismatch %+v after %d corruptions; want block %d, one block", m, corrupted, corruptBlock)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Run: %v\n%s", err, stdout.String())
+			}
+			raw, err := os.ReadFile(cfg.JSONPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rep Report
+			if err := json.Unmarshal(raw, &rep); err != nil {
+				t.Fatal(err)
+			}
+			var gotOps []string
+			for _, r := range rep.Rows {
+				gotOps = append(gotOps, r.Op)
+				if !r.Verified || r.AdHoc == nil || !r.AdHoc.Verified || r.Prepared == nil || !r.Prepared.Verified || len(r.SampleSeconds) != cfg.Iters || r.Transport != "tcp" {
+					t.Errorf("%d B %s: row %+v", r.BlockBytes, r.Op, r)
+				}
+			}
+			if !rep.Complete || !slices.Equal(gotOps, tc.wantOps) {
+				t.Errorf("complete %v, rows' ops %v, want %v", rep.Complete, gotOps, tc.wantOps)
+			}
+			if !strings.Contains(stdout.String(), "read ") {
+				t.Errorf("the table has no read row:\n%s", stdout.String())
+			}
+		})
 	}
 }

@@ -98,7 +98,8 @@ func WriteSVGFile(path string, rep *Report) error {
 func renderSVG(b *bytes.Buffer, rep *Report) {
 	rows := make([]Row, 0, len(rep.Rows))
 	for _, r := range rep.Rows {
-		if r.MedianSeconds > 0 && r.BlockBytes > 0 {
+		// One op per plot: the run's first (write, unless --op read).
+		if r.MedianSeconds > 0 && r.BlockBytes > 0 && r.opOrWrite() == rep.Rows[0].opOrWrite() {
 			rows = append(rows, r)
 		}
 	}

@@ -57,12 +57,12 @@ perftest_args() { # perftest_args SIZE BLOCKS VARIANT PORT -> sets pt_args
 }
 # READ (issue 24): with READ=1 each round also runs ib_read_bw default and tuned (the same options) and a b2bd
 # READ batch set, mirrored the same way, right after the round's WRITE triple; B is ib_read_bw's client, so B
-# reads A's memory, as b2bd's READ does. Until b2b-bench pulls through the daemons (--op read), READ_DRIVER=harness
-# drives the verbs transport's Conn.Read directly (TestHWReadSource in A for the whole comparison,
-# TestHWReadSink in B per size and round: the same transport code and defaults as the daemon's); READ_DRIVER=bench
-# is the hook for `b2b-bench --op read`.
+# reads A's memory, as b2bd's READ does. READ_DRIVER=bench (the default) runs `b2b-bench --op read` in B against
+# the daemons: B's daemon pulls from A's, a real daemon pull as the WRITE side is a real daemon push.
+# READ_DRIVER=harness drives the verbs transport's Conn.Read directly instead (TestHWReadSource in A for the whole
+# comparison, TestHWReadSink in B per size and round: the same transport code and defaults, no daemons).
 READ=${READ:-0}
-READ_DRIVER=${READ_DRIVER:-harness}
+READ_DRIVER=${READ_DRIVER:-bench}
 pt_tool=ib_write_bw # perftest_server/perftest_client run this one
 perftest_server() { # perftest_server SIZE BLOCKS VARIANT PORT: serves once
 	# Started as soon as the previous run ended, so it waits in accept() (idle) by the time B's client comes:
@@ -265,7 +265,7 @@ run_read() { # b2bd READ of size $s, $n blocks, round $rep (see READ_DRIVER)
 	log "read size=$s blocks=$n round=$rep"
 	snap
 	if [ "$READ_DRIVER" = bench ]; then
-		# The hook for the daemons' pull: b2b-bench --op read writes its usual JSON (rows carry op).
+		# The daemons' pull: b2b-bench --op read writes its usual JSON (rows carry op).
 		"$BENCH" --src-api unix:///run/b2bd.sock --dst-api "$B2B_PEER_IP:7480" --dst-peer "$B2B_PEER_IP:7470" "${tls[@]}" \
 			--transport verbs --sizes "$s" --blocks "$n" --full --iters "$ITERS" --timeout 300s --mode adhoc --op read \
 			--yardstick none --ping-calls 20 --json "$B2B_OUT/read-$s-r$rep.json" 2>&1 || rc=1

@@ -24,8 +24,9 @@
 #   B2B_RDMA_READ         1 (default): each round also compares b2bd's RDMA READ with ib_read_bw default and tuned
 #                         (the same options), mirrored after the round's WRITE triple; ratios in rdma-summary.json's
 #                         "read" entries (op "read"); 0 skips
-#   B2B_RDMA_READ_DRIVER  harness (default: the verbs transport's Conn.Read driven by its TestHWReadSource/Sink, until
-#                         the daemons pull) or bench (b2b-bench --op read, once it exists)
+#   B2B_RDMA_READ_DRIVER  bench (default: b2b-bench --op read in B, two-host mode, so b2bd's READ is a real daemon pull
+#                         as its WRITE is a real daemon push) or harness (the verbs transport's Conn.Read driven by
+#                         its TestHWReadSource/Sink, no daemons)
 #   B2B_RDMA_MODES        the bench's --mode (default empty: its default, ad hoc and prepared up to 64 KiB)
 #   B2B_RDMA_SMP          vCPUs per VM (default 1; 2 gives rxe a CPU besides the daemon's)
 #   B2B_RDMA_E2E          1 (default) runs the e2e tests over verbs in B before the bench; 0 skips
@@ -40,7 +41,8 @@
 #   B2B_RDMA_RAILS        1 (default) runs test-rails.sh (two RDMA devices per VM) after the table; 0 skips
 #   B2B_RDMA_KV           1 (default) runs one KV request over verbs after the table (b2b-bench --workload kv,
 #                         descriptors against block ids, every block verified); 0 skips
-#   B2B_RDMA_KV_ARGS      its size (default "--kv-segments 16 --kv-pool 256 --kv-request 64 --repeat 3")
+#   B2B_RDMA_KV_ARGS      its size and ops (default "--kv-segments 16 --kv-pool 256 --kv-request 64 --repeat 3 --op both":
+#                         pushed and pulled, with the pull/push ratio of the daemon's non-wire time)
 #   B2B_RDMA_B2BD, B2B_RDMA_BENCH   prebuilt binaries to use instead of building ./cmd/b2bd, ./cmd/b2b-bench
 #   B2B_RDMA_DAEMON_ARGS  extra b2bd flags for both daemons (e.g. "--qps-per-peer=4")
 #   B2B_RDMA_OUT          output directory (default .cache/rdma-testbed/test-rdma/<time>)
@@ -130,14 +132,14 @@ DAEMON_ARGS="${B2B_RDMA_DAEMON_ARGS:-}"
 E2E=$OUT/bin/e2e.test
 VERBS_TEST=$OUT/bin/verbs.test
 READ=${B2B_RDMA_READ:-1}
-READ_DRIVER=${B2B_RDMA_READ_DRIVER:-harness}
+READ_DRIVER=${B2B_RDMA_READ_DRIVER:-bench}
 FAULTS=$FAULTS
 FAULT_TRANSPORTS=${B2B_RDMA_FAULT_TRANSPORTS:-verbs,tcp}
 FAULT_TRIALS=${B2B_RDMA_FAULT_TRIALS:-10}
 FAULT_LOAD=${B2B_RDMA_FAULT_LOAD:-32x200}
 FAULT_TIMEOUT=$((TIMEOUT * 6 / 10))
 KV=${B2B_RDMA_KV:-1}
-KV_ARGS="${B2B_RDMA_KV_ARGS:---kv-segments 16 --kv-pool 256 --kv-request 64 --repeat 3}"
+KV_ARGS="${B2B_RDMA_KV_ARGS:---kv-segments 16 --kv-pool 256 --kv-request 64 --repeat 3 --op both}"
 EOF
 say "sizes ${SIZES} with blocks ${blocks_list[*]}, $REPS rounds of $ITERS timed batches each; smp $SMP; output $OUT"
 
@@ -266,7 +268,7 @@ for s in sizes:
         "verified": verified, "errors": errors})
 if read_entries:
     summary["read"] = read_entries
-    summary["read_driver"] = os.environ.get("B2B_RDMA_READ_DRIVER", "harness")
+    summary["read_driver"] = os.environ.get("B2B_RDMA_READ_DRIVER", "bench")
     print()
     print("READ: b2bd (%s) / ib_read_bw of the same round" % summary["read_driver"])
     print(rd_hdr)
@@ -324,7 +326,7 @@ EOF
 if [ "${B2B_RDMA_KV:-1}" = 1 ]; then
 	echo
 	echo "KV request over verbs ($OUT/run/bench-kv.txt):"
-	sed -n '/^ *mode /,/^ratio/p' "$OUT/run/bench-kv.txt" 2>/dev/null || echo "(no result)"
+	sed -n '/^ *\(op  *\)\{0,1\}mode /,/^$/p' "$OUT/run/bench-kv.txt" 2>/dev/null || echo "(no result)"
 	python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if r["complete"] and all(x["verified"] for x in r["rows"]) else 1)' \
 		"$OUT/run/bench-kv.json" 2>/dev/null || { say "KV request over verbs FAILED or not verified"; rc=1; }
 fi
