@@ -582,6 +582,14 @@ func (e *ackError) Unwrap() error {
 }
 
 func (s *stream) readAck(batch uint64) error {
+	// A pull on this stream placed its answer with a low-water mark of up
+	// to a block (lowWater.readBlock); a few-byte ack would never wake a
+	// read under it.
+	if s.rx != nil {
+		if err := s.rx.lw.mark(1); err != nil {
+			return err
+		}
+	}
 	b := s.ackb[:ackLen]
 	if _, err := io.ReadFull(s.nc, b); err != nil {
 		return err
