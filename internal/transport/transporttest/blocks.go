@@ -241,3 +241,102 @@ func testBlocksCancel(t *testing.T, f Factory) {
 		}
 	}
 }
+
+// testBlocksRead pulls block-id requests with transport.ReadBlocks (the
+// kind's BlockReader, or one Read per stretch): the peer's 3 readable
+// regions into 3 local ones, fused and separate segments, merges and
+// repeated source ids; every block of every segment checked, every other
+// local byte untouched. Kinds that cannot pull skip it (as declared).
+func testBlocksRead(t *testing.T, f Factory) {
+	r := start(t, f)
+	r.reader(t)
+	rng := rand.New(rand.NewPCG(24, 3))
+	for _, c := range []struct {
+		name             string
+		srcFused, dstFus bool
+		repeats          bool
+	}{{"separate", false, false, false}, {"fused to separate, repeats", true, false, true}, {"separate to fused", false, true, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			r.fresh(t)
+			const nreg, per = 3, 2
+			ss, ssize := kvSegs(nreg, per, c.srcFused)
+			ds, dsize := kvSegs(nreg, per, c.dstFus)
+			sl, err := kvlayout.New("remote", ss, func(string) (uint64, error) { return ssize, nil }, kvlayout.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			dl, err := kvlayout.New("local", ds, func(string) (uint64, error) { return dsize, nil }, kvlayout.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pair, err := kvlayout.NewPair(sl, dl, kvlayout.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			br := transport.BlockRead{Pair: pair}
+			var sbuf, dbuf [][]byte
+			for i := 0; i < nreg; i++ {
+				_, rr, b := r.readable(t, int(ssize))
+				fill(rng, b)
+				br.Src, sbuf = append(br.Src, rr), append(sbuf, b)
+				reg, db := r.source(t, int(dsize))
+				poisoned(db)
+				br.Dst, dbuf = append(br.Dst, reg), append(dbuf, db)
+			}
+			// runs of consecutive ids (merges) and scattered ones
+			var srcIDs, dstIDs []uint32
+			perm := rng.Perm(kvPool)
+			for i := 0; i < 8; i++ {
+				srcIDs, dstIDs = append(srcIDs, uint32(20+i)), append(dstIDs, uint32(40+i))
+			}
+			for _, p := range perm {
+				if len(dstIDs) == kvPool/2 {
+					break
+				}
+				if p >= 40 && p < 48 {
+					continue
+				}
+				s := uint32(rng.IntN(kvPool))
+				if c.repeats {
+					s = uint32(rng.IntN(3))
+				}
+				srcIDs, dstIDs = append(srcIDs, s), append(dstIDs, uint32(p))
+			}
+			var pl kvlayout.Planner
+			if br.IDs, err = pl.Validate(pair, kvlayout.Request{SrcIDs: kvlayout.PackIDs(srcIDs), DstIDs: kvlayout.PackIDs(dstIDs)}); err != nil {
+				t.Fatal(err)
+			}
+			var sc transport.BlockScratch
+			if _, err := transport.ReadBlocks(context.Background(), r.conn, &br, &sc); err != nil {
+				t.Fatalf("ReadBlocks: %v", err)
+			}
+			covered := make([][]bool, nreg)
+			for i := range covered {
+				covered[i] = make([]bool, dsize)
+			}
+			for k := range ss {
+				st, dt := sl.Template(k), dl.Template(k)
+				for i := range srcIDs {
+					so := st.Base + uint64(srcIDs[i])*st.Stride
+					do := dt.Base + uint64(dstIDs[i])*dt.Stride
+					if xxhash.Sum64(dbuf[dt.Region][do:do+kvBlock]) != xxhash.Sum64(sbuf[st.Region][so:so+kvBlock]) {
+						t.Fatalf("segment %d entry %d (block %d -> %d): the local block differs from the peer's", k, i, srcIDs[i], dstIDs[i])
+					}
+					for x := do; x < do+kvBlock; x++ {
+						covered[dt.Region][x] = true
+					}
+				}
+			}
+			for ri := range dbuf {
+				for x, cv := range covered[ri] {
+					if !cv && dbuf[ri][x] != poison {
+						t.Fatalf("local region %d byte %d, outside every target block, was written", ri, x)
+					}
+				}
+			}
+			if n := r.rin.Held(); n != 0 {
+				t.Fatalf("%d pins held after ReadBlocks returned", n)
+			}
+		})
+	}
+}

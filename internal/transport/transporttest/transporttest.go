@@ -146,6 +146,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("ReadRefusals", func(t *testing.T) { testReadRefusals(t, f) })
 	t.Run("ReadDeadline", func(t *testing.T) { testReadCutOff(t, f, false) })
 	t.Run("ReadCancel", func(t *testing.T) { testReadCutOff(t, f, true) })
+	t.Run("BlocksRead", func(t *testing.T) { testBlocksRead(t, f) })
 }
 
 // rig is one started Pair with the suite's Inbounds and a conn.
