@@ -197,13 +197,17 @@ type Transfer struct {
 // BatchTransfer moves the blocks and returns once all landed at the peer.
 // Use ctx's deadline to bound it.
 func (c *Client) BatchTransfer(ctx context.Context, t Transfer) (*b2bv1.BatchTransferResponse, error) {
-	return c.api.BatchTransfer(ctx, &b2bv1.BatchTransferRequest{
+	return c.api.BatchTransfer(ctx, t.request())
+}
+
+func (t Transfer) request() *b2bv1.BatchTransferRequest {
+	return &b2bv1.BatchTransferRequest{
 		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport, Notification: t.Notification, Op: t.Op,
 		Descriptors: &b2bv1.Descriptors{
 			SrcOffsets: Pack(t.Blocks.Src), DstOffsets: Pack(t.Blocks.Dst), Lengths: Pack(t.Blocks.Len),
 			BlockLength: t.Blocks.BlockLength,
 		},
-	})
+	}
 }
 
 // Checksum hashes blocks of a local region; perBlock also returns one digest

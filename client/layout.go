@@ -63,8 +63,12 @@ type Blocks struct {
 
 // TransferBlocks runs b and returns once every byte landed.
 func (c *Client) TransferBlocks(ctx context.Context, b Blocks) (*b2bv1.BatchTransferResponse, error) {
-	return c.api.TransferBlocks(ctx, &b2bv1.TransferBlocksRequest{LocalLayout: b.LocalLayout, Peer: b.Peer, RemoteLayout: b.RemoteLayout,
-		LocalIds: PackIDs(b.LocalIDs), RemoteIds: PackIDs(b.RemoteIDs), Notification: b.Notification, Transport: b.Transport, Op: b.Op})
+	return c.api.TransferBlocks(ctx, b.request())
+}
+
+func (b Blocks) request() *b2bv1.TransferBlocksRequest {
+	return &b2bv1.TransferBlocksRequest{LocalLayout: b.LocalLayout, Peer: b.Peer, RemoteLayout: b.RemoteLayout,
+		LocalIds: PackIDs(b.LocalIDs), RemoteIds: PackIDs(b.RemoteIDs), Notification: b.Notification, Transport: b.Transport, Op: b.Op}
 }
 
 // PackIDs encodes block ids as packed little-endian uint32s.

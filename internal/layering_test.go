@@ -18,7 +18,7 @@ var layers = [][]string{
 	{"internal/region", "internal/notify"},
 	{"internal/transport/*"},
 	{"internal/transport"},
-	{"internal/staging", "internal/memguard", "internal/topology", "internal/desc", "internal/layout", "internal/auth"},
+	{"internal/staging", "internal/memguard", "internal/topology", "internal/desc", "internal/layout", "internal/auth", "internal/trigger"},
 	{"gpudirect", "verbs"},
 	{"internal/memory", "internal/errs", "internal/dl", "internal/config", "proto", "internal/testca"},
 }

@@ -70,7 +70,16 @@ func phasesProto(p batch.Phases) *b2bv1.PhaseTimings {
 	return &b2bv1.PhaseTimings{
 		DecodeNs: ns(p.Decode), ValidateNs: ns(p.Validate), ResolveNs: ns(p.Resolve), PlanNs: ns(p.Plan),
 		PostNs: ns(p.Post), WireNs: ns(p.Wire), NotifyNs: ns(p.Notify), TotalNs: ns(p.Total),
+		ArmedNs: ns(p.Armed), TriggerSeenUnixNs: unixNs(p.TriggerSeen), PostedUnixNs: unixNs(p.Posted), LandedUnixNs: unixNs(p.Landed),
 	}
+}
+
+// unixNs is t in Unix ns; 0 for the zero time.
+func unixNs(t time.Time) uint64 {
+	if t.IsZero() {
+		return 0
+	}
+	return uint64(t.UnixNano())
 }
 
 func prepareRequest(req *b2bv1.PrepareTransferRequest, who region.Caller) batch.Request {

@@ -47,24 +47,34 @@ func (l *local) ListLayouts(ctx context.Context, req *b2bv1.ListLayoutsRequest) 
 
 func (l *local) TransferBlocks(ctx context.Context, req *b2bv1.TransferBlocksRequest) (*b2bv1.BatchTransferResponse, error) {
 	entry := time.Now()
-	if ms := req.GetTimeoutMs(); ms > 0 {
-		if time.Duration(ms) > maxTransferTimeout/time.Millisecond {
-			return nil, grpcstatus.ToStatus(fmt.Errorf("%w: timeout_ms is %d, over the limit of %d", errs.ErrInvalidArgument, ms, maxTransferTimeout.Milliseconds()))
-		}
+	r, timeout, err := blocksRequest(ctx, req)
+	if err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	if timeout > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(ms)*time.Millisecond)
+		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	r := batch.BlocksRequest{Local: req.GetLocalLayout(), Caller: caller(ctx), Peer: req.GetPeer(), Remote: req.GetRemoteLayout(),
-		LocalIDs: req.GetLocalIds(), RemoteIDs: req.GetRemoteIds(), Notification: req.GetNotification()}
-	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
-	r.Op, r.BadOp = opOf(req.GetOp())
 	res, err := l.s.batches.TransferBlocks(ctx, r)
 	if err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}
 	stamp(&res.Phases, begun(ctx, entry), entry)
 	return transferResponse(res), nil
+}
+
+// blocksRequest converts req; timeout is its timeout_ms (0: none).
+func blocksRequest(ctx context.Context, req *b2bv1.TransferBlocksRequest) (batch.BlocksRequest, time.Duration, error) {
+	timeout, err := timeoutMs("timeout_ms", req.GetTimeoutMs())
+	if err != nil {
+		return batch.BlocksRequest{}, 0, err
+	}
+	r := batch.BlocksRequest{Local: req.GetLocalLayout(), Caller: caller(ctx), Peer: req.GetPeer(), Remote: req.GetRemoteLayout(),
+		LocalIDs: req.GetLocalIds(), RemoteIDs: req.GetRemoteIds(), Notification: req.GetNotification()}
+	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	r.Op, r.BadOp = opOf(req.GetOp())
+	return r, timeout, nil
 }
 
 // ResolveLayout hands a peer allowed to write the layout its segments and

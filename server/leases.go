@@ -72,7 +72,11 @@ func (s *Server) leave(c *client) {
 	if c == nil || !s.clients.leave(c) {
 		return
 	}
-	// Layouts first: their holds would keep the client's regions mapped.
+	// Its transfers first: a running one holds its source region.
+	if n := s.batches.Transfers().ReleaseClient(c.id); n > 0 {
+		s.cfg.Log.Info("client gone; its transfers are cancelled and their ids freed", "pid", c.pid, "transfers", n)
+	}
+	// Then its layouts: their holds would keep the client's regions mapped.
 	if n, err := s.batches.Layouts().Expire(c.id); n > 0 || err != nil {
 		s.cfg.Log.Info("client gone; its leased layouts are deregistered", "pid", c.pid, "layouts", n, "error", err)
 	}

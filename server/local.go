@@ -118,7 +118,9 @@ func (l *local) Checksum(ctx context.Context, req *b2bv1.ChecksumRequest) (*b2bv
 func (l *local) Status(ctx context.Context, req *b2bv1.StatusRequest) (*b2bv1.StatusResponse, error) {
 	c, cfg := l.s.cfg.Counters, l.s.cfg
 	persistent, holders := cfg.Registry.Leases()
+	running, held := l.s.batches.Transfers().Counts()
 	return &b2bv1.StatusResponse{
+		TransfersInFlight: uint32(running), TransfersHeld: uint32(held),
 		PersistentRegions: uint32(persistent), LeaseHolders: uint32(holders),
 		Version: cfg.Version, NodeName: cfg.NodeName, PeerAddress: cfg.PeerAddress,
 		Transports: transportStatuses(cfg.Transports, cfg.Live), CudaAvailable: cfg.CUDAAvailable, CudaDetail: cfg.CUDADetail, OpenFds: cfg.OpenFDs(),

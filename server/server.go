@@ -21,6 +21,7 @@ import (
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/trigger"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -51,6 +52,7 @@ type Config struct {
 	Signals        map[transport.Kind]transport.SignalHandler
 	MaxDescriptors int
 	MaxPlans       int // prepared plans per client identity; 0: batch.DefaultMaxPlans
+	MaxTransfers   int // async transfers per client; 0: batch.DefaultMaxTransfers
 	DefaultTimeout time.Duration
 	CUDAAvailable  bool
 	CUDADetail     string
@@ -63,14 +65,18 @@ type Config struct {
 	// InstanceID names this start of the daemon in handshakes (peers'
 	// prepared plans go stale when it changes); 0: New picks a random one.
 	InstanceID uint64
-	Log        hclog.Logger
+	// Triggers is the trigger watcher's policy (docs/kv.md, "Layer
+	// streaming"); the zero value spins while a CPU is free.
+	Triggers trigger.Policy
+	Log      hclog.Logger
 }
 
 // Server holds both services.
 type Server struct {
-	cfg     Config
-	batches *batch.Service
-	clients clients // lease holders (leases.go)
+	cfg      Config
+	batches  *batch.Service
+	clients  clients          // lease holders (leases.go)
+	triggers *trigger.Watcher // triggered transfers (trigger.go)
 
 	rawMu     sync.Mutex
 	raw       map[net.Conn]struct{} // raw submit connections (raw.go)
@@ -108,10 +114,10 @@ func New(cfg Config) *Server {
 	if cfg.Peers != nil {
 		peers = cfg.Peers
 	}
-	b := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans,
+	b := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers,
 		DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Log: cfg.Log})
 	cfg.Counters, cfg.MaxDescriptors = b.Counters(), b.MaxDescriptors()
-	return &Server{cfg: cfg, batches: b}
+	return &Server{cfg: cfg, batches: b, triggers: trigger.New(cfg.Triggers)}
 }
 
 // Close frees every prepared plan and refuses new ones (daemon shutdown,

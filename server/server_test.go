@@ -53,6 +53,12 @@ type node struct {
 // plane on loopback.
 func newNode(t *testing.T, name string, bn bufNet) *node {
 	t.Helper()
+	return newNodeWith(t, name, bn, nil)
+}
+
+// newNodeWith is newNode with set changing the server's Config.
+func newNodeWith(t *testing.T, name string, bn bufNet, set func(*server.Config)) *node {
+	t.Helper()
 	log := hclog.NewNullLogger()
 	in := &inbound{}
 	tt, err := tcp.New(tcp.Config{Listen: "127.0.0.1:0"}, in, log)
@@ -67,10 +73,14 @@ func newNode(t *testing.T, name string, bn bufNet) *node {
 	self := &b2bv1.HandshakeRequest{ProtocolVersion: peer.ProtocolVersion, NodeName: name, Kinds: []string{"tcp"}}
 	pm := peer.New(self, []transport.Transport{tt}, log, false,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(bn.dial))
-	srv := server.New(server.Config{
+	scfg := server.Config{
 		NodeName: name, Registry: reg, Peers: pm, Adverts: []transport.Advert{tt.Advertise()}, MaxDescriptors: 1000,
 		Transports: []*b2bv1.TransportStatus{{Kind: b2bv1.TransportKind_TRANSPORT_KIND_TCP, Available: true}},
-	})
+	}
+	if set != nil {
+		set(&scfg)
+	}
+	srv := server.New(scfg)
 	api, peerLn := bufconn.Listen(1<<20), bufconn.Listen(1<<20)
 	bn[name] = peerLn
 	gs := grpc.NewServer(grpc.Creds(localCaller{}), grpc.StatsHandler(srv.StatsHandler()))

@@ -29,6 +29,8 @@
 #   B2B_RDMA_MODES        the bench's --mode (default empty: its default, ad hoc and prepared up to 64 KiB)
 #   B2B_RDMA_SMP          vCPUs per VM (default 1; 2 gives rxe a CPU besides the daemon's)
 #   B2B_RDMA_E2E          1 (default) runs the e2e tests over verbs in B before the bench; 0 skips
+#   B2B_RDMA_E2E_RUN      which of them (a -test.run pattern; default every TestRemote* but the fault cases)
+#   B2B_RDMA_CANCEL_N     transfers of TestRemoteCancelUnderLoad (default 1000, about 75 s in the VMs)
 #   B2B_RDMA_FAULTS       1 (default) runs the fault and load cases (TestRemoteFaults) in A before the bench; 0 skips
 #   B2B_RDMA_FAULT_TRANSPORTS  transports they cover (default verbs,tcp)
 #   B2B_RDMA_FAULT_TRIALS peer-kill trials per transport (default 10)
@@ -120,6 +122,8 @@ ITERS=$ITERS
 REPS=$REPS
 MODES="$MODES"
 E2E_TESTS=${B2B_RDMA_E2E:-1}
+E2E_RUN='${B2B_RDMA_E2E_RUN:-^(TestRemote|TestRemoteRevoke|TestRemoteDeadline|TestRemoteCancelUnderLoad)\$}'
+CANCEL_N=${B2B_RDMA_CANCEL_N:-1000}
 B2BD=$B2BD
 BENCH=$BENCH
 DAEMON_ARGS="${B2B_RDMA_DAEMON_ARGS:-}"

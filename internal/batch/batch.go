@@ -95,7 +95,9 @@ type Config struct {
 	Peers          Peers
 	MaxDescriptors int
 	// MaxPlans limits the prepared plans per client identity (0: DefaultMaxPlans).
-	MaxPlans       int
+	MaxPlans int
+	// MaxTransfers limits the async transfers per client (0: DefaultMaxTransfers).
+	MaxTransfers   int
 	DefaultTimeout time.Duration // a batch's deadline when its caller set none
 	Counters       *Counters
 	Log            hclog.Logger
@@ -107,6 +109,7 @@ type Service struct {
 	plans    plans
 	maxPlans atomic.Int64
 	layouts  *Layouts
+	async    *Transfers
 }
 
 // New fills cfg's defaults and returns the service.
@@ -123,7 +126,7 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
-	s := &Service{cfg: cfg, layouts: NewLayouts(cfg.Registry)}
+	s := &Service{cfg: cfg, layouts: NewLayouts(cfg.Registry), async: NewTransfers(cfg.MaxTransfers)}
 	s.SetMaxPlans(cfg.MaxPlans)
 	return s
 }
@@ -133,6 +136,9 @@ func (s *Service) Counters() *Counters { return s.cfg.Counters }
 
 // MaxDescriptors is the most blocks a batch may have.
 func (s *Service) MaxDescriptors() int { return s.cfg.MaxDescriptors }
+
+// DefaultTimeout is a transfer's deadline when its caller set none.
+func (s *Service) DefaultTimeout() time.Duration { return s.cfg.DefaultTimeout }
 
 // Request is one batch as the caller gave it.
 type Request struct {
@@ -176,10 +182,22 @@ type Phases struct {
 	Wire     time.Duration // until every byte landed and the ack came back
 	Notify   time.Duration // delivering the notification
 	Total    time.Duration // the whole call
+	// Triggered transfers: the time armed until the watcher saw the
+	// counter's value, and when it saw it.
+	Armed       time.Duration
+	TriggerSeen time.Time
+	// Posted is when the first write began, Landed when the last ended
+	// acknowledged (zero: none did).
+	Posted, Landed time.Time
 }
 
-// write splits a write's time into plan, post and wire.
-func (ph *Phases) write(st transport.Stats, d time.Duration) {
+// write splits a write that began at start into plan, post and wire.
+func (ph *Phases) write(st transport.Stats, start time.Time) {
+	ph.Landed = time.Now()
+	d := ph.Landed.Sub(start)
+	if ph.Posted.IsZero() {
+		ph.Posted = start
+	}
 	ph.Plan += st.Plan
 	ph.Post += st.Post
 	if w := d - st.Plan - st.Post; w > 0 {
@@ -371,6 +389,14 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		var cached bool
 		sess, remote, reg, cached, err = s.prepare(ctx, p)
 		if err != nil {
+			// A connection that broke under this batch's resolve
+			// (another batch, cut off, broke it) is retried once on a
+			// fresh one, as a Write that broke it is.
+			if firstErr == nil && sess.Conn != nil && ctx.Err() == nil && errs.Class(err) == errs.ErrUnavailable {
+				s.cfg.Log.Info("batch's connection broke before its write; retrying once on a fresh one", "peer", p.peer, "error", err)
+				firstErr = err
+				continue
+			}
 			if firstErr != nil {
 				return Result{}, fmt.Errorf("%w (retrying on a fresh connection; the first attempt failed: %v)", err, firstErr)
 			}
@@ -386,7 +412,7 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		start = time.Now()
 		ph.Resolve += start.Sub(t0)
 		st, err = p.move(ctx, sess, reg, remote)
-		ph.write(st, time.Since(start))
+		ph.write(st, start)
 		if err == nil {
 			break
 		}

@@ -239,7 +239,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	}
 	n := st.Segments
 	elapsed := time.Since(wstart)
-	ph.write(st, elapsed)
+	ph.write(st, wstart)
 	if r.Notification != nil {
 		tn := time.Now()
 		err := s.cfg.Peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,
@@ -300,7 +300,7 @@ func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r 
 		return res, cached, retry, werr
 	}
 	elapsed := time.Since(wstart)
-	ph.write(st, elapsed)
+	ph.write(st, wstart)
 	if r.Notification != nil {
 		tn := time.Now()
 		err := s.cfg.Peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,

@@ -392,7 +392,7 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		var err error
 		start = time.Now()
 		st, err = b.write(ctx, p)
-		ph.write(st, time.Since(start))
+		ph.write(st, start)
 		if err == nil {
 			break
 		}
@@ -499,6 +499,8 @@ func (s *Service) ReleaseOwner(o Owner) int {
 
 // Close frees every plan and refuses new ones (daemon shutdown).
 func (s *Service) Close() {
+	// First: a running transfer may hold a plan or a layout's regions.
+	s.async.Close()
 	s.plans.mu.Lock()
 	s.plans.closed = true
 	s.plans.mu.Unlock()

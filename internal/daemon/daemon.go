@@ -54,6 +54,7 @@ type Config struct {
 	Transport      string // auto, or a registered kind (transport.Names)
 	MaxDescriptors int
 	MaxPlans       int // prepared plans per client identity
+	MaxTransfers   int // async transfers per client
 	// PeerIdleTimeout closes a peer's connections once unused this long;
 	// MaxPeers caps the peers kept at once (internal/peer.Limits). Zero:
 	// the default; the flags refuse values out of range.
@@ -101,6 +102,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Transport, "transport", transport.Auto, "data plane: auto (local when the peer proves it is on this host, else verbs when both peers have RDMA, else tcp), tcp, verbs or local (same host only: shared memory and CUDA IPC)")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", desc.DefaultMaxBlocks, "most blocks per batch")
 	fs.IntVar(&c.MaxPlans, "max-plans", batch.DefaultMaxPlans, "most prepared transfers (PrepareTransfer) one client identity may hold")
+	fs.IntVar(&c.MaxTransfers, "max-transfers-per-client", batch.DefaultMaxTransfers, "most async transfers (StartTransfer) one client may hold, running or ended and not yet reported")
 	fs.StringVar(&c.SubmitSocket, "submit-socket", "", "also accept submits of prepared transfers on this Unix socket, without gRPC (opt-in; client.DialSubmit)")
 	fs.DurationVar(&c.DefaultTimeout, "default-timeout", time.Minute, "deadline of a batch whose caller set none")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", 30*time.Second, "how long in-flight batches may run on SIGTERM")
@@ -120,28 +122,29 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 // flag set with a flag no table names, so a new flag cannot go without one.
 // The usage text shows each range (withRange).
 var flagRanges = config.Ranges{
-	"node-name":         config.Text{Min: 1, Max: 255},
-	"socket":            config.Path(true),
-	"socket-mode":       config.Octal{Max: 0o777},
-	"group":             config.Text{Min: 0, Max: config.PathMax},
-	"api-listen":        config.HostPort{Optional: true},
-	"peer-listen":       config.HostPort{},
-	"peer-idle-timeout": config.Duration{Min: minPeerIdleTimeout, Max: maxPeerIdleTimeout},
-	"max-peers":         config.Int{Min: 1, Max: maxMaxPeers},
-	"shm-dir":           config.Path(false),
-	"transport":         config.OneOf(transport.Names),
-	"max-descriptors":   config.Int{Min: 1, Max: 1 << 24},
-	"max-plans":         config.Int{Min: 1, Max: 1 << 20},
-	"submit-socket":     config.Path(true),
-	"default-timeout":   config.Duration{Min: time.Millisecond, Max: 24 * time.Hour},
-	"shutdown-grace":    config.Duration{Min: 0, Max: time.Hour},
-	"log-level":         config.OneOf{"trace", "debug", "info", "warn", "error"},
-	"tls-cert":          config.Path(true),
-	"tls-key":           config.Path(true),
-	"tls-ca":            config.Path(true),
-	"insecure":          config.Bool{},
-	"metrics-listen":    config.HostPort{Optional: true},
-	"health-listen":     config.HostPort{Optional: true},
+	"node-name":                config.Text{Min: 1, Max: 255},
+	"socket":                   config.Path(true),
+	"socket-mode":              config.Octal{Max: 0o777},
+	"group":                    config.Text{Min: 0, Max: config.PathMax},
+	"api-listen":               config.HostPort{Optional: true},
+	"peer-listen":              config.HostPort{},
+	"peer-idle-timeout":        config.Duration{Min: minPeerIdleTimeout, Max: maxPeerIdleTimeout},
+	"max-peers":                config.Int{Min: 1, Max: maxMaxPeers},
+	"shm-dir":                  config.Path(false),
+	"transport":                config.OneOf(transport.Names),
+	"max-descriptors":          config.Int{Min: 1, Max: 1 << 24},
+	"max-plans":                config.Int{Min: 1, Max: 1 << 20},
+	"max-transfers-per-client": config.Int{Min: 1, Max: 1 << 20},
+	"submit-socket":            config.Path(true),
+	"default-timeout":          config.Duration{Min: time.Millisecond, Max: 24 * time.Hour},
+	"shutdown-grace":           config.Duration{Min: 0, Max: time.Hour},
+	"log-level":                config.OneOf{"trace", "debug", "info", "warn", "error"},
+	"tls-cert":                 config.Path(true),
+	"tls-key":                  config.Path(true),
+	"tls-ca":                   config.Path(true),
+	"insecure":                 config.Bool{},
+	"metrics-listen":           config.HostPort{Optional: true},
+	"health-listen":            config.HostPort{Optional: true},
 }
 
 // bindRanges binds table's rules to fs and adds each range to its flag's
@@ -343,7 +346,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	scfg := server.Config{
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
 		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Signals: signals,
-		MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, DefaultTimeout: cfg.DefaultTimeout,
+		MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers, DefaultTimeout: cfg.DefaultTimeout,
 		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, OpenFDs: openFDs, Log: log.Named("server"),
 	}
 	srv := server.New(scfg)

@@ -51,6 +51,7 @@ var rangeCases = []struct {
 	{"transport", []string{"udp", "", "LOCAL"}, []string{"auto", "tcp", "verbs", "local"}, "auto, tcp, verbs, local"},
 	{"max-descriptors", []string{"0", "-1", "16777217"}, []string{"1", "16777216"}, "1 to 16777216"},
 	{"max-plans", []string{"0", "-5", "1048577"}, []string{"1", "1048576"}, "1 to 1048576"},
+	{"max-transfers-per-client", []string{"0", "-5", "1048577"}, []string{"1", "4096", "1048576"}, "1 to 1048576"},
 	{"submit-socket", []string{"a\x00b"}, []string{"", "/tmp/s"}, "no NUL"},
 	{"default-timeout", []string{"0s", "-1s", "25h"}, []string{"1ms", "24h0m0s"}, "1ms to 24h"},
 	{"shutdown-grace", []string{"-1s", "2h"}, []string{"0s", "1h0m0s"}, "0s to 1h"},

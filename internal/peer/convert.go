@@ -56,8 +56,17 @@ func fromRPC(ctx context.Context, err error) error {
 			ce = context.DeadlineExceeded
 		}
 	}
-	if c := errs.Class(err); ce != nil && (c == context.DeadlineExceeded || c == context.Canceled) {
+	c := errs.Class(err)
+	if ce != nil && (c == context.DeadlineExceeded || c == context.Canceled) {
 		return ce
+	}
+	if ce == nil && c == context.Canceled {
+		// Our caller did not cancel: gRPC closed the connection under the
+		// call (another batch found it broken; "the client connection is
+		// closing") or the peer cancelled it. Either way the path is gone,
+		// which is Unavailable (a fresh connection may do), not the
+		// caller's Canceled.
+		return errs.Wrap(errs.ErrUnavailable, "the call was cancelled by the connection or the peer, not by its caller: "+err.Error())
 	}
 	return err
 }

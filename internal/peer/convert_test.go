@@ -29,6 +29,9 @@ func TestFromRPC(t *testing.T) {
 		{"live ctx keeps the peer's text", live, reset, context.DeadlineExceeded, reset.(interface{ GRPCStatus() *status.Status }).GRPCStatus().Message()},
 		{"our deadline: ctx's error", expired, reset, context.DeadlineExceeded, "context deadline exceeded"},
 		{"our deadline, refused: peer's class", expired, status.Error(codes.PermissionDenied, "no"), errs.ErrPermissionDenied, "no"},
+		// Nobody cancelled our call: the connection closed under it (another
+		// batch broke it), which is a broken connection, not a cancel.
+		{"closing connection, live ctx: unavailable", live, status.Error(codes.Canceled, "grpc: the client connection is closing"), errs.ErrUnavailable, "the call was cancelled by the connection or the peer, not by its caller: grpc: the client connection is closing"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -25,6 +25,7 @@ from .errors import *  # noqa: F401,F403 - the names in errors.__all__
 from . import views as _views
 from .views import *  # noqa: F401,F403 - as_array, as_tensor, block_offsets
 from . import kv  # noqa: F401 - b2b.kv: KV-cache tensors to layouts (docs/kv.md)
+from . import stream  # noqa: F401 - b2b.stream: progress counters, layer marks (docs/kv.md)
 
 __version__ = "0.1.0"
 

@@ -53,6 +53,7 @@ __all__ = [
     "PreparedTransfer",
     "SubmitStream",
     "StreamResult",
+    "Transfer",
     "DEFAULT_SOCKET",
     "MAX_MESSAGE_BYTES",
 ]
@@ -255,12 +256,21 @@ class PhaseTimings:
     wire_ns: int = 0  # wait until every byte landed and the ack came back
     notify_ns: int = 0  # deliver the notification
     total_ns: int = 0  # the handler's whole time
+    # Triggered transfers (b2b.stream): the time armed; and wall-clock
+    # times (Unix ns, as time.time_ns() on the daemon's host) when the
+    # watcher saw the counter's value, the first write was posted, and the
+    # last was acknowledged (every byte landed). The last two on every transfer.
+    armed_ns: int = 0
+    trigger_seen_unix_ns: int = 0
+    posted_unix_ns: int = 0
+    landed_unix_ns: int = 0
 
     @classmethod
     def from_proto(cls, p: Any) -> "PhaseTimings":
         return cls(
             int(p.decode_ns), int(p.validate_ns), int(p.resolve_ns), int(p.plan_ns),
             int(p.post_ns), int(p.wire_ns), int(p.notify_ns), int(p.total_ns),
+            int(p.armed_ns), int(p.trigger_seen_unix_ns), int(p.posted_unix_ns), int(p.landed_unix_ns),
         )
 
     def as_dict(self) -> Dict[str, int]:
@@ -339,6 +349,9 @@ class Status:
     bytes_received: int
     max_descriptors: int
     peers_connected: int
+    #: Async transfers running, and held (running, or ended and not yet reported).
+    transfers_in_flight: int = 0
+    transfers_held: int = 0
 
     @classmethod
     def from_proto(cls, s: Any) -> "Status":
@@ -360,6 +373,8 @@ class Status:
             bytes_received=int(s.bytes_received),
             max_descriptors=int(s.max_descriptors),
             peers_connected=int(s.peers_connected),
+            transfers_in_flight=int(s.transfers_in_flight),
+            transfers_held=int(s.transfers_held),
         )
 
 
@@ -791,6 +806,111 @@ class PreparedTransfer:
             f"PreparedTransfer(handle={self.handle}, blocks={self.blocks}, bytes={self.bytes}, "
             f"transport={self.transport!r}, {state})"
         )
+
+
+_RUNNING = pb.TRANSFER_STATE_RUNNING
+_STATE_NAME = {
+    pb.TRANSFER_STATE_RUNNING: "running",
+    pb.TRANSFER_STATE_DONE: "done",
+    pb.TRANSFER_STATE_FAILED: "failed",
+    pb.TRANSFER_STATE_CANCELLED: "cancelled",
+}
+
+
+class Transfer:
+    """An async transfer: :meth:`Client.start_transfer`,
+    :meth:`Client.start_submit` or ``transfer_blocks(..., wait=False)``.
+
+    The daemon reports a transfer's outcome once; the handle keeps it, so
+    :meth:`wait`, :meth:`done` and :attr:`result` may be asked again. The
+    transfer belongs to the client's connection: closing the client cancels
+    it. Usage::
+
+        h = c.transfer_blocks("kv", peer, "kv", src_ids, dst_ids, wait=False)
+        ...
+        if h.done():
+            r = h.result          # TransferResult, or raises the failure
+        h.cancel()                # returns once no byte of it lands any more
+    """
+
+    __slots__ = ("_client", "id", "_outcome", "__weakref__")
+
+    def __init__(self, client: "Client", transfer_id: int) -> None:
+        self._client = client
+        #: The daemon's id of the transfer (never 0).
+        self.id = transfer_id
+        self._outcome: Any = None
+
+    def _take(self, o: Any) -> bool:
+        if o.state != _RUNNING:
+            self._outcome = o
+            return True
+        return False
+
+    @property
+    def state(self) -> str:
+        """``"running"`` (as far as the handle knows), ``"done"``, ``"failed"`` or ``"cancelled"``."""
+        return "running" if self._outcome is None else _STATE_NAME.get(self._outcome.state, str(self._outcome.state))
+
+    @property
+    def error(self) -> Optional[B2BError]:
+        """The failure of a failed or cancelled transfer; ``None`` otherwise."""
+        o = self._outcome
+        if o is None or o.state == pb.TRANSFER_STATE_DONE:
+            return None
+        code = _CODE_BY_VALUE.get(o.code, grpc.StatusCode.UNKNOWN)
+        if o.state == pb.TRANSFER_STATE_CANCELLED and code == grpc.StatusCode.OK:
+            code = grpc.StatusCode.CANCELLED
+        return error_for_code(code, o.message)
+
+    @property
+    def result(self) -> Optional[TransferResult]:
+        """The :class:`TransferResult` once done; raises the failure of a
+        failed or cancelled transfer; ``None`` while it runs (poll with
+        :meth:`done` or wait with :meth:`wait`)."""
+        o = self._outcome
+        if o is None:
+            return None
+        if o.state == pb.TRANSFER_STATE_DONE:
+            return TransferResult.from_proto(o.result)
+        raise self.error
+
+    def done(self) -> bool:
+        """Poll the daemon (no waiting): ``True`` once the transfer ended."""
+        if self._outcome is None:
+            self._client.poll([self])
+        return self._outcome is not None
+
+    def wait(self, timeout: Optional[float] = None) -> TransferResult:
+        """Wait until the transfer ends and return its :class:`TransferResult`;
+        raise its failure (``CancelledError`` once cancelled). With
+        ``timeout`` (seconds) and the transfer still running then, raise
+        ``TimeoutError``: the transfer goes on."""
+        if self._outcome is None:
+            req = pb.WaitTransferRequest(transfer_id=self.id)
+            rpc_timeout = None
+            if timeout is not None:
+                if timeout < 0:
+                    raise _invalid(f"timeout {timeout!r}: want seconds >= 0, or None")
+                req.timeout_ms = max(1, int(timeout * 1000))
+                rpc_timeout = timeout + 30.0  # the daemon answers RUNNING at timeout_ms
+            if not self._take(self._client._call(self._client._stub.WaitTransfer, req, rpc_timeout)):
+                raise TimeoutError(f"transfer {self.id} still running after {timeout} s")
+        return self.result
+
+    def cancel(self) -> bool:
+        """Cancel the transfer; returns once no byte of it lands any more.
+        ``True`` if it was cancelled, ``False`` if it had ended otherwise
+        (its outcome is kept: see :attr:`result`)."""
+        if self._outcome is None:
+            self._take(self._client._call(self._client._stub.CancelTransfer, pb.CancelTransferRequest(transfer_id=self.id), None))
+        return self._outcome.state == pb.TRANSFER_STATE_CANCELLED
+
+    def __repr__(self) -> str:
+        return f"Transfer(id={self.id}, state={self.state})"
+
+
+_CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
 
 @dataclass(frozen=True)
@@ -1303,7 +1423,14 @@ class Client:
                 delivered to the destination region's watchers (see
                 :meth:`watch`) once the batch landed.
         """
-        descriptors = _descriptors(descriptors, src_offsets, dst_offsets, lengths, block_size, "batch_transfer")
+        req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "batch_transfer", op)
+        r = self._call(self._stub.BatchTransfer, req, timeout)
+        return TransferResult.from_proto(r)
+
+    def _batch_request(
+        self, src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, what, op=None
+    ) -> Any:
+        descriptors = _descriptors(descriptors, src_offsets, dst_offsets, lengths, block_size, what)
         if not isinstance(peer, str):
             raise TypeError(f"peer: expected 'host:port' str, got {type(peer).__name__}")
         req = pb.BatchTransferRequest(
@@ -1318,8 +1445,51 @@ class Client:
             if not isinstance(notification, (bytes, bytearray, memoryview)):
                 raise TypeError(f"notification: expected bytes, got {type(notification).__name__}")
             req.notification = bytes(notification)
-        r = self._call(self._stub.BatchTransfer, req, timeout)
-        return TransferResult.from_proto(r)
+        return req
+
+    def start_transfer(
+        self,
+        src: RegionRef,
+        peer: str,
+        dst_region: Union[str, RegionInfo, _Region],
+        src_offsets: Any = None,
+        dst_offsets: Any = None,
+        lengths: Any = None,
+        block_size: Optional[int] = None,
+        timeout: Optional[float] = None,
+        transport: Union[None, str, int] = None,
+        *,
+        descriptors: Optional[Descriptors] = None,
+        notification: Optional[bytes] = None,
+        op: Union[None, str, int] = None,
+    ) -> "Transfer":
+        """:meth:`batch_transfer`, started async: returns a :class:`Transfer`
+        handle at once (bad input is refused here). ``timeout`` bounds the
+        transfer from its start (``None``: the daemon's default)."""
+        req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "start_transfer", op)
+        return self._start(pb.StartTransferRequest(batch=req), timeout)
+
+    def start_submit(self, plan: "PreparedTransfer", timeout: Optional[float] = None) -> "Transfer":
+        """A submit of a prepared plan, started async (see :class:`Transfer`)."""
+        return self._start(pb.StartTransferRequest(submit=pb.SubmitTransferRequest(handle=plan.handle)), timeout)
+
+    def _start(self, req: Any, timeout: Optional[float]) -> "Transfer":
+        if timeout is not None:
+            if timeout <= 0:
+                raise _invalid(f"timeout {timeout!r}: want seconds > 0, or None for the daemon's default")
+            req.timeout_ms = max(1, int(timeout * 1000))
+        r = self._call(self._stub.StartTransfer, req, self.timeout)
+        return Transfer(self, int(r.transfer_id))
+
+    def poll(self, transfers: Sequence["Transfer"]) -> List[bool]:
+        """Ask for every handle's state in one call, without waiting; returns
+        ``done()`` of each (an ended one keeps its outcome in its handle)."""
+        ask = [t for t in transfers if t._outcome is None]
+        if ask:
+            r = self._call(self._stub.PollTransfers, pb.PollTransfersRequest(transfer_ids=[t.id for t in ask]), self.timeout)
+            for t, o in zip(ask, r.outcomes):
+                t._take(o)
+        return [t._outcome is not None for t in transfers]
 
     # -- layouts and block-id transfers (docs/kv.md) -------------------------
 
@@ -1370,13 +1540,19 @@ class Client:
         *,
         notification: Optional[bytes] = None,
         op: Union[None, str, int] = None,
-    ) -> TransferResult:
+        wait: bool = True,
+        after: Optional[Tuple[Any, int]] = None,
+    ) -> Union[TransferResult, "Transfer"]:
         """Move block ``local_ids[i]`` of every segment of ``local_layout`` to
         block ``remote_ids[i]`` of the peer's exported ``remote_layout``
         (``op="read"``: the other way, a pull; ``local_ids`` must then be
         unique). Ids are lists, numpy arrays or torch integer tensors, packed
         as little-endian uint32 by numpy (no Python loop). Returns once every
-        byte landed and was acknowledged."""
+        byte landed and was acknowledged; with ``wait=False``, returns a
+        :class:`Transfer` handle at once (``timeout`` then bounds the transfer
+        from its start). ``after=(counter, L)`` (a
+        :class:`b2b.stream.Counter`): the daemon posts it only once the
+        counter reaches ``L``; it implies ``wait=False``."""
         req = pb.TransferBlocksRequest(
             local_layout=local_layout,
             peer=peer,
@@ -1388,6 +1564,14 @@ class Client:
         )
         if notification is not None:
             req.notification = bytes(notification)
+        if after is not None:
+            from .stream import trigger_proto  # stream imports this module
+
+            start = pb.StartTransferRequest(blocks=req)
+            start.after.CopyFrom(trigger_proto(after))
+            return self._start(start, timeout)
+        if not wait:
+            return self._start(pb.StartTransferRequest(blocks=req), timeout)
         return TransferResult.from_proto(self._call(self._stub.TransferBlocks, req, timeout))
 
     # -- prepared transfers -----------------------------------------------

@@ -27,6 +27,7 @@ __all__ = [
     "AbortedError",
     "AlreadyExistsError",
     "UnimplementedError",
+    "CancelledError",
     "from_rpc_error",
     "error_for_code",
     "deadline_after",
@@ -121,6 +122,12 @@ class UnimplementedError(B2BError):
     CODE = grpc.StatusCode.UNIMPLEMENTED
 
 
+class CancelledError(B2BError):
+    """The transfer was cancelled (:meth:`b2b.Transfer.cancel`, or its client went away)."""
+
+    CODE = grpc.StatusCode.CANCELLED
+
+
 _BY_CODE: Dict[grpc.StatusCode, Type[B2BError]] = {
     cls.CODE: cls
     for cls in (
@@ -134,6 +141,7 @@ _BY_CODE: Dict[grpc.StatusCode, Type[B2BError]] = {
         AbortedError,
         AlreadyExistsError,
         UnimplementedError,
+        CancelledError,
     )
 }
 

@@ -45,9 +45,10 @@ from .client import (
     _transport,
 )
 from .errors import B2BError, InvalidArgumentError, error_for_code
+from .stream import Counter, mark_layer_done, trigger_proto  # layer streaming (docs/kv.md)
 from .v1 import b2b_pb2 as pb
 
-__all__ = ["register", "Layout", "Segment", "BlocksTransfer", "pack_ids"]
+__all__ = ["register", "Layout", "Segment", "BlocksTransfer", "pack_ids", "Counter", "mark_layer_done"]
 
 
 def _invalid(msg: str) -> InvalidArgumentError:
@@ -296,6 +297,7 @@ class Layout:
         transport: Union[None, str, int] = None,
         notification: Optional[bytes] = None,
         wait: bool = True,
+        after: Optional[Tuple[Counter, int]] = None,
     ) -> Union[TransferResult, "BlocksTransfer"]:
         """Move block ``local_ids[i]`` of every segment to block
         ``remote_ids[i]`` of the peer's layout exported as ``remote_layout``.
@@ -307,13 +309,19 @@ class Layout:
         and ``cancel()`` (StartTransfer). Ids at or above ``num_blocks`` and
         repeated remote ids are refused by the daemon (InvalidArgument naming
         the index); nothing moves then.
+
+        ``after=(counter, L)`` (layer streaming) starts the transfer at once
+        but has the daemon post it only when the :class:`Counter` reaches
+        ``L`` (:func:`mark_layer_done`); it always returns the handle. The
+        timeout runs while it waits (DeadlineExceeded, nothing posted), and
+        ``cancel()`` withdraws it.
         """
         if self._closed:
             raise _invalid(f"b2b.kv: layout {self.name!r} is closed")
         remote = remote_layout.export_name if isinstance(remote_layout, Layout) else remote_layout
         if not isinstance(remote, str) or not remote:
             raise _invalid(f"b2b.kv: remote_layout {remote_layout!r}: want the peer layout's export name")
-        if wait:
+        if wait and after is None:
             return self.client.transfer_blocks(self.name, peer, remote, local_ids, remote_ids, timeout=timeout,
                                                transport=transport, notification=notification)
         req = pb.TransferBlocksRequest(
@@ -326,7 +334,7 @@ class Layout:
         )
         if notification is not None:
             req.notification = bytes(notification)
-        return start_blocks(self.client, req, timeout, remote_ids)
+        return start_blocks(self.client, req, timeout, remote_ids, after)
 
     def close(self) -> None:
         """Deregister the layout (and its views), then the CUDA regions it
@@ -542,8 +550,12 @@ class BlocksTransfer:
 _STATUS_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
 
-def start_blocks(client: Client, req: Any, timeout: Optional[float], remote_ids: Any) -> Any:
-    """StartTransfer for a TransferBlocksRequest; returns a :class:`BlocksTransfer`."""
+def start_blocks(client: Client, req: Any, timeout: Optional[float], remote_ids: Any, after: Any = None) -> Any:
+    """StartTransfer for a TransferBlocksRequest, run once ``after``'s
+    counter reaches its value (None: at once); returns a :class:`BlocksTransfer`."""
     ms = 0 if timeout is None else max(1, int(math.ceil(timeout * 1000)))
-    r = client._call(client.stub.StartTransfer, pb.StartTransferRequest(blocks=req, timeout_ms=ms), client.timeout)
+    start = pb.StartTransferRequest(blocks=req, timeout_ms=ms)
+    if after is not None:
+        start.after.CopyFrom(trigger_proto(after))
+    r = client._call(client.stub.StartTransfer, start, client.timeout)
     return BlocksTransfer(client, r.transfer_id, remote_ids)

@@ -119,7 +119,7 @@ class ErrorMappingTest(unittest.TestCase):
             grpc.StatusCode.ALREADY_EXISTS: b2b.AlreadyExistsError,
             grpc.StatusCode.UNIMPLEMENTED: b2b.UnimplementedError,
             grpc.StatusCode.INTERNAL: b2b.B2BError,
-            grpc.StatusCode.CANCELLED: b2b.B2BError,
+            grpc.StatusCode.CANCELLED: b2b.CancelledError,
         }
         for code, cls in cases.items():
             with self.subTest(code=code):
@@ -138,8 +138,8 @@ class ErrorMappingTest(unittest.TestCase):
         # sent; gRPC Python may report that as CANCELLED before its own timer fires.
         now = time.monotonic()
         cases = [
-            ("no deadline", grpc.StatusCode.CANCELLED, None, b2b.B2BError, grpc.StatusCode.CANCELLED),
-            ("deadline ahead", grpc.StatusCode.CANCELLED, now + 3600, b2b.B2BError, grpc.StatusCode.CANCELLED),
+            ("no deadline", grpc.StatusCode.CANCELLED, None, b2b.CancelledError, grpc.StatusCode.CANCELLED),
+            ("deadline ahead", grpc.StatusCode.CANCELLED, now + 3600, b2b.CancelledError, grpc.StatusCode.CANCELLED),
             ("deadline passed", grpc.StatusCode.CANCELLED, now - 0.001, b2b.DeadlineExceededError,
              grpc.StatusCode.DEADLINE_EXCEEDED),
             ("deadline passed, other code", grpc.StatusCode.ABORTED, now - 1, b2b.AbortedError,
@@ -192,11 +192,13 @@ class PreparedUnitTest(unittest.TestCase):
         self.assertEqual((t.blocks, t.bytes, t.transport, t.segments, t.work_requests), (3, 384, "tcp", 2, 1))
         self.assertEqual(t.elapsed_ns, 1500)
         self.assertIsNone(t.phases)  # a daemon that sent none
-        r.phases.CopyFrom(pb.PhaseTimings(decode_ns=1, validate_ns=2, resolve_ns=3, plan_ns=4, post_ns=5, wire_ns=6, notify_ns=7, total_ns=28))
+        r.phases.CopyFrom(pb.PhaseTimings(decode_ns=1, validate_ns=2, resolve_ns=3, plan_ns=4, post_ns=5, wire_ns=6, notify_ns=7, total_ns=28,
+                                          armed_ns=9, trigger_seen_unix_ns=10, posted_unix_ns=11, landed_unix_ns=12))
         p = b2b.TransferResult.from_proto(r).phases
         self.assertEqual(
             p.as_dict(),
-            {"decode_ns": 1, "validate_ns": 2, "resolve_ns": 3, "plan_ns": 4, "post_ns": 5, "wire_ns": 6, "notify_ns": 7, "total_ns": 28},
+            {"decode_ns": 1, "validate_ns": 2, "resolve_ns": 3, "plan_ns": 4, "post_ns": 5, "wire_ns": 6, "notify_ns": 7, "total_ns": 28,
+             "armed_ns": 9, "trigger_seen_unix_ns": 10, "posted_unix_ns": 11, "landed_unix_ns": 12},
         )
 
     def test_stream_result(self):

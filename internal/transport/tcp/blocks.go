@@ -176,8 +176,12 @@ func (c *conn) runPipe(ctx context.Context, plans []plan, srcs [][]byte, start t
 		return transport.Stats{Segments: segs, WorkRequests: frames, Plan: postStart.Sub(start), Post: post}, nil
 	}
 	// Later batches' acks may be unread on some stream: the conn cannot
-	// carry another batch, whatever the failure was.
+	// carry another batch, whatever the failure was; and what the receiver
+	// already holds of the cut-off batches must not land once we answer.
 	c.fail(first)
+	if ferr := c.fence(); ferr != nil {
+		c.t.log.Warn("tcp: cut-off block batches could not be fenced; the receiver stops placing them at its frame timeout", "batches", fmt.Sprintf("%d..%d", pj.base, c.batch), "peer", c.addr, "error", ferr)
+	}
 	var pe *pipeErr
 	k := -1
 	if errors.As(first, &pe) {

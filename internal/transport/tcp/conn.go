@@ -39,14 +39,14 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if _, err := rand.Read(idb[:]); err != nil {
 		return nil, fmt.Errorf("tcp: conn id: %w", err)
 	}
-	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, quit: make(chan struct{}), staged: make(chan staged, 1),
-		smallCap: min(t.cfg.FrameBytes, maxSegsPerFrame*copyBelow)}
 	var d interface {
 		DialContext(context.Context, string, string) (net.Conn, error)
 	} = &net.Dialer{}
 	if t.cfg.TLS != nil {
 		d = &tls.Dialer{Config: t.cfg.TLS.ClientFor(addr)}
 	}
+	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, quit: make(chan struct{}), staged: make(chan staged, 1),
+		smallCap: min(t.cfg.FrameBytes, maxSegsPerFrame*copyBelow), dialer: d, token: ep.GetSessionToken()}
 	for i := 0; i < t.cfg.Streams; i++ {
 		nc, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
@@ -109,6 +109,55 @@ type conn struct {
 	smallCap int
 	// blocks is WriteBlocks' reusable memory (blocks.go).
 	blocks blockState
+	// dialer and token open the fence connection (fence).
+	dialer interface {
+		DialContext(context.Context, string, string) (net.Conn, error)
+	}
+	token  []byte
+	fenced bool // mu held
+}
+
+// fenceTimeout bounds the fence's dial and the receiver's answer.
+const fenceTimeout = 5 * time.Second
+
+// fence tells the receiver that this conn is cut off and waits for its
+// word that it places no byte of it any more: closing the streams alone
+// does not withdraw the frames already in the receiver's socket buffers,
+// which a receiver stalled (in Pin, say) would place after the sender
+// answered. Called once the conn failed with a batch unfinished, before
+// Write returns; c.mu is held. An error means the receiver could not be
+// reached: a receiver that is gone places nothing either, one cut off from
+// us stops at its frame timeout.
+func (c *conn) fence() error {
+	if c.fenced {
+		return nil
+	}
+	c.fenced = true
+	ctx, cancel := context.WithTimeout(context.Background(), fenceTimeout)
+	defer cancel()
+	nc, err := c.dialer.DialContext(ctx, "tcp", c.addr)
+	if err != nil {
+		return fmt.Errorf("tcp: fence: dial %s: %w", c.addr, err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(fenceTimeout))
+	var b [helloLen]byte
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], fenceMagic)
+	le.PutUint32(b[4:], version)
+	copy(b[8:24], c.token)
+	le.PutUint64(b[24:], c.id)
+	if _, err := nc.Write(b[:]); err != nil {
+		return fmt.Errorf("tcp: fence: %w", err)
+	}
+	var w [welcomeLen]byte
+	if _, err := io.ReadFull(nc, w[:]); err != nil {
+		return fmt.Errorf("tcp: fence: waiting for the receiver: %w", err)
+	}
+	if le.Uint32(w[0:]) != welcomeMagic || le.Uint32(w[4:]) != 0 {
+		return errors.New("tcp: fence: the receiver refused it")
+	}
+	return nil
 }
 
 // anyUnclean: some stream failed otherwise than by a clean refusal.
@@ -311,6 +360,11 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 		var refused *ackError
 		if !errors.As(first, &refused) || cancelled || anyUnclean(results) {
 			c.fail(first)
+			// Some stream's share was cut: what the receiver already holds
+			// of it must not land once we answer.
+			if ferr := c.fence(); ferr != nil {
+				c.t.log.Warn("tcp: a cut-off batch could not be fenced; the receiver stops placing it at its frame timeout", "batch", c.batch, "peer", c.addr, "error", ferr)
+			}
 		}
 		if cancelled || ctx.Err() != nil {
 			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, ctx.Err())

@@ -283,6 +283,36 @@ func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 type session struct {
 	live    int
 	batches map[uint64]progress
+	conns   map[net.Conn]struct{} // the session's streams, for fence
+	// fenced: the sender cut a Write off and asked for a fence; no frame
+	// is placed any more. placing is held (read) by every frame's
+	// placement, so that fence can wait for those in progress.
+	fenced  atomic.Bool
+	placing sync.RWMutex
+}
+
+// fence stops the sending conn connID for good: no byte of it is placed
+// once fence returns. It marks the session fenced, closes its streams (a
+// placement waiting for payload fails at once) and waits for the
+// placements in progress to end. A frame read later (its stream stalled
+// in Pin, say) sees the mark and is dropped. The sender's Write answers
+// its caller only after this returned (conn.fence), so a cut-off batch
+// never lands behind the caller's back.
+func (t *Transport) fence(connID uint64) {
+	t.mu.Lock()
+	s := t.sessions[connID]
+	if s == nil {
+		// Every stream already ended: nothing can place any more.
+		t.mu.Unlock()
+		return
+	}
+	s.fenced.Store(true)
+	for c := range s.conns {
+		c.Close()
+	}
+	t.mu.Unlock()
+	s.placing.Lock()
+	s.placing.Unlock() //nolint:staticcheck // a barrier: every placement begun before the mark ended
 }
 
 type progress struct {
@@ -362,12 +392,22 @@ func (t *Transport) serve(c net.Conn) (handedOff bool) {
 		return false
 	}
 	le := binary.LittleEndian
-	if le.Uint32(hello[0:]) != helloMagic || le.Uint32(hello[4:]) != version ||
+	magic := le.Uint32(hello[0:])
+	if (magic != helloMagic && magic != fenceMagic) || le.Uint32(hello[4:]) != version ||
 		subtle.ConstantTimeCompare(hello[8:24], t.token[:]) != 1 {
 		log.Warn("data connection refused: bad magic, version or session token")
 		return false
 	}
 	connID, streams := le.Uint64(hello[24:]), int(le.Uint32(hello[32:]))
+	if magic == fenceMagic {
+		_ = c.SetReadDeadline(time.Time{})
+		t.fence(connID)
+		var done [welcomeLen]byte
+		le.PutUint32(done[0:], welcomeMagic)
+		_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		_, _ = c.Write(done[:])
+		return false
+	}
 	if streams <= 0 || streams > 256 {
 		log.Warn("data connection refused: bad stream count", "streams", streams)
 		return false
@@ -382,14 +422,21 @@ func (t *Transport) serve(c net.Conn) (handedOff bool) {
 	t.mu.Lock()
 	s := t.sessions[connID]
 	if s == nil {
-		s = &session{batches: map[uint64]progress{}}
+		s = &session{batches: map[uint64]progress{}, conns: map[net.Conn]struct{}{}}
 		t.sessions[connID] = s
 	}
+	if s.fenced.Load() {
+		t.mu.Unlock()
+		log.Warn("data connection refused: its sending conn was fenced")
+		return false
+	}
 	s.live++
+	s.conns[c] = struct{}{}
 	t.mu.Unlock()
 	defer func() {
 		var releases []func()
 		t.mu.Lock()
+		delete(s.conns, c)
 		if s.live--; s.live == 0 {
 			delete(t.sessions, connID)
 			// The sender's conn is gone: its unfinished batches never
@@ -631,6 +678,16 @@ func (r *receiver) placeIn(h *frameHeader, table []byte, mem memory.Memory) (con
 	}
 	if sum != h.payload {
 		return false, fmt.Errorf("tcp: batch %d: segments total %d bytes, header says %d", h.batch, sum, h.payload)
+	}
+	// No byte is placed once the sender fenced this session (fence). A
+	// pull's response is placed by the puller's own stream (no session):
+	// its Read returns only after that stream stopped.
+	if r.s != nil {
+		r.s.placing.RLock()
+		defer r.s.placing.RUnlock()
+		if r.s.fenced.Load() {
+			return false, &recvErr{statusFenced, fmt.Errorf("tcp: batch %d: the sender cut it off (fenced); not placed", h.batch)}
+		}
 	}
 	if mem.Kind == memory.CUDA {
 		return r.placeDevice(h, table, mem)

@@ -8,6 +8,9 @@ import "encoding/binary"
 //
 //	hello  : magic "B2BH" | version u32 | token [16] | conn id u64 | streams u32 | index u32   (40 B)
 //	welcome: magic "B2BW" | status u32                                                      (8 B)
+//	fence  : magic "B2BX" | version u32 | token [16] | conn id u64 | 0 u32 | 0 u32           (40 B)
+//	         on a connection of its own, answered with a welcome once the receiver
+//	         placed its last byte for that sending conn (see Transport.fence).
 //	frame  : magic "B2BF" | flags u32 | batch u64 | key u64 | segs u32 | streams u32 |
 //	         payload u64 | reserved u64                                                     (48 B)
 //	         then segs x (dst offset u64, length u64), then the payload bytes in order.
@@ -18,6 +21,7 @@ const (
 	welcomeMagic = 0x57423242 // "B2BW"
 	frameMagic   = 0x46423242 // "B2BF"
 	ackMagic     = 0x41423242 // "B2BA"
+	fenceMagic   = 0x58423242 // "B2BX"
 	version      = 1
 
 	helloLen   = 40
@@ -52,6 +56,9 @@ const (
 	// statusDataLoss: the destination's memory faulted while the frame was
 	// read into it (its client truncated the region's file).
 	statusDataLoss
+	// statusFenced: the sending conn was fenced (its Write cut off), so the
+	// frame was not placed.
+	statusFenced
 )
 
 type frameHeader struct {

@@ -1603,17 +1603,27 @@ func (x *BatchTransferResponse) GetPhases() *PhaseTimings {
 // nanoseconds. A phase a call skipped (a prepared submit does not decode,
 // validate or plan) is 0.
 type PhaseTimings struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DecodeNs      uint64                 `protobuf:"varint,1,opt,name=decode_ns,json=decodeNs,proto3" json:"decode_ns,omitempty"`       // receive and decode the request (descriptors unpacked)
-	ValidateNs    uint64                 `protobuf:"varint,2,opt,name=validate_ns,json=validateNs,proto3" json:"validate_ns,omitempty"` // fields, regions, descriptor bounds and overlaps
-	ResolveNs     uint64                 `protobuf:"varint,3,opt,name=resolve_ns,json=resolveNs,proto3" json:"resolve_ns,omitempty"`    // the data path to the peer and the destination's key
-	PlanNs        uint64                 `protobuf:"varint,4,opt,name=plan_ns,json=planNs,proto3" json:"plan_ns,omitempty"`             // merge, split across QPs, build the work requests
-	PostNs        uint64                 `protobuf:"varint,5,opt,name=post_ns,json=postNs,proto3" json:"post_ns,omitempty"`             // hand the work to the NIC (verbs) or the sockets (TCP)
-	WireNs        uint64                 `protobuf:"varint,6,opt,name=wire_ns,json=wireNs,proto3" json:"wire_ns,omitempty"`             // wait until every byte landed and the ack came back
-	NotifyNs      uint64                 `protobuf:"varint,7,opt,name=notify_ns,json=notifyNs,proto3" json:"notify_ns,omitempty"`       // deliver the notification
-	TotalNs       uint64                 `protobuf:"varint,8,opt,name=total_ns,json=totalNs,proto3" json:"total_ns,omitempty"`          // the handler's whole time, first to last
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	DecodeNs   uint64                 `protobuf:"varint,1,opt,name=decode_ns,json=decodeNs,proto3" json:"decode_ns,omitempty"`       // receive and decode the request (descriptors unpacked)
+	ValidateNs uint64                 `protobuf:"varint,2,opt,name=validate_ns,json=validateNs,proto3" json:"validate_ns,omitempty"` // fields, regions, descriptor bounds and overlaps
+	ResolveNs  uint64                 `protobuf:"varint,3,opt,name=resolve_ns,json=resolveNs,proto3" json:"resolve_ns,omitempty"`    // the data path to the peer and the destination's key
+	PlanNs     uint64                 `protobuf:"varint,4,opt,name=plan_ns,json=planNs,proto3" json:"plan_ns,omitempty"`             // merge, split across QPs, build the work requests
+	PostNs     uint64                 `protobuf:"varint,5,opt,name=post_ns,json=postNs,proto3" json:"post_ns,omitempty"`             // hand the work to the NIC (verbs) or the sockets (TCP)
+	WireNs     uint64                 `protobuf:"varint,6,opt,name=wire_ns,json=wireNs,proto3" json:"wire_ns,omitempty"`             // wait until every byte landed and the ack came back
+	NotifyNs   uint64                 `protobuf:"varint,7,opt,name=notify_ns,json=notifyNs,proto3" json:"notify_ns,omitempty"`       // deliver the notification
+	TotalNs    uint64                 `protobuf:"varint,8,opt,name=total_ns,json=totalNs,proto3" json:"total_ns,omitempty"`          // the handler's whole time, first to last
+	// Triggered transfers (StartTransferRequest.after): the time armed, from
+	// the start until the watcher saw the counter's value; and, as wall-clock
+	// times (CLOCK_REALTIME, Unix ns, comparable with time.time_ns() on the
+	// same host), when the watcher saw the value, when the first work was
+	// handed to the transport, and when the last write was acknowledged
+	// (every byte had landed). The last two are set on every transfer.
+	ArmedNs           uint64 `protobuf:"varint,9,opt,name=armed_ns,json=armedNs,proto3" json:"armed_ns,omitempty"`
+	TriggerSeenUnixNs uint64 `protobuf:"varint,10,opt,name=trigger_seen_unix_ns,json=triggerSeenUnixNs,proto3" json:"trigger_seen_unix_ns,omitempty"`
+	PostedUnixNs      uint64 `protobuf:"varint,11,opt,name=posted_unix_ns,json=postedUnixNs,proto3" json:"posted_unix_ns,omitempty"`
+	LandedUnixNs      uint64 `protobuf:"varint,12,opt,name=landed_unix_ns,json=landedUnixNs,proto3" json:"landed_unix_ns,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *PhaseTimings) Reset() {
@@ -1698,6 +1708,34 @@ func (x *PhaseTimings) GetNotifyNs() uint64 {
 func (x *PhaseTimings) GetTotalNs() uint64 {
 	if x != nil {
 		return x.TotalNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetArmedNs() uint64 {
+	if x != nil {
+		return x.ArmedNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetTriggerSeenUnixNs() uint64 {
+	if x != nil {
+		return x.TriggerSeenUnixNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetPostedUnixNs() uint64 {
+	if x != nil {
+		return x.PostedUnixNs
+	}
+	return 0
+}
+
+func (x *PhaseTimings) GetLandedUnixNs() uint64 {
+	if x != nil {
+		return x.LandedUnixNs
 	}
 	return 0
 }
@@ -2753,6 +2791,10 @@ type StatusResponse struct {
 	// clients whose connections hold the others' leases.
 	PersistentRegions uint32 `protobuf:"varint,17,opt,name=persistent_regions,json=persistentRegions,proto3" json:"persistent_regions,omitempty"`
 	LeaseHolders      uint32 `protobuf:"varint,18,opt,name=lease_holders,json=leaseHolders,proto3" json:"lease_holders,omitempty"`
+	// Async transfers (StartTransfer): those running, and those the table
+	// holds, running or ended and not yet reported; both 0 at rest.
+	TransfersInFlight uint32 `protobuf:"varint,19,opt,name=transfers_in_flight,json=transfersInFlight,proto3" json:"transfers_in_flight,omitempty"`
+	TransfersHeld     uint32 `protobuf:"varint,20,opt,name=transfers_held,json=transfersHeld,proto3" json:"transfers_held,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -2909,6 +2951,20 @@ func (x *StatusResponse) GetPersistentRegions() uint32 {
 func (x *StatusResponse) GetLeaseHolders() uint32 {
 	if x != nil {
 		return x.LeaseHolders
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetTransfersInFlight() uint32 {
+	if x != nil {
+		return x.TransfersInFlight
+	}
+	return 0
+}
+
+func (x *StatusResponse) GetTransfersHeld() uint32 {
+	if x != nil {
+		return x.TransfersHeld
 	}
 	return 0
 }
@@ -3511,7 +3567,12 @@ type StartTransferRequest struct {
 	Transfer isStartTransferRequest_Transfer `protobuf_oneof:"transfer"`
 	// The transfer's deadline, from its start; 0: the request's own
 	// (TransferBlocksRequest.timeout_ms), else the daemon's default.
-	TimeoutMs     uint64 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	TimeoutMs uint64 `protobuf:"varint,4,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// Optional: queue the transfer until a progress counter reaches a value
+	// (docs/kv.md, "Layer streaming"). Nothing is posted before; the deadline
+	// runs while it waits (DeadlineExceeded, nothing posted), and
+	// CancelTransfer withdraws it.
+	After         *TransferTrigger `protobuf:"bytes,5,opt,name=after,proto3" json:"after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3587,6 +3648,13 @@ func (x *StartTransferRequest) GetTimeoutMs() uint64 {
 	return 0
 }
 
+func (x *StartTransferRequest) GetAfter() *TransferTrigger {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
 type isStartTransferRequest_Transfer interface {
 	isStartTransferRequest_Transfer()
 }
@@ -3609,6 +3677,74 @@ func (*StartTransferRequest_Submit) isStartTransferRequest_Transfer() {}
 
 func (*StartTransferRequest_Blocks) isStartTransferRequest_Transfer() {}
 
+// TransferTrigger is "post when the counter >= value". A counter is a
+// 64-bit word, native (little-endian) and 8-byte aligned, in a host region
+// of the caller's: RegisterRegion with host_alloc of one page gives one
+// (leased to the client like any region; 512 counters a page). The
+// application maps the region's shm_path, registers it with
+// cuMemHostRegister(DEVICEMAP) and writes the word from its CUDA stream
+// with cuStreamWriteValue64: no kernel. The daemon reads it with atomic
+// loads, and holds the region while the trigger is armed.
+type TransferTrigger struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	CounterRegionId string                 `protobuf:"bytes,1,opt,name=counter_region_id,json=counterRegionId,proto3" json:"counter_region_id,omitempty"` // a host region the caller owns
+	CounterOffset   uint64                 `protobuf:"varint,2,opt,name=counter_offset,json=counterOffset,proto3" json:"counter_offset,omitempty"`        // of the word in the region; a multiple of 8
+	Value           uint64                 `protobuf:"varint,3,opt,name=value,proto3" json:"value,omitempty"`                                             // the transfer starts once the word >= value
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *TransferTrigger) Reset() {
+	*x = TransferTrigger{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferTrigger) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferTrigger) ProtoMessage() {}
+
+func (x *TransferTrigger) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferTrigger.ProtoReflect.Descriptor instead.
+func (*TransferTrigger) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *TransferTrigger) GetCounterRegionId() string {
+	if x != nil {
+		return x.CounterRegionId
+	}
+	return ""
+}
+
+func (x *TransferTrigger) GetCounterOffset() uint64 {
+	if x != nil {
+		return x.CounterOffset
+	}
+	return 0
+}
+
+func (x *TransferTrigger) GetValue() uint64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
 type StartTransferResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	TransferId    uint64                 `protobuf:"varint,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"` // never 0
@@ -3618,7 +3754,7 @@ type StartTransferResponse struct {
 
 func (x *StartTransferResponse) Reset() {
 	*x = StartTransferResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3630,7 +3766,7 @@ func (x *StartTransferResponse) String() string {
 func (*StartTransferResponse) ProtoMessage() {}
 
 func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3643,7 +3779,7 @@ func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferResponse.ProtoReflect.Descriptor instead.
 func (*StartTransferResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *StartTransferResponse) GetTransferId() uint64 {
@@ -3666,7 +3802,7 @@ type TransferOutcome struct {
 
 func (x *TransferOutcome) Reset() {
 	*x = TransferOutcome{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3678,7 +3814,7 @@ func (x *TransferOutcome) String() string {
 func (*TransferOutcome) ProtoMessage() {}
 
 func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3691,7 +3827,7 @@ func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferOutcome.ProtoReflect.Descriptor instead.
 func (*TransferOutcome) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TransferOutcome) GetTransferId() uint64 {
@@ -3739,7 +3875,7 @@ type WaitTransferRequest struct {
 
 func (x *WaitTransferRequest) Reset() {
 	*x = WaitTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3751,7 +3887,7 @@ func (x *WaitTransferRequest) String() string {
 func (*WaitTransferRequest) ProtoMessage() {}
 
 func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3764,7 +3900,7 @@ func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitTransferRequest.ProtoReflect.Descriptor instead.
 func (*WaitTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WaitTransferRequest) GetTransferId() uint64 {
@@ -3790,7 +3926,7 @@ type PollTransfersRequest struct {
 
 func (x *PollTransfersRequest) Reset() {
 	*x = PollTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3802,7 +3938,7 @@ func (x *PollTransfersRequest) String() string {
 func (*PollTransfersRequest) ProtoMessage() {}
 
 func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3815,7 +3951,7 @@ func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollTransfersRequest.ProtoReflect.Descriptor instead.
 func (*PollTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *PollTransfersRequest) GetTransferIds() []uint64 {
@@ -3834,7 +3970,7 @@ type PollTransfersResponse struct {
 
 func (x *PollTransfersResponse) Reset() {
 	*x = PollTransfersResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3846,7 +3982,7 @@ func (x *PollTransfersResponse) String() string {
 func (*PollTransfersResponse) ProtoMessage() {}
 
 func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3859,7 +3995,7 @@ func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollTransfersResponse.ProtoReflect.Descriptor instead.
 func (*PollTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PollTransfersResponse) GetOutcomes() []*TransferOutcome {
@@ -3878,7 +4014,7 @@ type CancelTransferRequest struct {
 
 func (x *CancelTransferRequest) Reset() {
 	*x = CancelTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3890,7 +4026,7 @@ func (x *CancelTransferRequest) String() string {
 func (*CancelTransferRequest) ProtoMessage() {}
 
 func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3903,7 +4039,7 @@ func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTransferRequest.ProtoReflect.Descriptor instead.
 func (*CancelTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CancelTransferRequest) GetTransferId() uint64 {
@@ -3921,7 +4057,7 @@ type WatchTransfersRequest struct {
 
 func (x *WatchTransfersRequest) Reset() {
 	*x = WatchTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3933,7 +4069,7 @@ func (x *WatchTransfersRequest) String() string {
 func (*WatchTransfersRequest) ProtoMessage() {}
 
 func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3946,7 +4082,7 @@ func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTransfersRequest.ProtoReflect.Descriptor instead.
 func (*WatchTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
 }
 
 type HandshakeRequest struct {
@@ -3961,7 +4097,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3973,7 +4109,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3986,7 +4122,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -4036,7 +4172,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4048,7 +4184,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4061,7 +4197,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -4111,7 +4247,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4123,7 +4259,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4136,7 +4272,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -4168,7 +4304,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4180,7 +4316,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4193,7 +4329,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -4234,7 +4370,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4246,7 +4382,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4259,7 +4395,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SignalRequest) GetKind() string {
@@ -4285,7 +4421,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4297,7 +4433,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4310,7 +4446,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SignalResponse) GetPayload() []byte {
@@ -4333,7 +4469,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4345,7 +4481,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4358,7 +4494,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -4405,7 +4541,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4417,7 +4553,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4430,7 +4566,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -4450,7 +4586,7 @@ type ResolveLayoutRequest struct {
 
 func (x *ResolveLayoutRequest) Reset() {
 	*x = ResolveLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4462,7 +4598,7 @@ func (x *ResolveLayoutRequest) String() string {
 func (*ResolveLayoutRequest) ProtoMessage() {}
 
 func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4475,7 +4611,7 @@ func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutRequest.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ResolveLayoutRequest) GetName() string {
@@ -4504,7 +4640,7 @@ type ResolvedLayoutRegion struct {
 
 func (x *ResolvedLayoutRegion) Reset() {
 	*x = ResolvedLayoutRegion{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4516,7 +4652,7 @@ func (x *ResolvedLayoutRegion) String() string {
 func (*ResolvedLayoutRegion) ProtoMessage() {}
 
 func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4529,7 +4665,7 @@ func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedLayoutRegion.ProtoReflect.Descriptor instead.
 func (*ResolvedLayoutRegion) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ResolvedLayoutRegion) GetName() string {
@@ -4565,7 +4701,7 @@ type ResolvedSegment struct {
 
 func (x *ResolvedSegment) Reset() {
 	*x = ResolvedSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4577,7 +4713,7 @@ func (x *ResolvedSegment) String() string {
 func (*ResolvedSegment) ProtoMessage() {}
 
 func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4590,7 +4726,7 @@ func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedSegment.ProtoReflect.Descriptor instead.
 func (*ResolvedSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ResolvedSegment) GetRegion() uint32 {
@@ -4633,7 +4769,7 @@ type ResolveLayoutResponse struct {
 
 func (x *ResolveLayoutResponse) Reset() {
 	*x = ResolveLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4645,7 +4781,7 @@ func (x *ResolveLayoutResponse) String() string {
 func (*ResolveLayoutResponse) ProtoMessage() {}
 
 func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4658,7 +4794,7 @@ func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutResponse.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ResolveLayoutResponse) GetName() string {
@@ -4796,7 +4932,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\rwork_requests\x18\x05 \x01(\x04R\fworkRequests\x12\x1d\n" +
 	"\n" +
 	"elapsed_ns\x18\x06 \x01(\x04R\telapsedNs\x12,\n" +
-	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\"\xee\x01\n" +
+	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\"\x86\x03\n" +
 	"\fPhaseTimings\x12\x1b\n" +
 	"\tdecode_ns\x18\x01 \x01(\x04R\bdecodeNs\x12\x1f\n" +
 	"\vvalidate_ns\x18\x02 \x01(\x04R\n" +
@@ -4807,7 +4943,12 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\apost_ns\x18\x05 \x01(\x04R\x06postNs\x12\x17\n" +
 	"\awire_ns\x18\x06 \x01(\x04R\x06wireNs\x12\x1b\n" +
 	"\tnotify_ns\x18\a \x01(\x04R\bnotifyNs\x12\x19\n" +
-	"\btotal_ns\x18\b \x01(\x04R\atotalNs\"\xa3\x02\n" +
+	"\btotal_ns\x18\b \x01(\x04R\atotalNs\x12\x19\n" +
+	"\barmed_ns\x18\t \x01(\x04R\aarmedNs\x12/\n" +
+	"\x14trigger_seen_unix_ns\x18\n" +
+	" \x01(\x04R\x11triggerSeenUnixNs\x12$\n" +
+	"\x0eposted_unix_ns\x18\v \x01(\x04R\fpostedUnixNs\x12$\n" +
+	"\x0elanded_unix_ns\x18\f \x01(\x04R\flandedUnixNs\"\xa3\x02\n" +
 	"\x16PrepareTransferRequest\x12\"\n" +
 	"\rsrc_region_id\x18\x01 \x01(\tR\vsrcRegionId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
@@ -4885,7 +5026,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"reconnects\x18\a \x01(\x04R\n" +
 	"reconnects\x12\x1d\n" +
 	"\n" +
-	"bytes_sent\x18\b \x01(\x04R\tbytesSent\"\xa1\x05\n" +
+	"bytes_sent\x18\b \x01(\x04R\tbytesSent\"\xf8\x05\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12!\n" +
@@ -4911,7 +5052,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"goroutines\x12\x19\n" +
 	"\bopen_fds\x18\x10 \x01(\rR\aopenFds\x12-\n" +
 	"\x12persistent_regions\x18\x11 \x01(\rR\x11persistentRegions\x12#\n" +
-	"\rlease_holders\x18\x12 \x01(\rR\fleaseHolders\"y\n" +
+	"\rlease_holders\x18\x12 \x01(\rR\fleaseHolders\x12.\n" +
+	"\x13transfers_in_flight\x18\x13 \x01(\rR\x11transfersInFlight\x12%\n" +
+	"\x0etransfers_held\x18\x14 \x01(\rR\rtransfersHeld\"y\n" +
 	"\rLayoutSegment\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1b\n" +
@@ -4958,15 +5101,20 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\a \x01(\x04R\ttimeoutMs\x123\n" +
 	"\ttransport\x18\b \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
-	"\x02op\x18\t \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"\xe9\x01\n" +
+	"\x02op\x18\t \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"\x98\x02\n" +
 	"\x14StartTransferRequest\x124\n" +
 	"\x05batch\x18\x01 \x01(\v2\x1c.b2b.v1.BatchTransferRequestH\x00R\x05batch\x127\n" +
 	"\x06submit\x18\x02 \x01(\v2\x1d.b2b.v1.SubmitTransferRequestH\x00R\x06submit\x127\n" +
 	"\x06blocks\x18\x03 \x01(\v2\x1d.b2b.v1.TransferBlocksRequestH\x00R\x06blocks\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x04 \x01(\x04R\ttimeoutMsB\n" +
+	"timeout_ms\x18\x04 \x01(\x04R\ttimeoutMs\x12-\n" +
+	"\x05after\x18\x05 \x01(\v2\x17.b2b.v1.TransferTriggerR\x05afterB\n" +
 	"\n" +
-	"\btransfer\"8\n" +
+	"\btransfer\"z\n" +
+	"\x0fTransferTrigger\x12*\n" +
+	"\x11counter_region_id\x18\x01 \x01(\tR\x0fcounterRegionId\x12%\n" +
+	"\x0ecounter_offset\x18\x02 \x01(\x04R\rcounterOffset\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\x04R\x05value\"8\n" +
 	"\x15StartTransferResponse\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
 	"transferId\"\xc4\x01\n" +
@@ -5122,7 +5270,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -5175,28 +5323,29 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*ListLayoutsResponse)(nil),       // 48: b2b.v1.ListLayoutsResponse
 	(*TransferBlocksRequest)(nil),     // 49: b2b.v1.TransferBlocksRequest
 	(*StartTransferRequest)(nil),      // 50: b2b.v1.StartTransferRequest
-	(*StartTransferResponse)(nil),     // 51: b2b.v1.StartTransferResponse
-	(*TransferOutcome)(nil),           // 52: b2b.v1.TransferOutcome
-	(*WaitTransferRequest)(nil),       // 53: b2b.v1.WaitTransferRequest
-	(*PollTransfersRequest)(nil),      // 54: b2b.v1.PollTransfersRequest
-	(*PollTransfersResponse)(nil),     // 55: b2b.v1.PollTransfersResponse
-	(*CancelTransferRequest)(nil),     // 56: b2b.v1.CancelTransferRequest
-	(*WatchTransfersRequest)(nil),     // 57: b2b.v1.WatchTransfersRequest
-	(*HandshakeRequest)(nil),          // 58: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 59: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 60: b2b.v1.ResolveRegionRequest
-	(*ResolveRegionResponse)(nil),     // 61: b2b.v1.ResolveRegionResponse
-	(*SignalRequest)(nil),             // 62: b2b.v1.SignalRequest
-	(*SignalResponse)(nil),            // 63: b2b.v1.SignalResponse
-	(*NotifyRequest)(nil),             // 64: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 65: b2b.v1.NotifyResponse
-	(*ResolveLayoutRequest)(nil),      // 66: b2b.v1.ResolveLayoutRequest
-	(*ResolvedLayoutRegion)(nil),      // 67: b2b.v1.ResolvedLayoutRegion
-	(*ResolvedSegment)(nil),           // 68: b2b.v1.ResolvedSegment
-	(*ResolveLayoutResponse)(nil),     // 69: b2b.v1.ResolveLayoutResponse
-	nil,                               // 70: b2b.v1.HandshakeResponse.AdvertsEntry
-	nil,                               // 71: b2b.v1.ResolveRegionResponse.KeysEntry
-	nil,                               // 72: b2b.v1.ResolvedLayoutRegion.KeysEntry
+	(*TransferTrigger)(nil),           // 51: b2b.v1.TransferTrigger
+	(*StartTransferResponse)(nil),     // 52: b2b.v1.StartTransferResponse
+	(*TransferOutcome)(nil),           // 53: b2b.v1.TransferOutcome
+	(*WaitTransferRequest)(nil),       // 54: b2b.v1.WaitTransferRequest
+	(*PollTransfersRequest)(nil),      // 55: b2b.v1.PollTransfersRequest
+	(*PollTransfersResponse)(nil),     // 56: b2b.v1.PollTransfersResponse
+	(*CancelTransferRequest)(nil),     // 57: b2b.v1.CancelTransferRequest
+	(*WatchTransfersRequest)(nil),     // 58: b2b.v1.WatchTransfersRequest
+	(*HandshakeRequest)(nil),          // 59: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 60: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 61: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 62: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 63: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 64: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 65: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 66: b2b.v1.NotifyResponse
+	(*ResolveLayoutRequest)(nil),      // 67: b2b.v1.ResolveLayoutRequest
+	(*ResolvedLayoutRegion)(nil),      // 68: b2b.v1.ResolvedLayoutRegion
+	(*ResolvedSegment)(nil),           // 69: b2b.v1.ResolvedSegment
+	(*ResolveLayoutResponse)(nil),     // 70: b2b.v1.ResolveLayoutResponse
+	nil,                               // 71: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 72: b2b.v1.ResolveRegionResponse.KeysEntry
+	nil,                               // 73: b2b.v1.ResolvedLayoutRegion.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	6,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -5234,76 +5383,77 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	21, // 32: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
 	26, // 33: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
 	49, // 34: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
-	5,  // 35: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
-	22, // 36: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
-	52, // 37: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
-	70, // 38: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
-	3,  // 39: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
-	0,  // 40: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	71, // 41: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
-	3,  // 42: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
-	72, // 43: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
-	67, // 44: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
-	68, // 45: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
-	10, // 46: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	14, // 47: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	16, // 48: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	18, // 49: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	21, // 50: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	33, // 51: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	37, // 52: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	35, // 53: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	24, // 54: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	26, // 55: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	27, // 56: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	29, // 57: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	31, // 58: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	42, // 59: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
-	45, // 60: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
-	47, // 61: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
-	49, // 62: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
-	50, // 63: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
-	53, // 64: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
-	54, // 65: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
-	56, // 66: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
-	57, // 67: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
-	58, // 68: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	60, // 69: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	66, // 70: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
-	62, // 71: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	64, // 72: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	13, // 73: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	15, // 74: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	17, // 75: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	19, // 76: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	22, // 77: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	34, // 78: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	40, // 79: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	36, // 80: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	25, // 81: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	22, // 82: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	28, // 83: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	30, // 84: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	32, // 85: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	44, // 86: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	46, // 87: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	48, // 88: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	22, // 89: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	51, // 90: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
-	52, // 91: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
-	55, // 92: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
-	52, // 93: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
-	52, // 94: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
-	59, // 95: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	61, // 96: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	69, // 97: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	63, // 98: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	65, // 99: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	73, // [73:100] is the sub-list for method output_type
-	46, // [46:73] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	51, // 35: b2b.v1.StartTransferRequest.after:type_name -> b2b.v1.TransferTrigger
+	5,  // 36: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
+	22, // 37: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
+	53, // 38: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
+	71, // 39: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	3,  // 40: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
+	0,  // 41: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	72, // 42: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	3,  // 43: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
+	73, // 44: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
+	68, // 45: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
+	69, // 46: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
+	10, // 47: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	14, // 48: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	16, // 49: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	18, // 50: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	21, // 51: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	33, // 52: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	37, // 53: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	35, // 54: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	24, // 55: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	26, // 56: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	27, // 57: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	29, // 58: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	31, // 59: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	42, // 60: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
+	45, // 61: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
+	47, // 62: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
+	49, // 63: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
+	50, // 64: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
+	54, // 65: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
+	55, // 66: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
+	57, // 67: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
+	58, // 68: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
+	59, // 69: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	61, // 70: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	67, // 71: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	63, // 72: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	65, // 73: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	13, // 74: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	15, // 75: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	17, // 76: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	19, // 77: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	22, // 78: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	34, // 79: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	40, // 80: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	36, // 81: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	25, // 82: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	22, // 83: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	28, // 84: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	30, // 85: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	32, // 86: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	44, // 87: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	46, // 88: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	48, // 89: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	22, // 90: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	52, // 91: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	53, // 92: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	56, // 93: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	53, // 94: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	53, // 95: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	60, // 96: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	62, // 97: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	70, // 98: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	64, // 99: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	66, // 100: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	74, // [74:101] is the sub-list for method output_type
+	47, // [47:74] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -5328,7 +5478,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   67,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -307,24 +307,32 @@ class NotifyResponse(_message.Message):
     def __init__(self, delivered: _Optional[int] = ...) -> None: ...
 
 class PhaseTimings(_message.Message):
-    __slots__ = ["decode_ns", "notify_ns", "plan_ns", "post_ns", "resolve_ns", "total_ns", "validate_ns", "wire_ns"]
+    __slots__ = ["armed_ns", "decode_ns", "landed_unix_ns", "notify_ns", "plan_ns", "post_ns", "posted_unix_ns", "resolve_ns", "total_ns", "trigger_seen_unix_ns", "validate_ns", "wire_ns"]
+    ARMED_NS_FIELD_NUMBER: _ClassVar[int]
     DECODE_NS_FIELD_NUMBER: _ClassVar[int]
+    LANDED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     NOTIFY_NS_FIELD_NUMBER: _ClassVar[int]
     PLAN_NS_FIELD_NUMBER: _ClassVar[int]
+    POSTED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     POST_NS_FIELD_NUMBER: _ClassVar[int]
     RESOLVE_NS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_SEEN_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_NS_FIELD_NUMBER: _ClassVar[int]
     WIRE_NS_FIELD_NUMBER: _ClassVar[int]
+    armed_ns: int
     decode_ns: int
+    landed_unix_ns: int
     notify_ns: int
     plan_ns: int
     post_ns: int
+    posted_unix_ns: int
     resolve_ns: int
     total_ns: int
+    trigger_seen_unix_ns: int
     validate_ns: int
     wire_ns: int
-    def __init__(self, decode_ns: _Optional[int] = ..., validate_ns: _Optional[int] = ..., resolve_ns: _Optional[int] = ..., plan_ns: _Optional[int] = ..., post_ns: _Optional[int] = ..., wire_ns: _Optional[int] = ..., notify_ns: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
+    def __init__(self, decode_ns: _Optional[int] = ..., validate_ns: _Optional[int] = ..., resolve_ns: _Optional[int] = ..., plan_ns: _Optional[int] = ..., post_ns: _Optional[int] = ..., wire_ns: _Optional[int] = ..., notify_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., armed_ns: _Optional[int] = ..., trigger_seen_unix_ns: _Optional[int] = ..., posted_unix_ns: _Optional[int] = ..., landed_unix_ns: _Optional[int] = ...) -> None: ...
 
 class PingRequest(_message.Message):
     __slots__ = []
@@ -615,16 +623,18 @@ class SignalResponse(_message.Message):
     def __init__(self, payload: _Optional[bytes] = ...) -> None: ...
 
 class StartTransferRequest(_message.Message):
-    __slots__ = ["batch", "blocks", "submit", "timeout_ms"]
+    __slots__ = ["after", "batch", "blocks", "submit", "timeout_ms"]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    after: TransferTrigger
     batch: BatchTransferRequest
     blocks: TransferBlocksRequest
     submit: SubmitTransferRequest
     timeout_ms: int
-    def __init__(self, batch: _Optional[_Union[BatchTransferRequest, _Mapping]] = ..., submit: _Optional[_Union[SubmitTransferRequest, _Mapping]] = ..., blocks: _Optional[_Union[TransferBlocksRequest, _Mapping]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, batch: _Optional[_Union[BatchTransferRequest, _Mapping]] = ..., submit: _Optional[_Union[SubmitTransferRequest, _Mapping]] = ..., blocks: _Optional[_Union[TransferBlocksRequest, _Mapping]] = ..., timeout_ms: _Optional[int] = ..., after: _Optional[_Union[TransferTrigger, _Mapping]] = ...) -> None: ...
 
 class StartTransferResponse(_message.Message):
     __slots__ = ["transfer_id"]
@@ -637,7 +647,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "goroutines", "lease_holders", "max_descriptors", "node_name", "open_fds", "peer_address", "peers_connected", "persistent_regions", "regions", "transports", "version"]
+    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "goroutines", "lease_holders", "max_descriptors", "node_name", "open_fds", "peer_address", "peers_connected", "persistent_regions", "regions", "transfers_held", "transfers_in_flight", "transports", "version"]
     BATCHES_FAILED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
@@ -654,6 +664,8 @@ class StatusResponse(_message.Message):
     PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PERSISTENT_REGIONS_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_HELD_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     batches_failed: int
@@ -672,9 +684,11 @@ class StatusResponse(_message.Message):
     peers_connected: int
     persistent_regions: int
     regions: int
+    transfers_held: int
+    transfers_in_flight: int
     transports: _containers.RepeatedCompositeFieldContainer[TransportStatus]
     version: str
-    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ..., open_fds: _Optional[int] = ..., persistent_regions: _Optional[int] = ..., lease_holders: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ..., open_fds: _Optional[int] = ..., persistent_regions: _Optional[int] = ..., lease_holders: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ..., transfers_held: _Optional[int] = ...) -> None: ...
 
 class SubmitStreamRequest(_message.Message):
     __slots__ = ["handle", "tag"]
@@ -737,6 +751,16 @@ class TransferOutcome(_message.Message):
     state: TransferState
     transfer_id: int
     def __init__(self, transfer_id: _Optional[int] = ..., state: _Optional[_Union[TransferState, str]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., result: _Optional[_Union[BatchTransferResponse, _Mapping]] = ...) -> None: ...
+
+class TransferTrigger(_message.Message):
+    __slots__ = ["counter_offset", "counter_region_id", "value"]
+    COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    counter_offset: int
+    counter_region_id: str
+    value: int
+    def __init__(self, counter_region_id: _Optional[str] = ..., counter_offset: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
 
 class TransportStatus(_message.Message):
     __slots__ = ["available", "connections", "detail", "kind", "memory_regions", "queue_pairs", "rails"]
