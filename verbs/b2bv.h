@@ -321,6 +321,71 @@ uint64_t b2bv_pwr_remote(const struct b2bv_pplan *p, uint32_t q, uint32_t j);
 uint32_t b2bv_pwr_rkey(const struct b2bv_pplan *p, uint32_t q, uint32_t j);
 uint32_t b2bv_pwr_imm(const struct b2bv_pplan *p, uint32_t q, uint32_t j);
 
+/*
+ * Block-id requests (docs/kv.md): a layout pair's fused segment groups and
+ * its regions, copied into C memory once per pair (b2bv_btab), and a
+ * per-QP cursor (b2bv_bcur) that expands packed ids into runs chunk by
+ * chunk and plans them with plan_span. Runs match layout.Pair.Expand:
+ * group-major, request order within a group, and in a group whose stride
+ * equals its block on both sides consecutive ids merge into one run.
+ *
+ * src/dst name the direction the bytes move (as struct b2bv_plan): for a
+ * WRITE the src regions are local (addr = MR address, key = lkey) and the
+ * dst regions remote (addr = remote address, key = rkey); for a READ the
+ * other way round.
+ */
+struct b2bv_bgroup {
+	uint64_t src_base, dst_base;     /* offset of block 0 in its region */
+	uint64_t src_stride, dst_stride; /* bytes between blocks b and b+1 */
+	uint64_t block_len;              /* the group's fused block */
+	uint32_t src_region, dst_region; /* indices into src / dst regions */
+	uint32_t mergeable;              /* stride == block_len on both sides */
+	uint32_t pad;
+};
+
+struct b2bv_bregion {
+	uint64_t addr;  /* address of offset 0 */
+	uint64_t limit; /* region bytes: no WR leaves them */
+	uint32_t key;   /* lkey (local side) or rkey (remote side) */
+	uint32_t pad;
+};
+
+struct b2bv_btab {
+	struct b2bv_bgroup *g;
+	struct b2bv_bregion *src, *dst;
+	uint32_t ngroups, nsrc, ndst, pad;
+};
+
+/*
+ * A QP's share of a request: the range [(g, e), (end_g, end_e)) in (group,
+ * id entry) and the chunk of expanded runs not yet fully planned (runs
+ * 0..n of group cg, span cursor (i, off) inside them).
+ */
+struct b2bv_bcur {
+	uint64_t *src, *dst, *len; /* chunk: region offsets and lengths */
+	uint32_t *first;           /* chunk: each run's first entry */
+	uint64_t off;
+	uint32_t g, e, end_g, end_e;
+	uint32_t n, i, cg, cap;
+	uint32_t bad_group, bad_entry; /* -ERANGE: the run outside its region */
+};
+
+int b2bv_btab_new(uint32_t ngroups, uint32_t nsrc, uint32_t ndst, struct b2bv_btab **out);
+void b2bv_btab_free(struct b2bv_btab *t);
+int b2bv_bcur_new(uint32_t cap, struct b2bv_bcur **out);
+void b2bv_bcur_free(struct b2bv_bcur *c);
+/* Expands at most max runs of one group from c's range cursor into out
+ * arrays (the test hook; posting expands into c's chunk). Returns the count. */
+uint32_t b2bv_bexpand(const struct b2bv_btab *t, const uint32_t *sid, const uint32_t *did, uint32_t nids,
+		      struct b2bv_bcur *c, uint32_t max, uint64_t *src, uint64_t *dst, uint64_t *len,
+		      uint32_t *first, uint32_t *group);
+/* Plans the next chain of c's range into ch (ch->req gives op, caps,
+ * signalling, seq, imm and B2BV_PLAN_IMM_LAST; bases, limits and keys come
+ * from t per group), and posts it with one ibv_post_send unless qp is NULL.
+ * Results and errors as b2bv_post_chain; -ERANGE names c->bad_group/bad_entry. */
+int b2bv_bpost_chain(struct ibv_qp *qp, struct b2bv_chain *ch, const struct b2bv_btab *t,
+		     struct b2bv_bcur *c, const uint32_t *sid, const uint32_t *did, uint32_t nids);
+
 /* C (non-Go-heap) memory for control buffers and tests (hostmem.c). */
 int b2bv_alloc(size_t n, void **out);
 void b2bv_free(void *p);

@@ -19,6 +19,7 @@
 #include <arpa/inet.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* off..off+n inside a region of limit bytes, without overflow. */
 static inline int in_range(uint64_t off, uint64_t n, uint64_t limit)
@@ -87,6 +88,10 @@ struct wrs {
 	 * assigned once: one store less per WR in the hot loop).
 	 */
 	int packed;
+	/* blk_fixed: every WR's wr_id names block blk (a block request's
+	 * group) instead of the WR's first block */
+	int blk_fixed;
+	uint32_t blk;
 	/* out */
 	uint32_t n_wr, n_sge, n_signaled, bad_block;
 	uint64_t bytes;
@@ -216,7 +221,7 @@ static inline __attribute__((always_inline)) int plan_span(const struct sides *s
 		wr->wr.rdma.rkey = rkey;
 		wr->imm_data = 0;
 		seq += seq_step;
-		wr->wr_id = B2BV_WRID(seq, kind, first);
+		wr->wr_id = B2BV_WRID(seq, kind, o->blk_fixed ? o->blk : first);
 		if (--to_signal == 0) { /* (nwr + 1) % k == 0 */
 			wr->send_flags |= IBV_SEND_SIGNALED;
 			nsig++;
@@ -448,4 +453,283 @@ int b2bv_pplan_build(const struct b2bv_plan *r, const uint64_t *src, const uint6
 	}
 	*out = p;
 	return 0;
+}
+
+/*
+ * Block-id requests (b2bv.h: struct b2bv_btab, struct b2bv_bcur).
+ */
+
+/* Steps the range cursor past the end of its group's ids. */
+static inline void bnorm(struct b2bv_bcur *c, uint32_t nids)
+{
+	if (c->e >= nids) {
+		c->g++;
+		c->e = 0;
+	}
+}
+
+static inline int bdone(const struct b2bv_bcur *c)
+{
+	return c->g > c->end_g || (c->g == c->end_g && c->e >= c->end_e);
+}
+
+/*
+ * bexpand writes at most max runs of the cursor's group from entry c->e on
+ * (stopping at the range's end), advances the cursor, and returns the
+ * count. Consecutive entries whose ids both go up by one merge in a
+ * mergeable group, as layout.Pair.Expand's id runs do.
+ */
+static uint32_t bexpand(const struct b2bv_btab *t, const uint32_t *restrict sid,
+			const uint32_t *restrict did, uint32_t nids, struct b2bv_bcur *c, uint32_t max,
+			uint64_t *restrict src, uint64_t *restrict dst, uint64_t *restrict len,
+			uint32_t *restrict first)
+{
+	bnorm(c, nids);
+	if (bdone(c) || c->g >= t->ngroups)
+		return 0;
+	const struct b2bv_bgroup *gr = &t->g[c->g];
+	const uint32_t stop = c->g == c->end_g ? c->end_e : nids;
+	const uint64_t sb = gr->src_base, ss = gr->src_stride, db = gr->dst_base, ds = gr->dst_stride,
+		       bl = gr->block_len;
+	uint32_t e = c->e, k = 0;
+	if (gr->mergeable) {
+		while (k < max && e < stop) {
+			uint32_t j = e + 1;
+			while (j < stop && sid[j] == sid[j - 1] + 1 && did[j] == did[j - 1] + 1)
+				j++;
+			src[k] = sb + (uint64_t)sid[e] * ss;
+			dst[k] = db + (uint64_t)did[e] * ds;
+			len[k] = (uint64_t)(j - e) * bl;
+			first[k] = e;
+			k++;
+			e = j;
+		}
+	} else {
+		uint32_t n = stop - e < max ? stop - e : max;
+		for (; k < n; k++, e++) {
+			src[k] = sb + (uint64_t)sid[e] * ss;
+			dst[k] = db + (uint64_t)did[e] * ds;
+			len[k] = bl;
+			first[k] = e;
+		}
+	}
+	c->e = e;
+	bnorm(c, nids);
+	return k;
+}
+
+uint32_t b2bv_bexpand(const struct b2bv_btab *t, const uint32_t *sid, const uint32_t *did, uint32_t nids,
+		      struct b2bv_bcur *c, uint32_t max, uint64_t *src, uint64_t *dst, uint64_t *len,
+		      uint32_t *first, uint32_t *group)
+{
+	bnorm(c, nids);
+	*group = c->g;
+	return bexpand(t, sid, did, nids, c, max, src, dst, len, first);
+}
+
+/*
+ * b2bv_bplan plans the next chain of c's range into ch: chunks of runs are
+ * expanded into c and planned with plan_span (bases, limits and keys from
+ * the chunk's group, every run bounds-checked), WR lists of successive
+ * chunks linked into one chain. The chain stops at max_wr WRs or once it
+ * carries max_chain_bytes. The range's last WR carries the immediate when
+ * B2BV_PLAN_IMM_LAST is set. seq is committed by the caller.
+ */
+static int b2bv_bplan(struct b2bv_chain *ch, const struct b2bv_btab *t, struct b2bv_bcur *c,
+		      const uint32_t *sid, const uint32_t *did, uint32_t nids, uint32_t *seq_out)
+{
+	struct b2bv_plan *r = &ch->req;
+	struct b2bv_plan_res *res = &ch->res;
+	memset(res, 0, sizeof(*res));
+	uint32_t maxwr = r->max_wr < ch->cap_wr ? r->max_wr : ch->cap_wr;
+	uint32_t maxsge = r->max_sge < ch->cap_sge ? r->max_sge : ch->cap_sge;
+	if (maxwr == 0 || maxsge == 0 || c->cap == 0)
+		return -EINVAL;
+	if (r->op != IBV_WR_RDMA_WRITE && !(r->op == IBV_WR_RDMA_READ && !(r->flags & B2BV_PLAN_IMM_LAST)))
+		return -EINVAL;
+	const int read = r->op == IBV_WR_RDMA_READ;
+	const uint64_t wrcap = wr_cap(r), max_bytes = r->max_chain_bytes;
+	const uint32_t k = r->signal_every ? r->signal_every : 1;
+	uint32_t nwr = 0, nsge = 0, nsig = 0, seq = r->seq;
+	uint64_t bytes = 0;
+	while (nwr < maxwr) {
+		if (nwr > 0 && max_bytes && bytes >= max_bytes)
+			break;
+		if (c->i >= c->n) {
+			c->n = c->i = 0;
+			c->off = 0;
+			bnorm(c, nids);
+			if (bdone(c))
+				break;
+			c->cg = c->g;
+			c->n = bexpand(t, sid, did, nids, c, c->cap, c->src, c->dst, c->len, c->first);
+			if (c->n == 0)
+				break;
+		}
+		const struct b2bv_bgroup *gr = &t->g[c->cg];
+		if (gr->src_region >= t->nsrc || gr->dst_region >= t->ndst)
+			return -EINVAL;
+		const struct b2bv_bregion *sr = &t->src[gr->src_region], *dr = &t->dst[gr->dst_region];
+		struct sides s = {.len = c->len, .op = r->op};
+		if (read) {
+			s.loc = c->dst, s.rem = c->src;
+			s.loc_base = dr->addr, s.rem_base = sr->addr;
+			s.loc_limit = dr->limit, s.rem_limit = sr->limit;
+			s.lkey = dr->key, s.rkey = sr->key;
+		} else {
+			s.loc = c->src, s.rem = c->dst;
+			s.loc_base = sr->addr, s.rem_base = dr->addr;
+			s.loc_limit = sr->limit, s.rem_limit = dr->limit;
+			s.lkey = sr->key, s.rkey = dr->key;
+			s.inline_max = r->inline_max;
+		}
+		struct span sp = {.i = c->i, .off = c->off, .end_i = c->n, .end_off = 0};
+		struct wrs o = {
+			.wr = &ch->wr[nwr],
+			.sge = ch->sge,
+			.wrcap = wrcap,
+			.max_bytes = max_bytes ? max_bytes - bytes : 0,
+			.max_wr = maxwr - nwr,
+			.max_sge = maxsge,
+			.signal_every = k,
+			.seq = seq,
+			.seq_step = 1,
+			.check = 1,
+			.blk_fixed = 1,
+			.blk = c->cg & B2BV_WRID_BLOCK_MASK,
+		};
+		int rc = plan_span(&s, &sp, &o);
+		if (rc < 0) {
+			c->bad_group = c->cg;
+			c->bad_entry = c->first[o.bad_block];
+			res->bad_block = o.bad_block;
+			return rc;
+		}
+		if (nwr > 0 && o.n_wr > 0)
+			ch->wr[nwr - 1].next = &ch->wr[nwr];
+		nwr += o.n_wr;
+		nsge += o.n_sge;
+		nsig += o.n_signaled;
+		bytes += o.bytes;
+		seq = o.seq;
+		c->i = sp.i;
+		c->off = sp.off;
+		if (rc == 1)
+			c->i = c->n;
+		else if (o.n_wr == 0)
+			break;
+	}
+	int done = 0;
+	if (c->i >= c->n) {
+		bnorm(c, nids);
+		done = bdone(c);
+	}
+	if (done && nwr > 0 && (r->flags & B2BV_PLAN_IMM_LAST)) {
+		struct ibv_send_wr *last = &ch->wr[nwr - 1];
+		last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+		last->imm_data = htonl(r->imm);
+	}
+	res->done = (uint32_t)done;
+	res->n_wr = nwr;
+	res->n_sge = nsge;
+	res->n_signaled = nsig;
+	res->bytes = bytes;
+	*seq_out = seq;
+	return 0;
+}
+
+int b2bv_bpost_chain(struct ibv_qp *qp, struct b2bv_chain *ch, const struct b2bv_btab *t,
+		     struct b2bv_bcur *c, const uint32_t *sid, const uint32_t *did, uint32_t nids)
+{
+	struct timespec t0, t1, t2;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	uint32_t seq = 0;
+	int rc = b2bv_bplan(ch, t, c, sid, did, nids, &seq);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	ch->res.plan_ns = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec));
+	if (rc != 0 || ch->res.n_wr == 0)
+		return rc;
+	if (!qp) { /* plan only: tests and benchmarks */
+		ch->req.seq = seq;
+		return 0;
+	}
+	struct ibv_send_wr *bad = NULL;
+	int raw = 0;
+	rc = B2BV_CALL(&raw, ibv_post_send(qp, ch->wr, &bad));
+	clock_gettime(CLOCK_MONOTONIC, &t2);
+	ch->res.post_ns = (uint64_t)((t2.tv_sec - t1.tv_sec) * 1000000000ll + (t2.tv_nsec - t1.tv_nsec));
+	if (rc) {
+		uint32_t posted = 0;
+		if (bad && bad >= ch->wr && bad < ch->wr + ch->res.n_wr)
+			posted = (uint32_t)(bad - ch->wr);
+		ch->res.post_failed = 1;
+		ch->res.bad_wr = posted;
+		ch->res.post_raw = raw;
+		ch->req.seq += posted;
+		return rc;
+	}
+	ch->req.seq = seq;
+	return 0;
+}
+
+int b2bv_btab_new(uint32_t ngroups, uint32_t nsrc, uint32_t ndst, struct b2bv_btab **out)
+{
+	*out = NULL;
+	if (ngroups == 0 || nsrc == 0 || ndst == 0)
+		return -EINVAL;
+	struct b2bv_btab *t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	t->g = calloc(ngroups, sizeof(*t->g));
+	t->src = calloc(nsrc, sizeof(*t->src));
+	t->dst = calloc(ndst, sizeof(*t->dst));
+	if (!t->g || !t->src || !t->dst) {
+		b2bv_btab_free(t);
+		return -ENOMEM;
+	}
+	t->ngroups = ngroups, t->nsrc = nsrc, t->ndst = ndst;
+	*out = t;
+	return 0;
+}
+
+void b2bv_btab_free(struct b2bv_btab *t)
+{
+	if (!t)
+		return;
+	free(t->g);
+	free(t->src);
+	free(t->dst);
+	free(t);
+}
+
+int b2bv_bcur_new(uint32_t cap, struct b2bv_bcur **out)
+{
+	*out = NULL;
+	if (cap == 0)
+		return -EINVAL;
+	struct b2bv_bcur *c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->src = calloc(cap, sizeof(uint64_t));
+	c->dst = calloc(cap, sizeof(uint64_t));
+	c->len = calloc(cap, sizeof(uint64_t));
+	c->first = calloc(cap, sizeof(uint32_t));
+	if (!c->src || !c->dst || !c->len || !c->first) {
+		b2bv_bcur_free(c);
+		return -ENOMEM;
+	}
+	c->cap = cap;
+	*out = c;
+	return 0;
+}
+
+void b2bv_bcur_free(struct b2bv_bcur *c)
+{
+	if (!c)
+		return;
+	free(c->src);
+	free(c->dst);
+	free(c->len);
+	free(c->first);
+	free(c);
 }

@@ -394,3 +394,27 @@ type RTSAttr struct {
 	// (0: 1).
 	MaxRdAtomic int
 }
+
+// BlockGroup is one fused segment group of a layout pair, as the C
+// expansion reads it (struct b2bv_bgroup): block b of the group is
+// BlockLen bytes at SrcBase + b*SrcStride in source region SrcRegion and
+// at DstBase + b*DstStride in destination region DstRegion. Mergeable
+// (stride == block on both sides) lets consecutive ids merge.
+type BlockGroup struct {
+	SrcBase, DstBase     uint64
+	SrcStride, DstStride uint64
+	BlockLen             uint64
+	SrcRegion, DstRegion uint32
+	Mergeable            bool
+}
+
+// BlockRegion is a region of a block table: the address of its offset 0,
+// its size, and its lkey (local side) or rkey (remote side).
+type BlockRegion struct {
+	Addr, Limit uint64
+	Key         uint32
+}
+
+// BlockPos is a position in a block request's expansion: entry Entry of
+// group Group (the end of a range is exclusive).
+type BlockPos struct{ Group, Entry uint32 }

@@ -117,6 +117,9 @@ func (l *Layout) Template(i int) Template { return l.tmpl[i] }
 // Template.Region and Run's region fields index this list.
 func (l *Layout) Regions() []Region { return slices.Clone(l.regions) }
 
+// NumRegions is len(Regions()), without the copy.
+func (l *Layout) NumRegions() int { return len(l.regions) }
+
 // New validates segs and builds a layout. regionSize resolves a region name
 // to its size in bytes (the daemon passes its registry's lookup; its errors
 // are wrapped with the segment index). Validation is O(segments), plus the

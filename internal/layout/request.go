@@ -93,6 +93,27 @@ func (p *Pair) Group(g int) (first, n int, blockLen uint64) {
 	return int(gr.firstSeg), int(gr.numSegs), gr.blockLen
 }
 
+// GroupTemplate is a fused group's expansion template, for transports that
+// expand ids themselves (verbs copies these into C once per pair): block b
+// of the group is BlockLen bytes at SrcBase + b*SrcStride in source region
+// SrcRegion and DstBase + b*DstStride in destination region DstRegion
+// (indices into the layouts' Regions). Mergeable says consecutive ids
+// merge into one run (stride == BlockLen on both sides), as Expand does.
+type GroupTemplate struct {
+	SrcRegion, DstRegion uint32
+	SrcBase, DstBase     uint64
+	SrcStride, DstStride uint64
+	BlockLen             uint64
+	Mergeable            bool
+}
+
+// GroupTemplate returns group g's template.
+func (p *Pair) GroupTemplate(g int) GroupTemplate {
+	gr := &p.groups[g]
+	return GroupTemplate{SrcRegion: gr.srcRegion, DstRegion: gr.dstRegion, SrcBase: gr.srcBase, DstBase: gr.dstBase,
+		SrcStride: gr.srcStride, DstStride: gr.dstStride, BlockLen: gr.blockLen, Mergeable: gr.mergeable}
+}
+
 // Request is a block-id request as it arrives on the wire: packed
 // little-endian uint32 arrays. Entry i moves block SrcIDs[i] of every source
 // segment to block DstIDs[i] of the matching destination segment.

@@ -165,6 +165,7 @@ type Transport struct {
 	stop   chan struct{}
 	bg     sync.WaitGroup
 	pool   sync.Pool // *writeState
+	blocks sync.Pool // *blockState
 }
 
 var (
@@ -202,6 +203,7 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger, open Open) (*Transp
 	}
 	t := &Transport{cfg: cfg, in: in, log: log, stop: make(chan struct{})}
 	t.pool.New = func() any { return new(writeState) }
+	t.blocks.New = func() any { return new(blockState) }
 	t.keys = make([]map[uint32]uint64, len(cfg.Devices))
 	for i, dev := range cfg.Devices {
 		if slices.Index(cfg.Devices, dev) != i {

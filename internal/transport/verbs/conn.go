@@ -53,9 +53,21 @@ type rxSlot struct {
 	// the batch is acked with refuseBit and never accounted as landed.
 	refused bool
 	why     error
+	// keys are a multi-region batch's destination rkeys (msgKeys), pins
+	// what each holds from the meta to the ack; both keep their capacity
+	// across batches (the poller allocates nothing once they have grown).
+	keys []uint32
+	pins []rxPin
 }
 
-// unpin releases what the slot holds: the registry's pin and the MR.
+// rxPin is one destination of a multi-region batch, held as reg/mr/release are.
+type rxPin struct {
+	reg     *registration
+	mr      *mrRef
+	release func()
+}
+
+// unpin releases what the slot holds: the registry's pins and the MRs.
 func (sl *rxSlot) unpin() {
 	if sl.release != nil {
 		sl.release()
@@ -65,6 +77,17 @@ func (sl *rxSlot) unpin() {
 		sl.reg.done(sl.mr)
 		sl.reg, sl.mr = nil, nil
 	}
+	for i := range sl.pins {
+		pn := &sl.pins[i]
+		if pn.release != nil {
+			pn.release()
+		}
+		if pn.mr != nil {
+			pn.reg.done(pn.mr)
+		}
+		*pn = rxPin{}
+	}
+	sl.pins = sl.pins[:0]
 }
 
 // qpSet is one connection's QPs, CQ and state, in either direction. A
@@ -86,6 +109,7 @@ type qpSet struct {
 	ctlMem  *ibv.HostMem // the meta/bye message buffer (C memory)
 	ctlMR   *ibv.MR
 	ctl     transport.Signal // the peer's control plane, for DisconnectVerbs
+	blk     blockState       // block requests' C templates and scratch (under sem)
 	lastAck atomic.Uint32
 	ackSig  chan struct{}
 	credSig chan struct{}
@@ -608,6 +632,7 @@ func (s *qpSet) destroy() error {
 		for k := range s.rx {
 			s.rx[k].unpin()
 		}
+		s.freeBlocks()
 		errList = append(errList, s.cq.Close(), s.ctlMR.Close())
 		s.ctlMem.Free()
 		t.live.qps.Add(-int64(len(s.qps)))

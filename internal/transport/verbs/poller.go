@@ -321,7 +321,8 @@ func (p *poller) slot(s *qpSet, tag uint32) *rxSlot {
 	sl := &s.rx[tag%uint32(len(s.rx))]
 	if !sl.active || sl.tag != tag {
 		sl.unpin() // a stale batch of an aborted sender
-		*sl = rxSlot{active: true, tag: tag}
+		keys, pins := sl.keys[:0], sl.pins[:0]
+		*sl = rxSlot{active: true, tag: tag, keys: keys, pins: pins}
 	}
 	return sl
 }
@@ -341,6 +342,18 @@ func (p *poller) onMsg(s *qpSet, qpn uint32) {
 			s.fail(fmt.Errorf("verbs: connection closed by %s: %w", s.peer, errs.ErrAborted), false)
 			p.dying = append(p.dying, s)
 		}
+	case msgKeys:
+		if s.sender {
+			return
+		}
+		sl := p.slot(s, m.tag)
+		if int(m.first) != len(sl.keys) || len(sl.keys)+int(m.nkeys) > maxBatchKeys {
+			if !sl.refused {
+				sl.refused, sl.why = true, fmt.Errorf("keys message of batch %d starts at key %d, expected %d", m.tag, m.first, len(sl.keys))
+			}
+			return
+		}
+		sl.keys = append(sl.keys, m.keys[:m.nkeys]...)
 	case msgMeta:
 		if s.sender {
 			return
@@ -354,7 +367,9 @@ func (p *poller) onMsg(s *qpSet, qpn uint32) {
 				sl.metaQP = k
 			}
 		}
-		if in := p.t.in; in != nil && sl.release == nil && !sl.refused {
+		if m.nkeys > 0 {
+			p.pinKeys(sl, m.nkeys)
+		} else if in := p.t.in; in != nil && sl.release == nil && !sl.refused {
 			// The pin keeps the region registered from here to the ack (it
 			// is released right before the ack is posted, so a sender that
 			// saw the ack may deregister at once). A destination that cannot
@@ -384,6 +399,39 @@ func (p *poller) onMsg(s *qpSet, qpn uint32) {
 			}
 		}
 		p.maybeLand(s, sl)
+	}
+}
+
+// pinKeys pins every destination of a multi-region batch (a block
+// request), as a one-region meta pins its rkey: each MR held, then each
+// region pinned. If any cannot be, the batch is refused, whichever it was,
+// and nothing stays pinned.
+func (p *poller) pinKeys(sl *rxSlot, nkeys uint32) {
+	if sl.refused || len(sl.pins) > 0 {
+		return
+	}
+	if len(sl.keys) != int(nkeys) {
+		sl.refused, sl.why = true, fmt.Errorf("batch %d names %d destination keys, %d arrived", sl.tag, nkeys, len(sl.keys))
+		return
+	}
+	in := p.t.in
+	if in == nil {
+		return
+	}
+	for _, k := range sl.keys {
+		var pn rxPin
+		pn.reg, pn.mr = p.t.useRKey(k)
+		_, release, err := in.Pin(transport.Verbs, uint64(k))
+		if err != nil {
+			if pn.mr != nil {
+				pn.reg.done(pn.mr)
+			}
+			sl.unpin()
+			sl.refused, sl.why = true, err
+			return
+		}
+		pn.release = release
+		sl.pins = append(sl.pins, pn)
 	}
 }
 

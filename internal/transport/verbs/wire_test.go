@@ -6,6 +6,7 @@ func TestMessageRoundTrip(t *testing.T) {
 	for _, m := range []message{
 		{kind: msgMeta, tag: 7, nqp: 4, rkey: 0xdeadbeef, blocks: 10000, bytes: 1 << 40},
 		{kind: msgMeta, tag: tagMask - 1, nqp: 0},
+		{kind: msgMeta, tag: 9, nqp: 2, nkeys: maxBatchKeys, blocks: 3, bytes: 4},
 		{kind: msgBye},
 	} {
 		var b [recvBufLen]byte
@@ -31,12 +32,39 @@ func FuzzMessageDecode(f *testing.F) {
 			t.Fatalf("accepted %+v", m)
 		}
 		var b [recvBufLen]byte
-		m.encode(b[:])
+		if m.kind == msgKeys {
+			if m.nkeys == 0 || m.nkeys > keysPerMsg || m.first >= maxBatchKeys {
+				t.Fatalf("accepted %+v", m)
+			}
+			encodeKeys(b[:], m.tag, m.first, m.keys[:m.nkeys])
+		} else {
+			m.encode(b[:])
+		}
 		var again message
 		if !again.decode(b[:]) || again != m {
 			t.Fatalf("%+v does not round-trip", m)
 		}
 	})
+}
+
+func TestKeysRoundTrip(t *testing.T) {
+	keys := []uint32{0x11, 0xdeadbeef, 7, 8, 9, 10, 11, 12, 13, 14}[:keysPerMsg]
+	for _, n := range []int{1, keysPerMsg} {
+		var b [recvBufLen]byte
+		encodeKeys(b[:], 5, 20, keys[:n])
+		var m message
+		if !m.decode(b[:]) || m.kind != msgKeys || m.tag != 5 || m.first != 20 || int(m.nkeys) != n {
+			t.Fatalf("%d keys decoded as %+v", n, m)
+		}
+		for i := 0; i < n; i++ {
+			if m.keys[i] != keys[i] {
+				t.Fatalf("key %d = %#x, want %#x", i, m.keys[i], keys[i])
+			}
+		}
+		if m.decode(b[:msgLen]) {
+			t.Fatal("a truncated keys message decoded")
+		}
+	}
 }
 
 // Tags stay in 1..tagMask-1, so an ack (tag), a refusal (tag|refuseBit) and

@@ -1,0 +1,506 @@
+package verbs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	kvlayout "github.com/b2bd/b2bd/internal/layout"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/transport"
+	ibv "github.com/b2bd/b2bd/verbs"
+)
+
+// Block-id requests (docs/kv.md, Posting): a request is expanded from the
+// pair's templates in C, chain by chain, and posted over the set's QPs in
+// one go. A WRITE is one batch over every destination region: its rkeys go
+// ahead of the meta in msgKeys messages, so the receiver pins them all, and
+// one acknowledgement covers the whole request. A READ needs no message:
+// it is done once every QP completed what it posted.
+
+var (
+	_ transport.BlockWriter = (*qpSet)(nil)
+	_ transport.BlockReader = (*qpSet)(nil)
+)
+
+const (
+	// maxBlockTables bounds the pairs whose C templates a conn keeps (a
+	// daemon caches a pair per local layout and remote resolution).
+	maxBlockTables = 16
+	// blockChunk is the runs a QP's cursor expands at a time: a chunk of
+	// offsets stays in the first-level cache.
+	blockChunk = 256
+)
+
+// blockTab is a pair's templates in C, for one direction.
+type blockTab struct {
+	pair *kvlayout.Pair
+	read bool
+	tab  *ibv.BlockTable
+	used uint64
+}
+
+// blockState is a sending set's block-request scratch, used under sem.
+type blockState struct {
+	tabs  []blockTab
+	clock uint64
+	curs  []*ibv.BlockCursor // per QP, made on first use
+	regs  []*registration
+	refs  []*mrRef
+	cuts  []ibv.BlockPos
+	keys  []uint32
+}
+
+// table returns the C templates of (p, read), built on first use; the
+// least recently used is freed beyond maxBlockTables.
+func (s *qpSet) blockTable(p *kvlayout.Pair, read bool) (*ibv.BlockTable, error) {
+	b := &s.blk
+	b.clock++
+	for i := range b.tabs {
+		if b.tabs[i].pair == p && b.tabs[i].read == read {
+			b.tabs[i].used = b.clock
+			return b.tabs[i].tab, nil
+		}
+	}
+	gs := make([]ibv.BlockGroup, p.NumGroups())
+	for g := range gs {
+		x := p.GroupTemplate(g)
+		gs[g] = ibv.BlockGroup{SrcBase: x.SrcBase, DstBase: x.DstBase, SrcStride: x.SrcStride, DstStride: x.DstStride,
+			BlockLen: x.BlockLen, SrcRegion: x.SrcRegion, DstRegion: x.DstRegion, Mergeable: x.Mergeable}
+	}
+	tab, err := ibv.NewBlockTable(gs, p.Src().NumRegions(), p.Dst().NumRegions())
+	if err != nil {
+		return nil, err
+	}
+	if len(b.tabs) >= maxBlockTables {
+		old := 0
+		for i := range b.tabs {
+			if b.tabs[i].used < b.tabs[old].used {
+				old = i
+			}
+		}
+		b.tabs[old].tab.Close()
+		b.tabs = append(b.tabs[:old], b.tabs[old+1:]...)
+	}
+	b.tabs = append(b.tabs, blockTab{pair: p, read: read, tab: tab, used: b.clock})
+	return tab, nil
+}
+
+// freeBlocks frees the C templates and cursors (destroy).
+func (s *qpSet) freeBlocks() {
+	for _, x := range s.blk.tabs {
+		x.tab.Close()
+	}
+	for _, c := range s.blk.curs {
+		c.Close()
+	}
+	s.blk.tabs, s.blk.curs = nil, nil
+}
+
+// cursors returns a cursor per QP, made on first use.
+func (s *qpSet) cursors() ([]*ibv.BlockCursor, error) {
+	if len(s.blk.curs) == len(s.qps) {
+		return s.blk.curs, nil
+	}
+	for len(s.blk.curs) < len(s.qps) {
+		c, err := ibv.NewBlockCursor(blockChunk)
+		if err != nil {
+			return nil, err
+		}
+		s.blk.curs = append(s.blk.curs, c)
+	}
+	return s.blk.curs, nil
+}
+
+// holdLocal checks the local registrations and holds each one's MR (a
+// Rekey retires it only once the request stopped using it); releaseLocal
+// lets them go.
+func (s *qpSet) holdLocal(op string, regs []transport.Registration) error {
+	b := &s.blk
+	b.regs, b.refs = b.regs[:0], b.refs[:0]
+	for i, r := range regs {
+		reg, ok := r.(*registration)
+		if !ok || reg.t != s.t {
+			s.releaseLocal()
+			return &transport.StretchError{Err: fmt.Errorf("verbs: %s: local region %d was not registered with this verbs transport: %w", op, i, errs.ErrInvalidArgument)}
+		}
+		ref := reg.use()
+		if ref == nil {
+			s.releaseLocal()
+			return fmt.Errorf("verbs: %s: local region %d: registration closed: %w", op, i, errs.ErrFailedPrecondition)
+		}
+		b.regs, b.refs = append(b.regs, reg), append(b.refs, ref)
+	}
+	return nil
+}
+
+func (s *qpSet) releaseLocal() {
+	b := &s.blk
+	for i, ref := range b.refs {
+		b.regs[i].done(ref)
+		b.regs[i], b.refs[i] = nil, nil
+	}
+	b.regs, b.refs = b.regs[:0], b.refs[:0]
+}
+
+// setRegions fills tab's regions: the local side from the held MRs, the
+// remote side from the keys; every group's whole extent (every block any
+// valid id names) must lie inside both regions, or nothing is posted. It
+// reports whether every local region is host memory (inline data).
+func (s *qpSet) setRegions(op string, tab *ibv.BlockTable, p *kvlayout.Pair, remote []transport.RemoteRegion, read bool) (bool, error) {
+	b := &s.blk
+	host := true
+	local := func(i int) ibv.BlockRegion {
+		m := b.refs[i].mr
+		if b.regs[i].mem.Kind != memory.Host {
+			host = false
+		}
+		return ibv.BlockRegion{Addr: m.Addr(), Limit: b.regs[i].mem.Len, Key: m.LKey()}
+	}
+	for i, rr := range remote {
+		if rr.Key.Key > 0xFFFFFFFF {
+			return false, &transport.StretchError{Err: fmt.Errorf("verbs: %s: remote region %d (%q): bad rkey %#x: %w", op, i, rr.Name, rr.Key.Key, errs.ErrInvalidArgument)}
+		}
+		r := ibv.BlockRegion{Addr: rr.Key.Addr, Limit: rr.Size, Key: uint32(rr.Key.Key)}
+		if read {
+			tab.SetSrc(i, r)
+		} else {
+			tab.SetDst(i, r)
+		}
+	}
+	for i := range b.refs {
+		if read {
+			tab.SetDst(i, local(i))
+		} else {
+			tab.SetSrc(i, local(i))
+		}
+	}
+	sn, dn := p.Src().NumBlocks(), p.Dst().NumBlocks()
+	for g := 0; g < p.NumGroups(); g++ {
+		x := p.GroupTemplate(g)
+		se, sok := extent(x.SrcBase, x.SrcStride, x.BlockLen, sn)
+		de, dok := extent(x.DstBase, x.DstStride, x.BlockLen, dn)
+		sl, dl := tab.Src(int(x.SrcRegion)).Limit, tab.Dst(int(x.DstRegion)).Limit
+		if !sok || !dok || se > sl || de > dl {
+			return false, &transport.StretchError{Group: uint32(g), SrcRegion: x.SrcRegion, DstRegion: x.DstRegion,
+				Err: fmt.Errorf("verbs: %s: segment group %d reaches byte %d of its source region (%d bytes) and %d of its destination region (%d bytes); nothing posted: %w",
+					op, g, se, sl, de, dl, errs.ErrInvalidArgument)}
+		}
+	}
+	return host, nil
+}
+
+// extent is base + (n-1)*stride + blockLen, false on overflow.
+func extent(base, stride, blockLen, n uint64) (uint64, bool) {
+	hi, span := bits.Mul64(n-1, stride)
+	e, c1 := bits.Add64(base, span, 0)
+	e, c2 := bits.Add64(e, blockLen, 0)
+	return e, hi == 0 && c1 == 0 && c2 == 0
+}
+
+// blockCuts cuts the request into at most nq ranges of about equal bytes
+// at (group, entry) positions, into s.blk.cuts; it returns the ranges.
+func (s *qpSet) blockCuts(p *kvlayout.Pair, n int, total uint64, nq int) int {
+	cuts := append(s.blk.cuts[:0], ibv.BlockPos{})
+	end := ibv.BlockPos{Group: uint32(p.NumGroups())}
+	var acc uint64
+	k := 1
+	for g := 0; g < p.NumGroups() && k < nq; g++ {
+		_, _, bl := p.Group(g)
+		gb := bl * uint64(n)
+		for k < nq {
+			hi, lo := bits.Mul64(total, uint64(k))
+			target, _ := bits.Div64(hi, lo, uint64(nq))
+			if target >= acc+gb {
+				break
+			}
+			pos := ibv.BlockPos{Group: uint32(g)}
+			if target > acc {
+				pos.Entry = uint32((target - acc) / bl)
+			}
+			if int(pos.Entry) >= n {
+				pos = ibv.BlockPos{Group: uint32(g + 1)}
+			}
+			if last := cuts[len(cuts)-1]; pos.Group > last.Group || (pos.Group == last.Group && pos.Entry > last.Entry) {
+				if pos != end {
+					cuts = append(cuts, pos)
+				}
+			}
+			k++
+		}
+		acc += gb
+	}
+	cuts = append(cuts, end)
+	s.blk.cuts = cuts
+	return len(cuts) - 1
+}
+
+// blockTotals are a request's payload bytes and blocks (segments × ids).
+func blockTotals(p *kvlayout.Pair, n int) (total, blocks uint64) {
+	for g := 0; g < p.NumGroups(); g++ {
+		_, nseg, bl := p.Group(g)
+		total += bl * uint64(n)
+		blocks += uint64(nseg) * uint64(n)
+	}
+	return total, blocks
+}
+
+// WriteBlocks pushes a whole block request as one batch; see
+// transport.BlockWriter. Requests over more destination regions than one
+// batch can name take transport.WriteStretches.
+func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
+	var st transport.Stats
+	if err := s.Err(); err != nil {
+		return st, err
+	}
+	p := w.Pair
+	if len(w.Src) != p.Src().NumRegions() || len(w.Dst) != p.Dst().NumRegions() || w.IDs.N() == 0 || len(w.IDs.Dst) != w.IDs.N() {
+		return st, fmt.Errorf("verbs: block write: %d sources and %d destinations for layouts of %d and %d regions, %d ids: %w",
+			len(w.Src), len(w.Dst), p.Src().NumRegions(), p.Dst().NumRegions(), w.IDs.N(), errs.ErrInvalidArgument)
+	}
+	if len(w.Dst) > maxBatchKeys {
+		return transport.WriteStretches(ctx, s, w, sc)
+	}
+	if err := s.acquireWrite(ctx, "block write"); err != nil {
+		return st, err
+	}
+	defer s.releaseWrite()
+	t0 := time.Now()
+	if err := s.holdLocal("block write", w.Src); err != nil {
+		return st, err
+	}
+	defer s.releaseLocal()
+	tab, err := s.blockTable(p, false)
+	if err != nil {
+		return st, err
+	}
+	curs, err := s.cursors()
+	if err != nil {
+		return st, err
+	}
+	host, err := s.setRegions("block write", tab, p, w.Dst, false)
+	if err != nil {
+		return st, err
+	}
+	keys := s.blk.keys[:0]
+	for _, d := range w.Dst {
+		keys = append(keys, uint32(d.Key.Key))
+	}
+	s.blk.keys = keys
+	t := s.t
+	cfg := &t.cfg
+	n := w.IDs.N()
+	total, blocks := blockTotals(p, n)
+	want := int((total + uint64(cfg.MinQPBytes) - 1) / uint64(cfg.MinQPBytes))
+	nq := s.blockCuts(p, n, total, min(len(s.qps), max(want, 1)))
+	st.Plan += time.Since(t0)
+
+	s.tag = nextTag(s.tag)
+	tag := s.tag
+	first := s.rot % len(s.qps)
+	s.rot++
+	if err := s.postKeys(ctx, &st, first, tag, keys); err != nil {
+		return st, err
+	}
+	if err := s.postMetaKeys(ctx, &st, first, tag, nq, uint32(len(keys)), blocks, total); err != nil {
+		return st, err
+	}
+	params := ibv.ChainParams{Op: ibv.WRWrite, MaxWR: cfg.MaxChain, MaxSGE: t.maxSGE, MaxWRBytes: t.wrBytes,
+		MaxChainBytes: uint64(cfg.ChainBytes), SignalEvery: cfg.SignalEvery}
+	if host {
+		params.InlineMax = t.inline // the CPU reads inline data: never GPU memory
+	}
+	if err := s.postBlocks(ctx, &st, tag, first, nq, &params, tab, curs, w.IDs, true); err != nil {
+		return st, err
+	}
+	if err := s.awaitAck(ctx, tag, &w.Dst[0]); err != nil {
+		if errors.Is(err, errs.ErrNotFound) {
+			return st, fmt.Errorf("verbs: block write to %s: one of the %d destination regions (%q first) is no longer registered or exported there: %w",
+				s.peer, len(w.Dst), w.Dst[0].Name, err)
+		}
+		return st, err
+	}
+	return st, nil
+}
+
+// ReadBlocks pulls a whole block request; see transport.BlockReader. No
+// message goes out: the request is in place once every QP completed all
+// it posted.
+func (s *qpSet) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *transport.BlockScratch) (transport.Stats, error) {
+	var st transport.Stats
+	if err := s.Err(); err != nil {
+		return st, err
+	}
+	p := r.Pair
+	if len(r.Src) != p.Src().NumRegions() || len(r.Dst) != p.Dst().NumRegions() || r.IDs.N() == 0 || len(r.IDs.Dst) != r.IDs.N() {
+		return st, fmt.Errorf("verbs: block read: %d sources and %d destinations for layouts of %d and %d regions, %d ids: %w",
+			len(r.Src), len(r.Dst), p.Src().NumRegions(), p.Dst().NumRegions(), r.IDs.N(), errs.ErrInvalidArgument)
+	}
+	if err := s.acquireWrite(ctx, "block read"); err != nil {
+		return st, err
+	}
+	defer s.releaseWrite()
+	t0 := time.Now()
+	if err := s.holdLocal("block read", r.Dst); err != nil {
+		return st, err
+	}
+	defer s.releaseLocal()
+	tab, err := s.blockTable(p, true)
+	if err != nil {
+		return st, err
+	}
+	curs, err := s.cursors()
+	if err != nil {
+		return st, err
+	}
+	if _, err := s.setRegions("block read", tab, p, r.Src, true); err != nil {
+		return st, err
+	}
+	t := s.t
+	cfg := &t.cfg
+	n := r.IDs.N()
+	total, _ := blockTotals(p, n)
+	want := int((total + uint64(cfg.MinQPBytes) - 1) / uint64(cfg.MinQPBytes))
+	nq := s.blockCuts(p, n, total, min(len(s.qps), max(want, 1)))
+	st.Plan += time.Since(t0)
+
+	s.tag = nextTag(s.tag) // names the request in errors only
+	tag := s.tag
+	first := s.rot % len(s.qps)
+	s.rot++
+	params := ibv.ChainParams{Op: ibv.WRRead, MaxWR: cfg.MaxChain, MaxSGE: t.maxSGERd,
+		MaxWRBytes: min(t.wrBytes, uint64(cfg.ReadWRBytes)), MaxChainBytes: uint64(cfg.ChainBytes), SignalEvery: cfg.SignalEvery}
+	if err := s.postBlocks(ctx, &st, tag, first, nq, &params, tab, curs, r.IDs, false); err != nil {
+		return st, s.stopRead(err)
+	}
+	for k := 0; k < nq; k++ {
+		q := s.qps[(first+k)%len(s.qps)]
+		for int32(q.posted-q.done.Load()) > 0 {
+			if err := s.waitCredit(ctx, tag); err != nil {
+				return st, s.stopRead(err)
+			}
+		}
+	}
+	if err := s.Err(); err != nil {
+		return st, s.stopRead(err)
+	}
+	return st, nil
+}
+
+// postBlocks posts the nq ranges of s.blk.cuts, range k on QP first+k, in
+// chains as credits allow (Write's loop). A failure after anything was
+// posted breaks the set (the caller of a READ also halts it); ctx ending
+// abandons the batch (QPs to ERROR, drained).
+func (s *qpSet) postBlocks(ctx context.Context, st *transport.Stats, tag uint32, first, nq int, params *ibv.ChainParams,
+	tab *ibv.BlockTable, curs []*ibv.BlockCursor, ids kvlayout.IDs, immLast bool) error {
+	cfg := &s.t.cfg
+	for k := 0; k < nq; k++ {
+		qi := (first + k) % len(s.qps)
+		q := s.qps[qi]
+		q.chain.Setup(params)
+		q.chain.Start(ibv.Pos{}, ibv.Pos{}, immLast, tag)
+		q.chain.SetSeq(q.posted)
+		curs[qi].Start(s.blk.cuts[k], s.blk.cuts[k+1])
+		s.rangeOn[k] = true
+	}
+	minPost := max(1, cfg.MaxChain/4)
+	for pending := nq; pending > 0; {
+		progressed := false
+		for k := 0; k < nq; k++ {
+			if !s.rangeOn[k] {
+				continue
+			}
+			qi := (first + k) % len(s.qps)
+			q := s.qps[qi]
+			a := q.avail()
+			if a < minPost {
+				continue
+			}
+			q.chain.SetMaxWR(min(cfg.MaxChain, a))
+			res, err := q.qp.PostBlocks(q.chain, tab, curs[qi], ids.Src, ids.Dst)
+			q.posted = res.Seq
+			st.Plan += time.Duration(res.PlanNs)
+			st.Post += time.Duration(res.PostNs)
+			if err != nil {
+				err = fmt.Errorf("verbs: block batch %d with %s: %w", tag, s.peer, err)
+				s.fail(err, true)
+				return err
+			}
+			st.WorkRequests += uint64(res.WRs)
+			st.Segments += uint64(res.SGEs)
+			if res.WRs > 0 {
+				progressed = true
+			}
+			if res.Done {
+				s.rangeOn[k] = false
+				pending--
+			}
+		}
+		if pending > 0 && ctx.Err() != nil {
+			return s.abandon(ctx, tag)
+		}
+		if !progressed && pending > 0 {
+			if err := s.waitCredit(ctx, tag); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// postKeys sends a multi-region batch's destination rkeys on QP first,
+// ahead of its meta, keysPerMsg a message, unsignaled (the meta's
+// completion returns their credits). Each message has its own slot of the
+// control buffer after the meta's: none is reused before the ack.
+func (s *qpSet) postKeys(ctx context.Context, st *transport.Stats, first int, tag uint32, keys []uint32) error {
+	q0 := s.qps[first]
+	nmsg := (len(keys) + keysPerMsg - 1) / keysPerMsg
+	for q0.avail() < nmsg+1 {
+		if err := s.waitCredit(ctx, tag); err != nil {
+			return err
+		}
+	}
+	t0 := time.Now()
+	buf := s.ctlMem.Bytes()
+	for j := 0; j < nmsg; j++ {
+		lo := j * keysPerMsg
+		hi := min(lo+keysPerMsg, len(keys))
+		off := (j + 1) * recvBufLen
+		encodeKeys(buf[off:off+recvBufLen], tag, uint32(lo), keys[lo:hi])
+		q0.posted++
+		if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr()+uint64(off), recvBufLen, s.ctlMR.LKey(), false); err != nil {
+			q0.posted--
+			s.fail(err, true)
+			return err
+		}
+		st.WorkRequests++
+	}
+	st.Post += time.Since(t0)
+	return nil
+}
+
+// postMetaKeys is postMeta for a batch whose nkeys destination keys went
+// ahead in msgKeys.
+func (s *qpSet) postMetaKeys(ctx context.Context, st *transport.Stats, first int, tag uint32, nq int, nkeys uint32, blocks, bytes uint64) error {
+	q0 := s.qps[first]
+	for q0.avail() < 1 {
+		if err := s.waitCredit(ctx, tag); err != nil {
+			return err
+		}
+	}
+	t0 := time.Now()
+	m := message{kind: msgMeta, tag: tag, nqp: uint32(nq), nkeys: nkeys, blocks: blocks, bytes: bytes}
+	m.encode(s.ctlMem.Bytes())
+	q0.posted++
+	if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
+		q0.posted--
+		s.fail(err, true)
+		return err
+	}
+	st.Post += time.Since(t0)
+	st.WorkRequests++
+	return nil
+}
