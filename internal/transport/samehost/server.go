@@ -129,6 +129,7 @@ func (t *Transport) handle(sc *serverConn) {
 			_ = t.reply(sc, reply{status: statusInvalid}, err.Error(), -1, nil)
 			return
 		}
+		t.served[req.op].Add(1)
 		if err := t.serveRequest(sc, req); err != nil {
 			t.log.Debug("samehost: reply failed", "peer", sc.peer, "error", err)
 			return
