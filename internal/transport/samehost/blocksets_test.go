@@ -418,3 +418,65 @@ func BenchmarkWriteBlocks160(b *testing.B) {
 		}
 	}
 }
+
+// TestGPUDestinationWithoutDriver: a GPU destination offered to a sender
+// with no CUDA driver is refused (FailedPrecondition) and the connection
+// stays in step: the IPC handle that followed the reply is read, not
+// taken for the next reply, so the next batch to a host region goes.
+func TestGPUDestinationWithoutDriver(t *testing.T) {
+	cu := cudatest.New(cudatest.Device{})
+	dir := t.TempDir()
+	in := &fakeInbound{}
+	recv, err := New(Config{Dir: filepath.Join(dir, "recv"), Node: "recv", CUDA: cu}, in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send, err := New(Config{Dir: filepath.Join(dir, "send"), Node: "send"}, &fakeInbound{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer recv.Close()
+	defer send.Close()
+	const size = 1 << 16
+	p, err := cu.MemAlloc(0, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu, err := recv.Register(memory.Memory{Kind: memory.CUDA, Addr: p, Len: size, DmabufFD: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := recv.Register(shmRegion(t, dir, size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.add(gpu)
+	in.add(host)
+	src, err := send.Register(shmRegion(t, dir, size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(src.Memory().Host, 3)
+	conn, err := send.Connect(context.Background(), transport.Peer{Address: "local", Node: "recv", Advert: MarshalEndpoint(recv.Endpoint())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	b := gapped(8, 1024)
+	ctx := context.Background()
+	for round := 0; round < 2; round++ {
+		_, err = conn.Write(ctx, src, transport.RemoteRegion{Name: "g", Size: size, Key: gpu.Key()}, b)
+		if !errors.Is(err, errs.ErrFailedPrecondition) {
+			t.Fatalf("round %d: write to a GPU region without a driver: %v, want FailedPrecondition", round, err)
+		}
+		if err := conn.Err(); err != nil {
+			t.Fatalf("round %d: the connection broke: %v", round, err)
+		}
+		if _, err := conn.Write(ctx, src, transport.RemoteRegion{Name: "h", Size: size, Key: host.Key()}, b); err != nil {
+			t.Fatalf("round %d: the next write: %v", round, err)
+		}
+	}
+	if _, _, _, pinned := in.snap(); pinned != 0 {
+		t.Fatalf("%d pins held", pinned)
+	}
+}
