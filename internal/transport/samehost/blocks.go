@@ -217,12 +217,11 @@ func (c *Conn) blocks(ctx context.Context, p *layout.Pair, ids layout.IDs, nsrc,
 	return st, nil
 }
 
-// setNext starts a new set: a new number, no slots. c.mu is held.
+// setNext starts a new set: a number never used before on c, no slots.
+// c.mu is held.
 func (c *Conn) setNext() {
-	c.set++
-	if c.set == 0 {
-		c.set = 1
-	}
+	c.setSeq++
+	c.set = c.setSeq
 	c.slots = c.slots[:0]
 	clear(c.slotOf)
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/b2bd/b2bd/gpudirect/cudatest"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
@@ -156,7 +158,7 @@ func TestBlockSetOneExchange(t *testing.T) {
 	for _, tc := range []struct {
 		nreg int
 		read bool
-	}{{160, false}, {160, true}, {300, false}, {300, true}} {
+	}{{160, false}, {160, true}, {300, false}, {300, true}, {maxCached + 40, false}} {
 		t.Run(fmt.Sprintf("%d regions read=%v", tc.nreg, tc.read), func(t *testing.T) {
 			m := newMultiPair(t, tc.nreg, 16, 64, 8)
 			sets := uint64((tc.nreg + maxSetKeys - 1) / maxSetKeys)
@@ -194,6 +196,9 @@ func TestBlockSetOneExchange(t *testing.T) {
 				m.check(t, m.theirs, m.ours)
 			} else {
 				m.check(t, m.ours, m.theirs)
+			}
+			if n := len(m.conn.(*Conn).cache); n > maxCached {
+				t.Fatalf("%d mappings cached, over the bound of %d", n, maxCached)
 			}
 			if tc.nreg > maxCached || tc.read {
 				return
@@ -478,5 +483,34 @@ func TestGPUDestinationWithoutDriver(t *testing.T) {
 	}
 	if _, _, _, pinned := in.snap(); pinned != 0 {
 		t.Fatalf("%d pins held", pinned)
+	}
+}
+
+// TestBlockSetWritesAndReadsStayMapped: pushes and pulls over the same 160
+// regions alternate (the KV bench's --op both) without evicting and
+// remapping: a region's write key and read key are two mappings, and both
+// sets fit the cache.
+func TestBlockSetWritesAndReadsStayMapped(t *testing.T) {
+	m := newMultiPair(t, 160, 16, 64, 8)
+	var sc transport.BlockScratch
+	ctx := context.Background()
+	round := func() {
+		t.Helper()
+		if _, err := m.conn.(transport.BlockWriter).WriteBlocks(ctx, &m.w, &sc); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.conn.(transport.BlockReader).ReadBlocks(ctx, &m.rd, &sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	round() // maps every region twice: for writes and for reads
+	unmaps := 0
+	defer func(f func([]byte) error) { munmap = f }(munmap)
+	munmap = func(b []byte) error { unmaps++; return unix.Munmap(b) }
+	for i := 0; i < 3; i++ {
+		round()
+	}
+	if unmaps != 0 {
+		t.Fatalf("%d mappings evicted and made again while writes and reads alternated over 160 regions", unmaps)
 	}
 }

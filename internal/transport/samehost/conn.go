@@ -22,8 +22,12 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-// maxCached bounds the destinations a connection keeps mapped.
-const maxCached = 256
+// maxCached bounds the destinations a connection keeps mapped: room for
+// two full sets (maxSetKeys), so that pushes and pulls over the same
+// regions (a write key and a read key each, the KV bench's --op both over
+// 160 layer tensors) alternate without evicting and mapping again (a
+// populated 8 MiB mapping costs ~0.5 ms: 30-50 ms a request at 256).
+const maxCached = 512
 
 // remote is a peer's destination as this sender maps it.
 type remote struct {
@@ -66,7 +70,8 @@ type Conn struct {
 	// A block request's set (blocks.go): its number (remote.set), keys,
 	// the slot of each key and of each group, the request and reply
 	// buffers, and the descriptors a reply brought.
-	set     uint64
+	set     uint64 // 0 outside a block request
+	setSeq  uint64
 	slots   []slot
 	slotOf  map[uint64]int32
 	groupOf []int32
