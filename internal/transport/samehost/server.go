@@ -233,36 +233,44 @@ func (t *Transport) pinKey(key uint64, read, mapIt bool, pk *pinnedKey) (func(),
 		return nil, fmt.Errorf("%w: no live local registration has key %#x", errs.ErrNotFound, key)
 	}
 	pk.size, pk.offset, pk.fd, pk.bus, pk.hasHandle = mem.Len, 0, -1, "", false
-	reg.mu.Lock()
-	defer reg.mu.Unlock()
-	shareErr := reg.shareErr
-	if mem.Kind == memory.Host {
-		pk.kind = kindHost
-		if mapIt && shareErr == nil && reg.file == nil {
-			shareErr = fmt.Errorf("%w: the region's file is closed", errs.ErrNotFound)
-		}
-	} else {
+	pk.kind = kindHost
+	if mem.Kind != memory.Host {
 		pk.kind = kindCUDA
 	}
 	if !mapIt {
 		return release, nil
 	}
+	if err := pk.share(reg); err != nil {
+		release() // not under reg.mu: letting go may take the registry's locks
+		return nil, err
+	}
+	return release, nil
+}
+
+// share gathers what the sender needs to map reg: a duplicate of its
+// file's descriptor (made under reg.mu, so that the region's Close cannot
+// close the file under it), or its IPC handle and bus id.
+func (pk *pinnedKey) share(reg *registration) error {
+	reg.mu.Lock()
+	defer reg.mu.Unlock()
+	shareErr := reg.shareErr
+	if pk.kind == kindHost && shareErr == nil && reg.file == nil {
+		shareErr = fmt.Errorf("%w: the region's file is closed", errs.ErrNotFound)
+	}
 	if shareErr != nil {
-		release()
-		return nil, fmt.Errorf("destination cannot be shared on this host: %w", shareErr)
+		return fmt.Errorf("destination cannot be shared on this host: %w", shareErr)
 	}
 	if pk.kind == kindHost {
 		fd, err := unix.FcntlInt(reg.file.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 		if err != nil {
-			release()
-			return nil, fmt.Errorf("%w: samehost: duplicate the region's descriptor: %v", errs.ErrResourceExhausted, err)
+			return fmt.Errorf("%w: samehost: duplicate the region's descriptor: %v", errs.ErrResourceExhausted, err)
 		}
 		pk.offset, pk.fd = reg.fileOff, fd
-		return release, nil
+		return nil
 	}
 	pk.offset, pk.bus = reg.handleOff, reg.busID
 	pk.handle, pk.hasHandle = reg.handle, true
-	return release, nil
+	return nil
 }
 
 func (t *Transport) serveRequest(sc *serverConn, req request) error {
