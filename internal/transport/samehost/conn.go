@@ -22,8 +22,12 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-// maxCached bounds the destinations a connection keeps mapped.
-const maxCached = 256
+// maxCached bounds the destinations a connection keeps mapped: room for
+// two full sets (maxSetKeys), so that pushes and pulls over the same
+// regions (a write key and a read key each, the KV bench's --op both over
+// 160 layer tensors) alternate without evicting and mapping again (a
+// populated 8 MiB mapping costs ~0.5 ms: 30-50 ms a request at 256).
+const maxCached = 512
 
 // remote is a peer's destination as this sender maps it.
 type remote struct {
@@ -37,6 +41,9 @@ type remote struct {
 	home int     // CUDA: the device that holds the memory; -1: not visible here
 	pin  hostPin // host: mm registered with the driver for GPU-to-host batches
 	read bool    // mapped for pulls (host: read-only), by its read key
+	// set is the block request (Conn.set) that last named this mapping:
+	// the cache never evicts one of the request in progress.
+	set uint64
 }
 
 // Conn is a data path to one peer daemon on this host. Batches on it are
@@ -60,9 +67,17 @@ type Conn struct {
 	dsts    []uint64
 	srcs    []uint64
 	sizes   []uint64
-	// pendingEnd: WriteBlocks sent a stretch's end and has not read its
-	// reply yet; begin reads it first (blocks.go).
-	pendingEnd bool
+	// A block request's set (blocks.go): its number (remote.set), keys,
+	// the slot of each key and of each group, the request and reply
+	// buffers, and the descriptors a reply brought.
+	set     uint64 // 0 outside a block request
+	setSeq  uint64
+	slots   []slot
+	slotOf  map[uint64]int32
+	groupOf []int32
+	setBuf  []byte
+	setOOB  []byte
+	setFDs  []int
 	// chunk is a block request's current chunk (blocks.go): a field, as
 	// the copy hands it to its workers, so that it is not made per chunk.
 	chunk desc.Batch
@@ -376,11 +391,6 @@ func (c *Conn) begin(ctx context.Context, dst transport.RemoteRegion, sm memory.
 	if err := c.send(opBegin, flags, key, 0, 0); err != nil {
 		return nil, c.ctxErr(ctx, err)
 	}
-	if c.pendingEnd {
-		if err := c.endReply(); err != nil {
-			return nil, c.ctxErr(ctx, err)
-		}
-	}
 	r, msg, fd, err := c.readReply(flags&flagMap != 0)
 	if err != nil {
 		return nil, c.ctxErr(ctx, err)
@@ -395,8 +405,20 @@ func (c *Conn) begin(ctx context.Context, dst transport.RemoteRegion, sm memory.
 		return nil, fmt.Errorf("%w: samehost: peer refused dst_region %q: %s", statusErr(r.status), dst.Name, msg)
 	}
 	if rm == nil {
+		var handle []byte
+		if r.kind == kindCUDA {
+			// Read whatever follows, so that a failure to open it leaves
+			// the stream in step for the abort.
+			if _, err := io.ReadFull(c.c, c.handle[:]); err != nil {
+				if fd >= 0 {
+					_ = unix.Close(fd)
+				}
+				return nil, c.ctxErr(ctx, c.fail(fmt.Errorf("read IPC handle: %w", err)))
+			}
+			handle = c.handle[:]
+		}
 		t0 := time.Now()
-		rm, err = c.mapRemote(r, msg, fd, sm, read)
+		rm, err = c.mapRemote(r.kind, r.size, r.offset, msg, handle, fd, sm, read)
 		if err != nil {
 			_ = c.abort()
 			return nil, err
@@ -404,17 +426,27 @@ func (c *Conn) begin(ctx context.Context, dst transport.RemoteRegion, sm memory.
 		// Once per (connection, destination): the one-off cost of a batch
 		// that was not warmed (Warm, PrepareTransfer), named.
 		c.t.log.Debug("samehost: mapped a destination", "dst_region", dst.Name, "bytes", rm.size, "took", time.Since(t0))
-		if len(c.cache) >= maxCached {
-			for k := range c.cache {
-				c.drop(k)
-				break
-			}
-		}
-		c.cache[key] = rm
+		c.cacheAdd(key, rm)
 	} else if fd >= 0 {
 		_ = unix.Close(fd)
 	}
 	return rm, nil
+}
+
+// cacheAdd caches rm under key, first evicting one mapping when the cache
+// is full: never one of the block request in progress (c.set), whose
+// copies have yet to run (a set has fewer keys than the cache holds).
+func (c *Conn) cacheAdd(key uint64, rm *remote) {
+	if len(c.cache) >= maxCached {
+		for k, old := range c.cache {
+			if c.set == 0 || old.set != c.set {
+				c.drop(k)
+				break
+			}
+		}
+	}
+	rm.set = c.set
+	c.cache[key] = rm
 }
 
 // Warm implements transport.Warmer: it maps dst into this process (host:
@@ -495,20 +527,22 @@ func checkBounds(b *desc.Batch, srcLen, dstLen uint64) error {
 	return nil
 }
 
-// mapRemote maps the destination the begin reply handed over.
-func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory, read bool) (*remote, error) {
-	rm := &remote{kind: r.kind, size: r.size, read: read}
-	switch r.kind {
+// mapRemote maps the destination a begin's reply handed over: a host
+// region's descriptor fd (mapRemote closes it) at offset, or a GPU's IPC
+// handle with its bus id (msg). size is the region's.
+func (c *Conn) mapRemote(kind uint32, size, offset uint64, msg, handle []byte, fd int, sm memory.Memory, read bool) (*remote, error) {
+	rm := &remote{kind: kind, size: size, read: read}
+	switch kind {
 	case kindHost:
 		if fd < 0 {
 			return nil, c.fail(fmt.Errorf("%w: host destination came without its descriptor", errs.ErrInvalidArgument))
 		}
 		defer unix.Close(fd)
 		page := uint64(os.Getpagesize())
-		off := r.offset &^ (page - 1)
-		delta := r.offset - off
-		if r.size == 0 || r.size > 1<<46 {
-			return nil, fmt.Errorf("%w: samehost: destination size %d", errs.ErrInvalidArgument, r.size)
+		off := offset &^ (page - 1)
+		delta := offset - off
+		if size == 0 || size > 1<<46 {
+			return nil, fmt.Errorf("%w: samehost: destination size %d", errs.ErrInvalidArgument, size)
 		}
 		// MAP_POPULATE: the receiver's pages exist already (the registry
 		// maps regions populated), but this fresh mapping has no page-table
@@ -518,11 +552,11 @@ func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory, read boo
 		if read { // a pull's source: this daemon cannot write it by mistake
 			prot = unix.PROT_READ
 		}
-		mm, err := unix.Mmap(fd, int64(off), int(delta+r.size), prot, unix.MAP_SHARED|unix.MAP_POPULATE)
+		mm, err := unix.Mmap(fd, int64(off), int(delta+size), prot, unix.MAP_SHARED|unix.MAP_POPULATE)
 		if err != nil {
-			return nil, fmt.Errorf("%w: samehost: map the destination (%d bytes at %d): %v", errs.ErrFailedPrecondition, r.size, r.offset, err)
+			return nil, fmt.Errorf("%w: samehost: map the destination (%d bytes at %d): %v", errs.ErrFailedPrecondition, size, offset, err)
 		}
-		rm.mm, rm.host = mm, mm[delta:delta+r.size]
+		rm.mm, rm.host = mm, mm[delta:delta+size]
 		return rm, nil
 	case kindCUDA:
 		if fd >= 0 {
@@ -543,17 +577,20 @@ func (c *Conn) mapRemote(r reply, msg []byte, fd int, sm memory.Memory, read boo
 			}
 			dev = home
 		}
-		if _, err := io.ReadFull(c.c, c.handle[:]); err != nil {
-			return nil, c.fail(fmt.Errorf("read IPC handle: %w", err))
+		if len(handle) != gpudirect.IPCHandleSize {
+			return nil, c.fail(fmt.Errorf("%w: GPU destination came without its IPC handle", errs.ErrInvalidArgument))
 		}
-		base, err := cu.IPCOpenMemHandle(dev, gpudirect.IPCHandle(c.handle))
+		base, err := cu.IPCOpenMemHandle(dev, gpudirect.IPCHandle(handle))
 		if err != nil {
 			return nil, fmt.Errorf("samehost: open the destination's IPC handle on device %d: %w", dev, staging.DomainError(err))
 		}
-		rm.base, rm.dptr, rm.dev, rm.home = base, base+uintptr(r.offset), dev, home
+		rm.base, rm.dptr, rm.dev, rm.home = base, base+uintptr(offset), dev, home
 		return rm, nil
 	}
-	return nil, c.fail(fmt.Errorf("%w: reply memory kind %d", errs.ErrInvalidArgument, r.kind))
+	if fd >= 0 {
+		_ = unix.Close(fd)
+	}
+	return nil, c.fail(fmt.Errorf("%w: reply memory kind %d", errs.ErrInvalidArgument, kind))
 }
 
 // copy moves the blocks: host to host with the CPU (contained faults),

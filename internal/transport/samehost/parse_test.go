@@ -68,8 +68,35 @@ func FuzzWire(f *testing.F) {
 	(&reply{status: statusOK, kind: kindHost, size: 9, fds: 1}).put(rp[:])
 	f.Add(rp[:])
 	f.Add((&hello{node: "n"}).marshal()[:helloFixed])
+	(&request{op: opBeginSet, flags: flagRead, a: 3}).put(rq[:])
+	f.Add(rq[:])
+	var se [setEntrySize]byte
+	(&setEntry{key: 9, flags: flagMap}).put(se[:])
+	f.Add(se[:])
+	var sa [setReplyEntry + 4 + 64]byte
+	(&setAnswer{kind: kindCUDA, flags: setHandle, size: 4096, busLen: 4}).put(sa[:])
+	f.Add(sa[:])
 	f.Fuzz(func(t *testing.T, b []byte) {
+		if r, err := parseSetReply(b); err == nil && (r.fds > maxSetKeys || r.status == statusOK && (r.size == 0 || r.size > maxSetKeys || r.offset > maxSetBody)) {
+			t.Fatalf("set reply out of bounds accepted: %+v", r)
+		}
+		if e, err := parseSetEntry(b, 0); err == nil {
+			var out [setEntrySize]byte
+			e.put(out[:])
+			if !bytes.Equal(out[:], b) {
+				t.Fatalf("set entry does not round-trip")
+			}
+		}
+		if a, bus, handle, rest, err := parseSetAnswer(b, 0); err == nil {
+			if a.busLen > maxBusID || len(bus) != int(a.busLen) || (handle != nil) != (a.flags&setHandle != 0) ||
+				setReplyEntry+len(bus)+len(handle)+len(rest) != len(b) {
+				t.Fatalf("set answer %+v split %d+%d+%d of %d bytes", a, len(bus), len(handle), len(rest), len(b))
+			}
+		}
 		if r, err := parseRequest(b); err == nil {
+			if r.op == opBeginSet && (r.a == 0 || r.a > maxSetKeys || r.flags&flagMap != 0) {
+				t.Fatalf("begin of a set out of bounds accepted: %+v", r)
+			}
 			var out [requestSize]byte
 			r.put(out[:])
 			if !bytes.Equal(out[:], b) {

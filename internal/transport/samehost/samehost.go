@@ -85,6 +85,9 @@ type Transport struct {
 	conns  map[*serverConn]struct{}
 	wg     sync.WaitGroup
 	nconns atomic.Int64 // live connections, both directions
+	// served counts the requests this daemon's server answered, by op
+	// (tests count a block request's exchanges with it).
+	served [opBeginSet + 1]atomic.Uint64
 
 	// Same-device staging, per device (stage.go): made at registration.
 	stageMu  sync.Mutex
