@@ -30,8 +30,10 @@
 #   B2B_RDMA_MODES        the bench's --mode (default empty: its default, ad hoc and prepared up to 64 KiB)
 #   B2B_RDMA_SMP          vCPUs per VM (default 1; 2 gives rxe a CPU besides the daemon's)
 #   B2B_RDMA_E2E          1 (default) runs the e2e tests over verbs in B before the bench; 0 skips
-#   B2B_RDMA_E2E_RUN      which of them (a -test.run pattern; default every TestRemote* but the fault cases)
+#   B2B_RDMA_E2E_RUN      which of them (a -test.run pattern; default every TestRemote* but the fault cases,
+#                         with the pulls over verbs: TestRemotePull{Trust,Deadline,Faults,Load}, about 1 min)
 #   B2B_RDMA_CANCEL_N     transfers of TestRemoteCancelUnderLoad (default 1000, about 75 s in the VMs)
+#   B2B_RDMA_PULL_LOAD    TestRemotePullLoad's CLIENTSxPULLS (default 32x200, 4 blocks of 1 KiB a pull)
 #   B2B_RDMA_FAULTS       1 (default) runs the fault and load cases (TestRemoteFaults) in A before the bench; 0 skips
 #   B2B_RDMA_FAULT_TRANSPORTS  transports they cover (default verbs,tcp)
 #   B2B_RDMA_FAULT_TRIALS peer-kill trials per transport (default 10)
@@ -124,8 +126,9 @@ ITERS=$ITERS
 REPS=$REPS
 MODES="$MODES"
 E2E_TESTS=${B2B_RDMA_E2E:-1}
-E2E_RUN='${B2B_RDMA_E2E_RUN:-^(TestRemote|TestRemoteBlocks|TestRemoteRevoke|TestRemoteDeadline|TestRemoteCancelUnderLoad)\$}'
+E2E_RUN='${B2B_RDMA_E2E_RUN:-^(TestRemote|TestRemoteBlocks|TestRemoteRevoke|TestRemoteDeadline|TestRemoteCancelUnderLoad|TestRemotePull(Trust|Deadline|Faults|Load))\$}'
 CANCEL_N=${B2B_RDMA_CANCEL_N:-1000}
+PULL_LOAD=${B2B_RDMA_PULL_LOAD:-32x200}
 B2BD=$B2BD
 BENCH=$BENCH
 DAEMON_ARGS="${B2B_RDMA_DAEMON_ARGS:-}"
