@@ -226,7 +226,9 @@ func TestRemotePullDeadline(t *testing.T) {
 		d := whole / time.Duration(frac)
 		clear(local.Bytes)
 		dctx, dcancel := context.WithTimeout(ctx, d)
+		called := time.Now()
 		err := pullVerbs(dctx, src, local.Id, peer, "e2e-pull-deadline", offs, offs, size)
+		took := time.Since(called)
 		dcancel()
 		if err == nil {
 			if !bytes.Equal(local.Bytes, seed.Bytes) {
@@ -248,9 +250,11 @@ func TestRemotePullDeadline(t *testing.T) {
 		if landed > 0 || !bytes.Equal(snap, make([]byte, len(snap))) {
 			mid++
 		}
-		time.Sleep(2 * time.Second) // the window the contract names, not a synchronisation
-		if !bytes.Equal(snap, local.Bytes) {
-			t.Fatalf("deadline %v: bytes of the caller's region changed after the pull answered", d)
+		// The window the contract names, watched every millisecond so that a
+		// failure says when bytes landed after the answer, and how many.
+		if first, last, changed := watchChanges(snap, local.Bytes, 2*time.Second); changed > 0 {
+			t.Fatalf("deadline %v (answered %v after the call): %d bytes of the caller's region changed after the answer, the first %v and the last %v after it",
+				d, took.Round(time.Millisecond), changed, first, last)
 		}
 		t.Logf("deadline %v (whole pull %v): DeadlineExceeded, %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
 			d, whole.Round(time.Millisecond), landed, n)
@@ -265,6 +269,29 @@ func TestRemotePullDeadline(t *testing.T) {
 		t.Fatalf("pull after the deadlines: %v", err)
 	}
 	pulledSame(ctx, t, src, local.Id, rev, dst, remoteID, offs, size)
+}
+
+// watchChanges watches mem for window against snap (updated as it goes):
+// when it first and last saw a change, and how many bytes changed in all.
+func watchChanges(snap, mem []byte, window time.Duration) (first, last time.Duration, changed int) {
+	start := time.Now()
+	for time.Since(start) < window {
+		if !bytes.Equal(snap, mem) {
+			at := time.Since(start)
+			for i := range snap {
+				if snap[i] != mem[i] {
+					changed++
+					snap[i] = mem[i]
+				}
+			}
+			if first == 0 {
+				first = at
+			}
+			last = at
+		}
+		time.Sleep(time.Millisecond) // a poll interval, not a synchronisation
+	}
+	return first, last, changed
 }
 
 // TestRemotePullLoad: CLIENTS clients (each its own API connection) x
