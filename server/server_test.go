@@ -297,12 +297,22 @@ func listenSilent() (net.Listener, error) {
 		return nil, err
 	}
 	go func() {
+		// Held, never answered. They must stay referenced: an unreferenced
+		// net.Conn is closed by its finalizer at the next GC, which resets
+		// the dialler's handshake ("connection reset by peer") and made
+		// the transfers meant to hang fail now and then.
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			_ = c // held open, never answered
+			held = append(held, c)
 		}
 	}()
 	return l, nil
