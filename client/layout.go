@@ -23,9 +23,9 @@ type Layout struct {
 	ExportTo  []string // peer identities; empty: every peer
 	// Persist keeps the layout after this client is gone (see Persist for
 	// regions); without it the daemon deregisters it then.
-	Persist bool
-	Readers   []string // peers that may read it; "*": every peer; empty: none
-	ReadOnly  bool     // no peer may write it
+	Persist  bool
+	Readers  []string // peers that may read it; "*": every peer; empty: none
+	ReadOnly bool     // no peer may write it
 }
 
 // RegisterLayout registers l with the daemon; its regions are held until
