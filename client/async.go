@@ -25,18 +25,31 @@ func (t *TransferHandle) ID() uint64 { return t.id }
 
 // StartTransfer starts a batch and returns at once; timeout bounds the
 // transfer from its start (0: the daemon's default).
-func (c *Client) StartTransfer(ctx context.Context, t Transfer, timeout time.Duration) (*TransferHandle, error) {
-	return c.start(ctx, &b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Batch{Batch: t.request()}, TimeoutMs: ms(timeout)})
+func (c *Client) StartTransfer(ctx context.Context, t Transfer, timeout time.Duration, opts ...StartOption) (*TransferHandle, error) {
+	return c.start(ctx, &b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Batch{Batch: t.request()}, TimeoutMs: ms(timeout)}, opts)
 }
 
 // StartBlocks starts a block transfer (TransferBlocks) and returns at once.
-func (c *Client) StartBlocks(ctx context.Context, b Blocks, timeout time.Duration) (*TransferHandle, error) {
-	return c.start(ctx, &b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Blocks{Blocks: b.request()}, TimeoutMs: ms(timeout)})
+func (c *Client) StartBlocks(ctx context.Context, b Blocks, timeout time.Duration, opts ...StartOption) (*TransferHandle, error) {
+	return c.start(ctx, &b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Blocks{Blocks: b.request()}, TimeoutMs: ms(timeout)}, opts)
 }
 
 // StartSubmit starts a submit of prepared plan handle and returns at once.
-func (c *Client) StartSubmit(ctx context.Context, handle uint64, timeout time.Duration) (*TransferHandle, error) {
-	return c.start(ctx, &b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Submit{Submit: &b2bv1.SubmitTransferRequest{Handle: handle}}, TimeoutMs: ms(timeout)})
+func (c *Client) StartSubmit(ctx context.Context, handle uint64, timeout time.Duration, opts ...StartOption) (*TransferHandle, error) {
+	return c.start(ctx, &b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Submit{Submit: &b2bv1.SubmitTransferRequest{Handle: handle}}, TimeoutMs: ms(timeout)}, opts)
+}
+
+// StartOption changes how a transfer starts.
+type StartOption func(*b2bv1.StartTransferRequest)
+
+// After queues the transfer until the 64-bit counter at offset (a multiple
+// of 8) in host region counterRegion, one of this client's, reaches value.
+// Nothing is posted before; the timeout runs while it waits, and Cancel
+// withdraws it (docs/kv.md, "Layer streaming").
+func After(counterRegion string, offset, value uint64) StartOption {
+	return func(r *b2bv1.StartTransferRequest) {
+		r.After = &b2bv1.TransferTrigger{CounterRegionId: counterRegion, CounterOffset: offset, Value: value}
+	}
 }
 
 func ms(d time.Duration) uint64 {
@@ -46,7 +59,10 @@ func ms(d time.Duration) uint64 {
 	return uint64(max(d.Milliseconds(), 1))
 }
 
-func (c *Client) start(ctx context.Context, req *b2bv1.StartTransferRequest) (*TransferHandle, error) {
+func (c *Client) start(ctx context.Context, req *b2bv1.StartTransferRequest, opts []StartOption) (*TransferHandle, error) {
+	for _, o := range opts {
+		o(req)
+	}
 	resp, err := c.api.StartTransfer(ctx, req)
 	if err != nil {
 		return nil, err

@@ -43,11 +43,19 @@ type cancelRig struct {
 	dstID, dstEx string
 	per          int // transfers per round: the region holds per slots
 	// window: each cancel comes at a random moment in [0, window) after
-	// the round's transfers were started; wide enough that some end first.
+	// its transfer started. It is where the rounds begin: a round in which
+	// no transfer ended first doubles it, one in which every raced cancel
+	// came too late halves it, so that any host sees both outcomes.
 	window time.Duration
 }
 
-type cancelCounts struct{ done, cancelled, failed int }
+// cancelled counts withdrawn (gated) transfers too.
+type cancelCounts struct{ done, cancelled, withdrawn, failed int }
+
+// gated: every tenth transfer waits on a counter that never moves, so that
+// every round cancels transfers before they ended, however fast the host;
+// the others race their cancels against the data path.
+func gated(i int) bool { return i%10 == 9 }
 
 func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCounts {
 	ctx, stop := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -77,9 +85,14 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 	if o, err := h.Wait(ctx, 0); err != nil || o.GetResult().GetTransport() != r.kind {
 		t.Fatalf("warm-up went over %v, want %v (%v)", o.GetResult().GetTransport(), r.kind, err)
 	}
+	counter, err := r.src.RegisterHost(ctx, 4096, "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	baseSrc, baseDst := statusOf(t, r.src), statusOf(t, r.dst)
 
 	var counts cancelCounts
+	window := r.window
 	for round := 0; round*r.per < total; round++ {
 		n := min(r.per, total-round*r.per)
 		// New bytes in the source: a DONE transfer must show this round's.
@@ -88,14 +101,11 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 		}
 		delays := make([]time.Duration, n)
 		for i := range delays {
-			delays[i] = time.Duration(rng.Int64N(int64(r.window)))
+			delays[i] = time.Duration(rng.Int64N(int64(window)))
 		}
+		before := counts
+		pre := digests(t, ctx, r.dst, r.dstID, n*cancelBlocks, cancelBlock)
 		hs := make([]*client.TransferHandle, n)
-		for i := range hs {
-			if hs[i], err = r.src.StartTransfer(ctx, tr(i), 0); err != nil {
-				t.Fatalf("round %d: start %d: %v", round, i, err)
-			}
-		}
 		outs := make([]*b2bv1.TransferOutcome, n)
 		errc := make([]error, n)
 		var wg sync.WaitGroup
@@ -103,7 +113,14 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				time.Sleep(delays[i]) // the random moment of the cancel
+				var opts []client.StartOption
+				if gated(i) {
+					opts = append(opts, client.After(counter.Id, 0, 1))
+				}
+				if hs[i], errc[i] = r.src.StartTransfer(ctx, tr(i), 0, opts...); errc[i] != nil {
+					return
+				}
+				time.Sleep(delays[i]) // the random moment of the cancel, from this transfer's start
 				outs[i], errc[i] = hs[i].Cancel(ctx)
 			}()
 		}
@@ -113,7 +130,19 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 		srcSums := digests(t, ctx, r.src, r.s.Id, n*cancelBlocks, cancelBlock)
 		for i, o := range outs {
 			if errc[i] != nil {
-				t.Fatalf("round %d: cancel %d: %v", round, i, errc[i])
+				t.Fatalf("round %d: start or cancel %d: %v", round, i, errc[i])
+			}
+			if gated(i) {
+				// Its counter never moved: nothing may have been posted.
+				if o.GetState() != b2bv1.TransferState_TRANSFER_STATE_CANCELLED {
+					t.Fatalf("round %d: transfer %d waited on a counter that never moved, and was answered %v", round, i, o)
+				}
+				for k := i * cancelBlocks; k < (i+1)*cancelBlocks; k++ {
+					if snap[k] != pre[k] {
+						t.Fatalf("round %d: transfer %d was never triggered but its block %d changed", round, i, k-i*cancelBlocks)
+					}
+				}
+				counts.withdrawn++
 			}
 			switch o.GetState() {
 			case b2bv1.TransferState_TRANSFER_STATE_DONE:
@@ -143,7 +172,13 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 				t.Fatalf("round %d: transfer %d polled after its outcome was reported: %v, want NotFound", round, i, err)
 			}
 		}
-		time.Sleep(2 * time.Second) // the window in which late bytes would land
+		switch {
+		case counts.done == before.done:
+			window *= 2
+		case counts.cancelled-counts.withdrawn == before.cancelled-before.withdrawn:
+			window = max(window/2, 20*time.Microsecond)
+		}
+		time.Sleep(2 * time.Second) // the time in which late bytes would land
 		after := digests(t, ctx, r.dst, r.dstID, n*cancelBlocks, cancelBlock)
 		for k := range snap {
 			if snap[k] != after[k] {
@@ -152,10 +187,10 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 			}
 		}
 	}
-	t.Logf("%d transfers: %d done (verified), %d cancelled, %d failed; no destination byte changed after the answers",
-		total, counts.done, counts.cancelled, counts.failed)
-	if counts.cancelled == 0 {
-		t.Fatal("no transfer was cancelled before it ended: the test checked nothing about cancellation")
+	t.Logf("%d transfers: %d done (verified), %d cancelled (%d of them withdrawn before their trigger), %d failed; no destination byte changed after the answers; cancel window %v at the end",
+		total, counts.done, counts.cancelled, counts.withdrawn, counts.failed, window)
+	if counts.withdrawn == 0 {
+		t.Fatal("no gated transfer was cancelled: the test checked nothing about cancellation")
 	}
 	backToBaseline(t, "source", r.src, baseSrc)
 	backToBaseline(t, "destination", r.dst, baseDst)
