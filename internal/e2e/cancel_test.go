@@ -157,6 +157,14 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 	if counts.cancelled == 0 {
 		t.Fatal("no transfer was cancelled before it ended: the test checked nothing about cancellation")
 	}
+	// Every transfer ends DONE or CANCELLED by its own cancel: a FAILED one
+	// was failed by a neighbour's cancel (issue 23: over verbs a cancel used
+	// to stop the whole connection, and the transfers queued on it failed
+	// with Aborted although nobody cancelled them).
+	if counts.failed > 0 {
+		t.Fatalf("%d of %d transfers FAILED although only their own cancel could end them early: a cancel must stop its own transfer, not its neighbours",
+			counts.failed, total)
+	}
 	backToBaseline(t, "source", r.src, baseSrc)
 	backToBaseline(t, "destination", r.dst, baseDst)
 	return counts
