@@ -500,6 +500,7 @@ func (s *qpSet) postMetaKeys(ctx context.Context, st *transport.Stats, first int
 		s.fail(err, true)
 		return err
 	}
+	s.metaTag, s.metaQ = tag, first
 	st.Post += time.Since(t0)
 	st.WorkRequests++
 	return nil

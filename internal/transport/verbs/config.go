@@ -110,6 +110,16 @@ type Config struct {
 	// completes nor fails, as Soft-RoCE did once under CPU starvation after
 	// link flaps (WRs in flight for 60 s, until the batch's deadline).
 	StallTimeout time.Duration
+	// CancelWait: a batch stopped by its caller's deadline or cancel posts
+	// nothing more and waits for the WRs it already posted to complete
+	// (then nothing of it can land any more, and the connection stays for
+	// the batches behind it), as long as completions keep coming, at most
+	// this long without one; likewise for the receiver's answer to the
+	// cancel. Only then are the QPs moved to ERROR and the connection
+	// dropped. The wait is the posted bytes at the wire's rate plus this
+	// margin; a dead path fails its WRs sooner (the NIC's retries, about
+	// 0.5 s at the defaults).
+	CancelWait time.Duration
 }
 
 // Defaults. The data-path ones were chosen on the Soft-RoCE testbed with
@@ -186,6 +196,9 @@ const (
 	// DefaultStallTimeout is ten times the NIC's retry budget at the
 	// defaults (7 tries x 67 ms), rounded up.
 	DefaultStallTimeout = 5 * time.Second
+	// DefaultCancelWait is twice the NIC's retry budget at the defaults,
+	// so a peer that is only slow is not mistaken for a stuck one.
+	DefaultCancelWait = time.Second
 
 	// maxQPsPerConn bounds QPsPerPeer and a peer's ConnectVerbs request.
 	maxQPsPerConn = 64
@@ -201,6 +214,7 @@ func DefaultConfig() Config {
 		ReadDepth: DefaultReadDepth, ReadWRBytes: DefaultReadWRBytes,
 		InlineBytes: DefaultInlineBytes, PostThreads: DefaultPostThreads, PollSpin: DefaultPollSpin, AckTimeout: DefaultAckTimeout,
 		RetryCount: DefaultRetryCount, KeepAlive: DefaultKeepAlive, StallTimeout: DefaultStallTimeout,
+		CancelWait: DefaultCancelWait,
 	}
 }
 
@@ -228,6 +242,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.AckTimeout, "rdma-ack-timeout", c.AckTimeout, "QP ACK timeout exponent (4.096us * 2^n)")
 	fs.IntVar(&c.RetryCount, "rdma-retry-count", c.RetryCount, "QP transport retries (1-7; rxe treats 7 as infinite)")
 	fs.DurationVar(&c.KeepAlive, "rdma-keepalive", c.KeepAlive, "probe receiving connections idle this long")
+	fs.DurationVar(&c.CancelWait, "rdma-cancel-wait", c.CancelWait, "a cancelled or timed-out batch waits for its posted work requests while completions keep coming, at most this long without one, before its connection is stopped")
 	fs.DurationVar(&c.StallTimeout, "rdma-stall-timeout", c.StallTimeout, "cut off a batch whose connection shows no progress (no completion, no ack) this long, so it is retried on a fresh one")
 }
 
@@ -262,6 +277,9 @@ func (c *Config) normalize() error {
 	}
 	if c.StallTimeout == 0 {
 		c.StallTimeout = d.StallTimeout
+	}
+	if c.CancelWait == 0 {
+		c.CancelWait = d.CancelWait
 	}
 	bad := func(f string, args ...any) error {
 		return fmt.Errorf("verbs: config: "+f+": %w", append(args, errs.ErrInvalidArgument)...)
@@ -301,7 +319,7 @@ func (c *Config) normalize() error {
 		return bad("--rdma-ack-timeout %d", c.AckTimeout)
 	case c.RetryCount < 1 || c.RetryCount > 7:
 		return bad("--rdma-retry-count %d", c.RetryCount)
-	case c.PollSpin < 0 || c.KeepAlive < 0 || c.StallTimeout < 0:
+	case c.PollSpin < 0 || c.KeepAlive < 0 || c.StallTimeout < 0 || c.CancelWait < 0:
 		return bad("negative duration")
 	}
 	return nil

@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -136,7 +137,13 @@ func (s *qpSet) read(ctx context.Context, dst *ibv.MR, mem memory.Memory, src tr
 // still in RTS (one QP's error completion stops only that QP): every QP
 // goes to ERROR and is drained first. abandon and the stall path halted
 // already; halting twice only waits for what is already drained.
+//
+// A read its caller's deadline or cancel stopped cleanly (abandon: every
+// posted READ completed, so nothing more lands) keeps the connection.
 func (s *qpSet) stopRead(err error) error {
+	if s.Err() == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return err
+	}
 	s.fail(err, true)
 	s.halt()
 	return err
