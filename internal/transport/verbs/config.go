@@ -73,9 +73,13 @@ type Config struct {
 	MaxSGE int
 	// MaxWRBytes: the most one WR carries; bigger blocks are cut.
 	MaxWRBytes int
-	// ReadDepth: RDMA READs a QP keeps outstanding (its max_rd_atomic),
-	// capped by the device's max_qp_init_rd_atom; ReadWRBytes: the most one
-	// READ carries. Together they bound the READ response bytes in flight
+	// ReadDepth: a cap on the RDMA READs a QP keeps outstanding (its
+	// max_rd_atomic); 0, the default, is no cap. max_rd_atomic is the least
+	// of the device's max_qp_init_rd_atom, this cap and the peer's
+	// max_dest_rd_atomic (sent at connect; 16 from a peer that predates it).
+	// At 16 (the old default), 10,000 x 128 B READs reached 0.78-0.88x of a
+	// tuned ib_read_bw on Soft-RoCE, whose limit is 128; at 128, 1.09x.
+	// ReadWRBytes: the most one READ carries. Together they bound the READ response bytes in flight
 	// per QP (ReadDepth x ReadWRBytes): unlike a WRITE's, a READ's
 	// responses are not paced by the requester's window, and on Soft-RoCE
 	// 128 outstanding 1 MiB READs (rxe's limit x MaxWRBytes) flooded the
@@ -168,7 +172,7 @@ const (
 	DefaultSRQDepth    = 1024
 	DefaultMaxSGE      = 16
 	DefaultMaxWRBytes  = 1 << 20
-	DefaultReadDepth   = 16 // ConnectX's max_qp_rd_atom: what most responders answer at once
+	DefaultReadDepth   = 0 // no cap: the device's and the peer's limits decide
 	DefaultReadWRBytes = 64 << 10
 	DefaultMinQPBytes  = 64 << 10
 	DefaultInlineBytes = 0
@@ -233,7 +237,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SRQDepth, "rdma-srq-depth", c.SRQDepth, "shared receive queue depth")
 	fs.IntVar(&c.MaxSGE, "rdma-max-sge", c.MaxSGE, "SGEs per work request for gathering blocks (capped by the device)")
 	fs.IntVar(&c.MaxWRBytes, "rdma-max-wr-bytes", c.MaxWRBytes, "largest single RDMA WRITE; bigger blocks are cut")
-	fs.IntVar(&c.ReadDepth, "rdma-read-depth", c.ReadDepth, "RDMA READs a QP keeps outstanding (max_rd_atomic; capped by the device)")
+	fs.IntVar(&c.ReadDepth, "rdma-read-depth", c.ReadDepth, "cap on the RDMA READs a QP keeps outstanding (max_rd_atomic); 0: no cap, the device's max_qp_init_rd_atom and the peer's max_dest_rd_atomic decide")
 	fs.IntVar(&c.ReadWRBytes, "rdma-read-wr-bytes", c.ReadWRBytes, "largest single RDMA READ; bigger ranges are cut")
 	fs.IntVar(&c.MinQPBytes, "rdma-min-qp-bytes", c.MinQPBytes, "a batch uses one more QP per this many bytes")
 	fs.IntVar(&c.InlineBytes, "rdma-inline", c.InlineBytes, "send WRs of at most this many bytes inline (host memory; 0: off)")
@@ -263,7 +267,6 @@ func (c *Config) normalize() error {
 	def(&c.SRQDepth, d.SRQDepth)
 	def(&c.MaxSGE, d.MaxSGE)
 	def(&c.MaxWRBytes, d.MaxWRBytes)
-	def(&c.ReadDepth, d.ReadDepth)
 	def(&c.ReadWRBytes, d.ReadWRBytes)
 	def(&c.MinQPBytes, d.MinQPBytes)
 	def(&c.AckTimeout, d.AckTimeout)
@@ -303,8 +306,8 @@ func (c *Config) normalize() error {
 		return bad("--rdma-max-sge %d", c.MaxSGE)
 	case c.MaxWRBytes < 1 || c.MaxWRBytes > 1<<30:
 		return bad("--rdma-max-wr-bytes %d", c.MaxWRBytes)
-	case c.ReadDepth < 1 || c.ReadDepth > 255:
-		return bad("--rdma-read-depth %d not in 1..255", c.ReadDepth)
+	case c.ReadDepth < 0 || c.ReadDepth > 255:
+		return bad("--rdma-read-depth %d not in 0..255 (0: no cap)", c.ReadDepth)
 	case c.ReadWRBytes < 1 || c.ReadWRBytes > 1<<30:
 		return bad("--rdma-read-wr-bytes %d", c.ReadWRBytes)
 	case c.ChainBytes < 1:

@@ -113,6 +113,8 @@ type qpSet struct {
 	lastAck atomic.Uint32
 	ackSig  chan struct{}
 	credSig chan struct{}
+	// rdAtomic: the QPs' max_rd_atomic (rdAtomicWith, at connect).
+	rdAtomic int
 	// metaTag is the write batch whose meta went out (on QP metaQ) and
 	// that is not yet acknowledged: a stop after that tells the receiver.
 	metaTag uint32
@@ -207,6 +209,12 @@ func (s *qpSet) connect(peer Port, eps []Endpoint, mtu ibv.MTU) error {
 	t := s.t
 	// RoCE routes by GRH (GID); InfiniBand within a subnet by LID.
 	global := t.port.LinkLayer != ibv.LinkInfiniBand
+	s.rdAtomic = rdAtomicWith(t.rdInit, peer.MaxDestRdAtomic)
+	peerDest := peer.MaxDestRdAtomic
+	if peerDest == 0 {
+		peerDest = legacyPeerRdAtomic
+	}
+	t.lastRdAtomic.Store(uint32(s.rdAtomic) | min(peerDest, 0xFFFF)<<16)
 	for k, q := range s.qps {
 		ep := eps[k]
 		if ep.QPN == 0 {
@@ -220,7 +228,7 @@ func (s *qpSet) connect(peer Port, eps []Endpoint, mtu ibv.MTU) error {
 		if err != nil {
 			return err
 		}
-		if err := q.qp.ToRTS(ibv.RTSAttr{PSN: q.psn, Timeout: t.cfg.AckTimeout, RetryCount: t.cfg.RetryCount, RNRRetry: 7, MaxRdAtomic: t.rdInit}); err != nil {
+		if err := q.qp.ToRTS(ibv.RTSAttr{PSN: q.psn, Timeout: t.cfg.AckTimeout, RetryCount: t.cfg.RetryCount, RNRRetry: 7, MaxRdAtomic: s.rdAtomic}); err != nil {
 			return err
 		}
 	}
