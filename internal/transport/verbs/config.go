@@ -16,8 +16,11 @@
 //     Inbound.Landed and SENDs an immediate ack with the tag; Write returns
 //     after that ack, never before.
 //
-// Any failed work completion, QP error or deadline breaks the Conn (Err
-// turns non-nil) and fails the batch with errs.ErrAborted.
+// Any failed work completion or QP error breaks the Conn (Err turns
+// non-nil) and fails the batch with errs.ErrAborted. A deadline or cancel
+// stops only its batch (abandon): nothing more posted, the posted WRs
+// waited for, the receiver told; the Conn breaks only if that wait runs
+// out (CancelWait).
 //
 // Prepared batches (qpSet.Prepare, transport.Preparer): steps 1 and 3's
 // planning run once; every WR and SGE of every QP's share is built in C
@@ -29,7 +32,7 @@
 // A source rekeyed since the plan was stamped is re-stamped (every SGE's
 // lkey) once, before anything is posted. With PostThreads > 1 the shares
 // are posted in parallel by a pool of OS-locked goroutines. Everything else
-// (serialised per set, credits, stall guard, abandon and halt on deadline,
+// (serialised per set, credits, stall guard, abandon on deadline,
 // refusal as NotFound, the source MR held per batch) is Write's.
 package verbs
 
