@@ -45,9 +45,9 @@ type Transport struct {
 	// and the peer's max_dest_rd_atomic as it was taken (high 16), for
 	// Describe; 0 before any.
 	lastRdAtomic atomic.Uint32
-	inline         int
-	wrBytes        uint64
-	node           string
+	inline       int
+	wrBytes      uint64
+	node         string
 
 	p *poller
 	// posters posts the shares of prepared batches in parallel.
