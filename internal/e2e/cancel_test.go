@@ -167,6 +167,16 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 	}
 	backToBaseline(t, "source", r.src, baseSrc)
 	backToBaseline(t, "destination", r.dst, baseDst)
+	if r.kind == b2bv1.TransportKind_TRANSPORT_KIND_VERBS {
+		// Over verbs the destination accounts a batch only when it landed
+		// whole and was acked: a cancelled one, dropped by the receiver on
+		// the sender's cancel message, is never counted.
+		if got := statusOf(t, r.dst).BatchesReceived - baseDst.BatchesReceived; got != uint64(counts.done) {
+			t.Fatalf("the destination accounted %d batches as received, want %d (the transfers reported DONE): a cancelled batch was counted, or a DONE one was not",
+				got, counts.done)
+		}
+		t.Logf("the destination accounted exactly the %d DONE transfers as received", counts.done)
+	}
 	return counts
 }
 
