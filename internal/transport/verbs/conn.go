@@ -119,6 +119,9 @@ type qpSet struct {
 	// that is not yet acknowledged: a stop after that tells the receiver.
 	metaTag uint32
 	metaQ   int
+	// batchBytes is the batch in progress's bytes: what a stop may have
+	// to wait for (stopWait).
+	batchBytes uint64
 	// stallTimer bounds each wait of a batch for progress (one per set,
 	// reused: Writes are serialised, and the data path allocates nothing).
 	stallTimer *time.Timer
@@ -403,26 +406,27 @@ func (s *qpSet) progress() uint64 {
 //
 //  1. nothing more of the batch is posted (the callers stop posting);
 //  2. every WR already posted on the set (this batch's: writes are
-//     serialised per set) is waited for, while completions keep coming, at
-//     most CancelWait without one. A successful completion of an RC WRITE
-//     or READ means its bytes are in place, so once all completed nothing
-//     of the batch can land any more;
+//     serialised per set) is waited for, at most stopWait (the batch's
+//     bytes at the port's rate plus CancelWait). A successful completion
+//     of an RC WRITE or READ means its bytes are in place, so once all
+//     completed nothing of the batch can land any more;
 //  3. a write whose meta went out tells the receiver (msgCancel), which
 //     drops the batch unaccounted and answers tag|refuseBit, or had acked
-//     it as landed already: the batch then succeeded and abandon returns
-//     nil (the cancel lost the race; the bytes are all there).
+//     it as landed: the batch then succeeded and abandon returns nil (the
+//     cancel lost the race; the bytes are all there).
 //
-// Only when a step runs out of time (a stuck peer, a receiver that
+// Only when a step runs out of time (a stuck or slow peer, a receiver that
 // predates msgCancel) or a completion fails does the old rule apply: every
 // QP of the set goes to ERROR (halt), so the NIC sends none of the WRITEs
 // still queued, and the set stays broken; the peer manager replaces it.
 func (s *qpSet) abandon(ctx context.Context, tag uint32) error {
 	cause := ctx.Err()
-	if s.drainPosted() {
+	until := time.Now().Add(s.stopWait())
+	if s.drainPosted(until) {
 		if s.metaTag != tag { // a read, or a write stopped before its meta
 			return fmt.Errorf("verbs: batch %d with %s stopped: %w (the work requests already posted completed; nothing more of it lands, the connection stays)", tag, s.peer, cause)
 		}
-		switch s.cancelAnnounced(tag) {
+		switch s.cancelAnnounced(tag, until.Add(s.t.cfg.CancelWait)) {
 		case cancelLanded:
 			return nil
 		case cancelDropped:
@@ -437,14 +441,26 @@ func (s *qpSet) abandon(ctx context.Context, tag uint32) error {
 	return err
 }
 
-// drainPosted waits until every WR posted on the set has completed, while
-// completions keep coming, at most CancelWait without one. It reports
-// false when that wait ran out or the set broke (a failed completion).
-func (s *qpSet) drainPosted() bool {
-	wait := s.t.cfg.CancelWait
-	s.stallTimer.Reset(wait)
+// stopWait bounds how long a stopped batch waits for the WRs it posted:
+// the batch's bytes (an upper bound of what is in flight) at the port's
+// nominal rate, plus CancelWait, the margin for completions and
+// scheduling. A peer that is only slower than the link (an emulated one)
+// may need longer: the batch then takes the fallback, as a stuck peer does.
+func (s *qpSet) stopWait() time.Duration {
+	bps := s.t.linkBps
+	if bps == 0 {
+		bps = 2_500_000_000 // unreported: the slowest IB lane
+	}
+	wire := time.Duration(float64(s.batchBytes) * 8 / float64(bps) * float64(time.Second))
+	return wire + s.t.cfg.CancelWait
+}
+
+// drainPosted waits until every WR posted on the set has completed, at
+// most until until. It reports false when that wait ran out or the set
+// broke (a failed completion).
+func (s *qpSet) drainPosted(until time.Time) bool {
+	s.stallTimer.Reset(time.Until(until))
 	defer s.stallTimer.Stop()
-	p0 := s.progress()
 	for {
 		if s.Err() != nil {
 			return false
@@ -464,14 +480,9 @@ func (s *qpSet) drainPosted() bool {
 		case <-s.broken:
 			return false
 		case <-s.stallTimer.C:
-			p := s.progress()
-			if p == p0 {
-				s.t.log.Warn("verbs: a stopped batch's posted work requests did not complete in time; stopping the connection",
-					"peer", s.peer, "conn", s.id, "wait", wait)
-				return false
-			}
-			p0 = p
-			s.stallTimer.Reset(wait)
+			s.t.log.Warn("verbs: a stopped batch's posted work requests did not complete in time; stopping the connection",
+				"peer", s.peer, "conn", s.id, "bytes", s.batchBytes, "wait", s.stopWait())
+			return false
 		}
 	}
 }
@@ -485,9 +496,9 @@ const (
 )
 
 // cancelAnnounced tells the receiver that batch tag (whose meta went out
-// on QP metaQ and whose posted WRs all completed) ends here, and waits at
-// most CancelWait for its answer.
-func (s *qpSet) cancelAnnounced(tag uint32) cancelOutcome {
+// on QP metaQ and whose posted WRs all completed) ends here, and waits
+// until until at most for its answer.
+func (s *qpSet) cancelAnnounced(tag uint32, until time.Time) cancelOutcome {
 	outcome := func() cancelOutcome {
 		switch s.lastAck.Load() {
 		case tag:
@@ -512,7 +523,7 @@ func (s *qpSet) cancelAnnounced(tag uint32) cancelOutcome {
 		q.posted--
 		return cancelTimedOut
 	}
-	s.stallTimer.Reset(s.t.cfg.CancelWait)
+	s.stallTimer.Reset(time.Until(until))
 	defer s.stallTimer.Stop()
 	for {
 		if o := outcome(); o != cancelTimedOut {
@@ -568,6 +579,7 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 	cfg := &t.cfg
 	s.tag = nextTag(s.tag)
 	tag := s.tag
+	s.batchBytes = total
 
 	nq := 0
 	if total > 0 {

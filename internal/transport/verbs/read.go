@@ -52,6 +52,7 @@ func (s *qpSet) read(ctx context.Context, dst *ibv.MR, mem memory.Memory, src tr
 	cfg := &t.cfg
 	s.tag = nextTag(s.tag) // names the batch in errors; nothing carries it on the wire
 	tag := s.tag
+	s.batchBytes = total
 	if total == 0 {
 		return st, nil
 	}

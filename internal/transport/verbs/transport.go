@@ -45,9 +45,11 @@ type Transport struct {
 	// and the peer's max_dest_rd_atomic as it was taken (high 16), for
 	// Describe; 0 before any.
 	lastRdAtomic atomic.Uint32
-	inline       int
-	wrBytes      uint64
-	node         string
+	// linkBps is the port's nominal rate (0: unreported), for stopWait.
+	linkBps uint64
+	inline  int
+	wrBytes uint64
+	node    string
 
 	p *poller
 	// posters posts the shares of prepared batches in parallel.
@@ -148,6 +150,7 @@ func (t *Transport) open(dev string) error {
 	if t.port, err = t.ctx.QueryPort(cfg.Port); err != nil {
 		return fmt.Errorf("%w (%w)", err, errs.ErrUnavailable)
 	}
+	t.linkBps = t.port.LinkBitsPerSecond()
 	if t.port.State != ibv.PortActive {
 		return fmt.Errorf("verbs: %s port %d is %s, not ACTIVE: %w", dev, cfg.Port, t.port.State, errs.ErrUnavailable)
 	}
