@@ -202,10 +202,11 @@ const (
 	// defaults (7 tries x 67 ms), rounded up.
 	DefaultStallTimeout = 5 * time.Second
 	// DefaultCancelWait: the cancel-under-load test's batches (64 x 4 KiB)
-	// take about 6 ms at the Soft-RoCE VMs' 40 MB/s; 100 ms leaves room
-	// for a VM that is not scheduled for a while and keeps a deadline's
-	// answer prompt.
-	DefaultCancelWait = 100 * time.Millisecond
+	// take about 6 ms at the Soft-RoCE VMs' 40 MB/s, but a VM may not be
+	// scheduled for longer than rxe's 67 ms retry timer (see the testbed's
+	// README): 250 ms keeps those stops clean, and bounds the answer on a
+	// stuck peer well under the old fence's 1 s flush wait plus this.
+	DefaultCancelWait = 250 * time.Millisecond
 
 	// maxQPsPerConn bounds QPsPerPeer and a peer's ConnectVerbs request.
 	maxQPsPerConn = 64
