@@ -165,6 +165,8 @@ func (c *Context) QueryPort(port int) (PortAttr, error) {
 		MaxMsgSize:  uint32(a.max_msg_sz),
 		LID:         uint16(a.lid),
 		LinkLayer:   LinkLayer(a.link_layer),
+		ActiveSpeed: uint8(a.active_speed),
+		ActiveWidth: uint8(a.active_width),
 	}, nil
 }
 

@@ -123,6 +123,48 @@ type PortAttr struct {
 	MaxMsgSize  uint32
 	LID         uint16
 	LinkLayer   LinkLayer
+	// ActiveSpeed and ActiveWidth are ibv_port_attr's encodings (speed per
+	// lane, lanes); see LinkBitsPerSecond.
+	ActiveSpeed uint8
+	ActiveWidth uint8
+}
+
+// LinkBitsPerSecond is the port's nominal signalling rate from its active
+// speed and width (IB encodings; Ethernet ports report the nearest IB
+// pair), 0 when either is unknown. Soft-RoCE over a netdev without a
+// reported speed says 1X SDR: 2.5 Gb/s.
+func (a PortAttr) LinkBitsPerSecond() uint64 {
+	var lane uint64 // Mb/s per lane
+	switch a.ActiveSpeed {
+	case 1: // SDR
+		lane = 2500
+	case 2: // DDR
+		lane = 5000
+	case 4, 8: // QDR, FDR10
+		lane = 10000
+	case 16: // FDR
+		lane = 14000
+	case 32: // EDR
+		lane = 25000
+	case 64: // HDR
+		lane = 50000
+	case 128: // NDR
+		lane = 100000
+	}
+	var lanes uint64
+	switch a.ActiveWidth {
+	case 1:
+		lanes = 1
+	case 2:
+		lanes = 4
+	case 4:
+		lanes = 8
+	case 8:
+		lanes = 12
+	case 16:
+		lanes = 2
+	}
+	return lane * lanes * 1_000_000
 }
 
 // DeviceAttr is the part of ibv_device_attr b2bd uses.

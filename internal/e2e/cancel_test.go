@@ -192,8 +192,26 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 	if counts.withdrawn == 0 {
 		t.Fatal("no gated transfer was cancelled: the test checked nothing about cancellation")
 	}
+	// Every transfer ends DONE or CANCELLED by its own cancel: a FAILED one
+	// was failed by a neighbour's cancel (issue 23: over verbs a cancel used
+	// to stop the whole connection, and the transfers queued on it failed
+	// with Aborted although nobody cancelled them).
+	if counts.failed > 0 {
+		t.Fatalf("%d of %d transfers FAILED although only their own cancel could end them early: a cancel must stop its own transfer, not its neighbours",
+			counts.failed, total)
+	}
 	backToBaseline(t, "source", r.src, baseSrc)
 	backToBaseline(t, "destination", r.dst, baseDst)
+	if r.kind == b2bv1.TransportKind_TRANSPORT_KIND_VERBS {
+		// Over verbs the destination accounts a batch only when it landed
+		// whole and was acked: a cancelled one, dropped by the receiver on
+		// the sender's cancel message, is never counted.
+		if got := statusOf(t, r.dst).BatchesReceived - baseDst.BatchesReceived; got != uint64(counts.done) {
+			t.Fatalf("the destination accounted %d batches as received, want %d (the transfers reported DONE): a cancelled batch was counted, or a DONE one was not",
+				got, counts.done)
+		}
+		t.Logf("the destination accounted exactly the %d DONE transfers as received", counts.done)
+	}
 	return counts
 }
 

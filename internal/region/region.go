@@ -51,10 +51,15 @@ type Region struct {
 	owned   bool         // the daemon created ShmPath and removes it
 	fileID  fileID       // owned: the inode the daemon created at ShmPath
 
-	active  int    // batches using the region (guarded by Registry.mu)
-	closing bool   // deregistration started
-	client  uint64 // the lease's holder (Lease.Client); 0: persistent
-	drain   bool   // its lease ended while in use: released when active drops to 0
+	active  int  // batches using the region (guarded by Registry.mu)
+	closing bool // deregistration started
+	// readKeys are the read keys indexed in Pins.byReadKey, per transport
+	// (guarded by Registry.mu): only while the region grants readers, so a
+	// write-only region has no read key at all (over verbs no MR with
+	// remote READ access, issue 24).
+	readKeys map[transport.Kind]uint64
+	client   uint64 // the lease's holder (Lease.Client); 0: persistent
+	drain    bool   // its lease ended while in use: released when active drops to 0
 	// heldBy names the holders (layouts) counted in active, for the
 	// refusal of a deregistration (guarded by Registry.mu).
 	heldBy map[string]int
@@ -661,10 +666,8 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 	g.byID[r.ID] = r
 	for k, reg := range r.regs {
 		g.byKey[keyRef{k, reg.Key().Key}] = r
-		if rk, ok := readKeyOf(reg); ok {
-			g.pins.byReadKey[keyRef{k, rk.Key}] = r
-		}
 	}
+	g.indexReadKeys(r)
 	g.mu.Unlock()
 	g.cfg.Log.Debug("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", export.Name)
 	return r, nil
@@ -745,6 +748,11 @@ func (g *Registry) SetExport(id string, export Export, who Caller) (*Region, err
 		g.byName[name] = r
 	} else {
 		r.ExportTo, r.Readers, r.ReadOnly = nil, nil, false
+	}
+	if len(r.Readers) == 0 {
+		g.unindexReadKeys(r)
+	} else {
+		g.indexReadKeys(r) // readers granted now: their keys are made here
 	}
 	return r, nil
 }
@@ -1062,10 +1070,40 @@ func (g *Registry) unpublish(r *Region) {
 	}
 	for k, reg := range r.regs {
 		delete(g.byKey, keyRef{k, reg.Key().Key})
+	}
+	g.unindexReadKeys(r)
+}
+
+// indexReadKeys indexes r's read keys (readKeyOf, which makes them where
+// they are made lazily) when r grants readers and is not closing; g.mu
+// held. A region without readers gets none: its registrations never make
+// a key that can read.
+func (g *Registry) indexReadKeys(r *Region) {
+	if len(r.Readers) == 0 || r.Export == "" || r.closing {
+		return
+	}
+	for k, reg := range r.regs {
+		if _, done := r.readKeys[k]; done {
+			continue
+		}
 		if rk, ok := readKeyOf(reg); ok {
-			delete(g.pins.byReadKey, keyRef{k, rk.Key})
+			if r.readKeys == nil {
+				r.readKeys = map[transport.Kind]uint64{}
+			}
+			r.readKeys[k] = rk.Key
+			g.pins.byReadKey[keyRef{k, rk.Key}] = r
 		}
 	}
+}
+
+// unindexReadKeys drops r's read keys from the index; g.mu held.
+func (g *Registry) unindexReadKeys(r *Region) {
+	for k, key := range r.readKeys {
+		if g.pins.byReadKey[keyRef{k, key}] == r {
+			delete(g.pins.byReadKey, keyRef{k, key})
+		}
+	}
+	clear(r.readKeys)
 }
 
 // close deregisters from transports (children first), then frees memory.

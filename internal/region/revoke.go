@@ -42,7 +42,9 @@ func narrows(oldName string, oldTo []string, e Export) bool {
 // already replaced stay replaced: peers allowed to write resolve afresh).
 func (g *Registry) revokeIfNarrowed(r *Region, e Export) error {
 	if narrowsReaders(r.Export, r.Readers, e) {
-		if err := g.rekeyReads(r); err != nil {
+		// SetExport indexes the new read keys once e is in place (none
+		// when e grants no readers).
+		if err := g.rekeyReads(r, false); err != nil {
 			return err
 		}
 	}
@@ -64,15 +66,19 @@ func (g *Registry) Rekey(r *Region, why string, reads bool) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if reads {
-		if err := g.rekeyReads(r); err != nil {
+		if err := g.rekeyReads(r, true); err != nil {
 			return err
 		}
 	}
 	return g.rekey(r, why)
 }
 
-// rekey replaces r's keys and moves the key index to them; g.mu held.
+// rekey replaces r's keys and moves the key index to them; g.mu held. A
+// Rekey may replace the read keys too (verbs retires every access set's
+// MR), so the read index is rebuilt (when r grants readers).
 func (g *Registry) rekey(r *Region, why string) error {
+	g.unindexReadKeys(r)
+	defer g.indexReadKeys(r)
 	for k, reg := range r.regs {
 		rk, ok := reg.(transport.Rekeyer)
 		if !ok {
@@ -116,21 +122,22 @@ func narrowsReaders(oldName string, oldReaders []string, e Export) bool {
 }
 
 // rekeyReads gives r's registrations that key reads apart
-// (transport.AccessRekeyer) new read keys and moves the read index; a kind
-// whose read key is its write key (or an MR of its own, verbs) is rekeyed
-// whole (transport.Rekeyer), as narrowing the writers does. g.mu held.
-func (g *Registry) rekeyReads(r *Region) error {
+// (transport.AccessRekeyer) new read keys; a kind whose read key is its
+// write key (or an MR of its own, verbs) is rekeyed whole
+// (transport.Rekeyer), as narrowing the writers does. The old read keys
+// leave the index; with reindex the new ones are indexed (when r grants
+// readers), else the caller does that once the new export is in place.
+// g.mu held.
+func (g *Registry) rekeyReads(r *Region, reindex bool) error {
+	g.unindexReadKeys(r)
+	if reindex {
+		defer g.indexReadKeys(r)
+	}
 	for k, reg := range r.regs {
 		if ar, ok := reg.(transport.AccessRekeyer); ok {
 			old, err := ar.RekeyFor(transport.AccessRead)
 			if err != nil {
 				return fmt.Errorf("region %s: narrowing its readers needs a new %s read key, which failed: %w", r.ID, k, err)
-			}
-			if g.pins.byReadKey[keyRef{k, old.Key}] == r {
-				delete(g.pins.byReadKey, keyRef{k, old.Key})
-			}
-			if rk, ok := readKeyOf(reg); ok {
-				g.pins.byReadKey[keyRef{k, rk.Key}] = r
 			}
 			g.cfg.Log.Info("readers narrowed: read key revoked", "id", r.ID, "transport", k, "old_key", old.Key)
 			continue
@@ -139,7 +146,6 @@ func (g *Registry) rekeyReads(r *Region) error {
 		if !ok {
 			continue
 		}
-		oldRead, hadRead := readKeyOf(reg)
 		old, err := rk.Rekey()
 		if err != nil {
 			return fmt.Errorf("region %s: narrowing its readers needs a new %s key, which failed: %w", r.ID, k, err)
@@ -148,12 +154,6 @@ func (g *Registry) rekeyReads(r *Region) error {
 			delete(g.byKey, keyRef{k, old.Key})
 		}
 		g.byKey[keyRef{k, reg.Key().Key}] = r
-		if hadRead && g.pins.byReadKey[keyRef{k, oldRead.Key}] == r {
-			delete(g.pins.byReadKey, keyRef{k, oldRead.Key})
-		}
-		if nk, ok := readKeyOf(reg); ok {
-			g.pins.byReadKey[keyRef{k, nk.Key}] = r
-		}
 		g.cfg.Log.Info("readers narrowed: key revoked", "id", r.ID, "transport", k, "old_key", old.Key)
 	}
 	return nil

@@ -141,3 +141,93 @@ func TestSetExportRevokesKeys(t *testing.T) {
 		t.Fatal("a deregistered region's key pins")
 	}
 }
+
+// accessTransport's registrations make a read key of their own lazily
+// (transport.AccessKeyer), and Rekey retires it, as verbs' MRs per access
+// set do.
+type accessTransport struct{ rekeyTransport }
+
+type accessReg struct {
+	rekeyReg
+	read  uint64 // 0: none made (or retired)
+	reads int    // read keys made
+}
+
+func (t *accessTransport) Register(m memory.Memory) (transport.Registration, error) {
+	t.next++
+	return &accessReg{rekeyReg: rekeyReg{t: &t.rekeyTransport, mem: m, key: t.next}}, nil
+}
+
+func (r *accessReg) KeyFor(a transport.Access) (transport.RemoteKey, error) {
+	if a != transport.AccessRead {
+		return r.Key(), nil
+	}
+	if r.read == 0 {
+		r.t.next++
+		r.read = r.t.next
+		r.reads++
+	}
+	return transport.RemoteKey{Key: r.read}, nil
+}
+
+func (r *accessReg) Rekey() (transport.RemoteKey, error) {
+	r.read = 0
+	return r.rekeyReg.Rekey()
+}
+
+// A region whose export grants no readers has no read key (over verbs no
+// MR with remote READ access: issue 24 gives one only to regions readable
+// by some peer); granting readers makes one, which pins reads; narrowing
+// the writers moves the read index to the new read key; taking the readers
+// away un-indexes it and makes none.
+func TestReadKeyOnlyWithReaders(t *testing.T) {
+	tr := &accessTransport{}
+	g, err := New(Config{ShmDir: t.TempDir(), Transports: []transport.Transport{tr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	r, err := g.AllocHost(4096, Export{Name: "kv"}, Caller{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, _ := r.Registration(transport.Verbs)
+	ar := reg.(*accessReg)
+	pinsRead := func(k uint64) bool {
+		_, release, err := g.PinRead(transport.Verbs, k)
+		if err == nil {
+			release()
+		}
+		return err == nil
+	}
+	if ar.reads != 0 {
+		t.Fatalf("a write-only region made %d read keys, want 0", ar.reads)
+	}
+	if _, err := g.SetExport(r.ID, Export{Name: "kv", Readers: []string{AnyPeer}}, Root); err != nil {
+		t.Fatal(err)
+	}
+	k0 := ar.read
+	if ar.reads != 1 || !pinsRead(k0) {
+		t.Fatalf("readers granted: %d read keys made, key %d pins %v; want 1 that pins", ar.reads, k0, pinsRead(k0))
+	}
+	if _, err := g.SetExport(r.ID, Export{Name: "kv", To: []string{"b"}, Readers: []string{AnyPeer}}, Root); err != nil { // writers narrowed
+		t.Fatal(err)
+	}
+	k1 := ar.read
+	if k1 == 0 || k1 == k0 || pinsRead(k0) || !pinsRead(k1) {
+		t.Fatalf("writers narrowed: read key %d -> %d, old pins %v, new pins %v", k0, k1, pinsRead(k0), pinsRead(k1))
+	}
+	made := ar.reads
+	if _, err := g.SetExport(r.ID, Export{Name: "kv", To: []string{"b"}}, Root); err != nil { // readers taken away
+		t.Fatal(err)
+	}
+	if pinsRead(k1) || ar.reads != made {
+		t.Fatalf("readers taken away: old read key pins %v, read keys made %d -> %d", pinsRead(k1), made, ar.reads)
+	}
+	if err := g.Deregister(r.ID, Root); err != nil {
+		t.Fatal(err)
+	}
+	if ar.reads != made {
+		t.Fatalf("deregistration made a read key (%d -> %d)", made, ar.reads)
+	}
+}

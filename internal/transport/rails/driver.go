@@ -68,7 +68,7 @@ var ranges = config.Ranges{
 	"rdma-srq-depth":     config.Int{Min: 16, Max: 1 << 16},
 	"rdma-max-sge":       config.Int{Min: 1, Max: 256},
 	"rdma-max-wr-bytes":  config.Int{Min: 1, Max: 1 << 30},
-	"rdma-read-depth":    config.Int{Min: 1, Max: 255},
+	"rdma-read-depth":    config.Int{Min: 0, Max: 255},
 	"rdma-read-wr-bytes": config.Int{Min: 1, Max: 1 << 30},
 	"rdma-min-qp-bytes":  config.Int{Min: 1, Max: 1 << 40},
 	"rdma-inline":        config.Int{Min: 0, Max: 1024},
@@ -78,6 +78,7 @@ var ranges = config.Ranges{
 	"rdma-retry-count":   config.Int{Min: 1, Max: 7},
 	"rdma-keepalive":     config.Duration{Min: time.Second, Max: 24 * time.Hour},
 	"rdma-stall-timeout": config.Duration{Min: 100 * time.Millisecond, Max: time.Hour},
+	"rdma-cancel-wait":   config.Duration{Min: 10 * time.Millisecond, Max: time.Minute},
 	"rdma-rail-map": config.Func{Desc: "pairs local=peer,... of device names, or empty", Parse: func(s string) error {
 		_, err := ParseMap(s)
 		return err

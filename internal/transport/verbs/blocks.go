@@ -300,6 +300,7 @@ func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tr
 
 	s.tag = nextTag(s.tag)
 	tag := s.tag
+	s.batchBytes = total
 	first := s.rot % len(s.qps)
 	s.rot++
 	if err := s.postKeys(ctx, &st, first, tag, keys); err != nil {
@@ -369,6 +370,7 @@ func (s *qpSet) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *tran
 
 	s.tag = nextTag(s.tag) // names the request in errors only
 	tag := s.tag
+	s.batchBytes = total
 	first := s.rot % len(s.qps)
 	s.rot++
 	params := ibv.ChainParams{Op: ibv.WRRead, MaxWR: cfg.MaxChain, MaxSGE: t.maxSGERd,
@@ -500,6 +502,7 @@ func (s *qpSet) postMetaKeys(ctx context.Context, st *transport.Stats, first int
 		s.fail(err, true)
 		return err
 	}
+	s.metaTag, s.metaQ = tag, first
 	st.Post += time.Since(t0)
 	st.WorkRequests++
 	return nil

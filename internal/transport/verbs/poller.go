@@ -342,6 +342,10 @@ func (p *poller) onMsg(s *qpSet, qpn uint32) {
 			s.fail(fmt.Errorf("verbs: connection closed by %s: %w", s.peer, errs.ErrAborted), false)
 			p.dying = append(p.dying, s)
 		}
+	case msgCancel:
+		if !s.sender {
+			p.onCancel(s, m.tag, qpn)
+		}
 	case msgKeys:
 		if s.sender {
 			return
@@ -399,6 +403,33 @@ func (p *poller) onMsg(s *qpSet, qpn uint32) {
 			}
 		}
 		p.maybeLand(s, sl)
+	}
+}
+
+// onCancel drops batch tag, which its sender stopped after every WR it
+// posted had completed: nothing of it is accounted as landed, what it
+// pinned is released, and the sender hears tag|refuseBit on the QP the
+// cancel came on. A batch no longer active landed and was acked before the
+// cancel arrived (its ack told the sender), so nothing is sent then.
+func (p *poller) onCancel(s *qpSet, tag, qpn uint32) {
+	sl := &s.rx[tag%uint32(len(s.rx))]
+	if !sl.active || sl.tag != tag {
+		return
+	}
+	sl.unpin()
+	sl.active, sl.meta, sl.refused, sl.why = false, false, false, nil
+	q := s.qpByNum(qpn)
+	if q == nil {
+		return
+	}
+	if q.avail() < 1 {
+		p.setFailed(s, fmt.Errorf("verbs: no send credit to answer the cancel of batch %d from %s: %w", tag, s.peer, errs.ErrAborted))
+		return
+	}
+	q.posted++
+	if err := q.qp.PostSend(ibv.WRID(q.posted, ibv.KindAck, 0x0FFFFFFF), ibv.WRSendWithImm, tag|refuseBit, 0, 0, 0, true); err != nil {
+		q.posted--
+		p.setFailed(s, err)
 	}
 }
 

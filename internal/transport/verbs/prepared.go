@@ -175,6 +175,7 @@ func (s *qpSet) writePrepared(ctx context.Context, p *prepared, st transport.Sta
 	cfg := &t.cfg
 	s.tag = nextTag(s.tag)
 	tag := s.tag
+	s.batchBytes = p.bytes
 	nq := p.nq
 	first := s.rot % len(s.qps)
 	s.rot++

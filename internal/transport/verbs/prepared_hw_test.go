@@ -158,9 +158,9 @@ func TestHWPreparedRekeyedSource(t *testing.T) {
 	}
 }
 
-// A prepared batch cut off by its deadline with WRs in flight leaves the
-// QPs in ERROR before DeadlineExceeded is returned (no byte lands after),
-// and the same batch prepared on a fresh connection lands.
+// A prepared batch cut off by its deadline with WRs in flight posts nothing
+// more before DeadlineExceeded is returned (no byte lands after); the same
+// batch prepared again lands (see afterStop).
 func TestHWPreparedDeadlineStops(t *testing.T) {
 	dev := hwDevice(t)
 	const size = 64 << 20
@@ -178,27 +178,20 @@ func TestHWPreparedDeadlineStops(t *testing.T) {
 	if err == nil {
 		t.Skipf("64 MiB landed within the 150 ms deadline (%v): this device is too fast for the test", el)
 	}
-	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errs.ErrAborted) {
-		t.Fatalf("got %v, want DeadlineExceeded and ErrAborted", err)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want DeadlineExceeded", err)
 	}
 	t.Logf("cut off after %v: %v", el, err)
 	time.Sleep(2 * time.Second)
 	if !bytes.Equal(snap, p.dm.Host) {
 		t.Fatal("bytes changed after DeadlineExceeded was returned")
 	}
-	if p.conn.Err() == nil {
-		t.Fatal("the connection is still usable after a cut-off batch")
-	}
-	if _, err := pr.Write(context.Background()); !errors.Is(err, errs.ErrAborted) {
-		t.Fatalf("a prepared write on the broken connection: %v", err)
-	}
-	p.conn.Close()
-	p.connect(t)
+	afterStop(t, p, err)
 	clear(p.dm.Host)
-	pr2 := prepare(t, p, b)
+	pr = prepare(t, p, b) // a plan belongs to its connection
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel2()
-	if _, err := pr2.Write(ctx2); err != nil {
+	if _, err := pr.Write(ctx2); err != nil {
 		t.Fatal(err)
 	}
 	verify(t, p, b)

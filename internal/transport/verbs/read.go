@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -51,6 +52,7 @@ func (s *qpSet) read(ctx context.Context, dst *ibv.MR, mem memory.Memory, src tr
 	cfg := &t.cfg
 	s.tag = nextTag(s.tag) // names the batch in errors; nothing carries it on the wire
 	tag := s.tag
+	s.batchBytes = total
 	if total == 0 {
 		return st, nil
 	}
@@ -136,7 +138,13 @@ func (s *qpSet) read(ctx context.Context, dst *ibv.MR, mem memory.Memory, src tr
 // still in RTS (one QP's error completion stops only that QP): every QP
 // goes to ERROR and is drained first. abandon and the stall path halted
 // already; halting twice only waits for what is already drained.
+//
+// A read its caller's deadline or cancel stopped cleanly (abandon: every
+// posted READ completed, so nothing more lands) keeps the connection.
 func (s *qpSet) stopRead(err error) error {
+	if s.Err() == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return err
+	}
 	s.fail(err, true)
 	s.halt()
 	return err

@@ -202,7 +202,7 @@ func TestHWRevokeOnNarrowedExport(t *testing.T) {
 	}
 	land(rp.remote)
 	old := rp.remote
-	mrs(2) // the SRQ buffers' and the region's
+	mrs(2) // the SRQ buffers' and the region's write MR: no read MR, the export grants no readers
 	// A batch landing through the old key (between its meta and its ack)
 	// holds the old MR: the narrowing does not cut it off.
 	hreg, held := rp.b.useRKey(uint32(old.Key.Key))

@@ -24,6 +24,9 @@ type Port struct {
 	ActiveMTU uint32 // bytes
 	LinkLayer string
 	Device    string
+	// MaxDestRdAtomic: the READs this side's QPs answer at once (their
+	// max_dest_rd_atomic); 0 from a peer that predates it (see rdAtomicWith).
+	MaxDestRdAtomic uint32
 }
 
 // Endpoint is one QP's half of an RC connection.
@@ -179,11 +182,12 @@ func ServeSignal(ctx context.Context, payload []byte, a Acceptor) ([]byte, error
 }
 
 func portToProto(p Port) *verbsv1.Port {
-	return &verbsv1.Port{Gid: p.GID, GidIndex: p.GIDIndex, Lid: p.LID, ActiveMtu: p.ActiveMTU, LinkLayer: p.LinkLayer, Device: p.Device}
+	return &verbsv1.Port{Gid: p.GID, GidIndex: p.GIDIndex, Lid: p.LID, ActiveMtu: p.ActiveMTU, LinkLayer: p.LinkLayer, Device: p.Device, MaxDestRdAtomic: p.MaxDestRdAtomic}
 }
 
 func portFromProto(p *verbsv1.Port) Port {
-	return Port{GID: p.GetGid(), GIDIndex: p.GetGidIndex(), LID: p.GetLid(), ActiveMTU: p.GetActiveMtu(), LinkLayer: p.GetLinkLayer(), Device: p.GetDevice()}
+	return Port{GID: p.GetGid(), GIDIndex: p.GetGidIndex(), LID: p.GetLid(), ActiveMTU: p.GetActiveMtu(), LinkLayer: p.GetLinkLayer(), Device: p.GetDevice(),
+		MaxDestRdAtomic: p.GetMaxDestRdAtomic()}
 }
 
 func endpointsToProto(eps []Endpoint) []*verbsv1.Endpoint {

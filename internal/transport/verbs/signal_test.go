@@ -17,7 +17,7 @@ type fakeAcceptor struct {
 
 func (f *fakeAcceptor) AcceptVerbs(ctx context.Context, req ConnectRequest) (Accept, error) {
 	f.got = req
-	return Accept{Port: Port{Device: "b0", ActiveMTU: 1024}, PathMTU: 1024, Endpoints: req.Endpoints}, nil
+	return Accept{Port: Port{Device: "b0", ActiveMTU: 1024, MaxDestRdAtomic: 16}, PathMTU: 1024, Endpoints: req.Endpoints}, nil
 }
 
 func (f *fakeAcceptor) DisconnectVerbs(node string, id uint64) bool {
@@ -31,16 +31,16 @@ func TestSignalRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	acc := &fakeAcceptor{}
 	sig := func(ctx context.Context, b []byte) ([]byte, error) { return ServeSignal(ctx, b, acc) }
-	req := ConnectRequest{Node: "a", ConnID: 9, Port: Port{GID: make([]byte, 16), ActiveMTU: 4096, LinkLayer: "Ethernet", Device: "a0"},
+	req := ConnectRequest{Node: "a", ConnID: 9, Port: Port{GID: make([]byte, 16), ActiveMTU: 4096, LinkLayer: "Ethernet", Device: "a0", MaxDestRdAtomic: 128},
 		Endpoints: []Endpoint{{QPN: 1, PSN: 2}, {QPN: 3, PSN: 4}}}
 	got, err := CallConnect(ctx, WithRail(sig, 3), req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if acc.got.Node != "a" || acc.got.ConnID != 9 || acc.got.Rail != 3 || len(acc.got.Endpoints) != 2 || acc.got.Endpoints[1] != (Endpoint{3, 4}) || acc.got.Port.Device != "a0" {
+	if acc.got.Node != "a" || acc.got.ConnID != 9 || acc.got.Rail != 3 || len(acc.got.Endpoints) != 2 || acc.got.Endpoints[1] != (Endpoint{3, 4}) || acc.got.Port.Device != "a0" || acc.got.Port.MaxDestRdAtomic != 128 {
 		t.Fatalf("acceptor got %+v", acc.got)
 	}
-	if got.PathMTU != 1024 || got.Port.Device != "b0" || len(got.Endpoints) != 2 {
+	if got.PathMTU != 1024 || got.Port.Device != "b0" || got.Port.MaxDestRdAtomic != 16 || len(got.Endpoints) != 2 {
 		t.Fatalf("sender got %+v", got)
 	}
 	if err := callDisconnect(ctx, WithRail(sig, 3), "a", 7); err != nil || acc.node != "a" || acc.id != 7 {

@@ -41,9 +41,15 @@ type Transport struct {
 	// outstanding) and max_dest_rd_atomic (peer READs it answers at once),
 	// the device's max_qp_init_rd_atom and max_qp_rd_atom (at most 255).
 	rdInit, rdDest int
-	inline         int
-	wrBytes        uint64
-	node           string
+	// lastRdAtomic is the newest connection's max_rd_atomic (low 16 bits)
+	// and the peer's max_dest_rd_atomic as it was taken (high 16), for
+	// Describe; 0 before any.
+	lastRdAtomic atomic.Uint32
+	// linkBps is the port's nominal rate (0: unreported), for stopWait.
+	linkBps uint64
+	inline  int
+	wrBytes uint64
+	node    string
 
 	p *poller
 	// posters posts the shares of prepared batches in parallel.
@@ -144,6 +150,7 @@ func (t *Transport) open(dev string) error {
 	if t.port, err = t.ctx.QueryPort(cfg.Port); err != nil {
 		return fmt.Errorf("%w (%w)", err, errs.ErrUnavailable)
 	}
+	t.linkBps = t.port.LinkBitsPerSecond()
 	if t.port.State != ibv.PortActive {
 		return fmt.Errorf("verbs: %s port %d is %s, not ACTIVE: %w", dev, cfg.Port, t.port.State, errs.ErrUnavailable)
 	}
@@ -299,22 +306,55 @@ func (t *Transport) Describe() string {
 	if t.gid.Type != "" || t.gid.NetDev != "" {
 		s += fmt.Sprintf(" (%s %s)", t.gid.Type, t.gid.NetDev)
 	}
-	return s + fmt.Sprintf(" rd_atomic %d/%d max_sge_rd %d", t.rdInit, t.rdDest, t.maxSGERd)
+	// rd_atomic: max_rd_atomic before the peer's say (device, and the
+	// --rdma-read-depth cap if any) / max_dest_rd_atomic; then the newest
+	// connection's max_rd_atomic, the lesser of that and the peer's
+	// max_dest_rd_atomic.
+	s += fmt.Sprintf(" rd_atomic %d/%d", t.rdInit, t.rdDest)
+	if v := t.lastRdAtomic.Load(); v > 0 {
+		s += fmt.Sprintf(" (last connection %d: peer answers %d)", v&0xFFFF, v>>16)
+	}
+	return s + fmt.Sprintf(" max_sge_rd %d", t.maxSGERd)
 }
 
 // readLimits derives the RDMA READ parameters from the device's limits:
 // SGEs per READ WR (max_sge_rd, at most maxSGE; devices that report 0
-// get maxSGE), and each QP's max_rd_atomic (max_qp_init_rd_atom, at most
-// depth, Config.ReadDepth) and max_dest_rd_atomic (max_qp_rd_atom: the
-// responder answers as many as the device can). Each at least 1, at most
-// 255 (the attribute's width).
+// get maxSGE), and each QP's max_rd_atomic before the peer's say
+// (max_qp_init_rd_atom, at most depth, Config.ReadDepth, when it is not 0)
+// and max_dest_rd_atomic (max_qp_rd_atom: the responder answers as many as
+// the device can). Each at least 1, at most 255 (the attribute's width).
 func readLimits(a ibv.DeviceAttr, maxSGE, depth int) (sgeRd, rdInit, rdDest int) {
 	sgeRd = maxSGE
 	if a.MaxSGERd > 0 {
 		sgeRd = min(sgeRd, a.MaxSGERd)
 	}
 	clamp := func(v int) int { return min(max(v, 1), 255) }
-	return sgeRd, clamp(min(a.MaxQPInitRdAtm, depth)), clamp(a.MaxQPRdAtm)
+	rdInit = a.MaxQPInitRdAtm
+	if depth > 0 {
+		rdInit = min(rdInit, depth)
+	}
+	return sgeRd, clamp(rdInit), clamp(a.MaxQPRdAtm)
+}
+
+// legacyPeerRdAtomic is what a peer that does not send its
+// max_dest_rd_atomic is taken to answer: every b2bd before the field kept
+// 16 READs outstanding (the old --rdma-read-depth default), so its
+// responders answered at least that many, and ConnectX's max_qp_rd_atom is
+// 16 too.
+const legacyPeerRdAtomic = 16
+
+// rdAtomicWith is a QP's max_rd_atomic against a peer: this side's limit
+// (readLimits) and no more than the peer's responder answers at once. A
+// requester that keeps more outstanding than the responder's
+// max_dest_rd_atomic overruns it: the extra READs are NAKed or dropped and
+// retried until the QP fails (mixed hardware, e.g. rxe's 128 against
+// ConnectX's 16).
+func rdAtomicWith(local int, peerDest uint32) int {
+	p := int(peerDest)
+	if p == 0 {
+		p = legacyPeerRdAtomic
+	}
+	return max(1, min(local, p))
 }
 
 // Port is this side's Port for connect signals.
@@ -323,6 +363,7 @@ func (t *Transport) Port() Port {
 	return Port{
 		GID: g[:], GIDIndex: uint32(t.gid.Index), LID: uint32(t.port.LID),
 		ActiveMTU: uint32(t.port.ActiveMTU.Bytes()), LinkLayer: t.port.LinkLayer.String(), Device: t.ctx.Name(),
+		MaxDestRdAtomic: uint32(t.rdDest),
 	}
 }
 

@@ -7,7 +7,7 @@ import "encoding/binary"
 //
 //	off size
 //	 0   4  magic "B2BV"
-//	 4   1  kind (msgMeta, msgBye)
+//	 4   1  kind (msgMeta, msgBye, msgCancel)
 //	 5   1  version (1)
 //	 8   4  batch tag
 //	12   4  QPs the batch uses (immediates to expect)
@@ -17,6 +17,13 @@ import "encoding/binary"
 //	        several regions: the rkey field is then ignored)
 //	24   8  blocks
 //	32   8  bytes
+//
+// msgCancel (the sender stopped batch tag before posting all of it, and
+// every WR it did post has completed): only the tag. The receiver drops
+// the batch unaccounted and answers tag | refuseBit; a batch that already
+// landed was acked with its tag before the cancel arrived. A receiver that
+// predates msgCancel ignores it, and the sender falls back to stopping the
+// connection.
 //
 // msgKeys (a block request's destination rkeys, sent on the meta's QP
 // right before it, so they arrive first):
@@ -34,6 +41,9 @@ const (
 	msgMeta = 1
 	msgBye  = 2
 	msgKeys = 3
+	// msgCancel is new in kind only: version 1 receivers drop it as
+	// malformed, which the sender survives (see above).
+	msgCancel = 4
 
 	// keysPerMsg is the rkeys one msgKeys carries (in recvBufLen bytes).
 	keysPerMsg = (recvBufLen - 24) / 4
@@ -127,6 +137,8 @@ func (m *message) decode(b []byte) bool {
 		return true
 	case msgBye:
 		return true
+	case msgCancel:
+		return m.tag < tagMask
 	}
 	return false
 }

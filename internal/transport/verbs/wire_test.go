@@ -2,12 +2,23 @@ package verbs
 
 import "testing"
 
+func TestCancelRejectsBadTag(t *testing.T) {
+	var b [recvBufLen]byte
+	m := message{kind: msgCancel, tag: tagMask}
+	m.encode(b[:])
+	if m.decode(b[:msgLen]) {
+		t.Fatal("a cancel with tag tagMask (outside 1..tagMask-1) decoded")
+	}
+}
+
 func TestMessageRoundTrip(t *testing.T) {
 	for _, m := range []message{
 		{kind: msgMeta, tag: 7, nqp: 4, rkey: 0xdeadbeef, blocks: 10000, bytes: 1 << 40},
 		{kind: msgMeta, tag: tagMask - 1, nqp: 0},
 		{kind: msgMeta, tag: 9, nqp: 2, nkeys: maxBatchKeys, blocks: 3, bytes: 4},
 		{kind: msgBye},
+		{kind: msgCancel, tag: 12},
+		{kind: msgCancel, tag: tagMask - 1},
 	} {
 		var b [recvBufLen]byte
 		m.encode(b[:])

@@ -129,15 +129,19 @@ func (x *Rail) GetPort() *Port {
 
 // Port describes one side's RDMA port for connection set-up.
 type Port struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Gid           []byte                 `protobuf:"bytes,1,opt,name=gid,proto3" json:"gid,omitempty"` // 16 bytes
-	GidIndex      uint32                 `protobuf:"varint,2,opt,name=gid_index,json=gidIndex,proto3" json:"gid_index,omitempty"`
-	Lid           uint32                 `protobuf:"varint,3,opt,name=lid,proto3" json:"lid,omitempty"`                              // InfiniBand
-	ActiveMtu     uint32                 `protobuf:"varint,4,opt,name=active_mtu,json=activeMtu,proto3" json:"active_mtu,omitempty"` // bytes: 256..4096
-	LinkLayer     string                 `protobuf:"bytes,5,opt,name=link_layer,json=linkLayer,proto3" json:"link_layer,omitempty"`  // "Ethernet" or "InfiniBand"
-	Device        string                 `protobuf:"bytes,6,opt,name=device,proto3" json:"device,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Gid       []byte                 `protobuf:"bytes,1,opt,name=gid,proto3" json:"gid,omitempty"` // 16 bytes
+	GidIndex  uint32                 `protobuf:"varint,2,opt,name=gid_index,json=gidIndex,proto3" json:"gid_index,omitempty"`
+	Lid       uint32                 `protobuf:"varint,3,opt,name=lid,proto3" json:"lid,omitempty"`                              // InfiniBand
+	ActiveMtu uint32                 `protobuf:"varint,4,opt,name=active_mtu,json=activeMtu,proto3" json:"active_mtu,omitempty"` // bytes: 256..4096
+	LinkLayer string                 `protobuf:"bytes,5,opt,name=link_layer,json=linkLayer,proto3" json:"link_layer,omitempty"`  // "Ethernet" or "InfiniBand"
+	Device    string                 `protobuf:"bytes,6,opt,name=device,proto3" json:"device,omitempty"`
+	// The READs this side's QPs answer at once (max_dest_rd_atomic, the
+	// device's max_qp_rd_atom): the peer keeps no more outstanding
+	// (max_rd_atomic). 0: not sent (a peer before this field), taken as 16.
+	MaxDestRdAtomic uint32 `protobuf:"varint,7,opt,name=max_dest_rd_atomic,json=maxDestRdAtomic,proto3" json:"max_dest_rd_atomic,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Port) Reset() {
@@ -210,6 +214,13 @@ func (x *Port) GetDevice() string {
 		return x.Device
 	}
 	return ""
+}
+
+func (x *Port) GetMaxDestRdAtomic() uint32 {
+	if x != nil {
+		return x.MaxDestRdAtomic
+	}
+	return 0
 }
 
 type Endpoint struct {
@@ -677,7 +688,7 @@ const file_b2b_transport_verbs_v1_verbs_proto_rawDesc = "" +
 	"\x05rails\x18\x01 \x03(\v2\x1c.b2b.transport.verbs.v1.RailR\x05rails\"L\n" +
 	"\x04Rail\x12\x12\n" +
 	"\x04rail\x18\x01 \x01(\rR\x04rail\x120\n" +
-	"\x04port\x18\x02 \x01(\v2\x1c.b2b.transport.verbs.v1.PortR\x04port\"\x9d\x01\n" +
+	"\x04port\x18\x02 \x01(\v2\x1c.b2b.transport.verbs.v1.PortR\x04port\"\xca\x01\n" +
 	"\x04Port\x12\x10\n" +
 	"\x03gid\x18\x01 \x01(\fR\x03gid\x12\x1b\n" +
 	"\tgid_index\x18\x02 \x01(\rR\bgidIndex\x12\x10\n" +
@@ -686,7 +697,8 @@ const file_b2b_transport_verbs_v1_verbs_proto_rawDesc = "" +
 	"active_mtu\x18\x04 \x01(\rR\tactiveMtu\x12\x1d\n" +
 	"\n" +
 	"link_layer\x18\x05 \x01(\tR\tlinkLayer\x12\x16\n" +
-	"\x06device\x18\x06 \x01(\tR\x06device\"3\n" +
+	"\x06device\x18\x06 \x01(\tR\x06device\x12+\n" +
+	"\x12max_dest_rd_atomic\x18\a \x01(\rR\x0fmaxDestRdAtomic\"3\n" +
 	"\bEndpoint\x12\x15\n" +
 	"\x06qp_num\x18\x01 \x01(\rR\x05qpNum\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\"\x93\x01\n" +
