@@ -381,6 +381,7 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		err      error
 		firstErr error
 		ph       Phases
+		notSent  int
 	)
 	for attempt := 0; ; attempt++ {
 		t0 := time.Now()
@@ -423,6 +424,10 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		if broke {
 			s.cfg.Peers.Broken(p.peer, sess)
 		}
+		if retryNotSent(ctx, err, &notSent) {
+			attempt-- // not an attempt: nothing was sent
+			continue
+		}
 		if cached && attempt == 0 && errors.Is(err, errs.ErrNotFound) {
 			s.forget(p.peer, p.dst, p.op)
 			continue
@@ -439,6 +444,22 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		return Result{}, err
 	}
 	return s.landed(ctx, p, sess.Kind, st, start, ph)
+}
+
+// maxNotSent bounds a batch's runs again after it found its connection
+// already broken (transport.ErrNotSent): each is on a fresh connection,
+// so only a peer that breaks every one of them reaches it.
+const maxNotSent = 32
+
+// retryNotSent says whether a batch that failed with err runs again at no
+// cost to its one retry: nothing of it was sent, the connection having
+// been broken by another batch (cut off by its cancel, say) first.
+func retryNotSent(ctx context.Context, err error, n *int) bool {
+	if !errors.Is(err, transport.ErrNotSent) || *n >= maxNotSent || ctx.Err() != nil {
+		return false
+	}
+	*n++
+	return true
 }
 
 // landed ends a batch whose last write attempt began at start and

@@ -120,10 +120,15 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 	ph.Validate = time.Since(t0)
 
 	var firstErr error
+	notSent := 0
 	for attempt := 0; ; attempt++ {
 		res, cached, retry, err := s.blocksAttempt(ctx, lp, e, sc, r, &ph)
 		if err == nil {
 			return res, nil
+		}
+		if retryNotSent(ctx, err, &notSent) {
+			attempt-- // not an attempt: nothing was sent
+			continue
 		}
 		if retry && attempt == 0 && (cached || firstErr == nil) {
 			firstErr = err

@@ -373,6 +373,7 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		st       transport.Stats
 		firstErr error
 		start    time.Time
+		notSent  int
 	)
 	b := pp.bind.Load()
 	if b == nil { // freed under us: only at shutdown
@@ -406,6 +407,17 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		fault := memguard.IsFault(err)
 		if !broke && !fault && errors.Is(err, errs.ErrNotFound) { // the receiver refused the key
 			return Result{}, pp.markStale(fmt.Errorf("dst_region %q on peer %s refused its key (re-registered, deregistered or its export changed): %w", p.dst, p.peer, err))
+		}
+		if retryNotSent(ctx, err, &notSent) {
+			nb, rerr := s.rebound(ctx, pp, b, &ph)
+			if st := pp.stale.Load(); st != nil {
+				return Result{}, st.err
+			}
+			if rerr != nil {
+				return Result{}, fmt.Errorf("%w (preparing again on a fresh connection; this one was broken by another batch: %v)", rerr, err)
+			}
+			b = nb
+			continue
 		}
 		err = p.writeFailed(b.sess.Kind, err)
 		if broke && firstErr == nil && ctx.Err() == nil && !fault {

@@ -426,6 +426,12 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		st.cc, st.client = cc, b2bv1.NewPeerClient(cc)
 	}
 	hs, err := st.client.Handshake(ctx, m.self)
+	if err != nil && ctx.Err() != nil {
+		// The caller gave up (its transfer was cancelled, say), not the
+		// peer: the channel stays, for the other batches resolving over it
+		// (closing it failed them with "the client connection is closing").
+		return fmt.Errorf("peer %s: handshake: %w", st.addr, fromRPC(ctx, err))
+	}
 	if err != nil {
 		err = fromRPC(ctx, err)
 		if why := st.sniffed(); why != "" {

@@ -7,12 +7,20 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/memory"
 )
+
+// ErrNotSent marks a failure met before any byte of the batch left: its
+// connection was already broken, by another batch (one cut off by its
+// cancel, say) or by a Close. Such a batch may run again on a fresh
+// connection at no risk, and not as the one retry a batch that broke its
+// connection gets: one cancel must not fail the batches queued behind it.
+var ErrNotSent = errors.New("nothing of this batch was sent")
 
 // Kind names a transport.
 type Kind string

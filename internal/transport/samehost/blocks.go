@@ -69,10 +69,10 @@ func (c *Conn) blocks(ctx context.Context, p *layout.Pair, ids layout.IDs, nsrc,
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return st, fmt.Errorf("%w: samehost connection is closed", errs.ErrUnavailable)
+		return st, fmt.Errorf("%w: %w: samehost connection is closed", errs.ErrUnavailable, transport.ErrNotSent)
 	}
 	if c.broken != nil {
-		return st, c.broken
+		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, c.broken)
 	}
 	if err := ctx.Err(); err != nil {
 		return st, err

@@ -113,7 +113,7 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.Err(); err != nil {
-		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken: %v", errs.ErrUnavailable, c.addr, err)
+		return transport.Stats{}, c.brokenBefore(err)
 	}
 	t0 := time.Now()
 	bs := &c.blocks
@@ -154,7 +154,7 @@ func (c *conn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *trans
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.Err(); err != nil {
-		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken: %v", errs.ErrUnavailable, c.addr, err)
+		return transport.Stats{}, c.brokenBefore(err)
 	}
 	t0 := time.Now()
 	bs := &c.blocks

@@ -177,6 +177,13 @@ func (c *conn) Err() error {
 	return c.broken
 }
 
+// brokenBefore is the error of a batch that found the conn broken by err
+// (an earlier batch's failure) before it sent anything. The cause is
+// named, not wrapped, so that it does not classify this batch.
+func (c *conn) brokenBefore(err error) error {
+	return fmt.Errorf("%w: %w: tcp: connection to %s is broken: %v", errs.ErrUnavailable, transport.ErrNotSent, c.addr, err)
+}
+
 func (c *conn) fail(err error) {
 	c.errMu.Lock()
 	if c.broken == nil {
@@ -188,6 +195,7 @@ func (c *conn) fail(err error) {
 
 func (c *conn) Close() error {
 	c.once.Do(func() {
+
 		close(c.quit)
 		for _, s := range c.streams {
 			s.nc.Close()
@@ -202,9 +210,7 @@ func (c *conn) Write(ctx context.Context, src transport.Registration, dst transp
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.Err(); err != nil {
-		// The cause is an earlier batch's (maybe its source's fault): named,
-		// not wrapped, so that it does not classify this batch.
-		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken: %v", errs.ErrUnavailable, c.addr, err)
+		return transport.Stats{}, c.brokenBefore(err)
 	}
 	mem := src.Memory()
 	if mem.Kind == memory.CUDA {

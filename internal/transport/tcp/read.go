@@ -38,7 +38,7 @@ func (c *conn) Read(ctx context.Context, dst transport.Registration, src transpo
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.Err(); err != nil {
-		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken: %v", errs.ErrUnavailable, c.addr, err)
+		return transport.Stats{}, c.brokenBefore(err)
 	}
 	if b.N() == 0 {
 		return transport.Stats{}, nil

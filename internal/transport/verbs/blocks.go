@@ -254,7 +254,7 @@ func blockTotals(p *kvlayout.Pair, n int) (total, blocks uint64) {
 func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
 	var st transport.Stats
 	if err := s.Err(); err != nil {
-		return st, err
+		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
 	p := w.Pair
 	if len(w.Src) != p.Src().NumRegions() || len(w.Dst) != p.Dst().NumRegions() || w.IDs.N() == 0 || len(w.IDs.Dst) != w.IDs.N() {
@@ -333,7 +333,7 @@ func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tr
 func (s *qpSet) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *transport.BlockScratch) (transport.Stats, error) {
 	var st transport.Stats
 	if err := s.Err(); err != nil {
-		return st, err
+		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
 	p := r.Pair
 	if len(r.Src) != p.Src().NumRegions() || len(r.Dst) != p.Dst().NumRegions() || r.IDs.N() == 0 || len(r.IDs.Dst) != r.IDs.N() {

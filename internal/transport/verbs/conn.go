@@ -280,14 +280,14 @@ func notify(c chan struct{}) {
 func (s *qpSet) acquireWrite(ctx context.Context, what string) error {
 	select {
 	case s.sem <- struct{}{}:
-	case <-s.broken:
-		return s.Err()
+	case <-s.broken: // broken while this batch waited its turn
+		return fmt.Errorf("%w: %w", transport.ErrNotSent, s.Err())
 	case <-ctx.Done():
 		return fmt.Errorf("verbs: %s to %s not started: %w", what, s.peer, ctx.Err())
 	}
 	if err := s.Err(); err != nil {
 		s.releaseWrite()
-		return err
+		return fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
 	if err := ctx.Err(); err != nil {
 		s.releaseWrite()
@@ -303,7 +303,7 @@ func (s *qpSet) releaseWrite() { <-s.sem }
 func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	var st transport.Stats
 	if err := s.Err(); err != nil {
-		return st, err
+		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
 	reg, total, err := s.checkArgs("write", src, dst, b, false)
 	if err != nil {

@@ -21,7 +21,7 @@ import (
 func (s *qpSet) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	var st transport.Stats
 	if err := s.Err(); err != nil {
-		return st, err
+		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
 	reg, total, err := s.checkArgs("read", dst, src, b, true)
 	if err != nil {
