@@ -249,6 +249,36 @@ func TestRetryOnBrokenConnection(t *testing.T) {
 			t.Fatal("counters")
 		}
 	})
+	notSent := fmt.Errorf("%w: %w: tcp: connection to b is broken: an earlier batch was cut off", errs.ErrUnavailable, transport.ErrNotSent)
+	t.Run("conns broken by others before anything was sent, then a cut, then success", func(t *testing.T) {
+		// Three conns broken by other batches (one cancel each), then one
+		// this batch breaks (its one retry), then success: nothing failed
+		// the caller, for nothing of it was sent on the first three.
+		conns := []*fakeConn{{errs: []error{notSent}, breaks: true}, {errs: []error{notSent}, breaks: true}, {errs: []error{notSent}, breaks: true},
+			{errs: []error{cut}, breaks: true}, {}}
+		fp := &fakePeers{conns: conns, answers: []answer{{size: regionSize}}}
+		s, req := rig(t, fp)
+		if _, err := s.Transfer(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+		if fp.gets != 5 || fp.broken != 4 {
+			t.Fatalf("gets %d broken %d", fp.gets, fp.broken)
+		}
+	})
+	t.Run("not sent is bounded", func(t *testing.T) {
+		// A peer that breaks every conn before the batch is sent ends it
+		// after maxNotSent runs again, not never.
+		c := &fakeConn{breaks: true}
+		for range maxNotSent + 5 {
+			c.errs = append(c.errs, notSent)
+		}
+		fp := &fakePeers{conns: []*fakeConn{c}, answers: []answer{{size: regionSize}}}
+		s, req := rig(t, fp)
+		_, err := s.Transfer(context.Background(), req)
+		if !errors.Is(err, transport.ErrNotSent) || c.writes != maxNotSent+2 {
+			t.Fatalf("err %v, writes %d, want %d", err, c.writes, maxNotSent+2)
+		}
+	})
 	t.Run("a failure that leaves the connection usable", func(t *testing.T) {
 		c := &fakeConn{errs: []error{fmt.Errorf("%w: range past the region", errs.ErrInvalidArgument)}}
 		fp := &fakePeers{conns: []*fakeConn{c}, answers: []answer{{size: regionSize}}}
