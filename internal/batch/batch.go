@@ -522,7 +522,10 @@ func (s *Service) prepare(ctx context.Context, p *Plan) (transport.Session, tran
 	}
 	rr, cached, err := s.resolve(ctx, p.peer, sess, p.dst, p.op)
 	if err != nil {
-		if !isRequestError(err) {
+		// A resolve cut short by this batch's own cancel or deadline says
+		// nothing of the peer: the connection, which other batches may be
+		// writing on, stays (closing it failed them mid-batch).
+		if !isRequestError(err) && ctx.Err() == nil {
 			s.cfg.Peers.Broken(p.peer, sess)
 		}
 		return sess, none, nil, false, fmt.Errorf("peer %s: resolve dst_region %q for %s: %w", p.peer, p.dst, p.op, err)

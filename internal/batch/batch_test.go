@@ -346,6 +346,17 @@ func TestCallerDeadlineOrCancel(t *testing.T) {
 			}
 		})
 	}
+	t.Run("resolve cut short by the caller", func(t *testing.T) {
+		// The caller's cancel ends the resolve: the connection, which other
+		// batches may be writing on, is not reported broken.
+		fp := &fakePeers{conns: []*fakeConn{{}}, answers: []answer{{err: fmt.Errorf("rpc: %w", context.Canceled)}}}
+		s, req := rig(t, fp)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := s.Transfer(ctx, req); !errors.Is(err, context.Canceled) || fp.broken != 0 {
+			t.Fatalf("err %v, broken %d, want Canceled and 0", err, fp.broken)
+		}
+	})
 	t.Run("default timeout", func(t *testing.T) {
 		fp := &fakePeers{conns: []*fakeConn{{}}, answers: []answer{{size: regionSize}}}
 		s, req := rig(t, fp)

@@ -157,7 +157,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 		rl, cached, err = lp.ResolveLayout(ctx, r.Peer, r.Remote)
 	}
 	if err != nil {
-		if !isRequestError(err) {
+		if !isRequestError(err) && ctx.Err() == nil { // as prepare's resolve
 			s.cfg.Peers.Broken(r.Peer, sess)
 		}
 		return res, false, false, fmt.Errorf("peer %s: resolve remote_layout %q for %s: %w", r.Peer, r.Remote, r.Op, err)
