@@ -174,7 +174,7 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 		}
 		switch {
 		case counts.done == before.done:
-			window *= 2
+			window = min(window*2, 8*r.window) // bounded: a round lasts about its window
 		case counts.cancelled-counts.withdrawn == before.cancelled-before.withdrawn:
 			window = max(window/2, 20*time.Microsecond)
 		}
