@@ -311,6 +311,18 @@ func TestPullFaults(t *testing.T) {
 	}
 }
 
+// differingBlock is the index of the first block of size bytes at
+// gotOff[i] of got that differs from the one at wantOff[i] of want; -1
+// when none does.
+func differingBlock(got []byte, gotOff []uint64, want []byte, wantOff []uint64, size uint64) int {
+	for i := range gotOff {
+		if !bytes.Equal(got[gotOff[i]:gotOff[i]+size], want[wantOff[i]:wantOff[i]+size]) {
+			return i
+		}
+	}
+	return -1
+}
+
 // pullFaults are what TestPullFaults and TestRemotePullFaults do to an
 // exported region while pulls from it run.
 var pullFaults = []string{"deregistered", "export withdrawn", "file truncated"}
@@ -516,11 +528,9 @@ func TestPullLoad(t *testing.T) {
 					errs <- fmt.Errorf("client %d pull %d: %w", ci, i, err)
 					return
 				}
-				for j := range n {
-					if !bytes.Equal(local.Bytes[rev[j]:rev[j]+size], remote.Bytes[offs[j]:offs[j]+size]) {
-						errs <- fmt.Errorf("client %d pull %d: block %d differs", ci, i, j)
-						return
-					}
+				if j := differingBlock(local.Bytes, rev, remote.Bytes, offs, size); j >= 0 {
+					errs <- fmt.Errorf("client %d pull %d: block %d differs", ci, i, j)
+					return
 				}
 			}
 		}()

@@ -363,11 +363,9 @@ func TestRemotePullLoad(t *testing.T) {
 					errs <- fmt.Errorf("client %d pull %d: %w", ci, i, err)
 					return
 				}
-				for k := range perPull {
-					if !bytes.Equal(local.Bytes[lo[k]:lo[k]+size], seed.Bytes[ro[k]:ro[k]+size]) {
-						errs <- fmt.Errorf("client %d pull %d: block %d differs", ci, i, k)
-						return
-					}
+				if k := differingBlock(local.Bytes, lo, seed.Bytes, ro, size); k >= 0 {
+					errs <- fmt.Errorf("client %d pull %d: block %d differs", ci, i, k)
+					return
 				}
 			}
 		}()
