@@ -33,12 +33,7 @@ func (r *rig) reader(t *testing.T) transport.Reader {
 // it for reading.
 func (r *rig) readable(t testing.TB, size int) (transport.Registration, transport.RemoteRegion, []byte) {
 	t.Helper()
-	m := r.memory(t, size)
-	reg, err := r.p.Receiver.Register(m)
-	if err != nil {
-		t.Fatalf("receiver Register: %v", err)
-	}
-	t.Cleanup(func() { _ = reg.Close() })
+	reg, m := r.register(t, r.p.Receiver, "receiver", size)
 	rk := readKey(t, reg)
 	r.rin.addRead(rk.Key, m)
 	rr := r.remote(reg, uint64(size))
