@@ -178,15 +178,8 @@ func (c *Conn) blocks(ctx context.Context, p *layout.Pair, ids layout.IDs, nsrc,
 			s0 = s1
 		}
 		st.Segments += setSegs
-		if err := c.send(opEnd, endFlags, 0, setSegs, setBytes); err != nil {
-			return st, c.ctxErr(ctx, err)
-		}
-		r, msg, _, err := c.readReply(false)
-		if err != nil {
-			return st, c.ctxErr(ctx, err)
-		}
-		if r.status != statusOK {
-			return st, c.fail(fmt.Errorf("end refused: %s", msg))
+		if err := c.end(ctx, endFlags, 0, setSegs, setBytes); err != nil {
+			return st, err
 		}
 		g0 = g1
 	}

@@ -381,17 +381,27 @@ func (c *Conn) transfer(ctx context.Context, src transport.Registration, dst tra
 	if read {
 		endFlags = flagRead
 	}
-	if err := c.send(opEnd, endFlags, key, uint64(b.N()), b.Bytes()); err != nil {
-		return st, c.ctxErr(ctx, err)
+	if err := c.end(ctx, endFlags, key, uint64(b.N()), b.Bytes()); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// end tells the receiver the copies of a batch (key: its region) or of a
+// block set (key 0) ended, segs blocks of n bytes, and waits for its
+// acknowledgement. c.mu is held.
+func (c *Conn) end(ctx context.Context, flags uint32, key, segs, n uint64) error {
+	if err := c.send(opEnd, flags, key, segs, n); err != nil {
+		return c.ctxErr(ctx, err)
 	}
 	r, msg, _, err := c.readReply(false)
 	if err != nil {
-		return st, c.ctxErr(ctx, err)
+		return c.ctxErr(ctx, err)
 	}
 	if r.status != statusOK {
-		return st, c.fail(fmt.Errorf("end refused: %s", msg))
+		return c.fail(fmt.Errorf("end refused: %s", msg))
 	}
-	return st, nil
+	return nil
 }
 
 // begin pins dst on the receiver and returns its mapping in this process,
