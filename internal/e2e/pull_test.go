@@ -251,7 +251,7 @@ func TestPullTrust(t *testing.T) {
 // daemons live on and serve the next pull.
 func TestPullFaults(t *testing.T) {
 	for _, k := range pullKinds {
-		for _, fault := range []string{"deregistered", "export withdrawn", "file truncated"} {
+		for _, fault := range pullFaults {
 			t.Run(k.name+"/"+fault, func(t *testing.T) {
 				a, b := startNode(t, "a", k.cfg), startNode(t, "b", k.cfg)
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -289,37 +289,12 @@ func TestPullFaults(t *testing.T) {
 					}
 					errc <- nil
 				}()
-				switch fault {
-				case "deregistered":
-					// Refused while a pull holds it: retried until it goes.
-					for {
-						err := b.c.Deregister(ctx, remote.Id)
-						if err == nil {
-							break
-						}
-						if status.Code(err) != codes.FailedPrecondition {
-							t.Fatalf("deregister: %v", err)
-						}
-					}
-				case "export withdrawn":
-					if err := b.c.Export(ctx, remote.Id, ""); err != nil {
-						t.Fatal(err)
-					}
-				case "file truncated":
-					if err := os.Truncate(path, 0); err != nil {
-						t.Fatal(err)
-					}
-				}
+				makePullFault(ctx, t, b.c, remote.Id, path, fault)
 				err = <-errc
 				if err == nil {
 					t.Fatal("2000 pulls succeeded after the fault")
 				}
-				switch code := status.Code(err); {
-				case code == codes.Unknown || code == codes.OK:
-					t.Fatalf("pull after the fault: %v", err)
-				case !strings.Contains(err.Error(), `"victim"`):
-					t.Fatalf("the failure does not name the remote region: %v", err)
-				}
+				faultedPull(t, err, `"victim"`)
 				t.Logf("%s: %v", fault, err)
 				// Both daemons live on: a fresh export pulls fine.
 				other, err := b.c.RegisterHost(ctx, n*size, "other", client.Readers("*"))
@@ -333,6 +308,62 @@ func TestPullFaults(t *testing.T) {
 				sameBlocks(ctx, t, b.c, a.c, other, local, offs, offs, size)
 			})
 		}
+	}
+}
+
+// differingBlock is the index of the first block of size bytes at
+// gotOff[i] of got that differs from the one at wantOff[i] of want; -1
+// when none does.
+func differingBlock(got []byte, gotOff []uint64, want []byte, wantOff []uint64, size uint64) int {
+	for i := range gotOff {
+		if !bytes.Equal(got[gotOff[i]:gotOff[i]+size], want[wantOff[i]:wantOff[i]+size]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// pullFaults are what TestPullFaults and TestRemotePullFaults do to an
+// exported region while pulls from it run.
+var pullFaults = []string{"deregistered", "export withdrawn", "file truncated"}
+
+// makePullFault does fault to region id (its file at path) of c's daemon.
+func makePullFault(ctx context.Context, t *testing.T, c *client.Client, id, path, fault string) {
+	t.Helper()
+	switch fault {
+	case "deregistered":
+		// Refused while a pull holds it: retried until it goes.
+		for {
+			err := c.Deregister(ctx, id)
+			if err == nil {
+				break
+			}
+			if status.Code(err) != codes.FailedPrecondition {
+				t.Fatalf("deregister: %v", err)
+			}
+		}
+	case "export withdrawn":
+		if err := c.Export(ctx, id, ""); err != nil {
+			t.Fatal(err)
+		}
+	case "file truncated":
+		if err := os.Truncate(path, 0); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatalf("unknown fault %q", fault)
+	}
+}
+
+// faultedPull fails t unless err, a pull's failure after a fault, carries
+// a gRPC code and names the remote region (its message holds name).
+func faultedPull(t *testing.T, err error, name string) {
+	t.Helper()
+	switch code := status.Code(err); {
+	case code == codes.Unknown || code == codes.OK:
+		t.Fatalf("pull after the fault: %v", err)
+	case !strings.Contains(err.Error(), name):
+		t.Fatalf("the failure does not name the remote region %s: %v", name, err)
 	}
 }
 
@@ -497,11 +528,9 @@ func TestPullLoad(t *testing.T) {
 					errs <- fmt.Errorf("client %d pull %d: %w", ci, i, err)
 					return
 				}
-				for j := range n {
-					if !bytes.Equal(local.Bytes[rev[j]:rev[j]+size], remote.Bytes[offs[j]:offs[j]+size]) {
-						errs <- fmt.Errorf("client %d pull %d: block %d differs", ci, i, j)
-						return
-					}
+				if j := differingBlock(local.Bytes, rev, remote.Bytes, offs, size); j >= 0 {
+					errs <- fmt.Errorf("client %d pull %d: block %d differs", ci, i, j)
+					return
 				}
 			}
 		}()

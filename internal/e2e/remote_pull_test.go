@@ -363,11 +363,9 @@ func TestRemotePullLoad(t *testing.T) {
 					errs <- fmt.Errorf("client %d pull %d: %w", ci, i, err)
 					return
 				}
-				for k := range perPull {
-					if !bytes.Equal(local.Bytes[lo[k]:lo[k]+size], seed.Bytes[ro[k]:ro[k]+size]) {
-						errs <- fmt.Errorf("client %d pull %d: block %d differs", ci, i, k)
-						return
-					}
+				if k := differingBlock(local.Bytes, lo, seed.Bytes, ro, size); k >= 0 {
+					errs <- fmt.Errorf("client %d pull %d: block %d differs", ci, i, k)
+					return
 				}
 			}
 		}()
@@ -571,7 +569,7 @@ func TestRemotePullFaults(t *testing.T) {
 	offs, rev := strided(n, size), reversed(n, size)
 	local := s.callerRegion(ctx, n*size)
 
-	for i, fault := range []string{"deregistered", "export withdrawn", "file truncated"} {
+	for i, fault := range pullFaults {
 		t.Run(fault, func(t *testing.T) {
 			name := fmt.Sprintf("pull-victim-%d", i)
 			remote, want := s.export(ctx, name, n, size, uint64(i))
@@ -599,26 +597,7 @@ func TestRemotePullFaults(t *testing.T) {
 				errc <- nil
 			}()
 			<-started // one pull done, the next on its way
-			switch fault {
-			case "deregistered":
-				for { // refused while a batch holds it, else gone
-					err := s.c.Deregister(ctx, remote.Id)
-					if err == nil {
-						break
-					}
-					if status.Code(err) != codes.FailedPrecondition {
-						t.Fatalf("deregister: %v", err)
-					}
-				}
-			case "export withdrawn":
-				if err := s.c.Export(ctx, remote.Id, ""); err != nil {
-					t.Fatal(err)
-				}
-			case "file truncated":
-				if err := os.Truncate(path, 0); err != nil {
-					t.Fatal(err)
-				}
-			}
+			makePullFault(ctx, t, s.c, remote.Id, path, fault)
 			err := <-errc
 			if err == nil && fault == "file truncated" {
 				// Over verbs the serving daemon takes no part in a READ, and its
@@ -633,12 +612,7 @@ func TestRemotePullFaults(t *testing.T) {
 			if err == nil {
 				t.Fatalf("100 pulls succeeded after the remote region was %s", fault)
 			}
-			switch code := status.Code(err); {
-			case code == codes.Unknown || code == codes.OK:
-				t.Fatalf("pull after the fault: %v", err)
-			case !strings.Contains(err.Error(), name):
-				t.Fatalf("the failure does not name the remote region %q: %v", name, err)
-			}
+			faultedPull(t, err, name)
 			t.Logf("%s: %v", fault, err)
 			// Both daemons serve on: a fresh export pulls, verified.
 			other := name + "-after"

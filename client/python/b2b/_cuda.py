@@ -106,27 +106,43 @@ def share_tensor(tensor: Any) -> CudaShare:
     nbytes = int(tensor.numel()) * elem
     if nbytes == 0:
         raise _invalid("cuda tensor: tensor has no elements: a region needs at least one byte")
-    if not hasattr(tensor, "untyped_storage"):
-        raise _invalid("cuda tensor: register_cuda needs PyTorch 2.0 or newer (Tensor.untyped_storage)")
-    storage = tensor.untyped_storage()
-    share: Tuple[Any, ...] = storage._share_cuda_()
-    if len(share) < 4:
-        raise _invalid(f"cuda tensor: _share_cuda_ returned {len(share)} fields, expected 8")
-    device, handle, storage_size_bytes, storage_offset_bytes = share[:4]
-    if handle is None:
-        raise _invalid("cuda tensor: its storage has no memory to share")
+    storage, share = _share_storage(tensor, "register_cuda")
+    storage_size_bytes, storage_offset_bytes = share[2], share[3]
     begin = int(tensor.storage_offset()) * elem
     if begin + nbytes > int(storage_size_bytes):
         raise _invalid(
             f"cuda tensor: elements [{begin}, {begin + nbytes}) run past its storage's {int(storage_size_bytes)} bytes"
         )
+    return _cuda_share(storage, share, int(storage_offset_bytes) + begin, nbytes)
+
+
+def _share_storage(tensor: Any, who: str) -> Tuple[Any, Tuple[Any, ...]]:
+    """``tensor``'s storage and what its ``_share_cuda_`` says: (device,
+    IPC handle, storage size, storage offset in the handle's block, ref
+    counter handle, ref counter offset, ...). ``who`` names the caller
+    that needs PyTorch 2.0."""
+    if not hasattr(tensor, "untyped_storage"):
+        raise _invalid(f"cuda tensor: {who} needs PyTorch 2.0 or newer (Tensor.untyped_storage)")
+    storage = tensor.untyped_storage()
+    share: Tuple[Any, ...] = storage._share_cuda_()
+    if len(share) < 4:
+        raise _invalid(f"cuda tensor: _share_cuda_ returned {len(share)} fields, expected 8")
+    if share[1] is None:
+        raise _invalid("cuda tensor: its storage has no memory to share")
+    return storage, share
+
+
+def _cuda_share(storage: Any, share: Tuple[Any, ...], offset: int, size: int) -> CudaShare:
+    """The :class:`CudaShare` of ``size`` bytes at ``offset`` in the block
+    that ``share`` (from :func:`_share_storage`) names, with PyTorch's IPC
+    ref counter where it gives one."""
     ref_h = share[4] if len(share) > 4 else None
     ref_off = int(share[5]) if len(share) > 5 and share[5] is not None else 0
     return CudaShare(
-        device=int(device),
-        ipc_handle=ipc_mem_handle(handle),
-        offset=int(storage_offset_bytes) + begin,
-        size=nbytes,
+        device=int(share[0]),
+        ipc_handle=ipc_mem_handle(share[1]),
+        offset=offset,
+        size=size,
         ref_counter_handle=ref_h if ref_h else None,
         ref_counter_offset=ref_off,
         release_counter=getattr(type(storage), "_release_ipc_counter_cuda", None),
@@ -217,15 +233,8 @@ def share_range(tensor: Any, alloc_base: int, start: int, size: int) -> CudaShar
     base block, at ``storage.data_ptr() - storage_offset_bytes``. The two must
     agree, or the offset sent would point elsewhere: refused, naming both.
     """
-    if not hasattr(tensor, "untyped_storage"):
-        raise _invalid("cuda tensor: b2b.kv needs PyTorch 2.0 or newer (Tensor.untyped_storage)")
-    storage = tensor.untyped_storage()
-    share: Tuple[Any, ...] = storage._share_cuda_()
-    if len(share) < 4:
-        raise _invalid(f"cuda tensor: _share_cuda_ returned {len(share)} fields, expected 8")
-    device, handle, _storage_size, storage_offset_bytes = share[:4]
-    if handle is None:
-        raise _invalid("cuda tensor: its storage has no memory to share")
+    storage, share = _share_storage(tensor, "b2b.kv")
+    storage_offset_bytes = share[3]
     torch_base = int(storage.data_ptr()) - int(storage_offset_bytes)
     if torch_base != alloc_base:
         raise _invalid(
@@ -234,14 +243,4 @@ def share_range(tensor: Any, alloc_base: int, start: int, size: int) -> CudaShar
         )
     if start < alloc_base or size <= 0:
         raise _invalid(f"cuda tensor: range [{start:#x}, +{size}) is not inside the allocation at {alloc_base:#x}")
-    ref_h = share[4] if len(share) > 4 else None
-    ref_off = int(share[5]) if len(share) > 5 and share[5] is not None else 0
-    return CudaShare(
-        device=int(device),
-        ipc_handle=ipc_mem_handle(handle),
-        offset=start - alloc_base,
-        size=size,
-        ref_counter_handle=ref_h if ref_h else None,
-        ref_counter_offset=ref_off,
-        release_counter=getattr(type(storage), "_release_ipc_counter_cuda", None),
-    )
+    return _cuda_share(storage, share, start - alloc_base, size)

@@ -16,6 +16,25 @@ from .errors import InvalidArgumentError
 _U64LE = np.dtype("<u8")
 
 
+def _one_d(values: Any, name: str, items: str) -> np.ndarray:
+    """``values`` as a 1-D ndarray of its own dtype (an ndarray as it is).
+    Raises :class:`TypeError` for bytes, strings and what numpy cannot read
+    as an array, and :class:`InvalidArgumentError` for another shape;
+    ``items`` ("integers") says in messages what the array holds."""
+    if isinstance(values, np.ndarray):
+        a = values
+    elif isinstance(values, (bytes, bytearray, memoryview, str)):
+        raise TypeError(f"{name}: expected an array of {items}, got {type(values).__name__}")
+    else:
+        try:
+            a = np.asarray(values)
+        except (TypeError, ValueError) as e:  # ragged lists and the like
+            raise TypeError(f"{name}: cannot be read as an array of integers: {e}") from None
+    if a.ndim != 1:
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{name} must be a 1-D array of {items}, got shape {a.shape}")
+    return a
+
+
 def as_u64(values: Any, name: str) -> np.ndarray:
     """Return ``values`` as a 1-D little-endian uint64 ndarray, copying only if needed.
 
@@ -24,20 +43,7 @@ def as_u64(values: Any, name: str) -> np.ndarray:
     :class:`TypeError` for non-integer data and :class:`InvalidArgumentError`
     for a wrong shape or negative values (which uint64 cannot hold).
     """
-    if isinstance(values, np.ndarray):
-        a = values
-    elif isinstance(values, (bytes, bytearray, memoryview, str)):
-        raise TypeError(f"{name}: expected an array of integers, got {type(values).__name__}")
-    else:
-        try:
-            a = np.asarray(values)
-        except (TypeError, ValueError) as e:  # ragged lists and the like
-            raise TypeError(f"{name}: cannot be read as an array of integers: {e}") from None
-    if a.ndim != 1:
-        raise InvalidArgumentError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{name} must be a 1-D array, got shape {a.shape}",
-        )
+    a = _one_d(values, name, "integers")
     kind = a.dtype.kind
     if kind == "u":
         pass
@@ -99,17 +105,7 @@ def as_u32(values: Any, name: str) -> np.ndarray:
     """
     if hasattr(values, "detach") and hasattr(values, "cpu") and hasattr(values, "numpy"):
         values = values.detach().cpu().numpy()  # a torch tensor: one copy to the host at most
-    if isinstance(values, np.ndarray):
-        a = values
-    elif isinstance(values, (bytes, bytearray, memoryview, str)):
-        raise TypeError(f"{name}: expected an array of integer ids, got {type(values).__name__}")
-    else:
-        try:
-            a = np.asarray(values)
-        except (TypeError, ValueError) as e:
-            raise TypeError(f"{name}: cannot be read as an array of integers: {e}") from None
-    if a.ndim != 1:
-        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{name} must be a 1-D array of ids, got shape {a.shape}")
+    a = _one_d(values, name, "integer ids")
     kind = a.dtype.kind
     if a.size == 0 and kind in "fb" and not isinstance(values, np.ndarray):
         return np.empty(0, dtype=_U32LE)  # np.asarray([]) is float64

@@ -1437,12 +1437,16 @@ class Client:
         return TransferResult.from_proto(r)
 
     def _batch_request(
-        self, src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, what, op=None
+        self, src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, what, op=None,
+        message: Any = pb.BatchTransferRequest,
     ) -> Any:
+        """The checked request of a batch: ``message`` is BatchTransferRequest
+        or PrepareTransferRequest (the same fields); ``what`` names the
+        caller in errors."""
         descriptors = _descriptors(descriptors, src_offsets, dst_offsets, lengths, block_size, what)
         if not isinstance(peer, str):
             raise TypeError(f"peer: expected 'host:port' str, got {type(peer).__name__}")
-        req = pb.BatchTransferRequest(
+        req = message(
             src_region_id=_region_id(src, "src"),
             peer=peer,
             dst_region=_export_name(dst_region),
@@ -1625,21 +1629,10 @@ class Client:
                 for step in range(steps):
                     plan.submit()
         """
-        descriptors = _descriptors(descriptors, src_offsets, dst_offsets, lengths, block_size, "prepare")
-        if not isinstance(peer, str):
-            raise TypeError(f"peer: expected 'host:port' str, got {type(peer).__name__}")
-        req = pb.PrepareTransferRequest(
-            src_region_id=_region_id(src, "src"),
-            peer=peer,
-            dst_region=_export_name(dst_region),
-            descriptors=descriptors._msg,
-            transport=_transport(transport),
-            op=_op(op),
+        req = self._batch_request(
+            src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "prepare", op,
+            message=pb.PrepareTransferRequest,
         )
-        if notification is not None:
-            if not isinstance(notification, (bytes, bytearray, memoryview)):
-                raise TypeError(f"notification: expected bytes, got {type(notification).__name__}")
-            req.notification = bytes(notification)
         r = self._call(self._stub.PrepareTransfer, req, self.timeout if timeout is None else timeout)
         return PreparedTransfer(self, r, timeout)
 

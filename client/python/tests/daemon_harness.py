@@ -19,8 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 PKG_ROOT = Path(__file__).resolve().parents[1]  # client/python
 REPO_ROOT = PKG_ROOT.parents[1]
@@ -151,3 +152,40 @@ class Daemon:
     def cleanup(self) -> None:
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+class DaemonPair(unittest.TestCase):
+    """Starts daemons ``da`` (source, client ``a``) and ``db`` (destination,
+    client ``b``, peer address ``peer_b``) once per class and checks that
+    both exit 0 on SIGTERM. A subclass may rename them (``names``) or give
+    daemon a flags (``a_args``); one that sets up more calls super() first
+    in setUpClass and last in tearDownClass."""
+
+    names: Sequence[str] = ("a", "b")
+    a_args: Sequence[str] = ()
+
+    @classmethod
+    def setUpClass(cls):
+        cls.da = Daemon(cls.names[0], extra_args=list(cls.a_args)).start()
+        try:
+            cls.db = Daemon(cls.names[1]).start()
+        except BaseException:
+            cls.da.stop()
+            cls.da.cleanup()
+            raise
+        cls.a = cls.da.client(timeout=30)
+        cls.b = cls.db.client(timeout=30)
+        cls.peer_b = cls.db.peer_address
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.a.close()
+        cls.b.close()
+        problems = []
+        for d in (cls.da, cls.db):
+            code = d.stop()
+            if code != 0:
+                problems.append(f"b2bd {d.name} exited with {code}; log:\n{d.log()}")
+            d.cleanup()
+        if problems:
+            raise AssertionError("\n".join(problems))

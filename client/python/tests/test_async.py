@@ -14,18 +14,12 @@ import b2b
 BLOCK, N = 4096, 64
 
 
-class AsyncTest(unittest.TestCase):
+class AsyncTest(daemon_harness.DaemonPair):
+    a_args = ("--max-transfers-per-client", "3")
+
     @classmethod
     def setUpClass(cls):
-        cls.da = daemon_harness.Daemon("a", extra_args=["--max-transfers-per-client", "3"]).start()
-        try:
-            cls.db = daemon_harness.Daemon("b").start()
-        except BaseException:
-            cls.da.stop()
-            cls.da.cleanup()
-            raise
-        cls.a = cls.da.client(timeout=30)
-        cls.b = cls.db.client(timeout=30)
+        super().setUpClass()
         # A peer that accepts connections and never speaks: a transfer to it
         # runs until cancelled or its deadline.
         cls.silent = socket.socket()
@@ -36,16 +30,7 @@ class AsyncTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.silent.close()
-        cls.a.close()
-        cls.b.close()
-        problems = []
-        for d in (cls.da, cls.db):
-            code = d.stop()
-            if code != 0:
-                problems.append(f"b2bd {d.name} exited with {code}; log:\n{d.log()}")
-            d.cleanup()
-        if problems:
-            raise AssertionError("\n".join(problems))
+        super().tearDownClass()
 
     def setUp(self):
         self.src = self.a.register_host(N * BLOCK)

@@ -25,32 +25,7 @@ def fill(a: np.ndarray, seed: int) -> None:
     a[...] = np.random.default_rng(seed).standard_normal(a.shape).astype(a.dtype)
 
 
-class KVTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.da = daemon_harness.Daemon("a").start()
-        try:
-            cls.db = daemon_harness.Daemon("b").start()
-        except BaseException:
-            cls.da.stop()
-            cls.da.cleanup()
-            raise
-        cls.a = cls.da.client(timeout=30)
-        cls.b = cls.db.client(timeout=30)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.a.close()
-        cls.b.close()
-        problems = []
-        for d in (cls.da, cls.db):
-            code = d.stop()
-            if code != 0:
-                problems.append(f"b2bd {d.name} exited with {code}; log:\n{d.log()}")
-            d.cleanup()
-        if problems:
-            raise AssertionError("\n".join(problems))
-
+class KVTest(daemon_harness.DaemonPair):
     def setUp(self):
         self.cleanup = []
 

@@ -13,32 +13,7 @@ import b2b
 SEGMENTS, POOL, BLOCK = 4, 64, 1024
 
 
-class LayoutTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.da = daemon_harness.Daemon("a").start()
-        try:
-            cls.db = daemon_harness.Daemon("b").start()
-        except BaseException:
-            cls.da.stop()
-            cls.da.cleanup()
-            raise
-        cls.a = cls.da.client(timeout=30)
-        cls.b = cls.db.client(timeout=30)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.a.close()
-        cls.b.close()
-        problems = []
-        for d in (cls.da, cls.db):
-            code = d.stop()
-            if code != 0:
-                problems.append(f"b2bd {d.name} exited with {code}; log:\n{d.log()}")
-            d.cleanup()
-        if problems:
-            raise AssertionError("\n".join(problems))
-
+class LayoutTest(daemon_harness.DaemonPair):
     def test_blocks_land_at_other_ids(self):
         rng = np.random.default_rng(23)
         srcs = [self.a.register_host(POOL * BLOCK) for _ in range(SEGMENTS)]

@@ -160,20 +160,12 @@ class DriverTest(unittest.TestCase):
 SEGMENTS, POOL, BLOCK = 2, 16, 512
 
 
-class TriggeredTransferTest(unittest.TestCase):
+class TriggeredTransferTest(daemon_harness.DaemonPair):
     """Two daemons; the counter is written from the host."""
 
     @classmethod
     def setUpClass(cls):
-        cls.da = daemon_harness.Daemon("a").start()
-        try:
-            cls.db = daemon_harness.Daemon("b").start()
-        except BaseException:
-            cls.da.stop()
-            cls.da.cleanup()
-            raise
-        cls.a = cls.da.client(timeout=30)
-        cls.b = cls.db.client(timeout=30)
+        super().setUpClass()
         rng = np.random.default_rng(25)
         cls.srcs = [cls.a.register_host(POOL * BLOCK) for _ in range(SEGMENTS)]
         cls.dsts = [cls.b.register_host(POOL * BLOCK, f"py-trig-{i}") for i in range(SEGMENTS)]
@@ -186,16 +178,7 @@ class TriggeredTransferTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.a.deregister_layout("trig-src")
         cls.b.deregister_layout("trig-dst")
-        cls.a.close()
-        cls.b.close()
-        problems = []
-        for d in (cls.da, cls.db):
-            code = d.stop()
-            if code != 0:
-                problems.append(f"b2bd {d.name} exited with {code}; log:\n{d.log()}")
-            d.cleanup()
-        if problems:
-            raise AssertionError("\n".join(problems))
+        super().tearDownClass()
 
     def start(self, counter, value, ids, timeout=None):
         try:

@@ -61,35 +61,9 @@ def covered(size: int, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return m
 
 
-class TwoDaemons(unittest.TestCase):
-    """Starts daemons a (source) and b (destination) once per class and
-    checks that both exit 0 on SIGTERM."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.da = daemon_harness.Daemon("a").start()
-        try:
-            cls.db = daemon_harness.Daemon("b").start()
-        except BaseException:
-            cls.da.stop()
-            cls.da.cleanup()
-            raise
-        cls.a = cls.da.client(timeout=30)
-        cls.b = cls.db.client(timeout=30)
-        cls.peer_b = cls.db.peer_address
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.a.close()
-        cls.b.close()
-        problems = []
-        for d in (cls.da, cls.db):
-            code = d.stop()
-            if code != 0:
-                problems.append(f"b2bd {d.name} exited with {code}; log:\n{d.log()}")
-            d.cleanup()
-        if problems:
-            raise AssertionError("\n".join(problems))
+class TwoDaemons(daemon_harness.DaemonPair):
+    """Daemons a (source) and b (destination), with a per-test random
+    generator and the byte and checksum comparison of blocks."""
 
     def setUp(self):
         self.rng = np.random.default_rng(zlib.crc32(self.id().encode()))

@@ -15,21 +15,8 @@ import b2b
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 
 
-class Views(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.da = daemon_harness.Daemon("va").start()
-        cls.db = daemon_harness.Daemon("vb").start()
-        cls.a = cls.da.client(timeout=30)
-        cls.b = cls.db.client(timeout=30)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.a.close()
-        cls.b.close()
-        for d in (cls.da, cls.db):
-            d.stop()
-            d.cleanup()
+class Views(daemon_harness.DaemonPair):
+    names = ("va", "vb")
 
     def test_array_is_the_region(self):
         with self.a.register_host(1 << 16) as r:

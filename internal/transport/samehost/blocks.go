@@ -68,32 +68,11 @@ func (c *Conn) blocks(ctx context.Context, p *layout.Pair, ids layout.IDs, nsrc,
 	var st transport.Stats
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
-		return st, fmt.Errorf("%w: %w: samehost connection is closed", errs.ErrUnavailable, transport.ErrNotSent)
-	}
-	if c.broken != nil {
-		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, c.broken)
-	}
-	if err := ctx.Err(); err != nil {
+	bound, err := c.bind(ctx)
+	if err != nil {
 		return st, err
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.c.SetDeadline(dl)
-		defer c.c.SetDeadline(time.Time{})
-	}
-	if ctx.Done() != nil {
-		cut := make(chan struct{})
-		stop := context.AfterFunc(ctx, func() {
-			_ = c.c.SetDeadline(time.Unix(1, 0))
-			close(cut)
-		})
-		defer func() {
-			if !stop() {
-				<-cut
-				_ = c.c.SetDeadline(time.Time{})
-			}
-		}()
-	}
+	defer bound.release()
 	defer func() { c.set = 0 }()
 	var endFlags uint32
 	if read {
@@ -199,15 +178,8 @@ func (c *Conn) blocks(ctx context.Context, p *layout.Pair, ids layout.IDs, nsrc,
 			s0 = s1
 		}
 		st.Segments += setSegs
-		if err := c.send(opEnd, endFlags, 0, setSegs, setBytes); err != nil {
-			return st, c.ctxErr(ctx, err)
-		}
-		r, msg, _, err := c.readReply(false)
-		if err != nil {
-			return st, c.ctxErr(ctx, err)
-		}
-		if r.status != statusOK {
-			return st, c.fail(fmt.Errorf("end refused: %s", msg))
+		if err := c.end(ctx, endFlags, 0, setSegs, setBytes); err != nil {
+			return st, err
 		}
 		g0 = g1
 	}

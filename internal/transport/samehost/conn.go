@@ -289,6 +289,56 @@ func (c *Conn) Read(ctx context.Context, dst transport.Registration, src transpo
 	return c.transfer(ctx, dst, src, b, true)
 }
 
+// boundCtx is a request's context bound to the socket: its deadline, and
+// a cancellation that cuts a wait for the receiver short too (a receiver
+// stalled before its reply held Write forever). A value, so that binding
+// allocates nothing for a context that is never done.
+type boundCtx struct {
+	c        *Conn
+	deadline bool
+	stop     func() bool
+	cut      chan struct{}
+}
+
+// bind checks, under c.mu, that the conn can carry a request now, and
+// binds ctx to its socket; the caller defers the bind's release.
+func (c *Conn) bind(ctx context.Context) (boundCtx, error) {
+	b := boundCtx{c: c}
+	if c.closed {
+		return b, fmt.Errorf("%w: %w: samehost connection is closed", errs.ErrUnavailable, transport.ErrNotSent)
+	}
+	if c.broken != nil {
+		return b, fmt.Errorf("%w: %w", transport.ErrNotSent, c.broken)
+	}
+	if err := ctx.Err(); err != nil {
+		return b, err
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.c.SetDeadline(dl)
+		b.deadline = true
+	}
+	if ctx.Done() != nil {
+		cut := make(chan struct{})
+		b.cut = cut
+		b.stop = context.AfterFunc(ctx, func() {
+			_ = c.c.SetDeadline(time.Unix(1, 0))
+			close(cut)
+		})
+	}
+	return b, nil
+}
+
+// release undoes the bind before the next request.
+func (b boundCtx) release() {
+	if b.stop != nil && !b.stop() {
+		<-b.cut // it ran: undo it
+		_ = b.c.c.SetDeadline(time.Time{})
+	}
+	if b.deadline {
+		_ = b.c.c.SetDeadline(time.Time{})
+	}
+}
+
 // transfer is Write (read false: local to the peer's region rr) and Read
 // (read: rr to local; b.Src are then rr's offsets).
 func (c *Conn) transfer(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch, read bool) (transport.Stats, error) {
@@ -299,34 +349,11 @@ func (c *Conn) transfer(ctx context.Context, src transport.Registration, dst tra
 	sm := src.Memory()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
-		return st, fmt.Errorf("%w: %w: samehost connection is closed", errs.ErrUnavailable, transport.ErrNotSent)
-	}
-	if c.broken != nil {
-		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, c.broken)
-	}
-	if err := ctx.Err(); err != nil {
+	bound, err := c.bind(ctx)
+	if err != nil {
 		return st, err
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.c.SetDeadline(dl)
-		defer c.c.SetDeadline(time.Time{})
-	}
-	// Cancellation cuts a wait for the receiver short too, not only the
-	// deadline (a receiver stalled before its reply held Write forever).
-	if ctx.Done() != nil {
-		cut := make(chan struct{})
-		stop := context.AfterFunc(ctx, func() {
-			_ = c.c.SetDeadline(time.Unix(1, 0))
-			close(cut)
-		})
-		defer func() {
-			if !stop() {
-				<-cut // it ran: undo it before the next Write
-				_ = c.c.SetDeadline(time.Time{})
-			}
-		}()
-	}
+	defer bound.release()
 	key := dst.Key.Key
 	rm, err := c.begin(ctx, dst, sm, read)
 	if err != nil {
@@ -354,17 +381,27 @@ func (c *Conn) transfer(ctx context.Context, src transport.Registration, dst tra
 	if read {
 		endFlags = flagRead
 	}
-	if err := c.send(opEnd, endFlags, key, uint64(b.N()), b.Bytes()); err != nil {
-		return st, c.ctxErr(ctx, err)
+	if err := c.end(ctx, endFlags, key, uint64(b.N()), b.Bytes()); err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// end tells the receiver the copies of a batch (key: its region) or of a
+// block set (key 0) ended, segs blocks of n bytes, and waits for its
+// acknowledgement. c.mu is held.
+func (c *Conn) end(ctx context.Context, flags uint32, key, segs, n uint64) error {
+	if err := c.send(opEnd, flags, key, segs, n); err != nil {
+		return c.ctxErr(ctx, err)
 	}
 	r, msg, _, err := c.readReply(false)
 	if err != nil {
-		return st, c.ctxErr(ctx, err)
+		return c.ctxErr(ctx, err)
 	}
 	if r.status != statusOK {
-		return st, c.fail(fmt.Errorf("end refused: %s", msg))
+		return c.fail(fmt.Errorf("end refused: %s", msg))
 	}
-	return st, nil
+	return nil
 }
 
 // begin pins dst on the receiver and returns its mapping in this process,

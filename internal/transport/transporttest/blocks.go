@@ -43,6 +43,72 @@ func kvSegs(nreg, per int, fused bool) ([]kvlayout.Segment, uint64) {
 	return segs, size
 }
 
+// kvRegions regions on each side of a kvPair, kvPer segments in each.
+const kvRegions, kvPer = 3, 2
+
+// kvPair is a source and a destination layout of kvRegions regions each,
+// either side fused or separate, paired.
+type kvPair struct {
+	src, dst     *kvlayout.Layout
+	pair         *kvlayout.Pair
+	ssize, dsize uint64 // a source and a destination region's size
+}
+
+func newKVPair(t *testing.T, srcName, dstName string, srcFused, dstFused bool) kvPair {
+	t.Helper()
+	ss, ssize := kvSegs(kvRegions, kvPer, srcFused)
+	ds, dsize := kvSegs(kvRegions, kvPer, dstFused)
+	sl, err := kvlayout.New(srcName, ss, func(string) (uint64, error) { return ssize, nil }, kvlayout.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := kvlayout.New(dstName, ds, func(string) (uint64, error) { return dsize, nil }, kvlayout.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := kvlayout.NewPair(sl, dl, kvlayout.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kvPair{src: sl, dst: dl, pair: pair, ssize: ssize, dsize: dsize}
+}
+
+// check fails t unless block srcIDs[i] of every segment of sbuf landed as
+// block dstIDs[i] of dbuf (by checksum), and every other byte of dbuf is
+// still poison; dst ("destination") names dbuf's side. It returns the
+// bytes that landed.
+func (p kvPair) check(t *testing.T, srcIDs, dstIDs []uint32, sbuf, dbuf [][]byte, dst string) uint64 {
+	t.Helper()
+	covered := make([][]bool, len(dbuf))
+	for i := range covered {
+		covered[i] = make([]bool, p.dsize)
+	}
+	var landed uint64
+	for k := range p.src.NumSegments() {
+		st, dt := p.src.Template(k), p.dst.Template(k)
+		for i := range srcIDs {
+			so := st.Base + uint64(srcIDs[i])*st.Stride
+			do := dt.Base + uint64(dstIDs[i])*dt.Stride
+			got, exp := dbuf[dt.Region][do:do+kvBlock], sbuf[st.Region][so:so+kvBlock]
+			if xxhash.Sum64(got) != xxhash.Sum64(exp) {
+				t.Fatalf("segment %d entry %d (block %d -> %d): the %s block differs from its source", k, i, srcIDs[i], dstIDs[i], dst)
+			}
+			for x := do; x < do+kvBlock; x++ {
+				covered[dt.Region][x] = true
+			}
+			landed += kvBlock
+		}
+	}
+	for ri := range dbuf {
+		for x, cv := range covered[ri] {
+			if !cv && dbuf[ri][x] != poison {
+				t.Fatalf("%s region %d byte %d, outside every target block, was written", dst, ri, x)
+			}
+		}
+	}
+	return landed
+}
+
 // testBlocks moves block-id requests with transport.WriteBlocks, through
 // the kind's BlockWriter where it declares one and the concurrent stretch
 // Writes otherwise: 3 source regions into 3 destination regions, with
@@ -88,26 +154,10 @@ func testBlocks(t *testing.T, f Factory) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r.fresh(t)
-			const nreg, per = 3, 2
-			ss, ssize := kvSegs(nreg, per, c.srcFused)
-			ds, dsize := kvSegs(nreg, per, c.dstFus)
-			size := func(uint64) func(string) (uint64, error) {
-				return func(string) (uint64, error) { return ssize, nil }
-			}
-			sl, err := kvlayout.New("src", ss, size(ssize), kvlayout.Limits{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			dl, err := kvlayout.New("dst", ds, func(string) (uint64, error) { return dsize, nil }, kvlayout.Limits{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pair, err := kvlayout.NewPair(sl, dl, kvlayout.Limits{})
-			if err != nil {
-				t.Fatal(err)
-			}
+			kp := newKVPair(t, "src", "dst", c.srcFused, c.dstFus)
+			nreg, ssize, dsize := kvRegions, kp.ssize, kp.dsize
 			var w transport.BlockWrite
-			w.Pair = pair
+			w.Pair = kp.pair
 			var sbuf, dbuf [][]byte
 			for i := 0; i < nreg; i++ {
 				reg, b := r.source(t, int(ssize))
@@ -119,7 +169,7 @@ func testBlocks(t *testing.T, f Factory) {
 			}
 			srcIDs, dstIDs := c.ids(rng)
 			var pl kvlayout.Planner
-			ids, err := pl.Validate(pair, kvlayout.Request{SrcIDs: kvlayout.PackIDs(srcIDs), DstIDs: kvlayout.PackIDs(dstIDs)})
+			ids, err := pl.Validate(kp.pair, kvlayout.Request{SrcIDs: kvlayout.PackIDs(srcIDs), DstIDs: kvlayout.PackIDs(dstIDs)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -129,34 +179,7 @@ func testBlocks(t *testing.T, f Factory) {
 			if _, err := transport.WriteBlocks(context.Background(), r.conn, &w, &sc); err != nil {
 				t.Fatalf("WriteBlocks: %v", err)
 			}
-			// Every block of every segment, and nothing else.
-			covered := make([][]bool, nreg)
-			for i := range covered {
-				covered[i] = make([]bool, dsize)
-			}
-			var want uint64
-			for k := range ss {
-				st, dt := sl.Template(k), dl.Template(k)
-				for i := range srcIDs {
-					so := st.Base + uint64(srcIDs[i])*st.Stride
-					do := dt.Base + uint64(dstIDs[i])*dt.Stride
-					got, exp := dbuf[dt.Region][do:do+kvBlock], sbuf[st.Region][so:so+kvBlock]
-					if xxhash.Sum64(got) != xxhash.Sum64(exp) {
-						t.Fatalf("segment %d entry %d (block %d -> %d): the destination block differs from the source", k, i, srcIDs[i], dstIDs[i])
-					}
-					for x := do; x < do+kvBlock; x++ {
-						covered[dt.Region][x] = true
-					}
-					want += kvBlock
-				}
-			}
-			for ri := range dbuf {
-				for x, cv := range covered[ri] {
-					if !cv && dbuf[ri][x] != poison {
-						t.Fatalf("destination region %d byte %d, outside every target block, was written", ri, x)
-					}
-				}
-			}
+			want := kp.check(t, srcIDs, dstIDs, sbuf, dbuf, "destination")
 			if got := r.rin.landedBytes.Load() - before; got != want {
 				t.Fatalf("the receiver counted %d bytes landed, want %d", got, want)
 			}
@@ -281,22 +304,9 @@ func testBlocksRead(t *testing.T, f Factory) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r.fresh(t)
-			const nreg, per = 3, 2
-			ss, ssize := kvSegs(nreg, per, c.srcFused)
-			ds, dsize := kvSegs(nreg, per, c.dstFus)
-			sl, err := kvlayout.New("peer", ss, func(string) (uint64, error) { return ssize, nil }, kvlayout.Limits{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			dl, err := kvlayout.New("ours", ds, func(string) (uint64, error) { return dsize, nil }, kvlayout.Limits{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			pair, err := kvlayout.NewPair(sl, dl, kvlayout.Limits{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rd := transport.BlockRead{Pair: pair}
+			kp := newKVPair(t, "peer", "ours", c.srcFused, c.dstFus)
+			nreg, ssize, dsize := kvRegions, kp.ssize, kp.dsize
+			rd := transport.BlockRead{Pair: kp.pair}
 			var sbuf, dbuf [][]byte
 			for i := 0; i < nreg; i++ {
 				_, rr, sb := r.readable(t, int(ssize))
@@ -308,7 +318,8 @@ func testBlocksRead(t *testing.T, f Factory) {
 			}
 			srcIDs, dstIDs := c.ids(rng)
 			var pl kvlayout.Planner
-			if rd.IDs, err = pl.Validate(pair, kvlayout.Request{SrcIDs: kvlayout.PackIDs(srcIDs), DstIDs: kvlayout.PackIDs(dstIDs)}); err != nil {
+			var err error
+			if rd.IDs, err = pl.Validate(kp.pair, kvlayout.Request{SrcIDs: kvlayout.PackIDs(srcIDs), DstIDs: kvlayout.PackIDs(dstIDs)}); err != nil {
 				t.Fatal(err)
 			}
 			var sc transport.BlockScratch
@@ -319,30 +330,7 @@ func testBlocksRead(t *testing.T, f Factory) {
 			if st.Segments == 0 {
 				t.Fatal("ReadBlocks reported no blocks")
 			}
-			covered := make([][]bool, nreg)
-			for i := range covered {
-				covered[i] = make([]bool, dsize)
-			}
-			for k := range ss {
-				stl, dt := sl.Template(k), dl.Template(k)
-				for i := range srcIDs {
-					so := stl.Base + uint64(srcIDs[i])*stl.Stride
-					do := dt.Base + uint64(dstIDs[i])*dt.Stride
-					if !bytes.Equal(dbuf[dt.Region][do:do+kvBlock], sbuf[stl.Region][so:so+kvBlock]) {
-						t.Fatalf("segment %d entry %d (block %d -> %d): our block differs from the peer's", k, i, srcIDs[i], dstIDs[i])
-					}
-					for x := do; x < do+kvBlock; x++ {
-						covered[dt.Region][x] = true
-					}
-				}
-			}
-			for ri := range dbuf {
-				for x, cv := range covered[ri] {
-					if !cv && dbuf[ri][x] != poison {
-						t.Fatalf("our region %d byte %d, outside every target block, was written", ri, x)
-					}
-				}
-			}
+			kp.check(t, srcIDs, dstIDs, sbuf, dbuf, "our")
 		})
 	}
 }

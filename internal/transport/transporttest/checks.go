@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -192,24 +193,12 @@ func testRefusals(t *testing.T, f Factory) {
 			reg, dst, db := r.dest(t, n*blk)
 			fill(rand.New(rand.NewPCG(1, 2)), sb)
 			poisoned(db)
-			b := desc.Batch{}
-			for i := range uint64(n) {
-				b.Src, b.Dst, b.Len = append(b.Src, i*blk), append(b.Dst, (n-1-i)*blk), append(b.Len, blk)
-			}
+			b := blockBatch(n, blk, true)
 			good, gb := dst, b
 			gb.Dst = append([]uint64(nil), b.Dst...)
 			gb.Src = append([]uint64(nil), b.Src...)
 			c.mut(r, &b, &dst, reg)
-			err := write(context.Background(), r.conn, src, dst, &b)
-			if err == nil {
-				t.Fatal("Write succeeded")
-			}
-			if got := errs.Class(err); got != c.want {
-				if got != errs.ErrAborted || c.want == errs.ErrAborted {
-					t.Fatalf("err = %v: class %v, want %v", err, got, c.want)
-				}
-				gap(t, f, GapRefusedAsAborted, fmt.Sprintf("err = %v: class %v, want %v", err, got, c.want))
-			}
+			refused(t, f, "Write", write(context.Background(), r.conn, src, dst, &b), c.want)
 			if c.untouched && !allPoison(db) {
 				t.Fatal("the refused batch wrote into the destination")
 			}
@@ -238,6 +227,40 @@ func testRefusals(t *testing.T, f Factory) {
 	}
 }
 
+// blockBatch is n blocks of blk bytes from offset 0 of the source, each
+// landing at the same offset of the destination, or, reversed, in the
+// mirrored slot (the first block in the last).
+func blockBatch(n, blk uint64, reversed bool) desc.Batch {
+	b := desc.Batch{}
+	for i := range n {
+		d := i
+		if reversed {
+			d = n - 1 - i
+		}
+		b.Src, b.Dst, b.Len = append(b.Src, i*blk), append(b.Dst, d*blk), append(b.Len, blk)
+	}
+	return b
+}
+
+// refused fails t unless err refuses op with class want. A kind whose NIC
+// refuses (a stale or unknown key) learns only a remote access error
+// (Aborted): that is the declared gap GapRefusedAsAborted.
+func refused(t *testing.T, f Factory, op string, err, want error) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s succeeded", op)
+	}
+	got := errs.Class(err)
+	if got == want {
+		return
+	}
+	msg := fmt.Sprintf("%s: err = %v: class %v, want %v", op, err, got, want)
+	if got != errs.ErrAborted || want == errs.ErrAborted {
+		t.Fatal(msg)
+	}
+	gap(t, f, GapRefusedAsAborted, msg)
+}
+
 func allPoison(b []byte) bool {
 	for _, x := range b {
 		if x != poison {
@@ -253,16 +276,42 @@ func allPoison(b []byte) bool {
 // no byte may land: the destination is compared after the receiver was let
 // go and finished with every batch it began.
 func testCutOff(t *testing.T, f Factory, cancel bool) {
-	const n, blk = 64, 64 << 10
 	r := start(t, f)
-	src, sb := r.source(t, n*blk)
-	_, dst, db := r.dest(t, n*blk)
+	src, sb := r.source(t, cutN*cutBlk)
+	_, dst, db := r.dest(t, cutN*cutBlk)
 	fill(rand.New(rand.NewPCG(3, 3)), sb)
-	poisoned(db)
-	b := desc.Batch{}
-	for i := range uint64(n) {
-		b.Src, b.Dst, b.Len = append(b.Src, i*blk), append(b.Dst, i*blk), append(b.Len, blk)
-	}
+	cutOff(t, f, r, cancel, cutOp{
+		name: "Write", whom: "receiver", from: sb, into: db, intoName: "destination", lateIsGap: true,
+		do: func(ctx context.Context, b *desc.Batch) error { return write(ctx, r.conn, src, dst, b) },
+	})
+}
+
+// The size of a cut-off check's batch: cutN blocks of cutBlk bytes.
+const cutN, cutBlk = 64, 64 << 10
+
+// cutOp is the op a cut-off check cuts: a Write into the stalled receiver
+// or a Read from it (the roles of from and into swap).
+type cutOp struct {
+	name, whom string // "Write", "receiver": for the messages
+	// do runs the op on the rig's conn of the moment (a fresh one after
+	// the cut).
+	do func(ctx context.Context, b *desc.Batch) error
+	// from holds the bytes the op copies; into is where they land.
+	from, into []byte
+	intoName   string // "destination": for the messages
+	// lateIsGap: bytes landing after the op answered are the declared gap
+	// GapLateBytes, else a failure.
+	lateIsGap bool
+}
+
+// cutOff stalls the receiver, cuts op off with a deadline (or a
+// cancellation, made once the receiver is stalled), checks the op answered
+// with it and that no byte landed in op.into after it answered, also once
+// the receiver was let go and settled; then a fresh conn carries the batch.
+func cutOff(t *testing.T, f Factory, r *rig, cancel bool, op cutOp) {
+	t.Helper()
+	poisoned(op.into)
+	b := blockBatch(cutN, cutBlk, false)
 	stall, entered := r.rin.Stall, (<-chan struct{})(r.rin.entered)
 	if r.p.Stall != nil {
 		stall, entered = r.p.Stall, nil
@@ -289,11 +338,11 @@ func testCutOff(t *testing.T, f Factory, cancel bool) {
 		want = context.DeadlineExceeded
 	}
 	defer stop()
-	err := write(ctx, r.conn, src, dst, &b)
-	snap := bytes.Clone(db)
+	err := op.do(ctx, &b)
+	snap := bytes.Clone(op.into)
 	landed := r.rin.landedBytes.Load()
 	if err == nil {
-		t.Fatal("Write succeeded while the receiver was stalled")
+		t.Fatalf("%s succeeded while the %s was stalled", op.name, op.whom)
 	}
 	if got := errs.Class(err); got != want {
 		t.Fatalf("err = %v: class %v, want %v", err, got, want)
@@ -307,17 +356,20 @@ func testCutOff(t *testing.T, f Factory, cancel bool) {
 	if err := r.rin.settle(10 * time.Second); err != nil {
 		t.Fatalf("after the cut-off: %v", err)
 	}
-	if late, first := diff(snap, db); late > 0 {
-		msg := fmt.Sprintf("%d destination bytes (first at offset %d) changed after Write answered %v; the receiver counted %d more bytes landed",
-			late, first, errs.Class(err), r.rin.landedBytes.Load()-landed)
-		gap(t, f, GapLateBytes, msg)
+	if late, first := diff(snap, op.into); late > 0 {
+		msg := fmt.Sprintf("%d %s bytes (first at offset %d) changed after %s answered %v",
+			late, op.intoName, first, op.name, errs.Class(err))
+		if !op.lateIsGap {
+			t.Fatal(msg)
+		}
+		gap(t, f, GapLateBytes, fmt.Sprintf("%s; the receiver counted %d more bytes landed", msg, r.rin.landedBytes.Load()-landed))
 	}
 	r.fresh(t)
-	poisoned(db)
-	if err := write(context.Background(), r.conn, src, dst, &b); err != nil {
-		t.Fatalf("the next batch: %v", err)
+	poisoned(op.into)
+	if err := op.do(context.Background(), &b); err != nil {
+		t.Fatalf("the next %s: %v", strings.ToLower(op.name), err)
 	}
-	check(t, sb, db, &b)
+	check(t, op.from, op.into, &b)
 }
 
 func diff(a, b []byte) (n, first int) {
@@ -480,10 +532,7 @@ func testRekey(t *testing.T, f Factory) {
 	rk, ok := reg.(transport.Rekeyer)
 	declared(t, f, Rekey, ok)
 	fill(rand.New(rand.NewPCG(8, 8)), sb)
-	b := desc.Batch{}
-	for i := range uint64(n) {
-		b.Src, b.Dst, b.Len = append(b.Src, i*blk), append(b.Dst, i*blk), append(b.Len, blk)
-	}
+	b := blockBatch(n, blk, false)
 	poisoned(db)
 	if err := write(context.Background(), r.conn, src, dst, &b); err != nil {
 		t.Fatal(err)
@@ -502,16 +551,7 @@ func testRekey(t *testing.T, f Factory) {
 	}
 	r.rin.move(old.Key, reg.Key().Key)
 	poisoned(db)
-	err = write(context.Background(), r.conn, src, dst, &b)
-	if err == nil {
-		t.Fatal("a batch with the old key succeeded")
-	}
-	if got := errs.Class(err); got != errs.ErrNotFound {
-		if got != errs.ErrAborted {
-			t.Fatalf("old key: err = %v: class %v, want NotFound", err, got)
-		}
-		gap(t, f, GapRefusedAsAborted, fmt.Sprintf("old key: err = %v: class %v, want NotFound", err, got))
-	}
+	refused(t, f, "a batch with the old key", write(context.Background(), r.conn, src, dst, &b), errs.ErrNotFound)
 	if !allPoison(db) {
 		t.Fatal("a batch with the old key wrote into the region")
 	}

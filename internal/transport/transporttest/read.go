@@ -1,7 +1,6 @@
 package transporttest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -34,12 +33,7 @@ func (r *rig) reader(t *testing.T) transport.Reader {
 // it for reading.
 func (r *rig) readable(t testing.TB, size int) (transport.Registration, transport.RemoteRegion, []byte) {
 	t.Helper()
-	m := r.memory(t, size)
-	reg, err := r.p.Receiver.Register(m)
-	if err != nil {
-		t.Fatalf("receiver Register: %v", err)
-	}
-	t.Cleanup(func() { _ = reg.Close() })
+	reg, m := r.register(t, r.p.Receiver, "receiver", size)
 	rk := readKey(t, reg)
 	r.rin.addRead(rk.Key, m)
 	rr := r.remote(reg, uint64(size))
@@ -134,24 +128,12 @@ func testReadRefusals(t *testing.T, f Factory) {
 			reg, remote, rb := r.readable(t, n*blk)
 			fill(rand.New(rand.NewPCG(1, 24)), rb)
 			poisoned(lb)
-			b := desc.Batch{}
-			for i := range uint64(n) {
-				b.Src, b.Dst, b.Len = append(b.Src, i*blk), append(b.Dst, (n-1-i)*blk), append(b.Len, blk)
-			}
+			b := blockBatch(n, blk, true)
 			good, gb := remote, desc.Batch{Src: append([]uint64(nil), b.Src...), Dst: append([]uint64(nil), b.Dst...), Len: b.Len}
 			c.mut(r, &b, &remote, reg)
-			err := read(context.Background(), rd, local, remote, &b)
-			if err == nil {
-				t.Fatal("Read succeeded")
-			}
-			if got := errs.Class(err); got != c.want {
-				// A kind whose NIC refuses the key learns only a remote
-				// access error (Aborted), as for Write's refusals.
-				if got != errs.ErrAborted || c.want == errs.ErrAborted {
-					t.Fatalf("err = %v: class %v, want %v", err, got, c.want)
-				}
-				gap(t, f, GapRefusedAsAborted, fmt.Sprintf("read: err = %v: class %v, want %v", err, got, c.want))
-			}
+			// A kind whose NIC refuses the key learns only a remote access
+			// error (Aborted), as for Write's refusals.
+			refused(t, f, "Read", read(context.Background(), rd, local, remote, &b), c.want)
 			if !c.partial && !allPoison(lb) {
 				t.Fatal("the refused read wrote into the local region")
 			}
@@ -181,16 +163,7 @@ func testReadRefusals(t *testing.T, f Factory) {
 		fill(rand.New(rand.NewPCG(3, 24)), sb)
 		poisoned(rb)
 		b := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{blk}}
-		err := write(context.Background(), r.conn, src, remote, &b)
-		if err == nil {
-			t.Fatal("a Write with the read key succeeded")
-		}
-		if got := errs.Class(err); got != errs.ErrNotFound {
-			if got != errs.ErrAborted {
-				t.Fatalf("err = %v: class %v, want NotFound", err, got)
-			}
-			gap(t, f, GapRefusedAsAborted, fmt.Sprintf("write with a read key: err = %v: class %v, want NotFound", err, got))
-		}
+		refused(t, f, "a Write with the read key", write(context.Background(), r.conn, src, remote, &b), errs.ErrNotFound)
 		if !allPoison(rb) {
 			t.Fatal("a Write with the read key wrote into the region")
 		}
@@ -201,66 +174,13 @@ func testReadRefusals(t *testing.T, f Factory) {
 // Read answers with the deadline (or cancellation) and, once it answered,
 // no byte lands in the local region, also after the peer was let go.
 func testReadCutOff(t *testing.T, f Factory, cancel bool) {
-	const n, blk = 64, 64 << 10
 	r := start(t, f)
-	rd := r.reader(t)
-	local, lb := r.source(t, n*blk)
-	_, remote, rb := r.readable(t, n*blk)
+	r.reader(t)
+	local, lb := r.source(t, cutN*cutBlk)
+	_, remote, rb := r.readable(t, cutN*cutBlk)
 	fill(rand.New(rand.NewPCG(4, 24)), rb)
-	poisoned(lb)
-	b := desc.Batch{}
-	for i := range uint64(n) {
-		b.Src, b.Dst, b.Len = append(b.Src, i*blk), append(b.Dst, i*blk), append(b.Len, blk)
-	}
-	stall, entered := r.rin.Stall, (<-chan struct{})(r.rin.entered)
-	if r.p.Stall != nil {
-		stall, entered = r.p.Stall, nil
-	}
-	resume := stall()
-	defer resume()
-	var (
-		ctx  context.Context
-		stop context.CancelFunc
-		want error
-	)
-	if cancel {
-		ctx, stop = context.WithCancel(context.Background())
-		want = context.Canceled
-		go func() {
-			select {
-			case <-entered:
-			case <-time.After(50 * time.Millisecond):
-			}
-			stop()
-		}()
-	} else {
-		ctx, stop = context.WithTimeout(context.Background(), 100*time.Millisecond)
-		want = context.DeadlineExceeded
-	}
-	defer stop()
-	err := read(ctx, rd, local, remote, &b)
-	snap := bytes.Clone(lb)
-	if err == nil {
-		t.Fatal("Read succeeded while the peer was stalled")
-	}
-	if got := errs.Class(err); got != want {
-		t.Fatalf("err = %v: class %v, want %v", err, got, want)
-	}
-	resume()
-	if r.conn.Err() != nil {
-		_ = r.conn.Close()
-	}
-	if err := r.rin.settle(10 * time.Second); err != nil {
-		t.Fatalf("after the cut-off: %v", err)
-	}
-	if late, first := diff(snap, lb); late > 0 {
-		t.Fatalf("%d local bytes (first at offset %d) changed after Read answered %v", late, first, errs.Class(err))
-	}
-	r.fresh(t)
-	rd = r.reader(t)
-	poisoned(lb)
-	if err := read(context.Background(), rd, local, remote, &b); err != nil {
-		t.Fatalf("the next read: %v", err)
-	}
-	check(t, rb, lb, &b)
+	cutOff(t, f, r, cancel, cutOp{
+		name: "Read", whom: "peer", from: rb, into: lb, intoName: "local",
+		do: func(ctx context.Context, b *desc.Batch) error { return read(ctx, r.reader(t), local, remote, b) },
+	})
 }

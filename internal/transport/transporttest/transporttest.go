@@ -214,15 +214,23 @@ func AnonMemory(t testing.TB, size int) memory.Memory {
 	return memory.Memory{Kind: memory.Host, Addr: addrOf(b), Host: b, Len: uint64(size), DmabufFD: -1}
 }
 
+// register registers size bytes of fresh memory with tr (who: "sender"
+// or "receiver", for the message), closed at the end of t.
+func (r *rig) register(t testing.TB, tr transport.Transport, who string, size int) (transport.Registration, memory.Memory) {
+	t.Helper()
+	m := r.memory(t, size)
+	reg, err := tr.Register(m)
+	if err != nil {
+		t.Fatalf("%s Register: %v", who, err)
+	}
+	t.Cleanup(func() { _ = reg.Close() })
+	return reg, m
+}
+
 // source registers size bytes with the sender.
 func (r *rig) source(t testing.TB, size int) (transport.Registration, []byte) {
 	t.Helper()
-	m := r.memory(t, size)
-	reg, err := r.p.Sender.Register(m)
-	if err != nil {
-		t.Fatalf("sender Register: %v", err)
-	}
-	t.Cleanup(func() { _ = reg.Close() })
+	reg, m := r.register(t, r.p.Sender, "sender", size)
 	return reg, m.Host
 }
 
@@ -230,12 +238,7 @@ func (r *rig) source(t testing.TB, size int) (transport.Registration, []byte) {
 // registry does for an exported region.
 func (r *rig) dest(t testing.TB, size int) (transport.Registration, transport.RemoteRegion, []byte) {
 	t.Helper()
-	m := r.memory(t, size)
-	reg, err := r.p.Receiver.Register(m)
-	if err != nil {
-		t.Fatalf("receiver Register: %v", err)
-	}
-	t.Cleanup(func() { _ = reg.Close() })
+	reg, m := r.register(t, r.p.Receiver, "receiver", size)
 	r.rin.add(reg.Key().Key, m)
 	return reg, r.remote(reg, uint64(size)), m.Host
 }
