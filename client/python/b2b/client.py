@@ -1590,6 +1590,8 @@ class Client:
             op=_op(op),
         )
         if notification is not None:
+            if not isinstance(notification, (bytes, bytearray, memoryview)):
+                raise TypeError(f"notification: expected bytes, got {type(notification).__name__}")
             req.notification = bytes(notification)
         if after is not None:
             from .stream import trigger_proto  # stream imports this module

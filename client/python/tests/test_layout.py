@@ -33,6 +33,9 @@ class LayoutTest(daemon_harness.DaemonPair):
             with self.assertRaises(b2b.InvalidArgumentError) as cm:
                 self.a.transfer_blocks("py-src", self.db.peer_address, "py-dst", [1, 2], [5, 5])
             self.assertIn("remote_ids[1]", str(cm.exception))
+            # A notification is bytes: an int is refused, not sent as that many zero bytes.
+            with self.assertRaisesRegex(TypeError, "notification"):
+                self.a.transfer_blocks("py-src", self.db.peer_address, "py-dst", [1], [2], notification=3)
         finally:
             for c, name in ((self.a, "py-src"), (self.b, "py-dst")):
                 try:
