@@ -319,6 +319,8 @@ func TestPullFaults(t *testing.T) {
 					t.Fatalf("pull after the fault: %v", err)
 				case !strings.Contains(err.Error(), `"victim"`):
 					t.Fatalf("the failure does not name the remote region: %v", err)
+				case fault == "file truncated" && code != codes.DataLoss:
+					t.Fatalf("pull from a truncated source: %v, want DataLoss", err)
 				}
 				t.Logf("%s: %v", fault, err)
 				// Both daemons live on: a fresh export pulls fine.
