@@ -75,15 +75,24 @@ func (g *Registry) readEvents(w *watcher) {
 			return
 		}
 		var wds []int32
+		overflow := false // events were lost: every watched file is looked at
 		for off := 0; off+unix.SizeofInotifyEvent <= n; {
 			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
 			wds = append(wds, ev.Wd)
+			overflow = overflow || ev.Mask&unix.IN_Q_OVERFLOW != 0
 			off += unix.SizeofInotifyEvent + int(ev.Len)
 		}
 		g.mu.Lock()
+		if overflow {
+			for _, rs := range w.byWD {
+				for r := range rs {
+					_ = g.checkFile(r)
+				}
+			}
+		}
 		for _, wd := range wds {
 			for r := range w.byWD[wd] {
-				g.checkFile(r)
+				_ = g.checkFile(r)
 			}
 		}
 		g.mu.Unlock()
