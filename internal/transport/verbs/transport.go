@@ -522,6 +522,13 @@ func (r *registration) state() string {
 	return "closed"
 }
 
+// unusable is state under r.mu: why use returned nil.
+func (r *registration) unusable() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state()
+}
+
 // use holds the current MR for a sending batch; nil once closed or
 // withdrawn.
 func (r *registration) use() *mrRef {
