@@ -542,7 +542,8 @@ func (s *Service) prepare(ctx context.Context, p *Plan) (transport.Session, tran
 
 // isRequestError: the peer refused this request, the connection is fine.
 func isRequestError(err error) bool {
-	for _, t := range []error{errs.ErrNotFound, errs.ErrInvalidArgument, errs.ErrPermissionDenied, errs.ErrFailedPrecondition} {
+	// DataLoss: the peer's region failed (its file truncated), not the path.
+	for _, t := range []error{errs.ErrNotFound, errs.ErrInvalidArgument, errs.ErrPermissionDenied, errs.ErrFailedPrecondition, errs.ErrDataLoss} {
 		if errors.Is(err, t) {
 			return true
 		}

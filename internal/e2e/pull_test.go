@@ -295,6 +295,9 @@ func TestPullFaults(t *testing.T) {
 					t.Fatal("2000 pulls succeeded after the fault")
 				}
 				faultedPull(t, err, `"victim"`)
+				if fault == "file truncated" && status.Code(err) != codes.DataLoss {
+					t.Fatalf("pull from a truncated source: %v, want DataLoss", err)
+				}
 				t.Logf("%s: %v", fault, err)
 				// Both daemons live on: a fresh export pulls fine.
 				other, err := b.c.RegisterHost(ctx, n*size, "other", client.Readers("*"))

@@ -502,39 +502,19 @@ func (s *pullServer) pullInto(ctx context.Context, id, name string, localOff, re
 	return nil
 }
 
-// afterRewrite regrows the truncated file at path to its size, writes new
-// bytes into it, pulls once more and says which bytes came: the file's new
-// ones, or the ones the MR pinned before the truncation.
-func (s *pullServer) afterRewrite(ctx context.Context, path, local, name string, localOff, remoteOff []uint64, size uint64, old []uint64) string {
-	n := len(remoteOff)
+// afterRewrite regrows the truncated file at path and writes new bytes into
+// it, then pulls once more: the region must stay failed (its old MR pinned
+// the pre-truncation pages; only a new registration is the file again).
+func (s *pullServer) afterRewrite(ctx context.Context, path, local, name string, localOff, remoteOff []uint64, size uint64) error {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
-		return fmt.Sprintf("(rewrite: %v)", err)
+		s.t.Fatalf("rewrite: %v", err)
 	}
 	defer f.Close()
-	fresh := bytes.Repeat([]byte{0xa5}, n*int(size))
-	if _, err := f.WriteAt(fresh, 0); err != nil {
-		return fmt.Sprintf("(rewrite: %v)", err)
+	if _, err := f.WriteAt(bytes.Repeat([]byte{0xa5}, len(remoteOff)*int(size)), 0); err != nil {
+		s.t.Fatalf("rewrite: %v", err)
 	}
-	if err := pullVerbs(ctx, s.caller, local, s.p.peer, name, localOff, remoteOff, size); err != nil {
-		return fmt.Sprintf("after the file was rewritten a pull failed: %v", err)
-	}
-	cs, err := s.caller.Checksum(ctx, local, localOff, nil, size, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, true)
-	if err != nil {
-		return fmt.Sprintf("(checksum: %v)", err)
-	}
-	got, newSum := client.Unpack(cs.BlockDigests), checksum.Block(checksum.CRC32C, fresh[:size])
-	stale, cur := 0, 0
-	for i := range remoteOff {
-		switch got[i] {
-		case old[remoteOff[i]/size]:
-			stale++
-		case newSum:
-			cur++
-		}
-	}
-	return fmt.Sprintf("after the file was regrown and rewritten, a pull succeeded with %d of %d blocks the pre-truncation bytes and %d the file's new ones",
-		stale, n, cur)
+	return pullVerbs(ctx, s.caller, local, s.p.peer, name, localOff, remoteOff, size)
 }
 
 // sentPackets is the RDMA device's sent-packet counter in this VM: READ
@@ -556,7 +536,9 @@ func (s *pullServer) sentPackets() uint64 {
 //   - its region deregistered, its export withdrawn, its file truncated:
 //     the pulls fail with a code (not Unknown) and a message naming the
 //     remote region, every pull that succeeded brought every block, and
-//     both daemons serve the next pull;
+//     both daemons serve the next pull; a truncated file answers DataLoss,
+//     still after it was regrown and rewritten (the old MR's pages are not
+//     the file's);
 //   - kill -9 of the serving daemon while A's READs are on the wire (B's
 //     NIC sending responses): Unavailable or Aborted within 1 s of the
 //     kill, or success with every block; A's daemon serves on.
@@ -599,21 +581,25 @@ func TestRemotePullFaults(t *testing.T) {
 			<-started // one pull done, the next on its way
 			makePullFault(ctx, t, s.c, remote.Id, path, fault)
 			err := <-errc
-			if err == nil && fault == "file truncated" {
-				// Over verbs the serving daemon takes no part in a READ, and its
-				// MR pins the file's pages, so the NIC keeps serving them: the
-				// pulls above brought every pre-truncation block (pullInto checked
-				// them). Stated, not silent: and what a pull brings once the file
-				// is rewritten.
-				t.Logf("KNOWN GAP %q: 100 pulls succeeded after the file was truncated, each with the pre-truncation bytes; %s",
-					"truncated source over verbs", s.afterRewrite(ctx, path, local, name, rev, offs, size, want))
-				return
-			}
 			if err == nil {
 				t.Fatalf("100 pulls succeeded after the remote region was %s", fault)
 			}
 			faultedPull(t, err, name)
 			t.Logf("%s: %v", fault, err)
+			if fault == "file truncated" {
+				// The serving daemon saw its file shrink and withdrew the
+				// region's keys (the NIC no longer serves the MR's pinned
+				// pages): DataLoss naming it, also once the file grew back
+				// and was rewritten.
+				if status.Code(err) != codes.DataLoss || !strings.Contains(err.Error(), "truncated to 0 bytes") {
+					t.Fatalf("pull from a truncated source: %v, want DataLoss saying the file was truncated", err)
+				}
+				err := s.afterRewrite(ctx, path, local, name, rev, offs, size)
+				if status.Code(err) != codes.DataLoss || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "grows back") {
+					t.Fatalf("pull after the truncated file was regrown and rewritten: %v, want DataLoss naming %q: the region stays failed", err, name)
+				}
+				t.Logf("after the file was regrown and rewritten: %v", err)
+			}
 			// Both daemons serve on: a fresh export pulls, verified.
 			other := name + "-after"
 			r2, want2 := s.export(ctx, other, n, size, uint64(100+i))

@@ -50,6 +50,12 @@ type Region struct {
 	release func() error // unmap / free; runs once after every transport let go
 	owned   bool         // the daemon created ShmPath and removes it
 	fileID  fileID       // owned: the inode the daemon created at ShmPath
+	// file is a host region's open file, fstat'ed for its size; wd its
+	// inotify watch (0: none); truncated, once set, fails the region for
+	// good (truncate.go). Guarded by Registry.mu.
+	file      *os.File
+	wd        int32
+	truncated *TruncatedError
 
 	active  int  // batches using the region (guarded by Registry.mu)
 	closing bool // deregistration started
@@ -150,6 +156,7 @@ type Registry struct {
 	// unpublished, released when the last batch lets go.
 	draining map[*Region]struct{}
 	drained  sync.WaitGroup // releases of drained regions under way
+	watch    *watcher       // host regions' files (truncate.go); nil: no inotify
 }
 
 // Pins is the index of live registrations by transport key: the receiving
@@ -199,6 +206,7 @@ func New(cfg Config) (*Registry, error) {
 		return nil, err
 	}
 	g.reclaim()
+	g.startWatcher()
 	return g, nil
 }
 
@@ -460,7 +468,12 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller, lease ...Le
 	if err != nil {
 		return nil, fmt.Errorf("region: create %s: %w", path, err)
 	}
-	defer f.Close()
+	kept := false // the region keeps f (to see it truncated); add closes it on failure
+	defer func() {
+		if !kept {
+			f.Close()
+		}
+	}()
 	// The caller must be able to map the file, and nobody else: it is handed
 	// to the caller's uid and gid (the setgid directory's group would let
 	// every member of the b2bd group in). A caller whose uid is unknown (TCP)
@@ -494,7 +507,8 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller, lease ...Le
 		os.Remove(path)
 		return nil, err
 	}
-	r := &Region{Mem: mem, ShmPath: path, release: unmap, owned: true, fileID: id, Owner: who}
+	r := &Region{Mem: mem, ShmPath: path, release: unmap, owned: true, fileID: id, Owner: who, file: f}
+	kept = true
 	return g.add(r, export, lease)
 }
 
@@ -511,7 +525,12 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	kept := false // the region keeps f (to see it truncated); add closes it on failure
+	defer func() {
+		if !kept {
+			f.Close()
+		}
+	}()
 	st, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("region: stat %s: %w", real, err)
@@ -536,7 +555,8 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 	if err != nil {
 		return nil, err
 	}
-	return g.add(&Region{Mem: mem, ShmPath: real, ShmOff: offset, release: unmap, Owner: who}, export, lease)
+	kept = true
+	return g.add(&Region{Mem: mem, ShmPath: real, ShmOff: offset, release: unmap, Owner: who, file: f}, export, lease)
 }
 
 // openInShmDir opens path only if it resolves to a regular file inside the
@@ -668,6 +688,9 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 		g.byKey[keyRef{k, reg.Key().Key}] = r
 	}
 	g.indexReadKeys(r)
+	if r.file != nil {
+		g.watchFile(r)
+	}
 	g.mu.Unlock()
 	g.cfg.Log.Debug("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", export.Name)
 	return r, nil
@@ -679,6 +702,9 @@ func nameTaken(name string, o *Region) error {
 }
 
 func (g *Registry) releaseMemory(r *Region) {
+	g.mu.Lock()
+	g.unwatchFile(r)
+	g.mu.Unlock()
 	if r.release != nil {
 		if err := r.release(); err != nil {
 			g.cfg.Log.Warn("release region memory", "id", r.ID, "error", err)
@@ -769,6 +795,9 @@ func (g *Registry) Acquire(id, field string, who Caller) (*Region, func(), error
 	if err := permit(r, field, who); err != nil {
 		return nil, nil, err
 	}
+	if err := g.checkFile(r); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", field, err)
+	}
 	r.active++
 	return r, func() { g.done(r) }, nil
 }
@@ -785,6 +814,9 @@ func (g *Registry) Hold(id, field string, who Caller, holder string) (*Region, f
 	}
 	if err := permit(r, field, who); err != nil {
 		return nil, nil, err
+	}
+	if err := g.checkFile(r); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", field, err)
 	}
 	r.active++
 	if r.heldBy == nil {
@@ -831,6 +863,9 @@ func (g *Registry) LookupFor(name, peer string, a transport.Access) (*Region, fu
 		return nil, nil, fmt.Errorf("%w: no region is exported as %q", errs.ErrNotFound, name)
 	}
 	if err := Grants(ExportOf(r), peer, a, "region", name); err != nil {
+		return nil, nil, err
+	}
+	if err := g.checkFile(r); err != nil {
 		return nil, nil, err
 	}
 	r.active++
@@ -926,6 +961,9 @@ func (p *Pins) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) 
 	if r.ReadOnly {
 		return memory.Memory{}, nil, fmt.Errorf("%w: region %q is exported read-only", errs.ErrNotFound, r.Export)
 	}
+	if err := p.g.checkFile(r); err != nil {
+		return memory.Memory{}, nil, err
+	}
 	r.active++
 	return r.Mem, func() { p.done(r) }, nil
 }
@@ -950,6 +988,9 @@ func (p *Pins) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), err
 	}
 	if len(r.Readers) == 0 {
 		return memory.Memory{}, nil, fmt.Errorf("%w: region %q no longer grants reads", errs.ErrNotFound, r.Export)
+	}
+	if err := p.g.checkFile(r); err != nil {
+		return memory.Memory{}, nil, err
 	}
 	r.active++
 	return r.Mem, func() { p.done(r) }, nil
@@ -1169,6 +1210,7 @@ func (g *Registry) Close() {
 		g.close(r)
 	}
 	g.drained.Wait()
+	g.stopWatcher()
 	if lock != nil {
 		_ = os.Remove(g.lockPath)
 		_ = lock.Close()

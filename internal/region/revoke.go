@@ -77,6 +77,9 @@ func (g *Registry) Rekey(r *Region, why string, reads bool) error {
 // Rekey may replace the read keys too (verbs retires every access set's
 // MR), so the read index is rebuilt (when r grants readers).
 func (g *Registry) rekey(r *Region, why string) error {
+	if r.truncated != nil {
+		return nil // its keys were withdrawn: nothing is left to revoke
+	}
 	g.unindexReadKeys(r)
 	defer g.indexReadKeys(r)
 	for k, reg := range r.regs {
@@ -129,6 +132,9 @@ func narrowsReaders(oldName string, oldReaders []string, e Export) bool {
 // readers), else the caller does that once the new export is in place.
 // g.mu held.
 func (g *Registry) rekeyReads(r *Region, reindex bool) error {
+	if r.truncated != nil {
+		return nil // its keys were withdrawn: nothing is left to revoke
+	}
 	g.unindexReadKeys(r)
 	if reindex {
 		defer g.indexReadKeys(r)

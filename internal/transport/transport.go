@@ -58,6 +58,16 @@ type Rekeyer interface {
 	Rekey() (old RemoteKey, err error)
 }
 
+// Withdrawer is implemented by registrations that pin the memory's pages
+// (an RDMA MR): once the memory's file is truncated those pages are no
+// longer the file's, and a NIC would keep reading and writing them. The
+// registry then withdraws the registration: every key it handed out stops
+// working (as a Rekey's old key does, once the batches using it ended),
+// no new key is made, and no batch may use it until Close.
+type Withdrawer interface {
+	Withdraw() error
+}
+
 // RemoteRegion is a peer's exported region as resolved over the control plane.
 type RemoteRegion struct {
 	Name string

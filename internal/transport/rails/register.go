@@ -179,6 +179,25 @@ func (r *registration) Rekey() (transport.RemoteKey, error) {
 	return old[0], nil
 }
 
+var _ transport.Withdrawer = (*registration)(nil)
+
+// Withdraw withdraws every rail's registration (transport.Withdrawer): no
+// rail key works any more.
+func (r *registration) Withdraw() error {
+	var el []error
+	for i, g := range r.regs {
+		if w, ok := g.(transport.Withdrawer); ok {
+			if err := w.Withdraw(); err != nil {
+				el = append(el, fmt.Errorf("rail %d (%s): %w", i, r.t.rails[i].name, err))
+			}
+		}
+	}
+	if len(el) > 0 {
+		return fmt.Errorf("rails: withdraw: %w", errors.Join(el...))
+	}
+	return nil
+}
+
 // Close deregisters the memory on every rail; safe twice.
 func (r *registration) Close() error {
 	r.mu.Lock()

@@ -104,7 +104,7 @@ func FuzzWire(f *testing.F) {
 			}
 		}
 		if r, err := parseReply(b); err == nil {
-			if r.msgLen > maxMsg || r.fds > 1 || r.status > statusDenied {
+			if r.msgLen > maxMsg || r.fds > 1 || r.status > statusDataLoss {
 				t.Fatalf("reply out of bounds accepted: %+v", r)
 			}
 		}

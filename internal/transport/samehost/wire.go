@@ -79,6 +79,8 @@ const (
 	statusInvalid  = 2
 	statusInternal = 3
 	statusDenied   = 4
+	// statusDataLoss: the region failed (its file truncated under it).
+	statusDataLoss = 5
 
 	kindHost = 1
 	kindCUDA = 2
@@ -232,7 +234,7 @@ func parseReplyFDs(b []byte, maxFDs uint32) (reply, error) {
 		msgLen: binary.LittleEndian.Uint32(b[24:]), fds: binary.LittleEndian.Uint32(b[28:]),
 	}
 	switch {
-	case r.status > statusDenied:
+	case r.status > statusDataLoss:
 		return reply{}, fmt.Errorf("%w: samehost reply status %d is unknown", errs.ErrInvalidArgument, r.status)
 	case r.kind > kindCUDA:
 		return reply{}, fmt.Errorf("%w: samehost reply memory kind %d is unknown", errs.ErrInvalidArgument, r.kind)
@@ -253,6 +255,8 @@ func statusErr(s uint32) error {
 		return errs.ErrInvalidArgument
 	case statusDenied:
 		return errs.ErrPermissionDenied
+	case statusDataLoss:
+		return errs.ErrDataLoss
 	}
 	return errs.ErrAborted
 }
@@ -266,6 +270,8 @@ func statusOf(err error) uint32 {
 		return statusInvalid
 	case errs.ErrPermissionDenied:
 		return statusDenied
+	case errs.ErrDataLoss:
+		return statusDataLoss
 	}
 	return statusInternal
 }

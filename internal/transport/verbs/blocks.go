@@ -130,7 +130,7 @@ func (s *qpSet) holdLocal(op string, regs []transport.Registration) error {
 		ref := reg.use()
 		if ref == nil {
 			s.releaseLocal()
-			return fmt.Errorf("verbs: %s: local region %d: registration closed: %w", op, i, errs.ErrFailedPrecondition)
+			return fmt.Errorf("verbs: %s: local region %d: registration %s: %w", op, i, reg.unusable(), errs.ErrFailedPrecondition)
 		}
 		b.regs, b.refs = append(b.regs, reg), append(b.refs, ref)
 	}

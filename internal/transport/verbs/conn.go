@@ -317,7 +317,7 @@ func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst trans
 	// retires it only once this batch stopped posting from it.
 	ref := reg.use()
 	if ref == nil {
-		return st, fmt.Errorf("verbs: write: source registration closed: %w", errs.ErrFailedPrecondition)
+		return st, fmt.Errorf("verbs: write: source registration %s: %w", reg.unusable(), errs.ErrFailedPrecondition)
 	}
 	defer reg.done(ref)
 	return s.write(ctx, ref.mr, reg.mem, dst, b, total)

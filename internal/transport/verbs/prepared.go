@@ -59,7 +59,7 @@ func (s *qpSet) Prepare(src transport.Registration, dst transport.RemoteRegion, 
 	}
 	ref := reg.use()
 	if ref == nil {
-		return nil, fmt.Errorf("verbs: prepare: source registration closed: %w", errs.ErrFailedPrecondition)
+		return nil, fmt.Errorf("verbs: prepare: source registration %s: %w", reg.unusable(), errs.ErrFailedPrecondition)
 	}
 	defer reg.done(ref)
 	t := s.t
@@ -156,7 +156,7 @@ func (p *prepared) Write(ctx context.Context) (transport.Stats, error) {
 	defer s.releaseWrite()
 	ref := p.reg.use()
 	if ref == nil {
-		return st, fmt.Errorf("verbs: prepared write: source registration closed: %w", errs.ErrFailedPrecondition)
+		return st, fmt.Errorf("verbs: prepared write: source registration %s: %w", p.reg.unusable(), errs.ErrFailedPrecondition)
 	}
 	defer p.reg.done(ref)
 	if ref.mr != p.mr {

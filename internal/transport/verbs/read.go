@@ -35,7 +35,7 @@ func (s *qpSet) Read(ctx context.Context, dst transport.Registration, src transp
 	// its source's: a Rekey retires it only once this batch is done.
 	ref := reg.use()
 	if ref == nil {
-		return st, fmt.Errorf("verbs: read: destination registration closed: %w", errs.ErrFailedPrecondition)
+		return st, fmt.Errorf("verbs: read: destination registration %s: %w", reg.unusable(), errs.ErrFailedPrecondition)
 	}
 	defer reg.done(ref)
 	return s.read(ctx, ref.mr, reg.mem, src, b, total)

@@ -394,7 +394,10 @@ type registration struct {
 	acc    [accSets]*mrRef
 	old    []*mrRef // retired by Rekey, still in use
 	closed bool
-	err    error
+	// withdrawn: Withdraw retired every MR and made none (the memory's
+	// file was truncated): no key works, none is made, cur is retired.
+	withdrawn bool
+	err       error
 }
 
 // Indices of registration.acc.
@@ -442,8 +445,8 @@ func (r *registration) KeyFor(a transport.Access) (transport.RemoteKey, error) {
 	case transport.AccessWrite:
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		if r.closed {
-			return transport.RemoteKey{}, fmt.Errorf("verbs: key for write: registration closed: %w", errs.ErrFailedPrecondition)
+		if r.closed || r.withdrawn {
+			return transport.RemoteKey{}, fmt.Errorf("verbs: key for write: registration %s: %w", r.state(), errs.ErrFailedPrecondition)
 		}
 		return mrKey(r.cur.mr), nil
 	case transport.AccessRead:
@@ -455,9 +458,10 @@ func (r *registration) KeyFor(a transport.Access) (transport.RemoteKey, error) {
 			a, transport.AccessWrite, transport.AccessRead, errs.ErrInvalidArgument)
 	}
 	r.mu.Lock()
-	if r.closed {
+	if r.closed || r.withdrawn {
+		st := r.state()
 		r.mu.Unlock()
-		return transport.RemoteKey{}, fmt.Errorf("verbs: key for access %#x: registration closed: %w", a, errs.ErrFailedPrecondition)
+		return transport.RemoteKey{}, fmt.Errorf("verbs: key for access %#x: registration %s: %w", a, st, errs.ErrFailedPrecondition)
 	}
 	if m := r.acc[k]; m != nil {
 		r.mu.Unlock()
@@ -471,13 +475,13 @@ func (r *registration) KeyFor(a transport.Access) (transport.RemoteKey, error) {
 	}
 	t.live.mrs.Add(1)
 	r.mu.Lock()
-	if r.closed || r.acc[k] != nil { // closed, or another caller was first
-		closed, m := r.closed, r.acc[k]
+	if r.closed || r.withdrawn || r.acc[k] != nil { // closed or withdrawn, or another caller was first
+		gone, st, m := r.closed || r.withdrawn, r.state(), r.acc[k]
 		r.mu.Unlock()
 		_ = mr.Close()
 		t.live.mrs.Add(-1)
-		if closed {
-			return transport.RemoteKey{}, fmt.Errorf("verbs: key for access %#x: registration closed: %w", a, errs.ErrFailedPrecondition)
+		if gone {
+			return transport.RemoteKey{}, fmt.Errorf("verbs: key for access %#x: registration %s: %w", a, st, errs.ErrFailedPrecondition)
 		}
 		return mrKey(m.mr), nil
 	}
@@ -509,11 +513,28 @@ func mrKey(mr *ibv.MR) transport.RemoteKey {
 	return transport.RemoteKey{Key: uint64(mr.RKey()), Addr: mr.Addr()}
 }
 
-// use holds the current MR for a sending batch; nil once closed.
+// state names why a registration serves no more: closed or withdrawn
+// (r.mu held).
+func (r *registration) state() string {
+	if r.withdrawn && !r.closed {
+		return "withdrawn (its memory's file was truncated)"
+	}
+	return "closed"
+}
+
+// unusable is state under r.mu: why use returned nil.
+func (r *registration) unusable() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.state()
+}
+
+// use holds the current MR for a sending batch; nil once closed or
+// withdrawn.
 func (r *registration) use() *mrRef {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed {
+	if r.closed || r.withdrawn {
 		return nil
 	}
 	r.cur.users++
@@ -525,7 +546,7 @@ func (r *registration) use() *mrRef {
 func (r *registration) useRKey(rkey uint32) *mrRef {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed {
+	if r.closed || r.withdrawn {
 		return nil
 	}
 	if r.cur.mr.RKey() == rkey {
@@ -596,27 +617,16 @@ func (r *registration) Rekey() (transport.RemoteKey, error) {
 	}
 	t.live.mrs.Add(1)
 	r.mu.Lock()
-	if r.closed {
+	if r.closed || r.withdrawn {
+		st := r.state()
 		r.mu.Unlock()
 		_ = mr.Close()
 		t.live.mrs.Add(-1)
-		return transport.RemoteKey{}, fmt.Errorf("verbs: rekey: registration closed: %w", errs.ErrFailedPrecondition)
+		return transport.RemoteKey{}, fmt.Errorf("verbs: rekey: registration %s: %w", st, errs.ErrFailedPrecondition)
 	}
 	old := r.cur
 	r.cur = &mrRef{mr: mr, write: true}
-	var gone []*mrRef // retired and unused: deregistered now
-	for _, m := range []*mrRef{old, r.acc[accRead], r.acc[accReadWrite]} {
-		if m == nil {
-			continue
-		}
-		m.retired = true
-		if m.users == 0 {
-			gone = append(gone, m)
-		} else {
-			r.old = append(r.old, m)
-		}
-	}
-	r.acc = [accSets]*mrRef{}
+	gone := r.retireAll(old)
 	idle := old.users == 0
 	r.mu.Unlock()
 	t.mu.Lock()
@@ -630,6 +640,54 @@ func (r *registration) Rekey() (transport.RemoteKey, error) {
 	return key, nil
 }
 
+// retireAll retires cur (the write MR being replaced or withdrawn) and the
+// access sets' MRs: those no batch uses are returned, to be deregistered
+// (Transport.retire) once r.mu is released; the others go with their last
+// user (done). r.mu held.
+func (r *registration) retireAll(cur *mrRef) (gone []*mrRef) {
+	for _, m := range []*mrRef{cur, r.acc[accRead], r.acc[accReadWrite]} {
+		if m == nil {
+			continue
+		}
+		m.retired = true
+		if m.users == 0 {
+			gone = append(gone, m)
+		} else {
+			r.old = append(r.old, m)
+		}
+	}
+	r.acc = [accSets]*mrRef{}
+	return gone
+}
+
+var _ transport.Withdrawer = (*registration)(nil)
+
+// Withdraw retires every MR of the registration, as Rekey retires the old
+// ones, and registers none: from then on a READ or WRITE with any of its
+// rkeys fails at the NIC (an MR a sending batch uses goes when it ends), no
+// key is made, and no batch may use it. The memory's file was truncated:
+// a new MR could not pin it, and the old one pins pages that are no longer
+// the file's. Safe twice; Close still releases it.
+func (r *registration) Withdraw() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return fmt.Errorf("verbs: withdraw: registration closed: %w", errs.ErrFailedPrecondition)
+	}
+	if r.withdrawn {
+		r.mu.Unlock()
+		return nil
+	}
+	r.withdrawn = true
+	gone := r.retireAll(r.cur)
+	r.mu.Unlock()
+	for _, m := range gone {
+		r.t.retire(r, m)
+	}
+	r.t.log.Info("verbs: registration withdrawn: its rkeys no longer work", "rkey", r.cur.mr.RKey(), "bytes", r.mem.Len)
+	return nil
+}
+
 // Close deregisters every MR of the registration; safe twice. Callers make
 // sure no batch uses it (the registry refuses to deregister a region in use;
 // the transport destroys its QP sets first).
@@ -640,7 +698,10 @@ func (r *registration) Close() error {
 		return r.err
 	}
 	r.closed = true
-	mrs := append([]*mrRef{r.cur}, r.old...)
+	mrs := append([]*mrRef(nil), r.old...)
+	if !r.withdrawn { // withdrawn: cur was retired (or is in old)
+		mrs = append(mrs, r.cur)
+	}
 	for _, m := range r.acc {
 		if m != nil {
 			mrs = append(mrs, m)
