@@ -314,7 +314,7 @@ func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tr
 	if host {
 		params.InlineMax = t.inline // the CPU reads inline data: never GPU memory
 	}
-	if err := s.postBlocks(ctx, &st, tag, first, nq, &params, tab, curs, w.IDs, true); err != nil {
+	if err := s.postChains(ctx, &st, tag, first, nq, &params, &chainSource{tab: tab, curs: curs, ids: w.IDs}); err != nil {
 		return st, err
 	}
 	if err := s.awaitAck(ctx, tag, &w.Dst[0]); err != nil {
@@ -375,82 +375,10 @@ func (s *qpSet) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *tran
 	s.rot++
 	params := ibv.ChainParams{Op: ibv.WRRead, MaxWR: cfg.MaxChain, MaxSGE: t.maxSGERd,
 		MaxWRBytes: min(t.wrBytes, uint64(cfg.ReadWRBytes)), MaxChainBytes: uint64(cfg.ChainBytes), SignalEvery: cfg.SignalEvery}
-	if err := s.postBlocks(ctx, &st, tag, first, nq, &params, tab, curs, r.IDs, false); err != nil {
-		return st, s.stopRead(err)
+	if err := s.postChains(ctx, &st, tag, first, nq, &params, &chainSource{tab: tab, curs: curs, ids: r.IDs}); err != nil {
+		return st, err
 	}
-	for k := 0; k < nq; k++ {
-		q := s.qps[(first+k)%len(s.qps)]
-		for int32(q.posted-q.done.Load()) > 0 {
-			if err := s.waitCredit(ctx, tag); err != nil {
-				return st, s.stopRead(err)
-			}
-		}
-	}
-	if err := s.Err(); err != nil {
-		return st, s.stopRead(err)
-	}
-	return st, nil
-}
-
-// postBlocks posts the nq ranges of s.blk.cuts, range k on QP first+k, in
-// chains as credits allow (Write's loop). A failure after anything was
-// posted breaks the set (the caller of a READ also halts it); ctx ending
-// abandons the batch (QPs to ERROR, drained).
-func (s *qpSet) postBlocks(ctx context.Context, st *transport.Stats, tag uint32, first, nq int, params *ibv.ChainParams,
-	tab *ibv.BlockTable, curs []*ibv.BlockCursor, ids kvlayout.IDs, immLast bool) error {
-	cfg := &s.t.cfg
-	for k := 0; k < nq; k++ {
-		qi := (first + k) % len(s.qps)
-		q := s.qps[qi]
-		q.chain.Setup(params)
-		q.chain.Start(ibv.Pos{}, ibv.Pos{}, immLast, tag)
-		q.chain.SetSeq(q.posted)
-		curs[qi].Start(s.blk.cuts[k], s.blk.cuts[k+1])
-		s.rangeOn[k] = true
-	}
-	minPost := max(1, cfg.MaxChain/4)
-	for pending := nq; pending > 0; {
-		progressed := false
-		for k := 0; k < nq; k++ {
-			if !s.rangeOn[k] {
-				continue
-			}
-			qi := (first + k) % len(s.qps)
-			q := s.qps[qi]
-			a := q.avail()
-			if a < minPost {
-				continue
-			}
-			q.chain.SetMaxWR(min(cfg.MaxChain, a))
-			res, err := q.qp.PostBlocks(q.chain, tab, curs[qi], ids.Src, ids.Dst)
-			q.posted = res.Seq
-			st.Plan += time.Duration(res.PlanNs)
-			st.Post += time.Duration(res.PostNs)
-			if err != nil {
-				err = fmt.Errorf("verbs: block batch %d with %s: %w", tag, s.peer, err)
-				s.fail(err, true)
-				return err
-			}
-			st.WorkRequests += uint64(res.WRs)
-			st.Segments += uint64(res.SGEs)
-			if res.WRs > 0 {
-				progressed = true
-			}
-			if res.Done {
-				s.rangeOn[k] = false
-				pending--
-			}
-		}
-		if pending > 0 && ctx.Err() != nil {
-			return s.abandon(ctx, tag)
-		}
-		if !progressed && pending > 0 {
-			if err := s.waitCredit(ctx, tag); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return st, s.awaitReads(ctx, tag, first, nq)
 }
 
 // postKeys sends a multi-region batch's destination rkeys on QP first,

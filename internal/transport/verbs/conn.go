@@ -601,59 +601,8 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 	if mem.Kind == memory.Host {
 		params.InlineMax = t.inline // the CPU reads inline data: never for GPU memory
 	}
-	for k := 0; k < nq; k++ {
-		q := s.qps[(first+k)%len(s.qps)]
-		q.chain.Setup(&params)
-		q.chain.Start(s.cuts[k], s.cuts[k+1], true, tag)
-		q.chain.SetSeq(q.posted)
-		s.rangeOn[k] = true
-	}
-	// Small chains waste doorbells: wait for a quarter of a chain of credits.
-	minPost := max(1, cfg.MaxChain/4)
-	for pending := nq; pending > 0; {
-		progressed := false
-		for k := 0; k < nq; k++ {
-			if !s.rangeOn[k] {
-				continue
-			}
-			q := s.qps[(first+k)%len(s.qps)]
-			a := q.avail()
-			if a < minPost {
-				continue
-			}
-			q.chain.SetMaxWR(min(cfg.MaxChain, a))
-			res, err := q.qp.PostChain(q.chain, b.Src, b.Dst, b.Len)
-			q.posted = res.Seq
-			st.Plan += time.Duration(res.PlanNs)
-			st.Post += time.Duration(res.PostNs)
-			if err != nil {
-				// The meta and maybe other chains are out: the batch cannot
-				// be taken back, so the connection goes with it.
-				err = fmt.Errorf("verbs: batch %d to %s: %w", tag, s.peer, err)
-				s.fail(err, true)
-				return st, err
-			}
-			st.WorkRequests += uint64(res.WRs)
-			st.Segments += uint64(res.SGEs)
-			if res.WRs > 0 {
-				progressed = true
-			}
-			if res.Done {
-				s.rangeOn[k] = false
-				pending--
-			}
-		}
-		if pending > 0 && ctx.Err() != nil {
-			// Providers that do the send work inside ibv_post_send (rxe) may
-			// never run out of credits, so the deadline is checked between
-			// rounds too, not only while waiting.
-			return st, s.abandon(ctx, tag)
-		}
-		if !progressed && pending > 0 {
-			if err := s.waitCredit(ctx, tag); err != nil {
-				return st, err
-			}
-		}
+	if err := s.postChains(ctx, &st, tag, first, nq, &params, &chainSource{b: b}); err != nil {
+		return st, err
 	}
 	return st, s.awaitAck(ctx, tag, &dst)
 }
