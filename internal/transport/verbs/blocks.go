@@ -306,7 +306,8 @@ func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tr
 	if err := s.postKeys(ctx, &st, first, tag, keys); err != nil {
 		return st, err
 	}
-	if err := s.postMetaKeys(ctx, &st, first, tag, nq, uint32(len(keys)), blocks, total); err != nil {
+	// The meta says how many keys went ahead in msgKeys.
+	if err := s.postMeta(ctx, &st, first, message{tag: tag, nqp: uint32(nq), nkeys: uint32(len(keys)), blocks: blocks, bytes: total}); err != nil {
 		return st, err
 	}
 	params := ibv.ChainParams{Op: ibv.WRWrite, MaxWR: cfg.MaxChain, MaxSGE: t.maxSGE, MaxWRBytes: t.wrBytes,
@@ -400,38 +401,12 @@ func (s *qpSet) postKeys(ctx context.Context, st *transport.Stats, first int, ta
 		hi := min(lo+keysPerMsg, len(keys))
 		off := (j + 1) * recvBufLen
 		encodeKeys(buf[off:off+recvBufLen], tag, uint32(lo), keys[lo:hi])
-		q0.posted++
-		if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr()+uint64(off), recvBufLen, s.ctlMR.LKey(), false); err != nil {
-			q0.posted--
+		if err := s.sendCtl(q0, ibv.KindMeta, uint32(off), recvBufLen, false); err != nil {
 			s.fail(err, true)
 			return err
 		}
 		st.WorkRequests++
 	}
 	st.Post += time.Since(t0)
-	return nil
-}
-
-// postMetaKeys is postMeta for a batch whose nkeys destination keys went
-// ahead in msgKeys.
-func (s *qpSet) postMetaKeys(ctx context.Context, st *transport.Stats, first int, tag uint32, nq int, nkeys uint32, blocks, bytes uint64) error {
-	q0 := s.qps[first]
-	for q0.avail() < 1 {
-		if err := s.waitCredit(ctx, tag); err != nil {
-			return err
-		}
-	}
-	t0 := time.Now()
-	m := message{kind: msgMeta, tag: tag, nqp: uint32(nq), nkeys: nkeys, blocks: blocks, bytes: bytes}
-	m.encode(s.ctlMem.Bytes())
-	q0.posted++
-	if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
-		q0.posted--
-		s.fail(err, true)
-		return err
-	}
-	s.metaTag, s.metaQ = tag, first
-	st.Post += time.Since(t0)
-	st.WorkRequests++
 	return nil
 }

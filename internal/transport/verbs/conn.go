@@ -518,9 +518,7 @@ func (s *qpSet) cancelAnnounced(tag uint32, until time.Time) cancelOutcome {
 	}
 	m := message{kind: msgCancel, tag: tag}
 	m.encode(s.ctlMem.Bytes())
-	q.posted++
-	if err := q.qp.PostSend(ibv.WRID(q.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
-		q.posted--
+	if err := s.sendCtl(q, ibv.KindMeta, 0, msgLen, true); err != nil {
 		return cancelTimedOut
 	}
 	s.stallTimer.Reset(time.Until(until))
@@ -589,7 +587,7 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 	first := s.rot % len(s.qps)
 	s.rot++
 
-	if err := s.postMeta(ctx, &st, first, tag, nq, uint32(dst.Key.Key), uint64(b.N()), total); err != nil {
+	if err := s.postMeta(ctx, &st, first, message{tag: tag, nqp: uint32(nq), rkey: uint32(dst.Key.Key), blocks: uint64(b.N()), bytes: total}); err != nil {
 		return st, err
 	}
 
@@ -607,28 +605,37 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 	return st, s.awaitAck(ctx, tag, &dst)
 }
 
-// postMeta posts the batch's meta message on QP first, ahead of its data:
-// the receiver then knows how many immediates make the batch, and what to
-// account. It counts the WR and its time in st.
-func (s *qpSet) postMeta(ctx context.Context, st *transport.Stats, first int, tag uint32, nq int, rkey uint32, blocks, bytes uint64) error {
+// postMeta posts the batch's meta message m on QP first, ahead of its
+// data: the receiver then knows how many immediates make the batch, and
+// what to account. It counts the WR and its time in st.
+func (s *qpSet) postMeta(ctx context.Context, st *transport.Stats, first int, m message) error {
 	q0 := s.qps[first]
 	for q0.avail() < 1 {
-		if err := s.waitCredit(ctx, tag); err != nil {
+		if err := s.waitCredit(ctx, m.tag); err != nil {
 			return err
 		}
 	}
 	t0 := time.Now()
-	m := message{kind: msgMeta, tag: tag, nqp: uint32(nq), rkey: rkey, blocks: blocks, bytes: bytes}
+	m.kind = msgMeta
 	m.encode(s.ctlMem.Bytes())
-	q0.posted++
-	if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
-		q0.posted--
+	if err := s.sendCtl(q0, ibv.KindMeta, 0, msgLen, true); err != nil {
 		s.fail(err, true)
 		return err
 	}
-	s.metaTag, s.metaQ = tag, first
+	s.metaTag, s.metaQ = m.tag, first
 	st.Post += time.Since(t0)
 	st.WorkRequests++
+	return nil
+}
+
+// sendCtl posts n bytes at off of the control buffer on q as a SEND whose
+// wr_id names kind; a refused post gives its credit back.
+func (s *qpSet) sendCtl(q *qpState, kind int, off, n uint32, signaled bool) error {
+	q.posted++
+	if err := q.qp.PostSend(ibv.WRID(q.posted, kind, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr()+uint64(off), n, s.ctlMR.LKey(), signaled); err != nil {
+		q.posted--
+		return err
+	}
 	return nil
 }
 
@@ -681,9 +688,7 @@ func (s *qpSet) goodbye() bool {
 		}
 		m := message{kind: msgBye}
 		m.encode(s.ctlMem.Bytes())
-		q.posted++
-		if err := q.qp.PostSend(ibv.WRID(q.posted, ibv.KindBye, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
-			q.posted--
+		if err := s.sendCtl(q, ibv.KindBye, 0, msgLen, true); err != nil {
 			continue
 		}
 		deadline := time.Now().Add(200 * time.Millisecond)
