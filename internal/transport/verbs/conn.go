@@ -301,26 +301,39 @@ func (s *qpSet) releaseWrite() { <-s.sem }
 // Write sends b from src into dst; see transport.Conn. It is serialised
 // per connection and allocates nothing on success.
 func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	return s.transfer(ctx, src, dst, b, false)
+}
+
+// transfer is Write (read false: local is the source, remote the
+// destination) or Read (the other way round): arguments checked, the
+// set's turn taken, and the local MR held for the batch, so a Rekey of
+// the local region retires it only once this batch stopped using it.
+func (s *qpSet) transfer(ctx context.Context, local transport.Registration, remote transport.RemoteRegion, b *desc.Batch, read bool) (transport.Stats, error) {
 	var st transport.Stats
 	if err := s.Err(); err != nil {
 		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
-	reg, total, err := s.checkArgs("write", src, dst, b, false)
+	op, side := "write", "source"
+	if read {
+		op, side = "read", "destination"
+	}
+	reg, total, err := s.checkArgs(op, local, remote, b, read)
 	if err != nil {
 		return st, err
 	}
-	if err := s.acquireWrite(ctx, "write"); err != nil {
+	if err := s.acquireWrite(ctx, op); err != nil {
 		return st, err
 	}
 	defer s.releaseWrite()
-	// The source MR is held for the batch: a Rekey of the source region
-	// retires it only once this batch stopped posting from it.
 	ref := reg.use()
 	if ref == nil {
-		return st, fmt.Errorf("verbs: write: source registration closed: %w", errs.ErrFailedPrecondition)
+		return st, fmt.Errorf("verbs: %s: %s registration closed: %w", op, side, errs.ErrFailedPrecondition)
 	}
 	defer reg.done(ref)
-	return s.write(ctx, ref.mr, reg.mem, dst, b, total)
+	if read {
+		return s.read(ctx, ref.mr, reg.mem, remote, b, total)
+	}
+	return s.write(ctx, ref.mr, reg.mem, remote, b, total)
 }
 
 // checkArgs checks a Write's, a Read's or a Prepare's arguments (op names

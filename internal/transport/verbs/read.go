@@ -3,10 +3,8 @@ package verbs
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/b2bd/b2bd/internal/desc"
-	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
 	ibv "github.com/b2bd/b2bd/verbs"
@@ -18,26 +16,7 @@ import (
 // answers them, and a READ's local completion means its bytes are in dst,
 // so no meta message goes out and no acknowledgement is awaited.
 func (s *qpSet) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
-	var st transport.Stats
-	if err := s.Err(); err != nil {
-		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
-	}
-	reg, total, err := s.checkArgs("read", dst, src, b, true)
-	if err != nil {
-		return st, err
-	}
-	if err := s.acquireWrite(ctx, "read"); err != nil {
-		return st, err
-	}
-	defer s.releaseWrite()
-	// The destination MR (its lkey) is held for the batch, as a Write holds
-	// its source's: a Rekey retires it only once this batch is done.
-	ref := reg.use()
-	if ref == nil {
-		return st, fmt.Errorf("verbs: read: destination registration closed: %w", errs.ErrFailedPrecondition)
-	}
-	defer reg.done(ref)
-	return s.read(ctx, ref.mr, reg.mem, src, b, total)
+	return s.transfer(ctx, dst, src, b, true)
 }
 
 // read posts b's READs in chains over up to every QP of the set (cut as a
