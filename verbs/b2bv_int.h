@@ -9,6 +9,7 @@
 #include "b2bv.h"
 
 #include <errno.h>
+#include <time.h>
 
 /*
  * X(field, return type, parameters, required): each exported symbol is
@@ -93,5 +94,20 @@ static inline int b2bv_null_rc(int err) { return err > 0 ? -err : -EIO; }
 		*(out) = (expr);                                               \
 		*(out) ? 0 : b2bv_null_rc(errno);                              \
 	})
+
+/* Nanoseconds from a to b (CLOCK_MONOTONIC readings). */
+static inline uint64_t b2bv_ns(const struct timespec *a, const struct timespec *b)
+{
+	return (uint64_t)((b->tv_sec - a->tv_sec) * 1000000000ll + (b->tv_nsec - a->tv_nsec));
+}
+
+/*
+ * b2bv_chain_send posts the chain just planned in ch (res.n_wr > 0) with
+ * one ibv_post_send; planned is when planning ended (res.post_ns counts
+ * from it). On a refusal it records post_failed, bad_wr and post_raw and
+ * adds the WRs the device accepted to req.seq (the device owns those:
+ * credits stay exact); on success the caller commits the cursor and seq.
+ */
+int b2bv_chain_send(struct ibv_qp *qp, struct b2bv_chain *ch, const struct timespec *planned);
 
 #endif

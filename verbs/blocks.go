@@ -189,17 +189,12 @@ func postBlocks(h *C.struct_ibv_qp, qpn uint32, ch *Chain, t *BlockTable, c *Blo
 		return ChainResult{}, err
 	}
 	if rc := C.b2bv_bpost_chain(h, x, t.c, c.c, s, d, n); rc != 0 {
-		res := ch.result()
-		if x.res.post_failed != 0 {
-			res.WRs = int(x.res.bad_wr)
-			return res, ch.planErr(rc, qpn)
-		}
-		res = ChainResult{Seq: res.Seq}
-		if syscall.Errno(-rc) == syscall.ERANGE {
+		res, err := ch.failed(rc, qpn)
+		if x.res.post_failed == 0 && syscall.Errno(-rc) == syscall.ERANGE {
 			g, e := c.Bad()
-			return res, fmt.Errorf("verbs: block request: group %d, entry %d: a block lies outside its source or destination region; nothing of this chain posted: %w", g, e, ErrInvalidArgument)
+			err = fmt.Errorf("verbs: block request: group %d, entry %d: a block lies outside its source or destination region; nothing of this chain posted: %w", g, e, ErrInvalidArgument)
 		}
-		return res, ch.planErr(rc, qpn)
+		return res, err
 	}
 	return ch.result(), nil
 }

@@ -47,26 +47,38 @@ void b2bv_chain_free(struct b2bv_chain *ch)
 	free(ch);
 }
 
+/*
+ * b2bv_post_chain plans the next chain from the cursor and posts it; with
+ * qp NULL it only plans (tests, benchmarks). Either way the cursor and
+ * the sequence number advance past what was planned; see b2bv_chain_send
+ * for a refused post.
+ */
 int b2bv_post_chain(struct ibv_qp *qp, struct b2bv_chain *ch, const uint64_t *src,
 		    const uint64_t *dst, const uint64_t *len, uint32_t n)
 {
-	struct timespec t0, t1, t2;
+	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	int rc = b2bv_plan(ch, src, dst, len, n, 0);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	ch->res.plan_ns = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec));
-	if (rc != 0 || ch->res.n_wr == 0) {
-		if (rc == 0) {
-			ch->req.i = ch->res.next_i;
-			ch->req.off = ch->res.next_off;
-		}
+	ch->res.plan_ns = b2bv_ns(&t0, &t1);
+	if (rc != 0)
 		return rc;
-	}
+	if (qp && ch->res.n_wr > 0 && (rc = b2bv_chain_send(qp, ch, &t1)) != 0)
+		return rc;
+	ch->req.i = ch->res.next_i;
+	ch->req.off = ch->res.next_off;
+	ch->req.seq += ch->res.n_wr;
+	return 0;
+}
+
+int b2bv_chain_send(struct ibv_qp *qp, struct b2bv_chain *ch, const struct timespec *planned)
+{
 	struct ibv_send_wr *bad = NULL;
 	int raw = 0;
-	rc = B2BV_CALL(&raw, ibv_post_send(qp, ch->wr, &bad));
+	int rc = B2BV_CALL(&raw, ibv_post_send(qp, ch->wr, &bad));
+	struct timespec t2;
 	clock_gettime(CLOCK_MONOTONIC, &t2);
-	ch->res.post_ns = (uint64_t)((t2.tv_sec - t1.tv_sec) * 1000000000ll + (t2.tv_nsec - t1.tv_nsec));
+	ch->res.post_ns = b2bv_ns(planned, &t2);
 	if (rc) {
 		uint32_t posted = 0;
 		if (bad && bad >= ch->wr && bad < ch->wr + ch->res.n_wr)
@@ -74,13 +86,9 @@ int b2bv_post_chain(struct ibv_qp *qp, struct b2bv_chain *ch, const uint64_t *sr
 		ch->res.post_failed = 1;
 		ch->res.bad_wr = posted;
 		ch->res.post_raw = raw;
-		ch->req.seq += posted; /* the device owns those; keep credits exact */
-		return rc;
+		ch->req.seq += posted;
 	}
-	ch->req.i = ch->res.next_i;
-	ch->req.off = ch->res.next_off;
-	ch->req.seq += ch->res.n_wr;
-	return 0;
+	return rc;
 }
 
 /* Accessors for inspecting planned WRs from Go (unions are awkward in cgo). */

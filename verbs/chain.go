@@ -3,8 +3,6 @@
 package verbs
 
 /*
-#cgo noescape b2bv_plan
-#cgo nocallback b2bv_plan
 #cgo noescape b2bv_post_chain
 #cgo nocallback b2bv_post_chain
 #include "b2bv.h"
@@ -63,7 +61,13 @@ func (ch *Chain) Setup(p *ChainParams) {
 	if c == nil {
 		return
 	}
-	r := &c.req
+	setReq(&c.req, p, ch.capWR, ch.capSGE)
+}
+
+// setReq copies p into a planner request, its WR and SGE caps clamped to
+// capWR and capSGE (what a chain holds; a prepared plan's builder takes
+// MaxWR and MaxChainBytes at post time instead and ignores them here).
+func setReq(r *C.struct_b2bv_plan, p *ChainParams, capWR, capSGE int) {
 	r.op = C.uint32_t(p.Op)
 	r.src_base = C.uint64_t(p.SrcBase)
 	r.dst_base = C.uint64_t(p.DstBase)
@@ -73,8 +77,8 @@ func (ch *Chain) Setup(p *ChainParams) {
 	r.max_chain_bytes = C.uint64_t(p.MaxChainBytes)
 	r.lkey = C.uint32_t(p.LKey)
 	r.rkey = C.uint32_t(p.RKey)
-	r.max_wr = C.uint32_t(clampInt(p.MaxWR, 0, ch.capWR))
-	r.max_sge = C.uint32_t(clampInt(p.MaxSGE, 0, ch.capSGE))
+	r.max_wr = C.uint32_t(clampInt(p.MaxWR, 0, capWR))
+	r.max_sge = C.uint32_t(clampInt(p.MaxSGE, 0, capSGE))
 	r.signal_every = C.uint32_t(clampInt(p.SignalEvery, 1, 1<<30))
 	r.inline_max = C.uint32_t(clampInt(p.InlineMax, 0, 1<<30))
 }
@@ -169,9 +173,7 @@ func (ch *Chain) result() ChainResult {
 func (ch *Chain) planErr(rc C.int, qpn uint32) error {
 	c := ch.c
 	if c.res.post_failed != 0 {
-		return callErr(rc, C.int(c.res.post_raw),
-			fmt.Sprintf("ibv_post_send on QP %d accepted %d of %d WRs", qpn, uint32(c.res.bad_wr), uint32(c.res.n_wr)),
-			postHint, ErrAborted)
+		return postErr(rc, C.int(c.res.post_raw), fmt.Sprintf("ibv_post_send on QP %d accepted %d of %d WRs", qpn, uint32(c.res.bad_wr), uint32(c.res.n_wr)))
 	}
 	switch syscall.Errno(-rc) {
 	case syscall.ERANGE:
@@ -186,22 +188,30 @@ func (ch *Chain) planErr(rc C.int, qpn uint32) error {
 	return callErr(rc, 0, "chain planner", "", ErrInvalidArgument)
 }
 
+// postErr is a refused ibv_post_send (rc, raw: what it returned); what
+// says on which QP and how many WRs the device accepted.
+func postErr(rc, raw C.int, what string) error {
+	return callErr(rc, raw, what, postHint, ErrAborted)
+}
+
+// failed is the result of a chain that was not planned or not wholly
+// posted (b2bv_post_chain or b2bv_bpost_chain returned rc): after a refused
+// post, the WRs the device accepted, which Seq counts; else nothing.
+func (ch *Chain) failed(rc C.int, qpn uint32) (ChainResult, error) {
+	c := ch.c
+	if c.res.post_failed != 0 {
+		res := ch.result()
+		res.WRs = int(c.res.bad_wr)
+		return res, ch.planErr(rc, qpn)
+	}
+	return ChainResult{Seq: uint32(c.req.seq)}, ch.planErr(rc, qpn)
+}
+
 // Plan builds the next chain without posting it and advances the cursor, as
 // PostChain would. It is the production planner, exposed for tests,
 // benchmarks and dry runs; inspect the result with WR.
 func (ch *Chain) Plan(src, dst, lens []uint64) (ChainResult, error) {
-	c := ch.chain()
-	if c == nil {
-		return ChainResult{}, errClosed("plan: chain")
-	}
-	s, d, l, n, err := arrays(src, dst, lens)
-	if err != nil {
-		return ChainResult{}, err
-	}
-	if rc := C.b2bv_plan(c, s, d, l, n, 1); rc != 0 {
-		return ChainResult{}, ch.planErr(rc, 0)
-	}
-	return ch.result(), nil
+	return postChain(nil, 0, ch, src, dst, lens)
 }
 
 // PostChain plans the next chain from the cursor and posts it with one
@@ -212,6 +222,11 @@ func (q *QP) PostChain(ch *Chain, src, dst, lens []uint64) (ChainResult, error) 
 	if h == nil {
 		return ChainResult{}, errClosed("post chain: QP")
 	}
+	return postChain(h, q.num, ch, src, dst, lens)
+}
+
+// postChain is PostChain on QP h (qpn), or Plan with h nil.
+func postChain(h *C.struct_ibv_qp, qpn uint32, ch *Chain, src, dst, lens []uint64) (ChainResult, error) {
 	c := ch.chain()
 	if c == nil {
 		return ChainResult{}, errClosed("post chain: chain")
@@ -221,13 +236,7 @@ func (q *QP) PostChain(ch *Chain, src, dst, lens []uint64) (ChainResult, error) 
 		return ChainResult{}, err
 	}
 	if rc := C.b2bv_post_chain(h, c, s, d, l, n); rc != 0 {
-		res := ch.result()
-		if c.res.post_failed != 0 {
-			res.WRs = int(c.res.bad_wr)
-		} else {
-			res = ChainResult{Seq: res.Seq}
-		}
-		return res, ch.planErr(rc, q.num)
+		return ch.failed(rc, qpn)
 	}
 	return ch.result(), nil
 }
@@ -238,18 +247,23 @@ func (ch *Chain) WR(j int) WRInfo {
 	if ch.chain() == nil || j < 0 || j >= int(ch.c.res.n_wr) {
 		return WRInfo{}
 	}
-	w := &ch.wrs[j]
+	jj := C.uint32_t(j)
+	return wrInfo(&ch.wrs[j], C.b2bv_wr_remote(ch.c, jj), C.b2bv_wr_rkey(ch.c, jj), C.b2bv_wr_imm(ch.c, jj))
+}
+
+// wrInfo copies w out of C memory; remote, rkey and imm come from the
+// accessors (unions are awkward in cgo; imm is 0 unless a WRITE_WITH_IMM).
+func wrInfo(w *C.struct_ibv_send_wr, remote C.uint64_t, rkey, imm C.uint32_t) WRInfo {
 	info := WRInfo{
-		WRID:     uint64(w.wr_id),
-		Opcode:   WROpcode(w.opcode),
-		Signaled: w.send_flags&C.IBV_SEND_SIGNALED != 0,
-		Inline:   w.send_flags&C.IBV_SEND_INLINE != 0,
+		WRID:       uint64(w.wr_id),
+		Opcode:     WROpcode(w.opcode),
+		Signaled:   w.send_flags&C.IBV_SEND_SIGNALED != 0,
+		Inline:     w.send_flags&C.IBV_SEND_INLINE != 0,
+		RemoteAddr: uint64(remote),
+		RKey:       uint32(rkey),
+		Imm:        uint32(imm),
 	}
-	info.RemoteAddr = uint64(C.b2bv_wr_remote(ch.c, C.uint32_t(j)))
-	info.RKey = uint32(C.b2bv_wr_rkey(ch.c, C.uint32_t(j)))
-	info.Imm = uint32(C.b2bv_wr_imm(ch.c, C.uint32_t(j))) // 0 unless a WRITE_WITH_IMM
-	sg := unsafe.Slice(w.sg_list, int(w.num_sge))
-	for _, s := range sg {
+	for _, s := range unsafe.Slice(w.sg_list, int(w.num_sge)) {
 		info.SGEs = append(info.SGEs, SGE{Addr: uint64(s.addr), Len: uint32(s.length), LKey: uint32(s.lkey)})
 	}
 	return info

@@ -641,33 +641,17 @@ static int b2bv_bplan(struct b2bv_chain *ch, const struct b2bv_btab *t, struct b
 int b2bv_bpost_chain(struct ibv_qp *qp, struct b2bv_chain *ch, const struct b2bv_btab *t,
 		     struct b2bv_bcur *c, const uint32_t *sid, const uint32_t *did, uint32_t nids)
 {
-	struct timespec t0, t1, t2;
+	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	uint32_t seq = 0;
 	int rc = b2bv_bplan(ch, t, c, sid, did, nids, &seq);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
-	ch->res.plan_ns = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec));
+	ch->res.plan_ns = b2bv_ns(&t0, &t1);
 	if (rc != 0 || ch->res.n_wr == 0)
 		return rc;
-	if (!qp) { /* plan only: tests and benchmarks */
-		ch->req.seq = seq;
-		return 0;
-	}
-	struct ibv_send_wr *bad = NULL;
-	int raw = 0;
-	rc = B2BV_CALL(&raw, ibv_post_send(qp, ch->wr, &bad));
-	clock_gettime(CLOCK_MONOTONIC, &t2);
-	ch->res.post_ns = (uint64_t)((t2.tv_sec - t1.tv_sec) * 1000000000ll + (t2.tv_nsec - t1.tv_nsec));
-	if (rc) {
-		uint32_t posted = 0;
-		if (bad && bad >= ch->wr && bad < ch->wr + ch->res.n_wr)
-			posted = (uint32_t)(bad - ch->wr);
-		ch->res.post_failed = 1;
-		ch->res.bad_wr = posted;
-		ch->res.post_raw = raw;
-		ch->req.seq += posted;
+	/* qp NULL: plan only (tests and benchmarks) */
+	if (qp && (rc = b2bv_chain_send(qp, ch, &t1)) != 0)
 		return rc;
-	}
 	ch->req.seq = seq;
 	return 0;
 }

@@ -59,17 +59,7 @@ func NewPlan(p *ChainParams, src, dst, lens []uint64, cuts []Pos) (*Plan, error)
 		cut[2*k], cut[2*k+1] = uint64(c.I), c.Off
 	}
 	var r C.struct_b2bv_plan
-	r.op = C.uint32_t(p.Op)
-	r.src_base = C.uint64_t(p.SrcBase)
-	r.dst_base = C.uint64_t(p.DstBase)
-	r.src_limit = C.uint64_t(p.SrcLimit)
-	r.dst_limit = C.uint64_t(p.DstLimit)
-	r.max_wr_bytes = C.uint64_t(p.MaxWRBytes)
-	r.lkey = C.uint32_t(p.LKey)
-	r.rkey = C.uint32_t(p.RKey)
-	r.max_sge = C.uint32_t(p.MaxSGE)
-	r.signal_every = C.uint32_t(clampInt(p.SignalEvery, 1, 1<<30))
-	r.inline_max = C.uint32_t(clampInt(p.InlineMax, 0, 1<<30))
+	setReq(&r, p, 0, 1<<10)
 	var cp *C.uint64_t
 	if len(cut) > 0 {
 		cp = (*C.uint64_t)(unsafe.Pointer(&cut[0]))
@@ -193,9 +183,8 @@ func (pl *Plan) post(h *C.struct_ibv_qp, qpn uint32, k int, maxWR int, maxBytes 
 	rc := C.b2bv_pplan_post(h, pl.p, C.uint32_t(k), C.uint32_t(clampInt(maxWR, 0, 1<<30)), C.uint64_t(maxBytes), C.uint32_t(tag))
 	sh := &pl.shares[k]
 	if rc != 0 {
-		return int(sh.posted), uint64(sh.bytes_posted), callErr(rc, C.int(sh.post_raw),
-			fmt.Sprintf("ibv_post_send on QP %d accepted %d WRs of a prepared chain", qpn, uint32(sh.posted)),
-			postHint, ErrAborted)
+		return int(sh.posted), uint64(sh.bytes_posted), postErr(rc, C.int(sh.post_raw),
+			fmt.Sprintf("ibv_post_send on QP %d accepted %d WRs of a prepared chain", qpn, uint32(sh.posted)))
 	}
 	return int(sh.posted), uint64(sh.bytes_posted), nil
 }
@@ -207,19 +196,8 @@ func (pl *Plan) WR(k, j int) WRInfo {
 		return WRInfo{}
 	}
 	w := (*C.struct_ibv_send_wr)(unsafe.Add(unsafe.Pointer(pl.shares[k].wr), uintptr(j)*unsafe.Sizeof(C.struct_ibv_send_wr{})))
-	info := WRInfo{
-		WRID:     uint64(w.wr_id),
-		Opcode:   WROpcode(w.opcode),
-		Signaled: w.send_flags&C.IBV_SEND_SIGNALED != 0,
-		Inline:   w.send_flags&C.IBV_SEND_INLINE != 0,
-	}
-	info.RemoteAddr = uint64(C.b2bv_pwr_remote(pl.p, C.uint32_t(k), C.uint32_t(j)))
-	info.RKey = uint32(C.b2bv_pwr_rkey(pl.p, C.uint32_t(k), C.uint32_t(j)))
-	info.Imm = uint32(C.b2bv_pwr_imm(pl.p, C.uint32_t(k), C.uint32_t(j))) // 0 unless a WRITE_WITH_IMM
-	for _, s := range unsafe.Slice(w.sg_list, int(w.num_sge)) {
-		info.SGEs = append(info.SGEs, SGE{Addr: uint64(s.addr), Len: uint32(s.length), LKey: uint32(s.lkey)})
-	}
-	return info
+	kk, jj := C.uint32_t(k), C.uint32_t(j)
+	return wrInfo(w, C.b2bv_pwr_remote(pl.p, kk, jj), C.b2bv_pwr_rkey(pl.p, kk, jj), C.b2bv_pwr_imm(pl.p, kk, jj))
 }
 
 // WRNext reports whether WR j of share k links to WR j+1 (the list is

@@ -306,7 +306,8 @@ func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tr
 	if err := s.postKeys(ctx, &st, first, tag, keys); err != nil {
 		return st, err
 	}
-	if err := s.postMetaKeys(ctx, &st, first, tag, nq, uint32(len(keys)), blocks, total); err != nil {
+	// The meta says how many keys went ahead in msgKeys.
+	if err := s.postMeta(ctx, &st, first, message{tag: tag, nqp: uint32(nq), nkeys: uint32(len(keys)), blocks: blocks, bytes: total}); err != nil {
 		return st, err
 	}
 	params := ibv.ChainParams{Op: ibv.WRWrite, MaxWR: cfg.MaxChain, MaxSGE: t.maxSGE, MaxWRBytes: t.wrBytes,
@@ -314,7 +315,7 @@ func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tr
 	if host {
 		params.InlineMax = t.inline // the CPU reads inline data: never GPU memory
 	}
-	if err := s.postBlocks(ctx, &st, tag, first, nq, &params, tab, curs, w.IDs, true); err != nil {
+	if err := s.postChains(ctx, &st, tag, first, nq, &params, &chainSource{tab: tab, curs: curs, ids: w.IDs}); err != nil {
 		return st, err
 	}
 	if err := s.awaitAck(ctx, tag, &w.Dst[0]); err != nil {
@@ -375,82 +376,10 @@ func (s *qpSet) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *tran
 	s.rot++
 	params := ibv.ChainParams{Op: ibv.WRRead, MaxWR: cfg.MaxChain, MaxSGE: t.maxSGERd,
 		MaxWRBytes: min(t.wrBytes, uint64(cfg.ReadWRBytes)), MaxChainBytes: uint64(cfg.ChainBytes), SignalEvery: cfg.SignalEvery}
-	if err := s.postBlocks(ctx, &st, tag, first, nq, &params, tab, curs, r.IDs, false); err != nil {
-		return st, s.stopRead(err)
+	if err := s.postChains(ctx, &st, tag, first, nq, &params, &chainSource{tab: tab, curs: curs, ids: r.IDs}); err != nil {
+		return st, err
 	}
-	for k := 0; k < nq; k++ {
-		q := s.qps[(first+k)%len(s.qps)]
-		for int32(q.posted-q.done.Load()) > 0 {
-			if err := s.waitCredit(ctx, tag); err != nil {
-				return st, s.stopRead(err)
-			}
-		}
-	}
-	if err := s.Err(); err != nil {
-		return st, s.stopRead(err)
-	}
-	return st, nil
-}
-
-// postBlocks posts the nq ranges of s.blk.cuts, range k on QP first+k, in
-// chains as credits allow (Write's loop). A failure after anything was
-// posted breaks the set (the caller of a READ also halts it); ctx ending
-// abandons the batch (QPs to ERROR, drained).
-func (s *qpSet) postBlocks(ctx context.Context, st *transport.Stats, tag uint32, first, nq int, params *ibv.ChainParams,
-	tab *ibv.BlockTable, curs []*ibv.BlockCursor, ids kvlayout.IDs, immLast bool) error {
-	cfg := &s.t.cfg
-	for k := 0; k < nq; k++ {
-		qi := (first + k) % len(s.qps)
-		q := s.qps[qi]
-		q.chain.Setup(params)
-		q.chain.Start(ibv.Pos{}, ibv.Pos{}, immLast, tag)
-		q.chain.SetSeq(q.posted)
-		curs[qi].Start(s.blk.cuts[k], s.blk.cuts[k+1])
-		s.rangeOn[k] = true
-	}
-	minPost := max(1, cfg.MaxChain/4)
-	for pending := nq; pending > 0; {
-		progressed := false
-		for k := 0; k < nq; k++ {
-			if !s.rangeOn[k] {
-				continue
-			}
-			qi := (first + k) % len(s.qps)
-			q := s.qps[qi]
-			a := q.avail()
-			if a < minPost {
-				continue
-			}
-			q.chain.SetMaxWR(min(cfg.MaxChain, a))
-			res, err := q.qp.PostBlocks(q.chain, tab, curs[qi], ids.Src, ids.Dst)
-			q.posted = res.Seq
-			st.Plan += time.Duration(res.PlanNs)
-			st.Post += time.Duration(res.PostNs)
-			if err != nil {
-				err = fmt.Errorf("verbs: block batch %d with %s: %w", tag, s.peer, err)
-				s.fail(err, true)
-				return err
-			}
-			st.WorkRequests += uint64(res.WRs)
-			st.Segments += uint64(res.SGEs)
-			if res.WRs > 0 {
-				progressed = true
-			}
-			if res.Done {
-				s.rangeOn[k] = false
-				pending--
-			}
-		}
-		if pending > 0 && ctx.Err() != nil {
-			return s.abandon(ctx, tag)
-		}
-		if !progressed && pending > 0 {
-			if err := s.waitCredit(ctx, tag); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return st, s.awaitReads(ctx, tag, first, nq)
 }
 
 // postKeys sends a multi-region batch's destination rkeys on QP first,
@@ -472,38 +401,12 @@ func (s *qpSet) postKeys(ctx context.Context, st *transport.Stats, first int, ta
 		hi := min(lo+keysPerMsg, len(keys))
 		off := (j + 1) * recvBufLen
 		encodeKeys(buf[off:off+recvBufLen], tag, uint32(lo), keys[lo:hi])
-		q0.posted++
-		if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr()+uint64(off), recvBufLen, s.ctlMR.LKey(), false); err != nil {
-			q0.posted--
+		if err := s.sendCtl(q0, ibv.KindMeta, uint32(off), recvBufLen, false); err != nil {
 			s.fail(err, true)
 			return err
 		}
 		st.WorkRequests++
 	}
 	st.Post += time.Since(t0)
-	return nil
-}
-
-// postMetaKeys is postMeta for a batch whose nkeys destination keys went
-// ahead in msgKeys.
-func (s *qpSet) postMetaKeys(ctx context.Context, st *transport.Stats, first int, tag uint32, nq int, nkeys uint32, blocks, bytes uint64) error {
-	q0 := s.qps[first]
-	for q0.avail() < 1 {
-		if err := s.waitCredit(ctx, tag); err != nil {
-			return err
-		}
-	}
-	t0 := time.Now()
-	m := message{kind: msgMeta, tag: tag, nqp: uint32(nq), nkeys: nkeys, blocks: blocks, bytes: bytes}
-	m.encode(s.ctlMem.Bytes())
-	q0.posted++
-	if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
-		q0.posted--
-		s.fail(err, true)
-		return err
-	}
-	s.metaTag, s.metaQ = tag, first
-	st.Post += time.Since(t0)
-	st.WorkRequests++
 	return nil
 }

@@ -301,26 +301,39 @@ func (s *qpSet) releaseWrite() { <-s.sem }
 // Write sends b from src into dst; see transport.Conn. It is serialised
 // per connection and allocates nothing on success.
 func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+	return s.transfer(ctx, src, dst, b, false)
+}
+
+// transfer is Write (read false: local is the source, remote the
+// destination) or Read (the other way round): arguments checked, the
+// set's turn taken, and the local MR held for the batch, so a Rekey of
+// the local region retires it only once this batch stopped using it.
+func (s *qpSet) transfer(ctx context.Context, local transport.Registration, remote transport.RemoteRegion, b *desc.Batch, read bool) (transport.Stats, error) {
 	var st transport.Stats
 	if err := s.Err(); err != nil {
 		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
-	reg, total, err := s.checkArgs("write", src, dst, b, false)
+	op, side := "write", "source"
+	if read {
+		op, side = "read", "destination"
+	}
+	reg, total, err := s.checkArgs(op, local, remote, b, read)
 	if err != nil {
 		return st, err
 	}
-	if err := s.acquireWrite(ctx, "write"); err != nil {
+	if err := s.acquireWrite(ctx, op); err != nil {
 		return st, err
 	}
 	defer s.releaseWrite()
-	// The source MR is held for the batch: a Rekey of the source region
-	// retires it only once this batch stopped posting from it.
 	ref := reg.use()
 	if ref == nil {
-		return st, fmt.Errorf("verbs: write: source registration %s: %w", reg.unusable(), errs.ErrFailedPrecondition)
+		return st, fmt.Errorf("verbs: %s: %s registration %s: %w", op, side, reg.unusable(), errs.ErrFailedPrecondition)
 	}
 	defer reg.done(ref)
-	return s.write(ctx, ref.mr, reg.mem, dst, b, total)
+	if read {
+		return s.read(ctx, ref.mr, reg.mem, remote, b, total)
+	}
+	return s.write(ctx, ref.mr, reg.mem, remote, b, total)
 }
 
 // checkArgs checks a Write's, a Read's or a Prepare's arguments (op names
@@ -518,9 +531,7 @@ func (s *qpSet) cancelAnnounced(tag uint32, until time.Time) cancelOutcome {
 	}
 	m := message{kind: msgCancel, tag: tag}
 	m.encode(s.ctlMem.Bytes())
-	q.posted++
-	if err := q.qp.PostSend(ibv.WRID(q.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
-		q.posted--
+	if err := s.sendCtl(q, ibv.KindMeta, 0, msgLen, true); err != nil {
 		return cancelTimedOut
 	}
 	s.stallTimer.Reset(time.Until(until))
@@ -589,7 +600,7 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 	first := s.rot % len(s.qps)
 	s.rot++
 
-	if err := s.postMeta(ctx, &st, first, tag, nq, uint32(dst.Key.Key), uint64(b.N()), total); err != nil {
+	if err := s.postMeta(ctx, &st, first, message{tag: tag, nqp: uint32(nq), rkey: uint32(dst.Key.Key), blocks: uint64(b.N()), bytes: total}); err != nil {
 		return st, err
 	}
 
@@ -601,85 +612,43 @@ func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst t
 	if mem.Kind == memory.Host {
 		params.InlineMax = t.inline // the CPU reads inline data: never for GPU memory
 	}
-	for k := 0; k < nq; k++ {
-		q := s.qps[(first+k)%len(s.qps)]
-		q.chain.Setup(&params)
-		q.chain.Start(s.cuts[k], s.cuts[k+1], true, tag)
-		q.chain.SetSeq(q.posted)
-		s.rangeOn[k] = true
-	}
-	// Small chains waste doorbells: wait for a quarter of a chain of credits.
-	minPost := max(1, cfg.MaxChain/4)
-	for pending := nq; pending > 0; {
-		progressed := false
-		for k := 0; k < nq; k++ {
-			if !s.rangeOn[k] {
-				continue
-			}
-			q := s.qps[(first+k)%len(s.qps)]
-			a := q.avail()
-			if a < minPost {
-				continue
-			}
-			q.chain.SetMaxWR(min(cfg.MaxChain, a))
-			res, err := q.qp.PostChain(q.chain, b.Src, b.Dst, b.Len)
-			q.posted = res.Seq
-			st.Plan += time.Duration(res.PlanNs)
-			st.Post += time.Duration(res.PostNs)
-			if err != nil {
-				// The meta and maybe other chains are out: the batch cannot
-				// be taken back, so the connection goes with it.
-				err = fmt.Errorf("verbs: batch %d to %s: %w", tag, s.peer, err)
-				s.fail(err, true)
-				return st, err
-			}
-			st.WorkRequests += uint64(res.WRs)
-			st.Segments += uint64(res.SGEs)
-			if res.WRs > 0 {
-				progressed = true
-			}
-			if res.Done {
-				s.rangeOn[k] = false
-				pending--
-			}
-		}
-		if pending > 0 && ctx.Err() != nil {
-			// Providers that do the send work inside ibv_post_send (rxe) may
-			// never run out of credits, so the deadline is checked between
-			// rounds too, not only while waiting.
-			return st, s.abandon(ctx, tag)
-		}
-		if !progressed && pending > 0 {
-			if err := s.waitCredit(ctx, tag); err != nil {
-				return st, err
-			}
-		}
+	if err := s.postChains(ctx, &st, tag, first, nq, &params, &chainSource{b: b}); err != nil {
+		return st, err
 	}
 	return st, s.awaitAck(ctx, tag, &dst)
 }
 
-// postMeta posts the batch's meta message on QP first, ahead of its data:
-// the receiver then knows how many immediates make the batch, and what to
-// account. It counts the WR and its time in st.
-func (s *qpSet) postMeta(ctx context.Context, st *transport.Stats, first int, tag uint32, nq int, rkey uint32, blocks, bytes uint64) error {
+// postMeta posts the batch's meta message m on QP first, ahead of its
+// data: the receiver then knows how many immediates make the batch, and
+// what to account. It counts the WR and its time in st.
+func (s *qpSet) postMeta(ctx context.Context, st *transport.Stats, first int, m message) error {
 	q0 := s.qps[first]
 	for q0.avail() < 1 {
-		if err := s.waitCredit(ctx, tag); err != nil {
+		if err := s.waitCredit(ctx, m.tag); err != nil {
 			return err
 		}
 	}
 	t0 := time.Now()
-	m := message{kind: msgMeta, tag: tag, nqp: uint32(nq), rkey: rkey, blocks: blocks, bytes: bytes}
+	m.kind = msgMeta
 	m.encode(s.ctlMem.Bytes())
-	q0.posted++
-	if err := q0.qp.PostSend(ibv.WRID(q0.posted, ibv.KindMeta, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
-		q0.posted--
+	if err := s.sendCtl(q0, ibv.KindMeta, 0, msgLen, true); err != nil {
 		s.fail(err, true)
 		return err
 	}
-	s.metaTag, s.metaQ = tag, first
+	s.metaTag, s.metaQ = m.tag, first
 	st.Post += time.Since(t0)
 	st.WorkRequests++
+	return nil
+}
+
+// sendCtl posts n bytes at off of the control buffer on q as a SEND whose
+// wr_id names kind; a refused post gives its credit back.
+func (s *qpSet) sendCtl(q *qpState, kind int, off, n uint32, signaled bool) error {
+	q.posted++
+	if err := q.qp.PostSend(ibv.WRID(q.posted, kind, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr()+uint64(off), n, s.ctlMR.LKey(), signaled); err != nil {
+		q.posted--
+		return err
+	}
 	return nil
 }
 
@@ -732,9 +701,7 @@ func (s *qpSet) goodbye() bool {
 		}
 		m := message{kind: msgBye}
 		m.encode(s.ctlMem.Bytes())
-		q.posted++
-		if err := q.qp.PostSend(ibv.WRID(q.posted, ibv.KindBye, 0x0FFFFFFF), ibv.WRSend, 0, s.ctlMR.Addr(), msgLen, s.ctlMR.LKey(), true); err != nil {
-			q.posted--
+		if err := s.sendCtl(q, ibv.KindBye, 0, msgLen, true); err != nil {
 			continue
 		}
 		deadline := time.Now().Add(200 * time.Millisecond)

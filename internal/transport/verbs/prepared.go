@@ -179,7 +179,7 @@ func (s *qpSet) writePrepared(ctx context.Context, p *prepared, st transport.Sta
 	nq := p.nq
 	first := s.rot % len(s.qps)
 	s.rot++
-	if err := s.postMeta(ctx, &st, first, tag, nq, uint32(p.dst.Key.Key), p.blocks, p.bytes); err != nil {
+	if err := s.postMeta(ctx, &st, first, message{tag: tag, nqp: uint32(nq), rkey: uint32(p.dst.Key.Key), blocks: p.blocks, bytes: p.bytes}); err != nil {
 		return st, err
 	}
 	st.Segments = p.sges
