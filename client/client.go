@@ -39,6 +39,10 @@ func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
 		// close it (gRPC's default closes it after 30 idle minutes).
 		grpc.WithIdleTimeout(0),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMsg), grpc.MaxCallSendMsgSize(maxMsg)),
+		// Transfers answer at the caller's deadline from the daemon, after
+		// its data path stopped (deadline.go).
+		grpc.WithChainUnaryInterceptor(unaryCallerDeadline),
+		grpc.WithChainStreamInterceptor(streamCallerDeadline),
 	}, opts...)
 	cc, err := grpc.NewClient(target, opts...)
 	if err != nil {
@@ -195,7 +199,8 @@ type Transfer struct {
 }
 
 // BatchTransfer moves the blocks and returns once all landed at the peer.
-// Use ctx's deadline to bound it.
+// Use ctx's deadline to bound it: the daemon answers DeadlineExceeded at it,
+// once the transfer stopped (no byte of a pull lands after the answer).
 func (c *Client) BatchTransfer(ctx context.Context, t Transfer) (*b2bv1.BatchTransferResponse, error) {
 	return c.api.BatchTransfer(ctx, t.request())
 }

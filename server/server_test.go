@@ -47,6 +47,8 @@ type node struct {
 	srv *server.Server
 	// dial opens another client connection to the local API.
 	dial func() *grpc.ClientConn
+	// apiLn is the local API's listener (for the Go client's dialer).
+	apiLn *bufconn.Listener
 }
 
 // newNode wires one daemon's services over bufconn, with a real TCP data
@@ -83,7 +85,7 @@ func newNodeWith(t *testing.T, name string, bn bufNet, set func(*server.Config))
 	srv := server.New(scfg)
 	api, peerLn := bufconn.Listen(1<<20), bufconn.Listen(1<<20)
 	bn[name] = peerLn
-	gs := grpc.NewServer(grpc.Creds(localCaller{}), grpc.StatsHandler(srv.StatsHandler()))
+	gs := grpc.NewServer(append([]grpc.ServerOption{grpc.Creds(localCaller{})}, srv.APIOptions()...)...)
 	b2bv1.RegisterB2BServer(gs, srv.Local())
 	ps := grpc.NewServer()
 	b2bv1.RegisterPeerServer(ps, srv.Peer())
@@ -107,7 +109,7 @@ func newNodeWith(t *testing.T, name string, bn bufNet, set func(*server.Config))
 		reg.Close()
 		tt.Close()
 	})
-	return &node{api: b2bv1.NewB2BClient(cc), reg: reg, srv: srv, dial: dial}
+	return &node{api: b2bv1.NewB2BClient(cc), reg: reg, srv: srv, dial: dial, apiLn: api}
 }
 
 // localCaller makes every bufconn caller a local process of uid 1000, as

@@ -271,16 +271,38 @@ func (s *Service) bounded(ctx context.Context, run func(context.Context) (Result
 // fires, since the caller's daemon writes the caller's own memory: gRPC
 // answers DeadlineExceeded at the client's deadline whether or not the
 // handler stopped, and the handler's deadline (the propagated timeout) is
-// a little later. So a pull runs under the caller's deadline less this,
-// which covers the propagation and the data path's cut (a copy chunk, a
-// socket read), and nothing of it lands after the caller's answer.
+// a little later. So a pull from a raw gRPC caller runs under the caller's
+// deadline less this, which covers the propagation and the data path's cut
+// (a copy chunk, a socket read) when the host is not loaded. The clients
+// remove the assumption: they send the caller's deadline apart from a later
+// gRPC one (CallerDeadline), and the answer waits for the data path.
 const pullMargin = 20 * time.Millisecond
 
+// callerDeadlineKey marks a ctx whose deadline is the caller's own, sent by
+// a client whose gRPC call ends later (CallerDeadline).
+type callerDeadlineKey struct{}
+
+// CallerDeadline bounds ctx by d, the caller's own deadline that a client
+// sent beside a later gRPC deadline (internal/callerdeadline), and by ctx's
+// deadline less pullMargin; transfers under it answer at d, after their
+// data path stopped, with no margin of their own.
+func CallerDeadline(ctx context.Context, d time.Time) (context.Context, context.CancelFunc) {
+	if hd, ok := ctx.Deadline(); ok && hd.Add(-pullMargin).Before(d) {
+		d = hd.Add(-pullMargin)
+	}
+	ctx, cancel := context.WithDeadline(ctx, d)
+	return context.WithValue(ctx, callerDeadlineKey{}, d), cancel
+}
+
 // early bounds a pull (op OpRead) by the caller's deadline less
-// pullMargin; a write keeps ctx.
+// pullMargin, unless that deadline is the exact one a client sent
+// (CallerDeadline); a write keeps ctx.
 func early(ctx context.Context, op Op) (context.Context, context.CancelFunc) {
 	d, ok := ctx.Deadline()
 	if op != OpRead || !ok {
+		return ctx, func() {}
+	}
+	if exact, ok := ctx.Value(callerDeadlineKey{}).(time.Time); ok && exact.Equal(d) {
 		return ctx, func() {}
 	}
 	return context.WithDeadline(ctx, d.Add(-pullMargin))

@@ -354,8 +354,8 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 
 	// Descriptor lists of 1M entries are 24 MiB; allow them through.
 	msgMax := 64<<20 + 3*8*cfg.MaxDescriptors
-	apiOpts := []grpc.ServerOption{grpc.Creds(auth.PeerCred{}), grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax),
-		grpc.StatsHandler(srv.StatsHandler())}
+	apiOpts := append([]grpc.ServerOption{grpc.Creds(auth.PeerCred{}), grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax)},
+		srv.APIOptions()...)
 	d.health = health.New()
 	if err := d.buildObservability(); err != nil {
 		return nil, err

@@ -256,8 +256,8 @@ func TestRemotePullDeadline(t *testing.T) {
 			t.Fatalf("deadline %v (answered %v after the call): %d bytes of the caller's region changed after the answer, the first %v and the last %v after it",
 				d, took.Round(time.Millisecond), changed, first, last)
 		}
-		t.Logf("deadline %v (whole pull %v): DeadlineExceeded, %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
-			d, whole.Round(time.Millisecond), landed, n)
+		t.Logf("deadline %v (whole pull %v): DeadlineExceeded %v after the call, %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
+			d, whole.Round(time.Millisecond), took.Round(time.Millisecond), landed, n)
 	}
 	if cut == 0 || mid == 0 {
 		t.Fatalf("%d pulls cut, %d of them mid-pull (some bytes landed): the rig proves nothing", cut, mid)

@@ -33,6 +33,7 @@ from .errors import (
     error_for_code,
     deadline_after,
     from_rpc_error,
+    transfer_deadline,
 )
 from .v1 import b2b_pb2 as pb
 from .v1 import b2b_pb2_grpc as pb_grpc
@@ -772,8 +773,9 @@ class PreparedTransfer:
             )
         timeout = self.timeout if timeout is None else timeout
         deadline = deadline_after(timeout)
+        rpc_timeout, md = transfer_deadline(timeout)
         try:
-            r = self._submit(self._req, timeout=timeout)
+            r = self._submit(self._req, timeout=rpc_timeout, metadata=md)
         except grpc.RpcError as e:
             raise from_rpc_error(e, deadline) from e
         except ValueError as e:  # the channel was closed
@@ -952,7 +954,8 @@ class SubmitStream:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
         self._q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._deadline = deadline_after(timeout)
-        self._call = client._stream_raw(iter(self._q.get, _END), timeout=timeout)
+        rpc_timeout, md = transfer_deadline(timeout)
+        self._call = client._stream_raw(iter(self._q.get, _END), timeout=rpc_timeout, metadata=md)
         self._tags = itertools.count(1)
         self._sending = True
         self._closed = False
@@ -1126,6 +1129,18 @@ class Client:
         deadline = deadline_after(timeout)
         try:
             return method(request, timeout=timeout, wait_for_ready=wait_for_ready)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, deadline) from e
+
+    def _transfer_call(self, method: Any, request: Any, timeout: Optional[float]) -> Any:
+        """:meth:`_call` for a call that moves bytes: the daemon answers at
+        the caller's deadline, once the transfer stopped (transfer_deadline)."""
+        if self._closed:
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+        deadline = deadline_after(timeout)
+        rpc_timeout, md = transfer_deadline(timeout)
+        try:
+            return method(request, timeout=rpc_timeout, metadata=md)
         except grpc.RpcError as e:
             raise from_rpc_error(e, deadline) from e
 
@@ -1433,7 +1448,7 @@ class Client:
                 :meth:`watch`) once the batch landed.
         """
         req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "batch_transfer", op)
-        r = self._call(self._stub.BatchTransfer, req, timeout)
+        r = self._transfer_call(self._stub.BatchTransfer, req, timeout)
         return TransferResult.from_proto(r)
 
     def _batch_request(
@@ -1601,7 +1616,7 @@ class Client:
             return self._start(start, timeout)
         if not wait:
             return self._start(pb.StartTransferRequest(blocks=req), timeout)
-        return TransferResult.from_proto(self._call(self._stub.TransferBlocks, req, timeout))
+        return TransferResult.from_proto(self._transfer_call(self._stub.TransferBlocks, req, timeout))
 
     # -- prepared transfers -----------------------------------------------
 

@@ -10,8 +10,9 @@ side noticed the problem.
 
 from __future__ import annotations
 
+import math
 import time
-from typing import Dict, Optional, Type
+from typing import Dict, Optional, Tuple, Type
 
 import grpc
 
@@ -186,3 +187,32 @@ def deadline_after(timeout: Optional[float]) -> Optional[float]:
     Taken before the call starts, so it is never later than gRPC's own deadline.
     """
     return None if timeout is None else time.monotonic() + timeout
+
+
+#: Request metadata carrying the caller's transfer deadline to the daemon, as
+#: relative whole milliseconds (the Go side's ``internal/callerdeadline``).
+TIMEOUT_KEY = "b2b-timeout-ms"
+#: How much later than the caller's deadline a transfer's gRPC call ends:
+#: time for the daemon to stop the data path and answer.
+DEADLINE_GRACE = 5.0
+_MAX_TIMEOUT_MS = 86_400_000  # the daemon's limit (24 h)
+
+
+def transfer_deadline(timeout: Optional[float]) -> Tuple[Optional[float], Optional[Tuple[Tuple[str, str], ...]]]:
+    """The gRPC timeout and metadata of a call that moves bytes, given the
+    caller's ``timeout`` seconds.
+
+    The caller's deadline goes to the daemon in :data:`TIMEOUT_KEY` and the
+    call itself ends :data:`DEADLINE_GRACE` later, so that the
+    ``DEADLINE_EXCEEDED`` the caller gets is the daemon's answer, sent once
+    the transfer stopped: a pull writes the caller's memory, and no byte may
+    land there after the answer. gRPC's own deadline would answer at once,
+    whatever the daemon was doing. ``None``, a timeout not above 0 or one
+    over 24 h is sent as it is, without metadata.
+    """
+    if timeout is None or timeout <= 0:
+        return timeout, None
+    ms = math.ceil(timeout * 1000)
+    if ms > _MAX_TIMEOUT_MS:
+        return timeout, None
+    return timeout + DEADLINE_GRACE, ((TIMEOUT_KEY, str(ms)),)

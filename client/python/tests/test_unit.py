@@ -179,6 +179,93 @@ class AddressTest(unittest.TestCase):
             self.assertGreaterEqual(time.monotonic() - t0, 0.25)
 
 
+class _FakeDaemon:
+    """A gRPC server answering BatchTransfer, SubmitTransfer and SubmitStream:
+    it records each call's metadata and time left, waits for the caller's
+    deadline (``b2b-timeout-ms``) to pass while its own call is still live,
+    and answers DEADLINE_EXCEEDED with its own message."""
+
+    MESSAGE = "fake daemon: the caller's deadline passed"
+
+    def __init__(self):
+        import threading
+        from concurrent import futures
+
+        self.seen = []
+        self.lock = threading.Lock()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        handlers = {
+            "BatchTransfer": grpc.unary_unary_rpc_method_handler(self._unary, request_deserializer=None, response_serializer=None),
+            "SubmitTransfer": grpc.unary_unary_rpc_method_handler(self._unary, request_deserializer=None, response_serializer=None),
+            "SubmitStream": grpc.stream_stream_rpc_method_handler(self._stream, request_deserializer=None, response_serializer=None),
+        }
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("b2b.v1.B2B", handlers),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def _answer(self, context):
+        md = dict(context.invocation_metadata())
+        left = context.time_remaining()
+        ms = md.get(b2b.errors.TIMEOUT_KEY)
+        alive = None
+        if ms is not None:
+            # Held to the caller's deadline, then asked whether its own call is still live.
+            time.sleep(int(ms) / 1000)  # the work a daemon would do; not a synchronisation
+            alive = context.is_active()
+        with self.lock:
+            self.seen.append((ms, left, alive))
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, self.MESSAGE)
+
+    def _unary(self, request, context):
+        self._answer(context)
+
+    def _stream(self, requests, context):
+        self._answer(context)
+        yield b""
+
+    def close(self):
+        self.server.stop(None)
+
+
+class TransferDeadlineTest(unittest.TestCase):
+    def test_transfer_deadline(self):
+        from b2b.errors import DEADLINE_GRACE, TIMEOUT_KEY, transfer_deadline
+
+        cases = [
+            (None, None, None),
+            (0, 0, None),
+            (-1.0, -1.0, None),
+            (0.0001, 0.0001 + DEADLINE_GRACE, "1"),  # rounded up: never earlier than the caller's
+            (0.25, 0.25 + DEADLINE_GRACE, "250"),
+            (86400.0, 86400.0 + DEADLINE_GRACE, "86400000"),
+            (86400.01, 86400.01, None),  # over the daemon's limit: sent as it is
+        ]
+        for timeout, want_rpc, want_ms in cases:
+            with self.subTest(timeout=timeout):
+                rpc, md = transfer_deadline(timeout)
+                self.assertEqual(rpc, want_rpc)
+                self.assertEqual(md, None if want_ms is None else ((TIMEOUT_KEY, want_ms),))
+
+    def test_answer_at_the_deadline_is_the_daemons(self):
+        fake = _FakeDaemon()
+        self.addCleanup(fake.close)
+        with b2b.Client(f"127.0.0.1:{fake.port}", timeout=10) as c:
+            calls = {
+                "batch_transfer": lambda: c.batch_transfer("r1", "peer:7470", "dst", [0], [0], block_size=64, timeout=0.2),
+                "submit": lambda: b2b.PreparedTransfer(c, pb.PrepareTransferResponse(handle=1), 0.2).submit(),
+                "stream": lambda: list(c.submit_stream(timeout=0.2)),
+            }
+            for name, call in calls.items():
+                with self.subTest(name):
+                    with self.assertRaises(b2b.DeadlineExceededError) as cm:
+                        call()
+                    self.assertEqual(cm.exception.message, _FakeDaemon.MESSAGE)
+                    ms, left, alive = fake.seen[-1]
+                    self.assertEqual(ms, "200")
+                    self.assertGreater(left, 1.0)  # the gRPC deadline is the grace later
+                    self.assertTrue(alive, "the call ended at the caller's deadline: the daemon could not answer")
+
+
 if __name__ == "__main__":
     unittest.main()
 

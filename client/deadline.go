@@ -1,0 +1,91 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/b2bd/b2bd/internal/callerdeadline"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// timedCalls are the calls that move bytes while the caller waits. Each is
+// sent with the caller's deadline in metadata (callerdeadline.Key) and a
+// gRPC deadline callerdeadline.Grace later, so that the DeadlineExceeded
+// the caller gets is the daemon's, sent after the data path stopped: a pull
+// writes the caller's memory, and nothing may land there after the answer.
+// gRPC's own deadline would answer at once, whatever the daemon was doing.
+var timedCalls = map[string]bool{
+	b2bv1.B2B_BatchTransfer_FullMethodName:  true,
+	b2bv1.B2B_SubmitTransfer_FullMethodName: true,
+	b2bv1.B2B_TransferBlocks_FullMethodName: true,
+	b2bv1.B2B_SubmitStream_FullMethodName:   true,
+}
+
+// callerDeadline turns ctx's deadline into the metadata and a later gRPC
+// deadline; the caller's cancel (not its deadline) still cancels the call.
+// ok is false when ctx has no deadline (or one beyond callerdeadline.Max,
+// or already passed), and the call goes as it is.
+func callerDeadline(ctx context.Context) (context.Context, context.CancelFunc, bool) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return ctx, nil, false
+	}
+	v, ok := callerdeadline.Format(time.Until(d))
+	if !ok {
+		return ctx, nil, false
+	}
+	call, cancel := context.WithDeadline(context.WithoutCancel(ctx), d.Add(callerdeadline.Grace))
+	stop := context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel()
+		}
+	})
+	return metadata.AppendToOutgoingContext(call, callerdeadline.Key, v), func() { stop(); cancel() }, true
+}
+
+func unaryCallerDeadline(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if !timedCalls[method] {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	call, cancel, ok := callerDeadline(ctx)
+	if !ok {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	defer cancel()
+	return invoker(call, method, req, reply, cc, opts...)
+}
+
+func streamCallerDeadline(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if !timedCalls[method] {
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+	call, cancel, ok := callerDeadline(ctx)
+	if !ok {
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+	s, err := streamer(call, desc, cc, method, opts...)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &deadlineStream{ClientStream: s, cancel: cancel}, nil
+}
+
+// deadlineStream releases the call's context once the stream has ended
+// (its receive failed: io.EOF or the status).
+type deadlineStream struct {
+	grpc.ClientStream
+	cancel context.CancelFunc
+}
+
+func (d *deadlineStream) RecvMsg(m any) error {
+	err := d.ClientStream.RecvMsg(m)
+	if err != nil {
+		d.cancel()
+	}
+	return err
+}

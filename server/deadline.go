@@ -1,0 +1,82 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/b2bd/b2bd/internal/batch"
+	"github.com/b2bd/b2bd/internal/callerdeadline"
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
+)
+
+// APIOptions are the gRPC server options the B2B service needs: the stats
+// handler (connections, leases, RPC arrival) and the interceptors that run
+// each call under the caller's deadline a client sent (callerdeadline).
+func (s *Server) APIOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.StatsHandler(s.StatsHandler()),
+		grpc.ChainUnaryInterceptor(unaryCallerDeadline),
+		grpc.ChainStreamInterceptor(streamCallerDeadline),
+	}
+}
+
+// withCallerDeadline bounds ctx by the caller's deadline from its metadata
+// (batch.CallerDeadline); cancel is nil when none was sent, and err the
+// InvalidArgument status for a bad value.
+func withCallerDeadline(ctx context.Context) (context.Context, context.CancelFunc, time.Duration, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	left, sent, err := callerdeadline.Parse(md.Get(callerdeadline.Key))
+	if err != nil || !sent {
+		return ctx, nil, 0, grpcstatus.ToStatus(err)
+	}
+	ctx, cancel := batch.CallerDeadline(ctx, time.Now().Add(left))
+	return ctx, cancel, left, nil
+}
+
+// passed says, in a DeadlineExceeded answer, that it is the daemon's: the
+// caller's deadline passed and the data path had stopped.
+func passed(err error, left time.Duration) error {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.DeadlineExceeded {
+		return err
+	}
+	return status.Errorf(codes.DeadlineExceeded, "the caller's deadline (%s %d) passed; the transfer stopped before this answer: %s",
+		callerdeadline.Key, left.Milliseconds(), st.Message())
+}
+
+func unaryCallerDeadline(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	ctx, cancel, left, err := withCallerDeadline(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if cancel == nil {
+		return handler(ctx, req)
+	}
+	defer cancel()
+	resp, err := handler(ctx, req)
+	return resp, passed(err, left)
+}
+
+func streamCallerDeadline(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx, cancel, left, err := withCallerDeadline(ss.Context())
+	if err != nil {
+		return err
+	}
+	if cancel == nil {
+		return handler(srv, ss)
+	}
+	defer cancel()
+	return passed(handler(srv, &deadlineStream{ServerStream: ss, ctx: ctx}), left)
+}
+
+type deadlineStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (d *deadlineStream) Context() context.Context { return d.ctx }
