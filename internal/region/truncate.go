@@ -129,10 +129,15 @@ func (g *Registry) unwatchFile(r *Region) {
 	}
 }
 
-// checkFile fails r when its file is now shorter than the region's end,
-// and returns r's failure, if any: DataLoss naming r. g.mu held.
+// checkFile fails r when its file is now shorter than the region's end
+// and a registration of r pins its pages, and returns r's failure, if
+// any: DataLoss naming r. g.mu held. A region no registration pins (tcp,
+// local: CPU copies through the mapping) is not failed: a copy that
+// touches a page past the end faults and is refused (internal/memguard),
+// and once the file grew back the mapping sees its new pages, so a client
+// that rewrites the file with O_TRUNC and write loses nothing.
 func (g *Registry) checkFile(r *Region) error {
-	if r.truncated == nil && r.file != nil && !r.closing {
+	if r.truncated == nil && r.file != nil && !r.closing && pinsPages(r) {
 		var st unix.Stat_t
 		if err := unix.Fstat(int(r.file.Fd()), &st); err == nil && uint64(st.Size) < r.ShmOff+r.Mem.Len {
 			g.fail(r, uint64(st.Size))
@@ -142,6 +147,17 @@ func (g *Registry) checkFile(r *Region) error {
 		return nil
 	}
 	return r.truncated
+}
+
+// pinsPages: some transport registered r's pages with a device (an RDMA
+// MR), which keeps the pages it pinned whatever happens to the file.
+func pinsPages(r *Region) bool {
+	for _, reg := range r.regs {
+		if _, ok := reg.(transport.Withdrawer); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // TruncatedError is the failure of a region whose file was truncated below

@@ -184,3 +184,26 @@ func TestGrownFileKeepsRegion(t *testing.T) {
 		t.Fatalf("Withdraw called %d times on a file that never shrank", n)
 	}
 }
+
+// A region that no registration pins (tcp, local: CPU copies through the
+// mapping) survives its file rewritten with O_TRUNC and write: the mapping
+// sees the new pages, and a copy in the short moment faults (memguard).
+func TestRewrittenFileKeepsUnpinnedRegion(t *testing.T) {
+	g, err := New(Config{ShmDir: t.TempDir(), Transports: []transport.Transport{newFake(transport.TCP)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	r, err := g.AllocHost(8192, Export{Name: "ok"}, Caller{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(r.ShmPath, make([]byte, 8192), 0); err != nil { // O_TRUNC, then write
+		t.Fatal(err)
+	}
+	if _, release, err := g.Lookup("ok", ""); err != nil {
+		t.Fatalf("a rewritten file failed a region no transport pins: %v", err)
+	} else {
+		release()
+	}
+}
