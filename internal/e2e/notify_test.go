@@ -68,3 +68,52 @@ func TestWatchUnexportedRefused(t *testing.T) {
 		t.Fatalf("watch of unexported %s: %v, want FailedPrecondition naming it and 'not exported'", r.Id, err)
 	}
 }
+
+// TestPullNotifiesTheOwner (issue 24): a pull that asks for a notification
+// tells the serving side once every READ completed, so the owner knows it
+// may reuse the blocks: its watcher hears of the pull after the caller's
+// region holds every block, with the puller's payload and counts.
+func TestPullNotifiesTheOwner(t *testing.T) {
+	for _, k := range pullKinds {
+		t.Run(k.name, func(t *testing.T) {
+			a, b := startNode(t, "a", k.cfg), startNode(t, "b", k.cfg)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			const n, size = 500, 4096
+			local, err := a.c.RegisterHost(ctx, n*size, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			remote, err := b.c.RegisterHost(ctx, n*size, "kv", client.Readers("*"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := b.c.Watch(ctx, remote.Id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.Header(); err != nil {
+				t.Fatal(err)
+			}
+			offs := reversed(n, size)
+			for round := byte(1); round <= 3; round++ {
+				fill(remote.Bytes, func(i int) byte { return round*7 + byte(i) })
+				_, err := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: local.Id, Peer: b.d.PeerAddr(), DstRegion: "kv", Transport: k.kind, Op: opRead,
+					Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}, Notification: []byte{'p', round}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := w.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(got.Notification, []byte{'p', round}) || got.Blocks != n || got.Bytes != n*size || got.Sender != "a" || got.Region != "kv" {
+					t.Fatalf("round %d: notification %v", round, got)
+				}
+				if !bytes.Equal(local.Bytes, remote.Bytes) {
+					t.Fatalf("round %d: the owner was notified, but the caller's region does not hold the blocks", round)
+				}
+			}
+		})
+	}
+}
