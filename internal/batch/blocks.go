@@ -245,20 +245,32 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 		retry = stale || (broke && ctx.Err() == nil && !memguard.IsFault(werr))
 		return res, cached, retry, werr
 	}
-	n := st.Segments
+	res, err = s.blocksMoved(ctx, r, rl, sess, st, wstart, ph, blocks, total)
+	return res, cached, false, err
+}
+
+// blocksMoved ends a block request whose every byte moved, from wstart:
+// it delivers the notification to the remote layout's owner (after a
+// pull too, so it knows it may reuse the blocks) and counts the request.
+func (s *Service) blocksMoved(ctx context.Context, r BlocksRequest, rl *transport.LayoutResolution, sess transport.Session,
+	st transport.Stats, wstart time.Time, ph *Phases, blocks, total uint64) (Result, error) {
 	elapsed := time.Since(wstart)
 	ph.write(st, wstart)
 	if r.Notification != nil {
 		tn := time.Now()
 		err := s.cfg.Peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,
-			Notification: r.Notification, Blocks: n, Bytes: total})
+			Notification: r.Notification, Blocks: st.Segments, Bytes: total})
 		ph.Notify = time.Since(tn)
 		if err != nil {
-			return res, false, false, fmt.Errorf("blocks landed at %s/%s, but the notification was not delivered: %w", r.Peer, r.Remote, err)
+			verb := "landed at"
+			if r.Op == OpRead {
+				verb = "were pulled from"
+			}
+			return Result{}, fmt.Errorf("blocks %s %s/%s, but the notification was not delivered: %w", verb, r.Peer, r.Remote, err)
 		}
 	}
 	s.count(r.Op, total)
-	return Result{Blocks: blocks, Bytes: total, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: *ph}, cached, false, nil
+	return Result{Blocks: blocks, Bytes: total, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: *ph}, nil
 }
 
 // readBlocks is blocksAttempt's pull: pair's sources are the peer's
@@ -310,19 +322,8 @@ func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r 
 		retry = stale || (broke && ctx.Err() == nil && !memguard.IsFault(werr))
 		return res, cached, retry, werr
 	}
-	elapsed := time.Since(wstart)
-	ph.write(st, wstart)
-	if r.Notification != nil {
-		tn := time.Now()
-		err := s.cfg.Peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,
-			Notification: r.Notification, Blocks: st.Segments, Bytes: total})
-		ph.Notify = time.Since(tn)
-		if err != nil {
-			return res, false, false, fmt.Errorf("blocks were pulled from %s/%s, but the notification was not delivered: %w", r.Peer, r.Remote, err)
-		}
-	}
-	s.count(r.Op, total)
-	return Result{Blocks: blocks, Bytes: total, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: *ph}, cached, false, nil
+	res, err = s.blocksMoved(ctx, r, rl, sess, st, wstart, ph, blocks, total)
+	return res, cached, false, err
 }
 
 // firstSegmentOf is the first segment of l in region index ri.

@@ -1023,6 +1023,13 @@ def _dereg_default(deregister_on_close: Optional[bool], persist: bool) -> bool:
     return (not persist) if deregister_on_close is None else bool(deregister_on_close)
 
 
+
+def _notification_bytes(notification: Any) -> bytes:
+    """A notification is bytes: an int would become that many zero bytes."""
+    if not isinstance(notification, (bytes, bytearray, memoryview)):
+        raise TypeError(f"notification: expected bytes, got {type(notification).__name__}")
+    return bytes(notification)
+
 class Client:
     """A connection to the local b2bd.
 
@@ -1470,9 +1477,7 @@ class Client:
             op=_op(op),
         )
         if notification is not None:
-            if not isinstance(notification, (bytes, bytearray, memoryview)):
-                raise TypeError(f"notification: expected bytes, got {type(notification).__name__}")
-            req.notification = bytes(notification)
+            req.notification = _notification_bytes(notification)
         return req
 
     def start_transfer(
@@ -1605,9 +1610,7 @@ class Client:
             op=_op(op),
         )
         if notification is not None:
-            if not isinstance(notification, (bytes, bytearray, memoryview)):
-                raise TypeError(f"notification: expected bytes, got {type(notification).__name__}")
-            req.notification = bytes(notification)
+            req.notification = _notification_bytes(notification)
         if after is not None:
             from .stream import trigger_proto  # stream imports this module
 

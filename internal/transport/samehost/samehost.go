@@ -345,16 +345,24 @@ func (r *registration) Rekey() (transport.RemoteKey, error) {
 	defer t.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.replaceKey(&r.key)
+}
+
+// replaceKey puts a fresh key in *key (r.key or r.readKey) and drops the
+// old one from the index, so that it pins nothing any more; it returns
+// the old one. t.mu and r.mu held.
+func (r *registration) replaceKey(key *uint64) (transport.RemoteKey, error) {
 	if r.closed {
 		return transport.RemoteKey{}, fmt.Errorf("%w: samehost registration is closed", errs.ErrNotFound)
 	}
-	old := r.key
+	t := r.t
+	old := *key
 	k := randomKey()
 	for t.regs[k] != nil {
 		k = randomKey()
 	}
 	delete(t.regs, old)
-	r.key = k
+	*key = k
 	t.regs[k] = r
 	return transport.RemoteKey{Key: old}, nil
 }
@@ -385,18 +393,7 @@ func (r *registration) RekeyFor(a transport.Access) (transport.RemoteKey, error)
 	defer t.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed {
-		return transport.RemoteKey{}, fmt.Errorf("%w: samehost registration is closed", errs.ErrNotFound)
-	}
-	old := r.readKey
-	k := randomKey()
-	for t.regs[k] != nil {
-		k = randomKey()
-	}
-	delete(t.regs, old)
-	r.readKey = k
-	t.regs[k] = r
-	return transport.RemoteKey{Key: old}, nil
+	return r.replaceKey(&r.readKey)
 }
 
 func (r *registration) Close() error {
