@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/b2bd/b2bd/internal/callerdeadline"
+	"github.com/b2bd/b2bd/internal/callid"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -47,16 +48,53 @@ func callerDeadline(ctx context.Context) (context.Context, context.CancelFunc, b
 	return metadata.AppendToOutgoingContext(call, callerdeadline.Key, v), func() { stop(); cancel() }, true
 }
 
+// unaryCallerDeadline sends a timed call with its caller's deadline (see
+// callerDeadline) and, when the caller can cancel it, with a fresh call id
+// (callid): the caller's cancel then goes to the daemon as CancelCall, and
+// the call returns the daemon's answer, which comes once the transfer
+// stopped. So no byte of a cancelled pull lands after the call returned.
+// When CancelCall fails (a daemon too old to know it, or unreachable), or
+// no answer comes within callerdeadline.Grace, the call is cancelled at
+// the client as before.
 func unaryCallerDeadline(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	if !timedCalls[method] {
+	if !timedCalls[method] || ctx.Done() == nil || ctx.Err() != nil {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	call, cancel, ok := callerDeadline(ctx)
-	if !ok {
-		return invoker(ctx, method, req, reply, cc, opts...)
+	call, hardCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer hardCancel()
+	daemonDeadline := false
+	if d, ok := ctx.Deadline(); ok {
+		if v, ok := callerdeadline.Format(time.Until(d)); ok {
+			daemonDeadline = true
+			call = metadata.AppendToOutgoingContext(call, callerdeadline.Key, v)
+			var cancel context.CancelFunc
+			call, cancel = context.WithDeadline(call, d.Add(callerdeadline.Grace))
+			defer cancel()
+		}
 	}
-	defer cancel()
-	return invoker(call, method, req, reply, cc, opts...)
+	id := callid.New()
+	call = metadata.AppendToOutgoingContext(call, callid.Key, id)
+	answered := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		if daemonDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return // the daemon answers at the deadline it was sent
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callerdeadline.Grace)
+		defer cancel()
+		if _, err := b2bv1.NewB2BClient(cc).CancelCall(cctx, &b2bv1.CancelCallRequest{CallId: id}); err != nil {
+			hardCancel()
+			return
+		}
+		select {
+		case <-answered:
+		case <-cctx.Done():
+			hardCancel()
+		}
+	})
+	defer stop()
+	err := invoker(call, method, req, reply, cc, opts...)
+	close(answered)
+	return err
 }
 
 func streamCallerDeadline(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {

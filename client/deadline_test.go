@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,40 +15,59 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/b2bd/b2bd/internal/callerdeadline"
+	"github.com/b2bd/b2bd/internal/callid"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // seen is what the fake daemon saw of one call as it arrived.
 type seen struct {
 	timeoutMs []string  // the b2b-timeout-ms metadata
+	callID    []string  // the b2b-call-id metadata
 	deadline  time.Time // the handler's (gRPC) deadline; zero: none
 }
 
-// fakeDaemon tells of each call's arrival, holds BatchTransfer until the
-// caller's ctx is done (callerDone) or its own ends, tells how its own ctx
-// stood then (ended), and answers with its own status.
+// fakeDaemon tells of each call's arrival, holds BatchTransfer until it is
+// told the answer (release: the caller's deadline passed, or CancelCall
+// came) or its own ctx ends, tells how its own ctx stood then (ended), and
+// answers with the status it was told. CancelCall tells the id it got
+// (cancelled) and releases the call, unless noCancelCall (a daemon that
+// predates it).
 type fakeDaemon struct {
 	b2bv1.UnimplementedB2BServer
-	arrived    chan seen
-	ended      chan error
-	callerDone chan struct{}
+	arrived      chan seen
+	ended        chan error
+	release      chan error
+	cancelled    chan string
+	noCancelCall atomic.Bool
 }
 
 func arrival(ctx context.Context) seen {
 	md, _ := metadata.FromIncomingContext(ctx)
-	s := seen{timeoutMs: md.Get(callerdeadline.Key)}
+	s := seen{timeoutMs: md.Get(callerdeadline.Key), callID: md.Get(callid.Key)}
 	s.deadline, _ = ctx.Deadline()
 	return s
 }
 
 func (f *fakeDaemon) BatchTransfer(ctx context.Context, _ *b2bv1.BatchTransferRequest) (*b2bv1.BatchTransferResponse, error) {
 	f.arrived <- arrival(ctx)
+	answer := status.Error(codes.Unavailable, "fake daemon: its own ctx ended")
 	select {
-	case <-f.callerDone:
+	case answer = <-f.release:
 	case <-ctx.Done():
 	}
 	f.ended <- ctx.Err()
-	return nil, status.Error(codes.DeadlineExceeded, "fake daemon: the caller's deadline passed")
+	return nil, answer
+}
+
+const stoppedByCancelCall = "fake daemon: stopped by CancelCall"
+
+func (f *fakeDaemon) CancelCall(_ context.Context, req *b2bv1.CancelCallRequest) (*b2bv1.CancelCallResponse, error) {
+	if f.noCancelCall.Load() {
+		return nil, status.Error(codes.Unimplemented, "fake daemon: no CancelCall")
+	}
+	f.cancelled <- req.GetCallId()
+	f.release <- status.Error(codes.Canceled, stoppedByCancelCall)
+	return &b2bv1.CancelCallResponse{InFlight: true}, nil
 }
 
 func (f *fakeDaemon) Status(ctx context.Context, _ *b2bv1.StatusRequest) (*b2bv1.StatusResponse, error) {
@@ -57,7 +77,7 @@ func (f *fakeDaemon) Status(ctx context.Context, _ *b2bv1.StatusRequest) (*b2bv1
 
 func fakeClient(t *testing.T) (*Client, *fakeDaemon) {
 	t.Helper()
-	f := &fakeDaemon{arrived: make(chan seen, 1), ended: make(chan error, 1), callerDone: make(chan struct{}, 1)}
+	f := &fakeDaemon{arrived: make(chan seen, 1), ended: make(chan error, 1), release: make(chan error, 1), cancelled: make(chan string, 1)}
 	ln := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
 	b2bv1.RegisterB2BServer(gs, f)
@@ -81,7 +101,7 @@ func TestCallerDeadline(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()
 		d, _ := ctx.Deadline()
-		stop := context.AfterFunc(ctx, func() { f.callerDone <- struct{}{} })
+		stop := context.AfterFunc(ctx, func() { f.release <- status.Error(codes.DeadlineExceeded, "fake daemon: the caller's deadline passed") })
 		defer stop()
 		_, err := c.BatchTransfer(ctx, Transfer{})
 		s, ended := <-f.arrived, <-f.ended
@@ -105,14 +125,36 @@ func TestCallerDeadline(t *testing.T) {
 		}
 	})
 	t.Run("cancel", func(t *testing.T) {
+		// The cancel goes to the daemon as CancelCall with the call's id,
+		// and the call returns the daemon's answer: the call itself was not
+		// cancelled (its ctx did not end), so the daemon could answer after
+		// its data path stopped.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		done := make(chan error, 1)
 		go func() { _, err := c.BatchTransfer(ctx, Transfer{}); done <- err }()
+		s := <-f.arrived
+		cancel()
+		if err := <-done; status.Code(err) != codes.Canceled || status.Convert(err).Message() != stoppedByCancelCall {
+			t.Fatalf("got %v, want the fake daemon's Canceled %q", err, stoppedByCancelCall)
+		}
+		if ended := <-f.ended; ended != nil {
+			t.Fatalf("the daemon's ctx ended (%v): the caller's cancel cut the call at the client", ended)
+		}
+		if id := <-f.cancelled; len(s.callID) != 1 || id != s.callID[0] || callid.Check("id", id) != nil {
+			t.Fatalf("CancelCall named %q, the call carried %s %q", id, callid.Key, s.callID)
+		}
+	})
+	t.Run("cancel, daemon without CancelCall", func(t *testing.T) {
+		f.noCancelCall.Store(true)
+		defer f.noCancelCall.Store(false)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { _, err := c.BatchTransfer(ctx, Transfer{}); done <- err }()
 		<-f.arrived
 		cancel()
-		if err := <-done; status.Code(err) != codes.Canceled {
-			t.Fatalf("got %v, want Canceled", err)
+		if err := <-done; status.Code(err) != codes.Canceled || status.Convert(err).Message() == stoppedByCancelCall {
+			t.Fatalf("got %v, want the client's own Canceled", err)
 		}
 		if ended := <-f.ended; ended != context.Canceled {
 			t.Fatalf("the daemon's ctx: %v, want canceled", ended)
@@ -125,9 +167,13 @@ func TestCallerDeadline(t *testing.T) {
 		s := <-f.arrived
 		cancel()
 		<-f.ended
+		<-f.cancelled
 		<-done
 		if len(s.timeoutMs) != 0 || !s.deadline.IsZero() {
 			t.Fatalf("%s = %q, deadline %v; want neither", callerdeadline.Key, s.timeoutMs, s.deadline)
+		}
+		if len(s.callID) != 1 {
+			t.Fatalf("%s = %q, want one: the caller can cancel", callid.Key, s.callID)
 		}
 	})
 	t.Run("not a transfer", func(t *testing.T) {

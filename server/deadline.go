@@ -11,16 +11,19 @@ import (
 
 	"github.com/b2bd/b2bd/internal/batch"
 	"github.com/b2bd/b2bd/internal/callerdeadline"
+	"github.com/b2bd/b2bd/internal/callid"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 )
 
 // APIOptions are the gRPC server options the B2B service needs: the stats
 // handler (connections, leases, RPC arrival) and the interceptors that run
-// each call under the caller's deadline a client sent (callerdeadline).
+// each call under the caller's deadline a client sent (callerdeadline) and,
+// for a synchronous transfer with a call id, under its caller's CancelCall
+// (callid).
 func (s *Server) APIOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.StatsHandler(s.StatsHandler()),
-		grpc.ChainUnaryInterceptor(unaryCallerDeadline),
+		grpc.ChainUnaryInterceptor(s.unaryCaller),
 		grpc.ChainStreamInterceptor(streamCallerDeadline),
 	}
 }
@@ -49,17 +52,40 @@ func passed(err error, left time.Duration) error {
 		callerdeadline.Key, left.Milliseconds(), st.Message())
 }
 
-func unaryCallerDeadline(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+// unaryCaller runs a call under its caller's deadline (when sent) and, for
+// a cancellable call with a b2b-call-id, registers it so that CancelCall
+// can stop it; either answer then says the data path stopped before it.
+func (s *Server) unaryCaller(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	ctx, cancel, left, err := withCallerDeadline(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if cancel == nil {
-		return handler(ctx, req)
+	if cancel != nil {
+		defer cancel()
 	}
-	defer cancel()
+	id := ""
+	if cancellableCalls[info.FullMethod] {
+		md, _ := metadata.FromIncomingContext(ctx)
+		var sent bool
+		if id, sent, err = callid.Parse(md.Get(callid.Key)); err != nil {
+			return nil, grpcstatus.ToStatus(err)
+		}
+		if sent {
+			var leave func()
+			if ctx, leave, err = s.calls.enter(ctx, caller(ctx), id); err != nil {
+				return nil, grpcstatus.ToStatus(err)
+			}
+			defer leave()
+		}
+	}
 	resp, err := handler(ctx, req)
-	return resp, passed(err, left)
+	if cancel != nil {
+		err = passed(err, left)
+	}
+	if id != "" {
+		err = stoppedByCaller(ctx, err, id)
+	}
+	return resp, err
 }
 
 func streamCallerDeadline(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {

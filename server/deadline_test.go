@@ -2,8 +2,10 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/callerdeadline"
+	"github.com/b2bd/b2bd/internal/callid"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -108,4 +111,91 @@ func TestCallerDeadlineBad(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCancelCall: a transfer made through the Go client and cancelled by
+// its caller while the daemon waits on a silent peer gets the daemon's
+// Canceled, which names the call id and says the transfer stopped, for a
+// push and a pull alike; a CancelCall that overtakes its call stops it when
+// it comes; bad ids get InvalidArgument naming the field, the value and the
+// limit.
+func TestCancelCall(t *testing.T) {
+	bn := bufNet{}
+	a, b := newNode(t, "a", bn), newNode(t, "b", bn)
+	ctx := context.Background()
+	src, err := a.api.RegisterRegion(ctx, hostAlloc(4096, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.api.RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}}, ExportName: "dst", Readers: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	silent, err := listenSilent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	// sending runs as the client's BatchTransfer goes out (after the
+	// client's own interceptor took the call): the caller's cancel is timed
+	// from there, so every cut is one of a call that was sent.
+	var sending atomic.Pointer[func()]
+	c, err := client.Dial("passthrough:///api", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return a.apiLn.DialContext(ctx) }),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if f := sending.Load(); f != nil && method == b2bv1.B2B_BatchTransfer_FullMethodName {
+				(*f)()
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const daemons = "the caller cancelled the call (" + callid.Key
+	req := func(op b2bv1.TransferOp) client.Transfer {
+		return client.Transfer{SrcRegion: src.Region.Id, Peer: silent.Addr().String(), DstRegion: "dst", Op: op,
+			Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: 64}}
+	}
+	for _, op := range []b2bv1.TransferOp{b2bv1.TransferOp_TRANSFER_OP_WRITE, b2bv1.TransferOp_TRANSFER_OP_READ} {
+		for _, wait := range []time.Duration{0, 50 * time.Millisecond} {
+			t.Run(fmt.Sprintf("%s cancelled %v after it was sent", op, wait), func(t *testing.T) {
+				cctx, cancel := context.WithTimeout(ctx, time.Minute)
+				defer cancel()
+				cut := func() { time.AfterFunc(wait, cancel) }
+				sending.Store(&cut)
+				defer sending.Store(nil)
+				_, err := c.BatchTransfer(cctx, req(op))
+				st := status.Convert(err)
+				if st.Code() != codes.Canceled || !strings.Contains(st.Message(), daemons) || !strings.Contains(st.Message(), "the transfer stopped before this answer") {
+					t.Fatalf("got %v %q; want the daemon's Canceled, naming %q", st.Code(), st.Message(), daemons)
+				}
+			})
+		}
+	}
+	t.Run("cancel before the call", func(t *testing.T) {
+		id := callid.New()
+		r, err := a.api.CancelCall(ctx, &b2bv1.CancelCallRequest{CallId: id})
+		if err != nil || r.GetInFlight() {
+			t.Fatalf("CancelCall: %v %v, want not in flight", r, err)
+		}
+		cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, callid.Key, id), time.Minute)
+		defer cancel()
+		_, err = a.api.BatchTransfer(cctx, &b2bv1.BatchTransferRequest{SrcRegionId: src.Region.Id, Peer: silent.Addr().String(), DstRegion: "dst",
+			Descriptors: &b2bv1.Descriptors{SrcOffsets: client.Pack([]uint64{0}), DstOffsets: client.Pack([]uint64{0}), BlockLength: 64}})
+		if st := status.Convert(err); st.Code() != codes.Canceled || !strings.Contains(st.Message(), daemons+" "+id) {
+			t.Fatalf("got %v %q; want the daemon's Canceled naming %s", st.Code(), st.Message(), id)
+		}
+	})
+	t.Run("bad ids", func(t *testing.T) {
+		_, err := a.api.CancelCall(ctx, &b2bv1.CancelCallRequest{CallId: "a b"})
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), `call_id is "a b": want 1 to 64 characters`) {
+			t.Fatalf("CancelCall: %v %q", st.Code(), st.Message())
+		}
+		cctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, callid.Key, strings.Repeat("x", 65)), time.Minute)
+		defer cancel()
+		_, err = a.api.BatchTransfer(cctx, &b2bv1.BatchTransferRequest{})
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "metadata b2b-call-id is") || !strings.Contains(st.Message(), "want 1 to 64") {
+			t.Fatalf("BatchTransfer: %v %q", st.Code(), st.Message())
+		}
+	})
 }

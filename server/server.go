@@ -77,6 +77,7 @@ type Server struct {
 	batches  *batch.Service
 	clients  clients          // lease holders (leases.go)
 	triggers *trigger.Watcher // triggered transfers (trigger.go)
+	calls    calls            // synchronous calls a CancelCall can stop (calls.go)
 
 	rawMu     sync.Mutex
 	raw       map[net.Conn]struct{} // raw submit connections (raw.go)

@@ -370,8 +370,10 @@ func faultedPull(t *testing.T, err error, name string) {
 	}
 }
 
-// TestPullDeadline: a pull cut off by its deadline answers DeadlineExceeded
-// and no byte of the caller's region changes in the 2 s after.
+// TestPullDeadline: a pull cut off by its deadline answers DeadlineExceeded,
+// one cut off by its caller's cancel answers Canceled, each the daemon's
+// answer (sent once the transfer stopped, and saying so), and no byte of
+// the caller's region changes in the 2 s after.
 func TestPullDeadline(t *testing.T) {
 	for _, k := range pullKinds {
 		t.Run(k.name, func(t *testing.T) {
@@ -392,29 +394,58 @@ func TestPullDeadline(t *testing.T) {
 			if _, err := pull(ctx, a.c, local.Id, b.d.PeerAddr(), "big", offs[:1], offs[:1], size, k.kind); err != nil {
 				t.Fatalf("warm-up: %v", err)
 			}
-			cut := 0
-			for _, d := range []time.Duration{time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond} {
-				clear(local.Bytes)
-				dctx, dcancel := context.WithTimeout(ctx, d)
-				_, err := pull(dctx, a.c, local.Id, b.d.PeerAddr(), "big", offs, offs, size, k.kind)
-				dcancel()
-				if err == nil {
-					continue // the whole pull beat this deadline
+			for _, how := range pullCuts {
+				cut := 0
+				for _, d := range []time.Duration{time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond} {
+					clear(local.Bytes)
+					cctx, stop := how.ctx(ctx, d)
+					_, err := pull(cctx, a.c, local.Id, b.d.PeerAddr(), "big", offs, offs, size, k.kind)
+					stop()
+					if err == nil {
+						continue // the whole pull beat this cut
+					}
+					how.check(t, d, err)
+					cut++
+					snap := bytes.Clone(local.Bytes)
+					time.Sleep(2 * time.Second) // the window the contract names, not a synchronisation
+					if !bytes.Equal(snap, local.Bytes) {
+						t.Fatalf("%s %v: bytes of the caller's region changed after the pull answered", how.name, d)
+					}
 				}
-				if status.Code(err) != codes.DeadlineExceeded {
-					t.Fatalf("deadline %v: %v, want DeadlineExceeded", d, err)
+				if cut == 0 {
+					t.Logf("every pull of 128 MiB beat a 10 ms %s: nothing was cut", how.name)
 				}
-				cut++
-				snap := bytes.Clone(local.Bytes)
-				time.Sleep(2 * time.Second) // the window the contract names, not a synchronisation
-				if !bytes.Equal(snap, local.Bytes) {
-					t.Fatalf("deadline %v: bytes of the caller's region changed after the pull answered", d)
-				}
-			}
-			if cut == 0 {
-				t.Skip("every pull of 128 MiB beat a 10 ms deadline: nothing was cut")
 			}
 		})
+	}
+}
+
+// pullCut is one way a pull's caller cuts it short: its deadline, or its
+// cancel, d after the call.
+type pullCut struct {
+	name string
+	ctx  func(parent context.Context, d time.Duration) (context.Context, context.CancelFunc)
+	code codes.Code
+}
+
+var pullCuts = []pullCut{
+	{"deadline", func(p context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+		return context.WithTimeout(p, d)
+	}, codes.DeadlineExceeded},
+	{"cancel", func(p context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+		ctx, cancel := context.WithCancel(p)
+		t := time.AfterFunc(d, cancel)
+		return ctx, func() { t.Stop(); cancel() }
+	}, codes.Canceled},
+}
+
+// check fails t unless err is the daemon's answer to this cut: its code,
+// and its word that the transfer stopped before the answer (the client's
+// own answer would come at once, whatever the data path was doing).
+func (c pullCut) check(t *testing.T, d time.Duration, err error) {
+	t.Helper()
+	if st := status.Convert(err); st.Code() != c.code || !strings.Contains(st.Message(), "the transfer stopped before this answer") {
+		t.Fatalf("%s %v: %v, want the daemon's %v saying the transfer stopped before it", c.name, d, err, c.code)
 	}
 }
 

@@ -198,9 +198,11 @@ func keysOf(m map[string][]byte) []string {
 }
 
 // TestRemotePullDeadline: a verbs pull cut off by its deadline answers
-// DeadlineExceeded, and no byte of the caller's region changes in the 2 s
-// after the answer. Deadlines are fractions of a whole pull's time here, so
-// at least one cut lands part of the batch: the cut is mid-pull.
+// DeadlineExceeded, one cut off by its caller's cancel answers Canceled
+// (pullCuts: each the daemon's answer), and no byte of the caller's region
+// changes in the 2 s after the answer. Cuts are fractions of a whole pull's
+// time here, so at least one cut lands part of the batch: the cut is
+// mid-pull.
 func TestRemotePullDeadline(t *testing.T) {
 	src, dst, peer := remoteClients(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -221,52 +223,52 @@ func TestRemotePullDeadline(t *testing.T) {
 	if !bytes.Equal(local.Bytes, seed.Bytes) {
 		t.Fatal("the whole pull did not bring the remote's bytes")
 	}
-	cut, mid := 0, 0
-	for _, frac := range []int{8, 4, 2} {
-		d := whole / time.Duration(frac)
-		clear(local.Bytes)
-		dctx, dcancel := context.WithTimeout(ctx, d)
-		called := time.Now()
-		err := pullVerbs(dctx, src, local.Id, peer, "e2e-pull-deadline", offs, offs, size)
-		took := time.Since(called)
-		dcancel()
-		if err == nil {
-			if !bytes.Equal(local.Bytes, seed.Bytes) {
-				t.Fatalf("deadline %v: success but the local region does not hold the remote's bytes", d)
+	for _, how := range pullCuts {
+		cut, mid := 0, 0
+		for _, frac := range []int{8, 4, 2} {
+			d := whole / time.Duration(frac)
+			clear(local.Bytes)
+			cctx, stop := how.ctx(ctx, d)
+			called := time.Now()
+			err := pullVerbs(cctx, src, local.Id, peer, "e2e-pull-deadline", offs, offs, size)
+			took := time.Since(called)
+			stop()
+			if err == nil {
+				if !bytes.Equal(local.Bytes, seed.Bytes) {
+					t.Fatalf("%s %v: success but the local region does not hold the remote's bytes", how.name, d)
+				}
+				continue
 			}
-			continue
-		}
-		if status.Code(err) != codes.DeadlineExceeded {
-			t.Fatalf("deadline %v: %v, want DeadlineExceeded", d, err)
-		}
-		cut++
-		snap := bytes.Clone(local.Bytes)
-		landed := 0
-		for i := range n {
-			if bytes.Equal(snap[offs[i]:offs[i]+size], seed.Bytes[offs[i]:offs[i]+size]) {
-				landed++
+			how.check(t, d, err)
+			cut++
+			snap := bytes.Clone(local.Bytes)
+			landed := 0
+			for i := range n {
+				if bytes.Equal(snap[offs[i]:offs[i]+size], seed.Bytes[offs[i]:offs[i]+size]) {
+					landed++
+				}
 			}
+			if landed > 0 || !bytes.Equal(snap, make([]byte, len(snap))) {
+				mid++
+			}
+			// The window the contract names, watched every millisecond so that a
+			// failure says when bytes landed after the answer, and how many.
+			if first, last, changed := watchChanges(snap, local.Bytes, 2*time.Second); changed > 0 {
+				t.Fatalf("%s %v (answered %v after the call): %d bytes of the caller's region changed after the answer, the first %v and the last %v after it",
+					how.name, d, took.Round(time.Millisecond), changed, first, last)
+			}
+			t.Logf("%s %v (whole pull %v): %v %v after the call, %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
+				how.name, d, whole.Round(time.Millisecond), how.code, took.Round(time.Millisecond), landed, n)
 		}
-		if landed > 0 || !bytes.Equal(snap, make([]byte, len(snap))) {
-			mid++
+		if cut == 0 || mid == 0 {
+			t.Fatalf("%s: %d pulls cut, %d of them mid-pull (some bytes landed): the rig proves nothing", how.name, cut, mid)
 		}
-		// The window the contract names, watched every millisecond so that a
-		// failure says when bytes landed after the answer, and how many.
-		if first, last, changed := watchChanges(snap, local.Bytes, 2*time.Second); changed > 0 {
-			t.Fatalf("deadline %v (answered %v after the call): %d bytes of the caller's region changed after the answer, the first %v and the last %v after it",
-				d, took.Round(time.Millisecond), changed, first, last)
-		}
-		t.Logf("deadline %v (whole pull %v): DeadlineExceeded %v after the call, %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
-			d, whole.Round(time.Millisecond), took.Round(time.Millisecond), landed, n)
-	}
-	if cut == 0 || mid == 0 {
-		t.Fatalf("%d pulls cut, %d of them mid-pull (some bytes landed): the rig proves nothing", cut, mid)
 	}
 	// The daemons serve on: a whole pull, verified.
 	clear(local.Bytes)
 	rev := reversed(n, size)
 	if err := pullVerbs(ctx, src, local.Id, peer, "e2e-pull-deadline", rev, offs, size); err != nil {
-		t.Fatalf("pull after the deadlines: %v", err)
+		t.Fatalf("pull after the cuts: %v", err)
 	}
 	pulledSame(ctx, t, src, local.Id, rev, dst, remoteID, offs, size)
 }

@@ -34,6 +34,9 @@ from .errors import (
     deadline_after,
     from_rpc_error,
     transfer_deadline,
+    CALL_ID_KEY,
+    DEADLINE_GRACE,
+    new_call_id,
 )
 from .v1 import b2b_pb2 as pb
 from .v1 import b2b_pb2_grpc as pb_grpc
@@ -775,7 +778,7 @@ class PreparedTransfer:
         deadline = deadline_after(timeout)
         rpc_timeout, md = transfer_deadline(timeout)
         try:
-            r = self._submit(self._req, timeout=rpc_timeout, metadata=md)
+            r = self._client._interruptible(self._submit, self._req, rpc_timeout, md)
         except grpc.RpcError as e:
             raise from_rpc_error(e, deadline) from e
         except ValueError as e:  # the channel was closed
@@ -1147,9 +1150,35 @@ class Client:
         deadline = deadline_after(timeout)
         rpc_timeout, md = transfer_deadline(timeout)
         try:
-            return method(request, timeout=rpc_timeout, metadata=md)
+            return self._interruptible(method, request, rpc_timeout, md)
         except grpc.RpcError as e:
             raise from_rpc_error(e, deadline) from e
+
+    def _interruptible(self, method: Any, request: Any, rpc_timeout: Optional[float], md: Any) -> Any:
+        """Makes a transfer call whose interruption (``KeyboardInterrupt``, or
+        any exception raised into this thread while it waits) reaches the
+        daemon as CancelCall, with the call's id (:data:`CALL_ID_KEY`), before
+        the interrupt is raised again. CancelCall answers once the call ended
+        (or, for a call that has not arrived yet, makes the daemon refuse it),
+        so no byte of a pull lands after the interrupt, wherever it struck.
+        Without that answer within :data:`DEADLINE_GRACE` seconds the call is
+        cancelled here."""
+        call_id = new_call_id()
+        fut = None
+        try:
+            fut = method.future(request, timeout=rpc_timeout, metadata=(md or ()) + ((CALL_ID_KEY, call_id),))
+            return fut.result()
+        except grpc.RpcError:
+            raise
+        except BaseException:
+            try:
+                self._stub.CancelCall(pb.CancelCallRequest(call_id=call_id), timeout=DEADLINE_GRACE)
+            except Exception:  # pylint: disable=broad-except
+                pass  # no daemon to stop it: cancelled here below
+            finally:
+                if fut is not None:
+                    fut.cancel()
+            raise
 
     def _track(self, r: _Region) -> None:
         with self._lock:

@@ -11,6 +11,7 @@ side noticed the problem.
 from __future__ import annotations
 
 import math
+import secrets
 import time
 from typing import Dict, Optional, Tuple, Type
 
@@ -216,3 +217,13 @@ def transfer_deadline(timeout: Optional[float]) -> Tuple[Optional[float], Option
     if ms > _MAX_TIMEOUT_MS:
         return timeout, None
     return timeout + DEADLINE_GRACE, ((TIMEOUT_KEY, str(ms)),)
+
+
+#: Request metadata naming a transfer call, so that an interrupted caller can
+#: stop it through the daemon (CancelCall; the Go side's ``internal/callid``).
+CALL_ID_KEY = "b2b-call-id"
+
+
+def new_call_id() -> str:
+    """A fresh call id: 128 random bits as 32 hex digits."""
+    return secrets.token_hex(16)

@@ -266,6 +266,91 @@ class TransferDeadlineTest(unittest.TestCase):
                     self.assertTrue(alive, "the call ended at the caller's deadline: the daemon could not answer")
 
 
+class _HoldingDaemon:
+    """A gRPC server that holds BatchTransfer and SubmitTransfer until a
+    CancelCall names the call's ``b2b-call-id`` (or 10 s pass), then answers
+    CANCELLED with its own message, telling whether its call was still live
+    then (the caller's interrupt must not have cut it at the client).
+    CancelCall returns once that call answered, as the daemon's does."""
+
+    MESSAGE = "fake daemon: stopped by CancelCall"
+
+    def __init__(self):
+        import threading
+        from concurrent import futures
+
+        self.arrived = threading.Event()
+        self.events = {}  # call id -> (cancelled, ended) threading.Events
+        self.seen = []  # (call id, whether a CancelCall named it, alive)
+        self.lock = threading.Lock()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        handlers = {
+            "BatchTransfer": grpc.unary_unary_rpc_method_handler(self._unary, request_deserializer=None, response_serializer=None),
+            "SubmitTransfer": grpc.unary_unary_rpc_method_handler(self._unary, request_deserializer=None, response_serializer=None),
+            "CancelCall": grpc.unary_unary_rpc_method_handler(
+                self._cancel, request_deserializer=pb.CancelCallRequest.FromString, response_serializer=pb.CancelCallResponse.SerializeToString
+            ),
+        }
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("b2b.v1.B2B", handlers),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def _events(self, call_id):
+        import threading
+
+        with self.lock:
+            return self.events.setdefault(call_id, (threading.Event(), threading.Event()))
+
+    def _unary(self, request, context):
+        call_id = dict(context.invocation_metadata()).get(b2b.errors.CALL_ID_KEY)
+        cancelled, ended = self._events(call_id)
+        self.arrived.set()
+        cancelled.wait(10)
+        with self.lock:
+            self.seen.append((call_id, cancelled.is_set(), context.is_active()))
+        ended.set()
+        context.abort(grpc.StatusCode.CANCELLED, self.MESSAGE)
+
+    def _cancel(self, request, context):
+        cancelled, ended = self._events(request.call_id)
+        cancelled.set()
+        return pb.CancelCallResponse(in_flight=ended.wait(5))
+
+    def close(self):
+        self.server.stop(None)
+
+
+class InterruptTest(unittest.TestCase):
+    """An interrupted transfer call (Ctrl-C) goes to the daemon as CancelCall
+    with the call's id, and the interrupt is raised once the daemon answered:
+    the call was not cut at the client."""
+
+    def test_interrupt_reaches_the_daemon(self):
+        import _thread
+        import threading
+
+        fake = _HoldingDaemon()
+        self.addCleanup(fake.close)
+        with b2b.Client(f"127.0.0.1:{fake.port}", timeout=10) as c:
+            calls = {
+                "batch_transfer": lambda: c.batch_transfer("r1", "peer:7470", "dst", [0], [0], block_size=64, timeout=30),
+                "submit": lambda: b2b.PreparedTransfer(c, pb.PrepareTransferResponse(handle=1), 30).submit(),
+            }
+            for name, call in calls.items():
+                with self.subTest(name):
+                    fake.arrived.clear()
+                    t = threading.Thread(target=lambda: fake.arrived.wait(10) and _thread.interrupt_main())
+                    t.start()
+                    with self.assertRaises(KeyboardInterrupt):
+                        call()
+                    t.join()
+                    self.assertEqual(len(fake.seen), list(calls).index(name) + 1, "the interrupt was raised before the daemon answered")
+                    call_id, cancelled, alive = fake.seen[-1]
+                    self.assertIsNotNone(call_id, "the call carried no b2b-call-id")
+                    self.assertTrue(cancelled, "no CancelCall named the call's id")
+                    self.assertTrue(alive, "the interrupt cut the call at the client: the daemon could not answer")
+
+
 if __name__ == "__main__":
     unittest.main()
 

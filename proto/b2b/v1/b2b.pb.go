@@ -4085,6 +4085,97 @@ func (*WatchTransfersRequest) Descriptor() ([]byte, []int) {
 	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
 }
 
+type CancelCallRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The call's b2b-call-id: 1 to 64 characters of [0-9A-Za-z_-].
+	CallId        string `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelCallRequest) Reset() {
+	*x = CancelCallRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelCallRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelCallRequest) ProtoMessage() {}
+
+func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelCallRequest.ProtoReflect.Descriptor instead.
+func (*CancelCallRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *CancelCallRequest) GetCallId() string {
+	if x != nil {
+		return x.CallId
+	}
+	return ""
+}
+
+type CancelCallResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True: a call in flight was stopped and has ended; false: none was in
+	// flight, and the id is remembered for the call that may still come.
+	InFlight      bool `protobuf:"varint,1,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelCallResponse) Reset() {
+	*x = CancelCallResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelCallResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelCallResponse) ProtoMessage() {}
+
+func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelCallResponse.ProtoReflect.Descriptor instead.
+func (*CancelCallResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *CancelCallResponse) GetInFlight() bool {
+	if x != nil {
+		return x.InFlight
+	}
+	return false
+}
+
 type HandshakeRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
@@ -4097,7 +4188,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4109,7 +4200,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4122,7 +4213,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -4172,7 +4263,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4184,7 +4275,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4197,7 +4288,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -4247,7 +4338,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4259,7 +4350,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4272,7 +4363,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -4304,7 +4395,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4316,7 +4407,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4329,7 +4420,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -4370,7 +4461,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4382,7 +4473,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4395,7 +4486,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SignalRequest) GetKind() string {
@@ -4421,7 +4512,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4433,7 +4524,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4446,7 +4537,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *SignalResponse) GetPayload() []byte {
@@ -4469,7 +4560,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4481,7 +4572,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4494,7 +4585,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -4541,7 +4632,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4553,7 +4644,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4566,7 +4657,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -4586,7 +4677,7 @@ type ResolveLayoutRequest struct {
 
 func (x *ResolveLayoutRequest) Reset() {
 	*x = ResolveLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4598,7 +4689,7 @@ func (x *ResolveLayoutRequest) String() string {
 func (*ResolveLayoutRequest) ProtoMessage() {}
 
 func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4611,7 +4702,7 @@ func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutRequest.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ResolveLayoutRequest) GetName() string {
@@ -4640,7 +4731,7 @@ type ResolvedLayoutRegion struct {
 
 func (x *ResolvedLayoutRegion) Reset() {
 	*x = ResolvedLayoutRegion{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4652,7 +4743,7 @@ func (x *ResolvedLayoutRegion) String() string {
 func (*ResolvedLayoutRegion) ProtoMessage() {}
 
 func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4665,7 +4756,7 @@ func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedLayoutRegion.ProtoReflect.Descriptor instead.
 func (*ResolvedLayoutRegion) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ResolvedLayoutRegion) GetName() string {
@@ -4701,7 +4792,7 @@ type ResolvedSegment struct {
 
 func (x *ResolvedSegment) Reset() {
 	*x = ResolvedSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4713,7 +4804,7 @@ func (x *ResolvedSegment) String() string {
 func (*ResolvedSegment) ProtoMessage() {}
 
 func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4726,7 +4817,7 @@ func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedSegment.ProtoReflect.Descriptor instead.
 func (*ResolvedSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ResolvedSegment) GetRegion() uint32 {
@@ -4769,7 +4860,7 @@ type ResolveLayoutResponse struct {
 
 func (x *ResolveLayoutResponse) Reset() {
 	*x = ResolveLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4781,7 +4872,7 @@ func (x *ResolveLayoutResponse) String() string {
 func (*ResolveLayoutResponse) ProtoMessage() {}
 
 func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4794,7 +4885,7 @@ func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutResponse.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ResolveLayoutResponse) GetName() string {
@@ -5137,7 +5228,11 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x15CancelTransferRequest\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
 	"transferId\"\x17\n" +
-	"\x15WatchTransfersRequest\"\x9a\x01\n" +
+	"\x15WatchTransfersRequest\",\n" +
+	"\x11CancelCallRequest\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\tR\x06callId\"1\n" +
+	"\x12CancelCallResponse\x12\x1b\n" +
+	"\tin_flight\x18\x01 \x01(\bR\binFlight\"\x9a\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\"\n" +
@@ -5226,7 +5321,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x16TRANSFER_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13TRANSFER_STATE_DONE\x10\x02\x12\x19\n" +
 	"\x15TRANSFER_STATE_FAILED\x10\x03\x12\x1c\n" +
-	"\x18TRANSFER_STATE_CANCELLED\x10\x042\x89\r\n" +
+	"\x18TRANSFER_STATE_CANCELLED\x10\x042\xce\r\n" +
 	"\x03B2B\x12O\n" +
 	"\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n" +
 	"\x10DeregisterRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12F\n" +
@@ -5249,7 +5344,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\fWaitTransfer\x12\x1b.b2b.v1.WaitTransferRequest\x1a\x17.b2b.v1.TransferOutcome\x12L\n" +
 	"\rPollTransfers\x12\x1c.b2b.v1.PollTransfersRequest\x1a\x1d.b2b.v1.PollTransfersResponse\x12H\n" +
 	"\x0eCancelTransfer\x12\x1d.b2b.v1.CancelTransferRequest\x1a\x17.b2b.v1.TransferOutcome\x12J\n" +
-	"\x0eWatchTransfers\x12\x1d.b2b.v1.WatchTransfersRequest\x1a\x17.b2b.v1.TransferOutcome0\x012\xd6\x02\n" +
+	"\x0eWatchTransfers\x12\x1d.b2b.v1.WatchTransfersRequest\x1a\x17.b2b.v1.TransferOutcome0\x01\x12C\n" +
+	"\n" +
+	"CancelCall\x12\x19.b2b.v1.CancelCallRequest\x1a\x1a.b2b.v1.CancelCallResponse2\xd6\x02\n" +
 	"\x04Peer\x12@\n" +
 	"\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n" +
 	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12L\n" +
@@ -5270,7 +5367,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -5331,21 +5428,23 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*PollTransfersResponse)(nil),     // 56: b2b.v1.PollTransfersResponse
 	(*CancelTransferRequest)(nil),     // 57: b2b.v1.CancelTransferRequest
 	(*WatchTransfersRequest)(nil),     // 58: b2b.v1.WatchTransfersRequest
-	(*HandshakeRequest)(nil),          // 59: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 60: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 61: b2b.v1.ResolveRegionRequest
-	(*ResolveRegionResponse)(nil),     // 62: b2b.v1.ResolveRegionResponse
-	(*SignalRequest)(nil),             // 63: b2b.v1.SignalRequest
-	(*SignalResponse)(nil),            // 64: b2b.v1.SignalResponse
-	(*NotifyRequest)(nil),             // 65: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 66: b2b.v1.NotifyResponse
-	(*ResolveLayoutRequest)(nil),      // 67: b2b.v1.ResolveLayoutRequest
-	(*ResolvedLayoutRegion)(nil),      // 68: b2b.v1.ResolvedLayoutRegion
-	(*ResolvedSegment)(nil),           // 69: b2b.v1.ResolvedSegment
-	(*ResolveLayoutResponse)(nil),     // 70: b2b.v1.ResolveLayoutResponse
-	nil,                               // 71: b2b.v1.HandshakeResponse.AdvertsEntry
-	nil,                               // 72: b2b.v1.ResolveRegionResponse.KeysEntry
-	nil,                               // 73: b2b.v1.ResolvedLayoutRegion.KeysEntry
+	(*CancelCallRequest)(nil),         // 59: b2b.v1.CancelCallRequest
+	(*CancelCallResponse)(nil),        // 60: b2b.v1.CancelCallResponse
+	(*HandshakeRequest)(nil),          // 61: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 62: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 63: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 64: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 65: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 66: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 67: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 68: b2b.v1.NotifyResponse
+	(*ResolveLayoutRequest)(nil),      // 69: b2b.v1.ResolveLayoutRequest
+	(*ResolvedLayoutRegion)(nil),      // 70: b2b.v1.ResolvedLayoutRegion
+	(*ResolvedSegment)(nil),           // 71: b2b.v1.ResolvedSegment
+	(*ResolveLayoutResponse)(nil),     // 72: b2b.v1.ResolveLayoutResponse
+	nil,                               // 73: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 74: b2b.v1.ResolveRegionResponse.KeysEntry
+	nil,                               // 75: b2b.v1.ResolvedLayoutRegion.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	6,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -5387,14 +5486,14 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	5,  // 36: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
 	22, // 37: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
 	53, // 38: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
-	71, // 39: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	73, // 39: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
 	3,  // 40: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
 	0,  // 41: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	72, // 42: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	74, // 42: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
 	3,  // 43: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
-	73, // 44: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
-	68, // 45: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
-	69, // 46: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
+	75, // 44: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
+	70, // 45: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
+	71, // 46: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
 	10, // 47: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
 	14, // 48: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
 	16, // 49: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
@@ -5417,40 +5516,42 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	55, // 66: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
 	57, // 67: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
 	58, // 68: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
-	59, // 69: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	61, // 70: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	67, // 71: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
-	63, // 72: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	65, // 73: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	13, // 74: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	15, // 75: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	17, // 76: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	19, // 77: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	22, // 78: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	34, // 79: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	40, // 80: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	36, // 81: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	25, // 82: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	22, // 83: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	28, // 84: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	30, // 85: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	32, // 86: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	44, // 87: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	46, // 88: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	48, // 89: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	22, // 90: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	52, // 91: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
-	53, // 92: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
-	56, // 93: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
-	53, // 94: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
-	53, // 95: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
-	60, // 96: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	62, // 97: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	70, // 98: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	64, // 99: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	66, // 100: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	74, // [74:101] is the sub-list for method output_type
-	47, // [47:74] is the sub-list for method input_type
+	59, // 69: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
+	61, // 70: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	63, // 71: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	69, // 72: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	65, // 73: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	67, // 74: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	13, // 75: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	15, // 76: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	17, // 77: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	19, // 78: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	22, // 79: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	34, // 80: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	40, // 81: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	36, // 82: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	25, // 83: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	22, // 84: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	28, // 85: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	30, // 86: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	32, // 87: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	44, // 88: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	46, // 89: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	48, // 90: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	22, // 91: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	52, // 92: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	53, // 93: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	56, // 94: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	53, // 95: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	53, // 96: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	60, // 97: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
+	62, // 98: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	64, // 99: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	72, // 100: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	66, // 101: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	68, // 102: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	75, // [75:103] is the sub-list for method output_type
+	47, // [47:75] is the sub-list for method input_type
 	47, // [47:47] is the sub-list for extension type_name
 	47, // [47:47] is the sub-list for extension extendee
 	0,  // [0:47] is the sub-list for field type_name
@@ -5478,7 +5579,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   68,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

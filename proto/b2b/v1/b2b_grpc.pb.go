@@ -52,6 +52,7 @@ const (
 	B2B_PollTransfers_FullMethodName      = "/b2b.v1.B2B/PollTransfers"
 	B2B_CancelTransfer_FullMethodName     = "/b2b.v1.B2B/CancelTransfer"
 	B2B_WatchTransfers_FullMethodName     = "/b2b.v1.B2B/WatchTransfers"
+	B2B_CancelCall_FullMethodName         = "/b2b.v1.B2B/CancelCall"
 )
 
 // B2BClient is the client API for B2B service.
@@ -137,6 +138,14 @@ type B2BClient interface {
 	// WatchTransfers streams the outcome of each of this client's transfers as
 	// it ends (each reported once, here or by Wait/Poll, whichever is first).
 	WatchTransfers(ctx context.Context, in *WatchTransfersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TransferOutcome], error)
+	// CancelCall stops a synchronous transfer call (BatchTransfer,
+	// SubmitTransfer or TransferBlocks) that carries the metadata b2b-call-id
+	// (docs/pull.md#cancel), and returns once that call ended: no byte of it
+	// can land any more, as after CancelTransfer. The call answers Canceled.
+	// The Go client sends it when its caller's context is cancelled, and
+	// returns the call's answer. An id not in flight is remembered for a
+	// minute, so a cancel that overtakes its call stops the call when it comes.
+	CancelCall(ctx context.Context, in *CancelCallRequest, opts ...grpc.CallOption) (*CancelCallResponse, error)
 }
 
 type b2BClient struct {
@@ -388,6 +397,16 @@ func (c *b2BClient) WatchTransfers(ctx context.Context, in *WatchTransfersReques
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type B2B_WatchTransfersClient = grpc.ServerStreamingClient[TransferOutcome]
 
+func (c *b2BClient) CancelCall(ctx context.Context, in *CancelCallRequest, opts ...grpc.CallOption) (*CancelCallResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelCallResponse)
+	err := c.cc.Invoke(ctx, B2B_CancelCall_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // B2BServer is the server API for B2B service.
 // All implementations must embed UnimplementedB2BServer
 // for forward compatibility.
@@ -471,6 +490,14 @@ type B2BServer interface {
 	// WatchTransfers streams the outcome of each of this client's transfers as
 	// it ends (each reported once, here or by Wait/Poll, whichever is first).
 	WatchTransfers(*WatchTransfersRequest, grpc.ServerStreamingServer[TransferOutcome]) error
+	// CancelCall stops a synchronous transfer call (BatchTransfer,
+	// SubmitTransfer or TransferBlocks) that carries the metadata b2b-call-id
+	// (docs/pull.md#cancel), and returns once that call ended: no byte of it
+	// can land any more, as after CancelTransfer. The call answers Canceled.
+	// The Go client sends it when its caller's context is cancelled, and
+	// returns the call's answer. An id not in flight is remembered for a
+	// minute, so a cancel that overtakes its call stops the call when it comes.
+	CancelCall(context.Context, *CancelCallRequest) (*CancelCallResponse, error)
 	mustEmbedUnimplementedB2BServer()
 }
 
@@ -546,6 +573,9 @@ func (UnimplementedB2BServer) CancelTransfer(context.Context, *CancelTransferReq
 }
 func (UnimplementedB2BServer) WatchTransfers(*WatchTransfersRequest, grpc.ServerStreamingServer[TransferOutcome]) error {
 	return status.Error(codes.Unimplemented, "method WatchTransfers not implemented")
+}
+func (UnimplementedB2BServer) CancelCall(context.Context, *CancelCallRequest) (*CancelCallResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelCall not implemented")
 }
 func (UnimplementedB2BServer) mustEmbedUnimplementedB2BServer() {}
 func (UnimplementedB2BServer) testEmbeddedByValue()             {}
@@ -939,6 +969,24 @@ func _B2B_WatchTransfers_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type B2B_WatchTransfersServer = grpc.ServerStreamingServer[TransferOutcome]
 
+func _B2B_CancelCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelCallRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).CancelCall(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_CancelCall_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).CancelCall(ctx, req.(*CancelCallRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // B2B_ServiceDesc is the grpc.ServiceDesc for B2B service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1021,6 +1069,10 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelTransfer",
 			Handler:    _B2B_CancelTransfer_Handler,
+		},
+		{
+			MethodName: "CancelCall",
+			Handler:    _B2B_CancelCall_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

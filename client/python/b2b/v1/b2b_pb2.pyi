@@ -61,6 +61,18 @@ class BatchTransferResponse(_message.Message):
     work_requests: int
     def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., elapsed_ns: _Optional[int] = ..., phases: _Optional[_Union[PhaseTimings, _Mapping]] = ...) -> None: ...
 
+class CancelCallRequest(_message.Message):
+    __slots__ = ["call_id"]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    def __init__(self, call_id: _Optional[str] = ...) -> None: ...
+
+class CancelCallResponse(_message.Message):
+    __slots__ = ["in_flight"]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    in_flight: bool
+    def __init__(self, in_flight: bool = ...) -> None: ...
+
 class CancelTransferRequest(_message.Message):
     __slots__ = ["transfer_id"]
     TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]

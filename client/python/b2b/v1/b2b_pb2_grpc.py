@@ -127,6 +127,11 @@ class B2BStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.WatchTransfersRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.TransferOutcome.FromString,
                 )
+        self.CancelCall = channel.unary_unary(
+                '/b2b.v1.B2B/CancelCall',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.CancelCallRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.CancelCallResponse.FromString,
+                )
 
 
 class B2BServicer(object):
@@ -324,6 +329,19 @@ class B2BServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelCall(self, request, context):
+        """CancelCall stops a synchronous transfer call (BatchTransfer,
+        SubmitTransfer or TransferBlocks) that carries the metadata b2b-call-id
+        (docs/pull.md#cancel), and returns once that call ended: no byte of it
+        can land any more, as after CancelTransfer. The call answers Canceled.
+        The Go client sends it when its caller's context is cancelled, and
+        returns the call's answer. An id not in flight is remembered for a
+        minute, so a cancel that overtakes its call stops the call when it comes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_B2BServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -436,6 +454,11 @@ def add_B2BServicer_to_server(servicer, server):
                     servicer.WatchTransfers,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.WatchTransfersRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.TransferOutcome.SerializeToString,
+            ),
+            'CancelCall': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelCall,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.CancelCallRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.CancelCallResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -821,6 +844,23 @@ class B2B(object):
         return grpc.experimental.unary_stream(request, target, '/b2b.v1.B2B/WatchTransfers',
             b2b_dot_v1_dot_b2b__pb2.WatchTransfersRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.TransferOutcome.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CancelCall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/CancelCall',
+            b2b_dot_v1_dot_b2b__pb2.CancelCallRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.CancelCallResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
