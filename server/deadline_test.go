@@ -26,27 +26,9 @@ import (
 // says the transfer stopped), at or after that deadline, not the client's
 // own gRPC one; a raw caller without the metadata gets today's answer.
 func TestCallerDeadline(t *testing.T) {
-	bn := bufNet{}
-	a, b := newNode(t, "a", bn), newNode(t, "b", bn)
+	a, src, silent := silentPeerRig(t)
 	ctx := context.Background()
-	src, err := a.api.RegisterRegion(ctx, hostAlloc(4096, ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.api.RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
-		Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}}, ExportName: "dst", Readers: []string{"*"}}); err != nil {
-		t.Fatal(err)
-	}
-	silent, err := listenSilent()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	c, err := client.Dial("passthrough:///api", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return a.apiLn.DialContext(ctx) }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialAPI(t, a)
 	const daemons = "the caller's deadline (" + callerdeadline.Key
 	for _, op := range []b2bv1.TransferOp{b2bv1.TransferOp_TRANSFER_OP_WRITE, b2bv1.TransferOp_TRANSFER_OP_READ} {
 		t.Run(op.String(), func(t *testing.T) {
@@ -120,37 +102,18 @@ func TestCallerDeadlineBad(t *testing.T) {
 // it comes; bad ids get InvalidArgument naming the field, the value and the
 // limit.
 func TestCancelCall(t *testing.T) {
-	bn := bufNet{}
-	a, b := newNode(t, "a", bn), newNode(t, "b", bn)
+	a, src, silent := silentPeerRig(t)
 	ctx := context.Background()
-	src, err := a.api.RegisterRegion(ctx, hostAlloc(4096, ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.api.RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
-		Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}}, ExportName: "dst", Readers: []string{"*"}}); err != nil {
-		t.Fatal(err)
-	}
-	silent, err := listenSilent()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
 	// sending runs as the client's BatchTransfer goes out (after the
 	// client's own interceptor took the call): the caller's cancel is timed
 	// from there, so every cut is one of a call that was sent.
 	var sending atomic.Pointer[func()]
-	c, err := client.Dial("passthrough:///api", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return a.apiLn.DialContext(ctx) }),
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			if f := sending.Load(); f != nil && method == b2bv1.B2B_BatchTransfer_FullMethodName {
-				(*f)()
-			}
-			return invoker(ctx, method, req, reply, cc, opts...)
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := dialAPI(t, a, grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if f := sending.Load(); f != nil && method == b2bv1.B2B_BatchTransfer_FullMethodName {
+			(*f)()
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}))
 	const daemons = "the caller cancelled the call (" + callid.Key
 	req := func(op b2bv1.TransferOp) client.Transfer {
 		return client.Transfer{SrcRegion: src.Region.Id, Peer: silent.Addr().String(), DstRegion: "dst", Op: op,
@@ -198,4 +161,41 @@ func TestCancelCall(t *testing.T) {
 			t.Fatalf("BatchTransfer: %v %q", st.Code(), st.Message())
 		}
 	})
+}
+
+// silentPeerRig is node a with a 4 KiB source region, a node b exporting
+// "dst" to readers and writers, and a listener that accepts and says
+// nothing: a transfer from a to it waits until its caller stops it.
+func silentPeerRig(t *testing.T) (a *node, src *b2bv1.RegisterRegionResponse, silent net.Listener) {
+	t.Helper()
+	bn := bufNet{}
+	a, b := newNode(t, "a", bn), newNode(t, "b", bn)
+	ctx := context.Background()
+	src, err := a.api.RegisterRegion(ctx, hostAlloc(4096, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.api.RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}}, ExportName: "dst", Readers: []string{"*"}}); err != nil {
+		t.Fatal(err)
+	}
+	silent, err = listenSilent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() })
+	return a, src, silent
+}
+
+// dialAPI is a Go client of node a's API, closed when t ends.
+func dialAPI(t *testing.T, a *node, opts ...grpc.DialOption) *client.Client {
+	t.Helper()
+	c, err := client.Dial("passthrough:///api", append([]grpc.DialOption{grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+		return a.apiLn.DialContext(ctx)
+	})}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
