@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/internal/callerdeadline"
 	"github.com/b2bd/b2bd/internal/callid"
@@ -94,6 +96,11 @@ func unaryCallerDeadline(ctx context.Context, method string, req, reply any, cc 
 	defer stop()
 	err := invoker(call, method, req, reply, cc, opts...)
 	close(answered)
+	if !daemonDeadline && errors.Is(ctx.Err(), context.DeadlineExceeded) && status.Code(err) == codes.Canceled {
+		// A deadline the daemon was not sent (over callerdeadline.Max) was
+		// carried out as a CancelCall: the caller asked for a deadline.
+		return status.Error(codes.DeadlineExceeded, status.Convert(err).Message())
+	}
 	return err
 }
 
