@@ -201,6 +201,8 @@ type Transfer struct {
 // BatchTransfer moves the blocks and returns once all landed at the peer.
 // Use ctx's deadline to bound it: the daemon answers DeadlineExceeded at it,
 // once the transfer stopped (no byte of a pull lands after the answer).
+// Cancelling ctx stops it through the daemon the same way (CancelCall), and
+// the call returns the daemon's Canceled.
 func (c *Client) BatchTransfer(ctx context.Context, t Transfer) (*b2bv1.BatchTransferResponse, error) {
 	return c.api.BatchTransfer(ctx, t.request())
 }
