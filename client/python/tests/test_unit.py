@@ -327,8 +327,12 @@ class InterruptTest(unittest.TestCase):
 
     def test_interrupt_reaches_the_daemon(self):
         import _thread
+        import signal
         import threading
 
+        # interrupt_main does nothing while SIGINT is ignored, as it is for a
+        # job a non-interactive shell started in the background: handle it.
+        self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
         fake = _HoldingDaemon()
         self.addCleanup(fake.close)
         with b2b.Client(f"127.0.0.1:{fake.port}", timeout=10) as c:
