@@ -33,21 +33,33 @@ var timedCalls = map[string]bool{
 // ok is false when ctx has no deadline (or one beyond callerdeadline.Max,
 // or already passed), and the call goes as it is.
 func callerDeadline(ctx context.Context) (context.Context, context.CancelFunc, bool) {
-	d, ok := ctx.Deadline()
+	call, cancel, ok := sendDeadline(ctx, context.WithoutCancel(ctx))
 	if !ok {
 		return ctx, nil, false
 	}
-	v, ok := callerdeadline.Format(time.Until(d))
-	if !ok {
-		return ctx, nil, false
-	}
-	call, cancel := context.WithDeadline(context.WithoutCancel(ctx), d.Add(callerdeadline.Grace))
 	stop := context.AfterFunc(ctx, func() {
 		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			cancel()
 		}
 	})
-	return metadata.AppendToOutgoingContext(call, callerdeadline.Key, v), func() { stop(); cancel() }, true
+	return call, func() { stop(); cancel() }, true
+}
+
+// sendDeadline gives call ctx's deadline in the metadata and a gRPC
+// deadline callerdeadline.Grace later; ok is false, and call is returned
+// as it is, when ctx has no deadline the daemon takes (none, past, or
+// beyond callerdeadline.Max).
+func sendDeadline(ctx, call context.Context) (context.Context, context.CancelFunc, bool) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return call, func() {}, false
+	}
+	v, ok := callerdeadline.Format(time.Until(d))
+	if !ok {
+		return call, func() {}, false
+	}
+	call, cancel := context.WithDeadline(call, d.Add(callerdeadline.Grace))
+	return metadata.AppendToOutgoingContext(call, callerdeadline.Key, v), cancel, true
 }
 
 // unaryCallerDeadline sends a timed call with its caller's deadline (see
@@ -64,16 +76,8 @@ func unaryCallerDeadline(ctx context.Context, method string, req, reply any, cc 
 	}
 	call, hardCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer hardCancel()
-	daemonDeadline := false
-	if d, ok := ctx.Deadline(); ok {
-		if v, ok := callerdeadline.Format(time.Until(d)); ok {
-			daemonDeadline = true
-			call = metadata.AppendToOutgoingContext(call, callerdeadline.Key, v)
-			var cancel context.CancelFunc
-			call, cancel = context.WithDeadline(call, d.Add(callerdeadline.Grace))
-			defer cancel()
-		}
-	}
+	call, cancelDeadline, daemonDeadline := sendDeadline(ctx, call)
+	defer cancelDeadline()
 	id := callid.New()
 	call = metadata.AppendToOutgoingContext(call, callid.Key, id)
 	answered := make(chan struct{})

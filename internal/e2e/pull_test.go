@@ -395,26 +395,28 @@ func TestPullDeadline(t *testing.T) {
 				t.Fatalf("warm-up: %v", err)
 			}
 			for _, how := range pullCuts {
-				cut := 0
-				for _, d := range []time.Duration{time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond} {
-					clear(local.Bytes)
-					cctx, stop := how.ctx(ctx, d)
-					_, err := pull(cctx, a.c, local.Id, b.d.PeerAddr(), "big", offs, offs, size, k.kind)
-					stop()
-					if err == nil {
-						continue // the whole pull beat this cut
+				t.Run(how.name, func(t *testing.T) {
+					cut := 0
+					for _, d := range []time.Duration{time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond} {
+						clear(local.Bytes)
+						cctx, stop := how.ctx(ctx, d)
+						_, err := pull(cctx, a.c, local.Id, b.d.PeerAddr(), "big", offs, offs, size, k.kind)
+						stop()
+						if err == nil {
+							continue // the whole pull beat this cut
+						}
+						how.check(t, d, err)
+						cut++
+						snap := bytes.Clone(local.Bytes)
+						time.Sleep(2 * time.Second) // the window the contract names, not a synchronisation
+						if !bytes.Equal(snap, local.Bytes) {
+							t.Fatalf("%s %v: bytes of the caller's region changed after the pull answered", how.name, d)
+						}
 					}
-					how.check(t, d, err)
-					cut++
-					snap := bytes.Clone(local.Bytes)
-					time.Sleep(2 * time.Second) // the window the contract names, not a synchronisation
-					if !bytes.Equal(snap, local.Bytes) {
-						t.Fatalf("%s %v: bytes of the caller's region changed after the pull answered", how.name, d)
+					if cut == 0 {
+						t.Skipf("every pull of 128 MiB beat a 10 ms %s: nothing was cut", how.name)
 					}
-				}
-				if cut == 0 {
-					t.Logf("every pull of 128 MiB beat a 10 ms %s: nothing was cut", how.name)
-				}
+				})
 			}
 		})
 	}
