@@ -526,14 +526,7 @@ func TestPullLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	release(ctx, t, a.c, warm)
-	baseA, err := a.c.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	baseB, err := b.c.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	baseA, baseB := settled(t, "a", a.c), settled(t, "b", b.c)
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
 	for ci := 0; ci < clients; ci++ {
@@ -578,28 +571,8 @@ func TestPullLoad(t *testing.T) {
 	}
 	// Back at the baseline (the clients' leased regions go with their
 	// connections): polled, bounded.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		sa, err := a.c.Status(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sb, err := b.c.Status(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ok := sa.Goroutines <= baseA.Goroutines && sa.OpenFds <= baseA.OpenFds && sa.Regions <= baseA.Regions &&
-			sb.Goroutines <= baseB.Goroutines && sb.OpenFds <= baseB.OpenFds && sb.Regions <= baseB.Regions
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %d pulls: a %d goroutines, %d fds, %d regions (baseline %d, %d, %d); b %d, %d, %d (baseline %d, %d, %d)",
-				clients*pulls, sa.Goroutines, sa.OpenFds, sa.Regions, baseA.Goroutines, baseA.OpenFds, baseA.Regions,
-				sb.Goroutines, sb.OpenFds, sb.Regions, baseB.Goroutines, baseB.OpenFds, baseB.Regions)
-		}
-		time.Sleep(20 * time.Millisecond) // a poll interval, not a synchronisation
-	}
+	noGrowth(t, "a", a.c, baseA)
+	noGrowth(t, "b", b.c, baseB)
 }
 
 // TestPullBlocks: TransferBlocks with op READ copies block remote_ids[i] of
