@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,19 +120,47 @@ func settled(t *testing.T, who string, c *client.Client) usage {
 // count below base's passes: it is earlier work being reaped.
 func noGrowth(t *testing.T, who string, c *client.Client, base usage) {
 	t.Helper()
-	for end := time.Now().Add(growthBound); ; {
+	u, g := untilNoGrowth(t, c, base, growthBound)
+	if len(g) > 0 {
+		t.Fatalf("%s daemon grew past its baseline %v after the work: %s; now %s, baseline %s",
+			who, growthBound, strings.Join(g, ", "), u, base)
+	}
+	t.Logf("%s daemon at or below its baseline: %s (baseline %s)", who, u, base)
+}
+
+// untilNoGrowth polls c's daemon until no count is above base's, or for
+// bound: the last sample and what in it grew.
+func untilNoGrowth(t *testing.T, c *client.Client, base usage, bound time.Duration) (usage, []string) {
+	t.Helper()
+	for end := time.Now().Add(bound); ; {
 		u := usageOf(t, c)
-		g := u.grown(base)
-		if len(g) == 0 {
-			t.Logf("%s daemon at or below its baseline: %s (baseline %s)", who, u, base)
-			return
-		}
-		if time.Now().After(end) {
-			t.Fatalf("%s daemon grew past its baseline %v after the work: %s; now %s, baseline %s",
-				who, growthBound, strings.Join(g, ", "), u, base)
+		if g := u.grown(base); len(g) == 0 || time.Now().After(end) {
+			return u, g
 		}
 		time.Sleep(50 * time.Millisecond) // a poll interval, not a synchronisation
 	}
+}
+
+// TestNoGrowthCatchesALeak: against a real daemon, a region registered
+// after the baseline is growth until it is deregistered.
+func TestNoGrowthCatchesALeak(t *testing.T) {
+	a := startNode(t, "a")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	base := settled(t, "a", a.c)
+	r, err := a.c.RegisterHost(ctx, 4096, "leak")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its shared memory may hold a descriptor too: the region must be named.
+	if u, g := untilNoGrowth(t, a.c, base, 500*time.Millisecond); !slices.Contains(g, fmt.Sprintf("regions %d > %d", base.regions+1, base.regions)) {
+		t.Fatalf("a region left registered: grown %q (now %s, baseline %s), want the region named", g, u, base)
+	}
+	r.Unmap()
+	if err := a.c.Deregister(ctx, r.Id); err != nil {
+		t.Fatal(err)
+	}
+	noGrowth(t, "a", a.c, base)
 }
 
 // TestUsageGrown: growth past the baseline is named, goroutines only past
