@@ -24,8 +24,8 @@ import (
 //     never DONE;
 //   - no byte after the answer: once every transfer of a round was
 //     answered, the destination's digests do not change in the 2 s after;
-//   - resources back at baseline: no transfer in flight or held, the
-//     daemons' goroutines and fds back to what they were after a warm-up.
+//   - no resource left behind: no transfer in flight or held, and no count
+//     of the daemons' Status above its settled baseline (noGrowth).
 
 const (
 	cancelBlocks = 64   // blocks per transfer
@@ -89,7 +89,8 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 	if err != nil {
 		t.Fatal(err)
 	}
-	baseSrc, baseDst := statusOf(t, r.src), statusOf(t, r.dst)
+	baseSrc, baseDst := settled(t, "source", r.src), settled(t, "destination", r.dst)
+	baseRecv := statusOf(t, r.dst).BatchesReceived
 
 	var counts cancelCounts
 	window := r.window
@@ -200,13 +201,13 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 		t.Fatalf("%d of %d transfers FAILED although only their own cancel could end them early: a cancel must stop its own transfer, not its neighbours",
 			counts.failed, total)
 	}
-	backToBaseline(t, "source", r.src, baseSrc)
-	backToBaseline(t, "destination", r.dst, baseDst)
+	noGrowth(t, "source", r.src, baseSrc)
+	noGrowth(t, "destination", r.dst, baseDst)
 	if r.kind == b2bv1.TransportKind_TRANSPORT_KIND_VERBS {
 		// Over verbs the destination accounts a batch only when it landed
 		// whole and was acked: a cancelled one, dropped by the receiver on
 		// the sender's cancel message, is never counted.
-		if got := statusOf(t, r.dst).BatchesReceived - baseDst.BatchesReceived; got != uint64(counts.done) {
+		if got := statusOf(t, r.dst).BatchesReceived - baseRecv; got != uint64(counts.done) {
 			t.Fatalf("the destination accounted %d batches as received, want %d (the transfers reported DONE): a cancelled batch was counted, or a DONE one was not",
 				got, counts.done)
 		}
@@ -222,25 +223,6 @@ func statusOf(t *testing.T, c *client.Client) *b2bv1.StatusResponse {
 		t.Fatal(err)
 	}
 	return st
-}
-
-// backToBaseline polls c's Status until no transfer is in flight or held
-// and goroutines and fds are back to base's, bounded.
-func backToBaseline(t *testing.T, who string, c *client.Client, base *b2bv1.StatusResponse) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st := statusOf(t, c)
-		if st.TransfersInFlight == 0 && st.TransfersHeld == 0 && st.Goroutines <= base.Goroutines && st.OpenFds <= base.OpenFds {
-			t.Logf("%s daemon back at baseline: %d goroutines (baseline %d), %d fds (baseline %d), 0 transfers", who, st.Goroutines, base.Goroutines, st.OpenFds, base.OpenFds)
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s daemon 30 s after the last answer: %d transfers in flight, %d held, %d goroutines (baseline %d), %d fds (baseline %d)",
-				who, st.TransfersInFlight, st.TransfersHeld, st.Goroutines, base.Goroutines, st.OpenFds, base.OpenFds)
-		}
-		time.Sleep(50 * time.Millisecond) // a poll interval, not a synchronisation
-	}
 }
 
 // cancelCount is B2B_E2E_CANCEL_N, else def.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+	"github.com/b2bd/b2bd/client"
 )
 
 // The fault and load runs are long; `make test-faults` sets B2B_FAULTS=1.
@@ -57,8 +57,7 @@ func TestFaultLoad(t *testing.T) {
 		_ = cb.Deregister(ctx, d.Id)
 	}
 	warm()
-	tcp := b2bv1.TransportKind_TRANSPORT_KIND_TCP
-	before := [2]remoteSample{statusSample(t, ca, tcp), statusSample(t, cb, tcp)}
+	before := [2]usage{settled(t, "a (sender)", ca), settled(t, "b (receiver)", cb)}
 
 	sizes := []uint64{128, 1024, 4096, 16384, 65536}
 	var wg sync.WaitGroup
@@ -128,13 +127,9 @@ func TestFaultLoad(t *testing.T) {
 	if len(failures) > 0 {
 		t.Fatalf("%d failures, first: %s", len(failures), failures[0])
 	}
-	time.Sleep(200 * time.Millisecond) // let closed calls settle
-	after := [2]remoteSample{statusSample(t, ca, tcp), statusSample(t, cb, tcp)}
 	fmt.Printf("LOAD %d clients x %d batches (tcp, one host): 0 failures, %d blocks verified, %.1f MB in %v\n", clients, batches, blocksVerified, float64(moved)/1e6, took.Round(time.Millisecond))
 	for i, name := range []string{"a (sender)", "b (receiver)"} {
-		fmt.Printf("LOAD daemon %s: before %s, after %s\n", name, before[i], after[i])
-		if !after[i].sameAs(before[i]) {
-			t.Errorf("daemon %s did not return to its baseline: before %s after %s", name, before[i], after[i])
-		}
+		fmt.Printf("LOAD daemon %s: baseline %s\n", name, before[i])
+		noGrowth(t, name, []*client.Client{ca, cb}[i], before[i])
 	}
 }

@@ -40,9 +40,9 @@ func TestDeadPeerStormLeavesNoState(t *testing.T) {
 	src, _ := registerPair(ctx, t, a.c, b.c, 1<<16, 1<<16, "storm-dst")
 	offs := strided(16, 1024)
 
-	base, err := a.c.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
+	base := settled(t, "a", a.c)
+	if base.peers != 0 {
+		t.Fatalf("a settled with %d peers connected before any batch", base.peers)
 	}
 	port := closedPort(t)
 	for i := range 100 {
@@ -56,22 +56,9 @@ func TestDeadPeerStormLeavesNoState(t *testing.T) {
 		t.Fatalf("batch to the live peer: %v", err)
 	}
 
-	// Back to the baseline: polled, with a bound far above the idle timeout.
-	deadline := time.Now().Add(idle + 20*time.Second)
-	for {
-		st, err := a.c.Status(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Goroutines <= base.Goroutines && st.OpenFds <= base.OpenFds && st.PeersConnected == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after 100 dead peers and one idle live one: %d goroutines, %d fds, %d peers connected; baseline %d goroutines, %d fds",
-				st.Goroutines, st.OpenFds, st.PeersConnected, base.Goroutines, base.OpenFds)
-		}
-		time.Sleep(20 * time.Millisecond) // a poll interval, not a synchronisation
-	}
+	// Back to the baseline, peers 0 included: polled, with a bound far
+	// above the idle timeout.
+	noGrowth(t, "a, after 100 dead peers and one idle live one,", a.c, base)
 	// The reaped live peer is dialled afresh by the next batch.
 	if _, err := transfer(ctx, a.c, src.Id, b.d.PeerAddr(), "storm-dst", offs, offs, 1024); err != nil {
 		t.Fatalf("batch to the live peer after it was reaped: %v", err)

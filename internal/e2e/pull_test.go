@@ -373,16 +373,20 @@ func faultedPull(t *testing.T, err error, name string) {
 // TestPullDeadline: a pull cut off by its deadline answers DeadlineExceeded,
 // one cut off by its caller's cancel answers Canceled, each the daemon's
 // answer (sent once the transfer stopped, and saying so), and no byte of
-// the caller's region changes in the 2 s after.
+// the caller's region changes in the 2 s after. The cuts are fractions of
+// a whole pull's time measured here, the cancel timed from the moment the
+// call went out; a deadline that passed before the call could go (a
+// loaded host) is answered by the client, and then no byte may land at all.
 func TestPullDeadline(t *testing.T) {
 	for _, k := range pullKinds {
 		t.Run(k.name, func(t *testing.T) {
 			a, b := startNode(t, "a", k.cfg), startNode(t, "b", k.cfg)
+			c, w := dialWatched(t, a.d.APIAddr())
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			const n, size = 128, 1 << 20
 			offs := strided(n, size)
-			local, err := a.c.RegisterHost(ctx, n*size, "")
+			local, err := c.RegisterHost(ctx, n*size, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -391,30 +395,58 @@ func TestPullDeadline(t *testing.T) {
 				t.Fatal(err)
 			}
 			fill(remote.Bytes, func(i int) byte { return byte(i>>12) | 1 })
-			if _, err := pull(ctx, a.c, local.Id, b.d.PeerAddr(), "big", offs[:1], offs[:1], size, k.kind); err != nil {
+			if _, err := pull(ctx, c, local.Id, b.d.PeerAddr(), "big", offs[:1], offs[:1], size, k.kind); err != nil {
 				t.Fatalf("warm-up: %v", err)
+			}
+			// A whole pull's time: the faster of two, the first paying for
+			// the local region's first touch.
+			whole := time.Hour
+			for range 2 {
+				clear(local.Bytes)
+				start := time.Now()
+				if _, err := pull(ctx, c, local.Id, b.d.PeerAddr(), "big", offs, offs, size, k.kind); err != nil {
+					t.Fatalf("whole pull: %v", err)
+				}
+				whole = min(whole, time.Since(start))
+				if !bytes.Equal(local.Bytes, remote.Bytes) {
+					t.Fatal("the whole pull did not bring the remote's bytes")
+				}
 			}
 			for _, how := range pullCuts {
 				t.Run(how.name, func(t *testing.T) {
+					// Down to 1/32: a pull's time varies with the load, and
+					// one that beats its cut costs nothing; two cuts do.
 					cut := 0
-					for _, d := range []time.Duration{time.Millisecond, 3 * time.Millisecond, 10 * time.Millisecond} {
+					for _, frac := range []time.Duration{32, 16, 8, 4, 2} {
+						if cut == 2 {
+							break
+						}
+						d := whole / frac
 						clear(local.Bytes)
-						cctx, stop := how.ctx(ctx, d)
-						_, err := pull(cctx, a.c, local.Id, b.d.PeerAddr(), "big", offs, offs, size, k.kind)
-						stop()
+						sent, err := w.cut(ctx, how, d, func(ctx context.Context) error {
+							_, err := pull(ctx, c, local.Id, b.d.PeerAddr(), "big", offs, offs, size, k.kind)
+							return err
+						})
 						if err == nil {
 							continue // the whole pull beat this cut
 						}
-						how.check(t, d, err)
-						cut++
 						snap := bytes.Clone(local.Bytes)
+						if sent {
+							how.check(t, d, err)
+							cut++
+						} else if status.Code(err) != how.code || !bytes.Equal(snap, make([]byte, len(snap))) {
+							t.Fatalf("%s %v passed before the call went out: %v, and %v bytes landed; want %v and none",
+								how.name, d, err, len(snap)-bytes.Count(snap, []byte{0}), how.code)
+						} else {
+							t.Logf("%s %v passed before the call went out (a slow host): the client's own answer, no byte landed", how.name, d)
+						}
 						time.Sleep(2 * time.Second) // the window the contract names, not a synchronisation
 						if !bytes.Equal(snap, local.Bytes) {
 							t.Fatalf("%s %v: bytes of the caller's region changed after the pull answered", how.name, d)
 						}
 					}
 					if cut == 0 {
-						t.Skipf("every pull of 128 MiB beat a 10 ms %s: nothing was cut", how.name)
+						t.Skipf("no pull of 128 MiB (whole: %v) was cut by its %s while the daemon had it: this host could not create the condition", whole, how.name)
 					}
 				})
 			}
@@ -423,23 +455,17 @@ func TestPullDeadline(t *testing.T) {
 }
 
 // pullCut is one way a pull's caller cuts it short: its deadline, or its
-// cancel, d after the call.
+// cancel (sendWatch.cut).
 type pullCut struct {
 	name string
-	ctx  func(parent context.Context, d time.Duration) (context.Context, context.CancelFunc)
 	code codes.Code
 }
 
-var pullCuts = []pullCut{
-	{"deadline", func(p context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-		return context.WithTimeout(p, d)
-	}, codes.DeadlineExceeded},
-	{"cancel", func(p context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-		ctx, cancel := context.WithCancel(p)
-		t := time.AfterFunc(d, cancel)
-		return ctx, func() { t.Stop(); cancel() }
-	}, codes.Canceled},
-}
+var (
+	deadlineCut = pullCut{"deadline", codes.DeadlineExceeded}
+	cancelCut   = pullCut{"cancel", codes.Canceled}
+	pullCuts    = []pullCut{deadlineCut, cancelCut}
+)
 
 // check fails t unless err is the daemon's answer to this cut: its code,
 // and its word that the transfer stopped before the answer (the client's
@@ -452,8 +478,8 @@ func (c pullCut) check(t *testing.T, d time.Duration, err error) {
 }
 
 // TestPullPeerKilled: kill -9 of the serving daemon mid-pull fails the
-// pull with Unavailable or Aborted within 1 s of the kill, or it succeeded
-// before the kill with every byte.
+// pull with Unavailable or Aborted within 1 s of the kill (plus the
+// host's timing margin), or it succeeded before the kill with every byte.
 func TestPullPeerKilled(t *testing.T) {
 	bin := buildDaemon(t)
 	a, b := startProc(t, bin, "a"), startProc(t, bin, "b")
@@ -481,6 +507,7 @@ func TestPullPeerKilled(t *testing.T) {
 	if err := xfer(); err != nil {
 		t.Fatalf("warm-up: %v", err)
 	}
+	margin := timeMargin(t)
 	clear(local.Bytes)
 	errc := make(chan error, 1)
 	go func() { errc <- xfer() }()
@@ -497,8 +524,8 @@ func TestPullPeerKilled(t *testing.T) {
 		}
 	case code != codes.Unavailable && code != codes.Aborted:
 		t.Fatalf("%v, want Unavailable or Aborted", err)
-	case detect > time.Second:
-		t.Fatalf("the failure came %v after the kill", detect)
+	case detect > time.Second+margin:
+		t.Fatalf("the failure came %v after the kill (bound 1 s + margin %v)", detect, margin)
 	}
 	t.Logf("outcome %v after %v", status.Code(err), detect)
 }
@@ -526,14 +553,7 @@ func TestPullLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	release(ctx, t, a.c, warm)
-	baseA, err := a.c.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	baseB, err := b.c.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	baseA, baseB := settled(t, "a", a.c), settled(t, "b", b.c)
 	var wg sync.WaitGroup
 	errs := make(chan error, clients)
 	for ci := 0; ci < clients; ci++ {
@@ -578,28 +598,8 @@ func TestPullLoad(t *testing.T) {
 	}
 	// Back at the baseline (the clients' leased regions go with their
 	// connections): polled, bounded.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		sa, err := a.c.Status(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sb, err := b.c.Status(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ok := sa.Goroutines <= baseA.Goroutines && sa.OpenFds <= baseA.OpenFds && sa.Regions <= baseA.Regions &&
-			sb.Goroutines <= baseB.Goroutines && sb.OpenFds <= baseB.OpenFds && sb.Regions <= baseB.Regions
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %d pulls: a %d goroutines, %d fds, %d regions (baseline %d, %d, %d); b %d, %d, %d (baseline %d, %d, %d)",
-				clients*pulls, sa.Goroutines, sa.OpenFds, sa.Regions, baseA.Goroutines, baseA.OpenFds, baseA.Regions,
-				sb.Goroutines, sb.OpenFds, sb.Regions, baseB.Goroutines, baseB.OpenFds, baseB.Regions)
-		}
-		time.Sleep(20 * time.Millisecond) // a poll interval, not a synchronisation
-	}
+	noGrowth(t, "a", a.c, baseA)
+	noGrowth(t, "b", b.c, baseB)
 }
 
 // TestPullBlocks: TransferBlocks with op READ copies block remote_ids[i] of

@@ -210,33 +210,44 @@ func TestRemotePullDeadline(t *testing.T) {
 	const n, size = 64, 256 << 10 // 16 MiB: half a second or more over the emulated wire
 	offs := strided(n, size)
 	seed, remoteID := seededExport(ctx, t, src, dst, peer, "e2e-pull-deadline", n*size, []string{"*"}, func(i int) byte { return byte(i>>12) | 1 })
-	local, err := src.RegisterHost(ctx, n*size, "")
+	// Pulls go through a watched client, so that each cancel is timed from
+	// the moment its call went out; the local region is that client's.
+	wc, w := dialWatched(t, os.Getenv("B2B_E2E_SRC_API"))
+	local, err := wc.RegisterHost(ctx, n*size, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { local.Unmap(); _ = src.Deregister(context.Background(), local.Id) }()
+	defer func() { local.Unmap(); _ = wc.Deregister(context.Background(), local.Id) }()
 	start := time.Now()
-	if err := pullVerbs(ctx, src, local.Id, peer, "e2e-pull-deadline", offs, offs, size); err != nil {
+	if err := pullVerbs(ctx, wc, local.Id, peer, "e2e-pull-deadline", offs, offs, size); err != nil {
 		t.Fatalf("whole pull: %v", err)
 	}
 	whole := time.Since(start)
 	if !bytes.Equal(local.Bytes, seed.Bytes) {
 		t.Fatal("the whole pull did not bring the remote's bytes")
 	}
+	var notCreated []string
 	for _, how := range pullCuts {
 		cut, mid := 0, 0
 		for _, frac := range []int{8, 4, 2} {
 			d := whole / time.Duration(frac)
 			clear(local.Bytes)
-			cctx, stop := how.ctx(ctx, d)
 			called := time.Now()
-			err := pullVerbs(cctx, src, local.Id, peer, "e2e-pull-deadline", offs, offs, size)
+			sent, err := w.cut(ctx, how, d, func(ctx context.Context) error {
+				return pullVerbs(ctx, wc, local.Id, peer, "e2e-pull-deadline", offs, offs, size)
+			})
 			took := time.Since(called)
-			stop()
 			if err == nil {
 				if !bytes.Equal(local.Bytes, seed.Bytes) {
 					t.Fatalf("%s %v: success but the local region does not hold the remote's bytes", how.name, d)
 				}
+				continue
+			}
+			if !sent {
+				if snap := bytes.Clone(local.Bytes); status.Code(err) != how.code || !bytes.Equal(snap, make([]byte, len(snap))) {
+					t.Fatalf("%s %v passed before the call went out: %v; want %v and no byte landed", how.name, d, err, how.code)
+				}
+				t.Logf("%s %v passed before the call went out (a slow host): the client's own answer, no byte landed", how.name, d)
 				continue
 			}
 			how.check(t, d, err)
@@ -261,16 +272,19 @@ func TestRemotePullDeadline(t *testing.T) {
 				how.name, d, whole.Round(time.Millisecond), how.code, took.Round(time.Millisecond), landed, n)
 		}
 		if cut == 0 || mid == 0 {
-			t.Fatalf("%s: %d pulls cut, %d of them mid-pull (some bytes landed): the rig proves nothing", how.name, cut, mid)
+			notCreated = append(notCreated, fmt.Sprintf("%s: %d pulls cut by the daemon, %d of them mid-pull (some bytes landed)", how.name, cut, mid))
 		}
 	}
 	// The daemons serve on: a whole pull, verified.
 	clear(local.Bytes)
 	rev := reversed(n, size)
-	if err := pullVerbs(ctx, src, local.Id, peer, "e2e-pull-deadline", rev, offs, size); err != nil {
+	if err := pullVerbs(ctx, wc, local.Id, peer, "e2e-pull-deadline", rev, offs, size); err != nil {
 		t.Fatalf("pull after the cuts: %v", err)
 	}
-	pulledSame(ctx, t, src, local.Id, rev, dst, remoteID, offs, size)
+	pulledSame(ctx, t, wc, local.Id, rev, dst, remoteID, offs, size)
+	if len(notCreated) > 0 {
+		t.Skipf("this host could not create the condition (whole pull %v): %s", whole, strings.Join(notCreated, "; "))
+	}
 }
 
 // watchChanges watches mem for window against snap (updated as it goes):
@@ -299,8 +313,8 @@ func watchChanges(snap, mem []byte, window time.Duration) (first, last time.Dura
 // TestRemotePullLoad: CLIENTS clients (each its own API connection) x
 // PULLS pulls of small batches over verbs (B2B_E2E_PULL_LOAD, default
 // 32x200), every block compared with what the remote holds; 0 failures;
-// then both daemons' goroutines, fds, regions, connections, QPs and MRs are
-// back at their baseline.
+// then no count of either daemon's Status (goroutines, fds, regions,
+// connections, QPs, MRs) is above its settled baseline.
 func TestRemotePullLoad(t *testing.T) {
 	src, dst, peer := remoteClients(t)
 	clients, pulls := 32, 200
@@ -326,7 +340,7 @@ func TestRemotePullLoad(t *testing.T) {
 	if err := src.Deregister(ctx, warm.Id); err != nil {
 		t.Fatal(err)
 	}
-	before := [2]remoteSample{statusSample(t, src, verbsKind), statusSample(t, dst, verbsKind)}
+	before := [2]usage{settled(t, "B (caller)", src), settled(t, "A (serving)", dst)}
 
 	srcAPI := os.Getenv("B2B_E2E_SRC_API")
 	var wg sync.WaitGroup
@@ -385,19 +399,10 @@ func TestRemotePullLoad(t *testing.T) {
 	}
 	t.Logf("%d clients x %d pulls of %d x %d B over verbs: 0 failures, every block compared, in %v",
 		clients, pulls, perPull, size, took.Round(time.Millisecond))
-	// Back at the baseline (the clients' regions went with them): polled, bounded.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		after := [2]remoteSample{statusSample(t, src, verbsKind), statusSample(t, dst, verbsKind)}
-		if after[0].sameAs(before[0]) && after[1].sameAs(before[1]) {
-			t.Logf("B (caller): %s; A (serving): %s; both at their baseline", after[0], after[1])
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not back at the baseline: B before %s, after %s; A before %s, after %s", before[0], after[0], before[1], after[1])
-		}
-		time.Sleep(50 * time.Millisecond) // a poll interval, not a synchronisation
-	}
+	// Back at the baseline (the clients' regions went with them): polled,
+	// bounded; a count below it is an earlier test's connection reaped.
+	noGrowth(t, "B (caller)", src, before[0])
+	noGrowth(t, "A (serving)", dst, before[1])
 }
 
 // pullServer is a daemon this test owns in VM B, serving pulls over verbs
@@ -625,6 +630,7 @@ func TestRemotePullFaults(t *testing.T) {
 			err error
 			at  time.Time
 		}
+		margin := timeMargin(t)
 		done := make(chan end, 1)
 		sent := s.sentPackets()
 		go func() {
@@ -656,8 +662,8 @@ func TestRemotePullFaults(t *testing.T) {
 			t.Logf("the pull completed, verified, before the kill took effect")
 		case code != codes.Unavailable && code != codes.Aborted:
 			t.Fatalf("%v, want Unavailable or Aborted", e.err)
-		case detect > time.Second:
-			t.Fatalf("the failure came %v after the kill: %v", detect, e.err)
+		case detect > time.Second+margin:
+			t.Fatalf("the failure came %v after the kill (bound 1 s + margin %v): %v", detect, margin, e.err)
 		}
 		t.Logf("outcome %v, %v after the kill: %v", status.Code(e.err), detect.Round(time.Millisecond), e.err)
 		if _, err := caller.Status(ctx); err != nil {
