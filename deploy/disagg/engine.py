@@ -108,9 +108,11 @@ class Engine:
         wire: List[int] = []
         for w in self.workers:
             wire += w.worker.stats["wire_ns"]
-        st = {k: v for w in self.workers for k, v in w.worker.stats.items() if k != "wire_ns"}
+        st: collections.Counter = collections.Counter()
+        for w in self.workers:
+            st.update({k: v for k, v in w.worker.stats.items() if k != "wire_ns"})
         return {"free": len(self.free), "num_blocks": self.a.num_blocks, "wire_ns": wire, "timers_ns": dict(self.timers),
-                "stats": dict(self.stats), "connector": st}
+                "stats": dict(self.stats), "connector": dict(st)}
 
     # -- timing of connector calls ---------------------------------------------
 

@@ -5,6 +5,7 @@ goes through b2bd (channel.py)."""
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,7 +82,8 @@ class WorkerHalf:
         self._saves: Dict[str, _Save] = {}
         self._early_ids: Dict[str, Tuple[dict, float]] = {}
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
-                      "timeouts": 0, "wire_ns": []}
+                      "timeouts": 0}
+        self.stats["wire_ns"] = collections.deque(maxlen=4096)  # the latest transfers' wire time
 
     # -- names --------------------------------------------------------------
 
@@ -313,6 +315,10 @@ class WorkerHalf:
                 errs = [h.error for h in sv.handles if h.error is not None]
                 if errs and sv.error is None:
                     sv.error = str(errs[0])
+                if sv.error is None:
+                    for h in sv.handles:
+                        if h.result is not None and h.result.phases is not None:
+                            self.stats["wire_ns"].append(h.result.phases.wire_ns)
             if sv.dst is not None and rid not in self._released:
                 note = {"t": "done", "req": rid} if sv.error is None else {"t": "failed", "req": rid, "why": sv.error[:512]}
                 try:
