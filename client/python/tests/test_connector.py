@@ -231,7 +231,7 @@ class ConnectorE2ETest(unittest.TestCase):
         # early: decode's ids reach prefill before it computes (per-layer pushes)
         self.decode_req(d, "e", dict(rq, remote_request_id="e"), [3, 4, 5], 40)
         d.step()
-        pump([p], lambda: p.workers[0].worker.chan.notes.qsize() > 0 or p.workers[0].worker._early_ids, 5)
+        pump([p], lambda: "e" in p.workers[0].worker._early_ids, 5)
         self.prefill(p, "e", [20, 21, 22], 21, 40)
         # late: prefill computes first, the ids come after (one whole-layout push)
         self.prefill(p, "l", [30, 31], 22, 20)
