@@ -41,6 +41,7 @@ class SchedulerHalfTest(unittest.TestCase):
         r = Request("a", list(range(40)), {"do_remote_prefill": True, "remote_block_ids": [1, 2, 3]})
         self.assertEqual(s.get_num_new_matched_tokens(r, 0), (40, True))
         self.assertEqual(s.get_num_new_matched_tokens(r, 16), (24, True))
+        self.assertEqual(s.get_num_new_matched_tokens(r, 40), (0, False))  # all computed here
         self.assertEqual(s.get_num_new_matched_tokens(Request("b", [1, 2], None), 0), (0, False))
         self.assertEqual(s.get_num_new_matched_tokens(Request("c", [1, 2], {"do_remote_decode": True}), 0), (0, False))
 
@@ -92,6 +93,22 @@ class SchedulerHalfTest(unittest.TestCase):
         self.assertEqual(s.request_finished(ab, [1, 2]), (False, None))
         self.assertEqual(s.request_finished(Request("d", [1], None), [1]), (False, None))
         self.assertEqual(s.build_connector_meta(None).reqs_to_send, {})
+
+    def test_block_ids_per_group_and_stopped_requests(self):
+        s = sched("p")
+        delay, params = s.request_finished(Request("a", list(range(40)), {"do_remote_decode": True}), ([4, 5, 6],))
+        self.assertEqual((delay, params["remote_block_ids"]), (True, [4, 5, 6]))
+        with self.assertRaisesRegex(ValueError, "2 KV cache groups"):
+            s.request_finished(Request("b", [1], {"do_remote_decode": True}), ([1], [2]))
+        # Only a length-capped request is read by decode; any other end frees now.
+        stopped = Request("c", list(range(40)), {"do_remote_decode": True}, status="FINISHED_STOPPED")
+        self.assertEqual(s.request_finished(stopped, [1, 2]), (False, None))
+        d = sched("d")
+        r = Request("e", list(range(40)), {"do_remote_prefill": True, "remote_block_ids": ([7, 8],),
+                                           "remote_engine_id": "p", "remote_peer": "x:1"})
+        d.update_state_after_alloc(r, ([1, 2],), 40)
+        got = d.build_connector_meta(None).reqs_to_recv["e"]
+        self.assertEqual((got.local_block_ids, got.remote_block_ids), ([1, 2], [7, 8]))
 
     def test_push_prefill_saves_allocated_blocks(self):
         s = sched("p", mode="push")

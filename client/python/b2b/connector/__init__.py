@@ -112,6 +112,12 @@ class B2BConnector(Base):
         return self.worker.get_block_ids_with_load_errors()
 
     def get_kv_connector_stats(self) -> Optional[Dict[str, Any]]:
+        # vLLM aggregates KVConnectorStats objects across ranks; ours are a
+        # plain dict, so under vLLM they are read with b2b_stats() instead.
+        return None if HAVE_VLLM else self.b2b_stats()
+
+    def b2b_stats(self) -> Optional[Dict[str, Any]]:
+        """Counters of this worker rank: loads, saves, failures, notes, timeouts, recent wire times (ns)."""
         return dict(self.worker.stats) if self.worker is not None else None
 
     def shutdown(self) -> None:

@@ -9,15 +9,28 @@ from typing import Any, Dict, List, Optional, Tuple
 from .meta import B2BConnectorMetadata, RecvReq, ReleaseReq, SaveReq, Settings
 
 
+def flat_ids(ids: Any) -> List[int]:
+    """Block ids as a list, from a list or from vLLM's per-group form (a
+    tuple of lists): one KV cache group only (no hybrid models yet)."""
+    ids = list(ids or ())
+    if ids and isinstance(ids[0], (list, tuple)):
+        if len(ids) > 1 and any(len(g) for g in ids[1:]):
+            raise ValueError(f"b2b.connector: block ids of {len(ids)} KV cache groups: one group is supported")
+        ids = list(ids[0])
+    return [int(b) for b in ids]
+
+
 def _block_ids(blocks: Any) -> List[int]:
-    """vLLM's KVCacheBlocks (one KV cache group), or a plain list of ids."""
+    """vLLM's KVCacheBlocks (its blocks not yet cached), or plain ids."""
     if blocks is None:
         return []
+    if hasattr(blocks, "get_unhashed_block_ids_all_groups"):
+        return flat_ids(blocks.get_unhashed_block_ids_all_groups())
     if hasattr(blocks, "get_unhashed_block_ids"):
-        return [int(b) for b in blocks.get_unhashed_block_ids()]
+        return flat_ids(blocks.get_unhashed_block_ids())
     if hasattr(blocks, "get_block_ids"):
-        return [int(b) for b in blocks.get_block_ids()[0]]
-    return [int(b) for b in blocks]
+        return flat_ids(blocks.get_block_ids())
+    return flat_ids(blocks)
 
 
 def _prompt_len(request: Any) -> int:
@@ -42,7 +55,8 @@ class SchedulerHalf:
             return 0, False
         # Every prompt token not computed here comes from prefill, loaded
         # asynchronously (the request waits for get_finished's recving).
-        return max(0, _prompt_len(request) - num_computed_tokens), True
+        count = _prompt_len(request) - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         p = getattr(request, "kv_transfer_params", None) or {}
@@ -60,7 +74,7 @@ class SchedulerHalf:
             return
         rb = p.get("remote_block_ids")
         self._recv[rid] = RecvReq(rid, _block_ids(blocks), remote[0], remote[1], remote[2],
-                                  None if rb is None else [int(b) for b in rb])
+                                  None if rb is None else flat_ids(rb))
 
     def build_connector_meta(self, scheduler_output: Any = None) -> B2BConnectorMetadata:
         m = B2BConnectorMetadata()
@@ -85,10 +99,12 @@ class SchedulerHalf:
             return False, None
         if not p.get("do_remote_decode"):
             return False, None
-        status = str(getattr(request, "status", "FINISHED_LENGTH_CAPPED"))
-        if "ABORTED" in status.upper():
+        status = getattr(request, "status", "FINISHED_LENGTH_CAPPED")
+        if not str(getattr(status, "name", status)).upper().endswith("FINISHED_LENGTH_CAPPED"):
+            # Aborted (or stopped otherwise): decode will not read it, free now.
             self._save.pop(rid, None)
-            return False, None  # nothing will be pulled: free now
+            return False, None
+        block_ids = flat_ids(block_ids)
         delay = len(block_ids) > 0
         if delay and self.s.mode == "pull":
             self._send[rid] = time.monotonic() + self.s.release_timeout
