@@ -139,6 +139,20 @@ class Proc:
         return self.p is not None and self.p.poll() is None
 
 
+def wait_unexported(d: Daemon, engine_id: str, timeout: float = 20.0) -> None:
+    """Until the daemon has dropped a dead engine's exports (its client's
+    lease ended), so that no pull of the held requests can still succeed."""
+    import b2b
+
+    deadline = time.monotonic() + timeout
+    with b2b.Client(d.socket) as c:
+        while time.monotonic() < deadline:
+            if not any(r.export_name.startswith(engine_id + ".") for r in c.list_regions()):
+                return
+            time.sleep(0.01)
+    raise RuntimeError(f"{d.name} still exports {engine_id}'s regions {timeout} s after it died")
+
+
 def pct(xs: List[float], q: float) -> Optional[float]:
     if not xs:
         return None
@@ -240,15 +254,25 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
                 n = done_count[0]
             if fault_at >= 0 and n >= fault_at:
                 if name == "decode_restart":
+                    deadline = time.monotonic() + 5  # kill it with requests in it
+                    while not ld.pending and time.monotonic() < deadline:
+                        time.sleep(0.002)
                     dec.kill()
                     dec.start(["--num-blocks", str(a.num_blocks * 2 * a.block_size // bs_d)])
+                elif mode == "push":  # decode waits for notes that a dead prefill never sends
+                    deadline = time.monotonic() + 5
+                    while not lp.pending and time.monotonic() < deadline:
+                        time.sleep(0.002)
+                    pre.kill()
+                    pre.start()
                 else:
                     gate.clear()
                     deadline = time.monotonic() + 5
                     while held[0] < max(1, a.concurrency // 4) and time.monotonic() < deadline:
                         time.sleep(0.005)
+                    gone = pre.engine_id
                     pre.kill()
-                    time.sleep(0.2)
+                    wait_unexported(dp, gone)
                     gate.set()
                     pre.start()
                 return
@@ -294,8 +318,12 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
     }
     ok = (row["hung"] == 0 and row["corrupt"] == 0 and leaked == 0 and not res["errors"]
           and row["verified"] + row["aborted"] == a.requests)
-    if name == "prefill_killed":
+    if name == "prefill_killed" and mode == "pull":
         ok = ok and row["failed_reported"] > 0  # the held pulls must have failed and been reported
+    if name == "prefill_killed" and mode == "push":
+        ok = ok and row["failed_reported"] + row["retried"] > 0
+    if name == "decode_restart":
+        ok = ok and row["retried"] > 0  # the requests in it were lost and sent again
     row["ok"] = ok
     if ok:
         import shutil
@@ -308,7 +336,7 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
 
 SCENARIOS = [
     ("steady", "pull", "tcp"), ("steady", "pull", "local"), ("steady", "push", "tcp"), ("steady", "push", "local"),
-    ("decode_restart", "pull", "tcp"), ("prefill_killed", "pull", "tcp"), ("router_aborts", "pull", "tcp"),
+    ("decode_restart", "pull", "tcp"), ("prefill_killed", "pull", "tcp"), ("prefill_killed", "push", "tcp"), ("router_aborts", "pull", "tcp"),
     ("tp_mismatch", "pull", "tcp"), ("block_mismatch", "pull", "tcp"), ("decode_restart", "push", "tcp"),
 ]
 
