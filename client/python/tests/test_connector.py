@@ -200,12 +200,13 @@ class ConnectorE2ETest(unittest.TestCase):
         cls.dd.stop()
 
     def sides(self, mode: str = "pull", ptp: int = 1, dtp: int = 1, pbs: int = 16, dbs: int = 16,
-              layout: str = "NHD", **extra: Any) -> Tuple[Side, Side]:
+              layout: str = "NHD", num_blocks: int = 64, **extra: Any) -> Tuple[Side, Side]:
         tag = uuid.uuid4().hex[:8]
-        p = Side(self.dp, f"pre-{tag}", tp=ptp, block_size=pbs, kv_layout=layout, mode=mode,
+        p = Side(self.dp, f"pre-{tag}", tp=ptp, block_size=pbs, kv_layout=layout, mode=mode, num_blocks=num_blocks,
                  head_splits=[2] if layout == "HND" else [], **extra)
         self.addCleanup(p.close)
-        d = Side(self.dd, f"dec-{tag}", tp=dtp, block_size=dbs, kv_layout=layout, mode=mode, **extra)
+        d = Side(self.dd, f"dec-{tag}", tp=dtp, block_size=dbs, kv_layout=layout, mode=mode, num_blocks=num_blocks,
+                 **extra)
         self.addCleanup(d.close)
         return p, d
 
@@ -257,6 +258,21 @@ class ConnectorE2ETest(unittest.TestCase):
         self.assertEqual(d.errors, set())
         self.assertEqual(d.check([3, 4, 5], 21, 40), 0)
         self.assertEqual(d.check([8, 9], 22, 20), 0)
+
+    def test_push_ids_over_several_notes(self):
+        # 600 ids do not fit one 4 KiB note: they go in parts.
+        p, d = self.sides("push", num_blocks=640)
+        n = 600 * 16
+        dids = list(range(639, 39, -1))
+        rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+              "remote_peer": self.dp.peer_address, "remote_request_id": "a"}
+        self.decode_req(d, "a", rq, dids, n)
+        d.step()
+        self.prefill(p, "a", list(range(600)), 23, n)
+        pump([p, d], lambda: "a" in d.recving and "a" in p.sending)
+        self.assertEqual(d.errors, set())
+        self.assertEqual(d.check(dids, 23, n), 0)
+        self.assertGreaterEqual(d.workers[0].worker.stats["notes_sent"], 3)
 
     def test_failed_pull_reports_load_errors(self):
         p, d = self.sides(load_timeout_s=5)

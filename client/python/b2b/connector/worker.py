@@ -16,6 +16,10 @@ import b2b
 from .channel import Channel, start_blocks
 from .meta import RecvReq, SaveReq, Settings
 
+# Push ids per note: 256 ids of up to 10 digits fit b2bd's 4,096-byte
+# notification with the rest of the note.
+IDS_PER_NOTE = 256
+
 # Errors of a transfer, a note or a metadata read: the peer, its daemon or
 # its layout is gone, or refused us. Anything else is a bug and propagates.
 _IO_ERRORS = (b2b.B2BError, ConnectionError, TimeoutError, ValueError, KeyError)
@@ -81,6 +85,7 @@ class WorkerHalf:
         self._released: Dict[str, float] = {}
         self._saves: Dict[str, _Save] = {}
         self._early_ids: Dict[str, Tuple[dict, float]] = {}
+        self._ids_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids arriving in parts
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
                       "timeouts": 0}
         self.stats["wire_ns"] = collections.deque(maxlen=4096)  # the latest transfers' wire time
@@ -184,10 +189,14 @@ class WorkerHalf:
             self.stats["loads"] += 1
             try:
                 if r.remote_block_ids is None:  # push: tell prefill where to write
-                    self.chan.send(r.remote_peer, r.remote_engine, s.tp_rank, {
-                        "t": "ids", "req": r.remote_request_id, "ids": r.local_block_ids, "peer": self.peer_address,
-                        "engine": s.engine_id, "rank": s.tp_rank})
-                    self.stats["notes_sent"] += 1
+                    ids = r.local_block_ids
+                    parts = max(1, -(-len(ids) // IDS_PER_NOTE))  # a note is at most 4 KiB
+                    for k in range(parts):
+                        self.chan.send(r.remote_peer, r.remote_engine, s.tp_rank, {
+                            "t": "ids", "req": r.remote_request_id, "part": k, "parts": parts,
+                            "ids": ids[k * IDS_PER_NOTE:(k + 1) * IDS_PER_NOTE], "peer": self.peer_address,
+                            "engine": s.engine_id, "rank": s.tp_rank})
+                        self.stats["notes_sent"] += 1
                     continue
                 prank, plans, expect = self._plan_pull(r)
                 note = {"t": "pulled", "req": r.remote_request_id, "n": expect}
@@ -345,6 +354,12 @@ class WorkerHalf:
             elif t == "release":
                 self._released[rid] = now
             elif t == "ids":
+                got = self._ids_parts.setdefault(rid, ({}, now))[0]
+                got[int(n.get("part", 0))] = n
+                if len(got) < int(n.get("parts", 1)):
+                    continue
+                del self._ids_parts[rid]
+                n = dict(n, ids=[i for k in sorted(got) for i in got[k]["ids"]])
                 sv = self._saves.get(rid)
                 if sv is None:
                     self._early_ids[rid] = (n, now)
@@ -361,7 +376,7 @@ class WorkerHalf:
                     else:
                         ld.error = f"prefill reported: {n.get('why', 'failed')}"
         # Forget notes about requests this side never learns of.
-        for d in (self._released, self._early_ids):
+        for d in (self._released, self._early_ids, self._ids_parts):
             for rid in [r for r, v in d.items() if now - (v if isinstance(v, float) else v[1]) > self.s.release_timeout
                         and r not in self._held and r not in self._saves]:
                 del d[rid]
