@@ -260,19 +260,19 @@ class ConnectorE2ETest(unittest.TestCase):
         self.assertEqual(d.check([8, 9], 22, 20), 0)
 
     def test_push_ids_over_several_notes(self):
-        # 600 ids do not fit one 4 KiB note: they go in parts.
-        p, d = self.sides("push", num_blocks=640)
-        n = 600 * 16
-        dids = list(range(639, 39, -1))
+        # 1,000 four-digit ids (5,000 bytes) do not fit one 4 KiB note: they go in parts.
+        p, d = self.sides("push", num_blocks=1100)
+        n = 1000 * 16
+        dids = list(range(1099, 99, -1))
         rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
               "remote_peer": self.dp.peer_address, "remote_request_id": "a"}
         self.decode_req(d, "a", rq, dids, n)
         d.step()
-        self.prefill(p, "a", list(range(600)), 23, n)
+        self.prefill(p, "a", list(range(1000)), 23, n)
         pump([p, d], lambda: "a" in d.recving and "a" in p.sending)
         self.assertEqual(d.errors, set())
         self.assertEqual(d.check(dids, 23, n), 0)
-        self.assertGreaterEqual(d.workers[0].worker.stats["notes_sent"], 3)
+        self.assertEqual(d.workers[0].worker.stats["notes_sent"], 4)
 
     def test_failed_pull_reports_load_errors(self):
         p, d = self.sides(load_timeout_s=5)
