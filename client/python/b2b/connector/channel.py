@@ -15,9 +15,7 @@ Notes are JSON objects with a ``t`` (type) key. The pull of a request's
 blocks carries its own note (``pulled``), delivered by the daemon to the
 watchers of the prefill pool's first region, which this channel also watches.
 
-``start_blocks`` is the one place that chooses between the layer of b2b.kv
-and the lower-level client call for a block transfer (b2b.kv has no pull
-yet); keep it that way so it can switch in one spot.
+Block transfers and the pool's exports go through ``_adapter.py``.
 """
 
 from __future__ import annotations
@@ -41,15 +39,6 @@ def meta_name(engine: str, rank: int) -> str:
 
 def mbox_name(engine: str, rank: int) -> str:
     return f"{engine}.mbox.r{rank}"
-
-
-def start_blocks(client: Any, local_layout: str, peer: str, remote_layout: str, local_ids: Any, remote_ids: Any, *,
-                 op: str, note: Optional[dict], timeout: float, transport: Optional[str]) -> Any:
-    """Start a block-id transfer (``op``: "read" pulls, "write" pushes) and
-    return its handle (``done()``, ``wait()``, ``cancel()``, ``error``)."""
-    return client.transfer_blocks(local_layout, peer, remote_layout, local_ids, remote_ids, timeout=timeout,
-                                  transport=transport, op=op, wait=False,
-                                  notification=None if note is None else encode(note))
 
 
 def encode(note: dict) -> bytes:

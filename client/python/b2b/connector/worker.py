@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import b2b
 
-from .channel import Channel, start_blocks
+from ._adapter import export_pool, register_view, start_blocks
+from .channel import Channel
 from .meta import RecvReq, SaveReq, Settings
 
 # Push ids per note: 256 ids of up to 10 digits fit b2bd's 4,096-byte
@@ -99,8 +100,7 @@ class WorkerHalf:
         return f"{engine or self.s.engine_id}.kv.r{self.s.tp_rank if rank is None else rank}{what}"
 
     def _register(self, name: str, segs: List[Tuple[Any, int, int, int]], export_name: str = "") -> None:
-        self.client.register_layout(name, segs, self.layout.num_blocks, export_name=export_name,
-                                    readers=["*"] if export_name else ())
+        register_view(self.client, name, segs, self.layout.num_blocks, export_name)
         self._names.append(name)
 
     # -- registration -------------------------------------------------------
@@ -108,9 +108,7 @@ class WorkerHalf:
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
         s = self.s
         self.layout = b2b.kv.register(self.client, kv_caches, name=self._local(""))
-        for r in self.layout.regions:
-            if not r.export_name:  # peers read (pull) and write (push) the pool
-                self.client.export(r, self._export(f".{r.id}"), readers=["*"])
+        export_pool(self.client, self.layout, self._export(""))  # peers read (pull) and write (push) it
         self._segs = [(g.region, g.offset, g.block_len, g.stride) for g in self.layout.segments]
         keys = list(kv_caches.keys()) if isinstance(kv_caches, dict) else [str(i) for i in range(len(kv_caches))]
         self._layers = {k: i for i, k in enumerate(keys)}
