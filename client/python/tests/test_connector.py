@@ -115,6 +115,18 @@ class SchedulerHalfTest(unittest.TestCase):
         s.update_state_after_alloc(Request("a", list(range(40)), {"do_remote_decode": True}), [9, 8, 7], 0)
         self.assertEqual(s.build_connector_meta(None).reqs_to_save["a"].block_ids, [9, 8, 7])
 
+    def test_physical_order(self):
+        import numpy as np
+        from b2b.connector.worker import physical
+        a = np.zeros((2, 5, 4, 16, 8), dtype=np.uint16)  # [2, blocks, heads, block_size, dim] in memory
+        v = a.swapaxes(2, 3)
+        self.assertEqual(physical(v).shape, (2, 5, 4, 16, 8))
+        self.assertTrue(physical(v).flags["C_CONTIGUOUS"])
+        self.assertIs(physical(a), a)
+        k = a[0]
+        self.assertIs(physical(k), k)  # 4-D: [blocks, ...]
+        self.assertEqual(physical(k.swapaxes(1, 2)).strides, k.strides)
+
     def test_settings_refuse_bad_values(self):
         with self.assertRaisesRegex(ValueError, "mode 'both'"):
             Settings.from_config(config("p", socket="s", mode="both"))
@@ -130,7 +142,7 @@ class Side:
     """One engine's scheduler and worker ranks with their pools."""
 
     def __init__(self, daemon: Daemon, engine: str, *, tp: int = 1, num_blocks: int = 64, block_size: int = 16,
-                 kv_layout: str = "NHD", **extra: Any) -> None:
+                 kv_layout: str = "NHD", permuted: bool = False, **extra: Any) -> None:
         self.clients = [daemon.client() for _ in range(tp)]
         mk = lambda r: config(engine, socket=daemon.socket, block_size=block_size, tp_size=tp, tp_rank=r,
                               kv_layout=kv_layout, **extra)
@@ -140,7 +152,8 @@ class Side:
                            dim=GEOM["dim"], kv_layout=kv_layout, head0=r * hp) for r, c in enumerate(self.clients)]
         self.workers = [B2BConnector(mk(r), Role.WORKER, client=c) for r, c in enumerate(self.clients)]
         for w, p in zip(self.workers, self.pools):
-            w.register_kv_caches(p.caches)
+            # permuted: HND as vLLM hands it over, a logical [2, blocks, block_size, heads, dim] view
+            w.register_kv_caches({k: v.swapaxes(2, 3) for k, v in p.caches.items()} if permuted else p.caches)
         self.sending: Dict[str, int] = {}
         self.recving: Dict[str, int] = {}
         self.errors: Set[int] = set()
@@ -200,13 +213,13 @@ class ConnectorE2ETest(unittest.TestCase):
         cls.dd.stop()
 
     def sides(self, mode: str = "pull", ptp: int = 1, dtp: int = 1, pbs: int = 16, dbs: int = 16,
-              layout: str = "NHD", num_blocks: int = 64, **extra: Any) -> Tuple[Side, Side]:
+              layout: str = "NHD", num_blocks: int = 64, permuted: bool = False, **extra: Any) -> Tuple[Side, Side]:
         tag = uuid.uuid4().hex[:8]
         p = Side(self.dp, f"pre-{tag}", tp=ptp, block_size=pbs, kv_layout=layout, mode=mode, num_blocks=num_blocks,
-                 head_splits=[2] if layout == "HND" else [], **extra)
+                 head_splits=[2] if layout == "HND" else [], permuted=permuted, **extra)
         self.addCleanup(p.close)
         d = Side(self.dd, f"dec-{tag}", tp=dtp, block_size=dbs, kv_layout=layout, mode=mode, num_blocks=num_blocks,
-                 **extra)
+                 permuted=permuted, **extra)
         self.addCleanup(d.close)
         return p, d
 
@@ -327,6 +340,14 @@ class ConnectorE2ETest(unittest.TestCase):
         self.assertEqual(d.errors, set())
         self.assertEqual(d.pools[0].check([7, 1, 40], 31, 40), 0)  # heads 0-1
         self.assertEqual(d.pools[1].check([7, 1, 40], 31, 40), 0)  # heads 2-3
+
+    def test_decode_twice_prefill_tp_from_permuted_views(self):
+        p, d = self.sides(dtp=2, layout="HND", permuted=True)
+        params = self.prefill(p, "a", [5, 9, 2], 32, 40)
+        self.decode_req(d, "a", params, [7, 1, 40], 40)
+        pump([p, d], lambda: d.recving.get("a") == 2 and "a" in p.sending)
+        self.assertEqual(d.errors, set())
+        self.assertEqual(d.check([7, 1, 40], 32, 40), 0)
 
     def test_prefill_frees_only_after_every_rank_pulled(self):
         p, d = self.sides(dtp=2, layout="HND")

@@ -50,6 +50,23 @@ class _Save:
     error: Optional[str] = None
 
 
+def physical(t: Any) -> Any:
+    """A view of a KV tensor with the dims inside a block in memory order.
+
+    vLLM hands HND caches over as permuted views (logical ``[2, blocks,
+    block_size, heads, dim]``, heads-first in memory); b2b.kv wants each
+    block's dims outermost first. Dims up to the block id stay put; the
+    rest are ordered by stride, largest first. A no-op on a contiguous pool."""
+    shape = tuple(int(n) for n in t.shape)
+    lead = 2 if len(shape) == 5 and shape[0] == 2 else 1  # stacked K/V, then the block id
+    strides = tuple(int(s) for s in (t.strides if hasattr(t, "__array_interface__") else t.stride()))
+    rest = sorted(range(lead, len(shape)), key=lambda d: (-strides[d], d))
+    order = list(range(lead)) + rest
+    if order == list(range(len(shape))):
+        return t
+    return t.transpose(order) if hasattr(t, "__array_interface__") else t.permute(*order)
+
+
 def _sliced(segs: List[Tuple[Any, int, int, int]], k: int, j: int) -> List[Tuple[Any, int, int, int]]:
     """Part ``j`` of ``k`` of every block: dim 1 cut in ``k`` (heads of an
     HND pool, tokens of an NHD one)."""
@@ -107,6 +124,10 @@ class WorkerHalf:
 
     def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
         s = self.s
+        if isinstance(kv_caches, dict):
+            kv_caches = {k: physical(v) for k, v in kv_caches.items()}
+        else:
+            kv_caches = [physical(v) for v in kv_caches]
         self.layout = b2b.kv.register(self.client, kv_caches, name=self._local(""))
         export_pool(self.client, self.layout, self._export(""))  # peers read (pull) and write (push) it
         self._segs = [(g.region, g.offset, g.block_len, g.stride) for g in self.layout.segments]
