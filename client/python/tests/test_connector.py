@@ -14,7 +14,6 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from daemon_harness import Daemon
 
-import b2b
 from b2b.connector import B2BConnector, B2BConnectorMetadata, Role, Settings
 from b2b.connector.testing import Pool, Request, config
 

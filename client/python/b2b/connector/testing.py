@@ -4,7 +4,7 @@ token, head, element): for the tests and the disaggregated-serving harness."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional, Sequence
 
