@@ -25,13 +25,50 @@ def register_view(client: Any, name: str, segments: Sequence[Tuple[Any, int, int
                            readers=["*"] if export_name else ())
 
 
+class Handle:
+    """A started transfer as the worker sees it: ``ended`` (set by
+    :func:`poll`), ``error`` (None unless it failed or was cancelled),
+    ``wire_ns`` of a done one, ``cancel()``. Wraps the client's handle so that
+    a change of handle type stays in this module."""
+
+    __slots__ = ("h", "ended")
+
+    def __init__(self, h: Any) -> None:
+        self.h = h
+        self.ended = False
+
+    @property
+    def error(self) -> Any:
+        return self.h.error if self.ended else None
+
+    @property
+    def wire_ns(self) -> Optional[int]:
+        if not self.ended or self.h.error is not None:
+            return None
+        r = self.h.result
+        return None if r is None or r.phases is None else int(r.phases.wire_ns)
+
+    def cancel(self) -> None:
+        if not self.ended:
+            self.h.cancel()
+            self.ended = True
+
+
+def poll(client: Any, handles: Sequence[Handle]) -> None:
+    """One PollTransfers for every handle that has not ended."""
+    ask = [x for x in handles if not x.ended]
+    if ask:
+        for x, done in zip(ask, client.poll([x.h for x in ask])):
+            x.ended = bool(done)
+
+
 def start_blocks(client: Any, local_layout: str, peer: str, remote_layout: str, local_ids: Any, remote_ids: Any, *,
                  op: str, note: Optional[dict], timeout: float, transport: Optional[str]) -> Any:
     """Start a block-id transfer (``op``: "read" pulls, "write" pushes) and
     return its handle (``done()``, ``wait()``, ``cancel()``, ``error``)."""
-    return client.transfer_blocks(local_layout, peer, remote_layout, local_ids, remote_ids, timeout=timeout,
-                                  transport=transport, op=op, wait=False,
-                                  notification=None if note is None else encode(note))
+    return Handle(client.transfer_blocks(local_layout, peer, remote_layout, local_ids, remote_ids, timeout=timeout,
+                                         transport=transport, op=op, wait=False,
+                                         notification=None if note is None else encode(note)))
 
 
-__all__: List[str] = ["export_pool", "register_view", "start_blocks"]
+__all__: List[str] = ["Handle", "export_pool", "poll", "register_view", "start_blocks"]

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import b2b
 
-from ._adapter import export_pool, register_view, start_blocks
+from ._adapter import export_pool, poll, register_view, start_blocks
 from .channel import Channel
 from .meta import RecvReq, SaveReq, Settings
 
@@ -241,10 +241,10 @@ class WorkerHalf:
         return self.s.tp_rank // max(1, self.s.tp_size // ptp)
 
     def _finish_loads(self, recving: Set[str]) -> None:
-        pending = [h for ld in self._loads.values() for h in ld.handles if h._outcome is None]
+        pending = [h for ld in self._loads.values() for h in ld.handles]
         if pending:
             try:
-                self.client.poll(pending)
+                poll(self.client, pending)
             except _IO_ERRORS:
                 pass  # our daemon is unreachable: the deadline below ends them
         now = time.monotonic()
@@ -258,7 +258,7 @@ class WorkerHalf:
                         ld.error = f"no word from prefill {r.remote_engine} in {self.s.load_timeout} s"
                         self.stats["timeouts"] += 1
                 else:
-                    if any(h._outcome is None for h in ld.handles):
+                    if any(not h.ended for h in ld.handles):
                         if now < ld.deadline:
                             continue
                         for h in ld.handles:
@@ -267,13 +267,12 @@ class WorkerHalf:
                             except _IO_ERRORS:
                                 pass
                         self.stats["timeouts"] += 1
+                        ld.error = f"not loaded in {self.s.load_timeout} s"
                     errs = [h.error for h in ld.handles if h.error is not None]
-                    if errs:
-                        ld.error = str(errs[0])
+                    if ld.error is not None or errs:
+                        ld.error = ld.error or str(errs[0])
                     else:
-                        for h in ld.handles:
-                            if h.result is not None and h.result.phases is not None:
-                                self.stats["wire_ns"].append(h.result.phases.wire_ns)
+                        self.stats["wire_ns"].extend(h.wire_ns for h in ld.handles if h.wire_ns is not None)
             if ld.error is not None:
                 self._load_errors.update(r.local_block_ids)
                 self.stats["load_failures"] += 1
@@ -322,20 +321,22 @@ class WorkerHalf:
 
     def _finish_saves(self, sending: Set[str]) -> None:
         nl = len(self._layer_segs)
-        pending = [h for sv in self._saves.values() for h in sv.handles if h._outcome is None]
+        pending = [h for sv in self._saves.values() for h in sv.handles]
         if pending:
             try:
-                self.client.poll(pending)
+                poll(self.client, pending)
             except _IO_ERRORS:
                 pass
         now = time.monotonic()
         for rid, sv in list(self._saves.items()):
             if rid in self._released:
                 for h in sv.handles:
-                    if h._outcome is None:
+                    try:
                         h.cancel()
+                    except _IO_ERRORS:
+                        pass
             elif sv.error is None:
-                if sv.dst is None or len(sv.layers_sent) < nl or any(h._outcome is None for h in sv.handles):
+                if sv.dst is None or len(sv.layers_sent) < nl or any(not h.ended for h in sv.handles):
                     if now < sv.deadline:
                         continue
                     self.stats["timeouts"] += 1
@@ -344,9 +345,7 @@ class WorkerHalf:
                 if errs and sv.error is None:
                     sv.error = str(errs[0])
                 if sv.error is None:
-                    for h in sv.handles:
-                        if h.result is not None and h.result.phases is not None:
-                            self.stats["wire_ns"].append(h.result.phases.wire_ns)
+                    self.stats["wire_ns"].extend(h.wire_ns for h in sv.handles if h.wire_ns is not None)
             if sv.dst is not None and rid not in self._released:
                 note = {"t": "done", "req": rid} if sv.error is None else {"t": "failed", "req": rid, "why": sv.error[:512]}
                 try:
