@@ -337,7 +337,7 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
 SCENARIOS = [
     ("steady", "pull", "tcp"), ("steady", "pull", "local"), ("steady", "push", "tcp"), ("steady", "push", "local"),
     ("decode_restart", "pull", "tcp"), ("prefill_killed", "pull", "tcp"), ("prefill_killed", "push", "tcp"), ("router_aborts", "pull", "tcp"),
-    ("tp_mismatch", "pull", "tcp"), ("block_mismatch", "pull", "tcp"), ("decode_restart", "push", "tcp"),
+    ("tp_mismatch", "pull", "tcp"), ("tp_mismatch", "push", "tcp"), ("block_mismatch", "pull", "tcp"), ("decode_restart", "push", "tcp"),
 ]
 
 

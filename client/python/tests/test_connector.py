@@ -348,6 +348,24 @@ class ConnectorE2ETest(unittest.TestCase):
         self.assertEqual(d.errors, set())
         self.assertEqual(d.check([7, 1, 40], 32, 40), 0)
 
+    def test_push_to_twice_prefill_tp(self):
+        p, d = self.sides("push", dtp=2, layout="HND")
+        rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+              "remote_peer": self.dp.peer_address}
+        for pool in d.pools:
+            pool.scribble(range(64))
+        self.decode_req(d, "e", dict(rq, remote_request_id="e"), [3, 4, 5], 40)  # ids before the compute
+        d.step()
+        pump([p], lambda: len(p.workers[0].worker._early_ids.get("e", ({},))[0]) == 2, 10)
+        self.prefill(p, "e", [20, 21, 22], 24, 40)
+        self.prefill(p, "l", [30, 31], 25, 20)  # ids after the compute
+        self.decode_req(d, "l", dict(rq, remote_request_id="l"), [8, 9], 20)
+        pump([p, d], lambda: d.recving.get("e") == 2 and d.recving.get("l") == 2 and len(p.sending) == 2)
+        self.assertEqual(d.errors, set())
+        for pool in d.pools:  # each rank holds its half of the heads
+            self.assertEqual(pool.check([3, 4, 5], 24, 40), 0)
+            self.assertEqual(pool.check([8, 9], 25, 20), 0)
+
     def test_prefill_frees_only_after_every_rank_pulled(self):
         p, d = self.sides(dtp=2, layout="HND")
         params = self.prefill(p, "a", [5, 9], 31, 20)

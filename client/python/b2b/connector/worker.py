@@ -44,8 +44,9 @@ class _Save:
     req: SaveReq
     deadline: float
     layers_done: Set[int] = field(default_factory=set)
-    layers_sent: Set[int] = field(default_factory=set)
-    dst: Optional[dict] = None  # the decode side's ids note
+    dsts: Dict[int, dict] = field(default_factory=dict)  # decode rank -> its ids note
+    sent: Dict[int, Set[int]] = field(default_factory=dict)  # decode rank -> layers pushed to it
+    want: int = 1  # decode ranks per prefill rank (decode TP / prefill TP)
     handles: List[Any] = field(default_factory=list)
     error: Optional[str] = None
 
@@ -102,7 +103,7 @@ class WorkerHalf:
         self._pulled: Dict[str, Tuple[int, int, float]] = {}  # request -> (notes seen, expected, first seen)
         self._released: Dict[str, float] = {}
         self._saves: Dict[str, _Save] = {}
-        self._early_ids: Dict[str, Tuple[dict, float]] = {}
+        self._early_ids: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids before the request's compute
         self._ids_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids arriving in parts
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
                       "timeouts": 0}
@@ -143,6 +144,9 @@ class WorkerHalf:
             for j in range(k):
                 self._register(self._local(f".h{k}.{j}"), _sliced(self._segs, k, j), self._export(f".h{k}.{j}"))
                 splits[f"h{k}.{j}"] = self._export(f".h{k}.{j}")
+                if s.mode == "push":  # each layer's head slice, pushed as computed
+                    for i, ls in enumerate(self._layer_segs):
+                        self._register(self._local(f".L{i}.h{k}.{j}"), _sliced(ls, k, j))
         self.chan = Channel(self.client, s.engine_id, s.tp_rank, s.transport, timeout=max(5.0, s.load_timeout))
         self.chan.watch(self.layout.segments[0].region)  # pulls' notes land here
         self.chan.publish({
@@ -208,13 +212,14 @@ class WorkerHalf:
             self.stats["loads"] += 1
             try:
                 if r.remote_block_ids is None:  # push: tell prefill where to write
+                    prank, k = self._push_source(r)
                     ids = r.local_block_ids
                     parts = max(1, -(-len(ids) // IDS_PER_NOTE))  # a note is at most 4 KiB
-                    for k in range(parts):
-                        self.chan.send(r.remote_peer, r.remote_engine, s.tp_rank, {
-                            "t": "ids", "req": r.remote_request_id, "part": k, "parts": parts,
-                            "ids": ids[k * IDS_PER_NOTE:(k + 1) * IDS_PER_NOTE], "peer": self.peer_address,
-                            "engine": s.engine_id, "rank": s.tp_rank})
+                    for part in range(parts):
+                        self.chan.send(r.remote_peer, r.remote_engine, prank, {
+                            "t": "ids", "req": r.remote_request_id, "part": part, "parts": parts,
+                            "ids": ids[part * IDS_PER_NOTE:(part + 1) * IDS_PER_NOTE], "peer": self.peer_address,
+                            "engine": s.engine_id, "rank": s.tp_rank, "k": k, "slice": s.tp_rank % k})
                         self.stats["notes_sent"] += 1
                     continue
                 prank, plans, expect = self._plan_pull(r)
@@ -225,6 +230,18 @@ class WorkerHalf:
             except _IO_ERRORS as e:
                 ld.error = f"{type(e).__name__}: {e}"
                 self.chan.forget(r.remote_peer, r.remote_engine)
+
+    def _push_source(self, r: RecvReq) -> Tuple[int, int]:
+        """Push: (the prefill rank that writes our blocks, decode ranks per prefill rank)."""
+        if self.s.tp_size == 1:
+            return 0, 1
+        m0 = self.chan.fetch_meta(r.remote_peer, r.remote_engine, 0)
+        ptp, pbs = int(m0["tp_size"]), int(m0["block_size"])
+        if self.s.tp_size % ptp or pbs != self.s.block_size:
+            raise ValueError(f"b2b.connector: push from prefill TP {ptp}, block {pbs} to decode TP {self.s.tp_size}, "
+                             f"block {self.s.block_size}: want a whole TP multiple and equal blocks")
+        k = self.s.tp_size // ptp
+        return self.s.tp_rank // k, k
 
     def _note_prefill(self, peer: str, engine: str, note: dict) -> None:
         try:
@@ -295,27 +312,40 @@ class WorkerHalf:
                 sv = self._saves[rid] = _Save(r, now + self.s.release_timeout)
                 early = self._early_ids.pop(rid, None)
                 if early is not None:
-                    sv.dst = early[0]
+                    for d in early[0].values():
+                        self._add_dst(sv, d)
             sv.layers_done.add(li)
-            if sv.dst is not None and sv.error is None:
-                self._push(sv, [li])
+            for rank, d in sv.dsts.items():
+                if sv.error is None and li not in sv.sent[rank]:
+                    self._push(sv, d, [li])
 
-    def _push(self, sv: _Save, layers: List[int]) -> None:
-        d = sv.dst
+    def _add_dst(self, sv: _Save, d: dict) -> None:
+        rank = int(d["rank"])
+        sv.want = int(d.get("k", 1))
+        sv.dsts[rank] = d
+        sv.sent.setdefault(rank, set())
+
+    def _push(self, sv: _Save, d: dict, layers: List[int]) -> None:
+        """Push ``layers`` of the request to one decode rank: all of them at
+        once (ids came late), else layer by layer; with k decode ranks per
+        prefill rank, head slice ``d["slice"]`` of k."""
+        rank = int(d["rank"])
+        k, j = int(d.get("k", 1)), int(d.get("slice", 0))
+        cut = "" if k == 1 else f".h{k}.{j}"
         n = min(len(sv.req.block_ids), len(d["ids"]))
         src, dst = sv.req.block_ids[:n], d["ids"][:n]
         try:
             if len(layers) == len(self._layer_segs):
-                sv.handles.append(start_blocks(self.client, self._local(".x"), d["peer"],
-                                               self._export("", d["rank"], d["engine"]), src, dst, op="write",
+                sv.handles.append(start_blocks(self.client, self._local(cut or ".x"), d["peer"],
+                                               self._export("", rank, d["engine"]), src, dst, op="write",
                                                note=None, timeout=self.s.load_timeout, transport=self.s.transport))
             else:
                 for li in layers:
-                    sv.handles.append(start_blocks(self.client, self._local(f".L{li}"), d["peer"],
-                                                   self._export(f".L{li}", d["rank"], d["engine"]), src, dst,
+                    sv.handles.append(start_blocks(self.client, self._local(f".L{li}{cut}"), d["peer"],
+                                                   self._export(f".L{li}", rank, d["engine"]), src, dst,
                                                    op="write", note=None, timeout=self.s.load_timeout,
                                                    transport=self.s.transport))
-            sv.layers_sent.update(layers)
+            sv.sent[rank].update(layers)
         except _IO_ERRORS as e:
             sv.error = f"{type(e).__name__}: {e}"
 
@@ -336,7 +366,8 @@ class WorkerHalf:
                     except _IO_ERRORS:
                         pass
             elif sv.error is None:
-                if sv.dst is None or len(sv.layers_sent) < nl or any(not h.ended for h in sv.handles):
+                if (len(sv.dsts) < sv.want or any(len(x) < nl for x in sv.sent.values())
+                        or any(not h.ended for h in sv.handles)):
                     if now < sv.deadline:
                         continue
                     self.stats["timeouts"] += 1
@@ -346,13 +377,13 @@ class WorkerHalf:
                     sv.error = str(errs[0])
                 if sv.error is None:
                     self.stats["wire_ns"].extend(h.wire_ns for h in sv.handles if h.wire_ns is not None)
-            if sv.dst is not None and rid not in self._released:
-                note = {"t": "done", "req": rid} if sv.error is None else {"t": "failed", "req": rid, "why": sv.error[:512]}
+            note = {"t": "done", "req": rid} if sv.error is None else {"t": "failed", "req": rid, "why": sv.error[:512]}
+            for d in sv.dsts.values() if rid not in self._released else ():
                 try:
-                    self.chan.send(sv.dst["peer"], sv.dst["engine"], int(sv.dst["rank"]), note)
+                    self.chan.send(d["peer"], d["engine"], int(d["rank"]), note)
                     self.stats["notes_sent"] += 1
                 except _IO_ERRORS:
-                    pass  # decode is gone: its deadline reports the load
+                    pass  # that decode rank is gone: its deadline reports the load
             self.stats["saves"] += 1
             if sv.error is not None:
                 self.stats["save_failures"] += 1
@@ -372,20 +403,21 @@ class WorkerHalf:
             elif t == "release":
                 self._released[rid] = now
             elif t == "ids":
-                got = self._ids_parts.setdefault(rid, ({}, now))[0]
+                key = f"{rid}#{n.get('rank', 0)}"  # each decode rank sends its own parts
+                got = self._ids_parts.setdefault(key, ({}, now))[0]
                 got[int(n.get("part", 0))] = n
                 if len(got) < int(n.get("parts", 1)):
                     continue
-                del self._ids_parts[rid]
+                del self._ids_parts[key]
                 n = dict(n, ids=[i for k in sorted(got) for i in got[k]["ids"]])
                 sv = self._saves.get(rid)
                 if sv is None:
-                    self._early_ids[rid] = (n, now)
+                    self._early_ids.setdefault(rid, ({}, now))[0][int(n.get("rank", 0))] = n
                 else:
-                    sv.dst = n
-                    todo = sorted(sv.layers_done - sv.layers_sent)
+                    self._add_dst(sv, n)
+                    todo = sorted(sv.layers_done - sv.sent[int(n["rank"])])
                     if todo and sv.error is None:
-                        self._push(sv, todo)
+                        self._push(sv, n, todo)
             elif t in ("done", "failed"):
                 ld = self._loads.get(self._by_remote.get(rid, ""))
                 if ld is not None:
