@@ -11,7 +11,7 @@ PYGEN := client/python/b2b/v1
 VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo 0)
 LDFLAGS := -X github.com/b2bd/b2bd/internal/daemon.Version=$(VERSION)
 
-.PHONY: test-quickstart man deb test-deb test-deploy test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-loaded test-go test-python test-rdma bench-rdma bench vet fmt clean
+.PHONY: test-quickstart disagg test-disagg man deb test-deb test-deploy test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-loaded test-go test-python test-rdma bench-rdma bench vet fmt clean
 
 all: build
 
@@ -53,7 +53,7 @@ check-generated:
 vet:
 	$(GO) vet ./...
 
-test: deps check-generated build-nocgo test-go test-deploy test-deb test-python test-quickstart test-rdma
+test: deps check-generated build-nocgo test-go test-deploy test-deb test-python test-disagg test-quickstart test-rdma
 
 # test-loaded runs make test beside two CPU-bound processes, as on a loaded CI host: a test that fails only
 # here has a timing assumption. They are killed however make test ends (failure or Ctrl-C included).
@@ -107,6 +107,15 @@ bench-rdma: build
 	B2B_RDMA_E2E=$${B2B_RDMA_E2E:-0} B2B_RDMA_FAULTS=$${B2B_RDMA_FAULTS:-0} B2B_RDMA_CONFORMANCE=$${B2B_RDMA_CONFORMANCE:-0} \
 	  B2B_RDMA_RAILS=$${B2B_RDMA_RAILS:-0} B2B_RDMA_READ=$${B2B_RDMA_READ:-1} B2B_RDMA_REPS=$${B2B_RDMA_REPS:-8} \
 	  deploy/rdma-testbed/test-rdma.sh
+
+# disagg: prefill and decode engines over b2b.connector, two daemons, a router (docs/connector.md):
+# every scenario, 512 requests, 64 in flight; ARGS="--json disagg.json" writes the rows.
+# test-disagg is its short form (48 requests, 16 in flight), failing on any unverified or hung request.
+disagg: build
+	B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 deploy/disagg/disagg.py $(ARGS)
+
+test-disagg: build
+	B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 deploy/disagg/disagg.py --short
 
 # The bench models the cross-host job: TCP between the two daemons on this host (auto would choose the
 # same-host path, which the TCP yardstick does not compare with); ARGS="--transport local" measures that.

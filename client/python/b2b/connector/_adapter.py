@@ -1,0 +1,74 @@
+"""Where the connector goes below b2b.kv: b2b.kv cannot yet export a
+layout readable (``readers=``) nor pull (``op="read"``), so these use the
+client's lower-level calls. When b2b.kv has both, only this module changes."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional, Sequence, Tuple
+
+from .channel import encode
+
+
+def export_pool(client: Any, layout: Any, prefix: str) -> None:
+    """Export every region under a b2b.kv layout that is not exported yet,
+    writable and readable by every peer (decode reads it, prefill writes it)."""
+    for r in layout.regions:
+        if not r.export_name:
+            client.export(r, f"{prefix}.{r.id}", readers=["*"])
+
+
+def register_view(client: Any, name: str, segments: Sequence[Tuple[Any, int, int, int]], num_blocks: int,
+                  export_name: str = "") -> None:
+    """A layout over ``(region, offset, block_len, stride)`` segments of
+    regions already registered; exported readable and writable when named."""
+    client.register_layout(name, list(segments), num_blocks, export_name=export_name,
+                           readers=["*"] if export_name else ())
+
+
+class Handle:
+    """A started transfer as the worker sees it: ``ended`` (set by
+    :func:`poll`), ``error`` (None unless it failed or was cancelled),
+    ``wire_ns`` of a done one, ``cancel()``. Wraps the client's handle so that
+    a change of handle type stays in this module."""
+
+    __slots__ = ("h", "ended")
+
+    def __init__(self, h: Any) -> None:
+        self.h = h
+        self.ended = False
+
+    @property
+    def error(self) -> Any:
+        return self.h.error if self.ended else None
+
+    @property
+    def wire_ns(self) -> Optional[int]:
+        if not self.ended or self.h.error is not None:
+            return None
+        r = self.h.result
+        return None if r is None or r.phases is None else int(r.phases.wire_ns)
+
+    def cancel(self) -> None:
+        if not self.ended:
+            self.h.cancel()
+            self.ended = True
+
+
+def poll(client: Any, handles: Sequence[Handle]) -> None:
+    """One PollTransfers for every handle that has not ended."""
+    ask = [x for x in handles if not x.ended]
+    if ask:
+        for x, done in zip(ask, client.poll([x.h for x in ask])):
+            x.ended = bool(done)
+
+
+def start_blocks(client: Any, local_layout: str, peer: str, remote_layout: str, local_ids: Any, remote_ids: Any, *,
+                 op: str, note: Optional[dict], timeout: float, transport: Optional[str]) -> Any:
+    """Start a block-id transfer (``op``: "read" pulls, "write" pushes) and
+    return its handle (``done()``, ``wait()``, ``cancel()``, ``error``)."""
+    return Handle(client.transfer_blocks(local_layout, peer, remote_layout, local_ids, remote_ids, timeout=timeout,
+                                         transport=transport, op=op, wait=False,
+                                         notification=None if note is None else encode(note)))
+
+
+__all__: List[str] = ["Handle", "export_pool", "poll", "register_view", "start_blocks"]

@@ -1,0 +1,146 @@
+"""The connector's side channel, carried by b2bd itself (no ZMQ).
+
+Each worker rank owns three small host regions in its daemon:
+
+* ``<engine>.meta.r<rank>``: its handshake metadata (JSON, length-prefixed),
+  exported readable; a peer pulls it with one read (``fetch_meta``).
+* ``<engine>.mbox.r<rank>``: its mailbox, exported writable; a peer sends a
+  note by writing 8 bytes into it with the note as the batch's notification.
+  The daemon delivers the note once the bytes landed, to the mailbox's
+  watcher (``WatchNotifications``), which queues it here.
+* scratch: the source of those 8 bytes and the landing place of metadata
+  reads.
+
+Notes are JSON objects with a ``t`` (type) key. The pull of a request's
+blocks carries its own note (``pulled``), delivered by the daemon to the
+watchers of the prefill pool's first region, which this channel also watches.
+
+Block transfers and the pool's exports go through ``_adapter.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import struct
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+import b2b
+
+META_SIZE = 60 << 10
+SCRATCH = 64 << 10
+_NOTE_BYTES = 8
+
+
+def meta_name(engine: str, rank: int) -> str:
+    return f"{engine}.meta.r{rank}"
+
+
+def mbox_name(engine: str, rank: int) -> str:
+    return f"{engine}.mbox.r{rank}"
+
+
+def encode(note: dict) -> bytes:
+    b = json.dumps(note, separators=(",", ":")).encode()
+    if len(b) > 4096:
+        raise ValueError(f"b2b.connector: a note of {len(b)} bytes is over b2bd's 4096-byte notification limit")
+    return b
+
+
+class Channel:
+    """One worker rank's side channel (see the module's doc)."""
+
+    def __init__(self, client: Any, engine: str, rank: int, transport: Optional[str] = None,
+                 timeout: float = 10.0) -> None:
+        self.client = client
+        self.engine = engine
+        self.rank = rank
+        self.transport = transport
+        self.timeout = timeout
+        self.notes: "queue.Queue[Tuple[str, dict]]" = queue.Queue()
+        self._lock = threading.Lock()
+        self._meta = client.register_host(META_SIZE, export_name=meta_name(engine, rank), readers=["*"])
+        self._mbox = client.register_host(4096, export_name=mbox_name(engine, rank))
+        self._scratch = client.register_host(SCRATCH)
+        self._watches: List[Any] = []
+        self._threads: List[threading.Thread] = []
+        self._cache: Dict[Tuple[str, str, int], dict] = {}
+        self.watch(self._mbox)
+
+    def publish(self, meta: dict) -> None:
+        b = json.dumps(meta, separators=(",", ":")).encode()
+        if len(b) + 4 > META_SIZE:
+            raise ValueError(f"b2b.connector: handshake metadata of {len(b)} bytes is over {META_SIZE - 4}")
+        arr = self._meta.array
+        arr[4:4 + len(b)] = memoryview(b)
+        arr[0:4] = memoryview(struct.pack("<I", len(b)))
+
+    def fetch_meta(self, peer: str, engine: str, rank: int, fresh: bool = False) -> dict:
+        """A peer rank's handshake metadata, pulled through b2bd (cached
+        per peer address, engine and rank; ``fresh`` reads it again)."""
+        key = (peer, engine, rank)
+        if not fresh and key in self._cache:
+            return self._cache[key]
+        with self._lock:
+            self.client.batch_transfer(self._scratch, peer, meta_name(engine, rank), [_NOTE_BYTES], [0],
+                                       lengths=[META_SIZE], timeout=self.timeout, op="read",
+                                       transport=self.transport)
+            arr = self._scratch.array
+            n = struct.unpack("<I", bytes(arr[_NOTE_BYTES:_NOTE_BYTES + 4]))[0]
+            if n == 0 or n > META_SIZE - 4:
+                raise ConnectionError(f"b2b.connector: {engine} rank {rank} at {peer} has published no metadata (length {n})")
+            meta = json.loads(bytes(arr[_NOTE_BYTES + 4:_NOTE_BYTES + 4 + n]))
+        self._cache[key] = meta
+        return meta
+
+    def forget(self, peer: str, engine: str) -> None:
+        """Drop cached metadata of a peer engine (it restarted, say)."""
+        for k in [k for k in self._cache if k[0] == peer and k[1] == engine]:
+            del self._cache[k]
+
+    def send(self, peer: str, engine: str, rank: int, note: dict) -> None:
+        """Deliver ``note`` to a peer rank's mailbox watcher (raises when
+        it cannot: the peer daemon or its mailbox is gone)."""
+        self.client.batch_transfer(self._scratch, peer, mbox_name(engine, rank), [0], [0], lengths=[_NOTE_BYTES],
+                                   notification=encode(note), timeout=self.timeout, transport=self.transport)
+
+    def watch(self, region: Any) -> None:
+        """Queue every note delivered to ``region`` (an exported region)."""
+        w = self.client.watch(region)
+        t = threading.Thread(target=self._drain, args=(w,), name=f"b2b-connector-watch-{self.engine}.{self.rank}",
+                             daemon=True)
+        self._watches.append(w)
+        self._threads.append(t)
+        t.start()
+
+    def _drain(self, w: Any) -> None:
+        try:
+            for n in w:
+                try:
+                    note = json.loads(n.notification)
+                except ValueError:
+                    continue  # not ours
+                if isinstance(note, dict) and "t" in note:
+                    self.notes.put((n.sender, note))
+        except b2b.B2BError:
+            pass  # the daemon went away: the connector's timeouts take over
+
+    def take(self) -> List[Tuple[str, dict]]:
+        out = []
+        while True:
+            try:
+                out.append(self.notes.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        for w in self._watches:
+            w.cancel()
+        for t in self._threads:
+            t.join(timeout=2)
+        for r in (self._meta, self._mbox, self._scratch):
+            try:
+                r.close()
+            except b2b.B2BError:
+                pass

@@ -1,0 +1,109 @@
+"""Stand-ins for the vLLM objects the connector reads, and a KV pool in
+daemon memory whose every byte is a function of (request, layer, K/V,
+token, head, element): for the tests and the disaggregated-serving harness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+import b2b
+
+_M = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def config(engine_id: str, *, socket: str, mode: str = "pull", block_size: int = 16, tp_size: int = 1,
+           tp_rank: int = 0, **extra: Any) -> Any:
+    """A vllm_config with the fields the connector reads."""
+    e = {"socket": socket, "mode": mode, "tp_size": tp_size, "tp_rank": tp_rank}
+    e.update(extra)
+    return SimpleNamespace(
+        kv_transfer_config=SimpleNamespace(engine_id=engine_id, kv_connector_extra_config=e,
+                                           kv_connector="B2BConnector", kv_connector_module_path="b2b.connector"),
+        cache_config=SimpleNamespace(block_size=block_size),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp_size),
+    )
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: List[int]
+    kv_transfer_params: Optional[Dict[str, Any]] = None
+    status: str = "FINISHED_LENGTH_CAPPED"
+    seed: int = 0
+
+
+def pattern(seed: int, layer: int, kv: int, tokens: np.ndarray, heads: np.ndarray, dim: int) -> np.ndarray:
+    """uint16 values, shape (tokens, heads, dim)."""
+    with np.errstate(over="ignore"):
+        t = tokens.astype(np.uint64)[:, None, None] * np.uint64(0x27D4EB2F165667B1)
+        h = heads.astype(np.uint64)[None, :, None] * np.uint64(0x165667B19E3779F9)
+        d = np.arange(dim, dtype=np.uint64)[None, None, :] * np.uint64(0x61C8864680B583EB)
+        base = np.uint64((seed * 0x9E3779B97F4A7C15 + layer * 0x85EBCA77C2B2AE3D + kv * 0xC2B2AE3D27D4EB2F)
+                         & 0xFFFFFFFFFFFFFFFF)
+        v = (t + h + d + base) & _M
+        v ^= v >> np.uint64(29)
+        v = (v * np.uint64(0xBF58476D1CE4E5B9)) & _M
+        v ^= v >> np.uint64(32)
+    return (v & np.uint64(0xFFFF)).astype(np.uint16)
+
+
+class Pool:
+    """``layers`` stacked K/V tensors ``[2, num_blocks, ...]`` (NHD:
+    ``[bs, heads, dim]`` per block; HND: ``[heads, bs, dim]``) in one host
+    region of the daemon. ``head0`` is this rank's first global head."""
+
+    def __init__(self, client: Any, *, layers: int, num_blocks: int, block_size: int, heads: int, dim: int,
+                 kv_layout: str = "NHD", head0: int = 0) -> None:
+        self.layers, self.num_blocks, self.block_size = layers, num_blocks, block_size
+        self.heads, self.dim, self.kv_layout, self.head0 = heads, dim, kv_layout, head0
+        blk = (block_size, heads, dim) if kv_layout == "NHD" else (heads, block_size, dim)
+        shape = (layers, 2, num_blocks) + blk
+        self.region = client.register_host(int(np.prod(shape)) * 2)
+        self.array = b2b.as_array(self.region, np.uint16, shape=shape)
+        self.caches = {f"model.layers.{i}.self_attn": self.array[i] for i in range(layers)}
+        self.names = list(self.caches)
+
+    def block_bytes(self) -> int:
+        return self.layers * 2 * self.block_size * self.heads * self.dim * 2
+
+    def _index(self, ids: Sequence[int], ntokens: int):
+        tok = np.arange(ntokens)
+        return tok, np.asarray(ids, dtype=np.int64)[tok // self.block_size], tok % self.block_size
+
+    def fill_layer(self, layer: int, ids: Sequence[int], seed: int, ntokens: int) -> None:
+        tok, blocks, pos = self._index(ids, ntokens)
+        heads = np.arange(self.head0, self.head0 + self.heads)
+        for kv in (0, 1):
+            v = pattern(seed, layer, kv, tok, heads, self.dim)
+            if self.kv_layout == "NHD":
+                self.array[layer, kv, blocks, pos] = v
+            else:
+                self.array[layer, kv, blocks, :, pos] = v
+
+    def fill(self, ids: Sequence[int], seed: int, ntokens: int) -> None:
+        for layer in range(self.layers):
+            self.fill_layer(layer, ids, seed, ntokens)
+
+    def check(self, ids: Sequence[int], seed: int, ntokens: int) -> int:
+        """Tokens of the request whose K or V of any layer is wrong (0: every byte right)."""
+        tok, blocks, pos = self._index(ids, ntokens)
+        heads = np.arange(self.head0, self.head0 + self.heads)
+        bad = np.zeros(ntokens, dtype=bool)
+        for layer in range(self.layers):
+            for kv in (0, 1):
+                want = pattern(seed, layer, kv, tok, heads, self.dim)
+                got = self.array[layer, kv, blocks, pos] if self.kv_layout == "NHD" else self.array[layer, kv, blocks, :, pos]
+                bad |= (got != want).reshape(ntokens, -1).any(axis=1)
+        return int(bad.sum())
+
+    def scribble(self, ids: Sequence[int]) -> None:
+        """Overwrite blocks so that stale bytes cannot pass a check."""
+        self.array[:, :, np.asarray(ids, dtype=np.int64)] = 0xA5A5
+
+    def close(self) -> None:
+        self.region.close()

@@ -1,0 +1,491 @@
+"""The connector's worker half: registers the KV cache with b2bd, moves
+blocks (pull: decode reads; push: prefill writes each layer as computed) and
+reports what finished and what failed. Every message between the two sides
+goes through b2bd (channel.py)."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+import b2b
+
+from ._adapter import export_pool, poll, register_view, start_blocks
+from .channel import Channel
+from .meta import RecvReq, SaveReq, Settings
+
+# Push ids per note: 256 ids of up to 10 digits fit b2bd's 4,096-byte
+# notification with the rest of the note.
+IDS_PER_NOTE = 256
+
+# Errors of a transfer, a note or a metadata read: the peer, its daemon or
+# its layout is gone, or refused us. Anything else is a bug and propagates.
+_IO_ERRORS = (b2b.B2BError, ConnectionError, TimeoutError, ValueError, KeyError)
+
+
+@dataclass
+class _Load:
+    """Decode: one request being loaded."""
+
+    req: RecvReq
+    deadline: float
+    handles: List[Any] = field(default_factory=list)
+    error: Optional[str] = None
+    done: bool = False  # push: prefill said every layer landed
+
+
+@dataclass
+class _Save:
+    """Prefill, push: one request's layers going out."""
+
+    req: SaveReq
+    deadline: float
+    layers_done: Set[int] = field(default_factory=set)
+    dsts: Dict[int, dict] = field(default_factory=dict)  # decode rank -> its ids note
+    sent: Dict[int, Set[int]] = field(default_factory=dict)  # decode rank -> layers pushed to it
+    want: int = 1  # decode ranks per prefill rank (decode TP / prefill TP)
+    handles: List[Any] = field(default_factory=list)
+    error: Optional[str] = None
+
+
+def physical(t: Any) -> Any:
+    """A view of a KV tensor with the dims inside a block in memory order.
+
+    vLLM hands HND caches over as permuted views (logical ``[2, blocks,
+    block_size, heads, dim]``, heads-first in memory); b2b.kv wants each
+    block's dims outermost first. Dims up to the block id stay put; the
+    rest are ordered by stride, largest first. A no-op on a contiguous pool."""
+    shape = tuple(int(n) for n in t.shape)
+    lead = 2 if len(shape) == 5 and shape[0] == 2 else 1  # stacked K/V, then the block id
+    strides = tuple(int(s) for s in (t.strides if hasattr(t, "__array_interface__") else t.stride()))
+    rest = sorted(range(lead, len(shape)), key=lambda d: (-strides[d], d))
+    order = list(range(lead)) + rest
+    if order == list(range(len(shape))):
+        return t
+    return t.transpose(order) if hasattr(t, "__array_interface__") else t.permute(*order)
+
+
+def _sliced(segs: List[Tuple[Any, int, int, int]], k: int, j: int) -> List[Tuple[Any, int, int, int]]:
+    """Part ``j`` of ``k`` of every block: dim 1 cut in ``k`` (heads of an
+    HND pool, tokens of an NHD one)."""
+    out = []
+    for region, off, blen, stride in segs:
+        if blen % k:
+            raise ValueError(f"b2b.connector: a block of {blen} bytes does not split in {k}")
+        part = blen // k
+        out.append((region, off + j * part, part, stride))
+    return out
+
+
+class WorkerHalf:
+    def __init__(self, settings: Settings, client: Any = None) -> None:
+        self.s = settings
+        self.client = client or b2b.Client(settings.socket)
+        self._own_client = client is None
+        self.peer_address = self.client.status().peer_address
+        self.chan: Optional[Channel] = None
+        self.layout: Any = None
+        self._layers: Dict[str, int] = {}
+        self._segs: List[Tuple[Any, int, int, int]] = []
+        self._layer_segs: List[List[Tuple[Any, int, int, int]]] = []
+        self._names: List[str] = []  # layouts registered here, deregistered at shutdown
+        self._sub: Dict[Tuple[int, int], str] = {}
+        self._lock = threading.Lock()
+        # decode
+        self._loads: Dict[str, _Load] = {}
+        self._by_remote: Dict[str, str] = {}
+        self._load_errors: Set[int] = set()
+        # prefill
+        self._held: Dict[str, float] = {}  # pull: request -> release deadline
+        self._pulled: Dict[str, Tuple[int, int, float]] = {}  # request -> (notes seen, expected, first seen)
+        self._released: Dict[str, float] = {}
+        self._saves: Dict[str, _Save] = {}
+        self._early_ids: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids before the request's compute
+        self._ids_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids arriving in parts
+        self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
+                      "timeouts": 0}
+        self.stats["wire_ns"] = collections.deque(maxlen=4096)  # the latest transfers' wire time
+
+    # -- names --------------------------------------------------------------
+
+    def _local(self, what: str) -> str:
+        return f"{self.s.engine_id}.r{self.s.tp_rank}{what}"
+
+    def _export(self, what: str, rank: Optional[int] = None, engine: Optional[str] = None) -> str:
+        return f"{engine or self.s.engine_id}.kv.r{self.s.tp_rank if rank is None else rank}{what}"
+
+    def _register(self, name: str, segs: List[Tuple[Any, int, int, int]], export_name: str = "") -> None:
+        register_view(self.client, name, segs, self.layout.num_blocks, export_name)
+        self._names.append(name)
+
+    # -- registration -------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
+        s = self.s
+        if isinstance(kv_caches, dict):
+            kv_caches = {k: physical(v) for k, v in kv_caches.items()}
+        else:
+            kv_caches = [physical(v) for v in kv_caches]
+        self.layout = b2b.kv.register(self.client, kv_caches, name=self._local(""))
+        export_pool(self.client, self.layout, self._export(""))  # peers read (pull) and write (push) it
+        self._segs = [(g.region, g.offset, g.block_len, g.stride) for g in self.layout.segments]
+        keys = list(kv_caches.keys()) if isinstance(kv_caches, dict) else [str(i) for i in range(len(kv_caches))]
+        self._layers = {k: i for i, k in enumerate(keys)}
+        per = len(self._segs) // len(keys)
+        self._layer_segs = [self._segs[i * per:(i + 1) * per] for i in range(len(keys))]
+        self._register(self._local(".x"), self._segs, self._export(""))
+        for i, ls in enumerate(self._layer_segs):
+            self._register(self._local(f".L{i}"), ls, self._export(f".L{i}"))
+        splits = {}
+        for k in s.head_splits:
+            for j in range(k):
+                self._register(self._local(f".h{k}.{j}"), _sliced(self._segs, k, j), self._export(f".h{k}.{j}"))
+                splits[f"h{k}.{j}"] = self._export(f".h{k}.{j}")
+                if s.mode == "push":  # each layer's head slice, pushed as computed
+                    for i, ls in enumerate(self._layer_segs):
+                        self._register(self._local(f".L{i}.h{k}.{j}"), _sliced(ls, k, j))
+        self.chan = Channel(self.client, s.engine_id, s.tp_rank, s.transport, timeout=max(5.0, s.load_timeout))
+        self.chan.watch(self.layout.segments[0].region)  # pulls' notes land here
+        self.chan.publish({
+            "engine": s.engine_id, "rank": s.tp_rank, "tp_size": s.tp_size, "block_size": s.block_size,
+            "kv_layout": s.kv_layout, "num_blocks": self.layout.num_blocks, "layers": len(keys),
+            "block_lens": [g[2] for g in self._segs], "full": self._export(""), "splits": splits,
+            "peer": self.peer_address, "mode": s.mode,
+        })
+
+    def _sub_layout(self, m: int, j: int) -> str:
+        """A local layout over part ``j`` of ``m`` of each block (a prefill
+        block of 1/m of ours: NHD, tokens first)."""
+        name = self._sub.get((m, j))
+        if name is None:
+            name = self._local(f".s{m}.{j}")
+            self._register(name, _sliced(self._segs, m, j))
+            self._sub[(m, j)] = name
+        return name
+
+    # -- decode: loads -------------------------------------------------------
+
+    def _plan_pull(self, r: RecvReq) -> Tuple[int, List[Tuple[str, str, List[int], List[int]]], int]:
+        """(prefill rank, [(local layout, remote layout, local ids, remote ids)], notes that rank expects)."""
+        s = self.s
+        m0 = self.chan.fetch_meta(r.remote_peer, r.remote_engine, 0)
+        ptp, pbs = int(m0["tp_size"]), int(m0["block_size"])
+        if s.tp_size % ptp or s.block_size % pbs:
+            raise ValueError(f"b2b.connector: decode TP {s.tp_size}, block {s.block_size} over prefill TP {ptp}, "
+                             f"block {pbs}: want whole multiples")
+        k, m = s.tp_size // ptp, s.block_size // pbs
+        if k > 1 and m > 1:
+            raise ValueError("b2b.connector: mismatched TP and block size together are not supported")
+        prank = s.tp_rank // k
+        pm = m0 if prank == 0 else self.chan.fetch_meta(r.remote_peer, r.remote_engine, prank)
+        rb, lb = list(r.remote_block_ids or []), list(r.local_block_ids)
+        if k > 1:
+            key = f"h{k}.{s.tp_rank % k}"
+            if key not in pm["splits"]:
+                raise ValueError(f"b2b.connector: prefill {r.remote_engine} rank {prank} exports no {key} head slice "
+                                 f"(kv_layout HND and head_splits [{k}] there)")
+            n = min(len(rb), len(lb))
+            return prank, [(self._local(".x"), pm["splits"][key], lb[:n], rb[:n])], k
+        if m > 1:
+            if s.kv_layout != "NHD":
+                raise ValueError("b2b.connector: a larger decode block needs kv_layout NHD (tokens first)")
+            plans = []
+            for j in range(min(m, len(rb))):
+                rem = rb[j::m]
+                loc = [lb[i // m] for i in range(j, len(rb), m)]
+                plans.append((self._sub_layout(m, j), pm["full"], loc, rem))
+            return prank, plans, len(plans)
+        n = min(len(rb), len(lb))
+        return prank, [(self._local(".x"), pm["full"], lb[:n], rb[:n])], 1
+
+    def start_load_kv(self, meta: Any) -> None:
+        s = self.s
+        for rel in meta.reqs_to_release.values():
+            self._note_prefill(rel.remote_peer, rel.remote_engine, {"t": "release", "req": rel.remote_request_id})
+        for rid, r in meta.reqs_to_recv.items():
+            ld = _Load(r, time.monotonic() + s.load_timeout)
+            self._loads[rid] = ld
+            self._by_remote[r.remote_request_id] = rid
+            self.stats["loads"] += 1
+            try:
+                if r.remote_block_ids is None:  # push: tell prefill where to write
+                    prank, k = self._push_source(r)
+                    ids = r.local_block_ids
+                    parts = max(1, -(-len(ids) // IDS_PER_NOTE))  # a note is at most 4 KiB
+                    for part in range(parts):
+                        self.chan.send(r.remote_peer, r.remote_engine, prank, {
+                            "t": "ids", "req": r.remote_request_id, "part": part, "parts": parts,
+                            "ids": ids[part * IDS_PER_NOTE:(part + 1) * IDS_PER_NOTE], "peer": self.peer_address,
+                            "engine": s.engine_id, "rank": s.tp_rank, "k": k, "slice": s.tp_rank % k})
+                        self.stats["notes_sent"] += 1
+                    continue
+                prank, plans, expect = self._plan_pull(r)
+                note = {"t": "pulled", "req": r.remote_request_id, "n": expect}
+                for local, remote, lids, rids in plans:
+                    ld.handles.append(start_blocks(self.client, local, r.remote_peer, remote, lids, rids, op="read",
+                                                   note=note, timeout=s.load_timeout, transport=s.transport))
+            except _IO_ERRORS as e:
+                ld.error = f"{type(e).__name__}: {e}"
+                self.chan.forget(r.remote_peer, r.remote_engine)
+
+    def _push_source(self, r: RecvReq) -> Tuple[int, int]:
+        """Push: (the prefill rank that writes our blocks, decode ranks per prefill rank)."""
+        if self.s.tp_size == 1:
+            return 0, 1
+        m0 = self.chan.fetch_meta(r.remote_peer, r.remote_engine, 0)
+        ptp, pbs = int(m0["tp_size"]), int(m0["block_size"])
+        if self.s.tp_size % ptp or pbs != self.s.block_size:
+            raise ValueError(f"b2b.connector: push from prefill TP {ptp}, block {pbs} to decode TP {self.s.tp_size}, "
+                             f"block {self.s.block_size}: want a whole TP multiple and equal blocks")
+        k = self.s.tp_size // ptp
+        return self.s.tp_rank // k, k
+
+    def _note_prefill(self, peer: str, engine: str, note: dict) -> None:
+        try:
+            self.chan.send(peer, engine, 0 if self.s.tp_size == 1 else self._prefill_rank(peer, engine), note)
+            self.stats["notes_sent"] += 1
+        except _IO_ERRORS:
+            pass  # prefill is gone or restarted: its own timeout frees the blocks
+
+    def _prefill_rank(self, peer: str, engine: str) -> int:
+        try:
+            ptp = int(self.chan.fetch_meta(peer, engine, 0)["tp_size"])
+        except _IO_ERRORS:
+            return 0
+        return self.s.tp_rank // max(1, self.s.tp_size // ptp)
+
+    def _finish_loads(self, recving: Set[str]) -> None:
+        pending = [h for ld in self._loads.values() for h in ld.handles]
+        if pending:
+            try:
+                poll(self.client, pending)
+            except _IO_ERRORS:
+                pass  # our daemon is unreachable: the deadline below ends them
+        now = time.monotonic()
+        for rid, ld in list(self._loads.items()):
+            r = ld.req
+            if ld.error is None:
+                if r.remote_block_ids is None:  # push
+                    if not ld.done:
+                        if now < ld.deadline:
+                            continue
+                        ld.error = f"no word from prefill {r.remote_engine} in {self.s.load_timeout} s"
+                        self.stats["timeouts"] += 1
+                else:
+                    if any(not h.ended for h in ld.handles):
+                        if now < ld.deadline:
+                            continue
+                        for h in ld.handles:
+                            try:
+                                h.cancel()
+                            except _IO_ERRORS:
+                                pass
+                        self.stats["timeouts"] += 1
+                        ld.error = f"not loaded in {self.s.load_timeout} s"
+                    errs = [h.error for h in ld.handles if h.error is not None]
+                    if ld.error is not None or errs:
+                        ld.error = ld.error or str(errs[0])
+                    else:
+                        self.stats["wire_ns"].extend(h.wire_ns for h in ld.handles if h.wire_ns is not None)
+            if ld.error is not None:
+                self._load_errors.update(r.local_block_ids)
+                self.stats["load_failures"] += 1
+                if r.remote_block_ids is not None:
+                    self._note_prefill(r.remote_peer, r.remote_engine, {"t": "release", "req": r.remote_request_id})
+            del self._loads[rid]
+            self._by_remote.pop(r.remote_request_id, None)
+            recving.add(rid)
+
+    # -- prefill: saves (push) ----------------------------------------------
+
+    def save_kv_layer(self, layer_name: str, meta: Any) -> None:
+        li = self._layers.get(layer_name)
+        if li is None:
+            return
+        now = time.monotonic()
+        for rid, r in meta.reqs_to_save.items():
+            sv = self._saves.get(rid)
+            if sv is None:
+                sv = self._saves[rid] = _Save(r, now + self.s.release_timeout)
+                early = self._early_ids.pop(rid, None)
+                if early is not None:
+                    for d in early[0].values():
+                        self._add_dst(sv, d)
+            sv.layers_done.add(li)
+            for rank, d in sv.dsts.items():
+                if sv.error is None and li not in sv.sent[rank]:
+                    self._push(sv, d, [li])
+
+    def _add_dst(self, sv: _Save, d: dict) -> None:
+        rank = int(d["rank"])
+        sv.want = int(d.get("k", 1))
+        sv.dsts[rank] = d
+        sv.sent.setdefault(rank, set())
+
+    def _push(self, sv: _Save, d: dict, layers: List[int]) -> None:
+        """Push ``layers`` of the request to one decode rank: all of them at
+        once (ids came late), else layer by layer; with k decode ranks per
+        prefill rank, head slice ``d["slice"]`` of k."""
+        rank = int(d["rank"])
+        k, j = int(d.get("k", 1)), int(d.get("slice", 0))
+        cut = "" if k == 1 else f".h{k}.{j}"
+        n = min(len(sv.req.block_ids), len(d["ids"]))
+        src, dst = sv.req.block_ids[:n], d["ids"][:n]
+        try:
+            if len(layers) == len(self._layer_segs):
+                sv.handles.append(start_blocks(self.client, self._local(cut or ".x"), d["peer"],
+                                               self._export("", rank, d["engine"]), src, dst, op="write",
+                                               note=None, timeout=self.s.load_timeout, transport=self.s.transport))
+            else:
+                for li in layers:
+                    sv.handles.append(start_blocks(self.client, self._local(f".L{li}{cut}"), d["peer"],
+                                                   self._export(f".L{li}", rank, d["engine"]), src, dst,
+                                                   op="write", note=None, timeout=self.s.load_timeout,
+                                                   transport=self.s.transport))
+            sv.sent[rank].update(layers)
+        except _IO_ERRORS as e:
+            sv.error = f"{type(e).__name__}: {e}"
+
+    def _finish_saves(self, sending: Set[str]) -> None:
+        nl = len(self._layer_segs)
+        pending = [h for sv in self._saves.values() for h in sv.handles]
+        if pending:
+            try:
+                poll(self.client, pending)
+            except _IO_ERRORS:
+                pass
+        now = time.monotonic()
+        for rid, sv in list(self._saves.items()):
+            if rid in self._released:
+                for h in sv.handles:
+                    try:
+                        h.cancel()
+                    except _IO_ERRORS:
+                        pass
+            elif sv.error is None:
+                if (len(sv.dsts) < sv.want or any(len(x) < nl for x in sv.sent.values())
+                        or any(not h.ended for h in sv.handles)):
+                    if now < sv.deadline:
+                        continue
+                    self.stats["timeouts"] += 1
+                    sv.error = "timed out"
+                errs = [h.error for h in sv.handles if h.error is not None]
+                if errs and sv.error is None:
+                    sv.error = str(errs[0])
+                if sv.error is None:
+                    self.stats["wire_ns"].extend(h.wire_ns for h in sv.handles if h.wire_ns is not None)
+            note = {"t": "done", "req": rid} if sv.error is None else {"t": "failed", "req": rid, "why": sv.error[:512]}
+            for d in sv.dsts.values() if rid not in self._released else ():
+                try:
+                    self.chan.send(d["peer"], d["engine"], int(d["rank"]), note)
+                    self.stats["notes_sent"] += 1
+                except _IO_ERRORS:
+                    pass  # that decode rank is gone: its deadline reports the load
+            self.stats["saves"] += 1
+            if sv.error is not None:
+                self.stats["save_failures"] += 1
+            del self._saves[rid]
+            self._released.pop(rid, None)
+            sending.add(rid)
+
+    # -- notes ---------------------------------------------------------------
+
+    def _take_notes(self) -> None:
+        now = time.monotonic()
+        for _, n in self.chan.take():
+            t, rid = n.get("t"), str(n.get("req", ""))
+            if t == "pulled":
+                seen, _, first = self._pulled.get(rid, (0, 0, now))
+                self._pulled[rid] = (seen + 1, int(n.get("n", 1)), first)
+            elif t == "release":
+                self._released[rid] = now
+            elif t == "ids":
+                key = f"{rid}#{n.get('rank', 0)}"  # each decode rank sends its own parts
+                got = self._ids_parts.setdefault(key, ({}, now))[0]
+                got[int(n.get("part", 0))] = n
+                if len(got) < int(n.get("parts", 1)):
+                    continue
+                del self._ids_parts[key]
+                n = dict(n, ids=[i for k in sorted(got) for i in got[k]["ids"]])
+                sv = self._saves.get(rid)
+                if sv is None:
+                    self._early_ids.setdefault(rid, ({}, now))[0][int(n.get("rank", 0))] = n
+                else:
+                    self._add_dst(sv, n)
+                    todo = sorted(sv.layers_done - sv.sent[int(n["rank"])])
+                    if todo and sv.error is None:
+                        self._push(sv, n, todo)
+            elif t in ("done", "failed"):
+                ld = self._loads.get(self._by_remote.get(rid, ""))
+                if ld is not None:
+                    if t == "done":
+                        ld.done = True
+                    else:
+                        ld.error = f"prefill reported: {n.get('why', 'failed')}"
+        # Forget notes about requests this side never learns of.
+        for d in (self._released, self._early_ids, self._ids_parts):
+            for rid in [r for r, v in d.items() if now - (v if isinstance(v, float) else v[1]) > self.s.release_timeout
+                        and r not in self._held and r not in self._saves]:
+                del d[rid]
+        for rid in [r for r, v in self._pulled.items() if now - v[2] > self.s.release_timeout and r not in self._held]:
+            del self._pulled[rid]
+
+    def _finish_held(self, meta: Any, sending: Set[str]) -> None:
+        if meta is not None:
+            self._held.update(meta.reqs_to_send)
+        now = time.monotonic()
+        for rid, deadline in list(self._held.items()):
+            seen, want, _ = self._pulled.get(rid, (0, 1, now))
+            if seen >= want or rid in self._released or now >= deadline:
+                if now >= deadline and seen < want and rid not in self._released:
+                    self.stats["timeouts"] += 1
+                del self._held[rid]
+                self._pulled.pop(rid, None)
+                self._released.pop(rid, None)
+                sending.add(rid)
+
+    def get_finished(self, meta: Any) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        sending: Set[str] = set()
+        recving: Set[str] = set()
+        if self.chan is None:
+            return None, None
+        self._take_notes()
+        self._finish_held(meta, sending)
+        self._finish_saves(sending)
+        self._finish_loads(recving)
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> Set[int]:
+        out, self._load_errors = self._load_errors, set()
+        return out
+
+    def shutdown(self) -> None:
+        for ld in self._loads.values():
+            for h in ld.handles:
+                try:
+                    h.cancel()
+                except _IO_ERRORS:
+                    pass
+        for sv in self._saves.values():
+            for h in sv.handles:
+                try:
+                    h.cancel()
+                except _IO_ERRORS:
+                    pass
+        if self.chan is not None:
+            self.chan.close()
+        for name in self._names:
+            try:
+                self.client.deregister_layout(name)
+            except _IO_ERRORS:
+                pass
+        if self.layout is not None:
+            try:
+                self.layout.close()
+            except _IO_ERRORS:
+                pass
+        if self._own_client:
+            self.client.close()

@@ -1,0 +1,397 @@
+"""b2b.connector (KVConnectorBase_V1 over b2bd): the scenarios of vLLM's
+connector unit tests that apply (tests/v1/kv_connector/unit: the remote
+prefill and remote decode lifecycles, aborts, the prefiller's abort
+timeout, transfer failures reported as load errors), against two real
+daemons, every byte of every block checked."""
+
+from __future__ import annotations
+
+import importlib
+import time
+import unittest
+import uuid
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+from daemon_harness import Daemon
+
+from b2b.connector import B2BConnector, B2BConnectorMetadata, Role, Settings
+from b2b.connector.testing import Pool, Request, config
+
+
+def sched(engine: str = "p", **kw: Any) -> B2BConnector:
+    kw.setdefault("peer_address", "127.0.0.1:1")
+    return B2BConnector(config(engine, socket="/nonexistent", **kw), Role.SCHEDULER)
+
+
+class SchedulerHalfTest(unittest.TestCase):
+    """No daemon: the bookkeeping vLLM's scheduler sees."""
+
+    def test_loadable_by_module_path_without_vllm(self):
+        mod = importlib.import_module("b2b.connector")
+        self.assertIs(getattr(mod, "B2BConnector"), B2BConnector)
+        for m in ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta", "request_finished",
+                  "register_kv_caches", "start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+                  "get_finished", "get_block_ids_with_load_errors", "bind_connector_metadata",
+                  "clear_connector_metadata", "shutdown"):
+            self.assertTrue(callable(getattr(B2BConnector, m)), m)
+
+    def test_decode_matches_whole_remote_prompt(self):
+        s = sched("d")
+        r = Request("a", list(range(40)), {"do_remote_prefill": True, "remote_block_ids": [1, 2, 3]})
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (40, True))
+        self.assertEqual(s.get_num_new_matched_tokens(r, 16), (24, True))
+        self.assertEqual(s.get_num_new_matched_tokens(r, 40), (0, False))  # all computed here
+        self.assertEqual(s.get_num_new_matched_tokens(Request("b", [1, 2], None), 0), (0, False))
+        self.assertEqual(s.get_num_new_matched_tokens(Request("c", [1, 2], {"do_remote_decode": True}), 0), (0, False))
+
+    def test_decode_meta_carries_ids_once(self):
+        s = sched("d")
+        r = Request("a", list(range(40)), {"do_remote_prefill": True, "remote_block_ids": [7, 8, 9],
+                                           "remote_engine_id": "p", "remote_peer": "x:1", "remote_request_id": "pa"})
+        s.update_state_after_alloc(r, [3, 4, 5], 40)
+        m = s.build_connector_meta(None)
+        self.assertIsInstance(m, B2BConnectorMetadata)
+        got = m.reqs_to_recv["a"]
+        self.assertEqual((got.local_block_ids, got.remote_block_ids, got.remote_engine, got.remote_peer,
+                          got.remote_request_id), ([3, 4, 5], [7, 8, 9], "p", "x:1", "pa"))
+        self.assertEqual(s.build_connector_meta(None).reqs_to_recv, {})  # once
+        # A preempted request is recomputed here, not loaded twice.
+        self.assertEqual(s.get_num_new_matched_tokens(r, 0), (0, False))
+
+    def test_decode_nothing_to_load_releases_prefill(self):
+        s = sched("d")
+        r = Request("a", list(range(40)), {"do_remote_prefill": True, "remote_block_ids": [7], "remote_engine_id": "p",
+                                           "remote_peer": "x:1"})
+        s.update_state_after_alloc(r, [], 0)
+        m = s.build_connector_meta(None)
+        self.assertEqual(m.reqs_to_recv, {})
+        self.assertEqual(list(m.reqs_to_release), ["a"])
+
+    def test_decode_aborted_before_load_releases_prefill(self):
+        s = sched("d")
+        r = Request("a", list(range(40)), {"do_remote_prefill": True, "remote_block_ids": [7], "remote_engine_id": "p",
+                                           "remote_peer": "x:1"}, status="FINISHED_ABORTED")
+        self.assertEqual(s.request_finished(r, []), (False, None))
+        self.assertEqual(list(s.build_connector_meta(None).reqs_to_release), ["a"])
+
+    def test_prefill_holds_blocks_and_hands_params(self):
+        s = sched("p", release_timeout_s=30)
+        r = Request("a", list(range(40)), {"do_remote_decode": True})
+        delay, params = s.request_finished(r, [4, 5, 6])
+        self.assertTrue(delay)
+        self.assertEqual(params["remote_block_ids"], [4, 5, 6])
+        self.assertEqual((params["remote_engine_id"], params["remote_peer"], params["do_remote_prefill"]),
+                         ("p", "127.0.0.1:1", True))
+        dl = s.build_connector_meta(None).reqs_to_send["a"]
+        self.assertAlmostEqual(dl - time.monotonic(), 30, delta=5)
+
+    def test_prefill_short_prompt_and_aborts(self):
+        s = sched("p")
+        self.assertFalse(s.request_finished(Request("b", [1], {"do_remote_decode": True}), [])[0])
+        ab = Request("c", list(range(40)), {"do_remote_decode": True}, status="FINISHED_ABORTED")
+        self.assertEqual(s.request_finished(ab, [1, 2]), (False, None))
+        self.assertEqual(s.request_finished(Request("d", [1], None), [1]), (False, None))
+        self.assertEqual(s.build_connector_meta(None).reqs_to_send, {})
+
+    def test_block_ids_per_group_and_stopped_requests(self):
+        s = sched("p")
+        delay, params = s.request_finished(Request("a", list(range(40)), {"do_remote_decode": True}), ([4, 5, 6],))
+        self.assertEqual((delay, params["remote_block_ids"]), (True, [4, 5, 6]))
+        with self.assertRaisesRegex(ValueError, "2 KV cache groups"):
+            s.request_finished(Request("b", [1], {"do_remote_decode": True}), ([1], [2]))
+        # Only a length-capped request is read by decode; any other end frees now.
+        stopped = Request("c", list(range(40)), {"do_remote_decode": True}, status="FINISHED_STOPPED")
+        self.assertEqual(s.request_finished(stopped, [1, 2]), (False, None))
+        d = sched("d")
+        r = Request("e", list(range(40)), {"do_remote_prefill": True, "remote_block_ids": ([7, 8],),
+                                           "remote_engine_id": "p", "remote_peer": "x:1"})
+        d.update_state_after_alloc(r, ([1, 2],), 40)
+        got = d.build_connector_meta(None).reqs_to_recv["e"]
+        self.assertEqual((got.local_block_ids, got.remote_block_ids), ([1, 2], [7, 8]))
+
+    def test_push_prefill_saves_allocated_blocks(self):
+        s = sched("p", mode="push")
+        s.update_state_after_alloc(Request("a", list(range(40)), {"do_remote_decode": True}), [9, 8, 7], 0)
+        self.assertEqual(s.build_connector_meta(None).reqs_to_save["a"].block_ids, [9, 8, 7])
+
+    def test_physical_order(self):
+        import numpy as np
+        from b2b.connector.worker import physical
+        a = np.zeros((2, 5, 4, 16, 8), dtype=np.uint16)  # [2, blocks, heads, block_size, dim] in memory
+        v = a.swapaxes(2, 3)
+        self.assertEqual(physical(v).shape, (2, 5, 4, 16, 8))
+        self.assertTrue(physical(v).flags["C_CONTIGUOUS"])
+        self.assertIs(physical(a), a)
+        k = a[0]
+        self.assertIs(physical(k), k)  # 4-D: [blocks, ...]
+        self.assertEqual(physical(k.swapaxes(1, 2)).strides, k.strides)
+
+    def test_settings_refuse_bad_values(self):
+        with self.assertRaisesRegex(ValueError, "mode 'both'"):
+            Settings.from_config(config("p", socket="s", mode="both"))
+        with self.assertRaisesRegex(ValueError, "kv_layout 'XYZ'"):
+            Settings.from_config(config("p", socket="s", kv_layout="xyz"))
+        self.assertEqual(B2BConnector.get_required_kvcache_layout(config("p", socket="s", kv_layout="hnd")), "HND")
+
+
+GEOM = dict(layers=3, heads=4, dim=8)
+
+
+class Side:
+    """One engine's scheduler and worker ranks with their pools."""
+
+    def __init__(self, daemon: Daemon, engine: str, *, tp: int = 1, num_blocks: int = 64, block_size: int = 16,
+                 kv_layout: str = "NHD", permuted: bool = False, **extra: Any) -> None:
+        self.clients = [daemon.client() for _ in range(tp)]
+        mk = lambda r: config(engine, socket=daemon.socket, block_size=block_size, tp_size=tp, tp_rank=r,
+                              kv_layout=kv_layout, **extra)
+        self.sched = B2BConnector(mk(0), Role.SCHEDULER, client=daemon.client())
+        hp = GEOM["heads"] // tp
+        self.pools = [Pool(c, layers=GEOM["layers"], num_blocks=num_blocks, block_size=block_size, heads=hp,
+                           dim=GEOM["dim"], kv_layout=kv_layout, head0=r * hp) for r, c in enumerate(self.clients)]
+        self.workers = [B2BConnector(mk(r), Role.WORKER, client=c) for r, c in enumerate(self.clients)]
+        for w, p in zip(self.workers, self.pools):
+            # permuted: HND as vLLM hands it over, a logical [2, blocks, block_size, heads, dim] view
+            w.register_kv_caches({k: v.swapaxes(2, 3) for k, v in p.caches.items()} if permuted else p.caches)
+        self.sending: Dict[str, int] = {}
+        self.recving: Dict[str, int] = {}
+        self.errors: Set[int] = set()
+
+    def step(self, compute: Optional[List[Tuple[str, List[int], int, int]]] = None) -> None:
+        """One engine step in vLLM's order; ``compute``: (request, ids, seed, tokens) prefilled now."""
+        meta = self.sched.build_connector_meta(None)
+        for w, p in zip(self.workers, self.pools):
+            w.bind_connector_metadata(meta)
+            w.start_load_kv(None)
+            for li, name in enumerate(p.names):
+                w.wait_for_layer_load(name)
+                for _, ids, seed, n in compute or ():
+                    p.fill_layer(li, ids, seed, n)
+                w.save_kv_layer(name, p.caches[name], None)
+            w.wait_for_save()
+            s, r = w.get_finished(set())
+            for rid in s or ():
+                self.sending[rid] = self.sending.get(rid, 0) + 1
+            for rid in r or ():
+                self.recving[rid] = self.recving.get(rid, 0) + 1
+            self.errors |= w.get_block_ids_with_load_errors()
+            w.clear_connector_metadata()
+
+    def check(self, ids: List[int], seed: int, n: int) -> int:
+        return sum(p.check(ids, seed, n) for p in self.pools)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.shutdown()
+        for p in self.pools:
+            p.close()
+        for c in self.clients:
+            c.close()
+        self.sched.sched = None
+
+
+def pump(sides: List[Side], cond: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting")
+        for s in sides:
+            s.step()
+        time.sleep(0.005)
+
+
+class ConnectorE2ETest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dp = Daemon("prefill").start()
+        cls.dd = Daemon("decode").start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dp.stop()
+        cls.dd.stop()
+
+    def sides(self, mode: str = "pull", ptp: int = 1, dtp: int = 1, pbs: int = 16, dbs: int = 16,
+              layout: str = "NHD", num_blocks: int = 64, permuted: bool = False, **extra: Any) -> Tuple[Side, Side]:
+        tag = uuid.uuid4().hex[:8]
+        p = Side(self.dp, f"pre-{tag}", tp=ptp, block_size=pbs, kv_layout=layout, mode=mode, num_blocks=num_blocks,
+                 head_splits=[2] if layout == "HND" else [], permuted=permuted, **extra)
+        self.addCleanup(p.close)
+        d = Side(self.dd, f"dec-{tag}", tp=dtp, block_size=dbs, kv_layout=layout, mode=mode, num_blocks=num_blocks,
+                 permuted=permuted, **extra)
+        self.addCleanup(d.close)
+        return p, d
+
+    def prefill(self, p: Side, rid: str, ids: List[int], seed: int, n: int) -> dict:
+        r = Request(rid, list(range(n)), {"do_remote_decode": True})
+        p.sched.update_state_after_alloc(r, ids, 0)
+        p.step([(rid, ids, seed, n)])
+        delay, params = p.sched.request_finished(r, ids)
+        self.assertTrue(delay)
+        return params
+
+    def decode_req(self, d: Side, rid: str, params: dict, ids: List[int], n: int) -> Request:
+        r = Request(rid, list(range(n)), dict(params))
+        got, is_async = d.sched.get_num_new_matched_tokens(r, 0)
+        self.assertEqual((got, is_async), (n, True))
+        d.sched.update_state_after_alloc(r, ids, got)
+        return r
+
+    def test_pull_every_byte_and_free_after_pull(self):
+        p, d = self.sides()
+        d.pools[0].scribble(range(64))
+        cases = [("a", [5, 9, 2, 30], [7, 1, 40, 3], 50, 11), ("b", [11], [12], 3, 12),  # shorter than a block
+                 ("c", list(range(40, 48)), list(range(50, 58)), 128, 13)]  # a full last block
+        params = {rid: self.prefill(p, rid, pids, seed, n) for rid, pids, _, n, seed in cases}
+        self.assertEqual(p.sending, {})  # held until pulled
+        for rid, _, dids, n, _ in cases:
+            self.decode_req(d, rid, params[rid], dids, n)
+        pump([p, d], lambda: len(d.recving) == 3 and len(p.sending) == 3)
+        self.assertEqual(d.errors, set())
+        for rid, _, dids, n, seed in cases:
+            self.assertEqual(d.check(dids, seed, n), 0, rid)
+        untouched = sorted(set(range(64)) - {i for c in cases for i in c[2]})
+        self.assertTrue((d.pools[0].array[:, :, untouched] == 0xA5A5).all())
+        self.assertGreater(d.check([7, 1, 40, 3], 99, 50), 0)  # the check can fail (wrong seed)
+
+    def test_push_every_byte_ids_early_and_late(self):
+        p, d = self.sides("push")
+        rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+              "remote_peer": self.dp.peer_address}
+        # early: decode's ids reach prefill before it computes (per-layer pushes)
+        self.decode_req(d, "e", dict(rq, remote_request_id="e"), [3, 4, 5], 40)
+        d.step()
+        pump([p], lambda: "e" in p.workers[0].worker._early_ids, 5)
+        self.prefill(p, "e", [20, 21, 22], 21, 40)
+        # late: prefill computes first, the ids come after (one whole-layout push)
+        self.prefill(p, "l", [30, 31], 22, 20)
+        self.decode_req(d, "l", dict(rq, remote_request_id="l"), [8, 9], 20)
+        pump([p, d], lambda: len(d.recving) == 2 and len(p.sending) == 2)
+        self.assertEqual(d.errors, set())
+        self.assertEqual(d.check([3, 4, 5], 21, 40), 0)
+        self.assertEqual(d.check([8, 9], 22, 20), 0)
+
+    def test_push_ids_over_several_notes(self):
+        # 1,000 four-digit ids (5,000 bytes) do not fit one 4 KiB note: they go in parts.
+        p, d = self.sides("push", num_blocks=1100)
+        n = 1000 * 16
+        dids = list(range(1099, 99, -1))
+        rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+              "remote_peer": self.dp.peer_address, "remote_request_id": "a"}
+        self.decode_req(d, "a", rq, dids, n)
+        d.step()
+        self.prefill(p, "a", list(range(1000)), 23, n)
+        pump([p, d], lambda: "a" in d.recving and "a" in p.sending)
+        self.assertEqual(d.errors, set())
+        self.assertEqual(d.check(dids, 23, n), 0)
+        self.assertEqual(d.workers[0].worker.stats["notes_sent"], 4)
+
+    def test_failed_pull_reports_load_errors(self):
+        p, d = self.sides(load_timeout_s=5)
+        params = self.prefill(p, "a", [1, 2, 3], 5, 40)
+        for w in p.workers:
+            w.shutdown()  # prefill's layouts are gone before decode pulls
+        p.workers = []
+        self.decode_req(d, "a", params, [10, 11, 12], 40)
+        pump([d], lambda: "a" in d.recving)
+        self.assertEqual(d.errors, {10, 11, 12})  # recomputed by the engine
+
+    def test_prefiller_frees_after_release_timeout(self):
+        p, d = self.sides(release_timeout_s=0.6)
+        t0 = time.monotonic()
+        self.prefill(p, "a", [1, 2], 5, 20)
+        pump([p], lambda: "a" in p.sending)
+        self.assertGreaterEqual(time.monotonic() - t0, 0.6)
+
+    def test_decode_abort_before_load_frees_prefill(self):
+        p, d = self.sides(release_timeout_s=60)
+        params = self.prefill(p, "a", [1, 2], 5, 20)
+        r = Request("a", list(range(20)), dict(params), status="FINISHED_ABORTED")
+        self.assertEqual(d.sched.request_finished(r, []), (False, None))
+        pump([p, d], lambda: "a" in p.sending, 10)
+
+    def test_failed_push_reported_to_decode(self):
+        p, d = self.sides("push", load_timeout_s=10)
+        rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+              "remote_peer": self.dp.peer_address, "remote_request_id": "a"}
+        self.decode_req(d, "a", rq, [3, 64], 20)  # 64 is past decode's pool: the daemon refuses the push
+        d.step()
+        self.prefill(p, "a", [1, 2], 5, 20)
+        pump([p, d], lambda: "a" in d.recving)
+        self.assertEqual(d.errors, {3, 64})
+        self.assertEqual(p.workers[0].worker.stats["save_failures"], 1)
+
+    def test_push_load_times_out_when_prefill_is_silent(self):
+        p, d = self.sides("push", load_timeout_s=0.5)
+        rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+              "remote_peer": self.dp.peer_address, "remote_request_id": "a"}
+        self.decode_req(d, "a", rq, [3, 4], 20)
+        pump([d], lambda: "a" in d.recving)
+        self.assertEqual(d.errors, {3, 4})
+
+    def test_decode_twice_prefill_tp(self):
+        p, d = self.sides(dtp=2, layout="HND")
+        params = self.prefill(p, "a", [5, 9, 2], 31, 40)
+        d.pools[0].scribble(range(64))
+        d.pools[1].scribble(range(64))
+        self.decode_req(d, "a", params, [7, 1, 40], 40)
+        pump([p, d], lambda: d.recving.get("a") == 2 and "a" in p.sending)
+        self.assertEqual(d.errors, set())
+        self.assertEqual(d.pools[0].check([7, 1, 40], 31, 40), 0)  # heads 0-1
+        self.assertEqual(d.pools[1].check([7, 1, 40], 31, 40), 0)  # heads 2-3
+
+    def test_decode_twice_prefill_tp_from_permuted_views(self):
+        p, d = self.sides(dtp=2, layout="HND", permuted=True)
+        params = self.prefill(p, "a", [5, 9, 2], 32, 40)
+        self.decode_req(d, "a", params, [7, 1, 40], 40)
+        pump([p, d], lambda: d.recving.get("a") == 2 and "a" in p.sending)
+        self.assertEqual(d.errors, set())
+        self.assertEqual(d.check([7, 1, 40], 32, 40), 0)
+
+    def test_push_to_twice_prefill_tp(self):
+        p, d = self.sides("push", dtp=2, layout="HND")
+        rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+              "remote_peer": self.dp.peer_address}
+        for pool in d.pools:
+            pool.scribble(range(64))
+        self.decode_req(d, "e", dict(rq, remote_request_id="e"), [3, 4, 5], 40)  # ids before the compute
+        d.step()
+        pump([p], lambda: len(p.workers[0].worker._early_ids.get("e", ({},))[0]) == 2, 10)
+        self.prefill(p, "e", [20, 21, 22], 24, 40)
+        self.prefill(p, "l", [30, 31], 25, 20)  # ids after the compute
+        self.decode_req(d, "l", dict(rq, remote_request_id="l"), [8, 9], 20)
+        pump([p, d], lambda: d.recving.get("e") == 2 and d.recving.get("l") == 2 and len(p.sending) == 2)
+        self.assertEqual(d.errors, set())
+        for pool in d.pools:  # each rank holds its half of the heads
+            self.assertEqual(pool.check([3, 4, 5], 24, 40), 0)
+            self.assertEqual(pool.check([8, 9], 25, 20), 0)
+
+    def test_prefill_frees_only_after_every_rank_pulled(self):
+        p, d = self.sides(dtp=2, layout="HND")
+        params = self.prefill(p, "a", [5, 9], 31, 20)
+        self.decode_req(d, "a", params, [7, 1], 20)
+        meta = d.sched.build_connector_meta(None)
+        w0 = d.workers[0]
+        w0.bind_connector_metadata(meta)
+        w0.start_load_kv(None)  # only rank 0 pulls
+        w0.clear_connector_metadata()
+        pump([p], lambda: p.workers[0].worker._pulled.get("a", (0,))[0] == 1, 10)
+        p.step()
+        self.assertNotIn("a", p.sending)
+        d.workers[1].bind_connector_metadata(meta)
+        d.workers[1].start_load_kv(None)
+        d.workers[1].clear_connector_metadata()
+        pump([p], lambda: "a" in p.sending, 10)
+
+    def test_decode_block_twice_prefill_block(self):
+        p, d = self.sides(pbs=16, dbs=32)
+        params = self.prefill(p, "a", [5, 9, 2, 30, 11], 41, 70)  # 70 tokens: 5 prefill blocks, 3 decode blocks
+        d.pools[0].scribble(range(64))
+        self.decode_req(d, "a", params, [7, 1, 40], 70)
+        pump([p, d], lambda: "a" in d.recving and "a" in p.sending)
+        self.assertEqual(d.errors, set())
+        self.assertEqual(d.check([7, 1, 40], 41, 70), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()

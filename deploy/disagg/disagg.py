@@ -1,0 +1,389 @@
+"""Disaggregated-serving harness for b2b.connector (docs/connector.md).
+
+Per scenario: two b2bd daemons (prefill's and decode's), a prefill engine
+process and a decode engine process (engine.py), and a router here that
+sends requests with random prompt lengths, ``--concurrency`` in flight.
+Every decoded request's KV is checked byte for byte. Faults are injected
+by scenario; a request whose engine died is retried; one that gets no
+answer in ``--request-timeout`` counts as hung.
+
+    make disagg ARGS="--json out.json"            # every scenario, 512 requests each
+    make test-disagg                              # the short form (fewer requests, exits 1 on a failure)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Client as MPClient
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+sys.path.insert(0, os.path.join(REPO, "client", "python", "tests"))
+
+from daemon_harness import Daemon  # noqa: E402
+from engine import AUTH  # noqa: E402
+
+
+class EngineGone(Exception):
+    pass
+
+
+class Link:
+    """The router's connection to one engine: many requests in flight,
+    answers matched by request id; a dead engine fails every pending one."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.conn: Any = None
+        self.pending: Dict[str, Future] = {}
+        self.lock = threading.Lock()
+        self.gen = 0
+
+    def _connect(self, wait: float = 60.0) -> None:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                self.conn = MPClient(self.path, family="AF_UNIX", authkey=AUTH)
+                break
+            except (OSError, EOFError):
+                if time.monotonic() > deadline:
+                    raise EngineGone(f"engine at {self.path} does not answer")
+                time.sleep(0.1)
+        self.gen += 1
+        threading.Thread(target=self._read, args=(self.conn, self.gen), daemon=True).start()
+
+    def _read(self, conn: Any, gen: int) -> None:
+        try:
+            while True:
+                m = conn.recv()
+                key = "__stats" if m[0] == "stats" else (m[1] if len(m) > 1 else "")
+                with self.lock:
+                    f = self.pending.pop(key, None)
+                if f is not None:
+                    f.set_result(m)
+        except (EOFError, OSError):
+            pass
+        with self.lock:
+            if self.gen == gen:
+                self.conn = None
+            dead, self.pending = self.pending, {}
+        for f in dead.values():
+            f.set_exception(EngineGone("engine connection lost"))
+
+    def submit(self, key: str, msg: tuple) -> Future:
+        f: Future = Future()
+        with self.lock:
+            if self.conn is None:
+                self._connect()
+            self.pending[key] = f
+            try:
+                self.conn.send(msg)
+            except (OSError, ValueError) as e:
+                self.pending.pop(key, None)
+                self.conn = None
+                raise EngineGone(str(e))
+        return f
+
+    def send(self, msg: tuple) -> None:
+        with self.lock:
+            if self.conn is not None:
+                try:
+                    self.conn.send(msg)
+                except (OSError, ValueError):
+                    pass
+
+
+class Proc:
+    def __init__(self, role: str, daemon: Daemon, args: List[str], workdir: str) -> None:
+        self.role, self.daemon, self.args = role, daemon, args
+        self.listen = os.path.join(workdir, f"{role}.engine.sock")
+        self.log = os.path.join(workdir, f"{role}.engine.log")
+        self.p: Optional[subprocess.Popen] = None
+        self.gen = 0
+        self.engine_id = ""
+
+    def start(self, extra: List[str] = ()) -> None:
+        # A new engine id per incarnation (vLLM's default is a fresh uuid):
+        # a restarted engine's layouts have new names, so a peer still
+        # holding the old ids fails cleanly instead of reading new blocks.
+        self.gen += 1
+        self.engine_id = f"{self.role}-{self.gen}"
+        cmd = [sys.executable, os.path.join(HERE, "engine.py"), "--role", self.role, "--socket", self.daemon.socket,
+               "--listen", self.listen, "--engine-id", self.engine_id] + self.args + list(extra)
+        log = open(self.log, "ab")
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        line = self.p.stdout.readline()
+        if b"ready" not in line:
+            self.p.wait()
+            raise RuntimeError(f"{self.role} engine did not start: {open(self.log).read()[-3000:]}")
+
+    def kill(self) -> None:
+        if self.p is not None and self.p.poll() is None:
+            self.p.send_signal(signal.SIGKILL)
+            self.p.wait()
+
+    def alive(self) -> bool:
+        return self.p is not None and self.p.poll() is None
+
+
+def wait_unexported(d: Daemon, engine_id: str, timeout: float = 20.0) -> None:
+    """Until the daemon has dropped a dead engine's exports (its client's
+    lease ended), so that no pull of the held requests can still succeed."""
+    import b2b
+
+    deadline = time.monotonic() + timeout
+    with b2b.Client(d.socket) as c:
+        while time.monotonic() < deadline:
+            if not any(r.export_name.startswith(engine_id + ".") for r in c.list_regions()):
+                return
+            time.sleep(0.01)
+    raise RuntimeError(f"{d.name} still exports {engine_id}'s regions {timeout} s after it died")
+
+
+def pct(xs: List[float], q: float) -> Optional[float]:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
+
+
+def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) -> dict:
+    work = tempfile.mkdtemp(prefix=f"disagg-{name}-")
+    dargs = ["--transport", transport]
+    dp, dd = Daemon("prefill", root=work, extra_args=dargs).start(), Daemon("decode", root=work, extra_args=dargs).start()
+    tp_d, kvl, bs_d = 1, "NHD", a.block_size
+    if name == "tp_mismatch":
+        tp_d, kvl = 2, "HND"
+    if name == "block_mismatch":
+        bs_d = a.block_size * 2
+    common = ["--mode", mode, "--transport", transport, "--layers", str(a.layers), "--heads", str(a.heads),
+              "--dim", str(a.dim), "--kv-layout", kvl, "--release-timeout", str(a.release_timeout),
+              "--load-timeout", str(a.load_timeout)]
+    pool_d = a.num_blocks // 3 if name == "decode_restart" else a.num_blocks
+    pre = Proc("prefill", dp, common + ["--tp", "1", "--block-size", str(a.block_size),
+                                        "--num-blocks", str(a.num_blocks)], work)
+    dec = Proc("decode", dd, common + ["--tp", str(tp_d), "--block-size", str(bs_d)], work)
+    pre.start()
+    dec.start(["--num-blocks", str(pool_d * a.block_size // bs_d)])
+    lp, ld = Link(pre.listen), Link(dec.listen)
+    rng = random.Random(a.seed)
+    plens = [rng.randint(a.min_prompt, a.max_prompt) for _ in range(a.requests)]
+    aborts = set(rng.sample(range(a.requests), a.requests // 10)) if name == "router_aborts" else set()
+    lock = threading.Lock()
+    res: Dict[str, Any] = {"verified": 0, "corrupt": 0, "failed_reported": 0, "retried": 0, "hung": 0, "aborted": 0,
+                           "handover_ms": [], "errors": []}
+    done_count = [0]
+    fault_at = a.requests // 4 if name in ("decode_restart", "prefill_killed") else -1
+    fault_state = {"done": False}
+    # prefill_killed: prefill dies while decode's pulls of its blocks are
+    # due. The router holds the decode requests of prefilled requests at
+    # the fault, kills prefill, then lets them go: every one of those
+    # pulls must fail, be reported as load errors and be recomputed.
+    gate = threading.Event()
+    gate.set()
+    held = [0]
+
+    def one(i: int) -> None:
+        plen, seed = plens[i], i + 1
+        for attempt in range(a.retries + 1):
+            rid = f"{i}.{attempt}"
+            try:
+                pparams = {"do_remote_decode": True}
+                if mode == "pull":
+                    p = lp.submit(rid, ("req", rid, plen, seed, pparams)).result(a.request_timeout)
+                    dparams = p[2]["params"]
+                    if not gate.is_set():
+                        with lock:
+                            held[0] += 1
+                        gate.wait()
+                    fd = ld.submit(rid, ("req", rid, plen, seed, dparams))
+                else:
+                    dparams = {"do_remote_prefill": True, "remote_engine_id": pre.engine_id, "remote_peer": dp.peer_address,
+                               "remote_request_id": rid}
+                    fd = ld.submit(rid, ("req", rid, plen, seed, dparams))
+                    p = lp.submit(rid, ("req", rid, plen, seed, pparams)).result(a.request_timeout)
+                if i in aborts:
+                    time.sleep(rng.random() * 0.01)
+                    ld.send(("abort", rid))
+                d = fd.result(a.request_timeout)
+            except EngineGone:
+                with lock:
+                    res["retried"] += 1
+                time.sleep(0.2)
+                continue
+            except TimeoutError:
+                with lock:
+                    res["hung"] += 1
+                    res["errors"].append(f"{rid}: no answer in {a.request_timeout} s")
+                return
+            with lock:
+                done_count[0] += 1
+                if d[0] == "aborted":
+                    res["aborted"] += 1
+                    return
+                r = d[2]
+                if r["bad_tokens"] == 0:
+                    res["verified"] += 1
+                else:
+                    res["corrupt"] += 1
+                    res["errors"].append(f"{rid}: {r['bad_tokens']} wrong tokens")
+                if r["load_failed"]:
+                    res["failed_reported"] += 1
+                if not r["load_failed"] and p[2].get("t_last_ns"):
+                    res["handover_ms"].append((r["t_ready_ns"] - p[2]["t_last_ns"]) / 1e6)
+            return
+        with lock:
+            res["errors"].append(f"{i}: gave up after {a.retries + 1} attempts")
+
+    def faults() -> None:
+        while not fault_state["done"]:
+            with lock:
+                n = done_count[0]
+            if fault_at >= 0 and n >= fault_at:
+                if name == "decode_restart":
+                    deadline = time.monotonic() + 5  # kill it with requests in it
+                    while not ld.pending and time.monotonic() < deadline:
+                        time.sleep(0.002)
+                    dec.kill()
+                    dec.start(["--num-blocks", str(a.num_blocks * 2 * a.block_size // bs_d)])
+                elif mode == "push":  # decode waits for notes that a dead prefill never sends
+                    deadline = time.monotonic() + 5
+                    while not lp.pending and time.monotonic() < deadline:
+                        time.sleep(0.002)
+                    pre.kill()
+                    pre.start()
+                else:
+                    gate.clear()
+                    deadline = time.monotonic() + 5
+                    while held[0] < max(1, a.concurrency // 4) and time.monotonic() < deadline:
+                        time.sleep(0.005)
+                    gone = pre.engine_id
+                    pre.kill()
+                    wait_unexported(dp, gone)
+                    gate.set()
+                    pre.start()
+                return
+            time.sleep(0.01)
+
+    ft = threading.Thread(target=faults, daemon=True)
+    ft.start()
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(a.concurrency) as ex:
+        list(ex.map(one, range(a.requests)))
+    wall = time.monotonic() - t0
+    fault_state["done"] = True
+    # Every block back in both pools (held prefill blocks come back by
+    # their pulls, release notes or the release timeout).
+    stats = {}
+    deadline = time.monotonic() + a.release_timeout + 5
+    while True:
+        stats = {k: l.submit("__stats", ("stats",)).result(30)[1] for k, l in (("prefill", lp), ("decode", ld))}
+        leaked = sum(s["num_blocks"] - s["free"] for s in stats.values())
+        if leaked == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    for l in (lp, ld):
+        l.send(("quit",))
+    time.sleep(0.2)
+    for pr in (pre, dec):
+        pr.kill()
+    dp.stop()
+    dd.stop()
+    wire = [w / 1e6 for s in stats.values() for w in s["wire_ns"]]
+    ctl_ns = sum(sum(s["timers_ns"].values()) for s in stats.values())
+    completed = res["verified"] + res["corrupt"] + res["aborted"]
+    row = {
+        "scenario": name, "mode": mode, "transport": transport, "requests": a.requests,
+        "verified": res["verified"], "corrupt": res["corrupt"], "failed_reported": res["failed_reported"],
+        "retried": res["retried"], "aborted": res["aborted"], "hung": res["hung"], "leaked_blocks": leaked,
+        "handover_p50_ms": pct(res["handover_ms"], 0.5), "handover_p99_ms": pct(res["handover_ms"], 0.99),
+        "wire_p50_ms": pct(wire, 0.5),
+        "control_us_per_request": round(ctl_ns / 1e3 / max(1, completed), 1),
+        "wall_s": round(wall, 2), "tp": f"1->{tp_d}", "block_size": f"{a.block_size}->{bs_d}",
+        "connector": {k: s["connector"] for k, s in stats.items()},
+        "errors": res["errors"][:10],
+    }
+    ok = (row["hung"] == 0 and row["corrupt"] == 0 and leaked == 0 and not res["errors"]
+          and row["verified"] + row["aborted"] == a.requests)
+    if name == "prefill_killed" and mode == "pull":
+        ok = ok and row["failed_reported"] > 0  # the held pulls must have failed and been reported
+    if name == "prefill_killed" and mode == "push":
+        ok = ok and row["failed_reported"] + row["retried"] > 0
+    if name == "decode_restart":
+        ok = ok and row["retried"] > 0  # the requests in it were lost and sent again
+    row["ok"] = ok
+    if ok:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        row["workdir"] = work
+    return row
+
+
+SCENARIOS = [
+    ("steady", "pull", "tcp"), ("steady", "pull", "local"), ("steady", "push", "tcp"), ("steady", "push", "local"),
+    ("decode_restart", "pull", "tcp"), ("prefill_killed", "pull", "tcp"), ("prefill_killed", "push", "tcp"), ("router_aborts", "pull", "tcp"),
+    ("tp_mismatch", "pull", "tcp"), ("tp_mismatch", "push", "tcp"), ("block_mismatch", "pull", "tcp"), ("decode_restart", "push", "tcp"),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--requests", type=int, default=512)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--short", action="store_true", help="make test-disagg: 48 requests, 16 in flight")
+    ap.add_argument("--scenario", action="append", help="name[:mode[:transport]] (repeatable); default all")
+    ap.add_argument("--min-prompt", type=int, default=16)
+    ap.add_argument("--max-prompt", type=int, default=512)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--num-blocks", type=int, default=3072)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--release-timeout", type=float, default=8.0)
+    ap.add_argument("--load-timeout", type=float, default=8.0)
+    ap.add_argument("--request-timeout", type=float, default=60.0)
+    ap.add_argument("--retries", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=2026)
+    a = ap.parse_args()
+    if a.short:
+        a.requests, a.concurrency = min(a.requests, 48), min(a.concurrency, 16)
+    todo = SCENARIOS
+    if a.scenario:
+        todo = []
+        for s in a.scenario:
+            parts = s.split(":")
+            todo += [x for x in SCENARIOS if x[0] == parts[0] and (len(parts) < 2 or x[1] == parts[1])
+                     and (len(parts) < 3 or x[2] == parts[2])]
+    rows = []
+    for sc in todo:
+        row = run_scenario(*sc, a)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("connector",)}), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "args": vars(a)}, f, indent=1)
+    bad = [r for r in rows if not r["ok"]]
+    for r in bad:
+        print(f"FAIL {r['scenario']} {r['mode']} {r['transport']}: {r['errors']} (logs in {r.get('workdir')})",
+              file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""One engine process of the disaggregated-serving harness: a scheduler and
+``--tp`` worker ranks (in this process, each with its own b2bd client and
+pool), driving b2b.connector in the order vLLM does:
+
+scheduler: get_num_new_matched_tokens, update_state_after_alloc,
+build_connector_meta; each rank: bind_connector_metadata, start_load_kv,
+per layer wait_for_layer_load / compute / save_kv_layer, wait_for_save,
+get_finished, get_block_ids_with_load_errors, clear_connector_metadata;
+scheduler: request_finished.
+
+"Compute" writes each layer's K/V as a function of (request, layer, token,
+head) (b2b.connector.testing.Pool); decode checks every byte of every block
+of the prompt before it "runs" a request. It serves the router over a
+multiprocessing connection (the stand-in for an engine's HTTP API)."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+import os
+import sys
+import threading
+import time
+from multiprocessing.connection import Listener
+from typing import Any, Dict, List, Optional, Set
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
+
+import b2b  # noqa: E402
+from b2b.connector import B2BConnector, Role  # noqa: E402
+from b2b.connector.testing import Pool, Request, config  # noqa: E402
+
+AUTH = b"b2b-disagg"
+
+
+class Req:
+    def __init__(self, rid: str, plen: int, seed: int, params: Optional[dict]) -> None:
+        self.r = Request(rid, list(range(plen)), dict(params) if params else None, seed=seed)
+        self.rid, self.plen, self.seed = rid, plen, seed
+        self.ids: List[int] = []
+        self.aborted = False
+        self.recv_ranks = 0
+        self.send_ranks = 0
+
+
+class Engine:
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.decode = a.role == "decode"
+        extra = dict(kv_layout=a.kv_layout, release_timeout_s=a.release_timeout, load_timeout_s=a.load_timeout,
+                     transport=a.transport)
+        if a.kv_layout == "HND" and not self.decode:
+            extra["head_splits"] = [2]
+        mk = lambda rank: config(a.engine_id, socket=a.socket, mode=a.mode, block_size=a.block_size,
+                                 tp_size=a.tp, tp_rank=rank, **extra)
+        self.timers = collections.Counter()
+        self.sched = B2BConnector(mk(0), Role.SCHEDULER)
+        self.clients = [b2b.Client(a.socket) for _ in range(a.tp)]
+        hp = a.heads // a.tp
+        self.pools = [Pool(c, layers=a.layers, num_blocks=a.num_blocks, block_size=a.block_size, heads=hp,
+                           dim=a.dim, kv_layout=a.kv_layout, head0=r * hp) for r, c in enumerate(self.clients)]
+        self.workers = [B2BConnector(mk(r), Role.WORKER, client=c) for r, c in enumerate(self.clients)]
+        for w, p in zip(self.workers, self.pools):
+            w.register_kv_caches(p.caches)
+        self.free = list(range(a.num_blocks))
+        self.waiting: "collections.deque[Req]" = collections.deque()
+        self.loading: Dict[str, Req] = {}
+        self.held: Dict[str, Req] = {}
+        self.lock = threading.Lock()
+        self.inbox: "collections.deque[tuple]" = collections.deque()
+        self.conn: Any = None
+        self.send_lock = threading.Lock()
+        self.stop = False
+        self.stats = collections.Counter()
+
+    # -- the router's side --------------------------------------------------
+
+    def reply(self, *msg: Any) -> None:
+        with self.send_lock:
+            try:
+                self.conn.send(msg)
+            except (OSError, EOFError, ValueError):
+                pass
+
+    def serve(self, listener: Listener) -> None:
+        while not self.stop:
+            try:
+                self.conn = listener.accept()
+            except (OSError, EOFError):
+                return
+            try:
+                while True:
+                    m = self.conn.recv()
+                    if m[0] == "quit":
+                        self.stop = True
+                        self.reply("bye")
+                        return
+                    if m[0] == "stats":
+                        self.reply("stats", self.report())
+                        continue
+                    self.inbox.append(m)
+            except (EOFError, OSError):
+                continue  # the router reconnects
+
+    def report(self) -> dict:
+        wire: List[int] = []
+        for w in self.workers:
+            wire += w.worker.stats["wire_ns"]
+        st: collections.Counter = collections.Counter()
+        for w in self.workers:
+            st.update({k: v for k, v in w.worker.stats.items() if k != "wire_ns"})
+        return {"free": len(self.free), "num_blocks": self.a.num_blocks, "wire_ns": wire, "timers_ns": dict(self.timers),
+                "stats": dict(self.stats), "connector": dict(st)}
+
+    # -- timing of connector calls ---------------------------------------------
+
+    def call(self, name: str, fn: Any, *args: Any) -> Any:
+        t = time.perf_counter_ns()
+        try:
+            return fn(*args)
+        finally:
+            self.timers[name] += time.perf_counter_ns() - t
+
+    # -- the loop -------------------------------------------------------------
+
+    def take_inbox(self) -> None:
+        while self.inbox:
+            m = self.inbox.popleft()
+            if m[0] == "req":
+                _, rid, plen, seed, params = m
+                self.waiting.append(Req(rid, plen, seed, params))
+            elif m[0] == "abort":
+                self.abort(m[1])
+
+    def abort(self, rid: str) -> None:
+        for q in list(self.waiting):
+            if q.rid == rid:
+                self.waiting.remove(q)
+                q.r.status = "FINISHED_ABORTED"
+                self.call("request_finished", self.sched.request_finished, q.r, [])
+                self.reply("aborted", rid, {})
+                return
+        q = self.loading.get(rid)
+        if q is not None:
+            q.aborted = True  # its blocks are freed once the load ended
+
+    def alloc(self, n: int) -> Optional[List[int]]:
+        if len(self.free) < n:
+            return None
+        ids, self.free = self.free[:n], self.free[n:]
+        return ids
+
+    def release(self, q: Req) -> None:
+        if self.decode:
+            for p in self.pools:
+                p.scribble(q.ids)  # stale bytes cannot pass a later check
+        self.free.extend(q.ids)
+        q.ids = []
+
+    def step(self) -> bool:
+        self.take_inbox()
+        a = self.a
+        scheduled: List[Req] = []
+        while self.waiting and len(scheduled) < a.max_batch:
+            q = self.waiting[0]
+            ids = self.alloc(math.ceil(q.plen / a.block_size))
+            if ids is None:
+                break
+            self.waiting.popleft()
+            q.ids = ids
+            if self.decode:
+                n, _ = self.call("get_num_new_matched_tokens", self.sched.get_num_new_matched_tokens, q.r, 0)
+                self.call("update_state_after_alloc", self.sched.update_state_after_alloc, q.r, ids, n or 0)
+                self.loading[q.rid] = q
+            else:
+                self.call("update_state_after_alloc", self.sched.update_state_after_alloc, q.r, ids, 0)
+                scheduled.append(q)
+        meta = self.call("build_connector_meta", self.sched.build_connector_meta, None)
+        t_last = 0
+        sending: collections.Counter = collections.Counter()
+        recving: collections.Counter = collections.Counter()
+        errors: Set[int] = set()
+        for r, (w, p) in enumerate(zip(self.workers, self.pools)):
+            self.call("bind_connector_metadata", w.bind_connector_metadata, meta)
+            self.call("start_load_kv", w.start_load_kv, None)
+            if scheduled:
+                for li, name in enumerate(p.names):
+                    self.call("wait_for_layer_load", w.wait_for_layer_load, name)
+                    for q in scheduled:
+                        p.fill_layer(li, q.ids, q.seed, q.plen)
+                    self.call("save_kv_layer", w.save_kv_layer, name, p.caches[name], None)
+                t_last = max(t_last, time.time_ns())
+            self.call("wait_for_save", w.wait_for_save)
+            s, rv = self.call("get_finished", w.get_finished, set())
+            sending.update(s or ())
+            recving.update(rv or ())
+            errors |= self.call("get_block_ids_with_load_errors", w.get_block_ids_with_load_errors)
+            self.call("clear_connector_metadata", w.clear_connector_metadata)
+        for q in scheduled:  # prefill: one token, then finished
+            delay, params = self.call("request_finished", self.sched.request_finished, q.r, q.ids)
+            if delay:
+                self.held[q.rid] = q
+            else:
+                self.release(q)
+            self.reply("ok", q.rid, {"params": params, "t_last_ns": t_last})
+        for rid, n in sending.items():
+            q = self.held.get(rid)
+            if q is not None:
+                q.send_ranks += n
+                if q.send_ranks >= a.tp:
+                    del self.held[rid]
+                    self.release(q)
+        t_ready = time.time_ns()
+        for rid, n in recving.items():
+            q = self.loading.get(rid)
+            if q is None:
+                continue
+            q.recv_ranks += n
+            if q.recv_ranks < a.tp:
+                continue
+            del self.loading[rid]
+            self.run(q, errors, t_ready)
+        return bool(scheduled or recving or sending or self.inbox)
+
+    def run(self, q: Req, errors: Set[int], t_ready: int) -> None:
+        if q.aborted:
+            self.release(q)
+            self.call("request_finished", self.sched.request_finished, q.r, [])
+            self.reply("aborted", q.rid, {})
+            return
+        failed = any(b in errors for b in q.ids)
+        if failed:  # vLLM's recompute policy: compute the prompt here
+            self.stats["recomputed"] += 1
+            for p in self.pools:
+                p.fill(q.ids, q.seed, q.plen)
+        bad = sum(p.check(q.ids, q.seed, q.plen) for p in self.pools)
+        self.stats["verified" if bad == 0 else "corrupt"] += 1
+        self.release(q)
+        self.call("request_finished", self.sched.request_finished, q.r, q.ids)
+        self.reply("ok", q.rid, {"bad_tokens": bad, "load_failed": failed, "t_ready_ns": t_ready})
+
+    def loop(self) -> None:
+        while not self.stop:
+            if not self.step():
+                time.sleep(0.002)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role", choices=["prefill", "decode"], required=True)
+    ap.add_argument("--engine-id", required=True)
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--listen", required=True, help="unix socket path for the router")
+    ap.add_argument("--mode", default="pull")
+    ap.add_argument("--transport", default=None)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--num-blocks", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=16)
+    ap.add_argument("--kv-layout", default="NHD")
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--release-timeout", type=float, default=10.0)
+    ap.add_argument("--load-timeout", type=float, default=10.0)
+    a = ap.parse_args()
+    e = Engine(a)
+    if os.path.exists(a.listen):
+        os.unlink(a.listen)
+    listener = Listener(a.listen, family="AF_UNIX", authkey=AUTH)
+    print("ready", flush=True)
+    threading.Thread(target=e.serve, args=(listener,), daemon=True).start()
+    try:
+        e.loop()
+    finally:
+        for w in e.workers:
+            try:
+                w.shutdown()
+            except Exception:
+                pass
+
+
+if __name__ == "__main__":
+    main()
