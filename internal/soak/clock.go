@@ -1,0 +1,72 @@
+package soak
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// schedMonitor measures this process's scheduling delay: a goroutine asks
+// to sleep 1 ms and records how much later it woke, per 100 ms bucket. An
+// answer's allowance past its deadline grows by the worst delay seen around
+// the call, so a loaded machine does not read as a late daemon.
+type schedMonitor struct {
+	mu      sync.Mutex
+	start   time.Time
+	buckets []time.Duration // max oversleep per bucket
+	max     time.Duration
+}
+
+const schedBucket = 100 * time.Millisecond
+
+func newSchedMonitor() *schedMonitor { return &schedMonitor{start: time.Now()} }
+
+func (m *schedMonitor) run(ctx context.Context) {
+	const nap = time.Millisecond
+	for ctx.Err() == nil {
+		t0 := time.Now()
+		time.Sleep(nap)
+		late := time.Since(t0) - nap
+		m.record(time.Now(), late)
+	}
+}
+
+func (m *schedMonitor) record(at time.Time, late time.Duration) {
+	i := int(at.Sub(m.start) / schedBucket)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for len(m.buckets) <= i {
+		m.buckets = append(m.buckets, 0)
+	}
+	m.buckets[i] = max(m.buckets[i], late)
+	m.max = max(m.max, late)
+}
+
+// worst is the largest delay measured from lookback before from until to.
+func (m *schedMonitor) worst(from, to time.Time) time.Duration {
+	const lookback = 2 * time.Second
+	lo := int(from.Add(-lookback).Sub(m.start) / schedBucket)
+	hi := int(to.Sub(m.start) / schedBucket)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var w time.Duration
+	for i := max(lo, 0); i <= hi && i < len(m.buckets); i++ {
+		w = max(w, m.buckets[i])
+	}
+	return w
+}
+
+// slack is the allowance past a deadline: the fixed 100 ms plus four
+// times the worst scheduling delay measured around the call: the daemon's
+// timer, the goroutine that stops the data path, the one that writes the
+// answer and this process's wake-up each may be that late.
+func (m *schedMonitor) slack(from, to time.Time) (total, margin time.Duration) {
+	margin = 4 * m.worst(from, to)
+	return 100*time.Millisecond + margin, margin
+}
+
+func (m *schedMonitor) maxDelay() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.max
+}
