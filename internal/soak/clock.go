@@ -10,16 +10,21 @@ import (
 // to sleep 1 ms and records how much later it woke, per 100 ms bucket. An
 // answer's allowance past its deadline grows by the worst delay seen around
 // the call, so a loaded machine does not read as a late daemon.
-type schedMonitor struct {
+type schedMonitor struct{ series }
+
+// series is the largest of a measure per 100 ms bucket since start.
+type series struct {
 	mu      sync.Mutex
 	start   time.Time
-	buckets []time.Duration // max oversleep per bucket
+	buckets []time.Duration
 	max     time.Duration
 }
 
 const schedBucket = 100 * time.Millisecond
 
-func newSchedMonitor() *schedMonitor { return &schedMonitor{start: time.Now()} }
+func newSchedMonitor() *schedMonitor { return &schedMonitor{series{start: time.Now()}} }
+
+func newSeries(start time.Time) *series { return &series{start: start} }
 
 func (m *schedMonitor) run(ctx context.Context) {
 	const nap = time.Millisecond
@@ -31,7 +36,7 @@ func (m *schedMonitor) run(ctx context.Context) {
 	}
 }
 
-func (m *schedMonitor) record(at time.Time, late time.Duration) {
+func (m *series) record(at time.Time, late time.Duration) {
 	i := int(at.Sub(m.start) / schedBucket)
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -43,7 +48,7 @@ func (m *schedMonitor) record(at time.Time, late time.Duration) {
 }
 
 // worst is the largest delay measured from lookback before from until to.
-func (m *schedMonitor) worst(from, to time.Time) time.Duration {
+func (m *series) worst(from, to time.Time) time.Duration {
 	const lookback = 2 * time.Second
 	lo := int(from.Add(-lookback).Sub(m.start) / schedBucket)
 	hi := int(to.Sub(m.start) / schedBucket)
@@ -56,16 +61,25 @@ func (m *schedMonitor) worst(from, to time.Time) time.Duration {
 	return w
 }
 
-// slack is the allowance past a deadline: the fixed 100 ms plus four
-// times the worst scheduling delay measured around the call: the daemon's
-// timer, the goroutine that stops the data path, the one that writes the
-// answer and this process's wake-up each may be that late.
-func (m *schedMonitor) slack(from, to time.Time) (total, margin time.Duration) {
+// slack is the allowance past a deadline: the fixed 100 ms, plus four
+// times the worst scheduling delay measured here around the call (the
+// daemon's timer, the goroutine that stops the data path, the one that
+// writes the answer and this process's wake-up each may be that late),
+// plus twice the worst Ping latency of the given daemons around it (an
+// answer cannot come sooner than the daemon answers its cheapest call).
+func (m *schedMonitor) slack(from, to time.Time, pings ...*series) (total, margin time.Duration) {
 	margin = 4 * m.worst(from, to)
+	var p time.Duration
+	for _, s := range pings {
+		if s != nil {
+			p = max(p, s.worst(from, to))
+		}
+	}
+	margin += 2 * p
 	return 100*time.Millisecond + margin, margin
 }
 
-func (m *schedMonitor) maxDelay() time.Duration {
+func (m *series) maxDelay() time.Duration {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.max

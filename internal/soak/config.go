@@ -29,6 +29,9 @@ type Config struct {
 	// Settle bounds the wait for the never-restarted daemons to come back
 	// to their baseline after the clients closed.
 	Settle time.Duration
+	// NewPorts restarts killed daemons on fresh ports (a peer that moved)
+	// rather than their own.
+	NewPorts bool
 	// Keep leaves the state directory (logs) in place.
 	Keep bool
 }
@@ -60,6 +63,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.DurationVar(&c.Every, "chaos-every", 2*time.Second, "mean time between chaos actions")
 	fs.Uint64Var(&c.Seed, "seed", uint64(time.Now().UnixNano()), "random seed (reported)")
 	fs.DurationVar(&c.Settle, "settle", 20*time.Second, "how long the stable daemons may take to return to baseline")
+	fs.BoolVar(&c.NewPorts, "new-ports", false, "restart killed daemons on fresh ports (a peer that moved) instead of their own")
 	fs.BoolVar(&c.Keep, "keep", false, "keep the state directory (daemon logs)")
 	if err := fs.Parse(args); err != nil {
 		return c, err

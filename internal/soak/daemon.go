@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,17 +34,19 @@ type daemon struct {
 	args                       []string
 	log                        hclog.Logger
 
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	peer    string        // peer address of the current incarnation
-	bidden  bool          // the soak asked this incarnation to exit
-	gen     atomic.Uint64 // incarnation number; workers re-register when it moves
-	up      atomic.Bool   // serving (not killed, not restarting)
-	epoch   atomic.Uint64 // moves at each chaos action's start and end
-	chaos   atomic.Int32  // chaos actions in progress on it
-	frozen  atomic.Bool
-	restart int // restarts so far
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	peer     string        // peer address of the current incarnation
+	bidden   bool          // the soak asked this incarnation to exit
+	gen      atomic.Uint64 // incarnation number; workers re-register when it moves
+	up       atomic.Bool   // serving (not killed, not restarting)
+	epoch    atomic.Uint64 // moves at each chaos action's start and end
+	chaos    atomic.Int32  // chaos actions in progress on it
+	frozen   atomic.Bool
+	restart  int // restarts so far
+	newPorts bool
+	ping     *series // Ping latency, for the deadline slack
 
 	crashes *[]Crash
 	crashMu *sync.Mutex
@@ -58,6 +61,13 @@ type Crash struct {
 }
 
 func (d *daemon) start(ctx context.Context) error {
+	if d.restart > 0 && d.newPorts {
+		for i, a := range d.args {
+			if a == "--peer-listen" || a == "--data-listen" {
+				d.args[i+1] = freePort()
+			}
+		}
+	}
 	logFile, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fmt.Errorf("%s: log file: %w", d.name, err)
@@ -240,7 +250,7 @@ func logTail(path string) string {
 
 // newDaemons lays out n daemons under stateDir and shmDir; the first half
 // force TCP, the others let the daemons choose (the same-host path).
-func newDaemons(binary, stateDir, shmDir string, n int, log hclog.Logger, crashes *[]Crash, crashMu *sync.Mutex) []*daemon {
+func newDaemons(binary, stateDir, shmDir string, n int, newPorts bool, log hclog.Logger, crashes *[]Crash, crashMu *sync.Mutex) []*daemon {
 	ds := make([]*daemon, n)
 	for i := range ds {
 		name := "soak" + strconv.Itoa(i)
@@ -252,9 +262,62 @@ func newDaemons(binary, stateDir, shmDir string, n int, log hclog.Logger, crashe
 		if i < n/2 {
 			transport = "tcp"
 		}
+		// Fixed ports, kept across restarts as a production daemon's are
+		// (newPorts: fresh ones at each restart, as a peer that moved).
 		d.args = []string{binary, "--insecure", "--node-name", name, "--socket", d.socket, "--shm-dir", d.shm,
-			"--peer-listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0", "--transport", transport, "--log-level", "warn"}
+			"--peer-listen", freePort(), "--data-listen", freePort(), "--transport", transport, "--log-level", "warn"}
+		d.newPorts = newPorts
 		ds[i] = d
 	}
 	return ds
+}
+
+// freePort is a loopback address with a port the kernel just had free; a
+// daemon restarted on it is what a production restart looks like.
+func freePort() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "127.0.0.1:0"
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// pinger measures d's Ping latency every 50 ms (while it is up and no chaos
+// action is on it): an answer can come no sooner than the daemon answers
+// its cheapest call.
+func (d *daemon) pinger(ctx context.Context) {
+	var c *client.Client
+	var gen uint64
+	defer func() {
+		if c != nil {
+			_ = c.Close()
+		}
+	}()
+	for ctx.Err() == nil {
+		sleep(ctx, 50*time.Millisecond)
+		_, g, up := d.current()
+		if !up || d.chaos.Load() > 0 {
+			continue
+		}
+		if c == nil || g != gen {
+			if c != nil {
+				_ = c.Close()
+			}
+			var err error
+			if c, err = client.Dial(d.socket); err != nil {
+				c = nil
+				continue
+			}
+			gen = g
+		}
+		m := d.mark()
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		t0 := time.Now()
+		err := c.Ping(pctx)
+		cancel()
+		if err == nil && !d.disturbedSince(m) {
+			d.ping.record(time.Now(), time.Since(t0))
+		}
+	}
 }

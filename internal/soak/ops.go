@@ -149,7 +149,13 @@ func (w *worker) finish(c call, x *xfer, err error) {
 	if localHit || peerHit {
 		st.chaosAffected.Add(1)
 	}
-	slack, margin := w.s.sched.slack(c.start, now)
+	// The peer's answers count only while no chaos was on it: a frozen
+	// peer must not widen the allowance it is judged by.
+	pings := []*series{w.a.ping}
+	if !peerHit {
+		pings = append(pings, w.b.ping)
+	}
+	slack, margin := w.s.sched.slack(c.start, now, pings...)
 	if !c.cancelAt.IsZero() && now.Sub(c.cancelAt) > slack && !localHit && !peerHit {
 		// Not an invariant: a cancel answers once no byte can land, which
 		// may take the data path's own time; reported.

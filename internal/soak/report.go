@@ -59,23 +59,24 @@ type Report struct {
 
 // Detail breaks the counts down.
 type Detail struct {
-	OverrunsClean      uint64  `json:"deadline_overruns_clean"`
-	OverrunsPeerChaos  uint64  `json:"deadline_overruns_peer_frozen_or_killed"`
-	OverrunsLocalChaos uint64  `json:"deadline_overruns_own_daemon_frozen_or_killed"` // not an invariant
-	LateBytesLocal     uint64  `json:"late_bytes_own_daemon_frozen_or_killed"`        // not an invariant
-	LateChecked        uint64  `json:"cut_transfers_rechecked"`
-	CancelOverruns     uint64  `json:"cancels_answered_past_slack"` // not an invariant
-	WorstCancelMS      float64 `json:"worst_cancel_answer_ms"`
-	ChaosAffected      uint64  `json:"calls_during_chaos"`
-	WorkerKilled       uint64  `json:"calls_cut_by_worker_kill"`
-	SetupErrors        uint64  `json:"setup_errors"`
-	Truncations        uint64  `json:"truncations"`
-	Relayouts          uint64  `json:"relayouts"`
-	Narrows            uint64  `json:"narrows"`
-	MarginBaseMS       float64 `json:"deadline_slack_fixed_ms"`
-	SchedMaxDelayMS    float64 `json:"sched_delay_max_ms"`
-	WorstLateCleanMS   float64 `json:"worst_answer_past_deadline_ms"`
-	Layouts            string  `json:"layouts"`
+	OverrunsClean      uint64             `json:"deadline_overruns_clean"`
+	OverrunsPeerChaos  uint64             `json:"deadline_overruns_peer_frozen_or_killed"`
+	OverrunsLocalChaos uint64             `json:"deadline_overruns_own_daemon_frozen_or_killed"` // not an invariant
+	LateBytesLocal     uint64             `json:"late_bytes_own_daemon_frozen_or_killed"`        // not an invariant
+	LateChecked        uint64             `json:"cut_transfers_rechecked"`
+	CancelOverruns     uint64             `json:"cancels_answered_past_slack"` // not an invariant
+	WorstCancelMS      float64            `json:"worst_cancel_answer_ms"`
+	ChaosAffected      uint64             `json:"calls_during_chaos"`
+	WorkerKilled       uint64             `json:"calls_cut_by_worker_kill"`
+	SetupErrors        uint64             `json:"setup_errors"`
+	Truncations        uint64             `json:"truncations"`
+	Relayouts          uint64             `json:"relayouts"`
+	Narrows            uint64             `json:"narrows"`
+	MarginBaseMS       float64            `json:"deadline_slack_fixed_ms"`
+	SchedMaxDelayMS    float64            `json:"sched_delay_max_ms"`
+	WorstLateCleanMS   float64            `json:"worst_answer_past_deadline_ms"`
+	PingMaxMS          map[string]float64 `json:"ping_max_ms"`
+	Layouts            string             `json:"layouts"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -104,7 +105,8 @@ func (s *soak) fill(rep *Report) {
 		WorkerKilled: st.workerKilled.Load(), SetupErrors: st.setupErrors.Load(), Truncations: st.truncations.Load(),
 		Relayouts: st.relayouts.Load(), Narrows: st.narrows.Load(), MarginBaseMS: 100,
 		SchedMaxDelayMS: ms(s.sched.maxDelay()), WorstLateCleanMS: ms(time.Duration(st.worstLate.Load())),
-		Layouts: "not counted by the daemon; a leaked layout holds its regions, which are counted",
+		PingMaxMS: s.pingMax(),
+		Layouts:   "not counted by the daemon; a leaked layout holds its regions, which are counted",
 	}
 	st.vmu.Lock()
 	rep.Violations = append([]Violation(nil), st.violations...)
@@ -153,4 +155,14 @@ func (r *Report) WriteJSON(path string) error {
 		return fmt.Errorf("report %s: %w", path, err)
 	}
 	return nil
+}
+
+func (s *soak) pingMax() map[string]float64 {
+	out := map[string]float64{}
+	for _, d := range s.daemons {
+		if d.ping != nil {
+			out[d.name] = ms(d.ping.maxDelay())
+		}
+	}
+	return out
 }

@@ -57,7 +57,7 @@ func Run(ctx context.Context, cfg Config, log hclog.Logger) (*Report, error) {
 	}
 	defer func() { _ = os.RemoveAll(shmDir) }()
 	rep.StateDir = stateDir
-	s.daemons = newDaemons(cfg.B2BD, stateDir, shmDir, cfg.Daemons, log.Named("daemons"), &s.crashes, &s.crashMu)
+	s.daemons = newDaemons(cfg.B2BD, stateDir, shmDir, cfg.Daemons, cfg.NewPorts, log.Named("daemons"), &s.crashes, &s.crashMu)
 	stopped := false
 	defer func() {
 		for _, d := range s.daemons {
@@ -79,6 +79,14 @@ func Run(ctx context.Context, cfg Config, log hclog.Logger) (*Report, error) {
 	sctx, stopSched := context.WithCancel(context.Background())
 	defer stopSched()
 	go s.sched.run(sctx)
+	pctx, stopPing := context.WithCancel(sctx)
+	defer stopPing()
+	var pingers sync.WaitGroup
+	for _, d := range s.daemons {
+		d.ping = newSeries(s.sched.start)
+		pingers.Add(1)
+		go func() { defer pingers.Done(); d.pinger(pctx) }()
+	}
 
 	log.Info("warm-up", "for", warmup)
 	s.traffic(ctx, warmup, false)
@@ -102,6 +110,11 @@ func Run(ctx context.Context, cfg Config, log hclog.Logger) (*Report, error) {
 			d.frozen.Store(false)
 		}
 	}
+	// Leases are per client process: with every connection of this one
+	// closed, what a killed worker left (a registration whose answer its
+	// closed connection never got) goes too, as it would with the process.
+	stopPing()
+	pingers.Wait()
 	end := s.settle(ctx, base, s.mid)
 	rep.End = end
 	for _, d := range s.daemons {
