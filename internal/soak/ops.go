@@ -225,7 +225,7 @@ func (w *worker) route() string {
 }
 
 // syncCall runs fn under a drawn deadline and maybe a cancel.
-func (w *worker) syncCall(x *xfer, fn func(ctx context.Context) error) {
+func (w *worker) syncCall(x *xfer, fn func(ctx context.Context) error) error {
 	d, cancelAfter := w.limits()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
@@ -241,7 +241,9 @@ func (w *worker) syncCall(x *xfer, fn func(ctx context.Context) error) {
 	w.fillPattern(x)
 	c := w.begin(due)
 	c.cancelAt = cancelAt
-	w.finish(c, x, fn(ctx))
+	err := fn(ctx)
+	w.finish(c, x, err)
+	return err
 }
 
 func (w *worker) transferOnce(ctx context.Context) {
@@ -291,9 +293,25 @@ func (w *worker) transferOnce(ctx context.Context) {
 		w.syncCall(x, func(ctx context.Context) error { _, err := ca.TransferBlocks(ctx, blocks); return err })
 	case "prepared":
 		p := w.plan
-		w.syncCall(x, func(ctx context.Context) error { _, err := p.Submit(ctx); return err })
+		w.replan(w.syncCall(x, func(ctx context.Context) error { _, err := p.Submit(ctx); return err }))
+	case "async_submit":
+		w.replan(w.async(kind, x, t, blocks, useIDs))
 	default:
 		w.async(kind, x, t, blocks, useIDs)
+	}
+}
+
+// replan prepares the plan again when the daemon called it stale (its
+// destination was re-exported, or its peer came back).
+func (w *worker) replan(err error) {
+	if status.Code(err) != codes.FailedPrecondition || w.plan == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), callLimit)
+	defer cancel()
+	_ = w.plan.Release(ctx)
+	if w.prepare(ctx) != nil {
+		w.ready = false
 	}
 }
 
@@ -306,7 +324,7 @@ func (w *worker) asyncLimit() time.Duration {
 }
 
 // async starts a transfer and follows it by Wait, Poll or Cancel.
-func (w *worker) async(kind string, x *xfer, t client.Transfer, blocks client.Blocks, useIDs bool) {
+func (w *worker) async(kind string, x *xfer, t client.Transfer, blocks client.Blocks, useIDs bool) error {
 	timeout := w.asyncLimit()
 	ca := w.ca
 	var opts []client.StartOption
@@ -329,7 +347,7 @@ func (w *worker) async(kind string, x *xfer, t client.Transfer, blocks client.Bl
 	}
 	if err != nil {
 		w.finish(c, x, err)
-		return
+		return err
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), timeout+2*callLimit)
 	defer wcancel()
@@ -361,6 +379,7 @@ func (w *worker) async(kind string, x *xfer, t client.Transfer, blocks client.Bl
 		_, err = h.Result()
 	}
 	w.finish(c, x, err)
+	return err
 }
 
 func ended(o *b2bv1.TransferOutcome) bool {
