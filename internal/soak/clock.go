@@ -20,7 +20,14 @@ type series struct {
 	max     time.Duration
 }
 
-const schedBucket = 100 * time.Millisecond
+const (
+	schedBucket = 100 * time.Millisecond
+	lookback    = 2 * time.Second
+	// lookahead: the delays measured just after a call count for it (a
+	// sleeper starved across its end reports on waking); an answer past
+	// its deadline is judged once this much time has passed.
+	lookahead = time.Second
+)
 
 func newSchedMonitor() *schedMonitor { return &schedMonitor{series{start: time.Now()}} }
 
@@ -36,22 +43,28 @@ func (m *schedMonitor) run(ctx context.Context) {
 	}
 }
 
+// record notes a delay of late that ended at at. It counts in every
+// bucket the delay spanned: a starved sleeper learns of its delay only
+// when it wakes, after the calls it delayed may have been judged.
 func (m *series) record(at time.Time, late time.Duration) {
+	lo := max(int(at.Add(-late).Sub(m.start)/schedBucket), 0)
 	i := int(at.Sub(m.start) / schedBucket)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for len(m.buckets) <= i {
 		m.buckets = append(m.buckets, 0)
 	}
-	m.buckets[i] = max(m.buckets[i], late)
+	for j := lo; j <= i; j++ {
+		m.buckets[j] = max(m.buckets[j], late)
+	}
 	m.max = max(m.max, late)
 }
 
-// worst is the largest delay measured from lookback before from until to.
+// worst is the largest delay measured from lookback before from until
+// lookahead after to.
 func (m *series) worst(from, to time.Time) time.Duration {
-	const lookback = 2 * time.Second
 	lo := int(from.Add(-lookback).Sub(m.start) / schedBucket)
-	hi := int(to.Sub(m.start) / schedBucket)
+	hi := int(to.Add(lookahead).Sub(m.start) / schedBucket)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var w time.Duration

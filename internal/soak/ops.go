@@ -151,32 +151,21 @@ func (w *worker) finish(c call, x *xfer, err error) {
 	}
 	// The peer's answers count only while no chaos was on it: a frozen
 	// peer must not widen the allowance it is judged by.
-	pings := []*series{w.a.ping}
+	o := overrun{kind: x.kind, start: c.start, end: now, due: c.due, localHit: localHit, peerHit: peerHit, err: err, ping: []*series{w.a.ping}}
 	if !peerHit {
-		pings = append(pings, w.b.ping)
+		o.ping = append(o.ping, w.b.ping)
 	}
-	slack, margin := w.s.sched.slack(c.start, now, pings...)
-	if !c.cancelAt.IsZero() && now.Sub(c.cancelAt) > slack && !localHit && !peerHit {
-		// Not an invariant: a cancel answers once no byte can land, which
-		// may take the data path's own time; reported.
-		st.cancelOverruns.Add(1)
-		st.noteCancelLate(now.Sub(c.cancelAt))
-	}
-	if over := now.Sub(c.due); over > slack {
-		switch {
-		case localHit:
-			st.overrunsLocalChaos.Add(1)
-		case peerHit:
-			st.overrunsPeerChaos.Add(1)
-			st.violation("deadline_overrun_peer_chaos", x.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v; peer %s frozen or killed during the call): %v",
-				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), w.b.name, err)
-		default:
-			st.overruns.Add(1)
-			st.violation("deadline_overrun", x.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v): %v",
-				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), err)
-		}
+	if slack, _ := w.s.sched.slack(c.start, now, o.ping...); now.Sub(c.due) > slack {
+		w.late = append(w.late, o) // judged once the delays around it are measured
 	} else if !localHit && !peerHit {
-		for o := st.worstLate.Load(); int64(over) > o && !st.worstLate.CompareAndSwap(o, int64(over)); o = st.worstLate.Load() {
+		st.noteLate(now.Sub(c.due))
+	}
+	if !c.cancelAt.IsZero() && !localHit && !peerHit {
+		if slack, _ := w.s.sched.slack(c.start, now, o.ping...); now.Sub(c.cancelAt) > slack {
+			// Not an invariant: a cancel answers once no byte can land,
+			// which may take the data path's own time; reported.
+			st.cancelOverruns.Add(1)
+			st.noteCancelLate(now.Sub(c.cancelAt))
 		}
 	}
 	if err == nil {
@@ -385,4 +374,45 @@ func (w *worker) async(kind string, x *xfer, t client.Transfer, blocks client.Bl
 func ended(o *b2bv1.TransferOutcome) bool {
 	s := o.GetState()
 	return s != b2bv1.TransferState_TRANSFER_STATE_RUNNING && s != b2bv1.TransferState_TRANSFER_STATE_UNSPECIFIED
+}
+
+// overrun is an answer that came past its deadline plus the slack known at
+// the time, to judge again once the delays after it are measured too.
+type overrun struct {
+	kind              string
+	start, end, due   time.Time
+	localHit, peerHit bool
+	err               error
+	ping              []*series
+}
+
+// judgeLate judges the overruns whose lookahead passed (all when all).
+func (w *worker) judgeLate(all bool) {
+	st := w.s.stats
+	keep := w.late[:0]
+	for _, o := range w.late {
+		if !all && time.Since(o.end) < lookahead {
+			keep = append(keep, o)
+			continue
+		}
+		slack, margin := w.s.sched.slack(o.start, o.end, o.ping...)
+		over := o.end.Sub(o.due)
+		switch {
+		case over <= slack:
+			if !o.localHit && !o.peerHit {
+				st.noteLate(over)
+			}
+		case o.localHit:
+			st.overrunsLocalChaos.Add(1)
+		case o.peerHit:
+			st.overrunsPeerChaos.Add(1)
+			st.violation("deadline_overrun_peer_chaos", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v; peer %s frozen or killed during the call): %v",
+				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), w.b.name, o.err)
+		default:
+			st.overruns.Add(1)
+			st.violation("deadline_overrun", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v): %v",
+				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), o.err)
+		}
+	}
+	w.late = keep
 }

@@ -165,6 +165,7 @@ func TestFinishDeadline(t *testing.T) {
 				w.a.beginChaos()
 			}
 			w.finish(call, x, errors.New("cut"))
+			w.judgeLate(true)
 			st := w.s.stats
 			if st.overruns.Load() != c.clean || st.overrunsPeerChaos.Load() != c.peer || st.overrunsLocalChaos.Load() != c.own {
 				t.Fatalf("overruns clean %d, peer %d, own %d; want %d, %d, %d", st.overruns.Load(), st.overrunsPeerChaos.Load(), st.overrunsLocalChaos.Load(), c.clean, c.peer, c.own)
@@ -179,11 +180,16 @@ func TestSlackFollowsSchedulingDelay(t *testing.T) {
 	m := newSchedMonitor()
 	t0 := m.start
 	m.record(t0.Add(500*time.Millisecond), 50*time.Millisecond)
+	// A sleeper starved across a call's end: its delay counts for the call.
+	m.record(t0.Add(5300*time.Millisecond), 400*time.Millisecond)
+	if _, margin := m.slack(t0.Add(4900*time.Millisecond), t0.Add(5*time.Second)); margin != 1600*time.Millisecond {
+		t.Fatalf("delay measured after the call: margin %v, want 1.6s", margin)
+	}
 	m.record(t0.Add(10*time.Second), 5*time.Millisecond)
 	if got, margin := m.slack(t0.Add(time.Second), t0.Add(1100*time.Millisecond)); margin != 200*time.Millisecond || got != 300*time.Millisecond {
 		t.Fatalf("around the 50 ms delay: slack %v margin %v, want 300ms 200ms", got, margin)
 	}
-	if _, margin := m.slack(t0.Add(9*time.Second), t0.Add(10*time.Second)); margin != 20*time.Millisecond {
+	if _, margin := m.slack(t0.Add(9*time.Second), t0.Add(9500*time.Millisecond)); margin != 20*time.Millisecond {
 		t.Fatalf("long after it: margin %v, want 20ms", margin)
 	}
 }

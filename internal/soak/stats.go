@@ -136,3 +136,8 @@ func (s *stats) noteCancelLate(d time.Duration) {
 	for o := s.worstCancel.Load(); int64(d) > o && !s.worstCancel.CompareAndSwap(o, int64(d)); o = s.worstCancel.Load() {
 	}
 }
+
+func (s *stats) noteLate(d time.Duration) {
+	for o := s.worstLate.Load(); int64(d) > o && !s.worstLate.CompareAndSwap(o, int64(d)); o = s.worstLate.Load() {
+	}
+}

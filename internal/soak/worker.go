@@ -75,6 +75,7 @@ type worker struct {
 	counter   uint64
 	quar      []quarantined
 	leftovers []leftover
+	late      []overrun
 	retired   []retiredMap
 }
 
@@ -139,6 +140,7 @@ func (w *worker) step(ctx context.Context) {
 		}
 	}()
 	w.checkQuarantine(false)
+	w.judgeLate(false)
 	if ev := w.pending.Swap(0); ev != 0 {
 		w.events(ctx, ev)
 		return
@@ -345,6 +347,8 @@ func (w *worker) teardown(final bool) {
 	w.src, w.dst, w.srcPath, w.dstPath, w.plan, w.ready = nil, nil, "", "", nil, false
 	if final {
 		w.checkQuarantine(true)
+		time.Sleep(time.Until(w.lastEnd().Add(lookahead)))
+		w.judgeLate(true)
 	}
 }
 
@@ -434,4 +438,12 @@ func (w *worker) dropFinal() {
 		w.dropLeftovers(ctx)
 	}
 	w.leftovers = nil
+}
+
+func (w *worker) lastEnd() time.Time {
+	var t time.Time
+	for _, o := range w.late {
+		t = later(t, o.end)
+	}
+	return t
 }
