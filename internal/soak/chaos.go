@@ -97,6 +97,7 @@ func (s *soak) freeze(d *daemon, pause time.Duration) {
 	d.beginChaos()
 	defer d.endChaos()
 	d.frozen.Store(true)
+	d.freezes.Add(1)
 	if err := d.signal(sigStop); err != nil {
 		d.frozen.Store(false)
 		return

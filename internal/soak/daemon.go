@@ -44,7 +44,9 @@ type daemon struct {
 	epoch    atomic.Uint64 // moves at each chaos action's start and end
 	chaos    atomic.Int32  // chaos actions in progress on it
 	frozen   atomic.Bool
-	restart  int // restarts so far
+	freezes  atomic.Uint64 // SIGSTOPs so far
+	kills    atomic.Uint64 // kill -9s so far
+	restart  int           // restarts so far
 	newPorts bool
 	ping     *series // Ping latency, for the deadline slack
 
@@ -174,9 +176,24 @@ func (d *daemon) endChaos() {
 }
 
 // mark is d's chaos state at a call's start, to compare at its end.
-type mark struct{ epoch uint64 }
+type mark struct{ epoch, freezes, kills uint64 }
 
-func (d *daemon) mark() mark { return mark{d.epoch.Load()} }
+func (d *daemon) mark() mark { return mark{d.epoch.Load(), d.freezes.Load(), d.kills.Load()} }
+
+// what names the chaos on d since m: "frozen", "killed" or both.
+func (d *daemon) what(m mark) string {
+	var w []string
+	if d.freezes.Load() != m.freezes || d.frozen.Load() {
+		w = append(w, "frozen")
+	}
+	if d.kills.Load() != m.kills || !d.up.Load() {
+		w = append(w, "killed")
+	}
+	if len(w) == 0 {
+		return "resuming"
+	}
+	return strings.Join(w, "+")
+}
 
 // disturbedSince: a chaos action on d overlapped the call started at m.
 func (d *daemon) disturbedSince(m mark) bool {
@@ -189,6 +206,7 @@ func (d *daemon) kill9() {
 	cmd, exited := d.cmd, d.exited
 	d.bidden = true
 	d.mu.Unlock()
+	d.kills.Add(1)
 	d.up.Store(false)
 	if d.frozen.Load() {
 		_ = cmd.Process.Signal(syscall.SIGCONT)

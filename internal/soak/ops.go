@@ -152,6 +152,9 @@ func (w *worker) finish(c call, x *xfer, err error) {
 	// The peer's answers count only while no chaos was on it: a frozen
 	// peer must not widen the allowance it is judged by.
 	o := overrun{kind: x.kind, start: c.start, end: now, due: c.due, localHit: localHit, peerHit: peerHit, err: err, ping: []*series{w.a.ping}}
+	if peerHit {
+		o.peerWhat = w.b.what(c.mB)
+	}
 	if !peerHit {
 		o.ping = append(o.ping, w.b.ping)
 	}
@@ -200,7 +203,11 @@ func (w *worker) finish(c call, x *xfer, err error) {
 	for _, o := range x.chkOffs {
 		lo, hi = min(lo, o), max(hi, o+x.n)
 	}
-	w.quar = append(w.quar, quarantined{kind: x.kind, mem: x.chkMem, lo: lo, hi: hi, offs: x.chkOffs, n: x.n,
+	what := ""
+	if localHit {
+		what = w.a.name + " " + w.a.what(c.mA)
+	}
+	w.quar = append(w.quar, quarantined{kind: x.kind, what: what, mem: x.chkMem, lo: lo, hi: hi, offs: x.chkOffs, n: x.n,
 		crc: crcBlocks(x.chkMem, x.chkOffs, x.n), until: now.Add(time.Duration(200+w.r.IntN(1800)) * time.Millisecond),
 		localChaos: localHit, answeredAt: now})
 }
@@ -382,6 +389,7 @@ type overrun struct {
 	kind              string
 	start, end, due   time.Time
 	localHit, peerHit bool
+	peerWhat          string
 	err               error
 	ping              []*series
 }
@@ -406,8 +414,8 @@ func (w *worker) judgeLate(all bool) {
 			st.overrunsLocalChaos.Add(1)
 		case o.peerHit:
 			st.overrunsPeerChaos.Add(1)
-			st.violation("deadline_overrun_peer_chaos", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v; peer %s frozen or killed during the call): %v",
-				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), w.b.name, o.err)
+			st.violation("deadline_overrun_peer_chaos", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v; peer %s %s during the call): %v",
+				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), w.b.name, o.peerWhat, o.err)
 		default:
 			st.overruns.Add(1)
 			st.violation("deadline_overrun", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v): %v",

@@ -97,6 +97,7 @@ type quarantined struct {
 	crc        uint32
 	until      time.Time
 	localChaos bool
+	what       string // the chaos on the worker's own daemon, when localChaos
 	answeredAt time.Time
 }
 
@@ -387,6 +388,8 @@ func (w *worker) checkQuarantine(all bool) {
 		if got := crcBlocks(q.mem, q.offs, q.n); got != q.crc {
 			if q.localChaos {
 				w.s.stats.lateBytesChaos.Add(1)
+				w.s.stats.violation("late_bytes_own_daemon_chaos (not counted)", q.kind, w.id, "destination blocks changed %v after the answer, with the worker's own daemon %s",
+					now.Sub(q.answeredAt).Round(time.Millisecond), q.what)
 			} else {
 				w.s.stats.lateBytes.Add(1)
 				w.s.stats.violation("late_bytes", q.kind, w.id, "destination blocks changed %v after the answer (crc %08x at the answer, %08x now; %d blocks of %d B)",
