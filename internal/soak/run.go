@@ -115,7 +115,8 @@ func Run(ctx context.Context, cfg Config, log hclog.Logger) (*Report, error) {
 	// closed connection never got) goes too, as it would with the process.
 	stopPing()
 	pingers.Wait()
-	end := s.settle(ctx, base, s.mid)
+	// Not ctx: an interrupted run still reads and reports the end state.
+	end := s.settle(context.Background(), base, s.mid)
 	rep.End = end
 	for _, d := range s.daemons {
 		if d.restart > 0 {
