@@ -11,7 +11,7 @@ import (
 // packages inside a directory (the transport kinds), not the directory's
 // own package; the longest matching pattern decides.
 var layers = [][]string{
-	{"cmd", "bench", "client", "examples", "deploy", "internal/cli", "internal/doctor", "internal/e2e"},
+	{"cmd", "bench", "client", "examples", "deploy", "internal/cli", "internal/doctor", "internal/e2e", "internal/soak"},
 	{"internal/daemon"},
 	{"server"},
 	{"internal/peer", "internal/batch", "internal/checksum", "internal/metrics", "internal/health"},
