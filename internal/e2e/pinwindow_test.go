@@ -176,6 +176,11 @@ func pinRound(t *testing.T, w pinWorld, k b2bv1.TransportKind, op b2bv1.Transfer
 	var gone time.Time // when the deregistration succeeded
 	refused := 0
 	close(start)
+	if w.remote {
+		// Over the network the owner's first Deregister overtakes the
+		// batches' first resolution: start once something holds the region.
+		waitHeld(ctx, t, owner, victim, done)
+	}
 	for gone.IsZero() {
 		select {
 		case <-done:
@@ -234,3 +239,26 @@ func pinRound(t *testing.T, w pinWorld, k b2bv1.TransportKind, op b2bv1.Transfer
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// waitHeld returns once owner lists region id with a batch holding it, or
+// done closed, or 5 s passed.
+func waitHeld(ctx context.Context, t *testing.T, owner *client.Client, id string, done <-chan struct{}) {
+	t.Helper()
+	until := time.Now().Add(5 * time.Second)
+	for time.Now().Before(until) {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		rs, err := owner.Regions(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rs {
+			if r.GetId() == id && r.GetActiveBatches() > 0 {
+				return
+			}
+		}
+	}
+}
