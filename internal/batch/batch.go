@@ -550,6 +550,9 @@ func (s *Service) notify(ctx context.Context, p *Plan, ph *Phases) error {
 func (s *Service) prepare(ctx context.Context, p *Plan, hold bool) (sess transport.Session, remote transport.RemoteRegion, reg transport.Registration, cached bool, held func(), err error) {
 	held = func() {}
 	sess, remote, reg, cached, err = s.resolveDst(ctx, p, hold, &held)
+	if held == nil {
+		held = func() {}
+	}
 	if err != nil {
 		held()
 		held = func() {}
