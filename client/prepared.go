@@ -9,8 +9,11 @@ import (
 	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/b2bd/b2bd/internal/callerdeadline"
+	"github.com/b2bd/b2bd/internal/callid"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -70,9 +73,21 @@ type StreamResult struct {
 // returns its tag at once; results arrive on Results in completion order.
 // The daemon runs up to 64 submits of a stream at once and stops reading
 // beyond that, so Submit blocks when the pipeline is that deep.
+//
+// Cancelling the stream's context (or Close) goes to the daemon as
+// CancelCall for the stream's call id: the daemon stops every submit under
+// way, and the stream ends with the daemon's Canceled (Err), which comes
+// once no byte of a submit can land any more, so nothing of a cancelled
+// pull lands in this process's memory after it. A daemon that cannot be
+// told (too old, unreachable) or does not answer within
+// callerdeadline.Grace has the stream cut at the client instead.
 type Stream struct {
+	c       *Client
 	s       b2bv1.B2B_SubmitStreamClient
-	cancel  context.CancelFunc
+	id      string             // the call id CancelCall names
+	cancel  context.CancelFunc // cuts the call at the client
+	unhook  func() bool        // stops the context's cancel from reaching the daemon
+	once    sync.Once          // the stop through the daemon, once
 	results chan StreamResult
 	sendMu  sync.Mutex
 	tag     atomic.Uint64
@@ -80,23 +95,62 @@ type Stream struct {
 	done    chan struct{}
 }
 
-// OpenStream opens a SubmitStream. Cancel ctx, or CloseSend and drain
-// Results, to end it.
+// OpenStream opens a SubmitStream. Cancel ctx (see Stream), or CloseSend
+// and drain Results, to end it.
 func (c *Client) OpenStream(ctx context.Context) (*Stream, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	s, err := c.api.SubmitStream(ctx)
+	// The call keeps ctx's deadline (the daemon is sent it and answers at
+	// it) but not its cancel, which goes through the daemon (stop).
+	call, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	if d, ok := ctx.Deadline(); ok {
+		var cancelD context.CancelFunc
+		call, cancelD = context.WithDeadline(call, d)
+		cancelC := cancel
+		cancel = func() { cancelD(); cancelC() }
+	}
+	id := callid.New()
+	s, err := c.api.SubmitStream(metadata.AppendToOutgoingContext(call, callid.Key, id))
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	st := &Stream{s: s, cancel: cancel, results: make(chan StreamResult, 64), done: make(chan struct{})}
+	st := &Stream{c: c, s: s, id: id, cancel: cancel, results: make(chan StreamResult, 64), done: make(chan struct{})}
+	st.unhook = context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return // the daemon (or, past callerdeadline.Max, gRPC) answers at the deadline
+		}
+		st.once.Do(st.stop)
+	})
 	go st.recv()
 	return st, nil
+}
+
+// stop has the daemon stop the stream (CancelCall) and waits, up to
+// callerdeadline.Grace, for the stream's end, the daemon's answer; failing
+// that it cuts the call here.
+func (st *Stream) stop() {
+	select {
+	case <-st.done:
+		return // ended already: nothing to stop
+	default:
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), callerdeadline.Grace)
+	defer cancel()
+	if _, err := st.c.api.CancelCall(cctx, &b2bv1.CancelCallRequest{CallId: st.id}); err != nil {
+		st.cancel()
+		return
+	}
+	select {
+	case <-st.done:
+	case <-cctx.Done():
+		st.cancel()
+	}
 }
 
 func (st *Stream) recv() {
 	defer close(st.done)
 	defer close(st.results)
+	defer st.cancel() // the call ended: free its context
+	defer st.unhook()
 	for {
 		resp, err := st.s.Recv()
 		if err != nil {
@@ -146,14 +200,15 @@ func (st *Stream) Err() error {
 	return nil
 }
 
-// Close ends the stream at once; safe to call twice. Submits in flight may
-// still complete on the daemon, but their results are dropped.
+// Close ends the stream through the daemon (as cancelling its context
+// does) and returns once it ended; safe to call twice. Results not read
+// yet are dropped.
 func (st *Stream) Close() error {
-	st.cancel()
 	go func() { // unblock recv should the caller have stopped reading Results
 		for range st.results {
 		}
 	}()
+	st.once.Do(st.stop)
 	<-st.done
 	return nil
 }

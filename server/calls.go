@@ -26,6 +26,13 @@ var cancellableCalls = map[string]bool{
 	b2bv1.B2B_TransferBlocks_FullMethodName: true,
 }
 
+// cancellableStreams are the streams that honour a b2b-call-id likewise:
+// CancelCall stops every submit of the stream, and answers once the stream
+// ended.
+var cancellableStreams = map[string]bool{
+	b2bv1.B2B_SubmitStream_FullMethodName: true,
+}
+
 const (
 	// earlyTTL is how long a cancel whose call has not arrived is kept: a
 	// call sent before its cancel arrives within a round trip, so a minute

@@ -24,7 +24,7 @@ func (s *Server) APIOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.StatsHandler(s.StatsHandler()),
 		grpc.ChainUnaryInterceptor(s.unaryCaller),
-		grpc.ChainStreamInterceptor(streamCallerDeadline),
+		grpc.ChainStreamInterceptor(s.streamCaller),
 	}
 }
 
@@ -88,16 +88,44 @@ func (s *Server) unaryCaller(ctx context.Context, req any, info *grpc.UnaryServe
 	return resp, err
 }
 
-func streamCallerDeadline(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+// streamCaller is unaryCaller for streams: a stream runs under its
+// caller's deadline (when sent) and, a cancellable one (SubmitStream) with
+// a b2b-call-id, under its caller's CancelCall, which answers once the
+// stream's handler returned: every submit of it stopped.
+func (s *Server) streamCaller(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx, cancel, left, err := withCallerDeadline(ss.Context())
 	if err != nil {
 		return err
 	}
-	if cancel == nil {
+	if cancel != nil {
+		defer cancel()
+	}
+	id := ""
+	if cancellableStreams[info.FullMethod] {
+		md, _ := metadata.FromIncomingContext(ctx)
+		var sent bool
+		if id, sent, err = callid.Parse(md.Get(callid.Key)); err != nil {
+			return grpcstatus.ToStatus(err)
+		}
+		if sent {
+			var leave func()
+			if ctx, leave, err = s.calls.enter(ctx, caller(ctx), id); err != nil {
+				return grpcstatus.ToStatus(err)
+			}
+			defer leave()
+		}
+	}
+	if cancel == nil && id == "" {
 		return handler(srv, ss)
 	}
-	defer cancel()
-	return passed(handler(srv, &deadlineStream{ServerStream: ss, ctx: ctx}), left)
+	err = handler(srv, &deadlineStream{ServerStream: ss, ctx: ctx})
+	if cancel != nil {
+		err = passed(err, left)
+	}
+	if id != "" {
+		err = stoppedByCaller(ctx, err, id)
+	}
+	return err
 }
 
 type deadlineStream struct {

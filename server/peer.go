@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
@@ -42,6 +44,45 @@ func (p *peerService) ResolveRegion(ctx context.Context, req *b2bv1.ResolveRegio
 	}
 	defer release()
 	return resolveResponse(r, a), nil
+}
+
+// HoldRegion is ResolveRegion for one batch: the region stays held from
+// the answer until the caller ends its side of the stream (the batch's last
+// byte was acknowledged) or the stream ends (its deadline, cancel or
+// connection). A deregistration in between is refused with
+// FailedPrecondition: the receiving side of every transport pins the
+// region only when the batch's first frame (or metadata) arrives, and
+// without this hold the region could go between the answer and then.
+func (p *peerService) HoldRegion(stream b2bv1.Peer_HoldRegionServer) error {
+	ctx := stream.Context()
+	req, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	if req.GetName() == "" {
+		return grpcstatus.ToStatus(fmt.Errorf("%w: name is empty", errs.ErrInvalidArgument))
+	}
+	a, err := accessOf(req.GetAccess())
+	if err != nil {
+		return grpcstatus.ToStatus(err)
+	}
+	r, release, err := p.s.cfg.Registry.LookupFor(req.GetName(), auth.PeerIdentity(ctx), a)
+	if err != nil {
+		p.s.cfg.Log.Warn("region resolution refused", "name", req.GetName(), "peer", auth.PeerIdentity(ctx), "access", a, "error", err)
+		return grpcstatus.ToStatus(err)
+	}
+	defer release()
+	if err := stream.Send(resolveResponse(r, a)); err != nil {
+		return err
+	}
+	// One request per stream: the next thing from the caller is its end.
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		if err == nil {
+			return grpcstatus.ToStatus(fmt.Errorf("%w: HoldRegion takes one request; a second came for %q", errs.ErrInvalidArgument, req.GetName()))
+		}
+		return err
+	}
+	return nil
 }
 
 func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2bv1.NotifyResponse, error) {

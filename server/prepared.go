@@ -150,58 +150,99 @@ func (l *local) Ping(context.Context, *b2bv1.PingRequest) (*b2bv1.PingResponse, 
 
 // SubmitStream runs submits as they arrive, at most StreamInFlight at once,
 // and answers each with its tag as it ends. A failed submit is answered
-// with its code and message; the stream goes on.
+// with its code and message; the stream goes on. When the stream's context
+// ends (its caller's CancelCall, deadline or cancel) no further submit
+// starts, and the stream answers once every submit under way stopped.
 func (l *local) SubmitStream(stream b2bv1.B2B_SubmitStreamServer) error {
-	ctx := stream.Context()
-	o := owner(ctx)
-	var (
-		wg      sync.WaitGroup
-		sendMu  sync.Mutex
-		sendErr error
-	)
-	slots := make(chan struct{}, StreamInFlight)
-	defer wg.Wait()
+	ss := &submitStream{l: l, stream: stream, ctx: stream.Context(), slots: make(chan struct{}, StreamInFlight)}
+	// Requests are read apart, so that the context's end ends the stream
+	// while no request comes (Recv waits on the client alone).
+	read := make(chan error, 1)
+	go func() { read <- ss.read() }()
+	var err error
+	select {
+	case err = <-read:
+	case <-ss.ctx.Done():
+		err = status.FromContextError(ss.ctx.Err()).Err()
+	}
+	ss.mu.Lock()
+	ss.stopped = true // no submit starts after this
+	ss.mu.Unlock()
+	ss.wg.Wait()
+	if err != nil {
+		return err
+	}
+	ss.sendMu.Lock()
+	defer ss.sendMu.Unlock()
+	return ss.sendErr
+}
+
+// submitStream is one SubmitStream call.
+type submitStream struct {
+	l      *local
+	stream b2bv1.B2B_SubmitStreamServer
+	ctx    context.Context
+	slots  chan struct{}
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex // guards stopped against wg.Add
+	stopped bool
+
+	sendMu  sync.Mutex
+	sendErr error
+}
+
+// read starts a submit per request until the client's end (nil), the
+// stream's failure or its context's end, or the stream stopped.
+func (ss *submitStream) read() error {
+	o := owner(ss.ctx)
 	for {
-		req, err := stream.Recv()
+		req, err := ss.stream.Recv()
 		if errors.Is(err, io.EOF) {
-			wg.Wait()
-			sendMu.Lock()
-			defer sendMu.Unlock()
-			return sendErr
+			return nil
 		}
 		if err != nil {
 			return err
 		}
 		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return ctx.Err()
+		case ss.slots <- struct{}{}:
+		case <-ss.ctx.Done():
+			return status.FromContextError(ss.ctx.Err()).Err()
 		}
-		wg.Add(1)
-		go func(tag, handle uint64) {
-			defer wg.Done()
-			entry := time.Now()
-			res, err := l.s.batches.Submit(ctx, o, handle)
-			resp := &b2bv1.SubmitStreamResponse{Tag: tag}
-			if err != nil {
-				err = grpcstatus.ToStatus(err)
-				st := status.Convert(err)
-				resp.Code, resp.Message = uint32(st.Code()), st.Message()
-			} else {
-				stamp(&res.Phases, entry, entry)
-				resp.Result = transferResponse(res)
-			}
-			if obs := l.s.observeSubmit; obs != nil {
-				obs(resp.Result, err, time.Since(entry).Seconds())
-			}
-			<-slots
-			sendMu.Lock()
-			if sendErr == nil {
-				sendErr = stream.Send(resp)
-			}
-			sendMu.Unlock()
-		}(req.GetTag(), req.GetHandle())
+		ss.mu.Lock()
+		if ss.stopped {
+			ss.mu.Unlock()
+			return nil
+		}
+		ss.wg.Add(1)
+		ss.mu.Unlock()
+		go ss.submit(o, req.GetTag(), req.GetHandle())
 	}
+}
+
+// submit runs one submit and answers it.
+func (ss *submitStream) submit(o batch.Owner, tag, handle uint64) {
+	defer ss.wg.Done()
+	entry := time.Now()
+	res, err := ss.l.s.batches.Submit(ss.ctx, o, handle)
+	resp := &b2bv1.SubmitStreamResponse{Tag: tag}
+	if err != nil {
+		err = grpcstatus.ToStatus(err)
+		st := status.Convert(err)
+		resp.Code, resp.Message = uint32(st.Code()), st.Message()
+	} else {
+		stamp(&res.Phases, entry, entry)
+		resp.Result = transferResponse(res)
+	}
+	if obs := ss.l.s.observeSubmit; obs != nil {
+		obs(resp.Result, err, time.Since(entry).Seconds())
+	}
+	<-ss.slots
+	ss.sendMu.Lock()
+	if ss.sendErr == nil {
+		ss.sendErr = ss.stream.Send(resp)
+	}
+	ss.sendMu.Unlock()
 }
 
 // stamp sets the phases the RPC layer measures: receive and decode (from

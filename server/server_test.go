@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -49,6 +51,7 @@ type node struct {
 	dial func() *grpc.ClientConn
 	// apiLn is the local API's listener (for the Go client's dialer).
 	apiLn *bufconn.Listener
+	in    *inbound
 }
 
 // newNode wires one daemon's services over bufconn, with a real TCP data
@@ -109,7 +112,7 @@ func newNodeWith(t *testing.T, name string, bn bufNet, set func(*server.Config))
 		reg.Close()
 		tt.Close()
 	})
-	return &node{api: b2bv1.NewB2BClient(cc), reg: reg, srv: srv, dial: dial, apiLn: api}
+	return &node{api: b2bv1.NewB2BClient(cc), reg: reg, srv: srv, dial: dial, apiLn: api, in: in}
 }
 
 // localCaller makes every bufconn caller a local process of uid 1000, as
@@ -123,7 +126,37 @@ func (localCaller) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, 
 }
 func (l localCaller) Clone() credentials.TransportCredentials { return l }
 
-type inbound struct{ reg *region.Registry }
+type inbound struct {
+	reg *region.Registry
+	// readGate, when set, holds every PinRead (the serving side of a
+	// pull) until it opens.
+	readGate atomic.Pointer[pinGate]
+}
+
+// pinGate holds pins: entered closes when the first one waits, open lets
+// them go, released closes when the first one was let go of.
+type pinGate struct {
+	entered, open, released chan struct{}
+	enter, release          sync.Once
+}
+
+func newPinGate() *pinGate {
+	return &pinGate{entered: make(chan struct{}), open: make(chan struct{}), released: make(chan struct{})}
+}
+
+func (i *inbound) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	g := i.readGate.Load()
+	if g == nil {
+		return i.reg.PinRead(k, key)
+	}
+	g.enter.Do(func() { close(g.entered) })
+	<-g.open
+	m, rel, err := i.reg.PinRead(k, key)
+	if err != nil {
+		return m, rel, err
+	}
+	return m, func() { rel(); g.release.Do(func() { close(g.released) }) }, nil
+}
 
 func (i *inbound) Pin(k transport.Kind, key uint64) (m memory.Memory, rel func(), err error) {
 	return i.reg.Pin(k, key)

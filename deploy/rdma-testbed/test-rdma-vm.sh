@@ -225,7 +225,7 @@ if [ "${E2E_TESTS:-1}" = 1 ] && [ -x "${E2E:-}" ]; then
 		B2B_E2E_TLS_CERT="$certs/b.pem" B2B_E2E_TLS_KEY="$certs/b-key.pem" B2B_E2E_TLS_CA="$certs/ca.pem" \
 		B2B_E2E_CANCEL_N="${CANCEL_N:-1000}" B2B_E2E_PULL_LOAD="${PULL_LOAD:-32x30}" \
 		B2B_E2E_B2BD="$B2BD" B2B_E2E_SELF="$B2B_SELF_IP" B2B_E2E_RDMA_DEV="$dev" \
-		"$E2E" -test.run "${E2E_RUN:-^(TestRemote|TestRemoteBlocks|TestRemoteRevoke|TestRemoteDeadline|TestRemoteCancelUnderLoad|TestRemotePull(Trust|Faults|Load|Deadline))\$}" -test.count "${E2E_COUNT:-1}" -test.v -test.timeout 600s 2>&1 | tee "$B2B_OUT/e2e.log" | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go' || true
+		"$E2E" -test.run "${E2E_RUN:-^(TestRemote|TestRemoteBlocks|TestRemoteRevoke|TestRemoteDeadline|TestRemoteCancelUnderLoad|TestRemoteDeregisterUnderBatches|TestRemotePull(Trust|Faults|Load|Deadline))\$}" -test.count "${E2E_COUNT:-1}" -test.v -test.timeout 600s 2>&1 | tee "$B2B_OUT/e2e.log" | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|_test.go' || true
 	grep -q '^PASS' "$B2B_OUT/e2e.log" || { log "e2e over verbs FAILED"; rc=1; }
 fi
 # Per size, REPS mirrored rounds (odd: ib_write_bw default, tuned, bench; even: bench, tuned, default).

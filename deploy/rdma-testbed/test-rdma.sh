@@ -31,7 +31,8 @@
 #   B2B_RDMA_SMP          vCPUs per VM (default 1; 2 gives rxe a CPU besides the daemon's)
 #   B2B_RDMA_E2E          1 (default) runs the e2e tests over verbs in B before the bench; 0 skips
 #   B2B_RDMA_E2E_RUN      which of them (a -test.run pattern; default every TestRemote* but the fault cases,
-#                         with the pulls over verbs: TestRemotePull{Trust,Faults,Load,Deadline}, about 1 min)
+#                         with the pulls over verbs: TestRemotePull{Trust,Faults,Load,Deadline}, about 1 min;
+#                         TestRemoteDeregisterUnderBatches deregisters a region under 12 batches at a time)
 #   B2B_RDMA_E2E_COUNT    runs of each of them (-test.count; default 1), to measure a flaky one
 #   B2B_RDMA_CANCEL_N     transfers of TestRemoteCancelUnderLoad (default 1000, about 75 s in the VMs)
 #   B2B_RDMA_PULL_LOAD    TestRemotePullLoad's CLIENTSxPULLS, 4 blocks of 1 KiB a pull (default 32x30, about 40 s;
@@ -130,7 +131,7 @@ ITERS=$ITERS
 REPS=$REPS
 MODES="$MODES"
 E2E_TESTS=${B2B_RDMA_E2E:-1}
-E2E_RUN='${B2B_RDMA_E2E_RUN:-^(TestRemote|TestRemoteBlocks|TestRemoteRevoke|TestRemoteDeadline|TestRemoteCancelUnderLoad|TestRemotePull(Trust|Faults|Load|Deadline))\$}'
+E2E_RUN='${B2B_RDMA_E2E_RUN:-^(TestRemote|TestRemoteBlocks|TestRemoteRevoke|TestRemoteDeadline|TestRemoteCancelUnderLoad|TestRemoteDeregisterUnderBatches|TestRemotePull(Trust|Faults|Load|Deadline))\$}'
 E2E_COUNT=${B2B_RDMA_E2E_COUNT:-1}
 CANCEL_N=${B2B_RDMA_CANCEL_N:-1000}
 PULL_LOAD=${B2B_RDMA_PULL_LOAD:-32x30}

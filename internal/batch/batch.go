@@ -36,6 +36,13 @@ type Peers interface {
 	// Resolve resolves the peer's export name; cached says it came from
 	// the cache (and may be stale).
 	Resolve(ctx context.Context, addr string, s transport.Session, name string) (transport.Resolution, bool, error)
+	// ResolveHeld resolves the peer's export name for access a for one
+	// batch: a resolution it fetches (not cached) holds the region on the
+	// peer, so that it cannot be deregistered before the batch's first
+	// frame pins it there, until release, called once the batch's last
+	// byte was acknowledged (release waits for the peer to let go). A
+	// cached one holds nothing and release does nothing.
+	ResolveHeld(ctx context.Context, addr string, s transport.Session, name string, a transport.Access) (r transport.Resolution, cached bool, release func(), err error)
 	// Forget drops a cached resolution.
 	Forget(addr, name string)
 	// Broken drops s's connection and what the manager knows of the peer.
@@ -410,7 +417,8 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		var remote transport.RemoteRegion
 		var reg transport.Registration
 		var cached bool
-		sess, remote, reg, cached, err = s.prepare(ctx, p)
+		var held func()
+		sess, remote, reg, cached, held, err = s.prepare(ctx, p, true)
 		if err != nil {
 			// A connection that broke under this batch's resolve
 			// (another batch, cut off, broke it) is retried once on a
@@ -426,6 +434,7 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 			return Result{}, err
 		}
 		if err := p.checkRemote(remote.Size); err != nil {
+			held()
 			if cached && attempt == 0 { // the size may be stale, not the request wrong
 				s.forget(p.peer, p.dst, p.op)
 				continue
@@ -434,11 +443,15 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		}
 		ph.Resolve += time.Since(t0)
 		if err := passGate(ctx); err != nil {
+			held()
 			return Result{}, err
 		}
 		start = time.Now()
 		st, err = p.move(ctx, sess, reg, remote)
 		ph.write(st, start)
+		// The peer pinned the region from the first frame to its ack:
+		// the resolution's hold on it may go now.
+		held()
 		if err == nil {
 			break
 		}
@@ -531,8 +544,23 @@ func (s *Service) notify(ctx context.Context, p *Plan, ph *Phases) error {
 }
 
 // prepare finds the data path, the source's registration with it, and the
-// destination region's key.
-func (s *Service) prepare(ctx context.Context, p *Plan) (transport.Session, transport.RemoteRegion, transport.Registration, bool, error) {
+// destination region's key. With hold, a fresh resolution holds the region
+// on the peer until held is called (ResolveHeld); held is never nil, and
+// on error nothing is held.
+func (s *Service) prepare(ctx context.Context, p *Plan, hold bool) (sess transport.Session, remote transport.RemoteRegion, reg transport.Registration, cached bool, held func(), err error) {
+	held = func() {}
+	sess, remote, reg, cached, err = s.resolveDst(ctx, p, hold, &held)
+	if held == nil {
+		held = func() {}
+	}
+	if err != nil {
+		held()
+		held = func() {}
+	}
+	return sess, remote, reg, cached, held, err
+}
+
+func (s *Service) resolveDst(ctx context.Context, p *Plan, hold bool, held *func()) (transport.Session, transport.RemoteRegion, transport.Registration, bool, error) {
 	var none transport.RemoteRegion
 	sess, err := s.cfg.Peers.Get(ctx, p.peer, p.want)
 	if err != nil {
@@ -542,7 +570,13 @@ func (s *Service) prepare(ctx context.Context, p *Plan) (transport.Session, tran
 	if !ok {
 		return sess, none, nil, false, fmt.Errorf("%w: src_region_id %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, p.src.ID, p.src.Mem.Kind, sess.Kind)
 	}
-	rr, cached, err := s.resolve(ctx, p.peer, sess, p.dst, p.op)
+	var rr transport.Resolution
+	var cached bool
+	if hold {
+		rr, cached, *held, err = s.cfg.Peers.ResolveHeld(ctx, p.peer, sess, p.dst, p.op.access())
+	} else {
+		rr, cached, err = s.resolve(ctx, p.peer, sess, p.dst, p.op)
+	}
 	if err != nil {
 		// A resolve cut short by this batch's own cancel or deadline says
 		// nothing of the peer: the connection, which other batches may be

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,6 +107,7 @@ type fakePeers struct {
 	wrap func(*fakeConn) transport.Conn
 
 	gets, resolves, forgets, broken int
+	holds, released                 int // ResolveHeld's holds, and those let go
 	notified                        []notify.Notification
 }
 
@@ -137,6 +139,27 @@ func (f *fakePeers) Resolve(ctx context.Context, addr string, s transport.Sessio
 		key = 7
 	}
 	return transport.Resolution{Name: name, Size: a.size, Keys: map[transport.Kind]transport.RegionKey{transport.TCP: {Key: transport.RemoteKey{Key: key}}}}, a.cached, nil
+}
+
+// ResolveHeld is Resolve whose fresh answers hold until released: holds
+// and releases are counted (rig checks every hold was released once).
+func (f *fakePeers) ResolveHeld(ctx context.Context, addr string, s transport.Session, name string, a transport.Access) (transport.Resolution, bool, func(), error) {
+	r, cached, err := f.Resolve(ctx, addr, s, name)
+	if err != nil || cached {
+		return r, cached, func() {}, err
+	}
+	f.mu.Lock()
+	f.holds++
+	f.mu.Unlock()
+	var once atomic.Bool
+	return r, cached, func() {
+		if once.Swap(true) {
+			panic("a hold released twice")
+		}
+		f.mu.Lock()
+		f.released++
+		f.mu.Unlock()
+	}, nil
 }
 
 func (f *fakePeers) Forget(addr, name string) { f.mu.Lock(); f.forgets++; f.mu.Unlock() }
@@ -174,6 +197,15 @@ func rig(t testing.TB, fp *fakePeers) (*Service, Request) {
 		t.Fatal(err)
 	}
 	s := New(Config{NodeName: "a", Registry: reg, Peers: fp, MaxDescriptors: 100})
+	t.Cleanup(func() {
+		// Whatever the outcome, every hold a resolution took was let go
+		// (a hold left would refuse the peer's deregistration for good).
+		fp.mu.Lock()
+		defer fp.mu.Unlock()
+		if fp.holds != fp.released {
+			t.Errorf("%d resolutions held the destination, %d holds were released", fp.holds, fp.released)
+		}
+	})
 	// Two blocks of 4 KiB, the second ending at 64 KiB + 4 KiB on the destination.
 	p := desc.Packed{SrcOffsets: desc.Pack([]uint64{0, 8192}), DstOffsets: desc.Pack([]uint64{0, 65536}), BlockLength: 4096}
 	return s, Request{Src: src.ID, Caller: who, Peer: "b:7470", Dst: "kv", Descriptors: &p}

@@ -227,7 +227,10 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 	p := pp.p
 	t0 := time.Now()
 	s.forget(p.peer, p.dst, p.op)
-	sess, remote, reg, _, err := s.prepare(ctx, p)
+	// A plan holds nothing on the peer: each submit is pinned there from
+	// its first frame, and a destination deregistered between submits
+	// makes the plan stale.
+	sess, remote, reg, _, _, err := s.prepare(ctx, p, false)
 	if again && pp.instance != 0 {
 		if inst := s.cfg.Peers.Instance(p.peer); inst != pp.instance {
 			return nil, pp.markStale(fmt.Errorf("its peer %s restarted", p.peer))

@@ -949,7 +949,9 @@ class SubmitStream:
     stream (or call :meth:`next_result`) for :class:`StreamResult` objects in
     completion order, tags matched to the submits. :meth:`done_sending` ends
     the requests; the iteration then ends after the last result. ``close()``
-    (or leaving a ``with`` block) cancels what is still in flight.
+    (or leaving a ``with`` block) stops what is still in flight through the
+    daemon (CancelCall with the stream's :data:`CALL_ID_KEY`): it returns
+    once the daemon answered that no submit of the stream can land any more.
     """
 
     def __init__(self, client: "Client", timeout: Optional[float]) -> None:
@@ -958,7 +960,11 @@ class SubmitStream:
         self._q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._deadline = deadline_after(timeout)
         rpc_timeout, md = transfer_deadline(timeout)
-        self._call = client._stream_raw(iter(self._q.get, _END), timeout=rpc_timeout, metadata=md)
+        self._client = client
+        self._call_id = new_call_id()
+        self._call = client._stream_raw(
+            iter(self._q.get, _END), timeout=rpc_timeout, metadata=(md or ()) + ((CALL_ID_KEY, self._call_id),)
+        )
         self._tags = itertools.count(1)
         self._sending = True
         self._closed = False
@@ -1003,12 +1009,22 @@ class SubmitStream:
         return self.next_result()
 
     def close(self) -> None:
-        """Stop sending and cancel the call (results not yet read are lost)."""
+        """Stop sending and stop the submits in flight through the daemon:
+        CancelCall answers once the stream ended there, so nothing of a
+        cancelled pull lands after this returns. Without that answer within
+        :data:`DEADLINE_GRACE` seconds the call is cancelled here. Results
+        not yet read are lost."""
         if self._closed:
             return
         self._closed = True
         self.done_sending()
-        self._call.cancel()
+        try:
+            if not self._call.done():
+                self._client._stub.CancelCall(pb.CancelCallRequest(call_id=self._call_id), timeout=DEADLINE_GRACE)
+        except Exception:  # pylint: disable=broad-except
+            pass  # no daemon to stop it: cancelled here below
+        finally:
+            self._call.cancel()
 
     def __enter__(self) -> "SubmitStream":
         return self

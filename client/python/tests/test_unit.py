@@ -287,6 +287,7 @@ class _HoldingDaemon:
         handlers = {
             "BatchTransfer": grpc.unary_unary_rpc_method_handler(self._unary, request_deserializer=None, response_serializer=None),
             "SubmitTransfer": grpc.unary_unary_rpc_method_handler(self._unary, request_deserializer=None, response_serializer=None),
+            "SubmitStream": grpc.stream_stream_rpc_method_handler(self._stream, request_deserializer=None, response_serializer=None),
             "CancelCall": grpc.unary_unary_rpc_method_handler(
                 self._cancel, request_deserializer=pb.CancelCallRequest.FromString, response_serializer=pb.CancelCallResponse.SerializeToString
             ),
@@ -310,6 +311,10 @@ class _HoldingDaemon:
             self.seen.append((call_id, cancelled.is_set(), context.is_active()))
         ended.set()
         context.abort(grpc.StatusCode.CANCELLED, self.MESSAGE)
+
+    def _stream(self, requests, context):
+        self._unary(None, context)
+        yield b""  # never reached: _unary aborts
 
     def _cancel(self, request, context):
         cancelled, ended = self._events(request.call_id)
@@ -353,6 +358,22 @@ class InterruptTest(unittest.TestCase):
                     self.assertIsNotNone(call_id, "the call carried no b2b-call-id")
                     self.assertTrue(cancelled, "no CancelCall named the call's id")
                     self.assertTrue(alive, "the interrupt cut the call at the client: the daemon could not answer")
+
+    def test_stream_close_reaches_the_daemon(self):
+        # Closing a submit stream stops it through the daemon: close returns
+        # once CancelCall answered that the stream ended there.
+        fake = _HoldingDaemon()
+        self.addCleanup(fake.close)
+        with b2b.Client(f"127.0.0.1:{fake.port}", timeout=10) as c:
+            s = c.submit_stream(timeout=30)
+            s.submit(b2b.PreparedTransfer(c, pb.PrepareTransferResponse(handle=1), 30))
+            self.assertTrue(fake.arrived.wait(10), "the stream never reached the daemon")
+            s.close()
+            self.assertEqual(len(fake.seen), 1, "close returned before the daemon answered")
+            call_id, cancelled, alive = fake.seen[-1]
+            self.assertIsNotNone(call_id, "the stream carried no b2b-call-id")
+            self.assertTrue(cancelled, "no CancelCall named the stream's id")
+            self.assertTrue(alive, "close cut the stream at the client: the daemon could not answer")
 
 
 if __name__ == "__main__":

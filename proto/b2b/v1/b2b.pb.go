@@ -5346,10 +5346,12 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0eCancelTransfer\x12\x1d.b2b.v1.CancelTransferRequest\x1a\x17.b2b.v1.TransferOutcome\x12J\n" +
 	"\x0eWatchTransfers\x12\x1d.b2b.v1.WatchTransfersRequest\x1a\x17.b2b.v1.TransferOutcome0\x01\x12C\n" +
 	"\n" +
-	"CancelCall\x12\x19.b2b.v1.CancelCallRequest\x1a\x1a.b2b.v1.CancelCallResponse2\xd6\x02\n" +
+	"CancelCall\x12\x19.b2b.v1.CancelCallRequest\x1a\x1a.b2b.v1.CancelCallResponse2\xa5\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n" +
-	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12L\n" +
+	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12M\n" +
+	"\n" +
+	"HoldRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse(\x010\x01\x12L\n" +
 	"\rResolveLayout\x12\x1c.b2b.v1.ResolveLayoutRequest\x1a\x1d.b2b.v1.ResolveLayoutResponse\x127\n" +
 	"\x06Signal\x12\x15.b2b.v1.SignalRequest\x1a\x16.b2b.v1.SignalResponse\x127\n" +
 	"\x06Notify\x12\x15.b2b.v1.NotifyRequest\x1a\x16.b2b.v1.NotifyResponseB)Z'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1b\x06proto3"
@@ -5519,39 +5521,41 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	59, // 69: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
 	61, // 70: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
 	63, // 71: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	69, // 72: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
-	65, // 73: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	67, // 74: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	13, // 75: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	15, // 76: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	17, // 77: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	19, // 78: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	22, // 79: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	34, // 80: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	40, // 81: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	36, // 82: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	25, // 83: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	22, // 84: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	28, // 85: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	30, // 86: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	32, // 87: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	44, // 88: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	46, // 89: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	48, // 90: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	22, // 91: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	52, // 92: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
-	53, // 93: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
-	56, // 94: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
-	53, // 95: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
-	53, // 96: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
-	60, // 97: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
-	62, // 98: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	64, // 99: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	72, // 100: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	66, // 101: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	68, // 102: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	75, // [75:103] is the sub-list for method output_type
-	47, // [47:75] is the sub-list for method input_type
+	63, // 72: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
+	69, // 73: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	65, // 74: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	67, // 75: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	13, // 76: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	15, // 77: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	17, // 78: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	19, // 79: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	22, // 80: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	34, // 81: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	40, // 82: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	36, // 83: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	25, // 84: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	22, // 85: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	28, // 86: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	30, // 87: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	32, // 88: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	44, // 89: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	46, // 90: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	48, // 91: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	22, // 92: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	52, // 93: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	53, // 94: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	56, // 95: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	53, // 96: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	53, // 97: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	60, // 98: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
+	62, // 99: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	64, // 100: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	64, // 101: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
+	72, // 102: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	66, // 103: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	68, // 104: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	76, // [76:105] is the sub-list for method output_type
+	47, // [47:76] is the sub-list for method input_type
 	47, // [47:47] is the sub-list for extension type_name
 	47, // [47:47] is the sub-list for extension extendee
 	0,  // [0:47] is the sub-list for field type_name

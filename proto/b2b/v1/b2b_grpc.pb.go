@@ -1099,6 +1099,7 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 const (
 	Peer_Handshake_FullMethodName     = "/b2b.v1.Peer/Handshake"
 	Peer_ResolveRegion_FullMethodName = "/b2b.v1.Peer/ResolveRegion"
+	Peer_HoldRegion_FullMethodName    = "/b2b.v1.Peer/HoldRegion"
 	Peer_ResolveLayout_FullMethodName = "/b2b.v1.Peer/ResolveLayout"
 	Peer_Signal_FullMethodName        = "/b2b.v1.Peer/Signal"
 	Peer_Notify_FullMethodName        = "/b2b.v1.Peer/Notify"
@@ -1111,6 +1112,13 @@ type PeerClient interface {
 	Handshake(ctx context.Context, in *HandshakeRequest, opts ...grpc.CallOption) (*HandshakeResponse, error)
 	// ResolveRegion maps an export name to its size and per-transport keys.
 	ResolveRegion(ctx context.Context, in *ResolveRegionRequest, opts ...grpc.CallOption) (*ResolveRegionResponse, error)
+	// HoldRegion is ResolveRegion for one batch about to use the region: the
+	// caller sends one request, gets the answer, and the region stays held
+	// (its deregistration refused with FailedPrecondition) until the caller
+	// ends its side of the stream (the batch's last byte was acknowledged)
+	// or the stream ends otherwise (the caller's deadline, cancel or
+	// connection); the answer to that end says the hold was let go.
+	HoldRegion(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ResolveRegionRequest, ResolveRegionResponse], error)
 	// ResolveLayout maps a layout's export name to its segments and, for each
 	// region they use, its size and per-transport keys (as ResolveRegion's).
 	ResolveLayout(ctx context.Context, in *ResolveLayoutRequest, opts ...grpc.CallOption) (*ResolveLayoutResponse, error)
@@ -1154,6 +1162,19 @@ func (c *peerClient) ResolveRegion(ctx context.Context, in *ResolveRegionRequest
 	return out, nil
 }
 
+func (c *peerClient) HoldRegion(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ResolveRegionRequest, ResolveRegionResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[0], Peer_HoldRegion_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ResolveRegionRequest, ResolveRegionResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_HoldRegionClient = grpc.BidiStreamingClient[ResolveRegionRequest, ResolveRegionResponse]
+
 func (c *peerClient) ResolveLayout(ctx context.Context, in *ResolveLayoutRequest, opts ...grpc.CallOption) (*ResolveLayoutResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ResolveLayoutResponse)
@@ -1191,6 +1212,13 @@ type PeerServer interface {
 	Handshake(context.Context, *HandshakeRequest) (*HandshakeResponse, error)
 	// ResolveRegion maps an export name to its size and per-transport keys.
 	ResolveRegion(context.Context, *ResolveRegionRequest) (*ResolveRegionResponse, error)
+	// HoldRegion is ResolveRegion for one batch about to use the region: the
+	// caller sends one request, gets the answer, and the region stays held
+	// (its deregistration refused with FailedPrecondition) until the caller
+	// ends its side of the stream (the batch's last byte was acknowledged)
+	// or the stream ends otherwise (the caller's deadline, cancel or
+	// connection); the answer to that end says the hold was let go.
+	HoldRegion(grpc.BidiStreamingServer[ResolveRegionRequest, ResolveRegionResponse]) error
 	// ResolveLayout maps a layout's export name to its segments and, for each
 	// region they use, its size and per-transport keys (as ResolveRegion's).
 	ResolveLayout(context.Context, *ResolveLayoutRequest) (*ResolveLayoutResponse, error)
@@ -1219,6 +1247,9 @@ func (UnimplementedPeerServer) Handshake(context.Context, *HandshakeRequest) (*H
 }
 func (UnimplementedPeerServer) ResolveRegion(context.Context, *ResolveRegionRequest) (*ResolveRegionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveRegion not implemented")
+}
+func (UnimplementedPeerServer) HoldRegion(grpc.BidiStreamingServer[ResolveRegionRequest, ResolveRegionResponse]) error {
+	return status.Error(codes.Unimplemented, "method HoldRegion not implemented")
 }
 func (UnimplementedPeerServer) ResolveLayout(context.Context, *ResolveLayoutRequest) (*ResolveLayoutResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveLayout not implemented")
@@ -1285,6 +1316,13 @@ func _Peer_ResolveRegion_Handler(srv interface{}, ctx context.Context, dec func(
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Peer_HoldRegion_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServer).HoldRegion(&grpc.GenericServerStream[ResolveRegionRequest, ResolveRegionResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_HoldRegionServer = grpc.BidiStreamingServer[ResolveRegionRequest, ResolveRegionResponse]
 
 func _Peer_ResolveLayout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ResolveLayoutRequest)
@@ -1368,6 +1406,13 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Peer_Notify_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "HoldRegion",
+			Handler:       _Peer_HoldRegion_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "b2b/v1/b2b.proto",
 }

@@ -887,6 +887,11 @@ class PeerStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.FromString,
                 )
+        self.HoldRegion = channel.stream_stream(
+                '/b2b.v1.Peer/HoldRegion',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.FromString,
+                )
         self.ResolveLayout = channel.unary_unary(
                 '/b2b.v1.Peer/ResolveLayout',
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveLayoutRequest.SerializeToString,
@@ -918,6 +923,18 @@ class PeerServicer(object):
 
     def ResolveRegion(self, request, context):
         """ResolveRegion maps an export name to its size and per-transport keys.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HoldRegion(self, request_iterator, context):
+        """HoldRegion is ResolveRegion for one batch about to use the region: the
+        caller sends one request, gets the answer, and the region stays held
+        (its deregistration refused with FailedPrecondition) until the caller
+        ends its side of the stream (the batch's last byte was acknowledged)
+        or the stream ends otherwise (the caller's deadline, cancel or
+        connection); the answer to that end says the hold was let go.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -961,6 +978,11 @@ def add_PeerServicer_to_server(servicer, server):
             ),
             'ResolveRegion': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveRegion,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.SerializeToString,
+            ),
+            'HoldRegion': grpc.stream_stream_rpc_method_handler(
+                    servicer.HoldRegion,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.SerializeToString,
             ),
@@ -1021,6 +1043,23 @@ class Peer(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/ResolveRegion',
+            b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def HoldRegion(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/b2b.v1.Peer/HoldRegion',
             b2b_dot_v1_dot_b2b__pb2.ResolveRegionRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.ResolveRegionResponse.FromString,
             options, channel_credentials,
