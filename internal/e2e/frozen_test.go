@@ -20,44 +20,55 @@ import (
 // caller can (sync, prepared submit, async, stream) and returns the answer.
 type frozenCall struct {
 	name string
-	run  func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration) error
+	// run answers with the call's error; at gets the time the call began
+	// (after a plan was prepared) and the time it was answered (before any
+	// cleanup: a plan's release, a stream's close).
+	run func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error
 }
 
 var frozenCalls = []frozenCall{
-	{"sync", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration) error {
+	{"sync", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
+		at[0] = time.Now()
 		cctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
 		_, err := c.BatchTransfer(cctx, tr)
+		at[1] = time.Now()
 		return err
 	}},
-	{"submit", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration) error {
+	{"submit", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
 		p, err := c.Prepare(ctx, tr)
 		if err != nil {
 			return fmt.Errorf("prepare: %w", err)
 		}
 		defer func() { _ = p.Release(ctx) }()
+		at[0] = time.Now()
 		cctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
 		_, err = p.Submit(cctx)
+		at[1] = time.Now()
 		return err
 	}},
-	{"async", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration) error {
+	{"async", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
+		at[0] = time.Now()
 		h, err := c.StartTransfer(ctx, tr, d)
 		if err != nil {
 			return fmt.Errorf("start: %w", err)
 		}
-		if _, err := h.Wait(ctx, 0); err != nil {
+		_, err = h.Wait(ctx, 0)
+		at[1] = time.Now()
+		if err != nil {
 			return fmt.Errorf("wait: %w", err)
 		}
 		_, err = h.Result()
 		return err
 	}},
-	{"stream", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration) error {
+	{"stream", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
 		p, err := c.Prepare(ctx, tr)
 		if err != nil {
 			return fmt.Errorf("prepare: %w", err)
 		}
 		defer func() { _ = p.Release(ctx) }()
+		at[0] = time.Now()
 		cctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
 		st, err := c.OpenStream(cctx)
@@ -69,6 +80,7 @@ var frozenCalls = []frozenCall{
 			return err
 		}
 		r, ok := <-st.Results()
+		at[1] = time.Now()
 		if !ok {
 			return st.Err()
 		}
@@ -168,8 +180,8 @@ func TestFrozenPeer(t *testing.T) {
 						clear(dst)
 						margin := max(100*time.Millisecond, 10*schedulingDelay(ctx, t, ca))
 						errc := make(chan error, 1)
-						start := time.Now()
-						go func() { errc <- call.run(ctx, ca, tr, deadline) }()
+						var at [2]time.Time
+						go func() { errc <- call.run(ctx, ca, tr, deadline, &at) }()
 						// Stop the peer once the batch is in flight: some
 						// bytes landed, or the batch answered already.
 						var err error
@@ -197,7 +209,7 @@ func TestFrozenPeer(t *testing.T) {
 						if !answered {
 							err = <-errc
 						}
-						took := time.Since(start)
+						took := at[1].Sub(at[0])
 						snap := bytes.Clone(dst)
 						cont()
 						switch {
@@ -220,7 +232,7 @@ func TestFrozenPeer(t *testing.T) {
 						}
 						// The next batch to the same peer goes through and lands.
 						clear(dst)
-						if err := frozenCalls[0].run(ctx, ca, tr, time.Minute); err != nil {
+						if err := frozenCalls[0].run(ctx, ca, tr, time.Minute, new([2]time.Time)); err != nil {
 							t.Fatalf("the next batch: %v", err)
 						}
 						if i := badBlock(src, dst, offs, offs, size); i >= 0 {

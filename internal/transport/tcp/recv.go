@@ -441,6 +441,12 @@ func (r *receiver) placeIn(h *frameHeader, table []byte, mem memory.Memory) (con
 			return false, &recvErr{statusFenced, fmt.Errorf("tcp: batch %d: the sender cut it off (fenced); not placed", h.batch)}
 		}
 	}
+	// Nor once the sender reset the stream (reset.go): it answered its
+	// caller already, maybe long ago if this process was stopped, and the
+	// fence may not have come yet. What follows checks again between reads.
+	if r.lw.reset.reset(true) {
+		return false, fmt.Errorf("tcp: batch %d: %w", h.batch, errReset)
+	}
 	if mem.Kind == memory.CUDA {
 		return r.placeDevice(h, table, mem)
 	}
@@ -565,6 +571,9 @@ func (r *receiver) placeDevice(h *frameHeader, table []byte, mem memory.Memory) 
 		off, l := le.Uint64(table[i*segLen:]), le.Uint64(table[i*segLen+8:])
 		r.offs, r.lens, r.hostOf = append(r.offs, off), append(r.lens, l), append(r.hostOf, at)
 		at += l
+	}
+	if r.lw.reset.reset(true) {
+		return true, fmt.Errorf("tcp: batch %d: %w", h.batch, errReset)
 	}
 	if err := r.stager.Write(mem, r.offs, r.lens, r.hostOf); err != nil {
 		return true, &recvErr{statusUnsupported, fmt.Errorf("tcp: batch %d: copy to the GPU: %w", h.batch, err)}
