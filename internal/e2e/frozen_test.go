@@ -17,7 +17,8 @@ import (
 )
 
 // frozenCall runs one transfer tr with deadline d in one of the ways a
-// caller can (sync, prepared submit, async, stream) and returns the answer.
+// caller can (sync, blocks through layouts, prepared submit, async,
+// stream) and returns the answer.
 type frozenCall struct {
 	name string
 	// run answers with the call's error; at gets the time the call began
@@ -32,6 +33,21 @@ var frozenCalls = []frozenCall{
 		cctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
 		_, err := c.BatchTransfer(cctx, tr)
+		at[1] = time.Now()
+		return err
+	}},
+	{"blocks", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
+		// The same blocks through the layouts over both regions (block i
+		// at i × the block length).
+		ids := make([]uint32, len(tr.Blocks.Src))
+		for i := range ids {
+			ids[i] = uint32(i)
+		}
+		at[0] = time.Now()
+		cctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		_, err := c.TransferBlocks(cctx, client.Blocks{LocalLayout: "near", Peer: tr.Peer, RemoteLayout: "farl",
+			LocalIDs: ids, RemoteIDs: ids, Transport: tr.Transport, Op: tr.Op})
 		at[1] = time.Now()
 		return err
 	}},
@@ -163,6 +179,15 @@ func TestFrozenPeer(t *testing.T) {
 				t.Fatal(err)
 			}
 			offs := strided(n, size)
+			// Layouts of n blocks over the same regions, for TransferBlocks.
+			if _, err := ca.RegisterLayout(ctx, client.Layout{Name: "near", NumBlocks: n,
+				Segments: []client.Segment{{RegionID: local.Id, BlockLen: size, Stride: size}}}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cb.RegisterLayout(ctx, client.Layout{Name: "farl", Export: "farl", Readers: []string{"*"}, NumBlocks: n,
+				Segments: []client.Segment{{RegionID: remote.Id, BlockLen: size, Stride: size}}}); err != nil {
+				t.Fatal(err)
+			}
 			for _, op := range []struct {
 				name string
 				op   b2bv1.TransferOp
