@@ -340,18 +340,13 @@ func (c *conn) runBlocks(ctx context.Context, p *layout.Pair, ids layout.IDs, re
 	// the conn cannot carry another batch, whatever the failure was; and
 	// what the receiver already holds of the cut-off batches must not land
 	// once we answer.
-	c.fail(first)
-	if !read {
-		if ferr := c.fence(); ferr != nil {
-			c.t.log.Warn("tcp: cut-off block batches could not be fenced; the receiver stops placing them at its frame timeout", "batches", fmt.Sprintf("%d..%d", bj.base, c.batch), "peer", c.addr, "error", ferr)
-		}
-	}
-	return transport.Stats{}, bs.stretchErr(c.classify(ctx, first, cancelled, bj.base))
+	c.cutOff(first, fmt.Sprintf("%d..%d", bj.base, c.batch))
+	return transport.Stats{}, bs.stretchErr(c.classify(ctx, first, cancelled, bj.base, read))
 }
 
 // classify turns a stream's failure into the error WriteBlocks or
 // ReadBlocks returns, keeping the stretch (pipeErr) it happened in.
-func (c *conn) classify(ctx context.Context, first error, cancelled bool, base uint64) error {
+func (c *conn) classify(ctx context.Context, first error, cancelled bool, base uint64, read bool) error {
 	var pe *pipeErr
 	k := -1
 	if errors.As(first, &pe) {
@@ -366,7 +361,7 @@ func (c *conn) classify(ctx context.Context, first error, cancelled bool, base u
 	var refused *ackError
 	switch {
 	case cancelled || ctx.Err() != nil:
-		return wrap(fmt.Errorf("tcp: block batches %d..%d to %s: %w", base, c.batch, c.addr, ctx.Err()))
+		return wrap(fmt.Errorf("tcp: block batches %d..%d to %s: %w%s", base, c.batch, c.addr, ctx.Err(), cutNote(read)))
 	case memguard.IsFault(first):
 		return wrap(fmt.Errorf("tcp: block batches %d..%d to %s: %w", base, c.batch, c.addr, first))
 	case errors.As(first, &refused):
@@ -374,7 +369,7 @@ func (c *conn) classify(ctx context.Context, first error, cancelled bool, base u
 	case errors.Is(first, errs.ErrInvalidArgument):
 		return first
 	case errors.Is(first, os.ErrDeadlineExceeded):
-		return wrap(fmt.Errorf("tcp: block batches %d..%d to %s: %w", base, c.batch, c.addr, context.DeadlineExceeded))
+		return wrap(fmt.Errorf("tcp: block batches %d..%d to %s: %w%s", base, c.batch, c.addr, context.DeadlineExceeded, cutNote(read)))
 	}
 	return wrap(fmt.Errorf("%w: tcp: block batches %d..%d to %s cut off: %w", errs.ErrAborted, base, c.batch, c.addr, first))
 }

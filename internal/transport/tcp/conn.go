@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -120,19 +121,46 @@ type conn struct {
 // fenceTimeout bounds the fence's dial and the receiver's answer.
 const fenceTimeout = 5 * time.Second
 
+// cutOff fails the conn after a batch was cut off mid-way (deadline,
+// cancel, a failed stream), without waiting for the receiver: the caller's
+// answer must not wait for a receiver that is stopped or cut off from us.
+// The streams are reset, so the receiver places none of their bytes from
+// then on (reset.go), and the fence follows in the background for a
+// receiver the reset did not reach. The next batch to the peer gets a
+// fresh conn, whose streams are others. c.mu is held.
+func (c *conn) cutOff(first error, batches string) {
+	for _, s := range c.streams {
+		_ = abort(s.nc)
+	}
+	c.fail(first)
+	if c.fenced {
+		return
+	}
+	c.fenced = true
+	go func() {
+		if err := c.fence(); err != nil {
+			c.t.log.Warn("tcp: cut-off batches could not be fenced; their streams were reset, which stops the receiver placing them", "batches", batches, "peer", c.addr, "error", err)
+		}
+	}()
+}
+
+// cutNote tells the caller of a cut-off batch where its bytes may still be
+// and that they will not be placed.
+func cutNote(read bool) string {
+	if read {
+		return " (this daemon stopped placing the answer before this reply; the peer's unsent bytes are dropped)"
+	}
+	return " (the receiver may still hold unplaced bytes of it in its socket buffers: the streams were reset, and it places none of them)"
+}
+
 // fence tells the receiver that this conn is cut off and waits for its
 // word that it places no byte of it any more: closing the streams alone
 // does not withdraw the frames already in the receiver's socket buffers,
-// which a receiver stalled (in Pin, say) would place after the sender
-// answered. Called once the conn failed with a batch unfinished, before
-// Write returns; c.mu is held. An error means the receiver could not be
+// which a receiver stalled (in Pin, say) would place later. It runs in the
+// background (cutOff), once. An error means the receiver could not be
 // reached: a receiver that is gone places nothing either, one cut off from
-// us stops at its frame timeout.
+// us stops at the streams' reset or its frame timeout.
 func (c *conn) fence() error {
-	if c.fenced {
-		return nil
-	}
-	c.fenced = true
 	ctx, cancel := context.WithTimeout(context.Background(), fenceTimeout)
 	defer cancel()
 	nc, err := c.dialer.DialContext(ctx, "tcp", c.addr)
@@ -365,15 +393,12 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 		// it cannot carry the next batch.
 		var refused *ackError
 		if !errors.As(first, &refused) || cancelled || anyUnclean(results) {
-			c.fail(first)
 			// Some stream's share was cut: what the receiver already holds
 			// of it must not land once we answer.
-			if ferr := c.fence(); ferr != nil {
-				c.t.log.Warn("tcp: a cut-off batch could not be fenced; the receiver stops placing it at its frame timeout", "batch", c.batch, "peer", c.addr, "error", ferr)
-			}
+			c.cutOff(first, strconv.FormatUint(c.batch, 10))
 		}
 		if cancelled || ctx.Err() != nil {
-			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, ctx.Err())
+			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w%s", c.batch, c.addr, ctx.Err(), cutNote(p.read))
 		}
 		for _, err := range results {
 			if memguard.IsFault(err) {
@@ -384,7 +409,7 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 			return transport.Stats{}, refused
 		}
 		if errors.Is(first, os.ErrDeadlineExceeded) {
-			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w", c.batch, c.addr, context.DeadlineExceeded)
+			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w%s", c.batch, c.addr, context.DeadlineExceeded, cutNote(p.read))
 		}
 		return transport.Stats{}, fmt.Errorf("%w: tcp: batch %d to %s cut off: %w", errs.ErrAborted, c.batch, c.addr, first)
 	}

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"syscall"
 
@@ -32,6 +33,14 @@ type lowWater struct {
 	set  func(fd uintptr)
 	want int
 	serr error
+	// reset is the stream's reset mark (reset.go), read around every read.
+	reset *resetMark
+	// read is readBlock's read(2), made once like set: it reads rp into
+	// rn, rerr unless the stream was reset.
+	read func(fd uintptr) bool
+	rp   []byte
+	rn   int
+	rerr error
 }
 
 func newLowWater(c net.Conn) *lowWater {
@@ -42,24 +51,67 @@ func newLowWater(c net.Conn) *lowWater {
 		}
 	}
 	w.set = func(fd uintptr) { w.serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT, w.want) }
+	w.reset = newResetMark(c)
+	w.read = func(fd uintptr) bool {
+		if w.reset.reset(false) {
+			w.rn, w.rerr = 0, errReset
+			return true
+		}
+		for {
+			n, err := unix.Read(int(fd), w.rp)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				return false // wait until readable, then look at the mark again
+			case err != nil:
+				w.rn, w.rerr = 0, err
+			case n == 0:
+				w.rn, w.rerr = 0, io.EOF
+			default:
+				w.rn, w.rerr = n, nil
+			}
+			return true
+		}
+	}
 	return w
 }
 
-// Read reads with a mark of one byte: any data wakes it.
+// Read reads with a mark of one byte: any data wakes it. What it read is
+// not placed yet (it goes to the read buffer or a header): a stream the
+// sender reset meanwhile fails instead.
 func (w *lowWater) Read(p []byte) (int, error) {
 	if err := w.mark(1); err != nil {
 		return 0, err
 	}
-	return w.c.Read(p)
+	n, err := w.c.Read(p)
+	if n > 0 && w.reset.reset(false) {
+		return 0, errReset
+	}
+	return n, err
 }
 
 // readBlock reads (the rest of) a large block, woken only once the whole of
-// p, up to maxLowWater bytes, has arrived.
+// p, up to maxLowWater bytes, has arrived. It reads straight into the
+// region: each read(2) comes after a look at the stream's reset mark, also
+// when it follows a wait (the receiver may have been stopped meanwhile).
 func (w *lowWater) readBlock(p []byte) (int, error) {
 	if err := w.mark(min(len(p), maxLowWater)); err != nil {
 		return 0, err
 	}
-	return w.c.Read(p)
+	if w.rc == nil {
+		return w.c.Read(p)
+	}
+	w.rp, w.rn, w.rerr = p, 0, nil
+	err := w.rc.Read(w.read)
+	w.rp = nil
+	if err != nil {
+		return 0, fmt.Errorf("tcp: read: %w", err)
+	}
+	if w.rerr != nil && w.rerr != io.EOF && w.rerr != errReset {
+		return w.rn, fmt.Errorf("tcp: read: %w", w.rerr)
+	}
+	return w.rn, w.rerr
 }
 
 // mark sets the socket's low-water mark to n bytes. A mark that cannot be
