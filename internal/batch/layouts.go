@@ -46,8 +46,8 @@ type Entry struct {
 	rpairs map[*layout.Layout]*layout.Pair // pulls: (remote, e), by remote layout
 }
 
-// maxPairs bounds an entry's cache of pairs: remote layouts are re-resolved
-// every second, so old ones drop out.
+// maxPairs bounds an entry's cache of pairs: a remote layout resolved
+// afresh (re-registered, a new handshake) is a new key, so old ones drop out.
 const maxPairs = 64
 
 // pair returns the pair (e, dst), built once per resolved remote layout.
