@@ -76,6 +76,8 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 		return Result{}, fmt.Errorf("%w: peer is empty: give the destination daemon's peer address, host:port", errs.ErrInvalidArgument)
 	case r.Remote == "":
 		return Result{}, fmt.Errorf("%w: remote_layout is empty: give the peer's layout export name", errs.ErrInvalidArgument)
+	case layout.CheckExportName("remote_layout", r.Remote) != nil:
+		return Result{}, layout.CheckExportName("remote_layout", r.Remote)
 	case len(r.Notification) > MaxNotification:
 		return Result{}, fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(r.Notification), MaxNotification)
 	case r.BadTransport != nil:

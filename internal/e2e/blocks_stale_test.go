@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/client"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -73,5 +78,39 @@ func TestTransferBlocksAfterReregister(t *testing.T) {
 			reregister(small, 128)
 			push("s8-"+k, small, 9, 120)
 		})
+	}
+}
+
+// TestLayoutExportNames: an export name is a name, as region export names
+// are: a NUL (the peer's cache key separator), a control byte, a space or
+// a non-ASCII letter is refused with InvalidArgument quoting the value, at
+// registration and as a transfer's remote_layout; nothing is registered.
+func TestLayoutExportNames(t *testing.T) {
+	a, b := startNode(t, "a"), startNode(t, "b")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	reg, err := b.c.RegisterHost(ctx, 4096, "names-r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := a.c.RegisterHost(ctx, 4096, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.c.RegisterLayout(ctx, client.Layout{Name: "src", Segments: []client.Segment{{RegionID: src.Id, BlockLen: 4096, Stride: 4096}}, NumBlocks: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"kv\x00read", "kv\nINFO forged", "kv\x1b[2J", "k v", "kvé"} {
+		_, err := b.c.RegisterLayout(ctx, client.Layout{Name: "l", Export: name, Segments: []client.Segment{{RegionID: reg.Id, BlockLen: 4096, Stride: 4096}}, NumBlocks: 1})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "export_name "+strconv.Quote(name)) || !strings.Contains(err.Error(), "-_./:") {
+			t.Fatalf("export_name %q: %v, want InvalidArgument quoting it and the rule", name, err)
+		}
+		_, err = a.c.TransferBlocks(ctx, client.Blocks{LocalLayout: "src", Peer: b.d.PeerAddr(), RemoteLayout: name, LocalIDs: []uint32{0}, RemoteIDs: []uint32{0}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "remote_layout "+strconv.Quote(name)) {
+			t.Fatalf("remote_layout %q: %v, want InvalidArgument quoting it", name, err)
+		}
+	}
+	if ls, err := b.c.ListLayouts(ctx); err != nil || len(ls) != 0 {
+		t.Fatalf("layouts %v (%v): a refused one was registered", ls, err)
 	}
 }
