@@ -40,11 +40,12 @@ from .client import (
     Client,
     CudaRegion,
     HostRegion,
+    Transfer,
     TransferResult,
     _dereg_default,
     _transport,
 )
-from .errors import B2BError, InvalidArgumentError, error_for_code
+from .errors import B2BError, InvalidArgumentError
 from .stream import Counter, mark_layer_done, trigger_proto  # layer streaming (docs/kv.md)
 from .v1 import b2b_pb2 as pb
 
@@ -479,75 +480,9 @@ def _register_cuda(client: Client, blocks: List[_Blocks], export_name: str, expo
 # Async handles.
 
 
-class BlocksTransfer:
-    """A started block-id transfer (``transfer_blocks(wait=False)``).
-
-    ``done()`` polls without blocking, ``wait()`` blocks (and returns the
-    :class:`~b2b.TransferResult` or raises the transfer's error),
-    ``cancel()`` stops it: once the cancel is answered no byte of it lands any
-    more. ``remote_ids`` are the destination ids, for an engine's
-    ``get_block_ids_with_load_errors``.
-    """
-
-    def __init__(self, client: Client, transfer_id: int, remote_ids: Any) -> None:
-        self.client = client
-        self.id = int(transfer_id)
-        self.remote_ids = remote_ids
-        self._outcome: Any = None
-
-    def _settle(self, o: Any) -> bool:
-        if o.state in (pb.TRANSFER_STATE_DONE, pb.TRANSFER_STATE_FAILED, pb.TRANSFER_STATE_CANCELLED):
-            self._outcome = o
-            return True
-        return False
-
-    def done(self) -> bool:
-        """True once the transfer ended (done, failed or cancelled)."""
-        if self._outcome is not None:
-            return True
-        r = self.client._call(self.client.stub.PollTransfers, pb.PollTransfersRequest(transfer_ids=[self.id]),
-                              self.client.timeout)
-        return bool(r.outcomes) and self._settle(r.outcomes[0])
-
-    def wait(self, timeout: Optional[float] = None) -> TransferResult:
-        """Block until the transfer ends; return its result or raise its error."""
-        if self._outcome is None:
-            ms = 0 if timeout is None else max(1, int(timeout * 1000))
-            o = self.client._call(self.client.stub.WaitTransfer,
-                                  pb.WaitTransferRequest(transfer_id=self.id, timeout_ms=ms),
-                                  None if timeout is None else timeout + 5)
-            if not self._settle(o):
-                raise error_for_code(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                     f"transfer {self.id} still running after {timeout} s")
-        return self.result()
-
-    def result(self) -> TransferResult:
-        o = self._outcome
-        if o is None:
-            raise RuntimeError(f"transfer {self.id} has not ended: call wait() or done() first")
-        if o.state == pb.TRANSFER_STATE_DONE:
-            return TransferResult.from_proto(o.result)
-        code = _STATUS_BY_VALUE.get(o.code, grpc.StatusCode.UNKNOWN)
-        raise error_for_code(code, o.message or f"transfer {self.id} {pb.TransferState.Name(o.state)}")
-
-    @property
-    def failed(self) -> bool:
-        return self._outcome is not None and self._outcome.state != pb.TRANSFER_STATE_DONE
-
-    def cancel(self) -> None:
-        """Cancel it; returns once the daemon guarantees no more bytes land."""
-        if self._outcome is not None:
-            return
-        o = self.client._call(self.client.stub.CancelTransfer, pb.CancelTransferRequest(transfer_id=self.id),
-                              self.client.timeout)
-        self._settle(o)
-
-    def __repr__(self) -> str:
-        state = "running" if self._outcome is None else pb.TransferState.Name(self._outcome.state)
-        return f"BlocksTransfer({self.id}, {state})"
-
-
-_STATUS_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+#: A started block-id transfer: the one handle of every transfer kind
+#: (:class:`b2b.Transfer`), with ``remote_ids`` set.
+BlocksTransfer = Transfer
 
 
 def start_blocks(client: Client, req: Any, timeout: Optional[float], remote_ids: Any, after: Any = None) -> Any:
@@ -558,4 +493,4 @@ def start_blocks(client: Client, req: Any, timeout: Optional[float], remote_ids:
     if after is not None:
         start.after.CopyFrom(trigger_proto(after))
     r = client._call(client.stub.StartTransfer, start, client.timeout)
-    return BlocksTransfer(client, r.transfer_id, remote_ids)
+    return Transfer(client, r.transfer_id, remote_ids)
