@@ -1457,6 +1457,9 @@ class Client:
         export_to: Sequence[str],
         persist: bool,
         deregister_on_close: bool,
+        *,
+        readers: Sequence[str] = (),
+        read_only: bool = False,
     ) -> CudaRegion:
         """Register the CUDA IPC range ``share`` names; the region keeps
         ``keep`` (the tensor or tensors over that memory) alive. ``b2b.kv``
@@ -1465,6 +1468,8 @@ class Client:
             cuda_ipc=pb.CudaIpc(device=share.device, ipc_handle=share.ipc_handle, offset=share.offset, size=share.size),
             export_name=export_name or "",
             export_to=list(export_to),
+            readers=_grants(readers),
+            read_only=bool(read_only),
             persist=bool(persist),
         )
         try:
