@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -77,6 +78,8 @@ func TestTransferBlocksAfterReregister(t *testing.T) {
 			push("s16-"+k, big, 7, 100) // block_len 16 KiB only in the new layout
 			reregister(small, 128)
 			push("s8-"+k, small, 9, 120)
+			reregister(small, 128) // the same geometry: only the keys were revoked
+			push("s8-"+k, small, 11, 50)
 		})
 	}
 }
@@ -112,5 +115,64 @@ func TestLayoutExportNames(t *testing.T) {
 	}
 	if ls, err := b.c.ListLayouts(ctx); err != nil || len(ls) != 0 {
 		t.Fatalf("layouts %v (%v): a refused one was registered", ls, err)
+	}
+}
+
+// TestRemoteBlocksAfterReregister is TestTransferBlocksAfterReregister
+// between two hosts over verbs (the Soft-RoCE testbed's VMs, `make
+// test-rdma`), each pushed block compared by CRC32C on both daemons.
+func TestRemoteBlocksAfterReregister(t *testing.T) {
+	src, dst, peer := remoteClients(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const small, big, regionLen = 8192, 16384, 128 * 16384
+	stamp := strconv.FormatInt(time.Now().UnixNano()%1e9, 10)
+	r := rand.New(rand.NewPCG(31, 8))
+	s, err := src.RegisterHost(ctx, regionLen, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Unmap(); _ = src.Deregister(context.Background(), s.Id) })
+	fill(s.Bytes, func(int) byte { return byte(r.Uint32()) })
+	d, err := dst.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		Source:     &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: regionLen}},
+		ExportName: "e2e-stale-" + stamp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dst.Deregister(context.Background(), d.Region.Id) })
+	for _, bl := range []uint64{small, big} {
+		name := fmt.Sprintf("e2e-stale-src%d-%s", bl, stamp)
+		if _, err := src.RegisterLayout(ctx, client.Layout{Name: name, Segments: []client.Segment{{RegionID: s.Id, BlockLen: bl, Stride: bl}}, NumBlocks: 128}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = src.DeregisterLayout(context.Background(), name) })
+	}
+	dl, export := "e2e-stale-dst-"+stamp, "e2e-stale-x-"+stamp
+	t.Cleanup(func() { _ = dst.DeregisterLayout(context.Background(), dl) })
+	digest := func(c *client.Client, region string, off, n uint64) uint64 {
+		cs, err := c.Checksum(ctx, region, []uint64{off}, nil, n, b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cs.Digest
+	}
+	for i, step := range []struct {
+		blockLen, n uint64
+		from, to    uint32
+	}{{small, 64, 1, 3}, {small, 128, 5, 100}, {big, 128, 7, 100}, {small, 128, 9, 120}, {small, 128, 11, 50}} {
+		_ = dst.DeregisterLayout(ctx, dl)
+		if _, err := dst.RegisterLayout(ctx, client.Layout{Name: dl, Export: export,
+			Segments: []client.Segment{{RegionID: d.Region.Id, BlockLen: step.blockLen, Stride: step.blockLen}}, NumBlocks: step.n}); err != nil {
+			t.Fatal(err)
+		}
+		local := fmt.Sprintf("e2e-stale-src%d-%s", step.blockLen, stamp)
+		if _, err := src.TransferBlocks(ctx, client.Blocks{LocalLayout: local, Peer: peer, RemoteLayout: export,
+			LocalIDs: []uint32{step.from}, RemoteIDs: []uint32{step.to}, Transport: b2bv1.TransportKind_TRANSPORT_KIND_VERBS}); err != nil {
+			t.Fatalf("step %d: push block %d to %d (%d bytes, %d blocks): %v", i, step.from, step.to, step.blockLen, step.n, err)
+		}
+		if a, b := digest(src, s.Id, uint64(step.from)*step.blockLen, step.blockLen), digest(dst, d.Region.Id, uint64(step.to)*step.blockLen, step.blockLen); a != b {
+			t.Fatalf("step %d: block %d: CRC32C %#x, the source's %#x", i, step.to, b, a)
+		}
 	}
 }
