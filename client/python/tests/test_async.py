@@ -172,9 +172,9 @@ class HandleTest(daemon_harness.DaemonPair):
                 c.set(1)  # the transfer runs; its outcome goes to the interrupted call
 
             t = threading.Thread(target=interrupt_then_release)
-            t.start()
             try:
                 with self.assertRaises(KeyboardInterrupt):
+                    t.start()  # in here: the interrupt cannot strike outside the block
                     h.wait()
             finally:
                 fired.set()
