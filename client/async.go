@@ -10,14 +10,54 @@ import (
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
-// TransferHandle is an async transfer (StartTransfer): its id, and calls to
-// wait for, poll and cancel it. The daemon reports a transfer's outcome
-// once; the handle keeps it, so Wait, Done and Result may be called again.
-// A handle is not safe for concurrent use.
+// TransferHandle is an async transfer of any kind (StartTransfer,
+// StartBlocks, StartSubmit, After): its id, and calls to wait for, poll and
+// cancel it. The daemon reports a transfer's outcome once; the handle keeps
+// it, so Wait, Done and Result may be called again. An outcome the daemon
+// handed over is never lost: a Wait whose ctx ends leaves its call running
+// (its answer may be that outcome), and the next Wait, Done, Cancel or Poll
+// of the handle takes its answer. A handle is not safe for concurrent use.
 type TransferHandle struct {
-	c   *Client
-	id  uint64
-	out *b2bv1.TransferOutcome // nil: not ended yet (as far as we know)
+	c       *Client
+	id      uint64
+	out     *b2bv1.TransferOutcome // nil: not ended yet (as far as we know)
+	pending *pendingWait           // a Wait call its caller's ctx left running
+}
+
+// pendingWait is a WaitTransfer call running on after its caller's ctx
+// ended; out and err are set before done is closed.
+type pendingWait struct {
+	done chan struct{}
+	out  *b2bv1.TransferOutcome
+	err  error
+}
+
+// join takes the answer of p if it came (or comes before ctx ends; a nil
+// ctx does not wait): true when the call is over, and its outcome, if it
+// ended the transfer, is in the handle.
+func (t *TransferHandle) join(ctx context.Context) bool {
+	p := t.pending
+	if p == nil {
+		return true
+	}
+	if ctx == nil {
+		select {
+		case <-p.done:
+		default:
+			return false
+		}
+	} else {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	t.pending = nil
+	if p.err == nil && ended(p.out) {
+		t.out = p.out
+	}
+	return true
 }
 
 // ID is the daemon's id of the transfer (never 0).
@@ -79,19 +119,32 @@ func ended(o *b2bv1.TransferOutcome) bool {
 
 // Wait waits until the transfer ended or timeout passed (0: until it ends,
 // or ctx does) and returns its outcome: state RUNNING when it has not
-// ended.
+// ended. When ctx ends first, the call goes on (the daemon may be handing
+// the outcome over): the next call on the handle takes its answer.
 func (t *TransferHandle) Wait(ctx context.Context, timeout time.Duration) (*b2bv1.TransferOutcome, error) {
+	if t.out == nil && t.pending != nil && !t.join(ctx) {
+		return nil, ctx.Err()
+	}
 	if t.out != nil {
 		return t.out, nil
 	}
-	o, err := t.c.api.WaitTransfer(ctx, &b2bv1.WaitTransferRequest{TransferId: t.id, TimeoutMs: ms(timeout)})
-	if err != nil {
-		return nil, err
+	p := &pendingWait{done: make(chan struct{})}
+	req := &b2bv1.WaitTransferRequest{TransferId: t.id, TimeoutMs: ms(timeout)}
+	// Not the caller's ctx: its end must not cut a call whose answer may
+	// be the outcome the daemon reports once. The call ends with the
+	// transfer, at timeout, or with the connection.
+	go func(ctx context.Context) {
+		p.out, p.err = t.c.api.WaitTransfer(ctx, req)
+		close(p.done)
+	}(context.WithoutCancel(ctx))
+	t.pending = p
+	if !t.join(ctx) {
+		return nil, ctx.Err()
 	}
-	if ended(o) {
-		t.out = o
+	if p.err != nil {
+		return nil, p.err
 	}
-	return o, nil
+	return p.out, nil
 }
 
 // Done polls the transfer: true once it ended (Result then says how).
@@ -109,10 +162,17 @@ func (t *TransferHandle) Done(ctx context.Context) (bool, error) {
 // Cancel stops the transfer and returns once no byte of it lands any more,
 // with its outcome (CANCELLED, or what it came to if it had ended).
 func (t *TransferHandle) Cancel(ctx context.Context) (*b2bv1.TransferOutcome, error) {
+	t.join(nil)
 	if t.out != nil {
 		return t.out, nil
 	}
 	o, err := t.c.api.CancelTransfer(ctx, &b2bv1.CancelTransferRequest{TransferId: t.id})
+	if status.Code(err) == codes.NotFound && t.pending != nil {
+		// A Wait of ours left running may have taken the outcome first.
+		if t.join(ctx) && t.out != nil {
+			return t.out, nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -139,12 +199,17 @@ func (t *TransferHandle) Result() (*b2bv1.BatchTransferResponse, error) {
 
 // Poll asks for the outcome of each handle at once (one call, no waiting)
 // and records the ended ones in their handles. Handles already ended are
-// answered from what they hold.
+// answered from what they hold; one with a Wait call still running is
+// RUNNING without asking (that call's answer is its outcome).
 func (c *Client) Poll(ctx context.Context, hs []*TransferHandle) ([]*b2bv1.TransferOutcome, error) {
 	out := make([]*b2bv1.TransferOutcome, len(hs))
 	var ask []uint64
 	var at []int
 	for i, h := range hs {
+		if !h.join(nil) && h.out == nil {
+			out[i] = &b2bv1.TransferOutcome{TransferId: h.id, State: b2bv1.TransferState_TRANSFER_STATE_RUNNING}
+			continue
+		}
 		if h.out != nil {
 			out[i] = h.out
 			continue

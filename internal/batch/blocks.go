@@ -76,6 +76,8 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 		return Result{}, fmt.Errorf("%w: peer is empty: give the destination daemon's peer address, host:port", errs.ErrInvalidArgument)
 	case r.Remote == "":
 		return Result{}, fmt.Errorf("%w: remote_layout is empty: give the peer's layout export name", errs.ErrInvalidArgument)
+	case layout.CheckExportName("remote_layout", r.Remote) != nil:
+		return Result{}, layout.CheckExportName("remote_layout", r.Remote)
 	case len(r.Notification) > MaxNotification:
 		return Result{}, fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(r.Notification), MaxNotification)
 	case r.BadTransport != nil:
@@ -171,7 +173,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 		pair, err = e.pair(rl.Layout)
 	}
 	if err != nil {
-		return res, cached, false, fmt.Errorf("local_layout %q and remote_layout %q: %w", r.Local, r.Remote, err)
+		return res, cached, s.staleGeometry(err, cached, r), fmt.Errorf("local_layout %q and remote_layout %q: %w", r.Local, r.Remote, err)
 	}
 	w := layout.Planners.Get().(*layout.Planner)
 	lreq := layout.Request{SrcIDs: r.LocalIDs, DstIDs: r.RemoteIDs, SrcField: "local_ids", DstField: "remote_ids"}
@@ -181,7 +183,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	ids, err := w.Validate(pair, lreq)
 	if err != nil {
 		layout.Planners.Put(w)
-		return res, cached, false, err
+		return res, cached, s.staleGeometry(err, cached, r), err
 	}
 	t2 := time.Now()
 	ph.Validate += t2.Sub(t1)
@@ -247,6 +249,31 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	}
 	res, err = s.blocksMoved(ctx, r, rl, sess, st, wstart, ph, blocks, total)
 	return res, cached, false, err
+}
+
+// staleGeometry says whether err, a refusal by the remote layout's geometry
+// (an id of its side out of range, incompatible layouts) judged against a
+// cached resolution, may be the cache's: the peer may have re-registered
+// the layout under the same export name since. It then drops the entry, so
+// that the one retry resolves afresh and the error reported is the peer's
+// current layout's.
+func (s *Service) staleGeometry(err error, cached bool, r BlocksRequest) bool {
+	var ge *layout.GeometryError
+	if !cached || !errors.As(err, &ge) {
+		return false
+	}
+	if r.Op == OpRead {
+		if !ge.Src { // the peer's layout is the source of a pull
+			return false
+		}
+		s.cfg.Peers.(ReadPeers).ForgetLayoutFor(r.Peer, r.Remote, transport.AccessRead)
+		return true
+	}
+	if !ge.Dst {
+		return false
+	}
+	s.cfg.Peers.(LayoutPeers).ForgetLayout(r.Peer, r.Remote)
+	return true
 }
 
 // blocksMoved ends a block request whose every byte moved, from wstart:

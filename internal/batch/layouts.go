@@ -46,8 +46,8 @@ type Entry struct {
 	rpairs map[*layout.Layout]*layout.Pair // pulls: (remote, e), by remote layout
 }
 
-// maxPairs bounds an entry's cache of pairs: remote layouts are re-resolved
-// every second, so old ones drop out.
+// maxPairs bounds an entry's cache of pairs: a remote layout resolved
+// afresh (re-registered, a new handshake) is a new key, so old ones drop out.
 const maxPairs = 64
 
 // pair returns the pair (e, dst), built once per resolved remote layout.
@@ -98,8 +98,8 @@ func NewLayouts(reg *region.Registry) *Layouts {
 // Register validates and registers a layout of segs (Region: region IDs,
 // NumBlocks ignored: numBlocks applies to all), holding its regions.
 func (ls *Layouts) Register(name string, segs []layout.Segment, numBlocks uint64, export region.Export, who region.Caller, lease region.Lease) (*Entry, error) {
-	if len(export.Name) > region.MaxNameLen {
-		return nil, fmt.Errorf("%w: export_name is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(export.Name), region.MaxNameLen)
+	if err := layout.CheckExportName("export_name", export.Name); err != nil {
+		return nil, err
 	}
 	if export.Name == "" && len(export.To) > 0 {
 		return nil, fmt.Errorf("%w: export_to is set but export_name is empty", errs.ErrInvalidArgument)

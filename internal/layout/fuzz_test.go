@@ -182,3 +182,42 @@ func validByBytes(segs []Segment, regionSizes map[string]uint64, maxSegs int) bo
 	}
 	return true
 }
+
+// FuzzCheckExportName checks the export-name rule against a byte-by-byte
+// oracle: a refusal is InvalidArgument naming the field, the quoted value
+// (or its length) and the rule; a name the cache key could alias (a NUL)
+// is never accepted.
+func FuzzCheckExportName(f *testing.F) {
+	for _, s := range []string{"", "decode", "a.b/c:d-e_f", "kv\x00read", "kv\n", "k v", "kvé", "\xff", strings.Repeat("x", MaxNameLen+1)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		err := CheckExportName("export_name", name)
+		bad := len(name) > MaxNameLen
+		for i := 0; i < len(name) && !bad; i++ {
+			c := name[i]
+			bad = !(strings.IndexByte("-_./:", c) >= 0 || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z')
+		}
+		if (err != nil) != bad {
+			t.Fatalf("CheckExportName(%q) = %v, oracle says bad=%v", name, err, bad)
+		}
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), "export_name") {
+			t.Fatalf("err %v: want InvalidArgument naming export_name", err)
+		}
+		if len(name) > MaxNameLen {
+			if !strings.Contains(err.Error(), strconv.Itoa(MaxNameLen)) {
+				t.Fatalf("err %v does not name the limit", err)
+			}
+			return
+		}
+		if !strings.Contains(err.Error(), strconv.Quote(name)) || !strings.Contains(err.Error(), "letters, digits and -_./:") {
+			t.Fatalf("err %v does not quote %q and name the rule", err, name)
+		}
+		if strings.ContainsAny(err.Error(), "\x00\n\r") {
+			t.Fatalf("err %q carries a raw control byte", err)
+		}
+	})
+}

@@ -273,16 +273,17 @@ func (l *Layout) checkPair(a, b int, ends []uint64) error {
 }
 
 // Compatible checks that blocks of src can be copied into blocks of dst:
-// the same number of segments and equal block_len per segment.
+// the same number of segments and equal block_len per segment. A refusal
+// is a *GeometryError of both sides.
 func Compatible(src, dst *Layout) error {
 	if len(src.segs) != len(dst.segs) {
-		return fmt.Errorf("%w: layouts %q and %q are incompatible: %q has %d segments, %q has %d",
-			errs.ErrInvalidArgument, src.name, dst.name, src.name, len(src.segs), dst.name, len(dst.segs))
+		return &GeometryError{Src: true, Dst: true, Err: fmt.Errorf("%w: layouts %q and %q are incompatible: %q has %d segments, %q has %d",
+			errs.ErrInvalidArgument, src.name, dst.name, src.name, len(src.segs), dst.name, len(dst.segs))}
 	}
 	for i := range src.segs {
 		if a, b := src.segs[i].BlockLen, dst.segs[i].BlockLen; a != b {
-			return fmt.Errorf("%w: layouts %q and %q are incompatible: segments[%d].block_len is %d in %q and %d in %q",
-				errs.ErrInvalidArgument, src.name, dst.name, i, a, src.name, b, dst.name)
+			return &GeometryError{Src: true, Dst: true, Err: fmt.Errorf("%w: layouts %q and %q are incompatible: segments[%d].block_len is %d in %q and %d in %q",
+				errs.ErrInvalidArgument, src.name, dst.name, i, a, src.name, b, dst.name)}
 		}
 	}
 	return nil

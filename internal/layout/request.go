@@ -155,7 +155,8 @@ var Planners = sync.Pool{New: func() any { return new(Planner) }}
 // Validate decodes and validates req for p in O(n): equal, non-zero counts
 // under the limits, every id below its layout's num_blocks, destination ids
 // unique (source ids may repeat). Every error wraps errs.ErrInvalidArgument or
-// errs.ErrResourceExhausted and names the field, the index, the value and the limit.
+// errs.ErrResourceExhausted and names the field, the index, the value and the limit;
+// an id not below its layout's num_blocks is a *GeometryError of its side.
 func (w *Planner) Validate(p *Pair, req Request) (IDs, error) {
 	sf, df := req.SrcField, req.DstField
 	if sf == "" {
@@ -193,9 +194,9 @@ func (w *Planner) Validate(p *Pair, req Request) (IDs, error) {
 		if uint64(s) >= srcN || uint64(d) >= dstN {
 			w.clear(dst[:i])
 			if uint64(s) >= srcN {
-				return IDs{}, fmt.Errorf("%w: %s[%d] = %d is not below layout %q's num_blocks %d", errs.ErrInvalidArgument, sf, i, s, p.src.name, srcN)
+				return IDs{}, &GeometryError{Src: true, Err: fmt.Errorf("%w: %s[%d] = %d is not below layout %q's num_blocks %d", errs.ErrInvalidArgument, sf, i, s, p.src.name, srcN)}
 			}
-			return IDs{}, fmt.Errorf("%w: %s[%d] = %d is not below layout %q's num_blocks %d", errs.ErrInvalidArgument, df, i, d, p.dst.name, dstN)
+			return IDs{}, &GeometryError{Dst: true, Err: fmt.Errorf("%w: %s[%d] = %d is not below layout %q's num_blocks %d", errs.ErrInvalidArgument, df, i, d, p.dst.name, dstN)}
 		}
 		word, bit := &bm[d>>6], uint64(1)<<(d&63)
 		if *word&bit != 0 {

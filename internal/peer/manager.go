@@ -20,6 +20,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -568,7 +569,8 @@ func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name stri
 
 // cacheKey is name's entry in a peer's resolution caches for access a:
 // a write resolution under the name itself, a read one apart (export
-// names cannot hold a NUL), since each carries its own key.
+// names cannot hold a NUL: layout.CheckExportName, checked before any
+// lookup), since each carries its own key.
 func cacheKey(name string, a transport.Access) string {
 	if a == transport.AccessRead {
 		return name + "\x00read"
@@ -587,6 +589,9 @@ func accessProto(a transport.Access) b2bv1.Access {
 // ResolveFor is Resolve for access a (AccessWrite or AccessRead): the
 // peer hands out only the key its grant for a allows, cached apart.
 func (m *Manager) ResolveFor(ctx context.Context, addr string, s Session, name string, a transport.Access) (r Resolved, cached bool, err error) {
+	if err := layout.CheckExportName("export name", name); err != nil {
+		return r, false, err // its cache key could alias another name's
+	}
 	return resolveCached(ctx, m, addr, cacheKey(name, a), resolveTTL, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
 		func(ctl b2bv1.PeerClient) (Resolved, error) {
 			resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name, Access: accessProto(a)})
@@ -607,6 +612,9 @@ func (m *Manager) ResolveLayout(ctx context.Context, addr, name string) (r *tran
 
 // ResolveLayoutFor is ResolveLayout for access a, cached apart.
 func (m *Manager) ResolveLayoutFor(ctx context.Context, addr, name string, a transport.Access) (r *transport.LayoutResolution, cached bool, err error) {
+	if err := layout.CheckExportName("layout export name", name); err != nil {
+		return nil, false, err
+	}
 	return resolveCached(ctx, m, addr, cacheKey(name, a), layoutTTL, func(st *state) map[string]cacheEntry[*transport.LayoutResolution] { return st.layouts },
 		func(ctl b2bv1.PeerClient) (*transport.LayoutResolution, error) {
 			resp, err := ctl.ResolveLayout(ctx, &b2bv1.ResolveLayoutRequest{Name: name, Access: accessProto(a)})

@@ -16,7 +16,9 @@ import weakref
 from dataclasses import dataclass
 import ipaddress
 import itertools
+import math
 import queue
+import time
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -30,6 +32,7 @@ from .errors import (
     InvalidArgumentError,
     NotFoundError,
     UnavailableError,
+    WaitTimeoutError,
     error_for_code,
     deadline_after,
     from_rpc_error,
@@ -822,40 +825,136 @@ _STATE_NAME = {
 }
 
 
+class _Pending:
+    """A call of a handle's (WaitTransfer, CancelTransfer, or a poll naming
+    it at ``index``) that an interrupt left running: its answer may be the
+    outcome the daemon reports only once."""
+
+    __slots__ = ("fut", "index")
+
+    def __init__(self, fut: Any, index: Optional[int]) -> None:
+        self.fut, self.index = fut, index
+
+    def outcome(self) -> Any:
+        """The call's answer for the handle; ``None`` if the call failed."""
+        f = self.fut
+        if f.cancelled() or f.exception() is not None:
+            return None
+        r = f.result()
+        return r if self.index is None else r.outcomes[self.index]
+
+
 class Transfer:
-    """An async transfer: :meth:`Client.start_transfer`,
-    :meth:`Client.start_submit` or ``transfer_blocks(..., wait=False)``.
+    """The one handle of every async transfer: :meth:`Client.start_transfer`,
+    :meth:`Client.start_submit`, ``transfer_blocks(..., wait=False)`` or
+    ``after=...`` (``Client``, :mod:`b2b.kv`, :mod:`b2b.stream`).
 
     The daemon reports a transfer's outcome once; the handle keeps it, so
-    :meth:`wait`, :meth:`done` and :attr:`result` may be asked again. The
-    transfer belongs to the client's connection: closing the client cancels
-    it. Usage::
+    :meth:`wait`, :meth:`done`, :attr:`result` and :attr:`error` may be asked
+    again. An outcome the daemon handed over is never lost: not by a
+    :meth:`Client.poll` of mixed handles, not by an interrupt
+    (``KeyboardInterrupt``) during :meth:`wait`, whose call goes on and whose
+    answer the next :meth:`wait` (or :meth:`done`) takes. The transfer
+    belongs to the client's connection: closing the client cancels it.
+    Usage::
 
         h = c.transfer_blocks("kv", peer, "kv", src_ids, dst_ids, wait=False)
         ...
         if h.done():
             r = h.result          # TransferResult, or raises the failure
+        h.wait(timeout=5)         # WaitTimeoutError (a TimeoutError) if still running
         h.cancel()                # returns once no byte of it lands any more
     """
 
-    __slots__ = ("_client", "id", "_outcome", "__weakref__")
+    __slots__ = ("_client", "id", "_outcome", "_pending", "remote_ids", "__weakref__")
 
-    def __init__(self, client: "Client", transfer_id: int) -> None:
+    def __init__(self, client: "Client", transfer_id: int, remote_ids: Any = None) -> None:
         self._client = client
         #: The daemon's id of the transfer (never 0).
-        self.id = transfer_id
+        self.id = int(transfer_id)
+        #: A block transfer's destination ids as given (for an engine's
+        #: ``get_block_ids_with_load_errors``); ``None`` for other kinds.
+        self.remote_ids = remote_ids
         self._outcome: Any = None
+        self._pending: Optional[_Pending] = None
 
     def _take(self, o: Any) -> bool:
+        if self._outcome is not None:
+            return True
         if o.state != _RUNNING:
             self._outcome = o
             return True
         return False
 
+    def _keep(self, p: _Pending) -> None:
+        """Keep p, interrupted, until it answers; its answer lands here."""
+        self._pending = p
+
+        def landed(_f: Any) -> None:
+            o = p.outcome()
+            if o is not None:
+                self._take(o)
+            if self._pending is p:
+                self._pending = None
+
+        p.fut.add_done_callback(landed)
+
+    def _join(self, timeout: Optional[float]) -> bool:
+        """Wait for a call an interrupt left running; ``False`` if it is
+        still out after ``timeout`` seconds."""
+        p = self._pending
+        if p is None:
+            return True
+        try:
+            p.fut.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            return False
+        except grpc.RpcError:
+            pass
+        o = p.outcome()
+        if o is not None:
+            self._take(o)
+        if self._pending is p:
+            self._pending = None
+        return True
+
+    def _ask(self, method: Any, req: Any, rpc_timeout: Optional[float]) -> Any:
+        """One call answering this transfer's outcome (WaitTransfer,
+        CancelTransfer); interrupted, it goes on and is kept (:meth:`_keep`)."""
+        c = self._client
+        if c._closed:
+            raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+        deadline = deadline_after(rpc_timeout)
+        fut = method.future(req, timeout=rpc_timeout)
+        try:
+            o = fut.result()
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, deadline) from e
+        except BaseException:
+            self._keep(_Pending(fut, None))
+            raise
+        self._take(o)
+        return o
+
+    @property
+    def client(self) -> "Client":
+        return self._client
+
+    @property
+    def outcome(self) -> Any:
+        """The daemon's raw ``TransferOutcome`` once the transfer ended
+        (``result.phases`` carries the trigger times), else ``None``."""
+        return self._outcome
+
     @property
     def state(self) -> str:
         """``"running"`` (as far as the handle knows), ``"done"``, ``"failed"`` or ``"cancelled"``."""
         return "running" if self._outcome is None else _STATE_NAME.get(self._outcome.state, str(self._outcome.state))
+
+    @property
+    def failed(self) -> bool:
+        """``True`` once the transfer ended failed or cancelled."""
+        return self._outcome is not None and self._outcome.state != pb.TRANSFER_STATE_DONE
 
     @property
     def error(self) -> Optional[B2BError]:
@@ -866,7 +965,7 @@ class Transfer:
         code = _CODE_BY_VALUE.get(o.code, grpc.StatusCode.UNKNOWN)
         if o.state == pb.TRANSFER_STATE_CANCELLED and code == grpc.StatusCode.OK:
             code = grpc.StatusCode.CANCELLED
-        return error_for_code(code, o.message)
+        return error_for_code(code, o.message or f"transfer {self.id} {_STATE_NAME.get(o.state, o.state)}")
 
     @property
     def result(self) -> Optional[TransferResult]:
@@ -890,17 +989,21 @@ class Transfer:
         """Wait until the transfer ends and return its :class:`TransferResult`;
         raise its failure (``CancelledError`` once cancelled). With
         ``timeout`` (seconds) and the transfer still running then, raise
-        ``TimeoutError``: the transfer goes on."""
+        :class:`WaitTimeoutError` (a ``TimeoutError``): the transfer goes on."""
+        if timeout is not None and timeout < 0:
+            raise _invalid(f"timeout {timeout!r}: want seconds >= 0, or None")
+        end = None if timeout is None else time.monotonic() + timeout
+        if self._outcome is None and not self._join(timeout):
+            raise WaitTimeoutError(grpc.StatusCode.DEADLINE_EXCEEDED, f"transfer {self.id} still running after {timeout} s")
         if self._outcome is None:
             req = pb.WaitTransferRequest(transfer_id=self.id)
             rpc_timeout = None
-            if timeout is not None:
-                if timeout < 0:
-                    raise _invalid(f"timeout {timeout!r}: want seconds >= 0, or None")
-                req.timeout_ms = max(1, int(timeout * 1000))
-                rpc_timeout = timeout + 30.0  # the daemon answers RUNNING at timeout_ms
-            if not self._take(self._client._call(self._client._stub.WaitTransfer, req, rpc_timeout)):
-                raise TimeoutError(f"transfer {self.id} still running after {timeout} s")
+            if end is not None:
+                left = max(0.0, end - time.monotonic())
+                req.timeout_ms = max(1, int(left * 1000))
+                rpc_timeout = left + 30.0  # the daemon answers RUNNING at timeout_ms
+            if not self._take(self._ask(self._client._stub.WaitTransfer, req, rpc_timeout)):
+                raise WaitTimeoutError(grpc.StatusCode.DEADLINE_EXCEEDED, f"transfer {self.id} still running after {timeout} s")
         return self.result
 
     def cancel(self) -> bool:
@@ -908,7 +1011,16 @@ class Transfer:
         ``True`` if it was cancelled, ``False`` if it had ended otherwise
         (its outcome is kept: see :attr:`result`)."""
         if self._outcome is None:
-            self._take(self._client._call(self._client._stub.CancelTransfer, pb.CancelTransferRequest(transfer_id=self.id), None))
+            try:
+                self._ask(self._client._stub.CancelTransfer, pb.CancelTransferRequest(transfer_id=self.id), None)
+            except NotFoundError:
+                # A call of ours an interrupt left running may have taken the
+                # outcome first: it is ours.
+                if self._pending is None:
+                    raise
+                self._join(None)
+                if self._outcome is None:
+                    raise
         return self._outcome.state == pb.TRANSFER_STATE_CANCELLED
 
     def __repr__(self) -> str:
@@ -1361,6 +1473,9 @@ class Client:
         export_to: Sequence[str],
         persist: bool,
         deregister_on_close: bool,
+        *,
+        readers: Sequence[str] = (),
+        read_only: bool = False,
     ) -> CudaRegion:
         """Register the CUDA IPC range ``share`` names; the region keeps
         ``keep`` (the tensor or tensors over that memory) alive. ``b2b.kv``
@@ -1369,6 +1484,8 @@ class Client:
             cuda_ipc=pb.CudaIpc(device=share.device, ipc_handle=share.ipc_handle, offset=share.offset, size=share.size),
             export_name=export_name or "",
             export_to=list(export_to),
+            readers=_grants(readers),
+            read_only=bool(read_only),
             persist=bool(persist),
         )
         try:
@@ -1559,23 +1676,44 @@ class Client:
         """A submit of a prepared plan, started async (see :class:`Transfer`)."""
         return self._start(pb.StartTransferRequest(submit=pb.SubmitTransferRequest(handle=plan.handle)), timeout)
 
-    def _start(self, req: Any, timeout: Optional[float]) -> "Transfer":
+    def _start(self, req: Any, timeout: Optional[float], remote_ids: Any = None) -> "Transfer":
         if timeout is not None:
             if timeout <= 0:
                 raise _invalid(f"timeout {timeout!r}: want seconds > 0, or None for the daemon's default")
-            req.timeout_ms = max(1, int(timeout * 1000))
+            req.timeout_ms = max(1, int(math.ceil(timeout * 1000)))
         r = self._call(self._stub.StartTransfer, req, self.timeout)
-        return Transfer(self, int(r.transfer_id))
+        return Transfer(self, int(r.transfer_id), remote_ids)
 
     def poll(self, transfers: Sequence["Transfer"]) -> List[bool]:
         """Ask for every handle's state in one call, without waiting; returns
-        ``done()`` of each (an ended one keeps its outcome in its handle)."""
-        ask = [t for t in transfers if t._outcome is None]
+        ``done()`` of each (an ended one keeps its outcome in its handle).
+        Any handle kind mixes (they are all :class:`Transfer`). A handle with
+        a call an interrupt left running is not asked again: that call's
+        answer is its outcome. Interrupted, the poll goes on and its answers
+        land in the handles."""
+        ts = list(transfers)
+        for t in ts:
+            if not isinstance(t, Transfer):
+                raise TypeError(f"poll: {t!r} is {type(t).__name__}, not a b2b.Transfer handle")
+            if t._pending is not None and t._pending.fut.done():
+                t._join(0)
+        ask = [t for t in ts if t._outcome is None and t._pending is None]
         if ask:
-            r = self._call(self._stub.PollTransfers, pb.PollTransfersRequest(transfer_ids=[t.id for t in ask]), self.timeout)
+            if self._closed:
+                raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+            deadline = deadline_after(self.timeout)
+            fut = self._stub.PollTransfers.future(pb.PollTransfersRequest(transfer_ids=[t.id for t in ask]), timeout=self.timeout)
+            try:
+                r = fut.result()
+            except grpc.RpcError as e:
+                raise from_rpc_error(e, deadline) from e
+            except BaseException:
+                for i, t in enumerate(ask):
+                    t._keep(_Pending(fut, i))
+                raise
             for t, o in zip(ask, r.outcomes):
                 t._take(o)
-        return [t._outcome is not None for t in transfers]
+        return [t._outcome is not None for t in ts]
 
     # -- layouts and block-id transfers (docs/kv.md) -------------------------
 
@@ -1661,9 +1799,9 @@ class Client:
 
             start = pb.StartTransferRequest(blocks=req)
             start.after.CopyFrom(trigger_proto(after))
-            return self._start(start, timeout)
+            return self._start(start, timeout, remote_ids)
         if not wait:
-            return self._start(pb.StartTransferRequest(blocks=req), timeout)
+            return self._start(pb.StartTransferRequest(blocks=req), timeout, remote_ids)
         return TransferResult.from_proto(self._transfer_call(self._stub.TransferBlocks, req, timeout))
 
     # -- prepared transfers -----------------------------------------------

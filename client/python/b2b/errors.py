@@ -23,6 +23,7 @@ __all__ = [
     "InvalidArgumentError",
     "UnavailableError",
     "DeadlineExceededError",
+    "WaitTimeoutError",
     "FailedPreconditionError",
     "ResourceExhaustedError",
     "PermissionDeniedError",
@@ -86,6 +87,13 @@ class DeadlineExceededError(B2BError):
     """The call's timeout passed before it finished (``DEADLINE_EXCEEDED``)."""
 
     CODE = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class WaitTimeoutError(DeadlineExceededError, TimeoutError):
+    """A handle's ``wait(timeout)`` ran out while the transfer still runs: it
+    goes on, and a later ``wait()``, ``done()`` or ``Client.poll`` gets its
+    outcome. Also a :class:`TimeoutError`; the transfer's own deadline
+    passing is a plain :class:`DeadlineExceededError` outcome instead."""
 
 
 class FailedPreconditionError(B2BError):

@@ -28,6 +28,7 @@ before a transfer reads the tensors, and after one wrote them.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -40,11 +41,13 @@ from .client import (
     Client,
     CudaRegion,
     HostRegion,
+    Transfer,
     TransferResult,
     _dereg_default,
+    _op,
     _transport,
 )
-from .errors import B2BError, InvalidArgumentError, error_for_code
+from .errors import B2BError, InvalidArgumentError
 from .stream import Counter, mark_layer_done, trigger_proto  # layer streaming (docs/kv.md)
 from .v1 import b2b_pb2 as pb
 
@@ -113,8 +116,10 @@ def _is_stacked(v: _View, stacked: Optional[bool]) -> bool:
 @dataclass(frozen=True)
 class _Blocks:
     """One tensor's blocks before a region is known: block ``b`` is the
-    ``block_len`` bytes at ``addr + b*stride``; ``rows`` is dim 1's size and
-    ``row_bytes`` its bytes (for head slices)."""
+    ``block_len`` bytes at ``addr + b*stride``. ``heads_dim`` is the dim
+    holding the heads (``None``: not told, see ``kv_layout``), ``rows`` its
+    size, and ``head_bytes`` one head's bytes when the heads are the block's
+    outermost dim in memory (a head slice is then one range), else ``None``."""
 
     view: _View
     addr: int
@@ -122,21 +127,54 @@ class _Blocks:
     stride: int
     num_blocks: int
     rows: int
-    row_bytes: int
+    heads_dim: Optional[int] = None
+    head_bytes: Optional[int] = None
 
 
-def _blocks(v: _View) -> _Blocks:
-    """Dim 0 is the block id; the rest of a block must be contiguous."""
+#: kv_layout names: the dim of one K or V tensor ``[num_blocks, ...]`` that
+#: holds the heads (vLLM's names for its cache layouts).
+KV_LAYOUTS = {"HND": 1, "NHD": 2}
+
+
+def _heads_dim(v: _View, kv_layout: Union[None, str, int]) -> Optional[int]:
+    if kv_layout is None:
+        return None
+    if isinstance(kv_layout, str):
+        if kv_layout.upper() not in KV_LAYOUTS:
+            raise _invalid(f"b2b.kv: kv_layout={kv_layout!r}: want 'HND' ([num_blocks, heads, block_size, head_dim]), "
+                           "'NHD' ([num_blocks, block_size, heads, head_dim]) or the dim that holds the heads")
+        d = KV_LAYOUTS[kv_layout.upper()]
+    elif isinstance(kv_layout, int) and not isinstance(kv_layout, bool):
+        d = kv_layout
+    else:
+        raise TypeError(f"b2b.kv: kv_layout is {type(kv_layout).__name__}: want 'HND', 'NHD' or a dim")
+    if not 1 <= d < len(v.shape):
+        raise _invalid(f"b2b.kv: kv_layout={kv_layout!r}: tensor {v.label!r} has shape {v.shape}, "
+                       f"no dim {d} after the block id (dim 0) to hold the heads")
+    return d
+
+
+def _blocks(v: _View, kv_layout: Union[None, str, int] = None) -> _Blocks:
+    """Dim 0 is the block id; the rest of a block must be contiguous: in
+    order, or, with ``kv_layout`` told, in any order of its dims (vLLM's
+    HND cache viewed as NHD is a permutation of dense storage: the
+    block's bytes, the underlying storage's, are registered)."""
     if not v.shape:
         raise _invalid(f"b2b.kv: tensor {v.label!r} is a scalar: dim 0 must be the block id")
     if any(n == 0 for n in v.shape):
         raise _invalid(f"b2b.kv: tensor {v.label!r} has shape {v.shape}: it has no elements")
+    hd = _heads_dim(v, kv_layout)
+    dims = range(len(v.shape) - 1, 0, -1)
+    if hd is not None:  # any order: innermost (smallest stride) first
+        dims = sorted((d for d in range(1, len(v.shape)) if v.shape[d] != 1), key=lambda d: (v.strides[d], -d))
     expected = v.itemsize
-    for d in range(len(v.shape) - 1, 0, -1):
+    for d in dims:
         if v.shape[d] != 1 and v.strides[d] != expected:
             raise _invalid(
                 f"b2b.kv: tensor {v.label!r}: dim {d} has stride {v.strides[d]} bytes, want {expected} "
                 f"(shape {v.shape}, strides {v.strides} bytes): the rest of a block must be contiguous"
+                + ("" if hd is not None else " (a permuted view of dense blocks, such as vLLM's HND cache seen as NHD, "
+                   "is accepted with kv_layout='HND' or 'NHD')")
             )
         expected *= v.shape[d]
     block_len, n = expected, v.shape[0]
@@ -146,11 +184,15 @@ def _blocks(v: _View) -> _Blocks:
             f"b2b.kv: tensor {v.label!r}: dim 0 (the block id) has stride {stride} bytes, "
             f"below the block's {block_len} bytes: blocks would overlap"
         )
-    rows = v.shape[1] if len(v.shape) > 1 else 1
-    return _Blocks(v, v.addr, block_len, stride, n, rows, block_len // rows)
+    if hd is None:
+        return _Blocks(v, v.addr, block_len, stride, n, v.shape[1] if len(v.shape) > 1 else 1)
+    rows = v.shape[hd]
+    outer = rows == 1 or v.strides[hd] * rows == block_len
+    return _Blocks(v, v.addr, block_len, stride, n, rows, hd, v.strides[hd] if outer and rows > 1 else (block_len if outer else None))
 
 
-def _flatten(tensors: Union[Sequence[Any], Dict[str, Any]], stacked: Optional[bool]) -> List[_Blocks]:
+def _flatten(tensors: Union[Sequence[Any], Dict[str, Any]], stacked: Optional[bool],
+             kv_layout: Union[None, str, int] = None) -> List[_Blocks]:
     if isinstance(tensors, dict):
         items = [(str(k), t) for k, t in tensors.items()]
     elif isinstance(tensors, (list, tuple)):
@@ -165,9 +207,9 @@ def _flatten(tensors: Union[Sequence[Any], Dict[str, Any]], stacked: Optional[bo
         if _is_stacked(v, stacked):
             if len(v.shape) < 2 or v.shape[0] != 2:
                 raise _invalid(f"b2b.kv: tensor {label!r} has shape {v.shape}: a stacked K/V tensor is [2, num_blocks, ...]")
-            out.extend(_blocks(_sub(v, k)) for k in (0, 1))
+            out.extend(_blocks(_sub(v, k), kv_layout) for k in (0, 1))
         else:
-            out.append(_blocks(v))
+            out.append(_blocks(v, kv_layout))
     n0 = out[0].num_blocks
     for b in out[1:]:
         if b.num_blocks != n0:
@@ -181,16 +223,45 @@ def _flatten(tensors: Union[Sequence[Any], Dict[str, Any]], stacked: Optional[bo
 
 
 def _slice(b: _Blocks, heads: Optional[Tuple[int, int]]) -> Tuple[int, int]:
-    """``(offset into the block, block_len)`` of a head slice (dim 1)."""
+    """``(offset into the block, block_len)`` of a head slice."""
     if heads is None:
         return 0, b.block_len
     start, count = (int(x) for x in heads)
+    if b.heads_dim is None:
+        raise _invalid(
+            f"b2b.kv: heads=({start}, {count}) needs to be told where tensor {b.view.label!r}'s heads are "
+            f"(shape {b.view.shape}): give kv_layout='HND' ([num_blocks, heads, block_size, head_dim]), "
+            "'NHD' ([num_blocks, block_size, heads, head_dim], vLLM's default) or the dim that holds the heads"
+        )
     if start < 0 or count <= 0 or start + count > b.rows:
         raise _invalid(
-            f"b2b.kv: heads=({start}, {count}) is outside tensor {b.view.label!r}'s dim 1 of {b.rows} "
-            "(heads=(start, count) slices dim 1 of each block: the heads of a heads-first [num_blocks, heads, ...] pool)"
+            f"b2b.kv: heads=({start}, {count}) is outside tensor {b.view.label!r}'s {b.rows} heads "
+            f"(dim {b.heads_dim} of shape {b.view.shape})"
         )
-    return start * b.row_bytes, count * b.row_bytes
+    if count == b.rows:
+        return 0, b.block_len
+    if b.head_bytes is None:
+        raise _invalid(
+            f"b2b.kv: heads=({start}, {count}) of tensor {b.view.label!r} (shape {b.view.shape}, strides "
+            f"{b.view.strides} bytes): its heads (dim {b.heads_dim}) are not the block's outermost dim in memory, "
+            "so a head slice is one piece per token, not one range. Allocate the cache heads-first: vLLM's HND "
+            "layout (VLLM_KV_CACHE_LAYOUT=HND, or the connector's get_required_kvcache_layout() returning 'HND'; "
+            "its NHD-shaped views of that storage are accepted), or move whole blocks"
+        )
+    return start * b.head_bytes, count * b.head_bytes
+
+
+def _heads_arg(blocks: List[_Blocks], heads: Optional[Tuple[int, int]], kv_layout: Union[None, str, int]) -> Optional[Tuple[int, int]]:
+    """Check ``heads`` against every tensor before anything is registered."""
+    if heads is None:
+        return None
+    try:
+        start, count = (int(x) for x in heads)
+    except (TypeError, ValueError):
+        raise _invalid(f"b2b.kv: heads={heads!r}: want (start, count)") from None
+    for b in blocks:
+        _slice(b, (start, count))
+    return start, count
 
 
 # ---------------------------------------------------------------------------
@@ -229,12 +300,15 @@ class Layout:
 
     def __init__(self, client: Client, name: str, blocks: List[_Blocks], bases: List[Tuple[Any, int]],
                  owned: List[CudaRegion], heads: Optional[Tuple[int, int]], export_name: str,
-                 export_to: Sequence[str]) -> None:
+                 export_to: Sequence[str], readers: Sequence[str] = (), read_only: bool = False) -> None:
         self.client = client
         self.name = name
         self.export_name = export_name
         self.export_to = tuple(export_to)
+        self.readers = tuple(_readers(readers))
+        self.read_only = bool(read_only)
         self.heads = heads
+        self._exported: List[Any] = []  # regions this layout exported (withdrawn by close)
         self._blocks = blocks
         self._bases = bases  # per block entry: (region, region's device/host base address)
         self._owned = owned  # regions this layout registered (and releases)
@@ -271,18 +345,32 @@ class Layout:
             export_name=self.export_name,
             export_to=self.export_to,
             persist=self.persist,
+            readers=self.readers,
+            read_only=self.read_only,
         )
+        _open_layouts.add(self)
 
     def view(self, name: str, heads: Tuple[int, int], export_name: Optional[str] = None,
-             export_to: Sequence[str] = ()) -> "Layout":
+             export_to: Sequence[str] = (), *, kv_layout: Union[None, str, int] = None, readers: Sequence[str] = (),
+             read_only: bool = False) -> "Layout":
         """Register another layout over the same regions, exporting only
-        ``heads=(start, count)`` of dim 1 of every block: for a peer with
-        more tensor parallelism (docs/kv.md, "Several layouts may view the
-        same regions"). Closed with this layout."""
-        child = Layout(self.client, name, self._blocks, self._bases, [], heads, export_name or "", export_to)
+        ``heads=(start, count)`` of every block: for a peer with more tensor
+        parallelism (docs/kv.md, "Several layouts may view the same
+        regions"). ``kv_layout`` says where the heads are, as for
+        :func:`register` (needed unless the layout was registered with it). ``readers`` (peer identities, ``"*"``: any) may
+        pull from it, ``read_only``: no peer may write it. Closed with this
+        layout."""
+        blocks = self._blocks if kv_layout is None else [_blocks(b.view, kv_layout) for b in self._blocks]
+        heads = _heads_arg(blocks, heads, kv_layout)
+        child = Layout(self.client, name, blocks, self._bases, [], heads, export_name or "", export_to,
+                       readers, read_only)
         child.persist = self.persist
-        _export_regions(self.client, child.regions, export_name or "", export_to)
-        child._register()
+        try:
+            child._exported = _export_regions(self.client, child.regions, child)
+            child._register()
+        except BaseException:
+            child._withdraw()
+            raise
         self._children.append(child)
         return child
 
@@ -298,9 +386,13 @@ class Layout:
         notification: Optional[bytes] = None,
         wait: bool = True,
         after: Optional[Tuple[Counter, int]] = None,
+        op: Union[None, str, int] = None,
     ) -> Union[TransferResult, "BlocksTransfer"]:
         """Move block ``local_ids[i]`` of every segment to block
-        ``remote_ids[i]`` of the peer's layout exported as ``remote_layout``.
+        ``remote_ids[i]`` of the peer's layout exported as ``remote_layout``;
+        ``op="read"`` pulls instead: block ``remote_ids[i]`` of the peer's
+        layout (exported with ``readers`` naming this daemon, or ``"*"``)
+        into block ``local_ids[i]`` here (``local_ids`` unique).
 
         Ids are lists, numpy arrays or torch integer tensors (packed as
         little-endian uint32 by numpy). ``wait=True`` returns the
@@ -323,7 +415,7 @@ class Layout:
             raise _invalid(f"b2b.kv: remote_layout {remote_layout!r}: want the peer layout's export name")
         if wait and after is None:
             return self.client.transfer_blocks(self.name, peer, remote, local_ids, remote_ids, timeout=timeout,
-                                               transport=transport, notification=notification)
+                                               transport=transport, notification=notification, op=op)
         req = pb.TransferBlocksRequest(
             local_layout=self.name,
             peer=peer,
@@ -331,17 +423,21 @@ class Layout:
             local_ids=pack_ids(local_ids, "local_ids"),
             remote_ids=pack_ids(remote_ids, "remote_ids"),
             transport=_transport(transport),
+            op=_op(op),
         )
         if notification is not None:
             req.notification = bytes(notification)
         return start_blocks(self.client, req, timeout, remote_ids, after)
 
     def close(self) -> None:
-        """Deregister the layout (and its views), then the CUDA regions it
-        registered. Host regions stay the caller's. Safe twice."""
+        """Deregister the layout (and its views), withdraw the region exports
+        it made (a peer can no longer write into the pool by name), then
+        deregister the CUDA regions it registered. Host regions stay the
+        caller's, unexported again. Safe twice."""
         if self._closed:
             return
         self._closed = True
+        _open_layouts.discard(self)
         errors: List[BaseException] = []
         for c in self._children:
             try:
@@ -353,6 +449,7 @@ class Layout:
         except B2BError as e:
             if e.code != grpc.StatusCode.NOT_FOUND:
                 errors.append(e)
+        errors.extend(self._withdraw())
         for r in self._owned:
             try:
                 r.close(deregister=True)
@@ -372,14 +469,52 @@ class Layout:
                 f"{len(self.regions)} regions{', exported as ' + repr(self.export_name) if self.export_name else ''})")
 
 
-def _export_regions(client: Client, regions: Iterable[Any], export_name: str, export_to: Sequence[str]) -> None:
-    """Peers write only exported regions: export each region of an exported
-    layout that is not exported yet, as ``<export_name>.<region id>``."""
-    if not export_name:
-        return
+    def _withdraw(self) -> List[BaseException]:
+        """Un-export the regions this layout exported, unless another open
+        exported layout of this client still covers one (it takes the
+        export over); returns the failures."""
+        errors: List[BaseException] = []
+        exported, self._exported = self._exported, []
+        for r in exported:
+            heir = next((o for o in list(_open_layouts) if o is not self and o.client is self.client and o.export_name
+                         and any(x is r for x in o.regions)), None)
+            if heir is not None:
+                heir._exported.append(r)
+                continue
+            if getattr(r, "closed", False) or any(r is o for o in self._owned):
+                continue  # gone, or deregistered below
+            try:
+                self.client.export(r, None)
+            except B2BError as e:
+                if e.code != grpc.StatusCode.NOT_FOUND:
+                    errors.append(e)
+        return errors
+
+
+#: Open layouts, so that a closing one leaves the region exports another
+#: open layout relies on.
+_open_layouts: "weakref.WeakSet[Layout]" = weakref.WeakSet()
+
+
+def _readers(readers: Sequence[str]) -> List[str]:
+    if isinstance(readers, str):
+        raise TypeError("readers: expected a sequence of peer identities (or ['*']), got a str")
+    return list(readers)
+
+
+def _export_regions(client: Client, regions: Iterable[Any], lay: "Layout") -> List[Any]:
+    """Peers write (and, granted, read) only exported regions: export each
+    region of an exported layout that is not exported yet, as
+    ``<export_name>.<region id>``, with the layout's grants. Returns the
+    regions exported here (the layout withdraws them on close)."""
+    done: List[Any] = []
+    if not lay.export_name:
+        return done
     for r in regions:
         if not r.export_name:
-            client.export(r, f"{export_name}.{r.id}", export_to)
+            client.export(r, f"{lay.export_name}.{r.id}", lay.export_to, readers=lay.readers, read_only=lay.read_only)
+            done.append(r)
+    return done
 
 
 def register(
@@ -390,8 +525,11 @@ def register(
     export_to: Sequence[str] = (),
     *,
     heads: Optional[Tuple[int, int]] = None,
+    kv_layout: Union[None, str, int] = None,
     stacked: Optional[bool] = None,
     persist: bool = False,
+    readers: Sequence[str] = (),
+    read_only: bool = False,
 ) -> Layout:
     """Register a KV cache's tensors as one layout named ``name``.
 
@@ -402,12 +540,24 @@ def register(
         export_name: export the layout (and its regions) under this name, for
             peers to write into (the receiving side). ``export_to``: the peer
             identities allowed (empty: every peer).
-        heads: ``(start, count)``: export only that slice of dim 1 of every
-            block (the heads of a heads-first pool), for a peer with more
-            tensor parallelism; see also :meth:`Layout.view`.
+        heads: ``(start, count)``: export only those heads of every block,
+            for a peer with more tensor parallelism; see also
+            :meth:`Layout.view`. Needs ``kv_layout``.
+        kv_layout: where the heads are in one K or V tensor: ``"HND"``
+            (``[num_blocks, heads, block_size, head_dim]``), ``"NHD"``
+            (``[num_blocks, block_size, heads, head_dim]``, vLLM's default)
+            or the dim's index. A head slice must be one range of each
+            block: the heads must be the block's outermost dim in memory
+            (HND storage, also when viewed as NHD: vLLM's permuted view of
+            an HND cache is registered by its storage); otherwise
+            ``ValueError`` says how to allocate the cache. With it, a block
+            may be any permutation of dense storage.
         stacked: split ``[2, num_blocks, ...]`` tensors into K and V segments.
             ``None``: split 5-D tensors whose dim 0 is 2 (vLLM's layout).
         persist: CUDA regions outlive this client's connection.
+        readers: peer identities (``"*"``: any peer) that may pull from the
+            exported layout (``transfer_blocks(..., op="read")`` on their
+            side); ``read_only``: no peer may write it.
 
     Raises ``ValueError`` (:class:`~b2b.InvalidArgumentError`) naming the
     tensor when a block is not contiguous, blocks overlap, tensors disagree on
@@ -415,35 +565,38 @@ def register(
     """
     if not isinstance(name, str) or not name:
         raise _invalid("b2b.kv: name is empty: a layout needs a name")
-    blocks = _flatten(tensors, stacked)
-    if heads is not None:
-        for b in blocks:
-            _slice(b, heads)  # refuse a bad slice before registering anything
+    blocks = _flatten(tensors, stacked, kv_layout)
+    heads = _heads_arg(blocks, heads, kv_layout)  # refuse a bad slice before registering anything
+    grants = _readers(readers)
     owned: List[CudaRegion] = []
     bases: List[Tuple[Any, int]] = []
+    lay: Optional[Layout] = None
     try:
         if blocks[0].view.cuda:
-            bases = _register_cuda(client, blocks, export_name or "", export_to, persist, owned)
+            bases = _register_cuda(client, blocks, export_name or "", export_to, persist, owned, grants, read_only)
         else:
             for b in blocks:
                 r = _host_region(client, b)
                 bases.append((r, int(r.array.ctypes.data)))
-        layout = Layout(client, name, blocks, bases, owned, heads, export_name or "", export_to)
-        layout.persist = persist
-        _export_regions(client, layout.regions, export_name or "", export_to)
-        layout._register()
+        lay = Layout(client, name, blocks, bases, owned, heads, export_name or "", export_to, grants, read_only)
+        lay.persist = persist
+        lay._exported = _export_regions(client, lay.regions, lay)
+        lay._register()
     except BaseException:
+        if lay is not None:
+            lay._withdraw()
         for r in owned:
             try:
                 r.close(deregister=True)
             except B2BError:
                 pass
         raise
-    return layout
+    return lay
 
 
 def _register_cuda(client: Client, blocks: List[_Blocks], export_name: str, export_to: Sequence[str],
-                   persist: bool, owned: List[CudaRegion]) -> List[Tuple[Any, int]]:
+                   persist: bool, owned: List[CudaRegion], readers: Sequence[str] = (),
+                   read_only: bool = False) -> List[Tuple[Any, int]]:
     """One cuda_ipc region per distinct allocation, spanning its tensors."""
     groups: Dict[Tuple[int, int], List[int]] = {}
     ranges: Dict[Tuple[int, int], int] = {}
@@ -468,7 +621,8 @@ def _register_cuda(client: Client, blocks: List[_Blocks], export_name: str, expo
         share = _cuda.share_range(first, base, lo, hi - lo)
         keep = tuple({id(blocks[i].view.obj): blocks[i].view.obj for i in idx}.values())
         rname = f"{export_name}.r{n}" if export_name else None
-        region = client._register_cuda_share(keep, share, rname, export_to, persist, dereg)
+        region = client._register_cuda_share(keep, share, rname, export_to, persist, dereg,
+                                             readers=readers if export_name else (), read_only=read_only)
         owned.append(region)
         for i in idx:
             bases[i] = (region, lo)
@@ -479,75 +633,9 @@ def _register_cuda(client: Client, blocks: List[_Blocks], export_name: str, expo
 # Async handles.
 
 
-class BlocksTransfer:
-    """A started block-id transfer (``transfer_blocks(wait=False)``).
-
-    ``done()`` polls without blocking, ``wait()`` blocks (and returns the
-    :class:`~b2b.TransferResult` or raises the transfer's error),
-    ``cancel()`` stops it: once the cancel is answered no byte of it lands any
-    more. ``remote_ids`` are the destination ids, for an engine's
-    ``get_block_ids_with_load_errors``.
-    """
-
-    def __init__(self, client: Client, transfer_id: int, remote_ids: Any) -> None:
-        self.client = client
-        self.id = int(transfer_id)
-        self.remote_ids = remote_ids
-        self._outcome: Any = None
-
-    def _settle(self, o: Any) -> bool:
-        if o.state in (pb.TRANSFER_STATE_DONE, pb.TRANSFER_STATE_FAILED, pb.TRANSFER_STATE_CANCELLED):
-            self._outcome = o
-            return True
-        return False
-
-    def done(self) -> bool:
-        """True once the transfer ended (done, failed or cancelled)."""
-        if self._outcome is not None:
-            return True
-        r = self.client._call(self.client.stub.PollTransfers, pb.PollTransfersRequest(transfer_ids=[self.id]),
-                              self.client.timeout)
-        return bool(r.outcomes) and self._settle(r.outcomes[0])
-
-    def wait(self, timeout: Optional[float] = None) -> TransferResult:
-        """Block until the transfer ends; return its result or raise its error."""
-        if self._outcome is None:
-            ms = 0 if timeout is None else max(1, int(timeout * 1000))
-            o = self.client._call(self.client.stub.WaitTransfer,
-                                  pb.WaitTransferRequest(transfer_id=self.id, timeout_ms=ms),
-                                  None if timeout is None else timeout + 5)
-            if not self._settle(o):
-                raise error_for_code(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                     f"transfer {self.id} still running after {timeout} s")
-        return self.result()
-
-    def result(self) -> TransferResult:
-        o = self._outcome
-        if o is None:
-            raise RuntimeError(f"transfer {self.id} has not ended: call wait() or done() first")
-        if o.state == pb.TRANSFER_STATE_DONE:
-            return TransferResult.from_proto(o.result)
-        code = _STATUS_BY_VALUE.get(o.code, grpc.StatusCode.UNKNOWN)
-        raise error_for_code(code, o.message or f"transfer {self.id} {pb.TransferState.Name(o.state)}")
-
-    @property
-    def failed(self) -> bool:
-        return self._outcome is not None and self._outcome.state != pb.TRANSFER_STATE_DONE
-
-    def cancel(self) -> None:
-        """Cancel it; returns once the daemon guarantees no more bytes land."""
-        if self._outcome is not None:
-            return
-        o = self.client._call(self.client.stub.CancelTransfer, pb.CancelTransferRequest(transfer_id=self.id),
-                              self.client.timeout)
-        self._settle(o)
-
-    def __repr__(self) -> str:
-        state = "running" if self._outcome is None else pb.TransferState.Name(self._outcome.state)
-        return f"BlocksTransfer({self.id}, {state})"
-
-
-_STATUS_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+#: A started block-id transfer: the one handle of every transfer kind
+#: (:class:`b2b.Transfer`), with ``remote_ids`` set.
+BlocksTransfer = Transfer
 
 
 def start_blocks(client: Client, req: Any, timeout: Optional[float], remote_ids: Any, after: Any = None) -> Any:
@@ -558,4 +646,4 @@ def start_blocks(client: Client, req: Any, timeout: Optional[float], remote_ids:
     if after is not None:
         start.after.CopyFrom(trigger_proto(after))
     r = client._call(client.stub.StartTransfer, start, client.timeout)
-    return BlocksTransfer(client, r.transfer_id, remote_ids)
+    return Transfer(client, r.transfer_id, remote_ids)

@@ -37,8 +37,8 @@ from typing import Any, Optional, Tuple, Union
 import grpc
 import numpy as np
 
-from .client import Client, HostRegion, TransferResult, _transport
-from .errors import InvalidArgumentError, error_for_code
+from .client import Client, HostRegion, Transfer, _transport
+from .errors import InvalidArgumentError
 from .v1 import b2b_pb2 as pb
 
 __all__ = ["Counter", "mark_layer_done", "transfer_blocks", "TriggeredTransfer", "trigger_proto", "CudaDriverError"]
@@ -277,54 +277,11 @@ def trigger_proto(after: Tuple[Counter, int]) -> Any:
     return pb.TransferTrigger(counter_region_id=counter.region_id, counter_offset=counter.offset, value=value)
 
 
-_STATUS_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
-
-
-class TriggeredTransfer:
-    """A started transfer (StartTransfer). ``wait()`` returns the
-    :class:`~b2b.TransferResult` or raises the transfer's error;
-    ``cancel()`` withdraws it (an armed one never posts); ``outcome`` is the
-    raw ``TransferOutcome`` once it ended, whose ``result.phases`` carries
-    ``trigger_seen_unix_ns``, ``posted_unix_ns`` and ``landed_unix_ns``."""
-
-    def __init__(self, client: Client, transfer_id: int) -> None:
-        self.client = client
-        self.id = int(transfer_id)
-        self.outcome: Any = None
-
-    def _settle(self, o: Any) -> bool:
-        if o.state in (pb.TRANSFER_STATE_DONE, pb.TRANSFER_STATE_FAILED, pb.TRANSFER_STATE_CANCELLED):
-            self.outcome = o
-            return True
-        return False
-
-    def done(self) -> bool:
-        if self.outcome is not None:
-            return True
-        r = self.client._call(self.client.stub.PollTransfers, pb.PollTransfersRequest(transfer_ids=[self.id]), self.client.timeout)
-        return bool(r.outcomes) and self._settle(r.outcomes[0])
-
-    def wait(self, timeout: Optional[float] = None) -> TransferResult:
-        if self.outcome is None:
-            ms = 0 if timeout is None else max(1, int(math.ceil(timeout * 1000)))
-            o = self.client._call(self.client.stub.WaitTransfer, pb.WaitTransferRequest(transfer_id=self.id, timeout_ms=ms),
-                                  None if timeout is None else timeout + 5)
-            if not self._settle(o):
-                raise error_for_code(grpc.StatusCode.DEADLINE_EXCEEDED, f"transfer {self.id} still running after {timeout} s")
-        o = self.outcome
-        if o.state == pb.TRANSFER_STATE_DONE:
-            return TransferResult.from_proto(o.result)
-        code = _STATUS_BY_VALUE.get(o.code, grpc.StatusCode.UNKNOWN)
-        raise error_for_code(code, o.message or f"transfer {self.id} {pb.TransferState.Name(o.state)}")
-
-    def cancel(self) -> None:
-        if self.outcome is None:
-            self._settle(self.client._call(self.client.stub.CancelTransfer, pb.CancelTransferRequest(transfer_id=self.id),
-                                           self.client.timeout))
-
-    def __repr__(self) -> str:
-        state = "running" if self.outcome is None else pb.TransferState.Name(self.outcome.state)
-        return f"TriggeredTransfer({self.id}, {state})"
+#: A started (possibly triggered) transfer: the one handle of every
+#: transfer kind (:class:`b2b.Transfer`). ``outcome`` is the raw
+#: ``TransferOutcome`` once it ended, whose ``result.phases`` carries
+#: ``trigger_seen_unix_ns``, ``posted_unix_ns`` and ``landed_unix_ns``.
+TriggeredTransfer = Transfer
 
 
 def transfer_blocks(client: Client, local_layout: str, peer: str, remote_layout: str, local_ids: Any, remote_ids: Any, *,
@@ -343,4 +300,4 @@ def transfer_blocks(client: Client, local_layout: str, peer: str, remote_layout:
     if after is not None:
         start.after.CopyFrom(trigger_proto(after))
     r = client._call(client.stub.StartTransfer, start, client.timeout)
-    return TriggeredTransfer(client, r.transfer_id)
+    return Transfer(client, r.transfer_id, remote_ids)

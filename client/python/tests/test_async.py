@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import threading
+import time
 import unittest
 
 import daemon_harness
@@ -10,6 +13,7 @@ import daemon_harness
 import numpy as np
 
 import b2b
+from b2b import kv, stream
 
 BLOCK, N = 4096, 64
 
@@ -95,6 +99,90 @@ class AsyncTest(daemon_harness.DaemonPair):
         with self.assertRaises(b2b.InvalidArgumentError) as cm:
             self.a.start_transfer(self.src, self.db.peer_address, "py-async", [N * BLOCK], [0], block_size=BLOCK)
         self.assertIn("src", str(cm.exception))
+
+
+class HandleTest(daemon_harness.DaemonPair):
+    """One handle type for every transfer kind: a poll mixing them, and an
+    interrupted wait, lose no outcome the daemon reports once."""
+
+    def setUp(self):
+        self.src = self.a.register_host(N * BLOCK)
+        self.dst = self.b.register_host(N * BLOCK, "py-handle")
+        self.src.memoryview[:] = np.random.default_rng(11).integers(0, 256, N * BLOCK, dtype=np.uint8).tobytes()
+        self.a.register_layout("py-handle-src", [(self.src, 0, BLOCK, BLOCK)], N)
+        self.b.register_layout("py-handle-dst", [(self.dst, 0, BLOCK, BLOCK)], N, export_name="py-handle-dst")
+        self.kv_src = kv.register(self.a, [b2b.as_array(self.src, np.uint8, (N, BLOCK))], name="py-handle-kv")
+
+    def tearDown(self):
+        self.kv_src.close()
+        self.a.deregister_layout("py-handle-src")
+        self.b.deregister_layout("py-handle-dst")
+        self.src.close(deregister=True)
+        self.dst.close(deregister=True)
+
+    def block(self, region, i):
+        return bytes(region.memoryview[i * BLOCK:(i + 1) * BLOCK])
+
+    def test_mixed_poll(self):
+        peer = self.db.peer_address
+        with stream.Counter(self.a, cuda=False) as c:
+            c.set(1)
+            hs = [
+                self.a.start_transfer(self.src, peer, "py-handle", [0], [0], block_size=BLOCK),           # a batch
+                self.kv_src.transfer_blocks(peer, "py-handle-dst", [1, 2], [11, 12], wait=False),        # b2b.kv
+                stream.transfer_blocks(self.a, "py-handle-src", peer, "py-handle-dst", [3], [13], after=(c, 1)),  # b2b.stream
+                self.a.transfer_blocks("py-handle-src", peer, "py-handle-dst", [4], [14], wait=False),   # Client
+            ]
+            deadline = time.monotonic() + 30
+            while not all(self.a.poll(hs)):
+                self.assertLess(time.monotonic(), deadline, f"handles still running: {hs}")
+                time.sleep(0.01)
+        self.assertEqual([h.state for h in hs], ["done"] * 4)
+        self.assertEqual([h.result.blocks for h in hs], [1, 2, 1, 1])
+        self.assertEqual(hs[1].remote_ids, [11, 12])
+        self.assertEqual(len({type(h) for h in hs}), 1, "every kind must be the one handle type")
+        for i, j in ((0, 0), (1, 11), (2, 12), (3, 13), (4, 14)):
+            self.assertEqual(self.block(self.dst, j), self.block(self.src, i), f"block {i} -> {j}")
+
+    def test_wait_timeout_is_one_error(self):
+        with stream.Counter(self.a, cuda=False) as c:
+            hs = [stream.transfer_blocks(self.a, "py-handle-src", self.db.peer_address, "py-handle-dst", [5], [15], after=(c, 1)),
+                  self.kv_src.transfer_blocks(self.db.peer_address, "py-handle-dst", [6], [16], after=(c, 1))]
+            for h in hs:
+                with self.assertRaises(b2b.WaitTimeoutError) as cm:
+                    h.wait(timeout=0.05)
+                self.assertIsInstance(cm.exception, TimeoutError)
+                self.assertIsInstance(cm.exception, b2b.DeadlineExceededError)
+                self.assertIs(h.cancel(), True)
+                self.assertIs(h.cancel(), True)  # kept: no second call
+                self.assertIsInstance(h.error, b2b.CancelledError)
+                self.assertTrue(h.failed)
+
+    def test_interrupted_wait_keeps_the_outcome(self):
+        # SIGINT may be ignored in a background job: handle it for this test.
+        self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
+        with stream.Counter(self.a, cuda=False) as c:
+            h = self.kv_src.transfer_blocks(self.db.peer_address, "py-handle-dst", [7, 8], [17, 18], after=(c, 1))
+            fired = threading.Event()
+
+            def interrupt_then_release():
+                time.sleep(0.5)  # the wait below is in flight by then
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                fired.wait(10)
+                c.set(1)  # the transfer runs; its outcome goes to the interrupted call
+
+            t = threading.Thread(target=interrupt_then_release)
+            try:
+                with self.assertRaises(KeyboardInterrupt):
+                    t.start()  # in here: the interrupt cannot strike outside the block
+                    h.wait()
+            finally:
+                fired.set()
+                t.join()
+            r = h.wait(timeout=30)
+        self.assertEqual(r.blocks, 2)
+        for i, j in ((7, 17), (8, 18)):
+            self.assertEqual(self.block(self.dst, j), self.block(self.src, i))
 
 
 if __name__ == "__main__":

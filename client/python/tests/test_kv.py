@@ -115,8 +115,8 @@ class KVTest(daemon_harness.DaemonPair):
             self.layout(self.b, d, name=f"kv-dec{rank}", export_name=f"kv-dec{rank}")
             ranks.append(d)
         full = self.layout(self.a, src, name="kv-pre")
-        lo = full.view("kv-pre-h0", heads=(0, 2))
-        hi = kv.register(self.a, src, name="kv-pre-h1", heads=(2, 2))  # the one-call form
+        lo = full.view("kv-pre-h0", heads=(0, 2), kv_layout="HND")
+        hi = kv.register(self.a, src, name="kv-pre-h1", heads=(2, 2), kv_layout="HND")  # the one-call form
         self.cleanup.append(hi)
         self.assertEqual([s.block_len for s in lo.segments], [BLOCK // 2] * layers)
         self.assertEqual([s.offset for s in hi.segments], [BLOCK // 2] * layers)
@@ -145,7 +145,7 @@ class KVTest(daemon_harness.DaemonPair):
             kv.register(self.a, [np.zeros((POOL, 8), np.uint8)], name="bad")
         self.assertIn("not in a region this client registered", str(cm.exception))
         with self.assertRaises(ValueError) as cm:
-            kv.register(self.a, [t], name="bad", heads=(3, 2))
+            kv.register(self.a, [t.transpose(0, 2, 1, 3)], name="bad", heads=(3, 2), kv_layout="HND")
         self.assertIn("heads=(3, 2)", str(cm.exception))
         self.assertEqual([], [x.name for x in self.a.stub.ListLayouts(b2b.v1.b2b_pb2.ListLayoutsRequest()).layouts
                               if x.name == "bad"], "a refused register must leave nothing behind")
@@ -166,6 +166,122 @@ class KVTest(daemon_harness.DaemonPair):
             ls.transfer_blocks(self.db.peer_address, "no-such-layout", [0], [1])
         for k in dst:
             np.testing.assert_array_equal(dst[k], before[k], err_msg=f"{k} changed by a refused transfer")
+
+    def test_heads_need_the_layout(self):
+        """heads=(start, count) on vLLM's default NHD pool: refused unless
+        told the layout, then refused with the fix (a head slice of an NHD
+        block is one piece per token); nothing is registered either time."""
+        _, src, _ = self.pools(layers=1)  # [POOL, BS, HEADS, HD]: NHD
+        for kw, want in (({}, "kv_layout='HND'"), ({"kv_layout": "NHD"}, "VLLM_KV_CACHE_LAYOUT=HND"),
+                         ({"kv_layout": 2}, "VLLM_KV_CACHE_LAYOUT=HND"), ({"kv_layout": "XYZ"}, "kv_layout='XYZ'")):
+            with self.subTest(**kw):
+                with self.assertRaises(ValueError) as cm:
+                    kv.register(self.a, src, name="kv-nhd", heads=(0, 2), **kw)
+                self.assertIn(want, str(cm.exception))
+        names = [x.name for x in self.a.stub.ListLayouts(b2b.v1.b2b_pb2.ListLayoutsRequest()).layouts]
+        self.assertNotIn("kv-nhd", names)
+
+    def test_vllm_permuted_hnd_view(self):
+        """vLLM's HND cache is dense heads-first storage that the attention
+        backend sees as an NHD-shaped view (permuted strides). Registered by
+        that view with kv_layout="NHD", each half of the heads goes to its
+        decode rank, byte for byte; the whole-block layout moves the storage."""
+        storage_shape = (POOL, HEADS, BS, HD)  # HND in memory
+        region = self.host(self.a, POOL * BLOCK)
+        storage = b2b.as_array(region, DT, storage_shape)
+        fill(storage, 77)
+        nhd_view = storage.transpose(0, 2, 1, 3)  # [POOL, BS, HEADS, HD], HND strides
+        self.assertEqual(nhd_view.shape, (POOL, BS, HEADS, HD))
+        with self.assertRaises(ValueError) as cm:  # untold, a permuted block is refused as before
+            kv.register(self.a, [nhd_view], name="kv-perm-untold")
+        self.assertIn("kv_layout='HND' or 'NHD'", str(cm.exception))
+        ranks = []
+        for rank in range(2):
+            d = b2b.as_array(self.host(self.b, POOL * BLOCK // 2), DT, (POOL, HEADS // 2, BS, HD))
+            d[...] = 0
+            self.layout(self.b, [d], name=f"kv-perm-dec{rank}", export_name=f"kv-perm-dec{rank}")
+            ranks.append(d)
+        whole_dst = b2b.as_array(self.host(self.b, POOL * BLOCK), DT, storage_shape)
+        whole_dst[...] = 0
+        self.layout(self.b, [whole_dst], name="kv-perm-whole", export_name="kv-perm-whole")
+        full = self.layout(self.a, [nhd_view], name="kv-perm", kv_layout="NHD")
+        self.assertEqual([(s.offset, s.block_len, s.stride) for s in full.segments], [(0, BLOCK, BLOCK)])
+        halves = [full.view(f"kv-perm-h{r}", heads=(2 * r, 2)) for r in range(2)]
+        self.assertEqual([(s.offset, s.block_len) for h in halves for s in h.segments], [(0, BLOCK // 2), (BLOCK // 2, BLOCK // 2)])
+        src_ids, dst_ids = [3, 4, 30], [9, 0, 31]
+        for r in range(2):
+            halves[r].transfer_blocks(self.db.peer_address, f"kv-perm-dec{r}", src_ids, dst_ids)
+        full.transfer_blocks(self.db.peer_address, "kv-perm-whole", src_ids, dst_ids)
+        for i, j in zip(src_ids, dst_ids):
+            np.testing.assert_array_equal(ranks[0][j], storage[i, :2])  # heads 0, 1 of every token
+            np.testing.assert_array_equal(ranks[1][j], storage[i, 2:])
+            np.testing.assert_array_equal(whole_dst[j], storage[i])
+        for j in set(range(POOL)) - set(dst_ids):
+            self.assertFalse(ranks[0][j].any() or ranks[1][j].any() or whole_dst[j].any())
+
+    def test_close_withdraws_region_exports(self):
+        """close() un-exports the regions the layout exported: a peer can no
+        longer write into the closed pool by the region's export name."""
+        src_region, src, dst = self.pools(layers=1)
+        ld = kv.register(self.b, dst, name="kv-close-dst", export_name="kv-close-dst")
+        names = [r.export_name for r in ld.regions]
+        self.assertTrue(all(names), names)
+        # A write by region name works while the layout is open.
+        self.a.batch_transfer(src_region, self.db.peer_address, names[0], [0], [0], block_size=BLOCK)
+        ld.close()
+        self.assertEqual([r.export_name for r in ld.regions], [""] * len(names))
+        for n in names:
+            with self.assertRaises(b2b.NotFoundError):
+                self.a.batch_transfer(src_region, self.db.peer_address, n, [0], [BLOCK], block_size=BLOCK)
+        ls = self.layout(self.a, src, name="kv-close-src")
+        with self.assertRaises(b2b.NotFoundError):
+            ls.transfer_blocks(self.db.peer_address, "kv-close-dst", [0], [1])
+        for t in dst.values():
+            self.assertFalse(t[1].any(), "a write landed in a closed pool")
+
+    def test_exports_kept_for_another_open_layout(self):
+        """A region exported by one layout stays exported while another open
+        exported layout of the client covers it."""
+        _, _, dst = self.pools(layers=1)
+        a = kv.register(self.b, dst, name="kv-keep-a", export_name="kv-keep-a")
+        b_ = kv.register(self.b, dst, name="kv-keep-b", export_name="kv-keep-b")
+        names = [r.export_name for r in a.regions]
+        a.close()
+        self.assertEqual([r.export_name for r in b_.regions], names, "still needed by kv-keep-b")
+        b_.close()
+        self.assertEqual([r.export_name for r in b_.regions], [""] * len(names))
+
+    def test_pull_with_readers(self):
+        """The decode side pulls: prefill exports its layout to readers only
+        (read_only), decode calls transfer_blocks(op="read"); the pulled
+        blocks' CRC32C equal the source's, sync and async, and a write into
+        the read-only layout is refused."""
+        _, src, dst = self.pools(layers=2)
+        pre = self.layout(self.a, src, name="kv-pull-src", export_name="kv-pull-src", readers=["*"], read_only=True)
+        dec = self.layout(self.b, dst, name="kv-pull-dst")
+        self.assertTrue(all(r.export_name for r in pre.regions))
+        remote_ids, local_ids = [3, 17, 4], [0, 30, 12]
+        r = dec.transfer_blocks(self.da.peer_address, "kv-pull-src", local_ids, remote_ids, op="read")
+        self.assertEqual(r.blocks, len(local_ids) * len(src))
+        h = dec.transfer_blocks(self.da.peer_address, "kv-pull-src", [5], [6], op="read", wait=False)
+        self.assertEqual(h.wait(timeout=30).blocks, len(src))
+        local_ids, remote_ids = local_ids + [5], remote_ids + [6]
+
+        def crcs(client, layout, ids):
+            out = []
+            for seg in layout.segments:
+                offs = [seg.offset + i * seg.stride for i in ids]
+                out.append(client.checksum(seg.region, offs, block_size=seg.block_len, per_block=True).block_digests.tolist())
+            return out
+
+        self.assertEqual(crcs(self.b, dec, local_ids), crcs(self.a, pre, remote_ids))
+        for k, t in dst.items():
+            for j in set(range(POOL)) - set(local_ids):
+                self.assertFalse(t[j].any(), f"{k} block {j} changed: it was not pulled")
+        wr = self.layout(self.b, {k: v for k, v in dst.items()}, name="kv-pull-back")
+        with self.assertRaises(b2b.B2BError) as cm:  # read_only: no peer writes it
+            wr.transfer_blocks(self.da.peer_address, "kv-pull-src", [0], [0])
+        self.assertIn(cm.exception.code, (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION), str(cm.exception))
 
     def test_async_handle(self):
         _, src, dst = self.pools(layers=1)
@@ -237,20 +353,20 @@ class FakeClient:
         self.registered, self.layouts, self.exports = [], [], []
         self.timeout = 1
 
-    def _register_cuda_share(self, keep, share, export_name, export_to, persist, dereg):
+    def _register_cuda_share(self, keep, share, export_name, export_to, persist, dereg, readers=(), read_only=False):
         r = SimpleNamespace(id=f"r{len(self.registered)}", export_name=export_name or "", keep=keep, share=share,
                             closed=False)
         r.close = lambda deregister=True: setattr(r, "closed", True)
         self.registered.append(r)
         return r
 
-    def register_layout(self, name, segments, num_blocks, export_name="", export_to=(), persist=False):
+    def register_layout(self, name, segments, num_blocks, export_name="", export_to=(), persist=False, readers=(), read_only=False):
         self.layouts.append((name, [(s[0].id,) + tuple(s[1:]) for s in segments], num_blocks, export_name))
 
     def deregister_layout(self, name):
         pass
 
-    def export(self, r, name, export_to=()):
+    def export(self, r, name, export_to=(), readers=(), read_only=False):
         self.exports.append((r.id, name))
 
 

@@ -428,3 +428,88 @@ class PreparedUnitTest(unittest.TestCase):
             for depth in (0, -1, 1.5, True):
                 with self.subTest(depth=depth), self.assertRaises(b2b.InvalidArgumentError):
                     list(c.pipeline([], depth=depth))
+
+
+class _ReportOnceDaemon:
+    """A gRPC server with one transfer (id 1) whose outcome it reports once,
+    as the daemon does: WaitTransfer holds until ``release`` is set, then
+    hands DONE over (even to a caller that went away: the daemon's answer
+    may be on the wire when the caller's interrupt strikes) and forgets the
+    id; a later Wait or Poll of it is NOT_FOUND."""
+
+    BLOCKS = 7
+
+    def __init__(self):
+        import threading
+        from concurrent import futures
+
+        self.arrived, self.release = threading.Event(), threading.Event()
+        self.lock = threading.Lock()
+        self.reported = False
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        handlers = {
+            "WaitTransfer": grpc.unary_unary_rpc_method_handler(
+                self._wait, request_deserializer=pb.WaitTransferRequest.FromString, response_serializer=pb.TransferOutcome.SerializeToString),
+            "PollTransfers": grpc.unary_unary_rpc_method_handler(
+                self._poll, request_deserializer=pb.PollTransfersRequest.FromString, response_serializer=pb.PollTransfersResponse.SerializeToString),
+        }
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("b2b.v1.B2B", handlers),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def _report(self, context):
+        with self.lock:
+            if self.reported:
+                context.abort(grpc.StatusCode.NOT_FOUND, "transfer_id 1 is unknown (reported already)")
+            self.reported = True
+        return pb.TransferOutcome(transfer_id=1, state=pb.TRANSFER_STATE_DONE, result=pb.BatchTransferResponse(blocks=self.BLOCKS))
+
+    def _wait(self, request, context):
+        self.arrived.set()
+        self.release.wait(10)
+        return self._report(context)
+
+    def _poll(self, request, context):
+        if not self.release.is_set():
+            return pb.PollTransfersResponse(outcomes=[pb.TransferOutcome(transfer_id=1, state=pb.TRANSFER_STATE_RUNNING)])
+        return pb.PollTransfersResponse(outcomes=[self._report(context)])
+
+    def close(self):
+        self.server.stop(None)
+
+
+class HandleInterruptTest(unittest.TestCase):
+    """An interrupt during a handle's wait() loses no outcome: the call
+    goes on, and the next wait() (or done()) takes the daemon's answer."""
+
+    def run_interrupted(self, then):
+        import _thread
+        import signal
+        import threading
+
+        self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
+        fake = _ReportOnceDaemon()
+        self.addCleanup(fake.close)
+        with b2b.Client(f"127.0.0.1:{fake.port}", timeout=10) as c:
+            h = b2b.Transfer(c, 1)
+            t = threading.Thread(target=lambda: fake.arrived.wait(10) and _thread.interrupt_main())
+            t.start()
+            with self.assertRaises(KeyboardInterrupt):
+                h.wait()
+            t.join()
+            self.assertTrue(fake.arrived.is_set(), "the interrupt struck before the wait reached the daemon")
+            fake.release.set()  # the daemon hands the outcome over now
+            then(self, h)
+
+    def test_wait_after_interrupt(self):
+        self.run_interrupted(lambda s, h: s.assertEqual(h.wait(timeout=10).blocks, _ReportOnceDaemon.BLOCKS))
+
+    def test_done_after_interrupt(self):
+        def then(s, h):
+            deadline = time.monotonic() + 10
+            while not h.done():
+                s.assertLess(time.monotonic(), deadline)
+                time.sleep(0.01)
+            s.assertEqual(h.result.blocks, _ReportOnceDaemon.BLOCKS)
+
+        self.run_interrupted(then)

@@ -1,0 +1,116 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// reportOnce is a fake daemon with one transfer (id 1) whose outcome it
+// reports once, as the daemon does: WaitTransfer holds until release is
+// closed, then hands DONE over even to a caller that went away (the
+// daemon's answer may be on the wire when the caller gives up) and forgets
+// the id; later Waits, Polls and Cancels of it are NotFound.
+type reportOnce struct {
+	b2bv1.UnimplementedB2BServer
+	arrived, release chan struct{}
+	once             sync.Once
+	mu               sync.Mutex
+	reported         bool
+}
+
+const reportOnceBlocks = 7
+
+func (f *reportOnce) report() (*b2bv1.TransferOutcome, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.reported {
+		return nil, status.Error(codes.NotFound, "transfer_id 1 is unknown (reported already)")
+	}
+	f.reported = true
+	return &b2bv1.TransferOutcome{TransferId: 1, State: b2bv1.TransferState_TRANSFER_STATE_DONE, Result: &b2bv1.BatchTransferResponse{Blocks: reportOnceBlocks}}, nil
+}
+
+func (f *reportOnce) WaitTransfer(context.Context, *b2bv1.WaitTransferRequest) (*b2bv1.TransferOutcome, error) {
+	f.once.Do(func() { close(f.arrived) })
+	<-f.release
+	return f.report()
+}
+
+func (f *reportOnce) PollTransfers(context.Context, *b2bv1.PollTransfersRequest) (*b2bv1.PollTransfersResponse, error) {
+	select {
+	case <-f.release:
+	default:
+		return &b2bv1.PollTransfersResponse{Outcomes: []*b2bv1.TransferOutcome{{TransferId: 1, State: b2bv1.TransferState_TRANSFER_STATE_RUNNING}}}, nil
+	}
+	o, err := f.report()
+	if err != nil {
+		return nil, err
+	}
+	return &b2bv1.PollTransfersResponse{Outcomes: []*b2bv1.TransferOutcome{o}}, nil
+}
+
+func (f *reportOnce) CancelTransfer(context.Context, *b2bv1.CancelTransferRequest) (*b2bv1.TransferOutcome, error) {
+	return f.report()
+}
+
+// TestWaitGivenUpKeepsTheOutcome: a Wait whose ctx ends while the daemon
+// is handing the outcome over loses nothing: the next Wait, Poll or Cancel
+// of the handle gets it.
+func TestWaitGivenUpKeepsTheOutcome(t *testing.T) {
+	for _, then := range []string{"wait", "poll", "cancel"} {
+		t.Run(then, func(t *testing.T) {
+			f := &reportOnce{arrived: make(chan struct{}), release: make(chan struct{})}
+			ln := bufconn.Listen(1 << 20)
+			gs := grpc.NewServer()
+			b2bv1.RegisterB2BServer(gs, f)
+			go gs.Serve(ln)
+			c, err := Dial("passthrough:///fake", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { c.Close(); gs.Stop() }()
+			h := c.Handle(1)
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() { <-f.arrived; cancel() }()
+			if _, err := h.Wait(ctx, 0); !errors.Is(err, context.Canceled) && status.Code(err) != codes.Canceled {
+				t.Fatalf("Wait: %v, want the caller's cancel", err)
+			}
+			close(f.release) // the daemon hands the outcome over now
+			bg, stop := context.WithTimeout(context.Background(), 10*time.Second)
+			defer stop()
+			var o *b2bv1.TransferOutcome
+			switch then {
+			case "wait":
+				o, err = h.Wait(bg, 0)
+			case "poll":
+				for o == nil || o.GetState() == b2bv1.TransferState_TRANSFER_STATE_RUNNING {
+					var os []*b2bv1.TransferOutcome
+					if os, err = c.Poll(bg, []*TransferHandle{h}); err != nil {
+						break
+					}
+					o = os[0]
+					time.Sleep(time.Millisecond)
+				}
+			case "cancel":
+				o, err = h.Cancel(bg)
+			}
+			if err != nil {
+				t.Fatalf("%s after the given-up wait: %v: the outcome was lost", then, err)
+			}
+			if r, err := h.Result(); err != nil || r.GetBlocks() != reportOnceBlocks || o.GetResult().GetBlocks() != reportOnceBlocks {
+				t.Fatalf("outcome %v, result %v, %v; want DONE with %d blocks", o, r, err, reportOnceBlocks)
+			}
+		})
+	}
+}
