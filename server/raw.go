@@ -15,6 +15,7 @@ import (
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/ring"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -95,8 +96,12 @@ func (s *Server) serveRaw(c net.Conn) {
 	br := bufio.NewReaderSize(c, 64*RawRequestLen)
 	le := binary.LittleEndian
 	var req [RawRequestLen]byte
-	for {
+	for first := true; ; first = false {
 		if _, err := io.ReadFull(br, req[:]); err != nil {
+			return
+		}
+		if first && le.Uint64(req[0:]) == ring.Hello { // ring.go
+			s.serveRing(ctx, c, who, le.Uint64(req[8:]))
 			return
 		}
 		slots <- struct{}{}
