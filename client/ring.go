@@ -43,7 +43,7 @@ type Ring struct {
 }
 
 const (
-	ringSpin = 50 * time.Microsecond
+	ringSpin = 200 * time.Microsecond
 	ringNap  = 50 * time.Millisecond
 )
 
