@@ -2,7 +2,6 @@ package ring
 
 import (
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -203,7 +202,10 @@ func (q *Queue) Wait(seen uint32, spin, timeout time.Duration) {
 				if time.Now().After(end) {
 					break
 				}
-				runtime.Gosched()
+				// Yield the CPU, not just the goroutine: on an
+				// oversubscribed host the other side may be waiting
+				// for this very core.
+				unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
 			}
 		}
 	}
