@@ -32,7 +32,8 @@ import (
 //	         time from reading the request to the answer)
 //
 // Up to StreamInFlight submits of one connection run at once, answered in
-// completion order.
+// completion order. A first request tagged ring.Hello asks for a
+// shared-memory ring instead (ring.go).
 const (
 	RawRequestLen = 16
 	RawAnswerLen  = 48
