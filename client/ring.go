@@ -212,6 +212,7 @@ func (r *Ring) post(req ring.Request) (uint64, error) {
 	r.cqMu.Lock()
 	r.pending[req.Tag] = true
 	r.cqMu.Unlock()
+	r.drain() // a caller that starts much before it waits must not overrun the completions
 	q := &r.reg.SQ
 	r.sqMu.Lock()
 	defer r.sqMu.Unlock()

@@ -147,6 +147,20 @@ func TestRingSubmit(t *testing.T) {
 	}
 	p.landed(t, "concurrent ring submits")
 
+	// Far more started than the completion ring holds, before any Wait:
+	// the client must keep draining, or the daemon drops the ring.
+	tags := make([]uint64, 3*ring.DefaultEntries)
+	for i := range tags {
+		if tags[i], err = r.Start(p.plan); err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+	}
+	for i, tag := range tags {
+		if res, err := r.Wait(tag); err != nil || res.Blocks != ringBlocks {
+			t.Fatalf("wait %d: %+v, %v", i, res, err)
+		}
+	}
+
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	bogus := *p.plan
