@@ -267,6 +267,33 @@ func TestRingHostile(t *testing.T) {
 			}
 		}
 	})
+	t.Run("full ring left unread", func(t *testing.T) {
+		// Both rings full and never read: the ring stays (its owner may
+		// come back), and other clients are served meanwhile.
+		_, reg := hostileRing(t, p.sock)
+		for tail := uint32(0); tail < 16; tail++ {
+			for {
+				if f, err := reg.SQ.Free(tail); err == nil && f > 0 {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			ring.Request{Tag: uint64(tail + 1), Op: ring.OpPing}.Encode(reg.SQ.Slot(tail))
+			reg.SQ.Publish(tail + 1)
+		}
+		p.healthy(t, 4)
+		if got := reg.CQ.Tail(); got != 8 {
+			t.Fatalf("completion tail %d, want 8 (the ring full, the rest parked)", got)
+		}
+		reg.CQ.Consumed(8) // read them: the parked ones follow
+		deadline := time.Now().Add(20 * time.Second)
+		for reg.CQ.Tail() != 16 && time.Now().Before(deadline) {
+			reg.CQ.Wait(reg.CQ.Tail(), 0, 100*time.Millisecond)
+		}
+		if c, err := ring.DecodeCompletion(reg.CQ.Slot(15)); reg.CQ.Tail() != 16 || err != nil || c.Tag != 16 || c.Code != 0 {
+			t.Fatalf("after reading: completion tail %d, last %+v, %v", reg.CQ.Tail(), c, err)
+		}
+	})
 	for _, tc := range []struct {
 		name string
 		do   func(reg *ring.Region)
