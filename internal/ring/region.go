@@ -139,9 +139,6 @@ func (r *Region) Close() error {
 
 func u32(mem []byte, off int) *uint32 { return (*uint32)(unsafe.Pointer(&mem[off])) }
 
-// Entries is the queue's record count.
-func (q *Queue) Entries() uint32 { return q.n }
-
 // Slot is the record at index i.
 func (q *Queue) Slot(i uint32) []byte {
 	off := (i & (q.n - 1)) * q.recLen
