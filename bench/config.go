@@ -245,7 +245,7 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	fs.BoolVar(&cfg.Breakdown, "breakdown", false, "print the daemon's per-phase medians (decode, validate, resolve, plan, post, wire, notify) per size and mode")
 	yard := fs.String("yardstick", "stream,cached", "TCP yardsticks: stream (from and into regions as large as the bench's), cached (4 MiB buffers), both comma-separated, or none")
 	fs.IntVar(&cfg.PingCalls, "ping-calls", DefaultPingCalls, "empty Ping calls whose median is the floor printed in the header (0: skip)")
-	fs.StringVar(&cfg.Workload, "workload", WorkloadSweep, "sweep (block sizes, the default) or kv (one KV-cache request moved as descriptors and as block ids; see --kv-*)")
+	fs.StringVar(&cfg.Workload, "workload", WorkloadSweep, "sweep (block sizes, the default), kv (one KV-cache request moved as descriptors and as block ids; see --kv-*) or control (empty requests and prepared submits over gRPC and over the shared-memory ring)")
 	fs.IntVar(&cfg.KV.Segments, "kv-segments", DefaultKVSegments, "--workload kv: segments (per-layer K and V tensors) per layout")
 	kvBlock := fs.String("kv-block", "8KiB", "--workload kv: bytes per block of a segment (K, M suffixes allowed)")
 	fs.IntVar(&cfg.KV.Pool, "kv-pool", DefaultKVPool, "--workload kv: blocks per segment (the pool's num_blocks)")
@@ -321,8 +321,9 @@ func (c Config) Validate() error {
 		if err := c.KV.Validate(); err != nil {
 			return err
 		}
+	case WorkloadControl:
 	default:
-		return fmt.Errorf("--workload %q: want %s or %s", c.Workload, WorkloadSweep, WorkloadKV)
+		return fmt.Errorf("--workload %q: want %s, %s or %s", c.Workload, WorkloadSweep, WorkloadKV, WorkloadControl)
 	}
 	switch c.Transport {
 	case "auto", "tcp", "verbs", "local":

@@ -66,7 +66,9 @@ func shmParent() string {
 }
 
 // startEmbedded starts two daemons from binary and waits until both answer.
-func startEmbedded(ctx context.Context, binary string, extraArgs []string, ncuDir string) (_ *embeddedPair, err error) {
+// With submit, the source daemon also serves a raw submit socket
+// (submitSocketName in the state directory).
+func startEmbedded(ctx context.Context, binary string, extraArgs []string, ncuDir string, submit bool) (_ *embeddedPair, err error) {
 	path, err := exec.LookPath(binary)
 	if err != nil {
 		return nil, fmt.Errorf("b2bd binary %q: %w (build it with `make build`, or give --b2bd)", binary, err)
@@ -87,7 +89,11 @@ func startEmbedded(ctx context.Context, binary string, extraArgs []string, ncuDi
 	if wantsInsecure(extraArgs) && daemonHasFlag(ctx, path, "insecure") {
 		args = append([]string{"--insecure"}, extraArgs...)
 	}
-	if p.src, err = startDaemon(ctx, path, "bench-src", p.stateDir, p.shmDir, args, ncuDir); err != nil {
+	srcArgs := args
+	if submit {
+		srcArgs = append([]string{"--submit-socket", filepath.Join(p.stateDir, submitSocketName)}, args...)
+	}
+	if p.src, err = startDaemon(ctx, path, "bench-src", p.stateDir, p.shmDir, srcArgs, ncuDir); err != nil {
 		return nil, err
 	}
 	if p.dst, err = startDaemon(ctx, path, "bench-dst", p.stateDir, p.shmDir, args, ncuDir); err != nil {

@@ -37,6 +37,10 @@
 // every segment is verified after each request, and the daemon's non-wire
 // phases of the two modes are compared (docs/kv.md).
 //
+// --workload control (control.go) measures the control path: empty requests
+// and prepared submits over gRPC and over the shared-memory ring
+// (docs/ring.md), on the same embedded daemons.
+//
 // Run writes the table to stdout, a progress bar to stderr when it is a
 // terminal, and optionally JSON and an SVG plot.
 package bench

@@ -104,6 +104,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if cfg.Workload == WorkloadKV {
 		return runKV(ctx, cfg, stdout, stderr)
 	}
+	if cfg.Workload == WorkloadControl {
+		return runControl(ctx, cfg, stdout)
+	}
 	host, _ := os.Hostname()
 	mode := "embedded"
 	if cfg.TwoHost() {
@@ -385,7 +388,7 @@ func (r *runner) printf(format string, args ...any) {
 // connect starts the embedded daemons or dials the given ones.
 func connect(ctx context.Context, cfg Config) (*endpoints, error) {
 	if !cfg.TwoHost() {
-		pair, err := startEmbedded(ctx, cfg.B2BD, cfg.DaemonArgs, cfg.NCUDir)
+		pair, err := startEmbedded(ctx, cfg.B2BD, cfg.DaemonArgs, cfg.NCUDir, cfg.Workload == WorkloadControl)
 		if err != nil {
 			return nil, fmt.Errorf("embedded daemons: %w", err)
 		}

@@ -18,7 +18,7 @@ var layers = [][]string{
 	{"internal/region", "internal/notify"},
 	{"internal/transport/*"},
 	{"internal/transport"},
-	{"internal/staging", "internal/memguard", "internal/topology", "internal/desc", "internal/layout", "internal/auth", "internal/trigger"},
+	{"internal/staging", "internal/memguard", "internal/topology", "internal/desc", "internal/layout", "internal/auth", "internal/trigger", "internal/ring"},
 	{"gpudirect", "verbs"},
 	{"internal/memory", "internal/errs", "internal/callerdeadline", "internal/callid", "internal/dl", "internal/config", "proto", "internal/testca"},
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/ring"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -31,7 +32,8 @@ import (
 //	         time from reading the request to the answer)
 //
 // Up to StreamInFlight submits of one connection run at once, answered in
-// completion order.
+// completion order. A first request tagged ring.Hello asks for a
+// shared-memory ring instead (ring.go).
 const (
 	RawRequestLen = 16
 	RawAnswerLen  = 48
@@ -95,8 +97,12 @@ func (s *Server) serveRaw(c net.Conn) {
 	br := bufio.NewReaderSize(c, 64*RawRequestLen)
 	le := binary.LittleEndian
 	var req [RawRequestLen]byte
-	for {
+	for first := true; ; first = false {
 		if _, err := io.ReadFull(br, req[:]); err != nil {
+			return
+		}
+		if first && le.Uint64(req[0:]) == ring.Hello { // ring.go
+			s.serveRing(ctx, c, who, le.Uint64(req[8:]))
 			return
 		}
 		slots <- struct{}{}

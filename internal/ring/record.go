@@ -1,0 +1,187 @@
+// Package ring is the shared-memory control path: a submission ring and a
+// completion ring in one sealed memfd, which the daemon creates and hands to
+// one client over its Unix socket. Each direction has one producer and one
+// consumer that meet at head/tail indices in the mapping; a consumer spins
+// briefly, then sleeps on a futex, and a producer makes the wake syscall
+// only when the consumer said it sleeps, so a busy ring costs no syscall per
+// record.
+//
+// The daemon never trusts the mapping: it reads an index once, bounds-checks
+// it, and copies a record out before decoding it (Decode).
+package ring
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/b2bd/b2bd/internal/errs"
+)
+
+// Op is what a submission record asks for.
+type Op uint16
+
+const (
+	OpPing   Op = 1 // answer at once: the floor of a round trip
+	OpSubmit Op = 2 // run a prepared plan (Handle), like SubmitTransfer
+	OpCancel Op = 3 // cancel the submit in flight under tag Target
+)
+
+func (o Op) String() string {
+	switch o {
+	case OpPing:
+		return "ping"
+	case OpSubmit:
+		return "submit"
+	case OpCancel:
+		return "cancel"
+	}
+	return fmt.Sprintf("op(%d)", uint16(o))
+}
+
+// Record sizes. A submission record is
+//
+//	tag u64, op u16, flags u16 (0), length u32 (the body's), body 48 bytes
+//	(ping: none; submit: handle u64, patch u64; cancel: target u64), the
+//	unused rest zero.
+//
+// A completion record is
+//
+//	tag u64, code u32 (a gRPC code; 0 = done), msg_len u32, blocks u64,
+//	bytes u64, wire_ns u64, total_ns u64, msg MsgMax bytes.
+const (
+	RecLen  = 64
+	CompLen = 256
+	compHdr = 48
+	MsgMax  = CompLen - compHdr
+	bodyOff = 16
+)
+
+// truncMark ends a message cut to fit MsgMax.
+const truncMark = "...[truncated]"
+
+// bodyLen is each op's body length.
+var bodyLen = map[Op]uint32{OpPing: 0, OpSubmit: 16, OpCancel: 8}
+
+// Request is a decoded submission record.
+type Request struct {
+	Tag    uint64
+	Op     Op
+	Handle uint64 // OpSubmit
+	Patch  uint64 // OpSubmit: an offset patch; this daemon refuses non-zero
+	Target uint64 // OpCancel
+}
+
+// Encode writes r into rec (RecLen bytes), zeroing what r does not use.
+func (r Request) Encode(rec []byte) {
+	rec = rec[:RecLen]
+	clear(rec)
+	le := binary.LittleEndian
+	le.PutUint64(rec[0:], r.Tag)
+	le.PutUint16(rec[8:], uint16(r.Op))
+	le.PutUint32(rec[12:], bodyLen[r.Op])
+	switch r.Op {
+	case OpSubmit:
+		le.PutUint64(rec[bodyOff:], r.Handle)
+		le.PutUint64(rec[bodyOff+8:], r.Patch)
+	case OpCancel:
+		le.PutUint64(rec[bodyOff:], r.Target)
+	}
+}
+
+// Decode checks a submission record the daemon has copied out of the ring.
+// The returned Request carries the record's tag even on error, so that the
+// refusal can be answered under it.
+func Decode(rec []byte) (Request, error) {
+	if len(rec) != RecLen {
+		return Request{}, fmt.Errorf("%w: ring record is %d bytes, want %d", errs.ErrInvalidArgument, len(rec), RecLen)
+	}
+	le := binary.LittleEndian
+	r := Request{Tag: le.Uint64(rec[0:]), Op: Op(le.Uint16(rec[8:]))}
+	flags, n := le.Uint16(rec[10:]), le.Uint32(rec[12:])
+	want, known := bodyLen[r.Op]
+	switch {
+	case r.Tag == 0:
+		return r, fmt.Errorf("%w: ring record tag is 0, want non-zero", errs.ErrInvalidArgument)
+	case !known:
+		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit) or 3 (cancel)", errs.ErrInvalidArgument, uint16(r.Op))
+	case flags != 0:
+		return r, fmt.Errorf("%w: ring record flags %#x, want 0", errs.ErrInvalidArgument, flags)
+	case n != want:
+		return r, fmt.Errorf("%w: ring record length %d for op %s, want %d", errs.ErrInvalidArgument, n, r.Op, want)
+	}
+	for i, b := range rec[bodyOff+int(n):] {
+		if b != 0 {
+			return r, fmt.Errorf("%w: ring record byte %d is %#x past the %s body, want 0", errs.ErrInvalidArgument, bodyOff+int(n)+i, b, r.Op)
+		}
+	}
+	switch r.Op {
+	case OpSubmit:
+		r.Handle, r.Patch = le.Uint64(rec[bodyOff:]), le.Uint64(rec[bodyOff+8:])
+		if r.Handle == 0 {
+			return r, fmt.Errorf("%w: ring submit handle is 0, want a prepared plan's handle", errs.ErrInvalidArgument)
+		}
+		if r.Patch != 0 {
+			return r, fmt.Errorf("%w: ring submit offset patch %d: this daemon supports only 0", errs.ErrUnimplemented, r.Patch)
+		}
+	case OpCancel:
+		r.Target = le.Uint64(rec[bodyOff:])
+		if r.Target == 0 {
+			return r, fmt.Errorf("%w: ring cancel target tag is 0, want non-zero", errs.ErrInvalidArgument)
+		}
+	}
+	return r, nil
+}
+
+// Completion is a decoded completion record.
+type Completion struct {
+	Tag         uint64
+	Code        uint32 // gRPC code; 0 = done
+	Msg         string
+	Blocks      uint64
+	Bytes       uint64
+	Wire, Total int64 // ns
+}
+
+// Encode writes c into rec (CompLen bytes); a message longer than MsgMax is
+// cut and ends with a marker.
+func (c Completion) Encode(rec []byte) {
+	rec = rec[:CompLen]
+	le := binary.LittleEndian
+	le.PutUint64(rec[0:], c.Tag)
+	le.PutUint32(rec[8:], c.Code)
+	msg := c.Msg
+	if len(msg) > MsgMax {
+		msg = msg[:MsgMax-len(truncMark)] + truncMark
+	}
+	le.PutUint32(rec[12:], uint32(len(msg)))
+	le.PutUint64(rec[16:], c.Blocks)
+	le.PutUint64(rec[24:], c.Bytes)
+	le.PutUint64(rec[32:], uint64(max(c.Wire, 0)))
+	le.PutUint64(rec[40:], uint64(max(c.Total, 0)))
+	n := copy(rec[compHdr:], msg)
+	clear(rec[compHdr+n:])
+}
+
+// DecodeCompletion reads a completion record (the client's side).
+func DecodeCompletion(rec []byte) (Completion, error) {
+	if len(rec) != CompLen {
+		return Completion{}, fmt.Errorf("completion record is %d bytes, want %d", len(rec), CompLen)
+	}
+	le := binary.LittleEndian
+	c := Completion{Tag: le.Uint64(rec[0:]), Code: le.Uint32(rec[8:]), Blocks: le.Uint64(rec[16:]),
+		Bytes: le.Uint64(rec[24:]), Wire: int64(le.Uint64(rec[32:])), Total: int64(le.Uint64(rec[40:]))}
+	n := le.Uint32(rec[12:])
+	if n > MsgMax {
+		return c, fmt.Errorf("completion message length %d, limit %d", n, MsgMax)
+	}
+	c.Msg = string(rec[compHdr : compHdr+n])
+	return c, nil
+}
+
+// Hello is the tag of the first frame on the raw submit socket that asks
+// for a ring instead of raw frames; the frame's handle field carries the
+// submission entries (low 32 bits) and completion entries (high 32 bits),
+// 0 for DefaultEntries. The daemon answers with a raw answer frame tagged
+// Hello, the memfd riding along as SCM_RIGHTS; later it may send one more
+// such frame (the error it dropped the ring with) and close.
+const Hello uint64 = 0x01676e6972623262 // "b2bring\x01"

@@ -1,0 +1,169 @@
+package ring
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/errs"
+)
+
+func TestDecodeTable(t *testing.T) {
+	good := func(r Request) []byte { b := make([]byte, RecLen); r.Encode(b); return b }
+	with := func(b []byte, f func([]byte)) []byte { f(b); return b }
+	for _, tc := range []struct {
+		name string
+		rec  []byte
+		want Request
+		err  error
+		msg  string
+	}{
+		{"ping", good(Request{Tag: 7, Op: OpPing}), Request{Tag: 7, Op: OpPing}, nil, ""},
+		{"submit", good(Request{Tag: 8, Op: OpSubmit, Handle: 42}), Request{Tag: 8, Op: OpSubmit, Handle: 42}, nil, ""},
+		{"cancel", good(Request{Tag: 9, Op: OpCancel, Target: 8}), Request{Tag: 9, Op: OpCancel, Target: 8}, nil, ""},
+		{"short", make([]byte, 10), Request{}, errs.ErrInvalidArgument, "is 10 bytes"},
+		{"tag 0", good(Request{Op: OpPing}), Request{Op: OpPing}, errs.ErrInvalidArgument, "tag is 0"},
+		{"bad op", with(good(Request{Tag: 1, Op: OpPing}), func(b []byte) { b[8] = 99 }), Request{Tag: 1, Op: 99}, errs.ErrInvalidArgument, "op 99 unknown"},
+		{"flags", with(good(Request{Tag: 1, Op: OpPing}), func(b []byte) { b[10] = 1 }), Request{Tag: 1, Op: OpPing}, errs.ErrInvalidArgument, "flags 0x1"},
+		{"length", with(good(Request{Tag: 1, Op: OpSubmit, Handle: 3}), func(b []byte) { b[12] = 200 }), Request{Tag: 1, Op: OpSubmit}, errs.ErrInvalidArgument, "length 200 for op submit, want 16"},
+		{"junk past body", with(good(Request{Tag: 1, Op: OpCancel, Target: 3}), func(b []byte) { b[63] = 5 }), Request{Tag: 1, Op: OpCancel}, errs.ErrInvalidArgument, "byte 63"},
+		{"handle 0", good(Request{Tag: 1, Op: OpSubmit}), Request{Tag: 1, Op: OpSubmit}, errs.ErrInvalidArgument, "handle is 0"},
+		{"patch", good(Request{Tag: 1, Op: OpSubmit, Handle: 2, Patch: 4096}), Request{Tag: 1, Op: OpSubmit, Handle: 2, Patch: 4096}, errs.ErrUnimplemented, "offset patch 4096"},
+		{"cancel 0", good(Request{Tag: 1, Op: OpCancel}), Request{Tag: 1, Op: OpCancel}, errs.ErrInvalidArgument, "target tag is 0"},
+	} {
+		got, err := Decode(tc.rec)
+		if tc.err == nil {
+			if err != nil || got != tc.want {
+				t.Errorf("%s: Decode = %+v, %v; want %+v", tc.name, got, err, tc.want)
+			}
+			continue
+		}
+		if !errors.Is(err, tc.err) || !strings.Contains(err.Error(), tc.msg) || got.Tag != tc.want.Tag {
+			t.Errorf("%s: Decode = %+v, %v; want tag %d and %v containing %q", tc.name, got, err, tc.want.Tag, tc.err, tc.msg)
+		}
+	}
+}
+
+// FuzzDecode: any 64 bytes decode without panic; what decodes re-encodes to
+// the same bytes (nothing is silently ignored).
+func FuzzDecode(f *testing.F) {
+	for _, r := range []Request{{Tag: 1, Op: OpPing}, {Tag: 2, Op: OpSubmit, Handle: 9}, {Tag: 3, Op: OpCancel, Target: 2}} {
+		b := make([]byte, RecLen)
+		r.Encode(b)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := Decode(b)
+		if err != nil {
+			if !errors.Is(err, errs.ErrInvalidArgument) && !errors.Is(err, errs.ErrUnimplemented) {
+				t.Fatalf("error of no class: %v", err)
+			}
+			return
+		}
+		again := make([]byte, RecLen)
+		r.Encode(again)
+		if string(again) != string(b) {
+			t.Fatalf("decoded %+v re-encodes to %x, was %x", r, again, b)
+		}
+	})
+}
+
+func TestCompletionMessageBound(t *testing.T) {
+	for _, n := range []int{0, 10, MsgMax, MsgMax + 1, 5000} {
+		msg := strings.Repeat("x", n)
+		b := make([]byte, CompLen)
+		Completion{Tag: 5, Code: 3, Msg: msg, Blocks: 1, Bytes: 2, Wire: 3, Total: 4}.Encode(b)
+		c, err := DecodeCompletion(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := msg
+		if n > MsgMax {
+			want = msg[:MsgMax-len(truncMark)] + truncMark
+		}
+		if c.Msg != want || c.Tag != 5 || c.Code != 3 || c.Blocks != 1 || c.Bytes != 2 || c.Wire != 3 || c.Total != 4 {
+			t.Errorf("len %d: got %+v (msg %d bytes)", n, c, len(c.Msg))
+		}
+	}
+}
+
+// TestIndicesChecked: a tail behind the head or beyond the ring, and a head
+// past the tail, are refused; in-range indices count right across the
+// 2^32 wrap.
+func TestIndicesChecked(t *testing.T) {
+	fd, r, err := Create(8, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c, err := Map(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, tc := range []struct {
+		head, tail uint32
+		ready      uint32
+		bad        bool
+	}{
+		{0, 0, 0, false}, {0, 8, 8, false}, {0, 9, 0, true}, {5, 4, 0, true},
+		{1<<32 - 2, 3, 5, false}, {1<<32 - 2, 7, 0, true},
+	} {
+		*c.SQ.tail = tc.tail // the client's side writes its tail
+		n, err := r.SQ.Ready(tc.head)
+		if (err != nil) != tc.bad || n != tc.ready {
+			t.Errorf("head %d tail %d: Ready = %d, %v", tc.head, tc.tail, n, err)
+		}
+		if tc.bad && !errors.Is(err, errs.ErrInvalidArgument) {
+			t.Errorf("head %d tail %d: %v is no InvalidArgument", tc.head, tc.tail, err)
+		}
+	}
+	*c.CQ.head = 10 // past the daemon's tail
+	if _, err := r.CQ.Free(3); err == nil {
+		t.Error("CQ head past the tail: Free took it")
+	}
+	*c.CQ.head = 3
+	if f, err := r.CQ.Free(5); err != nil || f != 2 {
+		t.Errorf("Free = %d, %v; want 2", f, err)
+	}
+}
+
+// TestWakeCrossesMapping: a waiter sleeping on one mapping wakes when the
+// other mapping publishes.
+func TestWakeCrossesMapping(t *testing.T) {
+	fd, r, err := Create(4, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c, err := Map(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	woke := make(chan time.Duration)
+	go func() {
+		start := time.Now()
+		r.SQ.Wait(0, 0, time.Minute)
+		woke <- time.Since(start)
+	}()
+	time.Sleep(50 * time.Millisecond)
+	c.SQ.Publish(1)
+	select {
+	case d := <-woke:
+		if d >= time.Minute {
+			t.Fatalf("woke after the timeout: %v", d)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("waiter never woke")
+	}
+}
+
+func TestCreateRefusesSizes(t *testing.T) {
+	for _, n := range []uint32{0, 1, 3, 100, MaxEntries * 2} {
+		if _, _, err := Create(n, 4); !errors.Is(err, errs.ErrInvalidArgument) {
+			t.Errorf("Create(%d): %v", n, err)
+		}
+	}
+}

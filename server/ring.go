@@ -1,0 +1,290 @@
+package server
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/status"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
+	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/ring"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// The shared-memory ring (internal/ring) is asked for on the raw submit
+// socket with a first frame tagged ring.Hello. The ring belongs to the
+// socket's caller (SO_PEERCRED): it submits only that caller's plans, and it
+// is torn down when the socket closes.
+const (
+	ringSpin     = 200 * time.Microsecond // busy-wait before the futex: waking from it costs 50-100 us on a loaded host
+	ringIdle     = 500 * time.Millisecond
+	ringParkPoll = time.Millisecond // retry parked completions this often
+)
+
+// ringConn is the daemon's side of one ring.
+type ringConn struct {
+	s      *Server
+	c      net.Conn
+	who    region.Caller
+	reg    *ring.Region
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	slots  chan struct{}
+
+	inMu     sync.Mutex
+	inflight map[uint64]context.CancelFunc // submits by tag
+
+	cqMu    sync.Mutex
+	cqTail  uint32
+	parked  []ring.Completion // waiting for room in the completion ring
+	parkMax int
+	dead    bool
+	once    sync.Once
+}
+
+// serveRing sets up a ring for who on c and serves it until c closes or the
+// client breaks the protocol.
+func (s *Server) serveRing(ctx context.Context, c net.Conn, who region.Caller, sizes uint64) {
+	sq, cq := uint32(sizes), uint32(sizes>>32)
+	if sizes == 0 {
+		sq, cq = ring.DefaultEntries, ring.DefaultEntries
+	}
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		ringAnswer(c, fmt.Errorf("%w: a ring needs a Unix socket", errs.ErrFailedPrecondition))
+		return
+	}
+	fd, reg, err := ring.Create(sq, cq)
+	if err != nil {
+		ringAnswer(c, err)
+		return
+	}
+	err = ringAnswerTo(uc, nil, fd)
+	unix.Close(fd)
+	if err != nil {
+		reg.Close()
+		return
+	}
+	rc := &ringConn{s: s, c: c, who: who, reg: reg, slots: make(chan struct{}, StreamInFlight),
+		inflight: map[uint64]context.CancelFunc{}, parkMax: int(cq) + StreamInFlight}
+	rc.ctx, rc.cancel = context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { // the socket's end is the ring's
+		defer close(watched)
+		var b [64]byte
+		for {
+			if _, err := c.Read(b[:]); err != nil {
+				break
+			}
+		}
+		rc.cancel()
+		reg.SQ.Wake()
+	}()
+	rc.consume()
+	rc.cancel()
+	c.Close()
+	<-watched
+	rc.wg.Wait()
+	reg.Close()
+}
+
+// consume reads submission records until the ring ends.
+func (rc *ringConn) consume() {
+	var head uint32
+	var rec [ring.RecLen]byte
+	for rc.ctx.Err() == nil {
+		n, err := rc.reg.SQ.Ready(head)
+		if err != nil {
+			rc.drop(err)
+			return
+		}
+		if n == 0 {
+			wait := ringIdle
+			if rc.flush() {
+				wait = ringParkPoll
+			}
+			rc.reg.SQ.Wait(head, ringSpin, wait)
+			continue
+		}
+		for range n {
+			copy(rec[:], rc.reg.SQ.Slot(head)) // decoded from this copy only
+			head++
+			rc.reg.SQ.Consumed(head)
+			rc.handle(&rec)
+		}
+	}
+}
+
+func (rc *ringConn) handle(rec *[ring.RecLen]byte) {
+	req, err := ring.Decode(rec[:])
+	if err != nil {
+		rc.complete(fail(req.Tag, err))
+		return
+	}
+	switch req.Op {
+	case ring.OpPing:
+		rc.complete(ring.Completion{Tag: req.Tag})
+	case ring.OpCancel:
+		rc.inMu.Lock()
+		cancel, ok := rc.inflight[req.Target]
+		rc.inMu.Unlock()
+		if !ok {
+			rc.complete(fail(req.Tag, fmt.Errorf("%w: ring cancel: no submit in flight under tag %d", errs.ErrNotFound, req.Target)))
+			return
+		}
+		cancel()
+		rc.complete(ring.Completion{Tag: req.Tag})
+	case ring.OpSubmit:
+		rc.submit(req)
+	}
+}
+
+func (rc *ringConn) submit(req ring.Request) {
+	select {
+	case rc.slots <- struct{}{}:
+	case <-rc.ctx.Done():
+		return
+	}
+	rc.inMu.Lock()
+	if _, dup := rc.inflight[req.Tag]; dup {
+		rc.inMu.Unlock()
+		<-rc.slots
+		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring submit tag %d is already in flight", errs.ErrInvalidArgument, req.Tag)))
+		return
+	}
+	ctx, cancel := context.WithCancel(rc.ctx)
+	rc.inflight[req.Tag] = cancel
+	rc.inMu.Unlock()
+	rc.wg.Add(1)
+	go func() {
+		defer rc.wg.Done()
+		entry := time.Now()
+		res, err := rc.s.batches.SubmitByCaller(ctx, rc.who, req.Handle)
+		if obs := rc.s.observeSubmit; obs != nil {
+			var resp *b2bv1.BatchTransferResponse
+			if err == nil {
+				resp = transferResponse(res)
+			}
+			obs(resp, grpcstatus.ToStatus(err), time.Since(entry).Seconds())
+		}
+		rc.inMu.Lock()
+		delete(rc.inflight, req.Tag)
+		rc.inMu.Unlock()
+		cancel()
+		<-rc.slots
+		if err != nil {
+			rc.complete(fail(req.Tag, err))
+			return
+		}
+		rc.complete(ring.Completion{Tag: req.Tag, Blocks: res.Blocks, Bytes: res.Bytes,
+			Wire: int64(res.Phases.Wire), Total: int64(res.Phases.Total)})
+	}()
+}
+
+// fail is the completion for err: the code and message SubmitTransfer gives.
+func fail(tag uint64, err error) ring.Completion {
+	st := status.Convert(grpcstatus.ToStatus(err))
+	return ring.Completion{Tag: tag, Code: uint32(st.Code()), Msg: st.Message()}
+}
+
+// complete posts c, parking it while the completion ring is full; a client
+// that lets too many park loses its ring.
+func (rc *ringConn) complete(c ring.Completion) {
+	rc.cqMu.Lock()
+	defer rc.cqMu.Unlock()
+	if rc.dead {
+		return
+	}
+	rc.parked = append(rc.parked, c)
+	if len(rc.parked) > rc.parkMax {
+		rc.dropLocked(fmt.Errorf("%w: ring completions: %d parked, limit %d: the client stopped reading its completion ring",
+			errs.ErrResourceExhausted, len(rc.parked), rc.parkMax))
+		return
+	}
+	rc.flushLocked()
+}
+
+// flush moves parked completions into the ring; true while some remain.
+func (rc *ringConn) flush() bool {
+	rc.cqMu.Lock()
+	defer rc.cqMu.Unlock()
+	if rc.dead || len(rc.parked) == 0 {
+		return false
+	}
+	rc.flushLocked()
+	return len(rc.parked) > 0
+}
+
+func (rc *ringConn) flushLocked() {
+	q := &rc.reg.CQ
+	free, err := q.Free(rc.cqTail)
+	if err != nil {
+		rc.dropLocked(err)
+		return
+	}
+	n := min(int(free), len(rc.parked))
+	if n == 0 {
+		return
+	}
+	for _, c := range rc.parked[:n] {
+		c.Encode(q.Slot(rc.cqTail))
+		rc.cqTail++
+	}
+	rc.parked = rc.parked[:copy(rc.parked, rc.parked[n:])]
+	q.Publish(rc.cqTail)
+}
+
+func (rc *ringConn) drop(err error) {
+	rc.cqMu.Lock()
+	defer rc.cqMu.Unlock()
+	rc.dropLocked(err)
+}
+
+// dropLocked ends the ring: the client hears why on the socket (if it
+// still listens, briefly), then the socket closes, which ends the rest.
+func (rc *ringConn) dropLocked(err error) {
+	rc.dead = true
+	rc.parked = nil
+	rc.once.Do(func() {
+		rc.s.cfg.Log.Warn("ring dropped", "uid", rc.who.UID, "error", err)
+		rc.cancel()
+		rc.c.SetWriteDeadline(time.Now().Add(time.Second))
+		ringAnswer(rc.c, err)
+		rc.c.Close()
+	})
+}
+
+// ringAnswer writes a raw answer frame tagged ring.Hello carrying err.
+func ringAnswer(c net.Conn, err error) {
+	c.Write(ringFrame(err))
+}
+
+// ringAnswerTo writes the answer frame with fd attached.
+func ringAnswerTo(uc *net.UnixConn, err error, fd int) error {
+	_, _, werr := uc.WriteMsgUnix(ringFrame(err), unix.UnixRights(fd), nil)
+	return werr
+}
+
+func ringFrame(err error) []byte {
+	out := make([]byte, RawAnswerLen, RawAnswerLen+ring.MsgMax)
+	le := binary.LittleEndian
+	le.PutUint64(out[0:], ring.Hello)
+	if err != nil {
+		c := fail(ring.Hello, err)
+		var rec [ring.CompLen]byte
+		c.Encode(rec[:]) // the same bound and marker as a completion's
+		n := le.Uint32(rec[12:])
+		le.PutUint32(out[8:], c.Code)
+		le.PutUint32(out[12:], n)
+		out = append(out, rec[48:48+n]...)
+	}
+	return out
+}
