@@ -8,7 +8,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -66,6 +65,9 @@ type Transport struct {
 	// bg runs control-plane disconnects; stopBG ends them at Close.
 	bg     sync.WaitGroup
 	stopBG chan struct{}
+	// ctls is each peer's newest control plane (Connect's), by address,
+	// under mu: a disconnect retries over it (see disconnect).
+	ctls map[string]transport.Signal
 
 	// live counts handles as they are created and destroyed, so Status can
 	// show leaks (QP sets mid-construction or mid-teardown included).
@@ -103,7 +105,8 @@ func New(cfg Config, in transport.Inbound, log hclog.Logger) (*Transport, error)
 		dev = d
 	}
 	t := &Transport{cfg: cfg, in: in, log: log, sets: map[*qpSet]struct{}{}, byQPN: map[uint32]*qpSet{},
-		regs: map[*registration]struct{}{}, byRKey: map[uint32]*registration{}, stopBG: make(chan struct{})}
+		regs: map[*registration]struct{}{}, byRKey: map[uint32]*registration{}, stopBG: make(chan struct{}),
+		ctls: map[string]transport.Signal{}}
 	t.connID.Store(rand.Uint64() &^ (1 << 63))
 	t.node, _ = os.Hostname()
 	if err := t.open(dev); err != nil {
@@ -502,6 +505,9 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		return nil, err
 	}
 	s.ctl = p.Signal
+	t.mu.Lock()
+	t.ctls[p.Address] = p.Signal
+	t.mu.Unlock()
 	resp, err := CallConnect(ctx, p.Signal, ConnectRequest{Node: t.node, Port: t.Port(), ConnID: id, Endpoints: s.endpoints()})
 	if err != nil {
 		s.destroy()
@@ -562,58 +568,6 @@ func (t *Transport) AcceptVerbs(ctx context.Context, req ConnectRequest) (Accept
 // transport.SignalHandler.
 func (t *Transport) HandleSignal(ctx context.Context, payload []byte) ([]byte, error) {
 	return ServeSignal(ctx, payload, t)
-}
-
-// DisconnectVerbs is the receiving side of a peer's disconnect signal: it drops
-// the set that node connected as id, releasing what its batches pinned.
-func (t *Transport) DisconnectVerbs(node string, id uint64) bool {
-	t.mu.Lock()
-	var found *qpSet
-	for s := range t.sets {
-		if !s.sender && s.id == id && s.peer == node {
-			found = s
-			break
-		}
-	}
-	t.mu.Unlock()
-	if found == nil {
-		return false
-	}
-	t.p.drop(found)
-	return true
-}
-
-// disconnect asks a receiver over the control plane to drop its half of
-// set id, for a sender whose QPs could not carry the goodbye. While the peer
-// is unreachable (link down, daemon restarting) it retries in the
-// background, for at most a keepalive period: by then the receiver's
-// keepalive has freed the set anyway.
-func (t *Transport) disconnect(ctl transport.Signal, peer string, id uint64) {
-	t.bg.Add(1)
-	go func() {
-		defer t.bg.Done()
-		deadline := time.Now().Add(t.cfg.KeepAlive)
-		for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			err := callDisconnect(ctx, ctl, t.node, id)
-			cancel()
-			if c := errs.Class(err); c != errs.ErrUnavailable && c != context.DeadlineExceeded {
-				if err != nil {
-					t.log.Debug("verbs disconnect over the control plane", "peer", peer, "conn", id, "error", err)
-				}
-				return
-			}
-			if time.Now().Add(wait).After(deadline) {
-				t.log.Debug("verbs disconnect gave up; the peer's keepalive frees the set", "peer", peer, "conn", id, "error", err)
-				return
-			}
-			select {
-			case <-t.stopBG:
-				return
-			case <-time.After(wait):
-			}
-		}
-	}()
 }
 
 // pathMTU is the smaller of both active MTUs (and of the peer's decision,
