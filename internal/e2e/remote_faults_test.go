@@ -319,15 +319,14 @@ func (r *remoteRig) releaseLocal() {
 			h.Unmap()
 			// A batch that failed half-landed keeps its destination pinned until
 			// the receiver learns the sender gave up: at once when the sender
-			// can say so, else once the wire is back, and at the latest by the
-			// receiver's keepalive (--rdma-keepalive, 30 s). Bounded by that,
-			// and every wait over 100 ms is reported. (Seen once over verbs, on
-			// a receiver restarted by the kill trials: 10 s was not enough; the
-			// prompt path's miss there is not yet explained.)
+			// can say so, else once the wire is back (the sender's disconnect
+			// retries over the peer's newest control channel). 10 s bounds
+			// that; the receiver's keepalive (30 s) is only the last resort.
+			// Every wait over 100 ms is reported.
 			start := time.Now()
 			for {
 				err := r.lc.Deregister(context.Background(), h.Id)
-				if status.Code(err) == codes.FailedPrecondition && time.Since(start) < 40*time.Second {
+				if status.Code(err) == codes.FailedPrecondition && time.Since(start) < 10*time.Second {
 					time.Sleep(20 * time.Millisecond)
 					continue
 				}

@@ -228,6 +228,7 @@ func TestRemotePullDeadline(t *testing.T) {
 		for _, frac := range []int{8, 4, 2} {
 			d := whole / time.Duration(frac)
 			clear(local.Bytes)
+			margin := answerMargin(ctx, t, src)
 			cctx, stop := how.ctx(ctx, d)
 			called := time.Now()
 			err := pullVerbs(cctx, src, local.Id, peer, "e2e-pull-deadline", offs, offs, size)
@@ -242,6 +243,12 @@ func TestRemotePullDeadline(t *testing.T) {
 			how.check(t, d, err)
 			cut++
 			snap := bytes.Clone(local.Bytes)
+			// The cut READs target this caller's own memory: the daemon fences
+			// them locally and answers, without waiting for them.
+			if limit := d + pullStopBudget + margin; took > limit {
+				t.Errorf("%s %v: answered %v after the call, past the cut + %v + %v (this VM's measured scheduling and API delay)",
+					how.name, d, took.Round(time.Millisecond), pullStopBudget, margin.Round(time.Millisecond))
+			}
 			landed := 0
 			for i := range n {
 				if bytes.Equal(snap[offs[i]:offs[i]+size], seed.Bytes[offs[i]:offs[i]+size]) {
@@ -257,8 +264,9 @@ func TestRemotePullDeadline(t *testing.T) {
 				t.Fatalf("%s %v (answered %v after the call): %d bytes of the caller's region changed after the answer, the first %v and the last %v after it",
 					how.name, d, took.Round(time.Millisecond), changed, first, last)
 			}
-			t.Logf("%s %v (whole pull %v): %v %v after the call, %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
-				how.name, d, whole.Round(time.Millisecond), how.code, took.Round(time.Millisecond), landed, n)
+			t.Logf("%s %v (whole pull %v): %v %v after the call (%v past the cut; margin %v), %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
+				how.name, d, whole.Round(time.Millisecond), how.code, took.Round(time.Millisecond), (took - d).Round(time.Millisecond),
+				margin.Round(time.Millisecond), landed, n)
 		}
 		if cut == 0 || mid == 0 {
 			t.Fatalf("%s: %d pulls cut, %d of them mid-pull (some bytes landed): the rig proves nothing", how.name, cut, mid)
@@ -271,6 +279,33 @@ func TestRemotePullDeadline(t *testing.T) {
 		t.Fatalf("pull after the cuts: %v", err)
 	}
 	pulledSame(ctx, t, src, local.Id, rev, dst, remoteID, offs, size)
+}
+
+// pullStopBudget is how long after its cut a verbs pull may answer, beyond
+// the machine's own delays (answerMargin).
+const pullStopBudget = 100 * time.Millisecond
+
+// answerMargin measures, just before a timed call, the delays of this
+// machine that are not the daemon's: the worst oversleep of 1 ms sleeps
+// over 200 ms (how late a goroutine runs, here or in the daemon) plus the
+// slowest of 5 Pings to c's daemon (the answer's own trip).
+func answerMargin(ctx context.Context, t *testing.T, c *client.Client) time.Duration {
+	t.Helper()
+	var sleep time.Duration
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+		t0 := time.Now()
+		time.Sleep(time.Millisecond)
+		sleep = max(sleep, time.Since(t0)-time.Millisecond)
+	}
+	var rpc time.Duration
+	for range 5 {
+		t0 := time.Now()
+		if _, err := c.API().Ping(ctx, &b2bv1.PingRequest{}); err != nil {
+			t.Fatalf("ping the daemon: %v", err)
+		}
+		rpc = max(rpc, time.Since(t0))
+	}
+	return sleep + rpc
 }
 
 // watchChanges watches mem for window against snap (updated as it goes):

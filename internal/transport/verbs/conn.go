@@ -122,6 +122,14 @@ type qpSet struct {
 	// batchBytes is the batch in progress's bytes: what a stop may have
 	// to wait for (stopWait).
 	batchBytes uint64
+	// readTag is the read batch in progress (0: none): a stop fences it at
+	// once (fenceRead) instead of waiting for its READs.
+	readTag uint32
+	// readReg and readRef are the read in progress's destination and the
+	// MR its READs land through (nil for a block read): fenceRead
+	// deregisters it.
+	readReg *registration
+	readRef *mrRef
 	// stallTimer bounds each wait of a batch for progress (one per set,
 	// reused: Writes are serialised, and the data path allocates nothing).
 	stallTimer *time.Timer
@@ -325,14 +333,21 @@ func (s *qpSet) transfer(ctx context.Context, local transport.Registration, remo
 		return st, err
 	}
 	defer s.releaseWrite()
+	if read {
+		ref, err := reg.useRead()
+		if err != nil {
+			return st, err
+		}
+		defer reg.done(ref)
+		s.readReg, s.readRef = reg, ref
+		defer func() { s.readReg, s.readRef = nil, nil }()
+		return s.read(ctx, ref.mr, reg.mem, remote, b, total)
+	}
 	ref := reg.use()
 	if ref == nil {
 		return st, fmt.Errorf("verbs: %s: %s registration %s: %w", op, side, reg.unusable(), errs.ErrFailedPrecondition)
 	}
 	defer reg.done(ref)
-	if read {
-		return s.read(ctx, ref.mr, reg.mem, remote, b, total)
-	}
 	return s.write(ctx, ref.mr, reg.mem, remote, b, total)
 }
 

@@ -26,7 +26,12 @@ type registration struct {
 	// acc are the MRs of the other access sets, made when KeyFor first
 	// asks (and again after a Rekey retired them): accRead remote READ
 	// only, accReadWrite both.
-	acc    [accSets]*mrRef
+	acc [accSets]*mrRef
+	// rd is the local-write-only MR that READs land through (useRead),
+	// made by the first read and never exported: a read cut by its caller
+	// is fenced by deregistering it (fence), which the region's keys
+	// survive.
+	rd     *mrRef
 	old    []*mrRef // retired by Rekey, still in use
 	closed bool
 	// withdrawn: Withdraw retired every MR and made none (the memory's
@@ -64,6 +69,7 @@ type mrRef struct {
 	users   int
 	retired bool
 	write   bool // allows remote WRITE: receiving batches may land through it
+	fenced  bool // deregistered by fence while in use; its users only drop it
 }
 
 var (
@@ -201,10 +207,79 @@ func (r *registration) useRKey(rkey uint32) *mrRef {
 	return nil
 }
 
+// useRead holds the MR that READs land through, registering it on first
+// use (with LOCAL_WRITE only: it is never a remote key).
+func (r *registration) useRead() (*mrRef, error) {
+	r.mu.Lock()
+	if r.closed || r.withdrawn {
+		r.mu.Unlock()
+		return nil, fmt.Errorf("verbs: read: destination registration %s: %w", r.state(), errs.ErrFailedPrecondition)
+	}
+	if m := r.rd; m != nil {
+		m.users++
+		r.mu.Unlock()
+		return m, nil
+	}
+	r.mu.Unlock()
+	t := r.t
+	mr, _, err := t.regMR(r.mem, ibv.AccessLocalWrite)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: register the read destination MR (%d bytes): %w", r.mem.Len, err)
+	}
+	t.live.mrs.Add(1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.withdrawn || r.rd != nil {
+		_ = mr.Close()
+		t.live.mrs.Add(-1)
+		if r.rd == nil || r.closed || r.withdrawn {
+			return nil, fmt.Errorf("verbs: read: destination registration %s: %w", r.state(), errs.ErrFailedPrecondition)
+		}
+		r.rd.users++
+		return r.rd, nil
+	}
+	r.rd = &mrRef{mr: mr, users: 1}
+	return r.rd, nil
+}
+
+// fence deregisters m, the read MR of a read cut with READs in flight, at
+// once, whoever still uses it: from its return no READ response lands
+// through it (the NIC fails them with a local protection error). The next
+// read registers a fresh one. It reports whether the deregistration
+// succeeded.
+func (r *registration) fence(m *mrRef) bool {
+	r.mu.Lock()
+	if m.fenced {
+		r.mu.Unlock()
+		return true
+	}
+	m.fenced, m.retired = true, true
+	if r.rd == m {
+		r.rd = nil
+	}
+	for k, o := range r.old {
+		if o == m {
+			r.old = append(r.old[:k], r.old[k+1:]...)
+			break
+		}
+	}
+	r.mu.Unlock()
+	if err := m.mr.Close(); err != nil {
+		r.t.log.Warn("verbs: deregistering a cut read's MR failed", "bytes", r.mem.Len, "error", err)
+		return false
+	}
+	r.t.live.mrs.Add(-1)
+	return true
+}
+
 // done releases a use; a retired MR goes with its last user.
 func (r *registration) done(m *mrRef) {
 	r.mu.Lock()
 	m.users--
+	if m.fenced { // deregistered already
+		r.mu.Unlock()
+		return
+	}
 	var gone *mrRef
 	if m.retired && m.users == 0 && !r.closed {
 		for k, o := range r.old {
@@ -280,7 +355,7 @@ func (r *registration) Rekey() (transport.RemoteKey, error) {
 // (Transport.retire) once r.mu is released; the others go with their last
 // user (done). r.mu held.
 func (r *registration) retireAll(cur *mrRef) (gone []*mrRef) {
-	for _, m := range []*mrRef{cur, r.acc[accRead], r.acc[accReadWrite]} {
+	for _, m := range []*mrRef{cur, r.acc[accRead], r.acc[accReadWrite], r.rd} {
 		if m == nil {
 			continue
 		}
@@ -291,7 +366,7 @@ func (r *registration) retireAll(cur *mrRef) (gone []*mrRef) {
 			r.old = append(r.old, m)
 		}
 	}
-	r.acc = [accSets]*mrRef{}
+	r.acc, r.rd = [accSets]*mrRef{}, nil
 	return gone
 }
 
@@ -342,7 +417,10 @@ func (r *registration) Close() error {
 			mrs = append(mrs, m)
 		}
 	}
-	r.old, r.acc = nil, [accSets]*mrRef{}
+	if r.rd != nil {
+		mrs = append(mrs, r.rd)
+	}
+	r.old, r.acc, r.rd = nil, [accSets]*mrRef{}, nil
 	r.mu.Unlock()
 	t := r.t
 	t.mu.Lock()

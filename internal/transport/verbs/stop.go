@@ -28,8 +28,14 @@ import (
 // predates msgCancel) or a completion fails does the old rule apply: every
 // QP of the set goes to ERROR (halt), so the NIC sends none of the WRITEs
 // still queued, and the set stays broken; the peer manager replaces it.
+//
+// A read is fenced at once instead (fenceRead): its READs land only in the
+// caller's own memory, which a local stop protects without the peer.
 func (s *qpSet) abandon(ctx context.Context, tag uint32) error {
 	cause := ctx.Err()
+	if tag == s.readTag {
+		return s.fenceRead(cause, tag)
+	}
 	until := time.Now().Add(s.stopWait())
 	if s.drainPosted(until) {
 		if s.metaTag != tag { // a read, or a write stopped before its meta
@@ -161,21 +167,29 @@ const haltWait = time.Second
 // before the transition: those still reach the receiver (whose QP is in
 // RTS) within one network delay; in the test VMs that is far under the
 // flush wait, on a real fabric microseconds.
-func (s *qpSet) halt() {
-	for _, q := range s.qps {
-		if err := q.qp.ToError(); err != nil {
-			s.t.log.Warn("verbs: moving a QP to ERROR after a deadline failed", "peer", s.peer, "conn", s.id, "qp", q.qp.Num(), "error", err)
-		}
-	}
+// It reports whether every flushed completion came in time.
+func (s *qpSet) halt() bool {
+	s.toError()
 	deadline := time.Now().Add(haltWait)
 	for _, q := range s.qps {
 		for int32(q.posted-q.done.Load()) > 0 {
 			if time.Now().After(deadline) {
 				s.t.log.Warn("verbs: flushed completions still missing after a deadline", "peer", s.peer, "conn", s.id, "qp", q.qp.Num(),
 					"in_flight", int32(q.posted-q.done.Load()))
-				return
+				return false
 			}
 			time.Sleep(time.Millisecond)
+		}
+	}
+	return true
+}
+
+// toError moves every QP of the set to ERROR: the NIC posts nothing more
+// and flushes what is queued.
+func (s *qpSet) toError() {
+	for _, q := range s.qps {
+		if err := q.qp.ToError(); err != nil {
+			s.t.log.Warn("verbs: moving a QP to ERROR after a deadline failed", "peer", s.peer, "conn", s.id, "qp", q.qp.Num(), "error", err)
 		}
 	}
 }
