@@ -68,6 +68,12 @@ func (s *qpSet) stopRead(err error) error {
 	if s.Err() == nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 		return err
 	}
+	if s.readRef != nil && s.readRef.fenced {
+		// Fenced already (fenceRead): waiting for the flushes here held
+		// the answer up to haltWait for nothing.
+		s.fail(err, true)
+		return err
+	}
 	s.fail(err, true)
 	s.halt()
 	return err
@@ -89,8 +95,13 @@ func (s *qpSet) fenceRead(cause error, tag uint32) error {
 	err := fmt.Errorf("verbs: read batch %d from %s cut off by %w with READs in flight (QPs stopped and the destination's read MR withdrawn: nothing more lands; the connection is rebuilt: %w)",
 		tag, s.peer, cause, errs.ErrAborted)
 	s.fail(err, true)
+	t0 := time.Now()
 	s.toError()
+	t1 := time.Now()
 	if s.readRef != nil && s.readReg.fence(s.readRef) {
+		if took := time.Since(t0); took > 50*time.Millisecond {
+			s.t.log.Warn("verbs: fencing a cut read took long", "peer", s.peer, "conn", s.id, "tag", tag, "to_error", t1.Sub(t0), "deregister", time.Since(t1))
+		}
 		return err
 	}
 	start := time.Now()
