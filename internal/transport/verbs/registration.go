@@ -264,11 +264,22 @@ func (r *registration) fence(m *mrRef) bool {
 		}
 	}
 	r.mu.Unlock()
+	t := r.t
 	if err := m.mr.Close(); err != nil {
-		r.t.log.Warn("verbs: deregistering a cut read's MR failed", "bytes", r.mem.Len, "error", err)
+		t.log.Warn("verbs: deregistering a cut read's MR failed", "bytes", r.mem.Len, "error", err)
 		return false
 	}
-	r.t.live.mrs.Add(-1)
+	t.live.mrs.Add(-1)
+	// The next read's MR is registered now, in the background, not on that
+	// read's path (registering pins every page: 0.1 s and more for a large
+	// region in the emulated VMs), where its deadline could not cut it.
+	t.bg.Add(1)
+	go func() {
+		defer t.bg.Done()
+		if m, err := r.useRead(); err == nil {
+			r.done(m)
+		}
+	}()
 	return true
 }
 
