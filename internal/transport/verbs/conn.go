@@ -130,6 +130,9 @@ type qpSet struct {
 	// deregisters it.
 	readReg *registration
 	readRef *mrRef
+	// readFenced: a cut read fenced the set (Close tears it down in the
+	// background). Set by the batch's goroutine before the set fails.
+	readFenced bool
 	// stallTimer bounds each wait of a batch for progress (one per set,
 	// reused: Writes are serialised, and the data path allocates nothing).
 	stallTimer *time.Timer
@@ -527,6 +530,19 @@ func (s *qpSet) Close() error {
 			if !s.goodbye() && s.ctl != nil {
 				s.t.disconnect(s.ctl, s.peer, s.id)
 			}
+		}
+		if s.readFenced {
+			// A set a cut read fenced is closed on that read's answer path
+			// (the batch layer drops a broken connection before it
+			// answers): its teardown (QP destruction waits for rxe's tasks,
+			// 30-130 ms in the VMs) goes to the background.
+			s.t.bg.Add(1)
+			go func() {
+				defer s.t.bg.Done()
+				s.t.detach(s, true)
+				s.destroy()
+			}()
+			return
 		}
 		s.t.detach(s, true)
 		s.destroy()
