@@ -231,12 +231,21 @@ func TestRemotePullDeadline(t *testing.T) {
 		cut, mid := 0, 0
 		for _, frac := range []int{8, 4, 2} {
 			d := whole / time.Duration(frac)
+			// A cut pull's connection is rebuilt for the next one: a one-block
+			// pull first, so that the cut falls in this pull's READs rather
+			// than in the new connection's set-up.
+			if err := pullVerbs(ctx, wc, local.Id, peer, "e2e-pull-deadline", offs[:1], offs[:1], size); err != nil {
+				t.Fatalf("warm-up pull before the %s %v cut: %v", how.name, d, err)
+			}
 			clear(local.Bytes)
+			margin := answerMargin(ctx, t, wc)
+			stalls := watchStalls()
 			called := time.Now()
 			sent, err := w.cut(ctx, how, d, func(ctx context.Context) error {
 				return pullVerbs(ctx, wc, local.Id, peer, "e2e-pull-deadline", offs, offs, size)
 			})
 			took := time.Since(called)
+			margin += stalls()
 			if err == nil {
 				if !bytes.Equal(local.Bytes, seed.Bytes) {
 					t.Fatalf("%s %v: success but the local region does not hold the remote's bytes", how.name, d)
@@ -253,6 +262,16 @@ func TestRemotePullDeadline(t *testing.T) {
 			how.check(t, d, err)
 			cut++
 			snap := bytes.Clone(local.Bytes)
+			// The cut READs target this caller's own memory: the daemon fences
+			// them locally and answers, without waiting for them.
+			budget := pullStopBudget
+			if how.code == codes.Canceled {
+				budget = pullCancelBudget
+			}
+			if limit := d + budget + margin; took > limit {
+				t.Errorf("%s %v: answered %v after the call, past the cut + %v + %v (this VM's scheduling and API delay, measured before and during the call)",
+					how.name, d, took.Round(time.Millisecond), budget, margin.Round(time.Millisecond))
+			}
 			landed := 0
 			for i := range n {
 				if bytes.Equal(snap[offs[i]:offs[i]+size], seed.Bytes[offs[i]:offs[i]+size]) {
@@ -268,8 +287,9 @@ func TestRemotePullDeadline(t *testing.T) {
 				t.Fatalf("%s %v (answered %v after the call): %d bytes of the caller's region changed after the answer, the first %v and the last %v after it",
 					how.name, d, took.Round(time.Millisecond), changed, first, last)
 			}
-			t.Logf("%s %v (whole pull %v): %v %v after the call, %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
-				how.name, d, whole.Round(time.Millisecond), how.code, took.Round(time.Millisecond), landed, n)
+			t.Logf("%s %v (whole pull %v): %v %v after the call (%v past the cut; margin %v), %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
+				how.name, d, whole.Round(time.Millisecond), how.code, took.Round(time.Millisecond), (took - d).Round(time.Millisecond),
+				margin.Round(time.Millisecond), landed, n)
 		}
 		if cut == 0 || mid == 0 {
 			notCreated = append(notCreated, fmt.Sprintf("%s: %d pulls cut by the daemon, %d of them mid-pull (some bytes landed)", how.name, cut, mid))
@@ -285,6 +305,60 @@ func TestRemotePullDeadline(t *testing.T) {
 	if len(notCreated) > 0 {
 		t.Skipf("this host could not create the condition (whole pull %v): %s", whole, strings.Join(notCreated, "; "))
 	}
+}
+
+// pullStopBudget is how long after its deadline a verbs pull may answer,
+// beyond the machine's own delays (answerMargin, watchStalls). A cancel
+// reaches the daemon as a stream reset the daemon does not time itself,
+// which a stalled VM delivers late: pullCancelBudget.
+const (
+	pullStopBudget   = 100 * time.Millisecond
+	pullCancelBudget = time.Second
+)
+
+// answerMargin measures, just before a timed call, the delays of this
+// machine that are not the daemon's: the worst oversleep of 1 ms sleeps
+// over 200 ms (how late a goroutine runs, here or in the daemon) plus the
+// slowest of 5 Pings to c's daemon (the answer's own trip).
+func answerMargin(ctx context.Context, t *testing.T, c *client.Client) time.Duration {
+	t.Helper()
+	var sleep time.Duration
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+		t0 := time.Now()
+		time.Sleep(time.Millisecond)
+		sleep = max(sleep, time.Since(t0)-time.Millisecond)
+	}
+	var rpc time.Duration
+	for range 5 {
+		t0 := time.Now()
+		if _, err := c.API().Ping(ctx, &b2bv1.PingRequest{}); err != nil {
+			t.Fatalf("ping the daemon: %v", err)
+		}
+		rpc = max(rpc, time.Since(t0))
+	}
+	return sleep + rpc
+}
+
+// watchStalls samples, until the returned func is called, how late 1 ms
+// sleeps wake: the worst is how long this machine (a VM on a loaded host)
+// stopped running anything during a timed call. It returns that worst.
+func watchStalls() func() time.Duration {
+	done, res := make(chan struct{}), make(chan time.Duration, 1)
+	go func() {
+		var worst time.Duration
+		for {
+			select {
+			case <-done:
+				res <- worst
+				return
+			default:
+			}
+			t0 := time.Now()
+			time.Sleep(time.Millisecond)
+			worst = max(worst, time.Since(t0)-time.Millisecond)
+		}
+	}()
+	return func() time.Duration { close(done); return <-res }
 }
 
 // watchChanges watches mem for window against snap (updated as it goes):

@@ -372,6 +372,8 @@ func (s *qpSet) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *tran
 	s.tag = nextTag(s.tag) // names the request in errors only
 	tag := s.tag
 	s.batchBytes = total
+	s.readTag = tag
+	defer func() { s.readTag = 0 }()
 	first := s.rot % len(s.qps)
 	s.rot++
 	params := ibv.ChainParams{Op: ibv.WRRead, MaxWR: cfg.MaxChain, MaxSGE: t.maxSGERd,

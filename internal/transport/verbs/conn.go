@@ -122,6 +122,17 @@ type qpSet struct {
 	// batchBytes is the batch in progress's bytes: what a stop may have
 	// to wait for (stopWait).
 	batchBytes uint64
+	// readTag is the read batch in progress (0: none): a stop fences it at
+	// once (fenceRead) instead of waiting for its READs.
+	readTag uint32
+	// readReg and readRef are the read in progress's destination and the
+	// MR its READs land through (nil for a block read): fenceRead
+	// deregisters it.
+	readReg *registration
+	readRef *mrRef
+	// readFenced: a cut read fenced the set (Close tears it down in the
+	// background). Set by the batch's goroutine before the set fails.
+	readFenced bool
 	// stallTimer bounds each wait of a batch for progress (one per set,
 	// reused: Writes are serialised, and the data path allocates nothing).
 	stallTimer *time.Timer
@@ -325,14 +336,21 @@ func (s *qpSet) transfer(ctx context.Context, local transport.Registration, remo
 		return st, err
 	}
 	defer s.releaseWrite()
+	if read {
+		ref, err := reg.useRead()
+		if err != nil {
+			return st, err
+		}
+		defer reg.done(ref)
+		s.readReg, s.readRef = reg, ref
+		defer func() { s.readReg, s.readRef = nil, nil }()
+		return s.read(ctx, ref.mr, reg.mem, remote, b, total)
+	}
 	ref := reg.use()
 	if ref == nil {
 		return st, fmt.Errorf("verbs: %s: %s registration %s: %w", op, side, reg.unusable(), errs.ErrFailedPrecondition)
 	}
 	defer reg.done(ref)
-	if read {
-		return s.read(ctx, ref.mr, reg.mem, remote, b, total)
-	}
 	return s.write(ctx, ref.mr, reg.mem, remote, b, total)
 }
 
@@ -411,177 +429,6 @@ func (s *qpSet) progress() uint64 {
 		p += uint64(q.done.Load())
 	}
 	return p
-}
-
-// abandon ends a batch whose caller's deadline or cancel came with WRs in
-// flight, stopping only that batch when it can (issue 23: stopping the
-// whole connection failed every batch queued behind it with Aborted):
-//
-//  1. nothing more of the batch is posted (the callers stop posting);
-//  2. every WR already posted on the set (this batch's: writes are
-//     serialised per set) is waited for, at most stopWait (the batch's
-//     bytes at the port's rate plus CancelWait). A successful completion
-//     of an RC WRITE or READ means its bytes are in place, so once all
-//     completed nothing of the batch can land any more;
-//  3. a write whose meta went out tells the receiver (msgCancel), which
-//     drops the batch unaccounted and answers tag|refuseBit, or had acked
-//     it as landed: the batch then succeeded and abandon returns nil (the
-//     cancel lost the race; the bytes are all there).
-//
-// Only when a step runs out of time (a stuck or slow peer, a receiver that
-// predates msgCancel) or a completion fails does the old rule apply: every
-// QP of the set goes to ERROR (halt), so the NIC sends none of the WRITEs
-// still queued, and the set stays broken; the peer manager replaces it.
-func (s *qpSet) abandon(ctx context.Context, tag uint32) error {
-	cause := ctx.Err()
-	until := time.Now().Add(s.stopWait())
-	if s.drainPosted(until) {
-		if s.metaTag != tag { // a read, or a write stopped before its meta
-			return fmt.Errorf("verbs: batch %d with %s stopped: %w (the work requests already posted completed; nothing more of it lands, the connection stays)", tag, s.peer, cause)
-		}
-		switch s.cancelAnnounced(tag, until.Add(s.t.cfg.CancelWait)) {
-		case cancelLanded:
-			return nil
-		case cancelDropped:
-			return fmt.Errorf("verbs: batch %d to %s stopped: %w (its posted work requests completed and the receiver dropped it unaccounted; the connection stays)", tag, s.peer, cause)
-		}
-	}
-	// The caller's deadline or cancel is the outcome (outermost class); the
-	// connection is gone too (Aborted, its Err).
-	err := fmt.Errorf("verbs: batch %d to %s cut off by %w with work requests in flight (QPs stopped and connection dropped: %w)", tag, s.peer, cause, errs.ErrAborted)
-	s.fail(err, true)
-	s.halt()
-	return err
-}
-
-// stopWait bounds how long a stopped batch waits for the WRs it posted:
-// the batch's bytes (an upper bound of what is in flight) at the port's
-// nominal rate, plus CancelWait, the margin for completions and
-// scheduling. A peer that is only slower than the link (an emulated one)
-// may need longer: the batch then takes the fallback, as a stuck peer does.
-func (s *qpSet) stopWait() time.Duration {
-	bps := s.t.linkBps
-	if bps == 0 {
-		bps = 2_500_000_000 // unreported: the slowest IB lane
-	}
-	wire := time.Duration(float64(s.batchBytes) * 8 / float64(bps) * float64(time.Second))
-	return wire + s.t.cfg.CancelWait
-}
-
-// drainPosted waits until every WR posted on the set has completed, at
-// most until until. It reports false when that wait ran out or the set
-// broke (a failed completion).
-func (s *qpSet) drainPosted(until time.Time) bool {
-	s.stallTimer.Reset(time.Until(until))
-	defer s.stallTimer.Stop()
-	for {
-		if s.Err() != nil {
-			return false
-		}
-		left := false
-		for _, q := range s.qps {
-			if int32(q.posted-q.done.Load()) > 0 {
-				left = true
-				break
-			}
-		}
-		if !left {
-			return s.Err() == nil
-		}
-		select {
-		case <-s.credSig:
-		case <-s.broken:
-			return false
-		case <-s.stallTimer.C:
-			s.t.log.Warn("verbs: a stopped batch's posted work requests did not complete in time; stopping the connection",
-				"peer", s.peer, "conn", s.id, "bytes", s.batchBytes, "wait", s.stopWait())
-			return false
-		}
-	}
-}
-
-type cancelOutcome int
-
-const (
-	cancelTimedOut cancelOutcome = iota
-	cancelLanded                 // acked as landed before the cancel arrived
-	cancelDropped                // the receiver dropped it unaccounted
-)
-
-// cancelAnnounced tells the receiver that batch tag (whose meta went out
-// on QP metaQ and whose posted WRs all completed) ends here, and waits
-// until until at most for its answer.
-func (s *qpSet) cancelAnnounced(tag uint32, until time.Time) cancelOutcome {
-	outcome := func() cancelOutcome {
-		switch s.lastAck.Load() {
-		case tag:
-			return cancelLanded
-		case tag | refuseBit:
-			return cancelDropped
-		}
-		return cancelTimedOut
-	}
-	if o := outcome(); o != cancelTimedOut {
-		s.metaTag = 0
-		return o
-	}
-	q := s.qps[s.metaQ]
-	if q.avail() < 1 { // drained: cannot happen, but never post without credit
-		return cancelTimedOut
-	}
-	m := message{kind: msgCancel, tag: tag}
-	m.encode(s.ctlMem.Bytes())
-	if err := s.sendCtl(q, ibv.KindMeta, 0, msgLen, true); err != nil {
-		return cancelTimedOut
-	}
-	s.stallTimer.Reset(time.Until(until))
-	defer s.stallTimer.Stop()
-	for {
-		if o := outcome(); o != cancelTimedOut {
-			s.metaTag = 0
-			return o
-		}
-		select {
-		case <-s.ackSig:
-		case <-s.broken:
-			return cancelTimedOut
-		case <-s.stallTimer.C:
-			s.t.log.Warn("verbs: the receiver did not answer a batch's cancel in time (a peer without msgCancel, or stuck); stopping the connection",
-				"peer", s.peer, "conn", s.id, "tag", tag, "wait", s.t.cfg.CancelWait)
-			return cancelTimedOut
-		}
-	}
-}
-
-// haltWait bounds how long halt waits for the flushed completions.
-const haltWait = time.Second
-
-// halt moves every QP of a sending set to ERROR (ibv_modify_qp IBV_QPS_ERR)
-// and waits, at most haltWait, until the poller has seen a completion for
-// every WR posted: each WR the NIC had not finished completes with
-// IBV_WC_WR_FLUSH_ERR (flushed WRs complete even when unsignaled), which
-// returns its credit. Once the requester flushed, it transmits nothing more.
-// What it can no longer take back are packets it already put on the wire
-// before the transition: those still reach the receiver (whose QP is in
-// RTS) within one network delay; in the test VMs that is far under the
-// flush wait, on a real fabric microseconds.
-func (s *qpSet) halt() {
-	for _, q := range s.qps {
-		if err := q.qp.ToError(); err != nil {
-			s.t.log.Warn("verbs: moving a QP to ERROR after a deadline failed", "peer", s.peer, "conn", s.id, "qp", q.qp.Num(), "error", err)
-		}
-	}
-	deadline := time.Now().Add(haltWait)
-	for _, q := range s.qps {
-		for int32(q.posted-q.done.Load()) > 0 {
-			if time.Now().After(deadline) {
-				s.t.log.Warn("verbs: flushed completions still missing after a deadline", "peer", s.peer, "conn", s.id, "qp", q.qp.Num(),
-					"in_flight", int32(q.posted-q.done.Load()))
-				return
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
 }
 
 func (s *qpSet) write(ctx context.Context, src *ibv.MR, mem memory.Memory, dst transport.RemoteRegion, b *desc.Batch, total uint64) (transport.Stats, error) {
@@ -683,6 +530,19 @@ func (s *qpSet) Close() error {
 			if !s.goodbye() && s.ctl != nil {
 				s.t.disconnect(s.ctl, s.peer, s.id)
 			}
+		}
+		if s.readFenced {
+			// A set a cut read fenced is closed on that read's answer path
+			// (the batch layer drops a broken connection before it
+			// answers): its teardown (QP destruction waits for rxe's tasks,
+			// 30-130 ms in the VMs) goes to the background.
+			s.t.bg.Add(1)
+			go func() {
+				defer s.t.bg.Done()
+				s.t.detach(s, true)
+				s.destroy()
+			}()
+			return
 		}
 		s.t.detach(s, true)
 		s.destroy()

@@ -519,12 +519,25 @@ func (p *poller) handleAsync() {
 }
 
 // housekeeping probes idle receiving sets so those of a vanished sender
-// are found (the probe fails with a retry error) and freed.
+// are found (the probe fails with a retry error) and freed. A set that
+// holds a half-landed batch's pin is probed once idle for StallTimeout
+// (when shorter than KeepAlive): its sender tells it when it gives up (a
+// goodbye, or a disconnect over the control plane), but when neither can
+// reach it (the sender's process died, or its control channel was closed
+// under the disconnect) the destination region would stay pinned, and
+// underegistrable, for a whole keepalive period.
 func (p *poller) housekeeping(sets []*qpSet) {
 	ka := p.t.cfg.KeepAlive
+	pinIdle := p.t.cfg.StallTimeout
+	if pinIdle <= 0 || pinIdle > ka {
+		pinIdle = ka
+	}
 	now := time.Now()
 	for _, s := range sets {
-		if s.sender || s.pinging || s.Err() != nil || now.Sub(s.lastRecv) < ka {
+		if s.sender || s.pinging || s.Err() != nil {
+			continue
+		}
+		if idle := now.Sub(s.lastRecv); idle < ka && (idle < pinIdle || !s.holdsPins()) {
 			continue
 		}
 		q := s.qps[0]
@@ -543,4 +556,15 @@ func (p *poller) housekeeping(sets []*qpSet) {
 	if len(p.dying) > 0 {
 		p.reap()
 	}
+}
+
+// holdsPins: some batch of the receiving set holds its destination (from
+// its meta to its ack).
+func (s *qpSet) holdsPins() bool {
+	for i := range s.rx {
+		if sl := &s.rx[i]; sl.active && (sl.release != nil || sl.mr != nil || len(sl.pins) > 0) {
+			return true
+		}
+	}
+	return false
 }
