@@ -490,7 +490,7 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller, lease ...Le
 		os.Remove(path)
 		return nil, fmt.Errorf("region: chmod %s to %#o: %w", path, ShmFileMode, err)
 	}
-	if err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size)); err != nil {
+	if err := fallocate(f, size); err != nil {
 		os.Remove(path)
 		if errors.Is(err, unix.ENOSPC) {
 			return nil, fmt.Errorf("%w: host_alloc.size %d: no room in %s: %v", errs.ErrResourceExhausted, size, g.cfg.ShmDir, err)
@@ -1300,4 +1300,16 @@ func mapFile(f *os.File, offset, size uint64) (memory.Memory, func() error, erro
 		once.Do(func() { uerr = unix.Munmap(b) })
 		return uerr
 	}, nil
+}
+
+// fallocate reserves size bytes of f, again when a signal interrupted it:
+// the runtime's own preemption signals interrupt a large allocation on
+// tmpfs, and allocating a range again is harmless.
+func fallocate(f *os.File, size uint64) error {
+	for {
+		err := unix.Fallocate(int(f.Fd()), 0, 0, int64(size))
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
 }
