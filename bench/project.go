@@ -11,11 +11,11 @@ import (
 // CX7Model is the wire of one ConnectX-7 400G port, from the public figures
 // in the project's notes (shared/notes/anchors.md):
 //   - ib_write_bw reached 392.6 Gb/s from host memory (391.5 Gb/s reading
-//     H100 HBM) on CX7 400G RoCE (NVIDIA/nccl issue 2409): the payload rate;
+//     H100 HBM) on CX7 400G RoCE (NVIDIA/nccl#2409): the payload rate;
 //   - a bare RDMA round trip took 2.9 us (same source);
 //   - no public CX7 message rate for small WRITEs was found. The op rate is
 //     therefore an assumption: 64 M WRITEs/s, i.e. 10,000 WRITEs in about
-//     0.16 ms (issue 12's 0.1-0.2 ms), reachable only with doorbell-batched
+//     0.16 ms (0.1-0.2 ms), reachable only with doorbell-batched
 //     chains on several QPs. The pessimistic bound beside it is UCCL's
 //     serial figure, 128 WRITEs of 256 B in 54 us per batch on a 400G NIC
 //     (PR 941): less one round trip, 2.5 M WRITEs/s.

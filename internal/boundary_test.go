@@ -15,7 +15,7 @@ import (
 	"testing"
 )
 
-// The transport boundary (issue 22): a kind's details stay in its own
+// The transport boundary: a kind's details stay in its own
 // folders. Each kind is a family of packages (its Go packages and its proto
 // package); nothing outside a family names it, except the one registration
 // list, internal/daemon/builtins.go.
@@ -141,7 +141,7 @@ func TestKindImportsCatches(t *testing.T) {
 
 // kindNames matches, in code (identifiers and strings, not comments), the
 // names of the kinds' proto packages and import paths, and the
-// kind-specific types and RPCs the shared layers had before issue 22;
+// kind-specific types and RPCs the shared layers once had;
 // kindPackages the kinds' Go package names, used as a qualifier ("rails."
 // but not a variable named rails).
 var kindPackages = map[string]bool{"samehost": true, "rails": true}

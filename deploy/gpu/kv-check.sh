@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# kv-check: b2b.kv on a GPU machine (issue 23, "On the GPU host"). No Go there: bin/ is built
+# kv-check: b2b.kv on a GPU machine ("On the GPU host"). No Go there: bin/ is built
 # elsewhere and carried (BIN). For each transport it starts two daemons and runs
 #   a. deploy/gpu/kv_exchange.py: two PyTorch processes, 160 layer tensors of 1,024 x 8 KiB
 #      blocks; a request's 512 blocks (81,920 blocks, 640 MiB) move by id to OTHER ids,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# layer-check: layer streaming on a GPU machine (issue 25; docs/kv.md, "Layer streaming"), in one
+# layer-check: layer streaming on a GPU machine (docs/kv.md, "Layer streaming"), in one
 # device call. No Go there: bin/ is built elsewhere and carried (BIN). Steps, each under a timeout,
 # all under one deadline (TOTAL_S, default 500 s, so the whole run ends within 9 minutes):
 #   0. the verdicts' own table tests (no GPU);

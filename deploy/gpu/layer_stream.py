@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Layer streaming with zero SMs: the demo and measurement of issue 25 (docs/kv.md,
+"""Layer streaming with zero SMs: the demo and measurement (docs/kv.md,
 "Layer streaming").
 
 Two daemons on this host: A (the prefill's) and B (the decode's). This process

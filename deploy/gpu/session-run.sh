@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 echo "=== doctor"; "$BIN/b2bd" --version
 "$BIN/b2bd" doctor 2>&1 | tee "$OUT/doctor.txt"; echo "doctor exit: ${PIPESTATUS[0]}"
 "$BIN/b2bd" doctor --json > "$OUT/doctor.json" 2>&1; echo "doctor --json exit: $?"
-echo "=== host memory over TCP, ad hoc vs prepared (issue 12)"
+echo "=== host memory over TCP, ad hoc vs prepared"
 "$BIN/b2b-bench" --b2bd "$BIN/b2bd" --transport tcp --memory host --sizes 128,4096,65536 --mode adhoc,prepared \
   --iters 40 --breakdown --yardstick none --json "$OUT/host-tcp-modes.json" 2>&1 | tee "$OUT/host-tcp-modes.txt"
 echo "=== host memory over the same-host path, ad hoc vs prepared"

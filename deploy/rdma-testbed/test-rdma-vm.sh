@@ -55,7 +55,7 @@ perftest_args() { # perftest_args SIZE BLOCKS VARIANT PORT -> sets pt_args
 	pt_args=(-d "$dev" -i 1 -x "$gid" -F -s "$s" -p "$port")
 	if [ "$variant" = tuned ]; then pt_args+=(-n "$nt" -q 4 --post_list "$pl"); else pt_args+=(-n "$n"); fi
 }
-# READ (issue 24): with READ=1 each round also runs ib_read_bw default and tuned (the same options) and a b2bd
+# READ: with READ=1 each round also runs ib_read_bw default and tuned (the same options) and a b2bd
 # READ batch set, mirrored the same way, right after the round's WRITE triple; B is ib_read_bw's client, so B
 # reads A's memory, as b2bd's READ does. READ_DRIVER=bench (the default) runs `b2b-bench --op read` in B against
 # the daemons: B's daemon pulls from A's, a real daemon pull as the WRITE side is a real daemon push.

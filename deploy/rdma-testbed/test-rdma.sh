@@ -238,7 +238,7 @@ for s in sizes:
           "yes" if verified else "NO"))
     for e in errors:
         print("           error: %s" % e)
-# READ (issue 24): b2bd's READ batches against ib_read_bw default and tuned of the same round.
+# READ: b2bd's READ batches against ib_read_bw default and tuned of the same round.
 read_entries = []
 rd_hdr = "%8s %6s %3s %9s %21s %21s %3s" % ("block", "blocks", "rds", "read GB/s", "vs default med(min-max)", "vs tuned med(min-max)", "ok")
 for s in sizes:
@@ -359,10 +359,10 @@ if [ "${B2B_RDMA_CONFORMANCE:-1}" = 1 ]; then
 	conf=$OUT/conformance
 	mkdir -p "$conf"
 	if [ -x "$OUT/bin/verbs.test" ] || (cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go test -c -o "$OUT/bin/verbs.test" ./internal/transport/verbs); then
-		# With the conformance suite, the READ hardware tests (issue 24): checksums at several sizes, a read-only
+		# With the conformance suite, the READ hardware tests: checksums at several sizes, a read-only
 		# rkey that cannot WRITE (a hand-made WRITE fails at the NIC), a deadline mid-READ, per-access MRs; a
 		# narrowed export's rkey refused at the NIC (and the MRs a write-only region holds); deadlines that stop
-		# their own batch and keep the connection (issue 23).
+		# their own batch and keep the connection.
 		printf "B2B_HW_TEST=%s\nB2B_HW_RUN='^(%s)\$'\n" "$OUT/bin/verbs.test" "${HW_TESTS// /|}" >"$conf/hw.env"
 		B2B_TESTBED_QUIET=1 "$HERE/run-pair.sh" "$HERE/hw-verbs.sh" "$HERE/hw-verbs.sh" --out "$conf" --timeout 900 --grace 30 || {
 			say "verbs conformance suite FAILED:"

@@ -54,7 +54,7 @@ type Peers interface {
 	Instance(addr string) uint64
 }
 
-// ReadPeers is what pulls (issue 24) need of the peer manager beyond
+// ReadPeers is what pulls need of the peer manager beyond
 // Peers: resolutions for an access, each carrying only the key that access
 // is granted, and cached apart.
 type ReadPeers interface {

@@ -35,7 +35,7 @@ func writeFile(t *testing.T, body string) string {
 	return p
 }
 
-// TestDaemonRefusesOutOfRange is issue 21's defect 2 at b2bd's own command
+// TestDaemonRefusesOutOfRange is the out-of-range defect at b2bd's own command
 // line: a value outside its range, as a flag or as a --config key, stops
 // the start, naming the key, the value and the range.
 func TestDaemonRefusesOutOfRange(t *testing.T) {

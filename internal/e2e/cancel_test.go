@@ -16,7 +16,7 @@ import (
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
-// Cancel under load (issue 23, acceptance): transfers started async, each
+// Cancel under load: transfers started async, each
 // cancelled at a random (seeded) moment, checked for
 //   - no false success: a transfer reported DONE has every block equal to
 //     its source (CRC32C of each block on both daemons); one reported
@@ -194,7 +194,7 @@ func cancelUnderLoad(t *testing.T, r cancelRig, total int, seed uint64) cancelCo
 		t.Fatal("no gated transfer was cancelled: the test checked nothing about cancellation")
 	}
 	// Every transfer ends DONE or CANCELLED by its own cancel: a FAILED one
-	// was failed by a neighbour's cancel (issue 23: over verbs a cancel used
+	// was failed by a neighbour's cancel (over verbs a cancel used
 	// to stop the whole connection, and the transfers queued on it failed
 	// with Aborted although nobody cancelled them).
 	if counts.failed > 0 {

@@ -69,7 +69,7 @@ func TestWatchUnexportedRefused(t *testing.T) {
 	}
 }
 
-// TestPullNotifiesTheOwner (issue 24): a pull that asks for a notification
+// TestPullNotifiesTheOwner: a pull that asks for a notification
 // tells the serving side once every READ completed, so the owner knows it
 // may reuse the blocks: its watcher hears of the pull after the caller's
 // region holds every block, with the puller's payload and counts.

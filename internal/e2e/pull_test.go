@@ -21,7 +21,7 @@ import (
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
-// Pulls (issue 24, docs/pull.md): the caller's daemon reads the peer's
+// Pulls (docs/pull.md): the caller's daemon reads the peer's
 // exported blocks into the caller's region, over tcp and local, with read
 // grants (readers), on real daemons.
 

@@ -27,7 +27,7 @@ import (
 )
 
 // ProtocolVersion is the peer protocol spoken by this build. 2: transports
-// are kinds with opaque adverts, keys and signals (issue 22).
+// are kinds with opaque adverts, keys and signals.
 const ProtocolVersion = 2
 
 // Manager owns the connections to peers.

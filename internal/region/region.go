@@ -62,7 +62,7 @@ type Region struct {
 	// readKeys are the read keys indexed in Pins.byReadKey, per transport
 	// (guarded by Registry.mu): only while the region grants readers, so a
 	// write-only region has no read key at all (over verbs no MR with
-	// remote READ access, issue 24).
+	// remote READ access).
 	readKeys map[transport.Kind]uint64
 	client   uint64 // the lease's holder (Lease.Client); 0: persistent
 	drain    bool   // its lease ended while in use: released when active drops to 0

@@ -176,7 +176,7 @@ func (r *accessReg) Rekey() (transport.RemoteKey, error) {
 }
 
 // A region whose export grants no readers has no read key (over verbs no
-// MR with remote READ access: issue 24 gives one only to regions readable
+// MR with remote READ access: a region gets one only to regions readable
 // by some peer); granting readers makes one, which pins reads; narrowing
 // the writers moves the read index to the new read key; taking the readers
 // away un-indexes it and makes none.

@@ -3,7 +3,7 @@ package staging
 // Same-device copies (GPU memory to GPU memory of ONE device) are run by the
 // CUDA driver as kernels on the SMs, whatever the API (batched, with the
 // prefer-overlap flag, peer copies, per block, one contiguous copy: measured
-// on an H100 with a kernel holding every SM, issue 21). Device-to-host and
+// on an H100 with a kernel holding every SM). Device-to-host and
 // host-to-device copies run on the copy engines. So a same-device batch is
 // staged: each block goes device -> pinned host buffer -> device, two
 // copy-engine hops. ChunkPlan cuts a batch into chunks that fit one half of

@@ -122,7 +122,7 @@ func WriteStretches(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch
 	})
 }
 
-// BlockRead is one block-id pull (issue 24), the mirror of BlockWrite:
+// BlockRead is one block-id pull, the mirror of BlockWrite:
 // block IDs.Src(i) of every segment of the peer's layout Pair.Src() is
 // copied into block IDs.Dst(i) of the matching segment of our Pair.Dst().
 // The same rules hold: validated, not retained.

@@ -188,7 +188,7 @@ type Conn interface {
 }
 
 // Access is what a key lets a peer do with a region: write into it, read
-// from it, or both (issue 24's read grants).
+// from it, or both (read grants).
 type Access uint8
 
 const (
@@ -196,7 +196,7 @@ const (
 	AccessRead
 )
 
-// Reader is implemented by Conns that can pull (issue 24): copy blocks of a
+// Reader is implemented by Conns that can pull: copy blocks of a
 // peer's exported region into local memory. The peer's region is the
 // source, so b.Src holds offsets in src and b.Dst offsets in dst.
 type Reader interface {

@@ -20,7 +20,7 @@ import (
 func TestConformance(t *testing.T) {
 	transporttest.Run(t, transporttest.Factory{
 		Kind: transport.Verbs,
-		// Found by the suite (issue 22): each rail reports its share to
+		// Found by the suite: each rail reports its share to
 		// Inbound.Landed, so a batch refused on one rail is counted as
 		// landed for the share another rail placed.
 		Gaps:   map[string]string{transporttest.GapLandedOnRefusal: "rails: each rail's share is counted as landed, whatever the batch's outcome"},

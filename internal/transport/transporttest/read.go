@@ -12,7 +12,7 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-// The Read checks (issue 24): a pull copies blocks of the receiver's
+// The Read checks: a pull copies blocks of the receiver's
 // region (the peer, whose read key the sender holds) into the sender's own
 // registration. Every byte is verified, gaps stay poisoned, refusals carry
 // their class and write nothing, and a cut-off Read places no byte after
