@@ -231,14 +231,17 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 	// its first frame, and a destination deregistered between submits
 	// makes the plan stale.
 	sess, remote, reg, _, _, err := s.prepare(ctx, p, false)
-	if again && pp.instance != 0 {
-		if inst := s.cfg.Peers.Instance(p.peer); inst != pp.instance {
-			return nil, pp.markStale(fmt.Errorf("its peer %s restarted", p.peer))
+	if again {
+		// Instance is 0 while the peer is unknown: a handshake that failed
+		// (a paused peer, a submit's short deadline) or a peer reaped while
+		// idle forgets it. That is no restart: only another ID is.
+		if err := pp.restarted(s.cfg.Peers.Instance(p.peer)); err != nil {
+			return nil, err
 		}
 	}
 	if err != nil {
 		if again && errors.Is(err, errs.ErrNotFound) {
-			return nil, pp.markStale(err)
+			return nil, pp.markStale(fmt.Errorf("dst_region %q is gone from peer %s (deregistered or no longer exported): %w", p.dst, p.peer, err))
 		}
 		return nil, err
 	}
@@ -270,6 +273,16 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 		}
 	}
 	return b, nil
+}
+
+// restarted marks pp stale when inst, the peer's instance ID now, names
+// another start of the peer than the one pp was prepared under; 0 (the
+// peer is not known at the moment) says nothing.
+func (pp *prepared) restarted(inst uint64) error {
+	if pp.instance == 0 || inst == 0 || inst == pp.instance {
+		return nil
+	}
+	return pp.markStale(fmt.Errorf("its peer %s restarted (instance %016x; the plan was prepared under %016x)", pp.p.peer, inst, pp.instance))
 }
 
 // markStale records why pp is stale and returns the error every submit of
@@ -366,10 +379,8 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 	if st := pp.stale.Load(); st != nil {
 		return Result{}, st.err
 	}
-	if pp.instance != 0 {
-		if inst := s.cfg.Peers.Instance(p.peer); inst != 0 && inst != pp.instance {
-			return Result{}, pp.markStale(fmt.Errorf("its peer %s restarted", p.peer))
-		}
+	if err := pp.restarted(s.cfg.Peers.Instance(p.peer)); err != nil {
+		return Result{}, err
 	}
 	var (
 		ph       Phases

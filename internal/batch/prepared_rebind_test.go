@@ -1,0 +1,87 @@
+package batch
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// forgetfulPeers is fakePeers whose first failGets Gets fail the way the
+// peer manager's do when a handshake times out (a paused peer, a submit's
+// short deadline): the peer's state is dropped, so Instance is 0 until the
+// next handshake.
+type forgetfulPeers struct {
+	*fakePeers
+	failGets int
+}
+
+func (f *forgetfulPeers) Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error) {
+	f.mu.Lock()
+	if f.failGets > 0 {
+		f.failGets--
+		f.instance = 0
+		f.mu.Unlock()
+		return transport.Session{}, fmt.Errorf("peer %s: handshake: %w", addr, context.DeadlineExceeded)
+	}
+	f.mu.Unlock()
+	return f.fakePeers.Get(ctx, addr, want)
+}
+
+// A plan whose connection was replaced, by a peer that did not restart,
+// survives: a failed re-bind leaves it usable, and the next submit binds it
+// to a fresh connection. Only another instance ID makes it stale.
+func TestPreparedSurvivesConnLoss(t *testing.T) {
+	cut := fmt.Errorf("%w: tcp: connection reset by peer", errs.ErrAborted)
+	for _, tc := range []struct {
+		name     string
+		insts    []uint64 // per successful Get
+		failGets int      // re-binds that fail after the cut
+		stale    string   // "": the plan survives
+	}{
+		{"handshake failed once, same peer", []uint64{1, 1}, 1, ""},
+		{"handshake failed twice, same peer", []uint64{1, 1}, 2, ""},
+		{"no failed handshake, same peer", []uint64{1, 1}, 0, ""},
+		{"handshake failed, then the peer restarted", []uint64{1, 2}, 1, "its peer b:7470 restarted (instance 0000000000000002; the plan was prepared under 0000000000000001)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fp := &forgetfulPeers{fakePeers: &fakePeers{conns: []*fakeConn{{errs: []error{cut}, breaks: true}, {}},
+				answers: []answer{{size: regionSize}}, insts: tc.insts}}
+			s, req := rig(t, fp.fakePeers)
+			s.cfg.Peers = fp
+			info, err := s.Prepare(context.Background(), req, ownerOf(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fp.mu.Lock()
+			fp.failGets = tc.failGets
+			fp.mu.Unlock()
+			var last error
+			for i := 0; i <= tc.failGets; i++ {
+				_, last = s.Submit(ctxT(t), ownerOf(req), info.Handle)
+				if i < tc.failGets && (last == nil || strings.Contains(last.Error(), "stale")) {
+					t.Fatalf("submit %d while the peer is unreachable: %v", i, last)
+				}
+			}
+			if tc.stale != "" {
+				want := fmt.Sprintf("plan %d is stale: %s", info.Handle, tc.stale)
+				if errs.Class(last) != errs.ErrFailedPrecondition || !strings.Contains(last.Error(), want) {
+					t.Fatalf("err = %v, want %q", last, want)
+				}
+				return
+			}
+			if last != nil {
+				t.Fatalf("submit after the peer came back: %v", last)
+			}
+			if w := fp.conns[1].writes; w != 1 {
+				t.Fatalf("%d writes on the fresh connection, want 1", w)
+			}
+			if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); err != nil || fp.conns[1].writes != 2 {
+				t.Fatalf("next submit: %v (%d writes)", err, fp.conns[1].writes)
+			}
+		})
+	}
+}
