@@ -240,14 +240,25 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 		}
 	}
 	if err != nil {
-		if again && errors.Is(err, errs.ErrNotFound) {
-			return nil, pp.markStale(fmt.Errorf("dst_region %q is gone from peer %s (deregistered or no longer exported): %w", p.dst, p.peer, err))
+		if again {
+			return nil, pp.gone(err)
 		}
 		return nil, err
 	}
-	if again {
-		old := pp.bind.Load()
-		if remote.Key != old.remote.Key || remote.Size != old.remote.Size || sess.Kind != old.sess.Kind {
+	if again && pp.moved(sess, remote) {
+		// The manager may not have handshaken since the peer restarted: its
+		// control channel reconnects by itself, and the connection Get
+		// handed out may be one the restart killed that nothing noticed
+		// yet. A fresh handshake tells a restart from a re-registration.
+		s.cfg.Peers.Broken(p.peer, sess)
+		sess, remote, reg, _, _, err = s.prepare(ctx, p, false)
+		if err := pp.restarted(s.cfg.Peers.Instance(p.peer)); err != nil {
+			return nil, err
+		}
+		if err != nil {
+			return nil, pp.gone(err)
+		}
+		if pp.moved(sess, remote) {
 			return nil, pp.markStale(fmt.Errorf("dst_region %q on peer %s was re-registered or its export changed", p.dst, p.peer))
 		}
 	}
@@ -273,6 +284,23 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 		}
 	}
 	return b, nil
+}
+
+// moved says whether the destination resolved as remote over sess is not
+// the one pp is bound to: another key or size (re-registered, or its
+// export changed), or another kind of data path.
+func (pp *prepared) moved(sess transport.Session, remote transport.RemoteRegion) bool {
+	old := pp.bind.Load()
+	return remote.Key != old.remote.Key || remote.Size != old.remote.Size || sess.Kind != old.sess.Kind
+}
+
+// gone is err, a re-bind's failure to get or resolve the destination,
+// marking pp stale when the peer said it has no such destination.
+func (pp *prepared) gone(err error) error {
+	if errors.Is(err, errs.ErrNotFound) {
+		return pp.markStale(fmt.Errorf("dst_region %q is gone from peer %s (deregistered or no longer exported): %w", pp.p.dst, pp.p.peer, err))
+	}
+	return err
 }
 
 // restarted marks pp stale when inst, the peer's instance ID now, names
@@ -396,8 +424,13 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 	for {
 		if b.sess.Conn.Err() != nil && firstErr == nil {
 			// The connection broke since the last submit: prepare on a
-			// fresh one (the one retry this submit gets).
+			// fresh one (the one retry this submit gets). The manager is
+			// told, as a failed write tells it, so that it handshakes
+			// afresh: a peer that restarted meanwhile is known by its new
+			// instance ID, not mistaken for a re-registered destination
+			// when the control channel reconnected by itself.
 			firstErr = fmt.Errorf("connection broke before the submit: %w", b.sess.Conn.Err())
+			s.cfg.Peers.Broken(p.peer, b.sess)
 			nb, err := s.rebound(ctx, pp, b, &ph)
 			if err != nil {
 				return Result{}, err

@@ -85,3 +85,39 @@ func TestPreparedSurvivesConnLoss(t *testing.T) {
 		})
 	}
 }
+
+// A destination that resolves with another key after the connection broke
+// is checked by a fresh handshake before the plan is called stale: the
+// manager's handshake may predate a restart that its control channel
+// reconnected over by itself. The new instance ID names the restart; the
+// same one, a re-registration.
+func TestPreparedMovedDestination(t *testing.T) {
+	cut := fmt.Errorf("%w: tcp: connection reset by peer", errs.ErrAborted)
+	for _, tc := range []struct {
+		name  string
+		insts []uint64 // per Get: prepare, re-bind, the fresh handshake
+		why   string
+	}{
+		{"restart seen by the fresh handshake", []uint64{1, 1, 2}, "its peer b:7470 restarted"},
+		{"re-registered", []uint64{1, 1, 1}, `dst_region "kv" on peer b:7470 was re-registered or its export changed`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fp := &fakePeers{conns: []*fakeConn{{errs: []error{cut}, breaks: true}, {}},
+				answers: []answer{{size: regionSize}, {size: regionSize, key: 8}}, insts: tc.insts}
+			s, req, info := preparedRig(t, fp)
+			_, err := s.Submit(ctxT(t), ownerOf(req), info.Handle)
+			want := fmt.Sprintf("plan %d is stale: %s", info.Handle, tc.why)
+			if errs.Class(err) != errs.ErrFailedPrecondition || !strings.Contains(err.Error(), want) {
+				t.Fatalf("err = %v, want %q", err, want)
+			}
+			if fp.gets != 3 || fp.broken != 2 {
+				t.Fatalf("%d gets, %d broken: want 3 and 2 (the write's, the check's)", fp.gets, fp.broken)
+			}
+			for _, c := range fp.conns[1:] {
+				if c.writes != 0 {
+					t.Fatal("a stale plan wrote on a fresh connection")
+				}
+			}
+		})
+	}
+}
