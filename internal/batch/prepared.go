@@ -431,7 +431,7 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 			// when the control channel reconnected by itself.
 			firstErr = fmt.Errorf("connection broke before the submit: %w", b.sess.Conn.Err())
 			s.cfg.Peers.Broken(p.peer, b.sess)
-			nb, err := s.rebound(ctx, pp, b, &ph)
+			nb, err := s.reboundNotSent(ctx, pp, b, &ph, &notSent)
 			if err != nil {
 				return Result{}, err
 			}
@@ -456,7 +456,7 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 			return Result{}, pp.markStale(fmt.Errorf("dst_region %q on peer %s refused its key (re-registered, deregistered or its export changed): %w", p.dst, p.peer, err))
 		}
 		if retryNotSent(ctx, err, &notSent) {
-			nb, rerr := s.rebound(ctx, pp, b, &ph)
+			nb, rerr := s.reboundNotSent(ctx, pp, b, &ph, &notSent)
 			if st := pp.stale.Load(); st != nil {
 				return Result{}, st.err
 			}
@@ -469,7 +469,7 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		err = p.writeFailed(b.sess.Kind, err)
 		if broke && firstErr == nil && ctx.Err() == nil && !fault {
 			firstErr = err
-			nb, rerr := s.rebound(ctx, pp, b, &ph)
+			nb, rerr := s.reboundNotSent(ctx, pp, b, &ph, &notSent)
 			if st := pp.stale.Load(); st != nil {
 				return Result{}, st.err // the news that matters: prepare again
 			}
@@ -485,6 +485,18 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		return Result{}, err
 	}
 	return s.landed(ctx, p, b.sess.Kind, st, start, ph)
+}
+
+// reboundNotSent is rebound, run again while it fails before sending
+// anything (a fresh connection broken by another batch before the plan
+// was built on it) within Run's budget of such free reruns.
+func (s *Service) reboundNotSent(ctx context.Context, pp *prepared, old *binding, ph *Phases, notSent *int) (*binding, error) {
+	for {
+		nb, err := s.rebound(ctx, pp, old, ph)
+		if err == nil || pp.stale.Load() != nil || !retryNotSent(ctx, err, notSent) {
+			return nb, err
+		}
+	}
 }
 
 // rebound returns pp's binding on a fresh connection, made by this submit

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -119,5 +120,42 @@ func TestPreparedMovedDestination(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// flakyPrep is a prepConn whose Prepare fails, before building anything,
+// while *fail is above 0: the fresh connection was broken by another batch
+// between Get and Prepare.
+type flakyPrep struct {
+	*prepConn
+	fail *int
+}
+
+func (c *flakyPrep) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
+	c.mu.Lock()
+	if *c.fail > 0 {
+		*c.fail--
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: %w: tcp: connection to b is broken: writev: i/o timeout", errs.ErrUnavailable, transport.ErrNotSent)
+	}
+	c.mu.Unlock()
+	return c.prepConn.Prepare(src, dst, b)
+}
+
+// A re-bind that meets a connection broken before the plan was built on it
+// runs again, as Run's batches do on ErrNotSent, without spending the
+// submit's one retry.
+func TestPreparedRebindNotSent(t *testing.T) {
+	cut := fmt.Errorf("%w: tcp: connection reset by peer", errs.ErrAborted)
+	fail := 0
+	fp := &fakePeers{conns: []*fakeConn{{errs: []error{cut}, breaks: true}, {}}, answers: []answer{{size: regionSize}}, insts: []uint64{1}}
+	fp.wrap = func(c *fakeConn) transport.Conn { return &flakyPrep{prepConn: &prepConn{fakeConn: c}, fail: &fail} }
+	s, req, info := preparedRig(t, fp)
+	fail = 2
+	if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); err != nil {
+		t.Fatalf("submit: %v", err)
+	}
+	if fail != 0 || fp.conns[1].writes != 1 {
+		t.Fatalf("%d failures left, %d writes on the fresh connection", fail, fp.conns[1].writes)
 	}
 }
