@@ -305,12 +305,13 @@ func (pp *prepared) gone(err error) error {
 
 // restarted marks pp stale when inst, the peer's instance ID now, names
 // another start of the peer than the one pp was prepared under; 0 (the
-// peer is not known at the moment) says nothing.
+// peer is not known at the moment) says nothing. The message is the one
+// clients match ("its peer P restarted; prepare it again").
 func (pp *prepared) restarted(inst uint64) error {
 	if pp.instance == 0 || inst == 0 || inst == pp.instance {
 		return nil
 	}
-	return pp.markStale(fmt.Errorf("its peer %s restarted (instance %016x; the plan was prepared under %016x)", pp.p.peer, inst, pp.instance))
+	return pp.markStale(fmt.Errorf("its peer %s restarted", pp.p.peer))
 }
 
 // markStale records why pp is stale and returns the error every submit of

@@ -46,7 +46,7 @@ func TestPreparedSurvivesConnLoss(t *testing.T) {
 		{"handshake failed once, same peer", []uint64{1, 1}, 1, ""},
 		{"handshake failed twice, same peer", []uint64{1, 1}, 2, ""},
 		{"no failed handshake, same peer", []uint64{1, 1}, 0, ""},
-		{"handshake failed, then the peer restarted", []uint64{1, 2}, 1, "its peer b:7470 restarted (instance 0000000000000002; the plan was prepared under 0000000000000001)"},
+		{"handshake failed, then the peer restarted", []uint64{1, 2}, 1, "its peer b:7470 restarted; prepare it again"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fp := &forgetfulPeers{fakePeers: &fakePeers{conns: []*fakeConn{{errs: []error{cut}, breaks: true}, {}},
