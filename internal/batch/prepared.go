@@ -231,20 +231,34 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 	// its first frame, and a destination deregistered between submits
 	// makes the plan stale.
 	sess, remote, reg, _, _, err := s.prepare(ctx, p, false)
-	if again && pp.instance != 0 {
-		if inst := s.cfg.Peers.Instance(p.peer); inst != pp.instance {
-			return nil, pp.markStale(fmt.Errorf("its peer %s restarted", p.peer))
+	if again {
+		// Instance is 0 while the peer is unknown: a handshake that failed
+		// (a paused peer, a submit's short deadline) or a peer reaped while
+		// idle forgets it. That is no restart: only another ID is.
+		if err := pp.restarted(s.cfg.Peers.Instance(p.peer)); err != nil {
+			return nil, err
 		}
 	}
 	if err != nil {
-		if again && errors.Is(err, errs.ErrNotFound) {
-			return nil, pp.markStale(err)
+		if again {
+			return nil, pp.gone(err)
 		}
 		return nil, err
 	}
-	if again {
-		old := pp.bind.Load()
-		if remote.Key != old.remote.Key || remote.Size != old.remote.Size || sess.Kind != old.sess.Kind {
+	if again && pp.moved(sess, remote) {
+		// The manager may not have handshaken since the peer restarted: its
+		// control channel reconnects by itself, and the connection Get
+		// handed out may be one the restart killed that nothing noticed
+		// yet. A fresh handshake tells a restart from a re-registration.
+		s.cfg.Peers.Broken(p.peer, sess)
+		sess, remote, reg, _, _, err = s.prepare(ctx, p, false)
+		if err := pp.restarted(s.cfg.Peers.Instance(p.peer)); err != nil {
+			return nil, err
+		}
+		if err != nil {
+			return nil, pp.gone(err)
+		}
+		if pp.moved(sess, remote) {
 			return nil, pp.markStale(fmt.Errorf("dst_region %q on peer %s was re-registered or its export changed", p.dst, p.peer))
 		}
 	}
@@ -270,6 +284,34 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 		}
 	}
 	return b, nil
+}
+
+// moved says whether the destination resolved as remote over sess is not
+// the one pp is bound to: another key or size (re-registered, or its
+// export changed), or another kind of data path.
+func (pp *prepared) moved(sess transport.Session, remote transport.RemoteRegion) bool {
+	old := pp.bind.Load()
+	return remote.Key != old.remote.Key || remote.Size != old.remote.Size || sess.Kind != old.sess.Kind
+}
+
+// gone is err, a re-bind's failure to get or resolve the destination,
+// marking pp stale when the peer said it has no such destination.
+func (pp *prepared) gone(err error) error {
+	if errors.Is(err, errs.ErrNotFound) {
+		return pp.markStale(fmt.Errorf("dst_region %q is gone from peer %s (deregistered or no longer exported): %w", pp.p.dst, pp.p.peer, err))
+	}
+	return err
+}
+
+// restarted marks pp stale when inst, the peer's instance ID now, names
+// another start of the peer than the one pp was prepared under; 0 (the
+// peer is not known at the moment) says nothing. The message is the one
+// clients match ("its peer P restarted; prepare it again").
+func (pp *prepared) restarted(inst uint64) error {
+	if pp.instance == 0 || inst == 0 || inst == pp.instance {
+		return nil
+	}
+	return pp.markStale(fmt.Errorf("its peer %s restarted", pp.p.peer))
 }
 
 // markStale records why pp is stale and returns the error every submit of
@@ -366,10 +408,8 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 	if st := pp.stale.Load(); st != nil {
 		return Result{}, st.err
 	}
-	if pp.instance != 0 {
-		if inst := s.cfg.Peers.Instance(p.peer); inst != 0 && inst != pp.instance {
-			return Result{}, pp.markStale(fmt.Errorf("its peer %s restarted", p.peer))
-		}
+	if err := pp.restarted(s.cfg.Peers.Instance(p.peer)); err != nil {
+		return Result{}, err
 	}
 	var (
 		ph       Phases
@@ -385,9 +425,14 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 	for {
 		if b.sess.Conn.Err() != nil && firstErr == nil {
 			// The connection broke since the last submit: prepare on a
-			// fresh one (the one retry this submit gets).
+			// fresh one (the one retry this submit gets). The manager is
+			// told, as a failed write tells it, so that it handshakes
+			// afresh: a peer that restarted meanwhile is known by its new
+			// instance ID, not mistaken for a re-registered destination
+			// when the control channel reconnected by itself.
 			firstErr = fmt.Errorf("connection broke before the submit: %w", b.sess.Conn.Err())
-			nb, err := s.rebound(ctx, pp, b, &ph)
+			s.cfg.Peers.Broken(p.peer, b.sess)
+			nb, err := s.reboundNotSent(ctx, pp, b, &ph, &notSent)
 			if err != nil {
 				return Result{}, err
 			}
@@ -412,7 +457,7 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 			return Result{}, pp.markStale(fmt.Errorf("dst_region %q on peer %s refused its key (re-registered, deregistered or its export changed): %w", p.dst, p.peer, err))
 		}
 		if retryNotSent(ctx, err, &notSent) {
-			nb, rerr := s.rebound(ctx, pp, b, &ph)
+			nb, rerr := s.reboundNotSent(ctx, pp, b, &ph, &notSent)
 			if st := pp.stale.Load(); st != nil {
 				return Result{}, st.err
 			}
@@ -425,7 +470,7 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		err = p.writeFailed(b.sess.Kind, err)
 		if broke && firstErr == nil && ctx.Err() == nil && !fault {
 			firstErr = err
-			nb, rerr := s.rebound(ctx, pp, b, &ph)
+			nb, rerr := s.reboundNotSent(ctx, pp, b, &ph, &notSent)
 			if st := pp.stale.Load(); st != nil {
 				return Result{}, st.err // the news that matters: prepare again
 			}
@@ -441,6 +486,18 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		return Result{}, err
 	}
 	return s.landed(ctx, p, b.sess.Kind, st, start, ph)
+}
+
+// reboundNotSent is rebound, run again while it fails before sending
+// anything (a fresh connection broken by another batch before the plan
+// was built on it) within Run's budget of such free reruns.
+func (s *Service) reboundNotSent(ctx context.Context, pp *prepared, old *binding, ph *Phases, notSent *int) (*binding, error) {
+	for {
+		nb, err := s.rebound(ctx, pp, old, ph)
+		if err == nil || pp.stale.Load() != nil || !retryNotSent(ctx, err, notSent) {
+			return nb, err
+		}
+	}
 }
 
 // rebound returns pp's binding on a fresh connection, made by this submit

@@ -37,7 +37,7 @@ var (
 // Prepare builds b's work from src into dst for this conn; b is not retained.
 func (c *conn) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
 	if err := c.Err(); err != nil {
-		return nil, fmt.Errorf("%w: tcp: connection to %s is broken: %v", errs.ErrUnavailable, c.addr, err)
+		return nil, c.brokenBefore(err)
 	}
 	mem := src.Memory()
 	pr := &prepared{c: c}
@@ -75,9 +75,12 @@ func (pr *prepared) Write(ctx context.Context) (transport.Stats, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.Err(); err != nil {
-		// The cause is an earlier batch's: named, not wrapped, so that it
-		// does not classify this one. The plan is bound to this conn.
-		return transport.Stats{}, fmt.Errorf("%w: tcp: connection to %s is broken (prepare again on a fresh one): %v", errs.ErrUnavailable, c.addr, err)
+		// The cause is an earlier batch's (a cut-off batch's "writev: i/o
+		// timeout", say): named, not wrapped, so that it does not classify
+		// this one, which sent nothing (ErrNotSent: its caller runs it
+		// again on a fresh conn at no cost to its one retry, as it does an
+		// ad hoc Write's). The plan is bound to this conn.
+		return transport.Stats{}, fmt.Errorf("%w (prepare again on a fresh one)", c.brokenBefore(err))
 	}
 	if pr.mem.Kind == memory.CUDA {
 		return c.writeStaged(ctx, pr.mem, pr.dst, &pr.b)

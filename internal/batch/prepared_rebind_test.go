@@ -1,0 +1,161 @@
+package batch
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// forgetfulPeers is fakePeers whose first failGets Gets fail the way the
+// peer manager's do when a handshake times out (a paused peer, a submit's
+// short deadline): the peer's state is dropped, so Instance is 0 until the
+// next handshake.
+type forgetfulPeers struct {
+	*fakePeers
+	failGets int
+}
+
+func (f *forgetfulPeers) Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error) {
+	f.mu.Lock()
+	if f.failGets > 0 {
+		f.failGets--
+		f.instance = 0
+		f.mu.Unlock()
+		return transport.Session{}, fmt.Errorf("peer %s: handshake: %w", addr, context.DeadlineExceeded)
+	}
+	f.mu.Unlock()
+	return f.fakePeers.Get(ctx, addr, want)
+}
+
+// A plan whose connection was replaced, by a peer that did not restart,
+// survives: a failed re-bind leaves it usable, and the next submit binds it
+// to a fresh connection. Only another instance ID makes it stale.
+func TestPreparedSurvivesConnLoss(t *testing.T) {
+	cut := fmt.Errorf("%w: tcp: connection reset by peer", errs.ErrAborted)
+	for _, tc := range []struct {
+		name     string
+		insts    []uint64 // per successful Get
+		failGets int      // re-binds that fail after the cut
+		stale    string   // "": the plan survives
+	}{
+		{"handshake failed once, same peer", []uint64{1, 1}, 1, ""},
+		{"handshake failed twice, same peer", []uint64{1, 1}, 2, ""},
+		{"no failed handshake, same peer", []uint64{1, 1}, 0, ""},
+		{"handshake failed, then the peer restarted", []uint64{1, 2}, 1, "its peer b:7470 restarted; prepare it again"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fp := &forgetfulPeers{fakePeers: &fakePeers{conns: []*fakeConn{{errs: []error{cut}, breaks: true}, {}},
+				answers: []answer{{size: regionSize}}, insts: tc.insts}}
+			s, req := rig(t, fp.fakePeers)
+			s.cfg.Peers = fp
+			info, err := s.Prepare(context.Background(), req, ownerOf(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			fp.mu.Lock()
+			fp.failGets = tc.failGets
+			fp.mu.Unlock()
+			var last error
+			for i := 0; i <= tc.failGets; i++ {
+				_, last = s.Submit(ctxT(t), ownerOf(req), info.Handle)
+				if i < tc.failGets && (last == nil || strings.Contains(last.Error(), "stale")) {
+					t.Fatalf("submit %d while the peer is unreachable: %v", i, last)
+				}
+			}
+			if tc.stale != "" {
+				want := fmt.Sprintf("plan %d is stale: %s", info.Handle, tc.stale)
+				if errs.Class(last) != errs.ErrFailedPrecondition || !strings.Contains(last.Error(), want) {
+					t.Fatalf("err = %v, want %q", last, want)
+				}
+				return
+			}
+			if last != nil {
+				t.Fatalf("submit after the peer came back: %v", last)
+			}
+			if w := fp.conns[1].writes; w != 1 {
+				t.Fatalf("%d writes on the fresh connection, want 1", w)
+			}
+			if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); err != nil || fp.conns[1].writes != 2 {
+				t.Fatalf("next submit: %v (%d writes)", err, fp.conns[1].writes)
+			}
+		})
+	}
+}
+
+// A destination that resolves with another key after the connection broke
+// is checked by a fresh handshake before the plan is called stale: the
+// manager's handshake may predate a restart that its control channel
+// reconnected over by itself. The new instance ID names the restart; the
+// same one, a re-registration.
+func TestPreparedMovedDestination(t *testing.T) {
+	cut := fmt.Errorf("%w: tcp: connection reset by peer", errs.ErrAborted)
+	for _, tc := range []struct {
+		name  string
+		insts []uint64 // per Get: prepare, re-bind, the fresh handshake
+		why   string
+	}{
+		{"restart seen by the fresh handshake", []uint64{1, 1, 2}, "its peer b:7470 restarted"},
+		{"re-registered", []uint64{1, 1, 1}, `dst_region "kv" on peer b:7470 was re-registered or its export changed`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fp := &fakePeers{conns: []*fakeConn{{errs: []error{cut}, breaks: true}, {}},
+				answers: []answer{{size: regionSize}, {size: regionSize, key: 8}}, insts: tc.insts}
+			s, req, info := preparedRig(t, fp)
+			_, err := s.Submit(ctxT(t), ownerOf(req), info.Handle)
+			want := fmt.Sprintf("plan %d is stale: %s", info.Handle, tc.why)
+			if errs.Class(err) != errs.ErrFailedPrecondition || !strings.Contains(err.Error(), want) {
+				t.Fatalf("err = %v, want %q", err, want)
+			}
+			if fp.gets != 3 || fp.broken != 2 {
+				t.Fatalf("%d gets, %d broken: want 3 and 2 (the write's, the check's)", fp.gets, fp.broken)
+			}
+			for _, c := range fp.conns[1:] {
+				if c.writes != 0 {
+					t.Fatal("a stale plan wrote on a fresh connection")
+				}
+			}
+		})
+	}
+}
+
+// flakyPrep is a prepConn whose Prepare fails, before building anything,
+// while *fail is above 0: the fresh connection was broken by another batch
+// between Get and Prepare.
+type flakyPrep struct {
+	*prepConn
+	fail *int
+}
+
+func (c *flakyPrep) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
+	c.mu.Lock()
+	if *c.fail > 0 {
+		*c.fail--
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: %w: tcp: connection to b is broken: writev: i/o timeout", errs.ErrUnavailable, transport.ErrNotSent)
+	}
+	c.mu.Unlock()
+	return c.prepConn.Prepare(src, dst, b)
+}
+
+// A re-bind that meets a connection broken before the plan was built on it
+// runs again, as Run's batches do on ErrNotSent, without spending the
+// submit's one retry.
+func TestPreparedRebindNotSent(t *testing.T) {
+	cut := fmt.Errorf("%w: tcp: connection reset by peer", errs.ErrAborted)
+	fail := 0
+	fp := &fakePeers{conns: []*fakeConn{{errs: []error{cut}, breaks: true}, {}}, answers: []answer{{size: regionSize}}, insts: []uint64{1}}
+	fp.wrap = func(c *fakeConn) transport.Conn { return &flakyPrep{prepConn: &prepConn{fakeConn: c}, fail: &fail} }
+	s, req, info := preparedRig(t, fp)
+	fail = 2
+	if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); err != nil {
+		t.Fatalf("submit: %v", err)
+	}
+	if fail != 0 || fp.conns[1].writes != 1 {
+		t.Fatalf("%d failures left, %d writes on the fresh connection", fail, fp.conns[1].writes)
+	}
+}
