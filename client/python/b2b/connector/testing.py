@@ -37,19 +37,45 @@ class Request:
     seed: int = 0
 
 
-def pattern(seed: int, layer: int, kv: int, tokens: np.ndarray, heads: np.ndarray, dim: int) -> np.ndarray:
-    """uint16 values, shape (tokens, heads, dim)."""
+def _mix(tokens: np.ndarray, heads: np.ndarray, dim: int, base: int) -> np.ndarray:
+    """uint16 values, shape (tokens, heads, dim): a hash of (token, head, element, base)."""
     with np.errstate(over="ignore"):
         t = tokens.astype(np.uint64)[:, None, None] * np.uint64(0x27D4EB2F165667B1)
         h = heads.astype(np.uint64)[None, :, None] * np.uint64(0x165667B19E3779F9)
         d = np.arange(dim, dtype=np.uint64)[None, None, :] * np.uint64(0x61C8864680B583EB)
-        base = np.uint64((seed * 0x9E3779B97F4A7C15 + layer * 0x85EBCA77C2B2AE3D + kv * 0xC2B2AE3D27D4EB2F)
-                         & 0xFFFFFFFFFFFFFFFF)
-        v = (t + h + d + base) & _M
+        v = (t + h + d + np.uint64(base & 0xFFFFFFFFFFFFFFFF)) & _M
         v ^= v >> np.uint64(29)
         v = (v * np.uint64(0xBF58476D1CE4E5B9)) & _M
         v ^= v >> np.uint64(32)
     return (v & np.uint64(0xFFFF)).astype(np.uint16)
+
+
+_TABLES: Dict[Any, np.ndarray] = {}
+
+
+def _table(layer: int, kv: int, ntok: int, nheads: int, dim: int) -> np.ndarray:
+    """The (layer, K/V, token, head, element) hash for tokens < ntok and
+    heads < nheads, computed once and grown on demand."""
+    key = (layer, kv, dim)
+    t = _TABLES.get(key)
+    if t is None or t.shape[0] < ntok or t.shape[1] < nheads:
+        n = max(ntok, 1024, 0 if t is None else t.shape[0])
+        h = max(nheads, 8, 0 if t is None else t.shape[1])
+        t = _TABLES[key] = _mix(np.arange(n), np.arange(h), dim, layer * 0x85EBCA77C2B2AE3D + kv * 0xC2B2AE3D27D4EB2F)
+    return t
+
+
+def pattern(seed: int, layer: int, kv: int, tokens: np.ndarray, heads: np.ndarray, dim: int) -> np.ndarray:
+    """uint16 values, shape (tokens, heads, dim): a (layer, K/V, token,
+    head, element) hash XOR a 16-bit key of (request, layer, K/V). A block
+    of another token, head, layer or K/V differs in nearly every element;
+    one of another request unless its 8 keys of a 4-layer model all
+    collide. The tables make checking every byte of a request cheap next
+    to the engine work it stands in for."""
+    k = int(_mix(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), 1,
+                 seed * 0x9E3779B97F4A7C15 + layer * 0x94D049BB133111EB + kv * 0xBF58476D1CE4E5B9)[0, 0, 0])
+    tab = _table(layer, kv, int(tokens.max()) + 1 if len(tokens) else 0, int(heads.max()) + 1 if len(heads) else 0, dim)
+    return tab[tokens][:, heads] ^ np.uint16(k)
 
 
 class Pool:

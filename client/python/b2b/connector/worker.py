@@ -6,6 +6,7 @@ goes through b2bd (channel.py)."""
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,12 +15,20 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import b2b
 
 from ._adapter import export_pool, poll, register_view, start_blocks
-from .channel import Channel
+from .channel import NOTE_LIMIT, Channel
 from .meta import RecvReq, SaveReq, Settings
 
 # Push ids per note: 256 ids of up to 10 digits fit b2bd's 4,096-byte
 # notification with the rest of the note.
 IDS_PER_NOTE = 256
+
+# A pulled note's bytes besides its requests' ids.
+_PULLED_NOTE = len('{"t":"pulled","reqs":{}}')
+
+
+def encode_str(x: str) -> str:
+    return json.dumps(x)
+
 
 # Errors of a transfer, a note or a metadata read: the peer, its daemon or
 # its layout is gone, or refused us. Anything else is a bug and propagates.
@@ -106,8 +115,24 @@ class WorkerHalf:
         self._early_ids: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids before the request's compute
         self._ids_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids arriving in parts
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
-                      "timeouts": 0}
+                      "timeouts": 0, "pull_starts": 0}
         self.stats["wire_ns"] = collections.deque(maxlen=4096)  # the latest transfers' wire time
+        # Wall-clock times (ns) of each request's handover steps, for an
+        # engine's own accounting (take_trace); bounded like wire_ns.
+        self.trace: "collections.OrderedDict[str, Dict[str, int]]" = collections.OrderedDict()
+
+    def _mark(self, rid: str, what: str, last: bool = False) -> None:
+        t = self.trace.get(rid)
+        if t is None:
+            t = self.trace[rid] = {}
+            if len(self.trace) > 4096:
+                self.trace.popitem(last=False)
+        if last or what not in t:
+            t[what] = time.time_ns()
+
+    def take_trace(self, rid: str) -> Dict[str, int]:
+        """The handover times recorded for ``rid`` (and forget them)."""
+        return self.trace.pop(rid, {})
 
     # -- names --------------------------------------------------------------
 
@@ -205,31 +230,85 @@ class WorkerHalf:
         s = self.s
         for rel in meta.reqs_to_release.values():
             self._note_prefill(rel.remote_peer, rel.remote_engine, {"t": "release", "req": rel.remote_request_id})
+        pulls: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]] = {}
+        pushed: List[str] = []
         for rid, r in meta.reqs_to_recv.items():
             ld = _Load(r, time.monotonic() + s.load_timeout)
             self._loads[rid] = ld
             self._by_remote[r.remote_request_id] = rid
             self.stats["loads"] += 1
+            self._mark(rid, "load_begun")
             try:
                 if r.remote_block_ids is None:  # push: tell prefill where to write
                     prank, k = self._push_source(r)
                     ids = r.local_block_ids
                     parts = max(1, -(-len(ids) // IDS_PER_NOTE))  # a note is at most 4 KiB
                     for part in range(parts):
-                        self.chan.send(r.remote_peer, r.remote_engine, prank, {
+                        self.chan.queue(r.remote_peer, r.remote_engine, prank, {
                             "t": "ids", "req": r.remote_request_id, "part": part, "parts": parts,
                             "ids": ids[part * IDS_PER_NOTE:(part + 1) * IDS_PER_NOTE], "peer": self.peer_address,
-                            "engine": s.engine_id, "rank": s.tp_rank, "k": k, "slice": s.tp_rank % k})
+                            "engine": s.engine_id, "rank": s.tp_rank, "k": k, "slice": s.tp_rank % k},
+                            on_error=lambda e, ld=ld: self._unsent(ld, e))
                         self.stats["notes_sent"] += 1
+                    pushed.append(rid)
                     continue
                 prank, plans, expect = self._plan_pull(r)
-                note = {"t": "pulled", "req": r.remote_request_id, "n": expect}
                 for local, remote, lids, rids in plans:
-                    ld.handles.append(start_blocks(self.client, local, r.remote_peer, remote, lids, rids, op="read",
-                                                   note=note, timeout=s.load_timeout, transport=s.transport))
+                    pulls.setdefault((local, r.remote_peer, remote), []).append((rid, ld, lids, rids, expect))
             except _IO_ERRORS as e:
                 ld.error = f"{type(e).__name__}: {e}"
                 self.chan.forget(r.remote_peer, r.remote_engine)
+        self._start_pulls(pulls)
+        self.chan.flush()  # this step's ids and release notes, packed per prefill rank
+        for rid in pushed:
+            self._mark(rid, "ids_sent")
+
+    def _unsent(self, ld: _Load, e: Exception) -> None:
+        """Push: the ids note of a load could not be written (prefill is gone)."""
+        if ld.error is None:
+            ld.error = f"{type(e).__name__}: {e}"
+        self.chan.forget(ld.req.remote_peer, ld.req.remote_engine)
+
+    def _start_pulls(self, pulls: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]]) -> None:
+        """One read per (local layout, prefill peer, remote layout) for all
+        of this step's requests, not one per request: a start is a daemon
+        round trip, the step's dominant cost with many requests in flight.
+        The read's note names every request in it (as many as fit a note;
+        more start another read); prefill counts one note per request and
+        read. A failed read fails every request in it (each is reported in
+        get_block_ids_with_load_errors)."""
+        s = self.s
+        for (local, peer, remote), items in pulls.items():
+            i = 0
+            while i < len(items):
+                reqs: Dict[str, int] = {}
+                size = _PULLED_NOTE
+                j = i
+                while j < len(items):
+                    key = items[j][1].req.remote_request_id
+                    add = 0 if key in reqs else len(encode_str(key)) + 12
+                    if reqs and size + add > NOTE_LIMIT:
+                        break
+                    reqs[key] = items[j][4]
+                    size += add
+                    j += 1
+                chunk, i = items[i:j], j
+                lids = [b for it in chunk for b in it[2]]
+                rids = [b for it in chunk for b in it[3]]
+                try:
+                    h = start_blocks(self.client, local, peer, remote, lids, rids, op="read",
+                                     note={"t": "pulled", "reqs": reqs}, timeout=s.load_timeout,
+                                     transport=s.transport)
+                except _IO_ERRORS as e:
+                    for _, ld, _, _, _ in chunk:
+                        if ld.error is None:
+                            ld.error = f"{type(e).__name__}: {e}"
+                    self.chan.forget(peer, chunk[0][1].req.remote_engine)
+                    continue
+                self.stats["pull_starts"] += 1
+                for rid, ld, _, _, _ in chunk:
+                    ld.handles.append(h)
+                    self._mark(rid, "started", last=True)
 
     def _push_source(self, r: RecvReq) -> Tuple[int, int]:
         """Push: (the prefill rank that writes our blocks, decode ranks per prefill rank)."""
@@ -244,11 +323,10 @@ class WorkerHalf:
         return self.s.tp_rank // k, k
 
     def _note_prefill(self, peer: str, engine: str, note: dict) -> None:
-        try:
-            self.chan.send(peer, engine, 0 if self.s.tp_size == 1 else self._prefill_rank(peer, engine), note)
-            self.stats["notes_sent"] += 1
-        except _IO_ERRORS:
-            pass  # prefill is gone or restarted: its own timeout frees the blocks
+        """Queue a note to prefill (sent at the step's flush); if prefill is
+        gone or restarted, its own timeout frees the blocks."""
+        self.chan.queue(peer, engine, 0 if self.s.tp_size == 1 else self._prefill_rank(peer, engine), note)
+        self.stats["notes_sent"] += 1
 
     def _prefill_rank(self, peer: str, engine: str) -> int:
         try:
@@ -257,8 +335,15 @@ class WorkerHalf:
             return 0
         return self.s.tp_rank // max(1, self.s.tp_size // ptp)
 
+    def _tally(self, handles: List[Any]) -> None:
+        """Keep the wire time of each done transfer once (reads are shared by requests)."""
+        for h in handles:
+            if not h.tallied and h.wire_ns is not None:
+                h.tallied = True
+                self.stats["wire_ns"].append(h.wire_ns)
+
     def _finish_loads(self, recving: Set[str]) -> None:
-        pending = [h for ld in self._loads.values() for h in ld.handles]
+        pending = list({id(h): h for ld in self._loads.values() for h in ld.handles}.values())  # reads are shared
         if pending:
             try:
                 poll(self.client, pending)
@@ -289,7 +374,8 @@ class WorkerHalf:
                     if ld.error is not None or errs:
                         ld.error = ld.error or str(errs[0])
                     else:
-                        self.stats["wire_ns"].extend(h.wire_ns for h in ld.handles if h.wire_ns is not None)
+                        self._tally(ld.handles)
+                        self._mark(rid, "ended")
             if ld.error is not None:
                 self._load_errors.update(r.local_block_ids)
                 self.stats["load_failures"] += 1
@@ -297,6 +383,7 @@ class WorkerHalf:
                     self._note_prefill(r.remote_peer, r.remote_engine, {"t": "release", "req": r.remote_request_id})
             del self._loads[rid]
             self._by_remote.pop(r.remote_request_id, None)
+            self._mark(rid, "reported")
             recving.add(rid)
 
     # -- prefill: saves (push) ----------------------------------------------
@@ -346,11 +433,13 @@ class WorkerHalf:
                                                    op="write", note=None, timeout=self.s.load_timeout,
                                                    transport=self.s.transport))
             sv.sent[rank].update(layers)
+            self._mark(sv.req.req_id, "pushed", last=True)
         except _IO_ERRORS as e:
             sv.error = f"{type(e).__name__}: {e}"
 
     def _finish_saves(self, sending: Set[str]) -> None:
         nl = len(self._layer_segs)
+        done: List[str] = []
         pending = [h for sv in self._saves.values() for h in sv.handles]
         if pending:
             try:
@@ -376,20 +465,24 @@ class WorkerHalf:
                 if errs and sv.error is None:
                     sv.error = str(errs[0])
                 if sv.error is None:
-                    self.stats["wire_ns"].extend(h.wire_ns for h in sv.handles if h.wire_ns is not None)
+                    self._tally(sv.handles)
+                    self._mark(rid, "ended")
             note = {"t": "done", "req": rid} if sv.error is None else {"t": "failed", "req": rid, "why": sv.error[:512]}
             for d in sv.dsts.values() if rid not in self._released else ():
-                try:
-                    self.chan.send(d["peer"], d["engine"], int(d["rank"]), note)
-                    self.stats["notes_sent"] += 1
-                except _IO_ERRORS:
-                    pass  # that decode rank is gone: its deadline reports the load
+                # Sent with the step's other notes; if that decode rank is
+                # gone, its deadline reports the load.
+                self.chan.queue(d["peer"], d["engine"], int(d["rank"]), note)
+                self.stats["notes_sent"] += 1
+                done.append(rid)
             self.stats["saves"] += 1
             if sv.error is not None:
                 self.stats["save_failures"] += 1
             del self._saves[rid]
             self._released.pop(rid, None)
             sending.add(rid)
+        self.chan.flush()
+        for rid in done:
+            self._mark(rid, "done_sent")
 
     # -- notes ---------------------------------------------------------------
 
@@ -397,12 +490,16 @@ class WorkerHalf:
         now = time.monotonic()
         for _, n in self.chan.take():
             t, rid = n.get("t"), str(n.get("req", ""))
-            if t == "pulled":
-                seen, _, first = self._pulled.get(rid, (0, 0, now))
-                self._pulled[rid] = (seen + 1, int(n.get("n", 1)), first)
+            if t == "pulled":  # one read's requests (or, from an older decode, one request)
+                reqs = n.get("reqs")
+                for rid, want in (reqs.items() if isinstance(reqs, dict) else ((rid, n.get("n", 1)),)):
+                    self._mark(rid, "pulled_seen")
+                    seen, _, first = self._pulled.get(rid, (0, 0, now))
+                    self._pulled[rid] = (seen + 1, int(want), first)
             elif t == "release":
                 self._released[rid] = now
             elif t == "ids":
+                self._mark(rid, "ids_seen")
                 key = f"{rid}#{n.get('rank', 0)}"  # each decode rank sends its own parts
                 got = self._ids_parts.setdefault(key, ({}, now))[0]
                 got[int(n.get("part", 0))] = n
@@ -421,6 +518,7 @@ class WorkerHalf:
             elif t in ("done", "failed"):
                 ld = self._loads.get(self._by_remote.get(rid, ""))
                 if ld is not None:
+                    self._mark(self._by_remote[rid], "done_seen")
                     if t == "done":
                         ld.done = True
                     else:
@@ -456,6 +554,7 @@ class WorkerHalf:
         self._finish_held(meta, sending)
         self._finish_saves(sending)
         self._finish_loads(recving)
+        self.chan.flush()  # release notes of failed loads
         return sending or None, recving or None
 
     def get_block_ids_with_load_errors(self) -> Set[int]:
