@@ -166,7 +166,7 @@ def pct(xs: List[float], q: float) -> Optional[float]:
 CHAINS = {
     "pull": ["p.last_layer", "p.replied", "routed", "d.inbox", "d.load_begun", "d.started", "d.ended",
              "d.reported", "d.ready"],
-    "push": ["p.last_layer", "p.ended", "p.done_sent", "d.done_seen", "d.reported", "d.ready"],
+    "push": ["p.last_layer", "d.landed_seen", "d.reported", "d.ready"],
 }
 
 
@@ -176,6 +176,7 @@ def phases(mode: str, rids: List[str], routed: Dict[str, int], ptr: Dict[str, di
     chain = CHAINS[mode]
     gaps: Dict[str, List[float]] = {f"{a}->{b}": [] for a, b in zip(chain, chain[1:])}
     late_ids = 0
+    marks: List[dict] = []
     for rid in rids:
         m = {f"p.{k}": v for k, v in ptr.get(rid, {}).items()}
         m.update({f"d.{k}": v for k, v in dtr.get(rid, {}).items()})
@@ -183,6 +184,7 @@ def phases(mode: str, rids: List[str], routed: Dict[str, int], ptr: Dict[str, di
             m["routed"] = routed[rid]
         if mode == "push" and m.get("p.ids_seen", 0) > m.get("p.last_layer", 1 << 62):
             late_ids += 1
+        marks.append(m)
         have = [k for k in chain if k in m]
         for a, b in zip(have, have[1:]):
             key = f"{a}->{b}"
@@ -191,6 +193,12 @@ def phases(mode: str, rids: List[str], routed: Dict[str, int], ptr: Dict[str, di
     out = {k: pct(v, 0.5) for k, v in gaps.items() if v}
     if mode == "push":
         out["ids_after_last_layer"] = late_ids  # requests whose ids note reached prefill after its compute
+        # Off the path since writes carry their own notes: prefill seeing
+        # its writes end and its "done" note (the fallback) reaching decode.
+        for a, b in (("p.last_layer", "p.ended"), ("p.ended", "p.done_sent"), ("p.last_layer", "d.done_seen")):
+            v = [(x[b] - x[a]) / 1e6 for x in marks if a in x and b in x]
+            if v:
+                out[f"{a}->{b}"] = pct(v, 0.5)
     return out
 
 

@@ -226,8 +226,12 @@ class Engine:
                     for q in scheduled:
                         p.fill_layer(li, q.ids, q.seed, q.plen)
                     self.compute_ns["prefill"] += time.perf_counter_ns() - t0
+                    if li == len(p.names) - 1:
+                        # The handover starts once the last layer is
+                        # computed: its save_kv_layer (push: its writes'
+                        # starts) is part of it.
+                        t_last = max(t_last, time.time_ns())
                     self.call("save_kv_layer", w.save_kv_layer, name, p.caches[name], None)
-                t_last = max(t_last, time.time_ns())
         # Decode's forward pass: the requests whose KV landed by the last
         # step run (are checked) while this step's loads are in flight, as
         # in vLLM, where get_finished comes after the model ran.

@@ -24,6 +24,7 @@ IDS_PER_NOTE = 256
 
 # A pulled note's bytes besides its requests' ids.
 _PULLED_NOTE = len('{"t":"pulled","reqs":{}}')
+_LANDED_NOTE = len('{"t":"landed","reqs":{}}')
 
 
 def encode_str(x: str) -> str:
@@ -44,6 +45,7 @@ class _Load:
     handles: List[Any] = field(default_factory=list)
     error: Optional[str] = None
     done: bool = False  # push: prefill said every layer landed
+    landed: int = 0  # push: layers whose write's note arrived
 
 
 @dataclass
@@ -115,7 +117,7 @@ class WorkerHalf:
         self._early_ids: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids before the request's compute
         self._ids_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids arriving in parts
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
-                      "timeouts": 0, "pull_starts": 0}
+                      "timeouts": 0, "pull_starts": 0, "push_starts": 0}
         self.stats["wire_ns"] = collections.deque(maxlen=4096)  # the latest transfers' wire time
         # Wall-clock times (ns) of each request's handover steps, for an
         # engine's own accounting (take_trace); bounded like wire_ns.
@@ -173,7 +175,16 @@ class WorkerHalf:
                     for i, ls in enumerate(self._layer_segs):
                         self._register(self._local(f".L{i}.h{k}.{j}"), _sliced(ls, k, j))
         self.chan = Channel(self.client, s.engine_id, s.tp_rank, s.transport, timeout=max(5.0, s.load_timeout))
-        self.chan.watch(self.layout.segments[0].region)  # pulls' notes land here
+        # Pulls' notes land on the pool's first region; in push mode each
+        # layer's write carries a note too, delivered on that layer's
+        # first region: watch each distinct one once.
+        watched = {id(self.layout.segments[0].region)}
+        self.chan.watch(self.layout.segments[0].region)
+        if s.mode == "push":
+            for ls in self._layer_segs:
+                if id(ls[0][0]) not in watched:
+                    watched.add(id(ls[0][0]))
+                    self.chan.watch(ls[0][0])
         self.chan.publish({
             "engine": s.engine_id, "rank": s.tp_rank, "tp_size": s.tp_size, "block_size": s.block_size,
             "kv_layout": s.kv_layout, "num_blocks": self.layout.num_blocks, "layers": len(keys),
@@ -393,6 +404,7 @@ class WorkerHalf:
         if li is None:
             return
         now = time.monotonic()
+        groups: Dict[Tuple[str, str, int, int, int], List[Tuple[_Save, dict]]] = {}
         for rid, r in meta.reqs_to_save.items():
             sv = self._saves.get(rid)
             if sv is None:
@@ -404,7 +416,10 @@ class WorkerHalf:
             sv.layers_done.add(li)
             for rank, d in sv.dsts.items():
                 if sv.error is None and li not in sv.sent[rank]:
-                    self._push(sv, d, [li])
+                    key = (d["peer"], d["engine"], rank, int(d.get("k", 1)), int(d.get("slice", 0)))
+                    groups.setdefault(key, []).append((sv, d))
+        for items in groups.values():
+            self._push(items, [li])
 
     def _add_dst(self, sv: _Save, d: dict) -> None:
         rank = int(d["rank"])
@@ -412,44 +427,73 @@ class WorkerHalf:
         sv.dsts[rank] = d
         sv.sent.setdefault(rank, set())
 
-    def _push(self, sv: _Save, d: dict, layers: List[int]) -> None:
-        """Push ``layers`` of the request to one decode rank: all of them at
-        once (ids came late), else layer by layer; with k decode ranks per
-        prefill rank, head slice ``d["slice"]`` of k."""
-        rank = int(d["rank"])
-        k, j = int(d.get("k", 1)), int(d.get("slice", 0))
+    def _push(self, items: List[Tuple[_Save, dict]], layers: List[int]) -> None:
+        """Push ``layers`` of requests to one decode rank (every ``d`` of
+        ``items`` names the same one): all layers at once (ids came late),
+        else layer by layer; with k decode ranks per prefill rank, head
+        slice ``d["slice"]`` of k. One write per layer for all the requests
+        (a start is a daemon round trip); each write's note tells decode,
+        once its bytes landed, how many layers of which requests it carried,
+        so decode has a request once all of them did, without waiting for
+        this side to poll the writes and send "done"."""
+        d0 = items[0][1]
+        rank = int(d0["rank"])
+        k, j = int(d0.get("k", 1)), int(d0.get("slice", 0))
         cut = "" if k == 1 else f".h{k}.{j}"
-        n = min(len(sv.req.block_ids), len(d["ids"]))
-        src, dst = sv.req.block_ids[:n], d["ids"][:n]
-        try:
-            if len(layers) == len(self._layer_segs):
-                sv.handles.append(start_blocks(self.client, self._local(cut or ".x"), d["peer"],
-                                               self._export("", rank, d["engine"]), src, dst, op="write",
-                                               note=None, timeout=self.s.load_timeout, transport=self.s.transport))
-            else:
-                for li in layers:
-                    sv.handles.append(start_blocks(self.client, self._local(f".L{li}{cut}"), d["peer"],
-                                                   self._export(f".L{li}", rank, d["engine"]), src, dst,
-                                                   op="write", note=None, timeout=self.s.load_timeout,
-                                                   transport=self.s.transport))
-            sv.sent[rank].update(layers)
-            self._mark(sv.req.req_id, "pushed", last=True)
-        except _IO_ERRORS as e:
-            sv.error = f"{type(e).__name__}: {e}"
+        if len(layers) == len(self._layer_segs):
+            pairs = [(self._local(cut or ".x"), self._export("", rank, d0["engine"]))]
+        else:
+            pairs = [(self._local(f".L{li}{cut}"), self._export(f".L{li}", rank, d0["engine"])) for li in layers]
+        i = 0
+        while i < len(items):
+            reqs: Dict[str, int] = {}
+            size, jj = _LANDED_NOTE, i
+            while jj < len(items):
+                add = len(encode_str(items[jj][0].req.req_id)) + 12
+                if reqs and size + add > NOTE_LIMIT:
+                    break
+                reqs[items[jj][0].req.req_id] = len(layers) // len(pairs)
+                size += add
+                jj += 1
+            chunk, i = items[i:jj], jj
+            src: List[int] = []
+            dst: List[int] = []
+            for sv, d in chunk:
+                n = min(len(sv.req.block_ids), len(d["ids"]))
+                src += sv.req.block_ids[:n]
+                dst += d["ids"][:n]
+            try:
+                for local, remote in pairs:
+                    h = start_blocks(self.client, local, d0["peer"], remote, src, dst, op="write",
+                                     note={"t": "landed", "reqs": reqs}, timeout=self.s.load_timeout,
+                                     transport=self.s.transport)
+                    self.stats["push_starts"] += 1
+                    for sv, _ in chunk:
+                        sv.handles.append(h)
+            except _IO_ERRORS as e:
+                for sv, _ in chunk:
+                    sv.error = sv.error or f"{type(e).__name__}: {e}"
+                continue
+            for sv, _ in chunk:
+                sv.sent[rank].update(layers)
+                self._mark(sv.req.req_id, "pushed", last=True)
 
     def _finish_saves(self, sending: Set[str]) -> None:
         nl = len(self._layer_segs)
         done: List[str] = []
-        pending = [h for sv in self._saves.values() for h in sv.handles]
+        pending = list({id(h): h for sv in self._saves.values() for h in sv.handles}.values())  # writes are shared
         if pending:
             try:
                 poll(self.client, pending)
             except _IO_ERRORS:
                 pass
         now = time.monotonic()
+        live = {id(h) for r, sv in self._saves.items() if r not in self._released for h in sv.handles}
         for rid, sv in list(self._saves.items()):
             if rid in self._released:
                 for h in sv.handles:
+                    if id(h) in live:
+                        continue  # it carries other requests' layers too: it runs on
                     try:
                         h.cancel()
                     except _IO_ERRORS:
@@ -514,7 +558,16 @@ class WorkerHalf:
                     self._add_dst(sv, n)
                     todo = sorted(sv.layers_done - sv.sent[int(n["rank"])])
                     if todo and sv.error is None:
-                        self._push(sv, n, todo)
+                        self._push([(sv, n)], todo)
+            elif t == "landed":  # a write's requests and how many layers of each it carried
+                reqs = n.get("reqs")
+                for rid, nl in (reqs.items() if isinstance(reqs, dict) else ()):
+                    ld = self._loads.get(self._by_remote.get(rid, ""))
+                    if ld is not None:
+                        ld.landed += int(nl)
+                        if ld.landed >= len(self._layer_segs) and not ld.done:
+                            self._mark(self._by_remote[rid], "landed_seen")
+                            ld.done = True
             elif t in ("done", "failed"):
                 ld = self._loads.get(self._by_remote.get(rid, ""))
                 if ld is not None:
