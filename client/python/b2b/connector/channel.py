@@ -124,7 +124,7 @@ class Channel:
 
     def flush(self) -> int:
         """Send every queued note, packed per peer rank into as few writes
-        as fit; returns the writes made. A failed write calls the
+        as fit; returns the writes that succeeded. A failed write calls the
         ``on_error`` of each of its notes; the other writes go on."""
         out, self._out = self._out, {}
         writes = 0
