@@ -429,7 +429,7 @@ def main() -> int:
     for sc in todo:
         row = run_scenario(*sc, a)
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("connector",)}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("connector", "timers_ms", "compute_ms")}), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "args": vars(a)}, f, indent=1)
