@@ -4,8 +4,11 @@ submit stream.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
@@ -154,6 +157,25 @@ class _Pending:
         return r if self.index is None else r.outcomes[self.index]
 
 
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Any:
+    """Holds Ctrl-C (SIGINT with Python's default handler) back until the
+    block ends, then raises it. Only the main thread gets signals, and a
+    handler the application installed itself is left alone."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    pending = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if pending:
+            raise KeyboardInterrupt
+
 class Transfer:
     """The one handle of every async transfer: :meth:`Client.start_transfer`,
     :meth:`Client.start_submit`, ``transfer_blocks(..., wait=False)`` or
@@ -235,13 +257,19 @@ class Transfer:
         if c._closed:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
         deadline = deadline_after(rpc_timeout)
-        fut = method.future(req, timeout=rpc_timeout)
+        fut = None
         try:
+            # An interrupt that struck while the call was being started
+            # would lose the call, and with it an outcome the daemon hands
+            # over once: it waits until the call is in hand.
+            with _interrupts_deferred():
+                fut = method.future(req, timeout=rpc_timeout)
             o = fut.result()
         except grpc.RpcError as e:
             raise from_rpc_error(e, deadline) from e
         except BaseException:
-            self._keep(_Pending(fut, None))
+            if fut is not None:
+                self._keep(_Pending(fut, None))
             raise
         self._take(o)
         return o
