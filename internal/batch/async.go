@@ -207,6 +207,11 @@ func (t *Transfers) Wait(ctx context.Context, client, id uint64, timeout time.Du
 	}
 	select {
 	case <-e.done:
+		// Both may be ready at once: a caller that went away does not take
+		// the outcome, which is reported once, from the next asker.
+		if err := ctx.Err(); err != nil {
+			return Outcome{}, fmt.Errorf("wait for transfer %d: %w", id, err)
+		}
 		return t.ended(e)
 	case <-expired:
 		return Outcome{ID: id, State: Running}, nil
