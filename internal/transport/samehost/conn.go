@@ -53,7 +53,10 @@ type Conn struct {
 	peer transport.Peer
 	sock string // the peer's socket (its advert's)
 
-	mu      sync.Mutex
+	// mu serialises the conn's users (lock, lockCtx): a channel, so that
+	// a batch waiting behind another one stuck on a stopped peer gives up
+	// at its own deadline or cancel.
+	mu      chan struct{}
 	c       *net.UnixConn
 	broken  error
 	closed  bool
@@ -99,7 +102,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if err != nil {
 		return nil, fmt.Errorf("%w: samehost: dial %s: %v", errs.ErrUnavailable, ep.Socket, err)
 	}
-	c := &Conn{t: t, peer: p, sock: ep.Socket, c: nc.(*net.UnixConn), cache: map[uint64]*remote{}, streams: map[int][]*gpudirect.Stream{},
+	c := &Conn{t: t, peer: p, sock: ep.Socket, c: nc.(*net.UnixConn), mu: make(chan struct{}, 1), cache: map[uint64]*remote{}, streams: map[int][]*gpudirect.Stream{},
 		oob: make([]byte, unix.CmsgSpace(4)), msg: make([]byte, 0, 256)}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.c.SetDeadline(dl)
@@ -210,8 +213,8 @@ func (c *Conn) send(op, flags uint32, key, a, b uint64) error {
 
 // Err is nil while the connection is usable.
 func (c *Conn) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock()
+	defer c.unlock()
 	if c.closed {
 		return fmt.Errorf("%w: samehost connection is closed", errs.ErrUnavailable)
 	}
@@ -220,8 +223,8 @@ func (c *Conn) Err() error {
 
 // Close unmaps every cached destination and closes the socket.
 func (c *Conn) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock()
+	defer c.unlock()
 	if c.closed {
 		return nil
 	}
@@ -300,6 +303,28 @@ type boundCtx struct {
 	cut      chan struct{}
 }
 
+// lock takes c.mu for a use that does not wait on the peer; unlock lets
+// it go.
+func (c *Conn) lock()   { c.mu <- struct{}{} }
+func (c *Conn) unlock() { <-c.mu }
+
+// lockCtx takes c.mu unless ctx ends first: a batch queued behind another
+// that waits on a stopped peer answers at its own deadline, not the other
+// batch's. Nothing of the batch was sent then.
+func (c *Conn) lockCtx(ctx context.Context) error {
+	select {
+	case c.mu <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case c.mu <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("samehost: %w while waiting for the connection to %s, busy with another batch (the peer may be stopped): %w", ctx.Err(), c.sock, transport.ErrNotSent)
+	}
+}
+
 // bind checks, under c.mu, that the conn can carry a request now, and
 // binds ctx to its socket; the caller defers the bind's release.
 func (c *Conn) bind(ctx context.Context) (boundCtx, error) {
@@ -347,8 +372,10 @@ func (c *Conn) transfer(ctx context.Context, src transport.Registration, dst tra
 		return st, nil
 	}
 	sm := src.Memory()
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return st, err
+	}
+	defer c.unlock()
 	bound, err := c.bind(ctx)
 	if err != nil {
 		return st, err
@@ -492,21 +519,17 @@ func (c *Conn) cacheAdd(key uint64, rm *remote) {
 // dst costs what the later ones do. The pin it takes is let go at once.
 func (c *Conn) Warm(ctx context.Context, src transport.Registration, dst transport.RemoteRegion) error {
 	sm := src.Memory()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return fmt.Errorf("%w: samehost connection is closed", errs.ErrUnavailable)
-	}
-	if c.broken != nil {
-		return c.broken
-	}
-	if err := ctx.Err(); err != nil {
+	if err := c.lockCtx(ctx); err != nil {
 		return err
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.c.SetDeadline(dl)
-		defer c.c.SetDeadline(time.Time{})
+	defer c.unlock()
+	// Bound like a batch: a stopped peer holds Warm no longer than the
+	// caller's deadline or cancel.
+	bound, err := c.bind(ctx)
+	if err != nil {
+		return err
 	}
+	defer bound.release()
 	rm, err := c.begin(ctx, dst, sm, false)
 	if err != nil {
 		return err
