@@ -31,8 +31,9 @@ func TestCutBatchNeverLandsLate(t *testing.T) {
 			const blocks, size, slot = 48, 512, 640
 			p := newPair(t, blocks*slot, 2)
 			if tc.pause > 0 {
-				placeHook = func() { time.Sleep(tc.pause) }
-				t.Cleanup(func() { placeHook = nil })
+				pause := func() { time.Sleep(tc.pause) }
+				placeHook.Store(&pause)
+				t.Cleanup(func() { placeHook.Store(nil) })
 			}
 			r := rand.New(rand.NewPCG(7, uint64(tc.pause)))
 			b := scattered(r, blocks, size, slot)

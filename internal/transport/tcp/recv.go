@@ -83,7 +83,7 @@ func (t *Transport) forgetLater(connID uint64, s *session) {
 
 // placeHook, when set (tests only), runs between a write frame's last
 // check of the reset mark and its placement: a receiver preempted there.
-var placeHook func()
+var placeHook atomic.Pointer[func()]
 
 // helloTimeout bounds the wait for an inbound connection's hello.
 const helloTimeout = 10 * time.Second
@@ -479,8 +479,8 @@ func (r *receiver) placeIn(h *frameHeader, table []byte, mem memory.Memory) (con
 	if r.lw.reset.reset(true) {
 		return false, fmt.Errorf("tcp: batch %d: %w", h.batch, errReset)
 	}
-	if placeHook != nil {
-		placeHook()
+	if h := placeHook.Load(); h != nil {
+		(*h)()
 	}
 	if mem.Kind == memory.CUDA {
 		return r.placeDevice(h, table, mem)
