@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -57,6 +58,8 @@ type Conn struct {
 	// a batch waiting behind another one stuck on a stopped peer gives up
 	// at its own deadline or cancel.
 	mu      chan struct{}
+	// closing: Close began; no batch starts any more (bind).
+	closing atomic.Bool
 	c       *net.UnixConn
 	broken  error
 	closed  bool
@@ -223,6 +226,13 @@ func (c *Conn) Err() error {
 
 // Close unmaps every cached destination and closes the socket.
 func (c *Conn) Close() error {
+	// A batch in flight waits on the peer, maybe stopped, under its own
+	// deadline; the manager closes a broken conn holding the peer's lock,
+	// which every call to the peer waits for. So the batch's waits end at
+	// once (a past deadline), before Close takes c.mu; a batch binding now
+	// sees closing after setting its deadline, or its deadline is replaced.
+	c.closing.Store(true)
+	_ = c.c.SetDeadline(time.Unix(1, 0))
 	c.lock()
 	defer c.unlock()
 	if c.closed {
@@ -341,6 +351,9 @@ func (c *Conn) bind(ctx context.Context) (boundCtx, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.c.SetDeadline(dl)
 		b.deadline = true
+	}
+	if c.closing.Load() { // after the deadline above: see Close
+		return b, fmt.Errorf("%w: %w: samehost connection is closing", errs.ErrUnavailable, transport.ErrNotSent)
 	}
 	if ctx.Done() != nil {
 		cut := make(chan struct{})

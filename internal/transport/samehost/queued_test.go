@@ -82,3 +82,38 @@ func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseCutsBatchInFlight: Close of a conn whose batch waits on a
+// stalled receiver (the manager closes a broken conn holding the peer's
+// lock) returns at once, not at the batch's deadline, and the batch
+// answers then too.
+func TestCloseCutsBatchInFlight(t *testing.T) {
+	const long = 3 * time.Second
+	p := newPair(t, 1<<20)
+	dst := transport.RemoteRegion{Name: "d", Size: 1 << 20, Key: p.dst.Key()}
+	b := gapped(4, 4096)
+	p.in.mu.Lock()
+	defer p.in.mu.Unlock()
+	first := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), long)
+		defer cancel()
+		_, err := p.conn.Write(ctx, p.src, dst, b)
+		first <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the batch waits on the receiver now
+	start := time.Now()
+	if err := p.conn.Close(); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if err := <-first; err == nil {
+		t.Fatal("the batch cut by Close answered OK")
+	}
+	if took > long/2 {
+		t.Fatalf("Close took %v: it waited for the batch's %v deadline", took, long)
+	}
+	if _, err := p.conn.Write(context.Background(), p.src, dst, b); err == nil {
+		t.Fatal("a batch on a closed conn answered OK")
+	}
+}
