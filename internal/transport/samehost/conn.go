@@ -57,7 +57,7 @@ type Conn struct {
 	// mu serialises the conn's users (lock, lockCtx): a channel, so that
 	// a batch waiting behind another one stuck on a stopped peer gives up
 	// at its own deadline or cancel.
-	mu      chan struct{}
+	mu chan struct{}
 	// closing: Close began; no batch starts any more (bind).
 	closing atomic.Bool
 	c       *net.UnixConn

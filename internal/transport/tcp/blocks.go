@@ -110,8 +110,10 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 			return transport.WriteStretches(ctx, c, w, sc)
 		}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return transport.Stats{}, err
+	}
+	defer c.unlock()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}
@@ -151,8 +153,10 @@ func (c *conn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *trans
 			return transport.ReadStretches(ctx, c, r, sc)
 		}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return transport.Stats{}, err
+	}
+	defer c.unlock()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}

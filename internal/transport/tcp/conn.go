@@ -46,7 +46,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if t.cfg.TLS != nil {
 		d = &tls.Dialer{Config: t.cfg.TLS.ClientFor(addr)}
 	}
-	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, quit: make(chan struct{}), staged: make(chan staged, 1),
+	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, mu: make(chan struct{}, 1), quit: make(chan struct{}), staged: make(chan staged, 1),
 		smallCap: min(t.cfg.FrameBytes, maxSegsPerFrame*copyBelow), dialer: d, token: ep.GetSessionToken()}
 	for i := 0; i < t.cfg.Streams; i++ {
 		nc, err := d.DialContext(ctx, "tcp", addr)
@@ -91,7 +91,7 @@ type conn struct {
 	addr    string
 	streams []*stream
 
-	mu    sync.Mutex // one batch at a time on a conn
+	mu    chan struct{} // one batch at a time on a conn (lockCtx)
 	batch uint64
 	// cut is the batch a cancellation cut off: a stream worker that sets
 	// its job's deadline after Write's past deadline re-cuts itself, so a
@@ -274,11 +274,32 @@ func (c *conn) Close() error {
 	return nil
 }
 
+// lockCtx takes the conn for one batch unless ctx ends first: a batch
+// queued behind another that waits on a stopped peer answers at its own
+// deadline or cancel, not the other batch's. unlock lets it go.
+func (c *conn) lockCtx(ctx context.Context) error {
+	select {
+	case c.mu <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case c.mu <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("tcp: %w while waiting for the connection to %s, busy with another batch (the peer may be stopped): %w", ctx.Err(), c.addr, transport.ErrNotSent)
+	}
+}
+
+func (c *conn) unlock() { <-c.mu }
+
 // Write sends the batch's segments over up to len(streams) streams, split by
 // bytes, and waits for every stream's ack.
 func (c *conn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return transport.Stats{}, err
+	}
+	defer c.unlock()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}

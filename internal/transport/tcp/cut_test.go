@@ -3,6 +3,7 @@ package tcp
 import (
 	"bytes"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -81,5 +82,48 @@ func TestCutBatchNeverLandsLate(t *testing.T) {
 				t.Fatal("no batch was cut off: the test tests nothing")
 			}
 		})
+	}
+}
+
+// TestQueuedBatchAnswersAtItsOwnCut: with the receiver stalled (its Pin
+// held, as a stopped peer never acks), a batch holds the conn until its
+// long deadline; a batch queued behind it answers at its own deadline or
+// cancel, not the first batch's.
+func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
+	const long, short = 3 * time.Second, 30 * time.Millisecond
+	for _, cancelled := range []bool{false, true} {
+		p := newPair(t, 1<<20, 2)
+		b := scattered(rand.New(rand.NewPCG(1, 2)), 4, 4096, 8192)
+		p.in.mu.Lock()
+		firstStart := time.Now()
+		first := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), long)
+			defer cancel()
+			_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+			first <- err
+		}()
+		time.Sleep(50 * time.Millisecond) // the first batch waits on the receiver now
+		ctx, cancel := context.WithTimeout(context.Background(), short)
+		want := context.DeadlineExceeded
+		if cancelled {
+			ctx, cancel = context.WithCancel(context.Background())
+			time.AfterFunc(short, cancel)
+			want = context.Canceled
+		}
+		start := time.Now()
+		_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+		took := time.Since(start)
+		cancel()
+		p.in.mu.Unlock()
+		<-first
+		if !errors.Is(err, want) {
+			t.Fatalf("cancelled %v: queued batch: err = %v, want %v", cancelled, err, want)
+		}
+		// Well before the first batch's deadline freed the conn: its own
+		// cut plus scheduling is far below the seconds between them.
+		if left := long - start.Sub(firstStart); took > short+left/2 {
+			t.Fatalf("cancelled %v: queued batch answered after %v (its cut at %v): it waited for the batch ahead", cancelled, took, short)
+		}
 	}
 }
