@@ -195,6 +195,14 @@ func (d *daemon) what(m mark) string {
 	return strings.Join(w, "+")
 }
 
+// state names the chaos on d since m, "calm" when there was none.
+func (d *daemon) state(m mark) string {
+	if !d.disturbedSince(m) {
+		return "calm"
+	}
+	return d.what(m)
+}
+
 // disturbedSince: a chaos action on d overlapped the call started at m.
 func (d *daemon) disturbedSince(m mark) bool {
 	return d.chaos.Load() > 0 || d.epoch.Load() != m.epoch

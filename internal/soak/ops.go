@@ -151,7 +151,8 @@ func (w *worker) finish(c call, x *xfer, err error) {
 	}
 	// The peer's answers count only while no chaos was on it: a frozen
 	// peer must not widen the allowance it is judged by.
-	o := overrun{kind: x.kind, start: c.start, end: now, due: c.due, localHit: localHit, peerHit: peerHit, err: err, ping: []*series{w.a.ping}}
+	o := overrun{kind: x.kind, start: c.start, end: now, due: c.due, localHit: localHit, peerHit: peerHit, err: err, ping: []*series{w.a.ping},
+		around: w.around(c.mA, c.mB)}
 	if peerHit {
 		o.peerWhat = w.b.what(c.mB)
 	}
@@ -209,7 +210,13 @@ func (w *worker) finish(c call, x *xfer, err error) {
 	}
 	w.quar = append(w.quar, quarantined{kind: x.kind, what: what, mem: x.chkMem, lo: lo, hi: hi, offs: x.chkOffs, n: x.n,
 		crc: crcBlocks(x.chkMem, x.chkOffs, x.n), until: now.Add(time.Duration(200+w.r.IntN(1800)) * time.Millisecond),
-		localChaos: localHit, answeredAt: now})
+		localChaos: localHit, answeredAt: now, around: w.around(c.mA, c.mB), mA: w.a.mark(), mB: w.b.mark()})
+}
+
+// around names the call's pair and transport and the chaos on both
+// daemons since the marks: "soak0->soak3 tcp; soak0 calm, soak3 frozen".
+func (w *worker) around(mA, mB mark) string {
+	return w.route() + "; " + w.a.name + " " + w.a.state(mA) + ", " + w.b.name + " " + w.b.state(mB)
 }
 
 func (w *worker) route() string {
@@ -390,6 +397,7 @@ type overrun struct {
 	start, end, due   time.Time
 	localHit, peerHit bool
 	peerWhat          string
+	around            string // pair, transport and both daemons' chaos during the call
 	err               error
 	ping              []*series
 }
@@ -414,8 +422,8 @@ func (w *worker) judgeLate(all bool) {
 			st.overrunsLocalChaos.Add(1)
 		case o.peerHit:
 			st.overrunsPeerChaos.Add(1)
-			st.violation("deadline_overrun_peer_chaos", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v; peer %s %s during the call): %v",
-				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), w.b.name, o.peerWhat, o.err)
+			st.violation("deadline_overrun_peer_chaos", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v; peer %s %s during the call; %s): %v",
+				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), w.b.name, o.peerWhat, o.around, o.err)
 		default:
 			st.overruns.Add(1)
 			st.violation("deadline_overrun", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v): %v",

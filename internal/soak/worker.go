@@ -99,6 +99,8 @@ type quarantined struct {
 	localChaos bool
 	what       string // the chaos on the worker's own daemon, when localChaos
 	answeredAt time.Time
+	around     string // pair, transport and both daemons' chaos during the call
+	mA, mB     mark   // both daemons' chaos state at the answer
 }
 
 type retiredMap struct {
@@ -388,12 +390,12 @@ func (w *worker) checkQuarantine(all bool) {
 		if got := crcBlocks(q.mem, q.offs, q.n); got != q.crc {
 			if q.localChaos {
 				w.s.stats.lateBytesChaos.Add(1)
-				w.s.stats.violation("late_bytes_own_daemon_chaos (not counted)", q.kind, w.id, "destination blocks changed %v after the answer, with the worker's own daemon %s",
-					now.Sub(q.answeredAt).Round(time.Millisecond), q.what)
+				w.s.stats.violation("late_bytes_own_daemon_chaos (not counted)", q.kind, w.id, "destination blocks changed %v after the answer, with the worker's own daemon %s (call: %s; since the answer: %s)",
+					now.Sub(q.answeredAt).Round(time.Millisecond), q.what, q.around, w.around(q.mA, q.mB))
 			} else {
 				w.s.stats.lateBytes.Add(1)
-				w.s.stats.violation("late_bytes", q.kind, w.id, "destination blocks changed %v after the answer (crc %08x at the answer, %08x now; %d blocks of %d B)",
-					now.Sub(q.answeredAt).Round(time.Millisecond), q.crc, got, len(q.offs), q.n)
+				w.s.stats.violation("late_bytes", q.kind, w.id, "destination blocks changed %v after the answer (crc %08x at the answer, %08x now; %d blocks of %d B; call: %s; since the answer: %s)",
+					now.Sub(q.answeredAt).Round(time.Millisecond), q.crc, got, len(q.offs), q.n, q.around, w.around(q.mA, q.mB))
 			}
 		}
 	}

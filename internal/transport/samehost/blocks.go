@@ -66,8 +66,10 @@ type slot struct {
 func (c *Conn) blocks(ctx context.Context, p *layout.Pair, ids layout.IDs, nsrc, ndst int, read bool, sc *transport.BlockScratch,
 	regions func(sr, dr uint32) (transport.Registration, transport.RemoteRegion)) (transport.Stats, error) {
 	var st transport.Stats
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return st, err
+	}
+	defer c.unlock()
 	bound, err := c.bind(ctx)
 	if err != nil {
 		return st, err

@@ -269,9 +269,9 @@ func TestBlockSetRefusal(t *testing.T) {
 				}
 			}
 			c := m.conn.(*Conn)
-			c.mu.Lock()
+			c.lock()
 			_, cached := c.cache[key]
-			c.mu.Unlock()
+			c.unlock()
 			if cached {
 				t.Fatal("the refused region's mapping is still cached")
 			}
@@ -388,8 +388,8 @@ func TestBlockSetGPU(t *testing.T) {
 func TestUnknownOpRefused(t *testing.T) {
 	p := newPair(t, 4096)
 	c := p.conn.(*Conn)
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock()
+	defer c.unlock()
 	if err := c.send(opBeginSet+5, 0, 0, 0, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
-	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -16,7 +16,6 @@ import (
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -53,7 +52,12 @@ type Conn struct {
 	peer transport.Peer
 	sock string // the peer's socket (its advert's)
 
-	mu      sync.Mutex
+	// mu serialises the conn's users (lock, lockCtx): a channel, so that
+	// a batch waiting behind another one stuck on a stopped peer gives up
+	// at its own deadline or cancel.
+	mu chan struct{}
+	// closing: Close began; no batch starts any more (bind).
+	closing atomic.Bool
 	c       *net.UnixConn
 	broken  error
 	closed  bool
@@ -99,7 +103,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if err != nil {
 		return nil, fmt.Errorf("%w: samehost: dial %s: %v", errs.ErrUnavailable, ep.Socket, err)
 	}
-	c := &Conn{t: t, peer: p, sock: ep.Socket, c: nc.(*net.UnixConn), cache: map[uint64]*remote{}, streams: map[int][]*gpudirect.Stream{},
+	c := &Conn{t: t, peer: p, sock: ep.Socket, c: nc.(*net.UnixConn), mu: make(chan struct{}, 1), cache: map[uint64]*remote{}, streams: map[int][]*gpudirect.Stream{},
 		oob: make([]byte, unix.CmsgSpace(4)), msg: make([]byte, 0, 256)}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.c.SetDeadline(dl)
@@ -210,8 +214,8 @@ func (c *Conn) send(op, flags uint32, key, a, b uint64) error {
 
 // Err is nil while the connection is usable.
 func (c *Conn) Err() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.lock()
+	defer c.unlock()
 	if c.closed {
 		return fmt.Errorf("%w: samehost connection is closed", errs.ErrUnavailable)
 	}
@@ -220,8 +224,15 @@ func (c *Conn) Err() error {
 
 // Close unmaps every cached destination and closes the socket.
 func (c *Conn) Close() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	// A batch in flight waits on the peer, maybe stopped, under its own
+	// deadline; the manager closes a broken conn holding the peer's lock,
+	// which every call to the peer waits for. So the batch's waits end at
+	// once (a past deadline), before Close takes c.mu; a batch binding now
+	// sees closing after setting its deadline, or its deadline is replaced.
+	c.closing.Store(true)
+	_ = c.c.SetDeadline(time.Unix(1, 0))
+	c.lock()
+	defer c.unlock()
 	if c.closed {
 		return nil
 	}
@@ -300,6 +311,28 @@ type boundCtx struct {
 	cut      chan struct{}
 }
 
+// lock takes c.mu for a use that does not wait on the peer; unlock lets
+// it go.
+func (c *Conn) lock()   { c.mu <- struct{}{} }
+func (c *Conn) unlock() { <-c.mu }
+
+// lockCtx takes c.mu unless ctx ends first: a batch queued behind another
+// that waits on a stopped peer answers at its own deadline, not the other
+// batch's. Nothing of the batch was sent then.
+func (c *Conn) lockCtx(ctx context.Context) error {
+	select {
+	case c.mu <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case c.mu <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("samehost: %w while waiting for the connection to %s, busy with another batch (the peer may be stopped): %w", ctx.Err(), c.sock, transport.ErrNotSent)
+	}
+}
+
 // bind checks, under c.mu, that the conn can carry a request now, and
 // binds ctx to its socket; the caller defers the bind's release.
 func (c *Conn) bind(ctx context.Context) (boundCtx, error) {
@@ -316,6 +349,9 @@ func (c *Conn) bind(ctx context.Context) (boundCtx, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.c.SetDeadline(dl)
 		b.deadline = true
+	}
+	if c.closing.Load() { // after the deadline above: see Close
+		return b, fmt.Errorf("%w: %w: samehost connection is closing", errs.ErrUnavailable, transport.ErrNotSent)
 	}
 	if ctx.Done() != nil {
 		cut := make(chan struct{})
@@ -347,8 +383,10 @@ func (c *Conn) transfer(ctx context.Context, src transport.Registration, dst tra
 		return st, nil
 	}
 	sm := src.Memory()
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return st, err
+	}
+	defer c.unlock()
 	bound, err := c.bind(ctx)
 	if err != nil {
 		return st, err
@@ -492,21 +530,17 @@ func (c *Conn) cacheAdd(key uint64, rm *remote) {
 // dst costs what the later ones do. The pin it takes is let go at once.
 func (c *Conn) Warm(ctx context.Context, src transport.Registration, dst transport.RemoteRegion) error {
 	sm := src.Memory()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return fmt.Errorf("%w: samehost connection is closed", errs.ErrUnavailable)
-	}
-	if c.broken != nil {
-		return c.broken
-	}
-	if err := ctx.Err(); err != nil {
+	if err := c.lockCtx(ctx); err != nil {
 		return err
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.c.SetDeadline(dl)
-		defer c.c.SetDeadline(time.Time{})
+	defer c.unlock()
+	// Bound like a batch: a stopped peer holds Warm no longer than the
+	// caller's deadline or cancel.
+	bound, err := c.bind(ctx)
+	if err != nil {
+		return err
 	}
+	defer bound.release()
 	rm, err := c.begin(ctx, dst, sm, false)
 	if err != nil {
 		return err
@@ -750,123 +784,4 @@ func (c *Conn) deviceStreams(dev int) ([]*gpudirect.Stream, error) {
 	}
 	c.streams[dev] = ss
 	return ss, nil
-}
-
-// shareEnd returns the end of the share starting at lo that carries about
-// want bytes (at least one block, leaving at least one for later shares).
-func shareEnd(sizes []uint64, lo int, want uint64) int {
-	var acc uint64
-	i := lo
-	for i < len(sizes)-1 {
-		acc += sizes[i]
-		i++
-		if acc >= want {
-			break
-		}
-	}
-	return i
-}
-
-// hostChunk is how many bytes the CPU copies between looks at the deadline.
-const hostChunk = 4 << 20
-
-// copyHost copies every block with the CPU; a fault on either mapping (a
-// file shrunk under it) fails the batch instead of the process, and the
-// caller's deadline is looked at every hostChunk bytes, so a slow copy (a
-// destination whose pages are first touched, memory pressure) ends with
-// DeadlineExceeded instead of holding both regions past it.
-func copyHost(ctx context.Context, dst, src []byte, b *desc.Batch, lo, hi int) error {
-	var cerr error
-	ferr := memguard.DoCopy(dst, src, func() {
-		var since uint64
-		for i := lo; i < hi; i++ {
-			n, s, d := b.Len[i], b.Src[i], b.Dst[i]
-			for n > 0 {
-				k := min(n, hostChunk)
-				copy(dst[d:d+k], src[s:s+k])
-				s, d, n = s+k, d+k, n-k
-				if since += k; since >= hostChunk {
-					since = 0
-					if cerr = ctx.Err(); cerr != nil {
-						return
-					}
-				}
-			}
-		}
-	})
-	if ferr != nil {
-		return ferr
-	}
-	if cerr != nil {
-		return fmt.Errorf("samehost: host copy cut off: %w", cerr)
-	}
-	return nil
-}
-
-// hostPool is a connection's CPU copy workers: a batch is cut into shares
-// of about equal bytes (blocks whole), each copied by one worker under its
-// own memguard. Batches on a Conn are serialised, so one set of tasks is
-// reused and a batch allocates nothing.
-type hostPool struct {
-	work  chan *hostTask
-	tasks []hostTask
-	wg    sync.WaitGroup
-}
-
-type hostTask struct {
-	ctx      context.Context
-	dst, src []byte
-	b        *desc.Batch
-	lo, hi   int
-	err      error
-	wg       *sync.WaitGroup
-}
-
-func newHostPool(n int) *hostPool {
-	p := &hostPool{work: make(chan *hostTask, n), tasks: make([]hostTask, n)}
-	for i := 0; i < n; i++ {
-		go func() {
-			for t := range p.work {
-				t.err = copyHost(t.ctx, t.dst, t.src, t.b, t.lo, t.hi)
-				t.wg.Done()
-			}
-		}()
-	}
-	return p
-}
-
-// run copies b in k shares (k ≤ the pool's size) and returns the first
-// share's error, after every share ended.
-func (p *hostPool) run(ctx context.Context, dst, src []byte, b *desc.Batch, k int) error {
-	k = min(k, len(p.tasks))
-	want := b.Bytes() / uint64(k)
-	lo, n := 0, 0
-	for j := 0; j < k && lo < b.N(); j++ {
-		hi := b.N()
-		if j < k-1 {
-			hi = shareEnd(b.Len, lo, want)
-		}
-		p.tasks[j] = hostTask{ctx: ctx, dst: dst, src: src, b: b, lo: lo, hi: hi, wg: &p.wg}
-		lo, n = hi, n+1
-	}
-	p.wg.Add(n)
-	for j := 0; j < n; j++ {
-		p.work <- &p.tasks[j]
-	}
-	p.wg.Wait()
-	var err error
-	for j := 0; j < n; j++ {
-		if err == nil {
-			err = p.tasks[j].err
-		}
-		p.tasks[j] = hostTask{} // drop the references to the batch and the regions
-	}
-	return err
-}
-
-// close stops the workers; safe on nil.
-func (p *hostPool) close() {
-	if p != nil {
-		close(p.work)
-	}
 }

@@ -39,8 +39,8 @@ func presentPages(t *testing.T, b []byte) (present, total int) {
 func cachedMapping(t *testing.T, c transport.Conn, key uint64) []byte {
 	t.Helper()
 	sc := c.(*Conn)
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
+	sc.lock()
+	defer sc.unlock()
 	rm := sc.cache[key]
 	if rm == nil || rm.host == nil {
 		t.Fatalf("no cached host mapping of key %#x", key)
@@ -136,9 +136,9 @@ func TestWarmRefused(t *testing.T) {
 		t.Fatalf("err = %v, want a refusal naming dst_region \"gone\"", err)
 	}
 	sc := p.conn.(*Conn)
-	sc.mu.Lock()
+	sc.lock()
 	n := len(sc.cache)
-	sc.mu.Unlock()
+	sc.unlock()
 	if n != 0 {
 		t.Fatalf("%d destinations cached after a refusal", n)
 	}

@@ -110,8 +110,10 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 			return transport.WriteStretches(ctx, c, w, sc)
 		}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return transport.Stats{}, err
+	}
+	defer c.unlock()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}
@@ -151,8 +153,10 @@ func (c *conn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *trans
 			return transport.ReadStretches(ctx, c, r, sc)
 		}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return transport.Stats{}, err
+	}
+	defer c.unlock()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}
@@ -340,7 +344,7 @@ func (c *conn) runBlocks(ctx context.Context, p *layout.Pair, ids layout.IDs, re
 	// the conn cannot carry another batch, whatever the failure was; and
 	// what the receiver already holds of the cut-off batches must not land
 	// once we answer.
-	c.cutOff(first, fmt.Sprintf("%d..%d", bj.base, c.batch))
+	c.cutOff(ctx, first, fmt.Sprintf("%d..%d", bj.base, c.batch))
 	return transport.Stats{}, bs.stretchErr(c.classify(ctx, first, cancelled, bj.base, read))
 }
 
@@ -361,7 +365,7 @@ func (c *conn) classify(ctx context.Context, first error, cancelled bool, base u
 	var refused *ackError
 	switch {
 	case cancelled || ctx.Err() != nil:
-		return wrap(fmt.Errorf("tcp: block batches %d..%d to %s: %w%s", base, c.batch, c.addr, ctx.Err(), cutNote(read)))
+		return wrap(fmt.Errorf("tcp: block batches %d..%d to %s: %w%s", base, c.batch, c.addr, ctx.Err(), c.cutNote(read)))
 	case memguard.IsFault(first):
 		return wrap(fmt.Errorf("tcp: block batches %d..%d to %s: %w", base, c.batch, c.addr, first))
 	case errors.As(first, &refused):
@@ -369,7 +373,7 @@ func (c *conn) classify(ctx context.Context, first error, cancelled bool, base u
 	case errors.Is(first, errs.ErrInvalidArgument):
 		return first
 	case errors.Is(first, os.ErrDeadlineExceeded):
-		return wrap(fmt.Errorf("tcp: block batches %d..%d to %s: %w%s", base, c.batch, c.addr, context.DeadlineExceeded, cutNote(read)))
+		return wrap(fmt.Errorf("tcp: block batches %d..%d to %s: %w%s", base, c.batch, c.addr, context.DeadlineExceeded, c.cutNote(read)))
 	}
 	return wrap(fmt.Errorf("%w: tcp: block batches %d..%d to %s cut off: %w", errs.ErrAborted, base, c.batch, c.addr, first))
 }

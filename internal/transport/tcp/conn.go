@@ -46,7 +46,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if t.cfg.TLS != nil {
 		d = &tls.Dialer{Config: t.cfg.TLS.ClientFor(addr)}
 	}
-	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, quit: make(chan struct{}), staged: make(chan staged, 1),
+	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, mu: make(chan struct{}, 1), quit: make(chan struct{}), staged: make(chan staged, 1),
 		smallCap: min(t.cfg.FrameBytes, maxSegsPerFrame*copyBelow), dialer: d, token: ep.GetSessionToken()}
 	for i := 0; i < t.cfg.Streams; i++ {
 		nc, err := d.DialContext(ctx, "tcp", addr)
@@ -91,7 +91,7 @@ type conn struct {
 	addr    string
 	streams []*stream
 
-	mu    sync.Mutex // one batch at a time on a conn
+	mu    chan struct{} // one batch at a time on a conn (lockCtx)
 	batch uint64
 	// cut is the batch a cancellation cut off: a stream worker that sets
 	// its job's deadline after Write's past deadline re-cuts itself, so a
@@ -114,43 +114,85 @@ type conn struct {
 	dialer interface {
 		DialContext(context.Context, string, string) (net.Conn, error)
 	}
-	token  []byte
-	fenced bool // mu held
+	token []byte
+	// fenceDone is closed when the fence's answer came or it failed (once
+	// per conn; mu held); fenceOK says which.
+	fenceDone chan struct{}
+	fenceOK   atomic.Bool
+	// cutAcked: the last cutOff saw the receiver's fence ack (mu held).
+	cutAcked bool
 }
 
 // fenceTimeout bounds the fence's dial and the receiver's answer.
 const fenceTimeout = 5 * time.Second
 
+// fenceWait is the longest a cut-off batch's answer waits for the fence's
+// ack, and fenceGrace how far past the caller's deadline that wait may
+// reach: the answer to a caller whose deadline passed comes within
+// deadline + fenceGrace plus scheduling, well inside what callers allow.
+const (
+	fenceWait  = 50 * time.Millisecond
+	fenceGrace = 60 * time.Millisecond
+)
+
 // cutOff fails the conn after a batch was cut off mid-way (deadline,
-// cancel, a failed stream), without waiting for the receiver: the caller's
-// answer must not wait for a receiver that is stopped or cut off from us.
-// The streams are reset, so the receiver places none of their bytes from
-// then on (reset.go), and the fence follows in the background for a
-// receiver the reset did not reach. The next batch to the peer gets a
-// fresh conn, whose streams are others. c.mu is held.
-func (c *conn) cutOff(first error, batches string) {
+// cancel, a failed stream). The streams are reset, so the receiver places
+// none of their bytes once it sees the reset (reset.go), and the fence
+// tells the receiver the conn is cut; its ack means no byte of the conn is
+// placed any more, including one a receiver read in before the reset came.
+// The answer waits for that ack a short bounded time (fenceWait, within
+// fenceGrace of ctx's deadline): a receiver that is stopped or starved
+// does not hold the caller, and the reset mark covers it. It reports
+// whether the ack came (c.cutAcked, for cutNote). The next batch to the
+// peer gets a fresh conn, whose streams are others. c.mu is held.
+func (c *conn) cutOff(ctx context.Context, first error, batches string) {
 	for _, s := range c.streams {
 		_ = abort(s.nc)
 	}
 	c.fail(first)
-	if c.fenced {
-		return
+	if c.fenceDone == nil {
+		done := make(chan struct{})
+		c.fenceDone = done
+		go func() {
+			defer close(done)
+			if err := c.fence(); err != nil {
+				c.t.log.Warn("tcp: cut-off batches could not be fenced; their streams were reset, which stops the receiver placing them", "batches", batches, "peer", c.addr, "error", err)
+				return
+			}
+			c.fenceOK.Store(true)
+		}()
 	}
-	c.fenced = true
-	go func() {
-		if err := c.fence(); err != nil {
-			c.t.log.Warn("tcp: cut-off batches could not be fenced; their streams were reset, which stops the receiver placing them", "batches", batches, "peer", c.addr, "error", err)
+	wait := fenceWait
+	if d, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(d.Add(fenceGrace)))
+	}
+	c.cutAcked = false
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		select {
+		case <-c.fenceDone:
+		case <-t.C:
 		}
-	}()
+	} else {
+		select {
+		case <-c.fenceDone:
+		default:
+		}
+	}
+	c.cutAcked = c.fenceOK.Load()
 }
 
 // cutNote tells the caller of a cut-off batch where its bytes may still be
-// and that they will not be placed.
-func cutNote(read bool) string {
+// and whether the receiver confirmed it places none of them (cutOff).
+func (c *conn) cutNote(read bool) string {
 	if read {
 		return " (this daemon stopped placing the answer before this reply; the peer's unsent bytes are dropped)"
 	}
-	return " (the receiver may still hold unplaced bytes of it in its socket buffers: the streams were reset, and it places none of them)"
+	if c.cutAcked {
+		return " (the streams were reset and the receiver confirmed it places none of its bytes any more)"
+	}
+	return " (the streams were reset, and the receiver did not confirm in time that it stopped, being stopped, starved or unreachable: it places none of the bytes it still holds once it sees the reset)"
 }
 
 // fence tells the receiver that this conn is cut off and waits for its
@@ -232,11 +274,32 @@ func (c *conn) Close() error {
 	return nil
 }
 
+// lockCtx takes the conn for one batch unless ctx ends first: a batch
+// queued behind another that waits on a stopped peer answers at its own
+// deadline or cancel, not the other batch's. unlock lets it go.
+func (c *conn) lockCtx(ctx context.Context) error {
+	select {
+	case c.mu <- struct{}{}:
+		return nil
+	default:
+	}
+	select {
+	case c.mu <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("tcp: %w while waiting for the connection to %s, busy with another batch (the peer may be stopped): %w", ctx.Err(), c.addr, transport.ErrNotSent)
+	}
+}
+
+func (c *conn) unlock() { <-c.mu }
+
 // Write sends the batch's segments over up to len(streams) streams, split by
 // bytes, and waits for every stream's ack.
 func (c *conn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return transport.Stats{}, err
+	}
+	defer c.unlock()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}
@@ -395,10 +458,10 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 		if !errors.As(first, &refused) || cancelled || anyUnclean(results) {
 			// Some stream's share was cut: what the receiver already holds
 			// of it must not land once we answer.
-			c.cutOff(first, strconv.FormatUint(c.batch, 10))
+			c.cutOff(ctx, first, strconv.FormatUint(c.batch, 10))
 		}
 		if cancelled || ctx.Err() != nil {
-			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w%s", c.batch, c.addr, ctx.Err(), cutNote(p.read))
+			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w%s", c.batch, c.addr, ctx.Err(), c.cutNote(p.read))
 		}
 		for _, err := range results {
 			if memguard.IsFault(err) {
@@ -409,7 +472,7 @@ func (c *conn) run(ctx context.Context, p *plan, src []byte, start time.Time) (t
 			return transport.Stats{}, refused
 		}
 		if errors.Is(first, os.ErrDeadlineExceeded) {
-			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w%s", c.batch, c.addr, context.DeadlineExceeded, cutNote(p.read))
+			return transport.Stats{}, fmt.Errorf("tcp: batch %d to %s: %w%s", c.batch, c.addr, context.DeadlineExceeded, c.cutNote(p.read))
 		}
 		return transport.Stats{}, fmt.Errorf("%w: tcp: batch %d to %s cut off: %w", errs.ErrAborted, c.batch, c.addr, first)
 	}

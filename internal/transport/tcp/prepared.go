@@ -72,8 +72,10 @@ func (pr *prepared) Write(ctx context.Context) (transport.Stats, error) {
 		return transport.Stats{}, fmt.Errorf("%w: tcp: the prepared batch was released", errs.ErrFailedPrecondition)
 	}
 	c := pr.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return transport.Stats{}, err
+	}
+	defer c.unlock()
 	if err := c.Err(); err != nil {
 		// The cause is an earlier batch's (a cut-off batch's "writev: i/o
 		// timeout", say): named, not wrapped, so that it does not classify

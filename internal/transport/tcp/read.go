@@ -35,8 +35,10 @@ var _ transport.Reader = (*conn)(nil)
 // streams' workers are waited for, and a cut-off stream is closed with
 // whatever answer was in flight.
 func (c *conn) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	if err := c.lockCtx(ctx); err != nil {
+		return transport.Stats{}, err
+	}
+	defer c.unlock()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}

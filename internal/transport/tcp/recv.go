@@ -49,7 +49,14 @@ func (t *Transport) fence(connID uint64) {
 	t.mu.Lock()
 	s := t.sessions[connID]
 	if s == nil {
-		// Every stream already ended: nothing can place any more.
+		// Every stream already ended, or none was let in yet: a stream of
+		// the conn whose hello is still queued must not start placing
+		// after this answer, so the fenced session stays a while, empty,
+		// and refuses it (serve). Hellos wait at most helloTimeout.
+		s = &session{batches: map[uint64]progress{}, conns: map[net.Conn]struct{}{}}
+		s.fenced.Store(true)
+		t.sessions[connID] = s
+		t.forgetLater(connID, s)
 		t.mu.Unlock()
 		return
 	}
@@ -61,6 +68,25 @@ func (t *Transport) fence(connID uint64) {
 	s.placing.Lock()
 	s.placing.Unlock() //nolint:staticcheck // a barrier: every placement begun before the mark ended
 }
+
+// forgetLater drops the fenced, empty session s once no stream of its
+// conn can still be waiting to be let in. t.mu is held.
+func (t *Transport) forgetLater(connID uint64, s *session) {
+	time.AfterFunc(2*helloTimeout, func() {
+		t.mu.Lock()
+		if t.sessions[connID] == s && s.live == 0 {
+			delete(t.sessions, connID)
+		}
+		t.mu.Unlock()
+	})
+}
+
+// placeHook, when set (tests only), runs between a write frame's last
+// check of the reset mark and its placement: a receiver preempted there.
+var placeHook atomic.Pointer[func()]
+
+// helloTimeout bounds the wait for an inbound connection's hello.
+const helloTimeout = 10 * time.Second
 
 type progress struct {
 	done  int
@@ -121,7 +147,7 @@ func (e *recvErr) Error() string { return e.err.Error() }
 func (t *Transport) serve(c net.Conn) (handedOff bool) {
 	log := t.log.With("remote", c.RemoteAddr().String())
 	var hello [helloLen]byte
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_ = c.SetReadDeadline(time.Now().Add(helloTimeout))
 	// The first 4 bytes alone tell a gRPC client (the HTTP/2 preface) from
 	// a hello, before waiting for the rest of either.
 	if _, err := io.ReadFull(c, hello[:len(http2Prefix)]); err != nil {
@@ -185,7 +211,13 @@ func (t *Transport) serve(c net.Conn) (handedOff bool) {
 		t.mu.Lock()
 		delete(s.conns, c)
 		if s.live--; s.live == 0 {
-			delete(t.sessions, connID)
+			if s.fenced.Load() {
+				// A stream welcomed but not yet counted must not
+				// start a fresh session after the fence (fence).
+				t.forgetLater(connID, s)
+			} else {
+				delete(t.sessions, connID)
+			}
 			// The sender's conn is gone: its unfinished batches never
 			// complete, so their pins go now.
 			for b, p := range s.batches {
@@ -446,6 +478,9 @@ func (r *receiver) placeIn(h *frameHeader, table []byte, mem memory.Memory) (con
 	// fence may not have come yet. What follows checks again between reads.
 	if r.lw.reset.reset(true) {
 		return false, fmt.Errorf("tcp: batch %d: %w", h.batch, errReset)
+	}
+	if h := placeHook.Load(); h != nil {
+		(*h)()
 	}
 	if mem.Kind == memory.CUDA {
 		return r.placeDevice(h, table, mem)

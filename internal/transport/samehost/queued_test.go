@@ -1,0 +1,119 @@
+package samehost
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// TestQueuedBatchAnswersAtItsOwnCut: with the receiver stalled (its Pin
+// held, as a stopped peer daemon never answers), a batch holds the conn
+// until its long deadline; a second batch, or a Warm, queued behind it
+// answers at its own deadline or cancel, not the first batch's. The first
+// batch's deadline is long, so that the second answering before it cannot
+// be a scheduling accident.
+func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
+	const long, short = 3 * time.Second, 30 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		cancel bool // cut by a cancel (no deadline), else by its deadline
+		warm   bool
+	}{
+		{"write/deadline", false, false},
+		{"write/cancel", true, false},
+		{"warm/cancel", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPair(t, 1<<20)
+			dst := transport.RemoteRegion{Name: "d", Size: 1 << 20, Key: p.dst.Key()}
+			b := gapped(4, 4096)
+			p.in.mu.Lock()
+			unlocked := false
+			defer func() {
+				if !unlocked {
+					p.in.mu.Unlock()
+				}
+			}()
+			firstStart := time.Now()
+			first := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), long)
+				defer cancel()
+				_, err := p.conn.Write(ctx, p.src, dst, b)
+				first <- err
+			}()
+			time.Sleep(50 * time.Millisecond) // the first batch waits on the receiver now
+			ctx, cancel := context.WithCancel(context.Background())
+			if tc.cancel {
+				time.AfterFunc(short, cancel)
+			} else {
+				ctx, cancel = context.WithTimeout(context.Background(), short)
+			}
+			defer cancel()
+			start := time.Now()
+			var err error
+			if tc.warm {
+				err = p.conn.(transport.Warmer).Warm(ctx, p.src, dst)
+			} else {
+				_, err = p.conn.Write(ctx, p.src, dst, b)
+			}
+			took := time.Since(start)
+			want := context.DeadlineExceeded
+			if tc.cancel {
+				want = context.Canceled
+			}
+			if !errors.Is(err, want) {
+				t.Fatalf("queued call: err = %v, want %v", err, want)
+			}
+			// It must answer well before the first batch's deadline frees
+			// the conn: at its own cut plus scheduling, which on a loaded
+			// machine is far below the second or more that separates them.
+			if left := long - time.Since(firstStart); took > short+left/2 {
+				t.Fatalf("queued call answered after %v (its cut at %v); it waited for the batch ahead of it", took, short)
+			}
+			p.in.mu.Unlock()
+			unlocked = true
+			if err := <-first; err != nil {
+				t.Logf("first batch: %v", err)
+			}
+		})
+	}
+}
+
+// TestCloseCutsBatchInFlight: Close of a conn whose batch waits on a
+// stalled receiver (the manager closes a broken conn holding the peer's
+// lock) returns at once, not at the batch's deadline, and the batch
+// answers then too.
+func TestCloseCutsBatchInFlight(t *testing.T) {
+	const long = 3 * time.Second
+	p := newPair(t, 1<<20)
+	dst := transport.RemoteRegion{Name: "d", Size: 1 << 20, Key: p.dst.Key()}
+	b := gapped(4, 4096)
+	p.in.mu.Lock()
+	defer p.in.mu.Unlock()
+	first := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), long)
+		defer cancel()
+		_, err := p.conn.Write(ctx, p.src, dst, b)
+		first <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the batch waits on the receiver now
+	start := time.Now()
+	if err := p.conn.Close(); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if err := <-first; err == nil {
+		t.Fatal("the batch cut by Close answered OK")
+	}
+	if took > long/2 {
+		t.Fatalf("Close took %v: it waited for the batch's %v deadline", took, long)
+	}
+	if _, err := p.conn.Write(context.Background(), p.src, dst, b); err == nil {
+		t.Fatal("a batch on a closed conn answered OK")
+	}
+}

@@ -1,0 +1,129 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// TestCutBatchNeverLandsLate: batches of small blocks cut off at random
+// points (cancel or deadline) while the receiver places them; the
+// destination must not change after the cut batch's answer. The receiver
+// is slowed between its last look at the reset mark and its placement (a
+// receiver preempted there), the window that a reset alone cannot close:
+// only the fence's ack, awaited before the answer, does.
+func TestCutBatchNeverLandsLate(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		pause time.Duration // the receiver's pause before placing a frame
+		cutBy time.Duration // cuts come at random up to this
+		iters int
+	}{
+		{"preempted", 2 * time.Millisecond, 3 * time.Millisecond, 150},
+		{"tight", 0, 400 * time.Microsecond, 400},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const blocks, size, slot = 48, 512, 640
+			p := newPair(t, blocks*slot, 2)
+			if tc.pause > 0 {
+				pause := func() { time.Sleep(tc.pause) }
+				placeHook.Store(&pause)
+				t.Cleanup(func() { placeHook.Store(nil) })
+			}
+			r := rand.New(rand.NewPCG(7, uint64(tc.pause)))
+			b := scattered(r, blocks, size, slot)
+			snap := make([]byte, len(p.dstMem.Host))
+			var cut, late, acked int
+			for i := range tc.iters {
+				fill(r, p.srcMem.Host)
+				ctx, cancel := context.WithCancel(context.Background())
+				after := time.Duration(r.IntN(int(tc.cutBy) + 1))
+				if i%3 == 0 {
+					ctx, cancel = context.WithTimeout(context.Background(), after)
+				} else {
+					time.AfterFunc(after, cancel)
+				}
+				_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+				cancel()
+				if err == nil {
+					checkLanded(t, p, &b)
+					continue
+				}
+				if cut < 3 {
+					t.Log(err)
+				}
+				cut++
+				if strings.Contains(err.Error(), "receiver confirmed") {
+					acked++
+				}
+				copy(snap, p.dstMem.Host)
+				// A cut conn carries nothing more: the peer manager dials
+				// a fresh one, as here.
+				p.conn.Close()
+				if p.conn, err = p.a.Connect(context.Background(), transport.Peer{Address: "127.0.0.1:1",
+					Advert: MarshalAdvert(p.b.Addr(), p.b.Token())}); err != nil {
+					t.Fatal(err)
+				}
+				// Longer than the receiver's pause plus its scheduling.
+				time.Sleep(tc.pause + 5*time.Millisecond)
+				if !bytes.Equal(snap, p.dstMem.Host) {
+					late++
+					t.Errorf("iteration %d: the destination changed after the cut batch's answer (%v)", i, err)
+				}
+			}
+			t.Logf("%d iterations: %d cut off (%d with the receiver's fence ack), %d changed after the answer", tc.iters, cut, acked, late)
+			if cut == 0 {
+				t.Fatal("no batch was cut off: the test tests nothing")
+			}
+		})
+	}
+}
+
+// TestQueuedBatchAnswersAtItsOwnCut: with the receiver stalled (its Pin
+// held, as a stopped peer never acks), a batch holds the conn until its
+// long deadline; a batch queued behind it answers at its own deadline or
+// cancel, not the first batch's.
+func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
+	const long, short = 3 * time.Second, 30 * time.Millisecond
+	for _, cancelled := range []bool{false, true} {
+		p := newPair(t, 1<<20, 2)
+		b := scattered(rand.New(rand.NewPCG(1, 2)), 4, 4096, 8192)
+		p.in.mu.Lock()
+		firstStart := time.Now()
+		first := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), long)
+			defer cancel()
+			_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+			first <- err
+		}()
+		time.Sleep(50 * time.Millisecond) // the first batch waits on the receiver now
+		ctx, cancel := context.WithTimeout(context.Background(), short)
+		want := context.DeadlineExceeded
+		if cancelled {
+			ctx, cancel = context.WithCancel(context.Background())
+			time.AfterFunc(short, cancel)
+			want = context.Canceled
+		}
+		start := time.Now()
+		_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+		took := time.Since(start)
+		cancel()
+		p.in.mu.Unlock()
+		<-first
+		if !errors.Is(err, want) {
+			t.Fatalf("cancelled %v: queued batch: err = %v, want %v", cancelled, err, want)
+		}
+		// Well before the first batch's deadline freed the conn: its own
+		// cut plus scheduling is far below the seconds between them.
+		if left := long - start.Sub(firstStart); took > short+left/2 {
+			t.Fatalf("cancelled %v: queued batch answered after %v (its cut at %v): it waited for the batch ahead", cancelled, took, short)
+		}
+	}
+}
