@@ -103,7 +103,7 @@ type state struct {
 	// what answered when a handshake fails (not a b2bd peer port).
 	sniff atomic.Pointer[sniffConn]
 
-	mu sync.Mutex // serialises (re)connecting
+	mu ctxMutex // serialises (re)connecting; Get waits for it under its ctx
 	// up: the last handshake succeeded; a change is logged once.
 	up     bool
 	cc     *grpc.ClientConn
@@ -207,7 +207,9 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 		return Session{}, err
 	}
 	defer m.release(st)
-	st.mu.Lock()
+	if err := st.mu.LockContext(ctx); err != nil {
+		return Session{}, fmt.Errorf("%w: peer %s: waiting for another call's handshake or connect: %w", transport.ErrNotSent, addr, err)
+	}
 	defer st.mu.Unlock()
 	s, err := m.get(ctx, st, want)
 	if err != nil {
