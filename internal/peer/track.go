@@ -75,9 +75,7 @@ func (c *trackedPreparer) Prepare(src transport.Registration, dst transport.Remo
 	}
 	c.st.busy.Add(1) // until Close: a live plan keeps its peer
 	tp := &trackedPrepared{Prepared: p, st: c.st}
-	if w, ok := p.(workRequester); ok {
-		return &trackedPreparedWR{trackedPrepared: tp, w: w}, nil
-	}
+	tp.wr, _ = p.(workRequester)
 	return tp, nil
 }
 
@@ -87,6 +85,7 @@ type trackedPrepared struct {
 	transport.Prepared
 	st     *state
 	closed atomic.Bool
+	wr     workRequester // nil: the kind does not count its work requests
 }
 
 func (p *trackedPrepared) Write(ctx context.Context) (transport.Stats, error) {
@@ -102,13 +101,14 @@ func (p *trackedPrepared) Close() error {
 	return p.Prepared.Close()
 }
 
-// trackedPreparedWR keeps the prepared work's WorkRequests visible.
-type trackedPreparedWR struct {
-	*trackedPrepared
-	w workRequester
+// WorkRequests is the prepared work's count (verbs: WRs posted per Write),
+// 0 where the kind keeps none, which is what the batch layer reports then.
+func (p *trackedPrepared) WorkRequests() uint64 {
+	if p.wr == nil {
+		return 0
+	}
+	return p.wr.WorkRequests()
 }
-
-func (p *trackedPreparedWR) WorkRequests() uint64 { return p.w.WorkRequests() }
 
 // dial is the control connection's dialer: plain TCP, remembering the
 // first bytes the other end sends, so that a failed handshake can say what
