@@ -160,6 +160,48 @@ def pct(xs: List[float], q: float) -> Optional[float]:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
 
 
+# A request's handover, step by step (wall-clock marks of the engines, the
+# connector and the router; docs/connector.md#handover). Prefill's marks
+# are prefixed "p.", decode's "d.".
+CHAINS = {
+    "pull": ["p.last_layer", "p.replied", "routed", "d.inbox", "d.load_begun", "d.started", "d.ended",
+             "d.reported", "d.ready"],
+    "push": ["p.last_layer", "d.landed_seen", "d.reported", "d.ready"],
+}
+
+
+def phases(mode: str, rids: List[str], routed: Dict[str, int], ptr: Dict[str, dict], dtr: Dict[str, dict]) -> dict:
+    """Median ms of each step of CHAINS[mode] over the measured requests
+    (a step missing from a request's marks is skipped for it)."""
+    chain = CHAINS[mode]
+    gaps: Dict[str, List[float]] = {f"{a}->{b}": [] for a, b in zip(chain, chain[1:])}
+    late_ids = 0
+    marks: List[dict] = []
+    for rid in rids:
+        m = {f"p.{k}": v for k, v in ptr.get(rid, {}).items()}
+        m.update({f"d.{k}": v for k, v in dtr.get(rid, {}).items()})
+        if rid in routed:
+            m["routed"] = routed[rid]
+        if mode == "push" and m.get("p.ids_seen", 0) > m.get("p.last_layer", 1 << 62):
+            late_ids += 1
+        marks.append(m)
+        have = [k for k in chain if k in m]
+        for a, b in zip(have, have[1:]):
+            key = f"{a}->{b}"
+            if key in gaps:
+                gaps[key].append((m[b] - m[a]) / 1e6)
+    out = {k: pct(v, 0.5) for k, v in gaps.items() if v}
+    if mode == "push":
+        out["ids_after_last_layer"] = late_ids  # requests whose ids note reached prefill after its compute
+        # Off the path since writes carry their own notes: prefill seeing
+        # its writes end and its "done" note (the fallback) reaching decode.
+        for a, b in (("p.last_layer", "p.ended"), ("p.ended", "p.done_sent"), ("p.last_layer", "d.done_seen")):
+            v = [(x[b] - x[a]) / 1e6 for x in marks if a in x and b in x]
+            if v:
+                out[f"{a}->{b}"] = pct(v, 0.5)
+    return out
+
+
 def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) -> dict:
     work = tempfile.mkdtemp(prefix=f"disagg-{name}-")
     dargs = ["--transport", transport]
@@ -186,6 +228,8 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
     res: Dict[str, Any] = {"verified": 0, "corrupt": 0, "failed_reported": 0, "retried": 0, "hung": 0, "aborted": 0,
                            "handover_ms": [], "errors": []}
     done_count = [0]
+    routed: Dict[str, int] = {}  # pull: when the router sent prefill's answer on to decode
+    clean: List[str] = []  # requests whose handover is measured
     fault_at = a.requests // 4 if name in ("decode_restart", "prefill_killed") else -1
     fault_state = {"done": False}
     # prefill_killed: prefill dies while decode's pulls of its blocks are
@@ -209,6 +253,8 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
                         with lock:
                             held[0] += 1
                         gate.wait()
+                    with lock:
+                        routed[rid] = time.time_ns()
                     fd = ld.submit(rid, ("req", rid, plen, seed, dparams))
                 else:
                     dparams = {"do_remote_prefill": True, "remote_engine_id": pre.engine_id, "remote_peer": dp.peer_address,
@@ -244,6 +290,7 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
                     res["failed_reported"] += 1
                 if not r["load_failed"] and p[2].get("t_last_ns"):
                     res["handover_ms"].append((r["t_ready_ns"] - p[2]["t_last_ns"]) / 1e6)
+                    clean.append(rid)
             return
         with lock:
             res["errors"].append(f"{i}: gave up after {a.retries + 1} attempts")
@@ -311,13 +358,21 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
         "retried": res["retried"], "aborted": res["aborted"], "hung": res["hung"], "leaked_blocks": leaked,
         "handover_p50_ms": pct(res["handover_ms"], 0.5), "handover_p99_ms": pct(res["handover_ms"], 0.99),
         "wire_p50_ms": pct(wire, 0.5),
+        "phases_p50_ms": phases(mode, clean, routed, stats["prefill"]["trace"], stats["decode"]["trace"]),
         "control_us_per_request": round(ctl_ns / 1e3 / max(1, completed), 1),
         "wall_s": round(wall, 2), "tp": f"1->{tp_d}", "block_size": f"{a.block_size}->{bs_d}",
         "connector": {k: s["connector"] for k, s in stats.items()},
+        "timers_ms": {k: {n: round(v / 1e6, 1) for n, v in s["timers_ns"].items()} for k, s in stats.items()},
+        "compute_ms": {k: {n: round(v / 1e6, 1) for n, v in s["compute_ns"].items()} for k, s in stats.items()},
+        "steps": {k: s["stats"].get("steps") for k, s in stats.items()},
         "errors": res["errors"][:10],
     }
     ok = (row["hung"] == 0 and row["corrupt"] == 0 and leaked == 0 and not res["errors"]
           and row["verified"] + row["aborted"] == a.requests)
+    if name in ("steady", "tp_mismatch", "block_mismatch"):
+        # No fault: every load must have moved the bytes (a recompute would
+        # pass the check too, and hide a broken transfer path).
+        ok = ok and row["failed_reported"] == 0 and row["retried"] == 0
     if name == "prefill_killed" and mode == "pull":
         ok = ok and row["failed_reported"] > 0  # the held pulls must have failed and been reported
     if name == "prefill_killed" and mode == "push":
@@ -374,7 +429,7 @@ def main() -> int:
     for sc in todo:
         row = run_scenario(*sc, a)
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("connector",)}), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("connector", "timers_ms", "compute_ms")}), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "args": vars(a)}, f, indent=1)

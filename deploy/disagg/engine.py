@@ -43,6 +43,7 @@ class Req:
         self.aborted = False
         self.recv_ranks = 0
         self.send_ranks = 0
+        self.t_ready = 0
 
 
 class Engine:
@@ -67,13 +68,38 @@ class Engine:
         self.free = list(range(a.num_blocks))
         self.waiting: "collections.deque[Req]" = collections.deque()
         self.loading: Dict[str, Req] = {}
+        self.ready: List[tuple] = []  # (request, its load failed): loaded, to run in the next step
         self.held: Dict[str, Req] = {}
         self.lock = threading.Lock()
         self.inbox: "collections.deque[tuple]" = collections.deque()
         self.conn: Any = None
         self.send_lock = threading.Lock()
         self.stop = False
+        self.wake = threading.Event()  # the router sent something
         self.stats = collections.Counter()
+        self.compute_ns = collections.Counter()  # the stand-in for the model's work (not control)
+        self.steps = 0
+        # Per request, wall-clock ns of its handover steps (engine's and
+        # the connector's), reported to the router in "stats".
+        self.trace: "collections.OrderedDict[str, Dict[str, int]]" = collections.OrderedDict()
+        self.tlock = threading.Lock()  # the router's thread marks arrivals
+
+    def mark(self, rid: str, what: str, t: Optional[int] = None) -> None:
+        t = time.time_ns() if t is None else t
+        with self.tlock:
+            d = self.trace.get(rid)
+            if d is None:
+                d = self.trace[rid] = {}
+                if len(self.trace) > 8192:
+                    self.trace.popitem(last=False)
+            d[what] = t
+
+    def take_traces(self, rid: str) -> None:
+        for w in self.workers:  # the latest rank's time: the request waits for all of them
+            for k, v in w.worker.take_trace(rid).items():
+                with self.tlock:
+                    d = self.trace.setdefault(rid, {})
+                    d[k] = max(v, d.get(k, 0))
 
     # -- the router's side --------------------------------------------------
 
@@ -97,10 +123,10 @@ class Engine:
                         self.stop = True
                         self.reply("bye")
                         return
-                    if m[0] == "stats":
-                        self.reply("stats", self.report())
-                        continue
+                    if m[0] == "req":
+                        self.mark(m[1], "inbox")
                     self.inbox.append(m)
+                    self.wake.set()
             except (EOFError, OSError):
                 continue  # the router reconnects
 
@@ -111,8 +137,13 @@ class Engine:
         st: collections.Counter = collections.Counter()
         for w in self.workers:
             st.update({k: v for k, v in w.worker.stats.items() if k != "wire_ns"})
+        for w in self.workers:
+            for rid in list(w.worker.trace):
+                self.take_traces(rid)
+        with self.tlock:
+            trace = dict(self.trace)
         return {"free": len(self.free), "num_blocks": self.a.num_blocks, "wire_ns": wire, "timers_ns": dict(self.timers),
-                "stats": dict(self.stats), "connector": dict(st)}
+                "stats": dict(self.stats, steps=self.steps), "compute_ns": dict(self.compute_ns), "connector": dict(st), "trace": trace}
 
     # -- timing of connector calls ---------------------------------------------
 
@@ -133,6 +164,8 @@ class Engine:
                 self.waiting.append(Req(rid, plen, seed, params))
             elif m[0] == "abort":
                 self.abort(m[1])
+            elif m[0] == "stats":  # here, not in the router's thread: the loop owns the connector's state
+                self.reply("stats", self.report())
 
     def abort(self, rid: str) -> None:
         for q in list(self.waiting):
@@ -160,6 +193,7 @@ class Engine:
         q.ids = []
 
     def step(self) -> bool:
+        self.steps += 1
         self.take_inbox()
         a = self.a
         scheduled: List[Req] = []
@@ -188,10 +222,25 @@ class Engine:
             if scheduled:
                 for li, name in enumerate(p.names):
                     self.call("wait_for_layer_load", w.wait_for_layer_load, name)
+                    t0 = time.perf_counter_ns()
                     for q in scheduled:
                         p.fill_layer(li, q.ids, q.seed, q.plen)
+                    self.compute_ns["prefill"] += time.perf_counter_ns() - t0
+                    if li == len(p.names) - 1:
+                        # The handover starts once the last layer is
+                        # computed: its save_kv_layer (push: its writes'
+                        # starts) is part of it.
+                        t_last = max(t_last, time.time_ns())
                     self.call("save_kv_layer", w.save_kv_layer, name, p.caches[name], None)
-                t_last = max(t_last, time.time_ns())
+        # Decode's forward pass: the requests whose KV landed by the last
+        # step run (are checked) while this step's loads are in flight, as
+        # in vLLM, where get_finished comes after the model ran.
+        ready, self.ready = self.ready, []
+        t0 = time.perf_counter_ns()
+        for q, failed in ready:
+            self.run(q, failed)
+        self.compute_ns["decode"] += time.perf_counter_ns() - t0
+        for w in self.workers:
             self.call("wait_for_save", w.wait_for_save)
             s, rv = self.call("get_finished", w.get_finished, set())
             sending.update(s or ())
@@ -199,11 +248,13 @@ class Engine:
             errors |= self.call("get_block_ids_with_load_errors", w.get_block_ids_with_load_errors)
             self.call("clear_connector_metadata", w.clear_connector_metadata)
         for q in scheduled:  # prefill: one token, then finished
+            self.mark(q.rid, "last_layer", t_last)
             delay, params = self.call("request_finished", self.sched.request_finished, q.r, q.ids)
             if delay:
                 self.held[q.rid] = q
             else:
                 self.release(q)
+            self.mark(q.rid, "replied")
             self.reply("ok", q.rid, {"params": params, "t_last_ns": t_last})
         for rid, n in sending.items():
             q = self.held.get(rid)
@@ -221,16 +272,18 @@ class Engine:
             if q.recv_ranks < a.tp:
                 continue
             del self.loading[rid]
-            self.run(q, errors, t_ready)
-        return bool(scheduled or recving or sending or self.inbox)
+            self.mark(rid, "ready", t_ready)
+            self.take_traces(rid)
+            q.t_ready = t_ready
+            self.ready.append((q, any(b in errors for b in q.ids)))
+        return bool(scheduled or recving or sending or self.inbox or self.ready)
 
-    def run(self, q: Req, errors: Set[int], t_ready: int) -> None:
+    def run(self, q: Req, failed: bool) -> None:
         if q.aborted:
             self.release(q)
             self.call("request_finished", self.sched.request_finished, q.r, [])
             self.reply("aborted", q.rid, {})
             return
-        failed = any(b in errors for b in q.ids)
         if failed:  # vLLM's recompute policy: compute the prompt here
             self.stats["recomputed"] += 1
             for p in self.pools:
@@ -239,12 +292,17 @@ class Engine:
         self.stats["verified" if bad == 0 else "corrupt"] += 1
         self.release(q)
         self.call("request_finished", self.sched.request_finished, q.r, q.ids)
-        self.reply("ok", q.rid, {"bad_tokens": bad, "load_failed": failed, "t_ready_ns": t_ready})
+        self.reply("ok", q.rid, {"bad_tokens": bad, "load_failed": failed, "t_ready_ns": q.t_ready})
 
     def loop(self) -> None:
         while not self.stop:
+            self.wake.clear()
             if not self.step():
-                time.sleep(0.002)
+                # Idle: the next step comes with the router's next message,
+                # or soon for the connector's notes and transfers (an
+                # engine with requests waiting for KV keeps stepping; each
+                # step polls get_finished once).
+                self.wake.wait(0.0005 if self.loading or self.held else 0.002)
 
 
 def main() -> None:

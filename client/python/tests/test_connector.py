@@ -393,5 +393,58 @@ class ConnectorE2ETest(unittest.TestCase):
         self.assertEqual(d.check([7, 1, 40], 41, 70), 0)
 
 
+    def test_one_read_per_step_for_all_requests(self):
+        p, d = self.sides()
+        d.pools[0].scribble(range(64))
+        cases = [("a", [5, 9], [7, 1], 20, 31), ("b", [11, 12, 13], [20, 21, 22], 40, 32), ("c", [40], [50], 9, 33)]
+        params = {rid: self.prefill(p, rid, pids, seed, n) for rid, pids, _, n, seed in cases}
+        for rid, _, dids, n, _ in cases:
+            self.decode_req(d, rid, params[rid], dids, n)
+        pump([p, d], lambda: len(d.recving) == 3 and len(p.sending) == 3)  # prefill freed each: its note named all
+        self.assertEqual(d.errors, set())
+        for rid, _, dids, n, seed in cases:
+            self.assertEqual(d.check(dids, seed, n), 0, rid)
+        self.assertEqual(d.workers[0].worker.stats["pull_starts"], 1)
+
+    def test_one_write_per_layer_and_landed_notes(self):
+        p, d = self.sides("push")
+        rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+              "remote_peer": self.dp.peer_address}
+        cases = [("a", [3, 4], [20, 21], 20, 41), ("b", [5], [22], 16, 42), ("c", [6, 7, 8], [23, 24, 25], 33, 43)]
+        for rid, dids, _, n, _ in cases:
+            self.decode_req(d, rid, dict(rq, remote_request_id=rid), dids, n)
+        d.step()
+        pump([p], lambda: len(p.workers[0].worker._early_ids) == 3, 5)
+        comp = []
+        for rid, _, pids, n, seed in cases:
+            r = Request(rid, list(range(n)), {"do_remote_decode": True})
+            p.sched.update_state_after_alloc(r, pids, 0)
+            comp.append((rid, pids, seed, n))
+        p.step(comp)  # all three computed in one step: one write per layer
+        self.assertEqual(p.workers[0].worker.stats["push_starts"], GEOM["layers"])
+        # Decode has them by the writes' own notes, before prefill polled its writes or sent done.
+        pump([d], lambda: len(d.recving) == 3)
+        self.assertEqual(d.errors, set())
+        for rid, dids, _, n, seed in cases:
+            self.assertEqual(d.check(dids, seed, n), 0, rid)
+            self.assertIn("landed_seen", d.workers[0].worker.trace.get(rid, {}), rid)
+        pump([p], lambda: len(p.sending) == 3)
+
+    def test_notes_of_a_step_share_writes(self):
+        p, d = self.sides()
+        src, dst = d.workers[0].worker.chan, p.workers[0].worker.chan
+        failed: List[Exception] = []
+        for i in range(40):
+            src.queue(self.dp.peer_address, p.sched.settings.engine_id, 0, {"t": "x", "i": i})
+        src.queue(self.dp.peer_address, "no-such-engine", 0, {"t": "x", "i": -1}, on_error=failed.append)
+        self.assertEqual(src.flush(), 1)  # 40 small notes in one write; the bad mailbox's write failed
+        self.assertEqual(len(failed), 1)
+        got: List[int] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 40 and time.monotonic() < deadline:
+            got += [n["i"] for _, n in dst.take() if n.get("t") == "x"]
+            time.sleep(0.01)
+        self.assertEqual(got, list(range(40)))  # each note, once, in order
+
 if __name__ == "__main__":
     unittest.main()

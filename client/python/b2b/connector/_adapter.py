@@ -31,11 +31,12 @@ class Handle:
     ``wire_ns`` of a done one, ``cancel()``. Wraps the client's handle so that
     a change of handle type stays in this module."""
 
-    __slots__ = ("h", "ended")
+    __slots__ = ("h", "ended", "tallied")
 
     def __init__(self, h: Any) -> None:
         self.h = h
         self.ended = False
+        self.tallied = False  # its wire time was counted
 
     @property
     def error(self) -> Any:

@@ -11,7 +11,11 @@ Each worker rank owns three small host regions in its daemon:
 * scratch: the source of those 8 bytes and the landing place of metadata
   reads.
 
-Notes are JSON objects with a ``t`` (type) key. The pull of a request's
+Notes are JSON objects with a ``t`` (type) key. Notes queued for one peer
+rank during an engine step (``queue``) go out together at ``flush``: as
+many as fit b2bd's 4,096-byte notification ride in one envelope
+(``{"t": "multi", "n": [...]}``), one write each, instead of one write
+per note. The pull of a request's
 blocks carries its own note (``pulled``), delivered by the daemon to the
 watchers of the prefill pool's first region, which this channel also watches.
 
@@ -24,13 +28,19 @@ import json
 import queue
 import struct
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import b2b
 
 META_SIZE = 60 << 10
 SCRATCH = 64 << 10
 _NOTE_BYTES = 8
+NOTE_LIMIT = 4096
+_ENVELOPE = len(b'{"t":"multi","n":[]}')
+
+
+# A note's write failing: the peer, its daemon or its mailbox is gone.
+_SEND_ERRORS = (b2b.B2BError, ConnectionError, TimeoutError, ValueError, KeyError)
 
 
 def meta_name(engine: str, rank: int) -> str:
@@ -43,8 +53,8 @@ def mbox_name(engine: str, rank: int) -> str:
 
 def encode(note: dict) -> bytes:
     b = json.dumps(note, separators=(",", ":")).encode()
-    if len(b) > 4096:
-        raise ValueError(f"b2b.connector: a note of {len(b)} bytes is over b2bd's 4096-byte notification limit")
+    if len(b) > NOTE_LIMIT:
+        raise ValueError(f"b2b.connector: a note of {len(b)} bytes is over b2bd's {NOTE_LIMIT}-byte notification limit")
     return b
 
 
@@ -66,6 +76,8 @@ class Channel:
         self._watches: List[Any] = []
         self._threads: List[threading.Thread] = []
         self._cache: Dict[Tuple[str, str, int], dict] = {}
+        # Notes queued per peer rank until flush: (encoded note, on_error).
+        self._out: Dict[Tuple[str, str, int], List[Tuple[bytes, Optional[Callable[[Exception], None]]]]] = {}
         self.watch(self._mbox)
 
     def publish(self, meta: dict) -> None:
@@ -102,8 +114,41 @@ class Channel:
     def send(self, peer: str, engine: str, rank: int, note: dict) -> None:
         """Deliver ``note`` to a peer rank's mailbox watcher (raises when
         it cannot: the peer daemon or its mailbox is gone)."""
+        self._write(peer, engine, rank, encode(note))
+
+    def queue(self, peer: str, engine: str, rank: int, note: dict,
+              on_error: Optional[Callable[[Exception], None]] = None) -> None:
+        """Queue ``note`` for a peer rank until :meth:`flush`; ``on_error``
+        gets the exception if its write fails (the peer is gone)."""
+        self._out.setdefault((peer, engine, rank), []).append((encode(note), on_error))
+
+    def flush(self) -> int:
+        """Send every queued note, packed per peer rank into as few writes
+        as fit; returns the writes that succeeded. A failed write calls the
+        ``on_error`` of each of its notes; the other writes go on."""
+        out, self._out = self._out, {}
+        writes = 0
+        for (peer, engine, rank), notes in out.items():
+            i = 0
+            while i < len(notes):
+                j, size = i + 1, _ENVELOPE + len(notes[i][0])
+                while j < len(notes) and size + 1 + len(notes[j][0]) <= NOTE_LIMIT:
+                    size += 1 + len(notes[j][0])
+                    j += 1
+                body = notes[i][0] if j == i + 1 else b'{"t":"multi","n":[' + b",".join(n for n, _ in notes[i:j]) + b"]}"
+                try:
+                    self._write(peer, engine, rank, body)
+                    writes += 1
+                except _SEND_ERRORS as e:
+                    for _, cb in notes[i:j]:
+                        if cb is not None:
+                            cb(e)
+                i = j
+        return writes
+
+    def _write(self, peer: str, engine: str, rank: int, body: bytes) -> None:
         self.client.batch_transfer(self._scratch, peer, mbox_name(engine, rank), [0], [0], lengths=[_NOTE_BYTES],
-                                   notification=encode(note), timeout=self.timeout, transport=self.transport)
+                                   notification=body, timeout=self.timeout, transport=self.transport)
 
     def watch(self, region: Any) -> None:
         """Queue every note delivered to ``region`` (an exported region)."""
@@ -121,7 +166,11 @@ class Channel:
                     note = json.loads(n.notification)
                 except ValueError:
                     continue  # not ours
-                if isinstance(note, dict) and "t" in note:
+                if isinstance(note, dict) and note.get("t") == "multi":
+                    for x in note.get("n", ()):
+                        if isinstance(x, dict) and "t" in x:
+                            self.notes.put((n.sender, x))
+                elif isinstance(note, dict) and "t" in note:
                     self.notes.put((n.sender, note))
         except b2b.B2BError:
             pass  # the daemon went away: the connector's timeouts take over

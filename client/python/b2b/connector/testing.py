@@ -37,19 +37,54 @@ class Request:
     seed: int = 0
 
 
-def pattern(seed: int, layer: int, kv: int, tokens: np.ndarray, heads: np.ndarray, dim: int) -> np.ndarray:
-    """uint16 values, shape (tokens, heads, dim)."""
+def _mix(tokens: np.ndarray, heads: np.ndarray, dim: int, base: int) -> np.ndarray:
+    """uint16 values, shape (tokens, heads, dim): a hash of (token, head, element, base)."""
     with np.errstate(over="ignore"):
         t = tokens.astype(np.uint64)[:, None, None] * np.uint64(0x27D4EB2F165667B1)
         h = heads.astype(np.uint64)[None, :, None] * np.uint64(0x165667B19E3779F9)
         d = np.arange(dim, dtype=np.uint64)[None, None, :] * np.uint64(0x61C8864680B583EB)
-        base = np.uint64((seed * 0x9E3779B97F4A7C15 + layer * 0x85EBCA77C2B2AE3D + kv * 0xC2B2AE3D27D4EB2F)
-                         & 0xFFFFFFFFFFFFFFFF)
-        v = (t + h + d + base) & _M
+        v = (t + h + d + np.uint64(base & 0xFFFFFFFFFFFFFFFF)) & _M
         v ^= v >> np.uint64(29)
         v = (v * np.uint64(0xBF58476D1CE4E5B9)) & _M
         v ^= v >> np.uint64(32)
     return (v & np.uint64(0xFFFF)).astype(np.uint16)
+
+
+_TABLES: Dict[Any, np.ndarray] = {}
+
+
+def _table(layer: int, kv: int, ntok: int, nheads: int, dim: int) -> np.ndarray:
+    """The (layer, K/V, token, head, element) hash for tokens < ntok and
+    heads < nheads, computed once and grown on demand."""
+    key = (layer, kv, dim)
+    t = _TABLES.get(key)
+    if t is None or t.shape[0] < ntok or t.shape[1] < nheads:
+        n = max(ntok, 1024, 0 if t is None else t.shape[0])
+        h = max(nheads, 8, 0 if t is None else t.shape[1])
+        t = _TABLES[key] = _mix(np.arange(n), np.arange(h), dim, layer * 0x85EBCA77C2B2AE3D + kv * 0xC2B2AE3D27D4EB2F)
+    return t
+
+
+def _key(seed: int, layer: int, kv: int) -> int:
+    """The 16-bit key of (request, layer, K/V): _mix's hash in Python ints."""
+    m = 0xFFFFFFFFFFFFFFFF
+    v = (seed * 0x9E3779B97F4A7C15 + layer * 0x94D049BB133111EB + kv * 0xBF58476D1CE4E5B9) & m
+    v ^= v >> 29
+    v = (v * 0xBF58476D1CE4E5B9) & m
+    v ^= v >> 32
+    return v & 0xFFFF
+
+
+def pattern(seed: int, layer: int, kv: int, tokens: np.ndarray, heads: np.ndarray, dim: int) -> np.ndarray:
+    """uint16 values, shape (tokens, heads, dim): a (layer, K/V, token,
+    head, element) hash XOR a 16-bit key of (request, layer, K/V). A block
+    of another token, head, layer or K/V differs in nearly every element;
+    one of another request unless its 8 keys of a 4-layer model all
+    collide. The tables make checking every byte of a request cheap next
+    to the engine work it stands in for."""
+    k = _key(seed, layer, kv)
+    tab = _table(layer, kv, int(tokens.max()) + 1 if len(tokens) else 0, int(heads.max()) + 1 if len(heads) else 0, dim)
+    return tab[tokens][:, heads] ^ np.uint16(k)
 
 
 class Pool:
@@ -89,16 +124,28 @@ class Pool:
         for layer in range(self.layers):
             self.fill_layer(layer, ids, seed, ntokens)
 
+    def _tables(self, ntokens: int) -> np.ndarray:
+        """pattern()'s tables of every layer and K/V for this pool's heads,
+        ``(layers, 2, tokens, heads, dim)``, grown on demand."""
+        t = getattr(self, "_tab", None)
+        if t is None or t.shape[2] < ntokens:
+            n = max(ntokens, 1024)
+            heads = np.arange(self.head0, self.head0 + self.heads)
+            t = self._tab = np.stack([np.stack([_table(layer, kv, n, self.head0 + self.heads, self.dim)[:n][:, heads]
+                                                for kv in (0, 1)]) for layer in range(self.layers)])
+        return t
+
     def check(self, ids: Sequence[int], seed: int, ntokens: int) -> int:
-        """Tokens of the request whose K or V of any layer is wrong (0: every byte right)."""
+        """Tokens of the request whose K or V of any layer is wrong (0: every
+        byte right): pattern() of every layer and K/V at once."""
         tok, blocks, pos = self._index(ids, ntokens)
-        heads = np.arange(self.head0, self.head0 + self.heads)
-        bad = np.zeros(ntokens, dtype=bool)
-        for layer in range(self.layers):
-            for kv in (0, 1):
-                want = pattern(seed, layer, kv, tok, heads, self.dim)
-                got = self.array[layer, kv, blocks, pos] if self.kv_layout == "NHD" else self.array[layer, kv, blocks, :, pos]
-                bad |= (got != want).reshape(ntokens, -1).any(axis=1)
+        keys = np.array([[_key(seed, layer, kv) for kv in (0, 1)] for layer in range(self.layers)], dtype=np.uint16)
+        want = self._tables(ntokens)[:, :, :ntokens] ^ keys[:, :, None, None, None]
+        if self.kv_layout == "NHD":
+            got = self.array[:, :, blocks, pos]  # (layers, 2, tokens, heads, dim)
+        else:
+            got = np.moveaxis(self.array[:, :, blocks, :, pos], 0, 2)  # numpy puts the indexed dim first
+        bad = (got != want).any(axis=(0, 1, 3, 4))
         return int(bad.sum())
 
     def scribble(self, ids: Sequence[int]) -> None:

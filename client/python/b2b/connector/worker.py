@@ -6,6 +6,7 @@ goes through b2bd (channel.py)."""
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -14,12 +15,21 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import b2b
 
 from ._adapter import export_pool, poll, register_view, start_blocks
-from .channel import Channel
+from .channel import NOTE_LIMIT, Channel
 from .meta import RecvReq, SaveReq, Settings
 
 # Push ids per note: 256 ids of up to 10 digits fit b2bd's 4,096-byte
 # notification with the rest of the note.
 IDS_PER_NOTE = 256
+
+# A pulled note's bytes besides its requests' ids.
+_PULLED_NOTE = len('{"t":"pulled","reqs":{}}')
+_LANDED_NOTE = len('{"t":"landed","reqs":{}}')
+
+
+def encode_str(x: str) -> str:
+    return json.dumps(x)
+
 
 # Errors of a transfer, a note or a metadata read: the peer, its daemon or
 # its layout is gone, or refused us. Anything else is a bug and propagates.
@@ -35,6 +45,7 @@ class _Load:
     handles: List[Any] = field(default_factory=list)
     error: Optional[str] = None
     done: bool = False  # push: prefill said every layer landed
+    landed: int = 0  # push: layers whose write's note arrived
 
 
 @dataclass
@@ -106,8 +117,24 @@ class WorkerHalf:
         self._early_ids: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids before the request's compute
         self._ids_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids arriving in parts
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
-                      "timeouts": 0}
+                      "timeouts": 0, "pull_starts": 0, "push_starts": 0}
         self.stats["wire_ns"] = collections.deque(maxlen=4096)  # the latest transfers' wire time
+        # Wall-clock times (ns) of each request's handover steps, for an
+        # engine's own accounting (take_trace); bounded like wire_ns.
+        self.trace: "collections.OrderedDict[str, Dict[str, int]]" = collections.OrderedDict()
+
+    def _mark(self, rid: str, what: str, last: bool = False) -> None:
+        t = self.trace.get(rid)
+        if t is None:
+            t = self.trace[rid] = {}
+            if len(self.trace) > 4096:
+                self.trace.popitem(last=False)
+        if last or what not in t:
+            t[what] = time.time_ns()
+
+    def take_trace(self, rid: str) -> Dict[str, int]:
+        """The handover times recorded for ``rid`` (and forget them)."""
+        return self.trace.pop(rid, {})
 
     # -- names --------------------------------------------------------------
 
@@ -148,7 +175,16 @@ class WorkerHalf:
                     for i, ls in enumerate(self._layer_segs):
                         self._register(self._local(f".L{i}.h{k}.{j}"), _sliced(ls, k, j))
         self.chan = Channel(self.client, s.engine_id, s.tp_rank, s.transport, timeout=max(5.0, s.load_timeout))
-        self.chan.watch(self.layout.segments[0].region)  # pulls' notes land here
+        # Pulls' notes land on the pool's first region; in push mode each
+        # layer's write carries a note too, delivered on that layer's
+        # first region: watch each distinct one once.
+        watched = {id(self.layout.segments[0].region)}
+        self.chan.watch(self.layout.segments[0].region)
+        if s.mode == "push":
+            for ls in self._layer_segs:
+                if id(ls[0][0]) not in watched:
+                    watched.add(id(ls[0][0]))
+                    self.chan.watch(ls[0][0])
         self.chan.publish({
             "engine": s.engine_id, "rank": s.tp_rank, "tp_size": s.tp_size, "block_size": s.block_size,
             "kv_layout": s.kv_layout, "num_blocks": self.layout.num_blocks, "layers": len(keys),
@@ -205,31 +241,85 @@ class WorkerHalf:
         s = self.s
         for rel in meta.reqs_to_release.values():
             self._note_prefill(rel.remote_peer, rel.remote_engine, {"t": "release", "req": rel.remote_request_id})
+        pulls: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]] = {}
+        pushed: List[str] = []
         for rid, r in meta.reqs_to_recv.items():
             ld = _Load(r, time.monotonic() + s.load_timeout)
             self._loads[rid] = ld
             self._by_remote[r.remote_request_id] = rid
             self.stats["loads"] += 1
+            self._mark(rid, "load_begun")
             try:
                 if r.remote_block_ids is None:  # push: tell prefill where to write
                     prank, k = self._push_source(r)
                     ids = r.local_block_ids
                     parts = max(1, -(-len(ids) // IDS_PER_NOTE))  # a note is at most 4 KiB
                     for part in range(parts):
-                        self.chan.send(r.remote_peer, r.remote_engine, prank, {
+                        self.chan.queue(r.remote_peer, r.remote_engine, prank, {
                             "t": "ids", "req": r.remote_request_id, "part": part, "parts": parts,
                             "ids": ids[part * IDS_PER_NOTE:(part + 1) * IDS_PER_NOTE], "peer": self.peer_address,
-                            "engine": s.engine_id, "rank": s.tp_rank, "k": k, "slice": s.tp_rank % k})
+                            "engine": s.engine_id, "rank": s.tp_rank, "k": k, "slice": s.tp_rank % k},
+                            on_error=lambda e, ld=ld: self._unsent(ld, e))
                         self.stats["notes_sent"] += 1
+                    pushed.append(rid)
                     continue
                 prank, plans, expect = self._plan_pull(r)
-                note = {"t": "pulled", "req": r.remote_request_id, "n": expect}
                 for local, remote, lids, rids in plans:
-                    ld.handles.append(start_blocks(self.client, local, r.remote_peer, remote, lids, rids, op="read",
-                                                   note=note, timeout=s.load_timeout, transport=s.transport))
+                    pulls.setdefault((local, r.remote_peer, remote), []).append((rid, ld, lids, rids, expect))
             except _IO_ERRORS as e:
                 ld.error = f"{type(e).__name__}: {e}"
                 self.chan.forget(r.remote_peer, r.remote_engine)
+        self._start_pulls(pulls)
+        self.chan.flush()  # this step's ids and release notes, packed per prefill rank
+        for rid in pushed:
+            self._mark(rid, "ids_sent")
+
+    def _unsent(self, ld: _Load, e: Exception) -> None:
+        """Push: the ids note of a load could not be written (prefill is gone)."""
+        if ld.error is None:
+            ld.error = f"{type(e).__name__}: {e}"
+        self.chan.forget(ld.req.remote_peer, ld.req.remote_engine)
+
+    def _start_pulls(self, pulls: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]]) -> None:
+        """One read per (local layout, prefill peer, remote layout) for all
+        of this step's requests, not one per request: a start is a daemon
+        round trip, the step's dominant cost with many requests in flight.
+        The read's note names every request in it (as many as fit a note;
+        more start another read); prefill counts one note per request and
+        read. A failed read fails every request in it (each is reported in
+        get_block_ids_with_load_errors)."""
+        s = self.s
+        for (local, peer, remote), items in pulls.items():
+            i = 0
+            while i < len(items):
+                reqs: Dict[str, int] = {}
+                size = _PULLED_NOTE
+                j = i
+                while j < len(items):
+                    key = items[j][1].req.remote_request_id
+                    add = 0 if key in reqs else len(encode_str(key)) + 12
+                    if reqs and size + add > NOTE_LIMIT:
+                        break
+                    reqs[key] = items[j][4]
+                    size += add
+                    j += 1
+                chunk, i = items[i:j], j
+                lids = [b for it in chunk for b in it[2]]
+                rids = [b for it in chunk for b in it[3]]
+                try:
+                    h = start_blocks(self.client, local, peer, remote, lids, rids, op="read",
+                                     note={"t": "pulled", "reqs": reqs}, timeout=s.load_timeout,
+                                     transport=s.transport)
+                except _IO_ERRORS as e:
+                    for _, ld, _, _, _ in chunk:
+                        if ld.error is None:
+                            ld.error = f"{type(e).__name__}: {e}"
+                    self.chan.forget(peer, chunk[0][1].req.remote_engine)
+                    continue
+                self.stats["pull_starts"] += 1
+                for rid, ld, _, _, _ in chunk:
+                    ld.handles.append(h)
+                    self._mark(rid, "started", last=True)
 
     def _push_source(self, r: RecvReq) -> Tuple[int, int]:
         """Push: (the prefill rank that writes our blocks, decode ranks per prefill rank)."""
@@ -244,11 +334,10 @@ class WorkerHalf:
         return self.s.tp_rank // k, k
 
     def _note_prefill(self, peer: str, engine: str, note: dict) -> None:
-        try:
-            self.chan.send(peer, engine, 0 if self.s.tp_size == 1 else self._prefill_rank(peer, engine), note)
-            self.stats["notes_sent"] += 1
-        except _IO_ERRORS:
-            pass  # prefill is gone or restarted: its own timeout frees the blocks
+        """Queue a note to prefill (sent at the step's flush); if prefill is
+        gone or restarted, its own timeout frees the blocks."""
+        self.chan.queue(peer, engine, 0 if self.s.tp_size == 1 else self._prefill_rank(peer, engine), note)
+        self.stats["notes_sent"] += 1
 
     def _prefill_rank(self, peer: str, engine: str) -> int:
         try:
@@ -257,8 +346,15 @@ class WorkerHalf:
             return 0
         return self.s.tp_rank // max(1, self.s.tp_size // ptp)
 
+    def _tally(self, handles: List[Any]) -> None:
+        """Keep the wire time of each done transfer once (reads are shared by requests)."""
+        for h in handles:
+            if not h.tallied and h.wire_ns is not None:
+                h.tallied = True
+                self.stats["wire_ns"].append(h.wire_ns)
+
     def _finish_loads(self, recving: Set[str]) -> None:
-        pending = [h for ld in self._loads.values() for h in ld.handles]
+        pending = list({id(h): h for ld in self._loads.values() for h in ld.handles}.values())  # reads are shared
         if pending:
             try:
                 poll(self.client, pending)
@@ -289,7 +385,8 @@ class WorkerHalf:
                     if ld.error is not None or errs:
                         ld.error = ld.error or str(errs[0])
                     else:
-                        self.stats["wire_ns"].extend(h.wire_ns for h in ld.handles if h.wire_ns is not None)
+                        self._tally(ld.handles)
+                        self._mark(rid, "ended")
             if ld.error is not None:
                 self._load_errors.update(r.local_block_ids)
                 self.stats["load_failures"] += 1
@@ -297,6 +394,7 @@ class WorkerHalf:
                     self._note_prefill(r.remote_peer, r.remote_engine, {"t": "release", "req": r.remote_request_id})
             del self._loads[rid]
             self._by_remote.pop(r.remote_request_id, None)
+            self._mark(rid, "reported")
             recving.add(rid)
 
     # -- prefill: saves (push) ----------------------------------------------
@@ -306,6 +404,7 @@ class WorkerHalf:
         if li is None:
             return
         now = time.monotonic()
+        groups: Dict[Tuple[str, str, int, int, int], List[Tuple[_Save, dict]]] = {}
         for rid, r in meta.reqs_to_save.items():
             sv = self._saves.get(rid)
             if sv is None:
@@ -317,7 +416,10 @@ class WorkerHalf:
             sv.layers_done.add(li)
             for rank, d in sv.dsts.items():
                 if sv.error is None and li not in sv.sent[rank]:
-                    self._push(sv, d, [li])
+                    key = (d["peer"], d["engine"], rank, int(d.get("k", 1)), int(d.get("slice", 0)))
+                    groups.setdefault(key, []).append((sv, d))
+        for items in groups.values():
+            self._push(items, [li])
 
     def _add_dst(self, sv: _Save, d: dict) -> None:
         rank = int(d["rank"])
@@ -325,42 +427,73 @@ class WorkerHalf:
         sv.dsts[rank] = d
         sv.sent.setdefault(rank, set())
 
-    def _push(self, sv: _Save, d: dict, layers: List[int]) -> None:
-        """Push ``layers`` of the request to one decode rank: all of them at
-        once (ids came late), else layer by layer; with k decode ranks per
-        prefill rank, head slice ``d["slice"]`` of k."""
-        rank = int(d["rank"])
-        k, j = int(d.get("k", 1)), int(d.get("slice", 0))
+    def _push(self, items: List[Tuple[_Save, dict]], layers: List[int]) -> None:
+        """Push ``layers`` of requests to one decode rank (every ``d`` of
+        ``items`` names the same one): all layers at once (ids came late),
+        else layer by layer; with k decode ranks per prefill rank, head
+        slice ``d["slice"]`` of k. One write per layer for all the requests
+        (a start is a daemon round trip); each write's note tells decode,
+        once its bytes landed, how many layers of which requests it carried,
+        so decode has a request once all of them did, without waiting for
+        this side to poll the writes and send "done"."""
+        d0 = items[0][1]
+        rank = int(d0["rank"])
+        k, j = int(d0.get("k", 1)), int(d0.get("slice", 0))
         cut = "" if k == 1 else f".h{k}.{j}"
-        n = min(len(sv.req.block_ids), len(d["ids"]))
-        src, dst = sv.req.block_ids[:n], d["ids"][:n]
-        try:
-            if len(layers) == len(self._layer_segs):
-                sv.handles.append(start_blocks(self.client, self._local(cut or ".x"), d["peer"],
-                                               self._export("", rank, d["engine"]), src, dst, op="write",
-                                               note=None, timeout=self.s.load_timeout, transport=self.s.transport))
-            else:
-                for li in layers:
-                    sv.handles.append(start_blocks(self.client, self._local(f".L{li}{cut}"), d["peer"],
-                                                   self._export(f".L{li}", rank, d["engine"]), src, dst,
-                                                   op="write", note=None, timeout=self.s.load_timeout,
-                                                   transport=self.s.transport))
-            sv.sent[rank].update(layers)
-        except _IO_ERRORS as e:
-            sv.error = f"{type(e).__name__}: {e}"
+        if len(layers) == len(self._layer_segs):
+            pairs = [(self._local(cut or ".x"), self._export("", rank, d0["engine"]))]
+        else:
+            pairs = [(self._local(f".L{li}{cut}"), self._export(f".L{li}", rank, d0["engine"])) for li in layers]
+        i = 0
+        while i < len(items):
+            reqs: Dict[str, int] = {}
+            size, jj = _LANDED_NOTE, i
+            while jj < len(items):
+                add = len(encode_str(items[jj][0].req.req_id)) + 12
+                if reqs and size + add > NOTE_LIMIT:
+                    break
+                reqs[items[jj][0].req.req_id] = len(layers) // len(pairs)
+                size += add
+                jj += 1
+            chunk, i = items[i:jj], jj
+            src: List[int] = []
+            dst: List[int] = []
+            for sv, d in chunk:
+                n = min(len(sv.req.block_ids), len(d["ids"]))
+                src += sv.req.block_ids[:n]
+                dst += d["ids"][:n]
+            try:
+                for local, remote in pairs:
+                    h = start_blocks(self.client, local, d0["peer"], remote, src, dst, op="write",
+                                     note={"t": "landed", "reqs": reqs}, timeout=self.s.load_timeout,
+                                     transport=self.s.transport)
+                    self.stats["push_starts"] += 1
+                    for sv, _ in chunk:
+                        sv.handles.append(h)
+            except _IO_ERRORS as e:
+                for sv, _ in chunk:
+                    sv.error = sv.error or f"{type(e).__name__}: {e}"
+                continue
+            for sv, _ in chunk:
+                sv.sent[rank].update(layers)
+                self._mark(sv.req.req_id, "pushed", last=True)
 
     def _finish_saves(self, sending: Set[str]) -> None:
         nl = len(self._layer_segs)
-        pending = [h for sv in self._saves.values() for h in sv.handles]
+        done: List[str] = []
+        pending = list({id(h): h for sv in self._saves.values() for h in sv.handles}.values())  # writes are shared
         if pending:
             try:
                 poll(self.client, pending)
             except _IO_ERRORS:
                 pass
         now = time.monotonic()
+        live = {id(h) for r, sv in self._saves.items() if r not in self._released for h in sv.handles}
         for rid, sv in list(self._saves.items()):
             if rid in self._released:
                 for h in sv.handles:
+                    if id(h) in live:
+                        continue  # it carries other requests' layers too: it runs on
                     try:
                         h.cancel()
                     except _IO_ERRORS:
@@ -376,20 +509,24 @@ class WorkerHalf:
                 if errs and sv.error is None:
                     sv.error = str(errs[0])
                 if sv.error is None:
-                    self.stats["wire_ns"].extend(h.wire_ns for h in sv.handles if h.wire_ns is not None)
+                    self._tally(sv.handles)
+                    self._mark(rid, "ended")
             note = {"t": "done", "req": rid} if sv.error is None else {"t": "failed", "req": rid, "why": sv.error[:512]}
             for d in sv.dsts.values() if rid not in self._released else ():
-                try:
-                    self.chan.send(d["peer"], d["engine"], int(d["rank"]), note)
-                    self.stats["notes_sent"] += 1
-                except _IO_ERRORS:
-                    pass  # that decode rank is gone: its deadline reports the load
+                # Sent with the step's other notes; if that decode rank is
+                # gone, its deadline reports the load.
+                self.chan.queue(d["peer"], d["engine"], int(d["rank"]), note)
+                self.stats["notes_sent"] += 1
+                done.append(rid)
             self.stats["saves"] += 1
             if sv.error is not None:
                 self.stats["save_failures"] += 1
             del self._saves[rid]
             self._released.pop(rid, None)
             sending.add(rid)
+        self.chan.flush()
+        for rid in done:
+            self._mark(rid, "done_sent")
 
     # -- notes ---------------------------------------------------------------
 
@@ -397,12 +534,16 @@ class WorkerHalf:
         now = time.monotonic()
         for _, n in self.chan.take():
             t, rid = n.get("t"), str(n.get("req", ""))
-            if t == "pulled":
-                seen, _, first = self._pulled.get(rid, (0, 0, now))
-                self._pulled[rid] = (seen + 1, int(n.get("n", 1)), first)
+            if t == "pulled":  # one read's requests (or, from an older decode, one request)
+                reqs = n.get("reqs")
+                for rid, want in (reqs.items() if isinstance(reqs, dict) else ((rid, n.get("n", 1)),)):
+                    self._mark(rid, "pulled_seen")
+                    seen, _, first = self._pulled.get(rid, (0, 0, now))
+                    self._pulled[rid] = (seen + 1, int(want), first)
             elif t == "release":
                 self._released[rid] = now
             elif t == "ids":
+                self._mark(rid, "ids_seen")
                 key = f"{rid}#{n.get('rank', 0)}"  # each decode rank sends its own parts
                 got = self._ids_parts.setdefault(key, ({}, now))[0]
                 got[int(n.get("part", 0))] = n
@@ -417,10 +558,20 @@ class WorkerHalf:
                     self._add_dst(sv, n)
                     todo = sorted(sv.layers_done - sv.sent[int(n["rank"])])
                     if todo and sv.error is None:
-                        self._push(sv, n, todo)
+                        self._push([(sv, n)], todo)
+            elif t == "landed":  # a write's requests and how many layers of each it carried
+                reqs = n.get("reqs")
+                for rid, nl in (reqs.items() if isinstance(reqs, dict) else ()):
+                    ld = self._loads.get(self._by_remote.get(rid, ""))
+                    if ld is not None:
+                        ld.landed += int(nl)
+                        if ld.landed >= len(self._layer_segs) and not ld.done:
+                            self._mark(self._by_remote[rid], "landed_seen")
+                            ld.done = True
             elif t in ("done", "failed"):
                 ld = self._loads.get(self._by_remote.get(rid, ""))
                 if ld is not None:
+                    self._mark(self._by_remote[rid], "done_seen")
                     if t == "done":
                         ld.done = True
                     else:
@@ -456,6 +607,7 @@ class WorkerHalf:
         self._finish_held(meta, sending)
         self._finish_saves(sending)
         self._finish_loads(recving)
+        self.chan.flush()  # release notes of failed loads
         return sending or None, recving or None
 
     def get_block_ids_with_load_errors(self) -> Set[int]:

@@ -1,0 +1,180 @@
+package region
+
+// The pin table: the transport keys peers name a region by, and pinning
+// a region by key for the length of one access.
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// Pins is the index of live registrations by transport key: the receiving
+// side of every transport pins its destination through it
+// (transport.Inbound's Pin). The daemon makes it first and hands it to the
+// transports and then to the registry (Config.Pins), which fills it in as
+// regions are registered, so neither needs the other to exist first and
+// nothing is bound after construction. It shares the registry's lock.
+type Pins struct {
+	mu    sync.Mutex
+	byKey map[keyRef]*Region
+	// byReadKey indexes the registrations' read keys (transport.AccessKeyer):
+	// a read pins only through it, a write only through byKey.
+	byReadKey map[keyRef]*Region
+	g         *Registry // set by New: releases a drained region
+}
+
+// NewPins returns an empty key index.
+func NewPins() *Pins { return &Pins{byKey: map[keyRef]*Region{}, byReadKey: map[keyRef]*Region{}} }
+
+type keyRef struct {
+	k   transport.Kind
+	key uint64
+}
+
+// readKeyOf is reg's read key where it has one of its own
+// (transport.AccessKeyer), distinct from its write key.
+func readKeyOf(reg transport.Registration) (transport.RemoteKey, bool) {
+	ak, ok := reg.(transport.AccessKeyer)
+	if !ok {
+		return transport.RemoteKey{}, false
+	}
+	k, err := ak.KeyFor(transport.AccessRead)
+	if err != nil || k.Key == reg.Key().Key {
+		return transport.RemoteKey{}, false
+	}
+	return k, true
+}
+
+// ReadKey is r's key for reads with transport k: its own read key where the
+// registration has one (transport.AccessKeyer), else its key.
+func (r *Region) ReadKey(k transport.Kind) (transport.RemoteKey, bool) {
+	reg, ok := r.regs[k]
+	if !ok {
+		return transport.RemoteKey{}, false
+	}
+	if ak, ok := reg.(transport.AccessKeyer); ok {
+		if rk, err := ak.KeyFor(transport.AccessRead); err == nil {
+			return rk, true
+		}
+	}
+	return reg.Key(), true
+}
+
+// Pin is Pins.Pin on the registry's key index.
+func (g *Registry) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	return g.pins.Pin(k, key)
+}
+
+// Pin implements transport.Inbound's Pin: the receiving side of a transport
+// holds the destination while it places bytes.
+func (p *Pins) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.byKey[keyRef{k, key}]
+	if !ok || r.closing {
+		return memory.Memory{}, nil, fmt.Errorf("%w: no live %s registration has key %#x (deregistered?)", errs.ErrNotFound, k, key)
+	}
+	if r.Export == "" {
+		// Peers may only write exported regions; un-exporting revokes a
+		// key a peer still holds.
+		return memory.Memory{}, nil, fmt.Errorf("%w: region %s is no longer exported", errs.ErrNotFound, r.ID)
+	}
+	if r.ReadOnly {
+		return memory.Memory{}, nil, fmt.Errorf("%w: region %q is exported read-only", errs.ErrNotFound, r.Export)
+	}
+	if err := p.g.checkFile(r); err != nil {
+		return memory.Memory{}, nil, err
+	}
+	r.active++
+	return r.Mem, func() { p.done(r) }, nil
+}
+
+// PinRead is Pins.PinRead on the registry's key index.
+func (g *Registry) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	return g.pins.PinRead(k, key)
+}
+
+// PinRead implements transport.ReadPinner: the serving side of a pull holds
+// the source while it sends. Only a read key pins, and only while the
+// region is exported with readers.
+func (p *Pins) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r, ok := p.byReadKey[keyRef{k, key}]
+	if !ok || r.closing {
+		return memory.Memory{}, nil, fmt.Errorf("%w: no live %s registration has read key %#x (deregistered, or its readers narrowed?)", errs.ErrNotFound, k, key)
+	}
+	if r.Export == "" {
+		return memory.Memory{}, nil, fmt.Errorf("%w: region %s is no longer exported", errs.ErrNotFound, r.ID)
+	}
+	if len(r.Readers) == 0 {
+		return memory.Memory{}, nil, fmt.Errorf("%w: region %q no longer grants reads", errs.ErrNotFound, r.Export)
+	}
+	if err := p.g.checkFile(r); err != nil {
+		return memory.Memory{}, nil, err
+	}
+	r.active++
+	return r.Mem, func() { p.done(r) }, nil
+}
+
+// done ends one use of r; the last use of a region whose lease ended
+// releases it (in its own goroutine: the caller may hold a transport's
+// locks, which releasing the registrations takes).
+func (p *Pins) done(r *Region) {
+	p.mu.Lock()
+	r.active--
+	last := r.active == 0 && r.drain
+	if last {
+		r.drain = false
+		delete(p.g.draining, r)
+	}
+	if last {
+		p.g.drained.Add(1) // under the lock: Close waits for it
+	}
+	p.mu.Unlock()
+	if last {
+		go func() {
+			defer p.g.drained.Done()
+			p.g.cfg.Log.Info("region of a gone client released after its last batch", "id", r.ID, "owner", r.Owner.String(), "pid", r.PID)
+			p.g.close(r)
+		}()
+	}
+}
+
+func (g *Registry) done(r *Region) { g.pins.done(r) }
+
+// indexReadKeys indexes r's read keys (readKeyOf, which makes them where
+// they are made lazily) when r grants readers and is not closing; g.mu
+// held. A region without readers gets none: its registrations never make
+// a key that can read.
+func (g *Registry) indexReadKeys(r *Region) {
+	if len(r.Readers) == 0 || r.Export == "" || r.closing {
+		return
+	}
+	for k, reg := range r.regs {
+		if _, done := r.readKeys[k]; done {
+			continue
+		}
+		if rk, ok := readKeyOf(reg); ok {
+			if r.readKeys == nil {
+				r.readKeys = map[transport.Kind]uint64{}
+			}
+			r.readKeys[k] = rk.Key
+			g.pins.byReadKey[keyRef{k, rk.Key}] = r
+		}
+	}
+}
+
+// unindexReadKeys drops r's read keys from the index; g.mu held.
+func (g *Registry) unindexReadKeys(r *Region) {
+	for k, key := range r.readKeys {
+		if g.pins.byReadKey[keyRef{k, key}] == r {
+			delete(g.pins.byReadKey, keyRef{k, key})
+		}
+	}
+	clear(r.readKeys)
+}

@@ -1,0 +1,381 @@
+package region
+
+// The registry's life cycle of a region: allocation, import, publication,
+// leases, deregistration and close.
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// AllocHost creates a shared-memory file of size bytes, owned by the caller,
+// and maps it.
+// A lease (at most one; none: the region persists) ties it to its client.
+func (g *Registry) AllocHost(size uint64, export Export, who Caller, lease ...Lease) (*Region, error) {
+	if size == 0 {
+		return nil, fmt.Errorf("%w: host_alloc.size is 0: a region needs at least one byte", errs.ErrInvalidArgument)
+	}
+	if size > 1<<46 {
+		return nil, fmt.Errorf("%w: host_alloc.size %d exceeds the limit of %d bytes", errs.ErrInvalidArgument, size, uint64(1)<<46)
+	}
+	if err := export.check(); err != nil {
+		return nil, err
+	}
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	path := filepath.Join(g.cfg.ShmDir, reservedPrefix+g.instance+"-region-"+hex.EncodeToString(rnd[:]))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("region: create %s: %w", path, err)
+	}
+	kept := false // the region keeps f (to see it truncated); add closes it on failure
+	defer func() {
+		if !kept {
+			f.Close()
+		}
+	}()
+	// The caller must be able to map the file, and nobody else: it is handed
+	// to the caller's uid and gid (the setgid directory's group would let
+	// every member of the b2bd group in). A caller whose uid is unknown (TCP)
+	// never maps it: the daemon's own gid then.
+	uid, gid := -1, os.Getegid()
+	if who.Known && os.Geteuid() == 0 {
+		uid, gid = int(who.UID), int(who.GID)
+	}
+	if err := f.Chown(uid, gid); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("region: hand %s to uid %d gid %d: %w", path, uid, gid, err)
+	}
+	if err := f.Chmod(ShmFileMode); err != nil {
+		os.Remove(path)
+		return nil, fmt.Errorf("region: chmod %s to %#o: %w", path, ShmFileMode, err)
+	}
+	if err := fallocate(f, size); err != nil {
+		os.Remove(path)
+		if errors.Is(err, unix.ENOSPC) {
+			return nil, fmt.Errorf("%w: host_alloc.size %d: no room in %s: %v", errs.ErrResourceExhausted, size, g.cfg.ShmDir, err)
+		}
+		return nil, fmt.Errorf("region: fallocate %s (%d bytes): %w", path, size, err)
+	}
+	id, err := fileIDOf(f)
+	if err != nil {
+		os.Remove(path)
+		return nil, err
+	}
+	mem, unmap, err := mapFile(f, 0, size)
+	if err != nil {
+		os.Remove(path)
+		return nil, err
+	}
+	r := &Region{Mem: mem, ShmPath: path, release: unmap, owned: true, fileID: id, Owner: who, file: f}
+	kept = true
+	return g.add(r, export, lease)
+}
+
+// ImportHost maps [offset, offset+size) of a file that lies in the shm
+// directory and belongs to the caller. size 0 means to the end of the file.
+func (g *Registry) ImportHost(path string, offset, size uint64, export Export, who Caller, lease ...Lease) (*Region, error) {
+	if err := export.check(); err != nil {
+		return nil, err
+	}
+	if !who.Known {
+		return nil, fmt.Errorf("%w: host_file imports need the local Unix socket, where the caller's uid is known", errs.ErrPermissionDenied)
+	}
+	f, real, err := g.openInShmDir(path)
+	if err != nil {
+		return nil, err
+	}
+	kept := false // the region keeps f (to see it truncated); add closes it on failure
+	defer func() {
+		if !kept {
+			f.Close()
+		}
+	}()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("region: stat %s: %w", real, err)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && who.UID != 0 && sys.Uid != who.UID {
+		return nil, fmt.Errorf("%w: host_file.path %s belongs to uid %d, not to the caller (uid %d)", errs.ErrPermissionDenied, real, sys.Uid, who.UID)
+	}
+	fsize := uint64(st.Size())
+	if offset%uint64(os.Getpagesize()) != 0 {
+		return nil, fmt.Errorf("%w: host_file.offset %d is not a multiple of the page size %d", errs.ErrInvalidArgument, offset, os.Getpagesize())
+	}
+	if offset >= fsize {
+		return nil, fmt.Errorf("%w: host_file.offset %d is at or past the end of %s (%d bytes)", errs.ErrInvalidArgument, offset, path, fsize)
+	}
+	if size == 0 {
+		size = fsize - offset
+	}
+	if size > fsize-offset {
+		return nil, fmt.Errorf("%w: host_file.size %d at offset %d runs past the end of %s (%d bytes)", errs.ErrInvalidArgument, size, offset, path, fsize)
+	}
+	mem, unmap, err := mapFile(f, offset, size)
+	if err != nil {
+		return nil, err
+	}
+	kept = true
+	return g.add(&Region{Mem: mem, ShmPath: real, ShmOff: offset, release: unmap, Owner: who, file: f}, export, lease)
+}
+
+// add registers r with every transport and publishes it. On failure it
+// undoes the registrations and releases the memory.
+func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error) {
+	r.Persist, r.Created = true, time.Now()
+	if len(lease) > 0 {
+		r.PID, r.client = lease[0].PID, lease[0].Client
+		r.Persist = r.client == 0
+	}
+	r.regs = make(map[transport.Kind]transport.Registration, len(g.cfg.Transports))
+	undo := func() {
+		for _, reg := range r.regs {
+			_ = reg.Close()
+		}
+		g.releaseMemory(r)
+	}
+	// A region is usable with every transport that can take it (GPU memory
+	// may suit TCP staging but not this host's NIC); it fails only if none can.
+	var failures []error
+	for _, t := range g.cfg.Transports {
+		reg, err := t.Register(r.Mem)
+		if err != nil {
+			failures = append(failures, fmt.Errorf("%s: %w", t.Kind(), err))
+			continue
+		}
+		r.regs[t.Kind()] = reg
+	}
+	if len(r.regs) == 0 && len(g.cfg.Transports) > 0 {
+		undo()
+		return nil, fmt.Errorf("region: no transport can use %d bytes of %s memory: %w", r.Mem.Len, r.Mem.Kind, errors.Join(failures...))
+	}
+	for _, f := range failures {
+		g.cfg.Log.Warn("region not usable with a transport", "kind", r.Mem.Kind, "error", f)
+	}
+	g.mu.Lock()
+	if o, taken := g.byName[export.Name]; export.Name != "" && taken {
+		err := nameTaken(export.Name, o)
+		g.mu.Unlock()
+		undo()
+		return nil, err
+	}
+	if export.Name != "" {
+		r.Export, r.ExportTo, r.Readers, r.ReadOnly = export.Name, export.To, export.Readers, export.ReadOnly
+		g.byName[export.Name] = r
+	}
+	g.seq++
+	r.ID = fmt.Sprintf("r%d", g.seq)
+	g.byID[r.ID] = r
+	for k, reg := range r.regs {
+		g.byKey[keyRef{k, reg.Key().Key}] = r
+	}
+	g.indexReadKeys(r)
+	if r.file != nil {
+		g.watchFile(r)
+	}
+	g.mu.Unlock()
+	g.cfg.Log.Debug("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", export.Name)
+	return r, nil
+}
+
+// nameTaken is the refusal of export name, held by o; g.mu held.
+func nameTaken(name string, o *Region) error {
+	return fmt.Errorf("%w: export_name %q is already used by %s: deregister it (b2bctl deregister %s) or pick another name", errs.ErrAlreadyExists, name, o.Holder(time.Now()), o.ID)
+}
+
+func (g *Registry) releaseMemory(r *Region) {
+	g.mu.Lock()
+	g.unwatchFile(r)
+	g.mu.Unlock()
+	if r.release != nil {
+		if err := r.release(); err != nil {
+			g.cfg.Log.Warn("release region memory", "id", r.ID, "error", err)
+		}
+		r.release = nil
+	}
+	if r.owned && r.ShmPath != "" {
+		// The client may have unlinked the file and put its own at the
+		// path: only the inode the daemon created is removed.
+		if id, err := fileIDAt(r.ShmPath); err == nil && id == r.fileID {
+			_ = os.Remove(r.ShmPath)
+		} else if err == nil {
+			g.cfg.Log.Info("region file was replaced by its client; leaving the new file", "id", r.ID, "path", r.ShmPath)
+		}
+	}
+}
+
+// Expire ends the leases of client (its last connection closed): its
+// regions are unpublished now (their names free, their keys refused) and
+// released, at once if no batch or plan uses them, else when the last one
+// lets go. It returns how many were released now and how many later.
+func (g *Registry) Expire(client uint64) (now, later int) {
+	if client == 0 {
+		return 0, 0
+	}
+	var free []*Region
+	g.mu.Lock()
+	for _, r := range g.byID {
+		if r.client != client || r.Persist {
+			continue
+		}
+		g.unpublish(r)
+		if r.active == 0 {
+			free = append(free, r)
+			continue
+		}
+		r.drain = true
+		g.draining[r] = struct{}{}
+		later++
+	}
+	g.mu.Unlock()
+	for _, r := range free {
+		g.cfg.Log.Info("client gone; its region is released", "id", r.ID, "owner", r.Owner.String(), "pid", r.PID, "export", r.Export)
+		g.close(r)
+	}
+	return len(free), later
+}
+
+// Leases counts the regions that persist and the distinct clients holding
+// the others' leases.
+func (g *Registry) Leases() (persistent, holders int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	seen := map[uint64]struct{}{}
+	for _, r := range g.byID {
+		if r.Persist {
+			persistent++
+		} else {
+			seen[r.client] = struct{}{}
+		}
+	}
+	return persistent, len(seen)
+}
+
+// Deregister releases a region for its owner (or root). It refuses while
+// batches use it, so memory is never unmapped under a transfer.
+func (g *Registry) Deregister(id string, who Caller) error {
+	g.mu.Lock()
+	r, ok := g.byID[id]
+	if !ok || r.closing {
+		g.mu.Unlock()
+		return fmt.Errorf("%w: region_id %q is not registered", errs.ErrNotFound, id)
+	}
+	if err := permit(r, "region_id", who); err != nil {
+		g.mu.Unlock()
+		return err
+	}
+	if len(r.heldBy) > 0 {
+		names := make([]string, 0, len(r.heldBy))
+		for h := range r.heldBy {
+			names = append(names, h)
+		}
+		sort.Strings(names)
+		g.mu.Unlock()
+		return fmt.Errorf("%w: region %s is held by %s: deregister it first", errs.ErrFailedPrecondition, id, strings.Join(names, ", "))
+	}
+	if r.active > 0 {
+		n := r.active
+		g.mu.Unlock()
+		return fmt.Errorf("%w: region %s is in use by %d batch(es) or prepared plan(s); retry when they finish, or release the plans (ReleaseTransfer)", errs.ErrFailedPrecondition, id, n)
+	}
+	g.unpublish(r)
+	g.mu.Unlock()
+	g.close(r)
+	return nil
+}
+
+// unpublish removes r from every index; g.mu held.
+func (g *Registry) unpublish(r *Region) {
+	r.closing = true
+	delete(g.byID, r.ID)
+	if r.Export != "" && g.byName[r.Export] == r {
+		delete(g.byName, r.Export)
+	}
+	for k, reg := range r.regs {
+		delete(g.byKey, keyRef{k, reg.Key().Key})
+	}
+	g.unindexReadKeys(r)
+}
+
+// close deregisters from transports (children first), then frees memory.
+func (g *Registry) close(r *Region) {
+	for k, reg := range r.regs {
+		if err := reg.Close(); err != nil {
+			g.cfg.Log.Warn("deregister", "id", r.ID, "transport", k, "error", err)
+		}
+	}
+	g.releaseMemory(r)
+	g.cfg.Log.Debug("region released", "id", r.ID)
+}
+
+// List returns a snapshot of the regions who may act on (every region for
+// root), ordered by ID, with active counts.
+func (g *Registry) List(who Caller) []Snapshot {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]Snapshot, 0, len(g.byID))
+	for _, r := range g.byID {
+		if r.Owner.Owns(who) {
+			out = append(out, Snapshot{Region: r, Active: r.active})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return len(out[i].ID) < len(out[j].ID) || (len(out[i].ID) == len(out[j].ID) && out[i].ID < out[j].ID)
+	})
+	return out
+}
+
+// Snapshot is a region plus its use count at the time of List.
+type Snapshot struct {
+	*Region
+	Active int
+}
+
+// Len is the number of regions.
+func (g *Registry) Len() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.byID)
+}
+
+// Close releases every region, waiting for none: callers stop batches
+// first. Then the instance lock goes.
+func (g *Registry) Close() {
+	g.mu.Lock()
+	rs := make([]*Region, 0, len(g.byID))
+	for _, r := range g.byID {
+		g.unpublish(r)
+		rs = append(rs, r)
+	}
+	for r := range g.draining {
+		// Leases that ended under a batch: callers stopped batches first.
+		r.drain = false
+		rs = append(rs, r)
+	}
+	clear(g.draining)
+	lock := g.lock
+	g.lock = nil
+	g.mu.Unlock()
+	for _, r := range rs {
+		g.close(r)
+	}
+	g.drained.Wait()
+	g.stopWatcher()
+	if lock != nil {
+		_ = os.Remove(g.lockPath)
+		_ = lock.Close()
+	}
+}
