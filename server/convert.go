@@ -147,10 +147,8 @@ func notificationProto(n notify.Notification) *b2bv1.Notification {
 	return &b2bv1.Notification{Region: n.Region, Sender: n.Sender, Notification: n.Notification, Blocks: n.Blocks, Bytes: n.Bytes, Dropped: n.Dropped}
 }
 
-var capabilities = []string{"merge-adjacent", "write-with-imm-completion", "packed-descriptors"}
-
 func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
-	resp := &b2bv1.HandshakeResponse{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName, Capabilities: capabilities, InstanceId: cfg.InstanceID,
+	resp := &b2bv1.HandshakeResponse{ProtocolVersion: peer.ProtocolVersion, NodeName: cfg.NodeName, InstanceId: cfg.InstanceID,
 		Adverts: make(map[string][]byte, len(cfg.Adverts))}
 	for _, a := range cfg.Adverts {
 		resp.Adverts[string(a.Kind)] = a.Data

@@ -31,8 +31,9 @@ const MaxNotification = 4096
 // Peers is the peer manager (internal/peer's Manager, over gRPC) as a batch
 // uses it; this package sees no wire types.
 type Peers interface {
-	// Get returns a data path to addr over want ("" = the best in common).
-	Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error)
+	// Get returns a data path to addr over want ("" = the best in common
+	// whose Caps meet need), the Session carrying the kind's Caps.
+	Get(ctx context.Context, addr string, want transport.Kind, need transport.Need) (transport.Session, error)
 	// Resolve resolves the peer's export name; cached says it came from
 	// the cache (and may be stale).
 	Resolve(ctx context.Context, addr string, s transport.Session, name string) (transport.Resolution, bool, error)
@@ -79,6 +80,14 @@ func (o Op) String() string {
 		return "read"
 	}
 	return "write"
+}
+
+// ops is the capability o needs of a kind.
+func (o Op) ops() transport.Ops {
+	if o == OpRead {
+		return transport.OpRead
+	}
+	return transport.OpWrite
 }
 
 // access is the grant o needs on the peer's export.
@@ -562,7 +571,7 @@ func (s *Service) prepare(ctx context.Context, p *Plan, hold bool) (sess transpo
 
 func (s *Service) resolveDst(ctx context.Context, p *Plan, hold bool, held *func()) (transport.Session, transport.RemoteRegion, transport.Registration, bool, error) {
 	var none transport.RemoteRegion
-	sess, err := s.cfg.Peers.Get(ctx, p.peer, p.want)
+	sess, err := s.session(ctx, p.peer, p.want, transport.Need{Op: p.op.ops(), Memory: p.src.Mem.Kind})
 	if err != nil {
 		return sess, none, nil, false, err
 	}
@@ -594,6 +603,22 @@ func (s *Service) resolveDst(ctx context.Context, p *Plan, hold bool, held *func
 	// several (verbs rails); nil with one.
 	remote := transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}
 	return sess, remote, reg, cached, nil
+}
+
+// session gets a data path to peer for a request needing need, and
+// refuses one the chosen kind's Caps cannot carry before the kind is
+// called: the one place the batch layer checks what a kind can do (the
+// peer manager chooses by the same Caps; a kind asked for by name, or a
+// Peers of a test, may still hand out one that lacks them).
+func (s *Service) session(ctx context.Context, peer string, want transport.Kind, need transport.Need) (transport.Session, error) {
+	sess, err := s.cfg.Peers.Get(ctx, peer, want, need)
+	if err != nil {
+		return sess, err
+	}
+	if err := sess.Caps.Lacks(sess.Kind, need); err != nil {
+		return transport.Session{}, fmt.Errorf("peer %s: %w: choose another transport, or the other op", peer, err)
+	}
+	return sess, nil
 }
 
 // isRequestError: the peer refused this request, the connection is fine.
@@ -645,26 +670,12 @@ func (p *Plan) checkRemote(size uint64) error {
 }
 
 // move runs the plan's merged batch once on sess: Conn.Write, or Read for
-// a pull, refused with FailedPrecondition naming a kind that cannot pull.
+// a pull (session checked the kind's Caps for it).
 func (p *Plan) move(ctx context.Context, sess transport.Session, reg transport.Registration, remote transport.RemoteRegion) (transport.Stats, error) {
 	if p.op != OpRead {
 		return sess.Conn.Write(ctx, reg, remote, &p.merged)
 	}
-	return readOn(ctx, sess, reg, remote, &p.merged)
-}
-
-// readOn pulls b from remote into reg over sess.
-func readOn(ctx context.Context, sess transport.Session, reg transport.Registration, remote transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
-	rd, ok := sess.Conn.(transport.Reader)
-	if ok {
-		if cr, can := sess.Conn.(interface{ CanRead() bool }); can && !cr.CanRead() {
-			ok = false
-		}
-	}
-	if !ok {
-		return transport.Stats{}, fmt.Errorf("%w: transport %s cannot read (pull); choose another transport, or push (op WRITE)", errs.ErrFailedPrecondition, sess.Kind)
-	}
-	return rd.Read(ctx, reg, remote, b)
+	return transport.Read(ctx, sess.Conn, reg, remote, &p.merged)
 }
 
 // readFailed is writeFailed for a pull: a fault on the source is the

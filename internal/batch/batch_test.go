@@ -105,13 +105,16 @@ type fakePeers struct {
 	// wrap, when set, turns the conn a Get hands out into another Conn
 	// (a Preparer, say).
 	wrap func(*fakeConn) transport.Conn
+	// caps, when set, are the Caps the Sessions carry (else a kind that
+	// writes and reads host memory).
+	caps *transport.Caps
 
 	gets, resolves, forgets, broken int
 	holds, released                 int // ResolveHeld's holds, and those let go
 	notified                        []notify.Notification
 }
 
-func (f *fakePeers) Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error) {
+func (f *fakePeers) Get(ctx context.Context, addr string, want transport.Kind, need transport.Need) (transport.Session, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c := f.conns[min(f.gets, len(f.conns)-1)]
@@ -123,7 +126,11 @@ func (f *fakePeers) Get(ctx context.Context, addr string, want transport.Kind) (
 	if f.wrap != nil {
 		conn = f.wrap(c)
 	}
-	return transport.Session{Kind: transport.TCP, Conn: conn, Name: "b", Reused: f.gets == 1}, nil
+	caps := transport.Caps{Ops: transport.OpWrite | transport.OpRead, Memory: []memory.Kind{memory.Host}}
+	if f.caps != nil {
+		caps = *f.caps
+	}
+	return transport.Session{Kind: transport.TCP, Conn: conn, Caps: caps, Name: "b", Reused: f.gets == 1}, nil
 }
 
 func (f *fakePeers) Resolve(ctx context.Context, addr string, s transport.Session, name string) (transport.Resolution, bool, error) {
@@ -405,11 +412,11 @@ type deadlineProbe struct {
 	t *testing.T
 }
 
-func (d deadlineProbe) Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error) {
+func (d deadlineProbe) Get(ctx context.Context, addr string, want transport.Kind, need transport.Need) (transport.Session, error) {
 	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > time.Minute {
 		d.t.Errorf("deadline %v %v, want DefaultTimeout (1m)", dl, ok)
 	}
-	return d.fakePeers.Get(ctx, addr, want)
+	return d.fakePeers.Get(ctx, addr, want, need)
 }
 
 func TestNotificationFailureAfterLanding(t *testing.T) {

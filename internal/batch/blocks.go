@@ -148,7 +148,7 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 // connection that broke under the writes).
 func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, sc *blockScratch, r BlocksRequest, ph *Phases) (res Result, cached, retry bool, err error) {
 	t0 := time.Now()
-	sess, err := s.cfg.Peers.Get(ctx, r.Peer, r.Transport)
+	sess, err := s.session(ctx, r.Peer, r.Transport, transport.Need{Op: r.Op.ops()})
 	if err != nil {
 		return res, false, false, err
 	}

@@ -20,7 +20,7 @@ type forgetfulPeers struct {
 	failGets int
 }
 
-func (f *forgetfulPeers) Get(ctx context.Context, addr string, want transport.Kind) (transport.Session, error) {
+func (f *forgetfulPeers) Get(ctx context.Context, addr string, want transport.Kind, need transport.Need) (transport.Session, error) {
 	f.mu.Lock()
 	if f.failGets > 0 {
 		f.failGets--
@@ -29,7 +29,7 @@ func (f *forgetfulPeers) Get(ctx context.Context, addr string, want transport.Ki
 		return transport.Session{}, fmt.Errorf("peer %s: handshake: %w", addr, context.DeadlineExceeded)
 	}
 	f.mu.Unlock()
-	return f.fakePeers.Get(ctx, addr, want)
+	return f.fakePeers.Get(ctx, addr, want, need)
 }
 
 // A plan whose connection was replaced, by a peer that did not restart,

@@ -60,7 +60,7 @@ func TestCheckAddr(t *testing.T) {
 func TestGetChecksAddrFirst(t *testing.T) {
 	m := New(nil, nil, nil, true)
 	defer m.Close()
-	_, err := m.Get(context.Background(), "localhost", "")
+	_, err := m.Get(context.Background(), "localhost", "", writeNeed)
 	if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), "has no port") {
 		t.Fatalf("Get localhost: %v, want InvalidArgument: no port", err)
 	}

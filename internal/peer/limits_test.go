@@ -58,7 +58,7 @@ func TestDeadPeersLeaveNoState(t *testing.T) {
 	port := closedLoopbackPort(t)
 	for i := range 100 {
 		addr := fmt.Sprintf("127.0.0.%d:%s", 2+i, port)
-		if _, err := m.Get(ctx, addr, ""); !errors.Is(err, errs.ErrUnavailable) {
+		if _, err := m.Get(ctx, addr, "", writeNeed); !errors.Is(err, errs.ErrUnavailable) {
 			t.Fatalf("Get %s: %v, want Unavailable", addr, err)
 		}
 	}
@@ -85,7 +85,7 @@ func TestIdlePeerReaped(t *testing.T) {
 	ctx := context.Background()
 	m, fp, ft := newTestManager(t)
 	m.SetLimits(Limits{IdleTimeout: 20 * time.Millisecond})
-	s, err := m.Get(ctx, "127.0.0.1:7470", "")
+	s, err := m.Get(ctx, "127.0.0.1:7470", "", writeNeed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +99,7 @@ func TestIdlePeerReaped(t *testing.T) {
 	if !s.Conn.(*trackedConn).Conn.(*fakeConn).closed.Load() {
 		t.Fatal("the reaped peer's data connection is open")
 	}
-	if _, err := m.Get(ctx, "127.0.0.1:7470", ""); err != nil {
+	if _, err := m.Get(ctx, "127.0.0.1:7470", "", writeNeed); err != nil {
 		t.Fatal(err)
 	}
 	if h, c := fp.handshakes.Load(), ft.connects.Load(); h != 2 || c != 2 {
@@ -149,7 +149,7 @@ func TestBusyPeerNotReaped(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newBlockingManager(t)
-			s, err := m.Get(ctx, addr, "")
+			s, err := m.Get(ctx, addr, "", writeNeed)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -175,19 +175,19 @@ func TestMaxPeers(t *testing.T) {
 	m, _, _ := newTestManager(t)
 	m.SetLimits(Limits{MaxPeers: 2, IdleTimeout: time.Minute})
 	for _, a := range []string{"127.0.0.1:1", "127.0.0.1:2"} {
-		if _, err := m.Get(ctx, a, ""); err != nil {
+		if _, err := m.Get(ctx, a, "", writeNeed); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, err := m.Get(ctx, "127.0.0.1:3", "")
+	_, err := m.Get(ctx, "127.0.0.1:3", "", writeNeed)
 	if !errors.Is(err, errs.ErrResourceExhausted) || !strings.Contains(err.Error(), "(--max-peers) is 2") {
 		t.Fatalf("third peer: %v, want ResourceExhausted naming --max-peers and 2", err)
 	}
-	if _, err := m.Get(ctx, "127.0.0.1:1", ""); err != nil {
+	if _, err := m.Get(ctx, "127.0.0.1:1", "", writeNeed); err != nil {
 		t.Fatalf("a kept peer under the cap: %v", err)
 	}
 	m.reap(time.Now().Add(time.Hour), time.Minute)
-	if _, err := m.Get(ctx, "127.0.0.1:3", ""); err != nil {
+	if _, err := m.Get(ctx, "127.0.0.1:3", "", writeNeed); err != nil {
 		t.Fatalf("third peer after the others were reaped: %v", err)
 	}
 }
@@ -217,7 +217,7 @@ func TestPeerStateLoggedOnce(t *testing.T) {
 		}))
 	defer m.Close()
 	const addr = "127.0.0.1:7470"
-	s, err := m.Get(ctx, addr, "")
+	s, err := m.Get(ctx, addr, "", writeNeed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +227,7 @@ func TestPeerStateLoggedOnce(t *testing.T) {
 	srv.Stop()
 	m.Broken(addr, s)
 	for range 5 {
-		if _, err := m.Get(ctx, addr, ""); err == nil {
+		if _, err := m.Get(ctx, addr, "", writeNeed); err == nil {
 			t.Fatal("Get succeeded with the peer down")
 		}
 	}

@@ -37,6 +37,9 @@ type Manager struct {
 	// ranked are the kinds of transports, highest rank first: the order
 	// in which an automatic choice tries them.
 	ranked []transport.Kind
+	// caps are what each kind can do (its driver's CapsFor its transport),
+	// the only statement of it the choice and the batch layer read.
+	caps map[transport.Kind]transport.Caps
 	// driver finds a kind's capabilities (transport.Lookup).
 	driver   func(transport.Kind) (transport.Driver, bool)
 	dialOpts []grpc.DialOption
@@ -169,19 +172,21 @@ func New(self *b2bv1.HandshakeRequest, ts []transport.Transport, log hclog.Logge
 	return m
 }
 
-// SetDrivers sets where the manager finds each kind's capabilities (rank
+// SetDrivers sets where the manager finds each kind's capabilities (Caps
 // and Usable): the process-wide registry by default; tests give their own.
-// A kind without a driver ranks 0 and is usable whenever both offer it.
+// A kind without a driver ranks 0, is usable whenever both offer it, and
+// can do nothing (its Caps are empty), so it is never chosen.
 func (m *Manager) SetDrivers(lookup func(transport.Kind) (transport.Driver, bool)) {
 	m.driver = lookup
 	m.ranked = m.ranked[:0]
-	for k := range m.transports {
+	m.caps = make(map[transport.Kind]transport.Caps, len(m.transports))
+	for k, t := range m.transports {
 		m.ranked = append(m.ranked, k)
+		if d, ok := lookup(k); ok {
+			m.caps[k] = d.CapsFor(t)
+		}
 	}
-	rank := func(k transport.Kind) int {
-		d, _ := lookup(k)
-		return d.Caps.Rank
-	}
+	rank := func(k transport.Kind) int { return m.caps[k].Rank }
 	slices.SortFunc(m.ranked, func(a, b transport.Kind) int {
 		if c := cmp.Compare(rank(b), rank(a)); c != 0 {
 			return c
@@ -193,9 +198,11 @@ func (m *Manager) SetDrivers(lookup func(transport.Kind) (transport.Driver, bool
 // Session is what a batch needs from a peer.
 type Session = transport.Session
 
-// Get returns a data connection to addr over transport want ("" = verbs when
-// both sides have it, else TCP), connecting and handshaking as needed.
-func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Session, error) {
+// Get returns a data connection to addr for a request that needs need,
+// over transport want ("" = the highest-ranked kind both sides offer that
+// reaches the peer and whose Caps meet need), connecting and handshaking
+// as needed. The Session carries the kind's Caps.
+func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind, need transport.Need) (Session, error) {
 	if err := CheckAddr(addr); err != nil {
 		return Session{}, err
 	}
@@ -211,7 +218,7 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind) (Se
 		return Session{}, fmt.Errorf("%w: peer %s: waiting for another call's handshake or connect: %w", transport.ErrNotSent, addr, err)
 	}
 	defer st.mu.Unlock()
-	s, err := m.get(ctx, st, want)
+	s, err := m.get(ctx, st, want, need)
 	if err != nil {
 		m.dropUnused(st)
 	}
@@ -335,13 +342,13 @@ func (m *Manager) reap(now time.Time, idle time.Duration) {
 }
 
 // get is Get's work on st, whose lock the caller holds.
-func (m *Manager) get(ctx context.Context, st *state, want transport.Kind) (Session, error) {
+func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need transport.Need) (Session, error) {
 	addr := st.addr
 	cachedHS := st.hs != nil
 	if err := m.handshake(ctx, st); err != nil {
 		return Session{}, err
 	}
-	kind, err := m.choose(st, want)
+	kind, err := m.choose(st, want, need)
 	if err != nil && cachedHS {
 		// The peer may have restarted with other transports since the
 		// handshake: ask again before refusing.
@@ -349,7 +356,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind) (Sess
 		if err := m.handshake(ctx, st); err != nil {
 			return Session{}, err
 		}
-		kind, err = m.choose(st, want)
+		kind, err = m.choose(st, want, need)
 	}
 	if err != nil {
 		return Session{}, err
@@ -373,7 +380,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind) (Sess
 		st.conns[kind] = c
 		m.log.Info("data path connected", "peer", addr, "transport", kind)
 	}
-	return Session{Kind: kind, Conn: c, Name: st.hs.GetNodeName(), Reused: reused}, nil
+	return Session{Kind: kind, Conn: c, Caps: m.caps[kind], Name: st.hs.GetNodeName(), Reused: reused}, nil
 }
 
 // Broken tells the manager that a batch on s failed in a way that leaves the
@@ -509,11 +516,12 @@ func (m *Manager) Instance(addr string) uint64 {
 	return st.instance.Load()
 }
 
-// choose picks the data path to st's peer: want when it names one, else
-// the highest-ranked kind both sides offer that can reach the peer. Why
-// each kind was passed over is in the error when none is left, and in a
-// debug log otherwise.
-func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error) {
+// choose picks the data path to st's peer for a request needing need:
+// want when it names one (refused when its Caps lack need), else the
+// highest-ranked kind both sides offer that can reach the peer and whose
+// Caps meet need. Why each kind was passed over is in the error when none
+// is left, and in a debug log otherwise.
+func (m *Manager) choose(st *state, want transport.Kind, need transport.Need) (transport.Kind, error) {
 	if want != "" {
 		if _, ok := m.transports[want]; !ok {
 			if _, known := m.driver(want); !known && transport.CheckName(string(want)) != nil {
@@ -524,11 +532,17 @@ func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error)
 		if err := m.reaches(st, want); err != nil {
 			return "", fmt.Errorf("transport %s was requested but peer %s cannot use it: %w", want, st.addr, err)
 		}
+		if err := m.caps[want].Lacks(want, need); err != nil {
+			return "", fmt.Errorf("transport %s was requested for peer %s: %w", want, st.addr, err)
+		}
 		return want, nil
 	}
 	var why []string
 	for _, k := range m.ranked {
 		err := m.reaches(st, k)
+		if err == nil {
+			err = m.caps[k].Lacks(k, need)
+		}
 		if err == nil {
 			if len(why) > 0 {
 				m.log.Debug("transport chosen", "peer", st.addr, "transport", k, "passed_over", strings.Join(why, "; "))
@@ -537,7 +551,7 @@ func (m *Manager) choose(st *state, want transport.Kind) (transport.Kind, error)
 		}
 		why = append(why, fmt.Sprintf("%s: %v", k, err))
 	}
-	return "", fmt.Errorf("%w: no transport in common with peer %s (it offers %v; %s)", errs.ErrFailedPrecondition, st.addr, offered(st.hs), strings.Join(why, "; "))
+	return "", fmt.Errorf("%w: no transport in common with peer %s for a %s (it offers %v; %s)", errs.ErrFailedPrecondition, st.addr, need.Op, offered(st.hs), strings.Join(why, "; "))
 }
 
 // reaches says why kind k (one this daemon runs) cannot carry batches to

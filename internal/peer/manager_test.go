@@ -30,6 +30,9 @@ func (f *fakePeer) Handshake(context.Context, *b2bv1.HandshakeRequest) (*b2bv1.H
 		Adverts: map[string][]byte{"tcp": nil}}, nil
 }
 
+// writeNeed is what a push needs of a kind.
+var writeNeed = transport.Need{Op: transport.OpWrite}
+
 // fakeTransport hands out fakeConns.
 type fakeTransport struct{ connects atomic.Int32 }
 
@@ -87,7 +90,7 @@ func TestBrokenByStaleSession(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, fp, ft := newTestManager(t)
-			old, err := m.Get(ctx, addr, transport.TCP)
+			old, err := m.Get(ctx, addr, transport.TCP, writeNeed)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -95,7 +98,7 @@ func TestBrokenByStaleSession(t *testing.T) {
 			if !old.Conn.(*trackedConn).Conn.(*fakeConn).closed.Load() {
 				t.Fatal("the broken connection was not closed")
 			}
-			fresh, err := m.Get(ctx, addr, transport.TCP) // a retry connects afresh
+			fresh, err := m.Get(ctx, addr, transport.TCP, writeNeed) // a retry connects afresh
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -105,7 +108,7 @@ func TestBrokenByStaleSession(t *testing.T) {
 			for i := 1; i < tc.reports; i++ {
 				m.Broken(addr, old) // the other batches report the same old connection
 			}
-			again, err := m.Get(ctx, addr, transport.TCP) // another batch's retry
+			again, err := m.Get(ctx, addr, transport.TCP, writeNeed) // another batch's retry
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,7 +133,7 @@ func TestInstance(t *testing.T) {
 		t.Fatalf("instance %d before any handshake", got)
 	}
 	fp.instance.Store(11)
-	s, err := m.Get(ctx, addr, "")
+	s, err := m.Get(ctx, addr, "", writeNeed)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +145,7 @@ func TestInstance(t *testing.T) {
 	if got := m.Instance(addr); got != 11 {
 		t.Fatalf("instance %d after Broken, want the last known 11", got)
 	}
-	if _, err := m.Get(ctx, addr, ""); err != nil {
+	if _, err := m.Get(ctx, addr, "", writeNeed); err != nil {
 		t.Fatal(err)
 	}
 	if got, hs := m.Instance(addr), fp.handshakes.Load(); got != 12 || hs != 2 {

@@ -9,14 +9,16 @@ import (
 	"sync/atomic"
 
 	"github.com/b2bd/b2bd/internal/desc"
-	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // track wraps a peer's data connection so that the peer counts as busy
 // while a write is in flight on it or a batch prepared on it lives, and is
 // never reaped then. The wrapper adds two atomic adds and a clock read per
-// write, and no allocation.
+// write, and no allocation. It has every method a Conn may have but
+// Prepare (a Preparer stays one, through trackedPreparer): what the kind
+// really does is its Caps, which the Session carries and the batch layer
+// checks before calling, not the wrapper's method set.
 func track(c transport.Conn, st *state) transport.Conn {
 	tc := &trackedConn{Conn: c, st: st}
 	if p, ok := c.(transport.Preparer); ok {
@@ -36,17 +38,15 @@ func (c *trackedConn) Write(ctx context.Context, src transport.Registration, dst
 	return c.Conn.Write(ctx, src, dst, b)
 }
 
-// WriteBlocks keeps the kind's transport.BlockWriter visible through the
-// wrapper (else every block write would take the generic path): it runs
-// the kind's, or the generic path on the kind's Conn, as one busy write.
+// WriteBlocks runs the kind's transport.BlockWriter, or the generic path
+// on the kind's Conn, as one busy write.
 func (c *trackedConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
 	c.st.busy.Add(1)
 	defer c.st.done()
 	return transport.WriteBlocks(ctx, c.Conn, w, sc)
 }
 
-// ReadBlocks keeps the kind's transport.BlockReader visible through the
-// wrapper, as WriteBlocks does for writes.
+// ReadBlocks is WriteBlocks for a block-id pull.
 func (c *trackedConn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *transport.BlockScratch) (transport.Stats, error) {
 	c.st.busy.Add(1)
 	defer c.st.done()
@@ -54,21 +54,12 @@ func (c *trackedConn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc
 }
 
 // Read forwards a pull to the connection, counted busy like a write; a
-// kind that cannot pull is refused with FailedPrecondition naming it.
+// kind that cannot pull (its Caps lack OpRead: the batch layer refused
+// before) is refused with FailedPrecondition by transport.Read.
 func (c *trackedConn) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
-	rd, ok := c.Conn.(transport.Reader)
-	if !ok {
-		return transport.Stats{}, fmt.Errorf("%w: transport %T cannot read (pull): use another transport, or push (op WRITE)", errs.ErrFailedPrecondition, c.Conn)
-	}
 	c.st.busy.Add(1)
 	defer c.st.done()
-	return rd.Read(ctx, dst, src, b)
-}
-
-// CanRead says whether the wrapped connection pulls.
-func (c *trackedConn) CanRead() bool {
-	_, ok := c.Conn.(transport.Reader)
-	return ok
+	return transport.Read(ctx, c.Conn, dst, src, b)
 }
 
 // trackedPreparer is a trackedConn whose connection prepares batches.
@@ -84,9 +75,7 @@ func (c *trackedPreparer) Prepare(src transport.Registration, dst transport.Remo
 	}
 	c.st.busy.Add(1) // until Close: a live plan keeps its peer
 	tp := &trackedPrepared{Prepared: p, st: c.st}
-	if w, ok := p.(workRequester); ok {
-		return &trackedPreparedWR{trackedPrepared: tp, w: w}, nil
-	}
+	tp.wr, _ = p.(workRequester)
 	return tp, nil
 }
 
@@ -96,6 +85,7 @@ type trackedPrepared struct {
 	transport.Prepared
 	st     *state
 	closed atomic.Bool
+	wr     workRequester // nil: the kind does not count its work requests
 }
 
 func (p *trackedPrepared) Write(ctx context.Context) (transport.Stats, error) {
@@ -111,13 +101,14 @@ func (p *trackedPrepared) Close() error {
 	return p.Prepared.Close()
 }
 
-// trackedPreparedWR keeps the prepared work's WorkRequests visible.
-type trackedPreparedWR struct {
-	*trackedPrepared
-	w workRequester
+// WorkRequests is the prepared work's count (verbs: WRs posted per Write),
+// 0 where the kind keeps none, which is what the batch layer reports then.
+func (p *trackedPrepared) WorkRequests() uint64 {
+	if p.wr == nil {
+		return 0
+	}
+	return p.wr.WorkRequests()
 }
-
-func (p *trackedPreparedWR) WorkRequests() uint64 { return p.w.WorkRequests() }
 
 // dial is the control connection's dialer: plain TCP, remembering the
 // first bytes the other end sends, so that a failed handshake can say what

@@ -157,9 +157,9 @@ func ReadBlocks(ctx context.Context, c Conn, r *BlockRead, sc *BlockScratch) (St
 
 // ReadStretches is ReadBlocks' path for Conns without BlockReader.
 func ReadStretches(ctx context.Context, c Conn, r *BlockRead, sc *BlockScratch) (Stats, error) {
-	rd, ok := c.(Reader)
-	if !ok {
-		return Stats{}, fmt.Errorf("%w: transport %T cannot read (pull)", errs.ErrFailedPrecondition, c)
+	rd, err := readerOf(c)
+	if err != nil {
+		return Stats{}, err
 	}
 	t0 := time.Now()
 	sc.Expand(&BlockWrite{Pair: r.Pair, IDs: r.IDs})
@@ -170,6 +170,26 @@ func ReadStretches(ctx context.Context, c Conn, r *BlockRead, sc *BlockScratch) 
 		}
 		return rd.Read(ctx, r.Dst[run.DstRegion], r.Src[run.SrcRegion], b)
 	})
+}
+
+// Read pulls b from the peer's region src into dst over c: Reader.Read,
+// or ErrFailedPrecondition for a Conn that cannot pull. Callers that
+// checked the kind's Caps (OpRead) never meet the refusal; it is here so
+// that the one place that asks whether a Conn reads is this package.
+func Read(ctx context.Context, c Conn, dst Registration, src RemoteRegion, b *desc.Batch) (Stats, error) {
+	rd, err := readerOf(c)
+	if err != nil {
+		return Stats{}, err
+	}
+	return rd.Read(ctx, dst, src, b)
+}
+
+func readerOf(c Conn) (Reader, error) {
+	rd, ok := c.(Reader)
+	if !ok {
+		return nil, fmt.Errorf("%w: transport %T cannot read (pull)", errs.ErrFailedPrecondition, c)
+	}
+	return rd, nil
 }
 
 // runStretches cuts sc's expanded runs into stretches and runs one per

@@ -22,15 +22,34 @@ import (
 type Ops uint
 
 const (
-	// OpWrite: Conn.Write places local blocks in a peer's region.
+	// OpWrite: Conn.Write places local blocks in a peer's region (push).
 	OpWrite Ops = 1 << iota
-	// OpRead: a peer's blocks are fetched into local memory (RDMA READ;
-	// declared by drivers that gain it).
+	// OpRead: the Conns implement Reader: a peer's blocks are fetched into
+	// local memory (pull).
 	OpRead
 )
 
-// Caps is what a driver can do, declared once, so that the peer manager
-// picks a kind by comparing capabilities instead of naming kinds.
+// String names ops for messages.
+func (o Ops) String() string {
+	switch o {
+	case 0:
+		return "no operation"
+	case OpWrite:
+		return "write (push)"
+	case OpRead:
+		return "read (pull)"
+	case OpWrite | OpRead:
+		return "write and read"
+	}
+	return fmt.Sprintf("ops(%#x)", uint(o))
+}
+
+// Caps is what a driver can do, declared once: the peer manager picks a
+// kind by comparing capabilities instead of naming kinds, the batch layer
+// refuses a request outside them before calling the kind, and the
+// conformance suite (transporttest) fails a kind whose Conns have more or
+// less than its Caps say. They are the only statement of what a kind can
+// do: no caller learns it by asserting optional interfaces.
 type Caps struct {
 	// Rank orders the kinds both sides offer: the highest usable one is
 	// chosen.
@@ -39,10 +58,35 @@ type Caps struct {
 	SameHostOnly bool
 	// Memory are the memory kinds a batch may come from or land in.
 	Memory []memory.Kind
-	// Ops are the operations its Conns carry.
+	// Ops are the operations its Conns carry: OpWrite always, OpRead when
+	// they implement Reader.
 	Ops Ops
+	// Blocks: its Conns move a block-id request in one go (BlockWriter,
+	// and BlockReader when they read); without it WriteBlocks and
+	// ReadBlocks take the generic path, one Write or Read per stretch.
+	Blocks bool
 	// Prepared: its Conns implement Preparer.
 	Prepared bool
+}
+
+// Need is what one request asks of a kind: its operation and the kind of
+// the local memory it moves (0: any).
+type Need struct {
+	Op     Ops
+	Memory memory.Kind
+}
+
+// Lacks says which capability c, kind k's, misses for n, nil when it has
+// them all; the error is ErrFailedPrecondition and names the kind and what
+// is missing.
+func (c Caps) Lacks(k Kind, n Need) error {
+	if miss := n.Op &^ c.Ops; miss != 0 {
+		return fmt.Errorf("%w: transport %s cannot %s (its capabilities: %s)", errs.ErrFailedPrecondition, k, miss, c.Ops)
+	}
+	if n.Memory != 0 && !c.Supports(n.Memory) {
+		return fmt.Errorf("%w: transport %s cannot move %s memory (its capabilities: %v)", errs.ErrFailedPrecondition, k, n.Memory, c.Memory)
+	}
+	return nil
 }
 
 // Env is what the daemon hands every driver's New: the receiving side's
@@ -93,8 +137,13 @@ type Driver struct {
 	// kind that fails to start is left out and reported in Status.
 	Required bool
 	// New starts the transport.
-	New  func(env Env) (Transport, error)
-	Caps Caps
+	New func(env Env) (Transport, error)
+	// Caps is what the kind can do. Where that depends on its
+	// configuration (verbs over one device reads and prepares, over
+	// several it does neither), CapsOf computes it from the transport New
+	// returned; nil: Caps whatever New returned.
+	Caps   Caps
+	CapsOf func(t Transport) Caps
 	// Usable says whether t (a transport New returned) can reach the peer
 	// whose advert for this kind is advert (opaque bytes only this kind
 	// parses); the error says why not, for the peer manager's record. nil:
@@ -182,6 +231,17 @@ func Lookup(k Kind) (Driver, bool) { return drivers.Lookup(k) }
 
 // Supports says whether the driver moves memory of kind m.
 func (c Caps) Supports(m memory.Kind) bool { return slices.Contains(c.Memory, m) }
+
+// CapsFor is what t, a transport d.New returned, can do: CapsOf's answer
+// when the driver has one, else Caps.
+func (d Driver) CapsFor(t Transport) Caps {
+	if d.CapsOf == nil || t == nil {
+		return d.Caps
+	}
+	c := d.CapsOf(t)
+	c.Memory = slices.Clone(c.Memory)
+	return c
+}
 
 // CheckUsable runs d.Usable (usable when it is nil).
 func (d Driver) CheckUsable(t Transport, advert []byte) error {

@@ -1,7 +1,9 @@
 package transport
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/b2bd/b2bd/internal/errs"
@@ -119,3 +121,51 @@ func TestCheckUsable(t *testing.T) {
 		})
 	}
 }
+
+// TestCapsLacks: a need is met only when every op and the memory kind are
+// in the Caps; the refusal is FailedPrecondition naming the kind and what
+// it lacks. CapsFor prefers CapsOf's answer for the transport at hand.
+func TestCapsLacks(t *testing.T) {
+	rw := Caps{Ops: OpWrite | OpRead, Memory: []memory.Kind{memory.Host}}
+	wo := Caps{Ops: OpWrite, Memory: []memory.Kind{memory.Host, memory.CUDA}}
+	for _, c := range []struct {
+		name string
+		caps Caps
+		need Need
+		msg  string // "": met
+	}{
+		{"write on a reader", rw, Need{Op: OpWrite, Memory: memory.Host}, ""},
+		{"read on a reader", rw, Need{Op: OpRead}, ""},
+		{"read on a writer", wo, Need{Op: OpRead, Memory: memory.Host}, "transport k cannot read (pull) (its capabilities: write (push))"},
+		{"GPU memory on a host-only kind", rw, Need{Op: OpWrite, Memory: memory.CUDA}, "transport k cannot move cuda memory"},
+		{"nothing declared", Caps{}, Need{Op: OpWrite}, "transport k cannot write (push) (its capabilities: no operation)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.caps.Lacks("k", c.need)
+			if c.msg == "" {
+				if err != nil {
+					t.Fatalf("Lacks = %v, want nil", err)
+				}
+				return
+			}
+			if !errors.Is(err, errs.ErrFailedPrecondition) || !strings.Contains(err.Error(), c.msg) {
+				t.Fatalf("Lacks = %v, want FailedPrecondition saying %q", err, c.msg)
+			}
+		})
+	}
+	d := Driver{Kind: "k", Caps: rw, CapsOf: func(Transport) Caps { return wo }}
+	if got := d.CapsFor(nil); got.Ops != rw.Ops {
+		t.Fatalf("CapsFor(nil) = %+v, want the declared Caps", got)
+	}
+	if got := d.CapsFor(nothing{}); got.Ops != wo.Ops || !got.Supports(memory.CUDA) {
+		t.Fatalf("CapsFor = %+v, want CapsOf's", got)
+	}
+}
+
+// nothing is a Transport that does nothing, for CapsOf.
+type nothing struct{}
+
+func (nothing) Kind() Kind                                   { return "k" }
+func (nothing) Register(memory.Memory) (Registration, error) { return nil, errors.ErrUnsupported }
+func (nothing) Connect(context.Context, Peer) (Conn, error)  { return nil, errors.ErrUnsupported }
+func (nothing) Close() error                                 { return nil }

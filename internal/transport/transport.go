@@ -131,6 +131,9 @@ type Session struct {
 	Kind Kind
 	Conn Conn
 	Name string // the peer's node name
+	// Caps is what the kind can do with this peer (its driver's CapsFor):
+	// the batch layer checks a request against it before calling Conn.
+	Caps Caps
 	// Reused: Conn existed before this session was handed out, so it may
 	// have died unnoticed with an idle peer (restarted, or its link flapped).
 	Reused bool

@@ -24,7 +24,7 @@ const Kind transport.Kind = "memtest"
 
 func init() {
 	_ = transport.Register(transport.Driver{Kind: Kind, New: func(env transport.Env) (transport.Transport, error) { return New(env.Inbound), nil },
-		Caps: transport.Caps{Rank: -1, SameHostOnly: true, Memory: []memory.Kind{memory.Host}, Ops: transport.OpWrite}})
+		Caps: transport.Caps{Rank: -1, SameHostOnly: true, Memory: []memory.Kind{memory.Host}, Ops: transport.OpWrite, Blocks: true}})
 }
 
 // Transport is one daemon's in-memory data plane.

@@ -11,7 +11,7 @@ import (
 func TestConformance(t *testing.T) {
 	transporttest.Run(t, transporttest.Factory{
 		Kind:   Kind,
-		Expect: transporttest.Rekey | transporttest.Blocks,
+		Expect: transporttest.Rekey,
 		New: func(t testing.TB, send, recv transport.Inbound) *transporttest.Pair {
 			a, b := New(send), New(recv)
 			addr := t.Name()

@@ -25,8 +25,29 @@ func init() {
 		Ranges: ranges,
 		Check:  check,
 		New:    newDriver,
-		Caps:   transport.Caps{Rank: 20, Memory: []memory.Kind{memory.Host, memory.CUDA}, Ops: transport.OpWrite, Prepared: true},
+		Caps:   verbs.Caps,
+		CapsOf: capsOf,
 	})
+}
+
+// Caps is what the kind can do over several devices: it writes (striped,
+// failing over between rails) and moves block-id requests in one go, but
+// neither reads nor prepares, so a pull or a prepared plan goes to another
+// kind (or runs unprepared).
+var Caps = transport.Caps{
+	Rank:   verbs.Caps.Rank,
+	Memory: []memory.Kind{memory.Host, memory.CUDA},
+	Ops:    transport.OpWrite,
+	Blocks: true,
+}
+
+// capsOf is the kind's capabilities as New configured it: one device is
+// the plain verbs transport, several are rails.
+func capsOf(t transport.Transport) transport.Caps {
+	if _, ok := t.(*Transport); ok {
+		return Caps
+	}
+	return verbs.Caps
 }
 
 // settings are the kind's flags: the verbs transport's and the rails'

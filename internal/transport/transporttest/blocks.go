@@ -118,7 +118,7 @@ func (p kvPair) check(t *testing.T, srcIDs, dstIDs []uint32, sbuf, dbuf [][]byte
 func testBlocks(t *testing.T, f Factory) {
 	r := start(t, f)
 	_, has := r.conn.(transport.BlockWriter)
-	t.Run("Declared", func(t *testing.T) { declared(t, f, Blocks, has) })
+	t.Run("Declared", func(t *testing.T) { r.declared(t, Blocks, has) })
 	cases := []struct {
 		name             string
 		srcFused, dstFus bool
@@ -273,6 +273,8 @@ func testBlocksCancel(t *testing.T, f Factory) {
 func testBlocksRead(t *testing.T, f Factory) {
 	r := start(t, f)
 	r.reader(t)
+	_, has := r.conn.(transport.BlockReader)
+	t.Run("Declared", func(t *testing.T) { r.declared(t, BlocksRead, has) })
 	cases := []struct {
 		name             string
 		srcFused, dstFus bool

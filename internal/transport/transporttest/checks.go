@@ -471,7 +471,7 @@ func testConcurrent(t *testing.T, f Factory) {
 func testPrepared(t *testing.T, f Factory) {
 	r := start(t, f)
 	p, ok := r.conn.(transport.Preparer)
-	declared(t, f, Prepare, ok)
+	r.declared(t, Prepare, ok)
 	for _, l := range layouts() {
 		t.Run(l.name, func(t *testing.T) {
 			src, sb := r.source(t, l.size)
@@ -530,7 +530,7 @@ func testRekey(t *testing.T, f Factory) {
 	src, sb := r.source(t, n*blk)
 	reg, dst, db := r.dest(t, n*blk)
 	rk, ok := reg.(transport.Rekeyer)
-	declared(t, f, Rekey, ok)
+	r.declared(t, Rekey, ok)
 	fill(rand.New(rand.NewPCG(8, 8)), sb)
 	b := blockBatch(n, blk, false)
 	poisoned(db)

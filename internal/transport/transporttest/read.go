@@ -23,7 +23,7 @@ import (
 func (r *rig) reader(t *testing.T) transport.Reader {
 	t.Helper()
 	rd, ok := r.conn.(transport.Reader)
-	declared(t, r.f, Read, ok)
+	r.declared(t, Read, ok)
 	return rd
 }
 

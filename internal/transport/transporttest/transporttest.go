@@ -21,9 +21,12 @@
 //     merges, fused segments and repeated source ids, through the kind's
 //     BlockWriter where it has one.
 //
-// Optional behaviours are found by type assertion; the Factory declares
-// which it has (Expect), so one that is missing, or present and undeclared,
-// fails instead of being skipped quietly.
+// What a kind can do is declared once, in its driver's transport.Caps
+// (Ops, Blocks, Prepared): the suite runs the Read checks iff Caps says
+// OpRead, the prepared checks iff Prepared, and fails a kind whose Conns
+// implement more or less than that, so a declaration cannot lie. The other
+// optional behaviours (Rekeyer, Counter, Advertiser) are found by type
+// assertion and declared in Factory.Expect, with the same rule.
 package transporttest
 
 import (
@@ -41,7 +44,7 @@ import (
 type Optional uint
 
 const (
-	// Prepare: the Conns implement transport.Preparer.
+	// Prepare: the Conns implement transport.Preparer (Caps.Prepared).
 	Prepare Optional = 1 << iota
 	// Rekey: the registrations implement transport.Rekeyer.
 	Rekey
@@ -49,19 +52,25 @@ const (
 	Count
 	// Advertise: the Transport implements transport.Advertiser.
 	Advertise
-	// Blocks: the Conns implement transport.BlockWriter.
+	// Blocks: the Conns implement transport.BlockWriter (Caps.Blocks).
 	Blocks
-	// Read: the Conns implement transport.Reader (pulls), checked by the
-	// Read* checks.
+	// Read: the Conns implement transport.Reader (pulls; Caps.Ops has
+	// OpRead), checked by the Read* checks.
 	Read
+	// BlocksRead: the Conns implement transport.BlockReader (Caps.Blocks
+	// with OpRead).
+	BlocksRead
 )
+
+// fromCaps are the optionals the kind's Caps declare, never Expect.
+const fromCaps = Prepare | Blocks | Read | BlocksRead
 
 func (o Optional) String() string {
 	var s []string
 	for _, x := range []struct {
 		o    Optional
 		name string
-	}{{Prepare, "Preparer"}, {Rekey, "Rekeyer"}, {Count, "Counter"}, {Advertise, "Advertiser"}, {Blocks, "BlockWriter"}, {Read, "Reader"}} {
+	}{{Prepare, "Preparer"}, {Rekey, "Rekeyer"}, {Count, "Counter"}, {Advertise, "Advertiser"}, {Blocks, "BlockWriter"}, {Read, "Reader"}, {BlocksRead, "BlockReader"}} {
 		if o&x.o != 0 {
 			s = append(s, x.name)
 		}
@@ -90,8 +99,13 @@ type Pair struct {
 // Factory builds the kind under test.
 type Factory struct {
 	Kind transport.Kind
-	// Expect are the optional interfaces the kind implements.
+	// Expect are the optional interfaces the kind implements beyond its
+	// Caps: Rekey, Count, Advertise (the others are the Caps').
 	Expect Optional
+	// Caps is what the kind declares it can do, for a kind whose driver is
+	// not registered in the test's binary (verbs inside its own package);
+	// nil: the registered driver's CapsFor(the Pair's Sender).
+	Caps *transport.Caps
 	// New starts a Pair whose receiving sides answer Pin and Landed through
 	// send and recv. The suite closes both transports at the end of t.
 	New func(t testing.TB, send, recv transport.Inbound) *Pair
@@ -155,12 +169,21 @@ type rig struct {
 	p        *Pair
 	sin, rin *Inbound
 	conn     transport.Conn
+	caps     transport.Caps
 }
 
 func start(t testing.TB, f Factory) *rig {
 	t.Helper()
 	r := &rig{f: f, sin: newInbound(f.Kind), rin: newInbound(f.Kind)}
 	r.p = f.New(t, r.sin, r.rin)
+	switch d, ok := transport.Lookup(f.Kind); {
+	case f.Caps != nil:
+		r.caps = *f.Caps
+	case ok:
+		r.caps = d.CapsFor(r.p.Sender)
+	default:
+		t.Fatalf("no driver of kind %s is registered and the factory gives no Caps", f.Kind)
+	}
 	t.Cleanup(func() {
 		_ = r.p.Sender.Close()
 		_ = r.p.Receiver.Close()
@@ -250,17 +273,38 @@ func (r *rig) remote(reg transport.Registration, size uint64) transport.RemoteRe
 	return transport.RemoteRegion{Name: "conformance", Size: size, Key: reg.Key()}
 }
 
+// wants says whether the kind declares o: in its Caps for the optionals
+// Caps covers, else in the factory's Expect.
+func (r *rig) wants(o Optional) bool {
+	c := r.caps
+	switch o {
+	case Prepare:
+		return c.Prepared
+	case Blocks:
+		return c.Blocks
+	case Read:
+		return c.Ops&transport.OpRead != 0
+	case BlocksRead:
+		return c.Blocks && c.Ops&transport.OpRead != 0
+	}
+	return r.f.Expect&o != 0
+}
+
 // declared fails t when the kind's declaration of o disagrees with what
 // it has, and says whether to run o's checks.
-func declared(t *testing.T, f Factory, o Optional, has bool) bool {
+func (r *rig) declared(t *testing.T, o Optional, has bool) bool {
 	t.Helper()
-	switch want := f.Expect&o != 0; {
+	where := "its Caps"
+	if o&fromCaps == 0 {
+		where = "its factory's Expect"
+	}
+	switch want := r.wants(o); {
 	case want && !has:
-		t.Fatalf("the factory declares %v, and the %s transport does not implement it", o, f.Kind)
+		t.Fatalf("the %s transport declares %v in %s, and does not implement it", r.f.Kind, o, where)
 	case !want && has:
-		t.Fatalf("the %s transport implements %v and its factory does not declare it (add it to Expect)", f.Kind, o)
+		t.Fatalf("the %s transport implements %v and %s do not declare it", r.f.Kind, o, where)
 	case !has:
-		t.Skipf("%s has no %v (as declared)", f.Kind, o)
+		t.Skipf("%s has no %v (as declared)", r.f.Kind, o)
 	}
 	return true
 }
@@ -272,6 +316,17 @@ func testKind(t *testing.T, f Factory) {
 			t.Fatalf("Kind() = %q, the factory says %q", k, f.Kind)
 		}
 	}
+	t.Run("Caps", func(t *testing.T) {
+		if r.f.Expect&fromCaps != 0 {
+			t.Fatalf("the factory's Expect names %v: declare it in the driver's Caps", r.f.Expect&fromCaps)
+		}
+		if r.caps.Ops&transport.OpWrite == 0 {
+			t.Fatalf("Caps.Ops = %v: every kind writes", r.caps.Ops)
+		}
+		if r.f.Memory == nil && !r.caps.Supports(memory.Host) {
+			t.Fatalf("Caps.Memory = %v lacks host memory, which the suite moved", r.caps.Memory)
+		}
+	})
 	_, adv := r.p.Receiver.(transport.Advertiser)
 	_, cnt := r.p.Receiver.(transport.Counter)
 	for _, c := range []struct {
@@ -279,7 +334,7 @@ func testKind(t *testing.T, f Factory) {
 		has bool
 	}{{Advertise, adv}, {Count, cnt}} {
 		t.Run(c.o.String(), func(t *testing.T) {
-			declared(t, f, c.o, c.has)
+			r.declared(t, c.o, c.has)
 			switch tr := r.p.Receiver.(type) {
 			case transport.Advertiser:
 				if c.o == Advertise {

@@ -4180,7 +4180,6 @@ type HandshakeRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	NodeName        string                 `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
-	Capabilities    []string               `protobuf:"bytes,4,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	Kinds           []string               `protobuf:"bytes,5,rep,name=kinds,proto3" json:"kinds,omitempty"` // the transports this daemon runs
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
@@ -4230,13 +4229,6 @@ func (x *HandshakeRequest) GetNodeName() string {
 	return ""
 }
 
-func (x *HandshakeRequest) GetCapabilities() []string {
-	if x != nil {
-		return x.Capabilities
-	}
-	return nil
-}
-
 func (x *HandshakeRequest) GetKinds() []string {
 	if x != nil {
 		return x.Kinds
@@ -4248,7 +4240,6 @@ type HandshakeResponse struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	ProtocolVersion uint32                 `protobuf:"varint,1,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	NodeName        string                 `protobuf:"bytes,2,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
-	Capabilities    []string               `protobuf:"bytes,4,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
 	// Random and non-zero, set once per daemon start: a peer that sees it change
 	// knows this daemon restarted (its prepared plans to it are stale).
 	InstanceId uint64 `protobuf:"varint,7,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
@@ -4303,13 +4294,6 @@ func (x *HandshakeResponse) GetNodeName() string {
 		return x.NodeName
 	}
 	return ""
-}
-
-func (x *HandshakeResponse) GetCapabilities() []string {
-	if x != nil {
-		return x.Capabilities
-	}
-	return nil
 }
 
 func (x *HandshakeResponse) GetInstanceId() uint64 {
@@ -5232,16 +5216,14 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x11CancelCallRequest\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\"1\n" +
 	"\x12CancelCallResponse\x12\x1b\n" +
-	"\tin_flight\x18\x01 \x01(\bR\binFlight\"\x9a\x01\n" +
+	"\tin_flight\x18\x01 \x01(\bR\binFlight\"\x8a\x01\n" +
 	"\x10HandshakeRequest\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
-	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\"\n" +
-	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\x12\x14\n" +
-	"\x05kinds\x18\x05 \x03(\tR\x05kindsJ\x04\b\x03\x10\x04\"\xbc\x02\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x14\n" +
+	"\x05kinds\x18\x05 \x03(\tR\x05kindsJ\x04\b\x03\x10\x04J\x04\b\x04\x10\x05R\fcapabilities\"\xac\x02\n" +
 	"\x11HandshakeResponse\x12)\n" +
 	"\x10protocol_version\x18\x01 \x01(\rR\x0fprotocolVersion\x12\x1b\n" +
-	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\"\n" +
-	"\fcapabilities\x18\x04 \x03(\tR\fcapabilities\x12\x1f\n" +
+	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12\x1f\n" +
 	"\vinstance_id\x18\a \x01(\x04R\n" +
 	"instanceId\x12@\n" +
 	"\aadverts\x18\n" +
@@ -5249,7 +5231,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\fAdvertsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01J\x04\b\x03\x10\x04J\x04\b\x05\x10\x06J\x04\b\x06\x10\aJ\x04\b\b\x10\tJ\x04\b\t\x10\n" +
-	"\"R\n" +
+	"J\x04\b\x04\x10\x05R\fcapabilities\"R\n" +
 	"\x14ResolveRegionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
 	"\x06access\x18\x02 \x01(\x0e2\x0e.b2b.v1.AccessR\x06access\"\xe3\x01\n" +

@@ -182,19 +182,17 @@ class ExportRegionResponse(_message.Message):
     def __init__(self, region: _Optional[_Union[Region, _Mapping]] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ["capabilities", "kinds", "node_name", "protocol_version"]
-    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ["kinds", "node_name", "protocol_version"]
     KINDS_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
-    capabilities: _containers.RepeatedScalarFieldContainer[str]
     kinds: _containers.RepeatedScalarFieldContainer[str]
     node_name: str
     protocol_version: int
-    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., kinds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ["adverts", "capabilities", "instance_id", "node_name", "protocol_version"]
+    __slots__ = ["adverts", "instance_id", "node_name", "protocol_version"]
     class AdvertsEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -203,16 +201,14 @@ class HandshakeResponse(_message.Message):
         value: bytes
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
     ADVERTS_FIELD_NUMBER: _ClassVar[int]
-    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     adverts: _containers.ScalarMap[str, bytes]
-    capabilities: _containers.RepeatedScalarFieldContainer[str]
     instance_id: int
     node_name: str
     protocol_version: int
-    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., capabilities: _Optional[_Iterable[str]] = ..., instance_id: _Optional[int] = ..., adverts: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    def __init__(self, protocol_version: _Optional[int] = ..., node_name: _Optional[str] = ..., instance_id: _Optional[int] = ..., adverts: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
 
 class HostAlloc(_message.Message):
     __slots__ = ["size"]
