@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -33,11 +34,20 @@ func (m *Manager) ResolveHeld(ctx context.Context, addr string, s Session, name 
 	return r, cached, release, err
 }
 
+// holdReleaseWait bounds release's wait for the peer's end of a hold: a
+// live peer ends it within a round trip, so that a client told that its
+// batch landed may deregister the region at once; a peer cut off (its
+// links down) must not hold the batch's answer until its deadline.
+const holdReleaseWait = 250 * time.Millisecond
+
 // holdRegion opens a HoldRegion stream and returns its answer and the end
-// of its hold: release ends our side and waits for the peer's end. A peer
-// without HoldRegion is asked ResolveRegion, which holds nothing.
+// of its hold: release ends our side and waits for the peer's end, at most
+// holdReleaseWait, then cuts the stream (the peer lets go when it sees the
+// cut). A peer without HoldRegion is asked ResolveRegion, which holds
+// nothing.
 func holdRegion(ctx context.Context, ctl b2bv1.PeerClient, req *b2bv1.ResolveRegionRequest) (*b2bv1.ResolveRegionResponse, func(), error) {
-	st, err := ctl.HoldRegion(ctx)
+	sctx, cut := context.WithCancel(ctx)
+	st, err := ctl.HoldRegion(sctx)
 	if err == nil {
 		if err = st.Send(req); errors.Is(err, io.EOF) {
 			_, err = st.Recv() // the stream's own error
@@ -48,14 +58,19 @@ func holdRegion(ctx context.Context, ctl b2bv1.PeerClient, req *b2bv1.ResolveReg
 		resp, err = st.Recv()
 	}
 	if status.Code(err) == codes.Unimplemented {
+		cut()
 		resp, err = ctl.ResolveRegion(ctx, req)
 		return resp, func() {}, err
 	}
 	if err != nil {
+		cut()
 		return nil, nil, err
 	}
 	return resp, func() {
+		defer cut()
 		_ = st.CloseSend()
+		t := time.AfterFunc(holdReleaseWait, cut)
+		defer t.Stop()
 		for {
 			if _, err := st.Recv(); err != nil {
 				return

@@ -61,9 +61,16 @@ func (c *fakeConn) Close() error { c.closed.Store(true); return nil }
 
 func newTestManager(t *testing.T) (*Manager, *fakePeer, *fakeTransport) {
 	t.Helper()
+	fp := &fakePeer{}
+	m, _, ft := newTestManagerWith(t, fp)
+	return m, fp, ft
+}
+
+// newTestManagerWith is newTestManager with the peer's Peer service given.
+func newTestManagerWith(t *testing.T, fp b2bv1.PeerServer) (*Manager, b2bv1.PeerServer, *fakeTransport) {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
-	fp := &fakePeer{}
 	b2bv1.RegisterPeerServer(srv, fp)
 	go srv.Serve(lis)
 	t.Cleanup(srv.Stop)
