@@ -22,7 +22,7 @@ import (
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
-// Pulls over verbs between two hosts (issue 24): the twins of
+// Pulls over verbs between two hosts: the twins of
 // TestPullTrust, TestPullDeadline, TestPullFaults, TestPullPeerKilled and
 // TestPullLoad, run by test-rdma-vm.sh in VM B with a real daemon in each VM
 // (remoteClients: B's daemon is "src", the caller; A's is "dst", the serving

@@ -37,7 +37,7 @@ func (l *lockedBuffer) String() string {
 // TestHostGPUBatchesPinned: a host<->GPU batch over the same-host path
 // copies from and to host memory registered with the CUDA driver (pageable
 // memory is staged by the driver on the compute engine, i.e. the SMs, and is
-// slow: issue 21). The registration is made once per mapping (Warm or the
+// slow). The registration is made once per mapping (Warm or the
 // first batch, not per batch), and undone before the memory is unmapped.
 // Where the driver refuses it, batches still work from pageable memory, and
 // Status and the log (once) say so.

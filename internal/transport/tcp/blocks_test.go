@@ -259,7 +259,7 @@ func TestBlocksRegionSmallerThanLayout(t *testing.T) {
 // 320 MiB) pushed with WriteBlocks and pulled with ReadBlocks over
 // loopback, 4 streams. Reported: each one's plan and post (the
 // transport's part of the daemon's non-wire time) per request, and pull's
-// over push's (issue 24: within 1.2x).
+// over push's (the target: within 1.2x).
 func BenchmarkBlocksPushPull(b *testing.B) {
 	const segs, pool, blk, n = 160, 256, 8192, 256
 	p := newPairCfg(b, segs*pool*blk, Config{Listen: "127.0.0.1:0", Streams: 4})

@@ -13,7 +13,7 @@ import (
 func TestConformance(t *testing.T) {
 	transporttest.Run(t, transporttest.Factory{
 		Kind: transport.TCP,
-		// Found by the suite (issue 22): a receiver that took the frame
+		// Found by the suite: a receiver that took the frame
 		// off the socket late (stalled in Pin) still places it, and counts
 		// it as landed, after the sender answered DeadlineExceeded or
 		// Canceled; closing the streams does not withdraw bytes already in

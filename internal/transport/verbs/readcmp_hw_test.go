@@ -2,7 +2,7 @@ package verbs
 
 // The READ half of the Soft-RoCE comparison (deploy/rdma-testbed/
 // test-rdma-vm.sh), driving Conn.Read directly until b2b-bench pulls
-// through the daemons (--op read, issue 24's control plane): VM A runs
+// through the daemons (--op read, the daemons' control plane): VM A runs
 // TestHWReadSource for the whole comparison, VM B runs TestHWReadSink once
 // per (size, round), between its ib_read_bw runs of the same round.
 //

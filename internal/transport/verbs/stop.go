@@ -10,7 +10,7 @@ import (
 )
 
 // abandon ends a batch whose caller's deadline or cancel came with WRs in
-// flight, stopping only that batch when it can (issue 23: stopping the
+// flight, stopping only that batch when it can (stopping the
 // whole connection failed every batch queued behind it with Aborted):
 //
 //  1. nothing more of the batch is posted (the callers stop posting);
