@@ -2,7 +2,10 @@ package peer
 
 import (
 	"context"
+	"fmt"
 	"sync"
+
+	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // ctxMutex is a mutex whose Lock can give up when the caller's context
@@ -46,4 +49,11 @@ func (m *ctxMutex) LockContext(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// peerBusy is the error of a call whose context ended while it waited for
+// the peer's lock, which another call held across a handshake or connect:
+// nothing of it was sent.
+func peerBusy(addr string, err error) error {
+	return fmt.Errorf("%w: peer %s: waiting for another call's handshake or connect: %w", transport.ErrNotSent, addr, err)
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
-	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -215,7 +214,7 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind, nee
 	}
 	defer m.release(st)
 	if err := st.mu.LockContext(ctx); err != nil {
-		return Session{}, fmt.Errorf("%w: peer %s: waiting for another call's handshake or connect: %w", transport.ErrNotSent, addr, err)
+		return Session{}, peerBusy(addr, err)
 	}
 	defer st.mu.Unlock()
 	s, err := m.get(ctx, st, want, need)
@@ -656,7 +655,9 @@ func resolveCached[T any](ctx context.Context, m *Manager, addr, name string, tt
 		return r, false, err
 	}
 	defer m.release(st)
-	st.mu.Lock()
+	if err := st.mu.LockContext(ctx); err != nil {
+		return r, false, peerBusy(addr, err)
+	}
 	c, ok := of(st)[name]
 	ctl := st.client
 	st.mu.Unlock()
@@ -669,9 +670,10 @@ func resolveCached[T any](ctx context.Context, m *Manager, addr, name string, tt
 	if r, err = fetch(ctl); err != nil {
 		return r, false, err
 	}
-	st.mu.Lock()
-	of(st)[name] = cacheEntry[T]{r: r, at: time.Now()}
-	st.mu.Unlock()
+	if st.mu.LockContext(ctx) == nil { // else the answer goes uncached
+		of(st)[name] = cacheEntry[T]{r: r, at: time.Now()}
+		st.mu.Unlock()
+	}
 	return r, false, nil
 }
 
@@ -690,27 +692,6 @@ func (m *Manager) ForgetLayoutFor(addr, name string, a transport.Access) {
 		delete(st.layouts, cacheKey(name, a))
 		st.mu.Unlock()
 	}
-}
-
-// Notify hands n to the peer at addr (Peer.Notify), for its watchers.
-func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification) error {
-	st, err := m.acquire(addr, false)
-	if st == nil {
-		if err == nil {
-			err = fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
-		}
-		return err
-	}
-	defer m.release(st)
-	st.mu.Lock()
-	ctl := st.client
-	st.mu.Unlock()
-	if ctl == nil {
-		return fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
-	}
-	_, err = ctl.Notify(ctx, &b2bv1.NotifyRequest{Region: n.Region, Sender: n.Sender,
-		Notification: n.Notification, Blocks: n.Blocks, Bytes: n.Bytes})
-	return fromRPC(ctx, err)
 }
 
 // Forget drops a cached resolution.
