@@ -384,14 +384,29 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 
 // Broken tells the manager that a batch on s failed in a way that leaves the
 // connection unusable or the peer possibly restarted.
+// It never waits for the peer's lock, which another call may hold across a
+// handshake with a frozen peer: the batch reporting it must still answer at
+// its deadline. A busy lock leaves the work to a goroutine.
 func (m *Manager) Broken(addr string, s Session) {
 	st, _ := m.acquire(addr, false)
 	if st == nil {
 		return
 	}
+	if !st.mu.TryLock() {
+		go func() {
+			defer m.release(st)
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			m.brokenLocked(st, s)
+		}()
+		return
+	}
 	defer m.release(st)
-	st.mu.Lock()
 	defer st.mu.Unlock()
+	m.brokenLocked(st, s)
+}
+
+func (m *Manager) brokenLocked(st *state, s Session) {
 	if c := st.conns[s.Kind]; c != s.Conn {
 		// Another batch on the same connection already reported it, and a
 		// fresh one may be carrying retries by now: forgetting the handshake

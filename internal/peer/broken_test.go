@@ -1,0 +1,39 @@
+package peer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// TestBrokenDoesNotWait: a batch reporting a broken connection while
+// another call holds the peer's lock (a handshake with a frozen peer) is
+// not held up; the connection is dropped once the lock is free.
+func TestBrokenDoesNotWait(t *testing.T) {
+	m, _, _ := newTestManager(t)
+	const addr = "127.0.0.1:7470"
+	s, err := m.Get(context.Background(), addr, transport.TCP, writeNeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	st := m.peers[addr]
+	m.mu.Unlock()
+	st.mu.Lock() // another call's handshake
+	done := make(chan struct{})
+	go func() { m.Broken(addr, s); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Broken waited for the peer's lock")
+	}
+	st.mu.Unlock()
+	closed := s.Conn.(*trackedConn).Conn.(*fakeConn).closed.Load
+	for end := time.Now().Add(5 * time.Second); !closed(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the broken connection was not closed once the lock was free")
+		}
+	}
+}
