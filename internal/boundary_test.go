@@ -31,11 +31,13 @@ const registrationPkg, registrationFile = "internal/daemon", "builtins.go"
 
 // testExceptions are the only tests outside a kind that import its
 // packages, each for a reason: the e2e suite rewrites a peer's tcp advert
-// to stall its data path (deadline_test.go), and the server's tests run
-// the real tcp transport as their data plane.
+// to stall its data path (deadline_test.go), the server's tests run the
+// real tcp transport as their data plane, and the peer manager's test of
+// the choice by Caps falls back to it (caps_test.go).
 var testExceptions = map[string][]string{
-	"internal/e2e": {"proto/b2b/transport/tcp"},
-	"server":       {"internal/transport/tcp"},
+	"internal/e2e":  {"proto/b2b/transport/tcp"},
+	"internal/peer": {"internal/transport/tcp"},
+	"server":        {"internal/transport/tcp"},
 }
 
 // familyOf is the kind whose family holds package p, "" for none.
