@@ -95,6 +95,7 @@ from ._transfers import (  # noqa: F401 - b2b.client keeps every name it had
     _RUNNING,
     _STATE_NAME,
     _STATUS_BY_VALUE,
+    _interrupts_deferred,
 )
 
 __all__ = [
@@ -267,7 +268,10 @@ class Client:
         call_id = new_call_id()
         fut = None
         try:
-            fut = method.future(request, timeout=rpc_timeout, metadata=(md or ()) + ((CALL_ID_KEY, call_id),))
+            # An interrupt inside gRPC's own start of the call can leave one
+            # of its locks held, and the channel then hangs: it waits here.
+            with _interrupts_deferred():
+                fut = method.future(request, timeout=rpc_timeout, metadata=(md or ()) + ((CALL_ID_KEY, call_id),))
             return fut.result()
         except grpc.RpcError:
             raise
@@ -675,7 +679,8 @@ class Client:
             if self._closed:
                 raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
             deadline = deadline_after(self.timeout)
-            fut = self._stub.PollTransfers.future(pb.PollTransfersRequest(transfer_ids=[t.id for t in ask]), timeout=self.timeout)
+            with _interrupts_deferred():  # a poll that started is kept (below)
+                fut = self._stub.PollTransfers.future(pb.PollTransfersRequest(transfer_ids=[t.id for t in ask]), timeout=self.timeout)
             try:
                 r = fut.result()
             except grpc.RpcError as e:
