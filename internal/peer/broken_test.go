@@ -37,3 +37,43 @@ func TestBrokenDoesNotWait(t *testing.T) {
 		}
 	}
 }
+
+// TestForgetDoesNotWait: dropping a stale resolution (a refused key, a
+// prepared plan's re-bind) while another call holds the peer's lock over a
+// handshake with a frozen peer returns at once, and the entry is gone.
+func TestForgetDoesNotWait(t *testing.T) {
+	m, _, _ := newTestManager(t)
+	const addr = "127.0.0.1:7470"
+	if _, err := m.Get(context.Background(), addr, transport.TCP, writeNeed); err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	st := m.peers[addr]
+	m.mu.Unlock()
+	st.cacheMu.Lock()
+	st.resolved[cacheKey("r", transport.AccessWrite)] = cacheEntry[Resolved]{at: time.Now()}
+	st.layouts[cacheKey("l", transport.AccessRead)] = cacheEntry[*transport.LayoutResolution]{at: time.Now()}
+	st.cacheMu.Unlock()
+	st.mu.Lock() // another call's handshake
+	defer st.mu.Unlock()
+	for _, forget := range []struct {
+		name string
+		call func()
+	}{
+		{"Forget", func() { m.Forget(addr, "r") }},
+		{"ForgetLayoutFor", func() { m.ForgetLayoutFor(addr, "l", transport.AccessRead) }},
+	} {
+		done := make(chan struct{})
+		go func() { forget.call(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s waited for the peer's lock", forget.name)
+		}
+	}
+	st.cacheMu.Lock()
+	defer st.cacheMu.Unlock()
+	if len(st.resolved) != 0 || len(st.layouts) != 0 {
+		t.Fatalf("entries left after Forget: %d resolutions, %d layouts", len(st.resolved), len(st.layouts))
+	}
+}

@@ -20,7 +20,6 @@ import (
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -120,37 +119,21 @@ type state struct {
 	// peer (its driver's Usable, run once per handshake); a kind absent
 	// is usable.
 	unusable map[transport.Kind]error
+	// cacheMu guards resolved, layouts and cacheGen. It is apart from mu,
+	// which a handshake holds over the network: dropping a stale entry
+	// (a refused key, a prepared plan's re-bind) must never wait for a
+	// handshake, or a batch against a frozen peer overruns its deadline.
+	// Lock order: mu, then cacheMu.
+	cacheMu sync.Mutex
+	// cacheGen counts clears: an answer fetched before a clear (the peer
+	// may have restarted since) is not cached after it.
+	cacheGen uint64
 	// resolved caches region resolutions; cleared whenever the peer may have
 	// changed (new handshake, broken connection, refused key).
 	resolved map[string]cacheEntry[Resolved]
 	// layouts caches layout resolutions, cleared with resolved.
 	layouts map[string]cacheEntry[*transport.LayoutResolution]
 }
-
-// cacheEntry is a resolution (ResolveRegion's or ResolveLayout's) and when it
-// was made.
-type cacheEntry[T any] struct {
-	r  T
-	at time.Time
-}
-
-// Resolved is a peer's export name resolved: its size and its key with each
-// transport it is registered with.
-type Resolved = transport.Resolution
-
-// resolveTTL bounds how long a region resolution is reused: within it a
-// batch pays no resolve round trip; after it an un-exported or
-// re-permissioned region is noticed even on transports whose keys the
-// receiver cannot revoke (rkeys).
-const resolveTTL = time.Second
-
-// layoutTTL: a layout resolution is kept until it fails (0: no age limit).
-// A layout's geometry changes only by deregistering it, which rekeys its
-// regions (batch.Layouts.Deregister), so a stale resolution's key is
-// refused (ForgetLayout) or breaks the connection (its cache is dropped);
-// a restarted peer drops it at the handshake. A request then pays no
-// resolve round trip however far apart requests come.
-const layoutTTL = 0
 
 // New creates a manager. self is what this daemon says in its handshake;
 // loopbackOnly refuses peers off this host (plaintext mode).
@@ -418,8 +401,7 @@ func (m *Manager) brokenLocked(st *state, s Session) {
 	_ = s.Conn.Close()
 	delete(st.conns, s.Kind)
 	st.hs = nil
-	clear(st.resolved)
-	clear(st.layouts)
+	st.clearCache()
 	if st.cc != nil {
 		st.cc.ResetConnectBackoff()
 	}
@@ -488,8 +470,7 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		_ = c.Close()
 		delete(st.conns, k)
 	}
-	clear(st.resolved)
-	clear(st.layouts)
+	st.clearCache()
 	st.hs = hs
 	st.instance.Store(hs.GetInstanceId())
 	st.unusable = m.usable(st)
@@ -588,140 +569,6 @@ func offered(hs *b2bv1.HandshakeResponse) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-// Resolve returns the peer's export name resolved to its size and keys,
-// from the cache when it can; cached says which, so a caller whose batch is
-// refused for a stale key knows a fresh resolution may help.
-func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name string) (r Resolved, cached bool, err error) {
-	return m.ResolveFor(ctx, addr, s, name, transport.AccessWrite)
-}
-
-// cacheKey is name's entry in a peer's resolution caches for access a:
-// a write resolution under the name itself, a read one apart (export
-// names cannot hold a NUL: layout.CheckExportName, checked before any
-// lookup), since each carries its own key.
-func cacheKey(name string, a transport.Access) string {
-	if a == transport.AccessRead {
-		return name + "\x00read"
-	}
-	return name
-}
-
-// accessProto is a as the Peer service names it.
-func accessProto(a transport.Access) b2bv1.Access {
-	if a == transport.AccessRead {
-		return b2bv1.Access_ACCESS_READ
-	}
-	return b2bv1.Access_ACCESS_WRITE
-}
-
-// ResolveFor is Resolve for access a (AccessWrite or AccessRead): the
-// peer hands out only the key its grant for a allows, cached apart.
-func (m *Manager) ResolveFor(ctx context.Context, addr string, s Session, name string, a transport.Access) (r Resolved, cached bool, err error) {
-	if err := layout.CheckExportName("export name", name); err != nil {
-		return r, false, err // its cache key could alias another name's
-	}
-	return resolveCached(ctx, m, addr, cacheKey(name, a), resolveTTL, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
-		func(ctl b2bv1.PeerClient) (Resolved, error) {
-			resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name, Access: accessProto(a)})
-			if err != nil {
-				return r, fromRPC(ctx, err)
-			}
-			return resolvedFromProto(resp), nil
-		})
-}
-
-// ResolveLayout returns the peer's exported layout resolved (its segments,
-// validated, and its regions' keys), from the cache when it can, like
-// Resolve: a restarted peer (new handshake), a broken connection or
-// ForgetLayout (a refused key) drop it; it has no age limit (layoutTTL).
-func (m *Manager) ResolveLayout(ctx context.Context, addr, name string) (r *transport.LayoutResolution, cached bool, err error) {
-	return m.ResolveLayoutFor(ctx, addr, name, transport.AccessWrite)
-}
-
-// ResolveLayoutFor is ResolveLayout for access a, cached apart.
-func (m *Manager) ResolveLayoutFor(ctx context.Context, addr, name string, a transport.Access) (r *transport.LayoutResolution, cached bool, err error) {
-	if err := layout.CheckExportName("layout export name", name); err != nil {
-		return nil, false, err
-	}
-	return resolveCached(ctx, m, addr, cacheKey(name, a), layoutTTL, func(st *state) map[string]cacheEntry[*transport.LayoutResolution] { return st.layouts },
-		func(ctl b2bv1.PeerClient) (*transport.LayoutResolution, error) {
-			resp, err := ctl.ResolveLayout(ctx, &b2bv1.ResolveLayoutRequest{Name: name, Access: accessProto(a)})
-			if err != nil {
-				return nil, fromRPC(ctx, err)
-			}
-			r, err := layoutFromProto(resp)
-			if err != nil {
-				return nil, fmt.Errorf("peer %s answered a layout b2bd cannot use: %w", addr, err)
-			}
-			return r, nil
-		})
-}
-
-// resolveCached answers name from the peer's cache (of) while the entry is
-// younger than ttl (0: any age), else asks the peer (fetch) and caches it.
-func resolveCached[T any](ctx context.Context, m *Manager, addr, name string, ttl time.Duration, of func(*state) map[string]cacheEntry[T], fetch func(b2bv1.PeerClient) (T, error)) (r T, hit bool, err error) {
-	st, err := m.acquire(addr, false)
-	if st == nil {
-		if err == nil {
-			err = fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
-		}
-		return r, false, err
-	}
-	defer m.release(st)
-	if err := st.mu.LockContext(ctx); err != nil {
-		return r, false, peerBusy(addr, err)
-	}
-	c, ok := of(st)[name]
-	ctl := st.client
-	st.mu.Unlock()
-	if ok && (ttl == 0 || time.Since(c.at) < ttl) {
-		return c.r, true, nil
-	}
-	if ctl == nil {
-		return r, false, fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
-	}
-	if r, err = fetch(ctl); err != nil {
-		return r, false, err
-	}
-	if st.mu.LockContext(ctx) == nil { // else the answer goes uncached
-		of(st)[name] = cacheEntry[T]{r: r, at: time.Now()}
-		st.mu.Unlock()
-	}
-	return r, false, nil
-}
-
-// ForgetLayout drops a cached layout resolution.
-func (m *Manager) ForgetLayout(addr, name string) {
-	m.ForgetLayoutFor(addr, name, transport.AccessWrite)
-}
-
-// ForgetLayoutFor drops a cached layout resolution for access a.
-func (m *Manager) ForgetLayoutFor(addr, name string, a transport.Access) {
-	m.mu.Lock()
-	st := m.peers[addr]
-	m.mu.Unlock()
-	if st != nil {
-		st.mu.Lock()
-		delete(st.layouts, cacheKey(name, a))
-		st.mu.Unlock()
-	}
-}
-
-// Forget drops a cached resolution.
-func (m *Manager) Forget(addr, name string) { m.ForgetFor(addr, name, transport.AccessWrite) }
-
-// ForgetFor drops a cached resolution for access a.
-func (m *Manager) ForgetFor(addr, name string, a transport.Access) {
-	m.mu.Lock()
-	st := m.peers[addr]
-	m.mu.Unlock()
-	if st != nil {
-		st.mu.Lock()
-		delete(st.resolved, cacheKey(name, a))
-		st.mu.Unlock()
-	}
 }
 
 // Connected counts peers with a live data path, for Status. A peer whose
