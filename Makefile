@@ -96,11 +96,13 @@ test-faults: deps
 # 8, not 4: from 512 B to 1 MiB both sides are bound by rxe's per-packet work, so b2bd and ib_read_bw run at
 # parity (about 1.02x) and one round's ratio spreads +-0.1; a 4-round median then moves 0.1-0.15 between runs
 # (docs/performance.md). The ratios are still medians of same-round pairs.
-# Either one's environment knobs (deploy/rdma-testbed/test-rdma.sh) still override.
+# Either one's environment knobs (deploy/rdma-testbed/test-rdma.sh) still override. B2B_TESTBED_LOCK names a
+# lock file that serialises testbed runs sharing one host (two VM pairs at once starve each other).
 RDMA_SHORT_SIZES ?= 128,16384,2097152
 test-rdma: build
 	@if [ -x deploy/rdma-testbed/test-rdma.sh ]; then \
-	  B2B_RDMA_SIZES=$${B2B_RDMA_SIZES:-$(RDMA_SHORT_SIZES)} B2B_RDMA_REPS=$${B2B_RDMA_REPS:-2} deploy/rdma-testbed/test-rdma.sh; \
+	  B2B_RDMA_SIZES=$${B2B_RDMA_SIZES:-$(RDMA_SHORT_SIZES)} B2B_RDMA_REPS=$${B2B_RDMA_REPS:-2} \
+	    $${B2B_TESTBED_LOCK:+flock $$B2B_TESTBED_LOCK} deploy/rdma-testbed/test-rdma.sh; \
 	else echo "test-rdma: testbed not present yet"; fi
 
 bench-rdma: build
