@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
 
+	"github.com/b2bd/b2bd/internal/batch"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/region"
@@ -161,6 +162,10 @@ func (rc *ringConn) submit(req ring.Request) {
 		return
 	}
 	ctx, cancel := context.WithCancel(rc.ctx)
+	left := time.Duration(req.TimeoutMs) * time.Millisecond
+	if left > 0 { // the caller's deadline, as a gRPC submit's metadata sends it
+		ctx, cancel = batch.CallerDeadline(rc.ctx, time.Now().Add(left))
+	}
 	rc.inflight[req.Tag] = cancel
 	rc.inMu.Unlock()
 	rc.wg.Add(1)
@@ -181,6 +186,9 @@ func (rc *ringConn) submit(req ring.Request) {
 		cancel()
 		<-rc.slots
 		if err != nil {
+			if left > 0 {
+				err = passed(grpcstatus.ToStatus(err), left)
+			}
 			rc.complete(fail(req.Tag, err))
 			return
 		}
