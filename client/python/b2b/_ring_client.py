@@ -147,14 +147,18 @@ def submit(ring: Ring, plan: "PreparedTransfer", timeout: Optional[float]) -> Op
     ms = _timeout_ms(timeout)
     if ms is None:
         return None
-    with _interrupts_deferred():  # a record posted is a submit the daemon runs: keep its tag
-        tag = ring.start(plan.handle, ms)
+    tag = None
     try:
+        # A record posted is a submit the daemon runs: an interrupt waits
+        # until its tag is in hand (and strikes as the block ends).
+        with _interrupts_deferred():
+            tag = ring.start(plan.handle, ms)
         c = ring.wait(tag)
     except B2BError:
         raise
     except BaseException:
-        _settle(ring, tag)
+        if tag is not None:
+            _settle(ring, tag)
         raise
     err = c.error()
     if err is not None:
@@ -215,8 +219,14 @@ def start_submits(client: "Client", ring: Ring, plans: Sequence["PreparedTransfe
     ms = _timeout_ms(timeout)
     if ms is None:
         return None
-    with _interrupts_deferred():
-        tags = ring.start_many([p.handle for p in plans], ms)
+    tags: List[int] = []
+    try:
+        with _interrupts_deferred():
+            tags = ring.start_many([p.handle for p in plans], ms)
+    except KeyboardInterrupt:
+        for t in tags:  # posted, but no handle reaches the caller: stop them
+            _settle(ring, t)
+        raise
     return [RingTransfer(client, ring, t, p) for t, p in zip(tags, plans)]
 
 

@@ -154,6 +154,60 @@ class RingTest(TwoDaemons):
         self.assertFalse(h.cancel())  # it ended: nothing to cancel, the outcome stays
         self.assert_blocks_equal(self.src, self.so[:q], self.dst, self.do[:q], self.BS)
 
+    def test_interrupted_submit_is_settled(self):
+        # Ctrl-C during submits through the ring: the one in flight is
+        # cancelled and waited for, nothing stays tracked, the ring serves on.
+        import threading
+
+        self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
+        p = self.prepare()
+        done = threading.Event()
+
+        def interrupt():
+            time.sleep(0.3)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            done.set()
+
+        t = threading.Thread(target=interrupt)
+        n = 0
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                t.start()
+                while True:
+                    p.submit()
+                    n += 1
+        finally:
+            done.wait(10)
+            t.join()
+        self.assertGreater(self.posted(), n)  # the interrupted one was posted too
+        self.assertEqual((self.ring._pending, self.ring._done), (set(), {}))
+        self.assertIsNone(self.ring.dead)
+        self.random_fill(self.src)
+        self.assertEqual(p.submit().blocks, self.N)
+        self.assert_blocks_equal(self.src, self.so, self.dst, self.do, self.BS)
+
+    def test_interrupt_while_posting_is_settled(self):
+        # SIGINT as the record is posted is held until the tag is in hand,
+        # then strikes: that submit is cancelled and waited for too.
+        self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
+        p = self.prepare()
+        real = self.ring.start_many
+
+        def start_many(handles, timeout_ms=0):
+            signal.raise_signal(signal.SIGINT)
+            return real(handles, timeout_ms)
+
+        for what, call in (("submit", p.submit), ("start_submits", lambda: self.a.start_submits([p, p]))):
+            before = self.posted()
+            with mock.patch.object(self.ring, "start_many", start_many):
+                with self.assertRaises(KeyboardInterrupt, msg=what):
+                    call()
+            self.assertGreater(self.posted(), before, what)
+            self.assertEqual((self.ring._pending, self.ring._done), (set(), {}), what)
+        self.random_fill(self.src)
+        self.assertEqual(p.submit().blocks, self.N)
+        self.assert_blocks_equal(self.src, self.so, self.dst, self.do, self.BS)
+
     def test_threads_share_the_ring(self):
         import threading
 
