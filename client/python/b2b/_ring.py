@@ -239,7 +239,7 @@ class Ring:
         self.pid = os.getpid()
         mm = self._mm
         sq, cq = struct.unpack_from("<II", mm, OFF_SQN)
-        self._anchor = ctypes.c_char.from_buffer(mm)  # keeps the mapping's address; dropped before unmapping
+        self._anchor = ctypes.c_char.from_buffer(mm)  # the mapping's address; pins it while this object lives
         base = ctypes.addressof(self._anchor)
         self.sq = _Queue(base, mm, OFF_SQ_HEAD, OFF_SQ_TAIL, OFF_SQ_SLEEP, HDR_LEN, sq, REC_LEN, libc, atomic)
         self.cq = _Queue(base, mm, OFF_CQ_HEAD, OFF_CQ_TAIL, OFF_CQ_SLEEP, HDR_LEN + sq * REC_LEN, cq, COMP_LEN, libc, atomic)
@@ -251,11 +251,10 @@ class Ring:
         self._cq_lock = threading.Lock()
         self._pending: Set[int] = set()
         self._done: Dict[int, Completion] = {}
+        # Set once the ring ended (close, or the daemon dropped it): every
+        # operation raises it. The mapping itself goes with this object, so
+        # an operation still running never touches unmapped memory.
         self._dead: Optional[B2BError] = None
-        # Users of the mapping; close unmaps once none is left.
-        self._life = threading.Condition()
-        self._users = 0
-        self._closed = False
         self._watcher = threading.Thread(target=self._watch, name="b2b-ring-watch", daemon=True)
         self._watcher.start()
 
@@ -294,18 +293,6 @@ class Ring:
         """Why the ring ended; ``None`` while it serves."""
         return self._dead
 
-    def _enter(self) -> None:
-        with self._life:
-            if self._closed:
-                raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client: ring is closed")
-            self._users += 1
-
-    def _leave(self) -> None:
-        with self._life:
-            self._users -= 1
-            if self._users == 0:
-                self._life.notify_all()
-
     def close(self) -> None:
         """End the ring: operations in progress raise UnavailableError. Safe twice."""
         if self._dead is None:
@@ -316,18 +303,7 @@ class Ring:
             pass
         self._watcher.join()
         self._sock.close()
-        with self._life:
-            if self._closed:
-                return
-            self._closed = True
-            self.cq.wake()
-            while self._users:
-                self._life.wait(0.05)
-                self.cq.wake()
-            for q in (self.sq, self.cq):
-                q.head = q.tail = q.sleep = None
-            del self._anchor
-            self._mm.close()
+        self.cq.wake()  # waiters see _dead
 
     def __enter__(self) -> "Ring":
         return self
@@ -341,6 +317,8 @@ class Ring:
         """Post (op, word0, word2) records with one publish; their tags. A
         submit's word2 is its deadline in ms (0: none; the body is then 16
         bytes, else 24)."""
+        if self._dead is not None:
+            raise self._dead
         with self._cq_lock:
             tags = []
             for _ in reqs:
@@ -413,31 +391,18 @@ class Ring:
         """Post a submit of every plan with one publish (one wake at most)."""
         if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
             raise ValueError(f"timeout_ms {timeout_ms}: want 0 to {MAX_TIMEOUT_MS}")
-        reqs = [(OP_SUBMIT, int(h), timeout_ms) for h in handles]
-        self._enter()
-        try:
-            return self._post(reqs)
-        finally:
-            self._leave()
+        return self._post([(OP_SUBMIT, int(h), timeout_ms) for h in handles])
 
     def cancel(self, tag: int) -> None:
         """Cancel the submit under tag (its wait then reports CANCELLED)."""
-        self._enter()
-        try:
-            (t,) = self._post([(OP_CANCEL, int(tag), 0)])
-        finally:
-            self._leave()
+        (t,) = self._post([(OP_CANCEL, int(tag), 0)])
         err = self.wait(t).error()
         if err is not None:
             raise err
 
     def ping(self) -> None:
         """One empty round trip through the daemon."""
-        self._enter()
-        try:
-            (t,) = self._post([(OP_PING, 0, 0)])
-        finally:
-            self._leave()
+        (t,) = self._post([(OP_PING, 0, 0)])
         err = self.wait(t).error()
         if err is not None:
             raise err
@@ -445,19 +410,15 @@ class Ring:
     def poll(self, tags: Iterable[int]) -> Dict[int, Completion]:
         """The completions among tags that arrived, without waiting; each is
         handed out once (the tag is then no longer in flight)."""
-        self._enter()
-        try:
-            with self._cq_lock:
-                self._drain()
-                out = {}
-                for t in tags:
-                    c = self._done.pop(t, None)
-                    if c is not None:
-                        self._pending.discard(t)
-                        out[t] = c
-                return out
-        finally:
-            self._leave()
+        with self._cq_lock:
+            self._drain()
+            out = {}
+            for t in tags:
+                c = self._done.pop(t, None)
+                if c is not None:
+                    self._pending.discard(t)
+                    out[t] = c
+            return out
 
     def wait(self, tag: int, timeout: Optional[float] = None) -> Optional[Completion]:
         """The completion of tag; ``None`` if it did not come within timeout
@@ -470,38 +431,34 @@ class Ring:
         end = None if timeout is None else time.monotonic() + timeout
         want = list(tags)
         out: Dict[int, Optional[Completion]] = {}
-        self._enter()
-        try:
-            while True:
-                with self._cq_lock:
-                    seen = self._drain()
+        while True:
+            with self._cq_lock:
+                seen = self._drain()
+                for t in want:
+                    if t in out:
+                        continue
+                    if t not in self._pending:
+                        raise error_for_code(grpc.StatusCode.FAILED_PRECONDITION, f"b2b client: ring tag {t} is not in flight")
+                    c = self._done.pop(t, None)
+                    if c is not None:
+                        self._pending.discard(t)
+                        out[t] = c
+                if len(out) == len(want):
+                    return out
+                if self._dead is not None:
                     for t in want:
-                        if t in out:
-                            continue
-                        if t not in self._pending:
-                            raise error_for_code(grpc.StatusCode.FAILED_PRECONDITION, f"b2b client: ring tag {t} is not in flight")
-                        c = self._done.pop(t, None)
-                        if c is not None:
+                        if t not in out:
                             self._pending.discard(t)
-                            out[t] = c
-                    if len(out) == len(want):
-                        return out
-                    if self._dead is not None:
-                        for t in want:
-                            if t not in out:
-                                self._pending.discard(t)
-                        raise self._dead
-                left_ns = NAP_NS
-                if end is not None:
-                    left = end - time.monotonic()
-                    if left <= 0:
-                        for t in want:
-                            out.setdefault(t, None)
-                        return out
-                    left_ns = min(NAP_NS, int(left * 1e9) + 1)
-                self.cq.wait(seen, SPIN, left_ns)
-        finally:
-            self._leave()
+                    raise self._dead
+            left_ns = NAP_NS
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    for t in want:
+                        out.setdefault(t, None)
+                    return out
+                left_ns = min(NAP_NS, int(left * 1e9) + 1)
+            self.cq.wait(seen, SPIN, left_ns)
 
     def forget(self, tag: int) -> None:
         """Stop tracking tag: its completion, when it comes, is dropped."""

@@ -338,6 +338,39 @@ class FallbackTest(TwoDaemons):
             self.transfer_via(c)
 
 
+    def test_close_ends_waits(self):
+        # A waiter on a ring closed under it raises UnavailableError at once
+        # (not after its nap); the client opens a new ring for its next call.
+        import threading
+
+        with b2b.Client(self.da.socket) as c:
+            r = c.ring
+            with r._cq_lock:
+                r._pending.add(1 << 40)  # a tag no completion will come for
+            got = []
+            t = threading.Thread(target=lambda: got.append(self._raises(lambda: r.wait(1 << 40))))
+            t.start()
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            r.close()
+            r.close()  # twice is fine
+            t.join(10)
+            self.assertFalse(t.is_alive())
+            self.assertLess(time.monotonic() - t0, 5)
+            self.assertIsInstance(got[0], b2b.UnavailableError)
+            with self.assertRaises(b2b.UnavailableError):
+                r.ping()
+            c.ring.ping()
+
+    @staticmethod
+    def _raises(fn):
+        try:
+            fn()
+        except BaseException as e:  # pylint: disable=broad-except
+            return e
+        return None
+
+
 class PreparedOverRingTest(test_prepared.PreparedTest):
     """Every prepared-transfer test again, the source daemon offering a ring
     (the client takes it on its own)."""
