@@ -161,10 +161,12 @@ func (rc *ringConn) submit(req ring.Request) {
 		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring submit tag %d is already in flight", errs.ErrInvalidArgument, req.Tag)))
 		return
 	}
-	ctx, cancel := context.WithCancel(rc.ctx)
 	left := time.Duration(req.TimeoutMs) * time.Millisecond
+	ctx, cancel := rc.ctx, context.CancelFunc(nil)
 	if left > 0 { // the caller's deadline, as a gRPC submit's metadata sends it
-		ctx, cancel = batch.CallerDeadline(rc.ctx, time.Now().Add(left))
+		ctx, cancel = batch.CallerDeadline(ctx, time.Now().Add(left))
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
 	}
 	rc.inflight[req.Tag] = cancel
 	rc.inMu.Unlock()
