@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
 
+	"github.com/b2bd/b2bd/internal/batch"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/region"
@@ -160,7 +161,13 @@ func (rc *ringConn) submit(req ring.Request) {
 		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring submit tag %d is already in flight", errs.ErrInvalidArgument, req.Tag)))
 		return
 	}
-	ctx, cancel := context.WithCancel(rc.ctx)
+	left := time.Duration(req.TimeoutMs) * time.Millisecond
+	ctx, cancel := rc.ctx, context.CancelFunc(nil)
+	if left > 0 { // the caller's deadline, as a gRPC submit's metadata sends it
+		ctx, cancel = batch.CallerDeadline(ctx, time.Now().Add(left))
+	} else {
+		ctx, cancel = context.WithCancel(ctx)
+	}
 	rc.inflight[req.Tag] = cancel
 	rc.inMu.Unlock()
 	rc.wg.Add(1)
@@ -181,6 +188,9 @@ func (rc *ringConn) submit(req ring.Request) {
 		cancel()
 		<-rc.slots
 		if err != nil {
+			if left > 0 {
+				err = passed(grpcstatus.ToStatus(err), left)
+			}
 			rc.complete(fail(req.Tag, err))
 			return
 		}

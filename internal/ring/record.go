@@ -41,8 +41,9 @@ func (o Op) String() string {
 // Record sizes. A submission record is
 //
 //	tag u64, op u16, flags u16 (0), length u32 (the body's), body 48 bytes
-//	(ping: none; submit: handle u64, patch u64; cancel: target u64), the
-//	unused rest zero.
+//	(ping: none; submit: handle u64, patch u64, and optionally the
+//	caller's deadline as timeout_ms u64 (length 24); cancel: target u64),
+//	the unused rest zero.
 //
 // A completion record is
 //
@@ -62,13 +63,23 @@ const truncMark = "...[truncated]"
 // bodyLen is each op's body length.
 var bodyLen = map[Op]uint32{OpPing: 0, OpSubmit: 16, OpCancel: 8}
 
+// submitDeadlineLen is a submit body that carries the caller's deadline.
+const submitDeadlineLen = 24
+
+// MaxTimeoutMs bounds a submit's caller deadline, as the gRPC metadata's
+// (internal/callerdeadline) is bounded.
+const MaxTimeoutMs = 24 * 3600 * 1000
+
 // Request is a decoded submission record.
 type Request struct {
 	Tag    uint64
 	Op     Op
 	Handle uint64 // OpSubmit
 	Patch  uint64 // OpSubmit: an offset patch; this daemon refuses non-zero
-	Target uint64 // OpCancel
+	// OpSubmit: the caller's deadline, ms from the daemon's reading of the
+	// record (1 to MaxTimeoutMs); 0: none sent, the daemon's default.
+	TimeoutMs uint64
+	Target    uint64 // OpCancel
 }
 
 // Encode writes r into rec (RecLen bytes), zeroing what r does not use.
@@ -78,7 +89,12 @@ func (r Request) Encode(rec []byte) {
 	le := binary.LittleEndian
 	le.PutUint64(rec[0:], r.Tag)
 	le.PutUint16(rec[8:], uint16(r.Op))
-	le.PutUint32(rec[12:], bodyLen[r.Op])
+	n := bodyLen[r.Op]
+	if r.Op == OpSubmit && r.TimeoutMs != 0 {
+		n = submitDeadlineLen
+		le.PutUint64(rec[bodyOff+16:], r.TimeoutMs)
+	}
+	le.PutUint32(rec[12:], n)
 	switch r.Op {
 	case OpSubmit:
 		le.PutUint64(rec[bodyOff:], r.Handle)
@@ -99,6 +115,9 @@ func Decode(rec []byte) (Request, error) {
 	r := Request{Tag: le.Uint64(rec[0:]), Op: Op(le.Uint16(rec[8:]))}
 	flags, n := le.Uint16(rec[10:]), le.Uint32(rec[12:])
 	want, known := bodyLen[r.Op]
+	if r.Op == OpSubmit && n == submitDeadlineLen {
+		want = n
+	}
 	switch {
 	case r.Tag == 0:
 		return r, fmt.Errorf("%w: ring record tag is 0, want non-zero", errs.ErrInvalidArgument)
@@ -107,6 +126,9 @@ func Decode(rec []byte) (Request, error) {
 	case flags != 0:
 		return r, fmt.Errorf("%w: ring record flags %#x, want 0", errs.ErrInvalidArgument, flags)
 	case n != want:
+		if r.Op == OpSubmit {
+			return r, fmt.Errorf("%w: ring record length %d for op %s, want %d or %d (with a deadline)", errs.ErrInvalidArgument, n, r.Op, want, submitDeadlineLen)
+		}
 		return r, fmt.Errorf("%w: ring record length %d for op %s, want %d", errs.ErrInvalidArgument, n, r.Op, want)
 	}
 	for i, b := range rec[bodyOff+int(n):] {
@@ -119,6 +141,12 @@ func Decode(rec []byte) (Request, error) {
 		r.Handle, r.Patch = le.Uint64(rec[bodyOff:]), le.Uint64(rec[bodyOff+8:])
 		if r.Handle == 0 {
 			return r, fmt.Errorf("%w: ring submit handle is 0, want a prepared plan's handle", errs.ErrInvalidArgument)
+		}
+		if n == submitDeadlineLen {
+			r.TimeoutMs = le.Uint64(rec[bodyOff+16:])
+			if r.TimeoutMs == 0 || r.TimeoutMs > MaxTimeoutMs {
+				return r, fmt.Errorf("%w: ring submit timeout_ms %d: want 1 to %d", errs.ErrInvalidArgument, r.TimeoutMs, MaxTimeoutMs)
+			}
 		}
 		if r.Patch != 0 {
 			return r, fmt.Errorf("%w: ring submit offset patch %d: this daemon supports only 0", errs.ErrUnimplemented, r.Patch)

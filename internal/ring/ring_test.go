@@ -31,6 +31,10 @@ func TestDecodeTable(t *testing.T) {
 		{"handle 0", good(Request{Tag: 1, Op: OpSubmit}), Request{Tag: 1, Op: OpSubmit}, errs.ErrInvalidArgument, "handle is 0"},
 		{"patch", good(Request{Tag: 1, Op: OpSubmit, Handle: 2, Patch: 4096}), Request{Tag: 1, Op: OpSubmit, Handle: 2, Patch: 4096}, errs.ErrUnimplemented, "offset patch 4096"},
 		{"cancel 0", good(Request{Tag: 1, Op: OpCancel}), Request{Tag: 1, Op: OpCancel}, errs.ErrInvalidArgument, "target tag is 0"},
+		{"submit with deadline", good(Request{Tag: 8, Op: OpSubmit, Handle: 42, TimeoutMs: 1500}), Request{Tag: 8, Op: OpSubmit, Handle: 42, TimeoutMs: 1500}, nil, ""},
+		{"deadline 0", with(good(Request{Tag: 1, Op: OpSubmit, Handle: 3}), func(b []byte) { b[12] = 24 }), Request{Tag: 1, Op: OpSubmit}, errs.ErrInvalidArgument, "timeout_ms 0: want 1 to 86400000"},
+		{"deadline past the limit", good(Request{Tag: 1, Op: OpSubmit, Handle: 3, TimeoutMs: MaxTimeoutMs + 1}), Request{Tag: 1, Op: OpSubmit}, errs.ErrInvalidArgument, "timeout_ms 86400001"},
+		{"submit length", with(good(Request{Tag: 1, Op: OpSubmit, Handle: 3}), func(b []byte) { b[12] = 20 }), Request{Tag: 1, Op: OpSubmit}, errs.ErrInvalidArgument, "want 16 or 24 (with a deadline)"},
 	} {
 		got, err := Decode(tc.rec)
 		if tc.err == nil {
@@ -48,7 +52,7 @@ func TestDecodeTable(t *testing.T) {
 // FuzzDecode: any 64 bytes decode without panic; what decodes re-encodes to
 // the same bytes (nothing is silently ignored).
 func FuzzDecode(f *testing.F) {
-	for _, r := range []Request{{Tag: 1, Op: OpPing}, {Tag: 2, Op: OpSubmit, Handle: 9}, {Tag: 3, Op: OpCancel, Target: 2}} {
+	for _, r := range []Request{{Tag: 1, Op: OpPing}, {Tag: 2, Op: OpSubmit, Handle: 9}, {Tag: 4, Op: OpSubmit, Handle: 9, TimeoutMs: 7}, {Tag: 3, Op: OpCancel, Target: 2}} {
 		b := make([]byte, RecLen)
 		r.Encode(b)
 		f.Add(b)

@@ -91,6 +91,9 @@ class PreparedTransfer:
                 grpc.StatusCode.FAILED_PRECONDITION, f"prepared transfer {self.handle} was released: prepare it again"
             )
         timeout = self.timeout if timeout is None else timeout
+        res = self._client._ring_submit(self, timeout)
+        if res is not None:
+            return res
         deadline = deadline_after(timeout)
         rpc_timeout, md = transfer_deadline(timeout)
         try:

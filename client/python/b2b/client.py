@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 
 from . import _cuda
+from . import _ring_client
 from ._pack import (
     check_block_size,
     pack_u32,
@@ -155,6 +156,11 @@ class Client:
             Unix socket, where the kernel says who calls.
         tls_server_name: the name the daemon's certificate must carry, when it
             is not the host in ``address`` (an IP address, say).
+        ring: where prepared submits go without gRPC (docs/ring.md): the
+            daemon's submit socket path, ``False`` for gRPC only, or ``None``
+            (``$B2B_SUBMIT_SOCKET``, else ``submit.sock`` beside a Unix
+            ``address`` if it exists). ``B2B_RING=0`` turns it off. A remote
+            daemon, or one that refuses the ring, is served over gRPC.
 
     Use as a context manager, or call :meth:`close`. Closing the client
     releases the regions it registered that are still open and were
@@ -176,6 +182,7 @@ class Client:
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
         tls_server_name: Optional[str] = None,
+        ring: Union[None, bool, str] = None,
     ) -> None:
         target = _target(address)
         creds = _tls_credentials(address, tls_ca, tls_cert, tls_key, tls_server_name)
@@ -223,6 +230,7 @@ class Client:
         self._lock = threading.Lock()
         self._regions: "weakref.WeakSet[_Region]" = weakref.WeakSet()
         self._layouts: set = set()  # leased layouts this client registered
+        self._ring = _ring_client.RingSlot(address, ring)
 
     # -- plumbing ---------------------------------------------------------
 
@@ -234,6 +242,17 @@ class Client:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def ring(self) -> Any:
+        """The shared-memory ring prepared submits take (opened on first
+        use); ``None`` while the client is on gRPC for them."""
+        return None if self._closed else self._ring.get()
+
+    def _ring_submit(self, plan: "PreparedTransfer", timeout: Optional[float]) -> Optional[TransferResult]:
+        """A submit of plan through the ring; ``None``: take gRPC."""
+        r = self.ring
+        return None if r is None else _ring_client.submit(r, plan, timeout)
 
     def _call(self, method: Any, request: Any, timeout: Optional[float], wait_for_ready: Optional[bool] = None) -> Any:
         if self._closed:
@@ -314,6 +333,7 @@ class Client:
                 except B2BError as e:
                     warnings.warn(f"b2b: releasing region {r.id} on close: {e}", RuntimeWarning, stacklevel=2)
         self._closed = True
+        self._ring.close()
         self._channel.close()
 
     def __enter__(self) -> "Client":
@@ -650,7 +670,29 @@ class Client:
         return self._start(start, timeout)
 
     def start_submit(self, plan: "PreparedTransfer", timeout: Optional[float] = None) -> "Transfer":
-        """A submit of a prepared plan, started async (see :class:`Transfer`)."""
+        """A submit of a prepared plan, started async (see :class:`Transfer`);
+        through the ring when the client has one."""
+        hs = self.start_submits([plan], timeout)
+        return hs[0]
+
+    def start_submits(self, plans: Sequence["PreparedTransfer"], timeout: Optional[float] = None) -> List["Transfer"]:
+        """Submits of every plan, started async: one publish on the ring (one
+        wake of the daemon at most), else one StartTransfer call each.
+        ``timeout`` bounds each from its start."""
+        plans = list(plans)
+        r = self.ring
+        hs = None if r is None else _ring_client.start_submits(self, r, plans, timeout)
+        if hs is not None:
+            return hs
+        return [self._start_submit(p, timeout) for p in plans]
+
+    def wait_all(self, transfers: Sequence["Transfer"], timeout: Optional[float] = None) -> None:
+        """Wait until every handle ended (ring handles in one wait); each
+        keeps its outcome (``result``/``error``). ``WaitTimeoutError`` if some
+        still run after ``timeout`` seconds: they go on."""
+        _ring_client.wait_all(list(transfers), timeout)
+
+    def _start_submit(self, plan: "PreparedTransfer", timeout: Optional[float]) -> "Transfer":
         return self._start(pb.StartTransferRequest(submit=pb.SubmitTransferRequest(handle=plan.handle)), timeout)
 
     def _start(self, req: Any, timeout: Optional[float], remote_ids: Any = None) -> "Transfer":
@@ -674,7 +716,8 @@ class Client:
                 raise TypeError(f"poll: {t!r} is {type(t).__name__}, not a b2b.Transfer handle")
             if t._pending is not None and t._pending.fut.done():
                 t._join(0)
-        ask = [t for t in ts if t._outcome is None and t._pending is None]
+        _ring_client.poll(ts)
+        ask = [t for t in ts if t._outcome is None and t._pending is None and not isinstance(t, _ring_client.RingTransfer)]
         if ask:
             if self._closed:
                 raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")

@@ -94,7 +94,7 @@ class Daemon:
                 "--node-name", self.name,
                 "--log-level", "warn",
                 "--shutdown-grace", "5s",
-            ] + self.extra_args
+            ] + [a.replace("{dir}", str(self.dir)) for a in self.extra_args]  # {dir}: this daemon's directory
             log = open(self.log_path, "ab")
             try:
                 self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -1,0 +1,467 @@
+"""The shared-memory submission ring from Python (docs/ring.md), without a
+C extension: the socket hands over a memfd (SCM_RIGHTS), the mapping is
+read and written with struct and ctypes, and the futex calls go through
+libc's ``syscall``.
+
+The layout, the records and the index protocol are internal/ring's: a
+submission ring of 64-byte records (this process produces, the daemon
+consumes) and a completion ring of 256-byte records (the other way), each
+with a head, a tail and a sleep flag on cache lines of their own. Indices
+run free (mod 2**32). A producer writes its records, then stores its tail,
+then swaps the consumer's sleep flag to 0 and makes the wake syscall only
+if it was set; a waiting consumer spins briefly, then sets its flag and
+sleeps on the tail with FUTEX_WAIT (whose value check closes the race).
+
+Memory ordering: the tail store must not pass the record stores, and the
+flag read must not pass the tail store. With libatomic both are seq-cst
+atomics (``__atomic_exchange_4``). Without it, on x86-64 (whose stores are
+not reordered with each other) the tail is a plain aligned store and
+every publish makes the wake syscall, which orders it in the kernel;
+elsewhere there is no ring and the client stays on gRPC.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import platform
+import socket
+import struct
+import threading
+import time
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+import grpc
+
+from .errors import B2BError, UnavailableError, error_for_code
+
+HELLO = 0x01676E6972623262  # "b2bring\x01": the first frame that asks for a ring
+ANSWER_LEN = 48  # the raw answer frame: tag u64, code u32, msg_len u32, 32 bytes unused here
+REC_LEN, COMP_LEN, COMP_HDR = 64, 256, 48
+MSG_MAX = COMP_LEN - COMP_HDR
+HDR_LEN, MAGIC, MAX_ENTRIES = 4096, 0x31474E52, 4096
+OFF_MAGIC, OFF_SQN, OFF_CQN = 0, 4, 8
+OFF_SQ_HEAD, OFF_SQ_TAIL, OFF_SQ_SLEEP = 64, 128, 192
+OFF_CQ_HEAD, OFF_CQ_TAIL, OFF_CQ_SLEEP = 256, 320, 384
+
+OP_PING, OP_SUBMIT, OP_CANCEL = 1, 2, 3
+_BODY_LEN = {OP_PING: 0, OP_SUBMIT: 16, OP_CANCEL: 8}
+_REC = struct.Struct("<QHHIQQQ24x")  # tag, op, flags, length, three body words, zeros
+MAX_TIMEOUT_MS = 86_400_000  # a submit's deadline, as the gRPC metadata's
+_COMP = struct.Struct("<QIIQQQQ")  # tag, code, msg_len, blocks, bytes, wire_ns, total_ns
+
+SPIN = 200e-6  # then the futex, as the Go side (internal/ring)
+NAP_NS = 50_000_000  # a sleeping waiter rechecks the daemon's liveness this often
+
+_CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+class RingUnavailable(Exception):
+    """No ring here (no socket, refused, unsupported platform): use gRPC."""
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _load_libs() -> Tuple[Optional[ctypes.CDLL], Optional[ctypes.CDLL]]:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    atomic = None
+    name = ctypes.util.find_library("atomic")
+    if name:
+        try:
+            atomic = ctypes.CDLL(name)
+            atomic.__atomic_exchange_4.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int]
+            atomic.__atomic_exchange_4.restype = ctypes.c_uint32
+        except (OSError, AttributeError):
+            atomic = None
+    return libc, atomic
+
+
+_libs: Optional[Tuple[Optional[ctypes.CDLL], Optional[ctypes.CDLL]]] = None
+
+
+def _libraries() -> Tuple[ctypes.CDLL, Optional[ctypes.CDLL]]:
+    global _libs
+    if _libs is None:
+        _libs = _load_libs()
+    libc, atomic = _libs
+    if _SYS_FUTEX is None or (atomic is None and not _X86):
+        raise RingUnavailable(f"no ring on {platform.machine()} without libatomic")
+    return libc, atomic
+
+
+_SEQ_CST = 5
+
+
+class _Queue:
+    """One direction of the ring, seen from this process."""
+
+    def __init__(self, base: int, mm: mmap.mmap, off_head: int, off_tail: int, off_sleep: int,
+                 recs: int, n: int, rec_len: int, libc: ctypes.CDLL, atomic: Optional[ctypes.CDLL]) -> None:
+        self.mm, self.recs, self.n, self.rec_len = mm, recs, n, rec_len
+        self.head_addr, self.tail_addr, self.sleep_addr = base + off_head, base + off_tail, base + off_sleep
+        # Aligned 32-bit loads and stores; on x86-64 loads are acquire and
+        # stores release (TSO).
+        self.head = ctypes.c_uint32.from_address(self.head_addr)
+        self.tail = ctypes.c_uint32.from_address(self.tail_addr)
+        self.sleep = ctypes.c_uint32.from_address(self.sleep_addr)
+        self._libc = libc
+        # getattr: a dunder name written in a class body would be mangled.
+        self._xchg = None if atomic is None else getattr(atomic, "__atomic_exchange_4")
+
+    def slot(self, i: int) -> int:
+        return self.recs + (i & (self.n - 1)) * self.rec_len
+
+    def publish(self, tail: int) -> None:
+        """Make the records before tail visible and wake a sleeping consumer."""
+        xchg = self._xchg
+        if xchg is not None:
+            xchg(self.tail_addr, tail, _SEQ_CST)
+            if xchg(self.sleep_addr, 0, _SEQ_CST) != 0:
+                self.wake()
+        else:
+            self.tail.value = tail
+            self.wake()  # no store-load fence without libatomic: the syscall orders it
+
+    def consumed(self, head: int) -> None:
+        self.head.value = head  # the daemon only reads it to find room
+
+    def wake(self) -> None:
+        self._libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.tail_addr), 1, 0x7FFFFFFF, None, None, 0)
+
+    def wait(self, seen: int, spin: float, timeout_ns: int) -> None:
+        """Return once the tail differs from seen, after spinning up to spin
+        seconds, then sleeping up to timeout_ns (spurious returns are fine)."""
+        tail = self.tail
+        if spin > 0:
+            end = time.perf_counter() + spin
+            while True:
+                for _ in range(16):
+                    if tail.value != seen:
+                        return
+                if time.perf_counter() > end:
+                    break
+                os.sched_yield()
+        self.sleep.value = 1  # FUTEX_WAIT's value check, after a full barrier, closes the race
+        if tail.value != seen:
+            return
+        ts = _Timespec(timeout_ns // 1_000_000_000, timeout_ns % 1_000_000_000)
+        self._libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.tail_addr), 0, ctypes.c_uint32(seen), ctypes.byref(ts), None, 0)
+
+
+class Completion:
+    """A completion record: ``code`` 0 is done."""
+
+    __slots__ = ("tag", "code", "msg", "blocks", "bytes", "wire_ns", "total_ns")
+
+    def __init__(self, tag: int, code: int, msg: str, blocks: int, nbytes: int, wire_ns: int, total_ns: int) -> None:
+        self.tag, self.code, self.msg = tag, code, msg
+        self.blocks, self.bytes, self.wire_ns, self.total_ns = blocks, nbytes, wire_ns, total_ns
+
+    def error(self) -> Optional[B2BError]:
+        """The exception SubmitTransfer would have raised; ``None`` if done."""
+        if self.code == 0:
+            return None
+        return error_for_code(_CODE_BY_VALUE.get(self.code, grpc.StatusCode.UNKNOWN), self.msg)
+
+
+def _answer_error(sock: socket.socket, ans: bytes) -> Optional[B2BError]:
+    tag, code, n = struct.unpack_from("<QII", ans)
+    if tag != HELLO:
+        raise RingUnavailable(f"ring answer tag {tag:#x}, want {HELLO:#x}")
+    if code == 0 and n == 0:
+        return None
+    if n > MSG_MAX:
+        raise RingUnavailable(f"ring answer message of {n} bytes, limit {MSG_MAX}")
+    msg = _read_full(sock, n)
+    return error_for_code(_CODE_BY_VALUE.get(code, grpc.StatusCode.UNKNOWN), msg.decode("utf-8", "replace"))
+
+
+def _read_full(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        b = sock.recv(n - len(out))
+        if not b:
+            raise ConnectionError("the daemon closed the submit socket")
+        out += b
+    return out
+
+
+class Ring:
+    """A ring pair the daemon handed out on its submit socket at ``path``.
+
+    Thread-safe. Every posted tag must be waited for (:meth:`wait`). Errors
+    are :class:`~b2b.errors.B2BError` subclasses with the code and message
+    SubmitTransfer gives (messages cut at 208 bytes, ending with
+    ``...[truncated]``).
+    """
+
+    def __init__(self, path: str, entries: int = 0, connect_timeout: float = 5.0) -> None:
+        libc, atomic = _libraries()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        fd = -1
+        try:
+            sock.settimeout(connect_timeout)
+            try:
+                sock.connect(path)
+                sock.sendall(struct.pack("<QQ", HELLO, entries | (entries << 32)))
+                ans, fds, _, _ = socket.recv_fds(sock, ANSWER_LEN, 1)
+                if fds:
+                    fd = fds[0]
+                    for extra in fds[1:]:
+                        os.close(extra)
+                if not ans:
+                    raise RingUnavailable(f"submit socket {path}: closed without an answer")
+                ans += _read_full(sock, ANSWER_LEN - len(ans))
+                err = _answer_error(sock, ans)
+                if err is not None:
+                    raise err
+                if fd < 0:
+                    raise RingUnavailable("ring answer carried no memfd")
+                self._mm = self._map(fd)
+            except (OSError, ValueError) as e:  # not a submit socket, gone, or a mapping refused
+                raise RingUnavailable(f"submit socket {path}: {e}") from e
+        except BaseException:
+            sock.close()
+            raise
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        sock.settimeout(None)
+        self._sock = sock
+        self.path = path
+        self.pid = os.getpid()
+        mm = self._mm
+        sq, cq = struct.unpack_from("<II", mm, OFF_SQN)
+        self._anchor = ctypes.c_char.from_buffer(mm)  # the mapping's address; pins it while this object lives
+        base = ctypes.addressof(self._anchor)
+        self.sq = _Queue(base, mm, OFF_SQ_HEAD, OFF_SQ_TAIL, OFF_SQ_SLEEP, HDR_LEN, sq, REC_LEN, libc, atomic)
+        self.cq = _Queue(base, mm, OFF_CQ_HEAD, OFF_CQ_TAIL, OFF_CQ_SLEEP, HDR_LEN + sq * REC_LEN, cq, COMP_LEN, libc, atomic)
+        self.entries = (sq, cq)
+        self._sq_tail = self.sq.tail.value
+        self._cq_head = self.cq.head.value
+        self._tag = 0
+        self._sq_lock = threading.Lock()
+        self._cq_lock = threading.Lock()
+        self._pending: Set[int] = set()
+        self._done: Dict[int, Completion] = {}
+        # Set once the ring ended (close, or the daemon dropped it): every
+        # operation raises it. The mapping itself goes with this object, so
+        # an operation still running never touches unmapped memory.
+        self._dead: Optional[B2BError] = None
+        self._watcher = threading.Thread(target=self._watch, name="b2b-ring-watch", daemon=True)
+        self._watcher.start()
+
+    @staticmethod
+    def _map(fd: int) -> mmap.mmap:
+        size = os.fstat(fd).st_size
+        limit = HDR_LEN + MAX_ENTRIES * (REC_LEN + COMP_LEN)
+        if size < HDR_LEN or size > limit:
+            raise RingUnavailable(f"ring fd is {size} bytes, want {HDR_LEN} to {limit}")
+        mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        magic, sq, cq = struct.unpack_from("<III", mm, OFF_MAGIC)
+        ok = all(2 <= n <= MAX_ENTRIES and n & (n - 1) == 0 for n in (sq, cq))
+        if not ok or magic != MAGIC or HDR_LEN + sq * REC_LEN + cq * COMP_LEN != size:
+            mm.close()
+            raise RingUnavailable(f"ring header magic {magic:#x}, {sq}+{cq} entries in {size} bytes: not a ring")
+        return mm
+
+    # -- life ----------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Wait for the daemon to drop the ring (or for close); wake the waiters."""
+        err: B2BError = UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client: ring is closed")
+        try:
+            ans = _read_full(self._sock, ANSWER_LEN)
+            why = _answer_error(self._sock, ans)
+            if why is not None:
+                err = error_for_code(why.code, f"b2b client: the daemon dropped the ring: {why.message}")
+        except (OSError, RingUnavailable):
+            pass
+        if self._dead is None:
+            self._dead = err
+        self.cq.wake()
+
+    @property
+    def dead(self) -> Optional[B2BError]:
+        """Why the ring ended; ``None`` while it serves."""
+        return self._dead
+
+    def close(self) -> None:
+        """End the ring: operations in progress raise UnavailableError. Safe twice."""
+        if self._dead is None:
+            self._dead = UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client: ring is closed")
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._watcher.join()
+        self._sock.close()
+        self.cq.wake()  # waiters see _dead
+
+    def __enter__(self) -> "Ring":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- posting -------------------------------------------------------------
+
+    def _post(self, reqs: Sequence[Tuple[int, int, int]]) -> List[int]:
+        """Post (op, word0, word2) records with one publish; their tags. A
+        submit's word2 is its deadline in ms (0: none; the body is then 16
+        bytes, else 24)."""
+        if self._dead is not None:
+            raise self._dead
+        with self._cq_lock:
+            tags = []
+            for _ in reqs:
+                self._tag += 1
+                tags.append(self._tag)
+            self._pending.update(tags)
+            self._drain()  # a caller that posts much before it waits must not overrun the completions
+        mm, q = self._mm, self.sq
+        i = 0
+        try:
+            with self._sq_lock:
+                while i < len(reqs):
+                    if self._dead is not None:
+                        raise self._dead
+                    h = q.head.value
+                    used = (self._sq_tail - h) & 0xFFFFFFFF
+                    if used > q.n:
+                        raise error_for_code(grpc.StatusCode.INTERNAL, f"ring head {h} against tail {self._sq_tail} of {q.n} entries")
+                    free = q.n - used
+                    if free == 0:
+                        if self._cq_lock.acquire(blocking=False):
+                            try:
+                                self._drain()  # the daemon may wait for room in ours
+                            finally:
+                                self._cq_lock.release()
+                        time.sleep(20e-6)
+                        continue
+                    for _ in range(min(free, len(reqs) - i)):
+                        op, w0, w2 = reqs[i]
+                        n = 24 if w2 else _BODY_LEN[op]
+                        _REC.pack_into(mm, q.slot(self._sq_tail), tags[i], op, 0, n, w0, 0, w2)
+                        self._sq_tail = (self._sq_tail + 1) & 0xFFFFFFFF
+                        i += 1
+                    q.publish(self._sq_tail)
+        except BaseException:
+            with self._cq_lock:
+                self._pending.difference_update(tags[i:])
+            raise
+        return tags
+
+    def _drain(self) -> int:
+        """Move completions out of the ring (under _cq_lock); the tail seen."""
+        q, mm = self.cq, self._mm
+        tail = q.tail.value
+        head = self._cq_head
+        while head != tail:
+            off = q.slot(head)
+            tag, code, n, blocks, nbytes, wire, total = _COMP.unpack_from(mm, off)
+            if n > MSG_MAX:
+                code, msg = grpc.StatusCode.INTERNAL.value[0], f"completion message length {n}, limit {MSG_MAX}"
+            else:
+                msg = bytes(mm[off + COMP_HDR:off + COMP_HDR + n]).decode("utf-8", "replace")
+            if tag in self._pending:
+                self._done[tag] = Completion(tag, code, msg, blocks, nbytes, wire, total)
+            head = (head + 1) & 0xFFFFFFFF
+        if head != self._cq_head:
+            self._cq_head = head
+            q.consumed(head)
+        return tail
+
+    # -- operations ----------------------------------------------------------
+
+    def start(self, handle: int, timeout_ms: int = 0) -> int:
+        """Post a submit of the prepared plan ``handle``; its tag for
+        :meth:`wait`. ``timeout_ms``: the caller's deadline, which the daemon
+        keeps as it keeps a gRPC submit's (0: the daemon's default)."""
+        return self.start_many([handle], timeout_ms)[0]
+
+    def start_many(self, handles: Iterable[int], timeout_ms: int = 0) -> List[int]:
+        """Post a submit of every plan with one publish (one wake at most)."""
+        if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
+            raise ValueError(f"timeout_ms {timeout_ms}: want 0 to {MAX_TIMEOUT_MS}")
+        return self._post([(OP_SUBMIT, int(h), timeout_ms) for h in handles])
+
+    def cancel(self, tag: int) -> None:
+        """Cancel the submit under tag (its wait then reports CANCELLED)."""
+        (t,) = self._post([(OP_CANCEL, int(tag), 0)])
+        err = self.wait(t).error()
+        if err is not None:
+            raise err
+
+    def ping(self) -> None:
+        """One empty round trip through the daemon."""
+        (t,) = self._post([(OP_PING, 0, 0)])
+        err = self.wait(t).error()
+        if err is not None:
+            raise err
+
+    def poll(self, tags: Iterable[int]) -> Dict[int, Completion]:
+        """The completions among tags that arrived, without waiting; each is
+        handed out once (the tag is then no longer in flight)."""
+        with self._cq_lock:
+            self._drain()
+            out = {}
+            for t in tags:
+                c = self._done.pop(t, None)
+                if c is not None:
+                    self._pending.discard(t)
+                    out[t] = c
+            return out
+
+    def wait(self, tag: int, timeout: Optional[float] = None) -> Optional[Completion]:
+        """The completion of tag; ``None`` if it did not come within timeout
+        seconds (the tag stays in flight)."""
+        return self.wait_many([tag], timeout)[tag]
+
+    def wait_many(self, tags: Sequence[int], timeout: Optional[float] = None) -> Dict[int, Optional[Completion]]:
+        """Wait for every tag's completion (up to timeout seconds in all):
+        tag -> Completion, or ``None`` for one still in flight then."""
+        end = None if timeout is None else time.monotonic() + timeout
+        want = list(tags)
+        out: Dict[int, Optional[Completion]] = {}
+        while True:
+            with self._cq_lock:
+                seen = self._drain()
+                for t in want:
+                    if t in out:
+                        continue
+                    if t not in self._pending:
+                        raise error_for_code(grpc.StatusCode.FAILED_PRECONDITION, f"b2b client: ring tag {t} is not in flight")
+                    c = self._done.pop(t, None)
+                    if c is not None:
+                        self._pending.discard(t)
+                        out[t] = c
+                if len(out) == len(want):
+                    return out
+                if self._dead is not None:
+                    for t in want:
+                        if t not in out:
+                            self._pending.discard(t)
+                    raise self._dead
+            left_ns = NAP_NS
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    for t in want:
+                        out.setdefault(t, None)
+                    return out
+                left_ns = min(NAP_NS, int(left * 1e9) + 1)
+            self.cq.wait(seen, SPIN, left_ns)
+
+    def forget(self, tag: int) -> None:
+        """Stop tracking tag: its completion, when it comes, is dropped."""
+        with self._cq_lock:
+            self._pending.discard(tag)
+            self._done.pop(tag, None)

@@ -1,0 +1,281 @@
+"""Where the client uses the shared-memory ring (``_ring``): prepared
+submits, their async handles and batches of them, when the daemon is local
+and offers a ring; gRPC otherwise.
+
+Which socket: ``Client(ring=...)``: ``False`` never; a path: that submit
+socket; ``None`` (the default): ``$B2B_SUBMIT_SOCKET``, else
+``submit.sock`` beside the API socket (``/run/b2bd/submit.sock`` for the
+default ``/run/b2bd/b2bd.sock``) if it exists. ``B2B_RING=0`` turns it off
+whatever the option. A daemon reached over TCP gets no ring (its plans are
+not the caller's by uid), nor does one that refuses it (no
+``--submit-socket``, an old daemon): the client stays on gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import warnings
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+
+import grpc
+
+from ._common import _TRANSPORT_BY_NAME, _invalid
+from ._results import PhaseTimings, TransferResult
+from ._ring import MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable
+from ._transfers import Transfer, _interrupts_deferred
+from .errors import (
+    DEADLINE_GRACE,
+    B2BError,
+    NotFoundError,
+    WaitTimeoutError,
+)
+from .v1 import b2b_pb2 as pb
+
+if TYPE_CHECKING:
+    from ._transfers import PreparedTransfer
+    from .client import Client
+
+SUBMIT_SOCKET_NAME = "submit.sock"
+_OFF = ("0", "off", "false", "no")
+
+
+def submit_socket_for(address: str, option: Union[None, bool, str]) -> Optional[str]:
+    """The submit socket whose ring a client of ``address`` uses; ``None``: gRPC only."""
+    if option is False or os.environ.get("B2B_RING", "").strip().lower() in _OFF:
+        return None
+    if address.startswith("unix://"):
+        api = address[len("unix://"):]
+    elif address.startswith("unix:"):
+        api = address[len("unix:"):]
+    elif address.startswith("/"):
+        api = address
+    else:
+        return None  # over TCP the daemon cannot tell our uid, which owns the plans
+    if isinstance(option, (str, os.PathLike)) and not isinstance(option, bool):
+        return os.fspath(option)
+    env = os.environ.get("B2B_SUBMIT_SOCKET")
+    if env:
+        return env
+    path = os.path.join(os.path.dirname(api), SUBMIT_SOCKET_NAME)
+    return path if os.path.exists(path) else None
+
+
+class RingSlot:
+    """The client's ring, opened on first use; ``get()`` is ``None`` when
+    the client is on gRPC. A ring the daemon dropped is opened again once;
+    a refusal puts the client on gRPC for good (``reason`` says why)."""
+
+    def __init__(self, address: str, option: Union[None, bool, str]) -> None:
+        self.path = submit_socket_for(address, option)
+        self._explicit = isinstance(option, str)
+        self.reason: Optional[str] = None if self.path else "no submit socket"
+        self._ring: Optional[Ring] = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Optional[Ring]:
+        r = self._ring
+        if r is not None and r.dead is None and r.pid == os.getpid():
+            return r
+        if self.path is None:
+            return None
+        with self._lock:
+            r = self._ring
+            if r is not None and r.pid != os.getpid():
+                r = self._ring = None  # a fork's copy: the parent's ring, not ours to touch
+            if r is not None and r.dead is None:
+                return r
+            if r is not None:
+                self._ring = None
+                r.close()
+            try:
+                self._ring = Ring(self.path)
+            except (RingUnavailable, B2BError) as e:
+                self.reason, self.path = f"ring at {self.path}: {e}", None
+                if self._explicit:
+                    warnings.warn(f"b2b: {self.reason}; using gRPC", RuntimeWarning, stacklevel=3)
+                return None
+            return self._ring
+
+    def close(self) -> None:
+        with self._lock:
+            r, self._ring, self.path = self._ring, None, None
+        if r is not None and r.pid == os.getpid():
+            r.close()
+
+
+def _timeout_ms(timeout: Optional[float]) -> Optional[int]:
+    """The record's deadline; ``None`` when the ring cannot carry it (the
+    gRPC path then answers it as it always did)."""
+    if timeout is None:
+        return 0
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        return None
+    ms = max(1, int(math.ceil(timeout * 1000)))
+    return ms if ms <= MAX_TIMEOUT_MS else None
+
+
+def _response(plan: "PreparedTransfer", c: Completion) -> Any:
+    """A BatchTransferResponse from a completion and the plan's own figures;
+    ``elapsed_ns`` is the wire phase (the ring carries no other)."""
+    return pb.BatchTransferResponse(
+        blocks=c.blocks, bytes=c.bytes, transport=_TRANSPORT_BY_NAME.get(plan.transport, 0),
+        segments=plan.segments, work_requests=plan.work_requests, elapsed_ns=c.wire_ns,
+        phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns),
+    )
+
+
+def _settle(ring: Ring, tag: int) -> None:
+    """After an interrupt: cancel tag in the daemon and wait until its
+    submit ended there (no byte lands after), or DEADLINE_GRACE."""
+    try:
+        ring.cancel(tag)
+    except B2BError:
+        pass  # ended already (NotFound), or no ring: nothing runs for us
+    try:
+        if ring.wait(tag, DEADLINE_GRACE) is not None:
+            return
+    except B2BError:
+        return
+    ring.forget(tag)
+
+
+def submit(ring: Ring, plan: "PreparedTransfer", timeout: Optional[float]) -> Optional[TransferResult]:
+    """:meth:`PreparedTransfer.submit` through the ring; ``None``: take gRPC."""
+    ms = _timeout_ms(timeout)
+    if ms is None:
+        return None
+    tag = None
+    try:
+        # A record posted is a submit the daemon runs: an interrupt waits
+        # until its tag is in hand (and strikes as the block ends).
+        with _interrupts_deferred():
+            tag = ring.start(plan.handle, ms)
+        c = ring.wait(tag)
+    except B2BError:
+        raise
+    except BaseException:
+        if tag is not None:
+            _settle(ring, tag)
+        raise
+    err = c.error()
+    if err is not None:
+        raise err
+    return TransferResult.from_proto(_response(plan, c))
+
+
+class RingTransfer(Transfer):
+    """A :class:`Transfer` of a prepared submit posted on the ring: its
+    outcome is the ring's completion. ``id`` is the ring's tag, not a
+    daemon transfer id (WaitTransfer does not know it)."""
+
+    __slots__ = ("_ring", "_plan")
+
+    def __init__(self, client: "Client", ring: Ring, tag: int, plan: "PreparedTransfer") -> None:
+        super().__init__(client, tag)
+        self._ring, self._plan = ring, plan
+
+    def _land(self, c: Completion) -> None:
+        if c.code == 0:
+            o = pb.TransferOutcome(transfer_id=self.id, state=pb.TRANSFER_STATE_DONE, result=_response(self._plan, c))
+        else:
+            state = pb.TRANSFER_STATE_CANCELLED if c.code == grpc.StatusCode.CANCELLED.value[0] else pb.TRANSFER_STATE_FAILED
+            o = pb.TransferOutcome(transfer_id=self.id, state=state, code=c.code, message=c.msg)
+        self._take(o)
+
+    def done(self) -> bool:
+        if self._outcome is None:
+            for c in self._ring.poll([self.id]).values():
+                self._land(c)
+        return self._outcome is not None
+
+    def wait(self, timeout: Optional[float] = None) -> TransferResult:
+        if timeout is not None and timeout < 0:
+            raise _invalid(f"timeout {timeout!r}: want seconds >= 0, or None")
+        if self._outcome is None:
+            c = self._ring.wait(self.id, timeout)  # an interrupt here leaves the completion in the ring's keeping
+            if c is None:
+                raise WaitTimeoutError(grpc.StatusCode.DEADLINE_EXCEEDED, f"transfer {self.id} still running after {timeout} s")
+            self._land(c)
+        return self.result
+
+    def cancel(self) -> bool:
+        if self._outcome is None:
+            try:
+                self._ring.cancel(self.id)
+            except NotFoundError:
+                pass  # it ended first: its completion is on its way
+            self.wait()
+        return self._outcome.state == pb.TRANSFER_STATE_CANCELLED
+
+    def __repr__(self) -> str:
+        return f"Transfer(ring tag={self.id}, state={self.state})"
+
+
+def start_submits(client: "Client", ring: Ring, plans: Sequence["PreparedTransfer"], timeout: Optional[float]) -> Optional[List[Transfer]]:
+    """Submits of every plan, posted with one publish; ``None``: take gRPC."""
+    ms = _timeout_ms(timeout)
+    if ms is None:
+        return None
+    tags: List[int] = []
+    try:
+        with _interrupts_deferred():
+            tags = ring.start_many([p.handle for p in plans], ms)
+    except KeyboardInterrupt:
+        for t in tags:  # posted, but no handle reaches the caller: stop them
+            _settle(ring, t)
+        raise
+    return [RingTransfer(client, ring, t, p) for t, p in zip(tags, plans)]
+
+
+def poll(transfers: Sequence[Transfer]) -> None:
+    """Land the completions that arrived for the ring handles among
+    transfers, one drain per ring."""
+    by_ring: Dict[int, List[RingTransfer]] = {}
+    for t in transfers:
+        if isinstance(t, RingTransfer) and t._outcome is None:
+            by_ring.setdefault(id(t._ring), []).append(t)
+    for ts in by_ring.values():
+        got = ts[0]._ring.poll([t.id for t in ts])
+        for t in ts:
+            c = got.get(t.id)
+            if c is not None:
+                t._land(c)
+
+
+def wait_all(transfers: Sequence[Transfer], timeout: Optional[float]) -> None:
+    """Wait until every handle ended (ring handles in one wait per ring);
+    WaitTimeoutError if some still run after timeout seconds."""
+    end = None if timeout is None else time.monotonic() + timeout
+    left = lambda: None if end is None else max(0.0, end - time.monotonic())  # noqa: E731
+    ring_ts: Dict[int, List[RingTransfer]] = {}
+    others = []
+    for t in transfers:
+        if not isinstance(t, Transfer):
+            raise TypeError(f"wait_all: {t!r} is {type(t).__name__}, not a b2b.Transfer handle")
+        if t._outcome is not None:
+            continue
+        if isinstance(t, RingTransfer):
+            ring_ts.setdefault(id(t._ring), []).append(t)
+        else:
+            others.append(t)
+    running = 0
+    for ts in ring_ts.values():
+        got = ts[0]._ring.wait_many([t.id for t in ts], left())
+        for t in ts:
+            c = got[t.id]
+            if c is None:
+                running += 1
+            else:
+                t._land(c)
+    for t in others:
+        try:
+            t.wait(left())
+        except WaitTimeoutError:
+            running += 1
+        except B2BError:
+            pass  # the handle keeps its failure
+    if running:
+        raise WaitTimeoutError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{running} of {len(transfers)} transfers still running after {timeout} s")

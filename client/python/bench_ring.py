@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Time the Python client's ring round trip against its gRPC call, same run.
+
+Starts two daemons on loopback (the source with ``--submit-socket``) unless
+pointed at running ones, then alternates runs of ``--calls`` calls of each
+pair, ``--rounds`` times, and reports per-call medians (µs) and ring/gRPC:
+
+* ping        -- ``Client.ring.ping()`` vs ``Client.ping()`` (gRPC Ping);
+* submit_1    -- ``PreparedTransfer.submit()`` of 1 × 128 B block, through
+                 the ring (the default client) vs ``Client(ring=False)``;
+* submit_10k  -- the same of 10,000 × 128 B blocks (random, unmerged slots).
+
+Usage: ``python3 client/python/bench_ring.py [--b2bd bin/b2bd] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # the source tree's b2b
+sys.path.insert(0, os.path.join(HERE, "tests"))
+
+import b2b  # noqa: E402
+
+
+def per_call(fn, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
+
+
+def pair(ring_fn, grpc_fn, calls: int, rounds: int) -> dict:
+    ring_fn(), grpc_fn()  # warm
+    r, g = [], []
+    for _ in range(rounds):
+        r.append(per_call(ring_fn, calls))
+        g.append(per_call(grpc_fn, calls))
+    rm, gm = float(np.median(r)) * 1e6, float(np.median(g)) * 1e6
+    return {"ring_us": round(rm, 2), "grpc_us": round(gm, 2), "ratio": round(rm / gm, 4)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--b2bd", help="b2bd binary (default $B2BD_BIN or bin/b2bd)")
+    ap.add_argument("--calls", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args()
+    if args.b2bd:
+        os.environ["B2BD_BIN"] = args.b2bd
+    from daemon_harness import Daemon
+
+    da = Daemon("bench-ring-a", extra_args=["--submit-socket", "{dir}/submit.sock"]).start()
+    db = Daemon("bench-ring-b").start()
+    try:
+        with b2b.Client(da.socket) as cr, b2b.Client(da.socket, ring=False) as cg, b2b.Client(db.socket) as cb:
+            if cr.ring is None:
+                raise SystemExit(f"no ring: {cr._ring.reason}")
+            rng = np.random.default_rng(1)
+            out = {"ping": pair(cr.ring.ping, cg.ping, args.calls, args.rounds)}
+            n, bs = 10_000, 128
+            slot = bs + bs
+            so = rng.permutation(n).astype(np.uint64) * np.uint64(slot)
+            do = rng.permutation(n).astype(np.uint64) * np.uint64(slot)
+            with cr.register_host(n * slot) as src_r, cg.register_host(n * slot) as src_g, \
+                    cb.register_host(n * slot, "bench-ring") as _dst:
+                for name, k in (("submit_1", 1), ("submit_10k", n)):
+                    pr = cr.prepare(src_r, db.peer_address, "bench-ring", so[:k], do[:k], block_size=bs)
+                    pg = cg.prepare(src_g, db.peer_address, "bench-ring", so[:k], do[:k], block_size=bs)
+                    calls = args.calls if k == 1 else max(10, args.calls // 5)
+                    out[name] = pair(pr.submit, pg.submit, calls, args.rounds)
+                    pr.release()
+                    pg.release()
+    finally:
+        da.stop(), db.stop()
+        da.cleanup(), db.cleanup()
+    out["host"] = {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()]}
+    print(f"{'op':<12} {'ring µs':>9} {'gRPC µs':>9} {'ring/gRPC':>10}")
+    for k in ("ping", "submit_1", "submit_10k"):
+        v = out[k]
+        print(f"{k:<12} {v['ring_us']:>9.1f} {v['grpc_us']:>9.1f} {v['ratio']:>10.3f}")
+    print(json.dumps(out))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

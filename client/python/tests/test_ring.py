@@ -1,0 +1,391 @@
+"""The shared-memory submission ring from Python (b2b._ring, docs/ring.md),
+against two real daemons, the source with a submit socket: submits,
+handles and batches through the ring land every block (bytes and both
+daemons' per-block checksums), refusals carry gRPC's code and message, the
+client falls back to gRPC where there is no ring, and a client killed in
+the middle of a post leaves the daemon serving others."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+import warnings
+from unittest import mock
+
+import grpc
+import numpy as np
+import test_prepared
+from test_transfer import TwoDaemons, layout
+
+import b2b
+from b2b import _ring, _ring_client
+from b2b.v1 import b2b_pb2 as pb
+
+SUBMIT_ARGS = ("--submit-socket", "{dir}/submit.sock")
+
+
+class RingTest(TwoDaemons):
+    a_args = SUBMIT_ARGS
+    N, BS = 10_000, 128
+
+    def setUp(self):
+        super().setUp()
+        self.so, src_size = layout(self.N, self.BS, self.rng)
+        self.do, dst_size = layout(self.N, self.BS, self.rng)
+        self.src = self.a.register_host(src_size)
+        self.name = f"ring-{self._testMethodName}"
+        self.dst = self.b.register_host(dst_size, self.name)
+        self.addCleanup(self.dst.close)
+        self.addCleanup(self.src.close)
+        self.ring = self.a.ring
+        self.assertIsNotNone(self.ring, self.a._ring.reason)
+
+    def prepare(self, sl=slice(None), **kw):
+        p = self.a.prepare(self.src, self.peer_b, self.name, self.so[sl], self.do[sl], block_size=self.BS, **kw)
+        self.addCleanup(p.release)
+        return p
+
+    def posted(self) -> int:
+        return self.ring._tag
+
+    def test_found_beside_the_api_socket(self):
+        self.assertEqual(self.ring.path, os.path.join(os.path.dirname(self.da.socket), "submit.sock"))
+        self.assertEqual(self.ring.entries, (256, 256))
+        self.ring.ping()
+        self.assertIs(self.a.ring, self.ring)  # one ring per client
+
+    def test_submit_lands_every_block(self):
+        for timeout in (None, 30):  # without and with the caller's deadline in the record
+            p = self.prepare(timeout=timeout)
+            for round in range(2):
+                self.random_fill(self.src)
+                before = self.posted()
+                r = p.submit()
+                self.assertEqual(self.posted(), before + 1, "the submit did not go through the ring")
+                self.assertEqual((r.blocks, r.bytes, r.transport), (self.N, self.N * self.BS, "tcp"), (timeout, round))
+                self.assertEqual((r.segments, r.work_requests), (p.segments, p.work_requests))
+                self.assertGreater(r.phases.total_ns, 0)
+                self.assertGreaterEqual(r.phases.total_ns, r.phases.wire_ns)
+                self.assert_blocks_equal(self.src, self.so, self.dst, self.do, self.BS)
+
+    def test_refusals_match_grpc(self):
+        p = self.prepare()
+        gone = p.handle
+        p.release()
+        cases = {
+            "released plan": gone,
+            "never prepared": 424242,
+        }
+        for what, handle in cases.items():
+            with self.assertRaises(grpc.RpcError) as cm:
+                self.a.stub.SubmitTransfer(pb.SubmitTransferRequest(handle=handle), timeout=10)
+            want = b2b.from_rpc_error(cm.exception)
+            # The ring's own record, and PreparedTransfer.submit through it.
+            c = self.ring.wait(self.ring.start(handle))
+            stale = object.__new__(b2b.PreparedTransfer)
+            stale.handle, stale._released, stale._client, stale.timeout = handle, False, self.a, None
+            before = self.posted()
+            with self.assertRaises(b2b.B2BError) as cm2:
+                stale.submit()
+            self.assertEqual(self.posted(), before + 1, what)
+            for got in (c.error(), cm2.exception):
+                self.assertIs(type(got), type(want), what)
+                self.assertIsInstance(got, b2b.NotFoundError, what)
+                self.assertEqual((got.code, got.message), (want.code, want.message), what)
+                self.assertIn(str(handle), got.message)
+
+    def test_bad_records_refused_by_field(self):
+        # Records the Python client never posts, hand-written: the daemon
+        # refuses each in its completion, naming the field, and serves on.
+        for op, w0, w2, code, msg in [
+            (9, 0, 0, grpc.StatusCode.INVALID_ARGUMENT, "op 9 unknown"),
+            (_ring.OP_SUBMIT, 0, 0, grpc.StatusCode.INVALID_ARGUMENT, "handle is 0"),
+            (_ring.OP_SUBMIT, 5, _ring.MAX_TIMEOUT_MS + 1, grpc.StatusCode.INVALID_ARGUMENT, "timeout_ms 86400001: want 1 to 86400000"),
+            (_ring.OP_CANCEL, 0, 0, grpc.StatusCode.INVALID_ARGUMENT, "target tag is 0"),
+            (_ring.OP_CANCEL, 999999, 0, grpc.StatusCode.NOT_FOUND, "no submit in flight under tag 999999"),
+        ]:
+            _ring._BODY_LEN.setdefault(9, 0)
+            try:
+                (t,) = self.ring._post([(op, w0, w2)])
+            finally:
+                _ring._BODY_LEN.pop(9, None)
+            err = self.ring.wait(t).error()
+            self.assertIsNotNone(err, msg)
+            self.assertEqual(err.code, code, err)
+            self.assertIn(msg, err.message)
+        self.ring.ping()
+
+    def test_handles_and_batches(self):
+        q = self.N // 4
+        plans = [self.prepare(slice(k * q, (k + 1) * q)) for k in range(3)]
+        stale = self.prepare()
+        gone = stale.handle
+        stale.release()
+        stale._released = False  # post it anyway: the daemon refuses it in its completion
+        self.random_fill(self.src)
+        before = self.posted()
+        hs = self.a.start_submits(plans * 4 + [stale], timeout=60)
+        stale._released = True  # released in the daemon already: its cleanup does nothing
+        self.assertEqual(self.posted(), before + 13)
+        for h in hs:
+            self.assertIsInstance(h, b2b.Transfer)
+        self.a.wait_all(hs, timeout=60)
+        self.assertEqual(self.a.poll(hs), [True] * 13)
+        for i, h in enumerate(hs[:12]):
+            self.assertEqual(h.state, "done", h.error)
+            self.assertEqual((h.result.blocks, h.result.bytes), (plans[i % 3].blocks, plans[i % 3].bytes))
+        self.assertEqual(hs[12].state, "failed")
+        self.assertIsInstance(hs[12].error, b2b.NotFoundError)
+        self.assertIn(str(gone), hs[12].error.message)
+        with self.assertRaises(b2b.NotFoundError):
+            hs[12].wait()
+        sl = slice(0, 3 * q)
+        self.assert_blocks_equal(self.src, self.so[sl], self.dst, self.do[sl], self.BS)
+        # One handle: start_submit, done() by poll, then wait.
+        self.random_fill(self.src)
+        h = self.a.start_submit(plans[0])
+        while not h.done():
+            time.sleep(0.001)
+        self.assertEqual(h.wait().blocks, plans[0].blocks)
+        self.assertFalse(h.cancel())  # it ended: nothing to cancel, the outcome stays
+        self.assert_blocks_equal(self.src, self.so[:q], self.dst, self.do[:q], self.BS)
+
+    def test_interrupted_submit_is_settled(self):
+        # Ctrl-C during submits through the ring: the one in flight is
+        # cancelled and waited for, nothing stays tracked, the ring serves on.
+        import threading
+
+        self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
+        p = self.prepare()
+        done = threading.Event()
+
+        def interrupt():
+            time.sleep(0.3)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            done.set()
+
+        t = threading.Thread(target=interrupt)
+        n = 0
+        try:
+            with self.assertRaises(KeyboardInterrupt):
+                t.start()
+                while True:
+                    p.submit()
+                    n += 1
+        finally:
+            done.wait(10)
+            t.join()
+        self.assertGreater(n, 0)
+        self.assertEqual((self.ring._pending, self.ring._done), (set(), {}))
+        self.assertIsNone(self.ring.dead)
+        self.random_fill(self.src)
+        self.assertEqual(p.submit().blocks, self.N)
+        self.assert_blocks_equal(self.src, self.so, self.dst, self.do, self.BS)
+
+    def test_interrupt_while_posting_is_settled(self):
+        # SIGINT as the record is posted is held until the tag is in hand,
+        # then strikes: that submit is cancelled and waited for too.
+        self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
+        p = self.prepare()
+        real = self.ring.start_many
+
+        def start_many(handles, timeout_ms=0):
+            signal.raise_signal(signal.SIGINT)
+            return real(handles, timeout_ms)
+
+        for what, call in (("submit", p.submit), ("start_submits", lambda: self.a.start_submits([p, p]))):
+            before = self.posted()
+            with mock.patch.object(self.ring, "start_many", start_many):
+                with self.assertRaises(KeyboardInterrupt, msg=what):
+                    call()
+            self.assertGreater(self.posted(), before, what)
+            self.assertEqual((self.ring._pending, self.ring._done), (set(), {}), what)
+        self.random_fill(self.src)
+        self.assertEqual(p.submit().blocks, self.N)
+        self.assert_blocks_equal(self.src, self.so, self.dst, self.do, self.BS)
+
+    def test_threads_share_the_ring(self):
+        import threading
+
+        p = self.prepare()
+        self.random_fill(self.src)
+        errors, results = [], []
+
+        def run():
+            try:
+                for _ in range(5):
+                    results.append(p.submit().blocks)
+                    self.ring.ping()
+            except BaseException as e:  # pylint: disable=broad-except
+                errors.append(e)
+
+        ts = [threading.Thread(target=run) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        self.assertEqual(errors, [])
+        self.assertEqual(results, [self.N] * 20)
+        self.assert_blocks_equal(self.src, self.so, self.dst, self.do, self.BS)
+
+    def test_killed_mid_post_leaves_the_daemon_serving(self):
+        # A child that (a) wrote half a record and sleeps unpublished, or (b)
+        # posts pings and submits of an unknown plan as fast as it can, is
+        # killed with SIGKILL; the daemon keeps serving this client's ring,
+        # a new ring and gRPC.
+        child = (
+            "import sys, time\n"
+            "sys.path.insert(0, sys.argv[1])\n"
+            "from b2b import _ring\n"
+            "r = _ring.Ring(sys.argv[2])\n"
+            "if sys.argv[3] == 'half':\n"
+            "    r._mm[r.sq.slot(r._sq_tail):r.sq.slot(r._sq_tail) + 20] = b'\\x07' * 20\n"
+            "    print('ready', flush=True); time.sleep(60)\n"
+            "print('ready', flush=True)\n"
+            "while True:\n"
+            "    r.start_many([77] * 8); r._post([(_ring.OP_PING, 0, 0)])\n"
+        )
+        pkg = os.path.dirname(os.path.dirname(b2b.__file__))
+        for mode in ("half", "busy"):
+            proc = subprocess.Popen([sys.executable, "-c", child, pkg, self.ring.path, mode], stdout=subprocess.PIPE)
+            try:
+                self.assertEqual(proc.stdout.readline().strip(), b"ready", mode)
+                time.sleep(0.1)
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
+                proc.stdout.close()
+            self.assertEqual(proc.returncode, -signal.SIGKILL, mode)
+            p = self.prepare()
+            self.random_fill(self.src)
+            before = self.posted()
+            self.assertEqual(p.submit().blocks, self.N, mode)
+            self.assertEqual(self.posted(), before + 1)
+            self.assert_blocks_equal(self.src, self.so, self.dst, self.do, self.BS)
+            with _ring.Ring(self.ring.path) as other:
+                other.ping()
+            self.a.ping()
+        self.assertIsNone(self.ring.dead)
+
+
+class FallbackTest(TwoDaemons):
+    a_args = SUBMIT_ARGS
+
+    def transfer_via(self, c: b2b.Client) -> None:
+        """A prepared submit and an async one on c land their blocks."""
+        rng = np.random.default_rng(3)
+        offs = np.arange(0, 64 * 4096, 4096, dtype=np.uint64)
+        with c.register_host(64 * 4096) as src, self.b.register_host(64 * 4096, "ring-fallback") as dst:
+            for _ in range(2):
+                src.array[:] = rng.integers(0, 256, src.size, dtype=np.uint8)
+                with c.prepare(src, self.peer_b, "ring-fallback", offs, offs, block_size=4096) as p:
+                    self.assertEqual(p.submit(timeout=30).blocks, 64)
+                    self.assertEqual(bytes(dst.memoryview), bytes(src.memoryview))
+                    src.array[:] = rng.integers(0, 256, src.size, dtype=np.uint8)
+                    h = c.start_submit(p)
+                    self.assertEqual(h.wait(30).blocks, 64)
+                    self.assertEqual(bytes(dst.memoryview), bytes(src.memoryview))
+
+    def test_ring_off_by_option_and_env(self):
+        with b2b.Client(self.da.socket, ring=False) as c:
+            self.assertIsNone(c.ring)
+            self.transfer_via(c)
+        with mock.patch.dict(os.environ, {"B2B_RING": "0"}):
+            with b2b.Client(self.da.socket) as c:
+                self.assertIsNone(c.ring)
+                self.transfer_via(c)
+        with b2b.Client(self.da.socket) as c:  # the default finds it
+            self.assertIsNotNone(c.ring)
+            self.transfer_via(c)
+
+    def test_no_socket_refused_or_remote(self):
+        with b2b.Client(self.db.socket) as c:  # no --submit-socket there
+            self.assertIsNone(c.ring)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with b2b.Client(self.da.socket, ring=self.da.socket) as c:  # the API socket refuses the hello
+                self.assertIsNone(c.ring)
+                self.assertIn("ring at", c._ring.reason)
+                self.transfer_via(c)
+        self.assertTrue(any(issubclass(x.category, RuntimeWarning) for x in w), [str(x.message) for x in w])
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            with b2b.Client(self.da.socket, ring=str(self.da.dir / "no-such.sock")) as c:
+                self.assertIsNone(c.ring)
+                self.transfer_via(c)
+        for addr in ("127.0.0.1:7470", "dns:///localhost:7470", "[::1]:7470"):
+            self.assertIsNone(_ring_client.submit_socket_for(addr, str(self.da.dir / "submit.sock")), addr)
+        self.assertEqual(_ring_client.submit_socket_for("unix://" + self.da.socket, None), str(self.da.dir / "submit.sock"))
+
+    def test_daemon_drops_the_ring(self):
+        # A ring whose socket closes under it answers UnavailableError, and
+        # the client opens a new one for its next submit.
+        with b2b.Client(self.da.socket) as c:
+            r = c.ring
+            r._sock.shutdown(2)
+            deadline = time.monotonic() + 10
+            while r.dead is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertIsInstance(r.dead, b2b.UnavailableError)
+            with self.assertRaises(b2b.UnavailableError):
+                r.ping()
+            self.assertIsNot(c.ring, r)
+            c.ring.ping()
+            self.transfer_via(c)
+
+
+    def test_close_ends_waits(self):
+        # A waiter on a ring closed under it raises UnavailableError at once
+        # (not after its nap); the client opens a new ring for its next call.
+        import threading
+
+        with b2b.Client(self.da.socket) as c:
+            r = c.ring
+            with r._cq_lock:
+                r._pending.add(1 << 40)  # a tag no completion will come for
+            got = []
+            t = threading.Thread(target=lambda: got.append(self._raises(lambda: r.wait(1 << 40))))
+            t.start()
+            time.sleep(0.2)
+            t0 = time.monotonic()
+            r.close()
+            r.close()  # twice is fine
+            t.join(10)
+            self.assertFalse(t.is_alive())
+            self.assertLess(time.monotonic() - t0, 5)
+            self.assertIsInstance(got[0], b2b.UnavailableError)
+            with self.assertRaises(b2b.UnavailableError):
+                r.ping()
+            c.ring.ping()
+
+    @staticmethod
+    def _raises(fn):
+        try:
+            fn()
+        except BaseException as e:  # pylint: disable=broad-except
+            return e
+        return None
+
+
+class PreparedOverRingTest(test_prepared.PreparedTest):
+    """Every prepared-transfer test again, the source daemon offering a ring
+    (the client takes it on its own)."""
+
+    a_args = SUBMIT_ARGS
+
+    def setUp(self):
+        super().setUp()
+        self.assertIsNotNone(self.a.ring)
+        self.posted_before = self.a.ring._tag
+
+    def test_submit_lands_every_block(self):
+        super().test_submit_lands_every_block()
+        self.assertEqual(self.a.ring._tag, self.posted_before + 3)
+
+
+if __name__ == "__main__":
+    unittest.main()
