@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -190,6 +191,46 @@ func (r *Ring) Submit(p *Plan) (RawResult, error) {
 // tag must be waited for.
 func (r *Ring) Start(p *Plan) (uint64, error) {
 	return r.post(ring.Request{Op: ring.OpSubmit, Handle: p.Handle})
+}
+
+// SubmitContext is Submit under ctx. Its deadline travels in the record,
+// so the daemon cuts the transfer at it and answers as SubmitTransfer
+// would (DeadlineExceeded, the transfer stopped); a cancel of ctx cancels
+// the submit through the ring, and the answer is the daemon's.
+func (r *Ring) SubmitContext(ctx context.Context, p *Plan) (RawResult, error) {
+	ms, err := ringTimeoutMs(ctx)
+	if err != nil {
+		return RawResult{}, err
+	}
+	tag, err := r.post(ring.Request{Op: ring.OpSubmit, Handle: p.Handle, TimeoutMs: ms})
+	if err != nil {
+		return RawResult{}, err
+	}
+	stop := context.AfterFunc(ctx, func() {
+		if errors.Is(ctx.Err(), context.Canceled) { // a deadline is the daemon's to keep
+			_ = r.Cancel(tag)
+		}
+	})
+	defer stop()
+	return r.Wait(tag)
+}
+
+// ringTimeoutMs is ctx's deadline as a submit record carries it: whole
+// milliseconds from now, rounded up (0: no deadline, the daemon's default).
+func ringTimeoutMs(ctx context.Context) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, status.FromContextError(err).Err()
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return 0, nil
+	}
+	left := time.Until(dl)
+	if left <= 0 {
+		return 0, status.Error(codes.DeadlineExceeded, "b2b client: the caller's deadline passed before the submit was posted")
+	}
+	ms := uint64((left + time.Millisecond - 1) / time.Millisecond)
+	return min(ms, ring.MaxTimeoutMs), nil
 }
 
 // Cancel cancels the submit under tag (its Wait then reports Canceled).

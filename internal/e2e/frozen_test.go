@@ -21,14 +21,15 @@ import (
 // stream) and returns the answer.
 type frozenCall struct {
 	name string
-	// run answers with the call's error; at gets the time the call began
+	// run answers with the call's error (sub is the daemon's raw submit
+	// socket); at gets the time the call began
 	// (after a plan was prepared) and the time it was answered (before any
 	// cleanup: a plan's release, a stream's close).
-	run func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error
+	run func(ctx context.Context, c *client.Client, sub string, tr client.Transfer, d time.Duration, at *[2]time.Time) error
 }
 
 var frozenCalls = []frozenCall{
-	{"sync", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
+	{"sync", func(ctx context.Context, c *client.Client, sub string, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
 		at[0] = time.Now()
 		cctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
@@ -36,7 +37,7 @@ var frozenCalls = []frozenCall{
 		at[1] = time.Now()
 		return err
 	}},
-	{"blocks", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
+	{"blocks", func(ctx context.Context, c *client.Client, sub string, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
 		// The same blocks through the layouts over both regions (block i
 		// at i × the block length).
 		ids := make([]uint32, len(tr.Blocks.Src))
@@ -51,7 +52,7 @@ var frozenCalls = []frozenCall{
 		at[1] = time.Now()
 		return err
 	}},
-	{"submit", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
+	{"submit", func(ctx context.Context, c *client.Client, sub string, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
 		p, err := c.Prepare(ctx, tr)
 		if err != nil {
 			return fmt.Errorf("prepare: %w", err)
@@ -64,7 +65,25 @@ var frozenCalls = []frozenCall{
 		at[1] = time.Now()
 		return err
 	}},
-	{"async", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
+	{"ring", func(ctx context.Context, c *client.Client, sub string, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
+		p, err := c.Prepare(ctx, tr)
+		if err != nil {
+			return fmt.Errorf("prepare: %w", err)
+		}
+		defer func() { _ = p.Release(ctx) }()
+		r, err := client.DialRing(sub)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		at[0] = time.Now()
+		cctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		_, err = r.SubmitContext(cctx, p)
+		at[1] = time.Now()
+		return err
+	}},
+	{"async", func(ctx context.Context, c *client.Client, sub string, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
 		at[0] = time.Now()
 		h, err := c.StartTransfer(ctx, tr, d)
 		if err != nil {
@@ -78,7 +97,7 @@ var frozenCalls = []frozenCall{
 		_, err = h.Result()
 		return err
 	}},
-	{"stream", func(ctx context.Context, c *client.Client, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
+	{"stream", func(ctx context.Context, c *client.Client, sub string, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
 		p, err := c.Prepare(ctx, tr)
 		if err != nil {
 			return fmt.Errorf("prepare: %w", err)
@@ -128,8 +147,9 @@ func schedulingDelay(ctx context.Context, t *testing.T, c *client.Client) time.D
 func startFrozenProc(t *testing.T, bin, name, transport string) *proc {
 	t.Helper()
 	dir := t.TempDir()
-	p := &proc{bin: bin, name: name, sock: filepath.Join(dir, "b2bd.sock"), shm: filepath.Join(dir, "shm"), peer: freePort(t), data: freePort(t)}
-	p.args = []string{"--node-name", p.name, "--socket", p.sock, "--shm-dir", p.shm,
+	p := &proc{bin: bin, name: name, sock: filepath.Join(dir, "b2bd.sock"), shm: filepath.Join(dir, "shm"), peer: freePort(t), data: freePort(t),
+		submit: filepath.Join(dir, "submit.sock")}
+	p.args = []string{"--node-name", p.name, "--socket", p.sock, "--shm-dir", p.shm, "--submit-socket", p.submit,
 		"--peer-listen", p.peer, "--data-listen", p.data, "--transport", transport, "--shutdown-grace", "10s", "--insecure"}
 	p.start(t)
 	return p
@@ -211,7 +231,7 @@ func TestFrozenPeer(t *testing.T) {
 							before := schedulingDelay(ctx, t, ca)
 							errc := make(chan error, 1)
 							var at [2]time.Time
-							go func() { errc <- call.run(ctx, ca, tr, deadline, &at) }()
+							go func() { errc <- call.run(ctx, ca, a.submit, tr, deadline, &at) }()
 							// Stop the peer once the batch is in flight: some
 							// bytes landed, or the batch answered already.
 							var err error
@@ -267,7 +287,7 @@ func TestFrozenPeer(t *testing.T) {
 							}
 							// The next batch to the same peer goes through and lands.
 							clear(dst)
-							if err := frozenCalls[0].run(ctx, ca, tr, time.Minute, new([2]time.Time)); err != nil {
+							if err := frozenCalls[0].run(ctx, ca, a.submit, tr, time.Minute, new([2]time.Time)); err != nil {
 								t.Fatalf("the next batch: %v", err)
 							}
 							if i := badBlock(src, dst, offs, offs, size); i >= 0 {

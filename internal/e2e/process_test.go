@@ -48,6 +48,7 @@ type proc struct {
 	shm       string
 	peer      string
 	data      string
+	submit    string // the raw submit socket, when started with one
 	stderr    *syncBuffer
 }
 
