@@ -11,7 +11,8 @@ PYGEN := client/python/b2b/v1
 VERSION ?= 0.1.0+git$(shell git rev-parse --short HEAD 2>/dev/null || echo 0)
 LDFLAGS := -X github.com/b2bd/b2bd/internal/daemon.Version=$(VERSION)
 
-.PHONY: soak test-soak test-quickstart disagg test-disagg man deb test-deb test-deploy test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-loaded test-go test-python test-rdma bench-rdma bench vet fmt clean
+
+.PHONY: wheel test-wheel soak test-soak test-quickstart disagg test-disagg man deb test-deb test-deploy test-faults certs gpu-check all deps build build-nocgo generate check-generated test test-loaded test-go test-python test-rdma bench-rdma bench vet fmt clean
 
 all: build
 
@@ -53,7 +54,7 @@ check-generated:
 vet:
 	$(GO) vet ./...
 
-test: deps check-generated build-nocgo test-go test-deploy test-deb test-python test-disagg test-quickstart test-soak test-rdma
+test: deps check-generated build-nocgo test-go test-deploy test-deb test-python test-wheel test-disagg test-quickstart test-soak test-rdma
 
 # test-loaded runs make test beside two CPU-bound processes, as on a loaded CI host: a test that fails only
 # here has a timing assumption. They are killed however make test ends (failure or Ctrl-C included).
@@ -72,6 +73,20 @@ test-python: build
 	@if [ -d client/python/tests ]; then B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 -m unittest discover -s client/python/tests -v; fi
 	/usr/bin/python3 deploy/gpu/smprobe_verdict_test.py
 	B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 deploy/gpu/layer_check_test.py
+
+# wheel builds the Python client's wheel (bin/dist/b2bd-*.whl) offline, with Debian's setuptools.
+wheel: deps
+	rm -rf $(BIN)/dist && mkdir -p $(BIN)/dist
+	/usr/bin/python3 -m pip wheel --quiet --no-deps --no-index --no-build-isolation -w $(BIN)/dist ./client/python
+
+# test-wheel installs that wheel into a fresh venv (Debian's grpcio, protobuf and numpy seen through
+# --system-site-packages) and runs the quick start's Python script with it, away from the source tree.
+test-wheel: build wheel
+	rm -rf $(BIN)/wheel-venv && /usr/bin/python3 -m venv --system-site-packages $(BIN)/wheel-venv
+	$(BIN)/wheel-venv/bin/python -m pip install --quiet --no-deps --no-index $(BIN)/dist/b2bd-*.whl
+	cd /tmp && $(BIN)/wheel-venv/bin/python -c 'import b2b, b2b.kv, b2b.connector, sys; \
+	  assert "wheel-venv" in b2b.__file__, b2b.__file__; print("test-wheel: b2b from", b2b.__file__)'
+	B2B_QUICKSTART_PYTHON=$(BIN)/wheel-venv/bin/python examples/quickstart/quickstart.sh
 
 # test-quickstart runs the README's quick start as written (examples/quickstart/quickstart.sh):
 # two loopback daemons, register, 10,000 gapped blocks by b2bctl, Go and Python, all verified.

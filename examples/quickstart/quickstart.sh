@@ -54,6 +54,9 @@ bin/b2bctl transfer --src $SRC --peer $B_PEER --dst kv --blocks 10000 --size 409
 # The same from Go and from Python: each registers its own two regions, moves 10,000 gapped blocks, verifies them.
 go run ./examples/quickstart --dst $B/b2bd.sock --peer $B_PEER
 PYTHONPATH=client/python /usr/bin/python3 examples/quickstart/quickstart.py --dst $B/b2bd.sock --peer $B_PEER
+if [ -n "${B2B_QUICKSTART_PYTHON:-}" ]; then   # make test-wheel: the same with the installed wheel, away from the source tree
+  (cd "$work" && "$B2B_QUICKSTART_PYTHON" "$OLDPWD/examples/quickstart/quickstart.py" --dst $B/b2bd.sock --peer $B_PEER)
+fi
 
 bin/b2bctl regions
 echo "quickstart: OK"
