@@ -20,17 +20,19 @@ import (
 //   - A refusal that a stale cached resolution explains (the key refused
 //     by the receiver, a size or layout geometry the destination no
 //     longer has): the path's stale handler drops the cache entry and the
-//     attempt runs once more, resolving afresh, when it was the first; or
+//     attempt runs once more, resolving afresh, unless a retry came first; or
 //     the handler's error is the outcome (a prepared plan is then stale).
 //   - Its connection broke (under the post, or the peer's connection under
 //     the resolve): one retry on a fresh connection. Writes and reads are
 //     idempotent (the same bytes to the same places), so success still
-//     means every byte landed. A fault on a region's memory would fault
-//     again: no retry.
+//     means every byte landed. A dead peer costs the retry one refused
+//     dial. A fault on a region's memory would fault again: no retry.
 //   - Anything else is the outcome, naming the failure a retry followed.
 //
-// Nothing runs again once the caller's ctx is done: a caller that gave up
-// wants no retry, and its deadline or cancel is then the outcome
+// Every attempt runs under the one ctx the caller's deadline bounds (else
+// DefaultTimeout; a pull's less pullMargin: bounded, early), so the
+// retries share it; nothing runs again once it is done: a caller that gave
+// up wants no retry, and its deadline or cancel is then the outcome
 // (errs.ForCaller, in the callers).
 
 // maxNotSent bounds a transfer's runs again after it found its connection
