@@ -397,63 +397,39 @@ func (s *Service) Plan(r Request) (*Plan, error) {
 
 // Run sends p to its peer and returns once every byte landed, the receiving
 // daemon acknowledged the batch, and its notification (if any) was
-// delivered.
-//
-// A cached resolution can be stale (the region was re-registered): its
-// size then misjudges the bounds, or the receiver refuses the key before
-// placing any byte. Either way one retry with a fresh resolution is safe.
-//
-// A connection may also break under the batch: made before it, it may
-// have died unnoticed with an idle peer (restarted, or its link flapped);
-// fresh, the wire may fail it (Soft-RoCE under load NAKs a WRITE with
-// "remote invalid request" now and then). Writes are idempotent (the
-// same bytes to the same places), so one retry on a fresh connection is
-// safe, and success still means every byte landed and was acknowledged.
-// A dead peer costs the retry one refused dial. A fault on our own source
-// memory would fault again, and a caller that gave up wants no retry.
+// delivered. It retries as every transfer does (retry.go): a cached
+// resolution can be stale (the region was re-registered: its size then
+// misjudges the bounds, or the receiver refuses the key before placing any
+// byte), and a connection may break under the batch (made before it, it
+// may have died unnoticed with an idle peer; fresh, the wire may fail it:
+// Soft-RoCE under load NAKs a WRITE with "remote invalid request" now and
+// then).
 func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 	var (
-		sess     transport.Session
-		st       transport.Stats
-		start    time.Time
-		err      error
-		firstErr error
-		ph       Phases
-		notSent  int
+		kind  transport.Kind
+		st    transport.Stats
+		start time.Time
+		ph    Phases
 	)
-	for attempt := 0; ; attempt++ {
+	pol := retryPolicy{peer: p.peer, fresh: "a retry on a fresh connection"}
+	stale := func(error) error {
+		s.forget(p.peer, p.dst, p.op)
+		return nil
+	}
+	err := s.retry(ctx, pol, stale, func(ctx context.Context, _ bool) (ran, error) {
 		t0 := time.Now()
-		var remote transport.RemoteRegion
-		var reg transport.Registration
-		var cached bool
-		var held func()
-		sess, remote, reg, cached, held, err = s.prepare(ctx, p, true)
+		sess, remote, reg, cached, held, err := s.prepare(ctx, p, true)
 		if err != nil {
-			// A connection that broke under this batch's resolve
-			// (another batch, cut off, broke it) is retried once on a
-			// fresh one, as a Write that broke it is.
-			if firstErr == nil && sess.Conn != nil && ctx.Err() == nil && errs.Class(err) == errs.ErrUnavailable {
-				s.cfg.Log.Info("batch's connection broke before its write; retrying once on a fresh one", "peer", p.peer, "error", err)
-				firstErr = err
-				continue
-			}
-			if firstErr != nil {
-				return Result{}, fmt.Errorf("%w (retrying on a fresh connection; the first attempt failed: %v)", err, firstErr)
-			}
-			return Result{}, err
+			return ran{sess: sess}, err
 		}
 		if err := p.checkRemote(remote.Size); err != nil {
 			held()
-			if cached && attempt == 0 { // the size may be stale, not the request wrong
-				s.forget(p.peer, p.dst, p.op)
-				continue
-			}
-			return Result{}, err
+			return ran{cached: cached, suspect: true}, err // the size may be stale, not the request wrong
 		}
 		ph.Resolve += time.Since(t0)
 		if err := passGate(ctx); err != nil {
 			held()
-			return Result{}, err
+			return ran{}, err
 		}
 		start = time.Now()
 		st, err = p.move(ctx, sess, reg, remote)
@@ -461,49 +437,16 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		// The peer pinned the region from the first frame to its ack:
 		// the resolution's hold on it may go now.
 		held()
-		if err == nil {
-			break
+		if err != nil {
+			return ran{sess: sess, posted: true, cached: cached}, p.writeFailed(sess.Kind, err)
 		}
-		broke := sess.Conn.Err() != nil
-		if broke {
-			s.cfg.Peers.Broken(p.peer, sess)
-		}
-		if retryNotSent(ctx, err, &notSent) {
-			attempt-- // not an attempt: nothing was sent
-			continue
-		}
-		if cached && attempt == 0 && errors.Is(err, errs.ErrNotFound) {
-			s.forget(p.peer, p.dst, p.op)
-			continue
-		}
-		err = p.writeFailed(sess.Kind, err)
-		if broke && firstErr == nil && ctx.Err() == nil && !memguard.IsFault(err) {
-			s.cfg.Log.Info("batch broke its connection; retrying once on a fresh one", "peer", p.peer, "reused", sess.Reused, "error", err)
-			firstErr = err
-			continue
-		}
-		if firstErr != nil {
-			return Result{}, fmt.Errorf("%w (after a retry on a fresh connection; the first attempt failed: %v)", err, firstErr)
-		}
+		kind = sess.Kind
+		return ran{}, nil
+	})
+	if err != nil {
 		return Result{}, err
 	}
-	return s.landed(ctx, p, sess.Kind, st, start, ph)
-}
-
-// maxNotSent bounds a batch's runs again after it found its connection
-// already broken (transport.ErrNotSent): each is on a fresh connection,
-// so only a peer that breaks every one of them reaches it.
-const maxNotSent = 32
-
-// retryNotSent says whether a batch that failed with err runs again at no
-// cost to its one retry: nothing of it was sent, the connection having
-// been broken by another batch (cut off by its cancel, say) first.
-func retryNotSent(ctx context.Context, err error, n *int) bool {
-	if !errors.Is(err, transport.ErrNotSent) || *n >= maxNotSent || ctx.Err() != nil {
-		return false
-	}
-	*n++
-	return true
+	return s.landed(ctx, p, kind, st, start, ph)
 }
 
 // landed ends a batch whose last write attempt began at start and

@@ -9,7 +9,6 @@ import (
 
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
-	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -121,38 +120,34 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 	}
 	ph.Validate = time.Since(t0)
 
-	var firstErr error
-	notSent := 0
-	for attempt := 0; ; attempt++ {
-		res, cached, retry, err := s.blocksAttempt(ctx, lp, e, sc, r, &ph)
-		if err == nil {
-			return res, nil
-		}
-		if retryNotSent(ctx, err, &notSent) {
-			attempt-- // not an attempt: nothing was sent
-			continue
-		}
-		if retry && attempt == 0 && (cached || firstErr == nil) {
-			firstErr = err
-			continue
-		}
-		if firstErr != nil {
-			return Result{}, fmt.Errorf("%w (after one retry; the first attempt failed: %v)", err, firstErr)
-		}
+	var res Result
+	pol := retryPolicy{peer: r.Peer, fresh: "a retry on a fresh connection"}
+	stale := func(error) error {
+		s.forgetLayout(lp, r)
+		return nil
+	}
+	err = s.retry(ctx, pol, stale, func(ctx context.Context, _ bool) (ran, error) {
+		var err error
+		var rn ran
+		res, rn, err = s.blocksAttempt(ctx, lp, e, sc, r, &ph)
+		return rn, err
+	})
+	if err != nil {
 		return Result{}, err
 	}
+	return res, nil
 }
 
-// blocksAttempt resolves, validates, expands and writes once. retry says a
-// fresh resolution or connection may help (a refused, possibly stale key; a
-// connection that broke under the writes).
-func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, sc *blockScratch, r BlocksRequest, ph *Phases) (res Result, cached, retry bool, err error) {
+// blocksAttempt resolves, validates, expands and writes once, telling the
+// retry policy how it failed.
+func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, sc *blockScratch, r BlocksRequest, ph *Phases) (res Result, _ ran, err error) {
 	t0 := time.Now()
 	sess, err := s.session(ctx, r.Peer, r.Transport, transport.Need{Op: r.Op.ops()})
 	if err != nil {
-		return res, false, false, err
+		return res, ran{}, err
 	}
 	var rl *transport.LayoutResolution
+	var cached bool
 	if r.Op == OpRead {
 		rl, cached, err = s.cfg.Peers.(ReadPeers).ResolveLayoutFor(ctx, r.Peer, r.Remote, transport.AccessRead)
 	} else {
@@ -162,7 +157,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 		if !isRequestError(err) && ctx.Err() == nil { // as prepare's resolve
 			s.cfg.Peers.Broken(r.Peer, sess)
 		}
-		return res, false, false, fmt.Errorf("peer %s: resolve remote_layout %q for %s: %w", r.Peer, r.Remote, r.Op, err)
+		return res, ran{sess: sess}, fmt.Errorf("peer %s: resolve remote_layout %q for %s: %w", r.Peer, r.Remote, r.Op, err)
 	}
 	t1 := time.Now()
 	ph.Resolve += t1.Sub(t0)
@@ -173,7 +168,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 		pair, err = e.pair(rl.Layout)
 	}
 	if err != nil {
-		return res, cached, s.staleGeometry(err, cached, r), fmt.Errorf("local_layout %q and remote_layout %q: %w", r.Local, r.Remote, err)
+		return res, ran{cached: cached, suspect: staleGeometry(err, r.Op)}, fmt.Errorf("local_layout %q and remote_layout %q: %w", r.Local, r.Remote, err)
 	}
 	w := layout.Planners.Get().(*layout.Planner)
 	lreq := layout.Request{SrcIDs: r.LocalIDs, DstIDs: r.RemoteIDs, SrcField: "local_ids", DstField: "remote_ids"}
@@ -183,7 +178,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	ids, err := w.Validate(pair, lreq)
 	if err != nil {
 		layout.Planners.Put(w)
-		return res, cached, s.staleGeometry(err, cached, r), err
+		return res, ran{cached: cached, suspect: staleGeometry(err, r.Op)}, err
 	}
 	t2 := time.Now()
 	ph.Validate += t2.Sub(t1)
@@ -203,14 +198,14 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	for _, reg := range sc.regions {
 		rg, ok := reg.Registration(sess.Kind)
 		if !ok {
-			return res, cached, false, fmt.Errorf("%w: local_layout %q: region %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, r.Local, reg.ID, reg.Mem.Kind, sess.Kind)
+			return res, ran{}, fmt.Errorf("%w: local_layout %q: region %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, r.Local, reg.ID, reg.Mem.Kind, sess.Kind)
 		}
 		sc.srcs = append(sc.srcs, rg)
 	}
 	for _, rr := range rl.Regions {
 		key, ok := rr.Keys[sess.Kind]
 		if !ok {
-			return res, cached, false, fmt.Errorf("%w: remote_layout %q: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, r.Remote, rr.Name, sess.Kind)
+			return res, ran{}, fmt.Errorf("%w: remote_layout %q: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, r.Remote, rr.Name, sess.Kind)
 		}
 		sc.dsts = append(sc.dsts, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices})
 	}
@@ -219,21 +214,13 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	// Every stretch in one go (transport.BlockWriter where the kind has
 	// one, else concurrent Writes): every byte acknowledged before success.
 	if err := passGate(ctx); err != nil {
-		return res, cached, false, err
+		return res, ran{}, err
 	}
 	wstart := time.Now()
 	bw := transport.BlockWrite{Pair: pair, IDs: ids, Src: sc.srcs, Dst: sc.dsts}
 	st, werr := transport.WriteBlocks(ctx, sess.Conn, &bw, &sc.bs)
 	clear(sc.srcs)
 	if werr != nil {
-		broke := sess.Conn.Err() != nil
-		if broke {
-			s.cfg.Peers.Broken(r.Peer, sess)
-		}
-		stale := cached && errors.Is(werr, errs.ErrNotFound)
-		if stale {
-			lp.ForgetLayout(r.Peer, r.Remote)
-		}
 		where := ""
 		var se *transport.StretchError
 		if errors.As(werr, &se) && int(se.Group) < pair.NumGroups() && int(se.SrcRegion) < len(sc.regions) && int(se.DstRegion) < len(rl.Regions) {
@@ -244,36 +231,37 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 		} else {
 			werr = fmt.Errorf("local_layout %q to remote_layout %q on %s over %s: %w", r.Local, r.Remote, r.Peer, sess.Kind, werr)
 		}
-		retry = stale || (broke && ctx.Err() == nil && !memguard.IsFault(werr))
-		return res, cached, retry, werr
+		return res, ran{sess: sess, posted: true, cached: cached}, werr
 	}
 	res, err = s.blocksMoved(ctx, r, rl, sess, st, wstart, ph, blocks, total)
-	return res, cached, false, err
+	return res, ran{}, err
 }
 
 // staleGeometry says whether err, a refusal by the remote layout's geometry
-// (an id of its side out of range, incompatible layouts) judged against a
-// cached resolution, may be the cache's: the peer may have re-registered
-// the layout under the same export name since. It then drops the entry, so
-// that the one retry resolves afresh and the error reported is the peer's
-// current layout's.
-func (s *Service) staleGeometry(err error, cached bool, r BlocksRequest) bool {
+// (an id of its side out of range, incompatible layouts), may be a cached
+// resolution's: the peer may have re-registered the layout under the same
+// export name since. The retry policy then drops the entry, so that the
+// one retry resolves afresh and the error reported is the peer's current
+// layout's.
+func staleGeometry(err error, op Op) bool {
 	var ge *layout.GeometryError
-	if !cached || !errors.As(err, &ge) {
+	if !errors.As(err, &ge) {
 		return false
 	}
+	if op == OpRead {
+		return ge.Src // the peer's layout is the source of a pull
+	}
+	return ge.Dst
+}
+
+// forgetLayout drops the cached resolution of r's remote layout that r's
+// op used.
+func (s *Service) forgetLayout(lp LayoutPeers, r BlocksRequest) {
 	if r.Op == OpRead {
-		if !ge.Src { // the peer's layout is the source of a pull
-			return false
-		}
 		s.cfg.Peers.(ReadPeers).ForgetLayoutFor(r.Peer, r.Remote, transport.AccessRead)
-		return true
+		return
 	}
-	if !ge.Dst {
-		return false
-	}
-	s.cfg.Peers.(LayoutPeers).ForgetLayout(r.Peer, r.Remote)
-	return true
+	lp.ForgetLayout(r.Peer, r.Remote)
 }
 
 // blocksMoved ends a block request whose every byte moved, from wstart:
@@ -305,39 +293,31 @@ func (s *Service) blocksMoved(ctx context.Context, r BlocksRequest, rl *transpor
 // (transport.BlockReader where the kind has one, else concurrent Reads):
 // every byte in place before success.
 func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r BlocksRequest, ph *Phases, sess transport.Session,
-	rl *transport.LayoutResolution, pair *layout.Pair, ids layout.IDs, cached bool, blocks, total uint64, t2 time.Time) (res Result, _, retry bool, err error) {
+	rl *transport.LayoutResolution, pair *layout.Pair, ids layout.IDs, cached bool, blocks, total uint64, t2 time.Time) (res Result, _ ran, err error) {
 	sc.rsrcs, sc.rdsts = sc.rsrcs[:0], sc.rdsts[:0]
 	for _, rr := range rl.Regions {
 		key, ok := rr.Keys[sess.Kind]
 		if !ok {
-			return res, cached, false, fmt.Errorf("%w: remote_layout %q: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, r.Remote, rr.Name, sess.Kind)
+			return res, ran{}, fmt.Errorf("%w: remote_layout %q: the peer's region %q is not registered with transport %s", errs.ErrFailedPrecondition, r.Remote, rr.Name, sess.Kind)
 		}
 		sc.rsrcs = append(sc.rsrcs, transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices})
 	}
 	for _, reg := range sc.regions {
 		rg, ok := reg.Registration(sess.Kind)
 		if !ok {
-			return res, cached, false, fmt.Errorf("%w: local_layout %q: region %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, r.Local, reg.ID, reg.Mem.Kind, sess.Kind)
+			return res, ran{}, fmt.Errorf("%w: local_layout %q: region %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, r.Local, reg.ID, reg.Mem.Kind, sess.Kind)
 		}
 		sc.rdsts = append(sc.rdsts, rg)
 	}
 	ph.Plan += time.Since(t2)
 	if err := passGate(ctx); err != nil {
-		return res, cached, false, err
+		return res, ran{}, err
 	}
 	wstart := time.Now()
 	br := transport.BlockRead{Pair: pair, IDs: ids, Src: sc.rsrcs, Dst: sc.rdsts}
 	st, werr := transport.ReadBlocks(ctx, sess.Conn, &br, &sc.bs)
 	clear(sc.rdsts)
 	if werr != nil {
-		broke := sess.Conn.Err() != nil
-		if broke {
-			s.cfg.Peers.Broken(r.Peer, sess)
-		}
-		stale := cached && errors.Is(werr, errs.ErrNotFound)
-		if stale {
-			s.cfg.Peers.(ReadPeers).ForgetLayoutFor(r.Peer, r.Remote, transport.AccessRead)
-		}
 		var se *transport.StretchError
 		if errors.As(werr, &se) && int(se.Group) < pair.NumGroups() && int(se.SrcRegion) < len(rl.Regions) && int(se.DstRegion) < len(sc.regions) {
 			first, nseg, _ := pair.Group(int(se.Group))
@@ -346,11 +326,10 @@ func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r 
 		} else {
 			werr = fmt.Errorf("read of remote_layout %q on %s into local_layout %q over %s: %w", r.Remote, r.Peer, r.Local, sess.Kind, werr)
 		}
-		retry = stale || (broke && ctx.Err() == nil && !memguard.IsFault(werr))
-		return res, cached, retry, werr
+		return res, ran{sess: sess, posted: true, cached: cached}, werr
 	}
 	res, err = s.blocksMoved(ctx, r, rl, sess, st, wstart, ph, blocks, total)
-	return res, cached, false, err
+	return res, ran{}, err
 }
 
 // firstSegmentOf is the first segment of l in region index ri.

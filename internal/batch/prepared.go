@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -412,92 +411,62 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		return Result{}, err
 	}
 	var (
-		ph       Phases
-		st       transport.Stats
-		firstErr error
-		start    time.Time
-		notSent  int
+		ph    Phases
+		st    transport.Stats
+		start time.Time
 	)
 	b := pp.bind.Load()
 	if b == nil { // freed under us: only at shutdown
 		return Result{}, fmt.Errorf("%w: plan %d was released", errs.ErrNotFound, pp.handle)
 	}
-	for {
-		if b.sess.Conn.Err() != nil && firstErr == nil {
-			// The connection broke since the last submit: prepare on a
-			// fresh one (the one retry this submit gets). The manager is
-			// told, as a failed write tells it, so that it handshakes
-			// afresh: a peer that restarted meanwhile is known by its new
-			// instance ID, not mistaken for a re-registered destination
-			// when the control channel reconnected by itself.
-			firstErr = fmt.Errorf("connection broke before the submit: %w", b.sess.Conn.Err())
-			s.cfg.Peers.Broken(p.peer, b.sess)
-			nb, err := s.reboundNotSent(ctx, pp, b, &ph, &notSent)
+	// The plan's binding is its resolution, made once: a key the receiver
+	// refuses is no cache to drop but a plan to prepare again.
+	pol := retryPolicy{peer: p.peer, fresh: "preparing again on a fresh connection"}
+	stale := func(err error) error {
+		return pp.markStale(fmt.Errorf("dst_region %q on peer %s refused its key (re-registered, deregistered or its export changed): %w", p.dst, p.peer, err))
+	}
+	err := s.retry(ctx, pol, stale, func(ctx context.Context, rerun bool) (ran, error) {
+		if rerun {
+			// Every run again follows a connection that broke (under the
+			// last write, before it, or under a re-bind): prepare on a
+			// fresh one, made by this submit or a concurrent one.
+			nb, err := s.rebound(ctx, pp, b, &ph)
+			if st := pp.stale.Load(); st != nil {
+				return ran{}, st.err
+			}
 			if err != nil {
-				return Result{}, err
+				return ran{}, err
 			}
 			b = nb
 		}
+		if err := b.sess.Conn.Err(); err != nil {
+			// The connection broke since the last submit: nothing of this
+			// one was sent. The policy tells the manager, as a failed
+			// write tells it, so that it handshakes afresh: a peer that
+			// restarted meanwhile is known by its new instance ID, not
+			// mistaken for a re-registered destination when the control
+			// channel reconnected by itself.
+			return ran{sess: b.sess, posted: true}, fmt.Errorf("%w: connection broke before the submit: %w", transport.ErrNotSent, err)
+		}
 		if err := passGate(ctx); err != nil {
-			return Result{}, err
+			return ran{}, err
 		}
 		var err error
 		start = time.Now()
 		st, err = b.write(ctx, p)
 		ph.write(st, start)
-		if err == nil {
-			break
+		if err != nil {
+			return ran{sess: b.sess, posted: true, cached: true}, p.writeFailed(b.sess.Kind, err)
 		}
-		broke := b.sess.Conn.Err() != nil
-		if broke {
-			s.cfg.Peers.Broken(p.peer, b.sess)
-		}
-		fault := memguard.IsFault(err)
-		if !broke && !fault && errors.Is(err, errs.ErrNotFound) { // the receiver refused the key
-			return Result{}, pp.markStale(fmt.Errorf("dst_region %q on peer %s refused its key (re-registered, deregistered or its export changed): %w", p.dst, p.peer, err))
-		}
-		if retryNotSent(ctx, err, &notSent) {
-			nb, rerr := s.reboundNotSent(ctx, pp, b, &ph, &notSent)
-			if st := pp.stale.Load(); st != nil {
-				return Result{}, st.err
-			}
-			if rerr != nil {
-				return Result{}, fmt.Errorf("%w (preparing again on a fresh connection; this one was broken by another batch: %v)", rerr, err)
-			}
-			b = nb
-			continue
-		}
-		err = p.writeFailed(b.sess.Kind, err)
-		if broke && firstErr == nil && ctx.Err() == nil && !fault {
-			firstErr = err
-			nb, rerr := s.reboundNotSent(ctx, pp, b, &ph, &notSent)
-			if st := pp.stale.Load(); st != nil {
-				return Result{}, st.err // the news that matters: prepare again
-			}
-			if rerr != nil {
-				return Result{}, fmt.Errorf("%w (preparing again on a fresh connection; the first attempt failed: %v)", rerr, firstErr)
-			}
-			b = nb
-			continue
-		}
-		if firstErr != nil {
-			return Result{}, fmt.Errorf("%w (after preparing again on a fresh connection; the first attempt failed: %v)", err, firstErr)
+		return ran{}, nil
+	})
+	if err != nil {
+		if st := pp.stale.Load(); st != nil && errors.Is(err, st.err) {
+			return Result{}, st.err // the news that matters: prepare again
 		}
 		return Result{}, err
 	}
 	return s.landed(ctx, p, b.sess.Kind, st, start, ph)
-}
-
-// reboundNotSent is rebound, run again while it fails before sending
-// anything (a fresh connection broken by another batch before the plan
-// was built on it) within Run's budget of such free reruns.
-func (s *Service) reboundNotSent(ctx context.Context, pp *prepared, old *binding, ph *Phases, notSent *int) (*binding, error) {
-	for {
-		nb, err := s.rebound(ctx, pp, old, ph)
-		if err == nil || pp.stale.Load() != nil || !retryNotSent(ctx, err, notSent) {
-			return nb, err
-		}
-	}
 }
 
 // rebound returns pp's binding on a fresh connection, made by this submit

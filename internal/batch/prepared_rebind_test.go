@@ -159,3 +159,22 @@ func TestPreparedRebindNotSent(t *testing.T) {
 		t.Fatalf("%d failures left, %d writes on the fresh connection", fail, fp.conns[1].writes)
 	}
 }
+
+// A plan whose connection broke between submits found nothing of the
+// next submit sent: re-binding it is a free run again, as Run's batches
+// get on transport.ErrNotSent, so the submit keeps its one retry for a
+// connection that breaks under its write.
+func TestPreparedBrokenBetweenSubmitsKeepsTheRetry(t *testing.T) {
+	cut := fmt.Errorf("%w: tcp: connection reset by peer", errs.ErrAborted)
+	fp := &fakePeers{conns: []*fakeConn{{}, {errs: []error{cut}, breaks: true}, {}}, answers: []answer{{size: regionSize}}, insts: []uint64{1}}
+	s, req, info := preparedRig(t, fp)
+	fp.conns[0].mu.Lock()
+	fp.conns[0].err = cut // broken while idle
+	fp.conns[0].mu.Unlock()
+	if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); err != nil {
+		t.Fatalf("submit: %v", err)
+	}
+	if fp.gets != 3 || fp.broken != 2 || fp.conns[0].writes != 0 || fp.conns[1].writes != 1 || fp.conns[2].writes != 1 {
+		t.Fatalf("%d gets, %d broken, writes %d/%d/%d: want 3, 2, 0/1/1", fp.gets, fp.broken, fp.conns[0].writes, fp.conns[1].writes, fp.conns[2].writes)
+	}
+}
