@@ -127,9 +127,24 @@ func TestPreparedSurvivesCut(t *testing.T) {
 					t.Fatal(err)
 				}
 				for i := 0; i < 2; i++ {
+					round++
+					fill(src.Bytes, func(j int) byte { return byte(j>>12) + byte(round)*7 | 1 })
+					clear(dst.Bytes)
 					dctx, dcancel := context.WithTimeout(ctx, 300*time.Millisecond)
 					_, err := p.Submit(dctx)
 					dcancel()
+					if err == nil && tk.name == "local" {
+						// The same-host path copies between the mappings with
+						// no help from the peer's daemon: a plan still bound
+						// (the cancel above lost its race) lands every block
+						// while the peer is stopped.
+						if k := badBlock(src.Bytes, dst.Bytes, offs, offs, size); k >= 0 {
+							_ = b.cmd.Process.Signal(syscall.SIGCONT)
+							t.Fatalf("%s: submit %d to the stopped peer succeeded, but block %d differs", op.name, i, k)
+						}
+						t.Logf("%s: submit %d landed every block with the peer stopped (a bound same-host plan needs no peer)", op.name, i)
+						continue
+					}
 					if err == nil || status.Code(err) == codes.FailedPrecondition {
 						_ = b.cmd.Process.Signal(syscall.SIGCONT)
 						t.Fatalf("%s: submit %d to the stopped peer: %v", op.name, i, err)
