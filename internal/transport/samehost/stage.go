@@ -3,6 +3,9 @@ package samehost
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -39,6 +42,14 @@ type stage struct {
 	gap uint64
 	// chunk overrides staging.ChunkBytes where non-zero (measurements).
 	chunk uint64
+	// split is how many streams one chunk's second hop is spread over (1
+	// or 2).
+	split int
+	// done[h][j] is recorded on h2d[j] behind the last second-hop part
+	// read from half h.
+	done [2][2]*gpudirect.Event
+	// note is what calibrate measured, for Status.
+	note string
 }
 
 // routeStaged and routeDirect name a same-device batch's path in Status.
@@ -66,6 +77,9 @@ func (t *Transport) ensureStage(dev int) {
 		t.log.Warn("no staging buffer: same-device GPU batches on this device will be refused", "device", dev, "error", err)
 		return
 	}
+	if err := s.calibrate(t.cfg.CUDA); err != nil {
+		t.log.Warn("staging calibration failed: the second hop stays on one stream", "device", dev, "error", err)
+	}
 	t.stages[dev] = s
 }
 
@@ -75,11 +89,17 @@ func newStage(cu gpudirect.Interface, dev, size int) (*stage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("samehost: pinned staging buffer of %d bytes on device %d: %w", size, dev, staging.DomainError(err))
 	}
-	s := &stage{dev: dev, buf: buf, gap: staging.MergeGap}
+	s := &stage{dev: dev, buf: buf, gap: staging.MergeGap, split: 1}
 	for _, p := range []**gpudirect.Stream{&s.d2h, &s.h2d[0], &s.h2d[1]} {
 		if *p, err = cu.StreamCreate(dev); err != nil {
 			_ = s.close(cu)
 			return nil, fmt.Errorf("samehost: staging stream on device %d: %w", dev, staging.DomainError(err))
+		}
+	}
+	for _, p := range []**gpudirect.Event{&s.done[0][0], &s.done[0][1], &s.done[1][0], &s.done[1][1]} {
+		if *p, err = cu.EventCreate(dev); err != nil {
+			_ = s.close(cu)
+			return nil, fmt.Errorf("samehost: staging event on device %d: %w", dev, staging.DomainError(err))
 		}
 	}
 	return s, nil
@@ -87,6 +107,13 @@ func newStage(cu gpudirect.Interface, dev, size int) (*stage, error) {
 
 func (s *stage) close(cu gpudirect.Interface) error {
 	var err error
+	for _, e := range []*gpudirect.Event{s.done[0][0], s.done[0][1], s.done[1][0], s.done[1][1]} {
+		if e != nil {
+			if x := cu.EventDestroy(e); x != nil && err == nil {
+				err = x
+			}
+		}
+	}
 	for _, st := range []*gpudirect.Stream{s.d2h, s.h2d[0], s.h2d[1]} {
 		if st != nil {
 			if e := cu.StreamDestroy(st); e != nil && err == nil {
@@ -124,7 +151,21 @@ func (t *Transport) routes() string {
 	if t.cfg.SameDeviceDirect {
 		return "; " + routeDirect + "; " + routeCross + t.hostRoute()
 	}
-	return "; " + routeStaged + "; " + routeCross + t.hostRoute()
+	return "; " + routeStaged + t.stageNotes() + "; " + routeCross + t.hostRoute()
+}
+
+// stageNotes is each staged device's calibration, in device order.
+func (t *Transport) stageNotes() string {
+	t.stageMu.Lock()
+	defer t.stageMu.Unlock()
+	devs := slices.Sorted(maps.Keys(t.stages))
+	var b strings.Builder
+	for _, d := range devs {
+		if n := t.stages[d].note; n != "" {
+			fmt.Fprintf(&b, " [GPU %d: %s]", d, n)
+		}
+	}
+	return b.String()
 }
 
 // copyStaged moves b from srcBase to dstBase on one device through s, in
@@ -141,16 +182,21 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 		chunk = staging.ChunkBytes(b.Bytes(), half)
 	}
 	staging.PlanStagedGap(p, srcBase, dstBase, b.Src, b.Dst, b.Len, host, half, chunk, s.gap)
-	var pending [2]bool // an H2D hop from that half may still run
+	// pending[h][j]: a host-to-device part from half h queued on stream
+	// h2d[j] may still run; s.done[h][j] is recorded behind it.
+	var pending [2][2]bool
 	wait := func(h int) error {
-		if !pending[h] {
-			return nil
+		var err error
+		for j := range pending[h] {
+			if !pending[h][j] {
+				continue
+			}
+			pending[h][j] = false
+			if e := cu.EventSynchronize(s.done[h][j]); e != nil && err == nil {
+				err = fmt.Errorf("samehost: staged copy, host-to-device hop on device %d: %w", s.dev, staging.DomainError(e))
+			}
 		}
-		pending[h] = false
-		if err := cu.StreamSynchronize(s.h2d[h]); err != nil {
-			return fmt.Errorf("samehost: staged copy, host-to-device hop on device %d: %w", s.dev, staging.DomainError(err))
-		}
-		return nil
+		return err
 	}
 	var err error
 	inLo, outLo := 0, 0
@@ -171,12 +217,18 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 			err = fmt.Errorf("samehost: staged copy, device-to-host hop of %d copies on device %d: %w", inHi-inLo, s.dev, staging.DomainError(err))
 			break
 		}
-		if err = cu.MemcpyBatchAsync(s.h2d[h], p.OutDst[outLo:outHi], p.OutHost[outLo:outHi], p.OutLen[outLo:outHi]); err != nil {
-			err = fmt.Errorf("samehost: staged copy, host-to-device hop of %d copies on device %d: %w", outHi-outLo, s.dev, staging.DomainError(err))
+		if err = s.queueH2D(cu, p, k, outLo, outHi, &pending[h]); err != nil {
 			break
 		}
-		pending[h] = true
 		inLo, outLo = inHi, outHi
+	}
+	if err != nil {
+		// A failed call may have queued part of its copies: wait for the
+		// streams themselves, not only for what the events mark.
+		for _, st := range []*gpudirect.Stream{s.d2h, s.h2d[0], s.h2d[1]} {
+			_ = cu.StreamSynchronize(st)
+		}
+		return err
 	}
 	for h := range pending {
 		if werr := wait(h); err == nil {
@@ -184,4 +236,31 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 		}
 	}
 	return err
+}
+
+// minSplitCopies is the fewest second-hop copies split over two streams.
+const minSplitCopies = 2 * 256
+
+// queueH2D queues chunk k's second hop, copies [lo, hi) of p: on stream
+// h2d[k%2], or split over both streams (s.split == 2, enough copies), so
+// that two copy engines share its copies; it records s.done behind each
+// part and marks it pending. After a failure copyStaged waits for the
+// streams themselves.
+func (s *stage) queueH2D(cu gpudirect.Interface, p *staging.ChunkPlan, k, lo, hi int, pending *[2]bool) error {
+	h, parts := k%2, 1
+	if s.split > 1 && hi-lo >= minSplitCopies {
+		parts = 2
+	}
+	for j := 0; j < parts; j++ {
+		a, z := lo+(hi-lo)*j/parts, lo+(hi-lo)*(j+1)/parts
+		st := (h + j) % 2
+		if err := cu.MemcpyBatchAsync(s.h2d[st], p.OutDst[a:z], p.OutHost[a:z], p.OutLen[a:z]); err != nil {
+			return fmt.Errorf("samehost: staged copy, host-to-device hop of %d copies on device %d: %w", z-a, s.dev, staging.DomainError(err))
+		}
+		pending[st] = true
+		if err := cu.EventRecord(s.done[h][st], s.h2d[st]); err != nil {
+			return fmt.Errorf("samehost: staged copy, mark the host-to-device hop on device %d: %w", s.dev, staging.DomainError(err))
+		}
+	}
+	return nil
 }

@@ -57,6 +57,10 @@ func TestGPUStagedSameDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = s.close(cu) }()
+	if err := s.calibrate(cu); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("calibration: %s", s.note)
 	for _, size := range sizes {
 		n := 10000
 		if size >= 1<<20 {
@@ -99,13 +103,16 @@ func TestGPUStagedSameDevice(t *testing.T) {
 		for _, v := range []struct {
 			name       string
 			gap, chunk uint64
+			split      int
 		}{
-			{"gap 8000, chunks of staging.ChunkBytes", staging.MergeGap, 0},
-			{"gap 0 (a copy per block), ChunkBytes", 0, 0},
-			{"gap 8000, one chunk a half", staging.MergeGap, uint64(len(s.buf) / 2)},
-			{"gap 8000, 1 MiB chunks", staging.MergeGap, 1 << 20},
+			{"default (gap 8000, ChunkBytes, 1 stream)", staging.MergeGap, 0, 1},
+			{"default, second hop over 2 streams", staging.MergeGap, 0, 2},
+			{"gap 0 (a copy per block)", 0, 0, 1},
+			{"one chunk a half", staging.MergeGap, uint64(len(s.buf) / 2), 1},
+			{"one chunk a half, 2 streams", staging.MergeGap, uint64(len(s.buf) / 2), 2},
+			{"256 KiB chunks", staging.MergeGap, 256 << 10, 1},
 		} {
-			s.gap, s.chunk = v.gap, v.chunk
+			s.gap, s.chunk, s.split = v.gap, v.chunk, v.split
 			var times, d2h, h2d []time.Duration
 			for it := 0; it < iters; it++ {
 				// A fresh stamp in every block, so a block not copied is seen.
@@ -147,7 +154,7 @@ func TestGPUStagedSameDevice(t *testing.T) {
 				return float64(d[len(d)/2].Microseconds()) / 1e3
 			}
 			median := med(times)
-			t.Logf("stage %8d B x %5d: %-40s median %8.3f ms (min %8.3f) | %5d first-hop copies in %4d chunks | hops alone, synchronised per chunk: d2h %8.3f ms, h2d %8.3f ms | verified",
+			t.Logf("stage %8d B x %5d: %-42s median %8.3f ms (min %8.3f) | %5d first-hop copies in %4d chunks | hops alone, synchronised per chunk: d2h %8.3f ms, h2d %8.3f ms | verified",
 				size, n, v.name, median, float64(times[0].Microseconds())/1e3, len(s.plan.InLen), len(s.plan.InEnds), med(d2h), med(h2d))
 		}
 		_ = cu.StreamDestroy(st)
