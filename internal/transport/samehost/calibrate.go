@@ -3,6 +3,7 @@ package samehost
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/b2bd/b2bd/gpudirect"
@@ -11,10 +12,11 @@ import (
 
 // Calibration of the staged same-device path, once per device when its
 // stage is made: whether one chunk's second hop (host -> device, per block)
-// goes on one stream or is split over two, so that two copy engines share
-// its copies, is decided by timing both on a small scattered batch, not by
-// a fixed choice: which wins depends on the GPU and driver. The result is
-// cached in the stage and shown in Status.
+// goes on one stream or is split over two or four, so that copy engines
+// share its copies (TCP's receivers land a batch's shares on one stream
+// each), is decided by timing each on a small scattered batch, not by a
+// fixed choice: which wins depends on the GPU, the driver and the host. The
+// result is cached in the stage and shown in Status.
 
 // calBlocks and calBlock shape the calibration batch: the per-copy cost the
 // split is about dominates at small blocks.
@@ -24,8 +26,11 @@ const (
 	calRounds = 3
 )
 
-// calibrate times the staged copy with the second hop on one and on two
-// streams (best of calRounds after a warm-up each) and keeps the faster in
+// calSplits are the second-hop stream counts calibrate times.
+var calSplits = []int{1, 2, maxSplit}
+
+// calibrate times the staged copy with the second hop on each of calSplits
+// streams (best of calRounds after a warm-up each) and keeps the fastest in
 // s.split; s.note says what was measured. It allocates two small device
 // buffers and frees them. On any failure s keeps one stream, and the
 // failure is returned for the log.
@@ -53,8 +58,8 @@ func (s *stage) calibrate(cu gpudirect.Interface) error {
 		b.Dst[i] = uint64(i*40503%calBlocks) * slot
 		b.Len[i] = calBlock
 	}
-	var best [3]time.Duration
-	for _, split := range []int{1, 2} {
+	var best [maxSplit + 1]time.Duration
+	for _, split := range calSplits {
 		s.split = split
 		for r := 0; r <= calRounds; r++ {
 			start := time.Now()
@@ -68,11 +73,14 @@ func (s *stage) calibrate(cu gpudirect.Interface) error {
 		}
 	}
 	s.split = 1
-	if best[2] < best[1] {
-		s.split = 2
+	var took strings.Builder
+	for _, split := range calSplits {
+		if best[split] < best[s.split] {
+			s.split = split
+		}
+		fmt.Fprintf(&took, ", %.2f ms on %d", ms(best[split]), split)
 	}
-	s.note = fmt.Sprintf("second hop on %d stream(s), calibrated at start: %d x %d B took %.2f ms on one stream, %.2f ms split over two",
-		s.split, calBlocks, calBlock, ms(best[1]), ms(best[2]))
+	s.note = fmt.Sprintf("second hop on %d stream(s), calibrated at start: %d x %d B took%s", s.split, calBlocks, calBlock, strings.TrimPrefix(took.String(), ","))
 	return nil
 }
 

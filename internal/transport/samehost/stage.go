@@ -35,7 +35,7 @@ type stage struct {
 	dev  int
 	buf  []byte
 	d2h  *gpudirect.Stream
-	h2d  [2]*gpudirect.Stream
+	h2d  [maxSplit]*gpudirect.Stream
 	plan staging.ChunkPlan
 	// gap is the widest source gap one first-hop copy reads through
 	// (staging.MergeGap; tests and measurements vary it).
@@ -43,11 +43,11 @@ type stage struct {
 	// chunk overrides staging.ChunkBytes where non-zero (measurements).
 	chunk uint64
 	// split is how many streams one chunk's second hop is spread over (1
-	// or 2).
+	// to maxSplit; calibrate picks it).
 	split int
 	// done[h][j] is recorded on h2d[j] behind the last second-hop part
 	// read from half h.
-	done [2][2]*gpudirect.Event
+	done [2][maxSplit]*gpudirect.Event
 	// note is what calibrate measured, for Status.
 	note string
 }
@@ -90,13 +90,13 @@ func newStage(cu gpudirect.Interface, dev, size int) (*stage, error) {
 		return nil, fmt.Errorf("samehost: pinned staging buffer of %d bytes on device %d: %w", size, dev, staging.DomainError(err))
 	}
 	s := &stage{dev: dev, buf: buf, gap: staging.MergeGap, split: 1}
-	for _, p := range []**gpudirect.Stream{&s.d2h, &s.h2d[0], &s.h2d[1]} {
+	for _, p := range s.streamSlots() {
 		if *p, err = cu.StreamCreate(dev); err != nil {
 			_ = s.close(cu)
 			return nil, fmt.Errorf("samehost: staging stream on device %d: %w", dev, staging.DomainError(err))
 		}
 	}
-	for _, p := range []**gpudirect.Event{&s.done[0][0], &s.done[0][1], &s.done[1][0], &s.done[1][1]} {
+	for _, p := range s.eventSlots() {
 		if *p, err = cu.EventCreate(dev); err != nil {
 			_ = s.close(cu)
 			return nil, fmt.Errorf("samehost: staging event on device %d: %w", dev, staging.DomainError(err))
@@ -107,15 +107,15 @@ func newStage(cu gpudirect.Interface, dev, size int) (*stage, error) {
 
 func (s *stage) close(cu gpudirect.Interface) error {
 	var err error
-	for _, e := range []*gpudirect.Event{s.done[0][0], s.done[0][1], s.done[1][0], s.done[1][1]} {
-		if e != nil {
+	for _, p := range s.eventSlots() {
+		if e := *p; e != nil {
 			if x := cu.EventDestroy(e); x != nil && err == nil {
 				err = x
 			}
 		}
 	}
-	for _, st := range []*gpudirect.Stream{s.d2h, s.h2d[0], s.h2d[1]} {
-		if st != nil {
+	for _, p := range s.streamSlots() {
+		if st := *p; st != nil {
 			if e := cu.StreamDestroy(st); e != nil && err == nil {
 				err = e
 			}
@@ -184,7 +184,7 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 	staging.PlanStagedGap(p, srcBase, dstBase, b.Src, b.Dst, b.Len, host, half, chunk, s.gap)
 	// pending[h][j]: a host-to-device part from half h queued on stream
 	// h2d[j] may still run; s.done[h][j] is recorded behind it.
-	var pending [2][2]bool
+	var pending [2][maxSplit]bool
 	wait := func(h int) error {
 		var err error
 		for j := range pending[h] {
@@ -225,8 +225,8 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 	if err != nil {
 		// A failed call may have queued part of its copies: wait for the
 		// streams themselves, not only for what the events mark.
-		for _, st := range []*gpudirect.Stream{s.d2h, s.h2d[0], s.h2d[1]} {
-			_ = cu.StreamSynchronize(st)
+		for _, p := range s.streamSlots() {
+			_ = cu.StreamSynchronize(*p)
 		}
 		return err
 	}
@@ -238,22 +238,48 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 	return err
 }
 
-// minSplitCopies is the fewest second-hop copies split over two streams.
-const minSplitCopies = 2 * 256
+// maxSplit is the most streams one chunk's second hop is split over, and
+// minPart the fewest copies a part of it gets (one primed call's worth).
+const (
+	maxSplit = 4
+	minPart  = 256
+)
+
+// streamSlots and eventSlots are the stage's streams and events, to make
+// and free them in one loop.
+func (s *stage) streamSlots() []**gpudirect.Stream {
+	out := []**gpudirect.Stream{&s.d2h}
+	for j := range s.h2d {
+		out = append(out, &s.h2d[j])
+	}
+	return out
+}
+
+func (s *stage) eventSlots() []**gpudirect.Event {
+	var out []**gpudirect.Event
+	for h := range s.done {
+		for j := range s.done[h] {
+			out = append(out, &s.done[h][j])
+		}
+	}
+	return out
+}
+
+// parts is how many streams a second hop of n copies is split over.
+func (s *stage) parts(n int) int {
+	return max(1, min(s.split, maxSplit, n/minPart))
+}
 
 // queueH2D queues chunk k's second hop, copies [lo, hi) of p: on stream
-// h2d[k%2], or split over both streams (s.split == 2, enough copies), so
-// that two copy engines share its copies; it records s.done behind each
+// h2d[k%2], or split over s.split streams (where it has minPart copies a
+// part), so that copy engines share its copies; it records s.done behind each
 // part and marks it pending. After a failure copyStaged waits for the
 // streams themselves.
-func (s *stage) queueH2D(cu gpudirect.Interface, p *staging.ChunkPlan, k, lo, hi int, pending *[2]bool) error {
-	h, parts := k%2, 1
-	if s.split > 1 && hi-lo >= minSplitCopies {
-		parts = 2
-	}
+func (s *stage) queueH2D(cu gpudirect.Interface, p *staging.ChunkPlan, k, lo, hi int, pending *[maxSplit]bool) error {
+	h, parts := k%2, s.parts(hi-lo)
 	for j := 0; j < parts; j++ {
 		a, z := lo+(hi-lo)*j/parts, lo+(hi-lo)*(j+1)/parts
-		st := (h + j) % 2
+		st := (h + j) % maxSplit
 		if err := cu.MemcpyBatchAsync(s.h2d[st], p.OutDst[a:z], p.OutHost[a:z], p.OutLen[a:z]); err != nil {
 			return fmt.Errorf("samehost: staged copy, host-to-device hop of %d copies on device %d: %w", z-a, s.dev, staging.DomainError(err))
 		}

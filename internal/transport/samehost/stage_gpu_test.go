@@ -110,6 +110,7 @@ func TestGPUStagedSameDevice(t *testing.T) {
 			{"gap 0 (a copy per block)", 0, 0, 1},
 			{"one chunk a half", staging.MergeGap, uint64(len(s.buf) / 2), 1},
 			{"one chunk a half, 2 streams", staging.MergeGap, uint64(len(s.buf) / 2), 2},
+			{"default, second hop over 4 streams", staging.MergeGap, 0, 4},
 			{"256 KiB chunks", staging.MergeGap, 256 << 10, 1},
 		} {
 			s.gap, s.chunk, s.split = v.gap, v.chunk, v.split

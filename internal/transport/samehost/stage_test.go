@@ -42,6 +42,8 @@ func TestCopyStaged(t *testing.T) {
 		{"128 B, one chunk, 2 streams", 3000, 128, 0, 2},
 		{"128 B, 64 KiB chunks, 2 streams", 3000, 128, 64 << 10, 2},
 		{"4 KiB, 2 streams", 2000, 4096, 0, 2},
+		{"4 KiB, 4 streams", 2000, 4096, 0, 4},
+		{"128 B, 64 KiB chunks, 4 streams", 3000, 128, 64 << 10, 4},
 		{"64 KiB", 300, 64 << 10, 0, 1},
 		{"blocks larger than a chunk, 2 streams", 20, 3 << 20, 0, 2},
 	} {
@@ -86,11 +88,7 @@ func TestCopyStaged(t *testing.T) {
 			p := &s.plan
 			wantCalls, lo := len(p.InEnds), 0 // one first-hop call a chunk
 			for _, hi := range p.OutEnds {
-				if tc.split > 1 && hi-lo >= minSplitCopies {
-					wantCalls += 2
-				} else {
-					wantCalls++
-				}
+				wantCalls += s.parts(hi - lo)
 				lo = hi
 			}
 			if got := batches - batches0; got != wantCalls {
@@ -128,7 +126,7 @@ func TestCopyStagedFailure(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer func() { _ = s.close(cu) }()
-			s.split = 2
+			s.split = 4
 			b, region := scattered(2000, 128)
 			src, _ := cu.MemAlloc(0, region)
 			dst, _ := cu.MemAlloc(0, region)
