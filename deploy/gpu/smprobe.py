@@ -370,6 +370,7 @@ def main():
     ap.add_argument("--blocks", type=int, default=10000)
     ap.add_argument("--sizes", default="4096,65536")
     ap.add_argument("--transports", default="local,tcp")
+    ap.add_argument("--paths", default="", help="comma-separated subset of the paths (e.g. cuda0->cuda0); all when empty")
     ap.add_argument("--ms", type=float, default=400)
     ap.add_argument("--gap-us", type=float, default=100)
     ap.add_argument("--cases", choices=("all", "plain", "triggered"), default="all",
@@ -400,6 +401,12 @@ def main():
              ("cuda0->host", ("cuda", 0), ("host", 0))]
     if ngpu >= 2:
         paths.append(("cuda0->cuda1", ("cuda", 0), ("cuda", 1)))
+    if args.paths:
+        want = args.paths.split(",")
+        unknown = [p for p in want if p not in [q[0] for q in paths]]
+        if unknown:
+            ap.error(f"--paths: {unknown} not among {[q[0] for q in paths]}")
+        paths = [q for q in paths if q[0] in want]
 
     tmp = tempfile.mkdtemp(prefix="smprobe-")
     if args.ncu_dir:

@@ -137,7 +137,8 @@ func TestChunkBytes(t *testing.T) {
 	for _, tc := range []struct{ total, half, want uint64 }{
 		{1 << 30, 32 << 20, 32 << 20},   // large: whole halves
 		{40 << 20, 32 << 20, 10 << 20},  // four chunks
-		{100, 32 << 20, MinStagedChunk}, // tiny: one chunk
+		{100, 32 << 20, OverlapChunk},   // tiny: one chunk
+		{1 << 20, 2 << 20, 2 << 20},     // a small buffer: its half
 		{100 << 10, 64 << 10, 64 << 10}, // never above a half
 		{0, 0, 1},                       // degenerate
 	} {

@@ -3,6 +3,9 @@ package samehost
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -19,7 +22,11 @@ import (
 // latter in primed chunks: gpudirect's cuda_shim.h says why). Each
 // chunk goes device -> host (one batched copy on the D2H stream), then
 // host -> device (one batched copy on the H2D stream of its buffer half),
-// so the second hop of chunk k overlaps the first hop of chunk k+1.
+// so the second hop of chunk k overlaps the first hop of chunk k+1. The
+// first hop reads in source order, through gaps of up to gap bytes
+// (staging.PlanStagedGap): small blocks scattered over a region cost a few
+// large device-to-host copies, not one each, which made 128 B batches
+// three times slower than TCP's (which covers the whole batch in one copy).
 
 // stage is one device's staging buffer and streams, shared by every
 // connection of the transport (a batch holds it for its copies).
@@ -28,13 +35,26 @@ type stage struct {
 	dev  int
 	buf  []byte
 	d2h  *gpudirect.Stream
-	h2d  [2]*gpudirect.Stream
+	h2d  [maxSplit]*gpudirect.Stream
 	plan staging.ChunkPlan
+	// gap is the widest source gap one first-hop copy reads through
+	// (staging.MergeGap; tests and measurements vary it).
+	gap uint64
+	// chunk overrides staging.ChunkBytes where non-zero (measurements).
+	chunk uint64
+	// split is how many streams one chunk's second hop is spread over (1
+	// to maxSplit; calibrate picks it).
+	split int
+	// done[h][j] is recorded on h2d[j] behind the last second-hop part
+	// read from half h.
+	done [2][maxSplit]*gpudirect.Event
+	// note is what calibrate measured, for Status.
+	note string
 }
 
 // routeStaged and routeDirect name a same-device batch's path in Status.
 const (
-	routeStaged = "same-GPU batches: staged through pinned host memory (device->host batch, then host->device in primed chunks of 256: copy engines, 0 SMs)"
+	routeStaged = "same-GPU batches: staged through pinned host memory (device->host in source order, covering gaps, then host->device per block in primed chunks of 256: copy engines, 0 SMs)"
 	routeDirect = "same-GPU batches: direct device copies (configured: the driver runs them on SMs)"
 	routeCross  = "GPU-to-GPU batches: direct peer copies (copy engines, 0 SMs)"
 )
@@ -57,6 +77,9 @@ func (t *Transport) ensureStage(dev int) {
 		t.log.Warn("no staging buffer: same-device GPU batches on this device will be refused", "device", dev, "error", err)
 		return
 	}
+	if err := s.calibrate(t.cfg.CUDA); err != nil {
+		t.log.Warn("staging calibration failed: the second hop stays on one stream", "device", dev, "error", err)
+	}
 	t.stages[dev] = s
 }
 
@@ -66,11 +89,17 @@ func newStage(cu gpudirect.Interface, dev, size int) (*stage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("samehost: pinned staging buffer of %d bytes on device %d: %w", size, dev, staging.DomainError(err))
 	}
-	s := &stage{dev: dev, buf: buf}
-	for _, p := range []**gpudirect.Stream{&s.d2h, &s.h2d[0], &s.h2d[1]} {
+	s := &stage{dev: dev, buf: buf, gap: staging.MergeGap, split: 1}
+	for _, p := range s.streamSlots() {
 		if *p, err = cu.StreamCreate(dev); err != nil {
 			_ = s.close(cu)
 			return nil, fmt.Errorf("samehost: staging stream on device %d: %w", dev, staging.DomainError(err))
+		}
+	}
+	for _, p := range s.eventSlots() {
+		if *p, err = cu.EventCreate(dev); err != nil {
+			_ = s.close(cu)
+			return nil, fmt.Errorf("samehost: staging event on device %d: %w", dev, staging.DomainError(err))
 		}
 	}
 	return s, nil
@@ -78,8 +107,15 @@ func newStage(cu gpudirect.Interface, dev, size int) (*stage, error) {
 
 func (s *stage) close(cu gpudirect.Interface) error {
 	var err error
-	for _, st := range []*gpudirect.Stream{s.d2h, s.h2d[0], s.h2d[1]} {
-		if st != nil {
+	for _, p := range s.eventSlots() {
+		if e := *p; e != nil {
+			if x := cu.EventDestroy(e); x != nil && err == nil {
+				err = x
+			}
+		}
+	}
+	for _, p := range s.streamSlots() {
+		if st := *p; st != nil {
 			if e := cu.StreamDestroy(st); e != nil && err == nil {
 				err = e
 			}
@@ -115,7 +151,21 @@ func (t *Transport) routes() string {
 	if t.cfg.SameDeviceDirect {
 		return "; " + routeDirect + "; " + routeCross + t.hostRoute()
 	}
-	return "; " + routeStaged + "; " + routeCross + t.hostRoute()
+	return "; " + routeStaged + t.stageNotes() + "; " + routeCross + t.hostRoute()
+}
+
+// stageNotes is each staged device's calibration, in device order.
+func (t *Transport) stageNotes() string {
+	t.stageMu.Lock()
+	defer t.stageMu.Unlock()
+	devs := slices.Sorted(maps.Keys(t.stages))
+	var b strings.Builder
+	for _, d := range devs {
+		if n := t.stages[d].note; n != "" {
+			fmt.Fprintf(&b, " [GPU %d: %s]", d, n)
+		}
+	}
+	return b.String()
 }
 
 // copyStaged moves b from srcBase to dstBase on one device through s, in
@@ -127,17 +177,26 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 	half := uint64(len(s.buf) / 2)
 	host := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf))))
 	p := &s.plan
-	staging.PlanStaged(p, srcBase, dstBase, b.Src, b.Dst, b.Len, host, half, staging.ChunkBytes(b.Bytes(), half))
-	var pending [2]bool // an H2D hop from that half may still run
+	chunk := s.chunk
+	if chunk == 0 {
+		chunk = staging.ChunkBytes(b.Bytes(), half)
+	}
+	staging.PlanStagedGap(p, srcBase, dstBase, b.Src, b.Dst, b.Len, host, half, chunk, s.gap)
+	// pending[h][j]: a host-to-device part from half h queued on stream
+	// h2d[j] may still run; s.done[h][j] is recorded behind it.
+	var pending [2][maxSplit]bool
 	wait := func(h int) error {
-		if !pending[h] {
-			return nil
+		var err error
+		for j := range pending[h] {
+			if !pending[h][j] {
+				continue
+			}
+			pending[h][j] = false
+			if e := cu.EventSynchronize(s.done[h][j]); e != nil && err == nil {
+				err = fmt.Errorf("samehost: staged copy, host-to-device hop on device %d: %w", s.dev, staging.DomainError(e))
+			}
 		}
-		pending[h] = false
-		if err := cu.StreamSynchronize(s.h2d[h]); err != nil {
-			return fmt.Errorf("samehost: staged copy, host-to-device hop on device %d: %w", s.dev, staging.DomainError(err))
-		}
-		return nil
+		return err
 	}
 	var err error
 	inLo, outLo := 0, 0
@@ -158,12 +217,18 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 			err = fmt.Errorf("samehost: staged copy, device-to-host hop of %d copies on device %d: %w", inHi-inLo, s.dev, staging.DomainError(err))
 			break
 		}
-		if err = cu.MemcpyBatchAsync(s.h2d[h], p.OutDst[outLo:outHi], p.OutHost[outLo:outHi], p.OutLen[outLo:outHi]); err != nil {
-			err = fmt.Errorf("samehost: staged copy, host-to-device hop of %d copies on device %d: %w", outHi-outLo, s.dev, staging.DomainError(err))
+		if err = s.queueH2D(cu, p, k, outLo, outHi, &pending[h]); err != nil {
 			break
 		}
-		pending[h] = true
 		inLo, outLo = inHi, outHi
+	}
+	if err != nil {
+		// A failed call may have queued part of its copies: wait for the
+		// streams themselves, not only for what the events mark.
+		for _, p := range s.streamSlots() {
+			_ = cu.StreamSynchronize(*p)
+		}
+		return err
 	}
 	for h := range pending {
 		if werr := wait(h); err == nil {
@@ -171,4 +236,57 @@ func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, 
 		}
 	}
 	return err
+}
+
+// maxSplit is the most streams one chunk's second hop is split over, and
+// minPart the fewest copies a part of it gets (one primed call's worth).
+const (
+	maxSplit = 4
+	minPart  = 256
+)
+
+// streamSlots and eventSlots are the stage's streams and events, to make
+// and free them in one loop.
+func (s *stage) streamSlots() []**gpudirect.Stream {
+	out := []**gpudirect.Stream{&s.d2h}
+	for j := range s.h2d {
+		out = append(out, &s.h2d[j])
+	}
+	return out
+}
+
+func (s *stage) eventSlots() []**gpudirect.Event {
+	var out []**gpudirect.Event
+	for h := range s.done {
+		for j := range s.done[h] {
+			out = append(out, &s.done[h][j])
+		}
+	}
+	return out
+}
+
+// parts is how many streams a second hop of n copies is split over.
+func (s *stage) parts(n int) int {
+	return max(1, min(s.split, maxSplit, n/minPart))
+}
+
+// queueH2D queues chunk k's second hop, copies [lo, hi) of p: on stream
+// h2d[k%2], or split over s.split streams (where it has minPart copies a
+// part), so that copy engines share its copies; it records s.done behind each
+// part and marks it pending. After a failure copyStaged waits for the
+// streams themselves.
+func (s *stage) queueH2D(cu gpudirect.Interface, p *staging.ChunkPlan, k, lo, hi int, pending *[maxSplit]bool) error {
+	h, parts := k%2, s.parts(hi-lo)
+	for j := 0; j < parts; j++ {
+		a, z := lo+(hi-lo)*j/parts, lo+(hi-lo)*(j+1)/parts
+		st := (h + j) % maxSplit
+		if err := cu.MemcpyBatchAsync(s.h2d[st], p.OutDst[a:z], p.OutHost[a:z], p.OutLen[a:z]); err != nil {
+			return fmt.Errorf("samehost: staged copy, host-to-device hop of %d copies on device %d: %w", z-a, s.dev, staging.DomainError(err))
+		}
+		pending[st] = true
+		if err := cu.EventRecord(s.done[h][st], s.h2d[st]); err != nil {
+			return fmt.Errorf("samehost: staged copy, mark the host-to-device hop on device %d: %w", s.dev, staging.DomainError(err))
+		}
+	}
+	return nil
 }
