@@ -25,6 +25,7 @@ import grpc
 from ._common import _TRANSPORT_BY_NAME, _invalid
 from ._results import PhaseTimings, TransferResult
 from ._ring import MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable
+from ._many import wait_grpc
 from ._transfers import Transfer, _interrupts_deferred
 from .errors import (
     DEADLINE_GRACE,
@@ -270,7 +271,17 @@ def wait_all(transfers: Sequence[Transfer], timeout: Optional[float]) -> None:
                 running += 1
             else:
                 t._land(c)
-    for t in others:
+    # Daemon handles: one WaitTransfers for all (a handle with a call an
+    # interrupt left running joins that call instead).
+    joined = [t for t in others if t._pending is not None]
+    ask = [t for t in others if t._pending is None]
+    by_client: Dict[int, List[Transfer]] = {}
+    for t in ask:
+        by_client.setdefault(id(t._client), []).append(t)
+    for ts in by_client.values():
+        wait_grpc(ts[0]._client, ts, left(), False)
+        running += sum(1 for t in ts if t._outcome is None)
+    for t in joined:
         try:
             t.wait(left())
         except WaitTimeoutError:

@@ -21,7 +21,9 @@ import grpc
 import numpy as np
 
 from . import _cuda
+from . import _many
 from . import _ring_client
+from ._many import Blocks  # noqa: F401 - b2b.Blocks, for start_many
 from ._pack import (
     check_block_size,
     pack_u32,
@@ -116,6 +118,7 @@ __all__ = [
     "SubmitStream",
     "StreamResult",
     "Transfer",
+    "Blocks",
     "DEFAULT_SOCKET",
     "MAX_MESSAGE_BYTES",
 ]
@@ -687,10 +690,30 @@ class Client:
         return [self._start_submit(p, timeout) for p in plans]
 
     def wait_all(self, transfers: Sequence["Transfer"], timeout: Optional[float] = None) -> None:
-        """Wait until every handle ended (ring handles in one wait); each
-        keeps its outcome (``result``/``error``). ``WaitTimeoutError`` if some
-        still run after ``timeout`` seconds: they go on."""
+        """Wait until every handle ended (ring handles in one wait, the
+        daemon's in one ``WaitTransfers`` call); each keeps its outcome
+        (``result``/``error``). ``WaitTimeoutError`` if some still run after
+        ``timeout`` seconds: they go on."""
         _ring_client.wait_all(list(transfers), timeout)
+
+    def start_many(self, items: Sequence[Any], timeout: Optional[float] = None) -> List["Transfer"]:
+        """Start many transfers in one ``StartTransfers`` call (one per 1,024):
+        each item a :class:`b2b.Blocks` (a block-id transfer), a
+        :class:`PreparedTransfer` (a submit; all plans and a ring: one ring
+        publish instead) or a raw ``StartTransferRequest``. Returns a
+        :class:`Transfer` per item, in order. Each is checked and started as
+        alone; one the daemon refused comes back as a handle that has already
+        failed (``id`` 0; ``error`` carries the code and a message naming
+        ``requests[i]``), and the others run. ``timeout`` bounds each item
+        without its own from its start (``None``: the daemon's default)."""
+        return _many.start_many(self, items, timeout)
+
+    def wait_any(self, transfers: Sequence["Transfer"], timeout: Optional[float] = None) -> List["Transfer"]:
+        """Wait until at least one handle ended; returns those that have
+        (each keeps its outcome). Daemon handles wait in one
+        ``WaitTransfers`` call. ``WaitTimeoutError`` if none ended after
+        ``timeout`` seconds."""
+        return _many.wait_any(self, transfers, timeout)
 
     def _start_submit(self, plan: "PreparedTransfer", timeout: Optional[float]) -> "Transfer":
         return self._start(pb.StartTransferRequest(submit=pb.SubmitTransferRequest(handle=plan.handle)), timeout)

@@ -38,6 +38,7 @@ import numpy as np
 from . import _cuda
 from ._pack import pack_u32
 from .client import (
+    Blocks,
     Client,
     CudaRegion,
     HostRegion,
@@ -428,6 +429,36 @@ class Layout:
         if notification is not None:
             req.notification = bytes(notification)
         return start_blocks(self.client, req, timeout, remote_ids, after)
+
+    def transfer_blocks_many(
+        self,
+        moves: Sequence[Tuple[Any, ...]],
+        *,
+        timeout: Optional[float] = None,
+        transport: Union[None, str, int] = None,
+        op: Union[None, str, int] = None,
+    ) -> List["BlocksTransfer"]:
+        """Start many block transfers from this layout in one call
+        (``StartTransfers``): each move is ``(peer, remote_layout, local_ids,
+        remote_ids)`` or that and a ``notification``. Returns a handle per
+        move, in order (wait for them with :meth:`b2b.Client.wait_all`, poll
+        them with :meth:`b2b.Client.poll`: one call each). A move the daemon
+        refused (an id out of range, a layout gone) comes back as a handle
+        that has already failed, its error naming ``requests[i]``; the
+        others run."""
+        if self._closed:
+            raise _invalid(f"b2b.kv: layout {self.name!r} is closed")
+        items = []
+        for i, m in enumerate(moves):
+            if len(m) not in (4, 5):
+                raise _invalid(f"b2b.kv: moves[{i}] has {len(m)} items: want (peer, remote_layout, local_ids, "
+                               f"remote_ids[, notification])")
+            remote = m[1].export_name if isinstance(m[1], Layout) else m[1]
+            if not isinstance(remote, str) or not remote:
+                raise _invalid(f"b2b.kv: moves[{i}] remote_layout {m[1]!r}: want the peer layout's export name")
+            items.append(Blocks(self.name, m[0], remote, m[2], m[3], op=op, transport=transport,
+                                notification=m[4] if len(m) == 5 else None))
+        return self.client.start_many(items, timeout)
 
     def close(self) -> None:
         """Deregister the layout (and its views), withdraw the region exports

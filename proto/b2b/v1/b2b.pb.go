@@ -4005,6 +4005,216 @@ func (x *PollTransfersResponse) GetOutcomes() []*TransferOutcome {
 	return nil
 }
 
+type StartTransfersRequest struct {
+	state         protoimpl.MessageState  `protogen:"open.v1"`
+	Requests      []*StartTransferRequest `protobuf:"bytes,1,rep,name=requests,proto3" json:"requests,omitempty"` // at most 1024
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartTransfersRequest) Reset() {
+	*x = StartTransfersRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartTransfersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartTransfersRequest) ProtoMessage() {}
+
+func (x *StartTransfersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartTransfersRequest.ProtoReflect.Descriptor instead.
+func (*StartTransfersRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *StartTransfersRequest) GetRequests() []*StartTransferRequest {
+	if x != nil {
+		return x.Requests
+	}
+	return nil
+}
+
+// StartTransferResult is one request's answer in StartTransfers: either
+// transfer_id (code 0) or the refusal's google.rpc.Code and message.
+type StartTransferResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransferId    uint64                 `protobuf:"varint,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"` // 0 when refused
+	Code          uint32                 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"` // "requests[i]: ..." naming the field, value and limit
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartTransferResult) Reset() {
+	*x = StartTransferResult{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartTransferResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartTransferResult) ProtoMessage() {}
+
+func (x *StartTransferResult) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartTransferResult.ProtoReflect.Descriptor instead.
+func (*StartTransferResult) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *StartTransferResult) GetTransferId() uint64 {
+	if x != nil {
+		return x.TransferId
+	}
+	return 0
+}
+
+func (x *StartTransferResult) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *StartTransferResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type StartTransfersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*StartTransferResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"` // in the order asked
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartTransfersResponse) Reset() {
+	*x = StartTransfersResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartTransfersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartTransfersResponse) ProtoMessage() {}
+
+func (x *StartTransfersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartTransfersResponse.ProtoReflect.Descriptor instead.
+func (*StartTransfersResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *StartTransfersResponse) GetResults() []*StartTransferResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+type WaitTransfersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransferIds   []uint64               `protobuf:"varint,1,rep,packed,name=transfer_ids,json=transferIds,proto3" json:"transfer_ids,omitempty"`
+	TimeoutMs     uint64                 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"` // 0: until the condition (or the call's deadline)
+	Any           bool                   `protobuf:"varint,3,opt,name=any,proto3" json:"any,omitempty"`                              // true: return once one has ended; false: once all have
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitTransfersRequest) Reset() {
+	*x = WaitTransfersRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitTransfersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitTransfersRequest) ProtoMessage() {}
+
+func (x *WaitTransfersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitTransfersRequest.ProtoReflect.Descriptor instead.
+func (*WaitTransfersRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *WaitTransfersRequest) GetTransferIds() []uint64 {
+	if x != nil {
+		return x.TransferIds
+	}
+	return nil
+}
+
+func (x *WaitTransfersRequest) GetTimeoutMs() uint64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *WaitTransfersRequest) GetAny() bool {
+	if x != nil {
+		return x.Any
+	}
+	return false
+}
+
 type CancelTransferRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	TransferId    uint64                 `protobuf:"varint,1,opt,name=transfer_id,json=transferId,proto3" json:"transfer_id,omitempty"`
@@ -4014,7 +4224,7 @@ type CancelTransferRequest struct {
 
 func (x *CancelTransferRequest) Reset() {
 	*x = CancelTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4026,7 +4236,7 @@ func (x *CancelTransferRequest) String() string {
 func (*CancelTransferRequest) ProtoMessage() {}
 
 func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4039,7 +4249,7 @@ func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTransferRequest.ProtoReflect.Descriptor instead.
 func (*CancelTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CancelTransferRequest) GetTransferId() uint64 {
@@ -4057,7 +4267,7 @@ type WatchTransfersRequest struct {
 
 func (x *WatchTransfersRequest) Reset() {
 	*x = WatchTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4069,7 +4279,7 @@ func (x *WatchTransfersRequest) String() string {
 func (*WatchTransfersRequest) ProtoMessage() {}
 
 func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4082,7 +4292,7 @@ func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTransfersRequest.ProtoReflect.Descriptor instead.
 func (*WatchTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
 }
 
 type CancelCallRequest struct {
@@ -4095,7 +4305,7 @@ type CancelCallRequest struct {
 
 func (x *CancelCallRequest) Reset() {
 	*x = CancelCallRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4107,7 +4317,7 @@ func (x *CancelCallRequest) String() string {
 func (*CancelCallRequest) ProtoMessage() {}
 
 func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4120,7 +4330,7 @@ func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCallRequest.ProtoReflect.Descriptor instead.
 func (*CancelCallRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *CancelCallRequest) GetCallId() string {
@@ -4141,7 +4351,7 @@ type CancelCallResponse struct {
 
 func (x *CancelCallResponse) Reset() {
 	*x = CancelCallResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4153,7 +4363,7 @@ func (x *CancelCallResponse) String() string {
 func (*CancelCallResponse) ProtoMessage() {}
 
 func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4166,7 +4376,7 @@ func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCallResponse.ProtoReflect.Descriptor instead.
 func (*CancelCallResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *CancelCallResponse) GetInFlight() bool {
@@ -4187,7 +4397,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4199,7 +4409,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4212,7 +4422,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -4254,7 +4464,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4266,7 +4476,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4279,7 +4489,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -4322,7 +4532,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4334,7 +4544,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4347,7 +4557,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -4379,7 +4589,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4391,7 +4601,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4404,7 +4614,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -4445,7 +4655,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4457,7 +4667,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4470,7 +4680,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *SignalRequest) GetKind() string {
@@ -4496,7 +4706,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4508,7 +4718,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4521,7 +4731,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *SignalResponse) GetPayload() []byte {
@@ -4544,7 +4754,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4556,7 +4766,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4569,7 +4779,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -4616,7 +4826,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4628,7 +4838,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4641,7 +4851,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -4661,7 +4871,7 @@ type ResolveLayoutRequest struct {
 
 func (x *ResolveLayoutRequest) Reset() {
 	*x = ResolveLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4673,7 +4883,7 @@ func (x *ResolveLayoutRequest) String() string {
 func (*ResolveLayoutRequest) ProtoMessage() {}
 
 func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4686,7 +4896,7 @@ func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutRequest.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ResolveLayoutRequest) GetName() string {
@@ -4715,7 +4925,7 @@ type ResolvedLayoutRegion struct {
 
 func (x *ResolvedLayoutRegion) Reset() {
 	*x = ResolvedLayoutRegion{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4727,7 +4937,7 @@ func (x *ResolvedLayoutRegion) String() string {
 func (*ResolvedLayoutRegion) ProtoMessage() {}
 
 func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4740,7 +4950,7 @@ func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedLayoutRegion.ProtoReflect.Descriptor instead.
 func (*ResolvedLayoutRegion) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ResolvedLayoutRegion) GetName() string {
@@ -4776,7 +4986,7 @@ type ResolvedSegment struct {
 
 func (x *ResolvedSegment) Reset() {
 	*x = ResolvedSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4788,7 +4998,7 @@ func (x *ResolvedSegment) String() string {
 func (*ResolvedSegment) ProtoMessage() {}
 
 func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4801,7 +5011,7 @@ func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedSegment.ProtoReflect.Descriptor instead.
 func (*ResolvedSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ResolvedSegment) GetRegion() uint32 {
@@ -4844,7 +5054,7 @@ type ResolveLayoutResponse struct {
 
 func (x *ResolveLayoutResponse) Reset() {
 	*x = ResolveLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4856,7 +5066,7 @@ func (x *ResolveLayoutResponse) String() string {
 func (*ResolveLayoutResponse) ProtoMessage() {}
 
 func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4869,7 +5079,7 @@ func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutResponse.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ResolveLayoutResponse) GetName() string {
@@ -5208,7 +5418,21 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x14PollTransfersRequest\x12!\n" +
 	"\ftransfer_ids\x18\x01 \x03(\x04R\vtransferIds\"L\n" +
 	"\x15PollTransfersResponse\x123\n" +
-	"\boutcomes\x18\x01 \x03(\v2\x17.b2b.v1.TransferOutcomeR\boutcomes\"8\n" +
+	"\boutcomes\x18\x01 \x03(\v2\x17.b2b.v1.TransferOutcomeR\boutcomes\"Q\n" +
+	"\x15StartTransfersRequest\x128\n" +
+	"\brequests\x18\x01 \x03(\v2\x1c.b2b.v1.StartTransferRequestR\brequests\"d\n" +
+	"\x13StartTransferResult\x12\x1f\n" +
+	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
+	"transferId\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"O\n" +
+	"\x16StartTransfersResponse\x125\n" +
+	"\aresults\x18\x01 \x03(\v2\x1b.b2b.v1.StartTransferResultR\aresults\"j\n" +
+	"\x14WaitTransfersRequest\x12!\n" +
+	"\ftransfer_ids\x18\x01 \x03(\x04R\vtransferIds\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\x04R\ttimeoutMs\x12\x10\n" +
+	"\x03any\x18\x03 \x01(\bR\x03any\"8\n" +
 	"\x15CancelTransferRequest\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
 	"transferId\"\x17\n" +
@@ -5303,7 +5527,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x16TRANSFER_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13TRANSFER_STATE_DONE\x10\x02\x12\x19\n" +
 	"\x15TRANSFER_STATE_FAILED\x10\x03\x12\x1c\n" +
-	"\x18TRANSFER_STATE_CANCELLED\x10\x042\xce\r\n" +
+	"\x18TRANSFER_STATE_CANCELLED\x10\x042\xed\x0e\n" +
 	"\x03B2B\x12O\n" +
 	"\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n" +
 	"\x10DeregisterRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12F\n" +
@@ -5326,7 +5550,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\fWaitTransfer\x12\x1b.b2b.v1.WaitTransferRequest\x1a\x17.b2b.v1.TransferOutcome\x12L\n" +
 	"\rPollTransfers\x12\x1c.b2b.v1.PollTransfersRequest\x1a\x1d.b2b.v1.PollTransfersResponse\x12H\n" +
 	"\x0eCancelTransfer\x12\x1d.b2b.v1.CancelTransferRequest\x1a\x17.b2b.v1.TransferOutcome\x12J\n" +
-	"\x0eWatchTransfers\x12\x1d.b2b.v1.WatchTransfersRequest\x1a\x17.b2b.v1.TransferOutcome0\x01\x12C\n" +
+	"\x0eWatchTransfers\x12\x1d.b2b.v1.WatchTransfersRequest\x1a\x17.b2b.v1.TransferOutcome0\x01\x12O\n" +
+	"\x0eStartTransfers\x12\x1d.b2b.v1.StartTransfersRequest\x1a\x1e.b2b.v1.StartTransfersResponse\x12L\n" +
+	"\rWaitTransfers\x12\x1c.b2b.v1.WaitTransfersRequest\x1a\x1d.b2b.v1.PollTransfersResponse\x12C\n" +
 	"\n" +
 	"CancelCall\x12\x19.b2b.v1.CancelCallRequest\x1a\x1a.b2b.v1.CancelCallResponse2\xa5\x03\n" +
 	"\x04Peer\x12@\n" +
@@ -5351,7 +5577,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -5410,25 +5636,29 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*WaitTransferRequest)(nil),       // 54: b2b.v1.WaitTransferRequest
 	(*PollTransfersRequest)(nil),      // 55: b2b.v1.PollTransfersRequest
 	(*PollTransfersResponse)(nil),     // 56: b2b.v1.PollTransfersResponse
-	(*CancelTransferRequest)(nil),     // 57: b2b.v1.CancelTransferRequest
-	(*WatchTransfersRequest)(nil),     // 58: b2b.v1.WatchTransfersRequest
-	(*CancelCallRequest)(nil),         // 59: b2b.v1.CancelCallRequest
-	(*CancelCallResponse)(nil),        // 60: b2b.v1.CancelCallResponse
-	(*HandshakeRequest)(nil),          // 61: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 62: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 63: b2b.v1.ResolveRegionRequest
-	(*ResolveRegionResponse)(nil),     // 64: b2b.v1.ResolveRegionResponse
-	(*SignalRequest)(nil),             // 65: b2b.v1.SignalRequest
-	(*SignalResponse)(nil),            // 66: b2b.v1.SignalResponse
-	(*NotifyRequest)(nil),             // 67: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 68: b2b.v1.NotifyResponse
-	(*ResolveLayoutRequest)(nil),      // 69: b2b.v1.ResolveLayoutRequest
-	(*ResolvedLayoutRegion)(nil),      // 70: b2b.v1.ResolvedLayoutRegion
-	(*ResolvedSegment)(nil),           // 71: b2b.v1.ResolvedSegment
-	(*ResolveLayoutResponse)(nil),     // 72: b2b.v1.ResolveLayoutResponse
-	nil,                               // 73: b2b.v1.HandshakeResponse.AdvertsEntry
-	nil,                               // 74: b2b.v1.ResolveRegionResponse.KeysEntry
-	nil,                               // 75: b2b.v1.ResolvedLayoutRegion.KeysEntry
+	(*StartTransfersRequest)(nil),     // 57: b2b.v1.StartTransfersRequest
+	(*StartTransferResult)(nil),       // 58: b2b.v1.StartTransferResult
+	(*StartTransfersResponse)(nil),    // 59: b2b.v1.StartTransfersResponse
+	(*WaitTransfersRequest)(nil),      // 60: b2b.v1.WaitTransfersRequest
+	(*CancelTransferRequest)(nil),     // 61: b2b.v1.CancelTransferRequest
+	(*WatchTransfersRequest)(nil),     // 62: b2b.v1.WatchTransfersRequest
+	(*CancelCallRequest)(nil),         // 63: b2b.v1.CancelCallRequest
+	(*CancelCallResponse)(nil),        // 64: b2b.v1.CancelCallResponse
+	(*HandshakeRequest)(nil),          // 65: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 66: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 67: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 68: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 69: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 70: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 71: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 72: b2b.v1.NotifyResponse
+	(*ResolveLayoutRequest)(nil),      // 73: b2b.v1.ResolveLayoutRequest
+	(*ResolvedLayoutRegion)(nil),      // 74: b2b.v1.ResolvedLayoutRegion
+	(*ResolvedSegment)(nil),           // 75: b2b.v1.ResolvedSegment
+	(*ResolveLayoutResponse)(nil),     // 76: b2b.v1.ResolveLayoutResponse
+	nil,                               // 77: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 78: b2b.v1.ResolveRegionResponse.KeysEntry
+	nil,                               // 79: b2b.v1.ResolvedLayoutRegion.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	6,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -5470,77 +5700,83 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	5,  // 36: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
 	22, // 37: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
 	53, // 38: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
-	73, // 39: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
-	3,  // 40: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
-	0,  // 41: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	74, // 42: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
-	3,  // 43: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
-	75, // 44: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
-	70, // 45: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
-	71, // 46: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
-	10, // 47: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	14, // 48: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	16, // 49: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	18, // 50: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	21, // 51: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	33, // 52: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	37, // 53: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	35, // 54: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	24, // 55: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	26, // 56: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	27, // 57: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	29, // 58: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	31, // 59: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	42, // 60: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
-	45, // 61: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
-	47, // 62: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
-	49, // 63: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
-	50, // 64: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
-	54, // 65: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
-	55, // 66: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
-	57, // 67: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
-	58, // 68: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
-	59, // 69: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
-	61, // 70: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	63, // 71: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	63, // 72: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
-	69, // 73: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
-	65, // 74: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	67, // 75: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	13, // 76: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	15, // 77: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	17, // 78: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	19, // 79: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	22, // 80: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	34, // 81: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	40, // 82: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	36, // 83: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	25, // 84: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	22, // 85: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	28, // 86: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	30, // 87: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	32, // 88: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	44, // 89: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	46, // 90: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	48, // 91: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	22, // 92: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	52, // 93: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
-	53, // 94: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
-	56, // 95: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
-	53, // 96: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
-	53, // 97: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
-	60, // 98: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
-	62, // 99: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	64, // 100: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	64, // 101: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
-	72, // 102: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	66, // 103: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	68, // 104: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	76, // [76:105] is the sub-list for method output_type
-	47, // [47:76] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	50, // 39: b2b.v1.StartTransfersRequest.requests:type_name -> b2b.v1.StartTransferRequest
+	58, // 40: b2b.v1.StartTransfersResponse.results:type_name -> b2b.v1.StartTransferResult
+	77, // 41: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	3,  // 42: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
+	0,  // 43: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	78, // 44: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	3,  // 45: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
+	79, // 46: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
+	74, // 47: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
+	75, // 48: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
+	10, // 49: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	14, // 50: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	16, // 51: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	18, // 52: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	21, // 53: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	33, // 54: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	37, // 55: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	35, // 56: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	24, // 57: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	26, // 58: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	27, // 59: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	29, // 60: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	31, // 61: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	42, // 62: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
+	45, // 63: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
+	47, // 64: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
+	49, // 65: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
+	50, // 66: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
+	54, // 67: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
+	55, // 68: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
+	61, // 69: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
+	62, // 70: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
+	57, // 71: b2b.v1.B2B.StartTransfers:input_type -> b2b.v1.StartTransfersRequest
+	60, // 72: b2b.v1.B2B.WaitTransfers:input_type -> b2b.v1.WaitTransfersRequest
+	63, // 73: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
+	65, // 74: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	67, // 75: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	67, // 76: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
+	73, // 77: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	69, // 78: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	71, // 79: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	13, // 80: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	15, // 81: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	17, // 82: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	19, // 83: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	22, // 84: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	34, // 85: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	40, // 86: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	36, // 87: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	25, // 88: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	22, // 89: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	28, // 90: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	30, // 91: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	32, // 92: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	44, // 93: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	46, // 94: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	48, // 95: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	22, // 96: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	52, // 97: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	53, // 98: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	56, // 99: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	53, // 100: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	53, // 101: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	59, // 102: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
+	56, // 103: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
+	64, // 104: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
+	66, // 105: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	68, // 106: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	68, // 107: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
+	76, // 108: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	70, // 109: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	72, // 110: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	80, // [80:111] is the sub-list for method output_type
+	49, // [49:80] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -5565,7 +5801,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   70,
+			NumMessages:   74,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

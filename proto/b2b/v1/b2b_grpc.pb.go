@@ -52,6 +52,8 @@ const (
 	B2B_PollTransfers_FullMethodName      = "/b2b.v1.B2B/PollTransfers"
 	B2B_CancelTransfer_FullMethodName     = "/b2b.v1.B2B/CancelTransfer"
 	B2B_WatchTransfers_FullMethodName     = "/b2b.v1.B2B/WatchTransfers"
+	B2B_StartTransfers_FullMethodName     = "/b2b.v1.B2B/StartTransfers"
+	B2B_WaitTransfers_FullMethodName      = "/b2b.v1.B2B/WaitTransfers"
 	B2B_CancelCall_FullMethodName         = "/b2b.v1.B2B/CancelCall"
 )
 
@@ -138,6 +140,24 @@ type B2BClient interface {
 	// WatchTransfers streams the outcome of each of this client's transfers as
 	// it ends (each reported once, here or by Wait/Poll, whichever is first).
 	WatchTransfers(ctx context.Context, in *WatchTransfersRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TransferOutcome], error)
+	// StartTransfers starts many transfers in one call (an engine step's
+	// worth): each request is checked and started exactly as StartTransfer
+	// would, in order, and gets its own result: a transfer id, or the code
+	// and message StartTransfer would have answered (the message names the
+	// request's index). One refused request does not stop the others, which
+	// run. At most 1024 requests a call (InvalidArgument names the limit).
+	// If the call ends (deadline, cancel) before every request was started,
+	// the ones it started are cancelled and the call answers its end.
+	StartTransfers(ctx context.Context, in *StartTransfersRequest, opts ...grpc.CallOption) (*StartTransfersResponse, error)
+	// WaitTransfers waits for many of this client's transfers in one call:
+	// until all ended (any false) or one did (any true), or timeout_ms
+	// passed (0: no limit but the call's deadline). It answers every id, in
+	// order, as PollTransfers does (RUNNING: not ended); ended ones are
+	// reported here, once. Unknown or repeated ids refuse the whole call, as
+	// PollTransfers. An id reported elsewhere while this call waited (a
+	// WatchTransfers stream of this client, a concurrent Wait or Poll) is
+	// answered with state UNSPECIFIED and code NOT_FOUND.
+	WaitTransfers(ctx context.Context, in *WaitTransfersRequest, opts ...grpc.CallOption) (*PollTransfersResponse, error)
 	// CancelCall stops a synchronous transfer call (BatchTransfer,
 	// SubmitTransfer or TransferBlocks) that carries the metadata b2b-call-id
 	// (docs/pull.md#cancel), and returns once that call ended: no byte of it
@@ -397,6 +417,26 @@ func (c *b2BClient) WatchTransfers(ctx context.Context, in *WatchTransfersReques
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type B2B_WatchTransfersClient = grpc.ServerStreamingClient[TransferOutcome]
 
+func (c *b2BClient) StartTransfers(ctx context.Context, in *StartTransfersRequest, opts ...grpc.CallOption) (*StartTransfersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartTransfersResponse)
+	err := c.cc.Invoke(ctx, B2B_StartTransfers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) WaitTransfers(ctx context.Context, in *WaitTransfersRequest, opts ...grpc.CallOption) (*PollTransfersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PollTransfersResponse)
+	err := c.cc.Invoke(ctx, B2B_WaitTransfers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *b2BClient) CancelCall(ctx context.Context, in *CancelCallRequest, opts ...grpc.CallOption) (*CancelCallResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CancelCallResponse)
@@ -490,6 +530,24 @@ type B2BServer interface {
 	// WatchTransfers streams the outcome of each of this client's transfers as
 	// it ends (each reported once, here or by Wait/Poll, whichever is first).
 	WatchTransfers(*WatchTransfersRequest, grpc.ServerStreamingServer[TransferOutcome]) error
+	// StartTransfers starts many transfers in one call (an engine step's
+	// worth): each request is checked and started exactly as StartTransfer
+	// would, in order, and gets its own result: a transfer id, or the code
+	// and message StartTransfer would have answered (the message names the
+	// request's index). One refused request does not stop the others, which
+	// run. At most 1024 requests a call (InvalidArgument names the limit).
+	// If the call ends (deadline, cancel) before every request was started,
+	// the ones it started are cancelled and the call answers its end.
+	StartTransfers(context.Context, *StartTransfersRequest) (*StartTransfersResponse, error)
+	// WaitTransfers waits for many of this client's transfers in one call:
+	// until all ended (any false) or one did (any true), or timeout_ms
+	// passed (0: no limit but the call's deadline). It answers every id, in
+	// order, as PollTransfers does (RUNNING: not ended); ended ones are
+	// reported here, once. Unknown or repeated ids refuse the whole call, as
+	// PollTransfers. An id reported elsewhere while this call waited (a
+	// WatchTransfers stream of this client, a concurrent Wait or Poll) is
+	// answered with state UNSPECIFIED and code NOT_FOUND.
+	WaitTransfers(context.Context, *WaitTransfersRequest) (*PollTransfersResponse, error)
 	// CancelCall stops a synchronous transfer call (BatchTransfer,
 	// SubmitTransfer or TransferBlocks) that carries the metadata b2b-call-id
 	// (docs/pull.md#cancel), and returns once that call ended: no byte of it
@@ -573,6 +631,12 @@ func (UnimplementedB2BServer) CancelTransfer(context.Context, *CancelTransferReq
 }
 func (UnimplementedB2BServer) WatchTransfers(*WatchTransfersRequest, grpc.ServerStreamingServer[TransferOutcome]) error {
 	return status.Error(codes.Unimplemented, "method WatchTransfers not implemented")
+}
+func (UnimplementedB2BServer) StartTransfers(context.Context, *StartTransfersRequest) (*StartTransfersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartTransfers not implemented")
+}
+func (UnimplementedB2BServer) WaitTransfers(context.Context, *WaitTransfersRequest) (*PollTransfersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WaitTransfers not implemented")
 }
 func (UnimplementedB2BServer) CancelCall(context.Context, *CancelCallRequest) (*CancelCallResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelCall not implemented")
@@ -969,6 +1033,42 @@ func _B2B_WatchTransfers_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type B2B_WatchTransfersServer = grpc.ServerStreamingServer[TransferOutcome]
 
+func _B2B_StartTransfers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartTransfersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).StartTransfers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_StartTransfers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).StartTransfers(ctx, req.(*StartTransfersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_WaitTransfers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitTransfersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).WaitTransfers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_WaitTransfers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).WaitTransfers(ctx, req.(*WaitTransfersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _B2B_CancelCall_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CancelCallRequest)
 	if err := dec(in); err != nil {
@@ -1069,6 +1169,14 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelTransfer",
 			Handler:    _B2B_CancelTransfer_Handler,
+		},
+		{
+			MethodName: "StartTransfers",
+			Handler:    _B2B_StartTransfers_Handler,
+		},
+		{
+			MethodName: "WaitTransfers",
+			Handler:    _B2B_WaitTransfers_Handler,
 		},
 		{
 			MethodName: "CancelCall",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
 
+import b2b
+
 from .channel import encode
 
 
@@ -63,6 +65,23 @@ def poll(client: Any, handles: Sequence[Handle]) -> None:
             x.ended = bool(done)
 
 
+def start_many(client: Any, moves: Sequence[dict], timeout: float, transport: Optional[str]) -> List[Any]:
+    """Start every move (``local``, ``peer``, ``remote``, ``lids``, ``rids``,
+    ``op``, ``note``) in one StartTransfers call: an engine step's starts
+    cost one daemon round trip whatever their number. Returns, per move, a
+    :class:`Handle`, or the exception that refused it (the others run). A
+    failure of the call itself (our daemon unreachable) raises."""
+    if not moves:
+        return []
+    items = [b2b.Blocks(m["local"], m["peer"], m["remote"], m["lids"], m["rids"], op=m["op"], transport=transport,
+                        notification=None if m.get("note") is None else encode(m["note"]))
+             for m in moves]
+    out: List[Any] = []
+    for h in client.start_many(items, timeout):
+        out.append(h.error if h.id == 0 else Handle(h))
+    return out
+
+
 def start_blocks(client: Any, local_layout: str, peer: str, remote_layout: str, local_ids: Any, remote_ids: Any, *,
                  op: str, note: Optional[dict], timeout: float, transport: Optional[str]) -> Any:
     """Start a block-id transfer (``op``: "read" pulls, "write" pushes) and
@@ -72,4 +91,4 @@ def start_blocks(client: Any, local_layout: str, peer: str, remote_layout: str, 
                                          notification=None if note is None else encode(note)))
 
 
-__all__: List[str] = ["Handle", "export_pool", "poll", "register_view", "start_blocks"]
+__all__: List[str] = ["Handle", "export_pool", "poll", "register_view", "start_blocks", "start_many"]

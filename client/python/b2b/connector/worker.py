@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import b2b
 
-from ._adapter import export_pool, poll, register_view, start_blocks
+from ._adapter import export_pool, poll, register_view, start_many
 from .channel import NOTE_LIMIT, Channel
 from .meta import RecvReq, SaveReq, Settings
 
@@ -116,6 +116,7 @@ class WorkerHalf:
         self._saves: Dict[str, _Save] = {}
         self._early_ids: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids before the request's compute
         self._ids_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids arriving in parts
+        self._pushes: List[Tuple[List[dict], List[Tuple[_Save, dict]], int, List[int]]] = []  # writes to start
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
                       "timeouts": 0, "pull_starts": 0, "push_starts": 0}
         self.stats["wire_ns"] = collections.deque(maxlen=4096)  # the latest transfers' wire time
@@ -287,8 +288,11 @@ class WorkerHalf:
         The read's note names every request in it (as many as fit a note;
         more start another read); prefill counts one note per request and
         read. A failed read fails every request in it (each is reported in
-        get_block_ids_with_load_errors)."""
+        get_block_ids_with_load_errors). Every read of the step starts in
+        one StartTransfers call."""
         s = self.s
+        moves: List[dict] = []
+        chunks: List[List[Tuple[str, _Load, List[int], List[int], int]]] = []
         for (local, peer, remote), items in pulls.items():
             i = 0
             while i < len(items):
@@ -304,22 +308,27 @@ class WorkerHalf:
                     size += add
                     j += 1
                 chunk, i = items[i:j], j
-                lids = [b for it in chunk for b in it[2]]
-                rids = [b for it in chunk for b in it[3]]
-                try:
-                    h = start_blocks(self.client, local, peer, remote, lids, rids, op="read",
-                                     note={"t": "pulled", "reqs": reqs}, timeout=s.load_timeout,
-                                     transport=s.transport)
-                except _IO_ERRORS as e:
-                    for _, ld, _, _, _ in chunk:
-                        if ld.error is None:
-                            ld.error = f"{type(e).__name__}: {e}"
-                    self.chan.forget(peer, chunk[0][1].req.remote_engine)
-                    continue
-                self.stats["pull_starts"] += 1
-                for rid, ld, _, _, _ in chunk:
-                    ld.handles.append(h)
-                    self._mark(rid, "started", last=True)
+                moves.append({"local": local, "peer": peer, "remote": remote, "op": "read",
+                              "lids": [b for it in chunk for b in it[2]], "rids": [b for it in chunk for b in it[3]],
+                              "note": {"t": "pulled", "reqs": reqs}})
+                chunks.append(chunk)
+        if not moves:
+            return
+        try:
+            started = start_many(self.client, moves, s.load_timeout, s.transport)
+        except _IO_ERRORS as e:
+            started = [e] * len(moves)
+        for m, chunk, h in zip(moves, chunks, started):
+            if isinstance(h, BaseException):
+                for _, ld, _, _, _ in chunk:
+                    if ld.error is None:
+                        ld.error = f"{type(h).__name__}: {h}"
+                self.chan.forget(m["peer"], chunk[0][1].req.remote_engine)
+                continue
+            self.stats["pull_starts"] += 1
+            for rid, ld, _, _, _ in chunk:
+                ld.handles.append(h)
+                self._mark(rid, "started", last=True)
 
     def _push_source(self, r: RecvReq) -> Tuple[int, int]:
         """Push: (the prefill rank that writes our blocks, decode ranks per prefill rank)."""
@@ -354,12 +363,6 @@ class WorkerHalf:
                 self.stats["wire_ns"].append(h.wire_ns)
 
     def _finish_loads(self, recving: Set[str]) -> None:
-        pending = list({id(h): h for ld in self._loads.values() for h in ld.handles}.values())  # reads are shared
-        if pending:
-            try:
-                poll(self.client, pending)
-            except _IO_ERRORS:
-                pass  # our daemon is unreachable: the deadline below ends them
         now = time.monotonic()
         for rid, ld in list(self._loads.items()):
             r = ld.req
@@ -420,6 +423,7 @@ class WorkerHalf:
                     groups.setdefault(key, []).append((sv, d))
         for items in groups.values():
             self._push(items, [li])
+        self._start_pushes()
 
     def _add_dst(self, sv: _Save, d: dict) -> None:
         rank = int(d["rank"])
@@ -435,7 +439,8 @@ class WorkerHalf:
         (a start is a daemon round trip); each write's note tells decode,
         once its bytes landed, how many layers of which requests it carried,
         so decode has a request once all of them did, without waiting for
-        this side to poll the writes and send "done"."""
+        this side to poll the writes and send "done". The writes are queued
+        here and started together by :meth:`_start_pushes`."""
         d0 = items[0][1]
         rank = int(d0["rank"])
         k, j = int(d0.get("k", 1)), int(d0.get("slice", 0))
@@ -462,17 +467,33 @@ class WorkerHalf:
                 n = min(len(sv.req.block_ids), len(d["ids"]))
                 src += sv.req.block_ids[:n]
                 dst += d["ids"][:n]
-            try:
-                for local, remote in pairs:
-                    h = start_blocks(self.client, local, d0["peer"], remote, src, dst, op="write",
-                                     note={"t": "landed", "reqs": reqs}, timeout=self.s.load_timeout,
-                                     transport=self.s.transport)
+            moves = [{"local": local, "peer": d0["peer"], "remote": remote, "op": "write", "lids": src, "rids": dst,
+                      "note": {"t": "landed", "reqs": reqs}} for local, remote in pairs]
+            self._pushes.append((moves, chunk, rank, layers))
+
+    def _start_pushes(self) -> None:
+        """Start the writes :meth:`_push` queued, all in one StartTransfers
+        call. A chunk's layers count as sent once every write of it started."""
+        jobs, self._pushes = self._pushes, []
+        moves = [m for job in jobs for m in job[0]]
+        if not moves:
+            return
+        try:
+            started = start_many(self.client, moves, self.s.load_timeout, self.s.transport)
+        except _IO_ERRORS as e:
+            started = [e] * len(moves)
+        at = 0
+        for ms, chunk, rank, layers in jobs:
+            hs, at = started[at:at + len(ms)], at + len(ms)
+            failed = next((h for h in hs if isinstance(h, BaseException)), None)
+            for h in hs:
+                if not isinstance(h, BaseException):
                     self.stats["push_starts"] += 1
                     for sv, _ in chunk:
                         sv.handles.append(h)
-            except _IO_ERRORS as e:
+            if failed is not None:
                 for sv, _ in chunk:
-                    sv.error = sv.error or f"{type(e).__name__}: {e}"
+                    sv.error = sv.error or f"{type(failed).__name__}: {failed}"
                 continue
             for sv, _ in chunk:
                 sv.sent[rank].update(layers)
@@ -481,12 +502,6 @@ class WorkerHalf:
     def _finish_saves(self, sending: Set[str]) -> None:
         nl = len(self._layer_segs)
         done: List[str] = []
-        pending = list({id(h): h for sv in self._saves.values() for h in sv.handles}.values())  # writes are shared
-        if pending:
-            try:
-                poll(self.client, pending)
-            except _IO_ERRORS:
-                pass
         now = time.monotonic()
         live = {id(h) for r, sv in self._saves.items() if r not in self._released for h in sv.handles}
         for rid, sv in list(self._saves.items()):
@@ -598,12 +613,25 @@ class WorkerHalf:
                 self._released.pop(rid, None)
                 sending.add(rid)
 
+    def _poll(self) -> None:
+        """One PollTransfers for every outstanding read and write, whatever
+        their number (they are shared by requests)."""
+        pending = {id(h): h for sv in self._saves.values() for h in sv.handles}
+        pending.update((id(h), h) for ld in self._loads.values() for h in ld.handles)
+        if pending:
+            try:
+                poll(self.client, list(pending.values()))
+            except _IO_ERRORS:
+                pass  # our daemon is unreachable: the deadlines end them
+
     def get_finished(self, meta: Any) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         sending: Set[str] = set()
         recving: Set[str] = set()
         if self.chan is None:
             return None, None
         self._take_notes()
+        self._start_pushes()  # writes for ids that came after their layers
+        self._poll()
         self._finish_held(meta, sending)
         self._finish_saves(sending)
         self._finish_loads(recving)

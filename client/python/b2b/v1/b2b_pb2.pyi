@@ -650,6 +650,28 @@ class StartTransferResponse(_message.Message):
     transfer_id: int
     def __init__(self, transfer_id: _Optional[int] = ...) -> None: ...
 
+class StartTransferResult(_message.Message):
+    __slots__ = ["code", "message", "transfer_id"]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_ID_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    transfer_id: int
+    def __init__(self, transfer_id: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class StartTransfersRequest(_message.Message):
+    __slots__ = ["requests"]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[StartTransferRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[StartTransferRequest, _Mapping]]] = ...) -> None: ...
+
+class StartTransfersResponse(_message.Message):
+    __slots__ = ["results"]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[StartTransferResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[StartTransferResult, _Mapping]]] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = []
     def __init__(self) -> None: ...
@@ -795,6 +817,16 @@ class WaitTransferRequest(_message.Message):
     timeout_ms: int
     transfer_id: int
     def __init__(self, transfer_id: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class WaitTransfersRequest(_message.Message):
+    __slots__ = ["any", "timeout_ms", "transfer_ids"]
+    ANY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_IDS_FIELD_NUMBER: _ClassVar[int]
+    any: bool
+    timeout_ms: int
+    transfer_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, transfer_ids: _Optional[_Iterable[int]] = ..., timeout_ms: _Optional[int] = ..., any: bool = ...) -> None: ...
 
 class WatchNotificationsRequest(_message.Message):
     __slots__ = ["region_id"]

@@ -127,6 +127,16 @@ class B2BStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.WatchTransfersRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.TransferOutcome.FromString,
                 )
+        self.StartTransfers = channel.unary_unary(
+                '/b2b.v1.B2B/StartTransfers',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.StartTransfersRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.StartTransfersResponse.FromString,
+                )
+        self.WaitTransfers = channel.unary_unary(
+                '/b2b.v1.B2B/WaitTransfers',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.WaitTransfersRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.PollTransfersResponse.FromString,
+                )
         self.CancelCall = channel.unary_unary(
                 '/b2b.v1.B2B/CancelCall',
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.CancelCallRequest.SerializeToString,
@@ -329,6 +339,34 @@ class B2BServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartTransfers(self, request, context):
+        """StartTransfers starts many transfers in one call (an engine step's
+        worth): each request is checked and started exactly as StartTransfer
+        would, in order, and gets its own result: a transfer id, or the code
+        and message StartTransfer would have answered (the message names the
+        request's index). One refused request does not stop the others, which
+        run. At most 1024 requests a call (InvalidArgument names the limit).
+        If the call ends (deadline, cancel) before every request was started,
+        the ones it started are cancelled and the call answers its end.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitTransfers(self, request, context):
+        """WaitTransfers waits for many of this client's transfers in one call:
+        until all ended (any false) or one did (any true), or timeout_ms
+        passed (0: no limit but the call's deadline). It answers every id, in
+        order, as PollTransfers does (RUNNING: not ended); ended ones are
+        reported here, once. Unknown or repeated ids refuse the whole call, as
+        PollTransfers. An id reported elsewhere while this call waited (a
+        WatchTransfers stream of this client, a concurrent Wait or Poll) is
+        answered with state UNSPECIFIED and code NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CancelCall(self, request, context):
         """CancelCall stops a synchronous transfer call (BatchTransfer,
         SubmitTransfer or TransferBlocks) that carries the metadata b2b-call-id
@@ -454,6 +492,16 @@ def add_B2BServicer_to_server(servicer, server):
                     servicer.WatchTransfers,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.WatchTransfersRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.TransferOutcome.SerializeToString,
+            ),
+            'StartTransfers': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartTransfers,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.StartTransfersRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.StartTransfersResponse.SerializeToString,
+            ),
+            'WaitTransfers': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitTransfers,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.WaitTransfersRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.PollTransfersResponse.SerializeToString,
             ),
             'CancelCall': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelCall,
@@ -844,6 +892,40 @@ class B2B(object):
         return grpc.experimental.unary_stream(request, target, '/b2b.v1.B2B/WatchTransfers',
             b2b_dot_v1_dot_b2b__pb2.WatchTransfersRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.TransferOutcome.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StartTransfers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/StartTransfers',
+            b2b_dot_v1_dot_b2b__pb2.StartTransfersRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.StartTransfersResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WaitTransfers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/WaitTransfers',
+            b2b_dot_v1_dot_b2b__pb2.WaitTransfersRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.PollTransfersResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

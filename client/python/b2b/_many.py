@@ -1,0 +1,178 @@
+"""Batched starts and waits: an engine step starts all of its transfers in
+one ``StartTransfers`` call and waits for many handles in one
+``WaitTransfers`` call, so its daemon round trips do not grow with the
+number of requests (docs/kv.md, "Batched starts and polls").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+
+import grpc
+
+from ._common import _invalid, _op, _transport
+from ._pack import pack_u32
+from ._transfers import PreparedTransfer, Transfer, _Pending, _interrupts_deferred
+from .errors import UnavailableError, WaitTimeoutError, deadline_after, from_rpc_error
+from .v1 import b2b_pb2 as pb
+
+if TYPE_CHECKING:
+    from .client import Client
+
+#: The daemon's limit of requests per StartTransfers call;
+#: :meth:`Client.start_many` splits longer lists into calls of this many.
+MAX_START_TRANSFERS = 1024
+
+#: Ids per WaitTransfers call (the daemon's poll limit).
+MAX_WAIT_IDS = 1 << 16
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """One block-id transfer for :meth:`Client.start_many`: the arguments
+    of :meth:`Client.transfer_blocks` (``wait=False``). ``timeout`` bounds
+    it from its start; ``None``: the one given to ``start_many``."""
+
+    local_layout: str
+    peer: str
+    remote_layout: str
+    local_ids: Any
+    remote_ids: Any
+    op: Union[None, str, int] = None
+    notification: Optional[bytes] = None
+    transport: Union[None, str, int] = None
+    timeout: Optional[float] = None
+
+    def request(self) -> Any:
+        """The ``StartTransferRequest`` (ids packed by numpy)."""
+        req = pb.TransferBlocksRequest(
+            local_layout=self.local_layout,
+            peer=self.peer,
+            remote_layout=self.remote_layout,
+            local_ids=pack_u32(self.local_ids, "local_ids")[0],
+            remote_ids=pack_u32(self.remote_ids, "remote_ids")[0],
+            transport=_transport(self.transport),
+            op=_op(self.op),
+        )
+        if self.notification is not None:
+            req.notification = bytes(self.notification)
+        return pb.StartTransferRequest(blocks=req, timeout_ms=_ms(self.timeout))
+
+
+def _ms(timeout: Optional[float]) -> int:
+    if timeout is None:
+        return 0
+    if timeout <= 0:
+        raise _invalid(f"timeout {timeout!r}: want seconds > 0, or None for the daemon's default")
+    return max(1, int(math.ceil(timeout * 1000)))
+
+
+def _refused(client: "Client", res: Any) -> Transfer:
+    """A handle for a request the daemon refused: it has already failed,
+    with the daemon's code and message (naming the request's index)."""
+    t = Transfer(client, 0)
+    t._take(pb.TransferOutcome(transfer_id=0, state=pb.TRANSFER_STATE_FAILED, code=res.code, message=res.message))
+    return t
+
+
+def start_many(client: "Client", items: Sequence[Any], timeout: Optional[float]) -> List[Transfer]:
+    """See :meth:`Client.start_many`."""
+    items = list(items)
+    if items and all(isinstance(x, PreparedTransfer) for x in items) and client.ring is not None:
+        return client.start_submits(items, timeout)
+    default_ms = _ms(timeout)
+    reqs, rids = [], []
+    for i, x in enumerate(items):
+        if isinstance(x, Blocks):
+            r, rid = x.request(), x.remote_ids
+        elif isinstance(x, PreparedTransfer):
+            r, rid = pb.StartTransferRequest(submit=pb.SubmitTransferRequest(handle=x.handle)), None
+        elif isinstance(x, pb.StartTransferRequest):
+            r, rid = x, None
+        else:
+            raise TypeError(f"start_many: items[{i}] is {type(x).__name__}: want b2b.Blocks, a PreparedTransfer "
+                            f"or a StartTransferRequest")
+        if not r.timeout_ms and default_ms:
+            r = pb.StartTransferRequest.FromString(r.SerializeToString()) if r is x else r
+            r.timeout_ms = default_ms
+        reqs.append(r)
+        rids.append(rid)
+    out: List[Transfer] = []
+    for at in range(0, len(reqs), MAX_START_TRANSFERS):
+        part = reqs[at:at + MAX_START_TRANSFERS]
+        # A start returns at once; an interrupt held back until it did
+        # cannot lose the ids of transfers already running.
+        with _interrupts_deferred():
+            r = client._call(client.stub.StartTransfers, pb.StartTransfersRequest(requests=part), client.timeout)
+        if len(r.results) != len(part):
+            raise UnavailableError(grpc.StatusCode.INTERNAL,
+                                   f"start_many: {len(part)} requests, the daemon answered {len(r.results)} results")
+        for k, res in enumerate(r.results):
+            out.append(_refused(client, res) if res.code else Transfer(client, res.transfer_id, rids[at + k]))
+    return out
+
+
+def wait_grpc(client: "Client", ts: Sequence[Transfer], timeout: Optional[float], any_one: bool) -> None:
+    """One WaitTransfers for daemon handles ``ts`` (none ended, none with
+    a call running): their outcomes land in them. Interrupted, the call
+    goes on and its answers land in the handles, as a poll's."""
+    if client.closed:
+        raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+    for at in range(0, len(ts), MAX_WAIT_IDS):
+        part = ts[at:at + MAX_WAIT_IDS]
+        req = pb.WaitTransfersRequest(transfer_ids=[t.id for t in part], any=any_one)
+        rpc_timeout = None
+        if timeout is not None:
+            req.timeout_ms = max(1, int(timeout * 1000))
+            rpc_timeout = timeout + 30.0  # the daemon answers RUNNING at timeout_ms
+        deadline = deadline_after(rpc_timeout)
+        with _interrupts_deferred():
+            fut = client.stub.WaitTransfers.future(req, timeout=rpc_timeout)
+        try:
+            r = fut.result()
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, deadline) from e
+        except BaseException:
+            for i, t in enumerate(part):
+                t._keep(_Pending(fut, i))
+            raise
+        for t, o in zip(part, r.outcomes):
+            t._take(o)
+
+
+def wait_any(client: "Client", transfers: Sequence[Transfer], timeout: Optional[float]) -> List[Transfer]:
+    """See :meth:`Client.wait_any`."""
+    from . import _ring_client  # it imports this module
+
+    ts = list(transfers)
+    if not ts:
+        return []
+    if timeout is not None and timeout < 0:
+        raise _invalid(f"timeout {timeout!r}: want seconds >= 0, or None")
+    end = None if timeout is None else time.monotonic() + timeout
+    client.poll(ts)  # no wait: ring completions land, and ended handles answer at once
+    pause = 0.0005
+    while True:
+        done = [t for t in ts if t._outcome is not None]
+        if done:
+            return done
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left <= 0:
+            raise WaitTimeoutError(grpc.StatusCode.DEADLINE_EXCEEDED, f"none of {len(ts)} transfers ended in {timeout} s")
+        ring = [t for t in ts if isinstance(t, _ring_client.RingTransfer)]
+        ask = [t for t in ts if t._pending is None and not isinstance(t, _ring_client.RingTransfer)]
+        if not ring and len(ask) == len(ts):
+            wait_grpc(client, ask, left, True)  # one call: the daemon wakes us at the first end
+            continue
+        # Ring handles (or calls an interrupt left running) beside daemon
+        # handles: no one call waits for both; look at each in turn.
+        step = pause if left is None else min(pause, left)
+        if ask:
+            wait_grpc(client, ask, step, True)
+        else:
+            time.sleep(step)
+        pause = min(pause * 2, 0.05)
+        client.poll(ts)
