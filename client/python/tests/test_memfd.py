@@ -8,6 +8,10 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 import unittest
 
 import numpy as np
@@ -94,6 +98,31 @@ class MemfdTest(TwoDaemons):
         self.a.batch_transfer(rid, self.peer_b, self.name, self.so, self.so, block_size=self.BS)
         got = np.concatenate([dst.array[int(o):int(o) + self.BS] for o in self.so])
         self.assertTrue(np.array_equal(got, np.concatenate([want[int(o):int(o) + self.BS] for o in self.so])))
+        self.a.deregister(rid)
+
+    def test_outlives_killed_client(self):
+        # A process that registers a persistent memfd region, fills it, and is
+        # killed (SIGKILL: no clean-up of any kind).
+        code = textwrap.dedent(f"""
+            import os, signal, sys, numpy as np
+            sys.path[:0] = {sys.path!r}
+            import b2b
+            c = b2b.Client({self.da.socket!r})
+            r = c.alloc_host({self.size}, persist=True)
+            r.array[:] = np.random.default_rng(9).integers(0, 256, {self.size}, dtype=np.uint8)
+            print(r.id, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+            """)
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, -signal.SIGKILL, p.stderr)
+        rid = p.stdout.strip()
+        want = np.random.default_rng(9).integers(0, 256, self.size, dtype=np.uint8)
+        dst = self.b.register_host(self.size, self.name)
+        self.addCleanup(dst.close)
+        self.a.batch_transfer(rid, self.peer_b, self.name, self.so, self.so, block_size=self.BS)
+        for o in self.so:
+            o = int(o)
+            self.assertTrue(np.array_equal(dst.array[o:o + self.BS], want[o:o + self.BS]), f"block at {o} differs")
         self.a.deregister(rid)
 
 
