@@ -219,9 +219,11 @@ def hand_over(path: str, fd: int, timeout: Optional[float]) -> Tuple[socket.sock
         req = struct.pack("<QQ", HELLO, 0)
         s.sendmsg([req], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
         head = _recv_exact(s, ANSWER_LEN)
-        tag, code, n, token, _size = struct.unpack_from("<QIIQQ", head)
+        tag, code, n, token, _size, _reserved, marker = struct.unpack("<QIIQQQQ", head)
+        if marker != HELLO:
+            raise error_for_code(grpc.StatusCode.UNIMPLEMENTED, f"register_memfd: the daemon at {path} does not take descriptors (it answered the frame as a submit: a b2bd older than memfd registration)")
         if tag != HELLO or n > MAX_MSG:
-            raise B2BError(grpc.StatusCode.UNIMPLEMENTED, f"register_memfd: answer tag {tag:#x} (want {HELLO:#x}), message {n} bytes: not a daemon that takes descriptors")
+            raise error_for_code(grpc.StatusCode.UNIMPLEMENTED, f"register_memfd: answer tag {tag:#x} (want {HELLO:#x}), message {n} bytes: not a daemon that takes descriptors")
         if code != 0:
             msg = _recv_exact(s, n).decode("utf-8", "replace")
             sc = next((c for c in grpc.StatusCode if c.value[0] == code), grpc.StatusCode.UNKNOWN)

@@ -8,7 +8,8 @@
 //	request  16 bytes: Hello u64, reserved u64 (0), one descriptor attached
 //	answer   48 bytes, then msg_len bytes of message: Hello u64, code u32 (a
 //	         gRPC code; 0 = taken), msg_len u32, token u64, file size u64,
-//	         16 bytes reserved
+//	         reserved u64 (0), Hello u64 again (a daemon that predates
+//	         descriptors answers the frame as a submit, without it)
 //
 // A connection may hand over several descriptors, one a frame; a token not
 // yet registered is dropped when its connection closes.
@@ -109,6 +110,7 @@ func (a Answer) Encode(dst []byte) []byte {
 	le.PutUint32(b[12:], uint32(len(msg)))
 	le.PutUint64(b[16:], a.Token)
 	le.PutUint64(b[24:], a.Size)
+	le.PutUint64(b[40:], Hello)
 	return append(append(dst, b[:]...), msg...)
 }
 
@@ -121,6 +123,9 @@ func DecodeAnswer(b []byte) (a Answer, msgLen int, err error) {
 	le := binary.LittleEndian
 	if tag := le.Uint64(b[0:]); tag != Hello {
 		return a, 0, fmt.Errorf("%w: descriptor answer tag %#x, want %#x (a daemon without descriptor handover answers as the submit socket)", errs.ErrInvalidArgument, tag, Hello)
+	}
+	if le.Uint64(b[40:]) != Hello {
+		return a, 0, fmt.Errorf("%w: the daemon does not take descriptors (it answered the frame as a submit: a b2bd older than memfd registration)", errs.ErrUnimplemented)
 	}
 	a.Code, a.Token, a.Size = le.Uint32(b[8:]), le.Uint64(b[16:]), le.Uint64(b[24:])
 	n := le.Uint32(b[12:])

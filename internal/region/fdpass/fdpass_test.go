@@ -131,6 +131,12 @@ func TestFrames(t *testing.T) {
 			t.Errorf("round trip: %+v, want %+v", got, want)
 		}
 	}
+	// An older daemon answers as the submit socket: no marker at the end.
+	old := (Answer{Code: 5, Msg: "plan 0"}).Encode(nil)[:AnswerLen]
+	clear(old[40:])
+	if _, _, err := DecodeAnswer(old); !errors.Is(err, errs.ErrUnimplemented) || !strings.Contains(err.Error(), "does not take descriptors") {
+		t.Errorf("an old daemon's answer: %v, want Unimplemented", err)
+	}
 	if _, _, err := DecodeAnswer((Answer{}).Encode(nil)); err == nil {
 		t.Error("code 0 without a token accepted")
 	}
