@@ -218,6 +218,10 @@ func TestMemfdRefusals(t *testing.T) {
 			}
 		}
 	}
+	// The Go client refuses the same before sending anything.
+	if _, err := a.c.RegisterMemfd(ctx, sock, newMemfd(t, 4096, unix.MFD_ALLOW_SEALING, 0), 0, 0, ""); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "F_SEAL_SHRINK") {
+		t.Errorf("RegisterMemfd of an unsealed memfd: %v, want InvalidArgument naming F_SEAL_SHRINK", err)
+	}
 	// A token whose connection closed is gone; a made-up one never was.
 	ans, uc := handOverRaw(t, sock, newMemfd(t, 4096, unix.MFD_ALLOW_SEALING, unix.F_SEAL_SHRINK))
 	if ans.Code != 0 || ans.Size != 4096 {
