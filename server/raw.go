@@ -10,11 +10,13 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/region/fdpass"
 	"github.com/b2bd/b2bd/internal/ring"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -33,7 +35,8 @@ import (
 //
 // Up to StreamInFlight submits of one connection run at once, answered in
 // completion order. A first request tagged ring.Hello asks for a
-// shared-memory ring instead (ring.go).
+// shared-memory ring instead (ring.go), one tagged fdpass.Hello hands over
+// memfds (memfd.go).
 const (
 	RawRequestLen = 16
 	RawAnswerLen  = 48
@@ -98,7 +101,19 @@ func (s *Server) serveRaw(c net.Conn) {
 	le := binary.LittleEndian
 	var req [RawRequestLen]byte
 	for first := true; ; first = false {
-		if _, err := io.ReadFull(br, req[:]); err != nil {
+		if first { // with recvmsg: a descriptor may ride on it (memfd.go)
+			fd, err := readFrame(c, req[:])
+			if err != nil {
+				return
+			}
+			if le.Uint64(req[0:]) == fdpass.Hello {
+				s.serveFDs(c, who, l.PID, req[:], fd)
+				return
+			}
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		} else if _, err := io.ReadFull(br, req[:]); err != nil {
 			return
 		}
 		if first && le.Uint64(req[0:]) == ring.Hello { // ring.go

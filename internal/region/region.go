@@ -48,6 +48,7 @@ type Region struct {
 	file      *os.File
 	wd        int32
 	truncated *TruncatedError
+	sealed    bool // a memfd sealed against shrinking (memfd.go): never watched
 
 	active  int  // batches using the region (guarded by Registry.mu)
 	closing bool // deregistration started
@@ -133,6 +134,7 @@ type Registry struct {
 	draining map[*Region]struct{}
 	drained  sync.WaitGroup // releases of drained regions under way
 	watch    *watcher       // host regions' files (truncate.go); nil: no inotify
+	dep      deposits       // handed-over descriptors waiting for their registration (memfd.go)
 }
 
 // New creates the shm directory if needed and gives it ShmDirMode and the

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/region/fdpass"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -94,6 +95,12 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 	if !who.Known {
 		return nil, fmt.Errorf("%w: host_file imports need the local Unix socket, where the caller's uid is known", errs.ErrPermissionDenied)
 	}
+	if token, ok, err := fdpass.ParseTokenPath(path); ok || err != nil {
+		if err != nil {
+			return nil, err
+		}
+		return g.importDeposit(path, token, offset, size, export, who, lease)
+	}
 	f, real, err := g.openInShmDir(path)
 	if err != nil {
 		return nil, err
@@ -111,18 +118,8 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 	if sys, ok := st.Sys().(*syscall.Stat_t); ok && who.UID != 0 && sys.Uid != who.UID {
 		return nil, fmt.Errorf("%w: host_file.path %s belongs to uid %d, not to the caller (uid %d)", errs.ErrPermissionDenied, real, sys.Uid, who.UID)
 	}
-	fsize := uint64(st.Size())
-	if offset%uint64(os.Getpagesize()) != 0 {
-		return nil, fmt.Errorf("%w: host_file.offset %d is not a multiple of the page size %d", errs.ErrInvalidArgument, offset, os.Getpagesize())
-	}
-	if offset >= fsize {
-		return nil, fmt.Errorf("%w: host_file.offset %d is at or past the end of %s (%d bytes)", errs.ErrInvalidArgument, offset, path, fsize)
-	}
-	if size == 0 {
-		size = fsize - offset
-	}
-	if size > fsize-offset {
-		return nil, fmt.Errorf("%w: host_file.size %d at offset %d runs past the end of %s (%d bytes)", errs.ErrInvalidArgument, size, offset, path, fsize)
+	if err := checkRange(path, uint64(st.Size()), offset, &size); err != nil {
+		return nil, err
 	}
 	mem, unmap, err := mapFile(f, offset, size)
 	if err != nil {
@@ -183,7 +180,7 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 		g.byKey[keyRef{k, reg.Key().Key}] = r
 	}
 	g.indexReadKeys(r)
-	if r.file != nil {
+	if r.file != nil && !r.sealed {
 		g.watchFile(r)
 	}
 	g.mu.Unlock()
@@ -354,6 +351,12 @@ func (g *Registry) Len() int {
 // Close releases every region, waiting for none: callers stop batches
 // first. Then the instance lock goes.
 func (g *Registry) Close() {
+	g.dep.mu.Lock()
+	for tok, d := range g.dep.byTok {
+		delete(g.dep.byTok, tok)
+		d.f.Close()
+	}
+	g.dep.mu.Unlock()
 	g.mu.Lock()
 	rs := make([]*Region, 0, len(g.byID))
 	for _, r := range g.byID {

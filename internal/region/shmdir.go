@@ -281,13 +281,20 @@ func mapFile(f *os.File, offset, size uint64) (memory.Memory, func() error, erro
 	if size > uint64(int(^uint(0)>>1)) {
 		return memory.Memory{}, nil, fmt.Errorf("%w: %d bytes cannot be mapped", errs.ErrInvalidArgument, size)
 	}
-	b, err := unix.Mmap(int(f.Fd()), int64(offset), int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	// No MAP_POPULATE: faulting every page in cost more than the rest of a
+	// registration (about 1 s a GiB of 4 KiB pages on a loaded 2-core host);
+	// the pages fault in on first use instead, and a transport that pins
+	// them (an RDMA MR) faults them in itself.
+	b, err := unix.Mmap(int(f.Fd()), int64(offset), int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		if errors.Is(err, unix.ENOMEM) {
 			return memory.Memory{}, nil, fmt.Errorf("%w: mmap %s (%d bytes): %v", errs.ErrResourceExhausted, f.Name(), size, err)
 		}
 		return memory.Memory{}, nil, fmt.Errorf("region: mmap %s (%d bytes at %d): %w", f.Name(), size, offset, err)
 	}
+	// Huge pages where the file system offers them on request (tmpfs
+	// huge=advise, shmem_enabled=advise): 512 times fewer faults.
+	_ = unix.Madvise(b, unix.MADV_HUGEPAGE)
 	m := memory.Memory{Kind: memory.Host, Addr: addrOf(b), Len: size, Host: b, DmabufFD: -1}
 	var once sync.Once
 	var uerr error

@@ -24,10 +24,11 @@ from .client import *  # noqa: F401,F403 - the names in client.__all__
 from .errors import *  # noqa: F401,F403 - the names in errors.__all__
 from . import views as _views
 from .views import *  # noqa: F401,F403 - as_array, as_tensor, block_offsets
+from ._memfd import HostBuffer, alloc_host  # noqa: F401 - memory this process allocates (docs/host-memory.md)
 from . import kv  # noqa: F401 - b2b.kv: KV-cache tensors to layouts (docs/kv.md)
 from . import stream  # noqa: F401 - b2b.stream: progress counters, layer marks (docs/kv.md)
 
 __version__ = "0.1.0"
 
 # One list per module, kept there; the package exports their union.
-__all__ = [*_client.__all__, *_errors.__all__, *_views.__all__, "__version__"]
+__all__ = [*_client.__all__, *_errors.__all__, *_views.__all__, "HostBuffer", "alloc_host", "__version__"]

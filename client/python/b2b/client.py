@@ -22,6 +22,7 @@ import numpy as np
 
 from . import _cuda
 from . import _many
+from . import _memfd
 from . import _ring_client
 from ._many import Blocks  # noqa: F401 - b2b.Blocks, for start_many
 from ._pack import (
@@ -416,6 +417,43 @@ class Client:
         )
         resp = self._call(self._stub.RegisterRegion, req, self.timeout)
         return self._map_host(resp.region, _dereg_default(deregister_on_close, persist))
+
+    def register_memfd(
+        self,
+        source: Any,
+        offset: int = 0,
+        size: int = 0,
+        export_name: Optional[str] = None,
+        *,
+        persist: bool = False,
+        deregister_on_close: Optional[bool] = None,
+        readers: Sequence[str] = (),
+        read_only: bool = False,
+        submit_socket: Optional[str] = None,
+    ) -> HostRegion:
+        """Register memory this process allocated: a :class:`b2b.HostBuffer`
+        (:func:`b2b.alloc_host`), a numpy view of one, or a memfd descriptor
+        sealed with ``F_SEAL_SHRINK`` (``size`` 0: to its end). The descriptor
+        goes to the daemon over its submit socket (``b2bd --submit-socket``;
+        ``submit_socket``, else ``$B2B_SUBMIT_SOCKET``, else ``submit.sock``
+        beside the API socket); nothing is copied. Memory that cannot be
+        shared (a plain numpy array) is refused, naming the allocator. Other
+        arguments as in :meth:`register_host`."""
+        return _memfd_register(self, source, offset, size, export_name, persist, deregister_on_close, readers, read_only, submit_socket, owns=False)
+
+    def alloc_host(self, size: int, export_name: Optional[str] = None, **kw: Any) -> HostRegion:
+        """:func:`b2b.alloc_host` then :meth:`register_memfd`: ``size`` bytes of
+        this process's memory as a region (``.array``, ``.buffer``); closing
+        the region closes the buffer. Registration costs no page faults."""
+        if kw.keys() - {"persist", "deregister_on_close", "readers", "read_only", "submit_socket"}:
+            raise TypeError(f"alloc_host: unexpected arguments {sorted(kw)}")
+        buf = _memfd.alloc_host(_uint("size", size))
+        try:
+            return _memfd_register(self, buf, 0, 0, export_name, kw.pop("persist", False), kw.pop("deregister_on_close", None),
+                                   kw.pop("readers", ()), kw.pop("read_only", False), kw.pop("submit_socket", None), owns=True)
+        except BaseException:
+            buf.close()
+            raise
 
     def _map_host(self, r: Any, deregister_on_close: bool) -> HostRegion:
         info = RegionInfo.from_proto(r)
@@ -982,6 +1020,35 @@ def _descriptors(d: Any, src_offsets: Any, dst_offsets: Any, lengths: Any, block
     if src_offsets is not None or dst_offsets is not None or lengths is not None or block_size is not None:
         raise TypeError(f"{what}: give either descriptors= or the offset arrays, not both")
     return d
+
+
+def _memfd_register(c: Client, source: Any, offset: int, size: int, export_name: Optional[str], persist: bool,
+                    deregister_on_close: Optional[bool], readers: Sequence[str], read_only: bool,
+                    submit_socket: Optional[str], owns: bool) -> HostRegion:
+    fd, buf = _memfd.resolve_source(source)
+    path = _memfd.submit_socket(c.address, submit_socket)
+    sock, token = _memfd.hand_over(path, fd, c.timeout)
+    with sock:  # open until RegisterRegion returned: the daemon drops a token whose socket closed
+        req = pb.RegisterRegionRequest(
+            host_file=pb.HostFile(path=f"{_memfd.TOKEN_PREFIX}{token:016x}", offset=_uint("offset", offset), size=_uint("size", size)),
+            export_name=export_name or "",
+            persist=bool(persist),
+            readers=_grants(readers),
+            read_only=bool(read_only),
+        )
+        resp = c._call(c._stub.RegisterRegion, req, c.timeout)
+    info = RegionInfo.from_proto(resp.region)
+    dereg = _dereg_default(deregister_on_close, persist)
+    if buf is None:  # a bare descriptor: map the registered range here
+        mm = mmap.mmap(fd, info.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=info.shm_offset)
+        region: HostRegion = HostRegion(c, info, mm, dereg)
+    elif info.shm_offset == 0 and info.size == buf.size:
+        region = _memfd.MemfdRegion(c, info, buf, owns, dereg)
+    else:
+        mm = mmap.mmap(buf.fd, info.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=info.shm_offset)
+        region = HostRegion(c, info, mm, dereg)
+    c._track(region)
+    return region
 
 
 def _uint(name: str, v: Any) -> int:
