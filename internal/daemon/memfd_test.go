@@ -26,11 +26,15 @@ const memfdBlocks, memfdBlock = 64, 4096
 
 // memfdPair is daemon a (with a submit socket) and b, b holding an
 // exported region "kv".
-func memfdPair(t *testing.T) (a, b *testNode, sock string, kv *client.HostRegion) {
+func memfdPair(t *testing.T, transport ...string) (a, b *testNode, sock string, kv *client.HostRegion) {
 	t.Helper()
+	kind := "tcp"
+	if len(transport) > 0 {
+		kind = transport[0]
+	}
 	sock = filepath.Join(t.TempDir(), "submit.sock")
-	a = startNode(t, "a", func(c *daemon.Config) { c.SubmitSocket = sock })
-	b = startNode(t, "b")
+	a = startNode(t, "a", func(c *daemon.Config) { c.SubmitSocket, c.Transport = sock, kind })
+	b = startNode(t, "b", func(c *daemon.Config) { c.Transport = kind })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var err error
@@ -69,7 +73,16 @@ func fillRandom(b []byte, seed uint64) {
 // from it lands at the peer, and every block a peer pushes into it shows
 // in the client's own mapping.
 func TestMemfdRegionMovesBlocks(t *testing.T) {
-	a, b, sock, kv := memfdPair(t)
+	for _, tk := range []struct {
+		flag string
+		kind b2bv1.TransportKind
+	}{{"tcp", b2bv1.TransportKind_TRANSPORT_KIND_TCP}, {"auto", b2bv1.TransportKind_TRANSPORT_KIND_LOCAL}} {
+		t.Run(tk.flag, func(t *testing.T) { memfdMovesBlocks(t, tk.flag, tk.kind) })
+	}
+}
+
+func memfdMovesBlocks(t *testing.T, flag string, kind b2bv1.TransportKind) {
+	a, b, sock, kv := memfdPair(t, flag)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	r, m, err := a.c.AllocHost(ctx, sock, 2*memfdBlocks*memfdBlock, "in")
@@ -82,14 +95,14 @@ func TestMemfdRegionMovesBlocks(t *testing.T) {
 	}
 	offs := memfdOffsets()
 	fillRandom(m.Bytes, 1)
-	if _, err := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: r.GetId(), Peer: b.d.PeerAddr(), DstRegion: "kv",
+	if _, err := a.c.BatchTransfer(ctx, client.Transfer{SrcRegion: r.GetId(), Peer: b.d.PeerAddr(), DstRegion: "kv", Transport: kind,
 		Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: memfdBlock}}); err != nil {
 		t.Fatal(err)
 	}
 	sameBlocks(t, "push from the memfd", m.Bytes, kv.Bytes, offs)
 
 	fillRandom(kv.Bytes, 2)
-	if _, err := b.c.BatchTransfer(ctx, client.Transfer{SrcRegion: kv.GetId(), Peer: a.d.PeerAddr(), DstRegion: "in",
+	if _, err := b.c.BatchTransfer(ctx, client.Transfer{SrcRegion: kv.GetId(), Peer: a.d.PeerAddr(), DstRegion: "in", Transport: kind,
 		Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: memfdBlock}}); err != nil {
 		t.Fatal(err)
 	}

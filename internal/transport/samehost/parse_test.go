@@ -2,7 +2,13 @@ package samehost
 
 import (
 	"bytes"
+	"os"
 	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/b2bd/b2bd/internal/memory"
 )
 
 func TestParseMapsLine(t *testing.T) {
@@ -120,4 +126,42 @@ func FuzzCheckEndpoint(f *testing.F) {
 	f.Fuzz(func(t *testing.T, boot, sock, tok string, dig []byte) {
 		_ = CheckEndpoint(endpoint(boot, sock, tok, dig))
 	})
+}
+
+// TestFindMappingOfMemfd: a client's memfd has no path ("/memfd:NAME
+// (deleted)" in the maps), so its file opens through the mapping; what
+// opened is the mapped inode, and a write through it shows in the mapping.
+func TestFindMappingOfMemfd(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("opening /proc/self/map_files needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN; not root")
+	}
+	fd, err := unix.MemfdCreate("b2b-test", unix.MFD_CLOEXEC)
+	if err != nil {
+		t.Skipf("memfd_create: %v", err)
+	}
+	defer unix.Close(fd)
+	const size = 1 << 16
+	if err := unix.Ftruncate(fd, size); err != nil {
+		t.Fatal(err)
+	}
+	b, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(b)
+	m := memory.Memory{Kind: memory.Host, Addr: uintptr(unsafe.Pointer(&b[0])), Len: size, Host: b}
+	f, off, err := openBacking(memory4(m, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if off != 4096 {
+		t.Fatalf("offset %d, want 4096", off)
+	}
+	if _, err := f.WriteAt([]byte("landed"), int64(off)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b[4096:4102], []byte("landed")) {
+		t.Fatalf("a write through the opened file does not show in the mapping: %q", b[4096:4102])
+	}
 }

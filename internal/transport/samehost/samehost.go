@@ -319,7 +319,15 @@ func openBacking(m memory.Memory) (*os.File, uint64, error) {
 	}
 	f, err := os.OpenFile(mp.path, os.O_RDWR, 0)
 	if err != nil {
-		return nil, 0, fmt.Errorf("samehost: open the region's file %s: %w", mp.path, err)
+		// A file with no path (a client's memfd, "/memfd:NAME (deleted)",
+		// or an unlinked file) opens through the mapping itself; that
+		// needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN, which a daemon
+		// run as root has. The inode check below still applies.
+		byMap := fmt.Sprintf("/proc/self/map_files/%x-%x", mp.start, mp.end)
+		var err2 error
+		if f, err2 = os.OpenFile(byMap, os.O_RDWR, 0); err2 != nil {
+			return nil, 0, fmt.Errorf("samehost: open the region's file %s: %w (and through %s: %v)", mp.path, err, byMap, err2)
+		}
 	}
 	if err := sameInode(f, mp); err != nil {
 		_ = f.Close()
