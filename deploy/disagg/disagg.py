@@ -9,6 +9,7 @@ answer in ``--request-timeout`` counts as hung.
 
     make disagg ARGS="--json out.json"            # every scenario, 512 requests each
     make test-disagg                              # the short form (fewer requests, exits 1 on a failure)
+    deploy/gpu/disagg-model.sh OUT                # --model llama: a real model's KV on GPUs (disagg_model.py)
 """
 
 from __future__ import annotations

@@ -174,7 +174,10 @@ def main(a: argparse.Namespace) -> int:
     plens = [rng.randint(a.min_prompt, min(a.max_prompt, a.model_max_positions - a.steps - 1)) for _ in range(a.requests)]
     alter = rng.randrange(a.requests)
     t0 = time.monotonic()
-    m = reference_model(a)
+    try:
+        m = reference_model(a)
+    except ImportError as e:
+        raise SystemExit(f"--model llama needs torch, transformers and a GPU (deploy/gpu/disagg-model.sh): {e}") from e
     refs = {i: m.reference(model_engine.prompt_tokens(i + 1, n, a.model_vocab)) for i, n in enumerate(plens)}
     ref_s = time.monotonic() - t0
     rows = []
