@@ -9,6 +9,7 @@ answer in ``--request-timeout`` counts as hung.
 
     make disagg ARGS="--json out.json"            # every scenario, 512 requests each
     make test-disagg                              # the short form (fewer requests, exits 1 on a failure)
+    deploy/gpu/disagg-model.sh OUT                # --model llama: a real model's KV on GPUs (disagg_model.py)
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ class Link:
 
 
 class Proc:
+    script = "engine.py"  # model_engine.py in --model llama
+
     def __init__(self, role: str, daemon: Daemon, args: List[str], workdir: str) -> None:
         self.role, self.daemon, self.args = role, daemon, args
         self.listen = os.path.join(workdir, f"{role}.engine.sock")
@@ -120,7 +123,7 @@ class Proc:
         # holding the old ids fails cleanly instead of reading new blocks.
         self.gen += 1
         self.engine_id = f"{self.role}-{self.gen}"
-        cmd = [sys.executable, os.path.join(HERE, "engine.py"), "--role", self.role, "--socket", self.daemon.socket,
+        cmd = [sys.executable, os.path.join(HERE, self.script), "--role", self.role, "--socket", self.daemon.socket,
                "--listen", self.listen, "--engine-id", self.engine_id] + self.args + list(extra)
         log = open(self.log, "ab")
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
@@ -415,7 +418,12 @@ def main() -> int:
     ap.add_argument("--request-timeout", type=float, default=60.0)
     ap.add_argument("--retries", type=int, default=3)
     ap.add_argument("--seed", type=int, default=2026)
+    import disagg_model
+
+    disagg_model.add_args(ap)
     a = ap.parse_args()
+    if a.model == "llama":  # a real model on GPUs: its own router (disagg_model.py)
+        return disagg_model.main(a)
     if a.short:
         a.requests, a.concurrency = min(a.requests, 48), min(a.concurrency, 16)
     todo = SCENARIOS

@@ -47,6 +47,8 @@ class Req:
 
 
 class Engine:
+    pool_cls: Any = Pool  # model_engine.py's engines keep their KV in a CUDA pool
+
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
         self.decode = a.role == "decode"
@@ -60,7 +62,7 @@ class Engine:
         self.sched = B2BConnector(mk(0), Role.SCHEDULER)
         self.clients = [b2b.Client(a.socket) for _ in range(a.tp)]
         hp = a.heads // a.tp
-        self.pools = [Pool(c, layers=a.layers, num_blocks=a.num_blocks, block_size=a.block_size, heads=hp,
+        self.pools = [self.pool_cls(c, layers=a.layers, num_blocks=a.num_blocks, block_size=a.block_size, heads=hp,
                            dim=a.dim, kv_layout=a.kv_layout, head0=r * hp) for r, c in enumerate(self.clients)]
         self.workers = [B2BConnector(mk(r), Role.WORKER, client=c) for r, c in enumerate(self.clients)]
         for w, p in zip(self.workers, self.pools):
@@ -305,7 +307,7 @@ class Engine:
                 self.wake.wait(0.0005 if self.loading or self.held else 0.002)
 
 
-def main() -> None:
+def main(make: Any = Engine, add_args: Any = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--role", choices=["prefill", "decode"], required=True)
     ap.add_argument("--engine-id", required=True)
@@ -323,8 +325,10 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--release-timeout", type=float, default=10.0)
     ap.add_argument("--load-timeout", type=float, default=10.0)
+    if add_args is not None:
+        add_args(ap)
     a = ap.parse_args()
-    e = Engine(a)
+    e = make(a)
     if os.path.exists(a.listen):
         os.unlink(a.listen)
     listener = Listener(a.listen, family="AF_UNIX", authkey=AUTH)
