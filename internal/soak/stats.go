@@ -56,6 +56,11 @@ type stats struct {
 	cancelOverruns                  atomic.Uint64
 	worstCancel                     atomic.Int64
 	checks                          atomic.Uint64
+	// The two-host form's: DONE transfers whose remote destination could
+	// not be read (an invariant), pulls skipped with the wire down, cut
+	// transfers' re-checks lost (the remote region went) and remote
+	// snapshots taken only once the wire was back.
+	unverified, skippedWire, recheckLost, snapshotLate atomic.Uint64
 
 	vmu        sync.Mutex
 	violations []Violation
