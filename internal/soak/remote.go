@@ -163,8 +163,8 @@ func runRemote(ctx context.Context, cfg Config, log hclog.Logger) (*Report, erro
 	pingers.Add(1)
 	go func() { defer pingers.Done(); ph.pinger(pctx, mon) }()
 
-	log.Info("warm-up", "for", warmup, "remote", ph.name, "peer", ph.peer, "transport", cfg.Transport)
-	s.remoteTraffic(ctx, ph, warmup, false)
+	log.Info("warm-up", "up to", remoteWarmup, "remote", ph.name, "peer", ph.peer, "transport", cfg.Transport)
+	s.remoteTraffic(ctx, ph, remoteWarmup, false)
 	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
@@ -290,8 +290,17 @@ func (s *soak) remoteTraffic(ctx context.Context, ph *peerHost, d time.Duration,
 			s.mid[dm.name] = dm.sample(ctx)
 		}
 		d -= d / 3
+		sleep(ctx, d)
+	} else {
+		// The warm-up lasts until every worker has set up (a seed push of
+		// 2 MiB takes seconds between emulated hosts) and moved blocks,
+		// so that the baseline holds the data paths the run keeps.
+		stopAt := time.Now().Add(d)
+		for ctx.Err() == nil && time.Now().Before(stopAt) && !allWarm(workers) {
+			sleep(ctx, 200*time.Millisecond)
+		}
+		sleep(ctx, time.Second)
 	}
-	sleep(ctx, d)
 	stopChaos()
 	<-chaosDone
 	stop()
@@ -304,6 +313,18 @@ func (s *soak) remoteTraffic(ctx context.Context, ph *peerHost, d time.Duration,
 		s.log.Error("workers did not stop within two minutes")
 		return len(workers)
 	}
+}
+
+// remoteWarmup bounds the two-host form's warm-up (allWarm ends it).
+const remoteWarmup = time.Minute
+
+func allWarm(ws []*rworker) bool {
+	for _, w := range ws {
+		if w.moved.Load() < 2 {
+			return false
+		}
+	}
+	return true
 }
 
 // settleRemote is settle's two-host form: the local daemons as settle

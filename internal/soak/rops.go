@@ -215,6 +215,7 @@ func (w *rworker) finish(c rcall, x *rxfer, err error) {
 	if err == nil {
 		ks.done.Add(1)
 		st.checks.Add(1)
+		w.moved.Add(1)
 		w.verify(x, around)
 		return
 	}

@@ -59,6 +59,7 @@ type rworker struct {
 	plan     *client.Plan
 	quar     []rquar
 	late     []overrun
+	moved    atomic.Uint64 // DONE transfers (the warm-up waits for them)
 }
 
 // rquar is a cut transfer's destination blocks (local for a pull, remote
