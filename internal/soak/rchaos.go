@@ -44,7 +44,7 @@ func (s *soak) remoteChaosLoop(ctx context.Context, ph *peerHost, workers []*rwo
 			go func() {
 				defer wg.Done()
 				defer busy[i].Store(false)
-				s.killRestart(s.daemons[i], pause/2)
+				s.killRestartLinked(s.daemons[i], ph, pause/2)
 			}()
 		case ChaosWorker:
 			workers[r.IntN(len(workers))].kill()
@@ -70,10 +70,43 @@ func (s *soak) remoteChaosLoop(ctx context.Context, ph *peerHost, workers []*rwo
 	}
 }
 
+// killRestartLinked is killRestart for a daemon whose transport needs the
+// link: b2bd --transport verbs refuses to start while its RDMA port is
+// down, so the kill may come during a flap, the restart only once the link
+// is back (and no flap starts during the start-up).
+func (s *soak) killRestartLinked(d *daemon, ph *peerHost, pause time.Duration) {
+	d.beginChaos()
+	defer d.endChaos()
+	d.kill9()
+	time.Sleep(pause)
+	ph.linkMu.Lock()
+	defer ph.linkMu.Unlock()
+	var err error
+	for try := 0; try < 3; try++ {
+		if s.cfg.Netdev != "" {
+			if err = waitLink(s.cfg.Netdev, s.cfg.RDMADevice, 30*time.Second); err != nil {
+				break
+			}
+		}
+		if err = d.start(context.Background()); err == nil {
+			return
+		}
+		s.chaosMu.Lock()
+		s.restartErrs = append(s.restartErrs, fmt.Sprintf("%s: %v", d.name, err))
+		s.chaosMu.Unlock()
+		d.kill9()
+	}
+	s.crashMu.Lock()
+	s.crashes = append(s.crashes, Crash{Daemon: d.name, Exit: "restart failed: " + err.Error(), At: time.Now().UTC().Format(time.RFC3339Nano)})
+	s.crashMu.Unlock()
+}
+
 // flap takes the wire down for outage, brings it up, pins the peer's
 // neighbour entry again and waits until the wire and the RDMA port are
 // back (30 s at most).
 func (s *soak) flap(ph *peerHost, outage time.Duration) error {
+	ph.linkMu.Lock()
+	defer ph.linkMu.Unlock()
 	ph.wireChaos.Add(1)
 	ph.wireEpoch.Add(1)
 	ph.flaps.Add(1)

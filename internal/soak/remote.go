@@ -31,6 +31,7 @@ type peerHost struct {
 	peer string // its peer address, from its Status
 	ping *series
 
+	linkMu    sync.Mutex    // a flap, or a local daemon's start-up (which needs the link up)
 	wireChaos atomic.Int32  // link flaps in progress (with their grace)
 	wireEpoch atomic.Uint64 // moves at each flap's start and end
 	flaps     atomic.Uint64
