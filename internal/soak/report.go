@@ -83,6 +83,7 @@ type Detail struct {
 	SkippedWire  uint64 `json:"pulls_skipped_wire_down,omitempty"`
 	RecheckLost  uint64 `json:"cut_rechecks_lost,omitempty"`
 	SnapshotLate uint64 `json:"cut_snapshots_after_wire_back,omitempty"`
+	WithinMargin uint64 `json:"answers_past_100ms_within_margin,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -113,7 +114,8 @@ func (s *soak) fill(rep *Report) {
 		Relayouts: st.relayouts.Load(), Narrows: st.narrows.Load(), MarginBaseMS: 100,
 		SchedMaxDelayMS: ms(s.sched.maxDelay()), WorstLateCleanMS: ms(time.Duration(st.worstLate.Load())),
 		PingMaxMS: s.pingMax(), SkippedWire: st.skippedWire.Load(), RecheckLost: st.recheckLost.Load(), SnapshotLate: st.snapshotLate.Load(),
-		Layouts: "not counted by the daemon; a leaked layout holds its regions, which are counted",
+		WithinMargin: st.withinMargin.Load(),
+		Layouts:      "not counted by the daemon; a leaked layout holds its regions, which are counted",
 	}
 	st.vmu.Lock()
 	rep.Violations = append([]Violation(nil), st.violations...)

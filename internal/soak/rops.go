@@ -205,6 +205,9 @@ func (w *rworker) finish(c rcall, x *rxfer, err error) {
 		w.late = append(w.late, o)
 	} else if !localHit && !wireHit {
 		st.noteLate(now.Sub(c.due))
+		if now.Sub(c.due) > 100*time.Millisecond {
+			st.withinMargin.Add(1)
+		}
 	}
 	if !c.cancelAt.IsZero() && !localHit && !wireHit {
 		if slack, _ := w.s.sched.slack(c.start, now, o.ping...); now.Sub(c.cancelAt) > slack {

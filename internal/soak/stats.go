@@ -61,6 +61,7 @@ type stats struct {
 	// transfers' re-checks lost (the remote region went) and remote
 	// snapshots taken only once the wire was back.
 	unverified, skippedWire, recheckLost, snapshotLate atomic.Uint64
+	withinMargin                                       atomic.Uint64 // clean answers past deadline + 100 ms, within the measured margin
 
 	vmu        sync.Mutex
 	violations []Violation
