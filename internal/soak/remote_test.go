@@ -207,23 +207,28 @@ func TestRemoteQuarantine(t *testing.T) {
 
 // TestRemoteDeadlineLinkFlap: the local daemon answers, so a link flap
 // during the call does not excuse an answer past its deadline; the own
-// daemon's kill does.
+// daemon's kill does. The remote daemon's answer (its push or pull) is
+// excused by a flap, which it crosses, not by its peer's kill.
 func TestRemoteDeadlineLinkFlap(t *testing.T) {
 	cases := []struct {
-		name             string
-		late             time.Duration
-		flap, own        bool
-		clean, link, ocn uint64
+		name                  string
+		viaRemote             bool
+		late                  time.Duration
+		flap, own             bool
+		clean, link, ocn, ans uint64
 	}{
-		{"on time", 0, false, false, 0, 0, 0},
-		{"late", 300 * time.Millisecond, false, false, 1, 0, 0},
-		{"late, link flapped", 300 * time.Millisecond, true, false, 0, 1, 0},
-		{"late, own daemon killed", 300 * time.Millisecond, false, true, 0, 0, 1},
+		{"on time", false, 0, false, false, 0, 0, 0, 0},
+		{"late", false, 300 * time.Millisecond, false, false, 1, 0, 0, 0},
+		{"late, link flapped", false, 300 * time.Millisecond, true, false, 0, 1, 0, 0},
+		{"late, own daemon killed", false, 300 * time.Millisecond, false, true, 0, 0, 1, 0},
+		{"remote's answer late", true, 300 * time.Millisecond, false, false, 1, 0, 0, 0},
+		{"remote's answer late, its peer killed", true, 300 * time.Millisecond, false, true, 0, 1, 0, 0},
+		{"remote's answer late across a flap", true, 300 * time.Millisecond, true, false, 0, 0, 0, 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			w, _ := testRemoteWorker(t)
-			x := &rxfer{kind: "pull", read: true}
+			x := &rxfer{kind: "pull", read: true, viaRemote: c.viaRemote}
 			if !w.blocks(x) || !w.source(x) {
 				t.Fatal("no transfer drawn")
 			}
@@ -237,8 +242,9 @@ func TestRemoteDeadlineLinkFlap(t *testing.T) {
 			w.finish(call, x, status.Error(codes.Unavailable, "link down"))
 			w.judgeLate(true)
 			st := w.s.stats
-			if st.overruns.Load() != c.clean || st.overrunsPeerChaos.Load() != c.link || st.overrunsLocalChaos.Load() != c.ocn {
-				t.Fatalf("overruns clean %d, link %d, own %d; want %d, %d, %d", st.overruns.Load(), st.overrunsPeerChaos.Load(), st.overrunsLocalChaos.Load(), c.clean, c.link, c.ocn)
+			if st.overruns.Load() != c.clean || st.overrunsPeerChaos.Load() != c.link || st.overrunsLocalChaos.Load() != c.ocn || st.overrunsAnswerWire.Load() != c.ans {
+				t.Fatalf("overruns clean %d, chaos %d, own %d, answer across a flap %d; want %d, %d, %d, %d", st.overruns.Load(), st.overrunsPeerChaos.Load(),
+					st.overrunsLocalChaos.Load(), st.overrunsAnswerWire.Load(), c.clean, c.link, c.ocn, c.ans)
 			}
 		})
 	}

@@ -84,6 +84,9 @@ type Detail struct {
 	RecheckLost  uint64 `json:"cut_rechecks_lost,omitempty"`
 	SnapshotLate uint64 `json:"cut_snapshots_after_wire_back,omitempty"`
 	WithinMargin uint64 `json:"answers_past_100ms_within_margin,omitempty"`
+	// The remote daemon's answers past the slack whose way back was down
+	// meanwhile (not counted: no answer crosses a wire that is down).
+	OverrunsAnswerWire uint64 `json:"deadline_overruns_remote_answer_link_down,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -114,8 +117,8 @@ func (s *soak) fill(rep *Report) {
 		Relayouts: st.relayouts.Load(), Narrows: st.narrows.Load(), MarginBaseMS: 100,
 		SchedMaxDelayMS: ms(s.sched.maxDelay()), WorstLateCleanMS: ms(time.Duration(st.worstLate.Load())),
 		PingMaxMS: s.pingMax(), SkippedWire: st.skippedWire.Load(), RecheckLost: st.recheckLost.Load(), SnapshotLate: st.snapshotLate.Load(),
-		WithinMargin: st.withinMargin.Load(),
-		Layouts:      "not counted by the daemon; a leaked layout holds its regions, which are counted",
+		WithinMargin: st.withinMargin.Load(), OverrunsAnswerWire: st.overrunsAnswerWire.Load(),
+		Layouts: "not counted by the daemon; a leaked layout holds its regions, which are counted",
 	}
 	st.vmu.Lock()
 	rep.Violations = append([]Violation(nil), st.violations...)

@@ -15,7 +15,7 @@ import (
 var rkinds = []struct {
 	name   string
 	weight int
-}{{"push", 25}, {"pull", 25}, {"async_wait", 15}, {"async_cancel", 10}, {"prepared", 15}}
+}{{"push", 20}, {"pull", 20}, {"async_wait", 12}, {"async_cancel", 8}, {"prepared", 12}, {"remote_push", 14}, {"remote_pull", 14}}
 
 func (w *rworker) pickKind() string {
 	t := 0
@@ -90,7 +90,8 @@ func (w *rworker) source(x *rxfer) bool {
 
 func (w *rworker) transferOnce() {
 	kind := w.pickKind()
-	x := &rxfer{kind: kind, read: kind == "pull" || (kind == "async_wait" || kind == "async_cancel") && w.r.IntN(2) == 0}
+	x := &rxfer{kind: kind, read: kind == "pull" || kind == "remote_push" || (kind == "async_wait" || kind == "async_cancel") && w.r.IntN(2) == 0,
+		viaRemote: kind == "remote_push" || kind == "remote_pull"}
 	if kind == "prepared" {
 		if w.plan == nil || w.busy(false, 0) || w.busy(true, 0) {
 			return
@@ -100,7 +101,7 @@ func (w *rworker) transferOnce() {
 	} else if !w.blocks(x) {
 		return
 	}
-	if x.read && x.kind != "pull" {
+	if x.read && x.kind != "pull" && !x.viaRemote {
 		x.kind += "_pull"
 	}
 	if !w.source(x) {
@@ -113,6 +114,15 @@ func (w *rworker) transferOnce() {
 	}
 	ca := w.ca
 	switch kind {
+	case "remote_push", "remote_pull":
+		peer, _, _ := w.a.current()
+		rt := client.Transfer{SrcRegion: w.remID, Peer: peer, DstRegion: w.export, Transport: w.transportKind(),
+			Blocks: client.Descriptors{Src: x.roffs, Dst: x.loffs, BlockLength: x.n}}
+		if kind == "remote_pull" {
+			rt.Op = opRead
+		}
+		cb := w.cb
+		w.syncCall(x, func(ctx context.Context) error { _, err := cb.BatchTransfer(ctx, rt); return err })
 	case "push", "pull":
 		w.syncCall(x, func(ctx context.Context) error { _, err := ca.BatchTransfer(ctx, t); return err })
 	case "prepared":
@@ -201,6 +211,11 @@ func (w *rworker) finish(c rcall, x *rxfer, err error) {
 	}
 	o := overrun{kind: x.kind, start: c.start, end: now, due: c.due, localHit: localHit, peerHit: wireHit, err: err,
 		ping: []*series{w.a.ping}, around: around}
+	if x.viaRemote {
+		// The remote daemon answers across the wire: not while it is down
+		// (apart), but with the local daemon, its peer, killed it must.
+		o.localHit, o.peerHit, o.answerWire, o.ping = wireHit, localHit, wireHit, []*series{w.b.ping}
+	}
 	if slack, _ := w.s.sched.slack(c.start, now, o.ping...); now.Sub(c.due) > slack {
 		w.late = append(w.late, o)
 	} else if !localHit && !wireHit {
@@ -338,11 +353,13 @@ func (w *rworker) judgeLate(all bool) {
 			if !o.localHit && !o.peerHit {
 				st.noteLate(over)
 			}
+		case o.answerWire:
+			st.overrunsAnswerWire.Add(1)
 		case o.localHit:
 			st.overrunsLocalChaos.Add(1)
 		case o.peerHit:
 			st.overrunsPeerChaos.Add(1)
-			st.violation("deadline_overrun_link_flap", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v; %s): %v",
+			st.violation("deadline_overrun_chaos", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v; %s): %v",
 				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), o.around, o.err)
 		default:
 			st.overruns.Add(1)

@@ -82,7 +82,8 @@ type rquar struct {
 // source blocks' digests.
 type rxfer struct {
 	kind         string
-	read         bool
+	read         bool // the destination is local (a pull, or the remote daemon's push)
+	viaRemote    bool // the remote daemon runs it, called across the wire
 	lslot, rslot int
 	loffs, roffs []uint64
 	n            uint64
@@ -188,7 +189,8 @@ func (w *rworker) setup(ctx context.Context) error {
 	if w.locPath, err = makeFile(w.a.shm, w.export); err != nil {
 		return err
 	}
-	if w.loc, err = ca.ImportHostFile(ctx, w.locPath, 0, regionSize, ""); err != nil {
+	// Exported too: the remote daemon pushes into it and pulls from it.
+	if w.loc, err = ca.ImportHostFile(ctx, w.locPath, 0, regionSize, w.export, client.Readers("*")); err != nil {
 		return fmt.Errorf("import %s: %w", w.locPath, err)
 	}
 	resp, err := cb.API().RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{

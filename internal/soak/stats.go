@@ -62,6 +62,7 @@ type stats struct {
 	// snapshots taken only once the wire was back.
 	unverified, skippedWire, recheckLost, snapshotLate atomic.Uint64
 	withinMargin                                       atomic.Uint64 // clean answers past deadline + 100 ms, within the measured margin
+	overrunsAnswerWire                                 atomic.Uint64 // the remote daemon's answers past the slack with the wire down meanwhile
 
 	vmu        sync.Mutex
 	violations []Violation
