@@ -133,7 +133,7 @@ func remoteDefaults(fs *flag.FlagSet, c *Config, chaos *string) {
 		*chaos = strings.Join(remoteChaos, ",")
 	}
 	if !set["chaos-every"] {
-		c.Every = 3 * time.Second
+		c.Every = 2 * time.Second
 	}
 	if !set["settle"] {
 		c.Settle = 30 * time.Second

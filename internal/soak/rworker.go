@@ -36,6 +36,8 @@ const (
 	planBlock   = 512
 )
 
+var errDaemonDown = errors.New("the local daemon is down")
+
 type rworker struct {
 	id   int
 	s    *soak
@@ -130,6 +132,10 @@ func (w *rworker) run(ctx context.Context) {
 		if !w.ready || w.stale() {
 			w.teardown()
 			if err := w.setup(ctx); err != nil {
+				if errors.Is(err, errDaemonDown) {
+					sleep(ctx, 100*time.Millisecond) // the chaos loop restarts it
+					continue
+				}
 				if ctx.Err() == nil {
 					w.s.stats.setupErrors.Add(1)
 					w.s.stats.errCode("setup", status.Code(err).String(), err)
@@ -167,7 +173,7 @@ func (w *rworker) kill() {
 func (w *rworker) setup(ctx context.Context) error {
 	_, ga, upA := w.a.current()
 	if !upA {
-		return errors.New("the local daemon is down")
+		return errDaemonDown
 	}
 	ctx, cancel := context.WithTimeout(ctx, 4*rCallLimit)
 	defer cancel()
