@@ -220,8 +220,17 @@ func (w *rworker) finish(c rcall, x *rxfer, err error) {
 		w.late = append(w.late, o)
 	} else if !localHit && !wireHit {
 		st.noteLate(now.Sub(c.due))
-		if now.Sub(c.due) > 100*time.Millisecond {
+		if over := now.Sub(c.due); over > 100*time.Millisecond {
 			st.withinMargin.Add(1)
+			slack, _ := w.s.sched.slack(c.start, now, o.ping...)
+			var ping time.Duration
+			for _, p := range o.ping {
+				ping = max(ping, p.worst(c.start, now))
+			}
+			st.violation("answer past 100 ms within the margin (not counted)", x.kind, w.id,
+				"answered %v after its deadline of %v, allowed %v: this process's scheduling delay around it %v, the answering daemon's Ping %v (%s): %v",
+				over.Round(time.Millisecond), c.due.Sub(c.start).Round(time.Millisecond), slack.Round(time.Millisecond),
+				w.s.sched.worst(c.start, now).Round(time.Millisecond), ping.Round(time.Millisecond), around, err)
 		}
 	}
 	if !c.cancelAt.IsZero() && !localHit && !wireHit {
