@@ -425,7 +425,7 @@ print("  cut transfers re-checked %d (lost %d); worst answer past deadline %.0f 
     d.get("cut_transfers_rechecked", 0), d.get("cut_rechecks_lost", 0), d.get("worst_answer_past_deadline_ms", 0),
     d.get("answers_past_100ms_within_margin", 0), d.get("sched_delay_max_ms", 0)))
 for v in r.get("violations") or []:
-    print("  violation %s %s: %s" % (v["invariant"], v["kind"], v["detail"]))
+    print("  %s %s %s: %s" % ("note" if "(not counted)" in v["invariant"] else "VIOLATION", v["invariant"], v["kind"], v["detail"]))
 for c in r.get("crash_list") or []:
     print("  crash %s: %s" % (c["daemon"], c["exit"]))
 for l in r.get("leak_list") or []:
