@@ -140,7 +140,8 @@ test-disagg: build
 # moving small verified batches of every kind, while daemons are killed, frozen and restarted, clients killed,
 # region files truncated, layouts reshaped and grants narrowed; exits non-zero when an invariant broke.
 # make soak ARGS="--duration 20m --json soak.json". test-soak is its 60 s form (part of make test), with
-# the chaos mix less SIGSTOP (kill,worker,truncate,layout,narrow): make soak runs all six.
+# the chaos mix less SIGSTOP (kill,worker,truncate,layout,narrow): make soak runs all six. Its two-host form
+# over verbs (--remote-api; kill -9, worker kills, link flaps) runs in test-rdma's VMs (B2B_RDMA_SOAK=0 skips).
 soak: build
 	$(BIN)/b2b-soak --b2bd $(BIN)/b2bd $(ARGS)
 

@@ -117,6 +117,31 @@ if [ "$B2B_ROLE" = a ]; then
 	fi
 fi
 
+# ---- 2b. the chaos soak's two-host form over verbs (A, against B's daemon; docs/soak.md) -------------------------
+if [ "$B2B_ROLE" = a ]; then
+	if [ "${SOAK:-0}" = 1 ]; then
+		deadline=$((SECONDS + 300))
+		until (exec 3<>"/dev/tcp/$B2B_PEER_IP/7480") 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; do sleep 0.3; done
+		log "chaos soak over verbs for $SOAK_DURATION (b2b-soak --remote-api $B2B_PEER_IP:7480)"
+		src=0
+		# shellcheck disable=SC2086 # SOAK_ARGS: word splitting wanted
+		"$SOAK_BIN" --b2bd "$B2BD" --remote-api "$B2B_PEER_IP:7480" --self "$B2B_SELF_IP" --transport verbs --rdma-device "$dev" \
+			--netdev eth0 --neigh "$B2B_PEER_IP=$peer_mac" --tls-cert "$certs/a.pem" --tls-key "$certs/a-key.pem" --tls-ca "$certs/ca.pem" \
+			--duration "$SOAK_DURATION" --json "$B2B_OUT/soak-verbs.json" --keep $SOAK_ARGS >"$B2B_OUT/soak-verbs.log" 2>&1 || src=$?
+		# The local daemons' logs (--keep leaves them in the state directory the report names).
+		sd=$(sed -n 's/.*"state_dir": "\(.*\)".*/\1/p' "$B2B_OUT/soak-verbs.json" 2>/dev/null | head -n 1)
+		if [ -n "$sd" ]; then
+			for f in "$sd"/*.log; do [ -f "$f" ] && cp "$f" "$B2B_OUT/soak-daemon-${f##*/}"; done
+			rm -rf "$sd"
+		fi
+		tail -n 1 "$B2B_OUT/soak-verbs.log" || true
+		echo "$src" >"$B2B_OUT/soak.rc"
+		[ "$src" = 0 ] || log "chaos soak over verbs FAILED (rc $src; $B2B_OUT/soak-verbs.log)"
+	else
+		echo skipped >"$B2B_OUT/soak.rc"
+	fi
+fi
+
 # ---- 3. daemons ---------------------------------------------------------------------------------------------
 daemon_args=(--node-name "$B2B_ROLE" --socket /run/b2bd.sock --shm-dir /dev/shm/b2bd
 	--peer-listen "$B2B_SELF_IP:7470" --data-listen "$B2B_SELF_IP:7471" --transport auto --log-level warn
@@ -210,6 +235,9 @@ trap 'touch "$B2B_OUT/bench.done"; stop_daemon' EXIT
 # A's fault cases use this daemon first; A's own daemon comes up after them.
 deadline=$((SECONDS + FAULT_TIMEOUT + 60))
 until [ -e "$B2B_OUT/faults.rc" ] || [ "$SECONDS" -ge "$deadline" ]; do sleep 0.5; done
+# Then A's chaos soak (section 2b), which uses this daemon too.
+deadline=$((SECONDS + 1800))
+until [ -e "$B2B_OUT/soak.rc" ] || [ "${SOAK:-0}" != 1 ] || [ "$SECONDS" -ge "$deadline" ]; do sleep 0.5; done
 wait_port "$B2B_PEER_IP" 7480 120 || {
 	log "the destination daemon's API never answered"
 	exit 1

@@ -53,6 +53,12 @@
 #   B2B_RDMA_B2BD, B2B_RDMA_BENCH   prebuilt binaries to use instead of building ./cmd/b2bd, ./cmd/b2b-bench
 #   B2B_RDMA_DAEMON_ARGS  extra b2bd flags for both daemons (e.g. "--qps-per-peer=4")
 #   B2B_RDMA_OUT          output directory (default .cache/rdma-testbed/test-rdma/<time>)
+#   B2B_RDMA_SOAK         1 (default) runs the chaos soak's two-host form in A after the fault cases (b2b-soak
+#                         --remote-api B: two local daemons over verbs pushing to and pulling from B's, with kill -9
+#                         of a local daemon, worker kills and link flaps of A's eth0; docs/soak.md); its report is
+#                         soak-verbs.json in the output's run/, and any non-zero invariant fails the run; 0 skips
+#   B2B_RDMA_SOAK_DURATION  its traffic time (default 60s; set-up and settling add about 30 s)
+#   B2B_RDMA_SOAK_ARGS    extra b2b-soak flags (e.g. "--workers 6 --chaos-every 2s --seed 1")
 # Exit status: 0 when every size moved and verified over verbs; 1 otherwise.
 set -euo pipefail
 
@@ -97,6 +103,11 @@ if [ ! -x "$OUT/bin/verbs.test" ]; then # the READ harness and the conformance s
 	(cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go test -c -o "$OUT/bin/verbs.test" ./internal/transport/verbs) || die "build of the verbs tests failed"
 	B2BD=${B2BD:-$OUT/bin/b2bd}
 	BENCH=${BENCH:-$OUT/bin/b2b-bench}
+fi
+# The soak's two-host form (no cgo: it only drives daemons), for A.
+SOAK=${B2B_RDMA_SOAK:-1}
+if [ "$SOAK" = 1 ]; then
+	(cd "$REPO" && CGO_ENABLED=0 GOAMD64=v1 go build -o "$OUT/bin/" ./cmd/b2b-soak) || die "build of b2b-soak failed"
 fi
 # The VMs see the host's root, but not its private /tmp: run copies from the output directory.
 for v in B2BD BENCH; do
@@ -149,6 +160,13 @@ FAULT_LOAD=${B2B_RDMA_FAULT_LOAD:-32x200}
 FAULT_TIMEOUT=$((TIMEOUT * 6 / 10))
 KV=${B2B_RDMA_KV:-1}
 KV_ARGS="${B2B_RDMA_KV_ARGS:---kv-segments 16 --kv-pool 256 --kv-request 64 --repeat 3 --op both}"
+EOF
+# The soak's parameters (test-rdma-vm.sh, section 2b).
+cat >>"$OUT/run/params.env" <<EOF
+SOAK=$SOAK
+SOAK_BIN=$OUT/bin/b2b-soak
+SOAK_DURATION=${B2B_RDMA_SOAK_DURATION:-60s}
+SOAK_ARGS="${B2B_RDMA_SOAK_ARGS:-}"
 EOF
 say "sizes ${SIZES} with blocks ${blocks_list[*]}, $REPS rounds of $ITERS timed batches each; smp $SMP; output $OUT"
 
@@ -383,6 +401,42 @@ fi
 
 if [ "${B2B_RDMA_RAILS:-1}" = 1 ]; then
 	B2B_RAILS_OUT="$OUT/rails" B2B_RDMA_B2BD="$B2BD" "$HERE/test-rails.sh" || rc=1 # two RDMA devices per VM (rails)
+fi
+
+# The chaos soak over verbs (A, section 2b): its one-line outcome and invariants from soak-verbs.json.
+if [ "$SOAK" = 1 ]; then
+	echo
+	echo "chaos soak over verbs ($OUT/run/soak-verbs.json):"
+	python3 - "$OUT/run/soak-verbs.json" <<'EOF' || rc=1
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print("  no report: %s" % e)
+    sys.exit(1)
+inv = ["false_successes", "grant_violations", "late_bytes", "deadline_overruns", "crashes", "leaks", "faults", "hung_workers", "unverified_done"]
+d = r.get("detail", {})
+print("  %s, %.0f s, seed %d: %d transfers (%.1f/s), %d done (verified), %d cancelled (%d deadline), %d failed; chaos %s" % (
+    r.get("mode", "?"), r.get("duration_s", 0), r.get("seed", 0), r.get("transfers", 0), r.get("transfers_per_s", 0), r.get("done", 0),
+    r.get("cancelled", 0), r.get("deadline_exceeded", 0), r.get("failed", 0),
+    " ".join("%s:%d" % kv for kv in sorted(r.get("chaos_actions", {}).items()))))
+print("  " + " ".join("%s=%d" % (k, r.get(k, 0)) for k in inv))
+print("  cut transfers re-checked %d (lost %d); worst answer past deadline %.0f ms (%d past 100 ms, within the measured margin), sched delay max %.0f ms" % (
+    d.get("cut_transfers_rechecked", 0), d.get("cut_rechecks_lost", 0), d.get("worst_answer_past_deadline_ms", 0),
+    d.get("answers_past_100ms_within_margin", 0), d.get("sched_delay_max_ms", 0)))
+for v in r.get("violations") or []:
+    print("  %s %s %s: %s" % ("note" if "(not counted)" in v["invariant"] else "VIOLATION", v["invariant"], v["kind"], v["detail"]))
+for c in r.get("crash_list") or []:
+    print("  crash %s: %s" % (c["daemon"], c["exit"]))
+for l in r.get("leak_list") or []:
+    print("  leak %s %s: %d -> %d (allowed %d)" % (l["daemon"], l["resource"], l["baseline"], l["end"], l["allowed"]))
+sys.exit(1 if any(r.get(k, 0) for k in inv) else 0)
+EOF
+	if [ "$(cat "$OUT/run/soak.rc" 2>/dev/null)" != 0 ]; then
+		say "chaos soak over verbs FAILED (rc $(cat "$OUT/run/soak.rc" 2>/dev/null || echo none); $OUT/run/soak-verbs.log):"
+		tail -n 20 "$OUT/run/soak-verbs.log" 2>/dev/null || true
+		rc=1
+	fi
 fi
 
 if [ "$rc" != 0 ]; then

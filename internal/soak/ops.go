@@ -396,6 +396,7 @@ type overrun struct {
 	kind              string
 	start, end, due   time.Time
 	localHit, peerHit bool
+	answerWire        bool // the two-host form: the answer crossed a wire that went down
 	peerWhat          string
 	around            string // pair, transport and both daemons' chaos during the call
 	err               error

@@ -12,6 +12,7 @@ import (
 // FalseSuccesses, GrantViolations, LateBytes, DeadlineOverruns, Crashes,
 // len(Leaks), Faults and HungWorkers: any non-zero fails the run.
 type Report struct {
+	Mode       string   `json:"mode,omitempty"` // "two-host verbs" for the two-host form; empty: loopback
 	Seed       uint64   `json:"seed"`
 	Seconds    float64  `json:"duration_s"`
 	Daemons    int      `json:"daemons"`
@@ -39,6 +40,7 @@ type Report struct {
 	LeakCount        int    `json:"leaks"`
 	Faults           uint64 `json:"faults"`
 	HungWorkers      int    `json:"hung_workers"`
+	Unverified       uint64 `json:"unverified_done,omitempty"` // the two-host form: DONE but the remote destination unreadable
 
 	Detail Detail `json:"detail"`
 
@@ -77,6 +79,14 @@ type Detail struct {
 	WorstLateCleanMS   float64            `json:"worst_answer_past_deadline_ms"`
 	PingMaxMS          map[string]float64 `json:"ping_max_ms"`
 	Layouts            string             `json:"layouts"`
+	// The two-host form's.
+	SkippedWire  uint64 `json:"pulls_skipped_wire_down,omitempty"`
+	RecheckLost  uint64 `json:"cut_rechecks_lost,omitempty"`
+	SnapshotLate uint64 `json:"cut_snapshots_after_wire_back,omitempty"`
+	WithinMargin uint64 `json:"answers_past_100ms_within_margin,omitempty"`
+	// The remote daemon's answers past the slack whose way back was down
+	// meanwhile (not counted: no answer crosses a wire that is down).
+	OverrunsAnswerWire uint64 `json:"deadline_overruns_remote_answer_link_down,omitempty"`
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -94,6 +104,7 @@ func (s *soak) fill(rep *Report) {
 	rep.FalseSuccesses, rep.GrantViolations, rep.LateBytes = st.falseSuccess.Load(), st.grantViolations.Load(), st.lateBytes.Load()
 	rep.DeadlineOverruns = st.overruns.Load() + st.overrunsPeerChaos.Load()
 	rep.Faults = st.faults.Load()
+	rep.Unverified = st.unverified.Load()
 	s.crashMu.Lock()
 	rep.CrashList = append([]Crash(nil), s.crashes...)
 	s.crashMu.Unlock()
@@ -105,8 +116,9 @@ func (s *soak) fill(rep *Report) {
 		WorkerKilled: st.workerKilled.Load(), SetupErrors: st.setupErrors.Load(), Truncations: st.truncations.Load(),
 		Relayouts: st.relayouts.Load(), Narrows: st.narrows.Load(), MarginBaseMS: 100,
 		SchedMaxDelayMS: ms(s.sched.maxDelay()), WorstLateCleanMS: ms(time.Duration(st.worstLate.Load())),
-		PingMaxMS: s.pingMax(),
-		Layouts:   "not counted by the daemon; a leaked layout holds its regions, which are counted",
+		PingMaxMS: s.pingMax(), SkippedWire: st.skippedWire.Load(), RecheckLost: st.recheckLost.Load(), SnapshotLate: st.snapshotLate.Load(),
+		WithinMargin: st.withinMargin.Load(), OverrunsAnswerWire: st.overrunsAnswerWire.Load(),
+		Layouts: "not counted by the daemon; a leaked layout holds its regions, which are counted",
 	}
 	st.vmu.Lock()
 	rep.Violations = append([]Violation(nil), st.violations...)
@@ -129,7 +141,7 @@ func (s *soak) fill(rep *Report) {
 }
 
 func (r *Report) failed() bool {
-	return r.FalseSuccesses+r.GrantViolations+r.LateBytes+r.DeadlineOverruns+r.Faults != 0 || r.Crashes+r.LeakCount+r.HungWorkers != 0
+	return r.FalseSuccesses+r.GrantViolations+r.LateBytes+r.DeadlineOverruns+r.Faults+r.Unverified != 0 || r.Crashes+r.LeakCount+r.HungWorkers != 0
 }
 
 func (r *Report) summary() string {
@@ -139,6 +151,9 @@ func (r *Report) summary() string {
 	fmt.Fprintf(&b, "false_successes=%d grant_violations=%d late_bytes=%d deadline_overruns=%d (clean %d, peer chaos %d) crashes=%d leaks=%d faults=%d hung_workers=%d",
 		r.FalseSuccesses, r.GrantViolations, r.LateBytes, r.DeadlineOverruns, r.Detail.OverrunsClean, r.Detail.OverrunsPeerChaos,
 		r.Crashes, r.LeakCount, r.Faults, r.HungWorkers)
+	if r.Mode != "" {
+		fmt.Fprintf(&b, " unverified_done=%d (%s)", r.Unverified, r.Mode)
+	}
 	return b.String()
 }
 

@@ -44,6 +44,9 @@ type soak struct {
 // and the chaos for cfg.Duration, checks the end state and returns the
 // report; the error wraps ErrInvariant when an invariant broke.
 func Run(ctx context.Context, cfg Config, log hclog.Logger) (*Report, error) {
+	if cfg.RemoteAPI != "" {
+		return runRemote(ctx, cfg, log)
+	}
 	s := &soak{cfg: cfg, log: log, stats: newStats(), sched: newSchedMonitor(), runID: os.Getpid(), chaosCounts: map[string]int{}}
 	rep := &Report{Seed: cfg.Seed, Daemons: cfg.Daemons, Stable: cfg.Stable, Workers: cfg.Workers, Chaos: cfg.Chaos,
 		ChaosEvery: cfg.Every.String(), LoadStart: loadAvg()}

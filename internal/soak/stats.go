@@ -56,6 +56,13 @@ type stats struct {
 	cancelOverruns                  atomic.Uint64
 	worstCancel                     atomic.Int64
 	checks                          atomic.Uint64
+	// The two-host form's: DONE transfers whose remote destination could
+	// not be read (an invariant), pulls skipped with the wire down, cut
+	// transfers' re-checks lost (the remote region went) and remote
+	// snapshots taken only once the wire was back.
+	unverified, skippedWire, recheckLost, snapshotLate atomic.Uint64
+	withinMargin                                       atomic.Uint64 // clean answers past deadline + 100 ms, within the measured margin
+	overrunsAnswerWire                                 atomic.Uint64 // the remote daemon's answers past the slack with the wire down meanwhile
 
 	vmu        sync.Mutex
 	violations []Violation
