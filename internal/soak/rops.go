@@ -347,34 +347,4 @@ func (w *rworker) checkQuarantine() {
 
 // judgeLate judges the overruns whose lookahead passed (all when all). An
 // answer comes from the local daemon, so a link flap does not excuse it.
-func (w *rworker) judgeLate(all bool) {
-	st := w.s.stats
-	keep := w.late[:0]
-	for _, o := range w.late {
-		if !all && time.Since(o.end) < lookahead {
-			keep = append(keep, o)
-			continue
-		}
-		slack, margin := w.s.sched.slack(o.start, o.end, o.ping...)
-		over := o.end.Sub(o.due)
-		switch {
-		case over <= slack:
-			if !o.localHit && !o.peerHit {
-				st.noteLate(over)
-			}
-		case o.answerWire:
-			st.overrunsAnswerWire.Add(1)
-		case o.localHit:
-			st.overrunsLocalChaos.Add(1)
-		case o.peerHit:
-			st.overrunsPeerChaos.Add(1)
-			st.violation("deadline_overrun_chaos", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v; %s): %v",
-				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), o.around, o.err)
-		default:
-			st.overruns.Add(1)
-			st.violation("deadline_overrun", o.kind, w.id, "answered %v after its deadline (allowed %v incl. margin %v; %s): %v",
-				over.Round(time.Millisecond), slack.Round(time.Millisecond), margin.Round(time.Millisecond), o.around, o.err)
-		}
-	}
-	w.late = keep
-}
+func (w *rworker) judgeLate(all bool) { w.late = w.s.judgeLate(w.late, w.id, all) }
