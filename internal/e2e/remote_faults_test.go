@@ -81,11 +81,11 @@ func TestRemoteFaults(t *testing.T) {
 			if cases.has("link") {
 				r.linkTrials(4).print()
 			}
-			if cases.has("deadline") {
-				r.deadlineTrials(3).print()
-			}
 			if cases.has("cut") {
 				r.cutTrials(2).print()
+			}
+			if cases.has("deadline") {
+				r.deadlineTrials(3).print()
 			}
 			if cases.has("deregister") {
 				r.deregisterTrials(3).print()

@@ -100,3 +100,113 @@ func afterStop(t *testing.T, p *pair, err error) {
 	p.conn.Close()
 	p.connect(t)
 }
+
+// A write cut by its deadline answers within cutBudget of it (plus this
+// machine's measured scheduling delay) also when the receiving side runs
+// no code (its poller held in Pin, as a stopped daemon's, while its NIC
+// still places the WRITEs and acks them): a small batch whose WRITEs all
+// completed (every byte sent is in place; its cancel is never answered),
+// and a big one still in flight (its QPs stopped). The error is
+// DeadlineExceeded and says the connection was dropped; no byte of the
+// destination changes after the answer, while the receiver is held nor
+// once it runs again; the next connection lands every block.
+func TestHWDeadlineFrozenReceiver(t *testing.T) {
+	dev := hwDevice(t)
+	for _, tc := range []struct {
+		name   string
+		size   int
+		blocks int
+	}{{"posted work completed", 1 << 20, 16}, {"work in flight", 64 << 20, 64 << 20 / 4096}} {
+		t.Run(tc.name, func(t *testing.T) {
+			size := tc.size
+			p := newPair(t, testConfig(dev), size)
+			r := rand.New(rand.NewSource(12))
+			b := layout(r, tc.blocks, []uint64{4096}, "random", uint64(size))
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
+			defer cancel()
+			r.Read(p.sm.Host)
+			if _, err := p.conn.Write(ctx, p.src, p.remote, b); err != nil { // connected and warm
+				t.Fatal(err)
+			}
+			clear(p.dm.Host)
+			r.Read(p.sm.Host)
+			gate := make(chan struct{})
+			p.in.gate.Store(&gate)
+			held := true
+			release := func() {
+				if held {
+					held = false
+					p.in.gate.Store(nil)
+					close(gate)
+				}
+			}
+			defer release()
+			const deadline = 150 * time.Millisecond
+			margin := oversleep(200*time.Millisecond, nil)
+			stop := make(chan struct{})
+			during := make(chan time.Duration, 1)
+			go func() { during <- oversleep(time.Hour, stop) }()
+			cctx, ccancel := context.WithTimeout(context.Background(), deadline)
+			defer ccancel()
+			start := time.Now()
+			_, err := p.conn.Write(cctx, p.src, p.remote, b)
+			took := time.Since(start)
+			snap := bytes.Clone(p.dm.Host)
+			close(stop)
+			margin += <-during
+			if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errs.ErrAborted) {
+				t.Fatalf("got %v, want DeadlineExceeded with the connection dropped (Aborted)", err)
+			}
+			// 10 ms: timer and goroutine wake-ups inside the transport that a
+			// sleep-based measure does not see.
+			if limit := deadline + cutBudget + margin + 10*time.Millisecond; took > limit {
+				t.Errorf("answered %v after the call, past the deadline + %v + %v (scheduling delay measured before and during it) + 10 ms: %v",
+					took, cutBudget, margin, err)
+			}
+			t.Logf("answered %v after the call (%v past the deadline, margin %v): %v", took, took-deadline, margin, err)
+			for _, phase := range []string{"while the receiver is held", "once the receiver runs again"} {
+				if phase != "while the receiver is held" {
+					release()
+				}
+				time.Sleep(time.Second)
+				if n := changedBytes(snap, p.dm.Host); n > 0 {
+					t.Fatalf("%d bytes of the destination changed after the answer, %s", n, phase)
+				}
+			}
+			p.conn.Close()
+			p.connect(t)
+			clear(p.dm.Host)
+			if _, err := p.conn.Write(ctx, p.src, p.remote, b); err != nil {
+				t.Fatal(err)
+			}
+			verify(t, p, b)
+		})
+	}
+}
+
+// oversleep is how late 1 ms sleeps wake, at worst, for d or until stop
+// is closed: how long this machine (a VM on a loaded host) ran nothing.
+func oversleep(d time.Duration, stop <-chan struct{}) time.Duration {
+	var worst time.Duration
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		select {
+		case <-stop:
+			return worst
+		default:
+		}
+		t0 := time.Now()
+		time.Sleep(time.Millisecond)
+		worst = max(worst, time.Since(t0)-time.Millisecond)
+	}
+	return worst
+}
+
+func changedBytes(snap, mem []byte) int {
+	n := 0
+	for k := range snap {
+		if snap[k] != mem[k] {
+			n++
+		}
+	}
+	return n
+}
