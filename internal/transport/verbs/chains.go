@@ -96,8 +96,9 @@ func (s *qpSet) postChains(ctx context.Context, st *transport.Stats, tag uint32,
 			q.posted = res.Seq
 			st.Plan += time.Duration(res.PlanNs)
 			st.Post += time.Duration(res.PostNs)
-			if err != nil && s.cutEarly.Load() && ctx.Err() != nil {
-				return s.abandon(ctx, tag) // the post failed on the cut's stopped QPs
+			if err != nil && s.cutEarly.Load() { // failed on the cut's stopped QPs, past ctx's deadline
+				<-ctx.Done()
+				return s.abandon(ctx, tag)
 			}
 			if err != nil {
 				err = s.chainErr(tag, read, src.tab != nil, err)

@@ -414,7 +414,8 @@ func (s *qpSet) await(ctx context.Context, tag uint32, sig <-chan struct{}) erro
 		case <-sig:
 			return nil
 		case <-s.broken:
-			if s.cutEarly.Load() && ctx.Err() != nil { // broken by the cut itself
+			if s.cutEarly.Load() { // broken by the cut itself, past ctx's deadline
+				<-ctx.Done()
 				return s.abandon(ctx, tag)
 			}
 			return s.Err()
