@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"math/rand"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,7 +65,13 @@ func TestHWDeadlineStopsWrites(t *testing.T) {
 	}
 	t.Logf("%d non-zero bytes had landed before the error; none after", landedBefore)
 	if got := p.in.batches.Load(); got != landed {
-		t.Fatalf("the cut-off batch was accounted as landed (%d batches, want %d)", got, landed)
+		// Allowed only when the answer said so: every WRITE completed but
+		// the receiver did not answer the cancel within the cut's budget.
+		if !strings.Contains(err.Error(), "may still account") {
+			t.Fatalf("the cut-off batch was accounted as landed (%d batches, want %d): %v", got, landed, err)
+		}
+		t.Logf("the receiver accounted the cut batch, which its answer allowed")
+		landed = got
 	}
 	afterStop(t, p, err)
 	clear(p.dm.Host)
