@@ -17,6 +17,12 @@ import (
 // completions) gets only what is left of it.
 const cutBudget = 60 * time.Millisecond
 
+// cutStopReserve is the part of cutBudget kept for stopping the QPs (four
+// ibv_modify_qp calls, which took up to 70 ms in the loaded 1-vCPU VMs,
+// usually under 25) and the flushed completions: the drain and the
+// cancel's answer get what is left before it.
+const cutStopReserve = 20 * time.Millisecond
+
 // cutFloor is the least a cut noticed late (its deadline passed more than
 // cutBudget ago, by a host that did not run this goroutine) still gives the
 // drain: enough to see WRs that have completed meanwhile, not to wait.
@@ -28,16 +34,17 @@ const cutFloor = 2 * time.Millisecond
 // receiver, a cut answers on time whatever the receiver does, saying what
 // may still land and where:
 //
-//  1. the WRs already posted are waited for until the budget ends. Once
-//     all completed (an RC WRITE completes once its bytes are placed),
-//     nothing more of the batch can land, whatever the receiver does.
+//  1. the WRs already posted are waited for until cutStopReserve before
+//     the budget ends. Once all completed (an RC WRITE completes once its
+//     bytes are placed), nothing more of the batch can land, whatever the
+//     receiver does.
 //     A batch whose meta went out is then cancelled (msgCancel): the
 //     receiver drops it unaccounted (the connection stays) or had acked it
 //     as landed (the batch succeeded). A receiver that does not answer in
 //     the budget (stopped, overloaded) is left undecided: the answer says
 //     every byte sent is in place, nothing more lands, and the receiver
 //     did not confirm whether it accounts the batch; the connection goes.
-//  2. WRs still in flight at the budget's end: the set's QPs go to ERROR
+//  2. WRs still in flight by then: the set's QPs go to ERROR
 //     (this NIC transmits nothing more) and the flushed completions are
 //     waited for only within the budget (rxe delivers them 0.2-0.5 s late).
 //     Packets already on the wire may still be placed by the receiver's NIC
@@ -52,19 +59,20 @@ func (s *qpSet) cutWrite(ctx context.Context, cause error, tag uint32) error {
 	if dl, ok := ctx.Deadline(); ok {
 		end = dl.Add(cutBudget)
 	}
-	if floor := now.Add(cutFloor); end.Before(floor) {
-		end = floor
+	wait := end.Add(-cutStopReserve) // the drain's and the cancel's
+	if floor := now.Add(cutFloor); wait.Before(floor) {
+		wait = floor
 	}
 	tr := cutTrace{seen: now, end: end}
 	defer s.logCut(ctx, tag, &tr)
 	early := s.cutEarly.Load() // its QPs were stopped while it posted
-	drained := !early && s.drainPosted(end)
+	drained := !early && s.drainPosted(wait)
 	tr.drained = time.Now()
 	if drained {
 		if s.metaTag != tag { // stopped before its meta: the receiver knows nothing of it
 			return fmt.Errorf("verbs: batch %d to %s stopped: %w (the work requests already posted completed; nothing more of it lands, the connection stays)", tag, s.peer, cause)
 		}
-		o := s.cancelAnnounced(tag, end)
+		o := s.cancelAnnounced(tag, wait)
 		tr.outcome = fmt.Sprintf("cancel %d", o)
 		switch o {
 		case cancelLanded:
@@ -73,7 +81,7 @@ func (s *qpSet) cutWrite(ctx context.Context, cause error, tag uint32) error {
 			return fmt.Errorf("verbs: batch %d to %s stopped: %w (its posted work requests completed and the receiver dropped it unaccounted; the connection stays)", tag, s.peer, cause)
 		}
 		err := fmt.Errorf("verbs: batch %d to %s cut off by %w: every work request it posted completed, so each byte it sent is in place and nothing more of it lands; the receiver did not answer its cancel by %v past the deadline (stopped or overloaded), so it may still account the batch as landed (connection dropped: %w)",
-			tag, s.peer, cause, cutBudget, errs.ErrAborted)
+			tag, s.peer, cause, cutBudget-cutStopReserve, errs.ErrAborted)
 		s.cutOff(err)
 		return err
 	}
