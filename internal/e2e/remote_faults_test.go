@@ -82,7 +82,7 @@ func TestRemoteFaults(t *testing.T) {
 				r.linkTrials(4).print()
 			}
 			if cases.has("cut") {
-				r.cutTrials(2).print()
+				r.cutTrials(3).print()
 			}
 			if cases.has("deadline") {
 				r.deadlineTrials(3).print()
