@@ -23,6 +23,11 @@ const cutBudget = 60 * time.Millisecond
 // cancel's answer get what is left before it.
 const cutStopReserve = 20 * time.Millisecond
 
+// cutDrainWait bounds the drain of a cut write: WRs still in flight that
+// long after the cut seldom complete before the budget ends (a 16 MiB push
+// cut mid-batch in the VMs never did), and the QPs' stop comes sooner.
+const cutDrainWait = 15 * time.Millisecond
+
 // cutFloor is the least a cut noticed late (its deadline passed more than
 // cutBudget ago, by a host that did not run this goroutine) still gives the
 // drain: enough to see WRs that have completed meanwhile, not to wait.
@@ -34,8 +39,8 @@ const cutFloor = 2 * time.Millisecond
 // receiver, a cut answers on time whatever the receiver does, saying what
 // may still land and where:
 //
-//  1. the WRs already posted are waited for until cutStopReserve before
-//     the budget ends. Once all completed (an RC WRITE completes once its
+//  1. the WRs already posted are waited for, at most cutDrainWait and
+//     until cutStopReserve before the budget ends. Once all completed (an RC WRITE completes once its
 //     bytes are placed), nothing more of the batch can land, whatever the
 //     receiver does.
 //     A batch whose meta went out is then cancelled (msgCancel): the
@@ -65,8 +70,12 @@ func (s *qpSet) cutWrite(ctx context.Context, cause error, tag uint32) error {
 	}
 	tr := cutTrace{seen: now, end: end}
 	defer s.logCut(ctx, tag, &tr)
+	drainUntil := wait
+	if d := now.Add(cutDrainWait); d.Before(drainUntil) {
+		drainUntil = d
+	}
 	early := s.cutEarly.Load() // its QPs were stopped while it posted
-	drained := !early && s.drainPosted(wait)
+	drained := !early && s.drainPosted(drainUntil)
 	tr.drained = time.Now()
 	if drained {
 		if s.metaTag != tag { // stopped before its meta: the receiver knows nothing of it
@@ -94,6 +103,7 @@ func (s *qpSet) cutWrite(ctx context.Context, cause error, tag uint32) error {
 			tag, s.peer, cause, s.Err(), s.peer)
 	}
 	s.cutOff(err)
+	tr.stopped = time.Now()
 	tr.outcome = "in flight, flushed"
 	if early {
 		tr.outcome = "stopped while posting, flushed"
@@ -106,8 +116,8 @@ func (s *qpSet) cutWrite(ctx context.Context, cause error, tag uint32) error {
 
 // cutTrace is when a cut's steps ended, for logCut.
 type cutTrace struct {
-	seen, end, drained time.Time
-	outcome            string
+	seen, end, drained, stopped time.Time
+	outcome                     string
 }
 
 // cutOff breaks the set for a cut write: its QPs go to ERROR (nothing more
@@ -150,6 +160,9 @@ func (s *qpSet) logCut(ctx context.Context, tag uint32, tr *cutTrace) {
 	now := time.Now()
 	args := []any{"peer", s.peer, "conn", s.id, "tag", tag, "bytes", s.batchBytes, "outcome", tr.outcome,
 		"seen_after_deadline", tr.seen.Sub(dl), "drain", tr.drained.Sub(tr.seen), "answered_after_deadline", now.Sub(dl)}
+	if !tr.stopped.IsZero() {
+		args = append(args, "stop", tr.stopped.Sub(tr.drained))
+	}
 	if now.After(tr.end.Add(5 * time.Millisecond)) {
 		s.t.log.Warn("verbs: a cut write answered past its budget", append(args, "budget", cutBudget)...)
 		return
