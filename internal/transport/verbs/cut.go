@@ -91,7 +91,7 @@ func (s *qpSet) cutWrite(ctx context.Context, cause error, tag uint32) error {
 		}
 		err := fmt.Errorf("verbs: batch %d to %s cut off by %w: every work request it posted completed, so each byte it sent is in place and nothing more of it lands; the receiver did not answer its cancel by %v past the deadline (stopped or overloaded), so it may still account the batch as landed (connection dropped: %w)",
 			tag, s.peer, cause, cutBudget-cutStopReserve, errs.ErrAborted)
-		s.cutOff(err)
+		s.cutOff(err, false) // nothing of it in flight: its QPs stop with the set's teardown
 		return err
 	}
 	err := fmt.Errorf("verbs: batch %d to %s cut off by %w with work requests in flight: its QPs are stopped, so this side's NIC sends nothing more of it, but packets already on the wire may still be placed in the destination by %s's NIC within one network delay (connection dropped: %w)",
@@ -102,7 +102,7 @@ func (s *qpSet) cutWrite(ctx context.Context, cause error, tag uint32) error {
 		err = fmt.Errorf("verbs: batch %d to %s cut off by %w after the connection failed (%w); its QPs are stopped, so this side's NIC sends nothing more of it, but packets already on the wire may still be placed in the destination by %s's NIC within one network delay",
 			tag, s.peer, cause, s.Err(), s.peer)
 	}
-	s.cutOff(err)
+	s.cutOff(err, true)
 	tr.stopped = time.Now()
 	tr.outcome = "in flight, flushed"
 	if early {
@@ -120,14 +120,16 @@ type cutTrace struct {
 	outcome                     string
 }
 
-// cutOff breaks the set for a cut write: its QPs go to ERROR (nothing more
-// is transmitted; ibv_modify_qp, no wait), the receiver is asked at once
-// to drop its half (in the background, retried: disconnect), and Close
-// tears the set down in the background.
-func (s *qpSet) cutOff(err error) {
+// cutOff breaks the set for a cut write: with stop, its QPs go to ERROR
+// (nothing more is transmitted; ibv_modify_qp, no wait), the receiver is
+// asked at once to drop its half (in the background, retried:
+// disconnect), and Close tears the set down in the background.
+func (s *qpSet) cutOff(err error, stop bool) {
 	s.fenced = true
 	s.fail(err, true)
-	s.toError()
+	if stop {
+		s.toError()
+	}
 	if s.ctl != nil && !s.peerTold {
 		s.peerTold = true
 		s.t.disconnect(s.ctl, s.peer, s.id)

