@@ -18,8 +18,8 @@ import (
 const cutBudget = 60 * time.Millisecond
 
 // cutStopReserve is the part of cutBudget kept for stopping the QPs (four
-// ibv_modify_qp calls, which took up to 70 ms in the loaded 1-vCPU VMs,
-// usually under 25) and the flushed completions: the drain and the
+// ibv_modify_qp calls: usually under 25 ms in the loaded 1-vCPU VMs, now
+// and then far more) and the flushed completions: the drain and the
 // cancel's answer get what is left before it.
 const cutStopReserve = 20 * time.Millisecond
 
