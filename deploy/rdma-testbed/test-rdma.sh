@@ -41,6 +41,7 @@
 #   B2B_RDMA_FAULT_TRANSPORTS  transports they cover (default verbs,tcp)
 #   B2B_RDMA_FAULT_TRIALS peer-kill trials per transport (default 10)
 #   B2B_RDMA_FAULT_LOAD   load run, CLIENTSxBATCHES (default 32x200)
+#   B2B_RDMA_FAULT_CASES  which of them run (default all: kill,link,deadline,cut,deregister,acl,load)
 #   B2B_RDMA_TIMEOUT      whole-run limit in seconds (default 3000; the fault cases may use 60% of it; CI's limit is 90 minutes)
 #   B2B_RDMA_CONFORMANCE  1 (default) runs the transport conformance suite over verbs (TestHWConformance) in A
 #   B2B_RDMA_HW_TESTS     the verbs hardware tests run with it (default: the conformance suite, the READ tests,
@@ -157,6 +158,7 @@ FAULTS=$FAULTS
 FAULT_TRANSPORTS=${B2B_RDMA_FAULT_TRANSPORTS:-verbs,tcp}
 FAULT_TRIALS=${B2B_RDMA_FAULT_TRIALS:-10}
 FAULT_LOAD=${B2B_RDMA_FAULT_LOAD:-32x200}
+FAULT_CASES=${B2B_RDMA_FAULT_CASES:-}
 FAULT_TIMEOUT=$((TIMEOUT * 6 / 10))
 KV=${B2B_RDMA_KV:-1}
 KV_ARGS="${B2B_RDMA_KV_ARGS:---kv-segments 16 --kv-pool 256 --kv-request 64 --repeat 3 --op both}"

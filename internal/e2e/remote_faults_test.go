@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,7 +40,8 @@ import (
 // B2B_FAULTS_REMOTE_PEER (B's API and peer addresses), B2B_FAULTS_NETDEV and
 // B2B_FAULTS_RDMA_DEV (A's wire and RDMA device), B2B_E2E_TLS_* (A's
 // identity); optional B2B_FAULTS_TRANSPORTS (default "verbs,tcp"),
-// B2B_FAULTS_TRIALS (default 10) and B2B_FAULTS_LOAD ("32x200").
+// B2B_FAULTS_TRIALS (default 10), B2B_FAULTS_LOAD ("32x200") and
+// B2B_FAULTS_CASES (which cases run, default all: see parseFaultCases).
 func TestRemoteFaults(t *testing.T) {
 	env := func(k string) string {
 		v := os.Getenv(k)
@@ -63,6 +63,7 @@ func TestRemoteFaults(t *testing.T) {
 	if v := os.Getenv("B2B_FAULTS_TRANSPORTS"); v != "" {
 		kinds = v
 	}
+	cases := parseFaultCases(os.Getenv("B2B_FAULTS_CASES"))
 	opts := remoteDialOpts(t)
 	rc, err := client.Dial(rapi, opts...)
 	if err != nil {
@@ -74,12 +75,25 @@ func TestRemoteFaults(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			r := newRemoteRig(t, bin, self, rpeer, netdev, rdev, kind, rc)
 			defer r.close()
-			r.killTrials(trials).print()
-			r.linkTrials(4).print()
-			r.deadlineTrials(3).print()
-			r.deregisterTrials(3).print()
-			r.aclCheck().print()
-			if clients > 0 && batches > 0 {
+			if cases.has("kill") {
+				r.killTrials(trials).print()
+			}
+			if cases.has("link") {
+				r.linkTrials(4).print()
+			}
+			if cases.has("cut") {
+				r.cutTrials(3).print()
+			}
+			if cases.has("deadline") {
+				r.deadlineTrials(3).print()
+			}
+			if cases.has("deregister") {
+				r.deregisterTrials(3).print()
+			}
+			if cases.has("acl") {
+				r.aclCheck().print()
+			}
+			if cases.has("load") && clients > 0 && batches > 0 {
 				r.load(clients, batches)
 			}
 		})
@@ -111,52 +125,6 @@ func remoteDialOpts(t *testing.T) []grpc.DialOption {
 		t.Fatal(err)
 	}
 	return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tl.Client))}
-}
-
-// faultRow is one line of the fault table: how many trials, how each
-// ended, the slowest detection and how many trials had their data checked.
-type faultRow struct {
-	fault, transport string
-	trials           int
-	outcomes         map[string]int
-	worst            time.Duration
-	verified         int
-	note             string
-}
-
-func newRow(fault, transport string) *faultRow {
-	return &faultRow{fault: fault, transport: transport, outcomes: map[string]int{}}
-}
-
-func (f *faultRow) add(outcome string, detect time.Duration, verified bool) {
-	f.trials++
-	f.outcomes[outcome]++
-	f.worst = max(f.worst, detect)
-	if verified {
-		f.verified++
-	}
-}
-
-func (f *faultRow) print() {
-	var oc []string
-	for k, v := range f.outcomes {
-		oc = append(oc, fmt.Sprintf("%s:%d", k, v))
-	}
-	note := ""
-	if f.note != "" {
-		note = "; " + f.note
-	}
-	sort.Strings(oc)
-	fmt.Printf("FAULT | %s | %s | %d | %s | %v | %d/%d%s\n", f.fault, f.transport, f.trials, strings.Join(oc, " "),
-		f.worst.Round(time.Millisecond), f.verified, f.trials, note)
-}
-
-// outcome names how a batch ended: OK or its gRPC code.
-func outcome(err error) string {
-	if err == nil {
-		return "OK"
-	}
-	return status.Code(err).String()
 }
 
 // remoteRig is A's daemon (owned here) and B's (driven over its API).

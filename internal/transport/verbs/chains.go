@@ -53,7 +53,10 @@ func (c *chainSource) post(q *qpState, qi int) (ibv.ChainResult, error) {
 //
 // Between rounds ctx is checked (providers that do the send work inside
 // ibv_post_send, rxe, may never run out of credits): once it ended, the
-// batch posts nothing more and is abandoned (see abandon).
+// batch posts nothing more and is abandoned (see abandon). A write still
+// inside a post call postCutGrace past its deadline is stopped from
+// outside it (armPostCut): rxe's requester, run inside ibv_post_send,
+// went on sending the whole batch there, 2.4 s past a 150 ms deadline.
 func (s *qpSet) postChains(ctx context.Context, st *transport.Stats, tag uint32, first, nq int, params *ibv.ChainParams, src *chainSource) error {
 	read := params.Op == ibv.WRRead
 	maxChain := s.t.cfg.MaxChain
@@ -64,6 +67,10 @@ func (s *qpSet) postChains(ctx context.Context, st *transport.Stats, tag uint32,
 		src.start(s, k, qi, !read, tag) // a WRITE's last WR carries the tag
 		q.chain.SetSeq(q.posted)
 		s.rangeOn[k] = true
+	}
+	watched := !read && s.armPostCut(ctx)
+	if watched {
+		defer s.postCut.Stop()
 	}
 	minPost := max(1, maxChain/4)
 	for pending := nq; pending > 0; {
@@ -79,10 +86,20 @@ func (s *qpSet) postChains(ctx context.Context, st *transport.Stats, tag uint32,
 				continue
 			}
 			q.chain.SetMaxWR(min(maxChain, a))
+			if watched {
+				s.enterPost()
+			}
 			res, err := src.post(q, qi)
+			if watched {
+				s.leavePost()
+			}
 			q.posted = res.Seq
 			st.Plan += time.Duration(res.PlanNs)
 			st.Post += time.Duration(res.PostNs)
+			if err != nil && s.cutEarly.Load() { // failed on the cut's stopped QPs, past ctx's deadline
+				<-ctx.Done()
+				return s.abandon(ctx, tag)
+			}
 			if err != nil {
 				err = s.chainErr(tag, read, src.tab != nil, err)
 				s.fail(err, true)
@@ -99,6 +116,12 @@ func (s *qpSet) postChains(ctx context.Context, st *transport.Stats, tag uint32,
 			if res.Done {
 				s.rangeOn[k] = false
 				pending--
+			}
+			if watched && pending > 0 && ctx.Err() != nil {
+				// rxe sends a chain's bytes inside its post call (1 MiB:
+				// 60-200 ms in the loaded VMs): a round over every QP is
+				// longer than a cut's whole budget, so look after each.
+				return s.abandon(ctx, tag)
 			}
 		}
 		if pending > 0 && ctx.Err() != nil {

@@ -130,15 +130,24 @@ type qpSet struct {
 	// deregisters it.
 	readReg *registration
 	readRef *mrRef
-	// readFenced: a cut read fenced the set (Close tears it down in the
-	// background). Set by the batch's goroutine before the set fails.
-	readFenced bool
+	// fenced: a cut read or write stopped the set (Close tears it down in
+	// the background). Set by the batch's goroutine before the set fails.
+	fenced bool
+	// peerTold: the receiver was already asked to drop its half
+	// (disconnect), so Close need not ask again.
+	peerTold bool
 	// stallTimer bounds each wait of a batch for progress (one per set,
 	// reused: Writes are serialised, and the data path allocates nothing).
 	stallTimer *time.Timer
-	broken     chan struct{}
-	failOnce   sync.Once
-	err        atomic.Pointer[error]
+	// postCut, postMu, posting and cutEarly stop a write still inside a
+	// post call past its deadline from outside it (armPostCut).
+	postCut  *time.Timer
+	postMu   sync.Mutex
+	posting  bool
+	cutEarly atomic.Bool
+	broken   chan struct{}
+	failOnce sync.Once
+	err      atomic.Pointer[error]
 
 	// receiving side (poller only)
 	rx       [4]rxSlot
@@ -204,6 +213,8 @@ func (t *Transport) newSet(n int, sender bool, peer string, id uint64) (_ *qpSet
 		s.credSig = make(chan struct{}, 1)
 		s.stallTimer = time.NewTimer(time.Hour)
 		s.stallTimer.Stop()
+		s.postCut = time.AfterFunc(time.Hour, s.onPostCut)
+		s.postCut.Stop()
 		s.cuts = make([]ibv.Pos, n+1)
 		s.rangeOn = make([]bool, n)
 		if s.ctlMem, err = ibv.AllocHost(4096); err != nil {
@@ -403,6 +414,10 @@ func (s *qpSet) await(ctx context.Context, tag uint32, sig <-chan struct{}) erro
 		case <-sig:
 			return nil
 		case <-s.broken:
+			if s.cutEarly.Load() { // broken by the cut itself, past ctx's deadline
+				<-ctx.Done()
+				return s.abandon(ctx, tag)
+			}
 			return s.Err()
 		case <-ctx.Done():
 			return s.abandon(ctx, tag)
@@ -527,12 +542,12 @@ func (s *qpSet) Close() error {
 		s.fail(fmt.Errorf("verbs: connection to %s closed: %w", s.peer, errs.ErrAborted), false)
 		if s.sender {
 			s.sem <- struct{}{} // waits for a Write in progress to notice
-			if !s.goodbye() && s.ctl != nil {
+			if !s.peerTold && !s.goodbye() && s.ctl != nil {
 				s.t.disconnect(s.ctl, s.peer, s.id)
 			}
 		}
-		if s.readFenced {
-			// A set a cut read fenced is closed on that read's answer path
+		if s.fenced {
+			// A set a cut batch fenced is closed on that batch's answer path
 			// (the batch layer drops a broken connection before it
 			// answers): its teardown (QP destruction waits for rxe's tasks,
 			// 30-130 ms in the VMs) goes to the background.

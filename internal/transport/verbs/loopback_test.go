@@ -34,9 +34,16 @@ type inbound struct {
 	pins, unpins           atomic.Int64
 	unpin                  func()
 	refuse                 atomic.Bool // Pin fails, as for a deregistered or un-exported region
+	// gate, when set, holds Pin (and so the receiving poller, which calls
+	// it for each batch's meta) until it is closed: a receiver that runs no
+	// code, as a stopped daemon's, while its NIC still places WRITEs.
+	gate atomic.Pointer[chan struct{}]
 }
 
 func (in *inbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	if g := in.gate.Load(); g != nil {
+		<-*g
+	}
 	if in.refuse.Load() {
 		return memory.Memory{}, nil, fmt.Errorf("test inbound: no live %s registration has key %#x: %w", k, key, errs.ErrNotFound)
 	}

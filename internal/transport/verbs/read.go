@@ -94,7 +94,7 @@ func (s *qpSet) stopRead(err error) error {
 func (s *qpSet) fenceRead(cause error, tag uint32) error {
 	err := fmt.Errorf("verbs: read batch %d from %s cut off by %w with READs in flight (QPs stopped and the destination's read MR withdrawn: nothing more lands; the connection is rebuilt: %w)",
 		tag, s.peer, cause, errs.ErrAborted)
-	s.readFenced = true
+	s.fenced = true
 	s.fail(err, true)
 	t0 := time.Now()
 	s.toError()

@@ -2,6 +2,7 @@ package verbs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -31,13 +32,38 @@ import (
 //
 // A read is fenced at once instead (fenceRead): its READs land only in the
 // caller's own memory, which a local stop protects without the peer.
+//
+// A write cut by its deadline (rather than cancelled) has a deadline to
+// keep: cutWrite bounds every step by what is left of cutBudget.
 func (s *qpSet) abandon(ctx context.Context, tag uint32) error {
 	cause := ctx.Err()
 	if tag == s.readTag {
 		return s.fenceRead(cause, tag)
 	}
-	until := time.Now().Add(s.stopWait())
-	if s.drainPosted(until) {
+	if errors.Is(cause, context.DeadlineExceeded) {
+		return s.cutWrite(ctx, cause, tag)
+	}
+	start := time.Now()
+	until := start.Add(s.stopWait())
+	p0 := s.progress()
+	drained := s.drainPosted(until)
+	// A cancel has no deadline to keep: while its WRs still complete (a
+	// host too loaded to move even a small batch in stopWait), it waits
+	// on, up to cancelDrainMax, rather than leave the receiver's
+	// accounting open (the fallback below cannot say what it accounted).
+	for !drained && s.Err() == nil && s.progress() != p0 && time.Since(start) < cancelDrainMax {
+		p0 = s.progress()
+		until = start.Add(cancelDrainMax)
+		if u := time.Now().Add(s.t.cfg.CancelWait); u.Before(until) {
+			until = u
+		}
+		drained = s.drainPosted(until)
+	}
+	if !drained && s.Err() == nil {
+		s.t.log.Warn("verbs: a stopped batch's posted work requests did not complete in time; stopping the connection",
+			"peer", s.peer, "conn", s.id, "bytes", s.batchBytes, "waited", time.Since(start))
+	}
+	if drained {
 		if s.metaTag != tag { // a read, or a write stopped before its meta
 			return fmt.Errorf("verbs: batch %d with %s stopped: %w (the work requests already posted completed; nothing more of it lands, the connection stays)", tag, s.peer, cause)
 		}
@@ -55,6 +81,10 @@ func (s *qpSet) abandon(ctx context.Context, tag uint32) error {
 	s.halt()
 	return err
 }
+
+// cancelDrainMax bounds how long a cancelled batch waits for its posted
+// WRs while they keep completing (abandon).
+const cancelDrainMax = time.Second
 
 // stopWait bounds how long a stopped batch waits for the WRs it posted:
 // the batch's bytes (an upper bound of what is in flight) at the port's
@@ -95,8 +125,6 @@ func (s *qpSet) drainPosted(until time.Time) bool {
 		case <-s.broken:
 			return false
 		case <-s.stallTimer.C:
-			s.t.log.Warn("verbs: a stopped batch's posted work requests did not complete in time; stopping the connection",
-				"peer", s.peer, "conn", s.id, "bytes", s.batchBytes, "wait", s.stopWait())
 			return false
 		}
 	}
@@ -136,6 +164,7 @@ func (s *qpSet) cancelAnnounced(tag uint32, until time.Time) cancelOutcome {
 	if err := s.sendCtl(q, ibv.KindMeta, 0, msgLen, true); err != nil {
 		return cancelTimedOut
 	}
+	sent := time.Now()
 	s.stallTimer.Reset(time.Until(until))
 	defer s.stallTimer.Stop()
 	for {
@@ -149,7 +178,7 @@ func (s *qpSet) cancelAnnounced(tag uint32, until time.Time) cancelOutcome {
 			return cancelTimedOut
 		case <-s.stallTimer.C:
 			s.t.log.Warn("verbs: the receiver did not answer a batch's cancel in time (a peer without msgCancel, or stuck); stopping the connection",
-				"peer", s.peer, "conn", s.id, "tag", tag, "wait", s.t.cfg.CancelWait)
+				"peer", s.peer, "conn", s.id, "tag", tag, "waited", time.Since(sent))
 			return cancelTimedOut
 		}
 	}
