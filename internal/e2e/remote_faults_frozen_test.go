@@ -9,6 +9,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/b2bd/b2bd/client"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // cutTrials: B pushes a 16 MiB batch to A with a deadline (half the time
@@ -64,6 +67,7 @@ func (r *remoteRig) cutOnce(name string, pattern int, frozen bool) (time.Duratio
 	clear(r.dst.Bytes)
 	margin := answerMargin(context.Background(), t, r.rc)
 	stalls := watchStalls()
+	peerStalls := watchPeerAPI(r.rc)
 	start := time.Now()
 	done := r.asyncBack(deadline)
 	var stopped time.Time
@@ -88,7 +92,8 @@ func (r *remoteRig) cutOnce(name string, pattern int, frozen bool) (time.Duratio
 	end := <-done
 	took := end.at.Sub(start)
 	snap := bytes.Clone(r.dst.Bytes)
-	margin += stalls()
+	peerStall := peerStalls()
+	margin += stalls() + peerStall
 	err := end.err
 	switch {
 	case err == nil:
@@ -128,10 +133,37 @@ func (r *remoteRig) cutOnce(name string, pattern int, frozen bool) (time.Duratio
 	if !stopped.IsZero() {
 		frz = fmt.Sprintf(" (A stopped %v after the call)", stopped.Sub(start).Round(time.Millisecond))
 	}
-	t.Logf("%s%s: deadline %v: %v %v after the call (%v past the deadline; margin %v), %d of %d blocks whole at the answer, 0 bytes changed after it: %v",
-		name, frz, deadline.Round(time.Millisecond), outcome(err), took.Round(time.Millisecond), past.Round(time.Millisecond), margin.Round(time.Millisecond), whole, len(r.offs), err)
+	t.Logf("%s%s: deadline %v: %v %v after the call (%v past the deadline; margin %v, of which B's API stalled %v during the call), %d of %d blocks whole at the answer, 0 bytes changed after it: %v",
+		name, frz, deadline.Round(time.Millisecond), outcome(err), took.Round(time.Millisecond), past.Round(time.Millisecond), margin.Round(time.Millisecond), peerStall.Round(time.Millisecond), whole, len(r.offs), err)
 	r.warmBackTries(name + ": the next batch")
 	return max(0, past), late, err
+}
+
+// watchPeerAPI pings the sending daemon's API (B's) back to back, 10 ms
+// apart, until the returned func is called, which gives the worst round
+// trip. B is the VM whose single vCPU runs rxe's sending inside the
+// kernel: while that monopolises it, B's daemon answers nothing, its cut
+// included, and this is how long it could not; a daemon that merely waits
+// too long (the fault this test catches) leaves its API answering at once.
+func watchPeerAPI(c *client.Client) func() time.Duration {
+	done, res := make(chan struct{}), make(chan time.Duration, 1)
+	go func() {
+		var worst time.Duration
+		for {
+			t0 := time.Now()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, _ = c.API().Ping(ctx, &b2bv1.PingRequest{})
+			cancel()
+			worst = max(worst, time.Since(t0))
+			select {
+			case <-done:
+				res <- worst
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	return func() time.Duration { close(done); return <-res }
 }
 
 // warmBackTries is warmBack, tried up to 3 times: after a receiver was
