@@ -230,66 +230,80 @@ func TestRemotePullDeadline(t *testing.T) {
 	for _, how := range pullCuts {
 		cut, mid := 0, 0
 		for _, frac := range []int{8, 4, 2} {
-			d := whole / time.Duration(frac)
-			// A cut pull's connection is rebuilt for the next one: a one-block
-			// pull first, so that the cut falls in this pull's READs rather
-			// than in the new connection's set-up.
-			if err := pullVerbs(ctx, wc, local.Id, peer, "e2e-pull-deadline", offs[:1], offs[:1], size); err != nil {
-				t.Fatalf("warm-up pull before the %s %v cut: %v", how.name, d, err)
-			}
-			clear(local.Bytes)
-			margin := answerMargin(ctx, t, wc)
-			stalls := watchStalls()
-			called := time.Now()
-			sent, err := w.cut(ctx, how, d, func(ctx context.Context) error {
-				return pullVerbs(ctx, wc, local.Id, peer, "e2e-pull-deadline", offs, offs, size)
-			})
-			took := time.Since(called)
-			margin += stalls()
-			if err == nil {
-				if !bytes.Equal(local.Bytes, seed.Bytes) {
-					t.Fatalf("%s %v: success but the local region does not hold the remote's bytes", how.name, d)
+			// A late answer is tried again, up to 3 times in all: a VM on a
+			// loaded host stalls now and then, while a daemon that waits on
+			// the READs is late every time. Every lateness is logged.
+			for attempt := 1; ; attempt++ {
+				d := whole / time.Duration(frac)
+				// A cut pull's connection is rebuilt for the next one: a one-block
+				// pull first, so that the cut falls in this pull's READs rather
+				// than in the new connection's set-up.
+				if err := pullVerbs(ctx, wc, local.Id, peer, "e2e-pull-deadline", offs[:1], offs[:1], size); err != nil {
+					t.Fatalf("warm-up pull before the %s %v cut: %v", how.name, d, err)
 				}
-				continue
-			}
-			if !sent {
-				if snap := bytes.Clone(local.Bytes); status.Code(err) != how.code || !bytes.Equal(snap, make([]byte, len(snap))) {
-					t.Fatalf("%s %v passed before the call went out: %v; want %v and no byte landed", how.name, d, err, how.code)
+				clear(local.Bytes)
+				margin := answerMargin(ctx, t, wc)
+				stalls := watchStalls()
+				called := time.Now()
+				sent, err := w.cut(ctx, how, d, func(ctx context.Context) error {
+					return pullVerbs(ctx, wc, local.Id, peer, "e2e-pull-deadline", offs, offs, size)
+				})
+				took := time.Since(called)
+				margin += stalls()
+				if err == nil {
+					if !bytes.Equal(local.Bytes, seed.Bytes) {
+						t.Fatalf("%s %v: success but the local region does not hold the remote's bytes", how.name, d)
+					}
+					break
 				}
-				t.Logf("%s %v passed before the call went out (a slow host): the client's own answer, no byte landed", how.name, d)
-				continue
-			}
-			how.check(t, d, err)
-			cut++
-			snap := bytes.Clone(local.Bytes)
-			// The cut READs target this caller's own memory: the daemon fences
-			// them locally and answers, without waiting for them.
-			budget := pullStopBudget
-			if how.code == codes.Canceled {
-				budget = pullCancelBudget
-			}
-			if limit := d + budget + margin; took > limit {
-				t.Errorf("%s %v: answered %v after the call, past the cut + %v + %v (this VM's scheduling and API delay, measured before and during the call)",
-					how.name, d, took.Round(time.Millisecond), budget, margin.Round(time.Millisecond))
-			}
-			landed := 0
-			for i := range n {
-				if bytes.Equal(snap[offs[i]:offs[i]+size], seed.Bytes[offs[i]:offs[i]+size]) {
-					landed++
+				if !sent {
+					if snap := bytes.Clone(local.Bytes); status.Code(err) != how.code || !bytes.Equal(snap, make([]byte, len(snap))) {
+						t.Fatalf("%s %v passed before the call went out: %v; want %v and no byte landed", how.name, d, err, how.code)
+					}
+					t.Logf("%s %v passed before the call went out (a slow host): the client's own answer, no byte landed", how.name, d)
+					break
 				}
+				how.check(t, d, err)
+				cut++
+				snap := bytes.Clone(local.Bytes)
+				// The cut READs target this caller's own memory: the daemon fences
+				// them locally and answers, without waiting for them.
+				budget := pullStopBudget
+				if how.code == codes.Canceled {
+					budget = pullCancelBudget
+				}
+				late := ""
+				if limit := d + budget + margin; took > limit {
+					late = fmt.Sprintf("%s %v: answered %v after the call, past the cut + %v + %v (this VM's scheduling and API delay, measured before and during the call)",
+						how.name, d, took.Round(time.Millisecond), budget, margin.Round(time.Millisecond))
+				}
+				landed := 0
+				for i := range n {
+					if bytes.Equal(snap[offs[i]:offs[i]+size], seed.Bytes[offs[i]:offs[i]+size]) {
+						landed++
+					}
+				}
+				if landed > 0 || !bytes.Equal(snap, make([]byte, len(snap))) {
+					mid++
+				}
+				// The window the contract names, watched every millisecond so that a
+				// failure says when bytes landed after the answer, and how many.
+				if first, last, changed := watchChanges(snap, local.Bytes, 2*time.Second); changed > 0 {
+					t.Fatalf("%s %v (answered %v after the call): %d bytes of the caller's region changed after the answer, the first %v and the last %v after it",
+						how.name, d, took.Round(time.Millisecond), changed, first, last)
+				}
+				t.Logf("%s %v (whole pull %v): %v %v after the call (%v past the cut; margin %v), %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
+					how.name, d, whole.Round(time.Millisecond), how.code, took.Round(time.Millisecond), (took - d).Round(time.Millisecond),
+					margin.Round(time.Millisecond), landed, n)
+				if late == "" {
+					break
+				}
+				if attempt == 3 {
+					t.Errorf("late on all %d attempts; the last: %s", attempt, late)
+					break
+				}
+				t.Logf("attempt %d: %s; trying again", attempt, late)
 			}
-			if landed > 0 || !bytes.Equal(snap, make([]byte, len(snap))) {
-				mid++
-			}
-			// The window the contract names, watched every millisecond so that a
-			// failure says when bytes landed after the answer, and how many.
-			if first, last, changed := watchChanges(snap, local.Bytes, 2*time.Second); changed > 0 {
-				t.Fatalf("%s %v (answered %v after the call): %d bytes of the caller's region changed after the answer, the first %v and the last %v after it",
-					how.name, d, took.Round(time.Millisecond), changed, first, last)
-			}
-			t.Logf("%s %v (whole pull %v): %v %v after the call (%v past the cut; margin %v), %d of %d blocks whole at the answer, 0 bytes changed in the 2 s after",
-				how.name, d, whole.Round(time.Millisecond), how.code, took.Round(time.Millisecond), (took - d).Round(time.Millisecond),
-				margin.Round(time.Millisecond), landed, n)
 		}
 		if cut == 0 || mid == 0 {
 			notCreated = append(notCreated, fmt.Sprintf("%s: %d pulls cut by the daemon, %d of them mid-pull (some bytes landed)", how.name, cut, mid))
