@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -98,17 +100,34 @@ func (p *proc) start(t *testing.T) {
 	}
 	cmd := p.cmd
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	deadline := time.Now().Add(60 * time.Second) // an emulated VM opening a verbs device is slow
+	// A daemon that exited fails at once; one still starting is waited for
+	// up to 3 min: an emulated VM on a loaded host opening a verbs device
+	// took over a minute.
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		if c, err := net.Dial("unix", p.sock); err == nil {
 			c.Close()
 			return
 		}
+		if exited(cmd.Process.Pid) {
+			t.Fatalf("%s exited while starting:\n%s", p.name, p.stderr)
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not start:\n%s", p.name, p.stderr)
+			t.Fatalf("%s did not start in 3 min:\n%s", p.name, p.stderr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// exited says whether process pid, a child not yet waited for, has ended
+// (a zombie, state Z in /proc/PID/stat).
+func exited(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')') // the name may hold spaces and parentheses
+	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
 }
 
 // TestSIGTERMDuringBatch: a daemon told to stop while a batch is in flight
@@ -389,5 +408,30 @@ func TestPeerRestartedWhileIdle(t *testing.T) {
 	}
 	if !strings.Contains(a.stderr.String(), "retrying once on a fresh one") {
 		t.Logf("no retry was needed (the stale connection was noticed before the batch):\n%s", a.stderr)
+	}
+}
+
+// TestExited: a child that ended (not yet waited for) is seen as exited,
+// a running one is not.
+func TestExited(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want bool
+	}{{"ended", []string{"true"}, true}, {"running", []string{"sleep", "30"}, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(tc.args[0], tc.args[1:]...)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+			got := exited(cmd.Process.Pid)
+			for end := time.Now().Add(5 * time.Second); tc.want && !got && time.Now().Before(end); got = exited(cmd.Process.Pid) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got != tc.want {
+				t.Fatalf("exited = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
