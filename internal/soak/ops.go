@@ -2,6 +2,7 @@ package soak
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -112,13 +113,20 @@ func (w *worker) fillPattern(x *xfer) {
 // limits draws a call's deadline (mostly long, sometimes a few ms so that
 // it cuts the transfer) and a cancel delay (-1: none).
 func (w *worker) limits() (deadline, cancelAfter time.Duration) {
-	deadline = callLimit
-	if w.r.IntN(100) < 15 {
-		deadline = time.Duration(1+w.r.IntN(30)) * time.Millisecond
+	return drawLimits(w.r, callLimit, 30*time.Millisecond, 3*time.Millisecond)
+}
+
+// drawLimits draws a call's deadline (long, or for 15% of calls 1 ms to
+// shortMax) and a cancel delay (for 10% of calls under cancelMax, µs
+// resolution; else -1: none).
+func drawLimits(r *rand.Rand, long, shortMax, cancelMax time.Duration) (deadline, cancelAfter time.Duration) {
+	deadline = long
+	if r.IntN(100) < 15 {
+		deadline = time.Duration(1+r.IntN(int(shortMax/time.Millisecond))) * time.Millisecond
 	}
 	cancelAfter = -1
-	if w.r.IntN(100) < 10 {
-		cancelAfter = time.Duration(w.r.IntN(3000)) * time.Microsecond
+	if r.IntN(100) < 10 {
+		cancelAfter = time.Duration(r.IntN(int(cancelMax/time.Microsecond))) * time.Microsecond
 	}
 	return deadline, cancelAfter
 }

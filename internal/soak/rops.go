@@ -36,15 +36,7 @@ func (w *rworker) pickKind() string {
 // cut the transfer: a small one takes tens of ms between emulated hosts)
 // and a cancel delay (-1: none).
 func (w *rworker) limits() (deadline, cancelAfter time.Duration) {
-	deadline = rCallLimit
-	if w.r.IntN(100) < 15 {
-		deadline = time.Duration(1+w.r.IntN(100)) * time.Millisecond
-	}
-	cancelAfter = -1
-	if w.r.IntN(100) < 10 {
-		cancelAfter = time.Duration(w.r.IntN(50)) * time.Millisecond
-	}
-	return deadline, cancelAfter
+	return drawLimits(w.r, rCallLimit, 100*time.Millisecond, 50*time.Millisecond)
 }
 
 // rcall is one call's bookkeeping from its start.
