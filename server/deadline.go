@@ -37,7 +37,13 @@ func withCallerDeadline(ctx context.Context) (context.Context, context.CancelFun
 	if err != nil || !sent {
 		return ctx, nil, 0, grpcstatus.ToStatus(err)
 	}
-	ctx, cancel := batch.CallerDeadline(ctx, time.Now().Add(left))
+	// From the moment its headers arrived: the time the request then waited
+	// for the handler was the caller's too.
+	from := time.Now()
+	if b, ok := ctx.Value(beginKey{}).(*beginCtx); ok {
+		from = b.at
+	}
+	ctx, cancel := batch.CallerDeadline(ctx, from.Add(left))
 	return ctx, cancel, left, nil
 }
 
@@ -81,6 +87,7 @@ func (s *Server) unaryCaller(ctx context.Context, req any, info *grpc.UnaryServe
 	resp, err := handler(ctx, req)
 	if cancel != nil {
 		err = passed(err, left)
+		s.noteLate(ctx, info.FullMethod, left, err)
 	}
 	if id != "" {
 		err = stoppedByCaller(ctx, err, id)
@@ -121,11 +128,33 @@ func (s *Server) streamCaller(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 	err = handler(srv, &deadlineStream{ServerStream: ss, ctx: ctx})
 	if cancel != nil {
 		err = passed(err, left)
+		s.noteLate(ctx, info.FullMethod, left, err)
 	}
 	if id != "" {
 		err = stoppedByCaller(ctx, err, id)
 	}
 	return err
+}
+
+// lateAnswer is how far past its caller's deadline a call's answer is
+// logged: a deadline this daemon did not keep, with where its time went
+// (before the handler, or in it).
+const lateAnswer = 50 * time.Millisecond
+
+// noteLate logs a call answered more than lateAnswer past its caller's
+// deadline (left, from the moment its headers arrived): the time the
+// request waited for its handler is told apart from the handler's own.
+func (s *Server) noteLate(ctx context.Context, method string, left time.Duration, err error) {
+	b, ok := ctx.Value(beginKey{}).(*beginCtx)
+	if !ok {
+		return
+	}
+	late := time.Since(b.at) - left
+	if late <= lateAnswer {
+		return
+	}
+	s.cfg.Log.Warn("a call was answered past its caller's deadline", "method", method, "deadline", left,
+		"late", late, "error", err)
 }
 
 type deadlineStream struct {
