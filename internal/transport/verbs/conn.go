@@ -140,10 +140,12 @@ type qpSet struct {
 	// reused: Writes are serialised, and the data path allocates nothing).
 	stallTimer *time.Timer
 	// postCut, postMu, posting and cutEarly stop a write still inside a
-	// post call past its deadline from outside it (armPostCut).
+	// post call past its deadline from outside it (armPostCut); posting
+	// counts the post calls under way (a prepared write's posters run
+	// several at once).
 	postCut  *time.Timer
 	postMu   sync.Mutex
-	posting  bool
+	posting  int
 	cutEarly atomic.Bool
 	broken   chan struct{}
 	failOnce sync.Once

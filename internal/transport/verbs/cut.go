@@ -196,7 +196,7 @@ func (s *qpSet) armPostCut(ctx context.Context) bool {
 
 func (s *qpSet) enterPost() {
 	s.postMu.Lock()
-	s.posting = true
+	s.posting++
 	s.postMu.Unlock()
 }
 
@@ -204,7 +204,7 @@ func (s *qpSet) enterPost() {
 // touches the QPs any more (the set may be destroyed once the write ends).
 func (s *qpSet) leavePost() {
 	s.postMu.Lock()
-	s.posting = false
+	s.posting--
 	s.postMu.Unlock()
 }
 
@@ -215,7 +215,7 @@ func (s *qpSet) leavePost() {
 func (s *qpSet) onPostCut() {
 	s.postMu.Lock()
 	defer s.postMu.Unlock()
-	if !s.posting {
+	if s.posting == 0 {
 		return
 	}
 	s.cutEarly.Store(true)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // A batch cut off by its deadline with WRs in flight posts nothing more
@@ -118,14 +119,20 @@ func afterStop(t *testing.T, p *pair, err error) {
 // and a big one still in flight (its QPs stopped). The error is
 // DeadlineExceeded and says the connection was dropped; no byte of the
 // destination changes after the answer, while the receiver is held nor
-// once it runs again; the next connection lands every block.
+// once it runs again; the next connection lands every block. A prepared
+// write is cut the same way (its posters' calls are watched too).
 func TestHWDeadlineFrozenReceiver(t *testing.T) {
 	dev := hwDevice(t)
 	for _, tc := range []struct {
-		name   string
-		size   int
-		blocks int
-	}{{"posted work completed", 1 << 20, 16}, {"work in flight", 64 << 20, 64 << 20 / 4096}} {
+		name     string
+		size     int
+		blocks   int
+		prepared bool
+	}{
+		{"posted work completed", 1 << 20, 16, false},
+		{"work in flight", 64 << 20, 64 << 20 / 4096, false},
+		{"prepared, work in flight", 64 << 20, 64 << 20 / 4096, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			size := tc.size
 			p := newPair(t, testConfig(dev), size)
@@ -137,7 +144,7 @@ func TestHWDeadlineFrozenReceiver(t *testing.T) {
 			// loaded host now and then runs no user code for longer than
 			// the sampled sleeps show. Every lateness is logged.
 			for attempt := 1; ; attempt++ {
-				late := frozenCut(t, p, b, r)
+				late := frozenCut(t, p, b, r, tc.prepared)
 				p.conn.Close()
 				p.connect(t)
 				clear(p.dm.Host)
@@ -159,14 +166,33 @@ func TestHWDeadlineFrozenReceiver(t *testing.T) {
 
 // frozenCut runs one cut of b on p with the receiving poller held: it
 // fails the test on a wrong error or a byte landing after the answer, and
-// returns why the answer was late ("" when it was not).
-func frozenCut(t *testing.T, p *pair, b *desc.Batch, r *rand.Rand) string {
+// returns why the answer was late ("" when it was not). With prepared,
+// the cut write is a prepared one.
+func frozenCut(t *testing.T, p *pair, b *desc.Batch, r *rand.Rand, prepared bool) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel()
 	r.Read(p.sm.Host)
 	if _, err := p.conn.Write(ctx, p.src, p.remote, b); err != nil { // connected and warm
 		t.Fatal(err)
+	}
+	write := func(ctx context.Context) error {
+		_, err := p.conn.Write(ctx, p.src, p.remote, b)
+		return err
+	}
+	if prepared {
+		pr, err := p.conn.(transport.Preparer).Prepare(p.src, p.remote, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pr.Close()
+		if _, err := pr.Write(ctx); err != nil { // its plan posted once
+			t.Fatal(err)
+		}
+		write = func(ctx context.Context) error {
+			_, err := pr.Write(ctx)
+			return err
+		}
 	}
 	clear(p.dm.Host)
 	r.Read(p.sm.Host)
@@ -189,7 +215,7 @@ func frozenCut(t *testing.T, p *pair, b *desc.Batch, r *rand.Rand) string {
 	cctx, ccancel := context.WithTimeout(context.Background(), deadline)
 	defer ccancel()
 	start := time.Now()
-	_, err := p.conn.Write(cctx, p.src, p.remote, b)
+	err := write(cctx)
 	took := time.Since(start)
 	snap := bytes.Clone(p.dm.Host)
 	close(stop)

@@ -198,6 +198,15 @@ func (s *qpSet) writePrepared(ctx context.Context, p *prepared, st transport.Sta
 		// 306 ms.)
 		j.q, j.tag, j.maxWR, j.maxBytes, j.minPost = q, tag, cfg.MaxChain, uint64(cfg.ChainBytes), minPost
 		j.ctx = ctx
+		j.watch = nil
+	}
+	// As postChains: a share still inside a post call past the deadline
+	// is stopped from outside it.
+	if s.armPostCut(ctx) {
+		defer s.postCut.Stop()
+		for k := range p.jobs {
+			p.jobs[k].watch = s
+		}
 	}
 	for pending := nq; pending > 0; {
 		t0 := time.Now()
@@ -212,6 +221,10 @@ func (s *qpSet) writePrepared(ctx context.Context, p *prepared, st transport.Sta
 			if p.plan.Left(k) > 0 {
 				pending++
 			}
+		}
+		if err != nil && s.cutEarly.Load() { // failed on the cut's stopped QPs, past ctx's deadline
+			<-ctx.Done()
+			return st, s.abandon(ctx, tag)
 		}
 		if err != nil {
 			err = fmt.Errorf("verbs: prepared batch %d to %s: %w", tag, s.peer, err)
@@ -228,7 +241,7 @@ func (s *qpSet) writePrepared(ctx context.Context, p *prepared, st transport.Sta
 		}
 	}
 	for k := range p.jobs {
-		p.jobs[k].ctx = nil // not kept past the Write
+		p.jobs[k].ctx, p.jobs[k].watch = nil, nil // not kept past the Write
 	}
 	return st, s.awaitAck(ctx, tag, &p.dst)
 }
@@ -241,6 +254,7 @@ type postJob struct {
 	k        int
 	q        *qpState        // nil: patch only (benchmarks)
 	ctx      context.Context // checked before every chain but the first
+	watch    *qpSet          // non-nil: its post calls are bracketed for the post watch
 	tag      uint32
 	maxWR    int
 	maxBytes uint64
@@ -275,7 +289,13 @@ func (j *postJob) run() {
 			posted, _, err = j.plan.Patch(j.k, n, j.maxBytes, j.tag)
 		} else {
 			n = min(n, j.q.avail())
+			if j.watch != nil {
+				j.watch.enterPost()
+			}
 			posted, _, err = j.q.qp.PostPlan(j.plan, j.k, n, j.maxBytes, j.tag)
+			if j.watch != nil {
+				j.watch.leavePost()
+			}
 			j.q.posted = j.plan.Seq(j.k)
 		}
 		j.wrs += posted
