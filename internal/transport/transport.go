@@ -184,7 +184,8 @@ type Conn interface {
 	// deadline and may be called concurrently.
 	Write(ctx context.Context, src Registration, dst RemoteRegion, b *desc.Batch) (Stats, error)
 	// Err is nil while the connection is usable; once it broke, the peer
-	// manager drops it and connects afresh.
+	// manager drops it and connects afresh. It never waits for a batch in
+	// flight: the manager asks it holding the peer's lock.
 	Err() error
 	// Close tears the connection down; safe to call twice.
 	Close() error

@@ -61,6 +61,9 @@ type Conn struct {
 	c       *net.UnixConn
 	broken  error
 	closed  bool
+	// errNow mirrors broken and closed for Err, which must not wait for a
+	// batch in flight (the peer manager asks it holding the peer's lock).
+	errNow  atomic.Pointer[error]
 	cache   map[uint64]*remote
 	streams map[int][]*gpudirect.Stream
 	req     [requestSize]byte
@@ -199,6 +202,9 @@ func (c *Conn) readReply(wantFD bool) (reply, []byte, int, error) {
 func (c *Conn) fail(err error) error {
 	if c.broken == nil {
 		c.broken = fmt.Errorf("%w: samehost connection to %s: %v", errs.ErrAborted, c.sock, err)
+		if c.errNow.Load() == nil {
+			c.errNow.Store(&c.broken)
+		}
 	}
 	return c.broken
 }
@@ -212,14 +218,18 @@ func (c *Conn) send(op, flags uint32, key, a, b uint64) error {
 	return nil
 }
 
-// Err is nil while the connection is usable.
+// errClosed is Err's answer once the connection is closed.
+var errClosed = fmt.Errorf("%w: samehost connection is closed", errs.ErrUnavailable)
+
+// Err is nil while the connection is usable. It takes no lock: a batch in
+// flight to a stopped peer holds c.mu up to its deadline, and the peer
+// manager asks Err holding the peer's lock, which every call to that peer
+// waits for.
 func (c *Conn) Err() error {
-	c.lock()
-	defer c.unlock()
-	if c.closed {
-		return fmt.Errorf("%w: samehost connection is closed", errs.ErrUnavailable)
+	if p := c.errNow.Load(); p != nil {
+		return *p
 	}
-	return c.broken
+	return nil
 }
 
 // Close unmaps every cached destination and closes the socket.
@@ -237,6 +247,8 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	c.closed = true
+	closedErr := errClosed
+	c.errNow.Store(&closedErr) // closed is told before broken, as it always was
 	var err error
 	for k, r := range c.cache {
 		err = errors.Join(err, c.unmap(r))

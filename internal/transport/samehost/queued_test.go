@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -115,5 +116,50 @@ func TestCloseCutsBatchInFlight(t *testing.T) {
 	}
 	if _, err := p.conn.Write(context.Background(), p.src, dst, b); err == nil {
 		t.Fatal("a batch on a closed conn answered OK")
+	}
+}
+
+// TestErrDoesNotWaitForBatch: Err answers at once while a batch waits on a
+// stalled receiver. The peer manager asks Err holding the peer's lock, so
+// an Err that waited for the batch held every call to that peer past its
+// own deadline (the chaos soak's overruns against a frozen peer).
+func TestErrDoesNotWaitForBatch(t *testing.T) {
+	const long = 3 * time.Second
+	p := newPair(t, 1<<20)
+	dst := transport.RemoteRegion{Name: "d", Size: 1 << 20, Key: p.dst.Key()}
+	b := gapped(4, 4096)
+	p.in.mu.Lock()
+	unlocked := false
+	defer func() {
+		if !unlocked {
+			p.in.mu.Unlock()
+		}
+	}()
+	first := make(chan error, 1)
+	firstStart := time.Now()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), long)
+		defer cancel()
+		_, err := p.conn.Write(ctx, p.src, dst, b)
+		first <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the batch waits on the receiver now
+	start := time.Now()
+	err := p.conn.Err()
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("Err = %v while a batch is in flight on a sound connection", err)
+	}
+	if left := long - time.Since(firstStart); took > left/2 {
+		t.Fatalf("Err took %v: it waited for the batch in flight", took)
+	}
+	p.in.mu.Unlock()
+	unlocked = true
+	<-first
+	if err := p.conn.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.conn.Err(); !errors.Is(err, errs.ErrUnavailable) {
+		t.Fatalf("Err after Close = %v, want Unavailable", err)
 	}
 }
