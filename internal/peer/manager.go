@@ -258,22 +258,35 @@ func (m *Manager) dropUnused(st *state) {
 	}
 	m.mu.Unlock()
 	if drop {
-		st.closeLocked()
+		st.closeLocked(false)
 	}
 }
 
 // closeLocked closes st's data connections, then its control connection
-// (a data connection may say goodbye over it). The caller holds st.mu.
-func (st *state) closeLocked() {
+// (a data connection may say goodbye over it): in the background unless
+// wait, as closing a channel whose dial to a stopped peer is under way
+// waits for that dial, and the caller holds st.mu, which every call to the
+// peer waits for.
+func (st *state) closeLocked(wait bool) {
 	for k, c := range st.conns {
 		_ = c.Close()
 		delete(st.conns, k)
 	}
 	if st.cc != nil {
-		_ = st.cc.Close()
+		if wait {
+			_ = st.cc.Close()
+		} else {
+			closeChannel(st.cc)
+		}
 		st.cc, st.client = nil, nil
 	}
 	st.hs = nil
+}
+
+// closeChannel closes a peer's control channel in the background (see
+// closeLocked).
+func closeChannel(cc *grpc.ClientConn) {
+	go func() { _ = cc.Close() }()
 }
 
 // stopReaperIfEmpty ends the reaper once no peer is kept; the next new
@@ -318,7 +331,7 @@ func (m *Manager) reap(now time.Time, idle time.Duration) {
 		if st.up {
 			m.log.Info("peer idle: its connections are closed until the next batch", "peer", st.addr, "idle_timeout", idle)
 		}
-		st.closeLocked()
+		st.closeLocked(false)
 		st.mu.Unlock()
 	}
 }
@@ -416,7 +429,7 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		// fails calls at once with the old error until its reconnect backoff
 		// expires. A restarted peer must be reachable by the very next batch
 		// (and a dead one still fail fast): a fresh channel dials now.
-		_ = st.cc.Close()
+		closeChannel(st.cc)
 		st.cc, st.client = nil, nil
 	}
 	if st.cc == nil {
@@ -447,7 +460,7 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 		// No channel is kept for a peer that failed: gRPC would redial it
 		// in the background, with a warning each time, until the daemon
 		// stops. A restarted peer is dialled afresh by the next batch.
-		_ = st.cc.Close()
+		closeChannel(st.cc)
 		st.cc, st.client = nil, nil
 		if st.up {
 			m.log.Warn("peer unreachable", "peer", st.addr, "error", err)
@@ -600,7 +613,7 @@ func (m *Manager) Close() {
 	m.mu.Unlock()
 	for _, st := range peers {
 		st.mu.Lock()
-		st.closeLocked()
+		st.closeLocked(true)
 		st.mu.Unlock()
 	}
 }
