@@ -57,10 +57,10 @@ type prepared struct {
 
 	bind    atomic.Pointer[binding]
 	stale   atomic.Pointer[staleness]
-	rebind  sync.Mutex // serialises re-preparing on a fresh connection
-	mu      sync.Mutex // guards the rest
-	active  int        // submits in flight
-	dropped bool       // released: no new submits; freed when active is 0
+	rebind  chan struct{} // one slot: serialises re-preparing; a submit leaves at its deadline
+	mu      sync.Mutex    // guards the rest
+	active  int           // submits in flight
+	dropped bool          // released: no new submits; freed when active is 0
 }
 
 type staleness struct{ err error }
@@ -139,7 +139,7 @@ func (s *Service) prepare1(ctx context.Context, r Request, o Owner) (PlanInfo, e
 		s.unreserve(o.Caller)
 		return PlanInfo{}, err
 	}
-	pp := &prepared{owner: o, p: p, instance: s.cfg.Peers.Instance(p.peer)}
+	pp := &prepared{owner: o, p: p, instance: s.cfg.Peers.Instance(p.peer), rebind: make(chan struct{}, 1)}
 	ph := Phases{Validate: p.validate, Plan: p.merge}
 	b, err := s.bind(ctx, pp, &ph, false)
 	if err != nil {
@@ -270,7 +270,11 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 	if pr, ok := sess.Conn.(transport.Preparer); ok && p.op == OpWrite {
 		// A pull's plan is the validated, merged batch and its binding:
 		// each submit reads it (no transport builds read work ahead yet).
-		b.prep, err = pr.Prepare(reg, remote, &p.merged)
+		if again {
+			b.prep, err = pp.prepareWithin(ctx, pr, reg, remote)
+		} else {
+			b.prep, err = pr.Prepare(reg, remote, &p.merged)
+		}
 		if err != nil {
 			if sess.Conn.Err() != nil {
 				s.cfg.Peers.Broken(p.peer, sess)
@@ -283,6 +287,40 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 		}
 	}
 	return b, nil
+}
+
+// prepareWithin is pr.Prepare of pp's batch for a submit, answering by
+// ctx's end: Prepare takes no context, and a transport's warm-up there
+// waits on the peer up to its own bound (the same-host path's, 30 s, when
+// the peer is stopped), far past a submit's deadline. A Prepare that ends
+// after ctx is closed then; until it ends it counts as a submit in flight,
+// so the plan and its source stay.
+func (pp *prepared) prepareWithin(ctx context.Context, pr transport.Preparer, reg transport.Registration, remote transport.RemoteRegion) (transport.Prepared, error) {
+	type result struct {
+		p   transport.Prepared
+		err error
+	}
+	done := make(chan result, 1)
+	pp.mu.Lock()
+	pp.active++
+	pp.mu.Unlock()
+	go func() {
+		p, err := pr.Prepare(reg, remote, &pp.p.merged)
+		done <- result{p, err}
+	}()
+	select {
+	case r := <-done:
+		pp.done()
+		return r.p, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.p != nil {
+				_ = r.p.Close()
+			}
+			pp.done()
+		}()
+		return nil, fmt.Errorf("%w before the transport prepared it again: %w", ctx.Err(), transport.ErrNotSent)
+	}
 }
 
 // moved says whether the destination resolved as remote over sess is not
@@ -472,8 +510,14 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 // rebound returns pp's binding on a fresh connection, made by this submit
 // or by a concurrent one that found old broken too.
 func (s *Service) rebound(ctx context.Context, pp *prepared, old *binding, ph *Phases) (*binding, error) {
-	pp.rebind.Lock()
-	defer pp.rebind.Unlock()
+	// Another submit may be re-preparing against a stopped peer: this one
+	// waits no longer than its own deadline (nothing of it was sent).
+	select {
+	case pp.rebind <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("plan %d: %w while another submit prepared it again on a fresh connection: %w", pp.handle, ctx.Err(), transport.ErrNotSent)
+	}
+	defer func() { <-pp.rebind }()
 	if st := pp.stale.Load(); st != nil {
 		return nil, st.err
 	}

@@ -2,9 +2,13 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
@@ -176,5 +180,85 @@ func TestPreparedBrokenBetweenSubmitsKeepsTheRetry(t *testing.T) {
 	}
 	if fp.gets != 3 || fp.broken != 2 || fp.conns[0].writes != 0 || fp.conns[1].writes != 1 || fp.conns[2].writes != 1 {
 		t.Fatalf("%d gets, %d broken, writes %d/%d/%d: want 3, 2, 0/1/1", fp.gets, fp.broken, fp.conns[0].writes, fp.conns[1].writes, fp.conns[2].writes)
+	}
+}
+
+// stuckPreparer is a connection whose Prepare waits for gate, as a
+// same-host connection's warm-up waits on a stopped peer (to its own 30 s
+// bound: Prepare takes no context).
+type stuckPreparer struct {
+	*fakeConn
+	gate     chan struct{}
+	prepared atomic.Int32
+	closed   atomic.Int32
+}
+
+func (c *stuckPreparer) Prepare(transport.Registration, transport.RemoteRegion, *desc.Batch) (transport.Prepared, error) {
+	<-c.gate
+	c.prepared.Add(1)
+	return &countedPrepared{c: c}, nil
+}
+
+type countedPrepared struct{ c *stuckPreparer }
+
+func (p *countedPrepared) Write(context.Context) (transport.Stats, error) {
+	return transport.Stats{}, nil
+}
+func (p *countedPrepared) Close() error {
+	p.c.closed.Add(1)
+	return nil
+}
+
+// A submit whose plan is prepared again on a fresh connection answers at
+// its own deadline when that Prepare waits on the peer, and so does a
+// submit queued behind it; the late Prepare's work is freed once it ends.
+func TestPreparedRebindAnswersAtDeadline(t *testing.T) {
+	cut := fmt.Errorf("%w: tcp: connection reset by peer", errs.ErrAborted)
+	stuck := &stuckPreparer{fakeConn: &fakeConn{}, gate: make(chan struct{})}
+	fp := &fakePeers{conns: []*fakeConn{{errs: []error{cut}, breaks: true}, stuck.fakeConn},
+		answers: []answer{{size: regionSize}}, insts: []uint64{1}}
+	fp.wrap = func(c *fakeConn) transport.Conn {
+		if c == stuck.fakeConn {
+			return stuck
+		}
+		return c
+	}
+	s, req, info := preparedRig(t, fp)
+	const deadline = 200 * time.Millisecond
+	var once sync.Once
+	release := func() { once.Do(func() { close(stuck.gate) }) }
+	time.AfterFunc(6*time.Second, release) // a submit that waits for it fails below, not hangs
+	errc := make(chan error, 2)
+	took := make(chan time.Duration, 2)
+	for range 2 { // the second waits for the first's re-bind
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), deadline)
+			defer cancel()
+			start := time.Now()
+			_, err := s.Submit(ctx, ownerOf(req), info.Handle)
+			took <- time.Since(start)
+			errc <- err
+		}()
+	}
+	for range 2 {
+		err, d := <-errc, <-took
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("submit while the re-bind's Prepare waits: %v, want DeadlineExceeded", err)
+		}
+		// The Prepare is held for as long as the test runs: an answer well
+		// before 5 s can only be the submit's own deadline.
+		if d > 5*time.Second {
+			t.Fatalf("submit answered after %v, its deadline %v: it waited for the Prepare", d, deadline)
+		}
+	}
+	release()
+	if err := s.Release(ownerOf(req), info.Handle); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(10 * time.Second); stuck.closed.Load() != stuck.prepared.Load() || stuck.prepared.Load() == 0; {
+		if time.Now().After(end) {
+			t.Fatalf("%d late Prepares, %d closed", stuck.prepared.Load(), stuck.closed.Load())
+		}
+		time.Sleep(10 * time.Millisecond) // a poll interval, not a synchronisation
 	}
 }
