@@ -19,7 +19,7 @@ func TestParseFlags(t *testing.T) {
 		want []string // substrings of the error; none: no error
 	}{
 		{"defaults", nil, nil},
-		{"short form", []string{"--duration", "60s", "--chaos", "kill,worker,truncate,layout,narrow"}, nil},
+		{"a chaos subset", []string{"--duration", "60s", "--chaos", "kill,worker,truncate,layout,narrow"}, nil},
 		{"no chaos", []string{"--chaos", ""}, nil},
 		{"three daemons", []string{"--daemons", "3"}, []string{"--daemons 3", "4..16"}},
 		{"all stable", []string{"--stable", "4"}, []string{"--stable 4", "1..3"}},
