@@ -8,6 +8,10 @@
 # removes it if it created it, so the machine is as it found it.
 set -euo pipefail
 deb=$1 version=$2
+# The package goes into this host's system: two runs at once (two clones' make test) would remove each
+# other's install, so they take turns.
+exec 9>"${TMPDIR:-/tmp}/b2bd-test-deb.lock"
+flock 9
 fail() { echo "test-deb: FAIL: $*" >&2; exit 1; }
 sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo" # dpkg -i needs root; CI may run as a sudoer
 if ! command -v lintian >/dev/null; then
