@@ -3,9 +3,11 @@ package samehost
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -31,13 +33,7 @@ func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
 			p := newPair(t, 1<<20)
 			dst := transport.RemoteRegion{Name: "d", Size: 1 << 20, Key: p.dst.Key()}
 			b := gapped(4, 4096)
-			p.in.mu.Lock()
-			unlocked := false
-			defer func() {
-				if !unlocked {
-					p.in.mu.Unlock()
-				}
-			}()
+			release := holdReceiver(t, p)
 			firstStart := time.Now()
 			first := make(chan error, 1)
 			go func() {
@@ -75,8 +71,7 @@ func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
 			if left := long - time.Since(firstStart); took > short+left/2 {
 				t.Fatalf("queued call answered after %v (its cut at %v); it waited for the batch ahead of it", took, short)
 			}
-			p.in.mu.Unlock()
-			unlocked = true
+			release()
 			if err := <-first; err != nil {
 				t.Logf("first batch: %v", err)
 			}
@@ -91,18 +86,7 @@ func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
 func TestCloseCutsBatchInFlight(t *testing.T) {
 	const long = 3 * time.Second
 	p := newPair(t, 1<<20)
-	dst := transport.RemoteRegion{Name: "d", Size: 1 << 20, Key: p.dst.Key()}
-	b := gapped(4, 4096)
-	p.in.mu.Lock()
-	defer p.in.mu.Unlock()
-	first := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), long)
-		defer cancel()
-		_, err := p.conn.Write(ctx, p.src, dst, b)
-		first <- err
-	}()
-	time.Sleep(50 * time.Millisecond) // the batch waits on the receiver now
+	_, dst, b, first := stalledWrite(t, p, long)
 	start := time.Now()
 	if err := p.conn.Close(); err != nil {
 		t.Fatal(err)
@@ -126,24 +110,8 @@ func TestCloseCutsBatchInFlight(t *testing.T) {
 func TestErrDoesNotWaitForBatch(t *testing.T) {
 	const long = 3 * time.Second
 	p := newPair(t, 1<<20)
-	dst := transport.RemoteRegion{Name: "d", Size: 1 << 20, Key: p.dst.Key()}
-	b := gapped(4, 4096)
-	p.in.mu.Lock()
-	unlocked := false
-	defer func() {
-		if !unlocked {
-			p.in.mu.Unlock()
-		}
-	}()
-	first := make(chan error, 1)
 	firstStart := time.Now()
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), long)
-		defer cancel()
-		_, err := p.conn.Write(ctx, p.src, dst, b)
-		first <- err
-	}()
-	time.Sleep(50 * time.Millisecond) // the batch waits on the receiver now
+	release, _, _, first := stalledWrite(t, p, long)
 	start := time.Now()
 	err := p.conn.Err()
 	took := time.Since(start)
@@ -153,8 +121,7 @@ func TestErrDoesNotWaitForBatch(t *testing.T) {
 	if left := long - time.Since(firstStart); took > left/2 {
 		t.Fatalf("Err took %v: it waited for the batch in flight", took)
 	}
-	p.in.mu.Unlock()
-	unlocked = true
+	release()
 	<-first
 	if err := p.conn.Close(); err != nil {
 		t.Fatal(err)
@@ -162,4 +129,32 @@ func TestErrDoesNotWaitForBatch(t *testing.T) {
 	if err := p.conn.Err(); !errors.Is(err, errs.ErrUnavailable) {
 		t.Fatalf("Err after Close = %v, want Unavailable", err)
 	}
+}
+
+// holdReceiver stalls p's receiver (its Pin held, as a stopped peer daemon
+// never answers) until the returned release, which the test's end calls too.
+func holdReceiver(t *testing.T, p *pair) (release func()) {
+	p.in.mu.Lock()
+	var once sync.Once
+	release = func() { once.Do(p.in.mu.Unlock) }
+	t.Cleanup(release)
+	return release
+}
+
+// stalledWrite holds p's receiver (holdReceiver) and starts a write of a few
+// blocks with deadline long, which waits on it by the time this returns;
+// its error comes on first.
+func stalledWrite(t *testing.T, p *pair, long time.Duration) (release func(), dst transport.RemoteRegion, b *desc.Batch, first <-chan error) {
+	dst = transport.RemoteRegion{Name: "d", Size: 1 << 20, Key: p.dst.Key()}
+	b = gapped(4, 4096)
+	release = holdReceiver(t, p)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), long)
+		defer cancel()
+		_, err := p.conn.Write(ctx, p.src, dst, b)
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the batch waits on the receiver now
+	return release, dst, b, done
 }
