@@ -53,7 +53,7 @@ type ControlRow struct {
 	Workload     string  `json:"workload"` // "control"
 	Path         string  `json:"path"`     // "grpc" or "ring"
 	Client       string  `json:"client"`   // "go"
-	Op           string  `json:"op"`       // "ping", "ping_idle" (after ControlIdleGap) or "submit"
+	Op           string  `json:"op"`       // "ping", "ping_idle" (after ControlIdleGap), "submit" or "blocks" (1 id, ControlBlockSegments segments)
 	Blocks       int     `json:"blocks,omitempty"`
 	BlockBytes   uint64  `json:"block_bytes,omitempty"`
 	Calls        int     `json:"calls"`
@@ -200,6 +200,9 @@ func controlRun(ctx context.Context, cfg Config, rep *ControlReport, out io.Writ
 			return fmt.Errorf("submit %d blocks: %w", shape.blocks, err)
 		}
 		add("submit", shape.blocks, gs, rs)
+	}
+	if err := controlBlocks(ctx, cfg, eps, ring, src, dst, export, add); err != nil {
+		return err
 	}
 	tw.Flush()
 	if rep.RingOverGRPCPing != nil {
