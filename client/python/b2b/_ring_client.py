@@ -142,6 +142,21 @@ def _route(client: "Client", slot: RingSlot, key: Tuple[str, str, str, int, int]
     return h
 
 
+def _inline_ids(v: Any, name: str) -> Optional[List[int]]:
+    """Ids that fit a ring record (1 to MAX_INLINE_IDS) as a list; ``None``
+    for more or none. A short list of ints skips numpy; anything else is
+    checked by as_u32, which raises as the gRPC path would."""
+    if type(v) in (list, tuple) and 1 <= len(v) <= MAX_INLINE_IDS and all(type(x) is int and 0 <= x <= 0xFFFFFFFF for x in v):
+        return list(v)
+    try:
+        if len(v) > MAX_INLINE_IDS:
+            return None  # gRPC's: no point packing twice
+    except TypeError:
+        pass  # as_u32 says what is wrong with it
+    a = as_u32(v, name)
+    return a.tolist() if 1 <= a.shape[0] <= MAX_INLINE_IDS else None
+
+
 def transfer_blocks(client: "Client", slot: RingSlot, local_layout: str, peer: str, remote_layout: str, local_ids: Any,
                     remote_ids: Any, timeout: Optional[float], transport: Any, op: Any) -> Optional[TransferResult]:
     """:meth:`Client.transfer_blocks` through the ring when the ids fit one
@@ -149,8 +164,8 @@ def transfer_blocks(client: "Client", slot: RingSlot, local_layout: str, peer: s
     ms = _timeout_ms(timeout)
     if ms is None or slot.path is None or not local_layout or not peer or not remote_layout:
         return None
-    lids, rids = as_u32(local_ids, "local_ids"), as_u32(remote_ids, "remote_ids")
-    if lids.shape[0] != rids.shape[0] or not 1 <= lids.shape[0] <= MAX_INLINE_IDS:
+    lids, rids = _inline_ids(local_ids, "local_ids"), _inline_ids(remote_ids, "remote_ids")
+    if lids is None or rids is None or len(lids) != len(rids):
         return None
     ring = slot.get()
     if ring is None:
@@ -163,7 +178,7 @@ def transfer_blocks(client: "Client", slot: RingSlot, local_layout: str, peer: s
         tag = None
         try:
             with _interrupts_deferred():
-                tag = ring.start_blocks(h, lids.tolist(), rids.tolist(), ms)
+                tag = ring.start_blocks(h, lids, rids, ms)
             c = ring.wait(tag)
         except B2BError:
             raise

@@ -423,7 +423,8 @@ class RingBlocksTest(TwoDaemons):
             for sb, db in [(3, 5), (0, 7), (7, 0)]:
                 self.random_fill(self.src)
                 before = self.ring._tag
-                r = self.a.transfer_blocks(self.n + "-src", self.peer_b, self.n + "-dst", [sb], [db], timeout=timeout)
+                ids = np.array([sb], np.int64) if db == 7 else [sb]  # numpy ids take the ring too
+                r = self.a.transfer_blocks(self.n + "-src", self.peer_b, self.n + "-dst", ids, [db], timeout=timeout)
                 self.assertEqual(self.ring._tag, before + 1, "the transfer did not go through the ring")
                 self.assertEqual((r.blocks, r.bytes), (self.SEGS, self.SEGS * self.BL))
                 self.assertGreater(r.phases.total_ns, 0)
