@@ -128,15 +128,18 @@ def _route(client: "Client", slot: RingSlot, key: Tuple[str, str, str, int, int]
         h = client._call(client._stub.BindBlockRoute, req, client.timeout).handle
     except B2BError:
         return None
-    old = None
+    old = []
     with slot.routes_lock:
-        slot.routes[key] = h
-        if len(slot.routes) > MAX_ROUTES:
-            k0 = next(iter(slot.routes))
-            old = slot.routes.pop(k0)
-    if old is not None:
+        won = slot.routes.get(key)
+        if won is not None:  # another thread bound it meanwhile: keep one
+            h, old = won, [h]
+        else:
+            slot.routes[key] = h
+            while len(slot.routes) > MAX_ROUTES:
+                old.append(slot.routes.pop(next(iter(slot.routes))))
+    for o in old:
         try:
-            client._call(client._stub.ReleaseBlockRoute, pb.ReleaseBlockRouteRequest(handle=old), client.timeout)
+            client._call(client._stub.ReleaseBlockRoute, pb.ReleaseBlockRouteRequest(handle=o), client.timeout)
         except B2BError:
             pass  # gone with a reconnect already
     return h

@@ -459,3 +459,29 @@ class RingBlocksTest(TwoDaemons):
         err = self.ring.wait(t).error()
         self.assertIsInstance(err, b2b.NotFoundError)
         self.assertIn("block route 424242", err.message)
+
+    def test_route_rebound_and_evicted(self):
+        src, dst = self.n + "-src", self.n + "-dst"
+        key = (src, self.peer_b, dst, 0, 0)  # the daemon's transport, a write
+        self.a.transfer_blocks(src, self.peer_b, dst, [1], [2])
+        h = self.a._ring.routes[key]
+        # Freed behind the client's back (as a reconnect frees it): the next
+        # transfer is refused NotFound, binds again, and goes through the ring.
+        self.a.stub.ReleaseBlockRoute(pb.ReleaseBlockRouteRequest(handle=h), timeout=10)
+        self.random_fill(self.src)
+        before = self.ring._tag
+        self.a.transfer_blocks(src, self.peer_b, dst, [1], [2])
+        self.assertEqual(self.ring._tag, before + 2)
+        h2 = self.a._ring.routes[key]
+        self.assertNotEqual(h2, h)
+        self.assert_blocks_equal(self.src, self.offsets(1), self.dst, self.offsets(2), self.BL)
+        # Past the cache's bound the oldest route is released.
+        with mock.patch.object(_ring_client, "MAX_ROUTES", 1):
+            for k, transport in enumerate(["tcp", None, "tcp"]):
+                self.random_fill(self.src)
+                self.a.transfer_blocks(src, self.peer_b, dst, [k], [3], transport=transport)
+                self.assertEqual(len(self.a._ring.routes), 1)
+                self.assert_blocks_equal(self.src, self.offsets(k), self.dst, self.offsets(3), self.BL)
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.a.stub.ReleaseBlockRoute(pb.ReleaseBlockRouteRequest(handle=h2), timeout=10)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
