@@ -52,7 +52,7 @@ type ControlReport struct {
 type ControlRow struct {
 	Workload     string  `json:"workload"` // "control"
 	Path         string  `json:"path"`     // "grpc" or "ring"
-	Client       string  `json:"client"`   // "go"
+	Client       string  `json:"client"`   // "go" or "python" (client/python/bench_control.py)
 	Op           string  `json:"op"`       // "ping", "ping_idle" (after ControlIdleGap), "submit" or "blocks" (1 id, ControlBlockSegments segments)
 	Blocks       int     `json:"blocks,omitempty"`
 	BlockBytes   uint64  `json:"block_bytes,omitempty"`
@@ -208,7 +208,7 @@ func controlRun(ctx context.Context, cfg Config, rep *ControlReport, out io.Writ
 	if rep.RingOverGRPCPing != nil {
 		fmt.Fprintf(out, "ring/gRPC ping median ratio %.3f\n", *rep.RingOverGRPCPing)
 	}
-	return nil
+	return controlPyRows(ctx, eps, rep, out)
 }
 
 // interleave times n calls of a and of b after ControlWarmup of each, in
