@@ -459,6 +459,14 @@ class RingBlocksTest(TwoDaemons):
         err = self.ring.wait(t).error()
         self.assertIsInstance(err, b2b.NotFoundError)
         self.assertIn("block route 424242", err.message)
+        # Records the client never posts: refused by field, and the ring serves on.
+        for route, ms, pairs, msg in [(5, 0, [], "length 16 for op blocks"), (0, 0, [1, 2], "route handle is 0"),
+                                      (5, _ring.MAX_TIMEOUT_MS + 1, [1, 2], "timeout_ms 86400001")]:
+            (t,) = self.ring._post([(_ring.OP_BLOCKS, route, ms, pairs)])
+            err = self.ring.wait(t).error()
+            self.assertIsInstance(err, b2b.InvalidArgumentError, msg)
+            self.assertIn(msg, err.message)
+        self.ring.ping()
 
     def test_route_rebound_and_evicted(self):
         src, dst = self.n + "-src", self.n + "-dst"
