@@ -52,8 +52,8 @@ type ControlReport struct {
 type ControlRow struct {
 	Workload     string  `json:"workload"` // "control"
 	Path         string  `json:"path"`     // "grpc" or "ring"
-	Client       string  `json:"client"`   // "go"
-	Op           string  `json:"op"`       // "ping", "ping_idle" (after ControlIdleGap) or "submit"
+	Client       string  `json:"client"`   // "go" or "python" (client/python/bench_control.py)
+	Op           string  `json:"op"`       // "ping", "ping_idle" (after ControlIdleGap), "submit" or "blocks" (1 id, ControlBlockSegments segments)
 	Blocks       int     `json:"blocks,omitempty"`
 	BlockBytes   uint64  `json:"block_bytes,omitempty"`
 	Calls        int     `json:"calls"`
@@ -201,11 +201,14 @@ func controlRun(ctx context.Context, cfg Config, rep *ControlReport, out io.Writ
 		}
 		add("submit", shape.blocks, gs, rs)
 	}
+	if err := controlBlocks(ctx, cfg, eps, ring, src, dst, export, add); err != nil {
+		return err
+	}
 	tw.Flush()
 	if rep.RingOverGRPCPing != nil {
 		fmt.Fprintf(out, "ring/gRPC ping median ratio %.3f\n", *rep.RingOverGRPCPing)
 	}
-	return nil
+	return controlPyRows(ctx, eps, rep, out)
 }
 
 // interleave times n calls of a and of b after ControlWarmup of each, in

@@ -64,6 +64,26 @@ func (l *local) TransferBlocks(ctx context.Context, req *b2bv1.TransferBlocksReq
 	return transferResponse(res), nil
 }
 
+// BindBlockRoute binds what a TransferBlocks names besides its ids, for the
+// ring's block records; the route is this connection's.
+func (l *local) BindBlockRoute(ctx context.Context, req *b2bv1.BindBlockRouteRequest) (*b2bv1.BindBlockRouteResponse, error) {
+	r := batch.BlocksRequest{Local: req.GetLocalLayout(), Caller: caller(ctx), Peer: req.GetPeer(), Remote: req.GetRemoteLayout()}
+	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	r.Op, r.BadOp = opOf(req.GetOp())
+	h, err := l.s.batches.BindRoute(r, owner(ctx))
+	if err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	return &b2bv1.BindBlockRouteResponse{Handle: h}, nil
+}
+
+func (l *local) ReleaseBlockRoute(ctx context.Context, req *b2bv1.ReleaseBlockRouteRequest) (*b2bv1.ReleaseBlockRouteResponse, error) {
+	if err := l.s.batches.ReleaseRoute(owner(ctx), req.GetHandle()); err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	return &b2bv1.ReleaseBlockRouteResponse{}, nil
+}
+
 // blocksRequest converts req; timeout is its timeout_ms (0: none).
 func blocksRequest(ctx context.Context, req *b2bv1.TransferBlocksRequest) (batch.BlocksRequest, time.Duration, error) {
 	timeout, err := timeoutMs("timeout_ms", req.GetTimeoutMs())

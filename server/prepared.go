@@ -81,6 +81,9 @@ func (h *statsHandler) HandleConn(ctx context.Context, cs stats.ConnStats) {
 	if n := h.s.batches.ReleaseConn(c.id); n > 0 {
 		h.s.cfg.Log.Debug("client connection closed; its prepared plans are released", "plans", n)
 	}
+	if n := h.s.batches.ReleaseRoutesConn(c.id); n > 0 {
+		h.s.cfg.Log.Debug("client connection closed; its block routes are released", "routes", n)
+	}
 	// After the plans: a plan holds its source, which would keep a leased
 	// region of this client draining.
 	h.s.leave(c.client)

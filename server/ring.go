@@ -144,11 +144,20 @@ func (rc *ringConn) handle(rec *[ring.RecLen]byte) {
 		cancel()
 		rc.complete(ring.Completion{Tag: req.Tag})
 	case ring.OpSubmit:
-		rc.submit(req)
+		rc.run(req, "submit", func(ctx context.Context) (batch.Result, error) {
+			return rc.s.batches.SubmitByCaller(ctx, rc.who, req.Handle)
+		})
+	case ring.OpBlocks:
+		local, remote := req.PackedIDs()
+		rc.run(req, "blocks", func(ctx context.Context) (batch.Result, error) {
+			return rc.s.batches.RouteBlocks(ctx, rc.who, req.Handle, local, remote)
+		})
 	}
 }
 
-func (rc *ringConn) submit(req ring.Request) {
+// run runs a submit or a block transfer (what) under req's tag, at most
+// StreamInFlight at once, and completes it as its RPC would answer.
+func (rc *ringConn) run(req ring.Request, what string, do func(context.Context) (batch.Result, error)) {
 	select {
 	case rc.slots <- struct{}{}:
 	case <-rc.ctx.Done():
@@ -158,12 +167,12 @@ func (rc *ringConn) submit(req ring.Request) {
 	if _, dup := rc.inflight[req.Tag]; dup {
 		rc.inMu.Unlock()
 		<-rc.slots
-		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring submit tag %d is already in flight", errs.ErrInvalidArgument, req.Tag)))
+		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring %s tag %d is already in flight", errs.ErrInvalidArgument, what, req.Tag)))
 		return
 	}
 	left := time.Duration(req.TimeoutMs) * time.Millisecond
 	ctx, cancel := rc.ctx, context.CancelFunc(nil)
-	if left > 0 { // the caller's deadline, as a gRPC submit's metadata sends it
+	if left > 0 { // the caller's deadline, as a gRPC call's metadata sends it
 		ctx, cancel = batch.CallerDeadline(ctx, time.Now().Add(left))
 	} else {
 		ctx, cancel = context.WithCancel(ctx)
@@ -174,8 +183,8 @@ func (rc *ringConn) submit(req ring.Request) {
 	go func() {
 		defer rc.wg.Done()
 		entry := time.Now()
-		res, err := rc.s.batches.SubmitByCaller(ctx, rc.who, req.Handle)
-		if obs := rc.s.observeSubmit; obs != nil {
+		res, err := do(ctx)
+		if obs := rc.s.observeSubmit; obs != nil && req.Op == ring.OpSubmit {
 			var resp *b2bv1.BatchTransferResponse
 			if err == nil {
 				resp = transferResponse(res)

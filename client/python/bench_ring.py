@@ -8,7 +8,10 @@ pair, ``--rounds`` times, and reports per-call medians (µs) and ring/gRPC:
 * ping        -- ``Client.ring.ping()`` vs ``Client.ping()`` (gRPC Ping);
 * submit_1    -- ``PreparedTransfer.submit()`` of 1 × 128 B block, through
                  the ring (the default client) vs ``Client(ring=False)``;
-* submit_10k  -- the same of 10,000 × 128 B blocks (random, unmerged slots).
+* submit_10k  -- the same of 10,000 × 128 B blocks (random, unmerged slots);
+* blocks_64seg -- ``Client.transfer_blocks`` of 1 id of a 64-segment layout
+                 of 128 B blocks, through the ring (a bound route) vs gRPC
+                 (TransferBlocks); the landed bytes are checked.
 
 Usage: ``python3 client/python/bench_ring.py [--b2bd bin/b2bd] [--json out.json]``
 """
@@ -47,6 +50,30 @@ def pair(ring_fn, grpc_fn, calls: int, rounds: int) -> dict:
     return {"ring_us": round(rm, 2), "grpc_us": round(gm, 2), "ratio": round(rm / gm, 4)}
 
 
+def blocks_64seg(cr, cg, cb, peer: str, args) -> dict:
+    """1 id × 64 segments: ring (cr) against gRPC (cg), block 1 to block 2."""
+    segs, nb, bl = 64, 4, 128
+    with cr.register_host(segs * nb * bl) as src, cb.register_host(segs * nb * bl, "bench-ring-kv") as dst:
+        lay = lambda r: [(r, s * bl, bl, segs * bl) for s in range(segs)]  # noqa: E731
+        cr.register_layout("bench-ring-src", lay(src), nb)
+        cb.register_layout("bench-ring-dst", lay(dst), nb, export_name="bench-ring-dst")
+        src.array[:] = np.random.default_rng(2).integers(0, 256, src.size, dtype=np.uint8)
+        try:
+            before = cr.ring._tag
+            ring_fn = lambda: cr.transfer_blocks("bench-ring-src", peer, "bench-ring-dst", [1], [2])  # noqa: E731
+            grpc_fn = lambda: cg.transfer_blocks("bench-ring-src", peer, "bench-ring-dst", [1], [2])  # noqa: E731
+            out = pair(ring_fn, grpc_fn, args.calls, args.rounds)
+            if cr.ring._tag - before < args.calls:
+                raise SystemExit("blocks_64seg: the ring path did not take the transfers")
+            a, b = segs * bl, 2 * segs * bl
+            if not np.array_equal(src.array[a:a + segs * bl], dst.array[b:b + segs * bl]):
+                raise SystemExit("blocks_64seg: the destination block differs from the source")
+        finally:
+            cr.deregister_layout("bench-ring-src")
+            cb.deregister_layout("bench-ring-dst")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--b2bd", help="b2bd binary (default $B2BD_BIN or bin/b2bd)")
@@ -79,12 +106,13 @@ def main() -> int:
                     out[name] = pair(pr.submit, pg.submit, calls, args.rounds)
                     pr.release()
                     pg.release()
+                out["blocks_64seg"] = blocks_64seg(cr, cg, cb, db.peer_address, args)
     finally:
         da.stop(), db.stop()
         da.cleanup(), db.cleanup()
     out["host"] = {"cpus": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()]}
     print(f"{'op':<12} {'ring µs':>9} {'gRPC µs':>9} {'ring/gRPC':>10}")
-    for k in ("ping", "submit_1", "submit_10k"):
+    for k in ("ping", "submit_1", "submit_10k", "blocks_64seg"):
         v = out[k]
         print(f"{k:<12} {v['ring_us']:>9.1f} {v['grpc_us']:>9.1f} {v['ratio']:>10.3f}")
     print(json.dumps(out))

@@ -123,6 +123,7 @@ type Config struct {
 type Service struct {
 	cfg      Config
 	plans    plans
+	routes   routes
 	maxPlans atomic.Int64
 	layouts  *Layouts
 	async    *Transfers

@@ -68,21 +68,8 @@ func (s *Service) TransferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, error) {
 	ctx, cancel := early(ctx, r.Op)
 	defer cancel()
-	switch {
-	case r.Local == "":
-		return Result{}, fmt.Errorf("%w: local_layout is empty", errs.ErrInvalidArgument)
-	case r.Peer == "":
-		return Result{}, fmt.Errorf("%w: peer is empty: give the destination daemon's peer address, host:port", errs.ErrInvalidArgument)
-	case r.Remote == "":
-		return Result{}, fmt.Errorf("%w: remote_layout is empty: give the peer's layout export name", errs.ErrInvalidArgument)
-	case layout.CheckExportName("remote_layout", r.Remote) != nil:
-		return Result{}, layout.CheckExportName("remote_layout", r.Remote)
-	case len(r.Notification) > MaxNotification:
-		return Result{}, fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(r.Notification), MaxNotification)
-	case r.BadTransport != nil:
-		return Result{}, r.BadTransport
-	case r.BadOp != nil:
-		return Result{}, r.BadOp
+	if err := checkBlocks(r); err != nil {
+		return Result{}, err
 	}
 	if r.Op == OpRead {
 		if _, ok := s.cfg.Peers.(ReadPeers); !ok {
@@ -136,6 +123,28 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 		return Result{}, err
 	}
 	return res, nil
+}
+
+// checkBlocks checks the fields of r other than its ids: TransferBlocks
+// and BindRoute refuse alike.
+func checkBlocks(r BlocksRequest) error {
+	switch {
+	case r.Local == "":
+		return fmt.Errorf("%w: local_layout is empty", errs.ErrInvalidArgument)
+	case r.Peer == "":
+		return fmt.Errorf("%w: peer is empty: give the destination daemon's peer address, host:port", errs.ErrInvalidArgument)
+	case r.Remote == "":
+		return fmt.Errorf("%w: remote_layout is empty: give the peer's layout export name", errs.ErrInvalidArgument)
+	case layout.CheckExportName("remote_layout", r.Remote) != nil:
+		return layout.CheckExportName("remote_layout", r.Remote)
+	case len(r.Notification) > MaxNotification:
+		return fmt.Errorf("%w: notification is %d bytes, over the limit of %d", errs.ErrInvalidArgument, len(r.Notification), MaxNotification)
+	case r.BadTransport != nil:
+		return r.BadTransport
+	case r.BadOp != nil:
+		return r.BadOp
+	}
+	return nil
 }
 
 // blocksAttempt resolves, validates, expands and writes once, telling the

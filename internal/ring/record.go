@@ -24,6 +24,7 @@ const (
 	OpPing   Op = 1 // answer at once: the floor of a round trip
 	OpSubmit Op = 2 // run a prepared plan (Handle), like SubmitTransfer
 	OpCancel Op = 3 // cancel the submit in flight under tag Target
+	OpBlocks Op = 4 // block ids on a bound route (Handle), like TransferBlocks
 )
 
 func (o Op) String() string {
@@ -34,6 +35,8 @@ func (o Op) String() string {
 		return "submit"
 	case OpCancel:
 		return "cancel"
+	case OpBlocks:
+		return "blocks"
 	}
 	return fmt.Sprintf("op(%d)", uint16(o))
 }
@@ -43,7 +46,9 @@ func (o Op) String() string {
 //	tag u64, op u16, flags u16 (0), length u32 (the body's), body 48 bytes
 //	(ping: none; submit: handle u64, patch u64, and optionally the
 //	caller's deadline as timeout_ms u64 (length 24); cancel: target u64),
-//	the unused rest zero.
+//	blocks: route handle u64, timeout_ms u32 (0: none), count u32, then
+//	count (local id u32, remote id u32) pairs, count 1 to MaxInlineIDs:
+//	length 16 + 8 × count), the unused rest zero.
 //
 // A completion record is
 //
@@ -61,10 +66,17 @@ const (
 const truncMark = "...[truncated]"
 
 // bodyLen is each op's body length.
-var bodyLen = map[Op]uint32{OpPing: 0, OpSubmit: 16, OpCancel: 8}
+var bodyLen = map[Op]uint32{OpPing: 0, OpSubmit: 16, OpCancel: 8, OpBlocks: blocksHdr + 8}
 
 // submitDeadlineLen is a submit body that carries the caller's deadline.
 const submitDeadlineLen = 24
+
+// MaxInlineIDs is the most id pairs one blocks record carries; a larger
+// request goes over gRPC (TransferBlocks).
+const MaxInlineIDs = 4
+
+// blocksHdr is a blocks body before its id pairs.
+const blocksHdr = 16
 
 // MaxTimeoutMs bounds a submit's caller deadline, as the gRPC metadata's
 // (internal/callerdeadline) is bounded.
@@ -80,6 +92,11 @@ type Request struct {
 	// record (1 to MaxTimeoutMs); 0: none sent, the daemon's default.
 	TimeoutMs uint64
 	Target    uint64 // OpCancel
+	// OpBlocks (Handle is the route's, TimeoutMs as a submit's): block
+	// Local[i] of the route's local layout and block Remote[i] of its
+	// remote one, for i < N (1 to MaxInlineIDs).
+	N             uint32
+	Local, Remote [MaxInlineIDs]uint32
 }
 
 // Encode writes r into rec (RecLen bytes), zeroing what r does not use.
@@ -93,6 +110,17 @@ func (r Request) Encode(rec []byte) {
 	if r.Op == OpSubmit && r.TimeoutMs != 0 {
 		n = submitDeadlineLen
 		le.PutUint64(rec[bodyOff+16:], r.TimeoutMs)
+	}
+	if r.Op == OpBlocks {
+		k := min(r.N, MaxInlineIDs)
+		n = blocksHdr + 8*k
+		le.PutUint64(rec[bodyOff:], r.Handle)
+		le.PutUint32(rec[bodyOff+8:], uint32(r.TimeoutMs))
+		le.PutUint32(rec[bodyOff+12:], r.N)
+		for i := range k {
+			le.PutUint32(rec[bodyOff+blocksHdr+8*int(i):], r.Local[i])
+			le.PutUint32(rec[bodyOff+blocksHdr+8*int(i)+4:], r.Remote[i])
+		}
 	}
 	le.PutUint32(rec[12:], n)
 	switch r.Op {
@@ -118,14 +146,20 @@ func Decode(rec []byte) (Request, error) {
 	if r.Op == OpSubmit && n == submitDeadlineLen {
 		want = n
 	}
+	if r.Op == OpBlocks && n >= blocksHdr+8 && n <= blocksHdr+8*MaxInlineIDs && (n-blocksHdr)%8 == 0 {
+		want = n
+	}
 	switch {
 	case r.Tag == 0:
 		return r, fmt.Errorf("%w: ring record tag is 0, want non-zero", errs.ErrInvalidArgument)
 	case !known:
-		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit) or 3 (cancel)", errs.ErrInvalidArgument, uint16(r.Op))
+		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit), 3 (cancel) or 4 (blocks)", errs.ErrInvalidArgument, uint16(r.Op))
 	case flags != 0:
 		return r, fmt.Errorf("%w: ring record flags %#x, want 0", errs.ErrInvalidArgument, flags)
 	case n != want:
+		if r.Op == OpBlocks {
+			return r, fmt.Errorf("%w: ring record length %d for op blocks, want 16 + 8 per id pair (1 to %d pairs): 24 to %d", errs.ErrInvalidArgument, n, MaxInlineIDs, blocksHdr+8*MaxInlineIDs)
+		}
 		if r.Op == OpSubmit {
 			return r, fmt.Errorf("%w: ring record length %d for op %s, want %d or %d (with a deadline)", errs.ErrInvalidArgument, n, r.Op, want, submitDeadlineLen)
 		}
@@ -151,6 +185,8 @@ func Decode(rec []byte) (Request, error) {
 		if r.Patch != 0 {
 			return r, fmt.Errorf("%w: ring submit offset patch %d: this daemon supports only 0", errs.ErrUnimplemented, r.Patch)
 		}
+	case OpBlocks:
+		return decodeBlocks(rec, r, n)
 	case OpCancel:
 		r.Target = le.Uint64(rec[bodyOff:])
 		if r.Target == 0 {
@@ -158,6 +194,38 @@ func Decode(rec []byte) (Request, error) {
 		}
 	}
 	return r, nil
+}
+
+// decodeBlocks reads a blocks body of n bytes, its length checked.
+func decodeBlocks(rec []byte, r Request, n uint32) (Request, error) {
+	le := binary.LittleEndian
+	r.Handle, r.TimeoutMs, r.N = le.Uint64(rec[bodyOff:]), uint64(le.Uint32(rec[bodyOff+8:])), le.Uint32(rec[bodyOff+12:])
+	if r.N != (n-blocksHdr)/8 {
+		return r, fmt.Errorf("%w: ring blocks count %d in a body of %d bytes, want %d", errs.ErrInvalidArgument, r.N, n, (n-blocksHdr)/8)
+	}
+	if r.Handle == 0 {
+		return r, fmt.Errorf("%w: ring blocks route handle is 0, want a bound route's handle (BindBlockRoute)", errs.ErrInvalidArgument)
+	}
+	if r.TimeoutMs > MaxTimeoutMs {
+		return r, fmt.Errorf("%w: ring blocks timeout_ms %d: want 0 (none) or 1 to %d", errs.ErrInvalidArgument, r.TimeoutMs, MaxTimeoutMs)
+	}
+	for i := range r.N {
+		off := bodyOff + blocksHdr + 8*int(i)
+		r.Local[i], r.Remote[i] = le.Uint32(rec[off:]), le.Uint32(rec[off+4:])
+	}
+	return r, nil
+}
+
+// PackedIDs is r's id pairs as TransferBlocks takes them: local ids, then
+// remote ids, each packed little-endian uint32, in one allocation.
+func (r Request) PackedIDs() (local, remote []byte) {
+	k := int(min(r.N, MaxInlineIDs))
+	b := make([]byte, 8*k)
+	for i := range k {
+		binary.LittleEndian.PutUint32(b[4*i:], r.Local[i])
+		binary.LittleEndian.PutUint32(b[4*(k+i):], r.Remote[i])
+	}
+	return b[: 4*k : 4*k], b[4*k:]
 }
 
 // Completion is a decoded completion record.

@@ -34,6 +34,15 @@ func TestDecodeTable(t *testing.T) {
 		{"submit with deadline", good(Request{Tag: 8, Op: OpSubmit, Handle: 42, TimeoutMs: 1500}), Request{Tag: 8, Op: OpSubmit, Handle: 42, TimeoutMs: 1500}, nil, ""},
 		{"deadline 0", with(good(Request{Tag: 1, Op: OpSubmit, Handle: 3}), func(b []byte) { b[12] = 24 }), Request{Tag: 1, Op: OpSubmit}, errs.ErrInvalidArgument, "timeout_ms 0: want 1 to 86400000"},
 		{"deadline past the limit", good(Request{Tag: 1, Op: OpSubmit, Handle: 3, TimeoutMs: MaxTimeoutMs + 1}), Request{Tag: 1, Op: OpSubmit}, errs.ErrInvalidArgument, "timeout_ms 86400001"},
+		{"blocks 1", good(blk(5, 77, 0, 2, 3)), blk(5, 77, 0, 2, 3), nil, ""},
+		{"blocks 4 with deadline", good(blk(5, 77, 900, 0, 1, 2, 3, 4, 5, 6, 7)), blk(5, 77, 900, 0, 1, 2, 3, 4, 5, 6, 7), nil, ""},
+		{"blocks no ids", with(good(blk(5, 77, 0, 2, 3)), func(b []byte) { b[12], b[28], b[32], b[36] = 16, 0, 0, 0 }), Request{Tag: 5, Op: OpBlocks}, errs.ErrInvalidArgument, "length 16 for op blocks, want 16 + 8 per id pair (1 to 4 pairs): 24 to 48"},
+		{"blocks odd length", with(good(blk(5, 77, 0, 2, 3)), func(b []byte) { b[12] = 28 }), Request{Tag: 5, Op: OpBlocks}, errs.ErrInvalidArgument, "length 28 for op blocks"},
+		{"blocks count past length", with(good(blk(5, 77, 0, 2, 3)), func(b []byte) { b[28] = 2 }), Request{Tag: 5, Op: OpBlocks}, errs.ErrInvalidArgument, "count 2 in a body of 24 bytes, want 1"},
+		{"blocks huge count", with(good(blk(5, 77, 0, 2, 3)), func(b []byte) { b[31] = 0xff }), Request{Tag: 5, Op: OpBlocks}, errs.ErrInvalidArgument, "count 4278190081"},
+		{"blocks handle 0", good(blk(5, 0, 0, 2, 3)), Request{Tag: 5, Op: OpBlocks}, errs.ErrInvalidArgument, "route handle is 0"},
+		{"blocks deadline past the limit", good(blk(5, 1, MaxTimeoutMs+1, 2, 3)), Request{Tag: 5, Op: OpBlocks}, errs.ErrInvalidArgument, "timeout_ms 86400001: want 0 (none) or 1 to 86400000"},
+		{"blocks junk past pairs", with(good(blk(5, 77, 0, 2, 3)), func(b []byte) { b[45] = 1 }), Request{Tag: 5, Op: OpBlocks}, errs.ErrInvalidArgument, "byte 45 is 0x1 past the blocks body"},
 		{"submit length", with(good(Request{Tag: 1, Op: OpSubmit, Handle: 3}), func(b []byte) { b[12] = 20 }), Request{Tag: 1, Op: OpSubmit}, errs.ErrInvalidArgument, "want 16 or 24 (with a deadline)"},
 	} {
 		got, err := Decode(tc.rec)
@@ -49,10 +58,29 @@ func TestDecodeTable(t *testing.T) {
 	}
 }
 
+// blk is a blocks request of pairs (local, remote, local, remote, ...).
+func blk(tag, handle, ms uint64, pairs ...uint32) Request {
+	r := Request{Tag: tag, Op: OpBlocks, Handle: handle, TimeoutMs: ms, N: uint32(len(pairs) / 2)}
+	for i := 0; i < len(pairs)/2; i++ {
+		r.Local[i], r.Remote[i] = pairs[2*i], pairs[2*i+1]
+	}
+	return r
+}
+
+func TestPackedIDs(t *testing.T) {
+	l, r := blk(1, 2, 0, 1, 2, 3, 4, 0xdeadbeef, 5).PackedIDs()
+	if wl, wr := "\x01\x00\x00\x00\x03\x00\x00\x00\xef\xbe\xad\xde", "\x02\x00\x00\x00\x04\x00\x00\x00\x05\x00\x00\x00"; string(l) != wl || string(r) != wr {
+		t.Fatalf("PackedIDs = %x, %x", l, r)
+	}
+	if l, _ := (Request{Op: OpBlocks, N: 99}).PackedIDs(); len(l) != 4*MaxInlineIDs {
+		t.Fatalf("PackedIDs of N 99: %d bytes, want %d", len(l), 4*MaxInlineIDs)
+	}
+}
+
 // FuzzDecode: any 64 bytes decode without panic; what decodes re-encodes to
 // the same bytes (nothing is silently ignored).
 func FuzzDecode(f *testing.F) {
-	for _, r := range []Request{{Tag: 1, Op: OpPing}, {Tag: 2, Op: OpSubmit, Handle: 9}, {Tag: 4, Op: OpSubmit, Handle: 9, TimeoutMs: 7}, {Tag: 3, Op: OpCancel, Target: 2}} {
+	for _, r := range []Request{{Tag: 1, Op: OpPing}, {Tag: 2, Op: OpSubmit, Handle: 9}, {Tag: 4, Op: OpSubmit, Handle: 9, TimeoutMs: 7}, {Tag: 3, Op: OpCancel, Target: 2}, blk(5, 9, 0, 1, 2), blk(6, 9, 40, 1, 2, 3, 4, 5, 6, 7, 8)} {
 		b := make([]byte, RecLen)
 		r.Encode(b)
 		f.Add(b)

@@ -31,7 +31,7 @@ import socket
 import struct
 import threading
 import time
-from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import grpc
 
@@ -46,9 +46,13 @@ OFF_MAGIC, OFF_SQN, OFF_CQN = 0, 4, 8
 OFF_SQ_HEAD, OFF_SQ_TAIL, OFF_SQ_SLEEP = 64, 128, 192
 OFF_CQ_HEAD, OFF_CQ_TAIL, OFF_CQ_SLEEP = 256, 320, 384
 
-OP_PING, OP_SUBMIT, OP_CANCEL = 1, 2, 3
+OP_PING, OP_SUBMIT, OP_CANCEL, OP_BLOCKS = 1, 2, 3, 4
 _BODY_LEN = {OP_PING: 0, OP_SUBMIT: 16, OP_CANCEL: 8}
 _REC = struct.Struct("<QHHIQQQ24x")  # tag, op, flags, length, three body words, zeros
+# A blocks record: tag, op, flags, length, route handle, timeout_ms u32,
+# count u32, then MAX_INLINE_IDS (local, remote) u32 pairs, unused ones zero.
+MAX_INLINE_IDS = 4
+_BLOCKS = struct.Struct("<QHHIQII%dI" % (2 * MAX_INLINE_IDS))
 MAX_TIMEOUT_MS = 86_400_000  # a submit's deadline, as the gRPC metadata's
 _COMP = struct.Struct("<QIIQQQQ")  # tag, code, msg_len, blocks, bytes, wire_ns, total_ns
 
@@ -313,10 +317,12 @@ class Ring:
 
     # -- posting -------------------------------------------------------------
 
-    def _post(self, reqs: Sequence[Tuple[int, int, int]]) -> List[int]:
+    def _post(self, reqs: Sequence[Tuple[Any, ...]]) -> List[int]:
         """Post (op, word0, word2) records with one publish; their tags. A
         submit's word2 is its deadline in ms (0: none; the body is then 16
-        bytes, else 24)."""
+        bytes, else 24). A blocks record is (OP_BLOCKS, route, timeout_ms,
+        pairs): pairs a flat list local0, remote0, ... of 1 to
+        MAX_INLINE_IDS pairs."""
         if self._dead is not None:
             raise self._dead
         with self._cq_lock:
@@ -347,9 +353,15 @@ class Ring:
                         time.sleep(20e-6)
                         continue
                     for _ in range(min(free, len(reqs) - i)):
-                        op, w0, w2 = reqs[i]
-                        n = 24 if w2 else _BODY_LEN[op]
-                        _REC.pack_into(mm, q.slot(self._sq_tail), tags[i], op, 0, n, w0, 0, w2)
+                        op, w0, w2 = reqs[i][:3]
+                        if op == OP_BLOCKS:
+                            pairs = reqs[i][3]
+                            k = len(pairs) // 2
+                            _BLOCKS.pack_into(mm, q.slot(self._sq_tail), tags[i], op, 0, 16 + 8 * k, w0, w2, k,
+                                              *pairs, *((0,) * (2 * MAX_INLINE_IDS - len(pairs))))
+                        else:
+                            n = 24 if w2 else _BODY_LEN[op]
+                            _REC.pack_into(mm, q.slot(self._sq_tail), tags[i], op, 0, n, w0, 0, w2)
                         self._sq_tail = (self._sq_tail + 1) & 0xFFFFFFFF
                         i += 1
                     q.publish(self._sq_tail)
@@ -392,6 +404,17 @@ class Ring:
         if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
             raise ValueError(f"timeout_ms {timeout_ms}: want 0 to {MAX_TIMEOUT_MS}")
         return self._post([(OP_SUBMIT, int(h), timeout_ms) for h in handles])
+
+    def start_blocks(self, route: int, local_ids: Sequence[int], remote_ids: Sequence[int], timeout_ms: int = 0) -> int:
+        """Post a block transfer on the bound route ``route``
+        (BindBlockRoute): block ``local_ids[i]`` to ``remote_ids[i]``, 1 to
+        MAX_INLINE_IDS pairs; its tag for :meth:`wait`."""
+        if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
+            raise ValueError(f"timeout_ms {timeout_ms}: want 0 to {MAX_TIMEOUT_MS}")
+        if len(local_ids) != len(remote_ids) or not 1 <= len(local_ids) <= MAX_INLINE_IDS:
+            raise ValueError(f"{len(local_ids)} local and {len(remote_ids)} remote ids: a ring record carries 1 to {MAX_INLINE_IDS} pairs")
+        pairs = [int(x) for ab in zip(local_ids, remote_ids) for x in ab]
+        return self._post([(OP_BLOCKS, int(route), timeout_ms, pairs)])[0]
 
     def cancel(self, tag: int) -> None:
         """Cancel the submit under tag (its wait then reports CANCELLED)."""

@@ -18,13 +18,14 @@ import os
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
-from ._common import _TRANSPORT_BY_NAME, _invalid
+from ._common import _TRANSPORT_BY_NAME, _invalid, _op, _transport
+from ._pack import as_u32
 from ._results import PhaseTimings, TransferResult
-from ._ring import MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable
+from ._ring import MAX_INLINE_IDS, MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable
 from ._many import wait_grpc
 from ._transfers import Transfer, _interrupts_deferred
 from .errors import (
@@ -75,6 +76,11 @@ class RingSlot:
         self.reason: Optional[str] = None if self.path else "no submit socket"
         self._ring: Optional[Ring] = None
         self._lock = threading.Lock()
+        # Block routes bound on this client's connection (BindBlockRoute),
+        # by (local layout, peer, remote layout, transport, op): oldest
+        # first, at most MAX_ROUTES.
+        self.routes: Dict[Tuple[str, str, str, int, int], int] = {}
+        self.routes_lock = threading.Lock()
 
     def get(self) -> Optional[Ring]:
         r = self._ring
@@ -105,6 +111,96 @@ class RingSlot:
             r, self._ring, self.path = self._ring, None, None
         if r is not None and r.pid == os.getpid():
             r.close()
+
+
+MAX_ROUTES = 64  # routes a client keeps bound; the daemon allows --max-plans
+
+
+def _route(client: "Client", slot: RingSlot, key: Tuple[str, str, str, int, int]) -> Optional[int]:
+    """The handle of the route key, bound on first use; ``None`` if the
+    daemon refuses it (TransferBlocks over gRPC then gives the refusal)."""
+    with slot.routes_lock:
+        h = slot.routes.get(key)
+    if h is not None:
+        return h
+    req = pb.BindBlockRouteRequest(local_layout=key[0], peer=key[1], remote_layout=key[2], transport=key[3], op=key[4])
+    try:
+        h = client._call(client._stub.BindBlockRoute, req, client.timeout).handle
+    except B2BError:
+        return None
+    old = []
+    with slot.routes_lock:
+        won = slot.routes.get(key)
+        if won is not None:  # another thread bound it meanwhile: keep one
+            h, old = won, [h]
+        else:
+            slot.routes[key] = h
+            while len(slot.routes) > MAX_ROUTES:
+                old.append(slot.routes.pop(next(iter(slot.routes))))
+    for o in old:
+        try:
+            client._call(client._stub.ReleaseBlockRoute, pb.ReleaseBlockRouteRequest(handle=o), client.timeout)
+        except B2BError:
+            pass  # gone with a reconnect already
+    return h
+
+
+def _inline_ids(v: Any, name: str) -> Optional[List[int]]:
+    """Ids that fit a ring record (1 to MAX_INLINE_IDS) as a list; ``None``
+    for more or none. A short list of ints skips numpy; anything else is
+    checked by as_u32, which raises as the gRPC path would."""
+    if type(v) in (list, tuple) and 1 <= len(v) <= MAX_INLINE_IDS and all(type(x) is int and 0 <= x <= 0xFFFFFFFF for x in v):
+        return list(v)
+    try:
+        if len(v) > MAX_INLINE_IDS:
+            return None  # gRPC's: no point packing twice
+    except TypeError:
+        pass  # as_u32 says what is wrong with it
+    a = as_u32(v, name)
+    return a.tolist() if 1 <= a.shape[0] <= MAX_INLINE_IDS else None
+
+
+def transfer_blocks(client: "Client", slot: RingSlot, local_layout: str, peer: str, remote_layout: str, local_ids: Any,
+                    remote_ids: Any, timeout: Optional[float], transport: Any, op: Any) -> Optional[TransferResult]:
+    """:meth:`Client.transfer_blocks` through the ring when the ids fit one
+    record (1 to MAX_INLINE_IDS pairs); ``None``: take gRPC."""
+    ms = _timeout_ms(timeout)
+    if ms is None or slot.path is None or not local_layout or not peer or not remote_layout:
+        return None
+    lids, rids = _inline_ids(local_ids, "local_ids"), _inline_ids(remote_ids, "remote_ids")
+    if lids is None or rids is None or len(lids) != len(rids):
+        return None
+    ring = slot.get()
+    if ring is None:
+        return None
+    key = (local_layout, peer, remote_layout, _transport(transport), _op(op))
+    for attempt in range(2):
+        h = _route(client, slot, key)
+        if h is None:
+            return None
+        tag = None
+        try:
+            with _interrupts_deferred():
+                tag = ring.start_blocks(h, lids, rids, ms)
+            c = ring.wait(tag)
+        except B2BError:
+            raise
+        except BaseException:
+            if tag is not None:
+                _settle(ring, tag)
+            raise
+        if c.code == grpc.StatusCode.NOT_FOUND.value[0] and "block route" in c.msg and attempt == 0:
+            with slot.routes_lock:  # the connection it was bound on closed (a reconnect): bind again
+                if slot.routes.get(key) == h:
+                    del slot.routes[key]
+            continue
+        err = c.error()
+        if err is not None:
+            raise err
+        return TransferResult.from_proto(pb.BatchTransferResponse(
+            blocks=c.blocks, bytes=c.bytes, transport=key[3], elapsed_ns=c.wire_ns,
+            phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns)))
+    return None
 
 
 def _timeout_ms(timeout: Optional[float]) -> Optional[int]:

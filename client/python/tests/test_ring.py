@@ -389,3 +389,107 @@ class PreparedOverRingTest(test_prepared.PreparedTest):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RingBlocksTest(TwoDaemons):
+    """Block-id transfers through the ring (a BindBlockRoute route and an
+    OpBlocks record): 1 block of a 64-segment layout, bytes and checksums
+    checked; refusals carry TransferBlocks' code and message."""
+
+    a_args = SUBMIT_ARGS
+    SEGS, NB, BL = 64, 8, 256
+
+    def setUp(self):
+        super().setUp()
+        size = self.SEGS * self.NB * self.BL
+        self.src = self.a.register_host(size)
+        n = self.n = f"rb-{self._testMethodName}"
+        self.dst = self.b.register_host(size, n + "-r")
+        self.addCleanup(self.dst.close)
+        self.addCleanup(self.src.close)
+        segs = lambda r: [(r, s * self.BL, self.BL, self.SEGS * self.BL) for s in range(self.SEGS)]  # noqa: E731
+        self.a.register_layout(n + "-src", segs(self.src), self.NB)
+        self.addCleanup(self.a.deregister_layout, n + "-src")
+        self.b.register_layout(n + "-dst", segs(self.dst), self.NB, export_name=n + "-dst")
+        self.addCleanup(self.b.deregister_layout, n + "-dst")
+        self.ring = self.a.ring
+        self.assertIsNotNone(self.ring, self.a._ring.reason)
+
+    def offsets(self, block):
+        return np.array([block * self.SEGS * self.BL + s * self.BL for s in range(self.SEGS)], np.uint64)
+
+    def test_one_block_of_64_segments(self):
+        for timeout in (None, 30):
+            for sb, db in [(3, 5), (0, 7), (7, 0)]:
+                self.random_fill(self.src)
+                before = self.ring._tag
+                ids = np.array([sb], np.int64) if db == 7 else [sb]  # numpy ids take the ring too
+                r = self.a.transfer_blocks(self.n + "-src", self.peer_b, self.n + "-dst", ids, [db], timeout=timeout)
+                self.assertEqual(self.ring._tag, before + 1, "the transfer did not go through the ring")
+                self.assertEqual((r.blocks, r.bytes), (self.SEGS, self.SEGS * self.BL))
+                self.assertGreater(r.phases.total_ns, 0)
+                self.assert_blocks_equal(self.src, self.offsets(sb), self.dst, self.offsets(db), self.BL)
+        # Four pairs still fit one record; five go over gRPC.
+        self.random_fill(self.src)
+        before = self.ring._tag
+        self.a.transfer_blocks(self.n + "-src", self.peer_b, self.n + "-dst", [0, 1, 2, 3], [4, 5, 6, 7])
+        self.assertEqual(self.ring._tag, before + 1)
+        self.a.transfer_blocks(self.n + "-src", self.peer_b, self.n + "-dst", [4, 5, 6, 7, 0], [0, 1, 2, 3, 4])
+        self.assertEqual(self.ring._tag, before + 1)
+        for sb, db in [(4, 0), (5, 1), (6, 2), (7, 3), (0, 4)]:
+            self.assert_blocks_equal(self.src, self.offsets(sb), self.dst, self.offsets(db), self.BL)
+
+    def test_refusals_match_grpc(self):
+        for what, lids, rids in [("local id out of range", [self.NB], [0]), ("remote id out of range", [1], [self.NB + 3]),
+                                 ("remote id twice", [1, 2], [3, 3])]:
+            with self.assertRaises(grpc.RpcError) as cm:
+                self.a.stub.TransferBlocks(pb.TransferBlocksRequest(
+                    local_layout=self.n + "-src", peer=self.peer_b, remote_layout=self.n + "-dst",
+                    local_ids=np.array(lids, "<u4").tobytes(), remote_ids=np.array(rids, "<u4").tobytes()), timeout=10)
+            want = b2b.from_rpc_error(cm.exception)
+            before = self.ring._tag
+            with self.assertRaises(b2b.B2BError) as cm2:
+                self.a.transfer_blocks(self.n + "-src", self.peer_b, self.n + "-dst", lids, rids)
+            self.assertEqual(self.ring._tag, before + 1, what)
+            got = cm2.exception
+            self.assertIs(type(got), type(want), what)
+            self.assertEqual((got.code, got.message), (want.code, want.message), what)
+        # A hand-written record on a route that is not bound.
+        t = self.ring.start_blocks(424242, [0], [0])
+        err = self.ring.wait(t).error()
+        self.assertIsInstance(err, b2b.NotFoundError)
+        self.assertIn("block route 424242", err.message)
+        # Records the client never posts: refused by field, and the ring serves on.
+        for route, ms, pairs, msg in [(5, 0, [], "length 16 for op blocks"), (0, 0, [1, 2], "route handle is 0"),
+                                      (5, _ring.MAX_TIMEOUT_MS + 1, [1, 2], "timeout_ms 86400001")]:
+            (t,) = self.ring._post([(_ring.OP_BLOCKS, route, ms, pairs)])
+            err = self.ring.wait(t).error()
+            self.assertIsInstance(err, b2b.InvalidArgumentError, msg)
+            self.assertIn(msg, err.message)
+        self.ring.ping()
+
+    def test_route_rebound_and_evicted(self):
+        src, dst = self.n + "-src", self.n + "-dst"
+        key = (src, self.peer_b, dst, 0, 0)  # the daemon's transport, a write
+        self.a.transfer_blocks(src, self.peer_b, dst, [1], [2])
+        h = self.a._ring.routes[key]
+        # Freed behind the client's back (as a reconnect frees it): the next
+        # transfer is refused NotFound, binds again, and goes through the ring.
+        self.a.stub.ReleaseBlockRoute(pb.ReleaseBlockRouteRequest(handle=h), timeout=10)
+        self.random_fill(self.src)
+        before = self.ring._tag
+        self.a.transfer_blocks(src, self.peer_b, dst, [1], [2])
+        self.assertEqual(self.ring._tag, before + 2)
+        h2 = self.a._ring.routes[key]
+        self.assertNotEqual(h2, h)
+        self.assert_blocks_equal(self.src, self.offsets(1), self.dst, self.offsets(2), self.BL)
+        # Past the cache's bound the oldest route is released.
+        with mock.patch.object(_ring_client, "MAX_ROUTES", 1):
+            for k, transport in enumerate(["tcp", None, "tcp"]):
+                self.random_fill(self.src)
+                self.a.transfer_blocks(src, self.peer_b, dst, [k], [3], transport=transport)
+                self.assertEqual(len(self.a._ring.routes), 1)
+                self.assert_blocks_equal(self.src, self.offsets(k), self.dst, self.offsets(3), self.BL)
+        with self.assertRaises(grpc.RpcError) as cm:
+            self.a.stub.ReleaseBlockRoute(pb.ReleaseBlockRouteRequest(handle=h2), timeout=10)
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)

@@ -3556,6 +3556,208 @@ func (x *TransferBlocksRequest) GetOp() TransferOp {
 	return TransferOp_TRANSFER_OP_WRITE
 }
 
+// BindBlockRouteRequest is a TransferBlocksRequest without its ids,
+// notification and timeout.
+type BindBlockRouteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LocalLayout   string                 `protobuf:"bytes,1,opt,name=local_layout,json=localLayout,proto3" json:"local_layout,omitempty"`
+	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	RemoteLayout  string                 `protobuf:"bytes,3,opt,name=remote_layout,json=remoteLayout,proto3" json:"remote_layout,omitempty"`
+	Transport     TransportKind          `protobuf:"varint,4,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
+	Op            TransferOp             `protobuf:"varint,5,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BindBlockRouteRequest) Reset() {
+	*x = BindBlockRouteRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BindBlockRouteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BindBlockRouteRequest) ProtoMessage() {}
+
+func (x *BindBlockRouteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BindBlockRouteRequest.ProtoReflect.Descriptor instead.
+func (*BindBlockRouteRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *BindBlockRouteRequest) GetLocalLayout() string {
+	if x != nil {
+		return x.LocalLayout
+	}
+	return ""
+}
+
+func (x *BindBlockRouteRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *BindBlockRouteRequest) GetRemoteLayout() string {
+	if x != nil {
+		return x.RemoteLayout
+	}
+	return ""
+}
+
+func (x *BindBlockRouteRequest) GetTransport() TransportKind {
+	if x != nil {
+		return x.Transport
+	}
+	return TransportKind_TRANSPORT_KIND_UNSPECIFIED
+}
+
+func (x *BindBlockRouteRequest) GetOp() TransferOp {
+	if x != nil {
+		return x.Op
+	}
+	return TransferOp_TRANSFER_OP_WRITE
+}
+
+type BindBlockRouteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Handle        uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"` // never 0
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BindBlockRouteResponse) Reset() {
+	*x = BindBlockRouteResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BindBlockRouteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BindBlockRouteResponse) ProtoMessage() {}
+
+func (x *BindBlockRouteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BindBlockRouteResponse.ProtoReflect.Descriptor instead.
+func (*BindBlockRouteResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *BindBlockRouteResponse) GetHandle() uint64 {
+	if x != nil {
+		return x.Handle
+	}
+	return 0
+}
+
+type ReleaseBlockRouteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Handle        uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseBlockRouteRequest) Reset() {
+	*x = ReleaseBlockRouteRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseBlockRouteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseBlockRouteRequest) ProtoMessage() {}
+
+func (x *ReleaseBlockRouteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseBlockRouteRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseBlockRouteRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ReleaseBlockRouteRequest) GetHandle() uint64 {
+	if x != nil {
+		return x.Handle
+	}
+	return 0
+}
+
+type ReleaseBlockRouteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseBlockRouteResponse) Reset() {
+	*x = ReleaseBlockRouteResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseBlockRouteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseBlockRouteResponse) ProtoMessage() {}
+
+func (x *ReleaseBlockRouteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseBlockRouteResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseBlockRouteResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
+}
+
 // StartTransferRequest is one transfer of any kind, to run asynchronously.
 type StartTransferRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3579,7 +3781,7 @@ type StartTransferRequest struct {
 
 func (x *StartTransferRequest) Reset() {
 	*x = StartTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3591,7 +3793,7 @@ func (x *StartTransferRequest) String() string {
 func (*StartTransferRequest) ProtoMessage() {}
 
 func (x *StartTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3604,7 +3806,7 @@ func (x *StartTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferRequest.ProtoReflect.Descriptor instead.
 func (*StartTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *StartTransferRequest) GetTransfer() isStartTransferRequest_Transfer {
@@ -3696,7 +3898,7 @@ type TransferTrigger struct {
 
 func (x *TransferTrigger) Reset() {
 	*x = TransferTrigger{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3708,7 +3910,7 @@ func (x *TransferTrigger) String() string {
 func (*TransferTrigger) ProtoMessage() {}
 
 func (x *TransferTrigger) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3721,7 +3923,7 @@ func (x *TransferTrigger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferTrigger.ProtoReflect.Descriptor instead.
 func (*TransferTrigger) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *TransferTrigger) GetCounterRegionId() string {
@@ -3754,7 +3956,7 @@ type StartTransferResponse struct {
 
 func (x *StartTransferResponse) Reset() {
 	*x = StartTransferResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3766,7 +3968,7 @@ func (x *StartTransferResponse) String() string {
 func (*StartTransferResponse) ProtoMessage() {}
 
 func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3779,7 +3981,7 @@ func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferResponse.ProtoReflect.Descriptor instead.
 func (*StartTransferResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StartTransferResponse) GetTransferId() uint64 {
@@ -3802,7 +4004,7 @@ type TransferOutcome struct {
 
 func (x *TransferOutcome) Reset() {
 	*x = TransferOutcome{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3814,7 +4016,7 @@ func (x *TransferOutcome) String() string {
 func (*TransferOutcome) ProtoMessage() {}
 
 func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3827,7 +4029,7 @@ func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferOutcome.ProtoReflect.Descriptor instead.
 func (*TransferOutcome) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TransferOutcome) GetTransferId() uint64 {
@@ -3875,7 +4077,7 @@ type WaitTransferRequest struct {
 
 func (x *WaitTransferRequest) Reset() {
 	*x = WaitTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3887,7 +4089,7 @@ func (x *WaitTransferRequest) String() string {
 func (*WaitTransferRequest) ProtoMessage() {}
 
 func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3900,7 +4102,7 @@ func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitTransferRequest.ProtoReflect.Descriptor instead.
 func (*WaitTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *WaitTransferRequest) GetTransferId() uint64 {
@@ -3926,7 +4128,7 @@ type PollTransfersRequest struct {
 
 func (x *PollTransfersRequest) Reset() {
 	*x = PollTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3938,7 +4140,7 @@ func (x *PollTransfersRequest) String() string {
 func (*PollTransfersRequest) ProtoMessage() {}
 
 func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3951,7 +4153,7 @@ func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollTransfersRequest.ProtoReflect.Descriptor instead.
 func (*PollTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *PollTransfersRequest) GetTransferIds() []uint64 {
@@ -3970,7 +4172,7 @@ type PollTransfersResponse struct {
 
 func (x *PollTransfersResponse) Reset() {
 	*x = PollTransfersResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3982,7 +4184,7 @@ func (x *PollTransfersResponse) String() string {
 func (*PollTransfersResponse) ProtoMessage() {}
 
 func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3995,7 +4197,7 @@ func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollTransfersResponse.ProtoReflect.Descriptor instead.
 func (*PollTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *PollTransfersResponse) GetOutcomes() []*TransferOutcome {
@@ -4014,7 +4216,7 @@ type StartTransfersRequest struct {
 
 func (x *StartTransfersRequest) Reset() {
 	*x = StartTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4026,7 +4228,7 @@ func (x *StartTransfersRequest) String() string {
 func (*StartTransfersRequest) ProtoMessage() {}
 
 func (x *StartTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4039,7 +4241,7 @@ func (x *StartTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransfersRequest.ProtoReflect.Descriptor instead.
 func (*StartTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *StartTransfersRequest) GetRequests() []*StartTransferRequest {
@@ -4062,7 +4264,7 @@ type StartTransferResult struct {
 
 func (x *StartTransferResult) Reset() {
 	*x = StartTransferResult{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4074,7 +4276,7 @@ func (x *StartTransferResult) String() string {
 func (*StartTransferResult) ProtoMessage() {}
 
 func (x *StartTransferResult) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4087,7 +4289,7 @@ func (x *StartTransferResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferResult.ProtoReflect.Descriptor instead.
 func (*StartTransferResult) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StartTransferResult) GetTransferId() uint64 {
@@ -4120,7 +4322,7 @@ type StartTransfersResponse struct {
 
 func (x *StartTransfersResponse) Reset() {
 	*x = StartTransfersResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4132,7 +4334,7 @@ func (x *StartTransfersResponse) String() string {
 func (*StartTransfersResponse) ProtoMessage() {}
 
 func (x *StartTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4145,7 +4347,7 @@ func (x *StartTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransfersResponse.ProtoReflect.Descriptor instead.
 func (*StartTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StartTransfersResponse) GetResults() []*StartTransferResult {
@@ -4166,7 +4368,7 @@ type WaitTransfersRequest struct {
 
 func (x *WaitTransfersRequest) Reset() {
 	*x = WaitTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4178,7 +4380,7 @@ func (x *WaitTransfersRequest) String() string {
 func (*WaitTransfersRequest) ProtoMessage() {}
 
 func (x *WaitTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4191,7 +4393,7 @@ func (x *WaitTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitTransfersRequest.ProtoReflect.Descriptor instead.
 func (*WaitTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *WaitTransfersRequest) GetTransferIds() []uint64 {
@@ -4224,7 +4426,7 @@ type CancelTransferRequest struct {
 
 func (x *CancelTransferRequest) Reset() {
 	*x = CancelTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4236,7 +4438,7 @@ func (x *CancelTransferRequest) String() string {
 func (*CancelTransferRequest) ProtoMessage() {}
 
 func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4249,7 +4451,7 @@ func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTransferRequest.ProtoReflect.Descriptor instead.
 func (*CancelTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *CancelTransferRequest) GetTransferId() uint64 {
@@ -4267,7 +4469,7 @@ type WatchTransfersRequest struct {
 
 func (x *WatchTransfersRequest) Reset() {
 	*x = WatchTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4279,7 +4481,7 @@ func (x *WatchTransfersRequest) String() string {
 func (*WatchTransfersRequest) ProtoMessage() {}
 
 func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4292,7 +4494,7 @@ func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTransfersRequest.ProtoReflect.Descriptor instead.
 func (*WatchTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
 }
 
 type CancelCallRequest struct {
@@ -4305,7 +4507,7 @@ type CancelCallRequest struct {
 
 func (x *CancelCallRequest) Reset() {
 	*x = CancelCallRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4317,7 +4519,7 @@ func (x *CancelCallRequest) String() string {
 func (*CancelCallRequest) ProtoMessage() {}
 
 func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4330,7 +4532,7 @@ func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCallRequest.ProtoReflect.Descriptor instead.
 func (*CancelCallRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CancelCallRequest) GetCallId() string {
@@ -4351,7 +4553,7 @@ type CancelCallResponse struct {
 
 func (x *CancelCallResponse) Reset() {
 	*x = CancelCallResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4363,7 +4565,7 @@ func (x *CancelCallResponse) String() string {
 func (*CancelCallResponse) ProtoMessage() {}
 
 func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4376,7 +4578,7 @@ func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCallResponse.ProtoReflect.Descriptor instead.
 func (*CancelCallResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *CancelCallResponse) GetInFlight() bool {
@@ -4397,7 +4599,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4409,7 +4611,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4422,7 +4624,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -4464,7 +4666,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4476,7 +4678,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4489,7 +4691,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -4532,7 +4734,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4544,7 +4746,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4557,7 +4759,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -4589,7 +4791,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4601,7 +4803,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4614,7 +4816,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -4655,7 +4857,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4667,7 +4869,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4680,7 +4882,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *SignalRequest) GetKind() string {
@@ -4706,7 +4908,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4718,7 +4920,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4731,7 +4933,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *SignalResponse) GetPayload() []byte {
@@ -4754,7 +4956,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4766,7 +4968,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4779,7 +4981,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -4826,7 +5028,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4838,7 +5040,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4851,7 +5053,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -4871,7 +5073,7 @@ type ResolveLayoutRequest struct {
 
 func (x *ResolveLayoutRequest) Reset() {
 	*x = ResolveLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4883,7 +5085,7 @@ func (x *ResolveLayoutRequest) String() string {
 func (*ResolveLayoutRequest) ProtoMessage() {}
 
 func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4896,7 +5098,7 @@ func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutRequest.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{67}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ResolveLayoutRequest) GetName() string {
@@ -4925,7 +5127,7 @@ type ResolvedLayoutRegion struct {
 
 func (x *ResolvedLayoutRegion) Reset() {
 	*x = ResolvedLayoutRegion{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4937,7 +5139,7 @@ func (x *ResolvedLayoutRegion) String() string {
 func (*ResolvedLayoutRegion) ProtoMessage() {}
 
 func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4950,7 +5152,7 @@ func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedLayoutRegion.ProtoReflect.Descriptor instead.
 func (*ResolvedLayoutRegion) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{68}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ResolvedLayoutRegion) GetName() string {
@@ -4986,7 +5188,7 @@ type ResolvedSegment struct {
 
 func (x *ResolvedSegment) Reset() {
 	*x = ResolvedSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4998,7 +5200,7 @@ func (x *ResolvedSegment) String() string {
 func (*ResolvedSegment) ProtoMessage() {}
 
 func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5011,7 +5213,7 @@ func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedSegment.ProtoReflect.Descriptor instead.
 func (*ResolvedSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{69}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ResolvedSegment) GetRegion() uint32 {
@@ -5054,7 +5256,7 @@ type ResolveLayoutResponse struct {
 
 func (x *ResolveLayoutResponse) Reset() {
 	*x = ResolveLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5066,7 +5268,7 @@ func (x *ResolveLayoutResponse) String() string {
 func (*ResolveLayoutResponse) ProtoMessage() {}
 
 func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5079,7 +5281,7 @@ func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutResponse.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{70}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ResolveLayoutResponse) GetName() string {
@@ -5386,7 +5588,18 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\n" +
 	"timeout_ms\x18\a \x01(\x04R\ttimeoutMs\x123\n" +
 	"\ttransport\x18\b \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
-	"\x02op\x18\t \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"\x98\x02\n" +
+	"\x02op\x18\t \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"\xcc\x01\n" +
+	"\x15BindBlockRouteRequest\x12!\n" +
+	"\flocal_layout\x18\x01 \x01(\tR\vlocalLayout\x12\x12\n" +
+	"\x04peer\x18\x02 \x01(\tR\x04peer\x12#\n" +
+	"\rremote_layout\x18\x03 \x01(\tR\fremoteLayout\x123\n" +
+	"\ttransport\x18\x04 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
+	"\x02op\x18\x05 \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"0\n" +
+	"\x16BindBlockRouteResponse\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\x04R\x06handle\"2\n" +
+	"\x18ReleaseBlockRouteRequest\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\x04R\x06handle\"\x1b\n" +
+	"\x19ReleaseBlockRouteResponse\"\x98\x02\n" +
 	"\x14StartTransferRequest\x124\n" +
 	"\x05batch\x18\x01 \x01(\v2\x1c.b2b.v1.BatchTransferRequestH\x00R\x05batch\x127\n" +
 	"\x06submit\x18\x02 \x01(\v2\x1d.b2b.v1.SubmitTransferRequestH\x00R\x06submit\x127\n" +
@@ -5527,7 +5740,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x16TRANSFER_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13TRANSFER_STATE_DONE\x10\x02\x12\x19\n" +
 	"\x15TRANSFER_STATE_FAILED\x10\x03\x12\x1c\n" +
-	"\x18TRANSFER_STATE_CANCELLED\x10\x042\xed\x0e\n" +
+	"\x18TRANSFER_STATE_CANCELLED\x10\x042\x98\x10\n" +
 	"\x03B2B\x12O\n" +
 	"\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n" +
 	"\x10DeregisterRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12F\n" +
@@ -5545,7 +5758,9 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0eRegisterLayout\x12\x1d.b2b.v1.RegisterLayoutRequest\x1a\x1e.b2b.v1.RegisterLayoutResponse\x12U\n" +
 	"\x10DeregisterLayout\x12\x1f.b2b.v1.DeregisterLayoutRequest\x1a .b2b.v1.DeregisterLayoutResponse\x12F\n" +
 	"\vListLayouts\x12\x1a.b2b.v1.ListLayoutsRequest\x1a\x1b.b2b.v1.ListLayoutsResponse\x12N\n" +
-	"\x0eTransferBlocks\x12\x1d.b2b.v1.TransferBlocksRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12L\n" +
+	"\x0eTransferBlocks\x12\x1d.b2b.v1.TransferBlocksRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12O\n" +
+	"\x0eBindBlockRoute\x12\x1d.b2b.v1.BindBlockRouteRequest\x1a\x1e.b2b.v1.BindBlockRouteResponse\x12X\n" +
+	"\x11ReleaseBlockRoute\x12 .b2b.v1.ReleaseBlockRouteRequest\x1a!.b2b.v1.ReleaseBlockRouteResponse\x12L\n" +
 	"\rStartTransfer\x12\x1c.b2b.v1.StartTransferRequest\x1a\x1d.b2b.v1.StartTransferResponse\x12D\n" +
 	"\fWaitTransfer\x12\x1b.b2b.v1.WaitTransferRequest\x1a\x17.b2b.v1.TransferOutcome\x12L\n" +
 	"\rPollTransfers\x12\x1c.b2b.v1.PollTransfersRequest\x1a\x1d.b2b.v1.PollTransfersResponse\x12H\n" +
@@ -5577,7 +5792,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -5629,36 +5844,40 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*ListLayoutsRequest)(nil),        // 47: b2b.v1.ListLayoutsRequest
 	(*ListLayoutsResponse)(nil),       // 48: b2b.v1.ListLayoutsResponse
 	(*TransferBlocksRequest)(nil),     // 49: b2b.v1.TransferBlocksRequest
-	(*StartTransferRequest)(nil),      // 50: b2b.v1.StartTransferRequest
-	(*TransferTrigger)(nil),           // 51: b2b.v1.TransferTrigger
-	(*StartTransferResponse)(nil),     // 52: b2b.v1.StartTransferResponse
-	(*TransferOutcome)(nil),           // 53: b2b.v1.TransferOutcome
-	(*WaitTransferRequest)(nil),       // 54: b2b.v1.WaitTransferRequest
-	(*PollTransfersRequest)(nil),      // 55: b2b.v1.PollTransfersRequest
-	(*PollTransfersResponse)(nil),     // 56: b2b.v1.PollTransfersResponse
-	(*StartTransfersRequest)(nil),     // 57: b2b.v1.StartTransfersRequest
-	(*StartTransferResult)(nil),       // 58: b2b.v1.StartTransferResult
-	(*StartTransfersResponse)(nil),    // 59: b2b.v1.StartTransfersResponse
-	(*WaitTransfersRequest)(nil),      // 60: b2b.v1.WaitTransfersRequest
-	(*CancelTransferRequest)(nil),     // 61: b2b.v1.CancelTransferRequest
-	(*WatchTransfersRequest)(nil),     // 62: b2b.v1.WatchTransfersRequest
-	(*CancelCallRequest)(nil),         // 63: b2b.v1.CancelCallRequest
-	(*CancelCallResponse)(nil),        // 64: b2b.v1.CancelCallResponse
-	(*HandshakeRequest)(nil),          // 65: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 66: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 67: b2b.v1.ResolveRegionRequest
-	(*ResolveRegionResponse)(nil),     // 68: b2b.v1.ResolveRegionResponse
-	(*SignalRequest)(nil),             // 69: b2b.v1.SignalRequest
-	(*SignalResponse)(nil),            // 70: b2b.v1.SignalResponse
-	(*NotifyRequest)(nil),             // 71: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 72: b2b.v1.NotifyResponse
-	(*ResolveLayoutRequest)(nil),      // 73: b2b.v1.ResolveLayoutRequest
-	(*ResolvedLayoutRegion)(nil),      // 74: b2b.v1.ResolvedLayoutRegion
-	(*ResolvedSegment)(nil),           // 75: b2b.v1.ResolvedSegment
-	(*ResolveLayoutResponse)(nil),     // 76: b2b.v1.ResolveLayoutResponse
-	nil,                               // 77: b2b.v1.HandshakeResponse.AdvertsEntry
-	nil,                               // 78: b2b.v1.ResolveRegionResponse.KeysEntry
-	nil,                               // 79: b2b.v1.ResolvedLayoutRegion.KeysEntry
+	(*BindBlockRouteRequest)(nil),     // 50: b2b.v1.BindBlockRouteRequest
+	(*BindBlockRouteResponse)(nil),    // 51: b2b.v1.BindBlockRouteResponse
+	(*ReleaseBlockRouteRequest)(nil),  // 52: b2b.v1.ReleaseBlockRouteRequest
+	(*ReleaseBlockRouteResponse)(nil), // 53: b2b.v1.ReleaseBlockRouteResponse
+	(*StartTransferRequest)(nil),      // 54: b2b.v1.StartTransferRequest
+	(*TransferTrigger)(nil),           // 55: b2b.v1.TransferTrigger
+	(*StartTransferResponse)(nil),     // 56: b2b.v1.StartTransferResponse
+	(*TransferOutcome)(nil),           // 57: b2b.v1.TransferOutcome
+	(*WaitTransferRequest)(nil),       // 58: b2b.v1.WaitTransferRequest
+	(*PollTransfersRequest)(nil),      // 59: b2b.v1.PollTransfersRequest
+	(*PollTransfersResponse)(nil),     // 60: b2b.v1.PollTransfersResponse
+	(*StartTransfersRequest)(nil),     // 61: b2b.v1.StartTransfersRequest
+	(*StartTransferResult)(nil),       // 62: b2b.v1.StartTransferResult
+	(*StartTransfersResponse)(nil),    // 63: b2b.v1.StartTransfersResponse
+	(*WaitTransfersRequest)(nil),      // 64: b2b.v1.WaitTransfersRequest
+	(*CancelTransferRequest)(nil),     // 65: b2b.v1.CancelTransferRequest
+	(*WatchTransfersRequest)(nil),     // 66: b2b.v1.WatchTransfersRequest
+	(*CancelCallRequest)(nil),         // 67: b2b.v1.CancelCallRequest
+	(*CancelCallResponse)(nil),        // 68: b2b.v1.CancelCallResponse
+	(*HandshakeRequest)(nil),          // 69: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 70: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 71: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 72: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 73: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 74: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 75: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 76: b2b.v1.NotifyResponse
+	(*ResolveLayoutRequest)(nil),      // 77: b2b.v1.ResolveLayoutRequest
+	(*ResolvedLayoutRegion)(nil),      // 78: b2b.v1.ResolvedLayoutRegion
+	(*ResolvedSegment)(nil),           // 79: b2b.v1.ResolvedSegment
+	(*ResolveLayoutResponse)(nil),     // 80: b2b.v1.ResolveLayoutResponse
+	nil,                               // 81: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 82: b2b.v1.ResolveRegionResponse.KeysEntry
+	nil,                               // 83: b2b.v1.ResolvedLayoutRegion.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	6,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -5693,90 +5912,96 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	43, // 29: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
 	1,  // 30: b2b.v1.TransferBlocksRequest.transport:type_name -> b2b.v1.TransportKind
 	2,  // 31: b2b.v1.TransferBlocksRequest.op:type_name -> b2b.v1.TransferOp
-	21, // 32: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
-	26, // 33: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
-	49, // 34: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
-	51, // 35: b2b.v1.StartTransferRequest.after:type_name -> b2b.v1.TransferTrigger
-	5,  // 36: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
-	22, // 37: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
-	53, // 38: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
-	50, // 39: b2b.v1.StartTransfersRequest.requests:type_name -> b2b.v1.StartTransferRequest
-	58, // 40: b2b.v1.StartTransfersResponse.results:type_name -> b2b.v1.StartTransferResult
-	77, // 41: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
-	3,  // 42: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
-	0,  // 43: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	78, // 44: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
-	3,  // 45: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
-	79, // 46: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
-	74, // 47: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
-	75, // 48: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
-	10, // 49: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	14, // 50: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	16, // 51: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	18, // 52: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	21, // 53: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	33, // 54: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	37, // 55: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	35, // 56: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	24, // 57: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	26, // 58: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	27, // 59: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	29, // 60: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	31, // 61: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	42, // 62: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
-	45, // 63: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
-	47, // 64: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
-	49, // 65: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
-	50, // 66: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
-	54, // 67: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
-	55, // 68: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
-	61, // 69: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
-	62, // 70: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
-	57, // 71: b2b.v1.B2B.StartTransfers:input_type -> b2b.v1.StartTransfersRequest
-	60, // 72: b2b.v1.B2B.WaitTransfers:input_type -> b2b.v1.WaitTransfersRequest
-	63, // 73: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
-	65, // 74: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	67, // 75: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	67, // 76: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
-	73, // 77: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
-	69, // 78: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	71, // 79: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	13, // 80: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	15, // 81: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	17, // 82: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	19, // 83: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	22, // 84: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	34, // 85: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	40, // 86: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	36, // 87: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	25, // 88: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	22, // 89: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	28, // 90: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	30, // 91: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	32, // 92: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	44, // 93: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	46, // 94: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	48, // 95: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	22, // 96: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	52, // 97: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
-	53, // 98: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
-	56, // 99: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
-	53, // 100: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
-	53, // 101: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
-	59, // 102: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
-	56, // 103: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
-	64, // 104: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
-	66, // 105: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	68, // 106: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	68, // 107: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
-	76, // 108: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	70, // 109: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	72, // 110: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	80, // [80:111] is the sub-list for method output_type
-	49, // [49:80] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	1,  // 32: b2b.v1.BindBlockRouteRequest.transport:type_name -> b2b.v1.TransportKind
+	2,  // 33: b2b.v1.BindBlockRouteRequest.op:type_name -> b2b.v1.TransferOp
+	21, // 34: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
+	26, // 35: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
+	49, // 36: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
+	55, // 37: b2b.v1.StartTransferRequest.after:type_name -> b2b.v1.TransferTrigger
+	5,  // 38: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
+	22, // 39: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
+	57, // 40: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
+	54, // 41: b2b.v1.StartTransfersRequest.requests:type_name -> b2b.v1.StartTransferRequest
+	62, // 42: b2b.v1.StartTransfersResponse.results:type_name -> b2b.v1.StartTransferResult
+	81, // 43: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	3,  // 44: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
+	0,  // 45: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	82, // 46: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	3,  // 47: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
+	83, // 48: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
+	78, // 49: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
+	79, // 50: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
+	10, // 51: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	14, // 52: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	16, // 53: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	18, // 54: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	21, // 55: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	33, // 56: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	37, // 57: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	35, // 58: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	24, // 59: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	26, // 60: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	27, // 61: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	29, // 62: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	31, // 63: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	42, // 64: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
+	45, // 65: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
+	47, // 66: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
+	49, // 67: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
+	50, // 68: b2b.v1.B2B.BindBlockRoute:input_type -> b2b.v1.BindBlockRouteRequest
+	52, // 69: b2b.v1.B2B.ReleaseBlockRoute:input_type -> b2b.v1.ReleaseBlockRouteRequest
+	54, // 70: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
+	58, // 71: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
+	59, // 72: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
+	65, // 73: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
+	66, // 74: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
+	61, // 75: b2b.v1.B2B.StartTransfers:input_type -> b2b.v1.StartTransfersRequest
+	64, // 76: b2b.v1.B2B.WaitTransfers:input_type -> b2b.v1.WaitTransfersRequest
+	67, // 77: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
+	69, // 78: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	71, // 79: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	71, // 80: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
+	77, // 81: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	73, // 82: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	75, // 83: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	13, // 84: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	15, // 85: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	17, // 86: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	19, // 87: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	22, // 88: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	34, // 89: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	40, // 90: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	36, // 91: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	25, // 92: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	22, // 93: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	28, // 94: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	30, // 95: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	32, // 96: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	44, // 97: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	46, // 98: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	48, // 99: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	22, // 100: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	51, // 101: b2b.v1.B2B.BindBlockRoute:output_type -> b2b.v1.BindBlockRouteResponse
+	53, // 102: b2b.v1.B2B.ReleaseBlockRoute:output_type -> b2b.v1.ReleaseBlockRouteResponse
+	56, // 103: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	57, // 104: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	60, // 105: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	57, // 106: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	57, // 107: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	63, // 108: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
+	60, // 109: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
+	68, // 110: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
+	70, // 111: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	72, // 112: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	72, // 113: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
+	80, // 114: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	74, // 115: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	76, // 116: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	84, // [84:117] is the sub-list for method output_type
+	51, // [51:84] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -5790,7 +6015,7 @@ func file_b2b_v1_b2b_proto_init() {
 		(*RegisterRegionRequest_CudaAlloc)(nil),
 		(*RegisterRegionRequest_CudaIpc)(nil),
 	}
-	file_b2b_v1_b2b_proto_msgTypes[44].OneofWrappers = []any{
+	file_b2b_v1_b2b_proto_msgTypes[48].OneofWrappers = []any{
 		(*StartTransferRequest_Batch)(nil),
 		(*StartTransferRequest_Submit)(nil),
 		(*StartTransferRequest_Blocks)(nil),
@@ -5801,7 +6026,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   74,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

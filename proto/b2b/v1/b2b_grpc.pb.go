@@ -47,6 +47,8 @@ const (
 	B2B_DeregisterLayout_FullMethodName   = "/b2b.v1.B2B/DeregisterLayout"
 	B2B_ListLayouts_FullMethodName        = "/b2b.v1.B2B/ListLayouts"
 	B2B_TransferBlocks_FullMethodName     = "/b2b.v1.B2B/TransferBlocks"
+	B2B_BindBlockRoute_FullMethodName     = "/b2b.v1.B2B/BindBlockRoute"
+	B2B_ReleaseBlockRoute_FullMethodName  = "/b2b.v1.B2B/ReleaseBlockRoute"
 	B2B_StartTransfer_FullMethodName      = "/b2b.v1.B2B/StartTransfer"
 	B2B_WaitTransfer_FullMethodName       = "/b2b.v1.B2B/WaitTransfer"
 	B2B_PollTransfers_FullMethodName      = "/b2b.v1.B2B/PollTransfers"
@@ -119,6 +121,14 @@ type B2BClient interface {
 	// peer's exported remote_layout. Like BatchTransfer it returns only once
 	// every byte landed and was acknowledged.
 	TransferBlocks(ctx context.Context, in *TransferBlocksRequest, opts ...grpc.CallOption) (*BatchTransferResponse, error)
+	// BindBlockRoute names, once, what a TransferBlocks names besides its ids
+	// (docs/ring.md): the shared-memory ring's block records carry the
+	// route's handle and the ids. It checks the fields as TransferBlocks does
+	// and that the local layout is the caller's. A route belongs to the
+	// calling connection: ReleaseBlockRoute, or the connection's close, frees
+	// it; a client holds at most --max-plans routes.
+	BindBlockRoute(ctx context.Context, in *BindBlockRouteRequest, opts ...grpc.CallOption) (*BindBlockRouteResponse, error)
+	ReleaseBlockRoute(ctx context.Context, in *ReleaseBlockRouteRequest, opts ...grpc.CallOption) (*ReleaseBlockRouteResponse, error)
 	// Async handles (docs/kv.md). StartTransfer begins any kind of transfer
 	// (a batch, a prepared submit or a block transfer) and returns its id at
 	// once, after the request's fields were checked. The transfer belongs to
@@ -358,6 +368,26 @@ func (c *b2BClient) TransferBlocks(ctx context.Context, in *TransferBlocksReques
 	return out, nil
 }
 
+func (c *b2BClient) BindBlockRoute(ctx context.Context, in *BindBlockRouteRequest, opts ...grpc.CallOption) (*BindBlockRouteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BindBlockRouteResponse)
+	err := c.cc.Invoke(ctx, B2B_BindBlockRoute_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) ReleaseBlockRoute(ctx context.Context, in *ReleaseBlockRouteRequest, opts ...grpc.CallOption) (*ReleaseBlockRouteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseBlockRouteResponse)
+	err := c.cc.Invoke(ctx, B2B_ReleaseBlockRoute_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *b2BClient) StartTransfer(ctx context.Context, in *StartTransferRequest, opts ...grpc.CallOption) (*StartTransferResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StartTransferResponse)
@@ -509,6 +539,14 @@ type B2BServer interface {
 	// peer's exported remote_layout. Like BatchTransfer it returns only once
 	// every byte landed and was acknowledged.
 	TransferBlocks(context.Context, *TransferBlocksRequest) (*BatchTransferResponse, error)
+	// BindBlockRoute names, once, what a TransferBlocks names besides its ids
+	// (docs/ring.md): the shared-memory ring's block records carry the
+	// route's handle and the ids. It checks the fields as TransferBlocks does
+	// and that the local layout is the caller's. A route belongs to the
+	// calling connection: ReleaseBlockRoute, or the connection's close, frees
+	// it; a client holds at most --max-plans routes.
+	BindBlockRoute(context.Context, *BindBlockRouteRequest) (*BindBlockRouteResponse, error)
+	ReleaseBlockRoute(context.Context, *ReleaseBlockRouteRequest) (*ReleaseBlockRouteResponse, error)
 	// Async handles (docs/kv.md). StartTransfer begins any kind of transfer
 	// (a batch, a prepared submit or a block transfer) and returns its id at
 	// once, after the request's fields were checked. The transfer belongs to
@@ -616,6 +654,12 @@ func (UnimplementedB2BServer) ListLayouts(context.Context, *ListLayoutsRequest) 
 }
 func (UnimplementedB2BServer) TransferBlocks(context.Context, *TransferBlocksRequest) (*BatchTransferResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TransferBlocks not implemented")
+}
+func (UnimplementedB2BServer) BindBlockRoute(context.Context, *BindBlockRouteRequest) (*BindBlockRouteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BindBlockRoute not implemented")
+}
+func (UnimplementedB2BServer) ReleaseBlockRoute(context.Context, *ReleaseBlockRouteRequest) (*ReleaseBlockRouteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseBlockRoute not implemented")
 }
 func (UnimplementedB2BServer) StartTransfer(context.Context, *StartTransferRequest) (*StartTransferResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StartTransfer not implemented")
@@ -950,6 +994,42 @@ func _B2B_TransferBlocks_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _B2B_BindBlockRoute_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BindBlockRouteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).BindBlockRoute(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_BindBlockRoute_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).BindBlockRoute(ctx, req.(*BindBlockRouteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_ReleaseBlockRoute_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseBlockRouteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).ReleaseBlockRoute(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_ReleaseBlockRoute_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).ReleaseBlockRoute(ctx, req.(*ReleaseBlockRouteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _B2B_StartTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StartTransferRequest)
 	if err := dec(in); err != nil {
@@ -1153,6 +1233,14 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TransferBlocks",
 			Handler:    _B2B_TransferBlocks_Handler,
+		},
+		{
+			MethodName: "BindBlockRoute",
+			Handler:    _B2B_BindBlockRoute_Handler,
+		},
+		{
+			MethodName: "ReleaseBlockRoute",
+			Handler:    _B2B_ReleaseBlockRoute_Handler,
 		},
 		{
 			MethodName: "StartTransfer",

@@ -61,6 +61,26 @@ class BatchTransferResponse(_message.Message):
     work_requests: int
     def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., elapsed_ns: _Optional[int] = ..., phases: _Optional[_Union[PhaseTimings, _Mapping]] = ...) -> None: ...
 
+class BindBlockRouteRequest(_message.Message):
+    __slots__ = ["local_layout", "op", "peer", "remote_layout", "transport"]
+    LOCAL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    local_layout: str
+    op: TransferOp
+    peer: str
+    remote_layout: str
+    transport: TransportKind
+    def __init__(self, local_layout: _Optional[str] = ..., peer: _Optional[str] = ..., remote_layout: _Optional[str] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., op: _Optional[_Union[TransferOp, str]] = ...) -> None: ...
+
+class BindBlockRouteResponse(_message.Message):
+    __slots__ = ["handle"]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    def __init__(self, handle: _Optional[int] = ...) -> None: ...
+
 class CancelCallRequest(_message.Message):
     __slots__ = ["call_id"]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -529,6 +549,16 @@ class RegisterRegionResponse(_message.Message):
     REGION_FIELD_NUMBER: _ClassVar[int]
     region: Region
     def __init__(self, region: _Optional[_Union[Region, _Mapping]] = ...) -> None: ...
+
+class ReleaseBlockRouteRequest(_message.Message):
+    __slots__ = ["handle"]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    handle: int
+    def __init__(self, handle: _Optional[int] = ...) -> None: ...
+
+class ReleaseBlockRouteResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
 
 class ReleaseTransferRequest(_message.Message):
     __slots__ = ["handle"]

@@ -102,6 +102,16 @@ class B2BStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.TransferBlocksRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.FromString,
                 )
+        self.BindBlockRoute = channel.unary_unary(
+                '/b2b.v1.B2B/BindBlockRoute',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.BindBlockRouteRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.BindBlockRouteResponse.FromString,
+                )
+        self.ReleaseBlockRoute = channel.unary_unary(
+                '/b2b.v1.B2B/ReleaseBlockRoute',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.ReleaseBlockRouteRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.ReleaseBlockRouteResponse.FromString,
+                )
         self.StartTransfer = channel.unary_unary(
                 '/b2b.v1.B2B/StartTransfer',
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.StartTransferRequest.SerializeToString,
@@ -293,6 +303,24 @@ class B2BServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BindBlockRoute(self, request, context):
+        """BindBlockRoute names, once, what a TransferBlocks names besides its ids
+        (docs/ring.md): the shared-memory ring's block records carry the
+        route's handle and the ids. It checks the fields as TransferBlocks does
+        and that the local layout is the caller's. A route belongs to the
+        calling connection: ReleaseBlockRoute, or the connection's close, frees
+        it; a client holds at most --max-plans routes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseBlockRoute(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def StartTransfer(self, request, context):
         """Async handles (docs/kv.md). StartTransfer begins any kind of transfer
         (a batch, a prepared submit or a block transfer) and returns its id at
@@ -467,6 +495,16 @@ def add_B2BServicer_to_server(servicer, server):
                     servicer.TransferBlocks,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.TransferBlocksRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.SerializeToString,
+            ),
+            'BindBlockRoute': grpc.unary_unary_rpc_method_handler(
+                    servicer.BindBlockRoute,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.BindBlockRouteRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.BindBlockRouteResponse.SerializeToString,
+            ),
+            'ReleaseBlockRoute': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseBlockRoute,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.ReleaseBlockRouteRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.ReleaseBlockRouteResponse.SerializeToString,
             ),
             'StartTransfer': grpc.unary_unary_rpc_method_handler(
                     servicer.StartTransfer,
@@ -807,6 +845,40 @@ class B2B(object):
         return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/TransferBlocks',
             b2b_dot_v1_dot_b2b__pb2.TransferBlocksRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.BatchTransferResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def BindBlockRoute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/BindBlockRoute',
+            b2b_dot_v1_dot_b2b__pb2.BindBlockRouteRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.BindBlockRouteResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReleaseBlockRoute(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/ReleaseBlockRoute',
+            b2b_dot_v1_dot_b2b__pb2.ReleaseBlockRouteRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.ReleaseBlockRouteResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
