@@ -172,9 +172,14 @@ func TestFailover(t *testing.T) {
 			}
 			g.verify(t, b)
 			st := g.a.RailStatus()
-			if st[1].Failovers != 1 || st[1].BytesSent != 0 || st[0].BytesSent != b.Bytes() || !strings.Contains(st[1].LastError, "fake a1") {
+			// The faulted rail carried nothing and the other everything. It
+			// failed over at least once: its background retry (20 ms) may
+			// bring it back before the next round on a loaded machine, and
+			// a rail that fails again goes again.
+			if st[1].Failovers < 1 || st[1].BytesSent != 0 || st[0].BytesSent != b.Bytes() || !strings.Contains(st[1].LastError, "fake a1") {
 				t.Fatalf("after the failover: %+v", st)
 			}
+			reconnects := st[1].Reconnects
 			// The next batch avoids the rail while it is down; once it works
 			// again the background retry brings it back.
 			g.f.rails["a1"].fault.Store(int32(ok))
@@ -185,8 +190,8 @@ func TestFailover(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			if r := g.a.RailStatus()[1].Reconnects; r != 1 {
-				t.Fatalf("reconnects %d", r)
+			if r := g.a.RailStatus()[1].Reconnects; r < max(reconnects, 1) {
+				t.Fatalf("reconnects %d (%d at the failover)", r, reconnects)
 			}
 			clear(g.dst)
 			if _, err := g.conn.Write(context.Background(), g.sreg, g.remote, b); err != nil {
