@@ -39,7 +39,14 @@ func controlPyPath() string {
 	return ""
 }
 
+// controlPythonEnv names the interpreter for the Python rows (a GPU host's
+// python3 with grpcio may not be /usr/bin/python3).
+const controlPythonEnv = "B2B_BENCH_PYTHON"
+
 func controlPython() string {
+	if p := os.Getenv(controlPythonEnv); p != "" {
+		return p
+	}
 	if _, err := os.Stat("/usr/bin/python3"); err == nil {
 		return "/usr/bin/python3"
 	}
@@ -55,7 +62,7 @@ func controlPyRows(ctx context.Context, eps *endpoints, rep *ControlReport, out 
 	}
 	py := controlPython()
 	if err := exec.CommandContext(ctx, py, "-c", "import grpc, numpy, google.protobuf").Run(); err != nil {
-		fmt.Fprintf(out, "note: no Python rows: %s lacks grpcio, numpy or protobuf (%v)\n", py, err)
+		fmt.Fprintf(out, "note: no Python rows: %s lacks grpcio, numpy or protobuf (%v; %s names another)\n", py, err, controlPythonEnv)
 		return nil
 	}
 	dir, err := os.MkdirTemp("", "b2b-bench-control-py-")
