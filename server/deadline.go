@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -142,8 +143,8 @@ func (s *Server) streamCaller(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 const lateAnswer = 50 * time.Millisecond
 
 // noteLate logs a call answered more than lateAnswer past its caller's
-// deadline (left, from the moment its headers arrived): the time the
-// request waited for its handler is told apart from the handler's own.
+// deadline (left, from the moment its headers arrived), at most once a
+// second: a daemon that was stopped answers its queue late all at once.
 func (s *Server) noteLate(ctx context.Context, method string, left time.Duration, err error) {
 	b, ok := ctx.Value(beginKey{}).(*beginCtx)
 	if !ok {
@@ -153,8 +154,27 @@ func (s *Server) noteLate(ctx context.Context, method string, left time.Duration
 	if late <= lateAnswer {
 		return
 	}
-	s.cfg.Log.Warn("a call was answered past its caller's deadline", "method", method, "deadline", left,
-		"late", late, "error", err)
+	if more, ok := s.late.due(time.Now()); ok {
+		s.cfg.Log.Warn("a call was answered past its caller's deadline", "method", method, "deadline", left,
+			"late", late, "more_since_last_warning", more, "error", err)
+	}
+}
+
+// lateLog rate-limits noteLate's warnings, counting those it drops.
+type lateLog struct {
+	last    atomic.Int64 // unix ns of the last warning
+	dropped atomic.Uint64
+}
+
+// due says whether a warning may go now, and how many were dropped since
+// the last one.
+func (l *lateLog) due(now time.Time) (uint64, bool) {
+	last := l.last.Load()
+	if now.UnixNano()-last < int64(time.Second) || !l.last.CompareAndSwap(last, now.UnixNano()) {
+		l.dropped.Add(1)
+		return 0, false
+	}
+	return l.dropped.Swap(0), true
 }
 
 type deadlineStream struct {

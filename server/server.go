@@ -78,6 +78,7 @@ type Server struct {
 	clients  clients          // lease holders (leases.go)
 	triggers *trigger.Watcher // triggered transfers (trigger.go)
 	calls    calls            // synchronous calls a CancelCall can stop (calls.go)
+	late     lateLog          // calls answered past their caller's deadline (deadline.go)
 
 	rawMu     sync.Mutex
 	raw       map[net.Conn]struct{} // raw submit connections (raw.go)
