@@ -45,7 +45,8 @@
 #   B2B_RDMA_TIMEOUT      whole-run limit in seconds (default 3000; the fault cases may use 60% of it; CI's limit is 90 minutes)
 #   B2B_RDMA_CONFORMANCE  1 (default) runs the transport conformance suite over verbs (TestHWConformance) in A
 #   B2B_RDMA_HW_TESTS     the verbs hardware tests run with it (default: the conformance suite, the READ tests,
-#                         TestHWRevokeOnNarrowedExport and the deadline tests; space-separated names)
+#                         TestHWRevokeOnNarrowedExport and the deadline tests, the frozen receiver's included;
+#                         space-separated names)
 #   B2B_RDMA_RAILS        1 (default) runs test-rails.sh (two RDMA devices per VM) after the table; 0 skips
 #   B2B_RDMA_KV           1 (default) runs one KV request over verbs after the table (b2b-bench --workload kv,
 #                         descriptors against block ids, every block verified); 0 skips
@@ -375,7 +376,7 @@ fi
 # The transport contract's conformance suite (internal/transport/transporttest) over verbs:
 # TestHWConformance between two verbs transports on VM A's rxe0 (hw-verbs.sh; B powers off at once).
 if [ "${B2B_RDMA_CONFORMANCE:-1}" = 1 ]; then
-	HW_TESTS=${B2B_RDMA_HW_TESTS:-TestHWConformance TestHWRead TestHWReadOnlyKeyRefusesWrite TestHWReadDeadline TestHWKeyForRekey TestHWRevokeOnNarrowedExport TestHWDeadlineStopsWrites TestHWPreparedDeadlineStops}
+	HW_TESTS=${B2B_RDMA_HW_TESTS:-TestHWConformance TestHWRead TestHWReadOnlyKeyRefusesWrite TestHWReadDeadline TestHWKeyForRekey TestHWRevokeOnNarrowedExport TestHWDeadlineStopsWrites TestHWDeadlineFrozenReceiver TestHWPreparedDeadlineStops}
 	conf=$OUT/conformance
 	mkdir -p "$conf"
 	if [ -x "$OUT/bin/verbs.test" ] || (cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go test -c -o "$OUT/bin/verbs.test" ./internal/transport/verbs); then
