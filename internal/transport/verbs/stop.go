@@ -76,11 +76,18 @@ func (s *qpSet) abandon(ctx context.Context, tag uint32) error {
 	}
 	// The caller's deadline or cancel is the outcome (outermost class); the
 	// connection is gone too (Aborted, its Err).
-	err := fmt.Errorf("verbs: batch %d to %s cut off by %w with work requests in flight (QPs stopped and connection dropped: %w)", tag, s.peer, cause, errs.ErrAborted)
+	err := fmt.Errorf("verbs: batch %d to %s cut off by %w with work requests in flight (QPs stopped and connection dropped: %w; %s)", tag, s.peer, cause, errs.ErrAborted, MayHaveLanded)
 	s.fail(err, true)
 	s.halt()
 	return err
 }
+
+// MayHaveLanded is said by a stopped batch whose last work requests had not
+// completed when its QPs were stopped: the receiver may have received the
+// whole batch just before, and then accounts it as landed. (Its NIC places
+// no byte once the QPs stopped; whether the batch's last WRITE got there
+// first, only the receiver knows.)
+const MayHaveLanded = "the receiver may have received the whole batch before the stop and account it as landed"
 
 // cancelDrainMax bounds how long a cancelled batch waits for its posted
 // WRs while they keep completing (abandon).
