@@ -202,12 +202,18 @@ func (r *Ring) SubmitContext(ctx context.Context, p *Plan) (RawResult, error) {
 	if err != nil {
 		return RawResult{}, err
 	}
-	tag, err := r.post(ring.Request{Op: ring.OpSubmit, Handle: p.Handle, TimeoutMs: ms})
+	return r.postWait(ctx, ring.Request{Op: ring.OpSubmit, Handle: p.Handle, TimeoutMs: ms})
+}
+
+// postWait posts req and waits for its completion; a cancel of ctx cancels
+// it through the ring (its deadline, in req, is the daemon's to keep).
+func (r *Ring) postWait(ctx context.Context, req ring.Request) (RawResult, error) {
+	tag, err := r.post(req)
 	if err != nil {
 		return RawResult{}, err
 	}
 	stop := context.AfterFunc(ctx, func() {
-		if errors.Is(ctx.Err(), context.Canceled) { // a deadline is the daemon's to keep
+		if errors.Is(ctx.Err(), context.Canceled) {
 			_ = r.Cancel(tag)
 		}
 	})

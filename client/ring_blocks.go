@@ -95,15 +95,5 @@ func (r *Ring) BlocksContext(ctx context.Context, rt *Route, local, remote []uin
 	if err != nil {
 		return RawResult{}, err
 	}
-	tag, err := r.post(req)
-	if err != nil {
-		return RawResult{}, err
-	}
-	stop := context.AfterFunc(ctx, func() {
-		if errors.Is(ctx.Err(), context.Canceled) { // a deadline is the daemon's to keep
-			_ = r.Cancel(tag)
-		}
-	})
-	defer stop()
-	return r.Wait(tag)
+	return r.postWait(ctx, req)
 }

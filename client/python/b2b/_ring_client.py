@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -178,17 +178,7 @@ def transfer_blocks(client: "Client", slot: RingSlot, local_layout: str, peer: s
         h = _route(client, slot, key)
         if h is None:
             return None
-        tag = None
-        try:
-            with _interrupts_deferred():
-                tag = ring.start_blocks(h, lids, rids, ms)
-            c = ring.wait(tag)
-        except B2BError:
-            raise
-        except BaseException:
-            if tag is not None:
-                _settle(ring, tag)
-            raise
+        c = _post_wait(ring, lambda: ring.start_blocks(h, lids, rids, ms))
         if c.code == grpc.StatusCode.NOT_FOUND.value[0] and "block route" in c.msg and attempt == 0:
             with slot.routes_lock:  # the connection it was bound on closed (a reconnect): bind again
                 if slot.routes.get(key) == h:
@@ -239,24 +229,30 @@ def _settle(ring: Ring, tag: int) -> None:
     ring.forget(tag)
 
 
-def submit(ring: Ring, plan: "PreparedTransfer", timeout: Optional[float]) -> Optional[TransferResult]:
-    """:meth:`PreparedTransfer.submit` through the ring; ``None``: take gRPC."""
-    ms = _timeout_ms(timeout)
-    if ms is None:
-        return None
+def _post_wait(ring: Ring, start: Callable[[], int]) -> Any:
+    """Posts a record (``start`` returns its tag) and waits for its
+    completion. A record posted is work the daemon runs: an interrupt waits
+    until its tag is in hand (and strikes as the block ends), and a wait it
+    cuts short settles the record."""
     tag = None
     try:
-        # A record posted is a submit the daemon runs: an interrupt waits
-        # until its tag is in hand (and strikes as the block ends).
         with _interrupts_deferred():
-            tag = ring.start(plan.handle, ms)
-        c = ring.wait(tag)
+            tag = start()
+        return ring.wait(tag)
     except B2BError:
         raise
     except BaseException:
         if tag is not None:
             _settle(ring, tag)
         raise
+
+
+def submit(ring: Ring, plan: "PreparedTransfer", timeout: Optional[float]) -> Optional[TransferResult]:
+    """:meth:`PreparedTransfer.submit` through the ring; ``None``: take gRPC."""
+    ms = _timeout_ms(timeout)
+    if ms is None:
+        return None
+    c = _post_wait(ring, lambda: ring.start(plan.handle, ms))
     err = c.error()
     if err is not None:
         raise err
