@@ -138,8 +138,7 @@ func (s *Server) streamCaller(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 }
 
 // lateAnswer is how far past its caller's deadline a call's answer is
-// logged: a deadline this daemon did not keep, with where its time went
-// (before the handler, or in it).
+// logged: a deadline this daemon did not keep.
 const lateAnswer = 50 * time.Millisecond
 
 // noteLate logs a call answered more than lateAnswer past its caller's

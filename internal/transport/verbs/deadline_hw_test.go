@@ -12,7 +12,6 @@ import (
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // A batch cut off by its deadline with WRs in flight posts nothing more
@@ -181,10 +180,8 @@ func frozenCut(t *testing.T, p *pair, b *desc.Batch, r *rand.Rand, prepared bool
 		return err
 	}
 	if prepared {
-		pr, err := p.conn.(transport.Preparer).Prepare(p.src, p.remote, b)
-		if err != nil {
-			t.Fatal(err)
-		}
+		pr := prepare(t, p, b)
+		// Closed before the reconnect that follows this cut (Close is safe twice).
 		defer pr.Close()
 		if _, err := pr.Write(ctx); err != nil { // its plan posted once
 			t.Fatal(err)
