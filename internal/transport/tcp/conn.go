@@ -192,7 +192,7 @@ func (c *conn) cutNote(read bool) string {
 	if c.cutAcked {
 		return " (the streams were reset and the receiver confirmed it places none of its bytes any more)"
 	}
-	return " (the streams were reset, and the receiver did not confirm in time that it stopped, being stopped, starved or unreachable: once it sees the reset it begins no frame of the batch; a frame it was placing then may still complete)"
+	return " (the streams were reset, and the receiver did not confirm in time that it stopped, being stopped, starved or unreachable: once it sees the reset it places no byte more; the copy (16 KiB at most) or the read it was entering as it stopped may still complete)"
 }
 
 // fence tells the receiver that this conn is cut off and waits for its

@@ -305,6 +305,9 @@ type receiver struct {
 	// the next frame's header and table are read without read-ahead (which
 	// would pull up to recvBuf bytes of its payload through a second copy).
 	largeFrames bool
+	// unchecked: bytes copied into regions since the last look at the
+	// clock (copyChecked).
+	unchecked int
 	// refused: this batch was refused (stale key, range outside the region);
 	// the rest of its frames are read and dropped so that the stream stays in
 	// step, and the last one is answered with the refusal.
@@ -509,8 +512,22 @@ func (r *receiver) placeIn(h *frameHeader, table []byte, mem memory.Memory) (con
 			off, n := le.Uint64(table[seg*segLen:]), le.Uint64(table[seg*segLen+8:])
 			dst := mem.Host[off : off+n]
 			if n <= uint64(len(view)-pend) {
-				copy(dst, view[pend:])
-				pend += int(n)
+				// Copied in pieces, the reset mark read between them
+				// (after a stop, always): a receiver stopped mid-copy
+				// places at most one piece once it runs again.
+				if r.unchecked+int(n) < copyPiece { // a small block: no look yet
+					copy(dst, view[pend:])
+					r.unchecked += int(n)
+					pend += int(n)
+					done += n
+					continue
+				}
+				k, err := r.copyChecked(dst, view[pend:])
+				pend += k
+				if err != nil {
+					rerr = err
+					return
+				}
 				done += n
 				continue
 			}
@@ -576,8 +593,43 @@ func (r *receiver) read(p []byte, large bool) (int, error) {
 	if r.direct && r.br.Buffered() == 0 && (large || len(p) >= directRead) {
 		return r.lw.readBlock(p)
 	}
-	// Under the buffer's size, bufio fills its buffer and copies out.
-	return r.br.Read(p[:min(len(p), recvBuf-1)])
+	// Under the buffer's size: fill the buffer (lowWater.Read looks at the
+	// reset mark after its read), then copy out piece by piece.
+	if r.br.Buffered() == 0 {
+		if _, err := r.br.Peek(1); err != nil {
+			return 0, err
+		}
+	}
+	view, _ := r.br.Peek(min(len(p), r.br.Buffered()))
+	n, err := r.copyChecked(p, view)
+	_, _ = r.br.Discard(n)
+	return n, err
+}
+
+// copyPiece is the most a receiver places without a look at the clock:
+// a receiver stopped (SIGSTOP, a paused VM) in the middle of a copy ends
+// that piece when it runs again, then finds the time passed and reads the
+// stream's reset mark before the next one.
+const copyPiece = 16 << 10
+
+// copyChecked copies src into dst (region memory) in pieces of at most
+// copyPiece bytes counted across calls (a frame of small blocks is many
+// calls), reading the stream's reset mark between pieces when
+// resetCheckEvery has passed;
+// n is what was copied, errReset if the sender reset the stream.
+func (r *receiver) copyChecked(dst, src []byte) (n int, _ error) {
+	for n < len(dst) && n < len(src) {
+		if r.unchecked >= copyPiece {
+			r.unchecked = 0
+			if r.lw.reset.reset(false) {
+				return n, errReset
+			}
+		}
+		k := copy(dst[n:min(len(dst), n+copyPiece-r.unchecked)], src[n:])
+		n += k
+		r.unchecked += k
+	}
+	return n, nil
 }
 
 // placeDevice reads the frame's payload into the pinned buffer, then copies
