@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 
@@ -206,6 +207,11 @@ func (rc *ringConn) run(req ring.Request, what string, do func(context.Context) 
 		rc.complete(ring.Completion{Tag: req.Tag, Blocks: res.Blocks, Bytes: res.Bytes,
 			Wire: int64(res.Phases.Wire), Total: int64(res.Phases.Total)})
 	}()
+	// The consumer spins on its P (Queue.Wait), so the goroutine just made
+	// would wait for an idle thread to wake and steal it: a futex wake, about
+	// 60 us on the GPU host. Yielding runs it here at once, until it blocks
+	// on the wire. A 1 x 128 B ring submit went from 114 to 55 us there.
+	runtime.Gosched()
 }
 
 // fail is the completion for err: the code and message SubmitTransfer gives.
