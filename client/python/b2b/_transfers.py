@@ -4,9 +4,9 @@ submit stream.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import queue
+import _signal
 import signal
 import threading
 import time
@@ -32,6 +32,8 @@ from .errors import (
     transfer_deadline,
 )
 from .v1 import b2b_pb2 as pb
+
+_SIGINT = int(signal.SIGINT)
 
 if TYPE_CHECKING:  # annotations only: client.py imports this module
     from .client import Client
@@ -161,23 +163,31 @@ class _Pending:
 
 
 
-@contextlib.contextmanager
-def _interrupts_deferred() -> Any:
+class _interrupts_deferred:
     """Holds Ctrl-C (SIGINT with Python's default handler) back until the
     block ends, then raises it. Only the main thread gets signals, and a
-    handler the application installed itself is left alone."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-    pending = []
-    signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if pending:
-            raise KeyboardInterrupt
+    handler the application installed itself is left alone.
+
+    A class over _signal, not a generator over signal: signal's functions
+    wrap every number and handler in an enum, which made this 14 us of a
+    50 us ring submit."""
+
+    __slots__ = ("pending", "armed")
+
+    def __enter__(self) -> "_interrupts_deferred":
+        self.pending: list = []
+        self.armed = threading.current_thread() is threading.main_thread() and \
+            _signal.getsignal(_SIGINT) is _signal.default_int_handler
+        if self.armed:
+            _signal.signal(_SIGINT, lambda signum, frame: self.pending.append(signum))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.armed:
+            _signal.signal(_SIGINT, _signal.default_int_handler)
+            if self.pending:
+                raise KeyboardInterrupt
+
 
 class Transfer:
     """The one handle of every async transfer: :meth:`Client.start_transfer`,
