@@ -513,3 +513,28 @@ class HandleInterruptTest(unittest.TestCase):
             s.assertEqual(h.result.blocks, _ReportOnceDaemon.BLOCKS)
 
         self.run_interrupted(then)
+
+
+class RingResultTest(unittest.TestCase):
+    """A ring call's result is what the gRPC path's response would make,
+    field for field, though built without the protobuf."""
+
+    def test_same_as_from_proto(self):
+        from types import SimpleNamespace
+
+        from b2b import _ring_client
+        from b2b._ring import Completion
+        from b2b._results import TransferResult
+
+        c = Completion(7, 0, "", 3, 384, 12_345, 67_890)
+        for transport in ("tcp", "local", "verbs", "auto", "", "bogus"):
+            plan = SimpleNamespace(transport=transport, segments=2, work_requests=5)
+            got = _ring_client._result(_ring_client._TRANSPORT_BY_NAME.get(transport, 0), c, 2, 5)
+            want = TransferResult.from_proto(_ring_client._response(plan, c))
+            self.assertEqual(got, want, transport)
+        for kind in (pb.TRANSPORT_KIND_UNSPECIFIED, pb.TRANSPORT_KIND_TCP, pb.TRANSPORT_KIND_LOCAL, 99):
+            got = _ring_client._result(kind, c)
+            want = TransferResult.from_proto(pb.BatchTransferResponse(
+                blocks=c.blocks, bytes=c.bytes, transport=kind, elapsed_ns=c.wire_ns,
+                phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns)))
+            self.assertEqual(got, want, kind)
