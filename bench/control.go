@@ -53,7 +53,7 @@ type ControlRow struct {
 	Workload     string  `json:"workload"` // "control"
 	Path         string  `json:"path"`     // "grpc" or "ring"
 	Client       string  `json:"client"`   // "go" or "python" (client/python/bench_control.py)
-	Op           string  `json:"op"`       // "ping", "ping_idle" (after ControlIdleGap), "submit" or "blocks" (1 id, ControlBlockSegments segments)
+	Op           string  `json:"op"`       // "ping", "ping_idle" (after ControlIdleGap), "submit", "blocks" (1 id, ControlBlockSegments segments), "start_poll" or "start_batch64" (control_async.go)
 	Blocks       int     `json:"blocks,omitempty"`
 	BlockBytes   uint64  `json:"block_bytes,omitempty"`
 	Calls        int     `json:"calls"`
@@ -202,6 +202,9 @@ func controlRun(ctx context.Context, cfg Config, rep *ControlReport, out io.Writ
 		add("submit", shape.blocks, gs, rs)
 	}
 	if err := controlBlocks(ctx, cfg, eps, ring, src, dst, export, add); err != nil {
+		return err
+	}
+	if err := controlAsync(ctx, cfg, eps, ring, src, dst, export, add); err != nil {
 		return err
 	}
 	tw.Flush()

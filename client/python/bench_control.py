@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """The Python rows of ``b2b-bench --workload control``, on the bench's own
-daemons: per-request cost of a ping, a prepared submit of 1 × 128 B block
-and a block-id transfer of 1 id × 64 segments, over gRPC
+daemons: per-request cost of a ping, a prepared submit of 1 × 128 B block,
+an async start of it polled until its outcome, 64 such starts in one call
+and one wait for them all (per request), and a block-id transfer of 1 id ×
+64 segments, over gRPC
 (``Client(ring=False)``) and over the ring, alternating runs of 100 calls
 after 50 of warm-up. Writes a JSON list of rows (workload "control", path
-"grpc"|"ring", client "python", op, calls, us_per_request {median, p99}).
+"grpc"|"ring", client "python", op (ping, submit, start_poll,
+start_batch64, blocks), calls, us_per_request {median, p99}).
 
 Usage: ``bench_control.py --api SRC.sock --submit SUBMIT.sock --dst-api
 DST.sock --peer HOST:PORT --json OUT.json``
@@ -25,22 +28,41 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the source tre
 import b2b  # noqa: E402
 
 WARMUP, CHUNK = 50, 100
+BATCH, BATCH_CALLS, BATCH_CHUNK = 64, 100, 10  # start_batch64: batches per path, in runs of 10
 SEGS, NB, BL = 64, 4, 128
 
 
-def interleave(n: int, grpc_fn, ring_fn):
-    """Per-call ns of each, in alternating runs of CHUNK after WARMUP."""
+def interleave(n: int, grpc_fn, ring_fn, chunk: int = CHUNK):
+    """Per-call ns of each, in alternating runs of chunk after WARMUP."""
     out = ([], [])
     total = WARMUP + n
-    for i0 in range(0, total, CHUNK):
+    for i0 in range(0, total, chunk):
         for k, f in enumerate((grpc_fn, ring_fn)):
-            for i in range(i0, min(i0 + CHUNK, total)):
+            for i in range(i0, min(i0 + chunk, total)):
                 t = time.perf_counter_ns()
                 f()
                 d = time.perf_counter_ns() - t
                 if i >= WARMUP:
                     out[k].append(d)
     return out
+
+
+def start_poll(c, plan):
+    """One async start of plan, then polls until its outcome (the ring's:
+    its completion); raises if it did not succeed."""
+    h = c.start_submits([plan])[0]
+    while not c.poll([h])[0]:
+        os.sched_yield()  # as a polling engine would do other work: the daemons may need this core
+    return h.result
+
+
+def start_batch(c, plan):
+    """BATCH starts of plan in one call (gRPC: StartTransfers; ring: one
+    publish), then one wait for them all; raises if one did not succeed."""
+    hs = c.start_many([plan] * BATCH)
+    c.wait_all(hs)
+    for h in hs:
+        h.result  # noqa: B018 (raises the transfer's error)
 
 
 def rows(op: str, blocks: int, g, r):
@@ -78,10 +100,18 @@ def main() -> int:
             pr = cr.prepare(src, args.peer, tag, off, off, block_size=BL)
             pg = cg.prepare(src, args.peer, tag, off, off, block_size=BL)
             g, r = interleave(args.calls, pg.submit, pr.submit)
-            pr.release(), pg.release()
             if not np.array_equal(src.array[:BL], dst.array[:BL]):
                 raise SystemExit("submit: the destination block differs from the source")
             out += rows("submit", 1, g, r)
+            g, r = interleave(args.calls, lambda: start_poll(cg, pg), lambda: start_poll(cr, pr))
+            out += rows("start_poll", 1, g, r)
+            g, r = interleave(BATCH_CALLS, lambda: start_batch(cg, pg), lambda: start_batch(cr, pr), chunk=BATCH_CHUNK)
+            out += rows("start_batch64", 1, [d / BATCH for d in g], [d / BATCH for d in r])
+            src.array[:BL] = np.random.default_rng(4).integers(0, 256, BL, dtype=np.uint8)  # the ring alone moves fresh bytes
+            start_batch(cr, pr)
+            if not np.array_equal(src.array[:BL], dst.array[:BL]):
+                raise SystemExit("start_batch64: the destination block differs from the source")
+            pr.release(), pg.release()
             lay = lambda reg: [(reg, s * BL, BL, SEGS * BL) for s in range(SEGS)]  # noqa: E731
             cr.register_layout(tag, lay(src), NB)
             cb.register_layout(tag, lay(dst), NB, export_name=tag)
