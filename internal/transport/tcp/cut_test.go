@@ -32,7 +32,7 @@ func TestCutBatchNeverLandsLate(t *testing.T) {
 			const blocks, size, slot = 48, 512, 640
 			p := newPair(t, blocks*slot, 2)
 			if tc.pause > 0 {
-				pause := func() { time.Sleep(tc.pause) }
+				pause := func(*resetMark) { time.Sleep(tc.pause) }
 				placeHook.Store(&pause)
 				t.Cleanup(func() { placeHook.Store(nil) })
 			}
@@ -143,9 +143,9 @@ func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
 
 // TestStoppedReceiverPlacesOnePieceAtMost: a receiver stopped (as by
 // SIGSTOP) after its last look at the reset mark, with a frame of small
-// blocks in its read buffer, finds the stream reset when it runs again: it
-// completes at most the piece it was copying (copyPiece bytes), never the
-// rest of what it had buffered.
+// blocks in its read buffer, runs again only once the sender's reset has
+// arrived: it completes at most the piece it was copying (copyPiece
+// bytes), never the rest of what it had buffered.
 func TestStoppedReceiverPlacesOnePieceAtMost(t *testing.T) {
 	const blocks, size = 64, 4096
 	for i := range 5 {
@@ -154,12 +154,19 @@ func TestStoppedReceiverPlacesOnePieceAtMost(t *testing.T) {
 		b := scattered(r, blocks, size, size)
 		fill(r, p.srcMem.Host)
 		reached := make(chan struct{}, 1)
-		stop := func() {
+		stop := func(m *resetMark) { // stopped until the sender's cut reached this stream
 			select {
 			case reached <- struct{}{}:
 			default:
 			}
-			time.Sleep(5 * time.Millisecond) // stopped: the sender cuts, the reset arrives
+			for end := time.Now().Add(30 * time.Second); !m.reset(true); {
+				if time.Now().After(end) {
+					t.Error("the sender's reset did not arrive within 30 s")
+					return
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			time.Sleep(time.Millisecond) // past resetCheckEvery: the next look reads the mark, as after a stop
 		}
 		placeHook.Store(&stop)
 		ctx, cancel := context.WithCancel(context.Background())

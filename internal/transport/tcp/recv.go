@@ -83,7 +83,8 @@ func (t *Transport) forgetLater(connID uint64, s *session) {
 
 // placeHook, when set (tests only), runs between a write frame's last
 // check of the reset mark and its placement: a receiver preempted there.
-var placeHook atomic.Pointer[func()]
+// It gets the stream's reset mark, to wait for a reset.
+var placeHook atomic.Pointer[func(*resetMark)]
 
 // helloTimeout bounds the wait for an inbound connection's hello.
 const helloTimeout = 10 * time.Second
@@ -483,7 +484,7 @@ func (r *receiver) placeIn(h *frameHeader, table []byte, mem memory.Memory) (con
 		return false, fmt.Errorf("tcp: batch %d: %w", h.batch, errReset)
 	}
 	if h := placeHook.Load(); h != nil {
-		(*h)()
+		(*h)(r.lw.reset)
 	}
 	if mem.Kind == memory.CUDA {
 		return r.placeDevice(h, table, mem)
