@@ -744,10 +744,7 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 		sizes[i] = b.Len[i]
 	}
 	// Shares of about equal bytes, one per stream, each one batched call.
-	k := min(len(ss), n)
-	if total := b.Bytes(); total/MinSplit < uint64(k) {
-		k = max(1, int(total/MinSplit))
-	}
+	k := gpuShares(n, b.Bytes(), len(ss))
 	var qerr error
 	queued := 0
 	lo := 0

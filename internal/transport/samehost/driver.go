@@ -30,7 +30,7 @@ type settings struct {
 
 func flags(fs *flag.FlagSet) any {
 	s := &settings{}
-	fs.IntVar(&s.Streams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (a share of 1 MiB at least each)")
+	fs.IntVar(&s.Streams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (a share of 1 MiB at least each, of blocks averaging 64 KiB or more)")
 	return s
 }
 

@@ -400,3 +400,30 @@ func TestReclaimStale(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUShares: a GPU batch is spread over the streams only when each
+// share has MinSplit bytes and its blocks average MinSplitBlock or more.
+func TestGPUShares(t *testing.T) {
+	for _, tc := range []struct {
+		n       int
+		total   uint64
+		streams int
+		want    int
+	}{
+		{10_000, 10_000 * 128, 4, 1},             // 1.3 MB: not even two shares
+		{10_000, 10_000 * 4096, 4, 1},            // 41 MB of 4 KiB blocks: one stream is faster
+		{10_000, 10_000 * 65536, 4, 4},           // 64 KiB blocks: spread
+		{10_000, 10_000 * (2 << 20), 4, 4},       // 2 MiB blocks
+		{3, 3 * (2 << 20), 4, 3},                 // fewer blocks than streams
+		{4, 4 * (64 << 10), 4, 1},                // 256 KiB in all: under two MinSplit shares
+		{40, 40 * (64 << 10), 4, 2},              // 2.5 MiB: two shares of MinSplit
+		{10_000, 10_000 * 65536, 1, 1},           // one stream configured
+		{0, 0, 4, 1},                             // empty
+		{1, 1 << 30, 8, 1},                       // one block
+		{16, 16*(64<<10) + 16*(1<<20) - 1, 4, 4}, // a mixed batch averaging over 64 KiB
+	} {
+		if got := gpuShares(tc.n, tc.total, tc.streams); got != tc.want {
+			t.Errorf("gpuShares(%d blocks, %d bytes, %d streams) = %d, want %d", tc.n, tc.total, tc.streams, got, tc.want)
+		}
+	}
+}
