@@ -161,7 +161,7 @@ func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
 // several devices (rails) gives its key on each, device 0 first.
 //
 // a is the access the peer was granted: it gets that access's key only (a
-// read key where the registration has one, transport.AccessKeyer), never
+// read key where the registration has one, KeyFor), never
 // the other's. A kind whose registration cannot key a read apart (verbs
 // until its read MR exists) hands its one key for both.
 func resolveResponse(r *region.Region, a transport.Access) *b2bv1.ResolveRegionResponse {
@@ -176,8 +176,8 @@ func resolveResponse(r *region.Region, a transport.Access) *b2bv1.ResolveRegionR
 			}
 			key.Key = rk
 		}
-		if rr, ok := g.(transport.RailRegistrations); ok {
-			for _, x := range rr.RailRegistrations() {
+		if rails := g.Rails(); rails != nil {
+			for _, x := range rails {
 				for len(key.Devices) <= x.Rail && x.Rail < transport.MaxDevices {
 					key.Devices = append(key.Devices, transport.RemoteKey{})
 				}
@@ -221,11 +221,9 @@ func regionProto(r *region.Region, active int) *b2bv1.Region {
 	for _, k := range r.Transports() {
 		p.RegisteredWith = append(p.RegisteredWith, peer.KindToProto(k))
 		g, _ := r.Registration(k)
-		if rr, ok := g.(transport.RailRegistrations); ok {
-			for _, x := range rr.RailRegistrations() {
-				p.Rails = append(p.Rails, &b2bv1.RailRegistration{Rail: uint32(x.Rail), Device: x.Device, Rkey: x.Key.Key,
-					Path: x.Path, Affinity: x.Affinity, Preferred: x.Preferred})
-			}
+		for _, x := range g.Rails() {
+			p.Rails = append(p.Rails, &b2bv1.RailRegistration{Rail: uint32(x.Rail), Device: x.Device, Rkey: x.Key.Key,
+				Path: x.Path, Affinity: x.Affinity, Preferred: x.Preferred})
 		}
 	}
 	return p

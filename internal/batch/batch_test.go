@@ -26,14 +26,17 @@ type fakeTransport struct{}
 
 func (fakeTransport) Kind() transport.Kind { return transport.TCP }
 func (fakeTransport) Register(m memory.Memory) (transport.Registration, error) {
-	return fakeReg{m}, nil
+	return fakeReg{m: m}, nil
 }
 func (fakeTransport) Connect(context.Context, transport.Peer) (transport.Conn, error) {
 	return nil, errors.New("fake transport: no connect")
 }
 func (fakeTransport) Close() error { return nil }
 
-type fakeReg struct{ m memory.Memory }
+type fakeReg struct {
+	transport.SingleKey
+	m memory.Memory
+}
 
 func (r fakeReg) Memory() memory.Memory    { return r.m }
 func (r fakeReg) Key() transport.RemoteKey { return transport.RemoteKey{Key: 1} }

@@ -106,7 +106,7 @@ func TestPullByCaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sreg.Close()
-	rk, err := sreg.(transport.AccessKeyer).KeyFor(transport.AccessRead)
+	rk, err := sreg.KeyFor(transport.AccessRead)
 	if err != nil {
 		t.Fatal(err)
 	}

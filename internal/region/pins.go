@@ -21,7 +21,7 @@ import (
 type Pins struct {
 	mu    sync.Mutex
 	byKey map[keyRef]*Region
-	// byReadKey indexes the registrations' read keys (transport.AccessKeyer):
+	// byReadKey indexes the registrations' read keys (KeyFor):
 	// a read pins only through it, a write only through byKey.
 	byReadKey map[keyRef]*Region
 	g         *Registry // set by New: releases a drained region
@@ -35,14 +35,10 @@ type keyRef struct {
 	key uint64
 }
 
-// readKeyOf is reg's read key where it has one of its own
-// (transport.AccessKeyer), distinct from its write key.
+// readKeyOf is reg's read key where it has one of its own (KeyFor),
+// distinct from its write key.
 func readKeyOf(reg transport.Registration) (transport.RemoteKey, bool) {
-	ak, ok := reg.(transport.AccessKeyer)
-	if !ok {
-		return transport.RemoteKey{}, false
-	}
-	k, err := ak.KeyFor(transport.AccessRead)
+	k, err := reg.KeyFor(transport.AccessRead)
 	if err != nil || k.Key == reg.Key().Key {
 		return transport.RemoteKey{}, false
 	}
@@ -50,16 +46,14 @@ func readKeyOf(reg transport.Registration) (transport.RemoteKey, bool) {
 }
 
 // ReadKey is r's key for reads with transport k: its own read key where the
-// registration has one (transport.AccessKeyer), else its key.
+// registration has one (KeyFor), else its key.
 func (r *Region) ReadKey(k transport.Kind) (transport.RemoteKey, bool) {
 	reg, ok := r.regs[k]
 	if !ok {
 		return transport.RemoteKey{}, false
 	}
-	if ak, ok := reg.(transport.AccessKeyer); ok {
-		if rk, err := ak.KeyFor(transport.AccessRead); err == nil {
-			return rk, true
-		}
+	if rk, err := reg.KeyFor(transport.AccessRead); err == nil {
+		return rk, true
 	}
 	return reg.Key(), true
 }

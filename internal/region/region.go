@@ -115,6 +115,10 @@ type Config struct {
 	// Group is the gid that owns ShmDir (the b2bd group), whose members may
 	// map their regions and create files to import there; 0: no group.
 	Group int
+	// KeyCaps are what each kind's registrations do beyond Key, where the
+	// kind's driver is not registered (tests' fakes); New takes the others
+	// from the drivers' Caps.
+	KeyCaps map[transport.Kind]transport.KeyCaps
 }
 
 // Registry is the set of regions of one daemon.
@@ -132,9 +136,11 @@ type Registry struct {
 	// draining are regions whose lease ended while batches used them:
 	// unpublished, released when the last batch lets go.
 	draining map[*Region]struct{}
-	drained  sync.WaitGroup // releases of drained regions under way
-	watch    *watcher       // host regions' files (truncate.go); nil: no inotify
-	dep      deposits       // handed-over descriptors waiting for their registration (memfd.go)
+	// keyCaps: what each kind's registrations do beyond Key (Caps.Keys).
+	keyCaps map[transport.Kind]transport.KeyCaps
+	drained sync.WaitGroup // releases of drained regions under way
+	watch   *watcher       // host regions' files (truncate.go); nil: no inotify
+	dep     deposits       // handed-over descriptors waiting for their registration (memfd.go)
 }
 
 // New creates the shm directory if needed and gives it ShmDirMode and the
@@ -155,7 +161,15 @@ func New(cfg Config) (*Registry, error) {
 		cfg.Pins = NewPins()
 	}
 	g := &Registry{cfg: cfg, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey,
-		draining: map[*Region]struct{}{}}
+		draining: map[*Region]struct{}{}, keyCaps: map[transport.Kind]transport.KeyCaps{}}
+	for _, t := range cfg.Transports {
+		if d, ok := transport.Lookup(t.Kind()); ok {
+			g.keyCaps[t.Kind()] = d.CapsFor(t).Keys
+		}
+	}
+	for k, c := range cfg.KeyCaps {
+		g.keyCaps[k] = c
+	}
 	cfg.Pins.g = g
 	if err := g.lockInstance(); err != nil {
 		return nil, err

@@ -33,6 +33,7 @@ type fakeTransport struct {
 }
 
 type fakeReg struct {
+	transport.SingleKey
 	t      *fakeTransport
 	mem    memory.Memory
 	key    uint64

@@ -1,9 +1,11 @@
 package region
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -34,7 +36,7 @@ func narrows(oldName string, oldTo []string, e Export) bool {
 }
 
 // revokeIfNarrowed rekeys r's registrations (those whose transport can,
-// transport.Rekeyer) when export e narrows r's current export, and moves the
+// Registration.Rekey) when export e narrows r's current export, and moves the
 // key index to the new keys: a peer that resolved the region before keeps a
 // key that no longer pins (its batches are refused) and, once the batches
 // using the old key drained, no longer works at the NIC. g.mu held; runs
@@ -55,7 +57,7 @@ func (g *Registry) revokeIfNarrowed(r *Region, e Export) error {
 }
 
 // Rekey gives every registration of region id that can take one a new key
-// (transport.Rekeyer), revoking the keys peers resolved before: a
+// (Registration.Rekey), revoking the keys peers resolved before: a
 // deregistered exported layout rekeys its regions, so that peers' cached
 // resolutions of it are refused at the receiver (and resolved afresh)
 // instead of writing by a geometry that no longer holds.
@@ -83,11 +85,10 @@ func (g *Registry) rekey(r *Region, why string) error {
 	g.unindexReadKeys(r)
 	defer g.indexReadKeys(r)
 	for k, reg := range r.regs {
-		rk, ok := reg.(transport.Rekeyer)
-		if !ok {
-			continue
+		old, err := reg.Rekey()
+		if errors.Is(err, errs.ErrUnimplemented) {
+			continue // the kind's keys are fixed
 		}
-		old, err := rk.Rekey()
 		if err != nil {
 			return fmt.Errorf("region %s: %s: a new %s key failed: %w", r.ID, why, k, err)
 		}
@@ -125,9 +126,9 @@ func narrowsReaders(oldName string, oldReaders []string, e Export) bool {
 }
 
 // rekeyReads gives r's registrations that key reads apart
-// (transport.AccessRekeyer) new read keys; a kind whose read key is its
-// write key (or an MR of its own, verbs) is rekeyed whole
-// (transport.Rekeyer), as narrowing the writers does. The old read keys
+// (RekeyFor) new read keys; a kind whose read key is its write key (or an
+// MR of its own, verbs) is rekeyed whole (Rekey), as narrowing the writers
+// does. The old read keys
 // leave the index; with reindex the new ones are indexed (when r grants
 // readers), else the caller does that once the new export is in place.
 // g.mu held.
@@ -140,19 +141,18 @@ func (g *Registry) rekeyReads(r *Region, reindex bool) error {
 		defer g.indexReadKeys(r)
 	}
 	for k, reg := range r.regs {
-		if ar, ok := reg.(transport.AccessRekeyer); ok {
-			old, err := ar.RekeyFor(transport.AccessRead)
-			if err != nil {
-				return fmt.Errorf("region %s: narrowing its readers needs a new %s read key, which failed: %w", r.ID, k, err)
-			}
+		old, err := reg.RekeyFor(transport.AccessRead)
+		if err == nil {
 			g.cfg.Log.Info("readers narrowed: read key revoked", "id", r.ID, "transport", k, "old_key", old.Key)
 			continue
 		}
-		rk, ok := reg.(transport.Rekeyer)
-		if !ok {
-			continue
+		if !errors.Is(err, errs.ErrUnimplemented) {
+			return fmt.Errorf("region %s: narrowing its readers needs a new %s read key, which failed: %w", r.ID, k, err)
 		}
-		old, err := rk.Rekey()
+		old, err = reg.Rekey()
+		if errors.Is(err, errs.ErrUnimplemented) {
+			continue // the kind's keys are fixed
+		}
 		if err != nil {
 			return fmt.Errorf("region %s: narrowing its readers needs a new %s key, which failed: %w", r.ID, k, err)
 		}

@@ -18,6 +18,7 @@ type rekeyTransport struct {
 }
 
 type rekeyReg struct {
+	transport.SingleKey
 	t   *rekeyTransport
 	mem memory.Memory
 	key uint64
@@ -143,7 +144,7 @@ func TestSetExportRevokesKeys(t *testing.T) {
 }
 
 // accessTransport's registrations make a read key of their own lazily
-// (transport.AccessKeyer), and Rekey retires it, as verbs' MRs per access
+// (KeyFor), and Rekey retires it, as verbs' MRs per access
 // set do.
 type accessTransport struct{ rekeyTransport }
 

@@ -10,7 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // A host region's file may be truncated under it by its client. Over tcp
@@ -21,7 +20,7 @@ import (
 // registry watches each host region's file (inotify, one watcher per
 // daemon) and looks at its size again whenever the region is resolved or
 // used (fstat): a file shorter than the region's end fails the region. Its
-// keys are withdrawn (transport.Withdrawer: no NIC reads or writes it any
+// keys are withdrawn (Registration.Withdraw: no NIC reads or writes it any
 // more; a READ in flight meets a remote access error and its puller
 // re-resolves), and every resolve, pin and local use answers DataLoss
 // naming it, for good: the old MR's pages stay what they were, so only a
@@ -137,7 +136,7 @@ func (g *Registry) unwatchFile(r *Region) {
 // and once the file grew back the mapping sees its new pages, so a client
 // that rewrites the file with O_TRUNC and write loses nothing.
 func (g *Registry) checkFile(r *Region) error {
-	if r.truncated == nil && r.file != nil && !r.closing && pinsPages(r) {
+	if r.truncated == nil && r.file != nil && !r.closing && g.pinsPages(r) {
 		var st unix.Stat_t
 		if err := unix.Fstat(int(r.file.Fd()), &st); err == nil && uint64(st.Size) < r.ShmOff+r.Mem.Len {
 			g.fail(r, uint64(st.Size))
@@ -150,10 +149,11 @@ func (g *Registry) checkFile(r *Region) error {
 }
 
 // pinsPages: some transport registered r's pages with a device (an RDMA
-// MR), which keeps the pages it pinned whatever happens to the file.
-func pinsPages(r *Region) bool {
-	for _, reg := range r.regs {
-		if _, ok := reg.(transport.Withdrawer); ok {
+// MR), which keeps the pages it pinned whatever happens to the file: its
+// Caps.Keys.Withdraw says so.
+func (g *Registry) pinsPages(r *Region) bool {
+	for k := range r.regs {
+		if g.keyCaps[k].Withdraw {
 			return true
 		}
 	}
@@ -184,11 +184,11 @@ func (g *Registry) fail(r *Region, size uint64) {
 	g.cfg.Log.Warn("region's file truncated below its end: keys withdrawn, region failed until re-registered",
 		"id", r.ID, "export", r.Export, "path", r.ShmPath, "size", size, "end", r.ShmOff+r.Mem.Len)
 	for k, reg := range r.regs {
-		w, ok := reg.(transport.Withdrawer)
-		if !ok {
+		err := reg.Withdraw()
+		if errors.Is(err, errs.ErrUnimplemented) {
 			continue // its keys are refused here (Pin), and the CPU copy catches the fault
 		}
-		if err := w.Withdraw(); err != nil {
+		if err != nil {
 			g.cfg.Log.Warn("withdrawing a truncated region's keys failed", "id", r.ID, "transport", k, "error", err)
 		}
 	}

@@ -15,12 +15,17 @@ import (
 )
 
 // pinningTransport registers memory as an MR would: its registrations pin
-// the pages (transport.Withdrawer), and say when they are withdrawn.
+// the pages (Withdraw; Caps.Keys.Withdraw, pinning below), and say when
+// they are withdrawn.
 type pinningTransport struct {
 	rekeyTransport
 	withdrawn chan struct{} // closed by the first Withdraw
 	calls     atomic.Int32
 }
+
+// pinning declares pinningTransport's kind as one whose registrations pin
+// pages, as the verbs driver's Caps do.
+var pinning = map[transport.Kind]transport.KeyCaps{transport.Verbs: {Rekey: true, Withdraw: true}}
 
 type pinningReg struct {
 	*rekeyReg
@@ -65,7 +70,7 @@ func TestTruncatedFileWithdrawsRegion(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := &pinningTransport{withdrawn: make(chan struct{})}
 			dir := t.TempDir()
-			g, err := New(Config{ShmDir: dir, Transports: []transport.Transport{tr}})
+			g, err := New(Config{ShmDir: dir, Transports: []transport.Transport{tr}, KeyCaps: pinning})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -154,7 +159,7 @@ func TestTruncatedFileWithdrawsRegion(t *testing.T) {
 // A region whose file only grows, or is rewritten, stays valid.
 func TestGrownFileKeepsRegion(t *testing.T) {
 	tr := &pinningTransport{withdrawn: make(chan struct{})}
-	g, err := New(Config{ShmDir: t.TempDir(), Transports: []transport.Transport{tr}})
+	g, err := New(Config{ShmDir: t.TempDir(), Transports: []transport.Transport{tr}, KeyCaps: pinning})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,6 +67,19 @@ type Caps struct {
 	Blocks bool
 	// Prepared: its Conns implement Preparer.
 	Prepared bool
+	// Keys: what its registrations do with their keys beyond Key; their
+	// other Registration methods answer errs.ErrUnimplemented, and the
+	// conformance suite holds each kind to this.
+	Keys KeyCaps
+}
+
+// KeyCaps are the Registration methods a kind implements beyond Key.
+type KeyCaps struct {
+	PerAccess bool // KeyFor: a key per access (a read key apart from the write key)
+	Rekey     bool // Rekey: new keys, revoking the old
+	RekeyRead bool // RekeyFor(AccessRead): a new read key alone
+	Withdraw  bool // Withdraw: the kind pins pages that a truncation would orphan
+	Rails     bool // Rails: one MR per device
 }
 
 // Need is what one request asks of a kind: its operation and the kind of

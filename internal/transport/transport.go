@@ -8,9 +8,11 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/memory"
 )
@@ -39,34 +41,69 @@ type RemoteKey struct {
 	Addr uint64 // the registration's base address where the kind needs it; else 0
 }
 
-// Registration is memory registered with one transport. Close releases the
-// transport's hold on it (ibv_dereg_mr, say); it is safe to call twice.
+// Registration is memory registered with one transport: its keys, one per
+// access where the kind tells accesses apart, their replacement, and their
+// withdrawal. What a kind cannot do it answers with errs.ErrUnimplemented,
+// and its driver's Caps.Keys says so beforehand.
 type Registration interface {
 	Memory() memory.Memory
+	// Key is the key for writes.
 	Key() RemoteKey
+	// KeyFor is the key for access a, where the kind's keys depend on the
+	// access (verbs: one MR per access set, so that a read-only grant's rkey
+	// cannot WRITE). ErrUnimplemented: one key serves every access, Key.
+	KeyFor(a Access) (RemoteKey, error)
+	// Rekey gives the registration new keys (Key returns the new write key
+	// from now on) and returns the old write key, which revokes the old
+	// ones: the registry rekeys a region when its export narrows or is
+	// removed, so a peer that resolved a key before cannot keep using it.
+	// The old keys stop working once the batches using them have ended (at
+	// once when none does); they are not cut off. ErrUnimplemented: the
+	// kind's keys cannot be replaced (Caps.Keys.Rekey false).
+	Rekey() (old RemoteKey, err error)
+	// RekeyFor replaces access a's key alone (tcp and local: random tokens
+	// per access); the registry rekeys the read key when an export's
+	// readers narrow. ErrUnimplemented: only Rekey can (Caps.Keys.RekeyRead
+	// false).
+	RekeyFor(a Access) (old RemoteKey, err error)
+	// Withdraw is for kinds that pin the memory's pages (an RDMA MR): once
+	// the memory's file is truncated those pages are no longer the file's,
+	// and a NIC would keep reading and writing them. The registry then
+	// withdraws the registration: every key it handed out stops working (as
+	// a Rekey's old key does, once the batches using it ended), no new key
+	// is made, and no batch may use it until Close. ErrUnimplemented: the
+	// kind pins nothing (Caps.Keys.Withdraw false).
+	Withdraw() error
+	// Rails lists the registration's MR on each device of a kind over
+	// several (rails); nil for a kind over one.
+	Rails() []RailRegistration
+	// Close releases the transport's hold on the memory (ibv_dereg_mr, say);
+	// it is safe to call twice.
 	Close() error
 }
 
-// Rekeyer is implemented by registrations whose remote key can be replaced,
-// which revokes the old one: the registry rekeys a region when its export
-// narrows or is removed, so a peer that resolved the key before cannot keep
-// writing with it.
-type Rekeyer interface {
-	// Rekey gives the registration a new key (Key returns it from now on)
-	// and returns the old one. The old key stops working once the batches
-	// using it have ended (at once when none does); they are not cut off.
-	Rekey() (old RemoteKey, err error)
+// SingleKey completes a Registration whose kind has one key for every
+// access, which cannot be replaced, pins nothing and runs over one device:
+// embed it and write Memory, Key and Close; override what the kind does.
+type SingleKey struct{}
+
+func (SingleKey) KeyFor(Access) (RemoteKey, error) {
+	return RemoteKey{}, fmt.Errorf("%w: this kind has no key per access", errs.ErrUnimplemented)
 }
 
-// Withdrawer is implemented by registrations that pin the memory's pages
-// (an RDMA MR): once the memory's file is truncated those pages are no
-// longer the file's, and a NIC would keep reading and writing them. The
-// registry then withdraws the registration: every key it handed out stops
-// working (as a Rekey's old key does, once the batches using it ended),
-// no new key is made, and no batch may use it until Close.
-type Withdrawer interface {
-	Withdraw() error
+func (SingleKey) Rekey() (RemoteKey, error) {
+	return RemoteKey{}, fmt.Errorf("%w: this kind's keys cannot be replaced", errs.ErrUnimplemented)
 }
+
+func (SingleKey) RekeyFor(Access) (RemoteKey, error) {
+	return RemoteKey{}, fmt.Errorf("%w: this kind's keys cannot be replaced one access at a time", errs.ErrUnimplemented)
+}
+
+func (SingleKey) Withdraw() error {
+	return fmt.Errorf("%w: this kind pins no pages to withdraw", errs.ErrUnimplemented)
+}
+
+func (SingleKey) Rails() []RailRegistration { return nil }
 
 // RemoteRegion is a peer's exported region as resolved over the control plane.
 type RemoteRegion struct {
@@ -213,13 +250,6 @@ type Reader interface {
 	Read(ctx context.Context, dst Registration, src RemoteRegion, b *desc.Batch) (Stats, error)
 }
 
-// AccessKeyer is implemented by Registrations whose key depends on what it
-// allows (verbs: one MR per access set, so that a read-only grant's rkey
-// cannot WRITE). Key() stays the write key.
-type AccessKeyer interface {
-	KeyFor(a Access) (RemoteKey, error)
-}
-
 // Preparer is implemented by Conns that can build a batch's work once and
 // post it many times (prepared transfers).
 type Preparer interface {
@@ -311,11 +341,6 @@ type RailRegistration struct {
 	Preferred bool   // batches from this memory stripe over it while it is up
 }
 
-// RailRegistrations is implemented by registrations over several rails.
-type RailRegistrations interface {
-	RailRegistrations() []RailRegistration
-}
-
 // ReadPinner is implemented by Inbounds that serve pulls: the receiving
 // side of a kind that answers reads (tcp's read frames, the same-host
 // path's read begin) pins the source through it, by the region's read key.
@@ -323,13 +348,6 @@ type RailRegistrations interface {
 // a key is only ever good for the operation it was granted for.
 type ReadPinner interface {
 	PinRead(k Kind, key uint64) (m memory.Memory, release func(), err error)
-}
-
-// AccessRekeyer is implemented by registrations whose key for one access
-// can be replaced alone (tcp and local: random tokens per access). The
-// registry rekeys the read key when an export's readers narrow.
-type AccessRekeyer interface {
-	RekeyFor(a Access) (old RemoteKey, err error)
 }
 
 // String names an access for messages.

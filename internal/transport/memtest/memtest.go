@@ -24,7 +24,7 @@ const Kind transport.Kind = "memtest"
 
 func init() {
 	_ = transport.Register(transport.Driver{Kind: Kind, New: func(env transport.Env) (transport.Transport, error) { return New(env.Inbound), nil },
-		Caps: transport.Caps{Rank: -1, SameHostOnly: true, Memory: []memory.Kind{memory.Host}, Ops: transport.OpWrite, Blocks: true}})
+		Caps: transport.Caps{Rank: -1, SameHostOnly: true, Memory: []memory.Kind{memory.Host}, Ops: transport.OpWrite, Blocks: true, Keys: transport.KeyCaps{Rekey: true}}})
 }
 
 // Transport is one daemon's in-memory data plane.
@@ -40,6 +40,7 @@ func (t *Transport) Kind() transport.Kind { return Kind }
 func (t *Transport) Close() error         { t.closed.Store(true); return nil }
 
 type registration struct {
+	transport.SingleKey
 	mem memory.Memory
 	key atomic.Uint64
 }

@@ -10,8 +10,8 @@ import (
 
 func TestConformance(t *testing.T) {
 	transporttest.Run(t, transporttest.Factory{
-		Kind:   Kind,
-		Expect: transporttest.Rekey,
+		Kind: Kind,
+
 		New: func(t testing.TB, send, recv transport.Inbound) *transporttest.Pair {
 			a, b := New(send), New(recv)
 			addr := t.Name()

@@ -85,5 +85,5 @@ func TestGPUAffinity(t *testing.T) {
 }
 
 func railRegs(r transport.Registration) []transport.RailRegistration {
-	return r.(transport.RailRegistrations).RailRegistrations()
+	return r.Rails()
 }

@@ -39,6 +39,7 @@ var Caps = transport.Caps{
 	Memory: []memory.Kind{memory.Host, memory.CUDA},
 	Ops:    transport.OpWrite,
 	Blocks: true,
+	Keys:   transport.KeyCaps{Rekey: true, Withdraw: true, Rails: true},
 }
 
 // capsOf is the kind's capabilities as New configured it: one device is

@@ -72,6 +72,7 @@ func (r *fakeRail) Port() verbs.Port {
 func (r *fakeRail) Close() error { r.closed.Store(true); return nil }
 
 type fakeReg struct {
+	transport.SingleKey
 	mem memory.Memory
 	key atomic.Uint64
 	r   *fakeRail

@@ -83,7 +83,7 @@ func newRig(t *testing.T, size int, cfg Config) *rig {
 // railKeys is a registration's key on each rail, as a peer resolves them.
 func railKeys(r transport.Registration) []transport.RemoteKey {
 	var out []transport.RemoteKey
-	for _, x := range r.(transport.RailRegistrations).RailRegistrations() {
+	for _, x := range r.Rails() {
 		out = append(out, x.Key)
 	}
 	return out
@@ -311,7 +311,7 @@ func TestRekeyAndPin(t *testing.T) {
 	if _, _, err := in1.Pin(transport.Verbs, old.Devices[0].Key); errs.Class(err) != errs.ErrNotFound {
 		t.Fatalf("rail 0's key on rail 1: %v, want NotFound", err)
 	}
-	was, err := g.dreg.(transport.Rekeyer).Rekey()
+	was, err := g.dreg.Rekey()
 	if err != nil || was != old.Key {
 		t.Fatal(was, err)
 	}
@@ -326,7 +326,7 @@ func TestRekeyAndPin(t *testing.T) {
 	if _, _, err := in1.Pin(transport.Verbs, nk.Devices[1].Key); err != nil {
 		t.Fatalf("new rail 1 key: %v", err)
 	}
-	regs := g.dreg.(transport.RailRegistrations).RailRegistrations()
+	regs := g.dreg.Rails()
 	if len(regs) != 2 || regs[1].Device != "b1" || regs[1].Key.Key != nk.Devices[1].Key || regs[1].Path != "fake_reg_mr" || !regs[0].Preferred || !regs[1].Preferred {
 		t.Fatalf("rail registrations %+v", regs)
 	}

@@ -30,11 +30,7 @@ type registration struct {
 	err    error
 }
 
-var (
-	_ transport.Registration      = (*registration)(nil)
-	_ transport.Rekeyer           = (*registration)(nil)
-	_ transport.RailRegistrations = (*registration)(nil)
-)
+var _ transport.Registration = (*registration)(nil)
 
 // Register registers m with every rail and ranks the rails for it.
 func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
@@ -143,24 +139,20 @@ func (t *Transport) mapKeys(k []transport.RemoteKey, add bool) {
 
 func (r *registration) Memory() memory.Memory { return r.mem }
 
-// Key is rail 0's key (the registry's); RailRegistrations has every rail's.
+// Key is rail 0's key (the registry's); Rails has every rail's.
 func (r *registration) Key() transport.RemoteKey {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.keys[0]
 }
 
-// Rekey gives every rail a new MR (see transport.Rekeyer) and returns the
+// Rekey gives every rail a new MR (see transport.Registration) and returns the
 // old key; the old rail keys stop translating at once, so a batch that
 // arrives with one is refused like one with the old rail-0 key.
 func (r *registration) Rekey() (transport.RemoteKey, error) {
 	var el []error
 	for i, g := range r.regs {
-		rk, ok := g.(transport.Rekeyer)
-		if !ok {
-			return transport.RemoteKey{}, fmt.Errorf("rails: rail %d cannot rekey: %w", i, errs.ErrFailedPrecondition)
-		}
-		if _, err := rk.Rekey(); err != nil {
+		if _, err := g.Rekey(); err != nil {
 			el = append(el, fmt.Errorf("rail %d (%s): %w", i, r.t.rails[i].name, err))
 		}
 	}
@@ -179,17 +171,13 @@ func (r *registration) Rekey() (transport.RemoteKey, error) {
 	return old[0], nil
 }
 
-var _ transport.Withdrawer = (*registration)(nil)
-
-// Withdraw withdraws every rail's registration (transport.Withdrawer): no
-// rail key works any more.
+// Withdraw withdraws every rail's registration: no rail key works any
+// more.
 func (r *registration) Withdraw() error {
 	var el []error
 	for i, g := range r.regs {
-		if w, ok := g.(transport.Withdrawer); ok {
-			if err := w.Withdraw(); err != nil {
-				el = append(el, fmt.Errorf("rail %d (%s): %w", i, r.t.rails[i].name, err))
-			}
+		if err := g.Withdraw(); err != nil && !errors.Is(err, errs.ErrUnimplemented) {
+			el = append(el, fmt.Errorf("rail %d (%s): %w", i, r.t.rails[i].name, err))
 		}
 	}
 	if len(el) > 0 {
@@ -222,8 +210,19 @@ func (r *registration) Close() error {
 	return err
 }
 
-// RailRegistrations lists the MR on each rail; see transport.RailRegistrations.
-func (r *registration) RailRegistrations() []transport.RailRegistration {
+// KeyFor: a rail's MRs are its write MRs (rails neither reads nor
+// serves reads, Caps.Ops).
+func (r *registration) KeyFor(transport.Access) (transport.RemoteKey, error) {
+	return transport.RemoteKey{}, fmt.Errorf("%w: rails has one key per rail for every access", errs.ErrUnimplemented)
+}
+
+// RekeyFor: Rekey replaces every rail's MR.
+func (r *registration) RekeyFor(transport.Access) (transport.RemoteKey, error) {
+	return transport.RemoteKey{}, fmt.Errorf("%w: rails rekeys every rail's MR at once (Rekey)", errs.ErrUnimplemented)
+}
+
+// Rails lists the MR on each rail.
+func (r *registration) Rails() []transport.RailRegistration {
 	r.mu.Lock()
 	keys := r.keys
 	r.mu.Unlock()

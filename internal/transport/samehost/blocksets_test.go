@@ -26,7 +26,7 @@ func (f *readableInbound) PinRead(k transport.Kind, key uint64) (memory.Memory, 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, r := range f.regs {
-		if rk, err := r.(transport.AccessKeyer).KeyFor(transport.AccessRead); err == nil && rk.Key == key {
+		if rk, err := r.KeyFor(transport.AccessRead); err == nil && rk.Key == key {
 			if !f.exported[r] {
 				return memory.Memory{}, nil, fmt.Errorf("%w: region is no longer exported", errs.ErrNotFound)
 			}
@@ -90,7 +90,7 @@ func newMultiPair(t testing.TB, nreg, pool, blk, nids int) *multiPair {
 		fill(o.Memory().Host, byte(r))
 		fill(th.Memory().Host, ^byte(r))
 		m.ours, m.theirs = append(m.ours, o), append(m.theirs, th)
-		rk, err := th.(transport.AccessKeyer).KeyFor(transport.AccessRead)
+		rk, err := th.KeyFor(transport.AccessRead)
 		if err != nil {
 			t.Fatal(err)
 		}

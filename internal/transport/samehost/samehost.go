@@ -249,8 +249,9 @@ func (t *Transport) Close() error {
 // ---- registrations ---------------------------------------------------------
 
 type registration struct {
-	t   *Transport
-	mem memory.Memory
+	transport.SingleKey // Withdraw, Rails
+	t                   *Transport
+	mem                 memory.Memory
 
 	mu  sync.Mutex
 	key uint64
@@ -364,7 +365,7 @@ func (r *registration) Key() transport.RemoteKey {
 	return transport.RemoteKey{Key: r.key}
 }
 
-// Rekey implements transport.Rekeyer: the old key stops pinning at once
+// Rekey replaces the write key: the old key stops pinning at once
 // (the registry drops it from its index), so a sender's next batch with it
 // is refused and its cached mapping dropped.
 func (r *registration) Rekey() (transport.RemoteKey, error) {
@@ -395,7 +396,7 @@ func (r *registration) replaceKey(key *uint64) (transport.RemoteKey, error) {
 	return transport.RemoteKey{Key: old}, nil
 }
 
-// KeyFor implements transport.AccessKeyer: the write or the read key.
+// KeyFor is the write or the read key.
 func (r *registration) KeyFor(a transport.Access) (transport.RemoteKey, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -408,7 +409,7 @@ func (r *registration) KeyFor(a transport.Access) (transport.RemoteKey, error) {
 	return transport.RemoteKey{}, fmt.Errorf("%w: samehost: no single key grants %s", errs.ErrInvalidArgument, a)
 }
 
-// RekeyFor implements transport.AccessRekeyer.
+// RekeyFor replaces the read key alone (the write key: Rekey).
 func (r *registration) RekeyFor(a transport.Access) (transport.RemoteKey, error) {
 	if a == transport.AccessWrite {
 		return r.Rekey()

@@ -210,7 +210,7 @@ func TestRevocation(t *testing.T) {
 		t.Fatalf("cache holds %d mappings, want 1", len(c.cache))
 	}
 	// Narrowing the export rekeys: the old key is refused and its mapping dropped.
-	if _, err := p.dst.(transport.Rekeyer).Rekey(); err != nil {
+	if _, err := p.dst.Rekey(); err != nil {
 		t.Fatal(err)
 	}
 	_, err := p.conn.Write(context.Background(), p.src, dst, b)

@@ -19,7 +19,8 @@ func init() {
 		Listens:  []string{"data-listen"},
 		Required: true,
 		New:      newDriver,
-		Caps:     transport.Caps{Rank: 10, Memory: []memory.Kind{memory.Host, memory.CUDA}, Ops: transport.OpWrite | transport.OpRead, Blocks: true, Prepared: true},
+		Caps: transport.Caps{Rank: 10, Memory: []memory.Kind{memory.Host, memory.CUDA}, Ops: transport.OpWrite | transport.OpRead, Blocks: true, Prepared: true,
+			Keys: transport.KeyCaps{PerAccess: true, Rekey: true, RekeyRead: true}},
 	})
 }
 

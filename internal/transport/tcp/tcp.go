@@ -168,8 +168,9 @@ func (t *Transport) Close() error {
 }
 
 type registration struct {
-	mem memory.Memory
-	key atomic.Uint64
+	transport.SingleKey // Withdraw, Rails
+	mem                 memory.Memory
+	key                 atomic.Uint64
 	// readKey is the token a peer reads the region with: distinct from key,
 	// so a writer's token never reads and a reader's never writes (the
 	// registry indexes each for its own operation).
@@ -177,7 +178,7 @@ type registration struct {
 	t       *Transport
 }
 
-// KeyFor implements transport.AccessKeyer: the write or the read token.
+// KeyFor is the write or the read token.
 func (r *registration) KeyFor(a transport.Access) (transport.RemoteKey, error) {
 	switch a {
 	case transport.AccessWrite:
@@ -188,7 +189,7 @@ func (r *registration) KeyFor(a transport.Access) (transport.RemoteKey, error) {
 	return transport.RemoteKey{}, fmt.Errorf("%w: tcp: no single key grants %s", errs.ErrInvalidArgument, a)
 }
 
-// RekeyFor implements transport.AccessRekeyer.
+// RekeyFor replaces the read token alone (the write token: Rekey).
 func (r *registration) RekeyFor(a transport.Access) (transport.RemoteKey, error) {
 	if a == transport.AccessWrite {
 		return r.Rekey()
@@ -207,7 +208,7 @@ func (r *registration) Memory() memory.Memory    { return r.mem }
 func (r *registration) Key() transport.RemoteKey { return transport.RemoteKey{Key: r.key.Load()} }
 func (r *registration) Close() error             { return nil }
 
-// Rekey gives the registration a new random key (transport.Rekeyer): the
+// Rekey gives the registration a new random write key: the
 // receiver pins by key through the registry's index, which moves to the new
 // one, so a batch under the old key is refused before a byte is placed.
 func (r *registration) Rekey() (transport.RemoteKey, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -524,13 +525,39 @@ func testPrepared(t *testing.T, f Factory) {
 	}
 }
 
+// testKeyCaps holds a registration's methods beyond Key to the kind's
+// Caps.Keys: each answers errs.ErrUnimplemented exactly when undeclared.
+func testKeyCaps(t *testing.T, f Factory) {
+	r := start(t, f)
+	reg, _ := r.register(t, r.p.Receiver, "receiver", 1<<16)
+	kc := r.caps.Keys
+	agree := func(what string, declared bool, err error) {
+		t.Helper()
+		switch unimpl := errors.Is(err, errs.ErrUnimplemented); {
+		case declared && err != nil:
+			t.Errorf("the %s transport declares %s in Caps.Keys, and it failed: %v", f.Kind, what, err)
+		case !declared && !unimpl:
+			t.Errorf("the %s transport does not declare %s in Caps.Keys, yet it answered %v, not ErrUnimplemented", f.Kind, what, err)
+		}
+	}
+	rk, err := reg.KeyFor(transport.AccessRead)
+	agree("PerAccess (KeyFor)", kc.PerAccess, err)
+	if kc.PerAccess && err == nil && rk == reg.Key() {
+		t.Errorf("the %s transport declares a key per access, and its read key is its write key %+v", f.Kind, rk)
+	}
+	_, err = reg.RekeyFor(transport.AccessRead)
+	agree("RekeyRead (RekeyFor)", kc.RekeyRead, err)
+	if rails := reg.Rails(); kc.Rails != (rails != nil) {
+		t.Errorf("the %s transport declares Rails %v, and its registration lists %d rails", f.Kind, kc.Rails, len(rails))
+	}
+	agree("Withdraw", kc.Withdraw, reg.Withdraw()) // last: the registration is of no use after it
+}
+
 func testRekey(t *testing.T, f Factory) {
 	const n, blk = 16, 4096
 	r := start(t, f)
 	src, sb := r.source(t, n*blk)
 	reg, dst, db := r.dest(t, n*blk)
-	rk, ok := reg.(transport.Rekeyer)
-	r.declared(t, Rekey, ok)
 	fill(rand.New(rand.NewPCG(8, 8)), sb)
 	b := blockBatch(n, blk, false)
 	poisoned(db)
@@ -539,7 +566,8 @@ func testRekey(t *testing.T, f Factory) {
 	}
 	check(t, sb, db, &b)
 	before := reg.Key()
-	old, err := rk.Rekey()
+	old, err := reg.Rekey()
+	r.declared(t, Rekey, !errors.Is(err, errs.ErrUnimplemented))
 	if err != nil {
 		t.Fatal(err)
 	}

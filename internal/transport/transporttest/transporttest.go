@@ -1,5 +1,5 @@
 // Package transporttest is the transport contract (internal/transport's
-// Transport, Conn, Preparer, Prepared, Rekeyer) as one conformance suite:
+// Transport, Conn, Registration, Preparer, Prepared) as one conformance suite:
 // every kind's tests call Run with a Factory, so the contract is written and
 // checked once instead of restated per transport. Model: containerd's
 // core/snapshots/testsuite.
@@ -15,18 +15,19 @@
 //     Pin, so the cut is deterministic);
 //   - Close twice on transport, conn, registration and prepared;
 //   - prepared plans land every block and allocate nothing per Write;
-//   - Rekey: the old key is refused, the new one works;
+//   - Rekey: the old key is refused, the new one works; every other key
+//     method of a registration works exactly when Caps.Keys declares it;
 //   - concurrent Writes on one conn;
 //   - block-id writes (transport.WriteBlocks) over several regions, with
 //     merges, fused segments and repeated source ids, through the kind's
 //     BlockWriter where it has one.
 //
 // What a kind can do is declared once, in its driver's transport.Caps
-// (Ops, Blocks, Prepared): the suite runs the Read checks iff Caps says
-// OpRead, the prepared checks iff Prepared, and fails a kind whose Conns
-// implement more or less than that, so a declaration cannot lie. The other
-// optional behaviours (Rekeyer, Counter, Advertiser) are found by type
-// assertion and declared in Factory.Expect, with the same rule.
+// (Ops, Blocks, Prepared, Keys): the suite runs the Read checks iff Caps
+// says OpRead, the prepared checks iff Prepared, and fails a kind whose
+// Conns or registrations do more or less than that, so a declaration
+// cannot lie. The other optional behaviours (Counter, Advertiser) are found
+// by type assertion and declared in Factory.Expect, with the same rule.
 package transporttest
 
 import (
@@ -46,7 +47,7 @@ type Optional uint
 const (
 	// Prepare: the Conns implement transport.Preparer (Caps.Prepared).
 	Prepare Optional = 1 << iota
-	// Rekey: the registrations implement transport.Rekeyer.
+	// Rekey: the registrations' Rekey works (Caps.Keys.Rekey).
 	Rekey
 	// Count: the Transport implements transport.Counter.
 	Count
@@ -63,14 +64,14 @@ const (
 )
 
 // fromCaps are the optionals the kind's Caps declare, never Expect.
-const fromCaps = Prepare | Blocks | Read | BlocksRead
+const fromCaps = Prepare | Blocks | Read | BlocksRead | Rekey
 
 func (o Optional) String() string {
 	var s []string
 	for _, x := range []struct {
 		o    Optional
 		name string
-	}{{Prepare, "Preparer"}, {Rekey, "Rekeyer"}, {Count, "Counter"}, {Advertise, "Advertiser"}, {Blocks, "BlockWriter"}, {Read, "Reader"}, {BlocksRead, "BlockReader"}} {
+	}{{Prepare, "Preparer"}, {Rekey, "Rekey"}, {Count, "Counter"}, {Advertise, "Advertiser"}, {Blocks, "BlockWriter"}, {Read, "Reader"}, {BlocksRead, "BlockReader"}} {
 		if o&x.o != 0 {
 			s = append(s, x.name)
 		}
@@ -154,6 +155,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("ConcurrentWrites", func(t *testing.T) { testConcurrent(t, f) })
 	t.Run("Prepared", func(t *testing.T) { testPrepared(t, f) })
 	t.Run("Rekey", func(t *testing.T) { testRekey(t, f) })
+	t.Run("KeyCaps", func(t *testing.T) { testKeyCaps(t, f) })
 	t.Run("Blocks", func(t *testing.T) { testBlocks(t, f) })
 	t.Run("BlocksCancel", func(t *testing.T) { testBlocksCancel(t, f) })
 	t.Run("ReadLandsEveryBlock", func(t *testing.T) { testReadLands(t, f) })
@@ -286,6 +288,8 @@ func (r *rig) wants(o Optional) bool {
 		return c.Ops&transport.OpRead != 0
 	case BlocksRead:
 		return c.Blocks && c.Ops&transport.OpRead != 0
+	case Rekey:
+		return c.Keys.Rekey
 	}
 	return r.f.Expect&o != 0
 }

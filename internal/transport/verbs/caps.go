@@ -15,4 +15,5 @@ var Caps = transport.Caps{
 	Ops:      transport.OpWrite | transport.OpRead,
 	Blocks:   true,
 	Prepared: true,
+	Keys:     transport.KeyCaps{PerAccess: true, Rekey: true, Withdraw: true},
 }

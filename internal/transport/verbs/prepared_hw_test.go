@@ -144,7 +144,7 @@ func TestHWPreparedRekeyedSource(t *testing.T) {
 			t.Fatalf("round %d: plan stamped with lkey %#x, the source's MR has %#x", round, lk, cur)
 		}
 		mrs := p.a.live.mrs.Load()
-		old, err := p.src.(transport.Rekeyer).Rekey()
+		old, err := p.src.Rekey()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -26,7 +26,7 @@ func readPair(t *testing.T, size int) (*pair, transport.Reader, transport.Remote
 	if !ok {
 		t.Fatalf("%T does not implement transport.Reader", p.conn)
 	}
-	key, err := p.dst.(transport.AccessKeyer).KeyFor(transport.AccessRead)
+	key, err := p.dst.KeyFor(transport.AccessRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func TestHWReadDeadline(t *testing.T) {
 // re-keys all of them; Close deregisters them all.
 func TestHWKeyForRekey(t *testing.T) {
 	p := newPair(t, testConfig(hwDevice(t)), 1<<20)
-	ak := p.dst.(transport.AccessKeyer)
+	ak := p.dst
 	base := p.b.Resources().MemoryRegions
 	w, err := ak.KeyFor(transport.AccessWrite)
 	if err != nil || w != p.dst.Key() {
@@ -254,7 +254,7 @@ func TestHWKeyForRekey(t *testing.T) {
 	if _, err := ak.KeyFor(0); !errors.Is(err, errs.ErrInvalidArgument) {
 		t.Fatalf("KeyFor(0): %v, want InvalidArgument", err)
 	}
-	if _, err := p.dst.(transport.Rekeyer).Rekey(); err != nil {
+	if _, err := p.dst.Rekey(); err != nil {
 		t.Fatal(err)
 	}
 	if got := p.b.Resources().MemoryRegions; got != base {

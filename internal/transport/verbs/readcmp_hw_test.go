@@ -70,7 +70,7 @@ func TestHWReadSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	key, err := reg.(transport.AccessKeyer).KeyFor(transport.AccessRead)
+	key, err := reg.KeyFor(transport.AccessRead)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,9 +17,10 @@ import (
 // drained, so a batch in flight on it is never cut, and new resolutions get
 // the new key.
 type registration struct {
-	t    *Transport
-	mem  memory.Memory
-	path string // how the NIC reached the memory, for logs and tests
+	transport.SingleKey // RekeyFor (Rekey replaces every access set's MR), Rails
+	t                   *Transport
+	mem                 memory.Memory
+	path                string // how the NIC reached the memory, for logs and tests
 
 	mu  sync.Mutex
 	cur *mrRef // the write MR (transport.AccessWrite): Key's
@@ -71,11 +72,6 @@ type mrRef struct {
 	write   bool // allows remote WRITE: receiving batches may land through it
 	fenced  bool // deregistered by fence while in use; its users only drop it
 }
-
-var (
-	_ transport.Rekeyer     = (*registration)(nil)
-	_ transport.AccessKeyer = (*registration)(nil)
-)
 
 // KeyFor is the key of the registration's MR for access a: the write MR's
 // (Key) for AccessWrite; for AccessRead (remote READ only) and for both, an
@@ -329,7 +325,7 @@ func (t *Transport) retire(r *registration, m *mrRef) {
 // retired the same way and made afresh, with new rkeys, when KeyFor next
 // asks: a READ with an old read key fails at the NIC too (a READ in flight
 // on it is cut: the peer's NIC holds no use of ours). It returns the old
-// write key; see transport.Rekeyer.
+// write key.
 func (r *registration) Rekey() (transport.RemoteKey, error) {
 	t := r.t
 	mr, _, err := t.regMR(r.mem, accessFlags(transport.AccessWrite))
@@ -381,7 +377,7 @@ func (r *registration) retireAll(cur *mrRef) (gone []*mrRef) {
 	return gone
 }
 
-var _ transport.Withdrawer = (*registration)(nil)
+var _ transport.Registration = (*registration)(nil)
 
 // Withdraw retires every MR of the registration, as Rekey retires the old
 // ones, and registers none: from then on a READ or WRITE with any of its
