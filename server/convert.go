@@ -120,18 +120,17 @@ func checksumResponse(req *b2bv1.ChecksumRequest, alg checksum.Algorithm, b desc
 	return resp
 }
 
-func transportStatuses(all []*b2bv1.TransportStatus, live map[b2bv1.TransportKind]transport.Counter) []*b2bv1.TransportStatus {
+func transportStatuses(all []*b2bv1.TransportStatus, live map[b2bv1.TransportKind]transport.Transport) []*b2bv1.TransportStatus {
 	out := make([]*b2bv1.TransportStatus, len(all))
 	for i, ts := range all {
 		ts = proto.Clone(ts).(*b2bv1.TransportStatus)
 		if l, ok := live[ts.Kind]; ok {
-			r := l.Resources()
+			st := l.Status()
+			r := st.Resources
 			ts.Connections, ts.QueuePairs, ts.MemoryRegions = uint32(r.Connections), uint32(r.QueuePairs), uint32(r.MemoryRegions)
-			if rr, ok := l.(transport.RailReporter); ok {
-				for _, x := range rr.RailStatus() {
-					ts.Rails = append(ts.Rails, &b2bv1.RailStatus{Rail: uint32(x.Rail), Device: x.Device, Detail: x.Detail, Up: x.Up,
-						LastError: x.LastError, Failovers: x.Failovers, Reconnects: x.Reconnects, BytesSent: x.BytesSent})
-				}
+			for _, x := range st.Rails {
+				ts.Rails = append(ts.Rails, &b2bv1.RailStatus{Rail: uint32(x.Rail), Device: x.Device, Detail: x.Detail, Up: x.Up,
+					LastError: x.LastError, Failovers: x.Failovers, Reconnects: x.Reconnects, BytesSent: x.BytesSent})
 			}
 		}
 		out[i] = ts

@@ -114,6 +114,9 @@ func (p *peerService) Signal(ctx context.Context, req *b2bv1.SignalRequest) (*b2
 		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: kind %q: this daemon runs no transport of that kind that takes signals", errs.ErrFailedPrecondition, req.GetKind()))
 	}
 	out, err := h.HandleSignal(ctx, req.GetPayload())
+	if errors.Is(err, errs.ErrUnimplemented) {
+		return nil, grpcstatus.ToStatus(fmt.Errorf("%w: kind %q: this daemon runs no transport of that kind that takes signals", errs.ErrFailedPrecondition, req.GetKind()))
+	}
 	if err != nil {
 		p.s.cfg.Log.Debug("peer signal refused", "kind", req.GetKind(), "peer", auth.PeerIdentity(ctx), "error", err)
 		return nil, grpcstatus.ToStatus(err)

@@ -39,16 +39,17 @@ type Config struct {
 	Registry    *region.Registry
 	Peers       *peer.Manager
 	Transports  []*b2bv1.TransportStatus // every transport, available or not
-	// Live reports the resources of the running transports for Status;
-	// nil reports none.
-	Live map[b2bv1.TransportKind]transport.Counter
+	// Live are the running transports, whose Status the daemon's Status
+	// reports; nil reports none.
+	Live map[b2bv1.TransportKind]transport.Transport
 	// Adverts are the running transports' own parameters (the TCP data
 	// listener and token), told to peers in the handshake.
 	// Every running transport's is here, one per kind (a kind without
 	// parameters has an empty Data): a kind absent is not offered.
 	Adverts []transport.Advert
-	// Signals answer the Peer service's Signal for the kinds that take
-	// set-up messages from peers (verbs: QP sets), by kind.
+	// Signals answer the Peer service's Signal, by kind: the running
+	// transports (a kind that takes no set-up messages from peers answers
+	// ErrUnimplemented).
 	Signals        map[transport.Kind]transport.SignalHandler
 	MaxDescriptors int
 	MaxPlans       int // prepared plans per client identity; 0: batch.DefaultMaxPlans

@@ -22,7 +22,7 @@ import (
 
 // fakeTransport registers memory with a fixed key; it never connects (the
 // fake peers hand out connections).
-type fakeTransport struct{}
+type fakeTransport struct{ transport.Quiet }
 
 func (fakeTransport) Kind() transport.Kind { return transport.TCP }
 func (fakeTransport) Register(m memory.Memory) (transport.Registration, error) {

@@ -327,21 +327,15 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	d.peers = peer.New(self, d.transports, log.Named("peer"), peerTLS == nil, dial...)
 	d.peers.SetLimits(peer.Limits{IdleTimeout: cfg.PeerIdleTimeout, MaxPeers: cfg.MaxPeers})
 
-	live := map[b2bv1.TransportKind]transport.Counter{}
+	live := map[b2bv1.TransportKind]transport.Transport{}
 	var adverts []transport.Advert
 	signals := map[transport.Kind]transport.SignalHandler{}
 	for _, t := range d.transports {
-		if c, ok := t.(transport.Counter); ok {
-			live[peer.KindToProto(t.Kind())] = c
-		}
-		a := transport.Advert{Kind: t.Kind()} // offered, with nothing to say
-		if ad, ok := t.(transport.Advertiser); ok {
-			a = ad.Advertise()
-		}
+		live[peer.KindToProto(t.Kind())] = t
+		a := t.Advertise() // offered, with nothing to say where Data is empty
+		a.Kind = t.Kind()
 		adverts = append(adverts, a)
-		if h, ok := t.(transport.SignalHandler); ok {
-			signals[t.Kind()] = h
-		}
+		signals[t.Kind()] = t
 	}
 	scfg := server.Config{
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,

@@ -150,9 +150,7 @@ func (d *Daemon) buildTransports(in *inbound, env transport.Env) ([]*b2bv1.Trans
 		}
 		d.transports = append(d.transports, t)
 		st.Available = true
-		if a, ok := t.(transport.Advertiser); ok {
-			st.Detail = a.Advertise().Detail
-		}
+		st.Detail = t.Advertise().Detail
 		statuses = append(statuses, st)
 	}
 	return statuses, nil

@@ -76,10 +76,8 @@ func transportStats(ts []transport.Transport) []metrics.TransportStats {
 	out := make([]metrics.TransportStats, 0, len(ts))
 	for _, t := range ts {
 		s := metrics.TransportStats{Kind: string(t.Kind())}
-		if c, ok := t.(transport.Counter); ok {
-			r := c.Resources()
-			s.Connections, s.QueuePairs, s.MemoryRegions = r.Connections, r.QueuePairs, r.MemoryRegions
-		}
+		r := t.Status().Resources
+		s.Connections, s.QueuePairs, s.MemoryRegions = r.Connections, r.QueuePairs, r.MemoryRegions
 		if t.Kind() == transport.Verbs {
 			s.RailsUp = 1
 		}

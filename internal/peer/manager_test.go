@@ -34,7 +34,10 @@ func (f *fakePeer) Handshake(context.Context, *b2bv1.HandshakeRequest) (*b2bv1.H
 var writeNeed = transport.Need{Op: transport.OpWrite}
 
 // fakeTransport hands out fakeConns.
-type fakeTransport struct{ connects atomic.Int32 }
+type fakeTransport struct {
+	transport.Quiet
+	connects atomic.Int32
+}
 
 func (t *fakeTransport) Kind() transport.Kind { return transport.TCP }
 func (t *fakeTransport) Register(memory.Memory) (transport.Registration, error) {

@@ -92,7 +92,7 @@ func (g *Registry) PinRead(k transport.Kind, key uint64) (memory.Memory, func(),
 	return g.pins.PinRead(k, key)
 }
 
-// PinRead implements transport.ReadPinner: the serving side of a pull holds
+// PinRead implements transport.Inbound.PinRead: the serving side of a pull holds
 // the source while it sends. Only a read key pins, and only while the
 // region is exported with readers.
 func (p *Pins) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {

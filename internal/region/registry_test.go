@@ -24,6 +24,7 @@ import (
 // values under every kind, so a key alone does not find a region), or fails
 // every registration with fail. It remembers every registration it made.
 type fakeTransport struct {
+	transport.Quiet
 	kind transport.Kind
 	fail error
 

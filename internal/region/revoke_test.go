@@ -12,6 +12,7 @@ import (
 
 // rekeyTransport registers memory under counting keys that Rekey replaces.
 type rekeyTransport struct {
+	transport.Quiet
 	next  uint64
 	fail  bool
 	calls int

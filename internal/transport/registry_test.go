@@ -163,7 +163,7 @@ func TestCapsLacks(t *testing.T) {
 }
 
 // nothing is a Transport that does nothing, for CapsOf.
-type nothing struct{}
+type nothing struct{ Quiet }
 
 func (nothing) Kind() Kind                                   { return "k" }
 func (nothing) Register(memory.Memory) (Registration, error) { return nil, errors.ErrUnsupported }

@@ -143,21 +143,16 @@ type Advert struct {
 	Data []byte
 }
 
-// Advertiser is implemented by transports that advertise parameters.
-type Advertiser interface {
-	Advertise() Advert
-}
-
 // Signal sends payload, a message of the transport's own kind, to the same
 // kind on the peer (its SignalHandler) and returns the answer. Errors carry
 // internal/errs classes (a peer's NotFound stays NotFound, an unreachable
 // peer is ErrUnavailable).
 type Signal func(ctx context.Context, payload []byte) ([]byte, error)
 
-// SignalHandler is implemented by transports that answer their kind's
-// Signal from peers: the receiving half of set-up over the control plane
-// (verbs: creating and dropping QP sets). The peer's node name is inside
-// payload, as the kind defines it. Errors carry internal/errs classes.
+// SignalHandler answers a kind's Signal from peers: the receiving half of
+// set-up over the control plane (verbs: creating and dropping QP sets). The
+// peer's node name is inside payload, as the kind defines it. Errors carry
+// internal/errs classes; ErrUnimplemented: the kind takes no signals.
 type SignalHandler interface {
 	HandleSignal(ctx context.Context, payload []byte) ([]byte, error)
 }
@@ -287,8 +282,35 @@ type Transport interface {
 	Register(m memory.Memory) (Registration, error)
 	// Connect opens a data path to p.
 	Connect(ctx context.Context, p Peer) (Conn, error)
+	// Advertise is what the kind tells peers in the handshake (Data, opaque
+	// to all but this kind on the peer) and the daemon's Status line for it
+	// (Detail); the daemon sets Kind. The zero Advert: nothing to say.
+	Advertise() Advert
+	// Status is the kind's live handles and per-device state, for the
+	// daemon's Status, its metrics and leak checks.
+	Status() Status
+	// SignalHandler answers this kind's Peer.Signal from peers;
+	// errs.ErrUnimplemented where the kind takes none.
+	SignalHandler
 	// Close stops the transport, its listeners and pollers; safe to call twice.
 	Close() error
+}
+
+// Status is a transport's live state: its handles (Resources), and, for a
+// kind over several devices, each device's.
+type Status struct {
+	Resources
+	Rails []RailStatus // nil over one device
+}
+
+// Quiet completes a Transport that advertises nothing, counts no handles
+// and takes no signals: embed it and override what the kind does.
+type Quiet struct{}
+
+func (Quiet) Advertise() Advert { return Advert{} }
+func (Quiet) Status() Status    { return Status{} }
+func (Quiet) HandleSignal(context.Context, []byte) ([]byte, error) {
+	return nil, fmt.Errorf("%w: this kind takes no signals", errs.ErrUnimplemented)
 }
 
 // Inbound is the daemon as seen by a transport's receiving side.
@@ -296,8 +318,22 @@ type Inbound interface {
 	// Pin finds the live registration of transport k with key and keeps its
 	// memory mapped until release is called.
 	Pin(k Kind, key uint64) (m memory.Memory, release func(), err error)
+	// PinRead is Pin for a pull's source, by the region's read key: the
+	// receiving side of a kind that answers reads (tcp's read frames, the
+	// same-host path's read begin) pins through it. A write key never pins
+	// for a read, nor a read key for a write, so a key is only ever good for
+	// the operation it was granted for. errs.ErrUnimplemented: this side
+	// serves no reads.
+	PinRead(k Kind, key uint64) (m memory.Memory, release func(), err error)
 	// Landed records a batch fully placed in local memory.
 	Landed(k Kind, blocks, bytes uint64)
+}
+
+// NoReads completes an Inbound that serves no pulls: embed it.
+type NoReads struct{}
+
+func (NoReads) PinRead(Kind, uint64) (memory.Memory, func(), error) {
+	return memory.Memory{}, nil, fmt.Errorf("%w: this side serves no reads", errs.ErrUnimplemented)
 }
 
 // Resources are a transport's live handles, reported by Status so leak
@@ -306,11 +342,6 @@ type Resources struct {
 	Connections   int // TCP: accepted data streams; verbs: QP sets, both directions
 	QueuePairs    int // verbs only
 	MemoryRegions int // verbs only, the transport's own included
-}
-
-// Counter is implemented by transports that can report their Resources.
-type Counter interface {
-	Resources() Resources
 }
 
 // RailStatus is one rail (RDMA device) of a transport over several, for
@@ -326,11 +357,6 @@ type RailStatus struct {
 	BytesSent  uint64 // batch bytes it carried and saw acknowledged
 }
 
-// RailReporter is implemented by transports over several rails.
-type RailReporter interface {
-	RailStatus() []RailStatus
-}
-
 // RailRegistration is a registration's MR on one rail.
 type RailRegistration struct {
 	Rail      int
@@ -339,15 +365,6 @@ type RailRegistration struct {
 	Path      string // ibv_reg_mr (host), ibv_reg_dmabuf_mr, ...
 	Affinity  string // the rail's tier for this memory
 	Preferred bool   // batches from this memory stripe over it while it is up
-}
-
-// ReadPinner is implemented by Inbounds that serve pulls: the receiving
-// side of a kind that answers reads (tcp's read frames, the same-host
-// path's read begin) pins the source through it, by the region's read key.
-// A write key never pins for a read, nor a read key for a write (Pin), so
-// a key is only ever good for the operation it was granted for.
-type ReadPinner interface {
-	PinRead(k Kind, key uint64) (m memory.Memory, release func(), err error)
 }
 
 // String names an access for messages.

@@ -12,7 +12,10 @@ import (
 )
 
 // fixedInbound pins from a fixed table without allocating.
-type fixedInbound struct{ mem map[uint64]memory.Memory }
+type fixedInbound struct {
+	transport.NoReads
+	mem map[uint64]memory.Memory
+}
 
 func (in *fixedInbound) Pin(_ transport.Kind, key uint64) (memory.Memory, func(), error) {
 	m, ok := in.mem[key]

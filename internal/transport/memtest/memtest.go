@@ -29,6 +29,7 @@ func init() {
 
 // Transport is one daemon's in-memory data plane.
 type Transport struct {
+	transport.Quiet
 	in     transport.Inbound
 	closed atomic.Bool
 }

@@ -34,6 +34,7 @@ const (
 )
 
 type fakeRail struct {
+	transport.Quiet
 	f     *fabric
 	name  string
 	ip    net.IP
@@ -61,8 +62,9 @@ func (f *fabric) open(ips map[string]string) Open {
 	}
 }
 
-func (r *fakeRail) Kind() transport.Kind { return transport.Verbs }
-func (r *fakeRail) Describe() string     { return "fake " + r.name }
+func (r *fakeRail) Kind() transport.Kind     { return transport.Verbs }
+func (r *fakeRail) Describe() string         { return "fake " + r.name }
+func (r *fakeRail) Status() transport.Status { return transport.Status{Resources: r.Resources()} }
 func (r *fakeRail) Resources() transport.Resources {
 	return transport.Resources{Connections: int(r.conns.Load())}
 }
@@ -197,6 +199,7 @@ func (c *fakeConn) Write(ctx context.Context, src transport.Registration, dst tr
 
 // registry is a receiving daemon's key index (the region registry's Pin).
 type registry struct {
+	transport.NoReads
 	mu     sync.Mutex
 	byKey  map[uint64]memory.Memory
 	landed atomic.Uint64

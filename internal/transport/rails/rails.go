@@ -52,7 +52,6 @@ import (
 type Rail interface {
 	transport.Transport
 	verbs.Acceptor
-	transport.Counter
 	Port() verbs.Port
 	Describe() string
 }
@@ -169,12 +168,8 @@ type Transport struct {
 }
 
 var (
-	_ transport.Transport     = (*Transport)(nil)
-	_ verbs.Acceptor          = (*Transport)(nil)
-	_ transport.SignalHandler = (*Transport)(nil)
-	_ transport.Counter       = (*Transport)(nil)
-	_ transport.RailReporter  = (*Transport)(nil)
-	_ transport.Advertiser    = (*Transport)(nil)
+	_ transport.Transport = (*Transport)(nil)
+	_ verbs.Acceptor      = (*Transport)(nil)
 )
 
 // New opens every device of cfg with open. A device that fails to open is
@@ -339,11 +334,16 @@ func (t *Transport) RailStatus() []transport.RailStatus {
 	return out
 }
 
+// Status is every rail's handles summed (Resources) and each rail's state.
+func (t *Transport) Status() transport.Status {
+	return transport.Status{Resources: t.Resources(), Rails: t.RailStatus()}
+}
+
 // Resources adds up the rails' handles.
 func (t *Transport) Resources() transport.Resources {
 	var s transport.Resources
 	for _, r := range t.rails {
-		x := r.t.Resources()
+		x := r.t.Status().Resources
 		s.Connections += x.Connections
 		s.QueuePairs += x.QueuePairs
 		s.MemoryRegions += x.MemoryRegions
@@ -411,6 +411,11 @@ func (ri railInbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), 
 		key = primary
 	}
 	return ri.t.in.Pin(k, key)
+}
+
+// PinRead: rails serves no reads (Caps.Ops).
+func (ri railInbound) PinRead(transport.Kind, uint64) (memory.Memory, func(), error) {
+	return memory.Memory{}, nil, fmt.Errorf("%w: rails serves no reads", errs.ErrUnimplemented)
 }
 
 // Landed counts each rail's share of a batch as the receiving side sees it.

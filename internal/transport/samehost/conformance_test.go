@@ -18,7 +18,6 @@ func TestConformance(t *testing.T) {
 	dir := t.TempDir()
 	transporttest.Run(t, transporttest.Factory{
 		Kind:   transport.Local,
-		Expect: transporttest.Count | transporttest.Advertise,
 		Memory: func(t testing.TB, size int) memory.Memory { return shmRegion(t, dir, size) },
 		New: func(t testing.TB, send, recv transport.Inbound) *transporttest.Pair {
 			// A short directory: a Unix socket's path has 108 bytes.

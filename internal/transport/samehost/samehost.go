@@ -91,13 +91,14 @@ const MaxStreams = 8
 
 // Transport is the same-host transport.
 type Transport struct {
-	cfg    Config
-	in     transport.Inbound
-	log    hclog.Logger
-	ln     *net.UnixListener
-	token  []byte
-	ep     Endpoint
-	busIDs map[string]int // CUDA: PCI bus id -> this process's ordinal
+	transport.Quiet // HandleSignal: the same-host path sets up over its own socket
+	cfg             Config
+	in              transport.Inbound
+	log             hclog.Logger
+	ln              *net.UnixListener
+	token           []byte
+	ep              Endpoint
+	busIDs          map[string]int // CUDA: PCI bus id -> this process's ordinal
 
 	mu     sync.Mutex
 	closed bool
@@ -209,6 +210,9 @@ func (t *Transport) Reaches(advert []byte) error {
 }
 
 // Resources implements transport.Counter.
+// Status is the transport's live handles (Resources).
+func (t *Transport) Status() transport.Status { return transport.Status{Resources: t.Resources()} }
+
 func (t *Transport) Resources() transport.Resources {
 	return transport.Resources{Connections: int(t.nconns.Load())}
 }

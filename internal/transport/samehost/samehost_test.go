@@ -22,6 +22,7 @@ import (
 
 // fakeInbound pins registrations whose key is exported, and counts landings.
 type fakeInbound struct {
+	transport.NoReads
 	mu       sync.Mutex
 	regs     []transport.Registration
 	exported map[transport.Registration]bool

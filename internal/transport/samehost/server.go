@@ -216,11 +216,7 @@ func (t *Transport) pinKey(key uint64, read, mapIt bool, pk *pinnedKey) (func(),
 		err     error
 	)
 	if read {
-		rp, ok := t.in.(transport.ReadPinner)
-		if !ok {
-			return nil, fmt.Errorf("%w: samehost: this daemon serves no reads", errs.ErrUnimplemented)
-		}
-		mem, release, err = rp.PinRead(transport.Local, key)
+		mem, release, err = t.in.PinRead(transport.Local, key)
 	} else {
 		mem, release, err = t.in.Pin(transport.Local, key)
 	}

@@ -70,7 +70,7 @@ const (
 
 	flagMap = 1
 	// flagRead: a pull (begin: the key is the source's read key, pinned
-	// with ReadPinner; a host source is mapped read-only; end: nothing
+	// with Inbound.PinRead; a host source is mapped read-only; end: nothing
 	// landed here, so nothing is counted).
 	flagRead = 2
 

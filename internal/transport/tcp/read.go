@@ -190,11 +190,10 @@ func (r *receiver) gather(h *frameHeader, table []byte) *recvErr {
 	if h.payload > maxReadFrame {
 		return &recvErr{statusBadRange, fmt.Errorf("tcp: read %d asks for %d bytes in one frame, over the limit of %d", h.batch, h.payload, maxReadFrame)}
 	}
-	rp, ok := r.t.in.(transport.ReadPinner)
-	if !ok {
+	mem, release, err := r.t.in.PinRead(transport.TCP, h.key)
+	if errors.Is(err, errs.ErrUnimplemented) {
 		return &recvErr{statusUnsupported, fmt.Errorf("tcp: read %d: this daemon serves no reads", h.batch)}
 	}
-	mem, release, err := rp.PinRead(transport.TCP, h.key)
 	if err != nil {
 		return &recvErr{statusBadKey, fmt.Errorf("tcp: read %d: source: %w", h.batch, err)}
 	}

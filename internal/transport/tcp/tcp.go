@@ -65,11 +65,12 @@ const (
 
 // Transport is the TCP data plane of one daemon.
 type Transport struct {
-	cfg   Config
-	in    transport.Inbound
-	log   hclog.Logger
-	ln    net.Listener
-	token [16]byte
+	transport.Quiet // HandleSignal: tcp sets up over its own data connections
+	cfg             Config
+	in              transport.Inbound
+	log             hclog.Logger
+	ln              net.Listener
+	token           [16]byte
 
 	mu       sync.Mutex
 	closed   bool
@@ -127,6 +128,9 @@ func (t *Transport) Kind() transport.Kind { return transport.TCP }
 // Resources counts the accepted data streams; see transport.Counter.
 // Outgoing streams belong to the peer manager's sessions and show in the
 // daemon's file descriptors instead.
+// Status is the transport's live handles (Resources).
+func (t *Transport) Status() transport.Status { return transport.Status{Resources: t.Resources()} }
+
 func (t *Transport) Resources() transport.Resources {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -52,7 +52,7 @@ func (in *Inbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), err
 	return in.pin(k, key, false)
 }
 
-// PinRead implements transport.ReadPinner: only read keys pin.
+// PinRead implements transport.Inbound.PinRead: only read keys pin.
 func (in *Inbound) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
 	return in.pin(k, key, true)
 }

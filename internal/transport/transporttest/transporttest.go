@@ -26,8 +26,8 @@
 // (Ops, Blocks, Prepared, Keys): the suite runs the Read checks iff Caps
 // says OpRead, the prepared checks iff Prepared, and fails a kind whose
 // Conns or registrations do more or less than that, so a declaration
-// cannot lie. The other optional behaviours (Counter, Advertiser) are found
-// by type assertion and declared in Factory.Expect, with the same rule.
+// cannot lie. Every transport advertises (its Kind or nothing) and reports
+// Status, checked by the Kind checks.
 package transporttest
 
 import (
@@ -49,10 +49,6 @@ const (
 	Prepare Optional = 1 << iota
 	// Rekey: the registrations' Rekey works (Caps.Keys.Rekey).
 	Rekey
-	// Count: the Transport implements transport.Counter.
-	Count
-	// Advertise: the Transport implements transport.Advertiser.
-	Advertise
 	// Blocks: the Conns implement transport.BlockWriter (Caps.Blocks).
 	Blocks
 	// Read: the Conns implement transport.Reader (pulls; Caps.Ops has
@@ -63,15 +59,12 @@ const (
 	BlocksRead
 )
 
-// fromCaps are the optionals the kind's Caps declare, never Expect.
-const fromCaps = Prepare | Blocks | Read | BlocksRead | Rekey
-
 func (o Optional) String() string {
 	var s []string
 	for _, x := range []struct {
 		o    Optional
 		name string
-	}{{Prepare, "Preparer"}, {Rekey, "Rekey"}, {Count, "Counter"}, {Advertise, "Advertiser"}, {Blocks, "BlockWriter"}, {Read, "Reader"}, {BlocksRead, "BlockReader"}} {
+	}{{Prepare, "Preparer"}, {Rekey, "Rekey"}, {Blocks, "BlockWriter"}, {Read, "Reader"}, {BlocksRead, "BlockReader"}} {
 		if o&x.o != 0 {
 			s = append(s, x.name)
 		}
@@ -100,9 +93,6 @@ type Pair struct {
 // Factory builds the kind under test.
 type Factory struct {
 	Kind transport.Kind
-	// Expect are the optional interfaces the kind implements beyond its
-	// Caps: Rekey, Count, Advertise (the others are the Caps').
-	Expect Optional
 	// Caps is what the kind declares it can do, for a kind whose driver is
 	// not registered in the test's binary (verbs inside its own package);
 	// nil: the registered driver's CapsFor(the Pair's Sender).
@@ -275,8 +265,7 @@ func (r *rig) remote(reg transport.Registration, size uint64) transport.RemoteRe
 	return transport.RemoteRegion{Name: "conformance", Size: size, Key: reg.Key()}
 }
 
-// wants says whether the kind declares o: in its Caps for the optionals
-// Caps covers, else in the factory's Expect.
+// wants says whether the kind's Caps declare o.
 func (r *rig) wants(o Optional) bool {
 	c := r.caps
 	switch o {
@@ -291,22 +280,18 @@ func (r *rig) wants(o Optional) bool {
 	case Rekey:
 		return c.Keys.Rekey
 	}
-	return r.f.Expect&o != 0
+	return false
 }
 
 // declared fails t when the kind's declaration of o disagrees with what
 // it has, and says whether to run o's checks.
 func (r *rig) declared(t *testing.T, o Optional, has bool) bool {
 	t.Helper()
-	where := "its Caps"
-	if o&fromCaps == 0 {
-		where = "its factory's Expect"
-	}
 	switch want := r.wants(o); {
 	case want && !has:
-		t.Fatalf("the %s transport declares %v in %s, and does not implement it", r.f.Kind, o, where)
+		t.Fatalf("the %s transport declares %v in its Caps, and does not implement it", r.f.Kind, o)
 	case !want && has:
-		t.Fatalf("the %s transport implements %v and %s do not declare it", r.f.Kind, o, where)
+		t.Fatalf("the %s transport implements %v and its Caps do not declare it", r.f.Kind, o)
 	case !has:
 		t.Skipf("%s has no %v (as declared)", r.f.Kind, o)
 	}
@@ -321,9 +306,6 @@ func testKind(t *testing.T, f Factory) {
 		}
 	}
 	t.Run("Caps", func(t *testing.T) {
-		if r.f.Expect&fromCaps != 0 {
-			t.Fatalf("the factory's Expect names %v: declare it in the driver's Caps", r.f.Expect&fromCaps)
-		}
 		if r.caps.Ops&transport.OpWrite == 0 {
 			t.Fatalf("Caps.Ops = %v: every kind writes", r.caps.Ops)
 		}
@@ -331,27 +313,18 @@ func testKind(t *testing.T, f Factory) {
 			t.Fatalf("Caps.Memory = %v lacks host memory, which the suite moved", r.caps.Memory)
 		}
 	})
-	_, adv := r.p.Receiver.(transport.Advertiser)
-	_, cnt := r.p.Receiver.(transport.Counter)
-	for _, c := range []struct {
-		o   Optional
-		has bool
-	}{{Advertise, adv}, {Count, cnt}} {
-		t.Run(c.o.String(), func(t *testing.T) {
-			r.declared(t, c.o, c.has)
-			switch tr := r.p.Receiver.(type) {
-			case transport.Advertiser:
-				if c.o == Advertise {
-					if a := tr.Advertise(); a.Kind != f.Kind {
-						t.Fatalf("Advertise().Kind = %q, want %q", a.Kind, f.Kind)
-					}
-				}
-			}
-			if tr, ok := r.p.Receiver.(transport.Counter); ok && c.o == Count {
-				if res := tr.Resources(); res.Connections < 0 || res.QueuePairs < 0 || res.MemoryRegions < 0 {
-					t.Fatalf("Resources() = %+v", res)
-				}
-			}
-		})
-	}
+	t.Run("Advertise", func(t *testing.T) {
+		if a := r.p.Receiver.Advertise(); a.Kind != "" && a.Kind != f.Kind {
+			t.Fatalf("Advertise().Kind = %q, want %q (or none: the daemon sets it)", a.Kind, f.Kind)
+		}
+	})
+	t.Run("Status", func(t *testing.T) {
+		st := r.p.Receiver.Status()
+		if res := st.Resources; res.Connections < 0 || res.QueuePairs < 0 || res.MemoryRegions < 0 {
+			t.Fatalf("Status().Resources = %+v", res)
+		}
+		if (st.Rails != nil) != r.caps.Keys.Rails {
+			t.Fatalf("Status() lists %d rails, and Caps.Keys.Rails is %v", len(st.Rails), r.caps.Keys.Rails)
+		}
+	})
 }

@@ -30,6 +30,7 @@ import (
 // inbound counts landed batches and pins. Its release func is made once,
 // so the benchmark's allocation count is the transport's alone.
 type inbound struct {
+	transport.NoReads
 	batches, blocks, bytes atomic.Uint64
 	pins, unpins           atomic.Int64
 	unpin                  func()

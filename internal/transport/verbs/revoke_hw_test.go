@@ -78,6 +78,9 @@ type regInbound struct{ g *region.Registry }
 func (r *regInbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
 	return r.g.Pin(k, key)
 }
+func (r *regInbound) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
+	return r.g.PinRead(k, key)
+}
 func (r *regInbound) Landed(transport.Kind, uint64, uint64) {}
 
 // revokePair is a sender transport and a receiver transport whose regions

@@ -273,6 +273,9 @@ func (t *Transport) teardown() error {
 }
 
 // Resources counts the live QP sets, QPs and MRs; see transport.Counter.
+// Status is the transport's live handles (Resources).
+func (t *Transport) Status() transport.Status { return transport.Status{Resources: t.Resources()} }
+
 func (t *Transport) Resources() transport.Resources {
 	return transport.Resources{Connections: int(t.live.sets.Load()), QueuePairs: int(t.live.qps.Load()), MemoryRegions: int(t.live.mrs.Load())}
 }
