@@ -619,7 +619,7 @@ func (p *Plan) move(ctx context.Context, sess transport.Session, reg transport.R
 	if p.op != OpRead {
 		return sess.Conn.Write(ctx, reg, remote, &p.merged)
 	}
-	return transport.Read(ctx, sess.Conn, reg, remote, &p.merged)
+	return sess.Conn.Read(ctx, reg, remote, &p.merged)
 }
 
 // readFailed is writeFailed for a pull: a fault on the source is the

@@ -45,6 +45,8 @@ func (r fakeReg) Close() error             { return nil }
 // fakeConn fails its writes with errs in order (nil: success); a failed
 // write breaks it when breaks is set.
 type fakeConn struct {
+	transport.NoPull
+	transport.NoPrepare
 	mu     sync.Mutex
 	errs   []error
 	breaks bool
@@ -87,6 +89,11 @@ func (c *fakeConn) Err() error {
 }
 func (c *fakeConn) Close() error { return nil }
 
+// WriteBlocks is the generic path, one Write per stretch.
+func (c *fakeConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
+	return transport.WriteStretches(ctx, c, w, sc)
+}
+
 type answer struct {
 	size   uint64
 	cached bool
@@ -105,8 +112,8 @@ type fakePeers struct {
 	// last one again when they run out); none: Instance is 0.
 	insts    []uint64
 	instance uint64
-	// wrap, when set, turns the conn a Get hands out into another Conn
-	// (a Preparer, say).
+	// wrap, when set, turns the conn a Get hands out into a Conn that
+	// prepares (the Sessions' Caps then say Prepared).
 	wrap func(*fakeConn) transport.Conn
 	// caps, when set, are the Caps the Sessions carry (else a kind that
 	// writes and reads host memory).
@@ -126,10 +133,11 @@ func (f *fakePeers) Get(ctx context.Context, addr string, want transport.Kind, n
 	}
 	f.gets++
 	var conn transport.Conn = c
+	caps := transport.Caps{Ops: transport.OpWrite | transport.OpRead, Memory: []memory.Kind{memory.Host}}
 	if f.wrap != nil {
 		conn = f.wrap(c)
+		caps.Prepared = true // every wrap here prepares
 	}
-	caps := transport.Caps{Ops: transport.OpWrite | transport.OpRead, Memory: []memory.Kind{memory.Host}}
 	if f.caps != nil {
 		caps = *f.caps
 	}

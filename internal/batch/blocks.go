@@ -227,7 +227,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	}
 	wstart := time.Now()
 	bw := transport.BlockWrite{Pair: pair, IDs: ids, Src: sc.srcs, Dst: sc.dsts}
-	st, werr := transport.WriteBlocks(ctx, sess.Conn, &bw, &sc.bs)
+	st, werr := sess.Conn.WriteBlocks(ctx, &bw, &sc.bs)
 	clear(sc.srcs)
 	if werr != nil {
 		where := ""
@@ -324,7 +324,7 @@ func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r 
 	}
 	wstart := time.Now()
 	br := transport.BlockRead{Pair: pair, IDs: ids, Src: sc.rsrcs, Dst: sc.rdsts}
-	st, werr := transport.ReadBlocks(ctx, sess.Conn, &br, &sc.bs)
+	st, werr := sess.Conn.ReadBlocks(ctx, &br, &sc.bs)
 	clear(sc.rdsts)
 	if werr != nil {
 		var se *transport.StretchError

@@ -267,7 +267,7 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 	t1 := time.Now()
 	ph.Resolve += t1.Sub(t0)
 	b := &binding{sess: sess, reg: reg, remote: remote}
-	if pr, ok := sess.Conn.(transport.Preparer); ok && p.op == OpWrite {
+	if pr := sess.Conn; sess.Caps.Prepared && p.op == OpWrite {
 		// A pull's plan is the validated, merged batch and its binding:
 		// each submit reads it (no transport builds read work ahead yet).
 		if again {
@@ -295,7 +295,7 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 // the peer is stopped), far past a submit's deadline. A Prepare that ends
 // after ctx is closed then; until it ends it counts as a submit in flight,
 // so the plan and its source stay.
-func (pp *prepared) prepareWithin(ctx context.Context, pr transport.Preparer, reg transport.Registration, remote transport.RemoteRegion) (transport.Prepared, error) {
+func (pp *prepared) prepareWithin(ctx context.Context, pr transport.Conn, reg transport.Registration, remote transport.RemoteRegion) (transport.Prepared, error) {
 	type result struct {
 		p   transport.Prepared
 		err error

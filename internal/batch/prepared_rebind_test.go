@@ -221,7 +221,7 @@ func TestPreparedRebindAnswersAtDeadline(t *testing.T) {
 		if c == stuck.fakeConn {
 			return stuck
 		}
-		return c
+		return &prepConn{fakeConn: c}
 	}
 	s, req, info := preparedRig(t, fp)
 	const deadline = 200 * time.Millisecond

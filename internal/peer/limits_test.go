@@ -125,7 +125,7 @@ func TestBusyPeerNotReaped(t *testing.T) {
 	}{
 		{"write in flight", func(t *testing.T, s Session) func() {
 			inside, unblock, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
-			s.Conn.(*trackedPreparer).p.(*blockingConn).inside, s.Conn.(*trackedPreparer).p.(*blockingConn).unblock = inside, unblock
+			s.Conn.(*trackedConn).Conn.(*blockingConn).inside, s.Conn.(*trackedConn).Conn.(*blockingConn).unblock = inside, unblock
 			go func() {
 				defer close(done)
 				_, _ = s.Conn.Write(ctx, nil, transport.RemoteRegion{}, nil)
@@ -134,7 +134,7 @@ func TestBusyPeerNotReaped(t *testing.T) {
 			return func() { close(unblock); <-done }
 		}},
 		{"prepared batch", func(t *testing.T, s Session) func() {
-			p, err := s.Conn.(transport.Preparer).Prepare(nil, transport.RemoteRegion{}, nil)
+			p, err := s.Conn.Prepare(nil, transport.RemoteRegion{}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

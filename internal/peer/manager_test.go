@@ -49,7 +49,11 @@ func (t *fakeTransport) Connect(context.Context, transport.Peer) (transport.Conn
 }
 func (t *fakeTransport) Close() error { return nil }
 
-type fakeConn struct{ closed atomic.Bool }
+type fakeConn struct {
+	transport.NoPull
+	transport.NoPrepare
+	closed atomic.Bool
+}
 
 func (c *fakeConn) Write(context.Context, transport.Registration, transport.RemoteRegion, *desc.Batch) (transport.Stats, error) {
 	return transport.Stats{}, nil
@@ -61,6 +65,11 @@ func (c *fakeConn) Err() error {
 	return nil
 }
 func (c *fakeConn) Close() error { c.closed.Store(true); return nil }
+
+// WriteBlocks is the generic path, one Write per stretch.
+func (c *fakeConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
+	return transport.WriteStretches(ctx, c, w, sc)
+}
 
 func newTestManager(t *testing.T) (*Manager, *fakePeer, *fakeTransport) {
 	t.Helper()

@@ -15,16 +15,10 @@ import (
 // track wraps a peer's data connection so that the peer counts as busy
 // while a write is in flight on it or a batch prepared on it lives, and is
 // never reaped then. The wrapper adds two atomic adds and a clock read per
-// write, and no allocation. It has every method a Conn may have but
-// Prepare (a Preparer stays one, through trackedPreparer): what the kind
-// really does is its Caps, which the Session carries and the batch layer
-// checks before calling, not the wrapper's method set.
+// write, and no allocation. What the kind really does is its Caps, which
+// the Session carries and the batch layer checks before calling.
 func track(c transport.Conn, st *state) transport.Conn {
-	tc := &trackedConn{Conn: c, st: st}
-	if p, ok := c.(transport.Preparer); ok {
-		return &trackedPreparer{trackedConn: tc, p: p}
-	}
-	return tc
+	return &trackedConn{Conn: c, st: st}
 }
 
 type trackedConn struct {
@@ -38,38 +32,30 @@ func (c *trackedConn) Write(ctx context.Context, src transport.Registration, dst
 	return c.Conn.Write(ctx, src, dst, b)
 }
 
-// WriteBlocks runs the kind's transport.BlockWriter, or the generic path
-// on the kind's Conn, as one busy write.
+// WriteBlocks runs the kind's block write as one busy write.
 func (c *trackedConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
 	c.st.busy.Add(1)
 	defer c.st.done()
-	return transport.WriteBlocks(ctx, c.Conn, w, sc)
+	return c.Conn.WriteBlocks(ctx, w, sc)
 }
 
 // ReadBlocks is WriteBlocks for a block-id pull.
 func (c *trackedConn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *transport.BlockScratch) (transport.Stats, error) {
 	c.st.busy.Add(1)
 	defer c.st.done()
-	return transport.ReadBlocks(ctx, c.Conn, r, sc)
+	return c.Conn.ReadBlocks(ctx, r, sc)
 }
 
-// Read forwards a pull to the connection, counted busy like a write; a
-// kind that cannot pull (its Caps lack OpRead: the batch layer refused
-// before) is refused with FailedPrecondition by transport.Read.
+// Read forwards a pull to the connection, counted busy like a write.
 func (c *trackedConn) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	c.st.busy.Add(1)
 	defer c.st.done()
-	return transport.Read(ctx, c.Conn, dst, src, b)
+	return c.Conn.Read(ctx, dst, src, b)
 }
 
-// trackedPreparer is a trackedConn whose connection prepares batches.
-type trackedPreparer struct {
-	*trackedConn
-	p transport.Preparer
-}
-
-func (c *trackedPreparer) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
-	p, err := c.p.Prepare(src, dst, b)
+// Prepare prepares on the connection; a live plan keeps its peer busy.
+func (c *trackedConn) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
+	p, err := c.Conn.Prepare(src, dst, b)
 	if err != nil {
 		return nil, err
 	}

@@ -9,8 +9,10 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-// blockConn is a Conn with a BlockWriter that counts its calls.
+// blockConn is a Conn that counts its writes and block writes.
 type blockConn struct {
+	transport.NoPull
+	transport.NoPrepare
 	writes, blocks int
 	busyDuring     int64
 	st             *state
@@ -28,9 +30,9 @@ func (c *blockConn) WriteBlocks(context.Context, *transport.BlockWrite, *transpo
 	return transport.Stats{}, nil
 }
 
-// TestTrackedConnKeepsBlockWriter: the peer manager's wrapper must not
-// hide a kind's BlockWriter (else every block write silently takes the
-// generic path), and counts the peer busy while it runs.
+// TestTrackedConnKeepsBlockWriter: the peer manager's wrapper hands a
+// block write to the kind's own WriteBlocks (else every block write would
+// silently take the generic path), and counts the peer busy while it runs.
 func TestTrackedConnKeepsBlockWriter(t *testing.T) {
 	st := &state{}
 	inner := &blockConn{st: st}
@@ -49,7 +51,7 @@ func TestTrackedConnKeepsBlockWriter(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := transport.BlockWrite{Pair: pair, IDs: ids, Src: make([]transport.Registration, 1), Dst: make([]transport.RemoteRegion, 1)}
-	if _, err := transport.WriteBlocks(context.Background(), c, &w, &transport.BlockScratch{}); err != nil {
+	if _, err := c.WriteBlocks(context.Background(), &w, &transport.BlockScratch{}); err != nil {
 		t.Fatal(err)
 	}
 	if inner.blocks != 1 || inner.writes != 0 {

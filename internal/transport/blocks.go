@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/b2bd/b2bd/internal/desc"
-	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
 )
 
@@ -62,20 +61,6 @@ func (sc *BlockScratch) StretchEnd(from int) int {
 	return to
 }
 
-// BlockWriter is implemented by Conns that move a whole block-id request in
-// one go: they expand the pair's templates themselves (in chunks, from
-// layout.Pair.ExpandFrom, or from their own copy of the templates), post
-// every (source region, destination region) stretch without waiting for one
-// before the next, and wait once for every acknowledgement at the end.
-// WriteBlocks has Conn.Write's contract: nil only once every byte landed
-// and was acknowledged; on error any subset may have landed, and once it
-// returned no byte of it lands any more (stop posting; verbs: QPs to error
-// and drained). It honours ctx. A failure names its stretch with a
-// *StretchError.
-type BlockWriter interface {
-	WriteBlocks(ctx context.Context, w *BlockWrite, sc *BlockScratch) (Stats, error)
-}
-
 // StretchError is a block write's failure in one stretch: a run of group
 // Group (Pair.Group) from source region SrcRegion to destination region
 // DstRegion (indices into the layouts' Regions).
@@ -87,29 +72,20 @@ type StretchError struct {
 func (e *StretchError) Error() string { return e.Err.Error() }
 func (e *StretchError) Unwrap() error { return e.Err }
 
-// MaxConcurrentStretches bounds the Writes WriteBlocks issues at once for a
-// Conn without BlockWriter.
+// MaxConcurrentStretches bounds the Writes WriteStretches issues at once.
 const MaxConcurrentStretches = 8
-
-// WriteBlocks moves w over c: through c's BlockWriter when it has one;
-// else it expands w into sc, cuts the runs into stretches and Writes them,
-// up to MaxConcurrentStretches at a time (a Conn that serialises its
-// Writes takes them one after the other). On the first failure the other
-// Writes are cancelled, and WriteBlocks returns once all have returned, so
-// the no-byte-after-failure rule of Write carries over. Stats are summed
-// over the Writes (Plan includes the expansion).
-func WriteBlocks(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch) (Stats, error) {
-	if bw, ok := c.(BlockWriter); ok {
-		return bw.WriteBlocks(ctx, w, sc)
-	}
-	return WriteStretches(ctx, c, w, sc)
-}
 
 // stretch is runs[from:to], one (source region, destination region) pair.
 type stretch struct{ from, to int }
 
-// WriteStretches is WriteBlocks' path for Conns without BlockWriter, for
-// a BlockWriter to fall back on (GPU memory, say): one Write per stretch.
+// WriteStretches is Conn.WriteBlocks for a kind that does not move a
+// block-id request in one go (and for one falling back, GPU memory, say):
+// it expands w into sc, cuts the runs into stretches and Writes them, up to
+// MaxConcurrentStretches at a time (a Conn that serialises its Writes takes
+// them one after the other). On the first failure the other Writes are
+// cancelled, and it returns once all have returned, so the
+// no-byte-after-failure rule of Write carries over. Stats are summed over
+// the Writes (Plan includes the expansion).
 func WriteStretches(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch) (Stats, error) {
 	t0 := time.Now()
 	sc.Expand(w)
@@ -136,31 +112,10 @@ type BlockRead struct {
 	Dst []Registration
 }
 
-// BlockReader is implemented by Conns that pull a whole block-id request
-// in one go, as BlockWriter pushes one, with Reader's contract: nil only
-// once every byte is in place; once it returned no byte of it lands any
-// more. A failure names its stretch with a *StretchError.
-type BlockReader interface {
-	ReadBlocks(ctx context.Context, r *BlockRead, sc *BlockScratch) (Stats, error)
-}
-
-// ReadBlocks pulls r over c: through c's BlockReader when it has one; else
-// one Reader.Read per stretch, up to MaxConcurrentStretches at a time,
-// with WriteBlocks' failure rules. A Conn that cannot pull is refused
-// with ErrFailedPrecondition.
-func ReadBlocks(ctx context.Context, c Conn, r *BlockRead, sc *BlockScratch) (Stats, error) {
-	if br, ok := c.(BlockReader); ok {
-		return br.ReadBlocks(ctx, r, sc)
-	}
-	return ReadStretches(ctx, c, r, sc)
-}
-
-// ReadStretches is ReadBlocks' path for Conns without BlockReader.
+// ReadStretches is Conn.ReadBlocks for a kind that pulls but not a
+// block-id request in one go: one Read per stretch, with WriteStretches'
+// rules.
 func ReadStretches(ctx context.Context, c Conn, r *BlockRead, sc *BlockScratch) (Stats, error) {
-	rd, err := readerOf(c)
-	if err != nil {
-		return Stats{}, err
-	}
 	t0 := time.Now()
 	sc.Expand(&BlockWrite{Pair: r.Pair, IDs: r.IDs})
 	plan := time.Since(t0)
@@ -168,28 +123,8 @@ func ReadStretches(ctx context.Context, c Conn, r *BlockRead, sc *BlockScratch) 
 		if int(run.SrcRegion) >= len(r.Src) || int(run.DstRegion) >= len(r.Dst) {
 			return Stats{}, fmt.Errorf("transport: block read: region index (source %d, destination %d) beyond the %d sources and %d destinations given", run.SrcRegion, run.DstRegion, len(r.Src), len(r.Dst))
 		}
-		return rd.Read(ctx, r.Dst[run.DstRegion], r.Src[run.SrcRegion], b)
+		return c.Read(ctx, r.Dst[run.DstRegion], r.Src[run.SrcRegion], b)
 	})
-}
-
-// Read pulls b from the peer's region src into dst over c: Reader.Read,
-// or ErrFailedPrecondition for a Conn that cannot pull. Callers that
-// checked the kind's Caps (OpRead) never meet the refusal; it is here so
-// that the one place that asks whether a Conn reads is this package.
-func Read(ctx context.Context, c Conn, dst Registration, src RemoteRegion, b *desc.Batch) (Stats, error) {
-	rd, err := readerOf(c)
-	if err != nil {
-		return Stats{}, err
-	}
-	return rd.Read(ctx, dst, src, b)
-}
-
-func readerOf(c Conn) (Reader, error) {
-	rd, ok := c.(Reader)
-	if !ok {
-		return nil, fmt.Errorf("%w: transport %T cannot read (pull)", errs.ErrFailedPrecondition, c)
-	}
-	return rd, nil
 }
 
 // runStretches cuts sc's expanded runs into stretches and runs one per

@@ -215,6 +215,32 @@ type Conn interface {
 	// landed: callers must never report success. Write honours ctx's
 	// deadline and may be called concurrently.
 	Write(ctx context.Context, src Registration, dst RemoteRegion, b *desc.Batch) (Stats, error)
+	// Read copies every block of b from the peer's region src into the
+	// local registration dst (a pull: b.Src holds offsets in src, b.Dst in
+	// dst). It returns nil only once every byte is in place in dst. On
+	// error any subset may have landed. Once Read returned, error or not,
+	// no byte of it lands in dst any more (verbs: the QPs are moved to
+	// error and drained first). It honours ctx and may be called
+	// concurrently. errs.ErrUnimplemented where Caps.Ops lacks OpRead.
+	Read(ctx context.Context, dst Registration, src RemoteRegion, b *desc.Batch) (Stats, error)
+	// WriteBlocks moves a whole block-id request, with Write's contract
+	// (nil only once every byte landed and was acknowledged; once it
+	// returned no byte of it lands any more; a failure names its stretch
+	// with a *StretchError). A kind that moves one in one go (Caps.Blocks)
+	// expands the pair's templates itself, posts every stretch without
+	// waiting for one before the next, and waits once at the end; any
+	// other calls WriteStretches, one Write per stretch.
+	WriteBlocks(ctx context.Context, w *BlockWrite, sc *BlockScratch) (Stats, error)
+	// ReadBlocks pulls a whole block-id request, as WriteBlocks pushes one,
+	// with Read's contract (ReadStretches without Caps.Blocks;
+	// errs.ErrUnimplemented without OpRead).
+	ReadBlocks(ctx context.Context, r *BlockRead, sc *BlockScratch) (Stats, error)
+	// Prepare builds b's work from src into dst for this connection, to be
+	// posted many times (prepared transfers). b is not retained: the
+	// Prepared keeps what it needs (in C memory for verbs). The result is
+	// bound to this Conn; once the Conn broke, the caller prepares again on
+	// a fresh one. errs.ErrUnimplemented where Caps.Prepared is false.
+	Prepare(src Registration, dst RemoteRegion, b *desc.Batch) (Prepared, error)
 	// Err is nil while the connection is usable; once it broke, the peer
 	// manager drops it and connects afresh. It never waits for a batch in
 	// flight: the manager asks it holding the peer's lock.
@@ -232,35 +258,24 @@ const (
 	AccessRead
 )
 
-// Reader is implemented by Conns that can pull: copy blocks of a
-// peer's exported region into local memory. The peer's region is the
-// source, so b.Src holds offsets in src and b.Dst offsets in dst.
-type Reader interface {
-	// Read copies every block of b from the peer's region src into the
-	// local registration dst. It returns nil only once every byte is in
-	// place in dst. On error any subset may have landed. Once Read
-	// returned, error or not, no byte of it lands in dst any more (verbs:
-	// the QPs are moved to error and drained first). It honours ctx and
-	// may be called concurrently.
-	Read(ctx context.Context, dst Registration, src RemoteRegion, b *desc.Batch) (Stats, error)
+// NoPull completes a Conn whose kind cannot pull (Caps.Ops lacks OpRead):
+// embed it.
+type NoPull struct{}
+
+func (NoPull) Read(context.Context, Registration, RemoteRegion, *desc.Batch) (Stats, error) {
+	return Stats{}, fmt.Errorf("%w: this kind cannot read (pull)", errs.ErrUnimplemented)
 }
 
-// Preparer is implemented by Conns that can build a batch's work once and
-// post it many times (prepared transfers).
-type Preparer interface {
-	// Prepare builds b's work from src into dst for this connection. b is
-	// not retained: the Prepared keeps what it needs (in C memory for
-	// verbs). The result is bound to this Conn; once the Conn broke, the
-	// caller prepares again on a fresh one.
-	Prepare(src Registration, dst RemoteRegion, b *desc.Batch) (Prepared, error)
+func (NoPull) ReadBlocks(context.Context, *BlockRead, *BlockScratch) (Stats, error) {
+	return Stats{}, fmt.Errorf("%w: this kind cannot read (pull)", errs.ErrUnimplemented)
 }
 
-// Warmer is implemented by Conns whose first batch into a destination sets
-// up something per destination (the same-host path maps it into the
-// sender); Warm does that set-up now, so that the first batch costs what
-// the later ones do. Prepare does it too where a Conn is both.
-type Warmer interface {
-	Warm(ctx context.Context, src Registration, dst RemoteRegion) error
+// NoPrepare completes a Conn whose kind cannot prepare (Caps.Prepared
+// false): embed it.
+type NoPrepare struct{}
+
+func (NoPrepare) Prepare(Registration, RemoteRegion, *desc.Batch) (Prepared, error) {
+	return nil, fmt.Errorf("%w: this kind cannot prepare a batch", errs.ErrUnimplemented)
 }
 
 // Prepared is a batch's work built once for one Conn.

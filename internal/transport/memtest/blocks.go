@@ -11,8 +11,6 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-var _ transport.BlockWriter = (*conn)(nil)
-
 // blockChunk is how many runs are expanded between copies: a few hundred
 // stay in the first-level cache.
 const blockChunk = 256
@@ -32,7 +30,7 @@ type blockState struct {
 	pins []blockPin
 }
 
-// WriteBlocks implements transport.BlockWriter: it expands the pair in
+// WriteBlocks is Conn.WriteBlocks: it expands the pair in
 // chunks, pins each destination region on first use, copies every run and
 // reports each region's landing at the end. It allocates nothing once its
 // scratch has grown, under a ctx that cannot end (see pin). ctx is looked

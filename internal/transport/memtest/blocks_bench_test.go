@@ -82,7 +82,7 @@ func BenchmarkWriteBlocks(b *testing.B) {
 			b.Fatal(err)
 		}
 		w.IDs = ids
-		if _, err := transport.WriteBlocks(ctx, c, &w, &sc); err != nil {
+		if _, err := c.WriteBlocks(ctx, &w, &sc); err != nil {
 			b.Fatal(err)
 		}
 	}

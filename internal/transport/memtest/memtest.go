@@ -89,6 +89,8 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 }
 
 type conn struct {
+	transport.NoPull
+	transport.NoPrepare
 	to     *Transport
 	closed atomic.Bool
 	bs     blockState

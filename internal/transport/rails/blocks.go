@@ -8,8 +8,6 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-var _ transport.BlockWriter = (*conn)(nil)
-
 // blockState is a forwarded block write's translated regions (pooled).
 type blockState struct {
 	w   transport.BlockWrite
@@ -42,8 +40,7 @@ func (c *conn) blockRail() (*pair, transport.Conn) {
 // Write (a block request is not split across rails yet).
 func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
 	p, pc := c.blockRail()
-	bw, ok := pc.(transport.BlockWriter)
-	if p == nil || !ok {
+	if p == nil || pc == nil {
 		return transport.WriteStretches(ctx, c, w, sc)
 	}
 	bs := c.t.blocks.Get().(*blockState)
@@ -72,7 +69,7 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 		bs.dst = append(bs.dst, d)
 	}
 	bs.w = transport.BlockWrite{Pair: w.Pair, IDs: w.IDs, Src: bs.src, Dst: bs.dst}
-	st, err := bw.WriteBlocks(ctx, &bs.w, sc)
+	st, err := pc.WriteBlocks(ctx, &bs.w, sc)
 	if err != nil && ctx.Err() == nil && railFault(pc, err) {
 		// The only rail broke: take it down (it reconnects); the caller's
 		// retry goes out on the fresh connection.

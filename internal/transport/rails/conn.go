@@ -40,9 +40,11 @@ func (p *pair) up() transport.Conn {
 
 // conn is a data path to one peer over every paired rail.
 type conn struct {
-	t     *Transport
-	peer  transport.Peer
-	pairs []*pair // by our rail index; nil where a rail has no partner
+	transport.NoPull    // rails neither reads (Caps.Ops)
+	transport.NoPrepare // nor prepares (Caps.Prepared)
+	t                   *Transport
+	peer                transport.Peer
+	pairs               []*pair // by our rail index; nil where a rail has no partner
 
 	closeOnce sync.Once
 	closed    chan struct{}

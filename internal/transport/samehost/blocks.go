@@ -14,16 +14,13 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-var (
-	_ transport.BlockWriter = (*Conn)(nil)
-	_ transport.BlockReader = (*Conn)(nil)
-)
+var _ transport.Conn = (*Conn)(nil)
 
 // blockChunk is how many runs WriteBlocks and ReadBlocks expand at a time
 // (16 MiB of 8 KiB blocks: enough to spread over the copy streams).
 const blockChunk = 2048
 
-// WriteBlocks implements transport.BlockWriter: under one hold of the
+// WriteBlocks is Conn.WriteBlocks: under one hold of the
 // connection, one begin pins every destination region of the request at
 // once (the receiver answers them all in one reply, with the descriptors
 // and handles of those not mapped here yet; mappings are cached), then
@@ -41,7 +38,7 @@ func (c *Conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 	})
 }
 
-// ReadBlocks implements transport.BlockReader: WriteBlocks with the copy
+// ReadBlocks is Conn.ReadBlocks: WriteBlocks with the copy
 // running the other way, from the peer's regions into ours.
 func (c *Conn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *transport.BlockScratch) (transport.Stats, error) {
 	return c.blocks(ctx, r.Pair, r.IDs, len(r.Src), len(r.Dst), true, sc, func(sr, dr uint32) (transport.Registration, transport.RemoteRegion) {

@@ -49,7 +49,7 @@ func TestWriteBlocksChunked(t *testing.T) {
 	}
 	w := &transport.BlockWrite{Pair: pr, IDs: ids, Src: []transport.Registration{p.src},
 		Dst: []transport.RemoteRegion{{Name: "d", Size: uint64(segs * pool * blk), Key: p.dst.Key()}}}
-	bw := p.conn.(transport.BlockWriter)
+	bw := p.conn
 	var sc transport.BlockScratch
 	ctx := context.Background()
 	st, err := bw.WriteBlocks(ctx, w, &sc)

@@ -170,9 +170,9 @@ func TestBlockSetOneExchange(t *testing.T) {
 				b0, _, _, _ := m.in.snap()
 				var err error
 				if tc.read {
-					_, err = m.conn.(transport.BlockReader).ReadBlocks(ctx, &m.rd, &sc)
+					_, err = m.conn.ReadBlocks(ctx, &m.rd, &sc)
 				} else {
-					_, err = m.conn.(transport.BlockWriter).WriteBlocks(ctx, &m.w, &sc)
+					_, err = m.conn.WriteBlocks(ctx, &m.w, &sc)
 				}
 				if err != nil {
 					t.Fatalf("round %d: %v", round, err)
@@ -203,7 +203,7 @@ func TestBlockSetOneExchange(t *testing.T) {
 			if tc.nreg > maxCached || tc.read {
 				return
 			}
-			bw := m.conn.(transport.BlockWriter)
+			bw := m.conn
 			if a := testing.AllocsPerRun(10, func() {
 				if _, err := bw.WriteBlocks(ctx, &m.w, &sc); err != nil {
 					t.Fatal(err)
@@ -228,10 +228,10 @@ func TestBlockSetRefusal(t *testing.T) {
 			ctx := context.Background()
 			do := func() error {
 				if read {
-					_, err := m.conn.(transport.BlockReader).ReadBlocks(ctx, &m.rd, &sc)
+					_, err := m.conn.ReadBlocks(ctx, &m.rd, &sc)
 					return err
 				}
-				_, err := m.conn.(transport.BlockWriter).WriteBlocks(ctx, &m.w, &sc)
+				_, err := m.conn.WriteBlocks(ctx, &m.w, &sc)
 				return err
 			}
 			if err := do(); err != nil { // maps every region
@@ -362,7 +362,7 @@ func TestBlockSetGPU(t *testing.T) {
 	defer conn.Close()
 	var sc transport.BlockScratch
 	for round := 0; round < 2; round++ {
-		if _, err := conn.(transport.BlockWriter).WriteBlocks(context.Background(), &w, &sc); err != nil {
+		if _, err := conn.WriteBlocks(context.Background(), &w, &sc); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 	}
@@ -409,7 +409,7 @@ func TestUnknownOpRefused(t *testing.T) {
 // with 4 ids of 64 B: nearly all of its time is per region, not copying.
 func BenchmarkWriteBlocks160(b *testing.B) {
 	m := newMultiPair(b, 160, 64, 64, 4)
-	bw := m.conn.(transport.BlockWriter)
+	bw := m.conn
 	var sc transport.BlockScratch
 	ctx := context.Background()
 	if _, err := bw.WriteBlocks(ctx, &m.w, &sc); err != nil {
@@ -496,10 +496,10 @@ func TestBlockSetWritesAndReadsStayMapped(t *testing.T) {
 	ctx := context.Background()
 	round := func() {
 		t.Helper()
-		if _, err := m.conn.(transport.BlockWriter).WriteBlocks(ctx, &m.w, &sc); err != nil {
+		if _, err := m.conn.WriteBlocks(ctx, &m.w, &sc); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.conn.(transport.BlockReader).ReadBlocks(ctx, &m.rd, &sc); err != nil {
+		if _, err := m.conn.ReadBlocks(ctx, &m.rd, &sc); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -302,9 +302,7 @@ func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transp
 	return c.transfer(ctx, src, dst, b, false)
 }
 
-var _ transport.Reader = (*Conn)(nil)
-
-// Read implements transport.Reader: the copy runs the other way, from the
+// Read is a pull: the copy runs the other way, from the
 // peer's region (mapped read-only by its read key) into dst. It returns
 // after the copies ended (GPU: the streams synchronised), so no byte lands
 // after it.
@@ -536,7 +534,7 @@ func (c *Conn) cacheAdd(key uint64, rm *remote) {
 	c.cache[key] = rm
 }
 
-// Warm implements transport.Warmer: it maps dst into this process (host:
+// Warm (the same-host conn's own, used by Prepare): it maps dst into this process (host:
 // the mmap with every page-table entry; GPU: the IPC handle opened on
 // src's device) and makes the copy streams, so that the first batch into
 // dst costs what the later ones do. The pin it takes is let go at once.

@@ -86,11 +86,11 @@ func TestWarmMapsBeforeTheFirstBatch(t *testing.T) {
 			}
 			switch how {
 			case "warm":
-				if err := p.conn.(transport.Warmer).Warm(context.Background(), p.src, dst); err != nil {
+				if err := p.conn.(*Conn).Warm(context.Background(), p.src, dst); err != nil {
 					t.Fatal(err)
 				}
 			case "prepare":
-				pr, err := p.conn.(transport.Preparer).Prepare(p.src, dst, b)
+				pr, err := p.conn.Prepare(p.src, dst, b)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -131,7 +131,7 @@ func TestWarmMapsBeforeTheFirstBatch(t *testing.T) {
 func TestWarmRefused(t *testing.T) {
 	p := newPair(t, 1<<16)
 	bad := transport.RemoteRegion{Name: "gone", Size: 1 << 16, Key: transport.RemoteKey{Key: p.dst.Key().Key + 1}}
-	err := p.conn.(transport.Warmer).Warm(context.Background(), p.src, bad)
+	err := p.conn.(*Conn).Warm(context.Background(), p.src, bad)
 	if err == nil || !strings.Contains(err.Error(), `"gone"`) {
 		t.Fatalf("err = %v, want a refusal naming dst_region \"gone\"", err)
 	}

@@ -145,7 +145,7 @@ func TestHostGPUBatchesPinned(t *testing.T) {
 			}
 			rr := transport.RemoteRegion{Name: "d", Size: region, Key: dst.Key()}
 			if tc.warm {
-				if err := conn.(transport.Warmer).Warm(context.Background(), src, rr); err != nil {
+				if err := conn.(*Conn).Warm(context.Background(), src, rr); err != nil {
 					t.Fatal(err)
 				}
 				if n := cu.Calls("HostRegister"); n != 1 {

@@ -12,10 +12,7 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-var (
-	_ transport.Preparer = (*Conn)(nil)
-	_ transport.Warmer   = (*Conn)(nil)
-)
+var _ transport.Prepared = (*prepared)(nil)
 
 // prepareWarmTimeout bounds Prepare's warm-up (Prepare has no context): the
 // receiver answers a begin at once, and mapping a destination of a few GiB
@@ -33,7 +30,7 @@ type prepared struct {
 	closed atomic.Bool
 }
 
-// Prepare implements transport.Preparer: it warms dst (Warm) and keeps a
+// Prepare is Conn.Prepare: it warms dst (Warm) and keeps a
 // copy of b; each Write is Conn.Write of it.
 func (c *Conn) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), prepareWarmTimeout)

@@ -53,7 +53,7 @@ func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
 			start := time.Now()
 			var err error
 			if tc.warm {
-				err = p.conn.(transport.Warmer).Warm(ctx, p.src, dst)
+				err = p.conn.(*Conn).Warm(ctx, p.src, dst)
 			} else {
 				_, err = p.conn.Write(ctx, p.src, dst, b)
 			}

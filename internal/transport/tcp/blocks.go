@@ -18,10 +18,7 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-var (
-	_ transport.BlockWriter = (*conn)(nil)
-	_ transport.BlockReader = (*conn)(nil)
-)
+var _ transport.Conn = (*conn)(nil)
 
 // pipeWindow is how many batches a stream sends ahead of their acks: the
 // acks (at most maxAckMsg bytes each with a refusal's text) then always
@@ -96,7 +93,7 @@ type pipeErr struct {
 func (e *pipeErr) Error() string { return e.err.Error() }
 func (e *pipeErr) Unwrap() error { return e.err }
 
-// WriteBlocks implements transport.BlockWriter: every stretch of the
+// WriteBlocks is Conn.WriteBlocks: every stretch of the
 // request is one batch of the wire protocol (one key per batch), and the
 // streams expand and send their shares of all of them back to back,
 // reading the acks pipeWindow behind, so a request of 160 stretches costs
@@ -143,7 +140,7 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 	return st, err
 }
 
-// ReadBlocks implements transport.BlockReader, the mirror of WriteBlocks
+// ReadBlocks is Conn.ReadBlocks, the mirror of WriteBlocks
 // over pull requests (read.go): each stream expands its shares chunk by
 // chunk into request frames, one outstanding at a time, and places each
 // answer straight into our region. GPU destinations take the generic path.

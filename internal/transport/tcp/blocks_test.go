@@ -73,10 +73,7 @@ func blockRig(t testing.TB) (*pair, *transport.BlockWrite, [][]byte) {
 // acks, allocates nothing once its scratch has grown, and lands every run.
 func TestWriteBlocksAllocatesNothing(t *testing.T) {
 	p, w, dbufs := blockRig(t)
-	bw, ok := p.conn.(transport.BlockWriter)
-	if !ok {
-		t.Fatal("the tcp conn has no BlockWriter")
-	}
+	bw := p.conn
 	var sc transport.BlockScratch
 	ctx := context.Background()
 	if _, err := bw.WriteBlocks(ctx, w, &sc); err != nil { // warm-up
@@ -106,7 +103,7 @@ func TestWriteBlocksRefusal(t *testing.T) {
 	delete(p.in.regs, w.Dst[2].Key.Key)
 	p.in.mu.Unlock()
 	var sc transport.BlockScratch
-	_, err := transport.WriteBlocks(context.Background(), p.conn, w, &sc)
+	_, err := p.conn.WriteBlocks(context.Background(), w, &sc)
 	if !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("err = %v, want NotFound", err)
 	}
@@ -235,7 +232,7 @@ func TestBlocksRegionSmallerThanLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := transport.WriteBlocks(context.Background(), p.conn, w, &sc); err != nil {
+	if _, err := p.conn.WriteBlocks(context.Background(), w, &sc); err != nil {
 		t.Fatalf("ids inside the smaller region: %v", err)
 	}
 	before := p.in.pinCalls.Load()
@@ -243,7 +240,7 @@ func TestBlocksRegionSmallerThanLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = transport.WriteBlocks(context.Background(), p.conn, w, &sc)
+	_, err = p.conn.WriteBlocks(context.Background(), w, &sc)
 	var se *transport.StretchError
 	if !errors.Is(err, errs.ErrInvalidArgument) || !errors.As(err, &se) || se.DstRegion != 3 {
 		t.Fatalf("err = %v, want InvalidArgument naming destination region 3", err)

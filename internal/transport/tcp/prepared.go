@@ -30,7 +30,6 @@ type prepared struct {
 }
 
 var (
-	_ transport.Preparer = (*conn)(nil)
 	_ transport.Prepared = (*prepared)(nil)
 )
 

@@ -36,7 +36,7 @@ func TestBehindACutBatch(t *testing.T) {
 	}{
 		{"prepared write", func() error { _, err := pr.Write(context.Background()); return err }},
 		{"write", func() error { _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); return err }},
-		{"prepare", func() error { _, err := p.conn.(transport.Preparer).Prepare(p.src, p.dst, &b); return err }},
+		{"prepare", func() error { _, err := p.conn.Prepare(p.src, p.dst, &b); return err }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.run()

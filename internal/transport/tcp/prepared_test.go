@@ -51,7 +51,7 @@ func checkLanded(t testing.TB, p *pair, b *desc.Batch) {
 
 func prepare(t testing.TB, p *pair, dst transport.RemoteRegion, b *desc.Batch) transport.Prepared {
 	t.Helper()
-	pr, err := p.conn.(transport.Preparer).Prepare(p.src, dst, b)
+	pr, err := p.conn.Prepare(p.src, dst, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestPreparedClosed(t *testing.T) {
 		if _, err := pr.Write(context.Background()); err == nil {
 			t.Fatal("write on a closed conn succeeded")
 		}
-		if _, err := p.conn.(transport.Preparer).Prepare(p.src, p.dst, &b); err == nil {
+		if _, err := p.conn.Prepare(p.src, p.dst, &b); err == nil {
 			// A closed conn that was never failed still has Err nil; the
 			// write above failed it.
 			t.Fatal("prepare on a failed conn succeeded")
@@ -264,7 +264,7 @@ func TestPrepareBounds(t *testing.T) {
 		{"ragged", desc.Batch{Src: []uint64{0}, Dst: []uint64{0, 1}, Len: []uint64{1}}, "1 sources, 2 destinations"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := p.conn.(transport.Preparer).Prepare(p.src, p.dst, &c.b)
+			_, err := p.conn.Prepare(p.src, p.dst, &c.b)
 			if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("err = %v, want InvalidArgument naming %q", err, c.want)
 			}
@@ -289,7 +289,7 @@ func TestPreparedTruncatedSource(t *testing.T) {
 			for i := uint64(0); i < size/blk/2; i++ {
 				b.Src, b.Dst, b.Len = append(b.Src, 2*i*blk), append(b.Dst, 2*i*blk), append(b.Len, blk)
 			}
-			pr, err := p.conn.(transport.Preparer).Prepare(src, p.dst, &b)
+			pr, err := p.conn.Prepare(src, p.dst, &b)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -27,9 +27,7 @@ import (
 // own region. Each stream has one request outstanding at a time, so a
 // stream never holds more than one frame's answer.
 
-var _ transport.Reader = (*conn)(nil)
-
-// Read implements transport.Reader: b.Src are offsets in the peer's region
+// Read is a pull: b.Src are offsets in the peer's region
 // src, b.Dst offsets in dst. It returns once every byte is in dst; after it
 // returned (error, deadline or cancel included) no byte of it lands: the
 // streams' workers are waited for, and a cut-off stream is closed with

@@ -109,16 +109,14 @@ func (p kvPair) check(t *testing.T, srcIDs, dstIDs []uint32, sbuf, dbuf [][]byte
 	return landed
 }
 
-// testBlocks moves block-id requests with transport.WriteBlocks, through
-// the kind's BlockWriter where it declares one and the concurrent stretch
-// Writes otherwise: 3 source regions into 3 destination regions, with
+// testBlocks moves block-id requests with Conn.WriteBlocks (in one go
+// where the kind's Caps.Blocks says so, as concurrent stretch Writes
+// otherwise): 3 source regions into 3 destination regions, with
 // fused and separate segments on either side, runs of consecutive ids
 // (merges), repeated source ids, and checks every block of every segment
 // by checksum, every other destination byte untouched, and the landing.
 func testBlocks(t *testing.T, f Factory) {
 	r := start(t, f)
-	_, has := r.conn.(transport.BlockWriter)
-	t.Run("Declared", func(t *testing.T) { r.declared(t, Blocks, has) })
 	cases := []struct {
 		name             string
 		srcFused, dstFus bool
@@ -176,7 +174,7 @@ func testBlocks(t *testing.T, f Factory) {
 			w.IDs = ids
 			before := r.rin.landedBytes.Load()
 			var sc transport.BlockScratch
-			if _, err := transport.WriteBlocks(context.Background(), r.conn, &w, &sc); err != nil {
+			if _, err := r.conn.WriteBlocks(context.Background(), &w, &sc); err != nil {
 				t.Fatalf("WriteBlocks: %v", err)
 			}
 			want := kp.check(t, srcIDs, dstIDs, sbuf, dbuf, "destination")
@@ -240,7 +238,7 @@ func testBlocksCancel(t *testing.T, f Factory) {
 		stop()
 	}()
 	var sc transport.BlockScratch
-	_, err = transport.WriteBlocks(ctx, r.conn, &w, &sc)
+	_, err = r.conn.WriteBlocks(ctx, &w, &sc)
 	var snap [][]byte
 	for _, db := range dbuf {
 		snap = append(snap, bytes.Clone(db))
@@ -265,16 +263,13 @@ func testBlocksCancel(t *testing.T, f Factory) {
 	}
 }
 
-// testBlocksRead pulls block-id requests with transport.ReadBlocks (the
-// kind's BlockReader, else one Read per stretch): the peer's 3 regions
+// testBlocksRead pulls block-id requests with Conn.ReadBlocks: the peer's 3 regions
 // into 3 of ours, fused and separate segments, merging runs and repeated
 // source ids, every block of every segment checked and every other byte
 // of ours untouched.
 func testBlocksRead(t *testing.T, f Factory) {
 	r := start(t, f)
 	r.reader(t)
-	_, has := r.conn.(transport.BlockReader)
-	t.Run("Declared", func(t *testing.T) { r.declared(t, BlocksRead, has) })
 	cases := []struct {
 		name             string
 		srcFused, dstFus bool
@@ -325,7 +320,7 @@ func testBlocksRead(t *testing.T, f Factory) {
 				t.Fatal(err)
 			}
 			var sc transport.BlockScratch
-			st, err := transport.ReadBlocks(context.Background(), r.conn, &rd, &sc)
+			st, err := r.conn.ReadBlocks(context.Background(), &rd, &sc)
 			if err != nil {
 				t.Fatalf("ReadBlocks: %v", err)
 			}

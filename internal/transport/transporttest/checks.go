@@ -403,8 +403,8 @@ func testCloseTwice(t *testing.T, f Factory) {
 			t.Errorf("%s: second Close: %v", what, err)
 		}
 	}
-	if p, ok := r.conn.(transport.Preparer); ok {
-		pr, err := p.Prepare(src, dst, &b)
+	if r.caps.Prepared {
+		pr, err := r.conn.Prepare(src, dst, &b)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -471,8 +471,20 @@ func testConcurrent(t *testing.T, f Factory) {
 
 func testPrepared(t *testing.T, f Factory) {
 	r := start(t, f)
-	p, ok := r.conn.(transport.Preparer)
-	r.declared(t, Prepare, ok)
+	p := r.conn
+	{ // a probe: Prepare works exactly when Caps.Prepared says so
+		src, _ := r.source(t, 4096)
+		_, dst, _ := r.dest(t, 4096)
+		pr, err := p.Prepare(src, dst, &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{4096}})
+		has := !errors.Is(err, errs.ErrUnimplemented)
+		if has && err != nil {
+			t.Fatalf("probe Prepare of one block: %v", err)
+		}
+		if pr != nil {
+			_ = pr.Close()
+		}
+		r.declared(t, Prepare, has)
+	}
 	for _, l := range layouts() {
 		t.Run(l.name, func(t *testing.T) {
 			src, sb := r.source(t, l.size)

@@ -19,13 +19,27 @@ import (
 // their class and write nothing, and a cut-off Read places no byte after
 // it answered.
 
-// reader is the rig's conn as a transport.Reader, or the check is skipped
-// (as declared).
-func (r *rig) reader(t *testing.T) transport.Reader {
+// reader is the rig's conn once a probe Read showed it pulls, or the check
+// is skipped (as declared: Caps.Ops without OpRead, and the probe answered
+// errs.ErrUnimplemented).
+func (r *rig) reader(t *testing.T) transport.Conn {
 	t.Helper()
-	rd, ok := r.conn.(transport.Reader)
-	r.declared(t, Read, ok)
-	return rd
+	if r.reads != nil { // probed once per rig: a later call may run while the receiver is stalled
+		r.declared(t, Read, *r.reads)
+		return r.conn
+	}
+	const n = 4096
+	local, _ := r.source(t, n)
+	_, remote, _ := r.readable(t, n)
+	b := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{n}}
+	_, err := r.conn.Read(context.Background(), local, remote, &b)
+	has := !errors.Is(err, errs.ErrUnimplemented)
+	if has && err != nil {
+		t.Fatalf("probe Read of one %d-byte block: %v", n, err)
+	}
+	r.reads = &has
+	r.declared(t, Read, has)
+	return r.conn
 }
 
 // readable registers size bytes with the receiver as an export with
@@ -55,7 +69,7 @@ func readKey(t testing.TB, reg transport.Registration) transport.RemoteKey {
 }
 
 // read pulls b (Src: the peer's offsets) into dst.
-func read(ctx context.Context, rd transport.Reader, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) error {
+func read(ctx context.Context, rd transport.Conn, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) error {
 	_, err := rd.Read(ctx, dst, src, b)
 	return err
 }

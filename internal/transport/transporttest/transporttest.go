@@ -18,15 +18,16 @@
 //   - Rekey: the old key is refused, the new one works; every other key
 //     method of a registration works exactly when Caps.Keys declares it;
 //   - concurrent Writes on one conn;
-//   - block-id writes (transport.WriteBlocks) over several regions, with
-//     merges, fused segments and repeated source ids, through the kind's
-//     BlockWriter where it has one.
+//   - block-id writes (Conn.WriteBlocks) over several regions, with
+//     merges, fused segments and repeated source ids.
 //
 // What a kind can do is declared once, in its driver's transport.Caps
-// (Ops, Blocks, Prepared, Keys): the suite runs the Read checks iff Caps
-// says OpRead, the prepared checks iff Prepared, and fails a kind whose
-// Conns or registrations do more or less than that, so a declaration
-// cannot lie. Every transport advertises (its Kind or nothing) and reports
+// (Ops, Prepared, Keys): the suite runs the Read checks iff Caps says
+// OpRead, the prepared checks iff Prepared, and fails a kind whose Conns
+// or registrations do more or less than that (a probe call answers
+// errs.ErrUnimplemented exactly where undeclared), so a declaration cannot
+// lie. Caps.Blocks (a block-id request in one go, not stretch by stretch)
+// is the kind's word on how, not whether: every Conn moves one. Every transport advertises (its Kind or nothing) and reports
 // Status, checked by the Kind checks.
 package transporttest
 
@@ -41,22 +42,17 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-// Optional names the optional interfaces of the contract.
+// Optional names what a kind may or may not do, as its Caps declare.
 type Optional uint
 
 const (
-	// Prepare: the Conns implement transport.Preparer (Caps.Prepared).
+	// Prepare: Conn.Prepare works (Caps.Prepared).
 	Prepare Optional = 1 << iota
 	// Rekey: the registrations' Rekey works (Caps.Keys.Rekey).
 	Rekey
-	// Blocks: the Conns implement transport.BlockWriter (Caps.Blocks).
-	Blocks
-	// Read: the Conns implement transport.Reader (pulls; Caps.Ops has
-	// OpRead), checked by the Read* checks.
+	// Read: Conn.Read and ReadBlocks work (pulls; Caps.Ops has OpRead),
+	// checked by the Read* checks.
 	Read
-	// BlocksRead: the Conns implement transport.BlockReader (Caps.Blocks
-	// with OpRead).
-	BlocksRead
 )
 
 func (o Optional) String() string {
@@ -64,7 +60,7 @@ func (o Optional) String() string {
 	for _, x := range []struct {
 		o    Optional
 		name string
-	}{{Prepare, "Preparer"}, {Rekey, "Rekey"}, {Blocks, "BlockWriter"}, {Read, "Reader"}, {BlocksRead, "BlockReader"}} {
+	}{{Prepare, "Prepare"}, {Rekey, "Rekey"}, {Read, "Read"}} {
 		if o&x.o != 0 {
 			s = append(s, x.name)
 		}
@@ -162,6 +158,7 @@ type rig struct {
 	sin, rin *Inbound
 	conn     transport.Conn
 	caps     transport.Caps
+	reads    *bool // the conn's probe Read worked (reader); nil: not probed yet
 }
 
 func start(t testing.TB, f Factory) *rig {
@@ -271,12 +268,8 @@ func (r *rig) wants(o Optional) bool {
 	switch o {
 	case Prepare:
 		return c.Prepared
-	case Blocks:
-		return c.Blocks
 	case Read:
 		return c.Ops&transport.OpRead != 0
-	case BlocksRead:
-		return c.Blocks && c.Ops&transport.OpRead != 0
 	case Rekey:
 		return c.Keys.Rekey
 	}

@@ -21,11 +21,6 @@ import (
 // one acknowledgement covers the whole request. A READ needs no message:
 // it is done once every QP completed what it posted.
 
-var (
-	_ transport.BlockWriter = (*qpSet)(nil)
-	_ transport.BlockReader = (*qpSet)(nil)
-)
-
 const (
 	// maxBlockTables bounds the pairs whose C templates a conn keeps (a
 	// daemon caches a pair per local layout and remote resolution).

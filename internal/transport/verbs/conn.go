@@ -162,10 +162,7 @@ type qpSet struct {
 	closeOnce   sync.Once
 }
 
-var (
-	_ transport.Conn   = (*qpSet)(nil)
-	_ transport.Reader = (*qpSet)(nil)
-)
+var _ transport.Conn = (*qpSet)(nil)
 
 // newSet creates n QPs on a fresh CQ, all in INIT. On failure nothing is
 // left behind.

@@ -14,8 +14,6 @@ import (
 	ibv "github.com/b2bd/b2bd/verbs"
 )
 
-var _ transport.Preparer = (*qpSet)(nil)
-
 // prepared is a batch planned once on one sending set: its WRs and SGEs,
 // one share per QP, live in C memory (ibv.Plan). A submit rewinds each
 // share to its QP's sequence number and posts it in chains within the
@@ -43,7 +41,7 @@ type prepared struct {
 	closed   bool
 }
 
-// Prepare plans b from src into dst once (see transport.Preparer): the
+// Prepare plans b from src into dst once (Conn.Prepare): the
 // batch is validated, split across the set's QPs, and every WR and SGE of
 // every share built in C memory, in one cgo call.
 func (s *qpSet) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {

@@ -16,7 +16,7 @@ import (
 
 func prepare(t testing.TB, p *pair, b *desc.Batch) transport.Prepared {
 	t.Helper()
-	pr, err := p.conn.(transport.Preparer).Prepare(p.src, p.remote, b)
+	pr, err := p.conn.Prepare(p.src, p.remote, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +390,7 @@ func BenchmarkHWPreparedWrite(b *testing.B) {
 func TestHWPreparedBadInput(t *testing.T) {
 	dev := hwDevice(t)
 	p := newPair(t, testConfig(dev), 1<<20)
-	pp := p.conn.(transport.Preparer)
+	pp := p.conn
 	for _, tc := range []struct {
 		name string
 		src  transport.Registration

@@ -19,13 +19,10 @@ import (
 
 // readPair is a pair whose A pulls from B: B's region (p.dm) is the
 // source, resolved with B's read key, and A's (p.sm) the destination.
-func readPair(t *testing.T, size int) (*pair, transport.Reader, transport.RemoteRegion) {
+func readPair(t *testing.T, size int) (*pair, transport.Conn, transport.RemoteRegion) {
 	t.Helper()
 	p := newPair(t, testConfig(hwDevice(t)), size)
-	rd, ok := p.conn.(transport.Reader)
-	if !ok {
-		t.Fatalf("%T does not implement transport.Reader", p.conn)
-	}
+	rd := p.conn
 	key, err := p.dst.KeyFor(transport.AccessRead)
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +169,7 @@ func TestHWReadOnlyKeyRefusesWrite(t *testing.T) {
 	p.conn.Close()
 	p.connect(t)
 	wr := transport.RemoteRegion{Name: "dst", Size: p.dm.Len, Key: p.dst.Key()}
-	_, err = p.conn.(transport.Reader).Read(ctx, p.src, wr, b)
+	_, err = p.conn.Read(ctx, p.src, wr, b)
 	if !errors.Is(err, errs.ErrAborted) || !strings.Contains(err.Error(), "READ") {
 		t.Fatalf("READ with the write-only key: got %v, want a remote access error for READ", err)
 	}
@@ -218,7 +215,7 @@ func TestHWReadDeadline(t *testing.T) {
 	clear(p.sm.Host)
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel2()
-	if _, err := p.conn.(transport.Reader).Read(ctx2, p.src, remote, b); err != nil {
+	if _, err := p.conn.Read(ctx2, p.src, remote, b); err != nil {
 		t.Fatal(err)
 	}
 	verifyRead(t, p, b)

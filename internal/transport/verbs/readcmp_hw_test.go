@@ -199,7 +199,7 @@ func readSink(t *testing.T, dev, peerIP string, res *readResult) error {
 		return err
 	}
 	defer conn.Close()
-	rd := conn.(transport.Reader)
+	rd := conn
 	iters := envInt("B2B_READ_ITERS", 3)
 	for it := 0; it <= iters; it++ { // batch 0 warms up, untimed
 		b := pairLayout(int64(readSeed+it), size, n, region)
