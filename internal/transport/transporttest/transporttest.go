@@ -158,7 +158,6 @@ type rig struct {
 	sin, rin *Inbound
 	conn     transport.Conn
 	caps     transport.Caps
-	reads    *bool // the conn's probe Read worked (reader); nil: not probed yet
 }
 
 func start(t testing.TB, f Factory) *rig {
