@@ -21,9 +21,9 @@ import (
 // list, internal/daemon/builtins.go.
 var kindFamilies = map[string][]string{
 	"tcp":   {"internal/transport/tcp", "proto/b2b/transport/tcp"},
-	"local": {"internal/transport/samehost", "proto/b2b/transport/local"},
+	"local": {"internal/transport/local", "proto/b2b/transport/local"},
 	// rails is verbs over several RDMA devices: the same kind.
-	"verbs": {"internal/transport/verbs", "internal/transport/rails", "proto/b2b/transport/verbs"},
+	"verbs": {"internal/transport/verbs", "internal/transport/verbs/rails", "proto/b2b/transport/verbs"},
 }
 
 // registration is the one file that imports the kinds' packages.
@@ -32,12 +32,14 @@ const registrationPkg, registrationFile = "internal/daemon", "builtins.go"
 // testExceptions are the only tests outside a kind that import its
 // packages, each for a reason: the e2e suite rewrites a peer's tcp advert
 // to stall its data path (deadline_test.go), the server's tests run the
-// real tcp transport as their data plane, and the peer manager's test of
-// the choice by Caps falls back to it (caps_test.go).
+// real tcp transport as their data plane, and the tests of the choice by
+// Caps fall back to it: the peer manager's (caps_test.go) and rails'
+// (choice_test.go, the real rails Caps beside tcp).
 var testExceptions = map[string][]string{
-	"internal/e2e":  {"proto/b2b/transport/tcp"},
-	"internal/peer": {"internal/transport/tcp"},
-	"server":        {"internal/transport/tcp"},
+	"internal/e2e":                   {"proto/b2b/transport/tcp"},
+	"internal/peer":                  {"internal/transport/tcp"},
+	"internal/transport/verbs/rails": {"internal/transport/tcp"},
+	"server":                         {"internal/transport/tcp"},
 }
 
 // familyOf is the kind whose family holds package p, "" for none.
@@ -123,13 +125,13 @@ func TestKindImports(t *testing.T) {
 // importing another, and a test outside the exceptions.
 func TestKindImportsCatches(t *testing.T) {
 	got := importLeaks([]goPackage{
-		{Path: "internal/peer", Imports: []string{"internal/transport", "internal/transport/samehost"}},
+		{Path: "internal/peer", Imports: []string{"internal/transport", "internal/transport/local"}},
 		{Path: "internal/daemon", GoFiles: []string{"builtins.go", "daemon.go"}, Imports: []string{"internal/transport/tcp"}},
 		{Path: "internal/transport/tcp", Imports: []string{"proto/b2b/transport/verbs/v1", "proto/b2b/transport/tcp/v1"}},
 		{Path: "internal/batch", TestImports: []string{"internal/transport/tcp"}},
 		{Path: "internal/e2e", TestImports: []string{"proto/b2b/transport/tcp/v1"}},
 	}, func(dir, file string) ([]string, error) { return []string{"internal/transport/tcp"}, nil })
-	want := []string{"internal/peer imports internal/transport/samehost", "internal/daemon/daemon.go imports internal/transport/tcp",
+	want := []string{"internal/peer imports internal/transport/local", "internal/daemon/daemon.go imports internal/transport/tcp",
 		"internal/transport/tcp imports proto/b2b/transport/verbs/v1", "tests of internal/batch import internal/transport/tcp"}
 	if len(got) != len(want) {
 		t.Fatalf("leaks %q, want %d", got, len(want))
@@ -146,8 +148,8 @@ func TestKindImportsCatches(t *testing.T) {
 // kind-specific types and RPCs the shared layers once had;
 // kindPackages the kinds' Go package names, used as a qualifier ("rails."
 // but not a variable named rails).
-var kindPackages = map[string]bool{"samehost": true, "rails": true}
-var kindNames = regexp.MustCompile(`^(verbsv1|tcpv1|localv1|VerbsConnect|VerbsAccept|VerbsAcceptor|VerbsPort|VerbsRail|VerbsEndpoint|TCPEndpoint|LocalEndpoint|ConnectVerbs|DisconnectVerbs|RailKeys|GetVerbsRails|GetTcpDataAddress|GetLocal)$|"[^"]*(internal/transport/(tcp|verbs|samehost|rails)|b2b/transport/(verbs|tcp|local))\b`)
+var kindPackages = map[string]bool{"rails": true}
+var kindNames = regexp.MustCompile(`^(verbsv1|tcpv1|localv1|VerbsConnect|VerbsAccept|VerbsAcceptor|VerbsPort|VerbsRail|VerbsEndpoint|TCPEndpoint|LocalEndpoint|ConnectVerbs|DisconnectVerbs|RailKeys|GetVerbsRails|GetTcpDataAddress|GetLocal)$|"[^"]*(internal/transport/(tcp|verbs|local)|b2b/transport/(verbs|tcp|local))\b`)
 
 // nameLeaks lists where a non-test Go file outside the kinds' folders
 // names a kind, in code.
@@ -222,16 +224,16 @@ func TestKindNamesCatches(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	write("internal/peer/a.go", "package peer\n\n// verbsv1 and samehost in a comment are fine.\nimport verbsv1 \"x/proto/b2b/transport/verbs/v1\"\n\nvar _ = verbsv1.Advert{}\n")
-	write("internal/peer/b_test.go", "package peer\n\nvar x samehost.Endpoint\n")
-	write("internal/metrics/e.go", "package metrics\n\nfunc f(rails int) int { return rails + samehost.MaxStreams }\n")
-	write("internal/transport/samehost/c.go", "package samehost\n\ntype Endpoint struct{}\n")
+	write("internal/peer/a.go", "package peer\n\n// verbsv1 and rails in a comment are fine.\nimport verbsv1 \"x/proto/b2b/transport/verbs/v1\"\n\nvar _ = verbsv1.Advert{}\n")
+	write("internal/peer/b_test.go", "package peer\n\nvar x rails.Endpoint\n")
+	write("internal/metrics/e.go", "package metrics\n\nfunc f(local int) int { return local + rails.MaxStreams }\n")
+	write("internal/transport/local/c.go", "package local\n\ntype Endpoint struct{}\n")
 	write("internal/batch/d.go", "package batch\n\nvar _ transport.VerbsPort\n")
 	bad, err := nameLeaks(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"internal/batch/d.go:3:17: VerbsPort", "internal/metrics/e.go:3:40: samehost.", "internal/peer/a.go:4:8: verbsv1", "internal/peer/a.go:4:16: \"x/proto/b2b/transport/verbs/v1\"", "internal/peer/a.go:6:9: verbsv1"}
+	want := []string{"internal/batch/d.go:3:17: VerbsPort", "internal/metrics/e.go:3:40: rails.", "internal/peer/a.go:4:8: verbsv1", "internal/peer/a.go:4:16: \"x/proto/b2b/transport/verbs/v1\"", "internal/peer/a.go:6:9: verbsv1"}
 	if len(bad) != len(want) {
 		t.Fatalf("leaks %q, want %d", bad, len(want))
 	}

@@ -93,14 +93,14 @@ func TestLayeringCatches(t *testing.T) {
 // TestLayerOf pins the matching rules the check relies on.
 func TestLayerOf(t *testing.T) {
 	for p, want := range map[string]int{
-		"internal/transport":          6,
-		"internal/transport/tcp":      5,
-		"internal/transport/rails/vm": 5,
-		"internal/errs/grpcstatus":    9,
-		"proto/b2b/v1":                9,
-		"cmd/b2bd":                    0,
-		"internal/daemon":             1,
-		"internal/nowhere":            -1,
+		"internal/transport":                6,
+		"internal/transport/tcp":            5,
+		"internal/transport/verbs/rails/vm": 5,
+		"internal/errs/grpcstatus":          9,
+		"proto/b2b/v1":                      9,
+		"cmd/b2bd":                          0,
+		"internal/daemon":                   1,
+		"internal/nowhere":                  -1,
 	} {
 		if got := layerOf(p); got != want {
 			t.Errorf("layerOf(%s) = %d, want %d", p, got, want)

@@ -4,7 +4,7 @@
 #   0. rawbatch.cu on one GPU: one cudaMemcpyBatchAsync GPU0 -> GPU0 (SMs) and
 #      a raw host-staged copy (D2H gather, H2D scatter), 10,000 blocks;
 #   1. the staged path in one process, plan by plan, each hop alone
-#      (samehost.test -test.run TestGPUStagedSameDevice);
+#      (local.test -test.run TestGPUStagedSameDevice);
 #   2. b2b-bench GPU0 -> GPU0, 10,000 blocks, every block verified: local with
 #      this build, local with OLD's b2bd (the build before), tcp; ad hoc and
 #      prepared, first batches in the JSON (first_seconds);
@@ -47,8 +47,8 @@ if want 0; then
   else echo "rawbatch did not build"; cat "$OUT/rawbatch-build.txt"; fi
 fi
 if want 1; then
-  step "1. in-process staged plans (samehost.test)"
-  B2B_STAGE_SIZES=$SIZES,$BIG "$BIN/samehost.test" -test.run TestGPUStagedSameDevice -test.v -test.timeout 300s 2>&1 \
+  step "1. in-process staged plans (local.test)"
+  B2B_STAGE_SIZES=$SIZES,$BIG "$BIN/local.test" -test.run TestGPUStagedSameDevice -test.v -test.timeout 300s 2>&1 \
     | tee "$OUT/stage-plans.txt" | grep -E 'stage|PASS|FAIL|ok|skip'
 fi
 if want 2; then

@@ -3,7 +3,7 @@
 #   B (10.77.0.2): the destination b2bd over both rails (--rdma-device rxe0,rxe1), API on 10.77.0.2:7480;
 #                  stops once A wrote $B2B_OUT/a.done.
 #   A (10.77.0.1): two source daemons, one over both rails and one over rxe0 only (the sweep's yardstick),
-#                  then the trials (internal/transport/rails/railvm: affinity, striping, one wire pulled, both
+#                  then the trials (internal/transport/verbs/rails/railvm: affinity, striping, one wire pulled, both
 #                  wires pulled, the sweep); the wires are pulled here in A (the netdev taken down with one ioctl).
 set -euo pipefail
 : "${B2B_ROLE:?run me through run-pair.sh}" "${B2B_OUT:?}" "${B2B_RDMA_DEV2:?run-pair.sh --wires 2}"

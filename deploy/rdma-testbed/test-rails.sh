@@ -5,7 +5,7 @@
 #
 #   deploy/rdma-testbed/test-rails.sh
 #
-# Trials (internal/transport/rails/railvm, in VM A against VM B's daemon over both rails):
+# Trials (internal/transport/verbs/rails/railvm, in VM A against VM B's daemon over both rails):
 #   affinity        the rails each daemon ranked for its regions from the VMs' own sysfs, as logged and listed
 #   stripe          batches striped over both rails, every block verified (CRC32C per block, both sides)
 #   pull-one-wire   eth1 taken down mid-batch: the batch completes on rxe0 and verifies; the failover is counted
@@ -37,7 +37,7 @@ if [ -n "${B2B_RDMA_B2BD:-}" ]; then
 else
 	(cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go build -o "$OUT/bin/" ./cmd/b2bd) || die "build failed"
 fi
-(cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go test -c -o "$OUT/bin/railvm.test" ./internal/transport/rails/railvm) || die "build of the trials failed"
+(cd "$REPO" && CGO_ENABLED=1 GOAMD64=v1 go test -c -o "$OUT/bin/railvm.test" ./internal/transport/verbs/rails/railvm) || die "build of the trials failed"
 cat >"$OUT/run/params.env" <<EOT
 B2BD=$OUT/bin/b2bd
 RAILVM=$OUT/bin/railvm.test

@@ -44,7 +44,7 @@ const MinStagedChunk = 256 << 10
 // and the overlap it buys is the first hop's bytes: at 10,000 x 128 B (a
 // 2.5 MB covering read) one chunk took 4.7 ms, three 5.4 ms and eight
 // 6.5 ms, while at 4 KiB eight chunks of 10 MB beat three of 32 MiB (7.7
-// against 11.5 ms; H200, samehost's TestGPUStagedSameDevice).
+// against 11.5 ms; H200, the local kind's TestGPUStagedSameDevice).
 const OverlapChunk = 4 << 20
 
 // ChunkBytes is the chunk size for a batch of total bytes through halves of

@@ -30,7 +30,7 @@ type Kind string
 const (
 	TCP   Kind = "tcp"
 	Verbs Kind = "verbs"
-	// Local is the same-host path (internal/transport/samehost): shared
+	// Local is the same-host path (internal/transport/local): shared
 	// memory for host regions, CUDA IPC and copy engines for GPU regions.
 	Local Kind = "local"
 )
@@ -111,7 +111,7 @@ type RemoteRegion struct {
 	Size uint64
 	Key  RemoteKey
 	// Devices: a kind over several devices (verbs over several RDMA
-	// devices, internal/transport/rails): the region's key on each of the
+	// devices, internal/transport/verbs/rails): the region's key on each of the
 	// peer's devices, by index (Devices[0] is Key); nil with one.
 	Devices []RemoteKey
 }

@@ -7,7 +7,7 @@ import (
 
 // Caps is what the verbs transport over one device can do: WRITE and READ,
 // block-id requests in one go, prepared chains, host and GPU memory. The
-// kind's driver (internal/transport/rails) declares it for one device, and
+// kind's driver (internal/transport/verbs/rails) declares it for one device, and
 // the conformance suite checks the Conns against it.
 var Caps = transport.Caps{
 	Rank:     20,

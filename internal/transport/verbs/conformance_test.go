@@ -20,7 +20,7 @@ func TestHWConformance(t *testing.T) {
 	log := hclog.New(&hclog.LoggerOptions{Name: "verbs", Level: hclog.Warn, Output: os.Stderr})
 	transporttest.Run(t, transporttest.Factory{
 		Kind: transport.Verbs,
-		Caps: &Caps, // the driver (internal/transport/rails) declares it for one device
+		Caps: &Caps, // the driver (internal/transport/verbs/rails) declares it for one device
 		// The remote NIC refuses a bad rkey with one status (IBV_WC_REM_ACCESS_ERR) whatever the receiver
 		// would have said; the QPs are then in error and the batch layer retries on a fresh connection
 		// after resolving again, so the caller sees the receiver's own answer.

@@ -1,4 +1,4 @@
-package samehost
+package local
 
 import (
 	"net"

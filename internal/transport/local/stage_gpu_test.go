@@ -1,4 +1,4 @@
-package samehost
+package local
 
 import (
 	"bytes"
@@ -24,8 +24,8 @@ import (
 // the median batch, the first-hop copies and chunks, and each hop alone.
 // Cross-build it and run it on a GPU host:
 //
-//	go test -c -o .gpubin/samehost.test ./internal/transport/samehost
-//	.gpubin/samehost.test -test.run TestGPUStagedSameDevice -test.v
+//	go test -c -o .gpubin/local.test ./internal/transport/local
+//	.gpubin/local.test -test.run TestGPUStagedSameDevice -test.v
 //
 // B2B_STAGE_SIZES (comma-separated bytes) and B2B_STAGE_ITERS change the sweep.
 func TestGPUStagedSameDevice(t *testing.T) {

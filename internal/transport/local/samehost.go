@@ -9,7 +9,7 @@
 // registry's export rules and revocation (rekeying) apply batch by batch:
 // the sender's cached mapping is only used between a granted pin and the
 // receiver's acknowledgement (end), and a refused pin drops it.
-package samehost
+package local
 
 import (
 	"crypto/rand"

@@ -1,4 +1,4 @@
-package samehost
+package local
 
 // The CPU copy of host batches: shares, chunks, the worker pool.
 
