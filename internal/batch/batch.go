@@ -234,9 +234,10 @@ type Plan struct {
 	d            *desc.Decoder
 	// batch is as decoded; its remote side is checked against each
 	// resolution. A pull's is swapped: Src the peer's offsets, Dst ours
-	// (transport.Reader's convention).
+	// (a read's convention: Src in the source).
 	batch  desc.Batch
-	merged desc.Batch // what the transport writes or reads
+	merged desc.Batch        // what the transport writes or reads
+	req    transport.Request // the post, kept here so that it allocates nothing
 	blocks uint64
 	bytes  uint64
 	// validate and merge are how long Plan took for each.
@@ -613,13 +614,17 @@ func (p *Plan) checkRemote(size uint64) error {
 	return desc.CheckDst(p.batch, size)
 }
 
-// move runs the plan's merged batch once on sess: Conn.Write, or Read for
-// a pull (session checked the kind's Caps for it).
+// move posts the plan's merged batch once on sess, a write or a read (a
+// pull; session checked the kind's Caps for it).
 func (p *Plan) move(ctx context.Context, sess transport.Session, reg transport.Registration, remote transport.RemoteRegion) (transport.Stats, error) {
-	if p.op != OpRead {
-		return sess.Conn.Write(ctx, reg, remote, &p.merged)
+	op := transport.OpWrite
+	if p.op == OpRead {
+		op = transport.OpRead
 	}
-	return sess.Conn.Read(ctx, reg, remote, &p.merged)
+	p.req = transport.Request{Op: op, Local: reg, Remote: remote, Batch: &p.merged}
+	st, err := sess.Conn.Post(ctx, &p.req)
+	p.req = transport.Request{}
+	return st, err
 }
 
 // readFailed is writeFailed for a pull: a fault on the source is the

@@ -45,7 +45,6 @@ func (r fakeReg) Close() error             { return nil }
 // fakeConn fails its writes with errs in order (nil: success); a failed
 // write breaks it when breaks is set.
 type fakeConn struct {
-	transport.NoPull
 	transport.NoPrepare
 	mu     sync.Mutex
 	errs   []error
@@ -89,9 +88,15 @@ func (c *fakeConn) Err() error {
 }
 func (c *fakeConn) Close() error { return nil }
 
-// WriteBlocks is the generic path, one Write per stretch.
-func (c *fakeConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
-	return transport.WriteStretches(ctx, c, w, sc)
+// Post routes to Write (block ids: one Write per stretch); it cannot read.
+// A plain write goes straight to Write, so that it allocates nothing (a
+// Handlers made here would allocate its method value).
+func (c *fakeConn) Post(ctx context.Context, r *transport.Request) (transport.Stats, error) {
+	if r.Op == transport.OpWrite && r.Batch != nil && r.Blocks == nil {
+		return c.Write(ctx, r.Local, r.Remote, r.Batch)
+	}
+	h := transport.Handlers{Write: c.Write}
+	return h.Post(ctx, r)
 }
 
 type answer struct {

@@ -43,6 +43,8 @@ type BlocksRequest struct {
 // arrays each (source region, destination region) stretch is written from.
 type blockScratch struct {
 	bs       transport.BlockScratch
+	blk      transport.Blocks  // the request as the Conn takes it
+	req      transport.Request // kept here, so posting it allocates nothing
 	srcs     []transport.Registration
 	dsts     []transport.RemoteRegion
 	rsrcs    []transport.RemoteRegion // a pull's: the peer's regions
@@ -220,14 +222,16 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 	}
 	ph.Plan += time.Since(t2)
 
-	// Every stretch in one go (transport.BlockWriter where the kind has
-	// one, else concurrent Writes): every byte acknowledged before success.
+	// Every stretch in one go (where the kind's Caps.Blocks says so, else
+	// concurrent writes): every byte acknowledged before success.
 	if err := passGate(ctx); err != nil {
 		return res, ran{}, err
 	}
 	wstart := time.Now()
-	bw := transport.BlockWrite{Pair: pair, IDs: ids, Src: sc.srcs, Dst: sc.dsts}
-	st, werr := sess.Conn.WriteBlocks(ctx, &bw, &sc.bs)
+	sc.blk = transport.Blocks{Pair: pair, IDs: ids, Local: sc.srcs, Remote: sc.dsts}
+	sc.req = transport.Request{Op: transport.OpWrite, Blocks: &sc.blk, Scratch: &sc.bs}
+	st, werr := sess.Conn.Post(ctx, &sc.req)
+	sc.blk, sc.req = transport.Blocks{}, transport.Request{}
 	clear(sc.srcs)
 	if werr != nil {
 		where := ""
@@ -323,8 +327,10 @@ func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r 
 		return res, ran{}, err
 	}
 	wstart := time.Now()
-	br := transport.BlockRead{Pair: pair, IDs: ids, Src: sc.rsrcs, Dst: sc.rdsts}
-	st, werr := sess.Conn.ReadBlocks(ctx, &br, &sc.bs)
+	sc.blk = transport.Blocks{Pair: pair, IDs: ids, Local: sc.rdsts, Remote: sc.rsrcs}
+	sc.req = transport.Request{Op: transport.OpRead, Blocks: &sc.blk, Scratch: &sc.bs}
+	st, werr := sess.Conn.Post(ctx, &sc.req)
+	sc.blk, sc.req = transport.Blocks{}, transport.Request{}
 	clear(sc.rdsts)
 	if werr != nil {
 		var se *transport.StretchError

@@ -273,7 +273,7 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 		if again {
 			b.prep, err = pp.prepareWithin(ctx, pr, reg, remote)
 		} else {
-			b.prep, err = pr.Prepare(reg, remote, &p.merged)
+			b.prep, err = transport.Prepare(pr, reg, remote, &p.merged)
 		}
 		if err != nil {
 			if sess.Conn.Err() != nil {
@@ -305,7 +305,7 @@ func (pp *prepared) prepareWithin(ctx context.Context, pr transport.Conn, reg tr
 	pp.active++
 	pp.mu.Unlock()
 	go func() {
-		p, err := pr.Prepare(reg, remote, &pp.p.merged)
+		p, err := transport.Prepare(pr, reg, remote, &pp.p.merged)
 		done <- result{p, err}
 	}()
 	select {

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -135,7 +134,7 @@ type flakyPrep struct {
 	fail *int
 }
 
-func (c *flakyPrep) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
+func (c *flakyPrep) Prepare(r *transport.Request) (transport.Prepared, error) {
 	c.mu.Lock()
 	if *c.fail > 0 {
 		*c.fail--
@@ -143,7 +142,7 @@ func (c *flakyPrep) Prepare(src transport.Registration, dst transport.RemoteRegi
 		return nil, fmt.Errorf("%w: %w: tcp: connection to b is broken: writev: i/o timeout", errs.ErrUnavailable, transport.ErrNotSent)
 	}
 	c.mu.Unlock()
-	return c.prepConn.Prepare(src, dst, b)
+	return c.prepConn.Prepare(r)
 }
 
 // A re-bind that meets a connection broken before the plan was built on it
@@ -193,7 +192,7 @@ type stuckPreparer struct {
 	closed   atomic.Int32
 }
 
-func (c *stuckPreparer) Prepare(transport.Registration, transport.RemoteRegion, *desc.Batch) (transport.Prepared, error) {
+func (c *stuckPreparer) Prepare(*transport.Request) (transport.Prepared, error) {
 	<-c.gate
 	c.prepared.Add(1)
 	return &countedPrepared{c: c}, nil

@@ -24,7 +24,11 @@ type prepConn struct {
 	prepares, closes int
 }
 
-func (c *prepConn) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
+func (c *prepConn) Prepare(r *transport.Request) (transport.Prepared, error) {
+	src, dst, b, err := transport.PreparedWrite(r)
+	if err != nil {
+		return nil, err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.prepares++
@@ -40,7 +44,7 @@ type fakePrepared struct {
 }
 
 func (p *fakePrepared) Write(ctx context.Context) (transport.Stats, error) {
-	return p.c.fakeConn.Write(ctx, p.src, p.dst, &p.b)
+	return transport.Write(ctx, p.c.fakeConn, p.src, p.dst, &p.b)
 }
 
 func (p *fakePrepared) Close() error {

@@ -152,7 +152,7 @@ func TestPullByCaps(t *testing.T) {
 		for i := uint64(0); i < n; i++ { // block i of the peer's into block n-1-i of ours
 			b.Src, b.Dst, b.Len = append(b.Src, i*blk), append(b.Dst, (n-1-i)*blk), append(b.Len, blk)
 		}
-		if _, err := s.Conn.Read(ctx, dreg, transport.RemoteRegion{Name: "src", Size: n * blk, Key: rk}, &b); err != nil {
+		if _, err := transport.Read(ctx, s.Conn, dreg, transport.RemoteRegion{Name: "src", Size: n * blk, Key: rk}, &b); err != nil {
 			t.Fatalf("Read: %v", err)
 		}
 		for i := 0; i < n; i++ {

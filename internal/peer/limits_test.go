@@ -128,13 +128,13 @@ func TestBusyPeerNotReaped(t *testing.T) {
 			s.Conn.(*trackedConn).Conn.(*blockingConn).inside, s.Conn.(*trackedConn).Conn.(*blockingConn).unblock = inside, unblock
 			go func() {
 				defer close(done)
-				_, _ = s.Conn.Write(ctx, nil, transport.RemoteRegion{}, nil)
+				_, _ = transport.Write(ctx, s.Conn, nil, transport.RemoteRegion{}, &desc.Batch{})
 			}()
 			<-inside
 			return func() { close(unblock); <-done }
 		}},
 		{"prepared batch", func(t *testing.T, s Session) func() {
-			p, err := s.Conn.Prepare(nil, transport.RemoteRegion{}, nil)
+			p, err := transport.Prepare(s.Conn, nil, transport.RemoteRegion{}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -261,7 +261,12 @@ func (c *blockingConn) Write(context.Context, transport.Registration, transport.
 	return transport.Stats{}, nil
 }
 
-func (c *blockingConn) Prepare(transport.Registration, transport.RemoteRegion, *desc.Batch) (transport.Prepared, error) {
+func (c *blockingConn) Post(ctx context.Context, r *transport.Request) (transport.Stats, error) {
+	h := transport.Handlers{Write: c.Write}
+	return h.Post(ctx, r)
+}
+
+func (c *blockingConn) Prepare(*transport.Request) (transport.Prepared, error) {
 	return fakePrepared{}, nil
 }
 

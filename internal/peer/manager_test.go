@@ -50,7 +50,6 @@ func (t *fakeTransport) Connect(context.Context, transport.Peer) (transport.Conn
 func (t *fakeTransport) Close() error { return nil }
 
 type fakeConn struct {
-	transport.NoPull
 	transport.NoPrepare
 	closed atomic.Bool
 }
@@ -66,9 +65,10 @@ func (c *fakeConn) Err() error {
 }
 func (c *fakeConn) Close() error { c.closed.Store(true); return nil }
 
-// WriteBlocks is the generic path, one Write per stretch.
-func (c *fakeConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
-	return transport.WriteStretches(ctx, c, w, sc)
+// Post routes to Write (block ids: one Write per stretch); it cannot read.
+func (c *fakeConn) Post(ctx context.Context, r *transport.Request) (transport.Stats, error) {
+	h := transport.Handlers{Write: c.Write}
+	return h.Post(ctx, r)
 }
 
 func newTestManager(t *testing.T) (*Manager, *fakePeer, *fakeTransport) {

@@ -8,14 +8,13 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // track wraps a peer's data connection so that the peer counts as busy
 // while a write is in flight on it or a batch prepared on it lives, and is
 // never reaped then. The wrapper adds two atomic adds and a clock read per
-// write, and no allocation. What the kind really does is its Caps, which
+// transfer, and no allocation. What the kind really does is its Caps, which
 // the Session carries and the batch layer checks before calling.
 func track(c transport.Conn, st *state) transport.Conn {
 	return &trackedConn{Conn: c, st: st}
@@ -26,36 +25,16 @@ type trackedConn struct {
 	st *state
 }
 
-func (c *trackedConn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+// Post forwards a transfer to the connection, counted busy while it runs.
+func (c *trackedConn) Post(ctx context.Context, r *transport.Request) (transport.Stats, error) {
 	c.st.busy.Add(1)
 	defer c.st.done()
-	return c.Conn.Write(ctx, src, dst, b)
-}
-
-// WriteBlocks runs the kind's block write as one busy write.
-func (c *trackedConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
-	c.st.busy.Add(1)
-	defer c.st.done()
-	return c.Conn.WriteBlocks(ctx, w, sc)
-}
-
-// ReadBlocks is WriteBlocks for a block-id pull.
-func (c *trackedConn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *transport.BlockScratch) (transport.Stats, error) {
-	c.st.busy.Add(1)
-	defer c.st.done()
-	return c.Conn.ReadBlocks(ctx, r, sc)
-}
-
-// Read forwards a pull to the connection, counted busy like a write.
-func (c *trackedConn) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
-	c.st.busy.Add(1)
-	defer c.st.done()
-	return c.Conn.Read(ctx, dst, src, b)
+	return c.Conn.Post(ctx, r)
 }
 
 // Prepare prepares on the connection; a live plan keeps its peer busy.
-func (c *trackedConn) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
-	p, err := c.Conn.Prepare(src, dst, b)
+func (c *trackedConn) Prepare(r *transport.Request) (transport.Prepared, error) {
+	p, err := c.Conn.Prepare(r)
 	if err != nil {
 		return nil, err
 	}

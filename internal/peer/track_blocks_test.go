@@ -11,7 +11,6 @@ import (
 
 // blockConn is a Conn that counts its writes and block writes.
 type blockConn struct {
-	transport.NoPull
 	transport.NoPrepare
 	writes, blocks int
 	busyDuring     int64
@@ -22,9 +21,13 @@ func (c *blockConn) Write(context.Context, transport.Registration, transport.Rem
 	c.writes++
 	return transport.Stats{}, nil
 }
+func (c *blockConn) Post(ctx context.Context, r *transport.Request) (transport.Stats, error) {
+	h := transport.Handlers{Write: c.Write, WriteBlocks: c.WriteBlocks}
+	return h.Post(ctx, r)
+}
 func (c *blockConn) Err() error   { return nil }
 func (c *blockConn) Close() error { return nil }
-func (c *blockConn) WriteBlocks(context.Context, *transport.BlockWrite, *transport.BlockScratch) (transport.Stats, error) {
+func (c *blockConn) WriteBlocks(context.Context, *transport.Blocks, *transport.BlockScratch) (transport.Stats, error) {
 	c.blocks++
 	c.busyDuring = c.st.busy.Load()
 	return transport.Stats{}, nil
@@ -50,8 +53,8 @@ func TestTrackedConnKeepsBlockWriter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := transport.BlockWrite{Pair: pair, IDs: ids, Src: make([]transport.Registration, 1), Dst: make([]transport.RemoteRegion, 1)}
-	if _, err := c.WriteBlocks(context.Background(), &w, &transport.BlockScratch{}); err != nil {
+	w := transport.Blocks{Pair: pair, IDs: ids, Local: make([]transport.Registration, 1), Remote: make([]transport.RemoteRegion, 1)}
+	if _, err := transport.PostBlocks(context.Background(), c, transport.OpWrite, &w, &transport.BlockScratch{}); err != nil {
 		t.Fatal(err)
 	}
 	if inner.blocks != 1 || inner.writes != 0 {

@@ -10,21 +10,23 @@ import (
 	"github.com/b2bd/b2bd/internal/layout"
 )
 
-// BlockWrite is a validated block-id request (docs/kv.md) as a Conn moves
-// it: block IDs.Src[i] of every segment of Pair.Src() to block IDs.Dst[i]
-// of the matching segment of Pair.Dst(). The daemon has validated the ids
-// against the pair (layout.Planner.Validate) and the layouts against the
-// regions' sizes; a transport still checks every run against the memory it
-// really writes. Nothing in it may be retained after the call: IDs alias a
-// pooled Planner's scratch.
-type BlockWrite struct {
+// Blocks is a validated block-id request (docs/kv.md) as a Conn moves it:
+// block IDs.Src[i] of every segment of Pair.Src() to block IDs.Dst[i] of
+// the matching segment of Pair.Dst(). The pair's source side is Local for
+// a write and Remote for a read. The daemon has validated the ids against
+// the pair (layout.Planner.Validate) and the layouts against the regions'
+// sizes; a transport still checks every run against the memory it really
+// moves. Nothing in it may be retained after the call: IDs alias a pooled
+// Planner's scratch.
+type Blocks struct {
 	Pair *layout.Pair
 	IDs  layout.IDs
-	// Src are the sources' registrations with this Conn's kind, by
-	// Pair.Src().Regions() index; Dst the destinations' keys, by
-	// Pair.Dst().Regions() index.
-	Src []Registration
-	Dst []RemoteRegion
+	// Local are our regions' registrations with this Conn's kind, Remote
+	// the peer's regions' keys, each by the Regions() index of its side of
+	// Pair (a write: Local by Pair.Src(), Remote by Pair.Dst(); a read the
+	// other way round).
+	Local  []Registration
+	Remote []RemoteRegion
 }
 
 // BlockScratch is a block write's reusable memory: one per caller at a
@@ -35,10 +37,10 @@ type BlockScratch struct {
 	Src, Dst, Len []uint64
 }
 
-// Expand fills sc.Runs with w's runs and sc.Src, Dst and Len with their
+// Expand fills sc.Runs with b's runs and sc.Src, Dst and Len with their
 // offsets and lengths (desc.Batch arrays), allocating only to grow.
-func (sc *BlockScratch) Expand(w *BlockWrite) {
-	sc.Runs = w.Pair.Expand(sc.Runs[:0], w.IDs)
+func (sc *BlockScratch) Expand(b *Blocks) {
+	sc.Runs = b.Pair.Expand(sc.Runs[:0], b.IDs)
 	n := len(sc.Runs)
 	if cap(sc.Src) < n {
 		sc.Src, sc.Dst, sc.Len = make([]uint64, n), make([]uint64, n), make([]uint64, n)
@@ -78,52 +80,37 @@ const MaxConcurrentStretches = 8
 // stretch is runs[from:to], one (source region, destination region) pair.
 type stretch struct{ from, to int }
 
-// WriteStretches is Conn.WriteBlocks for a kind that does not move a
-// block-id request in one go (and for one falling back, GPU memory, say):
-// it expands w into sc, cuts the runs into stretches and Writes them, up to
-// MaxConcurrentStretches at a time (a Conn that serialises its Writes takes
-// them one after the other). On the first failure the other Writes are
-// cancelled, and it returns once all have returned, so the
-// no-byte-after-failure rule of Write carries over. Stats are summed over
-// the Writes (Plan includes the expansion).
-func WriteStretches(ctx context.Context, c Conn, w *BlockWrite, sc *BlockScratch) (Stats, error) {
+// WriteStretches is a block-id write for a kind that does not move one in
+// one go (and for one falling back, GPU memory, say): it expands b into
+// sc, cuts the runs into stretches and writes them with write, up to
+// MaxConcurrentStretches at a time (a Conn that serialises its writes
+// takes them one after the other). On the first failure the other writes
+// are cancelled, and it returns once all have returned, so the
+// no-byte-after-failure rule of a write carries over. Stats are summed
+// over the writes (Plan includes the expansion).
+func WriteStretches(ctx context.Context, write Descriptors, b *Blocks, sc *BlockScratch) (Stats, error) {
 	t0 := time.Now()
-	sc.Expand(w)
+	sc.Expand(b)
 	plan := time.Since(t0)
-	return runStretches(ctx, sc, plan, func(ctx context.Context, r *layout.Run, b *desc.Batch) (Stats, error) {
-		if int(r.SrcRegion) >= len(w.Src) || int(r.DstRegion) >= len(w.Dst) {
-			return Stats{}, fmt.Errorf("transport: block write: region index (source %d, destination %d) beyond the %d sources and %d destinations given", r.SrcRegion, r.DstRegion, len(w.Src), len(w.Dst))
+	return runStretches(ctx, sc, plan, func(ctx context.Context, r *layout.Run, d *desc.Batch) (Stats, error) {
+		if int(r.SrcRegion) >= len(b.Local) || int(r.DstRegion) >= len(b.Remote) {
+			return Stats{}, fmt.Errorf("transport: block write: region index (source %d, destination %d) beyond the %d sources and %d destinations given", r.SrcRegion, r.DstRegion, len(b.Local), len(b.Remote))
 		}
-		return c.Write(ctx, w.Src[r.SrcRegion], w.Dst[r.DstRegion], b)
+		return write(ctx, b.Local[r.SrcRegion], b.Remote[r.DstRegion], d)
 	})
 }
 
-// BlockRead is one block-id pull, the mirror of BlockWrite:
-// block IDs.Src(i) of every segment of the peer's layout Pair.Src() is
-// copied into block IDs.Dst(i) of the matching segment of our Pair.Dst().
-// The same rules hold: validated, not retained.
-type BlockRead struct {
-	Pair *layout.Pair
-	IDs  layout.IDs
-	// Src are the peer's regions' keys with this Conn's kind, by
-	// Pair.Src().Regions() index; Dst our registrations, by
-	// Pair.Dst().Regions() index.
-	Src []RemoteRegion
-	Dst []Registration
-}
-
-// ReadStretches is Conn.ReadBlocks for a kind that pulls but not a
-// block-id request in one go: one Read per stretch, with WriteStretches'
-// rules.
-func ReadStretches(ctx context.Context, c Conn, r *BlockRead, sc *BlockScratch) (Stats, error) {
+// ReadStretches is WriteStretches for a kind that pulls but not a
+// block-id request in one go: one read per stretch, with its rules.
+func ReadStretches(ctx context.Context, read Descriptors, b *Blocks, sc *BlockScratch) (Stats, error) {
 	t0 := time.Now()
-	sc.Expand(&BlockWrite{Pair: r.Pair, IDs: r.IDs})
+	sc.Expand(b)
 	plan := time.Since(t0)
-	return runStretches(ctx, sc, plan, func(ctx context.Context, run *layout.Run, b *desc.Batch) (Stats, error) {
-		if int(run.SrcRegion) >= len(r.Src) || int(run.DstRegion) >= len(r.Dst) {
-			return Stats{}, fmt.Errorf("transport: block read: region index (source %d, destination %d) beyond the %d sources and %d destinations given", run.SrcRegion, run.DstRegion, len(r.Src), len(r.Dst))
+	return runStretches(ctx, sc, plan, func(ctx context.Context, run *layout.Run, d *desc.Batch) (Stats, error) {
+		if int(run.SrcRegion) >= len(b.Remote) || int(run.DstRegion) >= len(b.Local) {
+			return Stats{}, fmt.Errorf("transport: block read: region index (source %d, destination %d) beyond the %d sources and %d destinations given", run.SrcRegion, run.DstRegion, len(b.Remote), len(b.Local))
 		}
-		return c.Read(ctx, r.Dst[run.DstRegion], r.Src[run.SrcRegion], b)
+		return read(ctx, b.Local[run.DstRegion], b.Remote[run.SrcRegion], d)
 	})
 }
 

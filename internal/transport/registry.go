@@ -22,10 +22,9 @@ import (
 type Ops uint
 
 const (
-	// OpWrite: Conn.Write places local blocks in a peer's region (push).
+	// OpWrite: a post places local blocks in a peer's region (push).
 	OpWrite Ops = 1 << iota
-	// OpRead: the Conns implement Reader: a peer's blocks are fetched into
-	// local memory (pull).
+	// OpRead: a post fetches a peer's blocks into local memory (pull).
 	OpRead
 )
 
@@ -58,14 +57,14 @@ type Caps struct {
 	SameHostOnly bool
 	// Memory are the memory kinds a batch may come from or land in.
 	Memory []memory.Kind
-	// Ops are the operations its Conns carry: OpWrite always, OpRead when
-	// they implement Reader.
+	// Ops are the operations its Conns post: OpWrite always, OpRead where
+	// they pull (Handlers.Read).
 	Ops Ops
-	// Blocks: its Conns move a block-id request in one go (BlockWriter,
-	// and BlockReader when they read); without it WriteBlocks and
-	// ReadBlocks take the generic path, one Write or Read per stretch.
+	// Blocks: its Conns move a block-id request in one go
+	// (Handlers.WriteBlocks, and ReadBlocks where they read); without it a
+	// request takes the generic path, one write or read per stretch.
 	Blocks bool
-	// Prepared: its Conns implement Preparer.
+	// Prepared: its Conns' Prepare builds a descriptor write's work.
 	Prepared bool
 	// Keys: what its registrations do with their keys beyond Key; their
 	// other Registration methods answer errs.ErrUnimplemented, and the

@@ -207,40 +207,45 @@ type Stats struct {
 	Post time.Duration
 }
 
+// Request is one operation on a Conn, its sides named as NIXL names them:
+// Local is this daemon's memory, Remote the peer's, whichever way the bytes
+// go. It holds descriptors (Batch, with Local and Remote) or a block-id
+// request (Blocks), never both. The batch layer keeps one per transfer in
+// memory it reuses, so posting one allocates nothing.
+type Request struct {
+	// Op is OpWrite (a push: Local to Remote) or OpRead (a pull: Remote
+	// into Local).
+	Op Ops
+	// Descriptors: Batch.Src holds offsets in the source (Local for a
+	// write, Remote for a read), Batch.Dst in the destination.
+	Local  Registration
+	Remote RemoteRegion
+	Batch  *desc.Batch
+	// Blocks is a validated block-id request; Scratch its reusable memory.
+	Blocks  *Blocks
+	Scratch *BlockScratch
+}
+
 // Conn is an established data path to one peer.
 type Conn interface {
-	// Write copies every block of b from src into dst. It returns nil only
-	// once every byte has landed at the destination and the receiving daemon
-	// has acknowledged the batch. On error, any subset of the bytes may have
-	// landed: callers must never report success. Write honours ctx's
-	// deadline and may be called concurrently.
-	Write(ctx context.Context, src Registration, dst RemoteRegion, b *desc.Batch) (Stats, error)
-	// Read copies every block of b from the peer's region src into the
-	// local registration dst (a pull: b.Src holds offsets in src, b.Dst in
-	// dst). It returns nil only once every byte is in place in dst. On
-	// error any subset may have landed. Once Read returned, error or not,
-	// no byte of it lands in dst any more (verbs: the QPs are moved to
-	// error and drained first). It honours ctx and may be called
-	// concurrently. errs.ErrUnimplemented where Caps.Ops lacks OpRead.
-	Read(ctx context.Context, dst Registration, src RemoteRegion, b *desc.Batch) (Stats, error)
-	// WriteBlocks moves a whole block-id request, with Write's contract
-	// (nil only once every byte landed and was acknowledged; once it
-	// returned no byte of it lands any more; a failure names its stretch
-	// with a *StretchError). A kind that moves one in one go (Caps.Blocks)
-	// expands the pair's templates itself, posts every stretch without
-	// waiting for one before the next, and waits once at the end; any
-	// other calls WriteStretches, one Write per stretch.
-	WriteBlocks(ctx context.Context, w *BlockWrite, sc *BlockScratch) (Stats, error)
-	// ReadBlocks pulls a whole block-id request, as WriteBlocks pushes one,
-	// with Read's contract (ReadStretches without Caps.Blocks;
-	// errs.ErrUnimplemented without OpRead).
-	ReadBlocks(ctx context.Context, r *BlockRead, sc *BlockScratch) (Stats, error)
-	// Prepare builds b's work from src into dst for this connection, to be
-	// posted many times (prepared transfers). b is not retained: the
-	// Prepared keeps what it needs (in C memory for verbs). The result is
-	// bound to this Conn; once the Conn broke, the caller prepares again on
-	// a fresh one. errs.ErrUnimplemented where Caps.Prepared is false.
-	Prepare(src Registration, dst RemoteRegion, b *desc.Batch) (Prepared, error)
+	// Post carries out r. It returns nil only once every byte has landed
+	// (a write: in the peer's region, acknowledged by the receiving
+	// daemon; a read: in the local registration). On error any subset of
+	// the bytes may have landed, and callers must never report success;
+	// once Post returned, error or not, no byte of it lands any more
+	// (verbs: the QPs are moved to error and drained first). A block-id
+	// request that fails names its stretch with a *StretchError. Post
+	// honours ctx's deadline and may be called concurrently. An operation
+	// or shape outside the kind's Caps (Ops, Blocks) answers
+	// errs.ErrUnimplemented; see Handlers for how a kind routes them.
+	Post(ctx context.Context, r *Request) (Stats, error)
+	// Prepare builds r's work (a write of descriptors) for this
+	// connection, to be posted many times (prepared transfers). r is not
+	// retained: the Prepared keeps what it needs (in C memory for verbs).
+	// The result is bound to this Conn; once the Conn broke, the caller
+	// prepares again on a fresh one. errs.ErrUnimplemented where
+	// Caps.Prepared is false, or for another operation or shape.
+	Prepare(r *Request) (Prepared, error)
 	// Err is nil while the connection is usable; once it broke, the peer
 	// manager drops it and connects afresh. It never waits for a batch in
 	// flight: the manager asks it holding the peer's lock.
@@ -258,23 +263,89 @@ const (
 	AccessRead
 )
 
-// NoPull completes a Conn whose kind cannot pull (Caps.Ops lacks OpRead):
-// embed it.
-type NoPull struct{}
+// Descriptors is a descriptor operation as a kind carries it: the local
+// registration, the peer's region and the batch.
+type Descriptors func(ctx context.Context, local Registration, remote RemoteRegion, b *desc.Batch) (Stats, error)
 
-func (NoPull) Read(context.Context, Registration, RemoteRegion, *desc.Batch) (Stats, error) {
-	return Stats{}, fmt.Errorf("%w: this kind cannot read (pull)", errs.ErrUnimplemented)
+// BlockOp is a block-id operation as a kind carries it in one go.
+type BlockOp func(ctx context.Context, b *Blocks, sc *BlockScratch) (Stats, error)
+
+// Handlers are a kind's implementations of each operation; embedded in its
+// Conn (and set once, when the Conn is made), they give it Post. Write is
+// required. A nil Read: the kind cannot pull (errs.ErrUnimplemented, and
+// Caps.Ops lacks OpRead). A nil WriteBlocks or ReadBlocks: a block-id
+// request takes one Write or Read per stretch (WriteStretches,
+// ReadStretches), as where Caps.Blocks is false.
+type Handlers struct {
+	Write, Read             Descriptors
+	WriteBlocks, ReadBlocks BlockOp
 }
 
-func (NoPull) ReadBlocks(context.Context, *BlockRead, *BlockScratch) (Stats, error) {
-	return Stats{}, fmt.Errorf("%w: this kind cannot read (pull)", errs.ErrUnimplemented)
+// Post routes r to the handler of its operation and shape.
+func (h *Handlers) Post(ctx context.Context, r *Request) (Stats, error) {
+	if (r.Batch == nil) == (r.Blocks == nil) {
+		return Stats{}, fmt.Errorf("%w: a transfer request holds descriptors or block ids, exactly one (batch set: %t, blocks set: %t)", errs.ErrInvalidArgument, r.Batch != nil, r.Blocks != nil)
+	}
+	switch r.Op {
+	case OpWrite:
+		switch {
+		case r.Batch != nil:
+			return h.Write(ctx, r.Local, r.Remote, r.Batch)
+		case h.WriteBlocks != nil:
+			return h.WriteBlocks(ctx, r.Blocks, r.Scratch)
+		default:
+			return WriteStretches(ctx, h.Write, r.Blocks, r.Scratch)
+		}
+	case OpRead:
+		switch {
+		case h.Read == nil:
+			return Stats{}, fmt.Errorf("%w: this kind cannot read (pull)", errs.ErrUnimplemented)
+		case r.Batch != nil:
+			return h.Read(ctx, r.Local, r.Remote, r.Batch)
+		case h.ReadBlocks != nil:
+			return h.ReadBlocks(ctx, r.Blocks, r.Scratch)
+		default:
+			return ReadStretches(ctx, h.Read, r.Blocks, r.Scratch)
+		}
+	}
+	return Stats{}, fmt.Errorf("%w: transfer operation %s: want a write or a read", errs.ErrInvalidArgument, r.Op)
+}
+
+// Write posts a descriptor write on c: for tests and one-off callers (the
+// request escapes; the batch layer keeps its own).
+func Write(ctx context.Context, c Conn, local Registration, remote RemoteRegion, b *desc.Batch) (Stats, error) {
+	return c.Post(ctx, &Request{Op: OpWrite, Local: local, Remote: remote, Batch: b})
+}
+
+// Read posts a descriptor read (a pull) on c, as Write.
+func Read(ctx context.Context, c Conn, local Registration, remote RemoteRegion, b *desc.Batch) (Stats, error) {
+	return c.Post(ctx, &Request{Op: OpRead, Local: local, Remote: remote, Batch: b})
+}
+
+// PostBlocks posts a block-id request with op on c, as Write.
+func PostBlocks(ctx context.Context, c Conn, op Ops, b *Blocks, sc *BlockScratch) (Stats, error) {
+	return c.Post(ctx, &Request{Op: op, Blocks: b, Scratch: sc})
+}
+
+// Prepare prepares a descriptor write on c, as Write.
+func Prepare(c Conn, local Registration, remote RemoteRegion, b *desc.Batch) (Prepared, error) {
+	return c.Prepare(&Request{Op: OpWrite, Local: local, Remote: remote, Batch: b})
+}
+
+// PreparedWrite is what a kind that prepares needs of r: a write of
+// descriptors; any other request answers errs.ErrUnimplemented.
+func PreparedWrite(r *Request) (Registration, RemoteRegion, *desc.Batch, error) {
+	if r.Op != OpWrite || r.Batch == nil || r.Blocks != nil {
+		return nil, RemoteRegion{}, nil, fmt.Errorf("%w: only a write of descriptors can be prepared (operation %s, block ids: %t)", errs.ErrUnimplemented, r.Op, r.Blocks != nil)
+	}
+	return r.Local, r.Remote, r.Batch, nil
 }
 
 // NoPrepare completes a Conn whose kind cannot prepare (Caps.Prepared
 // false): embed it.
 type NoPrepare struct{}
 
-func (NoPrepare) Prepare(Registration, RemoteRegion, *desc.Batch) (Prepared, error) {
+func (NoPrepare) Prepare(*Request) (Prepared, error) {
 	return nil, fmt.Errorf("%w: this kind cannot prepare a batch", errs.ErrUnimplemented)
 }
 

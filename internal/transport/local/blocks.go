@@ -20,7 +20,7 @@ var _ transport.Conn = (*Conn)(nil)
 // (16 MiB of 8 KiB blocks: enough to spread over the copy streams).
 const blockChunk = 2048
 
-// WriteBlocks is Conn.WriteBlocks: under one hold of the
+// writeBlocks is the kind's block-id write (Handlers.WriteBlocks): under one hold of the
 // connection, one begin pins every destination region of the request at
 // once (the receiver answers them all in one reply, with the descriptors
 // and handles of those not mapped here yet; mappings are cached), then
@@ -32,17 +32,17 @@ const blockChunk = 2048
 // allocated. On a failure or a cut-off the set is aborted after every
 // copy started has ended, before WriteBlocks returns: no copy runs after
 // the answer.
-func (c *Conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
-	return c.blocks(ctx, w.Pair, w.IDs, len(w.Src), len(w.Dst), false, sc, func(sr, dr uint32) (transport.Registration, transport.RemoteRegion) {
-		return w.Src[sr], w.Dst[dr]
+func (c *Conn) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
+	return c.blocks(ctx, w.Pair, w.IDs, len(w.Local), len(w.Remote), false, sc, func(sr, dr uint32) (transport.Registration, transport.RemoteRegion) {
+		return w.Local[sr], w.Remote[dr]
 	})
 }
 
-// ReadBlocks is Conn.ReadBlocks: WriteBlocks with the copy
+// readBlocks is the kind's block-id read (Handlers.ReadBlocks): writeBlocks with the copy
 // running the other way, from the peer's regions into ours.
-func (c *Conn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *transport.BlockScratch) (transport.Stats, error) {
-	return c.blocks(ctx, r.Pair, r.IDs, len(r.Src), len(r.Dst), true, sc, func(sr, dr uint32) (transport.Registration, transport.RemoteRegion) {
-		return r.Dst[dr], r.Src[sr]
+func (c *Conn) readBlocks(ctx context.Context, r *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
+	return c.blocks(ctx, r.Pair, r.IDs, len(r.Remote), len(r.Local), true, sc, func(sr, dr uint32) (transport.Registration, transport.RemoteRegion) {
+		return r.Local[dr], r.Remote[sr]
 	})
 }
 

@@ -47,12 +47,12 @@ func TestWriteBlocksChunked(t *testing.T) {
 	if len(runs) <= blockChunk {
 		t.Fatalf("%d runs do not cross a chunk of %d", len(runs), blockChunk)
 	}
-	w := &transport.BlockWrite{Pair: pr, IDs: ids, Src: []transport.Registration{p.src},
-		Dst: []transport.RemoteRegion{{Name: "d", Size: uint64(segs * pool * blk), Key: p.dst.Key()}}}
+	w := &transport.Blocks{Pair: pr, IDs: ids, Local: []transport.Registration{p.src},
+		Remote: []transport.RemoteRegion{{Name: "d", Size: uint64(segs * pool * blk), Key: p.dst.Key()}}}
 	bw := p.conn
 	var sc transport.BlockScratch
 	ctx := context.Background()
-	st, err := bw.WriteBlocks(ctx, w, &sc)
+	st, err := transport.PostBlocks(ctx, bw, transport.OpWrite, w, &sc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,8 +65,9 @@ func TestWriteBlocksChunked(t *testing.T) {
 			t.Fatalf("run %+v did not land", r)
 		}
 	}
+	post := transport.Request{Op: transport.OpWrite, Blocks: w, Scratch: &sc} // kept, as the batch layer keeps its own
 	if a := testing.AllocsPerRun(20, func() {
-		if _, err := bw.WriteBlocks(ctx, w, &sc); err != nil {
+		if _, err := bw.Post(ctx, &post); err != nil {
 			t.Fatal(err)
 		}
 	}); a != 0 {

@@ -56,8 +56,8 @@ type multiPair struct {
 	conn       transport.Conn
 	ours       []transport.Registration
 	theirs     []transport.Registration
-	w          transport.BlockWrite
-	rd         transport.BlockRead
+	w          transport.Blocks
+	rd         transport.Blocks
 	sids, dids []uint32
 	blk        int
 }
@@ -94,10 +94,10 @@ func newMultiPair(t testing.TB, nreg, pool, blk, nids int) *multiPair {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m.w.Src = append(m.w.Src, o)
-		m.w.Dst = append(m.w.Dst, transport.RemoteRegion{Name: fmt.Sprintf("d%d", r), Size: size, Key: th.Key()})
-		m.rd.Src = append(m.rd.Src, transport.RemoteRegion{Name: fmt.Sprintf("s%d", r), Size: size, Key: rk})
-		m.rd.Dst = append(m.rd.Dst, o)
+		m.w.Local = append(m.w.Local, o)
+		m.w.Remote = append(m.w.Remote, transport.RemoteRegion{Name: fmt.Sprintf("d%d", r), Size: size, Key: th.Key()})
+		m.rd.Remote = append(m.rd.Remote, transport.RemoteRegion{Name: fmt.Sprintf("s%d", r), Size: size, Key: rk})
+		m.rd.Local = append(m.rd.Local, o)
 	}
 	l, err := layout.New("l", segs, func(string) (uint64, error) { return size, nil }, layout.Limits{})
 	if err != nil {
@@ -170,9 +170,9 @@ func TestBlockSetOneExchange(t *testing.T) {
 				b0, _, _, _ := m.in.snap()
 				var err error
 				if tc.read {
-					_, err = m.conn.ReadBlocks(ctx, &m.rd, &sc)
+					_, err = transport.PostBlocks(ctx, m.conn, transport.OpRead, &m.rd, &sc)
 				} else {
-					_, err = m.conn.WriteBlocks(ctx, &m.w, &sc)
+					_, err = transport.PostBlocks(ctx, m.conn, transport.OpWrite, &m.w, &sc)
 				}
 				if err != nil {
 					t.Fatalf("round %d: %v", round, err)
@@ -204,8 +204,9 @@ func TestBlockSetOneExchange(t *testing.T) {
 				return
 			}
 			bw := m.conn
+			post := transport.Request{Op: transport.OpWrite, Blocks: &m.w, Scratch: &sc} // kept, as the batch layer keeps its own
 			if a := testing.AllocsPerRun(10, func() {
-				if _, err := bw.WriteBlocks(ctx, &m.w, &sc); err != nil {
+				if _, err := bw.Post(ctx, &post); err != nil {
 					t.Fatal(err)
 				}
 			}); a != 0 {
@@ -228,19 +229,19 @@ func TestBlockSetRefusal(t *testing.T) {
 			ctx := context.Background()
 			do := func() error {
 				if read {
-					_, err := m.conn.ReadBlocks(ctx, &m.rd, &sc)
+					_, err := transport.PostBlocks(ctx, m.conn, transport.OpRead, &m.rd, &sc)
 					return err
 				}
-				_, err := m.conn.WriteBlocks(ctx, &m.w, &sc)
+				_, err := transport.PostBlocks(ctx, m.conn, transport.OpWrite, &m.w, &sc)
 				return err
 			}
 			if err := do(); err != nil { // maps every region
 				t.Fatal(err)
 			}
-			landing, name := m.theirs, fmt.Sprintf("%q", m.w.Dst[bad].Name)
-			key := m.w.Dst[bad].Key.Key
+			landing, name := m.theirs, fmt.Sprintf("%q", m.w.Remote[bad].Name)
+			key := m.w.Remote[bad].Key.Key
 			if read {
-				landing, name, key = m.ours, fmt.Sprintf("%q", m.rd.Src[bad].Name), m.rd.Src[bad].Key.Key
+				landing, name, key = m.ours, fmt.Sprintf("%q", m.rd.Remote[bad].Name), m.rd.Remote[bad].Key.Key
 			}
 			for _, r := range landing {
 				for i, h := 0, r.Memory().Host; i < len(h); i++ {
@@ -307,7 +308,7 @@ func TestBlockSetGPU(t *testing.T) {
 	}
 	defer recv.Close()
 	defer send.Close()
-	var w transport.BlockWrite
+	var w transport.Blocks
 	var segs []layout.Segment
 	var dsts [][]byte
 	var srcs [][]byte
@@ -339,8 +340,8 @@ func TestBlockSetGPU(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		w.Src = append(w.Src, src)
-		w.Dst = append(w.Dst, transport.RemoteRegion{Name: fmt.Sprintf("d%d", r), Size: size, Key: dst.Key()})
+		w.Local = append(w.Local, src)
+		w.Remote = append(w.Remote, transport.RemoteRegion{Name: fmt.Sprintf("d%d", r), Size: size, Key: dst.Key()})
 		srcs, dsts = append(srcs, src.Memory().Host), append(dsts, db)
 	}
 	l, err := layout.New("l", segs, func(string) (uint64, error) { return size, nil }, layout.Limits{})
@@ -362,7 +363,7 @@ func TestBlockSetGPU(t *testing.T) {
 	defer conn.Close()
 	var sc transport.BlockScratch
 	for round := 0; round < 2; round++ {
-		if _, err := conn.WriteBlocks(context.Background(), &w, &sc); err != nil {
+		if _, err := transport.PostBlocks(context.Background(), conn, transport.OpWrite, &w, &sc); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 	}
@@ -412,13 +413,14 @@ func BenchmarkWriteBlocks160(b *testing.B) {
 	bw := m.conn
 	var sc transport.BlockScratch
 	ctx := context.Background()
-	if _, err := bw.WriteBlocks(ctx, &m.w, &sc); err != nil {
+	if _, err := transport.PostBlocks(ctx, bw, transport.OpWrite, &m.w, &sc); err != nil {
 		b.Fatal(err)
 	}
+	req := transport.Request{Op: transport.OpWrite, Blocks: &m.w, Scratch: &sc} // kept, as the batch layer keeps its own
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := bw.WriteBlocks(ctx, &m.w, &sc); err != nil {
+		if _, err := bw.Post(ctx, &req); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -470,14 +472,14 @@ func TestGPUDestinationWithoutDriver(t *testing.T) {
 	b := gapped(8, 1024)
 	ctx := context.Background()
 	for round := 0; round < 2; round++ {
-		_, err = conn.Write(ctx, src, transport.RemoteRegion{Name: "g", Size: size, Key: gpu.Key()}, b)
+		_, err = transport.Write(ctx, conn, src, transport.RemoteRegion{Name: "g", Size: size, Key: gpu.Key()}, b)
 		if !errors.Is(err, errs.ErrFailedPrecondition) {
 			t.Fatalf("round %d: write to a GPU region without a driver: %v, want FailedPrecondition", round, err)
 		}
 		if err := conn.Err(); err != nil {
 			t.Fatalf("round %d: the connection broke: %v", round, err)
 		}
-		if _, err := conn.Write(ctx, src, transport.RemoteRegion{Name: "h", Size: size, Key: host.Key()}, b); err != nil {
+		if _, err := transport.Write(ctx, conn, src, transport.RemoteRegion{Name: "h", Size: size, Key: host.Key()}, b); err != nil {
 			t.Fatalf("round %d: the next write: %v", round, err)
 		}
 	}
@@ -496,10 +498,10 @@ func TestBlockSetWritesAndReadsStayMapped(t *testing.T) {
 	ctx := context.Background()
 	round := func() {
 		t.Helper()
-		if _, err := m.conn.WriteBlocks(ctx, &m.w, &sc); err != nil {
+		if _, err := transport.PostBlocks(ctx, m.conn, transport.OpWrite, &m.w, &sc); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.conn.ReadBlocks(ctx, &m.rd, &sc); err != nil {
+		if _, err := transport.PostBlocks(ctx, m.conn, transport.OpRead, &m.rd, &sc); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -48,6 +48,7 @@ type remote struct {
 // Conn is a data path to one peer daemon on this host. Batches on it are
 // serialised.
 type Conn struct {
+	transport.Handlers
 	t    *Transport
 	peer transport.Peer
 	sock string // the peer's socket (its advert's)
@@ -108,6 +109,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	}
 	c := &Conn{t: t, peer: p, sock: ep.Socket, c: nc.(*net.UnixConn), mu: make(chan struct{}, 1), cache: map[uint64]*remote{}, streams: map[int][]*gpudirect.Stream{},
 		oob: make([]byte, unix.CmsgSpace(4)), msg: make([]byte, 0, 256)}
+	c.Handlers = transport.Handlers{Write: c.write, Read: c.read, WriteBlocks: c.writeBlocks, ReadBlocks: c.readBlocks}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.c.SetDeadline(dl)
 	}
@@ -298,7 +300,7 @@ func (c *Conn) drop(key uint64) {
 
 // Write copies b from src into dst: begin (pin, and the memory when not
 // cached), the copies, end (the receiver records the landing).
-func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+func (c *Conn) write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	return c.transfer(ctx, src, dst, b, false)
 }
 
@@ -306,7 +308,7 @@ func (c *Conn) Write(ctx context.Context, src transport.Registration, dst transp
 // peer's region (mapped read-only by its read key) into dst. It returns
 // after the copies ended (GPU: the streams synchronised), so no byte lands
 // after it.
-func (c *Conn) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+func (c *Conn) read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	return c.transfer(ctx, dst, src, b, true)
 }
 

@@ -60,7 +60,7 @@ func TestFirstBatchDestinationMappedWhole(t *testing.T) {
 	fill(p.dst.Memory().Host, 1) // the owner touched every page
 	fill(p.src.Memory().Host, 2)
 	one := &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{64}}
-	if _, err := p.conn.Write(context.Background(), p.src, transport.RemoteRegion{Name: "d", Size: region, Key: p.dst.Key()}, one); err != nil {
+	if _, err := transport.Write(context.Background(), p.conn, p.src, transport.RemoteRegion{Name: "d", Size: region, Key: p.dst.Key()}, one); err != nil {
 		t.Fatal(err)
 	}
 	if present, total := presentPages(t, cachedMapping(t, p.conn, p.dst.Key().Key)); present != total {
@@ -81,7 +81,7 @@ func TestWarmMapsBeforeTheFirstBatch(t *testing.T) {
 			dst := transport.RemoteRegion{Name: "d", Size: region, Key: p.dst.Key()}
 			b := gapped(16, 4096)
 			write := func() error {
-				_, err := p.conn.Write(context.Background(), p.src, dst, b)
+				_, err := transport.Write(context.Background(), p.conn, p.src, dst, b)
 				return err
 			}
 			switch how {
@@ -90,7 +90,7 @@ func TestWarmMapsBeforeTheFirstBatch(t *testing.T) {
 					t.Fatal(err)
 				}
 			case "prepare":
-				pr, err := p.conn.Prepare(p.src, dst, b)
+				pr, err := transport.Prepare(p.conn, p.src, dst, b)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -143,7 +143,7 @@ func TestWarmRefused(t *testing.T) {
 		t.Fatalf("%d destinations cached after a refusal", n)
 	}
 	// The connection is still usable.
-	if _, err := p.conn.Write(context.Background(), p.src, transport.RemoteRegion{Name: "d", Size: 1 << 16, Key: p.dst.Key()}, gapped(4, 1024)); err != nil {
+	if _, err := transport.Write(context.Background(), p.conn, p.src, transport.RemoteRegion{Name: "d", Size: 1 << 16, Key: p.dst.Key()}, gapped(4, 1024)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -110,7 +110,7 @@ func TestGPURoute(t *testing.T) {
 			}
 			allocs := g.cu.Calls("HostAlloc")
 			for round := 0; round < 2; round++ {
-				if _, err := g.conn.Write(context.Background(), g.src, transport.RemoteRegion{Name: "d", Size: region, Key: g.dst.Key()}, b); err != nil {
+				if _, err := transport.Write(context.Background(), g.conn, g.src, transport.RemoteRegion{Name: "d", Size: region, Key: g.dst.Key()}, b); err != nil {
 					t.Fatalf("round %d: %v", round, err)
 				}
 			}

@@ -154,7 +154,7 @@ func TestHostGPUBatchesPinned(t *testing.T) {
 			}
 			k0 := cu.Copies() // the staging calibration's copies are not the batches'
 			for round := 0; round < 3; round++ {
-				if _, err := conn.Write(context.Background(), src, rr, b); err != nil {
+				if _, err := transport.Write(context.Background(), conn, src, rr, b); err != nil {
 					t.Fatalf("round %d: %v", round, err)
 				}
 			}

@@ -32,7 +32,11 @@ type prepared struct {
 
 // Prepare is Conn.Prepare: it warms dst (Warm) and keeps a
 // copy of b; each Write is Conn.Write of it.
-func (c *Conn) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
+func (c *Conn) Prepare(r *transport.Request) (transport.Prepared, error) {
+	src, dst, b, err := transport.PreparedWrite(r)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), prepareWarmTimeout)
 	defer cancel()
 	if err := c.Warm(ctx, src, dst); err != nil {

@@ -39,7 +39,7 @@ func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), long)
 				defer cancel()
-				_, err := p.conn.Write(ctx, p.src, dst, b)
+				_, err := transport.Write(ctx, p.conn, p.src, dst, b)
 				first <- err
 			}()
 			time.Sleep(50 * time.Millisecond) // the first batch waits on the receiver now
@@ -55,7 +55,7 @@ func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
 			if tc.warm {
 				err = p.conn.(*Conn).Warm(ctx, p.src, dst)
 			} else {
-				_, err = p.conn.Write(ctx, p.src, dst, b)
+				_, err = transport.Write(ctx, p.conn, p.src, dst, b)
 			}
 			took := time.Since(start)
 			want := context.DeadlineExceeded
@@ -98,7 +98,7 @@ func TestCloseCutsBatchInFlight(t *testing.T) {
 	if took > long/2 {
 		t.Fatalf("Close took %v: it waited for the batch's %v deadline", took, long)
 	}
-	if _, err := p.conn.Write(context.Background(), p.src, dst, b); err == nil {
+	if _, err := transport.Write(context.Background(), p.conn, p.src, dst, b); err == nil {
 		t.Fatal("a batch on a closed conn answered OK")
 	}
 }
@@ -152,7 +152,7 @@ func stalledWrite(t *testing.T, p *pair, long time.Duration) (release func(), ds
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), long)
 		defer cancel()
-		_, err := p.conn.Write(ctx, p.src, dst, b)
+		_, err := transport.Write(ctx, p.conn, p.src, dst, b)
 		done <- err
 	}()
 	time.Sleep(50 * time.Millisecond) // the batch waits on the receiver now

@@ -30,12 +30,12 @@ type blockState struct {
 	pins []blockPin
 }
 
-// WriteBlocks is Conn.WriteBlocks: it expands the pair in
+// writeBlocks is the kind's block-id write (Handlers.WriteBlocks): it expands the pair in
 // chunks, pins each destination region on first use, copies every run and
 // reports each region's landing at the end. It allocates nothing once its
 // scratch has grown, under a ctx that cannot end (see pin). ctx is looked
 // at between chunks, before any further byte is placed.
-func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
+func (c *conn) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
 	var st transport.Stats
 	if err := c.Err(); err != nil {
 		return st, err
@@ -43,7 +43,7 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 	c.bs.bmu.Lock()
 	defer c.bs.bmu.Unlock()
 	pins := c.bs.pins[:0]
-	for range w.Dst {
+	for range w.Remote {
 		pins = append(pins, blockPin{})
 	}
 	c.bs.pins = pins
@@ -63,13 +63,13 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 		sc.Runs = w.Pair.ExpandFrom(sc.Runs[:0], w.IDs, &cur, blockChunk)
 		for i := range sc.Runs {
 			r := &sc.Runs[i]
-			if int(r.SrcRegion) >= len(w.Src) || int(r.DstRegion) >= len(pins) {
+			if int(r.SrcRegion) >= len(w.Local) || int(r.DstRegion) >= len(pins) {
 				return st, &transport.StretchError{Group: r.Group, SrcRegion: r.SrcRegion, DstRegion: r.DstRegion,
 					Err: fmt.Errorf("%w: memtest: run %d names region (source %d, destination %d) beyond those given", errs.ErrInvalidArgument, i, r.SrcRegion, r.DstRegion)}
 			}
 			p := &pins[r.DstRegion]
 			if p.release == nil {
-				d := w.Dst[r.DstRegion]
+				d := w.Remote[r.DstRegion]
 				m, release, err := c.pin(ctx, d.Key.Key)
 				if err != nil {
 					return st, &transport.StretchError{Group: r.Group, SrcRegion: r.SrcRegion, DstRegion: r.DstRegion,
@@ -77,7 +77,7 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 				}
 				p.mem, p.release = m.Host, release
 			}
-			src := w.Src[r.SrcRegion].Memory().Host
+			src := w.Local[r.SrcRegion].Memory().Host
 			if r.SrcOff > uint64(len(src)) || r.Len > uint64(len(src))-r.SrcOff || r.DstOff > uint64(len(p.mem)) || r.Len > uint64(len(p.mem))-r.DstOff {
 				return st, &transport.StretchError{Group: r.Group, SrcRegion: r.SrcRegion, DstRegion: r.DstRegion,
 					Err: fmt.Errorf("%w: memtest: run [%d,+%d) -> [%d,+%d) is outside the %d-byte source or the %d-byte destination", errs.ErrInvalidArgument, r.SrcOff, r.Len, r.DstOff, r.Len, len(src), len(p.mem))}

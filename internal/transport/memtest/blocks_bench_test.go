@@ -38,9 +38,9 @@ func BenchmarkWriteBlocks(b *testing.B) {
 	const segs, pool, block, req = 160, 1024, 64, 512
 	in := &fixedInbound{mem: map[uint64]memory.Memory{}}
 	to := New(in)
-	c := &conn{to: to}
+	c := newConn(to)
 	var ss, ds []layout.Segment
-	w := transport.BlockWrite{}
+	w := transport.Blocks{}
 	for s := 0; s < segs; s++ {
 		name := fmt.Sprintf("r%d", s)
 		ss = append(ss, layout.Segment{Region: name, BlockLen: block, Stride: block, NumBlocks: pool})
@@ -53,8 +53,8 @@ func BenchmarkWriteBlocks(b *testing.B) {
 		dm := memory.Memory{Kind: memory.Host, Host: make([]byte, pool*block), Len: pool * block}
 		key := uint64(s + 1)
 		in.mem[key] = dm
-		w.Src = append(w.Src, reg)
-		w.Dst = append(w.Dst, transport.RemoteRegion{Name: name, Size: dm.Len, Key: transport.RemoteKey{Key: key}})
+		w.Local = append(w.Local, reg)
+		w.Remote = append(w.Remote, transport.RemoteRegion{Name: name, Size: dm.Len, Key: transport.RemoteKey{Key: key}})
 	}
 	size := func(string) (uint64, error) { return pool * block, nil }
 	sl, _ := layout.New("src", ss, size, layout.Limits{})
@@ -76,13 +76,14 @@ func BenchmarkWriteBlocks(b *testing.B) {
 	var pl layout.Planner
 	var sc transport.BlockScratch
 	ctx := context.Background()
+	post := transport.Request{Op: transport.OpWrite, Blocks: &w, Scratch: &sc} // kept, as the batch layer keeps its own
 	run := func() {
 		ids, err := pl.Validate(pair, rq)
 		if err != nil {
 			b.Fatal(err)
 		}
 		w.IDs = ids
-		if _, err := c.WriteBlocks(ctx, &w, &sc); err != nil {
+		if _, err := c.Post(ctx, &post); err != nil {
 			b.Fatal(err)
 		}
 	}

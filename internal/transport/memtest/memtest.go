@@ -85,11 +85,18 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if !ok {
 		return nil, fmt.Errorf("%w: memtest: no transport listens at %q", errs.ErrUnavailable, p.Address)
 	}
-	return &conn{to: v.(*Transport)}, nil
+	return newConn(v.(*Transport)), nil
+}
+
+// newConn is a conn to the transport to, with its handlers set.
+func newConn(to *Transport) *conn {
+	c := &conn{to: to}
+	c.Handlers = transport.Handlers{Write: c.write, WriteBlocks: c.writeBlocks}
+	return c
 }
 
 type conn struct {
-	transport.NoPull
+	transport.Handlers // writes only (Caps.Ops)
 	transport.NoPrepare
 	to     *Transport
 	closed atomic.Bool
@@ -108,7 +115,7 @@ func (c *conn) Close() error { c.closed.Store(true); return nil }
 // Write pins the destination (the receiver may stall there: the cut-off
 // is checked before a byte is placed), copies every block, then reports
 // the landing.
-func (c *conn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+func (c *conn) write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, err
 	}

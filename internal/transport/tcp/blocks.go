@@ -93,7 +93,7 @@ type pipeErr struct {
 func (e *pipeErr) Error() string { return e.err.Error() }
 func (e *pipeErr) Unwrap() error { return e.err }
 
-// WriteBlocks is Conn.WriteBlocks: every stretch of the
+// writeBlocks is the kind's block-id write (Handlers.WriteBlocks): every stretch of the
 // request is one batch of the wire protocol (one key per batch), and the
 // streams expand and send their shares of all of them back to back,
 // reading the acks pipeWindow behind, so a request of 160 stretches costs
@@ -101,10 +101,10 @@ func (e *pipeErr) Unwrap() error { return e.err }
 // leaves. Any failure fails the conn, because acks of later batches may
 // still be on their way (as a cut-off Write does); GPU sources take the
 // generic path (staging).
-func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
-	for _, s := range w.Src {
+func (c *conn) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
+	for _, s := range w.Local {
 		if m := s.Memory(); m.Kind != memory.Host || (m.Host == nil && m.Len > 0) {
-			return transport.WriteStretches(ctx, c, w, sc)
+			return transport.WriteStretches(ctx, c.Write, w, sc)
 		}
 	}
 	if err := c.lockCtx(ctx); err != nil {
@@ -116,13 +116,13 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 	}
 	t0 := time.Now()
 	bs := &c.blocks
-	if err := bs.cut(w.Pair, w.IDs, len(w.Src), len(w.Dst)); err != nil {
+	if err := bs.cut(w.Pair, w.IDs, len(w.Local), len(w.Remote)); err != nil {
 		return transport.Stats{}, err
 	}
 	for k := range bs.stretches {
 		st := &bs.stretches[k]
-		d := &w.Dst[st.dstRegion]
-		st.local, st.key, st.remoteSize, st.remoteName = w.Src[st.srcRegion].Memory(), d.Key.Key, d.Size, d.Name
+		d := &w.Remote[st.dstRegion]
+		st.local, st.key, st.remoteSize, st.remoteName = w.Local[st.srcRegion].Memory(), d.Key.Key, d.Size, d.Name
 	}
 	if err := bs.checkExtents(w.Pair, false); err != nil {
 		// A region smaller than its layout says: check every run, the
@@ -130,7 +130,7 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 		// leaves (the others are still sent, streamed).
 		sc.Expand(w)
 		if err := checkRuns(sc, false, func(r *layout.Run) (uint64, uint64) {
-			return w.Src[r.SrcRegion].Memory().Len, w.Dst[r.DstRegion].Size
+			return w.Local[r.SrcRegion].Memory().Len, w.Remote[r.DstRegion].Size
 		}); err != nil {
 			return transport.Stats{}, err
 		}
@@ -140,14 +140,14 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 	return st, err
 }
 
-// ReadBlocks is Conn.ReadBlocks, the mirror of WriteBlocks
+// readBlocks is the kind's block-id read (Handlers.ReadBlocks), the mirror of writeBlocks
 // over pull requests (read.go): each stream expands its shares chunk by
 // chunk into request frames, one outstanding at a time, and places each
 // answer straight into our region. GPU destinations take the generic path.
-func (c *conn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *transport.BlockScratch) (transport.Stats, error) {
-	for _, d := range r.Dst {
+func (c *conn) readBlocks(ctx context.Context, r *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
+	for _, d := range r.Local {
 		if m := d.Memory(); m.Kind != memory.Host || (m.Host == nil && m.Len > 0) {
-			return transport.ReadStretches(ctx, c, r, sc)
+			return transport.ReadStretches(ctx, c.Read, r, sc)
 		}
 	}
 	if err := c.lockCtx(ctx); err != nil {
@@ -159,18 +159,18 @@ func (c *conn) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *trans
 	}
 	t0 := time.Now()
 	bs := &c.blocks
-	if err := bs.cut(r.Pair, r.IDs, len(r.Src), len(r.Dst)); err != nil {
+	if err := bs.cut(r.Pair, r.IDs, len(r.Remote), len(r.Local)); err != nil {
 		return transport.Stats{}, err
 	}
 	for k := range bs.stretches {
 		st := &bs.stretches[k]
-		s := &r.Src[st.srcRegion]
-		st.local, st.key, st.remoteSize, st.remoteName = r.Dst[st.dstRegion].Memory(), s.Key.Key, s.Size, s.Name
+		s := &r.Remote[st.srcRegion]
+		st.local, st.key, st.remoteSize, st.remoteName = r.Local[st.dstRegion].Memory(), s.Key.Key, s.Size, s.Name
 	}
 	if err := bs.checkExtents(r.Pair, true); err != nil {
-		sc.Expand(&transport.BlockWrite{Pair: r.Pair, IDs: r.IDs})
+		sc.Expand(r)
 		if err := checkRuns(sc, true, func(run *layout.Run) (uint64, uint64) {
-			return r.Src[run.SrcRegion].Size, r.Dst[run.DstRegion].Memory().Len
+			return r.Remote[run.SrcRegion].Size, r.Local[run.DstRegion].Memory().Len
 		}); err != nil {
 			return transport.Stats{}, err
 		}

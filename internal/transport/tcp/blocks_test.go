@@ -18,10 +18,10 @@ import (
 // blockRig is a block write of 8 segments of 512 B blocks (pool 64) from
 // one source region into 4 destination regions (2 segments each): 4
 // stretches, so 4 pipelined batches.
-func blockRig(t testing.TB) (*pair, *transport.BlockWrite, [][]byte) {
+func blockRig(t testing.TB) (*pair, *transport.Blocks, [][]byte) {
 	const segs, nd, pool, blk = 8, 4, 64, 512
 	p := newPair(t, segs*pool*blk, 2)
-	w := &transport.BlockWrite{Src: []transport.Registration{p.src}}
+	w := &transport.Blocks{Local: []transport.Registration{p.src}}
 	var dbufs [][]byte
 	for d := 0; d < nd; d++ {
 		m := hostMem(t, segs/nd*pool*blk)
@@ -32,7 +32,7 @@ func blockRig(t testing.TB) (*pair, *transport.BlockWrite, [][]byte) {
 		p.in.mu.Lock()
 		p.in.regs[reg.Key().Key] = m
 		p.in.mu.Unlock()
-		w.Dst = append(w.Dst, transport.RemoteRegion{Name: fmt.Sprintf("d%d", d), Size: m.Len, Key: reg.Key()})
+		w.Remote = append(w.Remote, transport.RemoteRegion{Name: fmt.Sprintf("d%d", d), Size: m.Len, Key: reg.Key()})
 		dbufs = append(dbufs, m.Host)
 	}
 	var ss, ds []layout.Segment
@@ -76,7 +76,7 @@ func TestWriteBlocksAllocatesNothing(t *testing.T) {
 	bw := p.conn
 	var sc transport.BlockScratch
 	ctx := context.Background()
-	if _, err := bw.WriteBlocks(ctx, w, &sc); err != nil { // warm-up
+	if _, err := transport.PostBlocks(ctx, bw, transport.OpWrite, w, &sc); err != nil { // warm-up
 		t.Fatal(err)
 	}
 	for _, r := range w.Pair.Expand(nil, w.IDs) {
@@ -85,8 +85,9 @@ func TestWriteBlocksAllocatesNothing(t *testing.T) {
 			t.Fatalf("run %+v did not land", r)
 		}
 	}
+	post := transport.Request{Op: transport.OpWrite, Blocks: w, Scratch: &sc} // kept, as the batch layer keeps its own
 	if a := testing.AllocsPerRun(50, func() {
-		if _, err := bw.WriteBlocks(ctx, w, &sc); err != nil {
+		if _, err := bw.Post(ctx, &post); err != nil {
 			t.Fatal(err)
 		}
 	}); a != 0 {
@@ -100,10 +101,10 @@ func TestWriteBlocksAllocatesNothing(t *testing.T) {
 func TestWriteBlocksRefusal(t *testing.T) {
 	p, w, _ := blockRig(t)
 	p.in.mu.Lock()
-	delete(p.in.regs, w.Dst[2].Key.Key)
+	delete(p.in.regs, w.Remote[2].Key.Key)
 	p.in.mu.Unlock()
 	var sc transport.BlockScratch
-	_, err := p.conn.WriteBlocks(context.Background(), w, &sc)
+	_, err := transport.PostBlocks(context.Background(), p.conn, transport.OpWrite, w, &sc)
 	if !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("err = %v, want NotFound", err)
 	}
@@ -169,8 +170,8 @@ func TestBlocksStreamedFrames(t *testing.T) {
 	c := p.conn.(*conn)
 	ctx := context.Background()
 	var sc transport.BlockScratch
-	w := &transport.BlockWrite{Pair: pr, IDs: ids, Src: []transport.Registration{p.src}, Dst: []transport.RemoteRegion{p.dst}}
-	st, err := c.WriteBlocks(ctx, w, &sc)
+	w := &transport.Blocks{Pair: pr, IDs: ids, Local: []transport.Registration{p.src}, Remote: []transport.RemoteRegion{p.dst}}
+	st, err := transport.PostBlocks(ctx, c, transport.OpWrite, w, &sc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,9 +192,9 @@ func TestBlocksStreamedFrames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rd := &transport.BlockRead{Pair: pr, IDs: ids, Src: []transport.RemoteRegion{p.dst}, Dst: []transport.Registration{ours}}
+	rd := &transport.Blocks{Pair: pr, IDs: ids, Remote: []transport.RemoteRegion{p.dst}, Local: []transport.Registration{ours}}
 	copy(p.dstMem.Host, p.srcMem.Host) // the peer's region holds the source now
-	if _, err := c.ReadBlocks(ctx, rd, &sc); err != nil {
+	if _, err := transport.PostBlocks(ctx, c, transport.OpRead, rd, &sc); err != nil {
 		t.Fatal(err)
 	}
 	got := ours.Memory().Host
@@ -202,15 +203,17 @@ func TestBlocksStreamedFrames(t *testing.T) {
 			t.Fatalf("pull: run %+v did not land", r)
 		}
 	}
+	postWrite := transport.Request{Op: transport.OpWrite, Blocks: w, Scratch: &sc} // kept, as the batch layer keeps its own
 	if a := testing.AllocsPerRun(20, func() {
-		if _, err := c.WriteBlocks(ctx, w, &sc); err != nil {
+		if _, err := c.Post(ctx, &postWrite); err != nil {
 			t.Fatal(err)
 		}
 	}); a != 0 {
 		t.Fatalf("%v allocations per streamed write", a)
 	}
+	postRead := transport.Request{Op: transport.OpRead, Blocks: rd, Scratch: &sc} // kept, as the batch layer keeps its own
 	if a := testing.AllocsPerRun(20, func() {
-		if _, err := c.ReadBlocks(ctx, rd, &sc); err != nil {
+		if _, err := c.Post(ctx, &postRead); err != nil {
 			t.Fatal(err)
 		}
 	}); a != 0 {
@@ -224,7 +227,7 @@ func TestBlocksStreamedFrames(t *testing.T) {
 // InvalidArgument naming the stretch before any byte leaves.
 func TestBlocksRegionSmallerThanLayout(t *testing.T) {
 	p, w, dbufs := blockRig(t)
-	w.Dst[3].Size -= 10 * 512 // its second segment's blocks 54..63 are outside
+	w.Remote[3].Size -= 10 * 512 // its second segment's blocks 54..63 are outside
 	var sc transport.BlockScratch
 	var pl layout.Planner
 	var err error
@@ -232,7 +235,7 @@ func TestBlocksRegionSmallerThanLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.conn.WriteBlocks(context.Background(), w, &sc); err != nil {
+	if _, err := transport.PostBlocks(context.Background(), p.conn, transport.OpWrite, w, &sc); err != nil {
 		t.Fatalf("ids inside the smaller region: %v", err)
 	}
 	before := p.in.pinCalls.Load()
@@ -240,7 +243,7 @@ func TestBlocksRegionSmallerThanLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = p.conn.WriteBlocks(context.Background(), w, &sc)
+	_, err = transport.PostBlocks(context.Background(), p.conn, transport.OpWrite, w, &sc)
 	var se *transport.StretchError
 	if !errors.Is(err, errs.ErrInvalidArgument) || !errors.As(err, &se) || se.DstRegion != 3 {
 		t.Fatalf("err = %v, want InvalidArgument naming destination region 3", err)
@@ -284,19 +287,19 @@ func BenchmarkBlocksPushPull(b *testing.B) {
 		b.Fatal(err)
 	}
 	c := p.conn.(*conn)
-	w := &transport.BlockWrite{Pair: pr, IDs: ids, Src: []transport.Registration{p.src}, Dst: []transport.RemoteRegion{p.dst}}
-	rd := &transport.BlockRead{Pair: pr, IDs: ids, Src: []transport.RemoteRegion{p.dst}, Dst: []transport.Registration{p.src}}
+	w := &transport.Blocks{Pair: pr, IDs: ids, Local: []transport.Registration{p.src}, Remote: []transport.RemoteRegion{p.dst}}
+	rd := &transport.Blocks{Pair: pr, IDs: ids, Remote: []transport.RemoteRegion{p.dst}, Local: []transport.Registration{p.src}}
 	ctx := context.Background()
 	var sc transport.BlockScratch
 	var push, pull []time.Duration
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		st, err := c.WriteBlocks(ctx, w, &sc)
+		st, err := transport.PostBlocks(ctx, c, transport.OpWrite, w, &sc)
 		if err != nil {
 			b.Fatal(err)
 		}
 		push = append(push, st.Plan+st.Post)
-		if st, err = c.ReadBlocks(ctx, rd, &sc); err != nil {
+		if st, err = transport.PostBlocks(ctx, c, transport.OpRead, rd, &sc); err != nil {
 			b.Fatal(err)
 		}
 		pull = append(pull, st.Plan+st.Post)

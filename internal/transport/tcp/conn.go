@@ -48,6 +48,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	}
 	c := &conn{t: t, id: binary.LittleEndian.Uint64(idb[:]), addr: addr, mu: make(chan struct{}, 1), quit: make(chan struct{}), staged: make(chan staged, 1),
 		smallCap: min(t.cfg.FrameBytes, maxSegsPerFrame*copyBelow), dialer: d, token: ep.GetSessionToken()}
+	c.Handlers = transport.Handlers{Write: c.write, Read: c.read, WriteBlocks: c.writeBlocks, ReadBlocks: c.readBlocks}
 	for i := 0; i < t.cfg.Streams; i++ {
 		nc, err := d.DialContext(ctx, "tcp", addr)
 		if err != nil {
@@ -86,6 +87,7 @@ func dataAddress(peer, data string) (string, error) {
 }
 
 type conn struct {
+	transport.Handlers
 	t       *Transport
 	id      uint64
 	addr    string
@@ -295,7 +297,7 @@ func (c *conn) unlock() { <-c.mu }
 
 // Write sends the batch's segments over up to len(streams) streams, split by
 // bytes, and waits for every stream's ack.
-func (c *conn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+func (c *conn) write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	if err := c.lockCtx(ctx); err != nil {
 		return transport.Stats{}, err
 	}

@@ -49,7 +49,7 @@ func TestCutBatchNeverLandsLate(t *testing.T) {
 				} else {
 					time.AfterFunc(after, cancel)
 				}
-				_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+				_, err := transport.Write(ctx, p.conn, p.src, p.dst, &b)
 				cancel()
 				if err == nil {
 					checkLanded(t, p, &b)
@@ -113,7 +113,7 @@ func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), long)
 			defer cancel()
-			_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+			_, err := transport.Write(ctx, p.conn, p.src, p.dst, &b)
 			first <- err
 		}()
 		time.Sleep(50 * time.Millisecond) // the first batch waits on the receiver now
@@ -125,7 +125,7 @@ func TestQueuedBatchAnswersAtItsOwnCut(t *testing.T) {
 			want = context.Canceled
 		}
 		start := time.Now()
-		_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+		_, err := transport.Write(ctx, p.conn, p.src, p.dst, &b)
 		took := time.Since(start)
 		cancel()
 		p.in.mu.Unlock()
@@ -171,7 +171,7 @@ func TestStoppedReceiverPlacesOnePieceAtMost(t *testing.T) {
 		placeHook.Store(&stop)
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() { <-reached; cancel() }()
-		_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+		_, err := transport.Write(ctx, p.conn, p.src, p.dst, &b)
 		cancel()
 		placeHook.Store(nil)
 		if err == nil {

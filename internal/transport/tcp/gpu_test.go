@@ -62,7 +62,7 @@ func TestGPUToGPU(t *testing.T) {
 	for i := range n {
 		bt.Src[i], bt.Dst[i], bt.Len[i] = uint64(i)*slot, uint64(perm[i])*slot, size
 	}
-	st, err := c.Write(context.Background(), src, transport.RemoteRegion{Size: n * slot, Key: dreg.Key()}, &bt)
+	st, err := transport.Write(context.Background(), c, src, transport.RemoteRegion{Size: n * slot, Key: dreg.Key()}, &bt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestGPUFirstBatchAllocatesNoStaging(t *testing.T) {
 			t.Fatalf("streams %d: registration reserved %v staging buffers (source, destination side), want some on each", streams, before)
 		}
 		for batch := 1; batch <= 2; batch++ {
-			if _, err := c.Write(context.Background(), src, transport.RemoteRegion{Size: n * slot, Key: dreg.Key()}, &bt); err != nil {
+			if _, err := transport.Write(context.Background(), c, src, transport.RemoteRegion{Size: n * slot, Key: dreg.Key()}, &bt); err != nil {
 				t.Fatal(err)
 			}
 			if got := [2]int64{srcPool.Allocations(), dstPool.Allocations()}; got != before {

@@ -34,7 +34,11 @@ var (
 )
 
 // Prepare builds b's work from src into dst for this conn; b is not retained.
-func (c *conn) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
+func (c *conn) Prepare(r *transport.Request) (transport.Prepared, error) {
+	src, dst, b, err := transport.PreparedWrite(r)
+	if err != nil {
+		return nil, err
+	}
 	if err := c.Err(); err != nil {
 		return nil, c.brokenBefore(err)
 	}

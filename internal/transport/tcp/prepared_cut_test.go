@@ -24,7 +24,7 @@ func TestBehindACutBatch(t *testing.T) {
 	pr := prepare(t, p, p.dst, &b)
 	p.in.mu.Lock() // the receiver cannot pin, so it never acks: the batch is cut by its deadline
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+	_, err := transport.Write(ctx, p.conn, p.src, p.dst, &b)
 	cancel()
 	p.in.mu.Unlock()
 	if !errors.Is(err, context.DeadlineExceeded) || p.conn.Err() == nil {
@@ -35,8 +35,8 @@ func TestBehindACutBatch(t *testing.T) {
 		run  func() error
 	}{
 		{"prepared write", func() error { _, err := pr.Write(context.Background()); return err }},
-		{"write", func() error { _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); return err }},
-		{"prepare", func() error { _, err := p.conn.Prepare(p.src, p.dst, &b); return err }},
+		{"write", func() error { _, err := transport.Write(context.Background(), p.conn, p.src, p.dst, &b); return err }},
+		{"prepare", func() error { _, err := transport.Prepare(p.conn, p.src, p.dst, &b); return err }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.run()

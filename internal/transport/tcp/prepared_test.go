@@ -51,7 +51,7 @@ func checkLanded(t testing.TB, p *pair, b *desc.Batch) {
 
 func prepare(t testing.TB, p *pair, dst transport.RemoteRegion, b *desc.Batch) transport.Prepared {
 	t.Helper()
-	pr, err := p.conn.Prepare(p.src, dst, b)
+	pr, err := transport.Prepare(p.conn, p.src, dst, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestPreparedManySubmits(t *testing.T) {
 				case 1:
 					_, err = pr2.Write(context.Background())
 				default:
-					_, err = p.conn.Write(context.Background(), p.src, p.dst, &b1)
+					_, err = transport.Write(context.Background(), p.conn, p.src, p.dst, &b1)
 				}
 				if err != nil {
 					errc <- err
@@ -198,7 +198,7 @@ func TestPreparedClosed(t *testing.T) {
 		if _, err := pr.Write(context.Background()); err == nil {
 			t.Fatal("write on a closed conn succeeded")
 		}
-		if _, err := p.conn.Prepare(p.src, p.dst, &b); err == nil {
+		if _, err := transport.Prepare(p.conn, p.src, p.dst, &b); err == nil {
 			// A closed conn that was never failed still has Err nil; the
 			// write above failed it.
 			t.Fatal("prepare on a failed conn succeeded")
@@ -264,7 +264,7 @@ func TestPrepareBounds(t *testing.T) {
 		{"ragged", desc.Batch{Src: []uint64{0}, Dst: []uint64{0, 1}, Len: []uint64{1}}, "1 sources, 2 destinations"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := p.conn.Prepare(p.src, p.dst, &c.b)
+			_, err := transport.Prepare(p.conn, p.src, p.dst, &c.b)
 			if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("err = %v, want InvalidArgument naming %q", err, c.want)
 			}
@@ -289,7 +289,7 @@ func TestPreparedTruncatedSource(t *testing.T) {
 			for i := uint64(0); i < size/blk/2; i++ {
 				b.Src, b.Dst, b.Len = append(b.Src, 2*i*blk), append(b.Dst, 2*i*blk), append(b.Len, blk)
 			}
-			pr, err := p.conn.Prepare(src, p.dst, &b)
+			pr, err := transport.Prepare(p.conn, src, p.dst, &b)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -335,7 +335,7 @@ func TestPreparedWriteAllocatesNothing(t *testing.T) {
 func TestStatsPhases(t *testing.T) {
 	p := newPair(t, 10000*192, 1)
 	b := scattered(rand.New(rand.NewPCG(2, 2)), 10000, 128, 192)
-	st, err := p.conn.Write(context.Background(), p.src, p.dst, &b)
+	st, err := transport.Write(context.Background(), p.conn, p.src, p.dst, &b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -463,7 +463,7 @@ func BenchmarkWriteLarge(b *testing.B) {
 				b.SetBytes(int64(n * size))
 				defer cpuPerByte(b, n*size)()
 				for b.Loop() {
-					if _, err := p.conn.Write(ctx, p.src, p.dst, &bt); err != nil {
+					if _, err := transport.Write(ctx, p.conn, p.src, p.dst, &bt); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -32,7 +32,7 @@ import (
 // returned (error, deadline or cancel included) no byte of it lands: the
 // streams' workers are waited for, and a cut-off stream is closed with
 // whatever answer was in flight.
-func (c *conn) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+func (c *conn) read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	if err := c.lockCtx(ctx); err != nil {
 		return transport.Stats{}, err
 	}

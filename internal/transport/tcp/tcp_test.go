@@ -124,7 +124,7 @@ func TestWriteLandsEveryBlock(t *testing.T) {
 		for i := range c.blocks {
 			b.Src[i], b.Dst[i], b.Len[i] = uint64(i)*slot, uint64(perm[i])*slot, c.size
 		}
-		if _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); err != nil {
+		if _, err := transport.Write(context.Background(), p.conn, p.src, p.dst, &b); err != nil {
 			t.Fatalf("%+v: %v", c, err)
 		}
 		for i := range c.blocks {
@@ -157,7 +157,7 @@ func TestReceiverRefusals(t *testing.T) {
 			}
 			good := p.dst
 			c.mut(p, &b)
-			_, err := p.conn.Write(context.Background(), p.src, p.dst, &b)
+			_, err := transport.Write(context.Background(), p.conn, p.src, p.dst, &b)
 			if !errors.Is(err, c.want) {
 				t.Fatalf("err = %v, want %v", err, c.want)
 			}
@@ -175,7 +175,7 @@ func TestReceiverRefusals(t *testing.T) {
 				t.Fatalf("a clean refusal broke the connection: %v", err)
 			}
 			ok := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{16}}
-			if _, err := p.conn.Write(context.Background(), p.src, good, &ok); err != nil {
+			if _, err := transport.Write(context.Background(), p.conn, p.src, good, &ok); err != nil {
 				t.Fatalf("next batch on the same connection: %v", err)
 			}
 		})
@@ -195,7 +195,7 @@ func TestBatchPinnedOnce(t *testing.T) {
 			b.Src, b.Dst, b.Len = append(b.Src, i<<20), append(b.Dst, (63-i)<<20), append(b.Len, 1<<20)
 		}
 		for round := 1; round <= 2; round++ {
-			if _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); err != nil {
+			if _, err := transport.Write(context.Background(), p.conn, p.src, p.dst, &b); err != nil {
 				t.Fatal(err)
 			}
 			if n := p.in.pinCalls.Load(); n < 1 || n > int64(round*streams) {
@@ -218,7 +218,7 @@ func TestDeadline(t *testing.T) {
 	defer cancel()
 	b := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{1 << 20}}
 	start := time.Now()
-	_, err := p.conn.Write(ctx, p.src, p.dst, &b)
+	_, err := transport.Write(ctx, p.conn, p.src, p.dst, &b)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want deadline exceeded", err)
 	}
@@ -238,11 +238,12 @@ func BenchmarkWrite10K128(b *testing.B) {
 		bt.Src[i], bt.Dst[i], bt.Len[i] = uint64(i)*slot, uint64(perm[i])*slot, size
 	}
 	ctx := context.Background()
+	req := transport.Request{Op: transport.OpWrite, Local: p.src, Remote: p.dst, Batch: &bt} // kept, as the batch layer keeps its own
 	b.ReportAllocs()
 	b.SetBytes(n * size)
 	defer cpuPerByte(b, n*size)()
 	for b.Loop() {
-		if _, err := p.conn.Write(ctx, p.src, p.dst, &bt); err != nil {
+		if _, err := p.conn.Post(ctx, &req); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -295,7 +296,7 @@ func TestTruncatedMemory(t *testing.T) {
 			p.in.mu.Unlock()
 			truncate()
 			bad := transport.RemoteRegion{Name: "t", Size: size, Key: reg.Key()}
-			_, err = p.conn.Write(context.Background(), p.src, bad, &b)
+			_, err = transport.Write(context.Background(), p.conn, p.src, bad, &b)
 			if !errors.Is(err, errs.ErrDataLoss) {
 				t.Fatalf("err = %v, want DataLoss", err)
 			}
@@ -308,7 +309,7 @@ func TestTruncatedMemory(t *testing.T) {
 			for i := range p.srcMem.Host {
 				p.srcMem.Host[i] = byte(i * 7)
 			}
-			if _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); err != nil {
+			if _, err := transport.Write(context.Background(), p.conn, p.src, p.dst, &b); err != nil {
 				t.Fatalf("next batch on the same connection: %v", err)
 			}
 			if !bytes.Equal(p.srcMem.Host[:blk], p.dstMem.Host[:blk]) {
@@ -323,7 +324,7 @@ func TestTruncatedMemory(t *testing.T) {
 				t.Fatal(err)
 			}
 			truncate()
-			_, err = p.conn.Write(context.Background(), src, p.dst, &b)
+			_, err = transport.Write(context.Background(), p.conn, src, p.dst, &b)
 			if !errors.Is(err, errs.ErrDataLoss) || !memguard.IsFault(err) {
 				t.Fatalf("err = %v, want a DataLoss fault", err)
 			}
@@ -344,7 +345,7 @@ func TestSegmentOverFrameLimit(t *testing.T) {
 		p.srcMem.Host[i] = byte(i*7 + i>>20)
 	}
 	b := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{size}}
-	if _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); err != nil {
+	if _, err := transport.Write(context.Background(), p.conn, p.src, p.dst, &b); err != nil {
 		t.Fatalf("write of one %d-byte block: %v", size, err)
 	}
 	if !bytes.Equal(p.srcMem.Host, p.dstMem.Host) {

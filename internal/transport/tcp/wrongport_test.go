@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // TestWrongPortAnswersGRPC: a gRPC client that dials the data port gets
@@ -52,7 +53,7 @@ func (p *pair) roundTrip(t *testing.T) {
 	src, dst := p.srcMem.Host, p.dstMem.Host
 	copy(src[:8], "wrongprt")
 	b := desc.Batch{Src: []uint64{0}, Dst: []uint64{64}, Len: []uint64{8}}
-	if _, err := p.conn.Write(context.Background(), p.src, p.dst, &b); err != nil {
+	if _, err := transport.Write(context.Background(), p.conn, p.src, p.dst, &b); err != nil {
 		t.Fatal(err)
 	}
 	if string(dst[64:72]) != "wrongprt" {

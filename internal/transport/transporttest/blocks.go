@@ -154,16 +154,16 @@ func testBlocks(t *testing.T, f Factory) {
 			r.fresh(t)
 			kp := newKVPair(t, "src", "dst", c.srcFused, c.dstFus)
 			nreg, ssize, dsize := kvRegions, kp.ssize, kp.dsize
-			var w transport.BlockWrite
+			var w transport.Blocks
 			w.Pair = kp.pair
 			var sbuf, dbuf [][]byte
 			for i := 0; i < nreg; i++ {
 				reg, b := r.source(t, int(ssize))
 				fill(rng, b)
-				w.Src, sbuf = append(w.Src, reg), append(sbuf, b)
+				w.Local, sbuf = append(w.Local, reg), append(sbuf, b)
 				_, rr, db := r.dest(t, int(dsize))
 				poisoned(db)
-				w.Dst, dbuf = append(w.Dst, rr), append(dbuf, db)
+				w.Remote, dbuf = append(w.Remote, rr), append(dbuf, db)
 			}
 			srcIDs, dstIDs := c.ids(rng)
 			var pl kvlayout.Planner
@@ -174,7 +174,7 @@ func testBlocks(t *testing.T, f Factory) {
 			w.IDs = ids
 			before := r.rin.landedBytes.Load()
 			var sc transport.BlockScratch
-			if _, err := r.conn.WriteBlocks(context.Background(), &w, &sc); err != nil {
+			if _, err := transport.PostBlocks(context.Background(), r.conn, transport.OpWrite, &w, &sc); err != nil {
 				t.Fatalf("WriteBlocks: %v", err)
 			}
 			want := kp.check(t, srcIDs, dstIDs, sbuf, dbuf, "destination")
@@ -205,14 +205,14 @@ func testBlocksCancel(t *testing.T, f Factory) {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(5, 5))
-	w := transport.BlockWrite{Pair: pair}
+	w := transport.Blocks{Pair: pair}
 	var dbuf [][]byte
 	for i := 0; i < nreg; i++ {
 		reg, b := r.source(t, int(size))
 		fill(rng, b)
 		_, rr, db := r.dest(t, int(size))
 		poisoned(db)
-		w.Src, w.Dst, dbuf = append(w.Src, reg), append(w.Dst, rr), append(dbuf, db)
+		w.Local, w.Remote, dbuf = append(w.Local, reg), append(w.Remote, rr), append(dbuf, db)
 	}
 	var ids []uint32
 	for _, p := range rng.Perm(kvPool) {
@@ -238,7 +238,7 @@ func testBlocksCancel(t *testing.T, f Factory) {
 		stop()
 	}()
 	var sc transport.BlockScratch
-	_, err = r.conn.WriteBlocks(ctx, &w, &sc)
+	_, err = transport.PostBlocks(ctx, r.conn, transport.OpWrite, &w, &sc)
 	var snap [][]byte
 	for _, db := range dbuf {
 		snap = append(snap, bytes.Clone(db))
@@ -303,15 +303,15 @@ func testBlocksRead(t *testing.T, f Factory) {
 			r.fresh(t)
 			kp := newKVPair(t, "peer", "ours", c.srcFused, c.dstFus)
 			nreg, ssize, dsize := kvRegions, kp.ssize, kp.dsize
-			rd := transport.BlockRead{Pair: kp.pair}
+			rd := transport.Blocks{Pair: kp.pair}
 			var sbuf, dbuf [][]byte
 			for i := 0; i < nreg; i++ {
 				_, rr, sb := r.readable(t, int(ssize))
 				fill(rng, sb)
-				rd.Src, sbuf = append(rd.Src, rr), append(sbuf, sb)
+				rd.Remote, sbuf = append(rd.Remote, rr), append(sbuf, sb)
 				reg, db := r.source(t, int(dsize))
 				poisoned(db)
-				rd.Dst, dbuf = append(rd.Dst, reg), append(dbuf, db)
+				rd.Local, dbuf = append(rd.Local, reg), append(dbuf, db)
 			}
 			srcIDs, dstIDs := c.ids(rng)
 			var pl kvlayout.Planner
@@ -320,7 +320,7 @@ func testBlocksRead(t *testing.T, f Factory) {
 				t.Fatal(err)
 			}
 			var sc transport.BlockScratch
-			st, err := r.conn.ReadBlocks(context.Background(), &rd, &sc)
+			st, err := transport.PostBlocks(context.Background(), r.conn, transport.OpRead, &rd, &sc)
 			if err != nil {
 				t.Fatalf("ReadBlocks: %v", err)
 			}

@@ -106,7 +106,7 @@ func check(t testing.TB, src, dst []byte, b *desc.Batch) {
 }
 
 func write(ctx context.Context, c transport.Conn, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) error {
-	_, err := c.Write(ctx, src, dst, b)
+	_, err := transport.Write(ctx, c, src, dst, b)
 	return err
 }
 
@@ -121,7 +121,7 @@ func testLands(t *testing.T, f Factory) {
 				fill(rng, sb)
 				poisoned(db)
 				before := r.rin.landedBytes.Load()
-				st, err := r.conn.Write(context.Background(), src, dst, &l.b)
+				st, err := transport.Write(context.Background(), r.conn, src, dst, &l.b)
 				if err != nil {
 					t.Fatalf("round %d: %v", round, err)
 				}
@@ -404,7 +404,7 @@ func testCloseTwice(t *testing.T, f Factory) {
 		}
 	}
 	if r.caps.Prepared {
-		pr, err := r.conn.Prepare(src, dst, &b)
+		pr, err := transport.Prepare(r.conn, src, dst, &b)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -475,7 +475,7 @@ func testPrepared(t *testing.T, f Factory) {
 	{ // a probe: Prepare works exactly when Caps.Prepared says so
 		src, _ := r.source(t, 4096)
 		_, dst, _ := r.dest(t, 4096)
-		pr, err := p.Prepare(src, dst, &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{4096}})
+		pr, err := transport.Prepare(p, src, dst, &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{4096}})
 		has := !errors.Is(err, errs.ErrUnimplemented)
 		if has && err != nil {
 			t.Fatalf("probe Prepare of one block: %v", err)
@@ -490,7 +490,7 @@ func testPrepared(t *testing.T, f Factory) {
 			src, sb := r.source(t, l.size)
 			_, dst, db := r.dest(t, l.size)
 			b := desc.Batch{Src: append([]uint64(nil), l.b.Src...), Dst: append([]uint64(nil), l.b.Dst...), Len: append([]uint64(nil), l.b.Len...)}
-			pr, err := p.Prepare(src, dst, &b)
+			pr, err := transport.Prepare(p, src, dst, &b)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -35,7 +35,7 @@ func (r *rig) reader(t *testing.T) transport.Conn {
 	local, _ := r.source(t, n)
 	_, remote, _ := r.readable(t, n)
 	b := desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{n}}
-	_, err := r.conn.Read(context.Background(), local, remote, &b)
+	_, err := transport.Read(context.Background(), r.conn, local, remote, &b)
 	r.declared(t, Read, !errors.Is(err, errs.ErrUnimplemented))
 	return r.conn
 }
@@ -68,7 +68,7 @@ func readKey(t testing.TB, reg transport.Registration) transport.RemoteKey {
 
 // read pulls b (Src: the peer's offsets) into dst.
 func read(ctx context.Context, rd transport.Conn, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) error {
-	_, err := rd.Read(ctx, dst, src, b)
+	_, err := transport.Read(ctx, rd, dst, src, b)
 	return err
 }
 

@@ -243,28 +243,28 @@ func blockTotals(p *kvlayout.Pair, n int) (total, blocks uint64) {
 	return total, blocks
 }
 
-// WriteBlocks pushes a whole block request as one batch; see
-// transport.BlockWriter. Requests over more destination regions than one
+// writeBlocks pushes a whole block request as one batch; see
+// Handlers.WriteBlocks. Requests over more destination regions than one
 // batch can name take transport.WriteStretches.
-func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
+func (s *qpSet) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
 	var st transport.Stats
 	if err := s.Err(); err != nil {
 		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
 	p := w.Pair
-	if len(w.Src) != p.Src().NumRegions() || len(w.Dst) != p.Dst().NumRegions() || w.IDs.N() == 0 || len(w.IDs.Dst) != w.IDs.N() {
+	if len(w.Local) != p.Src().NumRegions() || len(w.Remote) != p.Dst().NumRegions() || w.IDs.N() == 0 || len(w.IDs.Dst) != w.IDs.N() {
 		return st, fmt.Errorf("verbs: block write: %d sources and %d destinations for layouts of %d and %d regions, %d ids: %w",
-			len(w.Src), len(w.Dst), p.Src().NumRegions(), p.Dst().NumRegions(), w.IDs.N(), errs.ErrInvalidArgument)
+			len(w.Local), len(w.Remote), p.Src().NumRegions(), p.Dst().NumRegions(), w.IDs.N(), errs.ErrInvalidArgument)
 	}
-	if len(w.Dst) > maxBatchKeys {
-		return transport.WriteStretches(ctx, s, w, sc)
+	if len(w.Remote) > maxBatchKeys {
+		return transport.WriteStretches(ctx, s.Write, w, sc)
 	}
 	if err := s.acquireWrite(ctx, "block write"); err != nil {
 		return st, err
 	}
 	defer s.releaseWrite()
 	t0 := time.Now()
-	if err := s.holdLocal("block write", w.Src); err != nil {
+	if err := s.holdLocal("block write", w.Local); err != nil {
 		return st, err
 	}
 	defer s.releaseLocal()
@@ -276,12 +276,12 @@ func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tr
 	if err != nil {
 		return st, err
 	}
-	host, err := s.setRegions("block write", tab, p, w.Dst, false)
+	host, err := s.setRegions("block write", tab, p, w.Remote, false)
 	if err != nil {
 		return st, err
 	}
 	keys := s.blk.keys[:0]
-	for _, d := range w.Dst {
+	for _, d := range w.Remote {
 		keys = append(keys, uint32(d.Key.Key))
 	}
 	s.blk.keys = keys
@@ -313,35 +313,35 @@ func (s *qpSet) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tr
 	if err := s.postChains(ctx, &st, tag, first, nq, &params, &chainSource{tab: tab, curs: curs, ids: w.IDs}); err != nil {
 		return st, err
 	}
-	if err := s.awaitAck(ctx, tag, &w.Dst[0]); err != nil {
+	if err := s.awaitAck(ctx, tag, &w.Remote[0]); err != nil {
 		if errors.Is(err, errs.ErrNotFound) {
 			return st, fmt.Errorf("verbs: block write to %s: one of the %d destination regions (%q first) is no longer registered or exported there: %w",
-				s.peer, len(w.Dst), w.Dst[0].Name, err)
+				s.peer, len(w.Remote), w.Remote[0].Name, err)
 		}
 		return st, err
 	}
 	return st, nil
 }
 
-// ReadBlocks pulls a whole block request; see transport.BlockReader. No
+// readBlocks pulls a whole block request (Handlers.ReadBlocks). No
 // message goes out: the request is in place once every QP completed all
 // it posted.
-func (s *qpSet) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *transport.BlockScratch) (transport.Stats, error) {
+func (s *qpSet) readBlocks(ctx context.Context, r *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
 	var st transport.Stats
 	if err := s.Err(); err != nil {
 		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
 	p := r.Pair
-	if len(r.Src) != p.Src().NumRegions() || len(r.Dst) != p.Dst().NumRegions() || r.IDs.N() == 0 || len(r.IDs.Dst) != r.IDs.N() {
+	if len(r.Remote) != p.Src().NumRegions() || len(r.Local) != p.Dst().NumRegions() || r.IDs.N() == 0 || len(r.IDs.Dst) != r.IDs.N() {
 		return st, fmt.Errorf("verbs: block read: %d sources and %d destinations for layouts of %d and %d regions, %d ids: %w",
-			len(r.Src), len(r.Dst), p.Src().NumRegions(), p.Dst().NumRegions(), r.IDs.N(), errs.ErrInvalidArgument)
+			len(r.Remote), len(r.Local), p.Src().NumRegions(), p.Dst().NumRegions(), r.IDs.N(), errs.ErrInvalidArgument)
 	}
 	if err := s.acquireWrite(ctx, "block read"); err != nil {
 		return st, err
 	}
 	defer s.releaseWrite()
 	t0 := time.Now()
-	if err := s.holdLocal("block read", r.Dst); err != nil {
+	if err := s.holdLocal("block read", r.Local); err != nil {
 		return st, err
 	}
 	defer s.releaseLocal()
@@ -353,7 +353,7 @@ func (s *qpSet) ReadBlocks(ctx context.Context, r *transport.BlockRead, sc *tran
 	if err != nil {
 		return st, err
 	}
-	if _, err := s.setRegions("block read", tab, p, r.Src, true); err != nil {
+	if _, err := s.setRegions("block read", tab, p, r.Remote, true); err != nil {
 		return st, err
 	}
 	t := s.t

@@ -93,6 +93,7 @@ func (sl *rxSlot) unpin() {
 // qpSet is one connection's QPs, CQ and state, in either direction. A
 // sending set is the transport.Conn returned by Connect.
 type qpSet struct {
+	transport.Handlers
 	t      *Transport
 	id     uint64
 	peer   string
@@ -169,6 +170,7 @@ var _ transport.Conn = (*qpSet)(nil)
 func (t *Transport) newSet(n int, sender bool, peer string, id uint64) (_ *qpSet, err error) {
 	cfg := &t.cfg
 	s := &qpSet{t: t, id: id, peer: peer, sender: sender, broken: make(chan struct{})}
+	s.Handlers = transport.Handlers{Write: s.writeBatch, Read: s.readBatch, WriteBlocks: s.writeBlocks, ReadBlocks: s.readBlocks}
 	t.live.sets.Add(1)
 	defer func() {
 		if err != nil {
@@ -321,7 +323,7 @@ func (s *qpSet) releaseWrite() { <-s.sem }
 
 // Write sends b from src into dst; see transport.Conn. It is serialised
 // per connection and allocates nothing on success.
-func (s *qpSet) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+func (s *qpSet) writeBatch(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	return s.transfer(ctx, src, dst, b, false)
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // A batch cut off by its deadline with WRs in flight posts nothing more
@@ -36,7 +37,7 @@ func TestHWDeadlineStopsWrites(t *testing.T) {
 	defer cancel()
 	landed := p.in.batches.Load()
 	start := time.Now()
-	_, err := p.conn.Write(ctx, p.src, p.remote, b)
+	_, err := transport.Write(ctx, p.conn, p.src, p.remote, b)
 	el := time.Since(start)
 	snap := bytes.Clone(p.dm.Host)
 	if err == nil {
@@ -79,7 +80,7 @@ func TestHWDeadlineStopsWrites(t *testing.T) {
 	clear(p.dm.Host)
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel2()
-	if _, err := p.conn.Write(ctx2, p.src, p.remote, b); err != nil {
+	if _, err := transport.Write(ctx2, p.conn, p.src, p.remote, b); err != nil {
 		t.Fatal(err)
 	}
 	verify(t, p, b)
@@ -147,7 +148,7 @@ func TestHWDeadlineFrozenReceiver(t *testing.T) {
 				p.conn.Close()
 				p.connect(t)
 				clear(p.dm.Host)
-				if _, err := p.conn.Write(ctx, p.src, p.remote, b); err != nil {
+				if _, err := transport.Write(ctx, p.conn, p.src, p.remote, b); err != nil {
 					t.Fatal(err)
 				}
 				verify(t, p, b)
@@ -172,11 +173,11 @@ func frozenCut(t *testing.T, p *pair, b *desc.Batch, r *rand.Rand, prepared bool
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel()
 	r.Read(p.sm.Host)
-	if _, err := p.conn.Write(ctx, p.src, p.remote, b); err != nil { // connected and warm
+	if _, err := transport.Write(ctx, p.conn, p.src, p.remote, b); err != nil { // connected and warm
 		t.Fatal(err)
 	}
 	write := func(ctx context.Context) error {
-		_, err := p.conn.Write(ctx, p.src, p.remote, b)
+		_, err := transport.Write(ctx, p.conn, p.src, p.remote, b)
 		return err
 	}
 	if prepared {

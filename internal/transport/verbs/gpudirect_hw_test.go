@@ -110,7 +110,7 @@ func TestHWGPUDirect(t *testing.T) {
 	for i, j := range r.Perm(n) {
 		bt.Src[i], bt.Dst[i], bt.Len[i] = uint64(i)*(block+64), uint64(j)*(block+64), block
 	}
-	if _, err := p.conn.Write(t.Context(), src, transport.RemoteRegion{Name: "gpu", Size: size, Key: dst.Key()}, &bt); err != nil {
+	if _, err := transport.Write(t.Context(), p.conn, src, transport.RemoteRegion{Name: "gpu", Size: size, Key: dst.Key()}, &bt); err != nil {
 		t.Fatalf("GPU to GPU over %s: %v", dev, err)
 	}
 	got := make([]byte, size)

@@ -209,7 +209,7 @@ func TestHWLoopbackSweep(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 			defer cancel()
 			start := time.Now()
-			st, err := p.conn.Write(ctx, p.src, p.remote, b)
+			st, err := transport.Write(ctx, p.conn, p.src, p.remote, b)
 			el := time.Since(start)
 			if err != nil {
 				t.Fatal(err)
@@ -255,7 +255,7 @@ func TestHWConcurrentWrites(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for k := 0; k < 3; k++ {
-				if _, err := p.conn.Write(context.Background(), p.src, p.remote, b); err != nil {
+				if _, err := transport.Write(context.Background(), p.conn, p.src, p.remote, b); err != nil {
 					errc <- err
 					return
 				}
@@ -287,7 +287,7 @@ func TestHWBadInput(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := p.conn.Write(context.Background(), p.src, p.remote, &tc.b)
+			_, err := transport.Write(context.Background(), p.conn, p.src, p.remote, &tc.b)
 			if !errors.Is(err, errs.ErrInvalidArgument) {
 				t.Fatalf("got %v, want ErrInvalidArgument", err)
 			}
@@ -297,7 +297,7 @@ func TestHWBadInput(t *testing.T) {
 		})
 	}
 	t.Run("foreign registration", func(t *testing.T) {
-		_, err := p.conn.Write(context.Background(), p.dst, p.remote, &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{1}})
+		_, err := transport.Write(context.Background(), p.conn, p.dst, p.remote, &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{1}})
 		if !errors.Is(err, errs.ErrInvalidArgument) {
 			t.Fatalf("got %v", err)
 		}
@@ -305,7 +305,7 @@ func TestHWBadInput(t *testing.T) {
 	// The connection still works.
 	b := &desc.Batch{Src: []uint64{0}, Dst: []uint64{4096}, Len: []uint64{4096}}
 	rand.New(rand.NewSource(3)).Read(p.sm.Host[:4096])
-	if _, err := p.conn.Write(context.Background(), p.src, p.remote, b); err != nil {
+	if _, err := transport.Write(context.Background(), p.conn, p.src, p.remote, b); err != nil {
 		t.Fatal(err)
 	}
 	verify(t, p, b)
@@ -319,7 +319,7 @@ func TestHWWrongRKey(t *testing.T) {
 	b := &desc.Batch{Src: []uint64{0, 8192}, Dst: []uint64{0, 8192}, Len: []uint64{4096, 4096}}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	_, err := p.conn.Write(ctx, p.src, bad, b)
+	_, err := transport.Write(ctx, p.conn, p.src, bad, b)
 	if !errors.Is(err, errs.ErrAborted) {
 		t.Fatalf("got %v, want ErrAborted", err)
 	}
@@ -329,7 +329,7 @@ func TestHWWrongRKey(t *testing.T) {
 	if p.conn.Err() == nil {
 		t.Fatal("Err() is nil after a failed work completion")
 	}
-	if _, err := p.conn.Write(ctx, p.src, p.remote, b); !errors.Is(err, errs.ErrAborted) {
+	if _, err := transport.Write(ctx, p.conn, p.src, p.remote, b); !errors.Is(err, errs.ErrAborted) {
 		t.Fatalf("broken conn wrote again: %v", err)
 	}
 	t.Logf("error: %v", err)
@@ -337,7 +337,7 @@ func TestHWWrongRKey(t *testing.T) {
 	p.conn.Close()
 	p.connect(t)
 	rand.New(rand.NewSource(4)).Read(p.sm.Host)
-	if _, err := p.conn.Write(ctx, p.src, p.remote, b); err != nil {
+	if _, err := transport.Write(ctx, p.conn, p.src, p.remote, b); err != nil {
 		t.Fatal(err)
 	}
 	verify(t, p, b)
@@ -355,7 +355,7 @@ func TestHWDeadPeer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err := p.conn.Write(ctx, p.src, p.remote, b)
+	_, err := transport.Write(ctx, p.conn, p.src, p.remote, b)
 	if !errors.Is(err, errs.ErrAborted) || p.conn.Err() == nil {
 		t.Fatalf("got %v, want ErrAborted and a broken conn", err)
 	}
@@ -404,7 +404,7 @@ func TestHWDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Microsecond)
 	defer cancel()
 	time.Sleep(time.Millisecond)
-	_, err := p.conn.Write(ctx, p.src, p.remote, b)
+	_, err := transport.Write(ctx, p.conn, p.src, p.remote, b)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("got %v, want DeadlineExceeded", err)
 	}
@@ -421,7 +421,7 @@ func TestHWCloseTwice(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := p.conn.Write(context.Background(), p.src, p.remote, &desc.Batch{}); !errors.Is(err, errs.ErrAborted) {
+	if _, err := transport.Write(context.Background(), p.conn, p.src, p.remote, &desc.Batch{}); !errors.Is(err, errs.ErrAborted) {
 		t.Fatalf("write on closed conn: %v", err)
 	}
 	for k := 0; k < 2; k++ {
@@ -453,7 +453,7 @@ func BenchmarkHWWrite(b *testing.B) {
 			b.SetBytes(int64(batch.Bytes()))
 			b.ResetTimer()
 			for k := 0; k < b.N; k++ {
-				st, err := p.conn.Write(ctx, p.src, p.remote, batch)
+				st, err := transport.Write(ctx, p.conn, p.src, p.remote, batch)
 				if err != nil {
 					b.Fatal(err)
 				}

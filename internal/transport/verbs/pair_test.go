@@ -331,7 +331,7 @@ func pairSender(t *testing.T, dev, peerIP string, region uint64, log hclog.Logge
 				b := pairLayout(seed, sz, n, region)
 				ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 				start := time.Now()
-				st, err = conn.Write(ctx, src, remote, b)
+				st, err = transport.Write(ctx, conn, src, remote, b)
 				el := time.Since(start)
 				cancel()
 				if err != nil {
@@ -402,7 +402,7 @@ func pairDeadline(t *testing.T, cfg Config, sc *sideChannel, remote transport.Re
 	b := pairLayout(seed, sz, n, region) // one WR per block, scattered
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	start := time.Now()
-	_, err = conn.Write(ctx, src, remote, b)
+	_, err = transport.Write(ctx, conn, src, remote, b)
 	werr := err
 	el := time.Since(start)
 	cancel()
@@ -445,7 +445,7 @@ func pairDeadline(t *testing.T, cfg Config, sc *sideChannel, remote transport.Re
 	}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel2()
-	if _, err := conn.Write(ctx2, src, remote, b); err != nil {
+	if _, err := transport.Write(ctx2, conn, src, remote, b); err != nil {
 		t.Fatalf("the batch after the cut-off one: %v", err)
 	}
 	if _, err := sc.call(pairMsg{Op: "verify", Seed: seed, Size: sz, N: n}); err != nil {

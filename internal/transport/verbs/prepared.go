@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -44,7 +43,11 @@ type prepared struct {
 // Prepare plans b from src into dst once (Conn.Prepare): the
 // batch is validated, split across the set's QPs, and every WR and SGE of
 // every share built in C memory, in one cgo call.
-func (s *qpSet) Prepare(src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Prepared, error) {
+func (s *qpSet) Prepare(r *transport.Request) (transport.Prepared, error) {
+	src, dst, b, err := transport.PreparedWrite(r)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.Err(); err != nil {
 		return nil, err
 	}

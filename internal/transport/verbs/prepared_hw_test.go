@@ -16,7 +16,7 @@ import (
 
 func prepare(t testing.TB, p *pair, b *desc.Batch) transport.Prepared {
 	t.Helper()
-	pr, err := p.conn.Prepare(p.src, p.remote, b)
+	pr, err := transport.Prepare(p.conn, p.src, p.remote, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +341,7 @@ func TestHWPreparedPost(t *testing.T) {
 			}
 			prep[0], prep[1], prep[2] = append(prep[0], st.Plan+st.Post), append(prep[1], st.Post), append(prep[2], wall)
 			t0 = time.Now()
-			st, err = p.conn.Write(ctx, p.src, p.remote, b)
+			st, err = transport.Write(ctx, p.conn, p.src, p.remote, b)
 			wall = time.Since(t0)
 			if err != nil {
 				t.Fatal(err)
@@ -402,7 +402,7 @@ func TestHWPreparedBadInput(t *testing.T) {
 		{"foreign registration", p.dst, &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{1}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := pp.Prepare(tc.src, p.remote, tc.b); !errors.Is(err, errs.ErrInvalidArgument) {
+			if _, err := transport.Prepare(pp, tc.src, p.remote, tc.b); !errors.Is(err, errs.ErrInvalidArgument) {
 				t.Fatalf("got %v, want InvalidArgument", err)
 			}
 		})

@@ -18,7 +18,7 @@ import (
 // success. READs need nothing from the remote daemon: the peer's NIC
 // answers them, and a READ's local completion means its bytes are in dst,
 // so no meta message goes out and no acknowledgement is awaited.
-func (s *qpSet) Read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+func (s *qpSet) readBatch(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	return s.transfer(ctx, dst, src, b, true)
 }
 

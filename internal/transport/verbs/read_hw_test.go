@@ -88,7 +88,7 @@ func TestHWRead(t *testing.T) {
 			b.Src, b.Dst = b.Dst, b.Src
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-		st, err := rd.Read(ctx, p.src, remote, b)
+		st, err := transport.Read(ctx, rd, p.src, remote, b)
 		cancel()
 		if err != nil {
 			t.Fatalf("%d x %v %s: %v", c.n, c.sizes, c.mode, err)
@@ -119,7 +119,7 @@ func TestHWReadOnlyKeyRefusesWrite(t *testing.T) {
 	b := layout(rand.New(rand.NewSource(8)), 64, []uint64{4096}, "random", size)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := rd.Read(ctx, p.src, remote, b); err != nil {
+	if _, err := transport.Read(ctx, rd, p.src, remote, b); err != nil {
 		t.Fatalf("READ with the read-only key: %v", err)
 	}
 	verifyRead(t, p, b)
@@ -169,7 +169,7 @@ func TestHWReadOnlyKeyRefusesWrite(t *testing.T) {
 	p.conn.Close()
 	p.connect(t)
 	wr := transport.RemoteRegion{Name: "dst", Size: p.dm.Len, Key: p.dst.Key()}
-	_, err = p.conn.Read(ctx, p.src, wr, b)
+	_, err = transport.Read(ctx, p.conn, p.src, wr, b)
 	if !errors.Is(err, errs.ErrAborted) || !strings.Contains(err.Error(), "READ") {
 		t.Fatalf("READ with the write-only key: got %v, want a remote access error for READ", err)
 	}
@@ -188,7 +188,7 @@ func TestHWReadDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := rd.Read(ctx, p.src, remote, b)
+	_, err := transport.Read(ctx, rd, p.src, remote, b)
 	el := time.Since(start)
 	snap := bytes.Clone(p.sm.Host)
 	if err == nil {
@@ -215,7 +215,7 @@ func TestHWReadDeadline(t *testing.T) {
 	clear(p.sm.Host)
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Second)
 	defer cancel2()
-	if _, err := p.conn.Read(ctx2, p.src, remote, b); err != nil {
+	if _, err := transport.Read(ctx2, p.conn, p.src, remote, b); err != nil {
 		t.Fatal(err)
 	}
 	verifyRead(t, p, b)

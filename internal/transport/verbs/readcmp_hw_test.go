@@ -205,7 +205,7 @@ func readSink(t *testing.T, dev, peerIP string, res *readResult) error {
 		b := pairLayout(int64(readSeed+it), size, n, region)
 		clear(dm.Host)
 		start := time.Now()
-		if _, err := rd.Read(ctx, dst, remote, b); err != nil {
+		if _, err := transport.Read(ctx, rd, dst, remote, b); err != nil {
 			return fmt.Errorf("batch %d: %w", it, err)
 		}
 		el := time.Since(start)

@@ -44,7 +44,7 @@ func TestHWRefusedDestination(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			landed := p.in.batches.Load()
 			p.in.refuse.Store(true)
-			_, err := p.conn.Write(ctx, p.src, p.remote, tc.b)
+			_, err := transport.Write(ctx, p.conn, p.src, p.remote, tc.b)
 			p.in.refuse.Store(false)
 			if err == nil {
 				t.Fatal("a batch whose destination could not be pinned was reported as success")
@@ -61,7 +61,7 @@ func TestHWRefusedDestination(t *testing.T) {
 			}
 			// The same connection carries the next batch.
 			clear(p.dm.Host)
-			if _, err := p.conn.Write(ctx, p.src, p.remote, tc.b); err != nil {
+			if _, err := transport.Write(ctx, p.conn, p.src, p.remote, tc.b); err != nil {
 				t.Fatal(err)
 			}
 			verify(t, p, tc.b)
@@ -167,7 +167,7 @@ func TestHWRevokeOnNarrowedExport(t *testing.T) {
 	land := func(remote transport.RemoteRegion) {
 		t.Helper()
 		r.Read(rp.sm.Host)
-		if _, err := rp.conn.Write(ctx, rp.src, remote, b); err != nil {
+		if _, err := transport.Write(ctx, rp.conn, rp.src, remote, b); err != nil {
 			t.Fatal(err)
 		}
 		for i := range b.Src {
@@ -181,7 +181,7 @@ func TestHWRevokeOnNarrowedExport(t *testing.T) {
 		t.Helper()
 		before := bytes.Clone(dm)
 		r.Read(rp.sm.Host)
-		_, err := rp.conn.Write(ctx, rp.src, old, b)
+		_, err := transport.Write(ctx, rp.conn, rp.src, old, b)
 		if err == nil {
 			t.Fatalf("a batch with the revoked rkey %#x succeeded", old.Key.Key)
 		}
@@ -224,7 +224,7 @@ func TestHWRevokeOnNarrowedExport(t *testing.T) {
 	// A new batch with the old key while the old MR drains: the registry no
 	// longer pins the key, so it is refused (never success).
 	r.Read(rp.sm.Host)
-	if _, err := rp.conn.Write(ctx, rp.src, old, b); !errors.Is(err, errs.ErrNotFound) {
+	if _, err := transport.Write(ctx, rp.conn, rp.src, old, b); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("a batch with the old key while it drains: got %v, want a NotFound refusal", err)
 	} else {
 		t.Logf("while the old MR drains: %v", err)

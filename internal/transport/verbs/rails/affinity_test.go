@@ -58,7 +58,7 @@ func TestGPUAffinity(t *testing.T) {
 		t.Fatalf("GPU region rails: %+v", rr)
 	}
 	b := batch(100, 16<<20)
-	if _, err := g.conn.Write(context.Background(), greg, g.remote, b); err != nil {
+	if _, err := transport.Write(context.Background(), g.conn, greg, g.remote, b); err != nil {
 		t.Fatal(err)
 	}
 	g.verify(t, b)
@@ -69,7 +69,7 @@ func TestGPUAffinity(t *testing.T) {
 	// The same-switch rail down: the batch goes on the next tier.
 	g.f.rails["a1"].fault.Store(int32(refuse))
 	clear(g.dst)
-	if _, err := g.conn.Write(context.Background(), greg, g.remote, b); err != nil {
+	if _, err := transport.Write(context.Background(), g.conn, greg, g.remote, b); err != nil {
 		t.Fatal(err)
 	}
 	g.verify(t, b)

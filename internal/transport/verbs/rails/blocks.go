@@ -10,7 +10,8 @@ import (
 
 // blockState is a forwarded block write's translated regions (pooled).
 type blockState struct {
-	w   transport.BlockWrite
+	w   transport.Blocks
+	req transport.Request
 	src []transport.Registration
 	dst []transport.RemoteRegion
 }
@@ -34,31 +35,31 @@ func (c *conn) blockRail() (*pair, transport.Conn) {
 	return only, only.up()
 }
 
-// WriteBlocks forwards a block request whole to the rail's connection
+// writeBlocks forwards a block request whole to the rail's connection
 // (verbs posts it in one go) when the conn has one rail. With several
 // rails it takes transport.WriteStretches: each stretch is one striped
 // Write (a block request is not split across rails yet).
-func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
+func (c *conn) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
 	p, pc := c.blockRail()
 	if p == nil || pc == nil {
-		return transport.WriteStretches(ctx, c, w, sc)
+		return transport.WriteStretches(ctx, c.Write, w, sc)
 	}
 	bs := c.t.blocks.Get().(*blockState)
 	defer func() {
 		clear(bs.src)
 		clear(bs.dst)
-		bs.w = transport.BlockWrite{}
+		bs.w, bs.req = transport.Blocks{}, transport.Request{}
 		c.t.blocks.Put(bs)
 	}()
 	bs.src, bs.dst = bs.src[:0], bs.dst[:0]
-	for i, r := range w.Src {
+	for i, r := range w.Local {
 		reg, ok := r.(*registration)
 		if !ok || reg.t != c.t || p.r.idx >= len(reg.regs) {
 			return transport.Stats{}, fmt.Errorf("rails: block write: source region %d was not registered with this transport: %w", i, errs.ErrInvalidArgument)
 		}
 		bs.src = append(bs.src, reg.regs[p.r.idx])
 	}
-	for _, d := range w.Dst {
+	for _, d := range w.Remote {
 		switch {
 		case d.Devices != nil && p.remote < len(d.Devices):
 			d.Key, d.Devices = d.Devices[p.remote], nil
@@ -68,8 +69,9 @@ func (c *conn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *tra
 		}
 		bs.dst = append(bs.dst, d)
 	}
-	bs.w = transport.BlockWrite{Pair: w.Pair, IDs: w.IDs, Src: bs.src, Dst: bs.dst}
-	st, err := pc.WriteBlocks(ctx, &bs.w, sc)
+	bs.w = transport.Blocks{Pair: w.Pair, IDs: w.IDs, Local: bs.src, Remote: bs.dst}
+	bs.req = transport.Request{Op: transport.OpWrite, Blocks: &bs.w, Scratch: sc}
+	st, err := pc.Post(ctx, &bs.req)
 	if err != nil && ctx.Err() == nil && railFault(pc, err) {
 		// The only rail broke: take it down (it reconnects); the caller's
 		// retry goes out on the fresh connection.

@@ -99,7 +99,13 @@ var mrLen sync.Map
 
 type checkedConn struct{ transport.Conn }
 
-func (c checkedConn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+// Post checks a write's bounds, as a NIC would, before the fake rail's.
+func (c checkedConn) Post(ctx context.Context, r *transport.Request) (transport.Stats, error) {
+	h := transport.Handlers{Write: c.write}
+	return h.Post(ctx, r)
+}
+
+func (c checkedConn) write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	n := src.Memory().Len
 	for i := range b.Src {
 		if b.Src[i] > n || b.Len[i] > n-b.Src[i] {
@@ -115,5 +121,5 @@ func (c checkedConn) Write(ctx context.Context, src transport.Registration, dst 
 			return transport.Stats{}, fmt.Errorf("fake rail: block %d [%d,+%d) outside the %d-byte destination: %w", i, b.Dst[i], b.Len[i], m, errs.ErrInvalidArgument)
 		}
 	}
-	return c.Conn.Write(ctx, src, dst, b)
+	return transport.Write(ctx, c.Conn, src, dst, b)
 }

@@ -40,8 +40,8 @@ func (p *pair) up() transport.Conn {
 
 // conn is a data path to one peer over every paired rail.
 type conn struct {
-	transport.NoPull    // rails neither reads (Caps.Ops)
-	transport.NoPrepare // nor prepares (Caps.Prepared)
+	transport.Handlers  // writes only: rails cannot read (Caps.Ops)
+	transport.NoPrepare // nor prepare (Caps.Prepared)
 	t                   *Transport
 	peer                transport.Peer
 	pairs               []*pair // by our rail index; nil where a rail has no partner
@@ -170,6 +170,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 		return nil, fmt.Errorf("rails: connect %s: %w", p.Address, err)
 	}
 	c := &conn{t: t, peer: p, pairs: t.pairRails(peerRails), closed: make(chan struct{})}
+	c.Handlers = transport.Handlers{Write: c.write, WriteBlocks: c.writeBlocks}
 	c.work = make([]chan jobRef, len(c.pairs))
 	for i, pr := range c.pairs {
 		if pr != nil {
@@ -434,6 +435,7 @@ type job struct {
 	p     *pair
 	c     transport.Conn
 	b     desc.Batch
+	req   transport.Request // the share's write on the rail, kept here so a post allocates nothing
 	bytes uint64
 	st    transport.Stats
 	err   error
@@ -441,7 +443,7 @@ type job struct {
 
 // Write stripes b over the source's preferred rails that are up, and moves
 // the share of a rail that fails to the rails left; see the package doc.
-func (c *conn) Write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
+func (c *conn) write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
 	var st transport.Stats
 	reg, ok := src.(*registration)
 	if !ok || reg.t != c.t {
@@ -625,5 +627,7 @@ func runJob(ws *writeState, k int, async bool) {
 		j.err = fmt.Errorf("rails: destination %q has no key for peer rail %d: %w", dst.Name, j.p.remote, errs.ErrFailedPrecondition)
 		return
 	}
-	j.st, j.err = j.c.Write(ws.ctx, ws.reg.regs[j.p.r.idx], d, &j.b)
+	j.req = transport.Request{Op: transport.OpWrite, Local: ws.reg.regs[j.p.r.idx], Remote: d, Batch: &j.b}
+	j.st, j.err = j.c.Post(ws.ctx, &j.req)
+	j.req = transport.Request{}
 }

@@ -122,16 +122,16 @@ func (r *fakeRail) Connect(ctx context.Context, p transport.Peer) (transport.Con
 }
 
 type fakeConn struct {
-	transport.NoPull
 	transport.NoPrepare
 	from, to *fakeRail
 	err      atomic.Pointer[error]
 	once     sync.Once
 }
 
-// WriteBlocks is the generic path, one Write per stretch.
-func (c *fakeConn) WriteBlocks(ctx context.Context, w *transport.BlockWrite, sc *transport.BlockScratch) (transport.Stats, error) {
-	return transport.WriteStretches(ctx, c, w, sc)
+// Post routes to Write (block ids: one Write per stretch); it cannot read.
+func (c *fakeConn) Post(ctx context.Context, r *transport.Request) (transport.Stats, error) {
+	h := transport.Handlers{Write: c.Write}
+	return h.Post(ctx, r)
 }
 
 func (c *fakeConn) Err() error {

@@ -122,7 +122,7 @@ func TestStripe(t *testing.T) {
 	g := newRig(t, 16<<20, Config{})
 	b := batch(100, 16<<20)
 	total := b.Bytes()
-	if _, err := g.conn.Write(context.Background(), g.sreg, g.remote, b); err != nil {
+	if _, err := transport.Write(context.Background(), g.conn, g.sreg, g.remote, b); err != nil {
 		t.Fatal(err)
 	}
 	g.verify(t, b)
@@ -140,7 +140,7 @@ func TestStripe(t *testing.T) {
 	// Below StripeMin a batch goes whole on the first preferred rail.
 	small := &desc.Batch{Src: []uint64{0, 8192}, Dst: []uint64{4096, 12288}, Len: []uint64{128, 128}}
 	w0 := g.f.rails["a0"].writes.Load()
-	if _, err := g.conn.Write(context.Background(), g.sreg, g.remote, small); err != nil {
+	if _, err := transport.Write(context.Background(), g.conn, g.sreg, g.remote, small); err != nil {
 		t.Fatal(err)
 	}
 	g.verify(t, small)
@@ -167,7 +167,7 @@ func TestFailover(t *testing.T) {
 			g := newRig(t, 16<<20, Config{})
 			b := batch(100, 16<<20)
 			g.f.rails["a1"].fault.Store(int32(c.fault))
-			if _, err := g.conn.Write(context.Background(), g.sreg, g.remote, b); err != nil {
+			if _, err := transport.Write(context.Background(), g.conn, g.sreg, g.remote, b); err != nil {
 				t.Fatal(err)
 			}
 			g.verify(t, b)
@@ -194,7 +194,7 @@ func TestFailover(t *testing.T) {
 				t.Fatalf("reconnects %d (%d at the failover)", r, reconnects)
 			}
 			clear(g.dst)
-			if _, err := g.conn.Write(context.Background(), g.sreg, g.remote, b); err != nil {
+			if _, err := transport.Write(context.Background(), g.conn, g.sreg, g.remote, b); err != nil {
 				t.Fatal(err)
 			}
 			g.verify(t, b)
@@ -213,7 +213,7 @@ func TestNoRailLeft(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err := g.conn.Write(ctx, g.sreg, g.remote, b)
+	_, err := transport.Write(ctx, g.conn, g.sreg, g.remote, b)
 	if !errors.Is(err, errs.ErrUnavailable) || errs.Class(err) != errs.ErrUnavailable {
 		t.Fatalf("error %v (class %v), want Unavailable", err, errs.Class(err))
 	}
@@ -231,7 +231,7 @@ func TestNoRailLeft(t *testing.T) {
 	// While the rails stay bad a batch fails at once; once they work again
 	// the background retries bring them back and batches land.
 	start = time.Now()
-	if _, err := g.conn.Write(ctx, g.sreg, g.remote, b); errs.Class(err) != errs.ErrUnavailable || time.Since(start) > time.Second {
+	if _, err := transport.Write(ctx, g.conn, g.sreg, g.remote, b); errs.Class(err) != errs.ErrUnavailable || time.Since(start) > time.Second {
 		t.Fatalf("batch with every rail down: %v after %v", err, time.Since(start))
 	}
 	g.f.rails["a0"].fault.Store(int32(ok))
@@ -244,7 +244,7 @@ func TestNoRailLeft(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	clear(g.dst)
-	if _, err := g.conn.Write(context.Background(), g.sreg, g.remote, b); err != nil {
+	if _, err := transport.Write(context.Background(), g.conn, g.sreg, g.remote, b); err != nil {
 		t.Fatal(err)
 	}
 	g.verify(t, b)
@@ -258,7 +258,7 @@ func TestBothRailsFailOnce(t *testing.T) {
 	b := batch(100, 16<<20)
 	g.f.rails["a0"].failN.Store(1)
 	g.f.rails["a1"].failN.Store(1)
-	if _, err := g.conn.Write(context.Background(), g.sreg, g.remote, b); err != nil {
+	if _, err := transport.Write(context.Background(), g.conn, g.sreg, g.remote, b); err != nil {
 		t.Fatal(err)
 	}
 	g.verify(t, b)
@@ -273,7 +273,7 @@ func TestRequestErrorIsNotARailFault(t *testing.T) {
 	b := batch(50, 16<<20)
 	bad := g.remote
 	bad.Devices = []transport.RemoteKey{{Key: 0xdead00, Addr: bad.Key.Addr}, {Key: 0xbeef00, Addr: bad.Key.Addr}}
-	_, err := g.conn.Write(context.Background(), g.sreg, bad, b)
+	_, err := transport.Write(context.Background(), g.conn, g.sreg, bad, b)
 	if errs.Class(err) != errs.ErrNotFound {
 		t.Fatalf("error %v, want NotFound", err)
 	}
@@ -292,7 +292,7 @@ func TestDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := g.conn.Write(ctx, g.sreg, g.remote, b)
+	_, err := transport.Write(ctx, g.conn, g.sreg, g.remote, b)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("error %v, want the deadline", err)
 	}
@@ -394,7 +394,7 @@ func BenchmarkStripeWrite(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := g.conn.Write(ctx, g.sreg, g.remote, bt); err != nil {
+		if _, err := transport.Write(ctx, g.conn, g.sreg, g.remote, bt); err != nil {
 			b.Fatal(err)
 		}
 	}
