@@ -79,7 +79,7 @@ func (s *Server) unaryCaller(ctx context.Context, req any, info *grpc.UnaryServe
 		}
 		if sent {
 			var leave func()
-			if ctx, leave, err = s.calls.enter(ctx, caller(ctx), id); err != nil {
+			if ctx, leave, err = s.calls.Begin(ctx, caller(ctx), id); err != nil {
 				return nil, grpcstatus.ToStatus(err)
 			}
 			defer leave()
@@ -117,7 +117,7 @@ func (s *Server) streamCaller(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 		}
 		if sent {
 			var leave func()
-			if ctx, leave, err = s.calls.enter(ctx, caller(ctx), id); err != nil {
+			if ctx, leave, err = s.calls.Begin(ctx, caller(ctx), id); err != nil {
 				return grpcstatus.ToStatus(err)
 			}
 			defer leave()

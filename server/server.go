@@ -16,6 +16,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/batch"
+	"github.com/b2bd/b2bd/internal/callid"
 	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
@@ -78,8 +79,11 @@ type Server struct {
 	batches  *batch.Service
 	clients  clients          // lease holders (leases.go)
 	triggers *trigger.Watcher // triggered transfers (trigger.go)
-	calls    calls            // synchronous calls a CancelCall can stop (calls.go)
 	late     lateLog          // calls answered past their caller's deadline (deadline.go)
+
+	// calls are the synchronous calls in flight that CancelCall (calls.go)
+	// can stop.
+	calls callid.Registry[region.Caller]
 
 	rawMu     sync.Mutex
 	raw       map[net.Conn]struct{} // raw submit connections (raw.go)

@@ -6,6 +6,8 @@
 // The Go client puts a fresh id in the call's metadata (Key) and, when its
 // caller cancels, sends CancelCall with it and waits for the call's answer.
 // An id is a capability: 128 random bits, so only its caller can name it.
+// The daemon keeps the calls in flight, and the cancels that came before
+// their call, in a Registry.
 package callid
 
 import (

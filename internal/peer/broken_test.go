@@ -18,9 +18,7 @@ func TestBrokenDoesNotWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.mu.Lock()
-	st := m.peers[addr]
-	m.mu.Unlock()
+	st := m.kept.lookup(addr)
 	st.mu.Lock() // another call's handshake
 	done := make(chan struct{})
 	go func() { m.Broken(addr, s); close(done) }()
@@ -47,9 +45,7 @@ func TestForgetDoesNotWait(t *testing.T) {
 	if _, err := m.Get(context.Background(), addr, transport.TCP, writeNeed); err != nil {
 		t.Fatal(err)
 	}
-	m.mu.Lock()
-	st := m.peers[addr]
-	m.mu.Unlock()
+	st := m.kept.lookup(addr)
 	st.cacheMu.Lock()
 	st.resolved[cacheKey("r", transport.AccessWrite)] = cacheEntry[Resolved]{at: time.Now()}
 	st.layouts[cacheKey("l", transport.AccessRead)] = cacheEntry[*transport.LayoutResolution]{at: time.Now()}

@@ -68,12 +68,12 @@ func TestChooseByCapabilities(t *testing.T) {
 			defer m.Close()
 			m.SetDrivers(lookup)
 			st := &state{addr: "p", hs: &b2bv1.HandshakeResponse{Adverts: c.offers}}
-			st.unusable = m.usable(st)
+			st.unusable = m.choice.usable(st)
 			need := transport.Need{Op: transport.OpWrite}
 			if c.pull {
 				need.Op = transport.OpRead
 			}
-			got, err := m.choose(st, c.want, need)
+			got, err := m.choice.choose(st, c.want, need)
 			if c.errWant == "" {
 				if err != nil || got != c.chosen {
 					t.Fatalf("choose = %q, %v; want %q", got, err, c.chosen)

@@ -22,7 +22,7 @@ import (
 // first frame, and refuses a key deregistered before it.
 func (m *Manager) ResolveHeld(ctx context.Context, addr string, s Session, name string, a transport.Access) (r Resolved, cached bool, release func(), err error) {
 	release = func() {}
-	r, cached, err = resolveCached(ctx, m, addr, cacheKey(name, a), resolveTTL, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
+	r, cached, err = resolveCached(ctx, &m.kept, addr, cacheKey(name, a), resolveTTL, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
 		func(ctl b2bv1.PeerClient) (Resolved, error) {
 			resp, rel, err := holdRegion(ctx, ctl, &b2bv1.ResolveRegionRequest{Name: name, Access: accessProto(a)})
 			if err != nil {

@@ -64,9 +64,7 @@ func TestDeadPeersLeaveNoState(t *testing.T) {
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		m.mu.Lock()
-		kept := len(m.peers)
-		m.mu.Unlock()
+		kept := m.kept.count()
 		g, fd := runtime.NumGoroutine(), openFDs(t)
 		if kept == 0 && g <= baseG && fd <= baseFD {
 			return
@@ -108,9 +106,9 @@ func TestIdlePeerReaped(t *testing.T) {
 }
 
 func reaperRunning(m *Manager) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.reapStop != nil
+	m.kept.mu.Lock()
+	defer m.kept.mu.Unlock()
+	return m.kept.reapStop != nil
 }
 
 // TestBusyPeerNotReaped: a peer with a write in flight, or with a live
@@ -154,13 +152,13 @@ func TestBusyPeerNotReaped(t *testing.T) {
 				t.Fatal(err)
 			}
 			release := tc.hold(t, s)
-			m.reap(later, time.Minute)
+			m.kept.reap(later, time.Minute)
 			if m.Peers() != 1 {
 				release()
 				t.Fatal("a busy peer was reaped")
 			}
 			release()
-			m.reap(later, time.Minute)
+			m.kept.reap(later, time.Minute)
 			if m.Peers() != 0 {
 				t.Fatal("the peer, idle once its use ended, was kept")
 			}
@@ -186,7 +184,7 @@ func TestMaxPeers(t *testing.T) {
 	if _, err := m.Get(ctx, "127.0.0.1:1", "", writeNeed); err != nil {
 		t.Fatalf("a kept peer under the cap: %v", err)
 	}
-	m.reap(time.Now().Add(time.Hour), time.Minute)
+	m.kept.reap(time.Now().Add(time.Hour), time.Minute)
 	if _, err := m.Get(ctx, "127.0.0.1:3", "", writeNeed); err != nil {
 		t.Fatalf("third peer after the others were reaped: %v", err)
 	}

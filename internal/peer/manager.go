@@ -4,11 +4,8 @@
 package peer
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,32 +27,15 @@ const ProtocolVersion = 2
 
 // Manager owns the connections to peers.
 type Manager struct {
-	self       *b2bv1.HandshakeRequest
-	transports map[transport.Kind]transport.Transport
-	// ranked are the kinds of transports, highest rank first: the order
-	// in which an automatic choice tries them.
-	ranked []transport.Kind
-	// caps are what each kind can do (its driver's CapsFor its transport),
-	// the only statement of it the choice and the batch layer read.
-	caps map[transport.Kind]transport.Caps
-	// driver finds a kind's capabilities (transport.Lookup).
-	driver   func(transport.Kind) (transport.Driver, bool)
+	self     *b2bv1.HandshakeRequest
 	dialOpts []grpc.DialOption
 	log      hclog.Logger
 	// loopbackOnly: plaintext (--insecure) may only reach loopback peers.
 	loopbackOnly bool
-
-	// idleNanos and maxPeers are Limits, settable while running.
-	idleNanos atomic.Int64
-	maxPeers  atomic.Int64
-
-	mu     sync.Mutex
-	closed bool
-	peers  map[string]*state
-	// reapStop is the running reaper's stop channel, nil when none runs:
-	// a reaper runs only while peers are kept, so a daemon with none holds
-	// no goroutine for them.
-	reapStop chan struct{}
+	// choice holds the kinds this daemon runs and picks one per request.
+	choice chooser
+	// kept holds the peers, their cap and idle reaping.
+	kept peerTable
 }
 
 // Limits bound what the manager keeps for peers.
@@ -77,18 +57,7 @@ const (
 
 // SetLimits sets the idle timeout and the peer cap; zero fields take the
 // defaults. Peers kept already count against a lowered cap.
-func (m *Manager) SetLimits(l Limits) {
-	if l.IdleTimeout <= 0 {
-		l.IdleTimeout = DefaultIdleTimeout
-	}
-	if l.MaxPeers <= 0 {
-		l.MaxPeers = DefaultMaxPeers
-	}
-	m.idleNanos.Store(int64(l.IdleTimeout))
-	m.maxPeers.Store(int64(l.MaxPeers))
-}
-
-func (m *Manager) idleTimeout() time.Duration { return time.Duration(m.idleNanos.Load()) }
+func (m *Manager) SetLimits(l Limits) { m.kept.setLimits(l) }
 
 type state struct {
 	addr string
@@ -96,7 +65,7 @@ type state struct {
 	// writes in flight on its data connections and live prepared plans
 	// (trackedConn); lastUse is when the last of them ended (UnixNano). A
 	// peer is idle while busy is 0, and reaped once idle long enough. busy
-	// is raised under Manager.mu, so the reaper, which holds it, never
+	// is raised under peerTable.mu, so the reaper, which holds it, never
 	// takes a peer that a caller has just looked up.
 	busy    atomic.Int64
 	lastUse atomic.Int64
@@ -141,10 +110,12 @@ func New(self *b2bv1.HandshakeRequest, ts []transport.Transport, log hclog.Logge
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	m := &Manager{self: self, transports: map[transport.Kind]transport.Transport{}, log: log, peers: map[string]*state{}, loopbackOnly: loopbackOnly}
+	m := &Manager{self: self, log: log, loopbackOnly: loopbackOnly}
+	m.choice = chooser{transports: map[transport.Kind]transport.Transport{}, log: log}
+	m.kept = peerTable{log: log, peers: map[string]*state{}}
 	m.SetLimits(Limits{})
 	for _, t := range ts {
-		m.transports[t.Kind()] = t
+		m.choice.transports[t.Kind()] = t
 	}
 	m.SetDrivers(transport.Lookup)
 	if len(dialOpts) == 0 {
@@ -159,22 +130,7 @@ func New(self *b2bv1.HandshakeRequest, ts []transport.Transport, log hclog.Logge
 // A kind without a driver ranks 0, is usable whenever both offer it, and
 // can do nothing (its Caps are empty), so it is never chosen.
 func (m *Manager) SetDrivers(lookup func(transport.Kind) (transport.Driver, bool)) {
-	m.driver = lookup
-	m.ranked = m.ranked[:0]
-	m.caps = make(map[transport.Kind]transport.Caps, len(m.transports))
-	for k, t := range m.transports {
-		m.ranked = append(m.ranked, k)
-		if d, ok := lookup(k); ok {
-			m.caps[k] = d.CapsFor(t)
-		}
-	}
-	rank := func(k transport.Kind) int { return m.caps[k].Rank }
-	slices.SortFunc(m.ranked, func(a, b transport.Kind) int {
-		if c := cmp.Compare(rank(b), rank(a)); c != 0 {
-			return c
-		}
-		return cmp.Compare(a, b)
-	})
+	m.choice.setDrivers(lookup)
 }
 
 // Session is what a batch needs from a peer.
@@ -191,75 +147,27 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind, nee
 	if m.loopbackOnly && !auth.IsLoopback(addr) {
 		return Session{}, fmt.Errorf("%w: peer %s is not a loopback address, and this daemon runs --insecure (plaintext is loopback-only; configure --tls-*)", errs.ErrFailedPrecondition, addr)
 	}
-	st, err := m.acquire(addr, true)
+	st, err := m.kept.acquire(addr, true)
 	if err != nil {
 		return Session{}, err
 	}
-	defer m.release(st)
+	defer st.done()
 	if err := st.mu.LockContext(ctx); err != nil {
 		return Session{}, peerBusy(addr, err)
 	}
 	defer st.mu.Unlock()
 	s, err := m.get(ctx, st, want, need)
 	if err != nil {
-		m.dropUnused(st)
+		m.kept.dropUnused(st)
 	}
 	return s, err
 }
 
-// acquire finds addr's state, creating it when create is set, and counts a
-// use of it (release ends it); nil, nil when there is none to find.
-func (m *Manager) acquire(addr string, create bool) (*state, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return nil, fmt.Errorf("%w: daemon is shutting down", errs.ErrUnavailable)
-	}
-	st := m.peers[addr]
-	if st == nil {
-		if !create {
-			return nil, nil
-		}
-		if max := m.maxPeers.Load(); int64(len(m.peers)) >= max {
-			return nil, fmt.Errorf("%w: peer %s: this daemon keeps connections to %d peers, the limit (--max-peers) is %d; a peer is dropped after --peer-idle-timeout (%s) unused",
-				errs.ErrResourceExhausted, addr, len(m.peers), max, m.idleTimeout())
-		}
-		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}, resolved: map[string]cacheEntry[Resolved]{}, layouts: map[string]cacheEntry[*transport.LayoutResolution]{}}
-		m.peers[addr] = st
-		if m.reapStop == nil {
-			m.reapStop = make(chan struct{})
-			go m.reapLoop(m.reapStop)
-		}
-	}
-	st.busy.Add(1)
-	return st, nil
-}
-
-// release ends a use of st counted by acquire (or by a tracked write).
-func (m *Manager) release(st *state) { st.done() }
-
+// done ends a use of st counted by peerTable.acquire (or by a tracked
+// write).
 func (st *state) done() {
 	st.lastUse.Store(time.Now().UnixNano())
 	st.busy.Add(-1)
-}
-
-// dropUnused forgets st, whose Get failed, when nothing else uses it: a
-// peer that never answered keeps no connection, goroutine or redial behind
-// it. The caller holds st.mu and one use of st.
-func (m *Manager) dropUnused(st *state) {
-	if st.hs != nil || len(st.conns) > 0 {
-		return
-	}
-	m.mu.Lock()
-	drop := st.busy.Load() == 1 && m.peers[st.addr] == st
-	if drop {
-		delete(m.peers, st.addr)
-		m.stopReaperIfEmpty()
-	}
-	m.mu.Unlock()
-	if drop {
-		st.closeLocked(false)
-	}
 }
 
 // closeLocked closes st's data connections, then its control connection
@@ -289,53 +197,6 @@ func closeChannel(cc *grpc.ClientConn) {
 	go func() { _ = cc.Close() }()
 }
 
-// stopReaperIfEmpty ends the reaper once no peer is kept; the next new
-// peer starts another. The caller holds m.mu.
-func (m *Manager) stopReaperIfEmpty() {
-	if len(m.peers) == 0 && m.reapStop != nil {
-		close(m.reapStop)
-		m.reapStop = nil
-	}
-}
-
-// reapLoop closes idle peers until stop is closed: no peer is left, or the
-// manager closed. It checks every eighth of the idle timeout, so a peer
-// goes between 1 and 1.125 timeouts after its last use.
-func (m *Manager) reapLoop(stop chan struct{}) {
-	for {
-		idle := m.idleTimeout()
-		t := time.NewTimer(min(max(idle/8, 10*time.Millisecond), 10*time.Second))
-		select {
-		case <-stop:
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		m.reap(time.Now(), idle)
-	}
-}
-
-// reap closes and forgets every peer idle for idle or longer at now.
-func (m *Manager) reap(now time.Time, idle time.Duration) {
-	var gone []*state
-	m.mu.Lock()
-	for addr, st := range m.peers {
-		if st.busy.Load() == 0 && now.Sub(time.Unix(0, st.lastUse.Load())) >= idle && st.mu.TryLock() {
-			delete(m.peers, addr)
-			gone = append(gone, st)
-		}
-	}
-	m.stopReaperIfEmpty()
-	m.mu.Unlock()
-	for _, st := range gone {
-		if st.up {
-			m.log.Info("peer idle: its connections are closed until the next batch", "peer", st.addr, "idle_timeout", idle)
-		}
-		st.closeLocked(false)
-		st.mu.Unlock()
-	}
-}
-
 // get is Get's work on st, whose lock the caller holds.
 func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need transport.Need) (Session, error) {
 	addr := st.addr
@@ -343,7 +204,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 	if err := m.handshake(ctx, st); err != nil {
 		return Session{}, err
 	}
-	kind, err := m.choose(st, want, need)
+	kind, err := m.choice.choose(st, want, need)
 	if err != nil && cachedHS {
 		// The peer may have restarted with other transports since the
 		// handshake: ask again before refusing.
@@ -351,7 +212,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 		if err := m.handshake(ctx, st); err != nil {
 			return Session{}, err
 		}
-		kind, err = m.choose(st, want, need)
+		kind, err = m.choice.choose(st, want, need)
 	}
 	if err != nil {
 		return Session{}, err
@@ -364,7 +225,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 	}
 	reused := c != nil
 	if c == nil {
-		c, err = m.transports[kind].Connect(ctx, peerOf(addr, kind, st.hs, st.client))
+		c, err = m.choice.transports[kind].Connect(ctx, peerOf(addr, kind, st.hs, st.client))
 		if err != nil {
 			// The peer may have restarted with a new token or QP state:
 			// handshake afresh next time.
@@ -375,7 +236,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 		st.conns[kind] = c
 		m.log.Info("data path connected", "peer", addr, "transport", kind)
 	}
-	return Session{Kind: kind, Conn: c, Caps: m.caps[kind], Name: st.hs.GetNodeName(), Reused: reused}, nil
+	return Session{Kind: kind, Conn: c, Caps: m.choice.caps[kind], Name: st.hs.GetNodeName(), Reused: reused}, nil
 }
 
 // Broken tells the manager that a batch on s failed in a way that leaves the
@@ -384,25 +245,28 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 // handshake with a frozen peer: the batch reporting it must still answer at
 // its deadline. A busy lock leaves the work to a goroutine.
 func (m *Manager) Broken(addr string, s Session) {
-	st, _ := m.acquire(addr, false)
+	st, _ := m.kept.acquire(addr, false)
 	if st == nil {
 		return
 	}
 	if !st.mu.TryLock() {
 		go func() {
-			defer m.release(st)
+			defer st.done()
 			st.mu.Lock()
 			defer st.mu.Unlock()
-			m.brokenLocked(st, s)
+			st.brokenLocked(s)
 		}()
 		return
 	}
-	defer m.release(st)
+	defer st.done()
 	defer st.mu.Unlock()
-	m.brokenLocked(st, s)
+	st.brokenLocked(s)
 }
 
-func (m *Manager) brokenLocked(st *state, s Session) {
+// brokenLocked drops st's connection s, and with it the handshake and the
+// cached resolutions, unless another batch reported it first. The caller
+// holds st.mu.
+func (st *state) brokenLocked(s Session) {
 	if c := st.conns[s.Kind]; c != s.Conn {
 		// Another batch on the same connection already reported it, and a
 		// fresh one may be carrying retries by now: forgetting the handshake
@@ -486,144 +350,32 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	st.clearCache()
 	st.hs = hs
 	st.instance.Store(hs.GetInstanceId())
-	st.unusable = m.usable(st)
+	st.unusable = m.choice.usable(st)
 	return nil
-}
-
-// usable runs, once per handshake, the Usable check of every kind both
-// sides offer (the same-host proof, say) and returns why each that failed
-// cannot reach the peer.
-func (m *Manager) usable(st *state) map[transport.Kind]error {
-	out := map[transport.Kind]error{}
-	for _, k := range m.ranked {
-		adv, offered := st.hs.GetAdverts()[string(k)]
-		d, ok := m.driver(k)
-		if !offered || !ok || d.Usable == nil {
-			continue
-		}
-		if err := d.Usable(m.transports[k], adv); err != nil {
-			out[k] = err
-			m.log.Debug("transport cannot reach the peer", "peer", st.addr, "transport", k, "reason", err)
-		} else if d.Caps.SameHostOnly {
-			m.log.Info("peer is on this host: its same-host transport is usable", "peer", st.addr, "transport", k)
-		}
-	}
-	return out
 }
 
 // Instance is the instance ID the peer at addr gave in its last handshake
 // (set once per daemon start), 0 when it never answered one. It takes no
-// lock but the manager's map lock and makes no call.
+// lock but the peer table's and makes no call.
 func (m *Manager) Instance(addr string) uint64 {
-	m.mu.Lock()
-	st := m.peers[addr]
-	m.mu.Unlock()
+	st := m.kept.lookup(addr)
 	if st == nil {
 		return 0
 	}
 	return st.instance.Load()
 }
 
-// choose picks the data path to st's peer for a request needing need:
-// want when it names one (refused when its Caps lack need), else the
-// highest-ranked kind both sides offer that can reach the peer and whose
-// Caps meet need. Why each kind was passed over is in the error when none
-// is left, and in a debug log otherwise.
-func (m *Manager) choose(st *state, want transport.Kind, need transport.Need) (transport.Kind, error) {
-	if want != "" {
-		if _, ok := m.transports[want]; !ok {
-			if _, known := m.driver(want); !known && transport.CheckName(string(want)) != nil {
-				return "", fmt.Errorf("%w: transport %q is unknown", errs.ErrInvalidArgument, want)
-			}
-			return "", fmt.Errorf("%w: transport %s was requested but is not available on this daemon", errs.ErrFailedPrecondition, want)
-		}
-		if err := m.reaches(st, want); err != nil {
-			return "", fmt.Errorf("transport %s was requested but peer %s cannot use it: %w", want, st.addr, err)
-		}
-		if err := m.caps[want].Lacks(want, need); err != nil {
-			return "", fmt.Errorf("transport %s was requested for peer %s: %w", want, st.addr, err)
-		}
-		return want, nil
-	}
-	var why []string
-	for _, k := range m.ranked {
-		err := m.reaches(st, k)
-		if err == nil {
-			err = m.caps[k].Lacks(k, need)
-		}
-		if err == nil {
-			if len(why) > 0 {
-				m.log.Debug("transport chosen", "peer", st.addr, "transport", k, "passed_over", strings.Join(why, "; "))
-			}
-			return k, nil
-		}
-		why = append(why, fmt.Sprintf("%s: %v", k, err))
-	}
-	return "", fmt.Errorf("%w: no transport in common with peer %s for a %s (it offers %v; %s)", errs.ErrFailedPrecondition, st.addr, need.Op, offered(st.hs), strings.Join(why, "; "))
-}
-
-// reaches says why kind k (one this daemon runs) cannot carry batches to
-// st's peer, or nil: the peer must offer it, and its Usable check passed.
-func (m *Manager) reaches(st *state, k transport.Kind) error {
-	if _, ok := st.hs.GetAdverts()[string(k)]; !ok {
-		return fmt.Errorf("%w: peer %s does not offer it", errs.ErrFailedPrecondition, st.addr)
-	}
-	if err := st.unusable[k]; err != nil {
-		return err
-	}
-	return nil
-}
-
-// offered lists the kinds the peer's handshake offers, sorted.
-func offered(hs *b2bv1.HandshakeResponse) []string {
-	out := make([]string, 0, len(hs.GetAdverts()))
-	for k := range hs.GetAdverts() {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // Connected counts peers with a live data path, for Status. A peer whose
 // lock is held (connecting, a handshake over the network) is skipped rather
 // than waited for, so Status never blocks on a slow peer; the count is a
 // snapshot, possibly low.
-func (m *Manager) Connected() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	n := 0
-	for _, st := range m.peers {
-		if st.mu.TryLock() {
-			if len(st.conns) > 0 {
-				n++
-			}
-			st.mu.Unlock()
-		}
-	}
-	return n
-}
+func (m *Manager) Connected() int { return m.kept.connected() }
 
 // Close drops every connection.
-func (m *Manager) Close() {
-	m.mu.Lock()
-	m.closed = true
-	peers := m.peers
-	m.peers = map[string]*state{}
-	m.stopReaperIfEmpty()
-	m.mu.Unlock()
-	for _, st := range peers {
-		st.mu.Lock()
-		st.closeLocked(true)
-		st.mu.Unlock()
-	}
-}
+func (m *Manager) Close() { m.kept.close() }
 
 // Peers counts the peers kept now (connected or being connected).
-func (m *Manager) Peers() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.peers)
-}
+func (m *Manager) Peers() int { return m.kept.count() }
 
 // KindToProto and KindFromProto convert transport names at the API boundary.
 func KindToProto(k transport.Kind) b2bv1.TransportKind {

@@ -11,14 +11,14 @@ import (
 
 // Notify hands n to the peer at addr (Peer.Notify), for its watchers.
 func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification) error {
-	st, err := m.acquire(addr, false)
+	st, err := m.kept.acquire(addr, false)
 	if st == nil {
 		if err == nil {
 			err = fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
 		}
 		return err
 	}
-	defer m.release(st)
+	defer st.done()
 	if err := st.mu.LockContext(ctx); err != nil {
 		return peerBusy(addr, err)
 	}

@@ -80,7 +80,7 @@ func (m *Manager) ResolveFor(ctx context.Context, addr string, s Session, name s
 	if err := layout.CheckExportName("export name", name); err != nil {
 		return r, false, err // its cache key could alias another name's
 	}
-	return resolveCached(ctx, m, addr, cacheKey(name, a), resolveTTL, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
+	return resolveCached(ctx, &m.kept, addr, cacheKey(name, a), resolveTTL, func(st *state) map[string]cacheEntry[Resolved] { return st.resolved },
 		func(ctl b2bv1.PeerClient) (Resolved, error) {
 			resp, err := ctl.ResolveRegion(ctx, &b2bv1.ResolveRegionRequest{Name: name, Access: accessProto(a)})
 			if err != nil {
@@ -103,7 +103,7 @@ func (m *Manager) ResolveLayoutFor(ctx context.Context, addr, name string, a tra
 	if err := layout.CheckExportName("layout export name", name); err != nil {
 		return nil, false, err
 	}
-	return resolveCached(ctx, m, addr, cacheKey(name, a), layoutTTL, func(st *state) map[string]cacheEntry[*transport.LayoutResolution] { return st.layouts },
+	return resolveCached(ctx, &m.kept, addr, cacheKey(name, a), layoutTTL, func(st *state) map[string]cacheEntry[*transport.LayoutResolution] { return st.layouts },
 		func(ctl b2bv1.PeerClient) (*transport.LayoutResolution, error) {
 			resp, err := ctl.ResolveLayout(ctx, &b2bv1.ResolveLayoutRequest{Name: name, Access: accessProto(a)})
 			if err != nil {
@@ -119,15 +119,15 @@ func (m *Manager) ResolveLayoutFor(ctx context.Context, addr, name string, a tra
 
 // resolveCached answers name from the peer's cache (of) while the entry is
 // younger than ttl (0: any age), else asks the peer (fetch) and caches it.
-func resolveCached[T any](ctx context.Context, m *Manager, addr, name string, ttl time.Duration, of func(*state) map[string]cacheEntry[T], fetch func(b2bv1.PeerClient) (T, error)) (r T, hit bool, err error) {
-	st, err := m.acquire(addr, false)
+func resolveCached[T any](ctx context.Context, kept *peerTable, addr, name string, ttl time.Duration, of func(*state) map[string]cacheEntry[T], fetch func(b2bv1.PeerClient) (T, error)) (r T, hit bool, err error) {
+	st, err := kept.acquire(addr, false)
 	if st == nil {
 		if err == nil {
 			err = fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
 		}
 		return r, false, err
 	}
-	defer m.release(st)
+	defer st.done()
 	if err := st.mu.LockContext(ctx); err != nil {
 		return r, false, peerBusy(addr, err)
 	}
@@ -161,10 +161,7 @@ func (m *Manager) ForgetLayout(addr, name string) {
 
 // ForgetLayoutFor drops a cached layout resolution for access a.
 func (m *Manager) ForgetLayoutFor(addr, name string, a transport.Access) {
-	m.mu.Lock()
-	st := m.peers[addr]
-	m.mu.Unlock()
-	if st != nil {
+	if st := m.kept.lookup(addr); st != nil {
 		st.cacheMu.Lock()
 		delete(st.layouts, cacheKey(name, a))
 		st.cacheMu.Unlock()
@@ -176,10 +173,7 @@ func (m *Manager) Forget(addr, name string) { m.ForgetFor(addr, name, transport.
 
 // ForgetFor drops a cached resolution for access a.
 func (m *Manager) ForgetFor(addr, name string, a transport.Access) {
-	m.mu.Lock()
-	st := m.peers[addr]
-	m.mu.Unlock()
-	if st != nil {
+	if st := m.kept.lookup(addr); st != nil {
 		st.cacheMu.Lock()
 		delete(st.resolved, cacheKey(name, a))
 		st.cacheMu.Unlock()

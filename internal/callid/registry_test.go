@@ -1,4 +1,4 @@
-package server
+package callid
 
 import (
 	"context"
@@ -8,34 +8,40 @@ import (
 	"time"
 
 	"github.com/b2bd/b2bd/internal/errs"
-	"github.com/b2bd/b2bd/internal/region"
 )
 
-// TestCalls: the registry of cancellable calls, step by step: a cancel
+// caller stands for whatever tells callers apart where a Registry is used
+// (the server's region.Caller).
+type caller struct {
+	uid   uint32
+	known bool
+}
+
+// TestRegistry: the registry of cancellable calls, step by step: a cancel
 // reaches the call in flight under the same caller and id only; a cancel
 // that comes first is kept for its call; an id in flight is refused a
 // second time; remembered cancels are bounded and expire.
-func TestCalls(t *testing.T) {
-	alice, bob := region.Caller{UID: 1000, Known: true}, region.Caller{UID: 1001, Known: true}
+func TestRegistry(t *testing.T) {
+	alice, bob := caller{1000, true}, caller{1001, true}
 	now := time.Now()
 	t.Run("cancel in flight", func(t *testing.T) {
-		var c calls
-		ctx, leave, err := c.enter(context.Background(), alice, "x")
+		var c Registry[caller]
+		ctx, leave, err := c.Begin(context.Background(), alice, "x")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ended, err := c.cancel(bob, "x", now); ended != nil || err != nil || ctx.Err() != nil {
+		if ended, err := c.Cancel(bob, "x", now); ended != nil || err != nil || ctx.Err() != nil {
 			t.Fatalf("another caller's cancel: in flight %v, %v, call ctx %v; want it kept apart", ended != nil, err, ctx.Err())
 		}
-		if ended, err := c.cancel(alice, "y", now); ended != nil || err != nil || ctx.Err() != nil {
+		if ended, err := c.Cancel(alice, "y", now); ended != nil || err != nil || ctx.Err() != nil {
 			t.Fatalf("another id's cancel: in flight %v, %v, call ctx %v", ended != nil, err, ctx.Err())
 		}
-		ended, err := c.cancel(alice, "x", now)
+		ended, err := c.Cancel(alice, "x", now)
 		if ended == nil || err != nil {
 			t.Fatalf("cancel: %v; want the call in flight", err)
 		}
-		if !errors.Is(context.Cause(ctx), errCallCancelled) {
-			t.Fatalf("the call's cause: %v, want %v", context.Cause(ctx), errCallCancelled)
+		if !errors.Is(context.Cause(ctx), ErrCancelled) {
+			t.Fatalf("the call's cause: %v, want %v", context.Cause(ctx), ErrCancelled)
 		}
 		select {
 		case <-ended:
@@ -46,16 +52,16 @@ func TestCalls(t *testing.T) {
 		<-ended // closed once the call returned
 	})
 	t.Run("cancel first", func(t *testing.T) {
-		var c calls
-		if ended, err := c.cancel(alice, "early", now); ended != nil || err != nil {
+		var c Registry[caller]
+		if ended, err := c.Cancel(alice, "early", now); ended != nil || err != nil {
 			t.Fatalf("cancel before the call: in flight %v, %v", ended != nil, err)
 		}
-		ctx, leave, err := c.enter(context.Background(), alice, "early")
+		ctx, leave, err := c.Begin(context.Background(), alice, "early")
 		if err != nil {
 			t.Fatal(err)
 		}
 		leave()
-		if !errors.Is(context.Cause(ctx), errCallCancelled) {
+		if !errors.Is(context.Cause(ctx), ErrCancelled) {
 			t.Fatalf("a call whose cancel came first runs with cause %v", context.Cause(ctx))
 		}
 		if len(c.early) != 0 || len(c.live) != 0 {
@@ -63,37 +69,37 @@ func TestCalls(t *testing.T) {
 		}
 	})
 	t.Run("id in flight twice", func(t *testing.T) {
-		var c calls
-		_, leave, err := c.enter(context.Background(), alice, "dup")
+		var c Registry[caller]
+		_, leave, err := c.Begin(context.Background(), alice, "dup")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := c.enter(context.Background(), alice, "dup"); !errors.Is(err, errs.ErrAlreadyExists) {
+		if _, _, err := c.Begin(context.Background(), alice, "dup"); !errors.Is(err, errs.ErrAlreadyExists) {
 			t.Fatalf("second call with the id: %v, want AlreadyExists", err)
 		}
-		if _, l2, err := c.enter(context.Background(), bob, "dup"); err != nil {
+		if _, l2, err := c.Begin(context.Background(), bob, "dup"); err != nil {
 			t.Fatalf("another caller's call with the same id: %v", err)
 		} else {
 			l2()
 		}
 		leave()
-		if _, l3, err := c.enter(context.Background(), alice, "dup"); err != nil {
+		if _, l3, err := c.Begin(context.Background(), alice, "dup"); err != nil {
 			t.Fatalf("the id after its call left: %v", err)
 		} else {
 			l3()
 		}
 	})
 	t.Run("bounded", func(t *testing.T) {
-		var c calls
+		var c Registry[caller]
 		for i := range maxEarly {
-			if _, err := c.cancel(alice, strconv.Itoa(i), now); err != nil {
+			if _, err := c.Cancel(alice, strconv.Itoa(i), now); err != nil {
 				t.Fatalf("cancel %d: %v", i, err)
 			}
 		}
-		if _, err := c.cancel(alice, "one-more", now); !errors.Is(err, errs.ErrResourceExhausted) {
+		if _, err := c.Cancel(alice, "one-more", now); !errors.Is(err, errs.ErrResourceExhausted) {
 			t.Fatalf("cancel %d: %v, want ResourceExhausted", maxEarly+1, err)
 		}
-		if _, err := c.cancel(alice, "one-more", now.Add(earlyTTL+time.Second)); err != nil {
+		if _, err := c.Cancel(alice, "one-more", now.Add(earlyTTL+time.Second)); err != nil {
 			t.Fatalf("after the remembered cancels expired: %v", err)
 		}
 		if len(c.early) != 1 {
