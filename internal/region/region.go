@@ -7,7 +7,6 @@ package region
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -123,16 +122,14 @@ type Config struct {
 
 // Registry is the set of regions of one daemon.
 type Registry struct {
-	cfg      Config
-	instance string   // this daemon instance's random ID: its files are b2bd-<instance>-*
-	lock     *os.File // .b2bd-<instance>.lock, flocked for the daemon's lifetime
-	lockPath string
-	mu       *sync.Mutex // pins.mu: one lock for the regions and their keys
-	pins     *Pins
-	seq      uint64
-	byID     map[string]*Region
-	byName   map[string]*Region
-	byKey    map[keyRef]*Region // pins.byKey
+	cfg    Config
+	dir    *shmDir     // where host regions' files live, and this instance's lock
+	mu     *sync.Mutex // pins.mu: one lock for the regions and their keys
+	pins   *Pins
+	seq    uint64
+	byID   map[string]*Region
+	byName map[string]*Region
+	byKey  map[keyRef]*Region // pins.byKey
 	// draining are regions whose lease ended while batches used them:
 	// unpublished, released when the last batch lets go.
 	draining map[*Region]struct{}
@@ -149,18 +146,15 @@ func New(cfg Config) (*Registry, error) {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
-	if err := prepareShmDir(cfg.ShmDir, cfg.Group); err != nil {
+	dir, err := openShmDir(cfg.ShmDir, cfg.Group, cfg.Log)
+	if err != nil {
 		return nil, err
 	}
-	dir, err := filepath.EvalSymlinks(cfg.ShmDir)
-	if err != nil {
-		return nil, fmt.Errorf("region: resolve shm dir %s: %w", cfg.ShmDir, err)
-	}
-	cfg.ShmDir = dir
+	cfg.ShmDir = dir.path
 	if cfg.Pins == nil {
 		cfg.Pins = NewPins()
 	}
-	g := &Registry{cfg: cfg, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey,
+	g := &Registry{cfg: cfg, dir: dir, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey,
 		draining: map[*Region]struct{}{}, keyCaps: map[transport.Kind]transport.KeyCaps{}}
 	for _, t := range cfg.Transports {
 		if d, ok := transport.Lookup(t.Kind()); ok {
@@ -171,10 +165,6 @@ func New(cfg Config) (*Registry, error) {
 		g.keyCaps[k] = c
 	}
 	cfg.Pins.g = g
-	if err := g.lockInstance(); err != nil {
-		return nil, err
-	}
-	g.reclaim()
 	g.startWatcher()
 	return g, nil
 }

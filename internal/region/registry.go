@@ -4,12 +4,9 @@ package region
 // leases, deregistration and close.
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -35,9 +32,7 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller, lease ...Le
 	if err := export.check(); err != nil {
 		return nil, err
 	}
-	var rnd [8]byte
-	_, _ = rand.Read(rnd[:])
-	path := filepath.Join(g.cfg.ShmDir, reservedPrefix+g.instance+"-region-"+hex.EncodeToString(rnd[:]))
+	path := g.dir.newRegionPath()
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("region: create %s: %w", path, err)
@@ -101,7 +96,7 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 		}
 		return g.importDeposit(path, token, offset, size, export, who, lease)
 	}
-	f, real, err := g.openInShmDir(path)
+	f, real, err := g.dir.open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -369,16 +364,11 @@ func (g *Registry) Close() {
 		rs = append(rs, r)
 	}
 	clear(g.draining)
-	lock := g.lock
-	g.lock = nil
 	g.mu.Unlock()
 	for _, r := range rs {
 		g.close(r)
 	}
 	g.drained.Wait()
 	g.stopWatcher()
-	if lock != nil {
-		_ = os.Remove(g.lockPath)
-		_ = lock.Close()
-	}
+	g.dir.unlock()
 }

@@ -250,7 +250,7 @@ func TestAllocHost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			re := regexp.MustCompile(`^` + regexp.QuoteMeta(g.ShmDir()) + `/b2bd-` + g.instance + `-region-[0-9a-f]{16}$`)
+			re := regexp.MustCompile(`^` + regexp.QuoteMeta(g.ShmDir()) + `/b2bd-` + g.dir.instance + `-region-[0-9a-f]{16}$`)
 			if !re.MatchString(r.ShmPath) {
 				t.Fatalf("region file %q does not match %s", r.ShmPath, re)
 			}
@@ -972,7 +972,7 @@ func TestReclaim(t *testing.T) {
 			t.Errorf("the dead instance's %s is still there", gone)
 		}
 	}
-	for _, kept := range []string{filepath.Base(live.lockPath), filepath.Base(r.ShmPath), "client-file", filepath.Base(g.lockPath)} {
+	for _, kept := range []string{filepath.Base(live.dir.lockPath), filepath.Base(r.ShmPath), "client-file", filepath.Base(g.dir.lockPath)} {
 		if !slices.Contains(names, kept) {
 			t.Errorf("%s was removed (dir: %v)", kept, names)
 		}
