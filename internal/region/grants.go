@@ -113,7 +113,7 @@ func (g *Registry) Acquire(id, field string, who Caller) (*Region, func(), error
 	if err := permit(r, field, who); err != nil {
 		return nil, nil, err
 	}
-	if err := g.checkFile(r); err != nil {
+	if err := g.files.check(r); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", field, err)
 	}
 	r.active++
@@ -133,7 +133,7 @@ func (g *Registry) Hold(id, field string, who Caller, holder string) (*Region, f
 	if err := permit(r, field, who); err != nil {
 		return nil, nil, err
 	}
-	if err := g.checkFile(r); err != nil {
+	if err := g.files.check(r); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", field, err)
 	}
 	r.active++
@@ -183,7 +183,7 @@ func (g *Registry) LookupFor(name, peer string, a transport.Access) (*Region, fu
 	if err := Grants(ExportOf(r), peer, a, "region", name); err != nil {
 		return nil, nil, err
 	}
-	if err := g.checkFile(r); err != nil {
+	if err := g.files.check(r); err != nil {
 		return nil, nil, err
 	}
 	r.active++

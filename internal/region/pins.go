@@ -80,7 +80,7 @@ func (p *Pins) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) 
 	if r.ReadOnly {
 		return memory.Memory{}, nil, fmt.Errorf("%w: region %q is exported read-only", errs.ErrNotFound, r.Export)
 	}
-	if err := p.g.checkFile(r); err != nil {
+	if err := p.g.files.check(r); err != nil {
 		return memory.Memory{}, nil, err
 	}
 	r.active++
@@ -108,7 +108,7 @@ func (p *Pins) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), err
 	if len(r.Readers) == 0 {
 		return memory.Memory{}, nil, fmt.Errorf("%w: region %q no longer grants reads", errs.ErrNotFound, r.Export)
 	}
-	if err := p.g.checkFile(r); err != nil {
+	if err := p.g.files.check(r); err != nil {
 		return memory.Memory{}, nil, err
 	}
 	r.active++

@@ -133,11 +133,9 @@ type Registry struct {
 	// draining are regions whose lease ended while batches used them:
 	// unpublished, released when the last batch lets go.
 	draining map[*Region]struct{}
-	// keyCaps: what each kind's registrations do beyond Key (Caps.Keys).
-	keyCaps map[transport.Kind]transport.KeyCaps
-	drained sync.WaitGroup // releases of drained regions under way
-	watch   *watcher       // host regions' files (truncate.go); nil: no inotify
-	dep     deposits       // handed-over descriptors waiting for their registration (memfd.go)
+	drained  sync.WaitGroup // releases of drained regions under way
+	files    *fileGuard     // host regions' files, failed when truncated (truncate.go)
+	dep      deposits       // handed-over descriptors waiting for their registration (memfd.go)
 }
 
 // New creates the shm directory if needed and gives it ShmDirMode and the
@@ -155,16 +153,16 @@ func New(cfg Config) (*Registry, error) {
 		cfg.Pins = NewPins()
 	}
 	g := &Registry{cfg: cfg, dir: dir, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey,
-		draining: map[*Region]struct{}{}, keyCaps: map[transport.Kind]transport.KeyCaps{}}
+		draining: map[*Region]struct{}{}, files: &fileGuard{mu: &cfg.Pins.mu, log: cfg.Log, keyCaps: map[transport.Kind]transport.KeyCaps{}}}
 	for _, t := range cfg.Transports {
 		if d, ok := transport.Lookup(t.Kind()); ok {
-			g.keyCaps[t.Kind()] = d.CapsFor(t).Keys
+			g.files.keyCaps[t.Kind()] = d.CapsFor(t).Keys
 		}
 	}
 	for k, c := range cfg.KeyCaps {
-		g.keyCaps[k] = c
+		g.files.keyCaps[k] = c
 	}
 	cfg.Pins.g = g
-	g.startWatcher()
+	g.files.start()
 	return g, nil
 }

@@ -176,7 +176,7 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 	}
 	g.indexReadKeys(r)
 	if r.file != nil && !r.sealed {
-		g.watchFile(r)
+		g.files.add(r)
 	}
 	g.mu.Unlock()
 	g.cfg.Log.Debug("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", export.Name)
@@ -190,7 +190,7 @@ func nameTaken(name string, o *Region) error {
 
 func (g *Registry) releaseMemory(r *Region) {
 	g.mu.Lock()
-	g.unwatchFile(r)
+	g.files.forget(r)
 	g.mu.Unlock()
 	if r.release != nil {
 		if err := r.release(); err != nil {
@@ -369,6 +369,6 @@ func (g *Registry) Close() {
 		g.close(r)
 	}
 	g.drained.Wait()
-	g.stopWatcher()
+	g.files.stop()
 	g.dir.unlock()
 }
