@@ -162,7 +162,7 @@ func New(cfg Config) (*Registry, error) {
 	for k, c := range cfg.KeyCaps {
 		g.files.keyCaps[k] = c
 	}
-	cfg.Pins.g = g
+	cfg.Pins.g, cfg.Pins.log = g, cfg.Log
 	g.files.start()
 	return g, nil
 }

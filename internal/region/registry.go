@@ -174,7 +174,7 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 	for k, reg := range r.regs {
 		g.byKey[keyRef{k, reg.Key().Key}] = r
 	}
-	g.indexReadKeys(r)
+	g.pins.indexReadKeys(r)
 	if r.file != nil && !r.sealed {
 		g.files.add(r)
 	}
@@ -299,7 +299,7 @@ func (g *Registry) unpublish(r *Region) {
 	for k, reg := range r.regs {
 		delete(g.byKey, keyRef{k, reg.Key().Key})
 	}
-	g.unindexReadKeys(r)
+	g.pins.unindexReadKeys(r)
 }
 
 // close deregisters from transports (children first), then frees memory.
