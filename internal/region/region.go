@@ -135,7 +135,7 @@ type Registry struct {
 	draining map[*Region]struct{}
 	drained  sync.WaitGroup // releases of drained regions under way
 	files    *fileGuard     // host regions' files, failed when truncated (truncate.go)
-	dep      deposits       // handed-over descriptors waiting for their registration (memfd.go)
+	dep      *deposits      // handed-over descriptors waiting for their registration (memfd.go)
 }
 
 // New creates the shm directory if needed and gives it ShmDirMode and the
@@ -153,7 +153,7 @@ func New(cfg Config) (*Registry, error) {
 		cfg.Pins = NewPins()
 	}
 	g := &Registry{cfg: cfg, dir: dir, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey,
-		draining: map[*Region]struct{}{}, files: &fileGuard{mu: &cfg.Pins.mu, log: cfg.Log, keyCaps: map[transport.Kind]transport.KeyCaps{}}}
+		draining: map[*Region]struct{}{}, dep: &deposits{}, files: &fileGuard{mu: &cfg.Pins.mu, log: cfg.Log, keyCaps: map[transport.Kind]transport.KeyCaps{}}}
 	for _, t := range cfg.Transports {
 		if d, ok := transport.Lookup(t.Kind()); ok {
 			g.files.keyCaps[t.Kind()] = d.CapsFor(t).Keys

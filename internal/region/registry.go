@@ -94,7 +94,15 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 		if err != nil {
 			return nil, err
 		}
-		return g.importDeposit(path, token, offset, size, export, who, lease)
+		var pid int32
+		if len(lease) > 0 {
+			pid = lease[0].PID
+		}
+		r, err := g.dep.mapDeposit(path, token, offset, size, who, pid)
+		if err != nil {
+			return nil, err
+		}
+		return g.add(r, export, lease)
 	}
 	f, real, err := g.dir.open(path)
 	if err != nil {
@@ -346,12 +354,7 @@ func (g *Registry) Len() int {
 // Close releases every region, waiting for none: callers stop batches
 // first. Then the instance lock goes.
 func (g *Registry) Close() {
-	g.dep.mu.Lock()
-	for tok, d := range g.dep.byTok {
-		delete(g.dep.byTok, tok)
-		d.f.Close()
-	}
-	g.dep.mu.Unlock()
+	g.dep.close()
 	g.mu.Lock()
 	rs := make([]*Region, 0, len(g.byID))
 	for _, r := range g.byID {
