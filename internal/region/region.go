@@ -64,7 +64,7 @@ type Region struct {
 }
 
 // Lease ties a region to the client that registered it: when the client
-// is gone (Registry.Expire), so is the region. The server gives each client
+// is gone (Leases.Expire), so is the region. Leases.Join gives each client
 // (a process on the Unix socket, a connection over TCP) its ID.
 type Lease struct {
 	Client uint64 // the holder; 0: none, the region persists until Deregister
@@ -135,6 +135,7 @@ type Registry struct {
 	draining map[*Region]struct{}
 	drained  sync.WaitGroup // releases of drained regions under way
 	files    *fileGuard     // host regions' files, failed when truncated (truncate.go)
+	leases   *Leases        // the clients holding leases (leases.go)
 	dep      *deposits      // handed-over descriptors waiting for their registration (memfd.go)
 }
 
@@ -163,6 +164,7 @@ func New(cfg Config) (*Registry, error) {
 		g.files.keyCaps[k] = c
 	}
 	cfg.Pins.g, cfg.Pins.log = g, cfg.Log
+	g.leases = &Leases{g: g}
 	g.files.start()
 	return g, nil
 }

@@ -217,53 +217,6 @@ func (g *Registry) releaseMemory(r *Region) {
 	}
 }
 
-// Expire ends the leases of client (its last connection closed): its
-// regions are unpublished now (their names free, their keys refused) and
-// released, at once if no batch or plan uses them, else when the last one
-// lets go. It returns how many were released now and how many later.
-func (g *Registry) Expire(client uint64) (now, later int) {
-	if client == 0 {
-		return 0, 0
-	}
-	var free []*Region
-	g.mu.Lock()
-	for _, r := range g.byID {
-		if r.client != client || r.Persist {
-			continue
-		}
-		g.unpublish(r)
-		if r.active == 0 {
-			free = append(free, r)
-			continue
-		}
-		r.drain = true
-		g.draining[r] = struct{}{}
-		later++
-	}
-	g.mu.Unlock()
-	for _, r := range free {
-		g.cfg.Log.Info("client gone; its region is released", "id", r.ID, "owner", r.Owner.String(), "pid", r.PID, "export", r.Export)
-		g.close(r)
-	}
-	return len(free), later
-}
-
-// Leases counts the regions that persist and the distinct clients holding
-// the others' leases.
-func (g *Registry) Leases() (persistent, holders int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	seen := map[uint64]struct{}{}
-	for _, r := range g.byID {
-		if r.Persist {
-			persistent++
-		} else {
-			seen[r.client] = struct{}{}
-		}
-	}
-	return persistent, len(seen)
-}
-
 // Deregister releases a region for its owner (or root). It refuses while
 // batches use it, so memory is never unmapped under a transfer.
 func (g *Registry) Deregister(id string, who Caller) error {
