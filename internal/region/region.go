@@ -85,6 +85,26 @@ func (r *Region) Holder(now time.Time) string {
 	return h + ", leased to its client (goes when the client's last connection closes)"
 }
 
+// freeMemory unmaps or frees r's memory once no registration holds it,
+// and removes the file the daemon created for it.
+func (r *Region) freeMemory(log hclog.Logger) {
+	if r.release != nil {
+		if err := r.release(); err != nil {
+			log.Warn("release region memory", "id", r.ID, "error", err)
+		}
+		r.release = nil
+	}
+	if r.owned && r.ShmPath != "" {
+		// The client may have unlinked the file and put its own at the
+		// path: only the inode the daemon created is removed.
+		if id, err := fileIDAt(r.ShmPath); err == nil && id == r.fileID {
+			_ = os.Remove(r.ShmPath)
+		} else if err == nil {
+			log.Info("region file was replaced by its client; leaving the new file", "id", r.ID, "path", r.ShmPath)
+		}
+	}
+}
+
 // Registration returns the region's registration with transport k.
 func (r *Region) Registration(k transport.Kind) (transport.Registration, bool) {
 	g, ok := r.regs[k]

@@ -145,7 +145,8 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 		for _, reg := range r.regs {
 			_ = reg.Close()
 		}
-		g.releaseMemory(r)
+		g.files.drop(r)
+		r.freeMemory(g.cfg.Log)
 	}
 	// A region is usable with every transport that can take it (GPU memory
 	// may suit TCP staging but not this host's NIC); it fails only if none can.
@@ -194,27 +195,6 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 // nameTaken is the refusal of export name, held by o; g.mu held.
 func nameTaken(name string, o *Region) error {
 	return fmt.Errorf("%w: export_name %q is already used by %s: deregister it (b2bctl deregister %s) or pick another name", errs.ErrAlreadyExists, name, o.Holder(time.Now()), o.ID)
-}
-
-func (g *Registry) releaseMemory(r *Region) {
-	g.mu.Lock()
-	g.files.forget(r)
-	g.mu.Unlock()
-	if r.release != nil {
-		if err := r.release(); err != nil {
-			g.cfg.Log.Warn("release region memory", "id", r.ID, "error", err)
-		}
-		r.release = nil
-	}
-	if r.owned && r.ShmPath != "" {
-		// The client may have unlinked the file and put its own at the
-		// path: only the inode the daemon created is removed.
-		if id, err := fileIDAt(r.ShmPath); err == nil && id == r.fileID {
-			_ = os.Remove(r.ShmPath)
-		} else if err == nil {
-			g.cfg.Log.Info("region file was replaced by its client; leaving the new file", "id", r.ID, "path", r.ShmPath)
-		}
-	}
 }
 
 // Deregister releases a region for its owner (or root). It refuses while
@@ -270,7 +250,8 @@ func (g *Registry) close(r *Region) {
 			g.cfg.Log.Warn("deregister", "id", r.ID, "transport", k, "error", err)
 		}
 	}
-	g.releaseMemory(r)
+	g.files.drop(r)
+	r.freeMemory(g.cfg.Log)
 	g.cfg.Log.Debug("region released", "id", r.ID)
 }
 

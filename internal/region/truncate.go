@@ -113,7 +113,7 @@ func (g *fileGuard) readEvents(w *watcher) {
 }
 
 // add watches r.file, the open file of host region r, kept to fstat
-// (forget closes it). g.mu held.
+// (forget or drop closes it). g.mu held.
 func (g *fileGuard) add(r *Region) {
 	f := r.file
 	if g.watch == nil {
@@ -131,6 +131,13 @@ func (g *fileGuard) add(r *Region) {
 		g.watch.byWD[r.wd] = map[*Region]struct{}{}
 	}
 	g.watch.byWD[r.wd][r] = struct{}{}
+}
+
+// drop is forget for a region being released, taking the lock.
+func (g *fileGuard) drop(r *Region) {
+	g.mu.Lock()
+	g.forget(r)
+	g.mu.Unlock()
 }
 
 // forget stops watching r's file and closes it. g.mu held.
