@@ -23,7 +23,7 @@ import (
 // are not tracked (no stats handler): such callers share one client.
 func clientID(ctx context.Context) uint64 {
 	if c, ok := ctx.Value(connKey{}).(*connCtx); ok && c.client != nil {
-		return c.client.id
+		return c.client.ID
 	}
 	return 0
 }

@@ -117,7 +117,7 @@ func (l *local) Checksum(ctx context.Context, req *b2bv1.ChecksumRequest) (*b2bv
 
 func (l *local) Status(ctx context.Context, req *b2bv1.StatusRequest) (*b2bv1.StatusResponse, error) {
 	c, cfg := l.s.cfg.Counters, l.s.cfg
-	persistent, holders := cfg.Registry.Leases()
+	persistent, holders := cfg.Registry.Leases().Counts()
 	running, held := l.s.batches.Transfers().Counts()
 	return &b2bv1.StatusResponse{
 		TransfersInFlight: uint32(running), TransfersHeld: uint32(held),

@@ -13,6 +13,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/batch"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
+	"github.com/b2bd/b2bd/internal/region"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -41,7 +42,7 @@ type connKey struct{}
 type connCtx struct {
 	context.Context
 	id     uint64
-	client *client // the client the connection belongs to (leases.go)
+	client *region.Client // the client the connection belongs to (leases.go)
 }
 
 func (c *connCtx) Value(k any) any {
@@ -67,7 +68,7 @@ func (c *beginCtx) Value(k any) any {
 }
 
 func (h *statsHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return &connCtx{Context: ctx, id: h.next.Add(1), client: h.s.clients.join(ctx)}
+	return &connCtx{Context: ctx, id: h.next.Add(1), client: h.s.join(ctx)}
 }
 
 func (h *statsHandler) HandleConn(ctx context.Context, cs stats.ConnStats) {

@@ -77,7 +77,6 @@ type Config struct {
 type Server struct {
 	cfg      Config
 	batches  *batch.Service
-	clients  clients          // lease holders (leases.go)
 	triggers *trigger.Watcher // triggered transfers (trigger.go)
 	late     lateLog          // calls answered past their caller's deadline (deadline.go)
 

@@ -147,11 +147,11 @@ func newPinGate() *pinGate {
 func (i *inbound) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
 	g := i.readGate.Load()
 	if g == nil {
-		return i.reg.PinRead(k, key)
+		return i.reg.Pins().PinRead(k, key)
 	}
 	g.enter.Do(func() { close(g.entered) })
 	<-g.open
-	m, rel, err := i.reg.PinRead(k, key)
+	m, rel, err := i.reg.Pins().PinRead(k, key)
 	if err != nil {
 		return m, rel, err
 	}
@@ -159,7 +159,7 @@ func (i *inbound) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), 
 }
 
 func (i *inbound) Pin(k transport.Kind, key uint64) (m memory.Memory, rel func(), err error) {
-	return i.reg.Pin(k, key)
+	return i.reg.Pins().Pin(k, key)
 }
 func (i *inbound) Landed(transport.Kind, uint64, uint64) {}
 

@@ -223,7 +223,7 @@ func (ls *Layouts) remove(e *Entry) error {
 		// its regions' keys, so that no peer goes on writing by this
 		// layout's geometry once it is gone. On failure the layout stays.
 		for _, r := range e.regions {
-			if err := ls.reg.Rekey(r, fmt.Sprintf("exported layout %q deregistered", name), len(e.Readers) > 0); err != nil {
+			if err := ls.reg.Pins().Rekey(r, fmt.Sprintf("exported layout %q deregistered", name), len(e.Readers) > 0); err != nil {
 				ls.mu.Unlock()
 				return fmt.Errorf("deregister layout %q: revoking the keys peers resolved: %w", name, err)
 			}

@@ -81,7 +81,7 @@ func (g *Registry) SetExport(id string, export Export, who Caller) (*Region, err
 			return nil, nameTaken(name, o)
 		}
 	}
-	if err := g.revokeIfNarrowed(r, export); err != nil {
+	if err := g.pins.revokeIfNarrowed(r, export); err != nil {
 		return nil, err
 	}
 	if r.Export != "" {
@@ -94,9 +94,9 @@ func (g *Registry) SetExport(id string, export Export, who Caller) (*Region, err
 		r.ExportTo, r.Readers, r.ReadOnly = nil, nil, false
 	}
 	if len(r.Readers) == 0 {
-		g.unindexReadKeys(r)
+		g.pins.unindexReadKeys(r)
 	} else {
-		g.indexReadKeys(r) // readers granted now: their keys are made here
+		g.pins.indexReadKeys(r) // readers granted now: their keys are made here
 	}
 	return r, nil
 }
@@ -113,11 +113,11 @@ func (g *Registry) Acquire(id, field string, who Caller) (*Region, func(), error
 	if err := permit(r, field, who); err != nil {
 		return nil, nil, err
 	}
-	if err := g.checkFile(r); err != nil {
+	if err := g.files.check(r); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", field, err)
 	}
 	r.active++
-	return r, func() { g.done(r) }, nil
+	return r, func() { g.pins.done(r) }, nil
 }
 
 // Hold is Acquire for a long-lived holder (a layout, named in holder as
@@ -133,7 +133,7 @@ func (g *Registry) Hold(id, field string, who Caller, holder string) (*Region, f
 	if err := permit(r, field, who); err != nil {
 		return nil, nil, err
 	}
-	if err := g.checkFile(r); err != nil {
+	if err := g.files.check(r); err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", field, err)
 	}
 	r.active++
@@ -147,7 +147,7 @@ func (g *Registry) Hold(id, field string, who Caller, holder string) (*Region, f
 			delete(r.heldBy, holder)
 		}
 		g.mu.Unlock()
-		g.done(r)
+		g.pins.done(r)
 	}, nil
 }
 
@@ -183,11 +183,11 @@ func (g *Registry) LookupFor(name, peer string, a transport.Access) (*Region, fu
 	if err := Grants(ExportOf(r), peer, a, "region", name); err != nil {
 		return nil, nil, err
 	}
-	if err := g.checkFile(r); err != nil {
+	if err := g.files.check(r); err != nil {
 		return nil, nil, err
 	}
 	r.active++
-	return r, func() { g.done(r) }, nil
+	return r, func() { g.pins.done(r) }, nil
 }
 
 // ExportOf is r's export as set; g.mu held by the caller where it matters.

@@ -36,7 +36,8 @@ type deposit struct {
 }
 
 // deposits is the registry's table of them (its own lock: handing over
-// never waits for a registration).
+// never waits for a registration). It hands a deposited descriptor to the
+// registration that names its token, mapped.
 type deposits struct {
 	mu    sync.Mutex
 	byTok map[uint64]*deposit
@@ -45,16 +46,16 @@ type deposits struct {
 // Depositor hands descriptors of one connection to the registry; Close
 // drops those not registered.
 type Depositor struct {
-	g   *Registry
+	t   *deposits
 	who Caller
 	pid int32
-	n   int // guarded by g.dep.mu
+	n   int // guarded by t.mu
 }
 
 // Depositor returns the depositor of a connection whose peer the kernel
 // named (SO_PEERCRED).
 func (g *Registry) Depositor(who Caller, pid int32) *Depositor {
-	return &Depositor{g: g, who: who, pid: pid}
+	return &Depositor{t: g.dep, who: who, pid: pid}
 }
 
 // Put checks the file open at fd (fdpass.Check) and keeps it under a new
@@ -66,7 +67,7 @@ func (d *Depositor) Put(fd int) (token, size uint64, err error) {
 		return 0, 0, err
 	}
 	dep := &deposit{f: os.NewFile(uintptr(fd), "memfd"), size: size, uid: d.who.UID, pid: d.pid, from: d}
-	t := &d.g.dep
+	t := d.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if d.n >= MaxDepositsPerConn || len(t.byTok) >= MaxDeposits {
@@ -89,7 +90,7 @@ func (d *Depositor) Put(fd int) (token, size uint64, err error) {
 
 // Close drops the descriptors of d not registered yet.
 func (d *Depositor) Close() {
-	t := &d.g.dep
+	t := d.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for tok, dep := range t.byTok {
@@ -103,8 +104,7 @@ func (d *Depositor) Close() {
 
 // take hands the file of token to its registration, for the uid (and, both
 // known, the process) that deposited it.
-func (g *Registry) take(path string, token uint64, who Caller, pid int32) (*os.File, error) {
-	t := &g.dep
+func (t *deposits) take(path string, token uint64, who Caller, pid int32) (*os.File, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	dep := t.byTok[token]
@@ -119,13 +119,20 @@ func (g *Registry) take(path string, token uint64, who Caller, pid int32) (*os.F
 	return dep.f, nil
 }
 
-// importDeposit maps [offset, offset+size) of the descriptor path names.
-func (g *Registry) importDeposit(path string, token, offset, size uint64, export Export, who Caller, lease []Lease) (*Region, error) {
-	var pid int32
-	if len(lease) > 0 {
-		pid = lease[0].PID
+// close drops every descriptor still waiting (the registry closes).
+func (t *deposits) close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for tok, d := range t.byTok {
+		delete(t.byTok, tok)
+		d.f.Close()
 	}
-	f, err := g.take(path, token, who, pid)
+}
+
+// mapDeposit maps [offset, offset+size) of the descriptor path names, for
+// who in process pid (0: unknown), as a region not registered yet.
+func (t *deposits) mapDeposit(path string, token, offset, size uint64, who Caller, pid int32) (*Region, error) {
+	f, err := t.take(path, token, who, pid)
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +157,7 @@ func (g *Registry) importDeposit(path string, token, offset, size uint64, export
 	kept = true
 	// No path to map it by: the region is reachable only through the
 	// mapping of the client that made it (and its descriptor).
-	return g.add(&Region{Mem: mem, ShmOff: offset, release: unmap, Owner: who, file: f, sealed: true}, export, lease)
+	return &Region{Mem: mem, ShmOff: offset, release: unmap, Owner: who, file: f, sealed: true}, nil
 }
 
 // checkRange checks [offset, offset+*size) against a file of fsize bytes;

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -24,11 +26,18 @@ type Pins struct {
 	// byReadKey indexes the registrations' read keys (KeyFor):
 	// a read pins only through it, a write only through byKey.
 	byReadKey map[keyRef]*Region
-	g         *Registry // set by New: releases a drained region
+	g         *Registry    // set by New: checks a region's file, releases a drained region
+	log       hclog.Logger // set by New: key revocations are logged
 }
 
 // NewPins returns an empty key index.
-func NewPins() *Pins { return &Pins{byKey: map[keyRef]*Region{}, byReadKey: map[keyRef]*Region{}} }
+func NewPins() *Pins {
+	return &Pins{byKey: map[keyRef]*Region{}, byReadKey: map[keyRef]*Region{}, log: hclog.NewNullLogger()}
+}
+
+// Pins is the registry's key index, which the receiving sides pin through
+// and which layouts rekey.
+func (g *Registry) Pins() *Pins { return g.pins }
 
 type keyRef struct {
 	k   transport.Kind
@@ -58,11 +67,6 @@ func (r *Region) ReadKey(k transport.Kind) (transport.RemoteKey, bool) {
 	return reg.Key(), true
 }
 
-// Pin is Pins.Pin on the registry's key index.
-func (g *Registry) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
-	return g.pins.Pin(k, key)
-}
-
 // Pin implements transport.Inbound's Pin: the receiving side of a transport
 // holds the destination while it places bytes.
 func (p *Pins) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
@@ -80,16 +84,11 @@ func (p *Pins) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) 
 	if r.ReadOnly {
 		return memory.Memory{}, nil, fmt.Errorf("%w: region %q is exported read-only", errs.ErrNotFound, r.Export)
 	}
-	if err := p.g.checkFile(r); err != nil {
+	if err := p.g.files.check(r); err != nil {
 		return memory.Memory{}, nil, err
 	}
 	r.active++
 	return r.Mem, func() { p.done(r) }, nil
-}
-
-// PinRead is Pins.PinRead on the registry's key index.
-func (g *Registry) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
-	return g.pins.PinRead(k, key)
 }
 
 // PinRead implements transport.Inbound.PinRead: the serving side of a pull holds
@@ -108,7 +107,7 @@ func (p *Pins) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), err
 	if len(r.Readers) == 0 {
 		return memory.Memory{}, nil, fmt.Errorf("%w: region %q no longer grants reads", errs.ErrNotFound, r.Export)
 	}
-	if err := p.g.checkFile(r); err != nil {
+	if err := p.g.files.check(r); err != nil {
 		return memory.Memory{}, nil, err
 	}
 	r.active++
@@ -139,13 +138,11 @@ func (p *Pins) done(r *Region) {
 	}
 }
 
-func (g *Registry) done(r *Region) { g.pins.done(r) }
-
 // indexReadKeys indexes r's read keys (readKeyOf, which makes them where
-// they are made lazily) when r grants readers and is not closing; g.mu
+// they are made lazily) when r grants readers and is not closing; p.mu
 // held. A region without readers gets none: its registrations never make
 // a key that can read.
-func (g *Registry) indexReadKeys(r *Region) {
+func (p *Pins) indexReadKeys(r *Region) {
 	if len(r.Readers) == 0 || r.Export == "" || r.closing {
 		return
 	}
@@ -158,16 +155,16 @@ func (g *Registry) indexReadKeys(r *Region) {
 				r.readKeys = map[transport.Kind]uint64{}
 			}
 			r.readKeys[k] = rk.Key
-			g.pins.byReadKey[keyRef{k, rk.Key}] = r
+			p.byReadKey[keyRef{k, rk.Key}] = r
 		}
 	}
 }
 
-// unindexReadKeys drops r's read keys from the index; g.mu held.
-func (g *Registry) unindexReadKeys(r *Region) {
+// unindexReadKeys drops r's read keys from the index; p.mu held.
+func (p *Pins) unindexReadKeys(r *Region) {
 	for k, key := range r.readKeys {
-		if g.pins.byReadKey[keyRef{k, key}] == r {
-			delete(g.pins.byReadKey, keyRef{k, key})
+		if p.byReadKey[keyRef{k, key}] == r {
+			delete(p.byReadKey, keyRef{k, key})
 		}
 	}
 	clear(r.readKeys)

@@ -7,7 +7,6 @@ package region
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"time"
@@ -65,7 +64,7 @@ type Region struct {
 }
 
 // Lease ties a region to the client that registered it: when the client
-// is gone (Registry.Expire), so is the region. The server gives each client
+// is gone (Leases.Expire), so is the region. Leases.Join gives each client
 // (a process on the Unix socket, a connection over TCP) its ID.
 type Lease struct {
 	Client uint64 // the holder; 0: none, the region persists until Deregister
@@ -84,6 +83,26 @@ func (r *Region) Holder(now time.Time) string {
 		return h + ", persistent (stays until deregistered)"
 	}
 	return h + ", leased to its client (goes when the client's last connection closes)"
+}
+
+// freeMemory unmaps or frees r's memory once no registration holds it,
+// and removes the file the daemon created for it.
+func (r *Region) freeMemory(log hclog.Logger) {
+	if r.release != nil {
+		if err := r.release(); err != nil {
+			log.Warn("release region memory", "id", r.ID, "error", err)
+		}
+		r.release = nil
+	}
+	if r.owned && r.ShmPath != "" {
+		// The client may have unlinked the file and put its own at the
+		// path: only the inode the daemon created is removed.
+		if id, err := fileIDAt(r.ShmPath); err == nil && id == r.fileID {
+			_ = os.Remove(r.ShmPath)
+		} else if err == nil {
+			log.Info("region file was replaced by its client; leaving the new file", "id", r.ID, "path", r.ShmPath)
+		}
+	}
 }
 
 // Registration returns the region's registration with transport k.
@@ -123,24 +142,21 @@ type Config struct {
 
 // Registry is the set of regions of one daemon.
 type Registry struct {
-	cfg      Config
-	instance string   // this daemon instance's random ID: its files are b2bd-<instance>-*
-	lock     *os.File // .b2bd-<instance>.lock, flocked for the daemon's lifetime
-	lockPath string
-	mu       *sync.Mutex // pins.mu: one lock for the regions and their keys
-	pins     *Pins
-	seq      uint64
-	byID     map[string]*Region
-	byName   map[string]*Region
-	byKey    map[keyRef]*Region // pins.byKey
+	cfg    Config
+	dir    *shmDir     // where host regions' files live, and this instance's lock
+	mu     *sync.Mutex // pins.mu: one lock for the regions and their keys
+	pins   *Pins
+	seq    uint64
+	byID   map[string]*Region
+	byName map[string]*Region
+	byKey  map[keyRef]*Region // pins.byKey
 	// draining are regions whose lease ended while batches used them:
 	// unpublished, released when the last batch lets go.
 	draining map[*Region]struct{}
-	// keyCaps: what each kind's registrations do beyond Key (Caps.Keys).
-	keyCaps map[transport.Kind]transport.KeyCaps
-	drained sync.WaitGroup // releases of drained regions under way
-	watch   *watcher       // host regions' files (truncate.go); nil: no inotify
-	dep     deposits       // handed-over descriptors waiting for their registration (memfd.go)
+	drained  sync.WaitGroup // releases of drained regions under way
+	files    *fileGuard     // host regions' files, failed when truncated (truncate.go)
+	leases   *Leases        // the clients holding leases (leases.go)
+	dep      *deposits      // handed-over descriptors waiting for their registration (memfd.go)
 }
 
 // New creates the shm directory if needed and gives it ShmDirMode and the
@@ -149,32 +165,26 @@ func New(cfg Config) (*Registry, error) {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
-	if err := prepareShmDir(cfg.ShmDir, cfg.Group); err != nil {
+	dir, err := openShmDir(cfg.ShmDir, cfg.Group, cfg.Log)
+	if err != nil {
 		return nil, err
 	}
-	dir, err := filepath.EvalSymlinks(cfg.ShmDir)
-	if err != nil {
-		return nil, fmt.Errorf("region: resolve shm dir %s: %w", cfg.ShmDir, err)
-	}
-	cfg.ShmDir = dir
+	cfg.ShmDir = dir.path
 	if cfg.Pins == nil {
 		cfg.Pins = NewPins()
 	}
-	g := &Registry{cfg: cfg, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey,
-		draining: map[*Region]struct{}{}, keyCaps: map[transport.Kind]transport.KeyCaps{}}
+	g := &Registry{cfg: cfg, dir: dir, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey,
+		draining: map[*Region]struct{}{}, dep: &deposits{}, files: &fileGuard{mu: &cfg.Pins.mu, log: cfg.Log, keyCaps: map[transport.Kind]transport.KeyCaps{}}}
 	for _, t := range cfg.Transports {
 		if d, ok := transport.Lookup(t.Kind()); ok {
-			g.keyCaps[t.Kind()] = d.CapsFor(t).Keys
+			g.files.keyCaps[t.Kind()] = d.CapsFor(t).Keys
 		}
 	}
 	for k, c := range cfg.KeyCaps {
-		g.keyCaps[k] = c
+		g.files.keyCaps[k] = c
 	}
-	cfg.Pins.g = g
-	if err := g.lockInstance(); err != nil {
-		return nil, err
-	}
-	g.reclaim()
-	g.startWatcher()
+	cfg.Pins.g, cfg.Pins.log = g, cfg.Log
+	g.leases = &Leases{g: g}
+	g.files.start()
 	return g, nil
 }

@@ -4,12 +4,9 @@ package region
 // leases, deregistration and close.
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -35,9 +32,7 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller, lease ...Le
 	if err := export.check(); err != nil {
 		return nil, err
 	}
-	var rnd [8]byte
-	_, _ = rand.Read(rnd[:])
-	path := filepath.Join(g.cfg.ShmDir, reservedPrefix+g.instance+"-region-"+hex.EncodeToString(rnd[:]))
+	path := g.dir.newRegionPath()
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("region: create %s: %w", path, err)
@@ -99,9 +94,17 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 		if err != nil {
 			return nil, err
 		}
-		return g.importDeposit(path, token, offset, size, export, who, lease)
+		var pid int32
+		if len(lease) > 0 {
+			pid = lease[0].PID
+		}
+		r, err := g.dep.mapDeposit(path, token, offset, size, who, pid)
+		if err != nil {
+			return nil, err
+		}
+		return g.add(r, export, lease)
 	}
-	f, real, err := g.openInShmDir(path)
+	f, real, err := g.dir.open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +145,8 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 		for _, reg := range r.regs {
 			_ = reg.Close()
 		}
-		g.releaseMemory(r)
+		g.files.drop(r)
+		r.freeMemory(g.cfg.Log)
 	}
 	// A region is usable with every transport that can take it (GPU memory
 	// may suit TCP staging but not this host's NIC); it fails only if none can.
@@ -179,9 +183,9 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 	for k, reg := range r.regs {
 		g.byKey[keyRef{k, reg.Key().Key}] = r
 	}
-	g.indexReadKeys(r)
+	g.pins.indexReadKeys(r)
 	if r.file != nil && !r.sealed {
-		g.watchFile(r)
+		g.files.add(r)
 	}
 	g.mu.Unlock()
 	g.cfg.Log.Debug("region registered", "id", r.ID, "kind", r.Mem.Kind, "bytes", r.Mem.Len, "export", export.Name)
@@ -191,74 +195,6 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 // nameTaken is the refusal of export name, held by o; g.mu held.
 func nameTaken(name string, o *Region) error {
 	return fmt.Errorf("%w: export_name %q is already used by %s: deregister it (b2bctl deregister %s) or pick another name", errs.ErrAlreadyExists, name, o.Holder(time.Now()), o.ID)
-}
-
-func (g *Registry) releaseMemory(r *Region) {
-	g.mu.Lock()
-	g.unwatchFile(r)
-	g.mu.Unlock()
-	if r.release != nil {
-		if err := r.release(); err != nil {
-			g.cfg.Log.Warn("release region memory", "id", r.ID, "error", err)
-		}
-		r.release = nil
-	}
-	if r.owned && r.ShmPath != "" {
-		// The client may have unlinked the file and put its own at the
-		// path: only the inode the daemon created is removed.
-		if id, err := fileIDAt(r.ShmPath); err == nil && id == r.fileID {
-			_ = os.Remove(r.ShmPath)
-		} else if err == nil {
-			g.cfg.Log.Info("region file was replaced by its client; leaving the new file", "id", r.ID, "path", r.ShmPath)
-		}
-	}
-}
-
-// Expire ends the leases of client (its last connection closed): its
-// regions are unpublished now (their names free, their keys refused) and
-// released, at once if no batch or plan uses them, else when the last one
-// lets go. It returns how many were released now and how many later.
-func (g *Registry) Expire(client uint64) (now, later int) {
-	if client == 0 {
-		return 0, 0
-	}
-	var free []*Region
-	g.mu.Lock()
-	for _, r := range g.byID {
-		if r.client != client || r.Persist {
-			continue
-		}
-		g.unpublish(r)
-		if r.active == 0 {
-			free = append(free, r)
-			continue
-		}
-		r.drain = true
-		g.draining[r] = struct{}{}
-		later++
-	}
-	g.mu.Unlock()
-	for _, r := range free {
-		g.cfg.Log.Info("client gone; its region is released", "id", r.ID, "owner", r.Owner.String(), "pid", r.PID, "export", r.Export)
-		g.close(r)
-	}
-	return len(free), later
-}
-
-// Leases counts the regions that persist and the distinct clients holding
-// the others' leases.
-func (g *Registry) Leases() (persistent, holders int) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	seen := map[uint64]struct{}{}
-	for _, r := range g.byID {
-		if r.Persist {
-			persistent++
-		} else {
-			seen[r.client] = struct{}{}
-		}
-	}
-	return persistent, len(seen)
 }
 
 // Deregister releases a region for its owner (or root). It refuses while
@@ -304,7 +240,7 @@ func (g *Registry) unpublish(r *Region) {
 	for k, reg := range r.regs {
 		delete(g.byKey, keyRef{k, reg.Key().Key})
 	}
-	g.unindexReadKeys(r)
+	g.pins.unindexReadKeys(r)
 }
 
 // close deregisters from transports (children first), then frees memory.
@@ -314,7 +250,8 @@ func (g *Registry) close(r *Region) {
 			g.cfg.Log.Warn("deregister", "id", r.ID, "transport", k, "error", err)
 		}
 	}
-	g.releaseMemory(r)
+	g.files.drop(r)
+	r.freeMemory(g.cfg.Log)
 	g.cfg.Log.Debug("region released", "id", r.ID)
 }
 
@@ -351,12 +288,7 @@ func (g *Registry) Len() int {
 // Close releases every region, waiting for none: callers stop batches
 // first. Then the instance lock goes.
 func (g *Registry) Close() {
-	g.dep.mu.Lock()
-	for tok, d := range g.dep.byTok {
-		delete(g.dep.byTok, tok)
-		d.f.Close()
-	}
-	g.dep.mu.Unlock()
+	g.dep.close()
 	g.mu.Lock()
 	rs := make([]*Region, 0, len(g.byID))
 	for _, r := range g.byID {
@@ -369,16 +301,11 @@ func (g *Registry) Close() {
 		rs = append(rs, r)
 	}
 	clear(g.draining)
-	lock := g.lock
-	g.lock = nil
 	g.mu.Unlock()
 	for _, r := range rs {
 		g.close(r)
 	}
 	g.drained.Wait()
-	g.stopWatcher()
-	if lock != nil {
-		_ = os.Remove(g.lockPath)
-		_ = lock.Close()
-	}
+	g.files.stop()
+	g.dir.unlock()
 }

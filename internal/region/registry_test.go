@@ -250,7 +250,7 @@ func TestAllocHost(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			re := regexp.MustCompile(`^` + regexp.QuoteMeta(g.ShmDir()) + `/b2bd-` + g.instance + `-region-[0-9a-f]{16}$`)
+			re := regexp.MustCompile(`^` + regexp.QuoteMeta(g.ShmDir()) + `/b2bd-` + g.dir.instance + `-region-[0-9a-f]{16}$`)
 			if !re.MatchString(r.ShmPath) {
 				t.Fatalf("region file %q does not match %s", r.ShmPath, re)
 			}
@@ -625,7 +625,7 @@ var holders = []holder{
 	}},
 	{"Pin", func(g *Registry, r *Region) (func(), error) {
 		reg, _ := r.Registration(transport.TCP)
-		_, rel, err := g.Pin(transport.TCP, reg.Key().Key)
+		_, rel, err := g.Pins().Pin(transport.TCP, reg.Key().Key)
 		return rel, err
 	}},
 }
@@ -722,19 +722,19 @@ func TestLookup(t *testing.T) {
 func TestPin(t *testing.T) {
 	tr := newFake(transport.TCP)
 	g := newRegistry(t, tr)
-	_, _, err := g.Pin(transport.TCP, 1)
+	_, _, err := g.Pins().Pin(transport.TCP, 1)
 	wantErr(t, err, errs.ErrNotFound, "tcp", "0x1")
 	r, err := g.AllocHost(4096, Export{}, alice)
 	must(t, err)
 	reg, _ := r.Registration(transport.TCP)
 	key := reg.Key().Key
-	_, _, err = g.Pin(transport.TCP, key)
+	_, _, err = g.Pins().Pin(transport.TCP, key)
 	wantErr(t, err, errs.ErrNotFound, r.ID, "no longer exported")
-	_, _, err = g.Pin(transport.Verbs, key)
+	_, _, err = g.Pins().Pin(transport.Verbs, key)
 	wantErr(t, err, errs.ErrNotFound, "verbs")
 	_, err = g.SetExport(r.ID, Export{Name: "kv"}, alice)
 	must(t, err)
-	m, rel, err := g.Pin(transport.TCP, key)
+	m, rel, err := g.Pins().Pin(transport.TCP, key)
 	must(t, err)
 	if m.Addr != r.Mem.Addr || m.Len != r.Mem.Len {
 		t.Fatalf("Pin returned %#x+%d, want the region's %#x+%d", m.Addr, m.Len, r.Mem.Addr, r.Mem.Len)
@@ -743,7 +743,7 @@ func TestPin(t *testing.T) {
 	// Un-exporting revokes the key a peer may still hold.
 	_, err = g.SetExport(r.ID, Export{}, alice)
 	must(t, err)
-	_, _, err = g.Pin(transport.TCP, key)
+	_, _, err = g.Pins().Pin(transport.TCP, key)
 	wantErr(t, err, errs.ErrNotFound, "no longer exported")
 }
 
@@ -867,10 +867,10 @@ func TestRegistrationFailure(t *testing.T) {
 		if !ok {
 			t.Fatal("no verbs registration")
 		}
-		_, rel, err := g.Pin(transport.Verbs, reg.Key().Key)
+		_, rel, err := g.Pins().Pin(transport.Verbs, reg.Key().Key)
 		must(t, err)
 		rel()
-		_, _, err = g.Pin(transport.TCP, reg.Key().Key)
+		_, _, err = g.Pins().Pin(transport.TCP, reg.Key().Key)
 		wantErr(t, err, errs.ErrNotFound, "tcp")
 		must(t, g.Deregister(r.ID, alice))
 		if verbs.open(t) != 0 {
@@ -936,7 +936,7 @@ func TestClose(t *testing.T) {
 	if _, _, err := g.Acquire("r2", "src_region_id", alice); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("Acquire after Close: %v", err)
 	}
-	if _, _, err := g.Pin(transport.TCP, reg.Key().Key); !errors.Is(err, errs.ErrNotFound) {
+	if _, _, err := g.Pins().Pin(transport.TCP, reg.Key().Key); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("Pin after Close: %v", err)
 	}
 	if _, _, err := g.Lookup("imp", ""); !errors.Is(err, errs.ErrNotFound) {
@@ -972,7 +972,7 @@ func TestReclaim(t *testing.T) {
 			t.Errorf("the dead instance's %s is still there", gone)
 		}
 	}
-	for _, kept := range []string{filepath.Base(live.lockPath), filepath.Base(r.ShmPath), "client-file", filepath.Base(g.lockPath)} {
+	for _, kept := range []string{filepath.Base(live.dir.lockPath), filepath.Base(r.ShmPath), "client-file", filepath.Base(g.dir.lockPath)} {
 		if !slices.Contains(names, kept) {
 			t.Errorf("%s was removed (dir: %v)", kept, names)
 		}

@@ -39,21 +39,21 @@ func narrows(oldName string, oldTo []string, e Export) bool {
 // Registration.Rekey) when export e narrows r's current export, and moves the
 // key index to the new keys: a peer that resolved the region before keeps a
 // key that no longer pins (its batches are refused) and, once the batches
-// using the old key drained, no longer works at the NIC. g.mu held; runs
+// using the old key drained, no longer works at the NIC. p.mu held; runs
 // before the export changes, so a failure leaves the export as it was (keys
 // already replaced stay replaced: peers allowed to write resolve afresh).
-func (g *Registry) revokeIfNarrowed(r *Region, e Export) error {
+func (p *Pins) revokeIfNarrowed(r *Region, e Export) error {
 	if narrowsReaders(r.Export, r.Readers, e) {
 		// SetExport indexes the new read keys once e is in place (none
 		// when e grants no readers).
-		if err := g.rekeyReads(r, false); err != nil {
+		if err := p.rekeyReads(r, false); err != nil {
 			return err
 		}
 	}
 	if !narrows(r.Export, r.ExportTo, e) && !(r.Export != "" && !r.ReadOnly && e.ReadOnly) {
 		return nil
 	}
-	return g.rekey(r, "export narrowed")
+	return p.rekey(r, "export narrowed")
 }
 
 // Rekey gives every registration of region id that can take one a new key
@@ -64,26 +64,26 @@ func (g *Registry) revokeIfNarrowed(r *Region, e Export) error {
 // With reads, its read keys are replaced too (the layout had readers).
 // A region already unpublished (its client gone, held by a layout) is
 // rekeyed too, but its new keys are not indexed: it takes no more writes.
-func (g *Registry) Rekey(r *Region, why string, reads bool) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+func (p *Pins) Rekey(r *Region, why string, reads bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if reads {
-		if err := g.rekeyReads(r, true); err != nil {
+		if err := p.rekeyReads(r, true); err != nil {
 			return err
 		}
 	}
-	return g.rekey(r, why)
+	return p.rekey(r, why)
 }
 
-// rekey replaces r's keys and moves the key index to them; g.mu held. A
+// rekey replaces r's keys and moves the key index to them; p.mu held. A
 // Rekey may replace the read keys too (verbs retires every access set's
 // MR), so the read index is rebuilt (when r grants readers).
-func (g *Registry) rekey(r *Region, why string) error {
+func (p *Pins) rekey(r *Region, why string) error {
 	if r.truncated != nil {
 		return nil // its keys were withdrawn: nothing is left to revoke
 	}
-	g.unindexReadKeys(r)
-	defer g.indexReadKeys(r)
+	p.unindexReadKeys(r)
+	defer p.indexReadKeys(r)
 	for k, reg := range r.regs {
 		old, err := reg.Rekey()
 		if errors.Is(err, errs.ErrUnimplemented) {
@@ -92,13 +92,13 @@ func (g *Registry) rekey(r *Region, why string) error {
 		if err != nil {
 			return fmt.Errorf("region %s: %s: a new %s key failed: %w", r.ID, why, k, err)
 		}
-		if g.byKey[keyRef{k, old.Key}] == r {
-			delete(g.byKey, keyRef{k, old.Key})
+		if p.byKey[keyRef{k, old.Key}] == r {
+			delete(p.byKey, keyRef{k, old.Key})
 		}
 		if !r.closing {
-			g.byKey[keyRef{k, reg.Key().Key}] = r
+			p.byKey[keyRef{k, reg.Key().Key}] = r
 		}
-		g.cfg.Log.Info("key revoked", "why", why, "id", r.ID, "transport", k, "old_key", old.Key, "new_key", reg.Key().Key)
+		p.log.Info("key revoked", "why", why, "id", r.ID, "transport", k, "old_key", old.Key, "new_key", reg.Key().Key)
 	}
 	return nil
 }
@@ -131,19 +131,19 @@ func narrowsReaders(oldName string, oldReaders []string, e Export) bool {
 // does. The old read keys
 // leave the index; with reindex the new ones are indexed (when r grants
 // readers), else the caller does that once the new export is in place.
-// g.mu held.
-func (g *Registry) rekeyReads(r *Region, reindex bool) error {
+// p.mu held.
+func (p *Pins) rekeyReads(r *Region, reindex bool) error {
 	if r.truncated != nil {
 		return nil // its keys were withdrawn: nothing is left to revoke
 	}
-	g.unindexReadKeys(r)
+	p.unindexReadKeys(r)
 	if reindex {
-		defer g.indexReadKeys(r)
+		defer p.indexReadKeys(r)
 	}
 	for k, reg := range r.regs {
 		old, err := reg.RekeyFor(transport.AccessRead)
 		if err == nil {
-			g.cfg.Log.Info("readers narrowed: read key revoked", "id", r.ID, "transport", k, "old_key", old.Key)
+			p.log.Info("readers narrowed: read key revoked", "id", r.ID, "transport", k, "old_key", old.Key)
 			continue
 		}
 		if !errors.Is(err, errs.ErrUnimplemented) {
@@ -156,11 +156,11 @@ func (g *Registry) rekeyReads(r *Region, reindex bool) error {
 		if err != nil {
 			return fmt.Errorf("region %s: narrowing its readers needs a new %s key, which failed: %w", r.ID, k, err)
 		}
-		if g.byKey[keyRef{k, old.Key}] == r {
-			delete(g.byKey, keyRef{k, old.Key})
+		if p.byKey[keyRef{k, old.Key}] == r {
+			delete(p.byKey, keyRef{k, old.Key})
 		}
-		g.byKey[keyRef{k, reg.Key().Key}] = r
-		g.cfg.Log.Info("readers narrowed: key revoked", "id", r.ID, "transport", k, "old_key", old.Key)
+		p.byKey[keyRef{k, reg.Key().Key}] = r
+		p.log.Info("readers narrowed: key revoked", "id", r.ID, "transport", k, "old_key", old.Key)
 	}
 	return nil
 }

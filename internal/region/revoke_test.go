@@ -87,7 +87,7 @@ func TestSetExportRevokesKeys(t *testing.T) {
 	}
 	key := func() uint64 { reg, _ := r.Registration(transport.Verbs); return reg.Key().Key }
 	pins := func(k uint64) bool {
-		_, release, err := g.Pin(transport.Verbs, k)
+		_, release, err := g.Pins().Pin(transport.Verbs, k)
 		if err == nil {
 			release()
 		}
@@ -196,7 +196,7 @@ func TestReadKeyOnlyWithReaders(t *testing.T) {
 	reg, _ := r.Registration(transport.Verbs)
 	ar := reg.(*accessReg)
 	pinsRead := func(k uint64) bool {
-		_, release, err := g.PinRead(transport.Verbs, k)
+		_, release, err := g.Pins().PinRead(transport.Verbs, k)
 		if err == nil {
 			release()
 		}

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
 	"github.com/b2bd/b2bd/internal/errs"
@@ -41,15 +42,61 @@ func isReserved(name string) bool {
 	return strings.HasPrefix(name, reservedPrefix) || strings.HasPrefix(name, lockPrefix)
 }
 
+// shmDir is the shared-memory directory as this daemon instance uses it:
+// its resolved path, the instance's ID and the lock that marks the instance
+// alive, so that files are named, opened and reclaimed in one place.
+type shmDir struct {
+	path     string // resolved: imports are checked against it
+	instance string // this daemon instance's random ID: its files are b2bd-<instance>-*
+	lock     *os.File
+	lockPath string // .b2bd-<instance>.lock, flocked for the daemon's lifetime
+	unlocked sync.Once
+	log      hclog.Logger
+}
+
+// openShmDir creates dir if needed (ShmDirMode, group), takes this
+// instance's lock in it and removes what dead instances left.
+func openShmDir(dir string, group int, log hclog.Logger) (*shmDir, error) {
+	if err := prepareShmDir(dir, group); err != nil {
+		return nil, err
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return nil, fmt.Errorf("region: resolve shm dir %s: %w", dir, err)
+	}
+	d := &shmDir{path: real, log: log}
+	if err := d.lockInstance(); err != nil {
+		return nil, err
+	}
+	d.reclaim()
+	return d, nil
+}
+
+// newRegionPath is a fresh name for a daemon-allocated region's file.
+func (d *shmDir) newRegionPath() string {
+	var rnd [8]byte
+	_, _ = rand.Read(rnd[:])
+	return filepath.Join(d.path, reservedPrefix+d.instance+"-region-"+hex.EncodeToString(rnd[:]))
+}
+
+// unlock removes and releases the instance lock (once): the instance is
+// over, and a later daemon may take its leftovers for a dead one's.
+func (d *shmDir) unlock() {
+	d.unlocked.Do(func() {
+		_ = os.Remove(d.lockPath)
+		_ = d.lock.Close()
+	})
+}
+
 // lockInstance picks this instance's ID and takes its lock. The file is
 // locked before it gets the name other daemons look for, so that no daemon
 // starting at the same time can take it for a dead one.
-func (g *Registry) lockInstance() error {
+func (d *shmDir) lockInstance() error {
 	var rnd [8]byte
 	_, _ = rand.Read(rnd[:])
-	g.instance = hex.EncodeToString(rnd[:])
-	final := filepath.Join(g.cfg.ShmDir, lockPrefix+g.instance+lockSuffix)
-	tmp := filepath.Join(g.cfg.ShmDir, lockPrefix+g.instance+".init")
+	d.instance = hex.EncodeToString(rnd[:])
+	final := filepath.Join(d.path, lockPrefix+d.instance+lockSuffix)
+	tmp := filepath.Join(d.path, lockPrefix+d.instance+".init")
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("region: create instance lock %s: %w", tmp, err)
@@ -64,18 +111,18 @@ func (g *Registry) lockInstance() error {
 		os.Remove(tmp)
 		return fmt.Errorf("region: publish instance lock %s: %w", final, err)
 	}
-	g.lock, g.lockPath = f, final
+	d.lock, d.lockPath = f, final
 	return nil
 }
 
 // reclaim removes what dead instances left in the shm directory: for every
 // lock file that this daemon can lock (its instance is gone) and that a
 // daemon of this uid made, the instance's files and then the lock file.
-func (g *Registry) reclaim() {
-	dir := g.cfg.ShmDir
+func (d *shmDir) reclaim() {
+	dir := d.path
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		g.cfg.Log.Warn("cannot look for files of dead daemon instances", "dir", dir, "error", err)
+		d.log.Warn("cannot look for files of dead daemon instances", "dir", dir, "error", err)
 		return
 	}
 	for _, e := range entries {
@@ -84,23 +131,23 @@ func (g *Registry) reclaim() {
 			continue
 		}
 		id := strings.TrimSuffix(strings.TrimPrefix(name, lockPrefix), lockSuffix)
-		if id == g.instance || !isInstanceID(id) {
+		if id == d.instance || !isInstanceID(id) {
 			continue
 		}
-		dead, files, bytes, err := g.reclaimInstance(id, entries)
+		dead, files, bytes, err := d.reclaimInstance(id, entries)
 		if err != nil {
-			g.cfg.Log.Warn("reclaiming a dead daemon instance's files", "instance", id, "error", err)
+			d.log.Warn("reclaiming a dead daemon instance's files", "instance", id, "error", err)
 		}
 		if dead {
-			g.cfg.Log.Info("reclaimed the files of a dead daemon instance", "instance", id, "dir", dir, "files", files, "bytes", bytes)
+			d.log.Info("reclaimed the files of a dead daemon instance", "instance", id, "dir", dir, "files", files, "bytes", bytes)
 		}
 	}
 }
 
 // reclaimInstance removes instance id's files if it is dead (its lock file
 // can be locked).
-func (g *Registry) reclaimInstance(id string, entries []os.DirEntry) (dead bool, files int, bytes int64, err error) {
-	lockPath := filepath.Join(g.cfg.ShmDir, lockPrefix+id+lockSuffix)
+func (d *shmDir) reclaimInstance(id string, entries []os.DirEntry) (dead bool, files int, bytes int64, err error) {
+	lockPath := filepath.Join(d.path, lockPrefix+id+lockSuffix)
 	// Read-only and non-blocking: flock needs no more, and a FIFO a client
 	// put under that name must not hang the daemon's start.
 	f, err := os.OpenFile(lockPath, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
@@ -115,7 +162,7 @@ func (g *Registry) reclaimInstance(id string, entries []os.DirEntry) (dead bool,
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) {
 		// Not made by a daemon running as this uid (a client's file, or
 		// another uid's daemon): never acted on.
-		g.cfg.Log.Debug("not a lock file of this daemon's uid; leaving it", "path", lockPath, "uid", st.Uid, "mode", fmt.Sprintf("%#o", st.Mode))
+		d.log.Debug("not a lock file of this daemon's uid; leaving it", "path", lockPath, "uid", st.Uid, "mode", fmt.Sprintf("%#o", st.Mode))
 		return false, 0, 0, nil
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
@@ -132,7 +179,7 @@ func (g *Registry) reclaimInstance(id string, entries []os.DirEntry) (dead bool,
 		if !strings.HasPrefix(e.Name(), prefix) {
 			continue
 		}
-		p := filepath.Join(g.cfg.ShmDir, e.Name())
+		p := filepath.Join(d.path, e.Name())
 		var fst unix.Stat_t
 		if err := unix.Lstat(p, &fst); err != nil {
 			continue
@@ -213,17 +260,17 @@ func MkdirAll(dir string, mode os.FileMode) error {
 }
 
 // ShmDir is the resolved shared-memory directory.
-func (g *Registry) ShmDir() string { return g.cfg.ShmDir }
+func (g *Registry) ShmDir() string { return g.dir.path }
 
-// openInShmDir opens path only if it resolves to a regular file inside the
+// open opens path only if it resolves to a regular file inside the
 // shm directory: symlinks are followed and the target checked, so a link to
 // /etc/passwd is refused.
-func (g *Registry) openInShmDir(path string) (*os.File, string, error) {
+func (d *shmDir) open(path string) (*os.File, string, error) {
 	if path == "" {
 		return nil, "", fmt.Errorf("%w: host_file.path is empty", errs.ErrInvalidArgument)
 	}
 	if !filepath.IsAbs(path) {
-		path = filepath.Join(g.cfg.ShmDir, path)
+		path = filepath.Join(d.path, path)
 	}
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
@@ -232,8 +279,8 @@ func (g *Registry) openInShmDir(path string) (*os.File, string, error) {
 		}
 		return nil, "", fmt.Errorf("%w: host_file.path %s: %v", errs.ErrInvalidArgument, path, err)
 	}
-	if rel, err := filepath.Rel(g.cfg.ShmDir, real); err != nil || rel == "." || strings.HasPrefix(rel, "..") {
-		return nil, "", fmt.Errorf("%w: host_file.path %s resolves to %s, outside the shm directory %s", errs.ErrPermissionDenied, path, real, g.cfg.ShmDir)
+	if rel, err := filepath.Rel(d.path, real); err != nil || rel == "." || strings.HasPrefix(rel, "..") {
+		return nil, "", fmt.Errorf("%w: host_file.path %s resolves to %s, outside the shm directory %s", errs.ErrPermissionDenied, path, real, d.path)
 	}
 	for _, p := range []string{path, real} {
 		if isReserved(filepath.Base(p)) {

@@ -5,11 +5,14 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync"
 	"unsafe"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // A host region's file may be truncated under it by its client. Over tcp
@@ -30,8 +33,19 @@ import (
 // looked at: a truncation is IN_MODIFY; the others are cheap insurance.
 const watchEvents = unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_CLOSE_WRITE
 
-// watcher is the registry's inotify instance. Its state is guarded by
-// Registry.mu.
+// fileGuard is that watch: it owns the inotify watcher and decides, from
+// the kinds' key capabilities, which regions a shrunk file fails. Its
+// state and the regions' file fields are guarded by mu, the registry's
+// lock, which the watcher's reader takes to check a region.
+type fileGuard struct {
+	mu  *sync.Mutex
+	log hclog.Logger
+	// keyCaps: what each kind's registrations do beyond Key (Caps.Keys).
+	keyCaps map[transport.Kind]transport.KeyCaps
+	watch   *watcher // nil: no inotify
+}
+
+// watcher is the guard's inotify instance.
 type watcher struct {
 	f    *os.File                       // the inotify fd (non-blocking: Close ends the reader)
 	fd   int                            // f's number (f.Fd would make it blocking)
@@ -39,20 +53,20 @@ type watcher struct {
 	done chan struct{}                  // closed when the reader returned
 }
 
-// startWatcher starts the registry's watcher; without inotify (a seccomp
-// profile, a limit) the regions are still checked at resolve time.
-func (g *Registry) startWatcher() {
+// start starts the guard's watcher; without inotify (a seccomp profile, a
+// limit) the regions are still checked at resolve time.
+func (g *fileGuard) start() {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
-		g.cfg.Log.Warn("no inotify: a truncated region file is seen only when the region is next resolved or used", "error", err)
+		g.log.Warn("no inotify: a truncated region file is seen only when the region is next resolved or used", "error", err)
 		return
 	}
 	g.watch = &watcher{f: os.NewFile(uintptr(fd), "inotify"), fd: fd, byWD: map[int32]map[*Region]struct{}{}, done: make(chan struct{})}
 	go g.readEvents(g.watch)
 }
 
-// stopWatcher ends the watcher and waits for its reader.
-func (g *Registry) stopWatcher() {
+// stop ends the watcher and waits for its reader.
+func (g *fileGuard) stop() {
 	if g.watch == nil {
 		return
 	}
@@ -62,14 +76,14 @@ func (g *Registry) stopWatcher() {
 
 // readEvents reads inotify events until the fd is closed, and checks the
 // regions of each watch an event names.
-func (g *Registry) readEvents(w *watcher) {
+func (g *fileGuard) readEvents(w *watcher) {
 	defer close(w.done)
 	buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
 	for {
 		n, err := w.f.Read(buf)
 		if err != nil {
 			if !errors.Is(err, os.ErrClosed) {
-				g.cfg.Log.Warn("inotify read failed: truncated region files are now seen only at resolve time", "error", err)
+				g.log.Warn("inotify read failed: truncated region files are now seen only at resolve time", "error", err)
 			}
 			return
 		}
@@ -85,22 +99,22 @@ func (g *Registry) readEvents(w *watcher) {
 		if overflow {
 			for _, rs := range w.byWD {
 				for r := range rs {
-					_ = g.checkFile(r)
+					_ = g.check(r)
 				}
 			}
 		}
 		for _, wd := range wds {
 			for r := range w.byWD[wd] {
-				_ = g.checkFile(r)
+				_ = g.check(r)
 			}
 		}
 		g.mu.Unlock()
 	}
 }
 
-// watchFile watches r.file, the open file of host region r, kept to fstat
-// (releaseMemory closes it). g.mu held.
-func (g *Registry) watchFile(r *Region) {
+// add watches r.file, the open file of host region r, kept to fstat
+// (forget or drop closes it). g.mu held.
+func (g *fileGuard) add(r *Region) {
 	f := r.file
 	if g.watch == nil {
 		return
@@ -109,7 +123,7 @@ func (g *Registry) watchFile(r *Region) {
 	// have put another file at the path already.
 	wd, err := unix.InotifyAddWatch(g.watch.fd, "/proc/self/fd/"+strconv.Itoa(int(f.Fd())), watchEvents)
 	if err != nil {
-		g.cfg.Log.Warn("cannot watch a region's file: its truncation is seen only when the region is next resolved or used", "id", r.ID, "path", r.ShmPath, "error", err)
+		g.log.Warn("cannot watch a region's file: its truncation is seen only when the region is next resolved or used", "id", r.ID, "path", r.ShmPath, "error", err)
 		return
 	}
 	r.wd = int32(wd)
@@ -119,8 +133,15 @@ func (g *Registry) watchFile(r *Region) {
 	g.watch.byWD[r.wd][r] = struct{}{}
 }
 
-// unwatchFile stops watching r's file and closes it. g.mu held.
-func (g *Registry) unwatchFile(r *Region) {
+// drop is forget for a region being released, taking the lock.
+func (g *fileGuard) drop(r *Region) {
+	g.mu.Lock()
+	g.forget(r)
+	g.mu.Unlock()
+}
+
+// forget stops watching r's file and closes it. g.mu held.
+func (g *fileGuard) forget(r *Region) {
 	g.unwatch(r)
 	if r.file != nil {
 		_ = r.file.Close()
@@ -128,14 +149,14 @@ func (g *Registry) unwatchFile(r *Region) {
 	}
 }
 
-// checkFile fails r when its file is now shorter than the region's end
+// check fails r when its file is now shorter than the region's end
 // and a registration of r pins its pages, and returns r's failure, if
 // any: DataLoss naming r. g.mu held. A region no registration pins (tcp,
 // local: CPU copies through the mapping) is not failed: a copy that
 // touches a page past the end faults and is refused (internal/memguard),
 // and once the file grew back the mapping sees its new pages, so a client
 // that rewrites the file with O_TRUNC and write loses nothing.
-func (g *Registry) checkFile(r *Region) error {
+func (g *fileGuard) check(r *Region) error {
 	if r.truncated == nil && r.file != nil && !r.closing && g.pinsPages(r) {
 		var st unix.Stat_t
 		if err := unix.Fstat(int(r.file.Fd()), &st); err == nil && uint64(st.Size) < r.ShmOff+r.Mem.Len {
@@ -151,7 +172,7 @@ func (g *Registry) checkFile(r *Region) error {
 // pinsPages: some transport registered r's pages with a device (an RDMA
 // MR), which keeps the pages it pinned whatever happens to the file: its
 // Caps.Keys.Withdraw says so.
-func (g *Registry) pinsPages(r *Region) bool {
+func (g *fileGuard) pinsPages(r *Region) bool {
 	for k := range r.regs {
 		if g.keyCaps[k].Withdraw {
 			return true
@@ -179,9 +200,9 @@ func (e *TruncatedError) Error() string {
 func (e *TruncatedError) Unwrap() error { return errs.ErrDataLoss }
 
 // fail marks r truncated to size and withdraws its keys. g.mu held.
-func (g *Registry) fail(r *Region, size uint64) {
+func (g *fileGuard) fail(r *Region, size uint64) {
 	r.truncated = &TruncatedError{ID: r.ID, Export: r.Export, Path: r.ShmPath, Size: size, End: r.ShmOff + r.Mem.Len}
-	g.cfg.Log.Warn("region's file truncated below its end: keys withdrawn, region failed until re-registered",
+	g.log.Warn("region's file truncated below its end: keys withdrawn, region failed until re-registered",
 		"id", r.ID, "export", r.Export, "path", r.ShmPath, "size", size, "end", r.ShmOff+r.Mem.Len)
 	for k, reg := range r.regs {
 		err := reg.Withdraw()
@@ -189,7 +210,7 @@ func (g *Registry) fail(r *Region, size uint64) {
 			continue // its keys are refused here (Pin), and the CPU copy catches the fault
 		}
 		if err != nil {
-			g.cfg.Log.Warn("withdrawing a truncated region's keys failed", "id", r.ID, "transport", k, "error", err)
+			g.log.Warn("withdrawing a truncated region's keys failed", "id", r.ID, "transport", k, "error", err)
 		}
 	}
 	// Once failed, the region is never looked at again.
@@ -197,7 +218,7 @@ func (g *Registry) fail(r *Region, size uint64) {
 }
 
 // unwatch stops watching r's file but keeps it open. g.mu held.
-func (g *Registry) unwatch(r *Region) {
+func (g *fileGuard) unwatch(r *Region) {
 	if g.watch == nil || r.wd == 0 {
 		return
 	}

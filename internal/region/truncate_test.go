@@ -131,7 +131,7 @@ func TestTruncatedFileWithdrawsRegion(t *testing.T) {
 			if tr.calls.Load() != 1 {
 				t.Fatalf("Withdraw called %d times, want once", tr.calls.Load())
 			}
-			_, _, err = g.Pin(transport.Verbs, key)
+			_, _, err = g.Pins().Pin(transport.Verbs, key)
 			check("pin with the old key", err)
 			_, _, err = g.Acquire(r.ID, "src_region_id", Root)
 			check("a local batch", err)

@@ -76,10 +76,10 @@ func TestHWRefusedDestination(t *testing.T) {
 type regInbound struct{ g *region.Registry }
 
 func (r *regInbound) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
-	return r.g.Pin(k, key)
+	return r.g.Pins().Pin(k, key)
 }
 func (r *regInbound) PinRead(k transport.Kind, key uint64) (memory.Memory, func(), error) {
-	return r.g.PinRead(k, key)
+	return r.g.Pins().PinRead(k, key)
 }
 func (r *regInbound) Landed(transport.Kind, uint64, uint64) {}
 
@@ -192,7 +192,7 @@ func TestHWRevokeOnNarrowedExport(t *testing.T) {
 		if !bytes.Equal(before, dm) {
 			t.Fatal("bytes changed through the revoked rkey")
 		}
-		if _, _, err := rp.g.Pin(transport.Verbs, old.Key.Key); err == nil {
+		if _, _, err := rp.g.Pins().Pin(transport.Verbs, old.Key.Key); err == nil {
 			t.Fatal("the registry still pins the old key")
 		}
 	}
