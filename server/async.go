@@ -68,7 +68,7 @@ func (l *local) start(ctx context.Context, req *b2bv1.StartTransferRequest) (uin
 		id, err = b.StartBatch(client, l.armedTimeout(req, timeout), transferRequest(t.Batch, caller(ctx)), gate)
 	case *b2bv1.StartTransferRequest_Submit:
 		o, h := owner(ctx), t.Submit.GetHandle()
-		id, err = b.Transfers().Start(client, l.armedTimeout(req, timeout), gate(func(ctx context.Context) (batch.Result, error) { return b.Submit(ctx, o, h) }))
+		id, err = b.Transfers().Start(client, l.armedTimeout(req, timeout), gate(func(ctx context.Context) (batch.Result, error) { return b.Plans().Submit(ctx, o, h) }))
 	case *b2bv1.StartTransferRequest_Blocks:
 		var r batch.BlocksRequest
 		var own time.Duration

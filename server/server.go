@@ -131,7 +131,7 @@ func (s *Server) Close() {
 }
 
 // Plans counts the prepared plans held.
-func (s *Server) Plans() int { return s.batches.Plans() }
+func (s *Server) Plans() int { return s.batches.Plans().Len() }
 
 // Local is the B2B service.
 func (s *Server) Local() b2bv1.B2BServer { return &local{s: s} }

@@ -72,11 +72,11 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 		return Result{}, err
 	}
 	if r.Op == OpRead {
-		if _, ok := s.cfg.Peers.(ReadPeers); !ok {
+		if _, ok := s.paths.peers.(ReadPeers); !ok {
 			return Result{}, fmt.Errorf("%w: this daemon's peer manager resolves no read grants", errs.ErrUnimplemented)
 		}
 	}
-	lp, ok := s.cfg.Peers.(LayoutPeers)
+	lp, ok := s.paths.peers.(LayoutPeers)
 	if !ok {
 		return Result{}, fmt.Errorf("%w: this daemon's peer manager resolves no layouts", errs.ErrUnimplemented)
 	}
@@ -110,7 +110,7 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 	var res Result
 	pol := retryPolicy{peer: r.Peer, fresh: "a retry on a fresh connection"}
 	stale := func(error) error {
-		s.forgetLayout(lp, r)
+		s.paths.forgetLayout(lp, r)
 		return nil
 	}
 	err = s.retry(ctx, pol, stale, func(ctx context.Context, _ bool) (ran, error) {
@@ -151,22 +151,13 @@ func checkBlocks(r BlocksRequest) error {
 // retry policy how it failed.
 func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, sc *blockScratch, r BlocksRequest, ph *Phases) (res Result, _ ran, err error) {
 	t0 := time.Now()
-	sess, err := s.session(ctx, r.Peer, r.Transport, transport.Need{Op: r.Op.ops()})
+	sess, err := s.paths.session(ctx, r.Peer, r.Transport, transport.Need{Op: r.Op.ops()})
 	if err != nil {
 		return res, ran{}, err
 	}
-	var rl *transport.LayoutResolution
-	var cached bool
-	if r.Op == OpRead {
-		rl, cached, err = s.cfg.Peers.(ReadPeers).ResolveLayoutFor(ctx, r.Peer, r.Remote, transport.AccessRead)
-	} else {
-		rl, cached, err = lp.ResolveLayout(ctx, r.Peer, r.Remote)
-	}
+	rl, cached, err := s.paths.layout(ctx, lp, sess, r)
 	if err != nil {
-		if !isRequestError(err) && ctx.Err() == nil { // as prepare's resolve
-			s.cfg.Peers.Broken(r.Peer, sess)
-		}
-		return res, ran{sess: sess}, fmt.Errorf("peer %s: resolve remote_layout %q for %s: %w", r.Peer, r.Remote, r.Op, err)
+		return res, ran{sess: sess}, err
 	}
 	t1 := time.Now()
 	ph.Resolve += t1.Sub(t0)
@@ -263,16 +254,6 @@ func staleGeometry(err error, op Op) bool {
 	return ge.Dst
 }
 
-// forgetLayout drops the cached resolution of r's remote layout that r's
-// op used.
-func (s *Service) forgetLayout(lp LayoutPeers, r BlocksRequest) {
-	if r.Op == OpRead {
-		s.cfg.Peers.(ReadPeers).ForgetLayoutFor(r.Peer, r.Remote, transport.AccessRead)
-		return
-	}
-	lp.ForgetLayout(r.Peer, r.Remote)
-}
-
 // blocksMoved ends a block request whose every byte moved, from wstart:
 // it delivers the notification to the remote layout's owner (after a
 // pull too, so it knows it may reuse the blocks) and counts the request.
@@ -282,7 +263,7 @@ func (s *Service) blocksMoved(ctx context.Context, r BlocksRequest, rl *transpor
 	ph.write(st, wstart)
 	if r.Notification != nil {
 		tn := time.Now()
-		err := s.cfg.Peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,
+		err := s.paths.peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,
 			Notification: r.Notification, Blocks: st.Segments, Bytes: total})
 		ph.Notify = time.Since(tn)
 		if err != nil {
