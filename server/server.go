@@ -74,12 +74,11 @@ type Config struct {
 
 // Server holds both services.
 type Server struct {
-	cfg      Config
-	batches  *batch.Service
-	clients  clients          // lease holders (leases.go)
-	triggers *trigger.Watcher // triggered transfers (trigger.go)
-	calls    calls            // synchronous calls a CancelCall can stop (calls.go)
-	late     lateLog          // calls answered past their caller's deadline (deadline.go)
+	cfg     Config
+	batches *batch.Service
+	clients clients // lease holders (leases.go)
+	calls   calls   // synchronous calls a CancelCall can stop (calls.go)
+	late    lateLog // calls answered past their caller's deadline (deadline.go)
 
 	rawMu     sync.Mutex
 	raw       map[net.Conn]struct{} // raw submit connections (raw.go)
@@ -118,9 +117,9 @@ func New(cfg Config) *Server {
 		peers = cfg.Peers
 	}
 	b := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers,
-		DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Log: cfg.Log})
+		DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Triggers: cfg.Triggers, Log: cfg.Log})
 	cfg.Counters, cfg.MaxDescriptors = b.Counters(), b.MaxDescriptors()
-	return &Server{cfg: cfg, batches: b, triggers: trigger.New(cfg.Triggers)}
+	return &Server{cfg: cfg, batches: b}
 }
 
 // Close frees every prepared plan and refuses new ones (daemon shutdown,

@@ -22,6 +22,7 @@ import (
 	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/trigger"
 )
 
 // MaxNotification bounds a batch's notification.
@@ -114,20 +115,24 @@ type Config struct {
 	// MaxTransfers limits the async transfers per client (0: DefaultMaxTransfers).
 	MaxTransfers   int
 	DefaultTimeout time.Duration // a batch's deadline when its caller set none
-	Counters       *Counters
-	Log            hclog.Logger
+	// Triggers is the trigger watcher's policy (docs/kv.md, "Layer
+	// streaming"); the zero value spins while a CPU is free.
+	Triggers trigger.Policy
+	Counters *Counters
+	Log      hclog.Logger
 }
 
 // Service sends batches: it owns the attempt core every transfer runs
 // (session, resolve, check, gate, post, notify, under one retry policy)
 // and the tables that hold transfers between calls, each a type of its own.
 type Service struct {
-	cfg     Config
-	paths   paths      // data paths and resolutions (paths.go)
-	plans   *Plans     // prepared plans (prepared.go)
-	routes  *Routes    // block routes (routes.go)
-	layouts *Layouts   // local block tables (layouts.go)
-	async   *Transfers // async handles (async.go)
+	cfg      Config
+	paths    paths      // data paths and resolutions (paths.go)
+	plans    *Plans     // prepared plans (prepared.go)
+	routes   *Routes    // block routes (routes.go)
+	layouts  *Layouts   // local block tables (layouts.go)
+	async    *Transfers // async handles (async.go)
+	triggers triggers   // counters that start transfers (trigger.go)
 }
 
 // New fills cfg's defaults and returns the service.
@@ -144,7 +149,8 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
-	s := &Service{paths: paths{peers: cfg.Peers}, layouts: NewLayouts(cfg.Registry), async: NewTransfers(cfg.MaxTransfers)}
+	s := &Service{paths: paths{peers: cfg.Peers}, layouts: NewLayouts(cfg.Registry), async: NewTransfers(cfg.MaxTransfers),
+		triggers: triggers{reg: cfg.Registry, w: trigger.New(cfg.Triggers)}}
 	cfg.Peers = nil // paths holds the one copy
 	s.cfg = cfg
 	s.plans = &Plans{s: s}
