@@ -145,7 +145,7 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 }
 
 // checkBlocks checks the fields of r other than its ids: TransferBlocks
-// and BindRoute refuse alike.
+// and Routes.Bind refuse alike.
 func checkBlocks(r BlocksRequest) error {
 	switch {
 	case r.Local == "":

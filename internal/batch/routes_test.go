@@ -56,10 +56,10 @@ func TestRoutes(t *testing.T) {
 	}
 	res, err := s.Routes().Transfer(ctxT(t), req.Caller, h2, packIDs(0, 1), packIDs(2, 5))
 	if err != nil || res.Blocks != 2 || res.Bytes != 2*4096 {
-		t.Fatalf("RouteBlocks = %+v, %v", res, err)
+		t.Fatalf("Routes().Transfer = %+v, %v", res, err)
 	}
 	if _, err := s.Routes().Transfer(ctxT(t), req.Caller, h2, packIDs(16), packIDs(0)); !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), "local_ids[0] = 16") {
-		t.Fatalf("RouteBlocks of an id out of range: %v", err)
+		t.Fatalf("Routes().Transfer of an id out of range: %v", err)
 	}
 	if _, err := s.Routes().Transfer(ctxT(t), other, h2, packIDs(0), packIDs(0)); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("someone else's route: %v", err)
@@ -68,7 +68,7 @@ func TestRoutes(t *testing.T) {
 		t.Fatalf("release of another connection's route: %v", err)
 	}
 	if n := s.Routes().ReleaseConn(1); n != 1 || s.Routes().Len() != 1 {
-		t.Fatalf("ReleaseRoutesConn(1) = %d, %d left", n, s.Routes().Len())
+		t.Fatalf("Routes().ReleaseConn(1) = %d, %d left", n, s.Routes().Len())
 	}
 	if _, err := s.Routes().Transfer(ctxT(t), req.Caller, h1, packIDs(0), packIDs(0)); !errors.Is(err, errs.ErrNotFound) || !strings.Contains(err.Error(), "block route") {
 		t.Fatalf("a route of a closed connection: %v", err)
