@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/status"
@@ -49,53 +48,25 @@ func (l *local) start(ctx context.Context, req *b2bv1.StartTransferRequest) (uin
 	if err != nil {
 		return 0, err
 	}
-	b, client := l.s.batches, clientID(ctx)
-	// A triggered transfer (after) holds its counter from here, and waits
-	// for it in the trigger watcher before it runs (trigger.go).
-	gate := func(run batch.RunFunc) batch.RunFunc { return run }
-	release := func() {}
+	r := batch.StartRequest{Client: clientID(ctx), Caller: caller(ctx)}
 	if after := req.GetAfter(); after != nil {
-		c, rel, err := l.s.counterOf(after, caller(ctx))
-		if err != nil {
-			return 0, err
-		}
-		release = sync.OnceFunc(rel)
-		gate = func(run batch.RunFunc) batch.RunFunc { return l.s.gated(c, after.GetValue(), release, run) }
+		r.After = &batch.Trigger{Region: after.GetCounterRegionId(), Offset: after.GetCounterOffset(), Value: after.GetValue()}
 	}
-	var id uint64
 	switch t := req.GetTransfer().(type) {
 	case *b2bv1.StartTransferRequest_Batch:
-		id, err = b.StartBatch(client, l.armedTimeout(req, timeout), transferRequest(t.Batch, caller(ctx)), gate)
+		br := transferRequest(t.Batch, r.Caller)
+		r.Batch = &br
 	case *b2bv1.StartTransferRequest_Submit:
-		o, h := owner(ctx), t.Submit.GetHandle()
-		id, err = b.Transfers().Start(client, l.armedTimeout(req, timeout), gate(func(ctx context.Context) (batch.Result, error) { return b.Submit(ctx, o, h) }))
+		r.Submit = &batch.SubmitRequest{Owner: owner(ctx), Handle: t.Submit.GetHandle()}
 	case *b2bv1.StartTransferRequest_Blocks:
-		var r batch.BlocksRequest
-		var own time.Duration
-		if r, own, err = blocksRequest(ctx, t.Blocks); err != nil {
-			break
-		}
+		br, own, err := blocksRequest(ctx, t.Blocks)
 		if timeout == 0 {
 			timeout = own
 		}
-		id, err = b.Transfers().Start(client, l.armedTimeout(req, timeout), gate(func(ctx context.Context) (batch.Result, error) { return b.TransferBlocks(ctx, r) }))
-	default:
-		err = fmt.Errorf("%w: transfer is not set: give batch, submit or blocks", errs.ErrInvalidArgument)
+		r.Blocks, r.Bad = &br, err
 	}
-	if err != nil {
-		release() // the run never started: let go of the counter
-	}
-	return id, err
-}
-
-// armedTimeout is a transfer's deadline from its start: a triggered one
-// (after) without its own gets the daemon's default, so that a counter
-// that never comes cannot hold it forever.
-func (l *local) armedTimeout(req *b2bv1.StartTransferRequest, timeout time.Duration) time.Duration {
-	if timeout == 0 && req.GetAfter() != nil {
-		return l.s.batches.DefaultTimeout()
-	}
-	return timeout
+	r.Timeout = timeout
+	return l.s.batches.Start(r)
 }
 
 func (l *local) WaitTransfer(ctx context.Context, req *b2bv1.WaitTransferRequest) (*b2bv1.TransferOutcome, error) {

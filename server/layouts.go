@@ -70,7 +70,7 @@ func (l *local) BindBlockRoute(ctx context.Context, req *b2bv1.BindBlockRouteReq
 	r := batch.BlocksRequest{Local: req.GetLocalLayout(), Caller: caller(ctx), Peer: req.GetPeer(), Remote: req.GetRemoteLayout()}
 	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
 	r.Op, r.BadOp = opOf(req.GetOp())
-	h, err := l.s.batches.BindRoute(r, owner(ctx))
+	h, err := l.s.batches.Routes().Bind(r, owner(ctx))
 	if err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}
@@ -78,7 +78,7 @@ func (l *local) BindBlockRoute(ctx context.Context, req *b2bv1.BindBlockRouteReq
 }
 
 func (l *local) ReleaseBlockRoute(ctx context.Context, req *b2bv1.ReleaseBlockRouteRequest) (*b2bv1.ReleaseBlockRouteResponse, error) {
-	if err := l.s.batches.ReleaseRoute(owner(ctx), req.GetHandle()); err != nil {
+	if err := l.s.batches.Routes().Release(owner(ctx), req.GetHandle()); err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}
 	return &b2bv1.ReleaseBlockRouteResponse{}, nil

@@ -79,10 +79,10 @@ func (h *statsHandler) HandleConn(ctx context.Context, cs stats.ConnStats) {
 	if !ok {
 		return
 	}
-	if n := h.s.batches.ReleaseConn(c.id); n > 0 {
+	if n := h.s.batches.Plans().ReleaseConn(c.id); n > 0 {
 		h.s.cfg.Log.Debug("client connection closed; its prepared plans are released", "plans", n)
 	}
-	if n := h.s.batches.ReleaseRoutesConn(c.id); n > 0 {
+	if n := h.s.batches.Routes().ReleaseConn(c.id); n > 0 {
 		h.s.cfg.Log.Debug("client connection closed; its block routes are released", "routes", n)
 	}
 	// After the plans: a plan holds its source, which would keep a leased
@@ -120,7 +120,7 @@ func owner(ctx context.Context) batch.Owner {
 
 func (l *local) PrepareTransfer(ctx context.Context, req *b2bv1.PrepareTransferRequest) (*b2bv1.PrepareTransferResponse, error) {
 	entry := time.Now()
-	info, err := l.s.batches.Prepare(ctx, prepareRequest(req, caller(ctx)), owner(ctx))
+	info, err := l.s.batches.Plans().Prepare(ctx, prepareRequest(req, caller(ctx)), owner(ctx))
 	if err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}
@@ -130,7 +130,7 @@ func (l *local) PrepareTransfer(ctx context.Context, req *b2bv1.PrepareTransferR
 
 func (l *local) SubmitTransfer(ctx context.Context, req *b2bv1.SubmitTransferRequest) (*b2bv1.BatchTransferResponse, error) {
 	entry := time.Now()
-	res, err := l.s.batches.Submit(ctx, owner(ctx), req.GetHandle())
+	res, err := l.s.batches.Plans().Submit(ctx, owner(ctx), req.GetHandle())
 	if err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}
@@ -139,7 +139,7 @@ func (l *local) SubmitTransfer(ctx context.Context, req *b2bv1.SubmitTransferReq
 }
 
 func (l *local) ReleaseTransfer(ctx context.Context, req *b2bv1.ReleaseTransferRequest) (*b2bv1.ReleaseTransferResponse, error) {
-	if err := l.s.batches.Release(owner(ctx), req.GetHandle()); err != nil {
+	if err := l.s.batches.Plans().Release(owner(ctx), req.GetHandle()); err != nil {
 		return nil, grpcstatus.ToStatus(err)
 	}
 	return &b2bv1.ReleaseTransferResponse{}, nil
@@ -228,7 +228,7 @@ func (ss *submitStream) read() error {
 func (ss *submitStream) submit(o batch.Owner, tag, handle uint64) {
 	defer ss.wg.Done()
 	entry := time.Now()
-	res, err := ss.l.s.batches.Submit(ss.ctx, o, handle)
+	res, err := ss.l.s.batches.Plans().Submit(ss.ctx, o, handle)
 	resp := &b2bv1.SubmitStreamResponse{Tag: tag}
 	if err != nil {
 		err = grpcstatus.ToStatus(err)

@@ -125,7 +125,7 @@ func (s *Server) serveRaw(c net.Conn) {
 		go func(tag, h uint64) {
 			defer wg.Done()
 			entry := time.Now()
-			res, err := s.batches.SubmitByCaller(ctx, who, h)
+			res, err := s.batches.Plans().SubmitByCaller(ctx, who, h)
 			if obs := s.observeSubmit; obs != nil { // with metrics on: off the 0-alloc path otherwise
 				var resp *b2bv1.BatchTransferResponse
 				if err == nil {

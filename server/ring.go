@@ -146,12 +146,12 @@ func (rc *ringConn) handle(rec *[ring.RecLen]byte) {
 		rc.complete(ring.Completion{Tag: req.Tag})
 	case ring.OpSubmit:
 		rc.run(req, "submit", func(ctx context.Context) (batch.Result, error) {
-			return rc.s.batches.SubmitByCaller(ctx, rc.who, req.Handle)
+			return rc.s.batches.Plans().SubmitByCaller(ctx, rc.who, req.Handle)
 		})
 	case ring.OpBlocks:
 		local, remote := req.PackedIDs()
 		rc.run(req, "blocks", func(ctx context.Context) (batch.Result, error) {
-			return rc.s.batches.RouteBlocks(ctx, rc.who, req.Handle, local, remote)
+			return rc.s.batches.Routes().Transfer(ctx, rc.who, req.Handle, local, remote)
 		})
 	}
 }

@@ -75,10 +75,9 @@ type Config struct {
 
 // Server holds both services.
 type Server struct {
-	cfg      Config
-	batches  *batch.Service
-	triggers *trigger.Watcher // triggered transfers (trigger.go)
-	late     lateLog          // calls answered past their caller's deadline (deadline.go)
+	cfg     Config
+	batches *batch.Service
+	late    lateLog // calls answered past their caller's deadline (deadline.go)
 
 	// calls are the synchronous calls in flight that CancelCall (calls.go)
 	// can stop.
@@ -121,9 +120,9 @@ func New(cfg Config) *Server {
 		peers = cfg.Peers
 	}
 	b := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers,
-		DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Log: cfg.Log})
+		DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Triggers: cfg.Triggers, Log: cfg.Log})
 	cfg.Counters, cfg.MaxDescriptors = b.Counters(), b.MaxDescriptors()
-	return &Server{cfg: cfg, batches: b, triggers: trigger.New(cfg.Triggers)}
+	return &Server{cfg: cfg, batches: b}
 }
 
 // Close frees every prepared plan and refuses new ones (daemon shutdown,
@@ -134,7 +133,7 @@ func (s *Server) Close() {
 }
 
 // Plans counts the prepared plans held.
-func (s *Server) Plans() int { return s.batches.Plans() }
+func (s *Server) Plans() int { return s.batches.Plans().Len() }
 
 // Local is the B2B service.
 func (s *Server) Local() b2bv1.B2BServer { return &local{s: s} }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/region"
 )
 
 // Async transfers (docs/kv.md, "Async handles"). A started transfer runs the
@@ -391,31 +392,78 @@ func (t *Transfers) Unwatch(w *Watcher) {
 // Transfers is the service's table of async transfers.
 func (s *Service) Transfers() *Transfers { return s.async }
 
-// StartBatch plans r now (its fields, source region and descriptors are
-// checked, the source held), and starts its run in the table for client:
-// bad input is refused here, not reported later as a failed transfer.
-// wrap, if given, wraps the run (a trigger that waits before it).
-func (s *Service) StartBatch(client uint64, timeout time.Duration, r Request, wrap ...func(RunFunc) RunFunc) (uint64, error) {
-	p, err := s.Plan(r)
+// SubmitRequest names a prepared plan to submit: Owner's plan Handle.
+type SubmitRequest struct {
+	Owner  Owner
+	Handle uint64
+}
+
+// StartRequest is one async transfer as the caller gave it: one of Batch,
+// Submit and Blocks (none: refused).
+type StartRequest struct {
+	Client  uint64        // whose transfer it is (Transfers)
+	Caller  region.Caller // who asks: a trigger's counter region must be theirs
+	Timeout time.Duration // from the start; 0: none here (a triggered one's is DefaultTimeout)
+	After   *Trigger      // nil: it runs at once
+	Batch   *Request
+	Submit  *SubmitRequest
+	Blocks  *BlocksRequest
+	// Bad is set by the RPC layer when it could not convert the transfer;
+	// it is reported after the trigger's checks.
+	Bad error
+}
+
+// Start starts r's transfer in the table of async transfers and returns
+// its id. A triggered one (After) holds its counter from here, and waits
+// for it in the trigger watcher just before it posts. A batch is planned
+// now (its fields, source region and descriptors checked, the source
+// held): bad input is refused here, not reported later as a failed
+// transfer.
+func (s *Service) Start(r StartRequest) (uint64, error) {
+	gate, release, err := s.triggers.arm(r.After, r.Caller)
 	if err != nil {
 		return 0, err
 	}
-	run := func(ctx context.Context) (Result, error) {
-		return s.bounded(ctx, func(ctx context.Context) (Result, error) {
-			res, err := s.Run(ctx, p)
-			res.Phases.Validate, res.Phases.Plan = p.validate, res.Phases.Plan+p.merge
-			return res, err
-		}, "batch failed", "peer", r.Peer, "dst", r.Dst)
+	timeout := r.Timeout
+	if timeout == 0 && r.After != nil {
+		// So that a counter that never comes cannot hold it forever.
+		timeout = s.cfg.DefaultTimeout
 	}
-	for _, w := range wrap {
-		run = w(run)
+	var id uint64
+	switch {
+	case r.Bad != nil:
+		err = r.Bad
+	case r.Batch != nil:
+		var p *Plan
+		if p, err = s.Plan(*r.Batch); err != nil {
+			break
+		}
+		peer, dst := r.Batch.Peer, r.Batch.Dst
+		run := gate(func(ctx context.Context) (Result, error) {
+			return s.bounded(ctx, func(ctx context.Context) (Result, error) {
+				res, err := s.Run(ctx, p)
+				res.Phases.Validate, res.Phases.Plan = p.validate, res.Phases.Plan+p.merge
+				return res, err
+			}, "batch failed", "peer", peer, "dst", dst)
+		})
+		id, err = s.async.Start(r.Client, timeout, func(ctx context.Context) (Result, error) {
+			defer p.Close()
+			return run(ctx)
+		})
+		if err != nil {
+			p.Close()
+		}
+	case r.Submit != nil:
+		o, h := r.Submit.Owner, r.Submit.Handle
+		id, err = s.async.Start(r.Client, timeout, gate(func(ctx context.Context) (Result, error) { return s.plans.Submit(ctx, o, h) }))
+	case r.Blocks != nil:
+		br := *r.Blocks
+		id, err = s.async.Start(r.Client, timeout, gate(func(ctx context.Context) (Result, error) { return s.TransferBlocks(ctx, br) }))
+	default:
+		err = fmt.Errorf("%w: transfer is not set: give batch, submit or blocks", errs.ErrInvalidArgument)
 	}
-	id, err := s.async.Start(client, timeout, func(ctx context.Context) (Result, error) {
-		defer p.Close()
-		return run(ctx)
-	})
 	if err != nil {
-		p.Close()
+		release() // the run never started: let go of the counter
 	}
 	return id, err
 }

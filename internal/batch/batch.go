@@ -10,7 +10,6 @@ package batch
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/transport"
+	"github.com/b2bd/b2bd/internal/trigger"
 )
 
 // MaxNotification bounds a batch's notification.
@@ -115,18 +115,24 @@ type Config struct {
 	// MaxTransfers limits the async transfers per client (0: DefaultMaxTransfers).
 	MaxTransfers   int
 	DefaultTimeout time.Duration // a batch's deadline when its caller set none
-	Counters       *Counters
-	Log            hclog.Logger
+	// Triggers is the trigger watcher's policy (docs/kv.md, "Layer
+	// streaming"); the zero value spins while a CPU is free.
+	Triggers trigger.Policy
+	Counters *Counters
+	Log      hclog.Logger
 }
 
-// Service sends batches.
+// Service sends batches: it owns the attempt core every transfer runs
+// (session, resolve, check, gate, post, notify, under one retry policy)
+// and the tables that hold transfers between calls, each a type of its own.
 type Service struct {
 	cfg      Config
-	plans    plans
-	routes   routes
-	maxPlans atomic.Int64
-	layouts  *Layouts
-	async    *Transfers
+	paths    paths      // data paths and resolutions (paths.go)
+	plans    *Plans     // prepared plans (prepared.go)
+	routes   *Routes    // block routes (routes.go)
+	layouts  *Layouts   // local block tables (layouts.go)
+	async    *Transfers // async handles (async.go)
+	triggers triggers   // counters that start transfers (trigger.go)
 }
 
 // New fills cfg's defaults and returns the service.
@@ -143,9 +149,23 @@ func New(cfg Config) *Service {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
-	s := &Service{cfg: cfg, layouts: NewLayouts(cfg.Registry), async: NewTransfers(cfg.MaxTransfers)}
-	s.SetMaxPlans(cfg.MaxPlans)
+	s := &Service{paths: paths{peers: cfg.Peers}, layouts: NewLayouts(cfg.Registry), async: NewTransfers(cfg.MaxTransfers),
+		triggers: triggers{reg: cfg.Registry, w: trigger.New(cfg.Triggers)}}
+	cfg.Peers = nil // paths holds the one copy
+	s.cfg = cfg
+	s.plans = &Plans{s: s}
+	s.plans.SetMax(cfg.MaxPlans)
+	s.routes = &Routes{s: s, max: &s.plans.max}
 	return s
+}
+
+// Close ends the async transfers, frees every plan and layout and refuses
+// new plans (daemon shutdown).
+func (s *Service) Close() {
+	// First: a running transfer may hold a plan or a layout's regions.
+	s.async.Close()
+	s.plans.close()
+	s.layouts.Close()
 }
 
 // Counters returns the service's counters.
@@ -360,7 +380,7 @@ func (s *Service) Plan(r Request) (*Plan, error) {
 		return nil, r.BadOp
 	}
 	if r.Op == OpRead {
-		if _, ok := s.cfg.Peers.(ReadPeers); !ok {
+		if _, ok := s.paths.peers.(ReadPeers); !ok {
 			return nil, fmt.Errorf("%w: this daemon's peer manager resolves no read grants", errs.ErrUnimplemented)
 		}
 	}
@@ -415,12 +435,12 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 	)
 	pol := retryPolicy{peer: p.peer, fresh: "a retry on a fresh connection"}
 	stale := func(error) error {
-		s.forget(p.peer, p.dst, p.op)
+		s.paths.forget(p.peer, p.dst, p.op)
 		return nil
 	}
 	err := s.retry(ctx, pol, stale, func(ctx context.Context, _ bool) (ran, error) {
 		t0 := time.Now()
-		sess, remote, reg, cached, held, err := s.prepare(ctx, p, true)
+		sess, remote, reg, cached, held, err := s.paths.dst(ctx, p, true)
 		if err != nil {
 			return ran{sess: sess}, err
 		}
@@ -488,110 +508,13 @@ func (s *Service) notify(ctx context.Context, p *Plan, ph *Phases) error {
 		return nil
 	}
 	t0 := time.Now()
-	err := s.cfg.Peers.Notify(ctx, p.peer, notify.Notification{Region: p.dst, Sender: s.cfg.NodeName,
+	err := s.paths.peers.Notify(ctx, p.peer, notify.Notification{Region: p.dst, Sender: s.cfg.NodeName,
 		Notification: p.notification, Blocks: p.blocks, Bytes: p.bytes})
 	ph.Notify = time.Since(t0)
 	if err != nil {
 		return fmt.Errorf("batch of %d blocks landed at %s/%s, but its notification was not delivered: %w", p.blocks, p.peer, p.dst, err)
 	}
 	return nil
-}
-
-// prepare finds the data path, the source's registration with it, and the
-// destination region's key. With hold, a fresh resolution holds the region
-// on the peer until held is called (ResolveHeld); held is never nil, and
-// on error nothing is held.
-func (s *Service) prepare(ctx context.Context, p *Plan, hold bool) (sess transport.Session, remote transport.RemoteRegion, reg transport.Registration, cached bool, held func(), err error) {
-	held = func() {}
-	sess, remote, reg, cached, err = s.resolveDst(ctx, p, hold, &held)
-	if held == nil {
-		held = func() {}
-	}
-	if err != nil {
-		held()
-		held = func() {}
-	}
-	return sess, remote, reg, cached, held, err
-}
-
-func (s *Service) resolveDst(ctx context.Context, p *Plan, hold bool, held *func()) (transport.Session, transport.RemoteRegion, transport.Registration, bool, error) {
-	var none transport.RemoteRegion
-	sess, err := s.session(ctx, p.peer, p.want, transport.Need{Op: p.op.ops(), Memory: p.src.Mem.Kind})
-	if err != nil {
-		return sess, none, nil, false, err
-	}
-	reg, ok := p.src.Registration(sess.Kind)
-	if !ok {
-		return sess, none, nil, false, fmt.Errorf("%w: src_region_id %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, p.src.ID, p.src.Mem.Kind, sess.Kind)
-	}
-	var rr transport.Resolution
-	var cached bool
-	if hold {
-		rr, cached, *held, err = s.cfg.Peers.ResolveHeld(ctx, p.peer, sess, p.dst, p.op.access())
-	} else {
-		rr, cached, err = s.resolve(ctx, p.peer, sess, p.dst, p.op)
-	}
-	if err != nil {
-		// A resolve cut short by this batch's own cancel or deadline says
-		// nothing of the peer: the connection, which other batches may be
-		// writing on, stays (closing it failed them mid-batch).
-		if !isRequestError(err) && ctx.Err() == nil {
-			s.cfg.Peers.Broken(p.peer, sess)
-		}
-		return sess, none, nil, false, fmt.Errorf("peer %s: resolve dst_region %q for %s: %w", p.peer, p.dst, p.op, err)
-	}
-	key, ok := rr.Keys[sess.Kind]
-	if !ok {
-		return sess, none, nil, false, fmt.Errorf("%w: dst_region %q on peer %s is not registered with transport %s", errs.ErrFailedPrecondition, p.dst, p.peer, sess.Kind)
-	}
-	// Devices: the peer's key on each of its devices, for a kind over
-	// several (verbs rails); nil with one.
-	remote := transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}
-	return sess, remote, reg, cached, nil
-}
-
-// session gets a data path to peer for a request needing need, and
-// refuses one the chosen kind's Caps cannot carry before the kind is
-// called: the one place the batch layer checks what a kind can do (the
-// peer manager chooses by the same Caps; a kind asked for by name, or a
-// Peers of a test, may still hand out one that lacks them).
-func (s *Service) session(ctx context.Context, peer string, want transport.Kind, need transport.Need) (transport.Session, error) {
-	sess, err := s.cfg.Peers.Get(ctx, peer, want, need)
-	if err != nil {
-		return sess, err
-	}
-	if err := sess.Caps.Lacks(sess.Kind, need); err != nil {
-		return transport.Session{}, fmt.Errorf("peer %s: %w: choose another transport, or the other op", peer, err)
-	}
-	return sess, nil
-}
-
-// isRequestError: the peer refused this request, the connection is fine.
-func isRequestError(err error) bool {
-	// DataLoss: the peer's region failed (its file truncated), not the path.
-	for _, t := range []error{errs.ErrNotFound, errs.ErrInvalidArgument, errs.ErrPermissionDenied, errs.ErrFailedPrecondition, errs.ErrDataLoss} {
-		if errors.Is(err, t) {
-			return true
-		}
-	}
-	return false
-}
-
-// resolve resolves the peer's export name for op's access.
-func (s *Service) resolve(ctx context.Context, peer string, sess transport.Session, name string, op Op) (transport.Resolution, bool, error) {
-	if op == OpRead {
-		return s.cfg.Peers.(ReadPeers).ResolveFor(ctx, peer, sess, name, transport.AccessRead)
-	}
-	return s.cfg.Peers.Resolve(ctx, peer, sess, name)
-}
-
-// forget drops the cached resolution op used.
-func (s *Service) forget(peer, name string, op Op) {
-	if op == OpRead {
-		s.cfg.Peers.(ReadPeers).ForgetFor(peer, name, transport.AccessRead)
-		return
-	}
-	s.cfg.Peers.Forget(peer, name)
 }
 
 // count counts a finished transfer: a write as sent, a pull as received.

@@ -415,7 +415,7 @@ func TestCallerDeadlineOrCancel(t *testing.T) {
 	t.Run("default timeout", func(t *testing.T) {
 		fp := &fakePeers{conns: []*fakeConn{{}}, answers: []answer{{size: regionSize}}}
 		s, req := rig(t, fp)
-		s.cfg.Peers = deadlineProbe{fp, t}
+		s.paths.peers = deadlineProbe{fp, t}
 		if _, err := s.Transfer(context.Background(), req); err != nil {
 			t.Fatal(err)
 		}

@@ -53,7 +53,32 @@ type blockScratch struct {
 	releases []func()
 }
 
-var blockScratches = sync.Pool{New: func() any { return new(blockScratch) }}
+// blockXfer is one block request in flight: the request, its local
+// layout, the regions it holds and the memory its attempts reuse. Pooled,
+// so that a request allocates none of it.
+type blockXfer struct {
+	s  *Service
+	lp LayoutPeers
+	r  BlocksRequest
+	e  *Entry
+	ph Phases
+	sc blockScratch
+}
+
+var blockXfers = sync.Pool{New: func() any { return new(blockXfer) }}
+
+// done lets go of x's regions and returns it to the pool, keeping only
+// its scratch memory.
+func (x *blockXfer) done() {
+	sc := &x.sc
+	for _, rel := range sc.releases {
+		rel()
+	}
+	clear(sc.regions)
+	sc.regions, sc.releases = sc.regions[:0], sc.releases[:0]
+	x.s, x.lp, x.r, x.e, x.ph = nil, nil, BlocksRequest{}, nil, Phases{}
+	blockXfers.Put(x)
+}
 
 // Layouts is the service's layout registry.
 func (s *Service) Layouts() *Layouts { return s.layouts }
@@ -74,29 +99,23 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 		return Result{}, err
 	}
 	if r.Op == OpRead {
-		if _, ok := s.cfg.Peers.(ReadPeers); !ok {
+		if _, ok := s.paths.peers.(ReadPeers); !ok {
 			return Result{}, fmt.Errorf("%w: this daemon's peer manager resolves no read grants", errs.ErrUnimplemented)
 		}
 	}
-	lp, ok := s.cfg.Peers.(LayoutPeers)
+	lp, ok := s.paths.peers.(LayoutPeers)
 	if !ok {
 		return Result{}, fmt.Errorf("%w: this daemon's peer manager resolves no layouts", errs.ErrUnimplemented)
 	}
-	var ph Phases
 	t0 := time.Now()
 	e, err := s.layouts.Get(r.Local, "local_layout", r.Caller)
 	if err != nil {
 		return Result{}, err
 	}
-	sc := blockScratches.Get().(*blockScratch)
-	defer func() {
-		for _, rel := range sc.releases {
-			rel()
-		}
-		clear(sc.regions)
-		sc.regions, sc.releases = sc.regions[:0], sc.releases[:0]
-		blockScratches.Put(sc)
-	}()
+	x := blockXfers.Get().(*blockXfer)
+	defer x.done()
+	x.s, x.lp, x.r, x.e = s, lp, r, e
+	sc := &x.sc
 	// Hold the sources for the transfer: a region whose client went away
 	// is unpublished even though the layout still holds its memory.
 	for i, g := range e.Layout.Regions() {
@@ -107,18 +126,18 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 		}
 		sc.regions, sc.releases = append(sc.regions, reg), append(sc.releases, rel)
 	}
-	ph.Validate = time.Since(t0)
+	x.ph.Validate = time.Since(t0)
 
 	var res Result
 	pol := retryPolicy{peer: r.Peer, fresh: "a retry on a fresh connection"}
 	stale := func(error) error {
-		s.forgetLayout(lp, r)
+		s.paths.forgetLayout(lp, r)
 		return nil
 	}
 	err = s.retry(ctx, pol, stale, func(ctx context.Context, _ bool) (ran, error) {
 		var err error
 		var rn ran
-		res, rn, err = s.blocksAttempt(ctx, lp, e, sc, r, &ph)
+		res, rn, err = x.attempt(ctx)
 		return rn, err
 	})
 	if err != nil {
@@ -128,7 +147,7 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 }
 
 // checkBlocks checks the fields of r other than its ids: TransferBlocks
-// and BindRoute refuse alike.
+// and Routes.Bind refuse alike.
 func checkBlocks(r BlocksRequest) error {
 	switch {
 	case r.Local == "":
@@ -149,26 +168,18 @@ func checkBlocks(r BlocksRequest) error {
 	return nil
 }
 
-// blocksAttempt resolves, validates, expands and writes once, telling the
+// attempt resolves, validates, expands and writes once, telling the
 // retry policy how it failed.
-func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, sc *blockScratch, r BlocksRequest, ph *Phases) (res Result, _ ran, err error) {
+func (x *blockXfer) attempt(ctx context.Context) (res Result, _ ran, err error) {
+	s, e, sc, r, ph := x.s, x.e, &x.sc, &x.r, &x.ph
 	t0 := time.Now()
-	sess, err := s.session(ctx, r.Peer, r.Transport, transport.Need{Op: r.Op.ops()})
+	sess, err := s.paths.session(ctx, r.Peer, r.Transport, transport.Need{Op: r.Op.ops()})
 	if err != nil {
 		return res, ran{}, err
 	}
-	var rl *transport.LayoutResolution
-	var cached bool
-	if r.Op == OpRead {
-		rl, cached, err = s.cfg.Peers.(ReadPeers).ResolveLayoutFor(ctx, r.Peer, r.Remote, transport.AccessRead)
-	} else {
-		rl, cached, err = lp.ResolveLayout(ctx, r.Peer, r.Remote)
-	}
+	rl, cached, err := s.paths.layout(ctx, x.lp, sess, *r)
 	if err != nil {
-		if !isRequestError(err) && ctx.Err() == nil { // as prepare's resolve
-			s.cfg.Peers.Broken(r.Peer, sess)
-		}
-		return res, ran{sess: sess}, fmt.Errorf("peer %s: resolve remote_layout %q for %s: %w", r.Peer, r.Remote, r.Op, err)
+		return res, ran{sess: sess}, err
 	}
 	t1 := time.Now()
 	ph.Resolve += t1.Sub(t0)
@@ -201,7 +212,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 		total += bl * uint64(ids.N())
 	}
 	if r.Op == OpRead {
-		return s.readBlocks(ctx, e, sc, r, ph, sess, rl, pair, ids, cached, blocks, total, t2)
+		return x.read(ctx, sess, rl, pair, ids, cached, blocks, total, t2)
 	}
 	// The transport's view of the request: each source region's
 	// registration and each destination region's key with this kind.
@@ -246,7 +257,7 @@ func (s *Service) blocksAttempt(ctx context.Context, lp LayoutPeers, e *Entry, s
 		}
 		return res, ran{sess: sess, posted: true, cached: cached}, werr
 	}
-	res, err = s.blocksMoved(ctx, r, rl, sess, st, wstart, ph, blocks, total)
+	res, err = x.moved(ctx, rl, sess, st, wstart, blocks, total)
 	return res, ran{}, err
 }
 
@@ -267,26 +278,17 @@ func staleGeometry(err error, op Op) bool {
 	return ge.Dst
 }
 
-// forgetLayout drops the cached resolution of r's remote layout that r's
-// op used.
-func (s *Service) forgetLayout(lp LayoutPeers, r BlocksRequest) {
-	if r.Op == OpRead {
-		s.cfg.Peers.(ReadPeers).ForgetLayoutFor(r.Peer, r.Remote, transport.AccessRead)
-		return
-	}
-	lp.ForgetLayout(r.Peer, r.Remote)
-}
-
-// blocksMoved ends a block request whose every byte moved, from wstart:
-// it delivers the notification to the remote layout's owner (after a
-// pull too, so it knows it may reuse the blocks) and counts the request.
-func (s *Service) blocksMoved(ctx context.Context, r BlocksRequest, rl *transport.LayoutResolution, sess transport.Session,
-	st transport.Stats, wstart time.Time, ph *Phases, blocks, total uint64) (Result, error) {
+// moved ends a block request whose every byte moved, from wstart: it
+// delivers the notification to the remote layout's owner (after a pull
+// too, so it knows it may reuse the blocks) and counts the request.
+func (x *blockXfer) moved(ctx context.Context, rl *transport.LayoutResolution, sess transport.Session,
+	st transport.Stats, wstart time.Time, blocks, total uint64) (Result, error) {
+	s, r, ph := x.s, &x.r, &x.ph
 	elapsed := time.Since(wstart)
 	ph.write(st, wstart)
 	if r.Notification != nil {
 		tn := time.Now()
-		err := s.cfg.Peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,
+		err := s.paths.peers.Notify(ctx, r.Peer, notify.Notification{Region: rl.Regions[0].Name, Sender: s.cfg.NodeName,
 			Notification: r.Notification, Blocks: st.Segments, Bytes: total})
 		ph.Notify = time.Since(tn)
 		if err != nil {
@@ -301,12 +303,13 @@ func (s *Service) blocksMoved(ctx context.Context, r BlocksRequest, rl *transpor
 	return Result{Blocks: blocks, Bytes: total, Kind: sess.Kind, Stats: st, Elapsed: elapsed, Phases: *ph}, nil
 }
 
-// readBlocks is blocksAttempt's pull: pair's sources are the peer's
-// regions and its destinations ours. Every stretch in one go
-// (transport.BlockReader where the kind has one, else concurrent Reads):
-// every byte in place before success.
-func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r BlocksRequest, ph *Phases, sess transport.Session,
+// read is attempt's pull: pair's sources are the peer's regions and its
+// destinations ours. Every stretch in one go (transport.BlockReader where
+// the kind has one, else concurrent Reads): every byte in place before
+// success.
+func (x *blockXfer) read(ctx context.Context, sess transport.Session,
 	rl *transport.LayoutResolution, pair *layout.Pair, ids layout.IDs, cached bool, blocks, total uint64, t2 time.Time) (res Result, _ ran, err error) {
+	sc, r, ph := &x.sc, &x.r, &x.ph
 	sc.rsrcs, sc.rdsts = sc.rsrcs[:0], sc.rdsts[:0]
 	for _, rr := range rl.Regions {
 		key, ok := rr.Keys[sess.Kind]
@@ -343,7 +346,7 @@ func (s *Service) readBlocks(ctx context.Context, e *Entry, sc *blockScratch, r 
 		}
 		return res, ran{sess: sess, posted: true, cached: cached}, werr
 	}
-	res, err = s.blocksMoved(ctx, r, rl, sess, st, wstart, ph, blocks, total)
+	res, err = x.moved(ctx, rl, sess, st, wstart, blocks, total)
 	return res, ran{}, err
 }
 

@@ -81,7 +81,7 @@ func TestBlocksRetry(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fp := &layoutPeers{fakePeers: &fakePeers{conns: tc.conns}, layouts: tc.layouts}
 			s, req := rig(t, fp.fakePeers)
-			s.cfg.Peers = fp
+			s.paths.peers = fp
 			if _, err := s.layouts.Register("l", []layout.Segment{{Region: req.Src, BlockLen: 4096, Stride: 4096}}, 16, region.Export{}, req.Caller, region.Lease{}); err != nil {
 				t.Fatal(err)
 			}

@@ -44,7 +44,7 @@ func TestRefusedOutsideCaps(t *testing.T) {
 			caps := c.caps
 			fp := &fakePeers{conns: []*fakeConn{{}}, answers: []answer{{size: regionSize}}, caps: &caps}
 			s, req := rig(t, fp)
-			s.cfg.Peers = pullPeers{fp}
+			s.paths.peers = pullPeers{fp}
 			req.Op = c.op
 			_, err := s.Transfer(context.Background(), req)
 			if c.msg == "" {

@@ -6,7 +6,7 @@ import (
 )
 
 // A gate holds a transfer's post back until something outside it is ready
-// (a trigger's counter reached its value: server/trigger.go). The transfer
+// (a trigger's counter reached its value: trigger.go). The transfer
 // does all its work up to the post first (validate, resolve, plan), so that
 // once the gate opens only the post is left: the lag from a layer's counter
 // write to its post is the watcher's and the post's, not the planning's.

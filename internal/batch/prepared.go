@@ -87,81 +87,88 @@ func (b *binding) close() {
 	}
 }
 
-// plans is the table of prepared plans.
-type plans struct {
+// Plans is the table of prepared plans: it owns each plan from Prepare to
+// Release and runs its submits through the service's attempt core.
+type Plans struct {
+	s       *Service // resolves, retries and notifies for the plans
+	max     atomic.Int64
 	mu      sync.RWMutex
 	byID    map[uint64]*prepared
 	perUser map[region.Caller]int
 	closed  bool
 }
 
-// SetMaxPlans sets the limit of plans per client identity (<= 0: the default).
-func (s *Service) SetMaxPlans(n int) {
+// Plans is the service's table of prepared plans.
+func (s *Service) Plans() *Plans { return s.plans }
+
+// SetMax sets the limit of plans per client identity (<= 0: the default);
+// block routes share it.
+func (pt *Plans) SetMax(n int) {
 	if n <= 0 {
 		n = DefaultMaxPlans
 	}
-	s.maxPlans.Store(int64(n))
+	pt.max.Store(int64(n))
 }
 
-// Plans counts the plans held, for tests and Status.
-func (s *Service) Plans() int {
-	s.plans.mu.RLock()
-	defer s.plans.mu.RUnlock()
-	return len(s.plans.byID)
+// Len counts the plans held, for tests and Status.
+func (pt *Plans) Len() int {
+	pt.mu.RLock()
+	defer pt.mu.RUnlock()
+	return len(pt.byID)
 }
 
 // Prepare plans r once for o: it validates r, holds the source region,
 // decodes and merges the descriptors, gets the data path, resolves the
 // destination (afresh), checks the bounds, and has the connection build the
 // batch's work when it can. The plan is o's until Release.
-func (s *Service) Prepare(ctx context.Context, r Request, o Owner) (PlanInfo, error) {
+func (pt *Plans) Prepare(ctx context.Context, r Request, o Owner) (PlanInfo, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
+		ctx, cancel = context.WithTimeout(ctx, pt.s.cfg.DefaultTimeout)
 		defer cancel()
 	}
 	start := time.Now()
-	info, err := s.prepare1(ctx, r, o)
+	info, err := pt.prepare(ctx, r, o)
 	info.Phases.Total = time.Since(start)
 	if err != nil {
 		err = errs.ForCaller(ctx, err)
-		s.cfg.Log.Debug("prepare failed", "peer", r.Peer, "dst", r.Dst, "error", err)
+		pt.s.cfg.Log.Debug("prepare failed", "peer", r.Peer, "dst", r.Dst, "error", err)
 	}
 	return info, err
 }
 
-func (s *Service) prepare1(ctx context.Context, r Request, o Owner) (PlanInfo, error) {
-	if err := s.reserve(o.Caller); err != nil {
+func (pt *Plans) prepare(ctx context.Context, r Request, o Owner) (PlanInfo, error) {
+	if err := pt.reserve(o.Caller); err != nil {
 		return PlanInfo{}, err
 	}
-	p, err := s.Plan(r)
+	p, err := pt.s.Plan(r)
 	if err != nil {
-		s.unreserve(o.Caller)
+		pt.unreserve(o.Caller)
 		return PlanInfo{}, err
 	}
-	pp := &prepared{owner: o, p: p, instance: s.cfg.Peers.Instance(p.peer), rebind: make(chan struct{}, 1)}
+	pp := &prepared{owner: o, p: p, instance: pt.s.paths.peers.Instance(p.peer), rebind: make(chan struct{}, 1)}
 	ph := Phases{Validate: p.validate, Plan: p.merge}
-	b, err := s.bind(ctx, pp, &ph, false)
+	b, err := pt.bind(ctx, pp, &ph, false)
 	if err != nil {
 		p.Close()
-		s.unreserve(o.Caller)
+		pt.unreserve(o.Caller)
 		return PlanInfo{}, err
 	}
 	if pp.instance == 0 { // the handshake happened in bind
-		pp.instance = s.cfg.Peers.Instance(p.peer)
+		pp.instance = pt.s.paths.peers.Instance(p.peer)
 	}
 	pp.bind.Store(b)
-	if err := s.insert(pp); err != nil {
+	if err := pt.insert(pp); err != nil {
 		b.close()
 		p.Close()
-		s.unreserve(o.Caller)
+		pt.unreserve(o.Caller)
 		return PlanInfo{}, err
 	}
 	if err := ctx.Err(); err != nil {
 		// The caller went away (its connection may have closed, and its
 		// plans been released, before this one was in the table): it will
 		// never learn the handle, so the plan goes now.
-		_ = s.Release(o, pp.handle)
+		_ = pt.Release(o, pp.handle)
 		return PlanInfo{}, fmt.Errorf("prepare: caller went away: %w", err)
 	}
 	return PlanInfo{Handle: pp.handle, Blocks: p.blocks, Bytes: p.bytes, Kind: b.sess.Kind,
@@ -169,51 +176,51 @@ func (s *Service) prepare1(ctx context.Context, r Request, o Owner) (PlanInfo, e
 }
 
 // reserve counts a plan against who's limit.
-func (s *Service) reserve(who region.Caller) error {
-	s.plans.mu.Lock()
-	defer s.plans.mu.Unlock()
-	if s.plans.closed {
+func (pt *Plans) reserve(who region.Caller) error {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if pt.closed {
 		return fmt.Errorf("%w: daemon is shutting down", errs.ErrUnavailable)
 	}
-	if max := int(s.maxPlans.Load()); s.plans.perUser[who] >= max {
-		return fmt.Errorf("%w: this client holds %d prepared plans, the limit (--max-plans) is %d: release some (ReleaseTransfer)", errs.ErrResourceExhausted, s.plans.perUser[who], max)
+	if max := int(pt.max.Load()); pt.perUser[who] >= max {
+		return fmt.Errorf("%w: this client holds %d prepared plans, the limit (--max-plans) is %d: release some (ReleaseTransfer)", errs.ErrResourceExhausted, pt.perUser[who], max)
 	}
-	if s.plans.perUser == nil {
-		s.plans.perUser = map[region.Caller]int{}
+	if pt.perUser == nil {
+		pt.perUser = map[region.Caller]int{}
 	}
-	s.plans.perUser[who]++
+	pt.perUser[who]++
 	return nil
 }
 
-func (s *Service) unreserve(who region.Caller) {
-	s.plans.mu.Lock()
-	defer s.plans.mu.Unlock()
-	s.unreserveLocked(who)
+func (pt *Plans) unreserve(who region.Caller) {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	pt.unreserveLocked(who)
 }
 
-func (s *Service) unreserveLocked(who region.Caller) {
-	if n := s.plans.perUser[who]; n > 1 {
-		s.plans.perUser[who] = n - 1
+func (pt *Plans) unreserveLocked(who region.Caller) {
+	if n := pt.perUser[who]; n > 1 {
+		pt.perUser[who] = n - 1
 	} else {
-		delete(s.plans.perUser, who)
+		delete(pt.perUser, who)
 	}
 }
 
 // insert gives pp a fresh random handle and puts it in the table.
-func (s *Service) insert(pp *prepared) error {
-	s.plans.mu.Lock()
-	defer s.plans.mu.Unlock()
-	if s.plans.closed {
+func (pt *Plans) insert(pp *prepared) error {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	if pt.closed {
 		return fmt.Errorf("%w: daemon is shutting down", errs.ErrUnavailable)
 	}
-	if s.plans.byID == nil {
-		s.plans.byID = map[uint64]*prepared{}
+	if pt.byID == nil {
+		pt.byID = map[uint64]*prepared{}
 	}
 	for {
 		h := rand.Uint64()
-		if _, dup := s.plans.byID[h]; h != 0 && !dup {
+		if _, dup := pt.byID[h]; h != 0 && !dup {
 			pp.handle = h
-			s.plans.byID[h] = pp
+			pt.byID[h] = pp
 			return nil
 		}
 	}
@@ -222,19 +229,19 @@ func (s *Service) insert(pp *prepared) error {
 // bind gets a data path for pp's plan, resolves its destination afresh,
 // checks the bounds and builds the work. again: pp was bound before, and
 // a destination whose key or size changed since makes it stale.
-func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool) (*binding, error) {
+func (pt *Plans) bind(ctx context.Context, pp *prepared, ph *Phases, again bool) (*binding, error) {
 	p := pp.p
 	t0 := time.Now()
-	s.forget(p.peer, p.dst, p.op)
+	pt.s.paths.forget(p.peer, p.dst, p.op)
 	// A plan holds nothing on the peer: each submit is pinned there from
 	// its first frame, and a destination deregistered between submits
 	// makes the plan stale.
-	sess, remote, reg, _, _, err := s.prepare(ctx, p, false)
+	sess, remote, reg, _, _, err := pt.s.paths.dst(ctx, p, false)
 	if again {
 		// Instance is 0 while the peer is unknown: a handshake that failed
 		// (a paused peer, a submit's short deadline) or a peer reaped while
 		// idle forgets it. That is no restart: only another ID is.
-		if err := pp.restarted(s.cfg.Peers.Instance(p.peer)); err != nil {
+		if err := pp.restarted(pt.s.paths.peers.Instance(p.peer)); err != nil {
 			return nil, err
 		}
 	}
@@ -249,9 +256,9 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 		// control channel reconnects by itself, and the connection Get
 		// handed out may be one the restart killed that nothing noticed
 		// yet. A fresh handshake tells a restart from a re-registration.
-		s.cfg.Peers.Broken(p.peer, sess)
-		sess, remote, reg, _, _, err = s.prepare(ctx, p, false)
-		if err := pp.restarted(s.cfg.Peers.Instance(p.peer)); err != nil {
+		pt.s.paths.peers.Broken(p.peer, sess)
+		sess, remote, reg, _, _, err = pt.s.paths.dst(ctx, p, false)
+		if err := pp.restarted(pt.s.paths.peers.Instance(p.peer)); err != nil {
 			return nil, err
 		}
 		if err != nil {
@@ -277,7 +284,7 @@ func (s *Service) bind(ctx context.Context, pp *prepared, ph *Phases, again bool
 		}
 		if err != nil {
 			if sess.Conn.Err() != nil {
-				s.cfg.Peers.Broken(p.peer, sess)
+				pt.s.paths.peers.Broken(p.peer, sess)
 			}
 			return nil, fmt.Errorf("prepare batch of %d blocks to %s/%s over %s: %w", p.blocks, p.peer, p.dst, sess.Kind, err)
 		}
@@ -368,10 +375,10 @@ func notFound(h uint64) error {
 
 // acquire finds o's plan h and counts a submit in flight on it; anyConn:
 // a plan of o.Caller made on any connection.
-func (s *Service) acquire(h uint64, o Owner, anyConn bool) (*prepared, bool) {
-	s.plans.mu.RLock()
-	pp := s.plans.byID[h]
-	s.plans.mu.RUnlock()
+func (pt *Plans) acquire(h uint64, o Owner, anyConn bool) (*prepared, bool) {
+	pt.mu.RLock()
+	pp := pt.byID[h]
+	pt.mu.RUnlock()
 	if pp == nil || pp.owner.Caller != o.Caller || !anyConn && pp.owner.Conn != o.Conn {
 		return nil, false
 	}
@@ -404,48 +411,48 @@ func (pp *prepared) free() {
 // acknowledged the batch and its notification (if any) was delivered, like
 // Run. It allocates nothing on success when ctx has a deadline (without one
 // it runs under DefaultTimeout).
-func (s *Service) Submit(ctx context.Context, o Owner, h uint64) (Result, error) {
-	return s.submitAs(ctx, o, h, false)
+func (pt *Plans) Submit(ctx context.Context, o Owner, h uint64) (Result, error) {
+	return pt.submitAs(ctx, o, h, false)
 }
 
 // SubmitByCaller is Submit for a plan that who made on any of its
 // connections: the raw submit socket, which is a connection of its own,
 // uses the plans its caller prepared over gRPC.
-func (s *Service) SubmitByCaller(ctx context.Context, who region.Caller, h uint64) (Result, error) {
-	return s.submitAs(ctx, Owner{Caller: who}, h, true)
+func (pt *Plans) SubmitByCaller(ctx context.Context, who region.Caller, h uint64) (Result, error) {
+	return pt.submitAs(ctx, Owner{Caller: who}, h, true)
 }
 
-func (s *Service) submitAs(ctx context.Context, o Owner, h uint64, anyConn bool) (Result, error) {
+func (pt *Plans) submitAs(ctx context.Context, o Owner, h uint64, anyConn bool) (Result, error) {
 	start := time.Now()
-	pp, ok := s.acquire(h, o, anyConn)
+	pp, ok := pt.acquire(h, o, anyConn)
 	if !ok {
-		s.cfg.Counters.BatchesFailed.Add(1)
+		pt.s.cfg.Counters.BatchesFailed.Add(1)
 		return Result{}, notFound(h)
 	}
 	defer pp.done()
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, s.cfg.DefaultTimeout)
+		ctx, cancel = context.WithTimeout(ctx, pt.s.cfg.DefaultTimeout)
 		defer cancel()
 	}
 	sctx, scancel := early(ctx, pp.p.op)
-	res, err := s.submit(sctx, pp)
+	res, err := pt.submit(sctx, pp)
 	scancel()
 	res.Phases.Total = time.Since(start)
 	if err != nil {
 		err = errs.ForCaller(ctx, err)
-		s.cfg.Counters.BatchesFailed.Add(1)
-		s.cfg.Log.Debug("submit failed", "plan", h, "peer", pp.p.peer, "dst", pp.p.dst, "error", err)
+		pt.s.cfg.Counters.BatchesFailed.Add(1)
+		pt.s.cfg.Log.Debug("submit failed", "plan", h, "peer", pp.p.peer, "dst", pp.p.dst, "error", err)
 	}
 	return res, err
 }
 
-func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
+func (pt *Plans) submit(ctx context.Context, pp *prepared) (Result, error) {
 	p := pp.p
 	if st := pp.stale.Load(); st != nil {
 		return Result{}, st.err
 	}
-	if err := pp.restarted(s.cfg.Peers.Instance(p.peer)); err != nil {
+	if err := pp.restarted(pt.s.paths.peers.Instance(p.peer)); err != nil {
 		return Result{}, err
 	}
 	var (
@@ -463,12 +470,12 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 	stale := func(err error) error {
 		return pp.markStale(fmt.Errorf("dst_region %q on peer %s refused its key (re-registered, deregistered or its export changed): %w", p.dst, p.peer, err))
 	}
-	err := s.retry(ctx, pol, stale, func(ctx context.Context, rerun bool) (ran, error) {
+	err := pt.s.retry(ctx, pol, stale, func(ctx context.Context, rerun bool) (ran, error) {
 		if rerun {
 			// Every run again follows a connection that broke (under the
 			// last write, before it, or under a re-bind): prepare on a
 			// fresh one, made by this submit or a concurrent one.
-			nb, err := s.rebound(ctx, pp, b, &ph)
+			nb, err := pt.rebound(ctx, pp, b, &ph)
 			if st := pp.stale.Load(); st != nil {
 				return ran{}, st.err
 			}
@@ -504,12 +511,12 @@ func (s *Service) submit(ctx context.Context, pp *prepared) (Result, error) {
 		}
 		return Result{}, err
 	}
-	return s.landed(ctx, p, b.sess.Kind, st, start, ph)
+	return pt.s.landed(ctx, p, b.sess.Kind, st, start, ph)
 }
 
 // rebound returns pp's binding on a fresh connection, made by this submit
 // or by a concurrent one that found old broken too.
-func (s *Service) rebound(ctx context.Context, pp *prepared, old *binding, ph *Phases) (*binding, error) {
+func (pt *Plans) rebound(ctx context.Context, pp *prepared, old *binding, ph *Phases) (*binding, error) {
 	// Another submit may be re-preparing against a stopped peer: this one
 	// waits no longer than its own deadline (nothing of it was sent).
 	select {
@@ -527,7 +534,7 @@ func (s *Service) rebound(ctx context.Context, pp *prepared, old *binding, ph *P
 		}
 		return cur, nil
 	}
-	nb, err := s.bind(ctx, pp, ph, true)
+	nb, err := pt.bind(ctx, pp, ph, true)
 	if err != nil {
 		return nil, err
 	}
@@ -541,23 +548,23 @@ func (s *Service) rebound(ctx context.Context, pp *prepared, old *binding, ph *P
 
 // Release frees o's plan h; a plan with submits in flight is freed when
 // they end. Someone else's handle is NotFound.
-func (s *Service) Release(o Owner, h uint64) error {
-	s.plans.mu.Lock()
-	pp := s.plans.byID[h]
+func (pt *Plans) Release(o Owner, h uint64) error {
+	pt.mu.Lock()
+	pp := pt.byID[h]
 	if pp == nil || pp.owner != o {
-		s.plans.mu.Unlock()
+		pt.mu.Unlock()
 		return notFound(h)
 	}
-	s.dropLocked(pp)
-	s.plans.mu.Unlock()
+	pt.dropLocked(pp)
+	pt.mu.Unlock()
 	pp.drop()
 	return nil
 }
 
 // dropLocked takes pp out of the table; the caller then calls pp.drop.
-func (s *Service) dropLocked(pp *prepared) {
-	delete(s.plans.byID, pp.handle)
-	s.unreserveLocked(pp.owner.Caller)
+func (pt *Plans) dropLocked(pp *prepared) {
+	delete(pt.byID, pp.handle)
+	pt.unreserveLocked(pp.owner.Caller)
 }
 
 // drop marks pp released and frees it unless submits are in flight.
@@ -573,39 +580,36 @@ func (pp *prepared) drop() {
 
 // ReleaseConn frees every plan made over the client connection conn (its
 // connection closed); it returns how many.
-func (s *Service) ReleaseConn(conn uint64) int {
+func (pt *Plans) ReleaseConn(conn uint64) int {
 	if conn == 0 {
 		return 0
 	}
-	return s.releaseIf(func(o Owner) bool { return o.Conn == conn })
+	return pt.releaseIf(func(o Owner) bool { return o.Conn == conn })
 }
 
 // ReleaseOwner frees every plan o holds.
-func (s *Service) ReleaseOwner(o Owner) int {
-	return s.releaseIf(func(x Owner) bool { return x == o })
+func (pt *Plans) ReleaseOwner(o Owner) int {
+	return pt.releaseIf(func(x Owner) bool { return x == o })
 }
 
-// Close frees every plan and refuses new ones (daemon shutdown).
-func (s *Service) Close() {
-	// First: a running transfer may hold a plan or a layout's regions.
-	s.async.Close()
-	s.plans.mu.Lock()
-	s.plans.closed = true
-	s.plans.mu.Unlock()
-	s.releaseIf(func(Owner) bool { return true })
-	s.layouts.Close()
+// close frees every plan and refuses new ones (daemon shutdown).
+func (pt *Plans) close() {
+	pt.mu.Lock()
+	pt.closed = true
+	pt.mu.Unlock()
+	pt.releaseIf(func(Owner) bool { return true })
 }
 
-func (s *Service) releaseIf(match func(Owner) bool) int {
+func (pt *Plans) releaseIf(match func(Owner) bool) int {
 	var drop []*prepared
-	s.plans.mu.Lock()
-	for _, pp := range s.plans.byID {
+	pt.mu.Lock()
+	for _, pp := range pt.byID {
 		if match(pp.owner) {
-			s.dropLocked(pp)
+			pt.dropLocked(pp)
 			drop = append(drop, pp)
 		}
 	}
-	s.plans.mu.Unlock()
+	pt.mu.Unlock()
 	for _, pp := range drop {
 		pp.drop()
 	}

@@ -55,8 +55,8 @@ func TestPreparedSurvivesConnLoss(t *testing.T) {
 			fp := &forgetfulPeers{fakePeers: &fakePeers{conns: []*fakeConn{{errs: []error{cut}, breaks: true}, {}},
 				answers: []answer{{size: regionSize}}, insts: tc.insts}}
 			s, req := rig(t, fp.fakePeers)
-			s.cfg.Peers = fp
-			info, err := s.Prepare(context.Background(), req, ownerOf(req))
+			s.paths.peers = fp
+			info, err := s.Plans().Prepare(context.Background(), req, ownerOf(req))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -65,7 +65,7 @@ func TestPreparedSurvivesConnLoss(t *testing.T) {
 			fp.mu.Unlock()
 			var last error
 			for i := 0; i <= tc.failGets; i++ {
-				_, last = s.Submit(ctxT(t), ownerOf(req), info.Handle)
+				_, last = s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle)
 				if i < tc.failGets && (last == nil || strings.Contains(last.Error(), "stale")) {
 					t.Fatalf("submit %d while the peer is unreachable: %v", i, last)
 				}
@@ -83,7 +83,7 @@ func TestPreparedSurvivesConnLoss(t *testing.T) {
 			if w := fp.conns[1].writes; w != 1 {
 				t.Fatalf("%d writes on the fresh connection, want 1", w)
 			}
-			if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); err != nil || fp.conns[1].writes != 2 {
+			if _, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle); err != nil || fp.conns[1].writes != 2 {
 				t.Fatalf("next submit: %v (%d writes)", err, fp.conns[1].writes)
 			}
 		})
@@ -109,7 +109,7 @@ func TestPreparedMovedDestination(t *testing.T) {
 			fp := &fakePeers{conns: []*fakeConn{{errs: []error{cut}, breaks: true}, {}},
 				answers: []answer{{size: regionSize}, {size: regionSize, key: 8}}, insts: tc.insts}
 			s, req, info := preparedRig(t, fp)
-			_, err := s.Submit(ctxT(t), ownerOf(req), info.Handle)
+			_, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle)
 			want := fmt.Sprintf("plan %d is stale: %s", info.Handle, tc.why)
 			if errs.Class(err) != errs.ErrFailedPrecondition || !strings.Contains(err.Error(), want) {
 				t.Fatalf("err = %v, want %q", err, want)
@@ -155,7 +155,7 @@ func TestPreparedRebindNotSent(t *testing.T) {
 	fp.wrap = func(c *fakeConn) transport.Conn { return &flakyPrep{prepConn: &prepConn{fakeConn: c}, fail: &fail} }
 	s, req, info := preparedRig(t, fp)
 	fail = 2
-	if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); err != nil {
+	if _, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle); err != nil {
 		t.Fatalf("submit: %v", err)
 	}
 	if fail != 0 || fp.conns[1].writes != 1 {
@@ -174,7 +174,7 @@ func TestPreparedBrokenBetweenSubmitsKeepsTheRetry(t *testing.T) {
 	fp.conns[0].mu.Lock()
 	fp.conns[0].err = cut // broken while idle
 	fp.conns[0].mu.Unlock()
-	if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); err != nil {
+	if _, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle); err != nil {
 		t.Fatalf("submit: %v", err)
 	}
 	if fp.gets != 3 || fp.broken != 2 || fp.conns[0].writes != 0 || fp.conns[1].writes != 1 || fp.conns[2].writes != 1 {
@@ -234,7 +234,7 @@ func TestPreparedRebindAnswersAtDeadline(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), deadline)
 			defer cancel()
 			start := time.Now()
-			_, err := s.Submit(ctx, ownerOf(req), info.Handle)
+			_, err := s.Plans().Submit(ctx, ownerOf(req), info.Handle)
 			took <- time.Since(start)
 			errc <- err
 		}()
@@ -251,7 +251,7 @@ func TestPreparedRebindAnswersAtDeadline(t *testing.T) {
 		}
 	}
 	release()
-	if err := s.Release(ownerOf(req), info.Handle); err != nil {
+	if err := s.Plans().Release(ownerOf(req), info.Handle); err != nil {
 		t.Fatal(err)
 	}
 	for end := time.Now().Add(10 * time.Second); stuck.closed.Load() != stuck.prepared.Load() || stuck.prepared.Load() == 0; {

@@ -61,7 +61,7 @@ var owner1 = Owner{Caller: region.Caller{UID: 1000, GID: 1000, Known: true}, Con
 func preparedRig(t testing.TB, fp *fakePeers) (*Service, Request, PlanInfo) {
 	t.Helper()
 	s, req := rig(t, fp)
-	info, err := s.Prepare(context.Background(), req, ownerOf(req))
+	info, err := s.Plans().Prepare(context.Background(), req, ownerOf(req))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,7 @@ func TestPrepareSubmitRelease(t *testing.T) {
 				t.Fatalf("deregister under a plan: %v", err)
 			}
 			for i := 0; i < 3; i++ {
-				res, err := s.Submit(ctxT(t), ownerOf(req), info.Handle)
+				res, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle)
 				if err != nil || res.Blocks != 2 || res.Bytes != 8192 || res.Stats.Segments != 2 || res.Phases.Total <= 0 || res.Phases.Validate != 0 {
 					t.Fatalf("submit %d: %+v %v", i, res, err)
 				}
@@ -117,19 +117,19 @@ func TestPrepareSubmitRelease(t *testing.T) {
 			if pc != nil && (pc.prepares != 1 || pc.closes != 0) {
 				t.Fatalf("prepares %d closes %d", pc.prepares, pc.closes)
 			}
-			if err := s.Release(ownerOf(req), info.Handle); err != nil {
+			if err := s.Plans().Release(ownerOf(req), info.Handle); err != nil {
 				t.Fatal(err)
 			}
 			if pc != nil && pc.closes != 1 {
 				t.Fatalf("closes %d after release", pc.closes)
 			}
-			if s.Plans() != 0 {
-				t.Fatalf("%d plans after release", s.Plans())
+			if s.Plans().Len() != 0 {
+				t.Fatalf("%d plans after release", s.Plans().Len())
 			}
-			if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); errs.Class(err) != errs.ErrNotFound {
+			if _, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle); errs.Class(err) != errs.ErrNotFound {
 				t.Fatalf("submit after release: %v", err)
 			}
-			if err := s.Release(ownerOf(req), info.Handle); errs.Class(err) != errs.ErrNotFound {
+			if err := s.Plans().Release(ownerOf(req), info.Handle); errs.Class(err) != errs.ErrNotFound {
 				t.Fatalf("release twice: %v", err)
 			}
 			if err := s.cfg.Registry.Deregister(req.Src, req.Caller); err != nil {
@@ -171,7 +171,7 @@ func TestSubmitStale(t *testing.T) {
 			if tc.before != nil {
 				tc.before(fp)
 			}
-			_, err := s.Submit(ctxT(t), ownerOf(req), info.Handle)
+			_, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle)
 			want := fmt.Sprintf("plan %d is stale: ", info.Handle)
 			if errs.Class(err) != errs.ErrFailedPrecondition || !strings.Contains(err.Error(), want) ||
 				!strings.Contains(err.Error(), tc.why) || !strings.HasSuffix(err.Error(), "; prepare it again") {
@@ -182,7 +182,7 @@ func TestSubmitStale(t *testing.T) {
 			}
 			// Stale stays stale, with no write and no call.
 			gets, resolves := fp.gets, fp.resolves
-			_, err2 := s.Submit(ctxT(t), ownerOf(req), info.Handle)
+			_, err2 := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle)
 			if err2 == nil || err2.Error() != err.Error() || fp.gets != gets || fp.resolves != resolves || fp.conns[0].writes != tc.writes {
 				t.Fatalf("second submit: %v", err2)
 			}
@@ -236,7 +236,7 @@ func TestSubmitRetry(t *testing.T) {
 				ctx, cancel = tc.ctx()
 				defer cancel()
 			}
-			_, err := s.Submit(ctx, ownerOf(req), info.Handle)
+			_, err := s.Plans().Submit(ctx, ownerOf(req), info.Handle)
 			if tc.class == nil && err != nil || tc.class != nil && (errs.Class(err) != tc.class || !strings.Contains(err.Error(), tc.msg)) {
 				t.Fatalf("err = %v (%v)", err, errs.Class(err))
 			}
@@ -251,7 +251,7 @@ func TestSubmitRetry(t *testing.T) {
 				t.Fatalf("the broken connection's prepared work was not freed")
 			}
 			if tc.class == nil { // the fresh binding is kept for the next submit
-				if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); err != nil || fp.gets != tc.gets {
+				if _, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle); err != nil || fp.gets != tc.gets {
 					t.Fatalf("next submit: %v, gets %d", err, fp.gets)
 				}
 			}
@@ -267,50 +267,50 @@ func TestPlanOwnership(t *testing.T) {
 		{Caller: region.Caller{UID: 4242, Known: true}, Conn: owner1.Conn},
 		{},
 	} {
-		if _, err := s.Submit(ctxT(t), o, info.Handle); errs.Class(err) != errs.ErrNotFound || !strings.Contains(err.Error(), fmt.Sprintf("plan %d: no such prepared transfer", info.Handle)) {
+		if _, err := s.Plans().Submit(ctxT(t), o, info.Handle); errs.Class(err) != errs.ErrNotFound || !strings.Contains(err.Error(), fmt.Sprintf("plan %d: no such prepared transfer", info.Handle)) {
 			t.Fatalf("submit by %+v: %v", o, err)
 		}
-		if err := s.Release(o, info.Handle); errs.Class(err) != errs.ErrNotFound {
+		if err := s.Plans().Release(o, info.Handle); errs.Class(err) != errs.ErrNotFound {
 			t.Fatalf("release by %+v: %v", o, err)
 		}
 	}
-	if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle^1); errs.Class(err) != errs.ErrNotFound {
+	if _, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle^1); errs.Class(err) != errs.ErrNotFound {
 		t.Fatalf("unknown handle: %v", err)
 	}
-	if fp.conns[0].writes != 0 || s.Plans() != 1 {
-		t.Fatalf("writes %d plans %d", fp.conns[0].writes, s.Plans())
+	if fp.conns[0].writes != 0 || s.Plans().Len() != 1 {
+		t.Fatalf("writes %d plans %d", fp.conns[0].writes, s.Plans().Len())
 	}
 }
 
 func TestPlanLimit(t *testing.T) {
 	fp := &fakePeers{conns: []*fakeConn{{}}, answers: []answer{{size: regionSize}}}
 	s, req, first := preparedRig(t, fp)
-	s.SetMaxPlans(2)
+	s.Plans().SetMax(2)
 	o := ownerOf(req)
-	if _, err := s.Prepare(ctxT(t), req, o); err != nil {
+	if _, err := s.Plans().Prepare(ctxT(t), req, o); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Prepare(ctxT(t), req, Owner{Caller: o.Caller, Conn: 99}) // the limit is per identity, not per connection
+	_, err := s.Plans().Prepare(ctxT(t), req, Owner{Caller: o.Caller, Conn: 99}) // the limit is per identity, not per connection
 	if errs.Class(err) != errs.ErrResourceExhausted || !strings.Contains(err.Error(), "holds 2 prepared plans, the limit (--max-plans) is 2") {
 		t.Fatalf("err = %v", err)
 	}
-	if s.Plans() != 2 {
-		t.Fatalf("%d plans", s.Plans())
+	if s.Plans().Len() != 2 {
+		t.Fatalf("%d plans", s.Plans().Len())
 	}
-	if err := s.Release(o, first.Handle); err != nil {
+	if err := s.Plans().Release(o, first.Handle); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Prepare(ctxT(t), req, o); err != nil {
+	if _, err := s.Plans().Prepare(ctxT(t), req, o); err != nil {
 		t.Fatalf("after a release: %v", err)
 	}
 	// A failed prepare does not count.
 	bad := req
 	bad.Dst = ""
-	s.SetMaxPlans(3)
-	if _, err := s.Prepare(ctxT(t), bad, o); errs.Class(err) != errs.ErrInvalidArgument {
+	s.Plans().SetMax(3)
+	if _, err := s.Plans().Prepare(ctxT(t), bad, o); errs.Class(err) != errs.ErrInvalidArgument {
 		t.Fatal(err)
 	}
-	if _, err := s.Prepare(ctxT(t), req, o); err != nil {
+	if _, err := s.Plans().Prepare(ctxT(t), req, o); err != nil {
 		t.Fatalf("a failed prepare was counted: %v", err)
 	}
 }
@@ -319,27 +319,27 @@ func TestReleaseConnAndClose(t *testing.T) {
 	fp := &fakePeers{conns: []*fakeConn{{}}, answers: []answer{{size: regionSize}}}
 	s, req, _ := preparedRig(t, fp)
 	other := Owner{Caller: req.Caller, Conn: 7}
-	kept, err := s.Prepare(ctxT(t), req, other)
+	kept, err := s.Plans().Prepare(ctxT(t), req, other)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := s.ReleaseConn(owner1.Conn); n != 1 || s.Plans() != 1 {
-		t.Fatalf("released %d, %d left", n, s.Plans())
+	if n := s.Plans().ReleaseConn(owner1.Conn); n != 1 || s.Plans().Len() != 1 {
+		t.Fatalf("released %d, %d left", n, s.Plans().Len())
 	}
-	if n := s.ReleaseConn(0); n != 0 {
+	if n := s.Plans().ReleaseConn(0); n != 0 {
 		t.Fatalf("conn 0 released %d", n)
 	}
-	if _, err := s.Submit(ctxT(t), other, kept.Handle); err != nil {
+	if _, err := s.Plans().Submit(ctxT(t), other, kept.Handle); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.cfg.Registry.Deregister(req.Src, req.Caller); errs.Class(err) != errs.ErrFailedPrecondition {
 		t.Fatalf("deregister with a plan left: %v", err)
 	}
 	s.Close()
-	if s.Plans() != 0 {
-		t.Fatalf("%d plans after Close", s.Plans())
+	if s.Plans().Len() != 0 {
+		t.Fatalf("%d plans after Close", s.Plans().Len())
 	}
-	if _, err := s.Prepare(ctxT(t), req, other); errs.Class(err) != errs.ErrUnavailable {
+	if _, err := s.Plans().Prepare(ctxT(t), req, other); errs.Class(err) != errs.ErrUnavailable {
 		t.Fatalf("prepare after Close: %v", err)
 	}
 	if err := s.cfg.Registry.Deregister(req.Src, req.Caller); err != nil {
@@ -355,15 +355,15 @@ func TestReleaseWhileSubmitting(t *testing.T) {
 	c.entered, c.gate = make(chan struct{}), make(chan struct{})
 	done := make(chan error)
 	go func() {
-		_, err := s.Submit(ctxT(t), ownerOf(req), info.Handle)
+		_, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle)
 		done <- err
 	}()
 	<-c.entered
-	if err := s.Release(ownerOf(req), info.Handle); err != nil {
+	if err := s.Plans().Release(ownerOf(req), info.Handle); err != nil {
 		t.Fatal(err)
 	}
 	// Released, but the submit in flight still holds the source and the work.
-	if _, err := s.Submit(ctxT(t), ownerOf(req), info.Handle); errs.Class(err) != errs.ErrNotFound {
+	if _, err := s.Plans().Submit(ctxT(t), ownerOf(req), info.Handle); errs.Class(err) != errs.ErrNotFound {
 		t.Fatalf("a new submit of a released plan: %v", err)
 	}
 	if err := s.cfg.Registry.Deregister(req.Src, req.Caller); errs.Class(err) != errs.ErrFailedPrecondition {
@@ -394,7 +394,7 @@ func TestSubmitAllocatesNothing(t *testing.T) {
 	o := ownerOf(req)
 	var err error
 	n := testing.AllocsPerRun(100, func() {
-		_, err = s.Submit(ctx, o, info.Handle)
+		_, err = s.Plans().Submit(ctx, o, info.Handle)
 	})
 	if err != nil || n != 0 {
 		t.Fatalf("%v allocations per submit (err %v)", n, err)
@@ -410,7 +410,7 @@ func BenchmarkSubmit(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if _, err := s.Submit(ctx, o, info.Handle); err != nil {
+		if _, err := s.Plans().Submit(ctx, o, info.Handle); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -423,12 +423,12 @@ func TestPrepareCallerGone(t *testing.T) {
 	s, req := rig(t, fp)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // the fakes do not look at ctx: the plan is made, then dropped
-	_, err := s.Prepare(ctx, req, ownerOf(req))
+	_, err := s.Plans().Prepare(ctx, req, ownerOf(req))
 	if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "caller went away") {
 		t.Fatalf("err = %v", err)
 	}
-	if s.Plans() != 0 {
-		t.Fatalf("%d plans kept", s.Plans())
+	if s.Plans().Len() != 0 {
+		t.Fatalf("%d plans kept", s.Plans().Len())
 	}
 	if err := s.cfg.Registry.Deregister(req.Src, req.Caller); err != nil {
 		t.Fatalf("the dropped plan still holds the source: %v", err)

@@ -87,7 +87,7 @@ func (s *Service) retry(ctx context.Context, pol retryPolicy, stale func(err err
 		}
 		broke := r.posted && r.sess.Conn != nil && r.sess.Conn.Err() != nil
 		if broke {
-			s.cfg.Peers.Broken(pol.peer, r.sess)
+			s.paths.peers.Broken(pol.peer, r.sess)
 		}
 		fault := memguard.IsFault(err)
 		if errors.Is(err, transport.ErrNotSent) && notSent < maxNotSent && ctx.Err() == nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/region"
@@ -23,27 +24,32 @@ type route struct {
 	req   BlocksRequest // without ids and notification
 }
 
-// routes is the table of block routes.
-type routes struct {
+// Routes is the table of block routes; a transfer on a route runs as
+// TransferBlocks.
+type Routes struct {
+	s       *Service      // checks the local layout and runs the transfers
+	max     *atomic.Int64 // the plans' limit (--max-plans), shared
 	mu      sync.Mutex
 	byID    map[uint64]*route
 	perUser map[region.Caller]int
 }
 
-// BindRoute checks r as TransferBlocks checks it (its ids and notification
+// Routes is the service's table of block routes.
+func (s *Service) Routes() *Routes { return s.routes }
+
+// Bind checks r as TransferBlocks checks it (its ids and notification
 // aside) and that its local layout is r.Caller's, and binds it for o.
-func (s *Service) BindRoute(r BlocksRequest, o Owner) (uint64, error) {
+func (rt *Routes) Bind(r BlocksRequest, o Owner) (uint64, error) {
 	r.LocalIDs, r.RemoteIDs, r.Notification = nil, nil, nil
 	if err := checkBlocks(r); err != nil {
 		return 0, err
 	}
-	if _, err := s.layouts.Get(r.Local, "local_layout", r.Caller); err != nil {
+	if _, err := rt.s.layouts.Get(r.Local, "local_layout", r.Caller); err != nil {
 		return 0, err
 	}
-	rt := &s.routes
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	if max := int(s.maxPlans.Load()); rt.perUser[o.Caller] >= max {
+	if max := int(rt.max.Load()); rt.perUser[o.Caller] >= max {
 		return 0, fmt.Errorf("%w: this client holds %d block routes, the limit (--max-plans) is %d: release some (ReleaseBlockRoute)",
 			errs.ErrResourceExhausted, rt.perUser[o.Caller], max)
 	}
@@ -65,20 +71,18 @@ func routeNotFound(h uint64) error {
 	return fmt.Errorf("%w: block route %d: no such route of this client (released, or its connection closed)", errs.ErrNotFound, h)
 }
 
-// ReleaseRoute frees o's route h. Someone else's handle is NotFound.
-func (s *Service) ReleaseRoute(o Owner, h uint64) error {
-	rt := &s.routes
+// Release frees o's route h. Someone else's handle is NotFound.
+func (rt *Routes) Release(o Owner, h uint64) error {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	if x := rt.byID[h]; x == nil || x.owner != o {
 		return routeNotFound(h)
 	}
-	s.dropRouteLocked(h)
+	rt.dropLocked(h)
 	return nil
 }
 
-func (s *Service) dropRouteLocked(h uint64) {
-	rt := &s.routes
+func (rt *Routes) dropLocked(h uint64) {
 	who := rt.byID[h].owner.Caller
 	delete(rt.byID, h)
 	if n := rt.perUser[who]; n > 1 {
@@ -88,44 +92,42 @@ func (s *Service) dropRouteLocked(h uint64) {
 	}
 }
 
-// ReleaseRoutesConn frees every route bound over the client connection
+// ReleaseConn frees every route bound over the client connection
 // conn (its connection closed); it returns how many.
-func (s *Service) ReleaseRoutesConn(conn uint64) int {
+func (rt *Routes) ReleaseConn(conn uint64) int {
 	if conn == 0 {
 		return 0
 	}
-	rt := &s.routes
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	n := 0
 	for h, x := range rt.byID {
 		if x.owner.Conn == conn {
-			s.dropRouteLocked(h)
+			rt.dropLocked(h)
 			n++
 		}
 	}
 	return n
 }
 
-// Routes counts the routes held, for tests.
-func (s *Service) Routes() int {
-	s.routes.mu.Lock()
-	defer s.routes.mu.Unlock()
-	return len(s.routes.byID)
+// Len counts the routes held, for tests.
+func (rt *Routes) Len() int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return len(rt.byID)
 }
 
-// RouteBlocks runs TransferBlocks on who's route h (bound over any of
+// Transfer runs TransferBlocks on who's route h (bound over any of
 // who's connections) with the given packed ids.
-func (s *Service) RouteBlocks(ctx context.Context, who region.Caller, h uint64, localIDs, remoteIDs []byte) (Result, error) {
-	rt := &s.routes
+func (rt *Routes) Transfer(ctx context.Context, who region.Caller, h uint64, localIDs, remoteIDs []byte) (Result, error) {
 	rt.mu.Lock()
 	x := rt.byID[h]
 	rt.mu.Unlock()
 	if x == nil || x.owner.Caller != who {
-		s.cfg.Counters.BatchesFailed.Add(1)
+		rt.s.cfg.Counters.BatchesFailed.Add(1)
 		return Result{}, routeNotFound(h)
 	}
 	r := x.req
 	r.LocalIDs, r.RemoteIDs = localIDs, remoteIDs
-	return s.TransferBlocks(ctx, r)
+	return rt.s.TransferBlocks(ctx, r)
 }
