@@ -155,43 +155,12 @@ func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
 	return resp
 }
 
-// resolveResponse lists the region's key with each transport, in the
-// encoding every kind reads (transport.MarshalRegionKey): a kind over
-// several devices (rails) gives its key on each, device 0 first.
-//
-// a is the access the peer was granted: it gets that access's key only (a
-// read key where the registration has one, KeyFor), never
-// the other's. A kind whose registration cannot key a read apart (verbs
-// until its read MR exists) hands its one key for both.
+// resolveResponse is the region's resolution for a peer granted access
+// a: its keys (region.Region.KeysFor) in the encoding every kind reads
+// (transport.MarshalRegionKey).
 func resolveResponse(r *region.Region, a transport.Access) *b2bv1.ResolveRegionResponse {
 	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: memoryKind(r.Mem.Kind), Keys: map[string][]byte{}}
-	for _, k := range r.Transports() {
-		g, _ := r.Registration(k)
-		key := transport.RegionKey{Key: g.Key()}
-		if a == transport.AccessRead {
-			rk, ok := r.ReadKey(k)
-			if !ok {
-				continue
-			}
-			key.Key = rk
-		}
-		if rails := g.Rails(); rails != nil {
-			for _, x := range rails {
-				for len(key.Devices) <= x.Rail && x.Rail < transport.MaxDevices {
-					key.Devices = append(key.Devices, transport.RemoteKey{})
-				}
-				if x.Rail < transport.MaxDevices {
-					key.Devices[x.Rail] = x.Key
-				}
-			}
-			if len(key.Devices) <= 1 || a == transport.AccessRead {
-				// Per-rail keys are write keys: a pull over rails would need
-				// each rail's read key (not offered yet).
-				key.Devices = nil
-			} else {
-				key.Devices[0] = key.Key // device 0's key is the registration's
-			}
-		}
+	for k, key := range r.KeysFor(a) {
 		resp.Keys[string(k)] = transport.MarshalRegionKey(key)
 	}
 	return resp

@@ -67,6 +67,40 @@ func (r *Region) ReadKey(k transport.Kind) (transport.RemoteKey, bool) {
 	return reg.Key(), true
 }
 
+// KeysFor is the region's key with each transport it is registered
+// with, for a peer granted access a: that access's key only (a read key
+// where the registration has one, else its one key), never the other's.
+// A kind over several devices (rails) gives its write key on each, device
+// 0 first; a read gets device 0's alone, since per-device keys are write
+// keys. This is what a peer's resolve of the region hands out.
+func (r *Region) KeysFor(a transport.Access) map[transport.Kind]transport.RegionKey {
+	out := make(map[transport.Kind]transport.RegionKey, len(r.regs))
+	for k, g := range r.regs {
+		key := transport.RegionKey{Key: g.Key()}
+		if a == transport.AccessRead {
+			key.Key, _ = r.ReadKey(k)
+		}
+		if rails := g.Rails(); rails != nil && a != transport.AccessRead {
+			for _, x := range rails {
+				if x.Rail >= transport.MaxDevices {
+					continue
+				}
+				for len(key.Devices) <= x.Rail {
+					key.Devices = append(key.Devices, transport.RemoteKey{})
+				}
+				key.Devices[x.Rail] = x.Key
+			}
+			if len(key.Devices) <= 1 {
+				key.Devices = nil
+			} else {
+				key.Devices[0] = key.Key // device 0's key is the registration's
+			}
+		}
+		out[k] = key
+	}
+	return out
+}
+
 // Pin implements transport.Inbound's Pin: the receiving side of a transport
 // holds the destination while it places bytes.
 func (p *Pins) Pin(k transport.Kind, key uint64) (memory.Memory, func(), error) {
