@@ -34,6 +34,9 @@ const MaxNotification = batch.MaxNotification
 
 // Config is what the services need from the daemon.
 type Config struct {
+	// Batches is the transfer layer the handlers call, built by the
+	// daemon; nil: New builds one from the fields below (tests).
+	Batches     *batch.Service
 	NodeName    string
 	Version     string
 	PeerAddress string
@@ -115,12 +118,15 @@ func New(cfg Config) *Server {
 	if cfg.OpenFDs == nil {
 		cfg.OpenFDs = func() uint32 { return 0 }
 	}
-	var peers batch.Peers
-	if cfg.Peers != nil {
-		peers = cfg.Peers
+	b := cfg.Batches
+	if b == nil {
+		var peers batch.Peers
+		if cfg.Peers != nil {
+			peers = cfg.Peers
+		}
+		b = batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers,
+			DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Triggers: cfg.Triggers, Log: cfg.Log})
 	}
-	b := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers,
-		DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Triggers: cfg.Triggers, Log: cfg.Log})
 	cfg.Counters, cfg.MaxDescriptors = b.Counters(), b.MaxDescriptors()
 	return &Server{cfg: cfg, batches: b}
 }

@@ -337,7 +337,11 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		adverts = append(adverts, a)
 		signals[t.Kind()] = t
 	}
+	// The transfer layer, which the API's handlers call.
+	batches := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: d.registry, Peers: d.peers, MaxDescriptors: cfg.MaxDescriptors,
+		MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers, DefaultTimeout: cfg.DefaultTimeout, Counters: &d.counters, Log: log.Named("batch")})
 	scfg := server.Config{
+		Batches:  batches,
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
 		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Signals: signals,
 		MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers, DefaultTimeout: cfg.DefaultTimeout,
