@@ -189,7 +189,10 @@ type Transfer struct {
 	Peer      string // destination daemon's peer address
 	DstRegion string // destination export name
 	Blocks    Descriptors
-	Transport b2bv1.TransportKind // 0: the daemons choose
+	Transport b2bv1.TransportKind // 0: the daemons choose (deprecated: TransportName)
+	// TransportName is the data path by kind name ("tcp", "verbs",
+	// "local"); empty: Transport, else the daemons' choice.
+	TransportName string
 	// Notification, when set, is delivered to the destination region's
 	// watchers after the batch landed.
 	Notification []byte
@@ -209,7 +212,7 @@ func (c *Client) BatchTransfer(ctx context.Context, t Transfer) (*b2bv1.BatchTra
 
 func (t Transfer) request() *b2bv1.BatchTransferRequest {
 	return &b2bv1.BatchTransferRequest{
-		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport, Notification: t.Notification, Op: t.Op,
+		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport, TransportName: t.TransportName, Notification: t.Notification, Op: t.Op,
 		Descriptors: &b2bv1.Descriptors{
 			SrcOffsets: Pack(t.Blocks.Src), DstOffsets: Pack(t.Blocks.Dst), Lengths: Pack(t.Blocks.Len),
 			BlockLength: t.Blocks.BlockLength,

@@ -55,7 +55,8 @@ type Blocks struct {
 	LocalLayout, Peer, RemoteLayout string
 	LocalIDs, RemoteIDs             []uint32
 	Notification                    []byte
-	Transport                       b2bv1.TransportKind
+	Transport                       b2bv1.TransportKind // deprecated: TransportName
+	TransportName                   string              // by kind name; empty: Transport, else the daemons' choice
 	// Op READ pulls: block RemoteIDs[i] of the peer's layout into block
 	// LocalIDs[i] (LocalIDs unique, RemoteIDs may repeat).
 	Op b2bv1.TransferOp
@@ -68,7 +69,7 @@ func (c *Client) TransferBlocks(ctx context.Context, b Blocks) (*b2bv1.BatchTran
 
 func (b Blocks) request() *b2bv1.TransferBlocksRequest {
 	return &b2bv1.TransferBlocksRequest{LocalLayout: b.LocalLayout, Peer: b.Peer, RemoteLayout: b.RemoteLayout,
-		LocalIds: PackIDs(b.LocalIDs), RemoteIds: PackIDs(b.RemoteIDs), Notification: b.Notification, Transport: b.Transport, Op: b.Op}
+		LocalIds: PackIDs(b.LocalIDs), RemoteIds: PackIDs(b.RemoteIDs), Notification: b.Notification, Transport: b.Transport, TransportName: b.TransportName, Op: b.Op}
 }
 
 // PackIDs encodes block ids as packed little-endian uint32s.

@@ -31,7 +31,7 @@ type Plan struct {
 // Prepare plans t once (PrepareTransfer).
 func (c *Client) Prepare(ctx context.Context, t Transfer) (*Plan, error) {
 	resp, err := c.api.PrepareTransfer(ctx, &b2bv1.PrepareTransferRequest{
-		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport, Notification: t.Notification, Op: t.Op,
+		SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Transport: t.Transport, TransportName: t.TransportName, Notification: t.Notification, Op: t.Op,
 		Descriptors: &b2bv1.Descriptors{
 			SrcOffsets: Pack(t.Blocks.Src), DstOffsets: Pack(t.Blocks.Dst), Lengths: Pack(t.Blocks.Len),
 			BlockLength: t.Blocks.BlockLength,

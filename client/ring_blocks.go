@@ -25,7 +25,7 @@ type Route struct {
 func (c *Client) BindRoute(ctx context.Context, b Blocks) (*Route, error) {
 	b.LocalIDs, b.RemoteIDs, b.Notification = nil, nil, nil
 	resp, err := c.api.BindBlockRoute(ctx, &b2bv1.BindBlockRouteRequest{LocalLayout: b.LocalLayout, Peer: b.Peer,
-		RemoteLayout: b.RemoteLayout, Transport: b.Transport, Op: b.Op})
+		RemoteLayout: b.RemoteLayout, Transport: b.Transport, TransportName: b.TransportName, Op: b.Op})
 	if err != nil {
 		return nil, err // the daemon's status, as TransferBlocks returns it
 	}

@@ -47,9 +47,30 @@ func accessOf(a b2bv1.Access) (transport.Access, error) {
 	return 0, fmt.Errorf("%w: access %d is not an Access (0 WRITE, 1 READ)", errs.ErrInvalidArgument, a)
 }
 
+// kindOf is a request's data path: its transport_name, or where that is
+// empty its deprecated enum; "" (or "auto") lets the daemons choose. A
+// name and an enum that disagree are refused, naming both.
+func kindOf(k b2bv1.TransportKind, name string) (transport.Kind, error) {
+	byEnum, err := peer.KindFromProto(k)
+	if err != nil || name == "" {
+		return byEnum, err
+	}
+	if err := transport.CheckName(name); err != nil {
+		return "", fmt.Errorf("%w: transport_name: %v", errs.ErrInvalidArgument, err)
+	}
+	byName := transport.Kind(name)
+	if name == transport.Auto {
+		byName = ""
+	}
+	if k != b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED && byEnum != byName {
+		return "", fmt.Errorf("%w: transport_name %q and transport %s disagree: set one of them", errs.ErrInvalidArgument, name, byEnum)
+	}
+	return byName, nil
+}
+
 func transferRequest(req *b2bv1.BatchTransferRequest, who region.Caller) batch.Request {
 	r := batch.Request{Src: req.GetSrcRegionId(), Caller: who, Peer: req.GetPeer(), Dst: req.GetDstRegion(), Notification: req.GetNotification()}
-	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	r.Transport, r.BadTransport = kindOf(req.GetTransport(), req.GetTransportName())
 	r.Op, r.BadOp = opOf(req.GetOp())
 	if p := req.GetDescriptors(); p != nil {
 		r.Descriptors = &desc.Packed{SrcOffsets: p.GetSrcOffsets(), DstOffsets: p.GetDstOffsets(), Lengths: p.GetLengths(), BlockLength: p.GetBlockLength()}
@@ -59,7 +80,7 @@ func transferRequest(req *b2bv1.BatchTransferRequest, who region.Caller) batch.R
 
 func transferResponse(r batch.Result) *b2bv1.BatchTransferResponse {
 	return &b2bv1.BatchTransferResponse{
-		Blocks: r.Blocks, Bytes: r.Bytes, Transport: peer.KindToProto(r.Kind),
+		Blocks: r.Blocks, Bytes: r.Bytes, Transport: peer.KindToProto(r.Kind), TransportName: string(r.Kind),
 		Segments: r.Stats.Segments, WorkRequests: r.Stats.WorkRequests, ElapsedNs: uint64(r.Elapsed.Nanoseconds()),
 		Phases: phasesProto(r.Phases),
 	}
@@ -84,7 +105,7 @@ func unixNs(t time.Time) uint64 {
 
 func prepareRequest(req *b2bv1.PrepareTransferRequest, who region.Caller) batch.Request {
 	r := batch.Request{Src: req.GetSrcRegionId(), Caller: who, Peer: req.GetPeer(), Dst: req.GetDstRegion(), Notification: req.GetNotification()}
-	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	r.Transport, r.BadTransport = kindOf(req.GetTransport(), req.GetTransportName())
 	r.Op, r.BadOp = opOf(req.GetOp())
 	if p := req.GetDescriptors(); p != nil {
 		r.Descriptors = &desc.Packed{SrcOffsets: p.GetSrcOffsets(), DstOffsets: p.GetDstOffsets(), Lengths: p.GetLengths(), BlockLength: p.GetBlockLength()}
@@ -94,7 +115,7 @@ func prepareRequest(req *b2bv1.PrepareTransferRequest, who region.Caller) batch.
 
 func prepareResponse(i batch.PlanInfo) *b2bv1.PrepareTransferResponse {
 	return &b2bv1.PrepareTransferResponse{
-		Handle: i.Handle, Blocks: i.Blocks, Bytes: i.Bytes, Transport: peer.KindToProto(i.Kind),
+		Handle: i.Handle, Blocks: i.Blocks, Bytes: i.Bytes, Transport: peer.KindToProto(i.Kind), TransportName: string(i.Kind),
 		Segments: i.Segments, WorkRequests: i.WorkRequests, Phases: phasesProto(i.Phases),
 	}
 }
@@ -188,6 +209,7 @@ func regionProto(r *region.Region, active int) *b2bv1.Region {
 	}
 	for _, k := range r.Transports() {
 		p.RegisteredWith = append(p.RegisteredWith, peer.KindToProto(k))
+		p.RegisteredWithNames = append(p.RegisteredWithNames, string(k))
 		g, _ := r.Registration(k)
 		for _, x := range g.Rails() {
 			p.Rails = append(p.Rails, &b2bv1.RailRegistration{Rail: uint32(x.Rail), Device: x.Device, Rkey: x.Key.Key,

@@ -10,7 +10,6 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/layout"
-	"github.com/b2bd/b2bd/internal/peer"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -68,7 +67,7 @@ func (l *local) TransferBlocks(ctx context.Context, req *b2bv1.TransferBlocksReq
 // ring's block records; the route is this connection's.
 func (l *local) BindBlockRoute(ctx context.Context, req *b2bv1.BindBlockRouteRequest) (*b2bv1.BindBlockRouteResponse, error) {
 	r := batch.BlocksRequest{Local: req.GetLocalLayout(), Caller: caller(ctx), Peer: req.GetPeer(), Remote: req.GetRemoteLayout()}
-	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	r.Transport, r.BadTransport = kindOf(req.GetTransport(), req.GetTransportName())
 	r.Op, r.BadOp = opOf(req.GetOp())
 	h, err := l.s.batches.Routes().Bind(r, owner(ctx))
 	if err != nil {
@@ -92,7 +91,7 @@ func blocksRequest(ctx context.Context, req *b2bv1.TransferBlocksRequest) (batch
 	}
 	r := batch.BlocksRequest{Local: req.GetLocalLayout(), Caller: caller(ctx), Peer: req.GetPeer(), Remote: req.GetRemoteLayout(),
 		LocalIDs: req.GetLocalIds(), RemoteIDs: req.GetRemoteIds(), Notification: req.GetNotification()}
-	r.Transport, r.BadTransport = peer.KindFromProto(req.GetTransport())
+	r.Transport, r.BadTransport = kindOf(req.GetTransport(), req.GetTransportName())
 	r.Op, r.BadOp = opOf(req.GetOp())
 	return r, timeout, nil
 }

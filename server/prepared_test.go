@@ -82,7 +82,7 @@ func TestPreparedRPCs(t *testing.T) {
 		t.Fatal(err)
 	}
 	if prep.GetHandle() == 0 || prep.GetBlocks() != 100 || prep.GetBytes() != 12800 || prep.GetSegments() != 100 ||
-		prep.GetTransport() != b2bv1.TransportKind_TRANSPORT_KIND_TCP || prep.GetPhases().GetDecodeNs() == 0 || prep.GetPhases().GetValidateNs() == 0 {
+		prep.GetTransport() != b2bv1.TransportKind_TRANSPORT_KIND_TCP || prep.GetTransportName() != "tcp" || prep.GetPhases().GetDecodeNs() == 0 || prep.GetPhases().GetValidateNs() == 0 {
 		t.Fatalf("prepare: %v", prep)
 	}
 	for i := 0; i < 3; i++ {
@@ -91,7 +91,7 @@ func TestPreparedRPCs(t *testing.T) {
 			t.Fatal(err)
 		}
 		ph := resp.GetPhases()
-		if resp.GetBlocks() != 100 || ph.GetWireNs() == 0 || ph.GetDecodeNs() == 0 || ph.GetTotalNs() < ph.GetWireNs()+ph.GetDecodeNs() || ph.GetValidateNs() != 0 {
+		if resp.GetBlocks() != 100 || resp.GetTransportName() != "tcp" || ph.GetWireNs() == 0 || ph.GetDecodeNs() == 0 || ph.GetTotalNs() < ph.GetWireNs()+ph.GetDecodeNs() || ph.GetValidateNs() != 0 {
 			t.Fatalf("submit: %v", resp)
 		}
 	}

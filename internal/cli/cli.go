@@ -203,7 +203,12 @@ func table(w io.Writer, header []string, rows [][]string) error {
 	return nil
 }
 
-func kindName(k b2bv1.TransportKind) string {
+// kindName is a kind as the daemon names it: name, which a daemon fills,
+// else the deprecated enum's (a daemon from before names existed).
+func kindName(name string, k b2bv1.TransportKind) string {
+	if name != "" {
+		return name
+	}
 	return strings.ToLower(strings.TrimPrefix(k.String(), "TRANSPORT_KIND_"))
 }
 
@@ -250,7 +255,7 @@ func runStatus(fs *pflag.FlagSet) runner {
 			st.GetBatchesSent(), human(st.GetBytesSent()), st.GetBatchesReceived(), human(st.GetBytesReceived()), st.GetBatchesFailed())
 		var rows [][]string
 		for _, t := range st.GetTransports() {
-			rows = append(rows, []string{kindName(t.GetKind()), fmt.Sprint(t.GetAvailable()), fmt.Sprint(t.GetConnections()),
+			rows = append(rows, []string{kindName(t.GetKindName(), t.GetKind()), fmt.Sprint(t.GetAvailable()), fmt.Sprint(t.GetConnections()),
 				fmt.Sprint(t.GetQueuePairs()), fmt.Sprint(t.GetMemoryRegions()), t.GetDetail()})
 		}
 		return table(w, []string{"TRANSPORT", "AVAILABLE", "CONNS", "QPS", "MRS", "DETAIL"}, rows)
@@ -269,7 +274,7 @@ type transportJSON struct {
 func statusJSON(st *b2bv1.StatusResponse) map[string]any {
 	var ts []transportJSON
 	for _, t := range st.GetTransports() {
-		ts = append(ts, transportJSON{kindName(t.GetKind()), t.GetAvailable(), t.GetDetail(), t.GetConnections(), t.GetQueuePairs(), t.GetMemoryRegions()})
+		ts = append(ts, transportJSON{kindName(t.GetKindName(), t.GetKind()), t.GetAvailable(), t.GetDetail(), t.GetConnections(), t.GetQueuePairs(), t.GetMemoryRegions()})
 	}
 	return map[string]any{
 		"version": st.GetVersion(), "node_name": st.GetNodeName(), "peer_address": st.GetPeerAddress(), "transports": ts,
@@ -301,8 +306,11 @@ func regionJSON(r *b2bv1.Region) RegionJSON {
 	out := RegionJSON{ID: r.GetId(), Export: r.GetExportName(), ExportTo: r.GetExportTo(), Size: r.GetSize(), Kind: memName(r.GetKind()),
 		ShmPath: r.GetShmPath(), CUDADevice: r.GetCudaDevice(), ActiveBatches: r.GetActiveBatches(), RegisteredWith: []string{},
 		Owner: r.GetOwner(), PID: r.GetPid(), AgeSeconds: time.Duration(r.GetAgeNs()).Seconds(), Persist: r.GetPersist()}
-	for _, k := range r.GetRegisteredWith() {
-		out.RegisteredWith = append(out.RegisteredWith, kindName(k))
+	out.RegisteredWith = append(out.RegisteredWith, r.GetRegisteredWithNames()...)
+	if len(r.GetRegisteredWithNames()) == 0 {
+		for _, k := range r.GetRegisteredWith() {
+			out.RegisteredWith = append(out.RegisteredWith, kindName("", k))
+		}
 	}
 	return out
 }

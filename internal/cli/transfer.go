@@ -249,7 +249,7 @@ func runTransfer(fs *pflag.FlagSet) runner {
 				return fmt.Errorf("transfer: batch %d of %d: %w", i+1, *repeat, err)
 			}
 			dataNS += r.GetElapsedNs()
-			res.Transport, res.Segments, res.WorkRequests = kindName(r.GetTransport()), r.GetSegments(), r.GetWorkRequests()
+			res.Transport, res.Segments, res.WorkRequests = kindName(r.GetTransportName(), r.GetTransport()), r.GetSegments(), r.GetWorkRequests()
 			bar.step(i+1, float64(uint64(i+1)*res.BytesPerBatch)/time.Since(start).Seconds())
 		}
 		bar.done()

@@ -134,7 +134,7 @@ func (d *Daemon) buildTransports(in *inbound, env transport.Env) ([]*b2bv1.Trans
 		}
 		e := env
 		e.Inbound, e.Log, e.Settings = in, d.log.Named(string(k)), d.cfg.Kinds.byKind[k]
-		st := &b2bv1.TransportStatus{Kind: peer.KindToProto(k)}
+		st := &b2bv1.TransportStatus{Kind: peer.KindToProto(k), KindName: string(k)}
 		t, err := drv.New(e)
 		if err != nil {
 			if d.cfg.Transport == string(k) {

@@ -47,7 +47,7 @@ class RegionInfo:
             shm_offset=int(r.shm_offset),
             cuda_device=int(r.cuda_device),
             active_batches=int(r.active_batches),
-            registered_with=tuple(_TRANSPORT_NAME.get(k, str(k)) for k in r.registered_with),
+            registered_with=tuple(r.registered_with_names) or tuple(_TRANSPORT_NAME.get(k, str(k)) for k in r.registered_with),
             owner=r.owner,
             pid=int(r.pid),
             age_ns=int(r.age_ns),
@@ -112,7 +112,7 @@ class TransferResult:
         return cls(
             int(r.blocks),
             int(r.bytes),
-            _TRANSPORT_NAME.get(r.transport, str(r.transport)),
+            r.transport_name or _TRANSPORT_NAME.get(r.transport, str(r.transport)),
             r.elapsed_ns / 1e9,
             int(r.segments),
             int(r.work_requests),
@@ -173,7 +173,7 @@ class Status:
             node_name=s.node_name,
             peer_address=s.peer_address,
             transports=tuple(
-                TransportStatus(_TRANSPORT_NAME.get(t.kind, str(t.kind)), bool(t.available), t.detail)
+                TransportStatus(t.kind_name or _TRANSPORT_NAME.get(t.kind, str(t.kind)), bool(t.available), t.detail)
                 for t in s.transports
             ),
             cuda_available=bool(s.cuda_available),

@@ -733,19 +733,20 @@ func (*RegisterRegionRequest_CudaAlloc) isRegisterRegionRequest_Source() {}
 func (*RegisterRegionRequest_CudaIpc) isRegisterRegionRequest_Source() {}
 
 type Region struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // daemon-assigned handle
-	ExportName     string                 `protobuf:"bytes,2,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"`
-	Size           uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
-	Kind           MemoryKind             `protobuf:"varint,4,opt,name=kind,proto3,enum=b2b.v1.MemoryKind" json:"kind,omitempty"`
-	ShmPath        string                 `protobuf:"bytes,5,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"` // host regions: the file to map (MAP_SHARED)
-	ShmOffset      uint64                 `protobuf:"varint,6,opt,name=shm_offset,json=shmOffset,proto3" json:"shm_offset,omitempty"`
-	CudaDevice     int32                  `protobuf:"varint,7,opt,name=cuda_device,json=cudaDevice,proto3" json:"cuda_device,omitempty"`           // CUDA regions
-	CudaIpcHandle  []byte                 `protobuf:"bytes,8,opt,name=cuda_ipc_handle,json=cudaIpcHandle,proto3" json:"cuda_ipc_handle,omitempty"` // daemon-allocated CUDA regions
-	CudaIpcOffset  uint64                 `protobuf:"varint,9,opt,name=cuda_ipc_offset,json=cudaIpcOffset,proto3" json:"cuda_ipc_offset,omitempty"`
-	ActiveBatches  uint32                 `protobuf:"varint,10,opt,name=active_batches,json=activeBatches,proto3" json:"active_batches,omitempty"` // batches currently reading or writing it
-	RegisteredWith []TransportKind        `protobuf:"varint,11,rep,packed,name=registered_with,json=registeredWith,proto3,enum=b2b.v1.TransportKind" json:"registered_with,omitempty"`
-	ExportTo       []string               `protobuf:"bytes,12,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"` // empty: every authenticated peer
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"` // daemon-assigned handle
+	ExportName    string                 `protobuf:"bytes,2,opt,name=export_name,json=exportName,proto3" json:"export_name,omitempty"`
+	Size          uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Kind          MemoryKind             `protobuf:"varint,4,opt,name=kind,proto3,enum=b2b.v1.MemoryKind" json:"kind,omitempty"`
+	ShmPath       string                 `protobuf:"bytes,5,opt,name=shm_path,json=shmPath,proto3" json:"shm_path,omitempty"` // host regions: the file to map (MAP_SHARED)
+	ShmOffset     uint64                 `protobuf:"varint,6,opt,name=shm_offset,json=shmOffset,proto3" json:"shm_offset,omitempty"`
+	CudaDevice    int32                  `protobuf:"varint,7,opt,name=cuda_device,json=cudaDevice,proto3" json:"cuda_device,omitempty"`           // CUDA regions
+	CudaIpcHandle []byte                 `protobuf:"bytes,8,opt,name=cuda_ipc_handle,json=cudaIpcHandle,proto3" json:"cuda_ipc_handle,omitempty"` // daemon-allocated CUDA regions
+	CudaIpcOffset uint64                 `protobuf:"varint,9,opt,name=cuda_ipc_offset,json=cudaIpcOffset,proto3" json:"cuda_ipc_offset,omitempty"`
+	ActiveBatches uint32                 `protobuf:"varint,10,opt,name=active_batches,json=activeBatches,proto3" json:"active_batches,omitempty"` // batches currently reading or writing it
+	// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
+	RegisteredWith []TransportKind `protobuf:"varint,11,rep,packed,name=registered_with,json=registeredWith,proto3,enum=b2b.v1.TransportKind" json:"registered_with,omitempty"`
+	ExportTo       []string        `protobuf:"bytes,12,rep,name=export_to,json=exportTo,proto3" json:"export_to,omitempty"` // empty: every authenticated peer
 	// verbs with several RDMA devices (rails): the region's MR on each rail,
 	// and the rails a batch from it prefers (GPU-NIC affinity).
 	Rails []*RailRegistration `protobuf:"bytes,13,rep,name=rails,proto3" json:"rails,omitempty"`
@@ -758,11 +759,12 @@ type Region struct {
 	AgeNs uint64 `protobuf:"varint,16,opt,name=age_ns,json=ageNs,proto3" json:"age_ns,omitempty"` // time since it was registered
 	// false: leased to its client and deregistered when the client's last
 	// connection closes; true: stays until DeregisterRegion.
-	Persist       bool     `protobuf:"varint,17,opt,name=persist,proto3" json:"persist,omitempty"`
-	Readers       []string `protobuf:"bytes,18,rep,name=readers,proto3" json:"readers,omitempty"`                    // peers allowed to read; "*": every authenticated peer
-	ReadOnly      bool     `protobuf:"varint,19,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"` // no peer may write it
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Persist             bool     `protobuf:"varint,17,opt,name=persist,proto3" json:"persist,omitempty"`
+	Readers             []string `protobuf:"bytes,18,rep,name=readers,proto3" json:"readers,omitempty"`                                                      // peers allowed to read; "*": every authenticated peer
+	ReadOnly            bool     `protobuf:"varint,19,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`                                   // no peer may write it
+	RegisteredWithNames []string `protobuf:"bytes,20,rep,name=registered_with_names,json=registeredWithNames,proto3" json:"registered_with_names,omitempty"` // the same kinds by name
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Region) Reset() {
@@ -865,6 +867,7 @@ func (x *Region) GetActiveBatches() uint32 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
 func (x *Region) GetRegisteredWith() []TransportKind {
 	if x != nil {
 		return x.RegisteredWith
@@ -926,6 +929,13 @@ func (x *Region) GetReadOnly() bool {
 		return x.ReadOnly
 	}
 	return false
+}
+
+func (x *Region) GetRegisteredWithNames() []string {
+	if x != nil {
+		return x.RegisteredWithNames
+	}
+	return nil
 }
 
 // RailRegistration is a region's memory registration on one rail.
@@ -1414,7 +1424,8 @@ type BatchTransferRequest struct {
 	Peer        string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`                            // the destination daemon's peer address, host:port
 	DstRegion   string                 `protobuf:"bytes,3,opt,name=dst_region,json=dstRegion,proto3" json:"dst_region,omitempty"` // the destination's export name
 	Descriptors *Descriptors           `protobuf:"bytes,4,opt,name=descriptors,proto3" json:"descriptors,omitempty"`
-	Transport   TransportKind          `protobuf:"varint,5,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"` // UNSPECIFIED = the daemon's choice
+	// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
+	Transport TransportKind `protobuf:"varint,5,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"` // UNSPECIFIED = the daemon's choice
 	// Optional: delivered to the destination's WatchNotifications subscribers
 	// once the batch landed; BatchTransfer returns after the destination daemon
 	// accepted it. At most 4096 bytes.
@@ -1424,6 +1435,7 @@ type BatchTransferRequest struct {
 	// copied into src_region_id (at src_offsets): the local region is the
 	// destination, so its ranges must not overlap.
 	Op            TransferOp `protobuf:"varint,7,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"`
+	TransportName string     `protobuf:"bytes,8,opt,name=transport_name,json=transportName,proto3" json:"transport_name,omitempty"` // the data path by kind name ("tcp", "verbs", "local"; empty: transport, else the daemons' choice); a name and an enum that disagree are refused
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1486,6 +1498,7 @@ func (x *BatchTransferRequest) GetDescriptors() *Descriptors {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
 func (x *BatchTransferRequest) GetTransport() TransportKind {
 	if x != nil {
 		return x.Transport
@@ -1507,15 +1520,24 @@ func (x *BatchTransferRequest) GetOp() TransferOp {
 	return TransferOp_TRANSFER_OP_WRITE
 }
 
+func (x *BatchTransferRequest) GetTransportName() string {
+	if x != nil {
+		return x.TransportName
+	}
+	return ""
+}
+
 type BatchTransferResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Blocks        uint64                 `protobuf:"varint,1,opt,name=blocks,proto3" json:"blocks,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Transport     TransportKind          `protobuf:"varint,3,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
-	Segments      uint64                 `protobuf:"varint,4,opt,name=segments,proto3" json:"segments,omitempty"`                             // after merging adjacent blocks
-	WorkRequests  uint64                 `protobuf:"varint,5,opt,name=work_requests,json=workRequests,proto3" json:"work_requests,omitempty"` // verbs: WRs posted; tcp: wire frames
-	ElapsedNs     uint64                 `protobuf:"varint,6,opt,name=elapsed_ns,json=elapsedNs,proto3" json:"elapsed_ns,omitempty"`          // time on the data path, measured by the daemon
-	Phases        *PhaseTimings          `protobuf:"bytes,7,opt,name=phases,proto3" json:"phases,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Blocks uint64                 `protobuf:"varint,1,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes  uint64                 `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
+	Transport     TransportKind `protobuf:"varint,3,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
+	Segments      uint64        `protobuf:"varint,4,opt,name=segments,proto3" json:"segments,omitempty"`                             // after merging adjacent blocks
+	WorkRequests  uint64        `protobuf:"varint,5,opt,name=work_requests,json=workRequests,proto3" json:"work_requests,omitempty"` // verbs: WRs posted; tcp: wire frames
+	ElapsedNs     uint64        `protobuf:"varint,6,opt,name=elapsed_ns,json=elapsedNs,proto3" json:"elapsed_ns,omitempty"`          // time on the data path, measured by the daemon
+	Phases        *PhaseTimings `protobuf:"bytes,7,opt,name=phases,proto3" json:"phases,omitempty"`
+	TransportName string        `protobuf:"bytes,8,opt,name=transport_name,json=transportName,proto3" json:"transport_name,omitempty"` // the kind that carried it, by name
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1564,6 +1586,7 @@ func (x *BatchTransferResponse) GetBytes() uint64 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
 func (x *BatchTransferResponse) GetTransport() TransportKind {
 	if x != nil {
 		return x.Transport
@@ -1597,6 +1620,13 @@ func (x *BatchTransferResponse) GetPhases() *PhaseTimings {
 		return x.Phases
 	}
 	return nil
+}
+
+func (x *BatchTransferResponse) GetTransportName() string {
+	if x != nil {
+		return x.TransportName
+	}
+	return ""
 }
 
 // PhaseTimings says where a call's time went inside the daemon, in
@@ -1742,14 +1772,16 @@ func (x *PhaseTimings) GetLandedUnixNs() uint64 {
 
 // PrepareTransferRequest is a BatchTransferRequest to plan once.
 type PrepareTransferRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SrcRegionId   string                 `protobuf:"bytes,1,opt,name=src_region_id,json=srcRegionId,proto3" json:"src_region_id,omitempty"`
-	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
-	DstRegion     string                 `protobuf:"bytes,3,opt,name=dst_region,json=dstRegion,proto3" json:"dst_region,omitempty"`
-	Descriptors   *Descriptors           `protobuf:"bytes,4,opt,name=descriptors,proto3" json:"descriptors,omitempty"`
-	Transport     TransportKind          `protobuf:"varint,5,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
-	Notification  []byte                 `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`     // sent with every submit of the plan
-	Op            TransferOp             `protobuf:"varint,7,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"` // as BatchTransferRequest's
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	SrcRegionId string                 `protobuf:"bytes,1,opt,name=src_region_id,json=srcRegionId,proto3" json:"src_region_id,omitempty"`
+	Peer        string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	DstRegion   string                 `protobuf:"bytes,3,opt,name=dst_region,json=dstRegion,proto3" json:"dst_region,omitempty"`
+	Descriptors *Descriptors           `protobuf:"bytes,4,opt,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
+	Transport     TransportKind `protobuf:"varint,5,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
+	Notification  []byte        `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`                        // sent with every submit of the plan
+	Op            TransferOp    `protobuf:"varint,7,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"`                    // as BatchTransferRequest's
+	TransportName string        `protobuf:"bytes,8,opt,name=transport_name,json=transportName,proto3" json:"transport_name,omitempty"` // the data path by kind name ("tcp", "verbs", "local"; empty: transport, else the daemons' choice); a name and an enum that disagree are refused
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1812,6 +1844,7 @@ func (x *PrepareTransferRequest) GetDescriptors() *Descriptors {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
 func (x *PrepareTransferRequest) GetTransport() TransportKind {
 	if x != nil {
 		return x.Transport
@@ -1833,15 +1866,24 @@ func (x *PrepareTransferRequest) GetOp() TransferOp {
 	return TransferOp_TRANSFER_OP_WRITE
 }
 
+func (x *PrepareTransferRequest) GetTransportName() string {
+	if x != nil {
+		return x.TransportName
+	}
+	return ""
+}
+
 type PrepareTransferResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Handle        uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"` // names the plan for its owner; never 0
-	Blocks        uint64                 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
-	Bytes         uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Transport     TransportKind          `protobuf:"varint,4,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
-	Segments      uint64                 `protobuf:"varint,5,opt,name=segments,proto3" json:"segments,omitempty"`
-	WorkRequests  uint64                 `protobuf:"varint,6,opt,name=work_requests,json=workRequests,proto3" json:"work_requests,omitempty"` // verbs: WRs built per submit
-	Phases        *PhaseTimings          `protobuf:"bytes,7,opt,name=phases,proto3" json:"phases,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Handle uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"` // names the plan for its owner; never 0
+	Blocks uint64                 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Bytes  uint64                 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
+	Transport     TransportKind `protobuf:"varint,4,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
+	Segments      uint64        `protobuf:"varint,5,opt,name=segments,proto3" json:"segments,omitempty"`
+	WorkRequests  uint64        `protobuf:"varint,6,opt,name=work_requests,json=workRequests,proto3" json:"work_requests,omitempty"` // verbs: WRs built per submit
+	Phases        *PhaseTimings `protobuf:"bytes,7,opt,name=phases,proto3" json:"phases,omitempty"`
+	TransportName string        `protobuf:"bytes,8,opt,name=transport_name,json=transportName,proto3" json:"transport_name,omitempty"` // the kind the plan is bound to, by name
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1897,6 +1939,7 @@ func (x *PrepareTransferResponse) GetBytes() uint64 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
 func (x *PrepareTransferResponse) GetTransport() TransportKind {
 	if x != nil {
 		return x.Transport
@@ -1923,6 +1966,13 @@ func (x *PrepareTransferResponse) GetPhases() *PhaseTimings {
 		return x.Phases
 	}
 	return nil
+}
+
+func (x *PrepareTransferResponse) GetTransportName() string {
+	if x != nil {
+		return x.TransportName
+	}
+	return ""
 }
 
 type SubmitTransferRequest struct {
@@ -2573,10 +2623,11 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 }
 
 type TransportStatus struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	Kind      TransportKind          `protobuf:"varint,1,opt,name=kind,proto3,enum=b2b.v1.TransportKind" json:"kind,omitempty"`
-	Available bool                   `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`
-	Detail    string                 `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"` // why not, or which device
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
+	Kind      TransportKind `protobuf:"varint,1,opt,name=kind,proto3,enum=b2b.v1.TransportKind" json:"kind,omitempty"`
+	Available bool          `protobuf:"varint,2,opt,name=available,proto3" json:"available,omitempty"`
+	Detail    string        `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"` // why not, or which device
 	// Live handles, for leak checks: data connections (TCP: accepted streams;
 	// verbs: QP sets in both directions), and verbs queue pairs and memory
 	// regions (the daemon's own included).
@@ -2585,6 +2636,7 @@ type TransportStatus struct {
 	MemoryRegions uint32 `protobuf:"varint,6,opt,name=memory_regions,json=memoryRegions,proto3" json:"memory_regions,omitempty"`
 	// verbs with several RDMA devices: one entry per rail.
 	Rails         []*RailStatus `protobuf:"bytes,7,rep,name=rails,proto3" json:"rails,omitempty"`
+	KindName      string        `protobuf:"bytes,8,opt,name=kind_name,json=kindName,proto3" json:"kind_name,omitempty"` // the kind by name
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2619,6 +2671,7 @@ func (*TransportStatus) Descriptor() ([]byte, []int) {
 	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
 }
 
+// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
 func (x *TransportStatus) GetKind() TransportKind {
 	if x != nil {
 		return x.Kind
@@ -2666,6 +2719,13 @@ func (x *TransportStatus) GetRails() []*RailStatus {
 		return x.Rails
 	}
 	return nil
+}
+
+func (x *TransportStatus) GetKindName() string {
+	if x != nil {
+		return x.KindName
+	}
+	return ""
 }
 
 // RailStatus is one RDMA device (rail) of the verbs transport.
@@ -3447,18 +3507,20 @@ func (x *ListLayoutsResponse) GetLayouts() []*Layout {
 
 type TransferBlocksRequest struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
-	LocalLayout  string                 `protobuf:"bytes,1,opt,name=local_layout,json=localLayout,proto3" json:"local_layout,omitempty"`     // a local layout's name
-	Peer         string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`                                      // the destination daemon's peer address, host:port
-	RemoteLayout string                 `protobuf:"bytes,3,opt,name=remote_layout,json=remoteLayout,proto3" json:"remote_layout,omitempty"`  // the peer's layout export name
-	LocalIds     []byte                 `protobuf:"bytes,4,opt,name=local_ids,json=localIds,proto3" json:"local_ids,omitempty"`              // packed little-endian uint32
-	RemoteIds    []byte                 `protobuf:"bytes,5,opt,name=remote_ids,json=remoteIds,proto3" json:"remote_ids,omitempty"`           // packed little-endian uint32; unique for WRITE
-	Notification []byte                 `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`                      // as BatchTransfer's
-	TimeoutMs    uint64                 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`          // 0: the daemon's default
-	Transport    TransportKind          `protobuf:"varint,8,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"` // UNSPECIFIED = the daemon's choice
+	LocalLayout  string                 `protobuf:"bytes,1,opt,name=local_layout,json=localLayout,proto3" json:"local_layout,omitempty"`    // a local layout's name
+	Peer         string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`                                     // the destination daemon's peer address, host:port
+	RemoteLayout string                 `protobuf:"bytes,3,opt,name=remote_layout,json=remoteLayout,proto3" json:"remote_layout,omitempty"` // the peer's layout export name
+	LocalIds     []byte                 `protobuf:"bytes,4,opt,name=local_ids,json=localIds,proto3" json:"local_ids,omitempty"`             // packed little-endian uint32
+	RemoteIds    []byte                 `protobuf:"bytes,5,opt,name=remote_ids,json=remoteIds,proto3" json:"remote_ids,omitempty"`          // packed little-endian uint32; unique for WRITE
+	Notification []byte                 `protobuf:"bytes,6,opt,name=notification,proto3" json:"notification,omitempty"`                     // as BatchTransfer's
+	TimeoutMs    uint64                 `protobuf:"varint,7,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`         // 0: the daemon's default
+	// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
+	Transport TransportKind `protobuf:"varint,8,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"` // UNSPECIFIED = the daemon's choice
 	// READ: block remote_ids[i] of the peer's layout is copied into block
 	// local_ids[i] of local_layout; local_ids must then be unique and
 	// remote_ids may repeat.
 	Op            TransferOp `protobuf:"varint,9,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"`
+	TransportName string     `protobuf:"bytes,10,opt,name=transport_name,json=transportName,proto3" json:"transport_name,omitempty"` // the data path by kind name ("tcp", "verbs", "local"; empty: transport, else the daemons' choice); a name and an enum that disagree are refused
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3542,6 +3604,7 @@ func (x *TransferBlocksRequest) GetTimeoutMs() uint64 {
 	return 0
 }
 
+// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
 func (x *TransferBlocksRequest) GetTransport() TransportKind {
 	if x != nil {
 		return x.Transport
@@ -3556,15 +3619,24 @@ func (x *TransferBlocksRequest) GetOp() TransferOp {
 	return TransferOp_TRANSFER_OP_WRITE
 }
 
+func (x *TransferBlocksRequest) GetTransportName() string {
+	if x != nil {
+		return x.TransportName
+	}
+	return ""
+}
+
 // BindBlockRouteRequest is a TransferBlocksRequest without its ids,
 // notification and timeout.
 type BindBlockRouteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LocalLayout   string                 `protobuf:"bytes,1,opt,name=local_layout,json=localLayout,proto3" json:"local_layout,omitempty"`
-	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
-	RemoteLayout  string                 `protobuf:"bytes,3,opt,name=remote_layout,json=remoteLayout,proto3" json:"remote_layout,omitempty"`
-	Transport     TransportKind          `protobuf:"varint,4,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
-	Op            TransferOp             `protobuf:"varint,5,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	LocalLayout  string                 `protobuf:"bytes,1,opt,name=local_layout,json=localLayout,proto3" json:"local_layout,omitempty"`
+	Peer         string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	RemoteLayout string                 `protobuf:"bytes,3,opt,name=remote_layout,json=remoteLayout,proto3" json:"remote_layout,omitempty"`
+	// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
+	Transport     TransportKind `protobuf:"varint,4,opt,name=transport,proto3,enum=b2b.v1.TransportKind" json:"transport,omitempty"`
+	Op            TransferOp    `protobuf:"varint,5,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"`
+	TransportName string        `protobuf:"bytes,6,opt,name=transport_name,json=transportName,proto3" json:"transport_name,omitempty"` // the data path by kind name ("tcp", "verbs", "local"; empty: transport, else the daemons' choice); a name and an enum that disagree are refused
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3620,6 +3692,7 @@ func (x *BindBlockRouteRequest) GetRemoteLayout() string {
 	return ""
 }
 
+// Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
 func (x *BindBlockRouteRequest) GetTransport() TransportKind {
 	if x != nil {
 		return x.Transport
@@ -3632,6 +3705,13 @@ func (x *BindBlockRouteRequest) GetOp() TransferOp {
 		return x.Op
 	}
 	return TransferOp_TRANSFER_OP_WRITE
+}
+
+func (x *BindBlockRouteRequest) GetTransportName() string {
+	if x != nil {
+		return x.TransportName
+	}
+	return ""
 }
 
 type BindBlockRouteResponse struct {
@@ -5346,7 +5426,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\areaders\x18\r \x03(\tR\areaders\x12\x1b\n" +
 	"\tread_only\x18\x0e \x01(\bR\breadOnly\x12\x18\n" +
 	"\apersist\x18\f \x01(\bR\apersistB\b\n" +
-	"\x06source\"\xe4\x04\n" +
+	"\x06source\"\x9c\x05\n" +
 	"\x06Region\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vexport_name\x18\x02 \x01(\tR\n" +
@@ -5361,8 +5441,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0fcuda_ipc_handle\x18\b \x01(\fR\rcudaIpcHandle\x12&\n" +
 	"\x0fcuda_ipc_offset\x18\t \x01(\x04R\rcudaIpcOffset\x12%\n" +
 	"\x0eactive_batches\x18\n" +
-	" \x01(\rR\ractiveBatches\x12>\n" +
-	"\x0fregistered_with\x18\v \x03(\x0e2\x15.b2b.v1.TransportKindR\x0eregisteredWith\x12\x1b\n" +
+	" \x01(\rR\ractiveBatches\x12B\n" +
+	"\x0fregistered_with\x18\v \x03(\x0e2\x15.b2b.v1.TransportKindB\x02\x18\x01R\x0eregisteredWith\x12\x1b\n" +
 	"\texport_to\x18\f \x03(\tR\bexportTo\x12.\n" +
 	"\x05rails\x18\r \x03(\v2\x18.b2b.v1.RailRegistrationR\x05rails\x12\x14\n" +
 	"\x05owner\x18\x0e \x01(\tR\x05owner\x12\x10\n" +
@@ -5370,7 +5450,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x06age_ns\x18\x10 \x01(\x04R\x05ageNs\x12\x18\n" +
 	"\apersist\x18\x11 \x01(\bR\apersist\x12\x18\n" +
 	"\areaders\x18\x12 \x03(\tR\areaders\x12\x1b\n" +
-	"\tread_only\x18\x13 \x01(\bR\breadOnly\"\xa0\x01\n" +
+	"\tread_only\x18\x13 \x01(\bR\breadOnly\x122\n" +
+	"\x15registered_with_names\x18\x14 \x03(\tR\x13registeredWithNames\"\xa0\x01\n" +
 	"\x10RailRegistration\x12\x12\n" +
 	"\x04rail\x18\x01 \x01(\rR\x04rail\x12\x16\n" +
 	"\x06device\x18\x02 \x01(\tR\x06device\x12\x12\n" +
@@ -5401,25 +5482,27 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\vdst_offsets\x18\x02 \x01(\fR\n" +
 	"dstOffsets\x12\x18\n" +
 	"\alengths\x18\x03 \x01(\fR\alengths\x12!\n" +
-	"\fblock_length\x18\x04 \x01(\x04R\vblockLength\"\xa1\x02\n" +
+	"\fblock_length\x18\x04 \x01(\x04R\vblockLength\"\xcc\x02\n" +
 	"\x14BatchTransferRequest\x12\"\n" +
 	"\rsrc_region_id\x18\x01 \x01(\tR\vsrcRegionId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
 	"\n" +
 	"dst_region\x18\x03 \x01(\tR\tdstRegion\x125\n" +
-	"\vdescriptors\x18\x04 \x01(\v2\x13.b2b.v1.DescriptorsR\vdescriptors\x123\n" +
-	"\ttransport\x18\x05 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
+	"\vdescriptors\x18\x04 \x01(\v2\x13.b2b.v1.DescriptorsR\vdescriptors\x127\n" +
+	"\ttransport\x18\x05 \x01(\x0e2\x15.b2b.v1.TransportKindB\x02\x18\x01R\ttransport\x12\"\n" +
 	"\fnotification\x18\x06 \x01(\fR\fnotification\x12\"\n" +
-	"\x02op\x18\a \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"\x88\x02\n" +
+	"\x02op\x18\a \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\x12%\n" +
+	"\x0etransport_name\x18\b \x01(\tR\rtransportName\"\xb3\x02\n" +
 	"\x15BatchTransferResponse\x12\x16\n" +
 	"\x06blocks\x18\x01 \x01(\x04R\x06blocks\x12\x14\n" +
-	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x123\n" +
-	"\ttransport\x18\x03 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\x1a\n" +
+	"\x05bytes\x18\x02 \x01(\x04R\x05bytes\x127\n" +
+	"\ttransport\x18\x03 \x01(\x0e2\x15.b2b.v1.TransportKindB\x02\x18\x01R\ttransport\x12\x1a\n" +
 	"\bsegments\x18\x04 \x01(\x04R\bsegments\x12#\n" +
 	"\rwork_requests\x18\x05 \x01(\x04R\fworkRequests\x12\x1d\n" +
 	"\n" +
 	"elapsed_ns\x18\x06 \x01(\x04R\telapsedNs\x12,\n" +
-	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\"\x86\x03\n" +
+	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\x12%\n" +
+	"\x0etransport_name\x18\b \x01(\tR\rtransportName\"\x86\x03\n" +
 	"\fPhaseTimings\x12\x1b\n" +
 	"\tdecode_ns\x18\x01 \x01(\x04R\bdecodeNs\x12\x1f\n" +
 	"\vvalidate_ns\x18\x02 \x01(\x04R\n" +
@@ -5435,24 +5518,26 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x14trigger_seen_unix_ns\x18\n" +
 	" \x01(\x04R\x11triggerSeenUnixNs\x12$\n" +
 	"\x0eposted_unix_ns\x18\v \x01(\x04R\fpostedUnixNs\x12$\n" +
-	"\x0elanded_unix_ns\x18\f \x01(\x04R\flandedUnixNs\"\xa3\x02\n" +
+	"\x0elanded_unix_ns\x18\f \x01(\x04R\flandedUnixNs\"\xce\x02\n" +
 	"\x16PrepareTransferRequest\x12\"\n" +
 	"\rsrc_region_id\x18\x01 \x01(\tR\vsrcRegionId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
 	"\n" +
 	"dst_region\x18\x03 \x01(\tR\tdstRegion\x125\n" +
-	"\vdescriptors\x18\x04 \x01(\v2\x13.b2b.v1.DescriptorsR\vdescriptors\x123\n" +
-	"\ttransport\x18\x05 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
+	"\vdescriptors\x18\x04 \x01(\v2\x13.b2b.v1.DescriptorsR\vdescriptors\x127\n" +
+	"\ttransport\x18\x05 \x01(\x0e2\x15.b2b.v1.TransportKindB\x02\x18\x01R\ttransport\x12\"\n" +
 	"\fnotification\x18\x06 \x01(\fR\fnotification\x12\"\n" +
-	"\x02op\x18\a \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"\x83\x02\n" +
+	"\x02op\x18\a \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\x12%\n" +
+	"\x0etransport_name\x18\b \x01(\tR\rtransportName\"\xae\x02\n" +
 	"\x17PrepareTransferResponse\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12\x16\n" +
 	"\x06blocks\x18\x02 \x01(\x04R\x06blocks\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x123\n" +
-	"\ttransport\x18\x04 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\x1a\n" +
+	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\x127\n" +
+	"\ttransport\x18\x04 \x01(\x0e2\x15.b2b.v1.TransportKindB\x02\x18\x01R\ttransport\x12\x1a\n" +
 	"\bsegments\x18\x05 \x01(\x04R\bsegments\x12#\n" +
 	"\rwork_requests\x18\x06 \x01(\x04R\fworkRequests\x12,\n" +
-	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\"/\n" +
+	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\x12%\n" +
+	"\x0etransport_name\x18\b \x01(\tR\rtransportName\"/\n" +
 	"\x15SubmitTransferRequest\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\"0\n" +
 	"\x16ReleaseTransferRequest\x12\x16\n" +
@@ -5490,16 +5575,17 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x18\n" +
 	"\adropped\x18\x06 \x01(\x04R\adropped\"\x0f\n" +
-	"\rStatusRequest\"\x86\x02\n" +
-	"\x0fTransportStatus\x12)\n" +
-	"\x04kind\x18\x01 \x01(\x0e2\x15.b2b.v1.TransportKindR\x04kind\x12\x1c\n" +
+	"\rStatusRequest\"\xa7\x02\n" +
+	"\x0fTransportStatus\x12-\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x15.b2b.v1.TransportKindB\x02\x18\x01R\x04kind\x12\x1c\n" +
 	"\tavailable\x18\x02 \x01(\bR\tavailable\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x12 \n" +
 	"\vconnections\x18\x04 \x01(\rR\vconnections\x12\x1f\n" +
 	"\vqueue_pairs\x18\x05 \x01(\rR\n" +
 	"queuePairs\x12%\n" +
 	"\x0ememory_regions\x18\x06 \x01(\rR\rmemoryRegions\x12(\n" +
-	"\x05rails\x18\a \x03(\v2\x12.b2b.v1.RailStatusR\x05rails\"\xdc\x01\n" +
+	"\x05rails\x18\a \x03(\v2\x12.b2b.v1.RailStatusR\x05rails\x12\x1b\n" +
+	"\tkind_name\x18\b \x01(\tR\bkindName\"\xdc\x01\n" +
 	"\n" +
 	"RailStatus\x12\x12\n" +
 	"\x04rail\x18\x01 \x01(\rR\x04rail\x12\x16\n" +
@@ -5576,7 +5662,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x18DeregisterLayoutResponse\"\x14\n" +
 	"\x12ListLayoutsRequest\"?\n" +
 	"\x13ListLayoutsResponse\x12(\n" +
-	"\alayouts\x18\x01 \x03(\v2\x0e.b2b.v1.LayoutR\alayouts\"\xcb\x02\n" +
+	"\alayouts\x18\x01 \x03(\v2\x0e.b2b.v1.LayoutR\alayouts\"\xf6\x02\n" +
 	"\x15TransferBlocksRequest\x12!\n" +
 	"\flocal_layout\x18\x01 \x01(\tR\vlocalLayout\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12#\n" +
@@ -5586,15 +5672,18 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"remote_ids\x18\x05 \x01(\fR\tremoteIds\x12\"\n" +
 	"\fnotification\x18\x06 \x01(\fR\fnotification\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\a \x01(\x04R\ttimeoutMs\x123\n" +
-	"\ttransport\x18\b \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
-	"\x02op\x18\t \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"\xcc\x01\n" +
+	"timeout_ms\x18\a \x01(\x04R\ttimeoutMs\x127\n" +
+	"\ttransport\x18\b \x01(\x0e2\x15.b2b.v1.TransportKindB\x02\x18\x01R\ttransport\x12\"\n" +
+	"\x02op\x18\t \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\x12%\n" +
+	"\x0etransport_name\x18\n" +
+	" \x01(\tR\rtransportName\"\xf7\x01\n" +
 	"\x15BindBlockRouteRequest\x12!\n" +
 	"\flocal_layout\x18\x01 \x01(\tR\vlocalLayout\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12#\n" +
-	"\rremote_layout\x18\x03 \x01(\tR\fremoteLayout\x123\n" +
-	"\ttransport\x18\x04 \x01(\x0e2\x15.b2b.v1.TransportKindR\ttransport\x12\"\n" +
-	"\x02op\x18\x05 \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\"0\n" +
+	"\rremote_layout\x18\x03 \x01(\tR\fremoteLayout\x127\n" +
+	"\ttransport\x18\x04 \x01(\x0e2\x15.b2b.v1.TransportKindB\x02\x18\x01R\ttransport\x12\"\n" +
+	"\x02op\x18\x05 \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\x12%\n" +
+	"\x0etransport_name\x18\x06 \x01(\tR\rtransportName\"0\n" +
 	"\x16BindBlockRouteResponse\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\"2\n" +
 	"\x18ReleaseBlockRouteRequest\x12\x16\n" +

@@ -26,7 +26,7 @@ TRANSPORT_KIND_UNSPECIFIED: TransportKind
 TRANSPORT_KIND_VERBS: TransportKind
 
 class BatchTransferRequest(_message.Message):
-    __slots__ = ["descriptors", "dst_region", "notification", "op", "peer", "src_region_id", "transport"]
+    __slots__ = ["descriptors", "dst_region", "notification", "op", "peer", "src_region_id", "transport", "transport_name"]
     DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     DST_REGION_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class BatchTransferRequest(_message.Message):
     PEER_FIELD_NUMBER: _ClassVar[int]
     SRC_REGION_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     descriptors: Descriptors
     dst_region: str
     notification: bytes
@@ -41,16 +42,18 @@ class BatchTransferRequest(_message.Message):
     peer: str
     src_region_id: str
     transport: TransportKind
-    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ..., op: _Optional[_Union[TransferOp, str]] = ...) -> None: ...
+    transport_name: str
+    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ..., op: _Optional[_Union[TransferOp, str]] = ..., transport_name: _Optional[str] = ...) -> None: ...
 
 class BatchTransferResponse(_message.Message):
-    __slots__ = ["blocks", "bytes", "elapsed_ns", "phases", "segments", "transport", "work_requests"]
+    __slots__ = ["blocks", "bytes", "elapsed_ns", "phases", "segments", "transport", "transport_name", "work_requests"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_NS_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     WORK_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     blocks: int
     bytes: int
@@ -58,22 +61,25 @@ class BatchTransferResponse(_message.Message):
     phases: PhaseTimings
     segments: int
     transport: TransportKind
+    transport_name: str
     work_requests: int
-    def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., elapsed_ns: _Optional[int] = ..., phases: _Optional[_Union[PhaseTimings, _Mapping]] = ...) -> None: ...
+    def __init__(self, blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., elapsed_ns: _Optional[int] = ..., phases: _Optional[_Union[PhaseTimings, _Mapping]] = ..., transport_name: _Optional[str] = ...) -> None: ...
 
 class BindBlockRouteRequest(_message.Message):
-    __slots__ = ["local_layout", "op", "peer", "remote_layout", "transport"]
+    __slots__ = ["local_layout", "op", "peer", "remote_layout", "transport", "transport_name"]
     LOCAL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     REMOTE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     local_layout: str
     op: TransferOp
     peer: str
     remote_layout: str
     transport: TransportKind
-    def __init__(self, local_layout: _Optional[str] = ..., peer: _Optional[str] = ..., remote_layout: _Optional[str] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., op: _Optional[_Union[TransferOp, str]] = ...) -> None: ...
+    transport_name: str
+    def __init__(self, local_layout: _Optional[str] = ..., peer: _Optional[str] = ..., remote_layout: _Optional[str] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., op: _Optional[_Union[TransferOp, str]] = ..., transport_name: _Optional[str] = ...) -> None: ...
 
 class BindBlockRouteResponse(_message.Message):
     __slots__ = ["handle"]
@@ -383,7 +389,7 @@ class PollTransfersResponse(_message.Message):
     def __init__(self, outcomes: _Optional[_Iterable[_Union[TransferOutcome, _Mapping]]] = ...) -> None: ...
 
 class PrepareTransferRequest(_message.Message):
-    __slots__ = ["descriptors", "dst_region", "notification", "op", "peer", "src_region_id", "transport"]
+    __slots__ = ["descriptors", "dst_region", "notification", "op", "peer", "src_region_id", "transport", "transport_name"]
     DESCRIPTORS_FIELD_NUMBER: _ClassVar[int]
     DST_REGION_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -391,6 +397,7 @@ class PrepareTransferRequest(_message.Message):
     PEER_FIELD_NUMBER: _ClassVar[int]
     SRC_REGION_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     descriptors: Descriptors
     dst_region: str
     notification: bytes
@@ -398,16 +405,18 @@ class PrepareTransferRequest(_message.Message):
     peer: str
     src_region_id: str
     transport: TransportKind
-    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ..., op: _Optional[_Union[TransferOp, str]] = ...) -> None: ...
+    transport_name: str
+    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., descriptors: _Optional[_Union[Descriptors, _Mapping]] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., notification: _Optional[bytes] = ..., op: _Optional[_Union[TransferOp, str]] = ..., transport_name: _Optional[str] = ...) -> None: ...
 
 class PrepareTransferResponse(_message.Message):
-    __slots__ = ["blocks", "bytes", "handle", "phases", "segments", "transport", "work_requests"]
+    __slots__ = ["blocks", "bytes", "handle", "phases", "segments", "transport", "transport_name", "work_requests"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     WORK_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     blocks: int
     bytes: int
@@ -415,8 +424,9 @@ class PrepareTransferResponse(_message.Message):
     phases: PhaseTimings
     segments: int
     transport: TransportKind
+    transport_name: str
     work_requests: int
-    def __init__(self, handle: _Optional[int] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., phases: _Optional[_Union[PhaseTimings, _Mapping]] = ...) -> None: ...
+    def __init__(self, handle: _Optional[int] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., segments: _Optional[int] = ..., work_requests: _Optional[int] = ..., phases: _Optional[_Union[PhaseTimings, _Mapping]] = ..., transport_name: _Optional[str] = ...) -> None: ...
 
 class RailRegistration(_message.Message):
     __slots__ = ["affinity", "device", "path", "preferred", "rail", "rkey"]
@@ -455,7 +465,7 @@ class RailStatus(_message.Message):
     def __init__(self, rail: _Optional[int] = ..., device: _Optional[str] = ..., detail: _Optional[str] = ..., up: bool = ..., last_error: _Optional[str] = ..., failovers: _Optional[int] = ..., reconnects: _Optional[int] = ..., bytes_sent: _Optional[int] = ...) -> None: ...
 
 class Region(_message.Message):
-    __slots__ = ["active_batches", "age_ns", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "export_to", "id", "kind", "owner", "persist", "pid", "rails", "read_only", "readers", "registered_with", "shm_offset", "shm_path", "size"]
+    __slots__ = ["active_batches", "age_ns", "cuda_device", "cuda_ipc_handle", "cuda_ipc_offset", "export_name", "export_to", "id", "kind", "owner", "persist", "pid", "rails", "read_only", "readers", "registered_with", "registered_with_names", "shm_offset", "shm_path", "size"]
     ACTIVE_BATCHES_FIELD_NUMBER: _ClassVar[int]
     AGE_NS_FIELD_NUMBER: _ClassVar[int]
     CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
@@ -472,6 +482,7 @@ class Region(_message.Message):
     READERS_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_WITH_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_WITH_NAMES_FIELD_NUMBER: _ClassVar[int]
     SHM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -491,10 +502,11 @@ class Region(_message.Message):
     read_only: bool
     readers: _containers.RepeatedScalarFieldContainer[str]
     registered_with: _containers.RepeatedScalarFieldContainer[TransportKind]
+    registered_with_names: _containers.RepeatedScalarFieldContainer[str]
     shm_offset: int
     shm_path: str
     size: int
-    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[_Union[RailRegistration, _Mapping]]] = ..., owner: _Optional[str] = ..., pid: _Optional[int] = ..., age_ns: _Optional[int] = ..., persist: bool = ..., readers: _Optional[_Iterable[str]] = ..., read_only: bool = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., export_name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., shm_path: _Optional[str] = ..., shm_offset: _Optional[int] = ..., cuda_device: _Optional[int] = ..., cuda_ipc_handle: _Optional[bytes] = ..., cuda_ipc_offset: _Optional[int] = ..., active_batches: _Optional[int] = ..., registered_with: _Optional[_Iterable[_Union[TransportKind, str]]] = ..., export_to: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[_Union[RailRegistration, _Mapping]]] = ..., owner: _Optional[str] = ..., pid: _Optional[int] = ..., age_ns: _Optional[int] = ..., persist: bool = ..., readers: _Optional[_Iterable[str]] = ..., read_only: bool = ..., registered_with_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterLayoutRequest(_message.Message):
     __slots__ = ["export_name", "export_to", "name", "num_blocks", "persist", "read_only", "readers", "segments"]
@@ -777,7 +789,7 @@ class SubmitTransferRequest(_message.Message):
     def __init__(self, handle: _Optional[int] = ...) -> None: ...
 
 class TransferBlocksRequest(_message.Message):
-    __slots__ = ["local_ids", "local_layout", "notification", "op", "peer", "remote_ids", "remote_layout", "timeout_ms", "transport"]
+    __slots__ = ["local_ids", "local_layout", "notification", "op", "peer", "remote_ids", "remote_layout", "timeout_ms", "transport", "transport_name"]
     LOCAL_IDS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
@@ -787,6 +799,7 @@ class TransferBlocksRequest(_message.Message):
     REMOTE_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     local_ids: bytes
     local_layout: str
     notification: bytes
@@ -796,7 +809,8 @@ class TransferBlocksRequest(_message.Message):
     remote_layout: str
     timeout_ms: int
     transport: TransportKind
-    def __init__(self, local_layout: _Optional[str] = ..., peer: _Optional[str] = ..., remote_layout: _Optional[str] = ..., local_ids: _Optional[bytes] = ..., remote_ids: _Optional[bytes] = ..., notification: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., op: _Optional[_Union[TransferOp, str]] = ...) -> None: ...
+    transport_name: str
+    def __init__(self, local_layout: _Optional[str] = ..., peer: _Optional[str] = ..., remote_layout: _Optional[str] = ..., local_ids: _Optional[bytes] = ..., remote_ids: _Optional[bytes] = ..., notification: _Optional[bytes] = ..., timeout_ms: _Optional[int] = ..., transport: _Optional[_Union[TransportKind, str]] = ..., op: _Optional[_Union[TransferOp, str]] = ..., transport_name: _Optional[str] = ...) -> None: ...
 
 class TransferOutcome(_message.Message):
     __slots__ = ["code", "message", "result", "state", "transfer_id"]
@@ -823,11 +837,12 @@ class TransferTrigger(_message.Message):
     def __init__(self, counter_region_id: _Optional[str] = ..., counter_offset: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
 
 class TransportStatus(_message.Message):
-    __slots__ = ["available", "connections", "detail", "kind", "memory_regions", "queue_pairs", "rails"]
+    __slots__ = ["available", "connections", "detail", "kind", "kind_name", "memory_regions", "queue_pairs", "rails"]
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    KIND_NAME_FIELD_NUMBER: _ClassVar[int]
     MEMORY_REGIONS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_PAIRS_FIELD_NUMBER: _ClassVar[int]
     RAILS_FIELD_NUMBER: _ClassVar[int]
@@ -835,10 +850,11 @@ class TransportStatus(_message.Message):
     connections: int
     detail: str
     kind: TransportKind
+    kind_name: str
     memory_regions: int
     queue_pairs: int
     rails: _containers.RepeatedCompositeFieldContainer[RailStatus]
-    def __init__(self, kind: _Optional[_Union[TransportKind, str]] = ..., available: bool = ..., detail: _Optional[str] = ..., connections: _Optional[int] = ..., queue_pairs: _Optional[int] = ..., memory_regions: _Optional[int] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ...) -> None: ...
+    def __init__(self, kind: _Optional[_Union[TransportKind, str]] = ..., available: bool = ..., detail: _Optional[str] = ..., connections: _Optional[int] = ..., queue_pairs: _Optional[int] = ..., memory_regions: _Optional[int] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ..., kind_name: _Optional[str] = ...) -> None: ...
 
 class WaitTransferRequest(_message.Message):
     __slots__ = ["timeout_ms", "transfer_id"]
