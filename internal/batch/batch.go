@@ -34,9 +34,10 @@ type Peers interface {
 	// Get returns a data path to addr over want ("" = the best in common
 	// whose Caps meet need), the Session carrying the kind's Caps.
 	Get(ctx context.Context, addr string, want transport.Kind, need transport.Need) (transport.Session, error)
-	// Resolve resolves the peer's export name; cached says it came from
-	// the cache (and may be stale).
-	Resolve(ctx context.Context, addr string, s transport.Session, name string) (transport.Resolution, bool, error)
+	// Resolve resolves the peer's export name for access a (each access
+	// its own key, cached apart); cached says it came from the cache (and
+	// may be stale).
+	Resolve(ctx context.Context, addr string, s transport.Session, name string, a transport.Access) (transport.Resolution, bool, error)
 	// ResolveHeld resolves the peer's export name for access a for one
 	// batch: a resolution it fetches (not cached) holds the region on the
 	// peer, so that it cannot be deregistered before the batch's first
@@ -44,8 +45,12 @@ type Peers interface {
 	// byte was acknowledged (release waits for the peer to let go). A
 	// cached one holds nothing and release does nothing.
 	ResolveHeld(ctx context.Context, addr string, s transport.Session, name string, a transport.Access) (r transport.Resolution, cached bool, release func(), err error)
-	// Forget drops a cached resolution.
-	Forget(addr, name string)
+	// Forget drops a cached resolution for access a.
+	Forget(addr, name string, a transport.Access)
+	// ResolveLayout resolves the peer's exported layout for access a,
+	// cached like regions; ForgetLayout drops it.
+	ResolveLayout(ctx context.Context, addr, name string, a transport.Access) (*transport.LayoutResolution, bool, error)
+	ForgetLayout(addr, name string, a transport.Access)
 	// Broken drops s's connection and what the manager knows of the peer.
 	Broken(addr string, s transport.Session)
 	// Notify hands a landed batch's notification to the peer.
@@ -53,16 +58,6 @@ type Peers interface {
 	// Instance is the peer's instance ID from its last handshake (a new one
 	// per daemon start), 0 when unknown; it makes no call.
 	Instance(addr string) uint64
-}
-
-// ReadPeers is what pulls need of the peer manager beyond
-// Peers: resolutions for an access, each carrying only the key that access
-// is granted, and cached apart.
-type ReadPeers interface {
-	ResolveFor(ctx context.Context, addr string, s transport.Session, name string, a transport.Access) (transport.Resolution, bool, error)
-	ForgetFor(addr, name string, a transport.Access)
-	ResolveLayoutFor(ctx context.Context, addr, name string, a transport.Access) (*transport.LayoutResolution, bool, error)
-	ForgetLayoutFor(addr, name string, a transport.Access)
 }
 
 // Op is a transfer's direction.
@@ -378,11 +373,6 @@ func (s *Service) Plan(r Request) (*Plan, error) {
 		return nil, r.BadTransport
 	case r.BadOp != nil:
 		return nil, r.BadOp
-	}
-	if r.Op == OpRead {
-		if _, ok := s.paths.peers.(ReadPeers); !ok {
-			return nil, fmt.Errorf("%w: this daemon's peer manager resolves no read grants", errs.ErrUnimplemented)
-		}
 	}
 	t0 := time.Now()
 	p := &Plan{peer: r.Peer, dst: r.Dst, want: r.Transport, op: r.Op, notification: r.Notification}

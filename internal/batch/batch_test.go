@@ -149,7 +149,7 @@ func (f *fakePeers) Get(ctx context.Context, addr string, want transport.Kind, n
 	return transport.Session{Kind: transport.TCP, Conn: conn, Caps: caps, Name: "b", Reused: f.gets == 1}, nil
 }
 
-func (f *fakePeers) Resolve(ctx context.Context, addr string, s transport.Session, name string) (transport.Resolution, bool, error) {
+func (f *fakePeers) Resolve(ctx context.Context, addr string, s transport.Session, name string, _ transport.Access) (transport.Resolution, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	a := f.answers[min(f.resolves, len(f.answers)-1)]
@@ -167,7 +167,7 @@ func (f *fakePeers) Resolve(ctx context.Context, addr string, s transport.Sessio
 // ResolveHeld is Resolve whose fresh answers hold until released: holds
 // and releases are counted (rig checks every hold was released once).
 func (f *fakePeers) ResolveHeld(ctx context.Context, addr string, s transport.Session, name string, a transport.Access) (transport.Resolution, bool, func(), error) {
-	r, cached, err := f.Resolve(ctx, addr, s, name)
+	r, cached, err := f.Resolve(ctx, addr, s, name, a)
 	if err != nil || cached {
 		return r, cached, func() {}, err
 	}
@@ -185,7 +185,13 @@ func (f *fakePeers) ResolveHeld(ctx context.Context, addr string, s transport.Se
 	}, nil
 }
 
-func (f *fakePeers) Forget(addr, name string) { f.mu.Lock(); f.forgets++; f.mu.Unlock() }
+func (f *fakePeers) Forget(addr, name string, _ transport.Access) { f.mu.Lock(); f.forgets++; f.mu.Unlock() }
+
+// ResolveLayout: no layouts here (layoutPeers has them).
+func (f *fakePeers) ResolveLayout(context.Context, string, string, transport.Access) (*transport.LayoutResolution, bool, error) {
+	return nil, false, errs.ErrUnimplemented
+}
+func (f *fakePeers) ForgetLayout(string, string, transport.Access) {}
 func (f *fakePeers) Broken(addr string, s transport.Session) {
 	f.mu.Lock()
 	f.broken++

@@ -14,13 +14,6 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-// LayoutPeers is what block transfers need of the peer manager beyond
-// Peers: resolving a peer's exported layout, cached like regions.
-type LayoutPeers interface {
-	ResolveLayout(ctx context.Context, addr, name string) (*transport.LayoutResolution, bool, error)
-	ForgetLayout(addr, name string)
-}
-
 // BlocksRequest is one TransferBlocks call as the caller gave it.
 type BlocksRequest struct {
 	Local        string        // the local layout's name
@@ -58,7 +51,6 @@ type blockScratch struct {
 // so that a request allocates none of it.
 type blockXfer struct {
 	s  *Service
-	lp LayoutPeers
 	r  BlocksRequest
 	e  *Entry
 	ph Phases
@@ -76,7 +68,7 @@ func (x *blockXfer) done() {
 	}
 	clear(sc.regions)
 	sc.regions, sc.releases = sc.regions[:0], sc.releases[:0]
-	x.s, x.lp, x.r, x.e, x.ph = nil, nil, BlocksRequest{}, nil, Phases{}
+	x.s, x.r, x.e, x.ph = nil, BlocksRequest{}, nil, Phases{}
 	blockXfers.Put(x)
 }
 
@@ -98,15 +90,6 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 	if err := checkBlocks(r); err != nil {
 		return Result{}, err
 	}
-	if r.Op == OpRead {
-		if _, ok := s.paths.peers.(ReadPeers); !ok {
-			return Result{}, fmt.Errorf("%w: this daemon's peer manager resolves no read grants", errs.ErrUnimplemented)
-		}
-	}
-	lp, ok := s.paths.peers.(LayoutPeers)
-	if !ok {
-		return Result{}, fmt.Errorf("%w: this daemon's peer manager resolves no layouts", errs.ErrUnimplemented)
-	}
 	t0 := time.Now()
 	e, err := s.layouts.Get(r.Local, "local_layout", r.Caller)
 	if err != nil {
@@ -114,7 +97,7 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 	}
 	x := blockXfers.Get().(*blockXfer)
 	defer x.done()
-	x.s, x.lp, x.r, x.e = s, lp, r, e
+	x.s, x.r, x.e = s, r, e
 	sc := &x.sc
 	// Hold the sources for the transfer: a region whose client went away
 	// is unpublished even though the layout still holds its memory.
@@ -131,7 +114,7 @@ func (s *Service) transferBlocks(ctx context.Context, r BlocksRequest) (Result, 
 	var res Result
 	pol := retryPolicy{peer: r.Peer, fresh: "a retry on a fresh connection"}
 	stale := func(error) error {
-		s.paths.forgetLayout(lp, r)
+		s.paths.forgetLayout(r)
 		return nil
 	}
 	err = s.retry(ctx, pol, stale, func(ctx context.Context, _ bool) (ran, error) {
@@ -177,7 +160,7 @@ func (x *blockXfer) attempt(ctx context.Context) (res Result, _ ran, err error) 
 	if err != nil {
 		return res, ran{}, err
 	}
-	rl, cached, err := s.paths.layout(ctx, x.lp, sess, *r)
+	rl, cached, err := s.paths.layout(ctx, sess, *r)
 	if err != nil {
 		return res, ran{sess: sess}, err
 	}

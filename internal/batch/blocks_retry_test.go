@@ -28,7 +28,7 @@ type layoutPeers struct {
 	lresolves, lforgets int
 }
 
-func (f *layoutPeers) ResolveLayout(ctx context.Context, addr, name string) (*transport.LayoutResolution, bool, error) {
+func (f *layoutPeers) ResolveLayout(ctx context.Context, addr, name string, _ transport.Access) (*transport.LayoutResolution, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	a := f.layouts[min(f.lresolves, len(f.layouts)-1)]
@@ -45,7 +45,7 @@ func (f *layoutPeers) ResolveLayout(ctx context.Context, addr, name string) (*tr
 	return &transport.LayoutResolution{Layout: l, Regions: []transport.Resolution{{Name: "kv", Size: regionSize, Keys: keys}}}, a.cached, nil
 }
 
-func (f *layoutPeers) ForgetLayout(addr, name string) { f.mu.Lock(); f.lforgets++; f.mu.Unlock() }
+func (f *layoutPeers) ForgetLayout(addr, name string, _ transport.Access) { f.mu.Lock(); f.lforgets++; f.mu.Unlock() }
 
 func packIDs(ids ...uint32) []byte {
 	b := make([]byte, 0, 4*len(ids))

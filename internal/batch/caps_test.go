@@ -10,18 +10,6 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
-// pullPeers is fakePeers that also resolves read grants.
-type pullPeers struct{ *fakePeers }
-
-func (p pullPeers) ResolveFor(ctx context.Context, addr string, s transport.Session, name string, _ transport.Access) (transport.Resolution, bool, error) {
-	return p.Resolve(ctx, addr, s, name)
-}
-func (p pullPeers) ForgetFor(addr, name string, _ transport.Access) { p.Forget(addr, name) }
-func (p pullPeers) ResolveLayoutFor(context.Context, string, string, transport.Access) (*transport.LayoutResolution, bool, error) {
-	return nil, false, errs.ErrUnimplemented
-}
-func (p pullPeers) ForgetLayoutFor(string, string, transport.Access) {}
-
 // TestRefusedOutsideCaps: a Session whose kind's Caps cannot carry the
 // request (a pull over a write-only kind, host memory over a kind that
 // moves none) is refused with FailedPrecondition naming the kind and the
@@ -44,7 +32,6 @@ func TestRefusedOutsideCaps(t *testing.T) {
 			caps := c.caps
 			fp := &fakePeers{conns: []*fakeConn{{}}, answers: []answer{{size: regionSize}}, caps: &caps}
 			s, req := rig(t, fp)
-			s.paths.peers = pullPeers{fp}
 			req.Op = c.op
 			_, err := s.Transfer(context.Background(), req)
 			if c.msg == "" {

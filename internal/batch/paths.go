@@ -97,32 +97,18 @@ func isRequestError(err error) bool {
 
 // resolve resolves the peer's export name for op's access.
 func (ps paths) resolve(ctx context.Context, peer string, sess transport.Session, name string, op Op) (transport.Resolution, bool, error) {
-	if op == OpRead {
-		return ps.peers.(ReadPeers).ResolveFor(ctx, peer, sess, name, transport.AccessRead)
-	}
-	return ps.peers.Resolve(ctx, peer, sess, name)
+	return ps.peers.Resolve(ctx, peer, sess, name, op.access())
 }
 
 // forget drops the cached resolution op used.
 func (ps paths) forget(peer, name string, op Op) {
-	if op == OpRead {
-		ps.peers.(ReadPeers).ForgetFor(peer, name, transport.AccessRead)
-		return
-	}
-	ps.peers.Forget(peer, name)
+	ps.peers.Forget(peer, name, op.access())
 }
 
 // layout resolves r's remote layout for r's op, as dst resolves a region:
 // the connection stays when the resolve was refused or cut by r's own ctx.
-func (ps paths) layout(ctx context.Context, lp LayoutPeers, sess transport.Session, r BlocksRequest) (*transport.LayoutResolution, bool, error) {
-	var rl *transport.LayoutResolution
-	var cached bool
-	var err error
-	if r.Op == OpRead {
-		rl, cached, err = ps.peers.(ReadPeers).ResolveLayoutFor(ctx, r.Peer, r.Remote, transport.AccessRead)
-	} else {
-		rl, cached, err = lp.ResolveLayout(ctx, r.Peer, r.Remote)
-	}
+func (ps paths) layout(ctx context.Context, sess transport.Session, r BlocksRequest) (*transport.LayoutResolution, bool, error) {
+	rl, cached, err := ps.peers.ResolveLayout(ctx, r.Peer, r.Remote, r.Op.access())
 	if err != nil {
 		if !isRequestError(err) && ctx.Err() == nil {
 			ps.peers.Broken(r.Peer, sess)
@@ -134,10 +120,6 @@ func (ps paths) layout(ctx context.Context, lp LayoutPeers, sess transport.Sessi
 
 // forgetLayout drops the cached resolution of r's remote layout that r's
 // op used.
-func (ps paths) forgetLayout(lp LayoutPeers, r BlocksRequest) {
-	if r.Op == OpRead {
-		ps.peers.(ReadPeers).ForgetLayoutFor(r.Peer, r.Remote, transport.AccessRead)
-		return
-	}
-	lp.ForgetLayout(r.Peer, r.Remote)
+func (ps paths) forgetLayout(r BlocksRequest) {
+	ps.peers.ForgetLayout(r.Peer, r.Remote, r.Op.access())
 }

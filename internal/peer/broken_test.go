@@ -56,8 +56,8 @@ func TestForgetDoesNotWait(t *testing.T) {
 		name string
 		call func()
 	}{
-		{"Forget", func() { m.Forget(addr, "r") }},
-		{"ForgetLayoutFor", func() { m.ForgetLayoutFor(addr, "l", transport.AccessRead) }},
+		{"Forget", func() { m.Forget(addr, "r", transport.AccessWrite) }},
+		{"ForgetLayout", func() { m.ForgetLayout(addr, "l", transport.AccessRead) }},
 	} {
 		done := make(chan struct{})
 		go func() { forget.call(); close(done) }()

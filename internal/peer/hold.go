@@ -13,7 +13,7 @@ import (
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
-// ResolveHeld is ResolveFor for one batch: a resolution it fetches holds
+// ResolveHeld is Resolve for one batch: a resolution it fetches holds
 // the region on the peer (Peer.HoldRegion) until release, which the batch
 // calls once its last byte was acknowledged and which returns once the
 // peer let go; so the region cannot be deregistered between the answer and

@@ -48,13 +48,6 @@ const resolveTTL = time.Second
 // resolve round trip however far apart requests come.
 const layoutTTL = 0
 
-// Resolve returns the peer's export name resolved to its size and keys,
-// from the cache when it can; cached says which, so a caller whose batch is
-// refused for a stale key knows a fresh resolution may help.
-func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name string) (r Resolved, cached bool, err error) {
-	return m.ResolveFor(ctx, addr, s, name, transport.AccessWrite)
-}
-
 // cacheKey is name's entry in a peer's resolution caches for access a:
 // a write resolution under the name itself, a read one apart (export
 // names cannot hold a NUL: layout.CheckExportName, checked before any
@@ -74,9 +67,12 @@ func accessProto(a transport.Access) b2bv1.Access {
 	return b2bv1.Access_ACCESS_WRITE
 }
 
-// ResolveFor is Resolve for access a (AccessWrite or AccessRead): the
-// peer hands out only the key its grant for a allows, cached apart.
-func (m *Manager) ResolveFor(ctx context.Context, addr string, s Session, name string, a transport.Access) (r Resolved, cached bool, err error) {
+// Resolve returns the peer's export name resolved to its size and keys
+// for access a (AccessWrite or AccessRead: the peer hands out only the key
+// its grant for a allows, cached apart), from the cache when it can;
+// cached says which, so a caller whose batch is refused for a stale key
+// knows a fresh resolution may help.
+func (m *Manager) Resolve(ctx context.Context, addr string, s Session, name string, a transport.Access) (r Resolved, cached bool, err error) {
 	if err := layout.CheckExportName("export name", name); err != nil {
 		return r, false, err // its cache key could alias another name's
 	}
@@ -90,16 +86,11 @@ func (m *Manager) ResolveFor(ctx context.Context, addr string, s Session, name s
 		})
 }
 
-// ResolveLayout returns the peer's exported layout resolved (its segments,
-// validated, and its regions' keys), from the cache when it can, like
-// Resolve: a restarted peer (new handshake), a broken connection or
-// ForgetLayout (a refused key) drop it; it has no age limit (layoutTTL).
-func (m *Manager) ResolveLayout(ctx context.Context, addr, name string) (r *transport.LayoutResolution, cached bool, err error) {
-	return m.ResolveLayoutFor(ctx, addr, name, transport.AccessWrite)
-}
-
-// ResolveLayoutFor is ResolveLayout for access a, cached apart.
-func (m *Manager) ResolveLayoutFor(ctx context.Context, addr, name string, a transport.Access) (r *transport.LayoutResolution, cached bool, err error) {
+// ResolveLayout returns the peer's exported layout resolved for access a
+// (its segments, validated, and its regions' keys), from the cache when it
+// can, like Resolve: a restarted peer (new handshake), a broken connection
+// or ForgetLayout (a refused key) drop it; it has no age limit (layoutTTL).
+func (m *Manager) ResolveLayout(ctx context.Context, addr, name string, a transport.Access) (r *transport.LayoutResolution, cached bool, err error) {
 	if err := layout.CheckExportName("layout export name", name); err != nil {
 		return nil, false, err
 	}
@@ -154,13 +145,8 @@ func resolveCached[T any](ctx context.Context, kept *peerTable, addr, name strin
 	return r, false, nil
 }
 
-// ForgetLayout drops a cached layout resolution.
-func (m *Manager) ForgetLayout(addr, name string) {
-	m.ForgetLayoutFor(addr, name, transport.AccessWrite)
-}
-
-// ForgetLayoutFor drops a cached layout resolution for access a.
-func (m *Manager) ForgetLayoutFor(addr, name string, a transport.Access) {
+// ForgetLayout drops a cached layout resolution for access a.
+func (m *Manager) ForgetLayout(addr, name string, a transport.Access) {
 	if st := m.kept.lookup(addr); st != nil {
 		st.cacheMu.Lock()
 		delete(st.layouts, cacheKey(name, a))
@@ -168,11 +154,8 @@ func (m *Manager) ForgetLayoutFor(addr, name string, a transport.Access) {
 	}
 }
 
-// Forget drops a cached resolution.
-func (m *Manager) Forget(addr, name string) { m.ForgetFor(addr, name, transport.AccessWrite) }
-
-// ForgetFor drops a cached resolution for access a.
-func (m *Manager) ForgetFor(addr, name string, a transport.Access) {
+// Forget drops a cached resolution for access a.
+func (m *Manager) Forget(addr, name string, a transport.Access) {
 	if st := m.kept.lookup(addr); st != nil {
 		st.cacheMu.Lock()
 		delete(st.resolved, cacheKey(name, a))
