@@ -185,7 +185,11 @@ func (f *fakePeers) ResolveHeld(ctx context.Context, addr string, s transport.Se
 	}, nil
 }
 
-func (f *fakePeers) Forget(addr, name string, _ transport.Access) { f.mu.Lock(); f.forgets++; f.mu.Unlock() }
+func (f *fakePeers) Forget(addr, name string, _ transport.Access) {
+	f.mu.Lock()
+	f.forgets++
+	f.mu.Unlock()
+}
 
 // ResolveLayout: no layouts here (layoutPeers has them).
 func (f *fakePeers) ResolveLayout(context.Context, string, string, transport.Access) (*transport.LayoutResolution, bool, error) {

@@ -45,7 +45,11 @@ func (f *layoutPeers) ResolveLayout(ctx context.Context, addr, name string, _ tr
 	return &transport.LayoutResolution{Layout: l, Regions: []transport.Resolution{{Name: "kv", Size: regionSize, Keys: keys}}}, a.cached, nil
 }
 
-func (f *layoutPeers) ForgetLayout(addr, name string, _ transport.Access) { f.mu.Lock(); f.lforgets++; f.mu.Unlock() }
+func (f *layoutPeers) ForgetLayout(addr, name string, _ transport.Access) {
+	f.mu.Lock()
+	f.lforgets++
+	f.mu.Unlock()
+}
 
 func packIDs(ids ...uint32) []byte {
 	b := make([]byte, 0, 4*len(ids))
