@@ -21,33 +21,25 @@ type paths struct{ peers Peers }
 // on error nothing is held.
 func (ps paths) dst(ctx context.Context, p *Plan, hold bool) (sess transport.Session, remote transport.RemoteRegion, reg transport.Registration, cached bool, held func(), err error) {
 	held = func() {}
-	sess, remote, reg, cached, err = ps.resolveDst(ctx, p, hold, &held)
-	if held == nil {
-		held = func() {}
-	}
-	if err != nil {
+	fail := func(err error) (transport.Session, transport.RemoteRegion, transport.Registration, bool, func(), error) {
 		held()
-		held = func() {}
+		return sess, transport.RemoteRegion{}, nil, false, func() {}, err
 	}
-	return sess, remote, reg, cached, held, err
-}
-
-func (ps paths) resolveDst(ctx context.Context, p *Plan, hold bool, held *func()) (transport.Session, transport.RemoteRegion, transport.Registration, bool, error) {
-	var none transport.RemoteRegion
-	sess, err := ps.session(ctx, p.peer, p.want, transport.Need{Op: p.op.ops(), Memory: p.src.Mem.Kind})
-	if err != nil {
-		return sess, none, nil, false, err
+	if sess, err = ps.session(ctx, p.peer, p.want, transport.Need{Op: p.op.ops(), Memory: p.src.Mem.Kind}); err != nil {
+		return fail(err)
 	}
 	reg, ok := p.src.Registration(sess.Kind)
 	if !ok {
-		return sess, none, nil, false, fmt.Errorf("%w: src_region_id %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, p.src.ID, p.src.Mem.Kind, sess.Kind)
+		return fail(fmt.Errorf("%w: src_region_id %s (%s memory) is not registered with transport %s", errs.ErrFailedPrecondition, p.src.ID, p.src.Mem.Kind, sess.Kind))
 	}
 	var rr transport.Resolution
-	var cached bool
 	if hold {
-		rr, cached, *held, err = ps.peers.ResolveHeld(ctx, p.peer, sess, p.dst, p.op.access())
+		var release func()
+		if rr, cached, release, err = ps.peers.ResolveHeld(ctx, p.peer, sess, p.dst, p.op.access()); release != nil {
+			held = release
+		}
 	} else {
-		rr, cached, err = ps.resolve(ctx, p.peer, sess, p.dst, p.op)
+		rr, cached, err = ps.peers.Resolve(ctx, p.peer, sess, p.dst, p.op.access())
 	}
 	if err != nil {
 		// A resolve cut short by this batch's own cancel or deadline says
@@ -56,16 +48,16 @@ func (ps paths) resolveDst(ctx context.Context, p *Plan, hold bool, held *func()
 		if !isRequestError(err) && ctx.Err() == nil {
 			ps.peers.Broken(p.peer, sess)
 		}
-		return sess, none, nil, false, fmt.Errorf("peer %s: resolve dst_region %q for %s: %w", p.peer, p.dst, p.op, err)
+		return fail(fmt.Errorf("peer %s: resolve dst_region %q for %s: %w", p.peer, p.dst, p.op, err))
 	}
 	key, ok := rr.Keys[sess.Kind]
 	if !ok {
-		return sess, none, nil, false, fmt.Errorf("%w: dst_region %q on peer %s is not registered with transport %s", errs.ErrFailedPrecondition, p.dst, p.peer, sess.Kind)
+		return fail(fmt.Errorf("%w: dst_region %q on peer %s is not registered with transport %s", errs.ErrFailedPrecondition, p.dst, p.peer, sess.Kind))
 	}
 	// Devices: the peer's key on each of its devices, for a kind over
 	// several (verbs rails); nil with one.
-	remote := transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}
-	return sess, remote, reg, cached, nil
+	remote = transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}
+	return sess, remote, reg, cached, held, nil
 }
 
 // session gets a data path to peer for a request needing need, and
@@ -93,11 +85,6 @@ func isRequestError(err error) bool {
 		}
 	}
 	return false
-}
-
-// resolve resolves the peer's export name for op's access.
-func (ps paths) resolve(ctx context.Context, peer string, sess transport.Session, name string, op Op) (transport.Resolution, bool, error) {
-	return ps.peers.Resolve(ctx, peer, sess, name, op.access())
 }
 
 // forget drops the cached resolution op used.
