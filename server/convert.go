@@ -55,6 +55,9 @@ func kindOf(k b2bv1.TransportKind, name string) (transport.Kind, error) {
 	if err != nil || name == "" {
 		return byEnum, err
 	}
+	if n := len(name); n > maxKindName {
+		return "", fmt.Errorf("%w: transport_name is %d bytes, over the limit of %d", errs.ErrInvalidArgument, n, maxKindName)
+	}
 	if err := transport.CheckName(name); err != nil {
 		return "", fmt.Errorf("%w: transport_name: %v", errs.ErrInvalidArgument, err)
 	}

@@ -33,6 +33,7 @@ func TestKindOf(t *testing.T) {
 		{tcp, "auto", "", `transport_name "auto" and transport tcp disagree`},
 		{unset, "rdma", "", `transport_name: transport "rdma": want auto, tcp, verbs or local`},
 		{b2bv1.TransportKind(99), "", "", "transport 99 is not a known TransportKind"},
+		{unset, strings.Repeat("x", 65), "", "transport_name is 65 bytes, over the limit of 64"},
 	} {
 		got, err := kindOf(tc.enum, tc.name)
 		if tc.bad != "" {
@@ -59,6 +60,9 @@ func FuzzKindOf(f *testing.F) {
 		if err != nil {
 			if errs.Class(err) != errs.ErrInvalidArgument {
 				t.Fatalf("kindOf(%d, %q): %v, want InvalidArgument", e, name, err)
+			}
+			if len(err.Error()) > 4*maxKindName+200 { // %q may quadruple a byte, no more
+				t.Fatalf("kindOf(%d, %d-byte name): a %d-byte message echoes the input", e, len(name), len(err.Error()))
 			}
 			return
 		}
