@@ -133,7 +133,7 @@ func (g *Registry) ImportHost(path string, offset, size uint64, export Export, w
 }
 
 // add registers r with every transport and publishes it. On failure it
-// undoes the registrations and releases the memory.
+// closes what it registered and releases the memory (close).
 func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error) {
 	r.Persist, r.Created = true, time.Now()
 	if len(lease) > 0 {
@@ -141,13 +141,6 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 		r.Persist = r.client == 0
 	}
 	r.regs = make(map[transport.Kind]transport.Registration, len(g.cfg.Transports))
-	undo := func() {
-		for _, reg := range r.regs {
-			_ = reg.Close()
-		}
-		g.files.drop(r)
-		r.freeMemory(g.cfg.Log)
-	}
 	// A region is usable with every transport that can take it (GPU memory
 	// may suit TCP staging but not this host's NIC); it fails only if none can.
 	var failures []error
@@ -160,7 +153,7 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 		r.regs[t.Kind()] = reg
 	}
 	if len(r.regs) == 0 && len(g.cfg.Transports) > 0 {
-		undo()
+		g.close(r)
 		return nil, fmt.Errorf("region: no transport can use %d bytes of %s memory: %w", r.Mem.Len, r.Mem.Kind, errors.Join(failures...))
 	}
 	for _, f := range failures {
@@ -170,7 +163,7 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 	if o, taken := g.byName[export.Name]; export.Name != "" && taken {
 		err := nameTaken(export.Name, o)
 		g.mu.Unlock()
-		undo()
+		g.close(r)
 		return nil, err
 	}
 	if export.Name != "" {
