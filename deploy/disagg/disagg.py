@@ -169,14 +169,18 @@ def pct(xs: List[float], q: float) -> Optional[float]:
 CHAINS = {
     "pull": ["p.last_layer", "p.replied", "routed", "d.inbox", "d.load_begun", "d.started", "d.ended",
              "d.reported", "d.ready"],
-    "push": ["p.last_layer", "d.landed_seen", "d.reported", "d.ready"],
+    "push": ["p.last_layer", "p.pushed", "d.landed_arrived", "d.landed_seen", "d.reported", "d.ready"],
+    # pull with decode sent the request at once: prefill's "ready" note, then the read
+    "pull-together": ["p.last_layer", "p.ready_sent", "d.ready_arrived", "d.started", "d.ended", "d.reported",
+                      "d.ready"],
 }
 
 
-def phases(mode: str, rids: List[str], routed: Dict[str, int], ptr: Dict[str, dict], dtr: Dict[str, dict]) -> dict:
+def phases(chain_name: str, rids: List[str], routed: Dict[str, int], ptr: Dict[str, dict], dtr: Dict[str, dict]) -> dict:
     """Median ms of each step of CHAINS[mode] over the measured requests
     (a step missing from a request's marks is skipped for it)."""
-    chain = CHAINS[mode]
+    chain = CHAINS[chain_name]
+    mode = chain_name.split("-")[0]
     gaps: Dict[str, List[float]] = {f"{a}->{b}": [] for a, b in zip(chain, chain[1:])}
     late_ids = 0
     marks: List[dict] = []
@@ -205,7 +209,12 @@ def phases(mode: str, rids: List[str], routed: Dict[str, int], ptr: Dict[str, di
     return out
 
 
-def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) -> dict:
+def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argparse.Namespace) -> dict:
+    """One row. ``dispatch`` (pull): "after", the router sends a request to
+    decode once prefill answered, with prefill's block ids (vLLM's NIXL
+    proxy); "together", to both at once, and decode reads when prefill's
+    "ready" note comes (push always sends to both at once)."""
+    together = mode == "push" or dispatch == "together"
     work = tempfile.mkdtemp(prefix=f"disagg-{name}-")
     dargs = ["--transport", transport]
     dp, dd = Daemon("prefill", root=work, extra_args=dargs).start(), Daemon("decode", root=work, extra_args=dargs).start()
@@ -249,7 +258,7 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
             rid = f"{i}.{attempt}"
             try:
                 pparams = {"do_remote_decode": True}
-                if mode == "pull":
+                if not together:
                     p = lp.submit(rid, ("req", rid, plen, seed, pparams)).result(a.request_timeout)
                     dparams = p[2]["params"]
                     if not gate.is_set():
@@ -309,7 +318,7 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
                         time.sleep(0.002)
                     dec.kill()
                     dec.start(["--num-blocks", str(a.num_blocks * 2 * a.block_size // bs_d)])
-                elif mode == "push":  # decode waits for notes that a dead prefill never sends
+                elif together:  # decode waits for notes that a dead prefill never sends
                     deadline = time.monotonic() + 5
                     while not lp.pending and time.monotonic() < deadline:
                         time.sleep(0.002)
@@ -356,12 +365,13 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
     ctl_ns = sum(sum(s["timers_ns"].values()) for s in stats.values())
     completed = res["verified"] + res["corrupt"] + res["aborted"]
     row = {
-        "scenario": name, "mode": mode, "transport": transport, "requests": a.requests,
+        "scenario": name, "mode": mode, "transport": transport, "dispatch": "together" if together else "after",
+        "requests": a.requests,
         "verified": res["verified"], "corrupt": res["corrupt"], "failed_reported": res["failed_reported"],
         "retried": res["retried"], "aborted": res["aborted"], "hung": res["hung"], "leaked_blocks": leaked,
         "handover_p50_ms": pct(res["handover_ms"], 0.5), "handover_p99_ms": pct(res["handover_ms"], 0.99),
         "wire_p50_ms": pct(wire, 0.5),
-        "phases_p50_ms": phases(mode, clean, routed, stats["prefill"]["trace"], stats["decode"]["trace"]),
+        "phases_p50_ms": phases(mode if mode == "push" or not together else "pull-together", clean, routed, stats["prefill"]["trace"], stats["decode"]["trace"]),
         "control_us_per_request": round(ctl_ns / 1e3 / max(1, completed), 1),
         "wall_s": round(wall, 2), "tp": f"1->{tp_d}", "block_size": f"{a.block_size}->{bs_d}",
         "connector": {k: s["connector"] for k, s in stats.items()},
@@ -376,9 +386,9 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
         # No fault: every load must have moved the bytes (a recompute would
         # pass the check too, and hide a broken transfer path).
         ok = ok and row["failed_reported"] == 0 and row["retried"] == 0
-    if name == "prefill_killed" and mode == "pull":
+    if name == "prefill_killed" and not together:
         ok = ok and row["failed_reported"] > 0  # the held pulls must have failed and been reported
-    if name == "prefill_killed" and mode == "push":
+    if name == "prefill_killed" and together:
         ok = ok and row["failed_reported"] + row["retried"] > 0
     if name == "decode_restart":
         ok = ok and row["retried"] > 0  # the requests in it were lost and sent again
@@ -392,10 +402,17 @@ def run_scenario(name: str, mode: str, transport: str, a: argparse.Namespace) ->
     return row
 
 
+# (scenario, mode, transport, dispatch): pull rows send each request to
+# decode together with prefill unless "after" (vLLM's NIXL proxy order).
 SCENARIOS = [
-    ("steady", "pull", "tcp"), ("steady", "pull", "local"), ("steady", "push", "tcp"), ("steady", "push", "local"),
-    ("decode_restart", "pull", "tcp"), ("prefill_killed", "pull", "tcp"), ("prefill_killed", "push", "tcp"), ("router_aborts", "pull", "tcp"),
-    ("tp_mismatch", "pull", "tcp"), ("tp_mismatch", "push", "tcp"), ("block_mismatch", "pull", "tcp"), ("decode_restart", "push", "tcp"),
+    ("steady", "pull", "tcp", "together"), ("steady", "pull", "local", "together"),
+    ("steady", "push", "tcp", "together"), ("steady", "push", "local", "together"),
+    ("steady", "pull", "tcp", "after"), ("steady", "pull", "local", "after"),
+    ("decode_restart", "pull", "tcp", "together"), ("prefill_killed", "pull", "tcp", "together"),
+    ("prefill_killed", "pull", "tcp", "after"), ("prefill_killed", "push", "tcp", "together"),
+    ("router_aborts", "pull", "tcp", "together"), ("tp_mismatch", "pull", "tcp", "together"),
+    ("tp_mismatch", "push", "tcp", "together"), ("block_mismatch", "pull", "tcp", "together"),
+    ("block_mismatch", "pull", "tcp", "after"), ("decode_restart", "push", "tcp", "together"),
 ]
 
 
@@ -405,7 +422,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--short", action="store_true", help="make test-disagg: 48 requests, 16 in flight")
-    ap.add_argument("--scenario", action="append", help="name[:mode[:transport]] (repeatable); default all")
+    ap.add_argument("--scenario", action="append",
+                    help="name[:mode[:transport[:dispatch]]] (repeatable); default all")
     ap.add_argument("--min-prompt", type=int, default=16)
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--block-size", type=int, default=16)
@@ -432,7 +450,7 @@ def main() -> int:
         for s in a.scenario:
             parts = s.split(":")
             todo += [x for x in SCENARIOS if x[0] == parts[0] and (len(parts) < 2 or x[1] == parts[1])
-                     and (len(parts) < 3 or x[2] == parts[2])]
+                     and (len(parts) < 3 or x[2] == parts[2]) and (len(parts) < 4 or x[3] == parts[3])]
     rows = []
     for sc in todo:
         row = run_scenario(*sc, a)

@@ -19,6 +19,7 @@ import argparse
 import collections
 import math
 import os
+import queue
 import sys
 import threading
 import time
@@ -67,17 +68,25 @@ class Engine:
         self.workers = [B2BConnector(mk(r), Role.WORKER, client=c) for r, c in enumerate(self.clients)]
         for w, p in zip(self.workers, self.pools):
             w.register_kv_caches(p.caches)
+        self.wake = threading.Event()  # the router sent something, or a peer's note arrived
+        for w in self.workers:
+            w.worker.set_wakeup(self.wake.set)
         self.free = list(range(a.num_blocks))
         self.waiting: "collections.deque[Req]" = collections.deque()
         self.loading: Dict[str, Req] = {}
         self.ready: List[tuple] = []  # (request, its load failed): loaded, to run in the next step
+        # Decode's forward passes run on a "device" thread, as a GPU runs
+        # them while the engine's loop goes on (and releases the GIL in
+        # numpy); finished ones come back as (request, load failed, bad tokens).
+        self.device: "queue.Queue[Optional[tuple]]" = queue.Queue()
+        self.device_done: "collections.deque[tuple]" = collections.deque()
+        self.device_busy = 0
         self.held: Dict[str, Req] = {}
         self.lock = threading.Lock()
         self.inbox: "collections.deque[tuple]" = collections.deque()
         self.conn: Any = None
         self.send_lock = threading.Lock()
         self.stop = False
-        self.wake = threading.Event()  # the router sent something
         self.stats = collections.Counter()
         self.compute_ns = collections.Counter()  # the stand-in for the model's work (not control)
         self.steps = 0
@@ -234,14 +243,6 @@ class Engine:
                         # starts) is part of it.
                         t_last = max(t_last, time.time_ns())
                     self.call("save_kv_layer", w.save_kv_layer, name, p.caches[name], None)
-        # Decode's forward pass: the requests whose KV landed by the last
-        # step run (are checked) while this step's loads are in flight, as
-        # in vLLM, where get_finished comes after the model ran.
-        ready, self.ready = self.ready, []
-        t0 = time.perf_counter_ns()
-        for q, failed in ready:
-            self.run(q, failed)
-        self.compute_ns["decode"] += time.perf_counter_ns() - t0
         for w in self.workers:
             self.call("wait_for_save", w.wait_for_save)
             s, rv = self.call("get_finished", w.get_finished, set())
@@ -249,6 +250,15 @@ class Engine:
             recving.update(rv or ())
             errors |= self.call("get_block_ids_with_load_errors", w.get_block_ids_with_load_errors)
             self.call("clear_connector_metadata", w.clear_connector_metadata)
+        # Decode's forward pass: the requests whose KV landed by the last
+        # step run (are checked) on the device thread. get_finished came
+        # before it, as in vLLM, whose model runner calls get_finished once
+        # the forward pass is launched, before the GPU finished it.
+        ready, self.ready = self.ready, []
+        for q, failed in ready:
+            self.launch(q, failed)
+        while self.device_done:
+            self.finish(*self.device_done.popleft())
         for q in scheduled:  # prefill: one token, then finished
             self.mark(q.rid, "last_layer", t_last)
             delay, params = self.call("request_finished", self.sched.request_finished, q.r, q.ids)
@@ -278,19 +288,39 @@ class Engine:
             self.take_traces(rid)
             q.t_ready = t_ready
             self.ready.append((q, any(b in errors for b in q.ids)))
-        return bool(scheduled or recving or sending or self.inbox or self.ready)
+        return bool(scheduled or recving or sending or self.inbox or self.ready or self.device_done)
 
-    def run(self, q: Req, failed: bool) -> None:
+    def launch(self, q: Req, failed: bool) -> None:
         if q.aborted:
             self.release(q)
             self.call("request_finished", self.sched.request_finished, q.r, [])
             self.reply("aborted", q.rid, {})
             return
-        if failed:  # vLLM's recompute policy: compute the prompt here
+        self.device_busy += 1
+        self.device.put((q, failed))
+
+    def device_loop(self) -> None:
+        """The stand-in for the GPU: runs each launched request (decode's
+        check of every byte; a failed load recomputes first, vLLM's
+        policy) and hands it back to the loop."""
+        while True:
+            job = self.device.get()
+            if job is None:
+                return
+            q, failed = job
+            t0 = time.perf_counter_ns()
+            if failed:
+                for p in self.pools:
+                    p.fill(q.ids, q.seed, q.plen)
+            bad = sum(p.check(q.ids, q.seed, q.plen) for p in self.pools)
+            self.compute_ns["decode"] += time.perf_counter_ns() - t0
+            self.device_done.append((q, failed, bad))
+            self.wake.set()
+
+    def finish(self, q: Req, failed: bool, bad: int) -> None:
+        self.device_busy -= 1
+        if failed:
             self.stats["recomputed"] += 1
-            for p in self.pools:
-                p.fill(q.ids, q.seed, q.plen)
-        bad = sum(p.check(q.ids, q.seed, q.plen) for p in self.pools)
         self.stats["verified" if bad == 0 else "corrupt"] += 1
         self.release(q)
         self.call("request_finished", self.sched.request_finished, q.r, q.ids)
@@ -304,7 +334,7 @@ class Engine:
                 # or soon for the connector's notes and transfers (an
                 # engine with requests waiting for KV keeps stepping; each
                 # step polls get_finished once).
-                self.wake.wait(0.0005 if self.loading or self.held else 0.002)
+                self.wake.wait(0.0005 if self.loading or self.held or self.device_busy else 0.002)
 
 
 def main(make: Any = Engine, add_args: Any = None) -> None:
@@ -334,6 +364,7 @@ def main(make: Any = Engine, add_args: Any = None) -> None:
     listener = Listener(a.listen, family="AF_UNIX", authkey=AUTH)
     print("ready", flush=True)
     threading.Thread(target=e.serve, args=(listener,), daemon=True).start()
+    threading.Thread(target=e.device_loop, daemon=True).start()
     try:
         e.loop()
     finally:

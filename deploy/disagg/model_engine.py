@@ -166,9 +166,11 @@ class ModelEngine(eng.Engine):
         MODEL = Llama(a, a.layers, a.device)
         super().__init__(a)
 
-    def run(self, q: eng.Req, failed: bool) -> None:
+    def launch(self, q: eng.Req, failed: bool) -> None:
+        """Runs the request here, on the engine's thread (torch and CUDA;
+        the forward pass synchronizes): not on engine.py's device thread."""
         if q.aborted:
-            return super().run(q, failed)
+            return super().launch(q, failed)
         torch, p = MODEL.torch, self.pools[0]
         out: dict = {"bad_tokens": 0, "load_failed": failed, "t_ready_ns": q.t_ready, "altered": False}
         torch.cuda.synchronize()

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from daemon_harness import Daemon
 
+import b2b
 from b2b.connector import B2BConnector, B2BConnectorMetadata, Role, Settings
 from b2b.connector.testing import Pool, Request, config
 
@@ -393,6 +394,56 @@ class ConnectorE2ETest(unittest.TestCase):
         self.assertEqual(d.check([7, 1, 40], 41, 70), 0)
 
 
+    def early_req(self, p: Side, d: Side, rid: str, ids: List[int], n: int) -> Request:
+        """Decode gets the request before prefill finished it: prefill's
+        address, no block ids (the router sent it to both at once)."""
+        rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+              "remote_peer": self.dp.peer_address, "remote_request_id": rid}
+        return self.decode_req(d, rid, rq, ids, n)
+
+    def test_pull_on_ready_every_byte_want_early_and_late(self):
+        p, d = self.sides()
+        d.pools[0].scribble(range(64))
+        # early: decode's "want" reaches prefill before the compute; "ready" goes at its last layer
+        self.early_req(p, d, "e", [3, 4, 5], 40)
+        d.step()
+        pump([p], lambda: "e" in p.workers[0].worker._wants, 5)
+        self.prefill(p, "e", [20, 21, 22], 51, 40)
+        self.assertIn("ready_sent", p.workers[0].worker.trace.get("e", {}))  # in the compute's own step
+        # late: prefill computed first; "ready" answers the want
+        self.prefill(p, "l", [30, 31], 52, 20)
+        self.early_req(p, d, "l", [8, 9], 20)
+        pump([p, d], lambda: len(d.recving) == 2 and len(p.sending) == 2)
+        self.assertEqual(d.errors, set())
+        self.assertEqual(d.check([3, 4, 5], 51, 40), 0)
+        self.assertEqual(d.check([8, 9], 52, 20), 0)
+        self.assertEqual(p.workers[0].worker._computing, {})  # forgotten once pulled
+        untouched = sorted(set(range(64)) - {3, 4, 5, 8, 9})
+        self.assertTrue((d.pools[0].array[:, :, untouched] == 0xA5A5).all())
+
+    def test_pull_on_ready_mismatched_tp_and_block(self):
+        for kw, pids, dids, n in ((dict(dtp=2, layout="HND"), [5, 9, 2], [7, 1, 40], 40),
+                                  (dict(pbs=16, dbs=32), [5, 9, 2, 30, 11], [7, 1, 40], 70)):
+            with self.subTest(**kw):
+                p, d = self.sides(**kw)
+                for pool in d.pools:
+                    pool.scribble(range(64))
+                self.early_req(p, d, "a", dids, n)
+                d.step()
+                want = len(d.workers)
+                pump([p], lambda: len(p.workers[0].worker._wants.get("a", ({},))[0]) == want, 10)
+                self.prefill(p, "a", pids, 61, n)
+                pump([p, d], lambda: d.recving.get("a") == want and "a" in p.sending)
+                self.assertEqual(d.errors, set())
+                for pool in d.pools:
+                    self.assertEqual(pool.check(dids, 61, n), 0)
+
+    def test_pull_on_ready_times_out_when_prefill_is_silent(self):
+        p, d = self.sides(load_timeout_s=1)
+        self.early_req(p, d, "a", [3, 4], 20)  # prefill never computes it
+        pump([p, d], lambda: "a" in d.recving, 10)
+        self.assertEqual(d.errors, {3, 4})
+
     def test_one_read_per_step_for_all_requests(self):
         p, d = self.sides()
         d.pools[0].scribble(range(64))
@@ -437,10 +488,16 @@ class ConnectorE2ETest(unittest.TestCase):
         for i in range(40):
             src.queue(self.dp.peer_address, p.sched.settings.engine_id, 0, {"t": "x", "i": i})
         src.queue(self.dp.peer_address, "no-such-engine", 0, {"t": "x", "i": -1}, on_error=failed.append)
-        self.assertEqual(src.flush(), 1)  # 40 small notes in one write; the bad mailbox's write failed
-        self.assertEqual(len(failed), 1)
-        got: List[int] = []
+        # 40 small notes in one write, and the bad mailbox's: both start in
+        # one call; the bad one's failure reaches its on_error once seen.
+        self.assertEqual(src.flush(), 2)
         deadline = time.monotonic() + 10
+        while not failed and time.monotonic() < deadline:
+            src.reap()
+            time.sleep(0.01)
+        self.assertEqual(len(failed), 1)
+        self.assertIsInstance(failed[0], b2b.B2BError)
+        got: List[int] = []
         while len(got) < 40 and time.monotonic() < deadline:
             got += [n["i"] for _, n in dst.take() if n.get("t") == "x"]
             time.sleep(0.01)

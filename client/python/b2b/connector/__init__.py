@@ -96,8 +96,9 @@ class B2BConnector(Base):
         return None
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any = None, attn_metadata: Any = None, **kwargs: Any) -> None:
-        if self.settings.mode == "push":
-            self.worker.save_kv_layer(layer_name, self._get_connector_metadata())
+        # Push: the layer goes out. Pull: after the last layer, decode
+        # engines that asked for the request hear that it is ready.
+        self.worker.save_kv_layer(layer_name, self._get_connector_metadata())
 
     def wait_for_save(self) -> None:
         # Pushes run on; blocks stay allocated until get_finished reports

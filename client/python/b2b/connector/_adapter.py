@@ -57,12 +57,14 @@ class Handle:
             self.ended = True
 
 
-def poll(client: Any, handles: Sequence[Handle]) -> None:
-    """One PollTransfers for every handle that has not ended."""
+def poll(client: Any, handles: Sequence[Handle], extra: Sequence[Any] = ()) -> None:
+    """One poll for every handle that has not ended, and the client's own
+    handles ``extra`` (the channel's note writes) in the same call."""
     ask = [x for x in handles if not x.ended]
-    if ask:
-        for x, done in zip(ask, client.poll([x.h for x in ask])):
-            x.ended = bool(done)
+    if ask or extra:
+        done = client.poll([x.h for x in ask] + list(extra))
+        for x, d in zip(ask, done):
+            x.ended = bool(d)
 
 
 def start_many(client: Any, moves: Sequence[dict], timeout: float, transport: Optional[str]) -> List[Any]:

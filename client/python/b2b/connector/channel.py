@@ -11,6 +11,13 @@ Each worker rank owns three small host regions in its daemon:
 * scratch: the source of those 8 bytes and the landing place of metadata
   reads.
 
+A note is a block-id transfer (one 8-byte block, from a layout over the
+scratch to the peer's ``<engine>.mboxl.r<rank>`` layout over its mailbox)
+carrying the note as its notification: a step's notes start in one
+``start_many`` call (over the client's shared-memory ring where it has one)
+and are not waited for; a failed one calls its ``on_error`` at a later
+:meth:`Channel.reap` or :meth:`Channel.flush`.
+
 Notes are JSON objects with a ``t`` (type) key. Notes queued for one peer
 rank during an engine step (``queue``) go out together at ``flush``: as
 many as fit b2bd's 4,096-byte notification ride in one envelope
@@ -28,6 +35,7 @@ import json
 import queue
 import struct
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import b2b
@@ -49,6 +57,17 @@ def meta_name(engine: str, rank: int) -> str:
 
 def mbox_name(engine: str, rank: int) -> str:
     return f"{engine}.mbox.r{rank}"
+
+
+def mbox_layout_name(engine: str, rank: int) -> str:
+    """The exported one-block layout over a rank's mailbox that notes are written to."""
+    return f"{engine}.mboxl.r{rank}"
+
+
+def _call(cbs: List[Optional[Callable[[Exception], None]]], e: Exception) -> None:
+    for cb in cbs:
+        if cb is not None:
+            cb(e)
 
 
 def encode(note: dict) -> bytes:
@@ -73,11 +92,20 @@ class Channel:
         self._meta = client.register_host(META_SIZE, export_name=meta_name(engine, rank), readers=["*"])
         self._mbox = client.register_host(4096, export_name=mbox_name(engine, rank))
         self._scratch = client.register_host(SCRATCH)
+        self._src_layout = f"{engine}.notesrc.r{rank}"
+        client.register_layout(self._src_layout, [(self._scratch, 0, _NOTE_BYTES, _NOTE_BYTES)], 1)
+        client.register_layout(f"{engine}.mboxl.r{rank}", [(self._mbox, 0, _NOTE_BYTES, _NOTE_BYTES)], 1,
+                               export_name=mbox_layout_name(engine, rank))
+        # Note writes started and not yet seen to end: (handle, on_error callbacks).
+        self._inflight: List[Tuple[Any, List[Optional[Callable[[Exception], None]]]]] = []
         self._watches: List[Any] = []
         self._threads: List[threading.Thread] = []
         self._cache: Dict[Tuple[str, str, int], dict] = {}
         # Notes queued per peer rank until flush: (encoded note, on_error).
         self._out: Dict[Tuple[str, str, int], List[Tuple[bytes, Optional[Callable[[Exception], None]]]]] = {}
+        # Called (from a watch thread) after notes were queued: an engine
+        # that waits between steps wakes for them instead of a timer.
+        self.on_note: Optional[Callable[[], None]] = None
         self.watch(self._mbox)
 
     def publish(self, meta: dict) -> None:
@@ -123,11 +151,13 @@ class Channel:
         self._out.setdefault((peer, engine, rank), []).append((encode(note), on_error))
 
     def flush(self) -> int:
-        """Send every queued note, packed per peer rank into as few writes
-        as fit; returns the writes that succeeded. A failed write calls the
+        """Start every queued note, packed per peer rank into as few writes
+        as fit, all in one call; returns the writes started. A write that
+        fails (now, or later as seen by :meth:`reap`) calls the
         ``on_error`` of each of its notes; the other writes go on."""
         out, self._out = self._out, {}
-        writes = 0
+        items: List[Any] = []
+        cbs: List[List[Optional[Callable[[Exception], None]]]] = []
         for (peer, engine, rank), notes in out.items():
             i = 0
             while i < len(notes):
@@ -136,19 +166,53 @@ class Channel:
                     size += 1 + len(notes[j][0])
                     j += 1
                 body = notes[i][0] if j == i + 1 else b'{"t":"multi","n":[' + b",".join(n for n, _ in notes[i:j]) + b"]}"
-                try:
-                    self._write(peer, engine, rank, body)
-                    writes += 1
-                except _SEND_ERRORS as e:
-                    for _, cb in notes[i:j]:
-                        if cb is not None:
-                            cb(e)
+                items.append(b2b.Blocks(self._src_layout, peer, mbox_layout_name(engine, rank), [0], [0], op="write",
+                                        notification=body, transport=self.transport))
+                cbs.append([cb for _, cb in notes[i:j]])
                 i = j
+        if not items:
+            return 0
+        try:
+            started: List[Any] = list(self.client.start_many(items, self.timeout))
+        except _SEND_ERRORS as e:
+            started = [e] * len(items)
+        writes = 0
+        for h, cb in zip(started, cbs):
+            err = h if isinstance(h, BaseException) else (h.error if h.id == 0 else None)
+            if err is not None:
+                _call(cb, err)
+                continue
+            writes += 1
+            if any(c is not None for c in cb):
+                self._inflight.append((h, cb))
         return writes
 
+    def pending(self) -> List[Any]:
+        """The note writes not yet seen to end (to poll with other handles)."""
+        return [h for h, _ in self._inflight]
+
+    def reap(self, poll: bool = True) -> None:
+        """See which started note writes ended (``poll``: ask the daemon, in
+        one call; else the handles were just polled); a failed one calls
+        its notes' ``on_error``."""
+        if not self._inflight:
+            return
+        if poll:
+            try:
+                self.client.poll(self.pending())
+            except _SEND_ERRORS:
+                return  # our daemon is unreachable: the connector's timeouts take over
+        keep = []
+        for h, cb in self._inflight:
+            if h.outcome is None:
+                keep.append((h, cb))
+            elif h.error is not None:
+                _call(cb, h.error)
+        self._inflight = keep
+
     def _write(self, peer: str, engine: str, rank: int, body: bytes) -> None:
-        self.client.batch_transfer(self._scratch, peer, mbox_name(engine, rank), [0], [0], lengths=[_NOTE_BYTES],
-                                   notification=body, timeout=self.timeout, transport=self.transport)
+        self.client.transfer_blocks(self._src_layout, peer, mbox_layout_name(engine, rank), [0], [0],
+                                    timeout=self.timeout, transport=self.transport, op="write", notification=body)
 
     def watch(self, region: Any) -> None:
         """Queue every note delivered to ``region`` (an exported region)."""
@@ -166,12 +230,18 @@ class Channel:
                     note = json.loads(n.notification)
                 except ValueError:
                     continue  # not ours
+                at = time.time_ns()  # when it reached this side (the worker's handover marks)
                 if isinstance(note, dict) and note.get("t") == "multi":
                     for x in note.get("n", ()):
                         if isinstance(x, dict) and "t" in x:
+                            x["_at"] = at
                             self.notes.put((n.sender, x))
                 elif isinstance(note, dict) and "t" in note:
+                    note["_at"] = at
                     self.notes.put((n.sender, note))
+                cb = self.on_note
+                if cb is not None:
+                    cb()
         except b2b.B2BError:
             pass  # the daemon went away: the connector's timeouts take over
 
@@ -188,6 +258,11 @@ class Channel:
             w.cancel()
         for t in self._threads:
             t.join(timeout=2)
+        for name in (self._src_layout, mbox_layout_name(self.engine, self.rank)):
+            try:
+                self.client.deregister_layout(name)
+            except b2b.B2BError:
+                pass
         for r in (self._meta, self._mbox, self._scratch):
             try:
                 r.close()

@@ -19,12 +19,18 @@ class RecvReq:
     remote_engine: str
     remote_peer: str
     remote_request_id: str
-    remote_block_ids: Optional[List[int]] = None  # None in push mode
+    remote_block_ids: Optional[List[int]] = None  # None in push mode, and in pull until prefill's "ready"
+    # Pull, with the request sent to decode before prefill finished it (no
+    # remote_block_ids yet): ask prefill for a "ready" note with its ids
+    # and read as soon as it comes, instead of waiting for the router.
+    wait_ready: bool = False
 
 
 @dataclass
 class SaveReq:
-    """Prefill in push mode: a request whose layers go to decode as computed."""
+    """Prefill: a request being computed. Push: its layers go to decode as
+    computed. Pull: decode engines that asked ("want") get a "ready" note
+    with its block ids once its last layer is computed."""
 
     req_id: str
     block_ids: List[int]

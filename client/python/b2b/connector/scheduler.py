@@ -61,7 +61,7 @@ class SchedulerHalf:
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         p = getattr(request, "kv_transfer_params", None) or {}
         rid = str(request.request_id)
-        if p.get("do_remote_decode") and self.s.mode == "push":
+        if p.get("do_remote_decode"):
             self._save[rid] = SaveReq(rid, _block_ids(blocks))
             return
         if not p.get("do_remote_prefill"):
@@ -74,7 +74,8 @@ class SchedulerHalf:
             return
         rb = p.get("remote_block_ids")
         self._recv[rid] = RecvReq(rid, _block_ids(blocks), remote[0], remote[1], remote[2],
-                                  None if rb is None else flat_ids(rb))
+                                  None if rb is None else flat_ids(rb),
+                                  wait_ready=rb is None and self.s.mode == "pull")
 
     def build_connector_meta(self, scheduler_output: Any = None) -> B2BConnectorMetadata:
         m = B2BConnectorMetadata()

@@ -46,6 +46,13 @@ class _Load:
     error: Optional[str] = None
     done: bool = False  # push: prefill said every layer landed
     landed: int = 0  # push: layers whose write's note arrived
+    # pull on "ready": prefill's block ids, from its note (the RecvReq is
+    # shared by every rank: not written to)
+    ready_ids: Optional[List[int]] = None
+
+    def remote_ids(self) -> Optional[List[int]]:
+        """Prefill's block ids to read; None while there are none (push, or a pull waiting for "ready")."""
+        return self.req.remote_block_ids if self.req.remote_block_ids is not None else self.ready_ids
 
 
 @dataclass
@@ -98,6 +105,7 @@ class WorkerHalf:
         self._own_client = client is None
         self.peer_address = self.client.status().peer_address
         self.chan: Optional[Channel] = None
+        self._wakeup: Optional[Any] = None
         self.layout: Any = None
         self._layers: Dict[str, int] = {}
         self._segs: List[Tuple[Any, int, int, int]] = []
@@ -117,6 +125,12 @@ class WorkerHalf:
         self._early_ids: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids before the request's compute
         self._ids_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # push ids arriving in parts
         self._pushes: List[Tuple[List[dict], List[Tuple[_Save, dict]], int, List[int]]] = []  # writes to start
+        # pull, decode sent before prefill finished: requests being computed
+        # (block ids, layers done) and the decode ranks that want a "ready"
+        # note for each (a want may come before the request's compute).
+        self._computing: Dict[str, Tuple[List[int], Set[int], float]] = {}
+        self._wants: Dict[str, Tuple[Dict[int, dict], float]] = {}
+        self._ready_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # decode: "ready" notes arriving in parts
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
                       "timeouts": 0, "pull_starts": 0, "push_starts": 0}
         self.stats["wire_ns"] = collections.deque(maxlen=4096)  # the latest transfers' wire time
@@ -124,14 +138,24 @@ class WorkerHalf:
         # engine's own accounting (take_trace); bounded like wire_ns.
         self.trace: "collections.OrderedDict[str, Dict[str, int]]" = collections.OrderedDict()
 
-    def _mark(self, rid: str, what: str, last: bool = False) -> None:
+    def set_wakeup(self, fn: Optional[Any]) -> None:
+        """Call ``fn()`` (from a watch thread) whenever a note from a peer
+        arrives: a landed push, a prefill's failure report, a pulled ack.
+        An engine that sleeps between steps while loads are outstanding
+        wakes on it instead of a timer (vLLM's engine steps without
+        sleeping; this is for engines that do not)."""
+        self._wakeup = fn
+        if self.chan is not None:
+            self.chan.on_note = fn
+
+    def _mark(self, rid: str, what: str, last: bool = False, at: int = 0) -> None:
         t = self.trace.get(rid)
         if t is None:
             t = self.trace[rid] = {}
             if len(self.trace) > 4096:
                 self.trace.popitem(last=False)
         if last or what not in t:
-            t[what] = time.time_ns()
+            t[what] = at or time.time_ns()
 
     def take_trace(self, rid: str) -> Dict[str, int]:
         """The handover times recorded for ``rid`` (and forget them)."""
@@ -176,6 +200,7 @@ class WorkerHalf:
                     for i, ls in enumerate(self._layer_segs):
                         self._register(self._local(f".L{i}.h{k}.{j}"), _sliced(ls, k, j))
         self.chan = Channel(self.client, s.engine_id, s.tp_rank, s.transport, timeout=max(5.0, s.load_timeout))
+        self.chan.on_note = self._wakeup
         # Pulls' notes land on the pool's first region; in push mode each
         # layer's write carries a note too, delivered on that layer's
         # first region: watch each distinct one once.
@@ -205,7 +230,7 @@ class WorkerHalf:
 
     # -- decode: loads -------------------------------------------------------
 
-    def _plan_pull(self, r: RecvReq) -> Tuple[int, List[Tuple[str, str, List[int], List[int]]], int]:
+    def _plan_pull(self, r: RecvReq, remote_ids: List[int]) -> Tuple[int, List[Tuple[str, str, List[int], List[int]]], int]:
         """(prefill rank, [(local layout, remote layout, local ids, remote ids)], notes that rank expects)."""
         s = self.s
         m0 = self.chan.fetch_meta(r.remote_peer, r.remote_engine, 0)
@@ -218,7 +243,7 @@ class WorkerHalf:
             raise ValueError("b2b.connector: mismatched TP and block size together are not supported")
         prank = s.tp_rank // k
         pm = m0 if prank == 0 else self.chan.fetch_meta(r.remote_peer, r.remote_engine, prank)
-        rb, lb = list(r.remote_block_ids or []), list(r.local_block_ids)
+        rb, lb = list(remote_ids), list(r.local_block_ids)
         if k > 1:
             key = f"h{k}.{s.tp_rank % k}"
             if key not in pm["splits"]:
@@ -251,6 +276,13 @@ class WorkerHalf:
             self.stats["loads"] += 1
             self._mark(rid, "load_begun")
             try:
+                if r.wait_ready:  # pull: ask prefill to say when the request is ready, and where
+                    prank = self._pull_source(r)
+                    self.chan.queue(r.remote_peer, r.remote_engine, prank, {
+                        "t": "want", "req": r.remote_request_id, "peer": self.peer_address, "engine": s.engine_id,
+                        "rank": s.tp_rank}, on_error=lambda e, ld=ld: self._unsent(ld, e))
+                    self.stats["notes_sent"] += 1
+                    continue
                 if r.remote_block_ids is None:  # push: tell prefill where to write
                     prank, k = self._push_source(r)
                     ids = r.local_block_ids
@@ -264,7 +296,7 @@ class WorkerHalf:
                         self.stats["notes_sent"] += 1
                     pushed.append(rid)
                     continue
-                prank, plans, expect = self._plan_pull(r)
+                prank, plans, expect = self._plan_pull(r, r.remote_block_ids)
                 for local, remote, lids, rids in plans:
                     pulls.setdefault((local, r.remote_peer, remote), []).append((rid, ld, lids, rids, expect))
             except _IO_ERRORS as e:
@@ -330,6 +362,33 @@ class WorkerHalf:
                 ld.handles.append(h)
                 self._mark(rid, "started", last=True)
 
+    def _pull_source(self, r: RecvReq) -> int:
+        """Pull: the prefill rank whose blocks this rank reads."""
+        if self.s.tp_size == 1:
+            return 0
+        ptp = int(self.chan.fetch_meta(r.remote_peer, r.remote_engine, 0)["tp_size"])
+        if self.s.tp_size % ptp:
+            raise ValueError(f"b2b.connector: decode TP {self.s.tp_size} over prefill TP {ptp}: want a whole multiple")
+        return self.s.tp_rank // (self.s.tp_size // ptp)
+
+    def _ready(self, rid: str, ids: List[int], at: int,
+               pulls: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]]) -> None:
+        """Pull: prefill said request ``rid`` (its id) is ready in blocks
+        ``ids``: plan its read into ``pulls``, started with the others."""
+        lrid = self._by_remote.get(rid, "")
+        ld = self._loads.get(lrid)
+        if ld is None or not ld.req.wait_ready or ld.ready_ids is not None or ld.error is not None:
+            return
+        self._mark(lrid, "ready_arrived", at=at)
+        ld.ready_ids = ids
+        try:
+            _, plans, expect = self._plan_pull(ld.req, ids)
+        except _IO_ERRORS as e:
+            ld.error = f"{type(e).__name__}: {e}"
+            return
+        for local, remote, lids, rids in plans:
+            pulls.setdefault((local, ld.req.remote_peer, remote), []).append((lrid, ld, lids, rids, expect))
+
     def _push_source(self, r: RecvReq) -> Tuple[int, int]:
         """Push: (the prefill rank that writes our blocks, decode ranks per prefill rank)."""
         if self.s.tp_size == 1:
@@ -367,7 +426,7 @@ class WorkerHalf:
         for rid, ld in list(self._loads.items()):
             r = ld.req
             if ld.error is None:
-                if r.remote_block_ids is None:  # push
+                if ld.remote_ids() is None:  # push, or a pull not yet ready
                     if not ld.done:
                         if now < ld.deadline:
                             continue
@@ -393,7 +452,7 @@ class WorkerHalf:
             if ld.error is not None:
                 self._load_errors.update(r.local_block_ids)
                 self.stats["load_failures"] += 1
-                if r.remote_block_ids is not None:
+                if ld.remote_ids() is not None or r.wait_ready:
                     self._note_prefill(r.remote_peer, r.remote_engine, {"t": "release", "req": r.remote_request_id})
             del self._loads[rid]
             self._by_remote.pop(r.remote_request_id, None)
@@ -407,6 +466,9 @@ class WorkerHalf:
         if li is None:
             return
         now = time.monotonic()
+        if self.s.mode == "pull":
+            self._announce(li, meta, now)
+            return
         groups: Dict[Tuple[str, str, int, int, int], List[Tuple[_Save, dict]]] = {}
         for rid, r in meta.reqs_to_save.items():
             sv = self._saves.get(rid)
@@ -424,6 +486,41 @@ class WorkerHalf:
         for items in groups.values():
             self._push(items, [li])
         self._start_pushes()
+
+    def _announce(self, li: int, meta: Any, now: float) -> None:
+        """Pull: count layer ``li`` of the step's requests; once a
+        request's last layer is computed, send "ready" (its block ids) to
+        every decode rank that wants it, at once: decode reads without
+        waiting for this step to end and the router to pass it on."""
+        sent = False
+        for rid, r in meta.reqs_to_save.items():
+            c = self._computing.get(rid)
+            if c is None:
+                c = self._computing[rid] = (list(r.block_ids), set(), now)
+            c[1].add(li)
+            if len(c[1]) == len(self._layer_segs):
+                self._mark(rid, "computed")
+                sent |= self._send_ready(rid)
+        if sent:
+            self.chan.flush()
+
+    def _send_ready(self, rid: str) -> bool:
+        """Queue "ready" for ``rid`` to each decode rank that wants it, if
+        its layers are all computed; True if any was queued."""
+        c, w = self._computing.get(rid), self._wants.get(rid)
+        if c is None or w is None or len(c[1]) < len(self._layer_segs):
+            return False
+        ids = c[0]
+        parts = max(1, -(-len(ids) // IDS_PER_NOTE))
+        for d in w[0].values():
+            for part in range(parts):
+                self.chan.queue(d["peer"], d["engine"], int(d["rank"]), {
+                    "t": "ready", "req": rid, "part": part, "parts": parts,
+                    "ids": ids[part * IDS_PER_NOTE:(part + 1) * IDS_PER_NOTE]})
+                self.stats["notes_sent"] += 1
+        del self._wants[rid]
+        self._mark(rid, "ready_sent", last=True)
+        return True
 
     def _add_dst(self, sv: _Save, d: dict) -> None:
         rank = int(d["rank"])
@@ -547,9 +644,19 @@ class WorkerHalf:
 
     def _take_notes(self) -> None:
         now = time.monotonic()
+        pulls: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]] = {}
         for _, n in self.chan.take():
             t, rid = n.get("t"), str(n.get("req", ""))
-            if t == "pulled":  # one read's requests (or, from an older decode, one request)
+            if t == "want":  # pull: a decode rank asks for "ready"
+                self._wants.setdefault(rid, ({}, now))[0][int(n.get("rank", 0))] = n
+                self._send_ready(rid)
+            elif t == "ready":  # pull: prefill computed the request; its ids, maybe in parts
+                got = self._ready_parts.setdefault(rid, ({}, now))[0]
+                got[int(n.get("part", 0))] = n
+                if len(got) >= int(n.get("parts", 1)):
+                    del self._ready_parts[rid]
+                    self._ready(rid, [int(i) for k in sorted(got) for i in got[k]["ids"]], int(n.get("_at", 0)), pulls)
+            elif t == "pulled":  # one read's requests (or, from an older decode, one request)
                 reqs = n.get("reqs")
                 for rid, want in (reqs.items() if isinstance(reqs, dict) else ((rid, n.get("n", 1)),)):
                     self._mark(rid, "pulled_seen")
@@ -581,6 +688,7 @@ class WorkerHalf:
                     if ld is not None:
                         ld.landed += int(nl)
                         if ld.landed >= len(self._layer_segs) and not ld.done:
+                            self._mark(self._by_remote[rid], "landed_arrived", at=int(n.get("_at", 0)))
                             self._mark(self._by_remote[rid], "landed_seen")
                             ld.done = True
             elif t in ("done", "failed"):
@@ -591,13 +699,16 @@ class WorkerHalf:
                         ld.done = True
                     else:
                         ld.error = f"prefill reported: {n.get('why', 'failed')}"
+        self._start_pulls(pulls)
         # Forget notes about requests this side never learns of.
-        for d in (self._released, self._early_ids, self._ids_parts):
+        for d in (self._released, self._early_ids, self._ids_parts, self._wants, self._ready_parts):
             for rid in [r for r, v in d.items() if now - (v if isinstance(v, float) else v[1]) > self.s.release_timeout
                         and r not in self._held and r not in self._saves]:
                 del d[rid]
         for rid in [r for r, v in self._pulled.items() if now - v[2] > self.s.release_timeout and r not in self._held]:
             del self._pulled[rid]
+        for rid in [r for r, v in self._computing.items() if now - v[2] > self.s.release_timeout and r not in self._held]:
+            del self._computing[rid]  # never finished here (aborted): its wants time out at decode
 
     def _finish_held(self, meta: Any, sending: Set[str]) -> None:
         if meta is not None:
@@ -610,6 +721,7 @@ class WorkerHalf:
                     self.stats["timeouts"] += 1
                 del self._held[rid]
                 self._pulled.pop(rid, None)
+                self._computing.pop(rid, None)
                 self._released.pop(rid, None)
                 sending.add(rid)
 
@@ -618,11 +730,13 @@ class WorkerHalf:
         their number (they are shared by requests)."""
         pending = {id(h): h for sv in self._saves.values() for h in sv.handles}
         pending.update((id(h), h) for ld in self._loads.values() for h in ld.handles)
-        if pending:
+        notes = self.chan.pending()
+        if pending or notes:
             try:
-                poll(self.client, list(pending.values()))
+                poll(self.client, list(pending.values()), notes)
             except _IO_ERRORS:
-                pass  # our daemon is unreachable: the deadlines end them
+                return  # our daemon is unreachable: the deadlines end them
+            self.chan.reap(poll=False)
 
     def get_finished(self, meta: Any) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         sending: Set[str] = set()
