@@ -154,3 +154,60 @@ func checkArena(t *testing.T, n int, got, want []byte) {
 		}
 	}
 }
+
+// TestRingArenaWraps: with a 4 KiB arena, 300 transfers of 100 ids and a
+// note (about five records' worth of arena) are started before any is
+// waited for: the client waits for the daemon to take records and reuses
+// their space; every destination block is checked.
+func TestRingArenaWraps(t *testing.T) {
+	a, sock := ringNode(t, "a")
+	b := startNode(t, "b", autoTransport)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rg, err := client.DialRingWith(sock, client.RingOptions{ArenaBytes: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rg.Close()
+	r := rand.New(rand.NewPCG(43, 1))
+	src := arenaLayout(ctx, t, a.c, "wsrc", "", func(int) byte { return byte(r.Uint32()) })
+	dst := arenaLayout(ctx, t, b.c, "wdst", "wdst", func(int) byte { return kvUntouch })
+	want := bytes.Clone(dst.reg.Bytes)
+	rt, err := a.c.BindRoute(ctx, client.Blocks{LocalLayout: "wsrc", Peer: b.d.PeerAddr(), RemoteLayout: "wdst"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n, k = 300, 100
+	perm := r.Perm(arenaMaxIDs)[:n*k]
+	var tags []uint64
+	for i := range n {
+		srcIDs, dstIDs := make([]uint32, k), make([]uint32, k)
+		for j := range k {
+			srcIDs[j], dstIDs[j] = uint32(r.IntN(arenaMaxIDs)), uint32(perm[i*k+j])
+			copy(want[dstIDs[j]*arenaBlock:(dstIDs[j]+1)*arenaBlock], src.reg.Bytes[srcIDs[j]*arenaBlock:(srcIDs[j]+1)*arenaBlock])
+		}
+		tag, err := rg.StartBlocks(rt, srcIDs, dstIDs, client.WithNotification([]byte(fmt.Sprint(i))))
+		if err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		tags = append(tags, tag)
+	}
+	for i, tag := range tags {
+		if res, err := rg.Wait(tag); err != nil || res.Bytes != k*arenaBlock {
+			t.Fatalf("transfer %d: %+v, %v", i, res, err)
+		}
+	}
+	checkArena(t, n*k, dst.reg.Bytes, want)
+	// A request larger than the arena is refused by the ring's call and
+	// goes over gRPC through Route.Transfer.
+	big := make([]uint32, 600)
+	for i := range big {
+		big[i] = uint32(i)
+	}
+	if _, err := rg.StartBlocks(rt, big, big); err == nil {
+		t.Fatal("600 id pairs started on a 4 KiB arena")
+	}
+	if _, err := rt.Transfer(ctx, rg, big, big); err != nil {
+		t.Fatalf("600 ids through Route.Transfer: %v", err)
+	}
+}

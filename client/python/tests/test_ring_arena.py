@@ -172,8 +172,13 @@ class RingArenaTest(daemon_harness.DaemonPair):
         ring = self.c.ring
         size = ring.arena.size
         items = [self.blocks(i % N) for i in range(4 * size // (8 * IDS))]
+        posted = ring._tag
         hs = self.c.start_many(items)
+        self.assertEqual(ring._tag - posted, len(items))
+        self.assertGreater(ring.arena.tail, 0)
         self.c.wait_all(hs, timeout=120)
+        for i in range(N):
+            self.assertTrue(self.landed(*self.moves[i]), i)
         self.assertTrue(all(h.state == "done" for h in hs), [h.error for h in hs if h.failed][:1])
         self.assertLessEqual(ring.arena.tail - ring.arena.head, size)
 
