@@ -83,7 +83,7 @@ func DialRingWith(path string, o RingOptions) (*Ring, error) {
 func openRing(uc *net.UnixConn, sizes uint64) (*Ring, error) {
 	var hello [16]byte
 	le := binary.LittleEndian
-	le.PutUint64(hello[0:], ring.Hello)
+	le.PutUint64(hello[0:], ring.HelloArena)
 	le.PutUint64(hello[8:], sizes)
 	if _, err := uc.Write(hello[:]); err != nil {
 		return nil, fmt.Errorf("b2b client: ring hello: %w", err)

@@ -21,7 +21,8 @@ import (
 )
 
 // The shared-memory ring (internal/ring) is asked for on the raw submit
-// socket with a first frame tagged ring.Hello. The ring belongs to the
+// socket with a first frame tagged ring.Hello (no id arena) or
+// ring.HelloArena. The ring belongs to the
 // socket's caller (SO_PEERCRED): it submits only that caller's plans, and it
 // is torn down when the socket closes.
 const (
@@ -54,8 +55,8 @@ type ringConn struct {
 
 // serveRing sets up a ring for who on c and serves it until c closes or the
 // client breaks the protocol.
-func (s *Server) serveRing(ctx context.Context, c net.Conn, who region.Caller, sizes uint64) {
-	sq, cq, arena, err := ring.ParseHello(sizes)
+func (s *Server) serveRing(ctx context.Context, c net.Conn, who region.Caller, tag, sizes uint64) {
+	sq, cq, arena, err := ring.ParseHello(tag, sizes)
 	if err != nil {
 		ringAnswer(c, err)
 		return

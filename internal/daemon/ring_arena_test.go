@@ -59,7 +59,7 @@ func completions(t *testing.T, reg *ring.Region, n uint32) []ring.Completion {
 // size; the ring serves on.
 func TestRingArenaHostile(t *testing.T) {
 	p := newRingPair(t)
-	_, reg := hostileRing(t, p.sock)
+	_, reg := hostileRingWith(t, p.sock, ring.HelloArena, 0)
 	size := uint64(len(reg.Arena))
 	if size != ring.DefaultArena {
 		t.Fatalf("arena of %d bytes, want the default %d", size, ring.DefaultArena)
@@ -95,6 +95,22 @@ func TestRingArenaHostile(t *testing.T) {
 	p.healthy(t, 9)
 }
 
+// TestRingWithoutArena: an older client's Hello gets the ring laid out as
+// before (no arena); its arena records are refused, and it serves on.
+func TestRingWithoutArena(t *testing.T) {
+	p := newRingPair(t)
+	_, reg := hostileRing(t, p.sock)
+	if len(reg.Arena) != 0 {
+		t.Fatalf("a Hello without an arena got %d arena bytes", len(reg.Arena))
+	}
+	ring.Request{Tag: 1, Op: ring.OpBlocks, Handle: 5, N: 1, Arena: true}.Encode(reg.SQ.Slot(0))
+	reg.SQ.Publish(1)
+	if c := completions(t, reg, 1)[0]; codes.Code(c.Code) != codes.InvalidArgument || !strings.Contains(c.Msg, "past the arena of 0 bytes") {
+		t.Fatalf("completion %+v", c)
+	}
+	p.healthy(t, 5)
+}
+
 // TestRingArenaRewrite: once the daemon took a record (its head passed
 // it), rewriting the arena cannot change what it moves.
 func TestRingArenaRewrite(t *testing.T) {
@@ -108,7 +124,7 @@ func TestRingArenaRewrite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, reg := hostileRing(t, p.sock)
+	_, reg := hostileRingWith(t, p.sock, ring.HelloArena, 0)
 	le := binary.LittleEndian
 	const n = 8
 	put := func(first uint32) { // local ids first.., remote ids 0..n-1

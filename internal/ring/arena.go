@@ -51,28 +51,45 @@ func CheckArena(n uint64) error {
 	return nil
 }
 
-// HelloSizes packs the sizes a Hello frame asks for into its handle
+// HelloArena is the tag of a Hello that asks for a ring with an id arena;
+// a Hello tagged Hello (an older client) gets a ring without one, laid
+// out as before. Either is answered with frames tagged Hello.
+const HelloArena uint64 = 0x02676e6972623262 // "b2bring\x02"
+
+// HelloSizes packs the sizes a HelloArena frame asks for into its handle
 // field: submission entries in bits 0-15, the arena in ArenaUnits in bits
 // 16-31, completion entries in bits 32-47 (0: the default of each).
 func HelloSizes(sq, cq uint32, arena uint64) uint64 {
 	return uint64(sq&0xffff) | (arena/ArenaUnit&0xffff)<<16 | uint64(cq&0xffff)<<32
 }
 
-// ParseHello reads a Hello's handle field (see HelloSizes) and checks the
-// sizes it asks for. Bits 48-63 must be 0.
-func ParseHello(h uint64) (sq, cq uint32, arena uint64, err error) {
-	sq, cq, arena = uint32(h&0xffff), uint32(h>>32&0xffff), (h>>16&0xffff)*ArenaUnit
-	if sq == 0 {
-		sq = DefaultEntries
-	}
-	if cq == 0 {
-		cq = DefaultEntries
-	}
-	if arena == 0 {
-		arena = DefaultArena
-	}
-	if top := h >> 48; top != 0 {
-		return 0, 0, 0, fmt.Errorf("%w: ring hello bits 48-63 are %#x, want 0", errs.ErrInvalidArgument, top)
+// ParseHello reads the handle field of a Hello frame tagged tag and checks
+// the sizes it asks for. Tagged Hello: submission entries in the low 32
+// bits, completion entries in the high 32 (0: both default), no arena.
+// Tagged HelloArena: see HelloSizes; bits 48-63 must be 0.
+func ParseHello(tag, h uint64) (sq, cq uint32, arena uint64, err error) {
+	if tag == Hello {
+		sq, cq = uint32(h), uint32(h>>32)
+		if h == 0 {
+			sq, cq = DefaultEntries, DefaultEntries
+		}
+	} else {
+		sq, cq, arena = uint32(h&0xffff), uint32(h>>32&0xffff), (h>>16&0xffff)*ArenaUnit
+		if sq == 0 {
+			sq = DefaultEntries
+		}
+		if cq == 0 {
+			cq = DefaultEntries
+		}
+		if arena == 0 {
+			arena = DefaultArena
+		}
+		if top := h >> 48; top != 0 {
+			return 0, 0, 0, fmt.Errorf("%w: ring hello bits 48-63 are %#x, want 0", errs.ErrInvalidArgument, top)
+		}
+		if err := CheckArena(arena); err != nil {
+			return 0, 0, 0, err
+		}
 	}
 	if err := CheckEntries("submission entries", sq); err != nil {
 		return 0, 0, 0, err
@@ -80,7 +97,7 @@ func ParseHello(h uint64) (sq, cq uint32, arena uint64, err error) {
 	if err := CheckEntries("completion entries", cq); err != nil {
 		return 0, 0, 0, err
 	}
-	return sq, cq, arena, CheckArena(arena)
+	return sq, cq, arena, nil
 }
 
 // decodeArena reads an arena blocks body (its length checked).

@@ -104,35 +104,49 @@ func TestFromArena(t *testing.T) {
 
 func TestHelloSizes(t *testing.T) {
 	for _, tc := range []struct {
-		h      uint64
+		tag, h uint64
 		sq, cq uint32
 		arena  uint64
 		msg    string
 	}{
-		{0, DefaultEntries, DefaultEntries, DefaultArena, ""},
-		{8 | 8<<32, 8, 8, DefaultArena, ""}, // the old form: sq low, cq high
-		{HelloSizes(16, 4096, MaxArena), 16, 4096, MaxArena, ""},
-		{HelloSizes(16, 32, 8192), 16, 32, 8192, ""},
-		{HelloSizes(16, 32, MaxArena+ArenaUnit), 0, 0, 0, "ring arena bytes 201330688: want a multiple of 4096 from 4096 to 201326592"},
-		{0xffff << 16, 0, 0, 0, "ring arena bytes 268431360"},
-		{HelloSizes(3, 4, 0), 0, 0, 0, "submission entries 3"},
-		{HelloSizes(4, 8192, 0), 0, 0, 0, "completion entries 8192"},
-		{1 << 50, 0, 0, 0, "bits 48-63"},
+		{HelloArena, 0, DefaultEntries, DefaultEntries, DefaultArena, ""},
+		{HelloArena, HelloSizes(16, 4096, MaxArena), 16, 4096, MaxArena, ""},
+		{HelloArena, HelloSizes(16, 32, 8192), 16, 32, 8192, ""},
+		{HelloArena, HelloSizes(16, 32, MaxArena+ArenaUnit), 0, 0, 0, "ring arena bytes 201330688: want a multiple of 4096 from 4096 to 201326592"},
+		{HelloArena, 0xffff << 16, 0, 0, 0, "ring arena bytes 268431360"},
+		{HelloArena, HelloSizes(3, 4, 0), 0, 0, 0, "submission entries 3"},
+		{HelloArena, HelloSizes(4, 8192, 0), 0, 0, 0, "completion entries 8192"},
+		{HelloArena, 1 << 50, 0, 0, 0, "bits 48-63"},
+		// An older client's Hello: sq low, cq high, no arena.
+		{Hello, 0, DefaultEntries, DefaultEntries, 0, ""},
+		{Hello, 8 | 8<<32, 8, 8, 0, ""},
+		{Hello, 1<<16 | 8<<32, 0, 0, 0, "submission entries 65536"},
 	} {
-		sq, cq, a, err := ParseHello(tc.h)
+		sq, cq, a, err := ParseHello(tc.tag, tc.h)
 		if tc.msg == "" {
 			if err != nil || sq != tc.sq || cq != tc.cq || a != tc.arena {
-				t.Errorf("%#x: %d %d %d, %v", tc.h, sq, cq, a, err)
+				t.Errorf("%#x %#x: %d %d %d, %v", tc.tag, tc.h, sq, cq, a, err)
 			}
 		} else if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.msg) {
-			t.Errorf("%#x: %v, want %q", tc.h, err, tc.msg)
+			t.Errorf("%#x %#x: %v, want %q", tc.tag, tc.h, err, tc.msg)
 		}
 	}
-	for _, n := range []uint64{0, 100, ArenaUnit + 1, MaxArena + ArenaUnit} {
+	for _, n := range []uint64{100, ArenaUnit + 1, MaxArena + ArenaUnit} {
 		if _, _, err := Create(4, 4, n); !errors.Is(err, errs.ErrInvalidArgument) {
 			t.Errorf("Create arena %d: %v", n, err)
 		}
 	}
+	// A ring without an arena maps as before.
+	fd, r, err := Create(4, 4, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	c, err := Map(fd)
+	if err != nil || len(c.Arena) != 0 || len(r.mem) != Size(4, 4, 0) {
+		t.Fatalf("Map of a ring without an arena: %v, %d arena bytes", err, len(c.Arena))
+	}
+	c.Close()
 }
 
 // FuzzArenaDecode: a hostile record and arena size never make the daemon

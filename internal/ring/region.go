@@ -67,15 +67,17 @@ type Queue struct {
 
 // Create makes a sealed memfd holding an empty ring pair and maps it: the
 // daemon's side. The caller sends fd to the client and closes it.
-func Create(sq, cq uint32, arena uint64) (fd int, r *Region, err error) {
+func Create(sq, cq uint32, arena uint64) (fd int, r *Region, err error) { // arena 0: none
 	if err := CheckEntries("submission entries", sq); err != nil {
 		return -1, nil, err
 	}
 	if err := CheckEntries("completion entries", cq); err != nil {
 		return -1, nil, err
 	}
-	if err := CheckArena(arena); err != nil {
-		return -1, nil, err
+	if arena != 0 { // 0: a ring without an arena, for a client that asked with Hello
+		if err := CheckArena(arena); err != nil {
+			return -1, nil, err
+		}
 	}
 	fd, err = unix.MemfdCreate("b2b-ring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
@@ -120,7 +122,7 @@ func Map(fd int) (*Region, error) {
 	if err == nil {
 		err = CheckEntries("completion entries", cq)
 	}
-	if err == nil {
+	if err == nil && arena != 0 {
 		err = CheckArena(arena)
 	}
 	if err == nil && (*u32(mem, offMagic) != magic || Size(sq, cq, arena) != len(mem)) {

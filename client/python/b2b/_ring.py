@@ -44,7 +44,8 @@ import grpc
 
 from .errors import B2BError, UnavailableError, error_for_code
 
-HELLO = 0x01676E6972623262  # "b2bring\x01": the first frame that asks for a ring
+HELLO = 0x01676E6972623262  # "b2bring\x01": the tag of the daemon's answer frames
+HELLO_ARENA = 0x02676E6972623262  # "b2bring\x02": the first frame that asks for a ring with an id arena
 ANSWER_LEN = 48  # the raw answer frame: tag u64, code u32, msg_len u32, 32 bytes unused here
 REC_LEN, COMP_LEN, COMP_HDR = 64, 256, 48
 MSG_MAX = COMP_LEN - COMP_HDR
@@ -272,7 +273,7 @@ class Ring:
                 sock.connect(path)
                 # sq entries in bits 0-15, the arena in 4 KiB units in
                 # 16-31, cq entries in 32-47 (0: the daemon's default).
-                sock.sendall(struct.pack("<QQ", HELLO, (entries & 0xFFFF) | ((arena // ARENA_UNIT) & 0xFFFF) << 16 | (entries & 0xFFFF) << 32))
+                sock.sendall(struct.pack("<QQ", HELLO_ARENA, (entries & 0xFFFF) | ((arena // ARENA_UNIT) & 0xFFFF) << 16 | (entries & 0xFFFF) << 32))
                 ans, fds, _, _ = socket.recv_fds(sock, ANSWER_LEN, 1)
                 if fds:
                     fd = fds[0]
@@ -330,7 +331,7 @@ class Ring:
         mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         magic, sq, cq, arena = struct.unpack_from("<IIII", mm, OFF_MAGIC)
         ok = all(2 <= n <= MAX_ENTRIES and n & (n - 1) == 0 for n in (sq, cq))
-        ok = ok and ARENA_UNIT <= arena <= MAX_ARENA and arena % ARENA_UNIT == 0
+        ok = ok and (arena == 0 or ARENA_UNIT <= arena <= MAX_ARENA and arena % ARENA_UNIT == 0)
         if not ok or magic != MAGIC or HDR_LEN + sq * REC_LEN + cq * COMP_LEN + arena != size:
             mm.close()
             raise RingUnavailable(f"ring header magic {magic:#x}, {sq}+{cq} entries and {arena} arena bytes in {size} bytes: not a ring")
