@@ -304,9 +304,10 @@ func DecodeCompletion(rec []byte) (Completion, error) {
 }
 
 // Hello is the tag of the first frame on the raw submit socket that asks
-// for a ring instead of raw frames; the frame's handle field carries the
-// submission entries (low 32 bits) and completion entries (high 32 bits),
-// 0 for DefaultEntries. The daemon answers with a raw answer frame tagged
+// for a ring without an id arena instead of raw frames (HelloArena asks
+// for one: arena.go); the frame's handle field carries the submission
+// entries (low 32 bits) and completion entries (high 32 bits), 0 for
+// DefaultEntries. The daemon answers either with a raw answer frame tagged
 // Hello, the memfd riding along as SCM_RIGHTS; later it may send one more
 // such frame (the error it dropped the ring with) and close.
 const Hello uint64 = 0x01676e6972623262 // "b2bring\x01"
