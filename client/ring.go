@@ -33,6 +33,7 @@ type Ring struct {
 
 	sqMu   sync.Mutex
 	sqTail uint32
+	arena  arena // under sqMu
 
 	cqMu    sync.Mutex
 	cqHead  uint32
@@ -53,12 +54,25 @@ var ErrRingClosed = errors.New("b2b client: ring is closed")
 
 // DialRing asks the daemon's raw submit socket at path for a ring of the
 // default size.
-func DialRing(path string) (*Ring, error) {
+func DialRing(path string) (*Ring, error) { return DialRingWith(path, RingOptions{}) }
+
+// RingOptions are the sizes a ring is asked for; zero fields take the
+// daemon's defaults (256 entries each way, a 1 MiB id arena).
+type RingOptions struct {
+	SubmitEntries, CompleteEntries uint32 // powers of two, 2 to ring.MaxEntries
+	// ArenaBytes holds the ids and notifications of block records beyond
+	// ring.MaxInlineIDs pairs: a multiple of 4 KiB up to ring.MaxArena.
+	ArenaBytes uint64
+}
+
+// DialRingWith asks the daemon's raw submit socket at path for a ring of
+// the given sizes.
+func DialRingWith(path string, o RingOptions) (*Ring, error) {
 	uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("b2b client: dial submit socket %s: %w", path, err)
 	}
-	r, err := openRing(uc)
+	r, err := openRing(uc, ring.HelloSizes(o.SubmitEntries, o.CompleteEntries, o.ArenaBytes))
 	if err != nil {
 		uc.Close()
 		return nil, err
@@ -66,10 +80,11 @@ func DialRing(path string) (*Ring, error) {
 	return r, nil
 }
 
-func openRing(uc *net.UnixConn) (*Ring, error) {
+func openRing(uc *net.UnixConn, sizes uint64) (*Ring, error) {
 	var hello [16]byte
 	le := binary.LittleEndian
-	le.PutUint64(hello[0:], ring.Hello)
+	le.PutUint64(hello[0:], ring.HelloArena)
+	le.PutUint64(hello[8:], sizes)
 	if _, err := uc.Write(hello[:]); err != nil {
 		return nil, fmt.Errorf("b2b client: ring hello: %w", err)
 	}
@@ -101,7 +116,7 @@ func openRing(uc *net.UnixConn) (*Ring, error) {
 	if err != nil {
 		return nil, fmt.Errorf("b2b client: %w", err)
 	}
-	r := &Ring{c: uc, reg: reg, pending: map[uint64]bool{}, done: map[uint64]ring.Completion{}, watched: make(chan struct{})}
+	r := &Ring{c: uc, reg: reg, arena: arena{mem: reg.Arena}, pending: map[uint64]bool{}, done: map[uint64]ring.Completion{}, watched: make(chan struct{})}
 	go r.watch()
 	return r, nil
 }
@@ -208,7 +223,11 @@ func (r *Ring) SubmitContext(ctx context.Context, p *Plan) (RawResult, error) {
 // postWait posts req and waits for its completion; a cancel of ctx cancels
 // it through the ring (its deadline, in req, is the daemon's to keep).
 func (r *Ring) postWait(ctx context.Context, req ring.Request) (RawResult, error) {
-	tag, err := r.post(req)
+	return r.postWaitArena(ctx, req, nil)
+}
+
+func (r *Ring) postWaitArena(ctx context.Context, req ring.Request, p *arenaPayload) (RawResult, error) {
+	tag, err := r.postArena(req, p)
 	if err != nil {
 		return RawResult{}, err
 	}
@@ -249,7 +268,12 @@ func (r *Ring) Cancel(tag uint64) error {
 	return err
 }
 
-func (r *Ring) post(req ring.Request) (uint64, error) {
+func (r *Ring) post(req ring.Request) (uint64, error) { return r.postArena(req, nil) }
+
+// postArena posts req; a non-nil p (an arena blocks record's ids and
+// note, as arenaPayload lays them out) is first written to the arena,
+// and req points at it.
+func (r *Ring) postArena(req ring.Request, p *arenaPayload) (uint64, error) {
 	r.life.RLock()
 	defer r.life.RUnlock()
 	if r.closed {
@@ -273,7 +297,7 @@ func (r *Ring) post(req ring.Request) (uint64, error) {
 			r.forget(req.Tag)
 			return 0, fmt.Errorf("b2b client: %w", err)
 		}
-		if free > 0 {
+		if free > 0 && (p == nil || r.arena.place(&req, p, r.sqTail, q.Head())) {
 			break
 		}
 		r.drain() // the daemon may wait for room in ours

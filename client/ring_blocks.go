@@ -2,7 +2,7 @@ package client
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"time"
 
 	"github.com/b2bd/b2bd/internal/ring"
@@ -10,9 +10,9 @@ import (
 )
 
 // Route is a bound block route (BindBlockRoute): a Blocks request without
-// its ids. The ring's block records name it by Handle and carry up to
-// ring.MaxInlineIDs id pairs; it belongs to the connection that bound it
-// and goes with it.
+// its ids. The ring's block records name it by Handle and carry its ids,
+// up to ring.MaxInlineIDs pairs in the record, more in the ring's id
+// arena; it belongs to the connection that bound it and goes with it.
 type Route struct {
 	c      *Client
 	Handle uint64
@@ -38,16 +38,38 @@ func (rt *Route) Release(ctx context.Context) error {
 	return err
 }
 
+// BlocksOption adds to a block transfer on a route.
+type BlocksOption func(*blocksOpts)
+
+type blocksOpts struct{ note []byte }
+
+// WithNotification sends note (up to 4096 bytes, as TransferBlocks'
+// field) to the watchers of the remote layout once the blocks landed.
+func WithNotification(note []byte) BlocksOption {
+	return func(o *blocksOpts) { o.note = note }
+}
+
+func blocksOptions(opts []BlocksOption) blocksOpts {
+	var o blocksOpts
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
 // Transfer moves block local[i] to block remote[i] on the route: through
-// r when r is not nil and the ids fit one record (1 to ring.MaxInlineIDs
-// pairs), else through TransferBlocks over gRPC. Either way a refusal is
-// the gRPC status TransferBlocks gives; ctx's deadline is the transfer's.
-func (rt *Route) Transfer(ctx context.Context, r *Ring, local, remote []uint32) (RawResult, error) {
-	if r != nil && inline(local, remote) {
-		return r.BlocksContext(ctx, rt, local, remote)
+// r when r is not nil and the request fits it (1 to ring.MaxArenaIDs
+// pairs of equal count that fit its arena, a note of at most
+// ring.MaxNote bytes), else through TransferBlocks over gRPC. Either way
+// a refusal is the gRPC status TransferBlocks gives; ctx's deadline is
+// the transfer's.
+func (rt *Route) Transfer(ctx context.Context, r *Ring, local, remote []uint32, opts ...BlocksOption) (RawResult, error) {
+	o := blocksOptions(opts)
+	if r != nil && r.carries(local, remote, o.note) {
+		return r.BlocksContext(ctx, rt, local, remote, opts...)
 	}
 	b := rt.b
-	b.LocalIDs, b.RemoteIDs = local, remote
+	b.LocalIDs, b.RemoteIDs, b.Notification = local, remote, o.note
 	resp, err := rt.c.TransferBlocks(ctx, b)
 	if err != nil {
 		return RawResult{}, err
@@ -56,44 +78,63 @@ func (rt *Route) Transfer(ctx context.Context, r *Ring, local, remote []uint32) 
 	return RawResult{Blocks: resp.GetBlocks(), Bytes: resp.GetBytes(), Wire: time.Duration(ph.GetWireNs()), Total: time.Duration(ph.GetTotalNs())}, nil
 }
 
-// inline says whether the ids ride in one ring record.
-func inline(local, remote []uint32) bool {
-	return len(local) == len(remote) && len(local) >= 1 && len(local) <= ring.MaxInlineIDs
+// carries says whether a block request rides on r.
+func (r *Ring) carries(local, remote []uint32, note []byte) bool {
+	if len(local) != len(remote) || len(local) == 0 || len(local) > ring.MaxArenaIDs || len(note) > ring.MaxNote {
+		return false
+	}
+	if len(local) <= ring.MaxInlineIDs && len(note) == 0 {
+		return true
+	}
+	return r.arena.fits(&arenaPayload{local: local, remote: remote, note: note})
 }
 
-// errNotInline refuses ids that a ring record cannot carry.
-var errNotInline = errors.New("b2b client: a ring block record carries 1 to 4 (local, remote) id pairs of equal count: use Route.Transfer, which sends larger requests over gRPC")
-
-func blocksRecord(rt *Route, local, remote []uint32, ms uint64) (ring.Request, error) {
-	if !inline(local, remote) {
-		return ring.Request{}, errNotInline
+// blocksRecord is the record of a block transfer on rt, and its arena
+// payload when the ids do not fit the record or a note comes along.
+func (r *Ring) blocksRecord(rt *Route, local, remote []uint32, ms uint64, o blocksOpts) (ring.Request, *arenaPayload, error) {
+	n := len(local)
+	switch {
+	case n != len(remote) || n == 0 || n > ring.MaxArenaIDs:
+		return ring.Request{}, nil, fmt.Errorf("b2b client: %d local and %d remote ids: a ring block record carries 1 to %d (local, remote) pairs of equal count",
+			n, len(remote), ring.MaxArenaIDs)
+	case len(o.note) > ring.MaxNote:
+		return ring.Request{}, nil, fmt.Errorf("b2b client: notification of %d bytes, over the limit of %d", len(o.note), ring.MaxNote)
 	}
-	req := ring.Request{Op: ring.OpBlocks, Handle: rt.Handle, TimeoutMs: ms, N: uint32(len(local))}
-	copy(req.Local[:], local)
-	copy(req.Remote[:], remote)
-	return req, nil
+	req := ring.Request{Op: ring.OpBlocks, Handle: rt.Handle, TimeoutMs: ms, N: uint32(n)}
+	if n <= ring.MaxInlineIDs && len(o.note) == 0 {
+		copy(req.Local[:], local)
+		copy(req.Remote[:], remote)
+		return req, nil, nil
+	}
+	p := &arenaPayload{local: local, remote: remote, note: o.note}
+	if !r.arena.fits(p) {
+		return ring.Request{}, nil, fmt.Errorf("b2b client: %d id pairs and a %d-byte notification take %d bytes, over the ring's arena of %d bytes: use Route.Transfer, which sends them over gRPC",
+			n, len(o.note), p.size(), len(r.arena.mem))
+	}
+	return req, p, nil
 }
 
 // StartBlocks posts a block transfer on rt and returns its tag for Wait (or
-// Cancel). Every tag must be waited for.
-func (r *Ring) StartBlocks(rt *Route, local, remote []uint32) (uint64, error) {
-	req, err := blocksRecord(rt, local, remote, 0)
+// Cancel). Every tag must be waited for. Up to ring.MaxInlineIDs pairs
+// without a notification ride in the record, the rest in the arena.
+func (r *Ring) StartBlocks(rt *Route, local, remote []uint32, opts ...BlocksOption) (uint64, error) {
+	req, p, err := r.blocksRecord(rt, local, remote, 0, blocksOptions(opts))
 	if err != nil {
 		return 0, err
 	}
-	return r.post(req)
+	return r.postArena(req, p)
 }
 
 // BlocksContext is a block transfer on rt under ctx: its deadline travels
 // in the record, a cancel of ctx cancels it through the ring.
-func (r *Ring) BlocksContext(ctx context.Context, rt *Route, local, remote []uint32) (RawResult, error) {
+func (r *Ring) BlocksContext(ctx context.Context, rt *Route, local, remote []uint32, opts ...BlocksOption) (RawResult, error) {
 	ms, err := ringTimeoutMs(ctx)
 	if err != nil {
 		return RawResult{}, err
 	}
-	req, err := blocksRecord(rt, local, remote, ms)
+	req, p, err := r.blocksRecord(rt, local, remote, ms, blocksOptions(opts))
 	if err != nil {
 		return RawResult{}, err
 	}
-	return r.postWait(ctx, req)
+	return r.postWaitArena(ctx, req, p)
 }

@@ -116,8 +116,8 @@ func (s *Server) serveRaw(c net.Conn) {
 		} else if _, err := io.ReadFull(br, req[:]); err != nil {
 			return
 		}
-		if first && le.Uint64(req[0:]) == ring.Hello { // ring.go
-			s.serveRing(ctx, c, who, le.Uint64(req[8:]))
+		if tag := le.Uint64(req[0:]); first && (tag == ring.Hello || tag == ring.HelloArena) { // ring.go
+			s.serveRing(ctx, c, who, tag, le.Uint64(req[8:]))
 			return
 		}
 		slots <- struct{}{}

@@ -21,7 +21,8 @@ import (
 )
 
 // The shared-memory ring (internal/ring) is asked for on the raw submit
-// socket with a first frame tagged ring.Hello. The ring belongs to the
+// socket with a first frame tagged ring.Hello (no id arena) or
+// ring.HelloArena. The ring belongs to the
 // socket's caller (SO_PEERCRED): it submits only that caller's plans, and it
 // is torn down when the socket closes.
 const (
@@ -54,17 +55,18 @@ type ringConn struct {
 
 // serveRing sets up a ring for who on c and serves it until c closes or the
 // client breaks the protocol.
-func (s *Server) serveRing(ctx context.Context, c net.Conn, who region.Caller, sizes uint64) {
-	sq, cq := uint32(sizes), uint32(sizes>>32)
-	if sizes == 0 {
-		sq, cq = ring.DefaultEntries, ring.DefaultEntries
+func (s *Server) serveRing(ctx context.Context, c net.Conn, who region.Caller, tag, sizes uint64) {
+	sq, cq, arena, err := ring.ParseHello(tag, sizes)
+	if err != nil {
+		ringAnswer(c, err)
+		return
 	}
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
 		ringAnswer(c, fmt.Errorf("%w: a ring needs a Unix socket", errs.ErrFailedPrecondition))
 		return
 	}
-	fd, reg, err := ring.Create(sq, cq)
+	fd, reg, err := ring.Create(sq, cq, arena)
 	if err != nil {
 		ringAnswer(c, err)
 		return
@@ -118,15 +120,25 @@ func (rc *ringConn) consume() {
 		}
 		for range n {
 			copy(rec[:], rc.reg.SQ.Slot(head)) // decoded from this copy only
+			req, err := ring.Decode(rec[:])
+			var ids arenaIDs
+			if err == nil && req.Arena {
+				// Copied out before the head passes the record: the
+				// client may reuse the arena space from then on.
+				ids.local, ids.remote, ids.note, err = req.FromArena(rc.reg.Arena)
+			}
 			head++
 			rc.reg.SQ.Consumed(head)
-			rc.handle(&rec)
+			rc.handle(req, err, ids)
 		}
 	}
 }
 
-func (rc *ringConn) handle(rec *[ring.RecLen]byte) {
-	req, err := ring.Decode(rec[:])
+// arenaIDs is what an arena block record's ids and note were, copied out.
+type arenaIDs struct{ local, remote, note []byte }
+
+// handle answers or starts req, as decoded (err: refused).
+func (rc *ringConn) handle(req ring.Request, err error, ids arenaIDs) {
 	if err != nil {
 		rc.complete(fail(req.Tag, err))
 		return
@@ -149,9 +161,12 @@ func (rc *ringConn) handle(rec *[ring.RecLen]byte) {
 			return rc.s.batches.Plans().SubmitByCaller(ctx, rc.who, req.Handle)
 		})
 	case ring.OpBlocks:
-		local, remote := req.PackedIDs()
+		local, remote, note := ids.local, ids.remote, ids.note
+		if !req.Arena {
+			local, remote = req.PackedIDs()
+		}
 		rc.run(req, "blocks", func(ctx context.Context) (batch.Result, error) {
-			return rc.s.batches.Routes().Transfer(ctx, rc.who, req.Handle, local, remote)
+			return rc.s.batches.Routes().TransferNote(ctx, rc.who, req.Handle, local, remote, note)
 		})
 	}
 }

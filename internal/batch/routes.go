@@ -120,6 +120,11 @@ func (rt *Routes) Len() int {
 // Transfer runs TransferBlocks on who's route h (bound over any of
 // who's connections) with the given packed ids.
 func (rt *Routes) Transfer(ctx context.Context, who region.Caller, h uint64, localIDs, remoteIDs []byte) (Result, error) {
+	return rt.TransferNote(ctx, who, h, localIDs, remoteIDs, nil)
+}
+
+// TransferNote is Transfer with TransferBlocks' notification (nil: none).
+func (rt *Routes) TransferNote(ctx context.Context, who region.Caller, h uint64, localIDs, remoteIDs, note []byte) (Result, error) {
 	rt.mu.Lock()
 	x := rt.byID[h]
 	rt.mu.Unlock()
@@ -128,6 +133,6 @@ func (rt *Routes) Transfer(ctx context.Context, who region.Caller, h uint64, loc
 		return Result{}, routeNotFound(h)
 	}
 	r := x.req
-	r.LocalIDs, r.RemoteIDs = localIDs, remoteIDs
+	r.LocalIDs, r.RemoteIDs, r.Notification = localIDs, remoteIDs, note
 	return rt.s.TransferBlocks(ctx, r)
 }

@@ -180,13 +180,19 @@ func TestRingSubmit(t *testing.T) {
 // does what it likes with the mapping.
 func hostileRing(t *testing.T, sock string) (*net.UnixConn, *ring.Region) {
 	t.Helper()
+	return hostileRingWith(t, sock, ring.Hello, 8|8<<32) // small rings: easy to overrun
+}
+
+// hostileRingWith asks with a Hello tagged tag and the given sizes field.
+func hostileRingWith(t *testing.T, sock string, tag, sizes uint64) (*net.UnixConn, *ring.Region) {
+	t.Helper()
 	uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var hello [16]byte
-	binary.LittleEndian.PutUint64(hello[:], ring.Hello)
-	binary.LittleEndian.PutUint64(hello[8:], 8|8<<32) // small rings: easy to overrun
+	binary.LittleEndian.PutUint64(hello[:], tag)
+	binary.LittleEndian.PutUint64(hello[8:], sizes)
 	if _, err := uc.Write(hello[:]); err != nil {
 		t.Fatal(err)
 	}

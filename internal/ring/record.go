@@ -48,7 +48,12 @@ func (o Op) String() string {
 //	caller's deadline as timeout_ms u64 (length 24); cancel: target u64),
 //	blocks: route handle u64, timeout_ms u32 (0: none), count u32, then
 //	count (local id u32, remote id u32) pairs, count 1 to MaxInlineIDs:
-//	length 16 + 8 × count), the unused rest zero.
+//	length 16 + 8 × count; or, with flag FlagArena, the ids and an optional
+//	notification in the arena: route handle u64, timeout_ms u32, count u32
+//	(1 to MaxArenaIDs), ids_off u64, note_off u64, note_len u32 (0: no
+//	notification; up to MaxNote), reserved u32 (0): length 40; at ids_off
+//	the count local ids, then the count remote ids, little-endian u32; see
+//	arena.go), the unused rest zero.
 //
 // A completion record is
 //
@@ -97,6 +102,12 @@ type Request struct {
 	// remote one, for i < N (1 to MaxInlineIDs).
 	N             uint32
 	Local, Remote [MaxInlineIDs]uint32
+	// OpBlocks with FlagArena: the N local ids, then the N remote ids, are
+	// at IDsOff of the arena; the notification (NoteLen bytes, 0: none) at
+	// NoteOff. Local and Remote are then unused.
+	Arena           bool
+	IDsOff, NoteOff uint64
+	NoteLen         uint32
 }
 
 // Encode writes r into rec (RecLen bytes), zeroing what r does not use.
@@ -111,7 +122,16 @@ func (r Request) Encode(rec []byte) {
 		n = submitDeadlineLen
 		le.PutUint64(rec[bodyOff+16:], r.TimeoutMs)
 	}
-	if r.Op == OpBlocks {
+	if r.Op == OpBlocks && r.Arena {
+		n = arenaBodyLen
+		le.PutUint16(rec[10:], FlagArena)
+		le.PutUint64(rec[bodyOff:], r.Handle)
+		le.PutUint32(rec[bodyOff+8:], uint32(r.TimeoutMs))
+		le.PutUint32(rec[bodyOff+12:], r.N)
+		le.PutUint64(rec[bodyOff+16:], r.IDsOff)
+		le.PutUint64(rec[bodyOff+24:], r.NoteOff)
+		le.PutUint32(rec[bodyOff+32:], r.NoteLen)
+	} else if r.Op == OpBlocks {
 		k := min(r.N, MaxInlineIDs)
 		n = blocksHdr + 8*k
 		le.PutUint64(rec[bodyOff:], r.Handle)
@@ -143,10 +163,13 @@ func Decode(rec []byte) (Request, error) {
 	r := Request{Tag: le.Uint64(rec[0:]), Op: Op(le.Uint16(rec[8:]))}
 	flags, n := le.Uint16(rec[10:]), le.Uint32(rec[12:])
 	want, known := bodyLen[r.Op]
+	if r.Op == OpBlocks && flags == FlagArena {
+		want, flags, r.Arena = arenaBodyLen, 0, true
+	}
 	if r.Op == OpSubmit && n == submitDeadlineLen {
 		want = n
 	}
-	if r.Op == OpBlocks && n >= blocksHdr+8 && n <= blocksHdr+8*MaxInlineIDs && (n-blocksHdr)%8 == 0 {
+	if r.Op == OpBlocks && !r.Arena && n >= blocksHdr+8 && n <= blocksHdr+8*MaxInlineIDs && (n-blocksHdr)%8 == 0 {
 		want = n
 	}
 	switch {
@@ -155,8 +178,11 @@ func Decode(rec []byte) (Request, error) {
 	case !known:
 		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit), 3 (cancel) or 4 (blocks)", errs.ErrInvalidArgument, uint16(r.Op))
 	case flags != 0:
-		return r, fmt.Errorf("%w: ring record flags %#x, want 0", errs.ErrInvalidArgument, flags)
+		return r, fmt.Errorf("%w: ring record flags %#x, want 0 (or 1, arena, for op blocks)", errs.ErrInvalidArgument, le.Uint16(rec[10:]))
 	case n != want:
+		if r.Arena {
+			return r, fmt.Errorf("%w: ring record length %d for op blocks with flag arena, want %d", errs.ErrInvalidArgument, n, arenaBodyLen)
+		}
 		if r.Op == OpBlocks {
 			return r, fmt.Errorf("%w: ring record length %d for op blocks, want 16 + 8 per id pair (1 to %d pairs): 24 to %d", errs.ErrInvalidArgument, n, MaxInlineIDs, blocksHdr+8*MaxInlineIDs)
 		}
@@ -186,6 +212,9 @@ func Decode(rec []byte) (Request, error) {
 			return r, fmt.Errorf("%w: ring submit offset patch %d: this daemon supports only 0", errs.ErrUnimplemented, r.Patch)
 		}
 	case OpBlocks:
+		if r.Arena {
+			return decodeArena(rec, r)
+		}
 		return decodeBlocks(rec, r, n)
 	case OpCancel:
 		r.Target = le.Uint64(rec[bodyOff:])
@@ -275,9 +304,10 @@ func DecodeCompletion(rec []byte) (Completion, error) {
 }
 
 // Hello is the tag of the first frame on the raw submit socket that asks
-// for a ring instead of raw frames; the frame's handle field carries the
-// submission entries (low 32 bits) and completion entries (high 32 bits),
-// 0 for DefaultEntries. The daemon answers with a raw answer frame tagged
+// for a ring without an id arena instead of raw frames (HelloArena asks
+// for one: arena.go); the frame's handle field carries the submission
+// entries (low 32 bits) and completion entries (high 32 bits), 0 for
+// DefaultEntries. The daemon answers either with a raw answer frame tagged
 // Hello, the memfd riding along as SCM_RIGHTS; later it may send one more
 // such frame (the error it dropped the ring with) and close.
 const Hello uint64 = 0x01676e6972623262 // "b2bring\x01"

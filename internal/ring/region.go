@@ -12,13 +12,15 @@ import (
 )
 
 // The mapping: a header page, then the submission records, then the
-// completion records. Each index and sleep flag has a cache line of its own.
+// completion records, then the id arena (arena.go). Each index and sleep
+// flag has a cache line of its own.
 const (
 	hdrLen     = 4096
 	magic      = 0x3147_4e52 // "RNG1"
 	offMagic   = 0
 	offSQN     = 4
 	offCQN     = 8
+	offArena   = 12 // the arena's size in bytes
 	offSQHead  = 64
 	offSQTail  = 128
 	offSQSleep = 192
@@ -31,8 +33,11 @@ const (
 	DefaultEntries = 256
 )
 
-// Size is the mapping's length for sq and cq entries.
-func Size(sq, cq uint32) int { return hdrLen + int(sq)*RecLen + int(cq)*CompLen }
+// Size is the mapping's length for sq and cq entries and an arena of
+// arena bytes.
+func Size(sq, cq uint32, arena uint64) int {
+	return hdrLen + int(sq)*RecLen + int(cq)*CompLen + int(arena)
+}
 
 // CheckEntries refuses ring sizes that are not a power of two in [2, MaxEntries].
 func CheckEntries(field string, n uint32) error {
@@ -46,6 +51,9 @@ func CheckEntries(field string, n uint32) error {
 type Region struct {
 	mem    []byte
 	SQ, CQ Queue
+	// Arena is the id arena: the client writes it, the daemon only copies
+	// out of it (Request.FromArena).
+	Arena []byte
 }
 
 // Queue is one direction: records, the consumer's head, the producer's tail
@@ -59,18 +67,23 @@ type Queue struct {
 
 // Create makes a sealed memfd holding an empty ring pair and maps it: the
 // daemon's side. The caller sends fd to the client and closes it.
-func Create(sq, cq uint32) (fd int, r *Region, err error) {
+func Create(sq, cq uint32, arena uint64) (fd int, r *Region, err error) { // arena 0: none
 	if err := CheckEntries("submission entries", sq); err != nil {
 		return -1, nil, err
 	}
 	if err := CheckEntries("completion entries", cq); err != nil {
 		return -1, nil, err
 	}
+	if arena != 0 { // 0: a ring without an arena, for a client that asked with Hello
+		if err := CheckArena(arena); err != nil {
+			return -1, nil, err
+		}
+	}
 	fd, err = unix.MemfdCreate("b2b-ring", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return -1, nil, fmt.Errorf("%w: ring memfd: %w", errs.ErrResourceExhausted, err)
 	}
-	size := Size(sq, cq)
+	size := Size(sq, cq, arena)
 	if err := unix.Ftruncate(fd, int64(size)); err != nil {
 		unix.Close(fd)
 		return -1, nil, fmt.Errorf("%w: ring memfd size %d: %w", errs.ErrResourceExhausted, size, err)
@@ -86,9 +99,9 @@ func Create(sq, cq uint32) (fd int, r *Region, err error) {
 		unix.Close(fd)
 		return -1, nil, fmt.Errorf("%w: ring mmap %d bytes: %w", errs.ErrResourceExhausted, size, err)
 	}
-	*u32(mem, offSQN), *u32(mem, offCQN) = sq, cq
+	*u32(mem, offSQN), *u32(mem, offCQN), *u32(mem, offArena) = sq, cq, uint32(arena)
 	atomic.StoreUint32(u32(mem, offMagic), magic)
-	return fd, newRegion(mem, sq, cq), nil
+	return fd, newRegion(mem, sq, cq, arena), nil
 }
 
 // Map maps the ring pair in fd: the client's side.
@@ -97,35 +110,44 @@ func Map(fd int) (*Region, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("ring fd: %w", err)
 	}
-	if st.Size < hdrLen || st.Size > int64(Size(MaxEntries, MaxEntries)) {
-		return nil, fmt.Errorf("ring fd is %d bytes, want %d to %d", st.Size, hdrLen, Size(MaxEntries, MaxEntries))
+	if max := int64(Size(MaxEntries, MaxEntries, MaxArena)); st.Size < hdrLen || st.Size > max {
+		return nil, fmt.Errorf("ring fd is %d bytes, want %d to %d", st.Size, hdrLen, max)
 	}
 	mem, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("ring mmap: %w", err)
 	}
-	sq, cq := *u32(mem, offSQN), *u32(mem, offCQN)
+	sq, cq, arena := *u32(mem, offSQN), *u32(mem, offCQN), uint64(*u32(mem, offArena))
 	err = CheckEntries("submission entries", sq)
 	if err == nil {
 		err = CheckEntries("completion entries", cq)
 	}
-	if err == nil && (*u32(mem, offMagic) != magic || Size(sq, cq) != len(mem)) {
-		err = fmt.Errorf("ring header magic %#x, %d+%d entries in %d bytes: not a ring", *u32(mem, offMagic), sq, cq, len(mem))
+	if err == nil && arena != 0 {
+		err = CheckArena(arena)
+	}
+	if err == nil && (*u32(mem, offMagic) != magic || Size(sq, cq, arena) != len(mem)) {
+		err = fmt.Errorf("ring header magic %#x, %d+%d entries and %d arena bytes in %d bytes: not a ring", *u32(mem, offMagic), sq, cq, arena, len(mem))
 	}
 	if err != nil {
 		unix.Munmap(mem)
 		return nil, err
 	}
-	return newRegion(mem, sq, cq), nil
+	return newRegion(mem, sq, cq, arena), nil
 }
 
-func newRegion(mem []byte, sq, cq uint32) *Region {
+func newRegion(mem []byte, sq, cq uint32, arena uint64) *Region {
 	sqEnd := hdrLen + int(sq)*RecLen
+	cqEnd := sqEnd + int(cq)*CompLen
 	return &Region{mem: mem,
-		SQ: Queue{head: u32(mem, offSQHead), tail: u32(mem, offSQTail), sleep: u32(mem, offSQSleep), recs: mem[hdrLen:sqEnd], n: sq, recLen: RecLen},
-		CQ: Queue{head: u32(mem, offCQHead), tail: u32(mem, offCQTail), sleep: u32(mem, offCQSleep), recs: mem[sqEnd:], n: cq, recLen: CompLen},
+		SQ:    Queue{head: u32(mem, offSQHead), tail: u32(mem, offSQTail), sleep: u32(mem, offSQSleep), recs: mem[hdrLen:sqEnd], n: sq, recLen: RecLen},
+		CQ:    Queue{head: u32(mem, offCQHead), tail: u32(mem, offCQTail), sleep: u32(mem, offCQSleep), recs: mem[sqEnd:cqEnd], n: cq, recLen: CompLen},
+		Arena: mem[cqEnd : cqEnd+int(arena) : cqEnd+int(arena)],
 	}
 }
+
+// Head is the consumer's head as it stands (a producer's view: the
+// records before it were taken).
+func (q *Queue) Head() uint32 { return atomic.LoadUint32(q.head) }
 
 // Close unmaps the region; nothing may touch it afterwards.
 func (r *Region) Close() error {

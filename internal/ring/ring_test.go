@@ -124,7 +124,7 @@ func TestCompletionMessageBound(t *testing.T) {
 // past the tail, are refused; in-range indices count right across the
 // 2^32 wrap.
 func TestIndicesChecked(t *testing.T) {
-	fd, r, err := Create(8, 4)
+	fd, r, err := Create(8, 4, ArenaUnit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestIndicesChecked(t *testing.T) {
 // TestWakeCrossesMapping: a waiter sleeping on one mapping wakes when the
 // other mapping publishes.
 func TestWakeCrossesMapping(t *testing.T) {
-	fd, r, err := Create(4, 4)
+	fd, r, err := Create(4, 4, ArenaUnit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func TestWakeCrossesMapping(t *testing.T) {
 
 func TestCreateRefusesSizes(t *testing.T) {
 	for _, n := range []uint32{0, 1, 3, 100, MaxEntries * 2} {
-		if _, _, err := Create(n, 4); !errors.Is(err, errs.ErrInvalidArgument) {
+		if _, _, err := Create(n, 4, ArenaUnit); !errors.Is(err, errs.ErrInvalidArgument) {
 			t.Errorf("Create(%d): %v", n, err)
 		}
 	}

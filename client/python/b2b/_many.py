@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -70,19 +70,55 @@ def _ms(timeout: Optional[float]) -> int:
     return max(1, int(math.ceil(timeout * 1000)))
 
 
-def _refused(client: "Client", res: Any) -> Transfer:
+def _refused(client: "Client", res: Any, sent: int = -1, item: int = -1) -> Transfer:
     """A handle for a request the daemon refused: it has already failed,
-    with the daemon's code and message (naming the request's index)."""
+    with the daemon's code and message (naming the request's index: the
+    caller's ``item`` where the call carried it as ``sent``)."""
+    msg = res.message
+    if item != sent and msg.startswith(f"requests[{sent}]: "):
+        msg = f"requests[{item}]: " + msg[len(f"requests[{sent}]: "):]
     t = Transfer(client, 0)
-    t._take(pb.TransferOutcome(transfer_id=0, state=pb.TRANSFER_STATE_FAILED, code=res.code, message=res.message))
+    t._take(pb.TransferOutcome(transfer_id=0, state=pb.TRANSFER_STATE_FAILED, code=res.code, message=msg))
     return t
 
 
 def start_many(client: "Client", items: Sequence[Any], timeout: Optional[float]) -> List[Transfer]:
     """See :meth:`Client.start_many`."""
+    from . import _ring_client  # it imports this module
+
     items = list(items)
     if items and all(isinstance(x, PreparedTransfer) for x in items) and client.ring is not None:
         return client.start_submits(items, timeout)
+    out: List[Optional[Transfer]] = [None] * len(items)
+    # The block transfers a ring record carries go in one publish.
+    ring = client.ring if any(isinstance(x, Blocks) for x in items) else None
+    if ring is not None:
+        slot = client._ring
+        at, recs = [], []
+        for i, x in enumerate(items):
+            rec = _ring_client.blocks_record(client, slot, ring, x, timeout) if isinstance(x, Blocks) else None
+            if rec is not None:
+                at.append(i)
+                recs.append(rec)
+        taken = set(at)
+        rest = [i for i in range(len(items)) if i not in taken]
+        reqs, rids = _requests([items[i] for i in rest], timeout)  # every item checked before any starts
+        hs = _ring_client.start_blocks(client, slot, ring, recs, [items[i].remote_ids for i in at]) if recs else None
+        if hs is None:  # a route not bound: gRPC takes them all, and answers the refusal
+            rest = list(range(len(items)))
+            reqs, rids = _requests(items, timeout)
+        for i, h in zip(at, hs or ()):
+            out[i] = h
+    else:
+        rest = list(range(len(items)))
+        reqs, rids = _requests(items, timeout)
+    for i, h in zip(rest, _start_grpc(client, reqs, rids, rest)):
+        out[i] = h
+    return out  # type: ignore[return-value]
+
+
+def _requests(items: Sequence[Any], timeout: Optional[float]) -> Tuple[List[Any], List[Any]]:
+    """The StartTransferRequests of items and their remote ids."""
     default_ms = _ms(timeout)
     reqs, rids = [], []
     for i, x in enumerate(items):
@@ -100,6 +136,12 @@ def start_many(client: "Client", items: Sequence[Any], timeout: Optional[float])
             r.timeout_ms = default_ms
         reqs.append(r)
         rids.append(rid)
+    return reqs, rids
+
+
+def _start_grpc(client: "Client", reqs: Sequence[Any], rids: Sequence[Any], index: Sequence[int]) -> List[Transfer]:
+    """Start reqs (the caller's items index[i]) in StartTransfers calls
+    (one per MAX_START_TRANSFERS)."""
     out: List[Transfer] = []
     for at in range(0, len(reqs), MAX_START_TRANSFERS):
         part = reqs[at:at + MAX_START_TRANSFERS]
@@ -111,7 +153,7 @@ def start_many(client: "Client", items: Sequence[Any], timeout: Optional[float])
             raise UnavailableError(grpc.StatusCode.INTERNAL,
                                    f"start_many: {len(part)} requests, the daemon answered {len(r.results)} results")
         for k, res in enumerate(r.results):
-            out.append(_refused(client, res) if res.code else Transfer(client, res.transfer_id, rids[at + k]))
+            out.append(_refused(client, res, k, index[at + k]) if res.code else Transfer(client, res.transfer_id, rids[at + k]))
     return out
 
 

@@ -12,6 +12,13 @@ then swaps the consumer's sleep flag to 0 and makes the wake syscall only
 if it was set; a waiting consumer spins briefly, then sets its flag and
 sleeps on the tail with FUTEX_WAIT (whose value check closes the race).
 
+The memfd ends with the id arena (internal/ring/arena.go): a block record
+with flag FLAG_ARENA points there at its ids (all local, then all remote,
+little-endian u32) and its notification. This process allocates the arena
+in publish order as a ring buffer (:class:`_Arena`); a record's space is
+free again once the daemon's submission head passed the record, for the
+daemon copies the ids and the note out before it moves its head.
+
 Memory ordering: the tail store must not pass the record stores, and the
 flag read must not pass the tail store. With libatomic both are seq-cst
 atomics (``__atomic_exchange_4``). Without it, on x86-64 (whose stores are
@@ -37,12 +44,13 @@ import grpc
 
 from .errors import B2BError, UnavailableError, error_for_code
 
-HELLO = 0x01676E6972623262  # "b2bring\x01": the first frame that asks for a ring
+HELLO = 0x01676E6972623262  # "b2bring\x01": the tag of the daemon's answer frames
+HELLO_ARENA = 0x02676E6972623262  # "b2bring\x02": the first frame that asks for a ring with an id arena
 ANSWER_LEN = 48  # the raw answer frame: tag u64, code u32, msg_len u32, 32 bytes unused here
 REC_LEN, COMP_LEN, COMP_HDR = 64, 256, 48
 MSG_MAX = COMP_LEN - COMP_HDR
 HDR_LEN, MAGIC, MAX_ENTRIES = 4096, 0x31474E52, 4096
-OFF_MAGIC, OFF_SQN, OFF_CQN = 0, 4, 8
+OFF_MAGIC, OFF_SQN, OFF_CQN, OFF_ARENA = 0, 4, 8, 12
 OFF_SQ_HEAD, OFF_SQ_TAIL, OFF_SQ_SLEEP = 64, 128, 192
 OFF_CQ_HEAD, OFF_CQ_TAIL, OFF_CQ_SLEEP = 256, 320, 384
 
@@ -54,6 +62,14 @@ _REC = struct.Struct("<QHHIQQQ24x")  # tag, op, flags, length, three body words,
 MAX_INLINE_IDS = 4
 _BLOCKS = struct.Struct("<QHHIQII%dI" % (2 * MAX_INLINE_IDS))
 MAX_TIMEOUT_MS = 86_400_000  # a submit's deadline, as the gRPC metadata's
+# A blocks record with its ids (and note) in the arena: tag, op, flags
+# (FLAG_ARENA), length 40, route handle, timeout_ms u32, count u32, ids_off,
+# note_off, note_len u32, reserved u32, zeros.
+FLAG_ARENA = 1
+_ARENA_REC = struct.Struct("<QHHIQIIQQII8x")
+ARENA_UNIT, DEFAULT_ARENA, MAX_ARENA = 4096, 1 << 20, 192 << 20
+MAX_ARENA_IDS = 1 << 24  # TransferBlocks' limit of ids per request
+MAX_NOTE = 4096  # TransferBlocks' notification limit
 _COMP = struct.Struct("<QIIQQQQ")  # tag, code, msg_len, blocks, bytes, wire_ns, total_ns
 
 SPIN = 200e-6  # then the futex, as the Go side (internal/ring)
@@ -159,6 +175,47 @@ class _Queue:
         self._libc.syscall(_SYS_FUTEX, ctypes.c_void_p(self.tail_addr), 0, ctypes.c_uint32(seen), ctypes.byref(ts), None, 0)
 
 
+class _Arena:
+    """The id arena's allocator (see the module's doc): bytes in
+    [head, tail) (positions that run on, mod size) belong to records the
+    daemon may not have taken yet; a payload never wraps."""
+
+    __slots__ = ("off", "size", "head", "tail", "spans")
+
+    def __init__(self, off: int, size: int) -> None:
+        self.off, self.size = off, size
+        self.head = self.tail = 0
+        self.spans: List[Tuple[int, int]] = []  # (record index, end), oldest first
+
+    def reclaim(self, sq_head: int) -> None:
+        spans, i = self.spans, 0
+        while i < len(spans) and 0 < ((sq_head - spans[i][0]) & 0xFFFFFFFF) < 0x80000000:
+            self.head = spans[i][1]
+            i += 1
+        if i:
+            del spans[:i]
+        if not spans:
+            self.head = self.tail = 0
+
+    def place(self, n: int, rec: int, sq_head: int) -> Optional[int]:
+        """Reserve n bytes (8-aligned) for the record at index rec; the
+        arena offset, or ``None`` while records not taken hold the room."""
+        self.reclaim(sq_head)
+        n = (n + 7) & ~7
+        size = self.size
+        if n > size:
+            return None
+        pos = self.tail
+        off = pos % size
+        if off + n > size:
+            pos += size - off
+        if pos + n - self.head > size:
+            return None
+        self.tail = pos + n
+        self.spans.append((rec, self.tail))
+        return pos % size
+
+
 class Completion:
     """A completion record: ``code`` 0 is done."""
 
@@ -206,7 +263,7 @@ class Ring:
     ``...[truncated]``).
     """
 
-    def __init__(self, path: str, entries: int = 0, connect_timeout: float = 5.0) -> None:
+    def __init__(self, path: str, entries: int = 0, connect_timeout: float = 5.0, arena: int = 0) -> None:
         libc, atomic = _libraries()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         fd = -1
@@ -214,7 +271,9 @@ class Ring:
             sock.settimeout(connect_timeout)
             try:
                 sock.connect(path)
-                sock.sendall(struct.pack("<QQ", HELLO, entries | (entries << 32)))
+                # sq entries in bits 0-15, the arena in 4 KiB units in
+                # 16-31, cq entries in 32-47 (0: the daemon's default).
+                sock.sendall(struct.pack("<QQ", HELLO_ARENA, (entries & 0xFFFF) | ((arena // ARENA_UNIT) & 0xFFFF) << 16 | (entries & 0xFFFF) << 32))
                 ans, fds, _, _ = socket.recv_fds(sock, ANSWER_LEN, 1)
                 if fds:
                     fd = fds[0]
@@ -242,12 +301,13 @@ class Ring:
         self.path = path
         self.pid = os.getpid()
         mm = self._mm
-        sq, cq = struct.unpack_from("<II", mm, OFF_SQN)
+        sq, cq, arena_len = struct.unpack_from("<III", mm, OFF_SQN)
         self._anchor = ctypes.c_char.from_buffer(mm)  # the mapping's address; pins it while this object lives
         base = ctypes.addressof(self._anchor)
         self.sq = _Queue(base, mm, OFF_SQ_HEAD, OFF_SQ_TAIL, OFF_SQ_SLEEP, HDR_LEN, sq, REC_LEN, libc, atomic)
         self.cq = _Queue(base, mm, OFF_CQ_HEAD, OFF_CQ_TAIL, OFF_CQ_SLEEP, HDR_LEN + sq * REC_LEN, cq, COMP_LEN, libc, atomic)
         self.entries = (sq, cq)
+        self.arena = _Arena(HDR_LEN + sq * REC_LEN + cq * COMP_LEN, arena_len)
         self._sq_tail = self.sq.tail.value
         self._cq_head = self.cq.head.value
         self._tag = 0
@@ -265,15 +325,16 @@ class Ring:
     @staticmethod
     def _map(fd: int) -> mmap.mmap:
         size = os.fstat(fd).st_size
-        limit = HDR_LEN + MAX_ENTRIES * (REC_LEN + COMP_LEN)
+        limit = HDR_LEN + MAX_ENTRIES * (REC_LEN + COMP_LEN) + MAX_ARENA
         if size < HDR_LEN or size > limit:
             raise RingUnavailable(f"ring fd is {size} bytes, want {HDR_LEN} to {limit}")
         mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        magic, sq, cq = struct.unpack_from("<III", mm, OFF_MAGIC)
+        magic, sq, cq, arena = struct.unpack_from("<IIII", mm, OFF_MAGIC)
         ok = all(2 <= n <= MAX_ENTRIES and n & (n - 1) == 0 for n in (sq, cq))
-        if not ok or magic != MAGIC or HDR_LEN + sq * REC_LEN + cq * COMP_LEN != size:
+        ok = ok and (arena == 0 or ARENA_UNIT <= arena <= MAX_ARENA and arena % ARENA_UNIT == 0)
+        if not ok or magic != MAGIC or HDR_LEN + sq * REC_LEN + cq * COMP_LEN + arena != size:
             mm.close()
-            raise RingUnavailable(f"ring header magic {magic:#x}, {sq}+{cq} entries in {size} bytes: not a ring")
+            raise RingUnavailable(f"ring header magic {magic:#x}, {sq}+{cq} entries and {arena} arena bytes in {size} bytes: not a ring")
         return mm
 
     # -- life ----------------------------------------------------------------
@@ -345,16 +406,15 @@ class Ring:
                         raise error_for_code(grpc.StatusCode.INTERNAL, f"ring head {h} against tail {self._sq_tail} of {q.n} entries")
                     free = q.n - used
                     if free == 0:
-                        if self._cq_lock.acquire(blocking=False):
-                            try:
-                                self._drain()  # the daemon may wait for room in ours
-                            finally:
-                                self._cq_lock.release()
-                        time.sleep(20e-6)
+                        self._pause()
                         continue
+                    wrote = 0
                     for _ in range(min(free, len(reqs) - i)):
                         op, w0, w2 = reqs[i][:3]
-                        if op == OP_BLOCKS:
+                        if op == OP_BLOCKS and len(reqs[i]) > 4:
+                            if not self._put_arena(tags[i], reqs[i], q):
+                                break  # the arena is full of records not taken: publish, wait
+                        elif op == OP_BLOCKS:
                             pairs = reqs[i][3]
                             k = len(pairs) // 2
                             _BLOCKS.pack_into(mm, q.slot(self._sq_tail), tags[i], op, 0, 16 + 8 * k, w0, w2, k,
@@ -364,12 +424,44 @@ class Ring:
                             _REC.pack_into(mm, q.slot(self._sq_tail), tags[i], op, 0, n, w0, 0, w2)
                         self._sq_tail = (self._sq_tail + 1) & 0xFFFFFFFF
                         i += 1
-                    q.publish(self._sq_tail)
+                        wrote += 1
+                    if wrote:
+                        q.publish(self._sq_tail)
+                    else:
+                        self._pause()
         except BaseException:
             with self._cq_lock:
                 self._pending.difference_update(tags[i:])
             raise
         return tags
+
+    def _pause(self) -> None:
+        """No room for the next record yet: let the daemon go on."""
+        if self._cq_lock.acquire(blocking=False):
+            try:
+                self._drain()  # the daemon may wait for room in ours
+            finally:
+                self._cq_lock.release()
+        time.sleep(20e-6)
+
+    def _put_arena(self, tag: int, req: Tuple[Any, ...], q: _Queue) -> bool:
+        """Write an arena blocks record (OP_BLOCKS, route, timeout_ms,
+        count, ids, note): ids the packed local then remote ids."""
+        _, route, ms, count, ids, note = req
+        n = len(ids)
+        off = self.arena.place(n + len(note), self._sq_tail, q.head.value)
+        if off is None:
+            return False
+        mm, base = self._mm, self.arena.off + off
+        mm[base:base + n] = ids
+        if note:
+            mm[base + n:base + n + len(note)] = note
+        _ARENA_REC.pack_into(mm, q.slot(self._sq_tail), tag, OP_BLOCKS, FLAG_ARENA, 40, route, ms, count, off, off + n, len(note), 0)
+        return True
+
+    def fits(self, id_bytes: int, note_len: int) -> bool:
+        """Whether a record's ids (packed, both sides) and note fit the arena."""
+        return ((id_bytes + note_len + 7) & ~7) <= self.arena.size
 
     def _drain(self) -> int:
         """Move completions out of the ring (under _cq_lock); the tail seen."""
@@ -415,6 +507,30 @@ class Ring:
             raise ValueError(f"{len(local_ids)} local and {len(remote_ids)} remote ids: a ring record carries 1 to {MAX_INLINE_IDS} pairs")
         pairs = [int(x) for ab in zip(local_ids, remote_ids) for x in ab]
         return self._post([(OP_BLOCKS, int(route), timeout_ms, pairs)])[0]
+
+    def start_blocks_many(self, reqs: Sequence[Tuple[int, int, Any, Any, bytes]]) -> List[int]:
+        """Post block transfers with one publish: each (route, timeout_ms,
+        local_ids, remote_ids, note), ids as equal-length little-endian
+        uint32 numpy arrays (or lists of 1 to MAX_INLINE_IDS ints with no
+        note: those ride in the record). Beyond MAX_INLINE_IDS pairs, or
+        with a note, the ids and the note go to the arena. Their tags."""
+        recs: List[Tuple[Any, ...]] = []
+        for route, ms, lids, rids, note in reqs:
+            if not 0 <= ms <= MAX_TIMEOUT_MS:
+                raise ValueError(f"timeout_ms {ms}: want 0 to {MAX_TIMEOUT_MS}")
+            k = len(lids)
+            if k != len(rids) or not 1 <= k <= MAX_ARENA_IDS or len(note) > MAX_NOTE:
+                raise ValueError(f"{k} local and {len(rids)} remote ids, a {len(note)}-byte note: a ring record carries "
+                                 f"1 to {MAX_ARENA_IDS} pairs and up to {MAX_NOTE} bytes")
+            if k <= MAX_INLINE_IDS and not note:
+                pairs = [int(x) for ab in zip(lids, rids) for x in ab]
+                recs.append((OP_BLOCKS, int(route), ms, pairs))
+                continue
+            ids = bytes(lids) + bytes(rids) if isinstance(lids, (bytes, bytearray)) else lids.tobytes() + rids.tobytes()
+            if not self.fits(len(ids), len(note)):
+                raise ValueError(f"{k} id pairs and a {len(note)}-byte note: over the ring's arena of {self.arena.size} bytes")
+            recs.append((OP_BLOCKS, int(route), ms, k, ids, bytes(note)))
+        return self._post(recs)
 
     def cancel(self, tag: int) -> None:
         """Cancel the submit under tag (its wait then reports CANCELLED)."""

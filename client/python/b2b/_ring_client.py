@@ -25,7 +25,7 @@ import grpc
 from ._common import _TRANSPORT_BY_NAME, _TRANSPORT_NAME, _invalid, _op, _transport
 from ._pack import as_u32
 from ._results import PhaseTimings, TransferResult
-from ._ring import MAX_INLINE_IDS, MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable
+from ._ring import MAX_ARENA_IDS, MAX_INLINE_IDS, MAX_NOTE, MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable
 from ._many import wait_grpc
 from ._transfers import Transfer, _interrupts_deferred
 from .errors import (
@@ -161,34 +161,118 @@ def _inline_ids(v: Any, name: str) -> Optional[List[int]]:
 
 
 def transfer_blocks(client: "Client", slot: RingSlot, local_layout: str, peer: str, remote_layout: str, local_ids: Any,
-                    remote_ids: Any, timeout: Optional[float], transport: Any, op: Any) -> Optional[TransferResult]:
-    """:meth:`Client.transfer_blocks` through the ring when the ids fit one
-    record (1 to MAX_INLINE_IDS pairs); ``None``: take gRPC."""
+                    remote_ids: Any, timeout: Optional[float], transport: Any, op: Any,
+                    notification: Optional[bytes] = None) -> Optional[TransferResult]:
+    """:meth:`Client.transfer_blocks` that waits, through the ring when it
+    carries the request (:func:`_carried`); ``None``: take gRPC."""
     ms = _timeout_ms(timeout)
     if ms is None or slot.path is None or not local_layout or not peer or not remote_layout:
         return None
-    lids, rids = _inline_ids(local_ids, "local_ids"), _inline_ids(remote_ids, "remote_ids")
-    if lids is None or rids is None or len(lids) != len(rids):
-        return None
+    if notification is None:
+        lids, rids = _inline_ids(local_ids, "local_ids"), _inline_ids(remote_ids, "remote_ids")
+    else:
+        lids = rids = None
     ring = slot.get()
     if ring is None:
         return None
+    if lids is None or rids is None or len(lids) != len(rids):
+        ids = _carried(ring, local_ids, remote_ids, notification)
+        if ids is None:
+            return None
+        lids, rids = ids
+    note = b"" if notification is None else bytes(notification)
     key = (local_layout, peer, remote_layout, _transport(transport), _op(op))
     for attempt in range(2):
         h = _route(client, slot, key)
         if h is None:
             return None
-        c = _post_wait(ring, lambda: ring.start_blocks(h, lids, rids, ms))
-        if c.code == grpc.StatusCode.NOT_FOUND.value[0] and "block route" in c.msg and attempt == 0:
-            with slot.routes_lock:  # the connection it was bound on closed (a reconnect): bind again
-                if slot.routes.get(key) == h:
-                    del slot.routes[key]
-            continue
+        c = _post_wait(ring, lambda: ring.start_blocks_many([(h, ms, lids, rids, note)])[0])
+        if _stale_route(slot, key, h, c) and attempt == 0:
+            continue  # the connection it was bound on closed (a reconnect): bind again
         err = c.error()
         if err is not None:
             raise err
         return _result(key[3], c)
     return None
+
+
+def _stale_route(slot: RingSlot, key: Tuple[str, str, str, int, int], h: int, c: Completion) -> bool:
+    """Whether c refused route h as unknown (its connection closed); the
+    route is then forgotten, and the next use binds it again."""
+    if c.code != grpc.StatusCode.NOT_FOUND.value[0] or "block route" not in c.msg:
+        return False
+    with slot.routes_lock:
+        if slot.routes.get(key) == h:
+            del slot.routes[key]
+    return True
+
+
+def _carried(ring: Ring, local_ids: Any, remote_ids: Any, notification: Any) -> Optional[Tuple[Any, Any]]:
+    """The ids as little-endian uint32 arrays when a ring record carries
+    them with the notification (1 to MAX_ARENA_IDS pairs of equal count
+    that fit the arena, a note of bytes up to MAX_NOTE); ``None``: gRPC.
+    Ids that are no ids raise as the gRPC path would."""
+    if notification is not None and (not isinstance(notification, (bytes, bytearray, memoryview)) or len(notification) > MAX_NOTE):
+        return None  # gRPC's refusal
+    lids, rids = as_u32(local_ids, "local_ids"), as_u32(remote_ids, "remote_ids")
+    k = lids.shape[0]
+    if k != rids.shape[0] or not 1 <= k <= MAX_ARENA_IDS:
+        return None
+    if not ring.fits(8 * k, 0 if notification is None else len(notification)):
+        return None
+    return lids, rids
+
+
+def blocks_record(client: "Client", slot: RingSlot, ring: Ring, x: Any, timeout: Optional[float]) -> Optional[Tuple[Any, ...]]:
+    """What a ring record of b2b.Blocks x carries: (route key, timeout_ms,
+    local ids, remote ids, note), or ``None`` when it goes over gRPC."""
+    t = x.timeout if x.timeout is not None else timeout
+    ms = _timeout_ms(t)
+    if ms is None or not x.local_layout or not x.peer or not x.remote_layout:
+        return None
+    ids = _carried(ring, x.local_ids, x.remote_ids, x.notification)
+    if ids is None:
+        return None
+    try:
+        key = (x.local_layout, x.peer, x.remote_layout, _transport(x.transport), _op(x.op))
+    except B2BError:
+        return None  # gRPC says what is wrong
+    return key, ms, ids[0], ids[1], b"" if x.notification is None else bytes(x.notification)
+
+
+def start_one(client: "Client", x: Any) -> Optional["RingBlocksTransfer"]:
+    """``transfer_blocks(..., wait=False)`` of b2b.Blocks x through the
+    ring; ``None``: take gRPC."""
+    ring = client.ring
+    if ring is None:
+        return None
+    rec = blocks_record(client, client._ring, ring, x, None)
+    if rec is None:
+        return None
+    hs = start_blocks(client, client._ring, ring, [rec], [x.remote_ids])
+    return None if hs is None else hs[0]
+
+
+def start_blocks(client: "Client", slot: RingSlot, ring: Ring, recs: Sequence[Tuple[Any, ...]],
+                 remote_ids: Sequence[Any]) -> Optional[List["RingBlocksTransfer"]]:
+    """Block transfers of recs (blocks_record's), posted with one publish,
+    their routes bound first (cached); ``None`` when a route cannot be
+    bound (gRPC then takes them all, and gives the refusal)."""
+    routes = []
+    for key, *_ in recs:
+        h = _route(client, slot, key)
+        if h is None:
+            return None
+        routes.append(h)
+    tags: List[int] = []
+    try:
+        with _interrupts_deferred():
+            tags = ring.start_blocks_many([(h, ms, l, r, note) for h, (_, ms, l, r, note) in zip(routes, recs)])
+    except KeyboardInterrupt:
+        for t in tags:  # posted, but no handle reaches the caller: stop them
+            _settle(ring, t)
+        raise
+    return [RingBlocksTransfer(client, ring, t, slot, rec[0], h, rid) for t, rec, h, rid in zip(tags, recs, routes, remote_ids)]
 
 
 def _timeout_ms(timeout: Optional[float]) -> Optional[int]:
@@ -276,9 +360,12 @@ class RingTransfer(Transfer):
         super().__init__(client, tag)
         self._ring, self._plan = ring, plan
 
+    def _ok(self, c: Completion) -> Any:
+        return _response(self._plan, c)
+
     def _land(self, c: Completion) -> None:
         if c.code == 0:
-            o = pb.TransferOutcome(transfer_id=self.id, state=pb.TRANSFER_STATE_DONE, result=_response(self._plan, c))
+            o = pb.TransferOutcome(transfer_id=self.id, state=pb.TRANSFER_STATE_DONE, result=self._ok(c))
         else:
             state = pb.TRANSFER_STATE_CANCELLED if c.code == grpc.StatusCode.CANCELLED.value[0] else pb.TRANSFER_STATE_FAILED
             o = pb.TransferOutcome(transfer_id=self.id, state=state, code=c.code, message=c.msg)
@@ -306,11 +393,37 @@ class RingTransfer(Transfer):
                 self._ring.cancel(self.id)
             except NotFoundError:
                 pass  # it ended first: its completion is on its way
-            self.wait()
+            try:
+                self.wait()
+            except B2BError:
+                pass  # its outcome, kept (result, error)
         return self._outcome.state == pb.TRANSFER_STATE_CANCELLED
 
     def __repr__(self) -> str:
         return f"Transfer(ring tag={self.id}, state={self.state})"
+
+
+class RingBlocksTransfer(RingTransfer):
+    """A :class:`Transfer` of a block transfer posted on the ring (a
+    record on a bound route): its outcome is the ring's completion, its
+    ``id`` the ring's tag. The result's ``transport`` is the route's as
+    asked (a route of ``auto`` says ``auto``)."""
+
+    __slots__ = ("_slot", "_key", "_route")
+
+    def __init__(self, client: "Client", ring: Ring, tag: int, slot: RingSlot, key: Tuple[str, str, str, int, int],
+                 route: int, remote_ids: Any) -> None:
+        Transfer.__init__(self, client, tag, remote_ids)
+        self._ring, self._plan = ring, None
+        self._slot, self._key, self._route = slot, key, route
+
+    def _ok(self, c: Completion) -> Any:
+        return pb.BatchTransferResponse(blocks=c.blocks, bytes=c.bytes, transport=self._key[3], elapsed_ns=c.wire_ns,
+                                        phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns))
+
+    def _land(self, c: Completion) -> None:
+        _stale_route(self._slot, self._key, self._route, c)  # a later start binds it again
+        super()._land(c)
 
 
 def start_submits(client: "Client", ring: Ring, plans: Sequence["PreparedTransfer"], timeout: Optional[float]) -> Optional[List[Transfer]]:

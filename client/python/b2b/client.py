@@ -864,14 +864,20 @@ class Client:
         :class:`Transfer` handle at once (``timeout`` then bounds the transfer
         from its start). ``after=(counter, L)`` (a
         :class:`b2b.stream.Counter`): the daemon posts it only once the
-        counter reaches ``L``; it implies ``wait=False``. A transfer of 1 to 4
-        ids that waits, without notification or ``after``, goes through the
-        ring when the client has one (docs/ring.md)."""
-        if wait and after is None and notification is None and not self._closed:
-            res = _ring_client.transfer_blocks(self, self._ring, local_layout, peer, remote_layout, local_ids, remote_ids,
-                                               timeout, transport, op)
-            if res is not None:
-                return res
+        counter reaches ``L``; it implies ``wait=False``. Without ``after``,
+        the transfer goes through the ring when the client has one
+        (docs/ring.md)."""
+        if after is None and not self._closed:
+            if not wait:
+                h = _ring_client.start_one(self, Blocks(local_layout, peer, remote_layout, local_ids, remote_ids, op,
+                                                        notification, transport, timeout))
+                if h is not None:
+                    return h
+            else:
+                res = _ring_client.transfer_blocks(self, self._ring, local_layout, peer, remote_layout, local_ids,
+                                                   remote_ids, timeout, transport, op, notification)
+                if res is not None:
+                    return res
         req = pb.TransferBlocksRequest(
             local_layout=local_layout,
             peer=peer,

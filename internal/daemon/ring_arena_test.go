@@ -1,0 +1,161 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/b2bd/b2bd/client"
+	"github.com/b2bd/b2bd/internal/ring"
+)
+
+// arenaRoute binds a route between layouts over the pair's regions: a's
+// src and b's "kv" as 2*ringBlocks blocks of ringBlock bytes.
+func arenaRoute(t *testing.T, p *ringPair) *client.Route {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	seg := func(id string) []client.Segment {
+		return []client.Segment{{RegionID: id, BlockLen: ringBlock, Stride: ringBlock}}
+	}
+	if _, err := p.a.c.RegisterLayout(ctx, client.Layout{Name: "ls", Segments: seg(p.src.Id), NumBlocks: 2 * ringBlocks}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.b.c.RegisterLayout(ctx, client.Layout{Name: "ld", Segments: seg(p.dst.Id), NumBlocks: 2 * ringBlocks, Export: "ld"}); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := p.a.c.BindRoute(ctx, client.Blocks{LocalLayout: "ls", Peer: p.b.d.PeerAddr(), RemoteLayout: "ld"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+// completions waits for n completions of reg and returns them.
+func completions(t *testing.T, reg *ring.Region, n uint32) []ring.Completion {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for reg.CQ.Tail() < n && time.Now().Before(deadline) {
+		reg.CQ.Wait(reg.CQ.Tail(), 0, 100*time.Millisecond)
+	}
+	var out []ring.Completion
+	for i := range n {
+		c, err := ring.DecodeCompletion(reg.CQ.Slot(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// TestRingArenaHostile: a block record that points outside the arena is
+// refused in its completion, naming the field, its value and the arena's
+// size; the ring serves on.
+func TestRingArenaHostile(t *testing.T) {
+	p := newRingPair(t)
+	_, reg := hostileRingWith(t, p.sock, ring.HelloArena, 0)
+	size := uint64(len(reg.Arena))
+	if size != ring.DefaultArena {
+		t.Fatalf("arena of %d bytes, want the default %d", size, ring.DefaultArena)
+	}
+	recs := []ring.Request{
+		{Tag: 1, Op: ring.OpBlocks, Handle: 5, N: 1, Arena: true, IDsOff: size - 4},
+		{Tag: 2, Op: ring.OpBlocks, Handle: 5, N: 1, Arena: true, IDsOff: 1<<64 - 4},
+		{Tag: 3, Op: ring.OpBlocks, Handle: 5, N: 1, Arena: true, NoteOff: size - 10, NoteLen: 11},
+		{Tag: 4, Op: ring.OpBlocks, Handle: 5, N: ring.MaxArenaIDs, Arena: true},
+		{Tag: 5, Op: ring.OpBlocks, Handle: 5, N: ring.MaxArenaIDs + 1, Arena: true},
+		{Tag: 6, Op: ring.OpPing},
+	}
+	for i, r := range recs {
+		r.Encode(reg.SQ.Slot(uint32(i)))
+	}
+	reg.SQ.Publish(uint32(len(recs)))
+	want := []struct {
+		code codes.Code
+		msg  string
+	}{
+		{codes.InvalidArgument, "ring blocks ids_off 1048572 + 8 bytes of ids (count 1) ends past the arena of 1048576 bytes"},
+		{codes.InvalidArgument, "ids_off 18446744073709551612"},
+		{codes.InvalidArgument, "note_off 1048566 + note_len 11 ends past the arena of 1048576 bytes"},
+		{codes.InvalidArgument, "ids_off 0 + 134217728 bytes of ids (count 16777216) ends past the arena of 1048576 bytes"},
+		{codes.InvalidArgument, "count 16777217: want 1 to 16777216 id pairs"},
+		{codes.OK, ""},
+	}
+	for i, c := range completions(t, reg, uint32(len(recs))) {
+		if c.Tag != uint64(i+1) || codes.Code(c.Code) != want[i].code || !strings.Contains(c.Msg, want[i].msg) {
+			t.Errorf("completion %d: %+v; want %v %q", i, c, want[i].code, want[i].msg)
+		}
+	}
+	p.healthy(t, 9)
+}
+
+// TestRingWithoutArena: an older client's Hello gets the ring laid out as
+// before (no arena); its arena records are refused, and it serves on.
+func TestRingWithoutArena(t *testing.T) {
+	p := newRingPair(t)
+	_, reg := hostileRing(t, p.sock)
+	if len(reg.Arena) != 0 {
+		t.Fatalf("a Hello without an arena got %d arena bytes", len(reg.Arena))
+	}
+	ring.Request{Tag: 1, Op: ring.OpBlocks, Handle: 5, N: 1, Arena: true}.Encode(reg.SQ.Slot(0))
+	reg.SQ.Publish(1)
+	if c := completions(t, reg, 1)[0]; codes.Code(c.Code) != codes.InvalidArgument || !strings.Contains(c.Msg, "past the arena of 0 bytes") {
+		t.Fatalf("completion %+v", c)
+	}
+	p.healthy(t, 5)
+}
+
+// TestRingArenaRewrite: once the daemon took a record (its head passed
+// it), rewriting the arena cannot change what it moves.
+func TestRingArenaRewrite(t *testing.T) {
+	p := newRingPair(t)
+	rt := arenaRoute(t, p)
+	p.fill(3)
+	clear(p.dst.Bytes)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w, err := p.b.c.Watch(ctx, p.dst.Id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, reg := hostileRingWith(t, p.sock, ring.HelloArena, 0)
+	le := binary.LittleEndian
+	const n = 8
+	put := func(first uint32) { // local ids first.., remote ids 0..n-1
+		for i := range uint32(n) {
+			le.PutUint32(reg.Arena[4*i:], first+i)
+			le.PutUint32(reg.Arena[4*(n+i):], i)
+		}
+	}
+	put(0)
+	copy(reg.Arena[8*n:], "note")
+	ring.Request{Tag: 1, Op: ring.OpBlocks, Handle: rt.Handle, N: n, Arena: true, NoteOff: 8 * n, NoteLen: 4}.Encode(reg.SQ.Slot(0))
+	reg.SQ.Publish(1)
+	for deadline := time.Now().Add(20 * time.Second); reg.SQ.Head() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the daemon never took the record")
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+	put(n) // too late: the daemon copied the ids before its head moved
+	clear(reg.Arena[8*n : 8*n+4])
+	c := completions(t, reg, 1)[0]
+	if c.Code != 0 || c.Blocks != n || c.Bytes != n*ringBlock {
+		t.Fatalf("completion %+v", c)
+	}
+	for i := range n {
+		got, want := p.dst.Bytes[i*ringBlock:(i+1)*ringBlock], p.src.Bytes[i*ringBlock:(i+1)*ringBlock]
+		if !bytes.Equal(got, want) {
+			t.Fatalf("block %d: not source block %d: the rewrite reached the transfer", i, i)
+		}
+	}
+	if got, err := w.Recv(); err != nil || string(got.Notification) != "note" {
+		t.Fatalf("notification %v, %v; want the one of the record as taken", got, err)
+	}
+}
