@@ -45,8 +45,7 @@ type Ring struct {
 }
 
 const (
-	ringSpin = 200 * time.Microsecond // then the futex, whose wake-up costs 50-100 us on a loaded host
-	ringNap  = 50 * time.Millisecond
+	ringNap = 50 * time.Millisecond
 )
 
 // ErrRingClosed is the error of an operation on a closed Ring.
@@ -362,7 +361,7 @@ func (r *Ring) Wait(tag uint64) (RawResult, error) {
 					r.forget(tag)
 					return RawResult{}, err
 				}
-				r.reg.CQ.Wait(seen, ringSpin, ringNap)
+				r.reg.CQ.Wait(seen, ring.Spin(), ringNap)
 				continue
 			}
 		}

@@ -26,7 +26,6 @@ import (
 // socket's caller (SO_PEERCRED): it submits only that caller's plans, and it
 // is torn down when the socket closes.
 const (
-	ringSpin     = 200 * time.Microsecond // busy-wait before the futex: waking from it costs 50-100 us on a loaded host
 	ringIdle     = 500 * time.Millisecond
 	ringParkPoll = time.Millisecond // retry parked completions this often
 )
@@ -115,7 +114,7 @@ func (rc *ringConn) consume() {
 			if rc.flush() {
 				wait = ringParkPoll
 			}
-			rc.reg.SQ.Wait(head, ringSpin, wait)
+			rc.reg.SQ.Wait(head, ring.Spin(), wait)
 			continue
 		}
 		for range n {

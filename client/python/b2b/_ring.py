@@ -72,7 +72,9 @@ MAX_ARENA_IDS = 1 << 24  # TransferBlocks' limit of ids per request
 MAX_NOTE = 4096  # TransferBlocks' notification limit
 _COMP = struct.Struct("<QIIQQQQ")  # tag, code, msg_len, blocks, bytes, wire_ns, total_ns
 
-SPIN = 200e-6  # then the futex, as the Go side (internal/ring)
+# Busy-wait before the futex, as the Go side (internal/ring.Spin): only
+# where there are more than 2 CPUs to spin on.
+SPIN = 200e-6 if len(os.sched_getaffinity(0)) > 2 else 0.0
 NAP_NS = 50_000_000  # a sleeping waiter rechecks the daemon's liveness this often
 
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
@@ -598,6 +600,19 @@ class Ring:
                     return out
                 left_ns = min(NAP_NS, int(left * 1e9) + 1)
             self.cq.wait(seen, SPIN, left_ns)
+
+    def completion_tail(self) -> int:
+        """Where the completion ring's producer is: for wait_completion."""
+        return self.cq.tail.value
+
+    def wait_completion(self, seen: int, timeout: float) -> int:
+        """Sleep until a completion arrives after tail ``seen`` (without
+        taking it: poll and wait take completions), at most ``timeout``
+        seconds; returns the tail then. For a thread that wakes an engine
+        loop when any of its transfers ended."""
+        if self._dead is None:
+            self.cq.wait(seen, 0.0, max(1, int(timeout * 1e9)))
+        return self.cq.tail.value
 
     def forget(self, tag: int) -> None:
         """Stop tracking tag: its completion, when it comes, is dropped."""

@@ -6,6 +6,7 @@ goes through b2bd (channel.py)."""
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import threading
 import time
@@ -25,6 +26,17 @@ IDS_PER_NOTE = 256
 # A pulled note's bytes besides its requests' ids.
 _PULLED_NOTE = len('{"t":"pulled","reqs":{}}')
 _LANDED_NOTE = len('{"t":"landed","reqs":{}}')
+
+
+def _locked(fn: Any) -> Any:
+    """The engine's calls and the channel's watch thread (which acts on a
+    peer's note at once: starts a read on "ready", a push on late ids,
+    answers a late "want") take turns on the worker's state."""
+    @functools.wraps(fn)
+    def f(self: "WorkerHalf", *a: Any, **k: Any) -> Any:
+        with self._lock:
+            return fn(self, *a, **k)
+    return f
 
 
 def encode_str(x: str) -> str:
@@ -106,13 +118,15 @@ class WorkerHalf:
         self.peer_address = self.client.status().peer_address
         self.chan: Optional[Channel] = None
         self._wakeup: Optional[Any] = None
+        self._ring_watch: Optional[threading.Thread] = None
+        self._stopping = threading.Event()
         self.layout: Any = None
         self._layers: Dict[str, int] = {}
         self._segs: List[Tuple[Any, int, int, int]] = []
         self._layer_segs: List[List[Tuple[Any, int, int, int]]] = []
         self._names: List[str] = []  # layouts registered here, deregistered at shutdown
         self._sub: Dict[Tuple[int, int], str] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         # decode
         self._loads: Dict[str, _Load] = {}
         self._by_remote: Dict[str, str] = {}
@@ -145,8 +159,50 @@ class WorkerHalf:
         wakes on it instead of a timer (vLLM's engine steps without
         sleeping; this is for engines that do not)."""
         self._wakeup = fn
-        if self.chan is not None:
-            self.chan.on_note = fn
+        if fn is not None and self._ring_watch is None:
+            # A transfer's end comes through the client's ring, if it has
+            # one: a thread sleeps on it and wakes the engine for it too.
+            self._ring_watch = threading.Thread(target=self._watch_ring, daemon=True,
+                                                name=f"b2b-connector-ring-{self.s.engine_id}.{self.s.tp_rank}")
+            self._ring_watch.start()
+
+    def _on_notes(self) -> None:
+        """A peer's notes arrived (called on the channel's watch thread):
+        act on them now rather than at the engine's next get_finished, so
+        that the engine's step is not on the handover's path, then wake
+        the engine for what it must report."""
+        # Not waiting for the engine: while it holds the state, its own
+        # get_finished takes the notes, and this thread goes on reading.
+        if self._lock.acquire(blocking=False):
+            try:
+                if self.chan is not None and not self._stopping.is_set():
+                    self._take_notes()
+                    self._start_pushes()
+                    self.chan.flush()
+            except Exception as e:  # noqa: BLE001 - a bug here must not kill the watch thread; get_finished retries
+                self.stats["note_errors"] = self.stats.get("note_errors", 0) + 1
+                self.last_note_error = f"{type(e).__name__}: {e}"
+            finally:
+                self._lock.release()
+        fn = self._wakeup
+        if fn is not None:
+            fn()
+
+    def _watch_ring(self) -> None:
+        ring, seen = None, 0
+        while not self._stopping.is_set():
+            r = self.client.ring if not self._stopping.is_set() else None
+            if r is None:
+                self._stopping.wait(0.05)
+                continue
+            if r is not ring:
+                ring, seen = r, r.completion_tail()
+            now = ring.wait_completion(seen, 0.05)
+            if now != seen:
+                seen = now
+                fn = self._wakeup
+                if fn is not None:
+                    fn()
 
     def _mark(self, rid: str, what: str, last: bool = False, at: int = 0) -> None:
         t = self.trace.get(rid)
@@ -157,6 +213,7 @@ class WorkerHalf:
         if last or what not in t:
             t[what] = at or time.time_ns()
 
+    @_locked
     def take_trace(self, rid: str) -> Dict[str, int]:
         """The handover times recorded for ``rid`` (and forget them)."""
         return self.trace.pop(rid, {})
@@ -200,7 +257,7 @@ class WorkerHalf:
                     for i, ls in enumerate(self._layer_segs):
                         self._register(self._local(f".L{i}.h{k}.{j}"), _sliced(ls, k, j))
         self.chan = Channel(self.client, s.engine_id, s.tp_rank, s.transport, timeout=max(5.0, s.load_timeout))
-        self.chan.on_note = self._wakeup
+        self.chan.on_note = self._on_notes
         # Pulls' notes land on the pool's first region; in push mode each
         # layer's write carries a note too, delivered on that layer's
         # first region: watch each distinct one once.
@@ -263,6 +320,7 @@ class WorkerHalf:
         n = min(len(rb), len(lb))
         return prank, [(self._local(".x"), pm["full"], lb[:n], rb[:n])], 1
 
+    @_locked
     def start_load_kv(self, meta: Any) -> None:
         s = self.s
         for rel in meta.reqs_to_release.values():
@@ -461,6 +519,7 @@ class WorkerHalf:
 
     # -- prefill: saves (push) ----------------------------------------------
 
+    @_locked
     def save_kv_layer(self, layer_name: str, meta: Any) -> None:
         li = self._layers.get(layer_name)
         if li is None:
@@ -738,6 +797,7 @@ class WorkerHalf:
                 return  # our daemon is unreachable: the deadlines end them
             self.chan.reap(poll=False)
 
+    @_locked
     def get_finished(self, meta: Any) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         sending: Set[str] = set()
         recving: Set[str] = set()
@@ -752,11 +812,15 @@ class WorkerHalf:
         self.chan.flush()  # release notes of failed loads
         return sending or None, recving or None
 
+    @_locked
     def get_block_ids_with_load_errors(self) -> Set[int]:
         out, self._load_errors = self._load_errors, set()
         return out
 
     def shutdown(self) -> None:
+        self._stopping.set()
+        if self._ring_watch is not None:
+            self._ring_watch.join(timeout=2)
         for ld in self._loads.values():
             for h in ld.handles:
                 try:
