@@ -70,7 +70,7 @@ class Engine:
             w.register_kv_caches(p.caches)
         self.wake = threading.Event()  # the router sent something, or a peer's note arrived
         for w in self.workers:
-            w.worker.set_wakeup(self.wake.set)
+            w.set_wakeup(self.wake.set)
         self.free = list(range(a.num_blocks))
         self.waiting: "collections.deque[Req]" = collections.deque()
         self.loading: Dict[str, Req] = {}

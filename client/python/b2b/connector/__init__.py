@@ -109,6 +109,12 @@ class B2BConnector(Base):
         meta = self._connector_metadata if self.has_connector_metadata() else None
         return self.worker.get_finished(meta)
 
+    def set_wakeup(self, fn: Any) -> None:
+        """Not vLLM's (its engine steps without sleeping): ``fn()`` is called,
+        from a connector thread, when a peer's note arrives or a transfer
+        ends, so an engine that sleeps between steps wakes for it."""
+        self.worker.set_wakeup(fn)
+
     def get_block_ids_with_load_errors(self) -> Set[int]:
         return self.worker.get_block_ids_with_load_errors()
 
