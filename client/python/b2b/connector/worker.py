@@ -120,6 +120,7 @@ class WorkerHalf:
         self._wakeup: Optional[Any] = None
         self._ring_watch: Optional[threading.Thread] = None
         self._stopping = threading.Event()
+        self.last_note_error = ""  # the latest exception of acting on notes on the watch thread
         self.layout: Any = None
         self._layers: Dict[str, int] = {}
         self._segs: List[Tuple[Any, int, int, int]] = []
@@ -153,11 +154,12 @@ class WorkerHalf:
         self.trace: "collections.OrderedDict[str, Dict[str, int]]" = collections.OrderedDict()
 
     def set_wakeup(self, fn: Optional[Any]) -> None:
-        """Call ``fn()`` (from a watch thread) whenever a note from a peer
-        arrives: a landed push, a prefill's failure report, a pulled ack.
-        An engine that sleeps between steps while loads are outstanding
-        wakes on it instead of a timer (vLLM's engine steps without
-        sleeping; this is for engines that do not)."""
+        """Call ``fn()`` (from a connector thread) whenever a note from a
+        peer arrives (a landed push, a ready or failure report, a pulled
+        ack) or a transfer on the client's ring ends. An engine that sleeps
+        between steps while loads are outstanding wakes on it instead of a
+        timer (vLLM's engine steps without sleeping; this is for engines
+        that do not)."""
         self._wakeup = fn
         if fn is not None and self._ring_watch is None:
             # A transfer's end comes through the client's ring, if it has
