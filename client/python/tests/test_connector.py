@@ -7,6 +7,7 @@ daemons, every byte of every block checked."""
 from __future__ import annotations
 
 import importlib
+import threading
 import time
 import unittest
 import uuid
@@ -503,6 +504,36 @@ class ConnectorE2ETest(unittest.TestCase):
             got += [n["i"] for _, n in dst.take() if n.get("t") == "x"]
             time.sleep(0.01)
         self.assertEqual(got, list(range(40)))  # each note, once, in order
+
+
+class ConnectorRingE2ETest(ConnectorE2ETest):
+    """Every scenario above again, the clients on each daemon's
+    shared-memory ring (its submit socket): the connector's starts, notes
+    and polls take the ring, and the engine's wake-ups come from it."""
+
+    @classmethod
+    def setUpClass(cls):
+        ring = ["--submit-socket", "{dir}/submit.sock"]
+        cls.dp = Daemon("prefill", extra_args=ring).start()
+        cls.dd = Daemon("decode", extra_args=ring).start()
+
+    def test_wakeup_on_a_note_and_on_a_ring_completion(self):
+        p, d = self.sides()
+        self.assertIsNotNone(d.clients[0].ring)  # else this would not test the ring
+        woke = threading.Event()
+        d.workers[0].set_wakeup(woke.set)
+        # A peer's note wakes the engine.
+        p.workers[0].worker.chan.queue(self.dd.peer_address, d.sched.settings.engine_id, 0, {"t": "x"})
+        p.workers[0].worker.chan.flush()
+        self.assertTrue(woke.wait(10), "no wake-up for a note")
+        # A transfer of this side's ending on its ring wakes it too (no
+        # note comes back to it: it writes into prefill's mailbox).
+        woke.clear()
+        chan = d.workers[0].worker.chan
+        chan.queue(self.dp.peer_address, p.sched.settings.engine_id, 0, {"t": "y"})
+        self.assertEqual(chan.flush(), 1)
+        self.assertTrue(woke.wait(10), "no wake-up for a ring completion")
+
 
 if __name__ == "__main__":
     unittest.main()
