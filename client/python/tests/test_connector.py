@@ -534,6 +534,20 @@ class ConnectorRingE2ETest(ConnectorE2ETest):
         self.assertEqual(chan.flush(), 1)
         self.assertTrue(woke.wait(10), "no wake-up for a ring completion")
 
+    def test_note_writes_are_reaped(self):
+        # Every note write's outcome is taken (by the step's poll), so none
+        # stays in the client's ring, callback or not.
+        p, d = self.sides()
+        chan, ring = d.workers[0].worker.chan, d.clients[0].ring
+        for i in range(50):
+            chan.queue(self.dp.peer_address, p.sched.settings.engine_id, 0, {"t": "z", "i": i})
+            chan.flush()
+        deadline = time.monotonic() + 10
+        while chan.pending() or ring._pending:
+            self.assertLess(time.monotonic(), deadline, f"{len(ring._pending)} ring tags never taken")
+            d.step()
+            time.sleep(0.005)
+
 
 if __name__ == "__main__":
     unittest.main()

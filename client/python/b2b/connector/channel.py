@@ -183,8 +183,9 @@ class Channel:
                 _call(cb, err)
                 continue
             writes += 1
-            if any(c is not None for c in cb):
-                self._inflight.append((h, cb))
+            # Kept until seen to end, callbacks or not: an outcome nobody
+            # takes would stay in the client (and the daemon) for good.
+            self._inflight.append((h, cb))
         return writes
 
     def pending(self) -> List[Any]:
