@@ -227,7 +227,7 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
         bs_d = a.block_size * 2
     common = ["--mode", mode, "--transport", transport, "--layers", str(a.layers), "--heads", str(a.heads),
               "--dim", str(a.dim), "--kv-layout", kvl, "--release-timeout", str(a.release_timeout),
-              "--load-timeout", str(a.load_timeout), "--layer-ms", str(a.layer_ms)]
+              "--load-timeout", str(a.load_timeout)]
     pool_d = a.num_blocks // 3 if name == "decode_restart" else a.num_blocks
     pre = Proc("prefill", dp, common + ["--tp", "1", "--block-size", str(a.block_size),
                                         "--num-blocks", str(a.num_blocks)], work)
@@ -433,8 +433,6 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--layer-ms", type=float, default=0.0,
-                    help="prefill's time per layer of a step, asleep: a GPU's, which leaves the CPU to the rest")
     ap.add_argument("--release-timeout", type=float, default=8.0)
     ap.add_argument("--load-timeout", type=float, default=8.0)
     ap.add_argument("--request-timeout", type=float, default=60.0)

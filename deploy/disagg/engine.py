@@ -236,11 +236,6 @@ class Engine:
                     t0 = time.perf_counter_ns()
                     for q in scheduled:
                         p.fill_layer(li, q.ids, q.seed, q.plen)
-                    # A GPU's layer takes time without the host's CPU:
-                    # at least --layer-ms per layer of the step, asleep.
-                    left = a.layer_ms / 1e3 - (time.perf_counter_ns() - t0) / 1e9
-                    if left > 0:
-                        time.sleep(left)
                     self.compute_ns["prefill"] += time.perf_counter_ns() - t0
                     if li == len(p.names) - 1:
                         # The handover starts once the last layer is
@@ -358,8 +353,6 @@ def main(make: Any = Engine, add_args: Any = None) -> None:
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--kv-layout", default="NHD")
     ap.add_argument("--max-batch", type=int, default=16)
-    ap.add_argument("--layer-ms", type=float, default=0.0,
-                    help="prefill: each layer of a step takes at least this long (a GPU's time, asleep)")
     ap.add_argument("--release-timeout", type=float, default=10.0)
     ap.add_argument("--load-timeout", type=float, default=10.0)
     if add_args is not None:

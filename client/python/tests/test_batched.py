@@ -54,22 +54,27 @@ def counted(c: b2b.Client) -> Counter:
     return k
 
 
-class BatchedTest(daemon_harness.DaemonPair):
-    def setUp(self):
-        rng = np.random.default_rng(41)
+class BlockPools(daemon_harness.DaemonPair):
+    """Block pools for block-id tests on two daemons: ``segments`` regions
+    of ``pool`` blocks of ``block`` bytes a side, A's random, B's exported
+    and laid out as ``self.dst``; ``self.c`` a client of A's daemon whose
+    gRPC calls ``self.k`` counts."""
+
+    segments, pool, block = SEGMENTS, POOL, BLOCK
+
+    def pools(self, rng: np.random.Generator, prefix: str) -> None:
         tag = uuid.uuid4().hex[:6]
-        self.srcs = [self.a.register_host(POOL * BLOCK) for _ in range(SEGMENTS)]
-        self.dsts = [self.b.register_host(POOL * BLOCK, f"bt-{tag}-{i}") for i in range(SEGMENTS)]
+        n = self.pool * self.block
+        self.srcs = [self.a.register_host(n) for _ in range(self.segments)]
+        self.dsts = [self.b.register_host(n, f"{prefix}-{tag}-{i}") for i in range(self.segments)]
         for s in self.srcs:
-            s.memoryview[:] = rng.integers(0, 256, POOL * BLOCK, dtype=np.uint8).tobytes()
-        self.src, self.dst = f"bt-src-{tag}", f"bt-dst-{tag}"
-        self.a.register_layout(self.src, [(s, 0, BLOCK, BLOCK) for s in self.srcs], POOL)
-        self.b.register_layout(self.dst, [(d, 0, BLOCK, BLOCK) for d in self.dsts], POOL, export_name=self.dst)
+            s.memoryview[:] = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        self.src, self.dst = f"{prefix}-src-{tag}", f"{prefix}-dst-{tag}"
+        self.a.register_layout(self.src, [(s, 0, self.block, self.block) for s in self.srcs], self.pool)
+        self.b.register_layout(self.dst, [(d, 0, self.block, self.block) for d in self.dsts], self.pool,
+                               export_name=self.dst)
         self.c = self.da.client(timeout=30)
         self.k = counted(self.c)
-        # 64 transfers of 3 blocks each, to other ids (a permutation).
-        perm = [int(x) for x in rng.permutation(POOL)]
-        self.moves = [(list(range(3 * i, 3 * i + 3)), perm[3 * i:3 * i + 3]) for i in range(N)]
 
     def tearDown(self):
         self.c.close()
@@ -81,9 +86,20 @@ class BatchedTest(daemon_harness.DaemonPair):
         for r in self.srcs + self.dsts:
             r.close()
 
-    def landed(self, lids: List[int], rids: List[int]) -> bool:
-        return all(bytes(d.memoryview[j * BLOCK:(j + 1) * BLOCK]) == bytes(s.memoryview[i * BLOCK:(i + 1) * BLOCK])
-                   for s, d in zip(self.srcs, self.dsts) for i, j in zip(lids, rids))
+    def landed(self, lids: Any, rids: Any) -> bool:
+        """Every segment's block ``lids[k]`` of A arrived as block ``rids[k]`` of B."""
+        bs = self.block
+        return all(bytes(d.memoryview[j * bs:(j + 1) * bs]) == bytes(s.memoryview[i * bs:(i + 1) * bs])
+                   for s, d in zip(self.srcs, self.dsts) for i, j in zip((int(x) for x in lids), (int(x) for x in rids)))
+
+
+class BatchedTest(BlockPools):
+    def setUp(self):
+        rng = np.random.default_rng(41)
+        self.pools(rng, "bt")
+        # 64 transfers of 3 blocks each, to other ids (a permutation).
+        perm = [int(x) for x in rng.permutation(POOL)]
+        self.moves = [(list(range(3 * i, 3 * i + 3)), perm[3 * i:3 * i + 3]) for i in range(N)]
 
     def blocks(self, lids: List[int], rids: List[int]) -> b2b.Blocks:
         return b2b.Blocks(self.src, self.peer_b, self.dst, lids, rids)

@@ -12,12 +12,10 @@ import json
 import threading
 import time
 import unittest
-import uuid
 from typing import List
 
-import daemon_harness
 import numpy as np
-from test_batched import counted
+from test_batched import BlockPools
 
 import b2b
 from b2b import _ring_client
@@ -25,22 +23,14 @@ from b2b import _ring_client
 SEGMENTS, POOL, BLOCK, N, IDS = 2, 8192, 64, 64, 100
 
 
-class RingArenaTest(daemon_harness.DaemonPair):
+class RingArenaTest(BlockPools):
     a_args = ("--submit-socket", "{dir}/submit.sock")
+    segments, pool, block = SEGMENTS, POOL, BLOCK
 
     def setUp(self):
         self.rng = np.random.default_rng(53)
-        tag = uuid.uuid4().hex[:6]
-        self.srcs = [self.a.register_host(POOL * BLOCK) for _ in range(SEGMENTS)]
-        self.dsts = [self.b.register_host(POOL * BLOCK, f"ra-{tag}-{i}") for i in range(SEGMENTS)]
-        for s in self.srcs:
-            s.memoryview[:] = self.rng.integers(0, 256, POOL * BLOCK, dtype=np.uint8).tobytes()
-        self.src, self.dst = f"ra-src-{tag}", f"ra-dst-{tag}"
-        self.a.register_layout(self.src, [(s, 0, BLOCK, BLOCK) for s in self.srcs], POOL)
-        self.b.register_layout(self.dst, [(d, 0, BLOCK, BLOCK) for d in self.dsts], POOL, export_name=self.dst)
-        self.c = self.da.client(timeout=30)
+        self.pools(self.rng, "ra")
         self.assertIsNotNone(self.c.ring, self.c._ring.reason)
-        self.k = counted(self.c)
         # N transfers of IDS +- 8 ids each, to distinct other ids.
         perm = self.rng.permutation(POOL)
         self.moves, at = [], 0
@@ -62,18 +52,7 @@ class RingArenaTest(daemon_harness.DaemonPair):
 
     def tearDown(self):
         self.watch.cancel()
-        self.c.close()
-        for c, name in ((self.a, self.src), (self.b, self.dst)):
-            try:
-                c.deregister_layout(name)
-            except b2b.NotFoundError:
-                pass
-        for r in self.srcs + self.dsts:
-            r.close()
-
-    def landed(self, lids, rids) -> bool:
-        return all(bytes(d.memoryview[j * BLOCK:(j + 1) * BLOCK]) == bytes(s.memoryview[i * BLOCK:(i + 1) * BLOCK])
-                   for s, d in zip(self.srcs, self.dsts) for i, j in zip(lids.tolist(), rids.tolist()))
+        super().tearDown()
 
     def note(self, i: int) -> bytes:
         return json.dumps({"req": f"r{i}", "blocks": len(self.moves[i][0])}).encode()

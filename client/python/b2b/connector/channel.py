@@ -139,11 +139,6 @@ class Channel:
         for k in [k for k in self._cache if k[0] == peer and k[1] == engine]:
             del self._cache[k]
 
-    def send(self, peer: str, engine: str, rank: int, note: dict) -> None:
-        """Deliver ``note`` to a peer rank's mailbox watcher (raises when
-        it cannot: the peer daemon or its mailbox is gone)."""
-        self._write(peer, engine, rank, encode(note))
-
     def queue(self, peer: str, engine: str, rank: int, note: dict,
               on_error: Optional[Callable[[Exception], None]] = None) -> None:
         """Queue ``note`` for a peer rank until :meth:`flush`; ``on_error``
@@ -210,10 +205,6 @@ class Channel:
             elif h.error is not None:
                 _call(cb, h.error)
         self._inflight = keep
-
-    def _write(self, peer: str, engine: str, rank: int, body: bytes) -> None:
-        self.client.transfer_blocks(self._src_layout, peer, mbox_layout_name(engine, rank), [0], [0],
-                                    timeout=self.timeout, transport=self.transport, op="write", notification=body)
 
     def watch(self, region: Any) -> None:
         """Queue every note delivered to ``region`` (an exported region)."""
