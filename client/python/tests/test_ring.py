@@ -493,3 +493,21 @@ class RingBlocksTest(TwoDaemons):
         with self.assertRaises(grpc.RpcError) as cm:
             self.a.stub.ReleaseBlockRoute(pb.ReleaseBlockRouteRequest(handle=h2), timeout=10)
         self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+
+class RingResultTest(unittest.TestCase):
+    """The ring's results are built past the dataclasses' __init__: they
+    must be indistinguishable from results built through it."""
+
+    def test_result_equals_constructed(self):
+        c = _ring.Completion(7, 0, "", 3, 384, 1500, 9000)
+        got = _ring_client._result(2, c, segments=5, work_requests=1)
+        want = b2b.TransferResult(3, 384, got.transport, 1.5e-6, 5, 1, b2b.PhaseTimings(wire_ns=1500, total_ns=9000))
+        self.assertEqual(got, want)
+        self.assertEqual(hash(got.phases), hash(want.phases))
+        self.assertEqual(repr(got), repr(want))
+        self.assertEqual(got.phases.as_dict(), want.phases.as_dict())
+        self.assertEqual(got.elapsed_ns, 1500)
+        self.assertEqual(got.phases.decode_ns, 0)  # a field not set reads its default
+        with self.assertRaises(AttributeError):  # still frozen
+            got.blocks = 4
