@@ -60,6 +60,7 @@ type Config struct {
 	// the default; the flags refuse values out of range.
 	PeerIdleTimeout time.Duration
 	MaxPeers        int
+	ConnsPerPeer    int    // data connections per peer and transport (peer.Limits)
 	SubmitSocket    string // optional raw submit socket (server/raw.go)
 	DefaultTimeout  time.Duration
 	ShutdownGrace   time.Duration
@@ -98,6 +99,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"close a peer's connections once nothing used them this long; the next batch reconnects")
 	fs.IntVar(&c.MaxPeers, "max-peers", peer.DefaultMaxPeers,
 		"most peers this daemon keeps connections to at once; a batch to one more is refused with ResourceExhausted")
+	fs.IntVar(&c.ConnsPerPeer, "conns-per-peer", peer.DefaultConnsPerPeer,
+		"most data connections to one peer per transport; each carries one batch at a time, so batches to a peer run side by side up to this many")
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
 	fs.StringVar(&c.Transport, "transport", transport.Auto, "data plane: auto (local when the peer proves it is on this host, else verbs when both peers have RDMA, else tcp), tcp, verbs or local (same host only: shared memory and CUDA IPC)")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", desc.DefaultMaxBlocks, "most blocks per batch")
@@ -130,6 +133,7 @@ var flagRanges = config.Ranges{
 	"peer-listen":              config.HostPort{},
 	"peer-idle-timeout":        config.Duration{Min: minPeerIdleTimeout, Max: maxPeerIdleTimeout},
 	"max-peers":                config.Int{Min: 1, Max: maxMaxPeers},
+	"conns-per-peer":           config.Int{Min: 1, Max: maxConnsPerPeer},
 	"shm-dir":                  config.Path(false),
 	"transport":                config.OneOf(transport.Names),
 	"max-descriptors":          config.Int{Min: 1, Max: 1 << 24},
@@ -325,7 +329,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		return nil, err
 	}
 	d.peers = peer.New(self, d.transports, log.Named("peer"), peerTLS == nil, dial...)
-	d.peers.SetLimits(peer.Limits{IdleTimeout: cfg.PeerIdleTimeout, MaxPeers: cfg.MaxPeers})
+	d.peers.SetLimits(peer.Limits{IdleTimeout: cfg.PeerIdleTimeout, MaxPeers: cfg.MaxPeers, ConnsPerPeer: cfg.ConnsPerPeer})
 
 	live := map[b2bv1.TransportKind]transport.Transport{}
 	var adverts []transport.Advert

@@ -45,6 +45,7 @@ var rangeCases = []struct {
 	{"data-listen", []string{"", ":-1"}, []string{":7471"}, "host:port"},
 	{"peer-idle-timeout", []string{"100ms", "25h"}, []string{"1s", "24h0m0s"}, "1s to 24h"},
 	{"max-peers", []string{"0", "-3", "65537"}, []string{"1", "65536"}, "1 to 65536"},
+	{"conns-per-peer", []string{"0", "-1", "65"}, []string{"1", "64"}, "1 to 64"},
 	{"tcp-streams", []string{"-3", "0", "65"}, []string{"1", "64"}, "1 to 64"},
 	{"shm-dir", []string{"", "a\x00b"}, []string{"/dev/shm/b2bd"}, "non-empty"},
 	{"local-streams", []string{"99", "0", "-1", "9"}, []string{"1", "8"}, "1 to 8"},

@@ -7,11 +7,12 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 )
 
-// The ranges of --peer-idle-timeout and --max-peers.
+// The ranges of --peer-idle-timeout, --max-peers and --conns-per-peer.
 const (
 	minPeerIdleTimeout = time.Second
 	maxPeerIdleTimeout = 24 * time.Hour
 	maxMaxPeers        = 1 << 16
+	maxConnsPerPeer    = 64
 )
 
 // checkPeerLimits refuses a Config whose peer limits are out of range (the
@@ -24,6 +25,9 @@ func (c *Config) checkPeerLimits() error {
 	}
 	if c.MaxPeers < 0 || c.MaxPeers > maxMaxPeers {
 		return fmt.Errorf("%w: --max-peers %d is out of range: 1 to %d", errs.ErrInvalidArgument, c.MaxPeers, maxMaxPeers)
+	}
+	if c.ConnsPerPeer < 0 || c.ConnsPerPeer > maxConnsPerPeer {
+		return fmt.Errorf("%w: --conns-per-peer %d is out of range: 1 to %d", errs.ErrInvalidArgument, c.ConnsPerPeer, maxConnsPerPeer)
 	}
 	return nil
 }

@@ -47,6 +47,9 @@ type Limits struct {
 	// MaxPeers caps the peers kept at once; a batch to another peer is
 	// refused with ResourceExhausted. <= 0: the default.
 	MaxPeers int
+	// ConnsPerPeer caps a peer's data connections of one kind, each
+	// carrying one batch at a time (connSet). <= 0: the default.
+	ConnsPerPeer int
 }
 
 // Defaults of Limits (b2bd's --peer-idle-timeout and --max-peers).
@@ -83,7 +86,7 @@ type state struct {
 	// when hs is dropped: prepared plans compare it to the one they were
 	// made under to notice a restarted peer without a round trip.
 	instance atomic.Uint64
-	conns    map[transport.Kind]transport.Conn
+	conns    map[transport.Kind]*connSet
 	// unusable says, per kind both sides offer, why it cannot reach the
 	// peer (its driver's Usable, run once per handshake); a kind absent
 	// is usable.
@@ -176,8 +179,8 @@ func (st *state) done() {
 // waits for that dial, and the caller holds st.mu, which every call to the
 // peer waits for.
 func (st *state) closeLocked(wait bool) {
-	for k, c := range st.conns {
-		_ = c.Close()
+	for k, set := range st.conns {
+		set.closeAll()
 		delete(st.conns, k)
 	}
 	if st.cc != nil {
@@ -217,24 +220,17 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 	if err != nil {
 		return Session{}, err
 	}
-	c := st.conns[kind]
-	if c != nil && c.Err() != nil {
-		_ = c.Close()
-		delete(st.conns, kind)
-		c = nil
+	c, reused, err := st.conn(ctx, kind, m.kept.connsPerPeer(), func(ctx context.Context) (transport.Conn, error) {
+		return m.choice.transports[kind].Connect(ctx, peerOf(addr, kind, st.hs, st.client))
+	})
+	if err != nil {
+		// The peer may have restarted with a new token or QP state:
+		// handshake afresh next time.
+		st.hs = nil
+		return Session{}, fmt.Errorf("peer %s: connect %s data path: %w", addr, kind, err)
 	}
-	reused := c != nil
-	if c == nil {
-		c, err = m.choice.transports[kind].Connect(ctx, peerOf(addr, kind, st.hs, st.client))
-		if err != nil {
-			// The peer may have restarted with a new token or QP state:
-			// handshake afresh next time.
-			st.hs = nil
-			return Session{}, fmt.Errorf("peer %s: connect %s data path: %w", addr, kind, err)
-		}
-		c = track(c, st)
-		st.conns[kind] = c
-		m.log.Info("data path connected", "peer", addr, "transport", kind)
+	if !reused {
+		m.log.Info("data path connected", "peer", addr, "transport", kind, "connections", len(st.conns[kind].conns))
 	}
 	return Session{Kind: kind, Conn: c, Caps: m.choice.caps[kind], Name: st.hs.GetNodeName(), Reused: reused}, nil
 }
@@ -267,7 +263,7 @@ func (m *Manager) Broken(addr string, s Session) {
 // cached resolutions, unless another batch reported it first. The caller
 // holds st.mu.
 func (st *state) brokenLocked(s Session) {
-	if c := st.conns[s.Kind]; c != s.Conn {
+	if set := st.conns[s.Kind]; set == nil || !set.remove(s.Conn) {
 		// Another batch on the same connection already reported it, and a
 		// fresh one may be carrying retries by now: forgetting the handshake
 		// again would make the next Get handshake anew and close that fresh
@@ -275,8 +271,6 @@ func (st *state) brokenLocked(s Session) {
 		// WRITE then failed their retries with "connection closed").
 		return
 	}
-	_ = s.Conn.Close()
-	delete(st.conns, s.Kind)
 	st.hs = nil
 	st.clearCache()
 	if st.cc != nil {
@@ -343,8 +337,8 @@ func (m *Manager) handshake(ctx context.Context, st *state) error {
 	}
 	// A new handshake means the peer may have restarted: old data paths
 	// and region keys are stale.
-	for k, c := range st.conns {
-		_ = c.Close()
+	for k, set := range st.conns {
+		set.closeAll()
 		delete(st.conns, k)
 	}
 	st.clearCache()

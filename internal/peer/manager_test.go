@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -37,6 +38,8 @@ var writeNeed = transport.Need{Op: transport.OpWrite}
 type fakeTransport struct {
 	transport.Quiet
 	connects atomic.Int32
+	dial     func() transport.Conn // nil: a fakeConn
+	refuse   atomic.Bool           // Connect fails
 }
 
 func (t *fakeTransport) Kind() transport.Kind { return transport.TCP }
@@ -45,6 +48,12 @@ func (t *fakeTransport) Register(memory.Memory) (transport.Registration, error) 
 }
 func (t *fakeTransport) Connect(context.Context, transport.Peer) (transport.Conn, error) {
 	t.connects.Add(1)
+	if t.refuse.Load() {
+		return nil, errors.New("fake: connection refused")
+	}
+	if t.dial != nil {
+		return t.dial(), nil
+	}
 	return &fakeConn{}, nil
 }
 func (t *fakeTransport) Close() error { return nil }

@@ -21,6 +21,7 @@ type peerTable struct {
 	// idleNanos and maxPeers are Limits, settable while running.
 	idleNanos atomic.Int64
 	maxPeers  atomic.Int64
+	maxConns  atomic.Int64 // Limits.ConnsPerPeer
 
 	mu     sync.Mutex
 	closed bool
@@ -39,9 +40,15 @@ func (t *peerTable) setLimits(l Limits) {
 	if l.MaxPeers <= 0 {
 		l.MaxPeers = DefaultMaxPeers
 	}
+	if l.ConnsPerPeer <= 0 {
+		l.ConnsPerPeer = DefaultConnsPerPeer
+	}
 	t.idleNanos.Store(int64(l.IdleTimeout))
 	t.maxPeers.Store(int64(l.MaxPeers))
+	t.maxConns.Store(int64(l.ConnsPerPeer))
 }
+
+func (t *peerTable) connsPerPeer() int { return int(t.maxConns.Load()) }
 
 func (t *peerTable) idleTimeout() time.Duration { return time.Duration(t.idleNanos.Load()) }
 
@@ -62,7 +69,7 @@ func (t *peerTable) acquire(addr string, create bool) (*state, error) {
 			return nil, fmt.Errorf("%w: peer %s: this daemon keeps connections to %d peers, the limit (--max-peers) is %d; a peer is dropped after --peer-idle-timeout (%s) unused",
 				errs.ErrResourceExhausted, addr, len(t.peers), max, t.idleTimeout())
 		}
-		st = &state{addr: addr, conns: map[transport.Kind]transport.Conn{}, resolved: map[string]cacheEntry[Resolved]{}, layouts: map[string]cacheEntry[*transport.LayoutResolution]{}}
+		st = &state{addr: addr, conns: map[transport.Kind]*connSet{}, resolved: map[string]cacheEntry[Resolved]{}, layouts: map[string]cacheEntry[*transport.LayoutResolution]{}}
 		t.peers[addr] = st
 		if t.reapStop == nil {
 			t.reapStop = make(chan struct{})
@@ -128,16 +135,26 @@ func (t *peerTable) reapLoop(stop chan struct{}) {
 
 // reap closes and forgets every peer idle for idle or longer at now.
 func (t *peerTable) reap(now time.Time, idle time.Duration) {
-	var gone []*state
+	var gone, kept []*state
 	t.mu.Lock()
 	for addr, st := range t.peers {
 		if st.busy.Load() == 0 && now.Sub(time.Unix(0, st.lastUse.Load())) >= idle && st.mu.TryLock() {
 			delete(t.peers, addr)
 			gone = append(gone, st)
+		} else {
+			kept = append(kept, st)
 		}
 	}
 	t.stopReaperIfEmpty()
 	t.mu.Unlock()
+	for _, st := range kept {
+		if st.mu.TryLock() { // busy with a handshake or a dial: next round
+			for _, set := range st.conns {
+				set.trim(now, min(idle, extraConnIdle))
+			}
+			st.mu.Unlock()
+		}
+	}
 	for _, st := range gone {
 		if st.up {
 			t.log.Info("peer idle: its connections are closed until the next batch", "peer", st.addr, "idle_timeout", idle)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -16,20 +17,35 @@ import (
 // never reaped then. The wrapper adds two atomic adds and a clock read per
 // transfer, and no allocation. What the kind really does is its Caps, which
 // the Session carries and the batch layer checks before calling.
-func track(c transport.Conn, st *state) transport.Conn {
+func track(c transport.Conn, st *state) *trackedConn {
 	return &trackedConn{Conn: c, st: st}
 }
 
 type trackedConn struct {
 	transport.Conn
 	st *state
+	// inflight counts the batches on this connection now (connSet.pick),
+	// plans the live plans prepared on it, lastUse when its last batch
+	// ended (UnixNano): an extra connection idle long enough is closed
+	// (connSet.trim).
+	inflight atomic.Int32
+	plans    atomic.Int32
+	lastUse  atomic.Int64
 }
 
 // Post forwards a transfer to the connection, counted busy while it runs.
 func (c *trackedConn) Post(ctx context.Context, r *transport.Request) (transport.Stats, error) {
 	c.st.busy.Add(1)
+	c.inflight.Add(1)
 	defer c.st.done()
+	defer c.end()
 	return c.Conn.Post(ctx, r)
+}
+
+// end ends a batch on c.
+func (c *trackedConn) end() {
+	c.lastUse.Store(time.Now().UnixNano())
+	c.inflight.Add(-1)
 }
 
 // Prepare prepares on the connection; a live plan keeps its peer busy.
@@ -39,7 +55,8 @@ func (c *trackedConn) Prepare(r *transport.Request) (transport.Prepared, error) 
 		return nil, err
 	}
 	c.st.busy.Add(1) // until Close: a live plan keeps its peer
-	tp := &trackedPrepared{Prepared: p, st: c.st}
+	c.plans.Add(1)   // and its connection
+	tp := &trackedPrepared{Prepared: p, st: c.st, conn: c}
 	tp.wr, _ = p.(workRequester)
 	return tp, nil
 }
@@ -49,18 +66,22 @@ type workRequester interface{ WorkRequests() uint64 }
 type trackedPrepared struct {
 	transport.Prepared
 	st     *state
+	conn   *trackedConn // the connection it was prepared on, which its writes use
 	closed atomic.Bool
 	wr     workRequester // nil: the kind does not count its work requests
 }
 
 func (p *trackedPrepared) Write(ctx context.Context) (transport.Stats, error) {
 	p.st.busy.Add(1)
+	p.conn.inflight.Add(1)
 	defer p.st.done()
+	defer p.conn.end()
 	return p.Prepared.Write(ctx)
 }
 
 func (p *trackedPrepared) Close() error {
 	if p.closed.CompareAndSwap(false, true) {
+		p.conn.plans.Add(-1)
 		p.st.done()
 	}
 	return p.Prepared.Close()

@@ -1,0 +1,148 @@
+package peer
+
+import (
+	"context"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// DefaultConnsPerPeer is Limits.ConnsPerPeer's default (b2bd's
+// --conns-per-peer).
+const DefaultConnsPerPeer = 4
+
+// connSet is a peer's data connections of one kind. Every kind carries one
+// batch at a time on a connection (its frames, acks and mapping cache are
+// the connection's), so a set of them lets batches to one peer run side by
+// side: an engine with 64 requests in flight to its peer had each wait
+// behind the others' round trips, a millisecond of a 0.3-ms transfer. A
+// batch takes the connection with the fewest batches in flight (the next
+// one in turn among equals); another is connected only when every one is
+// busy and the set has room, so an idle peer keeps one.
+type connSet struct {
+	conns []*trackedConn
+	next  int // where the next pick's turn starts
+	// noDialUntil: an extra dial failed; none is tried before then.
+	noDialUntil time.Time
+}
+
+// pick returns the connection for the next batch, and whether it is busy
+// (every connection has a batch in flight). nil when the set is empty.
+func (s *connSet) pick() (*trackedConn, bool) {
+	n := len(s.conns)
+	if n == 0 {
+		return nil, false
+	}
+	var best *trackedConn
+	for i := range n {
+		c := s.conns[(s.next+i)%n]
+		if best == nil || c.inflight.Load() < best.inflight.Load() {
+			best = c
+		}
+	}
+	s.next = (s.next + 1) % n
+	return best, best.inflight.Load() > 0
+}
+
+// dropBroken closes and removes the connections that report an error.
+func (s *connSet) dropBroken() {
+	keep := s.conns[:0]
+	for _, c := range s.conns {
+		if c.Err() != nil {
+			_ = c.Close()
+			continue
+		}
+		keep = append(keep, c)
+	}
+	clear(s.conns[len(keep):])
+	s.conns = keep
+}
+
+// remove closes c and takes it out of the set; false when c is not in it
+// (another batch reported it first).
+func (s *connSet) remove(c transport.Conn) bool {
+	for i, x := range s.conns {
+		if transport.Conn(x) == c {
+			_ = x.Close()
+			s.conns = append(s.conns[:i], s.conns[i+1:]...)
+			s.conns = s.conns[:len(s.conns):len(s.conns)]
+			return true
+		}
+	}
+	return false
+}
+
+// extraConnIdle is how long a connection beyond a peer's first may sit
+// unused (no batch, no live plan) before the reaper closes it: a burst's
+// connections go with it, and an idle peer keeps one.
+const extraConnIdle = 5 * time.Second
+
+// extraDialTimeout bounds the dial of a connection beyond a peer's first;
+// after one failed, none is tried for extraDialBackoff.
+const (
+	extraDialTimeout = time.Second
+	extraDialBackoff = 5 * time.Second
+)
+
+// trim closes the connections beyond the first that were unused for idle
+// at now.
+func (s *connSet) trim(now time.Time, idle time.Duration) {
+	for i := len(s.conns) - 1; i >= 1; i-- {
+		c := s.conns[i]
+		if c.inflight.Load() == 0 && c.plans.Load() == 0 && now.Sub(time.Unix(0, c.lastUse.Load())) >= idle {
+			s.remove(c)
+		}
+	}
+}
+
+// closeAll closes every connection (children of the peer's state).
+func (s *connSet) closeAll() {
+	for _, c := range s.conns {
+		_ = c.Close()
+	}
+	s.conns = nil
+}
+
+// conn picks st's connection of kind for a batch, connecting one first when
+// the set is empty, or when every one is busy and the set holds fewer than
+// max; reused says the connection existed before. The caller holds st.mu.
+func (st *state) conn(ctx context.Context, kind transport.Kind, max int, dial func(context.Context) (transport.Conn, error)) (c *trackedConn, reused bool, err error) {
+	set := st.conns[kind]
+	if set == nil {
+		set = &connSet{}
+		st.conns[kind] = set
+	}
+	set.dropBroken()
+	c, busy := set.pick()
+	if c != nil && (!busy || len(set.conns) >= max || time.Now().Before(set.noDialUntil)) {
+		return c, true, nil
+	}
+	if c != nil {
+		// An extra connection, dialed under st.mu: bounded, so that a
+		// slow or frozen peer holds the other batches' Get no longer, and
+		// on failure the batch queues on a busy one (the peer may just be
+		// slow; the batch on it says whether it is gone).
+		dctx, cancel := context.WithTimeout(ctx, extraDialTimeout)
+		nc, err := dial(dctx)
+		cancel()
+		if err != nil {
+			set.noDialUntil = time.Now().Add(extraDialBackoff)
+			return c, true, nil
+		}
+		return set.add(st, nc), false, nil
+	}
+	nc, err := dial(ctx)
+	if err != nil {
+		delete(st.conns, kind)
+		return nil, false, err
+	}
+	return set.add(st, nc), false, nil
+}
+
+// add tracks nc and puts it in the set.
+func (s *connSet) add(st *state, nc transport.Conn) *trackedConn {
+	t := track(nc, st)
+	t.lastUse.Store(time.Now().UnixNano())
+	s.conns = append(s.conns, t)
+	return t
+}

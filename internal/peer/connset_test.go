@@ -1,0 +1,191 @@
+package peer
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/transport"
+)
+
+// gatedConn is a fakeConn whose writes wait for gate to close, saying on
+// entered that they began.
+type gatedConn struct {
+	fakeConn
+	gate    chan struct{}
+	entered chan struct{}
+	broken  atomic.Bool
+}
+
+func (c *gatedConn) Write(context.Context, transport.Registration, transport.RemoteRegion, *desc.Batch) (transport.Stats, error) {
+	c.entered <- struct{}{}
+	<-c.gate
+	return transport.Stats{}, nil
+}
+
+func (c *gatedConn) Err() error {
+	if c.broken.Load() {
+		return net.ErrClosed
+	}
+	return c.fakeConn.Err()
+}
+
+func (c *gatedConn) Post(ctx context.Context, r *transport.Request) (transport.Stats, error) {
+	h := transport.Handlers{Write: c.Write}
+	return h.Post(ctx, r)
+}
+
+// TestConnsPerPeer: batches to one peer take an idle connection, a new one
+// while every connection is busy and the set has room, and share the least
+// busy one beyond that; an idle peer's next batch connects nothing; a
+// connection that reports an error is dropped and replaced; once idle, all
+// but one are closed.
+func TestConnsPerPeer(t *testing.T) {
+	const addr = "127.0.0.1:7470"
+	for _, tc := range []struct {
+		name          string
+		max, batches  int
+		wantConnected int32
+	}{
+		{"one connection serialises", 1, 3, 1},
+		{"a connection per busy batch", 4, 3, 3},
+		{"capped at the limit", 2, 5, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _, ft := newTestManager(t)
+			m.SetLimits(Limits{ConnsPerPeer: tc.max})
+			gate := make(chan struct{})
+			entered := make(chan struct{}, tc.batches)
+			var made []*gatedConn
+			var mu sync.Mutex
+			ft.dial = func() transport.Conn {
+				c := &gatedConn{gate: gate, entered: entered}
+				mu.Lock()
+				made = append(made, c)
+				mu.Unlock()
+				return c
+			}
+			ctx := context.Background()
+			var wg sync.WaitGroup
+			errc := make(chan error, tc.batches)
+			for i := 0; i < tc.batches; i++ {
+				s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, err := s.Conn.Post(ctx, oneWrite())
+					errc <- err
+				}()
+				// A batch beyond the connections queues on its
+				// connection and never enters Write until the gate opens.
+				if i < tc.max {
+					select {
+					case <-entered:
+					case <-time.After(10 * time.Second):
+						t.Fatalf("batch %d never began", i)
+					}
+				}
+			}
+			if got := ft.connects.Load(); got != tc.wantConnected {
+				t.Fatalf("%d connections for %d busy batches (limit %d), want %d", got, tc.batches, tc.max, tc.wantConnected)
+			}
+			close(gate)
+			wg.Wait()
+			close(errc)
+			for err := range errc {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Idle now: the next batch takes a connection that exists.
+			if _, err := m.Get(ctx, addr, transport.TCP, writeNeed); err != nil {
+				t.Fatal(err)
+			}
+			if got := ft.connects.Load(); got != tc.wantConnected {
+				t.Fatalf("an idle peer's batch connected again: %d connections", got)
+			}
+			// One connection breaks: it is closed and dropped at the next
+			// Get, and the others stay.
+			mu.Lock()
+			made[0].broken.Store(true)
+			mu.Unlock()
+			s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Conn.(*trackedConn).Conn == transport.Conn(made[0]) {
+				t.Fatal("Get handed out a broken connection")
+			}
+			if !made[0].closed.Load() {
+				t.Fatal("the broken connection was not closed")
+			}
+			for _, c := range made[1:] {
+				if c.closed.Load() {
+					t.Fatal("a healthy connection was closed with the broken one")
+				}
+			}
+			// Unused for longer than extraConnIdle: the reaper closes
+			// every connection but one, and keeps the peer.
+			m.kept.reap(time.Now().Add(extraConnIdle+time.Second), DefaultIdleTimeout)
+			open := 0
+			mu.Lock()
+			for _, c := range made {
+				if !c.closed.Load() {
+					open++
+				}
+			}
+			mu.Unlock()
+			if open != 1 {
+				t.Fatalf("%d connections open after the burst went idle, want 1", open)
+			}
+		})
+	}
+}
+
+// oneWrite is a one-block write request for a fake connection.
+func oneWrite() *transport.Request {
+	return &transport.Request{Op: transport.OpWrite, Batch: &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{8}}}
+}
+
+// TestExtraDialFails: when a connection beyond the first cannot be made, the
+// batch queues on a busy one (no error, the handshake kept), and no other is
+// tried for extraDialBackoff.
+func TestExtraDialFails(t *testing.T) {
+	const addr = "127.0.0.1:7470"
+	m, fp, ft := newTestManager(t)
+	gate := make(chan struct{})
+	defer close(gate)
+	entered := make(chan struct{}, 4)
+	first := &gatedConn{gate: gate, entered: entered}
+	ft.dial = func() transport.Conn { return first }
+	ctx := context.Background()
+	s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = s.Conn.Post(ctx, oneWrite()) }()
+	<-entered
+	ft.refuse.Store(true)
+	for i := 0; i < 3; i++ {
+		s2, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+		if err != nil {
+			t.Fatalf("Get %d: %v", i, err)
+		}
+		if s2.Conn != s.Conn {
+			t.Fatalf("Get %d handed out another connection", i)
+		}
+	}
+	if got := ft.connects.Load(); got != 2 {
+		t.Fatalf("%d connects, want 2: one extra tried, then none within the backoff", got)
+	}
+	if got := fp.handshakes.Load(); got != 1 {
+		t.Fatalf("%d handshakes: a failed extra dial dropped the peer's handshake", got)
+	}
+}
