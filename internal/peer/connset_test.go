@@ -49,15 +49,26 @@ func TestConnsPerPeer(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		max, batches  int
+		single        bool // the kind's Caps.SingleConn
 		wantConnected int32
 	}{
-		{"one connection serialises", 1, 3, 1},
-		{"a connection per busy batch", 4, 3, 3},
-		{"capped at the limit", 2, 5, 2},
+		{"one connection serialises", 1, 3, false, 1},
+		{"a connection per busy batch", 4, 3, false, 3},
+		{"capped at the limit", 2, 5, false, 2},
+		{"a single-connection kind keeps one", 4, 3, true, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, _, ft := newTestManager(t)
 			m.SetLimits(Limits{ConnsPerPeer: tc.max})
+			if tc.single {
+				d, _ := transport.Lookup(transport.TCP)
+				d.Caps.SingleConn = true
+				m.SetDrivers(func(k transport.Kind) (transport.Driver, bool) { return d, k == transport.TCP })
+			}
+			limit := tc.max
+			if tc.single {
+				limit = 1
+			}
 			gate := make(chan struct{})
 			entered := make(chan struct{}, tc.batches)
 			var made []*gatedConn
@@ -85,7 +96,7 @@ func TestConnsPerPeer(t *testing.T) {
 				}()
 				// A batch beyond the connections queues on its
 				// connection and never enters Write until the gate opens.
-				if i < tc.max {
+				if i < limit {
 					select {
 					case <-entered:
 					case <-time.After(10 * time.Second):

@@ -66,6 +66,12 @@ type Caps struct {
 	Blocks bool
 	// Prepared: its Conns' Prepare builds a descriptor write's work.
 	Prepared bool
+	// SingleConn: a Conn keeps state per connection that costs a batch far
+	// more to rebuild than to wait for a busy Conn (the same-host kind maps
+	// each of the peer's regions per connection: a populated mmap of a host
+	// pool at ~60 ms a GiB, a GPU pool's IPC handle at 75 ms for 20 GiB), so the peer manager
+	// keeps one Conn per peer of the kind instead of --conns-per-peer.
+	SingleConn bool
 	// Keys: what its registrations do with their keys beyond Key; their
 	// other Registration methods answer errs.ErrUnimplemented, and the
 	// conformance suite holds each kind to this.

@@ -18,7 +18,7 @@ func init() {
 		Flags:  flags,
 		Ranges: ranges,
 		New:    newDriver,
-		Caps: transport.Caps{Rank: 30, SameHostOnly: true, Memory: []memory.Kind{memory.Host, memory.CUDA}, Ops: transport.OpWrite | transport.OpRead, Blocks: true, Prepared: true,
+		Caps: transport.Caps{Rank: 30, SameHostOnly: true, SingleConn: true, Memory: []memory.Kind{memory.Host, memory.CUDA}, Ops: transport.OpWrite | transport.OpRead, Blocks: true, Prepared: true,
 			Keys: transport.KeyCaps{PerAccess: true, Rekey: true, RekeyRead: true}},
 		Usable: usable,
 	})
