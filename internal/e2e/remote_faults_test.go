@@ -679,8 +679,15 @@ func (r *remoteRig) load(clients, batches int) {
 	if len(failures) > 0 {
 		t.Fatalf("LOAD: %d failures, first: %s", len(failures), failures[0])
 	}
-	time.Sleep(500 * time.Millisecond) // let closed calls settle
+	// Back at the baseline, polled and bounded: closed calls settle, and
+	// the extra connections a burst opened to the peer close once unused
+	// for 5 s, at the reaper's next round (10 s apart at the default idle
+	// timeout).
 	after := [2]remoteSample{r.sampleLocal(), r.sampleRemote()}
+	for until := time.Now().Add(40 * time.Second); time.Now().Before(until) && !(after[0].sameAs(before[0]) && after[1].sameAs(before[1])); {
+		time.Sleep(500 * time.Millisecond)
+		after = [2]remoteSample{r.sampleLocal(), r.sampleRemote()}
+	}
 	fmt.Printf("LOAD %d clients x %d batches (%s, between the VMs, half A → B, half B → A): 0 failures, %d batches, %d blocks verified, %.1f MB in %v\n",
 		clients, batches, r.kind, nBatches, blocks, float64(bytes)/1e6, took.Round(time.Millisecond))
 	for i, name := range []string{"A (test's daemon)", "B"} {

@@ -67,6 +67,7 @@ func TestCutBatchNeverLandsLate(t *testing.T) {
 				}
 				cutErr := err
 				copy(snap, p.dstMem.Host)
+				cutID := p.conn.(*conn).id
 				// A cut conn carries nothing more: the peer manager dials
 				// a fresh one, as here.
 				p.conn.Close()
@@ -87,6 +88,13 @@ func TestCutBatchNeverLandsLate(t *testing.T) {
 					} else {
 						unconfirmedLate++
 					}
+				}
+				if !confirmed {
+					// The frame it allows may land later still (a receiver
+					// starved past the window above): fence the old conn
+					// here, as its own fence would once the receiver ran,
+					// so that it cannot overwrite the next batch's bytes.
+					p.b.fence(cutID)
 				}
 			}
 			t.Logf("%d iterations: %d cut off (%d with the receiver's fence ack), %d changed after a confirmed answer, %d after an unconfirmed one",
