@@ -107,8 +107,8 @@ func (s *connSet) closeAll() {
 
 // conn picks st's connection of kind for a batch, connecting one first when
 // the set is empty, or when every one is busy and the set holds fewer than
-// max; reused says the connection existed before. The caller holds st.mu.
-func (st *state) conn(ctx context.Context, kind transport.Kind, max int, dial func(context.Context) (transport.Conn, error)) (c *trackedConn, reused bool, err error) {
+// limit; reused says the connection existed before. The caller holds st.mu.
+func (st *state) conn(ctx context.Context, kind transport.Kind, limit int, dial func(context.Context) (transport.Conn, error)) (c *trackedConn, reused bool, err error) {
 	set := st.conns[kind]
 	if set == nil {
 		set = &connSet{}
@@ -116,7 +116,7 @@ func (st *state) conn(ctx context.Context, kind transport.Kind, max int, dial fu
 	}
 	set.dropBroken()
 	c, busy := set.pick()
-	if c != nil && (!busy || len(set.conns) >= max || time.Now().Before(set.noDialUntil)) {
+	if c != nil && (!busy || len(set.conns) >= limit || time.Now().Before(set.noDialUntil)) {
 		return c, true, nil
 	}
 	if c != nil {

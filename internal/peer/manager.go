@@ -220,11 +220,11 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 	if err != nil {
 		return Session{}, err
 	}
-	max := m.kept.connsPerPeer()
+	limit := m.kept.connsPerPeer()
 	if m.choice.caps[kind].SingleConn {
-		max = 1
+		limit = 1
 	}
-	c, reused, err := st.conn(ctx, kind, max, func(ctx context.Context) (transport.Conn, error) {
+	c, reused, err := st.conn(ctx, kind, limit, func(ctx context.Context) (transport.Conn, error) {
 		return m.choice.transports[kind].Connect(ctx, peerOf(addr, kind, st.hs, st.client))
 	})
 	if err != nil {
