@@ -222,6 +222,11 @@ func TestFrozenPeer(t *testing.T) {
 					Blocks: client.Descriptors{Src: offs, Dst: offs, BlockLength: size}}
 				for i, call := range frozenCalls {
 					t.Run(op.name+"/"+call.name, func(t *testing.T) {
+						// Each call's own budget: on a machine loaded 7x
+						// (load average 9 on 2 cores) the transport's 12
+						// calls took over the 5 minutes the setup has.
+						ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+						defer cancel()
 						// A late answer is tried again, up to three times:
 						// a stall of the loaded machine strikes a call now
 						// and then, while a late daemon (waiting on the
