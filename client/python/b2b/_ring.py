@@ -569,20 +569,14 @@ class Ring:
         if timeout is not None:
             return self.wait_many([tag], timeout)[tag]
         # One tag and no deadline, a synchronous call's wait: wait_many's
-        # bookkeeping was a tenth of a ring block transfer's Python time.
-        lock, done, pending = self._cq_lock, self._done, self._pending
+        # lists and dicts were a tenth of a ring block transfer's Python time.
         while True:
-            with lock:
+            with self._cq_lock:
                 seen = self._drain()
-                c = done.pop(tag, None)
+                c = self._take(tag)
                 if c is not None:
-                    pending.discard(tag)
                     return c
-                if tag not in pending:
-                    raise error_for_code(grpc.StatusCode.FAILED_PRECONDITION, f"b2b client: ring tag {tag} is not in flight")
-                if self._dead is not None:
-                    pending.discard(tag)
-                    raise self._dead
+                self._raise_if_dead((tag,))
             self.cq.wait(seen, SPIN, NAP_NS)
 
     def wait_many(self, tags: Sequence[int], timeout: Optional[float] = None) -> Dict[int, Optional[Completion]]:
@@ -595,21 +589,13 @@ class Ring:
             with self._cq_lock:
                 seen = self._drain()
                 for t in want:
-                    if t in out:
-                        continue
-                    if t not in self._pending:
-                        raise error_for_code(grpc.StatusCode.FAILED_PRECONDITION, f"b2b client: ring tag {t} is not in flight")
-                    c = self._done.pop(t, None)
-                    if c is not None:
-                        self._pending.discard(t)
-                        out[t] = c
+                    if t not in out:
+                        c = self._take(t)
+                        if c is not None:
+                            out[t] = c
                 if len(out) == len(want):
                     return out
-                if self._dead is not None:
-                    for t in want:
-                        if t not in out:
-                            self._pending.discard(t)
-                    raise self._dead
+                self._raise_if_dead(t for t in want if t not in out)
             left_ns = NAP_NS
             if end is not None:
                 left = end - time.monotonic()
@@ -619,6 +605,23 @@ class Ring:
                     return out
                 left_ns = min(NAP_NS, int(left * 1e9) + 1)
             self.cq.wait(seen, SPIN, left_ns)
+
+    def _take(self, tag: int) -> Optional[Completion]:
+        """tag's completion if it came (handed out once), under _cq_lock;
+        raises if tag is not in flight."""
+        if tag not in self._pending:
+            raise error_for_code(grpc.StatusCode.FAILED_PRECONDITION, f"b2b client: ring tag {tag} is not in flight")
+        c = self._done.pop(tag, None)
+        if c is not None:
+            self._pending.discard(tag)
+        return c
+
+    def _raise_if_dead(self, waiting: Iterable[int]) -> None:
+        """Once the ring ended, the tags still waited for leave flight and
+        its error is raised (under _cq_lock)."""
+        if self._dead is not None:
+            self._pending.difference_update(waiting)
+            raise self._dead
 
     def completion_tail(self) -> int:
         """Where the completion ring's producer is: for wait_completion."""
