@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,14 +34,42 @@ func buildDaemon(t *testing.T) string {
 	return bin
 }
 
+// freePort is a loopback port that was free a moment ago, picked below the
+// kernel's ephemeral range: a port from that range (what listening on :0
+// gives) can be taken by any outgoing connection before the daemon binds
+// it, and CI saw exactly that ("bind: address already in use").
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	lo := ephemeralLow()
+	for range 200 {
+		port := 10000 + rand.IntN(lo-10000)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		defer l.Close()
+		return l.Addr().String()
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatalf("no free loopback port in 10000..%d after 200 tries", lo-1)
+	return ""
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768
+// when it cannot be read, or when it leaves too few ports below it).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil || lo < 12000 {
+		return 32768
+	}
+	return lo
 }
 
 type proc struct {

@@ -12,6 +12,7 @@ directory, then the repository root), else ``bin/b2bd`` at the repository root
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -47,11 +48,34 @@ def b2bd_binary() -> str:
     return path
 
 
+# Its own generator: a test that seeds random must not make two harnesses
+# pick the same ports.
+_ports = random.SystemRandom()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return lo if lo >= 12000 else 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's
+    ephemeral range: a port from that range (what binding port 0 gives) can
+    be taken by any outgoing connection before the daemon binds it."""
+    lo = _ephemeral_low()
+    for _ in range(200):
+        port = _ports.randrange(10000, lo)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in 10000..{lo - 1} after 200 tries")
 
 
 class Daemon:
