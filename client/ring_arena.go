@@ -6,15 +6,20 @@ import (
 	"github.com/b2bd/b2bd/internal/ring"
 )
 
-// arenaPayload is what an arena block record points at: its ids (all
-// local ids, then all remote ids, little-endian u32) and its note.
+// arenaPayload is what an arena record points at: a block record's ids
+// (all local ids, then all remote ids, little-endian u32) and its note,
+// or a batch record's request (batch).
 type arenaPayload struct {
 	local, remote []uint32
 	note          []byte
+	batch         *ring.BatchOut
 }
 
 // size is the arena bytes p takes, 8-aligned.
 func (p *arenaPayload) size() uint64 {
+	if p.batch != nil {
+		return (p.batch.Len() + 7) &^ 7
+	}
 	return (8*uint64(len(p.local)) + uint64(len(p.note)) + 7) &^ 7
 }
 
@@ -69,6 +74,14 @@ func (a *arena) place(req *ring.Request, p *arenaPayload, rec, sqHead uint32) bo
 	}
 	off, k := pos%size, uint64(len(p.local))
 	b := a.mem[off : off+n]
+	if p.batch != nil {
+		blob := p.batch.Len()
+		p.batch.Put(b[:blob])
+		req.Arena, req.BlobOff, req.BlobLen = true, off, uint32(blob)
+		a.tail = pos + n
+		a.spans = append(a.spans, arenaSpan{rec: rec, end: a.tail})
+		return true
+	}
 	le := binary.LittleEndian
 	for i, id := range p.local {
 		le.PutUint32(b[4*i:], id)

@@ -14,6 +14,7 @@ import (
 	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
+	"github.com/b2bd/b2bd/internal/ring"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -78,6 +79,16 @@ func transferRequest(req *b2bv1.BatchTransferRequest, who region.Caller) batch.R
 	if p := req.GetDescriptors(); p != nil {
 		r.Descriptors = &desc.Packed{SrcOffsets: p.GetSrcOffsets(), DstOffsets: p.GetDstOffsets(), Lengths: p.GetLengths(), BlockLength: p.GetBlockLength()}
 	}
+	return r
+}
+
+// ringBatchRequest is a ring batch record's request as BatchTransfer's
+// would be: the same fields, checked by the same code.
+func ringBatchRequest(b ring.Batch, who region.Caller) batch.Request {
+	r := batch.Request{Src: b.Src, Caller: who, Peer: b.Peer, Dst: b.Dst, Notification: b.Note,
+		Descriptors: &desc.Packed{SrcOffsets: b.SrcOffsets, DstOffsets: b.DstOffsets, Lengths: b.Lengs, BlockLength: b.BlockLength}}
+	r.Transport, r.BadTransport = kindOf(b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED, b.Transport)
+	r.Op, r.BadOp = opOf(b2bv1.TransferOp(b.Op))
 	return r
 }
 

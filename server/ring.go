@@ -121,9 +121,13 @@ func (rc *ringConn) consume() {
 			copy(rec[:], rc.reg.SQ.Slot(head)) // decoded from this copy only
 			req, err := ring.Decode(rec[:])
 			var ids arenaIDs
-			if err == nil && req.Arena {
-				// Copied out before the head passes the record: the
-				// client may reuse the arena space from then on.
+			// What a record points at in the arena is copied out before
+			// the head passes the record: the client may reuse the arena
+			// space from then on.
+			switch {
+			case err == nil && req.Op == ring.OpBatch:
+				ids.batch, err = req.BatchFromArena(rc.reg.Arena)
+			case err == nil && req.Arena:
 				ids.local, ids.remote, ids.note, err = req.FromArena(rc.reg.Arena)
 			}
 			head++
@@ -133,8 +137,12 @@ func (rc *ringConn) consume() {
 	}
 }
 
-// arenaIDs is what an arena block record's ids and note were, copied out.
-type arenaIDs struct{ local, remote, note []byte }
+// arenaIDs is what an arena record pointed at, copied out: a block
+// record's ids and note, or a batch record's request.
+type arenaIDs struct {
+	local, remote, note []byte
+	batch               ring.Batch
+}
 
 // handle answers or starts req, as decoded (err: refused).
 func (rc *ringConn) handle(req ring.Request, err error, ids arenaIDs) {
@@ -166,6 +174,11 @@ func (rc *ringConn) handle(req ring.Request, err error, ids arenaIDs) {
 		}
 		rc.run(req, "blocks", func(ctx context.Context) (batch.Result, error) {
 			return rc.s.batches.Routes().TransferNote(ctx, rc.who, req.Handle, local, remote, note)
+		})
+	case ring.OpBatch:
+		r := ringBatchRequest(ids.batch, rc.who)
+		rc.run(req, "batch", func(ctx context.Context) (batch.Result, error) {
+			return rc.s.batches.Transfer(ctx, r)
 		})
 	}
 }

@@ -25,6 +25,7 @@ const (
 	OpSubmit Op = 2 // run a prepared plan (Handle), like SubmitTransfer
 	OpCancel Op = 3 // cancel the submit in flight under tag Target
 	OpBlocks Op = 4 // block ids on a bound route (Handle), like TransferBlocks
+	// OpBatch (batch.go) is a BatchTransfer with its request in the arena.
 )
 
 func (o Op) String() string {
@@ -37,6 +38,8 @@ func (o Op) String() string {
 		return "cancel"
 	case OpBlocks:
 		return "blocks"
+	case OpBatch:
+		return "batch"
 	}
 	return fmt.Sprintf("op(%d)", uint16(o))
 }
@@ -71,7 +74,7 @@ const (
 const truncMark = "...[truncated]"
 
 // bodyLen is each op's body length.
-var bodyLen = map[Op]uint32{OpPing: 0, OpSubmit: 16, OpCancel: 8, OpBlocks: blocksHdr + 8}
+var bodyLen = map[Op]uint32{OpPing: 0, OpSubmit: 16, OpCancel: 8, OpBlocks: blocksHdr + 8, OpBatch: BatchBodyLen}
 
 // submitDeadlineLen is a submit body that carries the caller's deadline.
 const submitDeadlineLen = 24
@@ -108,6 +111,10 @@ type Request struct {
 	Arena           bool
 	IDsOff, NoteOff uint64
 	NoteLen         uint32
+	// OpBatch (always with FlagArena; TimeoutMs as a submit's): its blob
+	// of BlobLen bytes at BlobOff of the arena (BatchFromArena).
+	BlobOff uint64
+	BlobLen uint32
 }
 
 // Encode writes r into rec (RecLen bytes), zeroing what r does not use.
@@ -121,6 +128,12 @@ func (r Request) Encode(rec []byte) {
 	if r.Op == OpSubmit && r.TimeoutMs != 0 {
 		n = submitDeadlineLen
 		le.PutUint64(rec[bodyOff+16:], r.TimeoutMs)
+	}
+	if r.Op == OpBatch {
+		le.PutUint16(rec[10:], FlagArena)
+		le.PutUint64(rec[bodyOff:], r.BlobOff)
+		le.PutUint32(rec[bodyOff+8:], r.BlobLen)
+		le.PutUint32(rec[bodyOff+12:], uint32(r.TimeoutMs))
 	}
 	if r.Op == OpBlocks && r.Arena {
 		n = arenaBodyLen
@@ -166,6 +179,12 @@ func Decode(rec []byte) (Request, error) {
 	if r.Op == OpBlocks && flags == FlagArena {
 		want, flags, r.Arena = arenaBodyLen, 0, true
 	}
+	if r.Op == OpBatch {
+		if flags != FlagArena {
+			return r, fmt.Errorf("%w: ring record flags %#x for op batch, want 1 (arena): a batch's request is always in the arena", errs.ErrInvalidArgument, flags)
+		}
+		flags, r.Arena = 0, true
+	}
 	if r.Op == OpSubmit && n == submitDeadlineLen {
 		want = n
 	}
@@ -176,10 +195,13 @@ func Decode(rec []byte) (Request, error) {
 	case r.Tag == 0:
 		return r, fmt.Errorf("%w: ring record tag is 0, want non-zero", errs.ErrInvalidArgument)
 	case !known:
-		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit), 3 (cancel) or 4 (blocks)", errs.ErrInvalidArgument, uint16(r.Op))
+		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit), 3 (cancel), 4 (blocks) or 5 (batch)", errs.ErrInvalidArgument, uint16(r.Op))
 	case flags != 0:
 		return r, fmt.Errorf("%w: ring record flags %#x, want 0 (or 1, arena, for op blocks)", errs.ErrInvalidArgument, le.Uint16(rec[10:]))
 	case n != want:
+		if r.Op == OpBatch {
+			return r, fmt.Errorf("%w: ring record length %d for op batch, want %d", errs.ErrInvalidArgument, n, BatchBodyLen)
+		}
 		if r.Arena {
 			return r, fmt.Errorf("%w: ring record length %d for op blocks with flag arena, want %d", errs.ErrInvalidArgument, n, arenaBodyLen)
 		}
@@ -211,6 +233,8 @@ func Decode(rec []byte) (Request, error) {
 		if r.Patch != 0 {
 			return r, fmt.Errorf("%w: ring submit offset patch %d: this daemon supports only 0", errs.ErrUnimplemented, r.Patch)
 		}
+	case OpBatch:
+		return decodeBatchBody(rec, r)
 	case OpBlocks:
 		if r.Arena {
 			return decodeArena(rec, r)

@@ -80,7 +80,7 @@ func TestPackedIDs(t *testing.T) {
 // FuzzDecode: any 64 bytes decode without panic; what decodes re-encodes to
 // the same bytes (nothing is silently ignored).
 func FuzzDecode(f *testing.F) {
-	for _, r := range []Request{{Tag: 1, Op: OpPing}, {Tag: 2, Op: OpSubmit, Handle: 9}, {Tag: 4, Op: OpSubmit, Handle: 9, TimeoutMs: 7}, {Tag: 3, Op: OpCancel, Target: 2}, blk(5, 9, 0, 1, 2), blk(6, 9, 40, 1, 2, 3, 4, 5, 6, 7, 8)} {
+	for _, r := range []Request{{Tag: 1, Op: OpPing}, {Tag: 2, Op: OpSubmit, Handle: 9}, {Tag: 4, Op: OpSubmit, Handle: 9, TimeoutMs: 7}, {Tag: 3, Op: OpCancel, Target: 2}, blk(5, 9, 0, 1, 2), blk(6, 9, 40, 1, 2, 3, 4, 5, 6, 7, 8), {Tag: 7, Op: OpBatch, BlobOff: 64, BlobLen: 48, TimeoutMs: 5}} {
 		b := make([]byte, RecLen)
 		r.Encode(b)
 		f.Add(b)
