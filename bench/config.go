@@ -29,6 +29,10 @@ type Config struct {
 	Iters        int      // timed batches per size (after one warm-up)
 	Full         bool     // ignore the memory cap
 	Transport    string   // auto | tcp | verbs
+	// Path is how the sweep's calls reach the source daemon: PathGRPC
+	// (BatchTransfer, SubmitTransfer) or PathRing (the shared-memory ring's
+	// batch and submit records; embedded mode).
+	Path string
 	Timeout      time.Duration
 	Seed         uint64 // 0: pick one from the clock
 	JSONPath     string
@@ -242,6 +246,7 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	fs.StringVar(&cfg.NCUDir, "ncu", "", "embedded mode: run both daemons under Nsight Compute, logs in this directory; sms_used then comes from the kernels ncu saw")
 	op := fs.String("op", OpWrite, "write (push), read (pull the peer's blocks into the local region) or both (interleaved in the same rounds); rows carry op")
 	modes := fs.String("mode", "", "adhoc, prepared, or adhoc,prepared (default: ad hoc at every size, prepared too up to 64 KiB; naming both runs both everywhere)")
+	fs.StringVar(&cfg.Path, "path", PathGRPC, "sweep: how the calls reach the source daemon: grpc (BatchTransfer, SubmitTransfer) or ring (the shared-memory ring's batch and submit records; embedded mode; the daemon's phases then show only wire and total)")
 	fs.BoolVar(&cfg.Breakdown, "breakdown", false, "print the daemon's per-phase medians (decode, validate, resolve, plan, post, wire, notify) per size and mode")
 	yard := fs.String("yardstick", "stream,cached", "TCP yardsticks: stream (from and into regions as large as the bench's), cached (4 MiB buffers), both comma-separated, or none")
 	fs.IntVar(&cfg.PingCalls, "ping-calls", DefaultPingCalls, "empty Ping calls whose median is the floor printed in the header (0: skip)")
@@ -324,6 +329,15 @@ func (c Config) Validate() error {
 	case WorkloadControl:
 	default:
 		return fmt.Errorf("--workload %q: want %s, %s or %s", c.Workload, WorkloadSweep, WorkloadKV, WorkloadControl)
+	}
+	switch c.Path {
+	case "", PathGRPC:
+	case PathRing:
+		if c.TwoHost() {
+			return fmt.Errorf("--path ring: embedded mode only (the ring needs the source daemon's submit socket, on this host)")
+		}
+	default:
+		return fmt.Errorf("--path %q: want %s or %s", c.Path, PathGRPC, PathRing)
 	}
 	switch c.Transport {
 	case "auto", "tcp", "verbs", "local":

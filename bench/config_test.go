@@ -89,6 +89,9 @@ func TestParseFlags(t *testing.T) {
 		{"empty mode list", []string{"--mode", ","}, nil, "names no mode"},
 		{"bad yardstick", []string{"--yardstick", "udp"}, nil, `--yardstick "udp": want stream, cached`},
 		{"none combined", []string{"--yardstick", "none,stream"}, nil, "none cannot be combined"},
+		{"ring path", []string{"--path", "ring"}, func(c Config) bool { return c.Path == PathRing }, ""},
+		{"bad path", []string{"--path", "pigeon"}, nil, `--path "pigeon": want grpc or ring`},
+		{"ring path two-host", []string{"--path", "ring", "--src-api", "/run/b2bd/b2bd.sock", "--dst-api", "10.0.0.2:7472", "--dst-peer", "10.0.0.2:7470"}, nil, "--path ring: embedded mode only"},
 		{"negative ping calls", []string{"--ping-calls", "-1"}, nil, "--ping-calls -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

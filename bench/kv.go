@@ -22,6 +22,12 @@ const (
 	WorkloadKV    = "kv"
 )
 
+// Paths of the sweep's calls (--path).
+const (
+	PathGRPC = "grpc"
+	PathRing = "ring"
+)
+
 // --kv-regions values.
 const (
 	KVRegionsSegment = "segment" // one region per segment (vLLM's per-layer tensors)

@@ -47,11 +47,17 @@ type endpoints struct {
 	cpu      *CPUMeter
 	pair     *embeddedPair // nil in two-host mode
 	describe string        // one line for the header
+	// ring is the source daemon's shared-memory ring (--path ring), nil
+	// otherwise: the sweep's calls go through it.
+	ring *client.Ring
 }
 
 // close stops what the run started: the daemons in embedded mode (checking
 // they exit 0), the connections in two-host mode.
 func (e *endpoints) close() error {
+	if e.ring != nil {
+		_ = e.ring.Close()
+	}
 	if e.pair != nil {
 		if err := e.pair.stop(); err != nil {
 			return fmt.Errorf("stopping the daemons: %w", err)
@@ -388,15 +394,27 @@ func (r *runner) printf(format string, args ...any) {
 // connect starts the embedded daemons or dials the given ones.
 func connect(ctx context.Context, cfg Config) (*endpoints, error) {
 	if !cfg.TwoHost() {
-		pair, err := startEmbedded(ctx, cfg.B2BD, cfg.DaemonArgs, cfg.NCUDir, cfg.Workload == WorkloadControl)
+		useRing := cfg.Workload == WorkloadSweep && cfg.Path == PathRing
+		pair, err := startEmbedded(ctx, cfg.B2BD, cfg.DaemonArgs, cfg.NCUDir, cfg.Workload == WorkloadControl || useRing)
 		if err != nil {
 			return nil, fmt.Errorf("embedded daemons: %w", err)
 		}
-		return &endpoints{
+		e := &endpoints{
 			src: pair.src.client, dst: pair.dst.client, dstPeer: pair.dst.peer, pair: pair,
 			cpu:      NewCPUMeter(cpuScopeBoth, pair.pids()...),
 			describe: fmt.Sprintf("embedded: two b2bd on 127.0.0.1 (%s, pids %d -> %d)", cfg.B2BD, pair.pids()[0], pair.pids()[1]),
-		}, nil
+		}
+		if useRing {
+			// An arena that holds the largest batch's request: 24 bytes a
+			// block, rounded up to whole MiB.
+			arena := min(max((uint64(cfg.Blocks)*24+1<<20)&^(1<<20-1), 1<<20), 128<<20)
+			if e.ring, err = client.DialRingWith(filepath.Join(pair.stateDir, submitSocketName), client.RingOptions{ArenaBytes: arena}); err != nil {
+				_ = e.close()
+				return nil, fmt.Errorf("--path ring: %w", err)
+			}
+			e.describe += ", calls over the shared-memory ring"
+		}
+		return e, nil
 	}
 	e := &endpoints{dstPeer: cfg.DstPeer}
 	var opts []grpc.DialOption
@@ -665,6 +683,13 @@ func (r *runner) runPrepared(ctx context.Context, eps *endpoints, ts []client.Tr
 		sub := &b2bv1.SubmitTransferRequest{Handle: resp.GetHandle()}
 		dos[k] = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) {
 			return eps.src.API().SubmitTransfer(ctx, sub)
+		}
+		if eps.ring != nil {
+			plan := &client.Plan{Handle: resp.GetHandle()}
+			dos[k] = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) {
+				res, err := eps.ring.SubmitContext(ctx, plan)
+				return ringResponse(t.Transport, res, err)
+			}
 		}
 	}
 	modes, lasts, rerr := run(dos)

@@ -155,9 +155,12 @@ func TestRunOps(t *testing.T) {
 		ops     []string
 		corrupt bool // flip a byte of a local block after the verified read
 		wantOps []string
+		path    string
 	}{
 		{name: "read", ops: []string{OpRead}, wantOps: []string{OpRead, OpRead}},
 		{name: "both", ops: []string{OpWrite, OpRead}, wantOps: []string{OpWrite, OpRead, OpWrite, OpRead}},
+		{name: "both over the ring", ops: []string{OpWrite, OpRead}, wantOps: []string{OpWrite, OpRead, OpWrite, OpRead}, path: PathRing},
+		{name: "read corrupted over the ring", ops: []string{OpRead}, corrupt: true, path: PathRing},
 		{name: "read corrupted", ops: []string{OpRead}, corrupt: true},
 		{name: "both corrupted", ops: []string{OpWrite, OpRead}, corrupt: true},
 	} {
@@ -165,7 +168,7 @@ func TestRunOps(t *testing.T) {
 			dir := t.TempDir()
 			cfg := Config{
 				Sizes: []uint64{128, 4096}, Blocks: 200, Iters: 3, Transport: "tcp", Timeout: time.Minute, Seed: 7,
-				B2BD: b2bd, JSONPath: filepath.Join(dir, "r.json"), AdHoc: true, PreparedUpTo: DefaultPreparedUpTo, Ops: tc.ops,
+				B2BD: b2bd, JSONPath: filepath.Join(dir, "r.json"), AdHoc: true, PreparedUpTo: DefaultPreparedUpTo, Ops: tc.ops, Path: tc.path,
 			}
 			corrupted := 0
 			if tc.corrupt {

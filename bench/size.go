@@ -419,6 +419,12 @@ func (s *sizeRun) runModes() error {
 		for k := range ops {
 			t := transfers[k]
 			dos[k] = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) { return eps.src.BatchTransfer(ctx, t) }
+			if eps.ring != nil {
+				dos[k] = func(ctx context.Context) (*b2bv1.BatchTransferResponse, error) {
+					res, err := eps.src.TransferRing(ctx, eps.ring, t)
+					return ringResponse(t.Transport, res, err)
+				}
+			}
 		}
 		states, err := s.runMode("adhoc", dos, true)
 		for k, st := range states {
@@ -498,4 +504,17 @@ func (s *sizeRun) report() error {
 		row.Verified = (row.AdHoc == nil || row.AdHoc.Verified) && (row.Prepared == nil || row.Prepared.Verified)
 	}
 	return nil
+}
+
+// ringResponse is a ring call's outcome as the RPC's answer, for the
+// sweep's bookkeeping: a completion carries blocks, bytes, the wire phase
+// and the daemon's total, not the other phases.
+// The transport is the one asked for (the completion does not name it;
+// UNSPECIFIED under --transport auto).
+func ringResponse(kind b2bv1.TransportKind, res client.RawResult, err error) (*b2bv1.BatchTransferResponse, error) {
+	if err != nil {
+		return nil, err
+	}
+	return &b2bv1.BatchTransferResponse{Blocks: res.Blocks, Bytes: res.Bytes, ElapsedNs: uint64(max(res.Wire, 0)), Transport: kind,
+		Phases: &b2bv1.PhaseTimings{WireNs: uint64(max(res.Wire, 0)), TotalNs: uint64(max(res.Total, 0))}}, nil
 }
