@@ -24,15 +24,15 @@ const DefaultIters = 5
 
 // Config is everything the bench is told on its command line.
 type Config struct {
-	Sizes        []uint64 // block sizes in bytes, ascending
-	Blocks       int      // blocks per batch requested (before the memory cap)
-	Iters        int      // timed batches per size (after one warm-up)
-	Full         bool     // ignore the memory cap
-	Transport    string   // auto | tcp | verbs
+	Sizes     []uint64 // block sizes in bytes, ascending
+	Blocks    int      // blocks per batch requested (before the memory cap)
+	Iters     int      // timed batches per size (after one warm-up)
+	Full      bool     // ignore the memory cap
+	Transport string   // auto | tcp | verbs
 	// Path is how the sweep's calls reach the source daemon: PathGRPC
 	// (BatchTransfer, SubmitTransfer) or PathRing (the shared-memory ring's
 	// batch and submit records; embedded mode).
-	Path string
+	Path         string
 	Timeout      time.Duration
 	Seed         uint64 // 0: pick one from the clock
 	JSONPath     string
