@@ -66,6 +66,9 @@ type Config struct {
 	PreparedUpTo uint64
 	// Breakdown prints the daemon's per-phase medians after the table.
 	Breakdown bool
+	// Cold skips the warm-up (WarmTransfer) after the regions are
+	// registered, so that each size's first batch shows a cold pair.
+	Cold bool
 	// Yardsticks are the TCP yardsticks to measure: YardstickStream,
 	// YardstickCached, or none.
 	Yardsticks []string
@@ -247,6 +250,7 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	op := fs.String("op", OpWrite, "write (push), read (pull the peer's blocks into the local region) or both (interleaved in the same rounds); rows carry op")
 	modes := fs.String("mode", "", "adhoc, prepared, or adhoc,prepared (default: ad hoc at every size, prepared too up to 64 KiB; naming both runs both everywhere)")
 	fs.StringVar(&cfg.Path, "path", PathGRPC, "sweep: how the calls reach the source daemon: grpc (BatchTransfer, SubmitTransfer) or ring (the shared-memory ring's batch and submit records; embedded mode; the daemon's phases then show only wire and total)")
+	fs.BoolVar(&cfg.Cold, "cold", false, "skip the warm-up (WarmTransfer) that follows registering the regions, as an engine's handshake would: the first batch then pays for the connection and, on the same host, mapping the destination")
 	fs.BoolVar(&cfg.Breakdown, "breakdown", false, "print the daemon's per-phase medians (decode, validate, resolve, plan, post, wire, notify) per size and mode")
 	yard := fs.String("yardstick", "stream,cached", "TCP yardsticks: stream (from and into regions as large as the bench's), cached (4 MiB buffers), both comma-separated, or none")
 	fs.IntVar(&cfg.PingCalls, "ping-calls", DefaultPingCalls, "empty Ping calls whose median is the floor printed in the header (0: skip)")

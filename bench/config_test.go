@@ -89,6 +89,7 @@ func TestParseFlags(t *testing.T) {
 		{"empty mode list", []string{"--mode", ","}, nil, "names no mode"},
 		{"bad yardstick", []string{"--yardstick", "udp"}, nil, `--yardstick "udp": want stream, cached`},
 		{"none combined", []string{"--yardstick", "none,stream"}, nil, "none cannot be combined"},
+		{"cold", []string{"--cold"}, func(c Config) bool { return c.Cold }, ""},
 		{"ring path", []string{"--path", "ring"}, func(c Config) bool { return c.Path == PathRing }, ""},
 		{"bad path", []string{"--path", "pigeon"}, nil, `--path "pigeon": want grpc or ring`},
 		{"ring path two-host", []string{"--path", "ring", "--src-api", "/run/b2bd/b2bd.sock", "--dst-api", "10.0.0.2:7472", "--dst-peer", "10.0.0.2:7470"}, nil, "--path ring: embedded mode only"},

@@ -192,6 +192,9 @@ type Report struct {
 	Host       HostOut       `json:"host"`
 	// AllocateSeconds is how long registering both regions took (once per run).
 	AllocateSeconds float64 `json:"allocate_seconds"`
+	// WarmSeconds is how long the warm-up after registering took, each op
+	// (WarmTransfer); nil: skipped (--cold) or not implemented.
+	WarmSeconds *float64 `json:"warm_seconds,omitempty"`
 	// PingFloorSeconds is the median of PingCalls empty Ping calls on the
 	// source daemon's connection (nil: not measured or not implemented).
 	PingFloorSeconds *float64 `json:"ping_floor_seconds"`

@@ -217,6 +217,9 @@ func TestRunOps(t *testing.T) {
 					t.Errorf("%d B %s: row %+v", r.BlockBytes, r.Op, r)
 				}
 			}
+			if rep.WarmSeconds == nil || *rep.WarmSeconds <= 0 {
+				t.Errorf("warm_seconds %v: the pair was not warmed up after registering", rep.WarmSeconds)
+			}
 			if !rep.Complete || !slices.Equal(gotOps, tc.wantOps) {
 				t.Errorf("complete %v, rows' ops %v, want %v", rep.Complete, gotOps, tc.wantOps)
 			}

@@ -220,6 +220,19 @@ func (t Transfer) request() *b2bv1.BatchTransferRequest {
 	}
 }
 
+// Warm makes ready what the first BatchTransfer of t.Op between
+// t.SrcRegion and the peer's t.DstRegion would otherwise build (the
+// connection, the destination's resolution and mapping), moving no byte;
+// t.Blocks and t.Notification are not sent. Call it when the peer's region
+// becomes known, so that the first batch costs what the later ones do.
+func (c *Client) Warm(ctx context.Context, t Transfer) (*b2bv1.WarmTransferResponse, error) {
+	name, ok := transportName(t)
+	if !ok {
+		return nil, fmt.Errorf("b2b client: Warm names its transport by TransportName; Transport %v and TransportName %q disagree", t.Transport, t.TransportName)
+	}
+	return c.api.WarmTransfer(ctx, &b2bv1.WarmTransferRequest{SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Op: t.Op, TransportName: name})
+}
+
 // Checksum hashes blocks of a local region; perBlock also returns one digest
 // per block.
 func (c *Client) Checksum(ctx context.Context, regionID string, offsets, lengths []uint64, blockLength uint64, alg b2bv1.ChecksumAlgorithm, perBlock bool) (*b2bv1.ChecksumResponse, error) {

@@ -68,9 +68,20 @@ func (r *Ring) batchContext(ctx context.Context, out *ring.BatchOut) (RawResult,
 }
 
 // ringBatch is t as a batch blob; false when its transport cannot be said
-// by name alone (an unknown Transport value, or one TransportName
-// contradicts), so that gRPC's answer to it stays the daemon's.
+// by name alone (transportName), so that gRPC's answer to it stays the
+// daemon's.
 func ringBatch(t Transfer) (ring.BatchOut, bool) {
+	name, ok := transportName(t)
+	if !ok {
+		return ring.BatchOut{}, false
+	}
+	return ring.BatchOut{Op: uint32(t.Op), Src: t.SrcRegion, Peer: t.Peer, Dst: t.DstRegion, Transport: name, Note: t.Notification,
+		BlockLength: t.Blocks.BlockLength, SrcOffsets: t.Blocks.Src, DstOffsets: t.Blocks.Dst, Lengths: t.Blocks.Len}, true
+}
+
+// transportName is t's transport by name alone; false for an unknown
+// Transport value, or one that TransportName contradicts.
+func transportName(t Transfer) (string, bool) {
 	name := t.TransportName
 	if t.Transport != b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED {
 		var byEnum string
@@ -83,10 +94,9 @@ func ringBatch(t Transfer) (ring.BatchOut, bool) {
 			byEnum = "local"
 		}
 		if byEnum == "" || (name != "" && name != byEnum) {
-			return ring.BatchOut{}, false
+			return "", false
 		}
 		name = byEnum
 	}
-	return ring.BatchOut{Op: uint32(t.Op), Src: t.SrcRegion, Peer: t.Peer, Dst: t.DstRegion, Transport: name, Note: t.Notification,
-		BlockLength: t.Blocks.BlockLength, SrcOffsets: t.Blocks.Src, DstOffsets: t.Blocks.Dst, Lengths: t.Blocks.Len}, true
+	return name, true
 }

@@ -128,6 +128,17 @@ func (l *local) PrepareTransfer(ctx context.Context, req *b2bv1.PrepareTransferR
 	return prepareResponse(info), nil
 }
 
+func (l *local) WarmTransfer(ctx context.Context, req *b2bv1.WarmTransferRequest) (*b2bv1.WarmTransferResponse, error) {
+	r := batch.Request{Src: req.GetSrcRegionId(), Caller: caller(ctx), Peer: req.GetPeer(), Dst: req.GetDstRegion()}
+	r.Transport, r.BadTransport = kindOf(b2bv1.TransportKind_TRANSPORT_KIND_UNSPECIFIED, req.GetTransportName())
+	r.Op, r.BadOp = opOf(req.GetOp())
+	res, err := l.s.batches.Warm(ctx, r)
+	if err != nil {
+		return nil, grpcstatus.ToStatus(err)
+	}
+	return &b2bv1.WarmTransferResponse{TransportName: string(res.Kind), ElapsedNs: uint64(res.Elapsed.Nanoseconds())}, nil
+}
+
 func (l *local) SubmitTransfer(ctx context.Context, req *b2bv1.SubmitTransferRequest) (*b2bv1.BatchTransferResponse, error) {
 	entry := time.Now()
 	res, err := l.s.batches.Plans().Submit(ctx, owner(ctx), req.GetHandle())

@@ -224,6 +224,13 @@ type Request struct {
 	// Blocks is a validated block-id request; Scratch its reusable memory.
 	Blocks  *Blocks
 	Scratch *BlockScratch
+	// Warm moves no byte: the kind makes ready what the first batch of Op
+	// between Local and Remote would otherwise build on this connection
+	// (the same-host kind maps Remote: a GPU pool's IPC handle takes 75 ms
+	// for 20 GiB), so that the first batch costs what the later ones do.
+	// Batch and Blocks are then nil. A kind with nothing to make ready
+	// (Handlers.Warm nil) answers at once.
+	Warm bool
 }
 
 // Conn is an established data path to one peer.
@@ -279,10 +286,25 @@ type BlockOp func(ctx context.Context, b *Blocks, sc *BlockScratch) (Stats, erro
 type Handlers struct {
 	Write, Read             Descriptors
 	WriteBlocks, ReadBlocks BlockOp
+	// Warm serves a Request.Warm (read: for pulls); nil: nothing to warm.
+	Warm func(ctx context.Context, local Registration, remote RemoteRegion, read bool) error
 }
 
 // Post routes r to the handler of its operation and shape.
 func (h *Handlers) Post(ctx context.Context, r *Request) (Stats, error) {
+	if r.Warm {
+		switch {
+		case r.Batch != nil || r.Blocks != nil:
+			return Stats{}, fmt.Errorf("%w: a warm-up request moves no bytes: it holds no descriptors and no block ids", errs.ErrInvalidArgument)
+		case r.Op != OpWrite && r.Op != OpRead:
+			return Stats{}, fmt.Errorf("%w: warm-up for operation %s: want a write or a read", errs.ErrInvalidArgument, r.Op)
+		case r.Op == OpRead && h.Read == nil:
+			return Stats{}, fmt.Errorf("%w: this kind cannot read (pull)", errs.ErrUnimplemented)
+		case h.Warm == nil:
+			return Stats{}, ctx.Err()
+		}
+		return Stats{}, h.Warm(ctx, r.Local, r.Remote, r.Op == OpRead)
+	}
 	if (r.Batch == nil) == (r.Blocks == nil) {
 		return Stats{}, fmt.Errorf("%w: a transfer request holds descriptors or block ids, exactly one (batch set: %t, blocks set: %t)", errs.ErrInvalidArgument, r.Batch != nil, r.Blocks != nil)
 	}

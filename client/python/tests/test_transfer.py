@@ -125,6 +125,28 @@ class TransferTest(TwoDaemons):
         self.assertEqual(after_a.batches_sent - before_a.batches_sent, 1)
         self.assertEqual(after_a.bytes_sent - before_a.bytes_sent, n * size)
 
+    def test_warm_then_batches(self):
+        """warm() moves no byte and names the transport; batches after it
+        land; it is refused as batch_transfer refuses the same request."""
+        n, size = 500, 4096
+        so, src_size = layout(n, size, self.rng)
+        do, dst_size = layout(n, size, self.rng)
+        with self.a.register_host(src_size) as src, self.b.register_host(dst_size, "warm-dst", readers=["*"]) as dst:
+            self.random_fill(src)
+            self.random_fill(dst)
+            before = dst.array.copy(), src.array.copy()
+            for op in ("write", "read", "write"):
+                self.assertEqual(self.a.warm(src, self.peer_b, "warm-dst", transport="tcp", op=op), "tcp")
+            np.testing.assert_array_equal(dst.array, before[0])
+            np.testing.assert_array_equal(src.array, before[1])
+            self.a.batch_transfer(src, self.peer_b, "warm-dst", so, do, block_size=size)
+            self.assert_blocks_equal(src, so, dst, do, size)
+            with self.assertRaises(b2b.NotFoundError) as w:
+                self.a.warm(src, self.peer_b, "no-such-export")
+            with self.assertRaises(b2b.NotFoundError) as g:
+                self.a.batch_transfer(src, self.peer_b, "no-such-export", so[:1], do[:1], block_size=1)
+            self.assertEqual(str(w.exception), str(g.exception))
+
     def test_pull_op_read_verified(self):
         """op="read" pulls the peer's blocks (at dst offsets) into the local
         region (at src offsets); an export without readers refuses it."""

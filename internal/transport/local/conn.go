@@ -109,7 +109,7 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	}
 	c := &Conn{t: t, peer: p, sock: ep.Socket, c: nc.(*net.UnixConn), mu: make(chan struct{}, 1), cache: map[uint64]*remote{}, streams: map[int][]*gpudirect.Stream{},
 		oob: make([]byte, unix.CmsgSpace(4)), msg: make([]byte, 0, 256)}
-	c.Handlers = transport.Handlers{Write: c.write, Read: c.read, WriteBlocks: c.writeBlocks, ReadBlocks: c.readBlocks}
+	c.Handlers = transport.Handlers{Write: c.write, Read: c.read, WriteBlocks: c.writeBlocks, ReadBlocks: c.readBlocks, Warm: c.warm}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.c.SetDeadline(dl)
 	}
@@ -536,11 +536,17 @@ func (c *Conn) cacheAdd(key uint64, rm *remote) {
 	c.cache[key] = rm
 }
 
-// Warm (the same-host conn's own, used by Prepare): it maps dst into this process (host:
-// the mmap with every page-table entry; GPU: the IPC handle opened on
-// src's device) and makes the copy streams, so that the first batch into
-// dst costs what the later ones do. The pin it takes is let go at once.
+// Warm (used by Prepare) is warm for a write.
 func (c *Conn) Warm(ctx context.Context, src transport.Registration, dst transport.RemoteRegion) error {
+	return c.warm(ctx, src, dst, false)
+}
+
+// warm serves Request.Warm: it maps dst into this process (host: the mmap
+// with every page-table entry, read-only for a pull; GPU: the IPC handle
+// opened on src's device) and makes the copy streams, so that the first
+// batch with dst costs what the later ones do. The pin it takes is let go
+// at once.
+func (c *Conn) warm(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, read bool) error {
 	sm := src.Memory()
 	if err := c.lockCtx(ctx); err != nil {
 		return err
@@ -553,16 +559,24 @@ func (c *Conn) Warm(ctx context.Context, src transport.Registration, dst transpo
 		return err
 	}
 	defer bound.release()
-	rm, err := c.begin(ctx, dst, sm, false)
+	rm, err := c.begin(ctx, dst, sm, read)
 	if err != nil {
 		return err
 	}
 	c.pinHostSide(src, sm, rm)
-	if sm.Kind == memory.Host && rm.kind == kindHost {
+	switch {
+	case sm.Kind == memory.Host && rm.kind == kindHost:
 		if c.hostPool == nil && c.t.cfg.Streams > 1 {
 			c.hostPool = newHostPool(c.t.cfg.Streams)
 		}
-	} else {
+	case sm.Kind == memory.CUDA && rm.kind == kindCUDA && rm.home == sm.Device && !c.t.cfg.SameDeviceDirect:
+		// One GPU: copies go through the device's stage (copy), made
+		// and calibrated once.
+		if _, err := c.t.stageFor(sm.Device); err != nil {
+			_ = c.abort()
+			return fmt.Errorf("%w: %v", errs.ErrFailedPrecondition, err)
+		}
+	default:
 		dev := rm.dev
 		if rm.kind == kindHost {
 			dev = sm.Device

@@ -149,6 +149,7 @@ func Run(t *testing.T, f Factory) {
 	t.Run("ReadDeadline", func(t *testing.T) { testReadCutOff(t, f, false) })
 	t.Run("ReadCancel", func(t *testing.T) { testReadCutOff(t, f, true) })
 	t.Run("BlocksRead", func(t *testing.T) { testBlocksRead(t, f) })
+	t.Run("Warm", func(t *testing.T) { testWarm(t, f) })
 }
 
 // rig is one started Pair with the suite's Inbounds and a conn.

@@ -2019,6 +2019,136 @@ func (x *SubmitTransferRequest) GetHandle() uint64 {
 	return 0
 }
 
+// WarmTransferRequest is a BatchTransferRequest without its descriptors
+// and notification.
+type WarmTransferRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SrcRegionId   string                 `protobuf:"bytes,1,opt,name=src_region_id,json=srcRegionId,proto3" json:"src_region_id,omitempty"`
+	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	DstRegion     string                 `protobuf:"bytes,3,opt,name=dst_region,json=dstRegion,proto3" json:"dst_region,omitempty"`
+	Op            TransferOp             `protobuf:"varint,4,opt,name=op,proto3,enum=b2b.v1.TransferOp" json:"op,omitempty"`
+	TransportName string                 `protobuf:"bytes,5,opt,name=transport_name,json=transportName,proto3" json:"transport_name,omitempty"` // as BatchTransferRequest's (empty: the daemons' choice)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmTransferRequest) Reset() {
+	*x = WarmTransferRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmTransferRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmTransferRequest) ProtoMessage() {}
+
+func (x *WarmTransferRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmTransferRequest.ProtoReflect.Descriptor instead.
+func (*WarmTransferRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *WarmTransferRequest) GetSrcRegionId() string {
+	if x != nil {
+		return x.SrcRegionId
+	}
+	return ""
+}
+
+func (x *WarmTransferRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *WarmTransferRequest) GetDstRegion() string {
+	if x != nil {
+		return x.DstRegion
+	}
+	return ""
+}
+
+func (x *WarmTransferRequest) GetOp() TransferOp {
+	if x != nil {
+		return x.Op
+	}
+	return TransferOp_TRANSFER_OP_WRITE
+}
+
+func (x *WarmTransferRequest) GetTransportName() string {
+	if x != nil {
+		return x.TransportName
+	}
+	return ""
+}
+
+type WarmTransferResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TransportName string                 `protobuf:"bytes,1,opt,name=transport_name,json=transportName,proto3" json:"transport_name,omitempty"` // the kind made ready, by name
+	ElapsedNs     uint64                 `protobuf:"varint,2,opt,name=elapsed_ns,json=elapsedNs,proto3" json:"elapsed_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WarmTransferResponse) Reset() {
+	*x = WarmTransferResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WarmTransferResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WarmTransferResponse) ProtoMessage() {}
+
+func (x *WarmTransferResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WarmTransferResponse.ProtoReflect.Descriptor instead.
+func (*WarmTransferResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *WarmTransferResponse) GetTransportName() string {
+	if x != nil {
+		return x.TransportName
+	}
+	return ""
+}
+
+func (x *WarmTransferResponse) GetElapsedNs() uint64 {
+	if x != nil {
+		return x.ElapsedNs
+	}
+	return 0
+}
+
 type ReleaseTransferRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Handle        uint64                 `protobuf:"varint,1,opt,name=handle,proto3" json:"handle,omitempty"`
@@ -2028,7 +2158,7 @@ type ReleaseTransferRequest struct {
 
 func (x *ReleaseTransferRequest) Reset() {
 	*x = ReleaseTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2040,7 +2170,7 @@ func (x *ReleaseTransferRequest) String() string {
 func (*ReleaseTransferRequest) ProtoMessage() {}
 
 func (x *ReleaseTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[21]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2053,7 +2183,7 @@ func (x *ReleaseTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseTransferRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{21}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReleaseTransferRequest) GetHandle() uint64 {
@@ -2071,7 +2201,7 @@ type ReleaseTransferResponse struct {
 
 func (x *ReleaseTransferResponse) Reset() {
 	*x = ReleaseTransferResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2213,7 @@ func (x *ReleaseTransferResponse) String() string {
 func (*ReleaseTransferResponse) ProtoMessage() {}
 
 func (x *ReleaseTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[22]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2226,7 @@ func (x *ReleaseTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseTransferResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseTransferResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{22}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{24}
 }
 
 type SubmitStreamRequest struct {
@@ -2109,7 +2239,7 @@ type SubmitStreamRequest struct {
 
 func (x *SubmitStreamRequest) Reset() {
 	*x = SubmitStreamRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2121,7 +2251,7 @@ func (x *SubmitStreamRequest) String() string {
 func (*SubmitStreamRequest) ProtoMessage() {}
 
 func (x *SubmitStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[23]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2134,7 +2264,7 @@ func (x *SubmitStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitStreamRequest.ProtoReflect.Descriptor instead.
 func (*SubmitStreamRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{23}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SubmitStreamRequest) GetTag() uint64 {
@@ -2166,7 +2296,7 @@ type SubmitStreamResponse struct {
 
 func (x *SubmitStreamResponse) Reset() {
 	*x = SubmitStreamResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2308,7 @@ func (x *SubmitStreamResponse) String() string {
 func (*SubmitStreamResponse) ProtoMessage() {}
 
 func (x *SubmitStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[24]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2321,7 @@ func (x *SubmitStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitStreamResponse.ProtoReflect.Descriptor instead.
 func (*SubmitStreamResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{24}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SubmitStreamResponse) GetTag() uint64 {
@@ -2230,7 +2360,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2242,7 +2372,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[25]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2255,7 +2385,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{25}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{27}
 }
 
 type PingResponse struct {
@@ -2266,7 +2396,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +2408,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[26]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +2421,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{26}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{28}
 }
 
 type ChecksumRequest struct {
@@ -2308,7 +2438,7 @@ type ChecksumRequest struct {
 
 func (x *ChecksumRequest) Reset() {
 	*x = ChecksumRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2320,7 +2450,7 @@ func (x *ChecksumRequest) String() string {
 func (*ChecksumRequest) ProtoMessage() {}
 
 func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[27]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2333,7 +2463,7 @@ func (x *ChecksumRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumRequest.ProtoReflect.Descriptor instead.
 func (*ChecksumRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{27}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ChecksumRequest) GetRegionId() string {
@@ -2395,7 +2525,7 @@ type ChecksumResponse struct {
 
 func (x *ChecksumResponse) Reset() {
 	*x = ChecksumResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2407,7 +2537,7 @@ func (x *ChecksumResponse) String() string {
 func (*ChecksumResponse) ProtoMessage() {}
 
 func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[28]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2420,7 +2550,7 @@ func (x *ChecksumResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChecksumResponse.ProtoReflect.Descriptor instead.
 func (*ChecksumResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{28}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ChecksumResponse) GetDigest() uint64 {
@@ -2467,7 +2597,7 @@ type WatchNotificationsRequest struct {
 
 func (x *WatchNotificationsRequest) Reset() {
 	*x = WatchNotificationsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2479,7 +2609,7 @@ func (x *WatchNotificationsRequest) String() string {
 func (*WatchNotificationsRequest) ProtoMessage() {}
 
 func (x *WatchNotificationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[29]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2492,7 +2622,7 @@ func (x *WatchNotificationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchNotificationsRequest.ProtoReflect.Descriptor instead.
 func (*WatchNotificationsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{29}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchNotificationsRequest) GetRegionId() string {
@@ -2516,7 +2646,7 @@ type Notification struct {
 
 func (x *Notification) Reset() {
 	*x = Notification{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2658,7 @@ func (x *Notification) String() string {
 func (*Notification) ProtoMessage() {}
 
 func (x *Notification) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[30]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2671,7 @@ func (x *Notification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notification.ProtoReflect.Descriptor instead.
 func (*Notification) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{30}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Notification) GetRegion() string {
@@ -2594,7 +2724,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2606,7 +2736,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[31]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2619,7 +2749,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{31}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
 }
 
 type TransportStatus struct {
@@ -2643,7 +2773,7 @@ type TransportStatus struct {
 
 func (x *TransportStatus) Reset() {
 	*x = TransportStatus{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2655,7 +2785,7 @@ func (x *TransportStatus) String() string {
 func (*TransportStatus) ProtoMessage() {}
 
 func (x *TransportStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2668,7 +2798,7 @@ func (x *TransportStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransportStatus.ProtoReflect.Descriptor instead.
 func (*TransportStatus) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{34}
 }
 
 // Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
@@ -2745,7 +2875,7 @@ type RailStatus struct {
 
 func (x *RailStatus) Reset() {
 	*x = RailStatus{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2757,7 +2887,7 @@ func (x *RailStatus) String() string {
 func (*RailStatus) ProtoMessage() {}
 
 func (x *RailStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2770,7 +2900,7 @@ func (x *RailStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RailStatus.ProtoReflect.Descriptor instead.
 func (*RailStatus) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RailStatus) GetRail() uint32 {
@@ -2861,7 +2991,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2873,7 +3003,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2886,7 +3016,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{34}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -3043,7 +3173,7 @@ type LayoutSegment struct {
 
 func (x *LayoutSegment) Reset() {
 	*x = LayoutSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3055,7 +3185,7 @@ func (x *LayoutSegment) String() string {
 func (*LayoutSegment) ProtoMessage() {}
 
 func (x *LayoutSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3068,7 +3198,7 @@ func (x *LayoutSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutSegment.ProtoReflect.Descriptor instead.
 func (*LayoutSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *LayoutSegment) GetRegionId() string {
@@ -3117,7 +3247,7 @@ type RegisterLayoutRequest struct {
 
 func (x *RegisterLayoutRequest) Reset() {
 	*x = RegisterLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3129,7 +3259,7 @@ func (x *RegisterLayoutRequest) String() string {
 func (*RegisterLayoutRequest) ProtoMessage() {}
 
 func (x *RegisterLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3142,7 +3272,7 @@ func (x *RegisterLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterLayoutRequest.ProtoReflect.Descriptor instead.
 func (*RegisterLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RegisterLayoutRequest) GetName() string {
@@ -3217,7 +3347,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3359,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3372,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Layout) GetName() string {
@@ -3310,7 +3440,7 @@ type RegisterLayoutResponse struct {
 
 func (x *RegisterLayoutResponse) Reset() {
 	*x = RegisterLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3452,7 @@ func (x *RegisterLayoutResponse) String() string {
 func (*RegisterLayoutResponse) ProtoMessage() {}
 
 func (x *RegisterLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3465,7 @@ func (x *RegisterLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterLayoutResponse.ProtoReflect.Descriptor instead.
 func (*RegisterLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RegisterLayoutResponse) GetLayout() *Layout {
@@ -3354,7 +3484,7 @@ type DeregisterLayoutRequest struct {
 
 func (x *DeregisterLayoutRequest) Reset() {
 	*x = DeregisterLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3366,7 +3496,7 @@ func (x *DeregisterLayoutRequest) String() string {
 func (*DeregisterLayoutRequest) ProtoMessage() {}
 
 func (x *DeregisterLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3379,7 +3509,7 @@ func (x *DeregisterLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterLayoutRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeregisterLayoutRequest) GetName() string {
@@ -3397,7 +3527,7 @@ type DeregisterLayoutResponse struct {
 
 func (x *DeregisterLayoutResponse) Reset() {
 	*x = DeregisterLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3409,7 +3539,7 @@ func (x *DeregisterLayoutResponse) String() string {
 func (*DeregisterLayoutResponse) ProtoMessage() {}
 
 func (x *DeregisterLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3422,7 +3552,7 @@ func (x *DeregisterLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterLayoutResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
 }
 
 type ListLayoutsRequest struct {
@@ -3433,7 +3563,7 @@ type ListLayoutsRequest struct {
 
 func (x *ListLayoutsRequest) Reset() {
 	*x = ListLayoutsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3445,7 +3575,7 @@ func (x *ListLayoutsRequest) String() string {
 func (*ListLayoutsRequest) ProtoMessage() {}
 
 func (x *ListLayoutsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3458,7 +3588,7 @@ func (x *ListLayoutsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayoutsRequest.ProtoReflect.Descriptor instead.
 func (*ListLayoutsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
 }
 
 type ListLayoutsResponse struct {
@@ -3470,7 +3600,7 @@ type ListLayoutsResponse struct {
 
 func (x *ListLayoutsResponse) Reset() {
 	*x = ListLayoutsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3482,7 +3612,7 @@ func (x *ListLayoutsResponse) String() string {
 func (*ListLayoutsResponse) ProtoMessage() {}
 
 func (x *ListLayoutsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3495,7 +3625,7 @@ func (x *ListLayoutsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayoutsResponse.ProtoReflect.Descriptor instead.
 func (*ListLayoutsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListLayoutsResponse) GetLayouts() []*Layout {
@@ -3527,7 +3657,7 @@ type TransferBlocksRequest struct {
 
 func (x *TransferBlocksRequest) Reset() {
 	*x = TransferBlocksRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +3669,7 @@ func (x *TransferBlocksRequest) String() string {
 func (*TransferBlocksRequest) ProtoMessage() {}
 
 func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +3682,7 @@ func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferBlocksRequest.ProtoReflect.Descriptor instead.
 func (*TransferBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *TransferBlocksRequest) GetLocalLayout() string {
@@ -3643,7 +3773,7 @@ type BindBlockRouteRequest struct {
 
 func (x *BindBlockRouteRequest) Reset() {
 	*x = BindBlockRouteRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3655,7 +3785,7 @@ func (x *BindBlockRouteRequest) String() string {
 func (*BindBlockRouteRequest) ProtoMessage() {}
 
 func (x *BindBlockRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3668,7 +3798,7 @@ func (x *BindBlockRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindBlockRouteRequest.ProtoReflect.Descriptor instead.
 func (*BindBlockRouteRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *BindBlockRouteRequest) GetLocalLayout() string {
@@ -3723,7 +3853,7 @@ type BindBlockRouteResponse struct {
 
 func (x *BindBlockRouteResponse) Reset() {
 	*x = BindBlockRouteResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3735,7 +3865,7 @@ func (x *BindBlockRouteResponse) String() string {
 func (*BindBlockRouteResponse) ProtoMessage() {}
 
 func (x *BindBlockRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3748,7 +3878,7 @@ func (x *BindBlockRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindBlockRouteResponse.ProtoReflect.Descriptor instead.
 func (*BindBlockRouteResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *BindBlockRouteResponse) GetHandle() uint64 {
@@ -3767,7 +3897,7 @@ type ReleaseBlockRouteRequest struct {
 
 func (x *ReleaseBlockRouteRequest) Reset() {
 	*x = ReleaseBlockRouteRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3779,7 +3909,7 @@ func (x *ReleaseBlockRouteRequest) String() string {
 func (*ReleaseBlockRouteRequest) ProtoMessage() {}
 
 func (x *ReleaseBlockRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3792,7 +3922,7 @@ func (x *ReleaseBlockRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseBlockRouteRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseBlockRouteRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReleaseBlockRouteRequest) GetHandle() uint64 {
@@ -3810,7 +3940,7 @@ type ReleaseBlockRouteResponse struct {
 
 func (x *ReleaseBlockRouteResponse) Reset() {
 	*x = ReleaseBlockRouteResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3822,7 +3952,7 @@ func (x *ReleaseBlockRouteResponse) String() string {
 func (*ReleaseBlockRouteResponse) ProtoMessage() {}
 
 func (x *ReleaseBlockRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3835,7 +3965,7 @@ func (x *ReleaseBlockRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseBlockRouteResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseBlockRouteResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
 }
 
 // StartTransferRequest is one transfer of any kind, to run asynchronously.
@@ -3861,7 +3991,7 @@ type StartTransferRequest struct {
 
 func (x *StartTransferRequest) Reset() {
 	*x = StartTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3873,7 +4003,7 @@ func (x *StartTransferRequest) String() string {
 func (*StartTransferRequest) ProtoMessage() {}
 
 func (x *StartTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3886,7 +4016,7 @@ func (x *StartTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferRequest.ProtoReflect.Descriptor instead.
 func (*StartTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *StartTransferRequest) GetTransfer() isStartTransferRequest_Transfer {
@@ -3978,7 +4108,7 @@ type TransferTrigger struct {
 
 func (x *TransferTrigger) Reset() {
 	*x = TransferTrigger{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3990,7 +4120,7 @@ func (x *TransferTrigger) String() string {
 func (*TransferTrigger) ProtoMessage() {}
 
 func (x *TransferTrigger) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4003,7 +4133,7 @@ func (x *TransferTrigger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferTrigger.ProtoReflect.Descriptor instead.
 func (*TransferTrigger) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TransferTrigger) GetCounterRegionId() string {
@@ -4036,7 +4166,7 @@ type StartTransferResponse struct {
 
 func (x *StartTransferResponse) Reset() {
 	*x = StartTransferResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4048,7 +4178,7 @@ func (x *StartTransferResponse) String() string {
 func (*StartTransferResponse) ProtoMessage() {}
 
 func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4061,7 +4191,7 @@ func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferResponse.ProtoReflect.Descriptor instead.
 func (*StartTransferResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *StartTransferResponse) GetTransferId() uint64 {
@@ -4084,7 +4214,7 @@ type TransferOutcome struct {
 
 func (x *TransferOutcome) Reset() {
 	*x = TransferOutcome{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4096,7 +4226,7 @@ func (x *TransferOutcome) String() string {
 func (*TransferOutcome) ProtoMessage() {}
 
 func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4109,7 +4239,7 @@ func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferOutcome.ProtoReflect.Descriptor instead.
 func (*TransferOutcome) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TransferOutcome) GetTransferId() uint64 {
@@ -4157,7 +4287,7 @@ type WaitTransferRequest struct {
 
 func (x *WaitTransferRequest) Reset() {
 	*x = WaitTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4169,7 +4299,7 @@ func (x *WaitTransferRequest) String() string {
 func (*WaitTransferRequest) ProtoMessage() {}
 
 func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4182,7 +4312,7 @@ func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitTransferRequest.ProtoReflect.Descriptor instead.
 func (*WaitTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WaitTransferRequest) GetTransferId() uint64 {
@@ -4208,7 +4338,7 @@ type PollTransfersRequest struct {
 
 func (x *PollTransfersRequest) Reset() {
 	*x = PollTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4220,7 +4350,7 @@ func (x *PollTransfersRequest) String() string {
 func (*PollTransfersRequest) ProtoMessage() {}
 
 func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4233,7 +4363,7 @@ func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollTransfersRequest.ProtoReflect.Descriptor instead.
 func (*PollTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *PollTransfersRequest) GetTransferIds() []uint64 {
@@ -4252,7 +4382,7 @@ type PollTransfersResponse struct {
 
 func (x *PollTransfersResponse) Reset() {
 	*x = PollTransfersResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4264,7 +4394,7 @@ func (x *PollTransfersResponse) String() string {
 func (*PollTransfersResponse) ProtoMessage() {}
 
 func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4277,7 +4407,7 @@ func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollTransfersResponse.ProtoReflect.Descriptor instead.
 func (*PollTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *PollTransfersResponse) GetOutcomes() []*TransferOutcome {
@@ -4296,7 +4426,7 @@ type StartTransfersRequest struct {
 
 func (x *StartTransfersRequest) Reset() {
 	*x = StartTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4308,7 +4438,7 @@ func (x *StartTransfersRequest) String() string {
 func (*StartTransfersRequest) ProtoMessage() {}
 
 func (x *StartTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4321,7 +4451,7 @@ func (x *StartTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransfersRequest.ProtoReflect.Descriptor instead.
 func (*StartTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *StartTransfersRequest) GetRequests() []*StartTransferRequest {
@@ -4344,7 +4474,7 @@ type StartTransferResult struct {
 
 func (x *StartTransferResult) Reset() {
 	*x = StartTransferResult{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4356,7 +4486,7 @@ func (x *StartTransferResult) String() string {
 func (*StartTransferResult) ProtoMessage() {}
 
 func (x *StartTransferResult) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4369,7 +4499,7 @@ func (x *StartTransferResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferResult.ProtoReflect.Descriptor instead.
 func (*StartTransferResult) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *StartTransferResult) GetTransferId() uint64 {
@@ -4402,7 +4532,7 @@ type StartTransfersResponse struct {
 
 func (x *StartTransfersResponse) Reset() {
 	*x = StartTransfersResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4414,7 +4544,7 @@ func (x *StartTransfersResponse) String() string {
 func (*StartTransfersResponse) ProtoMessage() {}
 
 func (x *StartTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4427,7 +4557,7 @@ func (x *StartTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransfersResponse.ProtoReflect.Descriptor instead.
 func (*StartTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StartTransfersResponse) GetResults() []*StartTransferResult {
@@ -4448,7 +4578,7 @@ type WaitTransfersRequest struct {
 
 func (x *WaitTransfersRequest) Reset() {
 	*x = WaitTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4460,7 +4590,7 @@ func (x *WaitTransfersRequest) String() string {
 func (*WaitTransfersRequest) ProtoMessage() {}
 
 func (x *WaitTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4473,7 +4603,7 @@ func (x *WaitTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitTransfersRequest.ProtoReflect.Descriptor instead.
 func (*WaitTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *WaitTransfersRequest) GetTransferIds() []uint64 {
@@ -4506,7 +4636,7 @@ type CancelTransferRequest struct {
 
 func (x *CancelTransferRequest) Reset() {
 	*x = CancelTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4518,7 +4648,7 @@ func (x *CancelTransferRequest) String() string {
 func (*CancelTransferRequest) ProtoMessage() {}
 
 func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4531,7 +4661,7 @@ func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTransferRequest.ProtoReflect.Descriptor instead.
 func (*CancelTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *CancelTransferRequest) GetTransferId() uint64 {
@@ -4549,7 +4679,7 @@ type WatchTransfersRequest struct {
 
 func (x *WatchTransfersRequest) Reset() {
 	*x = WatchTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4561,7 +4691,7 @@ func (x *WatchTransfersRequest) String() string {
 func (*WatchTransfersRequest) ProtoMessage() {}
 
 func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4574,7 +4704,7 @@ func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTransfersRequest.ProtoReflect.Descriptor instead.
 func (*WatchTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
 }
 
 type CancelCallRequest struct {
@@ -4587,7 +4717,7 @@ type CancelCallRequest struct {
 
 func (x *CancelCallRequest) Reset() {
 	*x = CancelCallRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4599,7 +4729,7 @@ func (x *CancelCallRequest) String() string {
 func (*CancelCallRequest) ProtoMessage() {}
 
 func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4612,7 +4742,7 @@ func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCallRequest.ProtoReflect.Descriptor instead.
 func (*CancelCallRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CancelCallRequest) GetCallId() string {
@@ -4633,7 +4763,7 @@ type CancelCallResponse struct {
 
 func (x *CancelCallResponse) Reset() {
 	*x = CancelCallResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4645,7 +4775,7 @@ func (x *CancelCallResponse) String() string {
 func (*CancelCallResponse) ProtoMessage() {}
 
 func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4658,7 +4788,7 @@ func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCallResponse.ProtoReflect.Descriptor instead.
 func (*CancelCallResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CancelCallResponse) GetInFlight() bool {
@@ -4679,7 +4809,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4691,7 +4821,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4704,7 +4834,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -4746,7 +4876,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4758,7 +4888,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4771,7 +4901,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -4814,7 +4944,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4826,7 +4956,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4839,7 +4969,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -4871,7 +5001,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4883,7 +5013,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4896,7 +5026,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -4937,7 +5067,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4949,7 +5079,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4962,7 +5092,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{67}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *SignalRequest) GetKind() string {
@@ -4988,7 +5118,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5000,7 +5130,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5013,7 +5143,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{68}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *SignalResponse) GetPayload() []byte {
@@ -5036,7 +5166,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5048,7 +5178,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5061,7 +5191,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{69}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -5108,7 +5238,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5120,7 +5250,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5133,7 +5263,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{70}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -5153,7 +5283,7 @@ type ResolveLayoutRequest struct {
 
 func (x *ResolveLayoutRequest) Reset() {
 	*x = ResolveLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5165,7 +5295,7 @@ func (x *ResolveLayoutRequest) String() string {
 func (*ResolveLayoutRequest) ProtoMessage() {}
 
 func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5178,7 +5308,7 @@ func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutRequest.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{71}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ResolveLayoutRequest) GetName() string {
@@ -5207,7 +5337,7 @@ type ResolvedLayoutRegion struct {
 
 func (x *ResolvedLayoutRegion) Reset() {
 	*x = ResolvedLayoutRegion{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5219,7 +5349,7 @@ func (x *ResolvedLayoutRegion) String() string {
 func (*ResolvedLayoutRegion) ProtoMessage() {}
 
 func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5232,7 +5362,7 @@ func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedLayoutRegion.ProtoReflect.Descriptor instead.
 func (*ResolvedLayoutRegion) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{72}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ResolvedLayoutRegion) GetName() string {
@@ -5268,7 +5398,7 @@ type ResolvedSegment struct {
 
 func (x *ResolvedSegment) Reset() {
 	*x = ResolvedSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5280,7 +5410,7 @@ func (x *ResolvedSegment) String() string {
 func (*ResolvedSegment) ProtoMessage() {}
 
 func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5293,7 +5423,7 @@ func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedSegment.ProtoReflect.Descriptor instead.
 func (*ResolvedSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{73}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ResolvedSegment) GetRegion() uint32 {
@@ -5336,7 +5466,7 @@ type ResolveLayoutResponse struct {
 
 func (x *ResolveLayoutResponse) Reset() {
 	*x = ResolveLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5348,7 +5478,7 @@ func (x *ResolveLayoutResponse) String() string {
 func (*ResolveLayoutResponse) ProtoMessage() {}
 
 func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5361,7 +5491,7 @@ func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutResponse.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{74}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ResolveLayoutResponse) GetName() string {
@@ -5539,7 +5669,18 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x06phases\x18\a \x01(\v2\x14.b2b.v1.PhaseTimingsR\x06phases\x12%\n" +
 	"\x0etransport_name\x18\b \x01(\tR\rtransportName\"/\n" +
 	"\x15SubmitTransferRequest\x12\x16\n" +
-	"\x06handle\x18\x01 \x01(\x04R\x06handle\"0\n" +
+	"\x06handle\x18\x01 \x01(\x04R\x06handle\"\xb7\x01\n" +
+	"\x13WarmTransferRequest\x12\"\n" +
+	"\rsrc_region_id\x18\x01 \x01(\tR\vsrcRegionId\x12\x12\n" +
+	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x1d\n" +
+	"\n" +
+	"dst_region\x18\x03 \x01(\tR\tdstRegion\x12\"\n" +
+	"\x02op\x18\x04 \x01(\x0e2\x12.b2b.v1.TransferOpR\x02op\x12%\n" +
+	"\x0etransport_name\x18\x05 \x01(\tR\rtransportName\"\\\n" +
+	"\x14WarmTransferResponse\x12%\n" +
+	"\x0etransport_name\x18\x01 \x01(\tR\rtransportName\x12\x1d\n" +
+	"\n" +
+	"elapsed_ns\x18\x02 \x01(\x04R\telapsedNs\"0\n" +
 	"\x16ReleaseTransferRequest\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\"\x19\n" +
 	"\x17ReleaseTransferResponse\"?\n" +
@@ -5829,7 +5970,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x16TRANSFER_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13TRANSFER_STATE_DONE\x10\x02\x12\x19\n" +
 	"\x15TRANSFER_STATE_FAILED\x10\x03\x12\x1c\n" +
-	"\x18TRANSFER_STATE_CANCELLED\x10\x042\x98\x10\n" +
+	"\x18TRANSFER_STATE_CANCELLED\x10\x042\xe3\x10\n" +
 	"\x03B2B\x12O\n" +
 	"\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n" +
 	"\x10DeregisterRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12F\n" +
@@ -5839,7 +5980,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\bChecksum\x12\x17.b2b.v1.ChecksumRequest\x1a\x18.b2b.v1.ChecksumResponse\x127\n" +
 	"\x06Status\x12\x15.b2b.v1.StatusRequest\x1a\x16.b2b.v1.StatusResponse\x12O\n" +
 	"\x12WatchNotifications\x12!.b2b.v1.WatchNotificationsRequest\x1a\x14.b2b.v1.Notification0\x01\x12R\n" +
-	"\x0fPrepareTransfer\x12\x1e.b2b.v1.PrepareTransferRequest\x1a\x1f.b2b.v1.PrepareTransferResponse\x12N\n" +
+	"\x0fPrepareTransfer\x12\x1e.b2b.v1.PrepareTransferRequest\x1a\x1f.b2b.v1.PrepareTransferResponse\x12I\n" +
+	"\fWarmTransfer\x12\x1b.b2b.v1.WarmTransferRequest\x1a\x1c.b2b.v1.WarmTransferResponse\x12N\n" +
 	"\x0eSubmitTransfer\x12\x1d.b2b.v1.SubmitTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12R\n" +
 	"\x0fReleaseTransfer\x12\x1e.b2b.v1.ReleaseTransferRequest\x1a\x1f.b2b.v1.ReleaseTransferResponse\x12M\n" +
 	"\fSubmitStream\x12\x1b.b2b.v1.SubmitStreamRequest\x1a\x1c.b2b.v1.SubmitStreamResponse(\x010\x01\x121\n" +
@@ -5881,7 +6023,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -5910,63 +6052,65 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*PrepareTransferRequest)(nil),    // 24: b2b.v1.PrepareTransferRequest
 	(*PrepareTransferResponse)(nil),   // 25: b2b.v1.PrepareTransferResponse
 	(*SubmitTransferRequest)(nil),     // 26: b2b.v1.SubmitTransferRequest
-	(*ReleaseTransferRequest)(nil),    // 27: b2b.v1.ReleaseTransferRequest
-	(*ReleaseTransferResponse)(nil),   // 28: b2b.v1.ReleaseTransferResponse
-	(*SubmitStreamRequest)(nil),       // 29: b2b.v1.SubmitStreamRequest
-	(*SubmitStreamResponse)(nil),      // 30: b2b.v1.SubmitStreamResponse
-	(*PingRequest)(nil),               // 31: b2b.v1.PingRequest
-	(*PingResponse)(nil),              // 32: b2b.v1.PingResponse
-	(*ChecksumRequest)(nil),           // 33: b2b.v1.ChecksumRequest
-	(*ChecksumResponse)(nil),          // 34: b2b.v1.ChecksumResponse
-	(*WatchNotificationsRequest)(nil), // 35: b2b.v1.WatchNotificationsRequest
-	(*Notification)(nil),              // 36: b2b.v1.Notification
-	(*StatusRequest)(nil),             // 37: b2b.v1.StatusRequest
-	(*TransportStatus)(nil),           // 38: b2b.v1.TransportStatus
-	(*RailStatus)(nil),                // 39: b2b.v1.RailStatus
-	(*StatusResponse)(nil),            // 40: b2b.v1.StatusResponse
-	(*LayoutSegment)(nil),             // 41: b2b.v1.LayoutSegment
-	(*RegisterLayoutRequest)(nil),     // 42: b2b.v1.RegisterLayoutRequest
-	(*Layout)(nil),                    // 43: b2b.v1.Layout
-	(*RegisterLayoutResponse)(nil),    // 44: b2b.v1.RegisterLayoutResponse
-	(*DeregisterLayoutRequest)(nil),   // 45: b2b.v1.DeregisterLayoutRequest
-	(*DeregisterLayoutResponse)(nil),  // 46: b2b.v1.DeregisterLayoutResponse
-	(*ListLayoutsRequest)(nil),        // 47: b2b.v1.ListLayoutsRequest
-	(*ListLayoutsResponse)(nil),       // 48: b2b.v1.ListLayoutsResponse
-	(*TransferBlocksRequest)(nil),     // 49: b2b.v1.TransferBlocksRequest
-	(*BindBlockRouteRequest)(nil),     // 50: b2b.v1.BindBlockRouteRequest
-	(*BindBlockRouteResponse)(nil),    // 51: b2b.v1.BindBlockRouteResponse
-	(*ReleaseBlockRouteRequest)(nil),  // 52: b2b.v1.ReleaseBlockRouteRequest
-	(*ReleaseBlockRouteResponse)(nil), // 53: b2b.v1.ReleaseBlockRouteResponse
-	(*StartTransferRequest)(nil),      // 54: b2b.v1.StartTransferRequest
-	(*TransferTrigger)(nil),           // 55: b2b.v1.TransferTrigger
-	(*StartTransferResponse)(nil),     // 56: b2b.v1.StartTransferResponse
-	(*TransferOutcome)(nil),           // 57: b2b.v1.TransferOutcome
-	(*WaitTransferRequest)(nil),       // 58: b2b.v1.WaitTransferRequest
-	(*PollTransfersRequest)(nil),      // 59: b2b.v1.PollTransfersRequest
-	(*PollTransfersResponse)(nil),     // 60: b2b.v1.PollTransfersResponse
-	(*StartTransfersRequest)(nil),     // 61: b2b.v1.StartTransfersRequest
-	(*StartTransferResult)(nil),       // 62: b2b.v1.StartTransferResult
-	(*StartTransfersResponse)(nil),    // 63: b2b.v1.StartTransfersResponse
-	(*WaitTransfersRequest)(nil),      // 64: b2b.v1.WaitTransfersRequest
-	(*CancelTransferRequest)(nil),     // 65: b2b.v1.CancelTransferRequest
-	(*WatchTransfersRequest)(nil),     // 66: b2b.v1.WatchTransfersRequest
-	(*CancelCallRequest)(nil),         // 67: b2b.v1.CancelCallRequest
-	(*CancelCallResponse)(nil),        // 68: b2b.v1.CancelCallResponse
-	(*HandshakeRequest)(nil),          // 69: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 70: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 71: b2b.v1.ResolveRegionRequest
-	(*ResolveRegionResponse)(nil),     // 72: b2b.v1.ResolveRegionResponse
-	(*SignalRequest)(nil),             // 73: b2b.v1.SignalRequest
-	(*SignalResponse)(nil),            // 74: b2b.v1.SignalResponse
-	(*NotifyRequest)(nil),             // 75: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 76: b2b.v1.NotifyResponse
-	(*ResolveLayoutRequest)(nil),      // 77: b2b.v1.ResolveLayoutRequest
-	(*ResolvedLayoutRegion)(nil),      // 78: b2b.v1.ResolvedLayoutRegion
-	(*ResolvedSegment)(nil),           // 79: b2b.v1.ResolvedSegment
-	(*ResolveLayoutResponse)(nil),     // 80: b2b.v1.ResolveLayoutResponse
-	nil,                               // 81: b2b.v1.HandshakeResponse.AdvertsEntry
-	nil,                               // 82: b2b.v1.ResolveRegionResponse.KeysEntry
-	nil,                               // 83: b2b.v1.ResolvedLayoutRegion.KeysEntry
+	(*WarmTransferRequest)(nil),       // 27: b2b.v1.WarmTransferRequest
+	(*WarmTransferResponse)(nil),      // 28: b2b.v1.WarmTransferResponse
+	(*ReleaseTransferRequest)(nil),    // 29: b2b.v1.ReleaseTransferRequest
+	(*ReleaseTransferResponse)(nil),   // 30: b2b.v1.ReleaseTransferResponse
+	(*SubmitStreamRequest)(nil),       // 31: b2b.v1.SubmitStreamRequest
+	(*SubmitStreamResponse)(nil),      // 32: b2b.v1.SubmitStreamResponse
+	(*PingRequest)(nil),               // 33: b2b.v1.PingRequest
+	(*PingResponse)(nil),              // 34: b2b.v1.PingResponse
+	(*ChecksumRequest)(nil),           // 35: b2b.v1.ChecksumRequest
+	(*ChecksumResponse)(nil),          // 36: b2b.v1.ChecksumResponse
+	(*WatchNotificationsRequest)(nil), // 37: b2b.v1.WatchNotificationsRequest
+	(*Notification)(nil),              // 38: b2b.v1.Notification
+	(*StatusRequest)(nil),             // 39: b2b.v1.StatusRequest
+	(*TransportStatus)(nil),           // 40: b2b.v1.TransportStatus
+	(*RailStatus)(nil),                // 41: b2b.v1.RailStatus
+	(*StatusResponse)(nil),            // 42: b2b.v1.StatusResponse
+	(*LayoutSegment)(nil),             // 43: b2b.v1.LayoutSegment
+	(*RegisterLayoutRequest)(nil),     // 44: b2b.v1.RegisterLayoutRequest
+	(*Layout)(nil),                    // 45: b2b.v1.Layout
+	(*RegisterLayoutResponse)(nil),    // 46: b2b.v1.RegisterLayoutResponse
+	(*DeregisterLayoutRequest)(nil),   // 47: b2b.v1.DeregisterLayoutRequest
+	(*DeregisterLayoutResponse)(nil),  // 48: b2b.v1.DeregisterLayoutResponse
+	(*ListLayoutsRequest)(nil),        // 49: b2b.v1.ListLayoutsRequest
+	(*ListLayoutsResponse)(nil),       // 50: b2b.v1.ListLayoutsResponse
+	(*TransferBlocksRequest)(nil),     // 51: b2b.v1.TransferBlocksRequest
+	(*BindBlockRouteRequest)(nil),     // 52: b2b.v1.BindBlockRouteRequest
+	(*BindBlockRouteResponse)(nil),    // 53: b2b.v1.BindBlockRouteResponse
+	(*ReleaseBlockRouteRequest)(nil),  // 54: b2b.v1.ReleaseBlockRouteRequest
+	(*ReleaseBlockRouteResponse)(nil), // 55: b2b.v1.ReleaseBlockRouteResponse
+	(*StartTransferRequest)(nil),      // 56: b2b.v1.StartTransferRequest
+	(*TransferTrigger)(nil),           // 57: b2b.v1.TransferTrigger
+	(*StartTransferResponse)(nil),     // 58: b2b.v1.StartTransferResponse
+	(*TransferOutcome)(nil),           // 59: b2b.v1.TransferOutcome
+	(*WaitTransferRequest)(nil),       // 60: b2b.v1.WaitTransferRequest
+	(*PollTransfersRequest)(nil),      // 61: b2b.v1.PollTransfersRequest
+	(*PollTransfersResponse)(nil),     // 62: b2b.v1.PollTransfersResponse
+	(*StartTransfersRequest)(nil),     // 63: b2b.v1.StartTransfersRequest
+	(*StartTransferResult)(nil),       // 64: b2b.v1.StartTransferResult
+	(*StartTransfersResponse)(nil),    // 65: b2b.v1.StartTransfersResponse
+	(*WaitTransfersRequest)(nil),      // 66: b2b.v1.WaitTransfersRequest
+	(*CancelTransferRequest)(nil),     // 67: b2b.v1.CancelTransferRequest
+	(*WatchTransfersRequest)(nil),     // 68: b2b.v1.WatchTransfersRequest
+	(*CancelCallRequest)(nil),         // 69: b2b.v1.CancelCallRequest
+	(*CancelCallResponse)(nil),        // 70: b2b.v1.CancelCallResponse
+	(*HandshakeRequest)(nil),          // 71: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 72: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 73: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 74: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 75: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 76: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 77: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 78: b2b.v1.NotifyResponse
+	(*ResolveLayoutRequest)(nil),      // 79: b2b.v1.ResolveLayoutRequest
+	(*ResolvedLayoutRegion)(nil),      // 80: b2b.v1.ResolvedLayoutRegion
+	(*ResolvedSegment)(nil),           // 81: b2b.v1.ResolvedSegment
+	(*ResolveLayoutResponse)(nil),     // 82: b2b.v1.ResolveLayoutResponse
+	nil,                               // 83: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 84: b2b.v1.ResolveRegionResponse.KeysEntry
+	nil,                               // 85: b2b.v1.ResolvedLayoutRegion.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	6,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -5989,108 +6133,111 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	2,  // 17: b2b.v1.PrepareTransferRequest.op:type_name -> b2b.v1.TransferOp
 	1,  // 18: b2b.v1.PrepareTransferResponse.transport:type_name -> b2b.v1.TransportKind
 	23, // 19: b2b.v1.PrepareTransferResponse.phases:type_name -> b2b.v1.PhaseTimings
-	22, // 20: b2b.v1.SubmitStreamResponse.result:type_name -> b2b.v1.BatchTransferResponse
-	4,  // 21: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
-	4,  // 22: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
-	1,  // 23: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
-	39, // 24: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
-	38, // 25: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
-	41, // 26: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
-	41, // 27: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
-	43, // 28: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
-	43, // 29: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
-	1,  // 30: b2b.v1.TransferBlocksRequest.transport:type_name -> b2b.v1.TransportKind
-	2,  // 31: b2b.v1.TransferBlocksRequest.op:type_name -> b2b.v1.TransferOp
-	1,  // 32: b2b.v1.BindBlockRouteRequest.transport:type_name -> b2b.v1.TransportKind
-	2,  // 33: b2b.v1.BindBlockRouteRequest.op:type_name -> b2b.v1.TransferOp
-	21, // 34: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
-	26, // 35: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
-	49, // 36: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
-	55, // 37: b2b.v1.StartTransferRequest.after:type_name -> b2b.v1.TransferTrigger
-	5,  // 38: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
-	22, // 39: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
-	57, // 40: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
-	54, // 41: b2b.v1.StartTransfersRequest.requests:type_name -> b2b.v1.StartTransferRequest
-	62, // 42: b2b.v1.StartTransfersResponse.results:type_name -> b2b.v1.StartTransferResult
-	81, // 43: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
-	3,  // 44: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
-	0,  // 45: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	82, // 46: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
-	3,  // 47: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
-	83, // 48: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
-	78, // 49: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
-	79, // 50: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
-	10, // 51: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	14, // 52: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	16, // 53: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	18, // 54: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	21, // 55: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	33, // 56: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	37, // 57: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	35, // 58: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	24, // 59: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	26, // 60: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	27, // 61: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	29, // 62: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	31, // 63: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	42, // 64: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
-	45, // 65: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
-	47, // 66: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
-	49, // 67: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
-	50, // 68: b2b.v1.B2B.BindBlockRoute:input_type -> b2b.v1.BindBlockRouteRequest
-	52, // 69: b2b.v1.B2B.ReleaseBlockRoute:input_type -> b2b.v1.ReleaseBlockRouteRequest
-	54, // 70: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
-	58, // 71: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
-	59, // 72: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
-	65, // 73: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
-	66, // 74: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
-	61, // 75: b2b.v1.B2B.StartTransfers:input_type -> b2b.v1.StartTransfersRequest
-	64, // 76: b2b.v1.B2B.WaitTransfers:input_type -> b2b.v1.WaitTransfersRequest
-	67, // 77: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
-	69, // 78: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	71, // 79: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	71, // 80: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
-	77, // 81: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
-	73, // 82: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	75, // 83: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	13, // 84: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	15, // 85: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	17, // 86: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	19, // 87: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	22, // 88: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	34, // 89: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	40, // 90: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	36, // 91: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	25, // 92: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	22, // 93: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	28, // 94: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	30, // 95: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	32, // 96: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	44, // 97: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	46, // 98: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	48, // 99: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	22, // 100: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	51, // 101: b2b.v1.B2B.BindBlockRoute:output_type -> b2b.v1.BindBlockRouteResponse
-	53, // 102: b2b.v1.B2B.ReleaseBlockRoute:output_type -> b2b.v1.ReleaseBlockRouteResponse
-	56, // 103: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
-	57, // 104: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
-	60, // 105: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
-	57, // 106: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
-	57, // 107: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
-	63, // 108: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
-	60, // 109: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
-	68, // 110: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
-	70, // 111: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	72, // 112: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	72, // 113: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
-	80, // 114: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	74, // 115: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	76, // 116: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	84, // [84:117] is the sub-list for method output_type
-	51, // [51:84] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	2,  // 20: b2b.v1.WarmTransferRequest.op:type_name -> b2b.v1.TransferOp
+	22, // 21: b2b.v1.SubmitStreamResponse.result:type_name -> b2b.v1.BatchTransferResponse
+	4,  // 22: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
+	4,  // 23: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
+	1,  // 24: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
+	41, // 25: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
+	40, // 26: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
+	43, // 27: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
+	43, // 28: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
+	45, // 29: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
+	45, // 30: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
+	1,  // 31: b2b.v1.TransferBlocksRequest.transport:type_name -> b2b.v1.TransportKind
+	2,  // 32: b2b.v1.TransferBlocksRequest.op:type_name -> b2b.v1.TransferOp
+	1,  // 33: b2b.v1.BindBlockRouteRequest.transport:type_name -> b2b.v1.TransportKind
+	2,  // 34: b2b.v1.BindBlockRouteRequest.op:type_name -> b2b.v1.TransferOp
+	21, // 35: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
+	26, // 36: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
+	51, // 37: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
+	57, // 38: b2b.v1.StartTransferRequest.after:type_name -> b2b.v1.TransferTrigger
+	5,  // 39: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
+	22, // 40: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
+	59, // 41: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
+	56, // 42: b2b.v1.StartTransfersRequest.requests:type_name -> b2b.v1.StartTransferRequest
+	64, // 43: b2b.v1.StartTransfersResponse.results:type_name -> b2b.v1.StartTransferResult
+	83, // 44: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	3,  // 45: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
+	0,  // 46: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	84, // 47: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	3,  // 48: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
+	85, // 49: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
+	80, // 50: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
+	81, // 51: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
+	10, // 52: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	14, // 53: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	16, // 54: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	18, // 55: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	21, // 56: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	35, // 57: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	39, // 58: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	37, // 59: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	24, // 60: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	27, // 61: b2b.v1.B2B.WarmTransfer:input_type -> b2b.v1.WarmTransferRequest
+	26, // 62: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	29, // 63: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	31, // 64: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	33, // 65: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	44, // 66: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
+	47, // 67: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
+	49, // 68: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
+	51, // 69: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
+	52, // 70: b2b.v1.B2B.BindBlockRoute:input_type -> b2b.v1.BindBlockRouteRequest
+	54, // 71: b2b.v1.B2B.ReleaseBlockRoute:input_type -> b2b.v1.ReleaseBlockRouteRequest
+	56, // 72: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
+	60, // 73: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
+	61, // 74: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
+	67, // 75: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
+	68, // 76: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
+	63, // 77: b2b.v1.B2B.StartTransfers:input_type -> b2b.v1.StartTransfersRequest
+	66, // 78: b2b.v1.B2B.WaitTransfers:input_type -> b2b.v1.WaitTransfersRequest
+	69, // 79: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
+	71, // 80: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	73, // 81: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	73, // 82: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
+	79, // 83: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	75, // 84: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	77, // 85: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	13, // 86: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	15, // 87: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	17, // 88: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	19, // 89: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	22, // 90: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	36, // 91: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	42, // 92: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	38, // 93: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	25, // 94: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	28, // 95: b2b.v1.B2B.WarmTransfer:output_type -> b2b.v1.WarmTransferResponse
+	22, // 96: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	30, // 97: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	32, // 98: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	34, // 99: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	46, // 100: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	48, // 101: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	50, // 102: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	22, // 103: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	53, // 104: b2b.v1.B2B.BindBlockRoute:output_type -> b2b.v1.BindBlockRouteResponse
+	55, // 105: b2b.v1.B2B.ReleaseBlockRoute:output_type -> b2b.v1.ReleaseBlockRouteResponse
+	58, // 106: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	59, // 107: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	62, // 108: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	59, // 109: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	59, // 110: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	65, // 111: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
+	62, // 112: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
+	70, // 113: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
+	72, // 114: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	74, // 115: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	74, // 116: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
+	82, // 117: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	76, // 118: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	78, // 119: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	86, // [86:120] is the sub-list for method output_type
+	52, // [52:86] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -6104,7 +6251,7 @@ func file_b2b_v1_b2b_proto_init() {
 		(*RegisterRegionRequest_CudaAlloc)(nil),
 		(*RegisterRegionRequest_CudaIpc)(nil),
 	}
-	file_b2b_v1_b2b_proto_msgTypes[48].OneofWrappers = []any{
+	file_b2b_v1_b2b_proto_msgTypes[50].OneofWrappers = []any{
 		(*StartTransferRequest_Batch)(nil),
 		(*StartTransferRequest_Submit)(nil),
 		(*StartTransferRequest_Blocks)(nil),
@@ -6115,7 +6262,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   78,
+			NumMessages:   80,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -39,6 +39,7 @@ const (
 	B2B_Status_FullMethodName             = "/b2b.v1.B2B/Status"
 	B2B_WatchNotifications_FullMethodName = "/b2b.v1.B2B/WatchNotifications"
 	B2B_PrepareTransfer_FullMethodName    = "/b2b.v1.B2B/PrepareTransfer"
+	B2B_WarmTransfer_FullMethodName       = "/b2b.v1.B2B/WarmTransfer"
 	B2B_SubmitTransfer_FullMethodName     = "/b2b.v1.B2B/SubmitTransfer"
 	B2B_ReleaseTransfer_FullMethodName    = "/b2b.v1.B2B/ReleaseTransfer"
 	B2B_SubmitStream_FullMethodName       = "/b2b.v1.B2B/SubmitStream"
@@ -91,6 +92,14 @@ type B2BClient interface {
 	// until ReleaseTransfer, or until the client's connection is gone. Plans per
 	// client are limited (ResourceExhausted).
 	PrepareTransfer(ctx context.Context, in *PrepareTransferRequest, opts ...grpc.CallOption) (*PrepareTransferResponse, error)
+	// WarmTransfer makes ready what the first BatchTransfer of op between
+	// src_region_id and the peer's dst_region would otherwise build, and
+	// moves no byte: the connection to the peer, the destination's
+	// resolution, and the data path's own state (same host: the destination
+	// mapped into the daemon, 75 ms for a 20 GiB GPU pool). Call it when the
+	// peer's region becomes known (an engine's handshake). It is checked as
+	// BatchTransfer is, may be repeated, and costs a round trip once warm.
+	WarmTransfer(ctx context.Context, in *WarmTransferRequest, opts ...grpc.CallOption) (*WarmTransferResponse, error)
 	// SubmitTransfer runs a prepared plan. Like BatchTransfer it returns only
 	// after every byte landed and the destination daemon acknowledged it. A
 	// plan whose peer restarted, or whose destination was re-registered or
@@ -279,6 +288,16 @@ func (c *b2BClient) PrepareTransfer(ctx context.Context, in *PrepareTransferRequ
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PrepareTransferResponse)
 	err := c.cc.Invoke(ctx, B2B_PrepareTransfer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *b2BClient) WarmTransfer(ctx context.Context, in *WarmTransferRequest, opts ...grpc.CallOption) (*WarmTransferResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WarmTransferResponse)
+	err := c.cc.Invoke(ctx, B2B_WarmTransfer_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -509,6 +528,14 @@ type B2BServer interface {
 	// until ReleaseTransfer, or until the client's connection is gone. Plans per
 	// client are limited (ResourceExhausted).
 	PrepareTransfer(context.Context, *PrepareTransferRequest) (*PrepareTransferResponse, error)
+	// WarmTransfer makes ready what the first BatchTransfer of op between
+	// src_region_id and the peer's dst_region would otherwise build, and
+	// moves no byte: the connection to the peer, the destination's
+	// resolution, and the data path's own state (same host: the destination
+	// mapped into the daemon, 75 ms for a 20 GiB GPU pool). Call it when the
+	// peer's region becomes known (an engine's handshake). It is checked as
+	// BatchTransfer is, may be repeated, and costs a round trip once warm.
+	WarmTransfer(context.Context, *WarmTransferRequest) (*WarmTransferResponse, error)
 	// SubmitTransfer runs a prepared plan. Like BatchTransfer it returns only
 	// after every byte landed and the destination daemon acknowledged it. A
 	// plan whose peer restarted, or whose destination was re-registered or
@@ -630,6 +657,9 @@ func (UnimplementedB2BServer) WatchNotifications(*WatchNotificationsRequest, grp
 }
 func (UnimplementedB2BServer) PrepareTransfer(context.Context, *PrepareTransferRequest) (*PrepareTransferResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PrepareTransfer not implemented")
+}
+func (UnimplementedB2BServer) WarmTransfer(context.Context, *WarmTransferRequest) (*WarmTransferResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WarmTransfer not implemented")
 }
 func (UnimplementedB2BServer) SubmitTransfer(context.Context, *SubmitTransferRequest) (*BatchTransferResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SubmitTransfer not implemented")
@@ -857,6 +887,24 @@ func _B2B_PrepareTransfer_Handler(srv interface{}, ctx context.Context, dec func
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(B2BServer).PrepareTransfer(ctx, req.(*PrepareTransferRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _B2B_WarmTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WarmTransferRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).WarmTransfer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_WarmTransfer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).WarmTransfer(ctx, req.(*WarmTransferRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1205,6 +1253,10 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PrepareTransfer",
 			Handler:    _B2B_PrepareTransfer_Handler,
+		},
+		{
+			MethodName: "WarmTransfer",
+			Handler:    _B2B_WarmTransfer_Handler,
 		},
 		{
 			MethodName: "SubmitTransfer",

@@ -874,6 +874,28 @@ class WaitTransfersRequest(_message.Message):
     transfer_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, transfer_ids: _Optional[_Iterable[int]] = ..., timeout_ms: _Optional[int] = ..., any: bool = ...) -> None: ...
 
+class WarmTransferRequest(_message.Message):
+    __slots__ = ["dst_region", "op", "peer", "src_region_id", "transport_name"]
+    DST_REGION_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    SRC_REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAME_FIELD_NUMBER: _ClassVar[int]
+    dst_region: str
+    op: TransferOp
+    peer: str
+    src_region_id: str
+    transport_name: str
+    def __init__(self, src_region_id: _Optional[str] = ..., peer: _Optional[str] = ..., dst_region: _Optional[str] = ..., op: _Optional[_Union[TransferOp, str]] = ..., transport_name: _Optional[str] = ...) -> None: ...
+
+class WarmTransferResponse(_message.Message):
+    __slots__ = ["elapsed_ns", "transport_name"]
+    ELAPSED_NS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAME_FIELD_NUMBER: _ClassVar[int]
+    elapsed_ns: int
+    transport_name: str
+    def __init__(self, transport_name: _Optional[str] = ..., elapsed_ns: _Optional[int] = ...) -> None: ...
+
 class WatchNotificationsRequest(_message.Message):
     __slots__ = ["region_id"]
     REGION_ID_FIELD_NUMBER: _ClassVar[int]
