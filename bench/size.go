@@ -509,11 +509,13 @@ func (s *sizeRun) report() error {
 // ringResponse is a ring call's outcome as the RPC's answer, for the
 // sweep's bookkeeping: a completion carries blocks, bytes, the wire phase
 // and the daemon's total, not the other phases.
-// The transport is the one asked for (the completion does not name it;
-// UNSPECIFIED under --transport auto).
+// The transport is the one the completion names, else the one asked for.
 func ringResponse(kind b2bv1.TransportKind, res client.RawResult, err error) (*b2bv1.BatchTransferResponse, error) {
 	if err != nil {
 		return nil, err
+	}
+	if res.Transport != "" {
+		kind = transportKind(res.Transport)
 	}
 	return &b2bv1.BatchTransferResponse{Blocks: res.Blocks, Bytes: res.Bytes, ElapsedNs: uint64(max(res.Wire, 0)), Transport: kind,
 		Phases: &b2bv1.PhaseTimings{WireNs: uint64(max(res.Wire, 0)), TotalNs: uint64(max(res.Total, 0))}}, nil

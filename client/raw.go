@@ -30,6 +30,9 @@ type RawResult struct {
 	Blocks, Bytes uint64
 	Wire          time.Duration // wait for the bytes to land and the ack
 	Total         time.Duration // the daemon's whole time
+	// Transport is the kind that carried it, by name (empty where the
+	// daemon does not say: the raw submit socket, older daemons).
+	Transport string
 }
 
 // DialSubmit connects to a daemon's raw submit socket.

@@ -371,6 +371,6 @@ func (r *Ring) Wait(tag uint64) (RawResult, error) {
 		if c.Code != 0 {
 			return RawResult{}, status.Error(codes.Code(c.Code), c.Msg)
 		}
-		return RawResult{Blocks: c.Blocks, Bytes: c.Bytes, Wire: time.Duration(c.Wire), Total: time.Duration(c.Total)}, nil
+		return RawResult{Blocks: c.Blocks, Bytes: c.Bytes, Wire: time.Duration(c.Wire), Total: time.Duration(c.Total), Transport: c.Msg}, nil
 	}
 }

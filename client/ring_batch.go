@@ -28,7 +28,8 @@ func (c *Client) TransferRing(ctx context.Context, r *Ring, t Transfer) (RawResu
 		return RawResult{}, err
 	}
 	ph := resp.GetPhases()
-	return RawResult{Blocks: resp.GetBlocks(), Bytes: resp.GetBytes(), Wire: time.Duration(ph.GetWireNs()), Total: time.Duration(ph.GetTotalNs())}, nil
+	return RawResult{Blocks: resp.GetBlocks(), Bytes: resp.GetBytes(), Wire: time.Duration(ph.GetWireNs()), Total: time.Duration(ph.GetTotalNs()),
+		Transport: resp.GetTransportName()}, nil
 }
 
 // StartTransfer posts t as a batch record and returns its tag for Wait (or

@@ -75,7 +75,8 @@ func (rt *Route) Transfer(ctx context.Context, r *Ring, local, remote []uint32, 
 		return RawResult{}, err
 	}
 	ph := resp.GetPhases()
-	return RawResult{Blocks: resp.GetBlocks(), Bytes: resp.GetBytes(), Wire: time.Duration(ph.GetWireNs()), Total: time.Duration(ph.GetTotalNs())}, nil
+	return RawResult{Blocks: resp.GetBlocks(), Bytes: resp.GetBytes(), Wire: time.Duration(ph.GetWireNs()), Total: time.Duration(ph.GetTotalNs()),
+		Transport: resp.GetTransportName()}, nil
 }
 
 // carries says whether a block request rides on r.

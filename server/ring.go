@@ -231,7 +231,7 @@ func (rc *ringConn) run(req ring.Request, what string, do func(context.Context) 
 			rc.complete(fail(req.Tag, err))
 			return
 		}
-		rc.complete(ring.Completion{Tag: req.Tag, Blocks: res.Blocks, Bytes: res.Bytes,
+		rc.complete(ring.Completion{Tag: req.Tag, Blocks: res.Blocks, Bytes: res.Bytes, Msg: string(res.Kind),
 			Wire: int64(res.Phases.Wire), Total: int64(res.Phases.Total)})
 	}()
 	// The consumer spins on its P (Queue.Wait), so the goroutine just made

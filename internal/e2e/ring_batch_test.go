@@ -102,7 +102,7 @@ func TestRingBatch(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s: %v", tc.name, err)
 				}
-				if res.Blocks != uint64(tc.n) || res.Total <= 0 {
+				if res.Blocks != uint64(tc.n) || res.Total <= 0 || res.Transport != kind {
 					t.Fatalf("%s: %+v", tc.name, res)
 				}
 				if tc.note != "" {

@@ -283,8 +283,10 @@ func (r Request) PackedIDs() (local, remote []byte) {
 
 // Completion is a decoded completion record.
 type Completion struct {
-	Tag         uint64
-	Code        uint32 // gRPC code; 0 = done
+	Tag  uint64
+	Code uint32 // gRPC code; 0 = done
+	// Msg is the refusal's message; on success the name of the transport
+	// that carried the request (empty from a daemon before that).
 	Msg         string
 	Blocks      uint64
 	Bytes       uint64
@@ -323,8 +325,24 @@ func DecodeCompletion(rec []byte) (Completion, error) {
 	if n > MsgMax {
 		return c, fmt.Errorf("completion message length %d, limit %d", n, MsgMax)
 	}
-	c.Msg = string(rec[compHdr : compHdr+n])
+	c.Msg = msgString(rec[compHdr : compHdr+n])
 	return c, nil
+}
+
+// msgString is b as a string, the names of the transports without an
+// allocation (every successful completion carries one).
+func msgString(b []byte) string {
+	switch string(b) { // compared without a copy
+	case "":
+		return ""
+	case "tcp":
+		return "tcp"
+	case "local":
+		return "local"
+	case "verbs":
+		return "verbs"
+	}
+	return string(b)
 }
 
 // Hello is the tag of the first frame on the raw submit socket that asks

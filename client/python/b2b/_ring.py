@@ -54,7 +54,7 @@ OFF_MAGIC, OFF_SQN, OFF_CQN, OFF_ARENA = 0, 4, 8, 12
 OFF_SQ_HEAD, OFF_SQ_TAIL, OFF_SQ_SLEEP = 64, 128, 192
 OFF_CQ_HEAD, OFF_CQ_TAIL, OFF_CQ_SLEEP = 256, 320, 384
 
-OP_PING, OP_SUBMIT, OP_CANCEL, OP_BLOCKS = 1, 2, 3, 4
+OP_PING, OP_SUBMIT, OP_CANCEL, OP_BLOCKS, OP_BATCH = 1, 2, 3, 4, 5
 _BODY_LEN = {OP_PING: 0, OP_SUBMIT: 16, OP_CANCEL: 8}
 _REC = struct.Struct("<QHHIQQQ24x")  # tag, op, flags, length, three body words, zeros
 # A blocks record: tag, op, flags, length, route handle, timeout_ms u32,
@@ -70,6 +70,15 @@ _ARENA_REC = struct.Struct("<QHHIQIIQQII8x")
 ARENA_UNIT, DEFAULT_ARENA, MAX_ARENA = 4096, 1 << 20, 192 << 20
 MAX_ARENA_IDS = 1 << 24  # TransferBlocks' limit of ids per request
 MAX_NOTE = 4096  # TransferBlocks' notification limit
+# A batch record (always FLAG_ARENA): tag, op, flags, length 16, blob_off,
+# blob_len u32, timeout_ms u32, zeros. Its blob (internal/ring/batch.go):
+# op u32, the lengths of src_region_id, peer, dst_region and transport_name
+# u16 each, the notification's u32, block_length u64, the three packed
+# descriptor arrays' lengths u32 each, reserved u32; then the strings, the
+# notification and the arrays, back to back.
+_BATCH_REC = struct.Struct("<QHHIQII32x")
+_BATCH_HDR = struct.Struct("<IHHHHIQIIII")
+MAX_BATCH_STRING = 1024
 _COMP = struct.Struct("<QIIQQQQ")  # tag, code, msg_len, blocks, bytes, wire_ns, total_ns
 
 # Busy-wait before the futex, as the Go side (internal/ring.Spin): only
@@ -413,7 +422,10 @@ class Ring:
                     wrote = 0
                     for _ in range(min(free, len(reqs) - i)):
                         op, w0, w2 = reqs[i][:3]
-                        if op == OP_BLOCKS and len(reqs[i]) > 4:
+                        if op == OP_BATCH:
+                            if not self._put_batch(tags[i], w2, reqs[i][3], q):
+                                break  # the arena is full of records not taken: publish, wait
+                        elif op == OP_BLOCKS and len(reqs[i]) > 4:
                             if not self._put_arena(tags[i], reqs[i], q):
                                 break  # the arena is full of records not taken: publish, wait
                         elif op == OP_BLOCKS:
@@ -460,6 +472,25 @@ class Ring:
             mm[base + n:base + n + len(note)] = note
         _ARENA_REC.pack_into(mm, q.slot(self._sq_tail), tag, OP_BLOCKS, FLAG_ARENA, 40, route, ms, count, off, off + n, len(note), 0)
         return True
+
+    def _put_batch(self, tag: int, ms: int, blob: bytes, q: _Queue) -> bool:
+        """Write a batch record and its blob (batch_blob) to the arena."""
+        off = self.arena.place(len(blob), self._sq_tail, q.head.value)
+        if off is None:
+            return False
+        base = self.arena.off + off
+        self._mm[base:base + len(blob)] = blob
+        _BATCH_REC.pack_into(self._mm, q.slot(self._sq_tail), tag, OP_BATCH, FLAG_ARENA, 16, off, len(blob), ms)
+        return True
+
+    def start_batch(self, blob: bytes, timeout_ms: int = 0) -> int:
+        """Post an ad hoc batch (a BatchTransfer; ``blob`` from
+        :func:`batch_blob`); its tag for :meth:`wait`."""
+        if not 0 <= timeout_ms <= MAX_TIMEOUT_MS:
+            raise ValueError(f"timeout_ms {timeout_ms}: want 0 to {MAX_TIMEOUT_MS}")
+        if not self.fits(len(blob), 0):
+            raise ValueError(f"a batch of {len(blob)} bytes: over the ring's arena of {self.arena.size} bytes")
+        return self._post([(OP_BATCH, 0, timeout_ms, blob)])[0]
 
     def fits(self, id_bytes: int, note_len: int) -> bool:
         """Whether a record's ids (packed, both sides) and note fit the arena."""
@@ -641,3 +672,16 @@ class Ring:
         with self._cq_lock:
             self._pending.discard(tag)
             self._done.pop(tag, None)
+
+
+def batch_blob(req: Any, transport_name: str) -> Optional[bytes]:
+    """A BatchTransferRequest (its transport by name) as a batch record's
+    blob; ``None`` when a string is longer than a ring batch carries (gRPC
+    then answers it)."""
+    strs = [req.src_region_id.encode(), req.peer.encode(), req.dst_region.encode(), transport_name.encode()]
+    if any(len(x) > MAX_BATCH_STRING for x in strs) or len(req.notification) > MAX_NOTE:
+        return None
+    d = req.descriptors
+    src, dst, lens = d.src_offsets, d.dst_offsets, d.lengths
+    hdr = _BATCH_HDR.pack(req.op, *(len(x) for x in strs), len(req.notification), d.block_length, len(src), len(dst), len(lens), 0)
+    return b"".join((hdr, *strs, req.notification, src, dst, lens))

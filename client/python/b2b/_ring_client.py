@@ -25,7 +25,7 @@ import grpc
 from ._common import _TRANSPORT_BY_NAME, _TRANSPORT_NAME, _invalid, _op, _transport
 from ._pack import as_u32
 from ._results import PhaseTimings, TransferResult
-from ._ring import MAX_ARENA_IDS, MAX_INLINE_IDS, MAX_NOTE, MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable
+from ._ring import MAX_ARENA_IDS, MAX_INLINE_IDS, MAX_NOTE, MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable, batch_blob
 from ._many import wait_grpc
 from ._transfers import Transfer, _interrupts_deferred
 from .errors import (
@@ -197,6 +197,27 @@ def transfer_blocks(client: "Client", slot: RingSlot, local_layout: str, peer: s
     return None
 
 
+def batch(slot: RingSlot, req: Any, timeout: Optional[float]) -> Optional[TransferResult]:
+    """:meth:`Client.batch_transfer` of the checked request ``req``
+    through the ring, when the ring carries it (its blob fits the arena);
+    ``None``: take gRPC. The daemon checks it with BatchTransfer's code."""
+    ms = _timeout_ms(timeout)
+    if ms is None or slot.path is None:
+        return None
+    ring = slot.get()
+    if ring is None:
+        return None
+    name = "" if req.transport == pb.TRANSPORT_KIND_UNSPECIFIED else _TRANSPORT_NAME[req.transport]
+    blob = batch_blob(req, name)
+    if blob is None or not ring.fits(len(blob), 0):
+        return None
+    c = _post_wait(ring, lambda: [ring.start_batch(blob, ms)])
+    err = c.error()
+    if err is not None:
+        raise err
+    return _result(req.transport, c)
+
+
 def _stale_route(slot: RingSlot, key: Tuple[str, str, str, int, int], h: int, c: Completion) -> bool:
     """Whether c refused route h as unknown (its connection closed); the
     route is then forgotten, and the next use binds it again."""
@@ -297,7 +318,8 @@ def _result(transport: int, c: Completion, segments: int = 0, work_requests: int
     ph = object.__new__(PhaseTimings)
     ph.__dict__.update(wire_ns=c.wire_ns, total_ns=c.total_ns)
     r = object.__new__(TransferResult)
-    r.__dict__.update(blocks=c.blocks, bytes=c.bytes, transport=_TRANSPORT_NAME.get(transport) or str(transport),
+    # The daemon names the kind that carried it in a success's message.
+    r.__dict__.update(blocks=c.blocks, bytes=c.bytes, transport=c.msg or _TRANSPORT_NAME.get(transport) or str(transport),
                       elapsed=c.wire_ns / 1e9, segments=segments, work_requests=work_requests, phases=ph)
     return r
 

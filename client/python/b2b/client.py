@@ -655,6 +655,10 @@ class Client:
                 :meth:`watch`) once the batch landed.
         """
         req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "batch_transfer", op)
+        if not self._closed:
+            res = _ring_client.batch(self._ring, req, timeout)
+            if res is not None:
+                return res
         r = self._transfer_call(self._stub.BatchTransfer, req, timeout)
         return TransferResult.from_proto(r)
 

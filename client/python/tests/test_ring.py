@@ -19,6 +19,7 @@ from unittest import mock
 import grpc
 import numpy as np
 import test_prepared
+import test_transfer
 from test_transfer import TwoDaemons, layout
 
 import b2b
@@ -387,8 +388,6 @@ class PreparedOverRingTest(test_prepared.PreparedTest):
         self.assertEqual(self.a.ring._tag, self.posted_before + 3)
 
 
-if __name__ == "__main__":
-    unittest.main()
 
 
 class RingBlocksTest(TwoDaemons):
@@ -511,3 +510,66 @@ class RingResultTest(unittest.TestCase):
         self.assertEqual(got.phases.decode_ns, 0)  # a field not set reads its default
         with self.assertRaises(AttributeError):  # still frozen
             got.blocks = 4
+
+
+class TransferOverRingTest(test_transfer.TransferTest):
+    """Every batch_transfer test again, the source daemon offering a ring:
+    ad hoc batches go as batch records (the client takes the ring on its
+    own), and land and answer as over gRPC."""
+
+    a_args = SUBMIT_ARGS
+
+    def setUp(self):
+        super().setUp()
+        self.assertIsNotNone(self.a.ring, self.a._ring.reason)
+        self.posted_before = self.a.ring._tag
+
+    def test_10k_uniform_blocks_verified(self):
+        super().test_10k_uniform_blocks_verified()
+        self.assertEqual(self.a.ring._tag, self.posted_before + 1, "the batch did not go through the ring")
+
+
+class RingBatchRefusalTest(TwoDaemons):
+    """A refused batch record carries BatchTransfer's code and message; a
+    batch too large for the arena goes over gRPC."""
+
+    a_args = SUBMIT_ARGS
+
+    def test_refusals_match_grpc(self):
+        ring = self.a.ring
+        self.assertIsNotNone(ring, self.a._ring.reason)
+        with self.a.register_host(1 << 20) as src, self.b.register_host(1 << 20, "rbr-dst") as dst:
+            ok = dict(src_offsets=np.array([0, 4096], np.uint64), dst_offsets=np.array([0, 4096], np.uint64), block_size=4096)
+            cases = [
+                ("overlapping destinations", dict(ok, dst_offsets=np.array([0, 100], np.uint64))),
+                ("block past the source", dict(ok, src_offsets=np.array([0, 1 << 20], np.uint64))),
+                ("pull of an export without readers", dict(ok, op="read")),
+                ("unknown export", dict(ok, dst_region="absent")),
+            ]
+            for what, kw in cases:
+                kw = dict(kw)
+                name = kw.pop("dst_region", "rbr-dst")
+                req = self.a._batch_request(src, self.peer_b, name, kw["src_offsets"], kw["dst_offsets"], None, kw["block_size"],
+                                            None, None, None, "batch_transfer", kw.get("op"))
+                with self.assertRaises(grpc.RpcError) as cm:
+                    self.a.stub.BatchTransfer(req, timeout=10)
+                want = b2b.from_rpc_error(cm.exception)
+                before = ring._tag
+                with self.assertRaises(b2b.B2BError) as got:
+                    self.a.batch_transfer(src, self.peer_b, name, **kw)
+                self.assertEqual(ring._tag, before + 1, f"{what}: not through the ring")
+                self.assertIs(type(got.exception), type(want), what)
+                self.assertEqual((got.exception.code, got.exception.message), (want.code, want.message), what)
+            self.assertFalse(dst.array.any())
+            # 100,000 descriptors (1.6 MB of blob) over the 1 MiB arena: gRPC.
+            n = 100_000
+            self.random_fill(src)
+            offs = np.arange(n, dtype=np.uint64) * 8
+            before = ring._tag
+            r = self.a.batch_transfer(src, self.peer_b, "rbr-dst", offs, offs, block_size=8)
+            self.assertEqual((r.blocks, ring._tag, r.transport), (n, before, "tcp"))
+            np.testing.assert_array_equal(dst.array[: n * 8], src.array[: n * 8])
+
+
+if __name__ == "__main__":
+    unittest.main()
