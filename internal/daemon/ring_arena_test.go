@@ -159,3 +159,74 @@ func TestRingArenaRewrite(t *testing.T) {
 		t.Fatalf("notification %v, %v; want the one of the record as taken", got, err)
 	}
 }
+
+// TestRingBatchHostile: batch records whose blob lies outside the arena or
+// whose header does not add up are refused in their completion, naming
+// the field, its value and the limit; a ring without an arena refuses
+// them; a well-formed batch among them lands, and the ring serves on.
+func TestRingBatchHostile(t *testing.T) {
+	p := newRingPair(t)
+	_, reg := hostileRingWith(t, p.sock, ring.HelloArena, 0)
+	size := uint64(len(reg.Arena))
+	good := ring.BatchOut{Src: p.src.Id, Peer: p.b.d.PeerAddr(), Dst: "kv", BlockLength: ringBlock,
+		SrcOffsets: []uint64{0, ringBlock}, DstOffsets: []uint64{ringBlock, 0}}
+	n := good.Len()
+	good.Put(reg.Arena[4096:])
+	bad := reg.Arena[8192 : 8192+n]
+	copy(bad, reg.Arena[4096:4096+n])
+	binary.LittleEndian.PutUint32(bad[24:], 9) // src_offsets 9 bytes: the header no longer adds up
+	long := reg.Arena[12288 : 12288+n]
+	copy(long, reg.Arena[4096:4096+n])
+	binary.LittleEndian.PutUint16(long[6:], 2000) // a 2000-byte peer
+	p.fill(4)
+	clear(p.dst.Bytes)
+	recs := []ring.Request{
+		{Tag: 1, Op: ring.OpBatch, BlobOff: size - 8, BlobLen: 40},
+		{Tag: 2, Op: ring.OpBatch, BlobOff: 1<<64 - 8, BlobLen: 40},
+		{Tag: 3, Op: ring.OpBatch, BlobOff: 8192, BlobLen: uint32(n)},
+		{Tag: 4, Op: ring.OpBatch, BlobOff: 12288, BlobLen: uint32(n)},
+		{Tag: 5, Op: ring.OpBatch, BlobOff: 4096, BlobLen: uint32(n)},
+		{Tag: 6, Op: ring.OpPing},
+	}
+	for i, r := range recs {
+		r.Encode(reg.SQ.Slot(uint32(i)))
+	}
+	reg.SQ.Publish(uint32(len(recs)))
+	want := []struct {
+		code codes.Code
+		msg  string
+	}{
+		{codes.InvalidArgument, "ring batch blob_off 1048568 + blob_len 40 ends past the arena of 1048576 bytes"},
+		{codes.InvalidArgument, "blob_off 18446744073709551608"},
+		{codes.InvalidArgument, "but its header adds up to"},
+		{codes.InvalidArgument, "peer is 2000 bytes, over the limit of 1024"},
+		{codes.OK, "tcp"},
+		{codes.OK, ""},
+	}
+	got := map[uint64]ring.Completion{} // in completion order: the batch ends after the ping
+	for _, c := range completions(t, reg, uint32(len(recs))) {
+		got[c.Tag] = c
+	}
+	for i, w := range want {
+		c, ok := got[uint64(i+1)]
+		if !ok || codes.Code(c.Code) != w.code || !strings.Contains(c.Msg, w.msg) {
+			t.Errorf("tag %d: %+v (seen %t); want %v %q", i+1, c, ok, w.code, w.msg)
+		}
+	}
+	if c := got[5]; c.Blocks != 2 {
+		t.Errorf("the good batch: %d blocks, want 2", c.Blocks)
+	}
+	if !bytes.Equal(p.dst.Bytes[ringBlock:2*ringBlock], p.src.Bytes[:ringBlock]) || !bytes.Equal(p.dst.Bytes[:ringBlock], p.src.Bytes[ringBlock:2*ringBlock]) {
+		t.Error("the good batch's blocks did not land where its descriptors say")
+	}
+	p.healthy(t, 9)
+
+	// A ring without an arena: a batch record has nowhere to point.
+	_, bare := hostileRing(t, p.sock)
+	ring.Request{Tag: 1, Op: ring.OpBatch, BlobLen: 40}.Encode(bare.SQ.Slot(0))
+	bare.SQ.Publish(1)
+	if c := completions(t, bare, 1)[0]; codes.Code(c.Code) != codes.InvalidArgument || !strings.Contains(c.Msg, "past the arena of 0 bytes") {
+		t.Fatalf("batch on a ring without an arena: %+v", c)
+	}
+	p.healthy(t, 10)
+}
