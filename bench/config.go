@@ -184,7 +184,7 @@ func ParseYardsticks(s string) ([]string, error) {
 	var out []string
 	for _, f := range strings.Split(s, ",") {
 		switch f = strings.TrimSpace(f); f {
-		case YardstickStream, YardstickCached:
+		case YardstickStream, YardstickCached, YardstickRaw:
 			if !slices.Contains(out, f) {
 				out = append(out, f)
 			}
@@ -194,7 +194,7 @@ func ParseYardsticks(s string) ([]string, error) {
 			}
 			return nil, nil
 		default:
-			return nil, fmt.Errorf("%q: want stream, cached, both comma-separated, or none", f)
+			return nil, fmt.Errorf("%q: want stream, cached, raw (GPU memory), comma-separated, or none", f)
 		}
 	}
 	return out, nil
@@ -252,7 +252,7 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	fs.StringVar(&cfg.Path, "path", PathGRPC, "sweep: how the calls reach the source daemon: grpc (BatchTransfer, SubmitTransfer) or ring (the shared-memory ring's batch and submit records; embedded mode; the daemon's phases then show only wire and total)")
 	fs.BoolVar(&cfg.Cold, "cold", false, "skip the warm-up (WarmTransfer) that follows registering the regions, as an engine's handshake would: the first batch then pays for the connection and, on the same host, mapping the destination")
 	fs.BoolVar(&cfg.Breakdown, "breakdown", false, "print the daemon's per-phase medians (decode, validate, resolve, plan, post, wire, notify) per size and mode")
-	yard := fs.String("yardstick", "stream,cached", "TCP yardsticks: stream (from and into regions as large as the bench's), cached (4 MiB buffers), both comma-separated, or none")
+	yard := fs.String("yardstick", "stream,cached", "yardsticks: stream (TCP from and into regions as large as the bench's), cached (TCP, 4 MiB buffers), raw (--memory cuda: one cuMemcpyBatchAsync of each batch's own blocks from the bench, interleaved), comma-separated, or none")
 	fs.IntVar(&cfg.PingCalls, "ping-calls", DefaultPingCalls, "empty Ping calls whose median is the floor printed in the header (0: skip)")
 	fs.StringVar(&cfg.Workload, "workload", WorkloadSweep, "sweep (block sizes, the default), kv (one KV-cache request moved as descriptors and as block ids; see --kv-*) or control (empty requests and prepared submits over gRPC and over the shared-memory ring)")
 	fs.IntVar(&cfg.KV.Segments, "kv-segments", DefaultKVSegments, "--workload kv: segments (per-layer K and V tensors) per layout")
@@ -309,6 +309,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--iters %d: need at least 1 timed batch", c.Iters)
 	case c.Memory != "" && c.Memory != "host" && c.Memory != "cuda":
 		return fmt.Errorf("--memory %q: want host or cuda", c.Memory)
+	case slices.Contains(c.Yardsticks, YardstickRaw) && c.Memory != "cuda":
+		return errors.New("--yardstick raw: GPU memory only (--memory cuda): it is the copy engines' batch call")
+	case slices.Contains(c.Yardsticks, YardstickRaw) && c.TwoHost():
+		return errors.New("--yardstick raw: embedded mode only (both regions must be on this host)")
 	case c.NCUDir != "" && c.TwoHost():
 		return fmt.Errorf("--ncu wraps the daemons the bench starts: it needs embedded mode")
 	case c.PingCalls < 0:

@@ -143,6 +143,13 @@ type ModeOut struct {
 	FirstSeconds    float64   `json:"first_seconds"`
 	FirstPhases     *PhaseOut `json:"first_phases,omitempty"`
 	FirstOverMedian *float64  `json:"first_over_median,omitempty"`
+	// RawCopyMedianSeconds is the median of the raw-copy yardstick's
+	// trials next to this mode's timed writes (--yardstick raw: one
+	// cuMemcpyBatchAsync of the same blocks from the bench), and
+	// OverRawCopy this mode's median over it.
+	RawCopyMedianSeconds *float64  `json:"raw_copy_median_seconds,omitempty"`
+	RawCopySampleSeconds []float64 `json:"raw_copy_sample_seconds,omitempty"`
+	OverRawCopy          *float64  `json:"over_raw_copy,omitempty"`
 }
 
 // PhaseOut is where a call's time went inside the daemon (medians of each

@@ -82,6 +82,8 @@ type runner struct {
 	// yard is the yardstick connection interleaved with the timed batches
 	// of sizes from RatioMinBlock up; nil: none (--yardstick none).
 	yard *YardstickLink
+	// raw is the raw-copy yardstick (--yardstick raw), nil without it.
+	raw *rawCopy
 	// noPing is set once the daemon answered Ping with Unimplemented: the
 	// timed calls are then made without interleaved Pings.
 	noPing bool
@@ -261,6 +263,10 @@ func (r *runner) run(ctx context.Context) (err error) {
 	if r.noPrepare != "" {
 		r.printf("note: prepared mode skipped: %s\n", r.noPrepare)
 	}
+	if r.raw != nil {
+		r.printf("\n")
+		printRawCopy(r.out, r.report.Rows)
+	}
 	if r.cfg.Breakdown {
 		r.printf("\n")
 		printBreakdown(r.out, r.report.Rows, r.report.PingFloorSeconds)
@@ -323,6 +329,25 @@ func (r *runner) measureYardsticks(ctx context.Context, eps *endpoints, regions 
 	}
 	if len(r.cfg.Yardsticks) == 0 {
 		r.printf("yardstick  none (--yardstick none)\n")
+		return closeAll, nil
+	}
+	if slices.Contains(r.cfg.Yardsticks, YardstickRaw) {
+		cs, ok := regions.src.(*cudaSource)
+		if !ok || regions.dstRegion.GetKind() != b2bv1.MemoryKind_MEMORY_KIND_CUDA {
+			return closeAll, errors.New("--yardstick raw: both regions must be GPU memory")
+		}
+		raw, err := openRawCopy(cs, regions.dstRegion)
+		if err != nil {
+			return closeAll, err
+		}
+		r.raw, closers = raw, append(closers, raw.Close)
+		r.printf("yardstick  raw: one cuMemcpyBatchAsync of each write batch's own blocks, cuda:%d -> cuda:%d, from the bench, next to every batch of every mode (over_raw_copy)\n",
+			cs.dev, regions.dstRegion.GetCudaDevice())
+		if int32(cs.dev) == regions.dstRegion.GetCudaDevice() {
+			r.printf("           one GPU: the driver runs these copies as kernels (SMs); the daemons stage through host memory instead\n")
+		}
+	}
+	if !slices.Contains(r.cfg.Yardsticks, YardstickStream) && !slices.Contains(r.cfg.Yardsticks, YardstickCached) {
 		return closeAll, nil
 	}
 	bytes := YardstickBytes(plans)

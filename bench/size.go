@@ -24,7 +24,10 @@ type opState struct {
 	phases  phaseSamples
 	pings   []time.Duration
 	samples []time.Duration
-	last    *b2bv1.BatchTransferResponse
+	// raw are the raw-copy yardstick's trials next to this op's timed
+	// batches (--yardstick raw, writes).
+	raw  []time.Duration
+	last *b2bv1.BatchTransferResponse
 	// CPU seconds over the timed batches (each Ping and call).
 	daemonCPU, otherCPU, stealCPU float64
 	cpuOK, hostOK                 bool
@@ -221,6 +224,12 @@ func (m *modeRun) batch(k, iter int) (time.Duration, *b2bv1.BatchTransferRespons
 			return 0, nil, err
 		}
 	}
+	withRaw := r.raw != nil && op == OpWrite
+	if withRaw && trialFirst(iter) {
+		if err := m.rawTrial(st, iter); err != nil {
+			return 0, nil, err
+		}
+	}
 	if iter == last && hasRead {
 		// The verified batch: fresh data over the whole local
 		// layout, which neither side holds yet, so only a batch
@@ -296,7 +305,27 @@ func (m *modeRun) batch(k, iter int) (time.Duration, *b2bv1.BatchTransferRespons
 			return 0, nil, err
 		}
 	}
+	if withRaw && !trialFirst(iter) {
+		if err := m.rawTrial(st, iter); err != nil {
+			return 0, nil, err
+		}
+	}
 	return elapsed, resp, nil
+}
+
+// rawTrial runs one raw-copy trial (rawcopy.go) of the batch's own blocks
+// next to a write batch, in the yardstick's mirrored order; it copies what
+// the batch copies, so the verification after the last round holds.
+func (m *modeRun) rawTrial(st *opState, iter int) error {
+	el, err := m.r.raw.trial(m.srcLayout.Offsets, m.dstLayout.Offsets, m.size)
+	if err != nil {
+		return fmt.Errorf("%s batch %d: %w", m.name, iter, err)
+	}
+	m.wall.Yardstick += el.Seconds()
+	if iter > 0 {
+		st.raw = append(st.raw, el)
+	}
+	return nil
 }
 
 // runMode runs a mode's warm-up round, timed rounds and verification.
@@ -385,6 +414,18 @@ func (m *modeRun) summarize() {
 			mode.FirstOverMedian = &v
 		}
 		mode.Phases = st.phases.out()
+		if len(st.raw) > 0 {
+			raw := Summarize(st.raw).Median
+			secs := raw.Seconds()
+			mode.RawCopyMedianSeconds = &secs
+			for _, s := range st.raw {
+				mode.RawCopySampleSeconds = append(mode.RawCopySampleSeconds, s.Seconds())
+			}
+			if raw > 0 {
+				v := sum.Median.Seconds() / secs
+				mode.OverRawCopy = &v
+			}
+		}
 		if len(st.pings) > 0 {
 			pm := Summarize(st.pings).Median.Seconds()
 			mode.PingMedianSeconds = &pm

@@ -31,6 +31,10 @@ const (
 	// destination region (embedded mode), as b2bd must: every byte comes
 	// from and goes to DRAM. This is the one the ratio is taken against.
 	YardstickStream = "stream"
+	// YardstickRaw (GPU memory, rawcopy.go) copies each batch's own blocks
+	// with one cuMemcpyBatchAsync from the bench: the copy engines' floor,
+	// interleaved with the batches.
+	YardstickRaw = "raw"
 )
 
 // yardstickChunk is the size of each write and read: large enough that

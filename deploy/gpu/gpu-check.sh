@@ -56,9 +56,9 @@ else
 fi
 
 for tr in ${TRANSPORTS:-local tcp}; do
-  step "1. sweep GPU to GPU over $tr, every block verified"
+  step "1. sweep GPU to GPU over $tr, every block verified, against the raw batch copy in the same run"
   "$BIN/b2b-bench" --b2bd "$BIN/b2bd" --transport "$tr" --memory cuda --src-device 0 --dst-device "$dst_dev" \
-    ${SIZES:+--sizes "$SIZES"} ${BLOCKS:+--blocks "$BLOCKS"} ${ITERS:+--iters "$ITERS"} \
+    ${SIZES:+--sizes "$SIZES"} ${BLOCKS:+--blocks "$BLOCKS"} ${ITERS:+--iters "$ITERS"} --mode adhoc,prepared --yardstick "${YARDSTICK:-raw}" \
     ${LOCAL_STREAMS:+--daemon-arg=--local-streams=$LOCAL_STREAMS} \
     --json "$OUT/gpu-sweep-$tr.json" --plot "$OUT/gpu-sweep-$tr.svg" 2>&1 | tee "$OUT/gpu-sweep-$tr.txt" || fail=1
 done
