@@ -84,6 +84,19 @@ var frozenCalls = []frozenCall{
 		at[1] = time.Now()
 		return err
 	}},
+	{"ring-batch", func(ctx context.Context, c *client.Client, sub string, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
+		r, err := client.DialRing(sub)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		at[0] = time.Now()
+		cctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		_, err = c.TransferRing(cctx, r, tr) // 256 descriptors: well inside the arena
+		at[1] = time.Now()
+		return err
+	}},
 	{"async", func(ctx context.Context, c *client.Client, sub string, tr client.Transfer, d time.Duration, at *[2]time.Time) error {
 		at[0] = time.Now()
 		h, err := c.StartTransfer(ctx, tr, d)
