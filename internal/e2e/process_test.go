@@ -4,12 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/client"
+	"github.com/b2bd/b2bd/internal/loopport"
 )
 
 // buildDaemon compiles cmd/b2bd once per test binary run.
@@ -34,42 +33,15 @@ func buildDaemon(t *testing.T) string {
 	return bin
 }
 
-// freePort is a loopback port that was free a moment ago, picked below the
-// kernel's ephemeral range: a port from that range (what listening on :0
-// gives) can be taken by any outgoing connection before the daemon binds
-// it, and CI saw exactly that ("bind: address already in use").
+// freePort is a loopback port that was free a moment ago, below the
+// kernel's ephemeral range (internal/loopport).
 func freePort(t *testing.T) string {
 	t.Helper()
-	lo := ephemeralLow()
-	for range 200 {
-		port := 10000 + rand.IntN(lo-10000)
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		defer l.Close()
-		return l.Addr().String()
-	}
-	t.Fatalf("no free loopback port in 10000..%d after 200 tries", lo-1)
-	return ""
-}
-
-// ephemeralLow is the first port of the kernel's ephemeral range (32768
-// when it cannot be read, or when it leaves too few ports below it).
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	addr, err := loopport.Free()
 	if err != nil {
-		return 32768
+		t.Fatal(err)
 	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 32768
-	}
-	lo, err := strconv.Atoi(f[0])
-	if err != nil || lo < 12000 {
-		return 32768
-	}
-	return lo
+	return addr
 }
 
 type proc struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/b2bd/b2bd/client"
+	"github.com/b2bd/b2bd/internal/loopport"
 )
 
 const (
@@ -298,15 +298,16 @@ func newDaemons(binary, stateDir, shmDir string, n int, newPorts bool, log hclog
 	return ds
 }
 
-// freePort is a loopback address with a port the kernel just had free; a
-// daemon restarted on it is what a production restart looks like.
+// freePort is a loopback address with a port that was just free, below
+// the ephemeral range (internal/loopport), so that no connection of the
+// soak's own traffic takes it while its daemon restarts; a daemon
+// restarted on it is what a production restart looks like.
 func freePort() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := loopport.Free()
 	if err != nil {
 		return "127.0.0.1:0"
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 // pinger measures d's Ping latency every 50 ms (while it is up and no chaos
