@@ -31,6 +31,7 @@ const (
 // daemon is one b2bd the soak runs, across its restarts.
 type daemon struct {
 	name, socket, shm, logPath string
+	submit                     string // the raw submit socket, where clients ask for a ring
 	args                       []string
 	log                        hclog.Logger
 
@@ -281,7 +282,7 @@ func newDaemons(binary, stateDir, shmDir string, n int, newPorts bool, log hclog
 	for i := range ds {
 		name := "soak" + strconv.Itoa(i)
 		d := &daemon{
-			name: name, socket: filepath.Join(stateDir, name+".sock"), shm: filepath.Join(shmDir, name),
+			name: name, socket: filepath.Join(stateDir, name+".sock"), submit: filepath.Join(stateDir, name+".submit.sock"), shm: filepath.Join(shmDir, name),
 			logPath: filepath.Join(stateDir, name+".log"), log: log.Named(name), crashes: crashes, crashMu: crashMu,
 		}
 		transport := "auto"
@@ -290,7 +291,7 @@ func newDaemons(binary, stateDir, shmDir string, n int, newPorts bool, log hclog
 		}
 		// Fixed ports, kept across restarts as a production daemon's are
 		// (newPorts: fresh ones at each restart, as a peer that moved).
-		d.args = []string{binary, "--insecure", "--node-name", name, "--socket", d.socket, "--shm-dir", d.shm,
+		d.args = []string{binary, "--insecure", "--node-name", name, "--socket", d.socket, "--submit-socket", d.submit, "--shm-dir", d.shm,
 			"--peer-listen", freePort(), "--data-listen", freePort(), "--transport", transport, "--log-level", "warn"}
 		d.newPorts = newPorts
 		ds[i] = d

@@ -35,6 +35,7 @@ var kinds = []struct {
 }{
 	{"push", 14}, {"pull", 12}, {"blocks_push", 10}, {"blocks_pull", 8}, {"prepared", 10},
 	{"async_wait", 12}, {"async_poll", 8}, {"async_cancel", 8}, {"async_submit", 8}, {"triggered", 5},
+	{"ring_push", 6}, {"ring_pull", 5},
 }
 
 var kindTotal = func() (t int) {
@@ -259,7 +260,7 @@ func (w *worker) syncCall(x *xfer, fn func(ctx context.Context) error) error {
 
 func (w *worker) transferOnce(ctx context.Context) {
 	kind := w.pickKind()
-	read := kind == "pull" || kind == "blocks_pull" || (kind == "async_poll" || kind == "async_wait") && w.r.IntN(2) == 0
+	read := kind == "pull" || kind == "blocks_pull" || kind == "ring_pull" || (kind == "async_poll" || kind == "async_wait") && w.r.IntN(2) == 0
 	x := &xfer{kind: kind}
 	var t client.Transfer
 	var blocks client.Blocks
@@ -296,10 +297,17 @@ func (w *worker) transferOnce(ctx context.Context) {
 			x.patMem, x.patOffs, x.chkMem, x.chkOffs = w.dst.Bytes, do, w.src.Bytes, so
 		}
 	}
-	ca := w.ca
+	ca, ring := w.ca, w.ring
 	switch kind {
 	case "push", "pull":
 		w.syncCall(x, func(ctx context.Context) error { _, err := ca.BatchTransfer(ctx, t); return err })
+	case "ring_push", "ring_pull":
+		if ring == nil {
+			return
+		}
+		// An ad hoc batch as a ring record (its descriptors in the arena);
+		// its deadline rides in the record, a cancel goes through the ring.
+		w.syncCall(x, func(ctx context.Context) error { _, err := ca.TransferRing(ctx, ring, t); return err })
 	case "blocks_push", "blocks_pull":
 		w.syncCall(x, func(ctx context.Context) error { _, err := ca.TransferBlocks(ctx, blocks); return err })
 	case "prepared":

@@ -55,6 +55,7 @@ type worker struct {
 
 	connMu    sync.Mutex
 	ca, cb    *client.Client
+	ring      *client.Ring // on a's submit socket (ring kinds); nil when it could not be had
 	kills     atomic.Uint64 // moves when the chaos loop kills this worker
 	killSeen  uint64
 	pending   atomic.Uint32 // chaos requests (bits of event*)
@@ -189,8 +190,9 @@ func (w *worker) setup(ctx context.Context) error {
 		_ = ca.Close()
 		return fmt.Errorf("dial %s: %w", w.b.name, err)
 	}
+	ring, _ := client.DialRing(w.a.submit) // the ring kinds skip without it
 	w.connMu.Lock()
-	w.ca, w.cb = ca, cb
+	w.ca, w.cb, w.ring = ca, cb, ring
 	w.connMu.Unlock()
 	w.genA, w.genB, w.peer, w.killSeen = ga, gb, peerB, w.kills.Load()
 	w.dropLeftovers(ctx)
@@ -324,6 +326,10 @@ func (w *worker) teardown(final bool) {
 		w.dropFinal()
 	}
 	w.connMu.Lock()
+	if w.ring != nil {
+		_ = w.ring.Close()
+		w.ring = nil
+	}
 	if w.ca != nil {
 		_ = w.ca.Close()
 	}
