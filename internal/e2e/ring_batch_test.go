@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,5 +197,24 @@ func TestRingBatchRefusals(t *testing.T) {
 	// And the good request still goes.
 	if _, err := a.c.TransferRing(ctx, rg, good); err != nil {
 		t.Fatal(err)
+	}
+	// 100,000 descriptors (1.6 MB of request) over the 1 MiB arena:
+	// TransferRing sends them over gRPC, StartTransfer refuses them.
+	const n = 100_000
+	big := client.Transfer{SrcRegion: local.Id, Peer: b.d.PeerAddr(), DstRegion: "rbr",
+		Blocks: client.Descriptors{Src: make([]uint64, n), Dst: make([]uint64, n), BlockLength: 8}}
+	for i := range n {
+		big.Blocks.Src[i], big.Blocks.Dst[i] = uint64(i)*8, uint64(i)*8
+	}
+	fill(local.Bytes, func(i int) byte { return byte(i*7 + 1) })
+	res, err := a.c.TransferRing(ctx, rg, big)
+	if err != nil || res.Blocks != n || res.Transport != "tcp" {
+		t.Fatalf("a batch over the arena: %+v, %v", res, err)
+	}
+	if !bytes.Equal(far.Bytes[:n*8], local.Bytes[:n*8]) {
+		t.Fatal("a batch over the arena, sent over gRPC: the destination differs")
+	}
+	if _, err := rg.StartTransfer(big); err == nil || !strings.Contains(err.Error(), "over the ring's arena") {
+		t.Fatalf("StartTransfer of a batch over the arena: %v", err)
 	}
 }
