@@ -79,6 +79,9 @@ MAX_NOTE = 4096  # TransferBlocks' notification limit
 _BATCH_REC = struct.Struct("<QHHIQII32x")
 _BATCH_HDR = struct.Struct("<IHHHHIQIIII")
 MAX_BATCH_STRING = 1024
+# A successful completion's message is the transport that carried it: the
+# known names are looked up, not decoded.
+_KIND_NAMES = {b"tcp": "tcp", b"local": "local", b"verbs": "verbs"}
 _COMP = struct.Struct("<QIIQQQQ")  # tag, code, msg_len, blocks, bytes, wire_ns, total_ns
 
 # Busy-wait before the futex, as the Go side (internal/ring.Spin): only
@@ -509,7 +512,10 @@ class Ring:
             elif n > MSG_MAX:
                 code, msg = grpc.StatusCode.INTERNAL.value[0], f"completion message length {n}, limit {MSG_MAX}"
             else:
-                msg = bytes(mm[off + COMP_HDR:off + COMP_HDR + n]).decode("utf-8", "replace")
+                raw = mm[off + COMP_HDR:off + COMP_HDR + n]
+                msg = _KIND_NAMES.get(raw) if code == 0 else None  # a success names its transport
+                if msg is None:
+                    msg = raw.decode("utf-8", "replace")
             if tag in self._pending:
                 self._done[tag] = Completion(tag, code, msg, blocks, nbytes, wire, total)
             head = (head + 1) & 0xFFFFFFFF
