@@ -14,10 +14,9 @@ import (
 // cuMemcpyBatchAsync of a batch's own blocks, from the source region to
 // the destination region, both opened here through their IPC handles on
 // the source's GPU (as the same-host path opens a destination), timed to
-// the stream's end. It runs next to each timed write batch of the primary
+// the stream's end. It runs next to each timed write batch of every
 // mode, so both see the same driver, machine and moment: the floor a
-// daemon's copy-engine path is compared with (issue 33: local ≤ 1.2× it),
-// without the run-to-run swings (up to 1.6× at 128 B on the GPU hosts)
+// daemon's copy-engine path is compared with, without the run-to-run swings (up to 1.6× at 128 B on the GPU hosts)
 // that a separate tool's best-of-5 hides. It moves the bytes the batch
 // just moved, to where it moved them: the destination does not change.
 type rawCopy struct {

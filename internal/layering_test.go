@@ -20,7 +20,7 @@ var layers = [][]string{
 	{"internal/transport"},
 	{"internal/staging", "internal/memguard", "internal/topology", "internal/desc", "internal/layout", "internal/auth", "internal/trigger", "internal/ring"},
 	{"gpudirect", "verbs"},
-	{"internal/memory", "internal/errs", "internal/callerdeadline", "internal/callid", "internal/dl", "internal/config", "proto", "internal/testca"},
+	{"internal/memory", "internal/errs", "internal/callerdeadline", "internal/callid", "internal/dl", "internal/config", "proto", "internal/testca", "internal/loopport"},
 }
 
 // layerOf is p's layer index (0 is the top), -1 when no pattern names it.
