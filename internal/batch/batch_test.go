@@ -68,6 +68,11 @@ func (c *fakeConn) Write(ctx context.Context, src transport.Registration, dst tr
 	}
 	defer c.mu.Unlock()
 	c.writes++
+	if c.err != nil {
+		// Broken, as a real connection is: every later write fails too
+		// (a write that raced the break must not land and succeed).
+		return transport.Stats{}, c.err
+	}
 	var err error
 	if len(c.errs) > 0 {
 		err, c.errs = c.errs[0], c.errs[1:]
