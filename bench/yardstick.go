@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
+
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
 // Yardstick is a plain TCP loopback stream that b2bd's TCP transport is
@@ -219,4 +222,105 @@ func yardstickReader(ln net.Listener, buf []byte, want <-chan uint64) error {
 		}
 	}
 	return nil
+}
+
+// measureYardsticks measures the one-off cached yardstick (--yardstick
+// cached, for context) and opens the connection of the yardstick that is
+// interleaved with each size's timed batches: from the bench's source region
+// into, in embedded mode, the destination region mapped here. In two-host
+// mode or with GPU memory it falls back to what it can reach and says so;
+// with --yardstick cached alone, it streams 4 MiB buffers. The returned
+// function closes what it opened.
+func (r *runner) measureYardsticks(ctx context.Context, eps *endpoints, regions *regionPair, plans []SizePlan) (func() error, error) {
+	var closers []func() error
+	closeAll := func() error {
+		var errs []error
+		for i := len(closers) - 1; i >= 0; i-- {
+			errs = append(errs, closers[i]())
+		}
+		return errors.Join(errs...)
+	}
+	if len(r.cfg.Yardsticks) == 0 {
+		r.printf("yardstick  none (--yardstick none)\n")
+		return closeAll, nil
+	}
+	if slices.Contains(r.cfg.Yardsticks, YardstickRaw) {
+		cs, ok := regions.src.(*cudaSource)
+		if !ok || regions.dstRegion.GetKind() != b2bv1.MemoryKind_MEMORY_KIND_CUDA {
+			return closeAll, errors.New("--yardstick raw: both regions must be GPU memory")
+		}
+		raw, err := openRawCopy(cs, regions.dstRegion)
+		if err != nil {
+			return closeAll, err
+		}
+		r.raw, closers = raw, append(closers, raw.Close)
+		r.printf("yardstick  raw: one cuMemcpyBatchAsync of each write batch's own blocks, cuda:%d -> cuda:%d, from the bench, next to every batch of every mode (over_raw_copy)\n",
+			cs.dev, regions.dstRegion.GetCudaDevice())
+		if int32(cs.dev) == regions.dstRegion.GetCudaDevice() {
+			r.printf("           one GPU: the driver runs these copies as kernels (SMs); the daemons stage through host memory instead\n")
+		}
+	}
+	if !slices.Contains(r.cfg.Yardsticks, YardstickStream) && !slices.Contains(r.cfg.Yardsticks, YardstickCached) {
+		return closeAll, nil
+	}
+	bytes := YardstickBytes(plans)
+	if r.cfg.yardstickBytes != 0 {
+		bytes = r.cfg.yardstickBytes
+	}
+	const trials = 3
+	if slices.Contains(r.cfg.Yardsticks, YardstickCached) {
+		r.bar.set("measuring the TCP loopback yardstick (cached buffers)")
+		ys, err := MeasureTCPLoopback(ctx, bytes, trials)
+		if err != nil {
+			return closeAll, err
+		}
+		r.report.YardstickCached = &YardstickOut{
+			Kind: "tcp loopback, 1 connection, 4 MiB writes from and into 4 MiB buffers (in cache), once before the sweep",
+			GBps: ys.GBps, Bytes: ys.Bytes, Trials: ys.Trials, SrcBytes: ys.SrcBytes, DstBytes: ys.DstBytes,
+		}
+		r.printf("yardstick  cached, for context only: plain TCP on 127.0.0.1, 1 connection, 4 MiB writes, 4 MiB buffers: %.2f GB/s (best of %d x %s, once before the sweep)\n",
+			ys.GBps, ys.Trials, formatGiB(ys.Bytes))
+	}
+	anyCompared := false
+	for _, p := range plans {
+		anyCompared = anyCompared || p.BlockBytes >= RatioMinBlock
+	}
+	if !anyCompared {
+		return closeAll, nil
+	}
+	var src, dst []byte
+	var from, into string
+	if hs, ok := regions.src.(hostSource); ok && slices.Contains(r.cfg.Yardsticks, YardstickStream) {
+		src, from = hs.r.Bytes[:regions.bytes], "the source region"
+	} else {
+		src, from = make([]byte, yardstickChunk), "a 4 MiB buffer"
+		FillRandom(src, 0x5eed)
+		if slices.Contains(r.cfg.Yardsticks, YardstickStream) {
+			from += " (the source is GPU memory)"
+		}
+	}
+	if eps.pair != nil && regions.dstRegion != nil && slices.Contains(r.cfg.Yardsticks, YardstickStream) {
+		if m, err := eps.dst.MapHostRegion(ctx, regions.dstRegion); err == nil {
+			closers = append(closers, m.Unmap)
+			dst, into = m.Bytes, "the destination region"
+		}
+	}
+	if dst == nil {
+		dst, into = make([]byte, yardstickChunk), "a 4 MiB buffer"
+		if slices.Contains(r.cfg.Yardsticks, YardstickStream) {
+			into += " (the destination region is not mapped here)"
+		}
+	}
+	link, err := OpenYardstick(ctx, src, dst)
+	if err != nil {
+		return closeAll, err
+	}
+	closers = append(closers, link.Close)
+	r.yard = link
+	kind := fmt.Sprintf("tcp loopback, 1 connection kept open, 4 MiB writes from %s into %s; per size from %s, one trial of the batch's bytes next to each batch (T B, B T, ...)",
+		from, into, FormatBytes(RatioMinBlock))
+	r.report.Yardstick = &YardstickOut{Kind: kind, SrcBytes: uint64(len(src)), DstBytes: uint64(len(dst)), Trials: r.cfg.Iters, Interleaved: true}
+	r.printf("yardstick  'vs TCP': plain TCP on 127.0.0.1, 1 connection, 4 MiB writes from %s into %s, one trial of the batch's bytes next to each batch (T B, B T, ...)\n", from, into)
+	r.printf("           (from %s up), in the same run: the median of b2bd's timed batches over the median of the trials\n", FormatBytes(RatioMinBlock))
+	return closeAll, nil
 }

@@ -55,7 +55,7 @@ type worker struct {
 
 	connMu    sync.Mutex
 	ca, cb    *client.Client
-	ring      *client.Ring // on a's submit socket (ring kinds); nil when it could not be had
+	ring      *client.Ring  // on a's submit socket (ring kinds); nil when it could not be had
 	kills     atomic.Uint64 // moves when the chaos loop kills this worker
 	killSeen  uint64
 	pending   atomic.Uint32 // chaos requests (bits of event*)
