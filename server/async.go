@@ -50,7 +50,8 @@ func (l *local) start(ctx context.Context, req *b2bv1.StartTransferRequest) (uin
 	}
 	r := batch.StartRequest{Client: clientID(ctx), Caller: caller(ctx)}
 	if after := req.GetAfter(); after != nil {
-		r.After = &batch.Trigger{Region: after.GetCounterRegionId(), Offset: after.GetCounterOffset(), Value: after.GetValue()}
+		r.After = &batch.Trigger{Region: after.GetCounterRegionId(), Offset: after.GetCounterOffset(), Value: after.GetValue(),
+			NoteRegion: after.GetNoteRegionId(), NoteKey: after.GetNoteKey()}
 	}
 	switch t := req.GetTransfer().(type) {
 	case *b2bv1.StartTransferRequest_Batch:

@@ -40,6 +40,7 @@ type ringConn struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	slots  chan struct{}
+	armed  chan struct{} // transfers waiting for key notes (runArmed)
 
 	inMu     sync.Mutex
 	inflight map[uint64]context.CancelFunc // submits by tag
@@ -76,8 +77,8 @@ func (s *Server) serveRing(ctx context.Context, c net.Conn, who region.Caller, t
 		reg.Close()
 		return
 	}
-	rc := &ringConn{s: s, c: c, who: who, reg: reg, slots: make(chan struct{}, StreamInFlight),
-		inflight: map[uint64]context.CancelFunc{}, parkMax: int(cq) + StreamInFlight}
+	rc := &ringConn{s: s, c: c, who: who, reg: reg, slots: make(chan struct{}, StreamInFlight), armed: make(chan struct{}, MaxArmed),
+		inflight: map[uint64]context.CancelFunc{}, parkMax: int(cq) + StreamInFlight + MaxArmed}
 	rc.ctx, rc.cancel = context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() { // the socket's end is the ring's
@@ -129,6 +130,9 @@ func (rc *ringConn) consume() {
 				ids.batch, err = req.BatchFromArena(rc.reg.Arena)
 			case err == nil && req.Arena:
 				ids.local, ids.remote, ids.note, err = req.FromArena(rc.reg.Arena)
+				if err == nil && req.Armed {
+					ids.trigRegion, ids.trigKey, err = req.TriggerFromArena(rc.reg.Arena)
+				}
 			}
 			head++
 			rc.reg.SQ.Consumed(head)
@@ -142,6 +146,8 @@ func (rc *ringConn) consume() {
 type arenaIDs struct {
 	local, remote, note []byte
 	batch               ring.Batch
+	trigRegion          string // an armed record's key-note trigger
+	trigKey             []byte
 }
 
 // handle answers or starts req, as decoded (err: refused).
@@ -172,9 +178,14 @@ func (rc *ringConn) handle(req ring.Request, err error, ids arenaIDs) {
 		if !req.Arena {
 			local, remote = req.PackedIDs()
 		}
-		rc.run(req, "blocks", func(ctx context.Context) (batch.Result, error) {
+		do := func(ctx context.Context) (batch.Result, error) {
 			return rc.s.batches.Routes().TransferNote(ctx, rc.who, req.Handle, local, remote, note)
-		})
+		}
+		if req.Armed {
+			rc.runArmed(req, do, &batch.Trigger{NoteRegion: ids.trigRegion, NoteKey: ids.trigKey})
+			return
+		}
+		rc.run(req, "blocks", do)
 	case ring.OpBatch:
 		r := ringBatchRequest(ids.batch, rc.who)
 		rc.run(req, "batch", func(ctx context.Context) (batch.Result, error) {
@@ -182,6 +193,34 @@ func (rc *ringConn) handle(req ring.Request, err error, ids arenaIDs) {
 		})
 	}
 }
+
+// runArmed runs an armed block transfer: it waits for its key note in
+// the daemon, not in one of the StreamInFlight slots that the ring's
+// running transfers take (a client arms one per request it expects), at
+// most MaxArmed at once; more are refused, not queued. Without a deadline
+// it gets the daemon's default, so that a note that never comes cannot
+// hold it for ever.
+func (rc *ringConn) runArmed(req ring.Request, do func(context.Context) (batch.Result, error), after *batch.Trigger) {
+	gate, release, err := rc.s.batches.Arm(after, rc.who)
+	if err != nil {
+		rc.complete(fail(req.Tag, err))
+		return
+	}
+	select {
+	case rc.armed <- struct{}{}:
+	default:
+		release()
+		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring blocks armed on key notes: %d waiting, limit %d", errs.ErrResourceExhausted, MaxArmed, MaxArmed)))
+		return
+	}
+	if req.TimeoutMs == 0 {
+		req.TimeoutMs = uint64(rc.s.batches.DefaultTimeout().Milliseconds())
+	}
+	rc.start(req, "blocks", rc.armed, gate(do))
+}
+
+// MaxArmed bounds the transfers one ring holds armed on key notes.
+const MaxArmed = 4096
 
 // run runs a submit or a block transfer (what) under req's tag, at most
 // StreamInFlight at once, and completes it as its RPC would answer.
@@ -191,10 +230,16 @@ func (rc *ringConn) run(req ring.Request, what string, do func(context.Context) 
 	case <-rc.ctx.Done():
 		return
 	}
+	rc.start(req, what, rc.slots, do)
+}
+
+// start runs do under req's tag, holding a place in slots (taken by the
+// caller) until it ends.
+func (rc *ringConn) start(req ring.Request, what string, slots chan struct{}, do func(context.Context) (batch.Result, error)) {
 	rc.inMu.Lock()
 	if _, dup := rc.inflight[req.Tag]; dup {
 		rc.inMu.Unlock()
-		<-rc.slots
+		<-slots
 		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring %s tag %d is already in flight", errs.ErrInvalidArgument, what, req.Tag)))
 		return
 	}
@@ -223,7 +268,7 @@ func (rc *ringConn) run(req ring.Request, what string, do func(context.Context) 
 		delete(rc.inflight, req.Tag)
 		rc.inMu.Unlock()
 		cancel()
-		<-rc.slots
+		<-slots
 		if err != nil {
 			if left > 0 {
 				err = passed(grpcstatus.ToStatus(err), left)

@@ -125,7 +125,7 @@ func New(cfg Config) *Server {
 			peers = cfg.Peers
 		}
 		b = batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers,
-			DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Triggers: cfg.Triggers, Log: cfg.Log})
+			DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Triggers: cfg.Triggers, Notes: cfg.Notify, Log: cfg.Log})
 	}
 	cfg.Counters, cfg.MaxDescriptors = b.Counters(), b.MaxDescriptors()
 	return &Server{cfg: cfg, batches: b}

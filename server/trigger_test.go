@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/notify"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -190,5 +191,99 @@ func TestTriggeredTransfers(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, newTriggerRig(t)) })
+	}
+}
+
+// TestNoteTriggeredTransfers: a transfer armed on a key note (after
+// note_region_id / note_key) posts nothing until a peer's batch with a key
+// note naming its key lands on the note region; the region is held while
+// it waits; bad triggers are refused with the field named.
+func TestNoteTriggeredTransfers(t *testing.T) {
+	ctx := context.Background()
+	r := newTriggerRig(t)
+	mbox, err := r.a.api.RegisterRegion(ctx, hostAlloc(4096, "mbox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mboxID := mbox.GetRegion().GetId()
+	noteSrc, err := r.b.api.RegisterRegion(ctx, hostAlloc(4096, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	armed := func(block uint64, region string, key []byte) *b2bv1.StartTransferRequest {
+		req := r.request(block, "", 0, 0, 60_000)
+		req.After = &b2bv1.TransferTrigger{NoteRegionId: region, NoteKey: key}
+		return req
+	}
+	send := func(keys ...string) {
+		t.Helper()
+		var ks [][]byte
+		for _, k := range keys {
+			ks = append(ks, []byte(k))
+		}
+		note, err := notify.AppendKeys(nil, ks, []byte(`{"t":"ready"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = r.b.api.BatchTransfer(ctx, &b2bv1.BatchTransferRequest{SrcRegionId: noteSrc.GetRegion().GetId(), Peer: "a:7470", DstRegion: "mbox",
+			Descriptors: &b2bv1.Descriptors{SrcOffsets: desc.Pack([]uint64{0}), DstOffsets: desc.Pack([]uint64{0}), BlockLength: 8}, Notification: note})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := r.a.api.StartTransfer(ctx, armed(1, mboxID, []byte("k1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetTransferId()
+	if o := r.wait(t, id, 30); o.GetState() != b2bv1.TransferState_TRANSFER_STATE_RUNNING || !r.untouched(1) {
+		t.Fatalf("before its note: %v, untouched %v; want RUNNING, nothing landed", o, r.untouched(1))
+	}
+	_, err = r.a.api.DeregisterRegion(ctx, &b2bv1.DeregisterRegionRequest{RegionId: mboxID})
+	wantStatus(t, err, codes.FailedPrecondition, "a trigger on key notes to "+mboxID)
+	send("k0", "k2") // other keys
+	if o := r.wait(t, id, 30); o.GetState() != b2bv1.TransferState_TRANSFER_STATE_RUNNING || !r.untouched(1) {
+		t.Fatalf("after other keys: %v; want RUNNING", o)
+	}
+	send("k2", "k1")
+	o := r.wait(t, id, 0)
+	if o.GetState() != b2bv1.TransferState_TRANSFER_STATE_DONE || !r.landed(1) {
+		t.Fatalf("after its key: %v, landed %v", o, r.landed(1))
+	}
+	if ph := o.GetResult().GetPhases(); ph.GetTriggerSeenUnixNs() == 0 || ph.GetPostedUnixNs() < ph.GetTriggerSeenUnixNs() {
+		t.Fatalf("phases %v: want seen <= posted", ph)
+	}
+	// A key that landed before the arm: at once.
+	resp, err = r.a.api.StartTransfer(ctx, armed(2, mboxID, []byte("k0")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := r.wait(t, resp.GetTransferId(), 0); o.GetState() != b2bv1.TransferState_TRANSFER_STATE_DONE || !r.landed(2) {
+		t.Fatalf("a key seen before: %v", o)
+	}
+	for _, tc := range []struct {
+		req  *b2bv1.StartTransferRequest
+		code codes.Code
+		msg  string
+	}{
+		{armed(3, mboxID, bytes.Repeat([]byte("k"), 65)), codes.InvalidArgument, "after.note_key is 65 bytes: want 1 to 64"},
+		{armed(3, mboxID, nil), codes.InvalidArgument, "after.note_key is 0 bytes"},
+		{armed(3, "", []byte("k")), codes.InvalidArgument, "after.note_region_id is empty"},
+		{armed(3, "r999", []byte("k")), codes.NotFound, `after.note_region_id "r999"`},
+		{func() *b2bv1.StartTransferRequest {
+			q := armed(3, mboxID, []byte("k"))
+			q.After.CounterRegionId = r.counterID
+			return q
+		}(), codes.InvalidArgument, "give one"},
+	} {
+		_, err := r.a.api.StartTransfer(ctx, tc.req)
+		wantStatus(t, err, tc.code, tc.msg)
+	}
+	if !r.untouched(3) {
+		t.Fatal("a refused transfer posted")
+	}
+	// Nothing armed holds the region now.
+	if _, err := r.a.api.DeregisterRegion(ctx, &b2bv1.DeregisterRegionRequest{RegionId: mboxID}); err != nil {
+		t.Fatalf("deregister after the transfers: %v", err)
 	}
 }

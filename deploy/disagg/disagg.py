@@ -170,9 +170,12 @@ CHAINS = {
     "pull": ["p.last_layer", "p.replied", "routed", "d.inbox", "d.load_begun", "d.started", "d.ended",
              "d.reported", "d.ready"],
     "push": ["p.last_layer", "p.pushed", "d.landed_arrived", "d.landed_seen", "d.reported", "d.ready"],
-    # pull with decode sent the request at once: prefill's "ready" note, then the read
-    "pull-together": ["p.last_layer", "p.ready_sent", "d.ready_arrived", "d.started", "d.ended", "d.reported",
-                      "d.ready"],
+    # pull with decode sent the request at once: decode's read, armed in its
+    # daemon on prefill's "where", starts as prefill's "ready" note lands
+    # (d.fired); a read not armed in time starts from the note
+    # (d.ready_arrived, d.started)
+    "pull-together": ["p.last_layer", "p.ready_sent", "d.fired", "d.ready_arrived", "d.started", "d.ended",
+                      "d.reported", "d.ready"],
 }
 
 
@@ -193,10 +196,8 @@ def phases(chain_name: str, rids: List[str], routed: Dict[str, int], ptr: Dict[s
             late_ids += 1
         marks.append(m)
         have = [k for k in chain if k in m]
-        for a, b in zip(have, have[1:]):
-            key = f"{a}->{b}"
-            if key in gaps:
-                gaps[key].append((m[b] - m[a]) / 1e6)
+        for a, b in zip(have, have[1:]):  # a step a request skipped (an armed read's "started") joins its neighbours
+            gaps.setdefault(f"{a}->{b}", []).append((m[b] - m[a]) / 1e6)
     out = {k: pct(v, 0.5) for k, v in gaps.items() if v}
     if mode == "push":
         out["ids_after_last_layer"] = late_ids  # requests whose ids note reached prefill after its compute

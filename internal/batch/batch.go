@@ -114,7 +114,10 @@ type Config struct {
 	// streaming"); the zero value spins while a CPU is free.
 	Triggers trigger.Policy
 	Counters *Counters
-	Log      hclog.Logger
+	// Notes is the daemon's notification hub: transfers armed on key
+	// notes wait in it (nil: such triggers are refused).
+	Notes *notify.Hub
+	Log   hclog.Logger
 }
 
 // Service sends batches: it owns the attempt core every transfer runs
@@ -145,7 +148,7 @@ func New(cfg Config) *Service {
 		cfg.Log = hclog.NewNullLogger()
 	}
 	s := &Service{paths: paths{peers: cfg.Peers}, layouts: NewLayouts(cfg.Registry), async: NewTransfers(cfg.MaxTransfers),
-		triggers: triggers{reg: cfg.Registry, w: trigger.New(cfg.Triggers)}}
+		triggers: triggers{reg: cfg.Registry, w: trigger.New(cfg.Triggers), notes: cfg.Notes}}
 	cfg.Peers = nil // paths holds the one copy
 	s.cfg = cfg
 	s.plans = &Plans{s: s}

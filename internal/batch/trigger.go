@@ -9,6 +9,7 @@ import (
 
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/trigger"
 )
@@ -19,18 +20,24 @@ import (
 // caller's, held (not deregistrable) while the transfer lives.
 
 // Trigger is a transfer's `after`: the 64-bit counter at Offset of the
-// caller's host region Region, and the Value it waits for.
+// caller's host region Region, and the Value it waits for; or, with
+// NoteRegion set instead, a key note (internal/notify, keys.go) naming
+// NoteKey landing on the caller's region NoteRegion.
 type Trigger struct {
 	Region string
 	Offset uint64
 	Value  uint64
+
+	NoteRegion string
+	NoteKey    []byte
 }
 
 // triggers arms triggered transfers: it holds each counter's region in
-// the registry and waits in the watcher.
+// the registry and waits in the watcher, or for a key note in notes.
 type triggers struct {
-	reg *region.Registry
-	w   *trigger.Watcher
+	reg   *region.Registry
+	w     *trigger.Watcher
+	notes *notify.Hub
 }
 
 // counter checks after and holds its counter's region; release lets go.
@@ -68,6 +75,9 @@ func (ts triggers) arm(after *Trigger, who region.Caller) (gate func(RunFunc) Ru
 	if after == nil {
 		return func(run RunFunc) RunFunc { return run }, func() {}, nil
 	}
+	if after.NoteRegion != "" || len(after.NoteKey) > 0 {
+		return ts.armNote(after, who)
+	}
 	c, rel, err := ts.counter(*after, who)
 	if err != nil {
 		return nil, nil, err
@@ -98,4 +108,49 @@ func (ts triggers) gated(c trigger.Counter, value uint64, release func(), run Ru
 		}
 		return res, err
 	}
+}
+
+// armNote is arm for a key-note trigger: the note's region is held (it
+// must be the caller's) while the transfer lives.
+func (ts triggers) armNote(after *Trigger, who region.Caller) (gate func(RunFunc) RunFunc, release func(), err error) {
+	switch {
+	case after.Region != "" || after.Offset != 0 || after.Value != 0:
+		return nil, nil, fmt.Errorf("%w: after names both a counter (counter_region_id %q) and a note (note_region_id %q): give one", errs.ErrInvalidArgument, after.Region, after.NoteRegion)
+	case after.NoteRegion == "":
+		return nil, nil, fmt.Errorf("%w: after.note_region_id is empty: give the region of yours that the key note lands on", errs.ErrInvalidArgument)
+	case len(after.NoteKey) == 0 || len(after.NoteKey) > notify.MaxKeyLen:
+		return nil, nil, fmt.Errorf("%w: after.note_key is %d bytes: want 1 to %d", errs.ErrInvalidArgument, len(after.NoteKey), notify.MaxKeyLen)
+	case ts.notes == nil:
+		return nil, nil, fmt.Errorf("%w: after.note_region_id: this daemon delivers no notes", errs.ErrFailedPrecondition)
+	}
+	r, rel, err := ts.reg.Hold(after.NoteRegion, "after.note_region_id", who, fmt.Sprintf("a trigger on key notes to %s", after.NoteRegion))
+	if err != nil {
+		return nil, nil, err
+	}
+	release = sync.OnceFunc(rel)
+	id, key := r.ID, append([]byte(nil), after.NoteKey...)
+	return func(run RunFunc) RunFunc {
+		return func(ctx context.Context) (Result, error) {
+			defer release()
+			var armed, seen time.Time
+			res, err := run(WithGate(ctx, func(ctx context.Context) error {
+				armed = time.Now()
+				var err error
+				seen, err = ts.notes.WaitKey(ctx, id, key)
+				return err
+			}))
+			if !seen.IsZero() {
+				res.Phases.Armed, res.Phases.TriggerSeen = max(0, seen.Sub(armed)), seen
+			}
+			return res, err
+		}
+	}, release, nil
+}
+
+// Arm checks after (nil: no trigger) for who and holds what it waits on:
+// gate wraps a run so that it waits there just before it posts; release
+// (idempotent, also run by the gated run as it ends) lets go. For callers
+// that run transfers themselves (the ring); Start arms its own.
+func (s *Service) Arm(after *Trigger, who region.Caller) (gate func(RunFunc) RunFunc, release func(), err error) {
+	return s.triggers.arm(after, who)
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/health"
 	"github.com/b2bd/b2bd/internal/metrics"
+	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/staging"
@@ -342,10 +343,13 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		signals[t.Kind()] = t
 	}
 	// The transfer layer, which the API's handlers call.
+	// One hub: notes that land fan out to watchers and fire key-armed transfers.
+	notes := &notify.Hub{}
 	batches := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: d.registry, Peers: d.peers, MaxDescriptors: cfg.MaxDescriptors,
-		MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers, DefaultTimeout: cfg.DefaultTimeout, Counters: &d.counters, Log: log.Named("batch")})
+		MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers, DefaultTimeout: cfg.DefaultTimeout, Counters: &d.counters, Notes: notes,
+		Log: log.Named("batch")})
 	scfg := server.Config{
-		Batches:  batches,
+		Batches: batches, Notify: notes,
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
 		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Signals: signals,
 		MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers, DefaultTimeout: cfg.DefaultTimeout,

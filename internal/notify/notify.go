@@ -23,6 +23,7 @@ const QueueLen = 1024
 type Hub struct {
 	mu       sync.Mutex
 	watchers map[string]map[*Watcher]struct{}
+	keys     keyWaits // transfers armed on key notes (keys.go)
 }
 
 // Watcher receives one region's notifications.
@@ -58,8 +59,12 @@ func (h *Hub) Unsubscribe(w *Watcher) {
 	}
 }
 
-// Publish queues n for every watcher of regionID and returns how many got it.
+// Publish queues n for every watcher of regionID and returns how many got
+// it; a key note also fires the transfers armed on its keys (keys.go).
 func (h *Hub) Publish(regionID string, n Notification) int {
+	if keys, _, ok := ParseKeys(n.Notification); ok {
+		h.signal(regionID, keys)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delivered := 0

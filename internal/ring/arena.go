@@ -25,6 +25,20 @@ const (
 	// ids_off, note_off, note_len, reserved.
 	arenaBodyLen = 40
 
+	// FlagNote, with FlagArena on an OpBlocks record: the transfer waits in
+	// the daemon for a key note (internal/notify, keys.go). The reserved
+	// word is then trig_len u32, and the body goes on with trig_off u64:
+	// at trig_off of the arena, region_len u16, key_len u8, reserved u8
+	// (0), then the note region's id and the key.
+	FlagNote uint16 = 2
+	// armedBodyLen is an arena blocks body with FlagNote.
+	armedBodyLen = 48
+	trigHdr      = 4
+	// MaxTrigRegion bounds a trigger's region id (a batch blob's names' limit).
+	MaxTrigRegion = 1024
+	// MaxTrigKey bounds a trigger's key (notify.MaxKeyLen, checked equal by a test).
+	MaxTrigKey = 64
+
 	// MaxArenaIDs bounds an arena record's id pairs: TransferBlocks' own
 	// limit of ids per request (layout.DefaultMaxIDs).
 	MaxArenaIDs = layout.DefaultMaxIDs
@@ -106,8 +120,14 @@ func decodeArena(rec []byte, r Request) (Request, error) {
 	b := rec[bodyOff:]
 	r.Handle, r.TimeoutMs, r.N = le.Uint64(b), uint64(le.Uint32(b[8:])), le.Uint32(b[12:])
 	r.IDsOff, r.NoteOff, r.NoteLen = le.Uint64(b[16:]), le.Uint64(b[24:]), le.Uint32(b[32:])
+	if r.Armed {
+		r.TrigLen, r.TrigOff = le.Uint32(b[36:]), le.Uint64(b[40:])
+		if r.TrigLen < trigHdr+2 || r.TrigLen > trigHdr+MaxTrigRegion+MaxTrigKey {
+			return r, fmt.Errorf("%w: ring blocks trig_len %d: want %d to %d bytes", errs.ErrInvalidArgument, r.TrigLen, trigHdr+2, trigHdr+MaxTrigRegion+MaxTrigKey)
+		}
+	}
 	switch {
-	case le.Uint32(b[36:]) != 0:
+	case !r.Armed && le.Uint32(b[36:]) != 0:
 		return r, fmt.Errorf("%w: ring blocks reserved word %#x, want 0", errs.ErrInvalidArgument, le.Uint32(b[36:]))
 	case r.Handle == 0:
 		return r, fmt.Errorf("%w: ring blocks route handle is 0, want a bound route's handle (BindBlockRoute)", errs.ErrInvalidArgument)
@@ -144,4 +164,35 @@ func (r Request) FromArena(arena []byte) (local, remote, note []byte, err error)
 	}
 	h := ids / 2
 	return b[:h:h], b[h:ids:ids], note, nil
+}
+
+// TriggerFromArena copies the key-note trigger of an armed record (FlagNote)
+// out of arena, after checking that it lies inside it and is well formed.
+func (r Request) TriggerFromArena(arena []byte) (region string, key []byte, err error) {
+	size, n := uint64(len(arena)), uint64(r.TrigLen)
+	if r.TrigOff > size || n > size-r.TrigOff {
+		return "", nil, fmt.Errorf("%w: ring blocks trig_off %d + trig_len %d ends past the arena of %d bytes", errs.ErrInvalidArgument, r.TrigOff, n, size)
+	}
+	b := make([]byte, n) // a copy: the client's later writes cannot reach it
+	copy(b, arena[r.TrigOff:r.TrigOff+n])
+	rl, kl := uint64(binary.LittleEndian.Uint16(b)), uint64(b[2])
+	switch {
+	case b[3] != 0:
+		return "", nil, fmt.Errorf("%w: ring blocks trigger reserved byte %#x, want 0", errs.ErrInvalidArgument, b[3])
+	case rl == 0 || rl > MaxTrigRegion:
+		return "", nil, fmt.Errorf("%w: ring blocks trigger region id of %d bytes: want 1 to %d", errs.ErrInvalidArgument, rl, MaxTrigRegion)
+	case kl == 0 || kl > MaxTrigKey:
+		return "", nil, fmt.Errorf("%w: ring blocks trigger key of %d bytes: want 1 to %d", errs.ErrInvalidArgument, kl, MaxTrigKey)
+	case trigHdr+rl+kl != n:
+		return "", nil, fmt.Errorf("%w: ring blocks trig_len %d, but its region id (%d) and key (%d) take %d", errs.ErrInvalidArgument, n, rl, kl, trigHdr+rl+kl)
+	}
+	return string(b[trigHdr : trigHdr+rl]), b[trigHdr+rl:], nil
+}
+
+// AppendTrigger appends the arena bytes of a trigger on key notes of
+// key to region to dst (clients; tests).
+func AppendTrigger(dst []byte, region string, key []byte) []byte {
+	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(region)))
+	dst = append(dst, byte(len(key)), 0)
+	return append(append(dst, region...), key...)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/b2bd/b2bd/internal/batch"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
+	"github.com/b2bd/b2bd/internal/notify"
 )
 
 // arec is an arena blocks record.
@@ -48,8 +49,12 @@ func TestArenaDecodeTable(t *testing.T) {
 		{"reserved", with(good(arec(3, 9, 0, 1, 0, 0, 0)), func(b []byte) { b[bodyOff+36] = 1 }), Request{}, "reserved word 0x1"},
 		{"length", with(good(arec(3, 9, 0, 1, 0, 0, 0)), func(b []byte) { le.PutUint32(b[12:], 48) }), Request{}, "length 48 for op blocks with flag arena, want 40"},
 		{"junk past the body", with(good(arec(3, 9, 0, 1, 0, 0, 0)), func(b []byte) { b[60] = 2 }), Request{}, "byte 60 is 0x2 past the blocks body"},
-		{"flag on submit", with(good(Request{Tag: 3, Op: OpSubmit, Handle: 2}), func(b []byte) { b[10] = 1 }), Request{}, "flags 0x1, want 0 (or 1, arena, for op blocks)"},
+		{"flag on submit", with(good(Request{Tag: 3, Op: OpSubmit, Handle: 2}), func(b []byte) { b[10] = 1 }), Request{}, "flags 0x1, want 0 (or, for op blocks, 1 (arena) or 3 (arena and note))"},
 		{"flag 2", with(good(arec(3, 9, 0, 1, 0, 0, 0)), func(b []byte) { b[10] = 2 }), Request{}, "flags 0x2"},
+		{"armed", good(armed(arec(3, 9, 70, 2, 8, 16, 5), 512, 20)), armed(arec(3, 9, 70, 2, 8, 16, 5), 512, 20), ""},
+		{"armed trig_len short", good(armed(arec(3, 9, 0, 1, 0, 0, 0), 0, 5)), Request{}, "trig_len 5: want 6 to 1092"},
+		{"armed trig_len long", good(armed(arec(3, 9, 0, 1, 0, 0, 0), 0, 1093)), Request{}, "trig_len 1093"},
+		{"armed length", with(good(armed(arec(3, 9, 0, 1, 0, 0, 0), 0, 8)), func(b []byte) { le.PutUint32(b[12:], 40) }), Request{}, "length 40 for op blocks with flags arena and note, want 48"},
 	} {
 		got, err := Decode(tc.rec)
 		if tc.msg == "" {
@@ -60,6 +65,58 @@ func TestArenaDecodeTable(t *testing.T) {
 		}
 		if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.msg) || got.Tag != 3 {
 			t.Errorf("%s: Decode = %+v, %v; want InvalidArgument with %q", tc.name, got, err, tc.msg)
+		}
+	}
+}
+
+// armed makes r, an arena blocks record, wait for a key note whose trigger
+// is n bytes at off of the arena.
+func armed(r Request, off uint64, n uint32) Request {
+	r.Armed, r.TrigOff, r.TrigLen = true, off, n
+	return r
+}
+
+// TestTriggerFromArena: the trigger is bounds-checked, well formed and a copy.
+func TestTriggerFromArena(t *testing.T) {
+	if MaxTrigKey != notify.MaxKeyLen {
+		t.Fatalf("MaxTrigKey %d, notify.MaxKeyLen %d", MaxTrigKey, notify.MaxKeyLen)
+	}
+	arena := make([]byte, 4096)
+	trig := AppendTrigger(nil, "r-17", []byte("key"))
+	copy(arena[100:], trig)
+	n := uint32(len(trig))
+	for _, tc := range []struct {
+		name string
+		r    Request
+		edit func([]byte)
+		msg  string
+	}{
+		{"good", armed(Request{}, 100, n), nil, ""},
+		{"past the arena", armed(Request{}, 4090, n), nil, "trig_off 4090 + trig_len 11 ends past the arena of 4096 bytes"},
+		{"offset 2^64-1", armed(Request{}, 1<<64-1, n), nil, "ends past the arena"},
+		{"length disagrees", armed(Request{}, 100, n+1), nil, "trig_len 12, but its region id (4) and key (3) take 11"},
+		{"reserved", armed(Request{}, 100, n), func(a []byte) { a[103] = 1 }, "reserved byte 0x1"},
+		{"no region", armed(Request{}, 100, n), func(a []byte) { a[100] = 0 }, "region id of 0 bytes"},
+		{"no key", armed(Request{}, 100, n), func(a []byte) { a[102] = 0 }, "key of 0 bytes"},
+		{"key too long", armed(Request{}, 100, n), func(a []byte) { a[102] = 65 }, "key of 65 bytes"},
+	} {
+		a := append([]byte(nil), arena...)
+		if tc.edit != nil {
+			tc.edit(a)
+		}
+		region, key, err := tc.r.TriggerFromArena(a)
+		if tc.msg == "" {
+			if err != nil || region != "r-17" || string(key) != "key" {
+				t.Errorf("%s: %q %q %v", tc.name, region, key, err)
+			}
+			a[110] = 'X' // the client writes again: the key is a copy
+			if string(key) != "key" {
+				t.Errorf("%s: the key aliases the arena", tc.name)
+			}
+			continue
+		}
+		if !errors.Is(err, errs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("%s: err %v, want InvalidArgument with %q", tc.name, err, tc.msg)
 		}
 	}
 }
@@ -157,12 +214,29 @@ func FuzzArenaDecode(f *testing.F) {
 		r.Encode(b)
 		f.Add(b, uint16(1))
 	}
+	for _, r := range []Request{armed(arec(1, 2, 0, 1, 0, 8, 0), 16, 11), armed(arec(1, 2, 0, 1, 0, 8, 0), 1<<64-8, 1092)} {
+		b := make([]byte, RecLen)
+		r.Encode(b)
+		f.Add(b, uint16(1))
+	}
 	f.Fuzz(func(t *testing.T, b []byte, units uint16) {
 		r, err := Decode(b)
 		if err != nil || !r.Arena {
 			return
 		}
 		arena := make([]byte, int(units%64)*512)
+		if r.Armed {
+			for i := range arena {
+				arena[i] = byte(i * 7)
+			}
+			region, key, err := r.TriggerFromArena(arena)
+			if err == nil && (r.TrigOff+uint64(r.TrigLen) > uint64(len(arena)) || len(region) == 0 || len(key) == 0 || len(key) > MaxTrigKey) {
+				t.Fatalf("%+v: trigger %q %q accepted in an arena of %d", r, region, key, len(arena))
+			}
+			if err != nil && !errors.Is(err, errs.ErrInvalidArgument) {
+				t.Fatalf("error of no class: %v", err)
+			}
+		}
 		l, rm, note, err := r.FromArena(arena)
 		if err != nil {
 			if !errors.Is(err, errs.ErrInvalidArgument) {

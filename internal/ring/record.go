@@ -111,6 +111,11 @@ type Request struct {
 	Arena           bool
 	IDsOff, NoteOff uint64
 	NoteLen         uint32
+	// OpBlocks with FlagArena|FlagNote: the transfer waits for a key note;
+	// its trigger (TriggerFromArena) is TrigLen bytes at TrigOff.
+	Armed   bool
+	TrigOff uint64
+	TrigLen uint32
 	// OpBatch (always with FlagArena; TimeoutMs as a submit's): its blob
 	// of BlobLen bytes at BlobOff of the arena (BatchFromArena).
 	BlobOff uint64
@@ -138,6 +143,12 @@ func (r Request) Encode(rec []byte) {
 	if r.Op == OpBlocks && r.Arena {
 		n = arenaBodyLen
 		le.PutUint16(rec[10:], FlagArena)
+		if r.Armed {
+			n = armedBodyLen
+			le.PutUint16(rec[10:], FlagArena|FlagNote)
+			le.PutUint32(rec[bodyOff+36:], r.TrigLen)
+			le.PutUint64(rec[bodyOff+40:], r.TrigOff)
+		}
 		le.PutUint64(rec[bodyOff:], r.Handle)
 		le.PutUint32(rec[bodyOff+8:], uint32(r.TimeoutMs))
 		le.PutUint32(rec[bodyOff+12:], r.N)
@@ -179,6 +190,9 @@ func Decode(rec []byte) (Request, error) {
 	if r.Op == OpBlocks && flags == FlagArena {
 		want, flags, r.Arena = arenaBodyLen, 0, true
 	}
+	if r.Op == OpBlocks && flags == FlagArena|FlagNote {
+		want, flags, r.Arena, r.Armed = armedBodyLen, 0, true, true
+	}
 	if r.Op == OpBatch {
 		if flags != FlagArena {
 			return r, fmt.Errorf("%w: ring record flags %#x for op batch, want 1 (arena): a batch's request is always in the arena", errs.ErrInvalidArgument, flags)
@@ -197,10 +211,13 @@ func Decode(rec []byte) (Request, error) {
 	case !known:
 		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit), 3 (cancel), 4 (blocks) or 5 (batch)", errs.ErrInvalidArgument, uint16(r.Op))
 	case flags != 0:
-		return r, fmt.Errorf("%w: ring record flags %#x, want 0 (or 1, arena, for op blocks)", errs.ErrInvalidArgument, le.Uint16(rec[10:]))
+		return r, fmt.Errorf("%w: ring record flags %#x, want 0 (or, for op blocks, 1 (arena) or 3 (arena and note))", errs.ErrInvalidArgument, le.Uint16(rec[10:]))
 	case n != want:
 		if r.Op == OpBatch {
 			return r, fmt.Errorf("%w: ring record length %d for op batch, want %d", errs.ErrInvalidArgument, n, BatchBodyLen)
+		}
+		if r.Armed {
+			return r, fmt.Errorf("%w: ring record length %d for op blocks with flags arena and note, want %d", errs.ErrInvalidArgument, n, armedBodyLen)
 		}
 		if r.Arena {
 			return r, fmt.Errorf("%w: ring record length %d for op blocks with flag arena, want %d", errs.ErrInvalidArgument, n, arenaBodyLen)

@@ -27,8 +27,9 @@ from .views import *  # noqa: F401,F403 - as_array, as_tensor, block_offsets
 from ._memfd import HostBuffer, alloc_host  # noqa: F401 - memory this process allocates (docs/host-memory.md)
 from . import kv  # noqa: F401 - b2b.kv: KV-cache tensors to layouts (docs/kv.md)
 from . import stream  # noqa: F401 - b2b.stream: progress counters, layer marks (docs/kv.md)
+from .notes import key_note, on_note, parse_key_note  # noqa: F401 - key notes (docs/notes.md)
 
 __version__ = "0.1.0"
 
 # One list per module, kept there; the package exports their union.
-__all__ = [*_client.__all__, *_errors.__all__, *_views.__all__, "HostBuffer", "alloc_host", "__version__"]
+__all__ = [*_client.__all__, *_errors.__all__, *_views.__all__, "key_note", "on_note", "parse_key_note", "HostBuffer", "alloc_host", "__version__"]

@@ -45,6 +45,9 @@ class Blocks:
     notification: Optional[bytes] = None
     transport: Union[None, str, int] = None
     timeout: Optional[float] = None
+    #: A trigger (``b2b.on_note(region, key)``): the transfer waits in the
+    #: daemon until it fires. ``None``: it starts at once.
+    after: Any = None
 
     def request(self) -> Any:
         """The ``StartTransferRequest`` (ids packed by numpy)."""
@@ -59,7 +62,12 @@ class Blocks:
         )
         if self.notification is not None:
             req.notification = bytes(self.notification)
-        return pb.StartTransferRequest(blocks=req, timeout_ms=_ms(self.timeout))
+        out = pb.StartTransferRequest(blocks=req, timeout_ms=_ms(self.timeout))
+        if self.after is not None:
+            if not isinstance(self.after, pb.TransferTrigger):
+                raise _invalid(f"after {self.after!r}: want b2b.on_note(region, key)")
+            out.after.CopyFrom(self.after)
+        return out
 
 
 def _ms(timeout: Optional[float]) -> int:

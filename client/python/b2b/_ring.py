@@ -67,6 +67,11 @@ MAX_TIMEOUT_MS = 86_400_000  # a submit's deadline, as the gRPC metadata's
 # note_off, note_len u32, reserved u32, zeros.
 FLAG_ARENA = 1
 _ARENA_REC = struct.Struct("<QHHIQIIQQII8x")
+# With FLAG_NOTE too, the transfer waits in the daemon for a key note
+# (b2b.notes): length 48, the reserved word is trig_len, then trig_off u64;
+# the trigger in the arena: region_len u16, key_len u8, 0, region id, key.
+FLAG_NOTE = 2
+_ARMED_REC = struct.Struct("<QHHIQIIQQIIQ")
 ARENA_UNIT, DEFAULT_ARENA, MAX_ARENA = 4096, 1 << 20, 192 << 20
 MAX_ARENA_IDS = 1 << 24  # TransferBlocks' limit of ids per request
 MAX_NOTE = 4096  # TransferBlocks' notification limit
@@ -428,7 +433,7 @@ class Ring:
                         if op == OP_BATCH:
                             if not self._put_batch(tags[i], w2, reqs[i][3], q):
                                 break  # the arena is full of records not taken: publish, wait
-                        elif op == OP_BLOCKS and len(reqs[i]) > 4:
+                        elif op == OP_BLOCKS and len(reqs[i]) > 4:  # in the arena
                             if not self._put_arena(tags[i], reqs[i], q):
                                 break  # the arena is full of records not taken: publish, wait
                         elif op == OP_BLOCKS:
@@ -464,15 +469,21 @@ class Ring:
     def _put_arena(self, tag: int, req: Tuple[Any, ...], q: _Queue) -> bool:
         """Write an arena blocks record (OP_BLOCKS, route, timeout_ms,
         count, ids, note): ids the packed local then remote ids."""
-        _, route, ms, count, ids, note = req
+        _, route, ms, count, ids, note, trig = req
         n = len(ids)
-        off = self.arena.place(n + len(note), self._sq_tail, q.head.value)
+        off = self.arena.place(n + len(note) + len(trig), self._sq_tail, q.head.value)
         if off is None:
             return False
         mm, base = self._mm, self.arena.off + off
         mm[base:base + n] = ids
         if note:
             mm[base + n:base + n + len(note)] = note
+        if trig:
+            t = base + n + len(note)
+            mm[t:t + len(trig)] = trig
+            _ARMED_REC.pack_into(mm, q.slot(self._sq_tail), tag, OP_BLOCKS, FLAG_ARENA | FLAG_NOTE, 48, route, ms, count,
+                                 off, off + n, len(note), len(trig), off + n + len(note))
+            return True
         _ARENA_REC.pack_into(mm, q.slot(self._sq_tail), tag, OP_BLOCKS, FLAG_ARENA, 40, route, ms, count, off, off + n, len(note), 0)
         return True
 
@@ -549,28 +560,31 @@ class Ring:
         pairs = [int(x) for ab in zip(local_ids, remote_ids) for x in ab]
         return self._post([(OP_BLOCKS, int(route), timeout_ms, pairs)])[0]
 
-    def start_blocks_many(self, reqs: Sequence[Tuple[int, int, Any, Any, bytes]]) -> List[int]:
+    def start_blocks_many(self, reqs: Sequence[Tuple[Any, ...]]) -> List[int]:
         """Post block transfers with one publish: each (route, timeout_ms,
-        local_ids, remote_ids, note), ids as equal-length little-endian
-        uint32 numpy arrays (or lists of 1 to MAX_INLINE_IDS ints with no
-        note: those ride in the record). Beyond MAX_INLINE_IDS pairs, or
-        with a note, the ids and the note go to the arena. Their tags."""
+        local_ids, remote_ids, note[, trigger]), ids as equal-length
+        little-endian uint32 numpy arrays (or lists of 1 to MAX_INLINE_IDS
+        ints with no note: those ride in the record). Beyond MAX_INLINE_IDS
+        pairs, or with a note or a trigger (key_trigger's bytes: the
+        transfer waits in the daemon for that key note), the ids, the note
+        and the trigger go to the arena. Their tags."""
         recs: List[Tuple[Any, ...]] = []
-        for route, ms, lids, rids, note in reqs:
+        for route, ms, lids, rids, note, *more in reqs:
+            trig = bytes(more[0]) if more and more[0] else b""
             if not 0 <= ms <= MAX_TIMEOUT_MS:
                 raise ValueError(f"timeout_ms {ms}: want 0 to {MAX_TIMEOUT_MS}")
             k = len(lids)
             if k != len(rids) or not 1 <= k <= MAX_ARENA_IDS or len(note) > MAX_NOTE:
                 raise ValueError(f"{k} local and {len(rids)} remote ids, a {len(note)}-byte note: a ring record carries "
                                  f"1 to {MAX_ARENA_IDS} pairs and up to {MAX_NOTE} bytes")
-            if k <= MAX_INLINE_IDS and not note:
+            if k <= MAX_INLINE_IDS and not note and not trig:
                 pairs = [int(lids[0]), int(rids[0])] if k == 1 else [int(x) for ab in zip(lids, rids) for x in ab]
                 recs.append((OP_BLOCKS, int(route), ms, pairs))
                 continue
             ids = bytes(lids) + bytes(rids) if isinstance(lids, (bytes, bytearray)) else lids.tobytes() + rids.tobytes()
-            if not self.fits(len(ids), len(note)):
+            if not self.fits(len(ids), len(note) + len(trig)):
                 raise ValueError(f"{k} id pairs and a {len(note)}-byte note: over the ring's arena of {self.arena.size} bytes")
-            recs.append((OP_BLOCKS, int(route), ms, k, ids, bytes(note)))
+            recs.append((OP_BLOCKS, int(route), ms, k, ids, bytes(note), trig))
         return self._post(recs)
 
     def cancel(self, tag: int) -> None:
@@ -691,3 +705,12 @@ def batch_blob(req: Any, transport_name: str) -> Optional[bytes]:
     src, dst, lens = d.src_offsets, d.dst_offsets, d.lengths
     hdr = _BATCH_HDR.pack(req.op, *(len(x) for x in strs), len(req.notification), d.block_length, len(src), len(dst), len(lens), 0)
     return b"".join((hdr, *strs, req.notification, src, dst, lens))
+
+
+def key_trigger(region_id: str, key: bytes) -> bytes:
+    """The arena bytes of a trigger on key notes of ``key`` landing on
+    region ``region_id`` (internal/ring/arena.go, AppendTrigger)."""
+    r = region_id.encode()
+    if not 1 <= len(r) <= 1024 or not 1 <= len(key) <= 64:
+        raise ValueError(f"a trigger's region id of {len(r)} bytes and key of {len(key)}: want 1 to 1024 and 1 to 64")
+    return struct.pack("<HBB", len(r), len(key), 0) + r + bytes(key)

@@ -25,7 +25,7 @@ import grpc
 from ._common import _TRANSPORT_BY_NAME, _TRANSPORT_NAME, _invalid, _op, _transport
 from ._pack import as_u32
 from ._results import PhaseTimings, TransferResult
-from ._ring import MAX_ARENA_IDS, MAX_INLINE_IDS, MAX_NOTE, MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable, batch_blob
+from ._ring import MAX_ARENA_IDS, MAX_INLINE_IDS, MAX_NOTE, MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable, batch_blob, key_trigger
 from ._many import wait_grpc
 from ._transfers import Transfer, _interrupts_deferred
 from .errors import (
@@ -229,7 +229,7 @@ def _stale_route(slot: RingSlot, key: Tuple[str, str, str, int, int], h: int, c:
     return True
 
 
-def _carried(ring: Ring, local_ids: Any, remote_ids: Any, notification: Any) -> Optional[Tuple[Any, Any]]:
+def _carried(ring: Ring, local_ids: Any, remote_ids: Any, notification: Any, extra: int = 0) -> Optional[Tuple[Any, Any]]:
     """The ids as little-endian uint32 arrays when a ring record carries
     them with the notification (1 to MAX_ARENA_IDS pairs of equal count
     that fit the arena, a note of bytes up to MAX_NOTE); ``None``: gRPC.
@@ -240,7 +240,7 @@ def _carried(ring: Ring, local_ids: Any, remote_ids: Any, notification: Any) -> 
     k = lids.shape[0]
     if k != rids.shape[0] or not 1 <= k <= MAX_ARENA_IDS:
         return None
-    if not ring.fits(8 * k, 0 if notification is None else len(notification)):
+    if not ring.fits(8 * k, extra + (0 if notification is None else len(notification))):
         return None
     return lids, rids
 
@@ -252,14 +252,23 @@ def blocks_record(client: "Client", slot: RingSlot, ring: Ring, x: Any, timeout:
     ms = _timeout_ms(t)
     if ms is None or not x.local_layout or not x.peer or not x.remote_layout:
         return None
-    ids = _carried(ring, x.local_ids, x.remote_ids, x.notification)
+    trig = b""
+    if x.after is not None:  # a key-note trigger rides in the arena; a counter's takes gRPC
+        a = x.after
+        if not isinstance(a, pb.TransferTrigger) or a.counter_region_id or a.counter_offset or a.value:
+            return None
+        try:
+            trig = key_trigger(a.note_region_id, a.note_key)
+        except ValueError:
+            return None  # gRPC says what is wrong
+    ids = _carried(ring, x.local_ids, x.remote_ids, x.notification, len(trig))
     if ids is None:
         return None
     try:
         key = (x.local_layout, x.peer, x.remote_layout, _transport(x.transport), _op(x.op))
     except B2BError:
         return None  # gRPC says what is wrong
-    return key, ms, ids[0], ids[1], b"" if x.notification is None else bytes(x.notification)
+    return key, ms, ids[0], ids[1], b"" if x.notification is None else bytes(x.notification), trig
 
 
 def start_one(client: "Client", x: Any) -> Optional["RingBlocksTransfer"]:
@@ -289,7 +298,7 @@ def start_blocks(client: "Client", slot: RingSlot, ring: Ring, recs: Sequence[Tu
     tags: List[int] = []
     try:
         with _interrupts_deferred():
-            tags = ring.start_blocks_many([(h, ms, l, r, note) for h, (_, ms, l, r, note) in zip(routes, recs)])
+            tags = ring.start_blocks_many([(h, *rec[1:]) for h, rec in zip(routes, recs)])
     except KeyboardInterrupt:
         for t in tags:  # posted, but no handle reaches the caller: stop them
             _settle(ring, t)

@@ -4102,8 +4102,14 @@ type TransferTrigger struct {
 	CounterRegionId string                 `protobuf:"bytes,1,opt,name=counter_region_id,json=counterRegionId,proto3" json:"counter_region_id,omitempty"` // a host region the caller owns
 	CounterOffset   uint64                 `protobuf:"varint,2,opt,name=counter_offset,json=counterOffset,proto3" json:"counter_offset,omitempty"`        // of the word in the region; a multiple of 8
 	Value           uint64                 `protobuf:"varint,3,opt,name=value,proto3" json:"value,omitempty"`                                             // the transfer starts once the word >= value
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Or, instead of a counter: the transfer starts once a key note naming
+	// note_key (1 to 64 bytes) lands on note_region_id, a region the caller
+	// owns (docs/notes.md). A pull armed so starts in the daemon the moment
+	// its source says "ready", with no round trip through the client.
+	NoteRegionId  string `protobuf:"bytes,4,opt,name=note_region_id,json=noteRegionId,proto3" json:"note_region_id,omitempty"`
+	NoteKey       []byte `protobuf:"bytes,5,opt,name=note_key,json=noteKey,proto3" json:"note_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TransferTrigger) Reset() {
@@ -4155,6 +4161,20 @@ func (x *TransferTrigger) GetValue() uint64 {
 		return x.Value
 	}
 	return 0
+}
+
+func (x *TransferTrigger) GetNoteRegionId() string {
+	if x != nil {
+		return x.NoteRegionId
+	}
+	return ""
+}
+
+func (x *TransferTrigger) GetNoteKey() []byte {
+	if x != nil {
+		return x.NoteKey
+	}
+	return nil
 }
 
 type StartTransferResponse struct {
@@ -5838,11 +5858,13 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"timeout_ms\x18\x04 \x01(\x04R\ttimeoutMs\x12-\n" +
 	"\x05after\x18\x05 \x01(\v2\x17.b2b.v1.TransferTriggerR\x05afterB\n" +
 	"\n" +
-	"\btransfer\"z\n" +
+	"\btransfer\"\xbb\x01\n" +
 	"\x0fTransferTrigger\x12*\n" +
 	"\x11counter_region_id\x18\x01 \x01(\tR\x0fcounterRegionId\x12%\n" +
 	"\x0ecounter_offset\x18\x02 \x01(\x04R\rcounterOffset\x12\x14\n" +
-	"\x05value\x18\x03 \x01(\x04R\x05value\"8\n" +
+	"\x05value\x18\x03 \x01(\x04R\x05value\x12$\n" +
+	"\x0enote_region_id\x18\x04 \x01(\tR\fnoteRegionId\x12\x19\n" +
+	"\bnote_key\x18\x05 \x01(\fR\anoteKey\"8\n" +
 	"\x15StartTransferResponse\x12\x1f\n" +
 	"\vtransfer_id\x18\x01 \x01(\x04R\n" +
 	"transferId\"\xc4\x01\n" +

@@ -51,6 +51,14 @@ class Handle:
         r = self.h.result
         return None if r is None or r.phases is None else int(r.phases.wire_ns)
 
+    @property
+    def trigger_seen_ns(self) -> int:
+        """When the daemon saw a triggered transfer's trigger fire (wall ns; 0: unknown)."""
+        if not self.ended or self.h.error is not None:
+            return 0
+        r = self.h.result
+        return 0 if r is None or r.phases is None else int(getattr(r.phases, "trigger_seen_unix_ns", 0) or 0)
+
     def cancel(self) -> None:
         if not self.ended:
             self.h.cancel()
@@ -76,7 +84,7 @@ def start_many(client: Any, moves: Sequence[dict], timeout: float, transport: Op
     if not moves:
         return []
     items = [b2b.Blocks(m["local"], m["peer"], m["remote"], m["lids"], m["rids"], op=m["op"], transport=transport,
-                        notification=None if m.get("note") is None else encode(m["note"]))
+                        notification=None if m.get("note") is None else encode(m["note"]), after=m.get("after"))
              for m in moves]
     out: List[Any] = []
     for h in client.start_many(items, timeout):

@@ -31,6 +31,7 @@ Block transfers and the pool's exports go through ``_adapter.py``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import queue
 import struct
@@ -70,6 +71,17 @@ def _call(cbs: List[Optional[Callable[[Exception], None]]], e: Exception) -> Non
             cb(e)
 
 
+def _keys_len(keys: List[bytes]) -> int:
+    """The bytes a key note's header of ``keys`` adds (0 for none)."""
+    return len(b2b.notes.KEY_MAGIC) + 1 + sum(1 + len(k) for k in keys) if keys else 0
+
+
+def note_key(engine: str, what: str) -> bytes:
+    """The key of ``what`` of ``engine``'s key notes (16 bytes: names may
+    be longer than a key)."""
+    return hashlib.blake2b(f"{engine}/{what}".encode(), digest_size=16).digest()
+
+
 def encode(note: dict) -> bytes:
     b = json.dumps(note, separators=(",", ":")).encode()
     if len(b) > NOTE_LIMIT:
@@ -102,7 +114,7 @@ class Channel:
         self._threads: List[threading.Thread] = []
         self._cache: Dict[Tuple[str, str, int], dict] = {}
         # Notes queued per peer rank until flush: (encoded note, on_error).
-        self._out: Dict[Tuple[str, str, int], List[Tuple[bytes, Optional[Callable[[Exception], None]]]]] = {}
+        self._out: Dict[Tuple[str, str, int], List[Tuple[bytes, Optional[Callable[[Exception], None]], Optional[bytes]]]] = {}
         # Called (from a watch thread) after notes were queued: an engine
         # that waits between steps wakes for them instead of a timer.
         self.on_note: Optional[Callable[[], None]] = None
@@ -139,11 +151,20 @@ class Channel:
         for k in [k for k in self._cache if k[0] == peer and k[1] == engine]:
             del self._cache[k]
 
+    @property
+    def mailbox(self) -> Any:
+        """This rank's mailbox region: a transfer armed with
+        ``b2b.on_note(chan.mailbox, key)`` starts when a note queued here
+        by a peer with ``key`` lands."""
+        return self._mbox
+
     def queue(self, peer: str, engine: str, rank: int, note: dict,
-              on_error: Optional[Callable[[Exception], None]] = None) -> None:
+              on_error: Optional[Callable[[Exception], None]] = None, key: Optional[bytes] = None) -> None:
         """Queue ``note`` for a peer rank until :meth:`flush`; ``on_error``
-        gets the exception if its write fails (the peer is gone)."""
-        self._out.setdefault((peer, engine, rank), []).append((encode(note), on_error))
+        gets the exception if its write fails (the peer is gone). With
+        ``key``, the write that carries it is a key note naming ``key``: it
+        starts the peer's transfers armed on it (b2b.notes) in its daemon."""
+        self._out.setdefault((peer, engine, rank), []).append((encode(note), on_error, key))
 
     def flush(self) -> int:
         """Start every queued note, packed per peer rank into as few writes
@@ -156,14 +177,25 @@ class Channel:
         for (peer, engine, rank), notes in out.items():
             i = 0
             while i < len(notes):
-                j, size = i + 1, _ENVELOPE + len(notes[i][0])
-                while j < len(notes) and size + 1 + len(notes[j][0]) <= NOTE_LIMIT:
-                    size += 1 + len(notes[j][0])
+                keys = [notes[i][2]] if notes[i][2] else []
+                j, size = i + 1, _ENVELOPE + len(notes[i][0]) + _keys_len(keys)
+                while j < len(notes):
+                    k = notes[j][2]
+                    more = 1 + len(notes[j][0]) + (1 + len(k) + (len(b2b.notes.KEY_MAGIC) + 1 if not keys else 0) if k else 0)
+                    if k in keys:
+                        more -= 1 + len(k)
+                    if size + more > NOTE_LIMIT or (k and k not in keys and len(keys) >= b2b.notes.MAX_KEYS):
+                        break
+                    size += more
+                    if k and k not in keys:
+                        keys.append(k)
                     j += 1
-                body = notes[i][0] if j == i + 1 else b'{"t":"multi","n":[' + b",".join(n for n, _ in notes[i:j]) + b"]}"
+                body = notes[i][0] if j == i + 1 else b'{"t":"multi","n":[' + b",".join(n for n, _, _ in notes[i:j]) + b"]}"
+                if keys:
+                    body = b2b.key_note(keys, body)
                 items.append(b2b.Blocks(self._src_layout, peer, mbox_layout_name(engine, rank), [0], [0], op="write",
                                         notification=body, transport=self.transport))
-                cbs.append([cb for _, cb in notes[i:j]])
+                cbs.append([cb for _, cb, _ in notes[i:j]])
                 i = j
         if not items:
             return 0
@@ -218,8 +250,12 @@ class Channel:
     def _drain(self, w: Any) -> None:
         try:
             for n in w:
+                body = n.notification
+                keyed = b2b.parse_key_note(body)
+                if keyed is not None:
+                    body = keyed[1]  # its keys were for the daemon
                 try:
-                    note = json.loads(n.notification)
+                    note = json.loads(body)
                 except ValueError:
                     continue  # not ours
                 at = time.time_ns()  # when it reached this side (the worker's handover marks)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import b2b
 
 from ._adapter import export_pool, poll, register_view, start_many
-from .channel import NOTE_LIMIT, Channel
+from .channel import NOTE_LIMIT, Channel, note_key
 from .meta import RecvReq, SaveReq, Settings
 
 # Push ids per note: 256 ids of up to 10 digits fit b2bd's 4,096-byte
@@ -61,6 +62,10 @@ class _Load:
     # pull on "ready": prefill's block ids, from its note (the RecvReq is
     # shared by every rank: not written to)
     ready_ids: Optional[List[int]] = None
+    # pull on "where": the reads were armed in our daemon on the "ready"
+    # note's key, and start there when it lands
+    armed: bool = False
+    arm_key: bytes = b""  # the key of prefill's "ready" note that starts them
 
     def remote_ids(self) -> Optional[List[int]]:
         """Prefill's block ids to read; None while there are none (push, or a pull waiting for "ready")."""
@@ -143,7 +148,11 @@ class WorkerHalf:
         # pull, decode sent before prefill finished: requests being computed
         # (block ids, layers done) and the decode ranks that want a "ready"
         # note for each (a want may come before the request's compute).
-        self._computing: Dict[str, Tuple[List[int], Set[int], float]] = {}
+        self._computing: Dict[str, Tuple[List[int], Set[int], float, bytes]] = {}  # ids, layers, since, "ready" key
+        self._step = 0  # prefill steps that computed layers (their "ready" keys)
+        # In every key: a restarted engine of the same id must not name a key
+        # its predecessor used (a peer's daemon remembers keys it saw).
+        self._incarnation = os.urandom(8).hex()
         self._wants: Dict[str, Tuple[Dict[int, dict], float]] = {}
         self._ready_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # decode: "ready" notes arriving in parts
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
@@ -340,7 +349,7 @@ class WorkerHalf:
                     prank = self._pull_source(r)
                     self.chan.queue(r.remote_peer, r.remote_engine, prank, {
                         "t": "want", "req": r.remote_request_id, "peer": self.peer_address, "engine": s.engine_id,
-                        "rank": s.tp_rank}, on_error=lambda e, ld=ld: self._unsent(ld, e))
+                        "rank": s.tp_rank, "arm": True}, on_error=lambda e, ld=ld: self._unsent(ld, e))
                     self.stats["notes_sent"] += 1
                     continue
                 if r.remote_block_ids is None:  # push: tell prefill where to write
@@ -373,7 +382,8 @@ class WorkerHalf:
             ld.error = f"{type(e).__name__}: {e}"
         self.chan.forget(ld.req.remote_peer, ld.req.remote_engine)
 
-    def _start_pulls(self, pulls: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]]) -> None:
+    def _start_pulls(self, pulls: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]],
+                     arm: bool = False) -> None:
         """One read per (local layout, prefill peer, remote layout) for all
         of this step's requests, not one per request: a start is a daemon
         round trip, the step's dominant cost with many requests in flight.
@@ -394,15 +404,18 @@ class WorkerHalf:
                 while j < len(items):
                     key = items[j][1].req.remote_request_id
                     add = 0 if key in reqs else len(encode_str(key)) + 12
-                    if reqs and size + add > NOTE_LIMIT:
+                    if reqs and (size + add > NOTE_LIMIT or (arm and items[j][1].arm_key != items[i][1].arm_key)):
                         break
                     reqs[key] = items[j][4]
                     size += add
                     j += 1
                 chunk, i = items[i:j], j
-                moves.append({"local": local, "peer": peer, "remote": remote, "op": "read",
-                              "lids": [b for it in chunk for b in it[2]], "rids": [b for it in chunk for b in it[3]],
-                              "note": {"t": "pulled", "reqs": reqs}})
+                mv = {"local": local, "peer": peer, "remote": remote, "op": "read",
+                      "lids": [b for it in chunk for b in it[2]], "rids": [b for it in chunk for b in it[3]],
+                      "note": {"t": "pulled", "reqs": reqs}}
+                if arm:  # one read per "ready" key: the requests prefill computed in one step
+                    mv["after"] = b2b.on_note(self.chan.mailbox, chunk[0][1].arm_key)
+                moves.append(mv)
                 chunks.append(chunk)
         if not moves:
             return
@@ -420,7 +433,8 @@ class WorkerHalf:
             self.stats["pull_starts"] += 1
             for rid, ld, _, _, _ in chunk:
                 ld.handles.append(h)
-                self._mark(rid, "started", last=True)
+                ld.armed = ld.armed or arm
+                self._mark(rid, "armed" if arm else "started", last=True)
 
     def _pull_source(self, r: RecvReq) -> int:
         """Pull: the prefill rank whose blocks this rank reads."""
@@ -439,7 +453,8 @@ class WorkerHalf:
         ld = self._loads.get(lrid)
         if ld is None or not ld.req.wait_ready or ld.ready_ids is not None or ld.error is not None:
             return
-        self._mark(lrid, "ready_arrived", at=at)
+        if at:
+            self._mark(lrid, "ready_arrived", at=at)
         ld.ready_ids = ids
         try:
             _, plans, expect = self._plan_pull(ld.req, ids)
@@ -508,6 +523,9 @@ class WorkerHalf:
                         ld.error = ld.error or str(errs[0])
                     else:
                         self._tally(ld.handles)
+                        fired = max((h.trigger_seen_ns for h in ld.handles), default=0)
+                        if fired:
+                            self._mark(rid, "fired", at=fired)
                         self._mark(rid, "ended")
             if ld.error is not None:
                 self._load_errors.update(r.local_block_ids)
@@ -554,30 +572,62 @@ class WorkerHalf:
         every decode rank that wants it, at once: decode reads without
         waiting for this step to end and the router to pass it on."""
         sent = False
+        if li == 0:
+            self._step += 1
         for rid, r in meta.reqs_to_save.items():
             c = self._computing.get(rid)
             if c is None:
-                c = self._computing[rid] = (list(r.block_ids), set(), now)
+                # The requests of one step are computed together: their
+                # "ready" notes share a key, and a decode rank reads the
+                # ones it armed on it in one transfer.
+                c = self._computing[rid] = (list(r.block_ids), set(), now, note_key(self.s.engine_id, f"{self._incarnation}.r{self.s.tp_rank}.step{self._step}"))
             c[1].add(li)
             if len(c[1]) == len(self._layer_segs):
                 self._mark(rid, "computed")
                 sent |= self._send_ready(rid)
+            else:
+                sent |= self._send_where(rid)
         if sent:
             self.chan.flush()
 
+    def _ids_notes(self, t: str, rid: str, ids: List[int]) -> List[dict]:
+        parts = max(1, -(-len(ids) // IDS_PER_NOTE))
+        return [{"t": t, "req": rid, "part": part, "parts": parts, "ids": ids[part * IDS_PER_NOTE:(part + 1) * IDS_PER_NOTE]}
+                for part in range(parts)]
+
+    def _send_where(self, rid: str) -> bool:
+        """Queue "where" (its block ids) for ``rid``, still being computed,
+        to each decode rank that wants it and has not had it: that rank
+        arms its reads in its daemon on the "ready" note's key, so that
+        they start the moment "ready" lands. True if any was queued."""
+        c, w = self._computing.get(rid), self._wants.get(rid)
+        if c is None or w is None:
+            return False
+        sent = False
+        for d in w[0].values():
+            if d.get("_where") or not d.get("arm"):
+                continue
+            for n in self._ids_notes("where", rid, c[0]):
+                n["key"] = c[3].hex()
+                self.chan.queue(d["peer"], d["engine"], int(d["rank"]), n)
+                self.stats["notes_sent"] += 1
+            d["_where"] = sent = True
+        return sent
+
     def _send_ready(self, rid: str) -> bool:
         """Queue "ready" for ``rid`` to each decode rank that wants it, if
-        its layers are all computed; True if any was queued."""
+        its layers are all computed; True if any was queued. Its write is a
+        key note (channel.note_key): the reads a rank armed on "where"
+        start in its daemon as it lands; a rank that had no "where" reads
+        the ids it carries."""
         c, w = self._computing.get(rid), self._wants.get(rid)
         if c is None or w is None or len(c[1]) < len(self._layer_segs):
             return False
-        ids = c[0]
-        parts = max(1, -(-len(ids) // IDS_PER_NOTE))
+        key = c[3]
         for d in w[0].values():
-            for part in range(parts):
-                self.chan.queue(d["peer"], d["engine"], int(d["rank"]), {
-                    "t": "ready", "req": rid, "part": part, "parts": parts,
-                    "ids": ids[part * IDS_PER_NOTE:(part + 1) * IDS_PER_NOTE]})
+            notes = [{"t": "ready", "req": rid}] if d.get("_where") else self._ids_notes("ready", rid, c[0])
+            for n in notes:
+                self.chan.queue(d["peer"], d["engine"], int(d["rank"]), n, key=key)
                 self.stats["notes_sent"] += 1
         del self._wants[rid]
         self._mark(rid, "ready_sent", last=True)
@@ -706,12 +756,30 @@ class WorkerHalf:
     def _take_notes(self) -> None:
         now = time.monotonic()
         pulls: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]] = {}
+        armed: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]] = {}
         for _, n in self.chan.take():
             t, rid = n.get("t"), str(n.get("req", ""))
             if t == "want":  # pull: a decode rank asks for "ready"
                 self._wants.setdefault(rid, ({}, now))[0][int(n.get("rank", 0))] = n
-                self._send_ready(rid)
-            elif t == "ready":  # pull: prefill computed the request; its ids, maybe in parts
+                if not self._send_ready(rid):
+                    self._send_where(rid)
+            elif t == "where":  # pull: prefill's ids of a request still being computed, maybe in parts
+                got = self._ready_parts.setdefault(rid, ({}, now))[0]
+                got[int(n.get("part", 0))] = n
+                if len(got) >= int(n.get("parts", 1)):
+                    del self._ready_parts[rid]
+                    ld = self._loads.get(self._by_remote.get(rid, ""))
+                    if ld is not None:
+                        ld.arm_key = bytes.fromhex(str(n.get("key", "")))
+                    self._ready(rid, [int(i) for k in sorted(got) for i in got[k]["ids"]], 0, armed)
+            elif t == "ready":  # pull: prefill computed the request; its ids (unless "where" had them), maybe in parts
+                lrid = self._by_remote.get(rid, "")
+                ld = self._loads.get(lrid)
+                if ld is not None and ld.armed:
+                    self._mark(lrid, "ready_seen", at=int(n.get("_at", 0)))  # the daemon started the reads
+                    continue
+                if "ids" not in n:
+                    continue
                 got = self._ready_parts.setdefault(rid, ({}, now))[0]
                 got[int(n.get("part", 0))] = n
                 if len(got) >= int(n.get("parts", 1)):
@@ -761,6 +829,7 @@ class WorkerHalf:
                     else:
                         ld.error = f"prefill reported: {n.get('why', 'failed')}"
         self._start_pulls(pulls)
+        self._start_pulls(armed, arm=True)
         # Forget notes about requests this side never learns of.
         for d in (self._released, self._early_ids, self._ids_parts, self._wants, self._ready_parts):
             for rid in [r for r, v in d.items() if now - (v if isinstance(v, float) else v[1]) > self.s.release_timeout

@@ -827,14 +827,18 @@ class TransferOutcome(_message.Message):
     def __init__(self, transfer_id: _Optional[int] = ..., state: _Optional[_Union[TransferState, str]] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., result: _Optional[_Union[BatchTransferResponse, _Mapping]] = ...) -> None: ...
 
 class TransferTrigger(_message.Message):
-    __slots__ = ["counter_offset", "counter_region_id", "value"]
+    __slots__ = ["counter_offset", "counter_region_id", "note_key", "note_region_id", "value"]
     COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
     COUNTER_REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    NOTE_KEY_FIELD_NUMBER: _ClassVar[int]
+    NOTE_REGION_ID_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
     counter_offset: int
     counter_region_id: str
+    note_key: bytes
+    note_region_id: str
     value: int
-    def __init__(self, counter_region_id: _Optional[str] = ..., counter_offset: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    def __init__(self, counter_region_id: _Optional[str] = ..., counter_offset: _Optional[int] = ..., value: _Optional[int] = ..., note_region_id: _Optional[str] = ..., note_key: _Optional[bytes] = ...) -> None: ...
 
 class TransportStatus(_message.Message):
     __slots__ = ["available", "connections", "detail", "kind", "kind_name", "memory_regions", "queue_pairs", "rails"]

@@ -1,0 +1,187 @@
+"""Key notes and transfers armed on them (docs/notes.md): a pull armed on
+``b2b.on_note(mailbox, key)`` waits in daemon A until daemon B's key note
+naming ``key`` lands on the mailbox, then reads; every block checked, and
+it must read the bytes B wrote after the arm (it did not run early). A
+note before the arm fires it at once; a key never sent ends at the
+deadline; bad triggers are refused with the field named."""
+
+from __future__ import annotations
+
+import time
+import unittest
+import uuid
+
+import daemon_harness
+import grpc
+import numpy as np
+
+import b2b
+from b2b.v1 import b2b_pb2 as pb
+
+POOL, BLOCK = 64, 256
+
+
+class KeyNoteTest(daemon_harness.DaemonPair):
+    def setUp(self):
+        tag = uuid.uuid4().hex[:6]
+        self.rng = np.random.default_rng(7)
+        # A: the reader (decode) with its mailbox; B: the source (prefill).
+        self.mbox = self.a.register_host(4096, f"mbox-{tag}")
+        self.sink = self.a.register_host(POOL * BLOCK)
+        self.local = f"sink-{tag}"
+        self.a.register_layout(self.local, [(self.sink, 0, BLOCK, BLOCK)], POOL)
+        self.src = self.b.register_host(POOL * BLOCK, f"src-{tag}", readers=["*"])
+        self.remote = f"srcl-{tag}"
+        self.b.register_layout(self.remote, [(self.src, 0, BLOCK, BLOCK)], POOL, export_name=self.remote,
+                               readers=["*"])
+        self.scratch = self.b.register_host(4096)
+        self.peer_a = self.da.peer_address
+
+    def send_note(self, keys, payload=b"") -> None:
+        """B writes 8 bytes into A's mailbox with a key note."""
+        self.b.batch_transfer(self.scratch, self.peer_a, self.mbox.export_name, [0], [0], block_size=8,
+                              notification=b2b.key_note(keys, payload))
+
+    def arm(self, key, ids, timeout=20.0):
+        return self.a.start_many([b2b.Blocks(self.local, self.peer_b, self.remote, ids, ids, op="read",
+                                             after=b2b.on_note(self.mbox, key), timeout=timeout)])[0]
+
+    def fill(self) -> np.ndarray:
+        data = self.rng.integers(0, 256, POOL * BLOCK, dtype=np.uint8)
+        self.src.array[:] = data
+        return data
+
+    def check(self, ids, data) -> None:
+        got = np.asarray(self.sink.array).reshape(POOL, BLOCK)
+        want = data.reshape(POOL, BLOCK)
+        for i in ids:
+            self.assertTrue(np.array_equal(got[i], want[i]), f"block {i}")
+
+    def test_pull_waits_for_its_key(self):
+        ids = list(range(0, POOL, 3))
+        self.fill()
+        w = self.a.watch(self.mbox)
+        t = self.arm("req-1", ids)
+        time.sleep(0.3)
+        self.assertFalse(t.done(), "an armed pull ran before its key note")
+        data = self.fill()  # what it must read: written after the arm
+        self.send_note(["other", "req-1"], b'{"t":"ready"}')
+        t.wait(20)
+        self.assertIsNone(t.error)
+        self.check(ids, data)
+        ph = t.result.phases
+        self.assertGreater(ph.trigger_seen_unix_ns, 0)
+        n = next(iter(w))  # the watcher gets the whole note
+        self.assertEqual(b2b.parse_key_note(n.notification), ([b"other", b"req-1"], b'{"t":"ready"}'))
+        w.cancel()
+
+    def test_note_before_arm_fires_at_once(self):
+        data = self.fill()
+        self.send_note(["early"])
+        t = self.arm("early", [5, 6])
+        t.wait(20)
+        self.assertIsNone(t.error)
+        self.check([5, 6], data)
+
+    def test_key_never_sent_ends_at_deadline(self):
+        t = self.arm("never", [1], timeout=0.4)
+        with self.assertRaises(b2b.B2BError) as cm:
+            t.wait(20)
+        self.assertEqual(cm.exception.code, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    def test_cancel_armed(self):
+        t = self.arm("cancelled", [1])
+        t.cancel()
+        self.assertIsNotNone(t.error)
+        self.send_note(["cancelled"])  # fires nothing, breaks nothing
+        data = self.fill()
+        t2 = self.arm("cancelled", [2])  # the key was seen: runs at once
+        t2.wait(20)
+        self.check([2], data)
+
+    def test_refusals(self):
+        cases = [
+            (b2b.Blocks(self.local, self.peer_b, self.remote, [1], [1], op="read",
+                        after=pb.TransferTrigger(note_region_id=self.mbox.id, note_key=b"k" * 65)),
+             grpc.StatusCode.INVALID_ARGUMENT, "after.note_key is 65 bytes"),
+            (b2b.Blocks(self.local, self.peer_b, self.remote, [1], [1], op="read",
+                        after=pb.TransferTrigger(note_region_id=self.mbox.id)),
+             grpc.StatusCode.INVALID_ARGUMENT, "after.note_key is 0 bytes"),
+            (b2b.Blocks(self.local, self.peer_b, self.remote, [1], [1], op="read",
+                        after=pb.TransferTrigger(note_region_id="no-such-region", note_key=b"k")),
+             grpc.StatusCode.NOT_FOUND, "after.note_region_id"),
+            (b2b.Blocks(self.local, self.peer_b, self.remote, [1], [1], op="read",
+                        after=pb.TransferTrigger(counter_region_id=self.mbox.id, note_region_id=self.mbox.id,
+                                                          note_key=b"k")),
+             grpc.StatusCode.INVALID_ARGUMENT, "give one"),
+        ]
+        for item, code, text in cases:
+            with self.subTest(text=text):
+                t = self.a.start_many([item])[0]
+                try:  # over gRPC refused at the start; over the ring in its completion
+                    t.wait(20)
+                except b2b.B2BError:
+                    pass
+                self.assertIsNotNone(t.error)
+                self.assertEqual(t.error.code, code, t.error)
+                self.assertIn(text, str(t.error))
+        with self.assertRaises(b2b.B2BError):
+            b2b.on_note(self.mbox, "k" * 65)
+        with self.assertRaises(b2b.B2BError):
+            b2b.key_note([])
+
+
+class KeyNoteRingTest(KeyNoteTest):
+    """The same, with A's daemon serving the shared-memory ring: the armed
+    pull rides an arena record (flags arena and note) and its end comes
+    back on the completion ring."""
+
+    a_args = ("--submit-socket", "{dir}/submit.sock")
+
+    def arm(self, key, ids, timeout=20.0):
+        t = super().arm(key, ids, timeout)
+        if t.error is None:
+            self.assertIsNotNone(self.a.ring, "no ring")
+            self.assertTrue(type(t).__name__.startswith("Ring"), f"{type(t).__name__}: not on the ring")
+        return t
+
+    def test_pull_waits_for_its_key(self):
+        # The ring's completion carries no phases: only the bytes and the wait.
+        ids = list(range(1, POOL, 5))
+        self.fill()
+        t = self.arm("ring-req", ids)
+        time.sleep(0.3)
+        self.assertFalse(t.done(), "an armed pull ran before its key note")
+        data = self.fill()
+        self.send_note(["ring-req"])
+        t.wait(20)
+        self.assertIsNone(t.error)
+        self.check(ids, data)
+
+    def test_many_armed_do_not_block_the_ring(self):
+        """More armed pulls than the ring runs at once (64) wait without
+        holding up a plain transfer posted after them."""
+        data = self.fill()
+        armed = [self.arm(f"k{i}", [i % POOL]) for i in range(100)]
+        plain = self.a.start_many([b2b.Blocks(self.local, self.peer_b, self.remote, [7], [7], op="read")])[0]
+        plain.wait(20)
+        self.assertIsNone(plain.error)
+        self.assertFalse(any(t.done() for t in armed))
+        self.send_note([f"k{i}" for i in range(100)])
+        for t in armed:
+            t.wait(20)
+            self.assertIsNone(t.error)
+        self.check(sorted({i % POOL for i in range(100)}), data)
+
+
+class KeyNoteFormatTest(unittest.TestCase):
+    def test_round_trip_and_garbage(self):
+        n = b2b.key_note(["a", b"\x00\xff" * 32], b"payload")
+        self.assertEqual(b2b.parse_key_note(n), ([b"a", b"\x00\xff" * 32], b"payload"))
+        for bad in (b"", b2b.notes.KEY_MAGIC, b2b.notes.KEY_MAGIC + b"\x00", b2b.notes.KEY_MAGIC + b"\x01\x05ab",
+                    b2b.notes.KEY_MAGIC + b"\x01\x00", b"plain json"):
+            self.assertIsNone(b2b.parse_key_note(bad), bad)
+
+
+if __name__ == "__main__":
+    unittest.main()
