@@ -228,7 +228,7 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
         bs_d = a.block_size * 2
     common = ["--mode", mode, "--transport", transport, "--layers", str(a.layers), "--heads", str(a.heads),
               "--dim", str(a.dim), "--kv-layout", kvl, "--release-timeout", str(a.release_timeout),
-              "--load-timeout", str(a.load_timeout)]
+              "--load-timeout", str(a.load_timeout), "--compute-nice", str(a.compute_nice)]
     pool_d = a.num_blocks // 3 if name == "decode_restart" else a.num_blocks
     pre = Proc("prefill", dp, common + ["--tp", "1", "--block-size", str(a.block_size),
                                         "--num-blocks", str(a.num_blocks)], work)
@@ -439,6 +439,9 @@ def main() -> int:
     ap.add_argument("--request-timeout", type=float, default=60.0)
     ap.add_argument("--retries", type=int, default=3)
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--compute-nice", type=int, default=19,
+                    help="nice of the engines' threads that stand in for GPU work (prefill's layers, decode's check); "
+                         "0 makes them compete with the control path for the CPU")
     import disagg_model
 
     disagg_model.add_args(ap)

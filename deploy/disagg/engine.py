@@ -49,6 +49,7 @@ class Req:
 
 class Engine:
     pool_cls: Any = Pool  # model_engine.py's engines keep their KV in a CUDA pool
+    compute_thread = True  # prefill's layers on a thread of their own (a real model's run on its GPU)
 
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
@@ -80,6 +81,8 @@ class Engine:
         # numpy); finished ones come back as (request, load failed, bad tokens).
         self.device: "queue.Queue[Optional[tuple]]" = queue.Queue()
         self.device_done: "collections.deque[tuple]" = collections.deque()
+        # Prefill's layer compute, on its own thread (compute()).
+        self.compute_q: "Optional[queue.Queue[Any]]" = queue.Queue() if not self.decode and self.compute_thread else None
         self.device_busy = 0
         self.held: Dict[str, Req] = {}
         self.lock = threading.Lock()
@@ -234,8 +237,7 @@ class Engine:
                 for li, name in enumerate(p.names):
                     self.call("wait_for_layer_load", w.wait_for_layer_load, name)
                     t0 = time.perf_counter_ns()
-                    for q in scheduled:
-                        p.fill_layer(li, q.ids, q.seed, q.plen)
+                    self.compute(lambda li=li, p=p: [p.fill_layer(li, q.ids, q.seed, q.plen) for q in scheduled])
                     self.compute_ns["prefill"] += time.perf_counter_ns() - t0
                     if li == len(p.names) - 1:
                         # The handover starts once the last layer is
@@ -299,10 +301,42 @@ class Engine:
         self.device_busy += 1
         self.device.put((q, failed))
 
+    def compute(self, fn: Any) -> Any:
+        """Run a layer's compute (the model's work: on a GPU host, kernels)
+        on the prefill's compute thread, and wait for it, as a step waits
+        for its kernels."""
+        if self.compute_q is None:
+            return fn()
+        done = threading.Event()
+        box: List[Any] = []
+        self.compute_q.put((fn, box, done))
+        done.wait()
+        if box and isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0] if box else None
+
+    def compute_loop(self) -> None:
+        self.lower_priority()
+        while True:
+            fn, box, done = self.compute_q.get()
+            try:
+                box.append(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the step that waits
+                box.append(e)
+            done.set()
+
+    def lower_priority(self) -> None:
+        """The model's work stands in for a GPU's, which takes no CPU from
+        the control path (the engine's loop, the connector, the daemons):
+        its thread runs at --compute-nice (Linux: a thread's own nice)."""
+        if self.a.compute_nice:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.a.compute_nice)
+
     def device_loop(self) -> None:
         """The stand-in for the GPU: runs each launched request (decode's
         check of every byte; a failed load recomputes first, vLLM's
         policy) and hands it back to the loop."""
+        self.lower_priority()
         while True:
             job = self.device.get()
             if job is None:
@@ -355,6 +389,8 @@ def main(make: Any = Engine, add_args: Any = None) -> None:
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--release-timeout", type=float, default=10.0)
     ap.add_argument("--load-timeout", type=float, default=10.0)
+    ap.add_argument("--compute-nice", type=int, default=19,
+                    help="nice of the threads that stand in for the GPU's work (0: compete with the control path)")
     if add_args is not None:
         add_args(ap)
     a = ap.parse_args()
@@ -365,6 +401,8 @@ def main(make: Any = Engine, add_args: Any = None) -> None:
     print("ready", flush=True)
     threading.Thread(target=e.serve, args=(listener,), daemon=True).start()
     threading.Thread(target=e.device_loop, daemon=True).start()
+    if e.compute_q is not None:
+        threading.Thread(target=e.compute_loop, daemon=True).start()
     try:
         e.loop()
     finally:

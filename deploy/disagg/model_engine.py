@@ -158,6 +158,7 @@ class ModelPool:
 
 class ModelEngine(eng.Engine):
     pool_cls = ModelPool
+    compute_thread = False  # the model runs on this engine's GPU, from the loop's thread (its CUDA device)
 
     def __init__(self, a: argparse.Namespace) -> None:
         global MODEL

@@ -166,6 +166,12 @@ func (x *blockXfer) attempt(ctx context.Context) (res Result, _ ran, err error) 
 	}
 	t1 := time.Now()
 	ph.Resolve += t1.Sub(t0)
+	if len(r.LocalIDs) == 0 && len(r.RemoteIDs) == 0 && r.Notification != nil {
+		// A note alone (docs/notes.md): no block moves, the peer's
+		// watchers get the notification; a mailbox needs no data path.
+		res, err = x.moved(ctx, rl, sess, transport.Stats{}, t1, 0, 0)
+		return res, ran{}, err
+	}
 	var pair *layout.Pair
 	if r.Op == OpRead {
 		pair, err = e.readPair(rl.Layout)

@@ -133,8 +133,8 @@ func decodeArena(rec []byte, r Request) (Request, error) {
 		return r, fmt.Errorf("%w: ring blocks route handle is 0, want a bound route's handle (BindBlockRoute)", errs.ErrInvalidArgument)
 	case r.TimeoutMs > MaxTimeoutMs:
 		return r, fmt.Errorf("%w: ring blocks timeout_ms %d: want 0 (none) or 1 to %d", errs.ErrInvalidArgument, r.TimeoutMs, MaxTimeoutMs)
-	case r.N == 0 || r.N > MaxArenaIDs:
-		return r, fmt.Errorf("%w: ring blocks count %d: want 1 to %d id pairs", errs.ErrInvalidArgument, r.N, MaxArenaIDs)
+	case (r.N == 0 && r.NoteLen == 0) || r.N > MaxArenaIDs:
+		return r, fmt.Errorf("%w: ring blocks count %d: want 1 to %d id pairs (0 only with a note: the note alone)", errs.ErrInvalidArgument, r.N, MaxArenaIDs)
 	case r.NoteLen > MaxNote:
 		return r, fmt.Errorf("%w: ring blocks note_len %d: want 0 to %d bytes", errs.ErrInvalidArgument, r.NoteLen, MaxNote)
 	}

@@ -574,9 +574,9 @@ class Ring:
             if not 0 <= ms <= MAX_TIMEOUT_MS:
                 raise ValueError(f"timeout_ms {ms}: want 0 to {MAX_TIMEOUT_MS}")
             k = len(lids)
-            if k != len(rids) or not 1 <= k <= MAX_ARENA_IDS or len(note) > MAX_NOTE:
+            if k != len(rids) or not (1 if not note else 0) <= k <= MAX_ARENA_IDS or len(note) > MAX_NOTE:
                 raise ValueError(f"{k} local and {len(rids)} remote ids, a {len(note)}-byte note: a ring record carries "
-                                 f"1 to {MAX_ARENA_IDS} pairs and up to {MAX_NOTE} bytes")
+                                 f"1 to {MAX_ARENA_IDS} pairs (or none, with a note) and up to {MAX_NOTE} bytes")
             if k <= MAX_INLINE_IDS and not note and not trig:
                 pairs = [int(lids[0]), int(rids[0])] if k == 1 else [int(x) for ab in zip(lids, rids) for x in ab]
                 recs.append((OP_BLOCKS, int(route), ms, pairs))

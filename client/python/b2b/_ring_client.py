@@ -238,7 +238,7 @@ def _carried(ring: Ring, local_ids: Any, remote_ids: Any, notification: Any, ext
         return None  # gRPC's refusal
     lids, rids = as_u32(local_ids, "local_ids"), as_u32(remote_ids, "remote_ids")
     k = lids.shape[0]
-    if k != rids.shape[0] or not 1 <= k <= MAX_ARENA_IDS:
+    if k != rids.shape[0] or k > MAX_ARENA_IDS or (k == 0 and not notification):  # no ids: a note alone
         return None
     if not ring.fits(8 * k, extra + (0 if notification is None else len(notification))):
         return None

@@ -5,14 +5,13 @@ Each worker rank owns three small host regions in its daemon:
 * ``<engine>.meta.r<rank>``: its handshake metadata (JSON, length-prefixed),
   exported readable; a peer pulls it with one read (``fetch_meta``).
 * ``<engine>.mbox.r<rank>``: its mailbox, exported writable; a peer sends a
-  note by writing 8 bytes into it with the note as the batch's notification.
-  The daemon delivers the note once the bytes landed, to the mailbox's
-  watcher (``WatchNotifications``), which queues it here.
-* scratch: the source of those 8 bytes and the landing place of metadata
-  reads.
+  note to it as a block transfer with no block, the note alone (docs/notes.md),
+  which the daemons deliver to the mailbox's watcher
+  (``WatchNotifications``), which queues it here.
+* scratch: the landing place of metadata reads.
 
-A note is a block-id transfer (one 8-byte block, from a layout over the
-scratch to the peer's ``<engine>.mboxl.r<rank>`` layout over its mailbox)
+A note is a block-id transfer with no ids (from a layout over the scratch
+to the peer's ``<engine>.mboxl.r<rank>`` layout over its mailbox)
 carrying the note as its notification: a step's notes start in one
 ``start_many`` call (over the client's shared-memory ring where it has one)
 and are not waited for; a failed one calls its ``on_error`` at a later
@@ -193,7 +192,8 @@ class Channel:
                 body = notes[i][0] if j == i + 1 else b'{"t":"multi","n":[' + b",".join(n for n, _, _ in notes[i:j]) + b"]}"
                 if keys:
                     body = b2b.key_note(keys, body)
-                items.append(b2b.Blocks(self._src_layout, peer, mbox_layout_name(engine, rank), [0], [0], op="write",
+                # No block: a note alone (b2bd sends it without a data path's write).
+                items.append(b2b.Blocks(self._src_layout, peer, mbox_layout_name(engine, rank), [], [], op="write",
                                         notification=body, transport=self.transport))
                 cbs.append([cb for _, cb, _ in notes[i:j]])
                 i = j
