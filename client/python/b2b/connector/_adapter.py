@@ -33,12 +33,13 @@ class Handle:
     ``wire_ns`` of a done one, ``cancel()``. Wraps the client's handle so that
     a change of handle type stays in this module."""
 
-    __slots__ = ("h", "ended", "tallied")
+    __slots__ = ("h", "ended", "tallied", "then")
 
     def __init__(self, h: Any) -> None:
         self.h = h
         self.ended = False
         self.tallied = False  # its wire time was counted
+        self.then: Any = None  # the worker's: a note to send once it ended
 
     @property
     def error(self) -> Any:

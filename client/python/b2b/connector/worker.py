@@ -415,6 +415,9 @@ class WorkerHalf:
                       "note": {"t": "pulled", "reqs": reqs}}
                 if arm:  # one read per "ready" key: the requests prefill computed in one step
                     mv["after"] = b2b.on_note(self.chan.mailbox, chunk[0][1].arm_key)
+                    # Its "pulled" goes as a note once we see it end, not with
+                    # the read: the read's end then waits for no Notify.
+                    mv["then"] = (peer, chunk[0][1].req.remote_engine, mv.pop("note"))
                 moves.append(mv)
                 chunks.append(chunk)
         if not moves:
@@ -431,6 +434,7 @@ class WorkerHalf:
                 self.chan.forget(m["peer"], chunk[0][1].req.remote_engine)
                 continue
             self.stats["pull_starts"] += 1
+            h.then = m.get("then")
             for rid, ld, _, _, _ in chunk:
                 ld.handles.append(h)
                 ld.armed = ld.armed or arm
@@ -867,6 +871,12 @@ class WorkerHalf:
             except _IO_ERRORS:
                 return  # our daemon is unreachable: the deadlines end them
             self.chan.reap(poll=False)
+            for h in pending.values():
+                if h.ended and h.then is not None:  # a read's "pulled", sent now that it ended
+                    peer, engine, note = h.then
+                    h.then = None
+                    if h.error is None:
+                        self._note_prefill(peer, engine, note)
 
     @_locked
     def get_finished(self, meta: Any) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
