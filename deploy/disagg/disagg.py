@@ -41,12 +41,18 @@ class EngineGone(Exception):
     pass
 
 
+class EngineCrashed(Exception):
+    """An engine died with no scenario killing it: the row fails at once
+    instead of waiting out every request's timeout."""
+
+
 class Link:
     """The router's connection to one engine: many requests in flight,
     answers matched by request id; a dead engine fails every pending one."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, crashed: Any = lambda: None) -> None:
         self.path = path
+        self.crashed = crashed  # why the engine died unplanned, or None
         self.conn: Any = None
         self.pending: Dict[str, Future] = {}
         self.lock = threading.Lock()
@@ -59,6 +65,9 @@ class Link:
                 self.conn = MPClient(self.path, family="AF_UNIX", authkey=AUTH)
                 break
             except (OSError, EOFError):
+                why = self.crashed()
+                if why is not None:
+                    raise EngineCrashed(why)
                 if time.monotonic() > deadline:
                     raise EngineGone(f"engine at {self.path} does not answer")
                 time.sleep(0.1)
@@ -114,6 +123,7 @@ class Proc:
         self.listen = os.path.join(workdir, f"{role}.engine.sock")
         self.log = os.path.join(workdir, f"{role}.engine.log")
         self.p: Optional[subprocess.Popen] = None
+        self.killed = False
         self.gen = 0
         self.engine_id = ""
 
@@ -122,6 +132,7 @@ class Proc:
         # a restarted engine's layouts have new names, so a peer still
         # holding the old ids fails cleanly instead of reading new blocks.
         self.gen += 1
+        self.killed = False
         self.engine_id = f"{self.role}-{self.gen}"
         cmd = [sys.executable, os.path.join(HERE, self.script), "--role", self.role, "--socket", self.daemon.socket,
                "--listen", self.listen, "--engine-id", self.engine_id] + self.args + list(extra)
@@ -134,12 +145,24 @@ class Proc:
             raise RuntimeError(f"{self.role} engine did not start: {open(self.log).read()[-3000:]}")
 
     def kill(self) -> None:
+        self.killed = True  # a planned death: the router waits for the restart
         if self.p is not None and self.p.poll() is None:
             self.p.send_signal(signal.SIGKILL)
             self.p.wait()
 
     def alive(self) -> bool:
         return self.p is not None and self.p.poll() is None
+
+    def crashed(self) -> Optional[str]:
+        """Why the engine exited when no scenario killed it (a bug: its
+        log's tail), else None."""
+        if self.p is None or self.killed or self.p.poll() is None:
+            return None
+        try:
+            tail = open(self.log).read()[-1500:]
+        except OSError:
+            tail = ""
+        return f"{self.role} engine exited with code {self.p.returncode} unplanned: {tail}"
 
 
 def wait_unexported(d: Daemon, engine_id: str, timeout: float = 20.0) -> None:
@@ -235,7 +258,7 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
     dec = Proc("decode", dd, common + ["--tp", str(tp_d), "--block-size", str(bs_d)], work)
     pre.start()
     dec.start(["--num-blocks", str(pool_d * a.block_size // bs_d)])
-    lp, ld = Link(pre.listen), Link(dec.listen)
+    lp, ld = Link(pre.listen, pre.crashed), Link(dec.listen, dec.crashed)
     rng = random.Random(a.seed)
     plens = [rng.randint(a.min_prompt, a.max_prompt) for _ in range(a.requests)]
     aborts = set(rng.sample(range(a.requests), a.requests // 10)) if name == "router_aborts" else set()
@@ -280,7 +303,15 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
                     time.sleep(rng.random() * 0.01)
                     ld.send(("abort", rid))
                 d = fd.result(a.request_timeout)
+            except EngineCrashed as e:
+                with lock:
+                    res["errors"].append(f"{rid}: {e}")
+                return
             except EngineGone:
+                if pre.crashed() or dec.crashed():
+                    with lock:
+                        res["errors"].append(f"{rid}: {pre.crashed() or dec.crashed()}")
+                    return
                 with lock:
                     res["retried"] += 1
                 time.sleep(0.2)
@@ -347,6 +378,14 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
         list(ex.map(one, range(a.requests)))
     wall = time.monotonic() - t0
     fault_state["done"] = True
+    crash = pre.crashed() or dec.crashed()
+    if crash is not None:  # a bug, not a scenario: fail the row now
+        for x in (pre, dec):
+            x.kill()
+        dp.stop()
+        dd.stop()
+        return {"scenario": name, "mode": mode, "transport": transport, "dispatch": dispatch, "ok": False,
+                "errors": [crash] + res["errors"][:9], "workdir": work}
     # Every block back in both pools (held prefill blocks come back by
     # their pulls, release notes or the release timeout).
     stats = {}
