@@ -7,6 +7,7 @@ deadline; bad triggers are refused with the field named."""
 
 from __future__ import annotations
 
+import json
 import time
 import unittest
 import uuid
@@ -185,3 +186,59 @@ class KeyNoteFormatTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ChannelKeysTest(unittest.TestCase):
+    """The connector's channel packs a step's notes per peer rank into as
+    few writes as fit 4,096 bytes; keyed notes put their keys (once each)
+    in the write's key note, and a write never carries more than 255 keys
+    or more than 4,096 bytes."""
+
+    class FakeClient:
+        def __init__(self):
+            self.items = []
+
+        def start_many(self, items, timeout=None):
+            self.items += items
+
+            class H:
+                id, error, outcome = 1, None, None
+            return [H() for _ in items]
+
+    def channel(self):
+        from b2b.connector.channel import Channel
+        ch = Channel.__new__(Channel)  # no daemon: only flush's packing
+        ch.client, ch.transport, ch.timeout = self.FakeClient(), None, 1.0
+        ch._out, ch._inflight, ch._src_layout = {}, [], "src"
+        return ch
+
+    def test_packing(self):
+        ch = self.channel()
+        ch.queue("p", "e", 0, {"t": "where", "req": "a"})
+        ch.queue("p", "e", 0, {"t": "ready", "req": "a"}, key=b"K1")
+        ch.queue("p", "e", 0, {"t": "ready", "req": "b"}, key=b"K1")  # the same key: once
+        ch.queue("p", "e", 0, {"t": "ready", "req": "c"}, key=b"K2")
+        ch.queue("p", "e", 1, {"t": "want", "req": "d"})  # another rank: another write
+        self.assertEqual(ch.flush(), 2)
+        by_layout = {x.remote_layout: x for x in ch.client.items}
+        keys, payload = b2b.parse_key_note(by_layout["e.mboxl.r0"].notification)
+        self.assertEqual(keys, [b"K1", b"K2"])
+        self.assertEqual([n["req"] for n in json.loads(payload)["n"]], ["a", "a", "b", "c"])
+        self.assertIsNone(b2b.parse_key_note(by_layout["e.mboxl.r1"].notification))
+        self.assertEqual(list(by_layout["e.mboxl.r0"].local_ids), [])  # a note alone: no block
+
+    def test_limits(self):
+        ch = self.channel()
+        for i in range(600):
+            ch.queue("p", "e", 0, {"t": "ready", "req": str(i)}, key=b"%03d" % i + b"k" * 40)
+        ch.flush()
+        seen = []
+        for x in ch.client.items:
+            self.assertLessEqual(len(x.notification), 4096)
+            keys, payload = b2b.parse_key_note(x.notification)
+            self.assertLessEqual(len(keys), 255)
+            body = json.loads(payload)
+            reqs = [n["req"] for n in body["n"]] if body.get("t") == "multi" else [body["req"]]
+            self.assertEqual(len(keys), len(reqs))
+            seen += reqs
+        self.assertEqual(seen, [str(i) for i in range(600)])
