@@ -94,17 +94,24 @@ func (ts triggers) arm(after *Trigger, who region.Caller) (gate func(RunFunc) Ru
 // trigger's times. release (run at most once) lets go of the counter's
 // region when the transfer ends.
 func (ts triggers) gated(c trigger.Counter, value uint64, release func(), run RunFunc) RunFunc {
+	return gatedOn(func(ctx context.Context) (time.Time, error) { return ts.w.Wait(ctx, c, value) }, release, run)
+}
+
+// gatedOn wraps run so that its post waits for wait (which returns when
+// it saw its trigger), and reports the trigger's times; release runs as
+// the run ends.
+func gatedOn(wait func(context.Context) (time.Time, error), release func(), run RunFunc) RunFunc {
 	return func(ctx context.Context) (Result, error) {
 		defer release()
 		var armed, seen time.Time
 		res, err := run(WithGate(ctx, func(ctx context.Context) error {
 			armed = time.Now()
 			var err error
-			seen, err = ts.w.Wait(ctx, c, value)
+			seen, err = wait(ctx)
 			return err // an error: nothing was posted
 		}))
 		if !seen.IsZero() {
-			res.Phases.Armed, res.Phases.TriggerSeen = seen.Sub(armed), seen
+			res.Phases.Armed, res.Phases.TriggerSeen = max(0, seen.Sub(armed)), seen
 		}
 		return res, err
 	}
@@ -129,22 +136,8 @@ func (ts triggers) armNote(after *Trigger, who region.Caller) (gate func(RunFunc
 	}
 	release = sync.OnceFunc(rel)
 	id, key := r.ID, append([]byte(nil), after.NoteKey...)
-	return func(run RunFunc) RunFunc {
-		return func(ctx context.Context) (Result, error) {
-			defer release()
-			var armed, seen time.Time
-			res, err := run(WithGate(ctx, func(ctx context.Context) error {
-				armed = time.Now()
-				var err error
-				seen, err = ts.notes.WaitKey(ctx, id, key)
-				return err
-			}))
-			if !seen.IsZero() {
-				res.Phases.Armed, res.Phases.TriggerSeen = max(0, seen.Sub(armed)), seen
-			}
-			return res, err
-		}
-	}, release, nil
+	wait := func(ctx context.Context) (time.Time, error) { return ts.notes.WaitKey(ctx, id, key) }
+	return func(run RunFunc) RunFunc { return gatedOn(wait, release, run) }, release, nil
 }
 
 // Arm checks after (nil: no trigger) for who and holds what it waits on:
