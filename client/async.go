@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/b2bd/b2bd/internal/notify"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -90,6 +91,25 @@ func After(counterRegion string, offset, value uint64) StartOption {
 	return func(r *b2bv1.StartTransferRequest) {
 		r.After = &b2bv1.TransferTrigger{CounterRegionId: counterRegion, CounterOffset: offset, Value: value}
 	}
+}
+
+// AfterNote queues the transfer until a key note naming key (1 to 64
+// bytes) lands on noteRegion, one of this client's regions (docs/notes.md):
+// a pull that waits for its source's "ready" starts in the daemon as the
+// note lands, with no round trip through this process. The timeout runs
+// while it waits (the daemon's default when none), and Cancel withdraws it.
+func AfterNote(noteRegion string, key []byte) StartOption {
+	return func(r *b2bv1.StartTransferRequest) {
+		r.After = &b2bv1.TransferTrigger{NoteRegionId: noteRegion, NoteKey: key}
+	}
+}
+
+// KeyNote is the notification of a key note naming keys (1 to 255, each 1
+// to 64 bytes) before payload: sent with a transfer (or alone, by a block
+// transfer of no block), it starts the transfers armed on its keys where
+// it lands.
+func KeyNote(keys [][]byte, payload []byte) ([]byte, error) {
+	return notify.AppendKeys(nil, keys, payload)
 }
 
 func ms(d time.Duration) uint64 {
