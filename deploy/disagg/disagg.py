@@ -132,7 +132,6 @@ class Proc:
         # a restarted engine's layouts have new names, so a peer still
         # holding the old ids fails cleanly instead of reading new blocks.
         self.gen += 1
-        self.killed = False
         self.engine_id = f"{self.role}-{self.gen}"
         cmd = [sys.executable, os.path.join(HERE, self.script), "--role", self.role, "--socket", self.daemon.socket,
                "--listen", self.listen, "--engine-id", self.engine_id] + self.args + list(extra)
@@ -143,6 +142,7 @@ class Proc:
         if b"ready" not in line:
             self.p.wait()
             raise RuntimeError(f"{self.role} engine did not start: {open(self.log).read()[-3000:]}")
+        self.killed = False  # only now: until the new one runs, the killed one is self.p
 
     def kill(self) -> None:
         self.killed = True  # a planned death: the router waits for the restart
@@ -156,13 +156,17 @@ class Proc:
     def crashed(self) -> Optional[str]:
         """Why the engine exited when no scenario killed it (a bug: its
         log's tail), else None."""
-        if self.p is None or self.killed or self.p.poll() is None:
+        p = self.p  # one process throughout: a restart may replace self.p
+        if p is None or self.killed:
+            return None
+        rc = p.poll()
+        if rc is None or self.killed or p is not self.p:
             return None
         try:
             tail = open(self.log).read()[-1500:]
         except OSError:
             tail = ""
-        return f"{self.role} engine exited with code {self.p.returncode} unplanned: {tail}"
+        return f"{self.role} engine exited with code {rc} unplanned: {tail}"
 
 
 def wait_unexported(d: Daemon, engine_id: str, timeout: float = 20.0) -> None:
