@@ -15,6 +15,7 @@ answer in ``--request-timeout`` counts as hung.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -35,6 +36,19 @@ sys.path.insert(0, os.path.join(REPO, "client", "python", "tests"))
 
 from daemon_harness import Daemon  # noqa: E402
 from engine import AUTH  # noqa: E402
+
+# Every engine and daemon this harness started: killed when it exits, by an
+# error, a signal (timeout's TERM, Ctrl-C) or normally, so none outlives it.
+_CHILDREN: List[subprocess.Popen] = []
+
+
+def _reap_children() -> None:
+    for p in _CHILDREN:
+        if p.poll() is None:
+            p.kill()
+
+
+atexit.register(_reap_children)
 
 
 class EngineGone(Exception):
@@ -137,6 +151,7 @@ class Proc:
                "--listen", self.listen, "--engine-id", self.engine_id] + self.args + list(extra)
         log = open(self.log, "ab")
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        _CHILDREN.append(self.p)
         log.close()
         line = self.p.stdout.readline()
         if b"ready" not in line:
@@ -248,6 +263,7 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
     # ring (docs/ring.md), which the connector's starts, notes and polls take.
     dargs = ["--transport", transport, "--submit-socket", "{dir}/submit.sock"]
     dp, dd = Daemon("prefill", root=work, extra_args=dargs).start(), Daemon("decode", root=work, extra_args=dargs).start()
+    _CHILDREN.extend(d.proc for d in (dp, dd) if d.proc is not None)
     tp_d, kvl, bs_d = 1, "NHD", a.block_size
     if name == "tp_mismatch":
         tp_d, kvl = 2, "HND"
@@ -463,6 +479,7 @@ SCENARIOS = [
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # atexit then reaps the children
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--requests", type=int, default=512)

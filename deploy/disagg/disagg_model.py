@@ -78,6 +78,7 @@ def run_mode(mode: str, a: argparse.Namespace, m: Any, refs: Dict[int, tuple], p
     tr = a.model_transport
     dp = disagg.Daemon("prefill", root=work, extra_args=["--transport", tr]).start()
     dd = disagg.Daemon("decode", root=work, extra_args=["--transport", tr]).start()
+    disagg._CHILDREN.extend(d.proc for d in (dp, dd) if d.proc is not None)
     common = ["--mode", mode, "--transport", tr, "--layers", str(a.layers), "--heads", str(a.model_kv_heads),
               "--dim", str(a.model_hidden // a.model_attn_heads), "--kv-layout", "NHD", "--tp", "1",
               "--block-size", str(a.block_size), "--num-blocks", str(a.num_blocks),
