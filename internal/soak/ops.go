@@ -2,7 +2,9 @@ package soak
 
 import (
 	"context"
+	"hash/crc32"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -217,9 +219,16 @@ func (w *worker) finish(c call, x *xfer, err error) {
 	if localHit {
 		what = w.a.name + " " + w.a.what(c.mA)
 	}
-	w.quar = append(w.quar, quarantined{kind: x.kind, what: what, mem: x.chkMem, lo: lo, hi: hi, offs: x.chkOffs, n: x.n,
+	q := quarantined{kind: x.kind, what: what, mem: x.chkMem, lo: lo, hi: hi, offs: x.chkOffs, n: x.n,
 		crc: crcBlocks(x.chkMem, x.chkOffs, x.n), until: now.Add(time.Duration(200+w.r.IntN(1800)) * time.Millisecond),
-		localChaos: localHit, answeredAt: now, around: w.around(c.mA, c.mB), mA: w.a.mark(), mB: w.b.mark()})
+		localChaos: localHit, answeredAt: now, around: w.around(c.mA, c.mB), mA: w.a.mark(), mB: w.b.mark()}
+	if peerHit && strings.Contains(err.Error(), unconfirmedCut) {
+		q.peerUnconfirmed = true
+		for _, o := range x.chkOffs {
+			q.blockCRCs = append(q.blockCRCs, crc32.Checksum(x.chkMem[o:o+x.n], castagnoli))
+		}
+	}
+	w.quar = append(w.quar, q)
 }
 
 // around names the call's pair and transport and the chaos on both

@@ -45,6 +45,7 @@ type stats struct {
 
 	falseSuccess, grantViolations   atomic.Uint64
 	lateBytes, lateBytesChaos       atomic.Uint64 // cut transfers whose destination changed after the answer
+	lateBytesUnconfirmed            atomic.Uint64 // ... within what an unconfirmed cut's answer allowed (not counted)
 	lateChecked                     atomic.Uint64
 	overruns, overrunsPeerChaos     atomic.Uint64 // answers past deadline + slack: clean, and with the peer frozen or killed
 	overrunsLocalChaos              atomic.Uint64 // the client's own daemon was frozen or killed: classified apart

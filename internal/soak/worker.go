@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -102,6 +103,33 @@ type quarantined struct {
 	answeredAt time.Time
 	around     string // pair, transport and both daemons' chaos during the call
 	mA, mB     mark   // both daemons' chaos state at the answer
+	// peerUnconfirmed: the peer was frozen or killed during the call and
+	// the answer said its receiver did not confirm the cut (tcp's
+	// cutNote): the copy it was entering may still complete. blockCRCs
+	// then holds each block's CRC at the answer, to size what changed.
+	peerUnconfirmed bool
+	blockCRCs       []uint32
+}
+
+// unconfirmedCut is what the tcp transport's answer to a cut batch says
+// when the receiver did not confirm in time that it stopped placing it;
+// cutWindow bounds what may still land then: the one copy it was entering
+// (tcp's copyPiece).
+const (
+	unconfirmedCut = "did not confirm in time"
+	cutWindow      = 16 << 10
+)
+
+// changedBytes is how many bytes of q's blocks changed since the answer,
+// by block.
+func (q *quarantined) changedBytes() uint64 {
+	var n uint64
+	for i, o := range q.offs {
+		if crc32.Checksum(q.mem[o:o+q.n], castagnoli) != q.blockCRCs[i] {
+			n += q.n
+		}
+	}
+	return n
 }
 
 type retiredMap struct {
@@ -394,11 +422,17 @@ func (w *worker) checkQuarantine(all bool) {
 		}
 		w.s.stats.lateChecked.Add(1)
 		if got := crcBlocks(q.mem, q.offs, q.n); got != q.crc {
-			if q.localChaos {
+			switch {
+			case q.localChaos:
 				w.s.stats.lateBytesChaos.Add(1)
 				w.s.stats.violation("late_bytes_own_daemon_chaos (not counted)", q.kind, w.id, "destination blocks changed %v after the answer, with the worker's own daemon %s (call: %s; since the answer: %s)",
 					now.Sub(q.answeredAt).Round(time.Millisecond), q.what, q.around, w.around(q.mA, q.mB))
-			} else {
+			case q.peerUnconfirmed && q.changedBytes() <= cutWindow:
+				// What the answer said may still happen, within its bound.
+				w.s.stats.lateBytesUnconfirmed.Add(1)
+				w.s.stats.violation("late_bytes_peer_stopped_unconfirmed (not counted)", q.kind, w.id, "%d B of the destination changed %v after an answer that said the stopped receiver did not confirm the cut (call: %s; since the answer: %s)",
+					q.changedBytes(), now.Sub(q.answeredAt).Round(time.Millisecond), q.around, w.around(q.mA, q.mB))
+			default:
 				w.s.stats.lateBytes.Add(1)
 				w.s.stats.violation("late_bytes", q.kind, w.id, "destination blocks changed %v after the answer (crc %08x at the answer, %08x now; %d blocks of %d B; call: %s; since the answer: %s)",
 					now.Sub(q.answeredAt).Round(time.Millisecond), q.crc, got, len(q.offs), q.n, q.around, w.around(q.mA, q.mB))
