@@ -210,7 +210,7 @@ func (rc *ringConn) runArmed(req ring.Request, do func(context.Context) (batch.R
 	case rc.armed <- struct{}{}:
 	default:
 		release()
-		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring blocks armed on key notes: %d waiting, limit %d", errs.ErrResourceExhausted, MaxArmed, MaxArmed)))
+		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring blocks armed on key notes: %d already wait, the limit per ring", errs.ErrResourceExhausted, MaxArmed)))
 		return
 	}
 	if req.TimeoutMs == 0 {

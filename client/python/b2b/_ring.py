@@ -43,6 +43,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import grpc
 
 from .errors import B2BError, UnavailableError, error_for_code
+from .notes import MAX_KEY_LEN
 
 HELLO = 0x01676E6972623262  # "b2bring\x01": the tag of the daemon's answer frames
 HELLO_ARENA = 0x02676E6972623262  # "b2bring\x02": the first frame that asks for a ring with an id arena
@@ -75,6 +76,7 @@ _ARMED_REC = struct.Struct("<QHHIQIIQQIIQ")
 ARENA_UNIT, DEFAULT_ARENA, MAX_ARENA = 4096, 1 << 20, 192 << 20
 MAX_ARENA_IDS = 1 << 24  # TransferBlocks' limit of ids per request
 MAX_NOTE = 4096  # TransferBlocks' notification limit
+MAX_TRIG_REGION = 1024  # a trigger's region id (internal/ring/arena.go, MaxTrigRegion)
 # A batch record (always FLAG_ARENA): tag, op, flags, length 16, blob_off,
 # blob_len u32, timeout_ms u32, zeros. Its blob (internal/ring/batch.go):
 # op u32, the lengths of src_region_id, peer, dst_region and transport_name
@@ -711,6 +713,6 @@ def key_trigger(region_id: str, key: bytes) -> bytes:
     """The arena bytes of a trigger on key notes of ``key`` landing on
     region ``region_id`` (internal/ring/arena.go, AppendTrigger)."""
     r = region_id.encode()
-    if not 1 <= len(r) <= 1024 or not 1 <= len(key) <= 64:
-        raise ValueError(f"a trigger's region id of {len(r)} bytes and key of {len(key)}: want 1 to 1024 and 1 to 64")
+    if not 1 <= len(r) <= MAX_TRIG_REGION or not 1 <= len(key) <= MAX_KEY_LEN:
+        raise ValueError(f"a trigger's region id of {len(r)} bytes and key of {len(key)}: want 1 to {MAX_TRIG_REGION} and 1 to {MAX_KEY_LEN}")
     return struct.pack("<HBB", len(r), len(key), 0) + r + bytes(key)

@@ -242,3 +242,35 @@ class ChannelKeysTest(unittest.TestCase):
             self.assertEqual(len(keys), len(reqs))
             seen += reqs
         self.assertEqual(seen, [str(i) for i in range(600)])
+
+
+class WhereKeyTest(unittest.TestCase):
+    """A peer's "where" note whose key is missing or not a key must not
+    break decode's step: its ids are kept and read when "ready" comes."""
+
+    def test_bad_keys(self):
+        from b2b.connector import worker as wk
+        for bad in (None, "", "zz", "00" * 65, 7):
+            self.assertIsNone(wk._note_key(bad), bad)
+        self.assertEqual(wk._note_key("0aff"), b"\x0a\xff")
+
+    def test_where_without_a_key_reads_on_ready(self):
+        from b2b.connector import worker as wk
+        w = wk.WorkerHalf.__new__(wk.WorkerHalf)
+        ld = wk._Load(req=type("R", (), {"wait_ready": True, "remote_block_ids": None})(), deadline=0.0)
+        w._loads, w._by_remote, w._ready_parts = {"d1": ld}, {"p1": "d1"}, {}
+        readied = []
+        w._ready = lambda rid, ids, at, pulls: readied.append((rid, ids))
+        notes = [("peer", {"t": "where", "req": "p1", "ids": [4, 5], "key": "not-hex", "_at": 1})]
+        w.chan = type("C", (), {"take": lambda self: notes})()
+        w._start_pulls = lambda pulls, arm=False: None
+        for attr in ("_released", "_early_ids", "_ids_parts", "_wants", "_pulled", "_computing", "_held", "_saves"):
+            setattr(w, attr, {})
+        w.s = type("S", (), {"release_timeout": 10.0})()
+        w._mark = lambda *a, **k: None
+        w._take_notes()  # the bad key: nothing armed, nothing read, no exception
+        self.assertEqual(readied, [])
+        self.assertEqual(ld.where_ids, [4, 5])
+        notes[:] = [("peer", {"t": "ready", "req": "p1", "_at": 2})]
+        w._take_notes()
+        self.assertEqual(readied, [("p1", [4, 5])])

@@ -40,6 +40,16 @@ def _locked(fn: Any) -> Any:
     return f
 
 
+def _note_key(x: Any) -> Optional[bytes]:
+    """A "where" note's key (hex), or None when it is not a usable one
+    (a peer's note is input: a bad one must not break the engine's step)."""
+    try:
+        k = bytes.fromhex(x) if isinstance(x, str) else b""
+    except ValueError:
+        return None
+    return k if 1 <= len(k) <= b2b.notes.MAX_KEY_LEN else None
+
+
 def encode_str(x: str) -> str:
     return json.dumps(x)
 
@@ -66,6 +76,7 @@ class _Load:
     # note's key, and start there when it lands
     armed: bool = False
     arm_key: bytes = b""  # the key of prefill's "ready" note that starts them
+    where_ids: Optional[List[int]] = None  # "where"'s ids when its key was unusable: read on "ready"
 
     def remote_ids(self) -> Optional[List[int]]:
         """Prefill's block ids to read; None while there are none (push, or a pull waiting for "ready")."""
@@ -772,10 +783,15 @@ class WorkerHalf:
                 got[int(n.get("part", 0))] = n
                 if len(got) >= int(n.get("parts", 1)):
                     del self._ready_parts[rid]
+                    ids = [int(i) for k in sorted(got) for i in got[k]["ids"]]
                     ld = self._loads.get(self._by_remote.get(rid, ""))
+                    key = _note_key(n.get("key"))
+                    if ld is not None and key is None:
+                        ld.where_ids = ids  # no usable key to arm on: read these when "ready" comes
+                        continue
                     if ld is not None:
-                        ld.arm_key = bytes.fromhex(str(n.get("key", "")))
-                    self._ready(rid, [int(i) for k in sorted(got) for i in got[k]["ids"]], 0, armed)
+                        ld.arm_key = key
+                    self._ready(rid, ids, 0, armed)
             elif t == "ready":  # pull: prefill computed the request; its ids (unless "where" had them), maybe in parts
                 lrid = self._by_remote.get(rid, "")
                 ld = self._loads.get(lrid)
@@ -783,6 +799,8 @@ class WorkerHalf:
                     self._mark(lrid, "ready_seen", at=int(n.get("_at", 0)))  # the daemon started the reads
                     continue
                 if "ids" not in n:
+                    if ld is not None and ld.where_ids is not None:
+                        self._ready(rid, ld.where_ids, int(n.get("_at", 0)), pulls)
                     continue
                 got = self._ready_parts.setdefault(rid, ({}, now))[0]
                 got[int(n.get("part", 0))] = n
