@@ -33,6 +33,17 @@ type RawResult struct {
 	// Transport is the kind that carried it, by name (empty where the
 	// daemon does not say: the raw submit socket, older daemons).
 	Transport string
+	// Posted and Landed are the daemon's wall-clock times of the first
+	// write and of the last landing; zero where the daemon did not say.
+	Posted, Landed time.Time
+}
+
+// unixTime is t (Unix ns) as a time, zero for 0.
+func unixTime(ns int64) time.Time {
+	if ns <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
 }
 
 // DialSubmit connects to a daemon's raw submit socket.

@@ -130,8 +130,8 @@ func answerErr(c net.Conn, ans []byte) error {
 	if code == 0 && n == 0 {
 		return nil
 	}
-	if n > ring.MsgMax {
-		return fmt.Errorf("b2b client: ring answer message of %d bytes, limit %d", n, ring.MsgMax)
+	if n > ring.MsgReadMax {
+		return fmt.Errorf("b2b client: ring answer message of %d bytes, limit %d", n, ring.MsgReadMax)
 	}
 	msg := make([]byte, n)
 	if _, err := io.ReadFull(c, msg); err != nil {
@@ -371,6 +371,7 @@ func (r *Ring) Wait(tag uint64) (RawResult, error) {
 		if c.Code != 0 {
 			return RawResult{}, status.Error(codes.Code(c.Code), c.Msg)
 		}
-		return RawResult{Blocks: c.Blocks, Bytes: c.Bytes, Wire: time.Duration(c.Wire), Total: time.Duration(c.Total), Transport: c.Msg}, nil
+		return RawResult{Blocks: c.Blocks, Bytes: c.Bytes, Wire: time.Duration(c.Wire), Total: time.Duration(c.Total), Transport: c.Msg,
+			Posted: unixTime(c.Posted), Landed: unixTime(c.Landed)}, nil
 	}
 }

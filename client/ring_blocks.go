@@ -76,7 +76,7 @@ func (rt *Route) Transfer(ctx context.Context, r *Ring, local, remote []uint32, 
 	}
 	ph := resp.GetPhases()
 	return RawResult{Blocks: resp.GetBlocks(), Bytes: resp.GetBytes(), Wire: time.Duration(ph.GetWireNs()), Total: time.Duration(ph.GetTotalNs()),
-		Transport: resp.GetTransportName()}, nil
+		Transport: resp.GetTransportName(), Posted: unixTime(int64(ph.GetPostedUnixNs())), Landed: unixTime(int64(ph.GetLandedUnixNs()))}, nil
 }
 
 // carries says whether a block request rides on r.

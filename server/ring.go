@@ -279,7 +279,9 @@ func (rc *ringConn) start(req ring.Request, what string, slots chan struct{}, do
 			return
 		}
 		rc.complete(ring.Completion{Tag: req.Tag, Blocks: res.Blocks, Bytes: res.Bytes, Msg: string(res.Kind),
-			Wire: int64(res.Phases.Wire), Total: int64(res.Phases.Total)})
+			Wire: int64(res.Phases.Wire), Total: int64(res.Phases.Total),
+			TriggerSeen: int64(unixNs(res.Phases.TriggerSeen)), Posted: int64(unixNs(res.Phases.Posted)),
+			Landed: int64(unixNs(res.Phases.Landed))})
 	}()
 	// The consumer spins on its P (Queue.Wait), so the goroutine just made
 	// would wait for an idle thread to wake and steal it: a futex wake, about

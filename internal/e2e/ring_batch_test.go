@@ -92,6 +92,7 @@ func TestRingBatch(t *testing.T) {
 					tr.Notification = []byte(tc.note)
 				}
 				var res client.RawResult
+				t0 := time.Now()
 				if i%2 == 0 {
 					res, err = a.c.TransferRing(ctx, rg, tr)
 				} else { // the async form: a tag, then Wait
@@ -105,6 +106,10 @@ func TestRingBatch(t *testing.T) {
 				}
 				if res.Blocks != uint64(tc.n) || res.Total <= 0 || res.Transport != kind {
 					t.Fatalf("%s: %+v", tc.name, res)
+				}
+				// The daemon's wall-clock times, over the ring as over gRPC.
+				if res.Posted.Before(t0) || res.Landed.Before(res.Posted) || res.Landed.After(time.Now()) {
+					t.Fatalf("%s: posted %v, landed %v: not within the call from %v", tc.name, res.Posted, res.Landed, t0)
 				}
 				if tc.note != "" {
 					got, err := w.Recv()

@@ -61,13 +61,23 @@ func (o Op) String() string {
 // A completion record is
 //
 //	tag u64, code u32 (a gRPC code; 0 = done), msg_len u32, blocks u64,
-//	bytes u64, wire_ns u64, total_ns u64, msg MsgMax bytes.
+//	bytes u64, wire_ns u64, total_ns u64, msg MsgMax bytes, then, at
+//	compTimes, three wall-clock times in Unix ns (0: not known): when an
+//	armed transfer's trigger was seen, when its first write was posted and
+//	when its last landed. A client older than the times reads only msg_len
+//	bytes of message, and a daemon older than them wrote at most 208 bytes
+//	of message there, so a client takes the times only from a success,
+//	whose message is a transport's name.
 const (
-	RecLen  = 64
-	CompLen = 256
-	compHdr = 48
-	MsgMax  = CompLen - compHdr
-	bodyOff = 16
+	RecLen    = 64
+	CompLen   = 256
+	compHdr   = 48
+	compTimes = CompLen - 24
+	MsgMax    = compTimes - compHdr
+	// MsgReadMax is what a client reads: a daemon before the times wrote
+	// messages of up to 208 bytes.
+	MsgReadMax = CompLen - compHdr
+	bodyOff    = 16
 )
 
 // truncMark ends a message cut to fit MsgMax.
@@ -308,6 +318,9 @@ type Completion struct {
 	Blocks      uint64
 	Bytes       uint64
 	Wire, Total int64 // ns
+	// TriggerSeen, Posted and Landed are the daemon's wall-clock times of
+	// the transfer (Unix ns; 0 when not known), as PhaseTimings carries them.
+	TriggerSeen, Posted, Landed int64
 }
 
 // Encode writes c into rec (CompLen bytes); a message longer than MsgMax is
@@ -327,7 +340,10 @@ func (c Completion) Encode(rec []byte) {
 	le.PutUint64(rec[32:], uint64(max(c.Wire, 0)))
 	le.PutUint64(rec[40:], uint64(max(c.Total, 0)))
 	n := copy(rec[compHdr:], msg)
-	clear(rec[compHdr+n:])
+	clear(rec[compHdr+n : compTimes])
+	le.PutUint64(rec[compTimes:], uint64(max(c.TriggerSeen, 0)))
+	le.PutUint64(rec[compTimes+8:], uint64(max(c.Posted, 0)))
+	le.PutUint64(rec[compTimes+16:], uint64(max(c.Landed, 0)))
 }
 
 // DecodeCompletion reads a completion record (the client's side).
@@ -339,10 +355,15 @@ func DecodeCompletion(rec []byte) (Completion, error) {
 	c := Completion{Tag: le.Uint64(rec[0:]), Code: le.Uint32(rec[8:]), Blocks: le.Uint64(rec[16:]),
 		Bytes: le.Uint64(rec[24:]), Wire: int64(le.Uint64(rec[32:])), Total: int64(le.Uint64(rec[40:]))}
 	n := le.Uint32(rec[12:])
-	if n > MsgMax {
-		return c, fmt.Errorf("completion message length %d, limit %d", n, MsgMax)
+	if n > MsgReadMax {
+		return c, fmt.Errorf("completion message length %d, limit %d", n, MsgReadMax)
 	}
 	c.Msg = msgString(rec[compHdr : compHdr+n])
+	if c.Code == 0 {
+		c.TriggerSeen = int64(le.Uint64(rec[compTimes:]))
+		c.Posted = int64(le.Uint64(rec[compTimes+8:]))
+		c.Landed = int64(le.Uint64(rec[compTimes+16:]))
+	}
 	return c, nil
 }
 

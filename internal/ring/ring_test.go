@@ -1,6 +1,7 @@
 package ring
 
 import (
+	"encoding/binary"
 	"errors"
 	"strings"
 	"testing"
@@ -117,6 +118,46 @@ func TestCompletionMessageBound(t *testing.T) {
 		if c.Msg != want || c.Tag != 5 || c.Code != 3 || c.Blocks != 1 || c.Bytes != 2 || c.Wire != 3 || c.Total != 4 {
 			t.Errorf("len %d: got %+v (msg %d bytes)", n, c, len(c.Msg))
 		}
+	}
+}
+
+// TestCompletionTimes: a success carries the daemon's three wall-clock
+// times; a refusal's are not read, as a daemon before them wrote message
+// bytes there (up to 208).
+func TestCompletionTimes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   Completion
+		want [3]int64
+	}{
+		{"done", Completion{Tag: 1, Msg: "tcp", TriggerSeen: 10, Posted: 20, Landed: 30}, [3]int64{10, 20, 30}},
+		{"done, no trigger", Completion{Tag: 1, Msg: "local", Posted: 1 << 62, Landed: 1<<62 + 1}, [3]int64{0, 1 << 62, 1<<62 + 1}},
+		{"negative kept out", Completion{Tag: 1, Posted: -5}, [3]int64{}},
+		{"refused", Completion{Tag: 1, Code: 3, Msg: strings.Repeat("m", 500), Posted: 7}, [3]int64{}},
+	} {
+		b := make([]byte, CompLen)
+		tc.in.Encode(b)
+		c, err := DecodeCompletion(b)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := [3]int64{c.TriggerSeen, c.Posted, c.Landed}; got != tc.want {
+			t.Errorf("%s: times %v, want %v", tc.name, got, tc.want)
+		}
+		if tc.in.Code != 0 && len(c.Msg) != MsgMax {
+			t.Errorf("%s: message %d bytes, want cut to %d", tc.name, len(c.Msg), MsgMax)
+		}
+	}
+	// A record from a daemon before the times: 208 bytes of message on a
+	// refusal, read as message, not as times.
+	old := make([]byte, CompLen)
+	binary.LittleEndian.PutUint64(old[0:], 9)
+	binary.LittleEndian.PutUint32(old[8:], 13)
+	binary.LittleEndian.PutUint32(old[12:], 208)
+	copy(old[compHdr:], strings.Repeat("z", 208))
+	c, err := DecodeCompletion(old)
+	if err != nil || c.Msg != strings.Repeat("z", 208) || c.Posted != 0 {
+		t.Errorf("an older daemon's refusal: %+v, %v", c, err)
 	}
 }
 

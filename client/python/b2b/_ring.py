@@ -49,6 +49,10 @@ HELLO = 0x01676E6972623262  # "b2bring\x01": the tag of the daemon's answer fram
 HELLO_ARENA = 0x02676E6972623262  # "b2bring\x02": the first frame that asks for a ring with an id arena
 ANSWER_LEN = 48  # the raw answer frame: tag u64, code u32, msg_len u32, 32 bytes unused here
 REC_LEN, COMP_LEN, COMP_HDR = 64, 256, 48
+# A success's last 24 bytes: the daemon's trigger-seen, posted and landed
+# times (Unix ns). A daemon before them wrote up to 208 bytes of message
+# (MSG_MAX) on a refusal, so the times are read from a success only.
+COMP_TIMES = COMP_LEN - 24
 MSG_MAX = COMP_LEN - COMP_HDR
 HDR_LEN, MAGIC, MAX_ENTRIES = 4096, 0x31474E52, 4096
 OFF_MAGIC, OFF_SQN, OFF_CQN, OFF_ARENA = 0, 4, 8, 12
@@ -90,6 +94,7 @@ MAX_BATCH_STRING = 1024
 # known names are looked up, not decoded.
 _KIND_NAMES = {b"tcp": "tcp", b"local": "local", b"verbs": "verbs"}
 _COMP = struct.Struct("<QIIQQQQ")  # tag, code, msg_len, blocks, bytes, wire_ns, total_ns
+_TIMES = struct.Struct("<QQQ")  # at COMP_TIMES: trigger seen, posted, landed
 
 # Busy-wait before the futex, as the Go side (internal/ring.Spin): only
 # where there are more than 2 CPUs to spin on.
@@ -240,11 +245,14 @@ class _Arena:
 class Completion:
     """A completion record: ``code`` 0 is done."""
 
-    __slots__ = ("tag", "code", "msg", "blocks", "bytes", "wire_ns", "total_ns")
+    __slots__ = ("tag", "code", "msg", "blocks", "bytes", "wire_ns", "total_ns",
+                 "trigger_seen_unix_ns", "posted_unix_ns", "landed_unix_ns")
 
-    def __init__(self, tag: int, code: int, msg: str, blocks: int, nbytes: int, wire_ns: int, total_ns: int) -> None:
+    def __init__(self, tag: int, code: int, msg: str, blocks: int, nbytes: int, wire_ns: int, total_ns: int,
+                 times: Tuple[int, int, int] = (0, 0, 0)) -> None:
         self.tag, self.code, self.msg = tag, code, msg
         self.blocks, self.bytes, self.wire_ns, self.total_ns = blocks, nbytes, wire_ns, total_ns
+        self.trigger_seen_unix_ns, self.posted_unix_ns, self.landed_unix_ns = times
 
     def error(self) -> Optional[B2BError]:
         """The exception SubmitTransfer would have raised; ``None`` if done."""
@@ -280,7 +288,7 @@ class Ring:
 
     Thread-safe. Every posted tag must be waited for (:meth:`wait`). Errors
     are :class:`~b2b.errors.B2BError` subclasses with the code and message
-    SubmitTransfer gives (messages cut at 208 bytes, ending with
+    SubmitTransfer gives (messages cut at 184 bytes, ending with
     ``...[truncated]``).
     """
 
@@ -530,7 +538,8 @@ class Ring:
                 if msg is None:
                     msg = raw.decode("utf-8", "replace")
             if tag in self._pending:
-                self._done[tag] = Completion(tag, code, msg, blocks, nbytes, wire, total)
+                times = _TIMES.unpack_from(mm, off + COMP_TIMES) if code == 0 else (0, 0, 0)
+                self._done[tag] = Completion(tag, code, msg, blocks, nbytes, wire, total, times)
             head = (head + 1) & 0xFFFFFFFF
         if head != self._cq_head:
             self._cq_head = head

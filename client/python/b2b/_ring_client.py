@@ -320,12 +320,13 @@ def _timeout_ms(timeout: Optional[float]) -> Optional[int]:
 def _result(transport: int, c: Completion, segments: int = 0, work_requests: int = 0) -> TransferResult:
     """What TransferResult.from_proto makes of the response a completion
     stands for, without the protobuf (a third of the Python side's cost of
-    a ring call); ``elapsed`` is the wire phase (the ring carries no other)."""
+    a ring call); ``elapsed`` is the wire phase (the ring carries no other duration)."""
     # Built past the frozen dataclasses' __init__ (an object.__setattr__ per
     # field, 19 in all: 5 us of a 100 us call on the GPU host); a field not
     # set reads its class default, as __init__ would have stored it.
     ph = object.__new__(PhaseTimings)
-    ph.__dict__.update(wire_ns=c.wire_ns, total_ns=c.total_ns)
+    ph.__dict__.update(wire_ns=c.wire_ns, total_ns=c.total_ns, trigger_seen_unix_ns=c.trigger_seen_unix_ns,
+                       posted_unix_ns=c.posted_unix_ns, landed_unix_ns=c.landed_unix_ns)
     r = object.__new__(TransferResult)
     # The daemon names the kind that carried it in a success's message.
     r.__dict__.update(blocks=c.blocks, bytes=c.bytes, transport=c.msg or _TRANSPORT_NAME.get(transport) or str(transport),
@@ -335,11 +336,12 @@ def _result(transport: int, c: Completion, segments: int = 0, work_requests: int
 
 def _response(plan: "PreparedTransfer", c: Completion) -> Any:
     """A BatchTransferResponse from a completion and the plan's own figures;
-    ``elapsed_ns`` is the wire phase (the ring carries no other)."""
+    ``elapsed_ns`` is the wire phase (the ring carries no other duration)."""
     return pb.BatchTransferResponse(
         blocks=c.blocks, bytes=c.bytes, transport=_TRANSPORT_BY_NAME.get(plan.transport, 0),
         segments=plan.segments, work_requests=plan.work_requests, elapsed_ns=c.wire_ns,
-        phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns),
+        phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns, posted_unix_ns=c.posted_unix_ns,
+                               landed_unix_ns=c.landed_unix_ns),
     )
 
 
@@ -458,7 +460,10 @@ class RingBlocksTransfer(RingTransfer):
 
     def _ok(self, c: Completion) -> Any:
         return pb.BatchTransferResponse(blocks=c.blocks, bytes=c.bytes, transport=self._key[3], elapsed_ns=c.wire_ns,
-                                        phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns))
+                                        phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns,
+                                                               trigger_seen_unix_ns=c.trigger_seen_unix_ns,
+                                                               posted_unix_ns=c.posted_unix_ns,
+                                                               landed_unix_ns=c.landed_unix_ns))
 
     def _land(self, c: Completion) -> None:
         _stale_route(self._slot, self._key, self._route, c)  # a later start binds it again

@@ -147,17 +147,20 @@ class KeyNoteRingTest(KeyNoteTest):
         return t
 
     def test_pull_waits_for_its_key(self):
-        # The ring's completion carries no phases: only the bytes and the wait.
         ids = list(range(1, POOL, 5))
         self.fill()
         t = self.arm("ring-req", ids)
         time.sleep(0.3)
         self.assertFalse(t.done(), "an armed pull ran before its key note")
         data = self.fill()
+        sent = time.time_ns()
         self.send_note(["ring-req"])
         t.wait(20)
         self.assertIsNone(t.error)
         self.check(ids, data)
+        # The completion's tail carries the daemon's times, as gRPC's phases.
+        ph = t.result.phases
+        self.assertTrue(sent <= ph.trigger_seen_unix_ns <= ph.posted_unix_ns <= ph.landed_unix_ns <= time.time_ns(), ph)
 
     def test_many_armed_do_not_block_the_ring(self):
         """More armed pulls than the ring runs at once (64) wait without

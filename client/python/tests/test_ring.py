@@ -423,10 +423,16 @@ class RingBlocksTest(TwoDaemons):
                 self.random_fill(self.src)
                 before = self.ring._tag
                 ids = np.array([sb], np.int64) if db == 7 else [sb]  # numpy ids take the ring too
+                t0 = time.time_ns()
                 r = self.a.transfer_blocks(self.n + "-src", self.peer_b, self.n + "-dst", ids, [db], timeout=timeout)
+                t1 = time.time_ns()
                 self.assertEqual(self.ring._tag, before + 1, "the transfer did not go through the ring")
                 self.assertEqual((r.blocks, r.bytes), (self.SEGS, self.SEGS * self.BL))
                 self.assertGreater(r.phases.total_ns, 0)
+                # The daemon's wall-clock times ride in the completion's tail.
+                ph = r.phases
+                self.assertTrue(t0 <= ph.posted_unix_ns <= ph.landed_unix_ns <= t1, (t0, ph, t1))
+                self.assertEqual(ph.trigger_seen_unix_ns, 0)
                 self.assert_blocks_equal(self.src, self.offsets(sb), self.dst, self.offsets(db), self.BL)
         # Four pairs still fit one record; five take the id arena.
         self.random_fill(self.src)
@@ -499,9 +505,10 @@ class RingResultTest(unittest.TestCase):
     must be indistinguishable from results built through it."""
 
     def test_result_equals_constructed(self):
-        c = _ring.Completion(7, 0, "", 3, 384, 1500, 9000)
+        c = _ring.Completion(7, 0, "", 3, 384, 1500, 9000, (11, 22, 33))
         got = _ring_client._result(2, c, segments=5, work_requests=1)
-        want = b2b.TransferResult(3, 384, got.transport, 1.5e-6, 5, 1, b2b.PhaseTimings(wire_ns=1500, total_ns=9000))
+        want = b2b.TransferResult(3, 384, got.transport, 1.5e-6, 5, 1, b2b.PhaseTimings(
+            wire_ns=1500, total_ns=9000, trigger_seen_unix_ns=11, posted_unix_ns=22, landed_unix_ns=33))
         self.assertEqual(got, want)
         self.assertEqual(hash(got.phases), hash(want.phases))
         self.assertEqual(repr(got), repr(want))

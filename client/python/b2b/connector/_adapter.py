@@ -55,10 +55,23 @@ class Handle:
     @property
     def trigger_seen_ns(self) -> int:
         """When the daemon saw a triggered transfer's trigger fire (wall ns; 0: unknown)."""
+        return self._daemon_time("trigger_seen_unix_ns")
+
+    @property
+    def posted_ns(self) -> int:
+        """When the daemon posted the first write (wall ns; 0: unknown)."""
+        return self._daemon_time("posted_unix_ns")
+
+    @property
+    def landed_ns(self) -> int:
+        """When the daemon saw the last byte land (wall ns; 0: unknown)."""
+        return self._daemon_time("landed_unix_ns")
+
+    def _daemon_time(self, field: str) -> int:
         if not self.ended or self.h.error is not None:
             return 0
         r = self.h.result
-        return 0 if r is None or r.phases is None else int(getattr(r.phases, "trigger_seen_unix_ns", 0) or 0)
+        return 0 if r is None or r.phases is None else int(getattr(r.phases, field, 0) or 0)
 
     def cancel(self) -> None:
         if not self.ended:

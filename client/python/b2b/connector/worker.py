@@ -538,9 +538,13 @@ class WorkerHalf:
                         ld.error = ld.error or str(errs[0])
                     else:
                         self._tally(ld.handles)
-                        fired = max((h.trigger_seen_ns for h in ld.handles), default=0)
-                        if fired:
-                            self._mark(rid, "fired", at=fired)
+                        # The daemon's own times, where it gave them: the
+                        # last handle's, as the request waits for all.
+                        for what, t in (("fired", max((h.trigger_seen_ns for h in ld.handles), default=0)),
+                                        ("posted", max((h.posted_ns for h in ld.handles), default=0)),
+                                        ("landed", max((h.landed_ns for h in ld.handles), default=0))):
+                            if t:
+                                self._mark(rid, what, at=t)
                         self._mark(rid, "ended")
             if ld.error is not None:
                 self._load_errors.update(r.local_block_ids)
