@@ -538,3 +538,64 @@ class RingResultTest(unittest.TestCase):
                 blocks=c.blocks, bytes=c.bytes, transport=kind, elapsed_ns=c.wire_ns,
                 phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns)))
             self.assertEqual(got, want, kind)
+
+
+class _MemRegion:
+    """A host region's stand-in for Pool: memory and nothing else."""
+
+    def __init__(self, n: int) -> None:
+        self.mmap = bytearray(n)
+        self.size = n
+
+
+class _MemClient:
+    def register_host(self, n: int) -> _MemRegion:
+        return _MemRegion(n)
+
+
+class PoolTest(unittest.TestCase):
+    """The harness's KV pool (b2b.connector.testing.Pool) writes whole blocks
+    in one numpy assignment: it must write exactly pattern() of every
+    token, leave the rest of a last partial block and every other block as
+    they were, and its check must count each wrong token."""
+
+    def setUp(self):
+        from b2b.connector import testing
+
+        self.testing = testing
+        self._as_array = b2b.as_array
+        testing.b2b.as_array = lambda r, dt, shape: np.frombuffer(r.mmap, dtype=dt).reshape(shape)
+
+    def tearDown(self):
+        self.testing.b2b.as_array = self._as_array
+
+    def test_fill_is_pattern_and_check_counts_tokens(self):
+        t = self.testing
+        for layout, head0 in (("NHD", 0), ("HND", 2)):
+            for ntok in (1, 15, 16, 17, 40, 64):
+                p = t.Pool(_MemClient(), layers=3, num_blocks=12, block_size=16, heads=2, dim=8, kv_layout=layout,
+                           head0=head0)
+                p.array[:] = 0x5A5A
+                before = p.array.copy()
+                ids = [9, 2, 7, 4][:-(-ntok // 16)]
+                p.fill(ids, 77, ntok)
+                tok = np.arange(ntok)
+                heads = np.arange(head0, head0 + 2)
+                blocks, pos = np.asarray(ids)[tok // 16], tok % 16
+                want = before.copy()
+                for layer in range(3):
+                    for kv in (0, 1):
+                        v = t.pattern(77, layer, kv, tok, heads, 8)
+                        if layout == "NHD":
+                            want[layer, kv, blocks, pos] = v
+                        else:
+                            want[layer, kv, blocks, :, pos] = v
+                np.testing.assert_array_equal(p.array, want, f"{layout}, {ntok} tokens")
+                self.assertEqual(p.check(ids, 77, ntok), 0)
+                self.assertEqual(p.check(ids, 78, ntok), ntok, "another request's keys pass")
+                # One element of the last token, then of the first, altered.
+                last = (2, 1, ids[-1], (ntok - 1) % 16, 1, 3) if layout == "NHD" else (2, 1, ids[-1], 1, (ntok - 1) % 16, 3)
+                p.array[last] ^= 1
+                self.assertEqual(p.check(ids, 77, ntok), 1, f"{layout}, {ntok}: last token")
+                p.array[(0, 0, ids[0], 0, 0, 0)] ^= 0x100
+                self.assertEqual(p.check(ids, 77, ntok), 1 if ntok == 1 else 2, f"{layout}, {ntok}: first token")

@@ -4,9 +4,11 @@ token, head, element): for the tests and the disaggregated-serving harness."""
 
 from __future__ import annotations
 
+import mmap
+import os
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -103,22 +105,64 @@ class Pool:
         self.caches = {f"model.layers.{i}.self_attn": self.array[i] for i in range(layers)}
         self.names = list(self.caches)
 
+    def spec(self) -> dict:
+        """What :meth:`mapped` needs to open this pool's memory in another
+        process (the disaggregated harness's stand-in for a GPU)."""
+        info = self.region.info
+        return dict(path=info.shm_path, offset=info.shm_offset, size=info.size, layers=self.layers,
+                    num_blocks=self.num_blocks, block_size=self.block_size, heads=self.heads, dim=self.dim,
+                    kv_layout=self.kv_layout, head0=self.head0)
+
+    @classmethod
+    def mapped(cls, path: str, offset: int, size: int, **geometry: Any) -> "Pool":
+        """The pool of :meth:`spec` over the same memory, mapped here (no
+        daemon client): fill_layer, fill, check and scribble work on it."""
+        self = cls.__new__(cls)
+        for k in ("layers", "num_blocks", "block_size", "heads", "dim", "kv_layout", "head0"):
+            setattr(self, k, geometry[k])
+        blk = (self.block_size, self.heads, self.dim) if self.kv_layout == "NHD" else (self.heads, self.block_size, self.dim)
+        shape = (self.layers, 2, self.num_blocks) + blk
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        try:
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset)
+        finally:
+            os.close(fd)
+        self.region = None
+        self.array = np.frombuffer(mm, dtype=np.uint16, count=int(np.prod(shape))).reshape(shape)
+        self.caches = {f"model.layers.{i}.self_attn": self.array[i] for i in range(self.layers)}
+        self.names = list(self.caches)
+        return self
+
     def block_bytes(self) -> int:
         return self.layers * 2 * self.block_size * self.heads * self.dim * 2
 
-    def _index(self, ids: Sequence[int], ntokens: int):
-        tok = np.arange(ntokens)
-        return tok, np.asarray(ids, dtype=np.int64)[tok // self.block_size], tok % self.block_size
+    def _keys(self, seed: int) -> np.ndarray:
+        """_key of every (layer, K/V) of request ``seed``, ``(layers, 2)``."""
+        return np.array([[_key(seed, layer, kv) for kv in (0, 1)] for layer in range(self.layers)], dtype=np.uint16)
+
+    def _split(self, ids: Sequence[int], ntokens: int) -> Tuple[np.ndarray, int, int]:
+        """The ids of the request's whole blocks, their number, and the
+        tokens in its last, partly used block (0: none)."""
+        nb = ntokens // self.block_size
+        return np.asarray(ids[:nb], dtype=np.int64), nb, ntokens - nb * self.block_size
 
     def fill_layer(self, layer: int, ids: Sequence[int], seed: int, ntokens: int) -> None:
-        tok, blocks, pos = self._index(ids, ntokens)
-        heads = np.arange(self.head0, self.head0 + self.heads)
-        for kv in (0, 1):
-            v = pattern(seed, layer, kv, tok, heads, self.dim)
-            if self.kv_layout == "NHD":
-                self.array[layer, kv, blocks, pos] = v
-            else:
-                self.array[layer, kv, blocks, :, pos] = v
+        """Write layer ``layer``'s K and V of the request's ``ntokens``
+        tokens (pattern()), whole blocks in one numpy assignment: the
+        stand-in for a GPU's work must leave the host's CPU to the control
+        path it measures. The unused tail of a last block is left as is."""
+        v = self._tables(ntokens)[layer, :, :ntokens] ^ self._keys(seed)[layer][:, None, None, None]  # (2, tok, h, d)
+        whole, nb, tail = self._split(ids, ntokens)
+        arr, n = self.array[layer], nb * self.block_size
+        body = v[:, :n].reshape(2, nb, self.block_size, self.heads, self.dim)
+        if self.kv_layout == "NHD":
+            arr[:, whole] = body
+            if tail:
+                arr[:, ids[nb], :tail] = v[:, n:]
+        else:
+            arr[:, whole] = body.transpose(0, 1, 3, 2, 4)
+            if tail:
+                arr[:, ids[nb], :, :tail] = v[:, n:].transpose(0, 2, 1, 3)
 
     def fill(self, ids: Sequence[int], seed: int, ntokens: int) -> None:
         for layer in range(self.layers):
@@ -138,19 +182,23 @@ class Pool:
     def check(self, ids: Sequence[int], seed: int, ntokens: int) -> int:
         """Tokens of the request whose K or V of any layer is wrong (0: every
         byte right): pattern() of every layer and K/V at once."""
-        tok, blocks, pos = self._index(ids, ntokens)
-        keys = np.array([[_key(seed, layer, kv) for kv in (0, 1)] for layer in range(self.layers)], dtype=np.uint16)
-        want = self._tables(ntokens)[:, :, :ntokens] ^ keys[:, :, None, None, None]
-        if self.kv_layout == "NHD":
-            got = self.array[:, :, blocks, pos]  # (layers, 2, tokens, heads, dim)
-        else:
-            got = np.moveaxis(self.array[:, :, blocks, :, pos], 0, 2)  # numpy puts the indexed dim first
-        bad = (got != want).any(axis=(0, 1, 3, 4))
-        return int(bad.sum())
+        want = self._tables(ntokens)[:, :, :ntokens] ^ self._keys(seed)[:, :, None, None, None]  # (l, 2, tok, h, d)
+        whole, nb, tail = self._split(ids, ntokens)
+        n, L = nb * self.block_size, self.layers
+        got = self.array[:, :, whole]  # (l, 2, nb, block...)
+        if self.kv_layout == "HND":
+            got = got.transpose(0, 1, 2, 4, 3, 5)
+        bad = int((got.reshape(L, 2, n, self.heads, self.dim) != want[:, :, :n]).any(axis=(0, 1, 3, 4)).sum())
+        if tail:
+            last = self.array[:, :, ids[nb]]  # (l, 2, block...)
+            last = last[:, :, :tail] if self.kv_layout == "NHD" else last[:, :, :, :tail].transpose(0, 1, 3, 2, 4)
+            bad += int((last != want[:, :, n:]).any(axis=(0, 1, 3, 4)).sum())
+        return bad
 
     def scribble(self, ids: Sequence[int]) -> None:
         """Overwrite blocks so that stale bytes cannot pass a check."""
         self.array[:, :, np.asarray(ids, dtype=np.int64)] = 0xA5A5
 
     def close(self) -> None:
-        self.region.close()
+        if self.region is not None:
+            self.region.close()
