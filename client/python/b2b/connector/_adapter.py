@@ -33,45 +33,56 @@ class Handle:
     ``wire_ns`` of a done one, ``cancel()``. Wraps the client's handle so that
     a change of handle type stays in this module."""
 
-    __slots__ = ("h", "ended", "tallied", "then")
+    __slots__ = ("h", "ended", "tallied", "then", "_times")
 
     def __init__(self, h: Any) -> None:
         self.h = h
         self.ended = False
         self.tallied = False  # its wire time was counted
         self.then: Any = None  # the worker's: a note to send once it ended
+        self._times: Optional[Tuple[int, int, int, Optional[int]]] = None
 
     @property
     def error(self) -> Any:
         return self.h.error if self.ended else None
 
+    def times(self) -> Tuple[int, int, int, Optional[int]]:
+        """A done transfer's daemon times, read once: when its trigger
+        fired, its first post and its last landing (wall ns; 0: unknown),
+        and its wire phase (ns; None: not done). Several requests share a
+        read, so each reads them here rather than through the result."""
+        t = self._times
+        if t is None:
+            if not self.ended or self.h.error is not None:
+                return 0, 0, 0, None
+            r = self.h.result
+            ph = None if r is None else r.phases
+            if ph is None:
+                t = (0, 0, 0, None)
+            else:
+                t = (int(ph.trigger_seen_unix_ns or 0), int(ph.posted_unix_ns or 0), int(ph.landed_unix_ns or 0),
+                     int(ph.wire_ns))
+            self._times = t
+        return t
+
     @property
     def wire_ns(self) -> Optional[int]:
-        if not self.ended or self.h.error is not None:
-            return None
-        r = self.h.result
-        return None if r is None or r.phases is None else int(r.phases.wire_ns)
+        return self.times()[3]
 
     @property
     def trigger_seen_ns(self) -> int:
         """When the daemon saw a triggered transfer's trigger fire (wall ns; 0: unknown)."""
-        return self._daemon_time("trigger_seen_unix_ns")
+        return self.times()[0]
 
     @property
     def posted_ns(self) -> int:
         """When the daemon posted the first write (wall ns; 0: unknown)."""
-        return self._daemon_time("posted_unix_ns")
+        return self.times()[1]
 
     @property
     def landed_ns(self) -> int:
         """When the daemon saw the last byte land (wall ns; 0: unknown)."""
-        return self._daemon_time("landed_unix_ns")
-
-    def _daemon_time(self, field: str) -> int:
-        if not self.ended or self.h.error is not None:
-            return 0
-        r = self.h.result
-        return 0 if r is None or r.phases is None else int(getattr(r.phases, field, 0) or 0)
+        return self.times()[2]
 
     def cancel(self) -> None:
         if not self.ended:

@@ -215,6 +215,10 @@ class Channel:
             self._inflight.append((h, cb))
         return writes
 
+    def queued(self) -> bool:
+        """Whether notes wait for :meth:`flush`."""
+        return bool(self._out)
+
     def pending(self) -> List[Any]:
         """The note writes not yet seen to end (to poll with other handles)."""
         return [h for h, _ in self._inflight]

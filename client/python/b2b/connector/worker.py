@@ -136,6 +136,12 @@ class WorkerHalf:
         self._wakeup: Optional[Any] = None
         self._ring_watch: Optional[threading.Thread] = None
         self._stopping = threading.Event()
+        # get_finished's notes that nothing waits on ("pulled", "release",
+        # "done") go out from a thread of ours once the call returned
+        # (_flush_later): the engine's step does not wait for their writes.
+        self._flusher: Optional[threading.Thread] = None
+        self._swept = 0.0  # _take_notes' last sweep of stale state (monotonic s)
+        self._flush_due = threading.Event()
         self.last_note_error = ""  # the latest exception of acting on notes on the watch thread
         self.layout: Any = None
         self._layers: Dict[str, int] = {}
@@ -169,6 +175,10 @@ class WorkerHalf:
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
                       "timeouts": 0, "pull_starts": 0, "push_starts": 0}
         self.stats["wire_ns"] = collections.deque(maxlen=4096)  # the latest transfers' wire time
+        # ... and their whole data path in the daemon: first post to last
+        # landing (the wire phase leaves out the copy of a same-host
+        # transfer and the socket writes of a tcp one, which move the bytes)
+        self.stats["transfer_ns"] = collections.deque(maxlen=4096)
         # Wall-clock times (ns) of each request's handover steps, for an
         # engine's own accounting (take_trace); bounded like wire_ns.
         self.trace: "collections.OrderedDict[str, Dict[str, int]]" = collections.OrderedDict()
@@ -225,6 +235,32 @@ class WorkerHalf:
                 fn = self._wakeup
                 if fn is not None:
                     fn()
+
+    def _flush_later(self) -> None:
+        """Have the flusher thread send the queued notes (under the lock,
+        so once the engine's call returned)."""
+        if self.chan is None or not self.chan.queued():
+            return
+        if self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                             name=f"b2b-connector-notes-{self.s.engine_id}.{self.s.tp_rank}")
+            self._flusher.start()
+        self._flush_due.set()
+
+    def _flush_loop(self) -> None:
+        while True:
+            self._flush_due.wait()
+            if self._stopping.is_set():
+                return
+            self._flush_due.clear()
+            with self._lock:
+                if self.chan is None or self._stopping.is_set():
+                    continue
+                try:
+                    self.chan.flush()
+                except Exception as e:  # noqa: BLE001 - a bug here must not kill the thread; the next flush retries
+                    self.stats["note_errors"] = self.stats.get("note_errors", 0) + 1
+                    self.last_note_error = f"{type(e).__name__}: {e}"
 
     def _mark(self, rid: str, what: str, last: bool = False, at: int = 0) -> None:
         t = self.trace.get(rid)
@@ -505,14 +541,18 @@ class WorkerHalf:
         return self.s.tp_rank // max(1, self.s.tp_size // ptp)
 
     def _tally(self, handles: List[Any]) -> None:
-        """Keep the wire time of each done transfer once (reads are shared by requests)."""
+        """Keep the wire and data-path times of each done transfer once
+        (reads are shared by requests)."""
         for h in handles:
             if not h.tallied and h.wire_ns is not None:
                 h.tallied = True
                 self.stats["wire_ns"].append(h.wire_ns)
+                posted, landed = h.posted_ns, h.landed_ns
+                if posted and landed >= posted:
+                    self.stats["transfer_ns"].append(landed - posted)
 
     def _finish_loads(self, recving: Set[str]) -> None:
-        now = time.monotonic()
+        now, seen = time.monotonic(), time.time_ns()
         for rid, ld in list(self._loads.items()):
             r = ld.req
             if ld.error is None:
@@ -540,12 +580,12 @@ class WorkerHalf:
                         self._tally(ld.handles)
                         # The daemon's own times, where it gave them: the
                         # last handle's, as the request waits for all.
-                        for what, t in (("fired", max((h.trigger_seen_ns for h in ld.handles), default=0)),
-                                        ("posted", max((h.posted_ns for h in ld.handles), default=0)),
-                                        ("landed", max((h.landed_ns for h in ld.handles), default=0))):
+                        ts = [h.times() for h in ld.handles]
+                        for i, what in enumerate(("fired", "posted", "landed")):
+                            t = max((x[i] for x in ts), default=0)
                             if t:
                                 self._mark(rid, what, at=t)
-                        self._mark(rid, "ended")
+                        self._mark(rid, "ended", at=seen)
             if ld.error is not None:
                 self._load_errors.update(r.local_block_ids)
                 self.stats["load_failures"] += 1
@@ -766,9 +806,8 @@ class WorkerHalf:
             del self._saves[rid]
             self._released.pop(rid, None)
             sending.add(rid)
-        self.chan.flush()
         for rid in done:
-            self._mark(rid, "done_sent")
+            self._mark(rid, "done_sent")  # queued: get_finished sends them once it returned
 
     # -- notes ---------------------------------------------------------------
 
@@ -856,7 +895,11 @@ class WorkerHalf:
                         ld.error = f"prefill reported: {n.get('why', 'failed')}"
         self._start_pulls(pulls)
         self._start_pulls(armed, arm=True)
-        # Forget notes about requests this side never learns of.
+        if now - self._swept < 0.05:
+            return
+        self._swept = now
+        # Forget notes about requests this side never learns of (every
+        # 50 ms: a sweep walks every request in flight).
         for d in (self._released, self._early_ids, self._ids_parts, self._wants, self._ready_parts):
             for rid in [r for r, v in d.items() if now - (v if isinstance(v, float) else v[1]) > self.s.release_timeout
                         and r not in self._held and r not in self._saves]:
@@ -912,7 +955,7 @@ class WorkerHalf:
         self._finish_held(meta, sending)
         self._finish_saves(sending)
         self._finish_loads(recving)
-        self.chan.flush()  # release notes of failed loads
+        self._flush_later()  # "pulled", "done" and the release notes of failed loads
         return sending or None, recving or None
 
     @_locked
@@ -922,6 +965,9 @@ class WorkerHalf:
 
     def shutdown(self) -> None:
         self._stopping.set()
+        self._flush_due.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=2)
         if self._ring_watch is not None:
             self._ring_watch.join(timeout=2)
         for ld in self._loads.values():
@@ -937,6 +983,11 @@ class WorkerHalf:
                 except _IO_ERRORS:
                     pass
         if self.chan is not None:
+            with self._lock:  # what the flusher had not sent yet
+                try:
+                    self.chan.flush()
+                except Exception:  # noqa: BLE001 - shutting down: a peer's timeout covers a lost note
+                    pass
             self.chan.close()
         for name in self._names:
             try:
