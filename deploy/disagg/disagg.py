@@ -273,7 +273,8 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
         bs_d = a.block_size * 2
     common = ["--mode", mode, "--transport", transport, "--layers", str(a.layers), "--heads", str(a.heads),
               "--dim", str(a.dim), "--kv-layout", kvl, "--release-timeout", str(a.release_timeout),
-              "--load-timeout", str(a.load_timeout), "--compute-nice", str(a.compute_nice)]
+              "--load-timeout", str(a.load_timeout), "--compute-nice", str(a.compute_nice),
+              "--device-token-ns", str(a.device_token_ns)]
     pool_d = a.num_blocks // 3 if name == "decode_restart" else a.num_blocks
     pre = Proc("prefill", dp, common + ["--tp", "1", "--block-size", str(a.block_size),
                                         "--num-blocks", str(a.num_blocks)], work)
@@ -426,6 +427,7 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
     dp.stop()
     dd.stop()
     wire = [w / 1e6 for s in stats.values() for w in s["wire_ns"]]
+    transfer = [w / 1e6 for s in stats.values() for w in s.get("transfer_ns", ())]
     ctl_ns = sum(sum(s["timers_ns"].values()) for s in stats.values())
     completed = res["verified"] + res["corrupt"] + res["aborted"]
     row = {
@@ -434,7 +436,7 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
         "verified": res["verified"], "corrupt": res["corrupt"], "failed_reported": res["failed_reported"],
         "retried": res["retried"], "aborted": res["aborted"], "hung": res["hung"], "leaked_blocks": leaked,
         "handover_p50_ms": pct(res["handover_ms"], 0.5), "handover_p99_ms": pct(res["handover_ms"], 0.99),
-        "wire_p50_ms": pct(wire, 0.5),
+        "wire_p50_ms": pct(wire, 0.5), "transfer_p50_ms": pct(transfer, 0.5),
         "phases_p50_ms": phases(mode if mode == "push" or not together else "pull-together", clean, routed, stats["prefill"]["trace"], stats["decode"]["trace"]),
         "control_us_per_request": round(ctl_ns / 1e3 / max(1, completed), 1),
         "wall_s": round(wall, 2), "tp": f"1->{tp_d}", "block_size": f"{a.block_size}->{bs_d}",
@@ -501,6 +503,9 @@ def main() -> int:
     ap.add_argument("--request-timeout", type=float, default=60.0)
     ap.add_argument("--retries", type=int, default=3)
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--device-token-ns", type=int, default=350,
+                    help="modeled GPU time of one prompt token's layer in prefill (ns); the stand-in's CPU work "
+                         "counts toward it, and its thread sleeps out the rest, taking no CPU (0: the CPU work alone)")
     ap.add_argument("--compute-nice", type=int, default=19,
                     help="nice of the engines' threads that stand in for GPU work (prefill's layers, decode's check); "
                          "0 makes them compete with the control path for the CPU")

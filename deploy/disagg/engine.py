@@ -146,17 +146,19 @@ class Engine:
 
     def report(self) -> dict:
         wire: List[int] = []
+        transfer: List[int] = []
         for w in self.workers:
             wire += w.worker.stats["wire_ns"]
+            transfer += w.worker.stats["transfer_ns"]
         st: collections.Counter = collections.Counter()
         for w in self.workers:
-            st.update({k: v for k, v in w.worker.stats.items() if k != "wire_ns"})
+            st.update({k: v for k, v in w.worker.stats.items() if k not in ("wire_ns", "transfer_ns")})
         for w in self.workers:
             for rid in list(w.worker.trace):
                 self.take_traces(rid)
         with self.tlock:
             trace = dict(self.trace)
-        return {"free": len(self.free), "num_blocks": self.a.num_blocks, "wire_ns": wire, "timers_ns": dict(self.timers),
+        return {"free": len(self.free), "num_blocks": self.a.num_blocks, "wire_ns": wire, "transfer_ns": transfer, "timers_ns": dict(self.timers),
                 "stats": dict(self.stats, steps=self.steps), "compute_ns": dict(self.compute_ns), "connector": dict(st), "trace": trace}
 
     # -- timing of connector calls ---------------------------------------------
@@ -237,7 +239,8 @@ class Engine:
                 for li, name in enumerate(p.names):
                     self.call("wait_for_layer_load", w.wait_for_layer_load, name)
                     t0 = time.perf_counter_ns()
-                    self.compute(lambda li=li, p=p: [p.fill_layer(li, q.ids, q.seed, q.plen) for q in scheduled])
+                    self.compute(lambda li=li, p=p: [p.fill_layer(li, q.ids, q.seed, q.plen) for q in scheduled],
+                                 a.device_token_ns * sum(q.plen for q in scheduled))
                     self.compute_ns["prefill"] += time.perf_counter_ns() - t0
                     if li == len(p.names) - 1:
                         # The handover starts once the last layer is
@@ -252,6 +255,10 @@ class Engine:
             recving.update(rv or ())
             errors |= self.call("get_block_ids_with_load_errors", w.get_block_ids_with_load_errors)
             self.call("clear_connector_metadata", w.clear_connector_metadata)
+        # The handover ends here: the connector has told the engine which
+        # loads ended (and which failed). What the engine does next in this
+        # step (finishing other requests, answering the router) is its own.
+        t_ready = time.time_ns()
         # Decode's forward pass: the requests whose KV landed by the last
         # step run (are checked) on the device thread. get_finished came
         # before it, as in vLLM, whose model runner calls get_finished once
@@ -277,7 +284,6 @@ class Engine:
                 if q.send_ranks >= a.tp:
                     del self.held[rid]
                     self.release(q)
-        t_ready = time.time_ns()
         for rid, n in recving.items():
             q = self.loading.get(rid)
             if q is None:
@@ -301,15 +307,17 @@ class Engine:
         self.device_busy += 1
         self.device.put((q, failed))
 
-    def compute(self, fn: Any) -> Any:
+    def compute(self, fn: Any, device_ns: int = 0) -> Any:
         """Run a layer's compute (the model's work: on a GPU host, kernels)
         on the prefill's compute thread, and wait for it, as a step waits
-        for its kernels."""
+        for its kernels. ``device_ns``: the time a GPU would take; the
+        thread sleeps out what the CPU work did not take (a GPU's time
+        takes no CPU from the control path)."""
         if self.compute_q is None:
             return fn()
         done = threading.Event()
         box: List[Any] = []
-        self.compute_q.put((fn, box, done))
+        self.compute_q.put((fn, box, done, device_ns))
         done.wait()
         if box and isinstance(box[0], BaseException):
             raise box[0]
@@ -318,9 +326,13 @@ class Engine:
     def compute_loop(self) -> None:
         self.lower_priority()
         while True:
-            fn, box, done = self.compute_q.get()
+            fn, box, done, device_ns = self.compute_q.get()
             try:
+                t0 = time.perf_counter_ns()
                 box.append(fn())
+                left = device_ns - (time.perf_counter_ns() - t0)
+                if left > 0:
+                    time.sleep(left / 1e9)
             except BaseException as e:  # noqa: BLE001 - handed to the step that waits
                 box.append(e)
             done.set()
@@ -389,6 +401,9 @@ def main(make: Any = Engine, add_args: Any = None) -> None:
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--release-timeout", type=float, default=10.0)
     ap.add_argument("--load-timeout", type=float, default=10.0)
+    ap.add_argument("--device-token-ns", type=int, default=0,
+                    help="modeled GPU time of one prompt token's layer in prefill: the compute thread sleeps out "
+                         "what the CPU work did not take")
     ap.add_argument("--compute-nice", type=int, default=19,
                     help="nice of the threads that stand in for the GPU's work (0: compete with the control path)")
     if add_args is not None:
@@ -411,6 +426,7 @@ def main(make: Any = Engine, add_args: Any = None) -> None:
                 w.shutdown()
             except Exception:
                 pass
+
 
 
 if __name__ == "__main__":
