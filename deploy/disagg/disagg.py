@@ -210,16 +210,15 @@ def pct(xs: List[float], q: float) -> Optional[float]:
 # are prefixed "p.", decode's "d.".
 CHAINS = {
     "pull": ["p.last_layer", "p.replied", "routed", "d.inbox", "d.load_begun", "d.started", "d.posted", "d.landed",
-             "d.ended",
-             "d.reported", "d.ready"],
-    "push": ["p.last_layer", "p.pushed", "d.landed_arrived", "d.landed_seen", "d.reported", "d.ready"],
+             "d.ended", "d.reported", "d.ready"],
+    "push": ["p.last_layer", "p.pushed", "p.posted", "p.landed", "d.landed_arrived", "d.landed_seen", "d.reported",
+             "d.ready"],
     # pull with decode sent the request at once: decode's read, armed in its
     # daemon on prefill's "where", starts as prefill's "ready" note lands
     # (d.fired); a read not armed in time starts from the note
     # (d.ready_arrived, d.started)
     "pull-together": ["p.last_layer", "p.ready_sent", "d.fired", "d.ready_arrived", "d.started", "d.posted",
-                      "d.landed", "d.ended",
-                      "d.reported", "d.ready"],
+                      "d.landed", "d.ended", "d.reported", "d.ready"],
 }
 
 

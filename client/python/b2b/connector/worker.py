@@ -792,6 +792,12 @@ class WorkerHalf:
                     sv.error = str(errs[0])
                 if sv.error is None:
                     self._tally(sv.handles)
+                    # The daemon's times of the last write: the one decode waits for.
+                    ts = [h.times() for h in sv.handles]
+                    for i, what in ((1, "posted"), (2, "landed")):
+                        t = max((x[i] for x in ts), default=0)
+                        if t:
+                            self._mark(rid, what, at=t)
                     self._mark(rid, "ended")
             note = {"t": "done", "req": rid} if sv.error is None else {"t": "failed", "req": rid, "why": sv.error[:512]}
             for d in sv.dsts.values() if rid not in self._released else ():
