@@ -169,6 +169,11 @@ func (x *blockXfer) attempt(ctx context.Context) (res Result, _ ran, err error) 
 	if len(r.LocalIDs) == 0 && len(r.RemoteIDs) == 0 && r.Notification != nil {
 		// A note alone (docs/notes.md): no block moves, the peer's
 		// watchers get the notification; a mailbox needs no data path.
+		// Armed, it goes once its trigger fired, as a write would post.
+		if err := passGate(ctx); err != nil {
+			return res, ran{}, err
+		}
+		t1 = time.Now()
 		res, err = x.moved(ctx, rl, sess, transport.Stats{}, t1, 0, 0)
 		return res, ran{}, err
 	}

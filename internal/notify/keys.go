@@ -124,7 +124,8 @@ func (h *Hub) WaitKey(ctx context.Context, regionID string, key []byte) (time.Ti
 }
 
 // signal fires the waiters of each key on regionID and remembers the keys.
-func (h *Hub) signal(regionID string, keys [][]byte) {
+// It reports whether it fired any.
+func (h *Hub) signal(regionID string, keys [][]byte) (fired bool) {
 	now := time.Now()
 	kw := &h.keys
 	kw.mu.Lock()
@@ -137,6 +138,7 @@ func (h *Hub) signal(regionID string, keys [][]byte) {
 		k := keyOf(regionID, key)
 		for w := range kw.waiters[k] {
 			w.fired <- now
+			fired = true
 		}
 		delete(kw.waiters, k)
 		if _, ok := kw.recent[k]; ok {
@@ -149,6 +151,7 @@ func (h *Hub) signal(regionID string, keys [][]byte) {
 		kw.next = (kw.next + 1) % RecentKeys
 		kw.recent[k] = now
 	}
+	return fired
 }
 
 // KeyWaiters counts the transfers armed on keys (tests, status).

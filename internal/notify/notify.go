@@ -3,7 +3,10 @@
 // and what it missed is counted and reported with its next notification.
 package notify
 
-import "sync"
+import (
+	"runtime"
+	"sync"
+)
 
 // Notification is a batch's notification as its destination's watchers get
 // it (the wire type, b2bv1.Notification, is made from it at the RPC layer).
@@ -62,8 +65,13 @@ func (h *Hub) Unsubscribe(w *Watcher) {
 // Publish queues n for every watcher of regionID and returns how many got
 // it; a key note also fires the transfers armed on its keys (keys.go).
 func (h *Hub) Publish(regionID string, n Notification) int {
-	if keys, _, ok := ParseKeys(n.Notification); ok {
-		h.signal(regionID, keys)
+	if keys, _, ok := ParseKeys(n.Notification); ok && h.signal(regionID, keys) {
+		// The armed transfers' goroutines are runnable now, queued on
+		// this P; yielding runs them here at once instead of when the
+		// caller (a Notify handler, with its answer to send) blocks, or
+		// when an idle thread wakes to steal them: 0.2-0.3 ms between a
+		// key and its post on an idle 16-core host.
+		runtime.Gosched()
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

@@ -132,6 +132,26 @@ class KeyNoteTest(daemon_harness.DaemonPair):
             b2b.key_note([])
 
 
+    def test_armed_note_alone_waits_for_its_key(self):
+        """A note sent alone (no ids) armed on a key goes out only once the
+        key lands (over the ring in KeyNoteRingTest)."""
+        tag = uuid.uuid4().hex[:6]
+        bbox = self.b.register_host(4096, f"bbox-{tag}")
+        self.b.register_layout(f"bboxl-{tag}", [(bbox, 0, 8, 8)], 1, export_name=f"bboxl-{tag}")
+        with self.b.watch(bbox, timeout=30) as w:
+            key = f"alone-{tag}"
+            h = self.a.start_many([b2b.Blocks(self.local, self.peer_b, f"bboxl-{tag}", [], [], notification=b"hello",
+                                              after=b2b.on_note(self.mbox, key), timeout=20)])[0]
+            self.assertEqual(type(h).__name__.startswith("Ring"), self.a.ring is not None, type(h).__name__)
+            time.sleep(0.3)
+            self.assertFalse(h.done(), "an armed note went before its key")
+            self.send_note([key])
+            h.wait(20)
+            self.assertIsNone(h.error)
+            self.assertEqual(next(iter(w)).notification, b"hello", "the armed note, after its key")
+            self.assertGreater(h.result.phases.trigger_seen_unix_ns, 0)
+
+
 class KeyNoteRingTest(KeyNoteTest):
     """The same, with A's daemon serving the shared-memory ring: the armed
     pull rides an arena record (flags arena and note) and its end comes
