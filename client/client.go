@@ -283,6 +283,18 @@ var littleEndian = func() bool {
 	return *(*byte)(unsafe.Pointer(&x)) == 1
 }()
 
+// NotifyRegion delivers note to one of the caller's regions, as a peer's
+// batch would: to its watchers (sender "local"), and a key note (KeyNote)
+// fires the transfers armed there on its keys (AfterNote). It returns the
+// watchers that got it.
+func (c *Client) NotifyRegion(ctx context.Context, regionID string, note []byte) (int, error) {
+	resp, err := c.api.NotifyRegion(ctx, &b2bv1.NotifyRegionRequest{RegionId: regionID, Notification: note})
+	if err != nil {
+		return 0, err
+	}
+	return int(resp.GetDelivered()), nil
+}
+
 // Watch streams the notifications attached to batches landing in a local
 // region; each arrives after its batch's bytes are in place. Cancel ctx to stop.
 func (c *Client) Watch(ctx context.Context, regionID string) (b2bv1.B2B_WatchNotificationsClient, error) {

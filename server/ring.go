@@ -128,6 +128,8 @@ func (rc *ringConn) consume() {
 			switch {
 			case err == nil && req.Op == ring.OpBatch:
 				ids.batch, err = req.BatchFromArena(rc.reg.Arena)
+			case err == nil && req.Op == ring.OpNotify:
+				ids.noteRegion, ids.note, err = req.NotifyFromArena(rc.reg.Arena)
 			case err == nil && req.Arena:
 				ids.local, ids.remote, ids.note, err = req.FromArena(rc.reg.Arena)
 				if err == nil && req.Armed {
@@ -148,6 +150,7 @@ type arenaIDs struct {
 	batch               ring.Batch
 	trigRegion          string // an armed record's key-note trigger
 	trigKey             []byte
+	noteRegion          string // a notify record's region (its note in note)
 }
 
 // handle answers or starts req, as decoded (err: refused).
@@ -186,6 +189,14 @@ func (rc *ringConn) handle(req ring.Request, err error, ids arenaIDs) {
 			return
 		}
 		rc.run(req, "blocks", do)
+	case ring.OpNotify:
+		// At once, here: a local note costs a lookup and the hub's fan-out.
+		n, err := rc.s.notifyRegion(rc.who, ids.noteRegion, ids.note)
+		if err != nil {
+			rc.complete(fail(req.Tag, err))
+			return
+		}
+		rc.complete(ring.Completion{Tag: req.Tag, Blocks: uint64(n)}) // blocks: the watchers that got it
 	case ring.OpBatch:
 		r := ringBatchRequest(ids.batch, rc.who)
 		rc.run(req, "batch", func(ctx context.Context) (batch.Result, error) {

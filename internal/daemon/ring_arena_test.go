@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/ring"
@@ -308,4 +309,89 @@ func TestRingArmed(t *testing.T) {
 		t.Fatalf("the note region is still held: %v", err)
 	}
 	p.healthy(t, 12)
+}
+
+// TestRingNotify: a notify record delivers a note to one of the caller's
+// regions: its key note fires a transfer armed there on the key, on the
+// same ring; a region that is not there and a blob past the arena are
+// refused in their completions. NotifyRegion over gRPC reaches the
+// region's watchers with sender "local".
+func TestRingNotify(t *testing.T) {
+	p := newRingPair(t)
+	rt := arenaRoute(t, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sig, err := p.a.c.RegisterHost(ctx, 4096, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.fill(21)
+	clear(p.dst.Bytes)
+	_, reg := hostileRingWith(t, p.sock, ring.HelloArena, 0)
+	size := uint64(len(reg.Arena))
+	le := binary.LittleEndian
+	le.PutUint32(reg.Arena[0:], 2) // local block 2 -> remote block 1
+	le.PutUint32(reg.Arena[4:], 1)
+	trig := ring.AppendTrigger(nil, sig.Id, []byte("go"))
+	copy(reg.Arena[64:], trig)
+	note, err := client.KeyNote([][]byte{[]byte("go")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fire, err := ring.AppendNotify(nil, sig.Id, note)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(reg.Arena[256:], fire)
+	gone, _ := ring.AppendNotify(nil, "r999", note)
+	copy(reg.Arena[512:], gone)
+	recs := []ring.Request{
+		{Tag: 1, Op: ring.OpBlocks, Handle: rt.Handle, N: 1, Arena: true, TimeoutMs: 30_000, Armed: true, TrigOff: 64, TrigLen: uint32(len(trig))},
+		{Tag: 2, Op: ring.OpNotify, BlobOff: 256, BlobLen: uint32(len(fire))},
+		{Tag: 3, Op: ring.OpNotify, BlobOff: 512, BlobLen: uint32(len(gone))},
+		{Tag: 4, Op: ring.OpNotify, BlobOff: size - 4, BlobLen: uint32(len(fire))},
+		{Tag: 5, Op: ring.OpPing},
+	}
+	publish(reg, recs)
+	want := map[uint64]wantCompletion{
+		1: {codes.OK, ""}, 2: {codes.OK, ""}, 3: {codes.NotFound, `"r999"`},
+		4: {codes.InvalidArgument, fmt.Sprintf("ring notify blob_off %d + blob_len %d ends past the arena of %d bytes", size-4, len(fire), size)},
+		5: {codes.OK, ""},
+	}
+	for _, c := range completions(t, reg, 5) {
+		w := want[c.Tag]
+		if codes.Code(c.Code) != w.code || !strings.Contains(c.Msg, w.msg) {
+			t.Errorf("completion of tag %d: %+v; want %v %q", c.Tag, c, w.code, w.msg)
+		}
+		delete(want, c.Tag)
+	}
+	if len(want) != 0 {
+		t.Fatalf("no completion for %v", want)
+	}
+	if !bytes.Equal(p.dst.Bytes[ringBlock:2*ringBlock], p.src.Bytes[2*ringBlock:3*ringBlock]) {
+		t.Fatal("the transfer armed on the local key did not land")
+	}
+	// Over gRPC, to a watched region: its watcher gets the note as "local".
+	box, err := p.a.c.RegisterHost(ctx, 4096, "box")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := p.a.c.Watch(ctx, box.Id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Header(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := p.a.c.NotifyRegion(ctx, box.Id, []byte("hi")); err != nil || n != 1 {
+		t.Fatalf("NotifyRegion: %d watchers, %v", n, err)
+	}
+	got, err := w.Recv()
+	if err != nil || string(got.GetNotification()) != "hi" || got.GetSender() != "local" || got.GetRegion() != "box" {
+		t.Fatalf("watcher got %v, %v", got, err)
+	}
+	if _, err := p.a.c.NotifyRegion(ctx, box.Id, nil); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "notification is 0 bytes: want 1 to 4096") {
+		t.Fatalf("an empty note: %v", err)
+	}
+	p.healthy(t, 22)
 }

@@ -25,7 +25,8 @@ const (
 	OpSubmit Op = 2 // run a prepared plan (Handle), like SubmitTransfer
 	OpCancel Op = 3 // cancel the submit in flight under tag Target
 	OpBlocks Op = 4 // block ids on a bound route (Handle), like TransferBlocks
-	// OpBatch (batch.go) is a BatchTransfer with its request in the arena.
+	// OpBatch (batch.go) is a BatchTransfer with its request in the arena;
+	// OpNotify (notify.go) is NotifyRegion, its note in the arena.
 )
 
 func (o Op) String() string {
@@ -40,6 +41,8 @@ func (o Op) String() string {
 		return "blocks"
 	case OpBatch:
 		return "batch"
+	case OpNotify:
+		return "notify"
 	}
 	return fmt.Sprintf("op(%d)", uint16(o))
 }
@@ -84,7 +87,8 @@ const (
 const truncMark = "...[truncated]"
 
 // bodyLen is each op's body length.
-var bodyLen = map[Op]uint32{OpPing: 0, OpSubmit: 16, OpCancel: 8, OpBlocks: blocksHdr + 8, OpBatch: BatchBodyLen}
+var bodyLen = map[Op]uint32{OpPing: 0, OpSubmit: 16, OpCancel: 8, OpBlocks: blocksHdr + 8, OpBatch: BatchBodyLen,
+	OpNotify: NotifyBodyLen}
 
 // submitDeadlineLen is a submit body that carries the caller's deadline.
 const submitDeadlineLen = 24
@@ -127,7 +131,8 @@ type Request struct {
 	TrigOff uint64
 	TrigLen uint32
 	// OpBatch (always with FlagArena; TimeoutMs as a submit's): its blob
-	// of BlobLen bytes at BlobOff of the arena (BatchFromArena).
+	// of BlobLen bytes at BlobOff of the arena (BatchFromArena). OpNotify
+	// (always with FlagArena): the same, read by NotifyFromArena.
 	BlobOff uint64
 	BlobLen uint32
 }
@@ -144,11 +149,13 @@ func (r Request) Encode(rec []byte) {
 		n = submitDeadlineLen
 		le.PutUint64(rec[bodyOff+16:], r.TimeoutMs)
 	}
-	if r.Op == OpBatch {
+	if r.Op == OpBatch || r.Op == OpNotify {
 		le.PutUint16(rec[10:], FlagArena)
 		le.PutUint64(rec[bodyOff:], r.BlobOff)
 		le.PutUint32(rec[bodyOff+8:], r.BlobLen)
-		le.PutUint32(rec[bodyOff+12:], uint32(r.TimeoutMs))
+		if r.Op == OpBatch {
+			le.PutUint32(rec[bodyOff+12:], uint32(r.TimeoutMs))
+		}
 	}
 	if r.Op == OpBlocks && r.Arena {
 		n = arenaBodyLen
@@ -203,9 +210,9 @@ func Decode(rec []byte) (Request, error) {
 	if r.Op == OpBlocks && flags == FlagArena|FlagNote {
 		want, flags, r.Arena, r.Armed = armedBodyLen, 0, true, true
 	}
-	if r.Op == OpBatch {
+	if r.Op == OpBatch || r.Op == OpNotify {
 		if flags != FlagArena {
-			return r, fmt.Errorf("%w: ring record flags %#x for op batch, want 1 (arena): a batch's request is always in the arena", errs.ErrInvalidArgument, flags)
+			return r, fmt.Errorf("%w: ring record flags %#x for op %s, want 1 (arena): its request is always in the arena", errs.ErrInvalidArgument, flags, r.Op)
 		}
 		flags, r.Arena = 0, true
 	}
@@ -219,12 +226,12 @@ func Decode(rec []byte) (Request, error) {
 	case r.Tag == 0:
 		return r, fmt.Errorf("%w: ring record tag is 0, want non-zero", errs.ErrInvalidArgument)
 	case !known:
-		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit), 3 (cancel), 4 (blocks) or 5 (batch)", errs.ErrInvalidArgument, uint16(r.Op))
+		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit), 3 (cancel), 4 (blocks), 5 (batch) or 6 (notify)", errs.ErrInvalidArgument, uint16(r.Op))
 	case flags != 0:
 		return r, fmt.Errorf("%w: ring record flags %#x, want 0 (or, for op blocks, 1 (arena) or 3 (arena and note))", errs.ErrInvalidArgument, le.Uint16(rec[10:]))
 	case n != want:
-		if r.Op == OpBatch {
-			return r, fmt.Errorf("%w: ring record length %d for op batch, want %d", errs.ErrInvalidArgument, n, BatchBodyLen)
+		if r.Op == OpBatch || r.Op == OpNotify {
+			return r, fmt.Errorf("%w: ring record length %d for op %s, want %d", errs.ErrInvalidArgument, n, r.Op, want)
 		}
 		if r.Armed {
 			return r, fmt.Errorf("%w: ring record length %d for op blocks with flags arena and note, want %d", errs.ErrInvalidArgument, n, armedBodyLen)
@@ -262,6 +269,8 @@ func Decode(rec []byte) (Request, error) {
 		}
 	case OpBatch:
 		return decodeBatchBody(rec, r)
+	case OpNotify:
+		return decodeNotifyBody(rec, r)
 	case OpBlocks:
 		if r.Arena {
 			return decodeArena(rec, r)

@@ -59,7 +59,7 @@ OFF_MAGIC, OFF_SQN, OFF_CQN, OFF_ARENA = 0, 4, 8, 12
 OFF_SQ_HEAD, OFF_SQ_TAIL, OFF_SQ_SLEEP = 64, 128, 192
 OFF_CQ_HEAD, OFF_CQ_TAIL, OFF_CQ_SLEEP = 256, 320, 384
 
-OP_PING, OP_SUBMIT, OP_CANCEL, OP_BLOCKS, OP_BATCH = 1, 2, 3, 4, 5
+OP_PING, OP_SUBMIT, OP_CANCEL, OP_BLOCKS, OP_BATCH, OP_NOTIFY = 1, 2, 3, 4, 5, 6
 _BODY_LEN = {OP_PING: 0, OP_SUBMIT: 16, OP_CANCEL: 8}
 _REC = struct.Struct("<QHHIQQQ24x")  # tag, op, flags, length, three body words, zeros
 # A blocks record: tag, op, flags, length, route handle, timeout_ms u32,
@@ -440,8 +440,8 @@ class Ring:
                     wrote = 0
                     for _ in range(min(free, len(reqs) - i)):
                         op, w0, w2 = reqs[i][:3]
-                        if op == OP_BATCH:
-                            if not self._put_batch(tags[i], w2, reqs[i][3], q):
+                        if op in (OP_BATCH, OP_NOTIFY):
+                            if not self._put_batch(tags[i], w2, reqs[i][3], q, op):
                                 break  # the arena is full of records not taken: publish, wait
                         elif op == OP_BLOCKS and len(reqs[i]) > 4:  # in the arena
                             if not self._put_arena(tags[i], reqs[i], q):
@@ -497,14 +497,15 @@ class Ring:
         _ARENA_REC.pack_into(mm, q.slot(self._sq_tail), tag, OP_BLOCKS, FLAG_ARENA, 40, route, ms, count, off, off + n, len(note), 0)
         return True
 
-    def _put_batch(self, tag: int, ms: int, blob: bytes, q: _Queue) -> bool:
-        """Write a batch record and its blob (batch_blob) to the arena."""
+    def _put_batch(self, tag: int, ms: int, blob: bytes, q: _Queue, op: int = OP_BATCH) -> bool:
+        """Write a batch record and its blob (batch_blob) to the arena; or,
+        op OP_NOTIFY, a notify record (ms 0: its reserved word)."""
         off = self.arena.place(len(blob), self._sq_tail, q.head.value)
         if off is None:
             return False
         base = self.arena.off + off
         self._mm[base:base + len(blob)] = blob
-        _BATCH_REC.pack_into(self._mm, q.slot(self._sq_tail), tag, OP_BATCH, FLAG_ARENA, 16, off, len(blob), ms)
+        _BATCH_REC.pack_into(self._mm, q.slot(self._sq_tail), tag, op, FLAG_ARENA, 16, off, len(blob), ms)
         return True
 
     def start_batch(self, blob: bytes, timeout_ms: int = 0) -> int:
@@ -604,6 +605,20 @@ class Ring:
         err = self.wait(t).error()
         if err is not None:
             raise err
+
+    def notify(self, region_id: str, note: bytes) -> int:
+        """NotifyRegion through the ring: ``note`` to the caller's region
+        ``region_id``, its key note firing the transfers armed there on its
+        keys; returns the watchers that got it. Raises the daemon's refusal."""
+        blob = notify_blob(region_id, note)
+        if not self.fits(len(blob), 0):
+            raise ValueError(f"a {len(blob)}-byte notify: over the ring's arena of {self.arena.size} bytes")
+        (t,) = self._post([(OP_NOTIFY, 0, 0, blob)])
+        c = self.wait(t)
+        err = c.error()
+        if err is not None:
+            raise err
+        return c.blocks
 
     def ping(self) -> None:
         """One empty round trip through the daemon."""
@@ -716,6 +731,17 @@ def batch_blob(req: Any, transport_name: str) -> Optional[bytes]:
     src, dst, lens = d.src_offsets, d.dst_offsets, d.lengths
     hdr = _BATCH_HDR.pack(req.op, *(len(x) for x in strs), len(req.notification), d.block_length, len(src), len(dst), len(lens), 0)
     return b"".join((hdr, *strs, req.notification, src, dst, lens))
+
+
+def notify_blob(region_id: str, note: bytes) -> bytes:
+    """A notify record's blob (internal/ring/notify.go): region id length
+    u16, the region id, the notification."""
+    r = region_id.encode()
+    if not 1 <= len(r) <= MAX_TRIG_REGION:
+        raise ValueError(f"region id of {len(r)} bytes: want 1 to {MAX_TRIG_REGION}")
+    if not 1 <= len(note) <= MAX_NOTE:
+        raise ValueError(f"notification of {len(note)} bytes: want 1 to {MAX_NOTE}")
+    return struct.pack("<H", len(r)) + r + bytes(note)
 
 
 def key_trigger(region_id: str, key: bytes) -> bytes:

@@ -25,7 +25,8 @@ import grpc
 from ._common import _TRANSPORT_BY_NAME, _TRANSPORT_NAME, _invalid, _op, _transport
 from ._pack import as_u32
 from ._results import PhaseTimings, TransferResult
-from ._ring import MAX_ARENA_IDS, MAX_INLINE_IDS, MAX_NOTE, MAX_TIMEOUT_MS, Completion, Ring, RingUnavailable, batch_blob, key_trigger
+from ._ring import (MAX_ARENA_IDS, MAX_INLINE_IDS, MAX_NOTE, MAX_TIMEOUT_MS, MAX_TRIG_REGION, Completion, Ring,  # noqa: F401
+                    RingUnavailable, batch_blob, key_trigger)
 from ._many import wait_grpc
 from ._transfers import Transfer, _interrupts_deferred
 from .errors import (

@@ -584,6 +584,23 @@ class Client:
         """The daemon's version, peer address, transports and counters."""
         return Status.from_proto(self._call(self._stub.Status, pb.StatusRequest(), self.timeout))
 
+    def notify_region(self, region: RegionRef, notification: bytes, timeout: Optional[float] = None) -> int:
+        """Deliver ``notification`` (1 to 4096 bytes) to one of this
+        client's own regions, as a peer's batch would: to its watchers
+        (sender ``"local"``), and a key note (:func:`b2b.key_note`) fires
+        the transfers armed there on its keys. A transfer armed on a local
+        key (``after=b2b.on_note(region, key)``) is then sent the moment
+        this is called: resolved and planned already, only its post is
+        left. Over the ring when the client has one. Returns the watchers
+        that got it."""
+        rid = _region_id(region, "region")
+        note = bytes(notification)
+        ring = self.ring
+        if ring is not None and 0 < len(note) <= _ring_client.MAX_NOTE and 0 < len(rid.encode()) <= _ring_client.MAX_TRIG_REGION:
+            return ring.notify(rid, note)
+        return int(self._call(self._stub.NotifyRegion, pb.NotifyRegionRequest(region_id=rid, notification=note),
+                              self.timeout if timeout is None else timeout).delivered)
+
     def watch(self, region: RegionRef, timeout: Optional[float] = None) -> Watch:
         """Subscribe to the notifications senders attach to batches written
         into a local exported region (its current export name is watched).

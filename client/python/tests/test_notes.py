@@ -298,3 +298,48 @@ class WhereKeyTest(unittest.TestCase):
         notes[:] = [("peer", {"t": "ready", "req": "p1", "_at": 2})]
         w._take_notes()
         self.assertEqual(readied, [("p1", [4, 5])])
+
+
+class NotifyRegionTest(daemon_harness.DaemonPair):
+    """NotifyRegion: a client's note to its own region reaches the region's
+    watchers (sender "local") and fires the transfers armed there on its
+    keys, over gRPC and over the ring; an empty or oversized note and an
+    unknown region are refused naming the field."""
+
+    a_args = ("--submit-socket", "{dir}/submit.sock")
+
+    def test_local_note_fires_an_armed_note(self):
+        tag = uuid.uuid4().hex[:6]
+        sig = self.a.register_host(4096)  # not exported: armed keys only
+        box = self.a.register_host(4096, f"nbox-{tag}")
+        bbox = self.b.register_host(4096, f"nbbox-{tag}")
+        self.b.register_layout(f"nbl-{tag}", [(bbox, 0, 8, 8)], 1, export_name=f"nbl-{tag}")
+        self.a.register_layout(f"nal-{tag}", [(self.a.register_host(4096), 0, 8, 8)], 1)
+        gr = b2b.Client(self.da.socket, ring=False)
+        self.addCleanup(gr.close)
+        for name, c in (("ring", self.a), ("grpc", gr)):
+            if name == "ring":
+                self.assertIsNotNone(c.ring, "no ring")
+            key = f"go-{tag}-{name}"
+            with self.b.watch(bbox, timeout=30) as w:
+                h = self.a.start_many([b2b.Blocks(f"nal-{tag}", self.peer_b, f"nbl-{tag}", [], [], notification=name.encode(),
+                                                  after=b2b.on_note(sig, key), timeout=20)])[0]
+                time.sleep(0.2)
+                self.assertFalse(h.done(), f"{name}: the armed note went before the local key")
+                self.assertEqual(c.notify_region(sig, b2b.key_note([key])), 0)  # no watcher on sig
+                h.wait(20)
+                self.assertIsNone(h.error, name)
+                self.assertEqual(next(iter(w)).notification, name.encode())
+            with self.a.watch(box, timeout=30) as w:  # a local note reaches the region's own watchers
+                self.assertEqual(c.notify_region(box, b"plain " + name.encode()), 1)
+                n = next(iter(w))
+                self.assertEqual((n.notification, n.sender), (b"plain " + name.encode(), "local"))
+        for name, c in (("ring", self.a), ("grpc", gr)):
+            for region, note, err, text in (
+                (sig, b"", b2b.InvalidArgumentError, "notification is 0 bytes: want 1 to 4096"),
+                (sig, b"x" * 4097, b2b.InvalidArgumentError, "notification is 4097 bytes: want 1 to 4096"),
+                ("r-no-such", b"x", b2b.NotFoundError, "r-no-such"),
+            ):
+                with self.assertRaises(err, msg=f"{name}: {text}") as cm:
+                    c.notify_region(region, note)
+                self.assertIn(text, str(cm.exception), name)

@@ -2632,6 +2632,102 @@ func (x *WatchNotificationsRequest) GetRegionId() string {
 	return ""
 }
 
+type NotifyRegionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RegionId      string                 `protobuf:"bytes,1,opt,name=region_id,json=regionId,proto3" json:"region_id,omitempty"` // a region of the caller's (exported or not)
+	Notification  []byte                 `protobuf:"bytes,2,opt,name=notification,proto3" json:"notification,omitempty"`         // 1 to 4096 bytes
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotifyRegionRequest) Reset() {
+	*x = NotifyRegionRequest{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotifyRegionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotifyRegionRequest) ProtoMessage() {}
+
+func (x *NotifyRegionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotifyRegionRequest.ProtoReflect.Descriptor instead.
+func (*NotifyRegionRequest) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *NotifyRegionRequest) GetRegionId() string {
+	if x != nil {
+		return x.RegionId
+	}
+	return ""
+}
+
+func (x *NotifyRegionRequest) GetNotification() []byte {
+	if x != nil {
+		return x.Notification
+	}
+	return nil
+}
+
+type NotifyRegionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Delivered     uint32                 `protobuf:"varint,1,opt,name=delivered,proto3" json:"delivered,omitempty"` // watchers that got it
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NotifyRegionResponse) Reset() {
+	*x = NotifyRegionResponse{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NotifyRegionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NotifyRegionResponse) ProtoMessage() {}
+
+func (x *NotifyRegionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NotifyRegionResponse.ProtoReflect.Descriptor instead.
+func (*NotifyRegionResponse) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *NotifyRegionResponse) GetDelivered() uint32 {
+	if x != nil {
+		return x.Delivered
+	}
+	return 0
+}
+
 type Notification struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"` // export name the batch was written to
@@ -2646,7 +2742,7 @@ type Notification struct {
 
 func (x *Notification) Reset() {
 	*x = Notification{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2658,7 +2754,7 @@ func (x *Notification) String() string {
 func (*Notification) ProtoMessage() {}
 
 func (x *Notification) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[32]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2671,7 +2767,7 @@ func (x *Notification) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Notification.ProtoReflect.Descriptor instead.
 func (*Notification) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{32}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Notification) GetRegion() string {
@@ -2724,7 +2820,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2736,7 +2832,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[33]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2749,7 +2845,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{33}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
 }
 
 type TransportStatus struct {
@@ -2773,7 +2869,7 @@ type TransportStatus struct {
 
 func (x *TransportStatus) Reset() {
 	*x = TransportStatus{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2785,7 +2881,7 @@ func (x *TransportStatus) String() string {
 func (*TransportStatus) ProtoMessage() {}
 
 func (x *TransportStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[34]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2798,7 +2894,7 @@ func (x *TransportStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransportStatus.ProtoReflect.Descriptor instead.
 func (*TransportStatus) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{34}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
 }
 
 // Deprecated: Marked as deprecated in b2b/v1/b2b.proto.
@@ -2875,7 +2971,7 @@ type RailStatus struct {
 
 func (x *RailStatus) Reset() {
 	*x = RailStatus{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2887,7 +2983,7 @@ func (x *RailStatus) String() string {
 func (*RailStatus) ProtoMessage() {}
 
 func (x *RailStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[35]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2900,7 +2996,7 @@ func (x *RailStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RailStatus.ProtoReflect.Descriptor instead.
 func (*RailStatus) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{35}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RailStatus) GetRail() uint32 {
@@ -2991,7 +3087,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3003,7 +3099,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[36]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3016,7 +3112,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{36}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StatusResponse) GetVersion() string {
@@ -3173,7 +3269,7 @@ type LayoutSegment struct {
 
 func (x *LayoutSegment) Reset() {
 	*x = LayoutSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3185,7 +3281,7 @@ func (x *LayoutSegment) String() string {
 func (*LayoutSegment) ProtoMessage() {}
 
 func (x *LayoutSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[37]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3198,7 +3294,7 @@ func (x *LayoutSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutSegment.ProtoReflect.Descriptor instead.
 func (*LayoutSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{37}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *LayoutSegment) GetRegionId() string {
@@ -3247,7 +3343,7 @@ type RegisterLayoutRequest struct {
 
 func (x *RegisterLayoutRequest) Reset() {
 	*x = RegisterLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3259,7 +3355,7 @@ func (x *RegisterLayoutRequest) String() string {
 func (*RegisterLayoutRequest) ProtoMessage() {}
 
 func (x *RegisterLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[38]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3272,7 +3368,7 @@ func (x *RegisterLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterLayoutRequest.ProtoReflect.Descriptor instead.
 func (*RegisterLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{38}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RegisterLayoutRequest) GetName() string {
@@ -3347,7 +3443,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3359,7 +3455,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3372,7 +3468,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Layout) GetName() string {
@@ -3440,7 +3536,7 @@ type RegisterLayoutResponse struct {
 
 func (x *RegisterLayoutResponse) Reset() {
 	*x = RegisterLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3452,7 +3548,7 @@ func (x *RegisterLayoutResponse) String() string {
 func (*RegisterLayoutResponse) ProtoMessage() {}
 
 func (x *RegisterLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3465,7 +3561,7 @@ func (x *RegisterLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterLayoutResponse.ProtoReflect.Descriptor instead.
 func (*RegisterLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RegisterLayoutResponse) GetLayout() *Layout {
@@ -3484,7 +3580,7 @@ type DeregisterLayoutRequest struct {
 
 func (x *DeregisterLayoutRequest) Reset() {
 	*x = DeregisterLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3496,7 +3592,7 @@ func (x *DeregisterLayoutRequest) String() string {
 func (*DeregisterLayoutRequest) ProtoMessage() {}
 
 func (x *DeregisterLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3509,7 +3605,7 @@ func (x *DeregisterLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterLayoutRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DeregisterLayoutRequest) GetName() string {
@@ -3527,7 +3623,7 @@ type DeregisterLayoutResponse struct {
 
 func (x *DeregisterLayoutResponse) Reset() {
 	*x = DeregisterLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3539,7 +3635,7 @@ func (x *DeregisterLayoutResponse) String() string {
 func (*DeregisterLayoutResponse) ProtoMessage() {}
 
 func (x *DeregisterLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3552,7 +3648,7 @@ func (x *DeregisterLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterLayoutResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
 }
 
 type ListLayoutsRequest struct {
@@ -3563,7 +3659,7 @@ type ListLayoutsRequest struct {
 
 func (x *ListLayoutsRequest) Reset() {
 	*x = ListLayoutsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3575,7 +3671,7 @@ func (x *ListLayoutsRequest) String() string {
 func (*ListLayoutsRequest) ProtoMessage() {}
 
 func (x *ListLayoutsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3588,7 +3684,7 @@ func (x *ListLayoutsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayoutsRequest.ProtoReflect.Descriptor instead.
 func (*ListLayoutsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
 }
 
 type ListLayoutsResponse struct {
@@ -3600,7 +3696,7 @@ type ListLayoutsResponse struct {
 
 func (x *ListLayoutsResponse) Reset() {
 	*x = ListLayoutsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3612,7 +3708,7 @@ func (x *ListLayoutsResponse) String() string {
 func (*ListLayoutsResponse) ProtoMessage() {}
 
 func (x *ListLayoutsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3625,7 +3721,7 @@ func (x *ListLayoutsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayoutsResponse.ProtoReflect.Descriptor instead.
 func (*ListLayoutsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListLayoutsResponse) GetLayouts() []*Layout {
@@ -3657,7 +3753,7 @@ type TransferBlocksRequest struct {
 
 func (x *TransferBlocksRequest) Reset() {
 	*x = TransferBlocksRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3669,7 +3765,7 @@ func (x *TransferBlocksRequest) String() string {
 func (*TransferBlocksRequest) ProtoMessage() {}
 
 func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3682,7 +3778,7 @@ func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferBlocksRequest.ProtoReflect.Descriptor instead.
 func (*TransferBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TransferBlocksRequest) GetLocalLayout() string {
@@ -3773,7 +3869,7 @@ type BindBlockRouteRequest struct {
 
 func (x *BindBlockRouteRequest) Reset() {
 	*x = BindBlockRouteRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3785,7 +3881,7 @@ func (x *BindBlockRouteRequest) String() string {
 func (*BindBlockRouteRequest) ProtoMessage() {}
 
 func (x *BindBlockRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3798,7 +3894,7 @@ func (x *BindBlockRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindBlockRouteRequest.ProtoReflect.Descriptor instead.
 func (*BindBlockRouteRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *BindBlockRouteRequest) GetLocalLayout() string {
@@ -3853,7 +3949,7 @@ type BindBlockRouteResponse struct {
 
 func (x *BindBlockRouteResponse) Reset() {
 	*x = BindBlockRouteResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3865,7 +3961,7 @@ func (x *BindBlockRouteResponse) String() string {
 func (*BindBlockRouteResponse) ProtoMessage() {}
 
 func (x *BindBlockRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3878,7 +3974,7 @@ func (x *BindBlockRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindBlockRouteResponse.ProtoReflect.Descriptor instead.
 func (*BindBlockRouteResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *BindBlockRouteResponse) GetHandle() uint64 {
@@ -3897,7 +3993,7 @@ type ReleaseBlockRouteRequest struct {
 
 func (x *ReleaseBlockRouteRequest) Reset() {
 	*x = ReleaseBlockRouteRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3909,7 +4005,7 @@ func (x *ReleaseBlockRouteRequest) String() string {
 func (*ReleaseBlockRouteRequest) ProtoMessage() {}
 
 func (x *ReleaseBlockRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3922,7 +4018,7 @@ func (x *ReleaseBlockRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseBlockRouteRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseBlockRouteRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReleaseBlockRouteRequest) GetHandle() uint64 {
@@ -3940,7 +4036,7 @@ type ReleaseBlockRouteResponse struct {
 
 func (x *ReleaseBlockRouteResponse) Reset() {
 	*x = ReleaseBlockRouteResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3952,7 +4048,7 @@ func (x *ReleaseBlockRouteResponse) String() string {
 func (*ReleaseBlockRouteResponse) ProtoMessage() {}
 
 func (x *ReleaseBlockRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3965,7 +4061,7 @@ func (x *ReleaseBlockRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseBlockRouteResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseBlockRouteResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
 }
 
 // StartTransferRequest is one transfer of any kind, to run asynchronously.
@@ -3991,7 +4087,7 @@ type StartTransferRequest struct {
 
 func (x *StartTransferRequest) Reset() {
 	*x = StartTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4003,7 +4099,7 @@ func (x *StartTransferRequest) String() string {
 func (*StartTransferRequest) ProtoMessage() {}
 
 func (x *StartTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4016,7 +4112,7 @@ func (x *StartTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferRequest.ProtoReflect.Descriptor instead.
 func (*StartTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *StartTransferRequest) GetTransfer() isStartTransferRequest_Transfer {
@@ -4114,7 +4210,7 @@ type TransferTrigger struct {
 
 func (x *TransferTrigger) Reset() {
 	*x = TransferTrigger{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4126,7 +4222,7 @@ func (x *TransferTrigger) String() string {
 func (*TransferTrigger) ProtoMessage() {}
 
 func (x *TransferTrigger) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4139,7 +4235,7 @@ func (x *TransferTrigger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferTrigger.ProtoReflect.Descriptor instead.
 func (*TransferTrigger) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TransferTrigger) GetCounterRegionId() string {
@@ -4186,7 +4282,7 @@ type StartTransferResponse struct {
 
 func (x *StartTransferResponse) Reset() {
 	*x = StartTransferResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4198,7 +4294,7 @@ func (x *StartTransferResponse) String() string {
 func (*StartTransferResponse) ProtoMessage() {}
 
 func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4211,7 +4307,7 @@ func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferResponse.ProtoReflect.Descriptor instead.
 func (*StartTransferResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *StartTransferResponse) GetTransferId() uint64 {
@@ -4234,7 +4330,7 @@ type TransferOutcome struct {
 
 func (x *TransferOutcome) Reset() {
 	*x = TransferOutcome{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4246,7 +4342,7 @@ func (x *TransferOutcome) String() string {
 func (*TransferOutcome) ProtoMessage() {}
 
 func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4259,7 +4355,7 @@ func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferOutcome.ProtoReflect.Descriptor instead.
 func (*TransferOutcome) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *TransferOutcome) GetTransferId() uint64 {
@@ -4307,7 +4403,7 @@ type WaitTransferRequest struct {
 
 func (x *WaitTransferRequest) Reset() {
 	*x = WaitTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4319,7 +4415,7 @@ func (x *WaitTransferRequest) String() string {
 func (*WaitTransferRequest) ProtoMessage() {}
 
 func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4332,7 +4428,7 @@ func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitTransferRequest.ProtoReflect.Descriptor instead.
 func (*WaitTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *WaitTransferRequest) GetTransferId() uint64 {
@@ -4358,7 +4454,7 @@ type PollTransfersRequest struct {
 
 func (x *PollTransfersRequest) Reset() {
 	*x = PollTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4370,7 +4466,7 @@ func (x *PollTransfersRequest) String() string {
 func (*PollTransfersRequest) ProtoMessage() {}
 
 func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4383,7 +4479,7 @@ func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollTransfersRequest.ProtoReflect.Descriptor instead.
 func (*PollTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PollTransfersRequest) GetTransferIds() []uint64 {
@@ -4402,7 +4498,7 @@ type PollTransfersResponse struct {
 
 func (x *PollTransfersResponse) Reset() {
 	*x = PollTransfersResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4414,7 +4510,7 @@ func (x *PollTransfersResponse) String() string {
 func (*PollTransfersResponse) ProtoMessage() {}
 
 func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4427,7 +4523,7 @@ func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollTransfersResponse.ProtoReflect.Descriptor instead.
 func (*PollTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *PollTransfersResponse) GetOutcomes() []*TransferOutcome {
@@ -4446,7 +4542,7 @@ type StartTransfersRequest struct {
 
 func (x *StartTransfersRequest) Reset() {
 	*x = StartTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4458,7 +4554,7 @@ func (x *StartTransfersRequest) String() string {
 func (*StartTransfersRequest) ProtoMessage() {}
 
 func (x *StartTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4471,7 +4567,7 @@ func (x *StartTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransfersRequest.ProtoReflect.Descriptor instead.
 func (*StartTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *StartTransfersRequest) GetRequests() []*StartTransferRequest {
@@ -4494,7 +4590,7 @@ type StartTransferResult struct {
 
 func (x *StartTransferResult) Reset() {
 	*x = StartTransferResult{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4506,7 +4602,7 @@ func (x *StartTransferResult) String() string {
 func (*StartTransferResult) ProtoMessage() {}
 
 func (x *StartTransferResult) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4519,7 +4615,7 @@ func (x *StartTransferResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferResult.ProtoReflect.Descriptor instead.
 func (*StartTransferResult) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *StartTransferResult) GetTransferId() uint64 {
@@ -4552,7 +4648,7 @@ type StartTransfersResponse struct {
 
 func (x *StartTransfersResponse) Reset() {
 	*x = StartTransfersResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4564,7 +4660,7 @@ func (x *StartTransfersResponse) String() string {
 func (*StartTransfersResponse) ProtoMessage() {}
 
 func (x *StartTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4577,7 +4673,7 @@ func (x *StartTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransfersResponse.ProtoReflect.Descriptor instead.
 func (*StartTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StartTransfersResponse) GetResults() []*StartTransferResult {
@@ -4598,7 +4694,7 @@ type WaitTransfersRequest struct {
 
 func (x *WaitTransfersRequest) Reset() {
 	*x = WaitTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4610,7 +4706,7 @@ func (x *WaitTransfersRequest) String() string {
 func (*WaitTransfersRequest) ProtoMessage() {}
 
 func (x *WaitTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4623,7 +4719,7 @@ func (x *WaitTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitTransfersRequest.ProtoReflect.Descriptor instead.
 func (*WaitTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *WaitTransfersRequest) GetTransferIds() []uint64 {
@@ -4656,7 +4752,7 @@ type CancelTransferRequest struct {
 
 func (x *CancelTransferRequest) Reset() {
 	*x = CancelTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +4764,7 @@ func (x *CancelTransferRequest) String() string {
 func (*CancelTransferRequest) ProtoMessage() {}
 
 func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +4777,7 @@ func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTransferRequest.ProtoReflect.Descriptor instead.
 func (*CancelTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CancelTransferRequest) GetTransferId() uint64 {
@@ -4699,7 +4795,7 @@ type WatchTransfersRequest struct {
 
 func (x *WatchTransfersRequest) Reset() {
 	*x = WatchTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4711,7 +4807,7 @@ func (x *WatchTransfersRequest) String() string {
 func (*WatchTransfersRequest) ProtoMessage() {}
 
 func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4724,7 +4820,7 @@ func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTransfersRequest.ProtoReflect.Descriptor instead.
 func (*WatchTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
 }
 
 type CancelCallRequest struct {
@@ -4737,7 +4833,7 @@ type CancelCallRequest struct {
 
 func (x *CancelCallRequest) Reset() {
 	*x = CancelCallRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4749,7 +4845,7 @@ func (x *CancelCallRequest) String() string {
 func (*CancelCallRequest) ProtoMessage() {}
 
 func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4762,7 +4858,7 @@ func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCallRequest.ProtoReflect.Descriptor instead.
 func (*CancelCallRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CancelCallRequest) GetCallId() string {
@@ -4783,7 +4879,7 @@ type CancelCallResponse struct {
 
 func (x *CancelCallResponse) Reset() {
 	*x = CancelCallResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4795,7 +4891,7 @@ func (x *CancelCallResponse) String() string {
 func (*CancelCallResponse) ProtoMessage() {}
 
 func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4808,7 +4904,7 @@ func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCallResponse.ProtoReflect.Descriptor instead.
 func (*CancelCallResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *CancelCallResponse) GetInFlight() bool {
@@ -4829,7 +4925,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4841,7 +4937,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4854,7 +4950,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -4896,7 +4992,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4908,7 +5004,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4921,7 +5017,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -4964,7 +5060,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4976,7 +5072,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4989,7 +5085,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{67}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -5021,7 +5117,7 @@ type ResolveRegionResponse struct {
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5033,7 +5129,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5046,7 +5142,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{68}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -5087,7 +5183,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5099,7 +5195,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5112,7 +5208,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{69}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *SignalRequest) GetKind() string {
@@ -5138,7 +5234,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5150,7 +5246,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5163,7 +5259,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{70}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *SignalResponse) GetPayload() []byte {
@@ -5186,7 +5282,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5198,7 +5294,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5211,7 +5307,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{71}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -5258,7 +5354,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5270,7 +5366,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5283,7 +5379,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{72}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -5303,7 +5399,7 @@ type ResolveLayoutRequest struct {
 
 func (x *ResolveLayoutRequest) Reset() {
 	*x = ResolveLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5315,7 +5411,7 @@ func (x *ResolveLayoutRequest) String() string {
 func (*ResolveLayoutRequest) ProtoMessage() {}
 
 func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5328,7 +5424,7 @@ func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutRequest.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{73}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ResolveLayoutRequest) GetName() string {
@@ -5357,7 +5453,7 @@ type ResolvedLayoutRegion struct {
 
 func (x *ResolvedLayoutRegion) Reset() {
 	*x = ResolvedLayoutRegion{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5369,7 +5465,7 @@ func (x *ResolvedLayoutRegion) String() string {
 func (*ResolvedLayoutRegion) ProtoMessage() {}
 
 func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5382,7 +5478,7 @@ func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedLayoutRegion.ProtoReflect.Descriptor instead.
 func (*ResolvedLayoutRegion) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{74}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ResolvedLayoutRegion) GetName() string {
@@ -5418,7 +5514,7 @@ type ResolvedSegment struct {
 
 func (x *ResolvedSegment) Reset() {
 	*x = ResolvedSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[75]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5430,7 +5526,7 @@ func (x *ResolvedSegment) String() string {
 func (*ResolvedSegment) ProtoMessage() {}
 
 func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[75]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5443,7 +5539,7 @@ func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedSegment.ProtoReflect.Descriptor instead.
 func (*ResolvedSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{75}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ResolvedSegment) GetRegion() uint32 {
@@ -5486,7 +5582,7 @@ type ResolveLayoutResponse struct {
 
 func (x *ResolveLayoutResponse) Reset() {
 	*x = ResolveLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[76]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5498,7 +5594,7 @@ func (x *ResolveLayoutResponse) String() string {
 func (*ResolveLayoutResponse) ProtoMessage() {}
 
 func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[76]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5511,7 +5607,7 @@ func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutResponse.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{76}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ResolveLayoutResponse) GetName() string {
@@ -5728,7 +5824,12 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
 	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\"8\n" +
 	"\x19WatchNotificationsRequest\x12\x1b\n" +
-	"\tregion_id\x18\x01 \x01(\tR\bregionId\"\xaa\x01\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\"V\n" +
+	"\x13NotifyRegionRequest\x12\x1b\n" +
+	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\"\n" +
+	"\fnotification\x18\x02 \x01(\fR\fnotification\"4\n" +
+	"\x14NotifyRegionResponse\x12\x1c\n" +
+	"\tdelivered\x18\x01 \x01(\rR\tdelivered\"\xaa\x01\n" +
 	"\fNotification\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
 	"\x06sender\x18\x02 \x01(\tR\x06sender\x12\"\n" +
@@ -5992,7 +6093,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x16TRANSFER_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13TRANSFER_STATE_DONE\x10\x02\x12\x19\n" +
 	"\x15TRANSFER_STATE_FAILED\x10\x03\x12\x1c\n" +
-	"\x18TRANSFER_STATE_CANCELLED\x10\x042\xe3\x10\n" +
+	"\x18TRANSFER_STATE_CANCELLED\x10\x042\xae\x11\n" +
 	"\x03B2B\x12O\n" +
 	"\x0eRegisterRegion\x12\x1d.b2b.v1.RegisterRegionRequest\x1a\x1e.b2b.v1.RegisterRegionResponse\x12U\n" +
 	"\x10DeregisterRegion\x12\x1f.b2b.v1.DeregisterRegionRequest\x1a .b2b.v1.DeregisterRegionResponse\x12F\n" +
@@ -6001,7 +6102,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\rBatchTransfer\x12\x1c.b2b.v1.BatchTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12=\n" +
 	"\bChecksum\x12\x17.b2b.v1.ChecksumRequest\x1a\x18.b2b.v1.ChecksumResponse\x127\n" +
 	"\x06Status\x12\x15.b2b.v1.StatusRequest\x1a\x16.b2b.v1.StatusResponse\x12O\n" +
-	"\x12WatchNotifications\x12!.b2b.v1.WatchNotificationsRequest\x1a\x14.b2b.v1.Notification0\x01\x12R\n" +
+	"\x12WatchNotifications\x12!.b2b.v1.WatchNotificationsRequest\x1a\x14.b2b.v1.Notification0\x01\x12I\n" +
+	"\fNotifyRegion\x12\x1b.b2b.v1.NotifyRegionRequest\x1a\x1c.b2b.v1.NotifyRegionResponse\x12R\n" +
 	"\x0fPrepareTransfer\x12\x1e.b2b.v1.PrepareTransferRequest\x1a\x1f.b2b.v1.PrepareTransferResponse\x12I\n" +
 	"\fWarmTransfer\x12\x1b.b2b.v1.WarmTransferRequest\x1a\x1c.b2b.v1.WarmTransferResponse\x12N\n" +
 	"\x0eSubmitTransfer\x12\x1d.b2b.v1.SubmitTransferRequest\x1a\x1d.b2b.v1.BatchTransferResponse\x12R\n" +
@@ -6045,7 +6147,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -6085,54 +6187,56 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*ChecksumRequest)(nil),           // 35: b2b.v1.ChecksumRequest
 	(*ChecksumResponse)(nil),          // 36: b2b.v1.ChecksumResponse
 	(*WatchNotificationsRequest)(nil), // 37: b2b.v1.WatchNotificationsRequest
-	(*Notification)(nil),              // 38: b2b.v1.Notification
-	(*StatusRequest)(nil),             // 39: b2b.v1.StatusRequest
-	(*TransportStatus)(nil),           // 40: b2b.v1.TransportStatus
-	(*RailStatus)(nil),                // 41: b2b.v1.RailStatus
-	(*StatusResponse)(nil),            // 42: b2b.v1.StatusResponse
-	(*LayoutSegment)(nil),             // 43: b2b.v1.LayoutSegment
-	(*RegisterLayoutRequest)(nil),     // 44: b2b.v1.RegisterLayoutRequest
-	(*Layout)(nil),                    // 45: b2b.v1.Layout
-	(*RegisterLayoutResponse)(nil),    // 46: b2b.v1.RegisterLayoutResponse
-	(*DeregisterLayoutRequest)(nil),   // 47: b2b.v1.DeregisterLayoutRequest
-	(*DeregisterLayoutResponse)(nil),  // 48: b2b.v1.DeregisterLayoutResponse
-	(*ListLayoutsRequest)(nil),        // 49: b2b.v1.ListLayoutsRequest
-	(*ListLayoutsResponse)(nil),       // 50: b2b.v1.ListLayoutsResponse
-	(*TransferBlocksRequest)(nil),     // 51: b2b.v1.TransferBlocksRequest
-	(*BindBlockRouteRequest)(nil),     // 52: b2b.v1.BindBlockRouteRequest
-	(*BindBlockRouteResponse)(nil),    // 53: b2b.v1.BindBlockRouteResponse
-	(*ReleaseBlockRouteRequest)(nil),  // 54: b2b.v1.ReleaseBlockRouteRequest
-	(*ReleaseBlockRouteResponse)(nil), // 55: b2b.v1.ReleaseBlockRouteResponse
-	(*StartTransferRequest)(nil),      // 56: b2b.v1.StartTransferRequest
-	(*TransferTrigger)(nil),           // 57: b2b.v1.TransferTrigger
-	(*StartTransferResponse)(nil),     // 58: b2b.v1.StartTransferResponse
-	(*TransferOutcome)(nil),           // 59: b2b.v1.TransferOutcome
-	(*WaitTransferRequest)(nil),       // 60: b2b.v1.WaitTransferRequest
-	(*PollTransfersRequest)(nil),      // 61: b2b.v1.PollTransfersRequest
-	(*PollTransfersResponse)(nil),     // 62: b2b.v1.PollTransfersResponse
-	(*StartTransfersRequest)(nil),     // 63: b2b.v1.StartTransfersRequest
-	(*StartTransferResult)(nil),       // 64: b2b.v1.StartTransferResult
-	(*StartTransfersResponse)(nil),    // 65: b2b.v1.StartTransfersResponse
-	(*WaitTransfersRequest)(nil),      // 66: b2b.v1.WaitTransfersRequest
-	(*CancelTransferRequest)(nil),     // 67: b2b.v1.CancelTransferRequest
-	(*WatchTransfersRequest)(nil),     // 68: b2b.v1.WatchTransfersRequest
-	(*CancelCallRequest)(nil),         // 69: b2b.v1.CancelCallRequest
-	(*CancelCallResponse)(nil),        // 70: b2b.v1.CancelCallResponse
-	(*HandshakeRequest)(nil),          // 71: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 72: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 73: b2b.v1.ResolveRegionRequest
-	(*ResolveRegionResponse)(nil),     // 74: b2b.v1.ResolveRegionResponse
-	(*SignalRequest)(nil),             // 75: b2b.v1.SignalRequest
-	(*SignalResponse)(nil),            // 76: b2b.v1.SignalResponse
-	(*NotifyRequest)(nil),             // 77: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 78: b2b.v1.NotifyResponse
-	(*ResolveLayoutRequest)(nil),      // 79: b2b.v1.ResolveLayoutRequest
-	(*ResolvedLayoutRegion)(nil),      // 80: b2b.v1.ResolvedLayoutRegion
-	(*ResolvedSegment)(nil),           // 81: b2b.v1.ResolvedSegment
-	(*ResolveLayoutResponse)(nil),     // 82: b2b.v1.ResolveLayoutResponse
-	nil,                               // 83: b2b.v1.HandshakeResponse.AdvertsEntry
-	nil,                               // 84: b2b.v1.ResolveRegionResponse.KeysEntry
-	nil,                               // 85: b2b.v1.ResolvedLayoutRegion.KeysEntry
+	(*NotifyRegionRequest)(nil),       // 38: b2b.v1.NotifyRegionRequest
+	(*NotifyRegionResponse)(nil),      // 39: b2b.v1.NotifyRegionResponse
+	(*Notification)(nil),              // 40: b2b.v1.Notification
+	(*StatusRequest)(nil),             // 41: b2b.v1.StatusRequest
+	(*TransportStatus)(nil),           // 42: b2b.v1.TransportStatus
+	(*RailStatus)(nil),                // 43: b2b.v1.RailStatus
+	(*StatusResponse)(nil),            // 44: b2b.v1.StatusResponse
+	(*LayoutSegment)(nil),             // 45: b2b.v1.LayoutSegment
+	(*RegisterLayoutRequest)(nil),     // 46: b2b.v1.RegisterLayoutRequest
+	(*Layout)(nil),                    // 47: b2b.v1.Layout
+	(*RegisterLayoutResponse)(nil),    // 48: b2b.v1.RegisterLayoutResponse
+	(*DeregisterLayoutRequest)(nil),   // 49: b2b.v1.DeregisterLayoutRequest
+	(*DeregisterLayoutResponse)(nil),  // 50: b2b.v1.DeregisterLayoutResponse
+	(*ListLayoutsRequest)(nil),        // 51: b2b.v1.ListLayoutsRequest
+	(*ListLayoutsResponse)(nil),       // 52: b2b.v1.ListLayoutsResponse
+	(*TransferBlocksRequest)(nil),     // 53: b2b.v1.TransferBlocksRequest
+	(*BindBlockRouteRequest)(nil),     // 54: b2b.v1.BindBlockRouteRequest
+	(*BindBlockRouteResponse)(nil),    // 55: b2b.v1.BindBlockRouteResponse
+	(*ReleaseBlockRouteRequest)(nil),  // 56: b2b.v1.ReleaseBlockRouteRequest
+	(*ReleaseBlockRouteResponse)(nil), // 57: b2b.v1.ReleaseBlockRouteResponse
+	(*StartTransferRequest)(nil),      // 58: b2b.v1.StartTransferRequest
+	(*TransferTrigger)(nil),           // 59: b2b.v1.TransferTrigger
+	(*StartTransferResponse)(nil),     // 60: b2b.v1.StartTransferResponse
+	(*TransferOutcome)(nil),           // 61: b2b.v1.TransferOutcome
+	(*WaitTransferRequest)(nil),       // 62: b2b.v1.WaitTransferRequest
+	(*PollTransfersRequest)(nil),      // 63: b2b.v1.PollTransfersRequest
+	(*PollTransfersResponse)(nil),     // 64: b2b.v1.PollTransfersResponse
+	(*StartTransfersRequest)(nil),     // 65: b2b.v1.StartTransfersRequest
+	(*StartTransferResult)(nil),       // 66: b2b.v1.StartTransferResult
+	(*StartTransfersResponse)(nil),    // 67: b2b.v1.StartTransfersResponse
+	(*WaitTransfersRequest)(nil),      // 68: b2b.v1.WaitTransfersRequest
+	(*CancelTransferRequest)(nil),     // 69: b2b.v1.CancelTransferRequest
+	(*WatchTransfersRequest)(nil),     // 70: b2b.v1.WatchTransfersRequest
+	(*CancelCallRequest)(nil),         // 71: b2b.v1.CancelCallRequest
+	(*CancelCallResponse)(nil),        // 72: b2b.v1.CancelCallResponse
+	(*HandshakeRequest)(nil),          // 73: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 74: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 75: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 76: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 77: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 78: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 79: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 80: b2b.v1.NotifyResponse
+	(*ResolveLayoutRequest)(nil),      // 81: b2b.v1.ResolveLayoutRequest
+	(*ResolvedLayoutRegion)(nil),      // 82: b2b.v1.ResolvedLayoutRegion
+	(*ResolvedSegment)(nil),           // 83: b2b.v1.ResolvedSegment
+	(*ResolveLayoutResponse)(nil),     // 84: b2b.v1.ResolveLayoutResponse
+	nil,                               // 85: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 86: b2b.v1.ResolveRegionResponse.KeysEntry
+	nil,                               // 87: b2b.v1.ResolvedLayoutRegion.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	6,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -6160,103 +6264,105 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	4,  // 22: b2b.v1.ChecksumRequest.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
 	4,  // 23: b2b.v1.ChecksumResponse.algorithm:type_name -> b2b.v1.ChecksumAlgorithm
 	1,  // 24: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
-	41, // 25: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
-	40, // 26: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
-	43, // 27: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
-	43, // 28: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
-	45, // 29: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
-	45, // 30: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
+	43, // 25: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
+	42, // 26: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
+	45, // 27: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
+	45, // 28: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
+	47, // 29: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
+	47, // 30: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
 	1,  // 31: b2b.v1.TransferBlocksRequest.transport:type_name -> b2b.v1.TransportKind
 	2,  // 32: b2b.v1.TransferBlocksRequest.op:type_name -> b2b.v1.TransferOp
 	1,  // 33: b2b.v1.BindBlockRouteRequest.transport:type_name -> b2b.v1.TransportKind
 	2,  // 34: b2b.v1.BindBlockRouteRequest.op:type_name -> b2b.v1.TransferOp
 	21, // 35: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
 	26, // 36: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
-	51, // 37: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
-	57, // 38: b2b.v1.StartTransferRequest.after:type_name -> b2b.v1.TransferTrigger
+	53, // 37: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
+	59, // 38: b2b.v1.StartTransferRequest.after:type_name -> b2b.v1.TransferTrigger
 	5,  // 39: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
 	22, // 40: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
-	59, // 41: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
-	56, // 42: b2b.v1.StartTransfersRequest.requests:type_name -> b2b.v1.StartTransferRequest
-	64, // 43: b2b.v1.StartTransfersResponse.results:type_name -> b2b.v1.StartTransferResult
-	83, // 44: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	61, // 41: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
+	58, // 42: b2b.v1.StartTransfersRequest.requests:type_name -> b2b.v1.StartTransferRequest
+	66, // 43: b2b.v1.StartTransfersResponse.results:type_name -> b2b.v1.StartTransferResult
+	85, // 44: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
 	3,  // 45: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
 	0,  // 46: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	84, // 47: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	86, // 47: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
 	3,  // 48: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
-	85, // 49: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
-	80, // 50: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
-	81, // 51: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
+	87, // 49: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
+	82, // 50: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
+	83, // 51: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
 	10, // 52: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
 	14, // 53: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
 	16, // 54: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
 	18, // 55: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
 	21, // 56: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
 	35, // 57: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	39, // 58: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	41, // 58: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
 	37, // 59: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	24, // 60: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	27, // 61: b2b.v1.B2B.WarmTransfer:input_type -> b2b.v1.WarmTransferRequest
-	26, // 62: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	29, // 63: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	31, // 64: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	33, // 65: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	44, // 66: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
-	47, // 67: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
-	49, // 68: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
-	51, // 69: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
-	52, // 70: b2b.v1.B2B.BindBlockRoute:input_type -> b2b.v1.BindBlockRouteRequest
-	54, // 71: b2b.v1.B2B.ReleaseBlockRoute:input_type -> b2b.v1.ReleaseBlockRouteRequest
-	56, // 72: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
-	60, // 73: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
-	61, // 74: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
-	67, // 75: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
-	68, // 76: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
-	63, // 77: b2b.v1.B2B.StartTransfers:input_type -> b2b.v1.StartTransfersRequest
-	66, // 78: b2b.v1.B2B.WaitTransfers:input_type -> b2b.v1.WaitTransfersRequest
-	69, // 79: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
-	71, // 80: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	73, // 81: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	73, // 82: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
-	79, // 83: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
-	75, // 84: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	77, // 85: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	13, // 86: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	15, // 87: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	17, // 88: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	19, // 89: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	22, // 90: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	36, // 91: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	42, // 92: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	38, // 93: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	25, // 94: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	28, // 95: b2b.v1.B2B.WarmTransfer:output_type -> b2b.v1.WarmTransferResponse
-	22, // 96: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	30, // 97: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	32, // 98: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	34, // 99: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	46, // 100: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	48, // 101: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	50, // 102: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	22, // 103: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	53, // 104: b2b.v1.B2B.BindBlockRoute:output_type -> b2b.v1.BindBlockRouteResponse
-	55, // 105: b2b.v1.B2B.ReleaseBlockRoute:output_type -> b2b.v1.ReleaseBlockRouteResponse
-	58, // 106: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
-	59, // 107: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
-	62, // 108: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
-	59, // 109: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
-	59, // 110: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
-	65, // 111: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
-	62, // 112: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
-	70, // 113: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
-	72, // 114: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	74, // 115: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	74, // 116: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
-	82, // 117: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	76, // 118: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	78, // 119: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	86, // [86:120] is the sub-list for method output_type
-	52, // [52:86] is the sub-list for method input_type
+	38, // 60: b2b.v1.B2B.NotifyRegion:input_type -> b2b.v1.NotifyRegionRequest
+	24, // 61: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	27, // 62: b2b.v1.B2B.WarmTransfer:input_type -> b2b.v1.WarmTransferRequest
+	26, // 63: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	29, // 64: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	31, // 65: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	33, // 66: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	46, // 67: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
+	49, // 68: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
+	51, // 69: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
+	53, // 70: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
+	54, // 71: b2b.v1.B2B.BindBlockRoute:input_type -> b2b.v1.BindBlockRouteRequest
+	56, // 72: b2b.v1.B2B.ReleaseBlockRoute:input_type -> b2b.v1.ReleaseBlockRouteRequest
+	58, // 73: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
+	62, // 74: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
+	63, // 75: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
+	69, // 76: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
+	70, // 77: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
+	65, // 78: b2b.v1.B2B.StartTransfers:input_type -> b2b.v1.StartTransfersRequest
+	68, // 79: b2b.v1.B2B.WaitTransfers:input_type -> b2b.v1.WaitTransfersRequest
+	71, // 80: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
+	73, // 81: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	75, // 82: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	75, // 83: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
+	81, // 84: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	77, // 85: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	79, // 86: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	13, // 87: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	15, // 88: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	17, // 89: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	19, // 90: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	22, // 91: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	36, // 92: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	44, // 93: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	40, // 94: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	39, // 95: b2b.v1.B2B.NotifyRegion:output_type -> b2b.v1.NotifyRegionResponse
+	25, // 96: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	28, // 97: b2b.v1.B2B.WarmTransfer:output_type -> b2b.v1.WarmTransferResponse
+	22, // 98: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	30, // 99: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	32, // 100: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	34, // 101: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	48, // 102: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	50, // 103: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	52, // 104: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	22, // 105: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	55, // 106: b2b.v1.B2B.BindBlockRoute:output_type -> b2b.v1.BindBlockRouteResponse
+	57, // 107: b2b.v1.B2B.ReleaseBlockRoute:output_type -> b2b.v1.ReleaseBlockRouteResponse
+	60, // 108: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	61, // 109: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	64, // 110: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	61, // 111: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	61, // 112: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	67, // 113: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
+	64, // 114: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
+	72, // 115: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
+	74, // 116: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	76, // 117: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	76, // 118: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
+	84, // 119: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	78, // 120: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	80, // 121: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	87, // [87:122] is the sub-list for method output_type
+	52, // [52:87] is the sub-list for method input_type
 	52, // [52:52] is the sub-list for extension type_name
 	52, // [52:52] is the sub-list for extension extendee
 	0,  // [0:52] is the sub-list for field type_name
@@ -6273,7 +6379,7 @@ func file_b2b_v1_b2b_proto_init() {
 		(*RegisterRegionRequest_CudaAlloc)(nil),
 		(*RegisterRegionRequest_CudaIpc)(nil),
 	}
-	file_b2b_v1_b2b_proto_msgTypes[50].OneofWrappers = []any{
+	file_b2b_v1_b2b_proto_msgTypes[52].OneofWrappers = []any{
 		(*StartTransferRequest_Batch)(nil),
 		(*StartTransferRequest_Submit)(nil),
 		(*StartTransferRequest_Blocks)(nil),
@@ -6284,7 +6390,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   80,
+			NumMessages:   82,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

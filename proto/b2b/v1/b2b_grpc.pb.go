@@ -38,6 +38,7 @@ const (
 	B2B_Checksum_FullMethodName           = "/b2b.v1.B2B/Checksum"
 	B2B_Status_FullMethodName             = "/b2b.v1.B2B/Status"
 	B2B_WatchNotifications_FullMethodName = "/b2b.v1.B2B/WatchNotifications"
+	B2B_NotifyRegion_FullMethodName       = "/b2b.v1.B2B/NotifyRegion"
 	B2B_PrepareTransfer_FullMethodName    = "/b2b.v1.B2B/PrepareTransfer"
 	B2B_WarmTransfer_FullMethodName       = "/b2b.v1.B2B/WarmTransfer"
 	B2B_SubmitTransfer_FullMethodName     = "/b2b.v1.B2B/SubmitTransfer"
@@ -84,6 +85,12 @@ type B2BClient interface {
 	// batches written into a local exported region, each delivered after its
 	// batch fully landed.
 	WatchNotifications(ctx context.Context, in *WatchNotificationsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Notification], error)
+	// NotifyRegion delivers a notification to one of the caller's own
+	// regions, as a peer's batch would: to its watchers (sender "local"), and
+	// a key note fires the transfers armed on its keys (docs/notes.md). A
+	// transfer armed on a local key is sent by this daemon the moment its
+	// owner says so: no peer, no resolution, only the post is left.
+	NotifyRegion(ctx context.Context, in *NotifyRegionRequest, opts ...grpc.CallOption) (*NotifyRegionResponse, error)
 	// PrepareTransfer does once what every BatchTransfer of the same layout
 	// repeats: it validates, merges and splits the descriptors, resolves the
 	// destination, connects, and builds the data path's work (over verbs, the
@@ -283,6 +290,16 @@ func (c *b2BClient) WatchNotifications(ctx context.Context, in *WatchNotificatio
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type B2B_WatchNotificationsClient = grpc.ServerStreamingClient[Notification]
+
+func (c *b2BClient) NotifyRegion(ctx context.Context, in *NotifyRegionRequest, opts ...grpc.CallOption) (*NotifyRegionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NotifyRegionResponse)
+	err := c.cc.Invoke(ctx, B2B_NotifyRegion_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 func (c *b2BClient) PrepareTransfer(ctx context.Context, in *PrepareTransferRequest, opts ...grpc.CallOption) (*PrepareTransferResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -520,6 +537,12 @@ type B2BServer interface {
 	// batches written into a local exported region, each delivered after its
 	// batch fully landed.
 	WatchNotifications(*WatchNotificationsRequest, grpc.ServerStreamingServer[Notification]) error
+	// NotifyRegion delivers a notification to one of the caller's own
+	// regions, as a peer's batch would: to its watchers (sender "local"), and
+	// a key note fires the transfers armed on its keys (docs/notes.md). A
+	// transfer armed on a local key is sent by this daemon the moment its
+	// owner says so: no peer, no resolution, only the post is left.
+	NotifyRegion(context.Context, *NotifyRegionRequest) (*NotifyRegionResponse, error)
 	// PrepareTransfer does once what every BatchTransfer of the same layout
 	// repeats: it validates, merges and splits the descriptors, resolves the
 	// destination, connects, and builds the data path's work (over verbs, the
@@ -654,6 +677,9 @@ func (UnimplementedB2BServer) Status(context.Context, *StatusRequest) (*StatusRe
 }
 func (UnimplementedB2BServer) WatchNotifications(*WatchNotificationsRequest, grpc.ServerStreamingServer[Notification]) error {
 	return status.Error(codes.Unimplemented, "method WatchNotifications not implemented")
+}
+func (UnimplementedB2BServer) NotifyRegion(context.Context, *NotifyRegionRequest) (*NotifyRegionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method NotifyRegion not implemented")
 }
 func (UnimplementedB2BServer) PrepareTransfer(context.Context, *PrepareTransferRequest) (*PrepareTransferResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PrepareTransfer not implemented")
@@ -872,6 +898,24 @@ func _B2B_WatchNotifications_Handler(srv interface{}, stream grpc.ServerStream) 
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type B2B_WatchNotificationsServer = grpc.ServerStreamingServer[Notification]
+
+func _B2B_NotifyRegion_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NotifyRegionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(B2BServer).NotifyRegion(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: B2B_NotifyRegion_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(B2BServer).NotifyRegion(ctx, req.(*NotifyRegionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
 
 func _B2B_PrepareTransfer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PrepareTransferRequest)
@@ -1249,6 +1293,10 @@ var B2B_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _B2B_Status_Handler,
+		},
+		{
+			MethodName: "NotifyRegion",
+			Handler:    _B2B_NotifyRegion_Handler,
 		},
 		{
 			MethodName: "PrepareTransfer",

@@ -320,6 +320,20 @@ class Notification(_message.Message):
     sender: str
     def __init__(self, region: _Optional[str] = ..., sender: _Optional[str] = ..., notification: _Optional[bytes] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
 
+class NotifyRegionRequest(_message.Message):
+    __slots__ = ["notification", "region_id"]
+    NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
+    REGION_ID_FIELD_NUMBER: _ClassVar[int]
+    notification: bytes
+    region_id: str
+    def __init__(self, region_id: _Optional[str] = ..., notification: _Optional[bytes] = ...) -> None: ...
+
+class NotifyRegionResponse(_message.Message):
+    __slots__ = ["delivered"]
+    DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    delivered: int
+    def __init__(self, delivered: _Optional[int] = ...) -> None: ...
+
 class NotifyRequest(_message.Message):
     __slots__ = ["blocks", "bytes", "notification", "region", "sender"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]

@@ -57,6 +57,11 @@ class B2BStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.WatchNotificationsRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.Notification.FromString,
                 )
+        self.NotifyRegion = channel.unary_unary(
+                '/b2b.v1.B2B/NotifyRegion',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.NotifyRegionRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.NotifyRegionResponse.FromString,
+                )
         self.PrepareTransfer = channel.unary_unary(
                 '/b2b.v1.B2B/PrepareTransfer',
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.PrepareTransferRequest.SerializeToString,
@@ -220,6 +225,17 @@ class B2BServicer(object):
         """WatchNotifications streams the notifications that senders attach to
         batches written into a local exported region, each delivered after its
         batch fully landed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def NotifyRegion(self, request, context):
+        """NotifyRegion delivers a notification to one of the caller's own
+        regions, as a peer's batch would: to its watchers (sender "local"), and
+        a key note fires the transfers armed on its keys (docs/notes.md). A
+        transfer armed on a local key is sent by this daemon the moment its
+        owner says so: no peer, no resolution, only the post is left.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -469,6 +485,11 @@ def add_B2BServicer_to_server(servicer, server):
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.WatchNotificationsRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.Notification.SerializeToString,
             ),
+            'NotifyRegion': grpc.unary_unary_rpc_method_handler(
+                    servicer.NotifyRegion,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.NotifyRegionRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.NotifyRegionResponse.SerializeToString,
+            ),
             'PrepareTransfer': grpc.unary_unary_rpc_method_handler(
                     servicer.PrepareTransfer,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.PrepareTransferRequest.FromString,
@@ -715,6 +736,23 @@ class B2B(object):
         return grpc.experimental.unary_stream(request, target, '/b2b.v1.B2B/WatchNotifications',
             b2b_dot_v1_dot_b2b__pb2.WatchNotificationsRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.Notification.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def NotifyRegion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/b2b.v1.B2B/NotifyRegion',
+            b2b_dot_v1_dot_b2b__pb2.NotifyRegionRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.NotifyRegionResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
