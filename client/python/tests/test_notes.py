@@ -290,7 +290,7 @@ class WhereKeyTest(unittest.TestCase):
         for attr in ("_released", "_early_ids", "_ids_parts", "_wants", "_pulled", "_computing", "_held", "_saves"):
             setattr(w, attr, {})
         w.s = type("S", (), {"release_timeout": 10.0})()
-        w._swept = 0.0
+        w._swept, w._to_fire, w._to_arm = 0.0, [], []
         w._mark = lambda *a, **k: None
         w._take_notes()  # the bad key: nothing armed, nothing read, no exception
         self.assertEqual(readied, [])

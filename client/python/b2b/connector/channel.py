@@ -215,6 +215,37 @@ class Channel:
             self._inflight.append((h, cb))
         return writes
 
+    def arm(self, peer: str, engine: str, rank: int, notes: List[dict], key: bytes, after: Any) -> bool:
+        """Start ``notes`` (one envelope, a key note naming ``key``) to a
+        peer rank armed on ``after`` (:func:`b2b.on_note` of a region of
+        ours): our daemon resolves it now and sends it the moment the key
+        lands (:meth:`b2b.Client.notify_region`), with no call from here
+        on the way. False if it did not start: send the notes as usual."""
+        body = encode(notes[0]) if len(notes) == 1 else b'{"t":"multi","n":[' + b",".join(encode(n) for n in notes) + b"]}"
+        body = b2b.key_note([key], body)
+        if len(body) > NOTE_LIMIT:
+            return False
+        try:
+            h = self.client.start_many([b2b.Blocks(self._src_layout, peer, mbox_layout_name(engine, rank), [], [], op="write",
+                                                   notification=body, transport=self.transport, after=after)], self.timeout)[0]
+        except _SEND_ERRORS:
+            return False
+        if h.id == 0:
+            return False
+        self._inflight.append((h, []))  # reaped as the other writes; a trigger that never came ends at its timeout
+        return True
+
+    @property
+    def signals(self) -> Any:
+        """The region our armed notes wait on (:meth:`arm`, :meth:`signal`):
+        the scratch region, not exported, so only this rank fires them."""
+        return self._scratch
+
+    def signal(self, keys: List[bytes]) -> None:
+        """Fire the notes armed on ``keys`` (:meth:`arm`): one local note,
+        over the client's ring when it has one. Raises if the daemon refused."""
+        self.client.notify_region(self._scratch, b2b.key_note(keys))
+
     def queued(self) -> bool:
         """Whether notes wait for :meth:`flush`."""
         return bool(self._out)
@@ -286,6 +317,12 @@ class Channel:
                 return out
 
     def close(self) -> None:
+        for h, _ in self._inflight:  # armed notes never fired hold their trigger's region
+            if h.outcome is None:
+                try:
+                    h.cancel()
+                except _SEND_ERRORS:
+                    pass
         for w in self._watches:
             w.cancel()
         for t in self._threads:

@@ -27,6 +27,7 @@ IDS_PER_NOTE = 256
 # A pulled note's bytes besides its requests' ids.
 _PULLED_NOTE = len('{"t":"pulled","reqs":{}}')
 _LANDED_NOTE = len('{"t":"landed","reqs":{}}')
+_ARMED_READY = 32  # requests per armed "ready" note (one that does not fit 4 KiB is sent as before)
 
 
 def _locked(fn: Any) -> Any:
@@ -171,6 +172,10 @@ class WorkerHalf:
         # its predecessor used (a peer's daemon remembers keys it saw).
         self._incarnation = os.urandom(8).hex()
         self._wants: Dict[str, Tuple[Dict[int, dict], float]] = {}
+        # Pull, prefill: "ready" notes armed in our daemon when "where" went
+        # (_arm_ready), and those due to fire at this call's end (_fire_ready).
+        self._to_arm: List[Tuple[dict, str, bytes]] = []
+        self._to_fire: List[Tuple[dict, str, bytes]] = []
         self._ready_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # decode: "ready" notes arriving in parts
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
                       "timeouts": 0, "pull_starts": 0, "push_starts": 0}
@@ -646,7 +651,42 @@ class WorkerHalf:
                 sent |= self._send_ready(rid)
             else:
                 sent |= self._send_where(rid)
+        self._fire_ready()
         if sent:
+            self.chan.flush()
+        self._arm_ready()
+
+    def _arm_ready(self) -> None:
+        """Arm the "ready" notes of the requests whose "where" just went
+        (one note per decode rank and step, a key note naming the step's
+        key) in our daemon, on a local key of the step: at the last layer
+        one local note (_fire_ready) sends them all, resolved already.
+        A rank whose note did not arm gets "ready" as before."""
+        todo, self._to_arm = self._to_arm, []
+        groups: Dict[Tuple[str, str, int, bytes], List[Tuple[dict, str]]] = {}
+        for d, rid, key in todo:
+            groups.setdefault((d["peer"], d["engine"], int(d["rank"]), key), []).append((d, rid))
+        for (peer, engine, rank, key), items in groups.items():
+            for i in range(0, len(items), _ARMED_READY):
+                part = items[i:i + _ARMED_READY]
+                if self.chan.arm(peer, engine, rank, [{"t": "ready", "req": rid} for _, rid in part], key,
+                                 b2b.on_note(self.chan.signals, key + b"L")):
+                    for d, rid in part:
+                        d["_rarm"] = True
+
+    def _fire_ready(self) -> None:
+        """Send the armed "ready" notes of the requests computed in this
+        call: one local note for their steps' keys. If it fails, send them
+        as before."""
+        todo, self._to_fire = self._to_fire, []
+        if not todo:
+            return
+        try:
+            self.chan.signal(sorted({key + b"L" for _, _, key in todo}))
+        except _IO_ERRORS:
+            for d, rid, key in todo:
+                self.chan.queue(d["peer"], d["engine"], int(d["rank"]), {"t": "ready", "req": rid}, key=key)
+                self.stats["notes_sent"] += 1
             self.chan.flush()
 
     def _ids_notes(self, t: str, rid: str, ids: List[int]) -> List[dict]:
@@ -671,6 +711,7 @@ class WorkerHalf:
                 self.chan.queue(d["peer"], d["engine"], int(d["rank"]), n)
                 self.stats["notes_sent"] += 1
             d["_where"] = sent = True
+            self._to_arm.append((d, rid, c[3]))
         return sent
 
     def _send_ready(self, rid: str) -> bool:
@@ -684,6 +725,10 @@ class WorkerHalf:
             return False
         key = c[3]
         for d in w[0].values():
+            if d.get("_rarm"):  # armed in our daemon: fired at this call's end
+                self._to_fire.append((d, rid, key))
+                self.stats["notes_sent"] += 1
+                continue
             notes = [{"t": "ready", "req": rid}] if d.get("_where") else self._ids_notes("ready", rid, c[0])
             for n in notes:
                 self.chan.queue(d["peer"], d["engine"], int(d["rank"]), n, key=key)
@@ -901,6 +946,8 @@ class WorkerHalf:
                         ld.error = f"prefill reported: {n.get('why', 'failed')}"
         self._start_pulls(pulls)
         self._start_pulls(armed, arm=True)
+        self._fire_ready()
+        self._arm_ready()
         if now - self._swept < 0.05:
             return
         self._swept = now
