@@ -176,6 +176,10 @@ class WorkerHalf:
         # (_arm_ready), and those due to fire at this call's end (_fire_ready).
         self._to_arm: List[Tuple[dict, str, bytes]] = []
         self._to_fire: List[Tuple[dict, str, bytes]] = []
+        # Push, prefill: this step's layer writes armed in our daemon at its
+        # start (_arm_pushes), by layer: the local key that sends them.
+        self._push_step = 0
+        self._armed_layers: Dict[int, bytes] = {}
         self._ready_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # decode: "ready" notes arriving in parts
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
                       "timeouts": 0, "pull_starts": 0, "push_starts": 0}
@@ -386,6 +390,8 @@ class WorkerHalf:
     @_locked
     def start_load_kv(self, meta: Any) -> None:
         s = self.s
+        if s.mode == "push" and getattr(meta, "reqs_to_save", None):
+            self._arm_pushes(meta)
         for rel in meta.reqs_to_release.values():
             self._note_prefill(rel.remote_peer, rel.remote_engine, {"t": "release", "req": rel.remote_request_id})
         pulls: Dict[Tuple[str, str, str], List[Tuple[str, _Load, List[int], List[int], int]]] = {}
@@ -612,15 +618,12 @@ class WorkerHalf:
         if self.s.mode == "pull":
             self._announce(li, meta, now)
             return
+        key = self._armed_layers.pop(li, None)
+        if key is not None:  # the writes armed at the step's start, first
+            self._fire_layer(li, key, meta)
         groups: Dict[Tuple[str, str, int, int, int], List[Tuple[_Save, dict]]] = {}
         for rid, r in meta.reqs_to_save.items():
-            sv = self._saves.get(rid)
-            if sv is None:
-                sv = self._saves[rid] = _Save(r, now + self.s.release_timeout)
-                early = self._early_ids.pop(rid, None)
-                if early is not None:
-                    for d in early[0].values():
-                        self._add_dst(sv, d)
+            sv = self._save(rid, r, now)
             sv.layers_done.add(li)
             for rank, d in sv.dsts.items():
                 if sv.error is None and li not in sv.sent[rank]:
@@ -629,6 +632,45 @@ class WorkerHalf:
         for items in groups.values():
             self._push(items, [li])
         self._start_pushes()
+
+    def _arm_pushes(self, meta: Any) -> None:
+        """Push, at a step's start: the writes of every layer of the step's
+        requests whose decode ids are here, armed in our daemon, one local
+        key per layer; save_kv_layer fires a layer's with one local note
+        (_fire_layer), resolved and planned already. The layers of ids that
+        come later go as before."""
+        now = time.monotonic()
+        self._push_step += 1
+        self._armed_layers = {}
+        groups: Dict[Tuple[str, str, int, int, int], List[Tuple[_Save, dict]]] = {}
+        for rid, r in meta.reqs_to_save.items():
+            sv = self._save(rid, r, now)
+            for rank, d in sv.dsts.items():
+                if sv.error is None and not sv.sent[rank]:
+                    groups.setdefault((d["peer"], d["engine"], rank, int(d.get("k", 1)), int(d.get("slice", 0))), []).append((sv, d))
+        if not groups:
+            return
+        keys = {li: f"{self._incarnation}.p{self._push_step}.L{li}".encode() for li in range(len(self._layer_segs))}
+        for items in groups.values():
+            for li, key in keys.items():
+                self._push(items, [li], after=b2b.on_note(self.chan.signals, key))
+        self._start_pushes(armed=True)
+        self._armed_layers = keys
+
+    def _fire_layer(self, li: int, key: bytes, meta: Any) -> None:
+        """Send layer ``li``'s armed writes (_arm_pushes). A refused note
+        fails the step's saves (decode hears "failed"); their writes end at
+        their deadline."""
+        try:
+            self.chan.signal([key])
+        except _IO_ERRORS as e:
+            for rid in meta.reqs_to_save:
+                sv = self._saves.get(rid)
+                if sv is not None and sv.error is None:
+                    sv.error = f"layer {li}'s armed writes not sent: {type(e).__name__}: {e}"
+            return
+        for rid in meta.reqs_to_save:
+            self._mark(rid, "pushed", last=True)
 
     def _announce(self, li: int, meta: Any, now: float) -> None:
         """Pull: count layer ``li`` of the step's requests; once a
@@ -737,13 +779,25 @@ class WorkerHalf:
         self._mark(rid, "ready_sent", last=True)
         return True
 
+    def _save(self, rid: str, r: Any, now: float) -> _Save:
+        """Request ``rid``'s save, made on first sight with the decode ids
+        that came before it."""
+        sv = self._saves.get(rid)
+        if sv is None:
+            sv = self._saves[rid] = _Save(r, now + self.s.release_timeout)
+            early = self._early_ids.pop(rid, None)
+            if early is not None:
+                for d in early[0].values():
+                    self._add_dst(sv, d)
+        return sv
+
     def _add_dst(self, sv: _Save, d: dict) -> None:
         rank = int(d["rank"])
         sv.want = int(d.get("k", 1))
         sv.dsts[rank] = d
         sv.sent.setdefault(rank, set())
 
-    def _push(self, items: List[Tuple[_Save, dict]], layers: List[int]) -> None:
+    def _push(self, items: List[Tuple[_Save, dict]], layers: List[int], after: Any = None) -> None:
         """Push ``layers`` of requests to one decode rank (every ``d`` of
         ``items`` names the same one): all layers at once (ids came late),
         else layer by layer; with k decode ranks per prefill rank, head
@@ -780,12 +834,13 @@ class WorkerHalf:
                 src += sv.req.block_ids[:n]
                 dst += d["ids"][:n]
             moves = [{"local": local, "peer": d0["peer"], "remote": remote, "op": "write", "lids": src, "rids": dst,
-                      "note": {"t": "landed", "reqs": reqs}} for local, remote in pairs]
+                      "note": {"t": "landed", "reqs": reqs}, "after": after} for local, remote in pairs]
             self._pushes.append((moves, chunk, rank, layers))
 
-    def _start_pushes(self) -> None:
+    def _start_pushes(self, armed: bool = False) -> None:
         """Start the writes :meth:`_push` queued, all in one StartTransfers
-        call. A chunk's layers count as sent once every write of it started."""
+        call. A chunk's layers count as sent once every write of it started
+        (``armed``: once it waits in our daemon for its layer's key)."""
         jobs, self._pushes = self._pushes, []
         moves = [m for job in jobs for m in job[0]]
         if not moves:
@@ -809,7 +864,7 @@ class WorkerHalf:
                 continue
             for sv, _ in chunk:
                 sv.sent[rank].update(layers)
-                self._mark(sv.req.req_id, "pushed", last=True)
+                self._mark(sv.req.req_id, "armed" if armed else "pushed", last=True)
 
     def _finish_saves(self, sending: Set[str]) -> None:
         nl = len(self._layer_segs)
