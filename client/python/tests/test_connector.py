@@ -272,6 +272,29 @@ class ConnectorE2ETest(unittest.TestCase):
         self.assertEqual(d.errors, set())
         self.assertEqual(d.check([3, 4, 5], 21, 40), 0)
         self.assertEqual(d.check([8, 9], 22, 20), 0)
+        # "e"'s layers were armed at the step's start, one write per layer,
+        # and sent as each was computed (an early post would carry the
+        # pool's zeros and fail the check).
+        self.assertEqual(p.workers[0].worker.stats["push_armed"], GEOM["layers"])
+
+    def test_pull_dispatched_together_arms_both_ends(self):
+        """Decode asks first ("want"); prefill sends "where" at the first
+        layer and arms "ready" in its daemon, decode arms its read on the
+        step's key; the last layer's local note sends "ready", whose key
+        starts the read: every byte lands."""
+        p, d = self.sides()
+        rq = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+              "remote_peer": self.dp.peer_address, "remote_request_id": "t"}
+        d.pools[0].scribble(range(64))
+        self.decode_req(d, "t", rq, [6, 7, 8], 40)
+        d.step()
+        pump([p], lambda: "t" in p.workers[0].worker._wants, 5)
+        self.prefill(p, "t", [30, 31, 32], 31, 40)
+        pump([p, d], lambda: "t" in d.recving and "t" in p.sending)
+        self.assertEqual(d.errors, set())
+        self.assertEqual(d.check([6, 7, 8], 31, 40), 0)
+        self.assertEqual(p.workers[0].worker.stats["ready_armed"], 1)
+        self.assertIn("fired", d.workers[0].worker.take_trace("t"), "the read did not start on the key")
 
     def test_push_ids_over_several_notes(self):
         # 1,000 four-digit ids (5,000 bytes) do not fit one 4 KiB note: they go in parts.

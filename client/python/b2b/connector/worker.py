@@ -182,7 +182,7 @@ class WorkerHalf:
         self._armed_layers: Dict[int, bytes] = {}
         self._ready_parts: Dict[str, Tuple[Dict[int, dict], float]] = {}  # decode: "ready" notes arriving in parts
         self.stats = {"loads": 0, "load_failures": 0, "saves": 0, "save_failures": 0, "notes_sent": 0,
-                      "timeouts": 0, "pull_starts": 0, "push_starts": 0}
+                      "timeouts": 0, "pull_starts": 0, "push_starts": 0, "push_armed": 0, "ready_armed": 0}
         self.stats["wire_ns"] = collections.deque(maxlen=4096)  # the latest transfers' wire time
         # ... and their whole data path in the daemon: first post to last
         # landing (the wire phase leaves out the copy of a same-host
@@ -713,6 +713,7 @@ class WorkerHalf:
                 part = items[i:i + _ARMED_READY]
                 if self.chan.arm(peer, engine, rank, [{"t": "ready", "req": rid} for _, rid in part], key,
                                  b2b.on_note(self.chan.signals, key + b"L")):
+                    self.stats["ready_armed"] += len(part)
                     for d, rid in part:
                         d["_rarm"] = True
 
@@ -856,6 +857,7 @@ class WorkerHalf:
             for h in hs:
                 if not isinstance(h, BaseException):
                     self.stats["push_starts"] += 1
+                    self.stats["push_armed"] += int(armed)
                     for sv, _ in chunk:
                         sv.handles.append(h)
             if failed is not None:
