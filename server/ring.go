@@ -43,7 +43,8 @@ type ringConn struct {
 	armed  chan struct{} // transfers waiting for key notes (runArmed)
 
 	inMu     sync.Mutex
-	inflight map[uint64]context.CancelFunc // submits by tag
+	inflight map[uint64]context.CancelFunc // submits and watches by tag
+	watches  int
 
 	cqMu    sync.Mutex
 	cqTail  uint32
@@ -78,7 +79,7 @@ func (s *Server) serveRing(ctx context.Context, c net.Conn, who region.Caller, t
 		return
 	}
 	rc := &ringConn{s: s, c: c, who: who, reg: reg, slots: make(chan struct{}, StreamInFlight), armed: make(chan struct{}, MaxArmed),
-		inflight: map[uint64]context.CancelFunc{}, parkMax: int(cq) + StreamInFlight + MaxArmed}
+		inflight: map[uint64]context.CancelFunc{}, parkMax: int(cq) + StreamInFlight + MaxArmed + MaxWatches}
 	rc.ctx, rc.cancel = context.WithCancel(ctx)
 	watched := make(chan struct{})
 	go func() { // the socket's end is the ring's
@@ -130,6 +131,8 @@ func (rc *ringConn) consume() {
 				ids.batch, err = req.BatchFromArena(rc.reg.Arena)
 			case err == nil && req.Op == ring.OpNotify:
 				ids.noteRegion, ids.note, err = req.NotifyFromArena(rc.reg.Arena)
+			case err == nil && req.Op == ring.OpWatch:
+				ids.noteRegion, err = req.WatchFromArena(rc.reg.Arena)
 			case err == nil && req.Arena:
 				ids.local, ids.remote, ids.note, err = req.FromArena(rc.reg.Arena)
 				if err == nil && req.Armed {
@@ -167,7 +170,7 @@ func (rc *ringConn) handle(req ring.Request, err error, ids arenaIDs) {
 		cancel, ok := rc.inflight[req.Target]
 		rc.inMu.Unlock()
 		if !ok {
-			rc.complete(fail(req.Tag, fmt.Errorf("%w: ring cancel: no submit in flight under tag %d", errs.ErrNotFound, req.Target)))
+			rc.complete(fail(req.Tag, fmt.Errorf("%w: ring cancel: no submit or watch in flight under tag %d", errs.ErrNotFound, req.Target)))
 			return
 		}
 		cancel()
@@ -197,6 +200,8 @@ func (rc *ringConn) handle(req ring.Request, err error, ids arenaIDs) {
 			return
 		}
 		rc.complete(ring.Completion{Tag: req.Tag, Blocks: uint64(n)}) // blocks: the watchers that got it
+	case ring.OpWatch:
+		rc.watch(req, ids.noteRegion)
 	case ring.OpBatch:
 		r := ringBatchRequest(ids.batch, rc.who)
 		rc.run(req, "batch", func(ctx context.Context) (batch.Result, error) {
@@ -400,4 +405,118 @@ func ringFrame(err error) []byte {
 		out = append(out, rec[48:48+n]...)
 	}
 	return out
+}
+
+// MaxWatches bounds a ring's watches (OpWatch): more are refused.
+const MaxWatches = 64
+
+// watch serves a watch record: regionID's notes come back as note records
+// under req's tag (ring.OpWatch) until an OpCancel names the tag or the
+// ring ends. The region must be the caller's and exported, as
+// WatchNotifications wants.
+func (rc *ringConn) watch(req ring.Request, regionID string) {
+	r, release, err := rc.s.cfg.Registry.Acquire(regionID, "region_id", rc.who)
+	if err != nil {
+		rc.complete(fail(req.Tag, err))
+		return
+	}
+	release() // watching does not pin the region
+	export := rc.s.cfg.Registry.ExportName(r.ID)
+	if export == "" {
+		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring watch region_id %q is not exported, so no peer can notify it: export it before watching", errs.ErrFailedPrecondition, r.ID)))
+		return
+	}
+	ctx, cancel := context.WithCancel(rc.ctx)
+	rc.inMu.Lock()
+	_, dup := rc.inflight[req.Tag]
+	full := rc.watches >= MaxWatches
+	if !dup && !full {
+		rc.inflight[req.Tag] = cancel
+		rc.watches++
+	}
+	rc.inMu.Unlock()
+	switch {
+	case dup:
+		cancel()
+		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring watch tag %d is already in flight", errs.ErrInvalidArgument, req.Tag)))
+		return
+	case full:
+		cancel()
+		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring watches: %d already, the limit per ring", errs.ErrResourceExhausted, MaxWatches)))
+		return
+	}
+	w := rc.s.cfg.Notify.Subscribe(r.ID)
+	rc.complete(ring.Completion{Tag: req.Tag, Code: ring.CodeNote}) // subscribed: an empty note record
+	rc.wg.Add(1)
+	go func() {
+		defer rc.wg.Done()
+		defer func() {
+			rc.s.cfg.Notify.Unsubscribe(w)
+			rc.inMu.Lock()
+			delete(rc.inflight, req.Tag)
+			rc.watches--
+			rc.inMu.Unlock()
+			cancel()
+		}()
+		var frame []byte
+		var recs []ring.Completion
+		for {
+			select {
+			case <-ctx.Done():
+				if rc.ctx.Err() == nil { // cancelled by the client, not the ring's end
+					rc.complete(fail(req.Tag, fmt.Errorf("ring watch of region %s: %w", r.ID, context.Canceled)))
+				}
+				return
+			case n := <-w.C:
+				frame = ring.AppendNoteFrame(frame[:0], ring.NoteFrame{Sender: n.Sender, Region: n.Region, Dropped: n.Dropped, Note: n.Notification})
+				recs = ring.NoteRecords(recs[:0], req.Tag, frame, n.Blocks, n.Bytes)
+				for !rc.completeAll(recs) {
+					// No room for every part: wait for the client to read,
+					// while later notes wait in the watcher's queue.
+					t := time.NewTimer(ringNoteRetry)
+					select {
+					case <-ctx.Done():
+						t.Stop()
+					case <-t.C:
+					}
+					if ctx.Err() != nil {
+						break
+					}
+				}
+			}
+		}
+	}()
+}
+
+// ringNoteRetry is how often a note waits for room in a full completion
+// ring.
+const ringNoteRetry = 200 * time.Microsecond
+
+// completeAll posts cs together, in order and back to back, if the
+// completion ring has room for all of them now and nothing is parked
+// before them; false: none was posted. A dead ring takes them all.
+func (rc *ringConn) completeAll(cs []ring.Completion) bool {
+	rc.cqMu.Lock()
+	defer rc.cqMu.Unlock()
+	if rc.dead {
+		return true
+	}
+	if len(rc.parked) > 0 {
+		return false
+	}
+	q := &rc.reg.CQ
+	free, err := q.Free(rc.cqTail)
+	if err != nil {
+		rc.dropLocked(err)
+		return true
+	}
+	if int(free) < len(cs) {
+		return false
+	}
+	for _, c := range cs {
+		c.Encode(q.Slot(rc.cqTail))
+		rc.cqTail++
+	}
+	q.Publish(rc.cqTail)
+	return true
 }

@@ -61,6 +61,9 @@ func completions(t *testing.T, reg *ring.Region, n uint32) []ring.Completion {
 	for reg.CQ.Tail() < n && time.Now().Before(deadline) {
 		reg.CQ.Wait(reg.CQ.Tail(), 0, 100*time.Millisecond)
 	}
+	if got := reg.CQ.Tail(); got < n {
+		t.Fatalf("%d completions in 20 s, want %d", got, n)
+	}
 	var out []ring.Completion
 	for i := range n {
 		c, err := ring.DecodeCompletion(reg.CQ.Slot(i))
@@ -394,4 +397,86 @@ func TestRingNotify(t *testing.T) {
 		t.Fatalf("an empty note: %v", err)
 	}
 	p.healthy(t, 22)
+}
+
+// TestRingWatch: a watch record subscribes to an exported region of the
+// caller's: an empty note record says so, then each peer's note comes back
+// whole, in order, cut in note records (a 1,000-byte one takes six); a
+// cancel ends it with Canceled; an unexported region and one not there are
+// refused; the ring serves on.
+func TestRingWatch(t *testing.T) {
+	p := newRingPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	box, err := p.a.c.RegisterHost(ctx, 4096, "wbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hidden, err := p.a.c.RegisterHost(ctx, 4096, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, reg := hostileRingWith(t, p.sock, ring.HelloArena, 0)
+	copy(reg.Arena[0:], box.Id)
+	copy(reg.Arena[64:], hidden.Id)
+	copy(reg.Arena[128:], "r999")
+	recs := []ring.Request{
+		{Tag: 1, Op: ring.OpWatch, BlobOff: 0, BlobLen: uint32(len(box.Id))},
+		{Tag: 2, Op: ring.OpWatch, BlobOff: 64, BlobLen: uint32(len(hidden.Id))},
+		{Tag: 3, Op: ring.OpWatch, BlobOff: 128, BlobLen: 4},
+	}
+	publish(reg, recs)
+	got := map[uint64]ring.Completion{}
+	for _, c := range completions(t, reg, 3) {
+		got[c.Tag] = c
+	}
+	if c := got[1]; c.Code != ring.CodeNote || c.Wire != 0 {
+		t.Fatalf("the watch's first record: %+v; want an empty note record", c)
+	}
+	if c := got[2]; codes.Code(c.Code) != codes.FailedPrecondition || !strings.Contains(c.Msg, "is not exported") {
+		t.Fatalf("an unexported region: %+v", c)
+	}
+	if c := got[3]; codes.Code(c.Code) != codes.NotFound || !strings.Contains(c.Msg, `"r999"`) {
+		t.Fatalf("a region not there: %+v", c)
+	}
+	notes := [][]byte{[]byte("first"), bytes.Repeat([]byte("0123456789"), 100), []byte("third")}
+	for _, n := range notes {
+		if _, err := p.b.c.BatchTransfer(ctx, client.Transfer{SrcRegion: p.dst.Id, Peer: p.a.d.PeerAddr(), DstRegion: "wbox",
+			Blocks: client.Descriptors{Src: []uint64{0}, Dst: []uint64{0}, BlockLength: 8}, Notification: n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 1 + 6 + 1 note records after the first three completions.
+	var frame []byte
+	var seen [][]byte
+	for _, c := range completions(t, reg, 3+1+6+1)[3:] {
+		if c.Tag != 1 || c.Code != ring.CodeNote || c.Total != int64(len(frame)) {
+			t.Fatalf("note record %+v after %d bytes of its frame", c, len(frame))
+		}
+		frame = append(frame, c.Msg...)
+		if int64(len(frame)) == c.Wire {
+			n, err := ring.DecodeNoteFrame(frame)
+			if err != nil || n.Sender != "b" || n.Region != "wbox" || n.Dropped != 0 {
+				t.Fatalf("frame %+v, %v", n, err)
+			}
+			seen = append(seen, append([]byte(nil), n.Note...))
+			frame = nil
+		}
+	}
+	if len(seen) != 3 || !bytes.Equal(seen[0], notes[0]) || !bytes.Equal(seen[1], notes[1]) || !bytes.Equal(seen[2], notes[2]) {
+		t.Fatalf("notes %q", seen)
+	}
+	ring.Request{Tag: 4, Op: ring.OpCancel, Target: 1}.Encode(reg.SQ.Slot(3))
+	reg.SQ.Publish(4)
+	end := map[uint64]ring.Completion{}
+	for _, c := range completions(t, reg, 3+8+2)[3+8:] {
+		end[c.Tag] = c
+	}
+	if c, ok := end[1]; !ok || codes.Code(c.Code) != codes.Canceled {
+		t.Fatalf("the watch after its cancel: %+v (%v)", c, ok)
+	}
+	if c, ok := end[4]; !ok || c.Code != 0 {
+		t.Fatalf("the cancel: %+v (%v)", c, ok)
+	}
+	p.healthy(t, 23)
 }

@@ -26,7 +26,8 @@ const (
 	OpCancel Op = 3 // cancel the submit in flight under tag Target
 	OpBlocks Op = 4 // block ids on a bound route (Handle), like TransferBlocks
 	// OpBatch (batch.go) is a BatchTransfer with its request in the arena;
-	// OpNotify (notify.go) is NotifyRegion, its note in the arena.
+	// OpNotify (notify.go) is NotifyRegion, its note in the arena;
+	// OpWatch (watch.go) is WatchNotifications, its notes as completions.
 )
 
 func (o Op) String() string {
@@ -43,6 +44,8 @@ func (o Op) String() string {
 		return "batch"
 	case OpNotify:
 		return "notify"
+	case OpWatch:
+		return "watch"
 	}
 	return fmt.Sprintf("op(%d)", uint16(o))
 }
@@ -88,7 +91,7 @@ const truncMark = "...[truncated]"
 
 // bodyLen is each op's body length.
 var bodyLen = map[Op]uint32{OpPing: 0, OpSubmit: 16, OpCancel: 8, OpBlocks: blocksHdr + 8, OpBatch: BatchBodyLen,
-	OpNotify: NotifyBodyLen}
+	OpNotify: NotifyBodyLen, OpWatch: NotifyBodyLen}
 
 // submitDeadlineLen is a submit body that carries the caller's deadline.
 const submitDeadlineLen = 24
@@ -149,7 +152,7 @@ func (r Request) Encode(rec []byte) {
 		n = submitDeadlineLen
 		le.PutUint64(rec[bodyOff+16:], r.TimeoutMs)
 	}
-	if r.Op == OpBatch || r.Op == OpNotify {
+	if r.Op == OpBatch || r.Op == OpNotify || r.Op == OpWatch {
 		le.PutUint16(rec[10:], FlagArena)
 		le.PutUint64(rec[bodyOff:], r.BlobOff)
 		le.PutUint32(rec[bodyOff+8:], r.BlobLen)
@@ -210,7 +213,7 @@ func Decode(rec []byte) (Request, error) {
 	if r.Op == OpBlocks && flags == FlagArena|FlagNote {
 		want, flags, r.Arena, r.Armed = armedBodyLen, 0, true, true
 	}
-	if r.Op == OpBatch || r.Op == OpNotify {
+	if r.Op == OpBatch || r.Op == OpNotify || r.Op == OpWatch {
 		if flags != FlagArena {
 			return r, fmt.Errorf("%w: ring record flags %#x for op %s, want 1 (arena): its request is always in the arena", errs.ErrInvalidArgument, flags, r.Op)
 		}
@@ -226,11 +229,11 @@ func Decode(rec []byte) (Request, error) {
 	case r.Tag == 0:
 		return r, fmt.Errorf("%w: ring record tag is 0, want non-zero", errs.ErrInvalidArgument)
 	case !known:
-		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit), 3 (cancel), 4 (blocks), 5 (batch) or 6 (notify)", errs.ErrInvalidArgument, uint16(r.Op))
+		return r, fmt.Errorf("%w: ring record op %d unknown, want 1 (ping), 2 (submit), 3 (cancel), 4 (blocks), 5 (batch), 6 (notify) or 7 (watch)", errs.ErrInvalidArgument, uint16(r.Op))
 	case flags != 0:
 		return r, fmt.Errorf("%w: ring record flags %#x, want 0 (or, for op blocks, 1 (arena) or 3 (arena and note))", errs.ErrInvalidArgument, le.Uint16(rec[10:]))
 	case n != want:
-		if r.Op == OpBatch || r.Op == OpNotify {
+		if r.Op == OpBatch || r.Op == OpNotify || r.Op == OpWatch {
 			return r, fmt.Errorf("%w: ring record length %d for op %s, want %d", errs.ErrInvalidArgument, n, r.Op, want)
 		}
 		if r.Armed {
@@ -271,6 +274,8 @@ func Decode(rec []byte) (Request, error) {
 		return decodeBatchBody(rec, r)
 	case OpNotify:
 		return decodeNotifyBody(rec, r)
+	case OpWatch:
+		return decodeWatchBody(rec, r)
 	case OpBlocks:
 		if r.Arena {
 			return decodeArena(rec, r)
