@@ -42,6 +42,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 import grpc
 
+from ._results import Notification
 from .errors import B2BError, UnavailableError, error_for_code
 from .notes import MAX_KEY_LEN
 
@@ -59,7 +60,8 @@ OFF_MAGIC, OFF_SQN, OFF_CQN, OFF_ARENA = 0, 4, 8, 12
 OFF_SQ_HEAD, OFF_SQ_TAIL, OFF_SQ_SLEEP = 64, 128, 192
 OFF_CQ_HEAD, OFF_CQ_TAIL, OFF_CQ_SLEEP = 256, 320, 384
 
-OP_PING, OP_SUBMIT, OP_CANCEL, OP_BLOCKS, OP_BATCH, OP_NOTIFY = 1, 2, 3, 4, 5, 6
+OP_PING, OP_SUBMIT, OP_CANCEL, OP_BLOCKS, OP_BATCH, OP_NOTIFY, OP_WATCH = 1, 2, 3, 4, 5, 6, 7
+CODE_NOTE = 1 << 16  # a watch's note record (internal/ring/watch.go)
 _BODY_LEN = {OP_PING: 0, OP_SUBMIT: 16, OP_CANCEL: 8}
 _REC = struct.Struct("<QHHIQQQ24x")  # tag, op, flags, length, three body words, zeros
 # A blocks record: tag, op, flags, length, route handle, timeout_ms u32,
@@ -344,6 +346,7 @@ class Ring:
         self._cq_lock = threading.Lock()
         self._pending: Set[int] = set()
         self._done: Dict[int, Completion] = {}
+        self._watches: Dict[int, "_WatchState"] = {}  # by tag (watch)
         # Set once the ring ended (close, or the daemon dropped it): every
         # operation raises it. The mapping itself goes with this object, so
         # an operation still running never touches unmapped memory.
@@ -529,6 +532,17 @@ class Ring:
         while head != tail:
             off = q.slot(head)
             tag, code, n, blocks, nbytes, wire, total = _COMP.unpack_from(mm, off)
+            w = self._watches.get(tag)
+            if w is not None:
+                if code == CODE_NOTE:
+                    if n <= MSG_MAX:
+                        w.part(mm[off + COMP_HDR:off + COMP_HDR + n], blocks, nbytes, wire, total)
+                    head = (head + 1) & 0xFFFFFFFF
+                    continue
+                w.ended = error_for_code(_CODE_BY_VALUE.get(code, grpc.StatusCode.UNKNOWN), mm[off + COMP_HDR:off + COMP_HDR + min(n, MSG_MAX)].decode("utf-8", "replace"))
+                del self._watches[tag]
+                head = (head + 1) & 0xFFFFFFFF
+                continue
             if n == 0:
                 msg = ""
             elif n > MSG_MAX:
@@ -619,6 +633,71 @@ class Ring:
         if err is not None:
             raise err
         return c.blocks
+
+    def watch(self, region_id: str, timeout: float = 10.0) -> "_WatchState":
+        """Subscribe this ring to the notes of one of the caller's exported
+        regions (op watch): they come back as completions, read by
+        :meth:`take_notes`. Returns once subscribed; raises the daemon's
+        refusal."""
+        blob = region_id.encode()
+        if not 1 <= len(blob) <= MAX_TRIG_REGION:
+            raise ValueError(f"region id of {len(blob)} bytes: want 1 to {MAX_TRIG_REGION}")
+        w = _WatchState(region_id)
+        with self._cq_lock:
+            self._tag += 1
+            tag = w.tag = self._tag
+            self._watches[tag] = w
+        self._post_tagged(tag, (OP_WATCH, 0, 0, blob))
+        end = time.monotonic() + timeout
+        while not w.subscribed and w.ended is None:
+            seen = self.completion_tail()
+            with self._cq_lock:
+                self._drain()
+            if w.subscribed or w.ended is not None:
+                break
+            left = end - time.monotonic()
+            if left <= 0:
+                self.cancel_watch(w)
+                raise error_for_code(grpc.StatusCode.DEADLINE_EXCEEDED, f"ring watch of {region_id}: not subscribed in {timeout} s")
+            self.wait_completion(seen, min(left, 0.05))
+        if w.ended is not None:
+            raise w.ended
+        return w
+
+    def take_notes(self, w: "_WatchState") -> List[Any]:
+        """The notes of watch ``w`` that arrived (Notification objects)."""
+        with self._cq_lock:
+            self._drain()
+            out, w.notes = w.notes, []
+        return out
+
+    def cancel_watch(self, w: "_WatchState") -> None:
+        """End watch ``w`` (its notes stop; a note already in is kept)."""
+        with self._cq_lock:
+            live = w.tag in self._watches
+        if live and self._dead is None:
+            try:
+                (t,) = self._post([(OP_CANCEL, w.tag, 0)])
+                self.forget(t)
+            except B2BError:
+                pass
+
+    def _post_tagged(self, tag: int, req: Tuple[Any, ...]) -> None:
+        """Post one arena record under a tag already taken (a watch's)."""
+        if self._dead is not None:
+            raise self._dead
+        q = self.sq
+        with self._sq_lock:
+            while True:
+                h = q.head.value
+                used = (self._sq_tail - h) & 0xFFFFFFFF
+                if used < q.n and self._put_batch(tag, req[2], req[3], q, req[0]):
+                    break
+                self._pause()
+                if self._dead is not None:
+                    raise self._dead
+            self._sq_tail = (self._sq_tail + 1) & 0xFFFFFFFF
+            q.publish(self._sq_tail)
 
     def ping(self) -> None:
         """One empty round trip through the daemon."""
@@ -731,6 +810,44 @@ def batch_blob(req: Any, transport_name: str) -> Optional[bytes]:
     src, dst, lens = d.src_offsets, d.dst_offsets, d.lengths
     hdr = _BATCH_HDR.pack(req.op, *(len(x) for x in strs), len(req.notification), d.block_length, len(src), len(dst), len(lens), 0)
     return b"".join((hdr, *strs, req.notification, src, dst, lens))
+
+
+class _WatchState:
+    """A ring watch (op watch): its notes as they come, reassembled from
+    their note records (internal/ring/watch.go), and how it ended."""
+
+    __slots__ = ("region_id", "tag", "subscribed", "ended", "notes", "_buf")
+
+    def __init__(self, region_id: str) -> None:
+        self.region_id, self.tag = region_id, 0
+        self.subscribed = False
+        self.ended: Optional[B2BError] = None
+        self.notes: List[Any] = []
+        self._buf = bytearray()
+
+    def part(self, raw: bytes, blocks: int, nbytes: int, length: int, at: int) -> None:
+        if length == 0:
+            self.subscribed = True
+            return
+        if at != len(self._buf):  # a part out of place: drop the frame, count it lost
+            self._buf = bytearray()
+            if at != 0:
+                return
+        self._buf += raw
+        if len(self._buf) < length:
+            return
+        frame, self._buf = bytes(self._buf), bytearray()
+        try:
+            s = frame[0]
+            sender = frame[1:1 + s].decode("utf-8", "replace")
+            (r,) = struct.unpack_from("<H", frame, 1 + s)
+            region = frame[3 + s:3 + s + r].decode("utf-8", "replace")
+            (dropped,) = struct.unpack_from("<Q", frame, 3 + s + r)
+            note = frame[11 + s + r:]
+        except (IndexError, struct.error):
+            return
+        self.notes.append(Notification(region=region, sender=sender, notification=note, blocks=blocks, bytes=nbytes,
+                                       dropped=dropped))
 
 
 def notify_blob(region_id: str, note: bytes) -> bytes:

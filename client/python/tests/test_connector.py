@@ -543,6 +543,12 @@ class ConnectorRingE2ETest(ConnectorE2ETest):
     def test_wakeup_on_a_note_and_on_a_ring_completion(self):
         p, d = self.sides()
         self.assertIsNotNone(d.clients[0].ring)  # else this would not test the ring
+        # The channels watch their mailboxes and pools over the ring (op
+        # watch), not over WatchNotifications streams.
+        for side in (p, d):
+            chan = side.workers[0].worker.chan
+            self.assertTrue(chan.on_ring)
+            self.assertEqual(chan._watches, [], "a stream where the ring should carry the notes")
         woke = threading.Event()
         d.workers[0].set_wakeup(woke.set)
         # A peer's note wakes the engine.

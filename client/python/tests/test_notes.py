@@ -343,3 +343,46 @@ class NotifyRegionTest(daemon_harness.DaemonPair):
                 with self.assertRaises(err, msg=f"{name}: {text}") as cm:
                     c.notify_region(region, note)
                 self.assertIn(text, str(cm.exception), name)
+
+
+class RingWatchTest(daemon_harness.DaemonPair):
+    """A ring watch (op watch): a peer's notes to an exported region come
+    back whole and in order as the ring's completions, 1 to 4096 bytes; a
+    cancel ends it; an unexported region is refused naming it."""
+
+    a_args = ("--submit-socket", "{dir}/submit.sock")
+
+    def test_notes_come_over_the_ring(self):
+        ring = self.a.ring
+        self.assertIsNotNone(ring, "no ring")
+        tag = uuid.uuid4().hex[:6]
+        box = self.a.register_host(4096, f"rwbox-{tag}")
+        src = self.b.register_host(4096)
+        w = ring.watch(box.id)
+        sent = [b"hi", bytes(range(256)) * 4, b"z" * 4096, b"{}"]
+        for n in sent:
+            self.b.batch_transfer(src, self.peer_a, f"rwbox-{tag}", [0], [0], block_size=8, notification=n)
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            got += ring.take_notes(w)
+            time.sleep(0.01)
+        self.assertEqual([n.notification for n in got], sent)
+        self.assertEqual({(n.sender, n.region, n.blocks, n.dropped) for n in got}, {("b", f"rwbox-{tag}", 1, 0)})
+        ring.cancel_watch(w)
+        deadline = time.monotonic() + 10
+        while w.ended is None and time.monotonic() < deadline:
+            ring.take_notes(w)
+            time.sleep(0.01)
+        self.assertIsInstance(w.ended, b2b.CancelledError)
+        hidden = self.a.register_host(4096)
+        with self.assertRaises(b2b.FailedPreconditionError) as cm:
+            ring.watch(hidden.id)
+        self.assertIn(f'region_id "{hidden.id}" is not exported', str(cm.exception))
+        with self.assertRaises(b2b.NotFoundError):
+            ring.watch("r-no-such")
+        ring.ping()  # the ring serves on
+
+    @property
+    def peer_a(self):
+        return self.da.peer_address

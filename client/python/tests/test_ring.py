@@ -107,7 +107,7 @@ class RingTest(TwoDaemons):
             (_ring.OP_SUBMIT, 0, 0, grpc.StatusCode.INVALID_ARGUMENT, "handle is 0"),
             (_ring.OP_SUBMIT, 5, _ring.MAX_TIMEOUT_MS + 1, grpc.StatusCode.INVALID_ARGUMENT, "timeout_ms 86400001: want 1 to 86400000"),
             (_ring.OP_CANCEL, 0, 0, grpc.StatusCode.INVALID_ARGUMENT, "target tag is 0"),
-            (_ring.OP_CANCEL, 999999, 0, grpc.StatusCode.NOT_FOUND, "no submit in flight under tag 999999"),
+            (_ring.OP_CANCEL, 999999, 0, grpc.StatusCode.NOT_FOUND, "no submit or watch in flight under tag 999999"),
         ]:
             _ring._BODY_LEN.setdefault(9, 0)
             try:

@@ -111,6 +111,9 @@ class Channel:
         self._inflight: List[Tuple[Any, List[Optional[Callable[[Exception], None]]]]] = []
         self._watches: List[Any] = []
         self._threads: List[threading.Thread] = []
+        # Watches on the client's ring (op watch): (ring, its watch, region),
+        # read by pump().
+        self._ring_watches: List[Tuple[Any, Any, Any]] = []
         self._cache: Dict[Tuple[str, str, int], dict] = {}
         # Notes queued per peer rank until flush: (encoded note, on_error).
         self._out: Dict[Tuple[str, str, int], List[Tuple[bytes, Optional[Callable[[Exception], None]], Optional[bytes]]]] = {}
@@ -274,7 +277,70 @@ class Channel:
         self._inflight = keep
 
     def watch(self, region: Any) -> None:
-        """Queue every note delivered to ``region`` (an exported region)."""
+        """Queue every note delivered to ``region`` (an exported region):
+        over the client's ring when it has one (its notes come as the
+        ring's completions, read by :meth:`pump`), else on a thread that
+        reads a WatchNotifications stream."""
+        ring = self.client.ring
+        if ring is not None and hasattr(ring, "watch"):
+            try:
+                self._ring_watches.append((ring, ring.watch(region.id), region))
+                return
+            except (b2b.B2BError, ValueError):
+                pass  # the stream then
+        self._watch_stream(region)
+
+    @property
+    def on_ring(self) -> bool:
+        """Whether notes come over the ring (someone must call pump)."""
+        return bool(self._ring_watches)
+
+    def pump(self) -> int:
+        """Queue the notes the ring's watches received; how many. A watch
+        whose ring ended goes over a stream from then on."""
+        n = 0
+        for rw in list(self._ring_watches):
+            ring, w, region = rw
+            got = ring.take_notes(w) if ring.dead is None else []
+            for x in got:
+                n += self._queue(x)
+            if w.ended is not None or ring.dead is not None:
+                with self._lock:
+                    if rw in self._ring_watches:
+                        self._ring_watches.remove(rw)
+                        ring.cancel_watch(w)
+                        try:
+                            self._watch_stream(region)
+                        except b2b.B2BError:
+                            pass  # the daemon is gone: the connector's timeouts take over
+        return n
+
+    def _queue(self, n: Any) -> int:
+        """Queue the notes of notification ``n``; how many."""
+        body = n.notification
+        keyed = b2b.parse_key_note(body)
+        if keyed is not None:
+            body = keyed[1]  # its keys were for the daemon
+        try:
+            note = json.loads(body)
+        except ValueError:
+            return 0  # not ours
+        at = time.time_ns()  # when it reached this side (the worker's handover marks)
+        if isinstance(note, dict) and note.get("t") == "multi":
+            k = 0
+            for x in note.get("n", ()):
+                if isinstance(x, dict) and "t" in x:
+                    x["_at"] = at
+                    self.notes.put((n.sender, x))
+                    k += 1
+            return k
+        if isinstance(note, dict) and "t" in note:
+            note["_at"] = at
+            self.notes.put((n.sender, note))
+            return 1
+        return 0
+
+    def _watch_stream(self, region: Any) -> None:
         w = self.client.watch(region)
         t = threading.Thread(target=self._drain, args=(w,), name=f"b2b-connector-watch-{self.engine}.{self.rank}",
                              daemon=True)
@@ -285,23 +351,8 @@ class Channel:
     def _drain(self, w: Any) -> None:
         try:
             for n in w:
-                body = n.notification
-                keyed = b2b.parse_key_note(body)
-                if keyed is not None:
-                    body = keyed[1]  # its keys were for the daemon
-                try:
-                    note = json.loads(body)
-                except ValueError:
-                    continue  # not ours
-                at = time.time_ns()  # when it reached this side (the worker's handover marks)
-                if isinstance(note, dict) and note.get("t") == "multi":
-                    for x in note.get("n", ()):
-                        if isinstance(x, dict) and "t" in x:
-                            x["_at"] = at
-                            self.notes.put((n.sender, x))
-                elif isinstance(note, dict) and "t" in note:
-                    note["_at"] = at
-                    self.notes.put((n.sender, note))
+                if not self._queue(n):
+                    continue
                 cb = self.on_note
                 if cb is not None:
                     cb()
@@ -309,6 +360,8 @@ class Channel:
             pass  # the daemon went away: the connector's timeouts take over
 
     def take(self) -> List[Tuple[str, dict]]:
+        if self._ring_watches:
+            self.pump()
         out = []
         while True:
             try:
@@ -323,6 +376,9 @@ class Channel:
                     h.cancel()
                 except _SEND_ERRORS:
                     pass
+        for ring, w, _ in self._ring_watches:
+            ring.cancel_watch(w)
+        self._ring_watches = []
         for w in self._watches:
             w.cancel()
         for t in self._threads:

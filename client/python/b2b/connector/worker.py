@@ -200,9 +200,14 @@ class WorkerHalf:
         timer (vLLM's engine steps without sleeping; this is for engines
         that do not)."""
         self._wakeup = fn
-        if fn is not None and self._ring_watch is None:
-            # A transfer's end comes through the client's ring, if it has
-            # one: a thread sleeps on it and wakes the engine for it too.
+        if fn is not None:
+            self._start_ring_watch()
+
+    def _start_ring_watch(self) -> None:
+        """A thread that sleeps on the client's ring: a transfer's end and
+        (when the channel watches over the ring) a peer's note come
+        through it; it acts on notes at once and wakes the engine."""
+        if self._ring_watch is None:
             self._ring_watch = threading.Thread(target=self._watch_ring, daemon=True,
                                                 name=f"b2b-connector-ring-{self.s.engine_id}.{self.s.tp_rank}")
             self._ring_watch.start()
@@ -239,11 +244,14 @@ class WorkerHalf:
             if r is not ring:
                 ring, seen = r, r.completion_tail()
             now = ring.wait_completion(seen, 0.05)
-            if now != seen:
-                seen = now
+            chan = self.chan
+            if chan is not None and chan.on_ring and chan.pump() and chan.on_note is not None:
+                chan.on_note()  # acts on them, then wakes the engine (_on_notes)
+            elif now != seen:
                 fn = self._wakeup
                 if fn is not None:
                     fn()
+            seen = now
 
     def _flush_later(self) -> None:
         """Have the flusher thread send the queued notes (under the lock,
@@ -335,6 +343,8 @@ class WorkerHalf:
                 if id(ls[0][0]) not in watched:
                     watched.add(id(ls[0][0]))
                     self.chan.watch(ls[0][0])
+        if self.chan.on_ring:  # its notes come as ring completions: someone must read them
+            self._start_ring_watch()
         self.chan.publish({
             "engine": s.engine_id, "rank": s.tp_rank, "tp_size": s.tp_size, "block_size": s.block_size,
             "kv_layout": s.kv_layout, "num_blocks": self.layout.num_blocks, "layers": len(keys),
