@@ -407,8 +407,10 @@ func ringFrame(err error) []byte {
 	return out
 }
 
-// MaxWatches bounds a ring's watches (OpWatch): more are refused.
-const MaxWatches = 64
+// MaxWatches bounds a ring's watches (OpWatch): more are refused. A
+// connector in push mode watches each layer's first region: 256 covers
+// the deepest models.
+const MaxWatches = 256
 
 // watch serves a watch record: regionID's notes come back as note records
 // under req's tag (ring.OpWatch) until an OpCancel names the tag or the
