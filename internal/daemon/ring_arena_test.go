@@ -246,24 +246,34 @@ func TestRingBatchHostile(t *testing.T) {
 // on a region that is not there, and a trigger outside the arena are
 // refused in their completions; a refused record holds nothing (the note
 // region deregisters once the armed one ended); the ring serves on.
-func TestRingArmed(t *testing.T) {
+// armedRing is what the armed-record tests share: a ring pair and its
+// route, a note region of a's (exported as export; "" none), fresh source
+// bytes and an empty destination, and a raw ring with one id pair in its
+// arena at 0 (local block local -> remote block 1) and a trigger on key
+// at 64.
+func armedRing(t *testing.T, ctx context.Context, export string, key string, local uint32, seed uint64) (*ringPair, *client.Route, *client.HostRegion, *ring.Region, []byte) {
+	t.Helper()
 	p := newRingPair(t)
 	rt := arenaRoute(t, p)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	mbox, err := p.a.c.RegisterHost(ctx, 4096, "mbox")
+	note, err := p.a.c.RegisterHost(ctx, 4096, export)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.fill(11)
+	p.fill(seed)
 	clear(p.dst.Bytes)
 	_, reg := hostileRingWith(t, p.sock, ring.HelloArena, 0)
-	size := uint64(len(reg.Arena))
-	le := binary.LittleEndian
-	le.PutUint32(reg.Arena[0:], 3) // local block 3 -> remote block 1
-	le.PutUint32(reg.Arena[4:], 1)
-	trig := ring.AppendTrigger(nil, mbox.Id, []byte("k1"))
+	binary.LittleEndian.PutUint32(reg.Arena[0:], local)
+	binary.LittleEndian.PutUint32(reg.Arena[4:], 1)
+	trig := ring.AppendTrigger(nil, note.Id, []byte(key))
 	copy(reg.Arena[64:], trig)
+	return p, rt, note, reg, trig
+}
+
+func TestRingArmed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p, rt, mbox, reg, trig := armedRing(t, ctx, "mbox", "k1", 3, 11)
+	size := uint64(len(reg.Arena))
 	gone := ring.AppendTrigger(nil, "r999", []byte("k1"))
 	copy(reg.Arena[256:], gone)
 	armed := func(tag, off uint64, n int) ring.Request {
@@ -320,23 +330,10 @@ func TestRingArmed(t *testing.T) {
 // refused in their completions. NotifyRegion over gRPC reaches the
 // region's watchers with sender "local".
 func TestRingNotify(t *testing.T) {
-	p := newRingPair(t)
-	rt := arenaRoute(t, p)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sig, err := p.a.c.RegisterHost(ctx, 4096, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.fill(21)
-	clear(p.dst.Bytes)
-	_, reg := hostileRingWith(t, p.sock, ring.HelloArena, 0)
+	p, rt, sig, reg, trig := armedRing(t, ctx, "", "go", 2, 21)
 	size := uint64(len(reg.Arena))
-	le := binary.LittleEndian
-	le.PutUint32(reg.Arena[0:], 2) // local block 2 -> remote block 1
-	le.PutUint32(reg.Arena[4:], 1)
-	trig := ring.AppendTrigger(nil, sig.Id, []byte("go"))
-	copy(reg.Arena[64:], trig)
 	note, err := client.KeyNote([][]byte{[]byte("go")}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -25,14 +25,21 @@ const (
 
 // decodeNotifyBody reads a notify body (its length checked).
 func decodeNotifyBody(rec []byte, r Request) (Request, error) {
+	r, err := decodeBlobBody(rec, r)
+	if err == nil && (r.BlobLen < 4 || r.BlobLen > 2+MaxTrigRegion+MaxNote) {
+		err = fmt.Errorf("%w: ring notify blob_len %d: want 4 to %d", errs.ErrInvalidArgument, r.BlobLen, 2+MaxTrigRegion+MaxNote)
+	}
+	return r, err
+}
+
+// decodeBlobBody reads the body that notify and watch records share:
+// blob_off u64, blob_len u32, a reserved u32 that must be 0.
+func decodeBlobBody(rec []byte, r Request) (Request, error) {
 	le := binary.LittleEndian
 	b := rec[bodyOff:]
 	r.BlobOff, r.BlobLen = le.Uint64(b), le.Uint32(b[8:])
 	if v := le.Uint32(b[12:]); v != 0 {
-		return r, fmt.Errorf("%w: ring notify reserved word is %d, want 0", errs.ErrInvalidArgument, v)
-	}
-	if r.BlobLen < 4 || r.BlobLen > 2+MaxTrigRegion+MaxNote {
-		return r, fmt.Errorf("%w: ring notify blob_len %d: want 4 to %d", errs.ErrInvalidArgument, r.BlobLen, 2+MaxTrigRegion+MaxNote)
+		return r, fmt.Errorf("%w: ring %s reserved word is %d, want 0", errs.ErrInvalidArgument, r.Op, v)
 	}
 	return r, nil
 }

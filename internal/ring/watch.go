@@ -33,16 +33,11 @@ const (
 
 // decodeWatchBody reads a watch body (its length checked).
 func decodeWatchBody(rec []byte, r Request) (Request, error) {
-	le := binary.LittleEndian
-	b := rec[bodyOff:]
-	r.BlobOff, r.BlobLen = le.Uint64(b), le.Uint32(b[8:])
-	if v := le.Uint32(b[12:]); v != 0 {
-		return r, fmt.Errorf("%w: ring watch reserved word is %d, want 0", errs.ErrInvalidArgument, v)
+	r, err := decodeBlobBody(rec, r)
+	if err == nil && (r.BlobLen == 0 || r.BlobLen > MaxTrigRegion) {
+		err = fmt.Errorf("%w: ring watch region id is %d bytes: want 1 to %d", errs.ErrInvalidArgument, r.BlobLen, MaxTrigRegion)
 	}
-	if r.BlobLen == 0 || r.BlobLen > MaxTrigRegion {
-		return r, fmt.Errorf("%w: ring watch region id is %d bytes: want 1 to %d", errs.ErrInvalidArgument, r.BlobLen, MaxTrigRegion)
-	}
-	return r, nil
+	return r, err
 }
 
 // WatchFromArena copies r's region id out of arena after checking that it
