@@ -666,9 +666,16 @@ class Ring:
 
     def take_notes(self, w: "_WatchState") -> List[Any]:
         """The notes of watch ``w`` that arrived (Notification objects)."""
+        return self.take_all_notes([w])[0]
+
+    def take_all_notes(self, ws: Sequence["_WatchState"]) -> List[List[Any]]:
+        """take_notes of each watch of ``ws``, with one look at the ring."""
         with self._cq_lock:
             self._drain()
-            out, w.notes = w.notes, []
+            out = []
+            for w in ws:
+                out.append(w.notes)
+                w.notes = []
         return out
 
     def cancel_watch(self, w: "_WatchState") -> None:

@@ -299,11 +299,18 @@ class Channel:
         """Queue the notes the ring's watches received; how many. A watch
         whose ring ended goes over a stream from then on."""
         n = 0
-        for rw in list(self._ring_watches):
+        watches = list(self._ring_watches)
+        by_ring: Dict[int, List[Tuple[Any, Any, Any]]] = {}
+        for rw in watches:
+            by_ring.setdefault(id(rw[0]), []).append(rw)
+        for rws in by_ring.values():
+            ring = rws[0][0]
+            if ring.dead is None:
+                for got in ring.take_all_notes([w for _, w, _ in rws]):
+                    for x in got:
+                        n += self._queue(x)
+        for rw in watches:
             ring, w, region = rw
-            got = ring.take_notes(w) if ring.dead is None else []
-            for x in got:
-                n += self._queue(x)
             if w.ended is not None or ring.dead is not None:
                 with self._lock:
                     if rw in self._ring_watches:
