@@ -270,12 +270,18 @@ func TestDeadlineEveryPhase(t *testing.T) {
 		}, msg: "tcp: batch"},
 		{name: "notify", small: true, note: true, setup: func(t *testing.T, f *fakePeer) { f.stall = "notify" }, msg: "notification"},
 	}
+	parent := t
 	for _, ph := range phases {
 		for _, how := range []string{"default-timeout", "deadline", "cancel"} {
 			t.Run(ph.name+"/"+how, func(t *testing.T) {
 				f := &fakePeer{real: realPeer, reached: make(chan string, 16)}
 				ph.setup(t, f)
-				fake := serveFake(t, f)
+				// Every fake listens until the whole test ends: a later
+				// subtest's fake on a port an earlier one let go would be,
+				// to A, the same peer (same address, B's instance behind
+				// it), and A would send over the session it keeps for it,
+				// straight to B's data port, past this subtest's proxy.
+				fake := serveFake(parent, f)
 				bctx, bcancel := context.WithCancel(context.Background())
 				switch how {
 				case "deadline":
