@@ -647,7 +647,12 @@ class Ring:
             self._tag += 1
             tag = w.tag = self._tag
             self._watches[tag] = w
-        self._post_tagged(tag, (OP_WATCH, 0, 0, blob))
+        try:
+            self._post_tagged(tag, (OP_WATCH, 0, 0, blob))
+        except BaseException:
+            with self._cq_lock:
+                self._watches.pop(tag, None)
+            raise
         end = time.monotonic() + timeout
         while not w.subscribed and w.ended is None:
             seen = self.completion_tail()
