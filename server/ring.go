@@ -462,6 +462,7 @@ func (rc *ringConn) watch(req ring.Request, regionID string) {
 		}()
 		var frame []byte
 		var recs []ring.Completion
+		var lost uint64 // notes too large for the whole completion ring, told in the next frame
 		for {
 			select {
 			case <-ctx.Done():
@@ -470,12 +471,17 @@ func (rc *ringConn) watch(req ring.Request, regionID string) {
 				}
 				return
 			case n := <-w.C:
-				frame = ring.AppendNoteFrame(frame[:0], ring.NoteFrame{Sender: n.Sender, Region: n.Region, Dropped: n.Dropped, Note: n.Notification})
+				frame = ring.AppendNoteFrame(frame[:0], ring.NoteFrame{Sender: n.Sender, Region: n.Region, Dropped: n.Dropped + lost, Note: n.Notification})
 				recs = ring.NoteRecords(recs[:0], req.Tag, frame, n.Blocks, n.Bytes)
-				for !rc.completeAll(recs) {
+				if uint32(len(recs)) > rc.reg.CQ.Entries() {
+					lost++ // it could never be posted whole (a client that asked for a tiny ring)
+					continue
+				}
+				lost = 0
+				for wait := ringNoteRetry; !rc.completeAll(recs); wait = min(2*wait, ringNoteRetryMax) {
 					// No room for every part: wait for the client to read,
 					// while later notes wait in the watcher's queue.
-					t := time.NewTimer(ringNoteRetry)
+					t := time.NewTimer(wait)
 					select {
 					case <-ctx.Done():
 						t.Stop()
@@ -490,9 +496,13 @@ func (rc *ringConn) watch(req ring.Request, regionID string) {
 	}()
 }
 
-// ringNoteRetry is how often a note waits for room in a full completion
-// ring.
-const ringNoteRetry = 200 * time.Microsecond
+// A note waits for room in a full completion ring ringNoteRetry, then
+// twice as long each time up to ringNoteRetryMax: a client that stopped
+// reading costs its watches little.
+const (
+	ringNoteRetry    = 200 * time.Microsecond
+	ringNoteRetryMax = 10 * time.Millisecond
+)
 
 // completeAll posts cs together, in order and back to back, if the
 // completion ring has room for all of them now and nothing is parked

@@ -182,6 +182,9 @@ func (q *Queue) Ready(head uint32) (uint32, error) {
 // Consumed publishes the consumer's head: the records before it are free.
 func (q *Queue) Consumed(head uint32) { atomic.StoreUint32(q.head, head) }
 
+// Entries is the queue's size in records.
+func (q *Queue) Entries() uint32 { return q.n }
+
 // Free is how many records a producer at tail (its own copy) may write: the
 // consumer's head is read once. A head ahead of tail or more than the ring
 // behind is corruption.
