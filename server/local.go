@@ -131,18 +131,29 @@ func (l *local) Status(ctx context.Context, req *b2bv1.StatusRequest) (*b2bv1.St
 	}, nil
 }
 
+// watchable is the ID of who's region regionID, if it may be watched: it
+// must be exported, as peers notify a region by its export name (an
+// unexported one would never see a note, and its watcher would wait for
+// ever). Watching does not pin the region. WatchNotifications and the
+// ring's watch records share it.
+func (s *Server) watchable(who region.Caller, regionID string) (string, error) {
+	r, release, err := s.cfg.Registry.Acquire(regionID, "region_id", who)
+	if err != nil {
+		return "", err
+	}
+	release()
+	if s.cfg.Registry.ExportName(r.ID) == "" {
+		return "", fmt.Errorf("%w: region_id %q is not exported, so no peer can notify it: export it (ExportRegion, or register with export_name) before watching", errs.ErrFailedPrecondition, r.ID)
+	}
+	return r.ID, nil
+}
+
 func (l *local) WatchNotifications(req *b2bv1.WatchNotificationsRequest, stream b2bv1.B2B_WatchNotificationsServer) error {
-	r, release, err := l.s.cfg.Registry.Acquire(req.GetRegionId(), "region_id", caller(stream.Context()))
+	id, err := l.s.watchable(caller(stream.Context()), req.GetRegionId())
 	if err != nil {
 		return grpcstatus.ToStatus(err)
 	}
-	release() // watching does not pin the region
-	if l.s.cfg.Registry.ExportName(r.ID) == "" {
-		// Peers notify a region by its export name: an unexported region
-		// would never see one, and the watcher would wait for ever.
-		return grpcstatus.ToStatus(fmt.Errorf("%w: region_id %q is not exported, so no peer can notify it: export it (ExportRegion, or register with export_name) before watching", errs.ErrFailedPrecondition, r.ID))
-	}
-	w := l.s.cfg.Notify.Subscribe(r.ID)
+	w := l.s.cfg.Notify.Subscribe(id)
 	defer l.s.cfg.Notify.Unsubscribe(w)
 	// Headers tell the client it is subscribed: batches after this are seen.
 	if err := stream.SendHeader(nil); err != nil {

@@ -352,11 +352,18 @@ func (rc *ringConn) flushLocked() {
 	if n == 0 {
 		return
 	}
-	for _, c := range rc.parked[:n] {
+	rc.postLocked(rc.parked[:n])
+	rc.parked = rc.parked[:copy(rc.parked, rc.parked[n:])]
+}
+
+// postLocked writes cs into the completion ring, which has room for them,
+// and publishes them. rc.cqMu is held.
+func (rc *ringConn) postLocked(cs []ring.Completion) {
+	q := &rc.reg.CQ
+	for _, c := range cs {
 		c.Encode(q.Slot(rc.cqTail))
 		rc.cqTail++
 	}
-	rc.parked = rc.parked[:copy(rc.parked, rc.parked[n:])]
 	q.Publish(rc.cqTail)
 }
 
@@ -417,15 +424,9 @@ const MaxWatches = 256
 // ring ends. The region must be the caller's and exported, as
 // WatchNotifications wants.
 func (rc *ringConn) watch(req ring.Request, regionID string) {
-	r, release, err := rc.s.cfg.Registry.Acquire(regionID, "region_id", rc.who)
+	id, err := rc.s.watchable(rc.who, regionID)
 	if err != nil {
 		rc.complete(fail(req.Tag, err))
-		return
-	}
-	release() // watching does not pin the region
-	export := rc.s.cfg.Registry.ExportName(r.ID)
-	if export == "" {
-		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring watch region_id %q is not exported, so no peer can notify it: export it before watching", errs.ErrFailedPrecondition, r.ID)))
 		return
 	}
 	ctx, cancel := context.WithCancel(rc.ctx)
@@ -447,7 +448,7 @@ func (rc *ringConn) watch(req ring.Request, regionID string) {
 		rc.complete(fail(req.Tag, fmt.Errorf("%w: ring watches: %d already, the limit per ring", errs.ErrResourceExhausted, MaxWatches)))
 		return
 	}
-	w := rc.s.cfg.Notify.Subscribe(r.ID)
+	w := rc.s.cfg.Notify.Subscribe(id)
 	rc.complete(ring.Completion{Tag: req.Tag, Code: ring.CodeNote}) // subscribed: an empty note record
 	rc.wg.Add(1)
 	go func() {
@@ -467,7 +468,7 @@ func (rc *ringConn) watch(req ring.Request, regionID string) {
 			select {
 			case <-ctx.Done():
 				if rc.ctx.Err() == nil { // cancelled by the client, not the ring's end
-					rc.complete(fail(req.Tag, fmt.Errorf("ring watch of region %s: %w", r.ID, context.Canceled)))
+					rc.complete(fail(req.Tag, fmt.Errorf("ring watch of region %s: %w", id, context.Canceled)))
 				}
 				return
 			case n := <-w.C:
@@ -525,10 +526,6 @@ func (rc *ringConn) completeAll(cs []ring.Completion) bool {
 	if int(free) < len(cs) {
 		return false
 	}
-	for _, c := range cs {
-		c.Encode(q.Slot(rc.cqTail))
-		rc.cqTail++
-	}
-	q.Publish(rc.cqTail)
+	rc.postLocked(cs)
 	return true
 }

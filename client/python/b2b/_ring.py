@@ -410,12 +410,13 @@ class Ring:
 
     # -- posting -------------------------------------------------------------
 
-    def _post(self, reqs: Sequence[Tuple[Any, ...]]) -> List[int]:
+    def _post(self, reqs: Sequence[Tuple[Any, ...]], watch: Optional["_WatchState"] = None) -> List[int]:
         """Post (op, word0, word2) records with one publish; their tags. A
         submit's word2 is its deadline in ms (0: none; the body is then 16
         bytes, else 24). A blocks record is (OP_BLOCKS, route, timeout_ms,
         pairs): pairs a flat list local0, remote0, ... of 1 to
-        MAX_INLINE_IDS pairs."""
+        MAX_INLINE_IDS pairs. ``watch``: the one record is that watch's
+        (its tag's completions go to it, from before the record is seen)."""
         if self._dead is not None:
             raise self._dead
         with self._cq_lock:
@@ -423,7 +424,11 @@ class Ring:
             for _ in reqs:
                 self._tag += 1
                 tags.append(self._tag)
-            self._pending.update(tags)
+            if watch is not None:
+                watch.tag = tags[0]
+                self._watches[watch.tag] = watch
+            else:
+                self._pending.update(tags)
             self._drain()  # a caller that posts much before it waits must not overrun the completions
         mm, q = self._mm, self.sq
         i = 0
@@ -443,7 +448,7 @@ class Ring:
                     wrote = 0
                     for _ in range(min(free, len(reqs) - i)):
                         op, w0, w2 = reqs[i][:3]
-                        if op in (OP_BATCH, OP_NOTIFY):
+                        if op in (OP_BATCH, OP_NOTIFY, OP_WATCH):
                             if not self._put_batch(tags[i], w2, reqs[i][3], q, op):
                                 break  # the arena is full of records not taken: publish, wait
                         elif op == OP_BLOCKS and len(reqs[i]) > 4:  # in the arena
@@ -467,6 +472,8 @@ class Ring:
         except BaseException:
             with self._cq_lock:
                 self._pending.difference_update(tags[i:])
+                if watch is not None and i == 0:
+                    self._watches.pop(watch.tag, None)  # not posted: forget it
             raise
         return tags
 
@@ -502,7 +509,7 @@ class Ring:
 
     def _put_batch(self, tag: int, ms: int, blob: bytes, q: _Queue, op: int = OP_BATCH) -> bool:
         """Write a batch record and its blob (batch_blob) to the arena; or,
-        op OP_NOTIFY, a notify record (ms 0: its reserved word)."""
+        op OP_NOTIFY or OP_WATCH, one of those (ms 0: their reserved word)."""
         off = self.arena.place(len(blob), self._sq_tail, q.head.value)
         if off is None:
             return False
@@ -539,7 +546,8 @@ class Ring:
                         w.part(mm[off + COMP_HDR:off + COMP_HDR + n], blocks, nbytes, wire, total)
                     head = (head + 1) & 0xFFFFFFFF
                     continue
-                w.ended = error_for_code(_CODE_BY_VALUE.get(code, grpc.StatusCode.UNKNOWN), mm[off + COMP_HDR:off + COMP_HDR + min(n, MSG_MAX)].decode("utf-8", "replace"))
+                msg = mm[off + COMP_HDR:off + COMP_HDR + min(n, MSG_MAX)].decode("utf-8", "replace")
+                w.ended = Completion(tag, code, msg, blocks, nbytes, wire, total).error()
                 del self._watches[tag]
                 head = (head + 1) & 0xFFFFFFFF
                 continue
@@ -643,16 +651,7 @@ class Ring:
         if not 1 <= len(blob) <= MAX_TRIG_REGION:
             raise ValueError(f"region id of {len(blob)} bytes: want 1 to {MAX_TRIG_REGION}")
         w = _WatchState(region_id)
-        with self._cq_lock:
-            self._tag += 1
-            tag = w.tag = self._tag
-            self._watches[tag] = w
-        try:
-            self._post_tagged(tag, (OP_WATCH, 0, 0, blob))
-        except BaseException:
-            with self._cq_lock:
-                self._watches.pop(tag, None)
-            raise
+        self._post([(OP_WATCH, 0, 0, blob)], watch=w)
         end = time.monotonic() + timeout
         while not w.subscribed and w.ended is None:
             seen = self.completion_tail()
@@ -693,23 +692,6 @@ class Ring:
                 self.forget(t)
             except B2BError:
                 pass
-
-    def _post_tagged(self, tag: int, req: Tuple[Any, ...]) -> None:
-        """Post one arena record under a tag already taken (a watch's)."""
-        if self._dead is not None:
-            raise self._dead
-        q = self.sq
-        with self._sq_lock:
-            while True:
-                h = q.head.value
-                used = (self._sq_tail - h) & 0xFFFFFFFF
-                if used < q.n and self._put_batch(tag, req[2], req[3], q, req[0]):
-                    break
-                self._pause()
-                if self._dead is not None:
-                    raise self._dead
-            self._sq_tail = (self._sq_tail + 1) & 0xFFFFFFFF
-            q.publish(self._sq_tail)
 
     def ping(self) -> None:
         """One empty round trip through the daemon."""
@@ -841,7 +823,7 @@ class _WatchState:
         if length == 0:
             self.subscribed = True
             return
-        if at != len(self._buf):  # a part out of place: drop the frame, count it lost
+        if at != len(self._buf):  # a part out of place (never: one note's parts are posted together): drop the frame
             self._buf = bytearray()
             if at != 0:
                 return
