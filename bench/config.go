@@ -254,7 +254,7 @@ func ParseFlags(args []string, usageOut io.Writer) (Config, error) {
 	fs.BoolVar(&cfg.Breakdown, "breakdown", false, "print the daemon's per-phase medians (decode, validate, resolve, plan, post, wire, notify) per size and mode")
 	yard := fs.String("yardstick", "stream,cached", "yardsticks: stream (TCP from and into regions as large as the bench's), cached (TCP, 4 MiB buffers), raw (--memory cuda: one cuMemcpyBatchAsync of each batch's own blocks from the bench, interleaved), comma-separated, or none")
 	fs.IntVar(&cfg.PingCalls, "ping-calls", DefaultPingCalls, "empty Ping calls whose median is the floor printed in the header (0: skip)")
-	fs.StringVar(&cfg.Workload, "workload", WorkloadSweep, "sweep (block sizes, the default), kv (one KV-cache request moved as descriptors and as block ids; see --kv-*) or control (empty requests and prepared submits over gRPC and over the shared-memory ring)")
+	fs.StringVar(&cfg.Workload, "workload", WorkloadSweep, "sweep (block sizes, the default), kv (one KV-cache request moved as descriptors and as block ids; see --kv-*) control (empty requests and prepared submits over gRPC and over the shared-memory ring) or paths (auto against every transport on this host, per memory route and size)")
 	fs.IntVar(&cfg.KV.Segments, "kv-segments", DefaultKVSegments, "--workload kv: segments (per-layer K and V tensors) per layout")
 	kvBlock := fs.String("kv-block", "8KiB", "--workload kv: bytes per block of a segment (K, M suffixes allowed)")
 	fs.IntVar(&cfg.KV.Pool, "kv-pool", DefaultKVPool, "--workload kv: blocks per segment (the pool's num_blocks)")
@@ -335,8 +335,12 @@ func (c Config) Validate() error {
 			return err
 		}
 	case WorkloadControl:
+	case WorkloadPaths:
+		if c.TwoHost() {
+			return fmt.Errorf("--workload paths: embedded mode only (it measures this host's paths)")
+		}
 	default:
-		return fmt.Errorf("--workload %q: want %s, %s or %s", c.Workload, WorkloadSweep, WorkloadKV, WorkloadControl)
+		return fmt.Errorf("--workload %q: want %s, %s, %s or %s", c.Workload, WorkloadSweep, WorkloadKV, WorkloadControl, WorkloadPaths)
 	}
 	switch c.Path {
 	case "", PathGRPC:

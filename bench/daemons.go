@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -69,6 +70,12 @@ func shmParent() string {
 // With submit, the source daemon also serves a raw submit socket
 // (submitSocketName in the state directory).
 func startEmbedded(ctx context.Context, binary string, extraArgs []string, ncuDir string, submit bool) (_ *embeddedPair, err error) {
+	return startEmbeddedWith(ctx, binary, extraArgs, nil, ncuDir, submit)
+}
+
+// startEmbeddedWith is startEmbedded with dstArgs given to the destination
+// daemon only.
+func startEmbeddedWith(ctx context.Context, binary string, extraArgs, dstArgs []string, ncuDir string, submit bool) (_ *embeddedPair, err error) {
 	path, err := exec.LookPath(binary)
 	if err != nil {
 		return nil, fmt.Errorf("b2bd binary %q: %w (build it with `make build`, or give --b2bd)", binary, err)
@@ -96,7 +103,7 @@ func startEmbedded(ctx context.Context, binary string, extraArgs []string, ncuDi
 	if p.src, err = startDaemon(ctx, path, "bench-src", p.stateDir, p.shmDir, srcArgs, ncuDir); err != nil {
 		return nil, err
 	}
-	if p.dst, err = startDaemon(ctx, path, "bench-dst", p.stateDir, p.shmDir, args, ncuDir); err != nil {
+	if p.dst, err = startDaemon(ctx, path, "bench-dst", p.stateDir, p.shmDir, append(slices.Clone(args), dstArgs...), ncuDir); err != nil {
 		return nil, err
 	}
 	return p, nil

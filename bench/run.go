@@ -114,6 +114,9 @@ func Run(ctx context.Context, cfg Config, stdout, stderr io.Writer) error {
 	if cfg.Workload == WorkloadControl {
 		return runControl(ctx, cfg, stdout)
 	}
+	if cfg.Workload == WorkloadPaths {
+		return runPaths(ctx, cfg, stdout)
+	}
 	host, _ := os.Hostname()
 	mode := "embedded"
 	if cfg.TwoHost() {

@@ -194,7 +194,7 @@ func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
 // a: its keys (region.Region.KeysFor) in the encoding every kind reads
 // (transport.MarshalRegionKey).
 func resolveResponse(r *region.Region, a transport.Access) *b2bv1.ResolveRegionResponse {
-	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: memoryKind(r.Mem.Kind), Keys: map[string][]byte{}}
+	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: memoryKind(r.Mem.Kind), Device: int32(r.Mem.Device), Keys: map[string][]byte{}}
 	for k, key := range r.KeysFor(a) {
 		resp.Keys[string(k)] = transport.MarshalRegionKey(key)
 	}
@@ -231,4 +231,31 @@ func regionProto(r *region.Region, active int) *b2bv1.Region {
 		}
 	}
 	return p
+}
+
+// calibrationProto is the daemon's calibration as Status says it.
+func calibrationProto(of func() *transport.Calibration) *b2bv1.Calibration {
+	if of == nil {
+		return nil
+	}
+	c := of()
+	if c == nil {
+		return nil
+	}
+	out := &b2bv1.Calibration{State: c.State, ElapsedNs: uint64(c.Elapsed), File: c.File}
+	for _, r := range c.Rows {
+		row := &b2bv1.CalibrationRow{From: memoryKind(r.Route.From), To: memoryKind(r.Route.To), SameDevice: r.Route.SameDevice,
+			BlockBytes: r.BlockBytes, Blocks: uint32(r.Blocks), MedianNs: map[string]uint64{}, Chosen: string(r.Chosen), Why: r.Why}
+		for k, t := range r.Median {
+			row.MedianNs[string(k)] = uint64(t)
+		}
+		if len(r.Failed) > 0 {
+			row.Failed = map[string]string{}
+			for k, why := range r.Failed {
+				row.Failed[string(k)] = why
+			}
+		}
+		out.Rows = append(out.Rows, row)
+	}
+	return out
 }

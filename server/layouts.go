@@ -126,7 +126,7 @@ func (p *peerService) ResolveLayout(ctx context.Context, req *b2bv1.ResolveLayou
 		}
 		rr := resolveResponse(reg, a)
 		release()
-		resp.Regions = append(resp.Regions, &b2bv1.ResolvedLayoutRegion{Name: rr.GetName(), Size: rr.GetSize(), Keys: rr.GetKeys()})
+		resp.Regions = append(resp.Regions, &b2bv1.ResolvedLayoutRegion{Name: rr.GetName(), Size: rr.GetSize(), Keys: rr.GetKeys(), Kind: rr.GetKind(), Device: rr.GetDevice()})
 	}
 	for i := 0; i < e.Layout.NumSegments(); i++ {
 		s := e.Layout.Segment(i)

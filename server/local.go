@@ -128,6 +128,7 @@ func (l *local) Status(ctx context.Context, req *b2bv1.StatusRequest) (*b2bv1.St
 		BatchesSent: c.BatchesSent.Load(), BatchesReceived: c.BatchesReceived.Load(), BatchesFailed: c.BatchesFailed.Load(),
 		BytesSent: c.BytesSent.Load(), BytesReceived: c.BytesReceived.Load(),
 		PeersConnected: uint32(cfg.Peers.Connected()), Goroutines: uint32(runtime.NumGoroutine()),
+		Calibration: calibrationProto(cfg.Calibration),
 	}, nil
 }
 

@@ -67,6 +67,9 @@ type Config struct {
 	// OpenFDs counts the process's open file descriptors for Status; nil
 	// reports 0.
 	OpenFDs func() uint32
+	// Calibration is the daemon's measurement for auto (Status shows
+	// it); nil reports none.
+	Calibration func() *transport.Calibration
 	// InstanceID names this start of the daemon in handshakes (peers'
 	// prepared plans go stale when it changes); 0: New picks a random one.
 	InstanceID uint64

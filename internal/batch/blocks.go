@@ -205,6 +205,9 @@ func (x *blockXfer) attempt(ctx context.Context) (res Result, _ ran, err error) 
 		_, _, bl := pair.Group(g)
 		total += bl * uint64(ids.N())
 	}
+	if sess.Recheck && blocks > 0 && len(sc.regions) > 0 && len(rl.Regions) > 0 {
+		sess = x.rechoose(ctx, sess, rl, total/blocks)
+	}
 	if r.Op == OpRead {
 		return x.read(ctx, sess, rl, pair, ids, cached, blocks, total, t2)
 	}
@@ -253,6 +256,30 @@ func (x *blockXfer) attempt(ctx context.Context) (res Result, _ ran, err error) 
 	}
 	res, err = x.moved(ctx, rl, sess, st, wstart, blocks, total)
 	return res, ran{}, err
+}
+
+// rechoose is paths.rechoose for a block request: its route is from the
+// first local region to the first remote one (a layout's regions share a
+// memory kind in practice), and the other kind is taken only when every
+// region of both layouts is registered with it.
+func (x *blockXfer) rechoose(ctx context.Context, sess transport.Session, rl *transport.LayoutResolution, blockBytes uint64) transport.Session {
+	r := &x.r
+	need := transport.Need{Op: r.Op.ops(), Route: transport.RouteOf(x.sc.regions[0].Mem, rl.Regions[0], r.Op == OpRead), BlockBytes: blockBytes}
+	s2 := x.s.paths.rechoose(ctx, r.Peer, sess, need)
+	if s2.Kind == sess.Kind {
+		return sess
+	}
+	for _, reg := range x.sc.regions {
+		if _, ok := reg.Registration(s2.Kind); !ok {
+			return sess
+		}
+	}
+	for _, rr := range rl.Regions {
+		if _, ok := rr.Keys[s2.Kind]; !ok {
+			return sess
+		}
+	}
+	return s2
 }
 
 // staleGeometry says whether err, a refusal by the remote layout's geometry

@@ -50,6 +50,16 @@ func (ps paths) dst(ctx context.Context, p *Plan, hold bool) (sess transport.Ses
 		}
 		return fail(fmt.Errorf("peer %s: resolve dst_region %q for %s: %w", p.peer, p.dst, p.op, err))
 	}
+	if sess.Recheck && p.blocks > 0 {
+		need := transport.Need{Op: p.op.ops(), Memory: p.src.Mem.Kind, Route: transport.RouteOf(p.src.Mem, rr, p.op == OpRead), BlockBytes: p.bytes / p.blocks}
+		if s2 := ps.rechoose(ctx, p.peer, sess, need); s2.Kind != sess.Kind {
+			if reg2, ok := p.src.Registration(s2.Kind); ok {
+				if _, ok := rr.Keys[s2.Kind]; ok {
+					sess, reg = s2, reg2
+				}
+			}
+		}
+	}
 	key, ok := rr.Keys[sess.Kind]
 	if !ok {
 		return fail(fmt.Errorf("%w: dst_region %q on peer %s is not registered with transport %s", errs.ErrFailedPrecondition, p.dst, p.peer, sess.Kind))
@@ -74,6 +84,22 @@ func (ps paths) session(ctx context.Context, peer string, want transport.Kind, n
 		return transport.Session{}, fmt.Errorf("peer %s: %w: choose another transport, or the other op", peer, err)
 	}
 	return sess, nil
+}
+
+// rechoose asks again for the data path auto chose by rank
+// (Session.Recheck), now that need carries the batch's route and block
+// size: a peer on this host then gets the kind measured fastest for them
+// (transport.Calibration). It keeps sess when the choice stands or the
+// other kind is not to be had.
+func (ps paths) rechoose(ctx context.Context, peer string, sess transport.Session, need transport.Need) transport.Session {
+	if !sess.Recheck || !need.Route.Known() || need.BlockBytes == 0 {
+		return sess
+	}
+	s2, err := ps.session(ctx, peer, "", need)
+	if err != nil {
+		return sess
+	}
+	return s2
 }
 
 // isRequestError: the peer refused this request, the connection is fine.

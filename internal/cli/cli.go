@@ -258,8 +258,53 @@ func runStatus(fs *pflag.FlagSet) runner {
 			rows = append(rows, []string{kindName(t.GetKindName(), t.GetKind()), fmt.Sprint(t.GetAvailable()), fmt.Sprint(t.GetConnections()),
 				fmt.Sprint(t.GetQueuePairs()), fmt.Sprint(t.GetMemoryRegions()), t.GetDetail()})
 		}
-		return table(w, []string{"TRANSPORT", "AVAILABLE", "CONNS", "QPS", "MRS", "DETAIL"}, rows)
+		if err := table(w, []string{"TRANSPORT", "AVAILABLE", "CONNS", "QPS", "MRS", "DETAIL"}, rows); err != nil {
+			return err
+		}
+		return printCalibration(w, st.GetCalibration())
 	}
+}
+
+// printCalibration says how auto chooses for a peer on this host: each
+// measured route and block size, each kind's median batch, the choice and
+// why.
+func printCalibration(w io.Writer, c *b2bv1.Calibration) error {
+	if c == nil {
+		return nil
+	}
+	head := fmt.Sprintf("\nauto, for a peer on this host: %s", c.GetState())
+	if c.GetElapsedNs() > 0 {
+		head += fmt.Sprintf(" (measured in %s)", time.Duration(c.GetElapsedNs()).Round(time.Millisecond))
+	}
+	if c.GetFile() != "" {
+		head += ", kept in " + c.GetFile()
+	}
+	fmt.Fprintln(w, head)
+	if len(c.GetRows()) == 0 {
+		fmt.Fprintln(w, "auto takes the highest-ranked transport that reaches the peer")
+		return nil
+	}
+	var rows [][]string
+	for _, r := range c.GetRows() {
+		route := memName(r.GetFrom()) + "→" + memName(r.GetTo())
+		if r.GetFrom() == b2bv1.MemoryKind_MEMORY_KIND_CUDA && r.GetTo() == b2bv1.MemoryKind_MEMORY_KIND_CUDA {
+			route += map[bool]string{true: " (one GPU)", false: " (two GPUs)"}[r.GetSameDevice()]
+		}
+		var kinds []string
+		for k := range r.GetMedianNs() {
+			kinds = append(kinds, k)
+		}
+		sort.Strings(kinds)
+		var times []string
+		for _, k := range kinds {
+			times = append(times, fmt.Sprintf("%s %.3f ms", k, float64(r.GetMedianNs()[k])/1e6))
+		}
+		for k := range r.GetFailed() {
+			times = append(times, k+" failed")
+		}
+		rows = append(rows, []string{route, human(r.GetBlockBytes()), fmt.Sprint(r.GetBlocks()), r.GetChosen(), strings.Join(times, ", "), r.GetWhy()})
+	}
+	return table(w, []string{"ROUTE", "BLOCK", "BLOCKS", "AUTO", "MEDIAN BATCH", "WHY"}, rows)
 }
 
 type transportJSON struct {
@@ -282,6 +327,7 @@ func statusJSON(st *b2bv1.StatusResponse) map[string]any {
 		"batches_sent": st.GetBatchesSent(), "batches_received": st.GetBatchesReceived(), "bytes_sent": st.GetBytesSent(),
 		"bytes_received": st.GetBytesReceived(), "batches_failed": st.GetBatchesFailed(), "max_descriptors": st.GetMaxDescriptors(),
 		"peers_connected": st.GetPeersConnected(), "goroutines": st.GetGoroutines(), "open_fds": st.GetOpenFds(),
+		"calibration": calibrationJSON(st.GetCalibration()),
 	}
 }
 
@@ -509,4 +555,19 @@ func fillRandom(b []byte, seed uint64) {
 		x ^= x << 17
 		b[i] = byte(x)
 	}
+}
+
+// calibrationJSON is Status's calibration as b2bctl status --json prints
+// it.
+func calibrationJSON(c *b2bv1.Calibration) map[string]any {
+	if c == nil {
+		return nil
+	}
+	rows := []map[string]any{}
+	for _, r := range c.GetRows() {
+		rows = append(rows, map[string]any{"from": memName(r.GetFrom()), "to": memName(r.GetTo()), "same_device": r.GetSameDevice(),
+			"block_bytes": r.GetBlockBytes(), "blocks": r.GetBlocks(), "median_ns": r.GetMedianNs(), "failed": r.GetFailed(),
+			"chosen": r.GetChosen(), "why": r.GetWhy()})
+	}
+	return map[string]any{"state": c.GetState(), "elapsed_ns": c.GetElapsedNs(), "file": c.GetFile(), "rows": rows}
 }

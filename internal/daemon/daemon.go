@@ -45,17 +45,22 @@ var Version = "dev"
 
 // Config is everything the daemon is told on its command line.
 type Config struct {
-	NodeName       string
-	Socket         string // local API Unix socket
-	SocketMode     string // octal
-	Group          string // group of the socket and the shm dir: name or gid; "": b2bd if it exists
-	APIListen      string // optional local API TCP listener
-	PeerListen     string // peer control plane
-	ShmDir         string
-	Transport      string // auto, or a registered kind (transport.Names)
-	MaxDescriptors int
-	MaxPlans       int // prepared plans per client identity
-	MaxTransfers   int // async transfers per client
+	NodeName   string
+	Socket     string // local API Unix socket
+	SocketMode string // octal
+	Group      string // group of the socket and the shm dir: name or gid; "": b2bd if it exists
+	APIListen  string // optional local API TCP listener
+	PeerListen string // peer control plane
+	ShmDir     string
+	Transport  string // auto, or a registered kind (transport.Names)
+	// Calibrate "start": measure this host's paths once serving, for
+	// auto's choice for same-host peers (calibrate.go); "" or "off": by
+	// rank. CalibrationFile keeps the result for later starts.
+	Calibrate       string
+	CalibrationFile string
+	MaxDescriptors  int
+	MaxPlans        int // prepared plans per client identity
+	MaxTransfers    int // async transfers per client
 	// PeerIdleTimeout closes a peer's connections once unused this long;
 	// MaxPeers caps the peers kept at once (internal/peer.Limits). Zero:
 	// the default; the flags refuse values out of range.
@@ -104,6 +109,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"most data connections to one peer per transport; each carries one batch at a time, so batches to a peer run side by side up to this many")
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/b2bd", "directory of host regions' shared-memory files")
 	fs.StringVar(&c.Transport, "transport", transport.Auto, "data plane: auto (local when the peer proves it is on this host, else verbs when both peers have RDMA, else tcp), tcp, verbs or local (same host only: shared memory and CUDA IPC)")
+	fs.StringVar(&c.Calibrate, "calibrate", "start", "start: once serving, time batches to this daemon over each transport per memory route and block size (about a second), and let auto give a peer on this host the fastest; off: auto goes by rank")
+	fs.StringVar(&c.CalibrationFile, "calibration-file", "", "keep --calibrate's result in this file and reuse it on a later start of the same build on the same host, transports and GPUs (empty: measure at every start)")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", desc.DefaultMaxBlocks, "most blocks per batch")
 	fs.IntVar(&c.MaxPlans, "max-plans", batch.DefaultMaxPlans, "most prepared transfers (PrepareTransfer) one client identity may hold")
 	fs.IntVar(&c.MaxTransfers, "max-transfers-per-client", batch.DefaultMaxTransfers, "most async transfers (StartTransfer) one client may hold, running or ended and not yet reported")
@@ -137,6 +144,8 @@ var flagRanges = config.Ranges{
 	"conns-per-peer":           config.Int{Min: 1, Max: maxConnsPerPeer},
 	"shm-dir":                  config.Path(false),
 	"transport":                config.OneOf(transport.Names),
+	"calibrate":                config.OneOf{"start", "off"},
+	"calibration-file":         config.Path(true),
 	"max-descriptors":          config.Int{Min: 1, Max: 1 << 24},
 	"max-plans":                config.Int{Min: 1, Max: 1 << 20},
 	"max-transfers-per-client": config.Int{Min: 1, Max: 1 << 20},
@@ -251,6 +260,7 @@ type Daemon struct {
 	// served by Serve, stopped after the gRPC servers drained.
 	metricsLn, healthLn   net.Listener
 	metricsSrv, healthSrv *http.Server
+	calib                 calibrator // --calibrate: auto's measured choices
 }
 
 // inbound is the registry's key index plus counters, as the transports'
@@ -353,7 +363,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
 		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Signals: signals,
 		MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers, DefaultTimeout: cfg.DefaultTimeout,
-		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Counters: &d.counters, Staging: d.staging, OpenFDs: openFDs, Log: log.Named("server"),
+		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Calibration: d.Calibration, Counters: &d.counters, Staging: d.staging, OpenFDs: openFDs, Log: log.Named("server"),
 	}
 	srv := server.New(scfg)
 	d.srv = srv
@@ -548,6 +558,9 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		go func() { _ = d.srv.ServeSubmit(d.submitLn) }()
 	}
 	d.serveHTTP()
+	calCtx, stopCal := context.WithCancel(ctx)
+	defer stopCal()
+	d.startCalibration(calCtx)
 	d.log.Info("b2bd serving", "version", Version, "node", d.cfg.NodeName, "api", d.apiAddr, "peer", d.peerAddr,
 		"transports", d.kinds(), "metrics", d.MetricsAddr(), "health", d.HealthAddr())
 	if sent, nerr := sdNotify("READY=1\nSTATUS=serving"); nerr != nil {
@@ -567,6 +580,12 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		d.log.Warn("tell systemd we are stopping", "error", nerr)
 	}
 	d.log.Info("shutting down")
+	stopCal()
+	select { // its RPCs end with the cancel; the servers stop after it
+	case <-d.calib.done:
+	case <-time.After(5 * time.Second):
+		d.log.Warn("calibration did not stop within 5s")
+	}
 	done := make(chan struct{})
 	go func() {
 		d.api.GracefulStop()

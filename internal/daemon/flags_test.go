@@ -50,6 +50,8 @@ var rangeCases = []struct {
 	{"shm-dir", []string{"", "a\x00b"}, []string{"/dev/shm/b2bd"}, "non-empty"},
 	{"local-streams", []string{"99", "0", "-1", "9"}, []string{"1", "8"}, "1 to 8"},
 	{"transport", []string{"udp", "", "LOCAL"}, []string{"auto", "tcp", "verbs", "local"}, "auto, tcp, verbs, local"},
+	{"calibrate", []string{"on", "", "START"}, []string{"start", "off"}, "start, off"},
+	{"calibration-file", []string{"a\x00b"}, []string{"", "/var/cache/b2bd/c.json"}, "no NUL"},
 	{"max-descriptors", []string{"0", "-1", "16777217"}, []string{"1", "16777216"}, "1 to 16777216"},
 	{"max-plans", []string{"0", "-5", "1048577"}, []string{"1", "1048576"}, "1 to 1048576"},
 	{"max-transfers-per-client", []string{"0", "-5", "1048577"}, []string{"1", "4096", "1048576"}, "1 to 1048576"},

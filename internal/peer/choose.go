@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -26,7 +27,10 @@ type chooser struct {
 	caps map[transport.Kind]transport.Caps
 	// driver finds a kind's capabilities (transport.Lookup).
 	driver func(transport.Kind) (transport.Driver, bool)
-	log    hclog.Logger
+	// measured is the daemon's calibration (nil: none), read by every
+	// auto choice for a peer on this host.
+	measured atomic.Pointer[transport.Calibration]
+	log      hclog.Logger
 }
 
 // setDrivers ranks the kinds and reads their Caps from lookup (see
@@ -72,41 +76,72 @@ func (c *chooser) usable(st *state) map[transport.Kind]error {
 }
 
 // choose picks the data path to st's peer for a request needing need:
-// want when it names one (refused when its Caps lack need), else the
-// highest-ranked kind both sides offer that can reach the peer and whose
-// Caps meet need. Why each kind was passed over is in the error when none
-// is left, and in a debug log otherwise.
-func (c *chooser) choose(st *state, want transport.Kind, need transport.Need) (transport.Kind, error) {
+// want when it names one (refused when its Caps lack need), else, of the
+// kinds both sides offer that can reach the peer and whose Caps meet
+// need, the one measured fastest for need's route and block size when the
+// peer is on this host and the daemon calibrated (transport.Calibration),
+// else the highest-ranked. recheck: it chose by rank only because need
+// has no route, and one would let it choose by measurement. Why each kind
+// was passed over is in the error when none is left, and in a debug log
+// otherwise.
+func (c *chooser) choose(st *state, want transport.Kind, need transport.Need) (_ transport.Kind, recheck bool, _ error) {
 	if want != "" {
 		if _, ok := c.transports[want]; !ok {
 			if _, known := c.driver(want); !known && transport.CheckName(string(want)) != nil {
-				return "", fmt.Errorf("%w: transport %q is unknown", errs.ErrInvalidArgument, want)
+				return "", false, fmt.Errorf("%w: transport %q is unknown", errs.ErrInvalidArgument, want)
 			}
-			return "", fmt.Errorf("%w: transport %s was requested but is not available on this daemon", errs.ErrFailedPrecondition, want)
+			return "", false, fmt.Errorf("%w: transport %s was requested but is not available on this daemon", errs.ErrFailedPrecondition, want)
 		}
 		if err := c.reaches(st, want); err != nil {
-			return "", fmt.Errorf("transport %s was requested but peer %s cannot use it: %w", want, st.addr, err)
+			return "", false, fmt.Errorf("transport %s was requested but peer %s cannot use it: %w", want, st.addr, err)
 		}
 		if err := c.caps[want].Lacks(want, need); err != nil {
-			return "", fmt.Errorf("transport %s was requested for peer %s: %w", want, st.addr, err)
+			return "", false, fmt.Errorf("transport %s was requested for peer %s: %w", want, st.addr, err)
 		}
-		return want, nil
+		return want, false, nil
 	}
 	var why []string
+	var fit [8]transport.Kind // the kinds that can carry it, ranked; no allocation
+	cands := fit[:0]
+	sameHost := false
+	for _, k := range c.ranked {
+		err := c.reaches(st, k)
+		if err == nil {
+			sameHost = sameHost || c.caps[k].SameHostOnly
+			err = c.caps[k].Lacks(k, need)
+		}
+		if err == nil {
+			cands = append(cands, k)
+			continue
+		}
+		if c.log.IsDebug() {
+			why = append(why, fmt.Sprintf("%s: %v", k, err))
+		}
+	}
+	if len(cands) > 0 {
+		k := cands[0]
+		if m := c.measured.Load(); m != nil && sameHost && len(cands) > 1 {
+			if !need.Route.Known() {
+				recheck = true
+			} else if fast, ok := m.Choose(need.Route, need.BlockBytes, cands); ok {
+				k = fast
+			}
+		}
+		if len(why) > 0 {
+			c.log.Debug("transport chosen", "peer", st.addr, "transport", k, "passed_over", strings.Join(why, "; "))
+		}
+		return k, recheck, nil
+	}
 	for _, k := range c.ranked {
 		err := c.reaches(st, k)
 		if err == nil {
 			err = c.caps[k].Lacks(k, need)
 		}
-		if err == nil {
-			if len(why) > 0 {
-				c.log.Debug("transport chosen", "peer", st.addr, "transport", k, "passed_over", strings.Join(why, "; "))
-			}
-			return k, nil
+		if err != nil && !c.log.IsDebug() {
+			why = append(why, fmt.Sprintf("%s: %v", k, err))
 		}
-		why = append(why, fmt.Sprintf("%s: %v", k, err))
 	}
-	return "", fmt.Errorf("%w: no transport in common with peer %s for a %s (it offers %v; %s)", errs.ErrFailedPrecondition, st.addr, need.Op, offered(st.hs), strings.Join(why, "; "))
+	return "", false, fmt.Errorf("%w: no transport in common with peer %s for a %s (it offers %v; %s)", errs.ErrFailedPrecondition, st.addr, need.Op, offered(st.hs), strings.Join(why, "; "))
 }
 
 // reaches says why kind k (one this daemon runs) cannot carry batches to

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -73,7 +75,7 @@ func TestChooseByCapabilities(t *testing.T) {
 			if c.pull {
 				need.Op = transport.OpRead
 			}
-			got, err := m.choice.choose(st, c.want, need)
+			got, _, err := m.choice.choose(st, c.want, need)
 			if c.errWant == "" {
 				if err != nil || got != c.chosen {
 					t.Fatalf("choose = %q, %v; want %q", got, err, c.chosen)
@@ -84,5 +86,88 @@ func TestChooseByCapabilities(t *testing.T) {
 				t.Fatalf("choose = %q, %v; want an error saying %q (%v)", got, err, c.errWant, c.errIs)
 			}
 		})
+	}
+}
+
+// TestChooseByMeasurement: with a calibration, auto gives a peer on this
+// host the kind measured fastest for the batch's route and nearest block
+// size, keeps the ranking's first within KeepMargin, asks for a recheck
+// when the route is unknown, and leaves a peer on another host (or a
+// route not measured) to the ranking.
+func TestChooseByMeasurement(t *testing.T) {
+	drivers := map[transport.Kind]transport.Driver{
+		"near": {Kind: "near", Caps: transport.Caps{Rank: 30, SameHostOnly: true, Ops: transport.OpWrite}, Usable: func(_ transport.Transport, adv []byte) error {
+			if string(adv) != "same-host" {
+				return errors.New("peer is on another host")
+			}
+			return nil
+		}},
+		"slow": {Kind: "slow", Caps: transport.Caps{Rank: 10, Ops: transport.OpWrite}},
+	}
+	lookup := func(k transport.Kind) (transport.Driver, bool) { d, ok := drivers[k]; return d, ok }
+	hh := transport.Route{From: memory.Host, To: memory.Host}
+	ms := time.Millisecond
+	cal := &transport.Calibration{State: "done", Rows: []transport.CalibrationRow{
+		{Route: hh, BlockBytes: 128, Median: map[transport.Kind]time.Duration{"near": 7 * ms, "slow": 3 * ms}},
+		{Route: hh, BlockBytes: 4096, Median: map[transport.Kind]time.Duration{"near": 102 * ms / 10, "slow": 10 * ms}}, // within 3%
+		{Route: hh, BlockBytes: 65536, Median: map[transport.Kind]time.Duration{"near": 20 * ms, "slow": 60 * ms}},
+	}}
+	cases := []struct {
+		name      string
+		adv       string
+		need      transport.Need
+		chosen    transport.Kind
+		recheck   bool
+		noMeasure bool
+	}{
+		{"128 B: the faster lower rank", "same-host", transport.Need{Op: transport.OpWrite, Route: hh, BlockBytes: 128}, "slow", false, false},
+		{"200 B: nearest is 128 B", "same-host", transport.Need{Op: transport.OpWrite, Route: hh, BlockBytes: 200}, "slow", false, false},
+		{"4 KiB: within the margin, rank kept", "same-host", transport.Need{Op: transport.OpWrite, Route: hh, BlockBytes: 4096}, "near", false, false},
+		{"1 MiB: nearest is 64 KiB", "same-host", transport.Need{Op: transport.OpWrite, Route: hh, BlockBytes: 1 << 20}, "near", false, false},
+		{"route unknown: rank, recheck", "same-host", transport.Need{Op: transport.OpWrite}, "near", true, false},
+		{"route not measured: rank", "same-host", transport.Need{Op: transport.OpWrite, Route: transport.Route{From: memory.CUDA, To: memory.Host}, BlockBytes: 128}, "near", false, false},
+		{"no calibration: rank", "same-host", transport.Need{Op: transport.OpWrite, Route: hh, BlockBytes: 128}, "near", false, true},
+		{"peer on another host: rank, no recheck", "elsewhere", transport.Need{Op: transport.OpWrite, Route: hh, BlockBytes: 128}, "slow", false, false},
+		{"peer on another host, route unknown: no recheck", "elsewhere", transport.Need{Op: transport.OpWrite}, "slow", false, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := New(&b2bv1.HandshakeRequest{}, []transport.Transport{&kindTransport{k: "slow"}, &kindTransport{k: "near"}}, hclog.NewNullLogger(), false)
+			defer m.Close()
+			m.SetDrivers(lookup)
+			if !c.noMeasure {
+				m.SetCalibration(cal)
+			}
+			st := &state{addr: "p", hs: &b2bv1.HandshakeResponse{Adverts: map[string][]byte{"near": []byte(c.adv), "slow": nil}}}
+			st.unusable = m.choice.usable(st)
+			got, recheck, err := m.choice.choose(st, "", c.need)
+			if err != nil || got != c.chosen || recheck != c.recheck {
+				t.Fatalf("choose = %q, recheck %v, %v; want %q, recheck %v", got, recheck, err, c.chosen, c.recheck)
+			}
+		})
+	}
+}
+
+// TestChooseAllocatesNothing: auto's measured choice runs for every
+// batch.
+func TestChooseAllocatesNothing(t *testing.T) {
+	drivers := map[transport.Kind]transport.Driver{
+		"near": {Kind: "near", Caps: transport.Caps{Rank: 30, SameHostOnly: true, Ops: transport.OpWrite}},
+		"slow": {Kind: "slow", Caps: transport.Caps{Rank: 10, Ops: transport.OpWrite}},
+	}
+	m := New(&b2bv1.HandshakeRequest{}, []transport.Transport{&kindTransport{k: "slow"}, &kindTransport{k: "near"}}, hclog.NewNullLogger(), false)
+	defer m.Close()
+	m.SetDrivers(func(k transport.Kind) (transport.Driver, bool) { d, ok := drivers[k]; return d, ok })
+	hh := transport.Route{From: memory.Host, To: memory.Host}
+	m.SetCalibration(&transport.Calibration{Rows: []transport.CalibrationRow{{Route: hh, BlockBytes: 128, Median: map[transport.Kind]time.Duration{"near": 7, "slow": 3}}}})
+	st := &state{addr: "p", hs: &b2bv1.HandshakeResponse{Adverts: map[string][]byte{"near": nil, "slow": nil}}}
+	st.unusable = m.choice.usable(st)
+	need := transport.Need{Op: transport.OpWrite, Route: hh, BlockBytes: 128}
+	if n := testing.AllocsPerRun(100, func() {
+		if k, _, _ := m.choice.choose(st, "", need); k != "slow" {
+			t.Fatalf("chose %q", k)
+		}
+	}); n != 0 {
+		t.Fatalf("choose allocates %v times per call", n)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/layout"
+	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -75,7 +76,13 @@ func fromRPC(ctx context.Context, err error) error {
 // batch's Write parses nothing. A key that does not decode is left out (the
 // batch then says the region is not registered with that transport).
 func resolvedFromProto(r *b2bv1.ResolveRegionResponse) Resolved {
-	out := Resolved{Name: r.GetName(), Size: r.GetSize(), Keys: make(map[transport.Kind]transport.RegionKey, len(r.GetKeys()))}
+	out := Resolved{Name: r.GetName(), Size: r.GetSize(), Keys: make(map[transport.Kind]transport.RegionKey, len(r.GetKeys())), Device: int(r.GetDevice())}
+	switch r.GetKind() {
+	case b2bv1.MemoryKind_MEMORY_KIND_HOST:
+		out.Memory = memory.Host
+	case b2bv1.MemoryKind_MEMORY_KIND_CUDA:
+		out.Memory = memory.CUDA
+	}
 	for kind, b := range r.GetKeys() {
 		k, err := transport.UnmarshalRegionKey(b)
 		if err != nil || kind == "" {
@@ -99,7 +106,7 @@ func layoutFromProto(r *b2bv1.ResolveLayoutResponse) (*transport.LayoutResolutio
 		}
 		g := regions[s.GetRegion()]
 		if _, ok := byName[g.GetName()]; !ok {
-			byName[g.GetName()] = resolvedFromProto(&b2bv1.ResolveRegionResponse{Name: g.GetName(), Size: g.GetSize(), Keys: g.GetKeys()})
+			byName[g.GetName()] = resolvedFromProto(&b2bv1.ResolveRegionResponse{Name: g.GetName(), Size: g.GetSize(), Keys: g.GetKeys(), Kind: g.GetKind(), Device: g.GetDevice()})
 		}
 		segs[i] = layout.Segment{Region: g.GetName(), Offset: s.GetOffset(), BlockLen: s.GetBlockLen(), Stride: s.GetStride(), NumBlocks: r.GetNumBlocks()}
 	}

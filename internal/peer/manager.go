@@ -6,6 +6,7 @@ package peer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,15 @@ const (
 // SetLimits sets the idle timeout and the peer cap; zero fields take the
 // defaults. Peers kept already count against a lowered cap.
 func (m *Manager) SetLimits(l Limits) { m.kept.setLimits(l) }
+
+// SetCalibration hands auto the daemon's measurement of its same-host
+// paths (transport.Calibration): from then on a peer on this host is
+// given the kind measured fastest for a batch's route and block size.
+func (m *Manager) SetCalibration(c *transport.Calibration) { m.choice.measured.Store(c) }
+
+// Ranked are the kinds this daemon runs, highest rank first: the order
+// auto tries them in.
+func (m *Manager) Ranked() []transport.Kind { return slices.Clone(m.choice.ranked) }
 
 type state struct {
 	addr string
@@ -207,7 +217,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 	if err := m.handshake(ctx, st); err != nil {
 		return Session{}, err
 	}
-	kind, err := m.choice.choose(st, want, need)
+	kind, recheck, err := m.choice.choose(st, want, need)
 	if err != nil && cachedHS {
 		// The peer may have restarted with other transports since the
 		// handshake: ask again before refusing.
@@ -215,7 +225,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 		if err := m.handshake(ctx, st); err != nil {
 			return Session{}, err
 		}
-		kind, err = m.choice.choose(st, want, need)
+		kind, recheck, err = m.choice.choose(st, want, need)
 	}
 	if err != nil {
 		return Session{}, err
@@ -236,7 +246,7 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 	if !reused {
 		m.log.Info("data path connected", "peer", addr, "transport", kind, "connections", len(st.conns[kind].conns))
 	}
-	return Session{Kind: kind, Conn: c, Caps: m.choice.caps[kind], Name: st.hs.GetNodeName(), Reused: reused}, nil
+	return Session{Kind: kind, Conn: c, Caps: m.choice.caps[kind], Name: st.hs.GetNodeName(), Reused: reused, Recheck: recheck}, nil
 }
 
 // Broken tells the manager that a batch on s failed in a way that leaves the

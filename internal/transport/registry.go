@@ -92,6 +92,10 @@ type KeyCaps struct {
 type Need struct {
 	Op     Ops
 	Memory memory.Kind
+	// Route and BlockBytes (the batch's mean block size) let auto choose
+	// by measurement for a peer on this host (Calibration); zero: by rank.
+	Route      Route
+	BlockBytes uint64
 }
 
 // Lacks says which capability c, kind k's, misses for n, nil when it has

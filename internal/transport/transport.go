@@ -169,6 +169,10 @@ type Session struct {
 	// Reused: Conn existed before this session was handed out, so it may
 	// have died unnoticed with an idle peer (restarted, or its link flapped).
 	Reused bool
+	// Recheck: auto chose Kind by rank, not knowing the batch's route,
+	// and the peer is on this host with a measured choice to make: Get
+	// again with Need.Route and Need.BlockBytes may choose another kind.
+	Recheck bool
 }
 
 // Resolution is a peer's export name resolved over the control plane: its
@@ -177,6 +181,10 @@ type Resolution struct {
 	Name string
 	Size uint64
 	Keys map[Kind]RegionKey
+	// Memory and Device are the region's memory kind and CUDA ordinal (0
+	// when unknown: a peer of an older protocol), for auto's route.
+	Memory memory.Kind
+	Device int
 }
 
 // LayoutResolution is a peer's exported layout resolved over the control

@@ -3081,8 +3081,11 @@ type StatusResponse struct {
 	// holds, running or ended and not yet reported; both 0 at rest.
 	TransfersInFlight uint32 `protobuf:"varint,19,opt,name=transfers_in_flight,json=transfersInFlight,proto3" json:"transfers_in_flight,omitempty"`
 	TransfersHeld     uint32 `protobuf:"varint,20,opt,name=transfers_held,json=transfersHeld,proto3" json:"transfers_held,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// How --transport auto chooses between the kinds that reach a peer on
+	// this host: measured at start, per memory route and block size.
+	Calibration   *Calibration `protobuf:"bytes,21,opt,name=calibration,proto3" json:"calibration,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -3255,6 +3258,196 @@ func (x *StatusResponse) GetTransfersHeld() uint32 {
 	return 0
 }
 
+func (x *StatusResponse) GetCalibration() *Calibration {
+	if x != nil {
+		return x.Calibration
+	}
+	return nil
+}
+
+// Calibration is the daemon's measurement of its own same-host paths
+// (docs/samehost.md, "auto"): batches to itself over each kind, per memory
+// route and block size; auto then takes the fastest for a same-host peer.
+type Calibration struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "off" (--calibrate off), "measuring", "done", "cached" (read from
+	// --calibration-file), or "failed: why".
+	State         string            `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	ElapsedNs     uint64            `protobuf:"varint,2,opt,name=elapsed_ns,json=elapsedNs,proto3" json:"elapsed_ns,omitempty"` // the measurement's time; 0 when cached
+	Rows          []*CalibrationRow `protobuf:"bytes,3,rep,name=rows,proto3" json:"rows,omitempty"`
+	File          string            `protobuf:"bytes,4,opt,name=file,proto3" json:"file,omitempty"` // --calibration-file, "" without one
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Calibration) Reset() {
+	*x = Calibration{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Calibration) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Calibration) ProtoMessage() {}
+
+func (x *Calibration) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Calibration.ProtoReflect.Descriptor instead.
+func (*Calibration) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *Calibration) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *Calibration) GetElapsedNs() uint64 {
+	if x != nil {
+		return x.ElapsedNs
+	}
+	return 0
+}
+
+func (x *Calibration) GetRows() []*CalibrationRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *Calibration) GetFile() string {
+	if x != nil {
+		return x.File
+	}
+	return ""
+}
+
+// CalibrationRow is one route and block size: each kind's median batch
+// time and the kind auto takes.
+type CalibrationRow struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          MemoryKind             `protobuf:"varint,1,opt,name=from,proto3,enum=b2b.v1.MemoryKind" json:"from,omitempty"`
+	To            MemoryKind             `protobuf:"varint,2,opt,name=to,proto3,enum=b2b.v1.MemoryKind" json:"to,omitempty"`
+	SameDevice    bool                   `protobuf:"varint,3,opt,name=same_device,json=sameDevice,proto3" json:"same_device,omitempty"` // cuda to cuda on one GPU (staged), not across two
+	BlockBytes    uint64                 `protobuf:"varint,4,opt,name=block_bytes,json=blockBytes,proto3" json:"block_bytes,omitempty"`
+	Blocks        uint32                 `protobuf:"varint,5,opt,name=blocks,proto3" json:"blocks,omitempty"`                                                                                               // per measured batch
+	MedianNs      map[string]uint64      `protobuf:"bytes,6,rep,name=median_ns,json=medianNs,proto3" json:"median_ns,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"` // by kind name
+	Failed        map[string]string      `protobuf:"bytes,7,rep,name=failed,proto3" json:"failed,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`                      // kinds that could not carry it: why
+	Chosen        string                 `protobuf:"bytes,8,opt,name=chosen,proto3" json:"chosen,omitempty"`
+	Why           string                 `protobuf:"bytes,9,opt,name=why,proto3" json:"why,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CalibrationRow) Reset() {
+	*x = CalibrationRow{}
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CalibrationRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CalibrationRow) ProtoMessage() {}
+
+func (x *CalibrationRow) ProtoReflect() protoreflect.Message {
+	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CalibrationRow.ProtoReflect.Descriptor instead.
+func (*CalibrationRow) Descriptor() ([]byte, []int) {
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *CalibrationRow) GetFrom() MemoryKind {
+	if x != nil {
+		return x.From
+	}
+	return MemoryKind_MEMORY_KIND_UNSPECIFIED
+}
+
+func (x *CalibrationRow) GetTo() MemoryKind {
+	if x != nil {
+		return x.To
+	}
+	return MemoryKind_MEMORY_KIND_UNSPECIFIED
+}
+
+func (x *CalibrationRow) GetSameDevice() bool {
+	if x != nil {
+		return x.SameDevice
+	}
+	return false
+}
+
+func (x *CalibrationRow) GetBlockBytes() uint64 {
+	if x != nil {
+		return x.BlockBytes
+	}
+	return 0
+}
+
+func (x *CalibrationRow) GetBlocks() uint32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *CalibrationRow) GetMedianNs() map[string]uint64 {
+	if x != nil {
+		return x.MedianNs
+	}
+	return nil
+}
+
+func (x *CalibrationRow) GetFailed() map[string]string {
+	if x != nil {
+		return x.Failed
+	}
+	return nil
+}
+
+func (x *CalibrationRow) GetChosen() string {
+	if x != nil {
+		return x.Chosen
+	}
+	return ""
+}
+
+func (x *CalibrationRow) GetWhy() string {
+	if x != nil {
+		return x.Why
+	}
+	return ""
+}
+
 // LayoutSegment is one strided array of blocks in a region: block b is the
 // block_len bytes at offset + b*stride.
 type LayoutSegment struct {
@@ -3269,7 +3462,7 @@ type LayoutSegment struct {
 
 func (x *LayoutSegment) Reset() {
 	*x = LayoutSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3281,7 +3474,7 @@ func (x *LayoutSegment) String() string {
 func (*LayoutSegment) ProtoMessage() {}
 
 func (x *LayoutSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[39]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3294,7 +3487,7 @@ func (x *LayoutSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LayoutSegment.ProtoReflect.Descriptor instead.
 func (*LayoutSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{39}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LayoutSegment) GetRegionId() string {
@@ -3343,7 +3536,7 @@ type RegisterLayoutRequest struct {
 
 func (x *RegisterLayoutRequest) Reset() {
 	*x = RegisterLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3355,7 +3548,7 @@ func (x *RegisterLayoutRequest) String() string {
 func (*RegisterLayoutRequest) ProtoMessage() {}
 
 func (x *RegisterLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[40]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3368,7 +3561,7 @@ func (x *RegisterLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterLayoutRequest.ProtoReflect.Descriptor instead.
 func (*RegisterLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{40}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RegisterLayoutRequest) GetName() string {
@@ -3443,7 +3636,7 @@ type Layout struct {
 
 func (x *Layout) Reset() {
 	*x = Layout{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3455,7 +3648,7 @@ func (x *Layout) String() string {
 func (*Layout) ProtoMessage() {}
 
 func (x *Layout) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[41]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3468,7 +3661,7 @@ func (x *Layout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Layout.ProtoReflect.Descriptor instead.
 func (*Layout) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{41}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *Layout) GetName() string {
@@ -3536,7 +3729,7 @@ type RegisterLayoutResponse struct {
 
 func (x *RegisterLayoutResponse) Reset() {
 	*x = RegisterLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3548,7 +3741,7 @@ func (x *RegisterLayoutResponse) String() string {
 func (*RegisterLayoutResponse) ProtoMessage() {}
 
 func (x *RegisterLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[42]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3561,7 +3754,7 @@ func (x *RegisterLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterLayoutResponse.ProtoReflect.Descriptor instead.
 func (*RegisterLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{42}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RegisterLayoutResponse) GetLayout() *Layout {
@@ -3580,7 +3773,7 @@ type DeregisterLayoutRequest struct {
 
 func (x *DeregisterLayoutRequest) Reset() {
 	*x = DeregisterLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3592,7 +3785,7 @@ func (x *DeregisterLayoutRequest) String() string {
 func (*DeregisterLayoutRequest) ProtoMessage() {}
 
 func (x *DeregisterLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[43]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3605,7 +3798,7 @@ func (x *DeregisterLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterLayoutRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{43}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeregisterLayoutRequest) GetName() string {
@@ -3623,7 +3816,7 @@ type DeregisterLayoutResponse struct {
 
 func (x *DeregisterLayoutResponse) Reset() {
 	*x = DeregisterLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3635,7 +3828,7 @@ func (x *DeregisterLayoutResponse) String() string {
 func (*DeregisterLayoutResponse) ProtoMessage() {}
 
 func (x *DeregisterLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[44]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3648,7 +3841,7 @@ func (x *DeregisterLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterLayoutResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{44}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
 }
 
 type ListLayoutsRequest struct {
@@ -3659,7 +3852,7 @@ type ListLayoutsRequest struct {
 
 func (x *ListLayoutsRequest) Reset() {
 	*x = ListLayoutsRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3671,7 +3864,7 @@ func (x *ListLayoutsRequest) String() string {
 func (*ListLayoutsRequest) ProtoMessage() {}
 
 func (x *ListLayoutsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[45]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3684,7 +3877,7 @@ func (x *ListLayoutsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayoutsRequest.ProtoReflect.Descriptor instead.
 func (*ListLayoutsRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{45}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
 }
 
 type ListLayoutsResponse struct {
@@ -3696,7 +3889,7 @@ type ListLayoutsResponse struct {
 
 func (x *ListLayoutsResponse) Reset() {
 	*x = ListLayoutsResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3708,7 +3901,7 @@ func (x *ListLayoutsResponse) String() string {
 func (*ListLayoutsResponse) ProtoMessage() {}
 
 func (x *ListLayoutsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[46]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3721,7 +3914,7 @@ func (x *ListLayoutsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLayoutsResponse.ProtoReflect.Descriptor instead.
 func (*ListLayoutsResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{46}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ListLayoutsResponse) GetLayouts() []*Layout {
@@ -3753,7 +3946,7 @@ type TransferBlocksRequest struct {
 
 func (x *TransferBlocksRequest) Reset() {
 	*x = TransferBlocksRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3765,7 +3958,7 @@ func (x *TransferBlocksRequest) String() string {
 func (*TransferBlocksRequest) ProtoMessage() {}
 
 func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[47]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3778,7 +3971,7 @@ func (x *TransferBlocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferBlocksRequest.ProtoReflect.Descriptor instead.
 func (*TransferBlocksRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{47}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *TransferBlocksRequest) GetLocalLayout() string {
@@ -3869,7 +4062,7 @@ type BindBlockRouteRequest struct {
 
 func (x *BindBlockRouteRequest) Reset() {
 	*x = BindBlockRouteRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3881,7 +4074,7 @@ func (x *BindBlockRouteRequest) String() string {
 func (*BindBlockRouteRequest) ProtoMessage() {}
 
 func (x *BindBlockRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[48]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3894,7 +4087,7 @@ func (x *BindBlockRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindBlockRouteRequest.ProtoReflect.Descriptor instead.
 func (*BindBlockRouteRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{48}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *BindBlockRouteRequest) GetLocalLayout() string {
@@ -3949,7 +4142,7 @@ type BindBlockRouteResponse struct {
 
 func (x *BindBlockRouteResponse) Reset() {
 	*x = BindBlockRouteResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3961,7 +4154,7 @@ func (x *BindBlockRouteResponse) String() string {
 func (*BindBlockRouteResponse) ProtoMessage() {}
 
 func (x *BindBlockRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[49]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3974,7 +4167,7 @@ func (x *BindBlockRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindBlockRouteResponse.ProtoReflect.Descriptor instead.
 func (*BindBlockRouteResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{49}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *BindBlockRouteResponse) GetHandle() uint64 {
@@ -3993,7 +4186,7 @@ type ReleaseBlockRouteRequest struct {
 
 func (x *ReleaseBlockRouteRequest) Reset() {
 	*x = ReleaseBlockRouteRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4005,7 +4198,7 @@ func (x *ReleaseBlockRouteRequest) String() string {
 func (*ReleaseBlockRouteRequest) ProtoMessage() {}
 
 func (x *ReleaseBlockRouteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[50]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4018,7 +4211,7 @@ func (x *ReleaseBlockRouteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseBlockRouteRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseBlockRouteRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{50}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReleaseBlockRouteRequest) GetHandle() uint64 {
@@ -4036,7 +4229,7 @@ type ReleaseBlockRouteResponse struct {
 
 func (x *ReleaseBlockRouteResponse) Reset() {
 	*x = ReleaseBlockRouteResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4048,7 +4241,7 @@ func (x *ReleaseBlockRouteResponse) String() string {
 func (*ReleaseBlockRouteResponse) ProtoMessage() {}
 
 func (x *ReleaseBlockRouteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[51]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4061,7 +4254,7 @@ func (x *ReleaseBlockRouteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseBlockRouteResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseBlockRouteResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{51}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
 }
 
 // StartTransferRequest is one transfer of any kind, to run asynchronously.
@@ -4087,7 +4280,7 @@ type StartTransferRequest struct {
 
 func (x *StartTransferRequest) Reset() {
 	*x = StartTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4099,7 +4292,7 @@ func (x *StartTransferRequest) String() string {
 func (*StartTransferRequest) ProtoMessage() {}
 
 func (x *StartTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[52]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4112,7 +4305,7 @@ func (x *StartTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferRequest.ProtoReflect.Descriptor instead.
 func (*StartTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{52}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *StartTransferRequest) GetTransfer() isStartTransferRequest_Transfer {
@@ -4210,7 +4403,7 @@ type TransferTrigger struct {
 
 func (x *TransferTrigger) Reset() {
 	*x = TransferTrigger{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4222,7 +4415,7 @@ func (x *TransferTrigger) String() string {
 func (*TransferTrigger) ProtoMessage() {}
 
 func (x *TransferTrigger) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[53]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4235,7 +4428,7 @@ func (x *TransferTrigger) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferTrigger.ProtoReflect.Descriptor instead.
 func (*TransferTrigger) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{53}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *TransferTrigger) GetCounterRegionId() string {
@@ -4282,7 +4475,7 @@ type StartTransferResponse struct {
 
 func (x *StartTransferResponse) Reset() {
 	*x = StartTransferResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4294,7 +4487,7 @@ func (x *StartTransferResponse) String() string {
 func (*StartTransferResponse) ProtoMessage() {}
 
 func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[54]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4307,7 +4500,7 @@ func (x *StartTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferResponse.ProtoReflect.Descriptor instead.
 func (*StartTransferResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{54}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *StartTransferResponse) GetTransferId() uint64 {
@@ -4330,7 +4523,7 @@ type TransferOutcome struct {
 
 func (x *TransferOutcome) Reset() {
 	*x = TransferOutcome{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4342,7 +4535,7 @@ func (x *TransferOutcome) String() string {
 func (*TransferOutcome) ProtoMessage() {}
 
 func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[55]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4355,7 +4548,7 @@ func (x *TransferOutcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferOutcome.ProtoReflect.Descriptor instead.
 func (*TransferOutcome) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{55}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *TransferOutcome) GetTransferId() uint64 {
@@ -4403,7 +4596,7 @@ type WaitTransferRequest struct {
 
 func (x *WaitTransferRequest) Reset() {
 	*x = WaitTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4415,7 +4608,7 @@ func (x *WaitTransferRequest) String() string {
 func (*WaitTransferRequest) ProtoMessage() {}
 
 func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[56]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4428,7 +4621,7 @@ func (x *WaitTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitTransferRequest.ProtoReflect.Descriptor instead.
 func (*WaitTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{56}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *WaitTransferRequest) GetTransferId() uint64 {
@@ -4454,7 +4647,7 @@ type PollTransfersRequest struct {
 
 func (x *PollTransfersRequest) Reset() {
 	*x = PollTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4466,7 +4659,7 @@ func (x *PollTransfersRequest) String() string {
 func (*PollTransfersRequest) ProtoMessage() {}
 
 func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[57]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4479,7 +4672,7 @@ func (x *PollTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollTransfersRequest.ProtoReflect.Descriptor instead.
 func (*PollTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{57}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *PollTransfersRequest) GetTransferIds() []uint64 {
@@ -4498,7 +4691,7 @@ type PollTransfersResponse struct {
 
 func (x *PollTransfersResponse) Reset() {
 	*x = PollTransfersResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4510,7 +4703,7 @@ func (x *PollTransfersResponse) String() string {
 func (*PollTransfersResponse) ProtoMessage() {}
 
 func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[58]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4523,7 +4716,7 @@ func (x *PollTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PollTransfersResponse.ProtoReflect.Descriptor instead.
 func (*PollTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{58}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *PollTransfersResponse) GetOutcomes() []*TransferOutcome {
@@ -4542,7 +4735,7 @@ type StartTransfersRequest struct {
 
 func (x *StartTransfersRequest) Reset() {
 	*x = StartTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4554,7 +4747,7 @@ func (x *StartTransfersRequest) String() string {
 func (*StartTransfersRequest) ProtoMessage() {}
 
 func (x *StartTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[59]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4567,7 +4760,7 @@ func (x *StartTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransfersRequest.ProtoReflect.Descriptor instead.
 func (*StartTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{59}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *StartTransfersRequest) GetRequests() []*StartTransferRequest {
@@ -4590,7 +4783,7 @@ type StartTransferResult struct {
 
 func (x *StartTransferResult) Reset() {
 	*x = StartTransferResult{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4602,7 +4795,7 @@ func (x *StartTransferResult) String() string {
 func (*StartTransferResult) ProtoMessage() {}
 
 func (x *StartTransferResult) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[60]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4615,7 +4808,7 @@ func (x *StartTransferResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransferResult.ProtoReflect.Descriptor instead.
 func (*StartTransferResult) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{60}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *StartTransferResult) GetTransferId() uint64 {
@@ -4648,7 +4841,7 @@ type StartTransfersResponse struct {
 
 func (x *StartTransfersResponse) Reset() {
 	*x = StartTransfersResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4660,7 +4853,7 @@ func (x *StartTransfersResponse) String() string {
 func (*StartTransfersResponse) ProtoMessage() {}
 
 func (x *StartTransfersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[61]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4673,7 +4866,7 @@ func (x *StartTransfersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartTransfersResponse.ProtoReflect.Descriptor instead.
 func (*StartTransfersResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{61}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *StartTransfersResponse) GetResults() []*StartTransferResult {
@@ -4694,7 +4887,7 @@ type WaitTransfersRequest struct {
 
 func (x *WaitTransfersRequest) Reset() {
 	*x = WaitTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4706,7 +4899,7 @@ func (x *WaitTransfersRequest) String() string {
 func (*WaitTransfersRequest) ProtoMessage() {}
 
 func (x *WaitTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[62]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4719,7 +4912,7 @@ func (x *WaitTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitTransfersRequest.ProtoReflect.Descriptor instead.
 func (*WaitTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{62}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *WaitTransfersRequest) GetTransferIds() []uint64 {
@@ -4752,7 +4945,7 @@ type CancelTransferRequest struct {
 
 func (x *CancelTransferRequest) Reset() {
 	*x = CancelTransferRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4764,7 +4957,7 @@ func (x *CancelTransferRequest) String() string {
 func (*CancelTransferRequest) ProtoMessage() {}
 
 func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[63]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4777,7 +4970,7 @@ func (x *CancelTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelTransferRequest.ProtoReflect.Descriptor instead.
 func (*CancelTransferRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{63}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *CancelTransferRequest) GetTransferId() uint64 {
@@ -4795,7 +4988,7 @@ type WatchTransfersRequest struct {
 
 func (x *WatchTransfersRequest) Reset() {
 	*x = WatchTransfersRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4807,7 +5000,7 @@ func (x *WatchTransfersRequest) String() string {
 func (*WatchTransfersRequest) ProtoMessage() {}
 
 func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[64]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4820,7 +5013,7 @@ func (x *WatchTransfersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchTransfersRequest.ProtoReflect.Descriptor instead.
 func (*WatchTransfersRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{64}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
 }
 
 type CancelCallRequest struct {
@@ -4833,7 +5026,7 @@ type CancelCallRequest struct {
 
 func (x *CancelCallRequest) Reset() {
 	*x = CancelCallRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4845,7 +5038,7 @@ func (x *CancelCallRequest) String() string {
 func (*CancelCallRequest) ProtoMessage() {}
 
 func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[65]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4858,7 +5051,7 @@ func (x *CancelCallRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCallRequest.ProtoReflect.Descriptor instead.
 func (*CancelCallRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{65}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CancelCallRequest) GetCallId() string {
@@ -4879,7 +5072,7 @@ type CancelCallResponse struct {
 
 func (x *CancelCallResponse) Reset() {
 	*x = CancelCallResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4891,7 +5084,7 @@ func (x *CancelCallResponse) String() string {
 func (*CancelCallResponse) ProtoMessage() {}
 
 func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[66]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4904,7 +5097,7 @@ func (x *CancelCallResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelCallResponse.ProtoReflect.Descriptor instead.
 func (*CancelCallResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{66}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *CancelCallResponse) GetInFlight() bool {
@@ -4925,7 +5118,7 @@ type HandshakeRequest struct {
 
 func (x *HandshakeRequest) Reset() {
 	*x = HandshakeRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4937,7 +5130,7 @@ func (x *HandshakeRequest) String() string {
 func (*HandshakeRequest) ProtoMessage() {}
 
 func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[67]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4950,7 +5143,7 @@ func (x *HandshakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeRequest.ProtoReflect.Descriptor instead.
 func (*HandshakeRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{67}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *HandshakeRequest) GetProtocolVersion() uint32 {
@@ -4992,7 +5185,7 @@ type HandshakeResponse struct {
 
 func (x *HandshakeResponse) Reset() {
 	*x = HandshakeResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5004,7 +5197,7 @@ func (x *HandshakeResponse) String() string {
 func (*HandshakeResponse) ProtoMessage() {}
 
 func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[68]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5017,7 +5210,7 @@ func (x *HandshakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandshakeResponse.ProtoReflect.Descriptor instead.
 func (*HandshakeResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{68}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *HandshakeResponse) GetProtocolVersion() uint32 {
@@ -5060,7 +5253,7 @@ type ResolveRegionRequest struct {
 
 func (x *ResolveRegionRequest) Reset() {
 	*x = ResolveRegionRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5072,7 +5265,7 @@ func (x *ResolveRegionRequest) String() string {
 func (*ResolveRegionRequest) ProtoMessage() {}
 
 func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[69]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5085,7 +5278,7 @@ func (x *ResolveRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionRequest.ProtoReflect.Descriptor instead.
 func (*ResolveRegionRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{69}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ResolveRegionRequest) GetName() string {
@@ -5111,13 +5304,14 @@ type ResolveRegionResponse struct {
 	// the writer's key on each of the receiver's devices (see
 	// internal/transport/keys.go for the encoding), read by the same kind.
 	Keys          map[string][]byte `protobuf:"bytes,5,rep,name=keys,proto3" json:"keys,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Device        int32             `protobuf:"varint,6,opt,name=device,proto3" json:"device,omitempty"` // CUDA regions: the device ordinal (auto's route)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResolveRegionResponse) Reset() {
 	*x = ResolveRegionResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5129,7 +5323,7 @@ func (x *ResolveRegionResponse) String() string {
 func (*ResolveRegionResponse) ProtoMessage() {}
 
 func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[70]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5142,7 +5336,7 @@ func (x *ResolveRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveRegionResponse.ProtoReflect.Descriptor instead.
 func (*ResolveRegionResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{70}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ResolveRegionResponse) GetName() string {
@@ -5173,6 +5367,13 @@ func (x *ResolveRegionResponse) GetKeys() map[string][]byte {
 	return nil
 }
 
+func (x *ResolveRegionResponse) GetDevice() int32 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
 type SignalRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"` // the transport the payload is for
@@ -5183,7 +5384,7 @@ type SignalRequest struct {
 
 func (x *SignalRequest) Reset() {
 	*x = SignalRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5195,7 +5396,7 @@ func (x *SignalRequest) String() string {
 func (*SignalRequest) ProtoMessage() {}
 
 func (x *SignalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[71]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5208,7 +5409,7 @@ func (x *SignalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalRequest.ProtoReflect.Descriptor instead.
 func (*SignalRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{71}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *SignalRequest) GetKind() string {
@@ -5234,7 +5435,7 @@ type SignalResponse struct {
 
 func (x *SignalResponse) Reset() {
 	*x = SignalResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5246,7 +5447,7 @@ func (x *SignalResponse) String() string {
 func (*SignalResponse) ProtoMessage() {}
 
 func (x *SignalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[72]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5259,7 +5460,7 @@ func (x *SignalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalResponse.ProtoReflect.Descriptor instead.
 func (*SignalResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{72}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *SignalResponse) GetPayload() []byte {
@@ -5282,7 +5483,7 @@ type NotifyRequest struct {
 
 func (x *NotifyRequest) Reset() {
 	*x = NotifyRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5294,7 +5495,7 @@ func (x *NotifyRequest) String() string {
 func (*NotifyRequest) ProtoMessage() {}
 
 func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[73]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5307,7 +5508,7 @@ func (x *NotifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyRequest.ProtoReflect.Descriptor instead.
 func (*NotifyRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{73}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *NotifyRequest) GetRegion() string {
@@ -5354,7 +5555,7 @@ type NotifyResponse struct {
 
 func (x *NotifyResponse) Reset() {
 	*x = NotifyResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5366,7 +5567,7 @@ func (x *NotifyResponse) String() string {
 func (*NotifyResponse) ProtoMessage() {}
 
 func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[74]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5379,7 +5580,7 @@ func (x *NotifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NotifyResponse.ProtoReflect.Descriptor instead.
 func (*NotifyResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{74}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *NotifyResponse) GetDelivered() uint32 {
@@ -5399,7 +5600,7 @@ type ResolveLayoutRequest struct {
 
 func (x *ResolveLayoutRequest) Reset() {
 	*x = ResolveLayoutRequest{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[75]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5411,7 +5612,7 @@ func (x *ResolveLayoutRequest) String() string {
 func (*ResolveLayoutRequest) ProtoMessage() {}
 
 func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[75]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5424,7 +5625,7 @@ func (x *ResolveLayoutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutRequest.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutRequest) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{75}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ResolveLayoutRequest) GetName() string {
@@ -5447,13 +5648,15 @@ type ResolvedLayoutRegion struct {
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"` // the region's export name
 	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
 	Keys          map[string][]byte      `protobuf:"bytes,3,rep,name=keys,proto3" json:"keys,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // as ResolveRegionResponse.keys
+	Kind          MemoryKind             `protobuf:"varint,4,opt,name=kind,proto3,enum=b2b.v1.MemoryKind" json:"kind,omitempty"`
+	Device        int32                  `protobuf:"varint,5,opt,name=device,proto3" json:"device,omitempty"` // as ResolveRegionResponse.device
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ResolvedLayoutRegion) Reset() {
 	*x = ResolvedLayoutRegion{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[76]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5465,7 +5668,7 @@ func (x *ResolvedLayoutRegion) String() string {
 func (*ResolvedLayoutRegion) ProtoMessage() {}
 
 func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[76]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5478,7 +5681,7 @@ func (x *ResolvedLayoutRegion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedLayoutRegion.ProtoReflect.Descriptor instead.
 func (*ResolvedLayoutRegion) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{76}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ResolvedLayoutRegion) GetName() string {
@@ -5502,6 +5705,20 @@ func (x *ResolvedLayoutRegion) GetKeys() map[string][]byte {
 	return nil
 }
 
+func (x *ResolvedLayoutRegion) GetKind() MemoryKind {
+	if x != nil {
+		return x.Kind
+	}
+	return MemoryKind_MEMORY_KIND_UNSPECIFIED
+}
+
+func (x *ResolvedLayoutRegion) GetDevice() int32 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
 type ResolvedSegment struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Region        uint32                 `protobuf:"varint,1,opt,name=region,proto3" json:"region,omitempty"` // index into ResolveLayoutResponse.regions
@@ -5514,7 +5731,7 @@ type ResolvedSegment struct {
 
 func (x *ResolvedSegment) Reset() {
 	*x = ResolvedSegment{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[77]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5526,7 +5743,7 @@ func (x *ResolvedSegment) String() string {
 func (*ResolvedSegment) ProtoMessage() {}
 
 func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[77]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5539,7 +5756,7 @@ func (x *ResolvedSegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolvedSegment.ProtoReflect.Descriptor instead.
 func (*ResolvedSegment) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{77}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ResolvedSegment) GetRegion() uint32 {
@@ -5582,7 +5799,7 @@ type ResolveLayoutResponse struct {
 
 func (x *ResolveLayoutResponse) Reset() {
 	*x = ResolveLayoutResponse{}
-	mi := &file_b2b_v1_b2b_proto_msgTypes[78]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5594,7 +5811,7 @@ func (x *ResolveLayoutResponse) String() string {
 func (*ResolveLayoutResponse) ProtoMessage() {}
 
 func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_b2b_v1_b2b_proto_msgTypes[78]
+	mi := &file_b2b_v1_b2b_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5607,7 +5824,7 @@ func (x *ResolveLayoutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResolveLayoutResponse.ProtoReflect.Descriptor instead.
 func (*ResolveLayoutResponse) Descriptor() ([]byte, []int) {
-	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{78}
+	return file_b2b_v1_b2b_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ResolveLayoutResponse) GetName() string {
@@ -5861,7 +6078,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"reconnects\x18\a \x01(\x04R\n" +
 	"reconnects\x12\x1d\n" +
 	"\n" +
-	"bytes_sent\x18\b \x01(\x04R\tbytesSent\"\xf8\x05\n" +
+	"bytes_sent\x18\b \x01(\x04R\tbytesSent\"\xaf\x06\n" +
 	"\x0eStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12!\n" +
@@ -5889,7 +6106,32 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x12persistent_regions\x18\x11 \x01(\rR\x11persistentRegions\x12#\n" +
 	"\rlease_holders\x18\x12 \x01(\rR\fleaseHolders\x12.\n" +
 	"\x13transfers_in_flight\x18\x13 \x01(\rR\x11transfersInFlight\x12%\n" +
-	"\x0etransfers_held\x18\x14 \x01(\rR\rtransfersHeld\"y\n" +
+	"\x0etransfers_held\x18\x14 \x01(\rR\rtransfersHeld\x125\n" +
+	"\vcalibration\x18\x15 \x01(\v2\x13.b2b.v1.CalibrationR\vcalibration\"\x82\x01\n" +
+	"\vCalibration\x12\x14\n" +
+	"\x05state\x18\x01 \x01(\tR\x05state\x12\x1d\n" +
+	"\n" +
+	"elapsed_ns\x18\x02 \x01(\x04R\telapsedNs\x12*\n" +
+	"\x04rows\x18\x03 \x03(\v2\x16.b2b.v1.CalibrationRowR\x04rows\x12\x12\n" +
+	"\x04file\x18\x04 \x01(\tR\x04file\"\xd7\x03\n" +
+	"\x0eCalibrationRow\x12&\n" +
+	"\x04from\x18\x01 \x01(\x0e2\x12.b2b.v1.MemoryKindR\x04from\x12\"\n" +
+	"\x02to\x18\x02 \x01(\x0e2\x12.b2b.v1.MemoryKindR\x02to\x12\x1f\n" +
+	"\vsame_device\x18\x03 \x01(\bR\n" +
+	"sameDevice\x12\x1f\n" +
+	"\vblock_bytes\x18\x04 \x01(\x04R\n" +
+	"blockBytes\x12\x16\n" +
+	"\x06blocks\x18\x05 \x01(\rR\x06blocks\x12A\n" +
+	"\tmedian_ns\x18\x06 \x03(\v2$.b2b.v1.CalibrationRow.MedianNsEntryR\bmedianNs\x12:\n" +
+	"\x06failed\x18\a \x03(\v2\".b2b.v1.CalibrationRow.FailedEntryR\x06failed\x12\x16\n" +
+	"\x06chosen\x18\b \x01(\tR\x06chosen\x12\x10\n" +
+	"\x03why\x18\t \x01(\tR\x03why\x1a;\n" +
+	"\rMedianNsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\x1a9\n" +
+	"\vFailedEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"y\n" +
 	"\rLayoutSegment\x12\x1b\n" +
 	"\tregion_id\x18\x01 \x01(\tR\bregionId\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1b\n" +
@@ -6024,12 +6266,13 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"J\x04\b\x04\x10\x05R\fcapabilities\"R\n" +
 	"\x14ResolveRegionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
-	"\x06access\x18\x02 \x01(\x0e2\x0e.b2b.v1.AccessR\x06access\"\xe3\x01\n" +
+	"\x06access\x18\x02 \x01(\x0e2\x0e.b2b.v1.AccessR\x06access\"\xfb\x01\n" +
 	"\x15ResolveRegionResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12&\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x12.b2b.v1.MemoryKindR\x04kind\x12;\n" +
-	"\x04keys\x18\x05 \x03(\v2'.b2b.v1.ResolveRegionResponse.KeysEntryR\x04keys\x1a7\n" +
+	"\x04keys\x18\x05 \x03(\v2'.b2b.v1.ResolveRegionResponse.KeysEntryR\x04keys\x12\x16\n" +
+	"\x06device\x18\x06 \x01(\x05R\x06device\x1a7\n" +
 	"\tKeysEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01J\x04\b\x04\x10\x05\"=\n" +
@@ -6048,11 +6291,13 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\tdelivered\x18\x01 \x01(\rR\tdelivered\"R\n" +
 	"\x14ResolveLayoutRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
-	"\x06access\x18\x02 \x01(\x0e2\x0e.b2b.v1.AccessR\x06access\"\xb3\x01\n" +
+	"\x06access\x18\x02 \x01(\x0e2\x0e.b2b.v1.AccessR\x06access\"\xf3\x01\n" +
 	"\x14ResolvedLayoutRegion\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12:\n" +
-	"\x04keys\x18\x03 \x03(\v2&.b2b.v1.ResolvedLayoutRegion.KeysEntryR\x04keys\x1a7\n" +
+	"\x04keys\x18\x03 \x03(\v2&.b2b.v1.ResolvedLayoutRegion.KeysEntryR\x04keys\x12&\n" +
+	"\x04kind\x18\x04 \x01(\x0e2\x12.b2b.v1.MemoryKindR\x04kind\x12\x16\n" +
+	"\x06device\x18\x05 \x01(\x05R\x06device\x1a7\n" +
 	"\tKeysEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"v\n" +
@@ -6147,7 +6392,7 @@ func file_b2b_v1_b2b_proto_rawDescGZIP() []byte {
 }
 
 var file_b2b_v1_b2b_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 82)
+var file_b2b_v1_b2b_proto_msgTypes = make([]protoimpl.MessageInfo, 86)
 var file_b2b_v1_b2b_proto_goTypes = []any{
 	(MemoryKind)(0),                   // 0: b2b.v1.MemoryKind
 	(TransportKind)(0),                // 1: b2b.v1.TransportKind
@@ -6194,49 +6439,53 @@ var file_b2b_v1_b2b_proto_goTypes = []any{
 	(*TransportStatus)(nil),           // 42: b2b.v1.TransportStatus
 	(*RailStatus)(nil),                // 43: b2b.v1.RailStatus
 	(*StatusResponse)(nil),            // 44: b2b.v1.StatusResponse
-	(*LayoutSegment)(nil),             // 45: b2b.v1.LayoutSegment
-	(*RegisterLayoutRequest)(nil),     // 46: b2b.v1.RegisterLayoutRequest
-	(*Layout)(nil),                    // 47: b2b.v1.Layout
-	(*RegisterLayoutResponse)(nil),    // 48: b2b.v1.RegisterLayoutResponse
-	(*DeregisterLayoutRequest)(nil),   // 49: b2b.v1.DeregisterLayoutRequest
-	(*DeregisterLayoutResponse)(nil),  // 50: b2b.v1.DeregisterLayoutResponse
-	(*ListLayoutsRequest)(nil),        // 51: b2b.v1.ListLayoutsRequest
-	(*ListLayoutsResponse)(nil),       // 52: b2b.v1.ListLayoutsResponse
-	(*TransferBlocksRequest)(nil),     // 53: b2b.v1.TransferBlocksRequest
-	(*BindBlockRouteRequest)(nil),     // 54: b2b.v1.BindBlockRouteRequest
-	(*BindBlockRouteResponse)(nil),    // 55: b2b.v1.BindBlockRouteResponse
-	(*ReleaseBlockRouteRequest)(nil),  // 56: b2b.v1.ReleaseBlockRouteRequest
-	(*ReleaseBlockRouteResponse)(nil), // 57: b2b.v1.ReleaseBlockRouteResponse
-	(*StartTransferRequest)(nil),      // 58: b2b.v1.StartTransferRequest
-	(*TransferTrigger)(nil),           // 59: b2b.v1.TransferTrigger
-	(*StartTransferResponse)(nil),     // 60: b2b.v1.StartTransferResponse
-	(*TransferOutcome)(nil),           // 61: b2b.v1.TransferOutcome
-	(*WaitTransferRequest)(nil),       // 62: b2b.v1.WaitTransferRequest
-	(*PollTransfersRequest)(nil),      // 63: b2b.v1.PollTransfersRequest
-	(*PollTransfersResponse)(nil),     // 64: b2b.v1.PollTransfersResponse
-	(*StartTransfersRequest)(nil),     // 65: b2b.v1.StartTransfersRequest
-	(*StartTransferResult)(nil),       // 66: b2b.v1.StartTransferResult
-	(*StartTransfersResponse)(nil),    // 67: b2b.v1.StartTransfersResponse
-	(*WaitTransfersRequest)(nil),      // 68: b2b.v1.WaitTransfersRequest
-	(*CancelTransferRequest)(nil),     // 69: b2b.v1.CancelTransferRequest
-	(*WatchTransfersRequest)(nil),     // 70: b2b.v1.WatchTransfersRequest
-	(*CancelCallRequest)(nil),         // 71: b2b.v1.CancelCallRequest
-	(*CancelCallResponse)(nil),        // 72: b2b.v1.CancelCallResponse
-	(*HandshakeRequest)(nil),          // 73: b2b.v1.HandshakeRequest
-	(*HandshakeResponse)(nil),         // 74: b2b.v1.HandshakeResponse
-	(*ResolveRegionRequest)(nil),      // 75: b2b.v1.ResolveRegionRequest
-	(*ResolveRegionResponse)(nil),     // 76: b2b.v1.ResolveRegionResponse
-	(*SignalRequest)(nil),             // 77: b2b.v1.SignalRequest
-	(*SignalResponse)(nil),            // 78: b2b.v1.SignalResponse
-	(*NotifyRequest)(nil),             // 79: b2b.v1.NotifyRequest
-	(*NotifyResponse)(nil),            // 80: b2b.v1.NotifyResponse
-	(*ResolveLayoutRequest)(nil),      // 81: b2b.v1.ResolveLayoutRequest
-	(*ResolvedLayoutRegion)(nil),      // 82: b2b.v1.ResolvedLayoutRegion
-	(*ResolvedSegment)(nil),           // 83: b2b.v1.ResolvedSegment
-	(*ResolveLayoutResponse)(nil),     // 84: b2b.v1.ResolveLayoutResponse
-	nil,                               // 85: b2b.v1.HandshakeResponse.AdvertsEntry
-	nil,                               // 86: b2b.v1.ResolveRegionResponse.KeysEntry
-	nil,                               // 87: b2b.v1.ResolvedLayoutRegion.KeysEntry
+	(*Calibration)(nil),               // 45: b2b.v1.Calibration
+	(*CalibrationRow)(nil),            // 46: b2b.v1.CalibrationRow
+	(*LayoutSegment)(nil),             // 47: b2b.v1.LayoutSegment
+	(*RegisterLayoutRequest)(nil),     // 48: b2b.v1.RegisterLayoutRequest
+	(*Layout)(nil),                    // 49: b2b.v1.Layout
+	(*RegisterLayoutResponse)(nil),    // 50: b2b.v1.RegisterLayoutResponse
+	(*DeregisterLayoutRequest)(nil),   // 51: b2b.v1.DeregisterLayoutRequest
+	(*DeregisterLayoutResponse)(nil),  // 52: b2b.v1.DeregisterLayoutResponse
+	(*ListLayoutsRequest)(nil),        // 53: b2b.v1.ListLayoutsRequest
+	(*ListLayoutsResponse)(nil),       // 54: b2b.v1.ListLayoutsResponse
+	(*TransferBlocksRequest)(nil),     // 55: b2b.v1.TransferBlocksRequest
+	(*BindBlockRouteRequest)(nil),     // 56: b2b.v1.BindBlockRouteRequest
+	(*BindBlockRouteResponse)(nil),    // 57: b2b.v1.BindBlockRouteResponse
+	(*ReleaseBlockRouteRequest)(nil),  // 58: b2b.v1.ReleaseBlockRouteRequest
+	(*ReleaseBlockRouteResponse)(nil), // 59: b2b.v1.ReleaseBlockRouteResponse
+	(*StartTransferRequest)(nil),      // 60: b2b.v1.StartTransferRequest
+	(*TransferTrigger)(nil),           // 61: b2b.v1.TransferTrigger
+	(*StartTransferResponse)(nil),     // 62: b2b.v1.StartTransferResponse
+	(*TransferOutcome)(nil),           // 63: b2b.v1.TransferOutcome
+	(*WaitTransferRequest)(nil),       // 64: b2b.v1.WaitTransferRequest
+	(*PollTransfersRequest)(nil),      // 65: b2b.v1.PollTransfersRequest
+	(*PollTransfersResponse)(nil),     // 66: b2b.v1.PollTransfersResponse
+	(*StartTransfersRequest)(nil),     // 67: b2b.v1.StartTransfersRequest
+	(*StartTransferResult)(nil),       // 68: b2b.v1.StartTransferResult
+	(*StartTransfersResponse)(nil),    // 69: b2b.v1.StartTransfersResponse
+	(*WaitTransfersRequest)(nil),      // 70: b2b.v1.WaitTransfersRequest
+	(*CancelTransferRequest)(nil),     // 71: b2b.v1.CancelTransferRequest
+	(*WatchTransfersRequest)(nil),     // 72: b2b.v1.WatchTransfersRequest
+	(*CancelCallRequest)(nil),         // 73: b2b.v1.CancelCallRequest
+	(*CancelCallResponse)(nil),        // 74: b2b.v1.CancelCallResponse
+	(*HandshakeRequest)(nil),          // 75: b2b.v1.HandshakeRequest
+	(*HandshakeResponse)(nil),         // 76: b2b.v1.HandshakeResponse
+	(*ResolveRegionRequest)(nil),      // 77: b2b.v1.ResolveRegionRequest
+	(*ResolveRegionResponse)(nil),     // 78: b2b.v1.ResolveRegionResponse
+	(*SignalRequest)(nil),             // 79: b2b.v1.SignalRequest
+	(*SignalResponse)(nil),            // 80: b2b.v1.SignalResponse
+	(*NotifyRequest)(nil),             // 81: b2b.v1.NotifyRequest
+	(*NotifyResponse)(nil),            // 82: b2b.v1.NotifyResponse
+	(*ResolveLayoutRequest)(nil),      // 83: b2b.v1.ResolveLayoutRequest
+	(*ResolvedLayoutRegion)(nil),      // 84: b2b.v1.ResolvedLayoutRegion
+	(*ResolvedSegment)(nil),           // 85: b2b.v1.ResolvedSegment
+	(*ResolveLayoutResponse)(nil),     // 86: b2b.v1.ResolveLayoutResponse
+	nil,                               // 87: b2b.v1.CalibrationRow.MedianNsEntry
+	nil,                               // 88: b2b.v1.CalibrationRow.FailedEntry
+	nil,                               // 89: b2b.v1.HandshakeResponse.AdvertsEntry
+	nil,                               // 90: b2b.v1.ResolveRegionResponse.KeysEntry
+	nil,                               // 91: b2b.v1.ResolvedLayoutRegion.KeysEntry
 }
 var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	6,  // 0: b2b.v1.RegisterRegionRequest.host_alloc:type_name -> b2b.v1.HostAlloc
@@ -6266,106 +6515,113 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	1,  // 24: b2b.v1.TransportStatus.kind:type_name -> b2b.v1.TransportKind
 	43, // 25: b2b.v1.TransportStatus.rails:type_name -> b2b.v1.RailStatus
 	42, // 26: b2b.v1.StatusResponse.transports:type_name -> b2b.v1.TransportStatus
-	45, // 27: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
-	45, // 28: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
-	47, // 29: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
-	47, // 30: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
-	1,  // 31: b2b.v1.TransferBlocksRequest.transport:type_name -> b2b.v1.TransportKind
-	2,  // 32: b2b.v1.TransferBlocksRequest.op:type_name -> b2b.v1.TransferOp
-	1,  // 33: b2b.v1.BindBlockRouteRequest.transport:type_name -> b2b.v1.TransportKind
-	2,  // 34: b2b.v1.BindBlockRouteRequest.op:type_name -> b2b.v1.TransferOp
-	21, // 35: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
-	26, // 36: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
-	53, // 37: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
-	59, // 38: b2b.v1.StartTransferRequest.after:type_name -> b2b.v1.TransferTrigger
-	5,  // 39: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
-	22, // 40: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
-	61, // 41: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
-	58, // 42: b2b.v1.StartTransfersRequest.requests:type_name -> b2b.v1.StartTransferRequest
-	66, // 43: b2b.v1.StartTransfersResponse.results:type_name -> b2b.v1.StartTransferResult
-	85, // 44: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
-	3,  // 45: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
-	0,  // 46: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
-	86, // 47: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
-	3,  // 48: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
-	87, // 49: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
-	82, // 50: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
-	83, // 51: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
-	10, // 52: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
-	14, // 53: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
-	16, // 54: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
-	18, // 55: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
-	21, // 56: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
-	35, // 57: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
-	41, // 58: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
-	37, // 59: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
-	38, // 60: b2b.v1.B2B.NotifyRegion:input_type -> b2b.v1.NotifyRegionRequest
-	24, // 61: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
-	27, // 62: b2b.v1.B2B.WarmTransfer:input_type -> b2b.v1.WarmTransferRequest
-	26, // 63: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
-	29, // 64: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
-	31, // 65: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
-	33, // 66: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
-	46, // 67: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
-	49, // 68: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
-	51, // 69: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
-	53, // 70: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
-	54, // 71: b2b.v1.B2B.BindBlockRoute:input_type -> b2b.v1.BindBlockRouteRequest
-	56, // 72: b2b.v1.B2B.ReleaseBlockRoute:input_type -> b2b.v1.ReleaseBlockRouteRequest
-	58, // 73: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
-	62, // 74: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
-	63, // 75: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
-	69, // 76: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
-	70, // 77: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
-	65, // 78: b2b.v1.B2B.StartTransfers:input_type -> b2b.v1.StartTransfersRequest
-	68, // 79: b2b.v1.B2B.WaitTransfers:input_type -> b2b.v1.WaitTransfersRequest
-	71, // 80: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
-	73, // 81: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
-	75, // 82: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
-	75, // 83: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
-	81, // 84: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
-	77, // 85: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
-	79, // 86: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	13, // 87: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	15, // 88: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	17, // 89: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	19, // 90: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	22, // 91: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	36, // 92: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	44, // 93: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	40, // 94: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	39, // 95: b2b.v1.B2B.NotifyRegion:output_type -> b2b.v1.NotifyRegionResponse
-	25, // 96: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	28, // 97: b2b.v1.B2B.WarmTransfer:output_type -> b2b.v1.WarmTransferResponse
-	22, // 98: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	30, // 99: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	32, // 100: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	34, // 101: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	48, // 102: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	50, // 103: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	52, // 104: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	22, // 105: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	55, // 106: b2b.v1.B2B.BindBlockRoute:output_type -> b2b.v1.BindBlockRouteResponse
-	57, // 107: b2b.v1.B2B.ReleaseBlockRoute:output_type -> b2b.v1.ReleaseBlockRouteResponse
-	60, // 108: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
-	61, // 109: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
-	64, // 110: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
-	61, // 111: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
-	61, // 112: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
-	67, // 113: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
-	64, // 114: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
-	72, // 115: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
-	74, // 116: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	76, // 117: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	76, // 118: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
-	84, // 119: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	78, // 120: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	80, // 121: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	87, // [87:122] is the sub-list for method output_type
-	52, // [52:87] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	45, // 27: b2b.v1.StatusResponse.calibration:type_name -> b2b.v1.Calibration
+	46, // 28: b2b.v1.Calibration.rows:type_name -> b2b.v1.CalibrationRow
+	0,  // 29: b2b.v1.CalibrationRow.from:type_name -> b2b.v1.MemoryKind
+	0,  // 30: b2b.v1.CalibrationRow.to:type_name -> b2b.v1.MemoryKind
+	87, // 31: b2b.v1.CalibrationRow.median_ns:type_name -> b2b.v1.CalibrationRow.MedianNsEntry
+	88, // 32: b2b.v1.CalibrationRow.failed:type_name -> b2b.v1.CalibrationRow.FailedEntry
+	47, // 33: b2b.v1.RegisterLayoutRequest.segments:type_name -> b2b.v1.LayoutSegment
+	47, // 34: b2b.v1.Layout.segments:type_name -> b2b.v1.LayoutSegment
+	49, // 35: b2b.v1.RegisterLayoutResponse.layout:type_name -> b2b.v1.Layout
+	49, // 36: b2b.v1.ListLayoutsResponse.layouts:type_name -> b2b.v1.Layout
+	1,  // 37: b2b.v1.TransferBlocksRequest.transport:type_name -> b2b.v1.TransportKind
+	2,  // 38: b2b.v1.TransferBlocksRequest.op:type_name -> b2b.v1.TransferOp
+	1,  // 39: b2b.v1.BindBlockRouteRequest.transport:type_name -> b2b.v1.TransportKind
+	2,  // 40: b2b.v1.BindBlockRouteRequest.op:type_name -> b2b.v1.TransferOp
+	21, // 41: b2b.v1.StartTransferRequest.batch:type_name -> b2b.v1.BatchTransferRequest
+	26, // 42: b2b.v1.StartTransferRequest.submit:type_name -> b2b.v1.SubmitTransferRequest
+	55, // 43: b2b.v1.StartTransferRequest.blocks:type_name -> b2b.v1.TransferBlocksRequest
+	61, // 44: b2b.v1.StartTransferRequest.after:type_name -> b2b.v1.TransferTrigger
+	5,  // 45: b2b.v1.TransferOutcome.state:type_name -> b2b.v1.TransferState
+	22, // 46: b2b.v1.TransferOutcome.result:type_name -> b2b.v1.BatchTransferResponse
+	63, // 47: b2b.v1.PollTransfersResponse.outcomes:type_name -> b2b.v1.TransferOutcome
+	60, // 48: b2b.v1.StartTransfersRequest.requests:type_name -> b2b.v1.StartTransferRequest
+	68, // 49: b2b.v1.StartTransfersResponse.results:type_name -> b2b.v1.StartTransferResult
+	89, // 50: b2b.v1.HandshakeResponse.adverts:type_name -> b2b.v1.HandshakeResponse.AdvertsEntry
+	3,  // 51: b2b.v1.ResolveRegionRequest.access:type_name -> b2b.v1.Access
+	0,  // 52: b2b.v1.ResolveRegionResponse.kind:type_name -> b2b.v1.MemoryKind
+	90, // 53: b2b.v1.ResolveRegionResponse.keys:type_name -> b2b.v1.ResolveRegionResponse.KeysEntry
+	3,  // 54: b2b.v1.ResolveLayoutRequest.access:type_name -> b2b.v1.Access
+	91, // 55: b2b.v1.ResolvedLayoutRegion.keys:type_name -> b2b.v1.ResolvedLayoutRegion.KeysEntry
+	0,  // 56: b2b.v1.ResolvedLayoutRegion.kind:type_name -> b2b.v1.MemoryKind
+	84, // 57: b2b.v1.ResolveLayoutResponse.regions:type_name -> b2b.v1.ResolvedLayoutRegion
+	85, // 58: b2b.v1.ResolveLayoutResponse.segments:type_name -> b2b.v1.ResolvedSegment
+	10, // 59: b2b.v1.B2B.RegisterRegion:input_type -> b2b.v1.RegisterRegionRequest
+	14, // 60: b2b.v1.B2B.DeregisterRegion:input_type -> b2b.v1.DeregisterRegionRequest
+	16, // 61: b2b.v1.B2B.ListRegions:input_type -> b2b.v1.ListRegionsRequest
+	18, // 62: b2b.v1.B2B.ExportRegion:input_type -> b2b.v1.ExportRegionRequest
+	21, // 63: b2b.v1.B2B.BatchTransfer:input_type -> b2b.v1.BatchTransferRequest
+	35, // 64: b2b.v1.B2B.Checksum:input_type -> b2b.v1.ChecksumRequest
+	41, // 65: b2b.v1.B2B.Status:input_type -> b2b.v1.StatusRequest
+	37, // 66: b2b.v1.B2B.WatchNotifications:input_type -> b2b.v1.WatchNotificationsRequest
+	38, // 67: b2b.v1.B2B.NotifyRegion:input_type -> b2b.v1.NotifyRegionRequest
+	24, // 68: b2b.v1.B2B.PrepareTransfer:input_type -> b2b.v1.PrepareTransferRequest
+	27, // 69: b2b.v1.B2B.WarmTransfer:input_type -> b2b.v1.WarmTransferRequest
+	26, // 70: b2b.v1.B2B.SubmitTransfer:input_type -> b2b.v1.SubmitTransferRequest
+	29, // 71: b2b.v1.B2B.ReleaseTransfer:input_type -> b2b.v1.ReleaseTransferRequest
+	31, // 72: b2b.v1.B2B.SubmitStream:input_type -> b2b.v1.SubmitStreamRequest
+	33, // 73: b2b.v1.B2B.Ping:input_type -> b2b.v1.PingRequest
+	48, // 74: b2b.v1.B2B.RegisterLayout:input_type -> b2b.v1.RegisterLayoutRequest
+	51, // 75: b2b.v1.B2B.DeregisterLayout:input_type -> b2b.v1.DeregisterLayoutRequest
+	53, // 76: b2b.v1.B2B.ListLayouts:input_type -> b2b.v1.ListLayoutsRequest
+	55, // 77: b2b.v1.B2B.TransferBlocks:input_type -> b2b.v1.TransferBlocksRequest
+	56, // 78: b2b.v1.B2B.BindBlockRoute:input_type -> b2b.v1.BindBlockRouteRequest
+	58, // 79: b2b.v1.B2B.ReleaseBlockRoute:input_type -> b2b.v1.ReleaseBlockRouteRequest
+	60, // 80: b2b.v1.B2B.StartTransfer:input_type -> b2b.v1.StartTransferRequest
+	64, // 81: b2b.v1.B2B.WaitTransfer:input_type -> b2b.v1.WaitTransferRequest
+	65, // 82: b2b.v1.B2B.PollTransfers:input_type -> b2b.v1.PollTransfersRequest
+	71, // 83: b2b.v1.B2B.CancelTransfer:input_type -> b2b.v1.CancelTransferRequest
+	72, // 84: b2b.v1.B2B.WatchTransfers:input_type -> b2b.v1.WatchTransfersRequest
+	67, // 85: b2b.v1.B2B.StartTransfers:input_type -> b2b.v1.StartTransfersRequest
+	70, // 86: b2b.v1.B2B.WaitTransfers:input_type -> b2b.v1.WaitTransfersRequest
+	73, // 87: b2b.v1.B2B.CancelCall:input_type -> b2b.v1.CancelCallRequest
+	75, // 88: b2b.v1.Peer.Handshake:input_type -> b2b.v1.HandshakeRequest
+	77, // 89: b2b.v1.Peer.ResolveRegion:input_type -> b2b.v1.ResolveRegionRequest
+	77, // 90: b2b.v1.Peer.HoldRegion:input_type -> b2b.v1.ResolveRegionRequest
+	83, // 91: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
+	79, // 92: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
+	81, // 93: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
+	13, // 94: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	15, // 95: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	17, // 96: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	19, // 97: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	22, // 98: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	36, // 99: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	44, // 100: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	40, // 101: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	39, // 102: b2b.v1.B2B.NotifyRegion:output_type -> b2b.v1.NotifyRegionResponse
+	25, // 103: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	28, // 104: b2b.v1.B2B.WarmTransfer:output_type -> b2b.v1.WarmTransferResponse
+	22, // 105: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	30, // 106: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	32, // 107: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	34, // 108: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	50, // 109: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	52, // 110: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	54, // 111: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	22, // 112: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	57, // 113: b2b.v1.B2B.BindBlockRoute:output_type -> b2b.v1.BindBlockRouteResponse
+	59, // 114: b2b.v1.B2B.ReleaseBlockRoute:output_type -> b2b.v1.ReleaseBlockRouteResponse
+	62, // 115: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	63, // 116: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	66, // 117: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	63, // 118: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	63, // 119: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	69, // 120: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
+	66, // 121: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
+	74, // 122: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
+	76, // 123: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	78, // 124: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	78, // 125: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
+	86, // 126: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	80, // 127: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	82, // 128: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	94, // [94:129] is the sub-list for method output_type
+	59, // [59:94] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_b2b_v1_b2b_proto_init() }
@@ -6379,7 +6635,7 @@ func file_b2b_v1_b2b_proto_init() {
 		(*RegisterRegionRequest_CudaAlloc)(nil),
 		(*RegisterRegionRequest_CudaIpc)(nil),
 	}
-	file_b2b_v1_b2b_proto_msgTypes[52].OneofWrappers = []any{
+	file_b2b_v1_b2b_proto_msgTypes[54].OneofWrappers = []any{
 		(*StartTransferRequest_Batch)(nil),
 		(*StartTransferRequest_Submit)(nil),
 		(*StartTransferRequest_Blocks)(nil),
@@ -6390,7 +6646,7 @@ func file_b2b_v1_b2b_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_b2b_v1_b2b_proto_rawDesc), len(file_b2b_v1_b2b_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   82,
+			NumMessages:   86,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -87,6 +87,53 @@ class BindBlockRouteResponse(_message.Message):
     handle: int
     def __init__(self, handle: _Optional[int] = ...) -> None: ...
 
+class Calibration(_message.Message):
+    __slots__ = ["elapsed_ns", "file", "rows", "state"]
+    ELAPSED_NS_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    elapsed_ns: int
+    file: str
+    rows: _containers.RepeatedCompositeFieldContainer[CalibrationRow]
+    state: str
+    def __init__(self, state: _Optional[str] = ..., elapsed_ns: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[CalibrationRow, _Mapping]]] = ..., file: _Optional[str] = ...) -> None: ...
+
+class CalibrationRow(_message.Message):
+    __slots__ = ["block_bytes", "blocks", "chosen", "failed", "median_ns", "same_device", "to", "why"]
+    class FailedEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class MedianNsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHOSEN_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    FROM_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_NS_FIELD_NUMBER: _ClassVar[int]
+    SAME_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    block_bytes: int
+    blocks: int
+    chosen: str
+    failed: _containers.ScalarMap[str, str]
+    median_ns: _containers.ScalarMap[str, int]
+    same_device: bool
+    to: MemoryKind
+    why: str
+    def __init__(self, to: _Optional[_Union[MemoryKind, str]] = ..., same_device: bool = ..., block_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., median_ns: _Optional[_Mapping[str, int]] = ..., failed: _Optional[_Mapping[str, str]] = ..., chosen: _Optional[str] = ..., why: _Optional[str] = ..., **kwargs) -> None: ...
+
 class CancelCallRequest(_message.Message):
     __slots__ = ["call_id"]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -625,7 +672,7 @@ class ResolveRegionRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., access: _Optional[_Union[Access, str]] = ...) -> None: ...
 
 class ResolveRegionResponse(_message.Message):
-    __slots__ = ["keys", "kind", "name", "size"]
+    __slots__ = ["device", "keys", "kind", "name", "size"]
     class KeysEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -633,18 +680,20 @@ class ResolveRegionResponse(_message.Message):
         key: str
         value: bytes
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    device: int
     keys: _containers.ScalarMap[str, bytes]
     kind: MemoryKind
     name: str
     size: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., keys: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., keys: _Optional[_Mapping[str, bytes]] = ..., device: _Optional[int] = ...) -> None: ...
 
 class ResolvedLayoutRegion(_message.Message):
-    __slots__ = ["keys", "name", "size"]
+    __slots__ = ["device", "keys", "kind", "name", "size"]
     class KeysEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -652,13 +701,17 @@ class ResolvedLayoutRegion(_message.Message):
         key: str
         value: bytes
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    device: int
     keys: _containers.ScalarMap[str, bytes]
+    kind: MemoryKind
     name: str
     size: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., keys: _Optional[_Mapping[str, bytes]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., keys: _Optional[_Mapping[str, bytes]] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., device: _Optional[int] = ...) -> None: ...
 
 class ResolvedSegment(_message.Message):
     __slots__ = ["block_len", "offset", "region", "stride"]
@@ -733,12 +786,13 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "cuda_available", "cuda_detail", "goroutines", "lease_holders", "max_descriptors", "node_name", "open_fds", "peer_address", "peers_connected", "persistent_regions", "regions", "transfers_held", "transfers_in_flight", "transports", "version"]
+    __slots__ = ["batches_failed", "batches_received", "batches_sent", "bytes_received", "bytes_sent", "calibration", "cuda_available", "cuda_detail", "goroutines", "lease_holders", "max_descriptors", "node_name", "open_fds", "peer_address", "peers_connected", "persistent_regions", "regions", "transfers_held", "transfers_in_flight", "transports", "version"]
     BATCHES_FAILED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_SENT_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_FIELD_NUMBER: _ClassVar[int]
     CUDA_AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     CUDA_DETAIL_FIELD_NUMBER: _ClassVar[int]
     GOROUTINES_FIELD_NUMBER: _ClassVar[int]
@@ -759,6 +813,7 @@ class StatusResponse(_message.Message):
     batches_sent: int
     bytes_received: int
     bytes_sent: int
+    calibration: Calibration
     cuda_available: bool
     cuda_detail: str
     goroutines: int
@@ -774,7 +829,7 @@ class StatusResponse(_message.Message):
     transfers_in_flight: int
     transports: _containers.RepeatedCompositeFieldContainer[TransportStatus]
     version: str
-    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ..., open_fds: _Optional[int] = ..., persistent_regions: _Optional[int] = ..., lease_holders: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ..., transfers_held: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., node_name: _Optional[str] = ..., peer_address: _Optional[str] = ..., transports: _Optional[_Iterable[_Union[TransportStatus, _Mapping]]] = ..., cuda_available: bool = ..., cuda_detail: _Optional[str] = ..., regions: _Optional[int] = ..., batches_sent: _Optional[int] = ..., batches_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., bytes_received: _Optional[int] = ..., batches_failed: _Optional[int] = ..., max_descriptors: _Optional[int] = ..., peers_connected: _Optional[int] = ..., goroutines: _Optional[int] = ..., open_fds: _Optional[int] = ..., persistent_regions: _Optional[int] = ..., lease_holders: _Optional[int] = ..., transfers_in_flight: _Optional[int] = ..., transfers_held: _Optional[int] = ..., calibration: _Optional[_Union[Calibration, _Mapping]] = ...) -> None: ...
 
 class SubmitStreamRequest(_message.Message):
     __slots__ = ["handle", "tag"]
