@@ -516,3 +516,73 @@ func TestBlockSetWritesAndReadsStayMapped(t *testing.T) {
 		t.Fatalf("%d mappings evicted and made again while writes and reads alternated over 160 regions", unmaps)
 	}
 }
+
+// TestGPUDestinationOfItself: a daemon's batch from one of its regions
+// into its own GPU region (two clients of one daemon, or its calibration)
+// lands without opening the region's IPC handle, which CUDA refuses in
+// the process that made it (CUDA_ERROR_INVALID_CONTEXT); host to GPU and
+// GPU to GPU.
+func TestGPUDestinationOfItself(t *testing.T) {
+	cu := cudatest.New(cudatest.Device{})
+	dir := t.TempDir()
+	in := &fakeInbound{}
+	self, err := New(Config{Dir: filepath.Join(dir, "self"), Node: "self", CUDA: cu}, in, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	const size = 1 << 16
+	gpuRegion := func() (transport.Registration, []byte) {
+		p, err := cu.MemAlloc(0, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := self.Register(memory.Memory{Kind: memory.CUDA, Addr: p, Len: size, DmabufFD: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.add(r)
+		b, err := cu.DeviceBytes(p, size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, b
+	}
+	host, err := self.Register(shmRegion(t, dir, size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.add(host)
+	gpuA, a := gpuRegion()
+	gpuB, b := gpuRegion()
+	conn, err := self.Connect(context.Background(), transport.Peer{Address: "self", Node: "self", Advert: MarshalEndpoint(self.Endpoint())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	bt := gapped(64, 256)
+	ctx := context.Background()
+	fill(host.Memory().Host, 5)
+	if _, err := transport.Write(ctx, conn, host, transport.RemoteRegion{Name: "a", Size: size, Key: gpuA.Key()}, bt); err != nil {
+		t.Fatalf("host to its own GPU region: %v", err)
+	}
+	for i := range bt.Len {
+		s, d := bt.Src[i], bt.Dst[i]
+		if !bytes.Equal(a[d:d+bt.Len[i]], host.Memory().Host[s:s+bt.Len[i]]) {
+			t.Fatalf("host to its own GPU region: block %d did not land", i)
+		}
+	}
+	if _, err := transport.Write(ctx, conn, gpuA, transport.RemoteRegion{Name: "b", Size: size, Key: gpuB.Key()}, bt); err != nil {
+		t.Fatalf("GPU to its own GPU region: %v", err)
+	}
+	for i := range bt.Len {
+		d := bt.Dst[i]
+		// gpuA got host's block Src[i] at Dst[i]; gpuB got gpuA's Src[i].
+		if !bytes.Equal(b[d:d+bt.Len[i]], a[bt.Src[i]:bt.Src[i]+bt.Len[i]]) {
+			t.Fatalf("GPU to its own GPU region: block %d did not land", i)
+		}
+	}
+	if n := cu.Calls("IPCOpenMemHandle"); n != 0 {
+		t.Fatalf("%d IPC handles opened; a daemon's own regions need none", n)
+	}
+}

@@ -623,6 +623,21 @@ func (c *Conn) mapRemote(kind uint32, size, offset uint64, msg, handle []byte, f
 		if len(handle) != gpudirect.IPCHandleSize {
 			return nil, c.fail(fmt.Errorf("%w: GPU destination came without its IPC handle", errs.ErrInvalidArgument))
 		}
+		if c.sock == c.t.ep.Socket {
+			// The peer is this daemon (two clients of one daemon, or its
+			// calibration): CUDA refuses to open a process's own IPC
+			// handle, and the region is mapped here already. Its pins
+			// (begin) keep it registered while a batch uses the pointer.
+			ptr, own, ok := c.t.ownCUDA(gpudirect.IPCHandle(handle), offset)
+			if !ok {
+				return nil, fmt.Errorf("%w: samehost: the destination's IPC handle is this daemon's, but no region of it has that handle", errs.ErrFailedPrecondition)
+			}
+			if dev != own {
+				return nil, fmt.Errorf("%w: samehost: a batch from GPU %d into this daemon's own region on GPU %d: give the source on GPU %d, or another transport (tcp)", errs.ErrFailedPrecondition, dev, own, own)
+			}
+			rm.dptr, rm.dev, rm.home = ptr, own, own
+			return rm, nil
+		}
 		base, err := cu.IPCOpenMemHandle(dev, gpudirect.IPCHandle(handle))
 		if err != nil {
 			return nil, fmt.Errorf("samehost: open the destination's IPC handle on device %d: %w", dev, staging.DomainError(err))

@@ -287,6 +287,19 @@ func randomKey() uint64 {
 // cannot reach (not a file mapping; device memory the driver will not
 // share) still registers, as a source; a peer's batch into it is refused
 // with the reason.
+// ownCUDA finds this daemon's own GPU region by the IPC handle and offset
+// its receiving side handed out: its device pointer and device.
+func (t *Transport) ownCUDA(h gpudirect.IPCHandle, off uint64) (ptr uintptr, dev int, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, r := range t.regs {
+		if r.mem.Kind == memory.CUDA && r.shareErr == nil && r.handle == h && r.handleOff == off {
+			return r.mem.Addr, r.mem.Device, true
+		}
+	}
+	return 0, 0, false
+}
+
 func (t *Transport) Register(m memory.Memory) (transport.Registration, error) {
 	r := &registration{t: t, mem: m}
 	switch m.Kind {
