@@ -156,7 +156,6 @@ func (c *Conn) blocks(ctx context.Context, p *layout.Pair, ids layout.IDs, nsrc,
 			c.pinHostSide(local, sm, rm)
 			cur := p.Seek(ids, s0, 0)
 			for left := runs; left > 0; {
-				t1 := time.Now()
 				c.chunk = sc.ExpandChunk(p, ids, &cur, min(left, limit))
 				b := &c.chunk
 				if b.N() == 0 {
@@ -166,8 +165,7 @@ func (c *Conn) blocks(ctx context.Context, p *layout.Pair, ids layout.IDs, nsrc,
 				if err := checkBounds(b, srcLen, dstLen); err != nil {
 					return fail(err)
 				}
-				err := c.copy(ctx, sm, rm, b, read)
-				st.Post += time.Since(t1)
+				err := c.copy(ctx, sm, rm, b, read) // the wire: no Post (Stats)
 				setSegs, setBytes = setSegs+uint64(b.N()), setBytes+b.Bytes()
 				if err != nil {
 					return fail(err)

@@ -1638,7 +1638,7 @@ type PhaseTimings struct {
 	ValidateNs uint64                 `protobuf:"varint,2,opt,name=validate_ns,json=validateNs,proto3" json:"validate_ns,omitempty"` // fields, regions, descriptor bounds and overlaps
 	ResolveNs  uint64                 `protobuf:"varint,3,opt,name=resolve_ns,json=resolveNs,proto3" json:"resolve_ns,omitempty"`    // the data path to the peer and the destination's key
 	PlanNs     uint64                 `protobuf:"varint,4,opt,name=plan_ns,json=planNs,proto3" json:"plan_ns,omitempty"`             // merge, split across QPs, build the work requests
-	PostNs     uint64                 `protobuf:"varint,5,opt,name=post_ns,json=postNs,proto3" json:"post_ns,omitempty"`             // hand the work to the NIC (verbs) or the sockets (TCP)
+	PostNs     uint64                 `protobuf:"varint,5,opt,name=post_ns,json=postNs,proto3" json:"post_ns,omitempty"`             // hand the work to the NIC (verbs) or the sockets (TCP); 0 over local, whose copies are its wire
 	WireNs     uint64                 `protobuf:"varint,6,opt,name=wire_ns,json=wireNs,proto3" json:"wire_ns,omitempty"`             // wait until every byte landed and the ack came back
 	NotifyNs   uint64                 `protobuf:"varint,7,opt,name=notify_ns,json=notifyNs,proto3" json:"notify_ns,omitempty"`       // deliver the notification
 	TotalNs    uint64                 `protobuf:"varint,8,opt,name=total_ns,json=totalNs,proto3" json:"total_ns,omitempty"`          // the handler's whole time, first to last
