@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
@@ -101,6 +103,53 @@ func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2
 	release()
 	n := p.s.cfg.Notify.Publish(r.ID, notificationOf(req))
 	return &b2bv1.NotifyResponse{Delivered: uint32(n)}, nil
+}
+
+// NotifyStream is Notify for every note of one peer, answered in order on
+// the stream (peer.Manager keeps one open per peer). It ends when the peer
+// closes it, or when the daemon drains (Drain): a stream the peer keeps
+// open must not hold the peer server's graceful stop for its grace period.
+func (p *peerService) NotifyStream(stream b2bv1.Peer_NotifyStreamServer) error {
+	ctx := stream.Context()
+	reqs := make(chan *b2bv1.NotifyRequest)
+	errc := make(chan error, 1)
+	go func() { // Recv cannot be selected on; it ends with the stream
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-p.s.drain:
+			return nil
+		case err := <-errc:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case req := <-reqs:
+			out := &b2bv1.NotifyResponse{Seq: req.GetSeq()}
+			resp, err := p.Notify(ctx, req)
+			if err != nil {
+				st := status.Convert(err)
+				out.Code, out.Message = uint32(st.Code()), st.Message()
+			} else {
+				out.Delivered = resp.GetDelivered()
+			}
+			if err := stream.Send(out); err != nil {
+				return err
+			}
+		}
+	}
 }
 
 // Signal hands a peer's set-up message to the same kind here, which alone

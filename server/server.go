@@ -96,7 +96,16 @@ type Server struct {
 	// observeSubmit sees each submit that no unary interceptor sees (one
 	// on a SubmitStream or the raw socket); nil: none. Set before serving.
 	observeSubmit SubmitObserver
+
+	// drain is closed by Drain: long-lived peer streams end.
+	drain     chan struct{}
+	drainOnce sync.Once
 }
+
+// Drain ends the peers' note streams (NotifyStream), so that the peer
+// server's graceful stop waits only for calls in flight; call it as the
+// daemon starts draining. Safe to call twice.
+func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.drain) }) }
 
 // SubmitObserver is told of a submit's result (nil on error), error and
 // duration in seconds.
@@ -131,7 +140,7 @@ func New(cfg Config) *Server {
 			DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Triggers: cfg.Triggers, Notes: cfg.Notify, Log: cfg.Log})
 	}
 	cfg.Counters, cfg.MaxDescriptors = b.Counters(), b.MaxDescriptors()
-	return &Server{cfg: cfg, batches: b}
+	return &Server{cfg: cfg, batches: b, drain: make(chan struct{})}
 }
 
 // Close frees every prepared plan and refuses new ones (daemon shutdown,

@@ -352,3 +352,45 @@ func listenSilent() (net.Listener, error) {
 	}()
 	return l, nil
 }
+
+// TestNotifyStreamAnswersAndDrains: a peer's note stream answers each
+// note with its seq (a refusal as Notify's code and message), and Drain
+// ends it at once, so that the peer server's graceful stop is not held.
+func TestNotifyStreamAnswersAndDrains(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	bn := bufNet{}
+	b := newNode(t, "b", bn)
+	if _, err := b.api.RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}}, ExportName: "inbox"}); err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient("passthrough:///b", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(bn.dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	s, err := b2bv1.NewPeerClient(cc).NotifyStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range []struct {
+		region string
+		code   codes.Code
+	}{{"inbox", codes.OK}, {"nowhere", codes.NotFound}, {"inbox", codes.OK}} {
+		if err := s.Send(&b2bv1.NotifyRequest{Region: c.region, Sender: "a", Notification: []byte("n"), Seq: uint64(10 + i)}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetSeq() != uint64(10+i) || codes.Code(resp.GetCode()) != c.code || (c.code != codes.OK) != strings.Contains(resp.GetMessage(), c.region) {
+			t.Fatalf("note %d to %q: answer %v, want seq %d, code %v, and a message naming the region when refused", i, c.region, resp, 10+i, c.code)
+		}
+	}
+	b.srv.Drain()
+	if _, err := s.Recv(); err == nil {
+		t.Fatal("the stream still answers after Drain")
+	}
+}

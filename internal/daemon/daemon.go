@@ -587,6 +587,7 @@ func (d *Daemon) Serve(ctx context.Context) error {
 		d.log.Warn("calibration did not stop within 5s")
 	}
 	done := make(chan struct{})
+	d.srv.Drain() // peers' note streams end: only calls in flight are waited for
 	go func() {
 		d.api.GracefulStop()
 		d.peerSrv.GracefulStop()

@@ -92,6 +92,12 @@ type state struct {
 	cc     *grpc.ClientConn
 	client b2bv1.PeerClient
 	hs     *b2bv1.HandshakeResponse
+	// notes is the open NotifyStream (notestream.go); noNoteStream the
+	// channel whose peer has none. notesMu guards both, apart from mu:
+	// a note never waits for a handshake.
+	notesMu      sync.Mutex
+	notes        *noteStream
+	noNoteStream b2bv1.PeerClient
 	// instance is the peer's instance ID from its last handshake, kept
 	// when hs is dropped: prepared plans compare it to the one they were
 	// made under to notice a restarted peer without a round trip.
@@ -193,6 +199,7 @@ func (st *state) closeLocked(wait bool) {
 		set.closeAll()
 		delete(st.conns, k)
 	}
+	st.closeNotes()
 	if st.cc != nil {
 		if wait {
 			_ = st.cc.Close()

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/notify"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -27,7 +30,28 @@ func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification
 	if ctl == nil {
 		return fmt.Errorf("%w: peer %s is not connected", errs.ErrUnavailable, addr)
 	}
-	_, err = ctl.Notify(ctx, &b2bv1.NotifyRequest{Region: n.Region, Sender: n.Sender,
-		Notification: n.Notification, Blocks: n.Blocks, Bytes: n.Bytes})
+	req := &b2bv1.NotifyRequest{Region: n.Region, Sender: n.Sender, Notification: n.Notification, Blocks: n.Blocks, Bytes: n.Bytes}
+	// The peer's note stream; a note the stream could not send (it had
+	// broken) goes on a fresh one, once; a peer without streams, and a
+	// stream that cannot open, get the call.
+	for attempt := 0; attempt < 2; attempt++ {
+		ns, err := st.noteStreamFor(ctl)
+		if err != nil {
+			break
+		}
+		_, sent, err := ns.notify(ctx, req)
+		if err == nil {
+			return nil
+		}
+		if status.Code(err) == codes.Unimplemented { // an older b2bd: it never saw the note
+			st.noNoteStreamOn(ctl)
+			break
+		}
+		if sent || ctx.Err() != nil {
+			return fromRPC(ctx, err)
+		}
+	}
+	req.Seq = 0
+	_, err = ctl.Notify(ctx, req)
 	return fromRPC(ctx, err)
 }

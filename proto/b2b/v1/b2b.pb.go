@@ -5477,6 +5477,7 @@ type NotifyRequest struct {
 	Notification  []byte                 `protobuf:"bytes,3,opt,name=notification,proto3" json:"notification,omitempty"`
 	Blocks        uint64                 `protobuf:"varint,4,opt,name=blocks,proto3" json:"blocks,omitempty"`
 	Bytes         uint64                 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Seq           uint64                 `protobuf:"varint,6,opt,name=seq,proto3" json:"seq,omitempty"` // NotifyStream: echoed in the response
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5546,9 +5547,21 @@ func (x *NotifyRequest) GetBytes() uint64 {
 	return 0
 }
 
+func (x *NotifyRequest) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 type NotifyResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Delivered     uint32                 `protobuf:"varint,1,opt,name=delivered,proto3" json:"delivered,omitempty"` // watchers it was queued for
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Delivered uint32                 `protobuf:"varint,1,opt,name=delivered,proto3" json:"delivered,omitempty"` // watchers it was queued for
+	// NotifyStream: the request's seq, and the refusal Notify would have
+	// returned (a gRPC code, 0 when delivered, and its message).
+	Seq           uint64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Code          uint32 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5588,6 +5601,27 @@ func (x *NotifyResponse) GetDelivered() uint32 {
 		return x.Delivered
 	}
 	return 0
+}
+
+func (x *NotifyResponse) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *NotifyResponse) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *NotifyResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
 }
 
 type ResolveLayoutRequest struct {
@@ -6280,15 +6314,19 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x18\n" +
 	"\apayload\x18\x02 \x01(\fR\apayload\"*\n" +
 	"\x0eSignalResponse\x12\x18\n" +
-	"\apayload\x18\x01 \x01(\fR\apayload\"\x91\x01\n" +
+	"\apayload\x18\x01 \x01(\fR\apayload\"\xa3\x01\n" +
 	"\rNotifyRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x16\n" +
 	"\x06sender\x18\x02 \x01(\tR\x06sender\x12\"\n" +
 	"\fnotification\x18\x03 \x01(\fR\fnotification\x12\x16\n" +
 	"\x06blocks\x18\x04 \x01(\x04R\x06blocks\x12\x14\n" +
-	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\".\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\x12\x10\n" +
+	"\x03seq\x18\x06 \x01(\x04R\x03seq\"n\n" +
 	"\x0eNotifyResponse\x12\x1c\n" +
-	"\tdelivered\x18\x01 \x01(\rR\tdelivered\"R\n" +
+	"\tdelivered\x18\x01 \x01(\rR\tdelivered\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"R\n" +
 	"\x14ResolveLayoutRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
 	"\x06access\x18\x02 \x01(\x0e2\x0e.b2b.v1.AccessR\x06access\"\xf3\x01\n" +
@@ -6369,7 +6407,7 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x0eStartTransfers\x12\x1d.b2b.v1.StartTransfersRequest\x1a\x1e.b2b.v1.StartTransfersResponse\x12L\n" +
 	"\rWaitTransfers\x12\x1c.b2b.v1.WaitTransfersRequest\x1a\x1d.b2b.v1.PollTransfersResponse\x12C\n" +
 	"\n" +
-	"CancelCall\x12\x19.b2b.v1.CancelCallRequest\x1a\x1a.b2b.v1.CancelCallResponse2\xa5\x03\n" +
+	"CancelCall\x12\x19.b2b.v1.CancelCallRequest\x1a\x1a.b2b.v1.CancelCallResponse2\xe8\x03\n" +
 	"\x04Peer\x12@\n" +
 	"\tHandshake\x12\x18.b2b.v1.HandshakeRequest\x1a\x19.b2b.v1.HandshakeResponse\x12L\n" +
 	"\rResolveRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse\x12M\n" +
@@ -6377,7 +6415,8 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"HoldRegion\x12\x1c.b2b.v1.ResolveRegionRequest\x1a\x1d.b2b.v1.ResolveRegionResponse(\x010\x01\x12L\n" +
 	"\rResolveLayout\x12\x1c.b2b.v1.ResolveLayoutRequest\x1a\x1d.b2b.v1.ResolveLayoutResponse\x127\n" +
 	"\x06Signal\x12\x15.b2b.v1.SignalRequest\x1a\x16.b2b.v1.SignalResponse\x127\n" +
-	"\x06Notify\x12\x15.b2b.v1.NotifyRequest\x1a\x16.b2b.v1.NotifyResponseB)Z'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1b\x06proto3"
+	"\x06Notify\x12\x15.b2b.v1.NotifyRequest\x1a\x16.b2b.v1.NotifyResponse\x12A\n" +
+	"\fNotifyStream\x12\x15.b2b.v1.NotifyRequest\x1a\x16.b2b.v1.NotifyResponse(\x010\x01B)Z'github.com/b2bd/b2bd/proto/b2b/v1;b2bv1b\x06proto3"
 
 var (
 	file_b2b_v1_b2b_proto_rawDescOnce sync.Once
@@ -6582,43 +6621,45 @@ var file_b2b_v1_b2b_proto_depIdxs = []int32{
 	83, // 91: b2b.v1.Peer.ResolveLayout:input_type -> b2b.v1.ResolveLayoutRequest
 	79, // 92: b2b.v1.Peer.Signal:input_type -> b2b.v1.SignalRequest
 	81, // 93: b2b.v1.Peer.Notify:input_type -> b2b.v1.NotifyRequest
-	13, // 94: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
-	15, // 95: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
-	17, // 96: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
-	19, // 97: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
-	22, // 98: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
-	36, // 99: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
-	44, // 100: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
-	40, // 101: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
-	39, // 102: b2b.v1.B2B.NotifyRegion:output_type -> b2b.v1.NotifyRegionResponse
-	25, // 103: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
-	28, // 104: b2b.v1.B2B.WarmTransfer:output_type -> b2b.v1.WarmTransferResponse
-	22, // 105: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
-	30, // 106: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
-	32, // 107: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
-	34, // 108: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
-	50, // 109: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
-	52, // 110: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
-	54, // 111: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
-	22, // 112: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
-	57, // 113: b2b.v1.B2B.BindBlockRoute:output_type -> b2b.v1.BindBlockRouteResponse
-	59, // 114: b2b.v1.B2B.ReleaseBlockRoute:output_type -> b2b.v1.ReleaseBlockRouteResponse
-	62, // 115: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
-	63, // 116: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
-	66, // 117: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
-	63, // 118: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
-	63, // 119: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
-	69, // 120: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
-	66, // 121: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
-	74, // 122: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
-	76, // 123: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
-	78, // 124: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
-	78, // 125: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
-	86, // 126: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
-	80, // 127: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
-	82, // 128: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
-	94, // [94:129] is the sub-list for method output_type
-	59, // [59:94] is the sub-list for method input_type
+	81, // 94: b2b.v1.Peer.NotifyStream:input_type -> b2b.v1.NotifyRequest
+	13, // 95: b2b.v1.B2B.RegisterRegion:output_type -> b2b.v1.RegisterRegionResponse
+	15, // 96: b2b.v1.B2B.DeregisterRegion:output_type -> b2b.v1.DeregisterRegionResponse
+	17, // 97: b2b.v1.B2B.ListRegions:output_type -> b2b.v1.ListRegionsResponse
+	19, // 98: b2b.v1.B2B.ExportRegion:output_type -> b2b.v1.ExportRegionResponse
+	22, // 99: b2b.v1.B2B.BatchTransfer:output_type -> b2b.v1.BatchTransferResponse
+	36, // 100: b2b.v1.B2B.Checksum:output_type -> b2b.v1.ChecksumResponse
+	44, // 101: b2b.v1.B2B.Status:output_type -> b2b.v1.StatusResponse
+	40, // 102: b2b.v1.B2B.WatchNotifications:output_type -> b2b.v1.Notification
+	39, // 103: b2b.v1.B2B.NotifyRegion:output_type -> b2b.v1.NotifyRegionResponse
+	25, // 104: b2b.v1.B2B.PrepareTransfer:output_type -> b2b.v1.PrepareTransferResponse
+	28, // 105: b2b.v1.B2B.WarmTransfer:output_type -> b2b.v1.WarmTransferResponse
+	22, // 106: b2b.v1.B2B.SubmitTransfer:output_type -> b2b.v1.BatchTransferResponse
+	30, // 107: b2b.v1.B2B.ReleaseTransfer:output_type -> b2b.v1.ReleaseTransferResponse
+	32, // 108: b2b.v1.B2B.SubmitStream:output_type -> b2b.v1.SubmitStreamResponse
+	34, // 109: b2b.v1.B2B.Ping:output_type -> b2b.v1.PingResponse
+	50, // 110: b2b.v1.B2B.RegisterLayout:output_type -> b2b.v1.RegisterLayoutResponse
+	52, // 111: b2b.v1.B2B.DeregisterLayout:output_type -> b2b.v1.DeregisterLayoutResponse
+	54, // 112: b2b.v1.B2B.ListLayouts:output_type -> b2b.v1.ListLayoutsResponse
+	22, // 113: b2b.v1.B2B.TransferBlocks:output_type -> b2b.v1.BatchTransferResponse
+	57, // 114: b2b.v1.B2B.BindBlockRoute:output_type -> b2b.v1.BindBlockRouteResponse
+	59, // 115: b2b.v1.B2B.ReleaseBlockRoute:output_type -> b2b.v1.ReleaseBlockRouteResponse
+	62, // 116: b2b.v1.B2B.StartTransfer:output_type -> b2b.v1.StartTransferResponse
+	63, // 117: b2b.v1.B2B.WaitTransfer:output_type -> b2b.v1.TransferOutcome
+	66, // 118: b2b.v1.B2B.PollTransfers:output_type -> b2b.v1.PollTransfersResponse
+	63, // 119: b2b.v1.B2B.CancelTransfer:output_type -> b2b.v1.TransferOutcome
+	63, // 120: b2b.v1.B2B.WatchTransfers:output_type -> b2b.v1.TransferOutcome
+	69, // 121: b2b.v1.B2B.StartTransfers:output_type -> b2b.v1.StartTransfersResponse
+	66, // 122: b2b.v1.B2B.WaitTransfers:output_type -> b2b.v1.PollTransfersResponse
+	74, // 123: b2b.v1.B2B.CancelCall:output_type -> b2b.v1.CancelCallResponse
+	76, // 124: b2b.v1.Peer.Handshake:output_type -> b2b.v1.HandshakeResponse
+	78, // 125: b2b.v1.Peer.ResolveRegion:output_type -> b2b.v1.ResolveRegionResponse
+	78, // 126: b2b.v1.Peer.HoldRegion:output_type -> b2b.v1.ResolveRegionResponse
+	86, // 127: b2b.v1.Peer.ResolveLayout:output_type -> b2b.v1.ResolveLayoutResponse
+	80, // 128: b2b.v1.Peer.Signal:output_type -> b2b.v1.SignalResponse
+	82, // 129: b2b.v1.Peer.Notify:output_type -> b2b.v1.NotifyResponse
+	82, // 130: b2b.v1.Peer.NotifyStream:output_type -> b2b.v1.NotifyResponse
+	95, // [95:131] is the sub-list for method output_type
+	59, // [59:95] is the sub-list for method input_type
 	59, // [59:59] is the sub-list for extension type_name
 	59, // [59:59] is the sub-list for extension extendee
 	0,  // [0:59] is the sub-list for field type_name

@@ -1399,6 +1399,7 @@ const (
 	Peer_ResolveLayout_FullMethodName = "/b2b.v1.Peer/ResolveLayout"
 	Peer_Signal_FullMethodName        = "/b2b.v1.Peer/Signal"
 	Peer_Notify_FullMethodName        = "/b2b.v1.Peer/Notify"
+	Peer_NotifyStream_FullMethodName  = "/b2b.v1.Peer/NotifyStream"
 )
 
 // PeerClient is the client API for Peer service.
@@ -1428,6 +1429,12 @@ type PeerClient interface {
 	// Notify completes a batch that carried a notification: the sender calls it
 	// after the data path acknowledged every byte.
 	Notify(ctx context.Context, in *NotifyRequest, opts ...grpc.CallOption) (*NotifyResponse, error)
+	// NotifyStream is Notify on one stream per peer: each request is answered,
+	// in order, by a response with its seq. A note then costs a message each
+	// way, not a call (a unary call took 0.16-0.5 ms at the median on a
+	// loaded 2-core host). A peer without it answers Unimplemented, and the
+	// sender calls Notify.
+	NotifyStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[NotifyRequest, NotifyResponse], error)
 }
 
 type peerClient struct {
@@ -1501,6 +1508,19 @@ func (c *peerClient) Notify(ctx context.Context, in *NotifyRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *peerClient) NotifyStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[NotifyRequest, NotifyResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[1], Peer_NotifyStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[NotifyRequest, NotifyResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_NotifyStreamClient = grpc.BidiStreamingClient[NotifyRequest, NotifyResponse]
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -1528,6 +1548,12 @@ type PeerServer interface {
 	// Notify completes a batch that carried a notification: the sender calls it
 	// after the data path acknowledged every byte.
 	Notify(context.Context, *NotifyRequest) (*NotifyResponse, error)
+	// NotifyStream is Notify on one stream per peer: each request is answered,
+	// in order, by a response with its seq. A note then costs a message each
+	// way, not a call (a unary call took 0.16-0.5 ms at the median on a
+	// loaded 2-core host). A peer without it answers Unimplemented, and the
+	// sender calls Notify.
+	NotifyStream(grpc.BidiStreamingServer[NotifyRequest, NotifyResponse]) error
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -1555,6 +1581,9 @@ func (UnimplementedPeerServer) Signal(context.Context, *SignalRequest) (*SignalR
 }
 func (UnimplementedPeerServer) Notify(context.Context, *NotifyRequest) (*NotifyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Notify not implemented")
+}
+func (UnimplementedPeerServer) NotifyStream(grpc.BidiStreamingServer[NotifyRequest, NotifyResponse]) error {
+	return status.Error(codes.Unimplemented, "method NotifyStream not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -1674,6 +1703,13 @@ func _Peer_Notify_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_NotifyStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServer).NotifyStream(&grpc.GenericServerStream[NotifyRequest, NotifyResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_NotifyStreamServer = grpc.BidiStreamingServer[NotifyRequest, NotifyResponse]
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1706,6 +1742,12 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "HoldRegion",
 			Handler:       _Peer_HoldRegion_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "NotifyStream",
+			Handler:       _Peer_NotifyStream_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

@@ -382,24 +382,32 @@ class NotifyRegionResponse(_message.Message):
     def __init__(self, delivered: _Optional[int] = ...) -> None: ...
 
 class NotifyRequest(_message.Message):
-    __slots__ = ["blocks", "bytes", "notification", "region", "sender"]
+    __slots__ = ["blocks", "bytes", "notification", "region", "sender", "seq"]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     blocks: int
     bytes: int
     notification: bytes
     region: str
     sender: str
-    def __init__(self, region: _Optional[str] = ..., sender: _Optional[str] = ..., notification: _Optional[bytes] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+    seq: int
+    def __init__(self, region: _Optional[str] = ..., sender: _Optional[str] = ..., notification: _Optional[bytes] = ..., blocks: _Optional[int] = ..., bytes: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class NotifyResponse(_message.Message):
-    __slots__ = ["delivered"]
+    __slots__ = ["code", "delivered", "message", "seq"]
+    CODE_FIELD_NUMBER: _ClassVar[int]
     DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    code: int
     delivered: int
-    def __init__(self, delivered: _Optional[int] = ...) -> None: ...
+    message: str
+    seq: int
+    def __init__(self, delivered: _Optional[int] = ..., seq: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PhaseTimings(_message.Message):
     __slots__ = ["armed_ns", "decode_ns", "landed_unix_ns", "notify_ns", "plan_ns", "post_ns", "posted_unix_ns", "resolve_ns", "total_ns", "trigger_seen_unix_ns", "validate_ns", "wire_ns"]

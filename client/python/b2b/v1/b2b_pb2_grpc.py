@@ -1139,6 +1139,11 @@ class PeerStub(object):
                 request_serializer=b2b_dot_v1_dot_b2b__pb2.NotifyRequest.SerializeToString,
                 response_deserializer=b2b_dot_v1_dot_b2b__pb2.NotifyResponse.FromString,
                 )
+        self.NotifyStream = channel.stream_stream(
+                '/b2b.v1.Peer/NotifyStream',
+                request_serializer=b2b_dot_v1_dot_b2b__pb2.NotifyRequest.SerializeToString,
+                response_deserializer=b2b_dot_v1_dot_b2b__pb2.NotifyResponse.FromString,
+                )
 
 
 class PeerServicer(object):
@@ -1200,6 +1205,17 @@ class PeerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def NotifyStream(self, request_iterator, context):
+        """NotifyStream is Notify on one stream per peer: each request is answered,
+        in order, by a response with its seq. A note then costs a message each
+        way, not a call (a unary call took 0.16-0.5 ms at the median on a
+        loaded 2-core host). A peer without it answers Unimplemented, and the
+        sender calls Notify.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1230,6 +1246,11 @@ def add_PeerServicer_to_server(servicer, server):
             ),
             'Notify': grpc.unary_unary_rpc_method_handler(
                     servicer.Notify,
+                    request_deserializer=b2b_dot_v1_dot_b2b__pb2.NotifyRequest.FromString,
+                    response_serializer=b2b_dot_v1_dot_b2b__pb2.NotifyResponse.SerializeToString,
+            ),
+            'NotifyStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.NotifyStream,
                     request_deserializer=b2b_dot_v1_dot_b2b__pb2.NotifyRequest.FromString,
                     response_serializer=b2b_dot_v1_dot_b2b__pb2.NotifyResponse.SerializeToString,
             ),
@@ -1343,6 +1364,23 @@ class Peer(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.unary_unary(request, target, '/b2b.v1.Peer/Notify',
+            b2b_dot_v1_dot_b2b__pb2.NotifyRequest.SerializeToString,
+            b2b_dot_v1_dot_b2b__pb2.NotifyResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def NotifyStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/b2b.v1.Peer/NotifyStream',
             b2b_dot_v1_dot_b2b__pb2.NotifyRequest.SerializeToString,
             b2b_dot_v1_dot_b2b__pb2.NotifyResponse.FromString,
             options, channel_credentials,
