@@ -49,7 +49,7 @@ var calibrationSizes = []struct {
 
 const (
 	calibrationRegion = 128 << 20 // each route's source and destination
-	calibrationRounds = 5        // timed batches per kind, after one warm
+	calibrationRounds = 5         // timed batches per kind, after one warm
 	// calibrationBatch bounds one measured batch: a kind that hangs on
 	// this host is marked failed for the route, not waited for.
 	calibrationBatch = 5 * time.Second
