@@ -33,11 +33,17 @@ _ARMED_READY = 32  # requests per armed "ready" note (one that does not fit 4 Ki
 def _locked(fn: Any) -> Any:
     """The engine's calls and the channel's watch thread (which acts on a
     peer's note at once: starts a read on "ready", a push on late ids,
-    answers a late "want") take turns on the worker's state."""
+    answers a late "want") take turns on the worker's state. Notes that
+    came while the engine's call held it are acted on as the call ends,
+    not at the engine's next get_finished (a step later)."""
     @functools.wraps(fn)
     def f(self: "WorkerHalf", *a: Any, **k: Any) -> Any:
         with self._lock:
-            return fn(self, *a, **k)
+            try:
+                return fn(self, *a, **k)
+            finally:
+                if self._notes_due and self._lock_depth_one():
+                    self._act_on_notes()
     return f
 
 
@@ -151,6 +157,9 @@ class WorkerHalf:
         self._names: List[str] = []  # layouts registered here, deregistered at shutdown
         self._sub: Dict[Tuple[int, int], str] = {}
         self._lock = threading.RLock()
+        # Set by the watch thread when notes came while the engine's call
+        # held the lock: the call acts on them as it ends (_locked).
+        self._notes_due = False
         # decode
         self._loads: Dict[str, _Load] = {}
         self._by_remote: Dict[str, str] = {}
@@ -217,22 +226,39 @@ class WorkerHalf:
         act on them now rather than at the engine's next get_finished, so
         that the engine's step is not on the handover's path, then wake
         the engine for what it must report."""
-        # Not waiting for the engine: while it holds the state, its own
-        # get_finished takes the notes, and this thread goes on reading.
+        # Not waiting for the engine: while one of its calls holds the
+        # state, that call acts on the notes as it ends (_locked), and this
+        # thread goes on reading.
+        self._notes_due = True
         if self._lock.acquire(blocking=False):
             try:
-                if self.chan is not None and not self._stopping.is_set():
-                    self._take_notes()
-                    self._start_pushes()
-                    self.chan.flush()
-            except Exception as e:  # noqa: BLE001 - a bug here must not kill the watch thread; get_finished retries
-                self.stats["note_errors"] = self.stats.get("note_errors", 0) + 1
-                self.last_note_error = f"{type(e).__name__}: {e}"
+                self._act_on_notes()
             finally:
                 self._lock.release()
         fn = self._wakeup
         if fn is not None:
             fn()
+
+    def _lock_depth_one(self) -> bool:
+        """Whether the calling thread holds the lock once (an engine call
+        not nested in another): notes are acted on at the outermost end."""
+        try:
+            return self._lock._recursion_count() == 1  # type: ignore[attr-defined]
+        except AttributeError:  # an RLock without it (pure-Python): act anyway
+            return True
+
+    def _act_on_notes(self) -> None:
+        """Take the peers' notes and act on them: reads on "ready", pushes
+        on late ids, "where" and "ready" answers. The lock is held."""
+        self._notes_due = False
+        try:
+            if self.chan is not None and not self._stopping.is_set():
+                self._take_notes()
+                self._start_pushes()
+                self.chan.flush()
+        except Exception as e:  # noqa: BLE001 - a bug here must not kill the caller; get_finished retries
+            self.stats["note_errors"] = self.stats.get("note_errors", 0) + 1
+            self.last_note_error = f"{type(e).__name__}: {e}"
 
     def _watch_ring(self) -> None:
         ring, seen = None, 0
