@@ -314,6 +314,18 @@ class WorkerHalf:
         if last or what not in t:
             t[what] = at or time.time_ns()
 
+    def _mark_wire(self, rid: str, ts: List[Tuple[int, int, int, Optional[int]]]) -> None:
+        """Keep, in the request's trace as ``wire_ns`` (a duration, not a
+        time), the wire phase of the transfer that ended last: the one the
+        request's handover waited for (a read or write carries several
+        requests, so the engine's per-transfer wire times weigh a large
+        step's requests as one)."""
+        last = max((x for x in ts if x[3] is not None), key=lambda x: x[2], default=None)
+        if last is not None:
+            t = self.trace.get(rid)
+            if t is not None:
+                t["wire_ns"] = int(last[3])
+
     @_locked
     def take_trace(self, rid: str) -> Dict[str, int]:
         """The handover times recorded for ``rid`` (and forget them)."""
@@ -632,6 +644,7 @@ class WorkerHalf:
                             t = max((x[i] for x in ts), default=0)
                             if t:
                                 self._mark(rid, what, at=t)
+                        self._mark_wire(rid, ts)
                         self._mark(rid, "ended", at=seen)
             if ld.error is not None:
                 self._load_errors.update(r.local_block_ids)
@@ -936,6 +949,7 @@ class WorkerHalf:
                         t = max((x[i] for x in ts), default=0)
                         if t:
                             self._mark(rid, what, at=t)
+                    self._mark_wire(rid, ts)
                     self._mark(rid, "ended")
             note = {"t": "done", "req": rid} if sv.error is None else {"t": "failed", "req": rid, "why": sv.error[:512]}
             for d in sv.dsts.values() if rid not in self._released else ():
