@@ -43,7 +43,7 @@ def _locked(fn: Any) -> Any:
                 return fn(self, *a, **k)
             finally:
                 if self._notes_due and self._lock_depth_one():
-                    self._act_on_notes()
+                    self._act_on_notes(flush=False)  # the flusher sends: the engine's call returns now
     return f
 
 
@@ -247,15 +247,19 @@ class WorkerHalf:
         except AttributeError:  # an RLock without it (pure-Python): act anyway
             return True
 
-    def _act_on_notes(self) -> None:
+    def _act_on_notes(self, flush: bool = True) -> None:
         """Take the peers' notes and act on them: reads on "ready", pushes
-        on late ids, "where" and "ready" answers. The lock is held."""
+        on late ids, "where" and "ready" answers, sent now (flush) or by the
+        flusher thread. The lock is held."""
         self._notes_due = False
         try:
             if self.chan is not None and not self._stopping.is_set():
                 self._take_notes()
                 self._start_pushes()
-                self.chan.flush()
+                if flush:
+                    self.chan.flush()
+                else:
+                    self._flush_later()
         except Exception as e:  # noqa: BLE001 - a bug here must not kill the caller; get_finished retries
             self.stats["note_errors"] = self.stats.get("note_errors", 0) + 1
             self.last_note_error = f"{type(e).__name__}: {e}"
