@@ -74,7 +74,9 @@ func startEmbedded(ctx context.Context, binary string, extraArgs []string, ncuDi
 }
 
 // startEmbeddedWith is startEmbedded with dstArgs given to the destination
-// daemon only.
+// daemon only; with dstArgs, the destination starts first, so that what
+// the source measures as it starts (its calibration) runs beside an idle
+// peer, not beside another daemon's start.
 func startEmbeddedWith(ctx context.Context, binary string, extraArgs, dstArgs []string, ncuDir string, submit bool) (_ *embeddedPair, err error) {
 	path, err := exec.LookPath(binary)
 	if err != nil {
@@ -100,11 +102,22 @@ func startEmbeddedWith(ctx context.Context, binary string, extraArgs, dstArgs []
 	if submit {
 		srcArgs = append([]string{"--submit-socket", filepath.Join(p.stateDir, submitSocketName)}, args...)
 	}
+	startDst := func() (err error) {
+		p.dst, err = startDaemon(ctx, path, "bench-dst", p.stateDir, p.shmDir, append(slices.Clone(args), dstArgs...), ncuDir)
+		return err
+	}
+	if dstArgs != nil {
+		if err := startDst(); err != nil {
+			return nil, err
+		}
+	}
 	if p.src, err = startDaemon(ctx, path, "bench-src", p.stateDir, p.shmDir, srcArgs, ncuDir); err != nil {
 		return nil, err
 	}
-	if p.dst, err = startDaemon(ctx, path, "bench-dst", p.stateDir, p.shmDir, append(slices.Clone(args), dstArgs...), ncuDir); err != nil {
-		return nil, err
+	if dstArgs == nil {
+		if err := startDst(); err != nil {
+			return nil, err
+		}
 	}
 	return p, nil
 }

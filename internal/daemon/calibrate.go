@@ -49,7 +49,7 @@ var calibrationSizes = []struct {
 
 const (
 	calibrationRegion = 128 << 20 // each route's source and destination
-	calibrationRounds = 5         // timed batches per kind, after one warm
+	calibrationRounds = 8         // timed batches per kind, after one warm
 	// calibrationBatch bounds one measured batch: a kind that hangs on
 	// this host is marked failed for the route, not waited for.
 	calibrationBatch = 5 * time.Second
@@ -209,8 +209,8 @@ func loopbackOf(addr string) (string, error) {
 
 // measureRoute registers the route's two regions (the destination
 // exported as name), times each size over each kind, interleaving the
-// kinds round by round so that a host's drift falls on all of them, and
-// deregisters them.
+// kinds round by round (in alternating order) so that a host's drift and
+// one kind's aftermath fall on all of them, and deregisters them.
 func measureRoute(ctx context.Context, api b2bv1.B2BClient, self, name string, r calibRoute, kinds []transport.Kind) ([]transport.CalibrationRow, error) {
 	src, err := api.RegisterRegion(ctx, r.src)
 	if err != nil {
@@ -241,8 +241,15 @@ func measureRoute(ctx context.Context, api b2bv1.B2BClient, self, name string, r
 		row := transport.CalibrationRow{Route: r.route, BlockBytes: sz.block, Blocks: sz.blocks,
 			Median: map[transport.Kind]time.Duration{}}
 		times := map[transport.Kind][]time.Duration{}
+		order := make([]transport.Kind, len(kinds))
 		for round := 0; round <= calibrationRounds; round++ {
-			for _, k := range kinds {
+			// Forward, then backward: each kind follows the other as often
+			// (a batch after a TCP batch runs measurably slower).
+			copy(order, kinds)
+			if round%2 == 1 {
+				slices.Reverse(order)
+			}
+			for _, k := range order {
 				if _, no := failed[k]; no {
 					continue
 				}
