@@ -18,13 +18,7 @@ SIZES=${SIZES:-128,4096,65536,2097152}; ITERS=${ITERS:-12}; BLOCKS=${BLOCKS:-100
 STEPS=${STEPS:-1 2 3}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT"
-fail=0
-step() { printf '\n=== %s  [%s]\n' "$*" "$(date -u +%T)"; }
-want() { [[ " $STEPS " == *" $1 "* ]]; }
-command -v ncu >/dev/null || for d in /usr/local/cuda/bin /usr/local/cuda-*/bin /opt/nvidia/nsight-compute/*; do
-  [ -x "$d/ncu" ] && export PATH=$PATH:$d && break; done
-command -v nvcc >/dev/null || for d in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
-  [ -x "$d/nvcc" ] && export PATH=$PATH:$d && break; done
+. "$here/steps.sh" # step, want, fail; ncu and nvcc on PATH
 
 step "machine"
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
