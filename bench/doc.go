@@ -41,6 +41,12 @@
 // and prepared submits over gRPC and over the shared-memory ring
 // (docs/ring.md), on the same embedded daemons.
 //
+// --workload paths (paths.go) measures what --transport auto chooses on
+// one host: per memory route (host and GPU, both ways, one GPU to itself)
+// and size, batches over auto and over every transport, interleaved in
+// balanced orders, every transport's batch verified; auto over the fastest
+// is the figure (docs/samehost.md, "How auto chooses on one host").
+//
 // Run writes the table to stdout, a progress bar to stderr when it is a
 // terminal, and optionally JSON and an SVG plot.
 package bench
