@@ -56,7 +56,7 @@ log() { printf '[doctor-vm %s] %s\n' "$B2B_ROLE" "$*"; }
 # The daemon, for the peer checks (A: the peer; B: the local end of the round trip).
 "$B2BD" --node-name "$B2B_ROLE" --socket /run/b2bd.sock --shm-dir /dev/shm/b2bd \
 	--peer-listen "$B2B_SELF_IP:7470" --data-listen "$B2B_SELF_IP:7471" --api-listen "$B2B_SELF_IP:7480" \
-	--transport auto --rdma-device "$dev" --rdma-netdev eth0 --log-level warn \
+	--transport auto --calibrate off --rdma-device "$dev" --rdma-netdev eth0 --log-level warn \
 	--tls-cert "$certs/$B2B_ROLE.pem" --tls-key "$certs/$B2B_ROLE-key.pem" --tls-ca "$certs/ca.pem" \
 	>"$B2B_OUT/b2bd-$B2B_ROLE.log" 2>&1 &
 dpid=$!

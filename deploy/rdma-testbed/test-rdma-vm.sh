@@ -143,7 +143,9 @@ if [ "$B2B_ROLE" = a ]; then
 fi
 
 # ---- 3. daemons ---------------------------------------------------------------------------------------------
-daemon_args=(--node-name "$B2B_ROLE" --socket /run/b2bd.sock --shm-dir /dev/shm/b2bd
+# --calibrate off: the peer is the other VM, for which auto goes by rank; the
+# same-host calibration would only load this VM's one emulated CPU.
+daemon_args=(--node-name "$B2B_ROLE" --socket /run/b2bd.sock --shm-dir /dev/shm/b2bd --calibrate off
 	--peer-listen "$B2B_SELF_IP:7470" --data-listen "$B2B_SELF_IP:7471" --transport auto --log-level warn
 	--tls-cert "$certs/$B2B_ROLE.pem" --tls-key "$certs/$B2B_ROLE-key.pem" --tls-ca "$certs/ca.pem")
 # Each API is also served over mutual TLS on the wire: B's for A's fault cases, A's for B's bench.

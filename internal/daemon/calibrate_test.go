@@ -89,3 +89,20 @@ func FuzzParseCalibration(f *testing.F) {
 		c.Choose(transport.Route{From: memory.Host, To: memory.Host}, 4096, []transport.Kind{"local", "tcp"})
 	})
 }
+
+// TestLoopbackOf: the daemon dials itself at its listen address, or at
+// 127.0.0.1 where it listens on every address (the VM testbed's daemons
+// listen on their own IP only).
+func TestLoopbackOf(t *testing.T) {
+	for in, want := range map[string]string{
+		"[::]:7470": "127.0.0.1:7470", "0.0.0.0:7470": "127.0.0.1:7470", ":7470": "127.0.0.1:7470",
+		"10.77.0.2:7470": "10.77.0.2:7470", "127.0.0.1:40245": "127.0.0.1:40245", "[fd00::2]:7470": "[fd00::2]:7470",
+	} {
+		if got, err := loopbackOf(in); err != nil || got != want {
+			t.Errorf("loopbackOf(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := loopbackOf("no-port"); err == nil {
+		t.Error("an address without a port was taken")
+	}
+}
