@@ -25,9 +25,11 @@ type noteStream struct {
 	client b2bv1.PeerClient // the channel it runs on: a new one opens a new stream
 	cancel context.CancelFunc
 
-	sendMu sync.Mutex // one Send at a time; seq order is send order
-	stream b2bv1.Peer_NotifyStreamClient
-	seq    uint64
+	// sending holds the one Send at a time (seq order is send order): a
+	// channel, so that a note waiting for it gives up at its deadline.
+	sending chan struct{}
+	stream  b2bv1.Peer_NotifyStreamClient
+	seq     uint64
 
 	mu      sync.Mutex
 	waiting map[uint64]chan *b2bv1.NotifyResponse
@@ -47,7 +49,7 @@ func openNoteStream(client b2bv1.PeerClient) (*noteStream, error) {
 		cancel()
 		return nil, err
 	}
-	ns := &noteStream{client: client, cancel: cancel, stream: s, waiting: map[uint64]chan *b2bv1.NotifyResponse{}}
+	ns := &noteStream{client: client, cancel: cancel, stream: s, sending: make(chan struct{}, 1), waiting: map[uint64]chan *b2bv1.NotifyResponse{}}
 	go ns.receive()
 	return ns, nil
 }
@@ -100,25 +102,40 @@ func (ns *noteStream) err() error {
 // the note left: a note refused before it was sent may go another way.
 func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (resp *b2bv1.NotifyResponse, sent bool, err error) {
 	ch := make(chan *b2bv1.NotifyResponse, 1)
-	ns.sendMu.Lock()
+	select {
+	case ns.sending <- struct{}{}:
+	case <-ctx.Done():
+		return nil, false, ctx.Err()
+	}
 	ns.seq++
 	seq := ns.seq
 	ns.mu.Lock()
 	if err := ns.broken; err != nil {
 		ns.mu.Unlock()
-		ns.sendMu.Unlock()
+		<-ns.sending
 		return nil, false, err
 	}
 	ns.waiting[seq] = ch
 	ns.mu.Unlock()
 	req.Seq = seq
+	// A peer that stopped reading (frozen) fills the stream's flow-control
+	// window, and Send then waits whatever the note's deadline: at the
+	// deadline the stream goes, Send returns, and the next note opens
+	// another.
+	stop := context.AfterFunc(ctx, ns.close)
 	err = ns.stream.Send(req)
-	ns.sendMu.Unlock()
+	stop()
+	<-ns.sending
 	if err != nil {
-		// Send's error is the stream's end; Recv says why (receive).
+		// The stream ended (its peer, its channel, or the deadline above):
+		// no later note may take it.
 		ns.mu.Lock()
 		delete(ns.waiting, seq)
 		ns.mu.Unlock()
+		ns.fail(err)
+		if ctx.Err() != nil {
+			return nil, false, ctx.Err()
+		}
 		return nil, false, err
 	}
 	select {

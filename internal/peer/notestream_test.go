@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -176,5 +177,46 @@ func TestNotesConcurrent(t *testing.T) {
 	}
 	if s := p.streams.Load(); s != 1 {
 		t.Fatalf("%d streams, want 1", s)
+	}
+}
+
+// deafPeer opens note streams and never reads them (a frozen daemon):
+// the stream's flow-control window fills and a Send would wait for ever.
+type deafPeer struct {
+	fakePeer
+	streams atomic.Int32
+}
+
+func (p *deafPeer) NotifyStream(s b2bv1.Peer_NotifyStreamServer) error {
+	p.streams.Add(1)
+	<-s.Context().Done()
+	return nil
+}
+
+// TestNotesToAFrozenPeerKeepTheirDeadlines: notes to a peer that stopped
+// reading (far more bytes than a stream's window) each fail at their own
+// deadline, DeadlineExceeded, none later: a stuck Send takes the stream
+// down at the deadline, and the next note opens another.
+func TestNotesToAFrozenPeerKeepTheirDeadlines(t *testing.T) {
+	const addr = "127.0.0.1:7470"
+	p := &deafPeer{}
+	m, _, _ := newTestManagerWith(t, p)
+	if _, err := m.Get(context.Background(), addr, "", writeNeed); err != nil {
+		t.Fatal(err)
+	}
+	note := make([]byte, 4096)
+	const deadline = 50 * time.Millisecond
+	for i := 0; i < 40; i++ { // 160 KiB: past a stream's 64 KiB window
+		ctx, cancel := context.WithTimeout(context.Background(), deadline)
+		t0 := time.Now()
+		err := m.Notify(ctx, addr, notify.Notification{Region: "r", Notification: note})
+		took := time.Since(t0)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("note %d: %v, want DeadlineExceeded", i, err)
+		}
+		if took > deadline+2*time.Second {
+			t.Fatalf("note %d answered %v after its start, its deadline was %v", i, took, deadline)
+		}
 	}
 }
