@@ -70,28 +70,27 @@ func (d *Daemon) Calibration() *transport.Calibration { return d.calib.state.Loa
 // result), unless --calibrate off; Serve's end waits for it.
 func (d *Daemon) startCalibration(ctx context.Context) {
 	d.calib.done = make(chan struct{})
-	if d.cfg.Calibrate != "start" {
-		d.calib.state.Store(&transport.Calibration{State: "off"})
+	off := func(why string) {
+		d.calib.state.Store(&transport.Calibration{State: why})
 		close(d.calib.done)
+	}
+	if d.cfg.Calibrate != "start" {
+		off("off")
 		return
 	}
 	if kinds := d.peers.Ranked(); len(kinds) < 2 {
-		d.calib.state.Store(&transport.Calibration{State: fmt.Sprintf("off: one transport (%v), nothing to choose", kinds)})
-		close(d.calib.done)
+		off(fmt.Sprintf("off: one transport (%v), nothing to choose", kinds))
 		return
 	}
 	if d.cfg.Socket == "" {
-		d.calib.state.Store(&transport.Calibration{State: "off: it needs the API socket (--socket)"})
-		close(d.calib.done)
+		off("off: it needs the API socket (--socket)")
 		return
 	}
 	log := d.log.Named("calibrate")
 	fp := d.fingerprint()
 	if c, err := readCalibration(d.cfg.CalibrationFile, fp); err == nil {
 		c.State, c.File = "cached", d.cfg.CalibrationFile
-		c.Decide(d.peers.Ranked())
-		d.calib.state.Store(c)
-		d.peers.SetCalibration(c)
+		d.useCalibration(c)
 		log.Info("auto's choices read from the calibration file", "file", d.cfg.CalibrationFile, "rows", len(c.Rows))
 		close(d.calib.done)
 		return
@@ -111,9 +110,7 @@ func (d *Daemon) startCalibration(ctx context.Context) {
 			return
 		}
 		c.State, c.Elapsed, c.File = "done", time.Since(t0), d.cfg.CalibrationFile
-		c.Decide(d.peers.Ranked())
-		d.calib.state.Store(c)
-		d.peers.SetCalibration(c)
+		d.useCalibration(c)
 		for _, r := range c.Rows {
 			log.Info("auto's choice", "route", r.Route.String(), "block_bytes", r.BlockBytes, "chosen", r.Chosen, "why", r.Why, "median", medians(r.Median))
 		}
@@ -123,6 +120,14 @@ func (d *Daemon) startCalibration(ctx context.Context) {
 			}
 		}
 	}()
+}
+
+// useCalibration decides c's rows for this daemon's kinds and hands it to
+// Status and to auto.
+func (d *Daemon) useCalibration(c *transport.Calibration) {
+	c.Decide(d.peers.Ranked())
+	d.calib.state.Store(c)
+	d.peers.SetCalibration(c)
 }
 
 func medians(m map[transport.Kind]time.Duration) string {

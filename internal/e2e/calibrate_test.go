@@ -68,18 +68,30 @@ func TestAutoFollowsCalibration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var kept map[string]any
+	// Only the rows' medians change; every other field is kept as read.
+	var kept map[string]json.RawMessage
+	var rows []map[string]json.RawMessage
 	if err := json.Unmarshal(b, &kept); err != nil {
 		t.Fatal(err)
 	}
-	for _, row := range kept["rows"].([]any) {
-		r := row.(map[string]any)
-		med := r["median_ns"].(map[string]any)
-		if r["block_bytes"].(float64) <= 4096 {
-			med["local"], med["tcp"] = 3e6, 1e6
-		} else {
-			med["local"], med["tcp"] = 1e6, 3e6
+	if err := json.Unmarshal(kept["rows"], &rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		var block uint64
+		if err := json.Unmarshal(r["block_bytes"], &block); err != nil {
+			t.Fatal(err)
 		}
+		med := map[string]int64{"local": 1e6, "tcp": 3e6}
+		if block <= 4096 {
+			med = map[string]int64{"local": 3e6, "tcp": 1e6}
+		}
+		if r["median_ns"], err = json.Marshal(med); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if kept["rows"], err = json.Marshal(rows); err != nil {
+		t.Fatal(err)
 	}
 	if b, err = json.Marshal(kept); err != nil {
 		t.Fatal(err)

@@ -39,10 +39,12 @@ def _locked(fn: Any) -> Any:
     @functools.wraps(fn)
     def f(self: "WorkerHalf", *a: Any, **k: Any) -> Any:
         with self._lock:
+            self._calls += 1  # under the lock: only its holder counts
             try:
                 return fn(self, *a, **k)
             finally:
-                if self._notes_due and self._lock_depth_one():
+                self._calls -= 1
+                if self._notes_due and self._calls == 0:  # the outermost call's end
                     self._act_on_notes(flush=False)  # the flusher sends: the engine's call returns now
     return f
 
@@ -160,6 +162,7 @@ class WorkerHalf:
         # Set by the watch thread when notes came while the engine's call
         # held the lock: the call acts on them as it ends (_locked).
         self._notes_due = False
+        self._calls = 0  # engine calls holding the lock, nested ones included (_locked)
         # decode
         self._loads: Dict[str, _Load] = {}
         self._by_remote: Dict[str, str] = {}
@@ -238,14 +241,6 @@ class WorkerHalf:
         fn = self._wakeup
         if fn is not None:
             fn()
-
-    def _lock_depth_one(self) -> bool:
-        """Whether the calling thread holds the lock once (an engine call
-        not nested in another): notes are acted on at the outermost end."""
-        try:
-            return self._lock._recursion_count() == 1  # type: ignore[attr-defined]
-        except AttributeError:  # an RLock without it (pure-Python): act anyway
-            return True
 
     def _act_on_notes(self, flush: bool = True) -> None:
         """Take the peers' notes and act on them: reads on "ready", pushes
