@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,11 +32,16 @@ type noteStream struct {
 	sending chan struct{}
 	stream  b2bv1.Peer_NotifyStreamClient
 	seq     uint64
+	inSend  atomic.Uint64 // the seq whose Send is under way; 0: none
 
 	mu      sync.Mutex
 	waiting map[uint64]chan *b2bv1.NotifyResponse
 	broken  error // set once: every later note is refused with it
 }
+
+// stuckSend is how long past its note's deadline a Send may still be
+// under way before the stream is taken as stuck (its peer reads nothing).
+const stuckSend = 50 * time.Millisecond
 
 // errNoNoteStream: the peer has no NotifyStream (an older b2bd); Notify
 // is called instead.
@@ -119,11 +126,20 @@ func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (res
 	ns.mu.Unlock()
 	req.Seq = seq
 	// A peer that stopped reading (frozen) fills the stream's flow-control
-	// window, and Send then waits whatever the note's deadline: at the
-	// deadline the stream goes, Send returns, and the next note opens
-	// another.
-	stop := context.AfterFunc(ctx, ns.close)
+	// window, and Send then waits whatever the note's deadline: a Send
+	// still under way stuckSend past it takes the stream down, Send
+	// returns, and the next note opens another. (A cancel during an
+	// ordinary Send must not: the stream carries other notes.)
+	ns.inSend.Store(seq)
+	stop := context.AfterFunc(ctx, func() {
+		time.AfterFunc(stuckSend, func() {
+			if ns.inSend.Load() == seq {
+				ns.close()
+			}
+		})
+	})
 	err = ns.stream.Send(req)
+	ns.inSend.Store(0)
 	stop()
 	<-ns.sending
 	if err != nil {
