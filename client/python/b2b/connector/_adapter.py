@@ -55,8 +55,11 @@ class Handle:
         if t is None:
             if not self.ended or self.h.error is not None:
                 return 0, 0, 0, None
-            r = self.h.result
-            ph = None if r is None else r.phases
+            # The daemon's raw outcome, not h.result: a TransferResult is a
+            # frozen dataclass of 19 fields, 25-30 us on a loaded 2-core
+            # host, once per read on the handover's path.
+            o = self.h.outcome
+            ph = o.result.phases if o is not None and o.HasField("result") and o.result.HasField("phases") else None
             if ph is None:
                 t = (0, 0, 0, None)
             else:

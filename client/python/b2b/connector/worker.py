@@ -304,12 +304,16 @@ class WorkerHalf:
                     self.stats["note_errors"] = self.stats.get("note_errors", 0) + 1
                     self.last_note_error = f"{type(e).__name__}: {e}"
 
-    def _mark(self, rid: str, what: str, last: bool = False, at: int = 0) -> None:
+    def _trace_of(self, rid: str) -> Dict[str, int]:
         t = self.trace.get(rid)
         if t is None:
             t = self.trace[rid] = {}
             if len(self.trace) > 4096:
                 self.trace.popitem(last=False)
+        return t
+
+    def _mark(self, rid: str, what: str, last: bool = False, at: int = 0) -> None:
+        t = self._trace_of(rid)
         if last or what not in t:
             t[what] = at or time.time_ns()
 
@@ -609,21 +613,57 @@ class WorkerHalf:
                 if posted and landed >= posted:
                     self.stats["transfer_ns"].append(landed - posted)
 
+    def _loaded(self, rid: str, handles: List[Any], seen: int) -> None:
+        """A load whose reads all ended well: tally them (once each) and
+        put the daemon's times in the request's trace, those of the read
+        that ended last, as the request waits for all (the wire phase: of
+        the read that landed last; see _mark_wire)."""
+        stats = self.stats
+        fired = posted = landed = 0
+        wire, wire_at = None, -1
+        for h in handles:
+            f, p, l, w = h.times()
+            if not h.tallied and w is not None:
+                h.tallied = True
+                stats["wire_ns"].append(w)
+                if p and l >= p:
+                    stats["transfer_ns"].append(l - p)
+            fired, posted, landed = max(fired, f), max(posted, p), max(landed, l)
+            if w is not None and l > wire_at:
+                wire, wire_at = w, l
+        t = self._trace_of(rid)
+        for what, at in (("fired", fired), ("posted", posted), ("landed", landed), ("ended", seen)):
+            if at and what not in t:
+                t[what] = at
+        if wire is not None:
+            t["wire_ns"] = int(wire)
+
     def _finish_loads(self, recving: Set[str]) -> None:
+        """Report the loads that ended: every read done, or failed, or the
+        load timed out. Every request reported in a step waits for the
+        whole call, so a step that ends many keeps it lean: one pass to
+        find them, one timestamp for their report."""
+        if not self._loads:
+            return
         now, seen = time.monotonic(), time.time_ns()
-        for rid, ld in list(self._loads.items()):
-            r = ld.req
+        ended = []
+        for rid, ld in self._loads.items():
             if ld.error is None:
                 if ld.remote_ids() is None:  # push, or a pull not yet ready
+                    if not ld.done and now < ld.deadline:
+                        continue
+                elif now < ld.deadline and not all(h.ended for h in ld.handles):
+                    continue
+            ended.append((rid, ld))
+        for rid, ld in ended:
+            r = ld.req
+            if ld.error is None:
+                if ld.remote_ids() is None:
                     if not ld.done:
-                        if now < ld.deadline:
-                            continue
                         ld.error = f"no word from prefill {r.remote_engine} in {self.s.load_timeout} s"
                         self.stats["timeouts"] += 1
                 else:
-                    if any(not h.ended for h in ld.handles):
-                        if now < ld.deadline:
-                            continue
+                    if not all(h.ended for h in ld.handles):
                         for h in ld.handles:
                             try:
                                 h.cancel()
@@ -631,20 +671,12 @@ class WorkerHalf:
                                 pass
                         self.stats["timeouts"] += 1
                         ld.error = f"not loaded in {self.s.load_timeout} s"
-                    errs = [h.error for h in ld.handles if h.error is not None]
-                    if ld.error is not None or errs:
-                        ld.error = ld.error or str(errs[0])
                     else:
-                        self._tally(ld.handles)
-                        # The daemon's own times, where it gave them: the
-                        # last handle's, as the request waits for all.
-                        ts = [h.times() for h in ld.handles]
-                        for i, what in enumerate(("fired", "posted", "landed")):
-                            t = max((x[i] for x in ts), default=0)
-                            if t:
-                                self._mark(rid, what, at=t)
-                        self._mark_wire(rid, ts)
-                        self._mark(rid, "ended", at=seen)
+                        err = next((h.error for h in ld.handles if h.error is not None), None)
+                        if err is not None:
+                            ld.error = str(err)
+                        else:
+                            self._loaded(rid, ld.handles, seen)
             if ld.error is not None:
                 self._load_errors.update(r.local_block_ids)
                 self.stats["load_failures"] += 1
@@ -652,8 +684,11 @@ class WorkerHalf:
                     self._note_prefill(r.remote_peer, r.remote_engine, {"t": "release", "req": r.remote_request_id})
             del self._loads[rid]
             self._by_remote.pop(r.remote_request_id, None)
-            self._mark(rid, "reported")
             recving.add(rid)
+        if ended:
+            done = time.time_ns()
+            for rid, _ in ended:
+                self._mark(rid, "reported", at=done)
 
     # -- prefill: saves (push) ----------------------------------------------
 
