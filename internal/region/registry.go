@@ -19,6 +19,10 @@ import (
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
+// maxHostAlloc is the largest host region AllocHost makes (64 TiB); the shm
+// directory's filesystem may hold less.
+const maxHostAlloc = 1 << 46
+
 // AllocHost creates a shared-memory file of size bytes, owned by the caller,
 // and maps it.
 // A lease (at most one; none: the region persists) ties it to its client.
@@ -26,8 +30,8 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller, lease ...Le
 	if size == 0 {
 		return nil, fmt.Errorf("%w: host_alloc.size is 0: a region needs at least one byte", errs.ErrInvalidArgument)
 	}
-	if size > 1<<46 {
-		return nil, fmt.Errorf("%w: host_alloc.size %d exceeds the limit of %d bytes", errs.ErrInvalidArgument, size, uint64(1)<<46)
+	if size > maxHostAlloc {
+		return nil, fmt.Errorf("%w: host_alloc.size %d exceeds the limit of %d bytes", errs.ErrInvalidArgument, size, uint64(maxHostAlloc))
 	}
 	if err := export.check(); err != nil {
 		return nil, err
@@ -61,10 +65,11 @@ func (g *Registry) AllocHost(size uint64, export Export, who Caller, lease ...Le
 	}
 	if err := fallocate(f, size); err != nil {
 		os.Remove(path)
-		if errors.Is(err, unix.ENOSPC) {
-			return nil, fmt.Errorf("%w: host_alloc.size %d: no room in %s: %v", errs.ErrResourceExhausted, size, g.cfg.ShmDir, err)
-		}
-		return nil, fmt.Errorf("region: fallocate %s (%d bytes): %w", path, size, err)
+		// Closed before the free space is read: a partial reservation goes
+		// with the file's last reference. (The deferred Close then finds it
+		// closed, harmlessly.)
+		f.Close()
+		return nil, allocError(err, size, path, g.cfg.ShmDir, statShmFS(g.cfg.ShmDir))
 	}
 	id, err := fileIDOf(f)
 	if err != nil {
@@ -301,4 +306,88 @@ func (g *Registry) Close() {
 	g.drained.Wait()
 	g.files.stop()
 	g.dir.unlock()
+}
+
+// shmFS describes the filesystem of the shm directory, for a refusal to say
+// which filesystem refused a size and how much room it had.
+type shmFS struct {
+	known bool   // statfs succeeded
+	name  string // the filesystem's type: tmpfs, ext4, xfs...
+	free  uint64 // bytes free to the daemon
+	// fsizeLimit is the daemon's RLIMIT_FSIZE (ulimit -f) in bytes, 0
+	// when unlimited or unknown: over it the kernel refuses with EFBIG too.
+	fsizeLimit uint64
+}
+
+// statShmFS describes the filesystem of dir; a failing statfs leaves it
+// unknown (a refusal then names only the directory).
+func statShmFS(dir string) shmFS {
+	var fs shmFS
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) == nil {
+		fs = shmFS{known: true, name: fsTypeName(int64(st.Type)), free: st.Bavail * uint64(st.Bsize)}
+	}
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_FSIZE, &rl) == nil && rl.Cur != unix.RLIM_INFINITY {
+		fs.fsizeLimit = rl.Cur
+	}
+	return fs
+}
+
+// fsTypeName names a statfs f_type magic number.
+func fsTypeName(magic int64) string {
+	switch magic {
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	case unix.EXT4_SUPER_MAGIC: // ext2 and ext3 share it
+		return "ext4"
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs"
+	case unix.OVERLAYFS_SUPER_MAGIC:
+		return "overlayfs"
+	case unix.HUGETLBFS_MAGIC:
+		return "hugetlbfs"
+	case unix.NFS_SUPER_MAGIC:
+		return "nfs"
+	case unix.FUSE_SUPER_MAGIC:
+		return "fuse"
+	}
+	return fmt.Sprintf("type %#x", magic)
+}
+
+// allocError maps fallocate's failure to reserve size bytes at path, in
+// the shm directory dir (on fs), to a domain error wrapping err. What the
+// caller's size caused is theirs to change (a smaller region, or room made
+// in the directory): no space, no quota, no memory, or a file larger than
+// the filesystem (or the daemon's ulimit -f) allows are ResourceExhausted; a
+// filesystem that cannot reserve space at all is the daemon's setup
+// (FailedPrecondition). Anything else stays unclassed (Internal).
+func allocError(err error, size uint64, path, dir string, fs shmFS) error {
+	where := "the filesystem of shm directory " + dir
+	if fs.known {
+		where = fmt.Sprintf("the %s filesystem of shm directory %s", fs.name, dir)
+	}
+	switch {
+	case errors.Is(err, syscall.ENOSPC):
+		if fs.known {
+			return fmt.Errorf("%w: host_alloc.size %d: no room on %s (%d bytes free): %w", errs.ErrResourceExhausted, size, where, fs.free, err)
+		}
+		return fmt.Errorf("%w: host_alloc.size %d: no room on %s: %w", errs.ErrResourceExhausted, size, where, err)
+	case errors.Is(err, syscall.EDQUOT):
+		return fmt.Errorf("%w: host_alloc.size %d: over the daemon's disk quota on %s: %w", errs.ErrResourceExhausted, size, where, err)
+	case errors.Is(err, syscall.ENOMEM):
+		return fmt.Errorf("%w: host_alloc.size %d: out of memory reserving it on %s: %w", errs.ErrResourceExhausted, size, where, err)
+	case errors.Is(err, syscall.EFBIG) && fs.fsizeLimit != 0 && size > fs.fsizeLimit:
+		return fmt.Errorf("%w: host_alloc.size %d exceeds the daemon's file-size limit (ulimit -f) of %d bytes, on %s: %w", errs.ErrResourceExhausted, size, fs.fsizeLimit, where, err)
+	case errors.Is(err, syscall.EFBIG), errors.Is(err, syscall.EINVAL):
+		// Offset 0 and a length in (0, 2^46] are valid for fallocate(2):
+		// EINVAL, like EFBIG, is the filesystem refusing a file that long.
+		return fmt.Errorf("%w: host_alloc.size %d is larger than the largest file %s holds (the daemon's own limit is %d bytes): %w", errs.ErrResourceExhausted, size, where, uint64(maxHostAlloc), err)
+	case errors.Is(err, syscall.EOPNOTSUPP):
+		// Mode 0 unsupported: no size would do; the directory is the problem.
+		return fmt.Errorf("%w: host_alloc.size %d: %s cannot reserve space for a file (fallocate unsupported); point --shm-dir at tmpfs: %w", errs.ErrFailedPrecondition, size, where, err)
+	}
+	return fmt.Errorf("region: fallocate %s (%d bytes): %w", path, size, err)
 }

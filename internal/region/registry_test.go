@@ -14,8 +14,10 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 
 	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/memory"
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -654,5 +656,103 @@ func TestReclaim(t *testing.T) {
 		if !slices.Contains(names, kept) {
 			t.Errorf("%s was removed (dir: %v)", kept, names)
 		}
+	}
+}
+
+// TestAllocError maps each errno that fallocate gives for a size the shm
+// directory cannot take to its gRPC code, with the cause kept and the field,
+// the value and the directory (and its filesystem) named.
+func TestAllocError(t *testing.T) {
+	const size = 1 << 45
+	const dir = "/tmp/x/shm"
+	ext4 := shmFS{known: true, name: "ext4", free: 12345}
+	for _, tc := range []struct {
+		name  string
+		err   error
+		fs    shmFS
+		code  codes.Code
+		words []string
+	}{
+		{"ENOSPC", syscall.ENOSPC, ext4, codes.ResourceExhausted, []string{"no room", "12345 bytes free"}},
+		{"ENOSPC, statfs failed", syscall.ENOSPC, shmFS{}, codes.ResourceExhausted, []string{"no room", "the filesystem of shm directory"}},
+		{"EDQUOT", syscall.EDQUOT, ext4, codes.ResourceExhausted, []string{"quota"}},
+		{"ENOMEM", syscall.ENOMEM, shmFS{known: true, name: "tmpfs"}, codes.ResourceExhausted, []string{"out of memory", "tmpfs"}},
+		{"EFBIG", syscall.EFBIG, ext4, codes.ResourceExhausted, []string{"larger than the largest file", "ext4", "70368744177664"}},
+		{"EFBIG, over ulimit -f", syscall.EFBIG, shmFS{known: true, name: "ext4", fsizeLimit: 1 << 20}, codes.ResourceExhausted, []string{"ulimit -f", "1048576"}},
+		{"EFBIG, under ulimit -f", syscall.EFBIG, shmFS{known: true, name: "ext4", fsizeLimit: 1 << 50}, codes.ResourceExhausted, []string{"larger than the largest file"}},
+		{"EINVAL", syscall.EINVAL, ext4, codes.ResourceExhausted, []string{"larger than the largest file"}},
+		{"EOPNOTSUPP", syscall.EOPNOTSUPP, shmFS{known: true, name: "fuse"}, codes.FailedPrecondition, []string{"cannot reserve", "fuse", "--shm-dir"}},
+		{"wrapped errno", &os.SyscallError{Syscall: "fallocate", Err: syscall.EFBIG}, ext4, codes.ResourceExhausted, []string{"larger than the largest file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := allocError(tc.err, size, dir+"/region-1", dir, tc.fs)
+			if c := grpcstatus.Code(err); c != tc.code {
+				t.Fatalf("%q: code %v, want %v", err, c, tc.code)
+			}
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("%q does not wrap its cause %v", err, tc.err)
+			}
+			words := append([]string{"host_alloc.size 35184372088832", dir, tc.err.Error()}, tc.words...)
+			if tc.fs.known {
+				words = append(words, "the "+tc.fs.name+" filesystem")
+			}
+			for _, w := range words {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q does not name %q", err, w)
+				}
+			}
+		})
+	}
+	// Not the caller's doing: Internal, with the cause.
+	for _, e := range []error{syscall.EIO, syscall.EPERM, syscall.EBADF} {
+		err := allocError(e, size, dir+"/region-1", dir, ext4)
+		if c := grpcstatus.Code(err); c != codes.Internal || !errors.Is(err, e) {
+			t.Errorf("%v: %q, code %v, want Internal wrapping it", e, err, c)
+		}
+	}
+}
+
+func TestFSTypeName(t *testing.T) {
+	for magic, want := range map[int64]string{unix.TMPFS_MAGIC: "tmpfs", unix.EXT4_SUPER_MAGIC: "ext4", unix.XFS_SUPER_MAGIC: "xfs", 0x1234: "type 0x1234"} {
+		if got := fsTypeName(magic); got != want {
+			t.Errorf("fsTypeName(%#x) = %q, want %q", magic, got, want)
+		}
+	}
+}
+
+// TestAllocHostOverFileSizeLimit makes the kernel itself refuse a region
+// with EFBIG (no root needed: the process's ulimit -f, which every
+// filesystem's fallocate checks) and wants ResourceExhausted naming the
+// field, the value and the limit, and nothing left behind.
+func TestAllocHostOverFileSizeLimit(t *testing.T) {
+	tr := newFake(transport.TCP)
+	g := newRegistry(t, tr)
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	const limit = 1 << 20
+	if old.Cur != unix.RLIM_INFINITY && old.Cur < limit {
+		t.Skipf("ulimit -f is already %d bytes", old.Cur)
+	}
+	// SIGXFSZ, which the kernel sends with the EFBIG, is ignored by the Go
+	// runtime (no signal.Notify for it here).
+	if err := unix.Setrlimit(unix.RLIMIT_FSIZE, &unix.Rlimit{Cur: limit, Max: old.Max}); err != nil {
+		t.Skipf("setrlimit: %v", err)
+	}
+	r, err := g.AllocHost(2*limit, Export{}, alice)
+	if rerr := unix.Setrlimit(unix.RLIMIT_FSIZE, &old); rerr != nil {
+		t.Fatalf("restore ulimit -f: %v", rerr)
+	}
+	if err == nil {
+		_ = g.Deregister(r.ID, alice)
+		t.Skip("the shm directory's filesystem reserved a file over ulimit -f")
+	}
+	wantErr(t, err, errs.ErrResourceExhausted, "host_alloc.size 2097152", "ulimit -f", "1048576", g.ShmDir())
+	if !errors.Is(err, syscall.EFBIG) || grpcstatus.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("%q: want EFBIG as the cause and code ResourceExhausted, got %v", err, grpcstatus.Code(err))
+	}
+	if f := regionFiles(t, g.ShmDir()); len(f) != 0 || g.Len() != 0 || tr.open(t) != 0 {
+		t.Fatalf("after the refusal: files %v, %d regions, %d registrations", f, g.Len(), tr.open(t))
 	}
 }
