@@ -478,6 +478,9 @@ func runWatch(fs *pflag.FlagSet) runner {
 		if *region == "" {
 			return fmt.Errorf("%w: watch: --region is required", ErrUsage)
 		}
+		if *count < 0 {
+			return fmt.Errorf("%w: watch: --count %d must be >= 0 (0: until interrupted)", ErrUsage, *count)
+		}
 		c, err := g.dial()
 		if err != nil {
 			return err

@@ -246,6 +246,23 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"checksum"}, "--region is required"},
 		{[]string{"watch"}, "--region is required"},
 		{[]string{"deregister"}, "at least one region"},
+		// Counts and durations that make no sense: refused before the daemon is asked.
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--blocks", "1", "--size", "1", "--repeat", "0"}, "--repeat 0 must be >= 1"},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--blocks", "1", "--size", "1", "--repeat", "-1"}, "--repeat -1 must be >= 1"},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--blocks", "1", "--size", "1", "--timeout", "0s"}, "--timeout 0s must be > 0"},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--blocks", "1", "--size", "1", "--timeout", "0"}, "--timeout 0s must be > 0"},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--blocks", "1", "--size", "1", "--timeout", "-1s"}, "--timeout -1s must be > 0"},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--blocks", "-1", "--size", "1"}, "--blocks and --size must be > 0 (got -1 and 1)"},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--blocks", "1", "--size", "-1"}, `invalid argument "-1" for "--size"`},
+		{[]string{"transfer", "--src", "r", "--peer", "p:1", "--dst", "d", "--blocks", "1", "--size", "1", "--gap", "-1"}, `invalid argument "-1" for "--gap"`},
+		{[]string{"register", "--size", "0"}, "--size is required and must be > 0"},
+		{[]string{"register", "--size", "-1"}, `invalid argument "-1" for "--size"`},
+		{[]string{"checksum", "--region", "r", "--blocks", "-1", "--size", "8"}, "--blocks and --size must be > 0 (got -1 and 8)"},
+		{[]string{"checksum", "--region", "r", "--blocks", "2", "--size", "0"}, "--blocks and --size must be > 0 (got 2 and 0)"},
+		{[]string{"checksum", "--region", "r", "--blocks", "0", "--size", "8"}, "--blocks 0 must be >= 1"},
+		{[]string{"checksum", "--region", "r", "--size", "8"}, "--blocks 0 must be >= 1"},
+		{[]string{"checksum", "--region", "r", "--gap", "8"}, "--blocks 0 must be >= 1"},
+		{[]string{"watch", "--region", "r", "--count", "-1"}, "--count -1 must be >= 0"},
 	} {
 		_, err := ctl(t, tc.args...)
 		if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), tc.want) {

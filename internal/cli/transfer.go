@@ -201,6 +201,9 @@ func runTransfer(fs *pflag.FlagSet) runner {
 		if *repeat < 1 {
 			return fmt.Errorf("%w: transfer: --repeat %d must be >= 1", ErrUsage, *repeat)
 		}
+		if *timeout <= 0 {
+			return fmt.Errorf("%w: transfer: --timeout %v must be > 0 (it is each batch's deadline)", ErrUsage, *timeout)
+		}
 		kind, err := transportKind(*tr)
 		if err != nil {
 			return fmt.Errorf("%w: transfer: --%v", ErrUsage, err)
@@ -399,6 +402,11 @@ func runChecksum(fs *pflag.FlagSet) runner {
 	return func(ctx context.Context, g *globals, args []string) error {
 		if *region == "" {
 			return fmt.Errorf("%w: checksum: --region is required", ErrUsage)
+		}
+		// Without --blocks and --descriptors the whole region is hashed; a
+		// --blocks 0, --size or --gap given then would be silently ignored.
+		if bf.n == 0 && bf.descriptors == "" && (fs.Changed("blocks") || fs.Changed("size") || fs.Changed("gap")) {
+			return fmt.Errorf("%w: checksum: --blocks %d must be >= 1 with --size or --gap (leave --blocks, --size and --gap out to hash the whole region)", ErrUsage, bf.n)
 		}
 		a, ok := map[string]b2bv1.ChecksumAlgorithm{"xxh64": b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_XXH64, "crc32c": b2bv1.ChecksumAlgorithm_CHECKSUM_ALGORITHM_CRC32C}[*alg]
 		if !ok {
