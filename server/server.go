@@ -136,7 +136,7 @@ func New(cfg Config) *Server {
 		if cfg.Peers != nil {
 			peers = cfg.Peers
 		}
-		b = batch.New(batch.Config{NodeName: cfg.NodeName, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers,
+		b = batch.New(batch.Config{NodeName: cfg.NodeName, Self: cfg.InstanceID, Registry: cfg.Registry, Peers: peers, MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers,
 			DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Triggers: cfg.Triggers, Notes: cfg.Notify, Log: cfg.Log})
 	}
 	cfg.Counters, cfg.MaxDescriptors = b.Counters(), b.MaxDescriptors()

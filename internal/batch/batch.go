@@ -101,7 +101,10 @@ type Counters struct {
 
 // Config is what the batch service needs from the daemon.
 type Config struct {
-	NodeName       string // sent with notifications
+	NodeName string // sent with notifications
+	// Self is this daemon's instance ID (its handshake's): a peer that
+	// answers with it is this daemon (0: not known, never matched).
+	Self           uint64
 	Registry       *region.Registry
 	Peers          Peers
 	MaxDescriptors int
@@ -440,6 +443,10 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		if err := p.checkRemote(remote.Size); err != nil {
 			held()
 			return ran{cached: cached, suspect: true}, err // the size may be stale, not the request wrong
+		}
+		if err := s.checkSelfOverlap(p.peer, p.dst, p.src, &p.batch, p.op); err != nil {
+			held()
+			return ran{}, err
 		}
 		ph.Resolve += time.Since(t0)
 		if err := passGate(ctx); err != nil {

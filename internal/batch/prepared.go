@@ -271,6 +271,9 @@ func (pt *Plans) bind(ctx context.Context, pp *prepared, ph *Phases, again bool)
 	if err := p.checkRemote(remote.Size); err != nil {
 		return nil, err
 	}
+	if err := pt.s.checkSelfOverlap(p.peer, p.dst, p.src, &p.batch, p.op); err != nil {
+		return nil, err
+	}
 	t1 := time.Now()
 	ph.Resolve += t1.Sub(t0)
 	b := &binding{sess: sess, reg: reg, remote: remote}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -355,12 +356,15 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	// The transfer layer, which the API's handlers call.
 	// One hub: notes that land fan out to watchers and fire key-armed transfers.
 	notes := &notify.Hub{}
-	batches := batch.New(batch.Config{NodeName: cfg.NodeName, Registry: d.registry, Peers: d.peers, MaxDescriptors: cfg.MaxDescriptors,
+	// One instance ID for the handshakes and the batches, which tell by
+	// it a batch to this daemon itself (batch.checkSelfOverlap).
+	instance := rand.Uint64() | 1
+	batches := batch.New(batch.Config{NodeName: cfg.NodeName, Self: instance, Registry: d.registry, Peers: d.peers, MaxDescriptors: cfg.MaxDescriptors,
 		MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers, DefaultTimeout: cfg.DefaultTimeout, Counters: &d.counters, Notes: notes,
 		Log: log.Named("batch")})
 	scfg := server.Config{
 		Batches: batches, Notify: notes,
-		NodeName: cfg.NodeName, Version: Version, PeerAddress: d.peerAddr,
+		NodeName: cfg.NodeName, InstanceID: instance, Version: Version, PeerAddress: d.peerAddr,
 		Registry: d.registry, Peers: d.peers, Transports: statuses, Live: live, Adverts: adverts, Signals: signals,
 		MaxDescriptors: cfg.MaxDescriptors, MaxPlans: cfg.MaxPlans, MaxTransfers: cfg.MaxTransfers, DefaultTimeout: cfg.DefaultTimeout,
 		CUDAAvailable: cuda != nil, CUDADetail: cudaWhy, Calibration: d.Calibration, Counters: &d.counters, Staging: d.staging, OpenFDs: openFDs, Log: log.Named("server"),
