@@ -436,9 +436,19 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 	}
 	err := s.retry(ctx, pol, stale, func(ctx context.Context, _ bool) (ran, error) {
 		t0 := time.Now()
-		sess, remote, reg, cached, held, err := s.paths.dst(ctx, p, true)
+		g := gateOf(ctx)
+		if g.armed() {
+			s.paths.forget(p.peer, p.dst, p.op)
+		}
+		// An armed batch holds nothing on the peer while it waits: a
+		// destination deregistered meanwhile refuses its key.
+		sess, remote, reg, cached, held, err := s.paths.dst(ctx, p, g == nil)
 		if err != nil {
 			return ran{sess: sess}, err
+		}
+		if !g.bind(keysPrint(0, remote.Key)) {
+			held()
+			return ran{}, fmt.Errorf("%w: dst_region %q on %s was re-registered after the transfer was armed and its trigger fired: not sent to the new registration", errs.ErrFailedPrecondition, p.dst, p.peer)
 		}
 		if err := p.checkRemote(remote.Size); err != nil {
 			held()

@@ -160,9 +160,22 @@ func (x *blockXfer) attempt(ctx context.Context) (res Result, _ ran, err error) 
 	if err != nil {
 		return res, ran{}, err
 	}
+	g := gateOf(ctx)
+	if g.armed() {
+		s.paths.forgetLayout(*r)
+	}
 	rl, cached, err := s.paths.layout(ctx, sess, *r)
 	if err != nil {
 		return res, ran{sess: sess}, err
+	}
+	if g != nil {
+		var fp uint64
+		for _, rr := range rl.Regions {
+			fp = keysPrint(fp, rr.Keys[sess.Kind].Key)
+		}
+		if !g.bind(fp) {
+			return res, ran{}, fmt.Errorf("%w: remote_layout %q on %s was re-registered after the transfer was armed and its trigger fired: not sent to the new registration", errs.ErrFailedPrecondition, r.Remote, r.Peer)
+		}
 	}
 	t1 := time.Now()
 	ph.Resolve += t1.Sub(t0)

@@ -3,6 +3,8 @@ package batch
 import (
 	"context"
 	"sync"
+
+	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // A gate holds a transfer's post back until something outside it is ready
@@ -16,6 +18,46 @@ type gate struct {
 	once sync.Once
 	wait func(context.Context) error
 	err  error
+	// bound fingerprints the destination's keys as the first attempt
+	// resolved them (afresh: armed means bound, as a prepared plan is);
+	// opened: the wait returned nil. Attempts of one transfer run one at
+	// a time.
+	bound  uint64
+	opened bool
+}
+
+// gateOf is ctx's gate, nil when it has none.
+func gateOf(ctx context.Context) *gate {
+	g, _ := ctx.Value(gateKey{}).(*gate)
+	return g
+}
+
+// armed says whether this is a gated transfer's first resolution, which
+// must not come from the cache: what the transfer posts to once its
+// trigger fires is the destination as registered when it was armed.
+func (g *gate) armed() bool { return g != nil && g.bound == 0 }
+
+// bind records fp, the fingerprint of the destination's keys an attempt
+// resolved, and says whether the attempt may post to it: before the gate
+// opened, any (the latest is kept); after, only the one bound when it
+// opened. A destination re-registered while the transfer waited is then
+// refused its old key, and a run again must not follow the name to the
+// new registration (another owner's memory, as likely as not).
+func (g *gate) bind(fp uint64) bool {
+	if g == nil {
+		return true
+	}
+	if g.opened {
+		return fp == g.bound
+	}
+	g.bound = fp | 1 // never 0: "not bound"
+	return true
+}
+
+// keysPrint folds a destination key into a fingerprint (0 to start).
+func keysPrint(fp uint64, k transport.RemoteKey) uint64 {
+	fp ^= k.Key + 0x9e3779b97f4a7c15 + fp<<6 + fp>>2
+	return fp ^ (k.Addr * 0xbf58476d1ce4e5b9)
 }
 
 // WithGate returns ctx carrying wait, which a transfer run under it calls
@@ -32,6 +74,9 @@ func passGate(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	g.once.Do(func() { g.err = g.wait(ctx) })
+	g.once.Do(func() {
+		g.err = g.wait(ctx)
+		g.opened = g.err == nil
+	})
 	return g.err
 }
