@@ -36,6 +36,9 @@ type RawResult struct {
 	// Posted and Landed are the daemon's wall-clock times of the first
 	// write and of the last landing; zero where the daemon did not say.
 	Posted, Landed time.Time
+	// Segments and WorkRequests are the response's (0 where the daemon
+	// did not say: the raw submit socket, older daemons).
+	Segments, WorkRequests uint64
 }
 
 // unixTime is t (Unix ns) as a time, zero for 0.

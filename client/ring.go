@@ -372,6 +372,6 @@ func (r *Ring) Wait(tag uint64) (RawResult, error) {
 			return RawResult{}, status.Error(codes.Code(c.Code), c.Msg)
 		}
 		return RawResult{Blocks: c.Blocks, Bytes: c.Bytes, Wire: time.Duration(c.Wire), Total: time.Duration(c.Total), Transport: c.Msg,
-			Posted: unixTime(c.Posted), Landed: unixTime(c.Landed)}, nil
+			Posted: unixTime(c.Posted), Landed: unixTime(c.Landed), Segments: c.Segments, WorkRequests: c.WorkRequests}, nil
 	}
 }

@@ -29,7 +29,8 @@ func (c *Client) TransferRing(ctx context.Context, r *Ring, t Transfer) (RawResu
 	}
 	ph := resp.GetPhases()
 	return RawResult{Blocks: resp.GetBlocks(), Bytes: resp.GetBytes(), Wire: time.Duration(ph.GetWireNs()), Total: time.Duration(ph.GetTotalNs()),
-		Transport: resp.GetTransportName(), Posted: unixTime(int64(ph.GetPostedUnixNs())), Landed: unixTime(int64(ph.GetLandedUnixNs()))}, nil
+		Transport: resp.GetTransportName(), Posted: unixTime(int64(ph.GetPostedUnixNs())), Landed: unixTime(int64(ph.GetLandedUnixNs())),
+		Segments: resp.GetSegments(), WorkRequests: resp.GetWorkRequests()}, nil
 }
 
 // StartTransfer posts t as a batch record and returns its tag for Wait (or

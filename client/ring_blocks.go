@@ -76,7 +76,8 @@ func (rt *Route) Transfer(ctx context.Context, r *Ring, local, remote []uint32, 
 	}
 	ph := resp.GetPhases()
 	return RawResult{Blocks: resp.GetBlocks(), Bytes: resp.GetBytes(), Wire: time.Duration(ph.GetWireNs()), Total: time.Duration(ph.GetTotalNs()),
-		Transport: resp.GetTransportName(), Posted: unixTime(int64(ph.GetPostedUnixNs())), Landed: unixTime(int64(ph.GetLandedUnixNs()))}, nil
+		Transport: resp.GetTransportName(), Posted: unixTime(int64(ph.GetPostedUnixNs())), Landed: unixTime(int64(ph.GetLandedUnixNs())),
+		Segments: resp.GetSegments(), WorkRequests: resp.GetWorkRequests()}, nil
 }
 
 // carries says whether a block request rides on r.

@@ -294,10 +294,13 @@ func (rc *ringConn) start(req ring.Request, what string, slots chan struct{}, do
 			rc.complete(fail(req.Tag, err))
 			return
 		}
+		ph := &res.Phases
 		rc.complete(ring.Completion{Tag: req.Tag, Blocks: res.Blocks, Bytes: res.Bytes, Msg: string(res.Kind),
-			Wire: int64(res.Phases.Wire), Total: int64(res.Phases.Total),
-			TriggerSeen: int64(unixNs(res.Phases.TriggerSeen)), Posted: int64(unixNs(res.Phases.Posted)),
-			Landed: int64(unixNs(res.Phases.Landed))})
+			Wire: int64(ph.Wire), Total: int64(ph.Total),
+			TriggerSeen: int64(unixNs(ph.TriggerSeen)), Posted: int64(unixNs(ph.Posted)), Landed: int64(unixNs(ph.Landed)),
+			Figures: true, Segments: res.Stats.Segments, WorkRequests: res.Stats.WorkRequests,
+			Validate: int64(ph.Validate), Resolve: int64(ph.Resolve), Plan: int64(ph.Plan), Post: int64(ph.Post),
+			Notify: int64(ph.Notify), Armed: int64(ph.Armed)})
 	}()
 	// The consumer spins on its P (Queue.Wait), so the goroutine just made
 	// would wait for an idle thread to wake and steal it: a futex wake, about

@@ -107,6 +107,10 @@ func TestRingBatch(t *testing.T) {
 				if res.Blocks != uint64(tc.n) || res.Total <= 0 || res.Transport != kind {
 					t.Fatalf("%s: %+v", tc.name, res)
 				}
+				// The response's figures, over the ring as over gRPC.
+				if res.Segments == 0 || res.Segments > uint64(tc.n) {
+					t.Fatalf("%s: %d segments for %d blocks: want the response's", tc.name, res.Segments, tc.n)
+				}
 				// The daemon's wall-clock times, over the ring as over gRPC.
 				if res.Posted.Before(t0) || res.Landed.Before(res.Posted) || res.Landed.After(time.Now()) {
 					t.Fatalf("%s: posted %v, landed %v: not within the call from %v", tc.name, res.Posted, res.Landed, t0)

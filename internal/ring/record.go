@@ -73,7 +73,11 @@ func (o Op) String() string {
 //	when its last landed. A client older than the times reads only msg_len
 //	bytes of message, and a daemon older than them wrote at most 208 bytes
 //	of message there, so a client takes the times only from a success,
-//	whose message is a transport's name.
+//	whose message is a transport's name. A success also carries, at
+//	compExt (past the room a name takes), the figures a BatchTransfer
+//	response has: magic u32 (extMagic), 0 u32, segments u64,
+//	work_requests u64, and the validate, resolve, plan, post, notify and
+//	armed phases in ns, u64 each; a client finds them by the magic.
 const (
 	RecLen    = 64
 	CompLen   = 256
@@ -84,6 +88,12 @@ const (
 	// messages of up to 208 bytes.
 	MsgReadMax = CompLen - compHdr
 	bodyOff    = 16
+	// compExt is where a success's figures start; its name is at most
+	// extNameMax bytes (else it carries none).
+	compExt    = compHdr + extNameMax
+	extNameMax = 64
+	extLen     = 8 + 8*8
+	extMagic   = 0x31534850 // "PHS1"
 )
 
 // truncMark ends a message cut to fit MsgMax.
@@ -335,6 +345,11 @@ type Completion struct {
 	// TriggerSeen, Posted and Landed are the daemon's wall-clock times of
 	// the transfer (Unix ns; 0 when not known), as PhaseTimings carries them.
 	TriggerSeen, Posted, Landed int64
+	// A success's figures, as BatchTransferResponse has them (Figures:
+	// the record carried them; a daemon before them did not).
+	Figures                                      bool
+	Segments, WorkRequests                       uint64
+	Validate, Resolve, Plan, Post, Notify, Armed int64 // ns
 }
 
 // Encode writes c into rec (CompLen bytes); a message longer than MsgMax is
@@ -355,6 +370,15 @@ func (c Completion) Encode(rec []byte) {
 	le.PutUint64(rec[40:], uint64(max(c.Total, 0)))
 	n := copy(rec[compHdr:], msg)
 	clear(rec[compHdr+n : compTimes])
+	if c.Code == 0 && c.Figures && n <= extNameMax {
+		x := rec[compExt : compExt+extLen]
+		le.PutUint32(x[0:], extMagic)
+		le.PutUint64(x[8:], c.Segments)
+		le.PutUint64(x[16:], c.WorkRequests)
+		for i, d := range [...]int64{c.Validate, c.Resolve, c.Plan, c.Post, c.Notify, c.Armed} {
+			le.PutUint64(x[24+8*i:], uint64(max(d, 0)))
+		}
+	}
 	le.PutUint64(rec[compTimes:], uint64(max(c.TriggerSeen, 0)))
 	le.PutUint64(rec[compTimes+8:], uint64(max(c.Posted, 0)))
 	le.PutUint64(rec[compTimes+16:], uint64(max(c.Landed, 0)))
@@ -377,6 +401,13 @@ func DecodeCompletion(rec []byte) (Completion, error) {
 		c.TriggerSeen = int64(le.Uint64(rec[compTimes:]))
 		c.Posted = int64(le.Uint64(rec[compTimes+8:]))
 		c.Landed = int64(le.Uint64(rec[compTimes+16:]))
+		if x := rec[compExt : compExt+extLen]; n <= extNameMax && le.Uint32(x[0:]) == extMagic {
+			c.Figures = true
+			c.Segments, c.WorkRequests = le.Uint64(x[8:]), le.Uint64(x[16:])
+			for i, d := range [...]*int64{&c.Validate, &c.Resolve, &c.Plan, &c.Post, &c.Notify, &c.Armed} {
+				*d = int64(le.Uint64(x[24+8*i:]))
+			}
+		}
 	}
 	return c, nil
 }

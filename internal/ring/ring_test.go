@@ -161,6 +161,41 @@ func TestCompletionTimes(t *testing.T) {
 	}
 }
 
+// TestCompletionFigures: a success carries its response's figures (found
+// by their magic); a refusal, a success without them (an older daemon)
+// and one whose name leaves no room for them read as none.
+func TestCompletionFigures(t *testing.T) {
+	full := Completion{Tag: 1, Msg: "verbs", Figures: true, Segments: 10000, WorkRequests: 157,
+		Validate: 1, Resolve: 2, Plan: 3, Post: 4, Notify: 5, Armed: 6, Posted: 7}
+	for _, tc := range []struct {
+		name string
+		in   Completion
+		want bool
+	}{
+		{"done", full, true},
+		{"done, none given", Completion{Tag: 1, Msg: "tcp", Segments: 3}, false},
+		{"refused", Completion{Tag: 1, Code: 5, Msg: "no", Figures: true, Segments: 3}, false},
+		{"a name past the room", Completion{Tag: 1, Msg: strings.Repeat("k", extNameMax+1), Figures: true, Segments: 3}, false},
+	} {
+		b := make([]byte, CompLen)
+		tc.in.Encode(b)
+		c, err := DecodeCompletion(b)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if c.Figures != tc.want {
+			t.Fatalf("%s: figures %v, want %v", tc.name, c.Figures, tc.want)
+		}
+		if tc.want && (c.Segments != 10000 || c.WorkRequests != 157 || c.Validate != 1 || c.Resolve != 2 || c.Plan != 3 ||
+			c.Post != 4 || c.Notify != 5 || c.Armed != 6 || c.Posted != 7 || c.Msg != "verbs") {
+			t.Errorf("%s: %+v", tc.name, c)
+		}
+		if !tc.want && (c.Segments != 0 || c.Validate != 0) {
+			t.Errorf("%s: figures read where none were: %+v", tc.name, c)
+		}
+	}
+}
+
 // TestIndicesChecked: a tail behind the head or beyond the ring, and a head
 // past the tail, are refused; in-range indices count right across the
 // 2^32 wrap.
