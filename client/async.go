@@ -67,16 +67,25 @@ func (t *TransferHandle) ID() uint64 { return t.id }
 // StartTransfer starts a batch and returns at once; timeout bounds the
 // transfer from its start (0: the daemon's default).
 func (c *Client) StartTransfer(ctx context.Context, t Transfer, timeout time.Duration, opts ...StartOption) (*TransferHandle, error) {
+	if err := checkTimeout(timeout); err != nil {
+		return nil, err
+	}
 	return c.start(ctx, &b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Batch{Batch: t.request()}, TimeoutMs: ms(timeout)}, opts)
 }
 
 // StartBlocks starts a block transfer (TransferBlocks) and returns at once.
 func (c *Client) StartBlocks(ctx context.Context, b Blocks, timeout time.Duration, opts ...StartOption) (*TransferHandle, error) {
+	if err := checkTimeout(timeout); err != nil {
+		return nil, err
+	}
 	return c.start(ctx, &b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Blocks{Blocks: b.request()}, TimeoutMs: ms(timeout)}, opts)
 }
 
 // StartSubmit starts a submit of prepared plan handle and returns at once.
 func (c *Client) StartSubmit(ctx context.Context, handle uint64, timeout time.Duration, opts ...StartOption) (*TransferHandle, error) {
+	if err := checkTimeout(timeout); err != nil {
+		return nil, err
+	}
 	return c.start(ctx, &b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Submit{Submit: &b2bv1.SubmitTransferRequest{Handle: handle}}, TimeoutMs: ms(timeout)}, opts)
 }
 
@@ -110,6 +119,15 @@ func AfterNote(noteRegion string, key []byte) StartOption {
 // it lands.
 func KeyNote(keys [][]byte, payload []byte) ([]byte, error) {
 	return notify.AppendKeys(nil, keys, payload)
+}
+
+// checkTimeout refuses a negative timeout (0 is the daemon's default), as
+// the daemon refuses a bad field: before anything starts.
+func checkTimeout(d time.Duration) error {
+	if d < 0 {
+		return status.Errorf(codes.InvalidArgument, "timeout %v: want >= 0 (0: the daemon's default)", d)
+	}
+	return nil
 }
 
 func ms(d time.Duration) uint64 {

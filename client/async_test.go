@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -112,5 +113,22 @@ func TestWaitGivenUpKeepsTheOutcome(t *testing.T) {
 				t.Fatalf("outcome %v, result %v, %v; want DONE with %d blocks", o, r, err, reportOnceBlocks)
 			}
 		})
+	}
+}
+
+// TestStartRefusesNegativeTimeout: a negative timeout is refused before
+// any call (0 is the daemon's default), naming the value.
+func TestStartRefusesNegativeTimeout(t *testing.T) {
+	c := &Client{} // no connection: a call would panic, a refusal makes none
+	ctx := context.Background()
+	for name, start := range map[string]func() error{
+		"StartTransfer": func() error { _, err := c.StartTransfer(ctx, Transfer{}, -5*time.Second); return err },
+		"StartBlocks":   func() error { _, err := c.StartBlocks(ctx, Blocks{}, -time.Millisecond); return err },
+		"StartSubmit":   func() error { _, err := c.StartSubmit(ctx, 1, -time.Nanosecond); return err },
+	} {
+		err := start()
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "timeout -") {
+			t.Errorf("%s: %v, want InvalidArgument naming the timeout", name, err)
+		}
 	}
 }

@@ -134,6 +134,9 @@ func (c *cmdline) run(ctx context.Context, changed func(string) bool, args []str
 	if len(args) > 0 {
 		return fmt.Errorf("doctor: unexpected argument %q", args[0])
 	}
+	if o.Timeout <= 0 {
+		return fmt.Errorf("doctor: --timeout %v must be > 0 (each peer check step's deadline)", o.Timeout)
+	}
 	if env.Root == "/" {
 		// Only the real host has a libibverbs to ask for the active MTU.
 		env.PortMTU = VerbsPortMTU
