@@ -437,9 +437,6 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 	err := s.retry(ctx, pol, stale, func(ctx context.Context, _ bool) (ran, error) {
 		t0 := time.Now()
 		g := gateOf(ctx)
-		if g.armed() {
-			s.paths.forget(p.peer, p.dst, p.op)
-		}
 		// An armed batch holds nothing on the peer while it waits: a
 		// destination deregistered meanwhile refuses its key.
 		sess, remote, reg, cached, held, err := s.paths.dst(ctx, p, g == nil)

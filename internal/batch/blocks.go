@@ -161,9 +161,6 @@ func (x *blockXfer) attempt(ctx context.Context) (res Result, _ ran, err error) 
 		return res, ran{}, err
 	}
 	g := gateOf(ctx)
-	if g.armed() {
-		s.paths.forgetLayout(*r)
-	}
 	rl, cached, err := s.paths.layout(ctx, sess, *r)
 	if err != nil {
 		return res, ran{sess: sess}, err

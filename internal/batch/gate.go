@@ -18,10 +18,10 @@ type gate struct {
 	once sync.Once
 	wait func(context.Context) error
 	err  error
-	// bound fingerprints the destination's keys as the first attempt
-	// resolved them (afresh: armed means bound, as a prepared plan is);
-	// opened: the wait returned nil. Attempts of one transfer run one at
-	// a time.
+	// bound fingerprints the destination's keys as the attempt that
+	// reached the gate resolved them (armed means bound, as a prepared
+	// plan is); opened: the wait returned nil. Attempts of one transfer
+	// run one at a time.
 	bound  uint64
 	opened bool
 }
@@ -31,11 +31,6 @@ func gateOf(ctx context.Context) *gate {
 	g, _ := ctx.Value(gateKey{}).(*gate)
 	return g
 }
-
-// armed says whether this is a gated transfer's first resolution, which
-// must not come from the cache: what the transfer posts to once its
-// trigger fires is the destination as registered when it was armed.
-func (g *gate) armed() bool { return g != nil && g.bound == 0 }
 
 // bind records fp, the fingerprint of the destination's keys an attempt
 // resolved, and says whether the attempt may post to it: before the gate

@@ -14,7 +14,8 @@ import (
 )
 
 // TestArmedTransferIsBound: a transfer armed on a key note resolves its
-// destination when armed, and posts only there. Its destination's owner
+// destination when armed (here from the cache, as a batch went before),
+// and posts only there. Its destination's owner
 // goes and another client registers the same export name before the note
 // fires: the transfer fails (the old key refused, or bound elsewhere)
 // and not one byte lands in the new owner's memory (it used to follow
