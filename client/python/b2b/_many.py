@@ -6,7 +6,6 @@ number of requests (docs/kv.md, "Batched starts and polls").
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple, Union
@@ -16,7 +15,7 @@ import grpc
 from ._common import _invalid, _op, _transport
 from ._pack import pack_u32
 from ._transfers import PreparedTransfer, Transfer, _Pending, _interrupts_deferred
-from .errors import UnavailableError, WaitTimeoutError, deadline_after, from_rpc_error
+from .errors import UnavailableError, WaitTimeoutError, check_timeout, deadline_after, from_rpc_error, timeout_ms
 from .v1 import b2b_pb2 as pb
 
 if TYPE_CHECKING:
@@ -34,7 +33,8 @@ MAX_WAIT_IDS = 1 << 16
 class Blocks:
     """One block-id transfer for :meth:`Client.start_many`: the arguments
     of :meth:`Client.transfer_blocks` (``wait=False``). ``timeout`` bounds
-    it from its start; ``None``: the one given to ``start_many``."""
+    it from its start; ``None``: the one given to ``start_many``. It is
+    checked when the item is made (:func:`b2b.errors.check_timeout`)."""
 
     local_layout: str
     peer: str
@@ -48,6 +48,11 @@ class Blocks:
     #: A trigger (``b2b.on_note(region, key)``): the transfer waits in the
     #: daemon until it fires. ``None``: it starts at once.
     after: Any = None
+
+    def __post_init__(self) -> None:
+        # A bad timeout is refused here, naming the item's field, and never
+        # reaches the ring's or the request's arithmetic.
+        object.__setattr__(self, "timeout", check_timeout(self.timeout, "Blocks.timeout"))
 
     def request(self) -> Any:
         """The ``StartTransferRequest`` (ids packed by numpy)."""
@@ -71,11 +76,8 @@ class Blocks:
 
 
 def _ms(timeout: Optional[float]) -> int:
-    if timeout is None:
-        return 0
-    if timeout <= 0:
-        raise _invalid(f"timeout {timeout!r}: want seconds > 0, or None for the daemon's default")
-    return max(1, int(math.ceil(timeout * 1000)))
+    """A start's timeout_ms: checked, and over the daemon's limit sent as it."""
+    return timeout_ms(check_timeout(timeout))
 
 
 def _refused(client: "Client", res: Any, sent: int = -1, item: int = -1) -> Transfer:
@@ -168,40 +170,50 @@ def _start_grpc(client: "Client", reqs: Sequence[Any], rids: Sequence[Any], inde
 def wait_grpc(client: "Client", ts: Sequence[Transfer], timeout: Optional[float], any_one: bool) -> None:
     """One WaitTransfers for daemon handles ``ts`` (none ended, none with
     a call running): their outcomes land in them. Interrupted, the call
-    goes on and its answers land in the handles, as a poll's."""
+    goes on and its answers land in the handles, as a poll's. A timeout
+    over the daemon's limit of timeout_ms takes more calls."""
     if client.closed:
         raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+    timeout = check_timeout(timeout, wait=True)
+    end = None if timeout is None else time.monotonic() + timeout
     for at in range(0, len(ts), MAX_WAIT_IDS):
         part = ts[at:at + MAX_WAIT_IDS]
-        req = pb.WaitTransfersRequest(transfer_ids=[t.id for t in part], any=any_one)
-        rpc_timeout = None
-        if timeout is not None:
-            req.timeout_ms = max(1, int(timeout * 1000))
-            rpc_timeout = timeout + 30.0  # the daemon answers RUNNING at timeout_ms
-        deadline = deadline_after(rpc_timeout)
-        with _interrupts_deferred():
-            fut = client.stub.WaitTransfers.future(req, timeout=rpc_timeout)
-        try:
-            r = fut.result()
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, deadline) from e
-        except BaseException:
-            for i, t in enumerate(part):
-                t._keep(_Pending(fut, i))
-            raise
-        for t, o in zip(part, r.outcomes):
-            t._take(o)
+        while part:
+            req = pb.WaitTransfersRequest(transfer_ids=[t.id for t in part], any=any_one)
+            rpc_timeout = None
+            more = False  # the wait is longer than one call may ask
+            if end is not None:
+                left = max(0.0, end - time.monotonic())
+                req.timeout_ms = timeout_ms(left)
+                more = req.timeout_ms < left * 1000
+                rpc_timeout = req.timeout_ms / 1000 + 30.0  # the daemon answers RUNNING at timeout_ms
+            deadline = deadline_after(rpc_timeout)
+            with _interrupts_deferred():
+                fut = client.stub.WaitTransfers.future(req, timeout=rpc_timeout)
+            try:
+                r = fut.result()
+            except grpc.RpcError as e:
+                raise from_rpc_error(e, deadline) from e
+            except BaseException:
+                for i, t in enumerate(part):
+                    t._keep(_Pending(fut, i))
+                raise
+            for t, o in zip(part, r.outcomes):
+                t._take(o)
+            running = [t for t in part if t._outcome is None]
+            if not more or (any_one and len(running) < len(part)):
+                break
+            part = running  # an ended id is reported once: ask only for the others
 
 
 def wait_any(client: "Client", transfers: Sequence[Transfer], timeout: Optional[float]) -> List[Transfer]:
     """See :meth:`Client.wait_any`."""
     from . import _ring_client  # it imports this module
 
+    timeout = check_timeout(timeout, wait=True)
     ts = list(transfers)
     if not ts:
         return []
-    if timeout is not None and timeout < 0:
-        raise _invalid(f"timeout {timeout!r}: want seconds >= 0, or None")
     end = None if timeout is None else time.monotonic() + timeout
     client.poll(ts)  # no wait: ring completions land, and ended handles answer at once
     pause = 0.0005

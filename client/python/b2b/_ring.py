@@ -43,7 +43,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import grpc
 
 from ._results import Notification
-from .errors import B2BError, UnavailableError, error_for_code
+from .errors import MAX_TIMEOUT, B2BError, UnavailableError, check_timeout, error_for_code
 from .notes import MAX_KEY_LEN
 
 HELLO = 0x01676E6972623262  # "b2bring\x01": the tag of the daemon's answer frames
@@ -647,19 +647,20 @@ class Ring:
         regions (op watch): they come back as completions, read by
         :meth:`take_notes`. Returns once subscribed; raises the daemon's
         refusal."""
+        timeout = check_timeout(timeout)
         blob = region_id.encode()
         if not 1 <= len(blob) <= MAX_TRIG_REGION:
             raise ValueError(f"region id of {len(blob)} bytes: want 1 to {MAX_TRIG_REGION}")
         w = _WatchState(region_id)
         self._post([(OP_WATCH, 0, 0, blob)], watch=w)
-        end = time.monotonic() + timeout
+        end = None if timeout is None else time.monotonic() + timeout
         while not w.subscribed and w.ended is None:
             seen = self.completion_tail()
             with self._cq_lock:
                 self._drain()
             if w.subscribed or w.ended is not None:
                 break
-            left = end - time.monotonic()
+            left = 0.05 if end is None else end - time.monotonic()
             if left <= 0:
                 self.cancel_watch(w)
                 raise error_for_code(grpc.StatusCode.DEADLINE_EXCEEDED, f"ring watch of {region_id}: not subscribed in {timeout} s")
@@ -716,7 +717,7 @@ class Ring:
     def wait(self, tag: int, timeout: Optional[float] = None) -> Optional[Completion]:
         """The completion of tag; ``None`` if it did not come within timeout
         seconds (the tag stays in flight)."""
-        if timeout is not None:
+        if timeout is not None and check_timeout(timeout, wait=True) is not None:  # math.inf: None
             return self.wait_many([tag], timeout)[tag]
         # One tag and no deadline, a synchronous call's wait: wait_many's
         # lists and dicts were a tenth of a ring block transfer's Python time.
@@ -732,6 +733,7 @@ class Ring:
     def wait_many(self, tags: Sequence[int], timeout: Optional[float] = None) -> Dict[int, Optional[Completion]]:
         """Wait for every tag's completion (up to timeout seconds in all):
         tag -> Completion, or ``None`` for one still in flight then."""
+        timeout = check_timeout(timeout, wait=True)
         end = None if timeout is None else time.monotonic() + timeout
         want = list(tags)
         out: Dict[int, Optional[Completion]] = {}
@@ -782,8 +784,9 @@ class Ring:
         taking it: poll and wait take completions), at most ``timeout``
         seconds; returns the tail then. For a thread that wakes an engine
         loop when any of its transfers ended."""
+        t = check_timeout(timeout, wait=True)
         if self._dead is None:
-            self.cq.wait(seen, 0.0, max(1, int(timeout * 1e9)))
+            self.cq.wait(seen, 0.0, max(1, int((MAX_TIMEOUT if t is None else t) * 1e9)))
         return self.cq.tail.value
 
     def forget(self, tag: int) -> None:

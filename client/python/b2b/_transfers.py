@@ -4,6 +4,7 @@ submit stream.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import queue
 import _signal
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import grpc
 
-from ._common import _TRANSPORT_NAME, _invalid
+from ._common import _TRANSPORT_NAME
 from ._results import PhaseTimings, TransferResult
 from .errors import (
     B2BError,
@@ -25,10 +26,12 @@ from .errors import (
     NotFoundError,
     UnavailableError,
     WaitTimeoutError,
+    check_timeout,
     deadline_after,
     error_for_code,
     from_rpc_error,
     new_call_id,
+    timeout_ms,
     transfer_deadline,
 )
 from .v1 import b2b_pb2 as pb
@@ -74,7 +77,7 @@ class PreparedTransfer:
         self.work_requests = int(r.work_requests)
         self.phases = PhaseTimings.from_proto(r.phases) if r.HasField("phases") else None
         #: Default deadline of :meth:`submit`, seconds (``None``: the daemon's default).
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
         # The request is serialised once; submit hands these bytes to gRPC.
         self._req = pb.SubmitTransferRequest(handle=self.handle).SerializeToString()
         self._submit = client._submit_raw
@@ -92,7 +95,7 @@ class PreparedTransfer:
             raise FailedPreconditionError(
                 grpc.StatusCode.FAILED_PRECONDITION, f"prepared transfer {self.handle} was released: prepare it again"
             )
-        timeout = self.timeout if timeout is None else timeout
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
         res = self._client._ring_submit(self, timeout)
         if res is not None:
             return res
@@ -223,6 +226,22 @@ class Transfer:
         self._outcome: Any = None
         self._pending: Optional[_Pending] = None
 
+    def __init_subclass__(cls, **kw: Any) -> None:
+        """A handle kind's own ``wait`` (the ring's) takes its timeout
+        through :func:`check_timeout` too, as this class's does: one rule
+        for every handle."""
+        super().__init_subclass__(**kw)
+        own = cls.__dict__.get("wait")
+        if own is None or getattr(own, "_checks_timeout", False):
+            return
+
+        @functools.wraps(own)
+        def wait(self: "Transfer", timeout: Optional[float] = None) -> TransferResult:
+            return own(self, check_timeout(timeout, wait=True))
+
+        wait._checks_timeout = True  # type: ignore[attr-defined]
+        cls.wait = wait  # type: ignore[method-assign]
+
     def _take(self, o: Any) -> bool:
         if self._outcome is not None:
             return True
@@ -339,21 +358,23 @@ class Transfer:
     def wait(self, timeout: Optional[float] = None) -> TransferResult:
         """Wait until the transfer ends and return its :class:`TransferResult`;
         raise its failure (``CancelledError`` once cancelled). With
-        ``timeout`` (seconds) and the transfer still running then, raise
-        :class:`WaitTimeoutError` (a ``TimeoutError``): the transfer goes on."""
-        if timeout is not None and timeout < 0:
-            raise _invalid(f"timeout {timeout!r}: want seconds >= 0, or None")
+        ``timeout`` (seconds; 0: only look) and the transfer still running
+        then, raise :class:`WaitTimeoutError` (a ``TimeoutError``): the
+        transfer goes on."""
+        timeout = check_timeout(timeout, wait=True)
         end = None if timeout is None else time.monotonic() + timeout
         if self._outcome is None and not self._join(timeout):
             raise WaitTimeoutError(grpc.StatusCode.DEADLINE_EXCEEDED, f"transfer {self.id} still running after {timeout} s")
-        if self._outcome is None:
+        while self._outcome is None:
             req = pb.WaitTransferRequest(transfer_id=self.id)
             rpc_timeout = None
+            more = False  # a wait longer than the daemon's limit: asked again
             if end is not None:
                 left = max(0.0, end - time.monotonic())
-                req.timeout_ms = max(1, int(left * 1000))
-                rpc_timeout = left + 30.0  # the daemon answers RUNNING at timeout_ms
-            if not self._take(self._ask(self._client._stub.WaitTransfer, req, rpc_timeout)):
+                req.timeout_ms = timeout_ms(left)
+                more = req.timeout_ms < left * 1000
+                rpc_timeout = req.timeout_ms / 1000 + 30.0  # the daemon answers RUNNING at timeout_ms
+            if not self._take(self._ask(self._client._stub.WaitTransfer, req, rpc_timeout)) and not more:
                 raise WaitTimeoutError(grpc.StatusCode.DEADLINE_EXCEEDED, f"transfer {self.id} still running after {timeout} s")
         return self.result
 
@@ -418,6 +439,7 @@ class SubmitStream:
     """
 
     def __init__(self, client: "Client", timeout: Optional[float]) -> None:
+        timeout = check_timeout(timeout)
         if client.closed:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
         self._q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()

@@ -9,7 +9,6 @@ daemon raise :class:`~b2b.errors.B2BError` subclasses; see :mod:`b2b.errors`.
 from __future__ import annotations
 
 import itertools
-import math
 import mmap
 import os
 import threading
@@ -34,6 +33,7 @@ from ._pack import (
 from .errors import (  # noqa: F401 - b2b.client keeps every name it had
     B2BError,
     CALL_ID_KEY,
+    check_timeout,
     deadline_after,
     DEADLINE_GRACE,
     error_for_code,
@@ -42,6 +42,7 @@ from .errors import (  # noqa: F401 - b2b.client keeps every name it had
     InvalidArgumentError,
     new_call_id,
     NotFoundError,
+    timeout_ms,
     transfer_deadline,
     UnavailableError,
     WaitTimeoutError,
@@ -148,7 +149,12 @@ class Client:
             (``"/run/b2bd/b2bd.sock"``), a ``"unix:///path"`` URI, or ``"host:port"``
             (a daemon started with ``--api-listen``).
         timeout: deadline in seconds for control calls (registration, status,
-            checksums). Batch transfers take their own ``timeout``.
+            checksums); ``None``: none. Batch transfers take their own
+            ``timeout``. Every ``timeout`` of the API is checked alike
+            (:func:`b2b.errors.check_timeout`): seconds > 0 or ``None``
+            (waits also take 0); ``math.inf``, and anything over
+            :data:`b2b.errors.MAX_TIMEOUT` (1e8 s, about three years), is
+            taken as MAX_TIMEOUT. Anything else raises InvalidArgumentError.
         options: extra gRPC channel options, appended to the client's.
         tls_ca, tls_cert, tls_key: PEM file paths, all three together, for a
             daemon's ``--api-listen`` off loopback, which takes mutual TLS
@@ -191,7 +197,7 @@ class Client:
         target = _target(address)
         creds = _tls_credentials(address, tls_ca, tls_cert, tls_key, tls_server_name)
         self.address = address
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
         opts: List[Tuple[str, Any]] = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -261,6 +267,7 @@ class Client:
     def _call(self, method: Any, request: Any, timeout: Optional[float], wait_for_ready: Optional[bool] = None) -> Any:
         if self._closed:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+        timeout = check_timeout(timeout)
         deadline = deadline_after(timeout)
         try:
             return method(request, timeout=timeout, wait_for_ready=wait_for_ready)
@@ -272,6 +279,7 @@ class Client:
         the caller's deadline, once the transfer stopped (transfer_deadline)."""
         if self._closed:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
+        timeout = check_timeout(timeout)
         deadline = deadline_after(timeout)
         rpc_timeout, md = transfer_deadline(timeout)
         try:
@@ -593,6 +601,7 @@ class Client:
         this is called: resolved and planned already, only its post is
         left. Over the ring when the client has one. Returns the watchers
         that got it."""
+        timeout = check_timeout(timeout)
         rid = _region_id(region, "region")
         note = bytes(notification)
         ring = self.ring
@@ -613,6 +622,7 @@ class Client:
                 for n in w:
                     print(n.sender, n.notification, n.blocks)
         """
+        timeout = check_timeout(timeout)
         if self._closed:
             raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
         deadline = deadline_after(timeout)
@@ -663,7 +673,9 @@ class Client:
             src_offsets, dst_offsets, lengths: integer arrays (numpy, list,
                 ``array('Q')``), packed with numpy.
             block_size: uniform block length, instead of ``lengths``.
-            timeout: seconds; ``None`` lets the daemon apply its default.
+            timeout: seconds; ``None`` lets the daemon apply its default
+                (``--default-timeout``); ``math.inf``: the longest there is
+                (a timeout over the daemon's 24 h is the call's own deadline).
             transport: ``None`` (the daemons choose), ``"tcp"`` or ``"verbs"``.
             descriptors: a pre-packed :class:`Descriptors`, instead of the
                 arrays (reuse one across transfers of the same layout).
@@ -671,6 +683,7 @@ class Client:
                 delivered to the destination region's watchers (see
                 :meth:`watch`) once the batch landed.
         """
+        timeout = check_timeout(timeout)
         req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "batch_transfer", op)
         if not self._closed:
             res = _ring_client.batch(self._ring, req, timeout)
@@ -750,7 +763,8 @@ class Client:
     ) -> "Transfer":
         """:meth:`batch_transfer`, started async: returns a :class:`Transfer`
         handle at once (bad input is refused here). ``timeout`` bounds the
-        transfer from its start (``None``: the daemon's default).
+        transfer from its start (``None``: the daemon's default; over the
+        daemon's limit of 1 h, ``math.inf`` included: that limit).
         ``after=(counter, L)`` (a :class:`b2b.stream.Counter`): the daemon
         posts it only once the counter reaches ``L``."""
         req = self._batch_request(src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "start_transfer", op)
@@ -772,6 +786,7 @@ class Client:
         wake of the daemon at most), else one StartTransfer call each.
         ``timeout`` bounds each from its start."""
         plans = list(plans)
+        timeout = check_timeout(timeout)
         r = self.ring
         hs = None if r is None else _ring_client.start_submits(self, r, plans, timeout)
         if hs is not None:
@@ -782,8 +797,8 @@ class Client:
         """Wait until every handle ended (ring handles in one wait, the
         daemon's in one ``WaitTransfers`` call); each keeps its outcome
         (``result``/``error``). ``WaitTimeoutError`` if some still run after
-        ``timeout`` seconds: they go on."""
-        _ring_client.wait_all(list(transfers), timeout)
+        ``timeout`` seconds: they go on (0: only look)."""
+        _ring_client.wait_all(list(transfers), check_timeout(timeout, wait=True))
 
     def start_many(self, items: Sequence[Any], timeout: Optional[float] = None) -> List["Transfer"]:
         """Start many transfers in one ``StartTransfers`` call (one per 1,024):
@@ -795,7 +810,7 @@ class Client:
         failed (``id`` 0; ``error`` carries the code and a message naming
         ``requests[i]``), and the others run. ``timeout`` bounds each item
         without its own from its start (``None``: the daemon's default)."""
-        return _many.start_many(self, items, timeout)
+        return _many.start_many(self, items, check_timeout(timeout))
 
     def wait_any(self, transfers: Sequence["Transfer"], timeout: Optional[float] = None) -> List["Transfer"]:
         """Wait until at least one handle ended; returns those that have
@@ -808,10 +823,11 @@ class Client:
         return self._start(pb.StartTransferRequest(submit=pb.SubmitTransferRequest(handle=plan.handle)), timeout)
 
     def _start(self, req: Any, timeout: Optional[float], remote_ids: Any = None) -> "Transfer":
-        if timeout is not None:
-            if timeout <= 0:
-                raise _invalid(f"timeout {timeout!r}: want seconds > 0, or None for the daemon's default")
-            req.timeout_ms = max(1, int(math.ceil(timeout * 1000)))
+        """StartTransfer of req; ``timeout`` over the daemon's limit of
+        ``timeout_ms`` (1 h) is sent as that limit."""
+        ms = timeout_ms(check_timeout(timeout))
+        if ms:
+            req.timeout_ms = ms
         r = self._call(self._stub.StartTransfer, req, self.timeout)
         return Transfer(self, int(r.transfer_id), remote_ids)
 
@@ -833,9 +849,10 @@ class Client:
         if ask:
             if self._closed:
                 raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
-            deadline = deadline_after(self.timeout)
+            timeout = check_timeout(self.timeout)
+            deadline = deadline_after(timeout)
             with _interrupts_deferred():  # a poll that started is kept (below)
-                fut = self._stub.PollTransfers.future(pb.PollTransfersRequest(transfer_ids=[t.id for t in ask]), timeout=self.timeout)
+                fut = self._stub.PollTransfers.future(pb.PollTransfersRequest(transfer_ids=[t.id for t in ask]), timeout=timeout)
             try:
                 r = fut.result()
             except grpc.RpcError as e:
@@ -918,6 +935,7 @@ class Client:
         counter reaches ``L``; it implies ``wait=False``. Without ``after``,
         the transfer goes through the ring when the client has one
         (docs/ring.md)."""
+        timeout = check_timeout(timeout)
         if after is None and not self._closed:
             if not wait:
                 h = _ring_client.start_one(self, Blocks(local_layout, peer, remote_layout, local_ids, remote_ids, op,
@@ -978,6 +996,7 @@ class Client:
                 for step in range(steps):
                     plan.submit()
         """
+        timeout = check_timeout(timeout)
         req = self._batch_request(
             src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "prepare", op,
             message=pb.PrepareTransferRequest,

@@ -11,9 +11,10 @@ side noticed the problem.
 from __future__ import annotations
 
 import math
+import numbers
 import secrets
 import time
-from typing import Dict, Optional, Tuple, Type
+from typing import Any, Dict, Optional, Tuple, Type
 
 import grpc
 
@@ -204,23 +205,77 @@ TIMEOUT_KEY = "b2b-timeout-ms"
 #: How much later than the caller's deadline a transfer's gRPC call ends:
 #: time for the daemon to stop the data path and answer.
 DEADLINE_GRACE = 5.0
-_MAX_TIMEOUT_MS = 86_400_000  # the daemon's limit (24 h)
+_MAX_TIMEOUT_MS = 86_400_000  # the daemon's limit of TIMEOUT_KEY and of a ring record (24 h)
+#: The daemon's limit of a request's ``timeout_ms`` field (StartTransfer,
+#: WaitTransfer, WaitTransfers, TransferBlocks: 1 h, server/layouts.go);
+#: a longer timeout is sent as this (:func:`timeout_ms`).
+MAX_FIELD_TIMEOUT_MS = 3_600_000
+#: The longest timeout, in seconds, a call is given (about three years):
+#: gRPC fails a deadline of about 1e10 s at once (its clock is int64
+#: nanoseconds), so :func:`check_timeout` takes anything longer, and
+#: ``math.inf`` where a call's ``None`` is not "no limit", as this.
+MAX_TIMEOUT = 1e8
+
+_TIMEOUT_RULE = "want seconds > 0 (a number; math.inf: no limit) or None"
+_WAIT_RULE = "want seconds >= 0 (a number; 0: do not wait; math.inf: no limit) or None"
+
+
+def check_timeout(timeout: Any, name: str = "timeout", *, wait: bool = False) -> Optional[float]:
+    """The one check of every ``timeout=`` of the API: ``None``, or seconds
+    up to :data:`MAX_TIMEOUT`.
+
+    A real number > 0 passes (``wait``: >= 0, where 0 asks without
+    waiting), capped at MAX_TIMEOUT. ``math.inf`` is ``None`` for a wait
+    (no limit) and MAX_TIMEOUT elsewhere: there ``None`` may mean the
+    daemon's default deadline, and inf asks for the longest. NaN,
+    negatives (0 too, but for a wait), bools and non-numbers raise
+    :class:`InvalidArgumentError` naming ``name``, the value and the rule,
+    where they used to reach ``int()`` or gRPC raw.
+    """
+    if timeout is None:
+        return None
+    cls = timeout.__class__
+    if (cls is float or cls is int) and 0 < timeout <= MAX_TIMEOUT:  # the common case; NaN fails it
+        return timeout
+    rule = _WAIT_RULE if wait else _TIMEOUT_RULE
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{name} {timeout!r} is a {cls.__name__}: {rule}")
+    try:
+        t = float(timeout)
+    except OverflowError:  # an int past float's range
+        t = math.inf if timeout > 0 else -math.inf
+    if math.isnan(t) or t < 0 or (t == 0 and not wait):
+        raise InvalidArgumentError(grpc.StatusCode.INVALID_ARGUMENT, f"{name} {timeout!r}: {rule}")
+    if t > MAX_TIMEOUT:
+        return None if wait and t == math.inf else MAX_TIMEOUT
+    return timeout if cls is float or cls is int else t
+
+
+def timeout_ms(timeout: Optional[float], limit: int = MAX_FIELD_TIMEOUT_MS) -> int:
+    """A checked timeout (:func:`check_timeout`) as a request's
+    ``timeout_ms``: whole milliseconds rounded up (never 0, which means
+    none), at most ``limit``, the daemon's; ``None`` is 0."""
+    if timeout is None:
+        return 0
+    return min(limit, max(1, math.ceil(timeout * 1000)))
 
 
 def transfer_deadline(timeout: Optional[float]) -> Tuple[Optional[float], Optional[Tuple[Tuple[str, str], ...]]]:
     """The gRPC timeout and metadata of a call that moves bytes, given the
-    caller's ``timeout`` seconds.
+    caller's ``timeout`` seconds (checked here: :func:`check_timeout`).
 
     The caller's deadline goes to the daemon in :data:`TIMEOUT_KEY` and the
     call itself ends :data:`DEADLINE_GRACE` later, so that the
     ``DEADLINE_EXCEEDED`` the caller gets is the daemon's answer, sent once
     the transfer stopped: a pull writes the caller's memory, and no byte may
     land there after the answer. gRPC's own deadline would answer at once,
-    whatever the daemon was doing. ``None``, a timeout not above 0 or one
-    over 24 h is sent as it is, without metadata.
+    whatever the daemon was doing. ``None``, and a timeout over the daemon's
+    24 h, are sent without metadata: the call's own deadline (at most
+    :data:`MAX_TIMEOUT`) is then the daemon's.
     """
-    if timeout is None or timeout <= 0:
-        return timeout, None
+    timeout = check_timeout(timeout)
+    if timeout is None:
+        return None, None
     ms = math.ceil(timeout * 1000)
     if ms > _MAX_TIMEOUT_MS:
         return timeout, None

@@ -27,7 +27,6 @@ before a transfer reads the tensors, and after one wrote them.
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -48,7 +47,7 @@ from .client import (
     _op,
     _transport,
 )
-from .errors import B2BError, InvalidArgumentError
+from .errors import B2BError, InvalidArgumentError, check_timeout, timeout_ms
 from .stream import Counter, mark_layer_done, trigger_proto  # layer streaming (docs/kv.md)
 from .v1 import b2b_pb2 as pb
 
@@ -672,7 +671,7 @@ BlocksTransfer = Transfer
 def start_blocks(client: Client, req: Any, timeout: Optional[float], remote_ids: Any, after: Any = None) -> Any:
     """StartTransfer for a TransferBlocksRequest, run once ``after``'s
     counter reaches its value (None: at once); returns a :class:`BlocksTransfer`."""
-    ms = 0 if timeout is None else max(1, int(math.ceil(timeout * 1000)))
+    ms = timeout_ms(check_timeout(timeout))  # over the daemon's limit (1 h): sent as it
     start = pb.StartTransferRequest(blocks=req, timeout_ms=ms)
     if after is not None:
         start.after.CopyFrom(trigger_proto(after))

@@ -30,7 +30,6 @@ Typical prefill loop::
 from __future__ import annotations
 
 import ctypes
-import math
 import threading
 from typing import Any, Optional, Tuple, Union
 
@@ -38,7 +37,7 @@ import grpc
 import numpy as np
 
 from .client import Client, HostRegion, Transfer, _transport
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, check_timeout, timeout_ms
 from .v1 import b2b_pb2 as pb
 
 __all__ = ["Counter", "mark_layer_done", "transfer_blocks", "TriggeredTransfer", "trigger_proto", "CudaDriverError"]
@@ -295,7 +294,7 @@ def transfer_blocks(client: Client, local_layout: str, peer: str, remote_layout:
                                    remote_ids=_pack_ids(remote_ids, "remote_ids"), transport=_transport(transport))
     if notification is not None:
         req.notification = bytes(notification)
-    ms = 0 if timeout is None else max(1, int(math.ceil(timeout * 1000)))
+    ms = timeout_ms(check_timeout(timeout))  # over the daemon's limit (1 h): sent as it
     start = pb.StartTransferRequest(blocks=req, timeout_ms=ms)
     if after is not None:
         start.after.CopyFrom(trigger_proto(after))

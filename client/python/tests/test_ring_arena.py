@@ -100,8 +100,10 @@ class RingArenaTest(BlockPools):
         self.k.take()
         bad_ids = (self.moves[1][0], self.moves[1][1].copy())
         bad_ids[1][3] = POOL + 5  # out of range: refused when it runs, as over gRPC
+        over = self.blocks(2).request()  # a raw request goes over gRPC as it is: refused at start
+        over.timeout_ms = 10_000_000_000
         items = [self.blocks(0), plan, b2b.Blocks(self.src, self.peer_b, self.dst, *bad_ids, notification=b"x"),
-                 self.blocks(2, timeout=10_000_000), self.blocks(3)]
+                 over, self.blocks(3)]
         hs = self.c.start_many(items)
         self.assertEqual(self.k.take(), {"BindBlockRoute": 1, "StartTransfers": 1})  # the plan and the refused one
         self.assertEqual([type(h).__name__ for h in hs], ["RingBlocksTransfer", "Transfer", "RingBlocksTransfer", "Transfer", "RingBlocksTransfer"])

@@ -233,8 +233,6 @@ class TransferDeadlineTest(unittest.TestCase):
 
         cases = [
             (None, None, None),
-            (0, 0, None),
-            (-1.0, -1.0, None),
             (0.0001, 0.0001 + DEADLINE_GRACE, "1"),  # rounded up: never earlier than the caller's
             (0.25, 0.25 + DEADLINE_GRACE, "250"),
             (86400.0, 86400.0 + DEADLINE_GRACE, "86400000"),
@@ -245,6 +243,9 @@ class TransferDeadlineTest(unittest.TestCase):
                 rpc, md = transfer_deadline(timeout)
                 self.assertEqual(rpc, want_rpc)
                 self.assertEqual(md, None if want_ms is None else ((TIMEOUT_KEY, want_ms),))
+        for bad in (0, -1.0):  # refused, as every timeout (test_unit_args.py)
+            with self.subTest(timeout=bad), self.assertRaises(b2b.InvalidArgumentError):
+                transfer_deadline(bad)
 
     def test_answer_at_the_deadline_is_the_daemons(self):
         fake = _FakeDaemon()
