@@ -884,18 +884,26 @@ class Client:
         block_len, stride)``; block ``b`` of a segment is the ``block_len``
         bytes at ``offset + b*stride``. Returns the daemon's ``Layout``.
         Like regions, the layout is leased to this client (deregistered when
-        it is gone) unless ``persist``."""
+        it is gone) unless ``persist``. The numbers are checked here as
+        :meth:`register_host`'s ``size`` is (an int, else TypeError; a
+        uint64, else InvalidArgumentError naming e.g. ``segments[0].offset``),
+        so protobuf never refuses them without a name."""
         req = pb.RegisterLayoutRequest(
             name=name,
-            num_blocks=num_blocks,
+            num_blocks=_uint("num_blocks", num_blocks),
             export_name=export_name,
             export_to=list(export_to),
             readers=_grants(readers),
             read_only=bool(read_only),
             persist=persist,
         )
-        for region, offset, block_len, stride in segments:
-            req.segments.add(region_id=_region_id(region, "segments"), offset=offset, block_len=block_len, stride=stride)
+        for i, seg in enumerate(segments):
+            if not isinstance(seg, (tuple, list)) or len(seg) != 4:
+                raise _invalid(f"segments[{i}] {seg!r}: want a 4-tuple (region, offset, block_len, stride)")
+            region, offset, block_len, stride = seg
+            at = f"segments[{i}]"
+            req.segments.add(region_id=_region_id(region, f"{at}.region"), offset=_uint(f"{at}.offset", offset),
+                             block_len=_uint(f"{at}.block_len", block_len), stride=_uint(f"{at}.stride", stride))
         layout = self._call(self._stub.RegisterLayout, req, timeout).layout
         if not persist:
             with self._lock:
@@ -1135,9 +1143,11 @@ def _memfd_register(c: Client, source: Any, offset: int, size: int, export_name:
 
 
 def _uint(name: str, v: Any) -> int:
+    """v as a uint64 field named name: checked here, where protobuf would
+    raise a ValueError naming no field."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     v = int(v)
     if v < 0 or v >= 1 << 64:
-        raise _invalid(f"{name} {v} is not a uint64")
+        raise _invalid(f"{name} {v} is not a uint64: want 0 to {(1 << 64) - 1}")
     return v

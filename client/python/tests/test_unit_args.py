@@ -1,8 +1,9 @@
 """Argument checks that need no daemon: every ``timeout=`` of the API goes
-through one check (b2b.errors.check_timeout). A client of a socket nobody
-serves shows that a refusal came from the check: a call that got past it
-would be UNAVAILABLE instead (or, with a deadline gRPC cannot take,
-DEADLINE_EXCEEDED at once)."""
+through one check (b2b.errors.check_timeout), and register_layout checks
+its numbers as register_host does. A client of a socket nobody serves shows
+that a refusal came from the check: a call that got past it would be
+UNAVAILABLE instead (or, with a deadline gRPC cannot take, DEADLINE_EXCEEDED
+at once)."""
 
 from __future__ import annotations
 
@@ -311,6 +312,41 @@ class DaemonLimitsTest(unittest.TestCase):
         waits = [s[1] for s in d.seen if s[0] == "WaitTransfer"]
         self.assertEqual(len(waits), 1)  # one call: its timeout is what is left of the caller's
         self.assertTrue(1 <= waits[0] <= 50, waits)
+
+
+class LayoutArgsTest(unittest.TestCase):
+    """register_layout checks its numbers and segments as register_host
+    checks size, naming the field and the value."""
+
+    def test_table(self):
+        c = dead_client()
+        self.addCleanup(c.close)
+        seg = ("r1", 0, 4096, 4096)
+        bad = b2b.InvalidArgumentError
+        cases = [
+            # segments, num_blocks, error class, words in the message
+            ([seg], -1, bad, "num_blocks -1 is not a uint64"),
+            ([seg], 1 << 64, bad, f"num_blocks {1 << 64} is not a uint64: want 0 to {(1 << 64) - 1}"),
+            ([("r1", -4096, 4096, 4096)], 4, bad, "segments[0].offset -4096 is not a uint64"),
+            ([seg, ("r1", 0, -1, 4096)], 4, bad, "segments[1].block_len -1"),
+            ([("r1", 0, 4096, 1 << 64)], 1, bad, f"segments[0].stride {1 << 64}"),
+            ([seg, ("r1", 0, 4096)], 4, bad, "segments[1] ('r1', 0, 4096): want a 4-tuple"),
+            ([("r1", 0, 4096, 4096, 5)], 4, bad, "segments[0] ('r1', 0, 4096, 4096, 5): want a 4-tuple"),
+            (["r1"], 4, bad, "segments[0] 'r1': want a 4-tuple"),
+            ([seg], "4", TypeError, "num_blocks must be an int, got str"),
+            ([("r1", 0.5, 4096, 4096)], 4, TypeError, "segments[0].offset must be an int, got float"),
+            ([("r1", True, 4096, 4096)], 4, TypeError, "segments[0].offset must be an int, got bool"),
+            ([(None, 0, 4096, 4096)], 4, TypeError, "segments[0].region"),
+        ]
+        for segments, n, err, words in cases:
+            with self.subTest(segments=segments, num_blocks=n):
+                with self.assertRaises(err) as cm:
+                    c.register_layout("l", segments, n)
+                self.assertIn(words, str(cm.exception))
+        # In range (numpy ints and lists too): past the checks, to the call.
+        for segments, n in (([seg], 4), ([["r1", np.uint64(0), np.int32(64), 64]], np.int64(2)), ([("r1", 0, 1, (1 << 64) - 1)], 0)):
+            with self.subTest(segments=segments), self.assertRaises(b2b.UnavailableError):
+                c.register_layout("l", segments, n)
 
 
 if __name__ == "__main__":
