@@ -14,7 +14,7 @@ import grpc
 
 from ._common import _invalid, _op, _transport
 from ._pack import pack_u32
-from ._transfers import PreparedTransfer, Transfer, _Pending, _interrupts_deferred
+from ._transfers import PreparedTransfer, Transfer, _Pending, _interrupts_deferred, started
 from .errors import UnavailableError, WaitTimeoutError, check_timeout, deadline_after, from_rpc_error, timeout_ms
 from .v1 import b2b_pb2 as pb
 
@@ -163,7 +163,7 @@ def _start_grpc(client: "Client", reqs: Sequence[Any], rids: Sequence[Any], inde
             raise UnavailableError(grpc.StatusCode.INTERNAL,
                                    f"start_many: {len(part)} requests, the daemon answered {len(r.results)} results")
         for k, res in enumerate(r.results):
-            out.append(_refused(client, res, k, index[at + k]) if res.code else Transfer(client, res.transfer_id, rids[at + k]))
+            out.append(_refused(client, res, k, index[at + k]) if res.code else started(client, res.transfer_id, rids[at + k]))
     return out
 
 

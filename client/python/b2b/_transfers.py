@@ -11,6 +11,7 @@ import _signal
 import signal
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -116,6 +117,7 @@ class PreparedTransfer:
         if self._released:
             return
         self._released = True
+        self._client._plans.discard(self.handle)
         if self._client.closed:
             return  # the daemon frees the plans of a closed connection
         self._client._call(self._client._stub.ReleaseTransfer, pb.ReleaseTransferRequest(handle=self.handle), self._client.timeout)
@@ -214,7 +216,7 @@ class Transfer:
         h.cancel()                # returns once no byte of it lands any more
     """
 
-    __slots__ = ("_client", "id", "_outcome", "_pending", "remote_ids", "__weakref__")
+    __slots__ = ("_client", "id", "_outcome", "_pending", "remote_ids", "_tracked", "__weakref__")
 
     def __init__(self, client: "Client", transfer_id: int, remote_ids: Any = None) -> None:
         self._client = client
@@ -225,6 +227,7 @@ class Transfer:
         self.remote_ids = remote_ids
         self._outcome: Any = None
         self._pending: Optional[_Pending] = None
+        self._tracked = False  # in the client's _transfers (started)
 
     def __init_subclass__(cls, **kw: Any) -> None:
         """A handle kind's own ``wait`` (the ring's) takes its timeout
@@ -247,6 +250,8 @@ class Transfer:
             return True
         if o.state != _RUNNING:
             self._outcome = o
+            if self._tracked:
+                self._client._transfers.pop(self.id, None)
             return True
         return False
 
@@ -397,6 +402,16 @@ class Transfer:
 
     def __repr__(self) -> str:
         return f"Transfer(id={self.id}, state={self.state})"
+
+
+def started(client: "Client", transfer_id: int, remote_ids: Any = None) -> Transfer:
+    """The handle of a transfer the daemon started for ``client``, kept in
+    its ``_transfers`` until the outcome lands: :meth:`Client.close`
+    cancels those still running before it releases regions they use."""
+    t = Transfer(client, transfer_id, remote_ids)
+    client._transfers[t.id] = weakref.ref(t)
+    t._tracked = True
+    return t
 
 
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}

@@ -9,12 +9,14 @@ daemon raise :class:`~b2b.errors.B2BError` subclasses; see :mod:`b2b.errors`.
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import os
 import threading
+import time
 import warnings
 import weakref
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 import numpy as np
@@ -101,6 +103,7 @@ from ._transfers import (  # noqa: F401 - b2b.client keeps every name it had
     _STATE_NAME,
     _STATUS_BY_VALUE,
     _interrupts_deferred,
+    started,
 )
 
 __all__ = [
@@ -128,6 +131,14 @@ __all__ = [
 
 # ---------------------------------------------------------------------------
 # Client.
+
+
+_log = logging.getLogger("b2b")
+
+#: Seconds :meth:`Client.close` keeps asking to release a layout or region
+#: the daemon refuses as still held, once the client's own transfers were
+#: stopped; then the lease takes over.
+CLOSE_SETTLE = 0.5
 
 
 def _dereg_default(deregister_on_close: Optional[bool], persist: bool) -> bool:
@@ -240,6 +251,11 @@ class Client:
         self._lock = threading.Lock()
         self._regions: "weakref.WeakSet[_Region]" = weakref.WeakSet()
         self._layouts: set = set()  # leased layouts this client registered
+        # What close() stops before it releases regions, which these hold:
+        # started transfers not yet ended (id -> handle, the id kept even
+        # when the handle is dropped) and plans not yet released.
+        self._transfers: Dict[int, "weakref.ref[Transfer]"] = {}
+        self._plans: set = set()
         self._ring = _ring_client.RingSlot(address, ring)
 
     # -- plumbing ---------------------------------------------------------
@@ -325,28 +341,105 @@ class Client:
             self._regions.discard(r)
 
     def close(self) -> None:
-        """Release open regions registered with ``deregister_on_close`` and close the channel."""
+        """Stop what this client started, release the layouts it leased and
+        its open regions registered with ``deregister_on_close``, and close
+        the channel.
+
+        Its ring, its transfers still running (cancelled: a handle then
+        reads ``cancelled``) and its plans go first, for they hold regions
+        the daemon would refuse to release. A release still refused ("in
+        use" by a peer's batch, "held by" another's layout) after
+        :data:`CLOSE_SETTLE` seconds is left to the lease, which frees the
+        region once this process's last connection to the daemon closes;
+        it is logged at debug level. Only a region that persists, which no
+        lease frees, is then warned about."""
         if self._closed:
             return
         with self._lock:
             regions, layouts = list(self._regions), sorted(self._layouts)
+        self._ring.close()  # the daemon ends the ring's submits
+        self._stop_started()
         # Layouts first: they hold their regions in the daemon.
-        for name in layouts:
-            try:
-                self.deregister_layout(name)
-            except NotFoundError:
-                pass
-            except B2BError as e:
-                warnings.warn(f"b2b: releasing layout {name!r} on close: {e}", RuntimeWarning, stacklevel=2)
+        held_layouts = [(n, e) for n in layouts for e in [self._close_layout(n)] if e is not None]
+        held: List[Tuple[_Region, B2BError]] = []
         for r in regions:
             if r._deregister_on_close:
                 try:
                     r.close()
+                except FailedPreconditionError as e:
+                    held.append((r, e))
                 except B2BError as e:
                     warnings.warn(f"b2b: releasing region {r.id} on close: {e}", RuntimeWarning, stacklevel=2)
+        # What was stopped above lets go of its regions a moment later.
+        end, pause = time.monotonic() + CLOSE_SETTLE, 0.005
+        while (held_layouts or held) and time.monotonic() < end:
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+            held_layouts = [(n, e) for n, _ in held_layouts for e in [self._close_layout(n)] if e is not None]
+            held = [(r, e) for r, _ in held for e in [self._close_region(r)] if e is not None]
+        for name, e in held_layouts:
+            _log.debug("b2b: layout %r left to its lease on close: %s", name, e)
+        for r, e in held:
+            if r.info.persist:
+                warnings.warn(f"b2b: releasing region {r.id} on close: {e} (it persists: deregister it later)",
+                              RuntimeWarning, stacklevel=2)
+            else:
+                _log.debug("b2b: region %s left to its lease on close: %s", r.id, e)
         self._closed = True
-        self._ring.close()
         self._channel.close()
+
+    def _stop_started(self) -> None:
+        """Cancel the transfers this client started that have not ended and
+        release its plans: all the calls at once, each answering once
+        nothing of it lands any more, within DEADLINE_GRACE. A handle still
+        held gets its outcome."""
+        transfers, self._transfers = self._transfers, {}
+        plans, self._plans = list(self._plans), set()
+        calls: List[Tuple[Any, Any]] = []
+        try:
+            for tid, ref in list(transfers.items()):
+                req = pb.CancelTransferRequest(transfer_id=tid)
+                calls.append((ref, self._stub.CancelTransfer.future(req, timeout=DEADLINE_GRACE)))
+            for h in plans:
+                calls.append((None, self._stub.ReleaseTransfer.future(pb.ReleaseTransferRequest(handle=h), timeout=DEADLINE_GRACE)))
+        except ValueError:
+            pass  # the channel was closed under us: the lease ends them
+        for ref, fut in calls:
+            try:
+                o = fut.result()
+            except grpc.RpcError:
+                continue  # ended and reported elsewhere (NotFound), or no daemon
+            t = None if ref is None else ref()
+            if t is not None:
+                t._take(o)
+
+    def _close_layout(self, name: str) -> Optional[B2BError]:
+        """Deregister leased layout name on close: the refusal of one still
+        held (to try again), else ``None``; other failures are warned."""
+        try:
+            self.deregister_layout(name)
+        except NotFoundError:
+            pass
+        except FailedPreconditionError as e:
+            return e
+        except B2BError as e:
+            warnings.warn(f"b2b: releasing layout {name!r} on close: {e}", RuntimeWarning, stacklevel=3)
+        return None
+
+    def _close_region(self, r: _Region) -> Optional[B2BError]:
+        """Deregister closed region r again on close (its first try was
+        refused as held): the refusal if it still is, else ``None``."""
+        try:
+            self.deregister(r)
+        except NotFoundError:
+            r._on_deregistered()
+        except FailedPreconditionError as e:
+            return e
+        except B2BError as e:
+            warnings.warn(f"b2b: releasing region {r.id} on close: {e}", RuntimeWarning, stacklevel=3)
+            return None
+        r._release_local()  # a CUDA region lets go of its tensor once deregistered
+        return None
 
     def __enter__(self) -> "Client":
         return self
@@ -829,7 +922,7 @@ class Client:
         if ms:
             req.timeout_ms = ms
         r = self._call(self._stub.StartTransfer, req, self.timeout)
-        return Transfer(self, int(r.transfer_id), remote_ids)
+        return started(self, int(r.transfer_id), remote_ids)
 
     def poll(self, transfers: Sequence["Transfer"]) -> List[bool]:
         """Ask for every handle's state in one call, without waiting; returns
@@ -1010,7 +1103,9 @@ class Client:
             message=pb.PrepareTransferRequest,
         )
         r = self._call(self._stub.PrepareTransfer, req, self.timeout if timeout is None else timeout)
-        return PreparedTransfer(self, r, timeout)
+        plan = PreparedTransfer(self, r, timeout)
+        self._plans.add(plan.handle)  # close() releases it: it pins its source region
+        return plan
 
     def submit_stream(self, timeout: Optional[float] = None) -> SubmitStream:
         """Open a ``SubmitStream``: many submits in flight on one call, each

@@ -47,6 +47,7 @@ from .client import (
     _op,
     _transport,
 )
+from ._transfers import started
 from .errors import B2BError, InvalidArgumentError, check_timeout, timeout_ms
 from .stream import Counter, mark_layer_done, trigger_proto  # layer streaming (docs/kv.md)
 from .v1 import b2b_pb2 as pb
@@ -676,4 +677,4 @@ def start_blocks(client: Client, req: Any, timeout: Optional[float], remote_ids:
     if after is not None:
         start.after.CopyFrom(trigger_proto(after))
     r = client._call(client.stub.StartTransfer, start, client.timeout)
-    return Transfer(client, r.transfer_id, remote_ids)
+    return started(client, r.transfer_id, remote_ids)

@@ -37,6 +37,7 @@ import grpc
 import numpy as np
 
 from .client import Client, HostRegion, Transfer, _transport
+from ._transfers import started
 from .errors import InvalidArgumentError, check_timeout, timeout_ms
 from .v1 import b2b_pb2 as pb
 
@@ -299,4 +300,4 @@ def transfer_blocks(client: Client, local_layout: str, peer: str, remote_layout:
     if after is not None:
         start.after.CopyFrom(trigger_proto(after))
     r = client._call(client.stub.StartTransfer, start, client.timeout)
-    return Transfer(client, r.transfer_id, remote_ids)
+    return started(client, r.transfer_id, remote_ids)
