@@ -193,12 +193,21 @@ func handshakeResponse(cfg Config) *b2bv1.HandshakeResponse {
 // resolveResponse is the region's resolution for a peer granted access
 // a: its keys (region.Region.KeysFor) in the encoding every kind reads
 // (transport.MarshalRegionKey).
-func resolveResponse(r *region.Region, a transport.Access) *b2bv1.ResolveRegionResponse {
-	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: memoryKind(r.Mem.Kind), Device: int32(r.Mem.Device), Keys: map[string][]byte{}}
+func resolveResponse(g *region.Registry, r *region.Region, a transport.Access) *b2bv1.ResolveRegionResponse {
+	resp := &b2bv1.ResolveRegionResponse{Name: r.Export, Size: r.Mem.Len, Kind: memoryKind(r.Mem.Kind), Device: int32(r.Mem.Device), Keys: map[string][]byte{},
+		BoundAgeNs: ageNs(g.ExportedAt(r))}
 	for k, key := range r.KeysFor(a) {
 		resp.Keys[string(k)] = transport.MarshalRegionKey(key)
 	}
 	return resp
+}
+
+// ageNs is how long ago t was (0: t unknown; at least 1 otherwise).
+func ageNs(t time.Time) uint64 {
+	if t.IsZero() {
+		return 0
+	}
+	return uint64(max(time.Since(t), 1))
 }
 
 func memoryKind(k memory.Kind) b2bv1.MemoryKind {

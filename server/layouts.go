@@ -114,7 +114,7 @@ func (p *peerService) ResolveLayout(ctx context.Context, req *b2bv1.ResolveLayou
 		p.s.cfg.Log.Warn("layout resolution refused", "name", req.GetName(), "peer", who, "error", err)
 		return nil, grpcstatus.ToStatus(err)
 	}
-	resp := &b2bv1.ResolveLayoutResponse{Name: e.Export, NumBlocks: e.NumBlocks}
+	resp := &b2bv1.ResolveLayoutResponse{Name: e.Export, NumBlocks: e.NumBlocks, BoundAgeNs: ageNs(e.Created)}
 	for i, r := range e.Regions() {
 		name := p.s.cfg.Registry.ExportName(r.ID)
 		if name == "" {
@@ -124,8 +124,11 @@ func (p *peerService) ResolveLayout(ctx context.Context, req *b2bv1.ResolveLayou
 		if err != nil {
 			return nil, grpcstatus.ToStatus(fmt.Errorf("layout %q: segment %d's region: %w", req.GetName(), firstSegment(e, i), err))
 		}
-		rr := resolveResponse(reg, a)
+		rr := resolveResponse(p.s.cfg.Registry, reg, a)
 		release()
+		if age := rr.GetBoundAgeNs(); age != 0 && age < resp.BoundAgeNs { // the youngest binding
+			resp.BoundAgeNs = age
+		}
 		resp.Regions = append(resp.Regions, &b2bv1.ResolvedLayoutRegion{Name: rr.GetName(), Size: rr.GetSize(), Keys: rr.GetKeys(), Kind: rr.GetKind(), Device: rr.GetDevice()})
 	}
 	for i := 0; i < e.Layout.NumSegments(); i++ {

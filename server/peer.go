@@ -45,7 +45,7 @@ func (p *peerService) ResolveRegion(ctx context.Context, req *b2bv1.ResolveRegio
 		return nil, grpcstatus.ToStatus(err)
 	}
 	defer release()
-	return resolveResponse(r, a), nil
+	return resolveResponse(p.s.cfg.Registry, r, a), nil
 }
 
 // HoldRegion is ResolveRegion for one batch: the region stays held from
@@ -74,7 +74,7 @@ func (p *peerService) HoldRegion(stream b2bv1.Peer_HoldRegionServer) error {
 		return grpcstatus.ToStatus(err)
 	}
 	defer release()
-	if err := stream.Send(resolveResponse(r, a)); err != nil {
+	if err := stream.Send(resolveResponse(p.s.cfg.Registry, r, a)); err != nil {
 		return err
 	}
 	// One request per stream: the next thing from the caller is its end.

@@ -443,7 +443,7 @@ func (s *Service) Run(ctx context.Context, p *Plan) (Result, error) {
 		if err != nil {
 			return ran{sess: sess}, err
 		}
-		if !g.bind(keysPrint(0, remote.Key)) {
+		if !g.bind(keysPrint(0, remote.Key), remote.BoundAt) {
 			held()
 			return ran{}, fmt.Errorf("%w: dst_region %q on %s was re-registered after the transfer was armed and its trigger fired: not sent to the new registration", errs.ErrFailedPrecondition, p.dst, p.peer)
 		}

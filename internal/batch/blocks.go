@@ -170,7 +170,7 @@ func (x *blockXfer) attempt(ctx context.Context) (res Result, _ ran, err error) 
 		for _, rr := range rl.Regions {
 			fp = keysPrint(fp, rr.Keys[sess.Kind].Key)
 		}
-		if !g.bind(fp) {
+		if !g.bind(fp, rl.BoundAt) {
 			return res, ran{}, fmt.Errorf("%w: remote_layout %q on %s was re-registered after the transfer was armed and its trigger fired: not sent to the new registration", errs.ErrFailedPrecondition, r.Remote, r.Peer)
 		}
 	}

@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -24,6 +25,7 @@ type gate struct {
 	// run one at a time.
 	bound  uint64
 	opened bool
+	since  time.Time // when the transfer was armed
 }
 
 // gateOf is ctx's gate, nil when it has none.
@@ -34,16 +36,18 @@ func gateOf(ctx context.Context) *gate {
 
 // bind records fp, the fingerprint of the destination's keys an attempt
 // resolved, and says whether the attempt may post to it: before the gate
-// opened, any (the latest is kept); after, only the one bound when it
-// opened. A destination re-registered while the transfer waited is then
-// refused its old key, and a run again must not follow the name to the
-// new registration (another owner's memory, as likely as not).
-func (g *gate) bind(fp uint64) bool {
+// opened, any (the latest is kept); after, the one bound when it opened,
+// or another whose name was bound to it (at, the peer's word) before the
+// transfer was armed: the cached resolution it used was older than its
+// start. A destination re-registered while the transfer waited is refused
+// its old key, and the run again must not follow the name to the new
+// registration (another owner's memory, as likely as not).
+func (g *gate) bind(fp uint64, at time.Time) bool {
 	if g == nil {
 		return true
 	}
-	if g.opened {
-		return fp == g.bound
+	if g.opened && fp != g.bound && (at.IsZero() || !at.Before(g.since)) {
+		return false
 	}
 	g.bound = fp | 1 // never 0: "not bound"
 	return true
@@ -59,7 +63,7 @@ func keysPrint(fp uint64, k transport.RemoteKey) uint64 {
 // once, just before it first posts, and posts only if wait returned nil. A
 // retry after that does not wait again.
 func WithGate(ctx context.Context, wait func(context.Context) error) context.Context {
-	return context.WithValue(ctx, gateKey{}, &gate{wait: wait})
+	return context.WithValue(ctx, gateKey{}, &gate{wait: wait, since: time.Now()})
 }
 
 // passGate waits at ctx's gate, if it has one; an error means nothing may

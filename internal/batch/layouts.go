@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
@@ -36,6 +37,7 @@ type Entry struct {
 	Owner     region.Caller
 	Lease     region.Lease // Client 0: persists until DeregisterLayout
 	NumBlocks uint64
+	Created   time.Time        // when it was registered (its name bound)
 	Segments  []layout.Segment // Region: the region's ID
 	Layout    *layout.Layout
 	regions   []*region.Region // by Layout.Regions() index
@@ -117,7 +119,7 @@ func (ls *Layouts) Register(name string, segs []layout.Segment, numBlocks uint64
 	if export.Name != "" && etaken {
 		return nil, fmt.Errorf("%w: export_name: a layout is exported as %q", errs.ErrAlreadyExists, export.Name)
 	}
-	e := &Entry{Name: name, Export: export.Name, ExportTo: slices.Clone(export.To), Readers: slices.Clone(export.Readers), ReadOnly: export.ReadOnly, Owner: who, Lease: lease, NumBlocks: numBlocks}
+	e := &Entry{Name: name, Export: export.Name, ExportTo: slices.Clone(export.To), Readers: slices.Clone(export.Readers), ReadOnly: export.ReadOnly, Owner: who, Lease: lease, NumBlocks: numBlocks, Created: time.Now()}
 	e.Segments = make([]layout.Segment, len(segs))
 	held := map[string]*region.Region{}
 	fail := func(err error) (*Entry, error) {

@@ -66,7 +66,7 @@ func (ps paths) dst(ctx context.Context, p *Plan, hold bool) (sess transport.Ses
 	}
 	// Devices: the peer's key on each of its devices, for a kind over
 	// several (verbs rails); nil with one.
-	remote = transport.RemoteRegion{Name: rr.Name, Size: rr.Size, Key: key.Key, Devices: key.Devices}
+	remote = transport.RemoteRegion{Name: rr.Name, Size: rr.Size, BoundAt: rr.BoundAt, Key: key.Key, Devices: key.Devices}
 	return sess, remote, reg, cached, held, nil
 }
 

@@ -71,40 +71,71 @@ func TestArmedTransferIsBound(t *testing.T) {
 			}
 			x, old := register()
 			// A batch first, so that a's cache holds the old resolution.
-			var werr error
-			if kind == "blocks" {
-				_, werr = a.c.TransferBlocks(ctx, client.Blocks{LocalLayout: "src", Peer: b.d.PeerAddr(), RemoteLayout: name, LocalIDs: ids, RemoteIDs: ids, TransportName: tr})
-			} else {
-				_, werr = transfer(ctx, a.c, src.Id, b.d.PeerAddr(), name, offs, offs, blk)
+			warm := func() {
+				t.Helper()
+				var werr error
+				if kind == "blocks" {
+					_, werr = a.c.TransferBlocks(ctx, client.Blocks{LocalLayout: "src", Peer: b.d.PeerAddr(), RemoteLayout: name, LocalIDs: ids, RemoteIDs: ids, TransportName: tr})
+				} else {
+					_, werr = transfer(ctx, a.c, src.Id, b.d.PeerAddr(), name, offs, offs, blk)
+				}
+				if werr != nil {
+					t.Fatalf("%s: the first batch: %v", what, werr)
+				}
 			}
-			if werr != nil {
-				t.Fatalf("%s: the first batch: %v", what, werr)
+			// goes deregisters the owner's registration (a lease ends the same way).
+			goes := func(x *client.Client, r *client.HostRegion) {
+				t.Helper()
+				if kind == "blocks" {
+					if err := x.DeregisterLayout(ctx, name); err != nil {
+						t.Fatalf("%s: %v", what, err)
+					}
+				}
+				r.Unmap()
+				if err := x.Deregister(ctx, r.Id); err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				x.Close()
 			}
+			fire := func(key []byte) {
+				t.Helper()
+				note, err := client.KeyNote([][]byte{key}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := a.c.NotifyRegion(ctx, mailbox.Id, note); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Re-registered before the arm, the cache not told: the
+			// transfer was armed against the new registration, and lands
+			// there.
+			warm()
+			goes(x, old)
+			x, old = register()
+			h, err := start([]byte("before-" + name))
+			if err != nil {
+				t.Fatalf("%s: arm: %v", what, err)
+			}
+			fire([]byte("before-" + name))
+			if o, err := h.Wait(ctx, 0); err != nil || o.GetState() != b2bv1.TransferState_TRANSFER_STATE_DONE {
+				t.Fatalf("%s: armed after a re-registration the cache had not seen: %v %v, want DONE", what, o, err)
+			}
+			if i := badBlock(src.Bytes, old.Bytes, offs, offs, blk); i >= 0 {
+				t.Fatalf("%s: armed after a re-registration: block %d did not land in the registration it was armed against", what, i)
+			}
+			clear(old.Bytes)
+			// Re-registered after the arm: refused, nothing lands.
+			warm()
 			key := []byte("go-" + name)
-			h, err := start(key)
+			h, err = start(key)
 			if err != nil {
 				t.Fatalf("%s: arm: %v", what, err)
 			}
 			time.Sleep(50 * time.Millisecond) // armed: resolved, at its gate
-			// The owner goes (it deregisters; a lease ends the same way).
-			if kind == "blocks" {
-				if err := x.DeregisterLayout(ctx, name); err != nil {
-					t.Fatalf("%s: %v", what, err)
-				}
-			}
-			old.Unmap()
-			if err := x.Deregister(ctx, old.Id); err != nil {
-				t.Fatalf("%s: %v", what, err)
-			}
-			x.Close()
+			goes(x, old)
 			y, fresh := register()
-			note, err := client.KeyNote([][]byte{key}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := a.c.NotifyRegion(ctx, mailbox.Id, note); err != nil {
-				t.Fatal(err)
-			}
+			fire(key)
 			o, err := h.Wait(ctx, 0)
 			if err != nil {
 				t.Fatalf("%s: wait: %v", what, err)

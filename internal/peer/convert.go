@@ -76,7 +76,8 @@ func fromRPC(ctx context.Context, err error) error {
 // batch's Write parses nothing. A key that does not decode is left out (the
 // batch then says the region is not registered with that transport).
 func resolvedFromProto(r *b2bv1.ResolveRegionResponse) Resolved {
-	out := Resolved{Name: r.GetName(), Size: r.GetSize(), Keys: make(map[transport.Kind]transport.RegionKey, len(r.GetKeys())), Device: int(r.GetDevice())}
+	out := Resolved{Name: r.GetName(), Size: r.GetSize(), Keys: make(map[transport.Kind]transport.RegionKey, len(r.GetKeys())), Device: int(r.GetDevice()),
+		BoundAt: boundAt(r.GetBoundAgeNs())}
 	switch r.GetKind() {
 	case b2bv1.MemoryKind_MEMORY_KIND_HOST:
 		out.Memory = memory.Host
@@ -91,6 +92,15 @@ func resolvedFromProto(r *b2bv1.ResolveRegionResponse) Resolved {
 		out.Keys[transport.Kind(kind)] = k
 	}
 	return out
+}
+
+// boundAt is a peer's bound age (ns; 0: not given) as a time of ours:
+// now less the age, which the answer's travel only makes later.
+func boundAt(ageNs uint64) time.Time {
+	if ageNs == 0 || ageNs > uint64(1<<62) {
+		return time.Time{}
+	}
+	return time.Now().Add(-time.Duration(ageNs))
 }
 
 // layoutFromProto rebuilds a peer's layout and validates it as a local one
@@ -114,7 +124,7 @@ func layoutFromProto(r *b2bv1.ResolveLayoutResponse) (*transport.LayoutResolutio
 	if err != nil {
 		return nil, err
 	}
-	out := &transport.LayoutResolution{Layout: l}
+	out := &transport.LayoutResolution{Layout: l, BoundAt: boundAt(r.GetBoundAgeNs())}
 	for _, g := range l.Regions() {
 		out.Regions = append(out.Regions, byName[g.Name])
 	}

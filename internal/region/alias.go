@@ -2,6 +2,7 @@ package region
 
 import (
 	"errors"
+	"time"
 
 	"github.com/b2bd/b2bd/internal/memory"
 )
@@ -51,6 +52,13 @@ func (g *Registry) SpanOf(r *Region) (Span, bool) {
 		return Span{Space: SpaceID{kind: memory.CUDA, dev: uint64(r.Mem.Device)}, Base: uint64(r.Mem.Addr), Len: r.Mem.Len}, true
 	}
 	return Span{}, false
+}
+
+// ExportedAt is when r's export name was last set (zero: never).
+func (g *Registry) ExportedAt(r *Region) time.Time {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return r.exported
 }
 
 // Exported is the region exported as name, or nil; it holds nothing (to

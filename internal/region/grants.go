@@ -6,6 +6,7 @@ package region
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -88,6 +89,7 @@ func (g *Registry) SetExport(id string, export Export, who Caller) (*Region, err
 		delete(g.byName, r.Export)
 	}
 	r.Export, r.ExportTo, r.Readers, r.ReadOnly = name, export.To, export.Readers, export.ReadOnly
+	r.exported = time.Now()
 	if name != "" {
 		g.byName[name] = r
 	} else {

@@ -36,6 +36,8 @@ type Region struct {
 	PID      int32     // the registering process (SO_PEERCRED); 0: unknown
 	Persist  bool      // not leased: stays until Deregister (see Lease)
 	Created  time.Time // when it was registered
+	// exported is when Export was last set (guarded by Registry.mu).
+	exported time.Time
 
 	regs    map[transport.Kind]transport.Registration
 	release func() error // unmap / free; runs once after every transport let go

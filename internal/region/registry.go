@@ -173,6 +173,7 @@ func (g *Registry) add(r *Region, export Export, lease []Lease) (*Region, error)
 	}
 	if export.Name != "" {
 		r.Export, r.ExportTo, r.Readers, r.ReadOnly = export.Name, export.To, export.Readers, export.ReadOnly
+		r.exported = time.Now()
 		g.byName[export.Name] = r
 	}
 	g.seq++

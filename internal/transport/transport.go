@@ -109,7 +109,10 @@ func (SingleKey) Rails() []RailRegistration { return nil }
 type RemoteRegion struct {
 	Name string
 	Size uint64
-	Key  RemoteKey
+	// BoundAt is the resolution's (Resolution.BoundAt): an armed batch
+	// follows its name to another registration only if bound before it.
+	BoundAt time.Time
+	Key     RemoteKey
 	// Devices: a kind over several devices (verbs over several RDMA
 	// devices, internal/transport/verbs/rails): the region's key on each of the
 	// peer's devices, by index (Devices[0] is Key); nil with one.
@@ -185,6 +188,10 @@ type Resolution struct {
 	// when unknown: a peer of an older protocol), for auto's route.
 	Memory memory.Kind
 	Device int
+	// BoundAt is when, by this daemon's clock, the peer's name came to
+	// mean this registration (its answer's time less the age it gave:
+	// never earlier than the truth); zero when the peer did not say.
+	BoundAt time.Time
 }
 
 // LayoutResolution is a peer's exported layout resolved over the control
@@ -194,6 +201,7 @@ type Resolution struct {
 type LayoutResolution struct {
 	Layout  *layout.Layout
 	Regions []Resolution
+	BoundAt time.Time // as Resolution's, for the layout and its regions' exports
 }
 
 // RegionKey is a region's key with one transport: its key, and on a kind

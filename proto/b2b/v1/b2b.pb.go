@@ -5303,8 +5303,12 @@ type ResolveRegionResponse struct {
 	// The region's key with each transport it is registered with, by kind:
 	// the writer's key on each of the receiver's devices (see
 	// internal/transport/keys.go for the encoding), read by the same kind.
-	Keys          map[string][]byte `protobuf:"bytes,5,rep,name=keys,proto3" json:"keys,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Device        int32             `protobuf:"varint,6,opt,name=device,proto3" json:"device,omitempty"` // CUDA regions: the device ordinal (auto's route)
+	Keys   map[string][]byte `protobuf:"bytes,5,rep,name=keys,proto3" json:"keys,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Device int32             `protobuf:"varint,6,opt,name=device,proto3" json:"device,omitempty"` // CUDA regions: the device ordinal (auto's route)
+	// How long ago, by this daemon's clock, the name came to mean this
+	// registration (exported or re-exported): a transfer armed before then
+	// must not follow the name to it once its trigger fired (0: unknown).
+	BoundAgeNs    uint64 `protobuf:"varint,7,opt,name=bound_age_ns,json=boundAgeNs,proto3" json:"bound_age_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5370,6 +5374,13 @@ func (x *ResolveRegionResponse) GetKeys() map[string][]byte {
 func (x *ResolveRegionResponse) GetDevice() int32 {
 	if x != nil {
 		return x.Device
+	}
+	return 0
+}
+
+func (x *ResolveRegionResponse) GetBoundAgeNs() uint64 {
+	if x != nil {
+		return x.BoundAgeNs
 	}
 	return 0
 }
@@ -5822,11 +5833,14 @@ func (x *ResolvedSegment) GetStride() uint64 {
 }
 
 type ResolveLayoutResponse struct {
-	state         protoimpl.MessageState  `protogen:"open.v1"`
-	Name          string                  `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	NumBlocks     uint64                  `protobuf:"varint,2,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`
-	Regions       []*ResolvedLayoutRegion `protobuf:"bytes,3,rep,name=regions,proto3" json:"regions,omitempty"`
-	Segments      []*ResolvedSegment      `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
+	state     protoimpl.MessageState  `protogen:"open.v1"`
+	Name      string                  `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	NumBlocks uint64                  `protobuf:"varint,2,opt,name=num_blocks,json=numBlocks,proto3" json:"num_blocks,omitempty"`
+	Regions   []*ResolvedLayoutRegion `protobuf:"bytes,3,rep,name=regions,proto3" json:"regions,omitempty"`
+	Segments  []*ResolvedSegment      `protobuf:"bytes,4,rep,name=segments,proto3" json:"segments,omitempty"`
+	// As ResolveRegionResponse.bound_age_ns, for the layout and the
+	// exports of its regions together: the youngest of them.
+	BoundAgeNs    uint64 `protobuf:"varint,5,opt,name=bound_age_ns,json=boundAgeNs,proto3" json:"bound_age_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5887,6 +5901,13 @@ func (x *ResolveLayoutResponse) GetSegments() []*ResolvedSegment {
 		return x.Segments
 	}
 	return nil
+}
+
+func (x *ResolveLayoutResponse) GetBoundAgeNs() uint64 {
+	if x != nil {
+		return x.BoundAgeNs
+	}
+	return 0
 }
 
 var File_b2b_v1_b2b_proto protoreflect.FileDescriptor
@@ -6300,13 +6321,15 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"J\x04\b\x04\x10\x05R\fcapabilities\"R\n" +
 	"\x14ResolveRegionRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12&\n" +
-	"\x06access\x18\x02 \x01(\x0e2\x0e.b2b.v1.AccessR\x06access\"\xfb\x01\n" +
+	"\x06access\x18\x02 \x01(\x0e2\x0e.b2b.v1.AccessR\x06access\"\x9d\x02\n" +
 	"\x15ResolveRegionResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12&\n" +
 	"\x04kind\x18\x03 \x01(\x0e2\x12.b2b.v1.MemoryKindR\x04kind\x12;\n" +
 	"\x04keys\x18\x05 \x03(\v2'.b2b.v1.ResolveRegionResponse.KeysEntryR\x04keys\x12\x16\n" +
-	"\x06device\x18\x06 \x01(\x05R\x06device\x1a7\n" +
+	"\x06device\x18\x06 \x01(\x05R\x06device\x12 \n" +
+	"\fbound_age_ns\x18\a \x01(\x04R\n" +
+	"boundAgeNs\x1a7\n" +
 	"\tKeysEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01J\x04\b\x04\x10\x05\"=\n" +
@@ -6343,13 +6366,15 @@ const file_b2b_v1_b2b_proto_rawDesc = "" +
 	"\x06region\x18\x01 \x01(\rR\x06region\x12\x16\n" +
 	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x1b\n" +
 	"\tblock_len\x18\x03 \x01(\x04R\bblockLen\x12\x16\n" +
-	"\x06stride\x18\x04 \x01(\x04R\x06stride\"\xb7\x01\n" +
+	"\x06stride\x18\x04 \x01(\x04R\x06stride\"\xd9\x01\n" +
 	"\x15ResolveLayoutResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
 	"num_blocks\x18\x02 \x01(\x04R\tnumBlocks\x126\n" +
 	"\aregions\x18\x03 \x03(\v2\x1c.b2b.v1.ResolvedLayoutRegionR\aregions\x123\n" +
-	"\bsegments\x18\x04 \x03(\v2\x17.b2b.v1.ResolvedSegmentR\bsegments*U\n" +
+	"\bsegments\x18\x04 \x03(\v2\x17.b2b.v1.ResolvedSegmentR\bsegments\x12 \n" +
+	"\fbound_age_ns\x18\x05 \x01(\x04R\n" +
+	"boundAgeNs*U\n" +
 	"\n" +
 	"MemoryKind\x12\x1b\n" +
 	"\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x14\n" +

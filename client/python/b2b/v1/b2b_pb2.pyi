@@ -660,16 +660,18 @@ class ResolveLayoutRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., access: _Optional[_Union[Access, str]] = ...) -> None: ...
 
 class ResolveLayoutResponse(_message.Message):
-    __slots__ = ["name", "num_blocks", "regions", "segments"]
+    __slots__ = ["bound_age_ns", "name", "num_blocks", "regions", "segments"]
+    BOUND_AGE_NS_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    bound_age_ns: int
     name: str
     num_blocks: int
     regions: _containers.RepeatedCompositeFieldContainer[ResolvedLayoutRegion]
     segments: _containers.RepeatedCompositeFieldContainer[ResolvedSegment]
-    def __init__(self, name: _Optional[str] = ..., num_blocks: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[ResolvedLayoutRegion, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[ResolvedSegment, _Mapping]]] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., num_blocks: _Optional[int] = ..., regions: _Optional[_Iterable[_Union[ResolvedLayoutRegion, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[ResolvedSegment, _Mapping]]] = ..., bound_age_ns: _Optional[int] = ...) -> None: ...
 
 class ResolveRegionRequest(_message.Message):
     __slots__ = ["access", "name"]
@@ -680,7 +682,7 @@ class ResolveRegionRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., access: _Optional[_Union[Access, str]] = ...) -> None: ...
 
 class ResolveRegionResponse(_message.Message):
-    __slots__ = ["device", "keys", "kind", "name", "size"]
+    __slots__ = ["bound_age_ns", "device", "keys", "kind", "name", "size"]
     class KeysEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -688,17 +690,19 @@ class ResolveRegionResponse(_message.Message):
         key: str
         value: bytes
         def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    BOUND_AGE_NS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    bound_age_ns: int
     device: int
     keys: _containers.ScalarMap[str, bytes]
     kind: MemoryKind
     name: str
     size: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., keys: _Optional[_Mapping[str, bytes]] = ..., device: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., kind: _Optional[_Union[MemoryKind, str]] = ..., keys: _Optional[_Mapping[str, bytes]] = ..., device: _Optional[int] = ..., bound_age_ns: _Optional[int] = ...) -> None: ...
 
 class ResolvedLayoutRegion(_message.Message):
     __slots__ = ["device", "keys", "kind", "name", "size"]
