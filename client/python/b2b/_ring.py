@@ -97,6 +97,12 @@ MAX_BATCH_STRING = 1024
 _KIND_NAMES = {b"tcp": "tcp", b"local": "local", b"verbs": "verbs"}
 _COMP = struct.Struct("<QIIQQQQ")  # tag, code, msg_len, blocks, bytes, wire_ns, total_ns
 _TIMES = struct.Struct("<QQQ")  # at COMP_TIMES: trigger seen, posted, landed
+# A success's figures (internal/ring/record.go): at COMP_EXT, past the room
+# of its transport's name, magic u32, 0 u32, segments, work_requests, then
+# the validate, resolve, plan, post, notify and armed phases (ns); a daemon
+# before them wrote none (no magic).
+COMP_EXT, EXT_NAME_MAX, EXT_MAGIC = COMP_HDR + 64, 64, 0x31534850
+_EXT = struct.Struct("<II8Q")
 
 # Busy-wait before the futex, as the Go side (internal/ring.Spin): only
 # where there are more than 2 CPUs to spin on.
@@ -248,13 +254,16 @@ class Completion:
     """A completion record: ``code`` 0 is done."""
 
     __slots__ = ("tag", "code", "msg", "blocks", "bytes", "wire_ns", "total_ns",
-                 "trigger_seen_unix_ns", "posted_unix_ns", "landed_unix_ns")
+                 "trigger_seen_unix_ns", "posted_unix_ns", "landed_unix_ns", "figures")
 
     def __init__(self, tag: int, code: int, msg: str, blocks: int, nbytes: int, wire_ns: int, total_ns: int,
-                 times: Tuple[int, int, int] = (0, 0, 0)) -> None:
+                 times: Tuple[int, int, int] = (0, 0, 0), figures: Optional[Tuple[int, ...]] = None) -> None:
         self.tag, self.code, self.msg = tag, code, msg
         self.blocks, self.bytes, self.wire_ns, self.total_ns = blocks, nbytes, wire_ns, total_ns
         self.trigger_seen_unix_ns, self.posted_unix_ns, self.landed_unix_ns = times
+        # A success's (segments, work_requests, validate_ns, resolve_ns,
+        # plan_ns, post_ns, notify_ns, armed_ns); None: the daemon gave none.
+        self.figures = figures
 
     def error(self) -> Optional[B2BError]:
         """The exception SubmitTransfer would have raised; ``None`` if done."""
@@ -561,8 +570,14 @@ class Ring:
                 if msg is None:
                     msg = raw.decode("utf-8", "replace")
             if tag in self._pending:
-                times = _TIMES.unpack_from(mm, off + COMP_TIMES) if code == 0 else (0, 0, 0)
-                self._done[tag] = Completion(tag, code, msg, blocks, nbytes, wire, total, times)
+                times, figures = (0, 0, 0), None
+                if code == 0:
+                    times = _TIMES.unpack_from(mm, off + COMP_TIMES)
+                    if n <= EXT_NAME_MAX:
+                        x = _EXT.unpack_from(mm, off + COMP_EXT)
+                        if x[0] == EXT_MAGIC:
+                            figures = x[2:]
+                self._done[tag] = Completion(tag, code, msg, blocks, nbytes, wire, total, times, figures)
             head = (head + 1) & 0xFFFFFFFF
         if head != self._cq_head:
             self._cq_head = head

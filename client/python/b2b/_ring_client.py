@@ -328,6 +328,10 @@ def _result(transport: int, c: Completion, segments: int = 0, work_requests: int
     ph = object.__new__(PhaseTimings)
     ph.__dict__.update(wire_ns=c.wire_ns, total_ns=c.total_ns, trigger_seen_unix_ns=c.trigger_seen_unix_ns,
                        posted_unix_ns=c.posted_unix_ns, landed_unix_ns=c.landed_unix_ns)
+    f = c.figures
+    if f is not None:  # the response's own, as gRPC gives them
+        segments, work_requests = f[0], f[1]
+        ph.__dict__.update(validate_ns=f[2], resolve_ns=f[3], plan_ns=f[4], post_ns=f[5], notify_ns=f[6], armed_ns=f[7])
     r = object.__new__(TransferResult)
     # The daemon names the kind that carried it in a success's message.
     r.__dict__.update(blocks=c.blocks, bytes=c.bytes, transport=c.msg or _TRANSPORT_NAME.get(transport) or str(transport),
@@ -336,14 +340,27 @@ def _result(transport: int, c: Completion, segments: int = 0, work_requests: int
 
 
 def _response(plan: "PreparedTransfer", c: Completion) -> Any:
-    """A BatchTransferResponse from a completion and the plan's own figures;
-    ``elapsed_ns`` is the wire phase (the ring carries no other duration)."""
-    return pb.BatchTransferResponse(
+    """A BatchTransferResponse from a completion (and the plan's own
+    figures where the daemon gave none); ``elapsed_ns`` is the wire phase."""
+    r = pb.BatchTransferResponse(
         blocks=c.blocks, bytes=c.bytes, transport=_TRANSPORT_BY_NAME.get(plan.transport, 0),
         segments=plan.segments, work_requests=plan.work_requests, elapsed_ns=c.wire_ns,
         phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns, posted_unix_ns=c.posted_unix_ns,
                                landed_unix_ns=c.landed_unix_ns),
     )
+    _figures(r, c)
+    return r
+
+
+def _figures(r: Any, c: Completion) -> None:
+    """Put a completion's figures (segments, work requests, phases) in the
+    BatchTransferResponse r, where the daemon gave them."""
+    f = c.figures
+    if f is None:
+        return
+    r.segments, r.work_requests = f[0], f[1]
+    ph = r.phases
+    ph.validate_ns, ph.resolve_ns, ph.plan_ns, ph.post_ns, ph.notify_ns, ph.armed_ns = f[2:8]
 
 
 def _settle(ring: Ring, tag: int) -> None:
@@ -460,11 +477,13 @@ class RingBlocksTransfer(RingTransfer):
         self._slot, self._key, self._route = slot, key, route
 
     def _ok(self, c: Completion) -> Any:
-        return pb.BatchTransferResponse(blocks=c.blocks, bytes=c.bytes, transport=self._key[3], elapsed_ns=c.wire_ns,
-                                        phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns,
-                                                               trigger_seen_unix_ns=c.trigger_seen_unix_ns,
-                                                               posted_unix_ns=c.posted_unix_ns,
-                                                               landed_unix_ns=c.landed_unix_ns))
+        r = pb.BatchTransferResponse(blocks=c.blocks, bytes=c.bytes, transport=self._key[3], elapsed_ns=c.wire_ns,
+                                     phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns,
+                                                            trigger_seen_unix_ns=c.trigger_seen_unix_ns,
+                                                            posted_unix_ns=c.posted_unix_ns,
+                                                            landed_unix_ns=c.landed_unix_ns))
+        _figures(r, c)
+        return r
 
     def _land(self, c: Completion) -> None:
         _stale_route(self._slot, self._key, self._route, c)  # a later start binds it again
