@@ -29,6 +29,9 @@ def _key(k: Key, what: str) -> bytes:
 def key_note(keys: Sequence[Key], payload: bytes = b"") -> bytes:
     """The notification bytes of a key note naming ``keys`` (1 to 255, each
     1 to 64 bytes; str is UTF-8), followed by ``payload``."""
+    if isinstance(keys, (str, bytes, bytearray, memoryview)):  # one key, which would split into its characters
+        raise _invalid(f"keys is one {type(keys).__name__} ({bytes(keys[:16]) if not isinstance(keys, str) else keys[:16]!r}): "
+                       f"give a list of keys, e.g. key_note([key])")
     if not 1 <= len(keys) <= MAX_KEYS:
         raise _invalid(f"keys: {len(keys)} of them: want 1 to {MAX_KEYS}")
     out = bytearray(KEY_MAGIC)

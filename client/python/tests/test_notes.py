@@ -130,6 +130,10 @@ class KeyNoteTest(daemon_harness.DaemonPair):
             b2b.on_note(self.mbox, "k" * 65)
         with self.assertRaises(b2b.B2BError):
             b2b.key_note([])
+        for one in ("abc", b"abc"):  # one key, not a list: not three keys of one character
+            with self.assertRaises(b2b.InvalidArgumentError) as cm:
+                b2b.key_note(one)
+            self.assertIn("give a list of keys", str(cm.exception))
 
 
     def test_armed_note_alone_waits_for_its_key(self):
