@@ -1,6 +1,7 @@
 package batch
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/b2bd/b2bd/internal/desc"
@@ -71,6 +72,39 @@ func FuzzOverlap(f *testing.F) {
 			s0, d0 := uint64(sb)+b.Src[i], uint64(db)+b.Dst[j]
 			if !(s0 < d0+b.Len[j] && d0 < s0+b.Len[i]) {
 				t.Fatalf("named src %d and dst %d, which do not overlap", i, j)
+			}
+		}
+	})
+}
+
+// FuzzFirstOverlap: over ranges in two memories, firstOverlap agrees with
+// every pair of one memory, and the pair it names overlaps.
+func FuzzFirstOverlap(f *testing.F) {
+	f.Add([]byte{0, 1, 10, 0, 1, 0, 5, 3, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var rs []rng
+		for k := 0; k+2 < len(data) && k < 3*64; k += 3 {
+			rs = append(rs, rng{space: uint64(data[k] & 1), start: uint64(data[k+1]), end: uint64(data[k+1]) + uint64(data[k+2]%16) + 1,
+				idx: k / 3, dst: data[k]&2 != 0})
+		}
+		want := false
+		for _, a := range rs {
+			for _, b := range rs {
+				want = want || (!a.dst && b.dst && a.space == b.space && a.start < b.end && b.start < a.end)
+			}
+		}
+		byIdx := map[int]rng{}
+		for _, r := range rs {
+			byIdx[r.idx] = r
+		}
+		i, j, got := firstOverlap(slices.Clone(rs))
+		if got != want {
+			t.Fatalf("firstOverlap %v, every pair says %v: %v", got, want, rs)
+		}
+		if got {
+			a, b := byIdx[i], byIdx[j]
+			if a.dst || !b.dst || a.space != b.space || !(a.start < b.end && b.start < a.end) {
+				t.Fatalf("named %+v and %+v, which do not overlap", a, b)
 			}
 		}
 	})

@@ -206,6 +206,10 @@ func (x *blockXfer) attempt(ctx context.Context) (res Result, _ ran, err error) 
 		layout.Planners.Put(w)
 		return res, ran{cached: cached, suspect: staleGeometry(err, r.Op)}, err
 	}
+	if err := s.checkSelfBlocks(r, sc.regions, rl, pair, ids); err != nil {
+		layout.Planners.Put(w)
+		return res, ran{}, err
+	}
 	t2 := time.Now()
 	ph.Validate += t2.Sub(t1)
 	defer layout.Planners.Put(w) // ids alias its scratch: no use after the write

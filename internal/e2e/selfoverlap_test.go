@@ -129,3 +129,65 @@ func TestSelfOverlapPlanRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestSelfOverlapBlocksRefused: a block-id transfer from a layout into its
+// own export whose entries move a block onto another's place (a swap) or
+// onto itself is refused naming the entries, over tcp and local, push and
+// pull; disjoint blocks land.
+func TestSelfOverlapBlocksRefused(t *testing.T) {
+	n := startNode(t, "self", func(c *daemon.Config) { c.Transport = "auto" })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const blk, nb = 4096, 8
+	r, err := n.c.RegisterHost(ctx, blk*nb, "selfkv", client.Readers("*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.c.RegisterLayout(ctx, client.Layout{Name: "selfkv", Export: "selfkv", Readers: []string{"*"}, NumBlocks: nb,
+		Segments: []client.Segment{{RegionID: r.Id, BlockLen: blk, Stride: blk}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range []string{"tcp", "local"} {
+		for _, op := range []b2bv1.TransferOp{b2bv1.TransferOp_TRANSFER_OP_WRITE, b2bv1.TransferOp_TRANSFER_OP_READ} {
+			for _, c := range []struct {
+				name          string
+				local, remote []uint32
+				overlaps      bool
+			}{
+				{"a swap", []uint32{0, 1}, []uint32{1, 0}, true},
+				{"a block onto itself", []uint32{3}, []uint32{3}, true},
+				{"a shift by one", []uint32{4, 5}, []uint32{5, 6}, true},
+				{"apart", []uint32{0, 1}, []uint32{6, 7}, false},
+			} {
+				what := c.name + " over " + tr + " " + op.String()
+				for i := range r.Bytes {
+					r.Bytes[i] = byte(i / blk)
+				}
+				before := append([]byte(nil), r.Bytes...)
+				_, err := n.c.TransferBlocks(ctx, client.Blocks{LocalLayout: "selfkv", Peer: n.d.PeerAddr(), RemoteLayout: "selfkv",
+					LocalIDs: c.local, RemoteIDs: c.remote, TransportName: tr, Op: op})
+				if c.overlaps {
+					if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "same memory") {
+						t.Fatalf("%s: %v, want InvalidArgument naming the overlap", what, err)
+					}
+					if !bytes.Equal(r.Bytes, before) {
+						t.Fatalf("%s: refused, yet bytes changed", what)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				for i := range c.local {
+					from, to := c.local[i], c.remote[i]
+					if op == b2bv1.TransferOp_TRANSFER_OP_READ {
+						from, to = to, from
+					}
+					if !bytes.Equal(r.Bytes[to*blk:(to+1)*blk], before[from*blk:(from+1)*blk]) {
+						t.Fatalf("%s: block %d did not land as block %d", what, from, to)
+					}
+				}
+			}
+		}
+	}
+}
