@@ -213,3 +213,22 @@ class DaemonPair(unittest.TestCase):
             d.cleanup()
         if problems:
             raise AssertionError("\n".join(problems))
+
+
+class SilentPeer:
+    """A mixin for a DaemonPair: ``silent_addr`` is a peer that accepts
+    connections and never speaks, so a transfer to it runs until
+    cancelled or its deadline. List it before DaemonPair."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.silent = socket.socket()
+        cls.silent.bind(("127.0.0.1", 0))
+        cls.silent.listen(16)
+        cls.silent_addr = "127.0.0.1:%d" % cls.silent.getsockname()[1]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.silent.close()
+        super().tearDownClass()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 import time
 import unittest
@@ -18,23 +17,8 @@ from b2b import kv, stream
 BLOCK, N = 4096, 64
 
 
-class AsyncTest(daemon_harness.DaemonPair):
+class AsyncTest(daemon_harness.SilentPeer, daemon_harness.DaemonPair):
     a_args = ("--max-transfers-per-client", "3")
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        # A peer that accepts connections and never speaks: a transfer to it
-        # runs until cancelled or its deadline.
-        cls.silent = socket.socket()
-        cls.silent.bind(("127.0.0.1", 0))
-        cls.silent.listen(16)
-        cls.silent_addr = "127.0.0.1:%d" % cls.silent.getsockname()[1]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.silent.close()
-        super().tearDownClass()
 
     def setUp(self):
         self.src = self.a.register_host(N * BLOCK)

@@ -9,7 +9,6 @@ persists (no lease frees it): that one is warned about."""
 from __future__ import annotations
 
 import logging
-import socket
 import time
 import uuid
 import warnings
@@ -24,22 +23,7 @@ import b2b.stream
 BLOCK, N = 4096, 16
 
 
-class CloseTest(daemon_harness.DaemonPair):
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        # A peer that accepts connections and never speaks: a transfer to it
-        # runs until cancelled or its deadline.
-        cls.silent = socket.socket()
-        cls.silent.bind(("127.0.0.1", 0))
-        cls.silent.listen(16)
-        cls.silent_addr = "127.0.0.1:%d" % cls.silent.getsockname()[1]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.silent.close()
-        super().tearDownClass()
-
+class CloseTest(daemon_harness.SilentPeer, daemon_harness.DaemonPair):
     def setUp(self):
         self.tag = uuid.uuid4().hex[:6]
         self.dst = self.b.register_host(N * BLOCK, f"close-{self.tag}")
