@@ -311,6 +311,65 @@ class ConnectorE2ETest(unittest.TestCase):
         self.assertEqual(d.check(dids, 23, n), 0)
         self.assertEqual(d.workers[0].worker.stats["notes_sent"], 4)
 
+    def decode_hit(self, d: Side, rid: str, params: dict, cached: List[int], new: List[int], n: int, seed: int) -> None:
+        """Decode already holds the prompt's first blocks (``cached``, its
+        own prefix cache: filled here) and gives only its new blocks, as
+        vLLM does (get_unhashed_block_ids)."""
+        for pool in d.pools:
+            pool.fill(cached, seed, len(cached) * pool.block_size)
+        r = Request(rid, list(range(n)), dict(params))
+        computed = len(cached) * d.pools[0].block_size
+        got, is_async = d.sched.get_num_new_matched_tokens(r, computed)
+        self.assertEqual((got, is_async), (n - computed, True))
+        d.sched.update_state_after_alloc(r, new, got)
+
+    def test_prefix_hit_loads_the_tail(self):
+        """A decode prefix-cache hit: its new blocks take prefill's last
+        blocks (vLLM's NIXL pairs from the tail), pull and push, equal and
+        doubled decode blocks; every byte of the whole prompt checks."""
+        for mode, dbs, pids, cached, new, n in [
+            ("pull", 16, [5, 9, 2, 30], [60], [1, 40, 3], 64),
+            ("pull", 16, [5, 9, 2, 30], [60, 61], [1, 40], 50),
+            ("pull", 32, [5, 9, 2, 30, 11], [60], [1, 40], 70),  # one 32-token block cached: 2 prefill blocks skipped
+            ("push", 16, [5, 9, 2, 30], [60], [1, 40, 3], 64),
+        ]:
+            with self.subTest(mode=mode, dbs=dbs, cached=cached):
+                p, d = self.sides(mode, dbs=dbs)
+                d.pools[0].scribble(range(64))
+                if mode == "pull":
+                    params = self.prefill(p, "h", pids, 51, n)
+                else:
+                    params = {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+                              "remote_peer": self.dp.peer_address, "remote_request_id": "h"}
+                self.decode_hit(d, "h", params, cached, new, n, 51)
+                if mode == "push":
+                    d.step()
+                    self.prefill(p, "h", pids, 51, n)
+                pump([p, d], lambda: "h" in d.recving and "h" in p.sending)
+                self.assertEqual(d.errors, set())
+                self.assertEqual(d.check(cached + new, 51, n), 0)
+
+    def test_ids_that_do_not_fill_the_load_fail_it(self):
+        """Fewer (or no) remote block ids than decode's blocks need: the load
+        fails and its ids come back as load errors (recomputed), rather than
+        report blocks nothing wrote; a load of no local block (the whole
+        prompt was cached): finished at once, prefill frees its blocks."""
+        p, d = self.sides()
+        for rid, remote in (("few", [5, 9]), ("none", [])):
+            params = self.prefill(p, rid, [5, 9, 2], 7, 40) if rid == "few" else None
+            params = dict(params or {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
+                                     "remote_peer": self.dp.peer_address, "remote_request_id": rid})
+            params["remote_block_ids"] = remote
+            r = Request(rid, list(range(40)), params)
+            d.sched.get_num_new_matched_tokens(r, 0)
+            d.sched.update_state_after_alloc(r, [20, 21, 22], 40)
+            pump([p, d], lambda: rid in d.recving)
+            self.assertTrue({20, 21, 22} <= d.errors, (rid, d.errors))
+        params = self.prefill(p, "all", [30, 31], 8, 32)
+        r = Request("all", list(range(32)), dict(params))
+        d.sched.update_state_after_alloc(r, [], 32)  # a load of no block: the whole prompt was cached
+        pump([p, d], lambda: "all" in d.recving and "all" in p.sending)  # reported, and prefill freed
+
     def test_failed_pull_reports_load_errors(self):
         p, d = self.sides(load_timeout_s=5)
         params = self.prefill(p, "a", [1, 2, 3], 5, 40)

@@ -49,6 +49,20 @@ def _locked(fn: Any) -> Any:
     return f
 
 
+def tail_ids(remote: List[int], local: List[int], m: int) -> Tuple[List[int], List[int]]:
+    """The (remote, local) block ids a load moves: the local blocks hold the
+    request's last tokens (decode's own prefix cache held the first ones,
+    as vLLM allocates only the uncomputed blocks), so they take the tail of
+    the remote ids; a decode block holds m remote blocks. Raises ValueError
+    when there are more local blocks than the remote ids fill (the load
+    would report blocks nothing wrote)."""
+    need = -(-len(remote) // m)  # local blocks the whole request fills
+    if len(local) > need:
+        raise ValueError(f"b2b.connector: {len(local)} local blocks to load, but the remote side sent {len(remote)} "
+                         f"block ids, which fill {need}")
+    return remote[(need - len(local)) * m:], local
+
+
 def _note_key(x: Any) -> Optional[bytes]:
     """A "where" note's key (hex), or None when it is not a usable one
     (a peer's note is input: a bad one must not break the engine's step)."""
@@ -418,14 +432,13 @@ class WorkerHalf:
             raise ValueError("b2b.connector: mismatched TP and block size together are not supported")
         prank = s.tp_rank // k
         pm = m0 if prank == 0 else self.chan.fetch_meta(r.remote_peer, r.remote_engine, prank)
-        rb, lb = list(remote_ids), list(r.local_block_ids)
+        rb, lb = tail_ids(list(remote_ids), list(r.local_block_ids), m)
         if k > 1:
             key = f"h{k}.{s.tp_rank % k}"
             if key not in pm["splits"]:
                 raise ValueError(f"b2b.connector: prefill {r.remote_engine} rank {prank} exports no {key} head slice "
                                  f"(kv_layout HND and head_splits [{k}] there)")
-            n = min(len(rb), len(lb))
-            return prank, [(self._local(".x"), pm["splits"][key], lb[:n], rb[:n])], k
+            return prank, [(self._local(".x"), pm["splits"][key], lb, rb)], k
         if m > 1:
             if s.kv_layout != "NHD":
                 raise ValueError("b2b.connector: a larger decode block needs kv_layout NHD (tokens first)")
@@ -435,8 +448,7 @@ class WorkerHalf:
                 loc = [lb[i // m] for i in range(j, len(rb), m)]
                 plans.append((self._sub_layout(m, j), pm["full"], loc, rem))
             return prank, plans, len(plans)
-        n = min(len(rb), len(lb))
-        return prank, [(self._local(".x"), pm["full"], lb[:n], rb[:n])], 1
+        return prank, [(self._local(".x"), pm["full"], lb, rb)], 1
 
     @_locked
     def start_load_kv(self, meta: Any) -> None:
@@ -453,6 +465,10 @@ class WorkerHalf:
             self._by_remote[r.remote_request_id] = rid
             self.stats["loads"] += 1
             self._mark(rid, "load_begun")
+            if not r.local_block_ids:  # decode's own prefix cache holds the whole prompt: nothing to load
+                ld.done = True  # reported at get_finished; prefill frees its blocks now
+                self._note_prefill(r.remote_peer, r.remote_engine, {"t": "release", "req": r.remote_request_id})
+                continue
             try:
                 if r.wait_ready:  # pull: ask prefill to say when the request is ready, and where
                     prank = self._pull_source(r)
@@ -578,9 +594,9 @@ class WorkerHalf:
             pulls.setdefault((local, ld.req.remote_peer, remote), []).append((lrid, ld, lids, rids, expect))
 
     def _push_source(self, r: RecvReq) -> Tuple[int, int]:
-        """Push: (the prefill rank that writes our blocks, decode ranks per prefill rank)."""
-        if self.s.tp_size == 1:
-            return 0, 1
+        """Push: (the prefill rank that writes our blocks, decode ranks per
+        prefill rank). Prefill writes its blocks one for one into ours, so
+        the block sizes must be equal (a pull reads across sizes)."""
         m0 = self.chan.fetch_meta(r.remote_peer, r.remote_engine, 0)
         ptp, pbs = int(m0["tp_size"]), int(m0["block_size"])
         if self.s.tp_size % ptp or pbs != self.s.block_size:
@@ -914,9 +930,14 @@ class WorkerHalf:
             src: List[int] = []
             dst: List[int] = []
             for sv, d in chunk:
-                n = min(len(sv.req.block_ids), len(d["ids"]))
-                src += sv.req.block_ids[:n]
-                dst += d["ids"][:n]
+                try:
+                    mine, theirs = tail_ids(list(sv.req.block_ids), list(d["ids"]), 1)
+                except ValueError as e:  # decode wants blocks this request has not: it fails there ("failed")
+                    sv.error = sv.error or str(e)
+                    reqs.pop(sv.req.req_id, None)
+                    continue
+                src += mine
+                dst += theirs
             moves = [{"local": local, "peer": d0["peer"], "remote": remote, "op": "write", "lids": src, "rids": dst,
                       "note": {"t": "landed", "reqs": reqs}, "after": after} for local, remote in pairs]
             self._pushes.append((moves, chunk, rank, layers))
