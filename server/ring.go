@@ -275,7 +275,7 @@ func (rc *ringConn) start(req ring.Request, what string, slots chan struct{}, do
 		defer rc.wg.Done()
 		entry := time.Now()
 		res, err := do(ctx)
-		if obs := rc.s.observeSubmit; obs != nil && req.Op == ring.OpSubmit {
+		if obs := rc.s.observeSubmit; obs != nil { // a submit, a batch or a block transfer
 			var resp *b2bv1.BatchTransferResponse
 			if err == nil {
 				resp = transferResponse(res)

@@ -7,6 +7,7 @@ package server
 
 import (
 	"context"
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -93,8 +94,9 @@ type Server struct {
 	raw       map[net.Conn]struct{} // raw submit connections (raw.go)
 	rawClosed bool
 
-	// observeSubmit sees each submit that no unary interceptor sees (one
-	// on a SubmitStream or the raw socket); nil: none. Set before serving.
+	// observeSubmit sees each transfer that no unary interceptor sees (a
+	// submit on a SubmitStream or the raw socket, a ring record's, one
+	// started by StartTransfer(s) as it ends); nil: none. Set before serving.
 	observeSubmit SubmitObserver
 
 	// drain is closed by Drain: long-lived peer streams end.
@@ -111,10 +113,20 @@ func (s *Server) Drain() { s.drainOnce.Do(func() { close(s.drain) }) }
 // duration in seconds.
 type SubmitObserver func(res *b2bv1.BatchTransferResponse, err error, seconds float64)
 
-// ObserveSubmits has fn told of every submit made on a SubmitStream or the
-// raw submit socket: the unary calls' interceptor does not see them. Call
-// it before serving.
-func (s *Server) ObserveSubmits(fn SubmitObserver) { s.observeSubmit = fn }
+// ObserveSubmits has fn told of every transfer that the unary calls'
+// interceptor does not see: submits on a SubmitStream or the raw submit
+// socket, the ring's submits, batches and block transfers, and transfers
+// started with StartTransfer(s), as each ends. Call it before serving.
+func (s *Server) ObserveSubmits(fn SubmitObserver) {
+	s.observeSubmit = fn
+	s.batches.SetObserver(func(res batch.Result, err error, d time.Duration) {
+		var resp *b2bv1.BatchTransferResponse
+		if err == nil {
+			resp = transferResponse(res)
+		}
+		fn(resp, grpcstatus.ToStatus(err), d.Seconds())
+	})
+}
 
 // New validates cfg and returns the services.
 func New(cfg Config) *Server {

@@ -446,19 +446,19 @@ func (s *Service) Start(r StartRequest) (uint64, error) {
 				return res, err
 			}, "batch failed", "peer", peer, "dst", dst)
 		})
-		id, err = s.async.Start(r.Client, timeout, func(ctx context.Context) (Result, error) {
+		id, err = s.async.Start(r.Client, timeout, s.observed(func(ctx context.Context) (Result, error) {
 			defer p.Close()
 			return run(ctx)
-		})
+		}))
 		if err != nil {
 			p.Close()
 		}
 	case r.Submit != nil:
 		o, h := r.Submit.Owner, r.Submit.Handle
-		id, err = s.async.Start(r.Client, timeout, gate(func(ctx context.Context) (Result, error) { return s.plans.Submit(ctx, o, h) }))
+		id, err = s.async.Start(r.Client, timeout, s.observed(gate(func(ctx context.Context) (Result, error) { return s.plans.Submit(ctx, o, h) })))
 	case r.Blocks != nil:
 		br := *r.Blocks
-		id, err = s.async.Start(r.Client, timeout, gate(func(ctx context.Context) (Result, error) { return s.TransferBlocks(ctx, br) }))
+		id, err = s.async.Start(r.Client, timeout, s.observed(gate(func(ctx context.Context) (Result, error) { return s.TransferBlocks(ctx, br) })))
 	default:
 		err = fmt.Errorf("%w: transfer is not set: give batch, submit or blocks", errs.ErrInvalidArgument)
 	}
@@ -466,4 +466,17 @@ func (s *Service) Start(r StartRequest) (uint64, error) {
 		release() // the run never started: let go of the counter
 	}
 	return id, err
+}
+
+// observed wraps a started transfer's run so that the observer (if any)
+// is told how it ended.
+func (s *Service) observed(run RunFunc) RunFunc {
+	return func(ctx context.Context) (Result, error) {
+		start := time.Now()
+		res, err := run(ctx)
+		if fn := s.observe.Load(); fn != nil {
+			(*fn)(res, err, time.Since(start))
+		}
+		return res, err
+	}
 }

@@ -127,7 +127,9 @@ type Config struct {
 // (session, resolve, check, gate, post, notify, under one retry policy)
 // and the tables that hold transfers between calls, each a type of its own.
 type Service struct {
-	cfg      Config
+	cfg Config
+	// observe is told of every started transfer as it ends (SetObserver).
+	observe  atomic.Pointer[Observer]
 	paths    paths      // data paths and resolutions (paths.go)
 	plans    *Plans     // prepared plans (prepared.go)
 	routes   *Routes    // block routes (routes.go)
@@ -135,6 +137,15 @@ type Service struct {
 	async    *Transfers // async handles (async.go)
 	triggers triggers   // counters that start transfers (trigger.go)
 }
+
+// Observer is told of a transfer as it ends: its result (err nil) or its
+// failure, and how long it ran.
+type Observer func(res Result, err error, d time.Duration)
+
+// SetObserver has fn told of every transfer started with Start (a batch, a
+// block-id transfer or a submit, triggered or not) as it ends: the calls
+// that run one to its end are seen by their caller.
+func (s *Service) SetObserver(fn Observer) { s.observe.Store(&fn) }
 
 // New fills cfg's defaults and returns the service.
 func New(cfg Config) *Service {

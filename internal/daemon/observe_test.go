@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"bytes"
 	"context"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -269,19 +270,59 @@ func TestMetricsAfterTransfers(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Block-id transfers (a call, and one started) and a started batch
+	// count as batches too, as they end; so does a started one that fails.
+	if _, err := a.c.RegisterLayout(ctx, client.Layout{Name: "srcl", NumBlocks: blocks,
+		Segments: []client.Segment{{RegionID: src.Id, BlockLen: size, Stride: 2 * size}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.c.RegisterLayout(ctx, client.Layout{Name: "kvl", Export: "kvl", NumBlocks: blocks,
+		Segments: []client.Segment{{RegionID: dst.Id, BlockLen: size, Stride: 2 * size}}}); err != nil {
+		t.Fatal(err)
+	}
+	ids := []uint32{0, 1, 2, 3}
+	blk := client.Blocks{LocalLayout: "srcl", Peer: b.d.PeerAddr(), RemoteLayout: "kvl", LocalIDs: ids, RemoteIDs: ids}
+	if _, err := a.c.TransferBlocks(ctx, blk); err != nil {
+		t.Fatalf("block transfer: %v", err)
+	}
+	started := func(h *client.TransferHandle, err error) *b2bv1.TransferOutcome {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := h.Wait(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	if o := started(a.c.StartBlocks(ctx, blk, 0)); o.GetState() != b2bv1.TransferState_TRANSFER_STATE_DONE {
+		t.Fatalf("started block transfer: %v", o)
+	}
+	if o := started(a.c.StartTransfer(ctx, client.Transfer{SrcRegion: src.Id, Peer: b.d.PeerAddr(), DstRegion: "kv",
+		Blocks: client.Descriptors{Src: srcOff, Dst: srcOff, BlockLength: size}}, 0)); o.GetState() != b2bv1.TransferState_TRANSFER_STATE_DONE {
+		t.Fatalf("started batch: %v", o)
+	}
+	missing := blk
+	missing.RemoteLayout = "no-such-layout"
+	if o := started(a.c.StartBlocks(ctx, missing, 0)); codes.Code(o.GetCode()) != codes.NotFound {
+		t.Fatalf("started block transfer to an unknown layout: %v, want NotFound", o)
+	}
+
 	fa := scrape(t, a.d.MetricsAddr())
 	check(t, "sender", fa, []want{
-		{"b2bd_batches_total", []string{"transport", "tcp", "outcome", "ok"}, 9},
-		{"b2bd_batch_blocks_total", []string{"transport", "tcp", "outcome", "ok"}, 900},
-		{"b2bd_batch_bytes_total", []string{"transport", "tcp", "outcome", "ok"}, 3686400},
-		{"b2bd_batch_phase_duration_seconds", []string{"transport", "tcp", "phase", "wire"}, 9},
+		// 9 batches above, 2 block transfers of 4 blocks, 1 started batch
+		{"b2bd_batches_total", []string{"transport", "tcp", "outcome", "ok"}, 12},
+		{"b2bd_batch_blocks_total", []string{"transport", "tcp", "outcome", "ok"}, 1008},
+		{"b2bd_batch_bytes_total", []string{"transport", "tcp", "outcome", "ok"}, 4128768},
+		{"b2bd_batch_phase_duration_seconds", []string{"transport", "tcp", "phase", "wire"}, 12},
 		{"b2bd_api_requests_total", []string{"method", "SubmitTransfer", "code", "OK"}, 2},
-		{"b2bd_batches_total", []string{"transport", "auto", "outcome", "error"}, 2},
+		{"b2bd_batches_total", []string{"transport", "auto", "outcome", "error"}, 3},
 		{"b2bd_batch_blocks_total", []string{"transport", "auto", "outcome", "error"}, 100},
 		{"b2bd_batch_bytes_total", []string{"transport", "auto", "outcome", "error"}, 409600},
-		{"b2bd_batch_duration_seconds", []string{"transport", "tcp", "outcome", "ok", "size_class", "le_4KiB"}, 9},
-		{"b2bd_batch_errors_total", []string{"transport", "auto", "code", "NotFound"}, 2}, // the export, the stream's unknown plan
-		{"b2bd_batch_duration_seconds", []string{"transport", "auto", "outcome", "error", "size_class", "le_4KiB"}, 2},
+		{"b2bd_batch_duration_seconds", []string{"transport", "tcp", "outcome", "ok", "size_class", "le_4KiB"}, 12},
+		{"b2bd_batch_errors_total", []string{"transport", "auto", "code", "NotFound"}, 3}, // the export, the stream's unknown plan, the started one's layout
+		{"b2bd_batch_duration_seconds", []string{"transport", "auto", "outcome", "error", "size_class", "le_4KiB"}, 3},
 		{"b2bd_batches_in_flight", nil, 0},
 		{"b2bd_api_requests_total", []string{"method", "BatchTransfer", "code", "OK"}, 3},
 		{"b2bd_api_requests_total", []string{"method", "BatchTransfer", "code", "NotFound"}, 1},
@@ -296,8 +337,8 @@ func TestMetricsAfterTransfers(t *testing.T) {
 	})
 	fb := scrape(t, b.d.MetricsAddr())
 	check(t, "receiver", fb, []want{
-		{"b2bd_received_batches_total", nil, 9},
-		{"b2bd_received_bytes_total", nil, 3686400},
+		{"b2bd_received_batches_total", nil, 12},
+		{"b2bd_received_bytes_total", nil, 4128768},
 		{"b2bd_regions", []string{"kind", "host"}, 1},
 		{"b2bd_region_bytes", []string{"kind", "host"}, float64(dstSize)},
 		{"b2bd_transport_connections", []string{"transport", "tcp"}, 4}, // --tcp-streams' default, accepted from a

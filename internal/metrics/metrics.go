@@ -230,14 +230,16 @@ func methodName(full string) string {
 	return full
 }
 
-// UnaryInterceptor measures every local API call, and BatchTransfer in
+// UnaryInterceptor measures every local API call, and the transfers it
+// runs to their end (BatchTransfer, TransferBlocks, SubmitTransfer) in
 // detail. It adds no work to the data path: it runs once per call.
 func (m *Metrics) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		// A prepared submit is a batch too; its request names a plan, so a
 		// failed one counts no blocks or bytes.
 		breq, isBatch := req.(*b2bv1.BatchTransferRequest)
-		if _, ok := req.(*b2bv1.SubmitTransferRequest); ok {
+		switch req.(type) {
+		case *b2bv1.SubmitTransferRequest, *b2bv1.TransferBlocksRequest: // a failed one counts no blocks or bytes
 			isBatch = true
 		}
 		if isBatch {
@@ -258,9 +260,10 @@ func (m *Metrics) UnaryInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
-// ObserveSubmit counts a prepared submit that no unary interceptor saw
-// (one on a SubmitStream or the raw submit socket) as the interceptor
-// counts a SubmitTransfer call: resp is nil when err is not.
+// ObserveSubmit counts a transfer that no unary interceptor saw (a submit
+// on a SubmitStream or the raw submit socket, a ring record's transfer, one
+// started by StartTransfer(s) as it ends) as the interceptor counts a
+// SubmitTransfer call: resp is nil when err is not.
 func (m *Metrics) ObserveSubmit(resp *b2bv1.BatchTransferResponse, err error, seconds float64) {
 	m.observeBatch(nil, resp, err, seconds)
 }
