@@ -350,12 +350,13 @@ class ConnectorE2ETest(unittest.TestCase):
                 self.assertEqual(d.check(cached + new, 51, n), 0)
 
     def test_ids_that_do_not_fill_the_load_fail_it(self):
-        """Fewer (or no) remote block ids than decode's blocks need: the load
-        fails and its ids come back as load errors (recomputed), rather than
-        report blocks nothing wrote; a load of no local block (the whole
-        prompt was cached): finished at once, prefill frees its blocks."""
+        """Fewer (or no, or malformed) remote block ids than decode's blocks
+        need: the load fails and its ids come back as load errors
+        (recomputed), rather than report blocks nothing wrote or raise in
+        the scheduler; a load of no local block (the whole prompt was
+        cached): finished at once, prefill frees its blocks."""
         p, d = self.sides()
-        for rid, remote in (("few", [5, 9]), ("none", [])):
+        for rid, remote in (("few", [5, 9]), ("none", []), ("bad", [5, "x", 2]), ("bool", [5, True, 2])):
             params = self.prefill(p, rid, [5, 9, 2], 7, 40) if rid == "few" else None
             params = dict(params or {"do_remote_prefill": True, "remote_engine_id": p.sched.settings.engine_id,
                                      "remote_peer": self.dp.peer_address, "remote_request_id": rid})

@@ -24,6 +24,9 @@ class RecvReq:
     # remote_block_ids yet): ask prefill for a "ready" note with its ids
     # and read as soon as it comes, instead of waiting for the router.
     wait_ready: bool = False
+    # Why the request's kv_transfer_params cannot be loaded (malformed ids):
+    # the worker fails its load, so the engine recomputes it.
+    bad: Optional[str] = None
 
 
 @dataclass

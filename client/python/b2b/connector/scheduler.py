@@ -17,7 +17,15 @@ def flat_ids(ids: Any) -> List[int]:
         if len(ids) > 1 and any(len(g) for g in ids[1:]):
             raise ValueError(f"b2b.connector: block ids of {len(ids)} KV cache groups: one group is supported")
         ids = list(ids[0])
-    return [int(b) for b in ids]
+    out = []
+    for i, b in enumerate(ids):
+        if isinstance(b, bool) or not isinstance(b, (int, str)) and not hasattr(b, "__index__"):
+            raise TypeError(f"[{i}] is {b!r} ({type(b).__name__}): want a block id (an int)")
+        try:
+            out.append(int(b))
+        except ValueError:
+            raise ValueError(f"[{i}] is {b!r}: want a block id (an int)") from None
+    return out
 
 
 def _block_ids(blocks: Any) -> List[int]:
@@ -73,9 +81,14 @@ class SchedulerHalf:
             self._release[rid] = ReleaseReq(rid, *remote)  # nothing to load: let prefill free
             return
         rb = p.get("remote_block_ids")
-        self._recv[rid] = RecvReq(rid, _block_ids(blocks), remote[0], remote[1], remote[2],
-                                  None if rb is None else flat_ids(rb),
-                                  wait_ready=rb is None and self.s.mode == "pull")
+        bad = None
+        if rb is not None:
+            try:
+                rb = flat_ids(rb)
+            except (TypeError, ValueError) as e:  # a peer's params are input: fail the load, not the scheduler
+                rb, bad = [], f"kv_transfer_params.remote_block_ids: {e}"
+        self._recv[rid] = RecvReq(rid, _block_ids(blocks), remote[0], remote[1], remote[2], rb,
+                                  wait_ready=rb is None and self.s.mode == "pull", bad=bad)
 
     def build_connector_meta(self, scheduler_output: Any = None) -> B2BConnectorMetadata:
         m = B2BConnectorMetadata()

@@ -465,6 +465,9 @@ class WorkerHalf:
             self._by_remote[r.remote_request_id] = rid
             self.stats["loads"] += 1
             self._mark(rid, "load_begun")
+            if r.bad is not None:  # malformed params: reported as load errors, prefill freed
+                ld.error = r.bad
+                continue
             if not r.local_block_ids:  # decode's own prefix cache holds the whole prompt: nothing to load
                 ld.done = True  # reported at get_finished; prefill frees its blocks now
                 self._note_prefill(r.remote_peer, r.remote_engine, {"t": "release", "req": r.remote_request_id})
