@@ -17,7 +17,10 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/BurntSushi/toml"
 
@@ -67,11 +70,7 @@ func apply(fs *flag.FlagSet, name string, data []byte, ignoreUnknown bool, chang
 	}
 	var doc map[string]any
 	if _, err := toml.Decode(string(data), &doc); err != nil {
-		var pe toml.ParseError
-		if errors.As(err, &pe) {
-			return fmt.Errorf("%w: config %s line %d: %s", errs.ErrInvalidArgument, name, pe.Position.Line, pe.Message)
-		}
-		return fmt.Errorf("%w: config %s: %w", errs.ErrInvalidArgument, name, err)
+		return decodeError(fs, name, data, err, ignoreUnknown, skip)
 	}
 	if changed == nil {
 		set := map[string]bool{}
@@ -99,12 +98,12 @@ func apply(fs *flag.FlagSet, name string, data []byte, ignoreUnknown bool, chang
 		}
 		s, err := valueString(f, doc[k])
 		if err != nil {
-			return fmt.Errorf("%w: %s: key %q: %v", errs.ErrInvalidArgument, where, k, err)
+			return fmt.Errorf("%w: %s: key %q: %w", errs.ErrInvalidArgument, where, k, err)
 		}
 		// Check the value now, on a scratch copy when the flag can be
 		// copied, so a bad value later in the file leaves fs untouched.
 		if err := check(f, s); err != nil {
-			return fmt.Errorf("%w: %s: key %q: bad value %q: %v", errs.ErrInvalidArgument, where, k, s, err)
+			return fmt.Errorf("%w: %s: key %q: bad value %q: %w", errs.ErrInvalidArgument, where, k, s, err)
 		}
 		if !changed(k) {
 			sets = append(sets, set{k, s})
@@ -112,7 +111,7 @@ func apply(fs *flag.FlagSet, name string, data []byte, ignoreUnknown bool, chang
 	}
 	for _, s := range sets {
 		if err := fs.Set(s.key, s.val); err != nil {
-			return fmt.Errorf("%w: config %s line %d: key %q: bad value %q: %v", errs.ErrInvalidArgument, name, keyLine(data, s.key), s.key, s.val, err)
+			return fmt.Errorf("%w: config %s line %d: key %q: bad value %q: %w", errs.ErrInvalidArgument, name, keyLine(data, s.key), s.key, s.val, err)
 		}
 	}
 	return nil
@@ -269,4 +268,153 @@ func keyLine(data []byte, key string) int {
 		}
 	}
 	return 0
+}
+
+// decodeError turns a TOML decoder failure into the form of the checks
+// above. One that concerns a key (an integer beyond int64, a bad escape, a
+// key given twice...) names the file, the line, the key, the value as
+// written and the flag's range, as a value out of range does; any other
+// keeps the decoder's message. Both wrap the decoder's error.
+func decodeError(fs *flag.FlagSet, name string, data []byte, err error, ignoreUnknown bool, skip []string) error {
+	var pe toml.ParseError
+	if !errors.As(err, &pe) {
+		return fmt.Errorf("%w: config %s: %w", errs.ErrInvalidArgument, name, err)
+	}
+	line := pe.Position.Line
+	generic := withCause(fmt.Errorf("%w: config %s line %d: %s", errs.ErrInvalidArgument, name, line, pe.Message), err)
+	key := pe.LastKey
+	dup := dupRE.FindStringSubmatch(pe.Message)
+	if dup != nil {
+		key = dup[1]
+	}
+	if key == "" {
+		return generic
+	}
+	where := fmt.Sprintf("config %s line %d", name, line)
+	top, _, dotted := strings.Cut(key, ".")
+	if !bareKeyRE.MatchString(top) {
+		return withCause(fmt.Errorf("%w: %s: key %q: %s", errs.ErrInvalidArgument, where, key, pe.Message), err)
+	}
+	// The line that sets the key: the nearest at or above the error (a
+	// multi-line value, or the second of two).
+	lines := strings.Split(string(data), "\n")
+	lineOf := func(n int) string {
+		if n < 1 || n > len(lines) {
+			return ""
+		}
+		return strings.TrimSuffix(lines[n-1], "\r")
+	}
+	keyAt, header := 0, false
+	for n := min(line, len(lines)); n >= 1 && keyAt == 0; n-- {
+		if m := keyRE.FindStringSubmatch(lineOf(n)); m != nil && m[1] == top {
+			keyAt, header = n, strings.HasPrefix(strings.TrimSpace(m[0]), "[")
+		}
+	}
+	if dotted || (header && dup == nil) {
+		return withCause(fmt.Errorf("%w: %s: key %q is a table; keys are flat flag names (no [sections] or dotted keys)", errs.ErrInvalidArgument, where, top), err)
+	}
+	f := fs.Lookup(top)
+	if (f == nil && !ignoreUnknown) || contains(skip, top) {
+		return withCause(fmt.Errorf("%w: %s: unknown key %q (a key is a flag name without its leading dashes, e.g. tcp-streams; see -help)", errs.ErrInvalidArgument, where, top), err)
+	}
+	rule := "" // the flag's range, or what its type takes
+	var r Rule
+	if f != nil {
+		rule = want(kind(f))
+		if rv, ok := f.Value.(*Ranged); ok {
+			r, rule = rv.rule, rv.rule.String()
+		}
+	}
+	if dup != nil {
+		first := keyLine(data, top)
+		if v, ok := writtenValue(lineOf(line)); ok && !header && rule != "" {
+			return withCause(fmt.Errorf("%w: %s: key %q: value %s: already set on line %d; give each key once (want %s)", errs.ErrInvalidArgument, where, top, shown(v), first, rule), err)
+		}
+		return withCause(fmt.Errorf("%w: %s: key %q: already set on line %d; give each key once", errs.ErrInvalidArgument, where, top, first), err)
+	}
+	// The value as written: the decoder's span when it covers a whole
+	// value (a number, a date), else what follows the key's "=".
+	v := ""
+	if valueRE.MatchString(pe.Message) && pe.Position.Start+pe.Position.Len <= len(data) {
+		v = string(data[pe.Position.Start : pe.Position.Start+pe.Position.Len])
+	} else if keyAt > 0 {
+		v, _ = writtenValue(lineOf(keyAt))
+	}
+	var why error
+	switch {
+	case f == nil:
+		why = errors.New(pe.Message)
+	case rangeRE.MatchString(pe.Message):
+		limit := fmt.Sprintf("TOML integers are 64-bit, %d to %d", int64(math.MinInt64), int64(math.MaxInt64))
+		if strings.HasSuffix(pe.Message, "float64") {
+			limit = fmt.Sprintf("TOML floats are 64-bit, at most %g in size", math.MaxFloat64)
+		}
+		switch k := kind(f); {
+		case k != "int" && k != "uint" && k != "float":
+			why = fmt.Errorf("is a TOML number; want %s", rule)
+		case r != nil && r.Check(v) != nil:
+			why = outOfRange(r)
+		default: // in the flag's range, or no range: TOML's limit
+			why = fmt.Errorf("%w: %s; want %s", errRange, limit, rule)
+		}
+	default:
+		why = fmt.Errorf("%s; want %s", pe.Message, rule)
+	}
+	return withCause(fmt.Errorf("%w: %s: key %q: bad value %s: %w", errs.ErrInvalidArgument, where, top, shown(v), why), err)
+}
+
+var (
+	// dupRE is the decoder's message for a key given twice.
+	dupRE = regexp.MustCompile(`^Key '(.*)' has already been defined\.$`)
+	// rangeRE is its message for a number beyond int64 or float64.
+	rangeRE = regexp.MustCompile(`^\S+ is out of range for (int64|float64)$`)
+	// valueRE are its messages whose position spans the whole value.
+	valueRE   = regexp.MustCompile(`^(\S+ is out of range for |Invalid (integer|float) "|invalid datetime: )`)
+	bareKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+)
+
+// causeError is err, with cause reachable by errors.Is and errors.As too.
+type causeError struct{ err, cause error }
+
+func withCause(err, cause error) error { return &causeError{err, cause} }
+func (e *causeError) Error() string    { return e.err.Error() }
+func (e *causeError) Unwrap() []error  { return []error{e.err, e.cause} }
+
+// writtenValue is the value a key = value line sets, as written: a quoted
+// string to its closing quote, anything else to a comment or the line's
+// end. ok is false when the line sets no key.
+func writtenValue(line string) (v string, ok bool) {
+	m := keyRE.FindStringIndex(line)
+	if m == nil || line[m[1]-1] != '=' {
+		return "", false
+	}
+	v = strings.TrimSpace(line[m[1]:])
+	switch {
+	case strings.HasPrefix(v, `"""`), strings.HasPrefix(v, "'''"):
+	case strings.HasPrefix(v, `"`):
+		for i := 1; i < len(v); i++ {
+			if v[i] == '\\' {
+				i++
+			} else if v[i] == '"' {
+				return v[:i+1], true
+			}
+		}
+	case strings.HasPrefix(v, "'"):
+		if i := strings.IndexByte(v[1:], '\''); i >= 0 {
+			return v[:i+2], true
+		}
+	default:
+		v, _, _ = strings.Cut(v, "#")
+		v = strings.TrimSpace(v)
+	}
+	return v, true
+}
+
+// shown is a value as written, for an error: a quoted TOML string as it is,
+// anything else (or a string holding control bytes) quoted.
+func shown(v string) string {
+	if len(v) >= 2 && (v[0] == '"' || v[0] == '\'') && v[len(v)-1] == v[0] && utf8.ValidString(v) && strings.IndexFunc(v, unicode.IsControl) < 0 {
+		return v
+	}
+	return strconv.Quote(v)
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/BurntSushi/toml"
+
 	"github.com/b2bd/b2bd/internal/errs"
 )
 
@@ -100,6 +102,92 @@ func TestApply(t *testing.T) {
 	}
 }
 
+// A failure inside the TOML decoder that concerns one key reads as a range
+// check does: file, line, key, the value as written and the flag's range,
+// wrapping the decoder's error.
+func TestApplyDecoderErrors(t *testing.T) {
+	cases := []struct {
+		name, file string
+		want       string // the whole message; "": the file loads
+		isRange    bool   // errors.Is(err, errRange)
+		decoder    bool   // errors.As(err, *toml.ParseError)
+	}{
+		{name: "int beyond int64", file: "tcp-streams = 99999999999999999999\n",
+			want:    `invalid argument: config cfg.toml line 1: key "tcp-streams": bad value "99999999999999999999": out of range: want 1 to 64`,
+			isRange: true, decoder: true},
+		{name: "negative beyond int64", file: "# streams\ntcp-streams = -99999999999999999999 # too few\n",
+			want:    `invalid argument: config cfg.toml line 2: key "tcp-streams": bad value "-99999999999999999999": out of range: want 1 to 64`,
+			isRange: true, decoder: true},
+		{name: "uint beyond int64", file: "max-bytes = 18446744073709551615\n",
+			want:    `invalid argument: config cfg.toml line 1: key "max-bytes": bad value "18446744073709551615": out of range: want 0 to 1099511627776`,
+			isRange: true, decoder: true},
+		{name: "duplicated key", file: "tcp-streams = 2\n\n\"tcp-streams\" = 3 # again\n",
+			want:    `invalid argument: config cfg.toml line 3: key "tcp-streams": value "3": already set on line 1; give each key once (want 1 to 64)`,
+			decoder: true},
+		{name: "key then table of the same name", file: "tcp-streams = 2\n[tcp-streams]\n",
+			want:    `invalid argument: config cfg.toml line 2: key "tcp-streams": already set on line 1; give each key once`,
+			decoder: true},
+		{name: "leading zero", file: "tcp-streams = 012\n",
+			want:    `invalid argument: config cfg.toml line 1: key "tcp-streams": bad value "012": Invalid integer "012": cannot have leading zeroes; want 1 to 64`,
+			decoder: true},
+		{name: "bad escape", file: "node-name = \"a\\qb\" # x\n",
+			want:    `invalid argument: config cfg.toml line 1: key "node-name": bad value "a\qb": invalid escape in string '\q'; want non-empty text of 1 to 64 bytes, no NUL`,
+			decoder: true},
+		{name: "float beyond float64, no range", file: "ratio = 1e999\n",
+			want:    `invalid argument: config cfg.toml line 1: key "ratio": bad value "1e999": out of range: TOML floats are 64-bit, at most 1.7976931348623157e+308 in size; want a number`,
+			isRange: true, decoder: true},
+		{name: "unknown key beyond int64", file: "no-such-flag = 99999999999999999999\n",
+			want:    `invalid argument: config cfg.toml line 1: unknown key "no-such-flag" (a key is a flag name without its leading dashes, e.g. tcp-streams; see -help)`,
+			decoder: true},
+		{name: "table key beyond int64", file: "[tcp]\nstreams = 99999999999999999999\n",
+			want:    `invalid argument: config cfg.toml line 2: key "tcp" is a table; keys are flat flag names (no [sections] or dotted keys)`,
+			decoder: true},
+		{name: "syntax, no key", file: "tcp-streams = 5 6\n",
+			want:    `invalid argument: config cfg.toml line 1: expected a top-level item to end with a newline, comment, or EOF, but got '6' instead`,
+			decoder: true},
+		// Unchanged: a value the decoder takes, out of the flag's range.
+		{name: "in int64, out of range", file: "tcp-streams = 99\n",
+			want:    `invalid argument: config cfg.toml line 1: key "tcp-streams": bad value "99": out of range: want 1 to 64`,
+			isRange: true},
+		{name: "good", file: "tcp-streams = 64\nmax-bytes = 1099511627776\n"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var v vals
+			fs := newFS(&v)
+			if err := (Ranges{"tcp-streams": Int{1, 64}, "max-bytes": Uint{0, 1 << 40}, "node-name": Text{1, 64}}).Bind(fs); err != nil {
+				t.Fatal(err)
+			}
+			err := Apply(fs, "cfg.toml", []byte(tc.file), "config")
+			if tc.want == "" {
+				if err != nil || v.streams != 64 || v.size != 1<<40 {
+					t.Fatalf("err = %v, flags %+v", err, v)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error; want %s", tc.want)
+			}
+			if err.Error() != tc.want {
+				t.Errorf("error\n %s\nwant\n %s", err, tc.want)
+			}
+			if !errors.Is(err, errs.ErrInvalidArgument) {
+				t.Errorf("error %v is not ErrInvalidArgument", err)
+			}
+			if got := errors.Is(err, errRange); got != tc.isRange {
+				t.Errorf("errors.Is(err, errRange) = %v, want %v", got, tc.isRange)
+			}
+			var pe toml.ParseError
+			if got := errors.As(err, &pe); got != tc.decoder {
+				t.Errorf("errors.As(err, toml.ParseError) = %v, want %v", got, tc.decoder)
+			}
+			if v.streams != 4 || v.size != 10 || v.name != "host" {
+				t.Errorf("refused file changed flags: %+v", v)
+			}
+		})
+	}
+}
+
 func TestIntOutOfRange(t *testing.T) {
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	fs.Func("small", "", func(s string) error { return errors.New("always bad") })
@@ -118,7 +206,8 @@ func TestLoadFileMissing(t *testing.T) {
 }
 
 func FuzzApply(f *testing.F) {
-	for _, s := range []string{"node-name = \"a\"\n", "tcp-streams = 8\n", "shutdown-grace = \"5s\"", "[x]\ny=1", "insecure = true\nratio = 1e3", "a.b.c = 1", "max-bytes = -3"} {
+	for _, s := range []string{"node-name = \"a\"\n", "tcp-streams = 8\n", "shutdown-grace = \"5s\"", "[x]\ny=1", "insecure = true\nratio = 1e3", "a.b.c = 1", "max-bytes = -3",
+		"tcp-streams = 99999999999999999999", "tcp-streams = -99999999999999999999", "tcp-streams = 1\ntcp-streams = 2"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
