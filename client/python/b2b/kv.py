@@ -27,6 +27,7 @@ before a transfer reads the tensors, and after one wrote them.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -309,7 +310,7 @@ class Layout:
         self.readers = tuple(_readers(readers))
         self.read_only = bool(read_only)
         self.heads = heads
-        self._exported: List[Any] = []  # regions this layout exported (withdrawn by close)
+        self._seq = next(_layout_seq)  # registration order: the oldest covering layout names a region's export
         self._blocks = blocks
         self._bases = bases  # per block entry: (region, region's device/host base address)
         self._owned = owned  # regions this layout registered (and releases)
@@ -359,18 +360,19 @@ class Layout:
         parallelism (docs/kv.md, "Several layouts may view the same
         regions"). ``kv_layout`` says where the heads are, as for
         :func:`register` (needed unless the layout was registered with it). ``readers`` (peer identities, ``"*"``: any) may
-        pull from it, ``read_only``: no peer may write it. Closed with this
-        layout."""
+        pull from it, ``read_only``: no peer may write it; the regions'
+        exports are widened to grant that too (docs/kv.md, Exports). Closed
+        with this layout."""
         blocks = self._blocks if kv_layout is None else [_blocks(b.view, kv_layout) for b in self._blocks]
         heads = _heads_arg(blocks, heads, kv_layout)
         child = Layout(self.client, name, blocks, self._bases, [], heads, export_name or "", export_to,
                        readers, read_only)
         child.persist = self.persist
         try:
-            child._exported = _export_regions(self.client, child.regions, child)
+            _sync_exports(self.client, child.regions, join=child)
             child._register()
         except BaseException:
-            child._withdraw()
+            _sync_exports(self.client, child.regions, leave=child, errors=[])  # back to the open layouts' grants
             raise
         self._children.append(child)
         return child
@@ -462,9 +464,10 @@ class Layout:
 
     def close(self) -> None:
         """Deregister the layout (and its views), withdraw the region exports
-        it made (a peer can no longer write into the pool by name), then
-        deregister the CUDA regions it registered. Host regions stay the
-        caller's, unexported again. Safe twice."""
+        it made (a peer can no longer write into the pool by name) or hand
+        them, narrowed to its grants, to another open exported layout over
+        the region, then deregister the CUDA regions it registered. Host
+        regions stay the caller's, unexported again. Safe twice."""
         if self._closed:
             return
         self._closed = True
@@ -480,7 +483,7 @@ class Layout:
         except B2BError as e:
             if e.code != grpc.StatusCode.NOT_FOUND:
                 errors.append(e)
-        errors.extend(self._withdraw())
+        _sync_exports(self.client, self.regions, leave=self, errors=errors)
         for r in self._owned:
             try:
                 r.close(deregister=True)
@@ -500,30 +503,8 @@ class Layout:
                 f"{len(self.regions)} regions{', exported as ' + repr(self.export_name) if self.export_name else ''})")
 
 
-    def _withdraw(self) -> List[BaseException]:
-        """Un-export the regions this layout exported, unless another open
-        exported layout of this client still covers one (it takes the
-        export over); returns the failures."""
-        errors: List[BaseException] = []
-        exported, self._exported = self._exported, []
-        for r in exported:
-            heir = next((o for o in list(_open_layouts) if o is not self and o.client is self.client and o.export_name
-                         and any(x is r for x in o.regions)), None)
-            if heir is not None:
-                heir._exported.append(r)
-                continue
-            if getattr(r, "closed", False) or any(r is o for o in self._owned):
-                continue  # gone, or deregistered below
-            try:
-                self.client.export(r, None)
-            except B2BError as e:
-                if e.code != grpc.StatusCode.NOT_FOUND:
-                    errors.append(e)
-        return errors
-
-
-#: Open layouts, so that a closing one leaves the region exports another
-#: open layout relies on.
+#: Open layouts: a region's export serves every open exported layout over
+#: it (_sync_exports).
 _open_layouts: "weakref.WeakSet[Layout]" = weakref.WeakSet()
 
 
@@ -533,19 +514,147 @@ def _readers(readers: Sequence[str]) -> List[str]:
     return list(readers)
 
 
-def _export_regions(client: Client, regions: Iterable[Any], lay: "Layout") -> List[Any]:
-    """Peers write (and, granted, read) only exported regions: export each
-    region of an exported layout that is not exported yet, as
-    ``<export_name>.<region id>``, with the layout's grants. Returns the
-    regions exported here (the layout withdraws them on close)."""
-    done: List[Any] = []
-    if not lay.export_name:
-        return done
+#: The most peers one export may name in export_to or readers (the daemon's limit).
+_MAX_GRANTS = 1024
+
+_layout_seq = itertools.count()
+
+
+@dataclass(frozen=True)
+class _Grants:
+    """What a region export lets peers do: write it (``to``: those peers,
+    empty: any) unless ``read_only``, and read it (``readers``, ``"*"``: any)."""
+
+    to: Tuple[str, ...] = ()
+    readers: Tuple[str, ...] = ()
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class _Export:
+    """A region export b2b.kv made, kept on the region (``_kv_export``): its
+    name and grants, and the layout it is named after."""
+
+    name: str
+    grants: _Grants
+    owner: "weakref.ReferenceType[Layout]"
+
+
+def _union(r: Any, cover: List["Layout"]) -> _Grants:
+    """The one export region ``r`` needs for every layout in ``cover``: all
+    their readers, writable unless every one is read-only, by the writable
+    ones' peers (any peer when one of them names none). A union over the
+    daemon's limit is refused, naming the region, two layouts and the grant."""
+    writers = [o for o in cover if not o.read_only]
+    to: Tuple[str, ...] = ()
+    if writers and all(o.export_to for o in writers):
+        to = tuple(dict.fromkeys(p for o in writers for p in o.export_to))
+    readers = tuple(dict.fromkeys(p for o in cover for p in o.readers))
+    if "*" in readers:
+        readers = ("*",)
+    for field, peers in (("export_to", to), ("readers", readers)):
+        if len(peers) > _MAX_GRANTS and len(cover) > 1:
+            raise _invalid(
+                f"b2b.kv: region {r.id} is under layouts {cover[0].name!r} and {cover[-1].name!r}"
+                + (f" (and {len(cover) - 2} more)" if len(cover) > 2 else "")
+                + f": its one export would need the union of their {field}, {len(peers)} peers, over the "
+                f"daemon's limit of {_MAX_GRANTS} per export; give the layouts separate regions or fewer peers")
+    return _Grants(to, readers, not writers)
+
+
+def _covering(client: Any, r: Any, join: Optional["Layout"], leave: Optional["Layout"]) -> List["Layout"]:
+    """The open exported layouts of ``client`` over region ``r``, oldest
+    first, with ``join`` (being registered) last and ``leave`` left out."""
+    cover = sorted((o for o in list(_open_layouts) if o.client is client and o.export_name and not o._closed
+                    and o is not leave and any(x is r for x in o.regions)), key=lambda o: o._seq)
+    if join is not None and join.export_name and any(x is r for x in join.regions):
+        cover.append(join)
+    return cover
+
+
+def _callers_grants(client: Any) -> Dict[str, _Grants]:
+    """Every region's export grants as the daemon holds them, by region id."""
+    resp = client._call(client.stub.ListRegions, pb.ListRegionsRequest(), client.timeout)
+    return {x.id: _Grants(tuple(x.export_to), tuple(x.readers), bool(x.read_only)) for x in resp.regions}
+
+
+def _check_callers(r: Any, have: Optional[_Grants], lay: "Layout") -> None:
+    """A region the caller exported itself keeps its export (b2b.kv changes
+    only the exports it made): refuse a layout that export does not serve,
+    now rather than at the first transfer."""
+    if have is None:
+        return
+    need = []
+    if lay.readers and not ("*" in have.readers or set(lay.readers) <= set(have.readers)):
+        need.append(f"readers {list(lay.readers)} (the export grants readers {list(have.readers)})")
+    if not lay.read_only and have.read_only:
+        need.append("writers (the export is read-only)")
+    elif not lay.read_only and have.to and not (lay.export_to and set(lay.export_to) <= set(have.to)):
+        need.append(f"export_to {list(lay.export_to) or 'every peer'} (the export grants export_to {list(have.to)})")
+    if need:
+        raise _invalid(
+            f"b2b.kv: layout {lay.name!r} needs {' and '.join(need)} on region {r.id}, which this client exported "
+            f"itself as {r.export_name!r}: b2b.kv changes only the region exports its layouts made. Export the "
+            "region with those grants (Client.export), or leave it unexported for the layout to export")
+
+
+def _sync_exports(client: Any, regions: Iterable[Any], join: Optional["Layout"] = None,
+                  leave: Optional["Layout"] = None, errors: Optional[List[BaseException]] = None) -> None:
+    """Peers write (and, granted, read) only exported regions, and a region
+    has one export: give each region the export its open exported layouts
+    need, ``join`` (being registered) counted and ``leave`` (closing, or a
+    failed registration) not (docs/kv.md, Exports). The export is named
+    after the oldest such layout (``<export_name>.<region id>``, kept while
+    that layout is open) and grants their union (:func:`_union`); a region no
+    layout covers any more is un-exported. Everything is checked before any
+    export changes. ``errors``: collect failures (close) instead of raising."""
+    if any(lay is not None and not lay.export_name for lay in (join, leave)):
+        return  # a layout not exported grants nothing and names no export
+    plan: List[Tuple[Any, Optional["Layout"], str, _Grants]] = []
+    callers: Optional[Dict[str, _Grants]] = None
+    seen = set()
     for r in regions:
-        if not r.export_name:
-            client.export(r, f"{lay.export_name}.{r.id}", lay.export_to, readers=lay.readers, read_only=lay.read_only)
-            done.append(r)
-    return done
+        if id(r) in seen:
+            continue
+        seen.add(id(r))
+        cur: Optional[_Export] = getattr(r, "_kv_export", None)
+        if cur is not None and cur.name != r.export_name:
+            cur = None  # re-exported since, not by b2b.kv: the caller's
+        cover = _covering(client, r, join, leave)
+        if cur is None:
+            if r.export_name:  # the caller's own export: left as it is
+                if join is not None and join in cover:
+                    callers = _callers_grants(client) if callers is None else callers
+                    _check_callers(r, callers.get(r.id), join)
+                continue
+            if not cover:
+                continue
+        if not cover:
+            plan.append((r, None, "", _Grants()))
+            continue
+        held = cur.owner() if cur is not None else None
+        owner = held if any(o is held for o in cover) else cover[0]
+        name = cur.name if cur is not None and owner is held else f"{owner.export_name}.{r.id}"
+        grants = _union(r, cover)
+        if cur is None or (cur.name, cur.grants, held) != (name, grants, owner):
+            plan.append((r, owner, name, grants))
+    for r, owner, name, grants in plan:
+        try:
+            if owner is None:
+                gone = getattr(r, "closed", False) or (leave is not None and any(r is o for o in leave._owned))
+                r._kv_export = None
+                if not gone:  # else deregistered by the closing layout
+                    client.export(r, None)
+            else:
+                was: Optional[_Export] = getattr(r, "_kv_export", None)
+                if was is None or (was.name, was.grants) != (name, grants):  # else only the layout it is named after changed
+                    client.export(r, name, grants.to, readers=grants.readers, read_only=grants.read_only)
+                r._kv_export = _Export(name, grants, weakref.ref(owner))
+        except B2BError as e:
+            if errors is None:
+                raise
+            if owner is not None or e.code != grpc.StatusCode.NOT_FOUND:
+                errors.append(e)
 
 
 def register(
@@ -588,7 +697,9 @@ def register(
         persist: CUDA regions outlive this client's connection.
         readers: peer identities (``"*"``: any peer) that may pull from the
             exported layout (``transfer_blocks(..., op="read")`` on their
-            side); ``read_only``: no peer may write it.
+            side); ``read_only``: no peer may write it. A region shared with
+            another exported layout of the client gets one export granting
+            what both need (docs/kv.md, Exports).
 
     Raises ``ValueError`` (:class:`~b2b.InvalidArgumentError`) naming the
     tensor when a block is not contiguous, blocks overlap, tensors disagree on
@@ -611,11 +722,14 @@ def register(
                 bases.append((r, int(r.array.ctypes.data)))
         lay = Layout(client, name, blocks, bases, owned, heads, export_name or "", export_to, grants, read_only)
         lay.persist = persist
-        lay._exported = _export_regions(client, lay.regions, lay)
+        for r in owned:  # exported as they were registered, with this layout's grants
+            if r.export_name:
+                r._kv_export = _Export(r.export_name, _union(r, [lay]), weakref.ref(lay))
+        _sync_exports(client, lay.regions, join=lay)
         lay._register()
     except BaseException:
         if lay is not None:
-            lay._withdraw()
+            _sync_exports(client, lay.regions, leave=lay, errors=[])
         for r in owned:
             try:
                 r.close(deregister=True)

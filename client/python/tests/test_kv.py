@@ -241,13 +241,19 @@ class KVTest(daemon_harness.DaemonPair):
 
     def test_exports_kept_for_another_open_layout(self):
         """A region exported by one layout stays exported while another open
-        exported layout of the client covers it."""
-        _, _, dst = self.pools(layers=1)
+        exported layout of the client covers it: re-exported under that
+        layout's name (the closed layout's names are gone)."""
+        src_region, _, dst = self.pools(layers=1)
         a = kv.register(self.b, dst, name="kv-keep-a", export_name="kv-keep-a")
         b_ = kv.register(self.b, dst, name="kv-keep-b", export_name="kv-keep-b")
         names = [r.export_name for r in a.regions]
+        self.assertEqual([r.export_name for r in b_.regions], names, "one export per region, named after kv-keep-a")
         a.close()
-        self.assertEqual([r.export_name for r in b_.regions], names, "still needed by kv-keep-b")
+        self.assertEqual([r.export_name for r in b_.regions], [f"kv-keep-b.{r.id}" for r in b_.regions],
+                         "still needed by kv-keep-b")
+        for n in names:
+            with self.assertRaises(b2b.NotFoundError):
+                self.a.batch_transfer(src_region, self.db.peer_address, n, [0], [0], block_size=BLOCK)
         b_.close()
         self.assertEqual([r.export_name for r in b_.regions], [""] * len(names))
 
