@@ -28,6 +28,7 @@ before a transfer reads the tensors, and after one wrote them.
 from __future__ import annotations
 
 import itertools
+import numbers
 import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -258,9 +259,14 @@ def _heads_arg(blocks: List[_Blocks], heads: Optional[Tuple[int, int]], kv_layou
     if heads is None:
         return None
     try:
-        start, count = (int(x) for x in heads)
+        start, count = heads
     except (TypeError, ValueError):
         raise _invalid(f"b2b.kv: heads={heads!r}: want (start, count)") from None
+    for what, x in (("start", start), ("count", count)):
+        # int() would truncate 0.5 to 0 and read True as 1 or "2" as 2: a slice other than the one asked.
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+            raise _invalid(f"b2b.kv: heads={heads!r}: {what} {x!r} is {type(x).__name__}: want (start, count) as ints")
+    start, count = int(start), int(count)
     for b in blocks:
         _slice(b, (start, count))
     return start, count
@@ -362,7 +368,9 @@ class Layout:
         :func:`register` (needed unless the layout was registered with it). ``readers`` (peer identities, ``"*"``: any) may
         pull from it, ``read_only``: no peer may write it; the regions'
         exports are widened to grant that too (docs/kv.md, Exports). Closed
-        with this layout."""
+        with this layout; refused on a closed one."""
+        if self._closed:  # its regions may be gone; nothing would close the view
+            raise _invalid(f"b2b.kv: layout {self.name!r} is closed: view {name!r} was not registered")
         blocks = self._blocks if kv_layout is None else [_blocks(b.view, kv_layout) for b in self._blocks]
         heads = _heads_arg(blocks, heads, kv_layout)
         child = Layout(self.client, name, blocks, self._bases, [], heads, export_name or "", export_to,

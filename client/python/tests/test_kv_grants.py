@@ -1,5 +1,5 @@
 """b2b.kv region exports shared by several layouts (docs/kv.md, Exports and
-Pulls).
+Pulls), and its checks of ``heads`` and of views of a closed layout.
 
 A region has one export, so when layouts (or views) over the same regions are
 exported, the region's export grants what every open one needs, and a closing
@@ -153,6 +153,23 @@ class KVGrantsTest(daemon_harness.DaemonPair):
         ok.close()
         self.assertEqual(region.export_name, "g-own", "the caller's export is left as it was")
 
+    def test_view_of_a_closed_layout_is_refused(self):
+        """As transfer_blocks is: same class and message, nothing registered."""
+        _, src = self.pool(self.a, seed=7)
+        la = kv.register(self.a, [src], name="g-closed", kv_layout="HND")
+        la.close()
+        before = self.layouts_on_a()
+        with self.assertRaises(b2b.InvalidArgumentError) as tb:
+            la.transfer_blocks(self.db.peer_address, "x", [0], [0])
+        for kw in ({}, dict(export_name="g-closed-v", readers=["*"])):
+            with self.assertRaises(b2b.InvalidArgumentError) as cm:
+                la.view("g-closed-v", heads=(0, 2), **kw)
+            self.assertTrue(str(cm.exception).startswith(str(tb.exception)), str(cm.exception))
+            self.assertIn("'g-closed-v'", str(cm.exception))
+        self.assertEqual(self.layouts_on_a(), before)
+        la.close()
+        self.assertEqual(self.layouts_on_a(), before)
+
 
 # ---------------------------------------------------------------------------
 # Tables, with a stand-in client and CUDA tensors (test_kv.py's kind).
@@ -280,6 +297,40 @@ class TableTest(unittest.TestCase):
         self.assertEqual(len(self.c.exports), n, "no export changed")
         self.assertEqual(self.c.layouts, ["u0", "u1"], "u2 not registered")
         v1.close()
+
+    def test_heads_must_be_ints(self):
+        """heads=(start, count) of ints (numpy's too); anything else is refused
+        naming heads and the value, before anything is registered."""
+        bad = [
+            ((0.5, 1.7), "start 0.5 is float"),
+            ((0, 2.0), "count 2.0 is float"),
+            ((True, True), "start True is bool"),
+            ((np.bool_(False), 2), "start False is bool"),
+            (("0", "2"), "start '0' is str"),
+            ("02", "start '0' is str"),
+            ((0, 2, 9), "want (start, count)"),
+            (2, "want (start, count)"),
+            ((np.float64(0), 2), "is float64"),
+        ]
+        for heads, part in bad:
+            for how in ("register", "view"):
+                with self.subTest(heads=heads, how=how):
+                    c = self.c if how == "view" else FakeClient()
+                    n_layouts, n_regions = len(c.layouts), len(c.registered)
+                    with self.assertRaises(b2b.InvalidArgumentError) as cm:
+                        if how == "view":
+                            self.base.view("h", heads=heads)
+                        else:
+                            kv.register(c, [FakeTensor(0x10000, (8, HEADS, BS, HD))], name="h", heads=heads, kv_layout="HND")
+                    self.assertIn(f"heads={heads!r}", str(cm.exception))
+                    self.assertIn(part, str(cm.exception))
+                    self.assertEqual((len(c.layouts), len(c.registered)), (n_layouts, n_regions), "nothing registered")
+        for heads in ((1, 2), (np.int64(1), np.int32(2))):
+            v = self.base.view("ok", heads=heads)
+            self.assertEqual(v.heads, (1, 2))
+            head = BS * HD * 2  # one head of a FakeTensor block, in bytes
+            self.assertEqual([(s.offset, s.block_len) for s in v.segments], [(head, 2 * head)])
+            v.close()
 
 
 if __name__ == "__main__":
