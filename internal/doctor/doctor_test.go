@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -318,6 +319,51 @@ func TestFailingTrees(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestResolveGroup: doctor resolves --group as the daemon does, so a numeric
+// group without an /etc/group entry (the k8s ConfigMap's 2470) is a gid.
+func TestResolveGroup(t *testing.T) {
+	lookup := func(name string) (int, error) {
+		if name == "b2bd" {
+			return 991, nil
+		}
+		return 0, errors.New("group: unknown group " + name)
+	}
+	cases := []struct {
+		spec string
+		want int
+		err  string // substring; "" means no error
+	}{
+		{"b2bd", 991, ""},
+		{"2470", 2470, ""},
+		{"0", 0, ""},
+		{"nosuch", 0, `look up group "nosuch": group: unknown group nosuch`},
+		{"4294967295", 0, "is not a gid"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.spec, func(t *testing.T) {
+			got, err := resolveGroup(tc.spec, lookup)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("resolveGroup(%q) = %d, %v; want error with %q", tc.spec, got, err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("resolveGroup(%q) = %d, %v; want %d", tc.spec, got, err, tc.want)
+			}
+		})
+	}
+
+	// End to end: a numeric group absent from /etc/group that owns the shm dir passes.
+	tr := healthy(t)
+	env := healthyEnv(tr.root)
+	env.Group = strconv.Itoa(os.Getegid())
+	env.LookupGroup = func(string) (int, error) { return 0, errors.New("unknown group") }
+	if r := byCheck(Run(env))["shm-dir"]; r.Status != Pass {
+		t.Fatalf("numeric --group %s: %+v", env.Group, r)
 	}
 }
 

@@ -118,6 +118,25 @@ func thpMode(s string) string {
 	return s
 }
 
+// resolveGroup turns --group into a gid exactly as the daemon does
+// (internal/daemon resolveGroup): a decimal number is a gid and need not be
+// in /etc/group (a container image rarely lists the pod's supplemental
+// group); anything else is a group name looked up with lookup.
+func resolveGroup(spec string, lookup func(string) (int, error)) (int, error) {
+	if _, err := strconv.ParseUint(spec, 10, 32); err == nil {
+		gid, err := strconv.ParseUint(spec, 10, 31)
+		if err != nil {
+			return 0, fmt.Errorf("--group %q is not a gid: %w", spec, err)
+		}
+		return int(gid), nil
+	}
+	gid, err := lookup(spec)
+	if err != nil {
+		return 0, fmt.Errorf("look up group %q: %w", spec, err)
+	}
+	return gid, nil
+}
+
 // minShmFree is the free space under which the shm check warns.
 const minShmFree = 1 << 30
 
@@ -126,9 +145,9 @@ func (h *host) checkShm() Result {
 	dir := h.env.ShmDir
 	path := h.env.p(dir)
 	var notes []string
-	gid, gerr := h.env.LookupGroup(h.env.Group)
+	gid, gerr := resolveGroup(h.env.Group, h.env.LookupGroup)
 	if gerr != nil {
-		notes = append(notes, fmt.Sprintf("no group %s (only root can use the socket and %s)", h.env.Group, dir))
+		notes = append(notes, fmt.Sprintf("no group %s (only root can use the socket and %s): %v", h.env.Group, dir, gerr))
 	}
 	st, err := os.Stat(path)
 	switch {
