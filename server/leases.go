@@ -18,6 +18,9 @@ func (s *Server) join(ctx context.Context) *region.Client {
 	var pid int32
 	if who, ok := auth.Caller(ctx); ok {
 		pid = who.PID
+		if pid <= 0 && s.unknownPID.CompareAndSwap(false, true) {
+			s.cfg.Log.Warn("a client's process ID is not visible to this daemon (it runs in a PID namespace of its own): each of that process's connections holds its regions apart, and a region goes when the connection that registered it closes; run the daemon in the host's PID namespace (Kubernetes: hostPID: true)", "uid", who.UID)
+		}
 	}
 	return s.cfg.Registry.Leases().Join(pid)
 }

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -98,6 +99,9 @@ type Server struct {
 	// submit on a SubmitStream or the raw socket, a ring record's, one
 	// started by StartTransfer(s) as it ends); nil: none. Set before serving.
 	observeSubmit SubmitObserver
+
+	// unknownPID: a Unix-socket client's pid was 0 (warned once, leases.go).
+	unknownPID atomic.Bool
 
 	// drain is closed by Drain: long-lived peer streams end.
 	drain     chan struct{}

@@ -256,6 +256,9 @@ func TestManifests(t *testing.T) {
 
 	// The DaemonSet.
 	spec := ds.Spec.Template.Spec
+	if !spec.HostPID {
+		t.Errorf("DaemonSet: hostPID is off: the daemon would see every client pod's pid as 0, and lease regions per connection")
+	}
 	if !spec.HostNetwork {
 		t.Errorf("DaemonSet: hostNetwork is off")
 	}
