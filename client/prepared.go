@@ -93,6 +93,8 @@ type Stream struct {
 	tag     atomic.Uint64
 	err     atomic.Pointer[error] // why the stream ended, once it did
 	done    chan struct{}
+	// sendClosed: CloseSend was called (guarded by sendMu).
+	sendClosed bool
 }
 
 // OpenStream opens a SubmitStream. Cancel ctx (see Stream), or CloseSend
@@ -169,13 +171,28 @@ func (st *Stream) recv() {
 	}
 }
 
-// Submit sends one submit of p and returns its tag.
+// Submit sends one submit of p and returns its tag. After CloseSend, or
+// once the stream ended, it is refused FailedPrecondition (with the
+// stream's own error when it ended early).
 func (st *Stream) Submit(p *Plan) (uint64, error) {
 	tag := st.tag.Add(1)
 	st.sendMu.Lock()
+	if st.sendClosed {
+		st.sendMu.Unlock()
+		return 0, status.Error(codes.FailedPrecondition, "b2b client: submit on a stream after its CloseSend: open another stream")
+	}
 	err := st.s.Send(&b2bv1.SubmitStreamRequest{Tag: tag, Handle: p.Handle})
 	st.sendMu.Unlock()
 	if err != nil {
+		// io.EOF: the stream ended (closed, cancelled, or the daemon ended
+		// it); its status is what recv saw.
+		if errors.Is(err, io.EOF) {
+			<-st.done
+			if e := st.Err(); e != nil {
+				return 0, fmt.Errorf("b2b client: submit on a stream that ended: %w", e)
+			}
+			return 0, status.Error(codes.FailedPrecondition, "b2b client: submit on a stream that ended (closed): open another stream")
+		}
 		return 0, fmt.Errorf("b2b client: submit on stream: %w", err)
 	}
 	return tag, nil
@@ -189,6 +206,7 @@ func (st *Stream) Results() <-chan StreamResult { return st.results }
 func (st *Stream) CloseSend() error {
 	st.sendMu.Lock()
 	defer st.sendMu.Unlock()
+	st.sendClosed = true
 	return st.s.CloseSend()
 }
 
