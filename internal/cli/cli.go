@@ -5,10 +5,12 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sort"
 	"strings"
@@ -17,8 +19,11 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/b2bd/b2bd/client"
+	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/doctor"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -58,19 +63,57 @@ type globals struct {
 	IO
 	socket string
 	json   bool
-	c      *client.Client
+	// tlsCert, tlsKey and tlsCA are mutual TLS for a --socket (or
+	// transfer --dst-api) host:port off loopback.
+	tlsCert, tlsKey, tlsCA string
+	c                      *client.Client
 }
 
 func (g *globals) dial() (*client.Client, error) {
 	if g.c != nil {
 		return g.c, nil
 	}
-	c, err := client.Dial(g.socket)
+	c, err := dialAPI("--socket", g.socket, g.tlsCert, g.tlsKey, g.tlsCA)
 	if err != nil {
 		return nil, err
 	}
 	g.c = c
 	return c, nil
+}
+
+// dialAPI connects to a daemon's local API at target, a Unix socket or a
+// host:port (flag names where target came from, for errors).
+func dialAPI(flag, target, cert, key, ca string) (*client.Client, error) {
+	t, err := apiTLS(flag, target, cert, key, ca)
+	if err != nil {
+		return nil, err
+	}
+	var opts []grpc.DialOption
+	if t != nil {
+		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(t)))
+	}
+	return client.Dial(target, opts...)
+}
+
+// apiTLS is the client TLS to reach a daemon's API at target, nil for
+// plaintext: a Unix socket and a loopback host:port are plaintext, as the
+// daemon serves them; any other host:port is the daemon's --api-listen off
+// loopback, which takes mutual TLS only, so it needs cert, key and ca.
+func apiTLS(flag, target, cert, key, ca string) (*tls.Config, error) {
+	if strings.HasPrefix(target, "/") || strings.HasPrefix(target, "unix:") || strings.HasPrefix(target, "unix-abstract:") {
+		return nil, nil
+	}
+	if _, _, err := net.SplitHostPort(target); err != nil || auth.IsLoopback(target) {
+		return nil, nil // not host:port: gRPC resolves it as before
+	}
+	if cert == "" || key == "" || ca == "" {
+		return nil, fmt.Errorf("%w: %s %s is not loopback: the daemon's --api-listen there takes mutual TLS only; give --tls-cert, --tls-key and --tls-ca", ErrUsage, flag, target)
+	}
+	t, err := auth.LoadPeerTLS(cert, key, ca)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", flag, target, err)
+	}
+	return t.ClientFor(target), nil
 }
 
 func (g *globals) close() {
@@ -91,7 +134,8 @@ func NewCommand(io IO) *cobra.Command {
 		Long: `b2bctl talks to the local b2bd over its API socket: status, regions, register,
 deregister, transfer, checksum and watch print tables for people, or JSON with --json;
 doctor checks this host (and peers) for b2bd. The socket is --socket, else
-$B2BD_SOCKET, else /run/b2bd/b2bd.sock.`,
+$B2BD_SOCKET, else /run/b2bd/b2bd.sock; a host:port off loopback (the daemon's
+--api-listen) takes mutual TLS: give --tls-cert, --tls-key and --tls-ca.`,
 		SilenceUsage:      true,
 		SilenceErrors:     true,
 		DisableAutoGenTag: true,
@@ -110,6 +154,9 @@ $B2BD_SOCKET, else /run/b2bd/b2bd.sock.`,
 	}
 	root.PersistentFlags().StringVar(&g.socket, "socket", def, "the daemon's local API: socket path, unix:///path or host:port (env B2BD_SOCKET)")
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON")
+	root.PersistentFlags().StringVar(&g.tlsCert, "tls-cert", "", "--socket (or transfer --dst-api) host:port off loopback: our certificate, for the daemon's mutual TLS")
+	root.PersistentFlags().StringVar(&g.tlsKey, "tls-key", "", "--socket (or transfer --dst-api) host:port off loopback: its key")
+	root.PersistentFlags().StringVar(&g.tlsCA, "tls-ca", "", "--socket (or transfer --dst-api) host:port off loopback: the CA that signed the daemon's certificate")
 	root.SetOut(io.Stdout)
 	root.SetErr(io.Stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %v", ErrUsage, err) })

@@ -16,6 +16,7 @@ import (
 
 	"github.com/b2bd/b2bd/client"
 	"github.com/b2bd/b2bd/internal/daemon"
+	"github.com/b2bd/b2bd/internal/testca"
 )
 
 type node struct {
@@ -23,8 +24,9 @@ type node struct {
 	sock string
 }
 
-// startNode runs a real daemon (TCP, plaintext on loopback) in this process.
-func startNode(t *testing.T, name string) *node {
+// startNode runs a real daemon (TCP, plaintext on loopback) in this process;
+// opts change its config.
+func startNode(t *testing.T, name string, opts ...func(*daemon.Config)) *node {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := daemon.Config{
@@ -33,6 +35,9 @@ func startNode(t *testing.T, name string) *node {
 		DefaultTimeout: 20 * time.Second, ShutdownGrace: 5 * time.Second, MaxDescriptors: 1 << 20, Insecure: true,
 	}
 	cfg.KindFlags = map[string]string{"data-listen": "127.0.0.1:0"}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	d, err := daemon.New(cfg, hclog.New(&hclog.LoggerOptions{Name: name, Level: hclog.Warn, Output: os.Stderr}))
 	if err != nil {
 		t.Fatalf("start %s: %v", name, err)
@@ -440,5 +445,72 @@ func TestHelpListsFlags(t *testing.T) {
 	out, err = ctl(t, "completion", "bash")
 	if err != nil || !strings.Contains(out, "__start_b2bctl") {
 		t.Fatalf("completion bash: %v", err)
+	}
+}
+
+// TestSocketTLS: --socket host:port off loopback needs --tls-cert, --tls-key
+// and --tls-ca (global flags, before or after the command); without them
+// b2bctl refuses as usage and says why, before dialling.
+func TestSocketTLS(t *testing.T) {
+	ca := testca.New(t, "test CA")
+	cert, key := ca.Issue(t, "ctl")
+	const off = "192.0.2.2:17479"
+	cases := []struct {
+		name  string
+		args  []string
+		usage bool
+		want  string
+	}{
+		{"no tls flags", []string{"--socket", off, "status"}, true,
+			"--socket 192.0.2.2:17479 is not loopback: the daemon's --api-listen there takes mutual TLS only; give --tls-cert, --tls-key and --tls-ca"},
+		{"no --tls-ca", []string{"--socket", off, "--tls-cert", cert, "--tls-key", key, "regions"}, true, "give --tls-cert, --tls-key and --tls-ca"},
+		{"flags after the command", []string{"status", "--socket", off, "--tls-cert", cert, "--tls-key", key}, true, "mutual TLS only"},
+		{"unreadable cert", []string{"--socket", off, "--tls-cert", "/nonexistent.pem", "--tls-key", key, "--tls-ca", ca.PEM, "status"}, false,
+			"--socket 192.0.2.2:17479: invalid argument: load --tls-cert /nonexistent.pem"},
+		{"transfer --dst-api", []string{"--socket", "/nonexistent.sock", "transfer", "--src", "r", "--peer", "127.0.0.1:1", "--dst", "d",
+			"--blocks", "1", "--size", "1", "--verify", "--dst-api", off, "--tls-cert", cert, "--tls-key", key, "--tls-ca", ca.PEM}, false, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ctl(t, tc.args...)
+			if tc.want == "" { // it parses, then fails on the source socket
+				if err == nil || errors.Is(err, ErrUsage) {
+					t.Fatalf("b2bctl %s: %v; want a dial error, not usage", strings.Join(tc.args, " "), err)
+				}
+				return
+			}
+			if err == nil || errors.Is(err, ErrUsage) != tc.usage || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("b2bctl %s: %v; want usage=%v and %q", strings.Join(tc.args, " "), err, tc.usage, tc.want)
+			}
+		})
+	}
+}
+
+// TestAPITLS: which targets get TLS, and the client config they get.
+func TestAPITLS(t *testing.T) {
+	ca := testca.New(t, "test CA")
+	cert, key := ca.Issue(t, "ctl")
+	for _, target := range []string{"/run/b2bd/b2bd.sock", "unix:///run/b2bd.sock", "127.0.0.1:7479", "localhost:7479", "[::1]:7479"} {
+		c, err := apiTLS("--socket", target, "", "", "")
+		if c != nil || err != nil {
+			t.Errorf("apiTLS(%s) without flags = %v, %v; want plaintext", target, c, err)
+		}
+	}
+	c, err := apiTLS("--socket", "node-b.example:7479", cert, key, ca.PEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ServerName != "node-b.example" || len(c.Certificates) != 1 || c.RootCAs == nil {
+		t.Fatalf("TLS config %+v: want ServerName node-b.example, our certificate and the CA", c)
+	}
+}
+
+// TestSocketLoopbackPlaintext: a loopback host:port (--api-listen
+// 127.0.0.1:PORT) stays plaintext and needs no --tls-* flags.
+func TestSocketLoopbackPlaintext(t *testing.T) {
+	n := startNode(t, "a", func(c *daemon.Config) { c.APIListen = "127.0.0.1:0" })
+	st := ctlJSON[map[string]any](t, "--socket", n.d.APITCPAddr(), "status", "--json")
+	if len(st) == 0 {
+		t.Fatalf("status over %s: %v", n.d.APITCPAddr(), st)
 	}
 }

@@ -14,11 +14,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/b2bd/b2bd/client"
-	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/transport"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -183,9 +180,6 @@ func runTransfer(fs *pflag.FlagSet) runner {
 	verify := fs.Bool("verify", false, "compare every block's checksum on both sides (needs --dst-socket or --dst-api)")
 	dstSocket := fs.String("dst-socket", "", "--verify: the destination daemon's API socket")
 	dstAPI := fs.String("dst-api", "", "--verify: the destination daemon's API address, host:port (TLS with --tls-* off loopback)")
-	cert := fs.String("tls-cert", "", "--dst-api off this host: our certificate")
-	key := fs.String("tls-key", "", "--dst-api off this host: its key")
-	ca := fs.String("tls-ca", "", "--dst-api off this host: the CA")
 	note := fs.String("notify", "", "notification delivered to the destination's watchers after the last batch")
 	opName := fs.String("op", "write", "write: push --src's blocks into the peer's --dst; read: pull the peer's --dst blocks into --src (the export must list this daemon in its readers)")
 	return func(ctx context.Context, g *globals, args []string) error {
@@ -263,7 +257,7 @@ func runTransfer(fs *pflag.FlagSet) runner {
 			res.GBps = float64(res.BytesPerBatch) * float64(*repeat) / res.WallSeconds / 1e9
 		}
 		if *verify {
-			ok, digest, bad, err := verifyBlocks(ctx, c, *src, *dst, *dstSocket, *dstAPI, *cert, *key, *ca, blocks)
+			ok, digest, bad, err := verifyBlocks(ctx, c, *src, *dst, *dstSocket, *dstAPI, g.tlsCert, g.tlsKey, g.tlsCA, blocks)
 			if err != nil {
 				return err
 			}
@@ -332,18 +326,7 @@ func dialDst(socket, api, cert, key, ca string) (*client.Client, error) {
 	if socket != "" {
 		return client.Dial(socket)
 	}
-	var opts []grpc.DialOption
-	if !auth.IsLoopback(api) {
-		if cert == "" || key == "" || ca == "" {
-			return nil, fmt.Errorf("%w: --dst-api %s is not loopback: give --tls-cert, --tls-key and --tls-ca", ErrUsage, api)
-		}
-		t, err := auth.LoadPeerTLS(cert, key, ca)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(t.ClientFor(api))))
-	}
-	return client.Dial(api, opts...)
+	return dialAPI("--dst-api", api, cert, key, ca)
 }
 
 // verifyBlocks checksums every block at both ends; digest is the source's
