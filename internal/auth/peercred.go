@@ -25,15 +25,18 @@ func (Local) AuthType() string { return "peercred" }
 // PeerCred are transport credentials for the local API: on a Unix socket
 // they record the caller's uid, gid and pid; on a mutual-TLS connection the
 // verified certificate; on plaintext TCP nothing.
-type PeerCred struct{}
+type PeerCred struct {
+	refusals // NewPeerCred: refused TLS handshakes are logged
+}
 
-func (PeerCred) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+func (p PeerCred) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	if tc, ok := c.(*tls.Conn); ok {
 		// The --api-listen listener off loopback does mutual TLS itself:
 		// record the verified certificate, so that the caller's identity
 		// (PeerIdentity) owns the regions it registers. gRPC has set the
 		// connection's handshake deadline.
 		if err := tc.Handshake(); err != nil {
+			p.refused("api", c, err)
 			return nil, nil, err
 		}
 		return c, credentials.TLSInfo{State: tc.ConnectionState(), CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}, nil

@@ -374,7 +374,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 
 	// Descriptor lists of 1M entries are 24 MiB; allow them through.
 	msgMax := 64<<20 + 3*8*cfg.MaxDescriptors
-	apiOpts := append([]grpc.ServerOption{grpc.Creds(auth.PeerCred{}), grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax)},
+	apiOpts := append([]grpc.ServerOption{grpc.Creds(auth.NewPeerCred(log.Named("auth"))), grpc.MaxRecvMsgSize(msgMax), grpc.MaxSendMsgSize(msgMax)},
 		srv.APIOptions()...)
 	d.health = health.New()
 	if err := d.buildObservability(); err != nil {
@@ -389,7 +389,7 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	d.health.Register(d.api)
 	peerOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(16 << 20)}
 	if peerTLS != nil {
-		peerOpts = append(peerOpts, grpc.Creds(credentials.NewTLS(peerTLS.Server)))
+		peerOpts = append(peerOpts, grpc.Creds(auth.LogRefused(credentials.NewTLS(peerTLS.Server), "peer", log.Named("auth"))))
 	}
 	d.peerSrv = grpc.NewServer(peerOpts...)
 	b2bv1.RegisterPeerServer(d.peerSrv, srv.Peer())
