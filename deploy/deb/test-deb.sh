@@ -3,7 +3,8 @@
 # dpkg -i, the files and the b2bd group are there, b2bd --version says
 # VERSION, b2bd doctor --json (when the binary has it) exits 0 or 1 with
 # valid JSON, the installed unit passes systemd-analyze verify (man page
-# check included), dpkg --purge leaves none of the package's files. The
+# check included), the package installs over itself (the upgrade path),
+# dpkg --purge leaves none of the package's files nor an enable link. The
 # group stays after the purge (Debian keeps system groups); this test then
 # removes it if it created it, so the machine is as it found it.
 set -euo pipefail
@@ -76,8 +77,21 @@ msgs=$(systemd-analyze verify /lib/systemd/system/b2bd.service 2>&1) || { echo "
 [ -z "$msgs" ] || { echo "$msgs"; fail "systemd-analyze verify printed messages"; }
 echo "systemd-analyze verify: OK"
 
+# The package over itself: the upgrade path of the maintainer scripts
+# (prerm upgrade, postinst configure with the version before) must pass.
+echo "+ dpkg -i $deb (again: an upgrade)"
+$sudo dpkg -i "$deb" >/dev/null || fail "installing over itself (an upgrade) failed"
+echo "upgrade over itself: OK"
+
+# An enable link (systemctl enable) must not outlive a purge.
+if [ -d /etc/systemd/system ]; then
+	$sudo mkdir -p /etc/systemd/system/multi-user.target.wants
+	$sudo ln -sf /lib/systemd/system/b2bd.service /etc/systemd/system/multi-user.target.wants/b2bd.service
+fi
+
 echo "+ dpkg --purge b2bd"
 $sudo dpkg --purge b2bd
+[ -L /etc/systemd/system/multi-user.target.wants/b2bd.service ] && fail "the unit's enable link outlived the purge"
 dpkg -s b2bd >/dev/null 2>&1 && fail "b2bd still known to dpkg after purge"
 left=0
 while read -r f; do
