@@ -232,3 +232,28 @@ class SilentPeer:
     def tearDownClass(cls):
         cls.silent.close()
         super().tearDownClass()
+
+
+class KVPair(DaemonPair):
+    """A DaemonPair whose tests register host regions (``host``) and
+    ``b2b.kv`` layouts (``layout``) that are closed after each test, the
+    latest first."""
+
+    def setUp(self):
+        self.cleanup = []
+
+    def tearDown(self):
+        for c in reversed(self.cleanup):
+            c.close()
+
+    def host(self, client, size, export=None):
+        r = client.register_host(size, export)
+        self.cleanup.append(r)
+        return r
+
+    def layout(self, *a, **kw):
+        from b2b import kv
+
+        lay = kv.register(*a, **kw)
+        self.cleanup.append(lay)
+        return lay

@@ -25,24 +25,7 @@ def fill(a: np.ndarray, seed: int) -> None:
     a[...] = np.random.default_rng(seed).standard_normal(a.shape).astype(a.dtype)
 
 
-class KVTest(daemon_harness.DaemonPair):
-    def setUp(self):
-        self.cleanup = []
-
-    def tearDown(self):
-        for c in reversed(self.cleanup):
-            c.close()
-
-    def host(self, client, size, export=None):
-        r = client.register_host(size, export)
-        self.cleanup.append(r)
-        return r
-
-    def layout(self, *a, **kw):
-        lay = kv.register(*a, **kw)
-        self.cleanup.append(lay)
-        return lay
-
+class KVTest(daemon_harness.KVPair):
     def pools(self, layers=3):
         """Source: `layers` K and V tensors as views of ONE region; destination:
         one region per tensor, zeroed."""

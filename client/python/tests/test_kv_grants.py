@@ -27,24 +27,7 @@ BLOCK = HEADS * BS * HD * DT.itemsize  # 512 bytes
 HALF = BLOCK // 2  # two heads
 
 
-class KVGrantsTest(daemon_harness.DaemonPair):
-    def setUp(self):
-        self.cleanup = []
-
-    def tearDown(self):
-        for c in reversed(self.cleanup):
-            c.close()
-
-    def host(self, client, size, export=None):
-        r = client.register_host(size, export)
-        self.cleanup.append(r)
-        return r
-
-    def layout(self, *a, **kw):
-        lay = kv.register(*a, **kw)
-        self.cleanup.append(lay)
-        return lay
-
+class KVGrantsTest(daemon_harness.KVPair):
     def pool(self, client, heads=HEADS, seed=None, export=None):
         """An HND pool in a region of its own: a pattern (``seed``) or zeros."""
         r = self.host(client, POOL * heads * BS * HD * DT.itemsize, export)
