@@ -106,11 +106,16 @@ func TestChooseByMeasurement(t *testing.T) {
 	}
 	lookup := func(k transport.Kind) (transport.Driver, bool) { d, ok := drivers[k]; return d, ok }
 	hh := transport.Route{From: memory.Host, To: memory.Host}
+	gg := transport.Route{From: memory.CUDA, To: memory.CUDA} // across two GPUs
 	ms := time.Millisecond
 	cal := &transport.Calibration{State: "done", Rows: []transport.CalibrationRow{
 		{Route: hh, BlockBytes: 128, Median: map[transport.Kind]time.Duration{"near": 7 * ms, "slow": 3 * ms}},
 		{Route: hh, BlockBytes: 4096, Median: map[transport.Kind]time.Duration{"near": 102 * ms / 10, "slow": 10 * ms}}, // within 3%
 		{Route: hh, BlockBytes: 65536, Median: map[transport.Kind]time.Duration{"near": 20 * ms, "slow": 60 * ms}},
+		// near could not be measured (it refused the daemon's batch to
+		// itself, as the same-host path does from one GPU to another): the
+		// row goes by rank, not to the only kind measured.
+		{Route: gg, BlockBytes: 128, Median: map[transport.Kind]time.Duration{"slow": 9 * ms}, Failed: map[transport.Kind]string{"near": "refused"}},
 	}}
 	cases := []struct {
 		name      string
@@ -126,6 +131,7 @@ func TestChooseByMeasurement(t *testing.T) {
 		{"1 MiB: nearest is 64 KiB", "same-host", transport.Need{Op: transport.OpWrite, Route: hh, BlockBytes: 1 << 20}, "near", false, false},
 		{"route unknown: rank, recheck", "same-host", transport.Need{Op: transport.OpWrite}, "near", true, false},
 		{"route not measured: rank", "same-host", transport.Need{Op: transport.OpWrite, Route: transport.Route{From: memory.CUDA, To: memory.Host}, BlockBytes: 128}, "near", false, false},
+		{"a kind not measured on the route: rank", "same-host", transport.Need{Op: transport.OpWrite, Route: gg, BlockBytes: 128}, "near", false, false},
 		{"no calibration: rank", "same-host", transport.Need{Op: transport.OpWrite, Route: hh, BlockBytes: 128}, "near", false, true},
 		{"peer on another host: rank, no recheck", "elsewhere", transport.Need{Op: transport.OpWrite, Route: hh, BlockBytes: 128}, "slow", false, false},
 		{"peer on another host, route unknown: no recheck", "elsewhere", transport.Need{Op: transport.OpWrite}, "slow", false, false},

@@ -88,8 +88,12 @@ type Calibration struct {
 // Choose picks, among candidates (the kinds that reach the peer and can
 // carry the batch, ranking first), the one measured fastest for route at
 // the measured block size nearest blockBytes (in powers of two); ok is
-// false when no row covers the route or no candidate was measured there.
-// It allocates nothing: it runs for every batch auto chooses for.
+// false when no row covers the route, no candidate was measured there, or
+// a candidate failed to be measured there: the daemon measures by batches
+// to itself, which a kind may refuse (the same-host path, from one GPU to
+// its own region on another) though it carries the route between daemons,
+// so an incomplete row goes by rank. It allocates nothing: it runs for
+// every batch auto chooses for.
 func (c *Calibration) Choose(route Route, blockBytes uint64, candidates []Kind) (Kind, bool) {
 	if c == nil || !route.Known() || blockBytes == 0 {
 		return "", false
@@ -97,6 +101,11 @@ func (c *Calibration) Choose(route Route, blockBytes uint64, candidates []Kind) 
 	row := c.nearest(route, blockBytes)
 	if row == nil {
 		return "", false
+	}
+	for _, k := range candidates {
+		if _, bad := row.Failed[k]; bad {
+			return "", false
+		}
 	}
 	k, _, _ := pick(row.Median, candidates)
 	return k, k != ""
@@ -164,9 +173,23 @@ func explain(median map[Kind]time.Duration, chosen, fastest, first Kind) string 
 func (c *Calibration) Decide(ranked []Kind) {
 	for i := range c.Rows {
 		r := &c.Rows[i]
+		if k := firstFailed(r.Failed, ranked); k != "" && len(ranked) > 0 {
+			r.Chosen, r.Why = ranked[0], fmt.Sprintf("by rank: %s could not be measured here (by batches to this daemon itself)", k)
+			continue
+		}
 		chosen, fastest, first := pick(r.Median, ranked)
 		r.Chosen, r.Why = chosen, explain(r.Median, chosen, fastest, first)
 	}
+}
+
+// firstFailed is the first of ranked that failed, "" when none did.
+func firstFailed(failed map[Kind]string, ranked []Kind) Kind {
+	for _, k := range ranked {
+		if _, bad := failed[k]; bad {
+			return k
+		}
+	}
+	return ""
 }
 
 func log2(n uint64) int {
