@@ -46,10 +46,11 @@ func (g *gate) bind(fp uint64, at time.Time) bool {
 	if g == nil {
 		return true
 	}
+	fp |= 1 // never 0: "not bound"
 	if g.opened && fp != g.bound && (at.IsZero() || !at.Before(g.since)) {
 		return false
 	}
-	g.bound = fp | 1 // never 0: "not bound"
+	g.bound = fp
 	return true
 }
 
