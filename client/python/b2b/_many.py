@@ -167,6 +167,26 @@ def _start_grpc(client: "Client", reqs: Sequence[Any], rids: Sequence[Any], inde
     return out
 
 
+def outcomes(call: Any, req: Any, rpc_timeout: Optional[float], ts: Sequence[Transfer]) -> None:
+    """One call that answers handles ``ts``' outcomes in order
+    (WaitTransfers, PollTransfers): each lands in its handle. Interrupted,
+    the call goes on and each handle keeps it, so an outcome the daemon
+    hands over once is not lost."""
+    deadline = deadline_after(rpc_timeout)
+    with _interrupts_deferred():
+        fut = call.future(req, timeout=rpc_timeout)
+    try:
+        r = fut.result()
+    except grpc.RpcError as e:
+        raise from_rpc_error(e, deadline) from e
+    except BaseException:
+        for i, t in enumerate(ts):
+            t._keep(_Pending(fut, i))
+        raise
+    for t, o in zip(ts, r.outcomes):
+        t._take(o)
+
+
 def wait_grpc(client: "Client", ts: Sequence[Transfer], timeout: Optional[float], any_one: bool) -> None:
     """One WaitTransfers for daemon handles ``ts`` (none ended, none with
     a call running): their outcomes land in them. Interrupted, the call
@@ -187,19 +207,7 @@ def wait_grpc(client: "Client", ts: Sequence[Transfer], timeout: Optional[float]
                 req.timeout_ms = timeout_ms(left)
                 more = req.timeout_ms < left * 1000
                 rpc_timeout = req.timeout_ms / 1000 + 30.0  # the daemon answers RUNNING at timeout_ms
-            deadline = deadline_after(rpc_timeout)
-            with _interrupts_deferred():
-                fut = client.stub.WaitTransfers.future(req, timeout=rpc_timeout)
-            try:
-                r = fut.result()
-            except grpc.RpcError as e:
-                raise from_rpc_error(e, deadline) from e
-            except BaseException:
-                for i, t in enumerate(part):
-                    t._keep(_Pending(fut, i))
-                raise
-            for t, o in zip(part, r.outcomes):
-                t._take(o)
+            outcomes(client.stub.WaitTransfers, req, rpc_timeout, part)
             running = [t for t in part if t._outcome is None]
             if not more or (any_one and len(running) < len(part)):
                 break

@@ -942,20 +942,8 @@ class Client:
         if ask:
             if self._closed:
                 raise UnavailableError(grpc.StatusCode.UNAVAILABLE, "b2b client is closed")
-            timeout = check_timeout(self.timeout)
-            deadline = deadline_after(timeout)
-            with _interrupts_deferred():  # a poll that started is kept (below)
-                fut = self._stub.PollTransfers.future(pb.PollTransfersRequest(transfer_ids=[t.id for t in ask]), timeout=timeout)
-            try:
-                r = fut.result()
-            except grpc.RpcError as e:
-                raise from_rpc_error(e, deadline) from e
-            except BaseException:
-                for i, t in enumerate(ask):
-                    t._keep(_Pending(fut, i))
-                raise
-            for t, o in zip(ask, r.outcomes):
-                t._take(o)
+            _many.outcomes(self._stub.PollTransfers, pb.PollTransfersRequest(transfer_ids=[t.id for t in ask]),
+                           check_timeout(self.timeout), ask)
         return [t._outcome is not None for t in ts]
 
     # -- layouts and block-id transfers (docs/kv.md) -------------------------
