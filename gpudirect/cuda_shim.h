@@ -90,6 +90,8 @@ typedef struct CUmemcpyAttributes_st {
 	X(cuDevicePrimaryCtxRetain, 0, (CUcontext *pctx, CUdevice dev)) \
 	X(cuDevicePrimaryCtxRelease_v2, 0, (CUdevice dev)) \
 	X(cuCtxSetCurrent, 0, (CUcontext ctx)) \
+	X(cuDeviceCanAccessPeer, 1, (int *canAccessPeer, CUdevice dev, CUdevice peerDev)) \
+	X(cuCtxEnablePeerAccess, 1, (CUcontext peerContext, unsigned int flags)) \
 	X(cuMemAlloc_v2, 0, (CUdeviceptr *dptr, size_t bytesize)) \
 	X(cuMemFree_v2, 0, (CUdeviceptr dptr)) \
 	X(cuMemGetAddressRange_v2, 0, (CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)) \
@@ -237,6 +239,26 @@ static inline int b2b_ctx_open(const b2b_tab *t, int ordinal, int *step) {
 		return B2B_RC(rc);
 	}
 	return 0;
+}
+
+// b2b_peer_enable lets the current context (ordinal's) reach peer's memory
+// directly. *can is 0 where the devices cannot (no call is made then). The
+// peer's primary context must be retained by its own worker: it is retained
+// here only for the call.
+#define B2B_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED 704
+static inline int b2b_peer_enable(const b2b_tab *t, int ordinal, int peer, int *can) {
+	CUdevice dev, pdev;
+	CUcontext pctx = NULL;
+	CUresult rc;
+	*can = 0;
+	if ((rc = B2B_CALL(t, cuDeviceGet)(&dev, ordinal)) != 0) return B2B_RC(rc);
+	if ((rc = B2B_CALL(t, cuDeviceGet)(&pdev, peer)) != 0) return B2B_RC(rc);
+	if ((rc = B2B_CALL(t, cuDeviceCanAccessPeer)(can, dev, pdev)) != 0 || !*can) return B2B_RC(rc);
+	if ((rc = B2B_CALL(t, cuDevicePrimaryCtxRetain)(&pctx, pdev)) != 0) return B2B_RC(rc);
+	rc = B2B_CALL(t, cuCtxEnablePeerAccess)(pctx, 0);
+	B2B_CALL(t, cuDevicePrimaryCtxRelease_v2)(pdev);
+	if (rc == B2B_CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) rc = 0;
+	return B2B_RC(rc);
 }
 
 static inline int b2b_ctx_close(const b2b_tab *t, int ordinal) {

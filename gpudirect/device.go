@@ -166,6 +166,7 @@ func Load(opts ...Option) (Interface, error) {
 	}
 	d.devs = make([]atomic.Pointer[devState], d.count)
 	d.caps.DmabufExport = C.b2b_has(d.tab, C.B2B_SYM_cuMemGetHandleForAddressRange) != 0
+	d.caps.PeerAccess = C.b2b_has(d.tab, C.B2B_SYM_cuDeviceCanAccessPeer) != 0 && C.b2b_has(d.tab, C.B2B_SYM_cuCtxEnablePeerAccess) != 0
 	if !o.noMemcpyBatch {
 		switch {
 		case C.b2b_has(d.tab, C.B2B_SYM_cuMemcpyBatchAsync_v2) != 0:
@@ -208,6 +209,7 @@ type devState struct {
 	hostRegs   map[uintptr]uint64
 	ipcOpen    map[uintptr]int // CUDA returns the same pointer (refcounted) when a handle is opened again
 	handles    map[*handle]*handleKind
+	peers      map[int]bool // devices this context reaches directly (EnablePeerAccess)
 
 	// The copy-engine primer's scratch (0: none, primerErr says why):
 	// host-to-device batches queue their chunks behind it (cuda_shim.h).
@@ -263,6 +265,7 @@ func (d *driver) device(dev int) (*devState, error) {
 		hostRegs:   map[uintptr]uint64{},
 		ipcOpen:    map[uintptr]int{},
 		handles:    map[*handle]*handleKind{},
+		peers:      map[int]bool{},
 	}
 	open := func() error {
 		var step C.int
@@ -289,6 +292,42 @@ func (d *driver) device(dev int) (*devState, error) {
 	ds.w = w
 	d.devs[dev].Store(ds)
 	return ds, nil
+}
+
+func (d *driver) EnablePeerAccess(dev, peer int) error {
+	ds, err := d.device(dev)
+	if err != nil {
+		return err
+	}
+	if dev == peer {
+		return nil
+	}
+	// The peer's worker holds its primary context, which the access needs.
+	if _, err := d.device(peer); err != nil {
+		return err
+	}
+	if !d.caps.PeerAccess {
+		return fmt.Errorf("%w: gpudirect: this driver lacks cuDeviceCanAccessPeer or cuCtxEnablePeerAccess, so device %d cannot reach device %d's memory directly", ErrNotSupported, dev, peer)
+	}
+	var rc, can C.int
+	if err := ds.w.do(func() {
+		if ds.peers[peer] {
+			can = 1
+			return
+		}
+		if rc = C.b2b_peer_enable(d.tab, C.int(dev), C.int(peer), &can); rc == 0 && can != 0 {
+			ds.peers[peer] = true
+		}
+	}); err != nil {
+		return err
+	}
+	if err := d.callErr(rc, dev, "cuCtxEnablePeerAccess(the primary context of device %d)", peer); err != nil {
+		return err
+	}
+	if can == 0 {
+		return fmt.Errorf("%w: gpudirect: device %d cannot reach device %d's memory directly (cuDeviceCanAccessPeer says 0)", ErrNotSupported, dev, peer)
+	}
+	return nil
 }
 
 // releaseAll runs on ds's worker thread when the driver closes.
@@ -325,6 +364,7 @@ func (d *driver) releaseAll(ds *devState) error {
 	ds.primerDev, ds.primerHost = 0, 0
 	clear(ds.handles)
 	clear(ds.ipcOpen)
+	clear(ds.peers)
 	clear(ds.hostRegs)
 	clear(ds.hostAllocs)
 	clear(ds.allocs)

@@ -161,6 +161,52 @@ func driverSuite(t *testing.T, lib string, real bool) {
 		ok(t, release())
 	})
 
+	t.Run("PeerAccess", func(t *testing.T) {
+		ok(t, c.EnablePeerAccess(dev, dev))
+		if err := c.EnablePeerAccess(dev, c.DeviceCount()); !errors.Is(err, ErrInvalidValue) {
+			t.Errorf("EnablePeerAccess(a device that does not exist) = %v", err)
+		}
+		if c.DeviceCount() < 2 {
+			t.Skipf("one device: no peer to reach")
+		}
+		const peer, n = 1, 1 << 20
+		if err := c.EnablePeerAccess(dev, peer); err != nil {
+			if errors.Is(err, ErrNotSupported) {
+				t.Skipf("devices %d and %d: %v", dev, peer, err)
+			}
+			t.Fatal(err)
+		}
+		ok(t, c.EnablePeerAccess(dev, peer)) // again: not an error
+		src := must(c.MemAlloc(dev, n))(t)
+		defer func() { ok(t, c.MemFree(dev, src)) }()
+		dst := must(c.MemAlloc(peer, n))(t)
+		defer func() { ok(t, c.MemFree(peer, dst)) }()
+		h := must(c.HostAlloc(dev, n))(t)
+		defer func() { ok(t, c.HostFree(dev, h)) }()
+		rng := rand.New(rand.NewPCG(3, 4))
+		for i := range h {
+			h[i] = byte(rng.Uint32())
+		}
+		want := append([]byte(nil), h...)
+		s := must(c.StreamCreate(dev))(t)
+		defer func() { ok(t, c.StreamDestroy(s)) }()
+		ok(t, c.MemcpyHtoDAsync(s, src, addr(h), n))
+		// 256 blocks of 4 KiB, reversed: peer copies queued on dev's stream.
+		var dsts, srcs, sizes []uint64
+		for i := uint64(0); i < n/4096; i++ {
+			dsts, srcs, sizes = append(dsts, uint64(dst)+n-4096*(i+1)), append(srcs, uint64(src)+4096*i), append(sizes, 4096)
+		}
+		ok(t, c.MemcpyBatchAsync(s, dsts, srcs, sizes))
+		clear(h)
+		ok(t, c.MemcpyDtoHAsync(s, addr(h), dst, n))
+		ok(t, c.StreamSynchronize(s))
+		for i := 0; i < n/4096; i++ {
+			if !bytes.Equal(h[n-4096*(i+1):n-4096*i], want[4096*i:4096*(i+1)]) {
+				t.Fatalf("block %d did not land on device %d", i, peer)
+			}
+		}
+	})
+
 	t.Run("Copies", func(t *testing.T) {
 		const n = 8 << 20
 		s := must(c.StreamCreate(dev))(t)

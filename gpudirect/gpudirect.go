@@ -86,6 +86,12 @@ type Interface interface {
 	IPCOpenMemHandle(dev int, h IPCHandle) (uintptr, error)
 	// IPCCloseMemHandle unmaps memory from IPCOpenMemHandle.
 	IPCCloseMemHandle(dev int, ptr uintptr) error
+	// EnablePeerAccess lets copies queued on dev's streams reach memory
+	// allocated on peer directly, over NVLink or PCIe peer-to-peer
+	// (cuCtxEnablePeerAccess), until Close; enabling it again is not an
+	// error. ErrNotSupported where the two devices cannot
+	// (cuDeviceCanAccessPeer) or the driver lacks the calls.
+	EnablePeerAccess(dev, peer int) error
 
 	// HostAlloc allocates size bytes of pinned, portable host memory
 	// (cuMemHostAlloc). The slice is outside the Go heap.
@@ -157,6 +163,9 @@ type Capabilities struct {
 	// DmabufExport: the driver exports cuMemGetHandleForAddressRange (11.7+).
 	// Whether a device supports it is DeviceInfo.DmabufSupported.
 	DmabufExport bool
+	// PeerAccess: the driver exports cuDeviceCanAccessPeer and
+	// cuCtxEnablePeerAccess (EnablePeerAccess).
+	PeerAccess bool
 }
 
 // MemoryType is CU_POINTER_ATTRIBUTE_MEMORY_TYPE's value (CUmemorytype).

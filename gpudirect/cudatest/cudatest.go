@@ -101,7 +101,7 @@ func New(devices ...Device) *Driver {
 	m := &Driver{
 		devices:  make([]Device, len(devices)),
 		version:  13000,
-		caps:     gpudirect.Capabilities{MemcpyBatch: true, MemcpyBatchSymbol: "cuMemcpyBatchAsync_v2", DmabufExport: true},
+		caps:     gpudirect.Capabilities{MemcpyBatch: true, MemcpyBatchSymbol: "cuMemcpyBatchAsync_v2", DmabufExport: true, PeerAccess: true},
 		fail:     map[string][]error{},
 		calls:    map[string]int{},
 		next:     firstAddr,
@@ -540,6 +540,26 @@ func (m *Driver) IPCOpenMemHandle(dev int, h gpudirect.IPCHandle) (uintptr, erro
 	p := m.newAddr(uint64(len(src.data)))
 	m.ranges[p] = &mockRange{kind: mockIPC, dev: dev, base: p, data: src.data, owner: base}
 	return p, nil
+}
+
+// EnablePeerAccess succeeds between any two devices unless
+// SetCapabilities turned PeerAccess off.
+func (m *Driver) EnablePeerAccess(dev, peer int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.enter("EnablePeerAccess"); err != nil {
+		return err
+	}
+	if err := m.checkDev(dev); err != nil {
+		return err
+	}
+	if err := m.checkDev(peer); err != nil {
+		return err
+	}
+	if dev != peer && !m.caps.PeerAccess {
+		return fmt.Errorf("%w: gpudirect: mock device %d cannot reach device %d's memory directly", gpudirect.ErrNotSupported, dev, peer)
+	}
+	return nil
 }
 
 func (m *Driver) IPCCloseMemHandle(dev int, ptr uintptr) error {

@@ -586,3 +586,99 @@ func TestGPUDestinationOfItself(t *testing.T) {
 		t.Fatalf("%d IPC handles opened; a daemon's own regions need none", n)
 	}
 }
+
+// TestGPUToItsOwnRegionOnAnotherGPU: a daemon's batch between its regions
+// on two GPUs (its calibration of GPU0 -> GPU1, or one daemon serving two
+// TP ranks) runs as direct peer copies on the source's GPU, writes and
+// reads, once the source's context reaches the other GPU; where the
+// devices cannot, it is refused FailedPrecondition naming peer access,
+// and no byte moves.
+func TestGPUToItsOwnRegionOnAnotherGPU(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		peer bool
+	}{{"peer access", true}, {"no peer access", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cu := cudatest.New(cudatest.Device{}, cudatest.Device{})
+			caps := cu.Capabilities()
+			caps.PeerAccess = tc.peer
+			cu.SetCapabilities(caps)
+			dir := t.TempDir()
+			in := &readableInbound{}
+			self, err := New(Config{Dir: filepath.Join(dir, "self"), Node: "self", CUDA: cu}, in, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer self.Close()
+			const size = 1 << 16
+			region := func(dev int) (transport.Registration, []byte) {
+				p, err := cu.MemAlloc(dev, size)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := self.Register(memory.Memory{Kind: memory.CUDA, Device: dev, Addr: p, Len: size, DmabufFD: -1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				in.add(r)
+				b, err := cu.DeviceBytes(p, size)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r, b
+			}
+			gpu0, a := region(0)
+			gpu1, b := region(1)
+			fill(a, 7)
+			fill(b, 9)
+			conn, err := self.Connect(context.Background(), transport.Peer{Address: "self", Node: "self", Advert: MarshalEndpoint(self.Endpoint())})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			bt := gapped(64, 256)
+			ctx := context.Background()
+			before := append([]byte(nil), b...)
+			_, err = transport.Write(ctx, conn, gpu0, transport.RemoteRegion{Name: "b", Size: size, Key: gpu1.Key()}, bt)
+			if !tc.peer {
+				if !errors.Is(err, errs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "peer access") {
+					t.Fatalf("GPU0 into its own region on GPU1 without peer access: %v, want FailedPrecondition naming peer access", err)
+				}
+				if !bytes.Equal(b, before) {
+					t.Fatal("a refused batch changed the destination")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("GPU0 into its own region on GPU1: %v", err)
+			}
+			for i := range bt.Len {
+				s, d := bt.Src[i], bt.Dst[i]
+				if !bytes.Equal(b[d:d+bt.Len[i]], a[s:s+bt.Len[i]]) {
+					t.Fatalf("GPU0 into its own region on GPU1: block %d did not land", i)
+				}
+			}
+			fill(b, 11)
+			rk, err := gpu1.KeyFor(transport.AccessRead)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := transport.Read(ctx, conn, gpu0, transport.RemoteRegion{Name: "b", Size: size, Key: rk}, bt); err != nil {
+				t.Fatalf("GPU0 reads its own region on GPU1: %v", err)
+			}
+			for i := range bt.Len {
+				s, d := bt.Src[i], bt.Dst[i]
+				// A read's source is the remote region: Src there, Dst here.
+				if !bytes.Equal(a[d:d+bt.Len[i]], b[s:s+bt.Len[i]]) {
+					t.Fatalf("GPU0 reads its own region on GPU1: block %d did not land", i)
+				}
+			}
+			if k := cu.Copies(); k.CrossDevice == 0 || k.SameDevice != 0 {
+				t.Fatalf("copies %+v: want direct peer copies only", k)
+			}
+			if n := cu.Calls("EnablePeerAccess"); n == 0 {
+				t.Fatal("no EnablePeerAccess before the peer copies")
+			}
+		})
+	}
+}

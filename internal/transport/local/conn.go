@@ -631,9 +631,14 @@ func (c *Conn) mapRemote(kind uint32, size, offset uint64, msg, handle []byte, f
 				return nil, fmt.Errorf("%w: samehost: the destination's IPC handle is this daemon's, but no region of it has that handle", errs.ErrFailedPrecondition)
 			}
 			if dev != own {
-				return nil, fmt.Errorf("%w: samehost: a batch from GPU %d into this daemon's own region on GPU %d: give the source on GPU %d, or another transport (tcp)", errs.ErrFailedPrecondition, dev, own, own)
+				// The copies run on the source's GPU, so its context must
+				// reach the region's GPU directly (peer access): between
+				// two daemons, the IPC mapping enables that itself.
+				if err := cu.EnablePeerAccess(dev, own); err != nil {
+					return nil, fmt.Errorf("%w: samehost: a batch between GPU %d and this daemon's own region on GPU %d needs peer access: %v; give the source on GPU %d, or another transport (tcp)", errs.ErrFailedPrecondition, dev, own, staging.DomainError(err), own)
+				}
 			}
-			rm.dptr, rm.dev, rm.home = ptr, own, own
+			rm.dptr, rm.dev, rm.home = ptr, dev, own
 			return rm, nil
 		}
 		base, err := cu.IPCOpenMemHandle(dev, gpudirect.IPCHandle(handle))

@@ -1,0 +1,162 @@
+// peerprobe: what makes a batch of 10,000 small GPU0 -> GPU1 peer copies
+// take ~5 ms in one process and ~9 ms in another (docs/samehost.md: "the
+// copy engines' own time ... is bimodal"). It times one
+// cuMemcpyBatchAsync of N blocks at random gapped slots under each
+// condition that differs between b2b-bench's raw yardstick and the daemon's
+// same-host path, interleaved round by round so that drift hits all alike:
+//   raw        source cudaMalloc'd here, destination cudaMalloc'd here on GPU1
+//   ipc        destination allocated by another process, opened through IPC
+//   syncmem    + CU_POINTER_ATTRIBUTE_SYNC_MEMOPS on the source (as the daemon)
+//   dmabuf     + the source exported as a dma-buf (as the daemon, for verbs)
+//   streamK    the ipc case on the K-th of 8 streams made in a row
+//   pull       raw's copies queued on a GPU1 stream (the destination's side)
+//   primed     one 64 KiB peer copy queued just before, on the same stream
+//   split2     the batch in two halves on two streams
+//   staged     gather to pinned host (one batch), scatter to GPU1 (one batch)
+//   hostwalk   staged, the scatter in primed chunks of 256 (the daemon's H2D)
+// Each line: the condition, its median, min and max, the CPU time of the
+// enqueue call alone (median), and every sample (ms).
+// Build: nvcc -O2 -o peerprobe peerprobe.cu -lcuda   Run: ./peerprobe [blocks] [rounds]
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+#define CKD(x) do { CUresult e_ = (x); if (e_ != CUDA_SUCCESS) { const char *s_ = ""; cuGetErrorString(e_, &s_); fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, s_); exit(1); } } while (0)
+
+static cudaError_t batch(void **d, void **s, size_t *n, size_t cnt, cudaStream_t st) {
+	cudaMemcpyAttributes a;
+	memset(&a, 0, sizeof a);
+	a.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+	size_t idx = 0;
+#if CUDART_VERSION >= 13000
+	return cudaMemcpyBatchAsync(d, (const void **)s, n, cnt, &a, &idx, 1, st);
+#else
+	size_t fail = 0;
+	return cudaMemcpyBatchAsync(d, s, n, cnt, &a, &idx, 1, &fail, st);
+#endif
+}
+
+static double ms_since(std::chrono::steady_clock::time_point t0) {
+	return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct Cond {
+	std::string name;
+	std::vector<double> total, enq;
+};
+
+int main(int argc, char **argv) {
+	int N = argc > 1 ? atoi(argv[1]) : 10000;
+	int R = argc > 2 ? atoi(argv[2]) : 9;
+	size_t sizes[] = {128, 4096};
+	const size_t maxS = 4096, slots = 2 * (size_t)N, region = slots * maxS;
+
+	// The destination's owner: another process, as the peer daemon is.
+	int up[2], down[2];
+	if (pipe(up) || pipe(down)) { perror("pipe"); return 1; }
+	pid_t child = fork();
+	if (child == 0) {
+		close(up[0]); close(down[1]);
+		void *p; cudaIpcMemHandle_t h;
+		CK(cudaSetDevice(1)); CK(cudaMalloc(&p, region)); CK(cudaIpcGetMemHandle(&h, p));
+		if (write(up[1], &h, sizeof h) != (ssize_t)sizeof h) _exit(1);
+		char c; while (read(down[0], &c, 1) > 0) {}
+		_exit(0);
+	}
+	close(up[1]); close(down[0]);
+	cudaIpcMemHandle_t h;
+	if (read(up[0], &h, sizeof h) != (ssize_t)sizeof h) { fprintf(stderr, "peerprobe: no IPC handle from the child\n"); return 1; }
+
+	int ndev = 0; CK(cudaGetDeviceCount(&ndev));
+	if (ndev < 2) { fprintf(stderr, "peerprobe: needs two GPUs (%d)\n", ndev); return 1; }
+	CK(cudaSetDevice(1)); char *dstLocal; CK(cudaMalloc(&dstLocal, region));
+	cudaStream_t pull; CK(cudaStreamCreateWithFlags(&pull, cudaStreamNonBlocking));
+	CK(cudaSetDevice(0));
+	int can = 0; CK(cudaDeviceCanAccessPeer(&can, 0, 1));
+	if (can) CK(cudaDeviceEnablePeerAccess(1, 0));
+	CK(cudaSetDevice(1)); if (can) CK(cudaDeviceEnablePeerAccess(0, 0)); CK(cudaSetDevice(0));
+	char *dstIPC; CK(cudaIpcOpenMemHandle((void **)&dstIPC, h, cudaIpcMemLazyEnablePeerAccess));
+	char *srcPlain, *srcSync, *srcDmabuf, *host, *primerD, *primerH, *peer64;
+	CK(cudaMalloc(&srcPlain, region)); CK(cudaMalloc(&srcSync, region)); CK(cudaMalloc(&srcDmabuf, region));
+	CK(cudaMalloc(&primerD, 65536)); CK(cudaMallocHost(&primerH, 65536)); CK(cudaSetDevice(1)); CK(cudaMalloc(&peer64, 65536)); CK(cudaSetDevice(0));
+	CK(cudaMallocHost(&host, (size_t)N * maxS));
+	unsigned one = 1;
+	CKD(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)srcSync));
+	CKD(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)srcDmabuf));
+	int dmafd = -1;
+	CUresult dr = cuMemGetHandleForAddressRange(&dmafd, (CUdeviceptr)srcDmabuf, region, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+	printf("peerprobe: %d blocks, %d rounds, peer access %d, dma-buf export %s\n", N, R, can, dr == CUDA_SUCCESS ? "ok" : "refused");
+	cudaStream_t st[8], s2;
+	for (int i = 0; i < 8; i++) CK(cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking));
+	CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+
+	std::mt19937_64 rng(42);
+	for (size_t S : sizes) {
+		std::vector<size_t> a(slots), b(slots);
+		for (size_t i = 0; i < slots; i++) a[i] = b[i] = i;
+		std::shuffle(a.begin(), a.end(), rng); std::shuffle(b.begin(), b.end(), rng);
+		std::vector<size_t> ns(N, S);
+		auto ptrs = [&](char *base, std::vector<size_t> &slot) { std::vector<void *> v(N); for (int i = 0; i < N; i++) v[i] = base + slot[i] * S; return v; };
+		std::vector<void *> sP = ptrs(srcPlain, a), sS = ptrs(srcSync, a), sD = ptrs(srcDmabuf, a);
+		std::vector<void *> dL = ptrs(dstLocal, b), dI = ptrs(dstIPC, b), hs(N);
+		for (int i = 0; i < N; i++) hs[i] = host + (size_t)i * S;
+
+		std::vector<Cond> cs;
+		auto run = [&](size_t ci, const char *name, cudaStream_t s, std::vector<cudaStream_t> wait, auto enqueue) {
+			if (cs.size() <= ci) cs.push_back(Cond{name, {}, {}});
+			auto t0 = std::chrono::steady_clock::now();
+			enqueue();
+			double e = ms_since(t0);
+			CK(cudaStreamSynchronize(s));
+			for (cudaStream_t w : wait) CK(cudaStreamSynchronize(w));
+			cs[ci].total.push_back(ms_since(t0));
+			cs[ci].enq.push_back(e);
+		};
+		for (int r = -1; r < R; r++) { // round -1 warms every condition
+			size_t ci = 0;
+			run(ci++, "raw", st[0], {}, [&] { CK(batch(dL.data(), sP.data(), ns.data(), N, st[0])); });
+			run(ci++, "ipc", st[0], {}, [&] { CK(batch(dI.data(), sP.data(), ns.data(), N, st[0])); });
+			run(ci++, "syncmem", st[0], {}, [&] { CK(batch(dI.data(), sS.data(), ns.data(), N, st[0])); });
+			run(ci++, "dmabuf", st[0], {}, [&] { CK(batch(dI.data(), sD.data(), ns.data(), N, st[0])); });
+			for (int k = 1; k < 8; k++) {
+				char nm[16]; snprintf(nm, sizeof nm, "stream%d", k);
+				run(ci++, strdup(nm), st[k], {}, [&] { CK(batch(dI.data(), sP.data(), ns.data(), N, st[k])); });
+			}
+			run(ci++, "pull", pull, {}, [&] { CK(cudaSetDevice(1)); CK(batch(dL.data(), sP.data(), ns.data(), N, pull)); CK(cudaSetDevice(0)); });
+			run(ci++, "primed", st[0], {}, [&] { CK(cudaMemcpyAsync(peer64, primerD, 65536, cudaMemcpyDefault, st[0])); CK(batch(dI.data(), sP.data(), ns.data(), N, st[0])); });
+			run(ci++, "split2", st[0], {s2}, [&] { int h2 = N / 2; CK(batch(dI.data(), sP.data(), ns.data(), h2, st[0])); CK(batch(dI.data() + h2, sP.data() + h2, ns.data(), N - h2, s2)); });
+			run(ci++, "staged", st[0], {}, [&] { CK(batch(hs.data(), sP.data(), ns.data(), N, st[0])); CK(batch(dI.data(), hs.data(), ns.data(), N, st[0])); });
+			run(ci++, "hostwalk", st[0], {}, [&] {
+				CK(batch(hs.data(), sP.data(), ns.data(), N, st[0]));
+				for (int lo = 0; lo < N; lo += 256) {
+					int c = std::min(256, N - lo);
+					CK(cudaMemcpyAsync(peer64, primerH, 65536, cudaMemcpyDefault, st[0]));
+					CK(batch(dI.data() + lo, hs.data() + lo, ns.data(), c, st[0]));
+				}
+			});
+			if (r < 0) for (auto &c : cs) { c.total.clear(); c.enq.clear(); }
+		}
+		printf("\n%zu B x %d        median      min      max  enqueue | samples (ms)\n", S, N);
+		for (auto &c : cs) {
+			std::vector<double> t = c.total, e = c.enq;
+			std::sort(t.begin(), t.end()); std::sort(e.begin(), e.end());
+			printf("%-10s %10.3f %8.3f %8.3f %8.3f |", c.name.c_str(), t[t.size() / 2], t.front(), t.back(), e[e.size() / 2]);
+			for (double x : c.total) printf(" %.2f", x);
+			printf("\n");
+		}
+		fflush(stdout);
+	}
+	close(down[1]);
+	waitpid(child, nullptr, 0);
+	return 0;
+}
