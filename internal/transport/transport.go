@@ -219,9 +219,10 @@ type Stats struct {
 	// TCP: frame headers) inside Write; 0 for a prepared write.
 	Plan time.Duration
 	// Post is the time spent handing the work to the NIC or the sockets;
-	// Write's remaining time is the wire and the acknowledgement. A kind
-	// that moves the bytes itself (local: the CPU's or the copy engines'
-	// copies) hands nothing over: its copies are its wire, Post 0.
+	// Write's remaining time is the wire and the acknowledgement. Local's
+	// direct GPU copies count their queueing on the copy engines here; where
+	// the CPU (or local's host stage) moves the bytes itself, nothing is
+	// handed over: its copies are its wire, Post 0.
 	Post time.Duration
 }
 

@@ -165,7 +165,8 @@ func (c *Conn) blocks(ctx context.Context, p *layout.Pair, ids layout.IDs, nsrc,
 				if err := checkBounds(b, srcLen, dstLen); err != nil {
 					return fail(err)
 				}
-				err := c.copy(ctx, sm, rm, b, read) // the wire: no Post (Stats)
+				post, err := c.copy(ctx, sm, rm, b, read)
+				st.Post += post
 				setSegs, setBytes = setSegs+uint64(b.N()), setBytes+b.Bytes()
 				if err != nil {
 					return fail(err)

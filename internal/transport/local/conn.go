@@ -417,7 +417,7 @@ func (c *Conn) transfer(ctx context.Context, src transport.Registration, dst tra
 		return st, err
 	}
 	c.pinHostSide(src, sm, rm)
-	err = c.copy(ctx, sm, rm, b, read) // the wire: no Post (Stats)
+	st.Post, err = c.copy(ctx, sm, rm, b, read)
 	st.Segments = uint64(b.N())
 	st.WorkRequests = 1
 	if err != nil {

@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/b2bd/b2bd/gpudirect"
@@ -13,8 +14,10 @@ import (
 )
 
 // copy moves the blocks: host to host with the CPU (contained faults),
-// anything touching a GPU with one batched copy-engine call.
-func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.Batch, read bool) error {
+// anything touching a GPU with one batched copy-engine call. post is the
+// time spent queueing direct GPU copies (the hand-over to the copy
+// engines, as a NIC's post); 0 where the CPU or the stage moves the bytes.
+func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.Batch, read bool) (post time.Duration, err error) {
 	if sm.Kind == memory.Host && rm.kind == kindHost {
 		dst, src := rm.host, sm.Host
 		if read { // a pull: the copy runs the other way
@@ -25,27 +28,27 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 			k = max(1, int(total/MinSplit))
 		}
 		if k <= 1 || b.N() < 2 {
-			return copyHost(ctx, dst, src, b, 0, b.N())
+			return 0, copyHost(ctx, dst, src, b, 0, b.N())
 		}
 		if c.hostPool == nil {
 			c.hostPool = newHostPool(c.t.cfg.Streams)
 		}
-		return c.hostPool.run(ctx, dst, src, b, k)
+		return 0, c.hostPool.run(ctx, dst, src, b, k)
 	}
 	cu := c.t.cfg.CUDA
 	if cu == nil {
-		return fmt.Errorf("%w: samehost: GPU copy without a CUDA driver", errs.ErrFailedPrecondition)
+		return 0, fmt.Errorf("%w: samehost: GPU copy without a CUDA driver", errs.ErrFailedPrecondition)
 	}
 	if sm.Kind == memory.CUDA && rm.kind == kindCUDA && rm.home == sm.Device && !c.t.cfg.SameDeviceDirect {
 		// One GPU: its device-to-device copies would run on SMs (stage.go).
 		s, err := c.t.stageFor(sm.Device)
 		if err != nil {
-			return fmt.Errorf("%w: %v", errs.ErrFailedPrecondition, err)
+			return 0, fmt.Errorf("%w: %v", errs.ErrFailedPrecondition, err)
 		}
 		if read {
-			return copyStaged(ctx, cu, s, uint64(rm.dptr), uint64(sm.Addr), b)
+			return 0, copyStaged(ctx, cu, s, uint64(rm.dptr), uint64(sm.Addr), b)
 		}
-		return copyStaged(ctx, cu, s, uint64(sm.Addr), uint64(rm.dptr), b)
+		return 0, copyStaged(ctx, cu, s, uint64(sm.Addr), uint64(rm.dptr), b)
 	}
 	dev := rm.dev
 	if rm.kind == kindHost {
@@ -53,7 +56,7 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 	}
 	ss, err := c.deviceStreams(dev)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var srcBase, dstBase uint64
 	if sm.Kind == memory.Host {
@@ -84,6 +87,7 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 	var qerr error
 	queued := 0
 	lo := 0
+	t0 := time.Now()
 	for j := 0; j < k && lo < n; j++ {
 		hi := n
 		if j < k-1 {
@@ -96,6 +100,7 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 		queued++
 		lo = hi
 	}
+	post = time.Since(t0)
 	// Wait for every stream that took work, even after a failure: the
 	// destination must not be let go with copies still in flight.
 	for j := 0; j < queued; j++ {
@@ -103,7 +108,7 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 			qerr = fmt.Errorf("samehost: wait for %d block copies on device %d: %w", n, dev, staging.DomainError(err))
 		}
 	}
-	return qerr
+	return post, qerr
 }
 
 // deviceStreams returns the connection's copy streams on dev, made on first
