@@ -14,6 +14,7 @@
 //   split2     the batch in two halves on two streams
 //   staged     gather to pinned host (one batch), scatter to GPU1 (one batch)
 //   hostwalk   staged, the scatter in primed chunks of 256 (the daemon's H2D)
+//   idle2/idle20  the ipc case after the GPUs idled 2 or 20 ms (power states)
 // Each line: the condition, its median, min and max, the CPU time of the
 // enqueue call alone (median), and every sample (ms).
 // Build: nvcc -O2 -o peerprobe peerprobe.cu -lcuda   Run: ./peerprobe [blocks] [rounds]
@@ -129,7 +130,7 @@ int main(int argc, char **argv) {
 			run(ci++, "syncmem", st[0], {}, [&] { CK(batch(dI.data(), sS.data(), ns.data(), N, st[0])); });
 			run(ci++, "dmabuf", st[0], {}, [&] { CK(batch(dI.data(), sD.data(), ns.data(), N, st[0])); });
 			for (int k = 1; k < 8; k++) {
-				char nm[16]; snprintf(nm, sizeof nm, "stream%d", k);
+				char nm[24]; snprintf(nm, sizeof nm, "stream%d", k);
 				run(ci++, strdup(nm), st[k], {}, [&] { CK(batch(dI.data(), sP.data(), ns.data(), N, st[k])); });
 			}
 			run(ci++, "pull", pull, {}, [&] { CK(cudaSetDevice(1)); CK(batch(dL.data(), sP.data(), ns.data(), N, pull)); CK(cudaSetDevice(0)); });
@@ -144,6 +145,10 @@ int main(int argc, char **argv) {
 					CK(batch(dI.data() + lo, hs.data() + lo, ns.data(), c, st[0]));
 				}
 			});
+			usleep(2000);
+			run(ci++, "idle2", st[0], {}, [&] { CK(batch(dI.data(), sP.data(), ns.data(), N, st[0])); });
+			usleep(20000);
+			run(ci++, "idle20", st[0], {}, [&] { CK(batch(dI.data(), sP.data(), ns.data(), N, st[0])); });
 			if (r < 0) for (auto &c : cs) { c.total.clear(); c.enq.clear(); }
 		}
 		printf("\n%zu B x %d        median      min      max  enqueue | samples (ms)\n", S, N);
