@@ -15,6 +15,11 @@
 //   staged     gather to pinned host (one batch), scatter to GPU1 (one batch)
 //   hostwalk   staged, the scatter in primed chunks of 256 (the daemon's H2D)
 //   idle2/idle20  the ipc case after the GPUs idled 2 or 20 ms (power states)
+//   cover+walk     one device-to-host copy of the source's covering range, then
+//                  host-to-device per block in primed chunks of 256, on GPU0
+//   cover+walk4    the same, the chunks over four GPU0 streams
+//   cover+walkd1   the second hop on a GPU1 stream, into GPU1's own allocation
+//   cover+walk4d1  ... over four GPU1 streams
 // Each line: the condition, its median, min and max, the CPU time of the
 // enqueue call alone (median), and every sample (ms).
 // Build: nvcc -O2 -o peerprobe peerprobe.cu -lcuda   Run: ./peerprobe [blocks] [rounds]
@@ -91,13 +96,18 @@ int main(int argc, char **argv) {
 	CK(cudaMalloc(&srcPlain, region)); CK(cudaMalloc(&srcSync, region)); CK(cudaMalloc(&srcDmabuf, region));
 	CK(cudaMalloc(&primerD, 65536)); CK(cudaMallocHost(&primerH, 65536)); CK(cudaSetDevice(1)); CK(cudaMalloc(&peer64, 65536)); CK(cudaSetDevice(0));
 	CK(cudaMallocHost(&host, (size_t)N * maxS));
+	char *cover, *primerD1; CK(cudaMallocHost(&cover, region));
+	CK(cudaSetDevice(1)); CK(cudaMalloc(&primerD1, 65536)); CK(cudaSetDevice(0));
 	unsigned one = 1;
 	CKD(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)srcSync));
 	CKD(cuPointerSetAttribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, (CUdeviceptr)srcDmabuf));
 	int dmafd = -1;
 	CUresult dr = cuMemGetHandleForAddressRange(&dmafd, (CUdeviceptr)srcDmabuf, region, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
 	printf("peerprobe: %d blocks, %d rounds, peer access %d, dma-buf export %s\n", N, R, can, dr == CUDA_SUCCESS ? "ok" : "refused");
-	cudaStream_t st[8], s2;
+	cudaStream_t st[8], s2, d1[4];
+	CK(cudaSetDevice(1));
+	for (int i = 0; i < 4; i++) CK(cudaStreamCreateWithFlags(&d1[i], cudaStreamNonBlocking));
+	CK(cudaSetDevice(0));
 	for (int i = 0; i < 8; i++) CK(cudaStreamCreateWithFlags(&st[i], cudaStreamNonBlocking));
 	CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
 
@@ -112,6 +122,27 @@ int main(int argc, char **argv) {
 		std::vector<void *> dL = ptrs(dstLocal, b), dI = ptrs(dstIPC, b), hs(N);
 		for (int i = 0; i < N; i++) hs[i] = host + (size_t)i * S;
 
+		size_t lo = *std::min_element(a.begin(), a.begin() + N) * S, hi = *std::max_element(a.begin(), a.begin() + N) * S + S;
+		std::vector<void *> cv(N);
+		for (int i = 0; i < N; i++) cv[i] = cover + (a[i] * S - lo);
+		// walk: the second hop of cover+walk*, chunks of 256 behind a primer,
+		// round robin over k streams on GPU0 (to the IPC mapping) or GPU1.
+		auto walk = [&](int k, bool onGPU1) {
+			for (int c0 = 0, j = 0; c0 < N; c0 += 256, j++) {
+				int c = std::min(256, N - c0);
+				cudaStream_t s = onGPU1 ? d1[j % k] : st[j % k];
+				CK(cudaMemcpyAsync(onGPU1 ? primerD1 : primerD, primerH, 65536, cudaMemcpyDefault, s));
+				CK(batch((onGPU1 ? dL.data() : dI.data()) + c0, cv.data() + c0, ns.data(), c, s));
+			}
+		};
+		auto coverWalk = [&](int k, bool onGPU1) {
+			CK(cudaMemcpyAsync(cover, srcPlain + lo, hi - lo, cudaMemcpyDefault, st[0]));
+			CK(cudaStreamSynchronize(st[0]));
+			if (onGPU1) CK(cudaSetDevice(1));
+			walk(k, onGPU1);
+			if (onGPU1) CK(cudaSetDevice(0));
+		};
+		std::vector<cudaStream_t> st4 = {st[1], st[2], st[3]}, d14 = {d1[1], d1[2], d1[3]};
 		std::vector<Cond> cs;
 		auto run = [&](size_t ci, const char *name, cudaStream_t s, std::vector<cudaStream_t> wait, auto enqueue) {
 			if (cs.size() <= ci) cs.push_back(Cond{name, {}, {}});
@@ -145,6 +176,10 @@ int main(int argc, char **argv) {
 					CK(batch(dI.data() + lo, hs.data() + lo, ns.data(), c, st[0]));
 				}
 			});
+			run(ci++, "cover+walk", st[0], {}, [&] { coverWalk(1, false); });
+			run(ci++, "cover+walk4", st[0], st4, [&] { coverWalk(4, false); });
+			run(ci++, "cover+walkd1", d1[0], {}, [&] { coverWalk(1, true); });
+			run(ci++, "cover+walk4d1", d1[0], d14, [&] { coverWalk(4, true); });
 			usleep(2000);
 			run(ci++, "idle2", st[0], {}, [&] { CK(batch(dI.data(), sP.data(), ns.data(), N, st[0])); });
 			usleep(20000);
