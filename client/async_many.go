@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -62,29 +61,15 @@ func (c *Client) StartMany(ctx context.Context, reqs ...*b2bv1.StartTransferRequ
 		if len(resp.GetResults()) != len(part) {
 			return nil, fmt.Errorf("start %d transfers: the daemon answered %d results", len(part), len(resp.GetResults()))
 		}
-		for k, r := range resp.GetResults() {
+		for _, r := range resp.GetResults() {
 			if r.GetCode() != 0 {
-				out = append(out, Started{Err: status.Error(codes.Code(r.GetCode()), callerIndex(r.GetMessage(), k, at))})
+				out = append(out, Started{Err: status.Error(codes.Code(r.GetCode()), r.GetMessage())})
 				continue
 			}
 			out = append(out, Started{Handle: &TransferHandle{c: c, id: r.GetTransferId()}})
 		}
 	}
 	return out, nil
-}
-
-// callerIndex is msg, the daemon's refusal of request k of a call whose
-// first request is the caller's at, naming the caller's index: the daemon
-// names its index in the call ("requests[k]: ..."), which past the first
-// call of a split list is not the one the caller gave.
-func callerIndex(msg string, k, at int) string {
-	if at == 0 {
-		return msg
-	}
-	if rest, ok := strings.CutPrefix(msg, fmt.Sprintf("requests[%d]", k)); ok {
-		return fmt.Sprintf("requests[%d]", at+k) + rest
-	}
-	return msg
 }
 
 // WaitMany waits in one call until every handle ended (anyOne false) or

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 	"unsafe"
@@ -49,6 +50,26 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 			return 0, copyStaged(ctx, cu, s, uint64(rm.dptr), uint64(sm.Addr), b)
 		}
 		return 0, copyStaged(ctx, cu, s, uint64(sm.Addr), uint64(rm.dptr), b)
+	}
+	if b.N() > 0 && b.Bytes()/uint64(b.N()) <= toHostMaxBlock {
+		// Device memory into host memory: small blocks through the
+		// source GPU's stage (tohost.go), where it has one.
+		var from uint64
+		var to []byte
+		var fromDev int
+		switch {
+		case !read && sm.Kind == memory.CUDA && rm.kind == kindHost:
+			from, to, fromDev = uint64(sm.Addr), rm.host, sm.Device
+		case read && sm.Kind == memory.Host && rm.kind == kindCUDA:
+			from, to, fromDev = uint64(rm.dptr), sm.Host, rm.dev
+		}
+		if to != nil {
+			if s, err := c.t.stageFor(fromDev); err == nil {
+				if err := copyToHost(ctx, cu, s, from, to, b); !errors.Is(err, errNotMerged) {
+					return 0, err
+				}
+			}
+		}
 	}
 	dev := rm.dev
 	if rm.kind == kindHost {

@@ -42,7 +42,9 @@ func (l *lockedBuffer) String() string {
 // Where the driver refuses it, batches still work from pageable memory, and
 // Status and the log (once) say so.
 func TestHostGPUBatchesPinned(t *testing.T) {
-	const blocks, bs = 200, 512
+	// Blocks over toHostMaxBlock: GPU -> host takes the direct path (smaller
+	// ones are staged: tohost.go).
+	const blocks, bs = 200, 2 * toHostMaxBlock
 	const region = 2 * blocks * bs
 	for _, tc := range []struct {
 		name       string

@@ -57,6 +57,7 @@ const (
 	routeStaged = "same-GPU batches: staged through pinned host memory (device->host in source order, covering gaps, then host->device per block in primed chunks of 256: copy engines, 0 SMs)"
 	routeDirect = "same-GPU batches: direct device copies (configured: the driver runs them on SMs)"
 	routeCross  = "GPU-to-GPU batches: direct peer copies (copy engines, 0 SMs)"
+	routeToHost = "GPU-to-host batches of small blocks: device->host covering copies into the stage, then the CPU"
 )
 
 // ensureStage allocates dev's staging buffer and streams once, when the
@@ -151,7 +152,7 @@ func (t *Transport) routes() string {
 	if t.cfg.SameDeviceDirect {
 		return "; " + routeDirect + "; " + routeCross + t.hostRoute()
 	}
-	return "; " + routeStaged + t.stageNotes() + "; " + routeCross + t.hostRoute()
+	return "; " + routeStaged + t.stageNotes() + "; " + routeCross + "; " + routeToHost + t.hostRoute()
 }
 
 // stageNotes is each staged device's calibration, in device order.

@@ -1,0 +1,106 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/b2bd/b2bd/gpudirect"
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/memguard"
+	"github.com/b2bd/b2bd/internal/staging"
+)
+
+// Small GPU blocks into host memory go through the source GPU's stage: one
+// device-to-host copy per covering range (through gaps of up to the
+// stage's gap, in source order) into the pinned buffer, then the CPU
+// copies each block out. A batched copy costs about the same per copy at
+// 128 B as at 16 KiB, so 10,000 scattered 128 B blocks took ~10 ms as one
+// copy each (H200), against TCP's ~2 ms, whose sender reads covering
+// ranges too. Larger blocks, or blocks too far apart to share a range, stay
+// direct copies into the (registered) destination: there the copy engine
+// beats the CPU.
+
+// toHostMaxBlock is the largest mean block staged, and toHostMerge how many
+// blocks a first-hop copy must carry on average for the stage to be taken.
+const (
+	toHostMaxBlock = 16 << 10
+	toHostMerge    = 4
+)
+
+// errNotMerged says a batch's blocks lie too far apart to share first-hop
+// copies: the caller copies it directly.
+var errNotMerged = errors.New("samehost: blocks too far apart to stage")
+
+// copyToHost moves b from device memory at srcBase into the host memory
+// dst through s. While the CPU copies chunk k out of one half of the
+// buffer, the copy engine fills the other half with chunk k+1. The CPU's
+// copies run under a fault guard (dst maps a file its owner may shrink)
+// and look at ctx between chunks. It returns errNotMerged, having copied
+// nothing, where staging would not pay.
+func copyToHost(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase uint64, dst []byte, b *desc.Batch) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	half := uint64(len(s.buf) / 2)
+	host := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf))))
+	p := &s.plan
+	chunk := s.chunk
+	if chunk == 0 {
+		chunk = staging.ChunkBytes(b.Bytes(), half)
+	}
+	staging.PlanStagedGap(p, srcBase, 0, b.Src, b.Dst, b.Len, host, half, chunk, s.gap)
+	if len(p.InLen)*toHostMerge > b.N() {
+		return errNotMerged
+	}
+	n := len(p.InEnds)
+	done := func(k int) *gpudirect.Event { return s.done[k%2][0] }
+	queue := func(k int) error {
+		lo := 0
+		if k > 0 {
+			lo = p.InEnds[k-1]
+		}
+		hi := p.InEnds[k]
+		if err := cu.MemcpyBatchAsync(s.d2h, p.InHost[lo:hi], p.InSrc[lo:hi], p.InLen[lo:hi]); err != nil {
+			return fmt.Errorf("samehost: staged copy to host memory, device-to-host hop of %d copies on device %d: %w", hi-lo, s.dev, staging.DomainError(err))
+		}
+		if err := cu.EventRecord(done(k), s.d2h); err != nil {
+			return fmt.Errorf("samehost: staged copy to host memory, mark the device-to-host hop on device %d: %w", s.dev, staging.DomainError(err))
+		}
+		return nil
+	}
+	var err error
+	if n > 0 {
+		err = queue(0)
+	}
+	outLo := 0
+	for k := 0; k < n && err == nil; k++ {
+		if e := cu.EventSynchronize(done(k)); e != nil {
+			err = fmt.Errorf("samehost: staged copy to host memory, device-to-host hop on device %d: %w", s.dev, staging.DomainError(e))
+			break
+		}
+		// Half (k+1)%2 was emptied by the CPU in round k-1.
+		if k+1 < n {
+			if err = ctx.Err(); err != nil {
+				err = fmt.Errorf("samehost: staged copy to host memory cut off after %d of %d chunks: %w", k, n, err)
+				break
+			}
+			if err = queue(k + 1); err != nil {
+				break
+			}
+		}
+		outHi := p.OutEnds[k]
+		err = memguard.DoCopy(dst, s.buf, func() {
+			for j := outLo; j < outHi; j++ {
+				d, h, l := p.OutDst[j], p.OutHost[j]-host, p.OutLen[j]
+				copy(dst[d:d+l], s.buf[h:h+l])
+			}
+		})
+		outLo = outHi
+	}
+	if err != nil {
+		// A copy still queued must not write the buffer once it is let go.
+		_ = cu.StreamSynchronize(s.d2h)
+	}
+	return err
+}

@@ -1,0 +1,124 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/b2bd/b2bd/gpudirect/cudatest"
+	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/memguard"
+)
+
+// TestCopyToHost: small GPU blocks into host memory go through the stage
+// in a few covering device-to-host copies, land where they belong and
+// leave every gap alone, in one chunk or many; blocks too far apart to
+// share a copy are left to the direct path untouched; a fault on the
+// destination (its file shrunk) and a deadline end the batch with an
+// error, and the stage serves the next one.
+func TestCopyToHost(t *testing.T) {
+	const n, bs = 2000, 128
+	spaced := func(gap uint64) *desc.Batch {
+		b := &desc.Batch{Src: make([]uint64, n), Dst: make([]uint64, n), Len: make([]uint64, n)}
+		perm := rand.New(rand.NewPCG(1, 2)).Perm(n)
+		for i := range n {
+			b.Src[i] = uint64(perm[i]) * gap // source order differs from the batch's
+			b.Dst[i] = uint64(2*i) * bs
+			b.Len[i] = bs
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name      string
+		gap       uint64 // source slot
+		chunk     uint64 // 0: the stage's own
+		truncated bool
+		cancelled bool
+		want      error // nil: lands
+	}{
+		{name: "gapped, one chunk", gap: 2 * bs},
+		{name: "gapped, many chunks", gap: 2 * bs, chunk: 4096},
+		{name: "too far apart", gap: 64 << 10, want: errNotMerged},
+		{name: "destination shrunk", gap: 2 * bs, truncated: true},
+		{name: "deadline", gap: 2 * bs, chunk: 4096, cancelled: true, want: context.Canceled},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cu := cudatest.New()
+			s, err := newStage(cu, 0, 1<<20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.close(cu)
+			s.chunk = tc.chunk
+			b := spaced(tc.gap)
+			srcLen := uint64(n) * tc.gap
+			p, err := cu.MemAlloc(0, srcLen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, err := cu.DeviceBytes(p, srcLen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fill(src, 3)
+			var dst, before []byte
+			if tc.truncated {
+				dst = truncatedMapping(t, 2*n*bs) // reading it past a page faults
+			} else {
+				dst = make([]byte, 2*n*bs)
+				fill(dst, 5)
+				before = append([]byte(nil), dst...)
+			}
+			ctx := context.Background()
+			if tc.cancelled {
+				c, cancel := context.WithCancel(ctx)
+				cancel()
+				ctx = c
+			}
+			_, d2h0 := cu.BatchStats()
+			err = copyToHost(ctx, cu, s, uint64(p), dst, b)
+			switch {
+			case tc.truncated:
+				if !memguard.IsFault(err) || memguard.SideOf(err) != memguard.Destination {
+					t.Fatalf("copyToHost into a shrunk file: %v, want a fault on the destination", err)
+				}
+				dst = make([]byte, 2*n*bs)
+				if err := copyToHost(context.Background(), cu, s, uint64(p), dst, b); err != nil {
+					t.Fatalf("the batch after a fault: %v", err)
+				}
+				for i := range b.Len {
+					if !bytes.Equal(dst[b.Dst[i]:b.Dst[i]+b.Len[i]], src[b.Src[i]:b.Src[i]+b.Len[i]]) {
+						t.Fatalf("the batch after a fault: block %d did not land", i)
+					}
+				}
+				return
+			case tc.want != nil:
+				if !errors.Is(err, tc.want) {
+					t.Fatalf("copyToHost: %v, want %v", err, tc.want)
+				}
+				if tc.want == errNotMerged && !bytes.Equal(dst, before) {
+					t.Fatal("a batch left to the direct path was partly copied")
+				}
+				if tc.cancelled && !strings.Contains(err.Error(), "cut off") {
+					t.Fatalf("copyToHost after its deadline: %q does not say it was cut off", err)
+				}
+				return
+			case err != nil:
+				t.Fatal(err)
+			}
+			want := append([]byte(nil), before...)
+			for i := range b.Len {
+				copy(want[b.Dst[i]:b.Dst[i]+b.Len[i]], src[b.Src[i]:b.Src[i]+b.Len[i]])
+			}
+			if !bytes.Equal(dst, want) {
+				t.Fatal("destination differs from the expected blocks and gaps")
+			}
+			if _, d2h := cu.BatchStats(); tc.chunk == 0 && d2h-d2h0 > 4 {
+				t.Fatalf("%d device-to-host copies for %d blocks in one covering range", d2h-d2h0, n)
+			}
+		})
+	}
+}
