@@ -115,12 +115,16 @@ func callerIndex(msg string, k, at int) string {
 }
 
 // WaitMany waits in one call until every handle ended (anyOne false) or
-// one did (anyOne true), or timeout passed (0: until then, or ctx ends),
-// and returns each handle's outcome as Poll does (RUNNING: not ended),
-// recording the ended ones in their handles. Handles that already ended
+// one did (anyOne true), or timeout passed (0: until then, or ctx ends; a
+// negative one is refused, InvalidArgument), and returns each handle's
+// outcome as Poll does (RUNNING: not ended), recording the ended ones in
+// their handles. Handles that already ended
 // are answered from what they hold (with anyOne, one of them satisfies
 // the wait at once); one with a Wait call still running is RUNNING.
 func (c *Client) WaitMany(ctx context.Context, hs []*TransferHandle, timeout time.Duration, anyOne bool) ([]*b2bv1.TransferOutcome, error) {
+	if timeout < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "wait timeout %v: want >= 0 (0: until the condition)", timeout)
+	}
 	out := make([]*b2bv1.TransferOutcome, len(hs))
 	var ask []uint64
 	var at []int
