@@ -65,7 +65,10 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 		}
 		if to != nil {
 			if s, err := c.t.stageFor(fromDev); err == nil {
-				if err := copyToHost(ctx, cu, s, from, to, b); !errors.Is(err, errNotMerged) {
+				if c.hostPool == nil && c.t.cfg.Streams > 1 {
+					c.hostPool = newHostPool(c.t.cfg.Streams)
+				}
+				if err := copyToHost(ctx, cu, s, from, to, b, c.hostPool, c.t.cfg.Streams); !errors.Is(err, errNotMerged) {
 					return 0, err
 				}
 			}

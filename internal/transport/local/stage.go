@@ -50,6 +50,8 @@ type stage struct {
 	done [2][maxSplit]*gpudirect.Event
 	// note is what calibrate measured, for Status.
 	note string
+	// out is the second hop of one chunk of copyToHost, for the CPU.
+	out desc.Batch
 }
 
 // routeStaged and routeDirect name a same-device batch's path in Status.
