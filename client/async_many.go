@@ -3,11 +3,13 @@ package client
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/b2bd/b2bd/internal/callerdeadline"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
 
@@ -48,37 +50,81 @@ type Started struct {
 // StartMany starts every request in one StartTransfers call (one per
 // MaxStartTransfers requests), each checked and started as StartTransfer
 // would: a refused request gets its own Err and does not stop the others.
-// The error is the call's own (the daemon unreachable, ctx ended): then
-// the requests of that call were not started, or were cancelled.
+// The error is a call's own (the daemon unreachable, ctx ended, a call
+// over the daemon's message limit): then no request of the list runs.
+// That call's requests were not started, or were cancelled by the daemon,
+// and those that earlier calls of a split list started are cancelled here
+// (CancelTransfer), so that none runs without a handle to wait for it.
 func (c *Client) StartMany(ctx context.Context, reqs ...*b2bv1.StartTransferRequest) ([]Started, error) {
 	out := make([]Started, 0, len(reqs))
 	for at := 0; at < len(reqs); at += MaxStartTransfers {
 		part := reqs[at:min(at+MaxStartTransfers, len(reqs))]
 		resp, err := c.api.StartTransfers(ctx, &b2bv1.StartTransfersRequest{Requests: part})
+		if err == nil && len(resp.GetResults()) != len(part) {
+			err = fmt.Errorf("the daemon answered %d results", len(resp.GetResults()))
+			out = append(out, startedOf(c, resp, at)...) // started: cancel them too
+		}
 		if err != nil {
+			c.cancelStarted(ctx, out)
 			return nil, fmt.Errorf("start %d transfers (from %d): %w", len(part), at, err)
 		}
-		if len(resp.GetResults()) != len(part) {
-			return nil, fmt.Errorf("start %d transfers: the daemon answered %d results", len(part), len(resp.GetResults()))
-		}
-		for _, r := range resp.GetResults() {
-			if r.GetCode() != 0 {
-				out = append(out, Started{Err: status.Error(codes.Code(r.GetCode()), r.GetMessage())})
-				continue
-			}
-			out = append(out, Started{Handle: &TransferHandle{c: c, id: r.GetTransferId()}})
-		}
+		out = append(out, startedOf(c, resp, at)...)
 	}
 	return out, nil
 }
 
+// startedOf is the answer of a StartTransfers call whose first request
+// is the caller's at.
+func startedOf(c *Client, resp *b2bv1.StartTransfersResponse, at int) []Started {
+	out := make([]Started, 0, len(resp.GetResults()))
+	for k, r := range resp.GetResults() {
+		if r.GetCode() != 0 {
+			out = append(out, Started{Err: status.Error(codes.Code(r.GetCode()), callerIndex(r.GetMessage(), k, at))})
+			continue
+		}
+		out = append(out, Started{Handle: &TransferHandle{c: c, id: r.GetTransferId()}})
+	}
+	return out
+}
+
+// cancelStarted cancels the transfers in ss (a split StartMany that failed
+// part way), best effort, each within callerdeadline.Grace of ctx's end.
+func (c *Client) cancelStarted(ctx context.Context, ss []Started) {
+	for _, s := range ss {
+		if s.Handle == nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callerdeadline.Grace)
+		_, _ = c.api.CancelTransfer(cctx, &b2bv1.CancelTransferRequest{TransferId: s.Handle.id})
+		cancel()
+	}
+}
+
+// callerIndex is msg, the daemon's refusal of request k of a call whose
+// first request is the caller's at, naming the caller's index: the daemon
+// names its index in the call ("requests[k]: ..."), which past the first
+// call of a split list is not the one the caller gave.
+func callerIndex(msg string, k, at int) string {
+	if at == 0 {
+		return msg
+	}
+	if rest, ok := strings.CutPrefix(msg, fmt.Sprintf("requests[%d]", k)); ok {
+		return fmt.Sprintf("requests[%d]", at+k) + rest
+	}
+	return msg
+}
+
 // WaitMany waits in one call until every handle ended (anyOne false) or
-// one did (anyOne true), or timeout passed (0: until then, or ctx ends),
-// and returns each handle's outcome as Poll does (RUNNING: not ended),
-// recording the ended ones in their handles. Handles that already ended
+// one did (anyOne true), or timeout passed (0: until then, or ctx ends; a
+// negative one is refused, InvalidArgument), and returns each handle's
+// outcome as Poll does (RUNNING: not ended), recording the ended ones in
+// their handles. Handles that already ended
 // are answered from what they hold (with anyOne, one of them satisfies
 // the wait at once); one with a Wait call still running is RUNNING.
 func (c *Client) WaitMany(ctx context.Context, hs []*TransferHandle, timeout time.Duration, anyOne bool) ([]*b2bv1.TransferOutcome, error) {
+	if timeout < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "wait timeout %v: want >= 0 (0: until the condition)", timeout)
+	}
 	out := make([]*b2bv1.TransferOutcome, len(hs))
 	var ask []uint64
 	var at []int

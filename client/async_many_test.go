@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,12 +25,26 @@ type manyDaemon struct {
 	starts []int // requests per StartTransfers call
 	waits  [][]uint64
 	next   uint64
+	// failCall: the StartTransfers call (1-based) that fails whole, as a
+	// call over the daemon's message limit does; 0: none.
+	failCall  int
+	cancelled []uint64
+}
+
+func (f *manyDaemon) CancelTransfer(_ context.Context, req *b2bv1.CancelTransferRequest) (*b2bv1.TransferOutcome, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cancelled = append(f.cancelled, req.GetTransferId())
+	return &b2bv1.TransferOutcome{TransferId: req.GetTransferId(), State: b2bv1.TransferState_TRANSFER_STATE_CANCELLED, Code: uint32(codes.Canceled)}, nil
 }
 
 func (f *manyDaemon) StartTransfers(_ context.Context, req *b2bv1.StartTransfersRequest) (*b2bv1.StartTransfersResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.starts = append(f.starts, len(req.GetRequests()))
+	if len(f.starts) == f.failCall {
+		return nil, status.Error(codes.ResourceExhausted, "grpc: received message larger than max")
+	}
 	resp := &b2bv1.StartTransfersResponse{}
 	for i, r := range req.GetRequests() {
 		if r.GetTimeoutMs() == 7 {
@@ -65,6 +78,7 @@ func TestStartManyWaitMany(t *testing.T) {
 		{"64 in one call", 64, nil, []int{64}},
 		{"a refused one keeps its index", 8, map[int]bool{3: true}, []int{8}},
 		{"over the limit: split", MaxStartTransfers + 5, map[int]bool{MaxStartTransfers + 1: true}, []int{MaxStartTransfers, 5}},
+		{"split: refusals in both calls", 2*MaxStartTransfers + 3, map[int]bool{0: true, MaxStartTransfers - 1: true, MaxStartTransfers: true, 2*MaxStartTransfers + 2: true}, []int{MaxStartTransfers, MaxStartTransfers, 3}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -101,7 +115,9 @@ func TestStartManyWaitMany(t *testing.T) {
 					t.Fatalf("[%d]: %+v, bad %v", i, s, c.bad[i])
 				}
 				if s.Err != nil {
-					if status.Code(s.Err) != codes.InvalidArgument || !strings.Contains(s.Err.Error(), "requests[") {
+					// The message names the caller's index, also past the
+					// first call of a split list.
+					if status.Code(s.Err) != codes.InvalidArgument || status.Convert(s.Err).Message() != fmt.Sprintf("requests[%d]: bad", i) {
 						t.Fatalf("[%d]: %v", i, s.Err)
 					}
 					continue
@@ -120,6 +136,52 @@ func TestStartManyWaitMany(t *testing.T) {
 			// Ended handles answer from what they hold: no call.
 			if _, err := cl.WaitMany(ctx, hs, 0, true); err != nil || len(f.waits) != 1 {
 				t.Fatalf("second wait: %v, %d calls", err, len(f.waits))
+			}
+		})
+	}
+}
+
+// TestStartManySplitFails: when a later call of a split list fails whole,
+// StartMany answers the error and cancels what the earlier calls started,
+// so that no transfer runs without a handle.
+func TestStartManySplitFails(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		n, fail    int
+		bad        map[int]bool
+		wantCancel int
+	}{
+		{"first call fails: nothing started", MaxStartTransfers + 3, 1, nil, 0},
+		{"second call fails: the first's are cancelled", MaxStartTransfers + 3, 2, map[int]bool{2: true}, MaxStartTransfers - 1},
+		{"third call fails", 2*MaxStartTransfers + 1, 3, nil, 2 * MaxStartTransfers},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &manyDaemon{failCall: tc.fail}
+			ln := bufconn.Listen(1 << 20)
+			gs := grpc.NewServer()
+			b2bv1.RegisterB2BServer(gs, f)
+			go gs.Serve(ln)
+			cl, err := Dial("passthrough:///fake", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { cl.Close(); gs.Stop() }()
+			reqs := make([]*b2bv1.StartTransferRequest, tc.n)
+			for i := range reqs {
+				timeout := time.Second
+				if tc.bad[i] {
+					timeout = 7 * time.Millisecond
+				}
+				reqs[i] = BlocksStart(Blocks{LocalLayout: "l", Peer: "p", RemoteLayout: "r"}, timeout)
+			}
+			got, err := cl.StartMany(context.Background(), reqs...)
+			if status.Code(err) != codes.ResourceExhausted || got != nil {
+				t.Fatalf("%d results, %v; want none, ResourceExhausted", len(got), err)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if len(f.cancelled) != tc.wantCancel || uint64(len(f.cancelled)) != f.next {
+				t.Fatalf("%d cancelled of %d started, want %d", len(f.cancelled), f.next, tc.wantCancel)
 			}
 		})
 	}

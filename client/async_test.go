@@ -116,8 +116,9 @@ func TestWaitGivenUpKeepsTheOutcome(t *testing.T) {
 	}
 }
 
-// TestStartRefusesNegativeTimeout: a negative timeout is refused before
-// any call (0 is the daemon's default), naming the value.
+// TestStartRefusesNegativeTimeout: a negative timeout (of a start or a
+// wait) is refused before any call (0 is the daemon's default, or no
+// limit for a wait), naming the value.
 func TestStartRefusesNegativeTimeout(t *testing.T) {
 	c := &Client{} // no connection: a call would panic, a refusal makes none
 	ctx := context.Background()
@@ -125,6 +126,12 @@ func TestStartRefusesNegativeTimeout(t *testing.T) {
 		"StartTransfer": func() error { _, err := c.StartTransfer(ctx, Transfer{}, -5*time.Second); return err },
 		"StartBlocks":   func() error { _, err := c.StartBlocks(ctx, Blocks{}, -time.Millisecond); return err },
 		"StartSubmit":   func() error { _, err := c.StartSubmit(ctx, 1, -time.Nanosecond); return err },
+		// A wait's timeout alike: negative is not 0 ("until it ends").
+		"Wait": func() error { _, err := c.Handle(1).Wait(ctx, -time.Second); return err },
+		"WaitMany": func() error {
+			_, err := c.WaitMany(ctx, []*TransferHandle{c.Handle(1)}, -time.Second, false)
+			return err
+		},
 	} {
 		err := start()
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "timeout -") {
