@@ -367,7 +367,7 @@ func TestNoRetryOnMemoryFault(t *testing.T) {
 		side          memguard.Side
 		blamed, spare string
 	}{
-		{memguard.Source, "src_region_id r1: ", `dst_region "kv"`},
+		{memguard.Source, "src_region_id %s: ", `dst_region "kv"`},
 		{memguard.Destination, `dst_region "kv" on b:7470: `, "src_region_id"},
 	} {
 		t.Run(tc.side.String(), func(t *testing.T) {
@@ -375,12 +375,13 @@ func TestNoRetryOnMemoryFault(t *testing.T) {
 			c := &fakeConn{errs: []error{fault}, breaks: true}
 			fp := &fakePeers{conns: []*fakeConn{c, {}}, answers: []answer{{size: regionSize}}}
 			s, req := rig(t, fp)
+			blamed := strings.ReplaceAll(tc.blamed, "%s", req.Src) // the source region's id
 			_, err := s.Transfer(context.Background(), req)
 			if errs.Class(err) != errs.ErrDataLoss || fp.gets != 1 {
 				t.Fatalf("err %v (%v), gets %d", err, errs.Class(err), fp.gets)
 			}
-			if msg := err.Error(); !strings.Contains(msg, tc.blamed) || strings.Contains(msg, tc.spare) {
-				t.Fatalf("message %q: want it to name %q and not %q", msg, tc.blamed, tc.spare)
+			if msg := err.Error(); !strings.Contains(msg, blamed) || strings.Contains(msg, tc.spare) {
+				t.Fatalf("message %q: want it to name %q and not %q", msg, blamed, tc.spare)
 			}
 		})
 	}
