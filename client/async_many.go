@@ -3,8 +3,11 @@ package client
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
+	"weak"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,19 +20,47 @@ import (
 // call; StartMany splits longer lists into calls of this many.
 const MaxStartTransfers = 1024
 
-// BatchStart is StartTransfer's request, for StartMany.
+// BatchStart is StartTransfer's request, for StartMany. A negative timeout
+// is refused as StartTransfer refuses it: StartMany answers the request
+// InvalidArgument and does not send it.
 func BatchStart(t Transfer, timeout time.Duration, opts ...StartOption) *b2bv1.StartTransferRequest {
-	return withOpts(&b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Batch{Batch: t.request()}, TimeoutMs: ms(timeout)}, opts)
+	return startRequest(&b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Batch{Batch: t.request()}}, timeout, opts)
 }
 
-// BlocksStart is StartBlocks's request, for StartMany.
+// BlocksStart is StartBlocks's request, for StartMany (a negative timeout:
+// as BatchStart's).
 func BlocksStart(b Blocks, timeout time.Duration, opts ...StartOption) *b2bv1.StartTransferRequest {
-	return withOpts(&b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Blocks{Blocks: b.request()}, TimeoutMs: ms(timeout)}, opts)
+	return startRequest(&b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Blocks{Blocks: b.request()}}, timeout, opts)
 }
 
-// SubmitStart is StartSubmit's request, for StartMany.
+// SubmitStart is StartSubmit's request, for StartMany (a negative timeout:
+// as BatchStart's).
 func SubmitStart(handle uint64, timeout time.Duration, opts ...StartOption) *b2bv1.StartTransferRequest {
-	return withOpts(&b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Submit{Submit: &b2bv1.SubmitTransferRequest{Handle: handle}}, TimeoutMs: ms(timeout)}, opts)
+	return startRequest(&b2bv1.StartTransferRequest{Transfer: &b2bv1.StartTransferRequest_Submit{Submit: &b2bv1.SubmitTransferRequest{Handle: handle}}}, timeout, opts)
+}
+
+// refusedStarts holds why the builders above refused a request (a
+// negative timeout, which the request's unsigned timeout_ms cannot carry),
+// by a weak pointer to it: StartMany answers that refusal in its place,
+// and the entry goes with the request.
+var refusedStarts sync.Map // weak.Pointer[b2bv1.StartTransferRequest] -> error
+
+func startRequest(r *b2bv1.StartTransferRequest, timeout time.Duration, opts []StartOption) *b2bv1.StartTransferRequest {
+	r.TimeoutMs = ms(timeout)
+	if err := checkTimeout(timeout); err != nil {
+		wp := weak.Make(r)
+		refusedStarts.Store(wp, err)
+		runtime.AddCleanup(r, func(wp weak.Pointer[b2bv1.StartTransferRequest]) { refusedStarts.Delete(wp) }, wp)
+	}
+	return withOpts(r, opts)
+}
+
+// refusedStart is the builders' refusal of r, nil when it has none.
+func refusedStart(r *b2bv1.StartTransferRequest) error {
+	if v, ok := refusedStarts.Load(weak.Make(r)); ok {
+		return v.(error)
+	}
+	return nil
 }
 
 func withOpts(r *b2bv1.StartTransferRequest, opts []StartOption) *b2bv1.StartTransferRequest {
@@ -56,35 +87,44 @@ type Started struct {
 // and those that earlier calls of a split list started are cancelled here
 // (CancelTransfer), so that none runs without a handle to wait for it.
 func (c *Client) StartMany(ctx context.Context, reqs ...*b2bv1.StartTransferRequest) ([]Started, error) {
-	out := make([]Started, 0, len(reqs))
-	for at := 0; at < len(reqs); at += MaxStartTransfers {
-		part := reqs[at:min(at+MaxStartTransfers, len(reqs))]
+	out := make([]Started, len(reqs))
+	send := make([]int, 0, len(reqs)) // the caller's index of each request sent
+	for i, r := range reqs {
+		if err := refusedStart(r); err != nil {
+			out[i] = Started{Err: status.Errorf(status.Code(err), "requests[%d]: %s", i, status.Convert(err).Message())}
+			continue
+		}
+		send = append(send, i)
+	}
+	for at := 0; at < len(send); at += MaxStartTransfers {
+		idx := send[at:min(at+MaxStartTransfers, len(send))]
+		part := make([]*b2bv1.StartTransferRequest, len(idx))
+		for k, i := range idx {
+			part[k] = reqs[i]
+		}
 		resp, err := c.api.StartTransfers(ctx, &b2bv1.StartTransfersRequest{Requests: part})
 		if err == nil && len(resp.GetResults()) != len(part) {
 			err = fmt.Errorf("the daemon answered %d results", len(resp.GetResults()))
-			out = append(out, startedOf(c, resp, at)...) // started: cancel them too
+		}
+		if resp != nil { // what it started (all of it when err is nil)
+			for k, r := range resp.GetResults()[:min(len(idx), len(resp.GetResults()))] {
+				out[idx[k]] = startedOf(c, r, k, idx[k])
+			}
 		}
 		if err != nil {
 			c.cancelStarted(ctx, out)
-			return nil, fmt.Errorf("start %d transfers (from %d): %w", len(part), at, err)
+			return nil, fmt.Errorf("start %d transfers (from %d): %w", len(part), idx[0], err)
 		}
-		out = append(out, startedOf(c, resp, at)...)
 	}
 	return out, nil
 }
 
-// startedOf is the answer of a StartTransfers call whose first request
-// is the caller's at.
-func startedOf(c *Client, resp *b2bv1.StartTransfersResponse, at int) []Started {
-	out := make([]Started, 0, len(resp.GetResults()))
-	for k, r := range resp.GetResults() {
-		if r.GetCode() != 0 {
-			out = append(out, Started{Err: status.Error(codes.Code(r.GetCode()), callerIndex(r.GetMessage(), k, at))})
-			continue
-		}
-		out = append(out, Started{Handle: &TransferHandle{c: c, id: r.GetTransferId()}})
+// startedOf is result k of a StartTransfers call, the caller's request i.
+func startedOf(c *Client, r *b2bv1.StartTransferResult, k, i int) Started {
+	if r.GetCode() != 0 {
+		return Started{Err: status.Error(codes.Code(r.GetCode()), callerIndex(r.GetMessage(), k, i))}
 	}
-	return out
+	return Started{Handle: &TransferHandle{c: c, id: r.GetTransferId()}}
 }
 
 // cancelStarted cancels the transfers in ss (a split StartMany that failed
@@ -100,16 +140,16 @@ func (c *Client) cancelStarted(ctx context.Context, ss []Started) {
 	}
 }
 
-// callerIndex is msg, the daemon's refusal of request k of a call whose
-// first request is the caller's at, naming the caller's index: the daemon
-// names its index in the call ("requests[k]: ..."), which past the first
-// call of a split list is not the one the caller gave.
-func callerIndex(msg string, k, at int) string {
-	if at == 0 {
+// callerIndex is msg, the daemon's refusal of request k of a call, naming
+// the caller's index i instead: the daemon names its index in the call
+// ("requests[k]: ..."), which is not the caller's past the first call of
+// a split list, or when StartMany sent only some of the requests.
+func callerIndex(msg string, k, i int) string {
+	if k == i {
 		return msg
 	}
 	if rest, ok := strings.CutPrefix(msg, fmt.Sprintf("requests[%d]", k)); ok {
-		return fmt.Sprintf("requests[%d]", at+k) + rest
+		return fmt.Sprintf("requests[%d]", i) + rest
 	}
 	return msg
 }

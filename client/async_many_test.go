@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -184,5 +185,50 @@ func TestStartManySplitFails(t *testing.T) {
 				t.Fatalf("%d cancelled of %d started, want %d", len(f.cancelled), f.next, tc.wantCancel)
 			}
 		})
+	}
+}
+
+// TestStartManyRefusesNegativeTimeouts: a request built with a negative
+// timeout is refused as StartTransfer refuses it, by its index, and not
+// sent; the daemon's refusals of the others still name the caller's
+// indexes.
+func TestStartManyRefusesNegativeTimeouts(t *testing.T) {
+	f := &manyDaemon{}
+	ln := bufconn.Listen(1 << 20)
+	gs := grpc.NewServer()
+	b2bv1.RegisterB2BServer(gs, f)
+	go gs.Serve(ln)
+	cl, err := Dial("passthrough:///fake", grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return ln.DialContext(ctx) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cl.Close(); gs.Stop() }()
+	b := Blocks{LocalLayout: "l", Peer: "p", RemoteLayout: "r"}
+	reqs := []*b2bv1.StartTransferRequest{
+		BlocksStart(b, time.Second),
+		BatchStart(Transfer{}, -5*time.Second),
+		BlocksStart(b, 7*time.Millisecond), // the fake daemon refuses it
+		SubmitStart(1, -time.Nanosecond),
+		BlocksStart(b, -time.Millisecond),
+		BlocksStart(b, 0),
+	}
+	got, err := cl.StartMany(context.Background(), reqs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"", "requests[1]: timeout -5s", "requests[2]: bad", "requests[3]: timeout -1ns", "requests[4]: timeout -1ms", ""}
+	for i, s := range got {
+		if want[i] == "" {
+			if s.Err != nil || s.Handle == nil {
+				t.Fatalf("[%d]: %v, want a handle", i, s.Err)
+			}
+			continue
+		}
+		if status.Code(s.Err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(s.Err).Message(), want[i]) {
+			t.Fatalf("[%d]: %v, want InvalidArgument %q...", i, s.Err, want[i])
+		}
+	}
+	if fmt.Sprint(f.starts) != "[3]" {
+		t.Fatalf("calls of %v requests, want [3]: the refused ones are not sent", f.starts)
 	}
 }
