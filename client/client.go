@@ -241,7 +241,8 @@ func (t Transfer) request() *b2bv1.BatchTransferRequest {
 func (c *Client) Warm(ctx context.Context, t Transfer) (*b2bv1.WarmTransferResponse, error) {
 	name, ok := transportName(t)
 	if !ok {
-		return nil, fmt.Errorf("b2b client: Warm names its transport by TransportName; Transport %v and TransportName %q disagree", t.Transport, t.TransportName)
+		// InvalidArgument, as BatchTransfer refuses the same fields.
+		return nil, status.Errorf(codes.InvalidArgument, "b2b client: Warm names its transport by TransportName; transport %v is not a known TransportKind, or transport_name %q disagrees with it", t.Transport, t.TransportName)
 	}
 	return c.api.WarmTransfer(ctx, &b2bv1.WarmTransferRequest{SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Op: t.Op, TransportName: name})
 }

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -64,5 +65,20 @@ func TestRingRecordRefusals(t *testing.T) {
 				t.Fatalf("code %v (%v), want %v", status.Code(err), err, tc.want)
 			}
 		})
+	}
+}
+
+// TestWarmRefusesItsTransport: Warm refuses a transport enum it cannot
+// name, or one its name contradicts, before any call, InvalidArgument as
+// BatchTransfer refuses them.
+func TestWarmRefusesItsTransport(t *testing.T) {
+	c := &Client{} // no connection: a call would panic
+	for _, tr := range []Transfer{
+		{Transport: 9},
+		{Transport: b2bv1.TransportKind_TRANSPORT_KIND_TCP, TransportName: "local"},
+	} {
+		if _, err := c.Warm(context.Background(), tr); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%v %q: %v, want InvalidArgument", tr.Transport, tr.TransportName, err)
+		}
 	}
 }
