@@ -179,7 +179,15 @@ func (c *Client) WaitMany(ctx context.Context, hs []*TransferHandle, timeout tim
 			ask, at = append(ask, h.id), append(at, i)
 		}
 	}
-	if len(ask) == 0 || (anyOne && endedAlready) {
+	if len(ask) == 0 {
+		return out, nil
+	}
+	if anyOne && endedAlready {
+		// Not asked: as far as the client knows they run (as Poll
+		// answers a handle it did not ask about), never a nil outcome.
+		for k, i := range at {
+			out[i] = &b2bv1.TransferOutcome{TransferId: ask[k], State: b2bv1.TransferState_TRANSFER_STATE_RUNNING}
+		}
 		return out, nil
 	}
 	resp, err := c.api.WaitTransfers(ctx, &b2bv1.WaitTransfersRequest{TransferIds: ask, TimeoutMs: ms(timeout), Any: anyOne})

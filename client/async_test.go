@@ -139,3 +139,24 @@ func TestStartRefusesNegativeTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitManyAnyEndedAlready: with anyOne, a handle that already ended
+// answers the wait at once, without a call; the others are RUNNING with
+// their ids (as Poll answers), not nil outcomes.
+func TestWaitManyAnyEndedAlready(t *testing.T) {
+	c := &Client{} // no connection: a call would panic
+	done := &TransferHandle{c: c, id: 7, out: &b2bv1.TransferOutcome{TransferId: 7, State: b2bv1.TransferState_TRANSFER_STATE_DONE}}
+	hs := []*TransferHandle{c.Handle(5), done, c.Handle(9)}
+	os, err := c.WaitMany(context.Background(), hs, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct {
+		id    uint64
+		state b2bv1.TransferState
+	}{{5, b2bv1.TransferState_TRANSFER_STATE_RUNNING}, {7, b2bv1.TransferState_TRANSFER_STATE_DONE}, {9, b2bv1.TransferState_TRANSFER_STATE_RUNNING}} {
+		if os[i] == nil || os[i].GetTransferId() != want.id || os[i].GetState() != want.state {
+			t.Fatalf("[%d]: %v; want id %d %v", i, os[i], want.id, want.state)
+		}
+	}
+}
