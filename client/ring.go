@@ -65,14 +65,8 @@ type RingOptions struct {
 }
 
 // DialRingWith asks the daemon's raw submit socket at path for a ring of
-// the given sizes. A size outside its range is refused (InvalidArgument,
-// with the daemon's message) before dialling: the Hello frame's fields
-// are 16 bits wide, so one would otherwise reach the daemon as another
-// size (an arena of 100 bytes as the default 1 MiB, 300 MiB as 44 MiB).
+// the given sizes.
 func DialRingWith(path string, o RingOptions) (*Ring, error) {
-	if err := o.check(); err != nil {
-		return nil, status.Error(codes.InvalidArgument, "b2b client: "+err.Error())
-	}
 	uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("b2b client: dial submit socket %s: %w", path, err)
@@ -83,24 +77,6 @@ func DialRingWith(path string, o RingOptions) (*Ring, error) {
 		return nil, err
 	}
 	return r, nil
-}
-
-// check refuses the sizes the daemon would refuse (0: its default).
-func (o RingOptions) check() error {
-	if o.SubmitEntries != 0 {
-		if err := ring.CheckEntries("submission entries", o.SubmitEntries); err != nil {
-			return err
-		}
-	}
-	if o.CompleteEntries != 0 {
-		if err := ring.CheckEntries("completion entries", o.CompleteEntries); err != nil {
-			return err
-		}
-	}
-	if o.ArenaBytes != 0 {
-		return ring.CheckArena(o.ArenaBytes)
-	}
-	return nil
 }
 
 func openRing(uc *net.UnixConn, sizes uint64) (*Ring, error) {

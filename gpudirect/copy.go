@@ -16,6 +16,7 @@ package gpudirect
 import "C"
 
 import (
+	"fmt"
 	"sync/atomic"
 	"unsafe"
 )
@@ -159,6 +160,106 @@ func (d *driver) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
 		d.stats.oneCall.Add(1)
 	}
 	return nil
+}
+
+func (d *driver) MemcpyBatchAsyncParts(ss []*Stream, dsts, srcs, sizes []uint64) error {
+	if len(ss) == 0 {
+		return fmt.Errorf("%w: gpudirect: batch copy in parts on no stream", ErrInvalidValue)
+	}
+	if err := CheckBatch(dsts, srcs, sizes); err != nil {
+		return err
+	}
+	k := min(len(ss), len(sizes), ParallelParts)
+	if k <= 1 {
+		return d.MemcpyBatchAsync(ss[0], dsts, srcs, sizes)
+	}
+	ds, err := d.handleDev(ss[0].hd(), &streamKind)
+	if err != nil {
+		return err
+	}
+	for j := 1; j < k; j++ {
+		if _, err := d.handleDev(ss[j].hd(), &streamKind); err != nil {
+			return err
+		}
+		if ss[j].dev != ss[0].dev {
+			return fmt.Errorf("%w: gpudirect: batch copy in parts on streams of devices %d and %d", ErrInvalidValue, ss[0].dev, ss[j].dev)
+		}
+	}
+	k = min(k, 1+len(ds.par))
+	n := len(sizes)
+	var reqs [ParallelParts]*request
+	var started [ParallelParts]bool
+	var qerr error
+	for j := 0; j < k; j++ {
+		lo, hi := n*j/k, n*(j+1)/k
+		r := getRequest()
+		r.fn, r.p, r.obj = batchFn, unsafe.Pointer(d.tab), ss[j]
+		r.s0, r.s1, r.s2 = dsts[lo:hi], srcs[lo:hi], sizes[lo:hi]
+		r.a0, r.a1, r.a2 = 0, ds.primerDev, ds.primerHost
+		if d.caps.MemcpyBatch {
+			r.a0 = 1
+		}
+		reqs[j] = r
+		w := ds.w
+		if j > 0 {
+			w = ds.par[j-1]
+			// Off the stream's own thread: hold it against a destroy.
+			ss[j].mu.RLock()
+		}
+		if err := w.start(r); err != nil {
+			if j > 0 {
+				ss[j].mu.RUnlock()
+			}
+			qerr = err
+			break
+		}
+		started[j] = true
+	}
+	for j := 0; j < k; j++ {
+		r := reqs[j]
+		if r == nil {
+			continue
+		}
+		if started[j] {
+			<-r.done
+			if j > 0 {
+				ss[j].mu.RUnlock()
+			}
+		}
+		lo := n * j / k
+		rc, rerr, path, fail, chunks := r.rc, r.err, r.i0, r.out0, r.out1
+		putRequest(r)
+		if !started[j] {
+			continue
+		}
+		switch {
+		case rerr != nil:
+			if qerr == nil {
+				qerr = rerr
+			}
+			continue
+		case rc != 0:
+			if qerr == nil {
+				call := batchCalls[min(max(int(path), 0), len(batchCalls)-1)]
+				if f := uint64(lo) + fail; fail < uint64(n) && f < uint64(n) {
+					qerr = d.callErr(C.int(rc), ss[j].dev, "%s(count=%d, part %d of %d): copy %d (dst=%#x, src=%#x, size=%d)", call, n, j+1, k, f, dsts[f], srcs[f], sizes[f])
+				} else {
+					qerr = d.callErr(C.int(rc), ss[j].dev, "%s(count=%d, part %d of %d)", call, n, j+1, k)
+				}
+			}
+			continue
+		}
+		switch {
+		case chunks > 0:
+			d.stats.primed.Add(1)
+			d.stats.primedChunks.Add(chunks)
+		case path == C.B2B_PATH_LOOP:
+			d.stats.loop.Add(1)
+		default:
+			d.stats.oneCall.Add(1)
+		}
+	}
+	return qerr
 }
 
 // pathCounts is a snapshot of batchStats (tests).

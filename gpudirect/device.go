@@ -202,8 +202,11 @@ type driver struct {
 // devState is one device's worker and the resources made through it. The
 // maps are touched only on the worker's thread.
 type devState struct {
-	ord        int
-	w          *worker
+	ord int
+	w   *worker
+	// par are more threads with the device's context current, for the
+	// parts of MemcpyBatchAsyncParts beside w (copy.go says why).
+	par        []*worker
 	allocs     map[uintptr]uint64
 	hostAllocs map[uintptr]uint64
 	hostRegs   map[uintptr]uint64
@@ -290,6 +293,18 @@ func (d *driver) device(dev int) (*devState, error) {
 		return nil, err
 	}
 	ds.w = w
+	for i := 1; i < ParallelParts; i++ {
+		pw, err := startWorker(fmt.Sprintf("device %d, thread %d", dev, i), func() error {
+			var step C.int
+			return d.callErr(C.b2b_ctx_open(d.tab, C.int(dev), &step), dev, "cuDevicePrimaryCtxRetain (a copy thread)")
+		}, func() error {
+			return d.callErr(C.b2b_ctx_close(d.tab, C.int(dev)), dev, "cuDevicePrimaryCtxRelease_v2 (a copy thread)")
+		})
+		if err != nil {
+			break // the parts go on the threads there are
+		}
+		ds.par = append(ds.par, pw)
+	}
 	d.devs[dev].Store(ds)
 	return ds, nil
 }
@@ -384,6 +399,12 @@ func (d *driver) Close() error {
 	var all []error
 	for i := range d.devs {
 		if ds := d.devs[i].Load(); ds != nil {
+			// The copy threads' retains go before the owner's release.
+			for _, pw := range ds.par {
+				if err := pw.stop(); err != nil {
+					all = append(all, err)
+				}
+			}
 			if err := ds.w.stop(); err != nil {
 				all = append(all, err)
 			}

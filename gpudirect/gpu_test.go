@@ -161,6 +161,54 @@ func driverSuite(t *testing.T, lib string, real bool) {
 		ok(t, release())
 	})
 
+	t.Run("BatchInParts", func(t *testing.T) {
+		const n, bs = 10000, 128
+		var ss []*Stream
+		for range ParallelParts + 1 {
+			s := must(c.StreamCreate(dev))(t)
+			defer func() { ok(t, c.StreamDestroy(s)) }()
+			ss = append(ss, s)
+		}
+		d := must(c.MemAlloc(dev, 2*n*bs))(t)
+		defer func() { ok(t, c.MemFree(dev, d)) }()
+		src := must(c.HostAlloc(dev, n*bs))(t)
+		defer func() { ok(t, c.HostFree(dev, src)) }()
+		back := must(c.HostAlloc(dev, n*bs))(t)
+		defer func() { ok(t, c.HostFree(dev, back)) }()
+		rng := rand.New(rand.NewPCG(5, 6))
+		for i := range src {
+			src[i] = byte(rng.Uint32())
+		}
+		// Block i to slot perm[i] of the device buffer, and back in order.
+		perm := rng.Perm(2 * n)
+		dsts, srcs, sizes := make([]uint64, n), make([]uint64, n), make([]uint64, n)
+		for i := range n {
+			dsts[i], srcs[i], sizes[i] = uint64(d)+uint64(perm[i])*bs, uint64(addr(src))+uint64(i)*bs, bs
+		}
+		ok(t, c.MemcpyBatchAsyncParts(ss, dsts, srcs, sizes))
+		for _, s := range ss {
+			ok(t, c.StreamSynchronize(s))
+		}
+		for i := range n {
+			dsts[i], srcs[i] = uint64(addr(back))+uint64(i)*bs, uint64(d)+uint64(perm[i])*bs
+		}
+		ok(t, c.MemcpyBatchAsyncParts(ss[:2], dsts, srcs, sizes))
+		for _, s := range ss[:2] {
+			ok(t, c.StreamSynchronize(s))
+		}
+		if !bytes.Equal(back, src) {
+			t.Fatal("blocks copied in parts did not come back")
+		}
+		if err := c.MemcpyBatchAsyncParts(nil, dsts, srcs, sizes); !errors.Is(err, ErrInvalidValue) {
+			t.Errorf("MemcpyBatchAsyncParts(no stream) = %v", err)
+		}
+		gone := must(c.StreamCreate(dev))(t)
+		ok(t, c.StreamDestroy(gone))
+		if err := c.MemcpyBatchAsyncParts([]*Stream{ss[0], gone}, dsts, srcs, sizes); !errors.Is(err, ErrStreamDestroyed) {
+			t.Errorf("MemcpyBatchAsyncParts(a destroyed stream) = %v", err)
+		}
+	})
+
 	t.Run("PeerAccess", func(t *testing.T) {
 		ok(t, c.EnablePeerAccess(dev, dev))
 		if err := c.EnablePeerAccess(dev, c.DeviceCount()); !errors.Is(err, ErrInvalidValue) {

@@ -128,6 +128,17 @@ func (w *worker) submit(r *request) error {
 	return nil
 }
 
+// start hands r to the worker without waiting for it to run (wait with
+// <-r.done). It returns ErrClosed if the worker has stopped.
+func (w *worker) start(r *request) error {
+	select {
+	case w.reqs <- r:
+		return nil
+	case <-w.quit:
+		return ErrClosed
+	}
+}
+
 // do runs f on the worker (cold paths: f is a closure and allocates).
 func (w *worker) do(f func()) error {
 	r := getRequest()

@@ -220,3 +220,37 @@ func (m *Driver) MemcpyBatchAsync(s *gpudirect.Stream, dsts, srcs, sizes []uint6
 	}
 	return nil
 }
+
+// MemcpyBatchAsyncParts splits the batch as the real driver does and runs
+// the parts one after the other (each counted as a batch call).
+func (m *Driver) MemcpyBatchAsyncParts(ss []*gpudirect.Stream, dsts, srcs, sizes []uint64) error {
+	m.mu.Lock()
+	err := m.enter("MemcpyBatchAsyncParts")
+	m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if len(ss) == 0 {
+		return fmt.Errorf("%w: gpudirect: batch copy in parts on no stream", gpudirect.ErrInvalidValue)
+	}
+	if err := gpudirect.CheckBatch(dsts, srcs, sizes); err != nil {
+		return err
+	}
+	k := max(1, min(len(ss), len(sizes), gpudirect.ParallelParts))
+	for j := 1; j < k; j++ {
+		if ss[j].Device() != ss[0].Device() {
+			return fmt.Errorf("%w: gpudirect: batch copy in parts on streams of devices %d and %d", gpudirect.ErrInvalidValue, ss[0].Device(), ss[j].Device())
+		}
+	}
+	n := len(sizes)
+	for j := 0; j < k; j++ {
+		lo, hi := n*j/k, n*(j+1)/k
+		if lo == hi {
+			continue
+		}
+		if err := m.MemcpyBatchAsync(ss[j], dsts[lo:hi], srcs[lo:hi], sizes[lo:hi]); err != nil {
+			return fmt.Errorf("part %d of %d: %w", j+1, k, err)
+		}
+	}
+	return nil
+}

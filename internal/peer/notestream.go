@@ -107,14 +107,12 @@ func (ns *noteStream) err() error {
 
 // notify sends req and waits for its answer under ctx. sent says whether
 // the note left: a note refused before it was sent may go another way.
-// answered says whether the peer answered it: a note sent and not
-// answered may still be delivered.
-func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (resp *b2bv1.NotifyResponse, sent, answered bool, err error) {
+func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (resp *b2bv1.NotifyResponse, sent bool, err error) {
 	ch := make(chan *b2bv1.NotifyResponse, 1)
 	select {
 	case ns.sending <- struct{}{}:
 	case <-ctx.Done():
-		return nil, false, false, ctx.Err()
+		return nil, false, ctx.Err()
 	}
 	ns.seq++
 	seq := ns.seq
@@ -122,7 +120,7 @@ func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (res
 	if err := ns.broken; err != nil {
 		ns.mu.Unlock()
 		<-ns.sending
-		return nil, false, false, err
+		return nil, false, err
 	}
 	ns.waiting[seq] = ch
 	ns.mu.Unlock()
@@ -152,24 +150,24 @@ func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (res
 		ns.mu.Unlock()
 		ns.fail(err)
 		if ctx.Err() != nil {
-			return nil, false, false, ctx.Err()
+			return nil, false, ctx.Err()
 		}
-		return nil, false, false, err
+		return nil, false, err
 	}
 	select {
 	case resp, ok := <-ch:
 		if !ok {
-			return nil, true, false, ns.err()
+			return nil, true, ns.err()
 		}
 		if c := codes.Code(resp.GetCode()); c != codes.OK {
-			return nil, true, true, status.Error(c, resp.GetMessage())
+			return nil, true, status.Error(c, resp.GetMessage())
 		}
-		return resp, true, true, nil
+		return resp, true, nil
 	case <-ctx.Done():
 		ns.mu.Lock()
 		delete(ns.waiting, seq)
 		ns.mu.Unlock()
-		return nil, true, false, ctx.Err()
+		return nil, true, ctx.Err()
 	}
 }
 

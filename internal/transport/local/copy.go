@@ -106,23 +106,33 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 		srcs[i] = srcBase + b.Src[i]
 		sizes[i] = b.Len[i]
 	}
-	// Shares of about equal bytes, one per stream, each one batched call.
+	// Shares of about equal bytes, one per stream, each one batched call;
+	// many small copies in parts of about equal count, queued at once by
+	// the device's threads (the driver's enqueue is CPU time per copy, and
+	// one thread can land on a slow core: gpudirect.ParallelParts).
 	k := gpuShares(n, b.Bytes(), len(ss))
 	var qerr error
 	queued := 0
-	lo := 0
 	t0 := time.Now()
-	for j := 0; j < k && lo < n; j++ {
-		hi := n
-		if j < k-1 {
-			hi = shareEnd(sizes, lo, b.Bytes()/uint64(k))
+	if p := gpuParts(n, len(ss)); k == 1 && p > 1 {
+		if err := cu.MemcpyBatchAsyncParts(ss[:p], dsts, srcs, sizes); err != nil {
+			qerr = fmt.Errorf("samehost: copy %d blocks in %d parts on device %d: %w", n, p, dev, staging.DomainError(err))
 		}
-		if err := cu.MemcpyBatchAsync(ss[j], dsts[lo:hi], srcs[lo:hi], sizes[lo:hi]); err != nil {
-			qerr = fmt.Errorf("samehost: copy blocks %d..%d on device %d: %w", lo, hi-1, dev, staging.DomainError(err))
-			break
+		queued = p // after a failure, other parts may be queued
+	} else {
+		lo := 0
+		for j := 0; j < k && lo < n; j++ {
+			hi := n
+			if j < k-1 {
+				hi = shareEnd(sizes, lo, b.Bytes()/uint64(k))
+			}
+			if err := cu.MemcpyBatchAsync(ss[j], dsts[lo:hi], srcs[lo:hi], sizes[lo:hi]); err != nil {
+				qerr = fmt.Errorf("samehost: copy blocks %d..%d on device %d: %w", lo, hi-1, dev, staging.DomainError(err))
+				break
+			}
+			queued++
+			lo = hi
 		}
-		queued++
-		lo = hi
 	}
 	post = time.Since(t0)
 	// Wait for every stream that took work, even after a failure: the

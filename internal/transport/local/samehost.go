@@ -86,6 +86,16 @@ func gpuShares(n int, total uint64, streams int) int {
 	return max(k, 1)
 }
 
+// gpuParts is how many parts a GPU batch of n copies is queued in, on as
+// many of its streams, where it is not spread by bytes: one part per
+// MinPartCopies copies, at most gpudirect.ParallelParts.
+func gpuParts(n, streams int) int {
+	return max(1, min(streams, gpudirect.ParallelParts, n/MinPartCopies))
+}
+
+// MinPartCopies is the fewest copies a part of a GPU batch gets.
+const MinPartCopies = 1024
+
 // MaxStreams bounds Config.Streams.
 const MaxStreams = 8
 
