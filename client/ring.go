@@ -48,8 +48,16 @@ const (
 	ringNap = 50 * time.Millisecond
 )
 
-// ErrRingClosed is the error of an operation on a closed Ring.
-var ErrRingClosed = errors.New("b2b client: ring is closed")
+// ErrRingClosed is the error of an operation on a closed Ring (closed
+// here, or dropped by its daemon: killed, restarted). Its gRPC code
+// (status.Code) is Unavailable, as for a call to a daemon that is gone.
+var ErrRingClosed error = ringClosed{}
+
+type ringClosed struct{}
+
+func (ringClosed) Error() string { return "b2b client: ring is closed" }
+
+func (e ringClosed) GRPCStatus() *status.Status { return status.New(codes.Unavailable, e.Error()) }
 
 // DialRing asks the daemon's raw submit socket at path for a ring of the
 // default size.
