@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/notify"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -117,9 +118,27 @@ func AfterNote(noteRegion string, key []byte) StartOption {
 // to 64 bytes) before payload: sent with a transfer (or alone, by a block
 // transfer of no block), it starts the transfers armed on its keys where
 // it lands.
+//
+// A refusal (no key, more than 255, an empty key or one over 64 bytes) is
+// InvalidArgument both ways: errors.Is(err, errs.ErrInvalidArgument) and
+// status.Code(err), as the daemon's refusals read.
 func KeyNote(keys [][]byte, payload []byte) ([]byte, error) {
-	return notify.AppendKeys(nil, keys, payload)
+	b, err := notify.AppendKeys(nil, keys, payload)
+	if err != nil {
+		return nil, coded{err}
+	}
+	return b, nil
 }
+
+// coded is a domain error (internal/errs) that also reads as the gRPC
+// status of its class, for refusals the client makes itself.
+type coded struct{ err error }
+
+func (e coded) Error() string { return e.err.Error() }
+func (e coded) Unwrap() error { return e.err }
+
+// GRPCStatus is what status.Code and status.FromError read.
+func (e coded) GRPCStatus() *status.Status { return status.New(grpcstatus.Code(e.err), e.err.Error()) }
 
 // checkTimeout refuses a negative timeout (0 is the daemon's default), as
 // the daemon refuses a bad field: before anything starts.
@@ -156,10 +175,13 @@ func ended(o *b2bv1.TransferOutcome) bool {
 }
 
 // Wait waits until the transfer ended or timeout passed (0: until it ends,
-// or ctx does) and returns its outcome: state RUNNING when it has not
-// ended. When ctx ends first, the call goes on (the daemon may be handing
+// or ctx does; a negative one is refused, InvalidArgument) and returns its
+// outcome: state RUNNING when it has not ended. When ctx ends first, the call goes on (the daemon may be handing
 // the outcome over): the next call on the handle takes its answer.
 func (t *TransferHandle) Wait(ctx context.Context, timeout time.Duration) (*b2bv1.TransferOutcome, error) {
+	if timeout < 0 {
+		return nil, status.Errorf(codes.InvalidArgument, "wait timeout %v: want >= 0 (0: until the transfer ends)", timeout)
+	}
 	if t.out == nil && t.pending != nil && !t.join(ctx) {
 		return nil, ctx.Err()
 	}

@@ -116,8 +116,9 @@ func TestWaitGivenUpKeepsTheOutcome(t *testing.T) {
 	}
 }
 
-// TestStartRefusesNegativeTimeout: a negative timeout is refused before
-// any call (0 is the daemon's default), naming the value.
+// TestStartRefusesNegativeTimeout: a negative timeout (of a start or a
+// wait) is refused before any call (0 is the daemon's default, or no
+// limit for a wait), naming the value.
 func TestStartRefusesNegativeTimeout(t *testing.T) {
 	c := &Client{} // no connection: a call would panic, a refusal makes none
 	ctx := context.Background()
@@ -125,10 +126,37 @@ func TestStartRefusesNegativeTimeout(t *testing.T) {
 		"StartTransfer": func() error { _, err := c.StartTransfer(ctx, Transfer{}, -5*time.Second); return err },
 		"StartBlocks":   func() error { _, err := c.StartBlocks(ctx, Blocks{}, -time.Millisecond); return err },
 		"StartSubmit":   func() error { _, err := c.StartSubmit(ctx, 1, -time.Nanosecond); return err },
+		// A wait's timeout alike: negative is not 0 ("until it ends").
+		"Wait": func() error { _, err := c.Handle(1).Wait(ctx, -time.Second); return err },
+		"WaitMany": func() error {
+			_, err := c.WaitMany(ctx, []*TransferHandle{c.Handle(1)}, -time.Second, false)
+			return err
+		},
 	} {
 		err := start()
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "timeout -") {
 			t.Errorf("%s: %v, want InvalidArgument naming the timeout", name, err)
+		}
+	}
+}
+
+// TestWaitManyAnyEndedAlready: with anyOne, a handle that already ended
+// answers the wait at once, without a call; the others are RUNNING with
+// their ids (as Poll answers), not nil outcomes.
+func TestWaitManyAnyEndedAlready(t *testing.T) {
+	c := &Client{} // no connection: a call would panic
+	done := &TransferHandle{c: c, id: 7, out: &b2bv1.TransferOutcome{TransferId: 7, State: b2bv1.TransferState_TRANSFER_STATE_DONE}}
+	hs := []*TransferHandle{c.Handle(5), done, c.Handle(9)}
+	os, err := c.WaitMany(context.Background(), hs, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct {
+		id    uint64
+		state b2bv1.TransferState
+	}{{5, b2bv1.TransferState_TRANSFER_STATE_RUNNING}, {7, b2bv1.TransferState_TRANSFER_STATE_DONE}, {9, b2bv1.TransferState_TRANSFER_STATE_RUNNING}} {
+		if os[i] == nil || os[i].GetTransferId() != want.id || os[i].GetState() != want.state {
+			t.Fatalf("[%d]: %v; want id %d %v", i, os[i], want.id, want.state)
 		}
 	}
 }

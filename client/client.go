@@ -12,7 +12,9 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -170,9 +172,20 @@ func (c *Client) Deregister(ctx context.Context, regionID string) error {
 	return err
 }
 
-// Export sets or clears a region's export name.
-func (c *Client) Export(ctx context.Context, regionID, name string) error {
-	_, err := c.api.ExportRegion(ctx, &b2bv1.ExportRegionRequest{RegionId: regionID, ExportName: name})
+// Export sets or clears a region's export name, and sets its grants
+// anew, as ExportRegion does: the export's writers (ExportTo; none: every
+// peer), readers (Readers; none: no peer) and ReadOnly are opts' alone,
+// not the region's earlier ones. So renaming a read-only export with
+// readers keeps it so only when given ReadOnly() and Readers(...) again;
+// without them the new export is writable by every peer and readable by
+// none. Options other than those three (Persist) are refused.
+func (c *Client) Export(ctx context.Context, regionID, name string, opts ...RegisterOption) error {
+	r := registerRequest(&b2bv1.RegisterRegionRequest{}, opts)
+	if r.GetPersist() {
+		return status.Error(codes.InvalidArgument, "b2b client: Export takes ExportTo, Readers and ReadOnly; persist is a registration's (RegisterHost)")
+	}
+	_, err := c.api.ExportRegion(ctx, &b2bv1.ExportRegionRequest{RegionId: regionID, ExportName: name,
+		ExportTo: r.GetExportTo(), Readers: r.GetReaders(), ReadOnly: r.GetReadOnly()})
 	return err
 }
 
@@ -228,7 +241,8 @@ func (t Transfer) request() *b2bv1.BatchTransferRequest {
 func (c *Client) Warm(ctx context.Context, t Transfer) (*b2bv1.WarmTransferResponse, error) {
 	name, ok := transportName(t)
 	if !ok {
-		return nil, fmt.Errorf("b2b client: Warm names its transport by TransportName; Transport %v and TransportName %q disagree", t.Transport, t.TransportName)
+		// InvalidArgument, as BatchTransfer refuses the same fields.
+		return nil, status.Errorf(codes.InvalidArgument, "b2b client: Warm names its transport by TransportName; transport %v is not a known TransportKind, or transport_name %q disagrees with it", t.Transport, t.TransportName)
 	}
 	return c.api.WarmTransfer(ctx, &b2bv1.WarmTransferRequest{SrcRegionId: t.SrcRegion, Peer: t.Peer, DstRegion: t.DstRegion, Op: t.Op, TransportName: name})
 }

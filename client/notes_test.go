@@ -5,6 +5,9 @@ import (
 	"errors"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/notify"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -21,9 +24,14 @@ func TestKeyNote(t *testing.T) {
 	if !ok || len(keys) != 2 || string(keys[0]) != "step-7" || string(payload) != `{"t":"ready"}` {
 		t.Fatalf("parsed %q %q %v", keys, payload, ok)
 	}
-	for _, keys := range [][][]byte{nil, {{}}, {bytes.Repeat([]byte("k"), 65)}} {
-		if _, err := KeyNote(keys, nil); !errors.Is(err, errs.ErrInvalidArgument) {
-			t.Errorf("%d keys: %v, want InvalidArgument", len(keys), err)
+	many := make([][]byte, notify.MaxKeys+1)
+	for i := range many {
+		many[i] = []byte("k")
+	}
+	for _, keys := range [][][]byte{nil, {{}}, {bytes.Repeat([]byte("k"), 65)}, many} {
+		b, err := KeyNote(keys, nil)
+		if !errors.Is(err, errs.ErrInvalidArgument) || status.Code(err) != codes.InvalidArgument || b != nil {
+			t.Errorf("%d keys: %v (code %v), %d bytes; want InvalidArgument", len(keys), err, status.Code(err), len(b))
 		}
 	}
 	r := &b2bv1.StartTransferRequest{}

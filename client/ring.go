@@ -48,8 +48,16 @@ const (
 	ringNap = 50 * time.Millisecond
 )
 
-// ErrRingClosed is the error of an operation on a closed Ring.
-var ErrRingClosed = errors.New("b2b client: ring is closed")
+// ErrRingClosed is the error of an operation on a closed Ring (closed
+// here, or dropped by its daemon: killed, restarted). Its gRPC code
+// (status.Code) is Unavailable, as for a call to a daemon that is gone.
+var ErrRingClosed error = ringClosed{}
+
+type ringClosed struct{}
+
+func (ringClosed) Error() string { return "b2b client: ring is closed" }
+
+func (e ringClosed) GRPCStatus() *status.Status { return status.New(codes.Unavailable, e.Error()) }
 
 // DialRing asks the daemon's raw submit socket at path for a ring of the
 // default size.
@@ -65,8 +73,14 @@ type RingOptions struct {
 }
 
 // DialRingWith asks the daemon's raw submit socket at path for a ring of
-// the given sizes.
+// the given sizes. A size outside its range is refused (InvalidArgument,
+// with the daemon's message) before dialling: the Hello frame's fields
+// are 16 bits wide, so one would otherwise reach the daemon as another
+// size (an arena of 100 bytes as the default 1 MiB, 300 MiB as 44 MiB).
 func DialRingWith(path string, o RingOptions) (*Ring, error) {
+	if err := o.check(); err != nil {
+		return nil, status.Error(codes.InvalidArgument, "b2b client: "+err.Error())
+	}
 	uc, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("b2b client: dial submit socket %s: %w", path, err)
@@ -77,6 +91,24 @@ func DialRingWith(path string, o RingOptions) (*Ring, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// check refuses the sizes the daemon would refuse (0: its default).
+func (o RingOptions) check() error {
+	if o.SubmitEntries != 0 {
+		if err := ring.CheckEntries("submission entries", o.SubmitEntries); err != nil {
+			return err
+		}
+	}
+	if o.CompleteEntries != 0 {
+		if err := ring.CheckEntries("completion entries", o.CompleteEntries); err != nil {
+			return err
+		}
+	}
+	if o.ArenaBytes != 0 {
+		return ring.CheckArena(o.ArenaBytes)
+	}
+	return nil
 }
 
 func openRing(uc *net.UnixConn, sizes uint64) (*Ring, error) {
@@ -257,7 +289,12 @@ func ringTimeoutMs(ctx context.Context) (uint64, error) {
 	return min(ms, ring.MaxTimeoutMs), nil
 }
 
-// Cancel cancels the submit under tag (its Wait then reports Canceled).
+// Cancel asks the daemon to stop the request under tag, and returns once
+// the daemon took the cancel, not once the request stopped: nil says the
+// tag was in flight (NotFound: it was not). Its Wait reports how it ended:
+// Canceled, or its success when it finished before the cancel reached it
+// (a small submit often does), as CancelTransfer keeps an ended
+// transfer's outcome. No byte of it lands after that Wait returns.
 func (r *Ring) Cancel(tag uint64) error {
 	t, err := r.post(ring.Request{Op: ring.OpCancel, Target: tag})
 	if err != nil {

@@ -2,9 +2,12 @@ package client
 
 import (
 	"context"
-	"fmt"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
 	"github.com/b2bd/b2bd/internal/ring"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
 )
@@ -35,7 +38,9 @@ func (c *Client) TransferRing(ctx context.Context, r *Ring, t Transfer) (RawResu
 
 // StartTransfer posts t as a batch record and returns its tag for Wait (or
 // Cancel). Every tag must be waited for. A transfer the ring cannot carry
-// (see TransferRing) is refused here; send it with BatchTransfer.
+// (see TransferRing) is refused here, with a gRPC status (InvalidArgument,
+// or ResourceExhausted when it is larger than the ring's arena); send it
+// with BatchTransfer.
 func (r *Ring) StartTransfer(t Transfer) (uint64, error) {
 	out, err := r.batchRecord(t)
 	if err != nil {
@@ -46,15 +51,16 @@ func (r *Ring) StartTransfer(t Transfer) (uint64, error) {
 
 // batchRecord is t's batch blob, or why the ring cannot carry it.
 func (r *Ring) batchRecord(t Transfer) (ring.BatchOut, error) {
+	// Refusals are gRPC statuses, as BatchTransfer's are.
 	out, ok := ringBatch(t)
 	if !ok {
-		return out, fmt.Errorf("b2b client: a ring batch names its transport by TransportName only; Transport %v with TransportName %q: use BatchTransfer", t.Transport, t.TransportName)
+		return out, status.Errorf(codes.InvalidArgument, "b2b client: a ring batch names its transport by TransportName only; Transport %v with TransportName %q: use BatchTransfer", t.Transport, t.TransportName)
 	}
 	if err := out.Check(); err != nil {
-		return out, fmt.Errorf("b2b client: %w", err)
+		return out, status.Error(grpcstatus.Code(err), "b2b client: "+err.Error())
 	}
 	if p := (&arenaPayload{batch: &out}); !r.arena.fits(p) {
-		return out, fmt.Errorf("b2b client: the batch's request takes %d bytes, over the ring's arena of %d bytes: use BatchTransfer", p.size(), len(r.arena.mem))
+		return out, status.Errorf(codes.ResourceExhausted, "b2b client: the batch's request takes %d bytes, over the ring's arena of %d bytes: use BatchTransfer", p.size(), len(r.arena.mem))
 	}
 	return out, nil
 }

@@ -2,8 +2,10 @@ package client
 
 import (
 	"context"
-	"fmt"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/b2bd/b2bd/internal/ring"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -59,8 +61,9 @@ func blocksOptions(opts []BlocksOption) blocksOpts {
 
 // Transfer moves block local[i] to block remote[i] on the route: through
 // r when r is not nil and the request fits it (1 to ring.MaxArenaIDs
-// pairs of equal count that fit its arena, a note of at most
-// ring.MaxNote bytes), else through TransferBlocks over gRPC. Either way
+// pairs of equal count that fit its arena, or none with a note, which
+// then goes alone; a note of at most ring.MaxNote bytes), else through
+// TransferBlocks over gRPC. Either way
 // a refusal is the gRPC status TransferBlocks gives; ctx's deadline is
 // the transfer's.
 func (rt *Route) Transfer(ctx context.Context, r *Ring, local, remote []uint32, opts ...BlocksOption) (RawResult, error) {
@@ -82,8 +85,11 @@ func (rt *Route) Transfer(ctx context.Context, r *Ring, local, remote []uint32, 
 
 // carries says whether a block request rides on r.
 func (r *Ring) carries(local, remote []uint32, note []byte) bool {
-	if len(local) != len(remote) || len(local) == 0 || len(local) > ring.MaxArenaIDs || len(note) > ring.MaxNote {
+	if len(local) != len(remote) || (len(local) == 0 && len(note) == 0) || len(local) > ring.MaxArenaIDs || len(note) > ring.MaxNote {
 		return false
+	}
+	if len(local) == 0 { // a note alone: an arena record of count 0
+		return r.arena.fits(&arenaPayload{note: note})
 	}
 	if len(local) <= ring.MaxInlineIDs && len(note) == 0 {
 		return true
@@ -94,23 +100,29 @@ func (r *Ring) carries(local, remote []uint32, note []byte) bool {
 // blocksRecord is the record of a block transfer on rt, and its arena
 // payload when the ids do not fit the record or a note comes along.
 func (r *Ring) blocksRecord(rt *Route, local, remote []uint32, ms uint64, o blocksOpts) (ring.Request, *arenaPayload, error) {
+	// Refusals are the gRPC statuses TransferBlocks gives the same
+	// request (InvalidArgument naming the field), so that a caller reads
+	// one code whichever way the request went.
 	n := len(local)
 	switch {
-	case n != len(remote) || n == 0 || n > ring.MaxArenaIDs:
-		return ring.Request{}, nil, fmt.Errorf("b2b client: %d local and %d remote ids: a ring block record carries 1 to %d (local, remote) pairs of equal count",
-			n, len(remote), ring.MaxArenaIDs)
+	case n != len(remote):
+		return ring.Request{}, nil, status.Errorf(codes.InvalidArgument, "b2b client: remote_ids has %d ids, local_ids has %d: they must be equal", len(remote), n)
+	case n == 0 && len(o.note) == 0:
+		return ring.Request{}, nil, status.Errorf(codes.InvalidArgument, "b2b client: local_ids is empty: a request needs at least one block id (or a notification, sent alone)")
+	case n > ring.MaxArenaIDs:
+		return ring.Request{}, nil, status.Errorf(codes.ResourceExhausted, "b2b client: local_ids has %d ids, over the limit of %d per request", n, ring.MaxArenaIDs)
 	case len(o.note) > ring.MaxNote:
-		return ring.Request{}, nil, fmt.Errorf("b2b client: notification of %d bytes, over the limit of %d", len(o.note), ring.MaxNote)
+		return ring.Request{}, nil, status.Errorf(codes.InvalidArgument, "b2b client: notification is %d bytes, over the limit of %d", len(o.note), ring.MaxNote)
 	}
 	req := ring.Request{Op: ring.OpBlocks, Handle: rt.Handle, TimeoutMs: ms, N: uint32(n)}
-	if n <= ring.MaxInlineIDs && len(o.note) == 0 {
+	if n > 0 && n <= ring.MaxInlineIDs && len(o.note) == 0 {
 		copy(req.Local[:], local)
 		copy(req.Remote[:], remote)
 		return req, nil, nil
 	}
 	p := &arenaPayload{local: local, remote: remote, note: o.note}
 	if !r.arena.fits(p) {
-		return ring.Request{}, nil, fmt.Errorf("b2b client: %d id pairs and a %d-byte notification take %d bytes, over the ring's arena of %d bytes: use Route.Transfer, which sends them over gRPC",
+		return ring.Request{}, nil, status.Errorf(codes.ResourceExhausted, "b2b client: %d id pairs and a %d-byte notification take %d bytes, over the ring's arena of %d bytes: use Route.Transfer, which sends them over gRPC",
 			n, len(o.note), p.size(), len(r.arena.mem))
 	}
 	return req, p, nil
@@ -118,7 +130,11 @@ func (r *Ring) blocksRecord(rt *Route, local, remote []uint32, ms uint64, o bloc
 
 // StartBlocks posts a block transfer on rt and returns its tag for Wait (or
 // Cancel). Every tag must be waited for. Up to ring.MaxInlineIDs pairs
-// without a notification ride in the record, the rest in the arena.
+// without a notification ride in the record, the rest in the arena; no
+// ids with a notification send the note alone. A request the ring cannot
+// carry is refused with the code TransferBlocks gives it (InvalidArgument,
+// ResourceExhausted over a limit), or ResourceExhausted when it is larger
+// than the ring's arena.
 func (r *Ring) StartBlocks(rt *Route, local, remote []uint32, opts ...BlocksOption) (uint64, error) {
 	req, p, err := r.blocksRecord(rt, local, remote, 0, blocksOptions(opts))
 	if err != nil {

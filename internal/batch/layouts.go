@@ -109,6 +109,19 @@ func (ls *Layouts) Register(name string, segs []layout.Segment, numBlocks uint64
 	if err := export.CheckGrants(); err != nil {
 		return nil, err
 	}
+	// num_blocks and region_id are the request's fields (layout.New, which
+	// also checks a peer's resolutions, names them per segment).
+	switch {
+	case numBlocks == 0:
+		return nil, fmt.Errorf("%w: layout %q: num_blocks is 0: a layout needs at least one block per segment", errs.ErrInvalidArgument, name)
+	case numBlocks > layout.DefaultMaxBlocks:
+		return nil, fmt.Errorf("%w: layout %q: num_blocks = %d, over the limit of %d", errs.ErrResourceExhausted, name, numBlocks, uint64(layout.DefaultMaxBlocks))
+	}
+	for i, s := range segs {
+		if s.Region == "" {
+			return nil, fmt.Errorf("%w: layout %q: segments[%d].region_id is empty", errs.ErrInvalidArgument, name, i)
+		}
+	}
 	ls.mu.Lock()
 	_, taken := ls.byName[name]
 	_, etaken := ls.byExport[export.Name]
@@ -131,8 +144,8 @@ func (ls *Layouts) Register(name string, segs []layout.Segment, numBlocks uint64
 	for i, s := range segs {
 		s.NumBlocks = numBlocks
 		e.Segments[i] = s
-		if s.Region == "" || held[s.Region] != nil {
-			continue // layout.New names an empty one
+		if held[s.Region] != nil {
+			continue
 		}
 		r, rel, err := ls.reg.Hold(s.Region, fmt.Sprintf("segments[%d].region_id", i), who, fmt.Sprintf("layout %q", name))
 		if err != nil {

@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -136,7 +137,18 @@ func (ts triggers) armNote(after *Trigger, who region.Caller) (gate func(RunFunc
 	}
 	release = sync.OnceFunc(rel)
 	id, key := r.ID, append([]byte(nil), after.NoteKey...)
-	wait := func(ctx context.Context) (time.Time, error) { return ts.notes.WaitKey(ctx, id, key) }
+	wait := func(ctx context.Context) (time.Time, error) {
+		at, err := ts.notes.WaitKey(ctx, id, key)
+		if err != nil {
+			// Name what it waited for, as a counter's wait does: the
+			// context's bare error says neither the key nor the region.
+			if errors.Is(err, context.DeadlineExceeded) {
+				return at, fmt.Errorf("%w: no key note naming after.note_key %q landed on after.note_region_id %s before the transfer's deadline (nothing was posted)", context.DeadlineExceeded, key, id)
+			}
+			return at, fmt.Errorf("waiting for a key note naming after.note_key %q on after.note_region_id %s: %w", key, id, err)
+		}
+		return at, nil
+	}
 	return func(run RunFunc) RunFunc { return gatedOn(wait, release, run) }, release, nil
 }
 
