@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"unsafe"
 
@@ -29,8 +30,20 @@ type Client struct {
 const maxMsg = 128 << 20
 
 // Dial connects to a daemon's local API: "unix:///run/b2bd/b2bd.sock", a
-// bare socket path starting with "/", or "host:port".
+// socket path ("/run/b2bd/b2bd.sock", or relative to the working
+// directory: "a/b2bd.sock", "./b2bd.sock", "b2bd.sock"), or "host:port".
+// A target without a colon cannot be a host:port, so it is a path.
 func Dial(target string, opts ...grpc.DialOption) (*Client, error) {
+	if target == "" {
+		return nil, status.Error(codes.InvalidArgument, "b2b client: dial: the target is empty: give the daemon's socket path or host:port")
+	}
+	if !strings.HasPrefix(target, "/") && !strings.Contains(target, ":") {
+		abs, err := filepath.Abs(target)
+		if err != nil {
+			return nil, fmt.Errorf("b2b client: dial %s: %w", target, err)
+		}
+		target = abs
+	}
 	if strings.HasPrefix(target, "/") {
 		target = "unix://" + target
 	}
