@@ -28,6 +28,18 @@ var timedCalls = map[string]bool{
 	b2bv1.B2B_SubmitStream_FullMethodName:   true,
 }
 
+// deadlineCalls move no bytes but reach the peer (handshake, resolve,
+// connect) as a transfer does, so a peer that does not answer holds them
+// to the caller's deadline. They are sent with that deadline in metadata
+// and a gRPC deadline callerdeadline.Grace later, as timedCalls are, so
+// that the DeadlineExceeded is the daemon's, naming the peer and the
+// phase, not gRPC's bare "context deadline exceeded". No call id: nothing
+// lands after their answer, so the caller's cancel cancels the call itself.
+var deadlineCalls = map[string]bool{
+	b2bv1.B2B_PrepareTransfer_FullMethodName: true,
+	b2bv1.B2B_WarmTransfer_FullMethodName:    true,
+}
+
 // callerDeadline turns ctx's deadline into the metadata and a later gRPC
 // deadline; the caller's cancel (not its deadline) still cancels the call.
 // ok is false when ctx has no deadline (or one beyond callerdeadline.Max,
@@ -71,6 +83,12 @@ func sendDeadline(ctx, call context.Context) (context.Context, context.CancelFun
 // no answer comes within callerdeadline.Grace, the call is cancelled at
 // the client as before.
 func unaryCallerDeadline(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if deadlineCalls[method] && ctx.Err() == nil {
+		if call, cancel, ok := callerDeadline(ctx); ok {
+			defer cancel()
+			return invoker(call, method, req, reply, cc, opts...)
+		}
+	}
 	if !timedCalls[method] || ctx.Done() == nil || ctx.Err() != nil {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}

@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -93,8 +94,18 @@ func NewTransfers(max int) *Transfers {
 	if max <= 0 {
 		max = DefaultMaxTransfers
 	}
-	return &Transfers{max: max, byID: map[uint64]*asyncEntry{}, held: map[uint64]int{}, watchers: map[uint64][]*Watcher{}}
+	return &Transfers{max: max, next: firstTransferID(), byID: map[uint64]*asyncEntry{}, held: map[uint64]int{}, watchers: map[uint64][]*Watcher{}}
 }
+
+// firstTransferID is where a daemon's transfer ids start counting: at
+// random, so that a restarted daemon's ids are not its last run's. A
+// client's handles outlive the daemon (its channel reconnects to the same
+// socket, and a client on the socket is its pid), and with ids counting
+// from 1 in every run a handle of a transfer the dead daemon never ended
+// was answered with the outcome of the new daemon's transfer of the same
+// id: "done" for bytes that never moved. Below 2^53, so that every id is
+// exact in a JSON number (b2bctl --json, JavaScript).
+func firstTransferID() uint64 { return 1<<32 + rand.Uint64N(1<<52-1<<33) }
 
 // Counts says how many transfers run and how many entries the table holds
 // (running, or ended and not yet reported).

@@ -10,6 +10,7 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -530,9 +531,19 @@ func (s *Service) notify(ctx context.Context, p *Plan, ph *Phases) error {
 		Notification: p.notification, Blocks: p.blocks, Bytes: p.bytes})
 	ph.Notify = time.Since(t0)
 	if err != nil {
-		return fmt.Errorf("batch of %d blocks landed at %s/%s, but its notification was not delivered: %w", p.blocks, p.peer, p.dst, err)
+		return fmt.Errorf("batch of %d blocks landed at %s/%s, but its notification was %s: %w", p.blocks, p.peer, p.dst, noteFate(err), err)
 	}
 	return nil
+}
+
+// noteFate says what became of a notification that failed with err: "not
+// delivered", unless it left and no answer came (notify.ErrUnconfirmed),
+// when the peer may still deliver it: "not confirmed".
+func noteFate(err error) string {
+	if errors.Is(err, notify.ErrUnconfirmed) {
+		return "not confirmed"
+	}
+	return "not delivered"
 }
 
 // count counts a finished transfer: a write as sent, a pull as received.

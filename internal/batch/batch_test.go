@@ -367,7 +367,7 @@ func TestNoRetryOnMemoryFault(t *testing.T) {
 		side          memguard.Side
 		blamed, spare string
 	}{
-		{memguard.Source, "src_region_id r1: ", `dst_region "kv"`},
+		{memguard.Source, "src_region_id %s: ", `dst_region "kv"`},
 		{memguard.Destination, `dst_region "kv" on b:7470: `, "src_region_id"},
 	} {
 		t.Run(tc.side.String(), func(t *testing.T) {
@@ -375,12 +375,13 @@ func TestNoRetryOnMemoryFault(t *testing.T) {
 			c := &fakeConn{errs: []error{fault}, breaks: true}
 			fp := &fakePeers{conns: []*fakeConn{c, {}}, answers: []answer{{size: regionSize}}}
 			s, req := rig(t, fp)
+			blamed := strings.ReplaceAll(tc.blamed, "%s", req.Src) // the source region's id
 			_, err := s.Transfer(context.Background(), req)
 			if errs.Class(err) != errs.ErrDataLoss || fp.gets != 1 {
 				t.Fatalf("err %v (%v), gets %d", err, errs.Class(err), fp.gets)
 			}
-			if msg := err.Error(); !strings.Contains(msg, tc.blamed) || strings.Contains(msg, tc.spare) {
-				t.Fatalf("message %q: want it to name %q and not %q", msg, tc.blamed, tc.spare)
+			if msg := err.Error(); !strings.Contains(msg, blamed) || strings.Contains(msg, tc.spare) {
+				t.Fatalf("message %q: want it to name %q and not %q", msg, blamed, tc.spare)
 			}
 		})
 	}
@@ -450,22 +451,39 @@ func (d deadlineProbe) Get(ctx context.Context, addr string, want transport.Kind
 	return d.fakePeers.Get(ctx, addr, want, need)
 }
 
+// TestNotificationFailureAfterLanding: a batch whose bytes landed but whose
+// note failed fails, and says how: a note the peer refused was not
+// delivered; a note that left but got no answer (a frozen receiver, the
+// caller's deadline) may still be delivered, and the message must not say
+// it was not.
 func TestNotificationFailureAfterLanding(t *testing.T) {
-	fp := &fakePeers{conns: []*fakeConn{{}}, answers: []answer{{size: regionSize}},
-		notifyErr: errs.Wrap(errs.ErrNotFound, "region kv is not exported")}
-	s, req := rig(t, fp)
-	req.Notification = []byte("hello")
-	_, err := s.Transfer(context.Background(), req)
-	want := "batch of 2 blocks landed at b:7470/kv, but its notification was not delivered: region kv is not exported"
-	if err == nil || err.Error() != want || errs.Class(err) != errs.ErrNotFound {
-		t.Fatalf("err = %v", err)
-	}
-	if fp.conns[0].writes != 1 || len(fp.notified) != 1 || s.Counters().BatchesSent.Load() != 0 || s.Counters().BatchesFailed.Load() != 1 {
-		t.Fatalf("writes %d notified %d", fp.conns[0].writes, len(fp.notified))
-	}
-	n := fp.notified[0]
-	if n.Region != "kv" || n.Sender != "a" || string(n.Notification) != "hello" || n.Blocks != 2 || n.Bytes != 8192 {
-		t.Fatalf("notification %+v", n)
+	for _, tc := range []struct {
+		name      string
+		notifyErr error
+		want      string
+		class     error
+	}{
+		{"refused", errs.Wrap(errs.ErrNotFound, "region kv is not exported"),
+			"batch of 2 blocks landed at b:7470/kv, but its notification was not delivered: region kv is not exported", errs.ErrNotFound},
+		{"unanswered", fmt.Errorf("%w (%w)", context.DeadlineExceeded, notify.ErrUnconfirmed),
+			"batch of 2 blocks landed at b:7470/kv, but its notification was not confirmed: context deadline exceeded (" + notify.ErrUnconfirmed.Error() + ")", context.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fp := &fakePeers{conns: []*fakeConn{{}}, answers: []answer{{size: regionSize}}, notifyErr: tc.notifyErr}
+			s, req := rig(t, fp)
+			req.Notification = []byte("hello")
+			_, err := s.Transfer(context.Background(), req)
+			if err == nil || err.Error() != tc.want || errs.Class(err) != tc.class {
+				t.Fatalf("err = %v (class %v)\nwant %s (class %v)", err, errs.Class(err), tc.want, tc.class)
+			}
+			if fp.conns[0].writes != 1 || len(fp.notified) != 1 || s.Counters().BatchesSent.Load() != 0 || s.Counters().BatchesFailed.Load() != 1 {
+				t.Fatalf("writes %d notified %d", fp.conns[0].writes, len(fp.notified))
+			}
+			n := fp.notified[0]
+			if n.Region != "kv" || n.Sender != "a" || string(n.Notification) != "hello" || n.Blocks != 2 || n.Bytes != 8192 {
+				t.Fatalf("notification %+v", n)
+			}
+		})
 	}
 }
 

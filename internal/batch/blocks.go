@@ -331,7 +331,7 @@ func (x *blockXfer) moved(ctx context.Context, rl *transport.LayoutResolution, s
 			if r.Op == OpRead {
 				verb = "were pulled from"
 			}
-			return Result{}, fmt.Errorf("blocks %s %s/%s, but the notification was not delivered: %w", verb, r.Peer, r.Remote, err)
+			return Result{}, fmt.Errorf("blocks %s %s/%s, but the notification was %s: %w", verb, r.Peer, r.Remote, noteFate(err), err)
 		}
 	}
 	s.count(r.Op, total)

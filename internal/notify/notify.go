@@ -4,9 +4,17 @@
 package notify
 
 import (
+	"errors"
 	"runtime"
 	"sync"
 )
+
+// ErrUnconfirmed marks the failure of a notification that left for its
+// peer but got no answer (the caller's deadline or cancel, or the
+// connection's end, came first): the peer may still deliver it, as a frozen
+// daemon does once it is continued. A note the peer refused, or one that
+// never left, is not marked.
+var ErrUnconfirmed = errors.New("it left for the peer, and may have been or may yet be delivered")
 
 // Notification is a batch's notification as its destination's watchers get
 // it (the wire type, b2bv1.Notification, is made from it at the RPC layer).

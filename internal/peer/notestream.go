@@ -107,12 +107,14 @@ func (ns *noteStream) err() error {
 
 // notify sends req and waits for its answer under ctx. sent says whether
 // the note left: a note refused before it was sent may go another way.
-func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (resp *b2bv1.NotifyResponse, sent bool, err error) {
+// answered says whether the peer answered it: a note sent and not
+// answered may still be delivered.
+func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (resp *b2bv1.NotifyResponse, sent, answered bool, err error) {
 	ch := make(chan *b2bv1.NotifyResponse, 1)
 	select {
 	case ns.sending <- struct{}{}:
 	case <-ctx.Done():
-		return nil, false, ctx.Err()
+		return nil, false, false, ctx.Err()
 	}
 	ns.seq++
 	seq := ns.seq
@@ -120,7 +122,7 @@ func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (res
 	if err := ns.broken; err != nil {
 		ns.mu.Unlock()
 		<-ns.sending
-		return nil, false, err
+		return nil, false, false, err
 	}
 	ns.waiting[seq] = ch
 	ns.mu.Unlock()
@@ -150,24 +152,24 @@ func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (res
 		ns.mu.Unlock()
 		ns.fail(err)
 		if ctx.Err() != nil {
-			return nil, false, ctx.Err()
+			return nil, false, false, ctx.Err()
 		}
-		return nil, false, err
+		return nil, false, false, err
 	}
 	select {
 	case resp, ok := <-ch:
 		if !ok {
-			return nil, true, ns.err()
+			return nil, true, false, ns.err()
 		}
 		if c := codes.Code(resp.GetCode()); c != codes.OK {
-			return nil, true, status.Error(c, resp.GetMessage())
+			return nil, true, true, status.Error(c, resp.GetMessage())
 		}
-		return resp, true, nil
+		return resp, true, true, nil
 	case <-ctx.Done():
 		ns.mu.Lock()
 		delete(ns.waiting, seq)
 		ns.mu.Unlock()
-		return nil, true, ctx.Err()
+		return nil, true, false, ctx.Err()
 	}
 }
 

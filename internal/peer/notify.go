@@ -39,7 +39,7 @@ func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification
 		if err != nil {
 			break
 		}
-		_, sent, err := ns.notify(ctx, req)
+		_, sent, answered, err := ns.notify(ctx, req)
 		if err == nil {
 			return nil
 		}
@@ -48,10 +48,25 @@ func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification
 			break
 		}
 		if sent || ctx.Err() != nil {
-			return fromRPC(ctx, err)
+			return unconfirmed(sent && !answered, fromRPC(ctx, err))
 		}
 	}
 	req.Seq = 0
 	_, err = ctl.Notify(ctx, req)
-	return fromRPC(ctx, err)
+	// A call cut by the caller's deadline or cancel may have reached the
+	// peer; one the peer answered (a refusal) did not deliver the note.
+	c := status.Code(err)
+	cut := err != nil && ctx.Err() != nil && (c == codes.DeadlineExceeded || c == codes.Canceled)
+	return unconfirmed(cut, fromRPC(ctx, err))
+}
+
+// unconfirmed marks err, a note's failure, as notify.ErrUnconfirmed when
+// the note left and no answer came (left): the peer may still deliver it
+// (a frozen daemon does when continued), so it must not be reported as not
+// delivered. The class stays err's.
+func unconfirmed(left bool, err error) error {
+	if !left || err == nil {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", err, notify.ErrUnconfirmed)
 }

@@ -6,6 +6,7 @@ package region
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"sort"
 	"sync"
@@ -161,6 +162,15 @@ type Registry struct {
 	dep      *deposits      // handed-over descriptors waiting for their registration (memfd.go)
 }
 
+// firstSeq is where a daemon's region ids start counting: at random, so
+// that the ids of a restarted daemon are not those of its last run. A
+// client that held r<N> of the old daemon still names it after the restart
+// (its channel reaches the new daemon on the same socket, as the same uid),
+// and with ids counting from 1 in every run it would act on another
+// client's region: send its bytes, deregister it. 2^40 starts: a stale id
+// names a new region with odds of about (regions made) / 2^39.
+func firstSeq() uint64 { return 1<<20 + rand.Uint64N(1<<40) }
+
 // New creates the shm directory if needed and gives it ShmDirMode and the
 // group.
 func New(cfg Config) (*Registry, error) {
@@ -175,7 +185,7 @@ func New(cfg Config) (*Registry, error) {
 	if cfg.Pins == nil {
 		cfg.Pins = NewPins()
 	}
-	g := &Registry{cfg: cfg, dir: dir, mu: &cfg.Pins.mu, pins: cfg.Pins, byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey,
+	g := &Registry{cfg: cfg, dir: dir, mu: &cfg.Pins.mu, pins: cfg.Pins, seq: firstSeq(), byID: map[string]*Region{}, byName: map[string]*Region{}, byKey: cfg.Pins.byKey,
 		draining: map[*Region]struct{}{}, dep: &deposits{}, files: &fileGuard{mu: &cfg.Pins.mu, log: cfg.Log, keyCaps: map[transport.Kind]transport.KeyCaps{}}}
 	for _, t := range cfg.Transports {
 		if d, ok := transport.Lookup(t.Kind()); ok {

@@ -583,14 +583,14 @@ func TestClose(t *testing.T) {
 	g, err := New(Config{ShmDir: filepath.Join(t.TempDir(), "shm"), Transports: []transport.Transport{tcp, verbs}})
 	must(t, err)
 	dir := g.ShmDir()
-	var paths []string
+	var paths, ids []string
 	for i := range 3 {
 		r, err := g.AllocHost(4096, Export{Name: fmt.Sprint("kv", i)}, alice)
 		must(t, err)
-		paths = append(paths, r.ShmPath)
+		paths, ids = append(paths, r.ShmPath), append(ids, r.ID)
 	}
 	// One is held by a batch (callers stop batches first), one imported.
-	_, _, err = g.Acquire("r1", "src_region_id", alice)
+	_, _, err = g.Acquire(ids[0], "src_region_id", alice)
 	must(t, err)
 	imp := filepath.Join(dir, "mine")
 	writeFile(t, imp, 4096)
@@ -613,7 +613,7 @@ func TestClose(t *testing.T) {
 			t.Fatalf("%s still mapped after Close", p)
 		}
 	}
-	if _, _, err := g.Acquire("r2", "src_region_id", alice); !errors.Is(err, errs.ErrNotFound) {
+	if _, _, err := g.Acquire(ids[1], "src_region_id", alice); !errors.Is(err, errs.ErrNotFound) {
 		t.Fatalf("Acquire after Close: %v", err)
 	}
 	if _, _, err := g.Pins().Pin(transport.TCP, reg.Key().Key); !errors.Is(err, errs.ErrNotFound) {

@@ -1090,7 +1090,9 @@ class Client:
             src, peer, dst_region, src_offsets, dst_offsets, lengths, block_size, transport, descriptors, notification, "prepare", op,
             message=pb.PrepareTransferRequest,
         )
-        r = self._call(self._stub.PrepareTransfer, req, self.timeout if timeout is None else timeout)
+        # It reaches the peer (a frozen one holds it to the deadline): the
+        # daemon's answer at the deadline names the peer and the phase.
+        r = self._transfer_call(self._stub.PrepareTransfer, req, self.timeout if timeout is None else timeout)
         plan = PreparedTransfer(self, r, timeout)
         self._plans.add(plan.handle)  # close() releases it: it pins its source region
         return plan

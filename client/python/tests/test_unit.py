@@ -180,7 +180,8 @@ class AddressTest(unittest.TestCase):
 
 
 class _FakeDaemon:
-    """A gRPC server answering BatchTransfer, SubmitTransfer and SubmitStream:
+    """A gRPC server answering BatchTransfer, SubmitTransfer, PrepareTransfer,
+    WarmTransfer and SubmitStream:
     it records each call's metadata and time left, waits for the caller's
     deadline (``b2b-timeout-ms``) to pass while its own call is still live,
     and answers DEADLINE_EXCEEDED with its own message."""
@@ -197,6 +198,10 @@ class _FakeDaemon:
         handlers = {
             "BatchTransfer": grpc.unary_unary_rpc_method_handler(self._unary, request_deserializer=None, response_serializer=None),
             "SubmitTransfer": grpc.unary_unary_rpc_method_handler(self._unary, request_deserializer=None, response_serializer=None),
+            # These two move no bytes but reach the peer (a frozen one holds
+            # them to the deadline): the answer must be the daemon's, naming it.
+            "PrepareTransfer": grpc.unary_unary_rpc_method_handler(self._unary, request_deserializer=None, response_serializer=None),
+            "WarmTransfer": grpc.unary_unary_rpc_method_handler(self._unary, request_deserializer=None, response_serializer=None),
             "SubmitStream": grpc.stream_stream_rpc_method_handler(self._stream, request_deserializer=None, response_serializer=None),
         }
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("b2b.v1.B2B", handlers),))
@@ -255,6 +260,8 @@ class TransferDeadlineTest(unittest.TestCase):
                 "batch_transfer": lambda: c.batch_transfer("r1", "peer:7470", "dst", [0], [0], block_size=64, timeout=0.2),
                 "submit": lambda: b2b.PreparedTransfer(c, pb.PrepareTransferResponse(handle=1), 0.2).submit(),
                 "stream": lambda: list(c.submit_stream(timeout=0.2)),
+                "prepare": lambda: c.prepare("r1", "peer:7470", "dst", [0], [0], block_size=64, timeout=0.2),
+                "warm": lambda: c.warm("r1", "peer:7470", "dst", timeout=0.2),
             }
             for name, call in calls.items():
                 with self.subTest(name):

@@ -1,0 +1,86 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/b2bd/b2bd/internal/errs"
+	"github.com/b2bd/b2bd/internal/notify"
+	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
+)
+
+// holdingPeer takes a note and never answers it, on its stream or by the
+// unary call (unary: no stream, an older b2bd): a daemon frozen (SIGSTOP)
+// after the note reached it, which delivers it when continued.
+type holdingPeer struct {
+	fakePeer
+	unary bool
+}
+
+func (p *holdingPeer) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2bv1.NotifyResponse, error) {
+	if req.GetRegion() == "refuse" {
+		return nil, status.Error(codes.NotFound, `region "refuse" is not exported`)
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (p *holdingPeer) NotifyStream(s b2bv1.Peer_NotifyStreamServer) error {
+	if p.unary {
+		return status.Error(codes.Unimplemented, "method NotifyStream not implemented")
+	}
+	for {
+		req, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		if req.GetRegion() == "refuse" {
+			if err := s.Send(&b2bv1.NotifyResponse{Seq: req.GetSeq(), Code: uint32(codes.NotFound), Message: `region "refuse" is not exported`}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// TestNoteLeftButUnanswered: a note that reached the peer but whose answer
+// did not come before the caller's deadline may still be delivered (the
+// frozen peer reads it when continued), so its error must say so
+// (notify.ErrUnconfirmed): before, the batch answered "its notification
+// was not delivered", and the receiver's watchers got it a moment later.
+// A note the peer refused was not delivered, and says that.
+func TestNoteLeftButUnanswered(t *testing.T) {
+	const addr = "127.0.0.1:7470"
+	for _, tc := range []struct {
+		name            string
+		unary           bool
+		region          string
+		wantUnconfirmed bool
+		wantClass       error
+	}{
+		{"stream, unanswered", false, "r", true, context.DeadlineExceeded},
+		{"unary, unanswered", true, "r", true, context.DeadlineExceeded},
+		{"stream, refused", false, "refuse", false, errs.ErrNotFound},
+		{"unary, refused", true, "refuse", false, errs.ErrNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _, _ := newTestManagerWith(t, &holdingPeer{unary: tc.unary})
+			if _, err := m.Get(context.Background(), addr, "", writeNeed); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			err := m.Notify(ctx, addr, notify.Notification{Region: tc.region, Notification: []byte("n")})
+			if got := errors.Is(err, notify.ErrUnconfirmed); got != tc.wantUnconfirmed {
+				t.Fatalf("err = %v: unconfirmed %v, want %v", err, got, tc.wantUnconfirmed)
+			}
+			if !errors.Is(err, tc.wantClass) || errs.Class(err) != tc.wantClass {
+				t.Fatalf("err = %v (class %v), want class %v", err, errs.Class(err), tc.wantClass)
+			}
+		})
+	}
+}
