@@ -31,7 +31,7 @@ type settings struct {
 
 func flags(fs *flag.FlagSet) any {
 	s := &settings{}
-	fs.IntVar(&s.Streams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (a share of 1 MiB at least each, of blocks averaging 64 KiB or more), and a batch of smaller blocks is queued on in parts by as many threads (1,024 copies at least each, at most 4)")
+	fs.IntVar(&s.Streams, "local-streams", 4, "local transport: streams a large GPU batch is spread over (a share of 1 MiB at least each, of blocks averaging 64 KiB or more), and a batch of smaller blocks is queued on in parts by as many threads (512 copies at least each, at most 4)")
 	return s
 }
 

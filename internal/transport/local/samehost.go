@@ -94,7 +94,7 @@ func gpuParts(n, streams int) int {
 }
 
 // MinPartCopies is the fewest copies a part of a GPU batch gets.
-const MinPartCopies = 1024
+const MinPartCopies = 512
 
 // MaxStreams bounds Config.Streams.
 const MaxStreams = 8

@@ -29,7 +29,7 @@ func scattered(n int, size uint64) (*desc.Batch, uint64) {
 // every block lands byte for byte (and nothing else moves) for small and
 // large blocks, ChunkBytes' chunks and small ones, the second hop on one
 // stream or split over two; the split doubles the second hop's calls only
-// where a chunk has the copies for it, and a chunk of 2,048 copies or more
+// where a chunk has the copies for it, and a chunk of 1,024 copies or more
 // goes in parts.
 func TestCopyStaged(t *testing.T) {
 	for _, tc := range []struct {

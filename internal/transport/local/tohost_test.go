@@ -134,7 +134,7 @@ func TestCopyToHost(t *testing.T) {
 }
 
 // TestGPUBatchParts: a GPU batch of many small blocks is queued in parts
-// (one per 1,024 copies, at most gpudirect.ParallelParts, on the
+// (one per MinPartCopies copies, at most gpudirect.ParallelParts, on the
 // connection's streams), a small or a large-block one not; every block
 // lands either way.
 func TestGPUBatchParts(t *testing.T) {
@@ -149,7 +149,7 @@ func TestGPUBatchParts(t *testing.T) {
 		{"1000 blocks", 1000, 512, 4, 0, 1},
 		{"4096 blocks", 4096, 512, 4, 1, 4},
 		{"2 streams", 4096, 512, 2, 1, 2},
-		{"2500 blocks", 2500, 512, 4, 1, 2},
+		{"1500 blocks", 1500, 512, 4, 1, 2},
 		{"1 stream", 4096, 512, 1, 0, 1},
 		{"64 KiB blocks", 1024, 64 << 10, 4, 0, 4},
 	} {
