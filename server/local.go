@@ -156,6 +156,11 @@ func (l *local) WatchNotifications(req *b2bv1.WatchNotificationsRequest, stream 
 	}
 	w := l.s.cfg.Notify.Subscribe(id)
 	defer l.s.cfg.Notify.Unsubscribe(w)
+	// Released or unexported between the check and the subscription: the
+	// hub's End came before it.
+	if _, err := l.s.watchable(caller(stream.Context()), id); err != nil {
+		return grpcstatus.ToStatus(err)
+	}
 	// Headers tell the client it is subscribed: batches after this are seen.
 	if err := stream.SendHeader(nil); err != nil {
 		return err
@@ -167,6 +172,19 @@ func (l *local) WatchNotifications(req *b2bv1.WatchNotificationsRequest, stream 
 		case n := <-w.C:
 			if err := stream.Send(notificationProto(n)); err != nil {
 				return err
+			}
+		case <-w.Done():
+			// What came before the end, then the end with its reason.
+			for {
+				select {
+				case n := <-w.C:
+					if err := stream.Send(notificationProto(n)); err != nil {
+						return err
+					}
+					continue
+				default:
+				}
+				return grpcstatus.ToStatus(fmt.Errorf("watch ended: %w", w.Err()))
 			}
 		}
 	}

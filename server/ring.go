@@ -15,6 +15,7 @@ import (
 	"github.com/b2bd/b2bd/internal/batch"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/errs/grpcstatus"
+	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/ring"
 	b2bv1 "github.com/b2bd/b2bd/proto/b2b/v1"
@@ -452,6 +453,18 @@ func (rc *ringConn) watch(req ring.Request, regionID string) {
 		return
 	}
 	w := rc.s.cfg.Notify.Subscribe(id)
+	// Released or unexported between the check and the subscription: the
+	// hub's End came before it.
+	if _, err := rc.s.watchable(rc.who, id); err != nil {
+		rc.s.cfg.Notify.Unsubscribe(w)
+		rc.inMu.Lock()
+		delete(rc.inflight, req.Tag)
+		rc.watches--
+		rc.inMu.Unlock()
+		cancel()
+		rc.complete(fail(req.Tag, err))
+		return
+	}
 	rc.complete(ring.Completion{Tag: req.Tag, Code: ring.CodeNote}) // subscribed: an empty note record
 	rc.wg.Add(1)
 	go func() {
@@ -468,32 +481,40 @@ func (rc *ringConn) watch(req ring.Request, regionID string) {
 		var recs []ring.Completion
 		var lost uint64 // notes too large for the whole completion ring, told in the next frame
 		for {
+			var n notify.Notification
 			select {
 			case <-ctx.Done():
 				if rc.ctx.Err() == nil { // cancelled by the client, not the ring's end
 					rc.complete(fail(req.Tag, fmt.Errorf("ring watch of region %s: %w", id, context.Canceled)))
 				}
 				return
-			case n := <-w.C:
-				frame = ring.AppendNoteFrame(frame[:0], ring.NoteFrame{Sender: n.Sender, Region: n.Region, Dropped: n.Dropped + lost, Note: n.Notification})
-				recs = ring.NoteRecords(recs[:0], req.Tag, frame, n.Blocks, n.Bytes)
-				if uint32(len(recs)) > rc.reg.CQ.Entries() {
-					lost++ // it could never be posted whole (a client that asked for a tiny ring)
-					continue
+			case n = <-w.C:
+			case <-w.Done():
+				select {
+				case n = <-w.C: // what came before the end goes first
+				default:
+					rc.complete(fail(req.Tag, fmt.Errorf("ring watch ended: %w", w.Err())))
+					return
 				}
-				lost = 0
-				for wait := ringNoteRetry; !rc.completeAll(recs); wait = min(2*wait, ringNoteRetryMax) {
-					// No room for every part: wait for the client to read,
-					// while later notes wait in the watcher's queue.
-					t := time.NewTimer(wait)
-					select {
-					case <-ctx.Done():
-						t.Stop()
-					case <-t.C:
-					}
-					if ctx.Err() != nil {
-						break
-					}
+			}
+			frame = ring.AppendNoteFrame(frame[:0], ring.NoteFrame{Sender: n.Sender, Region: n.Region, Dropped: n.Dropped + lost, Note: n.Notification})
+			recs = ring.NoteRecords(recs[:0], req.Tag, frame, n.Blocks, n.Bytes)
+			if uint32(len(recs)) > rc.reg.CQ.Entries() {
+				lost++ // it could never be posted whole (a client that asked for a tiny ring)
+				continue
+			}
+			lost = 0
+			for wait := ringNoteRetry; !rc.completeAll(recs); wait = min(2*wait, ringNoteRetryMax) {
+				// No room for every part: wait for the client to read,
+				// while later notes wait in the watcher's queue.
+				t := time.NewTimer(wait)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+				case <-t.C:
+				}
+				if ctx.Err() != nil {
+					break
 				}
 			}
 		}

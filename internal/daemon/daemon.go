@@ -324,7 +324,11 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Group: gid, Transports: d.transports, Pins: in.Pins, CUDA: cudaHook, CUDAWhy: cudaWhy, Log: log.Named("region")})
+	// One hub: notes that land fan out to watchers and fire key-armed
+	// transfers; a region released or unexported ends its watches.
+	notes := &notify.Hub{}
+	d.registry, err = region.New(region.Config{ShmDir: cfg.ShmDir, Group: gid, Transports: d.transports, Pins: in.Pins, CUDA: cudaHook, CUDAWhy: cudaWhy,
+		Unwatchable: notes.End, Log: log.Named("region")})
 	if err != nil {
 		return nil, err
 	}
@@ -354,8 +358,6 @@ func New(cfg Config, log hclog.Logger) (_ *Daemon, err error) {
 		signals[t.Kind()] = t
 	}
 	// The transfer layer, which the API's handlers call.
-	// One hub: notes that land fan out to watchers and fire key-armed transfers.
-	notes := &notify.Hub{}
 	// One instance ID for the handshakes and the batches, which tell by
 	// it a batch to this daemon itself (batch.checkSelfOverlap).
 	instance := rand.Uint64() | 1

@@ -117,3 +117,49 @@ func TestPullNotifiesTheOwner(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchEndsWhenRegionGoes: a watch whose region is deregistered, or
+// whose export is cleared, can never hear another note: the stream ends,
+// NotFound or FailedPrecondition naming the region, after the notes that
+// came before. (It used to stay open until the client cancelled it.)
+func TestWatchEndsWhenRegionGoes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(ctx context.Context, c *client.Client, id string) error
+		code codes.Code
+	}{
+		{"deregistered", func(ctx context.Context, c *client.Client, id string) error { return c.Deregister(ctx, id) }, codes.NotFound},
+		{"unexported", func(ctx context.Context, c *client.Client, id string) error { return c.Export(ctx, id, "") }, codes.FailedPrecondition},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := startNode(t, "b")
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			r, err := b.c.RegisterHost(ctx, 4096, "watched")
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := b.c.Watch(ctx, r.Id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.Header(); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := b.c.NotifyRegion(ctx, r.Id, []byte("last")); err != nil || n != 1 {
+				t.Fatalf("NotifyRegion: %d watchers, %v", n, err)
+			}
+			if err := tc.end(ctx, b.c, r.Id); err != nil {
+				t.Fatal(err)
+			}
+			got, err := w.Recv()
+			if err != nil || string(got.Notification) != "last" {
+				t.Fatalf("the note before the end: %v, %v", got, err)
+			}
+			_, err = w.Recv()
+			if status.Code(err) != tc.code || !strings.Contains(err.Error(), r.Id) {
+				t.Fatalf("watch after the region was %s: %v, want %v naming %s", tc.name, err, tc.code, r.Id)
+			}
+		})
+	}
+}

@@ -37,17 +37,34 @@ type Hub struct {
 	keys     keyWaits // transfers armed on key notes (keys.go)
 }
 
-// Watcher receives one region's notifications.
+// Watcher receives one region's notifications, until Done is closed
+// (End: the region can no longer be notified; Err says why) or it is
+// unsubscribed.
 type Watcher struct {
 	C       chan Notification
 	region  string
 	mu      sync.Mutex
 	dropped uint64
+	done    chan struct{}
+	err     error // set before done is closed
+}
+
+// Done is closed when the watcher's region can no longer be notified.
+func (w *Watcher) Done() <-chan struct{} { return w.done }
+
+// Err is why Done was closed; nil before.
+func (w *Watcher) Err() error {
+	select {
+	case <-w.done:
+		return w.err
+	default:
+		return nil
+	}
 }
 
 // Subscribe starts watching regionID; call Unsubscribe when done.
 func (h *Hub) Subscribe(regionID string) *Watcher {
-	w := &Watcher{C: make(chan Notification, QueueLen), region: regionID}
+	w := &Watcher{C: make(chan Notification, QueueLen), region: regionID, done: make(chan struct{})}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.watchers == nil {
@@ -68,6 +85,19 @@ func (h *Hub) Unsubscribe(w *Watcher) {
 	if len(h.watchers[w.region]) == 0 {
 		delete(h.watchers, w.region)
 	}
+}
+
+// End ends every watcher of regionID with why (the region was released,
+// or is no longer exported): each sees Done closed, after what was queued
+// for it. Later watchers of the same ID are not affected.
+func (h *Hub) End(regionID string, why error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for w := range h.watchers[regionID] {
+		w.err = why
+		close(w.done)
+	}
+	delete(h.watchers, regionID)
 }
 
 // Publish queues n for every watcher of regionID and returns how many got

@@ -64,6 +64,14 @@ func permit(r *Region, field string, who Caller) error {
 // SetExport sets (or, with an empty name, clears) a region's export, for
 // its owner or root.
 func (g *Registry) SetExport(id string, export Export, who Caller) (*Region, error) {
+	r, err := g.setExport(id, export, who)
+	if err == nil && export.Name == "" && g.cfg.Unwatchable != nil {
+		g.cfg.Unwatchable(r.ID, fmt.Errorf("%w: region %s is no longer exported, so no peer can notify it", errs.ErrFailedPrecondition, r.ID))
+	}
+	return r, err
+}
+
+func (g *Registry) setExport(id string, export Export, who Caller) (*Region, error) {
 	if err := export.check(); err != nil {
 		return nil, err
 	}

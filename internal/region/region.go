@@ -141,6 +141,11 @@ type Config struct {
 	// kind's driver is not registered (tests' fakes); New takes the others
 	// from the drivers' Caps.
 	KeyCaps map[transport.Kind]transport.KeyCaps
+	// Unwatchable, where set, is told (outside the registry's lock) that a
+	// region can no longer be notified, and why: it was released
+	// (deregistered, its client gone, the daemon closing; NotFound) or its
+	// export cleared (FailedPrecondition). Its watchers end with that.
+	Unwatchable func(id string, why error)
 }
 
 // Registry is the set of regions of one daemon.

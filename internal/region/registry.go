@@ -252,6 +252,9 @@ func (g *Registry) close(r *Region) {
 	g.files.drop(r)
 	r.freeMemory(g.cfg.Log)
 	g.cfg.Log.Debug("region released", "id", r.ID)
+	if g.cfg.Unwatchable != nil {
+		g.cfg.Unwatchable(r.ID, fmt.Errorf("%w: region %s was deregistered (or its client went away)", errs.ErrNotFound, r.ID))
+	}
 }
 
 // List returns a snapshot of the regions who may act on (every region for
