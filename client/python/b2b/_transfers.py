@@ -386,10 +386,13 @@ class Transfer:
     def cancel(self) -> bool:
         """Cancel the transfer; returns once no byte of it lands any more.
         ``True`` if it was cancelled, ``False`` if it had ended otherwise
-        (its outcome is kept: see :attr:`result`)."""
+        (its outcome is kept: see :attr:`result`). Bounded by the client's
+        ``timeout``, as its other control calls are: a daemon that does not
+        answer in time (frozen) raises ``DeadlineExceededError``, and the
+        handle stays running as far as it knows."""
         if self._outcome is None:
             try:
-                self._ask(self._client._stub.CancelTransfer, pb.CancelTransferRequest(transfer_id=self.id), None)
+                self._ask(self._client._stub.CancelTransfer, pb.CancelTransferRequest(transfer_id=self.id), self._client.timeout)
             except NotFoundError:
                 # A call of ours an interrupt left running may have taken the
                 # outcome first: it is ours.

@@ -460,6 +460,8 @@ class _ReportOnceDaemon:
                 self._wait, request_deserializer=pb.WaitTransferRequest.FromString, response_serializer=pb.TransferOutcome.SerializeToString),
             "PollTransfers": grpc.unary_unary_rpc_method_handler(
                 self._poll, request_deserializer=pb.PollTransfersRequest.FromString, response_serializer=pb.PollTransfersResponse.SerializeToString),
+            "CancelTransfer": grpc.unary_unary_rpc_method_handler(
+                self._wait, request_deserializer=pb.CancelTransferRequest.FromString, response_serializer=pb.TransferOutcome.SerializeToString),
         }
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("b2b.v1.B2B", handlers),))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -521,6 +523,27 @@ class HandleInterruptTest(unittest.TestCase):
             s.assertEqual(h.result.blocks, _ReportOnceDaemon.BLOCKS)
 
         self.run_interrupted(then)
+
+
+class CancelBoundTest(unittest.TestCase):
+    """cancel() is bounded by the client's ``timeout``, as its other control
+    calls are: a daemon that does not answer (frozen by SIGSTOP) made it
+    wait for ever, while status(), poll() and done() failed after the
+    timeout."""
+
+    def test_cancel_of_an_unanswering_daemon(self):
+        fake = _ReportOnceDaemon()  # holds CancelTransfer until release (10 s)
+        self.addCleanup(fake.close)
+        self.addCleanup(fake.release.set)
+        for timeout in (0.3, 1.0):
+            with self.subTest(timeout=timeout), b2b.Client(f"127.0.0.1:{fake.port}", timeout=timeout) as c:
+                h = b2b.Transfer(c, 1)
+                t0 = time.monotonic()
+                with self.assertRaises(b2b.DeadlineExceededError):
+                    h.cancel()
+                took = time.monotonic() - t0
+                self.assertLess(took, timeout + 2.0, f"cancel() took {took:.1f} s with the client's timeout {timeout} s")
+                self.assertEqual(h.state, "running")
 
 
 class RingResultTest(unittest.TestCase):
