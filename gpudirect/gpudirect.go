@@ -21,7 +21,9 @@
 //     the device's primary context was retained and made current once. Calls
 //     are handed to it as pooled request structs, so the copy paths allocate
 //     nothing. Stream and event synchronisation run on the caller's thread
-//     instead, so a long wait never blocks the device's other calls.
+//     instead, so a long wait never blocks the device's other calls. Three
+//     more such threads per device queue the parts of MemcpyBatchAsyncParts
+//     beside the worker (ParallelParts says why).
 //   - Errors name the CUDA call, its arguments and the CUresult name, and wrap
 //     one of the package's error classes (errors.go; through *Error for a
 //     failed call). The package imports nothing of b2bd's but internal/dl:
