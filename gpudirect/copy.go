@@ -128,6 +128,18 @@ func (d *driver) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
 	if len(sizes) == 0 {
 		return s.destroyedErr()
 	}
+	r := d.batchRequest(ds, s, dsts, srcs, sizes)
+	if err := ds.w.submit(r); err != nil {
+		putRequest(r)
+		return err
+	}
+	err = d.batchDone(r, s.dev, dsts, srcs, sizes, 0, 0, 1)
+	putRequest(r)
+	return err
+}
+
+// batchRequest is a pooled request for one batched call on s.
+func (d *driver) batchRequest(ds *devState, s *Stream, dsts, srcs, sizes []uint64) *request {
 	r := getRequest()
 	r.fn, r.p, r.obj = batchFn, unsafe.Pointer(d.tab), s
 	r.s0, r.s1, r.s2 = dsts, srcs, sizes
@@ -135,20 +147,27 @@ func (d *driver) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
 	if d.caps.MemcpyBatch {
 		r.a0 = 1
 	}
-	err = ds.w.submit(r)
-	rc, rerr, path, fail, chunks := r.rc, r.err, r.i0, r.out0, r.out1
-	putRequest(r)
+	return r
+}
+
+// batchDone is the outcome of a batch request that ran, part j of parts
+// (lo: where its copies start in dsts, srcs and sizes), and counts its
+// path.
+func (d *driver) batchDone(r *request, dev int, dsts, srcs, sizes []uint64, lo, j, parts int) error {
+	rc, path, fail, chunks := r.rc, r.i0, r.out0, r.out1
 	switch {
-	case err != nil:
-		return err
-	case rerr != nil:
-		return rerr
+	case r.err != nil:
+		return r.err
 	case rc != 0:
 		call := batchCalls[min(max(int(path), 0), len(batchCalls)-1)]
-		if fail < uint64(len(sizes)) {
-			return d.callErr(C.int(rc), s.dev, "%s(count=%d): copy %d (dst=%#x, src=%#x, size=%d)", call, len(sizes), fail, dsts[fail], srcs[fail], sizes[fail])
+		part := ""
+		if parts > 1 {
+			part = fmt.Sprintf(", part %d of %d", j+1, parts)
 		}
-		return d.callErr(C.int(rc), s.dev, "%s(count=%d)", call, len(sizes))
+		if f := uint64(lo) + fail; fail < uint64(len(sizes)) && f < uint64(len(sizes)) {
+			return d.callErr(C.int(rc), dev, "%s(count=%d%s): copy %d (dst=%#x, src=%#x, size=%d)", call, len(sizes), part, f, dsts[f], srcs[f], sizes[f])
+		}
+		return d.callErr(C.int(rc), dev, "%s(count=%d%s)", call, len(sizes), part)
 	}
 	switch {
 	case chunks > 0:
@@ -192,13 +211,7 @@ func (d *driver) MemcpyBatchAsyncParts(ss []*Stream, dsts, srcs, sizes []uint64)
 	var qerr error
 	for j := 0; j < k; j++ {
 		lo, hi := n*j/k, n*(j+1)/k
-		r := getRequest()
-		r.fn, r.p, r.obj = batchFn, unsafe.Pointer(d.tab), ss[j]
-		r.s0, r.s1, r.s2 = dsts[lo:hi], srcs[lo:hi], sizes[lo:hi]
-		r.a0, r.a1, r.a2 = 0, ds.primerDev, ds.primerHost
-		if d.caps.MemcpyBatch {
-			r.a0 = 1
-		}
+		r := d.batchRequest(ds, ss[j], dsts[lo:hi], srcs[lo:hi], sizes[lo:hi])
 		reqs[j] = r
 		w := ds.w
 		if j > 0 {
@@ -225,39 +238,11 @@ func (d *driver) MemcpyBatchAsyncParts(ss []*Stream, dsts, srcs, sizes []uint64)
 			if j > 0 {
 				ss[j].mu.RUnlock()
 			}
+			if err := d.batchDone(r, ss[j].dev, dsts, srcs, sizes, n*j/k, j, k); err != nil && qerr == nil {
+				qerr = err
+			}
 		}
-		lo := n * j / k
-		rc, rerr, path, fail, chunks := r.rc, r.err, r.i0, r.out0, r.out1
 		putRequest(r)
-		if !started[j] {
-			continue
-		}
-		switch {
-		case rerr != nil:
-			if qerr == nil {
-				qerr = rerr
-			}
-			continue
-		case rc != 0:
-			if qerr == nil {
-				call := batchCalls[min(max(int(path), 0), len(batchCalls)-1)]
-				if f := uint64(lo) + fail; fail < uint64(n) && f < uint64(n) {
-					qerr = d.callErr(C.int(rc), ss[j].dev, "%s(count=%d, part %d of %d): copy %d (dst=%#x, src=%#x, size=%d)", call, n, j+1, k, f, dsts[f], srcs[f], sizes[f])
-				} else {
-					qerr = d.callErr(C.int(rc), ss[j].dev, "%s(count=%d, part %d of %d)", call, n, j+1, k)
-				}
-			}
-			continue
-		}
-		switch {
-		case chunks > 0:
-			d.stats.primed.Add(1)
-			d.stats.primedChunks.Add(chunks)
-		case path == C.B2B_PATH_LOOP:
-			d.stats.loop.Add(1)
-		default:
-			d.stats.oneCall.Add(1)
-		}
 	}
 	return qerr
 }

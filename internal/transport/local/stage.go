@@ -173,20 +173,29 @@ func (t *Transport) stageNotes() string {
 	return b.String()
 }
 
+// host is where the stage's buffer starts.
+func (s *stage) host() uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf)))) }
+
+// planFor plans b through the buffer's halves, whose first byte is at
+// hostBase in the plan (its address, or 0 for offsets), in s.chunk
+// chunks (ChunkBytes' where 0). s.mu is held.
+func (s *stage) planFor(b *desc.Batch, srcBase, dstBase, hostBase uint64) *staging.ChunkPlan {
+	half := uint64(len(s.buf) / 2)
+	chunk := s.chunk
+	if chunk == 0 {
+		chunk = staging.ChunkBytes(b.Bytes(), half)
+	}
+	staging.PlanStagedGap(&s.plan, srcBase, dstBase, b.Src, b.Dst, b.Len, hostBase, half, chunk, s.gap)
+	return &s.plan
+}
+
 // copyStaged moves b from srcBase to dstBase on one device through s, in
 // chunks over the two buffer halves. It waits for every copy it queued,
 // also after a failure, before the buffer or the destination is let go.
 func copyStaged(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase, dstBase uint64, b *desc.Batch) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	half := uint64(len(s.buf) / 2)
-	host := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf))))
-	p := &s.plan
-	chunk := s.chunk
-	if chunk == 0 {
-		chunk = staging.ChunkBytes(b.Bytes(), half)
-	}
-	staging.PlanStagedGap(p, srcBase, dstBase, b.Src, b.Dst, b.Len, host, half, chunk, s.gap)
+	p := s.planFor(b, srcBase, dstBase, s.host())
 	// pending[h][j]: a host-to-device part from half h queued on stream
 	// h2d[j] may still run; s.done[h][j] is recorded behind it.
 	var pending [2][maxSplit]bool

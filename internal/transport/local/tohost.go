@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"unsafe"
 
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/desc"
@@ -43,19 +42,13 @@ var errNotMerged = errors.New("samehost: blocks too far apart to stage")
 func copyToHost(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase uint64, dst []byte, b *desc.Batch, pool *hostPool, shares int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	half := uint64(len(s.buf) / 2)
-	host := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.buf))))
-	p := &s.plan
-	chunk := s.chunk
-	if chunk == 0 {
-		chunk = staging.ChunkBytes(b.Bytes(), half)
-	}
 	// Planned at buffer offsets: the CPU's copies read s.buf by offset,
 	// the copy engine's write at addresses (made so below).
-	staging.PlanStagedGap(p, srcBase, 0, b.Src, b.Dst, b.Len, 0, half, chunk, s.gap)
+	p := s.planFor(b, srcBase, 0, 0)
 	if len(p.InLen)*toHostMerge > b.N() {
 		return errNotMerged
 	}
+	host := s.host()
 	for j := range p.InHost {
 		p.InHost[j] += host
 	}
