@@ -985,15 +985,16 @@ class Client:
             at = f"segments[{i}]"
             req.segments.add(region_id=_region_id(region, f"{at}.region"), offset=_uint(f"{at}.offset", offset),
                              block_len=_uint(f"{at}.block_len", block_len), stride=_uint(f"{at}.stride", stride))
-        layout = self._call(self._stub.RegisterLayout, req, timeout).layout
+        layout = self._call(self._stub.RegisterLayout, req, self.timeout if timeout is None else timeout).layout
         if not persist:
             with self._lock:
                 self._layouts.add(name)
         return layout
 
     def deregister_layout(self, name: str, timeout: Optional[float] = None) -> None:
-        """Release a layout and its hold on its regions."""
-        self._call(self._stub.DeregisterLayout, pb.DeregisterLayoutRequest(name=name), timeout)
+        """Release a layout and its hold on its regions. ``timeout``:
+        seconds; ``None``: the client's ``timeout``."""
+        self._call(self._stub.DeregisterLayout, pb.DeregisterLayoutRequest(name=name), self.timeout if timeout is None else timeout)
         with self._lock:
             self._layouts.discard(name)
 

@@ -546,6 +546,63 @@ class CancelBoundTest(unittest.TestCase):
                 self.assertEqual(h.state, "running")
 
 
+class _SilentDaemon:
+    """A gRPC server that answers RegisterLayout and DeregisterLayout only
+    once ``release`` is set (or 10 s passed): a daemon stopped (SIGSTOP)."""
+
+    def __init__(self):
+        import threading
+        from concurrent import futures
+
+        self.release = threading.Event()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        handlers = {
+            "RegisterLayout": grpc.unary_unary_rpc_method_handler(
+                self._hold, request_deserializer=pb.RegisterLayoutRequest.FromString, response_serializer=pb.RegisterLayoutResponse.SerializeToString),
+            "DeregisterLayout": grpc.unary_unary_rpc_method_handler(
+                self._hold_dereg, request_deserializer=pb.DeregisterLayoutRequest.FromString, response_serializer=pb.DeregisterLayoutResponse.SerializeToString),
+        }
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("b2b.v1.B2B", handlers),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def _hold(self, request, context):
+        self.release.wait(10)
+        return pb.RegisterLayoutResponse()
+
+    def _hold_dereg(self, request, context):
+        self.release.wait(10)
+        return pb.DeregisterLayoutResponse()
+
+    def close(self):
+        self.release.set()
+        self.server.stop(None)
+
+
+class LayoutCallsBoundTest(unittest.TestCase):
+    """register_layout and deregister_layout without a timeout take the
+    client's, as its other control calls do: against a daemon that does
+    not answer they waited for ever, and so did close() of a client
+    holding a leased layout."""
+
+    def test_layout_calls_of_an_unanswering_daemon(self):
+        fake = _SilentDaemon()
+        self.addCleanup(fake.close)
+        timeout = 0.3
+        with b2b.Client(f"127.0.0.1:{fake.port}", timeout=timeout) as c:
+            calls = {
+                "register_layout": lambda: c.register_layout("kv", [("r1", 0, 64, 64)], 1),
+                "deregister_layout": lambda: c.deregister_layout("kv"),
+            }
+            for name, call in calls.items():
+                with self.subTest(name):
+                    t0 = time.monotonic()
+                    with self.assertRaises(b2b.DeadlineExceededError):
+                        call()
+                    took = time.monotonic() - t0
+                    self.assertLess(took, timeout + 2.0, f"{name} took {took:.1f} s with the client's timeout {timeout} s")
+
+
 class RingResultTest(unittest.TestCase):
     """A ring call's result is what the gRPC path's response would make,
     field for field, though built without the protobuf."""
