@@ -643,15 +643,21 @@ class Ring:
         if err is not None:
             raise err
 
-    def notify(self, region_id: str, note: bytes) -> int:
+    def notify(self, region_id: str, note: bytes, timeout: Optional[float] = None) -> int:
         """NotifyRegion through the ring: ``note`` to the caller's region
         ``region_id``, its key note firing the transfers armed there on its
-        keys; returns the watchers that got it. Raises the daemon's refusal."""
+        keys; returns the watchers that got it. Raises the daemon's refusal,
+        or DeadlineExceededError when the daemon has not answered within
+        ``timeout`` seconds (``None``: no limit)."""
         blob = notify_blob(region_id, note)
         if not self.fits(len(blob), 0):
             raise ValueError(f"a {len(blob)}-byte notify: over the ring's arena of {self.arena.size} bytes")
         (t,) = self._post([(OP_NOTIFY, 0, 0, blob)])
-        c = self.wait(t)
+        c = self.wait(t, limit=timeout)
+        if c is None:
+            self.forget(t)  # a note cannot be taken back
+            raise error_for_code(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 f"b2b client: ring notify of region {region_id}: the daemon did not answer in {timeout} s (stopped or hung?)")
         err = c.error()
         if err is not None:
             raise err
@@ -729,13 +735,17 @@ class Ring:
                     out[t] = c
             return out
 
-    def wait(self, tag: int, timeout: Optional[float] = None) -> Optional[Completion]:
+    def wait(self, tag: int, timeout: Optional[float] = None, *, limit: Optional[float] = None) -> Optional[Completion]:
         """The completion of tag; ``None`` if it did not come within timeout
-        seconds (the tag stays in flight)."""
+        seconds (the tag stays in flight). ``limit`` (seconds) bounds the
+        fast one-tag wait of a synchronous call alike: the daemon answers a
+        record at its deadline, so only a daemon that stopped (SIGSTOP, a
+        hang) leaves it waiting past its deadline and a grace."""
         if timeout is not None and check_timeout(timeout, wait=True) is not None:  # math.inf: None
             return self.wait_many([tag], timeout)[tag]
         # One tag and no deadline, a synchronous call's wait: wait_many's
         # lists and dicts were a tenth of a ring block transfer's Python time.
+        end = None if limit is None else time.monotonic() + limit
         while True:
             with self._cq_lock:
                 seen = self._drain()
@@ -743,7 +753,13 @@ class Ring:
                 if c is not None:
                     return c
                 self._raise_if_dead((tag,))
-            self.cq.wait(seen, SPIN, NAP_NS)
+            nap = NAP_NS
+            if end is not None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                nap = min(NAP_NS, int(left * 1e9) + 1)
+            self.cq.wait(seen, SPIN, nap)
 
     def wait_many(self, tags: Sequence[int], timeout: Optional[float] = None) -> Dict[int, Optional[Completion]]:
         """Wait for every tag's completion (up to timeout seconds in all):
@@ -803,6 +819,18 @@ class Ring:
         if self._dead is None:
             self.cq.wait(seen, 0.0, max(1, int((MAX_TIMEOUT if t is None else t) * 1e9)))
         return self.cq.tail.value
+
+    def abandon(self, tag: int) -> None:
+        """Give up on tag (its daemon did not answer in time): post its
+        cancel without waiting for it, so that a daemon that resumes stops
+        the record rather than runs it, and forget both."""
+        if self._dead is None:
+            try:
+                (t,) = self._post([(OP_CANCEL, int(tag), 0)])
+                self.forget(t)
+            except B2BError:
+                pass
+        self.forget(tag)
 
     def forget(self, tag: int) -> None:
         """Stop tracking tag: its completion, when it comes, is dropped."""

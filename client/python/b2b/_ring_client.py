@@ -34,6 +34,7 @@ from .errors import (
     B2BError,
     NotFoundError,
     WaitTimeoutError,
+    error_for_code,
 )
 from .v1 import b2b_pb2 as pb
 
@@ -188,7 +189,7 @@ def transfer_blocks(client: "Client", slot: RingSlot, local_layout: str, peer: s
         h = _route(client, slot, key)
         if h is None:
             return None
-        c = _post_wait(ring, ring.start_blocks_many, [(h, ms, lids, rids, note)])
+        c = _post_wait(ring, ring.start_blocks_many, [(h, ms, lids, rids, note)], timeout=timeout)
         if _stale_route(slot, key, h, c) and attempt == 0:
             continue  # the connection it was bound on closed (a reconnect): bind again
         err = c.error()
@@ -212,7 +213,7 @@ def batch(slot: RingSlot, req: Any, timeout: Optional[float]) -> Optional[Transf
     blob = batch_blob(req, name)
     if blob is None or not ring.fits(len(blob), 0):
         return None
-    c = _post_wait(ring, lambda: [ring.start_batch(blob, ms)])
+    c = _post_wait(ring, lambda: [ring.start_batch(blob, ms)], timeout=timeout)
     err = c.error()
     if err is not None:
         raise err
@@ -378,16 +379,31 @@ def _settle(ring: Ring, tag: int) -> None:
     ring.forget(tag)
 
 
-def _post_wait(ring: Ring, post: Callable[..., List[int]], *args: Any) -> Any:
+def _post_wait(ring: Ring, post: Callable[..., List[int]], *args: Any, timeout: Optional[float] = None) -> Any:
     """Posts one record (``post(*args)`` returns its tag in a list) and
     waits for its completion. A record posted is work the daemon runs: an
     interrupt waits until its tag is in hand (and strikes as the block
-    ends), and a wait it cuts short settles the record."""
+    ends), and a wait it cuts short settles the record.
+
+    ``timeout`` is the caller's deadline the record carries (``None``: none,
+    the daemon's default applies): the daemon answers by then, so the wait
+    gives up DEADLINE_GRACE later, as a gRPC transfer call does, with
+    DeadlineExceededError: only a daemon that stopped or hangs gets there.
+    The record's cancel is posted (a daemon that resumes stops it) and its
+    completion, if it ever comes, is dropped."""
     tag = None
     try:
         with _interrupts_deferred():
             tag = post(*args)[0]
-        return ring.wait(tag)
+        if timeout is None:
+            return ring.wait(tag)
+        c = ring.wait(tag, limit=timeout + DEADLINE_GRACE)
+        if c is None:
+            ring.abandon(tag)
+            raise error_for_code(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 f"b2b client: the daemon did not answer ring record {tag} within the caller's deadline "
+                                 f"({timeout} s) and {DEADLINE_GRACE} s more: it is stopped or hung")
+        return c
     except B2BError:
         raise
     except BaseException:
@@ -401,7 +417,7 @@ def submit(ring: Ring, plan: "PreparedTransfer", timeout: Optional[float]) -> Op
     ms = _timeout_ms(timeout)
     if ms is None:
         return None
-    c = _post_wait(ring, ring.start_many, [plan.handle], ms)
+    c = _post_wait(ring, ring.start_many, [plan.handle], ms, timeout=timeout)
     err = c.error()
     if err is not None:
         raise err

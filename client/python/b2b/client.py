@@ -699,7 +699,7 @@ class Client:
         note = bytes(notification)
         ring = self.ring
         if ring is not None and 0 < len(note) <= _ring_client.MAX_NOTE and 0 < len(rid.encode()) <= _ring_client.MAX_TRIG_REGION:
-            return ring.notify(rid, note)
+            return ring.notify(rid, note, self.timeout if timeout is None else timeout)
         return int(self._call(self._stub.NotifyRegion, pb.NotifyRegionRequest(region_id=rid, notification=note),
                               self.timeout if timeout is None else timeout).delivered)
 

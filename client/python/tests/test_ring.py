@@ -607,3 +607,64 @@ class RingBatchRefusalTest(TwoDaemons):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RingStoppedDaemonTest(TwoDaemons):
+    """The client's own daemon stopped (SIGSTOP) under calls that take the
+    ring: each ends DEADLINE_GRACE past the caller's deadline with
+    DeadlineExceededError, as a gRPC transfer call does; before, the ring
+    waited for ever (plan.submit, batch_transfer, transfer_blocks and
+    notify_region with timeout=2 were still blocked 25 s later)."""
+
+    a_args = SUBMIT_ARGS
+    GRACE = 0.5  # DEADLINE_GRACE, shortened for the test
+
+    def test_calls_end_past_the_deadline(self):
+        bs, n = 4096, 8
+        name = f"stopped-{os.getpid()}"
+        dst = self.b.register_host(bs * n, name)
+        self.addCleanup(dst.close)
+        self.b.register_layout(name + "L", [(dst, 0, bs, bs)], n, export_name=name + "L")
+        self.addCleanup(self.b.deregister_layout, name + "L")
+        src = self.a.register_host(bs * n)
+        self.addCleanup(src.close)
+        self.a.register_layout(name + "l", [(src, 0, bs, bs)], n)
+        self.addCleanup(self.a.deregister_layout, name + "l")
+        note = self.a.register_host(4096)
+        self.addCleanup(note.close)
+        plan = self.a.prepare(src, self.peer_b, name, [0], [0], block_size=bs)
+        self.addCleanup(plan.release)
+        ring = self.a.ring
+        self.assertIsNotNone(ring)
+        plan.submit(timeout=10)  # over the ring, routes bound, all warm
+        self.a.transfer_blocks(name + "l", self.peer_b, name + "L", [1], [1], timeout=10)
+        self.a.batch_transfer(src, self.peer_b, name, [0], [0], block_size=bs, timeout=10)
+        self.a.notify_region(note, b"warm", timeout=10)
+        calls = {
+            "submit": lambda t: plan.submit(timeout=t),
+            "batch_transfer": lambda t: self.a.batch_transfer(src, self.peer_b, name, [0], [0], block_size=bs, timeout=t),
+            "transfer_blocks": lambda t: self.a.transfer_blocks(name + "l", self.peer_b, name + "L", [1], [1], timeout=t),
+            "notify_region": lambda t: self.a.notify_region(note, b"x", timeout=t),
+        }
+        timeout = 0.3
+        pid = self.da.proc.pid
+        with mock.patch.object(_ring_client, "DEADLINE_GRACE", self.GRACE):
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                for what, call in calls.items():
+                    with self.subTest(what):
+                        before = ring._tag
+                        t0 = time.monotonic()
+                        with self.assertRaises(b2b.DeadlineExceededError) as cm:
+                            call(timeout)
+                        took = time.monotonic() - t0
+                        self.assertGreater(ring._tag, before, f"{what} did not go through the ring")
+                        self.assertLess(took, timeout + self.GRACE + 2.0, f"{what} took {took:.1f} s: {cm.exception}")
+            finally:
+                os.kill(pid, signal.SIGCONT)
+        # The daemon goes on, and so does the ring; the records given up
+        # were cancelled, and let go of their regions.
+        self.assertEqual(plan.submit(timeout=10).blocks, 1)
+        end = time.monotonic() + 10
+        while self.a.status().transfers_in_flight and time.monotonic() < end:
+            time.sleep(0.01)
