@@ -112,17 +112,27 @@ func (t *Transport) Connect(ctx context.Context, p transport.Peer) (transport.Co
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.c.SetDeadline(dl)
 	}
+	// A cancel cuts the hello, as it cuts a batch (bind): a peer that
+	// accepted but does not answer (stopped) must not hold the caller to
+	// its deadline.
+	cut := context.AfterFunc(ctx, func() { _ = c.c.SetDeadline(time.Unix(1, 0)) })
 	var h hello
 	copy(h.token[:], tok)
 	h.node = t.cfg.Node
 	if len(h.node) > maxNode {
 		h.node = h.node[:maxNode]
 	}
-	if _, err := c.c.Write(h.marshal()); err != nil {
-		_ = c.c.Close()
-		return nil, fmt.Errorf("%w: samehost: hello to %s: %v", errs.ErrUnavailable, ep.Socket, err)
+	var r reply
+	var msg []byte
+	if _, werr := c.c.Write(h.marshal()); werr != nil {
+		err = fmt.Errorf("%w: samehost: hello to %s: %v", errs.ErrUnavailable, ep.Socket, werr)
+	} else {
+		r, msg, _, err = c.readReply(false)
 	}
-	r, msg, _, err := c.readReply(false)
+	if !cut() { // ctx ended during the hello: the socket's deadline is spent
+		_ = c.c.Close()
+		return nil, fmt.Errorf("samehost: hello to %s cut off: %w", ep.Socket, ctx.Err())
+	}
 	if err == nil && r.status != statusOK {
 		err = fmt.Errorf("%w: samehost: %s refused the connection: %s", statusErr(r.status), ep.Socket, msg)
 	}

@@ -2,14 +2,18 @@ package local
 
 import (
 	"context"
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/memguard"
+	"github.com/b2bd/b2bd/internal/transport"
 )
 
 // truncatedMapping maps size bytes of a file that is then cut to one page.
@@ -61,5 +65,56 @@ func TestHostCopyFaultSide(t *testing.T) {
 				t.Fatalf("fault on the %v, want the %v: %v", got, tc.want, err)
 			}
 		})
+	}
+}
+
+// TestConnectCutByCancel: a peer that accepts the data path but never
+// answers its hello (a stopped daemon) holds Connect only until the
+// caller cancels, not until its deadline (review 4, finding 6).
+func TestConnectCutByCancel(t *testing.T) {
+	dir := t.TempDir()
+	peer, err := New(Config{Dir: filepath.Join(dir, "peer"), Node: "peer"}, &fakeInbound{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	self, err := New(Config{Dir: filepath.Join(dir, "self"), Node: "self"}, &fakeInbound{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	ep := peer.Endpoint()
+	ep.Socket = filepath.Join(dir, "frozen.sock")
+	ln, err := net.Listen("unix", ep.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	held := make(chan net.Conn, 4) // accepted, never answered
+	defer func() {
+		ln.Close()
+		for len(held) > 0 {
+			(<-held).Close()
+		}
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held <- c
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	time.AfterFunc(50*time.Millisecond, cancel)
+	start := time.Now()
+	_, err = self.Connect(ctx, transport.Peer{Address: "peer", Node: "peer", Advert: MarshalEndpoint(ep)})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Connect to a peer that never answers, cancelled: %v, want context.Canceled", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("Connect took %v after a cancel at 50 ms", d)
 	}
 }
