@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/b2bd/b2bd/internal/callerdeadline"
 	"github.com/b2bd/b2bd/internal/ring"
 )
 
@@ -268,7 +269,42 @@ func (r *Ring) postWaitArena(ctx context.Context, req ring.Request, p *arenaPayl
 		}
 	})
 	defer stop()
-	return r.Wait(tag)
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return r.Wait(tag)
+	}
+	// The daemon answers at the deadline the record carries; only a daemon
+	// that stopped (SIGSTOP) or hangs lets the grace pass too, as a gRPC
+	// transfer call's grace does.
+	res, answered, err := r.waitUntil(tag, dl.Add(callerdeadline.Grace))
+	if answered {
+		return res, err
+	}
+	r.abandon(tag)
+	return RawResult{}, status.Errorf(codes.DeadlineExceeded, "b2b client: the daemon did not answer ring record %d within the caller's deadline and %v more: it is stopped or hung", tag, callerdeadline.Grace)
+}
+
+// abandon gives up on tag (its daemon did not answer in time): it posts
+// tag's cancel if the submission ring has room now (never waiting for
+// room), so that a daemon that resumes stops the record rather than runs
+// it, and forgets tag; the cancel's own completion is not waited for.
+func (r *Ring) abandon(tag uint64) {
+	defer r.forget(tag)
+	r.life.RLock()
+	defer r.life.RUnlock()
+	if r.closed || r.deadErr() != nil {
+		return
+	}
+	q := &r.reg.SQ
+	r.sqMu.Lock()
+	defer r.sqMu.Unlock()
+	if free, err := q.Free(r.sqTail); err != nil || free == 0 {
+		return
+	}
+	req := ring.Request{Op: ring.OpCancel, Target: tag, Tag: r.tag.Add(1)}
+	req.Encode(q.Slot(r.sqTail))
+	r.sqTail++
+	q.Publish(r.sqTail)
 }
 
 // ringTimeoutMs is ctx's deadline as a submit record carries it: whole
@@ -377,16 +413,23 @@ func (r *Ring) drainLocked() uint32 {
 
 // Wait returns the outcome of the request posted under tag.
 func (r *Ring) Wait(tag uint64) (RawResult, error) {
+	res, _, err := r.waitUntil(tag, time.Time{})
+	return res, err
+}
+
+// waitUntil is Wait giving up at end (zero: never): answered is false
+// when it did (tag stays in flight).
+func (r *Ring) waitUntil(tag uint64, end time.Time) (res RawResult, answered bool, err error) {
 	r.life.RLock()
 	defer r.life.RUnlock()
 	if r.closed {
-		return RawResult{}, ErrRingClosed
+		return RawResult{}, true, ErrRingClosed
 	}
 	for {
 		r.cqMu.Lock()
 		if !r.pending[tag] {
 			r.cqMu.Unlock()
-			return RawResult{}, fmt.Errorf("b2b client: ring tag %d is not in flight", tag)
+			return RawResult{}, true, fmt.Errorf("b2b client: ring tag %d is not in flight", tag)
 		}
 		c, ok := r.done[tag]
 		if !ok {
@@ -396,9 +439,17 @@ func (r *Ring) Wait(tag uint64) (RawResult, error) {
 				r.cqMu.Unlock()
 				if err := r.deadErr(); err != nil {
 					r.forget(tag)
-					return RawResult{}, err
+					return RawResult{}, true, err
 				}
-				r.reg.CQ.Wait(seen, ring.Spin(), ringNap)
+				nap := ringNap
+				if !end.IsZero() {
+					left := time.Until(end)
+					if left <= 0 {
+						return RawResult{}, false, nil
+					}
+					nap = min(nap, left)
+				}
+				r.reg.CQ.Wait(seen, ring.Spin(), nap)
 				continue
 			}
 		}
@@ -406,9 +457,9 @@ func (r *Ring) Wait(tag uint64) (RawResult, error) {
 		delete(r.pending, tag)
 		r.cqMu.Unlock()
 		if c.Code != 0 {
-			return RawResult{}, status.Error(codes.Code(c.Code), c.Msg)
+			return RawResult{}, true, status.Error(codes.Code(c.Code), c.Msg)
 		}
 		return RawResult{Blocks: c.Blocks, Bytes: c.Bytes, Wire: time.Duration(c.Wire), Total: time.Duration(c.Total), Transport: c.Msg,
-			Posted: unixTime(c.Posted), Landed: unixTime(c.Landed), Segments: c.Segments, WorkRequests: c.WorkRequests}, nil
+			Posted: unixTime(c.Posted), Landed: unixTime(c.Landed), Segments: c.Segments, WorkRequests: c.WorkRequests}, true, nil
 	}
 }
