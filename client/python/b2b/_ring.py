@@ -636,10 +636,17 @@ class Ring:
             recs.append((OP_BLOCKS, int(route), ms, k, ids, bytes(note), trig))
         return self._post(recs)
 
-    def cancel(self, tag: int) -> None:
-        """Cancel the submit under tag (its wait then reports CANCELLED)."""
+    def cancel(self, tag: int, timeout: Optional[float] = None) -> None:
+        """Cancel the submit under tag (its wait then reports CANCELLED).
+        ``timeout``: seconds to wait for the daemon to take the cancel
+        (``None``: no limit); past it, DeadlineExceededError."""
         (t,) = self._post([(OP_CANCEL, int(tag), 0)])
-        err = self.wait(t).error()
+        c = self.wait(t, limit=timeout)
+        if c is None:
+            self.forget(t)
+            raise error_for_code(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 f"b2b client: ring cancel of record {tag}: the daemon did not take it in {timeout} s (stopped or hung?)")
+        err = c.error()
         if err is not None:
             raise err
 

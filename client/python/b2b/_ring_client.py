@@ -366,9 +366,10 @@ def _figures(r: Any, c: Completion) -> None:
 
 def _settle(ring: Ring, tag: int) -> None:
     """After an interrupt: cancel tag in the daemon and wait until its
-    submit ended there (no byte lands after), or DEADLINE_GRACE."""
+    submit ended there (no byte lands after), or DEADLINE_GRACE (for the
+    cancel, and again for the record: a stopped daemon takes neither)."""
     try:
-        ring.cancel(tag)
+        ring.cancel(tag, DEADLINE_GRACE)
     except B2BError:
         pass  # ended already (NotFound), or no ring: nothing runs for us
     try:

@@ -660,6 +660,26 @@ class RingStoppedDaemonTest(TwoDaemons):
                         took = time.monotonic() - t0
                         self.assertGreater(ring._tag, before, f"{what} did not go through the ring")
                         self.assertLess(took, timeout + self.GRACE + 2.0, f"{what} took {took:.1f} s: {cm.exception}")
+                # An interrupt (Ctrl-C) of a ring call without a deadline
+                # cancels the record through the ring and waits for it at
+                # most the grace twice (the cancel, then the record): it
+                # used to wait for ever for the stopped daemon to take the
+                # cancel.
+                with self.subTest("interrupted"):
+                    import _thread
+                    import threading
+
+                    self.addCleanup(signal.signal, signal.SIGINT, signal.signal(signal.SIGINT, signal.default_int_handler))
+                    before = ring._tag
+                    timer = threading.Timer(0.3, _thread.interrupt_main)
+                    timer.start()
+                    t0 = time.monotonic()
+                    with self.assertRaises(KeyboardInterrupt):
+                        plan.submit()  # the plan has no timeout: no deadline in the record
+                    took = time.monotonic() - t0
+                    timer.join()
+                    self.assertGreater(ring._tag, before, "the call did not go through the ring")
+                    self.assertLess(took, 0.3 + 2 * self.GRACE + 2.0, f"the interrupted call took {took:.1f} s")
             finally:
                 os.kill(pid, signal.SIGCONT)
         # The daemon goes on, and so does the ring; the records given up
