@@ -73,6 +73,7 @@ type blockJob struct {
 	streams   int
 	lim       planLimits
 	read      bool
+	deadline  time.Time // the request's, for the frames' holdMS
 }
 
 // streamBlocks is a stream's block-request memory: the chunk of runs it
@@ -293,9 +294,9 @@ func (c *conn) runBlocks(ctx context.Context, p *layout.Pair, ids layout.IDs, re
 		return transport.Stats{Plan: time.Since(start)}, nil
 	}
 	bj := &bs.job
-	*bj = blockJob{pair: p, ids: ids, stretches: bs.stretches, shares: bs.shares, base: c.batch + 1, streams: use, lim: lim, read: read}
-	c.batch += uint64(len(bs.stretches))
 	deadline, _ := ctx.Deadline()
+	*bj = blockJob{pair: p, ids: ids, stretches: bs.stretches, shares: bs.shares, base: c.batch + 1, streams: use, lim: lim, read: read, deadline: deadline}
+	c.batch += uint64(len(bs.stretches))
 	postStart := time.Now()
 	posted := 0
 	for i := 0; i < use; i++ {
@@ -502,6 +503,7 @@ func (s *stream) blockFrame(bj *blockJob, st *bstretch, batch uint64, last bool,
 	hdr := fp.hdr[fr.hdrLo:fr.hdrHi]
 	le := binary.LittleEndian
 	le.PutUint64(hdr[8:], batch)
+	le.PutUint64(hdr[40:], holdMSAt(bj.deadline))
 	if !last {
 		le.PutUint32(hdr[4:], 0)
 	}

@@ -595,6 +595,7 @@ func (s *stream) send(j *job) result {
 		fr := &p.frames[f]
 		hdr := p.hdr[fr.hdrLo:fr.hdrHi]
 		binary.LittleEndian.PutUint64(hdr[8:], j.batch)
+		binary.LittleEndian.PutUint64(hdr[40:], holdMSAt(j.deadline))
 		// The source's memory belongs to a client that may truncate its
 		// file: the staging copy (and TLS's encryption) fault in Go, the
 		// writev with EFAULT. Either way the frame is cut short and the

@@ -36,7 +36,62 @@ type session struct {
 	// placement, so that fence can wait for those in progress.
 	fenced  atomic.Bool
 	placing sync.RWMutex
+	// hold fires at the earliest time by which a batch holding a pin must
+	// end (progress.holdUntil): then holdExpired fences the session if
+	// that batch is still there (a stopped sender sends no fence of its
+	// own), so its streams end and the pins go. Under t.mu.
+	hold *time.Timer
 }
+
+// reholdLocked sets s's hold timer to its pinned batches' earliest end.
+// t.mu held.
+func (t *Transport) reholdLocked(s *session) {
+	var v int64
+	for _, p := range s.batches {
+		if p.release != nil && p.holdUntil != 0 && (v == 0 || p.holdUntil < v) {
+			v = p.holdUntil
+		}
+	}
+	switch {
+	case v == 0:
+		if s.hold != nil {
+			s.hold.Stop()
+		}
+	case s.hold == nil:
+		s.hold = time.AfterFunc(time.Until(time.Unix(0, v)), func() { t.holdExpired(s) })
+	default:
+		s.hold.Reset(time.Until(time.Unix(0, v)))
+	}
+}
+
+// holdExpired fences s if a batch past its hold still pins its
+// destination; else it sets the timer anew.
+func (t *Transport) holdExpired(s *session) {
+	t.mu.Lock()
+	if s.fenced.Load() { // its streams are closing: the pins go with them
+		t.mu.Unlock()
+		return
+	}
+	now := time.Now().UnixNano()
+	for b, p := range s.batches {
+		if p.release != nil && p.holdUntil != 0 && p.holdUntil <= now {
+			t.log.Warn("a batch's sender sent nothing more past its time: its streams are closed and the batch's destination let go",
+				"batch", b, "key", fmt.Sprintf("%#x", p.key), "grace", holdGrace)
+			t.fenceLocked(s)
+			return
+		}
+	}
+	t.reholdLocked(s)
+	t.mu.Unlock()
+}
+
+// maxHoldMS caps what a sender may ask for (a day): a larger value is
+// not a deadline anyone means.
+const maxHoldMS = 24 * 3600 * 1000
+
+// holdGrace is how long past its sender's time a batch may hold its
+// destination: the sender's own cut-off fences it well within.
+var holdGrace = 5 * time.Second
 
 // fence stops the sending conn connID for good: no byte of it is placed
 // once fence returns. It marks the session fenced, closes its streams (a
@@ -60,6 +115,11 @@ func (t *Transport) fence(connID uint64) {
 		t.mu.Unlock()
 		return
 	}
+	t.fenceLocked(s)
+}
+
+// fenceLocked fences s (fence): t.mu is held, and let go.
+func (t *Transport) fenceLocked(s *session) {
 	s.fenced.Store(true)
 	for c := range s.conns {
 		c.Close()
@@ -100,6 +160,9 @@ type progress struct {
 	// failed: some stream's share was refused or cut off; the batch is not
 	// reported as landed.
 	failed bool
+	// holdUntil: unix ns by which the batch must end (0: its sender said
+	// no time).
+	holdUntil int64
 }
 
 func (t *Transport) acceptLoop() {
@@ -218,6 +281,9 @@ func (t *Transport) serve(c net.Conn) (handedOff bool) {
 				t.forgetLater(connID, s)
 			} else {
 				delete(t.sessions, connID)
+			}
+			if s.hold != nil {
+				s.hold.Stop()
 			}
 			// The sender's conn is gone: its unfinished batches never
 			// complete, so their pins go now.
@@ -422,7 +488,13 @@ func (r *receiver) hold(h *frameHeader) (memory.Memory, error) {
 		p = s.batches[h.batch]
 		if p.release == nil {
 			p.key, p.mem, p.release = h.key, mem, release
+			if h.holdMS > 0 {
+				p.holdUntil = time.Now().Add(time.Duration(min(h.holdMS, maxHoldMS))*time.Millisecond + holdGrace).UnixNano()
+			}
 			s.batches[h.batch] = p
+			if p.holdUntil != 0 {
+				t.reholdLocked(s)
+			}
 			release = nil
 		}
 		t.mu.Unlock()
@@ -686,6 +758,9 @@ func (r *receiver) finish(batch uint64, streams int, ok bool) {
 	complete := p.done >= streams // the streams this batch used, not the session's
 	if complete {
 		delete(r.s.batches, batch)
+		if p.holdUntil != 0 {
+			t.reholdLocked(r.s)
+		}
 	} else {
 		r.s.batches[batch] = p
 	}

@@ -1,6 +1,9 @@
 package tcp
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"time"
+)
 
 // Wire format (little-endian). A data connection opens with a hello; then the
 // sender writes frames and, after the last frame of its share of a batch,
@@ -12,7 +15,7 @@ import "encoding/binary"
 //	         on a connection of its own, answered with a welcome once the receiver
 //	         placed its last byte for that sending conn (see Transport.fence).
 //	frame  : magic "B2BF" | flags u32 | batch u64 | key u64 | segs u32 | streams u32 |
-//	         payload u64 | reserved u64                                                     (48 B)
+//	         payload u64 | hold ms u64 (the sender's time left for the batch; 0: unsaid) (48 B)
 //	         then segs x (dst offset u64, length u64), then the payload bytes in order.
 //	ack    : magic "B2BA" | status u32 | batch u64 | bytes u64 | msglen u32 | reserved u32  (32 B)
 //	         then msglen bytes of error text.
@@ -68,6 +71,19 @@ type frameHeader struct {
 	segs    uint32
 	streams uint32
 	payload uint64
+	// holdMS: how long, in ms, the sender will still try the batch (its
+	// deadline, as it sent the frame; 0: none said, as from an older
+	// sender). The receiver holds the batch's destination at most that
+	// long, and holdGrace more (recv.go).
+	holdMS uint64
+}
+
+// holdMSAt is holdMS for a batch that ends at deadline (none: 0; past, 1).
+func holdMSAt(deadline time.Time) uint64 {
+	if deadline.IsZero() {
+		return 0
+	}
+	return uint64(max(1, time.Until(deadline).Milliseconds()))
 }
 
 func (h *frameHeader) put(b []byte) {
@@ -79,7 +95,7 @@ func (h *frameHeader) put(b []byte) {
 	le.PutUint32(b[24:], h.segs)
 	le.PutUint32(b[28:], h.streams)
 	le.PutUint64(b[32:], h.payload)
-	le.PutUint64(b[40:], 0)
+	le.PutUint64(b[40:], h.holdMS)
 }
 
 func (h *frameHeader) parse(b []byte) bool {
@@ -93,5 +109,6 @@ func (h *frameHeader) parse(b []byte) bool {
 	h.segs = le.Uint32(b[24:])
 	h.streams = le.Uint32(b[28:])
 	h.payload = le.Uint64(b[32:])
+	h.holdMS = le.Uint64(b[40:])
 	return true
 }
