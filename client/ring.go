@@ -269,18 +269,21 @@ func (r *Ring) postWaitArena(ctx context.Context, req ring.Request, p *arenaPayl
 		}
 	})
 	defer stop()
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return r.Wait(tag)
+	// The daemon answers at the deadline the record carries, and soon
+	// after a cancel; only a daemon that stopped (SIGSTOP) or hangs lets
+	// the grace pass too, as a gRPC transfer call's grace does.
+	var end time.Time
+	if dl, ok := ctx.Deadline(); ok {
+		end = dl.Add(callerdeadline.Grace)
 	}
-	// The daemon answers at the deadline the record carries; only a daemon
-	// that stopped (SIGSTOP) or hangs lets the grace pass too, as a gRPC
-	// transfer call's grace does.
-	res, answered, err := r.waitUntil(tag, dl.Add(callerdeadline.Grace))
+	res, answered, err := r.waitUntil(tag, end, ctx.Done())
 	if answered {
 		return res, err
 	}
 	r.abandon(tag)
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return RawResult{}, status.Errorf(codes.Canceled, "b2b client: the caller cancelled, and the daemon did not answer ring record %d's cancel within %v: it is stopped or hung", tag, callerdeadline.Grace)
+	}
 	return RawResult{}, status.Errorf(codes.DeadlineExceeded, "b2b client: the daemon did not answer ring record %d within the caller's deadline and %v more: it is stopped or hung", tag, callerdeadline.Grace)
 }
 
@@ -413,13 +416,14 @@ func (r *Ring) drainLocked() uint32 {
 
 // Wait returns the outcome of the request posted under tag.
 func (r *Ring) Wait(tag uint64) (RawResult, error) {
-	res, _, err := r.waitUntil(tag, time.Time{})
+	res, _, err := r.waitUntil(tag, time.Time{}, nil)
 	return res, err
 }
 
-// waitUntil is Wait giving up at end (zero: never): answered is false
-// when it did (tag stays in flight).
-func (r *Ring) waitUntil(tag uint64, end time.Time) (res RawResult, answered bool, err error) {
+// waitUntil is Wait giving up at end (zero: never), and at most
+// callerdeadline.Grace after done closes (nil: never): answered is false
+// when it gave up (tag stays in flight).
+func (r *Ring) waitUntil(tag uint64, end time.Time, done <-chan struct{}) (res RawResult, answered bool, err error) {
 	r.life.RLock()
 	defer r.life.RUnlock()
 	if r.closed {
@@ -442,6 +446,16 @@ func (r *Ring) waitUntil(tag uint64, end time.Time) (res RawResult, answered boo
 					return RawResult{}, true, err
 				}
 				nap := ringNap
+				if done != nil {
+					select {
+					case <-done:
+						if g := time.Now().Add(callerdeadline.Grace); end.IsZero() || g.Before(end) {
+							end = g
+						}
+						done = nil
+					default:
+					}
+				}
 				if !end.IsZero() {
 					left := time.Until(end)
 					if left <= 0 {
