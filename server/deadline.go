@@ -18,14 +18,14 @@ import (
 
 // APIOptions are the gRPC server options the B2B service needs: the stats
 // handler (connections, leases, RPC arrival) and the interceptors that run
-// each call under the caller's deadline a client sent (callerdeadline) and,
-// for a synchronous transfer with a call id, under its caller's CancelCall
-// (callid).
+// each call under the daemon's CutCalls (cut.go), under the caller's
+// deadline a client sent (callerdeadline) and, for a synchronous transfer
+// with a call id, under its caller's CancelCall (callid).
 func (s *Server) APIOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.StatsHandler(s.StatsHandler()),
-		grpc.ChainUnaryInterceptor(s.unaryCaller),
-		grpc.ChainStreamInterceptor(s.streamCaller),
+		grpc.ChainUnaryInterceptor(s.unaryCut, s.unaryCaller),
+		grpc.ChainStreamInterceptor(s.streamCut, s.streamCaller),
 	}
 }
 

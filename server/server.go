@@ -106,6 +106,10 @@ type Server struct {
 	// drain is closed by Drain: long-lived peer streams end.
 	drain     chan struct{}
 	drainOnce sync.Once
+
+	// cut cancels the API calls still running when the shutdown grace
+	// ends (CutCalls).
+	cut *cutter
 }
 
 // Drain ends the peers' note streams (NotifyStream), so that the peer
@@ -156,7 +160,7 @@ func New(cfg Config) *Server {
 			DefaultTimeout: cfg.DefaultTimeout, Counters: cfg.Counters, Triggers: cfg.Triggers, Notes: cfg.Notify, Log: cfg.Log})
 	}
 	cfg.Counters, cfg.MaxDescriptors = b.Counters(), b.MaxDescriptors()
-	return &Server{cfg: cfg, batches: b, drain: make(chan struct{})}
+	return &Server{cfg: cfg, batches: b, drain: make(chan struct{}), cut: newCutter()}
 }
 
 // Close frees every prepared plan and refuses new ones (daemon shutdown,

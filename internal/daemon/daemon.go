@@ -603,6 +603,12 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	case <-done:
 	case <-time.After(d.cfg.ShutdownGrace):
 		d.log.Warn("in-flight calls did not finish within the grace period; stopping them", "grace", d.cfg.ShutdownGrace)
+		// Cut first, so that each answers why, then stop what is left.
+		d.srv.CutCalls(fmt.Sprintf("b2bd is stopping: calls still running at the end of --shutdown-grace %s are cut", d.cfg.ShutdownGrace))
+		select {
+		case <-done:
+		case <-time.After(cutAnswer):
+		}
 		d.api.Stop()
 		d.peerSrv.Stop()
 		<-done
@@ -615,6 +621,10 @@ func (d *Daemon) Serve(ctx context.Context) error {
 	}
 	return err
 }
+
+// cutAnswer is how long the calls cut at the end of the shutdown grace
+// get to answer before the servers close their connections.
+const cutAnswer = time.Second
 
 func (d *Daemon) kinds() string {
 	var s []string
