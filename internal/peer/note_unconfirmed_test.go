@@ -72,9 +72,19 @@ func TestNoteLeftButUnanswered(t *testing.T) {
 			if _, err := m.Get(context.Background(), addr, "", writeNeed); err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			// A refused note first, with time to spare: the note stream is
+			// open (or known missing, unary) before the timed note, which
+			// otherwise may never leave within its deadline on a loaded
+			// machine (it then was not sent, and rightly not unconfirmed).
+			warm, stop := context.WithTimeout(context.Background(), 10*time.Second)
+			err := m.Notify(warm, addr, notify.Notification{Region: "refuse", Notification: []byte("n")})
+			stop()
+			if !errors.Is(err, errs.ErrNotFound) {
+				t.Fatalf("the refused note first: %v", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 			defer cancel()
-			err := m.Notify(ctx, addr, notify.Notification{Region: tc.region, Notification: []byte("n")})
+			err = m.Notify(ctx, addr, notify.Notification{Region: tc.region, Notification: []byte("n")})
 			if got := errors.Is(err, notify.ErrUnconfirmed); got != tc.wantUnconfirmed {
 				t.Fatalf("err = %v: unconfirmed %v, want %v", err, got, tc.wantUnconfirmed)
 			}
