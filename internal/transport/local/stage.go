@@ -54,6 +54,8 @@ type stage struct {
 	out desc.Batch
 	// partStreams holds the streams of one second hop queued in parts.
 	partStreams [maxSplit]*gpudirect.Stream
+	// one is toHostOneRange's copy: its destination, source and size.
+	one [3]uint64
 }
 
 // routeStaged and routeDirect name a same-device batch's path in Status.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/desc"
+	"github.com/b2bd/b2bd/internal/memguard"
 	"github.com/b2bd/b2bd/internal/staging"
 )
 
@@ -42,6 +43,9 @@ var errNotMerged = errors.New("samehost: blocks too far apart to stage")
 func copyToHost(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase uint64, dst []byte, b *desc.Batch, pool *hostPool, shares int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if lo, span, ok := oneRange(b, uint64(len(s.buf))); ok {
+		return s.toHostOneRange(ctx, cu, srcBase, lo, span, dst, b)
+	}
 	// Planned at buffer offsets: the CPU's copies read s.buf by offset,
 	// the copy engine's write at addresses (made so below).
 	p := s.planFor(b, srcBase, 0, 0)
@@ -103,4 +107,50 @@ func copyToHost(ctx context.Context, cu gpudirect.Interface, s *stage, srcBase u
 		_ = cu.StreamSynchronize(s.d2h)
 	}
 	return err
+}
+
+// oneRangeBytes is the most payload copyToHost moves with one covering
+// copy (toHostOneRange): one CPU thread copies it out, and a sort and a
+// chunk plan would cost more than they save (10,000 x 128 B: the plan's
+// radix sort and arrays against one 2.5 MB copy).
+const oneRangeBytes = 2 << 20
+
+// oneRange is [lo, lo+span), the source range covering b's blocks, where
+// one copy of it is the way: b's payload at most oneRangeBytes, the range
+// within the buffer (size) and at most toHostMerge times the payload.
+func oneRange(b *desc.Batch, size uint64) (lo, span uint64, ok bool) {
+	total := b.Bytes()
+	if b.N() == 0 || total > oneRangeBytes {
+		return 0, 0, false
+	}
+	lo, hi := b.Src[0], b.Src[0]+b.Len[0]
+	for i := 1; i < b.N(); i++ {
+		lo, hi = min(lo, b.Src[i]), max(hi, b.Src[i]+b.Len[i])
+	}
+	span = hi - lo
+	return lo, span, span <= size && span <= toHostMerge*total
+}
+
+// toHostOneRange copies the source's [lo, lo+span) into the buffer's start
+// in one device-to-host copy, then each block out of it with the CPU,
+// under a fault guard.
+func (s *stage) toHostOneRange(ctx context.Context, cu gpudirect.Interface, srcBase, lo, span uint64, dst []byte, b *desc.Batch) error {
+	s.one[0], s.one[1], s.one[2] = s.host(), srcBase+lo, span
+	if err := cu.MemcpyBatchAsync(s.d2h, s.one[0:1], s.one[1:2], s.one[2:3]); err != nil {
+		_ = cu.StreamSynchronize(s.d2h)
+		return fmt.Errorf("samehost: staged copy to host memory, one device-to-host copy of %d bytes on device %d: %w", span, s.dev, staging.DomainError(err))
+	}
+	if err := cu.StreamSynchronize(s.d2h); err != nil {
+		return fmt.Errorf("samehost: staged copy to host memory, device-to-host copy on device %d: %w", s.dev, staging.DomainError(err))
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("samehost: staged copy to host memory cut off: %w", err)
+	}
+	buf := s.buf[:span]
+	return memguard.DoCopy(dst, buf, func() {
+		for i := range b.Len {
+			n, at := b.Len[i], b.Src[i]-lo
+			copy(dst[b.Dst[i]:b.Dst[i]+n], buf[at:at+n])
+		}
+	})
 }

@@ -44,12 +44,14 @@ func TestCopyToHost(t *testing.T) {
 		cancelled bool
 		want      error // nil: lands
 	}{
-		{name: "gapped, one chunk", gap: 2},
-		{name: "gapped, many chunks", gap: 2, chunk: 4096},
-		{name: "4 KiB blocks, the CPU's copies in shares", bs: 4096, gap: 2},
+		{name: "128 B, one range", gap: 2},
+		{name: "4 KiB, chunks of 1 MiB", bs: 4096, gap: 2, chunk: 1 << 20},
+		{name: "4 KiB, the CPU's copies in shares", bs: 4096, gap: 2},
 		{name: "too far apart", gap: 512, want: errNotMerged},
-		{name: "destination shrunk", gap: 2, truncated: true},
-		{name: "deadline", gap: 2, chunk: 4096, cancelled: true, want: context.Canceled},
+		{name: "destination shrunk, one range", gap: 2, truncated: true},
+		{name: "destination shrunk, chunks", bs: 4096, gap: 2, chunk: 1 << 20, truncated: true},
+		{name: "deadline, one range", gap: 2, cancelled: true, want: context.Canceled},
+		{name: "deadline, chunks", bs: 4096, gap: 2, chunk: 1 << 20, cancelled: true, want: context.Canceled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cu := cudatest.New()
@@ -125,9 +127,11 @@ func TestCopyToHost(t *testing.T) {
 			if !bytes.Equal(dst, want) {
 				t.Fatal("destination differs from the expected blocks and gaps")
 			}
-			// One covering copy a chunk (two where a block straddles its end).
-			if _, d2h := cu.BatchStats(); d2h-d2h0 > 2*len(s.plan.InEnds) {
-				t.Fatalf("%d device-to-host copies for %d blocks in %d chunks", d2h-d2h0, n, len(s.plan.InEnds))
+			// One covering copy (up to oneRangeBytes), or one a chunk (two
+			// where a block straddles its end).
+			_, d2h := cu.BatchStats()
+			if one := b.Bytes() <= oneRangeBytes; one && d2h-d2h0 != 1 || !one && d2h-d2h0 > 2*len(s.plan.InEnds) {
+				t.Fatalf("%d device-to-host copies for %d blocks (%d chunks planned)", d2h-d2h0, n, len(s.plan.InEnds))
 			}
 		})
 	}
@@ -209,6 +213,37 @@ func TestGPUBatchParts(t *testing.T) {
 				if !bytes.Equal(db[b.Dst[i]:b.Dst[i]+b.Len[i]], srcMem.Host[b.Src[i]:b.Src[i]+b.Len[i]]) {
 					t.Fatalf("block %d did not land", i)
 				}
+			}
+		})
+	}
+}
+
+// TestOneRange: which batches copyToHost moves with one covering copy.
+func TestOneRange(t *testing.T) {
+	batch := func(src ...uint64) *desc.Batch {
+		b := &desc.Batch{Src: src, Dst: make([]uint64, len(src)), Len: make([]uint64, len(src))}
+		for i := range src {
+			b.Len[i] = 128
+		}
+		return b
+	}
+	for _, tc := range []struct {
+		name     string
+		b        *desc.Batch
+		size     uint64
+		lo, span uint64
+		ok       bool
+	}{
+		{"empty", batch(), 1 << 20, 0, 0, false},
+		{"gapped, out of order", batch(512, 0, 256), 1 << 20, 0, 640, true},
+		{"over the buffer", batch(0, 1<<20), 1 << 20, 0, 1<<20 + 128, false},
+		{"sparser than toHostMerge", batch(0, 4096), 1 << 20, 0, 4096 + 128, false},
+		{"over oneRangeBytes", &desc.Batch{Src: []uint64{0}, Dst: []uint64{0}, Len: []uint64{oneRangeBytes + 1}}, 1 << 30, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lo, span, ok := oneRange(tc.b, tc.size)
+			if ok != tc.ok || ok && (lo != tc.lo || span != tc.span) {
+				t.Fatalf("oneRange = %d, %d, %v; want %d, %d, %v", lo, span, ok, tc.lo, tc.span, tc.ok)
 			}
 		})
 	}
