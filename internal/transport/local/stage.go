@@ -52,8 +52,6 @@ type stage struct {
 	note string
 	// out is the second hop of one chunk of copyToHost, for the CPU.
 	out desc.Batch
-	// partStreams holds the streams of one second hop queued in parts.
-	partStreams [maxSplit]*gpudirect.Stream
 	// one is toHostOneRange's copy: its destination, source and size.
 	one [3]uint64
 }
@@ -293,27 +291,6 @@ func (s *stage) parts(n int) int {
 // streams themselves.
 func (s *stage) queueH2D(cu gpudirect.Interface, p *staging.ChunkPlan, k, lo, hi int, pending *[maxSplit]bool) error {
 	h, parts := k%2, s.parts(hi-lo)
-	if q := gpuParts(hi-lo, maxSplit); q > 1 {
-		// Many copies: in parts queued at once by the device's threads
-		// (copy.go), each part's stream marked as below.
-		for j := 0; j < q; j++ {
-			s.partStreams[j] = s.h2d[(h+j)%maxSplit]
-		}
-		if err := cu.MemcpyBatchAsyncParts(s.partStreams[:q], p.OutDst[lo:hi], p.OutHost[lo:hi], p.OutLen[lo:hi]); err != nil {
-			for j := 0; j < q; j++ {
-				pending[(h+j)%maxSplit] = true // parts may be queued: copyStaged waits for the streams
-			}
-			return fmt.Errorf("samehost: staged copy, host-to-device hop of %d copies in %d parts on device %d: %w", hi-lo, q, s.dev, staging.DomainError(err))
-		}
-		for j := 0; j < q; j++ {
-			st := (h + j) % maxSplit
-			pending[st] = true
-			if err := cu.EventRecord(s.done[h][st], s.h2d[st]); err != nil {
-				return fmt.Errorf("samehost: staged copy, mark the host-to-device hop on device %d: %w", s.dev, staging.DomainError(err))
-			}
-		}
-		return nil
-	}
 	for j := 0; j < parts; j++ {
 		a, z := lo+(hi-lo)*j/parts, lo+(hi-lo)*(j+1)/parts
 		st := (h + j) % maxSplit

@@ -29,8 +29,7 @@ func scattered(n int, size uint64) (*desc.Batch, uint64) {
 // every block lands byte for byte (and nothing else moves) for small and
 // large blocks, ChunkBytes' chunks and small ones, the second hop on one
 // stream or split over two; the split doubles the second hop's calls only
-// where a chunk has the copies for it, and a chunk of 1,024 copies or more
-// goes in parts.
+// where a chunk has the copies for it.
 func TestCopyStaged(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -89,11 +88,7 @@ func TestCopyStaged(t *testing.T) {
 			p := &s.plan
 			wantCalls, lo := len(p.InEnds), 0 // one first-hop call a chunk
 			for _, hi := range p.OutEnds {
-				if q := gpuParts(hi-lo, maxSplit); q > 1 {
-					wantCalls += q // many copies: in parts from several threads
-				} else {
-					wantCalls += s.parts(hi - lo)
-				}
+				wantCalls += s.parts(hi - lo)
 				lo = hi
 			}
 			if got := batches - batches0; got != wantCalls {

@@ -139,26 +139,29 @@ func TestCopyToHost(t *testing.T) {
 
 // TestGPUBatchParts: a GPU batch of many small blocks is queued in parts
 // (one per MinPartCopies copies, at most gpudirect.ParallelParts, on the
-// connection's streams), a small or a large-block one not; every block
-// lands either way.
+// connection's streams), a small or a large-block one not, and a
+// host-to-device one never (its primed chunks need one thread); every
+// block lands either way.
 func TestGPUBatchParts(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
+		hostSrc   bool // host -> GPU1; else GPU0 -> GPU1
 		n         int
 		bs        uint64
 		streams   int
 		wantParts int // MemcpyBatchAsyncParts calls
 		wantCalls int // batched calls in all
 	}{
-		{"1000 blocks", 1000, 512, 4, 0, 1},
-		{"4096 blocks", 4096, 512, 4, 1, 4},
-		{"2 streams", 4096, 512, 2, 1, 2},
-		{"1500 blocks", 1500, 512, 4, 1, 2},
-		{"1 stream", 4096, 512, 1, 0, 1},
-		{"64 KiB blocks", 1024, 64 << 10, 4, 0, 4},
+		{"1000 blocks", false, 1000, 512, 4, 0, 1},
+		{"4096 blocks", false, 4096, 512, 4, 1, 4},
+		{"2 streams", false, 4096, 512, 2, 1, 2},
+		{"1500 blocks", false, 1500, 512, 4, 1, 2},
+		{"1 stream", false, 4096, 512, 1, 0, 1},
+		{"64 KiB blocks", false, 1024, 64 << 10, 4, 0, 4},
+		{"host to GPU", true, 4096, 512, 4, 0, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cu := cudatest.New()
+			cu := cudatest.New(cudatest.Device{}, cudatest.Device{})
 			dir := t.TempDir()
 			in := &fakeInbound{}
 			recv, err := New(Config{Dir: filepath.Join(dir, "recv"), Node: "recv", CUDA: cu, Streams: tc.streams}, in, nil)
@@ -172,16 +175,30 @@ func TestGPUBatchParts(t *testing.T) {
 			}
 			defer send.Close()
 			region := 2 * uint64(tc.n) * tc.bs
-			p, err := cu.MemAlloc(0, region)
+			p, err := cu.MemAlloc(1, region)
 			if err != nil {
 				t.Fatal(err)
 			}
-			dst, err := recv.Register(memory.Memory{Kind: memory.CUDA, Addr: p, Len: region, DmabufFD: -1})
+			dst, err := recv.Register(memory.Memory{Kind: memory.CUDA, Device: 1, Addr: p, Len: region, DmabufFD: -1})
 			if err != nil {
 				t.Fatal(err)
 			}
 			in.add(dst)
-			srcMem := shmRegion(t, dir, int(region))
+			var srcMem memory.Memory
+			var srcBytes []byte
+			if tc.hostSrc {
+				srcMem = shmRegion(t, dir, int(region))
+				srcBytes = srcMem.Host
+			} else {
+				sp, err := cu.MemAlloc(0, region)
+				if err != nil {
+					t.Fatal(err)
+				}
+				srcMem = memory.Memory{Kind: memory.CUDA, Device: 0, Addr: sp, Len: region, DmabufFD: -1}
+				if srcBytes, err = cu.DeviceBytes(sp, region); err != nil {
+					t.Fatal(err)
+				}
+			}
 			src, err := send.Register(srcMem)
 			if err != nil {
 				t.Fatal(err)
@@ -191,7 +208,7 @@ func TestGPUBatchParts(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			fill(srcMem.Host, 9)
+			fill(srcBytes, 9)
 			b := gapped(tc.n, tc.bs)
 			parts0, calls0 := cu.Calls("MemcpyBatchAsyncParts"), cu.Calls("MemcpyBatchAsync")
 			if _, err := transport.Write(context.Background(), conn, src, transport.RemoteRegion{Name: "d", Size: region, Key: dst.Key()}, b); err != nil {
@@ -210,7 +227,7 @@ func TestGPUBatchParts(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := range b.Len {
-				if !bytes.Equal(db[b.Dst[i]:b.Dst[i]+b.Len[i]], srcMem.Host[b.Src[i]:b.Src[i]+b.Len[i]]) {
+				if !bytes.Equal(db[b.Dst[i]:b.Dst[i]+b.Len[i]], srcBytes[b.Src[i]:b.Src[i]+b.Len[i]]) {
 					t.Fatalf("block %d did not land", i)
 				}
 			}
