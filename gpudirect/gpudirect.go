@@ -137,7 +137,10 @@ type Interface interface {
 	// at once from as many threads of the device, and returns once all are
 	// queued (or failed: the first failure, naming its copy). The streams
 	// must be of one device. For batches of many small copies, whose
-	// driver time is CPU time per copy (copy.go).
+	// driver time is CPU time per copy (ParallelParts). Not for host to
+	// device: each part's primed chunks (cuda_shim.h) need their primer
+	// still pending when they are queued, which threads contending for the
+	// driver do not keep, and the chunk then runs on the SMs.
 	MemcpyBatchAsyncParts(ss []*Stream, dsts, srcs, sizes []uint64) error
 
 	// Close releases every resource still held (streams, events, IPC
