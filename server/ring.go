@@ -453,15 +453,18 @@ func (rc *ringConn) watch(req ring.Request, regionID string) {
 		return
 	}
 	w := rc.s.cfg.Notify.Subscribe(id)
-	// Released or unexported between the check and the subscription: the
-	// hub's End came before it.
-	if _, err := rc.s.watchable(rc.who, id); err != nil {
+	unwatch := func() {
 		rc.s.cfg.Notify.Unsubscribe(w)
 		rc.inMu.Lock()
 		delete(rc.inflight, req.Tag)
 		rc.watches--
 		rc.inMu.Unlock()
 		cancel()
+	}
+	// Released or unexported between the check and the subscription: the
+	// hub's End came before it.
+	if _, err := rc.s.watchable(rc.who, id); err != nil {
+		unwatch()
 		rc.complete(fail(req.Tag, err))
 		return
 	}
@@ -469,14 +472,7 @@ func (rc *ringConn) watch(req ring.Request, regionID string) {
 	rc.wg.Add(1)
 	go func() {
 		defer rc.wg.Done()
-		defer func() {
-			rc.s.cfg.Notify.Unsubscribe(w)
-			rc.inMu.Lock()
-			delete(rc.inflight, req.Tag)
-			rc.watches--
-			rc.inMu.Unlock()
-			cancel()
-		}()
+		defer unwatch()
 		var frame []byte
 		var recs []ring.Completion
 		var lost uint64 // notes too large for the whole completion ring, told in the next frame
