@@ -36,7 +36,7 @@ var errNotMerged = errors.New("samehost: blocks too far apart to stage")
 
 // copyToHost moves b from device memory at srcBase into the host memory
 // dst through s. While the CPU copies chunk k out of one half of the
-// buffer (in up to k shares on pool's workers, each under a fault guard:
+// buffer (in up to shares parts on pool's workers, each under a fault guard:
 // dst maps a file its owner may shrink), the copy engine fills the other
 // half with chunk k+1. It looks at ctx between chunks. It returns
 // errNotMerged, having copied nothing, where staging would not pay.
