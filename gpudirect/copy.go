@@ -96,8 +96,9 @@ func batchFn(r *request) {
 		(*C.CUdeviceptr)(unsafe.Pointer(unsafe.SliceData(r.s0))),
 		(*C.CUdeviceptr)(unsafe.Pointer(unsafe.SliceData(r.s1))),
 		(*C.size_t)(unsafe.Pointer(unsafe.SliceData(r.s2))),
-		C.size_t(len(r.s2)), C.int(r.a0), C.CUdeviceptr(r.a1), C.uintptr_t(r.a2),
-		(*C.int)(unsafe.Pointer(&r.i0)), (*C.size_t)(unsafe.Pointer(&r.out0)), (*C.size_t)(unsafe.Pointer(&r.out1))))
+		C.size_t(len(r.s2)), C.int(r.a0), C.CUdeviceptr(r.a1), C.uintptr_t(r.a2), C.CUdeviceptr(r.a3), C.uint(r.a4),
+		(*C.int)(unsafe.Pointer(&r.i0)), (*C.size_t)(unsafe.Pointer(&r.out0)), (*C.size_t)(unsafe.Pointer(&r.out1)),
+		(*C.int)(unsafe.Pointer(&r.i1))))
 }
 
 // batchCalls names b2b_memcpy_batch's paths (B2B_PATH_*).
@@ -106,6 +107,7 @@ var batchCalls = [...]string{
 	C.B2B_PATH_BATCH_12_8: "cuMemcpyBatchAsync",
 	C.B2B_PATH_BATCH_V2:   "cuMemcpyBatchAsync_v2",
 	C.B2B_PATH_PRIMER:     "cuMemcpyHtoDAsync_v2 (the copy-engine primer of a host-to-device chunk)",
+	C.B2B_PATH_HOLD:       "cuStreamWaitValue32_v2 (holding a part's stream until every part is queued)",
 }
 
 // H2DChunk is how many copies of a host-to-device batch go behind one
@@ -115,6 +117,9 @@ const H2DChunk = C.B2B_H2D_CHUNK
 // batchStats counts MemcpyBatchAsync calls by the path they took.
 type batchStats struct {
 	oneCall, primed, primedChunks, loop atomic.Uint64
+	// held counts the parts of host-to-device batches whose stream was
+	// held until every part was queued.
+	held atomic.Uint64
 }
 
 func (d *driver) MemcpyBatchAsync(s *Stream, dsts, srcs, sizes []uint64) error {
@@ -169,6 +174,9 @@ func (d *driver) batchDone(r *request, dev int, dsts, srcs, sizes []uint64, lo, 
 		}
 		return d.callErr(C.int(rc), dev, "%s(count=%d%s)", call, len(sizes), part)
 	}
+	if r.i1 != 0 {
+		d.stats.held.Add(1)
+	}
 	switch {
 	case chunks > 0:
 		d.stats.primed.Add(1)
@@ -205,6 +213,24 @@ func (d *driver) MemcpyBatchAsyncParts(ss []*Stream, dsts, srcs, sizes []uint64)
 		}
 	}
 	k = min(k, 1+len(ds.par))
+	// A host-to-device batch's parts hold their streams until all are
+	// queued (cuda_shim.h: b2b_hold_alloc says why); the C side holds only
+	// such batches. Without the flag, one thread queues it, which keeps
+	// every primer pending.
+	var holdVal uint32
+	if ds.holdDev != 0 {
+		ds.holdMu.Lock()
+		ds.holdSeq++
+		holdVal = ds.holdSeq
+		defer func() {
+			// After every started part is queued (or failed): a part that
+			// never started queued no wait, and one that failed may have.
+			C.b2b_hold_release(C.uintptr_t(ds.holdHost), C.uint(holdVal))
+			ds.holdMu.Unlock()
+		}()
+	} else if d.hostToDevice(ds, dsts[0], srcs[0]) {
+		return d.MemcpyBatchAsync(ss[0], dsts, srcs, sizes)
+	}
 	n := len(sizes)
 	var reqs [ParallelParts]*request
 	var started [ParallelParts]bool
@@ -212,6 +238,7 @@ func (d *driver) MemcpyBatchAsyncParts(ss []*Stream, dsts, srcs, sizes []uint64)
 	for j := 0; j < k; j++ {
 		lo, hi := n*j/k, n*(j+1)/k
 		r := d.batchRequest(ds, ss[j], dsts[lo:hi], srcs[lo:hi], sizes[lo:hi])
+		r.a3, r.a4 = ds.holdDev, uint64(holdVal)
 		reqs[j] = r
 		w := ds.w
 		if j > 0 {
@@ -247,13 +274,28 @@ func (d *driver) MemcpyBatchAsyncParts(ss []*Stream, dsts, srcs, sizes []uint64)
 	return qerr
 }
 
+// hostToDevice says whether a batch whose first copy is dst <- src goes
+// from pinned host to device memory, as b2b_memcpy_batch tells it (on the
+// device's thread: the driver wants a context current).
+func (d *driver) hostToDevice(ds *devState, dst, src uint64) bool {
+	if ds.primerDev == 0 || !d.caps.MemcpyBatch {
+		return false // unprimed batches need no pending primer
+	}
+	h2d := false
+	_ = ds.w.do(func() {
+		h2d = C.b2b_mem_type(d.tab, C.CUdeviceptr(dst)) == C.B2B_CU_MEMORYTYPE_DEVICE &&
+			C.b2b_mem_type(d.tab, C.CUdeviceptr(src)) == C.B2B_CU_MEMORYTYPE_HOST
+	})
+	return h2d
+}
+
 // pathCounts is a snapshot of batchStats (tests).
-type pathCounts struct{ oneCall, primed, primedChunks, loop uint64 }
+type pathCounts struct{ oneCall, primed, primedChunks, loop, held uint64 }
 
 func (b *batchStats) snapshot() pathCounts {
-	return pathCounts{b.oneCall.Load(), b.primed.Load(), b.primedChunks.Load(), b.loop.Load()}
+	return pathCounts{b.oneCall.Load(), b.primed.Load(), b.primedChunks.Load(), b.loop.Load(), b.held.Load()}
 }
 
 func (p pathCounts) minus(q pathCounts) pathCounts {
-	return pathCounts{p.oneCall - q.oneCall, p.primed - q.primed, p.primedChunks - q.primedChunks, p.loop - q.loop}
+	return pathCounts{p.oneCall - q.oneCall, p.primed - q.primed, p.primedChunks - q.primedChunks, p.loop - q.loop, p.held - q.held}
 }

@@ -69,6 +69,8 @@ typedef struct CUmemcpyAttributes_st {
 #define B2B_CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD 1
 #define B2B_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1
 #define B2B_CU_MEMHOSTALLOC_PORTABLE 0x01
+#define B2B_CU_MEMHOSTALLOC_DEVICEMAP 0x02
+#define B2B_CU_STREAM_WAIT_VALUE_GEQ 0x0
 #define B2B_CU_MEMHOSTREGISTER_PORTABLE 0x01
 #define B2B_CU_STREAM_NON_BLOCKING 0x1
 #define B2B_CU_EVENT_DISABLE_TIMING 0x2
@@ -117,7 +119,9 @@ typedef struct CUmemcpyAttributes_st {
 	X(cuMemcpyDtoHAsync_v2, 0, (void *dstHost, CUdeviceptr srcDevice, size_t byteCount, CUstream hStream)) \
 	X(cuMemGetHandleForAddressRange, 1, (void *handle, CUdeviceptr dptr, size_t size, int handleType, unsigned long long flags)) \
 	X(cuMemcpyBatchAsync_v2, 1, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream)) \
-	X(cuMemcpyBatchAsync, 1, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream hStream))
+	X(cuMemcpyBatchAsync, 1, (CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream hStream)) \
+	X(cuStreamWaitValue32_v2, 1, (CUstream stream, CUdeviceptr addr, unsigned int value, unsigned int flags)) \
+	X(cuMemHostGetDevicePointer_v2, 1, (CUdeviceptr *pdptr, void *p, unsigned int flags))
 
 #define B2B_ENUM(name, opt, params) B2B_SYM_##name,
 enum { B2B_CU_SYMS(B2B_ENUM) B2B_NSYMS };
@@ -437,6 +441,55 @@ static inline int b2b_primer_free(const b2b_tab *t, CUdeviceptr dev, uintptr_t h
 	return B2B_RC(rc ? rc : rc2);
 }
 
+// ---- holding the parts of a host-to-device batch ------------------------------
+//
+// A host-to-device batch queued in parts by several threads
+// (MemcpyBatchAsyncParts) must keep each chunk's primer pending while the
+// chunk is queued, and threads contending for the driver do not: a part's
+// stream drained its primer before the chunk came, and the chunk ran on the
+// compute engine (one 0.4 ms stall of every SM, docs/samehost.md). So each
+// part's stream first waits for a flag in pinned host memory
+// (cuStreamWaitValue32, GEQ: cyclic, so the counter may wrap), and the
+// caller writes the batch's value once every part is queued: nothing runs
+// until then, so every primer is still pending when its chunk is queued.
+// The flag is device-mapped so that the stream can read it.
+
+// b2b_hold_alloc makes a device's hold flag and checks that a stream can
+// wait on it (a wait already met, synchronised); nothing is left on failure.
+static inline int b2b_hold_alloc(const b2b_tab *t, uintptr_t *host, CUdeviceptr *dev) {
+	void *h = NULL;
+	CUstream st = NULL;
+	CUresult rc;
+	*host = 0;
+	*dev = 0;
+	if (!b2b_has(t, B2B_SYM_cuStreamWaitValue32_v2) || !b2b_has(t, B2B_SYM_cuMemHostGetDevicePointer_v2))
+		return B2B_RC(B2B_CUDA_ERROR_NOT_SUPPORTED);
+	if ((rc = B2B_CALL(t, cuMemHostAlloc)(&h, 64, B2B_CU_MEMHOSTALLOC_PORTABLE | B2B_CU_MEMHOSTALLOC_DEVICEMAP)) != 0) return B2B_RC(rc);
+	memset(h, 0, 64);
+	if ((rc = B2B_CALL(t, cuMemHostGetDevicePointer_v2)(dev, h, 0)) == 0 &&
+		(rc = B2B_CALL(t, cuStreamCreate)(&st, B2B_CU_STREAM_NON_BLOCKING)) == 0) {
+		if ((rc = B2B_CALL(t, cuStreamWaitValue32_v2)(st, *dev, 0, B2B_CU_STREAM_WAIT_VALUE_GEQ)) == 0)
+			rc = B2B_CALL(t, cuStreamSynchronize)(st);
+		B2B_CALL(t, cuStreamDestroy_v2)(st);
+	}
+	if (rc != 0) {
+		B2B_CALL(t, cuMemFreeHost)(h);
+		*dev = 0;
+		return B2B_RC(rc);
+	}
+	*host = (uintptr_t)h;
+	return 0;
+}
+
+static inline int b2b_hold_free(const b2b_tab *t, uintptr_t host) {
+	return host ? B2B_RC(B2B_CALL(t, cuMemFreeHost)((void *)host)) : 0;
+}
+
+// b2b_hold_release lets the streams that wait for v or less on the flag go.
+static inline void b2b_hold_release(uintptr_t host, unsigned int v) {
+	__atomic_store_n((unsigned int *)host, v, __ATOMIC_SEQ_CST);
+}
+
 // b2b_mem_type is p's CUmemorytype: B2B_CU_MEMORYTYPE_HOST (pinned or
 // registered host memory), B2B_CU_MEMORYTYPE_DEVICE, or 0 where the driver
 // does not know p (pageable host memory).
@@ -449,17 +502,19 @@ static inline unsigned int b2b_mem_type(const b2b_tab *t, CUdeviceptr p) {
 // b2b_memcpy_batch queues n copies on stream s in one call. use_batch allows
 // cuMemcpyBatchAsync. A batch from pinned host to device memory (by its
 // first copy) with a primer (primer_dev != 0) goes in primed chunks (above); *chunks counts
-// them (0: one call, or the loop). *path says which entry point ran last
-// (B2B_PATH_*). *fail is the index of the failing copy where the driver
-// says (SIZE_MAX when unknown).
-enum { B2B_PATH_LOOP, B2B_PATH_BATCH_12_8, B2B_PATH_BATCH_V2, B2B_PATH_PRIMER };
+// them (0: one call, or the loop); with hold_dev != 0 the stream first waits
+// for hold_val on that flag (above), and *held says so. *path says which
+// entry point ran last (B2B_PATH_*). *fail is the index of the failing copy
+// where the driver says (SIZE_MAX when unknown).
+enum { B2B_PATH_LOOP, B2B_PATH_BATCH_12_8, B2B_PATH_BATCH_V2, B2B_PATH_PRIMER, B2B_PATH_HOLD };
 static inline int b2b_memcpy_batch(const b2b_tab *t, uintptr_t s, CUdeviceptr *dsts, CUdeviceptr *srcs,
 		size_t *sizes, size_t n, int use_batch, CUdeviceptr primer_dev, uintptr_t primer_host,
-		int *path, size_t *fail, size_t *chunks) {
+		CUdeviceptr hold_dev, unsigned int hold_val, int *path, size_t *fail, size_t *chunks, int *held) {
 	CUstream st = (CUstream)s;
 	*path = B2B_PATH_LOOP;
 	*fail = SIZE_MAX;
 	*chunks = 0;
+	*held = 0;
 	if (n == 0) return 0;
 	if (use_batch && (b2b_has(t, B2B_SYM_cuMemcpyBatchAsync_v2) || b2b_has(t, B2B_SYM_cuMemcpyBatchAsync))) {
 		CUmemcpyAttributes attr;
@@ -470,6 +525,12 @@ static inline int b2b_memcpy_batch(const b2b_tab *t, uintptr_t s, CUdeviceptr *d
 		size_t step = h2d ? B2B_H2D_CHUNK : n;
 		memset(&attr, 0, sizeof attr);
 		attr.srcAccessOrder = B2B_CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+		if (h2d && hold_dev != 0) {
+			CUresult rc;
+			*path = B2B_PATH_HOLD;
+			if ((rc = B2B_CALL(t, cuStreamWaitValue32_v2)(st, hold_dev, hold_val, B2B_CU_STREAM_WAIT_VALUE_GEQ)) != 0) return B2B_RC(rc);
+			*held = 1;
+		}
 		for (size_t lo = 0; lo < n; lo += step) {
 			size_t c = n - lo < step ? n - lo : step, f = SIZE_MAX;
 			CUresult rc;

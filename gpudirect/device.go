@@ -218,6 +218,16 @@ type devState struct {
 	// host-to-device batches queue their chunks behind it (cuda_shim.h).
 	primerDev, primerHost uint64
 	primerErr             error
+
+	// The hold flag of host-to-device batches in parts (0: none, holdErr
+	// says why; cuda_shim.h). holdMu is held from a batch's first part
+	// queued to its release, so that one batch's release never lets
+	// another's streams go early; holdSeq is the last value used.
+	holdHost uintptr
+	holdDev  uint64
+	holdErr  error
+	holdMu   sync.Mutex
+	holdSeq  uint32
 }
 
 // callErr is cuErr for this driver's calls on dev.
@@ -286,6 +296,11 @@ func (d *driver) device(dev int) (*devState, error) {
 		var ph C.uintptr_t
 		ds.primerErr = d.callErr(C.b2b_primer_alloc(d.tab, &pd, &ph), dev, "the copy-engine primer's scratch (%d bytes)", C.B2B_PRIMER_BYTES)
 		ds.primerDev, ds.primerHost = uint64(pd), uint64(ph)
+		// Without it, host-to-device batches in parts go in one part.
+		var hh C.uintptr_t
+		var hd C.CUdeviceptr
+		ds.holdErr = d.callErr(C.b2b_hold_alloc(d.tab, &hh, &hd), dev, "the hold flag of host-to-device parts (cuStreamWaitValue32_v2 on device-mapped host memory)")
+		ds.holdHost, ds.holdDev = uintptr(hh), uint64(hd)
 		return nil
 	}
 	w, err := startWorker(fmt.Sprintf("device %d", dev), open, func() error { return d.releaseAll(ds) })
@@ -377,6 +392,8 @@ func (d *driver) releaseAll(ds *devState) error {
 	}
 	note(C.b2b_primer_free(d.tab, C.CUdeviceptr(ds.primerDev), C.uintptr_t(ds.primerHost)), "freeing the copy-engine primer's scratch")
 	ds.primerDev, ds.primerHost = 0, 0
+	note(C.b2b_hold_free(d.tab, C.uintptr_t(ds.holdHost)), "freeing the hold flag of host-to-device parts")
+	ds.holdHost, ds.holdDev = 0, 0
 	clear(ds.handles)
 	clear(ds.ipcOpen)
 	clear(ds.peers)

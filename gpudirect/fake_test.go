@@ -246,3 +246,89 @@ func TestPrimedBatchFailIndex(t *testing.T) {
 		t.Fatalf("bad batch = %v; want INVALID_VALUE mentioning %q", err, want)
 	}
 }
+
+// TestHeldParts: a host-to-device batch in parts holds every part's stream
+// until all are queued (the fake runs nothing on a held stream before a
+// synchronisation sees the release, and fails one that waits 5 s for it);
+// other directions are not held; without cuStreamWaitValue32_v2 such a
+// batch goes in one part, as one thread keeps every primer pending.
+func TestHeldParts(t *testing.T) {
+	tests := []struct {
+		name              string
+		defines           []string
+		wantHeld, wantPri uint64 // parts held, primed calls of the host-to-device batch
+	}{
+		{"held", nil, ParallelParts, ParallelParts},
+		{"no cuStreamWaitValue32", []string{"-DFAKE_NO_WAIT"}, 0, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Load(WithLibrary(buildFake(t, tt.defines...)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			d := c.(*driver)
+			var ss []*Stream
+			for range ParallelParts {
+				ss = append(ss, must(c.StreamCreate(0))(t))
+			}
+			const bs = 64
+			n := 3*ParallelParts*H2DChunk + 7
+			h := must(c.HostAlloc(0, n*bs))(t)
+			back := must(c.HostAlloc(0, n*bs))(t)
+			dev := must(c.MemAlloc(0, uint64(n*bs)))(t)
+			for i := range h {
+				h[i] = byte(i*13 + 5)
+			}
+			probe := must(c.StreamCreate(0))(t) // never held: its copies run at once
+			devBytes := func() []byte {
+				ok(t, c.MemcpyDtoHAsync(probe, addr(back), dev, uint64(n*bs)))
+				ok(t, c.StreamSynchronize(probe))
+				return back
+			}
+			zero := must(c.HostAlloc(0, n*bs))(t)
+			dsts, srcs, lens := make([]uint64, n), make([]uint64, n), make([]uint64, n)
+			for i := range lens { // block i to slot n-1-i
+				dsts[i], srcs[i], lens[i] = uint64(dev)+uint64((n-1-i)*bs), uint64(addr(h))+uint64(i*bs), bs
+			}
+			for round := range 3 { // the hold's value moves on each batch
+				ok(t, c.MemcpyHtoDAsync(probe, dev, addr(zero), uint64(n*bs)))
+				ok(t, c.StreamSynchronize(probe))
+				before := d.stats.snapshot()
+				ok(t, c.MemcpyBatchAsyncParts(ss, dsts, srcs, lens))
+				got := d.stats.snapshot().minus(before)
+				if got.held != tt.wantHeld || got.primed != tt.wantPri {
+					t.Fatalf("round %d: %d parts held, %d primed calls; want %d, %d", round, got.held, got.primed, tt.wantHeld, tt.wantPri)
+				}
+				if tt.wantHeld > 0 && !bytes.Equal(devBytes(), zero) {
+					t.Fatalf("round %d: copies ran on a held stream before a synchronisation", round)
+				}
+				for _, s := range ss {
+					ok(t, c.StreamSynchronize(s))
+				}
+				devBytes()
+				for i := range n {
+					if !bytes.Equal(back[(n-1-i)*bs:(n-i)*bs], h[i*bs:(i+1)*bs]) {
+						t.Fatalf("round %d: block %d did not land", round, i)
+					}
+				}
+			}
+			// Device to host: in parts, not held.
+			for i := range lens {
+				dsts[i], srcs[i] = uint64(addr(back))+uint64(i*bs), uint64(dev)+uint64((n-1-i)*bs)
+			}
+			before := d.stats.snapshot()
+			ok(t, c.MemcpyBatchAsyncParts(ss, dsts, srcs, lens))
+			if got := d.stats.snapshot().minus(before); got.held != 0 || got.oneCall != ParallelParts {
+				t.Fatalf("device to host in parts: %+v; want %d one-call parts, none held", got, ParallelParts)
+			}
+			for _, s := range ss {
+				ok(t, c.StreamSynchronize(s))
+			}
+			if !bytes.Equal(back, h) {
+				t.Fatal("device to host in parts: blocks did not come back")
+			}
+		})
+	}
+}

@@ -137,10 +137,12 @@ type Interface interface {
 	// at once from as many threads of the device, and returns once all are
 	// queued (or failed: the first failure, naming its copy). The streams
 	// must be of one device. For batches of many small copies, whose
-	// driver time is CPU time per copy (ParallelParts). Not for host to
-	// device: each part's primed chunks (cuda_shim.h) need their primer
-	// still pending when they are queued, which threads contending for the
-	// driver do not keep, and the chunk then runs on the SMs.
+	// driver time is CPU time per copy (ParallelParts). A host-to-device
+	// batch's primed chunks (cuda_shim.h) need their primer still pending
+	// when they are queued, which threads contending for the driver do not
+	// keep (the chunk then runs on the SMs): so each part's stream waits on
+	// a flag until every part is queued (cuStreamWaitValue32), and without
+	// that call the batch goes in one part.
 	MemcpyBatchAsyncParts(ss []*Stream, dsts, srcs, sizes []uint64) error
 
 	// Close releases every resource still held (streams, events, IPC
@@ -159,8 +161,8 @@ type Interface interface {
 // host-to-device copies, on core 0 4.4 ms, and unpinned a batch landed in
 // either. Queued in four parts from four threads on four streams, the same
 // batches took 4.0-4.4 ms round after round, and 10,000 peer copies GPU0 ->
-// GPU1 4.3-4.8 ms. (Host-to-device batches may not go in parts: see
-// MemcpyBatchAsyncParts.)
+// GPU1 4.3-4.8 ms. (Host-to-device parts are held until all are queued:
+// see MemcpyBatchAsyncParts.)
 const ParallelParts = 4
 
 // DeviceInfo describes one CUDA device.

@@ -29,10 +29,12 @@ type request struct {
 	p          unsafe.Pointer // e.g. the driver's C function table
 	obj, obj2  any            // e.g. the stream and the event
 	a0, a1, a2 uint64
+	a3, a4     uint64 // e.g. a batch part's hold flag and value
 	s0, s1, s2 []uint64
 
 	rc   int32  // CUresult
 	i0   int32  // e.g. which batch path ran
+	i1   int32  // e.g. whether a batch part's stream was held
 	out0 uint64 // e.g. the failing index of a batch
 	out1 uint64 // e.g. the primed chunks of a batch
 	err  error

@@ -9,7 +9,8 @@
 // Variants: -DFAKE_CUDA_12080 exports the CUDA 12.8 cuMemcpyBatchAsync (with
 // failIdx) instead of cuMemcpyBatchAsync_v2; -DFAKE_OLD exports neither nor
 // cuMemGetHandleForAddressRange; -DFAKE_BROKEN lacks cuMemAlloc_v2;
-// -DFAKE_PAGEABLE copies from memory it does not know (pageable host memory).
+// -DFAKE_PAGEABLE copies from memory it does not know (pageable host memory);
+// -DFAKE_NO_WAIT lacks cuStreamWaitValue32_v2.
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -190,7 +191,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned f) {
 CUresult cuIpcCloseMemHandle(CUdeviceptr p) { NEED_CTX(); return INVALID_VALUE; }
 CUresult cuMemHostAlloc(void **pp, size_t n, unsigned f) {
 	NEED_CTX();
-	if (f != 1 || n == 0) return INVALID_VALUE;
+	if ((f != 1 && f != 3) || n == 0) return INVALID_VALUE;
 	*pp = aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
 	pthread_mutex_lock(&mu); add((uintptr_t)*pp, n, 2); pthread_mutex_unlock(&mu);
 	return OK;
@@ -206,20 +207,71 @@ CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned f) {
 }
 CUresult cuMemHostUnregister(void *p) { NEED_CTX(); return drop((uintptr_t)p, 3, 0); }
 
-// Streams and events: a stream remembers nothing; synchronisation needs no
-// current context (as with CUDA, where the handle names its context).
-struct handle { int magic; };
-CUresult cuStreamCreate(void **s, unsigned f) { NEED_CTX(); if (f != 1) return INVALID_VALUE; struct handle *h = malloc(sizeof *h); h->magic = 0x5757; *s = h; return OK; }
-CUresult cuStreamDestroy_v2(void *s) { NEED_CTX(); struct handle *h = s; if (!h || h->magic != 0x5757) return INVALID_HANDLE; h->magic = 0; free(h); return OK; }
-CUresult cuStreamSynchronize(void *s) { struct handle *h = s; return h && h->magic == 0x5757 ? OK : INVALID_HANDLE; }
-CUresult cuEventCreate(void **e, unsigned f) { NEED_CTX(); if (f != 2) return INVALID_VALUE; struct handle *h = malloc(sizeof *h); h->magic = 0xe7e7; *e = h; return OK; }
+// Streams and events: copies run at once, except on a stream held by
+// cuStreamWaitValue32_v2 whose flag is not yet met: they wait in the stream
+// until a synchronisation sees the flag met (the test's release), and a
+// synchronisation that waits 5 s for it fails, as a hold never released
+// would hang. Synchronisation needs no current context (as with CUDA, where
+// the handle names its context).
+static int known(uintptr_t p, size_t n);
+struct pending { uintptr_t d, s; size_t n; };
+struct handle {
+	int magic;
+	volatile unsigned *hold; // the flag a held stream waits on (NULL: not held)
+	unsigned hold_val;
+	struct pending *q; size_t nq, capq;
+	struct handle *stream; // an event's stream, as recorded
+};
+static int met(struct handle *h) { return !h->hold || (int)(*h->hold - h->hold_val) >= 0; }
+static CUresult drain(struct handle *h) {
+	for (int i = 0; !met(h); i++) {
+		if (i >= 5000) return 702; // CUDA_ERROR_LAUNCH_TIMEOUT
+		usleep(1000);
+	}
+	h->hold = NULL;
+	for (size_t i = 0; i < h->nq; i++) memmove((void *)h->q[i].d, (const void *)h->q[i].s, h->q[i].n);
+	h->nq = 0;
+	return OK;
+}
+CUresult cuStreamCreate(void **s, unsigned f) { NEED_CTX(); if (f != 1) return INVALID_VALUE; struct handle *h = calloc(1, sizeof *h); h->magic = 0x5757; *s = h; return OK; }
+CUresult cuStreamDestroy_v2(void *s) { NEED_CTX(); struct handle *h = s; if (!h || h->magic != 0x5757) return INVALID_HANDLE; h->magic = 0; free(h->q); free(h); return OK; }
+CUresult cuStreamSynchronize(void *s) { struct handle *h = s; return h && h->magic == 0x5757 ? drain(h) : INVALID_HANDLE; }
+#ifndef FAKE_NO_WAIT
+CUresult cuStreamWaitValue32_v2(void *s, CUdeviceptr addr, unsigned v, unsigned f) {
+	NEED_CTX();
+	struct handle *h = s;
+	if (!h || h->magic != 0x5757) return INVALID_HANDLE;
+	if (f != 0 || !addr || (addr & 3)) return INVALID_VALUE;
+	if (h->hold) { CUresult rc = drain(h); if (rc) return rc; }
+	h->hold = (volatile unsigned *)(uintptr_t)addr;
+	h->hold_val = v;
+	return OK;
+}
+#endif
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned f) {
+	NEED_CTX();
+	if (f != 0 || !known((uintptr_t)p, 1)) return INVALID_VALUE;
+	*d = (CUdeviceptr)(uintptr_t)p;
+	return OK;
+}
+CUresult cuEventCreate(void **e, unsigned f) { NEED_CTX(); if (f != 2) return INVALID_VALUE; struct handle *h = calloc(1, sizeof *h); h->magic = 0xe7e7; *e = h; return OK; }
 CUresult cuEventRecord(void *e, void *s) {
 	NEED_CTX();
 	struct handle *he = e, *hs = s;
-	return he && he->magic == 0xe7e7 && hs && hs->magic == 0x5757 ? OK : INVALID_HANDLE;
+	if (!(he && he->magic == 0xe7e7 && hs && hs->magic == 0x5757)) return INVALID_HANDLE;
+	he->stream = hs;
+	return OK;
 }
-CUresult cuEventQuery(void *e) { struct handle *h = e; return h && h->magic == 0xe7e7 ? OK : INVALID_HANDLE; }
-CUresult cuEventSynchronize(void *e) { return cuEventQuery(e); }
+CUresult cuEventQuery(void *e) {
+	struct handle *h = e;
+	if (!h || h->magic != 0xe7e7) return INVALID_HANDLE;
+	return h->stream && h->stream->magic == 0x5757 && !met(h->stream) ? NOT_READY : OK;
+}
+CUresult cuEventSynchronize(void *e) {
+	struct handle *h = e;
+	if (!h || h->magic != 0xe7e7) return INVALID_HANDLE;
+	return h->stream && h->stream->magic == 0x5757 ? drain(h->stream) : OK;
+}
 CUresult cuEventDestroy_v2(void *e) { NEED_CTX(); struct handle *h = e; if (!h || h->magic != 0xe7e7) return INVALID_HANDLE; h->magic = 0; free(h); return OK; }
 
 static int known(uintptr_t p, size_t n) {
@@ -238,6 +290,18 @@ static CUresult copy(uintptr_t d, uintptr_t s, size_t n, void *st) {
 #else
 	if (!known(s, n)) return INVALID_VALUE;
 #endif
+	if (!met(h)) {
+		if (h->nq == h->capq) {
+			size_t c = h->capq ? 2 * h->capq : 256;
+			struct pending *q = realloc(h->q, c * sizeof *q);
+			if (!q) return 2; // CUDA_ERROR_OUT_OF_MEMORY
+			h->q = q;
+			h->capq = c;
+		}
+		h->q[h->nq++] = (struct pending){d, s, n};
+		return OK;
+	}
+	if (h->hold) { CUresult rc = drain(h); if (rc) return rc; }
 	memmove((void *)d, (const void *)s, n);
 	return OK;
 }

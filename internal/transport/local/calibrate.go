@@ -80,7 +80,7 @@ func (s *stage) calibrate(cu gpudirect.Interface) error {
 		}
 		fmt.Fprintf(&took, ", %.2f ms on %d", ms(best[split]), split)
 	}
-	s.note = fmt.Sprintf("second hop on %d stream(s), calibrated at start: %d x %d B took%s", s.split, calBlocks, calBlock, strings.TrimPrefix(took.String(), ","))
+	s.note = fmt.Sprintf("second hop in %d part(s), one stream and thread each, calibrated at start: %d x %d B took%s", s.split, calBlocks, calBlock, strings.TrimPrefix(took.String(), ","))
 	return nil
 }
 

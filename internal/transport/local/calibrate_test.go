@@ -60,7 +60,7 @@ func TestCalibrate(t *testing.T) {
 // transport's Status detail.
 func TestStatusShowsCalibration(t *testing.T) {
 	g := newGPUPair(t, 1, 0, 0, 1<<20, Config{})
-	if d := g.send.Advertise().Detail; !strings.Contains(d, "[GPU 0: second hop on") || !strings.Contains(d, "calibrated at start") {
+	if d := g.send.Advertise().Detail; !strings.Contains(d, "[GPU 0: second hop in") || !strings.Contains(d, "calibrated at start") {
 		t.Fatalf("Status detail %q: want GPU 0's calibration", d)
 	}
 }

@@ -109,17 +109,14 @@ func (c *Conn) copy(ctx context.Context, sm memory.Memory, rm *remote, b *desc.B
 	// Shares of about equal bytes, one per stream, each one batched call;
 	// many small copies in parts of about equal count, queued at once by
 	// the device's threads (the driver's enqueue is CPU time per copy, and
-	// one thread can land on a slow core: gpudirect.ParallelParts). Not
-	// host to device: those go in primed chunks, and a primer must still
-	// be pending when its chunk is queued, which threads contending for
-	// the driver do not keep (a 128 B same-GPU batch stalled an SM-holding
-	// kernel 0.4 ms, deploy/gpu/smprobe.cu); one thread does.
-	toDevice := !read && sm.Kind == memory.Host && rm.kind == kindCUDA || read && rm.kind == kindHost && sm.Kind == memory.CUDA
+	// one thread can land on a slow core: gpudirect.ParallelParts). Host
+	// to device too: gpudirect holds those parts' streams until all are
+	// queued, so that every primed chunk meets a pending primer.
 	k := gpuShares(n, b.Bytes(), len(ss))
 	var qerr error
 	queued := 0
 	t0 := time.Now()
-	if p := gpuParts(n, len(ss)); k == 1 && p > 1 && !toDevice {
+	if p := gpuParts(n, len(ss)); k == 1 && p > 1 {
 		if err := cu.MemcpyBatchAsyncParts(ss[:p], dsts, srcs, sizes); err != nil {
 			qerr = fmt.Errorf("samehost: copy %d blocks in %d parts on device %d: %w", n, p, dev, staging.DomainError(err))
 		}

@@ -286,18 +286,28 @@ func (s *stage) parts(n int) int {
 
 // queueH2D queues chunk k's second hop, copies [lo, hi) of p: on stream
 // h2d[k%2], or split over s.split streams (where it has minPart copies a
-// part), so that copy engines share its copies; it records s.done behind each
-// part and marks it pending. After a failure copyStaged waits for the
-// streams themselves.
+// part), queued at once by the device's threads (gpudirect holds the parts'
+// streams until all are queued: each primed chunk meets a pending primer);
+// it records s.done behind each part and marks it pending. After a failure
+// copyStaged waits for the streams themselves.
 func (s *stage) queueH2D(cu gpudirect.Interface, p *staging.ChunkPlan, k, lo, hi int, pending *[maxSplit]bool) error {
 	h, parts := k%2, s.parts(hi-lo)
+	var ss [maxSplit]*gpudirect.Stream
 	for j := 0; j < parts; j++ {
-		a, z := lo+(hi-lo)*j/parts, lo+(hi-lo)*(j+1)/parts
+		ss[j] = s.h2d[(h+j)%maxSplit]
+		pending[(h+j)%maxSplit] = true
+	}
+	var err error
+	if parts > 1 {
+		err = cu.MemcpyBatchAsyncParts(ss[:parts], p.OutDst[lo:hi], p.OutHost[lo:hi], p.OutLen[lo:hi])
+	} else {
+		err = cu.MemcpyBatchAsync(ss[0], p.OutDst[lo:hi], p.OutHost[lo:hi], p.OutLen[lo:hi])
+	}
+	if err != nil {
+		return fmt.Errorf("samehost: staged copy, host-to-device hop of %d copies in %d part(s) on device %d: %w", hi-lo, parts, s.dev, staging.DomainError(err))
+	}
+	for j := 0; j < parts; j++ {
 		st := (h + j) % maxSplit
-		if err := cu.MemcpyBatchAsync(s.h2d[st], p.OutDst[a:z], p.OutHost[a:z], p.OutLen[a:z]); err != nil {
-			return fmt.Errorf("samehost: staged copy, host-to-device hop of %d copies on device %d: %w", z-a, s.dev, staging.DomainError(err))
-		}
-		pending[st] = true
 		if err := cu.EventRecord(s.done[h][st], s.h2d[st]); err != nil {
 			return fmt.Errorf("samehost: staged copy, mark the host-to-device hop on device %d: %w", s.dev, staging.DomainError(err))
 		}

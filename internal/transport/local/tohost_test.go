@@ -139,9 +139,9 @@ func TestCopyToHost(t *testing.T) {
 
 // TestGPUBatchParts: a GPU batch of many small blocks is queued in parts
 // (one per MinPartCopies copies, at most gpudirect.ParallelParts, on the
-// connection's streams), a small or a large-block one not, and a
-// host-to-device one never (its primed chunks need one thread); every
-// block lands either way.
+// connection's streams), a host-to-device one too (gpudirect holds its
+// parts' streams until all are queued), a small or a large-block one not;
+// every block lands either way.
 func TestGPUBatchParts(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -158,7 +158,8 @@ func TestGPUBatchParts(t *testing.T) {
 		{"1500 blocks", false, 1500, 512, 4, 1, 2},
 		{"1 stream", false, 4096, 512, 1, 0, 1},
 		{"64 KiB blocks", false, 1024, 64 << 10, 4, 0, 4},
-		{"host to GPU", true, 4096, 512, 4, 0, 1},
+		{"host to GPU", true, 4096, 512, 4, 1, 4},
+		{"host to GPU, 1000 blocks", true, 1000, 512, 4, 0, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cu := cudatest.New(cudatest.Device{}, cudatest.Device{})
