@@ -13,6 +13,9 @@
 //   primed     one 64 KiB peer copy queued just before, on the same stream
 //   split2     the batch in two halves on two streams
 //   ipc-parK   the batch in K parts queued at once by K threads on K streams
+//   raw-parK   the same with the peer's own pointers (peer access, no IPC)
+//   pull-par4  raw-par4 queued on GPU1's streams by threads with GPU1 current
+//   ipc1-par4  ipc-par4 to the handle opened again with GPU1 current
 //   staged     gather to pinned host (one batch), scatter to GPU1 (one batch)
 //   hostwalk   staged, the scatter in primed chunks of 256 (the daemon's H2D)
 //   overlap    the ipc case with cudaMemcpyFlagPreferOverlapWithCompute
@@ -256,6 +259,14 @@ int main(int argc, char **argv) {
 	if (can) CK(cudaDeviceEnablePeerAccess(1, 0));
 	CK(cudaSetDevice(1)); if (can) CK(cudaDeviceEnablePeerAccess(0, 0)); CK(cudaSetDevice(0));
 	char *dstIPC; CK(cudaIpcOpenMemHandle((void **)&dstIPC, h, cudaIpcMemLazyEnablePeerAccess));
+	// The same handle opened with GPU1 current (as a daemon imports a
+	// client's GPU1 tensor): refused, or another pointer, or the same one.
+	CK(cudaSetDevice(1));
+	char *dstIPC1 = nullptr;
+	cudaError_t e1 = cudaIpcOpenMemHandle((void **)&dstIPC1, h, cudaIpcMemLazyEnablePeerAccess);
+	CK(cudaSetDevice(0));
+	printf("peerprobe: the handle opened again with GPU1 current: %s, %p (with GPU0 current: %p)\n", cudaGetErrorString(e1), (void *)dstIPC1, (void *)dstIPC);
+	if (e1 != cudaSuccess) { (void)cudaGetLastError(); dstIPC1 = dstIPC; }
 	char *srcPlain, *srcSync, *srcDmabuf, *host, *primerD, *primerH, *peer64;
 	CK(cudaMalloc(&srcPlain, region)); CK(cudaMalloc(&srcSync, region)); CK(cudaMalloc(&srcDmabuf, region));
 	CK(cudaMalloc(&primerD, 65536)); CK(cudaMallocHost(&primerH, 65536)); CK(cudaSetDevice(1)); CK(cudaMalloc(&peer64, 65536)); CK(cudaSetDevice(0));
@@ -286,7 +297,7 @@ int main(int argc, char **argv) {
 		std::vector<size_t> ns(N, S);
 		auto ptrs = [&](char *base, std::vector<size_t> &slot) { std::vector<void *> v(N); for (int i = 0; i < N; i++) v[i] = base + slot[i] * S; return v; };
 		std::vector<void *> sP = ptrs(srcPlain, a), sS = ptrs(srcSync, a), sD = ptrs(srcDmabuf, a);
-		std::vector<void *> dL = ptrs(dstLocal, b), dI = ptrs(dstIPC, b), hs(N);
+		std::vector<void *> dL = ptrs(dstLocal, b), dI = ptrs(dstIPC, b), dI1 = ptrs(dstIPC1, b), hs(N);
 		for (int i = 0; i < N; i++) hs[i] = host + (size_t)i * S;
 
 		size_t lo = *std::min_element(a.begin(), a.begin() + N) * S, hi = *std::max_element(a.begin(), a.begin() + N) * S + S;
@@ -352,6 +363,37 @@ int main(int argc, char **argv) {
 					parallel(k, 0, [&](int j) {
 						int lo = N * j / k, hi = N * (j + 1) / k;
 						CK(batch(dI.data() + lo, sP.data() + lo, ns.data(), hi - lo, st[j]));
+					});
+				});
+			}
+			// The same parts with the peer's own pointers (its cudaMalloc,
+			// reached by peer access), as a daemon's batch between its own
+			// regions on two GPUs.
+			for (int k : {2, 4}) {
+				char nm[24]; snprintf(nm, sizeof nm, "raw-par%d", k);
+				std::vector<cudaStream_t> w(st + 1, st + k);
+				run(ci++, strdup(nm), st[0], w, [&] {
+					parallel(k, 0, [&](int j) {
+						int lo = N * j / k, hi = N * (j + 1) / k;
+						CK(batch(dL.data() + lo, sP.data() + lo, ns.data(), hi - lo, st[j]));
+					});
+				});
+			}
+			// Peer copies queued on GPU1's streams (the destination's
+			// context), GPU0's buffer the foreign pointer.
+			{
+				std::vector<cudaStream_t> w(d1 + 1, d1 + 4);
+				run(ci++, "pull-par4", d1[0], w, [&] {
+					parallel(4, 1, [&](int j) {
+						int lo = N * j / 4, hi = N * (j + 1) / 4;
+						CK(batch(dL.data() + lo, sP.data() + lo, ns.data(), hi - lo, d1[j]));
+					});
+				});
+				std::vector<cudaStream_t> w0(st + 1, st + 4);
+				run(ci++, "ipc1-par4", st[0], w0, [&] {
+					parallel(4, 0, [&](int j) {
+						int lo = N * j / 4, hi = N * (j + 1) / 4;
+						CK(batch(dI1.data() + lo, sP.data() + lo, ns.data(), hi - lo, st[j]));
 					});
 				});
 			}

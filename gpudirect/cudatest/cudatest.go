@@ -57,6 +57,33 @@ type Driver struct {
 	// pageable: host memory CUDA does not know may be copied (as the real
 	// driver does, staging it itself); off, such a copy fails.
 	pageable bool
+	// ownRefused: IPCOpenMemHandle refuses the handles of this mock's own
+	// allocations, as CUDA refuses a process's own handles, except those
+	// marked foreign (an application's allocation, made in another
+	// process). Off (the default), every exported handle opens, so that
+	// one mock can stand for the driver of two daemons.
+	ownRefused bool
+	foreign    map[gpudirect.IPCHandle]bool
+}
+
+// RefuseOwnHandles makes IPCOpenMemHandle refuse the handles of this
+// mock's allocations not marked with Foreign, as CUDA refuses a process's
+// own IPC handles.
+func (m *Driver) RefuseOwnHandles(on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ownRefused = on
+}
+
+// Foreign marks h as another process's handle: IPCOpenMemHandle opens it
+// whatever RefuseOwnHandles says.
+func (m *Driver) Foreign(h gpudirect.IPCHandle) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.foreign == nil {
+		m.foreign = map[gpudirect.IPCHandle]bool{}
+	}
+	m.foreign[h] = true
 }
 
 const (
@@ -535,6 +562,9 @@ func (m *Driver) IPCOpenMemHandle(dev int, h gpudirect.IPCHandle) (uintptr, erro
 	base, ok := m.handles[h]
 	if !ok {
 		return 0, mockErr(dev, "cuIpcOpenMemHandle_v2(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)", gpudirect.ErrorInvalidValue)
+	}
+	if m.ownRefused && !m.foreign[h] {
+		return 0, mockErr(dev, "cuIpcOpenMemHandle_v2(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)", gpudirect.ErrorInvalidContext)
 	}
 	src := m.ranges[base]
 	p := m.newAddr(uint64(len(src.data)))

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
 
+	"github.com/b2bd/b2bd/gpudirect"
 	"github.com/b2bd/b2bd/internal/config"
 	"github.com/b2bd/b2bd/internal/daemon"
 	"github.com/b2bd/b2bd/internal/doctor"
@@ -83,8 +84,33 @@ API socket, group b2bd), /dev/shm/b2bd (shared-memory files of host regions).`,
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("%w: %v", ErrUsage, err) })
-	root.AddCommand(doctor.NewCommand("b2bd"))
+	root.AddCommand(doctor.NewCommand("b2bd"), appAllocCommand(stdout))
 	return root
+}
+
+// appAllocCommand is daemon.AppAllocCommand: the helper a calibration
+// starts to allocate GPU memory as an application would. Hidden: b2bd
+// runs it, not people.
+func appAllocCommand(stdout io.Writer) *cobra.Command {
+	var dev int
+	var size uint64
+	cmd := &cobra.Command{
+		Use:    daemon.AppAllocCommand,
+		Short:  "allocate GPU memory and hold it until stdin ends (b2bd's calibration)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cu, err := gpudirect.Load()
+			if err != nil {
+				return err
+			}
+			defer cu.Close()
+			return daemon.ServeAppAlloc(cu, dev, size, cmd.InOrStdin(), stdout)
+		},
+	}
+	cmd.Flags().IntVar(&dev, "device", 0, "the GPU")
+	cmd.Flags().Uint64Var(&size, "size", 0, "bytes")
+	return cmd
 }
 
 // RunDaemon runs b2bd with args (without the program name).

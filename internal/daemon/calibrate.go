@@ -143,6 +143,9 @@ func medians(m map[transport.Kind]time.Duration) string {
 type calibRoute struct {
 	route    transport.Route
 	src, dst *b2bv1.RegisterRegionRequest
+	// appDst: the destination is an application's allocation on this
+	// device (appalloc.go), where one can be made; else dst.
+	appDst int
 }
 
 // routes are the routes this host can make: host to host, and with a GPU,
@@ -154,16 +157,16 @@ func (d *Daemon) routes() []calibRoute {
 	gpu := func(dev int32) *b2bv1.RegisterRegionRequest {
 		return &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_CudaAlloc{CudaAlloc: &b2bv1.CudaAlloc{Device: dev, Size: calibrationRegion}}}
 	}
-	out := []calibRoute{{transport.Route{From: memory.Host, To: memory.Host}, host(), host()}}
+	out := []calibRoute{{transport.Route{From: memory.Host, To: memory.Host}, host(), host(), -1}}
 	if d.cuda == nil || d.cuda.DeviceCount() == 0 {
 		return out
 	}
 	out = append(out,
-		calibRoute{transport.Route{From: memory.Host, To: memory.CUDA}, host(), gpu(0)},
-		calibRoute{transport.Route{From: memory.CUDA, To: memory.Host}, gpu(0), host()},
-		calibRoute{transport.Route{From: memory.CUDA, To: memory.CUDA, SameDevice: true}, gpu(0), gpu(0)})
+		calibRoute{transport.Route{From: memory.Host, To: memory.CUDA}, host(), gpu(0), -1},
+		calibRoute{transport.Route{From: memory.CUDA, To: memory.Host}, gpu(0), host(), -1},
+		calibRoute{transport.Route{From: memory.CUDA, To: memory.CUDA, SameDevice: true}, gpu(0), gpu(0), -1})
 	if d.cuda.DeviceCount() > 1 {
-		out = append(out, calibRoute{transport.Route{From: memory.CUDA, To: memory.CUDA}, gpu(0), gpu(1)})
+		out = append(out, calibRoute{transport.Route{From: memory.CUDA, To: memory.CUDA}, gpu(0), gpu(1), 1})
 	}
 	return out
 }
@@ -192,7 +195,18 @@ func (d *Daemon) measure(ctx context.Context, log hclog.Logger) (*transport.Cali
 	mctx, cancel := context.WithTimeout(ctx, calibrationBudget)
 	defer cancel()
 	for i, r := range d.routes() {
+		stop := func() {}
+		if r.appDst >= 0 {
+			h, stopHelper, err := appAlloc(mctx, r.appDst, calibrationRegion)
+			if err != nil {
+				log.Warn("no application allocation for the route: its destination is the daemon's own, reached by peer access, slower at small blocks than an application's", "route", r.route.String(), "error", err)
+			} else {
+				stop = stopHelper
+				r.dst = &b2bv1.RegisterRegionRequest{Source: &b2bv1.RegisterRegionRequest_CudaIpc{CudaIpc: &b2bv1.CudaIpc{Device: int32(r.appDst), IpcHandle: h[:], Size: calibrationRegion}}}
+			}
+		}
 		rows, err := measureRoute(mctx, api, self, fmt.Sprintf("b2bd-calibrate-%d-%d", os.Getpid(), i), r, kinds)
+		stop() // the route's regions are deregistered by now
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}

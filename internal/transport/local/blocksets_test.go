@@ -16,6 +16,7 @@ import (
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/layout"
 	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/staging"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -597,12 +598,18 @@ func TestGPUToItsOwnRegionOnAnotherGPU(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		peer bool
-	}{{"peer access", true}, {"no peer access", false}} {
+		// app: the regions are an application's allocations, imported by
+		// their IPC handles, which the daemon opens again in the source
+		// GPU's context; else the daemon's own, reached by peer access
+		// (CUDA refuses a process's own handles).
+		app bool
+	}{{"peer access", true, false}, {"no peer access", false, false}, {"app regions", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			cu := cudatest.New(cudatest.Device{}, cudatest.Device{})
 			caps := cu.Capabilities()
 			caps.PeerAccess = tc.peer
 			cu.SetCapabilities(caps)
+			cu.RefuseOwnHandles(true)
 			dir := t.TempDir()
 			in := &readableInbound{}
 			self, err := New(Config{Dir: filepath.Join(dir, "self"), Node: "self", CUDA: cu}, in, nil)
@@ -616,7 +623,20 @@ func TestGPUToItsOwnRegionOnAnotherGPU(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				r, err := self.Register(memory.Memory{Kind: memory.CUDA, Device: dev, Addr: p, Len: size, DmabufFD: -1})
+				m := memory.Memory{Kind: memory.CUDA, Device: dev, Addr: p, Len: size, DmabufFD: -1}
+				if tc.app {
+					h, err := cu.IPCGetMemHandle(dev, p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					cu.Foreign(h)
+					var release func() error
+					if m, release, err = (staging.Regions{CUDA: cu}).Import(dev, h[:], 0, size); err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { _ = release() })
+				}
+				r, err := self.Register(m)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -676,7 +696,12 @@ func TestGPUToItsOwnRegionOnAnotherGPU(t *testing.T) {
 			if k := cu.Copies(); k.CrossDevice == 0 || k.SameDevice != 0 {
 				t.Fatalf("copies %+v: want direct peer copies only", k)
 			}
-			if n := cu.Calls("EnablePeerAccess"); n == 0 {
+			opens, peers := cu.Calls("IPCOpenMemHandle"), cu.Calls("EnablePeerAccess")
+			switch {
+			case tc.app && (opens < 3 || peers != 0):
+				// Two imports, then each one opened again for the other GPU.
+				t.Fatalf("%d IPC opens, %d EnablePeerAccess: want the application's handles opened again in the source's context, no peer access", opens, peers)
+			case !tc.app && peers == 0:
 				t.Fatal("no EnablePeerAccess before the peer copies")
 			}
 		})
