@@ -52,8 +52,10 @@ type stage struct {
 	note string
 	// out is the second hop of one chunk of copyToHost, for the CPU.
 	out desc.Batch
-	// one is toHostOneRange's copy: its destination, source and size.
-	one [3]uint64
+	// one is toHostOneRange's copy: its destination, source and size;
+	// oneSrc its blocks' offsets in the buffer, for the CPU's shares.
+	one    [3]uint64
+	oneSrc []uint64
 }
 
 // routeStaged and routeDirect name a same-device batch's path in Status.
