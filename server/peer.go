@@ -111,7 +111,7 @@ func (p *peerService) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2
 // open must not hold the peer server's graceful stop for its grace period.
 func (p *peerService) NotifyStream(stream b2bv1.Peer_NotifyStreamServer) error {
 	ctx := stream.Context()
-	reqs := make(chan *b2bv1.NotifyRequest)
+	answers := make(chan *b2bv1.NotifyResponse)
 	errc := make(chan error, 1)
 	go func() { // Recv cannot be selected on; it ends with the stream
 		for {
@@ -120,8 +120,11 @@ func (p *peerService) NotifyStream(stream b2bv1.Peer_NotifyStreamServer) error {
 				errc <- err
 				return
 			}
+			// Delivered here, as it is read: a key note fires the armed
+			// transfers without a hand-off to the sending goroutine first.
+			out := p.notifyAnswer(ctx, req)
 			select {
-			case reqs <- req:
+			case answers <- out:
 			case <-ctx.Done():
 				return
 			}
@@ -136,20 +139,25 @@ func (p *peerService) NotifyStream(stream b2bv1.Peer_NotifyStreamServer) error {
 				return nil
 			}
 			return err
-		case req := <-reqs:
-			out := &b2bv1.NotifyResponse{Seq: req.GetSeq()}
-			resp, err := p.Notify(ctx, req)
-			if err != nil {
-				st := status.Convert(err)
-				out.Code, out.Message = uint32(st.Code()), st.Message()
-			} else {
-				out.Delivered = resp.GetDelivered()
-			}
+		case out := <-answers:
 			if err := stream.Send(out); err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// notifyAnswer delivers req as Notify does and says how, for its stream.
+func (p *peerService) notifyAnswer(ctx context.Context, req *b2bv1.NotifyRequest) *b2bv1.NotifyResponse {
+	out := &b2bv1.NotifyResponse{Seq: req.GetSeq()}
+	resp, err := p.Notify(ctx, req)
+	if err != nil {
+		st := status.Convert(err)
+		out.Code, out.Message = uint32(st.Code()), st.Message()
+	} else {
+		out.Delivered = resp.GetDelivered()
+	}
+	return out
 }
 
 // Signal hands a peer's set-up message to the same kind here, which alone

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/b2bd/b2bd/internal/auth"
 	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/memory"
+	"github.com/b2bd/b2bd/internal/notify"
 	"github.com/b2bd/b2bd/internal/peer"
 	"github.com/b2bd/b2bd/internal/region"
 	"github.com/b2bd/b2bd/internal/transport"
@@ -392,5 +394,57 @@ func TestNotifyStreamAnswersAndDrains(t *testing.T) {
 	b.srv.Drain()
 	if _, err := s.Recv(); err == nil {
 		t.Fatal("the stream still answers after Drain")
+	}
+}
+
+// TestNotifyStreamPipelined: notes a peer sends back to back, before any
+// answer, reach the region's watchers in order, each answered in order
+// with its seq (the stream delivers each note as it reads it).
+func TestNotifyStreamPipelined(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	bn := bufNet{}
+	hub := &notify.Hub{}
+	b := newNodeWith(t, "b", bn, func(c *server.Config) { c.Notify = hub })
+	r, err := b.api.RegisterRegion(ctx, &b2bv1.RegisterRegionRequest{
+		Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}}, ExportName: "inbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := hub.Subscribe(r.GetRegion().GetId())
+	defer hub.Unsubscribe(w)
+	cc, err := grpc.NewClient("passthrough:///b", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(bn.dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	s, err := b2bv1.NewPeerClient(cc).NotifyStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 64
+	for i := range n {
+		if err := s.Send(&b2bv1.NotifyRequest{Region: "inbox", Sender: "a", Notification: []byte(strconv.Itoa(i)), Seq: uint64(i + 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetSeq() != uint64(i+1) || resp.GetCode() != 0 || resp.GetDelivered() != 1 {
+			t.Fatalf("answer %d: %v, want seq %d, delivered to the one watcher", i, resp, i+1)
+		}
+	}
+	for i := range n {
+		select {
+		case got := <-w.C:
+			if string(got.Notification) != strconv.Itoa(i) || got.Sender != "a" {
+				t.Fatalf("note %d: got %q from %q", i, got.Notification, got.Sender)
+			}
+		case <-ctx.Done():
+			t.Fatalf("note %d never reached the watcher", i)
+		}
 	}
 }

@@ -28,7 +28,7 @@ from ._results import PhaseTimings, TransferResult
 from ._ring import (MAX_ARENA_IDS, MAX_INLINE_IDS, MAX_NOTE, MAX_TIMEOUT_MS, MAX_TRIG_REGION, Completion, Ring,  # noqa: F401
                     RingUnavailable, batch_blob, key_trigger)
 from ._many import wait_grpc
-from ._transfers import Transfer, _interrupts_deferred
+from ._transfers import LazyOutcome, Transfer, _interrupts_deferred
 from .errors import (
     DEADLINE_GRACE,
     B2BError,
@@ -353,6 +353,17 @@ def _response(plan: "PreparedTransfer", c: Completion) -> Any:
     return r
 
 
+def _blocks_response(transport: int, c: Completion) -> Any:
+    """A block transfer's BatchTransferResponse from its completion."""
+    r = pb.BatchTransferResponse(blocks=c.blocks, bytes=c.bytes, transport=transport, elapsed_ns=c.wire_ns,
+                                 phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns,
+                                                        trigger_seen_unix_ns=c.trigger_seen_unix_ns,
+                                                        posted_unix_ns=c.posted_unix_ns,
+                                                        landed_unix_ns=c.landed_unix_ns))
+    _figures(r, c)
+    return r
+
+
 def _figures(r: Any, c: Completion) -> None:
     """Put a completion's figures (segments, work requests, phases) in the
     BatchTransferResponse r, where the daemon gave them."""
@@ -436,12 +447,17 @@ class RingTransfer(Transfer):
         super().__init__(client, tag)
         self._ring, self._plan = ring, plan
 
-    def _ok(self, c: Completion) -> Any:
-        return _response(self._plan, c)
+    def _made(self, c: Completion) -> Any:
+        """What makes the done outcome's message from c, when asked for;
+        it holds what it needs, not the handle (whose outcome holds it)."""
+        tid, plan = self.id, self._plan
+        return lambda: pb.TransferOutcome(transfer_id=tid, state=pb.TRANSFER_STATE_DONE, result=_response(plan, c))
 
     def _land(self, c: Completion) -> None:
         if c.code == 0:
-            o = pb.TransferOutcome(transfer_id=self.id, state=pb.TRANSFER_STATE_DONE, result=self._ok(c))
+            # The message is made when asked for (LazyOutcome).
+            o: Any = LazyOutcome(self.id, pb.TRANSFER_STATE_DONE,
+                                 (c.trigger_seen_unix_ns, c.posted_unix_ns, c.landed_unix_ns, c.wire_ns), self._made(c))
         else:
             state = pb.TRANSFER_STATE_CANCELLED if c.code == grpc.StatusCode.CANCELLED.value[0] else pb.TRANSFER_STATE_FAILED
             o = pb.TransferOutcome(transfer_id=self.id, state=state, code=c.code, message=c.msg)
@@ -493,14 +509,10 @@ class RingBlocksTransfer(RingTransfer):
         self._ring, self._plan = ring, None
         self._slot, self._key, self._route = slot, key, route
 
-    def _ok(self, c: Completion) -> Any:
-        r = pb.BatchTransferResponse(blocks=c.blocks, bytes=c.bytes, transport=self._key[3], elapsed_ns=c.wire_ns,
-                                     phases=pb.PhaseTimings(wire_ns=c.wire_ns, total_ns=c.total_ns,
-                                                            trigger_seen_unix_ns=c.trigger_seen_unix_ns,
-                                                            posted_unix_ns=c.posted_unix_ns,
-                                                            landed_unix_ns=c.landed_unix_ns))
-        _figures(r, c)
-        return r
+    def _made(self, c: Completion) -> Any:
+        tid, transport = self.id, self._key[3]
+        return lambda: pb.TransferOutcome(transfer_id=tid, state=pb.TRANSFER_STATE_DONE,
+                                          result=_blocks_response(transport, c))
 
     def _land(self, c: Completion) -> None:
         _stale_route(self._slot, self._key, self._route, c)  # a later start binds it again

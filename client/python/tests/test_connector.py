@@ -637,6 +637,37 @@ class ConnectorRingE2ETest(ConnectorE2ETest):
             d.step()
             time.sleep(0.005)
 
+    def test_flush_in_parts_keeps_the_order(self):
+        # A flush in parts (flush_begin under the worker's lock, flush_post
+        # without it) holds its place: a flush that comes meanwhile starts
+        # its writes only after them.
+        p, d = self.sides()
+        chan, peer, eng = d.workers[0].worker.chan, self.dp.peer_address, p.sched.settings.engine_id
+        self.assertIsNone(chan.flush_begin())  # nothing queued: nothing held
+        chan.queue(peer, eng, 0, {"t": "o", "i": 0})
+        batch = chan.flush_begin()
+        self.assertIsNotNone(batch)
+        self.assertFalse(chan.queued())
+        later = threading.Event()
+
+        def flush_later():
+            chan.queue(peer, eng, 0, {"t": "o", "i": 1})
+            chan.flush()
+            later.set()
+
+        t = threading.Thread(target=flush_later)
+        t.start()
+        self.assertFalse(later.wait(0.3), "a flush started before the held one")
+        started = chan.flush_post(batch)
+        self.assertTrue(later.wait(10))
+        t.join()
+        self.assertEqual(chan.flush_settle(started, batch[1]), 1)
+        deadline = time.monotonic() + 10
+        while chan.pending():
+            self.assertLess(time.monotonic(), deadline, "note writes never ended")
+            d.step()
+            time.sleep(0.005)
+
 
 if __name__ == "__main__":
     unittest.main()

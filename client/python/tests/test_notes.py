@@ -8,6 +8,7 @@ deadline; bad triggers are refused with the field named."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import unittest
 import uuid
@@ -237,6 +238,7 @@ class ChannelKeysTest(unittest.TestCase):
         ch = Channel.__new__(Channel)  # no daemon: only flush's packing
         ch.client, ch.transport, ch.timeout = self.FakeClient(), None, 1.0
         ch._out, ch._inflight, ch._src_layout = {}, [], "src"
+        ch._posting = threading.Lock()
         return ch
 
     def test_packing(self):

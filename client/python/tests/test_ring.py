@@ -24,6 +24,7 @@ from test_transfer import TwoDaemons, layout
 
 import b2b
 from b2b import _ring, _ring_client
+from b2b._transfers import LazyOutcome
 from b2b.v1 import b2b_pb2 as pb
 
 SUBMIT_ARGS = ("--submit-socket", "{dir}/submit.sock")
@@ -446,6 +447,37 @@ class RingBlocksTest(TwoDaemons):
         self.assertEqual(self.ring._tag, before + 2)
         for sb, db in [(4, 0), (5, 1), (6, 2), (7, 3), (0, 4)]:
             self.assert_blocks_equal(self.src, self.offsets(sb), self.dst, self.offsets(db), self.BL)
+
+    def test_outcome_made_when_asked(self):
+        # A ring handle that ended well keeps its completion; the
+        # TransferOutcome message is made only when asked for, and says
+        # what the completion did.
+        t0 = time.time_ns()
+        h = self.a.transfer_blocks(self.n + "-src", self.peer_b, self.n + "-dst", [1], [2], wait=False)
+        self.a.wait_all([h], timeout=30)
+        self.assertIsInstance(h._outcome, LazyOutcome)
+        self.assertEqual((h.state, h.failed, h.error), ("done", False, None))
+        marks = h._marks()
+        self.assertIsInstance(h._outcome, LazyOutcome, "the daemon's marks made the message")
+        o = h.outcome
+        self.assertIsInstance(o, pb.TransferOutcome)
+        self.assertIs(h.outcome, o)
+        self.assertEqual((o.transfer_id, o.state), (h.id, pb.TRANSFER_STATE_DONE))
+        ph = o.result.phases
+        self.assertEqual(marks, (ph.trigger_seen_unix_ns, ph.posted_unix_ns, ph.landed_unix_ns, ph.wire_ns))
+        self.assertTrue(t0 <= ph.posted_unix_ns <= ph.landed_unix_ns, (t0, ph))
+        self.assertEqual((h.result.blocks, h.result.bytes), (self.SEGS, self.SEGS * self.BL))
+        self.assertEqual(h.wait().phases.landed_unix_ns, ph.landed_unix_ns)
+        # Asked for its result first, a handle makes the message then.
+        g = self.a.transfer_blocks(self.n + "-src", self.peer_b, self.n + "-dst", [3], [4], wait=False)
+        self.assertEqual(g.wait(30).blocks, self.SEGS)
+        self.assertEqual(g.outcome.result.blocks, self.SEGS)
+        # A refused one carries its failure at once, and no marks.
+        f = self.a.transfer_blocks(self.n + "-src", self.peer_b, self.n + "-dst", [1], [self.NB + 3], wait=False)
+        with self.assertRaises(b2b.InvalidArgumentError):
+            f.wait(30)
+        self.assertIsInstance(f.outcome, pb.TransferOutcome)
+        self.assertIsNone(f._marks())
 
     def test_refusals_match_grpc(self):
         for what, lids, rids in [("local id out of range", [self.NB], [0]), ("remote id out of range", [1], [self.NB + 3]),

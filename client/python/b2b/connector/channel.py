@@ -107,6 +107,9 @@ class Channel:
         client.register_layout(self._src_layout, [(self._scratch, 0, _NOTE_BYTES, _NOTE_BYTES)], 1)
         client.register_layout(f"{engine}.mboxl.r{rank}", [(self._mbox, 0, _NOTE_BYTES, _NOTE_BYTES)], 1,
                                export_name=mbox_layout_name(engine, rank))
+        # One flush's writes start at a time, in the order their notes were
+        # queued (flush, or flush_begin to flush_post).
+        self._posting = threading.Lock()
         # Note writes started and not yet seen to end: (handle, on_error callbacks).
         self._inflight: List[Tuple[Any, List[Optional[Callable[[Exception], None]]]]] = []
         self._watches: List[Any] = []
@@ -173,6 +176,57 @@ class Channel:
         as fit, all in one call; returns the writes started. A write that
         fails (now, or later as seen by :meth:`reap`) calls the
         ``on_error`` of each of its notes; the other writes go on."""
+        batch = self._pack()
+        if batch is None:
+            return 0
+        with self._posting:
+            started = self._start(batch[0])
+        return self.flush_settle(started, batch[1])
+
+    def flush_begin(self) -> Optional[Tuple[List[Any], List[List[Optional[Callable[[Exception], None]]]]]]:
+        """:meth:`flush` in three parts, for a thread that starts the writes
+        without the lock that guards the queue (the worker's), so that the
+        engine's calls do not wait for them: here the queued notes are
+        taken and their place in the order of writes is held (``None``:
+        none queued); :meth:`flush_post` starts them, from any thread, and
+        :meth:`flush_settle` (with the queue's lock again) keeps them."""
+        batch = self._pack()
+        if batch is not None:
+            self._posting.acquire()
+        return batch
+
+    def flush_post(self, batch: Tuple[List[Any], List[Any]]) -> List[Any]:
+        """Start the writes of ``batch`` (from :meth:`flush_begin`); their
+        handles, or the exception that refused each."""
+        try:
+            return self._start(batch[0])
+        finally:
+            self._posting.release()
+
+    def flush_settle(self, started: List[Any], cbs: List[List[Optional[Callable[[Exception], None]]]]) -> int:
+        """Keep the started writes until they are seen to end (:meth:`reap`);
+        a refused one calls its notes' ``on_error`` now. The writes started."""
+        writes = 0
+        for h, cb in zip(started, cbs):
+            err = h if isinstance(h, BaseException) else (h.error if h.id == 0 else None)
+            if err is not None:
+                _call(cb, err)
+                continue
+            writes += 1
+            # Kept until seen to end, callbacks or not: an outcome nobody
+            # takes would stay in the client (and the daemon) for good.
+            self._inflight.append((h, cb))
+        return writes
+
+    def _start(self, items: List[Any]) -> List[Any]:
+        try:
+            return list(self.client.start_many(items, self.timeout))
+        except _SEND_ERRORS as e:
+            return [e] * len(items)
+
+    def _pack(self) -> Optional[Tuple[List[Any], List[List[Optional[Callable[[Exception], None]]]]]]:
+        """The queued notes as writes, packed per peer rank (the queue is
+        emptied), and each write's notes' callbacks; ``None``: none queued."""
         out, self._out = self._out, {}
         items: List[Any] = []
         cbs: List[List[Optional[Callable[[Exception], None]]]] = []
@@ -200,23 +254,7 @@ class Channel:
                                         notification=body, transport=self.transport))
                 cbs.append([cb for _, cb, _ in notes[i:j]])
                 i = j
-        if not items:
-            return 0
-        try:
-            started: List[Any] = list(self.client.start_many(items, self.timeout))
-        except _SEND_ERRORS as e:
-            started = [e] * len(items)
-        writes = 0
-        for h, cb in zip(started, cbs):
-            err = h if isinstance(h, BaseException) else (h.error if h.id == 0 else None)
-            if err is not None:
-                _call(cb, err)
-                continue
-            writes += 1
-            # Kept until seen to end, callbacks or not: an outcome nobody
-            # takes would stay in the client (and the daemon) for good.
-            self._inflight.append((h, cb))
-        return writes
+        return (items, cbs) if items else None
 
     def arm(self, peer: str, engine: str, rank: int, notes: List[dict], key: bytes, after: Any) -> bool:
         """Start ``notes`` (one envelope, a key note naming ``key``) to a
@@ -270,7 +308,7 @@ class Channel:
                 return  # our daemon is unreachable: the connector's timeouts take over
         keep = []
         for h, cb in self._inflight:
-            if h.outcome is None:
+            if h.state == "running":  # not h.outcome: that would make the message of each
                 keep.append((h, cb))
             elif h.error is not None:
                 _call(cb, h.error)
