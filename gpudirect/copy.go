@@ -281,12 +281,19 @@ func (d *driver) hostToDevice(ds *devState, dst, src uint64) bool {
 	if ds.primerDev == 0 || !d.caps.MemcpyBatch {
 		return false // unprimed batches need no pending primer
 	}
-	h2d := false
-	_ = ds.w.do(func() {
-		h2d = C.b2b_mem_type(d.tab, C.CUdeviceptr(dst)) == C.B2B_CU_MEMORYTYPE_DEVICE &&
-			C.b2b_mem_type(d.tab, C.CUdeviceptr(src)) == C.B2B_CU_MEMORYTYPE_HOST
-	})
+	r := getRequest()
+	r.fn, r.p, r.a0, r.a1 = hostToDeviceFn, unsafe.Pointer(d.tab), dst, src
+	err := ds.w.submit(r)
+	h2d := err == nil && r.err == nil && r.i0 != 0
+	putRequest(r)
 	return h2d
+}
+
+func hostToDeviceFn(r *request) {
+	t := (*C.b2b_tab)(r.p)
+	if C.b2b_mem_type(t, C.CUdeviceptr(r.a0)) == C.B2B_CU_MEMORYTYPE_DEVICE && C.b2b_mem_type(t, C.CUdeviceptr(r.a1)) == C.B2B_CU_MEMORYTYPE_HOST {
+		r.i0 = 1
+	}
 }
 
 // pathCounts is a snapshot of batchStats (tests).
