@@ -436,6 +436,24 @@ func (d *driver) DriverVersion() int         { return d.version }
 func (d *driver) DeviceCount() int           { return d.count }
 func (d *driver) Capabilities() Capabilities { return d.caps }
 
+func (d *driver) DeviceNotes(dev int) []string {
+	if dev < 0 || dev >= d.count {
+		return nil
+	}
+	ds := d.devs[dev].Load()
+	if ds == nil {
+		return nil
+	}
+	var out []string
+	if ds.primerErr != nil {
+		out = append(out, fmt.Sprintf("host-to-device batches unprimed, and some of their copies may run on SMs: %v", ds.primerErr))
+	}
+	if ds.holdErr != nil && ds.primerErr == nil {
+		out = append(out, fmt.Sprintf("host-to-device batches queued by one thread, not in parts: %v", ds.holdErr))
+	}
+	return out
+}
+
 func (d *driver) DeviceInfo(dev int) (DeviceInfo, error) {
 	if err := d.checkDev(dev); err != nil {
 		return DeviceInfo{}, err

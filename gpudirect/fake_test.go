@@ -314,6 +314,21 @@ func TestHeldParts(t *testing.T) {
 					}
 				}
 			}
+			// Without the hold the device says why its batches go in one part.
+			if notes := c.DeviceNotes(0); (tt.wantHeld == 0) != (len(notes) == 1 && strings.Contains(notes[0], "cuStreamWaitValue32_v2")) {
+				t.Fatalf("DeviceNotes(0) = %q", notes)
+			}
+			// Held parts allocate nothing (the data path).
+			if tt.wantHeld > 0 {
+				if a := testing.AllocsPerRun(20, func() {
+					ok(t, c.MemcpyBatchAsyncParts(ss, dsts, srcs, lens))
+					for _, s := range ss {
+						ok(t, c.StreamSynchronize(s))
+					}
+				}); a != 0 {
+					t.Fatalf("a held batch in parts: %.1f allocations", a)
+				}
+			}
 			// Device to host: in parts, not held.
 			for i := range lens {
 				dsts[i], srcs[i] = uint64(addr(back))+uint64(i*bs), uint64(dev)+uint64((n-1-i)*bs)

@@ -61,6 +61,11 @@ type Interface interface {
 	DeviceInfo(dev int) (DeviceInfo, error)
 	// Capabilities says which optional driver entry points are in use.
 	Capabilities() Capabilities
+	// DeviceNotes says what dev's context could not set up that makes some
+	// of its copies slower (the copy-engine primer of host-to-device
+	// batches, the hold of their parts), a sentence each; nil when all of
+	// it is set up, or dev's context is not open yet.
+	DeviceNotes(dev int) []string
 
 	// MemAlloc allocates size bytes of device memory (cuMemAlloc).
 	MemAlloc(dev int, size uint64) (uintptr, error)

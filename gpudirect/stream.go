@@ -135,35 +135,45 @@ func (d *driver) wait(h *handle, k *handleKind, query bool) (C.int, error) {
 	if err != nil {
 		return 0, err
 	}
-	call := func(v uintptr) C.int {
-		if query {
-			return C.b2b_event_query(d.tab, C.uintptr_t(v))
-		}
-		return C.b2b_handle_sync(d.tab, k.kind, C.uintptr_t(v))
-	}
 	h.mu.RLock()
 	v := h.h
 	var rc C.int
 	if v != 0 {
-		rc = call(v)
+		rc = d.waitCall(k, query, v)
 	}
 	h.mu.RUnlock()
 	if v == 0 {
 		return 0, k.destroyed
 	}
 	if is(rc, ErrorInvalidContext) {
-		d.syncFallbacks.Add(1)
-		gone := false
-		if err := ds.w.do(func() {
-			if gone = h.h == 0; !gone {
-				rc = call(h.h)
-			}
-		}); err != nil {
-			return 0, err
+		return d.waitOnThread(ds, h, k, query)
+	}
+	return rc, nil
+}
+
+func (d *driver) waitCall(k *handleKind, query bool, v uintptr) C.int {
+	if query {
+		return C.b2b_event_query(d.tab, C.uintptr_t(v))
+	}
+	return C.b2b_handle_sync(d.tab, k.kind, C.uintptr_t(v))
+}
+
+// waitOnThread is wait on the device's thread, for a driver that wants a
+// context current. Apart from wait, so that the closure's captures do not
+// make every wait allocate (a synchronisation ends every GPU batch).
+func (d *driver) waitOnThread(ds *devState, h *handle, k *handleKind, query bool) (C.int, error) {
+	d.syncFallbacks.Add(1)
+	var rc C.int
+	gone := false
+	if err := ds.w.do(func() {
+		if gone = h.h == 0; !gone {
+			rc = d.waitCall(k, query, h.h)
 		}
-		if gone {
-			return 0, k.destroyed
-		}
+	}); err != nil {
+		return 0, err
+	}
+	if gone {
+		return 0, k.destroyed
 	}
 	return rc, nil
 }

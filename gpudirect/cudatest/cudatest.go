@@ -64,6 +64,7 @@ type Driver struct {
 	// one mock can stand for the driver of two daemons.
 	ownRefused bool
 	foreign    map[gpudirect.IPCHandle]bool
+	notes      map[int][]string // DeviceNotes
 }
 
 // RefuseOwnHandles makes IPCOpenMemHandle refuse the handles of this
@@ -375,6 +376,23 @@ func (m *Driver) newAddr(size uint64) uintptr {
 func (m *Driver) DriverVersion() int { return m.version }
 
 func (m *Driver) DeviceCount() int { return len(m.devices) }
+
+// DeviceNotes returns what SetDeviceNotes gave for dev.
+func (m *Driver) DeviceNotes(dev int) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.notes[dev]
+}
+
+// SetDeviceNotes makes DeviceNotes(dev) return notes.
+func (m *Driver) SetDeviceNotes(dev int, notes ...string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.notes == nil {
+		m.notes = map[int][]string{}
+	}
+	m.notes[dev] = notes
+}
 
 func (m *Driver) Capabilities() gpudirect.Capabilities {
 	m.mu.Lock()

@@ -63,4 +63,9 @@ func TestStatusShowsCalibration(t *testing.T) {
 	if d := g.send.Advertise().Detail; !strings.Contains(d, "[GPU 0: second hop in") || !strings.Contains(d, "calibrated at start") {
 		t.Fatalf("Status detail %q: want GPU 0's calibration", d)
 	}
+	// What the device could not set up is said too.
+	g.cu.SetDeviceNotes(0, "host-to-device batches queued by one thread, not in parts: no hold")
+	if d := g.send.Advertise().Detail; !strings.Contains(d, "[GPU 0: host-to-device batches queued by one thread, not in parts: no hold]") {
+		t.Fatalf("Status detail %q: want GPU 0's device note", d)
+	}
 }

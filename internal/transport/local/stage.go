@@ -171,6 +171,9 @@ func (t *Transport) stageNotes() string {
 		if n := t.stages[d].note; n != "" {
 			fmt.Fprintf(&b, " [GPU %d: %s]", d, n)
 		}
+		for _, n := range t.cfg.CUDA.DeviceNotes(d) {
+			fmt.Fprintf(&b, " [GPU %d: %s]", d, n)
+		}
 	}
 	return b.String()
 }
