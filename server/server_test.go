@@ -367,15 +367,7 @@ func TestNotifyStreamAnswersAndDrains(t *testing.T) {
 		Source: &b2bv1.RegisterRegionRequest_HostAlloc{HostAlloc: &b2bv1.HostAlloc{Size: 4096}}, ExportName: "inbox"}); err != nil {
 		t.Fatal(err)
 	}
-	cc, err := grpc.NewClient("passthrough:///b", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(bn.dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	s, err := b2bv1.NewPeerClient(cc).NotifyStream(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := notifyStream(ctx, t, bn, "b")
 	for i, c := range []struct {
 		region string
 		code   codes.Code
@@ -397,6 +389,22 @@ func TestNotifyStreamAnswersAndDrains(t *testing.T) {
 	}
 }
 
+// notifyStream opens a peer's note stream to node name on bn, as another
+// daemon does; it ends with the test.
+func notifyStream(ctx context.Context, t *testing.T, bn bufNet, name string) b2bv1.Peer_NotifyStreamClient {
+	t.Helper()
+	cc, err := grpc.NewClient("passthrough:///"+name, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(bn.dial))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	s, err := b2bv1.NewPeerClient(cc).NotifyStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // TestNotifyStreamPipelined: notes a peer sends back to back, before any
 // answer, reach the region's watchers in order, each answered in order
 // with its seq (the stream delivers each note as it reads it).
@@ -413,15 +421,7 @@ func TestNotifyStreamPipelined(t *testing.T) {
 	}
 	w := hub.Subscribe(r.GetRegion().GetId())
 	defer hub.Unsubscribe(w)
-	cc, err := grpc.NewClient("passthrough:///b", grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(bn.dial))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	s, err := b2bv1.NewPeerClient(cc).NotifyStream(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := notifyStream(ctx, t, bn, "b")
 	const n = 64
 	for i := range n {
 		if err := s.Send(&b2bv1.NotifyRequest{Region: "inbox", Sender: "a", Notification: []byte(strconv.Itoa(i)), Seq: uint64(i + 1)}); err != nil {
