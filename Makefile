@@ -70,6 +70,8 @@ test-loaded:
 test-go: deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
+	# Allocation counts without the race detector (its sync.Pool drops on purpose).
+	$(GO) test -count=1 -run 'Allocs$$' ./gpudirect/
 
 test-python: build
 	@if [ -d client/python/tests ]; then B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 -m unittest discover -s client/python/tests -v; fi
