@@ -2,9 +2,11 @@ package peer
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
+	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
 
@@ -23,6 +25,9 @@ const DefaultConnsPerPeer = 4
 type connSet struct {
 	conns []*trackedConn
 	next  int // where the next pick's turn starts
+	// dialing counts the extra connections being dialed (without st.mu),
+	// which count toward the limit.
+	dialing int
 	// noDialUntil: an extra dial failed; none is tried before then.
 	noDialUntil time.Time
 }
@@ -107,7 +112,9 @@ func (s *connSet) closeAll() {
 
 // conn picks st's connection of kind for a batch, connecting one first when
 // the set is empty, or when every one is busy and the set holds fewer than
-// limit; reused says the connection existed before. The caller holds st.mu.
+// limit; reused says the connection existed before. The caller holds st.mu,
+// which an extra connection's dial lets go of meanwhile; dial must not
+// read st.
 func (st *state) conn(ctx context.Context, kind transport.Kind, limit int, dial func(context.Context) (transport.Conn, error)) (c *trackedConn, reused bool, err error) {
 	set := st.conns[kind]
 	if set == nil {
@@ -116,22 +123,41 @@ func (st *state) conn(ctx context.Context, kind transport.Kind, limit int, dial 
 	}
 	set.dropBroken()
 	c, busy := set.pick()
-	if c != nil && (!busy || len(set.conns) >= limit || time.Now().Before(set.noDialUntil)) {
+	if c != nil && (!busy || len(set.conns)+set.dialing >= limit || time.Now().Before(set.noDialUntil)) {
 		return c, true, nil
 	}
 	if c != nil {
-		// An extra connection, dialed under st.mu: bounded, so that a
-		// slow or frozen peer holds the other batches' Get no longer, and
-		// on failure the batch queues on a busy one (the peer may just be
-		// slow; the batch on it says whether it is gone).
+		// An extra connection, dialed without st.mu: the other batches'
+		// Get take the connections there are meanwhile (a dial to a
+		// loaded peer took 10-37 ms, and every batch to the peer waited
+		// for it under the lock). Bounded, and on failure the batch
+		// queues on a busy one (the peer may just be slow; the batch on
+		// it says whether it is gone).
+		hs := st.hs
+		set.dialing++
+		st.mu.Unlock()
 		dctx, cancel := context.WithTimeout(ctx, extraDialTimeout)
 		nc, err := dial(dctx)
 		cancel()
-		if err != nil {
+		st.mu.Lock() // the caller's again
+		set.dialing--
+		switch {
+		case err != nil:
 			set.noDialUntil = time.Now().Add(extraDialBackoff)
+		case st.conns[kind] == set && st.hs == hs:
+			return set.add(st, nc), false, nil
+		default: // the peer's connections were reset meanwhile
+			_ = nc.Close()
+		}
+		if st.conns[kind] == set && slices.Contains(set.conns, c) {
 			return c, true, nil
 		}
-		return set.add(st, nc), false, nil
+		if cur := st.conns[kind]; cur != nil && st.hs != nil { // connected afresh by another batch
+			if c, _ := cur.pick(); c != nil {
+				return c, true, nil
+			}
+		}
+		return nil, false, fmt.Errorf("%w: the data connections were reset while another was dialed", errs.ErrUnavailable)
 	}
 	nc, err := dial(ctx)
 	if err != nil {

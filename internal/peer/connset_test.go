@@ -200,3 +200,87 @@ func TestExtraDialFails(t *testing.T) {
 		t.Fatalf("%d handshakes: a failed extra dial dropped the peer's handshake", got)
 	}
 }
+
+// TestExtraDialLeavesGetsGoing: while a connection beyond the first is being
+// dialed (slowly: a loaded peer), other batches' Get take the connections
+// there are, and the dial counts toward the limit; the dialing batch gets the
+// new connection. If the peer's connections are reset meanwhile (the manager
+// closed), the new one is closed, not kept.
+func TestExtraDialLeavesGetsGoing(t *testing.T) {
+	const addr = "127.0.0.1:7470"
+	for _, reset := range []bool{false, true} {
+		t.Run(map[bool]string{false: "dialed", true: "reset while dialing"}[reset], func(t *testing.T) {
+			m, _, ft := newTestManager(t)
+			m.SetLimits(Limits{ConnsPerPeer: 2})
+			gate := make(chan struct{})
+			defer close(gate)
+			entered := make(chan struct{}, 4)
+			first := &gatedConn{gate: gate, entered: entered}
+			second := &fakeConn{}
+			dialing, letDial := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			release := func() { once.Do(func() { close(letDial) }) }
+			defer release() // a failed check must not leave the dial (and Close) waiting
+			ft.dial = func() transport.Conn {
+				if ft.connects.Load() == 1 {
+					return first
+				}
+				close(dialing)
+				<-letDial
+				return second
+			}
+			ctx := context.Background()
+			s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _, _ = s.Conn.Post(ctx, oneWrite()) }()
+			<-entered // the first connection is busy
+			type got struct {
+				s   Session
+				err error
+			}
+			dialer := make(chan got, 1)
+			go func() {
+				s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+				dialer <- got{s, err}
+			}()
+			<-dialing
+			other := make(chan got, 1)
+			go func() {
+				s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+				other <- got{s, err}
+			}()
+			select {
+			case g := <-other:
+				if g.err != nil || g.s.Conn != s.Conn {
+					t.Fatalf("Get during another's dial: %v (same connection %v), want the busy first one", g.err, g.s.Conn == s.Conn)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("a Get waited for another batch's dial")
+			}
+			if reset {
+				closed := make(chan struct{})
+				go func() { m.Close(); close(closed) }()
+				<-closed // Close takes the peer's lock, which the dial does not hold
+			}
+			release()
+			g := <-dialer
+			if reset {
+				if g.err == nil {
+					t.Fatal("the dialing Get succeeded on a peer closed meanwhile")
+				}
+				if !second.closed.Load() {
+					t.Fatal("the connection dialed across the reset was kept open")
+				}
+				return
+			}
+			if g.err != nil || g.s.Reused || g.s.Conn.(*trackedConn).Conn != transport.Conn(second) {
+				t.Fatalf("the dialing Get: %v (reused %v), want the new connection", g.err, g.s.Reused)
+			}
+			if n := ft.connects.Load(); n != 2 {
+				t.Fatalf("%d connects, want 2", n)
+			}
+		})
+	}
+}

@@ -241,8 +241,9 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 	if m.choice.caps[kind].SingleConn {
 		limit = 1
 	}
+	p := peerOf(addr, kind, st.hs, st.client)
 	c, reused, err := st.conn(ctx, kind, limit, func(ctx context.Context) (transport.Conn, error) {
-		return m.choice.transports[kind].Connect(ctx, peerOf(addr, kind, st.hs, st.client))
+		return m.choice.transports[kind].Connect(ctx, p)
 	})
 	if err != nil {
 		// The peer may have restarted with a new token or QP state:
