@@ -77,6 +77,7 @@ test-python: build
 	@if [ -d client/python/tests ]; then B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 -m unittest discover -s client/python/tests -v; fi
 	/usr/bin/python3 deploy/gpu/smprobe_verdict_test.py
 	B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 deploy/gpu/layer_check_test.py
+	B2BD_BIN=$(BIN)/b2bd /usr/bin/python3 deploy/disagg/device_test.py
 
 # wheel builds the Python client's wheel (bin/dist/b2bd-*.whl) offline, with Debian's setuptools.
 wheel: deps

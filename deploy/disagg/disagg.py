@@ -291,7 +291,7 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
     common = ["--mode", mode, "--transport", transport, "--layers", str(a.layers), "--heads", str(a.heads),
               "--dim", str(a.dim), "--kv-layout", kvl, "--release-timeout", str(a.release_timeout),
               "--load-timeout", str(a.load_timeout), "--compute-nice", str(a.compute_nice),
-              "--device-token-ns", str(a.device_token_ns)]
+              "--device-token-ns", str(a.device_token_ns), "--device-process", str(a.device_process)]
     pool_d = a.num_blocks // 3 if name == "decode_restart" else a.num_blocks
     pre = Proc("prefill", dp, common + ["--tp", "1", "--block-size", str(a.block_size),
                                         "--num-blocks", str(a.num_blocks)], work)
@@ -444,6 +444,11 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
     dp.stop()
     dd.stop()
     wire, transfer = request_wire(mode, clean, stats["prefill"]["trace"], stats["decode"]["trace"])
+    if a.trace:  # every measured request's handover and marks, for a look at the tail
+        with open(f"{a.trace}.{name}.{mode}.{transport}.{'together' if together else 'after'}.json", "w") as f:
+            json.dump({"requests": clean, "handover_ms": res["handover_ms"],
+                       "prefill": {r: stats["prefill"]["trace"].get(r) for r in clean},
+                       "decode": {r: stats["decode"]["trace"].get(r) for r in clean}}, f)
     if not wire:  # no request carried its transfer's times: the transfers' own
         wire = [w / 1e6 for s in stats.values() for w in s["wire_ns"]]
         transfer = [w / 1e6 for s in stats.values() for w in s.get("transfer_ns", ())]
@@ -525,8 +530,14 @@ def main() -> int:
     ap.add_argument("--device-token-ns", type=int, default=350,
                     help="modeled GPU time of one prompt token's layer in prefill (ns); the stand-in's CPU work "
                          "counts toward it, and its thread sleeps out the rest, taking no CPU (0: the CPU work alone)")
+    ap.add_argument("--trace", metavar="PREFIX",
+                    help="per row, write PREFIX.SCENARIO.MODE.TRANSPORT.DISPATCH.json: each measured request's "
+                         "handover and the engines' marks (wall-clock ns)")
+    ap.add_argument("--device-process", type=int, default=1,
+                    help="1: each engine's model work runs in a process of its own (device.py), as a GPU's "
+                         "takes no interpreter lock from the engine; 0: on the engine's threads")
     ap.add_argument("--compute-nice", type=int, default=19,
-                    help="nice of the engines' threads that stand in for GPU work (prefill's layers, decode's check); "
+                    help="nice of the engines' device processes (or threads) that stand in for GPU work (prefill's layers, decode's check); "
                          "0 makes them compete with the control path for the CPU")
     import disagg_model
 

@@ -84,6 +84,12 @@ class Engine:
         # Prefill's layer compute, on its own thread (compute()).
         self.compute_q: "Optional[queue.Queue[Any]]" = queue.Queue() if not self.decode and self.compute_thread else None
         self.device_busy = 0
+        # The model's work in a process of its own, as a GPU's (device.py).
+        self.gpu: Any = None
+        if a.device_process and self.pool_cls is Pool:
+            from device import Device
+
+            self.gpu = Device(self.pools, a.compute_nice)
         self.held: Dict[str, Req] = {}
         self.lock = threading.Lock()
         self.inbox: "collections.deque[tuple]" = collections.deque()
@@ -239,7 +245,7 @@ class Engine:
                 for li, name in enumerate(p.names):
                     self.call("wait_for_layer_load", w.wait_for_layer_load, name)
                     t0 = time.perf_counter_ns()
-                    self.compute(lambda li=li, p=p: [p.fill_layer(li, q.ids, q.seed, q.plen) for q in scheduled],
+                    self.compute(lambda li=li, r=r: self.on_device(r, "fill_layers", li, [(q.ids, q.seed, q.plen) for q in scheduled]),
                                  a.device_token_ns * sum(q.plen for q in scheduled))
                     self.compute_ns["prefill"] += time.perf_counter_ns() - t0
                     if li == len(p.names) - 1:
@@ -307,6 +313,22 @@ class Engine:
         self.device_busy += 1
         self.device.put((q, failed))
 
+    def on_device(self, rank: int, op: str, *args: Any) -> Any:
+        """Run pool ``rank``'s ``op`` (fill_layers, fill, check) where the
+        model's work runs: the device process (device.py), or this thread
+        (--device-process 0, and engines whose pools are not host memory).
+        One thread calls it: prefill's compute thread, decode's device
+        thread."""
+        if self.gpu is not None:
+            return self.gpu.call(op, rank, *args)
+        p = self.pools[rank]
+        if op == "fill_layers":
+            layer, reqs = args
+            for ids, seed, n in reqs:
+                p.fill_layer(layer, ids, seed, n)
+            return None
+        return getattr(p, op)(*args)
+
     def compute(self, fn: Any, device_ns: int = 0) -> Any:
         """Run a layer's compute (the model's work: on a GPU host, kernels)
         on the prefill's compute thread, and wait for it, as a step waits
@@ -356,9 +378,9 @@ class Engine:
             q, failed = job
             t0 = time.perf_counter_ns()
             if failed:
-                for p in self.pools:
-                    p.fill(q.ids, q.seed, q.plen)
-            bad = sum(p.check(q.ids, q.seed, q.plen) for p in self.pools)
+                for r in range(len(self.pools)):
+                    self.on_device(r, "fill", q.ids, q.seed, q.plen)
+            bad = sum(self.on_device(r, "check", q.ids, q.seed, q.plen) for r in range(len(self.pools)))
             self.compute_ns["decode"] += time.perf_counter_ns() - t0
             self.device_done.append((q, failed, bad))
             self.wake.set()
@@ -404,8 +426,12 @@ def main(make: Any = Engine, add_args: Any = None) -> None:
     ap.add_argument("--device-token-ns", type=int, default=0,
                     help="modeled GPU time of one prompt token's layer in prefill: the compute thread sleeps out "
                          "what the CPU work did not take")
+    ap.add_argument("--device-process", type=int, default=1,
+                    help="1: the model's work runs in a process of its own (device.py), as a GPU's takes no "
+                         "interpreter lock; 0: on threads of the engine")
     ap.add_argument("--compute-nice", type=int, default=19,
-                    help="nice of the threads that stand in for the GPU's work (0: compete with the control path)")
+                    help="nice of the device process, or threads, that stand in for the GPU's work (0: compete with "
+                         "the control path)")
     if add_args is not None:
         add_args(ap)
     a = ap.parse_args()
