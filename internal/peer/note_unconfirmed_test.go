@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"errors"
+	"io"
 	"testing"
 	"time"
 
@@ -23,8 +24,11 @@ type holdingPeer struct {
 }
 
 func (p *holdingPeer) Notify(ctx context.Context, req *b2bv1.NotifyRequest) (*b2bv1.NotifyResponse, error) {
-	if req.GetRegion() == "refuse" {
+	switch req.GetRegion() {
+	case "refuse":
 		return nil, status.Error(codes.NotFound, `region "refuse" is not exported`)
+	case "expired": // the deadline gRPC sent along ran out here first
+		return nil, status.Error(codes.DeadlineExceeded, "context deadline exceeded")
 	}
 	<-ctx.Done()
 	return nil, ctx.Err()
@@ -64,6 +68,7 @@ func TestNoteLeftButUnanswered(t *testing.T) {
 	}{
 		{"stream, unanswered", false, "r", true, context.DeadlineExceeded},
 		{"unary, unanswered", true, "r", true, context.DeadlineExceeded},
+		{"unary, the peer's deadline first", true, "expired", true, context.DeadlineExceeded},
 		{"stream, refused", false, "refuse", false, errs.ErrNotFound},
 		{"unary, refused", true, "refuse", false, errs.ErrNotFound},
 	} {
@@ -92,5 +97,40 @@ func TestNoteLeftButUnanswered(t *testing.T) {
 				t.Fatalf("err = %v (class %v), want class %v", err, errs.Class(err), tc.wantClass)
 			}
 		})
+	}
+}
+
+// endedStream is a NotifyStream the peer ended with status st: Send gets
+// io.EOF (gRPC's way), and Recv the status, only once Send has returned.
+type endedStream struct {
+	b2bv1.Peer_NotifyStreamClient
+	st   error
+	sent chan struct{}
+}
+
+func (s *endedStream) Send(*b2bv1.NotifyRequest) error { close(s.sent); return io.EOF }
+func (s *endedStream) Recv() (*b2bv1.NotifyResponse, error) {
+	<-s.sent
+	time.Sleep(20 * time.Millisecond) // the reader comes second, as on a loaded host
+	return nil, s.st
+}
+
+// TestNoteStreamEndedByPeer: a note whose Send finds the stream ended gets
+// the peer's status (Recv's), not a closed stream: Unimplemented (an older
+// b2bd) makes Notify take the call, where a closed stream lost the note.
+func TestNoteStreamEndedByPeer(t *testing.T) {
+	for _, want := range []codes.Code{codes.Unimplemented, codes.PermissionDenied} {
+		s := &endedStream{st: status.Error(want, "ended"), sent: make(chan struct{})}
+		ns := newNoteStream(nil, s, func() {})
+		go ns.receive()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		_, sent, _, err := ns.notify(ctx, &b2bv1.NotifyRequest{Region: "r"})
+		cancel()
+		if sent || status.Code(err) != want {
+			t.Fatalf("note on a stream the peer ended with %v: sent %v, err %v", want, sent, err)
+		}
+		if status.Code(ns.err()) != want {
+			t.Fatalf("the stream's end: %v, want %v", ns.err(), want)
+		}
 	}
 }

@@ -37,6 +37,9 @@ type noteStream struct {
 	mu      sync.Mutex
 	waiting map[uint64]chan *b2bv1.NotifyResponse
 	broken  error // set once: every later note is refused with it
+	// received is closed when receive returned: the stream's end, with
+	// the peer's status, is in broken.
+	received chan struct{}
 }
 
 // stuckSend is how long past its note's deadline a Send may still be
@@ -56,14 +59,20 @@ func openNoteStream(client b2bv1.PeerClient) (*noteStream, error) {
 		cancel()
 		return nil, err
 	}
-	ns := &noteStream{client: client, cancel: cancel, stream: s, sending: make(chan struct{}, 1), waiting: map[uint64]chan *b2bv1.NotifyResponse{}}
+	ns := newNoteStream(client, s, cancel)
 	go ns.receive()
 	return ns, nil
+}
+
+func newNoteStream(client b2bv1.PeerClient, s b2bv1.Peer_NotifyStreamClient, cancel context.CancelFunc) *noteStream {
+	return &noteStream{client: client, cancel: cancel, stream: s, sending: make(chan struct{}, 1),
+		waiting: map[uint64]chan *b2bv1.NotifyResponse{}, received: make(chan struct{})}
 }
 
 // receive hands each answer to its note, and on the stream's end fails
 // the notes still waiting.
 func (ns *noteStream) receive() {
+	defer close(ns.received)
 	for {
 		resp, err := ns.stream.Recv()
 		if err != nil {
@@ -150,6 +159,19 @@ func (ns *noteStream) notify(ctx context.Context, req *b2bv1.NotifyRequest) (res
 		ns.mu.Lock()
 		delete(ns.waiting, seq)
 		ns.mu.Unlock()
+		if errors.Is(err, io.EOF) {
+			// The peer ended it, and its status comes with Recv: wait
+			// for it. Unimplemented (an older b2bd) sends the note by
+			// the call; taken as a closed stream, the note was lost
+			// unconfirmed when the loaded reader came second.
+			select {
+			case <-ns.received:
+				if b := ns.err(); b != nil {
+					err = b
+				}
+			case <-ctx.Done():
+			}
+		}
 		ns.fail(err)
 		if ctx.Err() != nil {
 			return nil, false, false, ctx.Err()

@@ -55,8 +55,11 @@ func (m *Manager) Notify(ctx context.Context, addr string, n notify.Notification
 	_, err = ctl.Notify(ctx, req)
 	// A call cut by the caller's deadline or cancel may have reached the
 	// peer; one the peer answered (a refusal) did not deliver the note.
+	// The deadline also runs on the peer's side (gRPC sends it along), and
+	// may end the call there a moment before ctx ends here: that is no
+	// answer either.
 	c := status.Code(err)
-	cut := err != nil && ctx.Err() != nil && (c == codes.DeadlineExceeded || c == codes.Canceled)
+	cut := err != nil && (c == codes.DeadlineExceeded || (c == codes.Canceled && ctx.Err() != nil))
 	return unconfirmed(cut, fromRPC(ctx, err))
 }
 
