@@ -102,16 +102,18 @@ func (e *pipeErr) Unwrap() error { return e.err }
 // leaves. Any failure fails the conn, because acks of later batches may
 // still be on their way (as a cut-off Write does); GPU sources take the
 // generic path (staging).
-func (c *conn) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
+func (c *conn) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transport.BlockScratch) (st transport.Stats, err error) {
 	for _, s := range w.Local {
 		if m := s.Memory(); m.Kind != memory.Host || (m.Host == nil && m.Len > 0) {
 			return transport.WriteStretches(ctx, c.Write, w, sc)
 		}
 	}
-	if err := c.lockCtx(ctx); err != nil {
+	waited, err := c.lockCtx(ctx)
+	if err != nil {
 		return transport.Stats{}, err
 	}
 	defer c.unlock()
+	defer func() { st.Post += waited }()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}
@@ -136,7 +138,7 @@ func (c *conn) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transpo
 			return transport.Stats{}, err
 		}
 	}
-	st, err := c.runBlocks(ctx, w.Pair, w.IDs, false, t0)
+	st, err = c.runBlocks(ctx, w.Pair, w.IDs, false, t0)
 	bs.release()
 	return st, err
 }
@@ -145,16 +147,18 @@ func (c *conn) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transpo
 // over pull requests (read.go): each stream expands its shares chunk by
 // chunk into request frames, one outstanding at a time, and places each
 // answer straight into our region. GPU destinations take the generic path.
-func (c *conn) readBlocks(ctx context.Context, r *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
+func (c *conn) readBlocks(ctx context.Context, r *transport.Blocks, sc *transport.BlockScratch) (st transport.Stats, err error) {
 	for _, d := range r.Local {
 		if m := d.Memory(); m.Kind != memory.Host || (m.Host == nil && m.Len > 0) {
 			return transport.ReadStretches(ctx, c.Read, r, sc)
 		}
 	}
-	if err := c.lockCtx(ctx); err != nil {
+	waited, err := c.lockCtx(ctx)
+	if err != nil {
 		return transport.Stats{}, err
 	}
 	defer c.unlock()
+	defer func() { st.Post += waited }()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}
@@ -176,7 +180,7 @@ func (c *conn) readBlocks(ctx context.Context, r *transport.Blocks, sc *transpor
 			return transport.Stats{}, err
 		}
 	}
-	st, err := c.runBlocks(ctx, r.Pair, r.IDs, true, t0)
+	st, err = c.runBlocks(ctx, r.Pair, r.IDs, true, t0)
 	bs.release()
 	return st, err
 }

@@ -325,17 +325,22 @@ func (c *conn) Close() error {
 // lockCtx takes the conn for one batch unless ctx ends first: a batch
 // queued behind another that waits on a stopped peer answers at its own
 // deadline or cancel, not the other batch's. unlock lets it go.
-func (c *conn) lockCtx(ctx context.Context) error {
+//
+// It returns how long the batch waited, which the batch's Stats count as
+// post: a batch queued behind another was handed over late, and its wire
+// is its own bytes only.
+func (c *conn) lockCtx(ctx context.Context) (time.Duration, error) {
 	select {
 	case c.mu <- struct{}{}:
-		return nil
+		return 0, nil
 	default:
 	}
+	t := time.Now()
 	select {
 	case c.mu <- struct{}{}:
-		return nil
+		return time.Since(t), nil
 	case <-ctx.Done():
-		return fmt.Errorf("tcp: %w while waiting for the connection to %s, busy with another batch (the peer may be stopped): %w", ctx.Err(), c.addr, transport.ErrNotSent)
+		return 0, fmt.Errorf("tcp: %w while waiting for the connection to %s, busy with another batch (the peer may be stopped): %w", ctx.Err(), c.addr, transport.ErrNotSent)
 	}
 }
 
@@ -343,11 +348,13 @@ func (c *conn) unlock() { <-c.mu }
 
 // Write sends the batch's segments over up to len(streams) streams, split by
 // bytes, and waits for every stream's ack.
-func (c *conn) write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
-	if err := c.lockCtx(ctx); err != nil {
+func (c *conn) write(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch) (st transport.Stats, err error) {
+	waited, err := c.lockCtx(ctx)
+	if err != nil {
 		return transport.Stats{}, err
 	}
 	defer c.unlock()
+	defer func() { st.Post += waited }()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/b2bd/b2bd/internal/desc"
 	"github.com/b2bd/b2bd/internal/errs"
 	"github.com/b2bd/b2bd/internal/transport"
 )
@@ -83,5 +84,36 @@ func TestConnectDialsStreamsSideBySide(t *testing.T) {
 			t.Fatalf("%d streams, want %d", n, streams)
 		}
 		c.Close()
+	}
+}
+
+// TestQueuedBatchWaitIsPost: a batch that waits for its conn, busy with
+// another, counts the wait as post (handing over), not as wire: the wire
+// phase (the rest of the call) stays its own bytes.
+func TestQueuedBatchWaitIsPost(t *testing.T) {
+	p := newPair(t, 1<<16, 1)
+	c := p.conn.(*conn)
+	const hold = 200 * time.Millisecond
+	c.mu <- struct{}{} // another batch holds the conn
+	type out struct {
+		st    transport.Stats
+		total time.Duration
+		err   error
+	}
+	done := make(chan out, 1)
+	go func() {
+		t0 := time.Now()
+		b := desc.Batch{Src: []uint64{0}, Dst: []uint64{64}, Len: []uint64{8}}
+		st, err := transport.Write(context.Background(), p.conn, p.src, p.dst, &b)
+		done <- out{st, time.Since(t0), err}
+	}()
+	time.Sleep(hold)
+	c.unlock()
+	o := <-done
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if o.st.Post < o.total/2 {
+		t.Fatalf("post %v of a %v write that waited %v for its conn: the wait went to the wire", o.st.Post, o.total, hold)
 	}
 }

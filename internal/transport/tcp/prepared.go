@@ -69,16 +69,18 @@ func (c *conn) Prepare(r *transport.Request) (transport.Prepared, error) {
 
 // Write sends the prepared batch with Conn.Write's contract. Writes are
 // serialised on the conn; a Write allocates nothing.
-func (pr *prepared) Write(ctx context.Context) (transport.Stats, error) {
+func (pr *prepared) Write(ctx context.Context) (st transport.Stats, err error) {
 	start := time.Now()
 	if pr.closed.Load() {
 		return transport.Stats{}, fmt.Errorf("%w: tcp: the prepared batch was released", errs.ErrFailedPrecondition)
 	}
 	c := pr.c
-	if err := c.lockCtx(ctx); err != nil {
+	waited, err := c.lockCtx(ctx)
+	if err != nil {
 		return transport.Stats{}, err
 	}
 	defer c.unlock()
+	defer func() { st.Post += waited }()
 	if err := c.Err(); err != nil {
 		// The cause is an earlier batch's (a cut-off batch's "writev: i/o
 		// timeout", say): named, not wrapped, so that it does not classify
@@ -90,7 +92,7 @@ func (pr *prepared) Write(ctx context.Context) (transport.Stats, error) {
 	if pr.mem.Kind == memory.CUDA {
 		return c.writeStaged(ctx, pr.mem, pr.dst, &pr.b)
 	}
-	st, err := c.run(ctx, &pr.p, pr.src, start)
+	st, err = c.run(ctx, &pr.p, pr.src, start)
 	// A prepared Write plans nothing: the time before posting is the wait
 	// for the conn, not planning.
 	st.Plan = 0

@@ -32,11 +32,13 @@ import (
 // returned (error, deadline or cancel included) no byte of it lands: the
 // streams' workers are waited for, and a cut-off stream is closed with
 // whatever answer was in flight.
-func (c *conn) read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (transport.Stats, error) {
-	if err := c.lockCtx(ctx); err != nil {
+func (c *conn) read(ctx context.Context, dst transport.Registration, src transport.RemoteRegion, b *desc.Batch) (st transport.Stats, err error) {
+	waited, err := c.lockCtx(ctx)
+	if err != nil {
 		return transport.Stats{}, err
 	}
 	defer c.unlock()
+	defer func() { st.Post += waited }()
 	if err := c.Err(); err != nil {
 		return transport.Stats{}, c.brokenBefore(err)
 	}
@@ -66,7 +68,7 @@ func (c *conn) read(ctx context.Context, dst transport.Registration, src transpo
 		le.PutUint32(h[4:], le.Uint32(h[4:])|flagRead)
 	}
 	c.scratch.read, c.scratch.readMem, c.scratch.readName = true, mem, src.Name
-	st, err := c.run(ctx, &c.scratch, nil, t0)
+	st, err = c.run(ctx, &c.scratch, nil, t0)
 	c.scratch.read, c.scratch.readMem = false, memory.Memory{}
 	c.scratch.trim()
 	return st, err
