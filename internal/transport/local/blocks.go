@@ -61,12 +61,13 @@ type slot struct {
 // the peer's region of a stretch (a write's source and destination, a
 // pull's destination and source).
 func (c *Conn) blocks(ctx context.Context, p *layout.Pair, ids layout.IDs, nsrc, ndst int, read bool, sc *transport.BlockScratch,
-	regions func(sr, dr uint32) (transport.Registration, transport.RemoteRegion)) (transport.Stats, error) {
-	var st transport.Stats
-	if err := c.lockCtx(ctx); err != nil {
+	regions func(sr, dr uint32) (transport.Registration, transport.RemoteRegion)) (st transport.Stats, err error) {
+	waited, err := c.lockCtx(ctx)
+	if err != nil {
 		return st, err
 	}
 	defer c.unlock()
+	defer func() { st.Post += waited }() // a batch queued behind another: handed over late
 	bound, err := c.bind(ctx)
 	if err != nil {
 		return st, err

@@ -340,17 +340,20 @@ func (c *Conn) unlock() { <-c.mu }
 // lockCtx takes c.mu unless ctx ends first: a batch queued behind another
 // that waits on a stopped peer answers at its own deadline, not the other
 // batch's. Nothing of the batch was sent then.
-func (c *Conn) lockCtx(ctx context.Context) error {
+//
+// It returns how long the batch waited, which its Stats count as post.
+func (c *Conn) lockCtx(ctx context.Context) (time.Duration, error) {
 	select {
 	case c.mu <- struct{}{}:
-		return nil
+		return 0, nil
 	default:
 	}
+	t := time.Now()
 	select {
 	case c.mu <- struct{}{}:
-		return nil
+		return time.Since(t), nil
 	case <-ctx.Done():
-		return fmt.Errorf("samehost: %w while waiting for the connection to %s, busy with another batch (the peer may be stopped): %w", ctx.Err(), c.sock, transport.ErrNotSent)
+		return 0, fmt.Errorf("samehost: %w while waiting for the connection to %s, busy with another batch (the peer may be stopped): %w", ctx.Err(), c.sock, transport.ErrNotSent)
 	}
 }
 
@@ -398,16 +401,17 @@ func (b boundCtx) release() {
 
 // transfer is Write (read false: local to the peer's region rr) and Read
 // (read: rr to local; b.Src are then rr's offsets).
-func (c *Conn) transfer(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch, read bool) (transport.Stats, error) {
-	var st transport.Stats
+func (c *Conn) transfer(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, b *desc.Batch, read bool) (st transport.Stats, err error) {
 	if b.N() == 0 {
 		return st, nil
 	}
 	sm := src.Memory()
-	if err := c.lockCtx(ctx); err != nil {
+	waited, err := c.lockCtx(ctx)
+	if err != nil {
 		return st, err
 	}
 	defer c.unlock()
+	defer func() { st.Post += waited }() // a batch queued behind another: handed over late
 	bound, err := c.bind(ctx)
 	if err != nil {
 		return st, err

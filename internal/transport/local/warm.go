@@ -21,7 +21,7 @@ func (c *Conn) Warm(ctx context.Context, src transport.Registration, dst transpo
 // at once.
 func (c *Conn) warm(ctx context.Context, src transport.Registration, dst transport.RemoteRegion, read bool) error {
 	sm := src.Memory()
-	if err := c.lockCtx(ctx); err != nil {
+	if _, err := c.lockCtx(ctx); err != nil {
 		return err
 	}
 	defer c.unlock()

@@ -246,8 +246,7 @@ func blockTotals(p *kvlayout.Pair, n int) (total, blocks uint64) {
 // writeBlocks pushes a whole block request as one batch; see
 // Handlers.WriteBlocks. Requests over more destination regions than one
 // batch can name take transport.WriteStretches.
-func (s *qpSet) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
-	var st transport.Stats
+func (s *qpSet) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transport.BlockScratch) (st transport.Stats, err error) {
 	if err := s.Err(); err != nil {
 		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
@@ -259,10 +258,12 @@ func (s *qpSet) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transp
 	if len(w.Remote) > maxBatchKeys {
 		return transport.WriteStretches(ctx, s.Write, w, sc)
 	}
-	if err := s.acquireWrite(ctx, "block write"); err != nil {
+	waited, err := s.acquireWrite(ctx, "block write")
+	if err != nil {
 		return st, err
 	}
 	defer s.releaseWrite()
+	defer func() { st.Post += waited }()
 	t0 := time.Now()
 	if err := s.holdLocal("block write", w.Local); err != nil {
 		return st, err
@@ -326,8 +327,7 @@ func (s *qpSet) writeBlocks(ctx context.Context, w *transport.Blocks, sc *transp
 // readBlocks pulls a whole block request (Handlers.ReadBlocks). No
 // message goes out: the request is in place once every QP completed all
 // it posted.
-func (s *qpSet) readBlocks(ctx context.Context, r *transport.Blocks, sc *transport.BlockScratch) (transport.Stats, error) {
-	var st transport.Stats
+func (s *qpSet) readBlocks(ctx context.Context, r *transport.Blocks, sc *transport.BlockScratch) (st transport.Stats, err error) {
 	if err := s.Err(); err != nil {
 		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
@@ -336,10 +336,12 @@ func (s *qpSet) readBlocks(ctx context.Context, r *transport.Blocks, sc *transpo
 		return st, fmt.Errorf("verbs: block read: %d sources and %d destinations for layouts of %d and %d regions, %d ids: %w",
 			len(r.Remote), len(r.Local), p.Src().NumRegions(), p.Dst().NumRegions(), r.IDs.N(), errs.ErrInvalidArgument)
 	}
-	if err := s.acquireWrite(ctx, "block read"); err != nil {
+	waited, err := s.acquireWrite(ctx, "block read")
+	if err != nil {
 		return st, err
 	}
 	defer s.releaseWrite()
+	defer func() { st.Post += waited }()
 	t0 := time.Now()
 	if err := s.holdLocal("block read", r.Local); err != nil {
 		return st, err

@@ -300,23 +300,28 @@ func notify(c chan struct{}) {
 // acquireWrite waits for the set's one write at a time (what names the caller's
 // write in errors); releaseWrite ends it. Nothing is posted before it returns
 // nil, so a refusal leaves the connection usable.
-func (s *qpSet) acquireWrite(ctx context.Context, what string) error {
+//
+// It returns how long the batch waited, which its Stats count as post (a
+// batch queued behind another was handed over late; its wire is its own).
+func (s *qpSet) acquireWrite(ctx context.Context, what string) (time.Duration, error) {
+	t := time.Now()
 	select {
 	case s.sem <- struct{}{}:
 	case <-s.broken: // broken while this batch waited its turn
-		return fmt.Errorf("%w: %w", transport.ErrNotSent, s.Err())
+		return 0, fmt.Errorf("%w: %w", transport.ErrNotSent, s.Err())
 	case <-ctx.Done():
-		return fmt.Errorf("verbs: %s to %s not started: %w", what, s.peer, ctx.Err())
+		return 0, fmt.Errorf("verbs: %s to %s not started: %w", what, s.peer, ctx.Err())
 	}
+	waited := time.Since(t)
 	if err := s.Err(); err != nil {
 		s.releaseWrite()
-		return fmt.Errorf("%w: %w", transport.ErrNotSent, err)
+		return 0, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
 	if err := ctx.Err(); err != nil {
 		s.releaseWrite()
-		return fmt.Errorf("verbs: %s to %s not started: %w", what, s.peer, err)
+		return 0, fmt.Errorf("verbs: %s to %s not started: %w", what, s.peer, err)
 	}
-	return nil
+	return waited, nil
 }
 
 func (s *qpSet) releaseWrite() { <-s.sem }
@@ -331,8 +336,7 @@ func (s *qpSet) writeBatch(ctx context.Context, src transport.Registration, dst 
 // destination) or Read (the other way round): arguments checked, the
 // set's turn taken, and the local MR held for the batch, so a Rekey of
 // the local region retires it only once this batch stopped using it.
-func (s *qpSet) transfer(ctx context.Context, local transport.Registration, remote transport.RemoteRegion, b *desc.Batch, read bool) (transport.Stats, error) {
-	var st transport.Stats
+func (s *qpSet) transfer(ctx context.Context, local transport.Registration, remote transport.RemoteRegion, b *desc.Batch, read bool) (st transport.Stats, err error) {
 	if err := s.Err(); err != nil {
 		return st, fmt.Errorf("%w: %w", transport.ErrNotSent, err)
 	}
@@ -344,10 +348,12 @@ func (s *qpSet) transfer(ctx context.Context, local transport.Registration, remo
 	if err != nil {
 		return st, err
 	}
-	if err := s.acquireWrite(ctx, op); err != nil {
+	waited, err := s.acquireWrite(ctx, op)
+	if err != nil {
 		return st, err
 	}
 	defer s.releaseWrite()
+	defer func() { st.Post += waited }()
 	if read {
 		ref, err := reg.useRead()
 		if err != nil {

@@ -141,8 +141,7 @@ func (p *prepared) Close() error {
 // Write posts the prepared batch; see transport.Prepared. Like qpSet.Write
 // it is serialised on the set, holds the source MR for the batch, and
 // allocates nothing.
-func (p *prepared) Write(ctx context.Context) (transport.Stats, error) {
-	var st transport.Stats
+func (p *prepared) Write(ctx context.Context) (st transport.Stats, err error) {
 	if !p.enter() {
 		return st, fmt.Errorf("verbs: prepared write: plan released: %w", errs.ErrFailedPrecondition)
 	}
@@ -151,10 +150,12 @@ func (p *prepared) Write(ctx context.Context) (transport.Stats, error) {
 	if err := s.Err(); err != nil {
 		return st, err
 	}
-	if err := s.acquireWrite(ctx, "prepared write"); err != nil {
+	waited, err := s.acquireWrite(ctx, "prepared write")
+	if err != nil {
 		return st, err
 	}
 	defer s.releaseWrite()
+	defer func() { st.Post += waited }()
 	ref := p.reg.use()
 	if ref == nil {
 		return st, fmt.Errorf("verbs: prepared write: source registration %s: %w", p.reg.unusable(), errs.ErrFailedPrecondition)

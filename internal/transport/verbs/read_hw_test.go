@@ -142,7 +142,7 @@ func TestHWReadOnlyKeyRefusesWrite(t *testing.T) {
 	w := &desc.Batch{Src: []uint64{0, 8192}, Dst: []uint64{0, 65536}, Len: []uint64{4096, 4096}}
 	ch.Start(ibv.Pos{}, ibv.Pos{I: 2}, false, 0)
 	ch.SetSeq(q.posted)
-	if err := s.acquireWrite(ctx, "hand-made write"); err != nil {
+	if _, err := s.acquireWrite(ctx, "hand-made write"); err != nil {
 		t.Fatal(err)
 	}
 	res, err := q.qp.PostChain(ch, w.Src, w.Dst, w.Len)
