@@ -60,12 +60,26 @@ class EngineCrashed(Exception):
     instead of waiting out every request's timeout."""
 
 
+def router_thread(nice: int) -> None:
+    """Lower the calling router thread to ``nice`` (Linux: a thread's own
+    nice). The router stands in for a proxy, which runs elsewhere: its
+    thread per request in flight (64) must not take the cores from the
+    engines and daemons it measures. It is not on the handover's path
+    (prefill's last layer to decode's report)."""
+    if nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        except OSError:
+            pass
+
+
 class Link:
     """The router's connection to one engine: many requests in flight,
     answers matched by request id; a dead engine fails every pending one."""
 
-    def __init__(self, path: str, crashed: Any = lambda: None) -> None:
+    def __init__(self, path: str, crashed: Any = lambda: None, nice: int = 0) -> None:
         self.path = path
+        self.nice = nice  # of its reader thread (router_thread)
         self.crashed = crashed  # why the engine died unplanned, or None
         self.conn: Any = None
         self.pending: Dict[str, Future] = {}
@@ -89,6 +103,7 @@ class Link:
         threading.Thread(target=self._read, args=(self.conn, self.gen), daemon=True).start()
 
     def _read(self, conn: Any, gen: int) -> None:
+        router_thread(self.nice)
         try:
             while True:
                 m = conn.recv()
@@ -298,7 +313,7 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
     dec = Proc("decode", dd, common + ["--tp", str(tp_d), "--block-size", str(bs_d)], work)
     pre.start()
     dec.start(["--num-blocks", str(pool_d * a.block_size // bs_d)])
-    lp, ld = Link(pre.listen, pre.crashed), Link(dec.listen, dec.crashed)
+    lp, ld = Link(pre.listen, pre.crashed, a.router_nice), Link(dec.listen, dec.crashed, a.router_nice)
     rng = random.Random(a.seed)
     plens = [rng.randint(a.min_prompt, a.max_prompt) for _ in range(a.requests)]
     aborts = set(rng.sample(range(a.requests), a.requests // 10)) if name == "router_aborts" else set()
@@ -319,6 +334,7 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
     held = [0]
 
     def one(i: int) -> None:
+        router_thread(a.router_nice)
         plen, seed = plens[i], i + 1
         for attempt in range(a.retries + 1):
             rid = f"{i}.{attempt}"
@@ -530,6 +546,9 @@ def main() -> int:
     ap.add_argument("--device-token-ns", type=int, default=350,
                     help="modeled GPU time of one prompt token's layer in prefill (ns); the stand-in's CPU work "
                          "counts toward it, and its thread sleeps out the rest, taking no CPU (0: the CPU work alone)")
+    ap.add_argument("--router-nice", type=int, default=19,
+                    help="nice of the router's threads, a stand-in for a proxy that runs elsewhere (0: they compete "
+                         "with the engines and daemons for the cores)")
     ap.add_argument("--trace", metavar="PREFIX",
                     help="per row, write PREFIX.SCENARIO.MODE.TRANSPORT.DISPATCH.json: each measured request's "
                          "handover and the engines' marks (wall-clock ns)")
