@@ -65,7 +65,8 @@ def router_thread(nice: int) -> None:
     nice). The router stands in for a proxy, which runs elsewhere: its
     thread per request in flight (64) must not take the cores from the
     engines and daemons it measures. It is not on the handover's path
-    (prefill's last layer to decode's report)."""
+    (prefill's last layer to decode's report) but with dispatch after,
+    where it stays at 0."""
     if nice:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
@@ -313,7 +314,10 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
     dec = Proc("decode", dd, common + ["--tp", str(tp_d), "--block-size", str(bs_d)], work)
     pre.start()
     dec.start(["--num-blocks", str(pool_d * a.block_size // bs_d)])
-    lp, ld = Link(pre.listen, pre.crashed, a.router_nice), Link(dec.listen, dec.crashed, a.router_nice)
+    # Dispatch after: the router relays prefill's answer to decode, on the
+    # handover's path, and competes as an engine does.
+    nice = a.router_nice if together else 0
+    lp, ld = Link(pre.listen, pre.crashed, nice), Link(dec.listen, dec.crashed, nice)
     rng = random.Random(a.seed)
     plens = [rng.randint(a.min_prompt, a.max_prompt) for _ in range(a.requests)]
     aborts = set(rng.sample(range(a.requests), a.requests // 10)) if name == "router_aborts" else set()
@@ -334,7 +338,7 @@ def run_scenario(name: str, mode: str, transport: str, dispatch: str, a: argpars
     held = [0]
 
     def one(i: int) -> None:
-        router_thread(a.router_nice)
+        router_thread(nice)
         plen, seed = plens[i], i + 1
         for attempt in range(a.retries + 1):
             rid = f"{i}.{attempt}"
@@ -548,7 +552,8 @@ def main() -> int:
                          "counts toward it, and its thread sleeps out the rest, taking no CPU (0: the CPU work alone)")
     ap.add_argument("--router-nice", type=int, default=19,
                     help="nice of the router's threads, a stand-in for a proxy that runs elsewhere (0: they compete "
-                         "with the engines and daemons for the cores)")
+                         "with the engines and daemons for the cores); rows with dispatch after, where the router "
+                         "relays prefill's answer on the handover's path, keep 0")
     ap.add_argument("--trace", metavar="PREFIX",
                     help="per row, write PREFIX.SCENARIO.MODE.TRANSPORT.DISPATCH.json: each measured request's "
                          "handover and the engines' marks (wall-clock ns)")
