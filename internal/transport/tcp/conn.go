@@ -711,7 +711,7 @@ func stagingSize(need uint64, limit int) int {
 	for n < need {
 		n *= 2
 	}
-	return int(min(n, uint64(limit)))
+	return int(max(min(n, uint64(limit)), need)) // never short of need, whatever the limit
 }
 
 // ackError is the receiver's refusal of a batch.

@@ -117,3 +117,23 @@ func TestQueuedBatchWaitIsPost(t *testing.T) {
 		t.Fatalf("post %v of a %v write that waited %v for its conn: the wait went to the wire", o.st.Post, o.total, hold)
 	}
 }
+
+func TestStagingSize(t *testing.T) {
+	for _, tc := range []struct {
+		need  uint64
+		limit int
+		want  int
+	}{
+		{1, 4 << 20, 64 << 10},
+		{64 << 10, 4 << 20, 64 << 10},
+		{64<<10 + 1, 4 << 20, 128 << 10},
+		{3 << 20, 4 << 20, 4 << 20},
+		{4 << 20, 4 << 20, 4 << 20},
+		{100, 1000, 1000},  // a limit under 64 KiB
+		{5000, 1000, 5000}, // never short of need
+	} {
+		if got := stagingSize(tc.need, tc.limit); got != tc.want {
+			t.Errorf("stagingSize(%d, %d) = %d, want %d", tc.need, tc.limit, got, tc.want)
+		}
+	}
+}
