@@ -218,11 +218,13 @@ type Stats struct {
 	// Plan is the time spent building the batch's work (verbs: WR chains;
 	// TCP: frame headers) inside Write; 0 for a prepared write.
 	Plan time.Duration
-	// Post is the time spent handing the work to the NIC or the sockets;
-	// Write's remaining time is the wire and the acknowledgement. Local's
-	// direct GPU copies count their queueing on the copy engines here; where
-	// the CPU (or local's host stage) moves the bytes itself, nothing is
-	// handed over: its copies are its wire, Post 0.
+	// Post is the time spent handing the work to the NIC or the sockets,
+	// including a wait for the connection while another batch has it;
+	// Write's remaining time is the wire and the acknowledgement (socket
+	// writes, a pull's requests included, are wire). Local's direct GPU
+	// copies count their queueing on the copy engines here; where the CPU
+	// (or local's host stage) moves the bytes itself, nothing is handed
+	// over: its copies are its wire, Post only the wait.
 	Post time.Duration
 }
 
