@@ -39,6 +39,7 @@
 #include <cuda_runtime.h>
 #include <nvml.h>
 #include <thread>
+#include <utility>
 #include <atomic>
 #include <stdio.h>
 #include <stdlib.h>
@@ -356,28 +357,21 @@ int main(int argc, char **argv) {
 			}
 			run(ci++, "pull", pull, {}, [&] { CK(cudaSetDevice(1)); CK(batch(dL.data(), sP.data(), ns.data(), N, pull)); CK(cudaSetDevice(0)); });
 			run(ci++, "primed", st[0], {}, [&] { CK(cudaMemcpyAsync(peer64, primerD, 65536, cudaMemcpyDefault, st[0])); CK(batch(dI.data(), sP.data(), ns.data(), N, st[0])); });
-			for (int k : {2, 4}) {
-				char nm[24]; snprintf(nm, sizeof nm, "ipc-par%d", k);
-				std::vector<cudaStream_t> w(st + 1, st + k);
-				run(ci++, strdup(nm), st[0], w, [&] {
-					parallel(k, 0, [&](int j) {
-						int lo = N * j / k, hi = N * (j + 1) / k;
-						CK(batch(dI.data() + lo, sP.data() + lo, ns.data(), hi - lo, st[j]));
+			// In parts: to the IPC mapping, then to the peer's own pointers
+			// (its cudaMalloc, reached by peer access), as a daemon's batch
+			// between its own regions on two GPUs.
+			for (const auto &set : {std::pair{"ipc", &dI}, std::pair{"raw", &dL}}) {
+				std::vector<void *> *dst = set.second;
+				for (int k : {2, 4}) {
+					char nm[24]; snprintf(nm, sizeof nm, "%s-par%d", set.first, k);
+					std::vector<cudaStream_t> w(st + 1, st + k);
+					run(ci++, strdup(nm), st[0], w, [&] {
+						parallel(k, 0, [&](int j) {
+							int lo = N * j / k, hi = N * (j + 1) / k;
+							CK(batch(dst->data() + lo, sP.data() + lo, ns.data(), hi - lo, st[j]));
+						});
 					});
-				});
-			}
-			// The same parts with the peer's own pointers (its cudaMalloc,
-			// reached by peer access), as a daemon's batch between its own
-			// regions on two GPUs.
-			for (int k : {2, 4}) {
-				char nm[24]; snprintf(nm, sizeof nm, "raw-par%d", k);
-				std::vector<cudaStream_t> w(st + 1, st + k);
-				run(ci++, strdup(nm), st[0], w, [&] {
-					parallel(k, 0, [&](int j) {
-						int lo = N * j / k, hi = N * (j + 1) / k;
-						CK(batch(dL.data() + lo, sP.data() + lo, ns.data(), hi - lo, st[j]));
-					});
-				});
+				}
 			}
 			// Peer copies queued on GPU1's streams (the destination's
 			// context), GPU0's buffer the foreign pointer.
