@@ -185,7 +185,6 @@ type due struct {
 // that Arm checks, so no trigger is ever left without a watcher.
 func (w *Watcher) scan(out []due) ([]due, bool) {
 	out = out[:0]
-	now := time.Now()
 	w.mu.Lock()
 	for gi := 0; gi < len(w.groups); {
 		g := w.groups[gi]
@@ -194,7 +193,7 @@ func (w *Watcher) scan(out []due) ([]due, bool) {
 		for k < len(g.waiting) && g.waiting[k].value <= v {
 			t := g.waiting[k]
 			t.state = stateFired
-			out = append(out, due{t: t, seen: now})
+			out = append(out, due{t: t})
 			k++
 		}
 		if k > 0 {
@@ -206,6 +205,13 @@ func (w *Watcher) scan(out []due) ([]due, bool) {
 			continue
 		}
 		gi++
+	}
+	// The clock is read after every load, so a trigger is never seen
+	// before the write that fired it (a time taken before the loads could
+	// be, by as long as the scan waited for the lock or the CPU).
+	now := time.Now()
+	for i := range out {
+		out[i].seen = now
 	}
 	if !w.nextDead.IsZero() && !now.Before(w.nextDead) {
 		out = w.expire(now, out)
