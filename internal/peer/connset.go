@@ -79,6 +79,11 @@ func (s *connSet) remove(c transport.Conn) bool {
 	return false
 }
 
+// errDialedAcrossReset: the connections an extra dial left were reset
+// before it came back; Get tries afresh (a neighbour's failed batch must
+// not fail this one).
+var errDialedAcrossReset = fmt.Errorf("%w: the data connections were reset while another was dialed", errs.ErrUnavailable)
+
 // extraConnIdle is how long a connection beyond a peer's first may sit
 // unused (no batch, no live plan) before the reaper closes it: a burst's
 // connections go with it, and an idle peer keeps one.
@@ -142,8 +147,9 @@ func (st *state) conn(ctx context.Context, kind transport.Kind, limit int, dial 
 		st.mu.Lock() // the caller's again
 		set.dialing--
 		switch {
-		case err != nil:
+		case err != nil && ctx.Err() == nil: // the peer's failure, not the caller's cancel
 			set.noDialUntil = time.Now().Add(extraDialBackoff)
+		case err != nil:
 		case st.conns[kind] == set && st.hs == hs:
 			return set.add(st, nc), false, nil
 		default: // the peer's connections were reset meanwhile
@@ -152,12 +158,9 @@ func (st *state) conn(ctx context.Context, kind transport.Kind, limit int, dial 
 		if st.conns[kind] == set && slices.Contains(set.conns, c) {
 			return c, true, nil
 		}
-		if cur := st.conns[kind]; cur != nil && st.hs != nil { // connected afresh by another batch
-			if c, _ := cur.pick(); c != nil {
-				return c, true, nil
-			}
-		}
-		return nil, false, fmt.Errorf("%w: the data connections were reset while another was dialed", errs.ErrUnavailable)
+		// c was reported broken, or the peer reset, while the lock was let
+		// go: the batch is not at fault, and Get starts over.
+		return nil, false, errDialedAcrossReset
 	}
 	nc, err := dial(ctx)
 	if err != nil {

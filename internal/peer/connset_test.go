@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -208,8 +209,9 @@ func TestExtraDialFails(t *testing.T) {
 // closed), the new one is closed, not kept.
 func TestExtraDialLeavesGetsGoing(t *testing.T) {
 	const addr = "127.0.0.1:7470"
-	for _, reset := range []bool{false, true} {
-		t.Run(map[bool]string{false: "dialed", true: "reset while dialing"}[reset], func(t *testing.T) {
+	for _, mode := range []string{"dialed", "reset while dialing", "broken while dialing"} {
+		reset := mode == "reset while dialing"
+		t.Run(mode, func(t *testing.T) {
 			m, _, ft := newTestManager(t)
 			m.SetLimits(Limits{ConnsPerPeer: 2})
 			gate := make(chan struct{})
@@ -221,13 +223,17 @@ func TestExtraDialLeavesGetsGoing(t *testing.T) {
 			var once sync.Once
 			release := func() { once.Do(func() { close(letDial) }) }
 			defer release() // a failed check must not leave the dial (and Close) waiting
+			third := &fakeConn{}
 			ft.dial = func() transport.Conn {
-				if ft.connects.Load() == 1 {
+				switch ft.connects.Load() {
+				case 1:
 					return first
+				case 2:
+					close(dialing)
+					<-letDial
+					return second
 				}
-				close(dialing)
-				<-letDial
-				return second
+				return third
 			}
 			ctx := context.Background()
 			s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
@@ -264,8 +270,23 @@ func TestExtraDialLeavesGetsGoing(t *testing.T) {
 				go func() { m.Close(); close(closed) }()
 				<-closed // Close takes the peer's lock, which the dial does not hold
 			}
+			if mode == "broken while dialing" {
+				// A neighbour's batch on the busy connection failed (a
+				// cancel mid-frame, say): the dialing batch is not at
+				// fault, and must get a connection, not the error.
+				m.Broken(addr, s)
+			}
 			release()
 			g := <-dialer
+			if mode == "broken while dialing" {
+				if g.err != nil || g.s.Conn.(*trackedConn).Conn != transport.Conn(third) {
+					t.Fatalf("the dialing Get after its neighbour's connection broke: %v, want a fresh connection", g.err)
+				}
+				if !second.closed.Load() {
+					t.Fatal("the connection dialed across the reset was kept open")
+				}
+				return
+			}
 			if reset {
 				if g.err == nil {
 					t.Fatal("the dialing Get succeeded on a peer closed meanwhile")
@@ -282,5 +303,52 @@ func TestExtraDialLeavesGetsGoing(t *testing.T) {
 				t.Fatalf("%d connects, want 2", n)
 			}
 		})
+	}
+}
+
+// TestCancelledExtraDialNoBackoff: an extra dial that failed because its
+// own batch was cancelled says nothing of the peer, so the next busy Get
+// dials again rather than waiting out the failed-dial backoff.
+func TestCancelledExtraDialNoBackoff(t *testing.T) {
+	const addr = "127.0.0.1:7471"
+	m, _, ft := newTestManager(t)
+	m.SetLimits(Limits{ConnsPerPeer: 3})
+	gate := make(chan struct{})
+	defer close(gate)
+	entered := make(chan struct{}, 4)
+	first := &gatedConn{gate: gate, entered: entered}
+	ft.connect = func(ctx context.Context) (transport.Conn, error) {
+		switch ft.connects.Load() {
+		case 1:
+			return first, nil
+		case 2:
+			<-ctx.Done() // its batch is cancelled while it dials
+			return nil, ctx.Err()
+		}
+		return &fakeConn{}, nil
+	}
+	ctx := context.Background()
+	s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = s.Conn.Post(ctx, oneWrite()) }()
+	<-entered // the first connection is busy
+	cctx, cancel := context.WithCancel(ctx)
+	go func() {
+		for ft.connects.Load() < 2 {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+	}()
+	if _, err := m.Get(cctx, addr, transport.TCP, writeNeed); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled Get: %v", err)
+	}
+	g, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+	if err != nil || g.Reused {
+		t.Fatalf("the next busy Get: %v (reused %v), want a new connection: a cancel is not the peer's failure", err, g.Reused)
+	}
+	if n := ft.connects.Load(); n != 3 {
+		t.Fatalf("%d connects, want 3", n)
 	}
 }

@@ -5,6 +5,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -166,6 +167,21 @@ func (m *Manager) Get(ctx context.Context, addr string, want transport.Kind, nee
 	if m.loopbackOnly && !auth.IsLoopback(addr) {
 		return Session{}, fmt.Errorf("%w: peer %s is not a loopback address, and this daemon runs --insecure (plaintext is loopback-only; configure --tls-*)", errs.ErrFailedPrecondition, addr)
 	}
+	for try := 1; ; try++ {
+		s, err := m.getOnce(ctx, addr, want, need)
+		if errors.Is(err, errDialedAcrossReset) && try < getTries && ctx.Err() == nil {
+			continue
+		}
+		return s, err
+	}
+}
+
+// getTries bounds Get's fresh starts after a reset during an extra dial.
+const getTries = 3
+
+// getOnce is one try of Get: the peer's state is looked up afresh, so a
+// peer closed or reaped meanwhile is not revived.
+func (m *Manager) getOnce(ctx context.Context, addr string, want transport.Kind, need transport.Need) (Session, error) {
 	st, err := m.kept.acquire(addr, true)
 	if err != nil {
 		return Session{}, err
@@ -247,8 +263,11 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 	})
 	if err != nil {
 		// The peer may have restarted with a new token or QP state:
-		// handshake afresh next time.
-		st.hs = nil
+		// handshake afresh next time. Not after a reset during the dial:
+		// the handshake there may be another batch's fresh one.
+		if !errors.Is(err, errDialedAcrossReset) {
+			st.hs = nil
+		}
 		return Session{}, fmt.Errorf("peer %s: connect %s data path: %w", addr, kind, err)
 	}
 	if !reused {

@@ -40,14 +40,19 @@ type fakeTransport struct {
 	connects atomic.Int32
 	dial     func() transport.Conn // nil: a fakeConn
 	refuse   atomic.Bool           // Connect fails
+	// connect, when set, is the whole Connect (after the count).
+	connect func(context.Context) (transport.Conn, error)
 }
 
 func (t *fakeTransport) Kind() transport.Kind { return transport.TCP }
 func (t *fakeTransport) Register(memory.Memory) (transport.Registration, error) {
 	return nil, nil
 }
-func (t *fakeTransport) Connect(context.Context, transport.Peer) (transport.Conn, error) {
+func (t *fakeTransport) Connect(ctx context.Context, _ transport.Peer) (transport.Conn, error) {
 	t.connects.Add(1)
+	if t.connect != nil {
+		return t.connect(ctx)
+	}
 	if t.refuse.Load() {
 		return nil, errors.New("fake: connection refused")
 	}
