@@ -262,7 +262,7 @@ func TestFrozenPeer(t *testing.T) {
 								case <-time.After(200 * time.Microsecond):
 								}
 							}
-							if err := b.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+							if err := stopProc(b); err != nil {
 								t.Fatal(err)
 							}
 							stopped := true

@@ -123,7 +123,7 @@ func TestPreparedSurvivesCut(t *testing.T) {
 				// The peer stopped: a submit's deadline cuts the conn, and
 				// the next submit's re-bind cannot even handshake before
 				// its own.
-				if err := b.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				if err := stopProc(b); err != nil {
 					t.Fatal(err)
 				}
 				for i := 0; i < 2; i++ {

@@ -132,6 +132,39 @@ func exited(pid int) bool {
 	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
 }
 
+// stopProc sends p SIGSTOP and returns once every thread of it has
+// stopped (state T in /proc/PID/task/TID/stat): kill returns before that,
+// and on a loaded host a daemon went on to answer a call after it.
+func stopProc(p *proc) error {
+	pid := p.cmd.Process.Pid
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("SIGSTOP %s: %w", p.name, err)
+	}
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		tasks, err := os.ReadDir(dir)
+		if err != nil {
+			return fmt.Errorf("SIGSTOP %s: %w", p.name, err)
+		}
+		running := 0
+		for _, task := range tasks {
+			b, err := os.ReadFile(dir + "/" + task.Name() + "/stat")
+			if err != nil {
+				continue // the thread ended
+			}
+			if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] != 'T' && b[i+2] != 't' {
+				running++
+			}
+		}
+		if running == 0 {
+			return nil
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("SIGSTOP %s: %d of %d threads still running 30 s after it", p.name, running, len(tasks))
+		}
+	}
+}
+
 // TestSIGTERMDuringBatch: a daemon told to stop while a batch is in flight
 // lets the batch finish (or fail cleanly), releases its regions and exits 0.
 func TestSIGTERMDuringBatch(t *testing.T) {

@@ -76,8 +76,8 @@ func (r *remoteRig) cutOnce(name string, pattern int, frozen bool) (time.Duratio
 		if !r.waitFirstBytes(done, deadline) {
 			t.Logf("%s: the batch ended before its first bytes were seen", name)
 		}
-		if err := r.local.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-			t.Fatalf("%s: SIGSTOP A's daemon: %v", name, err)
+		if err := stopProc(r.local); err != nil {
+			t.Fatalf("%s: %v", name, err)
 		}
 		stopped = time.Now()
 	}

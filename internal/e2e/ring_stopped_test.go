@@ -61,7 +61,7 @@ func TestRingCallsOfAStoppedDaemon(t *testing.T) {
 		{"SubmitContext cancelled", true, func(ctx context.Context) error { _, err := r.SubmitContext(ctx, plan); return err }},
 	} {
 		t.Run(call.name, func(t *testing.T) {
-			if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			if err := stopProc(a); err != nil {
 				t.Fatal(err)
 			}
 			defer a.cmd.Process.Signal(syscall.SIGCONT)

@@ -78,6 +78,29 @@ def free_port() -> int:
     raise RuntimeError(f"no free loopback port in 10000..{lo - 1} after 200 tries")
 
 
+def stop_process(pid: int, timeout: float = 30.0) -> None:
+    """SIGSTOPs pid and returns once every thread of it has stopped (state
+    T in /proc/PID/task/TID/stat): kill returns before that, and on a loaded
+    host the daemon could answer one more call."""
+    os.kill(pid, signal.SIGSTOP)
+    end = time.monotonic() + timeout
+    while True:
+        running = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    stat = f.read()
+            except FileNotFoundError:
+                continue  # the thread ended
+            if stat[stat.rindex(b")") + 2:][:1] not in (b"T", b"t"):
+                running += 1
+        if not running:
+            return
+        if time.monotonic() > end:
+            raise AssertionError(f"{running} threads of process {pid} still running {timeout} s after SIGSTOP")
+        time.sleep(0.001)
+
+
 class Daemon:
     """One b2bd process on a temp socket and loopback ports."""
 

@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 import test_prepared
 import test_transfer
+from daemon_harness import stop_process
 from test_transfer import TwoDaemons, layout
 
 import b2b
@@ -681,8 +682,8 @@ class RingStoppedDaemonTest(TwoDaemons):
         timeout = 0.3
         pid = self.da.proc.pid
         with mock.patch.object(_ring_client, "DEADLINE_GRACE", self.GRACE):
-            os.kill(pid, signal.SIGSTOP)
             try:
+                stop_process(pid)
                 for what, call in calls.items():
                     with self.subTest(what):
                         before = ring._tag
