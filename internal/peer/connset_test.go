@@ -174,17 +174,10 @@ func TestExtraDialFails(t *testing.T) {
 	m, fp, ft := newTestManager(t)
 	gate := make(chan struct{})
 	defer close(gate)
-	entered := make(chan struct{}, 4)
-	first := &gatedConn{gate: gate, entered: entered}
-	ft.dial = func() transport.Conn { return first }
 	ctx := context.Background()
-	s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _, _ = s.Conn.Post(ctx, oneWrite()) }()
-	<-entered
-	ft.refuse.Store(true)
+	s := busyFirst(t, m, ft, addr, gate, func(context.Context, int32) (transport.Conn, error) {
+		return nil, errors.New("fake: connection refused")
+	})
 	for i := 0; i < 3; i++ {
 		s2, err := m.Get(ctx, addr, transport.TCP, writeNeed)
 		if err != nil {
@@ -216,32 +209,20 @@ func TestExtraDialLeavesGetsGoing(t *testing.T) {
 			m.SetLimits(Limits{ConnsPerPeer: 2})
 			gate := make(chan struct{})
 			defer close(gate)
-			entered := make(chan struct{}, 4)
-			first := &gatedConn{gate: gate, entered: entered}
-			second := &fakeConn{}
+			second, third := &fakeConn{}, &fakeConn{}
 			dialing, letDial := make(chan struct{}), make(chan struct{})
 			var once sync.Once
 			release := func() { once.Do(func() { close(letDial) }) }
 			defer release() // a failed check must not leave the dial (and Close) waiting
-			third := &fakeConn{}
-			ft.dial = func() transport.Conn {
-				switch ft.connects.Load() {
-				case 1:
-					return first
-				case 2:
+			ctx := context.Background()
+			s := busyFirst(t, m, ft, addr, gate, func(_ context.Context, n int32) (transport.Conn, error) {
+				if n == 2 {
 					close(dialing)
 					<-letDial
-					return second
+					return second, nil
 				}
-				return third
-			}
-			ctx := context.Background()
-			s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
-			if err != nil {
-				t.Fatal(err)
-			}
-			go func() { _, _ = s.Conn.Post(ctx, oneWrite()) }()
-			<-entered // the first connection is busy
+				return third, nil
+			})
 			type got struct {
 				s   Session
 				err error
@@ -315,25 +296,14 @@ func TestCancelledExtraDialNoBackoff(t *testing.T) {
 	m.SetLimits(Limits{ConnsPerPeer: 3})
 	gate := make(chan struct{})
 	defer close(gate)
-	entered := make(chan struct{}, 4)
-	first := &gatedConn{gate: gate, entered: entered}
-	ft.connect = func(ctx context.Context) (transport.Conn, error) {
-		switch ft.connects.Load() {
-		case 1:
-			return first, nil
-		case 2:
+	ctx := context.Background()
+	busyFirst(t, m, ft, addr, gate, func(ctx context.Context, n int32) (transport.Conn, error) {
+		if n == 2 {
 			<-ctx.Done() // its batch is cancelled while it dials
 			return nil, ctx.Err()
 		}
 		return &fakeConn{}, nil
-	}
-	ctx := context.Background()
-	s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _, _ = s.Conn.Post(ctx, oneWrite()) }()
-	<-entered // the first connection is busy
+	})
 	cctx, cancel := context.WithCancel(ctx)
 	go func() {
 		for ft.connects.Load() < 2 {
@@ -351,4 +321,26 @@ func TestCancelledExtraDialNoBackoff(t *testing.T) {
 	if n := ft.connects.Load(); n != 3 {
 		t.Fatalf("%d connects, want 3", n)
 	}
+}
+
+// busyFirst gets addr's first connection and keeps it busy with a write
+// until gate closes; the later connects (the n-th) are next's.
+func busyFirst(t *testing.T, m *Manager, ft *fakeTransport, addr string, gate chan struct{}, next func(ctx context.Context, n int32) (transport.Conn, error)) Session {
+	t.Helper()
+	entered := make(chan struct{}, 4)
+	first := &gatedConn{gate: gate, entered: entered}
+	ft.connect = func(ctx context.Context) (transport.Conn, error) {
+		if n := ft.connects.Load(); n > 1 {
+			return next(ctx, n)
+		}
+		return first, nil
+	}
+	ctx := context.Background()
+	s, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = s.Conn.Post(ctx, oneWrite()) }()
+	<-entered
+	return s
 }
