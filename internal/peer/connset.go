@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -84,6 +85,11 @@ func (s *connSet) remove(c transport.Conn) bool {
 // not fail this one).
 var errDialedAcrossReset = fmt.Errorf("%w: the data connections were reset while another was dialed", errs.ErrUnavailable)
 
+// errLockLost: conn let go of the peer's lock for an extra dial and could
+// not take it back before the caller's context ended; the caller holds it
+// no more.
+var errLockLost = errors.New("the peer's lock was not taken back")
+
 // extraConnIdle is how long a connection beyond a peer's first may sit
 // unused (no batch, no live plan) before the reaper closes it: a burst's
 // connections go with it, and an idle peer keeps one.
@@ -118,8 +124,8 @@ func (s *connSet) closeAll() {
 // conn picks st's connection of kind for a batch, connecting one first when
 // the set is empty, or when every one is busy and the set holds fewer than
 // limit; reused says the connection existed before. The caller holds st.mu,
-// which an extra connection's dial lets go of meanwhile; dial must not
-// read st.
+// which an extra connection's dial lets go of meanwhile (and an error
+// errLockLost says it was not taken back); dial must not read st.
 func (st *state) conn(ctx context.Context, kind transport.Kind, limit int, dial func(context.Context) (transport.Conn, error)) (c *trackedConn, reused bool, err error) {
 	set := st.conns[kind]
 	if set == nil {
@@ -144,7 +150,19 @@ func (st *state) conn(ctx context.Context, kind transport.Kind, limit int, dial 
 		dctx, cancel := context.WithTimeout(ctx, extraDialTimeout)
 		nc, err := dial(dctx)
 		cancel()
-		st.mu.Lock() // the caller's again
+		// The caller's again, under its deadline: the lock may be another
+		// batch's, across a handshake with a frozen peer.
+		if lerr := st.mu.LockContext(ctx); lerr != nil {
+			if nc != nil {
+				_ = nc.Close()
+			}
+			go func() { // the count, once the lock is free
+				st.mu.Lock()
+				set.dialing--
+				st.mu.Unlock()
+			}()
+			return nil, false, fmt.Errorf("%w: %w", errLockLost, peerBusy(st.addr, lerr))
+		}
 		set.dialing--
 		switch {
 		case err != nil && ctx.Err() == nil: // the peer's failure, not the caller's cancel

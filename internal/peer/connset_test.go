@@ -344,3 +344,69 @@ func busyFirst(t *testing.T, m *Manager, ft *fakeTransport, addr string, gate ch
 	<-entered
 	return s
 }
+
+// TestExtraDialAnswersAtDeadline: a batch whose extra dial ended while
+// another call held the peer's lock (a handshake with a frozen peer) answers
+// at its own deadline, not when the lock is let go; the dial's count is
+// given back once it is. A soak saw a 26 ms call answer 836 ms late.
+func TestExtraDialAnswersAtDeadline(t *testing.T) {
+	const addr = "127.0.0.1:7472"
+	m, _, ft := newTestManager(t)
+	m.SetLimits(Limits{ConnsPerPeer: 3})
+	gate := make(chan struct{})
+	defer close(gate)
+	dialing, letDial := make(chan struct{}), make(chan struct{})
+	extra := &fakeConn{}
+	busyFirst(t, m, ft, addr, gate, func(_ context.Context, n int32) (transport.Conn, error) {
+		if n > 2 {
+			return &fakeConn{}, nil
+		}
+		close(dialing)
+		<-letDial
+		return extra, nil
+	})
+	st := m.kept.lookup(addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := m.Get(ctx, addr, transport.TCP, writeNeed)
+		errc <- err
+	}()
+	<-dialing
+	st.mu.Lock() // another call's handshake, across the dial's end
+	locked := true
+	defer func() { // before the manager's cleanup, which takes the lock
+		if locked {
+			st.mu.Unlock()
+		}
+	}()
+	close(letDial)
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, transport.ErrNotSent) {
+			t.Errorf("Get: %v, want DeadlineExceeded, not sent", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the Get waited for the peer's lock past its deadline")
+	}
+	if !extra.closed.Load() {
+		t.Error("the connection dialed for a call that gave up was kept open")
+	}
+	st.mu.Unlock()
+	locked = false
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
+		st.mu.Lock()
+		n := st.conns[transport.TCP].dialing
+		st.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("dialing %d 20 s after the lock was free", n)
+		}
+	}
+	if _, err := m.Get(context.Background(), addr, transport.TCP, writeNeed); err != nil {
+		t.Fatalf("the next Get: %v", err)
+	}
+}

@@ -190,11 +190,14 @@ func (m *Manager) getOnce(ctx context.Context, addr string, want transport.Kind,
 	if err := st.mu.LockContext(ctx); err != nil {
 		return Session{}, peerBusy(addr, err)
 	}
-	defer st.mu.Unlock()
 	s, err := m.get(ctx, st, want, need)
+	if errors.Is(err, errLockLost) {
+		return s, err // the lock is no longer this call's
+	}
 	if err != nil {
 		m.kept.dropUnused(st)
 	}
+	st.mu.Unlock()
 	return s, err
 }
 
@@ -263,9 +266,10 @@ func (m *Manager) get(ctx context.Context, st *state, want transport.Kind, need 
 	})
 	if err != nil {
 		// The peer may have restarted with a new token or QP state:
-		// handshake afresh next time. Not after a reset during the dial:
-		// the handshake there may be another batch's fresh one.
-		if !errors.Is(err, errDialedAcrossReset) {
+		// handshake afresh next time. Not after a reset during the dial
+		// (the handshake there may be another batch's fresh one), nor
+		// without the lock.
+		if !errors.Is(err, errDialedAcrossReset) && !errors.Is(err, errLockLost) {
 			st.hs = nil
 		}
 		return Session{}, fmt.Errorf("peer %s: connect %s data path: %w", addr, kind, err)
