@@ -63,6 +63,8 @@ class Device:
             self.p.wait(5)
         except subprocess.TimeoutExpired:
             self.p.kill()
+            self.p.wait()
+        self.p.stdout.close()
 
 
 def _serve() -> None:
