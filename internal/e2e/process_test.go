@@ -124,12 +124,22 @@ func (p *proc) start(t *testing.T) {
 // exited says whether process pid, a child not yet waited for, has ended
 // (a zombie, state Z in /proc/PID/stat).
 func exited(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, ok := procState(fmt.Sprintf("/proc/%d/stat", pid))
+	return !ok || st == 'Z' || st == 'X'
+}
+
+// procState is the state letter of a /proc stat file (a process's or a
+// thread's); false when it cannot be read or parsed (the task is gone).
+func procState(path string) (byte, bool) {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return true
+		return 0, false
 	}
 	i := bytes.LastIndexByte(b, ')') // the name may hold spaces and parentheses
-	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
+	if i < 0 || i+2 >= len(b) {
+		return 0, false
+	}
+	return b[i+2], true
 }
 
 // stopProc sends p SIGSTOP and returns once every thread of it has
@@ -148,12 +158,8 @@ func stopProc(p *proc) error {
 		}
 		running := 0
 		for _, task := range tasks {
-			b, err := os.ReadFile(dir + "/" + task.Name() + "/stat")
-			if err != nil {
-				continue // the thread ended
-			}
-			if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] != 'T' && b[i+2] != 't' {
-				running++
+			if st, ok := procState(dir + "/" + task.Name() + "/stat"); ok && st != 'T' && st != 't' {
+				running++ // a thread that ended is not
 			}
 		}
 		if running == 0 {
