@@ -172,10 +172,8 @@ func oneWrite() *transport.Request {
 func TestExtraDialFails(t *testing.T) {
 	const addr = "127.0.0.1:7470"
 	m, fp, ft := newTestManager(t)
-	gate := make(chan struct{})
-	defer close(gate)
 	ctx := context.Background()
-	s := busyFirst(t, m, ft, addr, gate, func(context.Context, int32) (transport.Conn, error) {
+	s := busyFirst(t, m, ft, addr, func(context.Context, int32) (transport.Conn, error) {
 		return nil, errors.New("fake: connection refused")
 	})
 	for i := 0; i < 3; i++ {
@@ -207,15 +205,13 @@ func TestExtraDialLeavesGetsGoing(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			m, _, ft := newTestManager(t)
 			m.SetLimits(Limits{ConnsPerPeer: 2})
-			gate := make(chan struct{})
-			defer close(gate)
 			second, third := &fakeConn{}, &fakeConn{}
 			dialing, letDial := make(chan struct{}), make(chan struct{})
 			var once sync.Once
 			release := func() { once.Do(func() { close(letDial) }) }
 			defer release() // a failed check must not leave the dial (and Close) waiting
 			ctx := context.Background()
-			s := busyFirst(t, m, ft, addr, gate, func(_ context.Context, n int32) (transport.Conn, error) {
+			s := busyFirst(t, m, ft, addr, func(_ context.Context, n int32) (transport.Conn, error) {
 				if n == 2 {
 					close(dialing)
 					<-letDial
@@ -294,10 +290,8 @@ func TestCancelledExtraDialNoBackoff(t *testing.T) {
 	const addr = "127.0.0.1:7471"
 	m, _, ft := newTestManager(t)
 	m.SetLimits(Limits{ConnsPerPeer: 3})
-	gate := make(chan struct{})
-	defer close(gate)
 	ctx := context.Background()
-	busyFirst(t, m, ft, addr, gate, func(ctx context.Context, n int32) (transport.Conn, error) {
+	busyFirst(t, m, ft, addr, func(ctx context.Context, n int32) (transport.Conn, error) {
 		if n == 2 {
 			<-ctx.Done() // its batch is cancelled while it dials
 			return nil, ctx.Err()
@@ -324,9 +318,11 @@ func TestCancelledExtraDialNoBackoff(t *testing.T) {
 }
 
 // busyFirst gets addr's first connection and keeps it busy with a write
-// until gate closes; the later connects (the n-th) are next's.
-func busyFirst(t *testing.T, m *Manager, ft *fakeTransport, addr string, gate chan struct{}, next func(ctx context.Context, n int32) (transport.Conn, error)) Session {
+// until the test ends; the later connects (the n-th) are next's.
+func busyFirst(t *testing.T, m *Manager, ft *fakeTransport, addr string, next func(ctx context.Context, n int32) (transport.Conn, error)) Session {
 	t.Helper()
+	gate := make(chan struct{})
+	t.Cleanup(func() { close(gate) }) // before the manager's cleanup, registered first
 	entered := make(chan struct{}, 4)
 	first := &gatedConn{gate: gate, entered: entered}
 	ft.connect = func(ctx context.Context) (transport.Conn, error) {
@@ -353,11 +349,9 @@ func TestExtraDialAnswersAtDeadline(t *testing.T) {
 	const addr = "127.0.0.1:7472"
 	m, _, ft := newTestManager(t)
 	m.SetLimits(Limits{ConnsPerPeer: 3})
-	gate := make(chan struct{})
-	defer close(gate)
 	dialing, letDial := make(chan struct{}), make(chan struct{})
 	extra := &fakeConn{}
-	busyFirst(t, m, ft, addr, gate, func(_ context.Context, n int32) (transport.Conn, error) {
+	busyFirst(t, m, ft, addr, func(_ context.Context, n int32) (transport.Conn, error) {
 		if n > 2 {
 			return &fakeConn{}, nil
 		}
